@@ -1,0 +1,145 @@
+"""The eight collectives as pre/post-conditions over (rank, chunk).
+
+Chunks are numbered globally, SCCL-style. With N ranks and ``chunks`` = c chunks per rank-slice:
+
+| collective    | global chunks | rank r starts with            | rank r ends with              |
+|---------------|---------------|-------------------------------|-------------------------------|
+| allgather     | N·c           | r·c .. r·c+c-1                | all                           |
+| reducescatter | N·c           | a contribution to every chunk | the sum of r·c .. r·c+c-1     |
+| allreduce     | N·c           | a contribution to every chunk | the sum of every chunk        |
+| broadcast     | c             | root: all                     | all                           |
+| reduce        | c             | a contribution to every chunk | root: the sum of every chunk  |
+| gather        | N·c           | r·c .. r·c+c-1                | root: all                     |
+| scatter       | N·c           | root: all                     | r·c .. r·c+c-1                |
+| alltoall      | N·N·c         | (r·N+d)·c+j for every d, j    | (s·N+r)·c+j for every s, j    |
+
+For combining collectives (reducescatter, allreduce, reduce) every rank contributes to every chunk and a
+postcondition means "holds the sum of all N contributions, each counted once".
+
+``input_map(rank)`` and ``output_map(rank)`` give the chunk held at each index of a rank's input and output
+buffer; the message size in nccl-tests terms spans ``size_chunks`` chunks.
+
+>>> c = Collective("allgather", 4)
+>>> c.nchunks, sorted(c.precondition(1)), c.output_map(2)
+(4, [1], (0, 1, 2, 3))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topologies.errors import WeftError
+
+NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter", "alltoall")
+COMBINING = frozenset({"reducescatter", "allreduce", "reduce"})
+ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
+
+
+class CollectiveError(WeftError):
+    """An unknown collective or impossible parameters."""
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str
+    nranks: int
+    chunks: int = 1
+    root: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in NAMES:
+            raise CollectiveError(f"collective: unknown collective {self.name!r} (choose from {', '.join(NAMES)})")
+        if not isinstance(self.nranks, int) or self.nranks < 1:
+            raise CollectiveError(f"collective {self.name}: nranks must be a positive integer, got {self.nranks!r}")
+        if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
+            raise CollectiveError(f"collective {self.name}: chunks must be a positive integer, got {self.chunks!r}")
+        if not isinstance(self.root, int) or not 0 <= self.root < self.nranks:
+            raise CollectiveError(
+                f"collective {self.name}: root {self.root!r} is not a rank (0..{self.nranks - 1})")
+
+    @property
+    def combining(self) -> bool:
+        return self.name in COMBINING
+
+    @property
+    def rooted(self) -> bool:
+        return self.name in ROOTED
+
+    @property
+    def nchunks(self) -> int:
+        """Global chunk count."""
+        n, c = self.nranks, self.chunks
+        if self.name in ("broadcast", "reduce"):
+            return c
+        if self.name == "alltoall":
+            return n * n * c
+        return n * c
+
+    @property
+    def size_chunks(self) -> int:
+        """Chunks in the nccl-tests message size (the larger of a rank's input and output buffer)."""
+        n, c = self.nranks, self.chunks
+        return c if self.name in ("broadcast", "reduce") else n * c
+
+    def chunk_bytes(self, nbytes: float) -> float:
+        return nbytes / self.size_chunks
+
+    def _own(self, rank: int) -> range:
+        return range(rank * self.chunks, (rank + 1) * self.chunks)
+
+    def precondition(self, rank: int) -> frozenset[int]:
+        """Chunks that rank holds at the start (for combining collectives: its contributions)."""
+        name, everything = self.name, range(self.nchunks)
+        if name in ("allgather", "gather"):
+            return frozenset(self._own(rank))
+        if name in COMBINING:
+            return frozenset(everything)
+        if name in ("broadcast", "scatter"):
+            return frozenset(everything) if rank == self.root else frozenset()
+        n, c = self.nranks, self.chunks  # alltoall
+        return frozenset((rank * n + d) * c + j for d in range(n) for j in range(c))
+
+    def postcondition(self, rank: int) -> frozenset[int]:
+        """Chunks that rank must hold at the end (for combining collectives: fully reduced)."""
+        name, everything = self.name, frozenset(range(self.nchunks))
+        if name in ("allgather", "allreduce", "broadcast"):
+            return everything
+        if name in ("reducescatter", "scatter"):
+            return frozenset(self._own(rank))
+        if name in ("reduce", "gather"):
+            return everything if rank == self.root else frozenset()
+        n, c = self.nranks, self.chunks  # alltoall
+        return frozenset((s * n + rank) * c + j for s in range(n) for j in range(c))
+
+    def input_map(self, rank: int) -> tuple[int, ...]:
+        """The chunk at each index of rank's input buffer."""
+        n, c, name = self.nranks, self.chunks, self.name
+        if name in ("allgather", "gather"):
+            return tuple(self._own(rank))
+        if name == "alltoall":
+            return tuple((rank * n + d) * c + j for d in range(n) for j in range(c))
+        return tuple(range(self.nchunks))
+
+    def output_map(self, rank: int) -> tuple[int, ...]:
+        """The chunk at each index of rank's output buffer."""
+        n, c, name = self.nranks, self.chunks, self.name
+        if name in ("reducescatter", "scatter"):
+            return tuple(self._own(rank))
+        if name == "alltoall":
+            return tuple((s * n + rank) * c + j for s in range(n) for j in range(c))
+        return tuple(range(self.nchunks))
+
+    def to_json(self) -> dict:
+        doc = {"name": self.name, "nranks": self.nranks, "chunks": self.chunks}
+        if self.rooted:
+            doc["root"] = self.root
+        return doc
+
+    @staticmethod
+    def from_json(data: object, source: str) -> "Collective":
+        if not isinstance(data, dict):
+            raise CollectiveError(f"{source}: collective: must be an object")
+        try:
+            return Collective(data.get("name"), data.get("nranks"), data.get("chunks", 1), data.get("root", 0))
+        except CollectiveError as e:
+            raise CollectiveError(f"{source}: {e}") from None

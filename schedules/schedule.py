@@ -1,0 +1,207 @@
+"""The Schedule IR (``weft.schedule/1``): which chunk crosses which rank pair at which step.
+
+Within a step every send reads the state at the start of the step and its write lands at the end, so the
+sends of one step are simultaneous. ``op`` is ``copy`` (overwrite) or ``reduce`` (add into). ``rounds`` is
+SCCL's bandwidth multiplier: a step of r rounds may carry r × a link's chunk capacity over that link.
+
+>>> from schedules.collectives import Collective
+>>> s = Schedule(Collective("allgather", 2), "topo-0", (Step(1, (Send(0, 0, 1), Send(1, 1, 0))),))
+>>> s.nsteps, s.total_rounds, len(s.content_hash)
+(1, 1, 16)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from schedules.collectives import Collective, CollectiveError
+from topologies.errors import WeftError
+
+FORMAT = "weft.schedule/1"
+OPS = ("copy", "reduce")
+
+
+class ScheduleError(WeftError):
+    """A schedule file is malformed."""
+
+
+@dataclass(frozen=True)
+class Send:
+    chunk: int
+    src: int
+    dst: int
+    op: str = "copy"
+
+
+@dataclass(frozen=True)
+class Step:
+    rounds: int
+    sends: tuple[Send, ...]
+
+
+@dataclass(frozen=True)
+class ScheduleMeta:
+    """Provenance and scores; not part of the content hash."""
+
+    solver: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    solve_time: float = 0.0
+    predicted_us: dict[str, float] = field(default_factory=dict)
+    pct_of_bound: float | None = None
+    notes: str = ""
+
+    def to_json(self) -> dict:
+        doc: dict[str, Any] = {"solver": self.solver, "options": self.options, "solve_time": self.solve_time}
+        if self.predicted_us:
+            doc["predicted_us"] = self.predicted_us
+        if self.pct_of_bound is not None:
+            doc["pct_of_bound"] = self.pct_of_bound
+        if self.notes:
+            doc["notes"] = self.notes
+        return doc
+
+
+@dataclass(frozen=True)
+class Schedule:
+    collective: Collective
+    topology: str
+    steps: tuple[Step, ...]
+    name: str = ""
+    meta: ScheduleMeta = field(default_factory=ScheduleMeta, compare=False)
+
+    @property
+    def nsteps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def total_rounds(self) -> int:
+        return sum(step.rounds for step in self.steps)
+
+    @property
+    def nsends(self) -> int:
+        return sum(len(step.sends) for step in self.steps)
+
+    def content(self) -> dict:
+        """The algorithm itself: what the content hash covers."""
+        return {
+            "collective": self.collective.to_json(),
+            "topology": self.topology,
+            "steps": [
+                {"rounds": st.rounds, "sends": [[s.chunk, s.src, s.dst, s.op] for s in st.sends]}
+                for st in self.steps
+            ],
+        }
+
+    @property
+    def content_hash(self) -> str:
+        data = json.dumps(self.content(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(data).hexdigest()[:16]
+
+    def with_meta(self, **changes: Any) -> "Schedule":
+        return replace(self, meta=replace(self.meta, **changes))
+
+    def to_json(self) -> dict:
+        content = self.content()
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "collective": content["collective"],
+            "topology": self.topology,
+            "nchunks": self.collective.nchunks,
+            "hash": self.content_hash,
+            "meta": self.meta.to_json(),
+            "steps": content["steps"],
+        }
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> None:
+    Path(path).write_text(dumps_schedule(schedule))
+
+
+def dumps_schedule(schedule: Schedule) -> str:
+    """Pretty JSON with one send per line, so schedules diff well."""
+    doc = schedule.to_json()
+    steps = doc.pop("steps")
+    head = json.dumps(doc, indent=2)[:-2]
+    lines = []
+    for st in steps:
+        sends = ",\n        ".join(json.dumps(s) for s in st["sends"])
+        lines.append(f'    {{"rounds": {st["rounds"]}, "sends": [\n        {sends}\n    ]}}')
+    return head + ',\n  "steps": [\n' + ",\n".join(lines) + "\n  ]\n}\n"
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ScheduleError(f"schedule {path}: cannot read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ScheduleError(f"schedule {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    return parse_schedule(data, str(path))
+
+
+def _int(value: object, field_name: str, source: str, low: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ScheduleError(f"schedule {source}: {field_name}: must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def parse_schedule(data: object, source: str) -> Schedule:
+    """Build a Schedule from decoded JSON. Structural checks only; ``verify`` proves it."""
+    if not isinstance(data, dict):
+        raise ScheduleError(f"schedule {source}: (top level): must be a JSON object")
+    if data.get("format") != FORMAT:
+        raise ScheduleError(f"schedule {source}: format: must be {FORMAT!r}, got {data.get('format')!r}")
+    try:
+        collective = Collective.from_json(data.get("collective"), f"schedule {source}")
+    except CollectiveError as e:
+        raise ScheduleError(str(e)) from None
+    topology = data.get("topology")
+    if not isinstance(topology, str):
+        raise ScheduleError(f"schedule {source}: topology: must be a topology fingerprint string")
+    raw_steps = data.get("steps")
+    if not isinstance(raw_steps, list):
+        raise ScheduleError(f"schedule {source}: steps: must be a list")
+    steps = []
+    for i, st in enumerate(raw_steps):
+        if not isinstance(st, dict) or not isinstance(st.get("sends"), list):
+            raise ScheduleError(f"schedule {source}: steps[{i}]: must be an object with 'rounds' and 'sends'")
+        rounds = _int(st.get("rounds"), f"steps[{i}].rounds", source, 1)
+        sends = []
+        for j, s in enumerate(st["sends"]):
+            where = f"steps[{i}].sends[{j}]"
+            if not isinstance(s, list) or len(s) != 4:
+                raise ScheduleError(f"schedule {source}: {where}: must be [chunk, src, dst, op]")
+            chunk = _int(s[0], f"{where}.chunk", source)
+            if chunk >= collective.nchunks:
+                raise ScheduleError(
+                    f"schedule {source}: {where}.chunk: chunk {chunk} does not exist ({collective.nchunks} chunks)")
+            src = _int(s[1], f"{where}.src", source)
+            dst = _int(s[2], f"{where}.dst", source)
+            for name, r in (("src", src), ("dst", dst)):
+                if r >= collective.nranks:
+                    raise ScheduleError(
+                        f"schedule {source}: {where}.{name}: rank {r} does not exist ({collective.nranks} ranks)")
+            if s[3] not in OPS:
+                raise ScheduleError(f"schedule {source}: {where}.op: must be 'copy' or 'reduce', got {s[3]!r}")
+            sends.append(Send(chunk, src, dst, s[3]))
+        steps.append(Step(rounds, tuple(sends)))
+    meta_doc = data.get("meta", {}) if isinstance(data.get("meta"), dict) else {}
+    meta = ScheduleMeta(
+        solver=str(meta_doc.get("solver", "")), options=dict(meta_doc.get("options", {}) or {}),
+        solve_time=float(meta_doc.get("solve_time", 0.0) or 0.0),
+        predicted_us=dict(meta_doc.get("predicted_us", {}) or {}),
+        pct_of_bound=meta_doc.get("pct_of_bound"), notes=str(meta_doc.get("notes", "")),
+    )
+    schedule = Schedule(collective, topology, tuple(steps), str(data.get("name", "")), meta)
+    stated = data.get("hash")
+    if stated is not None and stated != schedule.content_hash:
+        raise ScheduleError(
+            f"schedule {source}: hash: the file says {stated} but its content hashes to {schedule.content_hash} "
+            "(edited by hand?)")
+    return schedule

@@ -1,0 +1,26 @@
+"""Topologies: the fabric model, its file format, and the built-in catalog.
+
+The ground floor of weft: imports nothing else of ours.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from topologies.errors import TopologyError, UnreachableError, WeftError
+from topologies.io import load_topology, parse_topology, save_topology
+from topologies.topology import FORMAT, Link, SharingGroup, Topology, Vertex
+
+__all__ = [
+    "FORMAT", "Link", "SharingGroup", "Topology", "Vertex", "TopologyError", "UnreachableError", "WeftError",
+    "load_topology", "parse_topology", "save_topology", "resolve",
+]
+
+
+def resolve(spec: str) -> Topology:
+    """A topology from a catalog spec (``hgx_h100:nodes=2``) or a file path (``my_fabric.json``)."""
+    if spec.endswith(".json") or Path(spec).is_file():
+        return load_topology(spec)
+    from topologies.catalog import build
+
+    return build(spec)

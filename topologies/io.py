@@ -1,0 +1,106 @@
+"""Reading and writing ``weft.topology/1`` files, with errors that name the file and field."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from topologies.errors import TopologyError, UnreachableError
+from topologies.topology import FORMAT, Link, SharingGroup, Topology
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TopologyError(f"topology {path}: cannot read: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TopologyError(f"topology {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    return parse_topology(data, str(path))
+
+
+def save_topology(topo: Topology, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(topo.to_json(), indent=2) + "\n")
+
+
+def parse_topology(data: object, source: str) -> Topology:
+    """Build a Topology from decoded JSON; every problem names ``source`` and the field."""
+
+    def fail(field: str, reason: str) -> TopologyError:
+        return TopologyError(f"topology {source}: {field}: {reason}")
+
+    if not isinstance(data, dict):
+        raise fail("(top level)", f"must be a JSON object, got {type(data).__name__}")
+    fmt = data.get("format")
+    if fmt != FORMAT:
+        raise fail("format", f"must be {FORMAT!r}, got {fmt!r}")
+    name = data.get("name", Path(source).stem)
+    if not isinstance(name, str):
+        raise fail("name", f"must be a string, got {name!r}")
+    nranks = data.get("nranks")
+    if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
+        raise fail("nranks", f"must be a positive integer, got {nranks!r}")
+    switches = _list(data, "switches", fail)
+    hosts = _list(data, "hosts", fail)
+    raw_links = data.get("links")
+    if not isinstance(raw_links, list):
+        raise fail("links", "must be a list of links")
+    links = tuple(_link(item, i, fail) for i, item in enumerate(raw_links))
+    sharing = tuple(_group(item, i, fail) for i, item in enumerate(_list(data, "sharing", fail)))
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise fail("description", "must be a string")
+    try:
+        return Topology(name, nranks, links, tuple(switches), sharing, tuple(hosts), description)
+    except TopologyError as e:
+        detail = str(e).split(": ", 1)[1]
+        kind = UnreachableError if isinstance(e, UnreachableError) else TopologyError
+        raise kind(f"topology {source}: {detail}") from None
+
+
+def _list(data: dict, key: str, fail) -> list:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise fail(key, f"must be a list, got {type(value).__name__}")
+    return value
+
+
+def _number(item: dict, key: str, where: str, fail, default: float | None = None) -> float:
+    value = item.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise fail(f"{where}.{key}", f"must be a number, got {value!r}")
+    return value
+
+
+def _link(item: object, i: int, fail) -> Link:
+    where = f"links[{i}]"
+    if not isinstance(item, dict):
+        raise fail(where, "must be an object with src, dst, bandwidth, latency")
+    for key in ("src", "dst"):
+        if key not in item:
+            raise fail(f"{where}.{key}", "is missing")
+    count = item.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise fail(f"{where}.count", f"must be a positive integer, got {count!r}")
+    unknown = set(item) - {"src", "dst", "bandwidth", "latency", "count"}
+    if unknown:
+        raise fail(f"{where}", f"unknown field {sorted(unknown)[0]!r}")
+    return Link(item["src"], item["dst"], _number(item, "bandwidth", where, fail),
+                _number(item, "latency", where, fail, 0.0), count)
+
+
+def _group(item: object, i: int, fail) -> SharingGroup:
+    where = f"sharing[{i}]"
+    if not isinstance(item, dict) or not isinstance(item.get("links"), list):
+        raise fail(where, "must be an object with 'links' (a list of [src, dst]) and 'bandwidth'")
+    keys = []
+    for j, pair in enumerate(item["links"]):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise fail(f"{where}.links[{j}]", f"must be [src, dst], got {pair!r}")
+        keys.append((pair[0], pair[1]))
+    return SharingGroup(tuple(keys), _number(item, "bandwidth", where, fail))

@@ -1,0 +1,368 @@
+"""The Topology type: ranks, switch vertices, directed links and sharing groups.
+
+A rank is an ``int`` in ``0..nranks-1`` (a GPU). A switch is a named ``str`` vertex that holds no data
+(an NVSwitch, an IB switch, a NIC). Links are directed and carry ``bandwidth`` (GB/s per lane, per
+direction), ``latency`` (µs) and ``count`` (bonded lanes). A sharing group says that several links share
+one capacity, SCCL's form for a switch.
+
+>>> t = Topology("pair", 2, (Link(0, 1, 25.0, 0.7), Link(1, 0, 25.0, 0.7)))
+>>> t.link(0, 1).capacity
+25.0
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable
+
+import networkx as nx
+
+from topologies.errors import TopologyError, UnreachableError
+
+Vertex = int | str
+FORMAT = "weft.topology/1"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed link; ``capacity`` is ``bandwidth × count`` in GB/s."""
+
+    src: Vertex
+    dst: Vertex
+    bandwidth: float
+    latency: float = 0.0
+    count: int = 1
+
+    @property
+    def capacity(self) -> float:
+        return self.bandwidth * self.count
+
+    @property
+    def key(self) -> tuple[Vertex, Vertex]:
+        return (self.src, self.dst)
+
+
+@dataclass(frozen=True)
+class SharingGroup:
+    """Links that together cannot carry more than ``bandwidth`` GB/s."""
+
+    links: tuple[tuple[Vertex, Vertex], ...]
+    bandwidth: float
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A fabric of ranks and switches. Construction validates; a bad topology cannot exist."""
+
+    name: str
+    nranks: int
+    links: tuple[Link, ...]
+    switches: tuple[str, ...] = ()
+    sharing: tuple[SharingGroup, ...] = ()
+    hosts: tuple[int, ...] = ()
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            object.__setattr__(self, "hosts", (0,) * self.nranks if isinstance(self.nranks, int) else ())
+        problem = find_problem(self)
+        if problem:
+            error = UnreachableError if problem.startswith("rank ") and "cannot reach" in problem else TopologyError
+            raise error(f"topology {self.name}: {problem}")
+
+    # ---- lookups -------------------------------------------------------------------------------
+    @property
+    def ranks(self) -> range:
+        return range(self.nranks)
+
+    @property
+    def vertices(self) -> tuple[Vertex, ...]:
+        return tuple(self.ranks) + self.switches
+
+    @cached_property
+    def _link_map(self) -> dict[tuple[Vertex, Vertex], Link]:
+        return {link.key: link for link in self.links}
+
+    def link(self, src: Vertex, dst: Vertex) -> Link:
+        """The link src->dst; KeyError if there is none."""
+        return self._link_map[(src, dst)]
+
+    def has_link(self, src: Vertex, dst: Vertex) -> bool:
+        return (src, dst) in self._link_map
+
+    @cached_property
+    def out_links(self) -> dict[Vertex, tuple[Link, ...]]:
+        table: dict[Vertex, list[Link]] = {v: [] for v in self.vertices}
+        for link in self.links:
+            table[link.src].append(link)
+        return {v: tuple(ls) for v, ls in table.items()}
+
+    @cached_property
+    def in_links(self) -> dict[Vertex, tuple[Link, ...]]:
+        table: dict[Vertex, list[Link]] = {v: [] for v in self.vertices}
+        for link in self.links:
+            table[link.dst].append(link)
+        return {v: tuple(ls) for v, ls in table.items()}
+
+    @property
+    def nhosts(self) -> int:
+        return len(set(self.hosts))
+
+    @cached_property
+    def unit_bandwidth(self) -> float:
+        """The smallest link or sharing-group capacity: one chunk per round in SCCL's units."""
+        caps = [link.capacity for link in self.links] + [g.bandwidth for g in self.sharing]
+        return min(caps) if caps else 1.0
+
+    def chunk_capacity(self, src: Vertex, dst: Vertex) -> float:
+        """Chunks per round that link src->dst carries, in units of ``unit_bandwidth``."""
+        return self.link(src, dst).capacity / self.unit_bandwidth
+
+    # ---- identity and formats ------------------------------------------------------------------
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of the normalized fabric (links, switches, sharing, hosts); names are ignored."""
+        return "topo-" + hashlib.sha256(_canonical_bytes(self)).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        doc: dict = {"format": FORMAT, "name": self.name}
+        if self.description:
+            doc["description"] = self.description
+        doc["nranks"] = self.nranks
+        if self.switches:
+            doc["switches"] = list(self.switches)
+        if any(self.hosts):
+            doc["hosts"] = list(self.hosts)
+        doc["links"] = [_link_json(link) for link in self.links]
+        if self.sharing:
+            doc["sharing"] = [
+                {"links": [[s, d] for s, d in g.links], "bandwidth": g.bandwidth} for g in self.sharing
+            ]
+        return doc
+
+    def to_networkx(self) -> nx.DiGraph:
+        """A DiGraph with rank (int) and switch (str) nodes; edges carry bandwidth, latency, count, capacity."""
+        graph = nx.DiGraph(name=self.name)
+        for r in self.ranks:
+            graph.add_node(r, kind="rank", host=self.hosts[r])
+        for s in self.switches:
+            graph.add_node(s, kind="switch")
+        for link in self.links:
+            graph.add_edge(
+                link.src, link.dst, bandwidth=link.bandwidth, latency=link.latency,
+                count=link.count, capacity=link.capacity,
+            )
+        return graph
+
+    def reversed(self) -> "Topology":
+        """The same fabric with every link and sharing group turned around (for combining collectives)."""
+        links = tuple(Link(l.dst, l.src, l.bandwidth, l.latency, l.count) for l in self.links)
+        sharing = tuple(SharingGroup(tuple((d, s) for s, d in g.links), g.bandwidth) for g in self.sharing)
+        return Topology(self.name + "~reversed", self.nranks, links, self.switches, sharing, self.hosts,
+                        self.description)
+
+    def without_switches(self) -> "Topology":
+        """The equivalent link-sharing form: rank-to-rank links through switches plus sharing groups.
+
+        Every ordered rank pair joined only through switches gets one link along the lowest-latency
+        switch path (bandwidth = the path's narrowest capacity, latency = the path's sum). Each
+        switch-side edge that several such links cross becomes a sharing group with that edge's capacity.
+        """
+        if not self.switches:
+            return self
+        return _switch_free(self)
+
+
+# ---- validation ---------------------------------------------------------------------------------
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def find_problem(topo: Topology) -> str | None:
+    """The first thing wrong with a topology, as 'field: reason', or None."""
+    if not isinstance(topo.nranks, int) or isinstance(topo.nranks, bool) or topo.nranks < 1:
+        return f"nranks: must be a positive integer, got {topo.nranks!r}"
+    names = set()
+    for i, s in enumerate(topo.switches):
+        if not isinstance(s, str) or not s:
+            return f"switches[{i}]: a switch name must be a non-empty string, got {s!r}"
+        if s in names:
+            return f"switches[{i}]: duplicate switch {s!r}"
+        names.add(s)
+    if len(topo.hosts) != topo.nranks:
+        return f"hosts: {len(topo.hosts)} entries for {topo.nranks} ranks"
+    for r, h in enumerate(topo.hosts):
+        if not isinstance(h, int) or isinstance(h, bool) or h < 0:
+            return f"hosts[{r}]: must be a non-negative integer, got {h!r}"
+    seen: set[tuple[Vertex, Vertex]] = set()
+    for i, link in enumerate(topo.links):
+        where = f"links[{i}] ({link.src}->{link.dst})"
+        for end in ("src", "dst"):
+            problem = _vertex_problem(getattr(link, end), topo.nranks, names)
+            if problem:
+                return f"{where}.{end}: {problem}"
+        if link.src == link.dst:
+            return f"{where}: a link cannot join a vertex to itself"
+        if link.key in seen:
+            return f"{where}: duplicate link (bond lanes with 'count' instead)"
+        seen.add(link.key)
+        if not _is_number(link.bandwidth) or link.bandwidth <= 0:
+            return f"{where}.bandwidth: must be a positive number of GB/s, got {link.bandwidth!r}"
+        if not _is_number(link.latency) or link.latency < 0:
+            return f"{where}.latency: must be a non-negative number of µs, got {link.latency!r}"
+        if not isinstance(link.count, int) or isinstance(link.count, bool) or link.count < 1:
+            return f"{where}.count: must be a positive integer, got {link.count!r}"
+    for i, group in enumerate(topo.sharing):
+        if not _is_number(group.bandwidth) or group.bandwidth <= 0:
+            return f"sharing[{i}].bandwidth: must be a positive number of GB/s, got {group.bandwidth!r}"
+        if not group.links:
+            return f"sharing[{i}].links: must list at least one link"
+        for j, key in enumerate(group.links):
+            if tuple(key) not in seen:
+                return f"sharing[{i}].links[{j}]: no link {key[0]}->{key[1]} in the topology"
+    return _reachability_problem(topo)
+
+
+def _vertex_problem(v: object, nranks: int, switches: set[str]) -> str | None:
+    if isinstance(v, bool):
+        return f"not a rank or switch: {v!r}"
+    if isinstance(v, int):
+        return None if 0 <= v < nranks else f"rank {v} does not exist ({nranks} ranks)"
+    if isinstance(v, str):
+        return None if v in switches else f"unknown switch {v!r} (declare it under 'switches')"
+    return f"not a rank or switch: {v!r}"
+
+
+def _reachable(start: Vertex, edges: dict[Vertex, list[Vertex]]) -> set[Vertex]:
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        for nxt in edges.get(queue.popleft(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return seen
+
+
+def _reachability_problem(topo: Topology) -> str | None:
+    if topo.nranks == 1:
+        return None
+    fwd: dict[Vertex, list[Vertex]] = {}
+    bwd: dict[Vertex, list[Vertex]] = {}
+    for link in topo.links:
+        fwd.setdefault(link.src, []).append(link.dst)
+        bwd.setdefault(link.dst, []).append(link.src)
+    down = _reachable(0, fwd)
+    for r in range(topo.nranks):
+        if r not in down:
+            return f"rank 0 cannot reach rank {r} (the topology is disconnected)"
+    up = _reachable(0, bwd)
+    for r in range(topo.nranks):
+        if r not in up:
+            return f"rank {r} cannot reach rank 0 (the topology is disconnected)"
+    return None
+
+
+# ---- canonical form -----------------------------------------------------------------------------
+
+def _num(x: float) -> float | int:
+    """Normalize a number so that 25, 25.0 and 25.0000000001 hash alike."""
+    r = round(float(x), 6)
+    return int(r) if r == int(r) else r
+
+
+def _vkey(v: Vertex) -> tuple[int, str]:
+    return (0, f"{v:09d}") if isinstance(v, int) else (1, v)
+
+
+def _link_json(link: Link) -> dict:
+    doc = {"src": link.src, "dst": link.dst, "bandwidth": link.bandwidth, "latency": link.latency}
+    if link.count != 1:
+        doc["count"] = link.count
+    return doc
+
+
+def _canonical_bytes(topo: Topology) -> bytes:
+    links = sorted(
+        ([_vkey(l.src), _vkey(l.dst), _num(l.bandwidth), _num(l.latency), l.count] for l in topo.links),
+    )
+    sharing = sorted(
+        [sorted([_vkey(s), _vkey(d)] for s, d in g.links), _num(g.bandwidth)] for g in topo.sharing
+    )
+    content = {
+        "nranks": topo.nranks,
+        "switches": sorted(topo.switches),
+        "hosts": list(topo.hosts),
+        "links": links,
+        "sharing": sharing,
+    }
+    return json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+
+
+# ---- switch removal -----------------------------------------------------------------------------
+
+def _switch_paths(topo: Topology, src: int) -> dict[int, list[Link]]:
+    """Lowest-latency paths from rank src to every rank, passing through switches only."""
+    import heapq
+
+    best: dict[Vertex, tuple[float, int]] = {src: (0.0, 0)}
+    via: dict[Vertex, Link] = {}
+    heap: list[tuple[float, int, int, Vertex]] = [(0.0, 0, 0, src)]
+    tie = 0
+    paths: dict[int, list[Link]] = {}
+    while heap:
+        lat, hops, _, v = heapq.heappop(heap)
+        if best.get(v, (math.inf, 0)) < (lat, hops):
+            continue
+        if isinstance(v, int) and v != src:
+            path, u = [], v
+            while u != src:
+                path.append(via[u])
+                u = via[u].src
+            paths[v] = path[::-1]
+            continue  # ranks are endpoints, never relays here
+        for link in topo.out_links[v]:
+            if v == src and isinstance(link.dst, int):
+                continue  # direct rank links stay as they are
+            cand = (lat + link.latency, hops + 1)
+            if cand < best.get(link.dst, (math.inf, 0)):
+                best[link.dst] = cand
+                via[link.dst] = link
+                tie += 1
+                heapq.heappush(heap, (cand[0], cand[1], tie, link.dst))
+    return paths
+
+
+def _switch_free(topo: Topology) -> Topology:
+    links: list[Link] = [l for l in topo.links if isinstance(l.src, int) and isinstance(l.dst, int)]
+    direct = {l.key for l in links}
+    users: dict[tuple[Vertex, Vertex], list[tuple[int, int]]] = {}
+    for src in topo.ranks:
+        for dst, path in sorted(_switch_paths(topo, src).items()):
+            if (src, dst) in direct:
+                continue
+            links.append(Link(src, dst, min(l.capacity for l in path), sum(l.latency for l in path)))
+            for l in path:
+                users.setdefault(l.key, []).append((src, dst))
+    sharing = [g for g in topo.sharing if all(isinstance(s, int) and isinstance(d, int) for s, d in g.links)]
+    for key, pairs in users.items():
+        if len(pairs) > 1:
+            sharing.append(SharingGroup(tuple(pairs), topo.link(*key).capacity))
+    return Topology(topo.name + "~linksharing", topo.nranks, tuple(links), (), _dedupe(sharing), topo.hosts,
+                    topo.description)
+
+
+def _dedupe(groups: Iterable[SharingGroup]) -> tuple[SharingGroup, ...]:
+    """Keep the tightest group for each set of links."""
+    tightest: dict[frozenset, SharingGroup] = {}
+    for g in groups:
+        k = frozenset(g.links)
+        if k not in tightest or g.bandwidth < tightest[k].bandwidth:
+            tightest[k] = SharingGroup(tuple(sorted(g.links, key=lambda p: (p[0], p[1]))), g.bandwidth)
+    return tuple(sorted(tightest.values(), key=lambda g: (g.links, g.bandwidth)))

@@ -1,0 +1,59 @@
+"""The ``weft`` console script: the only place in weft that prints, prompts or exits.
+
+Each sub-command lives in its own module here with ``register(subparsers)``; a handler takes the parsed
+arguments and returns an exit code (0 ok, 1 a check failed, 2 bad input). Library errors (WeftError) become
+one line on stderr with the error's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from topologies.errors import WeftError
+
+COMMANDS = ("topo", "synth", "compile", "verify", "registry", "gpu", "plot")
+
+
+class ArgumentError(WeftError):
+    """A bad command line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2, like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ArgumentError(f"{self.prog}: {message}")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="weft", description="Synthesize, verify, compile and run GPU collectives.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"weft.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"weft.cli.{name}":
+                raise
+            continue  # a command whose module is not part of this build
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except WeftError as e:
+        print(f"weft: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("weft: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def run() -> None:
+    sys.exit(main())

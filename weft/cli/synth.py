@@ -1,0 +1,151 @@
+"""``weft synth COLLECTIVE -t TOPO --method M``: synthesize, verify, score, write, and optionally compile/commit."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from schedules.collectives import NAMES, Collective
+from schedules.schedule import Schedule, save_schedule
+from topologies import Topology, resolve
+from weft.cli import ArgumentError
+from weft.units import format_bytes, parse_bytes
+
+BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
+FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
+            "pareto": "weft.cli.synth_pareto"}
+REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
+
+
+def _family(method: str):
+    try:
+        return importlib.import_module(FAMILIES[method])
+    except ModuleNotFoundError as e:
+        raise ArgumentError(f"weft synth: --method {method} is not available in this build ({e.name})") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synth", help="synthesize a schedule for a topology",
+                       description="Synthesize a verified schedule. Nothing is written unless it verifies.")
+    p.add_argument("collective", help=f"one of: {', '.join(NAMES)}")
+    p.add_argument("-t", "--topology", required=True, help="catalog spec (hgx_h100:nodes=2) or topology file")
+    p.add_argument("--method", required=True, choices=BASELINES + tuple(FAMILIES))
+    p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default: the method's)")
+    p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
+    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    p.add_argument("--size", default="1MB", help="message size the solver optimizes for (milp, pareto)")
+    p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--compile", action="store_true", help="also compile each schedule into a verified plan")
+    p.add_argument("--commit", action="store_true", help="compile, verify and commit the plan to the registry")
+    p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
+    p.add_argument("--instances", type=int, default=1, help="thread blocks per chunk when compiling")
+    p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"))
+    for module in FAMILIES.values():
+        try:
+            importlib.import_module(module).add_arguments(p)
+        except ModuleNotFoundError:
+            pass
+    p.set_defaults(func=run)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective) -> list[Schedule]:
+    if args.method in BASELINES:
+        from synth import baselines
+
+        return [getattr(baselines, args.method)(topology, collective)]
+    return list(_family(args.method).synthesize(args, topology, collective, _progress))
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedules.bounds import lower_bound_us
+    from schedules.cost import predict_us
+    from schedules.verify import require_valid
+
+    if args.chunks is not None and args.chunks < 1:
+        raise ArgumentError(f"weft synth: --chunks must be a positive integer, got {args.chunks}")
+    parse_bytes(args.size)
+    topology = resolve(args.topology)
+    collective = Collective(args.collective, topology.nranks, args.chunks or 1, args.root)
+    schedules = synthesize(args, topology, collective)
+    rows = []
+    for schedule in schedules:
+        require_valid(schedule, topology)
+        predicted = {format_bytes(n): predict_us(schedule, topology, n) for n in REPORT_SIZES}
+        pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
+               for n in REPORT_SIZES}
+        rows.append((schedule.with_meta(predicted_us=predicted, pct_of_bound=pct[format_bytes(1 << 30)]), pct))
+    written = _write(args, [s for s, _ in rows])
+    plans = _compile_and_commit(args, topology, [s for s, _ in rows])
+    if args.json:
+        print(json.dumps([{**s.to_json(), "pct_of_bound_by_size": pct, "written": w}
+                          for (s, pct), w in zip(rows, written)] + plans, indent=2))
+    else:
+        _print_table(topology, rows, written, plans)
+    return 0
+
+
+def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | None]:
+    if not args.output:
+        return [None] * len(schedules)
+    out = Path(args.output)
+    if len(schedules) == 1 and out.suffix == ".json":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_schedule(schedules[0], out)
+        return [str(out)]
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in schedules:
+        path = out / f"{s.name or s.collective.name}-{s.content_hash[:8]}.json"
+        save_schedule(s, path)
+        paths.append(str(path))
+    return paths
+
+
+def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules: list[Schedule]) -> list[dict]:
+    if not (args.compile or args.commit):
+        return []
+    from weft import pipeline
+
+    results = []
+    for s in schedules:
+        plan = pipeline.compile_and_verify(s, topology, instances=args.instances, protocol=args.protocol)
+        entry = {"plan": plan.name, "plan_hash": plan.content_hash}
+        if args.output:
+            path = Path(args.output)
+            path = (path.parent if path.suffix == ".json" else path) / f"{plan.name}.plan.json"
+            pipeline.save_plan(plan, path)
+            entry["plan_file"] = str(path)
+        if args.commit:
+            committed = pipeline.commit(plan, topology, args.registry)
+            entry["registry_entry"] = committed.id
+            entry["registry"] = committed.location
+        results.append(entry)
+    return results
+
+
+def _print_table(topology: Topology, rows, written, plans) -> None:
+    print(f"topology {topology.name} ({topology.fingerprint}, {topology.nranks} ranks)")
+    head = f"{'schedule':<36} {'steps':>5} {'rounds':>6} {'chunks':>6} " + " ".join(
+        f"{format_bytes(n) + ' µs':>11} {'%bound':>6}" for n in REPORT_SIZES)
+    print(head)
+    for (s, pct), path in zip(rows, written):
+        cells = " ".join(f"{s.meta.predicted_us[format_bytes(n)]:>11.2f} {pct[format_bytes(n)]:>6.1f}"
+                         for n in REPORT_SIZES)
+        print(f"{(s.name or s.collective.name):<36.36} {s.nsteps:>5} {s.total_rounds:>6} "
+              f"{s.collective.chunks:>6} {cells}")
+        print(f"  verified: {s.nsends} sends, hash {s.content_hash}" + (f", written to {path}" if path else ""))
+    for p in plans:
+        line = f"  plan {p['plan']} ({p['plan_hash']}) verified on the reference executor"
+        if "plan_file" in p:
+            line += f", written to {p['plan_file']}"
+        if "registry_entry" in p:
+            line += f", committed as {p['registry_entry']} to {p['registry']}"
+        print(line)
