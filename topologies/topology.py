@@ -123,6 +123,10 @@ class Topology:
         """Chunks per round that link src->dst carries, in units of ``unit_bandwidth``."""
         return self.link(src, dst).capacity / self.unit_bandwidth
 
+    def group_capacity(self, group: SharingGroup) -> float:
+        """Chunks per round that a sharing group carries, in units of ``unit_bandwidth``."""
+        return group.bandwidth / self.unit_bandwidth
+
     # ---- identity and formats ------------------------------------------------------------------
     @cached_property
     def fingerprint(self) -> str:

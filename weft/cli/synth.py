@@ -124,7 +124,9 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
             pipeline.save_plan(plan, path)
             entry["plan_file"] = str(path)
         if args.commit:
-            committed = pipeline.commit(plan, topology, args.registry)
+            from weft import publish
+
+            committed = publish.commit(plan, topology, args.registry)
             entry["registry_entry"] = committed.id
             entry["registry"] = committed.location
         results.append(entry)
