@@ -1,0 +1,158 @@
+"""The α-β cost model: predicted time of a schedule for a message size, and nccl-tests bandwidths.
+
+For a message of ``nbytes`` (the nccl-tests size) each chunk is ``collective.chunk_bytes(nbytes)`` bytes.
+On the topology's switch-free form (rank-to-rank links plus sharing groups), a step that puts n_l chunks
+on link l and n_g chunks on sharing group g takes
+
+    max( max over links l it uses of (latency_l + n_l · chunk_bytes / capacity_l),
+         max over groups g it uses of (n_g · chunk_bytes / bandwidth_g) )
+
+microseconds, with 1 GB/s = 1e3 bytes/µs. A schedule's time is the sum over its steps; a step with no
+sends costs nothing. A sharing group carries no latency of its own: its links already carry theirs.
+
+The model charges each link its actual load n_l, not the step's ``rounds``. Rounds are what a solver
+promised (at most ``rounds × capacity`` chunks per link, which ``verify`` checks); the actual load is never
+more and often less (a link carrying one chunk in a two-round step), so it is the finer model and rounds
+only bound it. Where every used link is loaded to its rounds this equals DESIGN's α + rounds·chunk/β.
+
+``loads(schedule, topology)`` does the per-send work once; its ``predict_us`` then costs one pass over the
+distinct step shapes per message size, so predicting a schedule for many sizes is cheap.
+
+>>> from schedules.collectives import Collective
+>>> from schedules.schedule import Schedule, Send, Step
+>>> from topologies.topology import Link, Topology
+>>> pair = Topology("pair", 2, (Link(0, 1, 25.0, 2.0), Link(1, 0, 25.0, 2.0)))
+>>> s = Schedule(Collective("allgather", 2), pair.fingerprint, (Step(1, (Send(0, 0, 1), Send(1, 1, 0))),))
+>>> predict_us(s, pair, 100_000)  # 2 µs + 50 kB at 25 GB/s
+4.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable
+
+from schedules.collectives import Collective
+from schedules.schedule import Schedule
+from topologies.errors import WeftError
+from topologies.topology import Topology
+
+BYTES_PER_US_PER_GBPS = 1e3
+
+
+class CostError(WeftError):
+    """A schedule the model cannot price (a send over a missing link) or a meaningless size or time."""
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """What one step puts on the fabric.
+
+    ``links`` holds a (latency µs, µs per chunk byte) term for each distinct link load; ``groups`` is the
+    largest sharing-group load in µs per chunk byte.
+    """
+
+    links: tuple[tuple[float, float], ...]
+    groups: float = 0.0
+
+    def time_us(self, chunk_bytes: float) -> float:
+        link_time = max((latency + chunk_bytes * per_byte for latency, per_byte in self.links), default=0.0)
+        return max(link_time, chunk_bytes * self.groups)
+
+
+@dataclass(frozen=True)
+class ScheduleLoads:
+    """Per-step loads of one schedule on one topology, ready to price at any message size."""
+
+    collective: Collective
+    steps: tuple[StepLoad, ...]
+
+    @cached_property
+    def _shapes(self) -> tuple[tuple[StepLoad, int], ...]:
+        # Collective schedules repeat one step shape many times (a ring has n-1 alike); price each once.
+        return tuple(Counter(self.steps).items())
+
+    def step_times_us(self, nbytes: float) -> list[float]:
+        chunk_bytes = _chunk_bytes(self.collective, nbytes)
+        return [step.time_us(chunk_bytes) for step in self.steps]
+
+    def predict_us(self, nbytes: float) -> float:
+        chunk_bytes = _chunk_bytes(self.collective, nbytes)
+        return math.fsum(count * step.time_us(chunk_bytes) for step, count in self._shapes)
+
+    def predict_many_us(self, sizes: Iterable[float]) -> list[float]:
+        return [self.predict_us(nbytes) for nbytes in sizes]
+
+
+def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
+    """Count each step's chunks per link and per sharing group on the topology's switch-free form."""
+    fabric = topology.without_switches()
+    groups_of: dict[tuple[int, int], list[int]] = {}
+    for g, group in enumerate(fabric.sharing):
+        for key in group.links:
+            groups_of.setdefault(tuple(key), []).append(g)
+    steps = []
+    for index, step in enumerate(schedule.steps):
+        per_link = Counter((send.src, send.dst) for send in step.sends)
+        per_group: Counter[int] = Counter()
+        terms = set()
+        for key, n in per_link.items():
+            if not fabric.has_link(*key):
+                raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{index}]: "
+                                f"no link {key[0]}->{key[1]} in topology {topology.name}")
+            link = fabric.link(*key)
+            terms.add((link.latency, n / (link.capacity * BYTES_PER_US_PER_GBPS)))
+            for g in groups_of.get(key, ()):
+                per_group[g] += n
+        group_load = max((n / (fabric.sharing[g].bandwidth * BYTES_PER_US_PER_GBPS) for g, n in per_group.items()),
+                         default=0.0)
+        steps.append(StepLoad(tuple(sorted(terms)), group_load))
+    return ScheduleLoads(schedule.collective, tuple(steps))
+
+
+def step_times_us(schedule: Schedule, topology: Topology, nbytes: float) -> list[float]:
+    """The predicted time of each step, in µs, for a message of nbytes."""
+    return loads(schedule, topology).step_times_us(nbytes)
+
+
+def predict_us(schedule: Schedule, topology: Topology, nbytes: float) -> float:
+    """The predicted time of the whole schedule, in µs, for a message of nbytes (nccl-tests size)."""
+    return loads(schedule, topology).predict_us(nbytes)
+
+
+def algbw(collective: Collective, nbytes: float, time_us: float) -> float:
+    """nccl-tests algorithm bandwidth in GB/s: message size over time."""
+    _check_size(nbytes)
+    if time_us < 0 or math.isnan(time_us):
+        raise CostError(f"time: must be a non-negative number of µs, got {time_us!r}")
+    if time_us == 0:
+        return math.inf if nbytes else 0.0
+    return nbytes / (time_us * BYTES_PER_US_PER_GBPS)
+
+
+def busbw(collective: Collective, nbytes: float, time_us: float) -> float:
+    """nccl-tests bus bandwidth in GB/s: algbw times the collective's factor, comparable to link speed."""
+    return algbw(collective, nbytes, time_us) * bus_factor(collective)
+
+
+def bus_factor(collective: Collective) -> float:
+    """nccl-tests' busbw/algbw ratio: 2(n-1)/n for allreduce, 1 for broadcast and reduce, else (n-1)/n."""
+    n = collective.nranks
+    if collective.name == "allreduce":
+        return 2 * (n - 1) / n
+    if collective.name in ("broadcast", "reduce"):
+        return 1.0
+    return (n - 1) / n
+
+
+def _check_size(nbytes: float) -> None:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not math.isfinite(nbytes) or nbytes < 0:
+        raise CostError(f"size: must be a non-negative number of bytes, got {nbytes!r}")
+
+
+def _chunk_bytes(collective: Collective, nbytes: float) -> float:
+    _check_size(nbytes)
+    return collective.chunk_bytes(nbytes)

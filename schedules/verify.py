@@ -1,0 +1,258 @@
+"""The independent verifier: re-simulate chunk possession step by step and check every rule.
+
+It shares no code with any solver, so a solver bug cannot hide behind the check that is meant to catch it.
+What each rank holds of each chunk is a set of rank contributions, kept as an ``int`` bitmask (bit r =
+rank r's contribution). For collectives that only move data a held chunk is the mask 1. A ``copy``
+overwrites the destination's mask with the source's, a ``reduce`` ORs it in, and an overlap between the
+two masks is a contribution counted twice. Python ints make the copy free (the same object is shared) and
+keep a 1024-rank allreduce in memory.
+
+Checks, by name: ``topology`` (fingerprint), ``nranks``, ``sends`` (chunk and ranks exist), ``links``
+(a link src->dst in the switch-free form), ``possession``, ``writes`` (a chunk that arrives by copy arrives
+alone in its step), ``reductions`` (each contribution once; no reduce in a collective that does not
+combine), ``capacity`` (per step and link, per step and sharing group) and ``postconditions``.
+
+>>> from schedules.collectives import Collective
+>>> from schedules.schedule import Schedule, Send, Step
+>>> from topologies.topology import Link, Topology
+>>> pair = Topology("pair", 2, (Link(0, 1, 25.0), Link(1, 0, 25.0)))
+>>> s = Schedule(Collective("allgather", 2), pair.fingerprint, (Step(1, (Send(0, 0, 1), Send(1, 1, 0))),))
+>>> verify(s, pair).ok
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from schedules.schedule import Schedule, Send, Step
+from topologies.errors import CheckFailed
+from topologies.topology import SharingGroup, Topology
+
+CHECKS = ("topology", "nranks", "sends", "links", "possession", "writes", "reductions", "capacity",
+          "postconditions")
+MAX_LISTED = 1000  # errors kept verbatim; a badly wrong schedule can break every one of a million sends
+SLACK = 1e-9  # capacity × rounds is a float; 2.9999999999 chunks of room is 3
+
+
+class VerificationFailed(CheckFailed):
+    """The schedule broke a rule; the message gives the first error and how many others there are."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The verdict; ``omitted`` counts errors beyond the first ``MAX_LISTED``, which are not spelled out."""
+
+    ok: bool
+    errors: tuple[str, ...]
+    checks: tuple[str, ...]
+    omitted: int = 0
+
+    @property
+    def nerrors(self) -> int:
+        return len(self.errors) + self.omitted
+
+
+@dataclass
+class _Errors:
+    """Collects error lines, keeping the first MAX_LISTED and counting the rest."""
+
+    lines: list[str] = field(default_factory=list)
+    omitted: int = 0
+
+    def add(self, line: str) -> None:
+        if len(self.lines) < MAX_LISTED:
+            self.lines.append(line)
+        else:
+            self.omitted += 1
+
+
+def require_valid(schedule: Schedule, topology: Topology) -> Verification:
+    """``verify``, raising VerificationFailed unless the schedule passes."""
+    result = verify(schedule, topology)
+    if not result.ok:
+        others = result.nerrors - 1
+        tail = f" (and {others} more error{'s' if others != 1 else ''})" if others else ""
+        name = schedule.name or schedule.collective.name
+        raise VerificationFailed(f"schedule {name}: verification failed: {result.errors[0]}{tail}")
+    return result
+
+
+def verify(schedule: Schedule, topology: Topology) -> Verification:
+    """Check a schedule against a topology; never raises for a wrong schedule, it reports."""
+    errors = _Errors()
+    collective = schedule.collective
+    if schedule.topology != topology.fingerprint:
+        errors.add(_fingerprint_error(schedule.topology, topology))
+    if collective.nranks != topology.nranks:
+        errors.add(f"collective {collective.name}: nranks: {collective.nranks} ranks, "
+                   f"but topology {topology.name} has {topology.nranks}")
+        return Verification(False, tuple(errors.lines), ("topology", "nranks"))
+    fabric = topology.without_switches()
+    state = _initial_state(schedule)
+    groups_of = _groups_by_link(fabric)
+    for index, step in enumerate(schedule.steps):
+        sendable = _check_sends(index, step, collective.nranks, collective.nchunks, fabric, errors)
+        _check_capacity(index, step, sendable, fabric, groups_of, errors)
+        _apply_step(index, sendable, state, schedule, errors)
+    _check_postconditions(state, schedule, errors)
+    return Verification(not errors.lines, tuple(errors.lines), CHECKS, errors.omitted)
+
+
+def _fingerprint_error(stated: str, topology: Topology) -> str:
+    hint = ""
+    if topology.switches and stated == topology.without_switches().fingerprint:
+        hint = " (that is its switch-free form's fingerprint; schedules record the topology's own)"
+    return f"topology: the schedule is for {stated}, not {topology.name} ({topology.fingerprint}){hint}"
+
+
+def _describe(send: Send) -> str:
+    return f"[{send.chunk}, {send.src}->{send.dst} {send.op}]"
+
+
+def _ranks_in(mask: int, limit: int = 4) -> str:
+    ranks = []
+    rank = 0
+    while mask and len(ranks) <= limit:
+        if mask & 1:
+            ranks.append(rank)
+        mask >>= 1
+        rank += 1
+    shown = ", ".join(map(str, ranks[:limit]))
+    return shown + (", ..." if len(ranks) > limit else "")
+
+
+def _initial_state(schedule: Schedule) -> list[int]:
+    """A flat list indexed by rank * nchunks + chunk: the contribution mask that rank holds of chunk."""
+    collective = schedule.collective
+    nchunks = collective.nchunks
+    state = [0] * (collective.nranks * nchunks)
+    for rank in range(collective.nranks):
+        mark = 1 << rank if collective.combining else 1
+        for chunk in collective.precondition(rank):
+            state[rank * nchunks + chunk] = mark
+    return state
+
+
+def _groups_by_link(fabric: Topology) -> dict[tuple[int, int], list[int]]:
+    table: dict[tuple[int, int], list[int]] = {}
+    for g, group in enumerate(fabric.sharing):
+        for key in group.links:
+            table.setdefault(tuple(key), []).append(g)
+    return table
+
+
+def _check_sends(index: int, step: Step, nranks: int, nchunks: int, fabric: Topology,
+                 errors: _Errors) -> list[Send]:
+    """The sends of a step that name real chunks and ranks over real links; the others are reported."""
+    good = []
+    for send in step.sends:
+        if not 0 <= send.chunk < nchunks:
+            errors.add(f"step {index} send {_describe(send)}: chunk {send.chunk} does not exist ({nchunks} chunks)")
+        elif not (0 <= send.src < nranks and 0 <= send.dst < nranks):
+            errors.add(f"step {index} send {_describe(send)}: rank does not exist ({nranks} ranks)")
+        elif send.op not in ("copy", "reduce"):
+            errors.add(f"step {index} send {_describe(send)}: op must be copy or reduce")
+        else:
+            good.append(send)
+    pairs = {(s.src, s.dst) for s in good}
+    missing = {pair for pair in pairs if not fabric.has_link(*pair)}
+    if not missing:
+        return good
+    for send in good:
+        if (send.src, send.dst) in missing:
+            errors.add(f"step {index} send {_describe(send)}: no link {send.src}->{send.dst} in topology "
+                       f"{fabric.name}")
+    return [s for s in good if (s.src, s.dst) not in missing]
+
+
+def _check_capacity(index: int, step: Step, sends: list[Send], fabric: Topology,
+                    groups_of: dict[tuple[int, int], list[int]], errors: _Errors) -> None:
+    per_link = Counter((s.src, s.dst) for s in sends)
+    per_group: Counter[int] = Counter()
+    for key, n in per_link.items():
+        room = math.floor(fabric.chunk_capacity(*key) * step.rounds + SLACK)
+        if n > room:
+            errors.add(f"step {index}: link {key[0]}->{key[1]} carries {n} chunks, over its capacity of {room} "
+                       f"({step.rounds} rounds x {fabric.chunk_capacity(*key):g} chunks per round)")
+        for g in groups_of.get(key, ()):
+            per_group[g] += n
+    for g, n in sorted(per_group.items()):
+        group = fabric.sharing[g]
+        room = math.floor(fabric.group_capacity(group) * step.rounds + SLACK)
+        if n > room:
+            errors.add(f"step {index}: sharing group {_describe_group(group)} carries {n} chunks, over its "
+                       f"capacity of {room} ({step.rounds} rounds x {fabric.group_capacity(group):g} "
+                       "chunks per round)")
+
+
+def _describe_group(group: SharingGroup) -> str:
+    shown = ", ".join(f"{s}->{d}" for s, d in group.links[:3])
+    more = f", ... {len(group.links)} links" if len(group.links) > 3 else ""
+    return f"[{shown}{more}; {group.bandwidth:g} GB/s]"
+
+
+def _apply_step(index: int, sends: list[Send], state: list[int], schedule: Schedule, errors: _Errors) -> None:
+    """Read every source at the step's start, then land every write at its end."""
+    nchunks = schedule.collective.nchunks
+    combining = schedule.collective.combining
+    writes: dict[int, list] = {}  # state slot -> [op, mask, first send]
+    for send in sends:
+        if send.op == "reduce" and not combining:
+            errors.add(f"step {index} send {_describe(send)}: reduce in {schedule.collective.name}, "
+                       "a collective that does not combine")
+            continue
+        mask = state[send.src * nchunks + send.chunk]
+        if not mask:
+            errors.add(f"step {index} send {_describe(send)}: rank {send.src} does not hold chunk {send.chunk}")
+            continue
+        slot = send.dst * nchunks + send.chunk
+        pending = writes.get(slot)
+        if pending is None:
+            writes[slot] = [send.op, mask, send]
+        elif pending[0] == "copy" or send.op == "copy":
+            errors.add(f"step {index} send {_describe(send)}: rank {send.dst} also receives "
+                       f"{_describe(pending[2])} for chunk {send.chunk} in this step, and one of them is a copy")
+        elif pending[1] & mask:
+            errors.add(f"step {index} send {_describe(send)}: double-counted: chunk {send.chunk} reaches rank "
+                       f"{send.dst} twice in this step with the contribution of rank(s) "
+                       f"{_ranks_in(pending[1] & mask)}")
+            pending[1] |= mask
+        else:
+            pending[1] |= mask
+    for slot, (op, mask, send) in writes.items():
+        if op == "copy":
+            state[slot] = mask
+            continue
+        held = state[slot]
+        if held & mask:
+            errors.add(f"step {index} send {_describe(send)}: double-counted: rank {send.dst} already holds the "
+                       f"contribution of rank(s) {_ranks_in(held & mask)} to chunk {send.chunk}")
+        state[slot] = held | mask
+
+
+def _check_postconditions(state: list[int], schedule: Schedule, errors: _Errors) -> None:
+    collective = schedule.collective
+    nchunks = collective.nchunks
+    full = (1 << collective.nranks) - 1 if collective.combining else None
+    for rank in range(collective.nranks):
+        base = rank * nchunks
+        wanted = sorted(collective.postcondition(rank))
+        if full is None:
+            short = [c for c in wanted if not state[base + c]]
+            if short:
+                errors.add(f"postcondition: rank {rank} lacks chunk(s) {_first(short)} "
+                           f"({len(short)} of {len(wanted)})")
+            continue
+        short = [c for c in wanted if state[base + c] != full]
+        if short:
+            missing = full & ~state[base + short[0]]
+            errors.add(f"postcondition: rank {rank} lacks the full sum of chunk(s) {_first(short)} "
+                       f"({len(short)} of {len(wanted)}; chunk {short[0]} misses rank(s) {_ranks_in(missing)})")
+
+
+def _first(chunks: list[int], limit: int = 6) -> str:
+    shown = ", ".join(map(str, chunks[:limit]))
+    return shown + (", ..." if len(chunks) > limit else "")
