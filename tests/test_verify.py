@@ -148,7 +148,8 @@ def test_reduce_in_a_collective_that_does_not_combine():
 def test_step_over_a_links_capacity():
     topo = ring_topology(4)
     result = verify(ring_allgather(topo, chunks=2, rounds=1), topo)
-    assert result.errors[0] == "step 0: link 0->1 carries 2 chunks, over its capacity of 1 (1 rounds x 1 chunks per round)"
+    assert result.errors[0] == (
+        "step 0: link 0->1 carries 2 chunks, over its capacity of 1 (1 rounds x 1 chunks per round)")
     assert len(result.errors) == 4 * 3  # every link, every step
 
 
@@ -242,7 +243,8 @@ def test_errors_beyond_the_listed_ones_are_counted():
     assert result.nerrors == MAX_LISTED + 200 + 3  # plus three unmet postconditions
 
 
-@pytest.mark.parametrize("build,topo", [(ring_allgather, ring_topology(4)), (direct_allreduce, fully_connected(4))])
+@pytest.mark.parametrize("build,topo", [(ring_allgather, ring_topology(4)),
+                                        (direct_allreduce, fully_connected(4))])
 def test_every_send_of_a_minimal_schedule_is_needed(build, topo):
     schedule = build(topo)
     for i, step in enumerate(schedule.steps):
