@@ -90,6 +90,9 @@ class ScheduleLoads:
 def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
     """Count each step's chunks per link and per sharing group on the topology's switch-free form."""
     fabric = topology.without_switches()
+    # µs per chunk byte for one chunk on each link and group; a step's load multiplies these
+    per_byte = {link.key: (link.latency, 1.0 / (link.capacity * BYTES_PER_US_PER_GBPS)) for link in fabric.links}
+    group_per_byte = [1.0 / (group.bandwidth * BYTES_PER_US_PER_GBPS) for group in fabric.sharing]
     groups_of: dict[tuple[int, int], list[int]] = {}
     for g, group in enumerate(fabric.sharing):
         for key in group.links:
@@ -100,15 +103,14 @@ def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
         per_group: Counter[int] = Counter()
         terms = set()
         for key, n in per_link.items():
-            if not fabric.has_link(*key):
+            if key not in per_byte:
                 raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{index}]: "
                                 f"no link {key[0]}->{key[1]} in topology {topology.name}")
-            link = fabric.link(*key)
-            terms.add((link.latency, n / (link.capacity * BYTES_PER_US_PER_GBPS)))
+            latency, one = per_byte[key]
+            terms.add((latency, n * one))
             for g in groups_of.get(key, ()):
                 per_group[g] += n
-        group_load = max((n / (fabric.sharing[g].bandwidth * BYTES_PER_US_PER_GBPS) for g, n in per_group.items()),
-                         default=0.0)
+        group_load = max((n * group_per_byte[g] for g, n in per_group.items()), default=0.0)
         steps.append(StepLoad(tuple(sorted(terms)), group_load))
     return ScheduleLoads(schedule.collective, tuple(steps))
 

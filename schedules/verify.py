@@ -90,12 +90,11 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
         errors.add(f"collective {collective.name}: nranks: {collective.nranks} ranks, "
                    f"but topology {topology.name} has {topology.nranks}")
         return Verification(False, tuple(errors.lines), ("topology", "nranks"))
-    fabric = topology.without_switches()
+    fabric = _Fabric.of(topology)
     state = _initial_state(schedule)
-    groups_of = _groups_by_link(fabric)
     for index, step in enumerate(schedule.steps):
-        sendable = _check_sends(index, step, collective.nranks, collective.nchunks, fabric, errors)
-        _check_capacity(index, step, sendable, fabric, groups_of, errors)
+        sendable, per_link = _check_sends(index, step, collective.nranks, collective.nchunks, fabric, errors)
+        _check_capacity(index, step.rounds, per_link, fabric, errors)
         _apply_step(index, sendable, state, schedule, errors)
     _check_postconditions(state, schedule, errors)
     return Verification(not errors.lines, tuple(errors.lines), CHECKS, errors.omitted)
@@ -136,17 +135,31 @@ def _initial_state(schedule: Schedule) -> list[int]:
     return state
 
 
-def _groups_by_link(fabric: Topology) -> dict[tuple[int, int], list[int]]:
-    table: dict[tuple[int, int], list[int]] = {}
-    for g, group in enumerate(fabric.sharing):
-        for key in group.links:
-            table.setdefault(tuple(key), []).append(g)
-    return table
+@dataclass(frozen=True)
+class _Fabric:
+    """The switch-free form, with each link's and group's capacity in chunks per round looked up once."""
+
+    topology: Topology
+    link_chunks: dict[tuple[int, int], float]
+    groups_of: dict[tuple[int, int], tuple[int, ...]]
+    group_chunks: tuple[float, ...]
+
+    @staticmethod
+    def of(topology: Topology) -> "_Fabric":
+        fabric = topology.without_switches()
+        unit = fabric.unit_bandwidth
+        groups_of: dict[tuple[int, int], list[int]] = {}
+        for g, group in enumerate(fabric.sharing):
+            for key in group.links:
+                groups_of.setdefault(tuple(key), []).append(g)
+        return _Fabric(fabric, {link.key: link.capacity / unit for link in fabric.links},
+                       {key: tuple(gs) for key, gs in groups_of.items()},
+                       tuple(fabric.group_capacity(group) for group in fabric.sharing))
 
 
-def _check_sends(index: int, step: Step, nranks: int, nchunks: int, fabric: Topology,
-                 errors: _Errors) -> list[Send]:
-    """The sends of a step that name real chunks and ranks over real links; the others are reported."""
+def _check_sends(index: int, step: Step, nranks: int, nchunks: int, fabric: _Fabric,
+                 errors: _Errors) -> tuple[list[Send], Counter]:
+    """The sends of a step that name real chunks and ranks over real links, and their count per link."""
     good = []
     for send in step.sends:
         if not 0 <= send.chunk < nchunks:
@@ -157,35 +170,34 @@ def _check_sends(index: int, step: Step, nranks: int, nchunks: int, fabric: Topo
             errors.add(f"step {index} send {_describe(send)}: op must be copy or reduce")
         else:
             good.append(send)
-    pairs = {(s.src, s.dst) for s in good}
-    missing = {pair for pair in pairs if not fabric.has_link(*pair)}
+    per_link = Counter((s.src, s.dst) for s in good)
+    missing = {pair for pair in per_link if pair not in fabric.link_chunks}
     if not missing:
-        return good
+        return good, per_link
     for send in good:
         if (send.src, send.dst) in missing:
             errors.add(f"step {index} send {_describe(send)}: no link {send.src}->{send.dst} in topology "
-                       f"{fabric.name}")
-    return [s for s in good if (s.src, s.dst) not in missing]
+                       f"{fabric.topology.name}")
+    for pair in missing:
+        del per_link[pair]
+    return [s for s in good if (s.src, s.dst) not in missing], per_link
 
 
-def _check_capacity(index: int, step: Step, sends: list[Send], fabric: Topology,
-                    groups_of: dict[tuple[int, int], list[int]], errors: _Errors) -> None:
-    per_link = Counter((s.src, s.dst) for s in sends)
+def _check_capacity(index: int, rounds: int, per_link: Counter, fabric: _Fabric, errors: _Errors) -> None:
     per_group: Counter[int] = Counter()
     for key, n in per_link.items():
-        room = math.floor(fabric.chunk_capacity(*key) * step.rounds + SLACK)
-        if n > room:
-            errors.add(f"step {index}: link {key[0]}->{key[1]} carries {n} chunks, over its capacity of {room} "
-                       f"({step.rounds} rounds x {fabric.chunk_capacity(*key):g} chunks per round)")
-        for g in groups_of.get(key, ()):
+        chunks = fabric.link_chunks[key]
+        if n > math.floor(chunks * rounds + SLACK):
+            errors.add(f"step {index}: link {key[0]}->{key[1]} carries {n} chunks, over its capacity of "
+                       f"{math.floor(chunks * rounds + SLACK)} ({rounds} rounds x {chunks:g} chunks per round)")
+        for g in fabric.groups_of.get(key, ()):
             per_group[g] += n
     for g, n in sorted(per_group.items()):
-        group = fabric.sharing[g]
-        room = math.floor(fabric.group_capacity(group) * step.rounds + SLACK)
-        if n > room:
-            errors.add(f"step {index}: sharing group {_describe_group(group)} carries {n} chunks, over its "
-                       f"capacity of {room} ({step.rounds} rounds x {fabric.group_capacity(group):g} "
-                       "chunks per round)")
+        chunks = fabric.group_chunks[g]
+        if n > math.floor(chunks * rounds + SLACK):
+            errors.add(f"step {index}: sharing group {_describe_group(fabric.topology.sharing[g])} carries {n} "
+                       f"chunks, over its capacity of {math.floor(chunks * rounds + SLACK)} ({rounds} rounds x "
+                       f"{chunks:g} chunks per round)")
 
 
 def _describe_group(group: SharingGroup) -> str:
