@@ -1,0 +1,667 @@
+"""The execution Plan: MSCCL++'s execution-plan JSON (snake_case schema) plus a ``"weft"`` metadata object.
+
+A plan says, for every GPU, which thread blocks run which ops over which buffers and channels. It is what
+the CPU reference executor proves and what the GPU executor runs. MSCCL++'s executor reads the same file.
+
+Buffers and chunks
+------------------
+Each GPU has three buffers: ``i`` (input, ``input_chunks`` chunks), ``o`` (output, ``output_chunks``) and ``s``
+(scratch, ``scratch_chunks``). Every chunk of every buffer holds the same number of bytes, fixed at run time
+from the message size ``nbytes`` (nccl-tests terms: the larger of a rank's input and output buffer)::
+
+    chunk_bytes = nbytes / plan.size_chunks        # size_chunks = max(input_chunks, output_chunks) over gpus
+
+``Plan.accepts(nbytes)`` says whether a size runs: ``min_message_size <= nbytes <= max_message_size`` and
+``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
+LL packets never split). A chunk need not be a multiple of 16 bytes ("ragged" sizes): the GPU executor handles
+the tail. In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word
+travels with a 4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
+
+A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
+entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
+entry whose ``access_channel_type`` is the op's ``channel_type``; that id indexes the GPU's ``remote_buffers``
+(``rank`` and ``type``). With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
+rank's slice: allgather/gather keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at
+``i[rank·output_chunks]``, the other collectives use one buffer for both.
+
+Channels and semaphores
+-----------------------
+Only ``memory`` channels are supported (``port`` channels have no runtime here; ``switch``/NVLS channels are
+refused because NVLink multicast is forbidden on the shared machines). A GPU's memory channels are numbered
+0.. in the order of its ``channels`` entries' ``connected_to`` lists; channel k connects to rank
+``connected_to[k]``. The m-th channel of rank a to rank b pairs with the m-th channel of rank b to rank a.
+Each channel end holds an inbound counter: ``signal`` on a's end adds one to b's end; ``wait`` on b's end
+blocks until its counter exceeds the number of waits already done there, then consumes one. The n-th wait
+therefore happens after the n-th signal and after everything the signalling thread block did before it.
+``semaphores`` (``[{"init_value": v}]``) are counting semaphores local to one GPU, for ordering thread blocks
+of the same GPU: ``sem_release`` adds one, ``sem_acquire`` blocks until the value is positive and takes one.
+``barrier`` (``barrier_id``, ``num_threadblocks``) blocks until that many thread blocks of the GPU reached
+their barrier with that id.
+
+Ops (``src``/``dst`` are the ``src_buff``/``dst_buff`` entries; pairwise ops need equal lengths and sizes)
+--------------------------------------------------------------------------------------------------------
+========  ======================================================================================
+nop       nothing (a thread-block-local sync on the GPU)
+barrier   see above
+signal    signal on every channel in ``channel_ids``
+wait      wait on every channel in ``channel_ids``
+flush     nothing for memory channels (writes through memory channels are visible at the signal)
+put       copy local src[j] to remote dst[j] through channel ``channel_ids[j]``
+pws       put, then signal on the same channels
+get       copy remote src[j] (through ``channel_ids[j]``) to local dst[j]
+copy      copy local src[j] to local dst[j]
+re        sum of every src (local, equal sizes), written to every dst (local)
+res       re, also written to every remote dst (the k-th remote entry through ``channel_ids[k]``)
+rre       sum of every src, local or remote (the k-th remote src through ``channel_ids[k]``), to local dsts
+rres      rre, also written to every remote dst (channels: remote srcs first, then remote dsts)
+sem_acquire / sem_release   on every id in ``semaphore_ids``
+========  ======================================================================================
+Packet ops (LL). A packet range lives in a scratch buffer and carries the flag of the current launch, so
+a reader of packets waits for them itself and needs no signal:
+========  ======================================================================================
+ppkt      local plain src[j] -> remote scratch dst[j] as packets (``channel_ids[j]``)
+rppkt     local packets src[j] (waits for them) -> remote scratch dst[j] as packets
+tpkt      local plain src[j] -> local scratch dst[j] as packets
+upkt      local packets src[j] (waits for them) -> local plain dst[j]
+cpkt      local packets src[j] (waits for them) -> local scratch dst[j] as packets
+repkt     src[0] local plain + every later src as local packets (waits) -> every local plain dst
+respkt    repkt, also written as packets to every remote scratch dst (``channel_ids[k]``)
+========  ======================================================================================
+Reductions are sums in the element type; fp16 and bf16 round after every op.
+
+A launch runs each plan once. Scratch is reused across launches, so the executor must keep a launch from
+writing into a peer before that peer finished the previous launch (LL plans alternate scratch halves with
+``use_double_scratch_buffer`` and use a fresh flag per launch).
+
+>>> plan = parse_plan({"name": "x", "collective": "allgather", "protocol": "Simple", "inplace": False,
+...     "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
+...     {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+...     "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}]}, "x.json")
+>>> plan.size_chunks, plan.accepts(64), plan.accepts(6)
+(1, True, False)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from schedules.collectives import NAMES, Collective, CollectiveError
+from topologies.errors import WeftError
+
+CHUNK_GRANULE = 4
+MAX_MESSAGE_SIZE = (1 << 64) - 1
+PROTOCOLS = ("Simple", "LL")
+BUFFER_TYPES = ("i", "o", "s")
+CHANNEL_TYPES = ("memory",)
+REFUSED_CHANNEL_TYPES = {
+    "switch": "switch (NVLS) channels need NVLink multicast, which weft never uses",
+    "port": "port channels (proxy/DMA/RDMA) have no runtime in weft yet; use memory channels",
+}
+CHANNEL_OPS = frozenset({"signal", "wait", "flush", "put", "pws", "get", "res", "rre", "rres", "ppkt", "rppkt",
+                         "respkt"})
+PACKET_OPS = frozenset({"ppkt", "rppkt", "tpkt", "upkt", "cpkt", "repkt", "respkt"})
+BUFFER_OPS = frozenset({"put", "pws", "get", "copy", "re", "res", "rre", "rres"}) | PACKET_OPS
+OPS = frozenset({"nop", "barrier", "sem_acquire", "sem_release"}) | CHANNEL_OPS | BUFFER_OPS
+_OP_FIELDS = frozenset({"name", "channel_type", "channel_ids", "src_buff", "dst_buff", "semaphore_ids",
+                        "barrier_id", "num_threadblocks", "reduce_op"})
+
+
+class PlanError(WeftError):
+    """A plan file is malformed or uses something weft cannot run."""
+
+
+@dataclass(frozen=True)
+class BufferRef:
+    """A chunk range: local when ``type`` is set, remote when ``buffer_id`` is set."""
+
+    index: int
+    size: int
+    type: str | None = None
+    buffer_id: int | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.buffer_id is not None
+
+    def to_json(self) -> dict:
+        if self.remote:
+            return {"buffer_id": self.buffer_id, "index": self.index, "size": self.size}
+        return {"type": self.type, "index": self.index, "size": self.size}
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    channel_type: str | None = None
+    channel_ids: tuple[int, ...] = ()
+    src_buff: tuple[BufferRef, ...] = ()
+    dst_buff: tuple[BufferRef, ...] = ()
+    semaphore_ids: tuple[int, ...] = ()
+    barrier_id: int | None = None
+    num_threadblocks: int | None = None
+
+    def to_json(self) -> dict:
+        doc: dict[str, Any] = {"name": self.name}
+        if self.src_buff or self.name in BUFFER_OPS:
+            doc["src_buff"] = [b.to_json() for b in self.src_buff]
+        if self.dst_buff or self.name in BUFFER_OPS:
+            doc["dst_buff"] = [b.to_json() for b in self.dst_buff]
+        if self.channel_type is not None:
+            doc["channel_type"] = self.channel_type
+            doc["channel_ids"] = list(self.channel_ids)
+        if self.semaphore_ids:
+            doc["semaphore_ids"] = list(self.semaphore_ids)
+        if self.barrier_id is not None:
+            doc["barrier_id"] = self.barrier_id
+            doc["num_threadblocks"] = self.num_threadblocks
+        return doc
+
+
+@dataclass(frozen=True)
+class Channel:
+    channel_type: str
+    connected_to: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"channel_type": self.channel_type, "connected_to": list(self.connected_to)}
+
+
+@dataclass(frozen=True)
+class RemoteBuffer:
+    rank: int
+    type: str
+    access_channel_types: tuple[str, ...] = ("memory",)
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "type": self.type, "access_channel_types": list(self.access_channel_types)}
+
+
+@dataclass(frozen=True)
+class ChannelRef:
+    """The GPU channels (by id) one thread block uses."""
+
+    channel_type: str
+    channel_ids: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"channel_type": self.channel_type, "channel_ids": list(self.channel_ids)}
+
+
+@dataclass(frozen=True)
+class RemoteBufferRef:
+    """The GPU remote buffers (by id) one thread block reaches through one channel type."""
+
+    access_channel_type: str
+    remote_buffer_ids: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"access_channel_type": self.access_channel_type, "remote_buffer_ids": list(self.remote_buffer_ids)}
+
+
+@dataclass(frozen=True)
+class Threadblock:
+    id: int
+    ops: tuple[Op, ...]
+    channels: tuple[ChannelRef, ...] = ()
+    remote_buffer_refs: tuple[RemoteBufferRef, ...] = ()
+
+    def remote_buffer_id(self, channel_type: str, buffer_id: int) -> int | None:
+        """The GPU's remote-buffer id that an op's ``buffer_id`` names, or None when it names nothing."""
+        for ref in self.remote_buffer_refs:
+            if ref.access_channel_type == channel_type and 0 <= buffer_id < len(ref.remote_buffer_ids):
+                return ref.remote_buffer_ids[buffer_id]
+        return None
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "ops": [op.to_json() for op in self.ops],
+                "channels": [c.to_json() for c in self.channels],
+                "remote_buffer_refs": [r.to_json() for r in self.remote_buffer_refs]}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: int
+    input_chunks: int
+    output_chunks: int
+    scratch_chunks: int
+    threadblocks: tuple[Threadblock, ...]
+    channels: tuple[Channel, ...] = ()
+    remote_buffers: tuple[RemoteBuffer, ...] = ()
+    semaphores: tuple[int, ...] = ()
+
+    @property
+    def memory_peers(self) -> tuple[int, ...]:
+        """The peer of each memory channel id."""
+        return tuple(p for c in self.channels if c.channel_type == "memory" for p in c.connected_to)
+
+    def buffer_chunks(self, type: str) -> int:
+        return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[type]
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "input_chunks": self.input_chunks, "output_chunks": self.output_chunks,
+                "scratch_chunks": self.scratch_chunks, "channels": [c.to_json() for c in self.channels],
+                "remote_buffers": [b.to_json() for b in self.remote_buffers],
+                "semaphores": [{"init_value": v} for v in self.semaphores],
+                "threadblocks": [tb.to_json() for tb in self.threadblocks]}
+
+
+@dataclass(frozen=True)
+class PlanMeta:
+    """weft's own record: where the plan came from, what it costs, how it was checked."""
+
+    topology: str = ""
+    schedule_hash: str = ""
+    solver: str = ""
+    chunks: int = 1
+    root: int = 0
+    instances: int = 1
+    predicted_us: dict[str, float] = field(default_factory=dict)
+    verification: dict[str, Any] | None = None
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+
+    def to_json(self) -> dict:
+        doc: dict[str, Any] = {"topology": self.topology, "schedule_hash": self.schedule_hash,
+                               "solver": self.solver, "chunks": self.chunks, "root": self.root,
+                               "instances": self.instances, "dtypes": list(self.dtypes)}
+        if self.predicted_us:
+            doc["predicted_us"] = self.predicted_us
+        if self.verification is not None:
+            doc["verification"] = self.verification
+        return doc
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    collective: str
+    protocol: str
+    inplace: bool
+    gpus: tuple[Gpu, ...]
+    num_threads_per_block: int = 1024
+    use_double_scratch_buffer: bool = False
+    buffer_alignment: int = 16
+    min_message_size: int = 0
+    max_message_size: int = MAX_MESSAGE_SIZE
+    weft: PlanMeta = field(default_factory=PlanMeta)
+
+    @property
+    def nranks(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def size_chunks(self) -> int:
+        """Chunks spanned by the message size (the larger of input and output buffer)."""
+        return max(max(g.input_chunks, g.output_chunks) for g in self.gpus)
+
+    def chunk_bytes(self, nbytes: int) -> int:
+        return nbytes // self.size_chunks
+
+    def accepts(self, nbytes: int) -> bool:
+        """Whether this plan runs a message of ``nbytes`` (its size range and the chunk granule)."""
+        unit = self.size_chunks * CHUNK_GRANULE
+        return self.min_message_size <= nbytes <= self.max_message_size and nbytes > 0 and nbytes % unit == 0
+
+    def collective_spec(self) -> Collective:
+        """The Collective the plan computes, at the plan's chunk granularity (instances are finer chunks)."""
+        g = self.gpus[0]
+        n = self.nranks
+        per_slice = {"allgather": g.input_chunks, "gather": g.input_chunks, "reducescatter": g.output_chunks,
+                     "scatter": g.output_chunks, "alltoall": g.input_chunks // n,
+                     "broadcast": g.output_chunks, "reduce": g.input_chunks}.get(self.collective, g.output_chunks // n)
+        return Collective(self.collective, n, max(per_slice, 1), self.weft.root)
+
+    def content(self) -> dict:
+        """The MSCCL++ plan itself: what the content hash covers (the weft record is not part of it)."""
+        return {"name": self.name, "collective": self.collective, "protocol": self.protocol,
+                "inplace": self.inplace, "num_threads_per_block": self.num_threads_per_block,
+                "use_double_scratch_buffer": self.use_double_scratch_buffer,
+                "buffer_alignment": self.buffer_alignment, "min_message_size": self.min_message_size,
+                "max_message_size": self.max_message_size, "gpus": [g.to_json() for g in self.gpus]}
+
+    @property
+    def content_hash(self) -> str:
+        data = json.dumps(self.content(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(data).hexdigest()[:16]
+
+    def with_meta(self, **changes: Any) -> "Plan":
+        return replace(self, weft=replace(self.weft, **changes))
+
+    def to_json(self) -> dict:
+        return {**self.content(), "weft": {**self.weft.to_json(), "hash": self.content_hash}}
+
+
+def dumps_plan(plan: Plan) -> str:
+    """Deterministic pretty JSON: objects of plain values (an op, a channel) on one line, so plans diff well."""
+    return _pretty(plan.to_json(), "") + "\n"
+
+
+def _pretty(value: object, indent: str) -> str:
+    line = json.dumps(value, separators=(", ", ": "))
+    is_op = isinstance(value, dict) and "name" in value and "gpus" not in value and "ops" not in value
+    if not isinstance(value, (dict, list)) or is_op or (len(line) <= 100 and "ops" not in line):
+        return line
+    inner = indent + "  "
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(k)}: {_pretty(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    items = [inner + _pretty(v, inner) for v in value]  # type: ignore[union-attr]
+    return "[\n" + ",\n".join(items) + "\n" + indent + "]"
+
+
+def save_plan_file(plan: Plan, path: str | Path) -> None:
+    Path(path).write_text(dumps_plan(plan))
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise PlanError(f"plan {path}: cannot read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise PlanError(f"plan {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    return parse_plan(data, str(path))
+
+
+class _Reader:
+    """Field checks that name the file and the JSON path in every error."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, message: str) -> PlanError:
+        return PlanError(f"plan {self.source}: {where}: {message}")
+
+    def obj(self, value: object, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(where, "must be an object")
+        return value
+
+    def list(self, value: object, where: str) -> list:
+        if not isinstance(value, list):
+            raise self.fail(where, "must be a list")
+        return value
+
+    def int(self, value: object, where: str, low: int = 0) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise self.fail(where, f"must be an integer >= {low}, got {value!r}")
+        return value
+
+    def bool(self, value: object, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, f"must be true or false, got {value!r}")
+        return value
+
+    def channel_type(self, value: object, where: str) -> str:
+        if value in REFUSED_CHANNEL_TYPES:
+            raise self.fail(where, f"unsupported channel type {value!r}: {REFUSED_CHANNEL_TYPES[value]}")
+        if value not in CHANNEL_TYPES:
+            raise self.fail(where, f"unknown channel type {value!r} (weft runs 'memory' channels)")
+        return value
+
+
+def parse_plan(data: object, source: str) -> Plan:
+    """Build a Plan from decoded JSON: every field checked, every reference resolved; ``check_plan`` proves it."""
+    rd = _Reader(source)
+    doc = rd.obj(data, "(top level)")
+    for key in ("name", "collective", "protocol", "gpus"):
+        if key not in doc:
+            raise rd.fail(key, "missing")
+    if doc["collective"] not in NAMES:
+        raise rd.fail("collective", f"unknown collective {doc['collective']!r} (choose from {', '.join(NAMES)})")
+    if doc["protocol"] not in PROTOCOLS:
+        raise rd.fail("protocol", f"must be 'Simple' or 'LL', got {doc['protocol']!r}")
+    if doc.get("reuse_resources"):
+        raise rd.fail("reuse_resources", "not supported by weft (each plan owns its channels and buffers)")
+    raw_gpus = rd.list(doc["gpus"], "gpus")
+    if not raw_gpus:
+        raise rd.fail("gpus", "must list at least one GPU")
+    gpus = tuple(_parse_gpu(rd, g, f"gpus[{i}]", len(raw_gpus)) for i, g in enumerate(raw_gpus))
+    for i, g in enumerate(gpus):
+        if g.id != i:
+            raise rd.fail(f"gpus[{i}].id", f"must be {i} (gpus are listed in rank order), got {g.id}")
+    lo = rd.int(doc.get("min_message_size", 0), "min_message_size")
+    hi = rd.int(doc.get("max_message_size", MAX_MESSAGE_SIZE), "max_message_size")
+    if lo > hi:
+        raise rd.fail("max_message_size", f"{hi} is below min_message_size {lo}")
+    plan = Plan(
+        name=str(doc["name"]), collective=doc["collective"], protocol=doc["protocol"],
+        inplace=rd.bool(doc.get("inplace", False), "inplace"), gpus=gpus,
+        num_threads_per_block=rd.int(doc.get("num_threads_per_block", 1024), "num_threads_per_block", 32),
+        use_double_scratch_buffer=rd.bool(doc.get("use_double_scratch_buffer", False), "use_double_scratch_buffer"),
+        buffer_alignment=rd.int(doc.get("buffer_alignment", 16), "buffer_alignment", 1),
+        min_message_size=lo, max_message_size=hi, weft=_parse_meta(rd, doc.get("weft")),
+    )
+    try:
+        plan.collective_spec()
+    except CollectiveError as e:
+        raise rd.fail("collective", str(e)) from None
+    _check_pairing(rd, plan)
+    stated = (doc.get("weft") or {}).get("hash")
+    if stated is not None and stated != plan.content_hash:
+        raise rd.fail("weft.hash", f"the file says {stated} but its content hashes to {plan.content_hash} "
+                                   "(edited by hand?)")
+    return plan
+
+
+def _parse_meta(rd: _Reader, data: object) -> PlanMeta:
+    if data is None:
+        return PlanMeta(dtypes=("fp32", "fp16", "bf16"))
+    doc = rd.obj(data, "weft")
+    dtypes = tuple(rd.list(doc.get("dtypes", ["fp32", "fp16", "bf16"]), "weft.dtypes"))
+    for i, d in enumerate(dtypes):
+        if d not in ("fp32", "fp16", "bf16"):
+            raise rd.fail(f"weft.dtypes[{i}]", f"must be fp32, fp16 or bf16, got {d!r}")
+    verification = doc.get("verification")
+    return PlanMeta(
+        topology=str(doc.get("topology", "")), schedule_hash=str(doc.get("schedule_hash", "")),
+        solver=str(doc.get("solver", "")), chunks=rd.int(doc.get("chunks", 1), "weft.chunks", 1),
+        root=rd.int(doc.get("root", 0), "weft.root"), instances=rd.int(doc.get("instances", 1), "weft.instances", 1),
+        predicted_us=dict(rd.obj(doc.get("predicted_us", {}), "weft.predicted_us")),
+        verification=rd.obj(verification, "weft.verification") if verification is not None else None,
+        dtypes=dtypes,
+    )
+
+
+def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
+    doc = rd.obj(data, where)
+    channels = []
+    for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
+        c = rd.obj(c, f"{where}.channels[{k}]")
+        ctype = rd.channel_type(c.get("channel_type", c.get("type")), f"{where}.channels[{k}].channel_type")
+        peers = rd.list(c.get("connected_to"), f"{where}.channels[{k}].connected_to")
+        for j, p in enumerate(peers):
+            rd.int(p, f"{where}.channels[{k}].connected_to[{j}]")
+            if p >= nranks:
+                raise rd.fail(f"{where}.channels[{k}].connected_to[{j}]", f"rank {p} does not exist ({nranks} ranks)")
+        channels.append(Channel(ctype, tuple(peers)))
+    remote = []
+    for k, b in enumerate(rd.list(doc.get("remote_buffers", []), f"{where}.remote_buffers")):
+        b = rd.obj(b, f"{where}.remote_buffers[{k}]")
+        rank = rd.int(b.get("rank"), f"{where}.remote_buffers[{k}].rank")
+        if rank >= nranks:
+            raise rd.fail(f"{where}.remote_buffers[{k}].rank", f"rank {rank} does not exist ({nranks} ranks)")
+        if b.get("type") not in BUFFER_TYPES:
+            raise rd.fail(f"{where}.remote_buffers[{k}].type", f"must be 'i', 'o' or 's', got {b.get('type')!r}")
+        access = rd.list(b.get("access_channel_types", ["memory"]), f"{where}.remote_buffers[{k}].access_channel_types")
+        for j, t in enumerate(access):
+            rd.channel_type(t, f"{where}.remote_buffers[{k}].access_channel_types[{j}]")
+        remote.append(RemoteBuffer(rank, b["type"], tuple(access)))
+    semaphores = []
+    for k, s in enumerate(rd.list(doc.get("semaphores", []), f"{where}.semaphores")):
+        s = rd.obj(s, f"{where}.semaphores[{k}]")
+        semaphores.append(rd.int(s.get("init_value", 0), f"{where}.semaphores[{k}].init_value"))
+    gpu = Gpu(
+        id=rd.int(doc.get("id"), f"{where}.id"),
+        input_chunks=rd.int(doc.get("input_chunks"), f"{where}.input_chunks"),
+        output_chunks=rd.int(doc.get("output_chunks"), f"{where}.output_chunks"),
+        scratch_chunks=rd.int(doc.get("scratch_chunks", 0), f"{where}.scratch_chunks"),
+        threadblocks=(), channels=tuple(channels), remote_buffers=tuple(remote), semaphores=tuple(semaphores),
+    )
+    if max(gpu.input_chunks, gpu.output_chunks) == 0:
+        raise rd.fail(f"{where}.output_chunks", "a GPU needs an input or output buffer of at least one chunk")
+    tbs = tuple(_parse_threadblock(rd, tb, f"{where}.threadblocks[{i}]", gpu)
+                for i, tb in enumerate(rd.list(doc.get("threadblocks"), f"{where}.threadblocks")))
+    for i, tb in enumerate(tbs):
+        if tb.id != i:
+            raise rd.fail(f"{where}.threadblocks[{i}].id", f"must be {i} (thread blocks are listed in id order)")
+    return replace(gpu, threadblocks=tbs)
+
+
+def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threadblock:
+    doc = rd.obj(data, where)
+    nchannels = len(gpu.memory_peers)
+    channels = []
+    for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
+        c = rd.obj(c, f"{where}.channels[{k}]")
+        ctype = rd.channel_type(c.get("channel_type"), f"{where}.channels[{k}].channel_type")
+        ids = rd.list(c.get("channel_ids"), f"{where}.channels[{k}].channel_ids")
+        for j, cid in enumerate(ids):
+            if rd.int(cid, f"{where}.channels[{k}].channel_ids[{j}]") >= nchannels:
+                raise rd.fail(f"{where}.channels[{k}].channel_ids[{j}]",
+                              f"channel {cid} does not exist (the GPU has {nchannels} memory channels)")
+        channels.append(ChannelRef(ctype, tuple(ids)))
+    refs = []
+    for k, r in enumerate(rd.list(doc.get("remote_buffer_refs", []), f"{where}.remote_buffer_refs")):
+        r = rd.obj(r, f"{where}.remote_buffer_refs[{k}]")
+        ctype = rd.channel_type(r.get("access_channel_type"), f"{where}.remote_buffer_refs[{k}].access_channel_type")
+        ids = rd.list(r.get("remote_buffer_ids"), f"{where}.remote_buffer_refs[{k}].remote_buffer_ids")
+        for j, b in enumerate(ids):
+            if rd.int(b, f"{where}.remote_buffer_refs[{k}].remote_buffer_ids[{j}]") >= len(gpu.remote_buffers):
+                raise rd.fail(f"{where}.remote_buffer_refs[{k}].remote_buffer_ids[{j}]",
+                              f"remote buffer {b} does not exist (the GPU lists {len(gpu.remote_buffers)})")
+        refs.append(RemoteBufferRef(ctype, tuple(ids)))
+    tb = Threadblock(rd.int(doc.get("id"), f"{where}.id"), (), tuple(channels), tuple(refs))
+    ops = tuple(_parse_op(rd, op, f"{where}.ops[{i}]", gpu, tb)
+                for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops")))
+    return replace(tb, ops=ops)
+
+
+def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) -> Op:
+    doc = rd.obj(data, where)
+    name = doc.get("name")
+    if name not in OPS:
+        raise rd.fail(f"{where}.name", f"unsupported op {name!r} (weft runs {', '.join(sorted(OPS))})")
+    extra = sorted(set(doc) - _OP_FIELDS)
+    if extra:
+        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r}")
+    if doc.get("reduce_op", "sum") != "sum":
+        raise rd.fail(f"{where}.reduce_op", f"only 'sum' is supported, got {doc['reduce_op']!r}")
+    channel_type, channel_ids = None, ()
+    if "channel_type" in doc or name in CHANNEL_OPS:
+        channel_type = rd.channel_type(doc.get("channel_type"), f"{where}.channel_type")
+        channel_ids = tuple(rd.int(c, f"{where}.channel_ids[{j}]")
+                            for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids")))
+        usable = {cid for ref in tb.channels if ref.channel_type == channel_type for cid in ref.channel_ids}
+        for j, cid in enumerate(channel_ids):
+            if cid not in usable:
+                raise rd.fail(f"{where}.channel_ids[{j}]",
+                              f"channel {cid} is not among the thread block's {channel_type} channels")
+    src = tuple(_parse_ref(rd, b, f"{where}.src_buff[{j}]", gpu, tb, channel_type)
+                for j, b in enumerate(rd.list(doc.get("src_buff", []), f"{where}.src_buff")))
+    dst = tuple(_parse_ref(rd, b, f"{where}.dst_buff[{j}]", gpu, tb, channel_type)
+                for j, b in enumerate(rd.list(doc.get("dst_buff", []), f"{where}.dst_buff")))
+    sems = tuple(rd.int(s, f"{where}.semaphore_ids[{j}]")
+                 for j, s in enumerate(rd.list(doc.get("semaphore_ids", []), f"{where}.semaphore_ids")))
+    for j, s in enumerate(sems):
+        if s >= len(gpu.semaphores):
+            raise rd.fail(f"{where}.semaphore_ids[{j}]", f"semaphore {s} does not exist ({len(gpu.semaphores)})")
+    barrier_id = num_tbs = None
+    if name == "barrier":
+        barrier_id = rd.int(doc.get("barrier_id", 0), f"{where}.barrier_id")
+        num_tbs = rd.int(doc.get("num_threadblocks", len(gpu.threadblocks) or 1), f"{where}.num_threadblocks", 1)
+    op = Op(name, channel_type, channel_ids, src, dst, sems, barrier_id, num_tbs)
+    _check_op_shape(rd, op, where)
+    return op
+
+
+def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock, channel_type: str | None) -> BufferRef:
+    doc = rd.obj(data, where)
+    index = rd.int(doc.get("index", doc.get("offset")), f"{where}.index")
+    size = rd.int(doc.get("size"), f"{where}.size", 1)
+    if "buffer_id" in doc:
+        buffer_id = rd.int(doc["buffer_id"], f"{where}.buffer_id")
+        if channel_type is None or tb.remote_buffer_id(channel_type, buffer_id) is None:
+            raise rd.fail(f"{where}.buffer_id", f"remote buffer {buffer_id} is not among the thread block's "
+                                                f"remote_buffer_refs for channel type {channel_type!r}")
+        return BufferRef(index, size, buffer_id=buffer_id)
+    if doc.get("type") not in BUFFER_TYPES:
+        raise rd.fail(f"{where}.type", f"must be 'i', 'o' or 's', got {doc.get('type')!r}")
+    return BufferRef(index, size, type=doc["type"])
+
+
+_LOCAL_ONLY = frozenset({"copy", "re", "tpkt", "upkt", "cpkt", "repkt"})
+
+
+def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
+    """Op-specific structure: which entries are remote, which lists pair up, how many channels."""
+    n_remote = sum(b.remote for b in op.src_buff + op.dst_buff)
+    if op.name in BUFFER_OPS and (not op.src_buff or not op.dst_buff):
+        raise rd.fail(where, f"op {op.name!r} needs src_buff and dst_buff")
+    if op.name in _LOCAL_ONLY and n_remote:
+        raise rd.fail(where, f"op {op.name!r} reads and writes local buffers only")
+    if op.name in ("put", "pws", "ppkt", "rppkt", "get", "copy", "tpkt", "upkt", "cpkt"):
+        if len(op.src_buff) != len(op.dst_buff):
+            raise rd.fail(where, f"op {op.name!r} pairs src_buff and dst_buff: {len(op.src_buff)} vs "
+                                 f"{len(op.dst_buff)} entries")
+        for j, (s, d) in enumerate(zip(op.src_buff, op.dst_buff)):
+            if s.size != d.size:
+                raise rd.fail(f"{where}.dst_buff[{j}].size", f"{d.size} differs from src_buff[{j}].size {s.size}")
+    if op.name in ("put", "pws", "ppkt", "rppkt") and (any(b.remote for b in op.src_buff)
+                                                       or not all(b.remote for b in op.dst_buff)):
+        raise rd.fail(where, f"op {op.name!r} reads local src_buff entries and writes remote dst_buff entries")
+    if op.name == "get" and (not all(b.remote for b in op.src_buff) or any(b.remote for b in op.dst_buff)):
+        raise rd.fail(where, "op 'get' reads remote src_buff entries and writes local dst_buff entries")
+    if op.name in ("re", "res", "rre", "rres", "repkt", "respkt"):
+        sizes = {b.size for b in op.src_buff + op.dst_buff}
+        if len(sizes) != 1:
+            raise rd.fail(where, f"op {op.name!r} needs every src_buff and dst_buff entry of one size")
+        if op.name in ("res", "respkt") and any(b.remote for b in op.src_buff):
+            raise rd.fail(where, f"op {op.name!r} reads local src_buff entries only")
+        if op.name in ("repkt", "respkt") and len(op.src_buff) < 2:
+            raise rd.fail(where, f"op {op.name!r} needs a plain src_buff[0] and at least one packet entry")
+        if not any(not b.remote for b in op.dst_buff) and op.name in ("re", "rre", "repkt"):
+            raise rd.fail(where, f"op {op.name!r} writes at least one local dst_buff entry")
+    if op.name in CHANNEL_OPS - {"flush"}:
+        need = n_remote if op.name not in ("signal", "wait") else max(len(op.channel_ids), 1)
+        if len(op.channel_ids) != need:
+            raise rd.fail(f"{where}.channel_ids", f"op {op.name!r} needs {need} channel id(s), one per remote "
+                                                  f"entry, got {len(op.channel_ids)}")
+    if op.name in ("sem_acquire", "sem_release") and not op.semaphore_ids:
+        raise rd.fail(f"{where}.semaphore_ids", f"op {op.name!r} needs at least one semaphore id")
+
+
+def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[int, str]:
+    """(rank, buffer type) that a remote entry of ``op`` names."""
+    buffer = gpu.remote_buffers[tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)]
+    return buffer.rank, buffer.type
+
+
+def op_channels(op: Op) -> list[tuple[BufferRef, int]]:
+    """Each remote entry of ``op`` with the channel id it goes through (remote srcs first, then dsts)."""
+    remote = [b for b in op.src_buff if b.remote] + [b for b in op.dst_buff if b.remote]
+    return list(zip(remote, op.channel_ids))
+
+
+def _check_pairing(rd: _Reader, plan: Plan) -> None:
+    """Remote entries must go through a channel to the rank that owns the buffer."""
+    for r, gpu in enumerate(plan.gpus):
+        peers = gpu.memory_peers
+        for t, tb in enumerate(gpu.threadblocks):
+            for i, op in enumerate(tb.ops):
+                for ref, cid in op_channels(op):
+                    rank, _ = remote_target(gpu, tb, op, ref)
+                    if peers[cid] != rank:
+                        raise rd.fail(f"gpus[{r}].threadblocks[{t}].ops[{i}].channel_ids",
+                                      f"channel {cid} connects to rank {peers[cid]} but the buffer is on rank {rank}")
+                for ref in op.src_buff + op.dst_buff:
+                    rank, btype = remote_target(gpu, tb, op, ref) if ref.remote else (r, ref.type)
+                    limit = plan.gpus[rank].buffer_chunks(btype)
+                    if ref.index + ref.size > limit:
+                        raise rd.fail(f"gpus[{r}].threadblocks[{t}].ops[{i}]",
+                                      f"chunks {ref.index}..{ref.index + ref.size - 1} of rank {rank}'s {btype!r} "
+                                      f"buffer are out of range ({limit} chunks)")
