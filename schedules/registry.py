@@ -1,0 +1,339 @@
+"""The plan registry: verified plans keyed by topology, collective, rank count and message-size range.
+
+Layout (a local directory or any fsspec URL)::
+
+    <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself (pretty, sorted keys)
+    <root>/index.json          a summary of every entry, rebuildable from entries/ at any time
+
+Commits are atomic (write a temporary file, then rename) and serialized by a file lock, so concurrent
+writers never lose or tear an entry. Only plans whose verification record says they passed the reference
+executor, for this very plan hash, can be committed; the record itself is made by weft's orchestration
+(``weft.publish``), since schedules/ cannot import the executor.
+
+>>> reg = Registry("memory://doctest-registry")
+>>> reg.entries()
+[]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import fsspec
+from filelock import FileLock
+
+from schedules.plan import Plan, parse_plan
+from topologies.errors import CheckFailed, WeftError
+
+ENTRY_FORMAT = "weft.registry-entry/1"
+INDEX_FORMAT = "weft.registry-index/1"
+UNBOUNDED = 0  # max_bytes of 0: no upper limit (MSCCL++'s convention for max_message_size)
+log = logging.getLogger("weft.registry")
+
+
+class RegistryError(WeftError):
+    """A registry location, entry id or entry file is unusable."""
+
+
+class NotVerified(CheckFailed):
+    """The plan has no passing verification record for its own hash, so it cannot be committed."""
+
+
+@dataclass(frozen=True)
+class EntryKey:
+    topology: str
+    collective: str
+    nranks: int
+    min_bytes: int
+    max_bytes: int
+
+    def covers(self, nbytes: int) -> bool:
+        return self.min_bytes <= nbytes and (self.max_bytes == UNBOUNDED or nbytes <= self.max_bytes)
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    key: EntryKey
+    plan: Plan
+    provenance: dict[str, Any]
+    predicted_us: dict[int, float] = field(default_factory=dict)
+    measured_us: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return tuple(self.provenance.get("verification", {}).get("dtypes", ()))
+
+    def estimate_us(self, nbytes: int) -> tuple[str, float | None]:
+        """('measured'|'predicted', time at nbytes) interpolated log-log between recorded sizes."""
+        for kind, table in (("measured", self.measured_us), ("predicted", self.predicted_us)):
+            if table:
+                return kind, _interpolate(table, nbytes)
+        return "none", None
+
+    def to_json(self) -> dict:
+        return {
+            "format": ENTRY_FORMAT,
+            "id": self.id,
+            "key": {"topology": self.key.topology, "collective": self.key.collective, "nranks": self.key.nranks,
+                    "min_bytes": self.key.min_bytes, "max_bytes": self.key.max_bytes},
+            "provenance": self.provenance,
+            "timings": {"predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
+                        "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())}},
+            "plan": self.plan.to_json(),
+        }
+
+    def summary(self) -> dict:
+        return {"id": self.id, "topology": self.key.topology, "collective": self.key.collective,
+                "nranks": self.key.nranks, "min_bytes": self.key.min_bytes, "max_bytes": self.key.max_bytes,
+                "plan": self.plan.name, "plan_hash": self.plan.content_hash,
+                "solver": self.provenance.get("solver", ""), "measured": bool(self.measured_us)}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The best entry for a size, or ``entry=None`` with the reason (the executor then falls back to NCCL)."""
+
+    entry: Entry | None
+    basis: str
+    time_us: float | None
+    reason: str = ""
+    skipped: tuple[str, ...] = ()
+
+
+def _interpolate(table: dict[int, float], nbytes: int) -> float:
+    points = sorted(table.items())
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    if nbytes >= points[-1][0]:
+        (s0, t0), (s1, t1) = points[-2:] if len(points) > 1 else (points[-1], points[-1])
+        return t1 if s0 == s1 else t1 * nbytes / s1  # bandwidth-bound beyond the last point
+    for (s0, t0), (s1, t1) in zip(points, points[1:]):
+        if s0 <= nbytes <= s1:
+            f = (math.log(nbytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return points[-1][1]
+
+
+def default_location() -> str:
+    """``$WEFT_REGISTRY``, otherwise the user data directory."""
+    env = os.environ.get("WEFT_REGISTRY")
+    if env:
+        return env
+    import platformdirs
+
+    return str(Path(platformdirs.user_data_dir("weft")) / "registry")
+
+
+def entry_id(plan: Plan, topology: str) -> str:
+    digest = hashlib.sha256(f"{topology}/{plan.content_hash}".encode()).hexdigest()[:12]
+    return f"{plan.collective}-{plan.nranks}r-{digest}"
+
+
+def dumps(doc: dict) -> str:
+    """Deterministic, pretty JSON so that a registry kept in git reviews well."""
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+class Registry:
+    """A registry at a local path or fsspec URL (``memory://``, ``s3://``, ...)."""
+
+    def __init__(self, location: str | os.PathLike | None = None) -> None:
+        self.location = str(location) if location else default_location()
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.location)
+        except (ValueError, ImportError) as e:
+            raise RegistryError(f"registry {self.location}: cannot open: {e}") from None
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    # ---- paths and locking ---------------------------------------------------------------------
+    def _path(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def entry_path(self, id: str) -> str:
+        return self._path("entries", f"{id}.json")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self.local:
+            self.fs.makedirs(self.root, exist_ok=True)
+            lock_path = self._path(".lock")
+        else:
+            import platformdirs
+
+            lock_dir = Path(platformdirs.user_cache_dir("weft")) / "locks"
+            lock_dir.mkdir(parents=True, exist_ok=True)
+            lock_path = str(lock_dir / (hashlib.sha256(self.location.encode()).hexdigest()[:16] + ".lock"))
+        with FileLock(lock_path, timeout=120):
+            yield
+
+    def _write_atomic(self, path: str, text: str) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(tmp, "w") as f:
+            f.write(text)
+        try:
+            _rename(self.fs, tmp, path)
+        except BaseException:
+            if self.fs.exists(tmp):
+                self.fs.rm(tmp)
+            raise
+
+    # ---- reading -------------------------------------------------------------------------------
+    def _entry_files(self) -> list[str]:
+        directory = self._path("entries")
+        if not self.fs.exists(directory):
+            return []
+        return sorted(p for p in self.fs.ls(directory, detail=False) if str(p).endswith(".json"))
+
+    def read_entry_file(self, path: str) -> Entry:
+        try:
+            with self.fs.open(path, "r") as f:
+                doc = json.load(f)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RegistryError(f"registry entry {path}: unreadable: {e}") from None
+        return parse_entry(doc, path)
+
+    def load(self) -> tuple[list[Entry], list[str]]:
+        """Every readable entry, and one warning line per entry file that could not be read."""
+        entries, bad = [], []
+        for path in self._entry_files():
+            try:
+                entries.append(self.read_entry_file(path))
+            except WeftError as e:
+                bad.append(str(e))
+        return entries, bad
+
+    def entries(self, topology: str | None = None, collective: str | None = None) -> list[Entry]:
+        found, bad = self.load()
+        for line in bad:
+            log.warning("skipping %s", line)
+        return [e for e in found if (topology is None or e.key.topology == topology)
+                and (collective is None or e.key.collective == collective)]
+
+    def get(self, id: str) -> Entry:
+        path = self.entry_path(id)
+        if not self.fs.exists(path):
+            raise RegistryError(f"registry {self.location}: no entry {id!r}")
+        return self.read_entry_file(path)
+
+    def index(self) -> dict:
+        path = self._path("index.json")
+        if not self.fs.exists(path):
+            return {"format": INDEX_FORMAT, "entries": []}
+        with self.fs.open(path, "r") as f:
+            return json.load(f)
+
+    def rebuilt_index(self) -> dict:
+        found, _ = self.load()
+        return {"format": INDEX_FORMAT, "entries": sorted((e.summary() for e in found), key=lambda s: s["id"])}
+
+    # ---- writing -------------------------------------------------------------------------------
+    def commit(self, plan: Plan, topology: str, provenance: dict[str, Any],
+               predicted_us: dict[int, float] | None = None) -> Entry:
+        """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan."""
+        record = provenance.get("verification") or {}
+        if not record.get("passed") or record.get("plan_hash") != plan.content_hash:
+            raise NotVerified(
+                f"plan {plan.name}: no passing verification record for plan hash {plan.content_hash}; "
+                "run `weft verify` (only verified plans can be committed)")
+        key = EntryKey(topology, plan.collective, plan.nranks, plan.min_message_size, plan.max_message_size)
+        entry = Entry(entry_id(plan, topology), key, plan, provenance, dict(predicted_us or {}))
+        with self._locked():
+            self._write_atomic(self.entry_path(entry.id), dumps(entry.to_json()))
+            self._update_index(add=entry)
+        return entry
+
+    def record_timing(self, id: str, nbytes: int, time_us: float) -> Entry:
+        """Store a measured time, so that ``select`` prefers it over the prediction."""
+        with self._locked():
+            entry = self.get(id)
+            entry = replace(entry, measured_us={**entry.measured_us, int(nbytes): float(time_us)})
+            self._write_atomic(self.entry_path(id), dumps(entry.to_json()))
+            self._update_index(add=entry)
+        return entry
+
+    def remove(self, id: str) -> None:
+        with self._locked():
+            path = self.entry_path(id)
+            if not self.fs.exists(path):
+                raise RegistryError(f"registry {self.location}: no entry {id!r}")
+            self.fs.rm(path)
+            self._update_index(remove=id)
+
+    def rebuild_index(self) -> dict:
+        with self._locked():
+            index = self.rebuilt_index()
+            self._write_atomic(self._path("index.json"), dumps(index))
+        return index
+
+    def _update_index(self, add: Entry | None = None, remove: str | None = None) -> None:
+        try:
+            rows = {row["id"]: row for row in self.index().get("entries", [])}
+        except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError):
+            rows = {row["id"]: row for row in self.rebuilt_index()["entries"]}
+        if add is not None:
+            rows[add.id] = add.summary()
+        if remove is not None:
+            rows.pop(remove, None)
+        index = {"format": INDEX_FORMAT, "entries": [rows[k] for k in sorted(rows)]}
+        self._write_atomic(self._path("index.json"), dumps(index))
+
+    # ---- selection -----------------------------------------------------------------------------
+    def select(self, topology: str, collective: str, nbytes: int, dtype: str | None = None,
+               nranks: int | None = None) -> Selection:
+        """The best entry for this size: the lowest measured time, else the lowest predicted time."""
+        found, bad = self.load()
+        for line in bad:
+            log.warning("skipping %s", line)
+        candidates = [e for e in found if e.key.topology == topology and e.key.collective == collective
+                      and (nranks is None or e.key.nranks == nranks) and e.key.covers(nbytes)
+                      and e.plan.accepts(nbytes) and (dtype is None or not e.dtypes or dtype in e.dtypes)]
+        if not candidates:
+            return Selection(None, "none", None,
+                             f"no plan for {collective} on {topology} at {nbytes} bytes"
+                             + (f" in {dtype}" if dtype else ""), tuple(bad))
+
+        # Each entry competes on its best evidence: its measured time where it has one, else its prediction.
+        scored = sorted(candidates, key=lambda e: (e.estimate_us(nbytes)[1] or math.inf, e.id))
+        best = scored[0]
+        basis, t = best.estimate_us(nbytes)
+        return Selection(best, basis, t, "", tuple(bad))
+
+
+def _rename(fs: Any, src: str, dst: str) -> None:
+    """Atomic on local disks (os.replace); fsspec's move elsewhere."""
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        os.replace(src, dst)
+    else:
+        fs.mv(src, dst)
+
+
+def parse_entry(doc: object, source: str) -> Entry:
+    if not isinstance(doc, dict) or doc.get("format") != ENTRY_FORMAT:
+        raise RegistryError(f"registry entry {source}: format: must be {ENTRY_FORMAT!r}")
+    try:
+        key_doc = doc["key"]
+        key = EntryKey(str(key_doc["topology"]), str(key_doc["collective"]), int(key_doc["nranks"]),
+                       int(key_doc["min_bytes"]), int(key_doc["max_bytes"]))
+        timings = doc.get("timings", {})
+        predicted = {int(k): float(v) for k, v in timings.get("predicted_us", {}).items()}
+        measured = {int(k): float(v) for k, v in timings.get("measured_us", {}).items()}
+        provenance = dict(doc.get("provenance", {}))
+        entry_id_ = str(doc["id"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RegistryError(f"registry entry {source}: key: missing or malformed ({e})") from None
+    plan = parse_plan(doc.get("plan"), f"{source}: plan")
+    record = provenance.get("verification") or {}
+    if record.get("plan_hash") != plan.content_hash:
+        raise RegistryError(f"registry entry {source}: plan: content hash {plan.content_hash} does not match "
+                            f"its verification record ({record.get('plan_hash')}); edited by hand?")
+    return Entry(entry_id_, key, plan, provenance, predicted, measured)

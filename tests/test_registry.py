@@ -1,0 +1,166 @@
+"""The plan registry: commit, list, select by size, measured-over-predicted, concurrency and crash safety."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+
+import pytest
+
+from schedules import registry as registry_module
+from schedules.plan import parse_plan
+from schedules.registry import NotVerified, Registry, dumps
+
+TOPO = "topo-00000000000000aa"
+
+
+def make_plan(name: str, lo: int = 0, hi: int = (1 << 64) - 1):
+    """A real 1-rank allgather plan (copy input to output); the name makes each plan's hash distinct."""
+    return parse_plan({
+        "name": name, "collective": "allgather", "protocol": "Simple", "inplace": False,
+        "min_message_size": lo, "max_message_size": hi,
+        "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
+            {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                               "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}],
+    }, f"{name}.json")
+
+
+def provenance(plan, solver: str = "direct") -> dict:
+    return {"solver": solver, "weft_version": "test", "schedule_hash": "s" * 16,
+            "verification": {"passed": True, "plan_hash": plan.content_hash, "dtypes": ["fp32", "bf16"],
+                             "sizes": [64, 4096]}}
+
+
+def commit(reg: Registry, name: str, lo: int = 0, hi: int = (1 << 64) - 1, predicted=None):
+    plan = make_plan(name, lo, hi)
+    return reg.commit(plan, TOPO, provenance(plan), predicted or {1024: 5.0, 1 << 20: 50.0})
+
+
+def test_commit_list_select_round_trip(tmp_path):
+    reg = Registry(tmp_path)
+    entry = commit(reg, "a")
+    assert [e.id for e in reg.entries()] == [entry.id]
+    assert reg.get(entry.id).plan == entry.plan
+    sel = reg.select(TOPO, "allgather", 4096)
+    assert sel.entry is not None and sel.entry.id == entry.id and sel.basis == "predicted"
+
+
+def test_select_by_size_across_adjacent_ranges(tmp_path):
+    reg = Registry(tmp_path)
+    small = commit(reg, "small", 0, 64 << 10)
+    medium = commit(reg, "medium", (64 << 10) + 4, 4 << 20)
+    large = commit(reg, "large", (4 << 20) + 4, (1 << 64) - 1)
+    assert reg.select(TOPO, "allgather", 1024).entry.id == small.id
+    assert reg.select(TOPO, "allgather", 64 << 10).entry.id == small.id
+    assert reg.select(TOPO, "allgather", 1 << 20).entry.id == medium.id
+    assert reg.select(TOPO, "allgather", 1 << 30).entry.id == large.id
+
+
+def test_select_prefers_measured_time_over_prediction(tmp_path):
+    reg = Registry(tmp_path)
+    a = commit(reg, "predicted-fast", predicted={1 << 20: 10.0})
+    b = commit(reg, "predicted-faster", predicted={1 << 20: 8.0})
+    assert reg.select(TOPO, "allgather", 1 << 20).entry.id == b.id
+    reg.record_timing(b.id, 1 << 20, 30.0)  # measured: slower than predicted
+    reg.record_timing(a.id, 1 << 20, 12.0)
+    sel = reg.select(TOPO, "allgather", 1 << 20)
+    assert sel.entry.id == a.id and sel.basis == "measured" and sel.time_us == pytest.approx(12.0)
+
+
+def test_no_plan_for_another_topology_or_dtype(tmp_path):
+    reg = Registry(tmp_path)
+    commit(reg, "a")
+    other = reg.select("topo-ffffffffffffffff", "allgather", 4096)
+    assert other.entry is None and "no plan" in other.reason
+    assert reg.select(TOPO, "allgather", 4096, dtype="fp16").entry is None
+    assert reg.select(TOPO, "allreduce", 4096).entry is None
+
+
+def test_unverified_plan_cannot_be_committed(tmp_path):
+    reg = Registry(tmp_path)
+    plan = make_plan("x")
+    bad = provenance(plan)
+    bad["verification"]["plan_hash"] = "0" * 16
+    with pytest.raises(NotVerified):
+        reg.commit(plan, TOPO, bad)
+    assert reg.entries() == []
+
+
+def test_files_are_deterministic_and_index_rebuilds(tmp_path):
+    reg = Registry(tmp_path)
+    e = commit(reg, "a")
+    text = (tmp_path / "entries" / f"{e.id}.json").read_text()
+    assert text == dumps(json.loads(text))
+    commit(reg, "b")
+    assert reg.index() == reg.rebuilt_index()
+    (tmp_path / "index.json").unlink()
+    assert reg.rebuild_index() == reg.rebuilt_index()
+
+
+def _commit_many(path: str, worker: int) -> None:
+    reg = Registry(path)
+    for i in range(25):
+        commit(reg, f"w{worker}-p{i}")
+
+
+def test_eight_concurrent_writers_lose_nothing(tmp_path):
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_commit_many, args=(str(tmp_path), w)) for w in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs)
+    reg = Registry(tmp_path)
+    entries, bad = reg.load()
+    assert len(entries) == 200 and bad == []
+    for f in (tmp_path / "entries").iterdir():
+        json.loads(f.read_text())
+    assert reg.index() == reg.rebuilt_index()
+
+
+def test_commit_killed_between_write_and_rename_leaves_nothing(tmp_path, monkeypatch):
+    reg = Registry(tmp_path)
+    commit(reg, "kept")
+    before = reg.index()
+
+    def crash(*args):
+        raise KeyboardInterrupt("killed mid-commit")
+
+    monkeypatch.setattr(registry_module, "_rename", crash)
+    with pytest.raises(KeyboardInterrupt):
+        commit(reg, "lost")
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "entries").iterdir()] == [f"{reg.entries()[0].id}.json"]
+    assert reg.index() == before
+    assert not any(".tmp" in p.name for p in tmp_path.rglob("*"))
+
+
+def test_corrupted_entry_is_skipped_by_select_with_a_warning(tmp_path, caplog):
+    reg = Registry(tmp_path)
+    good = commit(reg, "good")
+    broken = commit(reg, "broken", predicted={1024: 1.0, 1 << 20: 1.0})
+    path = tmp_path / "entries" / f"{broken.id}.json"
+    path.write_text(path.read_text()[:200])
+    with caplog.at_level("WARNING", logger="weft.registry"):
+        sel = reg.select(TOPO, "allgather", 4096)
+    assert sel.entry.id == good.id
+    assert any(broken.id in r.getMessage() for r in caplog.records)
+    entries, bad = reg.load()
+    assert [e.id for e in entries] == [good.id] and len(bad) == 1 and broken.id in bad[0]
+
+
+def test_memory_filesystem_through_fsspec():
+    reg = Registry(f"memory://weft-test-{os.getpid()}")
+    e = commit(reg, "mem")
+    assert reg.select(TOPO, "allgather", 4096).entry.id == e.id
+    reg.remove(e.id)
+    assert reg.entries() == [] and reg.index()["entries"] == []
+
+
+def test_default_location_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("WEFT_REGISTRY", str(tmp_path / "r"))
+    assert Registry().location == str(tmp_path / "r")
+    monkeypatch.delenv("WEFT_REGISTRY")
+    assert Registry().location.endswith("registry")
