@@ -1,0 +1,161 @@
+"""The time-expanded chunk flow as a CP-SAT model, for collectives that only copy.
+
+One boolean ``x[c, (u, v), k]`` says that chunk c crosses link u->v in step k. A rank holds a chunk it started
+with or received in an earlier step (store-and-forward); it receives each chunk at most once, so the chunk's
+sends form a tree and the reversal in ``solver`` turns them into exact-once reductions. Switches have no
+buffers: the links are those of ``Topology.without_switches()``, a path through switches is one link, and the
+switch and NIC ports it crosses are sharing groups. Step k lasts ``T[k] >= α_l + load_l · β_l`` for every link
+it uses and ``T[k] >= load_g · β_g`` for every sharing group it uses, and the objective is ``Σ T[k]``: the schedule's finish time under the same α-β
+model as ``schedules.cost``. A step left empty costs nothing, so ``steps`` is an upper bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import networkx as nx
+from ortools.sat.python import cp_model
+
+from schedules.collectives import Collective
+from topologies import Topology
+
+Key = tuple[int, int, int, int]  # (chunk, src, dst, step)
+# Integer time units per µs are chosen so that the longest possible step is about this many units.
+_STEP_UNITS = 2_000_000
+
+
+@dataclass(frozen=True)
+class FlowSpec:
+    """What to encode: a switch-free topology, a copy-only collective, and how far to look."""
+
+    topology: Topology
+    collective: Collective
+    steps: int
+    chunk_bytes: float
+    links: frozenset[tuple[int, int]]
+    rank_shift: Callable[[int], int] | None = None
+    chunk_shift: Callable[[int], int] | None = None
+
+
+@dataclass
+class FlowModel:
+    """The CP-SAT model and the handles needed to read a schedule back out of it."""
+
+    model: cp_model.CpModel
+    sends: dict[Key, cp_model.IntVar]
+    objective: cp_model.LinearExpr
+    units_per_us: float
+
+
+def link_cost_us(link_latency: float, capacity: float, chunk_bytes: float) -> tuple[float, float]:
+    """(α, β) in µs: a step that puts n chunks on the link lasts α + n·β (capacity in GB/s)."""
+    return link_latency, chunk_bytes / (capacity * 1e3)
+
+
+def hop_distances(ranks: range, links: frozenset[tuple[int, int]]) -> dict[int, dict[int, int]]:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(ranks)
+    graph.add_edges_from(links)
+    return dict(nx.all_pairs_shortest_path_length(graph))
+
+
+def _orbit_min(key: Key, spec: FlowSpec) -> Key:
+    """The canonical member of a send's orbit under the sketch's rank symmetry."""
+    if spec.rank_shift is None:
+        return key
+    best, (c, u, v, k) = key, key
+    for _ in range(spec.topology.nranks):
+        c, u, v = spec.chunk_shift(c), spec.rank_shift(u), spec.rank_shift(v)
+        if (c, u, v, k) == key:
+            break
+        best = min(best, (c, u, v, k))
+    return best
+
+
+def _candidate_sends(spec: FlowSpec) -> list[Key]:
+    """Sends that could be part of some schedule within ``steps`` steps (distance pruning)."""
+    coll, topo, steps = spec.collective, spec.topology, spec.steps
+    dist = hop_distances(topo.ranks, spec.links)
+    holders = {c: [r for r in topo.ranks if c in coll.precondition(r)] for c in range(coll.nchunks)}
+    wanted = {c: [r for r in topo.ranks if c in coll.postcondition(r) and r not in holders[c]]
+              for c in range(coll.nchunks)}
+    keys = []
+    for c in range(coll.nchunks):
+        if not wanted[c]:
+            continue
+        earliest = {r: min((dist[s].get(r, steps + 1) for s in holders[c]), default=steps + 1) for r in topo.ranks}
+        to_go = {r: min((dist[r].get(d, steps + 1) for d in wanted[c]), default=steps + 1) for r in topo.ranks}
+        for u, v in sorted(spec.links):
+            if v in holders[c]:
+                continue
+            for k in range(earliest[u] + 1, steps + 1 - to_go[v]):
+                keys.append((c, u, v, k))
+    return keys
+
+
+def build_flow(spec: FlowSpec) -> FlowModel:
+    """The CP-SAT model of ``spec``; infeasible exactly when no schedule fits in ``spec.steps`` steps."""
+    model = cp_model.CpModel()
+    coll, topo = spec.collective, spec.topology
+    sends: dict[Key, cp_model.IntVar] = {}
+    for key in _candidate_sends(spec):
+        rep = _orbit_min(key, spec)
+        if rep not in sends:
+            sends[rep] = model.NewBoolVar("x%d_%d_%d_%d" % rep)
+        sends[key] = sends[rep]
+
+    into: dict[tuple[int, int], list[Key]] = {}
+    for key in sends:
+        into.setdefault((key[0], key[2]), []).append(key)
+    for c in range(coll.nchunks):
+        for r in topo.ranks:
+            if c in coll.precondition(r):
+                continue
+            arrivals = [sends[k] for k in into.get((c, r), [])]
+            if c in coll.postcondition(r):
+                model.AddExactlyOne(arrivals)
+            elif arrivals:
+                model.AddAtMostOne(arrivals)
+    for key, var in sends.items():
+        c, u, _, k = key
+        if key != _orbit_min(key, spec) or c in coll.precondition(u):
+            continue
+        earlier = [sends[a] for a in into.get((c, u), []) if a[3] < k]
+        model.Add(var <= sum(earlier))
+
+    objective, units_per_us = _step_times(model, spec, sends)
+    model.Minimize(objective)
+    return FlowModel(model, sends, objective, units_per_us)
+
+
+def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar]):
+    """Add ``T[k] >= α + load·β`` for every link and sharing group; return (Σ T[k], units per µs)."""
+    topo, b = spec.topology, spec.chunk_bytes
+    on_link: dict[tuple[tuple[int, int], int], list[cp_model.IntVar]] = {}
+    for (c, u, v, k), var in sends.items():
+        on_link.setdefault(((u, v), k), []).append(var)
+    terms: list[tuple[int, float, float, list[cp_model.IntVar]]] = []
+    for (key, k), vars_ in on_link.items():
+        link = topo.link(*key)
+        terms.append((k, *link_cost_us(link.latency, link.capacity, b), vars_))
+    for group in topo.sharing:
+        beta = link_cost_us(0.0, group.bandwidth, b)[1]  # a group adds no latency: its links carry theirs
+        for k in range(1, spec.steps + 1):
+            vars_ = [v for key in group.links for v in on_link.get((tuple(key), k), [])]
+            if len(vars_) > 1:
+                terms.append((k, 0.0, beta, vars_))
+    longest = max((alpha + len(vs) * beta for _, alpha, beta, vs in terms), default=1.0)
+    scale = _STEP_UNITS / longest
+    times = [model.NewIntVar(0, _STEP_UNITS + len(sends) + 1, f"T{k}") for k in range(spec.steps + 1)]
+    for k, alpha, beta, vars_ in terms:
+        a, per_chunk = round(alpha * scale), max(1, round(beta * scale))
+        load = sum(vars_)
+        if a:
+            used = model.NewBoolVar("")
+            model.Add(load <= len(vars_) * used)
+            model.Add(times[k] >= a * used + per_chunk * load)
+        else:
+            model.Add(times[k] >= per_chunk * load)
+    return sum(times), scale
+

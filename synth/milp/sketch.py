@@ -1,0 +1,104 @@
+"""Sketch hints for the MILP synthesizer (``weft.sketch/1``): symmetry, relays, chunks per rank.
+
+Every field is optional::
+
+    {"format": "weft.sketch/1",
+     "symmetry": {"rank_offset": 8},   # the same schedule on every node, shifted by 8 ranks
+     "relays": [0, 4, 8, 12],          # only these ranks send or receive across hosts
+     "chunks": 2}                      # chunks per rank
+
+A malformed sketch raises SketchError (exit 2) naming the file and field. Whether a well-formed sketch fits a
+topology (a symmetry that does not map the fabric onto itself, relays that cut a host off) is decided by the
+solver, which knows the topology.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from synth.errors import SynthesisError
+
+FORMAT = "weft.sketch/1"
+FIELDS = ("format", "symmetry", "relays", "chunks", "description")
+
+
+class SketchError(SynthesisError):
+    """A sketch file is malformed or does not fit the topology (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """Hints that narrow the MILP; ``None`` or empty means no hint."""
+
+    rank_offset: int | None = None
+    relays: tuple[int, ...] | None = None
+    chunks: int | None = None
+    source: str = "sketch"
+
+    def to_json(self) -> dict:
+        doc: dict = {"format": FORMAT}
+        if self.rank_offset is not None:
+            doc["symmetry"] = {"rank_offset": self.rank_offset}
+        if self.relays is not None:
+            doc["relays"] = list(self.relays)
+        if self.chunks is not None:
+            doc["chunks"] = self.chunks
+        return doc
+
+
+def load_sketch(path: str | Path) -> Sketch:
+    """Read a sketch file; every problem names the file and field."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise SketchError(f"sketch {path}: cannot read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise SketchError(f"sketch {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    return parse_sketch(data, str(path))
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def parse_sketch(data: object, source: str = "sketch") -> Sketch:
+    """Build a Sketch from decoded JSON."""
+
+    def fail(field: str, reason: str) -> SketchError:
+        return SketchError(f"sketch {source}: {field}: {reason}")
+
+    if not isinstance(data, dict):
+        raise fail("(top level)", f"must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise fail("format", f"must be {FORMAT!r}, got {data.get('format')!r}")
+    for key in data:
+        if key not in FIELDS:
+            raise fail(key, f"unknown field (known: {', '.join(FIELDS)})")
+    rank_offset = None
+    if "symmetry" in data:
+        symmetry = data["symmetry"]
+        if not isinstance(symmetry, dict) or set(symmetry) != {"rank_offset"}:
+            raise fail("symmetry", 'must be {"rank_offset": N}')
+        rank_offset = symmetry["rank_offset"]
+        if not _positive_int(rank_offset):
+            raise fail("symmetry.rank_offset", f"must be a positive integer, got {rank_offset!r}")
+    relays = None
+    if "relays" in data:
+        raw = data["relays"]
+        if not isinstance(raw, list) or not raw:
+            raise fail("relays", "must be a non-empty list of ranks")
+        for i, rank in enumerate(raw):
+            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+                raise fail(f"relays[{i}]", f"must be a rank (an integer >= 0), got {rank!r}")
+            if rank in raw[:i]:
+                raise fail(f"relays[{i}]", f"rank {rank} is listed twice")
+        relays = tuple(sorted(raw))
+    chunks = data.get("chunks")
+    if chunks is not None and not _positive_int(chunks):
+        raise fail("chunks", f"must be a positive integer, got {chunks!r}")
+    if "description" in data and not isinstance(data["description"], str):
+        raise fail("description", "must be a string")
+    return Sketch(rank_offset, relays, chunks, source)

@@ -1,0 +1,277 @@
+"""``solve(topology, collective, options) -> Schedule``: sketch, encode, search, read back, reverse."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ortools.sat.python import cp_model
+
+from schedules.collectives import Collective
+from schedules.schedule import Schedule, ScheduleMeta, Send, Step
+from synth.errors import SynthesisError, Unknown, Unsat
+from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances
+from synth.milp.sketch import Sketch, SketchError
+from topologies import Topology
+
+Progress = Callable[[str], None]
+# The dual each combining collective is reversed from (reduction trees are broadcast trees run backwards).
+DUALS = {"reducescatter": "allgather", "reduce": "broadcast"}
+
+
+@dataclass(frozen=True)
+class MilpOptions:
+    """How to synthesize: ``size`` in bytes (the message the finish time is minimized for).
+
+    ``chunks`` (per rank) overrides the sketch's, which overrides the collective's; ``steps`` bounds the
+    steps (default: the hop depth plus one step per chunk, room for pipelining).
+    """
+
+    size: int = 1 << 20
+    time_limit: float = 60.0
+    sketch: Sketch | None = None
+    chunks: int | None = None
+    steps: int | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise SynthesisError(f"milp: size: must be a positive number of bytes, got {self.size!r}")
+        if not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
+            raise SynthesisError(f"milp: time_limit: must be a positive number of seconds, got {self.time_limit!r}")
+        for name in ("chunks", "steps", "workers"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise SynthesisError(f"milp: {name}: must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One CP-SAT search: the steps found and how good they are known to be."""
+
+    steps: tuple[Step, ...]
+    objective_us: float
+    bound_us: float
+    status: str
+    seconds: float
+
+    @property
+    def gap(self) -> float:
+        return 0.0 if self.objective_us <= 0 else max(0.0, 1.0 - self.bound_us / self.objective_us)
+
+
+def solve(topology: Topology, collective: Collective, options: MilpOptions = MilpOptions(),
+          progress: Progress | None = None) -> Schedule:
+    """The fastest schedule for ``options.size`` bytes that CP-SAT finds within the time limit."""
+    sketch = options.sketch or Sketch()
+    chunks = options.chunks or sketch.chunks or collective.chunks
+    collective = Collective(collective.name, collective.nranks, chunks, collective.root)
+    if collective.nranks != topology.nranks:
+        raise SynthesisError(f"milp: collective has {collective.nranks} ranks, topology {topology.name} has "
+                             f"{topology.nranks}")
+    start = time.monotonic()
+    switch_free = topology.without_switches()
+    if collective.name == "allreduce":
+        halves = _solve_allreduce(switch_free, collective, options, sketch, progress)
+    else:
+        halves = [_solve_one(switch_free, collective, options, sketch, options.time_limit, progress)]
+    steps = tuple(step for outcome in halves for step in outcome.steps)
+    objective = sum(o.objective_us for o in halves)
+    bound = sum(o.bound_us for o in halves)
+    meta = ScheduleMeta(
+        solver="milp",
+        options={"size": options.size, "time_limit": options.time_limit, "chunks": chunks,
+                 "steps": options.steps, "sketch": sketch.to_json() if options.sketch else None,
+                 "objective_us": objective, "best_bound_us": bound,
+                 "gap": 0.0 if objective <= 0 else max(0.0, 1.0 - bound / objective),
+                 "status": "+".join(o.status for o in halves)},
+        solve_time=time.monotonic() - start,
+        notes="CP-SAT time-expanded flow; objective = finish time under the α-β step model",
+    )
+    return Schedule(collective, topology.fingerprint, steps, f"milp-{collective.name}-c{chunks}", meta)
+
+
+def _solve_allreduce(topo: Topology, collective: Collective, options: MilpOptions, sketch: Sketch,
+                     progress: Progress | None) -> list[Outcome]:
+    """Reducescatter then allgather on the same chunks; one search when the fabric is its own reverse."""
+    n, c = collective.nranks, collective.chunks
+    gather = _solve_one(topo, Collective("allgather", n, c), options, sketch, options.time_limit / 2, progress)
+    if topo.reversed().fingerprint == topo.fingerprint:
+        scatter = Outcome(_reverse(gather.steps), gather.objective_us, gather.bound_us, gather.status,
+                          gather.seconds)
+    else:
+        scatter = _solve_one(topo, Collective("reducescatter", n, c), options, sketch, options.time_limit / 2,
+                             progress)
+    return [scatter, gather]
+
+
+def _solve_one(topo: Topology, collective: Collective, options: MilpOptions, sketch: Sketch,
+               time_limit: float, progress: Progress | None) -> Outcome:
+    if collective.name in DUALS:
+        dual = Collective(DUALS[collective.name], collective.nranks, collective.chunks, collective.root)
+        outcome = _search(topo.reversed(), dual, options, sketch, time_limit, progress)
+        return Outcome(_reverse(outcome.steps), outcome.objective_us, outcome.bound_us, outcome.status,
+                       outcome.seconds)
+    if collective.combining:
+        raise SynthesisError(f"milp: {collective.name} has no copy-only dual")
+    return _search(topo, collective, options, sketch, time_limit, progress)
+
+
+def _reverse(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """Run copy trees backwards as reduction trees: last step first, every send turned around."""
+    return tuple(Step(st.rounds, tuple(Send(s.chunk, s.dst, s.src, "reduce") for s in st.sends))
+                 for st in reversed(steps))
+
+
+def _search(topo: Topology, collective: Collective, options: MilpOptions, sketch: Sketch,
+            time_limit: float, progress: Progress | None) -> Outcome:
+    links = _allowed_links(topo, collective, sketch)
+    depth = _check_reachable(topo, collective, links, sketch)
+    steps = options.steps or depth + collective.chunks
+    if steps < depth:
+        raise Unsat(f"milp: {collective.name} on {topo.name} needs at least {depth} steps, got steps={steps}")
+    rank_shift, chunk_shift = _symmetry(topo, collective, links, sketch)
+    spec = FlowSpec(topo, collective, steps, collective.chunk_bytes(options.size), links, rank_shift, chunk_shift)
+    flow = build_flow(spec)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.num_workers = options.workers or max(2, min(8, os.cpu_count() or 2))
+    callback = _Reporter(flow, progress, collective.name)
+    status = solver.Solve(flow.model, callback)
+    name = solver.StatusName(status)
+    if status == cp_model.INFEASIBLE:
+        raise Unsat(f"milp: no {collective.name} schedule on {topo.name} within {steps} steps")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise Unknown(f"milp: no {collective.name} schedule on {topo.name} found within the time limit of "
+                      f"{time_limit:g} s (status {name})")
+    return Outcome(_read_steps(topo, flow, solver), solver.ObjectiveValue() / flow.units_per_us,
+                   solver.BestObjectiveBound() / flow.units_per_us, name.lower(), solver.WallTime())
+
+
+class _Reporter(cp_model.CpSolverSolutionCallback):
+    """Reports each incumbent's finish time and gap through ``progress``."""
+
+    def __init__(self, flow: FlowModel, progress: Progress | None, label: str) -> None:
+        super().__init__()
+        self._flow, self._progress, self._label = flow, progress, label
+
+    def on_solution_callback(self) -> None:
+        if self._progress is None:
+            return
+        value, bound = self.ObjectiveValue(), self.BestObjectiveBound()
+        gap = 0.0 if value <= 0 else max(0.0, 1.0 - bound / value)
+        self._progress(f"milp {self._label}: incumbent {value / self._flow.units_per_us:.3f} µs, "
+                       f"bound {bound / self._flow.units_per_us:.3f} µs, gap {gap:.1%}, {self.WallTime():.1f} s")
+
+
+def _read_steps(topo: Topology, flow: FlowModel, solver: cp_model.CpSolver) -> tuple[Step, ...]:
+    by_step: dict[int, list[Send]] = {}
+    for (c, u, v, k), var in flow.sends.items():
+        if solver.BooleanValue(var):
+            by_step.setdefault(k, []).append(Send(c, u, v))
+    return tuple(Step(rounds_for(topo, sends), tuple(sorted(sends, key=lambda s: (s.src, s.dst, s.chunk))))
+                 for _, sends in sorted(by_step.items()))
+
+
+def rounds_for(topo: Topology, sends: list[Send]) -> int:
+    """The fewest rounds in which every link and sharing group of ``topo`` can carry ``sends``."""
+    load: dict[tuple[int, int], int] = {}
+    for s in sends:
+        load[(s.src, s.dst)] = load.get((s.src, s.dst), 0) + 1
+    needs = [(n, topo.chunk_capacity(*key)) for key, n in load.items()]
+    needs += [(sum(load.get(tuple(key), 0) for key in g.links), topo.group_capacity(g)) for g in topo.sharing]
+    rounds = 1
+    for n, capacity in needs:
+        r = max(1, math.ceil(n / capacity - 1e-9))
+        while math.floor(capacity * r + 1e-9) < n:
+            r += 1
+        rounds = max(rounds, r)
+    return rounds
+
+
+def _allowed_links(topo: Topology, collective: Collective, sketch: Sketch) -> frozenset[tuple[int, int]]:
+    if sketch.relays is None:
+        return frozenset(link.key for link in topo.links)
+    for i, rank in enumerate(sketch.relays):
+        if rank >= topo.nranks:
+            raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist "
+                              f"({topo.nranks} ranks)")
+    relays = set(sketch.relays)
+    return frozenset(link.key for link in topo.links
+                     if topo.hosts[link.src] == topo.hosts[link.dst] or (link.src in relays and link.dst in relays))
+
+
+def _check_reachable(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
+                     sketch: Sketch) -> int:
+    """The hop depth every chunk needs; Unsat naming the cut-off host when the relays disconnect one."""
+    if sketch.relays is not None and topo.nhosts > 1:
+        for host in sorted(set(topo.hosts)):
+            if not any(topo.hosts[r] == host for r in sketch.relays):
+                members = [r for r in topo.ranks if topo.hosts[r] == host]
+                raise Unsat(f"sketch {sketch.source}: relays: host {host} (ranks {members[0]}..{members[-1]}) has "
+                            "no relay, so no data can enter or leave it")
+    dist = hop_distances(topo.ranks, links)
+    depth = 0
+    for c in range(collective.nchunks):
+        holders = [r for r in topo.ranks if c in collective.precondition(r)]
+        for r in topo.ranks:
+            if c in collective.postcondition(r) and r not in holders:
+                hops = min((dist[s][r] for s in holders if r in dist[s]), default=None)
+                if hops is None:
+                    raise Unsat(f"sketch {sketch.source}: relays: rank {r} cannot receive chunk {c} "
+                                f"from rank {holders[0]} over the links the relays allow")
+                depth = max(depth, hops)
+    return depth
+
+
+def _symmetry(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], sketch: Sketch):
+    """(rank shift, chunk shift) for the sketch's symmetry, after checking that it maps everything onto itself."""
+    offset = sketch.rank_offset
+    if offset is None:
+        return None, None
+    n = topo.nranks
+
+    def fail(reason: str) -> SketchError:
+        return SketchError(f"sketch {sketch.source}: symmetry.rank_offset: {reason}")
+
+    if offset >= n or n % offset:
+        raise fail(f"{offset} must be smaller than and divide the rank count ({n})")
+    if collective.rooted:
+        raise fail(f"{collective.name} has a root, so no rank shift maps it onto itself")
+
+    def rank_shift(r: int) -> int:
+        return (r + offset) % n
+
+    c = collective.chunks
+    if collective.name == "alltoall":
+        def chunk_shift(x: int) -> int:
+            pair, j = divmod(x, c)
+            s, d = divmod(pair, n)
+            return (rank_shift(s) * n + rank_shift(d)) * c + j
+    else:
+        def chunk_shift(x: int) -> int:
+            r, j = divmod(x, c)
+            return rank_shift(r) * c + j
+
+    for link in topo.links:
+        image = (rank_shift(link.src), rank_shift(link.dst))
+        if not topo.has_link(*image) or _cost(topo.link(*image)) != _cost(link):
+            raise fail(f"the fabric is not symmetric: link {link.src}->{link.dst} has no equal image "
+                       f"{image[0]}->{image[1]}")
+        if (link.key in links) != (image in links):
+            raise fail(f"relays are not symmetric: link {link.src}->{link.dst} and its image differ")
+    groups = {(frozenset(tuple(k) for k in g.links), g.bandwidth) for g in topo.sharing}
+    for g in topo.sharing:
+        image = (frozenset((rank_shift(s), rank_shift(d)) for s, d in g.links), g.bandwidth)
+        if image not in groups:
+            raise fail(f"the fabric is not symmetric: sharing group of link {g.links[0][0]}->{g.links[0][1]} "
+                       "has no equal image")
+    return rank_shift, chunk_shift
+
+
+def _cost(link) -> tuple[float, float]:
+    return (round(link.capacity, 6), round(link.latency, 6))
+
