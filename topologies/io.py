@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from topologies.errors import TopologyError, UnreachableError
-from topologies.topology import FORMAT, Link, SharingGroup, Topology
+from topologies.topology import FORMAT, Link, SharingGroup, Topology, _is_number, short_repr
+
+
+TOP_LEVEL_FIELDS = frozenset({"format", "name", "description", "nranks", "switches", "hosts", "links", "sharing"})
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -21,6 +23,8 @@ def load_topology(path: str | Path) -> Topology:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise TopologyError(f"topology {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (ValueError, RecursionError) as e:  # a number too long to read, or nesting too deep
+        raise TopologyError(f"topology {path}: not valid JSON: {str(e).splitlines()[0]}") from None
     return parse_topology(data, str(path))
 
 
@@ -36,15 +40,18 @@ def parse_topology(data: object, source: str) -> Topology:
 
     if not isinstance(data, dict):
         raise fail("(top level)", f"must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - TOP_LEVEL_FIELDS)
+    if unknown:
+        raise fail(short_repr(unknown[0]), f"unknown field (a topology has {', '.join(sorted(TOP_LEVEL_FIELDS))})")
     fmt = data.get("format")
     if fmt != FORMAT:
-        raise fail("format", f"must be {FORMAT!r}, got {fmt!r}")
+        raise fail("format", f"must be '{FORMAT}', got {short_repr(fmt)}")
     name = data.get("name", Path(source).stem)
     if not isinstance(name, str):
-        raise fail("name", f"must be a string, got {name!r}")
+        raise fail("name", f"must be a string, got {short_repr(name)}")
     nranks = data.get("nranks")
     if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
-        raise fail("nranks", f"must be a positive integer, got {nranks!r}")
+        raise fail("nranks", f"must be a positive integer, got {short_repr(nranks)}")
     switches = _list(data, "switches", fail)
     hosts = _list(data, "hosts", fail)
     raw_links = data.get("links")
@@ -72,8 +79,8 @@ def _list(data: dict, key: str, fail) -> list:
 
 def _number(item: dict, key: str, where: str, fail, default: float | None = None) -> float:
     value = item.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise fail(f"{where}.{key}", f"must be a number, got {value!r}")
+    if not _is_number(value):
+        raise fail(f"{where}.{key}", f"must be a number, got {short_repr(value)}")
     return value
 
 
@@ -86,10 +93,10 @@ def _link(item: object, i: int, fail) -> Link:
             raise fail(f"{where}.{key}", "is missing")
     count = item.get("count", 1)
     if not isinstance(count, int) or isinstance(count, bool):
-        raise fail(f"{where}.count", f"must be a positive integer, got {count!r}")
+        raise fail(f"{where}.count", f"must be a positive integer, got {short_repr(count)}")
     unknown = set(item) - {"src", "dst", "bandwidth", "latency", "count"}
     if unknown:
-        raise fail(f"{where}", f"unknown field {sorted(unknown)[0]!r}")
+        raise fail(f"{where}", f"unknown field {short_repr(sorted(unknown)[0])}")
     return Link(item["src"], item["dst"], _number(item, "bandwidth", where, fail),
                 _number(item, "latency", where, fail, 0.0), count)
 
@@ -101,6 +108,9 @@ def _group(item: object, i: int, fail) -> SharingGroup:
     keys = []
     for j, pair in enumerate(item["links"]):
         if not isinstance(pair, list) or len(pair) != 2:
-            raise fail(f"{where}.links[{j}]", f"must be [src, dst], got {pair!r}")
+            raise fail(f"{where}.links[{j}]", f"must be [src, dst], got {short_repr(pair)}")
         keys.append((pair[0], pair[1]))
+    unknown = set(item) - {"links", "bandwidth"}
+    if unknown:
+        raise fail(where, f"unknown field {short_repr(sorted(unknown)[0])}")
     return SharingGroup(tuple(keys), _number(item, "bandwidth", where, fail))

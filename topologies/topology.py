@@ -26,6 +26,8 @@ from topologies.errors import TopologyError, UnreachableError
 
 Vertex = int | str
 FORMAT = "weft.topology/1"
+MAX_RANKS = 1 << 20  # far beyond any fabric, but keeps a corrupt nranks from allocating gigabytes
+MAX_LANES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class Topology:
 
     def __post_init__(self) -> None:
         if not self.hosts:
-            object.__setattr__(self, "hosts", (0,) * self.nranks if isinstance(self.nranks, int) else ())
+            fits = isinstance(self.nranks, int) and 0 < self.nranks <= MAX_RANKS
+            object.__setattr__(self, "hosts", (0,) * self.nranks if fits else ())
         problem = find_problem(self)
         if problem:
             error = UnreachableError if problem.startswith("rank ") and "cannot reach" in problem else TopologyError
@@ -184,29 +187,54 @@ class Topology:
 
 # ---- validation ---------------------------------------------------------------------------------
 
+def short_repr(x: object, limit: int = 60) -> str:
+    """repr() cut to ``limit`` characters, for error messages that must stay one short line."""
+    try:
+        text = repr(x)
+    except ValueError:  # an int too long to print
+        return f"<{type(x).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _label(v: object) -> str:
+    """A vertex as a message shows it: ranks and switch names bare, anything else as a short repr."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10**9:
+        return str(v)
+    if isinstance(v, str) and v.isprintable() and 0 < len(v) <= 24:
+        return v
+    return short_repr(v, 24)
+
+
 def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def find_problem(topo: Topology) -> str | None:
     """The first thing wrong with a topology, as 'field: reason', or None."""
     if not isinstance(topo.nranks, int) or isinstance(topo.nranks, bool) or topo.nranks < 1:
-        return f"nranks: must be a positive integer, got {topo.nranks!r}"
+        return f"nranks: must be a positive integer, got {short_repr(topo.nranks)}"
+    if topo.nranks > MAX_RANKS:
+        return f"nranks: at most {MAX_RANKS} ranks, got {topo.nranks}"
     names = set()
     for i, s in enumerate(topo.switches):
         if not isinstance(s, str) or not s:
-            return f"switches[{i}]: a switch name must be a non-empty string, got {s!r}"
+            return f"switches[{i}]: a switch name must be a non-empty string, got {short_repr(s)}"
         if s in names:
-            return f"switches[{i}]: duplicate switch {s!r}"
+            return f"switches[{i}]: duplicate switch {short_repr(s)}"
         names.add(s)
     if len(topo.hosts) != topo.nranks:
         return f"hosts: {len(topo.hosts)} entries for {topo.nranks} ranks"
     for r, h in enumerate(topo.hosts):
         if not isinstance(h, int) or isinstance(h, bool) or h < 0:
-            return f"hosts[{r}]: must be a non-negative integer, got {h!r}"
+            return f"hosts[{r}]: must be a non-negative integer, got {short_repr(h)}"
     seen: set[tuple[Vertex, Vertex]] = set()
     for i, link in enumerate(topo.links):
-        where = f"links[{i}] ({link.src}->{link.dst})"
+        where = f"links[{i}] ({_label(link.src)}->{_label(link.dst)})"
         for end in ("src", "dst"):
             problem = _vertex_problem(getattr(link, end), topo.nranks, names)
             if problem:
@@ -217,17 +245,20 @@ def find_problem(topo: Topology) -> str | None:
             return f"{where}: duplicate link (bond lanes with 'count' instead)"
         seen.add(link.key)
         if not _is_number(link.bandwidth) or link.bandwidth <= 0:
-            return f"{where}.bandwidth: must be a positive number of GB/s, got {link.bandwidth!r}"
+            return f"{where}.bandwidth: must be a positive number of GB/s, got {short_repr(link.bandwidth)}"
         if not _is_number(link.latency) or link.latency < 0:
-            return f"{where}.latency: must be a non-negative number of µs, got {link.latency!r}"
-        if not isinstance(link.count, int) or isinstance(link.count, bool) or link.count < 1:
-            return f"{where}.count: must be a positive integer, got {link.count!r}"
+            return f"{where}.latency: must be a non-negative number of µs, got {short_repr(link.latency)}"
+        if not isinstance(link.count, int) or isinstance(link.count, bool) or not 1 <= link.count <= MAX_LANES:
+            return f"{where}.count: must be an integer from 1 to {MAX_LANES}, got {short_repr(link.count)}"
     for i, group in enumerate(topo.sharing):
         if not _is_number(group.bandwidth) or group.bandwidth <= 0:
-            return f"sharing[{i}].bandwidth: must be a positive number of GB/s, got {group.bandwidth!r}"
+            return f"sharing[{i}].bandwidth: must be a positive number of GB/s, got {short_repr(group.bandwidth)}"
         if not group.links:
             return f"sharing[{i}].links: must list at least one link"
         for j, key in enumerate(group.links):
+            problem = next(filter(None, (_vertex_problem(v, topo.nranks, names) for v in key)), None)
+            if problem:
+                return f"sharing[{i}].links[{j}]: {problem}"
             if tuple(key) not in seen:
                 return f"sharing[{i}].links[{j}]: no link {key[0]}->{key[1]} in the topology"
     return _reachability_problem(topo)
@@ -235,12 +266,12 @@ def find_problem(topo: Topology) -> str | None:
 
 def _vertex_problem(v: object, nranks: int, switches: set[str]) -> str | None:
     if isinstance(v, bool):
-        return f"not a rank or switch: {v!r}"
+        return f"not a rank or switch: {short_repr(v)}"
     if isinstance(v, int):
         return None if 0 <= v < nranks else f"rank {v} does not exist ({nranks} ranks)"
     if isinstance(v, str):
-        return None if v in switches else f"unknown switch {v!r} (declare it under 'switches')"
-    return f"not a rank or switch: {v!r}"
+        return None if v in switches else f"unknown switch {short_repr(v)} (declare it under 'switches')"
+    return f"not a rank or switch: {short_repr(v)}"
 
 
 def _reachable(start: Vertex, edges: dict[Vertex, list[Vertex]]) -> set[Vertex]:
@@ -354,7 +385,13 @@ def _switch_free(topo: Topology) -> Topology:
             links.append(Link(src, dst, min(l.capacity for l in path), sum(l.latency for l in path)))
             for l in path:
                 users.setdefault(l.key, []).append((src, dst))
-    sharing = [g for g in topo.sharing if all(isinstance(s, int) and isinstance(d, int) for s, d in g.links)]
+    # A group over switch-side links becomes a group over the rank pairs routed across them; a pair that crosses
+    # two of the group's links is counted once, so such a group is the one place this form is optimistic.
+    sharing = []
+    for g in topo.sharing:
+        pairs = {p for key in g.links for p in ([key] if key in direct else users.get(key, []))}
+        if pairs:
+            sharing.append(SharingGroup(tuple(pairs), g.bandwidth))
     for key, pairs in users.items():
         if len(pairs) > 1:
             sharing.append(SharingGroup(tuple(pairs), topo.link(*key).capacity))

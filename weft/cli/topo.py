@@ -1,0 +1,138 @@
+"""``weft topo list|show|validate|export``: the topology catalog and topology files.
+
+Other modules add sub-commands under ``weft topo`` (``weft.cli.topo_bound``, ``weft.cli.topo_detect``): each
+exposes ``register(topo_subparsers)`` and is picked up here when it is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from topologies import Topology, TopologyError, load_topology, resolve, save_topology
+from topologies.catalog import entries
+
+EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("topo", help="list, show, validate and export topologies",
+                       description="The topology catalog and weft.topology/1 files. TOPO is a catalog spec "
+                                   "(dgx1, hgx_h100:nodes=2,gpus=4) or a topology file.")
+    topo_sub = p.add_subparsers(dest="topo_command", required=True, metavar="COMMAND")
+
+    q = topo_sub.add_parser("list", help="the catalog: names, parameters, descriptions")
+    q.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    q.set_defaults(func=run_list)
+
+    q = topo_sub.add_parser("show", help="summarize a topology: ranks, hosts, switches, links by kind")
+    q.add_argument("topology", metavar="TOPO", help="catalog spec or topology file")
+    q.add_argument("--json", action="store_true", help="print the topology file (weft.topology/1)")
+    q.set_defaults(func=run_show)
+
+    q = topo_sub.add_parser("validate", help="check a topology file; print its fingerprint")
+    q.add_argument("file", metavar="FILE", help="a weft.topology/1 file")
+    q.set_defaults(func=run_validate)
+
+    q = topo_sub.add_parser("export", help="write a topology as a weft.topology/1 file")
+    q.add_argument("topology", metavar="TOPO", help="catalog spec or topology file")
+    q.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
+    q.set_defaults(func=run_export)
+
+    for name in EXTRA_COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue  # that command is not part of this build
+        module.register(topo_sub)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    rows = [{"name": e.name, "aliases": list(e.aliases),
+             "params": {p.name: {"default": p.default, "min": p.minimum, "max": p.maximum, "help": p.help}
+                        for p in e.params},
+             "description": e.description} for e in entries()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        params = ",".join(f"{k}={v['default']}" for k, v in r["params"].items())
+        print(f"{r['name']:<{width}}  {params:<16}  {r['description']}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    topology = resolve(args.topology)
+    if args.json:
+        print(json.dumps(topology.to_json(), indent=2))
+        return 0
+    for line in summary(topology):
+        print(line)
+    return 0
+
+
+def summary(topology: Topology) -> list[str]:
+    """The lines ``weft topo show`` prints: identity, then links grouped by kind and figures."""
+    lines = [f"topology {topology.name} ({topology.fingerprint})"]
+    if topology.description:
+        lines.append(f"  {topology.description}")
+    lines.append(f"ranks     {topology.nranks} on {topology.nhosts} host{'s' * (topology.nhosts != 1)}")
+    if topology.switches:
+        lines.append(f"switches  {len(topology.switches)}: {_abbreviated(topology.switches)}")
+    lines.append(f"links     {len(topology.links)} (unit bandwidth {topology.unit_bandwidth:g} GB/s)")
+    groups = Counter((_kind(l.src, l.dst), l.count, l.bandwidth, l.latency) for l in topology.links)
+    for (kind, count, bandwidth, latency), n in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1] * kv[0][2])):
+        lanes = f"{count} × {bandwidth:g} GB/s = {count * bandwidth:g} GB/s" if count > 1 else f"{bandwidth:g} GB/s"
+        lines.append(f"  {n:>5} {kind:<14} {lanes:<28} {latency:g} µs")
+    if topology.sharing:
+        lines.append(f"sharing   {len(topology.sharing)} group{'s' * (len(topology.sharing) != 1)}")
+    return lines
+
+
+def _kind(src: object, dst: object) -> str:
+    side = lambda v: "rank" if isinstance(v, int) else "switch"  # noqa: E731
+    return f"{side(src)}->{side(dst)}"
+
+
+def _abbreviated(names: tuple[str, ...], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown}, ... ({len(names) - limit} more)"
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    topology = load_topology(args.file)
+    print(f"ok {args.file}: {topology.name}, {topology.nranks} ranks, {len(topology.links)} links, "
+          f"{topology.fingerprint}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    topology = resolve(args.topology)
+    out = Path(args.output)
+    _write_atomically(topology, out)
+    print(f"wrote {out}: {topology.name}, {topology.nranks} ranks, {topology.fingerprint}")
+    return 0
+
+
+def _write_atomically(topology: Topology, out: Path) -> None:
+    """Write beside the target and rename, so a failed write never leaves half a file behind."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    except OSError as e:
+        raise TopologyError(f"topology {out}: cannot write: {e.strerror or e}") from None
+    os.close(fd)
+    try:
+        save_topology(topology, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; an exported topology is meant to be shared
+        os.replace(tmp, out)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise TopologyError(f"topology {out}: cannot write: {e.strerror or e}") from None
