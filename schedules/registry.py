@@ -241,7 +241,7 @@ class Registry:
                predicted_us: dict[int, float] | None = None) -> Entry:
         """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan."""
         record = provenance.get("verification") or {}
-        if not record.get("passed") or record.get("plan_hash") != plan.content_hash:
+        if not record.get("ok") or record.get("plan_hash") != plan.content_hash:
             raise NotVerified(
                 f"plan {plan.name}: no passing verification record for plan hash {plan.content_hash}; "
                 "run `weft verify` (only verified plans can be committed)")

@@ -28,7 +28,7 @@ def make_plan(name: str, lo: int = 0, hi: int = (1 << 64) - 1):
 
 def provenance(plan, solver: str = "direct") -> dict:
     return {"solver": solver, "weft_version": "test", "schedule_hash": "s" * 16,
-            "verification": {"passed": True, "plan_hash": plan.content_hash, "dtypes": ["fp32", "bf16"],
+            "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32", "bf16"],
                              "sizes": [64, 4096]}}
 
 

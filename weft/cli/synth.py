@@ -126,9 +126,9 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
         if args.commit:
             from weft import publish
 
-            committed = publish.commit(plan, topology, args.registry)
+            committed = publish.commit(plan, topology, args.registry, schedule=s)
             entry["registry_entry"] = committed.id
-            entry["registry"] = committed.location
+            entry["registry"] = publish.registry_location(args.registry)
         results.append(entry)
     return results
 

@@ -1,0 +1,118 @@
+"""Registry orchestration: re-check a plan on the reference executor, then commit it with its provenance.
+
+This lives in weft/ because it spans stages: schedules/ owns the registry but cannot import the executor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from schedules.plan import Plan, load_plan
+from schedules.registry import Entry, Registry, RegistryError, parse_entry
+from schedules.schedule import Schedule
+from topologies import Topology, resolve
+from weft import __version__
+from weft.units import parse_bytes
+
+# Sizes at which a plan's predicted time is stored: 1 KB to 1 GB in powers of 4.
+PREDICTION_SIZES = tuple(1 << k for k in range(10, 31, 2))
+CHECK_SIZES_CHUNKS = (1, 3, 64)  # whole chunk-granule multiples: small, odd (ragged), larger
+
+
+def registry_location(location: str | None) -> str:
+    return Registry(location).location
+
+
+def check_sizes(plan: Plan) -> list[int]:
+    """Sizes the reference executor runs a plan at: inside its range, multiples of its granule, one ragged."""
+    from schedules.plan import CHUNK_GRANULE
+
+    unit = plan.size_chunks * CHUNK_GRANULE
+    sizes = []
+    for k in CHECK_SIZES_CHUNKS:
+        n = unit * k
+        while n < plan.min_message_size:
+            n += unit * ((plan.min_message_size - n) // unit + 1)
+        if plan.accepts(n):
+            sizes.append(n)
+    return sorted(set(sizes))
+
+
+def verify(plan: Plan) -> dict:
+    """Run the plan on the reference executor (random data, its dtypes, several sizes); the record as JSON."""
+    from executor.reference import check_plan
+
+    sizes = check_sizes(plan)
+    if not sizes:
+        raise RegistryError(f"plan {plan.name}: no size in its range {plan.min_message_size}..{plan.max_message_size} "
+                            "fits its chunking, so it cannot be checked")
+    return check_plan(plan, sizes, plan.weft.dtypes).to_json()
+
+
+def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> dict[int, float]:
+    if schedule is not None and topology is not None:
+        from schedules.cost import predict_us
+
+        return {n: predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
+    return {parse_bytes(k, "weft.predicted_us"): float(v) for k, v in plan.weft.predicted_us.items()}
+
+
+def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,
+           schedule: Schedule | None = None) -> Entry:
+    """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written."""
+    topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
+    fingerprint = topo.fingerprint if isinstance(topo, Topology) else (topology or plan.weft.topology)
+    if not fingerprint:
+        raise RegistryError(f"plan {plan.name}: weft.topology: the plan names no topology; pass -t TOPO")
+    if plan.weft.topology and plan.weft.topology != fingerprint:
+        raise RegistryError(f"plan {plan.name}: weft.topology: the plan is for {plan.weft.topology}, "
+                            f"not {fingerprint}")
+    record = verify(plan)
+    provenance = {
+        "solver": plan.weft.solver, "weft_version": __version__, "schedule_hash": plan.weft.schedule_hash,
+        "instances": plan.weft.instances, "protocol": plan.protocol, "verification": record,
+    }
+    if schedule is not None:
+        provenance["options"] = schedule.meta.options
+    return Registry(location).commit(plan, fingerprint, provenance,
+                                     _predictions(plan, schedule, topo if isinstance(topo, Topology) else None))
+
+
+def commit_file(path: str, topology: str | None, location: str | None) -> Entry:
+    return commit(load_plan(path), topology, location)
+
+
+def verify_registry(location: str | None) -> dict:
+    """Re-check every entry file: parse, hash, and the reference executor. Bad entries are reported, not fixed."""
+    reg = Registry(location)
+    rows = []
+    for path in reg._entry_files():
+        name = Path(path).stem
+        try:
+            entry = reg.read_entry_file(path)
+            verify(entry.plan)
+            rows.append({"id": name, "ok": True})
+        except Exception as e:  # every failure is a row in the report, never a crash of the whole check
+            rows.append({"id": name, "ok": False, "error": str(e).splitlines()[0] if str(e) else type(e).__name__})
+    bad = sum(not r["ok"] for r in rows)
+    return {"registry": reg.location, "entries": rows, "ok": len(rows) - bad, "bad": bad}
+
+
+def import_directory(directory: str, location: str | None) -> list[Entry]:
+    """Commit every plan or registry-entry file in ``directory``, each verified afresh."""
+    import json
+
+    if not Path(directory).is_dir():
+        raise RegistryError(f"registry import {directory}: not a directory")
+    entries = []
+    for f in sorted(Path(directory).glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise RegistryError(f"registry import {f}: not valid JSON: {e}") from None
+        if isinstance(doc, dict) and doc.get("format", "").startswith("weft.registry-entry"):
+            old = parse_entry(doc, str(f))
+            entries.append(commit(old.plan, old.key.topology, location))
+        else:
+            entries.append(commit(load_plan(f), None, location))
+    return entries
