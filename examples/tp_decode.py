@@ -1,0 +1,212 @@
+"""A Llama-70B-shaped tensor-parallel decode step, with NCCL or weft all-reduce, under CUDA graphs.
+
+Each layer is attention (64 query and 8 KV heads of 128, a KV cache) then an MLP (8192 -> 28672 -> 8192),
+sharded Megatron-style over TP ranks, with one all-reduce after attention and one after the MLP, as vLLM runs
+it. Both backends run in the same job on the same random bf16 weights and inputs; the script reports decode-step
+latency, tokens/s, the share of the step spent in all-reduce, and checks that the logits agree.
+
+    torchrun --nproc-per-node 2 examples/tp_decode.py --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
+
+
+@dataclass(frozen=True)
+class Shape:
+    tp: int
+    layers: int
+    context: int
+
+    @property
+    def q_heads(self) -> int:
+        return Q_HEADS // self.tp
+
+    @property
+    def kv_heads(self) -> int:
+        return max(KV_HEADS // self.tp, 1)
+
+    @property
+    def mlp(self) -> int:
+        return MLP // self.tp
+
+
+def make_weights(shape: Shape, rank: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    gen = torch.Generator(device=device).manual_seed(1234 + rank)
+    scale = HIDDEN ** -0.5
+
+    def w(*dims: int) -> torch.Tensor:
+        return (torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16) * scale)
+
+    qkv = (shape.q_heads + 2 * shape.kv_heads) * HEAD_DIM
+    return [{"qkv": w(HIDDEN, qkv), "o": w(shape.q_heads * HEAD_DIM, HIDDEN), "gate_up": w(HIDDEN, 2 * shape.mlp),
+             "down": w(shape.mlp, HIDDEN)} for _ in range(shape.layers)]
+
+
+def make_cache(shape: Shape, batch: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator(device=device).manual_seed(99)
+    dims = (batch, shape.kv_heads, shape.context, HEAD_DIM)
+    return [(torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16),
+             torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16)) for _ in range(shape.layers)]
+
+
+def decode_step(x: torch.Tensor, weights, cache, shape: Shape, all_reduce) -> torch.Tensor:
+    """One token for every sequence in the batch through every layer; returns the final hidden state."""
+    batch = x.shape[0]
+    for layer, (k_cache, v_cache) in zip(weights, cache):
+        h = F.rms_norm(x, (HIDDEN,))
+        qkv = h @ layer["qkv"]
+        q, k, v = qkv.split([shape.q_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM], -1)
+        q = q.view(batch, shape.q_heads, 1, HEAD_DIM)
+        keys = torch.cat([k_cache, k.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
+        values = torch.cat([v_cache, v.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
+        attn = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+        x = x + all_reduce(attn.reshape(batch, -1) @ layer["o"])
+        h = F.rms_norm(x, (HIDDEN,))
+        gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
+        x = x + all_reduce((F.silu(gate) * up) @ layer["down"])
+    return x
+
+
+def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
+    out = t.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def graph_of(fn, warmup_stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    with torch.cuda.stream(warmup_stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(warmup_stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, iters: int) -> list[float]:
+    """Milliseconds per replay, each timed with CUDA events after a barrier so ranks start together."""
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def measure(backend: str, all_reduce, shape: Shape, batch: int, weights, lm_head, device, iters: int) -> dict:
+    cache = make_cache(shape, batch, device)
+    gen = torch.Generator(device=device).manual_seed(7)
+    x = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
+    out = {}
+    side = torch.cuda.Stream()
+
+    def step():
+        out["hidden"] = decode_step(x, weights, cache, shape, all_reduce)
+
+    step_graph = graph_of(step, side)
+    probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+
+    def only_all_reduce():
+        for _ in range(2 * shape.layers):
+            out["ar"] = all_reduce(probe)
+
+    ar_graph = graph_of(only_all_reduce, side)
+    step_ms = time_graph(step_graph, iters)
+    ar_ms = time_graph(ar_graph, iters)
+    step_graph.replay()
+    torch.cuda.synchronize()
+    logits = (F.rms_norm(out["hidden"], (HIDDEN,)) @ lm_head).float()
+    med = statistics.median(step_ms)
+    return {"backend": backend, "step_ms": med, "all_reduce_ms": statistics.median(ar_ms),
+            "tokens_per_s": batch / med * 1e3, "raw_step_ms": step_ms, "raw_all_reduce_ms": ar_ms,
+            "logits": logits}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", default="1,4,16,64")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both")
+    p.add_argument("--json", help="write results here (rank 0)")
+    args = p.parse_args()
+
+    for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
+        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    shape = Shape(world, args.layers, args.context)
+    weights = make_weights(shape, rank, device)
+    lm_head = torch.randn(HIDDEN, VOCAB, generator=torch.Generator(device=device).manual_seed(5), device=device,
+                          dtype=torch.bfloat16) * HIDDEN ** -0.5
+    backends = {"nccl": nccl_all_reduce}
+    if args.backend in ("weft", "both"):
+        from executor import Communicator
+
+        comm = Communicator.from_process_group()
+        backends["weft"] = comm.all_reduce
+    if args.backend == "weft":
+        backends.pop("nccl")
+
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        results = {name: measure(name, fn, shape, batch, weights, lm_head, device, args.iters)
+                   for name, fn in backends.items()}
+        row = {"batch": batch, "tp": world}
+        for name, r in results.items():
+            row[f"{name}_ms"] = r["step_ms"]
+            row[f"{name}_all_reduce_ms"] = r["all_reduce_ms"]
+            row[f"{name}_tokens_per_s"] = r["tokens_per_s"]
+            row[f"{name}_all_reduce_share"] = r["all_reduce_ms"] / r["step_ms"]
+            row[f"{name}_raw_step_ms"] = r["raw_step_ms"]
+        if len(results) == 2:
+            a, b = results["nccl"]["logits"], results["weft"]["logits"]
+            rel = ((a - b).norm() / a.norm()).item()
+            row["logits_rel_err"] = rel
+            row["logits_agree"] = rel < 2e-2
+            row["speedup"] = results["nccl"]["step_ms"] / results["weft"]["step_ms"]
+        rows.append(row)
+        if rank == 0:
+            cells = "  ".join(f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
+                              f"{r['all_reduce_ms']:.3f} ms = {100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)"
+                              for n, r in results.items())
+            extra = f"  speedup {row['speedup']:.3f}x  logits rel err {row['logits_rel_err']:.2e}" \
+                if "speedup" in row else ""
+            print(f"tp={world} batch={batch:>3}  {cells}{extra}", flush=True)
+    if rank == 0 and args.json:
+        doc = {"name": "tp_decode", "model": "llama-70b-shaped", "layers": args.layers, "context": args.context,
+               "nranks": world, "mode": "graph", "dtype": "bf16",
+               "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
+               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                            "cuda": torch.version.cuda},
+               "date": time.strftime("%Y-%m-%d"), "rows": rows}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
