@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from topologies.errors import TopologyError
-from topologies.topology import Link, Topology, Vertex
+from topologies.topology import Link, Topology, Vertex, short_repr
 
 # α per hop, µs (see the module docstring for the source).
 NVLINK_US = 0.7
@@ -352,14 +352,14 @@ def build(spec: str) -> Topology:
     """The topology a spec names: ``name`` or ``name:key=value,key=value`` with integer values."""
     if not isinstance(spec, str) or not spec.strip():
         raise TopologyError(f"topology spec {spec!r}: empty (try 'weft topo list')")
-    name, _, rest = spec.strip().partition(":")
+    name, colon, rest = spec.strip().partition(":")
     try:
         found = entry(name)
     except TopologyError:
         known = ", ".join(e.name for e in ENTRIES)
         raise TopologyError(f"topology spec {spec!r}: unknown topology {name!r} (known: {known})") from None
     values: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))) if rest else ():
+    for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, text = (s.strip() for s in item.partition("="))
         _param(found, key, spec)
         if not eq:
@@ -369,8 +369,8 @@ def build(spec: str) -> Topology:
         try:
             values[key] = int(text)
         except ValueError:
-            raise TopologyError(f"topology spec {spec!r}: {key}: must be an integer, got {text!r}") from None
-    if rest and not values:
+            raise TopologyError(f"topology spec {spec!r}: {key}: must be an integer, got {short_repr(text)}") from None
+    if colon and not values:
         raise TopologyError(f"topology spec {spec!r}: nothing after ':' (write {found.name}:key=value)")
     _check_values(found, values, spec)
     return found.generator(**values)

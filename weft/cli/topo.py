@@ -91,7 +91,7 @@ def summary(topology: Topology) -> list[str]:
     groups = Counter((_kind(l.src, l.dst), l.count, l.bandwidth, l.latency) for l in topology.links)
     for (kind, count, bandwidth, latency), n in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1] * kv[0][2])):
         lanes = f"{count} × {bandwidth:g} GB/s = {count * bandwidth:g} GB/s" if count > 1 else f"{bandwidth:g} GB/s"
-        lines.append(f"  {n:>5} {kind:<14} {lanes:<28} {latency:g} µs")
+        lines.append(f"  {n:>5} {kind:<14} {lanes:<32} {latency:g} µs")
     if topology.sharing:
         lines.append(f"sharing   {len(topology.sharing)} group{'s' * (len(topology.sharing) != 1)}")
     return lines
