@@ -1,0 +1,27 @@
+"""Classic baseline algorithms, each ``(topology, collective) -> Schedule``.
+
+- ``ring``: over a Hamiltonian cycle of the topology (every collective);
+- ``direct``: all-pairs, one step (every collective; allreduce is one-shot);
+- ``twoshot``: allreduce as a direct reducescatter then a direct allgather;
+- ``rhd``: recursive halving/doubling on a power-of-two rank count (every collective);
+- ``tree``: NCCL-style double binary tree allreduce; binary-tree broadcast and reduce.
+
+Where an algorithm does not exist for the topology or collective it raises NotApplicable saying why.
+Link existence and capacity are read on ``topology.without_switches()``; each step gets the fewest rounds
+that fit its busiest link and sharing group.
+
+>>> from topologies.topology import Link, Topology
+>>> from schedules.collectives import Collective
+>>> ring4 = Topology("ring4", 4, tuple(Link(r, (r + 1) % 4, 25.0) for r in range(4)))
+>>> ring(ring4, Collective("allgather", 4)).name
+'ring-allgather-ring4'
+"""
+
+from synth.baselines.direct import direct, twoshot
+from synth.baselines.rhd import rhd
+from synth.baselines.ring import hamiltonian_cycle, ring
+from synth.baselines.tree import tree
+
+METHODS = ("ring", "direct", "twoshot", "rhd", "tree")
+
+__all__ = ["METHODS", "direct", "hamiltonian_cycle", "rhd", "ring", "tree", "twoshot"]

@@ -1,0 +1,69 @@
+"""One-shot algorithms: every rank talks to every rank it must, straight over a link.
+
+``direct`` moves each chunk once, from a rank that has it to the rank that wants it, in a single step.
+Its allreduce is the one-shot form: each rank reduces its contribution to every chunk into every other
+rank, so each rank adds up all N contributions itself. ``twoshot`` is the allreduce that first
+reduces each slice into its owner (a direct reducescatter) and then copies the sums out (a direct allgather).
+
+>>> from topologies.topology import Link, Topology
+>>> from schedules.collectives import Collective
+>>> fc3 = Topology("fc3", 3, tuple(Link(s, d, 25.0) for s in range(3) for d in range(3) if s != d))
+>>> direct(fc3, Collective("allreduce", 3)).nsteps, twoshot(fc3, Collective("allreduce", 3)).nsteps
+(1, 2)
+"""
+
+from __future__ import annotations
+
+import time
+
+from schedules.collectives import Collective
+from schedules.schedule import Schedule, Send
+from synth.baselines.common import assemble, block, check_ranks, own
+from synth.errors import NotApplicable
+from topologies.topology import Topology
+
+
+def direct(topology: Topology, collective: Collective) -> Schedule:
+    """All-pairs, one step: every rank sends straight to every rank that needs its data."""
+    started = time.perf_counter()
+    check_ranks("direct", topology, collective)
+    sends = _direct_sends(collective)
+    return assemble("direct", topology, collective, [sends], started,
+                    "direct sends every chunk straight from a rank that holds it to one that needs it")
+
+
+def twoshot(topology: Topology, collective: Collective) -> Schedule:
+    """Allreduce as a direct reducescatter then a direct allgather: two steps."""
+    started = time.perf_counter()
+    if collective.name != "allreduce":
+        raise NotApplicable(f"twoshot: exists for allreduce only (it is reducescatter + allgather); "
+                            f"use --method direct for {collective.name}")
+    check_ranks("twoshot", topology, collective)
+    n = collective.nranks
+    scatter = [Send(chunk, src, dst, "reduce") for src in range(n) for dst in range(n) if src != dst
+               for chunk in own(collective, dst)]
+    gather = [Send(chunk, src, dst) for src in range(n) for dst in range(n) if src != dst
+              for chunk in own(collective, src)]
+    return assemble("twoshot", topology, collective, [scatter, gather], started,
+                    "two-shot exchanges slices between every pair of ranks")
+
+
+def _direct_sends(collective: Collective) -> list[Send]:
+    n, root, name = collective.nranks, collective.root, collective.name
+    pairs = [(src, dst) for src in range(n) for dst in range(n) if src != dst]
+    everything = range(collective.nchunks)
+    if name == "allgather":
+        return [Send(chunk, s, d) for s, d in pairs for chunk in own(collective, s)]
+    if name == "reducescatter":
+        return [Send(chunk, s, d, "reduce") for s, d in pairs for chunk in own(collective, d)]
+    if name == "allreduce":
+        return [Send(chunk, s, d, "reduce") for s, d in pairs for chunk in everything]
+    if name == "broadcast":
+        return [Send(chunk, root, d) for d in range(n) if d != root for chunk in everything]
+    if name == "reduce":
+        return [Send(chunk, s, root, "reduce") for s in range(n) if s != root for chunk in everything]
+    if name == "gather":
+        return [Send(chunk, s, root) for s in range(n) if s != root for chunk in own(collective, s)]
+    if name == "scatter":
+        return [Send(chunk, root, d) for d in range(n) if d != root for chunk in own(collective, d)]
+    return [Send(chunk, s, d) for s, d in pairs for chunk in block(collective, s, d)]  # alltoall

@@ -1,0 +1,120 @@
+"""Recursive halving and doubling: log2(N) steps, each between partners that differ in one bit of the rank.
+
+Reducescatter halves (highest bit first: each rank reduces into its partner the half of its slices
+that the partner's side owns); allgather doubles (lowest bit first: each rank copies everything it has to
+its partner); allreduce is the one then the other. Broadcast, reduce, gather and scatter are the binomial
+trees on the same partners, counted from the root (rank ``r ^ root``); alltoall is the hypercube
+store-and-forward exchange. Needs a power-of-two rank count and a link both ways between partners.
+
+>>> from topologies.topology import Link, Topology
+>>> from schedules.collectives import Collective
+>>> fc4 = Topology("fc4", 4, tuple(Link(s, d, 25.0) for s in range(4) for d in range(4) if s != d))
+>>> rhd(fc4, Collective("allreduce", 4)).nsteps
+4
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from schedules.collectives import Collective
+from schedules.schedule import Schedule, Send
+from synth.baselines.common import assemble, block, check_ranks, own, require_links
+from synth.errors import NotApplicable
+from topologies.topology import Topology
+
+
+def rhd(topology: Topology, collective: Collective) -> Schedule:
+    """Recursive halving/doubling for any of the eight collectives on a power-of-two rank count."""
+    started = time.perf_counter()
+    check_ranks("rhd", topology, collective)
+    n = collective.nranks
+    if n & (n - 1):
+        raise NotApplicable(f"rhd: needs a power-of-two number of ranks; topology {topology.name} has {n}")
+    for bit in _bits(n):
+        require_links("rhd", topology, ((r, r ^ bit) for r in range(n)), f"partners at distance {bit}")
+    steps = _ALGORITHMS[collective.name](collective)
+    return assemble("rhd", topology, collective, steps, started, "partners")
+
+
+def _bits(n: int) -> list[int]:
+    """The partner distances 1, 2, 4, ... below n."""
+    return [1 << b for b in range(n.bit_length() - 1)]
+
+
+def _reducescatter(collective: Collective) -> list[list[Send]]:
+    n = collective.nranks
+    steps = []
+    for bit in reversed(_bits(n)):
+        # Rank r still owns the slices that agree with it on every bit above `bit`; it hands the partner's half on.
+        high = ~(2 * bit - 1)
+        steps.append([Send(chunk, r, r ^ bit, "reduce") for r in range(n) for x in range(n)
+                      if (x ^ r) & high == 0 and x & bit != r & bit for chunk in own(collective, x)])
+    return steps
+
+
+def _allgather(collective: Collective) -> list[list[Send]]:
+    n = collective.nranks
+    steps = []
+    for bit in _bits(n):
+        # Rank r holds the slices of every rank that differs from it only in the bits below `bit`.
+        low = bit - 1
+        steps.append([Send(chunk, r, r ^ bit) for r in range(n) for x in range(n)
+                      if (x ^ r) & ~low == 0 for chunk in own(collective, x)])
+    return steps
+
+
+def _allreduce(collective: Collective) -> list[list[Send]]:
+    return _reducescatter(collective) + _allgather(collective)
+
+
+def _broadcast(collective: Collective) -> list[list[Send]]:
+    n, root = collective.nranks, collective.root
+    return [[Send(chunk, v ^ root, (v | bit) ^ root) for v in range(bit) for chunk in range(collective.nchunks)]
+            for bit in _bits(n)]
+
+
+def _reduce(collective: Collective) -> list[list[Send]]:
+    n, root = collective.nranks, collective.root
+    return [[Send(chunk, v ^ root, (v ^ bit) ^ root, "reduce") for v in range(bit, 2 * bit)
+             for chunk in range(collective.nchunks)]
+            for bit in reversed(_bits(n))]
+
+
+def _gather(collective: Collective) -> list[list[Send]]:
+    """Relative rank v with lowest set bit `bit` sends the slices of v .. v+bit-1 to v - bit."""
+    n, root = collective.nranks, collective.root
+    return [[Send(chunk, v ^ root, (v - bit) ^ root) for v in range(bit, n, 2 * bit)
+             for u in range(v, v + bit) for chunk in own(collective, u ^ root)]
+            for bit in _bits(n)]
+
+
+def _scatter(collective: Collective) -> list[list[Send]]:
+    """Relative rank v, a multiple of 2·bit, sends the slices of v+bit .. v+2·bit-1 to v + bit."""
+    n, root = collective.nranks, collective.root
+    return [[Send(chunk, v ^ root, (v + bit) ^ root) for v in range(0, n, 2 * bit)
+             for u in range(v + bit, v + 2 * bit) for chunk in own(collective, u ^ root)]
+            for bit in reversed(_bits(n))]
+
+
+def _alltoall(collective: Collective) -> list[list[Send]]:
+    """After the bits done so far, rank r holds the blocks (s, d) with s like r on the bits to do and d on the rest."""
+    n = collective.nranks
+    steps = []
+    done = 0
+    for bit in _bits(n):
+        sends = []
+        for r in range(n):
+            sources = [s for s in range(n) if (s ^ r) & ~done & (n - 1) == 0]
+            targets = [d for d in range(n) if (d ^ r) & done == 0 and (d ^ r) & bit]
+            sends += [Send(chunk, r, r ^ bit) for s in sources for d in targets for chunk in block(collective, s, d)]
+        steps.append(sends)
+        done |= bit
+    return steps
+
+
+_ALGORITHMS: dict[str, Callable[[Collective], list[list[Send]]]] = {
+    "allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce,
+    "broadcast": _broadcast, "reduce": _reduce, "gather": _gather, "scatter": _scatter, "alltoall": _alltoall,
+}

@@ -1,0 +1,166 @@
+"""Ring algorithms over a directed Hamiltonian cycle of the topology.
+
+The cycle is host-major when every rank pair has a link (then any order is a cycle and host-major crosses
+hosts least); otherwise a depth-first search with a bounded number of expansions looks for one, trying
+same-host and fatter links first. Position i of the cycle sends to position i+1.
+
+>>> from topologies.topology import Link, Topology
+>>> from schedules.collectives import Collective
+>>> ring4 = Topology("ring4", 4, tuple(Link(r, (r + 1) % 4, 25.0) for r in range(4)))
+>>> ring(ring4, Collective("allreduce", 4)).nsteps
+6
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from schedules.collectives import Collective
+from schedules.schedule import Schedule, Send
+from synth.baselines.common import assemble, block, check_ranks, host_major, own
+from synth.errors import NotApplicable
+from topologies.topology import Topology
+
+SEARCH_BUDGET = 200_000  # DFS expansions before the cycle search gives up
+
+
+def ring(topology: Topology, collective: Collective) -> Schedule:
+    """The ring algorithm for any of the eight collectives, over a Hamiltonian cycle of the topology."""
+    started = time.perf_counter()
+    check_ranks("ring", topology, collective)
+    order = hamiltonian_cycle(topology)
+    steps = _ALGORITHMS[collective.name](order, collective)
+    return assemble("ring", topology, collective, steps, started, "a ring edge", order=order)
+
+
+def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[int]:
+    """A directed cycle through every rank of the switch-free form, as a rank order; NotApplicable if none."""
+    fabric = topology.without_switches()
+    order = host_major(topology)
+    n = len(order)
+    if all(fabric.has_link(order[i], order[(i + 1) % n]) for i in range(n)) or n == 1:
+        return order
+    found, exhausted = _search(fabric, order[0], budget)
+    if found:
+        return found
+    if exhausted:
+        raise NotApplicable(f"ring: topology {topology.name} has no Hamiltonian cycle (a directed cycle "
+                            "through every rank over its links)")
+    raise NotApplicable(f"ring: no Hamiltonian cycle found in topology {topology.name} within {budget} "
+                        "search steps")
+
+
+def _search(fabric: Topology, start: int, budget: int) -> tuple[list[int] | None, bool]:
+    """Depth-first search for a Hamiltonian cycle from start: (cycle or None, whether the search was exhaustive)."""
+    nexts = {r: [l.dst for l in fabric.out_links[r]] for r in fabric.ranks}
+    capacity = {l.key: l.capacity for l in fabric.links}
+    path, seen = [start], {start}
+    left = [budget]
+
+    def candidates(rank: int) -> list[int]:
+        # Same host first, fat links next, then Warnsdorff's rule: the rank with fewest ways on.
+        free = [d for d in nexts[rank] if d not in seen]
+        return sorted(free, key=lambda d: (fabric.hosts[d] != fabric.hosts[rank], -capacity[(rank, d)],
+                                           sum(x not in seen for x in nexts[d]), d))
+
+    def extend() -> bool:
+        if len(path) == fabric.nranks:
+            return fabric.has_link(path[-1], start)
+        for d in candidates(path[-1]):
+            if left[0] <= 0:
+                return False
+            left[0] -= 1
+            path.append(d)
+            seen.add(d)
+            if extend():
+                return True
+            seen.discard(path.pop())
+        return False
+
+    if extend():
+        return path, True
+    return None, left[0] > 0
+
+
+def _allgather(order: list[int], collective: Collective) -> list[list[Send]]:
+    """At step k position i forwards the slice that started k positions back."""
+    n = len(order)
+    return [[Send(chunk, order[i], order[(i + 1) % n]) for i in range(n) for chunk in own(collective, order[(i - k) % n])]
+            for k in range(n - 1)]
+
+
+def _reducescatter(order: list[int], collective: Collective) -> list[list[Send]]:
+    """The slice of the rank at position j starts at j+1 and gathers one contribution per hop."""
+    n = len(order)
+    return [[Send(chunk, order[i], order[(i + 1) % n], "reduce")
+             for i in range(n) for chunk in own(collective, order[(i - 1 - k) % n])]
+            for k in range(n - 1)]
+
+
+def _allreduce(order: list[int], collective: Collective) -> list[list[Send]]:
+    return _reducescatter(order, collective) + _allgather(order, collective)
+
+
+def _chain_from(order: list[int], root: int) -> list[int]:
+    """The cycle cut open so that it starts at root."""
+    at = order.index(root)
+    return order[at:] + order[:at]
+
+
+def _chain_to(order: list[int], root: int) -> list[int]:
+    """The cycle cut open so that it ends at root."""
+    at = order.index(root) + 1
+    return order[at:] + order[:at]
+
+
+def _broadcast(order: list[int], collective: Collective) -> list[list[Send]]:
+    """Chunks stream down the chain: hop h carries chunk t-h at step t."""
+    chain, c = _chain_from(order, collective.root), collective.chunks
+    return [[Send(t - h, chain[h], chain[h + 1]) for h in range(len(chain) - 1) if 0 <= t - h < c]
+            for t in range(c + len(chain) - 2)]
+
+
+def _reduce(order: list[int], collective: Collective) -> list[list[Send]]:
+    """Chunks stream up the chain into root, each hop adding its rank's contribution."""
+    chain, c = _chain_to(order, collective.root), collective.chunks
+    return [[Send(t - h, chain[h], chain[h + 1], "reduce") for h in range(len(chain) - 1) if 0 <= t - h < c]
+            for t in range(c + len(chain) - 2)]
+
+
+def _gather(order: list[int], collective: Collective) -> list[list[Send]]:
+    """Hop h sends its own slice first, then relays what came in: slice of chain[h-t] at step t."""
+    chain = _chain_to(order, collective.root)
+    n = len(chain)
+    return [[Send(chunk, chain[h], chain[h + 1]) for h in range(t, n - 1) for chunk in own(collective, chain[h - t])]
+            for t in range(n - 1)]
+
+
+def _scatter(order: list[int], collective: Collective) -> list[list[Send]]:
+    """The farthest slice leaves root first; hop h carries the slice of chain[n-1-(t-h)] at step t."""
+    chain = _chain_from(order, collective.root)
+    n = len(chain)
+    return [[Send(chunk, chain[h], chain[h + 1]) for h in range(min(t, n - 2) + 1)
+             for chunk in own(collective, chain[n - 1 - (t - h)])]
+            for t in range(n - 1)]
+
+
+def _alltoall(order: list[int], collective: Collective) -> list[list[Send]]:
+    """Every block travels forward around the ring; at step t those with more than t hops to go move on."""
+    n = len(order)
+    steps = []
+    for t in range(n - 1):
+        sends = []
+        for i in range(n):
+            src = order[(i - t) % n]
+            for hops in range(t + 1, n):
+                dst = order[(i - t + hops) % n]
+                sends += [Send(chunk, order[i], order[(i + 1) % n]) for chunk in block(collective, src, dst)]
+        steps.append(sends)
+    return steps
+
+
+_ALGORITHMS: dict[str, Callable[[list[int], Collective], list[list[Send]]]] = {
+    "allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce,
+    "broadcast": _broadcast, "reduce": _reduce, "gather": _gather, "scatter": _scatter, "alltoall": _alltoall,
+}
