@@ -1,1 +1,58 @@
-"""codegen: lowers a Schedule into an execution Plan (MSCCL++ plan JSON) and exports MSCCL XML."""
+"""codegen: lowers a Schedule into an execution Plan (MSCCL++ plan JSON) and exports MSCCL XML.
+
+One pass per module, run in this order by ``compile_schedule``:
+``buffers`` (placement) -> ``lower`` (actions) -> ``replicate`` (instances) -> ``threadblocks`` ->
+``merge`` (ranges) -> ``sync`` (signal/wait, semaphores) -> ``fuse`` -> ``protocol`` (size range) ->
+``assemble``. ``msccl_xml`` exports a Plan for the MSCCL/RCCL runtimes.
+
+>>> from schedules.collectives import Collective
+>>> from schedules.schedule import Schedule, Send, Step
+>>> s = Schedule(Collective("allgather", 2), "t", (Step(1, (Send(0, 0, 1), Send(1, 1, 0))),))
+>>> compile_schedule(s, protocol="simple").protocol
+'Simple'
+"""
+
+from __future__ import annotations
+
+from codegen.assemble import assemble
+from codegen.buffers import place_buffers
+from codegen.fuse import fuse
+from codegen.lower import lower
+from codegen.merge import merge_ranges
+from codegen.protocol import CodegenError, choose_protocol, size_range
+from codegen.replicate import replicate
+from codegen.sync import insert_sync
+from codegen.threadblocks import assign_threadblocks
+from schedules.plan import Plan, PlanMeta
+from schedules.schedule import Schedule
+
+MAX_INSTANCES = 32
+
+__all__ = ["CodegenError", "compile_schedule"]
+
+
+def compile_schedule(schedule: Schedule, topology: object = None, instances: int = 1, protocol: str = "auto",
+                     inplace: bool = False) -> Plan:
+    """The execution Plan for ``schedule`` (``topology`` is only recorded: the schedule already fits it)."""
+    if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
+        raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
+    chosen = choose_protocol(schedule, protocol)
+    collective = schedule.collective
+    placement = place_buffers(collective, inplace)
+    actions = replicate(lower(schedule, placement, chosen == "LL"), instances)
+    assign_threadblocks(actions)
+    programs = insert_sync(merge_ranges(actions))
+    programs = {r: {t: fuse(ops) for t, ops in tbs.items()} for r, tbs in programs.items()}
+    lo, hi = size_range(chosen)
+    fingerprint = getattr(topology, "fingerprint", schedule.topology)
+    meta = PlanMeta(topology=fingerprint, schedule_hash=schedule.content_hash, solver=schedule.meta.solver,
+                    chunks=collective.chunks, root=collective.root, instances=instances,
+                    predicted_us=dict(schedule.meta.predicted_us))
+    name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"
+    plan = assemble(programs, name=name, collective=collective.name, protocol=chosen, inplace=inplace,
+                    nranks=collective.nranks, input_chunks=placement.input_chunks * instances,
+                    output_chunks=placement.output_chunks * instances,
+                    scratch=[s * instances for s in placement.scratch], meta=meta)
+    from dataclasses import replace
+
+    return replace(plan, min_message_size=lo, max_message_size=hi)

@@ -1,0 +1,32 @@
+"""Fusion: adjacent ops of one thread block that can be one op, so data crosses registers, not memory twice.
+
+- ``re`` then ``put`` of its result becomes ``res`` (reduce, keep locally and send);
+- ``repkt`` then ``ppkt`` of its result becomes ``respkt``;
+- ``put`` then ``signal`` on the same channel becomes ``pws``.
+"""
+
+from __future__ import annotations
+
+from codegen.ir import Draft
+
+
+def fuse(ops: list[Draft]) -> list[Draft]:
+    """The same thread-block program with fusable neighbours merged."""
+    out: list[Draft] = []
+    for op in ops:
+        prev = out[-1] if out else None
+        if prev is not None and (fused := _pair(prev, op)) is not None:
+            out[-1] = fused
+        else:
+            out.append(op)
+    return out
+
+
+def _pair(a: Draft, b: Draft) -> Draft | None:
+    if a.name == "re" and b.name == "put" and b.src == a.dst[:1]:
+        return Draft("res", a.src, a.dst + b.dst, b.channels)
+    if a.name == "repkt" and b.name == "ppkt" and b.src == a.dst[:1]:
+        return Draft("respkt", a.src, a.dst + b.dst, b.channels, packet_src=a.packet_src)
+    if a.name == "put" and b.name == "signal" and a.channels == b.channels:
+        return Draft("pws", a.src, a.dst, a.channels)
+    return None

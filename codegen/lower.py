@@ -1,0 +1,81 @@
+"""Lowering: a Schedule becomes each rank's Actions, with every chunk given a buffer slot.
+
+The schedule's step semantics carry over: every send of a step reads the sender's slot as it was at the
+start of the step, and what arrives lands at the end. A copy lands straight in the receiver's home slot
+(its output slot, or a scratch accumulator) unless the receiver still reads that chunk in the same step
+or the protocol uses packets; everything else lands in a fresh scratch slot. Reductions of one chunk that
+arrive in one step are combined by a single REDUCE action: home = current + every arrival.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from codegen.buffers import Placement
+from codegen.ir import ARRIVE, COPY, REDUCE, SEND, UNPACK, Action, Loc
+from schedules.schedule import Schedule
+
+
+def lower(schedule: Schedule, placement: Placement, packets: bool) -> list[Action]:
+    """Every rank's actions for ``schedule``; with ``packets`` each transfer is an LL packet write."""
+    collective = placement.collective
+    n = collective.nranks
+    loc: list[dict[int, Loc]] = [{} for _ in range(n)]
+    for r in range(n):
+        for c in collective.precondition(r):
+            loc[r][c] = placement.input_loc(r, c)
+    actions: list[Action] = []
+
+    def emit(rank: int, step: int, phase: int, kind: str, peer: int | None, src, dst, **extra) -> Action:
+        action = Action(rank, step, phase, len(actions), kind, peer, tuple(src), tuple(dst), packets, **extra)
+        actions.append(action)
+        return action
+
+    for t, step in enumerate(schedule.steps):
+        read_now = {(s.src, s.chunk) for s in step.sends}
+        arrivals: dict[int, dict[int, list[tuple[str, int, Loc, int]]]] = defaultdict(lambda: defaultdict(list))
+        for send in step.sends:
+            d, c = send.dst, send.chunk
+            direct = send.op == "copy" and not packets and (d, c) not in read_now
+            landing = placement.home(d, c) if direct else placement.new_scratch(d)
+            sent = emit(send.src, t, 0, SEND, d, [loc[send.src][c]], [landing])
+            arrivals[d][c].append((send.op, send.src, landing, sent.seq))
+        for d in sorted(arrivals):
+            for c, group in sorted(arrivals[d].items()):
+                _land(emit, t, d, c, group, loc[d], placement, packets)
+    final = len(schedule.steps)
+    for r in range(n):
+        for c in sorted(collective.postcondition(r)):
+            out = placement.output_loc(r, c)
+            if out is not None and loc[r].get(c) not in (None, out):
+                emit(r, final, 3, COPY, None, [loc[r][c]], [out])
+                loc[r][c] = out
+    return actions
+
+
+def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], placement: Placement,
+          packets: bool) -> None:
+    """Actions on rank d that make chunk c's arrivals of step t part of its state."""
+    home = placement.home(d, c)
+    copies = [g for g in group if g[0] == "copy"]
+    reductions = [g for g in group if g[0] == "reduce"]
+    for _, src, landing, seq in copies:
+        if not packets:
+            emit(d, t, 1, ARRIVE, src, [], [landing], sends=(seq,))
+        if landing != home:
+            emit(d, t, 2, UNPACK if packets else COPY, src, [landing], [home])
+        held[c] = home
+    if not reductions:
+        return
+    if not packets:
+        for _, src, landing, seq in reductions:
+            emit(d, t, 1, ARRIVE, src, [], [landing], sends=(seq,))
+    slots = [landing for _, _, landing, _ in reductions]
+    first_peer = reductions[0][1]
+    if c not in held:  # nothing to add to: the first arrival starts the sum
+        emit(d, t, 2, UNPACK if packets else COPY, first_peer, [slots[0]], [home])
+        held[c], slots = home, slots[1:]
+        if not slots:
+            return
+    emit(d, t, 2, REDUCE, first_peer, [held[c]] + slots, [home])
+    held[c] = home

@@ -1,0 +1,36 @@
+"""Protocol selection and message-size range.
+
+LL packets pair every 4-byte word with a 4-byte flag: a receiver polls the flags instead of waiting for a
+signal, which saves a round trip per hop but doubles the bytes on the wire and in scratch. That wins for
+small messages on latency-bound schedules (one-shot and two-shot: at most ``LL_MAX_STEPS`` steps) and loses
+for large ones, so LL plans stop at ``LL_MAX_BYTES``; Simple plans take any size.
+"""
+
+from __future__ import annotations
+
+from schedules.plan import MAX_MESSAGE_SIZE
+from schedules.schedule import Schedule
+from topologies.errors import WeftError
+
+LL_MAX_BYTES = 1 << 20
+LL_MAX_STEPS = 2
+PROTOCOLS = {"simple": "Simple", "ll": "LL"}
+
+
+class CodegenError(WeftError):
+    """A schedule or option codegen cannot turn into a plan."""
+
+
+def choose_protocol(schedule: Schedule, protocol: str = "auto") -> str:
+    """'Simple' or 'LL' for ``protocol`` in simple|ll|auto (auto: LL for schedules of few steps)."""
+    key = protocol.lower()
+    if key == "auto":
+        return "LL" if schedule.nsteps <= LL_MAX_STEPS else "Simple"
+    if key not in PROTOCOLS:
+        raise CodegenError(f"--protocol: must be simple, ll or auto, got {protocol!r}")
+    return PROTOCOLS[key]
+
+
+def size_range(protocol: str) -> tuple[int, int]:
+    """(min_message_size, max_message_size) in bytes for a plan of ``protocol``."""
+    return (0, LL_MAX_BYTES) if protocol == "LL" else (0, MAX_MESSAGE_SIZE)

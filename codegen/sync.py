@@ -1,0 +1,101 @@
+"""Synchronization: ops for every action, with signal/wait for cross-rank and semaphores for cross-block order.
+
+Cross-rank: a Simple send is a ``put`` then a ``signal`` on the channel to the receiver; the matching
+arrival is a ``wait`` on the receiver's end of that channel pair. Packet sends need neither (a packet carries
+its own flag). Within a rank, an action that reads a slot another thread block wrote (or writes a slot
+another thread block wrote or still reads) waits for it: the producer block ``sem_release``s a semaphore
+kept for that (producer, consumer) pair after the action, and the consumer ``sem_acquire``s it up to that
+release before its own action. Every edge runs forward in ``(step, phase, seq)`` order, which every thread
+block follows, so the result cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from codegen.ir import ARRIVE, COPY, REDUCE, SEND, UNPACK, Action, Channel, Draft, direction
+
+
+def insert_sync(actions: list[Action]) -> dict[int, dict[int, list[Draft]]]:
+    """rank -> thread block -> its ops in order."""
+    by_rank: dict[int, list[Action]] = defaultdict(list)
+    for a in sorted(actions, key=lambda a: a.order):
+        by_rank[a.rank].append(a)
+    return {rank: _rank_programs(rank_actions) for rank, rank_actions in sorted(by_rank.items())}
+
+
+def _dependencies(actions: list[Action]) -> dict[int, dict[int, Action]]:
+    """For each action (by seq), the latest action of every other thread block it must follow."""
+    writer: dict = {}
+    readers: dict = defaultdict(list)
+    needs: dict[int, dict[int, Action]] = defaultdict(dict)
+
+    def need(a: Action, b: Action | None) -> None:
+        if b is not None and b.tb != a.tb:
+            held = needs[a.seq].get(b.tb)
+            if held is None or held.order < b.order:
+                needs[a.seq][b.tb] = b
+
+    for a in actions:
+        for slot in a.reads():
+            need(a, writer.get(slot))
+        for slot in a.writes():
+            need(a, writer.get(slot))
+            for r in readers[slot]:
+                need(a, r)
+        for slot in a.reads():
+            readers[slot].append(a)
+        for slot in a.writes():
+            writer[slot], readers[slot] = a, []
+    return needs
+
+
+def _rank_programs(actions: list[Action]) -> dict[int, list[Draft]]:
+    needs = _dependencies(actions)
+    semaphore: dict[tuple[int, int], int] = {}
+    releases: dict[tuple[int, int], list[int]] = defaultdict(list)  # (producer, consumer) -> producer seqs
+    for a in actions:
+        for tb, b in needs[a.seq].items():
+            key = (tb, a.tb)
+            semaphore.setdefault(key, len(semaphore))
+            if b.seq not in releases[key]:
+                releases[key].append(b.seq)
+    order = {a.seq: a.order for a in actions}
+    for key in releases:
+        releases[key].sort(key=order.get)
+    release_after: dict[int, list[int]] = defaultdict(list)
+    for key, seqs in releases.items():
+        for s in seqs:
+            release_after[s].append(semaphore[key])
+    acquired: dict[tuple[int, int], int] = defaultdict(int)
+    programs: dict[int, list[Draft]] = defaultdict(list)
+    for a in actions:
+        ops = programs[a.tb]
+        for tb, b in sorted(needs[a.seq].items()):
+            key = (tb, a.tb)
+            count = releases[key].index(b.seq) + 1
+            for _ in range(count - acquired[key]):
+                ops.append(Draft("sem_acquire", semaphores=(semaphore[key],)))
+            acquired[key] = max(acquired[key], count)
+        ops.extend(_ops(a))
+        for sem in sorted(release_after[a.seq]):
+            ops.append(Draft("sem_release", semaphores=(sem,)))
+    return dict(sorted(programs.items()))
+
+
+def _ops(a: Action) -> list[Draft]:
+    if a.kind == SEND:
+        channel = Channel(a.peer, direction(a.rank, a.peer), a.instance)
+        if a.packet:
+            return [Draft("ppkt", a.src, a.dst, (channel,))]
+        return [Draft("put", a.src, a.dst, (channel,)), Draft("signal", channels=(channel,))]
+    if a.kind == ARRIVE:
+        return [Draft("wait", channels=(Channel(a.peer, direction(a.peer, a.rank), a.instance),))]
+    if a.kind == REDUCE:
+        if a.packet:
+            return [Draft("repkt", a.src, a.dst, packet_src=(False,) + (True,) * (len(a.src) - 1))]
+        return [Draft("re", a.src, a.dst)]
+    if a.kind == UNPACK:
+        return [Draft("upkt", a.src, a.dst, packet_src=(True,))]
+    assert a.kind == COPY
+    return [Draft("copy", a.src, a.dst)]
