@@ -21,7 +21,8 @@ def merge_ranges(actions: list[Action]) -> list[Action]:
     merged_sends: dict[int, int] = {}
     out: list[Action] = []
     for prog in programs.values():
-        for group in _runs(prog, lambda a, b: a.kind == SEND and _adjacent(a, b)
+        sends = [a for a in prog if a.kind == SEND]
+        for group in _runs(sends, lambda a, b: _adjacent(a, b) and prog.index(b) == prog.index(a) + 1
                            and _arrivals_adjacent(arrive_of.get(a.seq), arrive_of.get(b.seq), position)):
             head = _combine(group)
             out.append(head)
