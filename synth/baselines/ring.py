@@ -86,7 +86,8 @@ def _search(fabric: Topology, start: int, budget: int) -> tuple[list[int] | None
 def _allgather(order: list[int], collective: Collective) -> list[list[Send]]:
     """At step k position i forwards the slice that started k positions back."""
     n = len(order)
-    return [[Send(chunk, order[i], order[(i + 1) % n]) for i in range(n) for chunk in own(collective, order[(i - k) % n])]
+    return [[Send(chunk, order[i], order[(i + 1) % n])
+             for i in range(n) for chunk in own(collective, order[(i - k) % n])]
             for k in range(n - 1)]
 
 
