@@ -1,0 +1,58 @@
+"""``weft verify FILE``: a schedule against a topology, or a plan on the reference executor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from weft.cli import ArgumentError
+from weft.units import parse_size_range
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="verify a schedule (needs -t) or a plan (reference executor)",
+                       description="A weft.schedule/1 file is re-simulated against the topology. A plan "
+                                   "(MSCCL++ execution-plan JSON) runs on the CPU reference executor on random "
+                                   "data for several sizes and its dtypes. Exit 1 when a check fails.")
+    p.add_argument("file", help="schedule or plan file")
+    p.add_argument("-t", "--topology", help="catalog spec or topology file (required for schedules)")
+    p.add_argument("--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one)")
+    p.add_argument("--dtypes", default=None, help="comma-separated fp32,fp16,bf16 (default: the plan's)")
+    p.add_argument("--seed", type=int, default=0, help="random data seed")
+    p.add_argument("--json", action="store_true", help="print the verification record as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from weft import pipeline
+
+    kind, document = pipeline.read_document(args.file)
+    if kind == "schedule":
+        return _schedule(args, document)
+    sizes = parse_size_range(args.sizes) if args.sizes else None
+    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else None
+    record = pipeline.check(document, sizes, dtypes, args.seed)
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        print(f"plan {document.name} ({record['plan_hash']}): ok on the reference executor")
+        for line in record["checks"]:
+            print(f"  {line}")
+    return 0
+
+
+def _schedule(args: argparse.Namespace, schedule) -> int:
+    from schedules.verify import verify
+    from topologies import resolve
+
+    if not args.topology:
+        raise ArgumentError(f"weft verify: {args.file} is a schedule: pass -t TOPO to check it against a topology")
+    result = verify(schedule, resolve(args.topology))
+    if args.json:
+        print(json.dumps({"ok": result.ok, "checks": list(result.checks), "errors": list(result.errors)}, indent=2))
+    else:
+        name = schedule.name or schedule.collective.name
+        print(f"schedule {name} ({schedule.content_hash}): {'ok' if result.ok else 'FAILED'}")
+        for line in result.errors[:20]:
+            print(f"  {line}")
+    return 0 if result.ok else 1
