@@ -1,0 +1,325 @@
+"""The GPU executor's host side: one Communicator per process and GPU, running Plans on torch or CuPy buffers.
+
+    comm = Communicator(rank, world_size)          # TCPStore from MASTER_ADDR/MASTER_PORT
+    out = comm.execute(plan, x)                    # on the caller's current stream
+    comm.synchronize()                             # raises ExecutorTimeout if a wait ran past its bound
+
+A launch is asynchronous. A GPU-side timeout fills a host-mapped error record; the next ``execute`` or
+``synchronize`` raises ExecutorTimeout on this rank, after resetting every rank's semaphores and scratch
+together, so the next execution works. Contexts (device tables, scratch, peer buffer mappings) are cached by
+(plan, size, buffers); creating one is collective, so every rank must execute the same plans in the same order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from executor import gpu_bootstrap, gpu_build, gpu_ipc
+from executor.errors import ExecutorError, ExecutorTimeout
+from executor.gpu_tables import (
+    MAX_BARRIERS, MAX_CHANNELS, DeviceTables, build_tables, check_launch, vector_bytes,
+)
+from schedules.plan import Plan, load_plan, parse_plan
+
+ERROR_WORDS = 8
+ERROR_KINDS = {1: "wait on a channel", 2: "packets never arrived", 3: "barrier never completed", 4: "aborted"}
+HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    """A caller's array as the executor sees it."""
+
+    pointer: int
+    nbytes: int
+    dtype: str | None
+    device: int
+    framework: str  # "torch" or "cupy"
+
+
+def _describe(x: Any, name: str) -> _Buffer:
+    if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
+        if not x.is_cuda:
+            raise ExecutorError(f"executor: {name} is a CPU tensor; pass a CUDA tensor")
+        if not x.is_contiguous():
+            raise ExecutorError(f"executor: {name} must be contiguous")
+        dtype = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(x.dtype))
+        return _Buffer(x.data_ptr(), x.numel() * x.element_size(), dtype, x.device.index, "torch")
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise ExecutorError(f"executor: {name} must be a torch CUDA tensor or a CuPy array, got {type(x).__name__}")
+    if cai.get("strides") is not None and not x.flags.c_contiguous:
+        raise ExecutorError(f"executor: {name} must be contiguous")
+    dtype = {"<f4": "fp32", "<f2": "fp16"}.get(cai["typestr"])
+    nbytes = int(np.prod(cai["shape"])) * np.dtype(cai["typestr"]).itemsize
+    return _Buffer(cai["data"][0], nbytes, dtype, x.device.id, "cupy")
+
+
+@dataclass
+class _Context:
+    """One (plan, size, buffers) on this rank: device tables, scratch, peer mappings, kernel arguments."""
+
+    tables: DeviceTables
+    arrays: list  # device allocations kept alive (tables, scratch, state)
+    scratch: Any
+    state: Any
+    semaphore_init: np.ndarray
+    args: tuple  # kernel arguments: ops, tb_start, buffers, outbound, inbound, expected, barriers,
+    # semaphores, state, error record, timeout (ns), rank, scratch half (bytes)
+    vector_bytes: int
+    output: Any
+
+
+class Communicator:
+    """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes."""
+
+    def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
+                 timeout_s: float = 30.0):
+        import cupy
+
+        if not 0 <= rank < world_size:
+            raise ExecutorError(f"executor: rank {rank} is not in 0..{world_size - 1}")
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
+        self.device = cupy.cuda.runtime.getDevice() if device is None else device
+        self._cupy = cupy
+        # a per-rank count of communicators on this store names this one's keys the same on every rank
+        self._prefix = f"weft/{self.store.add(f'weft/communicators/{rank}', 1)}"
+        self._keys = 0
+        self._contexts: dict[tuple, _Context] = {}
+        self._plans: dict[int, tuple[Plan, str]] = {}
+        self._streams: dict[int, Any] = {}
+        self._kernels: dict[tuple[str, int], Any] = {}
+        self._peers = gpu_ipc.PeerMappings()
+        with cupy.cuda.Device(self.device):
+            cc = cupy.cuda.Device(self.device).compute_capability
+            self._module = gpu_build.load_module(cc)
+            # inbound counters are written by peers, so they get their own shared allocation
+            self._inbound = cupy.zeros(MAX_CHANNELS, cupy.uint64)
+            self._expected = cupy.zeros(MAX_CHANNELS, cupy.uint64)
+            self._barriers = cupy.zeros(MAX_BARRIERS, cupy.uint64)
+            self._error_host = cupy.cuda.runtime.hostAlloc(4 * ERROR_WORDS, HOST_ALLOC_PORTABLE_MAPPED)
+            self._error_device = cupy.cuda.runtime.hostGetDevicePointer(self._error_host, 0)
+            self._error = np.ctypeslib.as_array((ctypes.c_int32 * ERROR_WORDS).from_address(self._error_host))
+            self._error[:] = 0
+            cupy.cuda.runtime.deviceSynchronize()
+        shared = self._all_gather("inbound", gpu_ipc.export(self._inbound.data.ptr))
+        self._peer_inbound = [self._inbound.data.ptr if r == rank else self._peers.open(s)
+                              for r, s in enumerate(shared)]
+
+    @classmethod
+    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0) -> "Communicator":
+        """A communicator over torch.distributed's default group, bootstrapped through its store."""
+        import torch.distributed as dist
+
+        store = gpu_bootstrap.process_group_store(group)
+        return cls(dist.get_rank(group), dist.get_world_size(group), store, timeout_s=timeout_s)
+
+    # ------------------------------------------------------------------ running plans
+
+    def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
+                dtype: str | None = None) -> Any:
+        """Run ``plan`` on ``input`` (and ``output``, allocated when None) on ``stream``; returns the output.
+
+        ``stream``: a torch or CuPy stream or a raw handle; default the current stream of input's framework.
+        ``dtype``: needed only for CuPy bf16 (held as uint16).
+        For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
+        An output allocated here belongs to the context: later calls on the same input reuse it.
+        """
+        if self._error[0]:
+            self._raise_device_error()
+        plan, plan_hash = self._plan(plan)
+        buf = _describe(input, "input")
+        dtype = dtype or buf.dtype
+        if dtype is None:
+            raise ExecutorError("executor: input dtype is not fp32, fp16 or bf16 (pass dtype= for CuPy bf16)")
+        if buf.device != self.device:
+            raise ExecutorError(f"executor: input is on GPU {buf.device} but rank {self.rank} runs on GPU {self.device}")
+        out = _describe(output, "output") if output is not None else None
+        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype)
+            self._contexts[key] = ctx
+        self._launch(ctx, dtype, buf.framework, stream)
+        return ctx.output
+
+    def synchronize(self, stream: Any = None) -> None:
+        """Wait for this rank's launches; raise ExecutorTimeout if a wait on the GPU ran past its bound."""
+        self._cupy.cuda.runtime.deviceSynchronize() if stream is None else self._stream(stream, "cupy").synchronize()
+        if self._error[0]:
+            self._raise_device_error()
+
+    def close(self) -> None:
+        self._contexts.clear()
+        self._peers.close()
+        if self._error_host:
+            self._cupy.cuda.runtime.freeHost(self._error_host)
+            self._error_host = 0
+
+    # ------------------------------------------------------------------ internals
+
+    def _plan(self, plan: Plan | dict | str | Path) -> tuple[Plan, str]:
+        if isinstance(plan, (str, Path)):
+            plan = load_plan(plan)
+        elif isinstance(plan, dict):
+            plan = parse_plan(plan, "plan")
+        cached = self._plans.get(id(plan))
+        if cached is None or cached[0] is not plan:
+            cached = (plan, plan.content_hash)
+            self._plans[id(plan)] = cached
+        return cached
+
+    def _all_gather(self, what: str, value: Any) -> list[Any]:
+        self._keys += 1
+        return gpu_bootstrap.all_gather(self.store, f"{self._prefix}/{self._keys}/{what}", self.rank, self.world_size, value,
+                                        max(self.timeout_s, 60.0))
+
+    def _message_bytes(self, plan: Plan, buf: _Buffer) -> int:
+        gpu = plan.gpus[self.rank]
+        if plan.inplace:
+            return buf.nbytes
+        if gpu.input_chunks == 0 or buf.nbytes % gpu.input_chunks:
+            raise ExecutorError(f"plan {plan.name}: input of {buf.nbytes} B does not split into the plan's "
+                                f"{gpu.input_chunks} input chunks")
+        return buf.nbytes // gpu.input_chunks * plan.size_chunks
+
+    def _pointers(self, plan: Plan, tables: DeviceTables, buf: _Buffer, out: _Buffer | None) -> tuple[int, int]:
+        """(input, output) addresses; in-place plans keep the smaller buffer inside the larger one."""
+        if not plan.inplace:
+            return buf.pointer, out.pointer
+        slice_of = {"allgather": ("i", tables.input_bytes), "gather": ("i", tables.input_bytes),
+                    "reducescatter": ("o", tables.output_bytes), "scatter": ("o", tables.output_bytes)}
+        inner, size = slice_of.get(plan.collective, ("", 0))
+        offset = self.rank * size
+        return (buf.pointer + offset if inner == "i" else buf.pointer,
+                buf.pointer + offset if inner == "o" else buf.pointer)
+
+    def _allocate_output(self, input: Any, buf: _Buffer, nbytes: int) -> Any:
+        if buf.framework == "torch":
+            import torch
+
+            return torch.empty(nbytes // input.element_size(), dtype=input.dtype, device=input.device)
+        return self._cupy.empty(nbytes // input.dtype.itemsize, dtype=input.dtype)
+
+    def _create_context(self, plan: Plan, plan_hash: str, input: Any, buf: _Buffer, output: Any,
+                        out: _Buffer | None, dtype: str) -> _Context:
+        cupy = self._cupy
+        nbytes = self._message_bytes(plan, buf)
+        check_launch(plan, self.world_size, nbytes, dtype)
+        tables = build_tables(plan, self.rank, nbytes)
+        if not plan.inplace:
+            if output is None:
+                output = self._allocate_output(input, buf, tables.output_bytes)
+                out = _describe(output, "output")
+            if out.nbytes != tables.output_bytes:
+                raise ExecutorError(f"plan {plan.name}: output holds {out.nbytes} B, the plan writes "
+                                    f"{tables.output_bytes} B for this input")
+            if out.dtype not in (None, dtype) or out.device != self.device:
+                raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
+        elif output is not None:
+            raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
+        else:
+            output = input
+        in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
+        with cupy.cuda.Device(self.device):
+            scratch = cupy.zeros(max(tables.scratch_bytes * (2 if tables.double_scratch else 1), 16), cupy.uint8)
+            nsem = len(tables.semaphore_init)
+            init = np.zeros(2 + 2 * max(nsem, 1), np.uint64)
+            init[2:2 + 2 * nsem:2] = tables.semaphore_init
+            state = cupy.asarray(init)
+            mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
+            shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
+            peers = self._all_gather("context", (plan_hash, nbytes, shares))
+            for r, (h, n, _) in enumerate(peers):
+                if (h, n) != (plan_hash, nbytes):
+                    raise ExecutorError(f"plan {plan.name}: rank {r} runs another plan or size ({n} B) than rank "
+                                        f"{self.rank} ({nbytes} B); every rank must execute the same plan")
+            remote = [self._peers.open(peers[r][2][t]) for r, t in tables.remote_buffers]
+            slots = [in_ptr, out_ptr, scratch.data.ptr, *remote]
+            outbound = [self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel)]
+            ops = cupy.asarray(tables.ops.view(np.uint8))
+            tb_start = cupy.asarray(tables.tb_start)
+            slot_table = cupy.asarray(np.asarray(slots, np.uint64))
+            outbound_table = cupy.asarray(np.asarray(outbound or [0], np.uint64))
+            cupy.cuda.runtime.deviceSynchronize()
+        width = vector_bytes(tables.vector_bytes, *slots)
+        return _Context(
+            tables=tables, arrays=[ops, tb_start, slot_table, outbound_table], scratch=scratch, state=state,
+            semaphore_init=init, vector_bytes=width, output=output,
+            args=(ops, tb_start, slot_table, outbound_table, self._inbound, self._expected, self._barriers,
+                  state[2:], state, np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
+                  np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0)),
+        )
+
+    def _stream(self, stream: Any, framework: str):
+        if stream is None:
+            if framework == "torch":
+                import torch
+
+                handle = torch.cuda.current_stream(self.device).cuda_stream
+            else:
+                handle = self._cupy.cuda.get_current_stream().ptr
+        else:
+            handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else getattr(stream, "ptr", stream)
+        s = self._streams.get(handle)
+        if s is None:
+            s = self._cupy.cuda.ExternalStream(handle, self.device)
+            self._streams[handle] = s
+        return s
+
+    def _kernel(self, dtype: str, width: int):
+        k = self._kernels.get((dtype, width))
+        if k is None:
+            k = self._module.get_function(gpu_build.kernel_name(dtype, width))
+            self._kernels[(dtype, width)] = k
+        return k
+
+    def _launch(self, ctx: _Context, dtype: str, framework: str, stream: Any) -> None:
+        t = ctx.tables
+        if t.nthreadblocks == 0:
+            return
+        self._kernel(dtype, ctx.vector_bytes)((t.nthreadblocks,), (t.threads,), ctx.args,
+                                              stream=self._stream(stream, framework))
+
+    def _raise_device_error(self) -> None:
+        words = [int(w) for w in self._error]
+        kind, rank, tb, op, channel, barrier = words[1:7]
+        peer = None
+        where = f"rank {rank}: threadblock {tb}: op {op}"
+        detail = ERROR_KINDS.get(kind, f"error {kind}")
+        if kind == 1 and channel >= 0:
+            peer = self._channel_peer(channel)
+            detail += f" {channel} (peer rank {peer})"
+        elif kind == 1:
+            detail = f"sem_acquire on semaphore {-2 - channel}"
+        elif kind == 3:
+            detail += f" (barrier {barrier})"
+        self._recover()
+        raise ExecutorTimeout(f"executor: {where}: timed out after {self.timeout_s:g} s: {detail}", rank, tb, op, peer)
+
+    def _channel_peer(self, channel: int) -> int | None:
+        for ctx in self._contexts.values():
+            if channel < len(ctx.tables.channel_peers):
+                return ctx.tables.channel_peers[channel]
+        return None
+
+    def _recover(self) -> None:
+        """Bring every rank back to zeroed semaphores, barriers, scratch and launch counters, together."""
+        cupy = self._cupy
+        cupy.cuda.runtime.deviceSynchronize()
+        self._all_gather("recover-stopped", None)
+        with cupy.cuda.Device(self.device):
+            for arr in (self._inbound, self._expected, self._barriers):
+                arr.fill(0)
+            for ctx in self._contexts.values():
+                ctx.scratch.fill(0)
+                ctx.state.set(ctx.semaphore_init)
+            cupy.cuda.runtime.deviceSynchronize()
+        self._error[:] = 0
+        self._all_gather("recover-reset", None)

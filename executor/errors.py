@@ -1,0 +1,24 @@
+"""Errors of the GPU executor: bad launches (exit code 2) and failures on the GPU (exit code 1)."""
+
+from __future__ import annotations
+
+from topologies.errors import CheckFailed, WeftError
+
+
+class ExecutorError(WeftError):
+    """A launch the executor refuses: world size, size, dtype, buffers, or no GPU runtime."""
+
+
+class ExecutorTimeout(CheckFailed):
+    """A wait on the GPU ran past its bound; the kernel stopped instead of hanging.
+
+    ``rank``, ``threadblock``, ``op`` (index in the plan thread block's op list) and ``peer`` say where.
+    """
+
+    def __init__(self, message: str, rank: int = -1, threadblock: int = -1, op: int = -1, peer: int | None = None):
+        super().__init__(message)
+        self.rank, self.threadblock, self.op, self.peer = rank, threadblock, op, peer
+
+
+class WrongResult(CheckFailed):
+    """The executor's result differs from NCCL's."""

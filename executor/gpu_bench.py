@@ -1,0 +1,181 @@
+"""Timing weft against NCCL and PyTorch symmetric memory on the same buffers, alternating, with CUDA events.
+
+Runs on every rank (one process per GPU, torch.distributed initialized); returns rows in DESIGN.md's bench
+format. Each implementation is timed as CUDA-graph replays (``graph``) or eager calls of ``calls`` back-to-back
+launches; a sample is one replay's time / ``calls``; the row holds the median of ``samples`` samples.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from schedules.plan import Plan
+
+BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+              "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+              "broadcast": lambda n: 1.0}
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    collective: str
+    sizes: tuple[int, ...]
+    dtype: str
+    graph: bool = True
+    calls: int = 20
+    samples: int = 30
+    warmup: int = 3
+
+
+def _buffers(collective: str, nbytes: int, world: int, dtype, device):
+    import torch
+
+    esize = torch.tensor([], dtype=dtype).element_size()
+    n_in = nbytes // esize // (world if collective == "allgather" else 1)
+    x = torch.randn(n_in, device=device, dtype=torch.float32).to(dtype)
+    n_out = {"allgather": n_in * world, "reducescatter": n_in // world}.get(collective, n_in)
+    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, device=device, dtype=dtype)
+    return x, out
+
+
+def _nccl(collective: str, x, out) -> Callable[[], None]:
+    import torch.distributed as dist
+
+    calls = {"allreduce": lambda: dist.all_reduce(out),
+             "allgather": lambda: dist.all_gather_into_tensor(out, x),
+             "reducescatter": lambda: dist.reduce_scatter_tensor(out, x),
+             "alltoall": lambda: dist.all_to_all_single(out, x),
+             "broadcast": lambda: dist.broadcast(out, src=0)}
+    return calls[collective]
+
+
+def _symm_mem_allreduce(x) -> tuple[list[tuple[str, Callable[[], None]]], Any]:
+    """One-shot and two-shot all-reduce on a symmetric-memory copy of x."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD.group_name
+    buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    symm_mem.rendezvous(buf, group)
+    buf.copy_(x)
+    variants = [("one_shot", lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)),
+                ("two_shot", lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group))]
+    return variants, buf
+
+
+def _timer(fn: Callable[[], None], graph: bool, calls: int):
+    """A function returning one sample (µs per call)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # warm-up outside the capture (contexts, NCCL and symm-mem setup)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(calls):
+                fn()
+        run = g.replay
+    else:
+        def run() -> None:
+            for _ in range(calls):
+                fn()
+
+    def sample() -> float:
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / calls
+
+    return sample
+
+
+def nccl_result(collective: str, x, world: int):
+    """NCCL's result for this rank's input x, on fresh buffers."""
+    import torch
+
+    n_out = {"allgather": x.numel() * world, "reducescatter": x.numel() // world}.get(collective, x.numel())
+    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, dtype=x.dtype,
+                                                                                 device=x.device)
+    _nccl(collective, x, out)()
+    return out
+
+
+def matches(collective: str, got, ref, dtype: str) -> bool:
+    """Bit-identical for copies, within fp tolerance for sums."""
+    import torch
+
+    if collective not in ("allreduce", "reducescatter"):
+        return bool(torch.equal(got, ref))
+    tol = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}[dtype]
+    return bool(((got.float() - ref.float()).abs() <= tol * (ref.float().abs() + 1.0)).all())
+
+
+def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str) -> int:
+    """1 if weft's result differs from NCCL's on this rank's data, else 0."""
+    ref = nccl_result(collective, x, world)
+    got = comm.execute(plan, x)
+    comm.synchronize()
+    return int(not matches(collective, got, ref, dtype))
+
+
+def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None) -> list[dict]:
+    """One row per size; weft's time is that of the fastest plan accepting the size."""
+    import torch
+
+    world, device = comm.world_size, torch.device("cuda", comm.device)
+    dtype = getattr(torch, TORCH_DTYPES[config.dtype])
+    rows = []
+    for nbytes in config.sizes:
+        x, out = _buffers(config.collective, nbytes, world, dtype, device)
+        candidates = [p for p in plans if p.accepts(nbytes) and config.dtype in p.weft.dtypes]
+        timers: dict[str, Callable[[], float]] = {"nccl": _timer(_nccl(config.collective, x, out), config.graph,
+                                                                  config.calls)}
+        keep: list[Any] = []
+        if config.collective == "allreduce":
+            variants, buf = _symm_mem_allreduce(x)
+            keep.append(buf)
+            for name, fn in variants:
+                timers[f"symm:{name}"] = _timer(fn, config.graph, config.calls)
+        for plan in candidates:
+            y = out if config.collective != "allreduce" else torch.empty_like(x)
+            keep.append(y)
+            timers[f"weft:{plan.name}"] = _timer(lambda p=plan, y=y: comm.execute(p, x, y), config.graph,
+                                                 config.calls)
+        comm.synchronize()
+        raw: dict[str, list[float]] = {k: [] for k in timers}
+        for i in range(config.warmup + config.samples):
+            for name, sample in timers.items():  # alternate so drift hits every implementation alike
+                t = sample()
+                if i >= config.warmup:
+                    raw[name].append(t)
+        comm.synchronize()
+        med = {k: statistics.median(v) for k, v in raw.items()}
+        weft = {k: v for k, v in med.items() if k.startswith("weft:")}
+        best = min(weft, key=weft.get) if weft else None
+        symm = [v for k, v in med.items() if k.startswith("symm:")]
+        wrong = 0
+        if best:
+            plan = next(p for p in candidates if f"weft:{p.name}" == best)
+            wrong = _check(config.collective, comm, plan, x, world, config.dtype)
+        weft_us = med[best] if best else None
+        algbw = nbytes / (weft_us * 1e3) if weft_us else None
+        rows.append({
+            "size": nbytes, "nccl_us": med["nccl"], "symm_us": min(symm) if symm else None, "weft_us": weft_us,
+            "algbw": algbw, "busbw": algbw * BUS_FACTOR[config.collective](world) if algbw else None,
+            "speedup": med["nccl"] / weft_us if weft_us else None, "wrong": wrong,
+            "plan": best[5:] if best else None, "raw_us": raw, "median_us": med,
+        })
+        if progress:
+            progress(f"{nbytes} B done")
+        del keep
+    return rows

@@ -1,0 +1,81 @@
+"""Build the interpreter kernel for the device's architecture and cache the cubin on disk.
+
+nvcc builds it when present (one cubin per source hash and architecture, written atomically); otherwise
+CuPy's NVRTC path compiles the same sources (CuPy keeps its own disk cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from executor.errors import ExecutorError
+
+SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "interpreter.cu")
+FLAGS = ("-O3", "-std=c++17")
+DTYPE_SUFFIX = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+
+
+def source_dir() -> Path:
+    return Path(__file__).parent / "cuda"
+
+
+def source_hash(arch: str) -> str:
+    h = hashlib.sha256(arch.encode() + " ".join(FLAGS).encode())
+    for name in SOURCES:
+        h.update((source_dir() / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kernel_name(dtype: str, vector_bytes: int) -> str:
+    return f"weft_interpret_{DTYPE_SUFFIX[dtype]}_v{vector_bytes}"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("WEFT_KERNEL_CACHE"):
+        return Path(os.environ["WEFT_KERNEL_CACHE"])
+    try:
+        from platformdirs import user_cache_dir
+
+        return Path(user_cache_dir("weft")) / "kernels"
+    except ImportError:
+        return Path.home() / ".cache" / "weft" / "kernels"
+
+
+def nvcc_command(arch: str, output: Path) -> list[str]:
+    """The nvcc line that builds the interpreter cubin (also what the CPU compile test runs)."""
+    return ["nvcc", "-cubin", f"-arch={arch}", *FLAGS, "-o", str(output), str(source_dir() / "interpreter.cu")]
+
+
+def build_cubin(arch: str, directory: Path | None = None) -> Path:
+    """The cached cubin for ``arch`` (e.g. sm_90), building it with nvcc if needed."""
+    directory = directory or cache_dir()
+    path = directory / f"interpreter-{arch}-{source_hash(arch)}.cubin"
+    if path.exists():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".cubin", dir=directory)
+    os.close(fd)
+    done = subprocess.run(nvcc_command(arch, Path(tmp)), capture_output=True, text=True)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        first = (done.stderr.strip().splitlines() or ["no output"])[0]
+        raise ExecutorError(f"executor/cuda/interpreter.cu: nvcc failed for {arch}: {first}")
+    os.replace(tmp, path)
+    return path
+
+
+def load_module(compute_capability: str):
+    """A cupy.RawModule holding every interpreter kernel for this compute capability (e.g. '90')."""
+    import cupy
+
+    arch = f"sm_{compute_capability}"
+    if shutil.which("nvcc"):
+        return cupy.RawModule(path=str(build_cubin(arch)))
+    code = (source_dir() / "interpreter.cu").read_text()
+    return cupy.RawModule(code=code, backend="nvrtc",
+                          options=("-std=c++17", f"--gpu-architecture={arch}", f"-I{source_dir()}"))

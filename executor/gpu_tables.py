@@ -1,0 +1,232 @@
+"""Plan -> device tables: the flattened op array the interpreter kernel walks, for one rank and one size.
+
+Pure Python and numpy (no GPU). Every plan op becomes one or more device ops: pairwise ops (put, get, copy and
+the pairwise packet ops) become one transfer per pair, ``pws`` becomes its puts and a signal, and the
+reductions become one transfer that sums every source into every destination. A reference names a buffer
+slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``) and a byte offset, so the kernel does
+no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
+
+>>> from schedules.plan import load_plan
+>>> plan = load_plan("tests/fixtures/plans/allpairs_allreduce_2.json")
+>>> t = build_tables(plan, 0, 1024)
+>>> t.chunk_bytes, len(t.ops), list(t.tb_start), t.vector_bytes
+(512, 7, [0, 7], 16)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from executor.errors import ExecutorError
+from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock
+
+MAX_REFS = 16
+MAX_CHANNELS_PER_OP = 16
+MAX_CHANNELS = 1024
+MAX_BARRIERS = 64
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
+PACKET, SCRATCH = 1, 2
+SLOTS = {"i": 0, "o": 1, "s": 2}
+
+REF_DTYPE = np.dtype([("offset", "<i8"), ("buffer", "<i4"), ("flags", "<i4")])
+OP_DTYPE = np.dtype([
+    ("type", "<i4"), ("nsrc", "<i4"), ("ndst", "<i4"), ("nchannel", "<i4"),
+    ("barrier_id", "<i4"), ("barrier_count", "<i4"), ("plan_op", "<i4"), ("reserved", "<i4"),
+    ("bytes", "<i8"),
+    ("channel", "<i4", (MAX_CHANNELS_PER_OP,)),
+    ("src", REF_DTYPE, (MAX_REFS,)),
+    ("dst", REF_DTYPE, (MAX_REFS,)),
+])
+
+# Which entries an op reads or writes as packets (the rest are plain data).
+_PAIRWISE = frozenset({"put", "pws", "get", "copy", "ppkt", "rppkt", "tpkt", "upkt", "cpkt"})
+_PACKET_SRC = frozenset({"rppkt", "upkt", "cpkt"})
+_PACKET_DST = frozenset({"ppkt", "rppkt", "tpkt", "cpkt"})
+
+
+@dataclass(frozen=True)
+class DeviceTables:
+    """Everything one rank's launch needs that depends on the plan and the size, not on the buffers."""
+
+    ops: np.ndarray  # OP_DTYPE records
+    tb_start: np.ndarray  # int32, nthreadblocks + 1
+    chunk_bytes: int
+    vector_bytes: int  # 16, 8 or 4: the widest unit that divides every offset and length
+    input_bytes: int
+    output_bytes: int
+    scratch_bytes: int  # one scratch half
+    double_scratch: bool
+    channel_peers: tuple[int, ...]  # channel id -> peer rank
+    paired_channel: tuple[int, ...]  # channel id -> the peer's channel id it signals
+    semaphore_init: tuple[int, ...]
+    remote_buffers: tuple[tuple[int, str], ...]  # slot 3+k -> (rank, buffer type)
+    threads: int
+
+    @property
+    def nthreadblocks(self) -> int:
+        return len(self.tb_start) - 1
+
+
+def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
+    """Refuse, with one line, a launch this plan cannot do: world size, dtype or message size."""
+    if plan.nranks != world_size:
+        raise ExecutorError(f"plan {plan.name}: written for {plan.nranks} ranks, but the communicator has "
+                            f"{world_size}")
+    if dtype not in DTYPE_BYTES:
+        raise ExecutorError(f"plan {plan.name}: dtype {dtype!r} is not supported (fp32, fp16, bf16)")
+    if dtype not in plan.weft.dtypes:
+        raise ExecutorError(f"plan {plan.name}: dtype {dtype} is not among the plan's dtypes "
+                            f"({', '.join(plan.weft.dtypes)})")
+    if not plan.accepts(nbytes):
+        raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
+                            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
+    if nbytes // plan.size_chunks % DTYPE_BYTES[dtype]:
+        raise ExecutorError(f"plan {plan.name}: size {nbytes} B splits into chunks that are not whole {dtype} "
+                            "elements")
+
+
+def pair_channels(plan: Plan) -> dict[tuple[int, int], int]:
+    """(rank, channel id) -> the peer's channel id it pairs with (the m-th a->b with the m-th b->a)."""
+    ends: dict[tuple[int, int], list[int]] = {}
+    for r, g in enumerate(plan.gpus):
+        for cid, peer in enumerate(g.memory_peers):
+            ends.setdefault((r, peer), []).append(cid)
+    pairs = {}
+    for (r, peer), cids in ends.items():
+        back = ends.get((peer, r), [])
+        for m, cid in enumerate(cids):
+            if m >= len(back):
+                raise ExecutorError(f"plan {plan.name}: gpus[{r}].channels: channel {cid} to rank {peer} has no "
+                                    f"matching channel on rank {peer}")
+            pairs[(r, cid)] = back[m]
+    return pairs
+
+
+def vector_bytes(*quantities: int) -> int:
+    """The widest of 16, 8 and 4 bytes dividing every quantity (offsets, lengths, addresses)."""
+    for width in (16, 8, 4):
+        if all(q % width == 0 for q in quantities):
+            return width
+    raise ExecutorError(f"byte quantities {quantities} are not multiples of 4 bytes")
+
+
+def build_tables(plan: Plan, rank: int, nbytes: int) -> DeviceTables:
+    """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them)."""
+    if not plan.accepts(nbytes):
+        raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
+                            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
+    gpu = plan.gpus[rank]
+    cb = plan.chunk_bytes(nbytes)
+    packets = plan.protocol == "LL"
+    layout = _Layout(plan, gpu, cb, 2 * cb if packets else cb)
+    if len(gpu.memory_peers) > MAX_CHANNELS:
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
+                            f"(the executor holds {MAX_CHANNELS})")
+    records: list[np.void] = []
+    starts = [0]
+    for t, tb in enumerate(gpu.threadblocks):
+        for i, op in enumerate(tb.ops):
+            where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
+            for rec in _lower(op, tb, layout, where):
+                rec["plan_op"] = i
+                records.append(rec)
+        starts.append(len(records))
+    ops = np.zeros(len(records), OP_DTYPE)
+    for k, rec in enumerate(records):
+        ops[k] = rec
+    pairs = pair_channels(plan)
+    quantities = [cb, layout.scratch_chunk]
+    return DeviceTables(
+        ops=ops, tb_start=np.asarray(starts, np.int32), chunk_bytes=cb, vector_bytes=vector_bytes(*quantities),
+        input_bytes=gpu.input_chunks * cb, output_bytes=gpu.output_chunks * cb,
+        scratch_bytes=gpu.scratch_chunks * layout.scratch_chunk, double_scratch=plan.use_double_scratch_buffer,
+        channel_peers=gpu.memory_peers,
+        paired_channel=tuple(pairs[(rank, c)] for c in range(len(gpu.memory_peers))),
+        semaphore_init=gpu.semaphores,
+        remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
+        threads=min(plan.num_threads_per_block, 1024),
+    )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    plan: Plan
+    gpu: Gpu
+    chunk: int  # bytes of an input/output chunk
+    scratch_chunk: int  # bytes of a scratch chunk (twice the data in LL plans: packets)
+
+    def ref(self, tb: Threadblock, op: Op, ref: BufferRef, packet: bool, where: str) -> tuple[int, int, int]:
+        """(offset, slot, flags) of one buffer entry."""
+        if ref.remote:
+            k = tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)
+            slot, btype = 3 + k, self.gpu.remote_buffers[k].type
+        else:
+            slot, btype = SLOTS[ref.type], ref.type
+        if packet and (btype != "s" or self.plan.protocol != "LL"):
+            raise ExecutorError(f"{where}: op {op.name!r} moves packets, which live in the scratch buffer of an "
+                                f"LL plan (this entry is a {btype!r} buffer of a {self.plan.protocol} plan)")
+        flags = (PACKET if packet else 0) | (SCRATCH if btype == "s" and self.plan.use_double_scratch_buffer else 0)
+        unit = self.scratch_chunk if btype == "s" else self.chunk
+        return ref.index * unit, slot, flags
+
+
+def _record(kind: int) -> np.void:
+    rec = np.zeros((), OP_DTYPE)
+    rec["type"] = kind
+    return rec
+
+
+def _ids(kind: int, ids: tuple[int, ...], where: str) -> np.void:
+    if len(ids) > MAX_CHANNELS_PER_OP:
+        raise ExecutorError(f"{where}: {len(ids)} ids in one op (the executor takes {MAX_CHANNELS_PER_OP})")
+    rec = _record(kind)
+    rec["nchannel"] = len(ids)
+    rec["channel"][:len(ids)] = ids
+    return rec
+
+
+def _transfer(layout: _Layout, tb: Threadblock, op: Op, srcs: list[tuple[BufferRef, bool]],
+              dsts: list[tuple[BufferRef, bool]], where: str) -> np.void:
+    if len(srcs) > MAX_REFS or len(dsts) > MAX_REFS:
+        raise ExecutorError(f"{where}: {len(srcs)} sources and {len(dsts)} destinations in one op "
+                            f"(the executor takes {MAX_REFS} of each)")
+    rec = _record(TRANSFER)
+    rec["nsrc"], rec["ndst"] = len(srcs), len(dsts)
+    rec["bytes"] = srcs[0][0].size * layout.chunk
+    for field, refs in (("src", srcs), ("dst", dsts)):
+        for k, (ref, packet) in enumerate(refs):
+            rec[field][k] = layout.ref(tb, op, ref, packet, where)
+    return rec
+
+
+def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str) -> list[np.void]:
+    """The device ops of one plan op, in order."""
+    name = op.name
+    if name == "nop":
+        return [_record(NOP)]
+    if name == "flush":
+        return [_record(FLUSH)]
+    if name == "barrier":
+        if op.barrier_id >= MAX_BARRIERS:
+            raise ExecutorError(f"{where}.barrier_id: {op.barrier_id} (the executor holds {MAX_BARRIERS} barriers)")
+        rec = _record(BARRIER)
+        rec["barrier_id"], rec["barrier_count"] = op.barrier_id, op.num_threadblocks
+        return [rec]
+    if name in ("signal", "wait"):
+        return [_ids(SIGNAL if name == "signal" else WAIT, op.channel_ids, where)]
+    if name in ("sem_acquire", "sem_release"):
+        return [_ids(SEM_ACQUIRE if name == "sem_acquire" else SEM_RELEASE, op.semaphore_ids, where)]
+    if name in _PAIRWISE:
+        recs = [_transfer(layout, tb, op, [(s, name in _PACKET_SRC)], [(d, name in _PACKET_DST)], where)
+                for s, d in zip(op.src_buff, op.dst_buff)]
+        if name == "pws":
+            recs.append(_ids(SIGNAL, op.channel_ids, where))
+        return recs
+    packet_srcs = name in ("repkt", "respkt")
+    srcs = [(s, packet_srcs and k > 0) for k, s in enumerate(op.src_buff)]
+    dsts = [(d, name == "respkt" and d.remote) for d in op.dst_buff]
+    return [_transfer(layout, tb, op, srcs, dsts, where)]

@@ -1,0 +1,58 @@
+"""GPU tests run one worker job (one process per GPU) for the whole session; each test reads its results.
+
+They skip themselves without CUDA GPUs, torch or CuPy. ``WEFT_GPU_NPROC`` picks the rank count (default 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+
+def gpu_count() -> int:
+    try:
+        import cupy  # noqa: F401
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def nproc() -> int:
+    return int(os.environ.get("WEFT_GPU_NPROC", "2"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gpu_results(tmp_path_factory) -> list[dict]:
+    """Every rank's results from one run of tests/gpu/worker.py."""
+    n = nproc()
+    if gpu_count() < n:
+        pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
+    out = tmp_path_factory.mktemp("gpu")
+    port = str(_free_port())
+    root = HERE.parent.parent
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
+               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "worker.py"), str(out)], env=env))
+    codes = [p.wait(timeout=900) for p in procs]
+    assert codes == [0] * n, f"GPU worker exit codes {codes}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]

@@ -1,0 +1,50 @@
+"""The GPU test cases, shared by the worker (which runs them on every rank) and the pytest files (which assert)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from schedules.plan import load_plan
+from weft.units import parse_bytes
+
+HERE = Path(__file__).parent
+PLANS = HERE / "plans"
+FIXTURES = HERE.parent / "fixtures" / "plans"
+SIZES = ("1KB", "64KB", "1MB", "3MB+48", "16MB", "256MB")
+DTYPES = ("fp32", "fp16", "bf16")
+GRAPH_PLANS = ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json", "allgather-direct-ll-x1.json")
+
+
+@dataclass(frozen=True)
+class Case:
+    plan: str  # path relative to tests/
+    size: str
+    dtype: str
+
+    @property
+    def id(self) -> str:
+        return f"{Path(self.plan).stem}-{self.size}-{self.dtype}"
+
+
+def plan_files(nranks: int) -> list[Path]:
+    directory = PLANS if nranks == 2 else HERE / f"plans{nranks}"
+    files = sorted(directory.glob("*.json"))
+    if nranks == 2:
+        files += sorted(FIXTURES.glob("allpairs_*.json"))
+    return files
+
+
+def correctness_cases(nranks: int = 2) -> list[Case]:
+    """Every plan × size × dtype that the plan accepts; 256 MB runs in bf16 only to keep the job short."""
+    cases = []
+    for path in plan_files(nranks):
+        plan = load_plan(path)
+        for size in SIZES:
+            nbytes = parse_bytes(size)
+            if not plan.accepts(nbytes):
+                continue
+            for dtype in DTYPES if nbytes < (256 << 20) else ("bf16",):
+                if plan.chunk_bytes(nbytes) % (4 if dtype == "fp32" else 2) == 0:
+                    cases.append(Case(str(path.relative_to(HERE.parent)), size, dtype))
+    return cases

@@ -1,0 +1,202 @@
+"""One rank of the GPU test job: runs every scenario against NCCL and writes this rank's results as JSON.
+
+Started by tests/gpu/conftest.py once per GPU (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set):
+    python tests/gpu/worker.py RESULTS_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import scenarios
+from executor import Communicator, ExecutorTimeout
+from executor.errors import ExecutorError
+from schedules.plan import load_plan, parse_plan
+from weft.units import parse_bytes
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}
+
+
+def nccl_reference(collective: str, x: torch.Tensor, world: int) -> torch.Tensor:
+    if collective == "allreduce":
+        out = x.clone()
+        dist.all_reduce(out)
+    elif collective == "allgather":
+        out = torch.empty(x.numel() * world, dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, x)
+    elif collective == "reducescatter":
+        out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(out, x)
+    elif collective == "broadcast":
+        out = x.clone()
+        dist.broadcast(out, src=0)
+    elif collective == "alltoall":
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x)
+    else:
+        raise ValueError(collective)
+    return out
+
+
+def input_elements(plan, nbytes: int, dtype: str, rank: int) -> int:
+    cb = plan.chunk_bytes(nbytes)
+    return plan.gpus[rank].input_chunks * cb // torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str, combining: bool) -> tuple[bool, float]:
+    if not combining:
+        return bool(torch.equal(out, ref)), float((out.float() - ref.float()).abs().max()) if out.numel() else 0.0
+    diff = (out.float() - ref.float()).abs()
+    bound = TOLERANCE[dtype] * (ref.float().abs() + 1.0)
+    return bool((diff <= bound).all()), float(diff.max()) if diff.numel() else 0.0
+
+
+def random_input(n: int, dtype: str, device) -> torch.Tensor:
+    x = torch.randn(n, device=device, dtype=torch.float32)
+    x[x == 0] = 1.0  # non-zero data everywhere
+    return x.to(TORCH_DTYPES[dtype])
+
+
+def run_case(comm, case, rank, world, device) -> dict:
+    plan = load_plan(Path(__file__).parent.parent / case.plan)
+    nbytes = parse_bytes(case.size)
+    x = random_input(input_elements(plan, nbytes, case.dtype, rank), case.dtype, device)
+    ref = nccl_reference(plan.collective, x, world)
+    out = comm.execute(plan, x)
+    comm.synchronize()
+    ok, err = compare(out, ref, case.dtype, plan.collective in ("allreduce", "reducescatter"))
+    return {"ok": ok, "max_err": err}
+
+
+def run_graph(comm, name, rank, world, device) -> dict:
+    """Capture 10 executions on 10 buffer pairs in one CUDA graph; replay 100 times on fresh data."""
+    plan = load_plan(scenarios.PLANS / name)
+    nbytes = min(64 << 10, plan.max_message_size)
+    n = input_elements(plan, nbytes, "bf16", rank)
+    inputs = [random_input(n, "bf16", device) for _ in range(10)]
+    outputs = [comm.execute(plan, x) for x in inputs]  # warm-up creates the contexts outside the capture
+    comm.synchronize()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for x in inputs:
+                comm.execute(plan, x)
+    wrong = 0
+    for _ in range(100):
+        for x in inputs:
+            x.copy_(random_input(n, "bf16", device))
+        torch.cuda.synchronize()
+        graph.replay()
+        comm.synchronize()
+        for x, out in zip(inputs, outputs):
+            ok, _ = compare(out, nccl_reference(plan.collective, x, world), "bf16", plan.collective == "allreduce")
+            wrong += not ok
+    return {"ok": wrong == 0, "wrong": wrong, "replays": 100, "executions": 10}
+
+
+def never_signalled_plan(world: int) -> dict:
+    gpus = []
+    for r in range(world):
+        peers = [p for p in range(world) if p != r]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0,
+                     "channels": [{"channel_type": "memory", "connected_to": peers}],
+                     "threadblocks": [{"id": 0, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                                       "ops": [{"name": "wait", "channel_type": "memory", "channel_ids": [0]}]}]})
+    return {"name": "never-signalled", "collective": "allreduce", "protocol": "Simple", "inplace": False,
+            "gpus": gpus}
+
+
+def run_timeout(store, rank, world, device) -> dict:
+    comm = Communicator(rank, world, store, timeout_s=3.0)
+    bad = parse_plan(never_signalled_plan(world), "never-signalled")
+    x = random_input(256, "fp32", device)
+    start = time.monotonic()
+    raised = None
+    try:
+        comm.execute(bad, x)
+        comm.synchronize()
+    except ExecutorTimeout as e:
+        raised = {"message": str(e), "rank": e.rank, "threadblock": e.threadblock, "op": e.op, "peer": e.peer}
+    elapsed = time.monotonic() - start
+    good = load_plan(scenarios.PLANS / "allreduce-direct-simple-x1.json")
+    x = random_input(1 << 16, "fp32", device)
+    out = comm.execute(good, x)
+    comm.synchronize()
+    ok, _ = compare(out, nccl_reference("allreduce", x, world), "fp32", True)
+    return {"raised": raised, "elapsed_s": elapsed, "timeout_s": 3.0, "next_ok": ok}
+
+
+def run_refusals(comm, rank, world, device) -> dict:
+    results = {}
+    other = Path(__file__).parent / f"plans{2 * world}" / "allreduce-direct-simple-x1.json"
+    if other.exists():
+        try:
+            comm.execute(load_plan(other), random_input(1024, "fp32", device))
+            results["world_size"] = None
+        except ExecutorError as e:
+            results["world_size"] = str(e)
+    ll = load_plan(scenarios.PLANS / "allreduce-direct-ll-x1.json")
+    try:
+        comm.execute(ll, random_input(2 << 20, "fp32", device))
+        results["size"] = None
+    except ExecutorError as e:
+        results["size"] = str(e)
+    doc = load_plan(scenarios.PLANS / "allreduce-direct-simple-x1.json").content()
+    doc["weft"] = {"dtypes": ["fp32"]}
+    try:
+        comm.execute(parse_plan(doc, "fp32-only"), random_input(1024, "bf16", device))
+        results["dtype"] = None
+    except ExecutorError as e:
+        results["dtype"] = str(e)
+    return results
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=device)
+    torch.manual_seed(1234 + rank)
+    comm = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
+    store = dist.distributed_c10d._get_default_store()
+    results: dict = {"cases": {}, "graph": {}}
+    for case in scenarios.correctness_cases(world):
+        try:
+            results["cases"][case.id] = run_case(comm, case, rank, world, device)
+            if not results["cases"][case.id]["ok"]:
+                print(f"rank {rank}: {case.id}: {results['cases'][case.id]}", flush=True)
+        except Exception as e:  # recorded so that one failure does not hide the others
+            results["cases"][case.id] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                         "trace": traceback.format_exc()[-2000:]}
+            print(f"rank {rank}: {case.id}: {results['cases'][case.id]['trace']}", flush=True)
+    for name in scenarios.GRAPH_PLANS:
+        try:
+            results["graph"][name] = run_graph(comm, name, rank, world, device)
+        except Exception as e:
+            results["graph"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                      "trace": traceback.format_exc()[-2000:]}
+    results["refusals"] = run_refusals(comm, rank, world, device)
+    try:
+        results["timeout"] = run_timeout(store, rank, world, device)
+    except Exception as e:
+        results["timeout"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    print(f"rank {rank}: graph {json.dumps(results['graph'])[:1500]}", flush=True)
+    print(f"rank {rank}: refusals {results['refusals']}; timeout {results['timeout']}", flush=True)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""``weft run PLAN --nproc N`` and ``weft bench COLLECTIVE --nproc N``: plans on GPUs, checked against NCCL.
+
+Without RANK in the environment the command starts one process per GPU running itself (as torchrun would);
+under torchrun it reads RANK, WORLD_SIZE and LOCAL_RANK. Rank 0 prints and writes files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from schedules.collectives import NAMES
+from weft.cli import ArgumentError
+from weft.units import format_bytes, parse_bytes, parse_size_range
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="run a plan on GPUs and check it against NCCL",
+                         description="Run PLAN on N GPUs (one process each) and compare with torch.distributed.")
+    run.add_argument("plan", help="plan file")
+    _common(run)
+    run.add_argument("--size", default="64MB", help="message size (nccl-tests terms)")
+    run.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
+    run.add_argument("--check", action="store_true", help="compare with NCCL on the same random input")
+    run.add_argument("--iters", type=int, default=20, help="timed executions")
+    run.set_defaults(func=_run)
+    bench = sub.add_parser("bench", help="benchmark weft against NCCL and symmetric memory",
+                           description="Time NCCL, PyTorch symmetric memory (all-reduce) and weft, alternating.")
+    bench.add_argument("collective", choices=NAMES)
+    _common(bench)
+    bench.add_argument("--plans", nargs="+", default=["registry"], help="plan files, or 'registry'")
+    bench.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
+    bench.add_argument("--sizes", default="1KB:1GB", help="sizes: 1KB:1GB (powers of two) or 1KB,4MB")
+    bench.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--graph", dest="graph", action="store_true", default=True, help="CUDA-graph replay")
+    mode.add_argument("--eager", dest="graph", action="store_false", help="eager launches")
+    bench.add_argument("--samples", type=int, default=30, help="timed samples per implementation and size")
+    bench.add_argument("--calls", type=int, default=20, help="calls per sample")
+    bench.add_argument("-o", "--output", help="JSON results file (default bench/results/gpu_<coll>_<n>x<gpu>.json)")
+    bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bench.set_defaults(func=_bench)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, default=None, help="processes (GPUs); default WORLD_SIZE or all GPUs")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a GPU wait may spin before failing")
+
+
+# ---------------------------------------------------------------- launching
+
+
+def _spawn(args: argparse.Namespace) -> int | None:
+    """Start one process per GPU running this same command; None when this process is already a rank."""
+    if "RANK" in os.environ:
+        return None
+    n = args.nproc or _gpu_count()
+    if n < 1:
+        raise ArgumentError("weft: --nproc must be at least 1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, **SAFE_ENV, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-c", "from weft.cli import run; run()", *sys.argv[1:]],
+                                      env=env))
+    codes = [p.wait() for p in procs]
+    return max(codes)
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _init_rank(args: argparse.Namespace):
+    os.environ.update({k: os.environ.get(k, v) for k, v in SAFE_ENV.items()})
+    import torch
+    import torch.distributed as dist
+
+    from executor import Communicator
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    return Communicator.from_process_group(timeout_s=args.timeout), rank, world
+
+
+# ---------------------------------------------------------------- weft run
+
+
+def _run(args: argparse.Namespace) -> int:
+    from schedules.plan import load_plan
+
+    plan = load_plan(args.plan)
+    nbytes = parse_bytes(args.size)
+    code = _spawn(args)
+    if code is not None:
+        return code
+    import torch
+    import torch.distributed as dist
+
+    from executor.errors import WrongResult
+    from executor.gpu_bench import TORCH_DTYPES, matches, nccl_result
+
+    comm, rank, world = _init_rank(args)
+    try:
+        dtype = getattr(torch, TORCH_DTYPES[args.dtype])
+        gpu = plan.gpus[rank] if rank < plan.nranks else plan.gpus[0]
+        esize = torch.tensor([], dtype=dtype).element_size()
+        n_in = gpu.input_chunks * plan.chunk_bytes(nbytes) // esize if plan.accepts(nbytes) else nbytes // esize
+        torch.manual_seed(rank)
+        x = torch.randn(n_in, device="cuda", dtype=torch.float32).to(dtype)
+        out = comm.execute(plan, x, dtype=args.dtype)
+        comm.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.iters):
+            comm.execute(plan, x, out)
+        end.record()
+        comm.synchronize()
+        us = start.elapsed_time(end) * 1000 / args.iters
+        ok = True
+        if args.check:
+            out = comm.execute(plan, x)
+            comm.synchronize()
+            ok = matches(plan.collective, out, nccl_result(plan.collective, x, world), args.dtype)
+        oks = [None] * world
+        dist.all_gather_object(oks, ok)
+        if rank == 0:
+            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on {world} GPUs: "
+                  f"{us:.2f} µs per execution (eager, {args.iters} executions)"
+                  + (f"; check against NCCL: {'ok' if all(oks) else 'WRONG on ranks ' + str([r for r, o in enumerate(oks) if not o])}"
+                     if args.check else ""))
+        if not all(oks):
+            raise WrongResult(f"plan {plan.name}: result differs from NCCL")
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- weft bench
+
+
+def _load_plans(args: argparse.Namespace, world: int) -> list:
+    from schedules.plan import load_plan
+
+    if args.plans == ["registry"]:
+        from schedules.registry import Registry
+
+        plans = [e.plan for e in Registry(args.registry).entries(collective=args.collective)]
+    else:
+        plans = [load_plan(p) for p in args.plans]
+    plans = [p for p in plans if p.collective == args.collective and p.nranks == world]
+    if not plans:
+        raise ArgumentError(f"weft bench: no {args.collective} plan for {world} ranks in {' '.join(args.plans)}")
+    return plans
+
+
+def _bench(args: argparse.Namespace) -> int:
+    sizes = parse_size_range(args.sizes)
+    code = _spawn(args)
+    if code is not None:
+        return code
+    import torch
+    import torch.distributed as dist
+
+    from executor.gpu_bench import BenchConfig, run_bench
+
+    comm, rank, world = _init_rank(args)
+    try:
+        plans = _load_plans(args, world)
+        config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples)
+        rows = run_bench(comm, config, plans)
+        wrong = [None] * world
+        dist.all_gather_object(wrong, [r["wrong"] for r in rows])
+        for i, row in enumerate(rows):
+            row["wrong"] = sum(w[i] for w in wrong)
+        if rank == 0:
+            doc = _bench_document(args, config, rows, world, torch)
+            path = Path(args.output or f"bench/results/gpu_{args.collective}_{args.dtype}_"
+                        f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=1) + "\n")
+            if args.json:
+                print(json.dumps(doc["rows"], indent=1))
+            else:
+                _print_table(doc, path)
+        return 1 if any(r["wrong"] for r in rows) else 0
+    finally:
+        dist.destroy_process_group()
+
+
+def _gpu_slug(torch) -> str:
+    return torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "").lower()
+
+
+def _bench_document(args, config, rows, world: int, torch) -> dict:
+    import cupy
+
+    versions = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "cupy": cupy.__version__, "cuda": torch.version.cuda,
+                "driver": cupy.cuda.runtime.driverGetVersion(), "python": platform.python_version()}
+    return {
+        "collective": args.collective, "dtype": args.dtype, "nranks": world,
+        "mode": "graph" if args.graph else "eager",
+        "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "host": platform.node()},
+        "versions": versions, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "method": {"calls_per_sample": config.calls, "samples": config.samples, "warmup": config.warmup,
+                   "statistic": "median", "timer": "CUDA events"},
+        "rows": rows,
+    }
+
+
+def _print_table(doc: dict, path: Path) -> None:
+    print(f"# weft bench {doc['collective']} {doc['dtype']} {doc['mode']} on {doc['nranks']}x {doc['machine']['gpu']}")
+    print(f"{'size':>10} {'nccl_us':>9} {'symm_us':>9} {'weft_us':>9} {'algbw':>8} {'busbw':>8} {'speedup':>8} "
+          f"{'#wrong':>6}  plan")
+    for r in doc["rows"]:
+        symm = f"{r['symm_us']:9.2f}" if r["symm_us"] is not None else f"{'-':>9}"
+        if r["weft_us"] is None:
+            print(f"{format_bytes(r['size']):>10} {r['nccl_us']:9.2f} {symm} {'-':>9} {'-':>8} {'-':>8} {'-':>8} "
+                  f"{r['wrong']:>6}  (no plan accepts this size)")
+            continue
+        print(f"{format_bytes(r['size']):>10} {r['nccl_us']:9.2f} {symm} {r['weft_us']:9.2f} {r['algbw']:8.2f} "
+              f"{r['busbw']:8.2f} {r['speedup']:8.2f} {r['wrong']:>6}  {r['plan']}")
+    print(f"# written to {path}")
