@@ -65,7 +65,7 @@ def parse_topology(data: object, source: str) -> Topology:
     try:
         return Topology(name, nranks, links, tuple(switches), sharing, tuple(hosts), description)
     except TopologyError as e:
-        detail = str(e).split(": ", 1)[1]
+        detail = str(e).removeprefix(f"topology {name}: ")  # the name may itself hold ": "
         kind = UnreachableError if isinstance(e, UnreachableError) else TopologyError
         raise kind(f"topology {source}: {detail}") from None
 
