@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedules.collectives import NAMES, Collective
+from schedules.cost import predict_us
 from schedules.verify import require_valid, verify
 from synth import baselines
 from synth.baselines.tree import ruler_tree
@@ -153,6 +154,23 @@ def test_a_switch_uplink_bounds_the_rounds_of_a_direct_step():
     schedule = run("direct", star(6), "allgather")
     assert schedule.steps[0].rounds == 5
     assert require_valid(schedule, star(6)).ok
+
+
+def test_ring_sends_half_of_each_slice_each_way_when_links_go_both_ways():
+    schedule = run("ring", catalog("ring"), "allgather", chunks=2)
+    order = schedule.meta.options["order"]
+    forward = {(order[i], order[(i + 1) % 8]) for i in range(8)}
+    first = schedule.steps[0].sends
+    assert schedule.meta.options["directions"] == 2 and all(step.rounds == 1 for step in schedule.steps)
+    assert sum((s.src, s.dst) in forward for s in first) == sum((s.src, s.dst) not in forward for s in first) == 8
+
+
+def test_bidirectional_ring_allgather_reaches_the_cut_bound_for_large_messages():
+    # ring(8): 25 GB/s each way. Cut bound for allgather: (N-1)/N · M over the 2 × 25 GB/s into one rank.
+    topology, nbytes, n = catalog("ring"), 1 << 30, 8
+    predicted = predict_us(run("ring", topology, "allgather", chunks=2), topology, nbytes)
+    bound = (n - 1) / n * nbytes / (2 * 25.0 * 1e3)
+    assert bound <= predicted < 1.001 * bound
 
 
 # ---- refusals --------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The cycle is host-major when every rank pair has a link (then any order is a cycle and host-major crosses
 hosts least); otherwise a depth-first search with a bounded number of expansions looks for one, trying
-same-host and fatter links first. Position i of the cycle sends to position i+1.
+same-host and fatter links first. Position i of the cycle sends to position i+1. When the cycle's
+reverse is links too and a slice has two or more chunks, the first half of every slice's chunks goes
+around one way and the rest the other way, so both directions of each link carry data.
 
 >>> from topologies.topology import Link, Topology
 >>> from schedules.collectives import Collective
@@ -14,15 +16,18 @@ same-host and fatter links first. Position i of the cycle sends to position i+1.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from itertools import zip_longest
+from typing import Callable, Sequence
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, block, check_ranks, host_major, own
+from synth.baselines.common import assemble, check_ranks, host_major
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
 SEARCH_BUDGET = 200_000  # DFS expansions before the cycle search gives up
+
+Lanes = Sequence[int]  # which chunk of each slice (0..chunks-1) a ring direction carries
 
 
 def ring(topology: Topology, collective: Collective) -> Schedule:
@@ -30,8 +35,20 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     started = time.perf_counter()
     check_ranks("ring", topology, collective)
     order = hamiltonian_cycle(topology)
-    steps = _ALGORITHMS[collective.name](order, collective)
-    return assemble("ring", topology, collective, steps, started, "a ring edge", order=order)
+    algorithm = _ALGORITHMS[collective.name]
+    c = collective.chunks
+    fabric = topology.without_switches()
+    n = len(order)
+    both_ways = c > 1 and n > 2 and all(fabric.has_link(order[(i + 1) % n], order[i]) for i in range(n))
+    if not both_ways:
+        steps = algorithm(order, collective, range(c))
+    else:
+        half = (c + 1) // 2
+        forward = algorithm(order, collective, range(half))
+        backward = algorithm(order[::-1], collective, range(half, c))
+        steps = [a + b for a, b in zip_longest(forward, backward, fillvalue=[])]
+    return assemble("ring", topology, collective, steps, started, "a ring edge", order=order,
+                    directions=2 if both_ways else 1)
 
 
 def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[int]:
@@ -83,24 +100,33 @@ def _search(fabric: Topology, start: int, budget: int) -> tuple[list[int] | None
     return None, left[0] > 0
 
 
-def _allgather(order: list[int], collective: Collective) -> list[list[Send]]:
+def _slice(collective: Collective, rank: int, lanes: Lanes) -> list[int]:
+    return [rank * collective.chunks + j for j in lanes]
+
+
+def _block(collective: Collective, src: int, dst: int, lanes: Lanes) -> list[int]:
+    """The alltoall chunks src sends to dst."""
+    return [(src * collective.nranks + dst) * collective.chunks + j for j in lanes]
+
+
+def _allgather(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """At step k position i forwards the slice that started k positions back."""
     n = len(order)
     return [[Send(chunk, order[i], order[(i + 1) % n])
-             for i in range(n) for chunk in own(collective, order[(i - k) % n])]
+             for i in range(n) for chunk in _slice(collective, order[(i - k) % n], lanes)]
             for k in range(n - 1)]
 
 
-def _reducescatter(order: list[int], collective: Collective) -> list[list[Send]]:
+def _reducescatter(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """The slice of the rank at position j starts at j+1 and gathers one contribution per hop."""
     n = len(order)
     return [[Send(chunk, order[i], order[(i + 1) % n], "reduce")
-             for i in range(n) for chunk in own(collective, order[(i - 1 - k) % n])]
+             for i in range(n) for chunk in _slice(collective, order[(i - 1 - k) % n], lanes)]
             for k in range(n - 1)]
 
 
-def _allreduce(order: list[int], collective: Collective) -> list[list[Send]]:
-    return _reducescatter(order, collective) + _allgather(order, collective)
+def _allreduce(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
+    return _reducescatter(order, collective, lanes) + _allgather(order, collective, lanes)
 
 
 def _chain_from(order: list[int], root: int) -> list[int]:
@@ -115,38 +141,40 @@ def _chain_to(order: list[int], root: int) -> list[int]:
     return order[at:] + order[:at]
 
 
-def _broadcast(order: list[int], collective: Collective) -> list[list[Send]]:
-    """Chunks stream down the chain: hop h carries chunk t-h at step t."""
-    chain, c = _chain_from(order, collective.root), collective.chunks
-    return [[Send(t - h, chain[h], chain[h + 1]) for h in range(len(chain) - 1) if 0 <= t - h < c]
-            for t in range(c + len(chain) - 2)]
+def _broadcast(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
+    """Chunks stream down the chain: hop h carries the chunk m = t-h at step t."""
+    chain = _chain_from(order, collective.root)
+    return [[Send(lanes[t - h], chain[h], chain[h + 1]) for h in range(len(chain) - 1) if 0 <= t - h < len(lanes)]
+            for t in range(len(lanes) + len(chain) - 2)]
 
 
-def _reduce(order: list[int], collective: Collective) -> list[list[Send]]:
+def _reduce(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """Chunks stream up the chain into root, each hop adding its rank's contribution."""
-    chain, c = _chain_to(order, collective.root), collective.chunks
-    return [[Send(t - h, chain[h], chain[h + 1], "reduce") for h in range(len(chain) - 1) if 0 <= t - h < c]
-            for t in range(c + len(chain) - 2)]
+    chain = _chain_to(order, collective.root)
+    return [[Send(lanes[t - h], chain[h], chain[h + 1], "reduce")
+             for h in range(len(chain) - 1) if 0 <= t - h < len(lanes)]
+            for t in range(len(lanes) + len(chain) - 2)]
 
 
-def _gather(order: list[int], collective: Collective) -> list[list[Send]]:
+def _gather(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """Hop h sends its own slice first, then relays what came in: slice of chain[h-t] at step t."""
     chain = _chain_to(order, collective.root)
     n = len(chain)
-    return [[Send(chunk, chain[h], chain[h + 1]) for h in range(t, n - 1) for chunk in own(collective, chain[h - t])]
+    return [[Send(chunk, chain[h], chain[h + 1])
+             for h in range(t, n - 1) for chunk in _slice(collective, chain[h - t], lanes)]
             for t in range(n - 1)]
 
 
-def _scatter(order: list[int], collective: Collective) -> list[list[Send]]:
+def _scatter(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """The farthest slice leaves root first; hop h carries the slice of chain[n-1-(t-h)] at step t."""
     chain = _chain_from(order, collective.root)
     n = len(chain)
-    return [[Send(chunk, chain[h], chain[h + 1]) for h in range(min(t, n - 2) + 1)
-             for chunk in own(collective, chain[n - 1 - (t - h)])]
+    return [[Send(chunk, chain[h], chain[h + 1])
+             for h in range(t + 1) for chunk in _slice(collective, chain[n - 1 - (t - h)], lanes)]
             for t in range(n - 1)]
 
 
-def _alltoall(order: list[int], collective: Collective) -> list[list[Send]]:
+def _alltoall(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """Every block travels forward around the ring; at step t those with more than t hops to go move on."""
     n = len(order)
     steps = []
@@ -156,12 +184,12 @@ def _alltoall(order: list[int], collective: Collective) -> list[list[Send]]:
             src = order[(i - t) % n]
             for hops in range(t + 1, n):
                 dst = order[(i - t + hops) % n]
-                sends += [Send(chunk, order[i], order[(i + 1) % n]) for chunk in block(collective, src, dst)]
+                sends += [Send(chunk, order[i], order[(i + 1) % n]) for chunk in _block(collective, src, dst, lanes)]
         steps.append(sends)
     return steps
 
 
-_ALGORITHMS: dict[str, Callable[[list[int], Collective], list[list[Send]]]] = {
+_ALGORITHMS: dict[str, Callable[[list[int], Collective, Lanes], list[list[Send]]]] = {
     "allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce,
     "broadcast": _broadcast, "reduce": _reduce, "gather": _gather, "scatter": _scatter, "alltoall": _alltoall,
 }
