@@ -64,6 +64,13 @@ class Placement:
             self._accumulators[(rank, chunk)] = self.new_scratch(rank)
         return self._accumulators[(rank, chunk)]
 
+    def holds_other(self, rank: int, chunk: int) -> bool:
+        """Whether rank's home slot for ``chunk`` starts out holding another chunk's input (in place only)."""
+        if not self.inplace:
+            return False
+        home = self.home(rank, chunk)
+        return any(self.input_loc(rank, c) == home for c in self.collective.precondition(rank) if c != chunk)
+
     def new_scratch(self, rank: int) -> Loc:
         self.scratch[rank] += 1
         return Loc(rank, "s", self.scratch[rank] - 1)

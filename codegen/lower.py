@@ -2,8 +2,8 @@
 
 The schedule's step semantics carry over: every send of a step reads the sender's slot as it was at the
 start of the step, and what arrives lands at the end. A copy lands straight in the receiver's home slot
-(its output slot, or a scratch accumulator) unless the receiver still reads that chunk in the same step
-or the protocol uses packets; everything else lands in a fresh scratch slot. Reductions of one chunk that
+(its output slot, or a scratch accumulator) unless the receiver still reads that chunk in the same step,
+the slot still holds another chunk's input (in place), or the protocol uses packets; everything else lands in a fresh scratch slot. Reductions of one chunk that
 arrive in one step are combined by a single REDUCE action: home = current + every arrival.
 """
 
@@ -36,7 +36,8 @@ def lower(schedule: Schedule, placement: Placement, packets: bool) -> list[Actio
         arrivals: dict[int, dict[int, list[tuple[str, int, Loc, int]]]] = defaultdict(lambda: defaultdict(list))
         for send in step.sends:
             d, c = send.dst, send.chunk
-            direct = send.op == "copy" and not packets and (d, c) not in read_now
+            direct = (send.op == "copy" and not packets and (d, c) not in read_now
+                      and not placement.holds_other(d, c))
             landing = placement.home(d, c) if direct else placement.new_scratch(d)
             sent = emit(send.src, t, 0, SEND, d, [loc[send.src][c]], [landing])
             arrivals[d][c].append((send.op, send.src, landing, sent.seq))
