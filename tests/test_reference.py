@@ -1,0 +1,107 @@
+"""The CPU reference executor: runs plans on real data and catches races, deadlocks, bad indexes, wrong sums."""
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from executor.reference import (PlanDeadlock, PlanRace, WrongResult, check_plan, expected_outputs, round_to,
+                                run_reference)
+from schedules.collectives import Collective
+from schedules.plan import BufferRef, PlanError, load_plan, parse_plan
+
+FIXTURES = Path(__file__).parent / "fixtures" / "plans"
+SIZES = [8, 24, 4096]  # 1 word per chunk, 3 words (ragged: 12-byte chunks), 512 words
+
+
+def _edit(name: str, edit) -> dict:
+    doc = json.loads((FIXTURES / name).read_text())
+    edit(doc)
+    return doc
+
+
+def _ops(doc: dict, rank: int) -> list:
+    return doc["gpus"][rank]["threadblocks"][0]["ops"]
+
+
+@pytest.mark.parametrize("fixture", ["allpairs_allreduce_2.json", "allpairs_allreduce_2_ll.json"])
+def test_hand_written_fixtures_compute_allreduce(fixture):
+    record = check_plan(load_plan(FIXTURES / fixture), SIZES, ("fp32", "fp16", "bf16"), seed=3)
+    assert record.ok and len(record.checks) == 9 and record.sizes == tuple(SIZES)
+
+
+def test_outputs_are_the_elementwise_sum():
+    plan = load_plan(FIXTURES / "allpairs_allreduce_2.json")
+    a, b = np.arange(1, 7, dtype=np.float32), np.arange(10, 16, dtype=np.float32)
+    out = run_reference(plan, [a, b], 24, "fp32")
+    assert np.array_equal(out[0], a + b) and np.array_equal(out[1], a + b)
+
+
+def test_missing_wait_is_a_race():
+    def drop_first_wait(doc):
+        del _ops(doc, 1)[2]
+        del _ops(doc, 0)[1]  # and the matching signal, so that only the ordering is missing
+
+    plan = parse_plan(_edit("allpairs_allreduce_2.json", drop_first_wait), "nowait.json")
+    with pytest.raises(PlanRace, match=r"rank 1 threadblock 0 op 2 \(re\) reads chunk 0 of rank 1's scratch"):
+        check_plan(plan, [8], ("fp32",))
+
+
+def test_missing_final_wait_leaves_an_output_unordered():
+    plan = parse_plan(_edit("allpairs_allreduce_2.json", lambda d: _ops(d, 0).pop()), "nofinal.json")
+    with pytest.raises(PlanRace, match="output chunk 1 of rank 0 is written by rank 1 threadblock 0"):
+        check_plan(plan, [8], ("fp32",))
+
+
+def test_wait_without_signal_deadlocks_quickly_and_names_the_waiter():
+    plan = parse_plan(_edit("allpairs_allreduce_2.json", lambda d: _ops(d, 1).pop(1)), "nosignal.json")
+    started = time.perf_counter()
+    with pytest.raises(PlanDeadlock) as e:
+        check_plan(plan, [8], ("fp32",))
+    assert time.perf_counter() - started < 1.0
+    # counting semaphores: the first wait consumes the second signal, so the last wait is the one left
+    assert "rank 0 threadblock 0 op 6 (wait) waits on channel 0 from rank 1" in str(e.value)
+
+
+def test_packets_that_never_come_deadlock():
+    plan = parse_plan(_edit("allpairs_allreduce_2_ll.json", lambda d: _ops(d, 1).pop(0)), "nopkt.json")
+    with pytest.raises(PlanDeadlock, match=r"rank 0 threadblock 0 op 1 \(repkt\) waits for packets"):
+        check_plan(plan, [8], ("fp32",))
+
+
+def test_index_out_of_range_is_reported():
+    plan = load_plan(FIXTURES / "allpairs_allreduce_2.json")
+    tb = plan.gpus[0].threadblocks[0]
+    bad = replace(tb.ops[3], dst_buff=(BufferRef(2, 1, type="o"),))
+    gpu = replace(plan.gpus[0], threadblocks=(replace(tb, ops=tb.ops[:3] + (bad,) + tb.ops[4:]),))
+    with pytest.raises(PlanError, match=r"rank 0 threadblock 0 op 3 \(re\): chunks 2..2 of rank 0's 'o' buffer"):
+        run_reference(replace(plan, gpus=(gpu,) + plan.gpus[1:]), [np.ones(2), np.ones(2)], 8, "fp32")
+
+
+def test_wrong_reduction_is_a_wrong_result():
+    def add_input_twice(doc):
+        _ops(doc, 0)[3]["src_buff"][1] = {"type": "i", "index": 0, "size": 1}
+
+    plan = parse_plan(_edit("allpairs_allreduce_2.json", add_input_twice), "twice.json")
+    with pytest.raises(WrongResult, match="rank 0 output chunk 0"):
+        check_plan(plan, [8], ("fp32",))
+
+
+def test_bf16_rounds_to_nearest_even_on_the_top_16_bits():
+    x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 257.0], dtype=np.float32)
+    assert list(round_to(x, "bf16")) == [1.0, 1.0, 1.0 + 2 ** -6, 256.0]
+    assert round_to(np.array([1 + 2 ** -11], dtype=np.float32), "fp16")[0] == 1.0
+
+
+def test_numpy_definition_of_reducescatter():
+    c = Collective("reducescatter", 2)
+    want = expected_outputs(c, [np.array([1.0, 2.0]), np.array([10.0, 20.0])], 1, "fp32")
+    assert want[0][0][0] == 11.0 and want[1][0][0] == 22.0
+
+
+def test_unaccepted_size_is_refused():
+    with pytest.raises(PlanError, match="not accepted"):
+        run_reference(load_plan(FIXTURES / "allpairs_allreduce_2.json"), [np.ones(1), np.ones(1)], 6, "fp32")
