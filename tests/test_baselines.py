@@ -161,7 +161,8 @@ def test_ring_sends_half_of_each_slice_each_way_when_links_go_both_ways():
     order = schedule.meta.options["order"]
     forward = {(order[i], order[(i + 1) % 8]) for i in range(8)}
     first = schedule.steps[0].sends
-    assert schedule.meta.options["directions"] == 2 and all(step.rounds == 1 for step in schedule.steps)
+    assert schedule.meta.options["rings"] == [order, order[::-1]]
+    assert all(step.rounds == 1 for step in schedule.steps)
     assert sum((s.src, s.dst) in forward for s in first) == sum((s.src, s.dst) not in forward for s in first) == 8
 
 

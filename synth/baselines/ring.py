@@ -1,10 +1,12 @@
 """Ring algorithms over a directed Hamiltonian cycle of the topology.
 
-The cycle is host-major when every rank pair has a link (then any order is a cycle and host-major crosses
-hosts least); otherwise a depth-first search with a bounded number of expansions looks for one, trying
-same-host and fatter links first. Position i of the cycle sends to position i+1. When the cycle's
-reverse is links too and a slice has two or more chunks, the first half of every slice's chunks goes
-around one way and the rest the other way, so both directions of each link carry data.
+The cycle is host-major when inside every host each rank pair has a link of one capacity and host-major
+is a cycle (then the order inside a host does not matter and host-major crosses hosts least); otherwise a depth-first search with a bounded number of expansions looks for one, trying
+same-host and fatter links first. Position i of the cycle sends to position i+1.
+
+A slice of several chunks spreads its chunks over several rings that run side by side: the cycle and its
+reverse (when that is links too), and on multi-host fabrics one ring per GPU of a host, each crossing
+between hosts at other GPUs (NCCL's channels). With one chunk per slice there is one ring.
 
 >>> from topologies.topology import Link, Topology
 >>> from schedules.collectives import Collective
@@ -35,20 +37,47 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     started = time.perf_counter()
     check_ranks("ring", topology, collective)
     order = hamiltonian_cycle(topology)
+    routes = _routes(topology, order)
     algorithm = _ALGORITHMS[collective.name]
-    c = collective.chunks
+    used = min(collective.chunks, len(routes))
+    # Route q carries chunks q, q+used, ... of every slice; all routes run side by side, step for step.
+    per_route = [algorithm(routes[q], collective, range(q, collective.chunks, used)) for q in range(used)]
+    steps = [[send for sends in step for send in sends] for step in zip_longest(*per_route, fillvalue=[])]
+    return assemble("ring", topology, collective, steps, started, "a ring edge", order=order,
+                    rings=[list(route) for route in routes[:used]])
+
+
+def _routes(topology: Topology, order: list[int]) -> list[list[int]]:
+    """The rings that may share the chunks: the cycle, its reverse if that is links too, and on several hosts
+    joined by all-pairs links, one rotation of each host's segment per GPU so that each ring crosses between
+    hosts at different GPUs (and so through different NICs), as NCCL's channels do."""
     fabric = topology.without_switches()
     n = len(order)
-    both_ways = c > 1 and n > 2 and all(fabric.has_link(order[(i + 1) % n], order[i]) for i in range(n))
-    if not both_ways:
-        steps = algorithm(order, collective, range(c))
-    else:
-        half = (c + 1) // 2
-        forward = algorithm(order, collective, range(half))
-        backward = algorithm(order[::-1], collective, range(half, c))
-        steps = [a + b for a, b in zip_longest(forward, backward, fillvalue=[])]
-    return assemble("ring", topology, collective, steps, started, "a ring edge", order=order,
-                    directions=2 if both_ways else 1)
+    cycles = [order]
+    if topology.nhosts > 1 and _all_pairs(fabric) and _even_hosts(fabric):
+        hosts = dict.fromkeys(topology.hosts[r] for r in order)
+        segments = [[r for r in order if topology.hosts[r] == h] for h in hosts]
+        width = min(len(segment) for segment in segments)
+        cycles = [[r for segment in segments for r in segment[j:] + segment[:j]] for j in range(width)]
+    reversible = n > 2 and all(fabric.has_link(order[(i + 1) % n], order[i]) for i in range(n))
+    return [route for cycle in cycles for route in ([cycle, cycle[::-1]] if reversible else [cycle])]
+
+
+def _all_pairs(fabric: Topology) -> bool:
+    return all(fabric.has_link(s, d) for s in fabric.ranks for d in fabric.ranks if s != d)
+
+
+def _even_hosts(fabric: Topology) -> bool:
+    """Whether inside every host each rank has a link of one same capacity to every other (an NVSwitch, a
+    full mesh): then the order inside a host does not matter, and host-major is as good as any cycle."""
+    capacities = set()
+    for s in fabric.ranks:
+        for d in fabric.ranks:
+            if s != d and fabric.hosts[s] == fabric.hosts[d]:
+                if not fabric.has_link(s, d):
+                    return False
+                capacities.add(fabric.link(s, d).capacity)
+    return len(capacities) <= 1
 
 
 def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[int]:
@@ -56,7 +85,7 @@ def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[i
     fabric = topology.without_switches()
     order = host_major(topology)
     n = len(order)
-    if all(fabric.has_link(order[i], order[(i + 1) % n]) for i in range(n)) or n == 1:
+    if n == 1 or (_even_hosts(fabric) and all(fabric.has_link(order[i], order[(i + 1) % n]) for i in range(n))):
         return order
     found, exhausted = _search(fabric, order[0], budget)
     if found:
