@@ -124,9 +124,28 @@ def build_flow(spec: FlowSpec) -> FlowModel:
         earlier = [sends[a] for a in into.get((c, u), []) if a[3] < k]
         model.Add(var <= sum(earlier))
 
+    _host_entries(model, spec, sends)
     objective, units_per_us = _step_times(model, spec, sends)
     model.Minimize(objective)
     return FlowModel(model, sends, objective, units_per_us)
+
+
+def _host_entries(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar]) -> None:
+    """A chunk wanted on a host that has no copy of it must enter that host at least once.
+
+    Redundant for integer solutions, but the LP relaxation otherwise lets a sliver of a chunk cross
+    and multiply inside the host, and its bound on the cross-host (NIC) groups falls far below the cut bound.
+    """
+    coll, hosts = spec.collective, spec.topology.hosts
+    entering: dict[tuple[int, int], list[cp_model.IntVar]] = {}
+    for (c, u, v, _), var in sends.items():
+        if hosts[u] != hosts[v]:
+            entering.setdefault((c, hosts[v]), []).append(var)
+    for c in range(coll.nchunks):
+        held = {hosts[r] for r in spec.topology.ranks if c in coll.precondition(r)}
+        wanted = {hosts[r] for r in spec.topology.ranks if c in coll.postcondition(r)}
+        for host in sorted(wanted - held):
+            model.Add(sum(entering.get((c, host), [])) >= 1)
 
 
 def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar]):

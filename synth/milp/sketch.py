@@ -5,7 +5,11 @@ Every field is optional::
     {"format": "weft.sketch/1",
      "symmetry": {"rank_offset": 8},   # the same schedule on every node, shifted by 8 ranks
      "relays": [0, 4, 8, 12],          # only these ranks send or receive across hosts
+     "rails": true,                    # cross-host sends only between GPUs of the same local index
      "chunks": 2}                      # chunks per rank
+
+Without ``rails`` the solver decides: rails when a chunk takes longer to cross hosts than the link's latency
+(fanning one chunk out to many remote GPUs then costs NIC bandwidth for nothing), every pair otherwise.
 
 A malformed sketch raises SketchError (exit 2) naming the file and field. Whether a well-formed sketch fits a
 topology (a symmetry that does not map the fabric onto itself, relays that cut a host off) is decided by the
@@ -21,7 +25,7 @@ from pathlib import Path
 from synth.errors import SynthesisError
 
 FORMAT = "weft.sketch/1"
-FIELDS = ("format", "symmetry", "relays", "chunks", "description")
+FIELDS = ("format", "symmetry", "relays", "rails", "chunks", "description")
 
 
 class SketchError(SynthesisError):
@@ -35,6 +39,7 @@ class Sketch:
     rank_offset: int | None = None
     relays: tuple[int, ...] | None = None
     chunks: int | None = None
+    rails: bool | None = None
     source: str = "sketch"
 
     def to_json(self) -> dict:
@@ -43,6 +48,8 @@ class Sketch:
             doc["symmetry"] = {"rank_offset": self.rank_offset}
         if self.relays is not None:
             doc["relays"] = list(self.relays)
+        if self.rails is not None:
+            doc["rails"] = self.rails
         if self.chunks is not None:
             doc["chunks"] = self.chunks
         return doc
@@ -96,9 +103,12 @@ def parse_sketch(data: object, source: str = "sketch") -> Sketch:
             if rank in raw[:i]:
                 raise fail(f"relays[{i}]", f"rank {rank} is listed twice")
         relays = tuple(sorted(raw))
+    rails = data.get("rails")
+    if rails is not None and not isinstance(rails, bool):
+        raise fail("rails", f"must be true or false, got {rails!r}")
     chunks = data.get("chunks")
     if chunks is not None and not _positive_int(chunks):
         raise fail("chunks", f"must be a positive integer, got {chunks!r}")
     if "description" in data and not isinstance(data["description"], str):
         raise fail("description", "must be a string")
-    return Sketch(rank_offset, relays, chunks, source)
+    return Sketch(rank_offset, relays, chunks, rails, source)

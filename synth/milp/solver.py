@@ -5,15 +5,16 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ortools.sat.python import cp_model
 
+from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import SynthesisError, Unknown, Unsat
-from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances
+from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances, link_cost_us
 from synth.milp.sketch import Sketch, SketchError
 from topologies import Topology
 
@@ -27,7 +28,7 @@ class MilpOptions:
     """How to synthesize: ``size`` in bytes (the message the finish time is minimized for).
 
     ``chunks`` (per rank) overrides the sketch's, which overrides the collective's; ``steps`` bounds the
-    steps (default: the hop depth plus one step per chunk, room for pipelining).
+    steps (default: the hop depth plus two steps per chunk, room for pipelining).
     """
 
     size: int = 1 << 20
@@ -63,9 +64,27 @@ class Outcome:
         return 0.0 if self.objective_us <= 0 else max(0.0, 1.0 - self.bound_us / self.objective_us)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every search of one ``solve`` call shares."""
+
+    fabric: Topology
+    options: MilpOptions
+    sketch: Sketch
+    progress: Progress | None
+
+    @property
+    def switch_free(self) -> Topology:
+        return self.fabric.without_switches()
+
+
 def solve(topology: Topology, collective: Collective, options: MilpOptions = MilpOptions(),
           progress: Progress | None = None) -> Schedule:
-    """The fastest schedule for ``options.size`` bytes that CP-SAT finds within the time limit."""
+    """The fastest schedule for ``options.size`` bytes that CP-SAT finds within the time limit.
+
+    ``meta.options`` holds the objective, the best bound (the larger of CP-SAT's and the fabric's lower
+    bound from ``schedules.bounds``) and the gap between them.
+    """
     sketch = options.sketch or Sketch()
     chunks = options.chunks or sketch.chunks or collective.chunks
     collective = Collective(collective.name, collective.nranks, chunks, collective.root)
@@ -73,11 +92,11 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
         raise SynthesisError(f"milp: collective has {collective.nranks} ranks, topology {topology.name} has "
                              f"{topology.nranks}")
     start = time.monotonic()
-    switch_free = topology.without_switches()
+    job = _Job(topology, options, sketch, progress)
     if collective.name == "allreduce":
-        halves = _solve_allreduce(switch_free, collective, options, sketch, progress)
+        halves = _solve_allreduce(job, collective)
     else:
-        halves = [_solve_one(switch_free, collective, options, sketch, options.time_limit, progress)]
+        halves = [_solve_one(job, collective, options.time_limit)]
     steps = tuple(step for outcome in halves for step in outcome.steps)
     objective = sum(o.objective_us for o in halves)
     bound = sum(o.bound_us for o in halves)
@@ -94,30 +113,26 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
     return Schedule(collective, topology.fingerprint, steps, f"milp-{collective.name}-c{chunks}", meta)
 
 
-def _solve_allreduce(topo: Topology, collective: Collective, options: MilpOptions, sketch: Sketch,
-                     progress: Progress | None) -> list[Outcome]:
+def _solve_allreduce(job: _Job, collective: Collective) -> list[Outcome]:
     """Reducescatter then allgather on the same chunks; one search when the fabric is its own reverse."""
-    n, c = collective.nranks, collective.chunks
-    gather = _solve_one(topo, Collective("allgather", n, c), options, sketch, options.time_limit / 2, progress)
-    if topo.reversed().fingerprint == topo.fingerprint:
-        scatter = Outcome(_reverse(gather.steps), gather.objective_us, gather.bound_us, gather.status,
-                          gather.seconds)
+    n, c, limit = collective.nranks, collective.chunks, job.options.time_limit
+    gather = _solve_one(job, Collective("allgather", n, c), limit / 2)
+    if job.switch_free.reversed().fingerprint == job.switch_free.fingerprint:
+        scatter = replace(gather, steps=_reverse(gather.steps))
     else:
-        scatter = _solve_one(topo, Collective("reducescatter", n, c), options, sketch, options.time_limit / 2,
-                             progress)
+        scatter = _solve_one(job, Collective("reducescatter", n, c), limit / 2)
     return [scatter, gather]
 
 
-def _solve_one(topo: Topology, collective: Collective, options: MilpOptions, sketch: Sketch,
-               time_limit: float, progress: Progress | None) -> Outcome:
+def _solve_one(job: _Job, collective: Collective, time_limit: float) -> Outcome:
+    floor = lower_bound_us(job.fabric, collective, job.options.size)
     if collective.name in DUALS:
         dual = Collective(DUALS[collective.name], collective.nranks, collective.chunks, collective.root)
-        outcome = _search(topo.reversed(), dual, options, sketch, time_limit, progress)
-        return Outcome(_reverse(outcome.steps), outcome.objective_us, outcome.bound_us, outcome.status,
-                       outcome.seconds)
+        outcome = _search(job, job.switch_free.reversed(), dual, time_limit, floor)
+        return replace(outcome, steps=_reverse(outcome.steps))
     if collective.combining:
         raise SynthesisError(f"milp: {collective.name} has no copy-only dual")
-    return _search(topo, collective, options, sketch, time_limit, progress)
+    return _search(job, job.switch_free, collective, time_limit, floor)
 
 
 def _reverse(steps: tuple[Step, ...]) -> tuple[Step, ...]:
@@ -126,45 +141,47 @@ def _reverse(steps: tuple[Step, ...]) -> tuple[Step, ...]:
                  for st in reversed(steps))
 
 
-def _search(topo: Topology, collective: Collective, options: MilpOptions, sketch: Sketch,
-            time_limit: float, progress: Progress | None) -> Outcome:
-    links = _allowed_links(topo, collective, sketch)
+def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float, floor_us: float) -> Outcome:
+    """One CP-SAT search on a switch-free ``topo``; ``floor_us`` is a lower bound known beforehand."""
+    sketch, options = job.sketch, job.options
+    chunk_bytes = collective.chunk_bytes(options.size)
+    links = _allowed_links(topo, collective, sketch, chunk_bytes)
     depth = _check_reachable(topo, collective, links, sketch)
-    steps = options.steps or depth + collective.chunks
+    steps = options.steps or depth + 2 * collective.chunks
     if steps < depth:
         raise Unsat(f"milp: {collective.name} on {topo.name} needs at least {depth} steps, got steps={steps}")
     rank_shift, chunk_shift = _symmetry(topo, collective, links, sketch)
-    spec = FlowSpec(topo, collective, steps, collective.chunk_bytes(options.size), links, rank_shift, chunk_shift)
-    flow = build_flow(spec)
+    flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, rank_shift, chunk_shift))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = options.workers or max(2, min(8, os.cpu_count() or 2))
-    callback = _Reporter(flow, progress, collective.name)
-    status = solver.Solve(flow.model, callback)
+    status = solver.Solve(flow.model, _Reporter(flow, job.progress, collective.name, floor_us))
     name = solver.StatusName(status)
     if status == cp_model.INFEASIBLE:
         raise Unsat(f"milp: no {collective.name} schedule on {topo.name} within {steps} steps")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise Unknown(f"milp: no {collective.name} schedule on {topo.name} found within the time limit of "
                       f"{time_limit:g} s (status {name})")
-    return Outcome(_read_steps(topo, flow, solver), solver.ObjectiveValue() / flow.units_per_us,
-                   solver.BestObjectiveBound() / flow.units_per_us, name.lower(), solver.WallTime())
+    objective = solver.ObjectiveValue() / flow.units_per_us
+    bound = max(solver.BestObjectiveBound() / flow.units_per_us, min(floor_us, objective))
+    return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime())
 
 
 class _Reporter(cp_model.CpSolverSolutionCallback):
     """Reports each incumbent's finish time and gap through ``progress``."""
 
-    def __init__(self, flow: FlowModel, progress: Progress | None, label: str) -> None:
+    def __init__(self, flow: FlowModel, progress: Progress | None, label: str, floor_us: float) -> None:
         super().__init__()
-        self._flow, self._progress, self._label = flow, progress, label
+        self._flow, self._progress, self._label, self._floor = flow, progress, label, floor_us
 
     def on_solution_callback(self) -> None:
         if self._progress is None:
             return
-        value, bound = self.ObjectiveValue(), self.BestObjectiveBound()
-        gap = 0.0 if value <= 0 else max(0.0, 1.0 - bound / value)
-        self._progress(f"milp {self._label}: incumbent {value / self._flow.units_per_us:.3f} µs, "
-                       f"bound {bound / self._flow.units_per_us:.3f} µs, gap {gap:.1%}, {self.WallTime():.1f} s")
+        value = self.ObjectiveValue() / self._flow.units_per_us
+        bound = min(value, max(self.BestObjectiveBound() / self._flow.units_per_us, self._floor))
+        gap = 0.0 if value <= 0 else 1.0 - bound / value
+        self._progress(f"milp {self._label}: incumbent {value:.3f} µs, bound {bound:.3f} µs, gap {gap:.1%}, "
+                       f"{self.WallTime():.1f} s")
 
 
 def _read_steps(topo: Topology, flow: FlowModel, solver: cp_model.CpSolver) -> tuple[Step, ...]:
@@ -192,16 +209,45 @@ def rounds_for(topo: Topology, sends: list[Send]) -> int:
     return rounds
 
 
-def _allowed_links(topo: Topology, collective: Collective, sketch: Sketch) -> frozenset[tuple[int, int]]:
-    if sketch.relays is None:
-        return frozenset(link.key for link in topo.links)
-    for i, rank in enumerate(sketch.relays):
-        if rank >= topo.nranks:
-            raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist "
-                              f"({topo.nranks} ranks)")
-    relays = set(sketch.relays)
-    return frozenset(link.key for link in topo.links
-                     if topo.hosts[link.src] == topo.hosts[link.dst] or (link.src in relays and link.dst in relays))
+def _allowed_links(topo: Topology, collective: Collective, sketch: Sketch,
+                   chunk_bytes: float) -> frozenset[tuple[int, int]]:
+    """The links sends may use: every link, less the cross-host ones that the relays or rails rule out."""
+    if sketch.relays is not None:
+        for i, rank in enumerate(sketch.relays):
+            if rank >= topo.nranks:
+                raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist "
+                                  f"({topo.nranks} ranks)")
+        relays = set(sketch.relays)
+        return frozenset(link.key for link in topo.links if topo.hosts[link.src] == topo.hosts[link.dst]
+                         or (link.src in relays and link.dst in relays))
+    everything = frozenset(link.key for link in topo.links)
+    cross = [link for link in topo.links if topo.hosts[link.src] != topo.hosts[link.dst]]
+    rails = sketch.rails
+    if rails is None:
+        rails = any(link_cost_us(link.latency, link.capacity, chunk_bytes)[1] > link.latency for link in cross)
+    if not rails:
+        return everything
+    local = _local_index(topo)
+    railed = frozenset(link.key for link in topo.links
+                       if topo.hosts[link.src] == topo.hosts[link.dst] or local[link.src] == local[link.dst])
+    if sketch.rails is None and not _connected(topo, collective, railed):
+        return everything  # uneven hosts leave some GPU without a rail; rails were only a guess
+    return railed
+
+
+def _local_index(topo: Topology) -> list[int]:
+    seen: dict[int, int] = {}
+    index = []
+    for r in topo.ranks:
+        index.append(seen.get(topo.hosts[r], 0))
+        seen[topo.hosts[r]] = index[-1] + 1
+    return index
+
+
+def _connected(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]]) -> bool:
+    dist = hop_distances(topo.ranks, links)
+    return all(r in dist[s] for c in range(collective.nchunks) for s in topo.ranks if c in collective.precondition(s)
+               for r in topo.ranks if c in collective.postcondition(r))
 
 
 def _check_reachable(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
