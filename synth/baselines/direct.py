@@ -18,7 +18,7 @@ import time
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, block, check_ranks, own
+from synth.baselines.common import assemble, block, check_ranks, own, require_links
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -27,9 +27,9 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
     """All-pairs, one step: every rank sends straight to every rank that needs its data."""
     started = time.perf_counter()
     check_ranks("direct", topology, collective)
-    sends = _direct_sends(collective)
-    return assemble("direct", topology, collective, [sends], started,
-                    "direct sends every chunk straight from a rank that holds it to one that needs it")
+    why = "direct sends every chunk straight from a rank that holds it to one that needs it"
+    require_links("direct", topology, _pairs(collective), why)  # before building N² sends of nothing
+    return assemble("direct", topology, collective, [_direct_sends(collective)], started, why)
 
 
 def twoshot(topology: Topology, collective: Collective) -> Schedule:
@@ -46,6 +46,16 @@ def twoshot(topology: Topology, collective: Collective) -> Schedule:
               for chunk in own(collective, src)]
     return assemble("twoshot", topology, collective, [scatter, gather], started,
                     "two-shot exchanges slices between every pair of ranks")
+
+
+def _pairs(collective: Collective) -> list[tuple[int, int]]:
+    """The rank pairs a direct schedule talks over: to or from the root, or every pair."""
+    n, root = collective.nranks, collective.root
+    if collective.name in ("broadcast", "scatter"):
+        return [(root, d) for d in range(n) if d != root]
+    if collective.name in ("reduce", "gather"):
+        return [(s, root) for s in range(n) if s != root]
+    return [(s, d) for s in range(n) for d in range(n) if s != d]
 
 
 def _direct_sends(collective: Collective) -> list[Send]:

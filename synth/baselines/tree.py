@@ -89,15 +89,18 @@ def _edges(shapes: list[dict[int, int]]) -> set[tuple[int, int]]:
 def _placement(topology: Topology, shapes: list[dict[int, int]], root: int | None) -> list[int]:
     """A rank for each tree position such that every tree edge is a link (root at position 0 if given)."""
     fabric = topology.without_switches()
-    edges = _edges(shapes)
+    edges = sorted(_edges(shapes))
     for order in _candidate_orders(topology, root):
         if all(fabric.has_link(order[a], order[b]) for a, b in edges):
             return order
-    found = _match(fabric, edges, root)
+    found = _match(fabric, set(edges), root)
     if found:
         return found
+    first = _rotate(host_major(topology), root)
+    lacking = next(f"{first[a]}->{first[b]}" for a, b in edges if not fabric.has_link(first[a], first[b]))
     raise NotApplicable(f"tree: no placement of the binary tree{'s' if len(shapes) > 1 else ''} on topology "
-                        f"{topology.name} puts every tree edge on a link")
+                        f"{topology.name} puts every tree edge on a link (host-major order lacks {lacking}; "
+                        "the ring order and a bounded subgraph search found none)")
 
 
 def _candidate_orders(topology: Topology, root: int | None) -> Iterator[list[int]]:
