@@ -14,9 +14,12 @@ def fuse(ops: list[Draft]) -> list[Draft]:
     """The same thread-block program with fusable neighbours merged."""
     out: list[Draft] = []
     for op in ops:
-        prev = out[-1] if out else None
-        if prev is not None and (fused := _pair(prev, op)) is not None:
-            out[-1] = fused
+        j = len(out)
+        while j and out[j - 1].name == "sem_release":
+            j -= 1  # a put may move ahead of releases: it only reads what this block wrote, and blocks on nothing
+        fused = _pair(out[j - 1], op) if j and (j == len(out) or op.name in ("put", "ppkt")) else None
+        if fused is not None:
+            out[j - 1] = fused
         else:
             out.append(op)
     return out
