@@ -437,9 +437,14 @@ def parse_plan(data: object, source: str) -> Plan:
         min_message_size=lo, max_message_size=hi, weft=_parse_meta(rd, doc.get("weft")),
     )
     try:
-        plan.collective_spec()
+        spec = plan.collective_spec()
     except CollectiveError as e:
         raise rd.fail("collective", str(e)) from None
+    for i, g in enumerate(gpus):
+        for field_name, want in (("input_chunks", len(spec.input_map(i))), ("output_chunks", len(spec.output_map(i)))):
+            if getattr(g, field_name) != want:
+                raise rd.fail(f"gpus[{i}].{field_name}", f"{getattr(g, field_name)} does not fit a {plan.collective} "
+                                                         f"of {plan.nranks} ranks (expected {want})")
     _check_pairing(rd, plan)
     stated = (doc.get("weft") or {}).get("hash")
     if stated is not None and stated != plan.content_hash:
@@ -573,7 +578,7 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
     barrier_id = num_tbs = None
     if name == "barrier":
         barrier_id = rd.int(doc.get("barrier_id", 0), f"{where}.barrier_id")
-        num_tbs = rd.int(doc.get("num_threadblocks", len(gpu.threadblocks) or 1), f"{where}.num_threadblocks", 1)
+        num_tbs = rd.int(doc.get("num_threadblocks"), f"{where}.num_threadblocks", 1)
     op = Op(name, channel_type, channel_ids, src, dst, sems, barrier_id, num_tbs)
     _check_op_shape(rd, op, where)
     return op

@@ -115,3 +115,10 @@ def test_missing_file_and_bad_json_are_one_line_errors(tmp_path):
     bad.write_text("{")
     with pytest.raises(PlanError, match="not valid JSON: line 1"):
         load_plan(bad)
+
+
+def test_buffer_sizes_must_fit_the_collective():
+    doc = _doc()
+    doc["gpus"][1]["output_chunks"] = 3
+    with pytest.raises(PlanError, match=r"gpus\[1\]\.output_chunks: 3 does not fit a allreduce of 2 ranks"):
+        parse_plan(doc, "x.json")

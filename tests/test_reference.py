@@ -105,3 +105,41 @@ def test_numpy_definition_of_reducescatter():
 def test_unaccepted_size_is_refused():
     with pytest.raises(PlanError, match="not accepted"):
         run_reference(load_plan(FIXTURES / "allpairs_allreduce_2.json"), [np.ones(1), np.ones(1)], 6, "fp32")
+
+
+def _one_rank_plan(ops_tb0, ops_tb1, semaphores=1):
+    """A 1-rank allgather whose two thread blocks hand the chunk over through scratch."""
+    def tb(i, ops):
+        return {"id": i, "ops": ops, "channels": [], "remote_buffer_refs": []}
+
+    return parse_plan({"name": "handover", "collective": "allgather", "protocol": "Simple", "inplace": False,
+                       "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 1,
+                                 "semaphores": [{"init_value": 0}] * semaphores,
+                                 "threadblocks": [tb(0, ops_tb0), tb(1, ops_tb1)]}]}, "handover.json")
+
+
+COPY_IN = {"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+           "dst_buff": [{"type": "s", "index": 0, "size": 1}]}
+COPY_OUT = {"name": "copy", "src_buff": [{"type": "s", "index": 0, "size": 1}],
+            "dst_buff": [{"type": "o", "index": 0, "size": 1}]}
+
+
+def test_semaphores_order_thread_blocks_of_one_gpu():
+    plan = _one_rank_plan([COPY_IN, {"name": "sem_release", "semaphore_ids": [0]}],
+                          [{"name": "sem_acquire", "semaphore_ids": [0]}, COPY_OUT])
+    assert check_plan(plan, [4, 12], DTYPES_ALL).ok
+
+
+def test_barrier_orders_thread_blocks_of_one_gpu():
+    barrier = {"name": "barrier", "barrier_id": 0, "num_threadblocks": 2}
+    plan = _one_rank_plan([COPY_IN, barrier], [barrier, COPY_OUT])
+    assert check_plan(plan, [4], ("fp32",)).ok
+
+
+def test_unordered_handover_between_thread_blocks_is_a_race():
+    plan = _one_rank_plan([COPY_IN], [COPY_OUT])
+    with pytest.raises(PlanRace, match="rank 0 threadblock 1 op 0 \\(copy\\) reads chunk 0 of rank 0's scratch"):
+        check_plan(plan, [4], ("fp32",))
+
+
+DTYPES_ALL = ("fp32", "fp16", "bf16")
