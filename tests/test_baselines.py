@@ -233,6 +233,23 @@ def test_multi_node_ring_crosses_hosts_once_each_way():
     assert crossings == 2
 
 
+def test_multi_host_rings_cross_between_hosts_at_different_gpus():
+    topology = catalog("hgx_h100:nodes=2")
+    rings = run("ring", topology, "allreduce", chunks=16).meta.options["rings"]
+    crossings = [(r[i], r[(i + 1) % 16]) for r in rings for i in range(16)
+                 if topology.hosts[r[i]] != topology.hosts[r[(i + 1) % 16]]]
+    assert len(rings) == 16 and len(crossings) == 32 and len(set(crossings)) == 32
+    assert len({src for src, _ in crossings}) == 16  # every GPU's NIC sends
+
+
+def test_ndv2_ring_stays_on_nvlink_inside_each_host():
+    topology = catalog("ndv2:nodes=2")
+    order = baselines.hamiltonian_cycle(topology)
+    inside = [(order[i], order[(i + 1) % 16]) for i in range(16)
+              if topology.hosts[order[i]] == topology.hosts[order[(i + 1) % 16]]]
+    assert len(inside) == 14 and all(topology.has_link(s, d) for s, d in inside)
+
+
 def test_schedule_is_named_for_algorithm_collective_and_topology():
     schedule = run("ring", catalog("dgx1"), "allreduce")
     assert schedule.name == "ring-allreduce-dgx1"
