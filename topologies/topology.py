@@ -182,6 +182,12 @@ class Topology:
         """
         if not self.switches:
             return self
+        return self._switch_free_form
+
+    @cached_property
+    def _switch_free_form(self) -> "Topology":
+        # A frozen topology's switch-free form never changes, and verify, cost, bounds and solvers each ask
+        # for it; at 1024 ranks building it takes most of a minute.
         return _switch_free(self)
 
 
