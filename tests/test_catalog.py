@@ -150,9 +150,10 @@ def test_mi250_packages_share_four_xgmi_lanes():
     assert not topology.has_link(0, 3)
 
 
+@pytest.mark.parametrize("board", ["dgx_a100", "hgx_h100", "hgx_h200"])
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
-def test_hgx_h200_gpus_sets_gpus_per_node(gpus):
-    topology = build(f"hgx_h200:gpus={gpus}")
+def test_gpus_sets_gpus_per_node_on_nvswitch_boards(board, gpus):
+    topology = build(f"{board}:gpus={gpus}")
     assert topology.nranks == gpus
     assert bool(topology.links) == (gpus > 1)
 
@@ -165,8 +166,14 @@ def test_hgx_h200_two_gpu_box_across_two_nodes():
 
 def test_nvlink_and_infiniband_latencies_sum_along_paths():
     topology = build("hgx_h100:nodes=2")
-    assert topology.link(0, "n0.nvswitch").latency + topology.link("n0.nvswitch", 1).latency == pytest.approx(0.7)
-    assert topology.link(0, "ib").latency + topology.link("ib", 8).latency == pytest.approx(1.7)
+    assert topology.link(0, "n0.nvswitch").latency + topology.link("n0.nvswitch", 1).latency == pytest.approx(0.3)
+    assert topology.link(0, "ib").latency + topology.link("ib", 8).latency == pytest.approx(2.6)
+
+
+def test_shared_nic_paths_add_up_to_the_infiniband_latency():
+    topology = build("ndv2:nodes=2")
+    hops = [(0, "n0.nic0.tx"), ("n0.nic0.tx", "ib"), ("ib", "n1.nic0.rx"), ("n1.nic0.rx", 8)]
+    assert sum(topology.link(*hop).latency for hop in hops) == pytest.approx(2.6)
 
 
 # ---- abstract fabrics ---------------------------------------------------------------------------
@@ -235,7 +242,7 @@ def test_switch_free_form_links_every_pair_on_an_nvswitch_at_full_gpu_bandwidth(
     assert not free.switches
     assert {l.key for l in free.links} == {(a, b) for a in range(8) for b in range(8) if a != b}
     assert {l.capacity for l in free.links} == {450.0}
-    assert all(l.latency == pytest.approx(0.7) for l in free.links)
+    assert all(l.latency == pytest.approx(0.3) for l in free.links)
 
 
 def test_switch_free_form_shares_each_gpu_nvswitch_port_among_its_pairs():
@@ -250,7 +257,7 @@ def test_switch_free_form_shares_each_gpu_nvswitch_port_among_its_pairs():
 def test_switch_free_form_caps_cross_host_pairs_at_the_nic():
     free = build("hgx_h100:nodes=2").without_switches()
     assert free.link(0, 8).capacity == 50.0
-    assert free.link(0, 8).latency == pytest.approx(1.7)
+    assert free.link(0, 8).latency == pytest.approx(2.6)
     assert free.link(0, 1).capacity == 450.0
     groups = {frozenset(g.links): g.bandwidth for g in free.sharing}
     assert groups[frozenset((0, d) for d in range(8, 16))] == 50.0

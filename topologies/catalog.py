@@ -22,9 +22,10 @@ Modeling choices (the same for every entry):
   ``n0.nic0.rx``: the GPUs reach them over PCIe, and their links to and from ``ib`` are the bottleneck the GPUs
   share. Split in two so that the NIC never relays between two GPUs of its own host.
 - Ranks are host-major: rank = host × GPUs per host + local GPU; ``hosts`` maps each rank to its host.
-- Latencies (µs) are per hop, so a path's α is the sum over its links. NVLink's 0.7 µs and InfiniBand's 1.7 µs
-  are the α that TACCL profiled on NDv2 and DGX-2 (Shah et al., NSDI'23, section 5); a switched path splits its
-  α over its hops (GPU->NVSwitch->GPU = 0.35 + 0.35).
+- Latencies (µs) are per hop, so a path's α is the sum over its links. GPU-to-GPU inside a host is 0.3 µs and
+  GPU-to-GPU across InfiniBand 2.6 µs: the α that TACCL profiled on NDv2 and DGX-2 ("alpha" and "remote_alpha" in
+  microsoft/taccl, taccl/examples/topo/topo-ndv2-1MB.json and topo-dgx2-1MB.json). A switched path splits its α
+  over its hops (GPU->NVSwitch->GPU = 0.15 + 0.15).
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from topologies.errors import TopologyError
 from topologies.topology import Link, Topology, Vertex, short_repr
 
 # α per hop, µs (see the module docstring for the source).
-NVLINK_US = 0.7
-IB_US = 1.7
+NVLINK_US = 0.3
+IB_US = 2.6
 PCIE_US = 0.25
 # xGMI: no published per-hop α; we assume NVLink's, since both are direct SerDes links between GPU dies.
-XGMI_US = 0.7
+XGMI_US = NVLINK_US
 # Abstract fabrics (ring, torus, ...) use one NVLink 2 lane: 25 GB/s per direction, SCCL's unit link.
 UNIT_GBPS = 25.0
 # Every parameter's maximum keeps a topology within this many ranks, so a typo cannot build millions of links.
@@ -249,11 +250,11 @@ def dgx2(nodes: int = 1) -> Topology:
                        _nvswitch(V100_LANE_GBPS, 6), _shared_nics(2, PCIE3_GBPS, 12.5))
 
 
-def dgx_a100(nodes: int = 1) -> Topology:
-    """NVIDIA DGX A100: 8×A100 on NVSwitch (300 GB/s per GPU per direction), 8 × 25 GB/s NICs per node."""
+def dgx_a100(nodes: int = 1, gpus: int = 8) -> Topology:
+    """NVIDIA DGX A100: up to 8×A100 on NVSwitch (300 GB/s per GPU per direction), one 25 GB/s NIC per GPU."""
     # DGX A100 system architecture whitepaper: NVLink 3, 12 lanes × 25 GB/s per GPU per direction; 8 × 200 Gb/s
     # HDR InfiniBand ConnectX-6 NICs for the compute fabric, one per GPU.
-    return _multi_host(_checked("dgx_a100", nodes=nodes), dgx_a100.__doc__, nodes, 8,
+    return _multi_host(_checked("dgx_a100", nodes=nodes, gpus=gpus), dgx_a100.__doc__, nodes, gpus,
                        _nvswitch(25.0, 12), _rail_nics(25.0))
 
 
@@ -308,6 +309,7 @@ def _size(name: str, default: int, maximum: int, what: str, minimum: int = 2) ->
 
 
 NODES = Param("nodes", 1, 1, 1024, "hosts, joined by an InfiniBand switch")
+GPUS = Param("gpus", 8, 1, 8, "GPUs per node")
 
 ENTRIES: tuple[Entry, ...] = (
     Entry("ring", ring, (_size("n", 8, MAX_RANKS, "ranks"),), ring.__doc__),
@@ -319,9 +321,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("dgx1", dgx1, (), dgx1.__doc__),
     Entry("ndv2", ndv2, (NODES,), ndv2.__doc__),
     Entry("dgx2", dgx2, (NODES,), dgx2.__doc__),
-    Entry("dgx_a100", dgx_a100, (NODES,), dgx_a100.__doc__),
-    Entry("hgx_h100", hgx_h100, (NODES, Param("gpus", 8, 1, 8, "GPUs per node")), hgx_h100.__doc__),
-    Entry("hgx_h200", hgx_h200, (NODES, Param("gpus", 8, 1, 8, "GPUs per node")), hgx_h200.__doc__),
+    Entry("dgx_a100", dgx_a100, (NODES, GPUS), dgx_a100.__doc__),
+    Entry("hgx_h100", hgx_h100, (NODES, GPUS), hgx_h100.__doc__),
+    Entry("hgx_h200", hgx_h200, (NODES, GPUS), hgx_h200.__doc__),
     Entry("mi250", mi250, (NODES,), mi250.__doc__),
     Entry("mi300x", mi300x, (NODES,), mi300x.__doc__),
 )
