@@ -1,8 +1,9 @@
 """Ring algorithms over a directed Hamiltonian cycle of the topology.
 
 The cycle is host-major when inside every host each rank pair has a link of one capacity and host-major
-is a cycle (then the order inside a host does not matter and host-major crosses hosts least); otherwise a depth-first search with a bounded number of expansions looks for one, trying
-same-host and fatter links first. Position i of the cycle sends to position i+1.
+is a cycle (then the order inside a host does not matter and host-major crosses hosts least); otherwise a
+depth-first search with a bounded number of expansions looks for one, trying same-host and fatter links
+first. Position i of the cycle sends to position i+1.
 
 A slice of several chunks spreads its chunks over several rings that run side by side: the cycle and its
 reverse (when that is links too), and on multi-host fabrics one ring per GPU of a host, each crossing
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import time
 from itertools import zip_longest
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send
@@ -29,7 +30,7 @@ from topologies.topology import Topology
 
 SEARCH_BUDGET = 200_000  # DFS expansions before the cycle search gives up
 
-Lanes = Sequence[int]  # which chunk of each slice (0..chunks-1) a ring direction carries
+Lanes = Sequence[int]  # which chunks of each slice (0..chunks-1) one ring carries
 
 
 def ring(topology: Topology, collective: Collective) -> Schedule:
@@ -98,35 +99,36 @@ def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[i
 
 
 def _search(fabric: Topology, start: int, budget: int) -> tuple[list[int] | None, bool]:
-    """Depth-first search for a Hamiltonian cycle from start: (cycle or None, whether the search was exhaustive)."""
+    """Depth-first search for a Hamiltonian cycle from start: (cycle or None, whether the search was exhaustive).
+
+    Iterative, with one candidate iterator per depth, so that thousands of ranks do not hit Python's recursion limit.
+    """
     nexts = {r: [l.dst for l in fabric.out_links[r]] for r in fabric.ranks}
     capacity = {l.key: l.capacity for l in fabric.links}
     path, seen = [start], {start}
-    left = [budget]
 
-    def candidates(rank: int) -> list[int]:
+    def candidates(rank: int) -> Iterator[int]:
         # Same host first, fat links next, then Warnsdorff's rule: the rank with fewest ways on.
         free = [d for d in nexts[rank] if d not in seen]
-        return sorted(free, key=lambda d: (fabric.hosts[d] != fabric.hosts[rank], -capacity[(rank, d)],
-                                           sum(x not in seen for x in nexts[d]), d))
+        return iter(sorted(free, key=lambda d: (fabric.hosts[d] != fabric.hosts[rank], -capacity[(rank, d)],
+                                                sum(x not in seen for x in nexts[d]), d)))
 
-    def extend() -> bool:
-        if len(path) == fabric.nranks:
-            return fabric.has_link(path[-1], start)
-        for d in candidates(path[-1]):
-            if left[0] <= 0:
-                return False
-            left[0] -= 1
-            path.append(d)
-            seen.add(d)
-            if extend():
-                return True
+    pending = [candidates(start)]
+    while pending:
+        if len(path) == fabric.nranks and fabric.has_link(path[-1], start):
+            return path, True
+        step = next(pending[-1], None) if len(path) < fabric.nranks else None
+        if step is None:
+            pending.pop()
             seen.discard(path.pop())
-        return False
-
-    if extend():
-        return path, True
-    return None, left[0] > 0
+            continue
+        budget -= 1
+        if budget < 0:
+            return None, False
+        path.append(step)
+        seen.add(step)
+        pending.append(candidates(step))
+    return None, True
 
 
 def _slice(collective: Collective, rank: int, lanes: Lanes) -> list[int]:
