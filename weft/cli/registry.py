@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -52,7 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _registry(args: argparse.Namespace):
     from schedules.registry import Registry
 
-    logging.basicConfig(format="weft: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
     return Registry(args.registry)
 
 
@@ -65,7 +63,9 @@ def _fingerprint(spec: str) -> str:
 
 
 def _range(entry) -> str:
-    hi = "∞" if entry.key.max_bytes == 0 else format_bytes(entry.key.max_bytes)
+    from schedules.plan import MAX_MESSAGE_SIZE
+
+    hi = "∞" if entry.key.max_bytes in (0, MAX_MESSAGE_SIZE) else format_bytes(entry.key.max_bytes)
     return f"{format_bytes(entry.key.min_bytes)}..{hi}"
 
 
@@ -83,7 +83,12 @@ def _commit(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     reg = _registry(args)
-    entries = reg.entries(_fingerprint(args.topology) if args.topology else None, args.collective)
+    found, bad = reg.load()
+    for line in bad:
+        print(f"weft: warning: skipped {line}", file=sys.stderr)
+    fingerprint = _fingerprint(args.topology) if args.topology else None
+    entries = [e for e in found if (fingerprint is None or e.key.topology == fingerprint)
+               and (args.collective is None or e.key.collective == args.collective)]
     if args.json:
         print(json.dumps([e.summary() for e in entries], indent=2))
         return 0
@@ -106,6 +111,8 @@ def _show(args: argparse.Namespace) -> int:
 def _select(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.size)
     sel = _registry(args).select(_fingerprint(args.topology), args.collective, nbytes, args.dtype)
+    for line in sel.skipped:
+        print(f"weft: warning: skipped {line}", file=sys.stderr)
     if args.json:
         print(json.dumps({"entry": sel.entry.id if sel.entry else None, "basis": sel.basis, "time_us": sel.time_us,
                           "reason": sel.reason}, indent=2))

@@ -1,0 +1,86 @@
+"""The main job end to end: synth --commit into a registry, then list, select, verify, export, import, remove."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from weft.cli import main
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    path = tmp_path / "registry"
+    monkeypatch.setenv("WEFT_REGISTRY", str(path))
+    return path
+
+
+def committed_id(capsys) -> str:
+    out = capsys.readouterr().out
+    return next(w for line in out.splitlines() if "committed as" in line
+                for w in [line.split("committed as ")[1].split()[0]])
+
+
+def test_synth_commit_then_select_and_verify(registry, capsys):
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    entry = committed_id(capsys)
+    assert (registry / "entries" / f"{entry}.json").exists()
+    assert main(["registry", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [e["id"] for e in listed] == [entry]
+    assert main(["registry", "select", "-t", "ring:n=4", "allreduce", "--size", "4MB", "--json"]) == 0
+    sel = json.loads(capsys.readouterr().out)
+    assert sel["entry"] == entry and sel["basis"] == "predicted"
+    assert main(["registry", "verify"]) == 0
+    assert "1 ok, 0 bad" in capsys.readouterr().out
+
+
+def test_select_for_another_topology_finds_no_plan(registry, capsys):
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    capsys.readouterr()
+    assert main(["registry", "select", "-t", "fully_connected:n=4", "allreduce", "--size", "4MB"]) == 1
+    assert "no plan" in capsys.readouterr().out
+
+
+def test_verify_reports_a_corrupted_entry_and_select_skips_it(registry, capsys):
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    good = committed_id(capsys)
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "direct", "--commit"]) in (0, 2)
+    capsys.readouterr()
+    bad = registry / "entries" / "broken.json"
+    bad.write_text("{ not json")
+    assert main(["registry", "verify"]) == 1
+    out = capsys.readouterr().out
+    assert "BAD broken" in out and f"ok  {good}" in out
+    assert main(["registry", "select", "-t", "ring:n=4", "allgather", "--size", "1MB", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["entry"] is not None
+    assert "broken.json" in captured.err
+
+
+def test_export_then_import_into_another_registry(registry, tmp_path, capsys):
+    assert main(["synth", "reducescatter", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    entry = committed_id(capsys)
+    out_dir = tmp_path / "exported"
+    assert main(["registry", "export", str(out_dir)]) == 0
+    other = tmp_path / "other"
+    assert main(["registry", "import", str(out_dir), "--registry", str(other)]) == 0
+    assert (other / "entries" / f"{entry}.json").exists()
+    assert main(["registry", "remove", entry, "--registry", str(other)]) == 0
+    assert not (other / "entries" / f"{entry}.json").exists()
+
+
+def test_committing_a_tampered_plan_is_refused_and_writes_nothing(registry, tmp_path, capsys):
+    plan_dir = tmp_path / "out"
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--compile", "-o",
+                 str(plan_dir / "s.json")]) == 0
+    plan_file = next(plan_dir.glob("*.plan.json"))
+    doc = json.loads(plan_file.read_text())
+    for gpu in doc["gpus"]:
+        for tb in gpu["threadblocks"]:
+            tb["ops"] = [op for op in tb["ops"] if op["name"] != "wait"]  # no waits: every receive now races
+    plan_file.write_text(json.dumps(doc))
+    code = main(["registry", "commit", str(plan_file)])
+    assert code in (1, 2)
+    assert not (registry / "entries").exists() or not any((registry / "entries").iterdir())
