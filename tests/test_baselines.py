@@ -47,13 +47,15 @@ def run(method: str, topology: Topology, name: str, chunks: int = 1, root: int =
 
 # ---- every baseline on every catalog topology --------------------------------------------------------
 
+@pytest.mark.parametrize("chunks", [1, 2])
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("method", baselines.METHODS)
 @pytest.mark.parametrize("spec", SPECS)
-def test_catalog_sweep_verifies_or_says_why(spec, method, name):
+def test_catalog_sweep_verifies_or_says_why(spec, method, name, chunks):
+    # chunks=2 also exercises several rings side by side, two trees' halves, and a root other than rank 0.
     topology = catalog(spec)
     try:
-        schedule = run(method, topology, name)
+        schedule = run(method, topology, name, chunks, root=0 if chunks == 1 else topology.nranks - 1)
     except NotApplicable as refusal:
         assert str(refusal).startswith(f"{method}: ") and len(str(refusal)) > len(method) + 10
         return

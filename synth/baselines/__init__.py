@@ -1,6 +1,7 @@
 """Classic baseline algorithms, each ``(topology, collective) -> Schedule``.
 
-- ``ring``: over a Hamiltonian cycle of the topology (every collective);
+- ``ring``: over a Hamiltonian cycle of the topology (every collective); a slice of several chunks spreads
+  over several rings side by side (the reverse cycle, and one ring per GPU across hosts);
 - ``direct``: all-pairs, one step (every collective; allreduce is one-shot);
 - ``twoshot``: allreduce as a direct reducescatter then a direct allgather;
 - ``rhd``: recursive halving/doubling on a power-of-two rank count (every collective);
