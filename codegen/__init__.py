@@ -14,6 +14,8 @@ One pass per module, run in this order by ``compile_schedule``:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from codegen.assemble import assemble
 from codegen.buffers import place_buffers
 from codegen.fuse import fuse
@@ -53,6 +55,4 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
                     nranks=collective.nranks, input_chunks=placement.input_chunks * instances,
                     output_chunks=placement.output_chunks * instances,
                     scratch=[s * instances for s in placement.scratch], meta=meta)
-    from dataclasses import replace
-
     return replace(plan, min_message_size=lo, max_message_size=hi)

@@ -75,10 +75,6 @@ class Placement:
         self.scratch[rank] += 1
         return Loc(rank, "s", self.scratch[rank] - 1)
 
-    def buffer_chunks(self) -> tuple[int, int]:
-        """(input_chunks, output_chunks) as the plan states them."""
-        return self.input_chunks, self.output_chunks
-
 
 def place_buffers(collective: Collective, inplace: bool = False) -> Placement:
     """A fresh placement for ``collective``; scratch grows as lowering asks for slots."""

@@ -23,7 +23,6 @@ from schedules.plan import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
 
 COLL_NAMES = {"reducescatter": "reduce_scatter"}
-BUFFER_NAMES = {"i": "i", "o": "o", "s": "s"}
 
 
 @dataclass
@@ -165,7 +164,7 @@ def _dependencies(tbs: dict[tuple, _Tb], order: list[tuple[tuple, _Step]]) -> No
 
 def _step_attrs(s: int, st: _Step, roles: list[tuple]) -> dict[str, str]:
     def buf(loc: Loc | None) -> tuple[str, str]:
-        return ("i", "-1") if loc is None else (BUFFER_NAMES[loc.type], str(loc.index))
+        return ("i", "-1") if loc is None else (loc.type, str(loc.index))
 
     srcbuf, srcoff = buf(st.src)
     dstbuf, dstoff = buf(st.dst)

@@ -149,7 +149,7 @@ class _Machine:
             for s in op.semaphore_ids:
                 need[s] += 1
             return all(len(self.semaphores[(t.rank, s)]) >= n for s, n in need.items())
-        if op.name == "barrier":
+        if op.name == "barrier":  # arriving is the one effect of asking: the barrier opens once all arrived
             arrived = self.arrivals[(t.rank, op.barrier_id, t.barriers[op.barrier_id])]
             arrived.setdefault(self._index[id(t)], t.vc.copy())
             return len(arrived) >= op.num_threadblocks
