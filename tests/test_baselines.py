@@ -123,6 +123,14 @@ def test_tree_allreduce_reduces_up_then_broadcasts_down():
     assert schedule.nsteps == 4 + 2 * 3 - 1
 
 
+def test_multi_host_tree_allreduce_runs_a_tree_pair_per_gpu_through_every_nic():
+    topology = catalog("hgx_h100:nodes=2")
+    schedule = run("tree", topology, "allreduce")
+    senders = {s.src for step in schedule.steps for s in step.sends if topology.hosts[s.src] != topology.hosts[s.dst]}
+    assert schedule.meta.options["trees"] == 16 and senders == set(range(16))
+    assert require_valid(schedule, topology).ok
+
+
 def test_ruler_tree_leaves_are_the_odd_positions():
     parents = ruler_tree(16)
     inner = set(parents.values())

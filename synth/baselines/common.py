@@ -38,6 +38,40 @@ def host_major(topology: Topology) -> list[int]:
     return sorted(topology.ranks, key=lambda r: (topology.hosts[r], r))
 
 
+def all_pairs(fabric: Topology) -> bool:
+    """Whether every ordered rank pair has a link."""
+    return all(fabric.has_link(s, d) for s in fabric.ranks for d in fabric.ranks if s != d)
+
+
+def even_hosts(fabric: Topology) -> bool:
+    """Whether inside every host each rank has a link of one same capacity to every other (an NVSwitch, a
+    full mesh): then the order of ranks inside a host does not matter."""
+    capacities = set()
+    for s in fabric.ranks:
+        for d in fabric.ranks:
+            if s != d and fabric.hosts[s] == fabric.hosts[d]:
+                if not fabric.has_link(s, d):
+                    return False
+                capacities.add(fabric.link(s, d).capacity)
+    return len(capacities) <= 1
+
+
+def host_rotations(topology: Topology, order: list[int]) -> list[list[int]]:
+    """Rotations of each host's run of ranks in order, one per GPU of the smallest host.
+
+    On several hosts joined by all-pairs links with even hosts, each rotation is as good an order as the
+    original, but crosses between hosts at other GPUs (so through other NICs), as NCCL's channels do;
+    anywhere else this is just [order].
+    """
+    fabric = topology.without_switches()
+    if topology.nhosts == 1 or not (all_pairs(fabric) and even_hosts(fabric)):
+        return [order]
+    hosts = dict.fromkeys(topology.hosts[r] for r in order)
+    segments = [[r for r in order if topology.hosts[r] == h] for h in hosts]
+    width = min(len(segment) for segment in segments)
+    return [[r for segment in segments for r in segment[j:] + segment[:j]] for j in range(width)]
+
+
 def check_ranks(method: str, topology: Topology, collective: Collective) -> None:
     if collective.nranks != topology.nranks:
         raise NotApplicable(f"{method}: collective {collective.name} has {collective.nranks} ranks, "

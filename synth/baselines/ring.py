@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Sequence
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, check_ranks, host_major
+from synth.baselines.common import assemble, check_ranks, even_hosts, host_major, host_rotations
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -49,36 +49,12 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
 
 
 def _routes(topology: Topology, order: list[int]) -> list[list[int]]:
-    """The rings that may share the chunks: the cycle, its reverse if that is links too, and on several hosts
-    joined by all-pairs links, one rotation of each host's segment per GPU so that each ring crosses between
-    hosts at different GPUs (and so through different NICs), as NCCL's channels do."""
+    """The rings that may share the chunks: each host rotation of the cycle, and its reverse if that is links."""
     fabric = topology.without_switches()
     n = len(order)
-    cycles = [order]
-    if topology.nhosts > 1 and _all_pairs(fabric) and _even_hosts(fabric):
-        hosts = dict.fromkeys(topology.hosts[r] for r in order)
-        segments = [[r for r in order if topology.hosts[r] == h] for h in hosts]
-        width = min(len(segment) for segment in segments)
-        cycles = [[r for segment in segments for r in segment[j:] + segment[:j]] for j in range(width)]
     reversible = n > 2 and all(fabric.has_link(order[(i + 1) % n], order[i]) for i in range(n))
+    cycles = host_rotations(topology, order)
     return [route for cycle in cycles for route in ([cycle, cycle[::-1]] if reversible else [cycle])]
-
-
-def _all_pairs(fabric: Topology) -> bool:
-    return all(fabric.has_link(s, d) for s in fabric.ranks for d in fabric.ranks if s != d)
-
-
-def _even_hosts(fabric: Topology) -> bool:
-    """Whether inside every host each rank has a link of one same capacity to every other (an NVSwitch, a
-    full mesh): then the order inside a host does not matter, and host-major is as good as any cycle."""
-    capacities = set()
-    for s in fabric.ranks:
-        for d in fabric.ranks:
-            if s != d and fabric.hosts[s] == fabric.hosts[d]:
-                if not fabric.has_link(s, d):
-                    return False
-                capacities.add(fabric.link(s, d).capacity)
-    return len(capacities) <= 1
 
 
 def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[int]:
@@ -86,7 +62,7 @@ def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[i
     fabric = topology.without_switches()
     order = host_major(topology)
     n = len(order)
-    if n == 1 or (_even_hosts(fabric) and all(fabric.has_link(order[i], order[(i + 1) % n]) for i in range(n))):
+    if n == 1 or (even_hosts(fabric) and all(fabric.has_link(order[i], order[(i + 1) % n]) for i in range(n))):
         return order
     found, exhausted = _search(fabric, order[0], budget)
     if found:

@@ -8,7 +8,9 @@ Positions are placed on ranks host-major, else along a Hamiltonian cycle, else b
 search, so that every tree edge is a link.
 
 Allreduce gives each tree half of the chunks; each chunk is reduced up its tree and broadcast back down,
-pipelined: a rank at height h sends chunk m to its parent at step m + h.
+pipelined: a rank at height h sends chunk m to its parent at step m + h. On several hosts with even
+NVSwitch-like hosts, every host rotation of the placement adds a tree (pair), so that the chunks cross
+between hosts through every GPU's NIC (NCCL's channels).
 
 >>> ruler_tree(8)
 {4: 0, 2: 4, 1: 2, 3: 2, 6: 4, 5: 6, 7: 6}
@@ -25,7 +27,7 @@ from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, check_ranks, host_major
+from synth.baselines.common import assemble, check_ranks, host_major, host_rotations
 from synth.baselines.ring import hamiltonian_cycle
 from synth.errors import NotApplicable
 from topologies.topology import Topology
@@ -41,20 +43,22 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         raise NotApplicable(f"tree: exists for {', '.join(SUPPORTED)} only, not {collective.name}")
     check_ranks("tree", topology, collective)
     n = collective.nranks
+    root = None if collective.name == "allreduce" else collective.root
+    shapes = [ruler_tree(n), _second_tree(ruler_tree(n), n)] if root is None else [ruler_tree(n)]
+    order = _placement(topology, shapes, root)
+    trees = [_on_ranks(shape, _rotate(placed, root)) for placed in host_rotations(topology, order)
+             for shape in shapes]
+    used = min(len(trees), collective.nchunks)
+    # Tree q carries chunks q, q+used, ...; all trees run side by side, step for step.
+    parts = [range(q, collective.nchunks, used) for q in range(used)]
     if collective.name == "allreduce":
-        shapes = [ruler_tree(n), _second_tree(ruler_tree(n), n)]
-        order = _placement(topology, shapes, None)
-        trees = [_on_ranks(shape, order) for shape in shapes]
-        half = collective.nchunks // 2
-        parts = [range(half), range(half, collective.nchunks)]
-        steps = _merge(*(s for t, part in zip(trees, parts) for s in _allreduce_phases(t, part)))
+        timelines = [t for parents, part in zip(trees, parts) for t in _allreduce_phases(parents, part)]
+    elif collective.name == "reduce":
+        timelines = [_reduce_up(parents, part) for parents, part in zip(trees, parts)]
     else:
-        order = _placement(topology, [ruler_tree(n)], collective.root)
-        parents = _on_ranks(ruler_tree(n), order)
-        chunks = range(collective.nchunks)
-        steps = _merge(_reduce_up(parents, chunks) if collective.name == "reduce" else
-                       _broadcast_down(parents, chunks, 0))
-    return assemble("tree", topology, collective, steps, started, "a tree edge", order=order)
+        timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts)]
+    return assemble("tree", topology, collective, _merge(*timelines), started, "a tree edge", order=order,
+                    trees=used)
 
 
 def ruler_tree(n: int) -> dict[int, int]:
