@@ -1,6 +1,8 @@
 """Codegen: every baseline schedule compiles into a plan that the reference executor proves; each pass does its job."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from codegen import CodegenError, compile_schedule
 from codegen.buffers import place_buffers
@@ -127,3 +129,16 @@ def test_bad_options_are_refused():
         compile_schedule(schedule, topology, instances=0)
     with pytest.raises(CodegenError, match="--protocol"):
         compile_schedule(schedule, topology, protocol="ll128")
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(NAMES), method=st.sampled_from(("ring", "direct")), chunks=st.integers(1, 3),
+       instances=st.integers(1, 3), protocol=st.sampled_from(("simple", "ll")), inplace=st.booleans())
+def test_any_option_mix_compiles_to_a_correct_plan(name, method, chunks, instances, protocol, inplace):
+    topology = _topology("fully_connected:n=3")
+    try:
+        schedule = getattr(baselines, method)(topology, Collective(name, 3, chunks))
+    except NotApplicable:
+        return
+    plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace)
+    assert check_plan(plan, check_sizes(plan)[1:2], ("bf16",)).ok
