@@ -14,7 +14,8 @@ from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import SynthesisError, Unknown, Unsat
-from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances, link_cost_us
+from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances
+from synth.milp.links import allowed_links
 from synth.milp.sketch import Sketch, SketchError
 from topologies import Topology
 
@@ -145,7 +146,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     """One CP-SAT search on a switch-free ``topo``; ``floor_us`` is a lower bound known beforehand."""
     sketch, options = job.sketch, job.options
     chunk_bytes = collective.chunk_bytes(options.size)
-    links = _allowed_links(topo, collective, sketch, chunk_bytes)
+    links = allowed_links(topo, collective, sketch, chunk_bytes)
     depth = _check_reachable(topo, collective, links, sketch)
     steps = options.steps or depth + 2 * collective.chunks
     if steps < depth:
@@ -207,47 +208,6 @@ def rounds_for(topo: Topology, sends: list[Send]) -> int:
             r += 1
         rounds = max(rounds, r)
     return rounds
-
-
-def _allowed_links(topo: Topology, collective: Collective, sketch: Sketch,
-                   chunk_bytes: float) -> frozenset[tuple[int, int]]:
-    """The links sends may use: every link, less the cross-host ones that the relays or rails rule out."""
-    if sketch.relays is not None:
-        for i, rank in enumerate(sketch.relays):
-            if rank >= topo.nranks:
-                raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist "
-                                  f"({topo.nranks} ranks)")
-        relays = set(sketch.relays)
-        return frozenset(link.key for link in topo.links if topo.hosts[link.src] == topo.hosts[link.dst]
-                         or (link.src in relays and link.dst in relays))
-    everything = frozenset(link.key for link in topo.links)
-    cross = [link for link in topo.links if topo.hosts[link.src] != topo.hosts[link.dst]]
-    rails = sketch.rails
-    if rails is None:
-        rails = any(link_cost_us(link.latency, link.capacity, chunk_bytes)[1] > link.latency for link in cross)
-    if not rails:
-        return everything
-    local = _local_index(topo)
-    railed = frozenset(link.key for link in topo.links
-                       if topo.hosts[link.src] == topo.hosts[link.dst] or local[link.src] == local[link.dst])
-    if sketch.rails is None and not _connected(topo, collective, railed):
-        return everything  # uneven hosts leave some GPU without a rail; rails were only a guess
-    return railed
-
-
-def _local_index(topo: Topology) -> list[int]:
-    seen: dict[int, int] = {}
-    index = []
-    for r in topo.ranks:
-        index.append(seen.get(topo.hosts[r], 0))
-        seen[topo.hosts[r]] = index[-1] + 1
-    return index
-
-
-def _connected(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]]) -> bool:
-    dist = hop_distances(topo.ranks, links)
-    return all(r in dist[s] for c in range(collective.nchunks) for s in topo.ranks if c in collective.precondition(s)
-               for r in topo.ranks if c in collective.postcondition(r))
 
 
 def _check_reachable(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],

@@ -1,0 +1,82 @@
+"""Which links the flow may use: the sketch's relays, rails across hosts, and no slow detours.
+
+At sizes where a chunk's transfer time exceeds the link latency (bandwidth-bound), two pruning rules cut the
+model to the links a good schedule uses anyway, so CP-SAT spends its time on pipelining:
+
+- rails: a cross-host send goes between GPUs of the same local index. The NICs' capacity is what limits
+  these sizes, and fanning a chunk out to many remote GPUs spends it for nothing;
+- detours: a link through a shared port (a member of a sharing group) is dropped when some rank relays
+  between its ends over two strictly faster links (an NDv2 GPU pair joined through the PCIe switch, whose
+  port the NIC traffic needs, as well as over NVLink through a neighbour).
+
+The sketch's ``rails`` overrides the first rule (and ``relays`` replaces it); both rules are dropped if
+they would disconnect the collective.
+"""
+
+from __future__ import annotations
+
+from synth.milp.flow import hop_distances, link_cost_us
+from synth.milp.sketch import Sketch, SketchError
+from schedules.collectives import Collective
+from topologies import Topology
+
+LinkSet = frozenset[tuple[int, int]]
+
+
+def allowed_links(topo: Topology, collective: Collective, sketch: Sketch, chunk_bytes: float) -> LinkSet:
+    """The links sends may use on the switch-free ``topo`` for chunks of ``chunk_bytes``."""
+    everything = frozenset(link.key for link in topo.links)
+    bandwidth_bound = any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in topo.links)
+    if sketch.relays is not None:
+        links = _relayed(topo, sketch)
+    elif sketch.rails or (sketch.rails is None and bandwidth_bound):
+        links = _railed(topo)
+        if sketch.rails is None and not connected(topo, collective, links):
+            links = everything  # uneven hosts leave some GPU without a rail; rails were only a guess
+    else:
+        links = everything
+    if bandwidth_bound:
+        direct = _without_detours(topo, links)
+        if connected(topo, collective, direct):
+            links = direct
+    return links
+
+
+def _relayed(topo: Topology, sketch: Sketch) -> LinkSet:
+    for i, rank in enumerate(sketch.relays or ()):
+        if rank >= topo.nranks:
+            raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist "
+                              f"({topo.nranks} ranks)")
+    relays = set(sketch.relays or ())
+    return frozenset(link.key for link in topo.links if topo.hosts[link.src] == topo.hosts[link.dst]
+                     or (link.src in relays and link.dst in relays))
+
+
+def _railed(topo: Topology) -> LinkSet:
+    local, seen = [], {}
+    for r in topo.ranks:
+        local.append(seen.get(topo.hosts[r], 0))
+        seen[topo.hosts[r]] = local[-1] + 1
+    return frozenset(link.key for link in topo.links
+                     if topo.hosts[link.src] == topo.hosts[link.dst] or local[link.src] == local[link.dst])
+
+
+def _without_detours(topo: Topology, links: LinkSet) -> LinkSet:
+    capacity = {key: topo.link(*key).capacity for key in links}
+    shared = {tuple(key) for group in topo.sharing for key in group.links}
+    out: dict[int, list[int]] = {}
+    for u, v in links:
+        out.setdefault(u, []).append(v)
+
+    def detoured(u: int, v: int) -> bool:
+        slow = capacity[(u, v)]
+        return (u, v) in shared and any(w != v and capacity[(u, w)] > slow and capacity.get((w, v), 0.0) > slow for w in out[u])
+
+    return frozenset(key for key in links if not detoured(*key))
+
+
+def connected(topo: Topology, collective: Collective, links: LinkSet) -> bool:
+    """Whether every chunk can reach every rank that wants it over ``links``."""
+    dist = hop_distances(topo.ranks, links)
+    return all(r in dist[s] for c in range(collective.nchunks) for s in topo.ranks if c in collective.precondition(s)
+               for r in topo.ranks if c in collective.postcondition(r))
