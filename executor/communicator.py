@@ -104,7 +104,7 @@ class Communicator:
             self._expected = cupy.zeros(MAX_CHANNELS, cupy.uint64)
             self._barriers = cupy.zeros(MAX_BARRIERS, cupy.uint64)
             self._error_host = cupy.cuda.runtime.hostAlloc(4 * ERROR_WORDS, HOST_ALLOC_PORTABLE_MAPPED)
-            self._error_device = cupy.cuda.runtime.hostGetDevicePointer(self._error_host, 0)
+            self._error_device = self._error_host  # mapped pinned memory has one address under UVA
             self._error = np.ctypeslib.as_array((ctypes.c_int32 * ERROR_WORDS).from_address(self._error_host))
             self._error[:] = 0
             cupy.cuda.runtime.deviceSynchronize()

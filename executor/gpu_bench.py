@@ -176,6 +176,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             "plan": best[5:] if best else None, "raw_us": raw, "median_us": med,
         })
         if progress:
-            progress(f"{nbytes} B done")
+            progress(f"{nbytes} B: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
+                     + f" µs; wrong {wrong}")
         del keep
     return rows
