@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("collective", help=f"one of: {', '.join(NAMES)}")
     p.add_argument("-t", "--topology", required=True, help="catalog spec (hgx_h100:nodes=2) or topology file")
     p.add_argument("--method", required=True, choices=BASELINES + tuple(FAMILIES))
-    p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default: the method's)")
+    p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default 1; ring and tree use several rings/trees with more)")
     p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     p.add_argument("--size", default="1MB", help="message size the solver optimizes for (milp, pareto)")
@@ -50,6 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         except ModuleNotFoundError:
             pass
     p.set_defaults(func=run)
+
+
+def safe_name(name: str) -> str:
+    """A file name from a schedule or plan name (catalog specs hold ':' and ',')."""
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
 
 
 def _progress(line: str) -> None:
@@ -103,7 +108,7 @@ def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | No
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for s in schedules:
-        path = out / f"{s.name or s.collective.name}-{s.content_hash[:8]}.json"
+        path = out / f"{safe_name(s.name or s.collective.name)}-{s.content_hash[:8]}.json"
         save_schedule(s, path)
         paths.append(str(path))
     return paths
@@ -120,7 +125,7 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
         entry = {"plan": plan.name, "plan_hash": plan.content_hash}
         if args.output:
             path = Path(args.output)
-            path = (path.parent if path.suffix == ".json" else path) / f"{plan.name}.plan.json"
+            path = (path.parent if path.suffix == ".json" else path) / f"{safe_name(plan.name)}.plan.json"
             pipeline.save_plan(plan, path)
             entry["plan_file"] = str(path)
         if args.commit:
