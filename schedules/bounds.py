@@ -1,0 +1,291 @@
+"""Lower bounds on a collective's time: latency (path lengths) and bandwidth (ForestColl's cut bound).
+
+The bandwidth bound for allgather is ForestColl's: with M the message size and N ranks,
+
+    T ≥ (M/N) · max over vertex sets S that hold a rank and leave one out of |S ∩ ranks| / B⁺(S)
+
+where B⁺(S) is the capacity (GB/s) of the links leaving S, and S may hold switches. The maximum,
+``allgather_cut_bound(topology)``, is exact: a ``Fraction`` in 1/(GB/s), found by Dinkelbach's method over
+networkx max-flows (each flow finds the most violated cut for one sink rank; the ratio of a real cut is
+exact, so there is nothing to snap) and confirmed by a max-flow to every rank at the final ratio.
+Switches stay vertices: the switch-free form has O(N²) links and is never built here.
+
+Time in µs = bytes × factor / 1e3, with factor in 1/(GB/s) (1 GB/s = 1e3 bytes/µs).
+
+>>> from topologies.topology import Link, Topology
+>>> ring3 = Topology("ring3", 3, tuple(Link(i, (i + d) % 3, 10.0) for i in range(3) for d in (1, 2)))
+>>> allgather_cut_bound(ring3)  # rank 0 receives 2 slices over 20 GB/s
+Fraction(1, 10)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+import networkx as nx
+from networkx.algorithms.flow import build_residual_network, dinitz
+
+from schedules.collectives import Collective
+from schedules.symmetry import rank_orbit_representatives
+from topologies.errors import UnreachableError, WeftError
+from topologies.topology import Topology, Vertex
+
+BYTES_PER_US_PER_GBPS = 1e3
+SOURCE = ("source",)  # the auxiliary flow source; a tuple, so no rank (int) or switch (str) can clash
+TOLERANCE = 1e-9  # relative float slack of a max-flow before a cut counts as violated
+
+
+class BoundError(WeftError):
+    """A bound asked of a topology and collective that do not fit together."""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A vertex set S with its rank count and exact leaving capacity B⁺(S) in GB/s."""
+
+    vertices: frozenset
+    ranks: int
+    capacity: Fraction
+
+    @property
+    def ratio(self) -> Fraction:
+        """|S ∩ ranks| / B⁺(S), in 1/(GB/s)."""
+        return Fraction(self.ranks) / self.capacity
+
+
+def exact(x: float) -> Fraction:
+    """A link figure as the rational it was written as (12.5 -> 25/2, 0.1 -> 1/10)."""
+    return Fraction(x).limit_denominator(10**9)
+
+
+# ---- the flow graph -------------------------------------------------------------------------------
+
+def _capacities(topology: Topology) -> dict[tuple[Vertex, Vertex], Fraction]:
+    """Exact capacity per link. Sharing groups are left out: dropping a constraint keeps a bound valid."""
+    return {link.key: exact(link.capacity) for link in topology.links}
+
+
+def _cut(topology: Topology, inside: frozenset) -> Cut:
+    leaving = sum((exact(link.capacity) for v in inside for link in topology.out_links[v] if link.dst not in inside),
+                  Fraction(0))
+    return Cut(inside, sum(1 for v in inside if isinstance(v, int)), leaving)
+
+
+def _flow_graph(topology: Topology) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(topology.vertices)
+    graph.add_edges_from((link.src, link.dst, {"capacity": link.capacity}) for link in topology.links)
+    return graph
+
+
+def _unreachable(topology: Topology, cut: Cut) -> UnreachableError:
+    outside = next(r for r in topology.ranks if r not in cut.vertices)
+    inside = next(v for v in cut.vertices if isinstance(v, int))
+    return UnreachableError(f"topology {topology.name}: rank {inside} cannot reach rank {outside}")
+
+
+# ---- the cut bound ------------------------------------------------------------------------------
+
+def _host_cuts(topology: Topology, caps: dict) -> list[Cut]:
+    """Cheap candidates: each host with the switches only it uses, and each host's complement."""
+    hosts = topology.hosts
+    if len(set(hosts)) < 2:
+        return []
+    owner: dict[Vertex, int | None] = {r: hosts[r] for r in topology.ranks}
+    for s in topology.switches:
+        near = {hosts[l.dst] for l in topology.out_links[s] if isinstance(l.dst, int)}
+        near |= {hosts[l.src] for l in topology.in_links[s] if isinstance(l.src, int)}
+        owner[s] = near.pop() if len(near) == 1 else None
+    members: dict[int, set[Vertex]] = defaultdict(set)
+    for v, h in owner.items():
+        if h is not None:
+            members[h].add(v)
+    everything = frozenset(topology.vertices)
+    cuts = []
+    for group in members.values():
+        leaving = sum((caps[l.key] for v in group for l in topology.out_links[v] if l.dst not in group), Fraction(0))
+        entering = sum((caps[l.key] for v in group for l in topology.in_links[v] if l.src not in group), Fraction(0))
+        ranks = sum(1 for v in group if isinstance(v, int))
+        cuts.append(Cut(frozenset(group), ranks, leaving))
+        cuts.append(Cut(everything - group, topology.nranks - ranks, entering))
+    return cuts
+
+
+def _all_but(topology: Topology, caps: dict, rank: int) -> Cut:
+    entering = sum((caps[link.key] for link in topology.in_links[rank]), Fraction(0))
+    return Cut(frozenset(topology.vertices) - {rank}, topology.nranks - 1, entering)
+
+
+def _first_cuts(topology: Topology, sinks: tuple[int, ...]) -> list[Cut]:
+    caps = _capacities(topology)
+    cuts = [_all_but(topology, caps, v) for v in sinks] + _host_cuts(topology, caps)
+    return [c for c in cuts if c.ranks and any(v not in c.vertices for v in sinks)]
+
+
+def _source_side(residual: nx.DiGraph, source: Vertex, scale: float) -> frozenset:
+    """Vertices reachable from source over links with residual capacity: the source side of a min cut."""
+    seen = {source}
+    stack = [source]
+    while stack:
+        u = stack.pop()
+        for v, attr in residual.succ[u].items():
+            if v not in seen and attr["capacity"] - attr["flow"] > TOLERANCE * scale:
+                seen.add(v)
+                stack.append(v)
+    return frozenset(seen)
+
+
+def _violated_cut(topology: Topology, graph: nx.DiGraph, y: Fraction, sinks: tuple[int, ...]) -> Cut | None:
+    """A cut with B⁺(S) < y·|S ∩ ranks| that leaves out one of the sinks, or None if y is feasible."""
+    for r in topology.ranks:
+        graph[SOURCE][r]["capacity"] = float(y)
+    residual = build_residual_network(graph, "capacity")
+    need = float(y) * topology.nranks
+    for sink in sinks:
+        flow = dinitz(graph, SOURCE, sink, residual=residual, cutoff=need)
+        if flow.graph["flow_value"] >= need * (1 - TOLERANCE):
+            continue
+        cut = _cut(topology, _source_side(flow, SOURCE, need) - {SOURCE})
+        if cut.capacity == 0:
+            raise _unreachable(topology, cut)
+        if cut.ranks and cut.ratio > 1 / y:
+            return cut
+    return None
+
+
+@lru_cache(maxsize=32)
+def bottleneck_cut(topology: Topology, sinks: tuple[int, ...] | None = None) -> Cut:
+    """The cut S (leaving out one of ``sinks``, default every rank) that maximizes |S ∩ ranks| / B⁺(S).
+
+    With every rank a sink, one max-flow per orbit of the fabric's symmetries suffices: an automorphism
+    maps each cut to one of equal capacity and rank count.
+    """
+    if topology.nranks < 2:
+        raise BoundError(f"topology {topology.name}: a cut bound needs at least 2 ranks")
+    if sinks is None:
+        sinks = rank_orbit_representatives(topology)
+    best = max(_first_cuts(topology, sinks), key=lambda c: c.ratio if c.capacity else float("inf"))
+    if best.capacity == 0:
+        raise _unreachable(topology, best)
+    graph = _flow_graph(topology)
+    graph.add_edges_from((SOURCE, r, {"capacity": 0.0}) for r in topology.ranks)
+    while True:
+        better = _violated_cut(topology, graph, 1 / best.ratio, sinks)
+        if better is None:
+            return best
+        best = better
+
+
+def allgather_cut_bound(topology: Topology) -> Fraction:
+    """ForestColl's optimum: max over cuts of |S ∩ ranks| / B⁺(S), exact, in 1/(GB/s)."""
+    return bottleneck_cut(topology).ratio
+
+
+@lru_cache(maxsize=16)
+def _reversed(topology: Topology) -> Topology:
+    flipped = topology.reversed()
+    return topology if flipped.fingerprint == topology.fingerprint else flipped
+
+
+@lru_cache(maxsize=64)
+def rooted_cut_capacity(topology: Topology, root: int) -> Fraction:
+    """The smallest exact min-cut capacity (GB/s) from root to any other rank."""
+    graph = _flow_graph(topology)
+    residual = build_residual_network(graph, "capacity")
+    smallest: Fraction | None = None
+    for sink in topology.ranks:
+        if sink == root:
+            continue
+        flow = dinitz(graph, root, sink, residual=residual)
+        cut = _cut(topology, _source_side(flow, root, max(flow.graph["flow_value"], 1.0)))
+        if cut.capacity == 0:
+            raise UnreachableError(f"topology {topology.name}: rank {root} cannot reach rank {sink}")
+        smallest = cut.capacity if smallest is None else min(smallest, cut.capacity)
+    return smallest if smallest is not None else Fraction(0)
+
+
+def _alltoall_factor(topology: Topology) -> Fraction:
+    """Each cut S carries |S ∩ ranks|·|ranks \\ S|/N² of the per-rank buffer out; rank and host cuts."""
+    n = topology.nranks
+    caps = _capacities(topology)
+    cuts = [_cut(topology, frozenset({r})) for r in topology.ranks]
+    cuts += [_all_but(topology, caps, r) for r in topology.ranks]
+    cuts += _host_cuts(topology, caps)
+    worst = Fraction(0)
+    for cut in cuts:
+        if cut.capacity == 0:
+            raise _unreachable(topology, cut)
+        worst = max(worst, Fraction(cut.ranks * (n - cut.ranks), n * n) / cut.capacity)
+    return worst * n  # bytes counted against the per-rank buffer of N slices
+
+
+def bandwidth_factor(topology: Topology, collective: Collective) -> Fraction:
+    """The bandwidth bound per byte of message, in 1/(GB/s): bound_us = nbytes × factor / 1e3."""
+    _check(topology, collective)
+    n = collective.nranks
+    if n < 2:
+        return Fraction(0)
+    name = collective.name
+    if name == "allgather":
+        return allgather_cut_bound(topology) / n
+    if name == "reducescatter":
+        return allgather_cut_bound(_reversed(topology)) / n
+    if name == "allreduce":
+        return 2 * allgather_cut_bound(_reversed(topology)) / n
+    if name == "broadcast":
+        return 1 / rooted_cut_capacity(topology, collective.root)
+    if name == "reduce":
+        return 1 / rooted_cut_capacity(_reversed(topology), collective.root)
+    if name == "gather":
+        return bottleneck_cut(topology, (collective.root,)).ratio / n
+    if name == "scatter":
+        return bottleneck_cut(_reversed(topology), (collective.root,)).ratio / n
+    return _alltoall_factor(topology)
+
+
+def bandwidth_bound_us(topology: Topology, collective: Collective, nbytes: float) -> float:
+    """No schedule moves nbytes (the nccl-tests size) faster than this over the fabric's cuts."""
+    return float(nbytes * bandwidth_factor(topology, collective)) / BYTES_PER_US_PER_GBPS
+
+
+# ---- the latency bound --------------------------------------------------------------------------
+
+@lru_cache(maxsize=64)
+def _farthest_us(topology: Topology, sources: tuple[int, ...]) -> float:
+    graph = _flow_graph(topology)
+    for link in topology.links:
+        graph[link.src][link.dst]["latency"] = link.latency
+    far = 0.0
+    for src in sources:
+        reach = nx.single_source_dijkstra_path_length(graph, src, weight="latency")
+        far = max(far, max(reach[r] for r in topology.ranks))
+    return far
+
+
+def latency_bound_us(topology: Topology, collective: Collective) -> float:
+    """The longest of the lowest-latency paths that the collective's data must travel, in µs.
+
+    Every rank needs something from every other rank, except in rooted collectives, where data only
+    leaves the root (broadcast, scatter) or only reaches it (reduce, gather).
+    """
+    _check(topology, collective)
+    if collective.name in ("broadcast", "scatter"):
+        return _farthest_us(topology, (collective.root,))
+    if collective.name in ("reduce", "gather"):
+        return _farthest_us(_reversed(topology), (collective.root,))
+    # an automorphism preserves path latencies, so the farthest pair starts at some orbit's representative
+    return _farthest_us(topology, rank_orbit_representatives(topology))
+
+
+def lower_bound_us(topology: Topology, collective: Collective, nbytes: float) -> float:
+    """The larger of the latency and bandwidth bounds, in µs."""
+    return max(latency_bound_us(topology, collective), bandwidth_bound_us(topology, collective, nbytes))
+
+
+def _check(topology: Topology, collective: Collective) -> None:
+    if collective.nranks != topology.nranks:
+        raise BoundError(f"collective {collective.name}: nranks: {collective.nranks} ranks, "
+                         f"but topology {topology.name} has {topology.nranks}")
