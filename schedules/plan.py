@@ -397,7 +397,7 @@ class _Reader:
         return value
 
     def channel_type(self, value: object, where: str) -> str:
-        if value in REFUSED_CHANNEL_TYPES:
+        if isinstance(value, str) and value in REFUSED_CHANNEL_TYPES:
             raise self.fail(where, f"unsupported channel type {value!r}: {REFUSED_CHANNEL_TYPES[value]}")
         if value not in CHANNEL_TYPES:
             raise self.fail(where, f"unknown channel type {value!r} (weft runs 'memory' channels)")
@@ -549,7 +549,7 @@ def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threa
 def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) -> Op:
     doc = rd.obj(data, where)
     name = doc.get("name")
-    if name not in OPS:
+    if not isinstance(name, str) or name not in OPS:
         raise rd.fail(f"{where}.name", f"unsupported op {name!r} (weft runs {', '.join(sorted(OPS))})")
     extra = sorted(set(doc) - _OP_FIELDS)
     if extra:

@@ -122,3 +122,34 @@ def test_buffer_sizes_must_fit_the_collective():
     doc["gpus"][1]["output_chunks"] = 3
     with pytest.raises(PlanError, match=r"gpus\[1\]\.output_chunks: 3 does not fit a allreduce of 2 ranks"):
         parse_plan(doc, "x.json")
+
+
+def _leaves(value, path=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, path + (i,))
+    yield path
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_any_corruption_is_a_plan_error_or_a_valid_plan(data):
+    doc = _doc(LL)
+    paths = [p for p in _leaves(doc) if p]
+    path = data.draw(st.sampled_from(paths))
+    junk = data.draw(st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.text(max_size=3),
+                               st.just([]), st.just({})))
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    if data.draw(st.booleans()) and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = junk
+    try:
+        parse_plan(doc, "fuzz.json")
+    except PlanError as e:
+        assert str(e).startswith("plan fuzz.json: ") and "\n" not in str(e)
