@@ -65,7 +65,8 @@ def run_list(args: argparse.Namespace) -> int:
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         params = ",".join(f"{k}={v['default']}" for k, v in r["params"].items())
-        print(f"{r['name']:<{width}}  {params:<16}  {r['description']}")
+        aliases = f" (also: {', '.join(r['aliases'])})" if r["aliases"] else ""
+        print(f"{r['name']:<{width}}  {params:<16}  {r['description']}{aliases}")
     return 0
 
 
@@ -98,8 +99,11 @@ def summary(topology: Topology) -> list[str]:
 
 
 def _kind(src: object, dst: object) -> str:
-    side = lambda v: "rank" if isinstance(v, int) else "switch"  # noqa: E731
-    return f"{side(src)}->{side(dst)}"
+    return f"{_side(src)}->{_side(dst)}"
+
+
+def _side(vertex: object) -> str:
+    return "rank" if isinstance(vertex, int) else "switch"
 
 
 def _abbreviated(names: tuple[str, ...], limit: int = 6) -> str:
