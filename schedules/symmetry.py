@@ -83,6 +83,32 @@ def _is_automorphism(topology: Topology, perm: Permutation) -> bool:
 
 
 @lru_cache(maxsize=32)
+def automorphisms(topology: Topology) -> tuple[Permutation, ...]:
+    """The candidate maps that check out, each extended to every vertex."""
+    found = []
+    for ranks in _candidates(topology):
+        perm = _extend_to_switches(topology, ranks)
+        if perm is not None and _is_automorphism(topology, perm):
+            found.append(perm)
+    return tuple(found)
+
+
+def transversal(topology: Topology, rank: int) -> dict[int, Permutation]:
+    """For each rank in rank's orbit, one symmetry (a composition of the found ones) that takes rank there."""
+    reached: dict[int, Permutation] = {rank: {v: v for v in topology.vertices}}
+    frontier = [reached[rank]]
+    generators = automorphisms(topology)
+    while frontier:
+        perm = frontier.pop()
+        for g in generators:
+            composed = {v: g[image] for v, image in perm.items()}
+            if composed[rank] not in reached:
+                reached[composed[rank]] = composed
+                frontier.append(composed)
+    return reached
+
+
+@lru_cache(maxsize=32)
 def rank_orbits(topology: Topology) -> tuple[tuple[int, ...], ...]:
     """Ranks grouped by the orbits of the symmetries found; each orbit sorted, orbits by first rank."""
     parent = list(topology.ranks)
@@ -93,11 +119,9 @@ def rank_orbits(topology: Topology) -> tuple[tuple[int, ...], ...]:
             r = parent[r]
         return r
 
-    for ranks in _candidates(topology):
-        perm = _extend_to_switches(topology, ranks)
-        if perm is None or not _is_automorphism(topology, perm):
-            continue
-        for r, image in ranks.items():
+    for perm in automorphisms(topology):
+        for r in topology.ranks:
+            image = perm[r]
             a, b = root(r), root(image)
             if a != b:
                 parent[max(a, b)] = min(a, b)

@@ -1,0 +1,170 @@
+"""Packing spanning out-trees of equal rate into a fabric, switches included (ForestColl's forest).
+
+Rates are counted in a unit U (GB/s): a link of capacity C carries floor(C/U) trees, and every tree
+carries U. A tree's edge is a hop between two ranks, either over a direct link or over the switch path
+that the fabric's switch-free form uses for that rank pair; a switch never copies, so a hop through a
+switch is exactly ForestColl's edge splitting (it pairs one unit of the switch's in-link with one unit
+of its out-link), and the per-link loads are the switch-port loads that ``verify`` checks.
+
+Trees are grown Prim-style, widest remaining hop first, then shallowest. On a symmetric fabric only one
+root per orbit is grown; each of its trees is copied to the other roots of the orbit by a symmetry, and
+every copy's load is charged as it is made, so the packing is exact whatever the symmetry group.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+from schedules.symmetry import Permutation, rank_orbits, transversal
+from synth.errors import Unknown
+from topologies.topology import Topology, Vertex, _switch_paths
+
+Key = tuple[Vertex, Vertex]
+
+
+@dataclass(frozen=True)
+class Hop:
+    """A rank-to-rank tree edge and the topology links it loads."""
+
+    src: int
+    dst: int
+    links: tuple[Key, ...]
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A spanning out-tree: hops listed parent before child."""
+
+    root: int
+    hops: tuple[tuple[int, int], ...]
+
+    def depths(self) -> dict[int, int]:
+        depth = {self.root: 0}
+        for parent, child in self.hops:
+            depth[child] = depth[parent] + 1
+        return depth
+
+
+def rank_hops(topology: Topology) -> dict[int, tuple[Hop, ...]]:
+    """Every hop out of every rank: direct links to ranks and the switch-free form's switch paths."""
+    table = {}
+    for src in topology.ranks:
+        hops = [Hop(src, l.dst, (l.key,)) for l in topology.out_links[src] if isinstance(l.dst, int)]
+        for dst, path in sorted(_switch_paths(topology, src).items()):
+            if not topology.has_link(src, dst):
+                hops.append(Hop(src, dst, tuple(l.key for l in path)))
+        table[src] = tuple(hops)
+    return table
+
+
+def trees_per_link(topology: Topology, unit: Fraction) -> dict[Key, int]:
+    return {l.key: math.floor(Fraction(l.capacity).limit_denominator(10**9) / unit) for l in topology.links}
+
+
+@dataclass
+class _Packer:
+    topology: Topology
+    hops: dict[int, tuple[Hop, ...]]
+    room: dict[Key, int]
+    deadline: float
+
+    def _width(self, hop: Hop) -> int:
+        return min(self.room[k] for k in hop.links)
+
+    def _charge(self, hop: Hop, images: list[Permutation]) -> bool:
+        """Load hop and its images; undo and say False if some link overflows."""
+        charged: list[Key] = []
+        for perm in images:
+            for src, dst in hop.links:
+                key = (perm[src], perm[dst])
+                self.room[key] -= 1
+                charged.append(key)
+                if self.room[key] < 0:
+                    for k in charged:
+                        self.room[k] += 1
+                    return False
+        return True
+
+    def grow(self, root: int, images: list[Permutation]) -> Tree | None:
+        """One tree from root (and its images), or None when the remaining room cannot span the ranks."""
+        placed = {root: 0}
+        order: list[tuple[int, int]] = []
+        heap: list = []
+        tie = 0
+
+        def offer(u: int) -> None:
+            nonlocal tie
+            for hop in self.hops[u]:
+                if hop.dst not in placed:
+                    tie += 1
+                    heapq.heappush(heap, (-self._width(hop), placed[u] + 1, tie, hop))
+
+        offer(root)
+        while len(placed) < self.topology.nranks:
+            if time.monotonic() > self.deadline:
+                raise Unknown(f"trees on {self.topology.name}: time limit reached while packing trees")
+            if not heap:
+                return None
+            neg_width, depth, _, hop = heapq.heappop(heap)
+            if hop.dst in placed:
+                continue
+            width = self._width(hop)
+            if width < 1:
+                continue
+            if width < -neg_width:
+                tie += 1
+                heapq.heappush(heap, (-width, depth, tie, hop))
+                continue
+            if not self._charge(hop, images):
+                continue
+            placed[hop.dst] = depth
+            order.append((hop.src, hop.dst))
+            offer(hop.dst)
+        return Tree(root, tuple(order))
+
+
+def pack(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float,
+         symmetric: bool = True) -> tuple[Tree, ...] | None:
+    """per_root trees of rate ``unit`` for every root, or None if the greedy packing runs out of room.
+
+    With ``symmetric``, roots that share an orbit of the fabric's symmetries get copies of one root's trees.
+    """
+    packer = _Packer(topology, rank_hops(topology), trees_per_link(topology, unit), deadline)
+    groups = _root_groups(topology, roots) if symmetric else [(r, {r: None}) for r in roots]
+    made: dict[int, list[Tree]] = {r: [] for r in roots}
+    for _ in range(per_root):
+        for rep, maps in groups:
+            images = [perm if perm is not None else _identity(topology) for perm in maps.values()]
+            tree = packer.grow(rep, images)
+            if tree is None:
+                return None
+            for root, perm in maps.items():
+                made[root].append(tree if perm is None else _mapped(tree, perm))
+    return tuple(t for r in roots for t in made[r])
+
+
+def _identity(topology: Topology) -> Permutation:
+    return {v: v for v in topology.vertices}
+
+
+def _root_groups(topology: Topology, roots: tuple[int, ...]) -> list[tuple[int, dict[int, Permutation | None]]]:
+    wanted = set(roots)
+    groups = []
+    for orbit in rank_orbits(topology):
+        members = [r for r in orbit if r in wanted]
+        if len(members) == len(orbit) and len(orbit) > 1:
+            rep = orbit[0]
+            maps: dict[int, Permutation | None] = dict(transversal(topology, rep))
+            maps[rep] = None
+            groups.append((rep, maps))
+        else:
+            groups += [(r, {r: None}) for r in members]
+    return groups
+
+
+def _mapped(tree: Tree, perm: Permutation) -> Tree:
+    return Tree(perm[tree.root], tuple((perm[a], perm[b]) for a, b in tree.hops))

@@ -1,0 +1,242 @@
+"""ForestColl-class spanning-tree schedules: throughput-optimal forests, pipelined into Schedules.
+
+The optimal allgather rate per root is y* = 1 / max over cuts of |S ∩ ranks| / B⁺(S) (schedules.bounds,
+exact). With U the largest unit that divides every link capacity and y*, K = y*/U trees of rate U per
+root reach it (``TreeOptions(k=...)`` asks for fewer, at a unit as large as packs, and reports the % of
+optimal). Each chunk goes down one tree; a tree forwards one chunk per hop per step, so a step carries
+at most floor(C/U) chunks over a link of capacity C and lasts chunk/U at α = 0: with P chunks per tree and
+depth D, the schedule takes (P + D - 1)/P of the bound and reaches it as chunks grow.
+
+Reducescatter and reduce run the trees of the reversed fabric backwards (children reduce into parents);
+allreduce is reducescatter then allgather; broadcast packs trees from the one root.
+
+>>> from topologies.catalog import build
+>>> from schedules.collectives import Collective
+>>> s = solve(build("ring:n=4"), Collective("allgather", 4, chunks=4))
+>>> s.nsteps, s.meta.notes
+(3, '2 trees per root of 8.33333 GB/s each: 100.0% of the optimal 16.6667 GB/s')
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from fractions import Fraction
+from math import gcd, lcm
+
+from schedules.bounds import allgather_cut_bound, exact, rooted_cut_capacity
+from schedules.collectives import Collective
+from schedules.schedule import Schedule, ScheduleMeta, Send, Step
+from synth.errors import NotApplicable, SynthesisError
+from synth.tree_packing import Tree, pack, rank_hops, trees_per_link
+from topologies.topology import Topology
+
+SLACK = 1e-9  # the verifier's float slack on capacity × rounds
+# Fractions of the optimal unit tried, in turn, when the greedy packing runs out of room at the optimum.
+UNIT_STEPS = (1, Fraction(99, 100), Fraction(49, 50), Fraction(24, 25), Fraction(47, 50), Fraction(23, 25),
+              Fraction(9, 10), Fraction(17, 20), Fraction(4, 5), Fraction(3, 4), Fraction(2, 3), Fraction(1, 2))
+
+
+@dataclass(frozen=True)
+class TreeOptions:
+    """k: trees per root (default: as many as the optimum needs, up to max_trees)."""
+
+    k: int | None = None
+    max_trees: int = 16
+    time_limit: float = 60.0
+    symmetric: bool = True
+
+
+@dataclass(frozen=True)
+class Forest:
+    """Trees of one rate for every root, on a topology (the reversed one for combining collectives)."""
+
+    topology: Topology
+    trees: tuple[Tree, ...]
+    per_root: int
+    unit: Fraction
+    optimum: Fraction
+
+    @property
+    def rate(self) -> Fraction:
+        return self.per_root * self.unit
+
+    @property
+    def pct_of_optimal(self) -> float:
+        return float(100 * self.rate / self.optimum)
+
+    def trees_of(self, root: int) -> list[Tree]:
+        return [t for t in self.trees if t.root == root]
+
+    def describe(self) -> str:
+        return (f"{self.per_root} trees per root of {float(self.unit):g} GB/s each: "
+                f"{self.pct_of_optimal:.1f}% of the optimal {float(self.optimum):g} GB/s")
+
+
+def _rational_gcd(values: list[Fraction]) -> Fraction:
+    denominator = lcm(*(v.denominator for v in values))
+    return Fraction(gcd(*(int(v * denominator) for v in values)), denominator)
+
+
+def _units(topology: Topology, optimum: Fraction, per_root: int) -> list[Fraction]:
+    """The unit optimum/per_root, then smaller ones, each raised to where no link loses a tree."""
+    caps = sorted({exact(l.capacity) for l in topology.links})
+    units = []
+    for step in UNIT_STEPS:
+        unit = optimum / per_root * step
+        unit = min(c / math.floor(c / unit) for c in caps if c >= unit) if any(c >= unit for c in caps) else unit
+        if unit not in units and unit <= optimum / per_root:
+            units.append(unit)
+    return units
+
+
+def forest(topology: Topology, roots: tuple[int, ...], optimum: Fraction, options: TreeOptions) -> Forest:
+    """Trees for ``roots`` reaching ``optimum`` GB/s per root, or as close as the packing gets."""
+    if options.k is not None and options.k < 1:
+        raise SynthesisError(f"trees: k: must be a positive number of trees per root, got {options.k}")
+    natural = optimum / _rational_gcd([exact(l.capacity) for l in topology.links] + [optimum])
+    per_root = options.k or min(int(natural), options.max_trees)
+    deadline = time.monotonic() + options.time_limit
+    for unit in _units(topology, optimum, per_root):
+        trees = pack(topology, roots, per_root, unit, deadline, options.symmetric)
+        if trees is not None:
+            return Forest(topology, trees, per_root, unit, optimum)
+    raise NotApplicable(f"trees on {topology.name}: no packing of {per_root} trees per root found "
+                        f"at {float(UNIT_STEPS[-1]):.0%} of the optimal rate or above")
+
+
+# ---- from trees to steps ------------------------------------------------------------------------
+
+def _broadcast_sends(forest: Forest, root: int, chunks: list[int]) -> dict[int, list[Send]]:
+    """Step -> sends that pipeline ``chunks`` of root down its trees, chunk j on tree j mod k."""
+    steps: dict[int, list[Send]] = defaultdict(list)
+    trees = forest.trees_of(root)
+    for j, chunk in enumerate(chunks):
+        tree = trees[j % len(trees)]
+        depth = tree.depths()
+        wave = j // len(trees)
+        for parent, child in tree.hops:
+            steps[wave + depth[child] - 1].append(Send(chunk, parent, child))
+    return steps
+
+
+def _tree_steps(forest: Forest, chunks_of: dict[int, list[int]], reduce: bool) -> list[list[Send]]:
+    merged: dict[int, list[Send]] = defaultdict(list)
+    for root, chunks in chunks_of.items():
+        for step, sends in _broadcast_sends(forest, root, chunks).items():
+            merged[step].extend(sends)
+    ordered = [merged[s] for s in range(max(merged) + 1)] if merged else []
+    if not reduce:
+        return ordered
+    return [[Send(s.chunk, s.dst, s.src, "reduce") for s in sends] for sends in reversed(ordered)]
+
+
+@dataclass(frozen=True)
+class _Fabric:
+    """Chunk capacities of the switch-free form, per rank pair and per shared switch-side link."""
+
+    pair_links: dict[tuple[int, int], tuple]
+    pair_capacity: dict[tuple[int, int], float]
+    shared: dict[tuple, float]
+
+
+def _fabric(topology: Topology) -> _Fabric:
+    pair_links, pair_capacity, users = {}, {}, Counter()
+    for hops in rank_hops(topology).values():
+        for hop in hops:
+            pair_links[(hop.src, hop.dst)] = hop.links
+            pair_capacity[(hop.src, hop.dst)] = min(topology.link(*k).capacity for k in hop.links)
+            if len(hop.links) > 1:
+                users.update(hop.links)
+    shared = {k: topology.link(*k).capacity for k, n in users.items() if n > 1}
+    unit = min(list(pair_capacity.values()) + list(shared.values()))
+    return _Fabric(pair_links, {p: c / unit for p, c in pair_capacity.items()},
+                   {k: c / unit for k, c in shared.items()})
+
+
+def _rounds(sends: list[Send], fabric: _Fabric) -> int:
+    """The fewest rounds under which every pair link and shared switch link carries its sends."""
+    per_pair = Counter((s.src, s.dst) for s in sends)
+    per_link: Counter = Counter()
+    need = 1
+    for pair, n in per_pair.items():
+        need = max(need, math.ceil(n / fabric.pair_capacity[pair] - SLACK))
+        for key in fabric.pair_links[pair]:
+            if key in fabric.shared:
+                per_link[key] += n
+    for key, n in per_link.items():
+        need = max(need, math.ceil(n / fabric.shared[key] - SLACK))
+    return need
+
+
+def _steps(topology: Topology, phases: list[list[Send]]) -> tuple[Step, ...]:
+    fabric = _fabric(topology)
+    return tuple(Step(_rounds(sends, fabric), tuple(sends)) for sends in phases if sends)
+
+
+# ---- collectives --------------------------------------------------------------------------------
+
+def _check(topology: Topology, collective: Collective) -> None:
+    if collective.nranks != topology.nranks:
+        raise SynthesisError(f"trees: collective {collective.name} has {collective.nranks} ranks, "
+                             f"topology {topology.name} has {topology.nranks}")
+    if collective.name in ("gather", "scatter", "alltoall"):
+        raise NotApplicable(f"trees: {collective.name} sends different data to each rank; spanning trees "
+                            "carry the same data to all (use direct or milp)")
+    if topology.nranks < 2:
+        raise NotApplicable(f"trees: {topology.name} has one rank; there is nothing to send")
+
+
+def allgather_forest(topology: Topology, options: TreeOptions) -> Forest:
+    return forest(topology, tuple(topology.ranks), 1 / allgather_cut_bound(topology), options)
+
+
+def broadcast_forest(topology: Topology, root: int, options: TreeOptions) -> Forest:
+    return forest(topology, (root,), rooted_cut_capacity(topology, root), options)
+
+
+def forests_for(topology: Topology, collective: Collective, options: TreeOptions) -> list[Forest]:
+    """The forests a collective runs on, in order (allreduce: the reversed fabric's, then the fabric's)."""
+    _check(topology, collective)
+    name = collective.name
+    if name == "allgather":
+        return [allgather_forest(topology, options)]
+    if name == "reducescatter":
+        return [allgather_forest(topology.reversed(), options)]
+    if name == "allreduce":
+        return [allgather_forest(topology.reversed(), options), allgather_forest(topology, options)]
+    if name == "broadcast":
+        return [broadcast_forest(topology, collective.root, options)]
+    return [broadcast_forest(topology.reversed(), collective.root, options)]
+
+
+def schedule(topology: Topology, collective: Collective, forests: list[Forest]) -> Schedule:
+    """The pipelined schedule of a collective over its forests (from ``forests_for``)."""
+    c = collective.chunks
+    slices = {r: list(range(r * c, (r + 1) * c)) for r in topology.ranks}
+    name = collective.name
+    if name == "allgather":
+        phases = _tree_steps(forests[0], slices, reduce=False)
+    elif name == "reducescatter":
+        phases = _tree_steps(forests[0], slices, reduce=True)
+    elif name == "allreduce":
+        phases = _tree_steps(forests[0], slices, reduce=True) + _tree_steps(forests[1], slices, reduce=False)
+    elif name == "broadcast":
+        phases = _tree_steps(forests[0], {collective.root: list(range(c))}, reduce=False)
+    else:
+        phases = _tree_steps(forests[0], {collective.root: list(range(c))}, reduce=True)
+    k = forests[-1].per_root
+    return Schedule(collective, topology.fingerprint, _steps(topology, phases), f"trees-{name}-k{k}-c{c}")
+
+
+def solve(topology: Topology, collective: Collective, options: TreeOptions = TreeOptions()) -> Schedule:
+    """A pipelined spanning-tree schedule; ``collective.chunks`` chunks per tree root, one tree each."""
+    start = time.monotonic()
+    forests = forests_for(topology, collective, options)
+    result = schedule(topology, collective, forests)
+    notes = "; ".join(f.describe() for f in forests)
+    options_doc = {"k": forests[-1].per_root, "symmetric": options.symmetric}
+    return result.with_meta(solver="trees", options=options_doc, solve_time=time.monotonic() - start,
+                            notes=notes)
