@@ -1,0 +1,73 @@
+"""``weft topo bound TOPO COLLECTIVE [--size 1GB] [--json]``: the lower bound on a collective's time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from schedules.collectives import NAMES, Collective
+from topologies import resolve
+from weft.units import format_bytes, parse_bytes
+
+
+def register(topo_sub: argparse._SubParsersAction) -> None:
+    q = topo_sub.add_parser("bound", help="lower bound on a collective's time (ForestColl's cut bound, latency)",
+                            description="The bandwidth bound as an exact fraction, the bottleneck cut, and the "
+                                        "bound in µs and GB/s for a message size.")
+    q.add_argument("topology", metavar="TOPO", help="catalog spec or topology file")
+    q.add_argument("collective", help=f"one of: {', '.join(NAMES)}")
+    q.add_argument("--size", default="1GB", help="message size, nccl-tests terms (default 1GB)")
+    q.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
+    q.add_argument("--json", action="store_true", help="print the bound as JSON")
+    q.set_defaults(func=run)
+
+
+def bound_report(topology, collective: Collective, nbytes: int) -> dict:
+    """The numbers `weft topo bound` prints."""
+    from schedules import bounds
+    from schedules.cost import bus_factor
+
+    factor = bounds.bandwidth_factor(topology, collective)
+    latency = bounds.latency_bound_us(topology, collective)
+    bandwidth = bounds.bandwidth_bound_us(topology, collective, nbytes)
+    total = max(latency, bandwidth)
+    report = {
+        "topology": topology.name, "fingerprint": topology.fingerprint, "collective": collective.name,
+        "nranks": topology.nranks, "size": nbytes,
+        "factor": str(factor), "factor_doc": "bandwidth bound in µs = size in bytes × factor / 1e3; 1/(GB/s)",
+        "latency_us": latency, "bandwidth_us": bandwidth, "bound_us": total,
+        "algbw_max": nbytes / (total * 1e3) if total else None,
+        "busbw_max": nbytes / (total * 1e3) * bus_factor(collective) if total else None,
+    }
+    if collective.name in ("allgather", "reducescatter", "allreduce") and topology.nranks > 1:
+        fabric = topology if collective.name == "allgather" else topology.reversed()
+        cut = bounds.bottleneck_cut(fabric)
+        report["cut"] = {"ratio": str(cut.ratio), "ranks": cut.ranks, "capacity": str(cut.capacity),
+                         "rounds_per_chunk": str(cut.ratio * bounds.exact(fabric.unit_bandwidth)),
+                         "optimal_rate": str(1 / cut.ratio), "optimal_rate_gbps": float(1 / cut.ratio)}
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    nbytes = parse_bytes(args.size)
+    topology = resolve(args.topology)
+    collective = Collective(args.collective, topology.nranks, 1, args.root)
+    report = bound_report(topology, collective, nbytes)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"topology {topology.name} ({topology.fingerprint}, {topology.nranks} ranks), {collective.name}, "
+          f"{format_bytes(nbytes)}")
+    if "cut" in report:
+        cut = report["cut"]
+        print(f"  cut bound: {cut['ratio']} per (GB/s) = max |S ∩ ranks| / B+(S), at S with {cut['ranks']} ranks "
+              f"and {cut['capacity']} GB/s leaving; {cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
+              f"optimal rate {cut['optimal_rate_gbps']:.6g} GB/s per rank's slice")
+    print(f"  bandwidth bound: size × {report['factor']} / 1e3 = {report['bandwidth_us']:.3f} µs")
+    print(f"  latency bound:   {report['latency_us']:.3f} µs")
+    if report["algbw_max"] is not None:
+        print(f"  lower bound:     {report['bound_us']:.3f} µs  (algbw <= {report['algbw_max']:.2f} GB/s, "
+              f"busbw <= {report['busbw_max']:.2f} GB/s)")
+    else:
+        print("  lower bound:     0 µs (one rank)")
+    return 0
