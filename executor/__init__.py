@@ -11,7 +11,9 @@ from typing import Any
 _EXPORTS = {
     "run_reference": ("executor.reference", "run_reference"),
     "check_plan": ("executor.reference", "check_plan"),
-    "Communicator": ("executor.communicator", "Communicator"),
+    "Communicator": ("executor.inference", "Communicator"),  # the plan executor plus torch.distributed's API
+    "PlanCommunicator": ("executor.communicator", "Communicator"),
+    "WeftBackend": ("executor.backend", "WeftBackend"),
     "ExecutorTimeout": ("executor.errors", "ExecutorTimeout"),
 }
 

@@ -1,0 +1,76 @@
+"""weft's collectives as torch.library custom ops, with fake implementations, so torch.compile traces through them.
+
+An op cannot take a Python object, so each op names its communicator by a small integer handle. The handle
+table is the one piece of module state: torch calls the ops from compiled graphs, where nothing else could
+carry the communicator. It holds weak references, so a closed and dropped communicator does not linger.
+
+    torch.ops.weft.all_reduce(x, comm.handle)          # out of place
+    torch.ops.weft.all_reduce_(x, comm.handle)         # in place
+    torch.ops.weft.all_gather_into_tensor(out, x, comm.handle)
+    torch.ops.weft.reduce_scatter_tensor(out, x, comm.handle)
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+
+_COMMUNICATORS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+
+
+def register(comm: Any) -> int:
+    """A handle under which the ops find ``comm``."""
+    handle = next(_HANDLES)
+    _COMMUNICATORS[handle] = comm
+    return handle
+
+
+def _comm(handle: int) -> Any:
+    comm = _COMMUNICATORS.get(handle)
+    if comm is None:
+        raise RuntimeError(f"weft: communicator {handle} was closed or garbage-collected")
+    return comm
+
+
+@torch.library.custom_op("weft::all_reduce", mutates_args=())
+def all_reduce(tensor: torch.Tensor, handle: int) -> torch.Tensor:
+    return _comm(handle).all_reduce_eager(tensor)
+
+
+@all_reduce.register_fake
+def _(tensor: torch.Tensor, handle: int) -> torch.Tensor:
+    return torch.empty_like(tensor)
+
+
+@torch.library.custom_op("weft::all_reduce_", mutates_args=("tensor",))
+def all_reduce_(tensor: torch.Tensor, handle: int) -> None:
+    _comm(handle).all_reduce_eager_(tensor)
+
+
+@all_reduce_.register_fake
+def _(tensor: torch.Tensor, handle: int) -> None:
+    return None
+
+
+@torch.library.custom_op("weft::all_gather_into_tensor", mutates_args=("output",))
+def all_gather_into_tensor(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
+    _comm(handle).all_gather_eager(output, tensor)
+
+
+@all_gather_into_tensor.register_fake
+def _(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
+    return None
+
+
+@torch.library.custom_op("weft::reduce_scatter_tensor", mutates_args=("output",))
+def reduce_scatter_tensor(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
+    _comm(handle).reduce_scatter_eager(output, tensor)
+
+
+@reduce_scatter_tensor.register_fake
+def _(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
+    return None

@@ -1,0 +1,61 @@
+"""The registry's plans for one job: this topology and rank count only, chosen per collective, size and dtype.
+
+Pure Python (no GPU), so selection is tested on CPU. Entries are read once when the job starts; a choice is
+cached per (collective, size, dtype), so a decode loop never touches the registry after its first step.
+
+>>> from schedules.registry import Registry
+>>> PlanChoice(Registry("memory://doctest-choice"), "topo-0", 2).plan("allreduce", 1024, "bf16") is None
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from schedules.plan import Plan
+from schedules.registry import Entry, Registry
+
+# Solvers whose plans reduce every element once, on one rank, and copy the sum to the others (or reduce along
+# one fixed chain): every rank ends with the same bits. A one-shot ("direct") plan sums on every rank in that
+# rank's own order, which is the same bits only for two ranks (a + b == b + a).
+FIXED_ORDER_SOLVERS = frozenset({"ring", "twoshot", "rhd", "tree"})
+
+
+def fixed_reduction_order(plan: Plan) -> bool:
+    """Whether ``plan`` gives bitwise-identical sums on every rank and every run."""
+    if plan.collective not in ("allreduce", "reducescatter", "reduce"):
+        return True
+    return plan.weft.solver in FIXED_ORDER_SOLVERS or (plan.weft.solver == "direct" and plan.nranks <= 2)
+
+
+@dataclass
+class PlanChoice:
+    """The best registry plan for a (collective, size, dtype) on one topology, or None (use NCCL)."""
+
+    registry: Registry
+    topology: str  # fingerprint: entries keyed by any other topology are never considered
+    nranks: int
+    deterministic: bool = False
+    entries: list[Entry] = field(init=False)
+    _chosen: dict[tuple[str, int, str], Plan | None] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.entries = [e for e in self.registry.entries(topology=self.topology)
+                        if e.key.nranks == self.nranks and (not self.deterministic or fixed_reduction_order(e.plan))]
+
+    def plan(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
+        key = (collective, nbytes, dtype)
+        if key not in self._chosen:
+            self._chosen[key] = self._best(collective, nbytes, dtype)
+        return self._chosen[key]
+
+    def _best(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
+        fits = [e for e in self.entries if e.key.collective == collective and e.key.covers(nbytes)
+                and e.plan.accepts(nbytes) and (not e.dtypes or dtype in e.dtypes)]
+        if not fits:
+            return None
+        # Each entry competes on its best evidence, as in Registry.select. The cost model does not price the
+        # protocol, so among equal predictions LL (no flag round trip per step) goes first where it is allowed.
+        best = min(fits, key=lambda e: (e.estimate_us(nbytes)[1] or math.inf, e.plan.protocol != "LL", e.id))
+        return best.plan
