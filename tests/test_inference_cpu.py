@@ -1,0 +1,103 @@
+"""Inference integration without GPUs: which registry plan a job picks, and which topology keys the registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from executor.torch_plans import PlanChoice, fixed_reduction_order
+from executor.torch_topology import board_spec, machine_topology
+from schedules.registry import Registry
+from topologies.catalog import build
+from topologies.detect import load_facts, topology_from_facts
+from topologies.errors import TopologyError
+from weft import publish
+from weft.pipeline import compile_and_verify
+from weft.synthesis import synthesize
+
+MINE, OTHER = "hgx_h200:gpus=2", "fully_connected:n=2"
+FACTS = Path(__file__).parent / "fixtures" / "nvml"
+
+
+def _commit(registry: str, spec: str, method: str, nranks_spec: str | None = None, protocol: str = "ll"):
+    topology = build(nranks_spec or spec)
+    schedule = synthesize(topology, "allreduce", method)
+    plan = compile_and_verify(schedule, topology, protocol=protocol)
+    return publish.commit(plan, topology, registry, schedule)
+
+
+@pytest.fixture(scope="module")
+def registry() -> str:
+    """A registry holding a one-shot all-reduce for this machine and one for another fabric of two ranks."""
+    location = "memory://inference-cpu-two-fabrics"
+    _commit(location, MINE, "direct")
+    _commit(location, OTHER, "direct")
+    return location
+
+
+def test_entries_of_another_topology_are_never_candidates(registry):
+    choice = PlanChoice(Registry(registry), build(MINE).fingerprint, 2)
+    assert {e.key.topology for e in choice.entries} == {build(MINE).fingerprint}
+    assert len(Registry(registry).entries()) == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(words=st.integers(1, 1 << 18))
+def test_the_chosen_plan_is_always_this_topologys(registry, words):
+    mine = build(MINE)
+    plan = PlanChoice(Registry(registry), mine.fingerprint, 2).plan("allreduce", 4 * words, "bf16")
+    if plan is not None:
+        assert plan.weft.topology == mine.fingerprint
+
+
+def test_a_registry_with_only_another_topologys_plans_gives_nccl():
+    location = "memory://inference-cpu-other-only"
+    _commit(location, OTHER, "direct")
+    choice = PlanChoice(Registry(location), build(MINE).fingerprint, 2)
+    assert choice.plan("allreduce", 64 << 10, "bf16") is None
+
+
+def test_sizes_past_every_plans_range_have_no_plan(registry):
+    choice = PlanChoice(Registry(registry), build(MINE).fingerprint, 2)
+    assert choice.plan("allreduce", 64 << 10, "bf16") is not None
+    assert choice.plan("allreduce", 4 << 20, "bf16") is None  # LL plans stop at 1 MB
+    assert choice.plan("allgather", 64 << 10, "bf16") is None
+
+
+def test_one_shot_sums_have_a_fixed_order_only_on_two_ranks():
+    two = compile_and_verify(synthesize(build("hgx_h200:gpus=2"), "allreduce", "direct"), build("hgx_h200:gpus=2"))
+    four = compile_and_verify(synthesize(build("hgx_h200:gpus=4"), "allreduce", "direct"), build("hgx_h200:gpus=4"))
+    ring = compile_and_verify(synthesize(build("hgx_h200:gpus=4"), "allreduce", "ring"), build("hgx_h200:gpus=4"))
+    assert (fixed_reduction_order(two), fixed_reduction_order(four), fixed_reduction_order(ring)) == (True, False, True)
+
+
+def test_deterministic_mode_skips_one_shot_plans_on_four_ranks():
+    location = "memory://inference-cpu-deterministic"
+    spec = "hgx_h200:gpus=4"
+    _commit(location, spec, "direct")
+    _commit(location, spec, "ring", protocol="simple")
+    fingerprint = build(spec).fingerprint
+    fast = PlanChoice(Registry(location), fingerprint, 4).plan("allreduce", 64 << 10, "bf16")
+    fixed = PlanChoice(Registry(location), fingerprint, 4, deterministic=True).plan("allreduce", 64 << 10, "bf16")
+    assert fast.weft.solver == "direct" and fixed.weft.solver == "ring"
+
+
+def test_the_torch_board_guess_matches_nvml_detection():
+    detected = topology_from_facts(load_facts(FACTS / "h200x2_nv18.json"))
+    assert build(board_spec("NVIDIA H200", 2)).fingerprint == detected.fingerprint
+
+
+def test_unknown_gpus_get_no_board_guess():
+    assert board_spec("NVIDIA L40S", 2) is None and board_spec("NVIDIA H100 80GB HBM3", 16) is None
+
+
+def test_weft_topology_with_another_rank_count_is_refused():
+    with pytest.raises(TopologyError, match="WEFT_TOPOLOGY hgx_h200:gpus=4: nranks: 4 ranks, but the job has 2"):
+        machine_topology(2, "hgx_h200:gpus=4")
+
+
+def test_weft_topology_names_the_registry_key():
+    assert machine_topology(2, MINE).fingerprint == build(MINE).fingerprint
