@@ -94,6 +94,34 @@ def _candidate_sends(spec: FlowSpec) -> list[Key]:
     return keys
 
 
+def shortest_path_sends(spec: FlowSpec) -> set[Key]:
+    """A schedule that sends each chunk down a shortest-path tree, one hop per step: CP-SAT's first hint.
+
+    Among a rank's possible parents it takes the one at the smallest rank offset, so the tree is the same on
+    every node up to the shift when the fabric is symmetric, as a shared variable's hint must be.
+    """
+    coll, topo, n = spec.collective, spec.topology, spec.topology.nranks
+    dist = hop_distances(topo.ranks, spec.links)
+    into: dict[int, list[int]] = {}
+    for u, v in spec.links:
+        into.setdefault(v, []).append(u)
+    sends: set[Key] = set()
+    for c in range(coll.nchunks):
+        holders = [r for r in topo.ranks if c in coll.precondition(r)]
+        depth = {r: min(dist[s].get(r, n + 1) for s in holders) for r in topo.ranks}
+        todo = [r for r in topo.ranks if c in coll.postcondition(r) and depth[r] > 0]
+        reached = set(holders)
+        while todo:
+            v = todo.pop()
+            if v in reached:
+                continue
+            reached.add(v)
+            parent = min((u for u in into.get(v, []) if depth[u] == depth[v] - 1), key=lambda u: (u - v) % n)
+            sends.add((c, parent, v, depth[v]))
+            todo.append(parent)
+    return sends
+
+
 def build_flow(spec: FlowSpec) -> FlowModel:
     """The CP-SAT model of ``spec``; infeasible exactly when no schedule fits in ``spec.steps`` steps."""
     model = cp_model.CpModel()
@@ -104,6 +132,10 @@ def build_flow(spec: FlowSpec) -> FlowModel:
         if rep not in sends:
             sends[rep] = model.NewBoolVar("x%d_%d_%d_%d" % rep)
         sends[key] = sends[rep]
+    hint = shortest_path_sends(spec)
+    for key, var in sends.items():
+        if key == _orbit_min(key, spec):
+            model.AddHint(var, key in hint)
 
     into: dict[tuple[int, int], list[Key]] = {}
     for key in sends:
