@@ -8,6 +8,7 @@ launches; a sample is one replay's time / ``calls``; the row holds the median of
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -136,6 +137,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
     dtype = getattr(torch, TORCH_DTYPES[config.dtype])
     rows = []
     for nbytes in config.sizes:
+        began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
         candidates = [p for p in plans if p.accepts(nbytes) and config.dtype in p.weft.dtypes]
         timers: dict[str, Callable[[], float]] = {"nccl": _timer(_nccl(config.collective, x, out), config.graph,
@@ -177,6 +179,6 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         })
         if progress:
             progress(f"{nbytes} B: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
-                     + f" µs; wrong {wrong}")
+                     + f" µs; wrong {wrong}; {time.monotonic() - began:.1f} s")
         del keep
     return rows

@@ -108,7 +108,7 @@ def never_signalled_plan(world: int) -> dict:
     gpus = []
     for r in range(world):
         peers = [p for p in range(world) if p != r]
-        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0,
+        gpus.append({"id": r, "input_chunks": world, "output_chunks": world, "scratch_chunks": 0,
                      "channels": [{"channel_type": "memory", "connected_to": peers}],
                      "threadblocks": [{"id": 0, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
                                        "ops": [{"name": "wait", "channel_type": "memory", "channel_ids": [0]}]}]})

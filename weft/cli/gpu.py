@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -70,14 +71,19 @@ def _spawn(args: argparse.Namespace) -> int | None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     procs = []
     for rank in range(n):
         env = {**os.environ, **SAFE_ENV, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, "-c", "from weft.cli import run; run()", *sys.argv[1:]],
                                       env=env))
-    codes = [p.wait() for p in procs]
-    return max(codes)
+    try:
+        return max(p.wait() for p in procs)
+    finally:
+        for p in procs:  # a killed or interrupted launcher takes its ranks with it
+            if p.poll() is None:
+                p.kill()
 
 
 def _gpu_count() -> int:
