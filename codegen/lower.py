@@ -40,7 +40,9 @@ def lower(schedule: Schedule, placement: Placement, packets: bool) -> list[Actio
                       and not placement.holds_other(d, c))
             landing = placement.home(d, c) if direct else placement.new_scratch(d)
             sent = emit(send.src, t, 0, SEND, d, [loc[send.src][c]], [landing])
-            arrivals[d][c].append((send.op, send.src, landing, sent.seq))
+            if not packets:  # arrivals in send order: the k-th wait on a channel pairs with its k-th signal
+                emit(d, t, 1, ARRIVE, send.src, [], [landing], sends=(sent.seq,))
+            arrivals[d][c].append((send.op, send.src, landing))
         for d in sorted(arrivals):
             for c, group in sorted(arrivals[d].items()):
                 _land(emit, t, d, c, group, loc[d], placement, packets)
@@ -56,22 +58,17 @@ def lower(schedule: Schedule, placement: Placement, packets: bool) -> list[Actio
 
 def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], placement: Placement,
           packets: bool) -> None:
-    """Actions on rank d that make chunk c's arrivals of step t part of its state."""
+    """Actions on rank d that combine chunk c's arrivals of step t into its state (after their ARRIVEs)."""
     home = placement.home(d, c)
     copies = [g for g in group if g[0] == "copy"]
     reductions = [g for g in group if g[0] == "reduce"]
-    for _, src, landing, seq in copies:
-        if not packets:
-            emit(d, t, 1, ARRIVE, src, [], [landing], sends=(seq,))
+    for _, src, landing in copies:
         if landing != home:
             emit(d, t, 2, UNPACK if packets else COPY, src, [landing], [home])
         held[c] = home
     if not reductions:
         return
-    if not packets:
-        for _, src, landing, seq in reductions:
-            emit(d, t, 1, ARRIVE, src, [], [landing], sends=(seq,))
-    slots = [landing for _, _, landing, _ in reductions]
+    slots = [landing for _, _, landing in reductions]
     first_peer = reductions[0][1]
     if c not in held:  # nothing to add to: the first arrival starts the sum
         emit(d, t, 2, UNPACK if packets else COPY, first_peer, [slots[0]], [home])

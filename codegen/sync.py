@@ -1,7 +1,9 @@
 """Synchronization: ops for every action, with signal/wait for cross-rank and semaphores for cross-block order.
 
 Cross-rank: a Simple send is a ``put`` then a ``signal`` on the channel to the receiver; the matching
-arrival is a ``wait`` on the receiver's end of that channel pair. Packet sends need neither (a packet carries
+arrival waits on the receiver's end of that channel pair until that very signal came: the n-th wait pairs
+with the n-th signal, so an arrival whose send was the n-th on its channel waits up to n (lowering emits
+arrivals in send order, so that is one wait each; counting keeps the pairing right whatever the order). Packet sends need neither (a packet carries
 its own flag). Within a rank, an action that reads a slot another thread block wrote (or writes a slot
 another thread block wrote or still reads) waits for it: the producer block ``sem_release``s a semaphore
 kept for that (producer, consumer) pair after the action, and the consumer ``sem_acquire``s it up to that
@@ -21,7 +23,20 @@ def insert_sync(actions: list[Action]) -> dict[int, dict[int, list[Draft]]]:
     by_rank: dict[int, list[Action]] = defaultdict(list)
     for a in sorted(actions, key=lambda a: a.order):
         by_rank[a.rank].append(a)
-    return {rank: _rank_programs(rank_actions) for rank, rank_actions in sorted(by_rank.items())}
+    signal = _signal_numbers(actions)
+    return {rank: _rank_programs(rank_actions, signal) for rank, rank_actions in sorted(by_rank.items())}
+
+
+def _signal_numbers(actions: list[Action]) -> dict[int, int]:
+    """Send seq -> how many signals its channel has carried once it signalled (Simple sends only)."""
+    count: dict[tuple[int, int, int], int] = defaultdict(int)
+    number = {}
+    for a in sorted(actions, key=lambda a: a.order):
+        if a.kind == SEND and not a.packet:
+            key = (a.rank, a.peer, a.instance)
+            count[key] += 1
+            number[a.seq] = count[key]
+    return number
 
 
 def _dependencies(actions: list[Action]) -> dict[int, dict[int, Action]]:
@@ -50,7 +65,7 @@ def _dependencies(actions: list[Action]) -> dict[int, dict[int, Action]]:
     return needs
 
 
-def _rank_programs(actions: list[Action]) -> dict[int, list[Draft]]:
+def _rank_programs(actions: list[Action], signal: dict[int, int]) -> dict[int, list[Draft]]:
     needs = _dependencies(actions)
     semaphore: dict[tuple[int, int], int] = {}
     releases: dict[tuple[int, int], list[int]] = defaultdict(list)  # (producer, consumer) -> producer seqs
@@ -68,6 +83,7 @@ def _rank_programs(actions: list[Action]) -> dict[int, list[Draft]]:
         for s in seqs:
             release_after[s].append(semaphore[key])
     acquired: dict[tuple[int, int], int] = defaultdict(int)
+    waited: dict[tuple[int, int], int] = defaultdict(int)  # (peer, instance) -> waits done on that channel end
     programs: dict[int, list[Draft]] = defaultdict(list)
     for a in actions:
         ops = programs[a.tb]
@@ -77,7 +93,13 @@ def _rank_programs(actions: list[Action]) -> dict[int, list[Draft]]:
             for _ in range(count - acquired[key]):
                 ops.append(Draft("sem_acquire", semaphores=(semaphore[key],)))
             acquired[key] = max(acquired[key], count)
-        ops.extend(_ops(a))
+        if a.kind == ARRIVE:
+            key = (a.peer, a.instance)
+            upto = max(signal[s] for s in a.sends if s in signal)
+            ops.extend(_ops(a) * max(0, upto - waited[key]))
+            waited[key] = max(waited[key], upto)
+        else:
+            ops.extend(_ops(a))
         for sem in sorted(release_after[a.seq]):
             ops.append(Draft("sem_release", semaphores=(sem,)))
     return dict(sorted(programs.items()))
