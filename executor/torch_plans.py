@@ -29,6 +29,19 @@ def fixed_reduction_order(plan: Plan) -> bool:
     return plan.weft.solver in FIXED_ORDER_SOLVERS or (plan.weft.solver == "direct" and plan.nranks <= 2)
 
 
+def safe_back_to_back(plan: Plan) -> bool:
+    """Whether ``plan`` can run again on the same buffers with no synchronization between the two executions.
+
+    An inference loop executes on the same staging buffers call after call, and nothing orders one rank's next
+    execution after its peers' end of the previous one. LL plans with a double scratch buffer write peers only
+    in their scratch, in the half of this execution, behind flags; a rank can only be one execution ahead
+    (it needs the peers' packets to finish), so it never overwrites what a peer still reads. A plan that puts
+    into a peer's output or single scratch can overwrite data the peer is still reducing or copying out.
+    """
+    return plan.protocol == "LL" and plan.use_double_scratch_buffer and all(
+        b.type == "s" for g in plan.gpus for b in g.remote_buffers)
+
+
 @dataclass
 class PlanChoice:
     """The best registry plan for a (collective, size, dtype) on one topology, or None (use NCCL)."""
@@ -42,7 +55,8 @@ class PlanChoice:
 
     def __post_init__(self) -> None:
         self.entries = [e for e in self.registry.entries(topology=self.topology)
-                        if e.key.nranks == self.nranks and (not self.deterministic or fixed_reduction_order(e.plan))]
+                        if e.key.nranks == self.nranks and safe_back_to_back(e.plan)
+                        and (not self.deterministic or fixed_reduction_order(e.plan))]
 
     def plan(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
         key = (collective, nbytes, dtype)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.torch_plans import PlanChoice, fixed_reduction_order
+from executor.torch_plans import PlanChoice, fixed_reduction_order, safe_back_to_back
 from executor.torch_topology import board_spec, machine_topology
 from schedules.registry import Registry
 from topologies.catalog import build
@@ -78,7 +78,7 @@ def test_deterministic_mode_skips_one_shot_plans_on_four_ranks():
     location = "memory://inference-cpu-deterministic"
     spec = "hgx_h200:gpus=4"
     _commit(location, spec, "direct")
-    _commit(location, spec, "ring", protocol="simple")
+    _commit(location, spec, "ring", protocol="ll")
     fingerprint = build(spec).fingerprint
     fast = PlanChoice(Registry(location), fingerprint, 4).plan("allreduce", 64 << 10, "bf16")
     fixed = PlanChoice(Registry(location), fingerprint, 4, deterministic=True).plan("allreduce", 64 << 10, "bf16")
@@ -101,3 +101,16 @@ def test_weft_topology_with_another_rank_count_is_refused():
 
 def test_weft_topology_names_the_registry_key():
     assert machine_topology(2, MINE).fingerprint == build(MINE).fingerprint
+
+
+def test_plans_that_write_peer_outputs_are_not_run_back_to_back():
+    topology = build(MINE)
+    ll = compile_and_verify(synthesize(topology, "allgather", "direct"), topology, protocol="ll")
+    simple = compile_and_verify(synthesize(topology, "allgather", "direct"), topology, protocol="simple")
+    assert (safe_back_to_back(ll), safe_back_to_back(simple)) == (True, False)
+
+
+def test_simple_plans_in_the_registry_are_never_chosen():
+    location = "memory://inference-cpu-simple-only"
+    _commit(location, MINE, "direct", protocol="simple")
+    assert PlanChoice(Registry(location), build(MINE).fingerprint, 2).plan("allreduce", 64 << 10, "bf16") is None
