@@ -19,11 +19,15 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 
+import networkx as nx
+from networkx.algorithms.flow import dinitz
+
 from schedules.symmetry import Permutation, rank_orbits, transversal
 from synth.errors import Unknown
 from topologies.topology import Topology, Vertex, _switch_paths
 
 Key = tuple[Vertex, Vertex]
+SOURCE = ("source",)  # the auxiliary root of Edmonds' packing; no rank (int) or switch (str) can clash
 
 
 @dataclass(frozen=True)
@@ -168,3 +172,67 @@ def _root_groups(topology: Topology, roots: tuple[int, ...]) -> list[tuple[int, 
 
 def _mapped(tree: Tree, perm: Permutation) -> Tree:
     return Tree(perm[tree.root], tuple((perm[a], perm[b]) for a, b in tree.hops))
+
+
+def pack_exact(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction,
+               deadline: float) -> tuple[Tree, ...] | None:
+    """Edmonds' packing by Lovász's construction, for switch-free fabrics: exact, one max-flow per arc tried.
+
+    A source s links to every root with ``per_root`` units. A tree grows from s through its root; an arc
+    (a, b) may join it while every vertex set X that holds b but not a keeps ρ(X) ≥ trees left - 1 in the
+    remaining capacity, which is one max-flow from {s, a} to b. Lovász proved an arc that passes always
+    exists while the trees still owed fit, so the result is optimal when the rate is feasible.
+    """
+    room = trees_per_link(topology, unit)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(topology.ranks)
+    graph.add_node(SOURCE)
+    for (src, dst), n in room.items():
+        graph.add_edge(src, dst, capacity=n)
+    for r in roots:
+        graph.add_edge(SOURCE, r, capacity=per_root)
+    left = per_root * len(roots)
+    made: dict[int, list[Tree]] = {r: [] for r in roots}
+    for _ in range(per_root):
+        for root in roots:
+            tree = _grow_exact(topology, graph, root, left, deadline)
+            if tree is None:
+                return None
+            made[root].append(tree)
+            left -= 1
+    return tuple(t for r in roots for t in made[r])
+
+
+def _keeps_cuts(graph: nx.DiGraph, a: Vertex, b: int, need: int) -> bool:
+    """Take one unit off a->b if every set holding b but not a still has ``need`` units entering it."""
+    graph[a][b]["capacity"] -= 1
+    added = a != SOURCE and not graph.has_edge(SOURCE, a)
+    saved = None if added or a == SOURCE else graph[SOURCE][a]["capacity"]
+    if a != SOURCE:
+        graph.add_edge(SOURCE, a, capacity=float("inf"))
+    ok = need <= 0 or nx.maximum_flow_value(graph, SOURCE, b, flow_func=dinitz, cutoff=need) >= need
+    if added:
+        graph.remove_edge(SOURCE, a)
+    elif saved is not None:
+        graph[SOURCE][a]["capacity"] = saved
+    if not ok:
+        graph[a][b]["capacity"] += 1
+    return ok
+
+
+def _grow_exact(topology: Topology, graph: nx.DiGraph, root: int, left: int, deadline: float) -> Tree | None:
+    if not _keeps_cuts(graph, SOURCE, root, left - 1):
+        return None
+    placed = {root}
+    order: list[tuple[int, int]] = []
+    while len(placed) < topology.nranks:
+        if time.monotonic() > deadline:
+            raise Unknown(f"trees on {topology.name}: time limit reached while packing trees")
+        candidates = sorted(((graph[a][b]["capacity"], a, b) for a in placed for b in graph.successors(a)
+                             if b not in placed and graph[a][b]["capacity"] >= 1), key=lambda x: -x[0])
+        chosen = next(((a, b) for _, a, b in candidates if _keeps_cuts(graph, a, b, left - 1)), None)
+        if chosen is None:
+            return None
+        placed.add(chosen[1])
+        order.append(chosen)
+    return Tree(root, tuple(order))

@@ -30,7 +30,7 @@ from schedules.bounds import allgather_cut_bound, exact, rooted_cut_capacity
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import NotApplicable, SynthesisError
-from synth.tree_packing import Tree, pack, rank_hops, trees_per_link
+from synth.tree_packing import Tree, pack, pack_exact, rank_hops
 from topologies.topology import Topology
 
 SLACK = 1e-9  # the verifier's float slack on capacity × rounds
@@ -44,7 +44,7 @@ class TreeOptions:
     """k: trees per root (default: as many as the optimum needs, up to max_trees)."""
 
     k: int | None = None
-    max_trees: int = 16
+    max_trees: int = 128
     time_limit: float = 60.0
     symmetric: bool = True
 
@@ -100,7 +100,10 @@ def forest(topology: Topology, roots: tuple[int, ...], optimum: Fraction, option
     per_root = options.k or min(int(natural), options.max_trees)
     deadline = time.monotonic() + options.time_limit
     for unit in _units(topology, optimum, per_root):
-        trees = pack(topology, roots, per_root, unit, deadline, options.symmetric)
+        if topology.switches:
+            trees = pack(topology, roots, per_root, unit, deadline, options.symmetric)
+        else:
+            trees = pack_exact(topology, roots, per_root, unit, deadline)
         if trees is not None:
             return Forest(topology, trees, per_root, unit, optimum)
     raise NotApplicable(f"trees on {topology.name}: no packing of {per_root} trees per root found "

@@ -16,7 +16,7 @@ MAX_SENDS = 2_000_000  # default chunk counts stay under this many sends, so 102
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=None, metavar="K",
-                        help="trees: trees per root (default: as many as the optimal rate needs, up to 16); "
+                        help="trees: trees per root (default: as many as the optimal rate needs, up to 128); "
                              "fewer trees give smaller plans at a reported %% of the optimum")
 
 
