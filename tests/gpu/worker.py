@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 import scenarios
-from executor import Communicator, ExecutorTimeout
+from executor.communicator import Communicator
+from executor.errors import ExecutorTimeout
 from executor.errors import ExecutorError
 from schedules.plan import load_plan, parse_plan
 from weft.units import parse_bytes

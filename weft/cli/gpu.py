@@ -97,7 +97,7 @@ def _init_rank(args: argparse.Namespace):
     import torch
     import torch.distributed as dist
 
-    from executor import Communicator
+    from executor.communicator import Communicator
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
