@@ -16,37 +16,29 @@ from weft.units import parse_bytes
 
 # Sizes at which a plan's predicted time is stored: 1 KB to 1 GB in powers of 4.
 PREDICTION_SIZES = tuple(1 << k for k in range(10, 31, 2))
-CHECK_SIZES_CHUNKS = (1, 3, 64)  # whole chunk-granule multiples: small, odd (ragged), larger
 
 
 def registry_location(location: str | None) -> str:
     return Registry(location).location
 
 
-def check_sizes(plan: Plan) -> list[int]:
-    """Sizes the reference executor runs a plan at: inside its range, multiples of its granule, one ragged."""
-    from schedules.plan import CHUNK_GRANULE
-
-    unit = plan.size_chunks * CHUNK_GRANULE
-    sizes = []
-    for k in CHECK_SIZES_CHUNKS:
-        n = unit * k
-        while n < plan.min_message_size:
-            n += unit * ((plan.min_message_size - n) // unit + 1)
-        if plan.accepts(n):
-            sizes.append(n)
-    return sorted(set(sizes))
-
-
 def verify(plan: Plan) -> dict:
     """Run the plan on the reference executor (random data, its dtypes, several sizes); the record as JSON."""
-    from executor.reference import check_plan
+    from weft.pipeline import check
 
-    sizes = check_sizes(plan)
-    if not sizes:
-        raise RegistryError(f"plan {plan.name}: no size in its range {plan.min_message_size}..{plan.max_message_size} "
-                            "fits its chunking, so it cannot be checked")
-    return check_plan(plan, sizes, plan.weft.dtypes).to_json()
+    return check(plan)
+
+
+def narrow(plan: Plan, min_bytes: int, max_bytes: int) -> Plan:
+    """The plan restricted to a size range (0: unbounded above), checked again since its content changed."""
+    from dataclasses import replace
+
+    lo = max(plan.min_message_size, min_bytes)
+    hi = plan.max_message_size if max_bytes == 0 else min(plan.max_message_size, max_bytes)
+    if (lo, hi) == (plan.min_message_size, plan.max_message_size):
+        return plan
+    narrowed = replace(plan, min_message_size=lo, max_message_size=hi)
+    return narrowed.with_meta(verification=verify(narrowed))
 
 
 def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> dict[int, float]:

@@ -120,8 +120,7 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
     from weft import pipeline
 
     results = []
-    for s in schedules:
-        plan = pipeline.compile_and_verify(s, topology, instances=args.instances, protocol=args.protocol)
+    for s, plan in ((s, p) for s in schedules for p in _plans_for(args, topology, s)):
         entry = {"plan": plan.name, "plan_hash": plan.content_hash}
         if args.output:
             path = Path(args.output)
@@ -136,6 +135,22 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
             entry["registry"] = publish.registry_location(args.registry)
         results.append(entry)
     return results
+
+
+def _plans_for(args: argparse.Namespace, topology: Topology, schedule: Schedule) -> list:
+    """Verified plans for a schedule. A pareto point's size range is covered whole: where the chosen protocol
+    stops short of it (LL plans end at 1 MB), a Simple plan takes the sizes above."""
+    from weft import pipeline, publish
+
+    plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol)
+    if "min_bytes" not in schedule.meta.options:
+        return [plan]
+    lo, hi = schedule.meta.options["min_bytes"], schedule.meta.options["max_bytes"]
+    plans = [publish.narrow(plan, lo, hi)]
+    if plan.protocol == "LL" and args.protocol == "auto" and (hi == 0 or hi > plan.max_message_size):
+        rest = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol="simple")
+        plans.append(publish.narrow(rest, max(lo, plan.max_message_size + 1), hi))
+    return [p for p in plans if p.min_message_size <= p.max_message_size]
 
 
 def _print_table(topology: Topology, rows, written, plans) -> None:

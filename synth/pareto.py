@@ -1,0 +1,79 @@
+"""The latency/bandwidth frontier over message size: which schedule is fastest at which size.
+
+Every candidate is scored with the α-β cost model at each size from ``min_bytes`` to ``max_bytes`` (powers of
+two); the frontier is the sequence of size ranges, each with the schedule that is fastest there. Adjacent sizes
+won by the same schedule merge into one range. Candidates come from any solver; ``candidates`` gathers the
+baselines and the tree packing, which run in seconds on every catalog topology.
+
+>>> from topologies.catalog import build
+>>> from schedules.collectives import Collective
+>>> topo = build("hgx_h100")
+>>> [p.schedule.meta.solver for p in frontier(candidates(topo, Collective("allreduce", 8)), topo)][:1]
+['direct']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from schedules.collectives import Collective
+from schedules.cost import predict_us
+from schedules.schedule import Schedule
+from synth.errors import NotApplicable, SynthesisError
+from topologies import Topology
+
+SIZES = tuple(1 << k for k in range(10, 31))  # 1 KB .. 1 GB
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """``schedule`` is the fastest candidate for every size in [min_bytes, max_bytes]."""
+
+    min_bytes: int
+    max_bytes: int
+    schedule: Schedule
+    predicted_us: dict[int, float]
+
+
+def candidates(topology: Topology, collective: Collective, chunk_options: Iterable[int] = (1, 2, 8),
+               progress: Callable[[str], None] | None = None) -> list[Schedule]:
+    """Every baseline and tree schedule that exists for this topology and collective, at several chunkings."""
+    from synth import baselines, trees
+
+    found: dict[str, Schedule] = {}
+    makers = [(m, getattr(baselines, m)) for m in ("ring", "direct", "twoshot", "rhd", "tree")]
+    makers.append(("trees", lambda t, c: trees.solve(t, c, trees.TreeOptions(time_limit=30.0))))
+    for chunks in chunk_options:
+        c = Collective(collective.name, collective.nranks, chunks * collective.chunks, collective.root)
+        for method, make in makers:
+            try:
+                s = make(topology, c)
+            except NotApplicable as e:
+                if progress:
+                    progress(f"pareto: {method} chunks={c.chunks}: not applicable ({e})")
+                continue
+            found.setdefault(s.content_hash, s)
+            if progress:
+                progress(f"pareto: {method} chunks={c.chunks}: {s.nsteps} steps")
+    return list(found.values())
+
+
+def frontier(schedules: Iterable[Schedule], topology: Topology, sizes: tuple[int, ...] = SIZES) -> list[FrontierPoint]:
+    """The fastest schedule per size range, in increasing size."""
+    pool = list(schedules)
+    if not pool:
+        raise SynthesisError("pareto: no candidate schedule exists for this topology and collective")
+    times = {s.content_hash: {n: predict_us(s, topology, n) for n in sizes} for s in pool}
+    points: list[FrontierPoint] = []
+    for n in sizes:
+        best = min(pool, key=lambda s: (times[s.content_hash][n], s.nsends, s.content_hash))
+        if points and points[-1].schedule.content_hash == best.content_hash:
+            last = points[-1]
+            points[-1] = FrontierPoint(last.min_bytes, n, last.schedule, last.predicted_us)
+        else:
+            lo = points[-1].max_bytes + 1 if points else 0
+            points.append(FrontierPoint(lo, n, best, times[best.content_hash]))
+    last = points[-1]
+    points[-1] = FrontierPoint(last.min_bytes, 0, last.schedule, last.predicted_us)  # 0: no upper limit
+    return points
