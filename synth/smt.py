@@ -1,0 +1,259 @@
+"""The SMT synthesizer (z3): SCCL's (steps, rounds, chunks) instances, least steps, and the Pareto frontier.
+
+Strategies:
+
+- ``solve`` with ``steps`` (and ``rounds``, default one per step): one instance;
+- ``solve`` without ``steps``: least steps, from the hop-distance bound upward;
+- ``pareto``: for each step count from the bound upward, the fewest rounds per chunk, walking the ratios
+  R/C upward from the LP bound; it stops when R/C reaches the bound.
+
+Combining collectives are solved through their duals on the reversed fabric (see ``synth.smt_dual``);
+allreduce is reducescatter + allgather. Every schedule is for the caller's topology (its fingerprint), with
+capacities taken on its switch-free form.
+
+>>> from topologies.topology import Link, Topology
+>>> from schedules.collectives import Collective
+>>> ring = Topology("ring4", 4, tuple(Link(i, (i + d) % 4, 25.0) for i in range(4) for d in (1, 3)))
+>>> solve(ring, Collective("allgather", 4), SmtOptions(steps=2, workers=1)).nsteps
+2
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Callable
+
+from schedules.collectives import Collective
+from schedules.schedule import Schedule
+from synth import smt_dual
+from synth.errors import SynthesisError, Unknown, Unsat
+from synth.smt_bound import rounds_per_chunk_bound, steps_bound
+from synth.smt_encoding import UNKNOWN, Instance
+from synth.smt_search import Problem, decide_first, workers
+from topologies.topology import Topology
+
+Progress = Callable[[str], None]
+STEP_CEILING = 64  # least steps gives up here unless told otherwise
+REPORT_SIZES = {"1KB": 1 << 10, "1MB": 1 << 20, "1GB": 1 << 30}  # the sizes `weft synth` reports
+
+
+@dataclass(frozen=True)
+class SmtOptions:
+    """How to search. ``time_limit`` is per instance (seconds); ``workers`` 0 means one per CPU.
+
+    ``max_chunks`` caps the chunks the Pareto walk tries (default: the LP bound's denominator, at least 2).
+    """
+
+    steps: int | None = None
+    rounds: int | None = None
+    time_limit: float = 60.0
+    symmetry: bool = True
+    workers: int = 0
+    max_chunks: int | None = None
+    max_steps: int | None = None
+
+    def check(self) -> None:
+        for name in ("steps", "rounds", "max_chunks", "max_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise SynthesisError(f"smt: {name}: must be a positive integer, got {value!r}")
+        if self.rounds is not None and self.steps is not None and self.rounds < self.steps:
+            raise SynthesisError(f"smt: rounds: {self.rounds} rounds cannot fill {self.steps} steps "
+                                 "(every step takes at least one round)")
+        if not self.time_limit > 0:
+            raise SynthesisError(f"smt: time_limit: must be positive seconds, got {self.time_limit!r}")
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One Pareto-optimal (steps, rounds per chunk) trade-off and its verified-by-caller schedule."""
+
+    steps: int
+    rounds: int
+    chunks: int
+    schedule: Schedule
+    predicted_us: dict[str, float]
+
+    @property
+    def rounds_per_chunk(self) -> Fraction:
+        return Fraction(self.rounds, self.chunks)
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """The Pareto frontier, its LP bound on rounds per chunk, and whether the walk reached that bound."""
+
+    points: tuple[FrontierPoint, ...]
+    lp_bound: Fraction
+    complete: bool
+
+
+def _quiet(line: str) -> None:
+    """The default progress callback: library code never prints."""
+
+
+def solve(topology: Topology, collective: Collective, options: SmtOptions = SmtOptions(),
+          progress: Progress = _quiet) -> Schedule:
+    """One schedule: the instance (steps, rounds, collective.chunks) when steps is given, else least steps."""
+    options.check()
+    if collective.nranks != topology.nranks:
+        raise SynthesisError(f"smt: collective {collective.name} has {collective.nranks} ranks, topology "
+                             f"{topology.name} has {topology.nranks}")
+    if collective.name == "allreduce":
+        return _allreduce(topology, collective, options, progress)
+    return _solve_part(topology, collective, options, progress)
+
+
+def _solve_part(topology: Topology, collective: Collective, options: SmtOptions, progress: Progress) -> Schedule:
+    problem = _problem(topology, collective, options)
+    label = f"{collective.name} on {topology.name}"
+    if options.steps is not None:
+        inst = Instance(options.steps, options.rounds or options.steps, collective.chunks)
+        out, _ = decide_first(problem, [inst], options.time_limit, 1, progress, label)
+        if out is None:
+            raise _failure(label, inst, _.pop().status)
+        return _finish(out.schedule, topology, collective)
+    low = steps_bound(problem.fabric, problem.collective)
+    ceiling = options.max_steps or options.rounds or STEP_CEILING
+    n = workers(options.workers)
+    for first in range(low, ceiling + 1, n):
+        batch = [Instance(s, options.rounds or s, collective.chunks) for s in range(first, min(first + n, ceiling + 1))]
+        out, seen = decide_first(problem, batch, options.time_limit, n, progress, label)
+        if out is not None:
+            return _finish(out.schedule, topology, collective)
+        if any(o.status == UNKNOWN for o in seen):
+            raise Unknown(f"smt: {label}: instance {seen[-1].instance if seen else batch[0]} hit the time limit "
+                          f"of {options.time_limit:g} s without an answer")
+    raise Unsat(f"smt: {label}: no schedule with {low}..{ceiling} steps"
+                + (f" and {options.rounds} rounds" if options.rounds else "") + f" and {collective.chunks} chunks")
+
+
+def _problem(topology: Topology, collective: Collective, options: SmtOptions) -> Problem:
+    """The non-combining problem that answers ``collective``: its dual on the reversed fabric if it combines."""
+    fabric = topology.without_switches()
+    if collective.name in smt_dual.DUAL:
+        return Problem(fabric.reversed(), topology.fingerprint, smt_dual.dual_collective(collective),
+                       options.symmetry)
+    return Problem(fabric, topology.fingerprint, collective, options.symmetry)
+
+
+def _finish(schedule: Schedule, topology: Topology, collective: Collective) -> Schedule:
+    if collective.name in smt_dual.DUAL:
+        return smt_dual.from_dual(schedule, collective, topology.fingerprint)
+    return schedule
+
+
+def _failure(label: str, inst: Instance, status: str) -> Exception:
+    if status == UNKNOWN:
+        return Unknown(f"smt: {label}: instance {inst} is unknown: no answer within the time limit")
+    return Unsat(f"smt: {label}: instance {inst} is unsat: no schedule exists")
+
+
+def _allreduce(topology: Topology, collective: Collective, options: SmtOptions, progress: Progress) -> Schedule:
+    """Reducescatter + allgather; with steps given, the first split of (steps, rounds) that both halves meet."""
+    n, c, root = collective.nranks, collective.chunks, collective.root
+    rs, ag = Collective("reducescatter", n, c, root), Collective("allgather", n, c, root)
+    if options.steps is None:
+        half = None if options.rounds is None else options.rounds // 2
+        if half == 0:
+            raise SynthesisError("smt: rounds: allreduce needs at least 2 rounds (one per half)")
+        first = _solve_part(topology, rs, replace(options, rounds=half), progress)
+        second = _solve_part(topology, ag, replace(options, rounds=options.rounds - half if half else None), progress)
+        return smt_dual.allreduce(first, second)
+    if options.steps < 2:
+        raise SynthesisError("smt: steps: allreduce as reducescatter + allgather needs at least 2 steps")
+    total_rounds = options.rounds or options.steps
+    failures = []
+    for s1, r1 in _splits(options.steps, total_rounds):
+        try:
+            first = _solve_part(topology, rs, replace(options, steps=s1, rounds=r1), progress)
+            second = _solve_part(topology, ag, replace(options, steps=options.steps - s1,
+                                                       rounds=total_rounds - r1), progress)
+            return smt_dual.allreduce(first, second)
+        except (Unsat, Unknown) as e:
+            failures.append(e)
+    inst = Instance(options.steps, total_rounds, c)
+    if any(isinstance(e, Unknown) for e in failures):
+        raise Unknown(f"smt: allreduce on {topology.name}: instance {inst} is unknown: some split of it into "
+                      "reducescatter + allgather hit the time limit")
+    raise Unsat(f"smt: allreduce on {topology.name}: instance {inst} is unsat as reducescatter + allgather "
+                "(no split of its steps and rounds works)")
+
+
+def _splits(steps: int, rounds: int) -> list[tuple[int, int]]:
+    """(steps, rounds) of the reducescatter half, the most even splits first."""
+    pairs = [(s1, r1) for s1 in range(1, steps) for r1 in range(s1, rounds - (steps - s1) + 1)]
+    return sorted(pairs, key=lambda p: (abs(2 * p[0] - steps), abs(2 * p[1] - rounds), -p[0], -p[1]))
+
+
+# ---- the Pareto frontier ------------------------------------------------------------------------
+
+def pareto(topology: Topology, collective: Collective, options: SmtOptions = SmtOptions(),
+           progress: Progress = _quiet) -> Frontier:
+    """The (steps, rounds per chunk) Pareto frontier, each point with its schedule and α-β cost."""
+    options.check()
+    if collective.name == "allreduce":
+        n = collective.nranks
+        rs = _walk(topology, Collective("reducescatter", n), options, progress)
+        ag = _walk(topology, Collective("allgather", n), options, progress)
+        points = [(smt_dual.allreduce(a.schedule, b.schedule)) for a in rs.points for b in ag.points]
+        return _frontier(topology, points, rs.lp_bound + ag.lp_bound, rs.complete and ag.complete)
+    return _walk(topology, collective, options, progress)
+
+
+def _walk(topology: Topology, collective: Collective, options: SmtOptions, progress: Progress) -> Frontier:
+    problem = _problem(topology, collective, options)
+    label = f"{collective.name} on {topology.name}"
+    bound = rounds_per_chunk_bound(problem.fabric, problem.collective)
+    low = steps_bound(problem.fabric, problem.collective)
+    max_chunks = options.max_chunks or max(bound.denominator, 2)
+    progress(f"smt: {label}: at least {low} steps and {bound} rounds per chunk (LP); chunks up to {max_chunks}")
+    found: list[Schedule] = []
+    best: Fraction | None = None
+    ceiling = options.max_steps or low + 2 * max_chunks + 2
+    for steps in range(low, ceiling + 1):
+        candidates = _candidates(steps, bound, best, max_chunks, problem.with_chunks(1).collective.nchunks)
+        out, _ = decide_first(problem, candidates, options.time_limit, workers(options.workers), progress, label)
+        if out is None:
+            continue
+        found.append(_finish(out.schedule, topology, collective))
+        best = Fraction(out.instance.rounds, out.instance.chunks)
+        if best <= bound:
+            return _frontier(topology, found, bound, True)
+    return _frontier(topology, found, bound, False)
+
+
+def _candidates(steps: int, bound: Fraction, best: Fraction | None, max_chunks: int,
+                nchunks: int) -> list[Instance]:
+    """Instances with this many steps whose R/C lies in [bound, best), by R/C, each ratio at its fewest chunks."""
+    ratios: dict[Fraction, Instance] = {}
+    for chunks in range(1, max_chunks + 1):
+        # Every link carries at least one chunk per round, so steps × nchunks rounds always suffice.
+        for rounds in range(max(steps, math.ceil(bound * chunks)), steps * nchunks * chunks + 1):
+            q = Fraction(rounds, chunks)
+            if best is not None and q >= best:
+                break
+            if q not in ratios:
+                ratios[q] = Instance(steps, rounds, chunks)
+    return [ratios[q] for q in sorted(ratios)]
+
+
+def _frontier(topology: Topology, schedules: list[Schedule], bound: Fraction, complete: bool) -> Frontier:
+    from schedules.cost import predict_us
+
+    keep = []
+    for s in schedules:
+        q = Fraction(s.total_rounds, s.collective.chunks)
+        dominated = any(
+            (o.nsteps <= s.nsteps and Fraction(o.total_rounds, o.collective.chunks) <= q)
+            and (o.nsteps, Fraction(o.total_rounds, o.collective.chunks)) != (s.nsteps, q) for o in schedules)
+        if not dominated and all((k.nsteps, Fraction(k.total_rounds, k.collective.chunks)) != (s.nsteps, q)
+                                 for k in keep):
+            keep.append(s)
+    keep.sort(key=lambda s: s.nsteps)
+    points = tuple(FrontierPoint(s.nsteps, s.total_rounds, s.collective.chunks, s,
+                                 {label: predict_us(s, topology, n) for label, n in REPORT_SIZES.items()})
+                   for s in keep)
+    return Frontier(points, bound, complete)

@@ -1,0 +1,238 @@
+"""SCCL's (steps S, rounds R, chunks C) instance as a Boolean/pseudo-Boolean formula for z3.
+
+One instance, one non-combining collective, one switch-free fabric. Variables:
+
+- ``has[c, r, s]``: rank r holds chunk c at the end of step s (step 0 is the start);
+- ``send[c, u, v, s]``: chunk c crosses link u->v during step s (1..S);
+- ``rounds[s, k]``: step s lasts k rounds (one-hot, only when R > S).
+
+Constraints: preconditions fix ``has[., ., 0]``; postconditions require ``has[., ., S]``; a send needs its
+source to hold the chunk at the step's start and its destination not to (causality, no redundant copies);
+a rank holds a chunk at step s iff it held it before or one send brought it (one source per arrival: at
+most one such send); per step at most floor(chunk_capacity × k) chunks per link and floor(group_capacity ×
+k) per sharing group when the step lasts k rounds, the verifier's rule; the rounds add up to R.
+
+Sends of a chunk that cannot have reached the source yet (hop distance), or that cannot reach any rank
+still needing it in the steps left, are never created: that pruning keeps the formula small.
+
+A ``Symmetry`` group, when given, names one variable per orbit, so the solver only sees schedules that
+the group maps onto themselves: fast when they exist, and the caller falls back to the full formula.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import networkx as nx
+import z3
+
+from schedules.collectives import Collective
+from schedules.schedule import Schedule, ScheduleMeta, Send, Step
+from synth.smt_symmetry import Symmetry
+from topologies.topology import Topology
+
+SLACK = 1e-9  # the verifier's: capacity × rounds is a float and 2.9999999999 chunks of room is 3
+SAT, UNSAT, UNKNOWN = "sat", "unsat", "unknown"
+PB_ENCODINGS = ("totalizer", "sorting")  # both beat z3's native PB solver on tight capacity constraints
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Steps, total rounds and chunks per rank-slice: one point SCCL's search visits."""
+
+    steps: int
+    rounds: int
+    chunks: int
+
+    def __str__(self) -> str:
+        return f"(S={self.steps}, R={self.rounds}, C={self.chunks})"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What z3 said about one instance; ``schedule`` is set when sat."""
+
+    instance: Instance
+    status: str
+    elapsed: float
+    schedule: Schedule | None = None
+    symmetric: bool = False
+
+
+def hop_distances(fabric: Topology) -> dict[int, dict[int, int]]:
+    """Hops from every rank to every rank over the fabric's links."""
+    return dict(nx.all_pairs_shortest_path_length(fabric.to_networkx()))
+
+
+def solve_instance(fabric: Topology, fingerprint: str, collective: Collective, instance: Instance,
+                   time_limit: float, symmetry: Symmetry | None = None, seed: int = 0) -> Outcome:
+    """Decide one instance for a non-combining collective; the schedule names ``fingerprint`` as its topology.
+
+    ``seed`` picks z3's random seed and its pseudo-Boolean encoding, so restarts explore differently.
+    """
+    start = time.monotonic()
+    formula = _Formula(fabric, collective, instance, symmetry)
+    solver = z3.SolverFor("QF_FD")
+    solver.set("timeout", max(1, int(time_limit * 1000)))
+    solver.set("sat.random_seed", seed)
+    solver.set("sat.pb.solver", PB_ENCODINGS[seed % len(PB_ENCODINGS)])
+    solver.add(formula.constraints)
+    answer = solver.check()
+    elapsed = time.monotonic() - start
+    if answer == z3.unsat:
+        return Outcome(instance, UNSAT, elapsed, symmetric=symmetry is not None)
+    if answer != z3.sat:
+        return Outcome(instance, UNKNOWN, elapsed, symmetric=symmetry is not None)
+    steps = formula.read(solver.model())
+    schedule = Schedule(collective, fingerprint, steps, f"smt-{collective.name}-S{instance.steps}R{instance.rounds}"
+                        f"C{instance.chunks}",
+                        ScheduleMeta(solver="smt", options={"steps": instance.steps, "rounds": instance.rounds,
+                                                            "chunks": instance.chunks}, solve_time=elapsed))
+    return Outcome(instance, SAT, elapsed, schedule, symmetric=symmetry is not None)
+
+
+class _Formula:
+    """Builds the constraints once and reads a model back into steps."""
+
+    def __init__(self, fabric: Topology, collective: Collective, instance: Instance,
+                 symmetry: Symmetry | None) -> None:
+        self.fabric, self.collective, self.instance, self.symmetry = fabric, collective, instance, symmetry
+        self.constraints: list = []
+        self._vars: dict[tuple, z3.BoolRef] = {}
+        self._plan_chunks()
+        self._encode_rounds()
+        self._encode_chunks()
+        self._encode_capacity()
+
+    # ---- variables ---------------------------------------------------------------------------
+    def _var(self, key: tuple) -> z3.BoolRef:
+        """The variable of ``key``'s orbit under the symmetry group (its own when there is none)."""
+        if self.symmetry is not None:
+            key = self.symmetry.canonical(key)
+        var = self._vars.get(key)
+        if var is None:
+            var = self._vars[key] = z3.Bool("_".join(map(str, key)))
+        return var
+
+    def _plan_chunks(self) -> None:
+        """Which (chunk, rank, step) can hold and which sends are worth a variable."""
+        coll, steps = self.collective, self.instance.steps
+        dist = hop_distances(self.fabric)
+        self.holders: dict[int, set[int]] = {c: set() for c in range(coll.nchunks)}
+        self.needers: dict[int, set[int]] = {c: set() for c in range(coll.nchunks)}
+        for r in range(coll.nranks):
+            for c in coll.precondition(r):
+                self.holders[c].add(r)
+        for r in range(coll.nranks):
+            for c in coll.postcondition(r):
+                if r not in self.holders[c]:
+                    self.needers[c].add(r)
+        big = coll.nranks + steps + 1
+        self.earliest = {c: [min((dist[h].get(r, big) for h in hs), default=big) for r in range(coll.nranks)]
+                         for c, hs in self.holders.items()}
+        self.to_need = {c: [min((dist[r].get(n, big) for n in ns), default=big) for r in range(coll.nranks)]
+                        for c, ns in self.needers.items()}
+        self.sends: dict[tuple[int, int, int, int], z3.BoolRef] = {}
+        for c in range(coll.nchunks):
+            if not self.needers[c]:
+                continue
+            held = self.holders[c]
+            for link in self.fabric.links:
+                u, v = link.src, link.dst
+                if v in held:
+                    continue
+                for s in range(1, steps + 1):
+                    if self.earliest[c][u] <= s - 1 and self.to_need[c][v] <= steps - s:
+                        self.sends[(c, u, v, s)] = self._var(("send", c, u, v, s))
+
+    def has(self, c: int, r: int, s: int):
+        if r in self.holders[c]:
+            return True
+        if self.earliest[c][r] > s or not self.needers[c]:
+            return False
+        return self._var(("has", c, r, s))
+
+    # ---- constraints -------------------------------------------------------------------------
+    def _encode_rounds(self) -> None:
+        steps, rounds = self.instance.steps, self.instance.rounds
+        extra = rounds - steps
+        if extra == 0:
+            self.step_rounds = {s: {1: True} for s in range(1, steps + 1)}
+            return
+        self.step_rounds = {s: {k: z3.Bool(f"rounds_{s}_{k}") for k in range(1, extra + 2)}
+                            for s in range(1, steps + 1)}
+        total = []
+        for s, choice in self.step_rounds.items():
+            self.constraints.append(z3.PbEq([(b, 1) for b in choice.values()], 1))
+            total += [(b, k) for k, b in choice.items()]
+        self.constraints.append(z3.PbEq(total, rounds))
+
+    def _encode_chunks(self) -> None:
+        coll, steps = self.collective, self.instance.steps
+        into: dict[tuple[int, int, int], list[z3.BoolRef]] = {}
+        for (c, u, v, s), var in self.sends.items():
+            into.setdefault((c, v, s), []).append(var)
+            self.constraints.append(z3.Implies(var, _lit(self.has(c, u, s - 1))))
+            before = self.has(c, v, s - 1)
+            if before is not False:
+                self.constraints.append(z3.Implies(var, z3.Not(before)))
+        for c in range(coll.nchunks):
+            for r in range(coll.nranks):
+                if r in self.holders[c]:
+                    continue
+                for s in range(1, steps + 1):
+                    now = self.has(c, r, s)
+                    arrivals = into.get((c, r, s), [])
+                    if len(arrivals) > 1:
+                        self.constraints.append(z3.AtMost(*arrivals, 1))
+                    if now is False:
+                        continue
+                    self.constraints.append(now == z3.Or(_lit(self.has(c, r, s - 1)), *arrivals))
+        for r in range(coll.nranks):
+            for c in coll.postcondition(r):
+                self.constraints.append(_lit(self.has(c, r, steps)))
+
+    def _encode_capacity(self) -> None:
+        per_link: dict[tuple[int, int, int], list[z3.BoolRef]] = {}
+        for (c, u, v, s), var in self.sends.items():
+            per_link.setdefault((u, v, s), []).append(var)
+        for (u, v, s), load in per_link.items():
+            self._cap(load, self.fabric.chunk_capacity(u, v), s)
+        for group in self.fabric.sharing:
+            members = {tuple(k) for k in group.links}
+            per_step: dict[int, list[z3.BoolRef]] = {}
+            for (u, v, s), load in per_link.items():
+                if (u, v) in members:
+                    per_step.setdefault(s, []).extend(load)
+            for s, load in per_step.items():
+                self._cap(load, self.fabric.group_capacity(group), s)
+
+    def _cap(self, load: list[z3.BoolRef], chunks_per_round: float, s: int) -> None:
+        # Under a symmetry two sends can share one variable; a weighted sum still counts each send.
+        weights = Counter(load)
+        for k, chosen in self.step_rounds[s].items():
+            room = math.floor(chunks_per_round * k + SLACK)
+            if room >= len(load):
+                continue
+            bound = z3.PbLe([(var, n) for var, n in weights.items()], room)
+            self.constraints.append(bound if chosen is True else z3.Implies(chosen, bound))
+
+    # ---- reading a model ---------------------------------------------------------------------
+    def read(self, model: z3.ModelRef) -> tuple[Step, ...]:
+        chosen: dict[int, list[Send]] = {s: [] for s in range(1, self.instance.steps + 1)}
+        for (c, u, v, s), var in self.sends.items():
+            if z3.is_true(model.eval(var, model_completion=True)):
+                chosen[s].append(Send(c, u, v))
+        steps = []
+        for s, sends in chosen.items():
+            rounds = next(k for k, b in self.step_rounds[s].items()
+                          if b is True or z3.is_true(model.eval(b, model_completion=True)))
+            steps.append(Step(rounds, tuple(sorted(sends, key=lambda x: (x.chunk, x.src, x.dst)))))
+        return tuple(steps)
+
+
+def _lit(value) -> z3.BoolRef:
+    return z3.BoolVal(value) if isinstance(value, bool) else value
