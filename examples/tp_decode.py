@@ -5,7 +5,8 @@ sharded Megatron-style over TP ranks, with one all-reduce after attention and on
 it. Both backends run in the same job on the same random bf16 weights and inputs; the script reports decode-step
 latency, tokens/s, the share of the step spent in all-reduce, and checks that the logits agree.
 
-    torchrun --nproc-per-node 2 examples/tp_decode.py --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
+    WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
+        --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -63,8 +65,11 @@ def make_cache(shape: Shape, batch: int, device: torch.device) -> list[tuple[tor
              torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16)) for _ in range(shape.layers)]
 
 
-def decode_step(x: torch.Tensor, weights, cache, shape: Shape, all_reduce) -> torch.Tensor:
-    """One token for every sequence in the batch through every layer; returns the final hidden state."""
+def decode_step(x: torch.Tensor, weights, cache, shape: Shape, project) -> torch.Tensor:
+    """One token for every sequence in the batch through every layer; returns the final hidden state.
+
+    ``project(a, w)`` is the row-parallel projection: ``a @ w`` summed over ranks (the layer's all-reduce).
+    """
     batch = x.shape[0]
     for layer, (k_cache, v_cache) in zip(weights, cache):
         h = F.rms_norm(x, (HIDDEN,))
@@ -74,10 +79,10 @@ def decode_step(x: torch.Tensor, weights, cache, shape: Shape, all_reduce) -> to
         keys = torch.cat([k_cache, k.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         values = torch.cat([v_cache, v.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         attn = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-        x = x + all_reduce(attn.reshape(batch, -1) @ layer["o"])
+        x = x + project(attn.reshape(batch, -1), layer["o"])
         h = F.rms_norm(x, (HIDDEN,))
         gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-        x = x + all_reduce((F.silu(gate) * up) @ layer["down"])
+        x = x + project(F.silu(gate) * up, layer["down"])
     return x
 
 
@@ -85,6 +90,29 @@ def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
     out = t.clone()
     dist.all_reduce(out)
     return out
+
+
+@dataclass(frozen=True)
+class Backend:
+    project: Callable  # (a, w) -> a @ w summed over ranks
+    all_reduce: Callable  # t -> t summed over ranks
+    probe: Callable  # batch -> the tensor all_reduce is timed on alone
+
+
+def reducing(all_reduce):
+    """The projection ``a @ w`` followed by ``all_reduce``."""
+    return lambda a, w: all_reduce(a @ w)
+
+
+def staged(comm):
+    """The projection written straight into weft's registered input buffer, so the all-reduce copies nothing in."""
+
+    def project(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = comm.staging_input(a.shape[0] * w.shape[1], a.dtype).view(a.shape[0], w.shape[1])
+        torch.matmul(a, w, out=out)
+        return comm.all_reduce(out)
+
+    return project
 
 
 def graph_of(fn, warmup_stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
@@ -112,7 +140,7 @@ def time_graph(graph: torch.cuda.CUDAGraph, iters: int) -> list[float]:
     return times
 
 
-def measure(backend: str, all_reduce, shape: Shape, batch: int, weights, lm_head, device, iters: int) -> dict:
+def measure(backend: str, impl: Backend, shape: Shape, batch: int, weights, lm_head, device, iters: int) -> dict:
     cache = make_cache(shape, batch, device)
     gen = torch.Generator(device=device).manual_seed(7)
     x = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
@@ -120,23 +148,37 @@ def measure(backend: str, all_reduce, shape: Shape, batch: int, weights, lm_head
     side = torch.cuda.Stream()
 
     def step():
-        out["hidden"] = decode_step(x, weights, cache, shape, all_reduce)
+        out["hidden"] = decode_step(x, weights, cache, shape, impl.project)
 
     step_graph = graph_of(step, side)
-    probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+    probe_a = torch.randn(batch, HIDDEN // shape.tp, device=device, dtype=torch.bfloat16)
+    probe_w = torch.randn(HIDDEN // shape.tp, HIDDEN, device=device, dtype=torch.bfloat16)
+    matmul_ms = time_graph(graph_of(lambda: [reducing(lambda t: t)(probe_a, probe_w)
+                                             for _ in range(2 * shape.layers)], side), iters)
 
     def only_all_reduce():
         for _ in range(2 * shape.layers):
-            out["ar"] = all_reduce(probe)
+            out["ar"] = impl.project(probe_a, probe_w)
 
     ar_graph = graph_of(only_all_reduce, side)
+    probe = impl.probe(batch)
+
+    def isolated():
+        for _ in range(2 * shape.layers):
+            out["alone"] = impl.all_reduce(probe)
+
+    alone_ms = time_graph(graph_of(isolated, side), iters)
     step_ms = time_graph(step_graph, iters)
     ar_ms = time_graph(ar_graph, iters)
     step_graph.replay()
     torch.cuda.synchronize()
     logits = (F.rms_norm(out["hidden"], (HIDDEN,)) @ lm_head).float()
     med = statistics.median(step_ms)
-    return {"backend": backend, "step_ms": med, "all_reduce_ms": statistics.median(ar_ms),
+    # the all-reduce share: projections with their all-reduce, less the same projections alone
+    all_reduce_ms = max(statistics.median(ar_ms) - statistics.median(matmul_ms), 0.0)
+    return {"backend": backend, "step_ms": med, "all_reduce_ms": all_reduce_ms,
+            "all_reduce_us_per_call": all_reduce_ms * 1e3 / (2 * shape.layers),
+            "isolated_us_per_call": statistics.median(alone_ms) * 1e3 / (2 * shape.layers),
             "tokens_per_s": batch / med * 1e3, "raw_step_ms": step_ms, "raw_all_reduce_ms": ar_ms,
             "logits": logits}
 
@@ -147,7 +189,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both")
+    p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both",
+                   help="both: NCCL, weft, and weft with projections written into its staging buffer")
     p.add_argument("--json", help="write results here (rank 0)")
     args = p.parse_args()
 
@@ -162,12 +205,17 @@ def main() -> None:
     weights = make_weights(shape, rank, device)
     lm_head = torch.randn(HIDDEN, VOCAB, generator=torch.Generator(device=device).manual_seed(5), device=device,
                           dtype=torch.bfloat16) * HIDDEN ** -0.5
-    backends = {"nccl": nccl_all_reduce}
+    def random_probe(batch: int) -> torch.Tensor:
+        return torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+
+    backends = {"nccl": Backend(reducing(nccl_all_reduce), nccl_all_reduce, random_probe)}
     if args.backend in ("weft", "both"):
         from executor import Communicator
 
         comm = Communicator.from_process_group()
-        backends["weft"] = comm.all_reduce
+        backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, random_probe)
+        backends["weft-staged"] = Backend(staged(comm), comm.all_reduce, lambda batch: comm.staging_input(
+            batch * HIDDEN, torch.bfloat16).view(batch, HIDDEN).normal_())
     if args.backend == "weft":
         backends.pop("nccl")
 
@@ -176,26 +224,37 @@ def main() -> None:
         results = {name: measure(name, fn, shape, batch, weights, lm_head, device, args.iters)
                    for name, fn in backends.items()}
         row = {"batch": batch, "tp": world}
+        if "weft" in backends:
+            plan = comm.plan_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
+            row["weft_plan"] = plan.name if plan is not None else "nccl (no plan)"
         for name, r in results.items():
             row[f"{name}_ms"] = r["step_ms"]
             row[f"{name}_all_reduce_ms"] = r["all_reduce_ms"]
+            row[f"{name}_all_reduce_us_per_call"] = r["all_reduce_us_per_call"]
+            row[f"{name}_isolated_us_per_call"] = r["isolated_us_per_call"]
             row[f"{name}_tokens_per_s"] = r["tokens_per_s"]
             row[f"{name}_all_reduce_share"] = r["all_reduce_ms"] / r["step_ms"]
             row[f"{name}_raw_step_ms"] = r["raw_step_ms"]
-        if len(results) == 2:
-            a, b = results["nccl"]["logits"], results["weft"]["logits"]
-            rel = ((a - b).norm() / a.norm()).item()
-            row["logits_rel_err"] = rel
-            row["logits_agree"] = rel < 2e-2
-            row["speedup"] = results["nccl"]["step_ms"] / results["weft"]["step_ms"]
+        if "nccl" in results:
+            a = results["nccl"]["logits"]
+            for name in (n for n in results if n != "nccl"):
+                b = results[name]["logits"]
+                rel = ((a - b).norm() / a.norm()).item()
+                row[f"{name}_logits_rel_err"] = rel
+                row[f"{name}_logits_agree"] = rel < 2e-2
+                row[f"{name}_speedup"] = results["nccl"]["step_ms"] / results[name]["step_ms"]
+                row[f"{name}_all_reduce_ratio"] = results[name]["all_reduce_ms"] / max(results["nccl"]["all_reduce_ms"],
+                                                                                        1e-9)
         rows.append(row)
         if rank == 0:
             cells = "  ".join(f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
-                              f"{r['all_reduce_ms']:.3f} ms = {100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)"
-                              for n, r in results.items())
-            extra = f"  speedup {row['speedup']:.3f}x  logits rel err {row['logits_rel_err']:.2e}" \
-                if "speedup" in row else ""
-            print(f"tp={world} batch={batch:>3}  {cells}{extra}", flush=True)
+                              f"{r['all_reduce_us_per_call']:.1f} us/call in the step, "
+                              f"{r['isolated_us_per_call']:.1f} alone = "
+                              f"{100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)" for n, r in results.items())
+            extra = "".join(f"  {n}: {row[f'{n}_speedup']:.3f}x step, all-reduce {row[f'{n}_all_reduce_ratio']:.2f}x, "
+                            f"logits rel err {row[f'{n}_logits_rel_err']:.1e}"
+                            for n in results if f"{n}_speedup" in row)
+            print(f"tp={world} batch={batch:>3}  {cells}{extra}  [{row.get('weft_plan', '')}]", flush=True)
     if rank == 0 and args.json:
         doc = {"name": "tp_decode", "model": "llama-70b-shaped", "layers": args.layers, "context": args.context,
                "nranks": world, "mode": "graph", "dtype": "bf16",

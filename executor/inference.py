@@ -92,7 +92,7 @@ class Communicator(PlanCommunicator):
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, written into ``tensor``."""
-        torch.ops.weft.all_reduce_(tensor, self.handle)
+        torch.ops.weft.all_reduce_inplace(tensor, self.handle)
         return tensor
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:

@@ -5,12 +5,10 @@ table is the one piece of module state: torch calls the ops from compiled graphs
 carry the communicator. It holds weak references, so a closed and dropped communicator does not linger.
 
     torch.ops.weft.all_reduce(x, comm.handle)          # out of place
-    torch.ops.weft.all_reduce_(x, comm.handle)         # in place
+    torch.ops.weft.all_reduce_inplace(x, comm.handle)  # in place
     torch.ops.weft.all_gather_into_tensor(out, x, comm.handle)
     torch.ops.weft.reduce_scatter_tensor(out, x, comm.handle)
 """
-
-from __future__ import annotations
 
 import itertools
 import weakref
@@ -18,6 +16,7 @@ from typing import Any
 
 import torch
 
+# No ``from __future__ import annotations`` here: torch.library reads the ops' schemas from real annotations.
 _COMMUNICATORS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
 
@@ -46,12 +45,12 @@ def _(tensor: torch.Tensor, handle: int) -> torch.Tensor:
     return torch.empty_like(tensor)
 
 
-@torch.library.custom_op("weft::all_reduce_", mutates_args=("tensor",))
-def all_reduce_(tensor: torch.Tensor, handle: int) -> None:
+@torch.library.custom_op("weft::all_reduce_inplace", mutates_args=("tensor",))
+def all_reduce_inplace(tensor: torch.Tensor, handle: int) -> None:
     _comm(handle).all_reduce_eager_(tensor)
 
 
-@all_reduce_.register_fake
+@all_reduce_inplace.register_fake
 def _(tensor: torch.Tensor, handle: int) -> None:
     return None
 
