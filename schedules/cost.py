@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable
 
+import numpy as np
+
 from schedules.collectives import Collective
+from schedules.loads import count_loads, index_fabric, send_arrays
 from schedules.schedule import Schedule
 from topologies.errors import WeftError
 from topologies.topology import Topology
@@ -89,30 +92,31 @@ class ScheduleLoads:
 
 def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
     """Count each step's chunks per link and per sharing group on the topology's switch-free form."""
-    fabric = topology.without_switches()
-    # µs per chunk byte for one chunk on each link and group; a step's load multiplies these
-    per_byte = {link.key: (link.latency, 1.0 / (link.capacity * BYTES_PER_US_PER_GBPS)) for link in fabric.links}
-    group_per_byte = [1.0 / (group.bandwidth * BYTES_PER_US_PER_GBPS) for group in fabric.sharing]
-    groups_of: dict[tuple[int, int], list[int]] = {}
-    for g, group in enumerate(fabric.sharing):
-        for key in group.links:
-            groups_of.setdefault(tuple(key), []).append(g)
-    steps = []
-    for index, step in enumerate(schedule.steps):
-        per_link = Counter((send.src, send.dst) for send in step.sends)
-        per_group: Counter[int] = Counter()
-        terms = set()
-        for key, n in per_link.items():
-            if key not in per_byte:
-                raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{index}]: "
-                                f"no link {key[0]}->{key[1]} in topology {topology.name}")
-            latency, one = per_byte[key]
-            terms.add((latency, n * one))
-            for g in groups_of.get(key, ()):
-                per_group[g] += n
-        group_load = max((n * group_per_byte[g] for g, n in per_group.items()), default=0.0)
-        steps.append(StepLoad(tuple(sorted(terms)), group_load))
-    return ScheduleLoads(schedule.collective, tuple(steps))
+    fabric = index_fabric(topology)
+    sends = send_arrays(schedule)
+    link = fabric.link_index(sends.src, sends.dst)
+    if (link < 0).any():
+        i = int(np.flatnonzero(link < 0)[0])
+        raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{sends.step[i]}]: "
+                        f"no link {sends.src[i]}->{sends.dst[i]} in topology {topology.name}")
+    counted = count_loads(fabric, sends.step, link)
+    per_byte = counted.link_count / (fabric.capacity[counted.link] * BYTES_PER_US_PER_GBPS)
+    # A step's time is the max over its distinct (latency, µs per chunk byte) terms. Coding each term as an
+    # int lets 1-D uniques find them; a 2-D unique over floats is several times slower.
+    latencies, latency_code = np.unique(fabric.latency[counted.link], return_inverse=True)
+    slopes, slope_code = np.unique(per_byte, return_inverse=True)
+    pairs, pair_code = np.unique(latency_code.ravel() * len(slopes) + slope_code.ravel(), return_inverse=True)
+    keys = np.unique(counted.link_step * len(pairs) + pair_code.ravel())
+    step_of, pair = np.divmod(keys, max(len(pairs), 1))
+    terms = np.column_stack([latencies[pairs[pair] // len(slopes)], slopes[pairs[pair] % len(slopes)]])
+    bounds = np.searchsorted(step_of, np.arange(schedule.nsteps + 1))
+    group_load = np.zeros(schedule.nsteps)
+    np.maximum.at(group_load, counted.group_step,
+                  counted.group_count / (fabric.group_bandwidth[counted.group] * BYTES_PER_US_PER_GBPS))
+    steps = tuple(
+        StepLoad(tuple(map(tuple, terms[bounds[i]:bounds[i + 1]].tolist())), float(group_load[i]))
+        for i in range(schedule.nsteps))
+    return ScheduleLoads(schedule.collective, steps)
 
 
 def step_times_us(schedule: Schedule, topology: Topology, nbytes: float) -> list[float]:

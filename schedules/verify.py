@@ -24,9 +24,11 @@ True
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from schedules.loads import FabricIndex, SendArrays, count_loads, index_fabric, send_arrays
 from schedules.schedule import Schedule, Send, Step
 from topologies.errors import CheckFailed
 from topologies.topology import SharingGroup, Topology
@@ -90,12 +92,21 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
         errors.add(f"collective {collective.name}: nranks: {collective.nranks} ranks, "
                    f"but topology {topology.name} has {topology.nranks}")
         return Verification(False, tuple(errors.lines), ("topology", "nranks"))
-    fabric = _Fabric.of(topology)
+    fabric = index_fabric(topology)
+    flat = [send for step in schedule.steps for send in step.sends]
+    arrays = send_arrays(schedule)
+    link = _check_sends(arrays, flat, collective.nranks, collective.nchunks, fabric, errors)
+    _check_capacity(arrays, link, fabric, errors)
     state = _initial_state(schedule)
+    usable = link >= 0
+    blocked = set(arrays.step[~usable].tolist())
+    position = 0
     for index, step in enumerate(schedule.steps):
-        sendable, per_link = _check_sends(index, step, collective.nranks, collective.nchunks, fabric, errors)
-        _check_capacity(index, step.rounds, per_link, fabric, errors)
-        _apply_step(index, sendable, state, schedule, errors)
+        sends = step.sends
+        if index in blocked:
+            sends = [s for s, ok in zip(sends, usable[position:position + len(sends)]) if ok]
+        position += len(step.sends)
+        _apply_step(index, sends, state, schedule, errors)
     _check_postconditions(state, schedule, errors)
     return Verification(not errors.lines, tuple(errors.lines), CHECKS, errors.omitted)
 
@@ -135,69 +146,47 @@ def _initial_state(schedule: Schedule) -> list[int]:
     return state
 
 
-@dataclass(frozen=True)
-class _Fabric:
-    """The switch-free form, with each link's and group's capacity in chunks per round looked up once."""
-
-    topology: Topology
-    link_chunks: dict[tuple[int, int], float]
-    groups_of: dict[tuple[int, int], tuple[int, ...]]
-    group_chunks: tuple[float, ...]
-
-    @staticmethod
-    def of(topology: Topology) -> "_Fabric":
-        fabric = topology.without_switches()
-        unit = fabric.unit_bandwidth
-        groups_of: dict[tuple[int, int], list[int]] = {}
-        for g, group in enumerate(fabric.sharing):
-            for key in group.links:
-                groups_of.setdefault(tuple(key), []).append(g)
-        return _Fabric(fabric, {link.key: link.capacity / unit for link in fabric.links},
-                       {key: tuple(gs) for key, gs in groups_of.items()},
-                       tuple(fabric.group_capacity(group) for group in fabric.sharing))
-
-
-def _check_sends(index: int, step: Step, nranks: int, nchunks: int, fabric: _Fabric,
-                 errors: _Errors) -> tuple[list[Send], Counter]:
-    """The sends of a step that name real chunks and ranks over real links, and their count per link."""
-    good = []
-    for send in step.sends:
-        if not 0 <= send.chunk < nchunks:
-            errors.add(f"step {index} send {_describe(send)}: chunk {send.chunk} does not exist ({nchunks} chunks)")
-        elif not (0 <= send.src < nranks and 0 <= send.dst < nranks):
-            errors.add(f"step {index} send {_describe(send)}: rank does not exist ({nranks} ranks)")
-        elif send.op not in ("copy", "reduce"):
-            errors.add(f"step {index} send {_describe(send)}: op must be copy or reduce")
+def _check_sends(arrays: SendArrays, flat: list[Send], nranks: int, nchunks: int, fabric: FabricIndex,
+                 errors: _Errors) -> np.ndarray:
+    """The link each send crosses, or -1 for a send that names no real chunk, rank or link (reported)."""
+    bad_chunk = (arrays.chunk < 0) | (arrays.chunk >= nchunks)
+    bad_rank = (arrays.src < 0) | (arrays.src >= nranks) | (arrays.dst < 0) | (arrays.dst >= nranks)
+    link = np.full(len(flat), -1, np.int64)
+    fine = ~(bad_chunk | bad_rank)
+    link[fine] = fabric.link_index(arrays.src[fine], arrays.dst[fine])
+    for i in np.flatnonzero(link < 0).tolist():
+        send, where = flat[i], f"step {arrays.step[i]} send {_describe(flat[i])}"
+        if bad_chunk[i]:
+            errors.add(f"{where}: chunk {send.chunk} does not exist ({nchunks} chunks)")
+        elif bad_rank[i]:
+            errors.add(f"{where}: rank does not exist ({nranks} ranks)")
         else:
-            good.append(send)
-    per_link = Counter((s.src, s.dst) for s in good)
-    missing = {pair for pair in per_link if pair not in fabric.link_chunks}
-    if not missing:
-        return good, per_link
-    for send in good:
-        if (send.src, send.dst) in missing:
-            errors.add(f"step {index} send {_describe(send)}: no link {send.src}->{send.dst} in topology "
-                       f"{fabric.topology.name}")
-    for pair in missing:
-        del per_link[pair]
-    return [s for s in good if (s.src, s.dst) not in missing], per_link
+            errors.add(f"{where}: no link {send.src}->{send.dst} in topology {fabric.topology.name}")
+    return link
 
 
-def _check_capacity(index: int, rounds: int, per_link: Counter, fabric: _Fabric, errors: _Errors) -> None:
-    per_group: Counter[int] = Counter()
-    for key, n in per_link.items():
-        chunks = fabric.link_chunks[key]
-        if n > math.floor(chunks * rounds + SLACK):
-            errors.add(f"step {index}: link {key[0]}->{key[1]} carries {n} chunks, over its capacity of "
-                       f"{math.floor(chunks * rounds + SLACK)} ({rounds} rounds x {chunks:g} chunks per round)")
-        for g in fabric.groups_of.get(key, ()):
-            per_group[g] += n
-    for g, n in sorted(per_group.items()):
-        chunks = fabric.group_chunks[g]
-        if n > math.floor(chunks * rounds + SLACK):
-            errors.add(f"step {index}: sharing group {_describe_group(fabric.topology.sharing[g])} carries {n} "
-                       f"chunks, over its capacity of {math.floor(chunks * rounds + SLACK)} ({rounds} rounds x "
-                       f"{chunks:g} chunks per round)")
+def _check_capacity(arrays: SendArrays, link: np.ndarray, fabric: FabricIndex, errors: _Errors) -> None:
+    usable = link >= 0
+    loads = count_loads(fabric, arrays.step[usable], link[usable])
+    unit = fabric.topology.unit_bandwidth
+    found = []
+    link_chunks = fabric.capacity[loads.link] / unit
+    link_room = np.floor(link_chunks * arrays.rounds[loads.link_step] + SLACK)
+    for row in np.flatnonzero(loads.link_count > link_room).tolist():
+        step, key = int(loads.link_step[row]), int(fabric.link_keys[loads.link[row]])
+        src, dst = divmod(key, fabric.topology.nranks)
+        found.append((step, f"step {step}: link {src}->{dst} carries {loads.link_count[row]} chunks, over its "
+                            f"capacity of {link_room[row]:.0f} ({arrays.rounds[step]} rounds x "
+                            f"{link_chunks[row]:g} chunks per round)"))
+    group_chunks = fabric.group_bandwidth[loads.group] / unit
+    group_room = np.floor(group_chunks * arrays.rounds[loads.group_step] + SLACK)
+    for row in np.flatnonzero(loads.group_count > group_room).tolist():
+        step, group = int(loads.group_step[row]), fabric.topology.sharing[loads.group[row]]
+        found.append((step, f"step {step}: sharing group {_describe_group(group)} carries {loads.group_count[row]} "
+                            f"chunks, over its capacity of {group_room[row]:.0f} ({arrays.rounds[step]} rounds x "
+                            f"{group_chunks[row]:g} chunks per round)"))
+    for _, line in sorted(found, key=lambda item: item[0]):
+        errors.add(line)
 
 
 def _describe_group(group: SharingGroup) -> str:
