@@ -1,0 +1,128 @@
+"""Plan -> device tables for the GPU interpreter (pure numpy; no GPU needed)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from executor.errors import ExecutorError
+from executor.gpu_tables import (
+    OP_DTYPE, PACKET, SCRATCH, SIGNAL, TRANSFER, WAIT, build_tables, check_launch, pair_channels, vector_bytes,
+)
+from schedules.plan import load_plan, parse_plan
+
+ROOT = Path(__file__).parent
+FIXTURES = ROOT / "fixtures" / "plans"
+COMPILED = ROOT / "gpu" / "plans"
+
+
+def test_op_record_layout_matches_the_cuda_struct():
+    source = (ROOT.parent / "executor" / "cuda" / "channel.cuh").read_text()
+    assert int(re.search(r"sizeof\(Op\) == (\d+)", source).group(1)) == OP_DTYPE.itemsize
+    assert OP_DTYPE.fields["src"][1] == 104 and OP_DTYPE.fields["dst"][1] == 360
+
+
+def test_simple_allreduce_lowers_to_transfers_and_channel_ops():
+    t = build_tables(load_plan(FIXTURES / "allpairs_allreduce_2.json"), 0, 1024)
+    assert list(t.ops["type"]) == [TRANSFER, SIGNAL, WAIT, TRANSFER, TRANSFER, SIGNAL, WAIT]
+    put = t.ops[0]
+    assert (put["nsrc"], put["ndst"], put["bytes"]) == (1, 1, 512)
+    assert tuple(put["src"][0]) == (512, 0, 0)  # input chunk 1
+    assert tuple(put["dst"][0]) == (0, 3, 0)  # remote_buffers[0]: rank 1's scratch
+    reduce = t.ops[3]
+    assert reduce["nsrc"] == 2 and [tuple(r) for r in reduce["src"][:2]] == [(0, 0, 0), (0, 2, 0)]
+    assert t.remote_buffers == ((1, "s"), (1, "o")) and t.channel_peers == (1,)
+
+
+def test_ll_plan_reads_and_writes_packets_in_double_buffered_scratch():
+    t = build_tables(load_plan(FIXTURES / "allpairs_allreduce_2_ll.json"), 1, 1024)
+    assert t.double_scratch and t.scratch_bytes == 2 * 2 * 512  # two packet chunks of 2 × 512 B
+    flags = {(int(op["src"][k]["buffer"]), int(op["src"][k]["flags"])) for op in t.ops for k in range(op["nsrc"])}
+    assert (2, PACKET | SCRATCH) in flags and (0, 0) in flags
+
+
+def test_pws_is_puts_then_a_signal_on_the_same_channels():
+    plan = load_plan(COMPILED / "allgather-direct-simple-x1.json")
+    t = build_tables(plan, 0, 4096)
+    ops = t.ops[t.tb_start[0]:t.tb_start[-1]]
+    signals = [op for op in ops if op["type"] == SIGNAL]
+    assert signals and all(op["nchannel"] == 1 for op in signals)
+    i = list(ops["type"]).index(SIGNAL)
+    assert ops[i - 1]["type"] == TRANSFER
+
+
+def test_channels_pair_mth_with_mth():
+    plan = load_plan(COMPILED / "allreduce-twoshot-simple-x8.json")
+    pairs = pair_channels(plan)
+    for (rank, cid), back in pairs.items():
+        peer = plan.gpus[rank].memory_peers[cid]
+        assert pairs[(peer, back)] == cid
+
+
+def test_plan_for_another_world_size_is_refused():
+    plan = load_plan(FIXTURES / "allpairs_allreduce_2.json")
+    with pytest.raises(ExecutorError, match="written for 2 ranks, but the communicator has 4"):
+        check_launch(plan, 4, 1024, "fp32")
+
+
+def test_size_the_plan_does_not_accept_is_refused():
+    plan = load_plan(COMPILED / "allreduce-direct-ll-x1.json")
+    with pytest.raises(ExecutorError, match="size 4194304 B is not accepted"):
+        check_launch(plan, 2, 4 << 20, "bf16")
+    with pytest.raises(ExecutorError, match="not accepted"):
+        check_launch(plan, 2, 1030, "bf16")
+
+
+def test_dtype_the_plan_lacks_is_refused():
+    doc = load_plan(FIXTURES / "allpairs_allreduce_2.json").content()
+    doc["weft"] = {"dtypes": ["fp32"]}
+    with pytest.raises(ExecutorError, match="dtype bf16 is not among the plan's dtypes"):
+        check_launch(parse_plan(doc, "x.json"), 2, 1024, "bf16")
+    with pytest.raises(ExecutorError, match="dtype 'int8' is not supported"):
+        check_launch(parse_plan(doc, "x.json"), 2, 1024, "int8")
+
+
+def test_packet_op_outside_an_ll_scratch_is_refused():
+    doc = load_plan(FIXTURES / "allpairs_allreduce_2_ll.json").content()
+    doc["protocol"] = "Simple"
+    with pytest.raises(ExecutorError, match="live in the scratch buffer of an LL plan"):
+        build_tables(parse_plan(doc, "x.json"), 0, 1024)
+
+
+def test_vector_width_is_the_widest_dividing_everything():
+    assert vector_bytes(1 << 20, 4096) == 16
+    assert vector_bytes((3 << 20) + 24, 16) == 8
+    assert vector_bytes(12) == 4
+    with pytest.raises(ExecutorError):
+        vector_bytes(6)
+
+
+PLANS = sorted(COMPILED.glob("*.json"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(PLANS), st.integers(1, 4096), st.sampled_from([0, 1]))
+def test_every_transfer_stays_inside_its_buffers(path, units, rank):
+    plan = load_plan(path)
+    nbytes = units * plan.size_chunks * 4
+    if not plan.accepts(nbytes):
+        return
+    t = build_tables(plan, rank, nbytes)
+    local = {0: t.input_bytes, 1: t.output_bytes, 2: t.scratch_bytes}
+    sizes = {3 + k: build_tables(plan, r, nbytes) for k, (r, _) in enumerate(t.remote_buffers)}
+    for op in t.ops[t.ops["type"] == TRANSFER]:
+        assert op["bytes"] % t.vector_bytes == 0
+        for field, n in (("src", op["nsrc"]), ("dst", op["ndst"])):
+            for ref in op[field][:n]:
+                slot, span = int(ref["buffer"]), op["bytes"] * (2 if ref["flags"] & PACKET else 1)
+                if slot < 3:
+                    limit = local[slot]
+                else:
+                    peer = sizes[slot]
+                    limit = {"i": peer.input_bytes, "o": peer.output_bytes, "s": peer.scratch_bytes}[
+                        t.remote_buffers[slot - 3][1]]
+                assert ref["offset"] % t.vector_bytes == 0 and ref["offset"] + span <= limit
