@@ -67,7 +67,10 @@ def read_facts(nvml: Any = None) -> MachineFacts:
                 try:
                     if nvml.nvmlDeviceGetNvLinkState(handle, lane) != nvml.NVML_FEATURE_ENABLED:
                         continue
-                    remotes.append(_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handle, lane).busId))
+                    # some nvidia-ml-py releases name it without _v2 (the one on the 2xH200 machines does)
+                    remote_pci = getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) \
+                        or nvml.nvmlDeviceGetNvLinkRemotePciInfo
+                    remotes.append(_bus_id(remote_pci(handle, lane).busId))
                 except nvml.NVMLError:
                     continue  # the lane does not exist on this GPU
             name = nvml.nvmlDeviceGetName(handle)
