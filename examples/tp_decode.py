@@ -221,9 +221,14 @@ def main() -> None:
 
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
-        results = {name: measure(name, fn, shape, batch, weights, lm_head, device, args.iters)
-                   for name, fn in backends.items()}
-        row = {"batch": batch, "tp": world}
+        results, failed = {}, {}
+        for name, impl in backends.items():
+            try:
+                results[name] = measure(name, impl, shape, batch, weights, lm_head, device, args.iters)
+            except Exception as e:  # one backend's failure is a result, not the end of the comparison
+                failed[name] = f"{type(e).__name__}: {e}"
+                print(f"rank {rank}: {name} failed at batch {batch}: {failed[name]}", flush=True)
+        row = {"batch": batch, "tp": world, "failed": failed}
         if "weft" in backends:
             plan = comm.plan_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
             row["weft_plan"] = plan.name if plan is not None else "nccl (no plan)"

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from topologies import Topology, resolve
-from topologies.errors import TopologyError, WeftError
+from topologies.errors import TopologyError
 
 log = logging.getLogger("weft.inference")
 BOARDS = {"H200": "hgx_h200", "H100": "hgx_h100", "A100": "dgx_a100"}
@@ -45,7 +45,7 @@ def machine_topology(nranks: int, spec: str | None = None, nvml: Any = None) -> 
         if detected.nranks == nranks:
             return detected
         log.info("weft: NVML sees %d GPUs but the job has %d ranks; using the board slice", detected.nranks, nranks)
-    except WeftError as e:
+    except Exception as e:  # NVML's own errors, or a pynvml without a function: detection is optional here
         log.info("weft: NVML detection unavailable (%s); guessing the board from torch", e)
     return torch_topology(nranks)
 
