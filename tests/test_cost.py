@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -143,3 +144,40 @@ def test_ring_allgather_busbw_reaches_link_speed_for_large_messages():
     topo = ring_topology(8, bandwidth=100.0, latency=1.0)
     t = predict_us(ring_allgather(topo), topo, 1 << 34)
     assert busbw(Collective("allgather", 8), 1 << 34, t) == pytest.approx(100.0, rel=1e-3)
+
+
+def mixed_fabric() -> Topology:
+    """Direct links of two speeds beside a switch, so the switch-free form mixes plain and shared links."""
+    links = [Link(r, "sw", 50.0, 0.5) for r in range(5)] + [Link("sw", r, 25.0 * (1 + r % 2), 0.5) for r in range(5)]
+    links += [Link(0, 1, 100.0, 0.2), Link(1, 0, 100.0, 0.2), Link(2, 3, 25.0, 0.7, count=3)]
+    return Topology("mixed", 5, tuple(links), switches=("sw",))
+
+
+@st.composite
+def random_steps(draw):
+    pairs = st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda p: p[0] != p[1])
+    return tuple(Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
+                 for _ in range(draw(st.integers(1, 4))))
+
+
+def direct_step_times(topo: Topology, steps, chunk_bytes: float) -> list[float]:
+    fabric = topo.without_switches()
+    times = []
+    for step in steps:
+        per_link = Counter((s.src, s.dst) for s in step.sends)
+        link_times = [fabric.link(*key).latency + n * chunk_bytes / (fabric.link(*key).capacity * 1e3)
+                      for key, n in per_link.items()]
+        group_times = [sum(per_link[key] for key in g.links) * chunk_bytes / (g.bandwidth * 1e3)
+                       for g in fabric.sharing]
+        times.append(max(link_times + group_times, default=0.0))
+    return times
+
+
+@settings(max_examples=80, deadline=None)
+@given(random_steps(), sizes)
+def test_step_times_match_a_direct_evaluation(steps, nbytes):
+    topo = mixed_fabric()
+    schedule = Schedule(Collective("broadcast", 5), topo.fingerprint, steps)
+    expected = direct_step_times(topo, steps, nbytes)
+    assert step_times_us(schedule, topo, nbytes) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert predict_us(schedule, topo, nbytes) == pytest.approx(sum(expected), rel=1e-12, abs=1e-12)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -153,6 +155,14 @@ def test_step_over_a_links_capacity():
     assert len(result.errors) == 4 * 3  # every link, every step
 
 
+def test_capacity_tolerates_float_rounding():
+    # 61/7 chunks per round times 7 rounds is 60.99999999999999 in floats; the link still carries 61
+    topo = Topology("odd", 2, (Link(0, 1, 61.0), Link(1, 0, 7.0)))
+    schedule = Schedule(Collective("broadcast", 2, chunks=61), topo.fingerprint,
+                        (Step(7, tuple(Send(j, 0, 1) for j in range(61))),))
+    assert verify(schedule, topo).ok
+
+
 def test_bonded_link_carries_more_per_round():
     # 0->1 is two bonded 25 GB/s lanes, 1->0 one 50 GB/s lane: each carries two 25 GB/s units per round
     lanes = Topology("bonded", 3, (Link(0, 1, 25.0, 1.0, count=2), Link(1, 0, 50.0, 1.0), Link(1, 2, 25.0),
@@ -289,3 +299,44 @@ def test_deleting_any_send_of_a_tree_broadcast_fails(case, data):
     i = data.draw(st.integers(0, schedule.nsteps - 1))
     j = data.draw(st.integers(0, len(schedule.steps[i].sends) - 1))
     assert not verify(drop_send(schedule, i, j), topo).ok
+
+
+# ---- capacity against a direct count -----------------------------------------------------------------
+
+def mixed_fabric() -> Topology:
+    """Direct links of two speeds beside a switch, so the switch-free form mixes plain and shared links."""
+    links = [Link(r, "sw", 50.0, 0.5) for r in range(5)] + [Link("sw", r, 25.0 * (1 + r % 2), 0.5) for r in range(5)]
+    links += [Link(0, 1, 100.0, 0.2), Link(1, 0, 100.0, 0.2), Link(2, 3, 25.0, 0.2, count=3)]
+    return Topology("mixed", 5, tuple(links), switches=("sw",))
+
+
+@st.composite
+def random_steps(draw):
+    pairs = st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda p: p[0] != p[1])
+    return tuple(Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
+                 for _ in range(draw(st.integers(1, 4))))
+
+
+def capacity_breaches(topo: Topology, steps) -> set[str]:
+    fabric = topo.without_switches()
+    breaches = set()
+    for index, step in enumerate(steps):
+        per_link = Counter((s.src, s.dst) for s in step.sends)
+        for (src, dst), n in per_link.items():
+            if n > math.floor(fabric.chunk_capacity(src, dst) * step.rounds + 1e-9):
+                breaches.add(f"step {index}: link {src}->{dst}")
+        for group in fabric.sharing:
+            n = sum(per_link[key] for key in group.links)
+            if n > math.floor(fabric.group_capacity(group) * step.rounds + 1e-9):
+                breaches.add(f"step {index}: sharing group [{', '.join(f'{s}->{d}' for s, d in group.links[:3])}")
+    return breaches
+
+
+@settings(max_examples=80, deadline=None)
+@given(random_steps())
+def test_capacity_errors_match_a_direct_count(steps):
+    topo = mixed_fabric()
+    schedule = Schedule(Collective("broadcast", 5), topo.fingerprint, steps)
+    found = {e.split(" carries")[0].split(";")[0].split(", ...")[0]
+             for e in verify(schedule, topo).errors if " carries " in e}
+    assert found == capacity_breaches(topo, steps)
