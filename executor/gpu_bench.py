@@ -170,12 +170,13 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             plan = next(p for p in candidates if f"weft:{p.name}" == best)
             wrong = _check(config.collective, comm, plan, x, world, config.dtype)
         weft_us = med[best] if best else None
+        plan_hash = next(p.content_hash for p in candidates if f"weft:{p.name}" == best) if best else None
         algbw = nbytes / (weft_us * 1e3) if weft_us else None
         rows.append({
             "size": nbytes, "nccl_us": med["nccl"], "symm_us": min(symm) if symm else None, "weft_us": weft_us,
             "algbw": algbw, "busbw": algbw * BUS_FACTOR[config.collective](world) if algbw else None,
             "speedup": med["nccl"] / weft_us if weft_us else None, "wrong": wrong,
-            "plan": best[5:] if best else None, "raw_us": raw, "median_us": med,
+            "plan": best[5:] if best else None, "plan_hash": plan_hash, "raw_us": raw, "median_us": med,
         })
         if progress:
             progress(f"{nbytes} B: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))

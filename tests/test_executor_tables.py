@@ -126,3 +126,20 @@ def test_every_transfer_stays_inside_its_buffers(path, units, rank):
                     limit = {"i": peer.input_bytes, "o": peer.output_bytes, "s": peer.scratch_bytes}[
                         t.remote_buffers[slot - 3][1]]
                 assert ref["offset"] % t.vector_bytes == 0 and ref["offset"] + span <= limit
+
+
+def test_weft_run_refuses_a_bad_plan_file_before_starting_ranks(tmp_path, capsys):
+    from weft.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x"}')
+    assert main(["run", str(bad), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.json" in err[0]
+
+
+def test_weft_bench_record_needs_the_registry(capsys):
+    from weft.cli import main
+
+    assert main(["bench", "allreduce", "--plans", str(FIXTURES / "allpairs_allreduce_2.json"), "--record"]) == 2
+    assert "--record needs --plans registry" in capsys.readouterr().err

@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--calls", type=int, default=20, help="calls per sample")
     bench.add_argument("-o", "--output", help="JSON results file (default bench/results/gpu_<coll>_<n>x<gpu>.json)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bench.add_argument("--record", action="store_true",
+                       help="store weft's measured times in the registry entries (with --plans registry)")
     bench.set_defaults(func=_bench)
 
 
@@ -63,6 +65,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _spawn(args: argparse.Namespace) -> int | None:
     """Start one process per GPU running this same command; None when this process is already a rank."""
+    _require_gpu_stack()
     if "RANK" in os.environ:
         return None
     n = args.nproc or _gpu_count()
@@ -84,6 +87,14 @@ def _spawn(args: argparse.Namespace) -> int | None:
         for p in procs:  # a killed or interrupted launcher takes its ranks with it
             if p.poll() is None:
                 p.kill()
+
+
+def _require_gpu_stack() -> None:
+    import importlib.util
+
+    missing = [m for m in ("torch", "cupy") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ArgumentError(f"weft: GPU commands need {' and '.join(missing)} (pip install 'weft[gpu]')")
 
 
 def _gpu_count() -> int:
@@ -179,6 +190,8 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
 
 def _bench(args: argparse.Namespace) -> int:
     sizes = parse_size_range(args.sizes)
+    if args.record and args.plans != ["registry"]:
+        raise ArgumentError("weft bench: --record needs --plans registry (times are stored in registry entries)")
     code = _spawn(args)
     if code is not None:
         return code
@@ -202,6 +215,8 @@ def _bench(args: argparse.Namespace) -> int:
                         f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(doc, indent=1) + "\n")
+            if args.record:
+                _record(args, rows)
             if args.json:
                 print(json.dumps(doc["rows"], indent=1))
             else:
@@ -209,6 +224,17 @@ def _bench(args: argparse.Namespace) -> int:
         return 1 if any(r["wrong"] for r in rows) else 0
     finally:
         dist.destroy_process_group()
+
+
+def _record(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Measured times into the registry entries of the plans that produced them, so `select` prefers them."""
+    from schedules.registry import Registry
+
+    registry = Registry(args.registry)
+    ids = {e.plan.content_hash: e.id for e in registry.entries(collective=args.collective)}
+    for row in rows:
+        if row["plan_hash"] in ids and not row["wrong"]:
+            registry.record_timing(ids[row["plan_hash"]], row["size"], row["weft_us"])
 
 
 def _progress(line: str) -> None:
