@@ -151,7 +151,10 @@ class Communicator:
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait for this rank's launches; raise ExecutorTimeout if a wait on the GPU ran past its bound."""
-        self._cupy.cuda.runtime.deviceSynchronize() if stream is None else self._stream(stream, "cupy").synchronize()
+        if stream is None:
+            self._cupy.cuda.runtime.deviceSynchronize()
+        else:
+            self._stream(stream, "cupy").synchronize()
         if self._error[0]:
             self._raise_device_error()
 
