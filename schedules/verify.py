@@ -10,7 +10,10 @@ keep a 1024-rank allreduce in memory.
 Checks, by name: ``topology`` (fingerprint), ``nranks``, ``sends`` (chunk and ranks exist), ``links``
 (a link src->dst in the switch-free form), ``possession``, ``writes`` (a chunk that arrives by copy arrives
 alone in its step), ``reductions`` (each contribution once; no reduce in a collective that does not
-combine), ``capacity`` (per step and link, per step and sharing group) and ``postconditions``.
+combine), ``capacity`` (per step and link, per step and sharing group) and ``postconditions``. Errors come
+in stages, each in step order: sends and links, capacity, the simulation (possession, writes,
+reductions), postconditions. Links, sharing groups and capacity are counted with numpy
+(``schedules.loads``), on the topology's switch-free form.
 
 >>> from schedules.collectives import Collective
 >>> from schedules.schedule import Schedule, Send, Step
@@ -23,7 +26,6 @@ True
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
