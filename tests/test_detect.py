@@ -66,6 +66,22 @@ def test_reading_nvml_gives_back_the_recorded_facts():
     assert read_facts(FakeNvml(facts)) == facts
 
 
+class OlderNvml(FakeNvml):
+    """nvidia-ml-py releases without the _v2 remote-PCI query."""
+
+    nvmlDeviceGetNvLinkRemotePciInfo = FakeNvml.nvmlDeviceGetNvLinkRemotePciInfo_v2
+
+    def __getattribute__(self, name):
+        if name == "nvmlDeviceGetNvLinkRemotePciInfo_v2":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_older_nvml_without_the_v2_query_still_reads_the_lanes():
+    facts = load_facts(FIXTURES / "h200x2_nv18.json")
+    assert read_facts(OlderNvml(facts)) == facts
+
+
 def test_cli_detect_replays_facts_and_writes_the_topology(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert main(["topo", "detect", "--facts", str(FIXTURES / "h200x2_nv18.json"), "-o", str(out)]) == 0

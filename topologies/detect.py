@@ -63,6 +63,9 @@ def read_facts(nvml: Any = None) -> MachineFacts:
         for i in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             remotes = []
+            # nvidia-ml-py names the remote-PCI query with or without _v2, depending on its version.
+            remote_pci = getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) or \
+                nvml.nvmlDeviceGetNvLinkRemotePciInfo
             for lane in range(nvml.NVML_NVLINK_MAX_LINKS):
                 try:
                     if nvml.nvmlDeviceGetNvLinkState(handle, lane) != nvml.NVML_FEATURE_ENABLED:
