@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,7 @@ from schedules.schedule import Send
 from schedules.verify import require_valid
 from synth import baselines
 from synth.errors import NotApplicable, Unknown, Unsat
-from synth.milp import MilpOptions, Sketch, SketchError, parse_sketch, rounds_for, solve
+from synth.milp import MilpOptions, Sketch, SketchError, default_chunks, parse_sketch, rounds_for, solve
 from topologies import Link, Topology
 from topologies.catalog import build
 from weft.cli import main
@@ -52,7 +53,7 @@ def test_allgather_at_least_as_fast_as_every_baseline(spec, nbytes):
 
 def test_ndv2_two_nodes_allgather_beats_the_baselines_at_a_coarse_chunking():
     topology = build("ndv2:nodes=2")
-    schedule = milp(topology, "allgather", MB, chunks=1, time_limit=12.0, sketch=Sketch(rank_offset=8))
+    schedule = milp(topology, "allgather", MB, chunks=1, time_limit=6.0, sketch=Sketch(rank_offset=8))
     ours = predict_us(schedule, topology, MB)
     assert ours <= best_baseline_us(topology, schedule.collective, MB)
     assert ours >= lower_bound_us(topology, schedule.collective, MB)
@@ -104,12 +105,12 @@ def test_progress_reports_the_incumbent_and_gap():
 def test_no_incumbent_within_the_time_limit_is_unknown():
     topology = build("ndv2:nodes=2")
     with pytest.raises(Unknown, match="time limit"):
-        solve(topology, Collective("allgather", 16, 2), MilpOptions(size=MB, time_limit=0.001, workers=2))
+        solve(topology, Collective("allgather", 16), MilpOptions(size=MB, time_limit=0.001, workers=2))
 
 
 def test_symmetric_sketch_gives_every_node_the_same_schedule_shifted():
     topology = build("ndv2:nodes=2")
-    schedule = milp(topology, "allgather", MB, time_limit=5.0, sketch=Sketch(rank_offset=8))
+    schedule = milp(topology, "allgather", MB, time_limit=3.0, sketch=Sketch(rank_offset=8))
     for step in schedule.steps:
         sends = {(s.chunk, s.src, s.dst) for s in step.sends}
         assert {((c + 8) % 16, (u + 8) % 16, (v + 8) % 16) for c, u, v in sends} == sends
@@ -117,7 +118,7 @@ def test_symmetric_sketch_gives_every_node_the_same_schedule_shifted():
 
 def test_relays_confine_cross_host_sends():
     topology = build("ndv2:nodes=2")
-    schedule = milp(topology, "allgather", MB, time_limit=5.0, sketch=Sketch(relays=(0, 3, 8, 11)))
+    schedule = milp(topology, "allgather", MB, time_limit=3.0, sketch=Sketch(relays=(0, 3, 8, 11)))
     cross = {(s.src, s.dst) for step in schedule.steps for s in step.sends if (s.src < 8) != (s.dst < 8)}
     assert cross and all(src in (0, 3, 8, 11) and dst in (0, 3, 8, 11) for src, dst in cross)
 
@@ -157,6 +158,18 @@ def test_sketch_round_trips_through_json(offset, relays, chunks, rails):
     assert parse_sketch(json.loads(json.dumps(sketch.to_json())), "s.json") == sketch
 
 
+def test_default_chunks_pipeline_only_bandwidth_bound_sizes():
+    topology = build("ndv2:nodes=2")
+    collective = Collective("allgather", 16)
+    assert default_chunks(topology, collective, 1 << 10) == 1
+    assert default_chunks(topology, collective, 1 << 30) == 3
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("examples/sketches/*.json")))
+def test_example_sketches_parse(path):
+    assert parse_sketch(json.loads(path.read_text()), str(path)).source == str(path)
+
+
 def test_cli_malformed_sketch_exits_2_naming_the_field(tmp_path, capsys):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"format": "weft.sketch/1", "chunks": 0}))
@@ -178,7 +191,7 @@ def test_cli_infeasible_sketch_exits_1_with_the_reason(tmp_path, capsys):
 
 def test_cli_writes_a_verified_schedule(tmp_path, capsys):
     out = tmp_path / "ag.json"
-    code = main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--size", "1MB", "--time-limit", "5",
+    code = main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--size", "1MB", "--time-limit", "5", "--chunks", "1",
                  "-o", str(out), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and out.exists()

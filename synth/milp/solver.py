@@ -14,7 +14,7 @@ from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import SynthesisError, Unknown, Unsat
-from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances
+from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances, link_cost_us
 from synth.milp.links import allowed_links
 from synth.milp.sketch import Sketch, SketchError
 from topologies import Topology
@@ -112,6 +112,19 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
         notes="CP-SAT time-expanded flow; objective = finish time under the α-β step model",
     )
     return Schedule(collective, topology.fingerprint, steps, f"milp-{collective.name}-c{chunks}", meta)
+
+
+def default_chunks(topology: Topology, collective: Collective, size: int) -> int:
+    """Chunks per rank when neither the caller nor the sketch says: room to pipeline at bandwidth-bound sizes.
+
+    Up to 4 per rank while the model stays near 48 chunks in flight, which CP-SAT handles in a minute or two.
+    """
+    one = Collective(collective.name, collective.nranks, 1, collective.root)
+    chunk_bytes = one.chunk_bytes(size)
+    fabric = topology.without_switches()
+    if not any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in fabric.links):
+        return 1
+    return min(4, max(1, 48 // one.nchunks))
 
 
 def _solve_allreduce(job: _Job, collective: Collective) -> list[Outcome]:

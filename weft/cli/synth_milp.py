@@ -18,10 +18,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective,
                progress: Callable[[str], None]) -> list[Schedule]:
-    """One schedule minimizing the finish time for ``--size`` within ``--time-limit``."""
+    """One schedule minimizing the finish time for ``--size`` within ``--time-limit``.
+
+    Chunks per rank: ``--chunks``, else the sketch's, else ``milp.default_chunks`` for the size.
+    """
     from synth import milp
 
     sketch = milp.load_sketch(args.sketch) if args.sketch else None
-    options = milp.MilpOptions(size=parse_bytes(args.size), time_limit=args.time_limit, sketch=sketch,
-                               chunks=args.chunks)
+    size = parse_bytes(args.size)
+    chunks = args.chunks
+    if chunks is None and not (sketch and sketch.chunks):
+        chunks = milp.default_chunks(topology, collective, size)
+    options = milp.MilpOptions(size=size, time_limit=args.time_limit, sketch=sketch, chunks=chunks)
     return [milp.solve(topology, collective, options, progress)]
