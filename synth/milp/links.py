@@ -15,9 +15,10 @@ they would disconnect the collective.
 
 from __future__ import annotations
 
+from schedules.collectives import Collective
+from synth.errors import Unsat
 from synth.milp.flow import hop_distances, link_cost_us
 from synth.milp.sketch import Sketch, SketchError
-from schedules.collectives import Collective
 from topologies import Topology
 
 LinkSet = frozenset[tuple[int, int]]
@@ -80,3 +81,25 @@ def connected(topo: Topology, collective: Collective, links: LinkSet) -> bool:
     dist = hop_distances(topo.ranks, links)
     return all(r in dist[s] for c in range(collective.nchunks) for s in topo.ranks if c in collective.precondition(s)
                for r in topo.ranks if c in collective.postcondition(r))
+
+
+def check_reachable(topo: Topology, collective: Collective, links: LinkSet, sketch: Sketch) -> int:
+    """The hop depth every chunk needs; Unsat naming the cut-off host when the relays disconnect one."""
+    if sketch.relays is not None and topo.nhosts > 1:
+        for host in sorted(set(topo.hosts)):
+            if not any(topo.hosts[r] == host for r in sketch.relays):
+                members = [r for r in topo.ranks if topo.hosts[r] == host]
+                raise Unsat(f"sketch {sketch.source}: relays: host {host} (ranks {members[0]}..{members[-1]}) has "
+                            "no relay, so no data can enter or leave it")
+    dist = hop_distances(topo.ranks, links)
+    depth = 0
+    for c in range(collective.nchunks):
+        holders = [r for r in topo.ranks if c in collective.precondition(r)]
+        for r in topo.ranks:
+            if c in collective.postcondition(r) and r not in holders:
+                hops = min((dist[s][r] for s in holders if r in dist[s]), default=None)
+                if hops is None:
+                    raise Unsat(f"sketch {sketch.source}: relays: rank {r} cannot receive chunk {c} "
+                                f"from rank {holders[0]} over the links the relays allow")
+                depth = max(depth, hops)
+    return depth

@@ -6,6 +6,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Callable
 
 from ortools.sat.python import cp_model
@@ -14,9 +15,10 @@ from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import SynthesisError, Unknown, Unsat
-from synth.milp.flow import FlowModel, FlowSpec, build_flow, hop_distances, link_cost_us
-from synth.milp.links import allowed_links
-from synth.milp.sketch import Sketch, SketchError
+from synth.milp.flow import FlowModel, FlowSpec, build_flow, link_cost_us
+from synth.milp.links import allowed_links, check_reachable
+from synth.milp.sketch import Sketch
+from synth.milp.symmetry import rank_symmetry
 from topologies import Topology
 
 Progress = Callable[[str], None]
@@ -74,7 +76,7 @@ class _Job:
     sketch: Sketch
     progress: Progress | None
 
-    @property
+    @cached_property
     def switch_free(self) -> Topology:
         return self.fabric.without_switches()
 
@@ -160,11 +162,11 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     sketch, options = job.sketch, job.options
     chunk_bytes = collective.chunk_bytes(options.size)
     links = allowed_links(topo, collective, sketch, chunk_bytes)
-    depth = _check_reachable(topo, collective, links, sketch)
+    depth = check_reachable(topo, collective, links, sketch)
     steps = options.steps or depth + 2 * collective.chunks
     if steps < depth:
         raise Unsat(f"milp: {collective.name} on {job.fabric.name} needs at least {depth} steps, got steps={steps}")
-    rank_shift, chunk_shift = _symmetry(topo, collective, links, sketch)
+    rank_shift, chunk_shift = rank_symmetry(topo, collective, links, sketch)
     flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, rank_shift, chunk_shift))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
@@ -225,76 +227,3 @@ def rounds_for(topo: Topology, sends: list[Send]) -> int:
             r += 1
         rounds = max(rounds, r)
     return rounds
-
-
-def _check_reachable(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
-                     sketch: Sketch) -> int:
-    """The hop depth every chunk needs; Unsat naming the cut-off host when the relays disconnect one."""
-    if sketch.relays is not None and topo.nhosts > 1:
-        for host in sorted(set(topo.hosts)):
-            if not any(topo.hosts[r] == host for r in sketch.relays):
-                members = [r for r in topo.ranks if topo.hosts[r] == host]
-                raise Unsat(f"sketch {sketch.source}: relays: host {host} (ranks {members[0]}..{members[-1]}) has "
-                            "no relay, so no data can enter or leave it")
-    dist = hop_distances(topo.ranks, links)
-    depth = 0
-    for c in range(collective.nchunks):
-        holders = [r for r in topo.ranks if c in collective.precondition(r)]
-        for r in topo.ranks:
-            if c in collective.postcondition(r) and r not in holders:
-                hops = min((dist[s][r] for s in holders if r in dist[s]), default=None)
-                if hops is None:
-                    raise Unsat(f"sketch {sketch.source}: relays: rank {r} cannot receive chunk {c} "
-                                f"from rank {holders[0]} over the links the relays allow")
-                depth = max(depth, hops)
-    return depth
-
-
-def _symmetry(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], sketch: Sketch):
-    """(rank shift, chunk shift) for the sketch's symmetry, after checking that it maps everything onto itself."""
-    offset = sketch.rank_offset
-    if offset is None:
-        return None, None
-    n = topo.nranks
-
-    def fail(reason: str) -> SketchError:
-        return SketchError(f"sketch {sketch.source}: symmetry.rank_offset: {reason}")
-
-    if offset >= n or n % offset:
-        raise fail(f"{offset} must be smaller than and divide the rank count ({n})")
-    if collective.rooted:
-        raise fail(f"{collective.name} has a root, so no rank shift maps it onto itself")
-
-    def rank_shift(r: int) -> int:
-        return (r + offset) % n
-
-    c = collective.chunks
-    if collective.name == "alltoall":
-        def chunk_shift(x: int) -> int:
-            pair, j = divmod(x, c)
-            s, d = divmod(pair, n)
-            return (rank_shift(s) * n + rank_shift(d)) * c + j
-    else:
-        def chunk_shift(x: int) -> int:
-            r, j = divmod(x, c)
-            return rank_shift(r) * c + j
-
-    for link in topo.links:
-        image = (rank_shift(link.src), rank_shift(link.dst))
-        if not topo.has_link(*image) or _cost(topo.link(*image)) != _cost(link):
-            raise fail(f"the fabric is not symmetric: link {link.src}->{link.dst} has no equal image "
-                       f"{image[0]}->{image[1]}")
-        if (link.key in links) != (image in links):
-            raise fail(f"relays are not symmetric: link {link.src}->{link.dst} and its image differ")
-    groups = {(frozenset(tuple(k) for k in g.links), g.bandwidth) for g in topo.sharing}
-    for g in topo.sharing:
-        image = (frozenset((rank_shift(s), rank_shift(d)) for s, d in g.links), g.bandwidth)
-        if image not in groups:
-            raise fail(f"the fabric is not symmetric: sharing group of link {g.links[0][0]}->{g.links[0][1]} "
-                       "has no equal image")
-    return rank_shift, chunk_shift
-
-
-def _cost(link) -> tuple[float, float]:
-    return (round(link.capacity, 6), round(link.latency, 6))
-
