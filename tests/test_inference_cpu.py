@@ -20,6 +20,7 @@ from weft.synthesis import synthesize
 
 MINE, OTHER = "hgx_h200:gpus=2", "fully_connected:n=2"
 FACTS = Path(__file__).parent / "fixtures" / "nvml"
+COMMITTED = Path(__file__).parent.parent / "bench"
 
 
 def _commit(registry: str, spec: str, method: str, nranks_spec: str | None = None, protocol: str = "ll"):
@@ -114,3 +115,17 @@ def test_simple_plans_in_the_registry_are_never_chosen():
     location = "memory://inference-cpu-simple-only"
     _commit(location, MINE, "direct", protocol="simple")
     assert PlanChoice(Registry(location), build(MINE).fingerprint, 2).plan("allreduce", 64 << 10, "bf16") is None
+
+
+def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode_size():
+    choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x2")), build("hgx_h200:gpus=2").fingerprint, 2)
+    chosen = {batch: choice.plan("allreduce", batch * 8192 * 2, "bf16").name for batch in (1, 16, 32)}
+    assert chosen == {1: "direct-allreduce-hgx_h200:gpus=2-ll-x1", 16: "direct-allreduce-hgx_h200:gpus=2-ll-x16",
+                      32: "direct-allreduce-hgx_h200:gpus=2-ll-x16"}
+
+
+def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_mode():
+    choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x4")), build("hgx_h200:gpus=4").fingerprint, 4,
+                        deterministic=True)
+    assert {e.plan.weft.solver for e in choice.entries if e.key.collective == "allreduce"} == {"ring", "twoshot"}
+    assert choice.plan("allreduce", 64 << 10, "bf16") is not None
