@@ -15,6 +15,10 @@ in, the plan runs staging to staging, the result is copied out. A size's context
 call; a graph captures only copies and the plan's kernel. A size first seen inside a capture goes to NCCL for
 that graph (logged), or is prepared beforehand with ``capture(sizes=...)``. A producer that writes straight
 into ``staging_input(...)`` saves the copy in.
+
+Reusing the staging buffers call after call is safe because calls are ordered on the caller's stream (one
+stream per communicator, as engines run their collectives) and only plans that a rank can run again before its
+peers finished the previous execution are chosen (``torch_plans.safe_back_to_back``: LL, double scratch).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ class Communicator(PlanCommunicator):
             self._started = True
         except Exception as e:  # no CuPy, no driver, IPC refused: each means NCCL for this job, not a crash
             why = f"rank {rank}: the GPU executor did not start: {e}"
-        self.store = store
+        self.store = store  # also where the executor did not start: the ranks still have to agree on that
         why = self._agree("started", why)
         if not why:
             why = self._agree("p2p", p2p_works(self) or self._allocate_staging())
