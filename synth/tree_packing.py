@@ -14,10 +14,13 @@ every copy's load is charged as it is made, so the packing is exact whatever the
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
-from dataclasses import dataclass
+from functools import lru_cache
+from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Iterator
 
 import networkx as nx
 from networkx.algorithms.flow import dinitz
@@ -30,7 +33,7 @@ Key = tuple[Vertex, Vertex]
 SOURCE = ("source",)  # the auxiliary root of Edmonds' packing; no rank (int) or switch (str) can clash
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Hop:
     """A rank-to-rank tree edge and the topology links it loads."""
 
@@ -53,6 +56,7 @@ class Tree:
         return depth
 
 
+@lru_cache(maxsize=8)
 def rank_hops(topology: Topology) -> dict[int, tuple[Hop, ...]]:
     """Every hop out of every rank: direct links to ranks and the switch-free form's switch paths."""
     table = {}
@@ -75,6 +79,8 @@ class _Packer:
     hops: dict[int, tuple[Hop, ...]]
     room: dict[Key, int]
     deadline: float
+    into: dict[int, list[Hop]] = field(default_factory=dict)
+    ties: Iterator[int] = field(default_factory=itertools.count)  # heap order among equal keys: first offered
 
     def _width(self, hop: Hop) -> int:
         return min(self.room[k] for k in hop.links)
@@ -94,18 +100,25 @@ class _Packer:
         return True
 
     def grow(self, root: int, images: list[Permutation]) -> Tree | None:
-        """One tree from root (and its images), or None when the remaining room cannot span the ranks."""
+        """One tree from root (and its images), or None when the remaining room cannot span the ranks.
+
+        Prim's order: the frontier keeps, for each rank outside the tree, only the widest hop seen into
+        it (then the shallowest), so each rank's hops are scanned once, when it joins.
+        """
         placed = {root: 0}
         order: list[tuple[int, int]] = []
+        best: dict[int, tuple[int, int]] = {}  # rank -> (width, depth) of the best hop offered into it
         heap: list = []
-        tie = 0
 
         def offer(u: int) -> None:
-            nonlocal tie
+            depth = placed[u] + 1
             for hop in self.hops[u]:
-                if hop.dst not in placed:
-                    tie += 1
-                    heapq.heappush(heap, (-self._width(hop), placed[u] + 1, tie, hop))
+                if hop.dst in placed:
+                    continue
+                width = self._width(hop)
+                if width >= 1 and (width, -depth) > best.get(hop.dst, (0, 0)):
+                    best[hop.dst] = (width, -depth)
+                    heapq.heappush(heap, (-width, depth, next(self.ties), hop))
 
         offer(root)
         while len(placed) < self.topology.nranks:
@@ -117,18 +130,37 @@ class _Packer:
             if hop.dst in placed:
                 continue
             width = self._width(hop)
-            if width < 1:
-                continue
             if width < -neg_width:
-                tie += 1
-                heapq.heappush(heap, (-width, depth, tie, hop))
+                # the room shrank since the offer; re-offer it at its width, and let the dst's other hops in
+                # the room shrank since the offer: take it back at its width; hops into dst that lost to
+                # it are offered again only once it runs out (rescanning on every shrink is quadratic)
+                best[hop.dst] = (width, best[hop.dst][1])
+                if width >= 1:
+                    heapq.heappush(heap, (-width, depth, next(self.ties), hop))
+                else:
+                    self._reoffer(hop.dst, placed, heap)
                 continue
             if not self._charge(hop, images):
+                # the room shrank since the offer: take it back at its width; hops into dst that lost to
+                # it are offered again only once it runs out (rescanning on every shrink is quadratic)
+                best[hop.dst] = (width, best[hop.dst][1])
+                if width >= 1:
+                    heapq.heappush(heap, (-width, depth, next(self.ties), hop))
+                else:
+                    self._reoffer(hop.dst, placed, heap)
                 continue
             placed[hop.dst] = depth
             order.append((hop.src, hop.dst))
             offer(hop.dst)
         return Tree(root, tuple(order))
+
+    def _reoffer(self, dst: int, placed: dict[int, int], heap: list) -> None:
+        """Offer every usable hop from the tree into dst again (the best one offered has run out of room)."""
+        for hop in self.into[dst]:
+            if hop.src in placed:
+                width = self._width(hop)
+                if width >= 1:
+                    heapq.heappush(heap, (-width, placed[hop.src] + 1, next(self.ties), hop))
 
 
 def pack(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float,
@@ -137,7 +169,12 @@ def pack(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fracti
 
     With ``symmetric``, roots that share an orbit of the fabric's symmetries get copies of one root's trees.
     """
-    packer = _Packer(topology, rank_hops(topology), trees_per_link(topology, unit), deadline)
+    hops = rank_hops(topology)
+    into: dict[int, list[Hop]] = {r: [] for r in topology.ranks}
+    for out in hops.values():
+        for hop in out:
+            into[hop.dst].append(hop)
+    packer = _Packer(topology, hops, trees_per_link(topology, unit), deadline, into)
     groups = _root_groups(topology, roots) if symmetric else [(r, {r: None}) for r in roots]
     made: dict[int, list[Tree]] = {r: [] for r in roots}
     for _ in range(per_root):
