@@ -218,7 +218,8 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
         out, _ = decide_first(problem, candidates, options.time_limit, workers(options.workers), progress, label)
         if out is None:
             continue
-        found.append(_finish(out.schedule, topology, collective))
+        sized = Collective(collective.name, collective.nranks, out.instance.chunks, collective.root)
+        found.append(_finish(out.schedule, topology, sized))
         best = Fraction(out.instance.rounds, out.instance.chunks)
         if best <= bound:
             return _frontier(topology, found, bound, True)

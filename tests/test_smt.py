@@ -1,0 +1,188 @@
+"""The SMT synthesizer: every schedule it returns verifies; unsat, unknown and bad options are reported."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedules.collectives import NAMES, Collective
+from schedules.verify import require_valid, verify
+from synth import smt, smt_dual
+from synth.errors import SynthesisError, Unknown, Unsat
+from synth.smt_bound import rounds_per_chunk_bound, steps_bound
+from synth.smt_symmetry import symmetry_levels
+from topologies.catalog import build
+from weft.cli import main
+
+RING4 = build("ring:n=4")
+FC4 = build("fully_connected:n=4")
+DGX1 = build("dgx1")
+ONE_WORKER = smt.SmtOptions(workers=1, time_limit=30)
+
+
+def _options(**kw) -> smt.SmtOptions:
+    return smt.SmtOptions(workers=1, time_limit=30, **kw)
+
+
+@pytest.mark.parametrize("topology", [RING4, FC4], ids=["ring4", "fc4"])
+@pytest.mark.parametrize("name", NAMES)
+def test_least_steps_schedule_verifies_on_small_topologies(topology, name):
+    schedule = smt.solve(topology, Collective(name, 4, 1, 1), ONE_WORKER)
+    assert verify(schedule, topology).ok
+    assert schedule.meta.solver == "smt"
+
+
+@pytest.mark.parametrize("name,steps", [("allgather", 1), ("alltoall", 1), ("broadcast", 1), ("reduce", 1),
+                                        ("allreduce", 2)])
+def test_fully_connected_needs_one_step_per_phase(name, steps):
+    assert smt.solve(FC4, Collective(name, 4), ONE_WORKER).nsteps == steps
+
+
+@pytest.mark.parametrize("name", ["allgather", "broadcast", "gather", "scatter", "reducescatter", "reduce"])
+def test_dgx1_two_step_instance_verifies(name):
+    schedule = smt.solve(DGX1, Collective(name, 8, 1, 3), _options(steps=2, rounds=2))
+    require_valid(schedule, DGX1)
+    assert (schedule.nsteps, schedule.total_rounds) == (2, 2)
+
+
+def test_dgx1_alltoall_needs_a_step_more_than_its_diameter_at_one_round_per_step():
+    schedule = smt.solve(DGX1, Collective("alltoall", 8), ONE_WORKER)
+    require_valid(schedule, DGX1)
+    assert steps_bound(DGX1, Collective("alltoall", 8)) == 2
+    assert (schedule.nsteps, schedule.total_rounds) == (3, 3)
+
+
+def test_dgx1_reducescatter_with_two_chunks_is_the_reversed_allgather():
+    schedule = smt.solve(DGX1, Collective("reducescatter", 8, 2), _options(steps=2, rounds=3))
+    require_valid(schedule, DGX1)
+    assert {s.op for step in schedule.steps for s in step.sends} == {"reduce"}
+
+
+def test_dgx1_allreduce_is_reducescatter_then_allgather_and_verifies():
+    schedule = smt.solve(DGX1, Collective("allreduce", 8, 2), _options(steps=4, rounds=6))
+    require_valid(schedule, DGX1)
+    ops = [{s.op for s in step.sends} for step in schedule.steps]
+    assert ops == [{"reduce"}, {"reduce"}, {"copy"}, {"copy"}]
+
+
+def test_allreduce_of_halves_with_different_chunk_counts_verifies():
+    rs = smt.solve(DGX1, Collective("reducescatter", 8, 1), _options(steps=2, rounds=2))
+    ag = smt.solve(DGX1, Collective("allgather", 8, 2), _options(steps=2, rounds=3))
+    schedule = smt_dual.allreduce(rs, ag)
+    assert schedule.collective.chunks == 2 and schedule.total_rounds == 4 + 3
+    require_valid(schedule, DGX1)
+
+
+@settings(max_examples=12, deadline=None)
+@given(name=st.sampled_from(["allgather", "alltoall", "scatter", "reducescatter", "reduce"]),
+       factor=st.integers(1, 3))
+def test_splitting_chunks_keeps_a_schedule_valid(name, factor):
+    schedule = smt.solve(RING4, Collective(name, 4), ONE_WORKER)
+    scaled = smt_dual.scale_chunks(schedule, factor)
+    assert scaled.collective.chunks == factor and scaled.total_rounds == factor * schedule.total_rounds
+    require_valid(scaled, RING4)
+
+
+def test_unsat_instance_names_the_instance():
+    with pytest.raises(Unsat, match=r"\(S=1, R=1, C=1\) is unsat"):
+        smt.solve(RING4, Collective("allgather", 4), _options(steps=1))
+
+
+def test_dgx1_two_steps_cannot_reach_the_bandwidth_bound():
+    with pytest.raises(Unsat):
+        smt.solve(DGX1, Collective("allgather", 8, 6), _options(steps=2, rounds=7))
+
+
+def test_time_limit_gives_unknown_not_a_hang():
+    options = smt.SmtOptions(steps=3, rounds=7, time_limit=0.3, workers=1, symmetry=False)
+    with pytest.raises(Unknown, match="unknown"):
+        smt.solve(DGX1, Collective("allgather", 8, 6), options)
+
+
+@pytest.mark.parametrize("kw", [{"steps": 0}, {"steps": 3, "rounds": 2}, {"time_limit": 0}, {"max_chunks": -1}])
+def test_bad_options_are_rejected(kw):
+    with pytest.raises(SynthesisError):
+        smt.solve(RING4, Collective("allgather", 4), smt.SmtOptions(**kw))
+
+
+def test_lp_bound_on_dgx1_allgather_is_seven_sixths():
+    assert rounds_per_chunk_bound(DGX1, Collective("allgather", 8)) == Fraction(7, 6)
+
+
+def test_lp_bound_on_bidirectional_ring_allgather_is_three_halves():
+    assert rounds_per_chunk_bound(RING4, Collective("allgather", 4)) == Fraction(3, 2)
+
+
+def test_dgx1_symmetry_group_keeps_links_and_chunk_owners():
+    group = symmetry_levels(DGX1, Collective("allgather", 8))[0]
+    assert len(group.elements) == 4
+    for sigma, tau in group.elements:
+        assert all(DGX1.link(sigma[l.src], sigma[l.dst]).count == l.count for l in DGX1.links)
+        assert all(tau[r] == sigma[r] for r in range(8))
+
+
+def test_rooted_symmetry_fixes_the_root():
+    for group in symmetry_levels(RING4, Collective("broadcast", 4, 1, 2)):
+        assert all(sigma[2] == 2 for sigma, _ in group.elements)
+
+
+def test_ring_pareto_frontier_reaches_the_lp_bound():
+    frontier = smt.pareto(RING4, Collective("allgather", 4), ONE_WORKER)
+    assert frontier.complete and frontier.lp_bound == Fraction(3, 2)
+    assert [(p.steps, p.rounds_per_chunk) for p in frontier.points] == [(2, Fraction(3, 2))]
+    for point in frontier.points:
+        require_valid(point.schedule, RING4)
+        assert set(point.predicted_us) == {"1KB", "1MB", "1GB"}
+
+
+def test_allreduce_frontier_sums_both_halves():
+    frontier = smt.pareto(RING4, Collective("allreduce", 4), ONE_WORKER)
+    assert frontier.lp_bound == Fraction(3)
+    assert [(p.steps, p.rounds_per_chunk) for p in frontier.points] == [(4, Fraction(3))]
+    require_valid(frontier.points[0].schedule, RING4)
+
+
+@pytest.mark.slow
+def test_dgx1_allgather_frontier_matches_sccl():
+    frontier = smt.pareto(DGX1, Collective("allgather", 8), smt.SmtOptions(time_limit=300))
+    ends = [(p.steps, p.rounds, p.chunks) for p in frontier.points]
+    assert ends[0][0] == 2 and ends[-1] == (3, 7, 6) and frontier.complete
+    for point in frontier.points:
+        require_valid(point.schedule, DGX1)
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+def test_cli_unsat_exits_1_naming_the_instance(capsys):
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--steps", "1"]) == 1
+    assert "(S=1, R=1, C=1) is unsat" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--chunks", "0"], ["--root", "9"], ["--steps", "3", "--rounds", "2"],
+                                  ["--pareto", "--steps", "2"]])
+def test_cli_bad_options_exit_2(argv, capsys):
+    assert main(["synth", "broadcast", "-t", "ring:n=4", "--method", "smt", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_time_limit_exits_1_as_unknown(capsys):
+    argv = ["synth", "allgather", "-t", "dgx1", "--method", "smt", "--steps", "3", "--rounds", "7", "--chunks", "6",
+            "--time-limit", "0.3"]
+    assert main(argv) == 1
+    assert "unknown" in capsys.readouterr().err
+
+
+def test_cli_pareto_writes_schedules_and_frontier(tmp_path, capsys):
+    out = tmp_path / "frontier"
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--pareto", "-o", str(out)]) == 0
+    doc = json.loads((out / "frontier.json").read_text())
+    assert doc["format"] == "weft.frontier/1" and doc["lp_bound"] == 1.5
+    point = doc["points"][0]
+    assert (point["steps"], point["rounds"], point["chunks"]) == (2, 3, 2)
+    assert (out / point["schedule_file"]).is_file()
+    assert "(S=2, R=3, C=2): sat" in capsys.readouterr().err
