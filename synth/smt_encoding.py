@@ -69,29 +69,45 @@ def hop_distances(fabric: Topology) -> dict[int, dict[int, int]]:
 
 def solve_instance(fabric: Topology, fingerprint: str, collective: Collective, instance: Instance,
                    time_limit: float, symmetry: Symmetry | None = None, seed: int = 0) -> Outcome:
-    """Decide one instance for a non-combining collective; the schedule names ``fingerprint`` as its topology.
-
-    ``seed`` picks z3's random seed and its pseudo-Boolean encoding, so restarts explore differently.
-    """
+    """Decide one instance for a non-combining collective; the schedule names ``fingerprint`` as its topology."""
     start = time.monotonic()
-    formula = _Formula(fabric, collective, instance, symmetry)
-    solver = z3.SolverFor("QF_FD")
-    solver.set("timeout", max(1, int(time_limit * 1000)))
-    solver.set("sat.random_seed", seed)
-    solver.set("sat.pb.solver", PB_ENCODINGS[seed % len(PB_ENCODINGS)])
-    solver.add(formula.constraints)
-    answer = solver.check()
-    elapsed = time.monotonic() - start
-    if answer == z3.unsat:
-        return Outcome(instance, UNSAT, elapsed, symmetric=symmetry is not None)
-    if answer != z3.sat:
-        return Outcome(instance, UNKNOWN, elapsed, symmetric=symmetry is not None)
-    steps = formula.read(solver.model())
-    schedule = Schedule(collective, fingerprint, steps, f"smt-{collective.name}-S{instance.steps}R{instance.rounds}"
-                        f"C{instance.chunks}",
-                        ScheduleMeta(solver="smt", options={"steps": instance.steps, "rounds": instance.rounds,
-                                                            "chunks": instance.chunks}, solve_time=elapsed))
-    return Outcome(instance, SAT, elapsed, schedule, symmetric=symmetry is not None)
+    solver = InstanceSolver(fabric, collective, instance, symmetry, seed)
+    return solver.run(fingerprint, max(0.001, time_limit - (time.monotonic() - start)))
+
+
+class InstanceSolver:
+    """One instance's formula in one z3 solver; ``run`` may be called again to search on where it stopped.
+
+    ``seed`` picks z3's random seed and its pseudo-Boolean encoding, so differently seeded solvers of the
+    same instance explore differently.
+    """
+
+    def __init__(self, fabric: Topology, collective: Collective, instance: Instance,
+                 symmetry: Symmetry | None = None, seed: int = 0) -> None:
+        self.instance, self.collective, self.symmetry = instance, collective, symmetry
+        self.formula = _Formula(fabric, collective, instance, symmetry)
+        self.solver = z3.SolverFor("QF_FD")
+        self.solver.set("sat.random_seed", seed)
+        self.solver.set("sat.pb.solver", PB_ENCODINGS[seed % len(PB_ENCODINGS)])
+        self.solver.add(self.formula.constraints)
+        self.spent = 0.0
+
+    def run(self, fingerprint: str, time_limit: float) -> Outcome:
+        start = time.monotonic()
+        self.solver.set("timeout", max(1, int(time_limit * 1000)))
+        answer = self.solver.check()
+        self.spent += time.monotonic() - start
+        symmetric = self.symmetry is not None
+        if answer == z3.unsat:
+            return Outcome(self.instance, UNSAT, self.spent, symmetric=symmetric)
+        if answer != z3.sat:
+            return Outcome(self.instance, UNKNOWN, self.spent, symmetric=symmetric)
+        inst, name = self.instance, self.collective.name
+        schedule = Schedule(self.collective, fingerprint, self.formula.read(self.solver.model()),
+                            f"smt-{name}-S{inst.steps}R{inst.rounds}C{inst.chunks}",
+                            ScheduleMeta(solver="smt", options={"steps": inst.steps, "rounds": inst.rounds,
+                                                                "chunks": inst.chunks}, solve_time=self.spent))
+        return Outcome(inst, SAT, self.spent, schedule, symmetric=symmetric)
 
 
 class _Formula:

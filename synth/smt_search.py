@@ -1,25 +1,28 @@
 """Deciding instances: a per-instance portfolio, and independent instances in parallel processes.
 
 z3's SAT core is fast on a symmetric formula and erratic on tight ones (the same instance takes 3 s or
-60 s depending on the seed), so one instance is decided by restarts: symmetric formulas with growing time
-slices and fresh seeds, interleaved with the full formula, which alone can prove unsat. An unsat answer on
-a symmetric formula only rules that symmetry out.
+60 s depending on the seed), so one instance is decided by time slices that double: the full formula, which
+alone can prove unsat, takes turns with the symmetric ones, each solver resuming where it stopped. An unsat
+answer on a symmetric formula only rules that symmetry out. When there are fewer instances than workers,
+each instance runs as several differently seeded copies and the first decisive copy answers.
 
 Independent instances run in a ``multiprocessing`` pool; a pool (unlike concurrent.futures) can be
-terminated, so instances that no longer matter are stopped rather than left to run out their time limit.
+terminated, so copies and instances that no longer matter are stopped rather than left to run out their
+time limit.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from schedules.collectives import Collective
-from synth.smt_encoding import SAT, UNKNOWN, UNSAT, Instance, Outcome, solve_instance
-from synth.smt_symmetry import symmetry_levels
+from synth.smt_encoding import SAT, UNKNOWN, UNSAT, Instance, InstanceSolver, Outcome
+from synth.smt_symmetry import Symmetry, symmetry_levels
 from topologies.topology import Topology
 
 FIRST_SLICE = 1.0  # seconds for each formula's first try; each round doubles it
@@ -41,29 +44,35 @@ class Problem:
         return replace(self, collective=Collective(c.name, c.nranks, chunks, c.root))
 
 
-def decide(problem: Problem, instance: Instance, time_limit: float) -> Outcome:
+def decide(problem: Problem, instance: Instance, time_limit: float, seed: int = 0) -> Outcome:
     """Decide one instance within ``time_limit`` seconds: sat with a schedule, unsat, or unknown."""
     start = time.monotonic()
     collective = problem.with_chunks(instance.chunks).collective
     levels = symmetry_levels(problem.fabric, collective) if problem.symmetry else []
+    solvers: dict[int, InstanceSolver] = {}
+    order: list[Symmetry | None] = [None] + levels
     budget = FIRST_SLICE
-    attempt = 0
     while True:
-        for level in [None] + list(levels):
+        for i, level in enumerate(order):
+            if level is not None and level not in levels:
+                continue
             left = time_limit - (time.monotonic() - start)
             if left <= 0:
                 return Outcome(instance, UNKNOWN, time.monotonic() - start)
+            if i not in solvers:
+                solvers[i] = InstanceSolver(problem.fabric, collective, instance, level, seed + i)
+                left = time_limit - (time.monotonic() - start)
             slice_ = left if not levels else min(budget, left)
-            out = solve_instance(problem.fabric, problem.fingerprint, collective, instance, slice_, level, attempt)
-            attempt += 1
+            out = solvers[i].run(problem.fingerprint, max(slice_, 0.001))
             if out.status == SAT or (out.status == UNSAT and level is None):
                 return replace(out, elapsed=time.monotonic() - start)
             if out.status == UNSAT:
                 levels.remove(level)
+                del solvers[i]
         budget *= 2
 
 
-def _decide_job(job: tuple[Problem, Instance, float]) -> Outcome:
+def _decide_job(job: tuple[Problem, Instance, float, int]) -> Outcome:
     return decide(*job)
 
 
@@ -75,31 +84,57 @@ def decide_first(problem: Problem, instances: Iterable[Instance], time_limit: fl
                  progress: Progress, label: str) -> tuple[Outcome | None, list[Outcome]]:
     """The first instance, in the given order, that is sat while every earlier one is unsat or unknown.
 
-    Instances run in parallel; once an instance is sat and all earlier ones are decided, the rest are
-    stopped. Returns that outcome (None when none is sat) and every outcome seen, in order.
+    Instances (and seeded copies of them, when workers outnumber instances) run in parallel; once an
+    instance is sat and all earlier ones are decided, the rest are stopped. Returns that outcome (None when
+    none is sat) and the outcome of every instance decided before it, in order.
     """
     order = list(instances)
     if not order:
         return None, []
-    jobs = [(problem, inst, time_limit) for inst in order]
-    for inst in order[:nworkers]:
+    for inst in order[:max(nworkers, 1)]:
         progress(f"smt: {label} {inst}: solving")
-    if nworkers <= 1 or len(order) == 1:
-        return _sequential(jobs, progress, label)
-    pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order)))
+    if nworkers <= 1:
+        return _sequential([(problem, inst, time_limit, 0) for inst in order], progress, label)
+    copies = max(1, nworkers // len(order))
+    results: queue.Queue = queue.Queue()  # filled by the pool's result thread, in this process
+    pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies))
     try:
-        pending = [pool.apply_async(_decide_job, (job,)) for job in jobs]
-        seen: list[Outcome] = []
-        for handle in pending:
-            out = handle.get()
+        for index, inst in enumerate(order):
+            for copy in range(copies):
+                pool.apply_async(_decide_job, ((problem, inst, time_limit, 1000 * copy),),
+                                 callback=lambda out, i=index: results.put((i, out)),
+                                 error_callback=lambda error, i=index: results.put((i, error)))
+        return _collect(order, copies, results, progress, label)
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _collect(order: list[Instance], copies: int, results, progress: Progress,
+             label: str) -> tuple[Outcome | None, list[Outcome]]:
+    """Read outcomes as they come until the first sat instance in order is known."""
+    decided: dict[int, Outcome] = {}
+    unknowns: dict[int, int] = {}
+    seen: list[Outcome] = []
+    while True:
+        i, out = results.get()
+        if isinstance(out, BaseException):
+            raise out
+        if i in decided:
+            continue
+        if out.status == UNKNOWN:
+            unknowns[i] = unknowns.get(i, 0) + 1
+            if unknowns[i] < copies:
+                continue
+        decided[i] = out
+        while len(seen) in decided:
+            out = decided[len(seen)]
             seen.append(out)
             progress(_line(label, out))
             if out.status == SAT:
                 return out, seen
-        return None, seen
-    finally:
-        pool.terminate()
-        pool.join()
+        if len(seen) == len(order):
+            return None, seen
 
 
 def _sequential(jobs, progress: Progress, label: str) -> tuple[Outcome | None, list[Outcome]]:
