@@ -34,9 +34,9 @@ KB, MB, GB = 1 << 10, 1 << 20, 1 << 30
 CASES = (
     ("ndv2:nodes=2", KB, 1, 8),
     ("ndv2:nodes=2", MB, 1, 8),
-    ("ndv2:nodes=2", GB, 2, 8),
+    ("ndv2:nodes=2", GB, 4, 8),
     ("hgx_h100:nodes=2", MB, 1, 8),
-    ("hgx_h100:nodes=2", GB, 2, 8),
+    ("hgx_h100:nodes=2", GB, 3, 8),
     ("dgx2:nodes=2", MB, 1, 16),
     ("dgx2:nodes=2", GB, 1, 16),
 )

@@ -144,11 +144,11 @@ def _solve_one(job: _Job, collective: Collective, time_limit: float) -> Outcome:
     floor = lower_bound_us(job.fabric, collective, job.options.size)
     if collective.name in DUALS:
         dual = Collective(DUALS[collective.name], collective.nranks, collective.chunks, collective.root)
-        outcome = _search(job, job.switch_free.reversed(), dual, time_limit, floor)
+        outcome = _search(job, job.switch_free.reversed(), dual, time_limit, floor, collective.name)
         return replace(outcome, steps=_reverse(outcome.steps))
     if collective.combining:
         raise SynthesisError(f"milp: {collective.name} has no copy-only dual")
-    return _search(job, job.switch_free, collective, time_limit, floor)
+    return _search(job, job.switch_free, collective, time_limit, floor, collective.name)
 
 
 def _reverse(steps: tuple[Step, ...]) -> tuple[Step, ...]:
@@ -157,15 +157,19 @@ def _reverse(steps: tuple[Step, ...]) -> tuple[Step, ...]:
                  for st in reversed(steps))
 
 
-def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float, floor_us: float) -> Outcome:
-    """One CP-SAT search on a switch-free ``topo``; ``floor_us`` is a lower bound known beforehand."""
+def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float, floor_us: float,
+            label: str) -> Outcome:
+    """One CP-SAT search on a switch-free ``topo``; ``floor_us`` is a lower bound known beforehand.
+
+    ``label`` names the collective the user asked for (reducescatter when this searches its allgather dual).
+    """
     sketch, options = job.sketch, job.options
     chunk_bytes = collective.chunk_bytes(options.size)
     links = allowed_links(topo, collective, sketch, chunk_bytes)
     depth = check_reachable(topo, collective, links, sketch)
     steps = options.steps or depth + 2 * collective.chunks
     if steps < depth:
-        raise Unsat(f"milp: {collective.name} on {job.fabric.name} needs at least {depth} steps, got steps={steps}")
+        raise Unsat(f"milp: {label} on {job.fabric.name} needs at least {depth} steps, got steps={steps}")
     rank_shift, chunk_shift = rank_symmetry(topo, collective, links, sketch)
     flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, rank_shift, chunk_shift))
     solver = cp_model.CpSolver()
@@ -175,12 +179,12 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     # pass keeps most of its gain and lets the shortest-path hint become the first incumbent in about 1 s.
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
-    status = solver.Solve(flow.model, _Reporter(flow, job.progress, collective.name, floor_us))
+    status = solver.Solve(flow.model, _Reporter(flow, job.progress, label, floor_us))
     name = solver.StatusName(status)
     if status == cp_model.INFEASIBLE:
-        raise Unsat(f"milp: no {collective.name} schedule on {job.fabric.name} within {steps} steps")
+        raise Unsat(f"milp: no {label} schedule on {job.fabric.name} within {steps} steps")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise Unknown(f"milp: no {collective.name} schedule on {job.fabric.name} found within the time limit of "
+        raise Unknown(f"milp: no {label} schedule on {job.fabric.name} found within the time limit of "
                       f"{time_limit:g} s (status {name})")
     objective = solver.ObjectiveValue() / flow.units_per_us
     bound = max(solver.BestObjectiveBound() / flow.units_per_us, min(floor_us, objective))
