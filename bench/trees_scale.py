@@ -1,12 +1,14 @@
 """Scale benchmark: the exact cut bound and ForestColl-class trees on hgx_h100 from 2 to 128 nodes.
 
     python bench/trees_scale.py [--nodes 2,8,32,128] [--verify-up-to 32] [-o bench/results/trees_scale.json]
+    python bench/trees_scale.py --pipeline 'dgx1;hgx_h100:nodes=2' -o bench/results/trees_scale_pipeline.json
 
 Times each stage (bound, tree packing, schedule construction, cost model, verification) on this machine and
 writes rows {topology, collective, method, solve_s, predicted_us, pct_of_bound} plus the stage times and the
 machine. solve_s is bound + packing + schedule. Chunks per rank default to 8 waves per tree below 1M sends
 (at 1024 GPUs one wave: a million sends already), so the pipeline's fill shows in pct_of_bound at 1 GB
-while pct_of_optimal is the forest's steady-state rate.
+while pct_of_optimal is the forest's steady-state rate. ``--pipeline`` shows the α = 0 limit instead: the
+cost model's prediction at 1 PB (where latency terms vanish) as chunks per tree grow from 1 to 64.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from datetime import datetime, timezone
 from math import lcm
 
-from schedules.bounds import allgather_cut_bound, lower_bound_us
+from schedules.bounds import allgather_cut_bound, bandwidth_bound_us, lower_bound_us
 from schedules.collectives import Collective
 from schedules.cost import loads
 from schedules.verify import verify
@@ -67,17 +69,45 @@ def row(nodes: int, verify_up_to: int, collective_name: str) -> dict:
     }
 
 
+def pipeline_rows(spec: str) -> list[dict]:
+    """% of the bandwidth bound at α = 0 as waves (chunks per tree) grow: (P + depth - 1)/P -> 1."""
+    huge = 1e15
+    topology = build(spec)
+    rows = []
+    for name in ("allgather", "allreduce"):
+        forests = forests_for(topology, Collective(name, topology.nranks), TreeOptions())
+        per_root = lcm(*(f.per_root for f in forests))
+        for waves in (1, 2, 4, 8, 16, 32, 64):
+            start = time.perf_counter()
+            collective = Collective(name, topology.nranks, per_root * waves)
+            s = schedule(topology, collective, forests)
+            solve_s = time.perf_counter() - start
+            predicted = loads(s, topology).predict_us(huge)
+            rows.append({"topology": spec, "collective": name, "method": "trees", "solve_s": round(solve_s, 3),
+                         "predicted_us": predicted, "size": huge,
+                         "pct_of_bound": 100 * bandwidth_bound_us(topology, collective, huge) / predicted,
+                         "waves": waves, "chunks": collective.chunks, "steps": s.nsteps,
+                         "pct_of_optimal": min(f.pct_of_optimal for f in forests)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="2,8,32,128")
     parser.add_argument("--collective", default="allgather")
     parser.add_argument("--verify-up-to", type=int, default=128, help="verify schedules up to this many nodes")
+    parser.add_argument("--pipeline", metavar="SPECS", help="';'-separated topologies for the α = 0 series")
     parser.add_argument("-o", "--output", default="bench/results/trees_scale.json")
     args = parser.parse_args()
     rows = []
-    for nodes in (int(n) for n in args.nodes.split(",")):
-        rows.append(row(nodes, args.verify_up_to, args.collective))
-        print(json.dumps(rows[-1]), flush=True)
+    if args.pipeline:
+        for spec in args.pipeline.split(";"):
+            rows += pipeline_rows(spec)
+            print(json.dumps(rows[-1]), flush=True)
+    else:
+        for nodes in (int(n) for n in args.nodes.split(",")):
+            rows.append(row(nodes, args.verify_up_to, args.collective))
+            print(json.dumps(rows[-1]), flush=True)
     doc = {"benchmark": "trees_scale", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "machine": machine(), "rows": rows}
     with open(args.output, "w") as f:

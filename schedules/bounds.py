@@ -12,6 +12,11 @@ Switches stay vertices: the switch-free form has O(N²) links and is never built
 
 Time in µs = bytes × factor / 1e3, with factor in 1/(GB/s) (1 GB/s = 1e3 bytes/µs).
 
+Two things make the bound looser than a schedule can always reach, never wrong: sharing groups of the
+topology file are left out (dropping a constraint keeps a bound valid), and a cut lets a switch vertex
+feed several ranks from one delivery, as if it could multicast. Where a switch takes in less than it can
+give out (a NIC shared by two GPUs), the best multicast-free schedule may stay below this bound.
+
 >>> from topologies.topology import Link, Topology
 >>> ring3 = Topology("ring3", 3, tuple(Link(i, (i + d) % 3, 10.0) for i in range(3) for d in (1, 2)))
 >>> allgather_cut_bound(ring3)  # rank 0 receives 2 slices over 20 GB/s

@@ -61,10 +61,10 @@ def rank_hops(topology: Topology) -> dict[int, tuple[Hop, ...]]:
     """Every hop out of every rank: direct links to ranks and the switch-free form's switch paths."""
     table = {}
     for src in topology.ranks:
-        hops = [Hop(src, l.dst, (l.key,)) for l in topology.out_links[src] if isinstance(l.dst, int)]
+        hops = [Hop(src, l.dst, ((src, l.dst),)) for l in topology.out_links[src] if isinstance(l.dst, int)]
         for dst, path in sorted(_switch_paths(topology, src).items()):
             if not topology.has_link(src, dst):
-                hops.append(Hop(src, dst, tuple(l.key for l in path)))
+                hops.append(Hop(src, dst, tuple((l.src, l.dst) for l in path)))
         table[src] = tuple(hops)
     return table
 
@@ -260,16 +260,17 @@ def _keeps_cuts(graph: nx.DiGraph, a: Vertex, b: int, need: int) -> bool:
 def _grow_exact(topology: Topology, graph: nx.DiGraph, root: int, left: int, deadline: float) -> Tree | None:
     if not _keeps_cuts(graph, SOURCE, root, left - 1):
         return None
-    placed = {root}
+    placed = {root: 0}
     order: list[tuple[int, int]] = []
     while len(placed) < topology.nranks:
         if time.monotonic() > deadline:
             raise Unknown(f"trees on {topology.name}: time limit reached while packing trees")
-        candidates = sorted(((graph[a][b]["capacity"], a, b) for a in placed for b in graph.successors(a)
-                             if b not in placed and graph[a][b]["capacity"] >= 1), key=lambda x: -x[0])
-        chosen = next(((a, b) for _, a, b in candidates if _keeps_cuts(graph, a, b, left - 1)), None)
+        # shallowest first keeps the pipeline short; then the widest remaining arc
+        candidates = sorted((placed[a], -graph[a][b]["capacity"], a, b) for a in placed for b in graph.successors(a)
+                            if b not in placed and b != SOURCE and graph[a][b]["capacity"] >= 1)
+        chosen = next(((a, b) for _, _, a, b in candidates if _keeps_cuts(graph, a, b, left - 1)), None)
         if chosen is None:
             return None
-        placed.add(chosen[1])
+        placed[chosen[1]] = placed[chosen[0]] + 1
         order.append(chosen)
     return Tree(root, tuple(order))

@@ -146,14 +146,15 @@ class _Fabric:
 
 
 def _fabric(topology: Topology) -> _Fabric:
+    capacity = {l.key: l.capacity for l in topology.links}
     pair_links, pair_capacity, users = {}, {}, Counter()
     for hops in rank_hops(topology).values():
         for hop in hops:
             pair_links[(hop.src, hop.dst)] = hop.links
-            pair_capacity[(hop.src, hop.dst)] = min(topology.link(*k).capacity for k in hop.links)
+            pair_capacity[(hop.src, hop.dst)] = min(capacity[k] for k in hop.links)
             if len(hop.links) > 1:
                 users.update(hop.links)
-    shared = {k: topology.link(*k).capacity for k, n in users.items() if n > 1}
+    shared = {k: capacity[k] for k, n in users.items() if n > 1}
     unit = min(list(pair_capacity.values()) + list(shared.values()))
     return _Fabric(pair_links, {p: c / unit for p, c in pair_capacity.items()},
                    {k: c / unit for k, c in shared.items()})
