@@ -28,7 +28,7 @@ from math import gcd, lcm
 
 from schedules.bounds import allgather_cut_bound, exact, rooted_cut_capacity
 from schedules.collectives import Collective
-from schedules.schedule import Schedule, ScheduleMeta, Send, Step
+from schedules.schedule import Schedule, Send, Step
 from synth.errors import NotApplicable, SynthesisError
 from synth.tree_packing import Tree, pack, pack_exact, rank_hops
 from topologies.topology import Topology
