@@ -13,7 +13,7 @@ from weft.units import parse_bytes
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sketch", metavar="FILE",
-                        help="milp: a weft.sketch/1 file with hints (symmetry, relays, chunks per rank)")
+                        help="milp: a weft.sketch/1 file with hints (symmetry, relays, rails, chunks per rank)")
 
 
 def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective,
