@@ -41,7 +41,7 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     chosen = choose_protocol(schedule, protocol)
     collective = schedule.collective
     placement = place_buffers(collective, inplace)
-    actions = replicate(lower(schedule, placement, chosen == "LL"), instances)
+    actions = replicate(lower(schedule, placement, chosen == "LL"), instances, placement)
     assign_threadblocks(actions)
     programs = insert_sync(merge_ranges(actions))
     programs = {r: {t: fuse(ops) for t, ops in tbs.items()} for r, tbs in programs.items()}

@@ -21,9 +21,20 @@ class Placement:
     inplace: bool
     scratch: list[int] = field(default_factory=list)
     _accumulators: dict[tuple[int, int], Loc] = field(default_factory=dict)
+    _inputs: list[dict[int, int]] = field(default_factory=list)  # rank -> chunk -> input index (chunks held)
+    _outputs: list[dict[int, int]] = field(default_factory=list)  # rank -> chunk -> output index
+    _input_chunk_at: list[dict[Loc, int]] = field(default_factory=list)  # rank -> input slot -> its chunk
 
     def __post_init__(self) -> None:
-        self.scratch = [0] * self.collective.nranks
+        c = self.collective
+        self.scratch = [0] * c.nranks
+        # the collective recomputes its maps on every call: look each up once (lowering asks per send)
+        for r in range(c.nranks):
+            held = c.precondition(r)
+            self._inputs.append({chunk: k for k, chunk in enumerate(c.input_map(r)) if chunk in held})
+            self._outputs.append({chunk: k for k, chunk in enumerate(c.output_map(r))})
+        for r in range(c.nranks):
+            self._input_chunk_at.append({self.input_loc(r, chunk): chunk for chunk in self._inputs[r]})
 
     @property
     def input_chunks(self) -> int:
@@ -32,6 +43,15 @@ class Placement:
     @property
     def output_chunks(self) -> int:
         return len(self.collective.output_map(0))
+
+    @property
+    def section(self) -> int:
+        """Chunks of an input or output buffer that belong together: a rank's slice, or the whole buffer where
+        every rank holds every chunk at the same index (see ``codegen.replicate``)."""
+        c = self.collective
+        if all(c.input_map(r) == c.output_map(r) for r in range(c.nranks)):
+            return self.output_chunks
+        return c.chunks
 
     def _physical(self, rank: int, type: str, index: int) -> Loc:
         if not self.inplace:
@@ -47,13 +67,12 @@ class Placement:
 
     def input_loc(self, rank: int, chunk: int) -> Loc | None:
         """Where ``chunk`` sits in rank's input buffer, when rank holds it there at the start."""
-        if chunk not in self.collective.precondition(rank):
-            return None
-        return self._physical(rank, "i", self.collective.input_map(rank).index(chunk))
+        index = self._inputs[rank].get(chunk)
+        return None if index is None else self._physical(rank, "i", index)
 
     def output_loc(self, rank: int, chunk: int) -> Loc | None:
-        mapping = self.collective.output_map(rank)
-        return self._physical(rank, "o", mapping.index(chunk)) if chunk in mapping else None
+        index = self._outputs[rank].get(chunk)
+        return None if index is None else self._physical(rank, "o", index)
 
     def home(self, rank: int, chunk: int) -> Loc:
         """The slot where rank keeps its own copy of ``chunk``: its output slot, or a scratch accumulator."""
@@ -68,8 +87,7 @@ class Placement:
         """Whether rank's home slot for ``chunk`` starts out holding another chunk's input (in place only)."""
         if not self.inplace:
             return False
-        home = self.home(rank, chunk)
-        return any(self.input_loc(rank, c) == home for c in self.collective.precondition(rank) if c != chunk)
+        return self._input_chunk_at[rank].get(self.home(rank, chunk), chunk) != chunk
 
     def new_scratch(self, rank: int) -> Loc:
         self.scratch[rank] += 1

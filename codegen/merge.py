@@ -22,7 +22,7 @@ def merge_ranges(actions: list[Action]) -> list[Action]:
     out: list[Action] = []
     for prog in programs.values():
         sends = [a for a in prog if a.kind == SEND]
-        for group in _runs(sends, lambda a, b: _adjacent(a, b) and prog.index(b) == prog.index(a) + 1
+        for group in _runs(sends, lambda a, b: _adjacent(a, b) and position[id(b)][2] == position[id(a)][2] + 1
                            and _arrivals_adjacent(arrive_of.get(a.seq), arrive_of.get(b.seq), position)):
             head = _combine(group)
             out.append(head)

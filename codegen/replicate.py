@@ -1,33 +1,39 @@
 """Instance replication: split every chunk into ``k`` pieces, each moved by its own copy of the algorithm.
 
-Chunk j of any buffer becomes plan chunks ``j·k .. j·k+k-1``; instance i moves piece ``j·k+i`` with its
-own thread blocks and channels, so the k instances never wait for each other and a large message keeps k
-times as many thread blocks busy. Pieces stay interleaved (not blocked) so that every collective's data
-layout is unchanged: the plan's chunk j·k+i is the i-th part of the schedule's chunk j.
+Instance i moves piece i of every chunk with its own thread blocks and channels, so the k instances never
+wait for each other and a large message keeps k times as many thread blocks busy. Pieces are laid out in
+blocks: a buffer is cut into sections, and within each section instance i owns the i-th contiguous block,
+so that one instance's consecutive chunks stay consecutive and merge into one op per range (interleaved
+pieces would leave k-strided ranges, one op per chunk). A section is one rank's slice of the collective's
+buffer (``chunks`` long), or the whole buffer where every rank holds every chunk at the same index
+(allreduce, broadcast, reduce); the data layout of every collective is unchanged, since matching slices on
+every rank and in both buffers (in place too) are cut alike. Scratch is one section per rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from codegen.buffers import Placement
 from codegen.ir import Action, Loc
 
 
-def replicate(actions: list[Action], instances: int) -> list[Action]:
+def replicate(actions: list[Action], instances: int, placement: Placement) -> list[Action]:
     """The actions of ``instances`` independent copies, one per piece of every chunk."""
     if instances == 1:
         return actions
+    section = placement.section
+
+    def piece(loc: Loc, i: int) -> Loc:
+        assert loc.size == 1, "replication runs before ranges are merged"
+        size = placement.scratch[loc.rank] if loc.type == "s" else section
+        block, offset = divmod(loc.index, size)
+        return Loc(loc.rank, loc.type, (block * instances + i) * size + offset)
+
     out = []
     for a in actions:
         for i in range(instances):
             out.append(replace(
-                a, seq=a.seq * instances + i, instance=i,
-                src=tuple(_piece(loc, instances, i) for loc in a.src),
-                dst=tuple(_piece(loc, instances, i) for loc in a.dst),
-                sends=tuple(s * instances + i for s in a.sends)))
+                a, seq=a.seq * instances + i, instance=i, src=tuple(piece(loc, i) for loc in a.src),
+                dst=tuple(piece(loc, i) for loc in a.dst), sends=tuple(s * instances + i for s in a.sends)))
     return out
-
-
-def _piece(loc: Loc, instances: int, i: int) -> Loc:
-    assert loc.size == 1, "replication runs before ranges are merged"
-    return Loc(loc.rank, loc.type, loc.index * instances + i)

@@ -142,3 +142,20 @@ def test_any_option_mix_compiles_to_a_correct_plan(name, method, chunks, instanc
         return
     plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace)
     assert check_plan(plan, check_sizes(plan)[1:2], ("bf16",)).ok
+
+
+def test_each_instance_moves_its_consecutive_chunks_in_one_op():
+    topology, schedule = _schedule("fully_connected:n=4", "direct", "allreduce")
+    one = compile_schedule(schedule, topology, protocol="ll")
+    two = compile_schedule(schedule, topology, instances=2, protocol="ll")
+    ops = lambda plan: sorted(op.name for tb in plan.gpus[0].threadblocks for op in tb.ops)
+    assert ops(two) == sorted(ops(one) * 2)  # one ppkt per peer and one repkt per instance, not one per chunk
+    puts = [op for tb in two.gpus[0].threadblocks for op in tb.ops if op.name == "ppkt"]
+    assert {op.src_buff[0].index for op in puts} == {0, 4} and {op.src_buff[0].size for op in puts} == {4}
+
+
+def test_two_instances_of_allgather_keep_each_ranks_slice_in_place():
+    topology, schedule = _schedule("ring:n=4", "ring", "allgather")
+    plan = compile_schedule(schedule, topology, instances=2, inplace=True, protocol="simple")
+    assert plan.gpus[0].input_chunks == 2 and plan.gpus[0].output_chunks == 8
+    assert check_plan(plan, check_sizes(plan), ("fp32",)).ok
