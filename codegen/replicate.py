@@ -23,17 +23,20 @@ def replicate(actions: list[Action], instances: int, placement: Placement) -> li
     if instances == 1:
         return actions
     section = placement.section
+    pieces: dict[Loc, list[Loc]] = {}
 
-    def piece(loc: Loc, i: int) -> Loc:
-        assert loc.size == 1, "replication runs before ranges are merged"
-        size = placement.scratch[loc.rank] if loc.type == "s" else section
-        block, offset = divmod(loc.index, size)
-        return Loc(loc.rank, loc.type, (block * instances + i) * size + offset)
+    def piece(loc: Loc) -> list[Loc]:
+        if loc not in pieces:
+            assert loc.size == 1, "replication runs before ranges are merged"
+            size = placement.scratch[loc.rank] if loc.type == "s" else section
+            block, offset = divmod(loc.index, size)
+            pieces[loc] = [Loc(loc.rank, loc.type, (block * instances + i) * size + offset) for i in range(instances)]
+        return pieces[loc]
 
     out = []
     for a in actions:
+        src, dst = [piece(loc) for loc in a.src], [piece(loc) for loc in a.dst]
         for i in range(instances):
-            out.append(replace(
-                a, seq=a.seq * instances + i, instance=i, src=tuple(piece(loc, i) for loc in a.src),
-                dst=tuple(piece(loc, i) for loc in a.dst), sends=tuple(s * instances + i for s in a.sends)))
+            out.append(replace(a, seq=a.seq * instances + i, instance=i, src=tuple(p[i] for p in src),
+                               dst=tuple(p[i] for p in dst), sends=tuple(s * instances + i for s in a.sends)))
     return out

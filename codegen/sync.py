@@ -52,15 +52,16 @@ def _dependencies(actions: list[Action]) -> dict[int, dict[int, Action]]:
                 needs[a.seq][b.tb] = b
 
     for a in actions:
-        for slot in a.reads():
+        reads, writes = a.reads(), a.writes()
+        for slot in reads:
             need(a, writer.get(slot))
-        for slot in a.writes():
+        for slot in writes:
             need(a, writer.get(slot))
             for r in readers[slot]:
                 need(a, r)
-        for slot in a.reads():
+        for slot in reads:
             readers[slot].append(a)
-        for slot in a.writes():
+        for slot in writes:
             writer[slot], readers[slot] = a, []
     return needs
 

@@ -86,6 +86,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -322,7 +323,7 @@ class Plan:
                 "buffer_alignment": self.buffer_alignment, "min_message_size": self.min_message_size,
                 "max_message_size": self.max_message_size, "gpus": [g.to_json() for g in self.gpus]}
 
-    @property
+    @cached_property  # a frozen plan hashes the same every time; checks ask once per size and dtype
     def content_hash(self) -> str:
         data = json.dumps(self.content(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(data).hexdigest()[:16]
