@@ -3,6 +3,8 @@
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from codegen import compile_schedule
 from codegen.buffers import place_buffers
@@ -11,9 +13,10 @@ from codegen.lower import lower
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
 from executor.reference import check_plan
-from schedules.collectives import Collective
+from schedules.collectives import NAMES, Collective
 from schedules.schedule import Schedule, Send, Step
 from synth import baselines
+from synth.errors import NotApplicable
 from topologies.catalog import build
 from weft.pipeline import check_sizes, compile_and_verify
 
@@ -66,3 +69,18 @@ def test_tree_allreduce_that_sends_a_chunk_back_and_on_compiles_to_a_proven_plan
     schedule = baselines.tree(topology, Collective("allreduce", topology.nranks, chunks=2))
     plan = compile_schedule(schedule, topology, protocol="simple")
     assert check_plan(plan, check_sizes(plan)[:2], ("bf16",)).ok
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(name=st.sampled_from(NAMES), method=st.sampled_from(("ring", "twoshot", "rhd")), root=st.integers(0, 3),
+       instances=st.integers(1, 2), inplace=st.booleans(), seed=st.randoms(use_true_random=False))
+def test_any_order_of_a_steps_sends_compiles_to_a_proven_plan(name, method, root, instances, inplace, seed):
+    topology = build("fully_connected:n=4")
+    try:
+        schedule = getattr(baselines, method)(topology, Collective(name, 4, chunks=2, root=root))
+    except NotApplicable:
+        return
+    shuffled = tuple(replace(step, sends=tuple(seed.sample(step.sends, len(step.sends)))) for step in schedule.steps)
+    plan = compile_schedule(replace(schedule, steps=shuffled), instances=instances, protocol="simple",
+                            inplace=inplace)
+    assert check_plan(plan, check_sizes(plan)[1:2], ("fp32",)).ok
