@@ -1,8 +1,8 @@
 """Deciding instances: a per-instance portfolio, and independent instances in parallel processes.
 
 z3's SAT core is fast on a symmetric formula and erratic on tight ones (the same instance takes 3 s or
-60 s depending on the seed), so one instance is decided by time slices that double: the full formula, which
-alone can prove unsat, takes turns with the symmetric ones, each solver resuming where it stopped. An unsat
+60 s depending on the seed), so one instance is decided by time slices that double: the symmetric formulas take
+turns with the full one, which alone can prove unsat, each solver resuming where it stopped. An unsat
 answer on a symmetric formula only rules that symmetry out. When there are fewer instances than workers,
 each instance runs as several differently seeded copies and the first decisive copy answers.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from schedules.collectives import Collective
-from synth.smt_encoding import SAT, UNKNOWN, UNSAT, Instance, InstanceSolver, Outcome
+from synth.smt_encoding import SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, Outcome
 from synth.smt_symmetry import Symmetry, symmetry_levels
 from topologies.topology import Topology
 
@@ -44,35 +44,47 @@ class Problem:
         return replace(self, collective=Collective(c.name, c.nranks, chunks, c.root))
 
 
-def decide(problem: Problem, instance: Instance, time_limit: float, seed: int = 0) -> Outcome:
-    """Decide one instance within ``time_limit`` seconds: sat with a schedule, unsat, or unknown."""
+def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 0, copies: int = 1) -> Outcome:
+    """Decide one instance within ``time_limit`` seconds: sat with a schedule, unsat, or unknown.
+
+    Alone (``copies`` 1) it restarts: time slices that double, each a freshly seeded solver, in turn over
+    the full formula and the symmetric ones. As one of several racing copies, even copies search the
+    symmetric formulas and odd copies the full one, without interruption.
+    """
     start = time.monotonic()
     collective = problem.with_chunks(instance.chunks).collective
     levels = symmetry_levels(problem.fabric, collective) if problem.symmetry else []
-    solvers: dict[int, InstanceSolver] = {}
-    order: list[Symmetry | None] = [None] + levels
-    budget = FIRST_SLICE
+    if copies > 1:
+        levels = levels if copy % 2 == 0 else []
+    # Alone, the full formula goes first: it settles unsat and easy instances.
+    order: list[Symmetry | None] = [None] + levels if copies == 1 else levels + [None]
+    formulas: dict[int, Formula] = {}
+    running: dict[int, InstanceSolver] = {}
+    budget = FIRST_SLICE if copies == 1 else time_limit
+    turn = 0
     while True:
         for i, level in enumerate(order):
             if level is not None and level not in levels:
                 continue
+            if i not in formulas:
+                formulas[i] = Formula(problem.fabric, collective, instance, level)
             left = time_limit - (time.monotonic() - start)
             if left <= 0:
                 return Outcome(instance, UNKNOWN, time.monotonic() - start)
-            if i not in solvers:
-                solvers[i] = InstanceSolver(problem.fabric, collective, instance, level, seed + i)
-                left = time_limit - (time.monotonic() - start)
+            if copies == 1 or i not in running:
+                # Restarts with fresh seeds cut z3's heavy-tailed run times on these formulas.
+                running[i] = InstanceSolver(formulas[i], 1000 * copy + turn, copy + turn)
+            turn += 1
             slice_ = left if not levels else min(budget, left)
-            out = solvers[i].run(problem.fingerprint, max(slice_, 0.001))
+            out = running[i].run(problem.fingerprint, max(slice_, 0.001))
             if out.status == SAT or (out.status == UNSAT and level is None):
                 return replace(out, elapsed=time.monotonic() - start)
             if out.status == UNSAT:
                 levels.remove(level)
-                del solvers[i]
         budget *= 2
 
 
-def _decide_job(job: tuple[Problem, Instance, float, int]) -> Outcome:
+def _decide_job(job: tuple[Problem, Instance, float, int, int]) -> Outcome:
     return decide(*job)
 
 
@@ -91,17 +103,29 @@ def decide_first(problem: Problem, instances: Iterable[Instance], time_limit: fl
     order = list(instances)
     if not order:
         return None, []
+    if nworkers > 1 and len(order) > 1:
+        # The first instance is the one that ends the search when sat: give it every worker first.
+        lead, seen = _race(problem, order[:1], time_limit, nworkers, progress, label)
+        if lead is not None:
+            return lead, seen
+        out, more = _race(problem, order[1:], time_limit, nworkers, progress, label)
+        return out, seen + more
+    return _race(problem, order, time_limit, nworkers, progress, label)
+
+
+def _race(problem: Problem, order: list[Instance], time_limit: float, nworkers: int, progress: Progress,
+          label: str) -> tuple[Outcome | None, list[Outcome]]:
     for inst in order[:max(nworkers, 1)]:
         progress(f"smt: {label} {inst}: solving")
     if nworkers <= 1:
-        return _sequential([(problem, inst, time_limit, 0) for inst in order], progress, label)
+        return _sequential([(problem, inst, time_limit, 0, 1) for inst in order], progress, label)
     copies = max(1, nworkers // len(order))
     results: queue.Queue = queue.Queue()  # filled by the pool's result thread, in this process
     pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies))
     try:
         for index, inst in enumerate(order):
             for copy in range(copies):
-                pool.apply_async(_decide_job, ((problem, inst, time_limit, 1000 * copy),),
+                pool.apply_async(_decide_job, ((problem, inst, time_limit, copy, copies),),
                                  callback=lambda out, i=index: results.put((i, out)),
                                  error_callback=lambda error, i=index: results.put((i, error)))
         return _collect(order, copies, results, progress, label)
