@@ -20,6 +20,7 @@ from typing import Any
 
 from schedules.collectives import Collective, CollectiveError
 from topologies.errors import WeftError
+from topologies.jsonfile import read_json
 
 FORMAT = "weft.schedule/1"
 OPS = ("copy", "reduce")
@@ -135,14 +136,7 @@ def dumps_schedule(schedule: Schedule) -> str:
 
 
 def load_schedule(path: str | Path) -> Schedule:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ScheduleError(f"schedule {path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ScheduleError(f"schedule {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
-    return parse_schedule(data, str(path))
+    return parse_schedule(read_json(path, "schedule", ScheduleError), str(path))
 
 
 def _int(value: object, field_name: str, source: str, low: int = 0) -> int:

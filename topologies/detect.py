@@ -8,12 +8,12 @@ NVLink 4 lane; 20 for NVLink 3) and pairs without NVLink get a PCIe link (a path
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from topologies.errors import TopologyError
+from topologies.jsonfile import read_json
 from topologies.topology import Link, Topology
 
 # Per-lane, per-direction NVLink bandwidth by GPU family (GB/s): NVLink 4 (Hopper) and NVLink 3 (Ampere).
@@ -141,7 +141,4 @@ def detect(nvml: Any = None) -> Topology:
 
 
 def load_facts(path: str | Path) -> MachineFacts:
-    try:
-        return MachineFacts.from_json(json.loads(Path(path).read_text()), str(path))
-    except (OSError, json.JSONDecodeError) as e:
-        raise TopologyError(f"nvml facts {path}: cannot read: {e}") from None
+    return MachineFacts.from_json(read_json(path, "nvml facts", TopologyError), str(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from topologies.jsonfile import read_json
 from topologies.errors import TopologyError, UnreachableError
 from topologies.topology import FORMAT, Link, SharingGroup, Topology, _is_number, short_repr
 
@@ -14,18 +15,7 @@ TOP_LEVEL_FIELDS = frozenset({"format", "name", "description", "nranks", "switch
 
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise TopologyError(f"topology {path}: cannot read: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TopologyError(f"topology {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
-    except (ValueError, RecursionError) as e:  # a number too long to read, or nesting too deep
-        raise TopologyError(f"topology {path}: not valid JSON: {str(e).splitlines()[0]}") from None
-    return parse_topology(data, str(path))
+    return parse_topology(read_json(path, "topology", TopologyError), str(path))
 
 
 def save_topology(topo: Topology, path: str | Path) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from topologies.errors import WeftError
+from topologies.jsonfile import read_json
 from weft.units import format_bytes
 
 
@@ -14,12 +14,7 @@ class PlotError(WeftError):
 
 
 def _load(path: str | Path, expected: str | None) -> dict:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise PlotError(f"{path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise PlotError(f"{path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    doc = read_json(path, "results", PlotError)
     if not isinstance(doc, dict):
         raise PlotError(f"{path}: (top level): must be a JSON object")
     if expected and doc.get("format") != expected:

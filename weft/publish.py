@@ -11,6 +11,7 @@ from schedules.plan import Plan, load_plan
 from schedules.registry import Entry, Registry, RegistryError, parse_entry
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
+from topologies.jsonfile import read_json
 from weft import __version__
 from weft.units import parse_bytes
 
@@ -92,16 +93,11 @@ def verify_registry(location: str | None) -> dict:
 
 def import_directory(directory: str, location: str | None) -> list[Entry]:
     """Commit every plan or registry-entry file in ``directory``, each verified afresh."""
-    import json
-
     if not Path(directory).is_dir():
         raise RegistryError(f"registry import {directory}: not a directory")
     entries = []
     for f in sorted(Path(directory).glob("*.json")):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise RegistryError(f"registry import {f}: not valid JSON: {e}") from None
+        doc = read_json(f, "registry import", RegistryError)
         if isinstance(doc, dict) and doc.get("format", "").startswith("weft.registry-entry"):
             old = parse_entry(doc, str(f))
             entries.append(commit(old.plan, old.key.topology, location))
