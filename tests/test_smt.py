@@ -146,11 +146,12 @@ def test_allreduce_frontier_sums_both_halves():
     require_valid(frontier.points[0].schedule, RING4)
 
 
-@pytest.mark.slow
 def test_dgx1_allgather_frontier_matches_sccl():
+    """SCCL's end points: 2 steps (the diameter) and the 7/6 bound at (S=3, R=7, C=6); ~7 s on 2 cores."""
     frontier = smt.pareto(DGX1, Collective("allgather", 8), smt.SmtOptions(time_limit=300))
     ends = [(p.steps, p.rounds, p.chunks) for p in frontier.points]
-    assert ends[0][0] == 2 and ends[-1] == (3, 7, 6) and frontier.complete
+    assert ends == [(2, 3, 2), (3, 7, 6)] and frontier.complete
+    assert frontier.points[-1].rounds_per_chunk == frontier.lp_bound == Fraction(7, 6)
     for point in frontier.points:
         require_valid(point.schedule, DGX1)
 
