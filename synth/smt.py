@@ -111,9 +111,9 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
     label = f"{collective.name} on {topology.name}"
     if options.steps is not None:
         inst = Instance(options.steps, options.rounds or options.steps, collective.chunks)
-        out, _ = decide_first(problem, [inst], options.time_limit, 1, progress, label)
+        out, seen = decide_first(problem, [inst], options.time_limit, workers(options.workers), progress, label)
         if out is None:
-            raise _failure(label, inst, _.pop().status)
+            raise _failure(label, inst, seen[-1].status)
         return _finish(out.schedule, topology, collective)
     low = steps_bound(problem.fabric, problem.collective)
     ceiling = options.max_steps or options.rounds or STEP_CEILING
@@ -121,11 +121,15 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
     for first in range(low, ceiling + 1, n):
         batch = [Instance(s, options.rounds or s, collective.chunks) for s in range(first, min(first + n, ceiling + 1))]
         out, seen = decide_first(problem, batch, options.time_limit, n, progress, label)
+        unknown = [o.instance for o in seen if o.status == UNKNOWN]
         if out is not None:
-            return _finish(out.schedule, topology, collective)
-        if any(o.status == UNKNOWN for o in seen):
-            raise Unknown(f"smt: {label}: instance {seen[-1].instance if seen else batch[0]} hit the time limit "
-                          f"of {options.time_limit:g} s without an answer")
+            schedule = _finish(out.schedule, topology, collective)
+            if unknown:
+                schedule = schedule.with_meta(notes=f"fewest steps not proven: {unknown[0]} is unknown")
+            return schedule
+        if unknown:
+            raise Unknown(f"smt: {label}: instance {unknown[0]} is unknown: no answer within the time limit "
+                          f"of {options.time_limit:g} s")
     raise Unsat(f"smt: {label}: no schedule with {low}..{ceiling} steps"
                 + (f" and {options.rounds} rounds" if options.rounds else "") + f" and {collective.chunks} chunks")
 
