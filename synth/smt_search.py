@@ -1,10 +1,12 @@
 """Deciding instances: a per-instance portfolio, and independent instances in parallel processes.
 
 z3's SAT core is fast on a symmetric formula and erratic on tight ones (the same instance takes 3 s or
-60 s depending on the seed), so one instance is decided by time slices that double: the symmetric formulas take
-turns with the full one, which alone can prove unsat, each solver resuming where it stopped. An unsat
-answer on a symmetric formula only rules that symmetry out. When there are fewer instances than workers,
-each instance runs as several differently seeded copies and the first decisive copy answers.
+60 s depending on the seed). An instance decided alone restarts: time slices that double, each a freshly
+seeded solver, with the full formula (which alone can prove unsat) taking turns with the symmetric ones.
+An unsat answer on a symmetric formula only rules that symmetry out. When there are fewer instances than
+workers, each instance runs as racing copies (symmetric formulas in one, the full formula in another,
+each searching without interruption) and the first decisive copy answers. The search's lead instance
+(the one at the bound, which ends the search when sat) always runs alone on every worker first.
 
 Independent instances run in a ``multiprocessing`` pool; a pool (unlike concurrent.futures) can be
 terminated, so copies and instances that no longer matter are stopped rather than left to run out their
