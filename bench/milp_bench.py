@@ -38,7 +38,7 @@ CASES = (
     ("hgx_h100:nodes=2", MB, 1, 8),
     ("hgx_h100:nodes=2", GB, 3, 8),
     ("dgx2:nodes=2", MB, 1, 16),
-    ("dgx2:nodes=2", GB, 1, 16),
+    ("dgx2:nodes=2", GB, 2, 16),
 )
 
 

@@ -162,7 +162,7 @@ def test_default_chunks_pipeline_only_bandwidth_bound_sizes():
     topology = build("ndv2:nodes=2")
     collective = Collective("allgather", 16)
     assert default_chunks(topology, collective, 1 << 10) == 1
-    assert default_chunks(topology, collective, 1 << 30) == 3
+    assert default_chunks(topology, collective, 1 << 30) == 4
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("examples/sketches/*.json")))
