@@ -45,7 +45,8 @@ CASES = (
 def row(spec: str, collective: Collective, method: str, nbytes: int, solve_s: float, us: float,
         bound: float, **extra) -> dict:
     return {"topology": spec, "collective": collective.name, "method": method, "size": nbytes,
-            "solve_s": round(solve_s, 2), "predicted_us": round(us, 3), "algbw": round(algbw(collective, nbytes, us), 3),
+            "solve_s": round(solve_s, 2), "predicted_us": round(us, 3),
+            "algbw": round(algbw(collective, nbytes, us), 3),
             "pct_of_bound": round(100.0 * bound / us, 2), **extra}
 
 

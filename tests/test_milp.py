@@ -191,8 +191,8 @@ def test_cli_infeasible_sketch_exits_1_with_the_reason(tmp_path, capsys):
 
 def test_cli_writes_a_verified_schedule(tmp_path, capsys):
     out = tmp_path / "ag.json"
-    code = main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--size", "1MB", "--time-limit", "5", "--chunks", "1",
-                 "-o", str(out), "--json"])
+    code = main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--size", "1MB", "--time-limit", "5",
+                 "--chunks", "1", "-o", str(out), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and out.exists()
     assert doc[0]["meta"]["solver"] == "milp" and doc[0]["meta"]["options"]["size"] == MB

@@ -5,8 +5,9 @@ with or received in an earlier step (store-and-forward); it receives each chunk 
 sends form a tree and the reversal in ``solver`` turns them into exact-once reductions. Switches have no
 buffers: the links are those of ``Topology.without_switches()``, a path through switches is one link, and the
 switch and NIC ports it crosses are sharing groups. Step k lasts ``T[k] >= α_l + load_l · β_l`` for every link
-it uses and ``T[k] >= load_g · β_g`` for every sharing group it uses, and the objective is ``Σ T[k]``: the schedule's finish time under the same α-β
-model as ``schedules.cost``. A step left empty costs nothing, so ``steps`` is an upper bound.
+it uses and ``T[k] >= load_g · β_g`` for every sharing group it uses; the objective ``Σ T[k]`` is the
+schedule's finish time under the same α-β model as ``schedules.cost``. A step left empty costs nothing, so
+``steps`` is an upper bound.
 """
 
 from __future__ import annotations

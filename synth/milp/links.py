@@ -71,7 +71,8 @@ def _without_detours(topo: Topology, links: LinkSet) -> LinkSet:
 
     def detoured(u: int, v: int) -> bool:
         slow = capacity[(u, v)]
-        return (u, v) in shared and any(w != v and capacity[(u, w)] > slow and capacity.get((w, v), 0.0) > slow for w in out[u])
+        return (u, v) in shared and any(w != v and capacity[(u, w)] > slow and capacity.get((w, v), 0.0) > slow
+                                        for w in out[u])
 
     return frozenset(key for key in links if not detoured(*key))
 
@@ -79,7 +80,8 @@ def _without_detours(topo: Topology, links: LinkSet) -> LinkSet:
 def connected(topo: Topology, collective: Collective, links: LinkSet) -> bool:
     """Whether every chunk can reach every rank that wants it over ``links``."""
     dist = hop_distances(topo.ranks, links)
-    return all(r in dist[s] for c in range(collective.nchunks) for s in topo.ranks if c in collective.precondition(s)
+    return all(r in dist[s] for c in range(collective.nchunks)
+               for s in topo.ranks if c in collective.precondition(s)
                for r in topo.ranks if c in collective.postcondition(r))
 
 
