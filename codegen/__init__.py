@@ -2,8 +2,8 @@
 
 One pass per module, run in this order by ``compile_schedule``:
 ``buffers`` (placement) -> ``lower`` (actions) -> ``replicate`` (instances) -> ``threadblocks`` ->
-``merge`` (ranges) -> ``sync`` (signal/wait, semaphores) -> ``fuse`` -> ``protocol`` (size range) ->
-``assemble``. ``msccl_xml`` exports a Plan for the MSCCL/RCCL runtimes.
+``merge`` (ranges) -> ``sync`` (signal/wait, semaphores, the entry handshake that ``launches`` asks for) ->
+``fuse`` -> ``protocol`` (size range) -> ``assemble``. ``msccl_xml`` exports a Plan for the MSCCL/RCCL runtimes.
 
 >>> from schedules.collectives import Collective
 >>> from schedules.schedule import Schedule, Send, Step
@@ -43,7 +43,7 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     placement = place_buffers(collective, inplace)
     actions = replicate(lower(schedule, placement, chosen == "LL"), instances, placement)
     assign_threadblocks(actions)
-    programs = insert_sync(merge_ranges(actions))
+    programs = insert_sync(merge_ranges(actions), double_scratch=chosen == "LL")
     programs = {r: {t: fuse(ops) for t, ops in tbs.items()} for r, tbs in programs.items()}
     lo, hi = size_range(chosen)
     fingerprint = getattr(topology, "fingerprint", schedule.topology)

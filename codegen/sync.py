@@ -9,6 +9,12 @@ another thread block wrote or still reads) waits for it: the producer block ``se
 kept for that (producer, consumer) pair after the action, and the consumer ``sem_acquire``s it up to that
 release before its own action. Every edge runs forward in ``(step, phase, seq)`` order, which every thread
 block follows, so the result cannot deadlock.
+
+Across launches: where a peer's write could overtake this rank's previous launch (``codegen.launches``), an
+entry handshake orders it: the receiving rank signals on that channel as its first op, and the writer waits
+for that signal right before its first send on it. The signal comes first and waits on nothing, so it
+overlaps the writer's work before the send, and it runs against the data direction of the channel pair
+(whose other counter only carries data signals), so it costs one signal and one wait per channel per launch.
 """
 
 from __future__ import annotations
@@ -16,15 +22,40 @@ from __future__ import annotations
 from collections import defaultdict
 
 from codegen.ir import ARRIVE, COPY, REDUCE, SEND, UNPACK, Action, Channel, Draft, direction
+from codegen.launches import unsafe_channels
 
 
-def insert_sync(actions: list[Action]) -> dict[int, dict[int, list[Draft]]]:
-    """rank -> thread block -> its ops in order."""
+def insert_sync(actions: list[Action], double_scratch: bool = False) -> dict[int, dict[int, list[Draft]]]:
+    """rank -> thread block -> its ops in order (``double_scratch``: the plan alternates scratch halves)."""
     by_rank: dict[int, list[Action]] = defaultdict(list)
     for a in sorted(actions, key=lambda a: a.order):
         by_rank[a.rank].append(a)
     signal = _signal_numbers(actions)
-    return {rank: _rank_programs(rank_actions, signal) for rank, rank_actions in sorted(by_rank.items())}
+    needs = {rank: _dependencies(rank_actions) for rank, rank_actions in by_rank.items()}
+    gated = unsafe_channels(actions, {s: n for per in needs.values() for s, n in per.items()}, double_scratch)
+    programs = {rank: _rank_programs(rank_actions, needs[rank], signal, gated)
+                for rank, rank_actions in sorted(by_rank.items())}
+    add_entry_handshake(programs, actions, gated)
+    return programs
+
+
+def add_entry_handshake(programs: dict[int, dict[int, list[Draft]]], actions: list[Action],
+                        gated: set[tuple[int, int, int]]) -> None:
+    """Open every launch with a ready signal from each reader on its gated channels (writer, reader, instance).
+
+    The writers' waits are placed by ``_rank_programs`` before their first send on each gated channel. A
+    reader signals from the thread block that receives on the channel, or else from its first thread block.
+    """
+    receiver: dict[tuple[int, int, int], int] = {}
+    first_tb: dict[int, int] = {}
+    for a in sorted(actions, key=lambda a: a.order):
+        first_tb.setdefault(a.rank, a.tb)
+        if a.peer is not None and a.kind != SEND:
+            receiver.setdefault((a.peer, a.rank, a.instance), a.tb)
+    for writer, reader, instance in sorted(gated, reverse=True):  # each block's signals end up in channel order
+        tb = receiver.get((writer, reader, instance), first_tb[reader])
+        channel = Channel(writer, direction(writer, reader), instance)
+        programs[reader].setdefault(tb, []).insert(0, Draft("signal", channels=(channel,)))
 
 
 def _signal_numbers(actions: list[Action]) -> dict[int, int]:
@@ -66,8 +97,8 @@ def _dependencies(actions: list[Action]) -> dict[int, dict[int, Action]]:
     return needs
 
 
-def _rank_programs(actions: list[Action], signal: dict[int, int]) -> dict[int, list[Draft]]:
-    needs = _dependencies(actions)
+def _rank_programs(actions: list[Action], needs: dict[int, dict[int, Action]], signal: dict[int, int],
+                   gated: set[tuple[int, int, int]]) -> dict[int, list[Draft]]:
     semaphore: dict[tuple[int, int], int] = {}
     releases: dict[tuple[int, int], list[int]] = defaultdict(list)  # (producer, consumer) -> producer seqs
     for a in actions:
@@ -99,6 +130,10 @@ def _rank_programs(actions: list[Action], signal: dict[int, int]) -> dict[int, l
             upto = max(signal[s] for s in a.sends if s in signal)
             ops.extend(_ops(a) * max(0, upto - waited[key]))
             waited[key] = max(waited[key], upto)
+        elif a.kind == SEND and (a.rank, a.peer, a.instance) in gated:
+            gated = gated - {(a.rank, a.peer, a.instance)}  # the first send on the channel waits; the rest follow it
+            ops.append(Draft("wait", channels=(Channel(a.peer, direction(a.rank, a.peer), a.instance),)))
+            ops.extend(_ops(a))
         else:
             ops.extend(_ops(a))
         for sem in sorted(release_after[a.seq]):

@@ -12,6 +12,15 @@ barriers, and packet write -> packet read. Every chunk slot remembers its last w
 - an index outside its buffer is a ``PlanError``; a result that differs from numpy's definition of the
   collective is a ``WrongResult``.
 
+Launches back to back. ``run_launches`` runs the plan several times on the same buffers, as a caller's stream
+does: rank r's launch k+1 happens after rank r's launch k only (plus the plan's own signal/wait edges). Channel
+counters, semaphores and the launch count carry over exactly as on the GPU (the n-th wait pairs with the n-th
+signal across launches). Each rank's host is a thread of its own between its launches: it reads launch k's
+output (every output chunk's write must happen before it) and writes launch k+1's fresh input. With
+``use_double_scratch_buffer`` launch k uses scratch half k % 2, and a packet carries its launch's flag: a reader
+in launch k waits for packets of launch k, and overwriting packets that nothing read yet is a race (on the GPU
+their reader would spin on a flag that never comes back).
+
 Data are kept as float32 arrays holding values of the element type: fp16 and bf16 (emulated: float32 rounded
 to its top 16 bits, nearest-even) round after every reduction, as a GPU would.
 """
@@ -29,8 +38,9 @@ from schedules.plan import PACKET_OPS, BufferRef, Op, Plan, PlanError, op_channe
 from topologies.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
-_INITIAL = -1  # the writer id of data present before the launch (the caller's input)
+BUFFER_NAMES = {"i": "input", "o": "output", "s": "scratch"}
 _NEVER = -2  # the writer id of a slot nobody wrote
+_PLAIN = -1  # the flag of a slot holding plain data (a packet slot holds the launch that wrote it)
 
 
 class WrongResult(CheckFailed):
@@ -69,35 +79,44 @@ class _Buffer:
     data: np.ndarray
     writer: np.ndarray
     clock: np.ndarray
-    packet: np.ndarray
+    flag: np.ndarray
     packet_vc: list
     readers: list
 
     @staticmethod
-    def make(chunks: int, elems: int, initial: bool) -> "_Buffer":
-        return _Buffer(np.full((chunks, elems), np.nan, dtype=np.float32),
-                       np.full(chunks, _INITIAL if initial else _NEVER), np.zeros(chunks, dtype=np.int64),
-                       np.zeros(chunks, dtype=bool), [None] * chunks, [dict() for _ in range(chunks)])
+    def make(chunks: int, elems: int) -> "_Buffer":
+        return _Buffer(np.full((chunks, elems), np.nan, dtype=np.float32), np.full(chunks, _NEVER),
+                       np.zeros(chunks, dtype=np.int64), np.full(chunks, _PLAIN), [None] * chunks,
+                       [dict() for _ in range(chunks)])
 
 
 @dataclass
 class _Thread:
+    """A thread block of one launch, or (``tb`` -1) a rank's host between its launches ``launch - 1`` and
+    ``launch``."""
+
     rank: int
     tb: int
+    launch: int
     ops: tuple[Op, ...]
     vc: np.ndarray
     pc: int = 0
+    started: bool = False
     barriers: dict = field(default_factory=lambda: defaultdict(int))
 
 
 class _Machine:
-    """The state of one run: buffers, channel counters, semaphores and thread blocks."""
+    """The state of one run of ``launches`` launches: buffers, channel counters, semaphores and thread blocks."""
 
-    def __init__(self, plan: Plan, elems: int, dtype: str):
-        self.plan, self.elems, self.dtype = plan, elems, dtype
-        self.threads = [_Thread(r, tb.id, tb.ops, None) for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
-        for t in self.threads:
-            t.vc = np.zeros(len(self.threads), dtype=np.int64)
+    def __init__(self, plan: Plan, elems: int, dtype: str, inputs: list[list[np.ndarray]]):
+        self.plan, self.elems, self.dtype, self.inputs = plan, elems, dtype, inputs
+        self.launches = len(inputs)
+        self.threads = [_Thread(r, tb.id, k, tb.ops, None) for k in range(self.launches)
+                        for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
+        self.hosts = {(k, r): _Thread(r, -1, k, (), None) for k in range(self.launches + 1) for r in range(plan.nranks)}
+        self.everyone = self.threads + list(self.hosts.values())
+        for t in self.everyone:
+            t.vc = np.zeros(len(self.everyone), dtype=np.int64)
         self.buffers: dict[tuple[int, str], _Buffer] = {}
         self.alias: dict[tuple[int, str], tuple[str, int]] = {}
         for r, g in enumerate(plan.gpus):
@@ -107,37 +126,42 @@ class _Machine:
         self.consumed: dict[tuple[int, int], int] = defaultdict(int)
         self.semaphores = {(r, s): [None] * v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
         self.arrivals: dict[tuple, dict[int, np.ndarray]] = defaultdict(dict)
-        self._index = {id(t): i for i, t in enumerate(self.threads)}
+        self._index = {id(t): i for i, t in enumerate(self.everyone)}
+        self.launch_threads: dict[tuple[int, int], list[_Thread]] = defaultdict(list)
+        for t in self.threads:
+            self.launch_threads[(t.launch, t.rank)].append(t)
+        self.outputs: list[list[np.ndarray]] = [[None] * plan.nranks for _ in range(self.launches)]
 
     def _place_buffers(self, rank: int, ichunks: int, ochunks: int, schunks: int) -> None:
         e, name = self.elems, self.plan.collective
-        self.buffers[(rank, "s")] = _Buffer.make(schunks, e, False)
+        halves = 2 if self.plan.use_double_scratch_buffer else 1
+        self.buffers[(rank, "s")] = _Buffer.make(schunks * halves, e)
         self.alias[(rank, "s")] = ("s", 0)
         if not self.plan.inplace:
-            self.buffers[(rank, "i")] = _Buffer.make(ichunks, e, True)
-            self.buffers[(rank, "o")] = _Buffer.make(ochunks, e, False)
+            self.buffers[(rank, "i")] = _Buffer.make(ichunks, e)
+            self.buffers[(rank, "o")] = _Buffer.make(ochunks, e)
             self.alias[(rank, "i")], self.alias[(rank, "o")] = ("i", 0), ("o", 0)
             return
         # in place: the smaller buffer is the rank's slice of the larger one (see schedules.plan)
-        big = _Buffer.make(max(ichunks, ochunks), e, True)
-        self.buffers[(rank, "io")] = big
+        self.buffers[(rank, "io")] = _Buffer.make(max(ichunks, ochunks), e)
         offset_i = rank * ichunks if name in ("allgather", "gather") else 0
         offset_o = rank * ochunks if name in ("reducescatter", "scatter") else 0
         self.alias[(rank, "i")], self.alias[(rank, "o")] = ("io", offset_i), ("io", offset_o)
-        if ichunks < ochunks:  # only the input slice holds data before the launch
-            big.writer[:] = _NEVER
-            big.writer[offset_i:offset_i + ichunks] = _INITIAL
 
-    def slots(self, rank: int, type: str, ref: BufferRef, where: str) -> tuple[_Buffer, slice]:
+    def slots(self, rank: int, type: str, ref: BufferRef, where: str, launch: int = 0) -> tuple[_Buffer, slice]:
         limit = self.plan.gpus[rank].buffer_chunks(type)
         if ref.index + ref.size > limit:
             raise PlanError(f"plan {self.plan.name}: {where}: chunks {ref.index}..{ref.index + ref.size - 1} of "
                             f"rank {rank}'s {type!r} buffer are out of range ({limit} chunks)")
         key, offset = self.alias[(rank, type)]
+        if type == "s" and self.plan.use_double_scratch_buffer:
+            offset += (launch % 2) * limit  # the GPU picks the half by the launch's flag
         return self.buffers[(rank, key)], slice(offset + ref.index, offset + ref.index + ref.size)
 
     def ready(self, t: _Thread) -> bool:
         """Whether the thread's next op can run now."""
+        if not t.started and not self.hosts[(t.launch, t.rank)].started:
+            return False  # the stream runs this launch after the host's work before it
         op = t.ops[t.pc]
         if op.name == "wait":
             need = defaultdict(int)
@@ -150,17 +174,25 @@ class _Machine:
                 need[s] += 1
             return all(len(self.semaphores[(t.rank, s)]) >= n for s, n in need.items())
         if op.name == "barrier":  # arriving is the one effect of asking: the barrier opens once all arrived
-            arrived = self.arrivals[(t.rank, op.barrier_id, t.barriers[op.barrier_id])]
-            arrived.setdefault(self._index[id(t)], t.vc.copy())
+            arrived = self.arrivals[(t.rank, t.launch, op.barrier_id, t.barriers[op.barrier_id])]
+            arrived.setdefault(self._index[id(t)], self._start(t).copy())
             return len(arrived) >= op.num_threadblocks
         for ref in _packet_sources(op):
-            buf, sl = self.slots(t.rank, ref.type, ref, self.where(t))
-            if not buf.packet[sl].all():
+            buf, sl = self.slots(t.rank, ref.type, ref, self.where(t), t.launch)
+            if not (buf.flag[sl] == t.launch).all():
                 return False
         return True
 
+    def _start(self, t: _Thread) -> np.ndarray:
+        """The thread's clock, begun after its rank's host work before this launch (stream order)."""
+        if not t.started:
+            np.maximum(t.vc, self.hosts[(t.launch, t.rank)].vc, out=t.vc)
+            t.started = True
+        return t.vc
+
     def where(self, t: _Thread) -> str:
-        return f"rank {t.rank} threadblock {t.tb} op {t.pc} ({t.ops[t.pc].name})"
+        launch = f"launch {t.launch} " if self.launches > 1 else ""
+        return f"{launch}rank {t.rank} threadblock {t.tb} op {t.pc} ({t.ops[t.pc].name})"
 
     def blocked_reason(self, t: _Thread) -> str:
         op, gpu = t.ops[t.pc], self.plan.gpus[t.rank]
@@ -176,6 +208,7 @@ class _Machine:
     def step(self, t: _Thread) -> None:
         op = t.ops[t.pc]
         me = self._index[id(t)]
+        self._start(t)
         t.vc[me] += 1
         if op.name == "wait":
             for cid in op.channel_ids:
@@ -191,7 +224,7 @@ class _Machine:
             for s in op.semaphore_ids:
                 self.semaphores[(t.rank, s)].append(t.vc.copy())
         elif op.name == "barrier":
-            key = (t.rank, op.barrier_id, t.barriers[op.barrier_id])
+            key = (t.rank, t.launch, op.barrier_id, t.barriers[op.barrier_id])
             for vc in self.arrivals[key].values():
                 np.maximum(t.vc, vc, out=t.vc)
             t.barriers[op.barrier_id] += 1
@@ -207,15 +240,15 @@ class _Machine:
         tb = gpu.threadblocks[t.tb]
         where = self.where(t)
 
-        def locate(ref: BufferRef) -> tuple[int, _Buffer, slice]:
+        def locate(ref: BufferRef) -> tuple[int, str, _Buffer, slice]:
             rank, type = remote_target(gpu, tb, op, ref) if ref.remote else (t.rank, ref.type)
-            return (rank,) + self.slots(rank, type, ref, where)
+            return (rank, BUFFER_NAMES[type]) + self.slots(rank, type, ref, where, t.launch)
 
         packet_src = set(map(id, _packet_sources(op)))
         values = []
         for ref in op.src_buff:
-            rank, buf, sl = locate(ref)
-            values.append(self._read(t, me, buf, sl, id(ref) in packet_src, rank, ref, where))
+            rank, name, buf, sl = locate(ref)
+            values.append(self._read(t, me, buf, sl, id(ref) in packet_src, rank, name, where))
         writes_packets = op.name in ("ppkt", "rppkt", "tpkt", "cpkt") or (op.name == "respkt")
         if op.name in ("re", "res", "rre", "rres", "repkt", "respkt"):
             total = values[0].copy()
@@ -225,55 +258,101 @@ class _Machine:
         else:
             results = values
         for ref, value in zip(op.dst_buff, results):
-            rank, buf, sl = locate(ref)
+            rank, name, buf, sl = locate(ref)
             packet = writes_packets and (ref.remote or op.name in ("tpkt", "cpkt"))
-            self._write(t, me, buf, sl, value, packet, rank, ref, where)
+            self._write(t, me, buf, sl, value, t.launch if packet else _PLAIN, rank, name, where)
 
-    def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, ref: BufferRef,
+    def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str,
               where: str) -> np.ndarray:
         for k in range(sl.start, sl.stop):
             if packet:
                 np.maximum(t.vc, buf.packet_vc[k], out=t.vc)
             else:
-                if buf.packet[k]:
+                if buf.flag[k] != _PLAIN:
                     raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {k} of rank {rank}'s "
-                                   f"{_name(ref)} buffer as plain data, but it holds packets")
+                                   f"{name} buffer as plain data, but it holds packets")
                 w = buf.writer[k]
                 if w == _NEVER:
                     raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {k} of rank {rank}'s "
-                                   f"{_name(ref)} buffer, which nothing wrote")
-                if w != _INITIAL and t.vc[w] < buf.clock[k]:
+                                   f"{name} buffer, which nothing wrote")
+                if t.vc[w] < buf.clock[k]:
                     raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {k} of rank {rank}'s "
-                                   f"{_name(ref)} buffer before its write by {self._describe(w)} is ordered "
+                                   f"{name} buffer before its write by {self._describe(w)} is ordered "
                                    "before the read (missing signal/wait?)")
             buf.readers[k][me] = t.vc[me]
         return buf.data[sl].copy()
 
-    def _write(self, t: _Thread, me: int, buf: _Buffer, sl: slice, value: np.ndarray, packet: bool, rank: int,
-               ref: BufferRef, where: str) -> None:
+    def _write(self, t: _Thread, me: int, buf: _Buffer, sl: slice, value: np.ndarray, flag: int, rank: int,
+               name: str, where: str) -> None:
         for k in range(sl.start, sl.stop):
             w = buf.writer[k]
             if w >= 0 and w != me and t.vc[w] < buf.clock[k]:
                 raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {k} of rank {rank}'s "
-                               f"{_name(ref)} buffer concurrently with a write by {self._describe(w)}")
+                               f"{name} buffer concurrently with a write by {self._describe(w)}")
             for reader, clock in buf.readers[k].items():
                 if reader != me and t.vc[reader] < clock:
                     raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {k} of rank {rank}'s "
-                                   f"{_name(ref)} buffer while {self._describe(reader)} may still read it")
+                                   f"{name} buffer while {self._describe(reader)} may still read it")
+            if _PLAIN != buf.flag[k] < t.launch and not buf.readers[k]:
+                raise PlanRace(f"plan {self.plan.name}: {where} overwrites the packets of launch {buf.flag[k]} in "
+                               f"chunk {k} of rank {rank}'s {name} buffer before anything read them (their reader "
+                               "would wait for its flag forever)")
             buf.writer[k], buf.clock[k], buf.readers[k] = me, t.vc[me], {}
-            buf.packet[k] = packet
-            buf.packet_vc[k] = t.vc.copy() if packet else None
+            buf.flag[k] = flag
+            buf.packet_vc[k] = t.vc.copy() if flag != _PLAIN else None
         buf.data[sl] = value
 
     def _describe(self, index: int) -> str:
-        t = self.threads[index]
-        return f"rank {t.rank} threadblock {t.tb}"
+        t = self.everyone[index]
+        if t.tb < 0:
+            return f"rank {t.rank}'s host before launch {t.launch}"
+        return f"rank {t.rank} threadblock {t.tb}" + (f" in launch {t.launch}" if self.launches > 1 else "")
+
+    def _host_ready(self, key: tuple[int, int]) -> bool:
+        launch, rank = key
+        return launch == 0 or all(t.pc == len(t.ops) for t in self.launch_threads[(launch - 1, rank)])
+
+    def _run_host(self, key: tuple[int, int]) -> None:
+        """Between launches on one rank's stream: read the last launch's output, write the next one's input."""
+        launch, rank = key
+        host, gpu = self.hosts[key], self.plan.gpus[rank]
+        me = self._index[id(host)]
+        if launch > 0:
+            np.maximum(host.vc, self.hosts[(launch - 1, rank)].vc, out=host.vc)
+            for t in self.launch_threads[(launch - 1, rank)]:
+                np.maximum(host.vc, t.vc, out=host.vc)
+        host.vc[me] += 1
+        host.started = True
+        if launch > 0:
+            self.outputs[launch - 1][rank] = self._read_output(host, me, rank, gpu.output_chunks)
+        if launch < self.launches and gpu.input_chunks:
+            buf, sl = self.slots(rank, "i", BufferRef(0, gpu.input_chunks, "i"), "input")
+            value = round_to(self.inputs[launch][rank], self.dtype).reshape(gpu.input_chunks, self.elems)
+            self._write(host, me, buf, sl, value, _PLAIN, rank, "input", self._describe(me))
+
+    def _read_output(self, host: _Thread, me: int, rank: int, chunks: int) -> np.ndarray:
+        """Rank's output after a launch: every output chunk's last write must happen before the kernel ends."""
+        buf, sl = self.slots(rank, "o", BufferRef(0, chunks, "o"), "output")
+        for k in range(sl.start, sl.stop):
+            w = buf.writer[k]
+            if w >= 0 and host.vc[w] < buf.clock[k]:
+                after = f" of launch {host.launch - 1}" if self.launches > 1 else ""
+                raise PlanRace(f"plan {self.plan.name}: output chunk {k - sl.start} of rank {rank} is written by "
+                               f"{self._describe(w)} with no happens-before edge to the end of rank {rank}'s "
+                               f"kernel{after} (missing wait?)")
+            buf.readers[k][me] = host.vc[me]
+        return buf.data[sl].reshape(-1).copy()
 
     def run(self, deadline_ops: int) -> None:
         live = [t for t in self.threads if t.ops]
+        hosts = list(self.hosts)
         executed = 0
-        while live:
+        while live or hosts:
             progressed = False
+            for key in [k for k in hosts if self._host_ready(k)]:
+                self._run_host(key)
+                hosts.remove(key)
+                progressed = True
             for t in live:
                 if self.ready(t):
                     self.step(t)
@@ -287,23 +366,6 @@ class _Machine:
                                    f"{'; '.join(waiting[:3])}{more}")
             if executed > deadline_ops:
                 raise PlanDeadlock(f"plan {self.plan.name}: no end after {executed} ops")
-        self._check_outputs_landed()
-
-    def _check_outputs_landed(self) -> None:
-        """Every output chunk's last write must happen before the owning rank's kernel ends."""
-        for r, g in enumerate(self.plan.gpus):
-            end = np.max([t.vc for t in self.threads if t.rank == r], axis=0) if g.threadblocks else None
-            buf, sl = self.slots(r, "o", BufferRef(0, g.output_chunks, "o"), "output")
-            for k in range(sl.start, sl.stop):
-                w = buf.writer[k]
-                if w >= 0 and (end is None or end[w] < buf.clock[k]):
-                    raise PlanRace(f"plan {self.plan.name}: output chunk {k - sl.start} of rank {r} is written by "
-                                   f"{self._describe(w)} with no happens-before edge to the end of rank {r}'s "
-                                   "kernel (missing wait?)")
-
-
-def _name(ref: BufferRef) -> str:
-    return {"i": "input", "o": "output", "s": "scratch"}.get(ref.type or "", "remote")
 
 
 def _packet_sources(op: Op) -> list[BufferRef]:
@@ -346,24 +408,30 @@ def run_reference(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str)
 
     ``inputs[r]`` holds rank r's input buffer (``input_chunks × chunk elements`` values; bf16 as float32).
     """
+    return run_launches(plan, [inputs], nbytes, dtype)[0]
+
+
+def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype: str) -> list[list[np.ndarray]]:
+    """Run ``plan`` once per entry of ``inputs``, back to back on the same buffers; every launch's outputs.
+
+    ``inputs[k][r]`` is rank r's input for launch k. Rank r's launch k+1 starts after its own launch k only.
+    """
     elems = chunk_elems(plan, nbytes, dtype)
-    if len(inputs) != plan.nranks:
-        raise PlanError(f"plan {plan.name}: inputs: {len(inputs)} arrays for {plan.nranks} ranks")
-    m = _Machine(plan, elems, dtype)
-    for r, (g, x) in enumerate(zip(plan.gpus, inputs)):
-        x = np.asarray(x, dtype=np.float32).reshape(-1)
-        if x.size != g.input_chunks * elems:
-            raise PlanError(f"plan {plan.name}: inputs[{r}]: {x.size} elements, expected "
-                            f"{g.input_chunks * elems} ({g.input_chunks} chunks of {elems})")
-        buf, sl = m.slots(r, "i", BufferRef(0, g.input_chunks, "i"), "input") if g.input_chunks else (None, None)
-        if buf is not None:
-            buf.data[sl] = round_to(x, dtype).reshape(g.input_chunks, elems)
+    flat = []
+    for k, launch in enumerate(inputs):
+        name = f"inputs[{k}]" if len(inputs) > 1 else "inputs"
+        if len(launch) != plan.nranks:
+            raise PlanError(f"plan {plan.name}: {name}: {len(launch)} arrays for {plan.nranks} ranks")
+        flat.append([])
+        for r, (g, x) in enumerate(zip(plan.gpus, launch)):
+            x = np.asarray(x, dtype=np.float32).reshape(-1)
+            if x.size != g.input_chunks * elems:
+                raise PlanError(f"plan {plan.name}: {name}[{r}]: {x.size} elements, expected "
+                                f"{g.input_chunks * elems} ({g.input_chunks} chunks of {elems})")
+            flat[-1].append(x)
+    m = _Machine(plan, elems, dtype, flat)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
-    outputs = []
-    for r, g in enumerate(plan.gpus):
-        key, offset = m.alias[(r, "o")]
-        outputs.append(m.buffers[(r, key)].data[offset:offset + g.output_chunks].reshape(-1).copy())
-    return outputs
+    return m.outputs
 
 
 def expected_outputs(collective: Collective, inputs: list[np.ndarray], elems: int,
@@ -411,17 +479,24 @@ class VerificationRecord:
     seed: int
     checks: tuple[str, ...]
     executor: str = "reference"
+    back_to_back: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {"plan_hash": self.plan_hash, "ok": self.ok, "executor": self.executor, "sizes": list(self.sizes),
-                "dtypes": list(self.dtypes), "seed": self.seed, "checks": list(self.checks)}
+                "dtypes": list(self.dtypes), "seed": self.seed, "back_to_back": self.back_to_back,
+                "checks": list(self.checks)}
+
+
+BACK_TO_BACK = 3  # launches: the third reuses the first one's half of a double scratch buffer
 
 
 def check_plan(plan: Plan, sizes: Iterable[int], dtypes: Iterable[str] = ("fp32", "fp16", "bf16"), seed: int = 0,
-               progress: Callable[[str], None] | None = None) -> VerificationRecord:
+               progress: Callable[[str], None] | None = None, back_to_back: int = BACK_TO_BACK) -> VerificationRecord:
     """Run ``plan`` on random non-zero data for every size and dtype and compare with numpy's collective.
 
-    Raises WrongResult, PlanDeadlock or PlanRace on the first failure.
+    The first size and dtype run ``back_to_back`` launches on the same buffers, each on fresh inputs (races
+    are found per chunk, so one size proves launch safety for all). Raises WrongResult, PlanDeadlock or
+    PlanRace on the first failure.
     """
     sizes, dtypes = tuple(sizes), tuple(dtypes)
     collective = plan.collective_spec()
@@ -429,18 +504,26 @@ def check_plan(plan: Plan, sizes: Iterable[int], dtypes: Iterable[str] = ("fp32"
     checks = []
     for nbytes in sizes:
         for dtype in dtypes:
+            launches = back_to_back if not checks else 1
             elems = chunk_elems(plan, nbytes, dtype)
-            inputs = random_inputs(plan, elems, rng)
-            outputs = run_reference(plan, inputs, nbytes, dtype)
-            for r, want in enumerate(expected_outputs(collective, inputs, elems, dtype)):
-                got = outputs[r].reshape(-1, elems)
-                for idx, chunk_value in want.items():
-                    if not np.array_equal(got[idx], chunk_value):
-                        bad = int(np.flatnonzero(got[idx] != chunk_value)[0])
-                        raise WrongResult(
-                            f"plan {plan.name}: wrong result at {nbytes} B {dtype}: rank {r} output chunk {idx} "
-                            f"element {bad} is {got[idx][bad]!r}, expected {chunk_value[bad]!r}")
-            checks.append(f"{plan.collective} {nbytes}B {dtype}: ok")
+            inputs = [random_inputs(plan, elems, rng) for _ in range(launches)]
+            for k, outputs in enumerate(run_launches(plan, inputs, nbytes, dtype)):
+                at = f"{nbytes} B {dtype}" + (f" launch {k} of {launches}" if launches > 1 else "")
+                _compare(plan, expected_outputs(collective, inputs[k], elems, dtype), outputs, elems, at)
+            after = f" ({launches} launches back to back)" if launches > 1 else ""
+            checks.append(f"{plan.collective} {nbytes}B {dtype}: ok{after}")
             if progress:
                 progress(checks[-1])
-    return VerificationRecord(plan.content_hash, True, sizes, dtypes, seed, tuple(checks))
+    return VerificationRecord(plan.content_hash, True, sizes, dtypes, seed, tuple(checks),
+                              back_to_back=max(1, back_to_back))
+
+
+def _compare(plan: Plan, expected: list[dict[int, np.ndarray]], outputs: list[np.ndarray], elems: int,
+             at: str) -> None:
+    for r, want in enumerate(expected):
+        got = outputs[r].reshape(-1, elems)
+        for idx, chunk_value in want.items():
+            if not np.array_equal(got[idx], chunk_value):
+                bad = int(np.flatnonzero(got[idx] != chunk_value)[0])
+                raise WrongResult(f"plan {plan.name}: wrong result at {at}: rank {r} output chunk {idx} "
+                                  f"element {bad} is {got[idx][bad]!r}, expected {chunk_value[bad]!r}")

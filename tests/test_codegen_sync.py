@@ -52,8 +52,9 @@ def test_arrivals_listed_in_reverse_wait_up_to_the_last_signal_first():
     swapped = [replace(a, seq=reversed_seq[id(a)]) if id(a) in reversed_seq else a for a in actions]
     assign_threadblocks(swapped)
     receiver = next(a.tb for a in swapped if a.kind == ARRIVE and a.rank == 0)
-    ops = [op.name for op in insert_sync(swapped)[0][receiver]]
-    assert ops[:5] == ["wait"] * 5 and ops.count("wait") == 5  # all before anything reads, none extra
+    ops = [(op.name, op.channels[0].peer if op.channels else None) for op in insert_sync(swapped)[0][receiver]]
+    assert ops[0] == ("signal", 3)  # the entry handshake: rank 3 puts into rank 0's buffers
+    assert ops[1:6] == [("wait", 3)] * 5 and ops.count(("wait", 3)) == 5  # all before anything reads, none extra
 
 
 @pytest.mark.parametrize("spec,root", [("dgx1", 1), ("dgx1", 5), ("hypercube:d=3", 1), ("hypercube:d=3", 5)])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from executor.reference import (PlanDeadlock, PlanRace, WrongResult, check_plan, expected_outputs, round_to,
-                                run_reference)
+                                run_launches, run_reference)
 from schedules.collectives import Collective
 from schedules.plan import BufferRef, PlanError, load_plan, parse_plan
 
@@ -143,3 +143,36 @@ def test_unordered_handover_between_thread_blocks_is_a_race():
 
 
 DTYPES_ALL = ("fp32", "fp16", "bf16")
+
+
+def test_launches_back_to_back_each_compute_their_own_inputs():
+    plan = load_plan(FIXTURES / "allpairs_allreduce_2_ll.json")
+    inputs = [[np.full(2, 1.0 + k), np.full(2, 10.0 * (k + 1))] for k in range(3)]
+    outputs = run_launches(plan, inputs, 8, "fp32")
+    assert [list(out[0]) for out in outputs] == [[11.0, 11.0], [22.0, 22.0], [33.0, 33.0]]
+
+
+def test_ll_packets_in_a_single_scratch_buffer_are_overwritten_by_the_next_launch():
+    from codegen import compile_schedule
+    from synth.baselines import direct
+    from topologies.catalog import build
+
+    # one-shot: a rank hears nothing back after its peer's packets, so it may run a launch ahead of the reader
+    double = compile_schedule(direct(build("fully_connected:n=2"), Collective("allreduce", 2)), protocol="ll")
+    single = replace(double, use_double_scratch_buffer=False)
+    assert check_plan(double, [8], ("fp32",), back_to_back=3).ok
+    assert check_plan(single, [8], ("fp32",), back_to_back=1).ok
+    with pytest.raises(PlanRace, match=r"launch 1 rank \d threadblock \d op 0 \(ppkt\) overwrites chunk 0 of rank \d's "
+                                       r"scratch buffer while rank \d threadblock \d in launch 0 may still read it"):
+        check_plan(single, [8], ("fp32",), back_to_back=2)
+
+
+def test_writing_a_peers_output_before_it_started_its_next_launch_is_a_race():
+    def put_result_without_waiting(doc):  # rank 1 writes rank 0's output first thing, waiting for nothing
+        _ops(doc, 1).insert(0, {"name": "put", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                                "dst_buff": [{"buffer_id": 1, "index": 0, "size": 1}],
+                                "channel_type": "memory", "channel_ids": [0]})
+
+    plan = parse_plan(_edit("allpairs_allreduce_2.json", put_result_without_waiting), "early.json")
+    with pytest.raises(PlanRace, match="rank 1 threadblock 0 op 0 \\(put\\) overwrites chunk 0 of rank 0's output"):
+        check_plan(plan, [8], ("fp32",), back_to_back=2)
