@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from codegen.ir import ARRIVE, SEND, Action, Loc
+from codegen.ir import ARRIVE, SEND, Action
 
 
 def unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]],
@@ -40,24 +40,26 @@ def unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]],
     for a in reversed(ordered):
         for p in preds[a.seq]:
             reaches[p] |= reaches[a.seq]
-    started = defaultdict(int)  # rank s -> ranks whose launch end follows s's launch start
+    if double_scratch:  # an access reaches the ends of the launches that its reached ranks start next
+        started = defaultdict(int)
+        for a in ordered:
+            for s in _ranks(after[a.seq]):
+                started[s] |= 1 << a.rank
+        reaches = {seq: _union(started[s] for s in _ranks(mask)) for seq, mask in reaches.items()}
+    masks: dict[tuple, set[int]] = defaultdict(set)  # slot -> what its accesses reach
     for a in ordered:
-        for s in _ranks(after[a.seq]):
-            started[s] |= 1 << a.rank
-    accesses = _accesses(ordered)
+        for slot in _slots(a.dst) if a.kind == SEND else _slots(a.src if a.kind != ARRIVE else ()) + _slots(a.dst):
+            masks[slot].add(reaches[a.seq])
     unsafe = set()
     for w in ordered:
-        if w.kind != SEND or (w.rank, w.peer, w.instance) in unsafe:
+        channel = (w.rank, w.peer, w.instance)
+        if w.kind != SEND or channel in unsafe:
             continue
-        for slot in (s for loc in w.dst for s in loc.slots()):
-            if slot.type != "s":
-                safe = after[w.seq] >> w.peer & 1
-            elif double_scratch:
-                safe = all(any(started[s] & after[w.seq] for s in _ranks(reaches[e])) for e in accesses[slot])
-            else:
-                safe = all(reaches[e] & after[w.seq] for e in accesses[slot])
+        for slot in _slots(w.dst):
+            # input and output: the peer's caller reads and writes them between its launches
+            safe = after[w.seq] >> w.peer & 1 if slot[1] != "s" else all(m & after[w.seq] for m in masks[slot])
             if not safe:
-                unsafe.add((w.rank, w.peer, w.instance))
+                unsafe.add(channel)
                 break
     return unsafe
 
@@ -67,7 +69,7 @@ def _predecessors(ordered: list[Action], needs: dict[int, dict[int, Action]]) ->
     preds: dict[int, list[int]] = defaultdict(list)
     last_in_tb: dict[tuple[int, int], int] = {}
     sends = {a.seq for a in ordered if a.kind == SEND}
-    packet_send: dict[Loc, int] = {}
+    packet_send: dict[tuple, int] = {}
     for a in ordered:
         tb = (a.rank, a.tb)
         if tb in last_in_tb:
@@ -76,22 +78,25 @@ def _predecessors(ordered: list[Action], needs: dict[int, dict[int, Action]]) ->
         preds[a.seq].extend(b.seq for b in needs.get(a.seq, {}).values())
         if a.kind == ARRIVE:
             preds[a.seq].extend(s for s in a.sends if s in sends)
-        preds[a.seq].extend(packet_send[s] for s in a.reads() if s in packet_send)
+        elif packet_send:
+            preds[a.seq].extend(packet_send[s] for s in _slots(a.src) if s in packet_send)
         if a.kind == SEND and a.packet:
-            for s in (s for loc in a.dst for s in loc.slots()):
+            for s in _slots(a.dst):
                 packet_send[s] = a.seq
     return preds
 
 
-def _accesses(ordered: list[Action]) -> dict[Loc, list[int]]:
-    """Slot -> the seqs of the actions that read or write it (sends land in their peer's slots)."""
-    accesses: dict[Loc, list[int]] = defaultdict(list)
-    for a in ordered:
-        slots = [s for loc in a.dst for s in loc.slots()] if a.kind == SEND else a.reads() + a.writes()
-        for s in slots:
-            accesses[s].append(a.seq)
-    return accesses
+def _slots(locs) -> list[tuple[int, str, int]]:
+    """(rank, buffer, index) of every chunk slot of ``locs`` (tuples: lighter than Locs, and this runs per chunk)."""
+    return [(loc.rank, loc.type, k) for loc in locs for k in range(loc.index, loc.index + loc.size)]
 
 
 def _ranks(mask: int) -> list[int]:
     return [r for r in range(mask.bit_length()) if mask >> r & 1]
+
+
+def _union(masks) -> int:
+    out = 0
+    for m in masks:
+        out |= m
+    return out
