@@ -248,7 +248,7 @@ class _Machine:
         values = []
         for ref in op.src_buff:
             rank, name, buf, sl = locate(ref)
-            values.append(self._read(t, me, buf, sl, id(ref) in packet_src, rank, name, where))
+            values.append(self._read(t, me, buf, sl, id(ref) in packet_src, rank, name, where, ref.index))
         writes_packets = op.name in ("ppkt", "rppkt", "tpkt", "cpkt") or (op.name == "respkt")
         if op.name in ("re", "res", "rre", "rres", "repkt", "respkt"):
             total = values[0].copy()
@@ -260,42 +260,45 @@ class _Machine:
         for ref, value in zip(op.dst_buff, results):
             rank, name, buf, sl = locate(ref)
             packet = writes_packets and (ref.remote or op.name in ("tpkt", "cpkt"))
-            self._write(t, me, buf, sl, value, t.launch if packet else _PLAIN, rank, name, where)
+            self._write(t, me, buf, sl, value, t.launch if packet else _PLAIN, rank, name, where, ref.index)
 
     def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str,
-              where: str) -> np.ndarray:
+              where: str, index: int) -> np.ndarray:
+        """Read ``sl`` of ``buf`` (chunks ``index``.. of rank's buffer ``name``, as messages call them)."""
         for k in range(sl.start, sl.stop):
+            chunk = index + k - sl.start
             if packet:
                 np.maximum(t.vc, buf.packet_vc[k], out=t.vc)
             else:
                 if buf.flag[k] != _PLAIN:
-                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {k} of rank {rank}'s "
+                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
                                    f"{name} buffer as plain data, but it holds packets")
                 w = buf.writer[k]
                 if w == _NEVER:
-                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {k} of rank {rank}'s "
+                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
                                    f"{name} buffer, which nothing wrote")
                 if t.vc[w] < buf.clock[k]:
-                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {k} of rank {rank}'s "
+                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
                                    f"{name} buffer before its write by {self._describe(w)} is ordered "
                                    "before the read (missing signal/wait?)")
             buf.readers[k][me] = t.vc[me]
         return buf.data[sl].copy()
 
     def _write(self, t: _Thread, me: int, buf: _Buffer, sl: slice, value: np.ndarray, flag: int, rank: int,
-               name: str, where: str) -> None:
+               name: str, where: str, index: int) -> None:
         for k in range(sl.start, sl.stop):
+            chunk = index + k - sl.start
             w = buf.writer[k]
             if w >= 0 and w != me and t.vc[w] < buf.clock[k]:
-                raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {k} of rank {rank}'s "
+                raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
                                f"{name} buffer concurrently with a write by {self._describe(w)}")
             for reader, clock in buf.readers[k].items():
                 if reader != me and t.vc[reader] < clock:
-                    raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {k} of rank {rank}'s "
+                    raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
                                    f"{name} buffer while {self._describe(reader)} may still read it")
             if _PLAIN != buf.flag[k] < t.launch and not buf.readers[k]:
                 raise PlanRace(f"plan {self.plan.name}: {where} overwrites the packets of launch {buf.flag[k]} in "
-                               f"chunk {k} of rank {rank}'s {name} buffer before anything read them (their reader "
+                               f"chunk {chunk} of rank {rank}'s {name} buffer before anything read them (their reader "
                                "would wait for its flag forever)")
             buf.writer[k], buf.clock[k], buf.readers[k] = me, t.vc[me], {}
             buf.flag[k] = flag
@@ -328,7 +331,7 @@ class _Machine:
         if launch < self.launches and gpu.input_chunks:
             buf, sl = self.slots(rank, "i", BufferRef(0, gpu.input_chunks, "i"), "input")
             value = round_to(self.inputs[launch][rank], self.dtype).reshape(gpu.input_chunks, self.elems)
-            self._write(host, me, buf, sl, value, _PLAIN, rank, "input", self._describe(me))
+            self._write(host, me, buf, sl, value, _PLAIN, rank, "input", self._describe(me), 0)
 
     def _read_output(self, host: _Thread, me: int, rank: int, chunks: int) -> np.ndarray:
         """Rank's output after a launch: every output chunk's last write must happen before the kernel ends."""

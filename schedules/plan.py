@@ -69,9 +69,13 @@ respkt    repkt, also written as packets to every remote scratch dst (``channel_
 ========  ======================================================================================
 Reductions are sums in the element type; fp16 and bf16 round after every op.
 
-A launch runs each plan once. Scratch is reused across launches, so the executor must keep a launch from
-writing into a peer before that peer finished the previous launch (LL plans alternate scratch halves with
-``use_double_scratch_buffer`` and use a fresh flag per launch).
+A launch runs each plan once. Buffers, channel counters and semaphores carry over between launches, and a
+rank's launch k+1 follows only its own launch k (stream order), so a plan must itself keep a write into a peer
+after that peer's previous launch finished with the slot. LL plans with ``use_double_scratch_buffer``
+alternate scratch halves (every scratch entry, packet or not) and use a fresh flag per launch: a writer may
+run one launch ahead of its reader, not two. weft's codegen proves this per channel and, where it does not
+hold, opens the launch with an entry handshake (the reader signals on the channel first thing; the writer
+waits for it before its first write); ``executor.reference.check_plan`` checks three launches back to back.
 
 >>> plan = parse_plan({"name": "x", "collective": "allgather", "protocol": "Simple", "inplace": False,
 ...     "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [

@@ -176,3 +176,29 @@ def test_writing_a_peers_output_before_it_started_its_next_launch_is_a_race():
     plan = parse_plan(_edit("allpairs_allreduce_2.json", put_result_without_waiting), "early.json")
     with pytest.raises(PlanRace, match="rank 1 threadblock 0 op 0 \\(put\\) overwrites chunk 0 of rank 0's output"):
         check_plan(plan, [8], ("fp32",), back_to_back=2)
+
+
+def test_packets_overwritten_before_their_reader_got_to_them_are_a_race():
+    """A 2-rank LL broadcast whose root hears nothing back: its third launch reuses the first launch's scratch
+    half while rank 1, busy with a long thread block first, has not read those packets yet."""
+    nop = {"name": "nop"}
+    root = {"id": 0, "ops": [{"name": "ppkt", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                              "dst_buff": [{"buffer_id": 0, "index": 0, "size": 1}], "channel_type": "memory",
+                              "channel_ids": [0]}],
+            "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+            "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}]}
+    reader = {"id": 0, "ops": [nop] * 8 + [{"name": "upkt", "src_buff": [{"type": "s", "index": 0, "size": 1}],
+                                            "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}
+    copy = {"id": 1, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                              "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}
+    gpu = lambda r, tbs, **extra: {"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 1,
+                                   "channels": [{"channel_type": "memory", "connected_to": [1 - r]}],
+                                   "threadblocks": tbs, **extra}
+    plan = parse_plan({"name": "bcast", "collective": "broadcast", "protocol": "LL", "inplace": False,
+                       "use_double_scratch_buffer": True,
+                       "gpus": [gpu(0, [root, copy], remote_buffers=[{"rank": 1, "type": "s"}]), gpu(1, [reader])]},
+                      "bcast.json")
+    assert check_plan(plan, [4], ("fp32",), back_to_back=2).ok
+    with pytest.raises(PlanRace, match="launch 2 rank 0 threadblock 0 op 0 \\(ppkt\\) overwrites the packets of launch 0 "
+                                       "in chunk 0 of rank 1's scratch buffer before anything read them"):
+        check_plan(plan, [4], ("fp32",), back_to_back=3)
