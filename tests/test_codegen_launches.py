@@ -76,15 +76,16 @@ def test_handshake_is_one_signal_and_one_wait_per_gated_channel_per_launch(monke
         assert _count(plan, rank, "wait") - _count(bare, rank, "wait") == gated_channels
 
 
-def test_handshake_signal_opens_the_receiving_threadblock_and_the_wait_sits_right_before_the_first_put():
+def test_handshake_signal_opens_a_threadblock_and_the_wait_sits_right_before_the_first_put():
     plan = _compile("direct", "allreduce", "simple")
-    for tb in plan.gpus[0].threadblocks:
-        names = [op.name for op in tb.ops]
-        if "put" in names or "pws" in names:
-            first_put = min(i for i, n in enumerate(names) if n in ("put", "pws"))
-            assert names[first_put - 1] == "wait" and names.count("wait") >= 1
-        if any(op.name == "wait" for op in tb.ops[1:]) and tb.ops[0].name == "signal":
-            assert tb.ops[0].channel_ids[0] in {op.channel_ids[0] for op in tb.ops if op.name == "wait"}
+    gpu = plan.gpus[0]
+    opening = [tb.ops[0] for tb in gpu.threadblocks if tb.ops[0].name == "signal"]
+    assert sorted(gpu.memory_peers[op.channel_ids[0]] for op in opening) == [1, 2, 3]
+    for tb in gpu.threadblocks:
+        puts = [i for i, op in enumerate(tb.ops) if op.name in ("put", "pws")]
+        if puts:
+            before = tb.ops[puts[0] - 1]
+            assert before.name == "wait" and before.channel_ids == tb.ops[puts[0]].channel_ids
 
 
 def test_two_shot_simple_allreduce_needs_no_handshake_and_is_proven_safe():

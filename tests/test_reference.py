@@ -199,6 +199,6 @@ def test_packets_overwritten_before_their_reader_got_to_them_are_a_race():
                        "gpus": [gpu(0, [root, copy], remote_buffers=[{"rank": 1, "type": "s"}]), gpu(1, [reader])]},
                       "bcast.json")
     assert check_plan(plan, [4], ("fp32",), back_to_back=2).ok
-    with pytest.raises(PlanRace, match="launch 2 rank 0 threadblock 0 op 0 \\(ppkt\\) overwrites the packets of launch 0 "
-                                       "in chunk 0 of rank 1's scratch buffer before anything read them"):
+    with pytest.raises(PlanRace, match=r"launch 2 rank 0 threadblock 0 op 0 \(ppkt\) overwrites the packets of "
+                                       r"launch 0 in chunk 0 of rank 1's scratch buffer before anything read them"):
         check_plan(plan, [4], ("fp32",), back_to_back=3)
