@@ -50,7 +50,7 @@ def check(plan: Plan, sizes: list[int] | None = None, dtypes: tuple[str, ...] | 
 def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 1, protocol: str = "auto",
                        inplace: bool = False, progress: Callable[[str], None] | None = None) -> Plan:
     """A plan for ``schedule`` that passed the schedule verifier and the reference executor (3 sizes × 3 dtypes,
-    the first of them 3 launches back to back on the same buffers)."""
+    the first of them as 2 or 3 launches back to back on the same buffers)."""
     from codegen import compile_schedule
     from schedules.cost import predict_us
     from schedules.verify import require_valid
