@@ -97,6 +97,7 @@ from typing import Any
 
 from schedules.collectives import NAMES, Collective, CollectiveError
 from topologies.errors import WeftError
+from topologies.jsonfile import read_json
 
 CHUNK_GRANULE = 4
 MAX_MESSAGE_SIZE = (1 << 64) - 1
@@ -363,14 +364,7 @@ def save_plan_file(plan: Plan, path: str | Path) -> None:
 
 
 def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise PlanError(f"plan {path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"plan {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
-    return parse_plan(data, str(path))
+    return parse_plan(read_json(path, "plan", PlanError), str(path))
 
 
 class _Reader:

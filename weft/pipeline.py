@@ -7,7 +7,6 @@ its own content hash.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +14,7 @@ from schedules.plan import Plan, PlanError, dumps_plan, load_plan, parse_plan
 from schedules.schedule import FORMAT as SCHEDULE_FORMAT
 from schedules.schedule import Schedule, parse_schedule
 from topologies import Topology
+from topologies.jsonfile import read_json
 from weft.units import format_bytes
 
 PREDICTION_SIZES = (1 << 10, 1 << 20, 1 << 30)
@@ -79,13 +79,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 def read_document(path: str | Path) -> tuple[str, Schedule | Plan]:
     """('schedule', Schedule) or ('plan', Plan) for a weft.schedule/1 file or an MSCCL++ plan file."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise PlanError(f"{path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"{path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    data = read_json(path, "file", PlanError)
     if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
         return "schedule", parse_schedule(data, str(path))
     return "plan", parse_plan(data, str(path))

@@ -18,11 +18,11 @@ solver, which knows the topology.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from synth.errors import SynthesisError
+from topologies.jsonfile import read_json
 
 FORMAT = "weft.sketch/1"
 FIELDS = ("format", "symmetry", "relays", "rails", "chunks", "description")
@@ -57,14 +57,7 @@ class Sketch:
 
 def load_sketch(path: str | Path) -> Sketch:
     """Read a sketch file; every problem names the file and field."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise SketchError(f"sketch {path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise SketchError(f"sketch {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
-    return parse_sketch(data, str(path))
+    return parse_sketch(read_json(path, "sketch", SketchError), str(path))
 
 
 def _positive_int(value: object) -> bool:
