@@ -13,6 +13,7 @@ from schedules.collectives import NAMES, Collective
 from schedules.cost import CostError, algbw, bus_factor, busbw, loads, predict_us, step_times_us
 from schedules.schedule import Schedule, Send, Step
 from topologies.topology import Link, Topology
+from fabrics import mixed_fabric, random_steps
 
 
 def ring_topology(n: int, bandwidth: float = 25.0, latency: float = 1.0) -> Topology:
@@ -146,18 +147,6 @@ def test_ring_allgather_busbw_reaches_link_speed_for_large_messages():
     assert busbw(Collective("allgather", 8), 1 << 34, t) == pytest.approx(100.0, rel=1e-3)
 
 
-def mixed_fabric() -> Topology:
-    """Direct links of two speeds beside a switch, so the switch-free form mixes plain and shared links."""
-    links = [Link(r, "sw", 50.0, 0.5) for r in range(5)] + [Link("sw", r, 25.0 * (1 + r % 2), 0.5) for r in range(5)]
-    links += [Link(0, 1, 100.0, 0.2), Link(1, 0, 100.0, 0.2), Link(2, 3, 25.0, 0.7, count=3)]
-    return Topology("mixed", 5, tuple(links), switches=("sw",))
-
-
-@st.composite
-def random_steps(draw):
-    pairs = st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda p: p[0] != p[1])
-    return tuple(Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
-                 for _ in range(draw(st.integers(1, 4))))
 
 
 def direct_step_times(topo: Topology, steps, chunk_bytes: float) -> list[float]:

@@ -15,6 +15,7 @@ from schedules.schedule import Schedule, Send, Step
 from schedules.verify import CHECKS, MAX_LISTED, VerificationFailed, require_valid, verify
 from topologies.errors import CheckFailed
 from topologies.topology import Link, SharingGroup, Topology
+from fabrics import mixed_fabric, random_steps
 
 
 # ---- hand-built topologies and schedules ------------------------------------------------------------
@@ -303,18 +304,6 @@ def test_deleting_any_send_of_a_tree_broadcast_fails(case, data):
 
 # ---- capacity against a direct count -----------------------------------------------------------------
 
-def mixed_fabric() -> Topology:
-    """Direct links of two speeds beside a switch, so the switch-free form mixes plain and shared links."""
-    links = [Link(r, "sw", 50.0, 0.5) for r in range(5)] + [Link("sw", r, 25.0 * (1 + r % 2), 0.5) for r in range(5)]
-    links += [Link(0, 1, 100.0, 0.2), Link(1, 0, 100.0, 0.2), Link(2, 3, 25.0, 0.2, count=3)]
-    return Topology("mixed", 5, tuple(links), switches=("sw",))
-
-
-@st.composite
-def random_steps(draw):
-    pairs = st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda p: p[0] != p[1])
-    return tuple(Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
-                 for _ in range(draw(st.integers(1, 4))))
 
 
 def capacity_breaches(topo: Topology, steps) -> set[str]:

@@ -1,0 +1,23 @@
+"""Test fabrics and schedule strategies shared by the verifier and cost-model tests."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from schedules.schedule import Send, Step
+from topologies import Link, Topology
+
+
+def mixed_fabric() -> Topology:
+    """Direct links of two speeds beside a switch, so the switch-free form mixes plain and shared links."""
+    links = [Link(r, "sw", 50.0, 0.5) for r in range(5)] + [Link("sw", r, 25.0 * (1 + r % 2), 0.5) for r in range(5)]
+    links += [Link(0, 1, 100.0, 0.2), Link(1, 0, 100.0, 0.2), Link(2, 3, 25.0, 0.7, count=3)]
+    return Topology("mixed", 5, tuple(links), switches=("sw",))
+
+
+@st.composite
+def random_steps(draw):
+    """Steps of chunk 0 sends between random rank pairs of mixed_fabric()."""
+    pairs = st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda p: p[0] != p[1])
+    return tuple(Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
+                 for _ in range(draw(st.integers(1, 4))))
