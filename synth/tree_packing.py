@@ -130,17 +130,7 @@ class _Packer:
             if hop.dst in placed:
                 continue
             width = self._width(hop)
-            if width < -neg_width:
-                # the room shrank since the offer; re-offer it at its width, and let the dst's other hops in
-                # the room shrank since the offer: take it back at its width; hops into dst that lost to
-                # it are offered again only once it runs out (rescanning on every shrink is quadratic)
-                best[hop.dst] = (width, best[hop.dst][1])
-                if width >= 1:
-                    heapq.heappush(heap, (-width, depth, next(self.ties), hop))
-                else:
-                    self._reoffer(hop.dst, placed, heap)
-                continue
-            if not self._charge(hop, images):
+            if width < -neg_width or not self._charge(hop, images):
                 # the room shrank since the offer: take it back at its width; hops into dst that lost to
                 # it are offered again only once it runs out (rescanning on every shrink is quadratic)
                 best[hop.dst] = (width, best[hop.dst][1])
