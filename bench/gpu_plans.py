@@ -2,6 +2,7 @@
 reference-executor check), for one topology.
 
     python bench/gpu_plans.py tests/gpu/plans --topology hgx_h200:gpus=2
+    python bench/gpu_plans.py /tmp/sweep --set sweep     # the tuning sweep: instances x threads x scratch
 """
 
 from __future__ import annotations
@@ -34,24 +35,38 @@ VARIANTS = [
 ]
 
 
+# The tuning sweep: (collective, method, protocol, instances, threads, double scratch) for bench/NOTES.md.
+SWEEP = ([("allreduce", "direct", "ll", i, t, True) for i in (1, 4, 16, 32, 64) for t in (256, 1024)]
+         + [("allreduce", "twoshot", "ll", i, 1024, True) for i in (8, 32)]
+         + [("allreduce", "direct", "simple", i, 1024, d) for i in (16, 32, 64) for d in (False, True)]
+         + [("allreduce", "twoshot", "simple", i, 1024, False) for i in (32, 64, 128)]
+         + [(c, "direct", "simple", i, 1024, d) for c in ("allgather", "reducescatter") for i in (16, 32, 64)
+            for d in (False, True)]
+         + [(c, "direct", "ll", i, 1024, True) for c in ("allgather", "reducescatter") for i in (1, 8, 32)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--topology", default="hgx_h200:gpus=2")
+    parser.add_argument("--set", choices=("tests", "sweep"), default="tests", help="which plan set to write")
     args = parser.parse_args()
     topology = resolve(args.topology)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, method, protocol, instances in VARIANTS:
+    variants = SWEEP if args.set == "sweep" else [v + (1024, None) for v in VARIANTS]
+    for name, method, protocol, instances, threads, double in variants:
         try:
             schedule = getattr(baselines, method)(topology, Collective(name, topology.nranks))
-            plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol)
+            plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, threads=threads,
+                                    double_scratch=double)
         except Exception as e:  # a variant that does not exist here is reported and skipped
             print(f"skip {name} {method} {protocol} x{instances}: {e}")
             continue
         unit = plan.size_chunks * 4
         record = check_plan(plan, [unit * 4, unit * 16], dtypes=("fp32", "bf16"))
-        path = out / f"{name}-{method}-{protocol}-x{instances}.json"
+        path = out / (f"{name}-{method}-{protocol}-x{instances}.json" if args.set == "tests"
+                      else f"{plan.name.split('-hgx')[0]}-{plan.name.split('-', 2)[-1].split('-', 1)[-1]}.json")
         save_plan_file(plan.with_meta(verification=record.to_json()), path)
         print(f"{path}: {plan.name}, {plan.protocol}, sizes {plan.min_message_size}..{plan.max_message_size}, "
               f"verified={record.ok}")

@@ -95,6 +95,7 @@ class Communicator:
         self._plans: dict[int, tuple[Plan, str]] = {}
         self._streams: dict[int, Any] = {}
         self._kernels: dict[tuple[str, int], Any] = {}
+        self._resident: dict[tuple[str, int, int], int] = {}  # (dtype, vector bytes, threads) -> blocks that fit
         self._peers = gpu_ipc.PeerMappings()
         with cupy.cuda.Device(self.device):
             cc = cupy.cuda.Device(self.device).compute_capability
@@ -287,8 +288,16 @@ class Communicator:
         t = ctx.tables
         if t.nthreadblocks == 0:
             return
-        self._kernel(dtype, ctx.vector_bytes)((t.nthreadblocks,), (t.threads,), ctx.args,
-                                              stream=self._stream(stream, framework))
+        kernel = self._kernel(dtype, ctx.vector_bytes)
+        fits = self._resident.get((dtype, ctx.vector_bytes, t.threads))
+        if fits is None:
+            fits = self._resident[(dtype, ctx.vector_bytes, t.threads)] = gpu_build.resident_blocks(
+                kernel, t.threads, self.device)
+        if t.nthreadblocks > fits:
+            raise ExecutorError(f"executor: plan needs {t.nthreadblocks} thread blocks of {t.threads} threads at "
+                                f"once but GPU {self.device} holds {fits}; compile it with fewer --instances "
+                                "or --threads")
+        kernel((t.nthreadblocks,), (t.threads,), ctx.args, stream=self._stream(stream, framework))
 
     def _raise_device_error(self) -> None:
         words = [int(w) for w in self._error]

@@ -79,3 +79,16 @@ def load_module(compute_capability: str):
     code = (source_dir() / "interpreter.cu").read_text()
     return cupy.RawModule(code=code, backend="nvrtc",
                           options=("-std=c++17", f"--gpu-architecture={arch}", f"-I{source_dir()}"))
+
+
+def resident_blocks(kernel, threads: int, device: int) -> int:
+    """How many thread blocks of ``threads`` threads of ``kernel`` the device holds at once.
+
+    The interpreter's blocks wait on each other, so a plan whose thread blocks do not all fit at once could
+    deadlock; the executor refuses such a launch instead.
+    """
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, threads, 0)
+    return int(per_sm) * int(props["multiProcessorCount"])
