@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from executor import gpu_bootstrap, gpu_build, gpu_ipc
+from executor import gpu_bootstrap, gpu_build, gpu_ipc, liveness
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
     MAX_BARRIERS, MAX_CHANNELS, DeviceTables, build_tables, check_launch, vector_bytes,
@@ -181,8 +181,10 @@ class Communicator:
 
     def _all_gather(self, what: str, value: Any) -> list[Any]:
         self._keys += 1
-        return gpu_bootstrap.all_gather(self.store, f"{self._prefix}/{self._keys}/{what}", self.rank, self.world_size, value,
-                                        max(self.timeout_s, 60.0))
+        if self._keys == 1:  # the first exchange: each rank says who it is, so that a peer that dies can be named
+            self._roster = liveness.Roster.join(self.store, self._prefix, self.rank, self.world_size)
+        # a peer that exits is found within a fraction of a second; the bound is for live peers that are slow
+        return self._roster.all_gather(f"{self._prefix}/{self._keys}/{what}", value, max(self.timeout_s, 60.0))
 
     def _message_bytes(self, plan: Plan, buf: _Buffer) -> int:
         gpu = plan.gpus[self.rank]
@@ -312,6 +314,7 @@ class Communicator:
             detail = f"sem_acquire on semaphore {-2 - channel}"
         elif kind == 3:
             detail += f" (barrier {barrier})"
+        self._roster.raise_if_lost(f"threadblock {tb}, op {op}: {detail}", tb, op, peer)  # a dead peer cannot recover
         self._recover()
         raise ExecutorTimeout(f"executor: {where}: timed out after {self.timeout_s:g} s: {detail}", rank, tb, op, peer)
 

@@ -20,5 +20,19 @@ class ExecutorTimeout(CheckFailed):
         self.rank, self.threadblock, self.op, self.peer = rank, threadblock, op, peer
 
 
+class PeerLost(ExecutorTimeout):
+    """A peer rank's process exited (or, where it cannot be checked, stopped answering) while this rank waited on it.
+
+    A subclass of ExecutorTimeout, so handlers of timeouts see it too; unlike a plain timeout the communicator
+    cannot recover (its peer is gone), so the job must restart. ``lost`` holds the ranks; the other fields say
+    where this rank waited (threadblock and op are -1 for a bootstrap exchange through the Store).
+    """
+
+    def __init__(self, message: str, rank: int = -1, threadblock: int = -1, op: int = -1, peer: int | None = None,
+                 lost: tuple[int, ...] = ()):
+        super().__init__(message, rank, threadblock, op, peer)
+        self.lost = lost
+
+
 class WrongResult(CheckFailed):
     """The executor's result differs from NCCL's."""

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from schedules.collectives import NAMES
+from topologies.errors import WeftError
 from weft.cli import ArgumentError
 from weft.units import format_bytes, parse_bytes, parse_size_range
 
@@ -63,6 +64,16 @@ def _common(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- launching
 
 
+class RankFailed(WeftError):
+    """A rank process of ``weft run``/``weft bench`` failed; the launcher stopped the others.
+
+    The exit code is the rank's own (128 + the signal number for a rank killed by a signal)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def _spawn(args: argparse.Namespace) -> int | None:
     """Start one process per GPU running this same command; None when this process is already a rank."""
     _require_gpu_stack()
@@ -71,22 +82,82 @@ def _spawn(args: argparse.Namespace) -> int | None:
     n = args.nproc or _gpu_count()
     if n < 1:
         raise ArgumentError("weft: --nproc must be at least 1")
+    return launch_ranks(_rank_command(), n)
+
+
+def _rank_command() -> list[str]:
+    return [sys.executable, "-c", "from weft.cli import run; run()", *sys.argv[1:]]
+
+
+def launch_ranks(command: list[str], n: int, grace_s: float = 10.0, poll_s: float = 0.05) -> int:
+    """Run ``command`` as ranks 0..n-1 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT set); 0 when all succeed.
+
+    When one rank fails (a non-zero exit or a signal) the others get SIGTERM, then SIGKILL after ``grace_s``,
+    and RankFailed names the first rank that failed. A launcher that is interrupted or terminated takes its
+    ranks with it.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    procs = []
-    for rank in range(n):
-        env = {**os.environ, **SAFE_ENV, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-c", "from weft.cli import run; run()", *sys.argv[1:]],
-                                      env=env))
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    procs: list[subprocess.Popen] = []
     try:
-        return max(p.wait() for p in procs)
+        for rank in range(n):
+            env = {**os.environ, **SAFE_ENV, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            procs.append(subprocess.Popen(command, env=env))
+        failed = _first_failure(procs, poll_s)
+        if failed is None:
+            return 0
+        stopped = [r for r, p in enumerate(procs) if p.poll() is None]
+        _stop(procs, grace_s)
+        rank, code = failed
+        raise RankFailed(f"rank {rank} of {n} {_describe_exit(code)}"
+                         + (f"; stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+                            if stopped else ""), 128 - code if code < 0 else code)
     finally:
-        for p in procs:  # a killed or interrupted launcher takes its ranks with it
-            if p.poll() is None:
-                p.kill()
+        _stop(procs, grace_s)  # a killed or interrupted launcher takes its ranks with it
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)
+
+
+def _first_failure(procs: list[subprocess.Popen], poll_s: float) -> tuple[int, int] | None:
+    """(rank, return code) of the first rank seen failing, or None once every rank exited with 0."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        if all(c == 0 for c in codes):
+            return None
+        time.sleep(poll_s)
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to every rank still running, SIGKILL to those still there after ``grace_s``; reaps them all."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in running:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "unknown signal"
+    return f"was killed by signal {-code} ({name})"
 
 
 def _require_gpu_stack() -> None:
