@@ -3,7 +3,8 @@
 Each layer is attention (64 query and 8 KV heads of 128, a KV cache) then an MLP (8192 -> 28672 -> 8192),
 sharded Megatron-style over TP ranks, with one all-reduce after attention and one after the MLP, as vLLM runs
 it. Both backends run in the same job on the same random bf16 weights and inputs; the script reports decode-step
-latency, tokens/s, the share of the step spent in all-reduce, and checks that the logits agree.
+latency, tokens/s, the share of the step spent in all-reduce, and checks that the logits agree. weft's graphs are
+captured inside ``comm.capture()``, so their all-reduces read and write the captured tensors (no staging copies).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
         --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
@@ -12,13 +13,14 @@ latency, tokens/s, the share of the step spent in all-reduce, and checks that th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -97,6 +99,7 @@ class Backend:
     project: Callable  # (a, w) -> a @ w summed over ranks
     all_reduce: Callable  # t -> t summed over ranks
     probe: Callable  # batch -> the tensor all_reduce is timed on alone
+    capture: Callable[[], ContextManager] = contextlib.nullcontext  # around each graph's warm-up and capture
 
 
 def reducing(all_reduce):
@@ -115,14 +118,15 @@ def staged(comm):
     return project
 
 
-def graph_of(fn, warmup_stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
-    with torch.cuda.stream(warmup_stream):
-        for _ in range(3):
+def graph_of(fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], ContextManager]) -> torch.cuda.CUDAGraph:
+    with capture():
+        with torch.cuda.stream(warmup_stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(warmup_stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             fn()
-    torch.cuda.current_stream().wait_stream(warmup_stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
     return graph
 
 
@@ -150,24 +154,24 @@ def measure(backend: str, impl: Backend, shape: Shape, batch: int, weights, lm_h
     def step():
         out["hidden"] = decode_step(x, weights, cache, shape, impl.project)
 
-    step_graph = graph_of(step, side)
+    step_graph = graph_of(step, side, impl.capture)
     probe_a = torch.randn(batch, HIDDEN // shape.tp, device=device, dtype=torch.bfloat16)
     probe_w = torch.randn(HIDDEN // shape.tp, HIDDEN, device=device, dtype=torch.bfloat16)
     matmul_ms = time_graph(graph_of(lambda: [reducing(lambda t: t)(probe_a, probe_w)
-                                             for _ in range(2 * shape.layers)], side), iters)
+                                             for _ in range(2 * shape.layers)], side, contextlib.nullcontext), iters)
 
     def only_all_reduce():
         for _ in range(2 * shape.layers):
             out["ar"] = impl.project(probe_a, probe_w)
 
-    ar_graph = graph_of(only_all_reduce, side)
+    ar_graph = graph_of(only_all_reduce, side, impl.capture)
     probe = impl.probe(batch)
 
     def isolated():
         for _ in range(2 * shape.layers):
             out["alone"] = impl.all_reduce(probe)
 
-    alone_ms = time_graph(graph_of(isolated, side), iters)
+    alone_ms = time_graph(graph_of(isolated, side, impl.capture), iters)
     step_ms = time_graph(step_graph, iters)
     ar_ms = time_graph(ar_graph, iters)
     step_graph.replay()
@@ -213,9 +217,9 @@ def main() -> None:
         from executor import Communicator
 
         comm = Communicator.from_process_group()
-        backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, random_probe)
+        backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, random_probe, comm.capture)
         backends["weft-staged"] = Backend(staged(comm), comm.all_reduce, lambda batch: comm.staging_input(
-            batch * HIDDEN, torch.bfloat16).view(batch, HIDDEN).normal_())
+            batch * HIDDEN, torch.bfloat16).view(batch, HIDDEN).normal_(), comm.capture)
     if args.backend == "weft":
         backends.pop("nccl")
 

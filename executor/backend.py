@@ -1,7 +1,7 @@
 """The shape inference engines call for a custom all-reduce (vLLM's, SGLang's): an engine plugin wraps it as is.
 
     backend = WeftBackend.from_process_group(group)
-    with backend.capture(sizes):                     # around the engine's graph captures
+    with backend.capture(sizes):                     # around the engine's graph captures; replay after it
         ...
     y = backend.all_reduce(x) if backend.should_use(x) else engine_nccl_all_reduce(x)
     backend.close()
@@ -44,7 +44,8 @@ class WeftBackend:
 
     @contextmanager
     def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16) -> Iterator["WeftBackend"]:
-        """Prepare these all-reduce sizes (bytes) before the engine captures its graphs inside the block."""
+        """Prepare these all-reduce sizes (bytes); graphs the engine captures inside the block all-reduce the
+        captured tensors themselves, registered on every rank when the block closes (collective)."""
         with self.comm.capture(sizes, dtype):
             yield self
 

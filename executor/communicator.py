@@ -8,27 +8,42 @@ A launch is asynchronous. A GPU-side timeout fills a host-mapped error record; t
 ``synchronize`` raises ExecutorTimeout on this rank, after resetting every rank's semaphores and scratch
 together, so the next execution works. Contexts (device tables, scratch, peer buffer mappings) are cached by
 (plan, size, buffers); creating one is collective, so every rank must execute the same plans in the same order.
+
+CUDA graphs without copies: inside ``capture()``, ``execute_captured`` runs a plan on buffers that have no
+context of their own, against the context an eager ``execute`` made for the same plan, size and dtype, through a
+binding record written before the capture (``gpu_tables.BindingLayout``). Leaving ``capture()`` registers the
+buffers (collective): peers' buffers are exchanged in capture order and every record is armed.
+
+    comm.execute(plan, x0)                         # eager: the context for this plan and size
+    with comm.capture():
+        with torch.cuda.graph(graph):
+            comm.execute_captured(plan, x, out)    # '' when it ran on x and out directly
+    graph.replay()
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from executor import gpu_bootstrap, gpu_build, gpu_ipc, liveness
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
-    MAX_BARRIERS, MAX_CHANNELS, DeviceTables, build_tables, check_launch, vector_bytes,
+    MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
+    build_tables, check_launch, peer_mapping, peer_slots, share_records, vector_bytes, with_tripwire,
 )
 from schedules.plan import Plan, load_plan, parse_plan
 
 ERROR_WORDS = 8
 ERROR_KINDS = {1: "wait on a channel", 2: "packets never arrived", 3: "barrier never completed", 4: "aborted"}
 HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
+GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
+IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,52 @@ class _Context:
     # semaphores, state, error record, timeout (ns), rank, scratch half (bytes)
     vector_bytes: int
     output: Any
+    plan_hash: str
+    nbytes: int
+    slots: tuple[int, ...]  # the buffer slots: input, output, scratch, then the plan's remote buffers
+    peers: PeerMapping  # the inputs and outputs ranks map across (then bindings are collective)
+    records: "_Records | None" = None
+
+
+@dataclass
+class _Records:
+    """A context's binding records on the device, written disarmed when allocated; ``used`` of them are taken."""
+
+    layout: BindingLayout
+    chunks: list = field(default_factory=list)  # device uint8 arrays of GRAPH_RECORDS records each
+    used: int = 0
+
+    @property
+    def free(self) -> int:
+        return len(self.chunks) * GRAPH_RECORDS - self.used
+
+    def address(self, index: int) -> int:
+        return self.chunks[index // GRAPH_RECORDS].data.ptr + index % GRAPH_RECORDS * self.layout.stride
+
+    def write(self, index: int, record: np.ndarray) -> None:
+        at = index % GRAPH_RECORDS * self.layout.stride
+        self.chunks[index // GRAPH_RECORDS][at:at + len(record)].set(record)
+
+
+def ipc_capable(pointer: int) -> bool:
+    """Whether CUDA IPC can share the allocation holding ``pointer`` (not expandable segments); safe in a capture."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    value = ctypes.c_int(0)
+    fn = lib.cuPointerGetAttribute
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64)
+    return fn(ctypes.byref(value), IPC_CAPABLE, ctypes.c_uint64(pointer)) == 0 and value.value == 1
+
+
+def binding_verdict(why: str, collective: bool, all_gather: Callable[[str, Any], list]) -> str:
+    """'' where an execution binds its buffers, else why not: this rank's say alone where no peer maps them,
+    every rank's where peers do (any rank's refusal sends every rank to the fallback)."""
+    if not collective:
+        return why
+    verdicts = all_gather("graph-bind", why)
+    return next((v for v in verdicts if v), "")
 
 
 class Communicator:
@@ -97,6 +158,10 @@ class Communicator:
         self._kernels: dict[tuple[str, int], Any] = {}
         self._resident: dict[tuple[str, int, int], int] = {}  # (dtype, vector bytes, threads) -> blocks that fit
         self._peers = gpu_ipc.PeerMappings()
+        self._templates: dict[tuple[str, int, str], _Context] = {}  # (plan, size, dtype) -> its first context
+        self._captured: list[CapturedExecution] = []
+        self._graph_mode = False
+        self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
         with cupy.cuda.Device(self.device):
             cc = cupy.cuda.Device(self.device).compute_capability
             self._module = gpu_build.load_module(cc)
@@ -132,23 +197,90 @@ class Communicator:
         For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
         An output allocated here belongs to the context: later calls on the same input reuse it.
         """
-        if self._error[0]:
-            self._raise_device_error()
-        plan, plan_hash = self._plan(plan)
-        buf = _describe(input, "input")
-        dtype = dtype or buf.dtype
-        if dtype is None:
-            raise ExecutorError("executor: input dtype is not fp32, fp16 or bf16 (pass dtype= for CuPy bf16)")
-        if buf.device != self.device:
-            raise ExecutorError(f"executor: input is on GPU {buf.device} but rank {self.rank} runs on GPU {self.device}")
-        out = _describe(output, "output") if output is not None else None
+        plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
         key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype)
         ctx = self._contexts.get(key)
         if ctx is None:
             ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype)
             self._contexts[key] = ctx
+            if self._templates.setdefault((plan_hash, ctx.nbytes, dtype), ctx) is ctx and self._graph_mode:
+                self._add_records(ctx)  # made inside capture() by an eager call (a warm-up), so outside a graph
         self._launch(ctx, dtype, buf.framework, stream)
         return ctx.output
+
+    @contextmanager
+    def capture(self) -> Iterator["Communicator"]:
+        """A block for CUDA graph captures with zero-copy executions; leaving it registers their buffers.
+
+        Enter it before the captures and leave it before the first replay: a graph replayed earlier runs
+        nothing of its captured executions, and the next ``execute``, ``synchronize`` or registration raises.
+        Leaving is collective. Leaving on an exception registers nothing (the records stay disarmed).
+        """
+        if self._graph_mode:
+            raise ExecutorError("executor: capture() is already open; graphs captured in one block register together")
+        self._graph_mode = True
+        try:
+            for ctx in list(self._templates.values()):
+                self._add_records(ctx)
+            yield self
+        except BaseException:
+            self._graph_mode = False
+            self._captured.clear()
+            raise
+        self._graph_mode = False
+        self.register_graph_buffers()
+
+    def execute_captured(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
+                         dtype: str | None = None) -> str:
+        """Inside ``capture()``, while a graph captures: run ``plan`` on ``input`` and ``output`` with no copy.
+
+        The execution shares the context an eager ``execute`` made for this plan, size and dtype (its scratch,
+        counters and peer mappings) and takes a binding record of its own, armed at registration. Returns '' when
+        it launched, else why it did not (nothing launched): no such context, a buffer not aligned to the
+        context's vectors, no free record, or, for plans whose peers map this rank's input or output, a buffer
+        that CUDA IPC cannot share on some rank. Where peers map the buffers every rank decides together
+        (collective); elsewhere no peer sees them and the decision is this rank's.
+        """
+        if not self._graph_mode:
+            raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
+        plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
+        ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype))
+        if ctx is None:
+            return f"no context for plan {plan.name} at {buf.nbytes} B of input: execute it once before capturing"
+        self._check_output(plan, ctx.tables, out, dtype)
+        in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
+        why = self._bind_refusal(ctx, in_ptr, out_ptr)
+        why = binding_verdict(f"rank {self.rank}: {why}" if why else "", ctx.peers.collective, self._all_gather)
+        if why:
+            return why
+        mine = {"i": in_ptr, "o": out_ptr}
+        deferred = {slot for slot, _, _ in ctx.peers.deferred}
+        slots = (in_ptr, out_ptr, *(0 if k in deferred else p for k, p in enumerate(ctx.slots) if k >= 2))
+        captured = CapturedExecution(ctx.plan_hash, ctx.nbytes, slots, ctx.peers.deferred,
+                                     tuple((t, mine[t]) for t in ctx.peers.exported), ctx.records.used, ctx)
+        ctx.records.used += 1
+        self._captured.append(captured)
+        address = ctx.records.address(captured.record)
+        args = (ctx.args[0], np.uint64(address), np.uint64(address + ctx.records.layout.tb_bytes), *ctx.args[3:])
+        self._launch(ctx, dtype, buf.framework, stream, args)
+        return ""
+
+    def register_graph_buffers(self) -> None:
+        """Arm every execution captured since the last registration (collective: every rank, after its captures
+        and before the first replay). Peers' buffers are exchanged in capture order, as allocation handle and
+        offset; every rank must have captured the same executions."""
+        cupy = self._cupy
+        captured, self._captured = self._captured, []
+        shared = [c for c in captured if c.context.peers.collective]
+        with cupy.cuda.Device(self.device):
+            cupy.cuda.runtime.deviceSynchronize()  # no replay of a disarmed record is still running
+            gathered = self._all_gather("graph-buffers", share_records(shared, gpu_ipc.export))
+            filled = dict(zip(map(id, shared), peer_slots(shared, gathered, self.rank, self._peers.open)))
+            for c in captured:
+                records = c.context.records
+                records.write(c.record, records.layout.armed(c.context.tables.tb_start, filled.get(id(c), c.slots)))
+            cupy.cuda.runtime.deviceSynchronize()
+        self._check_tripwire()
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait for this rank's launches; raise ExecutorTimeout if a wait on the GPU ran past its bound."""
@@ -158,13 +290,19 @@ class Communicator:
             self._stream(stream, "cupy").synchronize()
         if self._error[0]:
             self._raise_device_error()
+        self._check_tripwire()
 
     def close(self) -> None:
         self._contexts.clear()
+        self._templates.clear()
+        self._captured.clear()
         self._peers.close()
         if self._error_host:
             self._cupy.cuda.runtime.freeHost(self._error_host)
             self._error_host = 0
+        if self._tripwire is not None:
+            self._cupy.cuda.runtime.freeHost(self._tripwire.ctypes.data)
+            self._tripwire = self._marker = None
 
     # ------------------------------------------------------------------ internals
 
@@ -213,24 +351,46 @@ class Communicator:
             return torch.empty(nbytes // input.element_size(), dtype=input.dtype, device=input.device)
         return self._cupy.empty(nbytes // input.dtype.itemsize, dtype=input.dtype)
 
+    def _arguments(self, plan: Plan | dict | str | Path, input: Any, output: Any,
+                   dtype: str | None) -> tuple[Plan, str, _Buffer, _Buffer | None, str]:
+        """Check for a pending error, and read one execution's arguments: (plan, hash, input, output, dtype)."""
+        if self._error[0]:
+            self._raise_device_error()
+        self._check_tripwire()
+        plan, plan_hash = self._plan(plan)
+        buf = _describe(input, "input")
+        dtype = dtype or buf.dtype
+        if dtype is None:
+            raise ExecutorError("executor: input dtype is not fp32, fp16 or bf16 (pass dtype= for CuPy bf16)")
+        if buf.device != self.device:
+            raise ExecutorError(f"executor: input is on GPU {buf.device} but rank {self.rank} runs on GPU "
+                                f"{self.device}")
+        return plan, plan_hash, buf, _describe(output, "output") if output is not None else None, dtype
+
+    def _check_output(self, plan: Plan, tables: DeviceTables, out: _Buffer | None, dtype: str) -> None:
+        if plan.inplace:
+            if out is not None:
+                raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
+            return
+        if out is None:
+            raise ExecutorError(f"plan {plan.name}: pass an output buffer (none can be allocated in a capture)")
+        if out.nbytes != tables.output_bytes:
+            raise ExecutorError(f"plan {plan.name}: output holds {out.nbytes} B, the plan writes "
+                                f"{tables.output_bytes} B for this input")
+        if out.dtype not in (None, dtype) or out.device != self.device:
+            raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
+
     def _create_context(self, plan: Plan, plan_hash: str, input: Any, buf: _Buffer, output: Any,
                         out: _Buffer | None, dtype: str) -> _Context:
         cupy = self._cupy
         nbytes = self._message_bytes(plan, buf)
         check_launch(plan, self.world_size, nbytes, dtype)
         tables = build_tables(plan, self.rank, nbytes)
-        if not plan.inplace:
-            if output is None:
-                output = self._allocate_output(input, buf, tables.output_bytes)
-                out = _describe(output, "output")
-            if out.nbytes != tables.output_bytes:
-                raise ExecutorError(f"plan {plan.name}: output holds {out.nbytes} B, the plan writes "
-                                    f"{tables.output_bytes} B for this input")
-            if out.dtype not in (None, dtype) or out.device != self.device:
-                raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
-        elif output is not None:
-            raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
-        else:
+        if not plan.inplace and output is None:
+            output = self._allocate_output(input, buf, tables.output_bytes)
+            out = _describe(output, "output")
+        self._check_output(plan, tables, out, dtype)
+        if plan.inplace:
             output = input
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
         with cupy.cuda.Device(self.device):
@@ -249,7 +409,7 @@ class Communicator:
             remote = [self._peers.open(peers[r][2][t]) for r, t in tables.remote_buffers]
             slots = [in_ptr, out_ptr, scratch.data.ptr, *remote]
             outbound = [self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel)]
-            ops = cupy.asarray(tables.ops.view(np.uint8))
+            ops = cupy.asarray(with_tripwire(tables.ops).view(np.uint8))
             tb_start = cupy.asarray(tables.tb_start)
             slot_table = cupy.asarray(np.asarray(slots, np.uint64))
             outbound_table = cupy.asarray(np.asarray(outbound or [0], np.uint64))
@@ -257,11 +417,51 @@ class Communicator:
         width = vector_bytes(tables.vector_bytes, *slots)
         return _Context(
             tables=tables, arrays=[ops, tb_start, slot_table, outbound_table], scratch=scratch, state=state,
-            semaphore_init=init, vector_bytes=width, output=output,
+            semaphore_init=init, vector_bytes=width, output=output, plan_hash=plan_hash, nbytes=nbytes,
+            slots=tuple(slots), peers=peer_mapping(plan, self.rank),
             args=(ops, tb_start, slot_table, outbound_table, self._inbound, self._expected, self._barriers,
                   state[2:], state, np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
                   np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0)),
         )
+
+    def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int) -> str:
+        """Why this rank cannot run a captured execution on these buffers through a record of ``ctx``, or ''."""
+        misaligned = [p for p in (in_ptr, out_ptr) if p % ctx.vector_bytes]
+        if misaligned:
+            return f"a buffer is not aligned to the plan's {ctx.vector_bytes}-byte vectors"
+        if ctx.records is None or ctx.records.free == 0:
+            return f"all {GRAPH_RECORDS} free binding records of this plan and size are taken in this capture()"
+        shared = [p for t, p in (("i", in_ptr), ("o", out_ptr)) if t in ctx.peers.exported]
+        if not all(ipc_capable(p) for p in shared):
+            return "a buffer cannot be shared by CUDA IPC (expandable segments or virtual memory)"
+        return ""
+
+    def _add_records(self, ctx: _Context) -> None:
+        """Top ``ctx`` up to GRAPH_RECORDS free binding records, written disarmed (outside any capture)."""
+        cupy = self._cupy
+        if ctx.records is None:
+            ctx.records = _Records(BindingLayout(ctx.tables.nthreadblocks, len(ctx.slots)))
+        if ctx.records.free >= GRAPH_RECORDS:
+            return
+        with cupy.cuda.Device(self.device):
+            if self._tripwire is None:
+                self._marker = cupy.full(TRIPWIRE_BYTES, 0x5E, cupy.uint8)
+                host = cupy.cuda.runtime.hostAlloc(TRIPWIRE_BYTES, HOST_ALLOC_PORTABLE_MAPPED)
+                self._tripwire = np.ctypeslib.as_array((ctypes.c_int32 * (TRIPWIRE_BYTES // 4)).from_address(host))
+                self._tripwire[:] = 0
+            layout = ctx.records.layout
+            # mapped pinned memory has one address under UVA, as the error record's
+            disarmed = layout.disarmed(len(ctx.tables.ops), self._marker.data.ptr, self._tripwire.ctypes.data)
+            chunk = cupy.asarray(np.tile(disarmed, GRAPH_RECORDS))
+            cupy.cuda.runtime.deviceSynchronize()
+        ctx.records.chunks.append(chunk)
+
+    def _check_tripwire(self) -> None:
+        if self._tripwire is not None and self._tripwire.any():
+            self._tripwire[:] = 0
+            raise ExecutorError("executor: a CUDA graph replayed executions captured inside comm.capture() before "
+                                "their buffers were registered, so they did nothing; leave capture() (or call "
+                                "register_graph_buffers()) before replaying")
 
     def _stream(self, stream: Any, framework: str):
         if stream is None:
@@ -286,7 +486,7 @@ class Communicator:
             self._kernels[(dtype, width)] = k
         return k
 
-    def _launch(self, ctx: _Context, dtype: str, framework: str, stream: Any) -> None:
+    def _launch(self, ctx: _Context, dtype: str, framework: str, stream: Any, args: tuple | None = None) -> None:
         t = ctx.tables
         if t.nthreadblocks == 0:
             return
@@ -299,7 +499,7 @@ class Communicator:
             raise ExecutorError(f"executor: plan needs {t.nthreadblocks} thread blocks of {t.threads} threads at "
                                 f"once but GPU {self.device} holds {fits}; compile it with fewer --instances "
                                 "or --threads")
-        kernel((t.nthreadblocks,), (t.threads,), ctx.args, stream=self._stream(stream, framework))
+        kernel((t.nthreadblocks,), (t.threads,), args or ctx.args, stream=self._stream(stream, framework))
 
     def _raise_device_error(self) -> None:
         words = [int(w) for w in self._error]

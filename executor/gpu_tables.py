@@ -6,16 +6,20 @@ reductions become one transfer that sums every source into every destination. A 
 slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``) and a byte offset, so the kernel does
 no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
 
+Executions captured in CUDA graphs on buffers of their own get binding records (``BindingLayout``); what a
+record holds once peers have told each other their buffers is worked out here too (``peer_slots``).
+
 >>> from schedules.plan import load_plan
 >>> plan = load_plan("tests/fixtures/plans/allpairs_allreduce_2.json")
 >>> t = build_tables(plan, 0, 1024)
->>> t.chunk_bytes, len(t.ops), list(t.tb_start), t.vector_bytes
+>>> t.chunk_bytes, len(t.ops), t.tb_start.tolist(), t.vector_bytes
 (512, 7, [0, 7], 16)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -172,6 +176,148 @@ class _Layout:
         flags = (PACKET if packet else 0) | (SCRATCH if btype == "s" and self.plan.use_double_scratch_buffer else 0)
         unit = self.scratch_chunk if btype == "s" else self.chunk
         return ref.index * unit, slot, flags
+
+
+TRIPWIRE_BYTES = 16
+
+
+def tripwire_op() -> np.void:
+    """A 16-byte copy from buffer slot 0 to slot 1: the one op a disarmed graph binding runs (``BindingLayout``)."""
+    rec = _record(TRANSFER)
+    rec["nsrc"], rec["ndst"], rec["bytes"], rec["plan_op"] = 1, 1, TRIPWIRE_BYTES, -1
+    rec["src"][0] = (0, 0, 0)
+    rec["dst"][0] = (0, 1, 0)
+    return rec
+
+
+def with_tripwire(ops: np.ndarray) -> np.ndarray:
+    """``ops`` and the tripwire op after them, at index ``len(ops)``, outside every thread block's range."""
+    return np.concatenate([ops, np.asarray([tripwire_op()], OP_DTYPE)])
+
+
+@dataclass(frozen=True)
+class BindingLayout:
+    """One graph-captured execution's own device tables, in one record: a ``tb_start`` and the buffer slots.
+
+    An execution captured in a CUDA graph keeps its context's ops, scratch and counters and gets a record of
+    its own, so that the graph reads and writes the captured buffers. Records are written before the capture
+    *disarmed*: block 0 runs only the tripwire op (which its context appends to its ops), copying a marker
+    from slot 0 into slot 1, a host-mapped word, and every other block runs nothing. A graph replayed before
+    its buffers are registered therefore touches no buffer and tells the host so. Registration *arms* the
+    record: the plan's own ranges and the execution's buffers.
+
+    >>> layout = BindingLayout(nthreadblocks=2, nslots=4)
+    >>> layout.tb_bytes, layout.stride
+    (16, 48)
+    >>> layout.disarmed(7, marker=0x100, tripwire=0x200)[:12].view(np.int32).tolist()
+    [7, 8, 8]
+    """
+
+    nthreadblocks: int
+    nslots: int
+
+    @property
+    def tb_bytes(self) -> int:
+        return _whole_units(4 * (self.nthreadblocks + 1), 16)
+
+    @property
+    def stride(self) -> int:
+        """Bytes per record: slots start 16-byte aligned, and so does the next record."""
+        return self.tb_bytes + _whole_units(8 * self.nslots, 16)
+
+    def disarmed(self, tripwire_index: int, marker: int, tripwire: int) -> np.ndarray:
+        """The record that runs only the tripwire op: from ``marker`` (device) into ``tripwire`` (host-mapped)."""
+        tb_start = np.full(self.nthreadblocks + 1, tripwire_index + 1, np.int32)
+        tb_start[0] = tripwire_index
+        slots = np.zeros(self.nslots, np.uint64)
+        slots[:2] = marker, tripwire
+        return self._record(tb_start, slots)
+
+    def armed(self, tb_start: np.ndarray, slots: tuple[int, ...]) -> np.ndarray:
+        """The record that runs the plan (``tb_start`` as built) on ``slots``."""
+        if len(tb_start) != self.nthreadblocks + 1 or len(slots) != self.nslots:
+            raise ExecutorError(f"executor: a binding record holds {self.nthreadblocks} thread blocks and "
+                                f"{self.nslots} slots, not {len(tb_start) - 1} and {len(slots)}")
+        return self._record(np.asarray(tb_start, np.int32), np.asarray(slots, np.uint64))
+
+    def _record(self, tb_start: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        record = np.zeros(self.stride, np.uint8)
+        record[:tb_start.nbytes] = tb_start.view(np.uint8)
+        record[self.tb_bytes:self.tb_bytes + slots.nbytes] = slots.view(np.uint8)
+        return record
+
+
+@dataclass(frozen=True)
+class PeerMapping:
+    """Which inputs and outputs a plan's ranks map across (one-shot plans read peers' inputs, some write outputs)."""
+
+    deferred: tuple[tuple[int, int, str], ...]  # (slot, peer rank, buffer type i|o): peers' buffers this rank maps
+    exported: tuple[str, ...]  # the types (i, o) of this rank's buffers that peers map
+    collective: bool  # whether any rank maps another's input or output
+
+
+def peer_mapping(plan: Plan, rank: int) -> PeerMapping:
+    """The inputs and outputs ``rank`` maps from peers, and which of its own they map."""
+    mine = plan.gpus[rank].remote_buffers
+    return PeerMapping(
+        deferred=tuple((3 + k, b.rank, b.type) for k, b in enumerate(mine) if b.type in "io"),
+        exported=tuple(sorted({b.type for g in plan.gpus for b in g.remote_buffers
+                               if b.rank == rank and b.type in "io"})),
+        collective=any(b.type in "io" for g in plan.gpus for b in g.remote_buffers),
+    )
+
+
+@dataclass(frozen=True)
+class CapturedExecution:
+    """An execution captured zero-copy and not yet registered: its record, buffers, and what peers must tell it."""
+
+    plan_hash: str
+    nbytes: int
+    slots: tuple[int, ...]  # 0 in the deferred slots
+    deferred: tuple[tuple[int, int, str], ...]  # (slot, peer rank, buffer type i|o)
+    shared: tuple[tuple[str, int], ...]  # (buffer type, address) of this rank's buffers that peers map
+    record: int  # index in its context's records
+    context: Any = None
+
+
+def share_records(executions: list[CapturedExecution], export: Callable[[int], Any]) -> list[tuple]:
+    """What this rank tells its peers, in capture order: (plan, size, {buffer type: exported buffer} or why not)."""
+    records = []
+    for e in executions:
+        try:
+            shares: Any = {t: export(pointer) for t, pointer in e.shared}
+        except Exception as err:  # CUDA's own error types; every rank must hear of it, not only this one
+            shares = f"cannot export its buffers by CUDA IPC after the capture: {err}"
+        records.append((e.plan_hash, e.nbytes, shares))
+    return records
+
+
+def peer_slots(executions: list[CapturedExecution], gathered: list[list[tuple]], rank: int,
+               open_buffer: Callable[[Any], int]) -> list[tuple[int, ...]]:
+    """Each execution's slots with its peers' buffers opened, from every rank's ``share_records`` (capture order)."""
+    counts = [len(records) for records in gathered]
+    if len(set(counts)) > 1:
+        raise ExecutorError(f"executor: ranks 0..{len(counts) - 1} captured {counts} executions whose peers map "
+                            "their buffers; every rank must capture the same sequence")
+    filled = []
+    for k, e in enumerate(executions):
+        for r, records in enumerate(gathered):
+            plan_hash, nbytes, shares = records[k]
+            if isinstance(shares, str):
+                raise ExecutorError(f"executor: captured execution {k}: rank {r} {shares}")
+            if (plan_hash, nbytes) != (e.plan_hash, e.nbytes):
+                raise ExecutorError(f"executor: captured execution {k}: rank {r} ran another plan or size "
+                                    f"({nbytes} B) than rank {rank} ({e.nbytes} B); every rank must capture the "
+                                    "same sequence")
+        slots = list(e.slots)
+        for slot, peer, btype in e.deferred:
+            slots[slot] = open_buffer(gathered[peer][k][2][btype])
+        filled.append(tuple(slots))
+    return filled
+
+
+def _whole_units(nbytes: int, unit: int) -> int:
+    return (nbytes + unit - 1) // unit * unit
 
 
 def _record(kind: int) -> np.void:

@@ -9,16 +9,24 @@ Each call takes the registry's plan for its collective, size and dtype on this m
 
 Buffers: the executor creates a context per (plan, size, buffers) collectively, with allocations, an exchange
 of IPC handles through the store and a device synchronize, none of which may happen during CUDA-graph capture.
-So every call runs on two staging buffers this communicator allocated once with cudaMalloc (always shareable
-by IPC, whatever the caller's allocator: expandable segments never reach the executor): the input is copied
-in, the plan runs staging to staging, the result is copied out. A size's context is made on its first eager
-call; a graph captures only copies and the plan's kernel. A size first seen inside a capture goes to NCCL for
-that graph (logged), or is prepared beforehand with ``capture(sizes=...)``. A producer that writes straight
-into ``staging_input(...)`` saves the copy in.
+So a size's context is made on its first eager call, on two staging buffers this communicator allocated once
+with cudaMalloc (always shareable by IPC, whatever the caller's allocator). An eager call copies its input in,
+runs the plan staging to staging and copies the result out; a producer that writes straight into
+``staging_input(...)`` saves the copy in. A size first seen inside a capture goes to NCCL for that graph
+(logged), or is prepared beforehand with ``capture(sizes=...)``.
 
-Reusing the staging buffers call after call is safe because calls are ordered on the caller's stream (one
-stream per communicator, as engines run their collectives) and only plans that a rank can run again before its
-peers finished the previous execution are chosen (``torch_plans.safe_back_to_back``: LL, double scratch).
+CUDA graphs, zero-copy: graphs captured inside ``with comm.capture():`` run the plan on the captured tensors
+themselves (``PlanCommunicator.execute_captured``), through the size's context, and leaving the block registers
+them on every rank before any replay (vLLM's graph buffer registration). The chosen plans write peers only in
+their scratch, so no peer maps a captured tensor and tensors from expandable segments bind too; a plan whose
+peers map the tensors would exchange their IPC handles at registration, and any tensor that cannot be shared
+(or is not aligned to the plan's vectors) keeps the staging path for that call, decided while capturing.
+Graphs captured outside ``capture()`` use the staging path. ``paths`` counts the calls each path took.
+
+Reusing the staging buffers and contexts call after call is safe because calls are ordered on the caller's
+stream (one stream per communicator, as engines run their collectives) and only plans that a rank can run again
+before its peers finished the previous execution are chosen (``torch_plans.safe_back_to_back``: LL, double
+scratch, peers written only in their scratch).
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ class Communicator(PlanCommunicator):
         self._ready: set[tuple[str, int, str]] = set()
         self._staged_views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._started = False
+        self.paths = {"zero_copy": 0, "staging": 0, "nccl": 0}  # calls by path; a captured call counts once
         self.handle = torch_ops.register(self)
         why = ""
         try:
@@ -121,10 +130,29 @@ class Communicator(PlanCommunicator):
 
     @contextmanager
     def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16) -> Iterator["Communicator"]:
-        """Prepare all-reduce contexts for these message sizes (bytes), then capture graphs inside the block."""
-        for nbytes in sizes:
-            self.prepare("allreduce", nbytes, dtype)
-        yield self
+        """Capture CUDA graphs inside this block with weft's collectives reading and writing the captured tensors.
+
+        Prepares the all-reduce contexts of ``sizes`` (message bytes) first. Leaving the block registers the
+        captured tensors on every rank (collective): replay the graphs after it, or call
+        ``register_graph_buffers()`` before replaying inside it. A graph replayed before its tensors are
+        registered runs none of its weft calls, and the next weft call, or leaving the block, raises.
+        """
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("weft: enter comm.capture() before capturing a graph, not inside the capture")
+        if not self._started:  # NCCL throughout: nothing to register
+            yield self
+            return
+        with PlanCommunicator.capture(self):
+            for nbytes in sizes:
+                self.prepare("allreduce", nbytes, dtype)
+            yield self
+
+    def register_graph_buffers(self) -> None:
+        """Register the tensors of the calls captured so far inside ``capture()`` (collective), before replaying."""
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("weft: register_graph_buffers() runs after a graph capture ends, not inside it")
+        if self._started:
+            super().register_graph_buffers()
 
     def prepare(self, collective: str, nbytes: int, dtype: torch.dtype = torch.bfloat16) -> bool:
         """Create the context for one collective and size now (collective, eager); whether weft will run it."""
@@ -150,53 +178,82 @@ class Communicator(PlanCommunicator):
     # ------------------------------------------------------------------ the ops' bodies (eager or captured)
 
     def all_reduce_eager(self, tensor: torch.Tensor) -> torch.Tensor:
-        staged = self._run("allreduce", tensor, tensor.numel())
-        if staged is not None:
-            return staged.view(tensor.shape).clone()
-        out = tensor.clone()
-        dist.all_reduce(out, group=self.group)
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        plan = self._weft_plan("allreduce", tensor, tensor.numel())
+        if plan is None:
+            out.copy_(tensor)
+            dist.all_reduce(out, group=self.group)
+        elif not self._zero_copy(plan, tensor, out):
+            out.copy_(self._stage(plan, tensor, tensor.numel()).view(tensor.shape))
         return out
 
     def all_reduce_eager_(self, tensor: torch.Tensor) -> None:
-        staged = self._run("allreduce", tensor, tensor.numel())
-        if staged is not None:
-            tensor.copy_(staged.view(tensor.shape))
-        else:
+        plan = self._weft_plan("allreduce", tensor, tensor.numel())
+        if plan is None:
             dist.all_reduce(tensor, group=self.group)
+            return
+        # the plans are out of place, so a captured in-place call reads the tensor and copies the sum back
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format) if self._in_graph() else None
+        if out is None or not self._zero_copy(plan, tensor, out):
+            out = self._stage(plan, tensor, tensor.numel()).view(tensor.shape)
+        tensor.copy_(out)
 
     def all_gather_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        staged = self._run("allgather", tensor, output.numel())
-        if staged is not None:
-            output.copy_(staged.view(output.shape))
-        else:
+        plan = self._weft_plan("allgather", tensor, output.numel())
+        if plan is None:
             dist.all_gather_into_tensor(output, tensor, group=self.group)
+        elif not self._zero_copy(plan, tensor, output):
+            output.copy_(self._stage(plan, tensor, output.numel()).view(output.shape))
 
     def reduce_scatter_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        staged = self._run("reducescatter", tensor, output.numel())
-        if staged is not None:
-            output.copy_(staged.view(output.shape))
-        else:
+        plan = self._weft_plan("reducescatter", tensor, output.numel())
+        if plan is None:
             dist.reduce_scatter_tensor(output, tensor, group=self.group)
+        elif not self._zero_copy(plan, tensor, output):
+            output.copy_(self._stage(plan, tensor, output.numel()).view(output.shape))
 
     # ------------------------------------------------------------------ internals
 
-    def _run(self, collective: str, tensor: torch.Tensor, out_numel: int) -> torch.Tensor | None:
-        """Run ``collective`` through the staging buffers; the staged output, or None if NCCL must run it."""
-        size = tensor.element_size()
-        nbytes = max(tensor.numel(), out_numel) * size
+    def _weft_plan(self, collective: str, tensor: torch.Tensor, out_numel: int):
+        """The plan weft runs this call with, or None (logged, counted) where NCCL must run it."""
+        nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         plan = self.plan_for(collective, nbytes, tensor.dtype)
         if plan is None:
             self._fallback(collective, nbytes, tensor.dtype, "no plan" if self.enabled else "weft disabled")
-            return None
-        if torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype):
+        elif torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype):
             self._fallback(collective, nbytes, tensor.dtype, "first seen inside graph capture; warm up or "
                                                              "use capture(sizes=...) before capturing")
-            return None
+            plan = None
+        if plan is None:
+            self.paths["nccl"] += 1
+        return plan
+
+    def _in_graph(self) -> bool:
+        """Whether a graph is capturing inside ``capture()``, where calls bind the captured tensors."""
+        return self._started and self._graph_mode and torch.cuda.is_current_stream_capturing()
+
+    def _zero_copy(self, plan, tensor: torch.Tensor, output: torch.Tensor) -> bool:
+        """Inside ``capture()``, capture ``plan`` on ``tensor`` and ``output`` themselves; whether it did."""
+        if not self._in_graph():
+            return False
+        nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
+        why = "the tensor is not contiguous" if not (tensor.is_contiguous() and output.is_contiguous()) else ""
+        why = why or self.execute_captured(plan, tensor, output)
+        if why:
+            self._fallback(plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph")
+            return False
+        self.paths["zero_copy"] += 1
+        return True
+
+    def _stage(self, plan, tensor: torch.Tensor, out_numel: int) -> torch.Tensor:
+        """Run ``plan`` through the staging buffers; the staged output."""
+        nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         source, staged = self._views(tensor.numel(), out_numel, tensor.dtype)
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
             source.view(tensor.shape).copy_(tensor)
         self.execute(plan, source, staged)
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype]))
+        self.paths["staging"] += 1
         return staged
 
     def _views(self, numel: int, out_numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,12 +266,12 @@ class Communicator(PlanCommunicator):
             self._staged_views[key] = views
         return views
 
-    def _fallback(self, collective: str, nbytes: int, dtype: torch.dtype, why: str) -> None:
+    def _fallback(self, collective: str, nbytes: int, dtype: torch.dtype, why: str, path: str = "on NCCL") -> None:
         size_class = (collective, nbytes.bit_length(), dtype, why)
         if size_class not in self._logged:
             self._logged.add(size_class)
             low, high = 1 << max(nbytes.bit_length() - 1, 0), (1 << nbytes.bit_length()) - 1
-            log.warning("weft: %s of %d..%d B in %s runs on NCCL: %s", collective, low, high, str(dtype)[6:], why)
+            log.warning("weft: %s of %d..%d B in %s runs %s: %s", collective, low, high, str(dtype)[6:], path, why)
 
     def _allocate_staging(self) -> str:
         """Allocate the staging buffers with cudaMalloc (through CuPy) and check they export; why not, or ''."""
