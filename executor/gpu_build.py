@@ -90,5 +90,6 @@ def resident_blocks(kernel, threads: int, device: int) -> int:
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(device)
-    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, threads, 0)
+    function = getattr(kernel, "kernel", kernel)  # a RawKernel wraps the driver function
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, 0)
     return int(per_sm) * int(props["multiProcessorCount"])
