@@ -22,36 +22,42 @@ from codegen.fuse import fuse
 from codegen.lower import lower
 from codegen.merge import merge_ranges
 from codegen.protocol import CodegenError, choose_protocol, size_range
-from codegen.replicate import replicate
+from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
 from schedules.plan import Plan, PlanMeta
 from schedules.schedule import Schedule
 
-MAX_INSTANCES = 128
+MAX_INSTANCES = 256
 MAX_THREADS = 1024
 
 __all__ = ["CodegenError", "compile_schedule"]
 
 
 def compile_schedule(schedule: Schedule, topology: object = None, instances: int = 1, protocol: str = "auto",
-                     inplace: bool = False, threads: int = 1024, double_scratch: bool | None = None) -> Plan:
+                     inplace: bool = False, threads: int = 1024, double_scratch: bool | None = None,
+                     pipeline: int = 1) -> Plan:
     """The execution Plan for ``schedule`` (``topology`` is only recorded: the schedule already fits it).
 
     ``threads`` is the thread-block size. ``double_scratch`` alternates scratch halves between launches (default:
     LL plans only); for a Simple plan it doubles scratch but can drop the entry handshake (``codegen.launches``).
+    ``pipeline`` cuts each instance's piece into that many sub-pieces that overlap transfer and combining.
     """
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
     if not isinstance(threads, int) or threads % 32 or not 32 <= threads <= MAX_THREADS:
         raise CodegenError(f"--threads: must be a multiple of 32 from 32 to {MAX_THREADS}, got {threads!r}")
+    if not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_INSTANCES // instances:
+        raise CodegenError(f"--pipeline: must be an integer from 1 to {MAX_INSTANCES // instances} with "
+                           f"{instances} instance(s) (instances x pipeline <= {MAX_INSTANCES}), got {pipeline!r}")
     chosen = choose_protocol(schedule, protocol)
     double = chosen == "LL" if double_scratch is None else bool(double_scratch)
     if chosen == "LL" and not double:
         raise CodegenError("--double-scratch: LL plans always alternate scratch halves (packet flags need it)")
     collective = schedule.collective
     placement = place_buffers(collective, inplace)
-    actions = replicate(lower(schedule, placement, chosen == "LL"), instances, placement)
+    actions = split_pipeline(lower(schedule, placement, chosen == "LL"), instances, pipeline, placement)
+    copies = instances * pipeline
     assign_threadblocks(actions)
     programs = insert_sync(merge_ranges(actions), double_scratch=double)
     programs = {r: {t: fuse(ops) for t, ops in tbs.items()} for r, tbs in programs.items()}
@@ -61,10 +67,11 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
                     chunks=collective.chunks, root=collective.root, instances=instances,
                     predicted_us=dict(schedule.meta.predicted_us))
     name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"
-    name += (f"-t{threads}" if threads != MAX_THREADS else "") + ("-2s" if double and chosen != "LL" else "")
+    name += (f"-p{pipeline}" if pipeline > 1 else "") + (f"-t{threads}" if threads != MAX_THREADS else "")
+    name += "-2s" if double and chosen != "LL" else ""
     plan = assemble(programs, name=name, collective=collective.name, protocol=chosen, inplace=inplace,
-                    nranks=collective.nranks, input_chunks=placement.input_chunks * instances,
-                    output_chunks=placement.output_chunks * instances,
-                    scratch=[s * instances for s in placement.scratch], meta=meta)
+                    nranks=collective.nranks, input_chunks=placement.input_chunks * copies,
+                    output_chunks=placement.output_chunks * copies,
+                    scratch=[s * copies for s in placement.scratch], meta=meta)
     return replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
                    use_double_scratch_buffer=double)

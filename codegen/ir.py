@@ -32,7 +32,7 @@ class Loc:
 
 @dataclass
 class Action:
-    """One rank's part of the schedule, in the order ``(step, phase, seq)`` that every pass respects.
+    """One rank's part of the schedule, in the order ``order`` that every pass respects.
 
     Phases follow the schedule's step semantics: sends read the state at the start of a step (phase 0),
     arrivals land (1), then combining and unpacking write the new state (2); final copies come last (3).
@@ -50,10 +50,19 @@ class Action:
     instance: int = 0
     tb: int = -1
     sends: tuple[int, ...] = ()  # ARRIVE: the seqs of the SEND actions (on the peer) whose data lands here
+    piece: int = 0  # pipelining: which sub-chunk of its instance (``codegen.replicate.pipeline``)
 
     @property
-    def order(self) -> tuple[int, int, int]:
-        return (self.step, self.phase, self.seq)
+    def order(self) -> tuple[int, int, int, int, int]:
+        """Where the action runs: the sends of step 0 first, then each step piece by piece (``piece``: pipelining),
+        with a piece's sends of the next step right after that piece's combining in this one.
+
+        Unpipelined (every piece 0) this is the order (step, phase, seq). Pipelined, a receiver combines piece 0
+        and forwards it while later pieces are still arriving; pieces are disjoint, so step semantics hold per piece.
+        """
+        if self.kind == SEND and self.step > 0:
+            return (self.step - 1, 1, self.piece, 3, self.seq)
+        return (self.step, 0 if self.kind == SEND else 1, self.piece, self.phase, self.seq)
 
     @property
     def role(self) -> tuple:

@@ -54,7 +54,7 @@ def _runs(prog: list[Action], joins) -> list[list[Action]]:
 
 def _adjacent(a: Action, b: Action) -> bool:
     """b continues a: same kind, step, phase and peer, and every range picks up where a's ended."""
-    return ((a.kind, a.step, a.phase, a.peer, a.packet) == (b.kind, b.step, b.phase, b.peer, b.packet)
+    return ((a.kind, a.step, a.phase, a.peer, a.packet, a.piece) == (b.kind, b.step, b.phase, b.peer, b.packet, b.piece)
             and len(a.src) == len(b.src) and len(a.dst) == len(b.dst)
             and all(y.follows(x) for x, y in zip(a.src, b.src)) and all(y.follows(x) for x, y in zip(a.dst, b.dst)))
 

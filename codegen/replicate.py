@@ -8,6 +8,10 @@ pieces would leave k-strided ranges, one op per chunk). A section is one rank's 
 buffer (``chunks`` long), or the whole buffer where every rank holds every chunk at the same index
 (allreduce, broadcast, reduce); the data layout of every collective is unchanged, since matching slices on
 every rank and in both buffers (in place too) are cut alike. Scratch is one section per rank.
+
+Pipelining (``pipeline``) cuts each instance's piece again, into sub-pieces that keep the instance's thread blocks
+and channels and run one after another within each step (``Action.order``): a receiver combines sub-piece 0 while
+sub-piece 1 is still on the wire, where unpipelined it would wait for its whole piece first.
 """
 
 from __future__ import annotations
@@ -40,3 +44,11 @@ def replicate(actions: list[Action], instances: int, placement: Placement) -> li
             out.append(replace(a, seq=a.seq * instances + i, instance=i, src=tuple(p[i] for p in src),
                                dst=tuple(p[i] for p in dst), sends=tuple(s * instances + i for s in a.sends)))
     return out
+
+
+def pipeline(actions: list[Action], instances: int, depth: int, placement: Placement) -> list[Action]:
+    """``instances`` copies, each moving its piece as ``depth`` sub-pieces in turn on the same thread blocks."""
+    copies = replicate(actions, instances * depth, placement)
+    if depth == 1:
+        return copies
+    return [replace(a, instance=a.instance // depth, piece=a.instance % depth) for a in copies]

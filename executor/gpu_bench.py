@@ -177,6 +177,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             "algbw": algbw, "busbw": algbw * BUS_FACTOR[config.collective](world) if algbw else None,
             "speedup": med["nccl"] / weft_us if weft_us else None, "wrong": wrong,
             "plan": best[5:] if best else None, "plan_hash": plan_hash, "raw_us": raw, "median_us": med,
+            "plans_us": {p.content_hash: med[f"weft:{p.name}"] for p in candidates},
         })
         if progress:
             progress(f"{nbytes} B: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))

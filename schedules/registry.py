@@ -302,8 +302,9 @@ class Registry:
                              f"no plan for {collective} on {topology} at {nbytes} bytes"
                              + (f" in {dtype}" if dtype else ""), tuple(bad))
 
-        # Each entry competes on its best evidence: its measured time where it has one, else its prediction.
-        scored = sorted(candidates, key=lambda e: (e.estimate_us(nbytes)[1] or math.inf, e.id))
+        # Measurements beat predictions: where any candidate was measured, only measured ones compete.
+        measured = [e for e in candidates if e.measured_us]
+        scored = sorted(measured or candidates, key=lambda e: (e.estimate_us(nbytes)[1] or math.inf, e.id))
         best = scored[0]
         basis, t = best.estimate_us(nbytes)
         return Selection(best, basis, t, "", tuple(bad))

@@ -164,3 +164,28 @@ def test_default_location_follows_environment(monkeypatch, tmp_path):
     assert Registry().location == str(tmp_path / "r")
     monkeypatch.delenv("WEFT_REGISTRY")
     assert Registry().location.endswith("registry")
+
+
+def test_a_measured_entry_beats_an_unmeasured_one_with_a_rosier_prediction(tmp_path):
+    reg = Registry(tmp_path)
+    measured = commit(reg, "measured", predicted={1 << 20: 10.0})
+    commit(reg, "only-predicted", predicted={1 << 20: 1.0})  # the cost model's optimism must not win
+    reg.record_timing(measured.id, 1 << 20, 20.0)
+    sel = reg.select(TOPO, "allgather", 1 << 20)
+    assert sel.entry.id == measured.id and sel.basis == "measured"
+
+
+def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
+    from argparse import Namespace
+
+    from weft.cli.gpu import _record
+
+    reg = Registry(tmp_path)
+    a, b = commit(reg, "a"), commit(reg, "b")
+    rows = [{"size": 1024, "wrong": 0, "plan_hash": a.plan.content_hash, "weft_us": 5.0,
+             "plans_us": {a.plan.content_hash: 5.0, b.plan.content_hash: 7.0, "not-in-registry": 1.0}},
+            {"size": 4096, "wrong": 1, "plan_hash": b.plan.content_hash, "weft_us": 6.0,
+             "plans_us": {a.plan.content_hash: 9.0, b.plan.content_hash: 6.0}}]
+    _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
+    assert reg.get(a.id).measured_us == {1024: 5.0} and reg.get(b.id).measured_us == {1024: 7.0}
+    assert reg.select(TOPO, "allgather", 1024).entry.id == a.id

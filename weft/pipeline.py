@@ -48,15 +48,16 @@ def check(plan: Plan, sizes: list[int] | None = None, dtypes: tuple[str, ...] | 
 
 
 def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 1, protocol: str = "auto",
-                       inplace: bool = False, progress: Callable[[str], None] | None = None) -> Plan:
+                       inplace: bool = False, progress: Callable[[str], None] | None = None, **options) -> Plan:
     """A plan for ``schedule`` that passed the schedule verifier and the reference executor (3 sizes × 3 dtypes,
-    the first of them as 2 or 3 launches back to back on the same buffers)."""
+    the first of them as 2 or 3 launches back to back on the same buffers). ``options``: codegen's ``threads``,
+    ``pipeline`` and ``double_scratch``."""
     from codegen import compile_schedule
     from schedules.cost import predict_us
     from schedules.verify import require_valid
 
     require_valid(schedule, topology)
-    plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace)
+    plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace, **options)
     predicted = {format_bytes(n): predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
     plan = plan.with_meta(predicted_us=predicted, dtypes=DTYPES)
     return plan.with_meta(verification=check(plan, progress=progress))

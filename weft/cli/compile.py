@@ -20,6 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--instances", type=int, default=1, help="thread blocks per chunk (each chunk split k ways)")
     p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"),
                    help="Simple, LL packets, or auto (LL for schedules of at most 2 steps)")
+    p.add_argument("--pipeline", type=int, default=1,
+                   help="sub-pieces per instance, moved in turn so that transfer and combining overlap")
+    p.add_argument("--threads", type=int, default=1024, help="threads per thread block (multiple of 32, <= 1024)")
+    p.add_argument("--double-scratch", dest="double_scratch", action="store_true", default=None,
+                   help="alternate scratch halves between launches (LL always does; Simple: 2x scratch, "
+                        "fewer entry handshakes)")
     p.add_argument("--inplace", action="store_true", help="input and output share one buffer")
     p.add_argument("--format", default="plan", choices=("plan", "msccl-xml"), help="output format")
     p.add_argument("-o", "--output", required=True, help="file to write")
@@ -37,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     schedule = load_schedule(args.schedule)
     topology = resolve(args.topology)
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
-                                       inplace=args.inplace, progress=None)
+                                       inplace=args.inplace, progress=None, threads=args.threads,
+                                       pipeline=args.pipeline, double_scratch=args.double_scratch)
     out = Path(args.output)
     if args.format == "msccl-xml":
         from codegen.msccl_xml import to_msccl_xml
@@ -48,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         pipeline.save_plan(plan, out)
     record = plan.weft.verification or {}
     summary = {"plan": plan.name, "plan_hash": plan.content_hash, "protocol": plan.protocol,
-               "instances": args.instances, "threadblocks": max(len(g.threadblocks) for g in plan.gpus),
+               "instances": args.instances, "pipeline": args.pipeline, "threads": plan.num_threads_per_block,
+               "threadblocks": max(len(g.threadblocks) for g in plan.gpus),
                "min_message_size": plan.min_message_size, "max_message_size": plan.max_message_size,
                "verified_sizes": record.get("sizes", []), "verified_dtypes": record.get("dtypes", []),
                "format": args.format, "written": str(out)}

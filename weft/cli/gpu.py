@@ -298,14 +298,19 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
-    """Measured times into the registry entries of the plans that produced them, so `select` prefers them."""
+    """Every plan's measured time into its registry entry, so `select` compares measurements, not predictions.
+
+    A size whose fastest plan gave a wrong result records nothing."""
     from schedules.registry import Registry
 
     registry = Registry(args.registry)
     ids = {e.plan.content_hash: e.id for e in registry.entries(collective=args.collective)}
     for row in rows:
-        if row["plan_hash"] in ids and not row["wrong"]:
-            registry.record_timing(ids[row["plan_hash"]], row["size"], row["weft_us"])
+        if row["wrong"]:
+            continue
+        for plan_hash, us in row.get("plans_us", {row["plan_hash"]: row["weft_us"]}).items():
+            if plan_hash in ids:
+                registry.record_timing(ids[plan_hash], row["size"], us)
 
 
 def _progress(line: str) -> None:

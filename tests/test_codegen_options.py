@@ -1,0 +1,93 @@
+"""Codegen's tuning options: pipelining, thread-block size and double scratch for Simple plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen import CodegenError, compile_schedule
+from executor.reference import check_plan
+from schedules.collectives import Collective
+from synth import baselines
+from topologies import resolve
+
+TOPO = resolve("hgx_h200:gpus=2")
+TOPO4 = resolve("hgx_h200:gpus=4")
+
+
+def plan_for(collective: str, method: str, topology=TOPO, **options):
+    schedule = getattr(baselines, method)(topology, Collective(collective, topology.nranks))
+    return compile_schedule(schedule, topology, **options)
+
+
+def op_names(plan, rank: int = 0) -> list[list[str]]:
+    return [[op.name for op in tb.ops] for tb in plan.gpus[rank].threadblocks]
+
+
+@pytest.mark.parametrize("topology", [TOPO, TOPO4], ids=["2", "4"])
+@pytest.mark.parametrize("collective,method", [("allreduce", "direct"), ("allreduce", "twoshot"),
+                                               ("allreduce", "ring"), ("reducescatter", "direct"),
+                                               ("allgather", "direct"), ("allgather", "ring")])
+def test_pipelined_plans_are_correct_on_the_reference_executor(topology, collective, method):
+    plan = plan_for(collective, method, topology, instances=2, pipeline=3, protocol="simple", double_scratch=True)
+    unit = plan.size_chunks * 4
+    record = check_plan(plan, [unit * 4, unit * 16 + 4 * plan.size_chunks], dtypes=("fp32", "bf16"))
+    assert record.ok
+
+
+def test_a_pipelined_receiver_combines_each_piece_as_it_lands():
+    plan = plan_for("allreduce", "direct", instances=1, pipeline=4, protocol="simple", double_scratch=True)
+    recv, send = op_names(plan)
+    assert recv == ["wait", "re"] * 4  # unpipelined: one wait for the whole piece, then one reduce
+    assert send == ["pws"] * 4
+    flat = op_names(plan_for("allreduce", "direct", protocol="simple", double_scratch=True))
+    assert flat == [["wait", "re"], ["pws"]]
+
+
+def test_pipelined_twoshot_sends_every_piece_first_then_reduces_and_forwards_each():
+    plan = plan_for("allreduce", "twoshot", pipeline=2, protocol="simple")
+    (tb,) = op_names(plan)[:1]
+    assert tb[:2] == ["pws", "pws"] and tb[2:4] == ["wait", "res"]
+
+
+def test_double_scratch_drops_the_entry_handshake_of_a_one_shot_simple_plan():
+    single = op_names(plan_for("allreduce", "direct", protocol="simple"))
+    double = op_names(plan_for("allreduce", "direct", protocol="simple", double_scratch=True))
+    assert single[0][0] == "signal" and single[1][0] == "wait"  # the reader's ready signal, the writer's wait
+    assert "signal" not in double[0] and double[1] == ["pws"]
+    plan = plan_for("allreduce", "direct", protocol="simple", double_scratch=True)
+    assert plan.use_double_scratch_buffer and plan.name.endswith("-2s")
+    assert check_plan(plan, [plan.size_chunks * 64], dtypes=("fp32",)).ok
+
+
+def test_threads_are_recorded_and_named():
+    plan = plan_for("allreduce", "direct", protocol="ll", instances=4, threads=256)
+    assert plan.num_threads_per_block == 256 and plan.name.endswith("-ll-x4-t256")
+    assert plan_for("allreduce", "direct", protocol="ll").num_threads_per_block == 1024
+
+
+@pytest.mark.parametrize("options,field", [({"threads": 100}, "--threads"), ({"threads": 2048}, "--threads"),
+                                           ({"pipeline": 0}, "--pipeline"),
+                                           ({"instances": 128, "pipeline": 4}, "--pipeline"),
+                                           ({"instances": 512}, "--instances"),
+                                           ({"protocol": "ll", "double_scratch": False}, "--double-scratch")])
+def test_bad_options_are_refused_naming_the_option(options, field):
+    with pytest.raises(CodegenError, match=field):
+        plan_for("allreduce", "direct", **options)
+
+
+def test_weft_compile_takes_the_options(tmp_path, capsys):
+    from weft.cli import main
+
+    schedule = tmp_path / "s.json"
+    assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "direct", "-o", str(schedule)]) == 0
+    out = tmp_path / "p.json"
+    assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--protocol", "simple", "--instances", "4",
+                 "--pipeline", "2", "--threads", "512", "--double-scratch", "-o", str(out), "--json"]) == 0
+    from schedules.plan import load_plan
+
+    plan = load_plan(out)
+    assert plan.num_threads_per_block == 512 and plan.use_double_scratch_buffer and "-x4-p2-t512-2s" in plan.name
+    capsys.readouterr()
+    assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--threads", "33", "-o",
+                 str(tmp_path / "q.json")]) == 2
+    assert "--threads" in capsys.readouterr().err and not (tmp_path / "q.json").exists()
