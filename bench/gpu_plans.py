@@ -3,6 +3,8 @@ reference-executor check), for one topology.
 
     python bench/gpu_plans.py tests/gpu/plans --topology hgx_h200:gpus=2
     python bench/gpu_plans.py /tmp/sweep --set sweep     # the tuning sweep: instances x threads x scratch
+    python bench/gpu_plans.py /tmp/tuned --set tuned     # the registry set (bench/registry_h200x2), then
+    for f in /tmp/tuned/*.json; do weft registry commit "$f" --registry bench/registry_h200x2; done
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from schedules.collectives import Collective
 from schedules.plan import save_plan_file
 from synth import baselines
 from topologies import resolve
+from weft import pipeline
 
 # (collective, method, protocol, instances): ring, direct and two-shot for every collective they exist for,
 # LL variants for small messages and multi-instance variants for large ones.
@@ -45,15 +48,39 @@ SWEEP = ([("allreduce", "direct", "ll", i, t, True) for i in (1, 4, 16, 32, 64) 
          + [(c, "direct", "ll", i, 1024, True) for c in ("allgather", "reducescatter") for i in (1, 8, 32)])
 
 
+# The registry set, from the sweep's winners and their neighbours (bench/NOTES.md): (collective, method, protocol,
+# instances, threads, double scratch, pipeline).
+TUNED = ([("allreduce", "direct", "ll", i, 256, True, 1) for i in (1, 4, 16, 32, 64)]
+         + [("allreduce", "twoshot", "ll", i, 256, True, 1) for i in (32, 64)]
+         + [("allreduce", "direct", "simple", i, 1024, True, p) for i, p in ((16, 1), (32, 1), (64, 1), (32, 2),
+                                                                              (32, 4), (64, 2), (16, 4))]
+         + [("allreduce", "twoshot", "simple", i, t, False, p) for i, t, p in ((64, 1024, 1), (128, 1024, 1),
+                                                                                (64, 1024, 2), (128, 1024, 2),
+                                                                                (256, 512, 1))]
+         + [("allgather", "direct", "ll", i, t, True, 1) for i, t in ((1, 256), (8, 256), (8, 1024), (32, 256))]
+         + [("allgather", "direct", "simple", i, 1024, d, 1) for i in (16, 32, 64, 128) for d in (False, True)]
+         + [("reducescatter", "direct", "ll", i, t, True, 1) for i, t in ((1, 256), (8, 256), (8, 1024), (32, 256))]
+         + [("reducescatter", "direct", "simple", i, 1024, True, p) for i, p in ((32, 1), (64, 1), (128, 1),
+                                                                                  (32, 4), (64, 2))])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--topology", default="hgx_h200:gpus=2")
-    parser.add_argument("--set", choices=("tests", "sweep"), default="tests", help="which plan set to write")
+    parser.add_argument("--set", choices=("tests", "sweep", "tuned"), default="tests", help="which plan set to write")
     args = parser.parse_args()
     topology = resolve(args.topology)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.set == "tuned":
+        for name, method, protocol, instances, threads, double, depth in TUNED:
+            schedule = getattr(baselines, method)(topology, Collective(name, topology.nranks))
+            plan = pipeline.compile_and_verify(schedule, topology, instances=instances, protocol=protocol,
+                                               threads=threads, double_scratch=double, pipeline=depth)
+            pipeline.save_plan(plan, out / f"{plan.name.replace(':', '_').replace('=', '')}.json")
+            print(plan.name)
+        return
     variants = SWEEP if args.set == "sweep" else [v + (1024, None) for v in VARIANTS]
     for name, method, protocol, instances, threads, double in variants:
         try:
