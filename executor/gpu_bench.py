@@ -121,6 +121,18 @@ def matches(collective: str, got, ref, dtype: str) -> bool:
     return bool(((got.float() - ref.float()).abs() <= tol * (ref.float().abs() + 1.0)).all())
 
 
+def _slowest_rank(medians: dict[str, float]) -> dict[str, float]:
+    """Each implementation's median on its slowest rank: a collective takes as long as its last rank, and every rank
+    must then pick the same fastest plan (a rank running another plan than its peers would wait for them)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return medians
+    every: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(every, medians)
+    return {k: max(m[k] for m in every) for k in medians}
+
+
 def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str) -> int:
     """1 if weft's result differs from NCCL's on this rank's data, else 0."""
     ref = nccl_result(collective, x, world)
@@ -161,7 +173,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
                 if i >= config.warmup:
                     raw[name].append(t)
         comm.synchronize()
-        med = {k: statistics.median(v) for k, v in raw.items()}
+        med = _slowest_rank({k: statistics.median(v) for k, v in raw.items()})
         weft = {k: v for k, v in med.items() if k.startswith("weft:")}
         best = min(weft, key=weft.get) if weft else None
         symm = [v for k, v in med.items() if k.startswith("symm:")]
