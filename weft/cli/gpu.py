@@ -188,6 +188,22 @@ def _init_rank(args: argparse.Namespace):
     return Communicator.from_process_group(timeout_s=args.timeout), rank, world
 
 
+def _abandon(rank: int, error: BaseException) -> None:
+    """End a rank that failed, at once: NCCL's teardown would wait for peers that may sit in a collective this rank
+    never reaches (so the error was never shown). The launcher then stops the other ranks."""
+    if isinstance(error, WeftError):
+        print(f"weft: error: rank {rank}: {error}", file=sys.stderr, flush=True)
+        code = error.exit_code
+    else:
+        import traceback
+
+        traceback.print_exception(error, file=sys.stderr)
+        sys.stderr.flush()
+        code = 130 if isinstance(error, KeyboardInterrupt) else 1
+    sys.stdout.flush()
+    os._exit(code)
+
+
 # ---------------------------------------------------------------- weft run
 
 
@@ -236,9 +252,10 @@ def _run(args: argparse.Namespace) -> int:
                      if args.check else ""))
         if not all(oks):
             raise WrongResult(f"plan {plan.name}: result differs from NCCL")
-        return 0
-    finally:
-        dist.destroy_process_group()
+    except BaseException as e:
+        _abandon(rank, e)
+    dist.destroy_process_group()
+    return 0
 
 
 # ---------------------------------------------------------------- weft bench
@@ -292,9 +309,10 @@ def _bench(args: argparse.Namespace) -> int:
                 print(json.dumps(doc["rows"], indent=1))
             else:
                 _print_table(doc, path)
-        return 1 if any(r["wrong"] for r in rows) else 0
-    finally:
-        dist.destroy_process_group()
+    except BaseException as e:
+        _abandon(rank, e)
+    dist.destroy_process_group()
+    return 1 if any(r["wrong"] for r in rows) else 0
 
 
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
