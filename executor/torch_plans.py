@@ -35,11 +35,19 @@ def safe_back_to_back(plan: Plan) -> bool:
     An inference loop executes on the same staging buffers call after call, and nothing orders one rank's next
     execution after its peers' end of the previous one. LL plans with a double scratch buffer write peers only
     in their scratch, in the half of this execution, behind flags; a rank can only be one execution ahead
-    (it needs the peers' packets to finish), so it never overwrites what a peer still reads. A plan that puts
-    into a peer's output or single scratch can overwrite data the peer is still reducing or copying out.
+    (it needs the peers' packets to finish), so it never overwrites what a peer still reads. Any other plan
+    qualifies only with a proof: its verification record (for this very plan) shows the reference executor ran
+    it back to back on the same buffers, with every rank's launches ordered by its own stream alone, and found
+    no race (codegen adds an entry handshake where a peer's write could overtake; ``codegen.launches``).
+    Three launches where scratch halves alternate (the third meets the first's half), else two.
     """
-    return plan.protocol == "LL" and plan.use_double_scratch_buffer and all(
-        b.type == "s" for g in plan.gpus for b in g.remote_buffers)
+    if plan.protocol == "LL" and plan.use_double_scratch_buffer and all(
+            b.type == "s" for g in plan.gpus for b in g.remote_buffers):
+        return True
+    record = plan.weft.verification or {}
+    needed = 3 if plan.use_double_scratch_buffer else 2
+    return (bool(record.get("ok")) and record.get("plan_hash") == plan.content_hash
+            and int(record.get("back_to_back", 1)) >= needed)
 
 
 @dataclass
@@ -69,7 +77,9 @@ class PlanChoice:
                 and e.plan.accepts(nbytes) and (not e.dtypes or dtype in e.dtypes)]
         if not fits:
             return None
-        # Each entry competes on its best evidence, as in Registry.select. The cost model does not price the
-        # protocol, so among equal predictions LL (no flag round trip per step) goes first where it is allowed.
+        # As in Registry.select, measurements beat predictions: where any candidate was measured, only measured
+        # ones compete. The cost model does not price the protocol, so among equal predictions LL (no flag round
+        # trip per step) goes first.
+        fits = [e for e in fits if e.measured_us] or fits
         best = min(fits, key=lambda e: (e.estimate_us(nbytes)[1] or math.inf, e.plan.protocol != "LL", e.id))
         return best.plan

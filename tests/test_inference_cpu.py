@@ -104,24 +104,40 @@ def test_weft_topology_names_the_registry_key():
     assert machine_topology(2, MINE).fingerprint == build(MINE).fingerprint
 
 
-def test_plans_that_write_peer_outputs_are_not_run_back_to_back():
+def test_a_plan_that_writes_peer_outputs_runs_back_to_back_only_with_its_proof():
     topology = build(MINE)
     ll = compile_and_verify(synthesize(topology, "allgather", "direct"), topology, protocol="ll")
     simple = compile_and_verify(synthesize(topology, "allgather", "direct"), topology, protocol="simple")
-    assert (safe_back_to_back(ll), safe_back_to_back(simple)) == (True, False)
+    assert safe_back_to_back(ll) and safe_back_to_back(simple)  # the reference executor ran it back to back
+    record = dict(simple.weft.verification)
+    unproven = [simple.with_meta(verification={**record, "back_to_back": 1}),
+                simple.with_meta(verification={**record, "ok": False}),
+                simple.with_meta(verification={**record, "plan_hash": "0" * 16}),
+                simple.with_meta(verification=None)]
+    assert not any(safe_back_to_back(p) for p in unproven)
 
 
-def test_simple_plans_in_the_registry_are_never_chosen():
+def test_a_double_scratch_simple_plan_needs_three_launches_of_proof():
+    topology = build(MINE)
+    schedule = synthesize(topology, "allreduce", "direct")
+    plan = compile_and_verify(schedule, topology, protocol="simple", double_scratch=True)
+    assert plan.weft.verification["back_to_back"] == 3 and safe_back_to_back(plan)
+    assert not safe_back_to_back(plan.with_meta(verification={**plan.weft.verification, "back_to_back": 2}))
+
+
+def test_proven_simple_plans_in_the_registry_are_chosen():
     location = "memory://inference-cpu-simple-only"
     _commit(location, MINE, "direct", protocol="simple")
-    assert PlanChoice(Registry(location), build(MINE).fingerprint, 2).plan("allreduce", 64 << 10, "bf16") is None
+    plan = PlanChoice(Registry(location), build(MINE).fingerprint, 2).plan("allreduce", 64 << 10, "bf16")
+    assert plan is not None and plan.protocol == "Simple"
 
 
 def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode_size():
     choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x2")), build("hgx_h200:gpus=2").fingerprint, 2)
-    chosen = {batch: choice.plan("allreduce", batch * 8192 * 2, "bf16").name for batch in (1, 16, 32)}
-    assert chosen == {1: "direct-allreduce-hgx_h200:gpus=2-ll-x1", 16: "direct-allreduce-hgx_h200:gpus=2-ll-x16",
-                      32: "direct-allreduce-hgx_h200:gpus=2-ll-x16"}
+    chosen = {batch: choice.plan("allreduce", batch * 8192 * 2, "bf16").name for batch in (1, 4, 16, 64)}
+    assert chosen == {1: "direct-allreduce-hgx_h200:gpus=2-ll-x16-t256", 4: "direct-allreduce-hgx_h200:gpus=2-ll-x64-t256",
+                      16: "direct-allreduce-hgx_h200:gpus=2-ll-x64-t256",
+                      64: "direct-allreduce-hgx_h200:gpus=2-simple-x64-2s"}
 
 
 def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_mode():
