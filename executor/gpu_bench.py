@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from executor.errors import ExecutorError
 from schedules.plan import Plan
 
 BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -86,6 +87,8 @@ def _timer(fn: Callable[[], None], graph: bool, calls: int):
                 fn()
         run = g.replay
     else:
+        fn()  # warm-up, and where a launch is refused it is refused here
+
         def run() -> None:
             for _ in range(calls):
                 fn()
@@ -119,6 +122,17 @@ def matches(collective: str, got, ref, dtype: str) -> bool:
         return bool(torch.equal(got, ref))
     tol = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}[dtype]
     return bool(((got.float() - ref.float()).abs() <= tol * (ref.float().abs() + 1.0)).all())
+
+
+def _refused_anywhere(refused: str) -> bool:
+    """Whether any rank could not run a plan (every rank then skips it, so all keep running the same plans)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return bool(refused)
+    every: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(every, refused)
+    return any(every)
 
 
 def _slowest_rank(medians: dict[str, float]) -> dict[str, float]:
@@ -160,11 +174,22 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             keep.append(buf)
             for name, fn in variants:
                 timers[f"symm:{name}"] = _timer(fn, config.graph, config.calls)
+        runnable = []
         for plan in candidates:
             y = out if config.collective != "allreduce" else torch.empty_like(x)
             keep.append(y)
-            timers[f"weft:{plan.name}"] = _timer(lambda p=plan, y=y: comm.execute(p, x, y), config.graph,
-                                                 config.calls)
+            try:
+                timer = _timer(lambda p=plan, y=y: comm.execute(p, x, y), config.graph, config.calls)
+                refused = ""
+            except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
+                timer, refused = None, str(e)
+            if _refused_anywhere(refused):
+                if progress and refused:
+                    progress(f"skipping {plan.name}: {refused}")
+                continue
+            timers[f"weft:{plan.name}"] = timer
+            runnable.append(plan)
+        candidates = runnable
         comm.synchronize()
         raw: dict[str, list[float]] = {k: [] for k in timers}
         for i in range(config.warmup + config.samples):
