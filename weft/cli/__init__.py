@@ -13,7 +13,7 @@ import sys
 
 from topologies.errors import WeftError
 
-COMMANDS = ("topo", "synth", "compile", "verify", "registry", "gpu", "plot")
+COMMANDS = ("topo", "synth", "compile", "tune", "verify", "registry", "gpu", "plot")
 
 
 class ArgumentError(WeftError):

@@ -1,0 +1,94 @@
+"""weft tune: plan variants per schedule, proven and committed, for selection by measured size."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+
+from schedules.registry import Registry
+from topologies import resolve
+from weft import tuning
+from weft.cli import main
+from weft.synthesis import synthesize
+from weft.tuning import TuneError, TuneOptions, compile_variants, resident_capacity
+
+TOPO = "hgx_h200:gpus=2"
+
+
+def test_the_module_examples_hold():
+    assert doctest.testmod(tuning).failed == 0
+
+
+def test_capacity_follows_the_block_size():
+    assert resident_capacity(1024, 132) == 132 and resident_capacity(512, 132) == 264
+    assert resident_capacity(32, 1) == 32
+
+
+def test_variants_are_proven_and_those_the_gpu_cannot_hold_are_skipped_with_the_reason():
+    topology = resolve(TOPO)
+    schedule = synthesize(topology, "allreduce", "direct")
+    options = TuneOptions(instances=(1, 128), threads=(256, 1024), protocols=("ll", "simple"))
+    outcomes = {o.variant.label: o for o in compile_variants(schedule, topology, options)}
+    assert set(outcomes) == {"ll-x1-t256", "ll-x1", "ll-x128-t256", "ll-x128", "simple-x1-t256", "simple-x1",
+                             "simple-x128-t256", "simple-x128"}
+    for label in ("ll-x128", "simple-x128"):  # 256 blocks of 1024 threads: one per SM fits, 132 SMs
+        assert outcomes[label].plan is None and "256 thread blocks of 1024 threads" in outcomes[label].skipped
+    made = [o for o in outcomes.values() if o.plan]
+    assert len(made) == 6 and all(o.plan.weft.verification["ok"] for o in made)
+    assert outcomes["ll-x128-t256"].plan.num_threads_per_block == 256 and outcomes["ll-x128-t256"].threadblocks == 256
+
+
+def test_simple_plans_alternate_scratch_only_where_that_spares_a_handshake():
+    topology = resolve(TOPO)
+    options = TuneOptions(instances=(2,), threads=(1024,), protocols=("simple",))
+    (one_shot,) = compile_variants(synthesize(topology, "allreduce", "direct"), topology, options)
+    (two_shot,) = compile_variants(synthesize(topology, "allreduce", "twoshot"), topology, options)
+    assert one_shot.plan.use_double_scratch_buffer and one_shot.plan.name.endswith("-2s")
+    assert not two_shot.plan.use_double_scratch_buffer  # its writes are ordered already: no handshake to spare
+
+
+@pytest.mark.parametrize("options", [dict(instances=()), dict(instances=(0,)), dict(threads=(100,)),
+                                     dict(threads=(2048,)), dict(protocols=("nccl",)), dict(sms=0)])
+def test_bad_grids_are_refused(options):
+    with pytest.raises(TuneError):
+        TuneOptions(**options)
+
+
+def test_weft_tune_commits_every_proven_variant_and_bench_can_then_measure_them(tmp_path, capsys):
+    reg = tmp_path / "reg"
+    assert main(["tune", "allreduce", "-t", TOPO, "--instances", "1,4", "--threads", "1024",
+                 "--registry", str(reg), "--json", "-o", str(tmp_path / "plans")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    plans = [v for v in doc["variants"] if v["plan"]]
+    assert len(plans) == len(doc["variants"]) == 8  # direct and twoshot x ll, simple x 1, 4 instances
+    entries = Registry(str(reg)).entries(collective="allreduce")
+    assert {e.plan.name for e in entries} == {v["plan"] for v in plans}
+    assert len(list((tmp_path / "plans").glob("*.plan.json"))) == 8
+    sel = Registry(str(reg)).select(resolve(TOPO).fingerprint, "allreduce", 1 << 20, "bf16")
+    assert sel.entry is not None
+
+
+def test_a_dry_run_commits_nothing(tmp_path, capsys):
+    reg = tmp_path / "reg"
+    assert main(["tune", "allgather", "-t", TOPO, "--instances", "2", "--threads", "512", "--registry", str(reg),
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing committed" in out and not Registry(str(reg)).entries()
+
+
+@pytest.mark.parametrize("argv,field", [(["--threads", "100"], "--threads"), (["--instances", "a,b"], "--instances"),
+                                        (["--protocols", "xl"], "--protocols"), (["--method", "nope"], "method")])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, field):
+    assert main(["tune", "allreduce", "-t", TOPO, "--registry", str(tmp_path / "r"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and not (tmp_path / "r").exists()
+
+
+def test_a_schedule_of_another_collective_is_refused(tmp_path, capsys):
+    schedule = tmp_path / "ag.json"
+    assert main(["synth", "allgather", "-t", TOPO, "--method", "direct", "-o", str(schedule)]) == 0
+    capsys.readouterr()
+    assert main(["tune", "allreduce", "-t", TOPO, "--schedule", str(schedule), "--registry", str(tmp_path / "r")]) == 2
+    assert "allgather schedule" in capsys.readouterr().err

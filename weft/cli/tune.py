@@ -1,0 +1,93 @@
+"""``weft tune COLLECTIVE -t TOPO``: compile schedules many ways, prove each plan, commit them for selection by size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from weft.cli import ArgumentError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune", help="compile a grid of plan variants (protocol x instances x threads) and commit them",
+        description="Compile each schedule as every protocol x instances x threads variant that the GPU can hold, "
+                    "prove each on the reference executor and commit it. Then `weft bench COLLECTIVE --plans "
+                    "registry --record` measures them all, and selection takes the fastest for each size.")
+    p.add_argument("collective", help="allreduce, allgather, reducescatter, ...")
+    p.add_argument("-t", "--topology", required=True, help="catalog spec or topology file")
+    p.add_argument("--method", action="append", dest="methods",
+                   help="baseline to compile (ring, direct, twoshot, rhd, tree); repeatable; default direct and "
+                        "twoshot for allreduce, direct otherwise")
+    p.add_argument("--schedule", action="append", dest="schedules", default=[],
+                   help="a schedule file (weft.schedule/1) to compile too; repeatable")
+    p.add_argument("--instances", default="1,4,16,32,64,128", help="instance counts, comma-separated")
+    p.add_argument("--threads", default="256,1024", help="thread-block sizes, comma-separated")
+    p.add_argument("--protocols", default="ll,simple", help="ll, simple or both")
+    p.add_argument("--sms", type=int, default=132, help="SMs of the target GPU (H100/H200: 132)")
+    p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
+    p.add_argument("-o", "--output", help="also write each plan file into this directory")
+    p.add_argument("--dry-run", action="store_true", help="compile and prove, but commit and write nothing")
+    p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    p.set_defaults(func=run)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ArgumentError(f"weft tune: {flag}: comma-separated integers, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedules.schedule import load_schedule
+    from topologies import resolve
+    from weft import publish
+    from weft.synthesis import synthesize
+    from weft.tuning import TuneOptions, compile_variants
+
+    options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
+                          protocols=tuple(p.strip().lower() for p in args.protocols.split(",") if p.strip()),
+                          sms=args.sms)
+    topology = resolve(args.topology)
+    methods = args.methods or (["direct", "twoshot"] if args.collective == "allreduce" else ["direct"])
+    schedules = [synthesize(topology, args.collective, m) for m in methods]
+    schedules += [load_schedule(f) for f in args.schedules]
+    for s in schedules:
+        if s.collective.name != args.collective:
+            raise ArgumentError(f"weft tune: {s.name}: a {s.collective.name} schedule, not {args.collective}")
+    from schedules.verify import require_valid
+
+    rows = []
+    for schedule in schedules:
+        require_valid(schedule, topology)
+        progress = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+        for o in compile_variants(schedule, topology, options, progress):
+            row = {"schedule": schedule.name, "variant": o.variant.label, "plan": o.plan.name if o.plan else None,
+                   "threadblocks": o.threadblocks, "skipped": o.skipped}
+            if o.plan and not args.dry_run:
+                row["registry_entry"] = publish.commit(o.plan, topology, args.registry, schedule=schedule).id
+                if args.output:
+                    from weft import pipeline
+                    from weft.cli.synth import safe_name
+
+                    path = Path(args.output) / f"{safe_name(o.plan.name)}.plan.json"
+                    pipeline.save_plan(o.plan, path)
+                    row["plan_file"] = str(path)
+            rows.append(row)
+    made = [r for r in rows if r["plan"]]
+    if args.json:
+        print(json.dumps({"registry": publish.registry_location(args.registry), "dry_run": args.dry_run,
+                          "variants": rows}, indent=2))
+    else:
+        for r in rows:
+            n = r["threadblocks"]
+            what = f"{r['plan']} ({n} thread block{'' if n == 1 else 's'})" if r["plan"] else "skipped: " + r["skipped"]
+            print(f"{r['variant']:<14} {what}" + (f" -> {r['registry_entry']}" if r.get("registry_entry") else ""))
+        where = "checked, nothing committed (--dry-run)" if args.dry_run else \
+            f"committed to {publish.registry_location(args.registry)}"
+        print(f"{len(made)} of {len(rows)} variants proven and {where}; measure them with "
+              f"`weft bench {args.collective} --plans registry --record`")
+    return 0 if made else 1

@@ -1,0 +1,130 @@
+"""Plan variants for size-based selection: one schedule compiled many ways, each proven, for the registry.
+
+No single compilation of a schedule is fastest at every size: small messages want LL packets and few, small
+thread blocks; large ones want Simple transfers spread over many thread blocks. ``compile_variants`` compiles a
+grid (protocol × instances × threads) of one schedule, drops what the GPU could not run (more thread blocks than
+it holds at once), proves each plan on the reference executor, and ``weft tune`` commits them. ``weft bench
+--record`` then measures every one at every size, and the registry's ``select`` (and an inference job) takes the
+fastest measured plan for each size.
+
+>>> [v.label for v in grid(TuneOptions(instances=(1, 8), threads=(1024,), protocols=("ll",)))]
+['ll-x1', 'll-x8']
+>>> resident_capacity(256, sms=132)
+528
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from codegen.protocol import CodegenError
+from schedules.plan import Plan
+from schedules.schedule import Schedule
+from topologies import Topology
+from topologies.errors import WeftError
+
+PROTOCOLS = ("ll", "simple")
+# The interpreter is built with __launch_bounds__(1024), so it uses at most 64 registers a thread: an SM's 64K
+# registers hold 1024 threads, in blocks of any size.
+THREADS_PER_SM = 1024
+
+
+class TuneError(WeftError):
+    """A tuning request that cannot be carried out."""
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """The grid: every protocol × instances × threads (Simple plans pick their scratch layout themselves)."""
+
+    instances: tuple[int, ...] = (1, 4, 16, 32, 64, 128)
+    threads: tuple[int, ...] = (256, 1024)
+    protocols: tuple[str, ...] = PROTOCOLS
+    sms: int = 132  # H100 and H200 (SXM)
+
+    def __post_init__(self) -> None:
+        if not self.instances or any(not isinstance(i, int) or i < 1 for i in self.instances):
+            raise TuneError(f"--instances: positive integers, got {list(self.instances)}")
+        if not self.threads or any(not isinstance(t, int) or t % 32 or not 32 <= t <= 1024 for t in self.threads):
+            raise TuneError(f"--threads: multiples of 32 from 32 to 1024, got {list(self.threads)}")
+        bad = [p for p in self.protocols if p not in PROTOCOLS]
+        if not self.protocols or bad:
+            raise TuneError(f"--protocols: choose from {', '.join(PROTOCOLS)}, got {list(self.protocols)}")
+        if not isinstance(self.sms, int) or self.sms < 1:
+            raise TuneError(f"--sms: a positive integer, got {self.sms!r}")
+
+
+@dataclass(frozen=True)
+class Variant:
+    protocol: str
+    instances: int
+    threads: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.protocol}-x{self.instances}" + (f"-t{self.threads}" if self.threads != 1024 else "")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One variant: its proven plan, or why there is none."""
+
+    variant: Variant
+    plan: Plan | None
+    skipped: str = ""
+
+    @property
+    def threadblocks(self) -> int:
+        return max(len(g.threadblocks) for g in self.plan.gpus) if self.plan else 0
+
+
+def grid(options: TuneOptions) -> list[Variant]:
+    return [Variant(p, i, t) for p in options.protocols for i in sorted(set(options.instances))
+            for t in sorted(set(options.threads))]
+
+
+def resident_capacity(threads: int, sms: int) -> int:
+    """Thread blocks of ``threads`` threads that ``sms`` SMs run at once: every block of a plan must be resident,
+    since blocks wait on each other (the executor refuses a launch that does not fit)."""
+    return sms * max(1, THREADS_PER_SM // threads)
+
+
+def compile_variants(schedule: Schedule, topology: Topology, options: TuneOptions,
+                     progress: Callable[[str], None] | None = None) -> list[Outcome]:
+    """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason."""
+    from weft import pipeline
+
+    outcomes = []
+    for v in grid(options):
+        try:
+            plan = _best_scratch(schedule, topology, v, pipeline.compile_and_verify)
+        except CodegenError as e:
+            outcomes.append(Outcome(v, None, str(e)))
+            continue
+        blocks = max(len(g.threadblocks) for g in plan.gpus)
+        capacity = resident_capacity(v.threads, options.sms)
+        if blocks > capacity:
+            outcomes.append(Outcome(v, None, f"{blocks} thread blocks of {v.threads} threads, but {options.sms} "
+                                             f"SMs hold {capacity} at once"))
+        else:
+            outcomes.append(Outcome(v, plan))
+        if progress:
+            progress(f"{v.label}: " + (outcomes[-1].skipped or f"{plan.name}, {blocks} thread blocks, verified"))
+    return outcomes
+
+
+def _best_scratch(schedule: Schedule, topology: Topology, v: Variant, compile_and_verify) -> Plan:
+    """The variant's plan; a Simple plan alternates scratch halves where that spares waits (an entry handshake)."""
+    options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads}
+    if v.protocol == "ll":
+        return compile_and_verify(schedule, topology, **options)
+    single = compile_and_verify(schedule, topology, double_scratch=False, **options)
+    if not any(g.scratch_chunks for g in single.gpus):
+        return single  # no scratch to alternate
+    double = compile_and_verify(schedule, topology, double_scratch=True, **options)
+    return double if _waits(double) < _waits(single) else single
+
+
+def _waits(plan: Plan) -> int:
+    return sum(op.name == "wait" for g in plan.gpus for tb in g.threadblocks for op in tb.ops)
