@@ -34,6 +34,8 @@ _EXPORTS = {
     "Registry": ("schedules.registry", "Registry"),
     "synthesize": ("weft.synthesis", "synthesize"),
     "compile": ("weft.pipeline", "compile_and_verify"),
+    "TuneOptions": ("weft.tuning", "TuneOptions"),
+    "compile_variants": ("weft.tuning", "compile_variants"),
     "Communicator": ("executor", "Communicator"),
 }
 
