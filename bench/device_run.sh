@@ -2,7 +2,7 @@
 # One device call that gathers all GPU evidence: the GPU tests, the benchmarks (recording into the registry) and
 # tp_decode, from a snapshot of HEAD, returning at most 8 files under $OUT (the device tool's limit).
 #
-#   here:    git archive HEAD -o devsnap.tar         (untracked, not ignored: it travels with the working tree)
+#   here:    git archive --format=tar.gz HEAD -o devsnap.tgz   (untracked, not ignored: it travels with the tree)
 #   device:  bash bench/device_run.sh [2|4]            ($OUT set by the device tool)
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
@@ -10,7 +10,7 @@ set -u
 N=${1:-2}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 W=/tmp/weft-snap
-rm -rf "$W" && mkdir -p "$W" && tar -xf devsnap.tar -C "$W" && cd "$W" || exit 2
+rm -rf "$W" && mkdir -p "$W" && tar -xzf devsnap.tgz -C "$W" && cd "$W" || exit 2
 export PYTHONPATH="$W" WEFT_GPU_NPROC="$N"
 REG=bench/registry_h200x$N
 LOG="$OUT/log.txt"
