@@ -36,12 +36,14 @@ __all__ = ["CodegenError", "compile_schedule"]
 
 def compile_schedule(schedule: Schedule, topology: object = None, instances: int = 1, protocol: str = "auto",
                      inplace: bool = False, threads: int = 1024, double_scratch: bool | None = None,
-                     pipeline: int = 1) -> Plan:
+                     pipeline: int = 1, pull: bool = False) -> Plan:
     """The execution Plan for ``schedule`` (``topology`` is only recorded: the schedule already fits it).
 
     ``threads`` is the thread-block size. ``double_scratch`` alternates scratch halves between launches (default:
     LL plans only); for a Simple plan it doubles scratch but can drop the entry handshake (``codegen.launches``).
     ``pipeline`` cuts each instance's piece into that many sub-pieces that overlap transfer and combining.
+    ``pull``: a receiver reads a chunk straight from its peer's input (``get``/``rre``) instead of the peer
+    writing it into the receiver's scratch (``codegen.lower``); Simple, out-of-place plans only.
     """
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
@@ -51,12 +53,20 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
         raise CodegenError(f"--pipeline: must be an integer from 1 to {MAX_INSTANCES // instances} with "
                            f"{instances} instance(s) (instances x pipeline <= {MAX_INSTANCES}), got {pipeline!r}")
     chosen = choose_protocol(schedule, protocol)
+    if pull and (chosen == "LL" or inplace):
+        raise CodegenError("--pull: only Simple, out-of-place plans read their peers' inputs (LL packets are "
+                           "written by their sender; an in-place input is overwritten)")
     double = chosen == "LL" if double_scratch is None else bool(double_scratch)
     if chosen == "LL" and not double:
         raise CodegenError("--double-scratch: LL plans always alternate scratch halves (packet flags need it)")
     collective = schedule.collective
     placement = place_buffers(collective, inplace)
-    actions = split_pipeline(lower(schedule, placement, chosen == "LL"), instances, pipeline, placement)
+    lowered = lower(schedule, placement, chosen == "LL", pull)
+    if pull and collective.nranks > 2:
+        # One thread block per instance: a pull from several peers at once and the notices and sends around it
+        # would otherwise put signals (or waits) of one channel in two thread blocks, out of program order.
+        lowered = [replace(a, via=("all", -1)) for a in lowered]
+    actions = split_pipeline(lowered, instances, pipeline, placement)
     copies = instances * pipeline
     assign_threadblocks(actions)
     programs = insert_sync(merge_ranges(actions), double_scratch=double)
@@ -68,7 +78,7 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
                     predicted_us=dict(schedule.meta.predicted_us))
     name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"
     name += (f"-p{pipeline}" if pipeline > 1 else "") + (f"-t{threads}" if threads != MAX_THREADS else "")
-    name += "-2s" if double and chosen != "LL" else ""
+    name += ("-2s" if double and chosen != "LL" else "") + ("-pull" if pull else "")
     plan = assemble(programs, name=name, collective=collective.name, protocol=chosen, inplace=inplace,
                     nranks=collective.nranks, input_chunks=placement.input_chunks * copies,
                     output_chunks=placement.output_chunks * copies,

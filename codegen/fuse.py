@@ -1,6 +1,7 @@
 """Fusion: adjacent ops of one thread block that can be one op, so data crosses registers, not memory twice.
 
-- ``re`` then ``put`` of its result becomes ``res`` (reduce, keep locally and send);
+- ``re`` then ``put`` of its result becomes ``res`` (reduce, keep locally and send); ``rre`` (a sum that
+  reads a peer) then ``put`` becomes ``rres``;
 - ``repkt`` then ``ppkt`` of its result becomes ``respkt``;
 - ``put`` then ``signal`` on the same channel becomes ``pws``.
 """
@@ -28,6 +29,8 @@ def fuse(ops: list[Draft]) -> list[Draft]:
 def _pair(a: Draft, b: Draft) -> Draft | None:
     if a.name == "re" and b.name == "put" and b.src == a.dst[:1]:
         return Draft("res", a.src, a.dst + b.dst, b.channels)
+    if a.name == "rre" and b.name == "put" and b.src == a.dst[:1]:  # channels: remote srcs, then remote dsts
+        return Draft("rres", a.src, a.dst + b.dst, a.channels + b.channels)
     if a.name == "repkt" and b.name == "ppkt" and b.src == a.dst[:1]:
         return Draft("respkt", a.src, a.dst + b.dst, b.channels, packet_src=a.packet_src)
     if a.name == "put" and b.name == "signal" and a.channels == b.channels:

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SEND, ARRIVE, REDUCE, UNPACK, COPY = "send", "arrive", "reduce", "unpack", "copy"
+# Pulls: a rank that reads a peer's input tells the peer when its input may be read (READY, at the start) and when
+# it is done reading it (DONE); both are a signal with no data, waited for by an ARRIVE whose ``sends`` names them.
+READY, DONE = "ready", "done"
+NOTICES = (READY, DONE)
 
 
 @dataclass(frozen=True, order=True)
@@ -51,6 +55,7 @@ class Action:
     tb: int = -1
     sends: tuple[int, ...] = ()  # ARRIVE: the seqs of the SEND actions (on the peer) whose data lands here
     piece: int = 0  # pipelining: which sub-chunk of its instance (``codegen.replicate.pipeline``)
+    via: tuple = ()  # a notice or its ARRIVE: the role (thread block) of the pull it belongs to, if any
 
     @property
     def order(self) -> tuple[int, int, int, int, int]:
@@ -60,20 +65,27 @@ class Action:
         Unpipelined (every piece 0) this is the order (step, phase, seq). Pipelined, a receiver combines piece 0
         and forwards it while later pieces are still arriving; pieces are disjoint, so step semantics hold per piece.
         """
-        if self.kind == SEND and self.step > 0:
+        if self.kind in (SEND, READY) and self.step > 0:
             return (self.step - 1, 1, self.piece, 3, self.seq)
-        return (self.step, 0 if self.kind == SEND else 1, self.piece, self.phase, self.seq)
+        return (self.step, 0 if self.kind in (SEND, READY) else 1, self.piece, self.phase, self.seq)
 
     @property
     def role(self) -> tuple:
-        if self.kind == SEND:
+        if self.via:
+            return self.via[:2] + (self.instance,)
+        if self.kind == SEND or self.kind == READY:
             return ("send", self.peer, self.instance)
         if self.kind in (ARRIVE, REDUCE, UNPACK) and self.peer is not None:
             return ("recv", self.peer, self.instance)
         return ("local", -1, self.instance)
 
+    @property
+    def signals(self) -> bool:
+        """A Simple send or a notice: a signal on the channel to ``peer`` that an ARRIVE there waits for."""
+        return (self.kind == SEND and not self.packet) or self.kind in NOTICES
+
     def reads(self) -> list[Loc]:
-        """Local slots the action reads (ARRIVE reads nothing; it makes a peer's write visible)."""
+        """Slots the action reads, a peer's too for a pull (ARRIVE reads nothing; it makes a peer's write visible)."""
         return [s for loc in self.src for s in loc.slots()] if self.kind != ARRIVE else []
 
     def writes(self) -> list[Loc]:

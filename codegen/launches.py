@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from codegen.ir import ARRIVE, SEND, Action
+from codegen.ir import ARRIVE, NOTICES, SEND, Action
 
 
 def unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]],
@@ -68,7 +68,7 @@ def _predecessors(ordered: list[Action], needs: dict[int, dict[int, Action]]) ->
     """Action seq -> the seqs of the actions it directly happens after, within one launch."""
     preds: dict[int, list[int]] = defaultdict(list)
     last_in_tb: dict[tuple[int, int], int] = {}
-    sends = {a.seq for a in ordered if a.kind == SEND}
+    sends = {a.seq for a in ordered if a.kind == SEND or a.kind in NOTICES}
     packet_send: dict[tuple, int] = {}
     for a in ordered:
         tb = (a.rank, a.tb)

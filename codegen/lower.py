@@ -12,12 +12,18 @@ from __future__ import annotations
 from collections import defaultdict
 
 from codegen.buffers import Placement
-from codegen.ir import ARRIVE, COPY, REDUCE, SEND, UNPACK, Action, Loc
+from codegen.ir import ARRIVE, COPY, DONE, READY, REDUCE, SEND, UNPACK, Action, Loc
 from schedules.schedule import Schedule
 
 
-def lower(schedule: Schedule, placement: Placement, packets: bool) -> list[Action]:
-    """Every rank's actions for ``schedule``; with ``packets`` each transfer is an LL packet write."""
+def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = False) -> list[Action]:
+    """Every rank's actions for ``schedule``; with ``packets`` each transfer is an LL packet write.
+
+    With ``pull`` a send whose chunk still sits in the sender's input becomes a read by the receiver of the
+    sender's input (a ``get``, or an ``rre`` where it is summed): no scratch, no transfer step of its own, and the
+    sum streams as the data arrives. The sender signals READY at its start (its caller has written the input) and
+    waits, at its end, for the reader's DONE (so its caller may write the next input).
+    """
     collective = placement.collective
     n = collective.nranks
     loc: list[dict[int, Loc]] = [{} for _ in range(n)]
@@ -36,6 +42,9 @@ def lower(schedule: Schedule, placement: Placement, packets: bool) -> list[Actio
         arrivals: dict[int, dict[int, list[tuple[str, int, Loc, int]]]] = defaultdict(lambda: defaultdict(list))
         for send in step.sends:
             d, c = send.dst, send.chunk
+            if pull and not packets and loc[send.src][c] == placement.input_loc(send.src, c):
+                arrivals[d][c].append((send.op, send.src, loc[send.src][c]))  # d reads the peer's input slot
+                continue
             direct = (send.op == "copy" and not packets and (d, c) not in read_now
                       and not placement.holds_other(d, c))
             landing = placement.home(d, c) if direct else placement.new_scratch(d)
@@ -47,6 +56,8 @@ def lower(schedule: Schedule, placement: Placement, packets: bool) -> list[Actio
             for c, group in sorted(arrivals[d].items()):
                 _land(emit, t, d, c, group, loc[d], placement, packets)
     final = len(schedule.steps)
+    if pull:
+        _notices(actions, emit, final)
     for r in range(n):
         for c in sorted(collective.postcondition(r)):
             out = placement.output_loc(r, c)
@@ -77,3 +88,24 @@ def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], place
             return
     emit(d, t, 2, REDUCE, first_peer, [held[c]] + slots, [home])
     held[c] = home
+
+
+def _notices(actions: list[Action], emit, final: int) -> None:
+    """READY and DONE around every pull: the owner of the input signals READY first thing, the reader waits for it
+    right before its pull and signals DONE once the pull (and a send fused with it) is done, and the owner waits
+    for DONE at its very end. Notices travel in the thread blocks that pull (``via``), so each rank's signals to a
+    peer leave from one thread block, in program order."""
+    pulls = [(a, owner) for a in actions if a.kind in (REDUCE, COPY)
+             for owner in sorted({loc.rank for loc in a.src if loc.rank != a.rank})]
+    pulling: dict[tuple[int, int], tuple] = {}
+    for a, owner in pulls:
+        pulling.setdefault((a.rank, owner), a.role)
+    seen = set()
+    for a, owner in pulls:
+        if (a.rank, owner, a.step, a.role) in seen:
+            continue  # one READY and one DONE cover every pull of a step from one thread block
+        seen.add((a.rank, owner, a.step, a.role))
+        ready = emit(owner, 0, 0, READY, a.rank, [], [], via=pulling.get((owner, a.rank), ()))
+        emit(a.rank, a.step, 1, ARRIVE, owner, [], [], sends=(ready.seq,), via=a.role)
+        done = emit(a.rank, a.step, 3, DONE, owner, [], [], via=a.role)
+        emit(owner, final, 3, ARRIVE, a.rank, [], [], sends=(done.seq,), via=pulling.get((owner, a.rank), ()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from codegen.ir import ARRIVE, SEND, Action, Loc
+from codegen.ir import ARRIVE, NOTICES, SEND, Action, Loc
 
 
 def merge_ranges(actions: list[Action]) -> list[Action]:
@@ -69,10 +69,11 @@ def _arrivals_adjacent(x: Action | None, y: Action | None, position: dict) -> bo
 
 
 def _mergeable(a: Action, b: Action, merged_sends: dict[int, int]) -> bool:
-    if a.kind == SEND:
-        return False  # already merged
+    if a.kind == SEND or a.kind in NOTICES or b.kind in NOTICES:
+        return False  # sends are merged already; every notice is a signal of its own
     if a.kind == ARRIVE:
         return (b.kind == ARRIVE and (a.step, a.peer) == (b.step, b.peer)
+                and all(s in merged_sends for s in a.sends + b.sends)
                 and {merged_sends[s] for s in a.sends} == {merged_sends[s] for s in b.sends})
     return _adjacent(a, b)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from codegen.ir import ARRIVE, COPY, REDUCE, SEND, UNPACK, Action, Channel, Draft, direction
+from codegen.ir import ARRIVE, COPY, NOTICES, REDUCE, SEND, UNPACK, Action, Channel, Draft, direction
 from codegen.launches import unsafe_channels
 
 
@@ -63,7 +63,7 @@ def _signal_numbers(actions: list[Action]) -> dict[int, int]:
     count: dict[tuple[int, int, int], int] = defaultdict(int)
     number = {}
     for a in sorted(actions, key=lambda a: a.order):
-        if a.kind == SEND and not a.packet:
+        if a.signals:
             key = (a.rank, a.peer, a.instance)
             count[key] += 1
             number[a.seq] = count[key]
@@ -142,6 +142,9 @@ def _rank_programs(actions: list[Action], needs: dict[int, dict[int, Action]], s
 
 
 def _ops(a: Action) -> list[Draft]:
+    if a.kind in NOTICES:
+        return [Draft("signal", channels=(Channel(a.peer, direction(a.rank, a.peer), a.instance),))]
+    pulled = tuple(Channel(loc.rank, direction(loc.rank, a.rank), a.instance) for loc in a.src if loc.rank != a.rank)
     if a.kind == SEND:
         channel = Channel(a.peer, direction(a.rank, a.peer), a.instance)
         if a.packet:
@@ -152,8 +155,8 @@ def _ops(a: Action) -> list[Draft]:
     if a.kind == REDUCE:
         if a.packet:
             return [Draft("repkt", a.src, a.dst, packet_src=(False,) + (True,) * (len(a.src) - 1))]
-        return [Draft("re", a.src, a.dst)]
+        return [Draft("rre" if pulled else "re", a.src, a.dst, pulled)]
     if a.kind == UNPACK:
         return [Draft("upkt", a.src, a.dst, packet_src=(True,))]
     assert a.kind == COPY
-    return [Draft("copy", a.src, a.dst)]
+    return [Draft("get", a.src, a.dst, pulled) if pulled else Draft("copy", a.src, a.dst)]

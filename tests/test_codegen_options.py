@@ -83,11 +83,62 @@ def test_weft_compile_takes_the_options(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--protocol", "simple", "--instances", "4",
                  "--pipeline", "2", "--threads", "512", "--double-scratch", "-o", str(out), "--json"]) == 0
+    pulled = tmp_path / "pull.json"
+    assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--protocol", "simple", "--pull",
+                 "-o", str(pulled)]) == 0
     from schedules.plan import load_plan
 
+    assert load_plan(pulled).name.endswith("-pull")
     plan = load_plan(out)
     assert plan.num_threads_per_block == 512 and plan.use_double_scratch_buffer and "-x4-p2-t512-2s" in plan.name
     capsys.readouterr()
     assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--threads", "33", "-o",
                  str(tmp_path / "q.json")]) == 2
     assert "--threads" in capsys.readouterr().err and not (tmp_path / "q.json").exists()
+
+
+PULLED = [("allreduce", "direct"), ("allreduce", "twoshot"), ("allreduce", "ring"), ("reducescatter", "direct"),
+          ("allgather", "direct"), ("allgather", "ring"), ("alltoall", "direct")]
+
+
+@pytest.mark.parametrize("topology", [TOPO, TOPO4], ids=["2", "4"])
+@pytest.mark.parametrize("collective,method", PULLED)
+@pytest.mark.parametrize("instances,depth", [(1, 1), (2, 2)])
+def test_pulled_plans_are_correct_and_safe_back_to_back(topology, collective, method, instances, depth):
+    plan = plan_for(collective, method, topology, instances=instances, pipeline=depth, protocol="simple", pull=True)
+    unit = plan.size_chunks * 4
+    record = check_plan(plan, [unit * 4, unit * 16 + 4 * plan.size_chunks], dtypes=("fp32", "bf16"))
+    assert record.ok and record.back_to_back == 2 and plan.name.endswith("-pull")
+    assert any(b.type == "i" for g in plan.gpus for b in g.remote_buffers)  # someone reads a peer's input
+
+
+def test_a_pulled_one_shot_reads_the_peer_and_sums_as_it_streams():
+    plan = plan_for("allreduce", "direct", protocol="simple", pull=True)
+    (tb,) = plan.gpus[0].threadblocks
+    assert [op.name for op in tb.ops] == ["signal", "wait", "rre", "signal", "wait"]  # READY, its wait, DONE, its wait
+    assert [b.type for b in plan.gpus[0].remote_buffers] == ["i"] and not plan.gpus[0].scratch_chunks
+    two = plan_for("allreduce", "twoshot", protocol="simple", pull=True)
+    (tb,) = two.gpus[0].threadblocks
+    rres = next(op for op in tb.ops if op.name == "rres")
+    assert [b.remote for b in rres.src_buff] == [False, True] and [b.remote for b in rres.dst_buff] == [False, True]
+
+
+@pytest.mark.parametrize("drop,error", [(-1, "PlanRace"), (1, "PlanRace")])
+def test_the_reference_executor_rejects_a_pull_without_its_notices(drop, error):
+    from dataclasses import replace
+
+    from executor import reference
+
+    plan = plan_for("allreduce", "direct", protocol="simple", pull=True)
+    g = plan.gpus[0]
+    (tb,) = g.threadblocks
+    ops = tb.ops[:drop] if drop < 0 else tb.ops[:drop] + tb.ops[drop + 1:]  # the DONE wait, or the READY wait
+    cut = replace(plan, gpus=(replace(g, threadblocks=(replace(tb, ops=ops),)),) + plan.gpus[1:])
+    with pytest.raises(getattr(reference, error)):
+        check_plan(cut, [cut.size_chunks * 16], dtypes=("fp32",))
+
+
+@pytest.mark.parametrize("options", [{"protocol": "ll"}, {"protocol": "simple", "inplace": True}])
+def test_pull_is_refused_where_peers_inputs_cannot_be_read(options):
+    with pytest.raises(CodegenError, match="--pull"):
+        plan_for("allreduce", "direct", pull=True, **options)

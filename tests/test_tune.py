@@ -92,3 +92,12 @@ def test_a_schedule_of_another_collective_is_refused(tmp_path, capsys):
     capsys.readouterr()
     assert main(["tune", "allreduce", "-t", TOPO, "--schedule", str(schedule), "--registry", str(tmp_path / "r")]) == 2
     assert "allgather schedule" in capsys.readouterr().err
+
+
+def test_pull_variants_join_the_simple_ones():
+    labels = [v.label for v in tuning.grid(TuneOptions(instances=(8,), threads=(1024,), pull=True))]
+    assert labels == ["ll-x8", "simple-x8", "simple-x8-pull"]
+    topology = resolve(TOPO)
+    (plain, pulled) = compile_variants(synthesize(topology, "allreduce", "direct"), topology,
+                                       TuneOptions(instances=(8,), threads=(1024,), protocols=("simple",), pull=True))
+    assert pulled.plan.name.endswith("-x8-pull") and pulled.threadblocks == 8 and plain.threadblocks == 16

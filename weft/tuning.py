@@ -42,6 +42,7 @@ class TuneOptions:
     threads: tuple[int, ...] = (256, 1024)
     protocols: tuple[str, ...] = PROTOCOLS
     sms: int = 132  # H100 and H200 (SXM)
+    pull: bool = False  # also Simple variants that read peers' inputs (``codegen.lower``)
 
     def __post_init__(self) -> None:
         if not self.instances or any(not isinstance(i, int) or i < 1 for i in self.instances):
@@ -60,10 +61,12 @@ class Variant:
     protocol: str
     instances: int
     threads: int
+    pull: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.protocol}-x{self.instances}" + (f"-t{self.threads}" if self.threads != 1024 else "")
+        return (f"{self.protocol}-x{self.instances}" + (f"-t{self.threads}" if self.threads != 1024 else "")
+                + ("-pull" if self.pull else ""))
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,9 @@ class Outcome:
 
 
 def grid(options: TuneOptions) -> list[Variant]:
-    return [Variant(p, i, t) for p in options.protocols for i in sorted(set(options.instances))
-            for t in sorted(set(options.threads))]
+    pulls = {"ll": (False,), "simple": (False, True) if options.pull else (False,)}
+    return [Variant(p, i, t, pull) for p in options.protocols for pull in pulls[p]
+            for i in sorted(set(options.instances)) for t in sorted(set(options.threads))]
 
 
 def resident_capacity(threads: int, sms: int) -> int:
@@ -119,6 +123,8 @@ def _best_scratch(schedule: Schedule, topology: Topology, v: Variant, compile_an
     options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads}
     if v.protocol == "ll":
         return compile_and_verify(schedule, topology, **options)
+    if v.pull:  # reads peers' inputs: no scratch to alternate
+        return compile_and_verify(schedule, topology, pull=True, **options)
     single = compile_and_verify(schedule, topology, double_scratch=False, **options)
     if not any(g.scratch_chunks for g in single.gpus):
         return single  # no scratch to alternate

@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--double-scratch", dest="double_scratch", action="store_true", default=None,
                    help="alternate scratch halves between launches (LL always does; Simple: 2x scratch, "
                         "fewer entry handshakes)")
+    p.add_argument("--pull", action="store_true",
+                   help="receivers read chunks straight from their peers' inputs (get/rre) instead of peers "
+                        "writing them into scratch (Simple, out-of-place)")
     p.add_argument("--inplace", action="store_true", help="input and output share one buffer")
     p.add_argument("--format", default="plan", choices=("plan", "msccl-xml"), help="output format")
     p.add_argument("-o", "--output", required=True, help="file to write")
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     topology = resolve(args.topology)
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
                                        inplace=args.inplace, progress=None, threads=args.threads,
-                                       pipeline=args.pipeline, double_scratch=args.double_scratch)
+                                       pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull)
     out = Path(args.output)
     if args.format == "msccl-xml":
         from codegen.msccl_xml import to_msccl_xml

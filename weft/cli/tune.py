@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", default="256,1024", help="thread-block sizes, comma-separated")
     p.add_argument("--protocols", default="ll,simple", help="ll, simple or both")
     p.add_argument("--sms", type=int, default=132, help="SMs of the target GPU (H100/H200: 132)")
+    p.add_argument("--pull", action="store_true", help="also Simple variants that read peers' inputs (get/rre)")
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("-o", "--output", help="also write each plan file into this directory")
     p.add_argument("--dry-run", action="store_true", help="compile and prove, but commit and write nothing")
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
                           protocols=tuple(p.strip().lower() for p in args.protocols.split(",") if p.strip()),
-                          sms=args.sms)
+                          sms=args.sms, pull=args.pull)
     topology = resolve(args.topology)
     methods = args.methods or (["direct", "twoshot"] if args.collective == "allreduce" else ["direct"])
     schedules = [synthesize(topology, args.collective, m) for m in methods]
