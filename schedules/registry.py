@@ -248,7 +248,13 @@ class Registry:
         key = EntryKey(topology, plan.collective, plan.nranks, plan.min_message_size, plan.max_message_size)
         entry = Entry(entry_id(plan, topology), key, plan, provenance, dict(predicted_us or {}))
         with self._locked():
-            self._write_atomic(self.entry_path(entry.id), dumps(entry.to_json()))
+            path = self.entry_path(entry.id)
+            if self.fs.exists(path):  # the same plan again: its measured times still hold
+                try:
+                    entry = replace(entry, measured_us=dict(self.read_entry_file(path).measured_us))
+                except WeftError:
+                    pass  # an unreadable old entry is simply replaced
+            self._write_atomic(path, dumps(entry.to_json()))
             self._update_index(add=entry)
         return entry
 

@@ -189,3 +189,12 @@ def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
     _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
     assert reg.get(a.id).measured_us == {1024: 5.0} and reg.get(b.id).measured_us == {1024: 7.0}
     assert reg.select(TOPO, "allgather", 1024).entry.id == a.id
+
+
+def test_committing_a_plan_again_keeps_its_measured_times(tmp_path):
+    reg = Registry(tmp_path)
+    entry = commit(reg, "again")
+    reg.record_timing(entry.id, 1 << 20, 12.5)
+    again = commit(reg, "again", predicted={1 << 20: 99.0})
+    assert again.id == entry.id and reg.get(entry.id).measured_us == {1 << 20: 12.5}
+    assert reg.get(entry.id).predicted_us == {1 << 20: 99.0}
