@@ -97,6 +97,42 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
     return out
 
 
+def bench_table(path: str | Path) -> str:
+    """The README's performance table for one benchmark file (markdown): every row, no number retyped by hand."""
+    doc = _load(path, None)
+    rows = doc.get("rows")
+    if not isinstance(rows, list) or not rows:
+        raise PlotError(f"{path}: rows: must be a non-empty list")
+    factor = _bus_factor(doc.get("collective", ""), int(doc.get("nranks", 2)))
+    lines = ["| size | NCCL µs | symm-mem µs | weft µs | weft / NCCL | busbw GB/s (NCCL) | weft plan | #wrong |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        nccl, symm, weft = r.get("nccl_us"), r.get("symm_us"), r.get("weft_us")
+        best = min((t for t in (nccl, symm, weft) if t), default=None)
+
+        def cell(t: float | None) -> str:
+            if not t:
+                return "–"
+            text = f"{t:.1f}" if t >= 100 else f"{t:.2f}"
+            return f"**{text}**" if t == best else text
+
+        ratio = f"{weft / nccl:.2f}" if weft and nccl else "–"
+        busbw = (f"{r['size'] / weft / 1e3 * factor:.0f} ({r['size'] / nccl / 1e3 * factor:.0f})"
+                 if weft and nccl else "–")
+        lines.append(f"| {format_bytes(r['size'])} | {cell(nccl)} | {cell(symm)} | {cell(weft)} | {ratio} | {busbw} "
+                     f"| {_short_plan(r.get('plan'))} | {r.get('wrong', '–')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _short_plan(name: str | None) -> str:
+    """'direct-allreduce-hgx_h200:gpus=2-ll-x1-t256' -> 'direct ll-x1-t256'."""
+    if not name:
+        return "–"
+    parts = name.split("-")
+    protocol = next((i for i, p in enumerate(parts) if p in ("ll", "simple")), None)
+    return name if protocol is None else f"{parts[0]} {'-'.join(parts[protocol:])}"
+
+
 def _bus_factor(collective: str, n: int) -> float:
     if collective == "allreduce":
         return 2 * (n - 1) / n

@@ -16,12 +16,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = ps.add_parser("bench", help="a GPU benchmark (bench/results/*.json from `weft bench`)")
     q.add_argument("file")
     q.add_argument("-o", "--output", help="PNG file (default: beside the input)")
+    q.add_argument("--markdown", action="store_true", help="print the README's markdown table instead of a PNG")
     q.set_defaults(func=_run, kind="bench")
 
 
 def _run(args: argparse.Namespace) -> int:
     from weft import plots
 
+    if getattr(args, "markdown", False):
+        print(plots.bench_table(args.file), end="")
+        return 0
     out = args.output or str(Path(args.file).with_suffix(".png"))
     draw = plots.plot_frontier if args.kind == "frontier" else plots.plot_bench
     print(f"wrote {draw(args.file, out)}")
