@@ -9,61 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-import subprocess
-import sys
-import traceback
 from pathlib import Path
 
 import pytest
+from torch_job import (
+    LogLines,
+    close_enough,
+    each,
+    nccl_sum,
+    run_job,
+    run_scenarios,
+    start_rank,
+)
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent.parent
 HIDDEN = 8192
-
-
-def registry_for(nranks: int) -> Path:
-    return ROOT / "bench" / f"registry_h200x{nranks}"
 
 
 # ---------------------------------------------------------------------------------------------- the tests
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    sys.path.insert(0, str(HERE))
-    from conftest import _free_port, gpu_count, nproc
-
-    n = nproc()
-    if gpu_count() < n:
-        pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
-    if not registry_for(n).is_dir():
-        pytest.skip(f"no committed registry {registry_for(n)}")
-    out = tmp_path_factory.mktemp("inference")
-    port = str(_free_port())
-    procs = []
-    for rank in range(n):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
-               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-               "WEFT_REGISTRY": str(registry_for(n)), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out)], env=env))
-    codes = [p.wait(timeout=600) for p in procs]
-    assert codes == [0] * n, f"inference worker exit codes {codes}"
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
-
-
-def _each(results: list[dict], scenario: str) -> list[dict]:
-    rows = [r[scenario] for r in results]
-    for rank, row in enumerate(rows):
-        assert "error" not in row, f"rank {rank}: {row.get('trace', row['error'])}"
-    return rows
+    return run_job(__file__, "inference", tmp_path_factory)
 
 
 @pytest.mark.gpu
 def test_from_process_group_runs_weft_plans_over_an_existing_nccl_group(results):
-    for row in _each(results, "process_group"):
+    for row in each(results, "process_group"):
         assert row["enabled"] and row["topology"] == row["expected_topology"]
         assert row["plans"]["allreduce"] and row["plans"]["allgather"] and row["plans"]["reducescatter"]
         assert row["wrong"] == {"all_reduce": 0, "all_reduce_": 0, "all_gather_into_tensor": 0,
@@ -72,44 +44,44 @@ def test_from_process_group_runs_weft_plans_over_an_existing_nccl_group(results)
 
 @pytest.mark.gpu
 def test_graph_capture_replays_100_times_on_fresh_inputs(results):
-    for row in _each(results, "graph"):
+    for row in each(results, "graph"):
         assert row["plan"] and row["replays"] == 100 and row["wrong"] == 0
 
 
 @pytest.mark.gpu
 def test_a_size_first_seen_inside_capture_runs_on_nccl_and_is_correct(results):
-    for row in _each(results, "graph"):
+    for row in each(results, "graph"):
         assert row["unprepared_wrong"] == 0 and row["unprepared_logged"] == 1
 
 
 @pytest.mark.gpu
 def test_capture_prepares_sizes_so_the_graph_runs_weft(results):
-    for row in _each(results, "backend"):
+    for row in each(results, "backend"):
         assert row["prepared_in_capture"] and row["graph_wrong"] == 0
 
 
 @pytest.mark.gpu
 def test_a_size_with_no_plan_falls_back_to_nccl_logged_once(results):
-    for row in _each(results, "no_plan"):
+    for row in each(results, "no_plan"):
         assert row["plan"] is None and row["wrong"] == 0 and row["logged"] == 1
 
 
 @pytest.mark.gpu
 def test_an_allocation_ipc_cannot_share_runs_through_staging(results):
-    for row in _each(results, "unshareable"):
+    for row in each(results, "unshareable"):
         assert row["export_refused"], row
         assert row["plan"] and row["wrong"] == 0
 
 
 @pytest.mark.gpu
 def test_torch_compile_traces_through_all_reduce(results):
-    for row in _each(results, "compile"):
+    for row in each(results, "compile"):
         assert row["ops_in_graph"] == 1 and row["wrong"] == 0
 
 
 @pytest.mark.gpu
 def test_deterministic_mode_is_bitwise_identical_on_every_rank_and_run(results):
-    rows = _each(results, "deterministic")
+    rows = each(results, "deterministic")
     for row in rows:
         assert row["plans"] and all(row["plans"].values())
         assert row["run1"] == row["run2"]
@@ -118,35 +90,11 @@ def test_deterministic_mode_is_bitwise_identical_on_every_rank_and_run(results):
 
 @pytest.mark.gpu
 def test_backend_should_use_only_what_weft_runs(results):
-    for row in _each(results, "backend"):
+    for row in each(results, "backend"):
         assert row["should_use"] == {"bf16_64KB": True, "int32": False, "bf16_64MB": False}
 
 
 # ---------------------------------------------------------------------------------------------- the worker
-
-class _Count(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _close(a, b, dtype) -> bool:
-    import torch
-
-    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    return bool(((a.float() - b.float()).abs() <= tol * (b.float().abs() + 1.0)).all())
-
-
-def _nccl_sum(x):
-    import torch.distributed as dist
-
-    out = x.clone()
-    dist.all_reduce(out)
-    return out
-
 
 def scenario_process_group(comm, world, device) -> dict:
     import torch
@@ -155,10 +103,10 @@ def scenario_process_group(comm, world, device) -> dict:
     from topologies.catalog import build
 
     x = torch.randn(32 * HIDDEN, device=device, dtype=torch.bfloat16)
-    wrong = {"all_reduce": int(not _close(comm.all_reduce(x), _nccl_sum(x), x.dtype))}
+    wrong = {"all_reduce": int(not close_enough(comm.all_reduce(x), nccl_sum(x), x.dtype))}
     y = x.clone()
     comm.all_reduce_(y)
-    wrong["all_reduce_"] = int(not _close(y, _nccl_sum(x), x.dtype))
+    wrong["all_reduce_"] = int(not close_enough(y, nccl_sum(x), x.dtype))
     gathered, ref = (torch.empty(world * x.numel(), device=device, dtype=x.dtype) for _ in range(2))
     comm.all_gather_into_tensor(gathered, x)
     dist.all_gather_into_tensor(ref, x)
@@ -166,7 +114,7 @@ def scenario_process_group(comm, world, device) -> dict:
     scattered, ref = (torch.empty(x.numel() // world, device=device, dtype=x.dtype) for _ in range(2))
     comm.reduce_scatter_tensor(scattered, x)
     dist.reduce_scatter_tensor(ref, x)
-    wrong["reduce_scatter_tensor"] = int(not _close(scattered, ref, x.dtype))
+    wrong["reduce_scatter_tensor"] = int(not close_enough(scattered, ref, x.dtype))
     nbytes = x.numel() * x.element_size()
     plans = {c: getattr(comm.plan_for(c, nbytes if c != "allgather" else world * nbytes, x.dtype), "name", None)
              for c in ("allreduce", "allgather", "reducescatter")}
@@ -174,7 +122,7 @@ def scenario_process_group(comm, world, device) -> dict:
             "expected_topology": build(f"hgx_h200:gpus={world}").fingerprint, "plans": plans, "wrong": wrong}
 
 
-def scenario_graph(comm, log: _Count, world, device) -> dict:
+def scenario_graph(comm, log: LogLines, world, device) -> dict:
     import torch
 
     x = torch.randn(16, HIDDEN, device=device, dtype=torch.bfloat16)
@@ -194,15 +142,15 @@ def scenario_graph(comm, log: _Count, world, device) -> dict:
         x.copy_(torch.randn_like(x))
         odd.copy_(torch.randn_like(odd))
         graph.replay()
-        ref = _nccl_sum(x)
-        wrong += not (_close(out, ref, x.dtype) and _close(twice, _nccl_sum(ref), x.dtype))
-        unprepared_wrong += not _close(odd_out, _nccl_sum(odd), odd.dtype)
+        ref = nccl_sum(x)
+        wrong += not (close_enough(out, ref, x.dtype) and close_enough(twice, nccl_sum(ref), x.dtype))
+        unprepared_wrong += not close_enough(odd_out, nccl_sum(odd), odd.dtype)
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     return {"plan": getattr(plan, "name", None), "replays": 100, "wrong": wrong,
             "unprepared_wrong": unprepared_wrong, "unprepared_logged": logged}
 
 
-def scenario_no_plan(rank, world, device, log: _Count, registry: Path, tmp: Path) -> dict:
+def scenario_no_plan(rank, world, device, log: LogLines, registry: Path, tmp: Path) -> dict:
     """A registry holding only LL plans (up to 1 MB): 4 MB has no plan."""
     import shutil
 
@@ -218,7 +166,7 @@ def scenario_no_plan(rank, world, device, log: _Count, registry: Path, tmp: Path
     comm = Communicator.from_process_group(registry=str(only_ll))
     x = torch.randn(2 << 20, device=device, dtype=torch.bfloat16)  # 4 MB
     before = len(log.lines)
-    wrong = sum(not _close(comm.all_reduce(x), _nccl_sum(x), x.dtype) for _ in range(3))
+    wrong = sum(not close_enough(comm.all_reduce(x), nccl_sum(x), x.dtype) for _ in range(3))
     logged = sum("runs on NCCL: no plan" in line for line in log.lines[before:])
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     comm.close()
@@ -237,7 +185,7 @@ def scenario_unshareable(comm, device) -> dict:
         refused = False
     except Exception:
         refused = True
-    wrong = sum(not _close(comm.all_reduce(x), _nccl_sum(x), x.dtype) for _ in range(3))
+    wrong = sum(not close_enough(comm.all_reduce(x), nccl_sum(x), x.dtype) for _ in range(3))
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     return {"export_refused": refused, "plan": getattr(plan, "name", None), "wrong": wrong}
 
@@ -265,7 +213,7 @@ def scenario_compile(comm, device) -> dict:
     for _ in range(5):
         h = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
         w = torch.randn(256, 256, device=device, dtype=torch.bfloat16) * 0.05
-        wrong += not _close(compiled(h, w), _nccl_sum(h @ w) + h, h.dtype)
+        wrong += not close_enough(compiled(h, w), nccl_sum(h @ w) + h, h.dtype)
     return {"ops_in_graph": sum("weft.all_reduce" in t for t in traced), "wrong": wrong}
 
 
@@ -312,24 +260,16 @@ def scenario_backend(comm, device) -> dict:
     for _ in range(20):
         x.copy_(torch.randn_like(x))
         graph.replay()
-        wrong += not _close(out, _nccl_sum(x), x.dtype)
+        wrong += not close_enough(out, nccl_sum(x), x.dtype)
     return {"should_use": should, "prepared_in_capture": prepared, "graph_wrong": wrong}
 
 
 def main() -> None:
-    import torch
     import torch.distributed as dist
 
     from executor import Communicator
 
-    out_dir = Path(sys.argv[1])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    torch.manual_seed(1234 + rank)
-    log = _Count()
-    logging.getLogger("weft.inference").addHandler(log)
+    rank, world, device, log, out_dir = start_rank(seed=1234)
     registry = Path(os.environ["WEFT_REGISTRY"])
     comm = Communicator.from_process_group()
     scenarios = {
@@ -341,14 +281,7 @@ def main() -> None:
         "deterministic": lambda: scenario_deterministic(rank, world, device),
         "backend": lambda: scenario_backend(comm, device),
     }
-    results = {}
-    for name, run in scenarios.items():
-        try:
-            results[name] = run()
-        except Exception as e:  # recorded so that one failure does not hide the others
-            results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
-        print(f"rank {rank}: {name}: {json.dumps(results[name])[:600]}", flush=True)
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    run_scenarios(rank, out_dir, scenarios)
     comm.close()
     dist.destroy_process_group()
 

@@ -8,63 +8,33 @@ rank count, as tests/gpu/test_inference.py does. It runs this file as a script:
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import subprocess
-import sys
-import traceback
-from pathlib import Path
 
 import pytest
+from torch_job import (
+    LogLines,
+    close_enough,
+    each,
+    nccl_sum,
+    registry_for,
+    run_job,
+    run_scenarios,
+    start_rank,
+)
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent.parent
 HIDDEN = 8192
 REPLAYS = 100
-
-
-def registry_for(nranks: int) -> Path:
-    return ROOT / "bench" / f"registry_h200x{nranks}"
 
 
 # ---------------------------------------------------------------------------------------------- the tests
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    sys.path.insert(0, str(HERE))
-    from conftest import _free_port, gpu_count, nproc
-
-    n = nproc()
-    if gpu_count() < n:
-        pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
-    if not registry_for(n).is_dir():
-        pytest.skip(f"no committed registry {registry_for(n)}")
-    out = tmp_path_factory.mktemp("zero-copy")
-    port = str(_free_port())
-    procs = []
-    for rank in range(n):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
-               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-               "WEFT_REGISTRY": str(registry_for(n)), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out)], env=env))
-    codes = [p.wait(timeout=600) for p in procs]
-    assert codes == [0] * n, f"zero-copy worker exit codes {codes}"
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
-
-
-def _each(results: list[dict], scenario: str) -> list[dict]:
-    rows = [r[scenario] for r in results]
-    for rank, row in enumerate(rows):
-        assert "error" not in row, f"rank {rank}: {row.get('trace', row['error'])}"
-    return rows
+    return run_job(__file__, "zero-copy", tmp_path_factory)
 
 
 @pytest.mark.gpu
 def test_ten_captured_all_reduces_and_a_view_replay_100_times_against_nccl(results):
-    for row in _each(results, "ten_calls"):
+    for row in each(results, "ten_calls"):
         assert row["plan"] and row["replays"] == REPLAYS
         assert row["calls"] == 12 and row["view_offset_bytes"] > 0
         assert row["wrong"] == {"out_of_place": 0, "view": 0, "in_place": 0}
@@ -72,35 +42,35 @@ def test_ten_captured_all_reduces_and_a_view_replay_100_times_against_nccl(resul
 
 @pytest.mark.gpu
 def test_captured_calls_bind_the_tensors_and_never_touch_staging(results):
-    for row in _each(results, "ten_calls"):
+    for row in each(results, "ten_calls"):
         assert row["paths"] == {"zero_copy": 12, "staging": 0, "nccl": 0}
         assert row["staging_untouched"], "a replay wrote the staging buffers"
 
 
 @pytest.mark.gpu
 def test_expandable_segment_tensors_bind_since_no_peer_maps_them(results):
-    for row in _each(results, "ten_calls"):
+    for row in each(results, "ten_calls"):
         assert row["export_refused"], "the job's tensors were shareable: expandable segments were not in use"
         assert row["paths"]["zero_copy"] == 12
 
 
 @pytest.mark.gpu
 def test_a_view_misaligned_for_the_plan_stages_inside_the_graph(results):
-    for row in _each(results, "misaligned"):
+    for row in each(results, "misaligned"):
         assert row["paths"] == {"zero_copy": 0, "staging": 1, "nccl": 0}
         assert row["logged"] == 1 and row["wrong"] == 0 and row["replays"] == 20
 
 
 @pytest.mark.gpu
 def test_a_replay_before_registration_raises_and_the_registered_graph_is_correct(results):
-    for row in _each(results, "early_replay"):
+    for row in each(results, "early_replay"):
         assert row["raised"] and "before their buffers were registered" in row["raised"]
         assert row["wrong_after"] == 0
 
 
 @pytest.mark.gpu
 def test_peers_buffers_exchanged_after_capture_replay_100_times(results):
-    rows = _each(results, "peer_buffers")
+    rows = each(results, "peer_buffers")
     if rows[0].get("skipped"):
         pytest.skip(rows[0]["skipped"])
     for row in rows:
@@ -109,7 +79,7 @@ def test_peers_buffers_exchanged_after_capture_replay_100_times(results):
 
 @pytest.mark.gpu
 def test_a_tensor_ipc_cannot_share_is_refused_on_every_rank_in_capture(results):
-    rows = _each(results, "peer_buffers")
+    rows = each(results, "peer_buffers")
     if rows[0].get("skipped"):
         pytest.skip(rows[0]["skipped"])
     for row in rows:
@@ -118,30 +88,6 @@ def test_a_tensor_ipc_cannot_share_is_refused_on_every_rank_in_capture(results):
 
 
 # ---------------------------------------------------------------------------------------------- the worker
-
-class _Count(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _close(a, b, dtype) -> bool:
-    import torch
-
-    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    return bool(((a.float() - b.float()).abs() <= tol * (b.float().abs() + 1.0)).all())
-
-
-def _nccl_sum(x):
-    import torch.distributed as dist
-
-    out = x.clone()
-    dist.all_reduce(out)
-    return out
-
 
 def _exportable(tensor) -> bool:
     from executor import gpu_ipc
@@ -189,9 +135,9 @@ def scenario_ten_calls(comm, device) -> dict:
         y_in = torch.randn_like(y)
         y.copy_(y_in)
         graph.replay()
-        wrong["out_of_place"] += sum(not _close(o, _nccl_sum(x), x.dtype) for x, o in zip(xs, outs))
-        wrong["view"] += not _close(view_out, _nccl_sum(view), view.dtype)
-        wrong["in_place"] += not _close(y, _nccl_sum(y_in), y.dtype)
+        wrong["out_of_place"] += sum(not close_enough(o, nccl_sum(x), x.dtype) for x, o in zip(xs, outs))
+        wrong["view"] += not close_enough(view_out, nccl_sum(view), view.dtype)
+        wrong["in_place"] += not close_enough(y, nccl_sum(y_in), y.dtype)
     torch.cuda.synchronize()
     untouched = bool((sentinel_in == -7.0).all() and (sentinel_out == -7.0).all())
     plan = comm.plan_for("allreduce", n * 2, torch.bfloat16)
@@ -200,7 +146,7 @@ def scenario_ten_calls(comm, device) -> dict:
             "view_offset_bytes": view.data_ptr() - arena.data_ptr()}
 
 
-def scenario_misaligned(comm, log: _Count, device) -> dict:
+def scenario_misaligned(comm, log: LogLines, device) -> dict:
     """A view 2 bytes into its allocation cannot feed 16-byte vectors: that call stages, inside the graph."""
     import torch
 
@@ -221,7 +167,7 @@ def scenario_misaligned(comm, log: _Count, device) -> dict:
     for _ in range(20):
         x.normal_()
         graph.replay()
-        wrong += not _close(out, _nccl_sum(x), x.dtype)
+        wrong += not close_enough(out, nccl_sum(x), x.dtype)
     return {"paths": paths, "logged": logged, "wrong": wrong, "replays": 20}
 
 
@@ -248,7 +194,7 @@ def scenario_early_replay(comm, device) -> dict:
     for _ in range(10):
         x.normal_()
         graph.replay()
-        wrong += not _close(out, _nccl_sum(x), x.dtype)
+        wrong += not close_enough(out, nccl_sum(x), x.dtype)
     return {"raised": raised, "wrong_after": wrong}
 
 
@@ -300,26 +246,18 @@ def scenario_peer_buffers(rank, world, device) -> dict:
         graph.replay()
         torch.cuda.synchronize()
         for x, o in zip(xs, outs):
-            wrong += not _close(torch.from_dlpack(o), _nccl_sum(torch.from_dlpack(x)), torch.float32)
+            wrong += not close_enough(torch.from_dlpack(o), nccl_sum(torch.from_dlpack(x)), torch.float32)
     comm.close()
     return {"plan": plan.name, "maps_peers": maps_peers, "bound": bound, "refused": refused,
             "export_refused": not _exportable(unshareable[1]), "replays": REPLAYS, "wrong": wrong}
 
 
 def main() -> None:
-    import torch
     import torch.distributed as dist
 
     from executor import Communicator
 
-    out_dir = Path(sys.argv[1])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    torch.manual_seed(4321 + rank)
-    log = _Count()
-    logging.getLogger("weft.inference").addHandler(log)
+    rank, world, device, log, out_dir = start_rank(seed=4321)
     comm = Communicator.from_process_group()
     scenarios = {
         "ten_calls": lambda: scenario_ten_calls(comm, device),
@@ -327,14 +265,7 @@ def main() -> None:
         "early_replay": lambda: scenario_early_replay(comm, device),
         "peer_buffers": lambda: scenario_peer_buffers(rank, world, device),
     }
-    results = {}
-    for name, run in scenarios.items():
-        try:
-            results[name] = run()
-        except Exception as e:  # recorded so that one failure does not hide the others
-            results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
-        print(f"rank {rank}: {name}: {json.dumps(results[name])[:600]}", flush=True)
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    run_scenarios(rank, out_dir, scenarios)
     comm.close()
     dist.destroy_process_group()
 

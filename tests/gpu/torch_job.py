@@ -1,0 +1,111 @@
+"""The harness of the GPU test files that run torch scenarios: one job (a process per GPU) runs a test file as a
+script, every scenario in it, and writes each rank's results as JSON; the tests then read them.
+
+Used by tests/gpu/test_inference.py and tests/gpu/test_zero_copy.py, run with expandable segments and the
+committed registry for the job's rank count (bench/registry_h200x<N>).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+
+
+def registry_for(nranks: int) -> Path:
+    return ROOT / "bench" / f"registry_h200x{nranks}"
+
+
+def run_job(script: str, label: str, tmp_path_factory) -> list[dict]:
+    """Every rank's results from one run of ``script`` (skips without the GPUs or the registry)."""
+    from conftest import _free_port, gpu_count, nproc
+
+    n = nproc()
+    if gpu_count() < n:
+        pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
+    if not registry_for(n).is_dir():
+        pytest.skip(f"no committed registry {registry_for(n)}")
+    out = tmp_path_factory.mktemp(label)
+    port = str(_free_port())
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
+               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+               "WEFT_REGISTRY": str(registry_for(n)), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        procs.append(subprocess.Popen([sys.executable, script, str(out)], env=env))
+    codes = [p.wait(timeout=600) for p in procs]
+    assert codes == [0] * n, f"{label} worker exit codes {codes}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def each(results: list[dict], scenario: str) -> list[dict]:
+    """Every rank's row of ``scenario``, failing with the rank's traceback where the scenario raised."""
+    rows = [r[scenario] for r in results]
+    for rank, row in enumerate(rows):
+        assert "error" not in row, f"rank {rank}: {row.get('trace', row['error'])}"
+    return rows
+
+
+class LogLines(logging.Handler):
+    """The messages logged while a scenario runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def close_enough(a, b, dtype) -> bool:
+    import torch
+
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    return bool(((a.float() - b.float()).abs() <= tol * (b.float().abs() + 1.0)).all())
+
+
+def nccl_sum(x):
+    import torch.distributed as dist
+
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def start_rank(seed: int):
+    """This process as one rank of the job: (rank, world, device, the weft.inference log, results directory)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    torch.manual_seed(seed + rank)
+    log = LogLines()
+    logging.getLogger("weft.inference").addHandler(log)
+    return rank, world, device, log, Path(sys.argv[1])
+
+
+def run_scenarios(rank: int, out_dir: Path, scenarios: dict[str, Callable[[], dict]]) -> None:
+    """Run each scenario, recording an exception as its result so that one failure does not hide the others."""
+    results = {}
+    for name, run in scenarios.items():
+        try:
+            results[name] = run()
+        except Exception as e:
+            results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+        print(f"rank {rank}: {name}: {json.dumps(results[name])[:600]}", flush=True)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
