@@ -124,26 +124,26 @@ def matches(collective: str, got, ref, dtype: str) -> bool:
     return bool(((got.float() - ref.float()).abs() <= tol * (ref.float().abs() + 1.0)).all())
 
 
-def _refused_anywhere(refused: str) -> bool:
-    """Whether any rank could not run a plan (every rank then skips it, so all keep running the same plans)."""
+def _every_rank(value: Any) -> list[Any]:
+    """``value`` from every rank (just this one outside a process group)."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return bool(refused)
-    every: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(every, refused)
-    return any(every)
+        return [value]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, value)
+    return every
+
+
+def _refused_anywhere(refused: str) -> bool:
+    """Whether any rank could not run a plan (every rank then skips it, so all keep running the same plans)."""
+    return any(_every_rank(refused))
 
 
 def _slowest_rank(medians: dict[str, float]) -> dict[str, float]:
     """Each implementation's median on its slowest rank: a collective takes as long as its last rank, and every rank
     must then pick the same fastest plan (a rank running another plan than its peers would wait for them)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return medians
-    every: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
-    dist.all_gather_object(every, medians)
+    every = _every_rank(medians)
     return {k: max(m[k] for m in every) for k in medians}
 
 
