@@ -135,9 +135,9 @@ def test_proven_simple_plans_in_the_registry_are_chosen():
 def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode_size():
     choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x2")), build("hgx_h200:gpus=2").fingerprint, 2)
     chosen = {batch: choice.plan("allreduce", batch * 8192 * 2, "bf16").name for batch in (1, 4, 16, 64)}
-    assert chosen == {1: "direct-allreduce-hgx_h200:gpus=2-ll-x16-t256", 4: "direct-allreduce-hgx_h200:gpus=2-ll-x64-t256",
+    assert chosen == {1: "direct-allreduce-hgx_h200:gpus=2-ll-x4-t256", 4: "direct-allreduce-hgx_h200:gpus=2-ll-x32-t256",
                       16: "direct-allreduce-hgx_h200:gpus=2-ll-x64-t256",
-                      64: "direct-allreduce-hgx_h200:gpus=2-simple-x64-2s"}
+                      64: "direct-allreduce-hgx_h200:gpus=2-simple-x32-2s"}
 
 
 def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_mode():
