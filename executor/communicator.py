@@ -82,10 +82,10 @@ class _Context:
     tables: DeviceTables
     arrays: list  # device allocations kept alive (tables, scratch, state)
     scratch: Any
-    state: Any
+    state: Any  # the plan's semaphores ([2k] releases, [2k+1] acquires), then each thread block's epoch
     semaphore_init: np.ndarray
     args: tuple  # kernel arguments: ops, tb_start, buffers, outbound, inbound, expected, barriers,
-    # semaphores, state, error record, timeout (ns), rank, scratch half (bytes)
+    # semaphores, epochs, error record, timeout (ns), rank, scratch half (bytes), buffer slots
     vector_bytes: int
     output: Any
     plan_hash: str
@@ -395,9 +395,9 @@ class Communicator:
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
         with cupy.cuda.Device(self.device):
             scratch = cupy.zeros(max(tables.scratch_bytes * (2 if tables.double_scratch else 1), 16), cupy.uint8)
-            nsem = len(tables.semaphore_init)
-            init = np.zeros(2 + 2 * max(nsem, 1), np.uint64)
-            init[2:2 + 2 * nsem:2] = tables.semaphore_init
+            nsem = max(len(tables.semaphore_init), 1)
+            init = np.zeros(2 * nsem + tables.nthreadblocks, np.uint64)
+            init[0:2 * len(tables.semaphore_init):2] = tables.semaphore_init
             state = cupy.asarray(init)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
             shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
@@ -420,8 +420,9 @@ class Communicator:
             semaphore_init=init, vector_bytes=width, output=output, plan_hash=plan_hash, nbytes=nbytes,
             slots=tuple(slots), peers=peer_mapping(plan, self.rank),
             args=(ops, tb_start, slot_table, outbound_table, self._inbound, self._expected, self._barriers,
-                  state[2:], state, np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
-                  np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0)),
+                  state, state[2 * nsem:], np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
+                  np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0),
+                  np.int32(len(slots))),
         )
 
     def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int) -> str:
@@ -479,18 +480,18 @@ class Communicator:
             self._streams[handle] = s
         return s
 
-    def _kernel(self, dtype: str, width: int):
-        k = self._kernels.get((dtype, width))
+    def _kernel(self, dtype: str, width: int, threads: int):
+        name = gpu_build.kernel_name(dtype, width, threads)
+        k = self._kernels.get(name)
         if k is None:
-            k = self._module.get_function(gpu_build.kernel_name(dtype, width))
-            self._kernels[(dtype, width)] = k
+            k = self._kernels[name] = self._module.get_function(name)
         return k
 
     def _launch(self, ctx: _Context, dtype: str, framework: str, stream: Any, args: tuple | None = None) -> None:
         t = ctx.tables
         if t.nthreadblocks == 0:
             return
-        kernel = self._kernel(dtype, ctx.vector_bytes)
+        kernel = self._kernel(dtype, ctx.vector_bytes, t.threads)
         fits = self._resident.get((dtype, ctx.vector_bytes, t.threads))
         if fits is None:
             fits = self._resident[(dtype, ctx.vector_bytes, t.threads)] = gpu_build.resident_blocks(

@@ -31,8 +31,13 @@ def source_hash(arch: str) -> str:
     return h.hexdigest()[:16]
 
 
-def kernel_name(dtype: str, vector_bytes: int) -> str:
-    return f"weft_interpret_{DTYPE_SUFFIX[dtype]}_v{vector_bytes}"
+BATCHED_THREADS = 256  # blocks of at most this many threads run the kernel that batches packet polls
+
+
+def kernel_name(dtype: str, vector_bytes: int, threads: int = 1024) -> str:
+    """The interpreter entry for a dtype, vector width and block size (interpreter.cu's WEFT_INTERPRETER list)."""
+    batched = "_b256" if threads <= BATCHED_THREADS else ""
+    return f"weft_interpret_{DTYPE_SUFFIX[dtype]}_v{vector_bytes}{batched}"
 
 
 def cache_dir() -> Path:

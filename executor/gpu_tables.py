@@ -30,6 +30,7 @@ MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
 MAX_CHANNELS = 1024
 MAX_BARRIERS = 64
+MAX_SLOTS = 64  # buffer slots (input, output, scratch, peers' buffers); kMaxSlots in interpreter.cu
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
@@ -130,6 +131,9 @@ def build_tables(plan: Plan, rank: int, nbytes: int) -> DeviceTables:
     if len(gpu.memory_peers) > MAX_CHANNELS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
                             f"(the executor holds {MAX_CHANNELS})")
+    if 3 + len(gpu.remote_buffers) > MAX_SLOTS:
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
+                            f"(the executor holds {MAX_SLOTS - 3})")
     records: list[np.void] = []
     starts = [0]
     for t, tb in enumerate(gpu.threadblocks):

@@ -21,7 +21,21 @@ def test_interpreter_builds_every_dtype_and_width_for_sm90(cache):
     image = gpu_build.build_cubin("sm_90", cache).read_bytes()
     for dtype in ("fp32", "fp16", "bf16"):
         for width in (16, 8, 4):
-            assert gpu_build.kernel_name(dtype, width).encode() in image
+            for threads in (1024, 512, 256, 64):
+                assert gpu_build.kernel_name(dtype, width, threads).encode() in image
+    assert gpu_build.kernel_name("bf16", 16, 256) != gpu_build.kernel_name("bf16", 16, 512)
+
+
+def test_the_1024_thread_kernels_keep_everything_in_registers(tmp_path):
+    """Large transfers run these: a spill would put local-memory traffic in the copy loop."""
+    done = subprocess.run([*gpu_build.nvcc_command("sm_90", tmp_path / "i.cubin"), "--resource-usage"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = done.stdout + done.stderr
+    for dtype in ("fp32", "fp16", "bf16"):
+        name = gpu_build.kernel_name(dtype, 16, 1024)
+        section = report.split(f"'{name}'")[1].split("Compiling entry")[0]
+        assert "0 bytes spill stores" in section, section
 
 
 def test_cached_cubin_is_reused(cache):

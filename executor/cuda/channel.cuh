@@ -51,6 +51,37 @@ struct Transfer {
     return true;
   }
 
+  // The units first, first + stride, ... (N of them, those below ``units``) of one reference. Packets are all
+  // fetched before any is waited for, and only those not yet arrived are polled again.
+  template <int N, int V>
+  __device__ __forceinline__ bool load_all(const Ref& r, i64 first, i64 stride, i64 units, Unit<V> (&out)[N],
+                                           Deadline& deadline) const {
+    const char* b = base(r);
+    if (!(r.flags & kPacket)) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units) unit_load<V>(b + u * V, out[k]);
+      }
+      return true;
+    }
+    Packets<V> raw[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const i64 u = first + k * stride;
+      if (u < units) packets_fetch<V>(b + u * (2 * V), raw[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const i64 u = first + k * stride;
+      if (u < units && !packets_ready<V>(raw[k], flag, out[k]) &&
+          !unit_load_packets<V>(b + u * (2 * V), out[k], flag, deadline)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   template <int V>
   __device__ __forceinline__ void store(const Ref& r, i64 unit, const Unit<V>& value) const {
     if (r.flags & kPacket) {
@@ -64,27 +95,42 @@ struct Transfer {
 // Each thread keeps kInFlight units in flight so that peer reads over NVLink overlap.
 constexpr int kInFlight = 4;
 
-// Returns false on a packet timeout (the caller reports it).
-template <class D, int V>
+// Returns false on a packet timeout (the caller reports it). Batch: every source's units are loaded together
+// (packets fetched before any is polled, see Transfer::load_all), which needs the registers of blocks of at
+// most 256 threads; otherwise a source's units are loaded, and packets polled, one after another.
+template <class D, int V, bool Batch>
 __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 units = op.bytes / V;
   const i64 stride = (i64)blockDim.x;
   for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
     Unit<V> acc[kInFlight];
+    if constexpr (Batch) {
+      if (!t.load_all(op.src[0], first, stride, units, acc, deadline)) return false;
+      for (int s = 1; s < op.nsrc; ++s) {
+        Unit<V> x[kInFlight];
+        if (!t.load_all(op.src[s], first, stride, units, x, deadline)) return false;
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) {
-      const i64 u = first + k * stride;
-      if (u < units && !t.load<V>(op.src[0], u, acc[k], deadline)) return false;
-    }
-    for (int s = 1; s < op.nsrc; ++s) {
+        for (int k = 0; k < kInFlight; ++k) {
+#pragma unroll
+          for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[k].w[w]);
+        }
+      }
+    } else {
 #pragma unroll
       for (int k = 0; k < kInFlight; ++k) {
         const i64 u = first + k * stride;
-        if (u >= units) continue;
-        Unit<V> x;
-        if (!t.load<V>(op.src[s], u, x, deadline)) return false;
+        if (u < units && !t.load<V>(op.src[0], u, acc[k], deadline)) return false;
+      }
+      for (int s = 1; s < op.nsrc; ++s) {
 #pragma unroll
-        for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x.w[w]);
+        for (int k = 0; k < kInFlight; ++k) {
+          const i64 u = first + k * stride;
+          if (u >= units) continue;
+          Unit<V> x;
+          if (!t.load<V>(op.src[s], u, x, deadline)) return false;
+#pragma unroll
+          for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x.w[w]);
+        }
       }
     }
     for (int d = 0; d < op.ndst; ++d) {

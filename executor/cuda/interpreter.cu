@@ -14,17 +14,24 @@ struct Context {
   u64* expected;         // per channel: waits taken so far
   u64* barriers;         // per barrier id: arrivals so far
   u64* semaphores;       // per plan semaphore k: [2k] releases (from its init value), [2k+1] acquires
-  u64* state;            // [0] executions completed (the packet flag is this + 1), [1] blocks done
+  u64* epochs;           // per thread block: executions it completed (the packet flag is this + 1)
   volatile int* error;   // host-mapped error record
   u64 timeout_ns;
   int rank;
   i64 scratch_half;
+  int nslots;            // entries of the buffer slot table (at most kMaxSlots)
 };
 
-__device__ __forceinline__ void load_op(const Op* src, Op* dst) {
+// A block copies its buffer slots and up to kWindow of its ops into shared memory with all its threads at once,
+// so that the latencies of these global loads overlap instead of adding up op after op.
+constexpr int kMaxSlots = 64;
+constexpr int kWindow = 16;
+
+__device__ __forceinline__ void load_ops(const Op* src, Op* dst, int count) {
   const int* s = reinterpret_cast<const int*>(src);
   int* d = reinterpret_cast<int*>(dst);
-  for (int i = threadIdx.x; i < (int)(sizeof(Op) / sizeof(int)); i += blockDim.x) d[i] = s[i];
+  const int words = count * (int)(sizeof(Op) / sizeof(int));
+  for (int i = threadIdx.x; i < words; i += blockDim.x) d[i] = s[i];
 }
 
 // Runs one control op on thread 0; returns false on timeout after reporting it.
@@ -60,58 +67,76 @@ __device__ bool run_control(const Op& op, const Context& c, ErrorRecord rec, Dea
   return true;
 }
 
-template <class D, int V>
+template <class D, int V, bool Batch>
 __device__ void interpret(const Context& c) {
-  __shared__ Op op;
+  __shared__ Op ops[kWindow];
+  __shared__ char* slots[kMaxSlots];
+  __shared__ int range[2];
+  __shared__ u64 epoch;
   __shared__ int failed;
   const ErrorRecord rec{c.error, c.rank};
-  if (threadIdx.x == 0) failed = 0;
-  const u32 flag = (u32)(*(volatile u64*)c.state + 1ULL);
-  const Transfer t{c.buffers, flag, (flag & 1u) ? c.scratch_half : 0};
-  for (int i = c.tb_start[blockIdx.x]; i < c.tb_start[blockIdx.x + 1]; ++i) {
-    load_op(c.ops + i, &op);
+  // One round of independent loads: the slot table, this block's op range and its epoch.
+  const int t = threadIdx.x;
+  for (int i = t; i < c.nslots; i += blockDim.x) slots[i] = c.buffers[i];
+  if (t == 0) range[0] = c.tb_start[blockIdx.x];
+  if (t == 1 % blockDim.x) range[1] = c.tb_start[blockIdx.x + 1];
+  if (t == 2 % blockDim.x) epoch = c.epochs[blockIdx.x];
+  if (t == 0) failed = 0;
+  __syncthreads();
+  const u32 flag = (u32)(epoch + 1ULL);
+  const Transfer tr{slots, flag, (flag & 1u) ? c.scratch_half : 0};
+  for (int first = range[0]; first < range[1]; first += kWindow) {
+    const int count = min(kWindow, range[1] - first);
+    load_ops(c.ops + first, ops, count);
     __syncthreads();
-    Deadline deadline(c.timeout_ns, c.error);
-    if (op.type == kTransfer) {
-      if (!run_transfer<D, V>(op, t, deadline)) {
-        report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
+    for (int k = 0; k < count; ++k) {
+      const Op& op = ops[k];
+      Deadline deadline(c.timeout_ns, c.error);
+      if (op.type == kTransfer) {
+        if (!run_transfer<D, V, Batch>(op, tr, deadline)) {
+          report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
+          failed = 1;
+        }
+      } else if (op.type == kFlush) {
+        __threadfence_system();
+      } else if (t == 0 && !run_control(op, c, rec, deadline)) {
         failed = 1;
       }
-    } else if (op.type == kFlush) {
-      __threadfence_system();
-    } else if (threadIdx.x == 0 && !run_control(op, c, rec, deadline)) {
-      failed = 1;
-    }
-    __syncthreads();
-    if (failed) return;
-  }
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd((u64*)(c.state + 1), 1ULL) == (u64)gridDim.x - 1ULL) {
-      c.state[1] = 0;
-      __threadfence();
-      atomicAdd((u64*)c.state, 1ULL);
+      __syncthreads();
+      if (failed) return;
     }
   }
+  // The next launch on this stream starts after this one has ended, so a plain store publishes the epoch.
+  if (t == 0) c.epochs[blockIdx.x] = epoch + 1ULL;
 }
 
 }  // namespace weft
 
-#define WEFT_INTERPRETER(NAME, D, V)                                                                         \
-  extern "C" __global__ void __launch_bounds__(1024)                                                          \
+#define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)                                                                       \
+  extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)                                                          \
       NAME(const weft::Op* ops, const int* tb_start, char* const* buffers, u64* const* outbound, u64* inbound, \
-           u64* expected, u64* barriers, u64* semaphores, u64* state, int* error, u64 timeout_ns, int rank, i64 scratch_half) { \
-    const weft::Context c{ops,      tb_start, buffers, outbound,   inbound, expected,                         \
-                          barriers, semaphores, state, error, timeout_ns, rank, scratch_half};                    \
-    weft::interpret<D, V>(c);                                                                                 \
+           u64* expected, u64* barriers, u64* semaphores, u64* epochs, int* error, u64 timeout_ns, int rank,       \
+           i64 scratch_half, int nslots) {                                                                    \
+    const weft::Context c{ops,      tb_start,   buffers, outbound,   inbound, expected,      barriers,           \
+                          semaphores, epochs, error,   timeout_ns, rank,    scratch_half, nslots};              \
+    weft::interpret<D, V, BATCH>(c);                                                                                 \
   }
 
-WEFT_INTERPRETER(weft_interpret_f32_v16, weft::F32, 16)
-WEFT_INTERPRETER(weft_interpret_f32_v8, weft::F32, 8)
-WEFT_INTERPRETER(weft_interpret_f32_v4, weft::F32, 4)
-WEFT_INTERPRETER(weft_interpret_f16_v16, weft::F16, 16)
-WEFT_INTERPRETER(weft_interpret_f16_v8, weft::F16, 8)
-WEFT_INTERPRETER(weft_interpret_f16_v4, weft::F16, 4)
-WEFT_INTERPRETER(weft_interpret_bf16_v16, weft::BF16, 16)
-WEFT_INTERPRETER(weft_interpret_bf16_v8, weft::BF16, 8)
-WEFT_INTERPRETER(weft_interpret_bf16_v4, weft::BF16, 4)
+WEFT_INTERPRETER(weft_interpret_f32_v16, weft::F32, 16, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_f32_v16_b256, weft::F32, 16, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_f32_v8, weft::F32, 8, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_f32_v8_b256, weft::F32, 8, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_f32_v4, weft::F32, 4, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_f32_v4_b256, weft::F32, 4, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_f16_v16, weft::F16, 16, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_f16_v16_b256, weft::F16, 16, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_f16_v8, weft::F16, 8, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_f16_v8_b256, weft::F16, 8, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_f16_v4, weft::F16, 4, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_f16_v4_b256, weft::F16, 4, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_bf16_v16, weft::BF16, 16, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_bf16_v16_b256, weft::BF16, 16, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_bf16_v8, weft::BF16, 8, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_bf16_v8_b256, weft::BF16, 8, 256, 2, true)
+WEFT_INTERPRETER(weft_interpret_bf16_v4, weft::BF16, 4, 1024, 1, false)
+WEFT_INTERPRETER(weft_interpret_bf16_v4_b256, weft::BF16, 4, 256, 2, true)

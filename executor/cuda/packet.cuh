@@ -95,4 +95,48 @@ __device__ __forceinline__ bool unit_load_packets(const char* p, Unit<V>& u, u32
   }
 }
 
+// The 2V packet bytes of one unit as fetched, before their flags are checked. Fetching every unit a thread holds
+// in flight first and checking afterwards overlaps the loads; polling unit after unit would add their latencies.
+template <int V>
+struct Packets {
+  Words4 p[V / 8];
+};
+template <>
+struct Packets<4> {
+  Words2 p[1];
+};
+
+template <int V>
+__device__ __forceinline__ void packets_fetch(const char* p, Packets<V>& raw) {
+  if constexpr (V == 4) {
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(raw.p[0].x), "=r"(raw.p[0].y) : "l"(p) : "memory");
+  } else {
+#pragma unroll
+    for (int k = 0; k < V / 8; ++k) {
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(raw.p[k].x), "=r"(raw.p[k].y), "=r"(raw.p[k].z), "=r"(raw.p[k].w)
+                   : "l"(p + 16 * k)
+                   : "memory");
+    }
+  }
+}
+
+// Whether every packet of the unit carries ``flag``; if so ``u`` holds its data.
+template <int V>
+__device__ __forceinline__ bool packets_ready(const Packets<V>& raw, u32 flag, Unit<V>& u) {
+  if constexpr (V == 4) {
+    u.w[0] = raw.p[0].x;
+    return raw.p[0].y == flag;
+  } else {
+    bool ready = true;
+#pragma unroll
+    for (int k = 0; k < V / 8; ++k) {
+      u.w[2 * k] = raw.p[k].x;
+      u.w[2 * k + 1] = raw.p[k].z;
+      ready = ready && raw.p[k].y == flag && raw.p[k].w == flag;
+    }
+    return ready;
+  }
+}
+
 }  // namespace weft
