@@ -4,7 +4,8 @@
 #
 #   here:    git archive --format=tar.gz HEAD -o devsnap.tgz   (untracked, not ignored: it travels with the tree)
 #   device:  bash bench/device_run.sh 2 tests      # pytest -m gpu, then the all-reduce bench      (~6 min)
-#            bash bench/device_run.sh 2 more       # reduce-scatter, all-gather, eager, tp_decode  (~6 min)
+#            bash bench/device_run.sh 2 more       # all-reduce without PDL, reduce-scatter, all-gather, eager,
+#                                                  # tp_decode (~3 min)
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tar brings it back (untar it over bench/).
@@ -38,6 +39,7 @@ if [ "$STAGE" = tests ]; then
   tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
   bench allreduce 300 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
 else
+  bench allreduce 100 --no-pdl --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB -o "$OUT/gpu_allreduce_nopdl.json"
   bench reducescatter 130 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
   bench allgather 130 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
   bench allreduce 50 --eager --sizes 1KB,64KB,1MB --calls 20 -o "$OUT/gpu_allreduce_eager.json"

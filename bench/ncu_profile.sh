@@ -14,7 +14,13 @@ W=/tmp/weft-snap
 cd "$W" || exit 2
 export PYTHONPATH="$W"
 weft() { python -c 'from weft.cli import run; run()' "$@"; }
-rm -rf /tmp/plans && weft registry export /tmp/plans --registry bench/registry_h200x2 > /dev/null || exit 2
+rm -rf /tmp/plans /tmp/entries && weft registry export /tmp/entries --registry bench/registry_h200x2 > /dev/null || exit 2
+python - <<'EOF' || exit 2
+import json, pathlib
+out = pathlib.Path("/tmp/plans"); out.mkdir()
+for f in pathlib.Path("/tmp/entries").glob("*.json"):
+    (out / f.name).write_text(json.dumps(json.loads(f.read_text())["plan"], indent=1))
+EOF
 METRICS=gpu__time_duration.sum,sm__cycles_active.max,launch__grid_size,launch__block_size,launch__registers_per_thread
 METRICS=$METRICS,smsp__cycles_active.avg,dram__bytes.sum,lts__t_bytes.sum
 port=29611
@@ -28,6 +34,7 @@ for spec in "ll-x1-t256 1KB" "ll-x4-t256 16KB" "ll-x64-t256 256KB" "simple-x32-2
   env "${common[@]}" RANK=1 LOCAL_RANK=1 timeout 120 python -c 'from weft.cli import run; run()' run "$plan" \
     --size "$2" --iters 60 --timeout 30 > "/tmp/rank1_$1.txt" 2>&1 &
   env "${common[@]}" RANK=0 LOCAL_RANK=0 timeout 120 ncu --kernel-name regex:weft_interpret --launch-skip 20 \
+    --cache-control none --clock-control none \
     --launch-count 30 --metrics "$METRICS" --csv python -c 'from weft.cli import run; run()' run "$plan" \
     --size "$2" --iters 60 --timeout 30 > "/tmp/ncu_$1.csv" 2> "/tmp/ncu_$1.err"
   echo "rank0 rc=$?" | tee -a "$OUT/ncu.txt"
@@ -44,5 +51,5 @@ for r in body:
 for (name, unit), xs in sorted(by.items()):
     print(f"  {name:40s} median {statistics.median(xs):12.1f} {unit:8s} min {min(xs):.1f} max {max(xs):.1f} n={len(xs)}")
 EOF
-  tail -3 "/tmp/ncu_$1.err" "/tmp/rank1_$1.txt" >> "$OUT/ncu.txt"
+  tail -n 4 "/tmp/ncu_$1.err" "/tmp/rank1_$1.txt" >> "$OUT/ncu.txt"
 done

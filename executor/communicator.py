@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from executor import gpu_bootstrap, gpu_build, gpu_ipc, liveness
+from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, liveness
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
     MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
@@ -93,6 +93,7 @@ class _Context:
     slots: tuple[int, ...]  # the buffer slots: input, output, scratch, then the plan's remote buffers
     peers: PeerMapping  # the inputs and outputs ranks map across (then bindings are collective)
     records: "_Records | None" = None
+    packed: gpu_launch.Arguments | None = None  # args packed for the launcher, on first launch
 
 
 @dataclass
@@ -140,7 +141,9 @@ class Communicator:
     """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes."""
 
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, programmatic: bool = True):
+        """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
+        collectives overlap one kernel's start with the previous one's end."""
         import cupy
 
         if not 0 <= rank < world_size:
@@ -158,6 +161,7 @@ class Communicator:
         self._kernels: dict[tuple[str, int], Any] = {}
         self._resident: dict[tuple[str, int, int], int] = {}  # (dtype, vector bytes, threads) -> blocks that fit
         self._peers = gpu_ipc.PeerMappings()
+        self._launcher = gpu_launch.Launcher(programmatic)
         self._templates: dict[tuple[str, int, str], _Context] = {}  # (plan, size, dtype) -> its first context
         self._captured: list[CapturedExecution] = []
         self._graph_mode = False
@@ -179,12 +183,14 @@ class Communicator:
                               for r, s in enumerate(shared)]
 
     @classmethod
-    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0) -> "Communicator":
+    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0,
+                           programmatic: bool = True) -> "Communicator":
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
 
         store = gpu_bootstrap.process_group_store(group)
-        return cls(dist.get_rank(group), dist.get_world_size(group), store, timeout_s=timeout_s)
+        return cls(dist.get_rank(group), dist.get_world_size(group), store, timeout_s=timeout_s,
+                   programmatic=programmatic)
 
     # ------------------------------------------------------------------ running plans
 
@@ -500,7 +506,11 @@ class Communicator:
             raise ExecutorError(f"executor: plan needs {t.nthreadblocks} thread blocks of {t.threads} threads at "
                                 f"once but GPU {self.device} holds {fits}; compile it with fewer --instances "
                                 "or --threads")
-        kernel((t.nthreadblocks,), (t.threads,), args or ctx.args, stream=self._stream(stream, framework))
+        if args is None:
+            ctx.packed = ctx.packed or gpu_launch.Arguments.pack(ctx.args)
+        packed = ctx.packed if args is None else gpu_launch.Arguments.pack(args)
+        function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel wraps the driver function
+        self._launcher.launch(function, t.nthreadblocks, t.threads, self._stream(stream, framework).ptr, packed)
 
     def _raise_device_error(self) -> None:
         words = [int(w) for w in self._error]

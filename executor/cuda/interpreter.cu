@@ -75,24 +75,34 @@ __device__ void interpret(const Context& c) {
   __shared__ u64 epoch;
   __shared__ int failed;
   const ErrorRecord rec{c.error, c.rank};
-  // One round of independent loads: the slot table, this block's op range and its epoch.
+  // The static tables first (the slot table and this block's op range, then its first window of ops): with a
+  // programmatic launch these loads overlap the end of the kernel before this one on the stream.
   const int t = threadIdx.x;
   for (int i = t; i < c.nslots; i += blockDim.x) slots[i] = c.buffers[i];
   if (t == 0) range[0] = c.tb_start[blockIdx.x];
   if (t == 1 % blockDim.x) range[1] = c.tb_start[blockIdx.x + 1];
-  if (t == 2 % blockDim.x) epoch = c.epochs[blockIdx.x];
   if (t == 0) failed = 0;
   __syncthreads();
-  const u32 flag = (u32)(epoch + 1ULL);
-  const Transfer tr{slots, flag, (flag & 1u) ? c.scratch_half : 0};
+  load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
+  // Let the next launch start its own table loads, then wait until the previous kernel has ended and its writes
+  // are visible (both are no-ops for a launch without the programmatic attribute). Only then is the epoch, and
+  // any buffer, read.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (t == 0) epoch = c.epochs[blockIdx.x];
+  __syncthreads();
   for (int first = range[0]; first < range[1]; first += kWindow) {
     const int count = min(kWindow, range[1] - first);
-    load_ops(c.ops + first, ops, count);
-    __syncthreads();
+    if (first != range[0]) {
+      load_ops(c.ops + first, ops, count);
+      __syncthreads();
+    }
     for (int k = 0; k < count; ++k) {
       const Op& op = ops[k];
       Deadline deadline(c.timeout_ns, c.error);
       if (op.type == kTransfer) {
+        const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);  // re-read: fewer live registers in the loop
+        const Transfer tr{slots, flag, (flag & 1u) ? c.scratch_half : 0};
         if (!run_transfer<D, V, Batch>(op, tr, deadline)) {
           report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
           failed = 1;
@@ -106,8 +116,9 @@ __device__ void interpret(const Context& c) {
       if (failed) return;
     }
   }
-  // The next launch on this stream starts after this one has ended, so a plain store publishes the epoch.
-  if (t == 0) c.epochs[blockIdx.x] = epoch + 1ULL;
+  // The next launch reads the epoch after griddepcontrol.wait, i.e. after this grid has ended and its writes
+  // are visible (or, launched without the attribute, after this one ended), so a plain store publishes it.
+  if (t == 0) c.epochs[blockIdx.x] = *(volatile u64*)&epoch + 1ULL;
 }
 
 }  // namespace weft

@@ -59,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=None, help="processes (GPUs); default WORLD_SIZE or all GPUs")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a GPU wait may spin before failing")
+    p.add_argument("--no-pdl", dest="pdl", action="store_false",
+                   help="ordinary launches instead of programmatic dependent launches")
 
 
 # ---------------------------------------------------------------- launching
@@ -185,7 +187,7 @@ def _init_rank(args: argparse.Namespace):
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    return Communicator.from_process_group(timeout_s=args.timeout), rank, world
+    return Communicator.from_process_group(timeout_s=args.timeout, programmatic=args.pdl), rank, world
 
 
 def _abandon(rank: int, error: BaseException) -> None:
@@ -351,7 +353,7 @@ def _bench_document(args, config, rows, world: int, torch) -> dict:
         "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "host": platform.node()},
         "versions": versions, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": {"calls_per_sample": config.calls, "samples": config.samples, "warmup": config.warmup,
-                   "statistic": "median", "timer": "CUDA events"},
+                   "statistic": "median", "timer": "CUDA events", "programmatic_launch": args.pdl},
         "rows": rows,
     }
 

@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("id")
     q = cmd("verify", "re-check every entry on the reference executor", _verify)
     q.add_argument("--json", action="store_true")
-    q = cmd("export", "write every entry's plan file into a directory", _export)
+    q = cmd("export", "write every entry (plan, provenance, timings) as ID.json into a directory", _export)
     q.add_argument("directory")
     q = cmd("import", "verify and commit every plan file in a directory", _import)
     q.add_argument("directory")

@@ -1,0 +1,40 @@
+"""The driver launch's C layouts and argument packing (no GPU needed)."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from executor import gpu_launch
+from executor.errors import ExecutorError
+
+
+def test_the_launch_structs_match_cuda_h():
+    # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union; CUlaunchConfig: 7 uints, stream,
+    # attribute pointer and count, 8-byte aligned
+    assert ctypes.sizeof(gpu_launch._Attribute) == 72 and gpu_launch._Attribute.value.offset == 8
+    assert ctypes.sizeof(gpu_launch._Config) == 56
+    assert gpu_launch._Config.hStream.offset == 32 and gpu_launch._Config.attrs.offset == 40
+
+
+class _Data:
+    ptr = 0xDEAD0000
+
+
+class _DeviceArray:
+    data = _Data()
+
+
+def test_arguments_are_packed_as_the_kernel_reads_them():
+    packed = gpu_launch.Arguments.pack([_DeviceArray(), np.uint64(7), np.int32(-3), np.int64(1 << 40)])
+    kinds = [type(v) for v in packed.values]
+    assert kinds == [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64]
+    assert [v.value for v in packed.values] == [0xDEAD0000, 7, -3, 1 << 40]
+    # each pointer addresses its value
+    assert [ctypes.cast(p, ctypes.POINTER(type(v))).contents.value for p, v in zip(packed.pointers, packed.values)] \
+        == [v.value for v in packed.values]
+
+
+def test_an_argument_of_another_kind_is_refused():
+    with pytest.raises(ExecutorError, match="cannot pass a float"):
+        gpu_launch.Arguments.pack([1.5])
