@@ -64,7 +64,7 @@ def _describe(x: Any, name: str) -> _Buffer:
         if not x.is_contiguous():
             raise ExecutorError(f"executor: {name} must be contiguous")
         dtype = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(x.dtype))
-        return _Buffer(x.data_ptr(), x.numel() * x.element_size(), dtype, x.device.index, "torch")
+        return _Buffer(x.data_ptr(), x.numel() * x.element_size(), dtype, x.get_device(), "torch")
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None:
         raise ExecutorError(f"executor: {name} must be a torch CUDA tensor or a CuPy array, got {type(x).__name__}")
@@ -93,7 +93,7 @@ class _Context:
     slots: tuple[int, ...]  # the buffer slots: input, output, scratch, then the plan's remote buffers
     peers: PeerMapping  # the inputs and outputs ranks map across (then bindings are collective)
     records: "_Records | None" = None
-    packed: gpu_launch.Arguments | None = None  # args packed for the launcher, on first launch
+    launch: gpu_launch.Launch | None = None  # the launch with ``args``, prepared on first use
 
 
 @dataclass
@@ -158,8 +158,8 @@ class Communicator:
         self._contexts: dict[tuple, _Context] = {}
         self._plans: dict[int, tuple[Plan, str]] = {}
         self._streams: dict[int, Any] = {}
-        self._kernels: dict[tuple[str, int], Any] = {}
-        self._resident: dict[tuple[str, int, int], int] = {}  # (dtype, vector bytes, threads) -> blocks that fit
+        self._kernels: dict[str, Any] = {}  # interpreter entries by name
+        self._resident: dict[str, int] = {}  # interpreter entry -> how many of its blocks the GPU holds at once
         self._peers = gpu_ipc.PeerMappings()
         self._launcher = gpu_launch.Launcher(programmatic)
         self._templates: dict[tuple[str, int, str], _Context] = {}  # (plan, size, dtype) -> its first context
@@ -455,6 +455,7 @@ class Communicator:
                 self._marker = cupy.full(TRIPWIRE_BYTES, 0x5E, cupy.uint8)
                 host = cupy.cuda.runtime.hostAlloc(TRIPWIRE_BYTES, HOST_ALLOC_PORTABLE_MAPPED)
                 self._tripwire = np.ctypeslib.as_array((ctypes.c_int32 * (TRIPWIRE_BYTES // 4)).from_address(host))
+                self._tripwire_words = (ctypes.c_uint64 * (TRIPWIRE_BYTES // 8)).from_address(host)  # fast check
                 self._tripwire[:] = 0
             layout = ctx.records.layout
             # mapped pinned memory has one address under UVA, as the error record's
@@ -464,7 +465,7 @@ class Communicator:
         ctx.records.chunks.append(chunk)
 
     def _check_tripwire(self) -> None:
-        if self._tripwire is not None and self._tripwire.any():
+        if self._tripwire is not None and any(self._tripwire_words):
             self._tripwire[:] = 0
             raise ExecutorError("executor: a CUDA graph replayed executions captured inside comm.capture() before "
                                 "their buffers were registered, so they did nothing; leave capture() (or call "
@@ -486,31 +487,41 @@ class Communicator:
             self._streams[handle] = s
         return s
 
-    def _kernel(self, dtype: str, width: int, threads: int):
-        name = gpu_build.kernel_name(dtype, width, threads)
-        k = self._kernels.get(name)
-        if k is None:
-            k = self._kernels[name] = self._module.get_function(name)
-        return k
+    def _stream_handle(self, stream: Any, framework: str) -> int:
+        """The raw CUDA stream a launch goes to (the framework's current stream by default)."""
+        if stream is None:
+            if framework == "torch":
+                import torch
 
-    def _launch(self, ctx: _Context, dtype: str, framework: str, stream: Any, args: tuple | None = None) -> None:
+                return torch._C._cuda_getCurrentRawStream(self.device)
+            return self._cupy.cuda.get_current_stream().ptr
+        return stream.cuda_stream if hasattr(stream, "cuda_stream") else getattr(stream, "ptr", stream)
+
+    def _prepare(self, ctx: _Context, dtype: str, args: tuple) -> gpu_launch.Launch:
         t = ctx.tables
-        if t.nthreadblocks == 0:
-            return
-        kernel = self._kernel(dtype, ctx.vector_bytes, t.threads)
-        fits = self._resident.get((dtype, ctx.vector_bytes, t.threads))
+        name = gpu_build.kernel_name(dtype, ctx.vector_bytes, t.threads)
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            kernel = self._kernels[name] = self._module.get_function(name)
+        fits = self._resident.get(name)
         if fits is None:
-            fits = self._resident[(dtype, ctx.vector_bytes, t.threads)] = gpu_build.resident_blocks(
-                kernel, t.threads, self.device)
+            fits = self._resident[name] = gpu_build.resident_blocks(kernel, t.threads, self.device)
         if t.nthreadblocks > fits:
             raise ExecutorError(f"executor: plan needs {t.nthreadblocks} thread blocks of {t.threads} threads at "
                                 f"once but GPU {self.device} holds {fits}; compile it with fewer --instances "
                                 "or --threads")
-        if args is None:
-            ctx.packed = ctx.packed or gpu_launch.Arguments.pack(ctx.args)
-        packed = ctx.packed if args is None else gpu_launch.Arguments.pack(args)
         function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel wraps the driver function
-        self._launcher.launch(function, t.nthreadblocks, t.threads, self._stream(stream, framework).ptr, packed)
+        return self._launcher.prepare(function, t.nthreadblocks, t.threads, gpu_launch.Arguments.pack(args))
+
+    def _launch(self, ctx: _Context, dtype: str, framework: str, stream: Any, args: tuple | None = None) -> None:
+        """Launch ``ctx``'s plan (with its own arguments, prepared once, or a captured execution's ``args``)."""
+        if ctx.tables.nthreadblocks == 0:
+            return
+        if args is None:
+            launch = ctx.launch = ctx.launch or self._prepare(ctx, dtype, ctx.args)
+        else:
+            launch = self._prepare(ctx, dtype, args)
+        launch(self._stream_handle(stream, framework))
 
     def _raise_device_error(self) -> None:
         words = [int(w) for w in self._error]

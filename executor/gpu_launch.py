@@ -60,8 +60,26 @@ class Arguments:
         return cls(values, pointers)
 
 
+@dataclass
+class Launch:
+    """One kernel launch prepared once (function, grid, block, attributes, packed arguments); call it with a
+    stream handle to launch."""
+
+    driver: Any
+    function: ctypes.c_void_p
+    config: _Config
+    args: Arguments
+    attribute: Any  # kept alive: config points at it
+
+    def __call__(self, stream: int) -> None:
+        self.config.hStream = stream
+        code = self.driver.cuLaunchKernelEx(ctypes.byref(self.config), self.function, self.args.pointers, None)
+        if code != 0:
+            raise ExecutorError(f"executor: cuLaunchKernelEx failed with CUDA driver error {code}")
+
+
 class Launcher:
-    """Launches CUfunctions with or without PDL; one per process (it holds the driver library)."""
+    """Prepares launches of CUfunctions with or without PDL; one per process (it holds the driver library)."""
 
     def __init__(self, programmatic: bool = True) -> None:
         self.programmatic = programmatic
@@ -70,13 +88,10 @@ class Launcher:
         except OSError as e:
             raise ExecutorError(f"executor: cannot load the CUDA driver (libcuda.so.1): {e}") from e
         self._driver.cuLaunchKernelEx.restype = ctypes.c_int
-        self._attribute = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
-        self._attribute.value[0] = 1  # programmaticStreamSerializationAllowed
 
-    def launch(self, function: int, grid: int, block: int, stream: int, args: Arguments) -> None:
-        config = _Config(grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(stream),
-                         ctypes.pointer(self._attribute) if self.programmatic else None,
-                         1 if self.programmatic else 0)
-        code = self._driver.cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function), args.pointers, None)
-        if code != 0:
-            raise ExecutorError(f"executor: cuLaunchKernelEx failed with CUDA driver error {code}")
+    def prepare(self, function: int, grid: int, block: int, args: Arguments) -> Launch:
+        attribute = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+        attribute.value[0] = 1  # programmaticStreamSerializationAllowed
+        config = _Config(grid, 1, 1, block, 1, 1, 0, None,
+                         ctypes.pointer(attribute) if self.programmatic else None, 1 if self.programmatic else 0)
+        return Launch(self._driver, ctypes.c_void_p(function), config, args, attribute)

@@ -38,3 +38,31 @@ def test_arguments_are_packed_as_the_kernel_reads_them():
 def test_an_argument_of_another_kind_is_refused():
     with pytest.raises(ExecutorError, match="cannot pass a float"):
         gpu_launch.Arguments.pack([1.5])
+
+
+class _Driver:
+    def __init__(self, code: int) -> None:
+        self.code, self.calls = code, []
+
+    def cuLaunchKernelEx(self, config, function, pointers, extra):
+        cfg = config._obj
+        self.calls.append((cfg.gridDimX, cfg.blockDimX, cfg.hStream, cfg.numAttrs, function.value, extra))
+        return self.code
+
+
+def _launch(code: int, attributes: int) -> gpu_launch.Launch:
+    config = gpu_launch._Config(12, 1, 1, 256, 1, 1, 0, None, None, attributes)
+    return gpu_launch.Launch(_Driver(code), ctypes.c_void_p(0x1234), config,
+                             gpu_launch.Arguments.pack([np.int32(1)]), None)
+
+
+def test_a_prepared_launch_goes_to_the_stream_it_is_called_with():
+    launch = _launch(0, 1)
+    launch(0xAB)
+    launch(0xCD)
+    assert launch.driver.calls == [(12, 256, 0xAB, 1, 0x1234, None), (12, 256, 0xCD, 1, 0x1234, None)]
+
+
+def test_a_failed_launch_raises_with_the_driver_code():
+    with pytest.raises(ExecutorError, match="driver error 719"):
+        _launch(719, 0)(0)
