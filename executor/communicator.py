@@ -159,7 +159,7 @@ class Communicator:
         self._plans: dict[int, tuple[Plan, str]] = {}
         self._streams: dict[int, Any] = {}
         self._kernels: dict[str, Any] = {}  # interpreter entries by name
-        self._resident: dict[str, int] = {}  # interpreter entry -> how many of its blocks the GPU holds at once
+        self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
         self._peers = gpu_ipc.PeerMappings()
         self._launcher = gpu_launch.Launcher(programmatic)
         self._templates: dict[tuple[str, int, str], _Context] = {}  # (plan, size, dtype) -> its first context
@@ -503,9 +503,9 @@ class Communicator:
         kernel = self._kernels.get(name)
         if kernel is None:
             kernel = self._kernels[name] = self._module.get_function(name)
-        fits = self._resident.get(name)
+        fits = self._resident.get((name, t.threads))
         if fits is None:
-            fits = self._resident[name] = gpu_build.resident_blocks(kernel, t.threads, self.device)
+            fits = self._resident[(name, t.threads)] = gpu_build.resident_blocks(kernel, t.threads, self.device)
         if t.nthreadblocks > fits:
             raise ExecutorError(f"executor: plan needs {t.nthreadblocks} thread blocks of {t.threads} threads at "
                                 f"once but GPU {self.device} holds {fits}; compile it with fewer --instances "

@@ -66,3 +66,24 @@ def test_a_prepared_launch_goes_to_the_stream_it_is_called_with():
 def test_a_failed_launch_raises_with_the_driver_code():
     with pytest.raises(ExecutorError, match="driver error 719"):
         _launch(719, 0)(0)
+
+
+def test_residency_is_checked_for_the_block_size_of_each_plan(monkeypatch):
+    """One interpreter entry serves 512- and 1024-thread blocks; a GPU holds twice as many of the smaller."""
+    from types import SimpleNamespace
+
+    from executor import communicator, gpu_build
+
+    monkeypatch.setattr(gpu_build, "resident_blocks", lambda kernel, threads, device: 132 * 1024 // threads)
+    comm = object.__new__(communicator.Communicator)
+    comm._kernels, comm._resident, comm.device = {}, {}, 0
+    comm._module = SimpleNamespace(get_function=lambda name: SimpleNamespace(ptr=1))
+    comm._launcher = SimpleNamespace(prepare=lambda function, grid, block, args: (grid, block))
+
+    def ctx(blocks: int, threads: int):
+        return SimpleNamespace(tables=SimpleNamespace(nthreadblocks=blocks, threads=threads), vector_bytes=16)
+
+    assert comm._prepare(ctx(64, 1024), "bf16", (np.int32(0),)) == (64, 1024)
+    assert comm._prepare(ctx(256, 512), "bf16", (np.int32(0),)) == (256, 512)
+    with pytest.raises(ExecutorError, match="needs 256 thread blocks of 1024 threads at once but GPU 0 holds 132"):
+        comm._prepare(ctx(256, 1024), "bf16", (np.int32(0),))
