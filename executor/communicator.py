@@ -161,13 +161,13 @@ class Communicator:
         self._kernels: dict[str, Any] = {}  # interpreter entries by name
         self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
         self._peers = gpu_ipc.PeerMappings()
-        self._launcher = gpu_launch.Launcher(programmatic)
         self._templates: dict[tuple[str, int, str], _Context] = {}  # (plan, size, dtype) -> its first context
         self._captured: list[CapturedExecution] = []
         self._graph_mode = False
         self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
         with cupy.cuda.Device(self.device):
             cc = cupy.cuda.Device(self.device).compute_capability
+            self._launcher = gpu_launch.Launcher(programmatic and int(cc) >= 90)  # PDL needs Hopper or newer
             self._module = gpu_build.load_module(cc)
             # inbound counters are written by peers, so they get their own shared allocation
             self._inbound = cupy.zeros(MAX_CHANNELS, cupy.uint64)

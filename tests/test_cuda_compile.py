@@ -38,6 +38,12 @@ def test_the_1024_thread_kernels_keep_everything_in_registers(tmp_path):
         assert "0 bytes spill stores" in section, section
 
 
+def test_the_interpreter_builds_for_gpus_without_programmatic_launch(cache):
+    """A100 (sm_80) has no griddepcontrol: the kernel leaves it out there and launches run without PDL."""
+    image = gpu_build.build_cubin("sm_80", cache).read_bytes()
+    assert gpu_build.kernel_name("bf16", 16, 1024).encode() in image
+
+
 def test_cached_cubin_is_reused(cache):
     first = gpu_build.build_cubin("sm_90", cache)
     stamp = first.stat().st_mtime_ns

@@ -87,8 +87,10 @@ __device__ void interpret(const Context& c) {
   // Let the next launch start its own table loads, then wait until the previous kernel has ended and its writes
   // are visible (both are no-ops for a launch without the programmatic attribute). Only then is the epoch, and
   // any buffer, read.
+#if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   if (t == 0) epoch = c.epochs[blockIdx.x];
   __syncthreads();
   for (int first = range[0]; first < range[1]; first += kWindow) {
