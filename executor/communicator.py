@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, liveness
+from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, liveness
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
     MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
@@ -141,9 +141,10 @@ class Communicator:
     """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes."""
 
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
-                 timeout_s: float = 30.0, programmatic: bool = True):
+                 timeout_s: float = 30.0, programmatic: bool = True, trace: bool = False):
         """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
-        collectives overlap one kernel's start with the previous one's end."""
+        collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
+        interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``."""
         import cupy
 
         if not 0 <= rank < world_size:
@@ -168,7 +169,8 @@ class Communicator:
         with cupy.cuda.Device(self.device):
             cc = cupy.cuda.Device(self.device).compute_capability
             self._launcher = gpu_launch.Launcher(programmatic and int(cc) >= 90)  # PDL needs Hopper or newer
-            self._module = gpu_build.load_module(cc)
+            self._module = gpu_build.load_module(cc, trace)
+            self._trace = trace
             # inbound counters are written by peers, so they get their own shared allocation
             self._inbound = cupy.zeros(MAX_CHANNELS, cupy.uint64)
             self._expected = cupy.zeros(MAX_CHANNELS, cupy.uint64)
@@ -288,6 +290,21 @@ class Communicator:
             cupy.cuda.runtime.deviceSynchronize()
         self._check_tripwire()
 
+    def kernel_times(self, plan: Plan | dict | str | Path, nbytes: int, dtype: str) -> list[gpu_trace.BlockTimes]:
+        """Per-block mean phase times (µs per launch) of ``plan`` at ``nbytes`` (its context's message size) and
+        ``dtype``, over every launch so far; needs ``trace=True``."""
+        if not self._trace:
+            raise ExecutorError("executor: kernel_times needs a Communicator made with trace=True")
+        plan, plan_hash = self._plan(plan)
+        ctx = self._templates.get((plan_hash, nbytes, dtype))
+        if ctx is None:
+            raise ExecutorError(f"executor: plan {plan.name} has not run at {nbytes} B {dtype} here")
+        self.synchronize()
+        t = ctx.tables
+        launches = int(ctx.state[-t.nthreadblocks:].get()[0])
+        ops = [int(t.tb_start[b + 1] - t.tb_start[b]) for b in range(t.nthreadblocks)]
+        return gpu_trace.summarize(ctx.arrays[-1].get(), t.nthreadblocks, ops, launches)
+
     def synchronize(self, stream: Any = None) -> None:
         """Wait for this rank's launches; raise ExecutorTimeout if a wait on the GPU ran past its bound."""
         if stream is None:
@@ -405,6 +422,7 @@ class Communicator:
             init = np.zeros(2 * nsem + tables.nthreadblocks, np.uint64)
             init[0:2 * len(tables.semaphore_init):2] = tables.semaphore_init
             state = cupy.asarray(init)
+            trace = cupy.zeros(tables.nthreadblocks * gpu_trace.TRACE_SLOTS if self._trace else 1, cupy.uint64)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
             shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
             peers = self._all_gather("context", (plan_hash, nbytes, shares))
@@ -422,13 +440,13 @@ class Communicator:
             cupy.cuda.runtime.deviceSynchronize()
         width = vector_bytes(tables.vector_bytes, *slots)
         return _Context(
-            tables=tables, arrays=[ops, tb_start, slot_table, outbound_table], scratch=scratch, state=state,
+            tables=tables, arrays=[ops, tb_start, slot_table, outbound_table, trace], scratch=scratch, state=state,
             semaphore_init=init, vector_bytes=width, output=output, plan_hash=plan_hash, nbytes=nbytes,
             slots=tuple(slots), peers=peer_mapping(plan, self.rank),
             args=(ops, tb_start, slot_table, outbound_table, self._inbound, self._expected, self._barriers,
                   state, state[2 * nsem:], np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
                   np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0),
-                  np.int32(len(slots))),
+                  np.int32(len(slots)), *([trace] if self._trace else [])),
         )
 
     def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int) -> str:

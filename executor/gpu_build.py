@@ -24,8 +24,11 @@ def source_dir() -> Path:
     return Path(__file__).parent / "cuda"
 
 
-def source_hash(arch: str) -> str:
-    h = hashlib.sha256(arch.encode() + " ".join(FLAGS).encode())
+TRACE_FLAGS = ("-DWEFT_TRACE",)  # the diagnostic build that times each block's phases (executor/gpu_trace.py)
+
+
+def source_hash(arch: str, flags: tuple[str, ...] = FLAGS) -> str:
+    h = hashlib.sha256(arch.encode() + " ".join(flags).encode())
     for name in SOURCES:
         h.update((source_dir() / name).read_bytes())
     return h.hexdigest()[:16]
@@ -51,21 +54,22 @@ def cache_dir() -> Path:
         return Path.home() / ".cache" / "weft" / "kernels"
 
 
-def nvcc_command(arch: str, output: Path) -> list[str]:
+def nvcc_command(arch: str, output: Path, flags: tuple[str, ...] = FLAGS) -> list[str]:
     """The nvcc line that builds the interpreter cubin (also what the CPU compile test runs)."""
-    return ["nvcc", "-cubin", f"-arch={arch}", *FLAGS, "-o", str(output), str(source_dir() / "interpreter.cu")]
+    return ["nvcc", "-cubin", f"-arch={arch}", *flags, "-o", str(output), str(source_dir() / "interpreter.cu")]
 
 
-def build_cubin(arch: str, directory: Path | None = None) -> Path:
-    """The cached cubin for ``arch`` (e.g. sm_90), building it with nvcc if needed."""
+def build_cubin(arch: str, directory: Path | None = None, trace: bool = False) -> Path:
+    """The cached cubin for ``arch`` (e.g. sm_90), building it with nvcc if needed; ``trace``: the timed build."""
+    flags = FLAGS + TRACE_FLAGS if trace else FLAGS
     directory = directory or cache_dir()
-    path = directory / f"interpreter-{arch}-{source_hash(arch)}.cubin"
+    path = directory / f"interpreter-{arch}-{source_hash(arch, flags)}.cubin"
     if path.exists():
         return path
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".cubin", dir=directory)
     os.close(fd)
-    done = subprocess.run(nvcc_command(arch, Path(tmp)), capture_output=True, text=True)
+    done = subprocess.run(nvcc_command(arch, Path(tmp), flags), capture_output=True, text=True)
     if done.returncode != 0:
         os.unlink(tmp)
         first = (done.stderr.strip().splitlines() or ["no output"])[0]
@@ -74,16 +78,17 @@ def build_cubin(arch: str, directory: Path | None = None) -> Path:
     return path
 
 
-def load_module(compute_capability: str):
+def load_module(compute_capability: str, trace: bool = False):
     """A cupy.RawModule holding every interpreter kernel for this compute capability (e.g. '90')."""
     import cupy
 
     arch = f"sm_{compute_capability}"
     if shutil.which("nvcc"):
-        return cupy.RawModule(path=str(build_cubin(arch)))
+        return cupy.RawModule(path=str(build_cubin(arch, trace=trace)))
     code = (source_dir() / "interpreter.cu").read_text()
     return cupy.RawModule(code=code, backend="nvrtc",
-                          options=("-std=c++17", f"--gpu-architecture={arch}", f"-I{source_dir()}"))
+                          options=("-std=c++17", f"--gpu-architecture={arch}", f"-I{source_dir()}",
+                                   *(TRACE_FLAGS if trace else ())))
 
 
 def resident_blocks(kernel, threads: int, device: int) -> int:

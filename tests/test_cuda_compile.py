@@ -44,6 +44,12 @@ def test_the_interpreter_builds_for_gpus_without_programmatic_launch(cache):
     assert gpu_build.kernel_name("bf16", 16, 1024).encode() in image
 
 
+def test_the_timed_build_is_a_separate_cubin_with_every_entry(cache):
+    timed = gpu_build.build_cubin("sm_90", cache, trace=True)
+    assert timed != gpu_build.build_cubin("sm_90", cache)
+    assert gpu_build.kernel_name("fp16", 8, 256).encode() in timed.read_bytes()
+
+
 def test_cached_cubin_is_reused(cache):
     first = gpu_build.build_cubin("sm_90", cache)
     stamp = first.stat().st_mtime_ns

@@ -20,7 +20,42 @@ struct Context {
   int rank;
   i64 scratch_half;
   int nslots;            // entries of the buffer slot table (at most kMaxSlots)
+#ifdef WEFT_TRACE
+  u64* trace;            // per block kTraceSlots sums over launches (see Tracer)
+#endif
 };
+
+#ifdef WEFT_TRACE
+// A build with -DWEFT_TRACE times each block's phases with the SM clock: [0] slot table and op range, [1] the op
+// window load and the wait for the previous grid, [2] the epoch, [3 + k] op k (k < kTraceOps; later ops add to
+// the last), then the whole block in cycles and in global-timer nanoseconds. Sums over launches; thread 0 writes.
+constexpr int kTraceOps = 16;
+constexpr int kTraceSlots = 3 + kTraceOps + 2;
+struct Tracer {
+  u64* slot;
+  long long first, last;
+  u64 first_ns;
+  __device__ __forceinline__ explicit Tracer(u64* s) : slot(s), first(clock64()), last(first), first_ns(global_timer_ns()) {}
+  __device__ __forceinline__ void mark(int k) {
+    const long long now = clock64();
+    if (threadIdx.x == 0) slot[min(k, kTraceSlots - 3)] += (u64)(now - last);
+    last = now;
+  }
+  __device__ __forceinline__ void finish() {
+    if (threadIdx.x == 0) {
+      slot[kTraceSlots - 2] += (u64)(clock64() - first);
+      slot[kTraceSlots - 1] += global_timer_ns() - first_ns;
+    }
+  }
+};
+#define WEFT_TRACE_START Tracer tracer(c.trace + (u64)blockIdx.x * kTraceSlots)
+#define WEFT_TRACE_MARK(k) tracer.mark(k)
+#define WEFT_TRACE_FINISH tracer.finish()
+#else
+#define WEFT_TRACE_START
+#define WEFT_TRACE_MARK(k)
+#define WEFT_TRACE_FINISH
+#endif
 
 // A block copies its buffer slots and up to kWindow of its ops into shared memory with all its threads at once,
 // so that the latencies of these global loads overlap instead of adding up op after op.
@@ -75,6 +110,7 @@ __device__ void interpret(const Context& c) {
   __shared__ u64 epoch;
   __shared__ int failed;
   const ErrorRecord rec{c.error, c.rank};
+  WEFT_TRACE_START;
   // The static tables first (the slot table and this block's op range, then its first window of ops): with a
   // programmatic launch these loads overlap the end of the kernel before this one on the stream.
   const int t = threadIdx.x;
@@ -83,6 +119,7 @@ __device__ void interpret(const Context& c) {
   if (t == 1 % blockDim.x) range[1] = c.tb_start[blockIdx.x + 1];
   if (t == 0) failed = 0;
   __syncthreads();
+  WEFT_TRACE_MARK(0);
   load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
   // Let the next launch start its own table loads, then wait until the previous kernel has ended and its writes
   // are visible (both are no-ops for a launch without the programmatic attribute). Only then is the epoch, and
@@ -91,8 +128,10 @@ __device__ void interpret(const Context& c) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  WEFT_TRACE_MARK(1);
   if (t == 0) epoch = c.epochs[blockIdx.x];
   __syncthreads();
+  WEFT_TRACE_MARK(2);
   for (int first = range[0]; first < range[1]; first += kWindow) {
     const int count = min(kWindow, range[1] - first);
     if (first != range[0]) {
@@ -115,9 +154,11 @@ __device__ void interpret(const Context& c) {
         failed = 1;
       }
       __syncthreads();
+      WEFT_TRACE_MARK(3 + first - range[0] + k);
       if (failed) return;
     }
   }
+  WEFT_TRACE_FINISH;
   // The next launch reads the epoch after griddepcontrol.wait, i.e. after this grid has ended and its writes
   // are visible (or, launched without the attribute, after this one ended), so a plain store publishes it.
   if (t == 0) c.epochs[blockIdx.x] = *(volatile u64*)&epoch + 1ULL;
@@ -125,13 +166,22 @@ __device__ void interpret(const Context& c) {
 
 }  // namespace weft
 
+#ifdef WEFT_TRACE
+#define WEFT_TRACE_PARAM , u64* trace
+#define WEFT_TRACE_ARG , trace
+#else
+#define WEFT_TRACE_PARAM
+#define WEFT_TRACE_ARG
+#endif
+
 #define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)                                                                       \
   extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)                                                          \
       NAME(const weft::Op* ops, const int* tb_start, char* const* buffers, u64* const* outbound, u64* inbound, \
            u64* expected, u64* barriers, u64* semaphores, u64* epochs, int* error, u64 timeout_ns, int rank,       \
-           i64 scratch_half, int nslots) {                                                                    \
-    const weft::Context c{ops,      tb_start,   buffers, outbound,   inbound, expected,      barriers,           \
-                          semaphores, epochs, error,   timeout_ns, rank,    scratch_half, nslots};              \
+           i64 scratch_half, int nslots WEFT_TRACE_PARAM) {                                                   \
+    const weft::Context c{ops,        tb_start, buffers,    outbound, inbound,      expected, barriers,          \
+                          semaphores, epochs,   error,      timeout_ns, rank,       scratch_half, nslots         \
+                          WEFT_TRACE_ARG};                                                                    \
     weft::interpret<D, V, BATCH>(c);                                                                                 \
   }
 

@@ -1,0 +1,93 @@
+"""Where a collective's kernel time goes: the timed interpreter build on the bench's plans (2 GPUs, torchrun).
+
+    torchrun --nproc-per-node 2 bench/kernel_trace.py --registry bench/registry_h200x2 -o OUT.json
+
+Each (plan, size) runs as CUDA-graph replays of --calls back-to-back calls (PDL overlapping them, as in
+``weft bench``), then every thread block's mean phase times per launch are read back (executor/gpu_trace.py).
+Blocks that run the same ops are summarized together: the median of each phase over them, and their slowest
+total. The timed build spills a few registers, so its totals run somewhat above the production kernel's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+CASES = (("direct-allreduce-hgx_h200:gpus=2-ll-x1", 1 << 10), ("direct-allreduce-hgx_h200:gpus=2-ll-x64-t256", 1 << 10),
+         ("direct-allreduce-hgx_h200:gpus=2-ll-x64-t256", 256 << 10),
+         ("direct-allreduce-hgx_h200:gpus=2-simple-x64-2s", 1 << 20),
+         ("direct-allreduce-hgx_h200:gpus=2-simple-x64-2s", 4 << 20),
+         ("twoshot-allreduce-hgx_h200:gpus=2-simple-x128", 64 << 20))
+
+
+def groups(times, ops_of) -> list[dict]:
+    """Blocks with the same op count summarized: the median of each phase and op, the slowest total."""
+    by: dict[int, list] = {}
+    for t in times:
+        by.setdefault(ops_of[t.block], []).append(t)
+    out = []
+    for nops, members in sorted(by.items()):
+        out.append({
+            "blocks": len(members), "ops": nops,
+            "phases_us": {k: statistics.median(m.phases[k] for m in members) for k in members[0].phases},
+            "ops_us": [statistics.median(m.ops[i] for m in members) for i in range(len(members[0].ops))],
+            "total_us_median": statistics.median(m.total for m in members),
+            "total_us_max": max(m.total for m in members),
+        })
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--registry", required=True)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("-o", "--output")
+    args = parser.parse_args()
+    import torch
+    import torch.distributed as dist
+
+    from executor import gpu_bootstrap
+    from executor.communicator import Communicator
+    from executor.gpu_tables import build_tables
+    from schedules.registry import Registry
+
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
+    comm = Communicator(rank, dist.get_world_size(), gpu_bootstrap.process_group_store(None), trace=True)
+    rows = []
+    for name, nbytes in CASES:
+        plan = plans[name]
+        x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            comm.execute(plan, x, y)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(args.calls):
+                comm.execute(plan, x, y)
+        for _ in range(args.replays):
+            graph.replay()
+        torch.cuda.synchronize()
+        tables = build_tables(plan, rank, nbytes)
+        ops_of = [int(tables.tb_start[b + 1] - tables.tb_start[b]) for b in range(tables.nthreadblocks)]
+        rows.append({"plan": name, "size": nbytes, "groups": groups(comm.kernel_times(plan, nbytes, "bf16"), ops_of)})
+        if rank == 0:
+            print(json.dumps(rows[-1]))
+    if rank == 0 and args.output:
+        with open(args.output, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": args.calls,
+                       "replays": args.replays, "unit": "us per launch (block mean)", "rows": rows}, f, indent=1)
+    comm.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
