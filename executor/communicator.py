@@ -35,7 +35,7 @@ from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, l
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
     MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
-    build_tables, check_launch, peer_mapping, peer_slots, share_records, vector_bytes, with_tripwire,
+    build_tables, check_launch, lines_possible, peer_mapping, peer_slots, share_records, vector_bytes, with_tripwire,
 )
 from schedules.plan import Plan, load_plan, parse_plan
 
@@ -141,10 +141,13 @@ class Communicator:
     """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes."""
 
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
-                 timeout_s: float = 30.0, programmatic: bool = True, trace: bool = False):
+                 timeout_s: float = 30.0, programmatic: bool = True, trace: bool = False, ll128: bool = False):
         """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
         collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
-        interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``."""
+        interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``.
+        ``ll128``: move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8 per 16) where
+        the size allows (gpu_tables.lines_possible) and every rank's buffers are 8-byte aligned; this relies on
+        NVLink delivering a warp's 128-byte store whole, as NCCL's LL128 does, so use it on NVLink machines only."""
         import cupy
 
         if not 0 <= rank < world_size:
@@ -170,7 +173,7 @@ class Communicator:
             cc = cupy.cuda.Device(self.device).compute_capability
             self._launcher = gpu_launch.Launcher(programmatic and int(cc) >= 90)  # PDL needs Hopper or newer
             self._module = gpu_build.load_module(cc, trace)
-            self._trace = trace
+            self._trace, self._ll128 = trace, ll128
             # inbound counters are written by peers, so they get their own shared allocation
             self._inbound = cupy.zeros(MAX_CHANNELS, cupy.uint64)
             self._expected = cupy.zeros(MAX_CHANNELS, cupy.uint64)
@@ -185,14 +188,14 @@ class Communicator:
                               for r, s in enumerate(shared)]
 
     @classmethod
-    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0,
-                           programmatic: bool = True) -> "Communicator":
+    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True,
+                           ll128: bool = False) -> "Communicator":
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
 
         store = gpu_bootstrap.process_group_store(group)
         return cls(dist.get_rank(group), dist.get_world_size(group), store, timeout_s=timeout_s,
-                   programmatic=programmatic)
+                   programmatic=programmatic, ll128=ll128)
 
     # ------------------------------------------------------------------ running plans
 
@@ -416,8 +419,13 @@ class Communicator:
         if plan.inplace:
             output = input
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
+        # LL128 lines only where every rank asks for them and can (same size and 8-byte aligned buffers)
+        lined = build_tables(plan, self.rank, nbytes, lines=True) if (
+            self._ll128 and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0) else None
         with cupy.cuda.Device(self.device):
-            scratch = cupy.zeros(max(tables.scratch_bytes * (2 if tables.double_scratch else 1), 16), cupy.uint8)
+            halves = 2 if tables.double_scratch else 1
+            scratch = cupy.zeros(max(tables.scratch_bytes * halves, lined.scratch_bytes * halves if lined else 0, 16),
+                                 cupy.uint8)
             nsem = max(len(tables.semaphore_init), 1)
             init = np.zeros(2 * nsem + tables.nthreadblocks, np.uint64)
             init[0:2 * len(tables.semaphore_init):2] = tables.semaphore_init
@@ -425,8 +433,10 @@ class Communicator:
             trace = cupy.zeros(tables.nthreadblocks * gpu_trace.TRACE_SLOTS if self._trace else 1, cupy.uint64)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
             shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
-            peers = self._all_gather("context", (plan_hash, nbytes, shares))
-            for r, (h, n, _) in enumerate(peers):
+            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None))
+            if lined is not None and all(p[3] for p in peers):
+                tables = lined
+            for r, (h, n, *_) in enumerate(peers):
                 if (h, n) != (plan_hash, nbytes):
                     raise ExecutorError(f"plan {plan.name}: rank {r} runs another plan or size ({n} B) than rank "
                                         f"{self.rank} ({nbytes} B); every rank must execute the same plan")

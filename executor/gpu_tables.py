@@ -40,7 +40,7 @@ SLOTS = {"i": 0, "o": 1, "s": 2}
 REF_DTYPE = np.dtype([("offset", "<i8"), ("buffer", "<i4"), ("flags", "<i4")])
 OP_DTYPE = np.dtype([
     ("type", "<i4"), ("nsrc", "<i4"), ("ndst", "<i4"), ("nchannel", "<i4"),
-    ("barrier_id", "<i4"), ("barrier_count", "<i4"), ("plan_op", "<i4"), ("reserved", "<i4"),
+    ("barrier_id", "<i4"), ("barrier_count", "<i4"), ("plan_op", "<i4"), ("line_chunk", "<i4"),
     ("bytes", "<i8"),
     ("channel", "<i4", (MAX_CHANNELS_PER_OP,)),
     ("src", REF_DTYPE, (MAX_REFS,)),
@@ -70,6 +70,7 @@ class DeviceTables:
     semaphore_init: tuple[int, ...]
     remote_buffers: tuple[tuple[int, str], ...]  # slot 3+k -> (rank, buffer type)
     threads: int
+    lines: bool = False  # packets are LL128 lines (lines_possible), else LL16/LL8 packets
 
     @property
     def nthreadblocks(self) -> int:
@@ -119,15 +120,35 @@ def vector_bytes(*quantities: int) -> int:
     raise ExecutorError(f"byte quantities {quantities} are not multiples of 4 bytes")
 
 
-def build_tables(plan: Plan, rank: int, nbytes: int) -> DeviceTables:
-    """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them)."""
+LINE_BYTES, LINE_DATA = 128, 120  # an LL128 line: 120 data bytes and an 8-byte flag
+
+
+def lines_possible(plan: Plan, nbytes: int) -> bool:
+    """Whether an LL plan's packets can be LL128 lines at this size: chunks of whole 8-byte words, whole warps.
+
+    Lines carry 120 data bytes per 128 on the wire where LL16 packets carry 8 per 16, so they suit the sizes
+    where bytes on the wire, not latency, decide. The choice is the executor's: the plan is the same LL plan."""
+    if plan.protocol != "LL" or not plan.accepts(nbytes):
+        return False
+    cb = plan.chunk_bytes(nbytes)
+    return cb % 8 == 0 and cb < 2 ** 31 and min(plan.num_threads_per_block, 1024) % 32 == 0
+
+
+def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False) -> DeviceTables:
+    """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them).
+
+    ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``)."""
     if not plan.accepts(nbytes):
         raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
                             f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
     gpu = plan.gpus[rank]
     cb = plan.chunk_bytes(nbytes)
     packets = plan.protocol == "LL"
-    layout = _Layout(plan, gpu, cb, 2 * cb if packets else cb)
+    if lines and not lines_possible(plan, nbytes):
+        raise ExecutorError(f"plan {plan.name}: {nbytes} B cannot move as LL128 lines (LL plans with chunks of "
+                            "whole 8-byte words and whole warps only)")
+    per_chunk = (cb + LINE_DATA - 1) // LINE_DATA * LINE_BYTES
+    layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
     if len(gpu.memory_peers) > MAX_CHANNELS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
                             f"(the executor holds {MAX_CHANNELS})")
@@ -141,6 +162,8 @@ def build_tables(plan: Plan, rank: int, nbytes: int) -> DeviceTables:
             where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
             for rec in _lower(op, tb, layout, where):
                 rec["plan_op"] = i
+                if lines and rec["type"] == TRANSFER and _moves_packets(rec):
+                    rec["line_chunk"] = cb
                 records.append(rec)
         starts.append(len(records))
     ops = np.zeros(len(records), OP_DTYPE)
@@ -156,8 +179,13 @@ def build_tables(plan: Plan, rank: int, nbytes: int) -> DeviceTables:
         paired_channel=tuple(pairs[(rank, c)] for c in range(len(gpu.memory_peers))),
         semaphore_init=gpu.semaphores,
         remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
-        threads=min(plan.num_threads_per_block, 1024),
+        threads=min(plan.num_threads_per_block, 1024), lines=lines,
     )
+
+
+def _moves_packets(rec: np.void) -> bool:
+    return any(rec["src"][k]["flags"] & PACKET for k in range(rec["nsrc"])) or any(
+        rec["dst"][k]["flags"] & PACKET for k in range(rec["ndst"]))
 
 
 @dataclass(frozen=True)

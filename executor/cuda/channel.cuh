@@ -25,7 +25,8 @@ enum OpType : int { kNop = 0, kBarrier = 1, kSignal = 2, kWait = 3, kFlush = 4, 
 
 struct Op {
   int type, nsrc, ndst, nchannel;
-  int barrier_id, barrier_count, plan_op, reserved;
+  int barrier_id, barrier_count, plan_op;
+  int line_chunk;  // > 0: the op's packets are LL128 lines and this is the data bytes of one chunk
   i64 bytes;  // data bytes moved by a transfer
   int channel[kMaxChannels];  // channel ids (signal, wait) or semaphore ids (sem_acquire, sem_release)
   Ref src[kMaxRefs];
@@ -138,6 +139,106 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
       for (int k = 0; k < kInFlight; ++k) {
         const i64 u = first + k * stride;
         if (u < units) t.store<V>(op.dst[d], u, acc[k]);
+      }
+    }
+  }
+  return true;
+}
+
+// LL128 transfers: a packet reference holds 128-byte lines of 120 data bytes and an 8-byte flag. Lane j (0..7)
+// of an 8-lane group moves bytes [16j, 16j + 16) of its line's data in one 16-byte access, lane 7 only 8 bytes
+// next to the flag; a warp's four lines are written by one store instruction, which NVLink delivers whole, so a
+// reader that sees a line's flag sees its data (NCCL's LL128 relies on the same). Each chunk of ``line_chunk``
+// data bytes starts a new line. Plain references are read and written 8 bytes at a time.
+constexpr int kLineData = 120;
+
+__device__ __forceinline__ void line_store(char* p, u64 w0, u64 w1) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
+}
+
+__device__ __forceinline__ void line_load(const char* p, u64& w0, u64& w1) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(p) : "memory");
+}
+
+template <class D>
+__device__ __forceinline__ u64 add_u64(u64 a, u64 b) {
+  const u32 lo = add_words<D>((u32)a, (u32)b), hi = add_words<D>((u32)(a >> 32), (u32)(b >> 32));
+  return ((u64)hi << 32) | lo;
+}
+
+// Returns false on a packet timeout. Whole warps walk the lines together (the flag vote needs every lane), each
+// lane U lines apart so that U loads are in flight; a warp reloads its lines until every flag has arrived.
+template <class D, int U>
+__device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& deadline) {
+  const i64 chunk = op.line_chunk;
+  const i64 per_chunk = (chunk + kLineData - 1) / kLineData;
+  const i64 lines = op.bytes / chunk * per_chunk;
+  const int lane = threadIdx.x & 7;
+  const i64 step = (i64)(blockDim.x / 32) * 4;  // lines a whole block covers once
+  const u64 flag = t.flag;
+  for (i64 first = (threadIdx.x / 32) * 4 + ((threadIdx.x & 31) >> 3); first - ((threadIdx.x & 31) >> 3) < lines;
+       first += step * U) {
+    i64 data[U];
+    bool has0[U], has1[U];
+    u64 acc0[U], acc1[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const i64 g = first + k * step;
+      const i64 c = g / per_chunk;
+      data[k] = c * chunk + (g - c * per_chunk) * kLineData + 16 * lane;  // this lane's first data byte
+      has0[k] = g < lines && data[k] + 8 <= (c + 1) * chunk;
+      has1[k] = g < lines && lane < 7 && data[k] + 16 <= (c + 1) * chunk;
+      acc0[k] = acc1[k] = 0;
+    }
+    for (int s = 0; s < op.nsrc; ++s) {
+      const Ref& r = op.src[s];
+      u64 w0[U], w1[U];
+      if (r.flags & kPacket) {
+        const char* p = t.base(r) + 16 * lane;
+        bool again;
+        do {
+          bool late = false;
+#pragma unroll
+          for (int k = 0; k < U; ++k) {
+            const i64 g = first + k * step;
+            w0[k] = w1[k] = 0;
+            if (g < lines) line_load(p + g * 128, w0[k], w1[k]);
+            late = late || (g < lines && lane == 7 && w1[k] != flag);
+          }
+          again = __any_sync(0xffffffffu, late);
+          if (again && __any_sync(0xffffffffu, deadline.expired())) return false;  // every lane leaves together
+        } while (again);
+      } else {
+        const char* p = t.base(r);
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+          w0[k] = has0[k] ? *reinterpret_cast<const u64*>(p + data[k]) : 0;
+          w1[k] = has1[k] ? *reinterpret_cast<const u64*>(p + data[k] + 8) : 0;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        acc0[k] = s == 0 ? w0[k] : add_u64<D>(acc0[k], w0[k]);
+        acc1[k] = s == 0 ? w1[k] : add_u64<D>(acc1[k], w1[k]);
+      }
+    }
+    for (int d = 0; d < op.ndst; ++d) {
+      const Ref& r = op.dst[d];
+      if (r.flags & kPacket) {
+        char* p = t.base(r) + 16 * lane;
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+          const i64 g = first + k * step;
+          if (g < lines) line_store(p + g * 128, acc0[k], lane == 7 ? flag : acc1[k]);
+        }
+      } else {
+        char* p = t.base(r);
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+          if (has0[k]) *reinterpret_cast<u64*>(p + data[k]) = acc0[k];
+          if (has1[k]) *reinterpret_cast<u64*>(p + data[k] + 8) = acc1[k];
+        }
       }
     }
   }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from executor.gpu_tables import lines_possible
 from schedules.plan import load_plan
 from weft.units import parse_bytes
 
@@ -48,3 +49,11 @@ def correctness_cases(nranks: int = 2) -> list[Case]:
                 if plan.chunk_bytes(nbytes) % (4 if dtype == "fp32" else 2) == 0:
                     cases.append(Case(str(path.relative_to(HERE.parent)), size, dtype))
     return cases
+
+
+def line_cases(nranks: int = 2) -> list[Case]:
+    """The correctness cases whose LL plan can move its packets as LL128 lines at that size."""
+    return [c for c in correctness_cases(nranks) if lines_possible(load_plan(HERE.parent / c.plan), parse_bytes(c.size))]
+
+
+LINE_GRAPH_PLANS = tuple(name for name in GRAPH_PLANS if "-ll-" in name)

@@ -19,6 +19,23 @@ def test_plan_matches_nccl(gpu_results, case):
         assert r["ok"], f"rank {rank}: {r}"
 
 
+LINE_CASES = scenarios.line_cases(nproc())
+
+
+@pytest.mark.parametrize("case", LINE_CASES, ids=[c.id for c in LINE_CASES])
+def test_plan_with_ll128_lines_matches_nccl(gpu_results, case):
+    for rank, results in enumerate(gpu_results):
+        r = results["lines"][case.id]
+        assert r["ok"], f"rank {rank}: {r}"
+
+
+@pytest.mark.parametrize("name", scenarios.LINE_GRAPH_PLANS)
+def test_graph_with_ll128_lines_replays_100_times(gpu_results, name):
+    for rank, results in enumerate(gpu_results):
+        r = results["lines_graph"][name]
+        assert r.get("wrong") == 0 and r["replays"] == 100, f"rank {rank}: {r}"
+
+
 @pytest.mark.parametrize("name", scenarios.GRAPH_PLANS)
 def test_graph_of_ten_executions_replays_100_times(gpu_results, name):
     for rank, results in enumerate(gpu_results):

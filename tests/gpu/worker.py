@@ -182,6 +182,21 @@ def main() -> None:
             results["cases"][case.id] = {"ok": False, "error": f"{type(e).__name__}: {e}",
                                          "trace": traceback.format_exc()[-2000:]}
             print(f"rank {rank}: {case.id}: {results['cases'][case.id]['trace']}", flush=True)
+    lines = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
+    results["lines"], results["lines_graph"] = {}, {}
+    for case in scenarios.line_cases(world):
+        try:
+            results["lines"][case.id] = run_case(lines, case, rank, world, device)
+        except Exception as e:
+            results["lines"][case.id] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                         "trace": traceback.format_exc()[-2000:]}
+    for name in scenarios.LINE_GRAPH_PLANS:
+        try:
+            results["lines_graph"][name] = run_graph(lines, name, rank, world, device)
+        except Exception as e:
+            results["lines_graph"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                            "trace": traceback.format_exc()[-2000:]}
+    lines.close()
     for name in scenarios.GRAPH_PLANS:
         try:
             results["graph"][name] = run_graph(comm, name, rank, world, device)

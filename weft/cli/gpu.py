@@ -61,6 +61,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a GPU wait may spin before failing")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="ordinary launches instead of programmatic dependent launches")
+    p.add_argument("--ll128", action="store_true",
+                   help="move LL plans' packets as LL128 lines (NVLink machines only)")
 
 
 # ---------------------------------------------------------------- launching
@@ -187,7 +189,8 @@ def _init_rank(args: argparse.Namespace):
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    return Communicator.from_process_group(timeout_s=args.timeout, programmatic=args.pdl), rank, world
+    comm = Communicator.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
+    return comm, rank, world
 
 
 def _abandon(rank: int, error: BaseException) -> None:
@@ -353,7 +356,8 @@ def _bench_document(args, config, rows, world: int, torch) -> dict:
         "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "host": platform.node()},
         "versions": versions, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": {"calls_per_sample": config.calls, "samples": config.samples, "warmup": config.warmup,
-                   "statistic": "median", "timer": "CUDA events", "programmatic_launch": args.pdl},
+                   "statistic": "median", "timer": "CUDA events", "programmatic_launch": args.pdl,
+                   "ll128": args.ll128},
         "rows": rows,
     }
 
