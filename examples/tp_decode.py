@@ -196,6 +196,7 @@ def main() -> None:
     p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both",
                    help="both: NCCL, weft, and weft with projections written into its staging buffer")
     p.add_argument("--json", help="write results here (rank 0)")
+    p.add_argument("--ll128", action="store_true", help="weft moves LL plans' packets as LL128 lines (NVLink only)")
     args = p.parse_args()
 
     for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
@@ -216,7 +217,7 @@ def main() -> None:
     if args.backend in ("weft", "both"):
         from executor import Communicator
 
-        comm = Communicator.from_process_group()
+        comm = Communicator.from_process_group(ll128=args.ll128)
         backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, random_probe, comm.capture)
         backends["weft-staged"] = Backend(staged(comm), comm.all_reduce, lambda batch: comm.staging_input(
             batch * HIDDEN, torch.bfloat16).view(batch, HIDDEN).normal_(), comm.capture)
