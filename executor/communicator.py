@@ -94,6 +94,7 @@ class _Context:
     peers: PeerMapping  # the inputs and outputs ranks map across (then bindings are collective)
     records: "_Records | None" = None
     launch: gpu_launch.Launch | None = None  # the launch with ``args``, prepared on first use
+    trace: Any = None  # per-block phase sums of the timed build (Communicator(trace=True))
 
 
 @dataclass
@@ -306,7 +307,7 @@ class Communicator:
         t = ctx.tables
         launches = int(ctx.state[-t.nthreadblocks:].get()[0])
         ops = [int(t.tb_start[b + 1] - t.tb_start[b]) for b in range(t.nthreadblocks)]
-        return gpu_trace.summarize(ctx.arrays[-1].get(), t.nthreadblocks, ops, launches)
+        return gpu_trace.summarize(ctx.trace.get(), t.nthreadblocks, ops, launches)
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait for this rank's launches; raise ExecutorTimeout if a wait on the GPU ran past its bound."""
@@ -450,9 +451,9 @@ class Communicator:
             cupy.cuda.runtime.deviceSynchronize()
         width = vector_bytes(tables.vector_bytes, *slots)
         return _Context(
-            tables=tables, arrays=[ops, tb_start, slot_table, outbound_table, trace], scratch=scratch, state=state,
+            tables=tables, arrays=[ops, tb_start, slot_table, outbound_table], scratch=scratch, state=state,
             semaphore_init=init, vector_bytes=width, output=output, plan_hash=plan_hash, nbytes=nbytes,
-            slots=tuple(slots), peers=peer_mapping(plan, self.rank),
+            slots=tuple(slots), peers=peer_mapping(plan, self.rank), trace=trace,
             args=(ops, tb_start, slot_table, outbound_table, self._inbound, self._expected, self._barriers,
                   state, state[2 * nsem:], np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
                   np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0),
@@ -500,15 +501,7 @@ class Communicator:
                                 "register_graph_buffers()) before replaying")
 
     def _stream(self, stream: Any, framework: str):
-        if stream is None:
-            if framework == "torch":
-                import torch
-
-                handle = torch.cuda.current_stream(self.device).cuda_stream
-            else:
-                handle = self._cupy.cuda.get_current_stream().ptr
-        else:
-            handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else getattr(stream, "ptr", stream)
+        handle = self._stream_handle(stream, framework)
         s = self._streams.get(handle)
         if s is None:
             s = self._cupy.cuda.ExternalStream(handle, self.device)
