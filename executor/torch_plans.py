@@ -58,6 +58,7 @@ class PlanChoice:
     topology: str  # fingerprint: entries keyed by any other topology are never considered
     nranks: int
     deterministic: bool = False
+    ll128: bool = False  # the executor moves LL packets as LL128 lines: their measured times count
     entries: list[Entry] = field(init=False)
     _chosen: dict[tuple[str, int, str], Plan | None] = field(init=False, default_factory=dict)
 
@@ -80,6 +81,7 @@ class PlanChoice:
         # As in Registry.select, measurements beat predictions: where any candidate was measured, only measured
         # ones compete. The cost model does not price the protocol, so among equal predictions LL (no flag round
         # trip per step) goes first.
-        fits = [e for e in fits if e.measured_us] or fits
-        best = min(fits, key=lambda e: (e.estimate_us(nbytes)[1] or math.inf, e.plan.protocol != "LL", e.id))
+        fits = [e for e in fits if e.measured(self.ll128)] or fits
+        best = min(fits, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL",
+                                        e.id))
         return best.plan

@@ -67,14 +67,21 @@ class Entry:
     provenance: dict[str, Any]
     predicted_us: dict[int, float] = field(default_factory=dict)
     measured_us: dict[int, float] = field(default_factory=dict)
+    measured_ll128_us: dict[int, float] = field(default_factory=dict)  # an LL plan run with LL128 lines
 
     @property
     def dtypes(self) -> tuple[str, ...]:
         return tuple(self.provenance.get("verification", {}).get("dtypes", ()))
 
-    def estimate_us(self, nbytes: int) -> tuple[str, float | None]:
-        """('measured'|'predicted', time at nbytes) interpolated log-log between recorded sizes."""
-        for kind, table in (("measured", self.measured_us), ("predicted", self.predicted_us)):
+    def measured(self, ll128: bool = False) -> bool:
+        """Whether any time was measured (with LL128 lines too when ``ll128``)."""
+        return bool(self.measured_us or (ll128 and self.measured_ll128_us))
+
+    def estimate_us(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None]:
+        """('measured'|'predicted', time at nbytes) interpolated log-log between recorded sizes; with ``ll128`` the
+        times measured with LL128 lines come first (an executor running them)."""
+        tables = (("measured", self.measured_ll128_us),) if ll128 else ()
+        for kind, table in (*tables, ("measured", self.measured_us), ("predicted", self.predicted_us)):
             if table:
                 return kind, _interpolate(table, nbytes)
         return "none", None
@@ -87,7 +94,9 @@ class Entry:
                     "min_bytes": self.key.min_bytes, "max_bytes": self.key.max_bytes},
             "provenance": self.provenance,
             "timings": {"predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
-                        "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())}},
+                        "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
+                        **({"measured_ll128_us": {str(k): v for k, v in sorted(self.measured_ll128_us.items())}}
+                           if self.measured_ll128_us else {})},
             "plan": self.plan.to_json(),
         }
 
@@ -251,18 +260,24 @@ class Registry:
             path = self.entry_path(entry.id)
             if self.fs.exists(path):  # the same plan again: its measured times still hold
                 try:
-                    entry = replace(entry, measured_us=dict(self.read_entry_file(path).measured_us))
+                    old = self.read_entry_file(path)
+                    entry = replace(entry, measured_us=dict(old.measured_us),
+                                    measured_ll128_us=dict(old.measured_ll128_us))
                 except WeftError:
                     pass  # an unreadable old entry is simply replaced
             self._write_atomic(path, dumps(entry.to_json()))
             self._update_index(add=entry)
         return entry
 
-    def record_timing(self, id: str, nbytes: int, time_us: float) -> Entry:
-        """Store a measured time, so that ``select`` prefers it over the prediction."""
+    def record_timing(self, id: str, nbytes: int, time_us: float, ll128: bool = False) -> Entry:
+        """Store a measured time, so that ``select`` prefers it over the prediction (``ll128``: measured with LL128
+        lines, which only selections for an executor running them use)."""
         with self._locked():
             entry = self.get(id)
-            entry = replace(entry, measured_us={**entry.measured_us, int(nbytes): float(time_us)})
+            if ll128:
+                entry = replace(entry, measured_ll128_us={**entry.measured_ll128_us, int(nbytes): float(time_us)})
+            else:
+                entry = replace(entry, measured_us={**entry.measured_us, int(nbytes): float(time_us)})
             self._write_atomic(self.entry_path(id), dumps(entry.to_json()))
             self._update_index(add=entry)
         return entry
@@ -295,8 +310,9 @@ class Registry:
 
     # ---- selection -----------------------------------------------------------------------------
     def select(self, topology: str, collective: str, nbytes: int, dtype: str | None = None,
-               nranks: int | None = None) -> Selection:
-        """The best entry for this size: the lowest measured time, else the lowest predicted time."""
+               nranks: int | None = None, ll128: bool = False) -> Selection:
+        """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
+        executor moving LL packets as LL128 lines, whose measured times then count)."""
         found, bad = self.load()
         for line in bad:
             log.warning("skipping %s", line)
@@ -309,10 +325,10 @@ class Registry:
                              + (f" in {dtype}" if dtype else ""), tuple(bad))
 
         # Measurements beat predictions: where any candidate was measured, only measured ones compete.
-        measured = [e for e in candidates if e.measured_us]
-        scored = sorted(measured or candidates, key=lambda e: (e.estimate_us(nbytes)[1] or math.inf, e.id))
+        measured = [e for e in candidates if e.measured(ll128)]
+        scored = sorted(measured or candidates, key=lambda e: (e.estimate_us(nbytes, ll128)[1] or math.inf, e.id))
         best = scored[0]
-        basis, t = best.estimate_us(nbytes)
+        basis, t = best.estimate_us(nbytes, ll128)
         return Selection(best, basis, t, "", tuple(bad))
 
 
@@ -334,6 +350,7 @@ def parse_entry(doc: object, source: str) -> Entry:
         timings = doc.get("timings", {})
         predicted = {int(k): float(v) for k, v in timings.get("predicted_us", {}).items()}
         measured = {int(k): float(v) for k, v in timings.get("measured_us", {}).items()}
+        measured_ll128 = {int(k): float(v) for k, v in timings.get("measured_ll128_us", {}).items()}
         provenance = dict(doc.get("provenance", {}))
         entry_id_ = str(doc["id"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -343,4 +360,4 @@ def parse_entry(doc: object, source: str) -> Entry:
     if record.get("plan_hash") != plan.content_hash:
         raise RegistryError(f"registry entry {source}: plan: content hash {plan.content_hash} does not match "
                             f"its verification record ({record.get('plan_hash')}); edited by hand?")
-    return Entry(entry_id_, key, plan, provenance, predicted, measured)
+    return Entry(entry_id_, key, plan, provenance, predicted, measured, measured_ll128)

@@ -153,3 +153,16 @@ def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_m
                         deterministic=True)
     assert {e.plan.weft.solver for e in choice.entries if e.key.collective == "allreduce"} == {"ring", "twoshot"}
     assert choice.plan("allreduce", 64 << 10, "bf16") is not None
+
+
+def test_an_executor_with_ll128_lines_chooses_by_the_times_measured_with_them():
+    location = "memory://inference-cpu-ll128"
+    ll = _commit(location, MINE, "direct")
+    simple = _commit(location, MINE, "direct", protocol="simple")
+    registry, size = Registry(location), 1 << 20
+    registry.record_timing(ll.id, size, 14.5)  # LL16 packets
+    registry.record_timing(simple.id, size, 10.7)
+    registry.record_timing(ll.id, size, 9.3, ll128=True)
+    fingerprint = build(MINE).fingerprint
+    assert PlanChoice(registry, fingerprint, 2).plan("allreduce", size, "bf16").protocol == "Simple"
+    assert PlanChoice(registry, fingerprint, 2, ll128=True).plan("allreduce", size, "bf16").protocol == "LL"

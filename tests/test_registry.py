@@ -186,9 +186,31 @@ def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
              "plans_us": {a.plan.content_hash: 5.0, b.plan.content_hash: 7.0, "not-in-registry": 1.0}},
             {"size": 4096, "wrong": 1, "plan_hash": b.plan.content_hash, "weft_us": 6.0,
              "plans_us": {a.plan.content_hash: 9.0, b.plan.content_hash: 6.0}}]
-    _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
+    _record(Namespace(registry=str(tmp_path), collective="allgather", ll128=False), rows)
     assert reg.get(a.id).measured_us == {1024: 5.0} and reg.get(b.id).measured_us == {1024: 7.0}
     assert reg.select(TOPO, "allgather", 1024).entry.id == a.id
+    # a bench with LL128 lines records apart: plain selections do not see those times
+    rows[0]["plans_us"] = {a.plan.content_hash: 9.0, b.plan.content_hash: 3.0}
+    _record(Namespace(registry=str(tmp_path), collective="allgather", ll128=True), rows)
+    assert reg.get(b.id).measured_us == {1024: 7.0} and reg.get(b.id).measured_ll128_us == {1024: 3.0}
+    assert reg.select(TOPO, "allgather", 1024).entry.id == a.id
+    assert reg.select(TOPO, "allgather", 1024, ll128=True).entry.id == b.id
+
+
+def test_ll128_times_are_kept_apart_and_survive_a_commit(tmp_path):
+    reg = Registry(tmp_path)
+    entry = commit(reg, "lines")
+    plain_json = reg.get(entry.id).to_json()
+    assert "measured_ll128_us" not in plain_json["timings"]  # entries without them keep their format
+    reg.record_timing(entry.id, 1 << 20, 9.0, ll128=True)
+    reg.record_timing(entry.id, 1 << 20, 14.0)
+    again = commit(reg, "lines")
+    got = reg.get(again.id)
+    assert got.measured_us == {1 << 20: 14.0} and got.measured_ll128_us == {1 << 20: 9.0}
+    assert got.estimate_us(1 << 20) == ("measured", 14.0) and got.estimate_us(1 << 20, ll128=True) == ("measured", 9.0)
+    only_lines = commit(reg, "only-lines")
+    reg.record_timing(only_lines.id, 1 << 20, 8.0, ll128=True)
+    assert not reg.get(only_lines.id).measured() and reg.get(only_lines.id).measured(ll128=True)
 
 
 def test_committing_a_plan_again_keeps_its_measured_times(tmp_path):

@@ -333,7 +333,7 @@ def _record(args: argparse.Namespace, rows: list[dict]) -> None:
             continue
         for plan_hash, us in row.get("plans_us", {row["plan_hash"]: row["weft_us"]}).items():
             if plan_hash in ids:
-                registry.record_timing(ids[plan_hash], row["size"], us)
+                registry.record_timing(ids[plan_hash], row["size"], us, ll128=args.ll128)
 
 
 def _progress(line: str) -> None:
