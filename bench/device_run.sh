@@ -6,6 +6,7 @@
 #   device:  bash bench/device_run.sh 2 tests      # pytest -m gpu, then the all-reduce bench      (~6 min)
 #            bash bench/device_run.sh 2 more       # all-reduce without PDL, reduce-scatter, all-gather, eager,
 #                                                  # tp_decode (~3 min)
+#            bash bench/device_run.sh 2 ll128      # LL128 lines: benches recorded apart, tp_decode --ll128
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tar brings it back (untar it over bench/).
@@ -38,6 +39,16 @@ if [ "$STAGE" = tests ]; then
   timeout 200 python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
   bench allreduce 300 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
+elif [ "$STAGE" = ll128 ]; then
+  L=1KB,16KB,64KB,256KB,1MB
+  bench allreduce 90 --ll128 --record --sizes "$L" -o "$OUT/gpu_allreduce_ll128.json"
+  bench reducescatter 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_reducescatter_ll128.json"
+  bench allgather 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_allgather_ll128.json"
+  step "tp_decode --ll128"
+  WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+    --iters 30 --ll128 --json "$OUT/tp_decode_ll128.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  grep "^tp=" "$LOG"
 else
   bench allreduce 100 --no-pdl --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB -o "$OUT/gpu_allreduce_nopdl.json"
   bench reducescatter 130 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
