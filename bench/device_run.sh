@@ -3,7 +3,7 @@
 # and its 8 files back under $OUT:
 #
 #   here:    git archive --format=tar.gz HEAD -o devsnap.tgz   (untracked, not ignored: it travels with the tree)
-#   device:  bash bench/device_run.sh 2 tests      # pytest -m gpu, then the all-reduce bench      (~6 min)
+#   device:  bash bench/device_run.sh 2 tests      # pytest -m gpu, then the all-reduce bench      (~2.5 min)
 #            bash bench/device_run.sh 2 more       # all-reduce without PDL, reduce-scatter, all-gather, eager,
 #                                                  # tp_decode (~3 min)
 #            bash bench/device_run.sh 2 ll128      # LL128 lines: benches recorded apart, tp_decode --ll128
