@@ -40,7 +40,7 @@ if [ "$STAGE" = tests ]; then
   tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
   bench allreduce 300 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
 elif [ "$STAGE" = ll128 ]; then
-  L=1KB,16KB,64KB,256KB,1MB
+  L=1KB,16KB,64KB,256KB,1MB,2MB,4MB
   bench allreduce 90 --ll128 --record --sizes "$L" -o "$OUT/gpu_allreduce_ll128.json"
   bench reducescatter 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_reducescatter_ll128.json"
   bench allgather 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_allgather_ll128.json"

@@ -21,7 +21,7 @@ from codegen.buffers import place_buffers
 from codegen.fuse import fuse
 from codegen.lower import lower
 from codegen.merge import merge_ranges
-from codegen.protocol import CodegenError, choose_protocol, size_range
+from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_range
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
@@ -36,7 +36,7 @@ __all__ = ["CodegenError", "compile_schedule"]
 
 def compile_schedule(schedule: Schedule, topology: object = None, instances: int = 1, protocol: str = "auto",
                      inplace: bool = False, threads: int = 1024, double_scratch: bool | None = None,
-                     pipeline: int = 1, pull: bool = False) -> Plan:
+                     pipeline: int = 1, pull: bool = False, ll_max_bytes: int = LL_MAX_BYTES) -> Plan:
     """The execution Plan for ``schedule`` (``topology`` is only recorded: the schedule already fits it).
 
     ``threads`` is the thread-block size. ``double_scratch`` alternates scratch halves between launches (default:
@@ -44,6 +44,8 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     ``pipeline`` cuts each instance's piece into that many sub-pieces that overlap transfer and combining.
     ``pull``: a receiver reads a chunk straight from its peer's input (``get``/``rre``) instead of the peer
     writing it into the receiver's scratch (``codegen.lower``); Simple, out-of-place plans only.
+    ``ll_max_bytes``: the largest message an LL plan accepts, a whole number of MB (default ``LL_MAX_BYTES``;
+    otherwise the plan's name ends in ``-max`` and the size).
     """
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
@@ -56,6 +58,10 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     if pull and (chosen == "LL" or inplace):
         raise CodegenError("--pull: only Simple, out-of-place plans read their peers' inputs (LL packets are "
                            "written by their sender; an in-place input is overwritten)")
+    if ll_max_bytes != LL_MAX_BYTES and (chosen != "LL" or not isinstance(ll_max_bytes, int)
+                                         or ll_max_bytes <= 0 or ll_max_bytes % (1 << 20)):
+        raise CodegenError(f"--ll-max-bytes: a whole number of MB, for LL plans only; got {ll_max_bytes!r} B for "
+                           f"a {chosen} plan")
     double = chosen == "LL" if double_scratch is None else bool(double_scratch)
     if chosen == "LL" and not double:
         raise CodegenError("--double-scratch: LL plans always alternate scratch halves (packet flags need it)")
@@ -71,7 +77,7 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     assign_threadblocks(actions)
     programs = insert_sync(merge_ranges(actions), double_scratch=double)
     programs = {r: {t: fuse(ops) for t, ops in tbs.items()} for r, tbs in programs.items()}
-    lo, hi = size_range(chosen)
+    lo, hi = size_range(chosen, ll_max_bytes)
     fingerprint = getattr(topology, "fingerprint", schedule.topology)
     meta = PlanMeta(topology=fingerprint, schedule_hash=schedule.content_hash, solver=schedule.meta.solver,
                     chunks=collective.chunks, root=collective.root, instances=instances,
@@ -79,9 +85,11 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"
     name += (f"-p{pipeline}" if pipeline > 1 else "") + (f"-t{threads}" if threads != MAX_THREADS else "")
     name += ("-2s" if double and chosen != "LL" else "") + ("-pull" if pull else "")
+    name += f"-max{ll_max_bytes >> 20}MB" if ll_max_bytes != LL_MAX_BYTES else ""
     plan = assemble(programs, name=name, collective=collective.name, protocol=chosen, inplace=inplace,
                     nranks=collective.nranks, input_chunks=placement.input_chunks * copies,
                     output_chunks=placement.output_chunks * copies,
                     scratch=[s * copies for s in placement.scratch], meta=meta)
     return replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
                    use_double_scratch_buffer=double)
+

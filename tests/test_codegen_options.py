@@ -142,3 +142,13 @@ def test_the_reference_executor_rejects_a_pull_without_its_notices(drop, error):
 def test_pull_is_refused_where_peers_inputs_cannot_be_read(options):
     with pytest.raises(CodegenError, match="--pull"):
         plan_for("allreduce", "direct", pull=True, **options)
+
+
+def test_ll_plans_accept_up_to_ll_max_bytes_and_other_plans_refuse_the_option():
+    wide = plan_for("allreduce", "direct", protocol="ll", ll_max_bytes=16 << 20)
+    assert wide.max_message_size == 16 << 20 and wide.name.endswith("-max16MB")
+    assert check_plan(wide, [4096, 8 << 20], dtypes=("bf16",)).ok
+    assert plan_for("allreduce", "direct", protocol="ll").max_message_size == 1 << 20
+    for bad in (dict(protocol="simple", ll_max_bytes=16 << 20), dict(protocol="ll", ll_max_bytes=1000)):
+        with pytest.raises(CodegenError, match="--ll-max-bytes"):
+            plan_for("allreduce", "direct", **bad)

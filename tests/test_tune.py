@@ -50,7 +50,8 @@ def test_simple_plans_alternate_scratch_only_where_that_spares_a_handshake():
 
 
 @pytest.mark.parametrize("options", [dict(instances=()), dict(instances=(0,)), dict(threads=(100,)),
-                                     dict(threads=(2048,)), dict(protocols=("nccl",)), dict(sms=0)])
+                                     dict(threads=(2048,)), dict(protocols=("nccl",)), dict(sms=0),
+                                     dict(ll_max_bytes=3 << 10), dict(ll_max_bytes=0)])
 def test_bad_grids_are_refused(options):
     with pytest.raises(TuneError):
         TuneOptions(**options)
@@ -101,3 +102,14 @@ def test_pull_variants_join_the_simple_ones():
     (plain, pulled) = compile_variants(synthesize(topology, "allreduce", "direct"), topology,
                                        TuneOptions(instances=(8,), threads=(1024,), protocols=("simple",), pull=True))
     assert pulled.plan.name.endswith("-x8-pull") and pulled.threadblocks == 8 and plain.threadblocks == 16
+
+
+def test_ll_variants_can_accept_larger_messages_for_executors_with_ll128_lines(capsys):
+    topology = resolve(TOPO)
+    options = TuneOptions(instances=(4,), threads=(256,), protocols=("ll", "simple"), ll_max_bytes=8 << 20)
+    ll, simple = compile_variants(synthesize(topology, "allreduce", "direct"), topology, options)
+    assert ll.plan.max_message_size == 8 << 20 and ll.plan.name.endswith("-ll-x4-t256-max8MB")
+    assert ll.plan.accepts(4 << 20) and ll.plan.weft.verification["ok"]
+    assert simple.plan.max_message_size > 8 << 20 and "max" not in simple.plan.name  # Simple plans: any size
+    assert main(["tune", "allreduce", "-t", TOPO, "--ll-max-bytes", "3KB", "--dry-run"]) == 2
+    assert "--ll-max-bytes: a whole number of MB" in capsys.readouterr().err

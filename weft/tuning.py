@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from codegen.protocol import CodegenError
+from codegen.protocol import LL_MAX_BYTES, CodegenError
 from schedules.plan import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
@@ -43,6 +43,7 @@ class TuneOptions:
     protocols: tuple[str, ...] = PROTOCOLS
     sms: int = 132  # H100 and H200 (SXM)
     pull: bool = False  # also Simple variants that read peers' inputs (``codegen.lower``)
+    ll_max_bytes: int = LL_MAX_BYTES  # the largest message LL variants accept (higher for LL128 lines)
 
     def __post_init__(self) -> None:
         if not self.instances or any(not isinstance(i, int) or i < 1 for i in self.instances):
@@ -54,6 +55,8 @@ class TuneOptions:
             raise TuneError(f"--protocols: choose from {', '.join(PROTOCOLS)}, got {list(self.protocols)}")
         if not isinstance(self.sms, int) or self.sms < 1:
             raise TuneError(f"--sms: a positive integer, got {self.sms!r}")
+        if not isinstance(self.ll_max_bytes, int) or self.ll_max_bytes <= 0 or self.ll_max_bytes % (1 << 20):
+            raise TuneError(f"--ll-max-bytes: a whole number of MB, got {self.ll_max_bytes!r} B")
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def compile_variants(schedule: Schedule, topology: Topology, options: TuneOption
     outcomes = []
     for v in grid(options):
         try:
-            plan = _best_scratch(schedule, topology, v, pipeline.compile_and_verify)
+            plan = _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options.ll_max_bytes)
         except CodegenError as e:
             outcomes.append(Outcome(v, None, str(e)))
             continue
@@ -118,11 +121,12 @@ def compile_variants(schedule: Schedule, topology: Topology, options: TuneOption
     return outcomes
 
 
-def _best_scratch(schedule: Schedule, topology: Topology, v: Variant, compile_and_verify) -> Plan:
+def _best_scratch(schedule: Schedule, topology: Topology, v: Variant, compile_and_verify,
+                  ll_max_bytes: int = LL_MAX_BYTES) -> Plan:
     """The variant's plan; a Simple plan alternates scratch halves where that spares waits (an entry handshake)."""
     options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads}
     if v.protocol == "ll":
-        return compile_and_verify(schedule, topology, **options)
+        return compile_and_verify(schedule, topology, ll_max_bytes=ll_max_bytes, **options)
     if v.pull:  # reads peers' inputs: no scratch to alternate
         return compile_and_verify(schedule, topology, pull=True, **options)
     single = compile_and_verify(schedule, topology, double_scratch=False, **options)

@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pull", action="store_true",
                    help="receivers read chunks straight from their peers' inputs (get/rre) instead of peers "
                         "writing them into scratch (Simple, out-of-place)")
+    p.add_argument("--ll-max-bytes", help="the largest message an LL plan accepts (whole MB; default 1MB)")
     p.add_argument("--inplace", action="store_true", help="input and output share one buffer")
     p.add_argument("--format", default="plan", choices=("plan", "msccl-xml"), help="output format")
     p.add_argument("-o", "--output", required=True, help="file to write")
@@ -39,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from schedules.schedule import load_schedule
     from topologies import resolve
+    from codegen.protocol import LL_MAX_BYTES
     from weft import pipeline
+    from weft.units import parse_bytes
 
     if args.instances < 1:
         raise ArgumentError(f"weft compile: --instances must be a positive integer, got {args.instances}")
@@ -47,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     topology = resolve(args.topology)
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
                                        inplace=args.inplace, progress=None, threads=args.threads,
-                                       pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull)
+                                       pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull,
+                                       ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes")
+                                       if args.ll_max_bytes else LL_MAX_BYTES)
     out = Path(args.output)
     if args.format == "msccl-xml":
         from codegen.msccl_xml import to_msccl_xml

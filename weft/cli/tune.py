@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--protocols", default="ll,simple", help="ll, simple or both")
     p.add_argument("--sms", type=int, default=132, help="SMs of the target GPU (H100/H200: 132)")
     p.add_argument("--pull", action="store_true", help="also Simple variants that read peers' inputs (get/rre)")
+    p.add_argument("--ll-max-bytes", default="1MB",
+                   help="the largest message LL variants accept (whole MB; higher pays with --ll128 executors)")
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("-o", "--output", help="also write each plan file into this directory")
     p.add_argument("--dry-run", action="store_true", help="compile and prove, but commit and write nothing")
@@ -48,10 +50,12 @@ def run(args: argparse.Namespace) -> int:
     from weft import publish
     from weft.synthesis import synthesize
     from weft.tuning import TuneOptions, compile_variants
+    from weft.units import parse_bytes
 
     options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
                           protocols=tuple(p.strip().lower() for p in args.protocols.split(",") if p.strip()),
-                          sms=args.sms, pull=args.pull)
+                          sms=args.sms, pull=args.pull,
+                          ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"))
     topology = resolve(args.topology)
     methods = args.methods or (["direct", "twoshot"] if args.collective == "allreduce" else ["direct"])
     schedules = [synthesize(topology, args.collective, m) for m in methods]
