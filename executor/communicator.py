@@ -328,7 +328,7 @@ class Communicator:
             self._cupy.cuda.runtime.freeHost(self._error_host)
             self._error_host = 0
         if self._tripwire is not None:
-            self._cupy.cuda.runtime.freeHost(self._tripwire.ctypes.data)
+            self._cupy.cuda.runtime.freeHost(ctypes.addressof(self._tripwire))
             self._tripwire = self._marker = None
 
     # ------------------------------------------------------------------ internals
@@ -483,19 +483,19 @@ class Communicator:
             if self._tripwire is None:
                 self._marker = cupy.full(TRIPWIRE_BYTES, 0x5E, cupy.uint8)
                 host = cupy.cuda.runtime.hostAlloc(TRIPWIRE_BYTES, HOST_ALLOC_PORTABLE_MAPPED)
-                self._tripwire = np.ctypeslib.as_array((ctypes.c_int32 * (TRIPWIRE_BYTES // 4)).from_address(host))
-                self._tripwire_words = (ctypes.c_uint64 * (TRIPWIRE_BYTES // 8)).from_address(host)  # fast check
-                self._tripwire[:] = 0
+                self._tripwire = (ctypes.c_uint64 * (TRIPWIRE_BYTES // 8)).from_address(host)
+                ctypes.memset(host, 0, TRIPWIRE_BYTES)
             layout = ctx.records.layout
             # mapped pinned memory has one address under UVA, as the error record's
-            disarmed = layout.disarmed(len(ctx.tables.ops), self._marker.data.ptr, self._tripwire.ctypes.data)
+            disarmed = layout.disarmed(len(ctx.tables.ops), self._marker.data.ptr,
+                                      ctypes.addressof(self._tripwire))
             chunk = cupy.asarray(np.tile(disarmed, GRAPH_RECORDS))
             cupy.cuda.runtime.deviceSynchronize()
         ctx.records.chunks.append(chunk)
 
     def _check_tripwire(self) -> None:
-        if self._tripwire is not None and any(self._tripwire_words):
-            self._tripwire[:] = 0
+        if self._tripwire is not None and any(self._tripwire):
+            ctypes.memset(ctypes.addressof(self._tripwire), 0, TRIPWIRE_BYTES)
             raise ExecutorError("executor: a CUDA graph replayed executions captured inside comm.capture() before "
                                 "their buffers were registered, so they did nothing; leave capture() (or call "
                                 "register_graph_buffers()) before replaying")

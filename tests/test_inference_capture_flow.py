@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import ctypes
 import numpy as np
 import pytest
 
@@ -241,7 +242,7 @@ def test_the_disarmed_records_point_the_tripwire_at_the_host_word():
     comm = fake_communicator(0, 2, lone_gather(2)[0], LL_ONE_SHOT)
     with comm.capture():
         record, ctx = record_of(comm, 5)
-        assert slots_of(record, ctx.records.layout)[:2] == [comm._marker.data.ptr, comm._tripwire.ctypes.data]
+        assert slots_of(record, ctx.records.layout)[:2] == [comm._marker.data.ptr, ctypes.addressof(comm._tripwire)]
         assert (comm._marker.host != 0).all()
 
 

@@ -144,7 +144,9 @@ __device__ void interpret(const Context& c) {
       if (op.type == kTransfer) {
         const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);  // re-read: fewer live registers in the loop
         const Transfer tr{slots, flag, (flag & 1u) ? c.scratch_half : 0};
-        if (!(op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline) : run_transfer<D, V, Batch>(op, tr, deadline))) {
+        const bool moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline)
+                                             : run_transfer<D, V, Batch>(op, tr, deadline);
+        if (!moved) {
           report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
           failed = 1;
         }
