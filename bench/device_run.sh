@@ -7,6 +7,7 @@
 #            bash bench/device_run.sh 2 more       # all-reduce without PDL, reduce-scatter, all-gather, eager,
 #                                                  # tp_decode (~3 min)
 #            bash bench/device_run.sh 2 ll128      # LL128 lines: benches recorded apart, tp_decode --ll128
+#            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tar brings it back (untar it over bench/).
@@ -34,10 +35,11 @@ bench() {  # collective, seconds, extra arguments
   tar -cf "$OUT/registry.tar" "$REG"
 }
 
-if [ "$STAGE" = tests ]; then
+if [ "$STAGE" = tests ] || [ "$STAGE" = pytest ]; then
   step "GPU tests"
   timeout 200 python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
+  [ "$STAGE" = pytest ] && exit 0
   bench allreduce 300 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
 elif [ "$STAGE" = ll128 ]; then
   L=1KB,16KB,64KB,256KB,1MB,2MB,4MB
