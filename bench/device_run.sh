@@ -6,7 +6,8 @@
 #   device:  bash bench/device_run.sh 2 tests      # pytest -m gpu, then the all-reduce bench      (~2.5 min)
 #            bash bench/device_run.sh 2 more       # all-reduce without PDL, reduce-scatter, all-gather, eager,
 #                                                  # tp_decode (~3 min)
-#            bash bench/device_run.sh 2 ll128      # LL128 lines: benches recorded apart, tp_decode --ll128
+#            bash bench/device_run.sh 2 ll128      # LL plans timed with and without LL128 lines (recorded apart),
+#                                                  # tp_decode --ll128
 #            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
@@ -43,7 +44,7 @@ if [ "$STAGE" = tests ] || [ "$STAGE" = pytest ]; then
   bench allreduce 300 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
 elif [ "$STAGE" = ll128 ]; then
   L=1KB,16KB,64KB,256KB,1MB,2MB,4MB
-  bench allreduce 90 --ll128 --record --sizes "$L" -o "$OUT/gpu_allreduce_ll128.json"
+  bench allreduce 300 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce_ll128.json"
   bench reducescatter 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_reducescatter_ll128.json"
   bench allgather 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_allgather_ll128.json"
   step "tp_decode --ll128"

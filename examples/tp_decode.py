@@ -196,7 +196,8 @@ def main() -> None:
     p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both",
                    help="both: NCCL, weft, and weft with projections written into its staging buffer")
     p.add_argument("--json", help="write results here (rank 0)")
-    p.add_argument("--ll128", action="store_true", help="weft moves LL plans' packets as LL128 lines (NVLink only)")
+    p.add_argument("--ll128", action="store_true",
+                   help="weft's LL plans may move LL128 lines where the registry measured them faster (NVLink only)")
     args = p.parse_args()
 
     for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
@@ -236,7 +237,8 @@ def main() -> None:
         row = {"batch": batch, "tp": world, "failed": failed}
         if "weft" in backends:
             plan = comm.plan_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
-            row["weft_plan"] = plan.name if plan is not None else "nccl (no plan)"
+            lined = comm.lines_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
+            row["weft_plan"] = plan.name + ("+ll128" if lined else "") if plan is not None else "nccl (no plan)"
         for name, r in results.items():
             row[f"{name}_ms"] = r["step_ms"]
             row[f"{name}_all_reduce_ms"] = r["all_reduce_ms"]

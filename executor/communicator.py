@@ -146,9 +146,10 @@ class Communicator:
         """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
         collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
         interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``.
-        ``ll128``: move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8 per 16) where
-        the size allows (gpu_tables.lines_possible) and every rank's buffers are 8-byte aligned; this relies on
-        NVLink delivering a warp's 128-byte store whole, as NCCL's LL128 does, so use it on NVLink machines only."""
+        ``ll128``: by default, move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8
+        per 16) where the size allows (gpu_tables.lines_possible) and every rank's buffers are 8-byte aligned; a
+        call's ``lines`` overrides it. Lines rely on NVLink delivering a warp's 128-byte store whole, as NCCL's LL128
+        does, so use them on NVLink machines only."""
         import cupy
 
         if not 0 <= rank < world_size:
@@ -166,7 +167,7 @@ class Communicator:
         self._kernels: dict[str, Any] = {}  # interpreter entries by name
         self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
         self._peers = gpu_ipc.PeerMappings()
-        self._templates: dict[tuple[str, int, str], _Context] = {}  # (plan, size, dtype) -> its first context
+        self._templates: dict[tuple[str, int, str, bool], _Context] = {}  # (plan, size, dtype, lines) -> first context
         self._captured: list[CapturedExecution] = []
         self._graph_mode = False
         self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
@@ -201,21 +202,23 @@ class Communicator:
     # ------------------------------------------------------------------ running plans
 
     def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                dtype: str | None = None) -> Any:
+                dtype: str | None = None, lines: bool | None = None) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on ``stream``; returns the output.
 
         ``stream``: a torch or CuPy stream or a raw handle; default the current stream of input's framework.
         ``dtype``: needed only for CuPy bf16 (held as uint16).
+        ``lines``: move an LL plan's packets as LL128 lines where it can (default: the communicator's ``ll128``).
         For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
         An output allocated here belongs to the context: later calls on the same input reuse it.
         """
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
-        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype)
+        lines = self._ll128 if lines is None else lines
+        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype, lines)
         ctx = self._contexts.get(key)
         if ctx is None:
-            ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype)
+            ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype, lines)
             self._contexts[key] = ctx
-            if self._templates.setdefault((plan_hash, ctx.nbytes, dtype), ctx) is ctx and self._graph_mode:
+            if self._templates.setdefault((plan_hash, ctx.nbytes, dtype, lines), ctx) is ctx and self._graph_mode:
                 self._add_records(ctx)  # made inside capture() by an eager call (a warm-up), so outside a graph
         self._launch(ctx, dtype, buf.framework, stream)
         return ctx.output
@@ -243,12 +246,12 @@ class Communicator:
         self.register_graph_buffers()
 
     def execute_captured(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                         dtype: str | None = None) -> str:
+                         dtype: str | None = None, lines: bool | None = None) -> str:
         """Inside ``capture()``, while a graph captures: run ``plan`` on ``input`` and ``output`` with no copy.
 
-        The execution shares the context an eager ``execute`` made for this plan, size and dtype (its scratch,
-        counters and peer mappings) and takes a binding record of its own, armed at registration. Returns '' when
-        it launched, else why it did not (nothing launched): no such context, a buffer not aligned to the
+        The execution shares the context an eager ``execute`` made for this plan, size, dtype and ``lines`` (its
+        scratch, counters and peer mappings) and takes a binding record of its own, armed at registration. Returns
+        '' when it launched, else why it did not (nothing launched): no such context, a buffer not aligned to the
         context's vectors, no free record, or, for plans whose peers map this rank's input or output, a buffer
         that CUDA IPC cannot share on some rank. Where peers map the buffers every rank decides together
         (collective); elsewhere no peer sees them and the decision is this rank's.
@@ -256,7 +259,8 @@ class Communicator:
         if not self._graph_mode:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
-        ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype))
+        lines = self._ll128 if lines is None else lines
+        ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype, lines))
         if ctx is None:
             return f"no context for plan {plan.name} at {buf.nbytes} B of input: execute it once before capturing"
         self._check_output(plan, ctx.tables, out, dtype)
@@ -294,13 +298,14 @@ class Communicator:
             cupy.cuda.runtime.deviceSynchronize()
         self._check_tripwire()
 
-    def kernel_times(self, plan: Plan | dict | str | Path, nbytes: int, dtype: str) -> list[gpu_trace.BlockTimes]:
+    def kernel_times(self, plan: Plan | dict | str | Path, nbytes: int, dtype: str,
+                     lines: bool | None = None) -> list[gpu_trace.BlockTimes]:
         """Per-block mean phase times (µs per launch) of ``plan`` at ``nbytes`` (its context's message size) and
         ``dtype``, over every launch so far; needs ``trace=True``."""
         if not self._trace:
             raise ExecutorError("executor: kernel_times needs a Communicator made with trace=True")
         plan, plan_hash = self._plan(plan)
-        ctx = self._templates.get((plan_hash, nbytes, dtype))
+        ctx = self._templates.get((plan_hash, nbytes, dtype, self._ll128 if lines is None else lines))
         if ctx is None:
             raise ExecutorError(f"executor: plan {plan.name} has not run at {nbytes} B {dtype} here")
         self.synchronize()
@@ -408,7 +413,7 @@ class Communicator:
             raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
 
     def _create_context(self, plan: Plan, plan_hash: str, input: Any, buf: _Buffer, output: Any,
-                        out: _Buffer | None, dtype: str) -> _Context:
+                        out: _Buffer | None, dtype: str, lines: bool) -> _Context:
         cupy = self._cupy
         nbytes = self._message_bytes(plan, buf)
         check_launch(plan, self.world_size, nbytes, dtype)
@@ -422,7 +427,7 @@ class Communicator:
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
         # LL128 lines only where every rank asks for them and can (same size and 8-byte aligned buffers)
         lined = build_tables(plan, self.rank, nbytes, lines=True) if (
-            self._ll128 and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0) else None
+            lines and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0) else None
         with cupy.cuda.Device(self.device):
             halves = 2 if tables.double_scratch else 1
             scratch = cupy.zeros(max(tables.scratch_bytes * halves, lined.scratch_bytes * halves if lined else 0, 16),

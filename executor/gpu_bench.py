@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from executor.errors import ExecutorError
+from executor.gpu_tables import lines_possible
 from schedules.plan import Plan
 
 BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -30,6 +31,7 @@ class BenchConfig:
     calls: int = 20
     samples: int = 30
     warmup: int = 3
+    lines: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -147,16 +149,20 @@ def _slowest_rank(medians: dict[str, float]) -> dict[str, float]:
     return {k: max(m[k] for m in every) for k in medians}
 
 
-def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str) -> int:
+def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: bool = False) -> int:
     """1 if weft's result differs from NCCL's on this rank's data, else 0."""
     ref = nccl_result(collective, x, world)
-    got = comm.execute(plan, x)
+    got = comm.execute(plan, x, lines=lines)
     comm.synchronize()
     return int(not matches(collective, got, ref, dtype))
 
 
+LINES_SUFFIX = "+ll128"
+
+
 def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None) -> list[dict]:
-    """One row per size; weft's time is that of the fastest plan accepting the size."""
+    """One row per size; weft's time is that of the fastest plan accepting the size (with ``config.lines``, of the
+    fastest plan and packet format: an LL plan with LL128 lines is named PLAN+ll128)."""
     import torch
 
     world, device = comm.world_size, torch.device("cuda", comm.device)
@@ -174,22 +180,25 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             keep.append(buf)
             for name, fn in variants:
                 timers[f"symm:{name}"] = _timer(fn, config.graph, config.calls)
-        runnable = []
-        for plan in candidates:
+        runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
+        formats = [(p, False) for p in candidates] + [(p, True) for p in candidates
+                                                       if config.lines and lines_possible(p, nbytes)]
+        for plan, lines in formats:
             y = out if config.collective != "allreduce" else torch.empty_like(x)
             keep.append(y)
             try:
-                timer = _timer(lambda p=plan, y=y: comm.execute(p, x, y), config.graph, config.calls)
+                timer = _timer(lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines), config.graph,
+                               config.calls)
                 refused = ""
             except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
                 timer, refused = None, str(e)
+            name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
             if _refused_anywhere(refused):
                 if progress and refused:
-                    progress(f"skipping {plan.name}: {refused}")
+                    progress(f"skipping {name[5:]}: {refused}")
                 continue
-            timers[f"weft:{plan.name}"] = timer
-            runnable.append(plan)
-        candidates = runnable
+            timers[name] = timer
+            runnable[name] = (plan, lines)
         comm.synchronize()
         raw: dict[str, list[float]] = {k: [] for k in timers}
         for i in range(config.warmup + config.samples):
@@ -204,17 +213,19 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         symm = [v for k, v in med.items() if k.startswith("symm:")]
         wrong = 0
         if best:
-            plan = next(p for p in candidates if f"weft:{p.name}" == best)
-            wrong = _check(config.collective, comm, plan, x, world, config.dtype)
+            plan, lines = runnable[best]
+            wrong = _check(config.collective, comm, plan, x, world, config.dtype, lines)
         weft_us = med[best] if best else None
-        plan_hash = next(p.content_hash for p in candidates if f"weft:{p.name}" == best) if best else None
+        plan_hash = runnable[best][0].content_hash if best else None
         algbw = nbytes / (weft_us * 1e3) if weft_us else None
         rows.append({
             "size": nbytes, "nccl_us": med["nccl"], "symm_us": min(symm) if symm else None, "weft_us": weft_us,
             "algbw": algbw, "busbw": algbw * BUS_FACTOR[config.collective](world) if algbw else None,
             "speedup": med["nccl"] / weft_us if weft_us else None, "wrong": wrong,
-            "plan": best[5:] if best else None, "plan_hash": plan_hash, "raw_us": raw, "median_us": med,
-            "plans_us": {p.content_hash: med[f"weft:{p.name}"] for p in candidates},
+            "plan": best[5:] if best else None, "plan_hash": plan_hash, "lines": bool(best and runnable[best][1]),
+            "raw_us": raw, "median_us": med,
+            "plans_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if not lines},
+            "plans_ll128_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if lines},
         })
         if progress:
             progress(f"{nbytes} B: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))

@@ -60,7 +60,8 @@ class Communicator(PlanCommunicator):
         """``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
         NVML, then torch's view of the GPUs. ``deterministic``: only plans with a fixed reduction order.
         ``staging_bytes``: the largest message (nccl-tests terms) that weft runs; larger ones go to NCCL.
-        ``ll128``: LL plans move LL128 lines (executor.communicator.Communicator; NVLink machines only)."""
+        ``ll128``: LL plans may move LL128 lines (executor.communicator.Communicator; NVLink machines only), at the
+        sizes where the registry's times measured with lines beat those without."""
         self.rank, self.world_size, self.group, self.timeout_s = rank, world_size, group, timeout_s
         self.deterministic, self.staging_bytes = deterministic, staging_bytes
         store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
@@ -121,6 +122,11 @@ class Communicator(PlanCommunicator):
         if not self.enabled or dtype not in DTYPES or nbytes > self.staging_bytes:
             return None
         return self.choice.plan(collective, nbytes, DTYPES[dtype])
+
+    def lines_for(self, collective: str, nbytes: int, dtype: torch.dtype) -> bool:
+        """Whether ``plan_for``'s plan moves LL128 lines (``ll128`` set, and measured faster so at this size)."""
+        return self.plan_for(collective, nbytes, dtype) is not None and self.choice.lines(collective, nbytes,
+                                                                                          DTYPES[dtype])
 
     def is_prepared(self, plan, nbytes: int, dtype: torch.dtype) -> bool:
         """Whether ``plan``'s context for this size exists, so that a graph capture can run it."""
@@ -240,7 +246,8 @@ class Communicator(PlanCommunicator):
             return False
         nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
         why = "the tensor is not contiguous" if not (tensor.is_contiguous() and output.is_contiguous()) else ""
-        why = why or self.execute_captured(plan, tensor, output)
+        why = why or self.execute_captured(plan, tensor, output, lines=self.lines_for(plan.collective, nbytes,
+                                                                                   tensor.dtype))
         if why:
             self._fallback(plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph")
             return False
@@ -253,7 +260,7 @@ class Communicator(PlanCommunicator):
         source, staged = self._views(tensor.numel(), out_numel, tensor.dtype)
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
             source.view(tensor.shape).copy_(tensor)
-        self.execute(plan, source, staged)
+        self.execute(plan, source, staged, lines=self.lines_for(plan.collective, nbytes, tensor.dtype))
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype]))
         self.paths["staging"] += 1
         return staged

@@ -58,9 +58,9 @@ class PlanChoice:
     topology: str  # fingerprint: entries keyed by any other topology are never considered
     nranks: int
     deterministic: bool = False
-    ll128: bool = False  # the executor moves LL packets as LL128 lines: their measured times count
+    ll128: bool = False  # the executor can move LL packets as LL128 lines: their measured times count too
     entries: list[Entry] = field(init=False)
-    _chosen: dict[tuple[str, int, str], Plan | None] = field(init=False, default_factory=dict)
+    _chosen: dict[tuple[str, int, str], tuple[Plan, bool] | None] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.entries = [e for e in self.registry.entries(topology=self.topology)
@@ -68,12 +68,22 @@ class PlanChoice:
                         and (not self.deterministic or fixed_reduction_order(e.plan))]
 
     def plan(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
+        chosen = self.choose(collective, nbytes, dtype)
+        return chosen[0] if chosen else None
+
+    def lines(self, collective: str, nbytes: int, dtype: str) -> bool:
+        """Whether the chosen plan runs with LL128 lines (measured faster so at this size), else with its packets."""
+        chosen = self.choose(collective, nbytes, dtype)
+        return bool(chosen and chosen[1])
+
+    def choose(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, bool] | None:
+        """(plan, with LL128 lines) for this call, or None (NCCL)."""
         key = (collective, nbytes, dtype)
         if key not in self._chosen:
             self._chosen[key] = self._best(collective, nbytes, dtype)
         return self._chosen[key]
 
-    def _best(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
+    def _best(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, bool] | None:
         fits = [e for e in self.entries if e.key.collective == collective and e.key.covers(nbytes)
                 and e.plan.accepts(nbytes) and (not e.dtypes or dtype in e.dtypes)]
         if not fits:
@@ -84,4 +94,4 @@ class PlanChoice:
         fits = [e for e in fits if e.measured(self.ll128)] or fits
         best = min(fits, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL",
                                         e.id))
-        return best.plan
+        return best.plan, best.estimate(nbytes, self.ll128)[2]

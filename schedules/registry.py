@@ -74,17 +74,27 @@ class Entry:
         return tuple(self.provenance.get("verification", {}).get("dtypes", ()))
 
     def measured(self, ll128: bool = False) -> bool:
-        """Whether any time was measured (with LL128 lines too when ``ll128``)."""
-        return bool(self.measured_us or (ll128 and self.measured_ll128_us))
+        """Whether any time was measured (with LL128 lines too when ``ll128``, for an LL plan)."""
+        return bool(self.measured_us or (ll128 and self.plan.protocol == "LL" and self.measured_ll128_us))
 
     def estimate_us(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None]:
-        """('measured'|'predicted', time at nbytes) interpolated log-log between recorded sizes; with ``ll128`` the
-        times measured with LL128 lines come first (an executor running them)."""
-        tables = (("measured", self.measured_ll128_us),) if ll128 else ()
-        for kind, table in (*tables, ("measured", self.measured_us), ("predicted", self.predicted_us)):
-            if table:
-                return kind, _interpolate(table, nbytes)
-        return "none", None
+        """('measured'|'predicted', time at nbytes) interpolated log-log between recorded sizes; with ``ll128`` (an
+        executor that can move LL packets as LL128 lines) the faster of the times measured with and without them."""
+        basis, time_us, _ = self.estimate(nbytes, ll128)
+        return basis, time_us
+
+    def estimate(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None, bool]:
+        """``estimate_us`` and whether that time is the one measured with LL128 lines (run the plan with them)."""
+        if self.measured(ll128):
+            lined = ll128 and self.plan.protocol == "LL"  # only LL plans have packets to move as lines
+            options = [(_interpolate(table, nbytes), lines)
+                       for table, lines in ((self.measured_us, False), (self.measured_ll128_us, True))
+                       if table and (lined or not lines)]
+            time_us, lines = min(options)
+            return "measured", time_us, lines
+        if self.predicted_us:
+            return "predicted", _interpolate(self.predicted_us, nbytes), False
+        return "none", None, False
 
     def to_json(self) -> dict:
         return {
@@ -116,6 +126,7 @@ class Selection:
     time_us: float | None
     reason: str = ""
     skipped: tuple[str, ...] = ()
+    lines: bool = False  # run the entry's LL plan with LL128 lines (select(..., ll128=True) measured it faster so)
 
 
 def _interpolate(table: dict[int, float], nbytes: int) -> float:
@@ -312,7 +323,8 @@ class Registry:
     def select(self, topology: str, collective: str, nbytes: int, dtype: str | None = None,
                nranks: int | None = None, ll128: bool = False) -> Selection:
         """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
-        executor moving LL packets as LL128 lines, whose measured times then count)."""
+        executor that can move LL packets as LL128 lines, whose measured times then count too; ``lines`` says
+        whether the chosen time is one of them)."""
         found, bad = self.load()
         for line in bad:
             log.warning("skipping %s", line)
@@ -328,8 +340,8 @@ class Registry:
         measured = [e for e in candidates if e.measured(ll128)]
         scored = sorted(measured or candidates, key=lambda e: (e.estimate_us(nbytes, ll128)[1] or math.inf, e.id))
         best = scored[0]
-        basis, t = best.estimate_us(nbytes, ll128)
-        return Selection(best, basis, t, "", tuple(bad))
+        basis, t, lines = best.estimate(nbytes, ll128)
+        return Selection(best, basis, t, "", tuple(bad), lines)
 
 
 def _rename(fs: Any, src: str, dst: str) -> None:

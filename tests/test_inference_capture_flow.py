@@ -96,7 +96,7 @@ def fake_communicator(rank: int, world: int, gather, plan_path: Path) -> Communi
     comm._cupy = FakeCupy()
     comm._error = np.zeros(8, np.int32)
     comm._plans, comm._contexts, comm._templates, comm._captured = {}, {}, {}, []
-    comm._graph_mode, comm._marker, comm._tripwire = False, None, None
+    comm._graph_mode, comm._marker, comm._tripwire, comm._ll128 = False, None, None, False
     comm._all_gather = gather
     comm._peers = SimpleNamespace(open=opened)
     comm.launches = []
@@ -105,7 +105,7 @@ def fake_communicator(rank: int, world: int, gather, plan_path: Path) -> Communi
     tables = build_tables(plan, rank, 4 * N)
     slots = (0xA000, 0xB000, 0xC000, *(0xD000 + 0x100 * k for k in range(len(tables.remote_buffers))))
     args = ("ops", "tb_start", "slots", "outbound", "inbound", "expected", "barriers", "semaphores", "state")
-    comm._templates[(plan.content_hash, 4 * N, "fp32")] = _Context(
+    comm._templates[(plan.content_hash, 4 * N, "fp32", False)] = _Context(
         tables=tables, arrays=[], scratch=None, state=None, semaphore_init=None, args=args, vector_bytes=16,
         output=None, plan_hash=plan.content_hash, nbytes=4 * N, slots=slots, peers=peer_mapping(plan, rank))
     comm.plan = plan

@@ -148,6 +148,28 @@ def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode
     assert all(safe_back_to_back(e.plan) for e in choice.entries)
 
 
+@pytest.mark.parametrize("name", ["registry_h200x2", "registry_h200x4"])
+def test_every_entry_of_the_committed_registries_verifies(name):
+    """What the GPU jobs select from is proven: the plan, its launch safety back to back, its verification record."""
+    report = publish.verify_registry(str(COMMITTED / name))
+    assert report["bad"] == 0, [r for r in report["entries"] if not r["ok"]][:3]
+
+
+def test_with_ll128_the_committed_2xh200_registry_runs_lines_only_where_they_measured_faster():
+    registry = Registry(str(COMMITTED / "registry_h200x2"))
+    choice = PlanChoice(registry, build("hgx_h200:gpus=2").fingerprint, 2, ll128=True)
+    for batch in (1, 4, 16, 64):
+        nbytes = batch * 8192 * 2
+        plan, lines = choice.choose("allreduce", nbytes, "bf16")
+        entry = next(e for e in choice.entries if e.plan.content_hash == plan.content_hash)
+        table = entry.measured_ll128_us if lines else entry.measured_us
+        assert nbytes in table and not (lines and plan.protocol != "LL")
+        best = min(min(t[nbytes] for t in (e.measured_us, e.measured_ll128_us) if nbytes in t)
+                   for e in choice.entries if e.key.collective == "allreduce"
+                   and nbytes in {**e.measured_us, **e.measured_ll128_us})
+        assert table[nbytes] == best
+
+
 def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_mode():
     choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x4")), build("hgx_h200:gpus=4").fingerprint, 4,
                         deterministic=True)
@@ -166,3 +188,11 @@ def test_an_executor_with_ll128_lines_chooses_by_the_times_measured_with_them():
     fingerprint = build(MINE).fingerprint
     assert PlanChoice(registry, fingerprint, 2).plan("allreduce", size, "bf16").protocol == "Simple"
     assert PlanChoice(registry, fingerprint, 2, ll128=True).plan("allreduce", size, "bf16").protocol == "LL"
+    assert PlanChoice(registry, fingerprint, 2, ll128=True).lines("allreduce", size, "bf16")
+    assert not PlanChoice(registry, fingerprint, 2).lines("allreduce", size, "bf16")
+    # where the packets measured faster, the same plan runs without lines
+    registry.record_timing(ll.id, 1024, 3.5)
+    registry.record_timing(ll.id, 1024, 4.0, ll128=True)
+    registry.record_timing(simple.id, 1024, 8.0)
+    small = PlanChoice(registry, fingerprint, 2, ll128=True)
+    assert small.choose("allreduce", 1024, "bf16") == (ll.plan, False)

@@ -15,10 +15,10 @@ from schedules.registry import NotVerified, Registry, dumps
 TOPO = "topo-00000000000000aa"
 
 
-def make_plan(name: str, lo: int = 0, hi: int = (1 << 64) - 1):
+def make_plan(name: str, lo: int = 0, hi: int = (1 << 64) - 1, protocol: str = "Simple"):
     """A real 1-rank allgather plan (copy input to output); the name makes each plan's hash distinct."""
     return parse_plan({
-        "name": name, "collective": "allgather", "protocol": "Simple", "inplace": False,
+        "name": name, "collective": "allgather", "protocol": protocol, "inplace": False,
         "min_message_size": lo, "max_message_size": hi,
         "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
             {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
@@ -32,8 +32,8 @@ def provenance(plan, solver: str = "direct") -> dict:
                              "sizes": [64, 4096]}}
 
 
-def commit(reg: Registry, name: str, lo: int = 0, hi: int = (1 << 64) - 1, predicted=None):
-    plan = make_plan(name, lo, hi)
+def commit(reg: Registry, name: str, lo: int = 0, hi: int = (1 << 64) - 1, predicted=None, protocol="Simple"):
+    plan = make_plan(name, lo, hi, protocol)
     return reg.commit(plan, TOPO, provenance(plan), predicted or {1024: 5.0, 1 << 20: 50.0})
 
 
@@ -181,36 +181,49 @@ def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
     from weft.cli.gpu import _record
 
     reg = Registry(tmp_path)
-    a, b = commit(reg, "a"), commit(reg, "b")
+    a, b = commit(reg, "a", protocol="LL"), commit(reg, "b", protocol="LL")
     rows = [{"size": 1024, "wrong": 0, "plan_hash": a.plan.content_hash, "weft_us": 5.0,
              "plans_us": {a.plan.content_hash: 5.0, b.plan.content_hash: 7.0, "not-in-registry": 1.0}},
             {"size": 4096, "wrong": 1, "plan_hash": b.plan.content_hash, "weft_us": 6.0,
              "plans_us": {a.plan.content_hash: 9.0, b.plan.content_hash: 6.0}}]
-    _record(Namespace(registry=str(tmp_path), collective="allgather", ll128=False), rows)
+    _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
     assert reg.get(a.id).measured_us == {1024: 5.0} and reg.get(b.id).measured_us == {1024: 7.0}
     assert reg.select(TOPO, "allgather", 1024).entry.id == a.id
-    # a bench with LL128 lines records apart: plain selections do not see those times
-    rows[0]["plans_us"] = {a.plan.content_hash: 9.0, b.plan.content_hash: 3.0}
-    _record(Namespace(registry=str(tmp_path), collective="allgather", ll128=True), rows)
+    # a bench that also timed LL128 lines records those apart: plain selections do not see them
+    rows[0]["plans_ll128_us"] = {a.plan.content_hash: 9.0, b.plan.content_hash: 3.0}
+    _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
     assert reg.get(b.id).measured_us == {1024: 7.0} and reg.get(b.id).measured_ll128_us == {1024: 3.0}
-    assert reg.select(TOPO, "allgather", 1024).entry.id == a.id
-    assert reg.select(TOPO, "allgather", 1024, ll128=True).entry.id == b.id
+    assert reg.get(a.id).measured_us == {1024: 5.0} and reg.get(a.id).measured_ll128_us == {1024: 9.0}
+    plain, lined = reg.select(TOPO, "allgather", 1024), reg.select(TOPO, "allgather", 1024, ll128=True)
+    assert (plain.entry.id, plain.lines, plain.time_us) == (a.id, False, 5.0)
+    assert (lined.entry.id, lined.lines, lined.time_us) == (b.id, True, 3.0)
 
 
 def test_ll128_times_are_kept_apart_and_survive_a_commit(tmp_path):
     reg = Registry(tmp_path)
-    entry = commit(reg, "lines")
+    entry = commit(reg, "lines", protocol="LL")
     plain_json = reg.get(entry.id).to_json()
     assert "measured_ll128_us" not in plain_json["timings"]  # entries without them keep their format
     reg.record_timing(entry.id, 1 << 20, 9.0, ll128=True)
     reg.record_timing(entry.id, 1 << 20, 14.0)
-    again = commit(reg, "lines")
+    again = commit(reg, "lines", protocol="LL")
     got = reg.get(again.id)
     assert got.measured_us == {1 << 20: 14.0} and got.measured_ll128_us == {1 << 20: 9.0}
     assert got.estimate_us(1 << 20) == ("measured", 14.0) and got.estimate_us(1 << 20, ll128=True) == ("measured", 9.0)
-    only_lines = commit(reg, "only-lines")
+    # per size, the faster format wins: packets at 1 KB, lines at 1 MB
+    reg.record_timing(entry.id, 1024, 4.0)
+    reg.record_timing(entry.id, 1024, 6.0, ll128=True)
+    got = reg.get(entry.id)
+    assert got.estimate(1024, ll128=True) == ("measured", 4.0, False)
+    assert got.estimate(1 << 20, ll128=True) == ("measured", 9.0, True)
+    assert got.estimate(1 << 20) == ("measured", 14.0, False)
+    only_lines = commit(reg, "only-lines", protocol="LL")
     reg.record_timing(only_lines.id, 1 << 20, 8.0, ll128=True)
     assert not reg.get(only_lines.id).measured() and reg.get(only_lines.id).measured(ll128=True)
+    # a Simple plan has no packets to move as lines: times filed under lines do not count for it
+    simple = commit(reg, "simple")
+    reg.record_timing(simple.id, 1 << 20, 1.0, ll128=True)
+    assert not reg.get(simple.id).measured(ll128=True) and reg.get(simple.id).estimate(1 << 20, True)[2] is False
 
 
 def test_committing_a_plan_again_keeps_its_measured_times(tmp_path):

@@ -151,7 +151,7 @@ def scenario_graph(comm, log: LogLines, world, device) -> dict:
 
 
 def scenario_no_plan(rank, world, device, log: LogLines, registry: Path, tmp: Path) -> dict:
-    """A registry holding only LL plans (up to 1 MB): 4 MB has no plan."""
+    """A registry holding only the LL plans that accept up to 1 MB: 4 MB has no plan."""
     import shutil
 
     import torch
@@ -161,7 +161,8 @@ def scenario_no_plan(rank, world, device, log: LogLines, registry: Path, tmp: Pa
     only_ll = tmp / "registry-ll-only"
     (only_ll / "entries").mkdir(parents=True, exist_ok=True)
     for f in (registry / "entries").glob("*.json"):
-        if json.loads(f.read_text())["plan"]["protocol"] == "LL":
+        plan = json.loads(f.read_text())["plan"]
+        if plan["protocol"] == "LL" and plan["max_message_size"] <= 1 << 20:
             shutil.copy(f, only_ll / "entries" / f.name)
     comm = Communicator.from_process_group(registry=str(only_ll))
     x = torch.randn(2 << 20, device=device, dtype=torch.bfloat16)  # 4 MB

@@ -62,7 +62,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="ordinary launches instead of programmatic dependent launches")
     p.add_argument("--ll128", action="store_true",
-                   help="move LL plans' packets as LL128 lines (NVLink machines only)")
+                   help="LL plans may move their packets as LL128 lines (NVLink machines only): run uses them, bench "
+                        "times each LL plan with and without them and records the two apart")
 
 
 # ---------------------------------------------------------------- launching
@@ -296,7 +297,8 @@ def _bench(args: argparse.Namespace) -> int:
     comm, rank, world = _init_rank(args)
     try:
         plans = _load_plans(args, world)
-        config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples)
+        config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
+                             lines=args.ll128)
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
         wrong = [None] * world
         dist.all_gather_object(wrong, [r["wrong"] for r in rows])
@@ -323,7 +325,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
     """Every plan's measured time into its registry entry, so `select` compares measurements, not predictions.
 
-    A size whose fastest plan gave a wrong result records nothing."""
+    Times measured with LL128 lines go apart (``measured_ll128_us``). A size whose fastest plan gave a wrong
+    result records nothing."""
     from schedules.registry import Registry
 
     registry = Registry(args.registry)
@@ -331,9 +334,12 @@ def _record(args: argparse.Namespace, rows: list[dict]) -> None:
     for row in rows:
         if row["wrong"]:
             continue
-        for plan_hash, us in row.get("plans_us", {row["plan_hash"]: row["weft_us"]}).items():
-            if plan_hash in ids:
-                registry.record_timing(ids[plan_hash], row["size"], us, ll128=args.ll128)
+        plain = row.get("plans_us", {} if row.get("lines") else {row["plan_hash"]: row["weft_us"]})
+        lined = row.get("plans_ll128_us", {})
+        for times, ll128 in ((plain, False), (lined, True)):
+            for plan_hash, us in times.items():
+                if plan_hash in ids:
+                    registry.record_timing(ids[plan_hash], row["size"], us, ll128=ll128)
 
 
 def _progress(line: str) -> None:

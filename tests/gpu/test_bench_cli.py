@@ -1,0 +1,49 @@
+"""``weft bench`` end to end on GPUs: NCCL, symmetric memory and weft timed in one job, every result checked.
+
+With ``--ll128`` each LL plan is timed twice, with its LL16 packets and with LL128 lines (named PLAN+ll128), and
+the row keeps both sets of times apart, as ``--record`` stores them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import gpu_count, nproc
+
+pytestmark = pytest.mark.gpu
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+LL = HERE / "plans" / "allreduce-direct-ll-x8.json"
+SIMPLE = HERE / "plans" / "allreduce-direct-simple-x16.json"
+
+
+def test_bench_times_ll_plans_with_and_without_lines(tmp_path):
+    n = nproc()
+    if gpu_count() < n:
+        pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RANK", None)
+    done = subprocess.run([sys.executable, "-c", "from weft.cli import run; run()", "bench", "allreduce",
+                           "--nproc", str(n), "--plans", str(LL), str(SIMPLE), "--sizes", "64KB,1MB", "--ll128",
+                           "--samples", "3", "--calls", "5", "--timeout", "10", "-o", str(out)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["method"]["ll128"] is True and len(doc["rows"]) == 2
+    ll_name = json.loads(LL.read_text())["name"]
+    for row in doc["rows"]:
+        assert row["wrong"] == 0 and row["weft_us"] > 0 and row["nccl_us"] > 0
+        timed = set(row["median_us"])
+        assert {f"weft:{ll_name}", f"weft:{ll_name}+ll128"} <= timed
+        assert len(row["plans_us"]) == 2 and len(row["plans_ll128_us"]) == 1  # Simple has no lines
+        assert row["lines"] == row["plan"].endswith("+ll128")
+        assert row["weft_us"] == min(v for k, v in row["median_us"].items() if k.startswith("weft:"))
+    assert "# weft bench allreduce" in done.stdout
