@@ -11,7 +11,7 @@
 #            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
-# Benches record every plan's time into the registry; registry.tar brings it back (untar it over bench/).
+# Benches record every plan's time into the registry; registry.tgz brings it back (untar it over bench/).
 set -u
 N=${1:-2}
 STAGE=${2:-tests}
@@ -33,7 +33,7 @@ bench() {  # collective, seconds, extra arguments
   timeout "$t" python -c 'from weft.cli import run; run()' bench "$c" --nproc "$N" --plans registry \
     --registry "$REG" --samples 6 --calls 10 --timeout 5 "$@" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
-  tar -cf "$OUT/registry.tar" "$REG"
+  tar -czf "$OUT/registry.tgz" "$REG"
 }
 
 if [ "$STAGE" = tests ] || [ "$STAGE" = pytest ]; then
@@ -47,9 +47,9 @@ elif [ "$STAGE" = ll128 ]; then
   bench allreduce 300 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce_ll128.json"
   bench reducescatter 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_reducescatter_ll128.json"
   bench allgather 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_allgather_ll128.json"
-  step "tp_decode --ll128"
+  step "tp_decode (LL128 lines where measured faster)"
   WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters 30 --ll128 --json "$OUT/tp_decode_ll128.json" >> "$LOG" 2>&1
+    --iters 30 --json "$OUT/tp_decode_ll128.json" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
   grep "^tp=" "$LOG"
 else
@@ -57,9 +57,9 @@ else
   bench reducescatter 130 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
   bench allgather 130 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
   bench allreduce 50 --eager --sizes 1KB,64KB,1MB --calls 20 -o "$OUT/gpu_allreduce_eager.json"
-  step "tp_decode"
+  step "tp_decode --no-ll128"
   WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters 30 --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
+    --iters 30 --no-ll128 --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
   grep "^tp=" "$LOG"
 fi

@@ -196,8 +196,9 @@ def main() -> None:
     p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both",
                    help="both: NCCL, weft, and weft with projections written into its staging buffer")
     p.add_argument("--json", help="write results here (rank 0)")
-    p.add_argument("--ll128", action="store_true",
-                   help="weft's LL plans may move LL128 lines where the registry measured them faster (NVLink only)")
+    p.add_argument("--no-ll128", dest="ll128", action="store_false",
+                   help="weft's LL plans move LL16 packets only (by default LL128 lines where the registry measured "
+                        "them faster)")
     args = p.parse_args()
 
     for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):

@@ -56,12 +56,13 @@ class Communicator(PlanCommunicator):
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
                  timeout_s: float = 30.0, *, group: Any = None, registry: str | None = None,
                  topology: str | None = None, deterministic: bool = False, staging_bytes: int = STAGING_BYTES,
-                 ll128: bool = False):
+                 ll128: bool = True):
         """``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
         NVML, then torch's view of the GPUs. ``deterministic``: only plans with a fixed reduction order.
         ``staging_bytes``: the largest message (nccl-tests terms) that weft runs; larger ones go to NCCL.
-        ``ll128``: LL plans may move LL128 lines (executor.communicator.Communicator; NVLink machines only), at the
-        sizes where the registry's times measured with lines beat those without."""
+        ``ll128``: LL plans may move LL128 lines (executor.communicator.Communicator), at the sizes where this
+        topology's registry entries measured lines faster than packets (``weft bench --ll128`` on that fabric, so
+        only where lines ran there: NVLink). False: LL16 packets only."""
         self.rank, self.world_size, self.group, self.timeout_s = rank, world_size, group, timeout_s
         self.deterministic, self.staging_bytes = deterministic, staging_bytes
         store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
