@@ -9,6 +9,7 @@
 #            bash bench/device_run.sh 2 ll128      # LL plans timed with and without LL128 lines (recorded apart),
 #                                                  # tp_decode --ll128
 #            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
+#            bash bench/device_run.sh 2 diag       # kernel_trace of the LL128 plans, eager overhead, tp_decode twice
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tgz brings it back (untar it over bench/).
@@ -51,6 +52,22 @@ elif [ "$STAGE" = ll128 ]; then
   WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
     --iters 30 --json "$OUT/tp_decode_ll128.json" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
+  grep "^tp=" "$LOG"
+elif [ "$STAGE" = diag ]; then
+  step "kernel_trace --lines"
+  timeout 120 torchrun --nproc-per-node "$N" bench/kernel_trace.py --registry "$REG" --lines \
+    -o "$OUT/kernel_trace_lines.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  step "eager_overhead"
+  timeout 90 torchrun --nproc-per-node "$N" bench/eager_overhead.py --registry "$REG" \
+    -o "$OUT/eager_overhead.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  for run in 1 2; do
+    step "tp_decode run $run (lines where measured faster, 100 iterations)"
+    WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+      --iters 100 --json "$OUT/tp_decode_$run.json" >> "$LOG" 2>&1
+    echo "rc=$?" | tee -a "$LOG"
+  done
   grep "^tp=" "$LOG"
 else
   bench allreduce 100 --no-pdl --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB -o "$OUT/gpu_allreduce_nopdl.json"

@@ -1,6 +1,6 @@
 """Where a collective's kernel time goes: the timed interpreter build on the bench's plans (2 GPUs, torchrun).
 
-    torchrun --nproc-per-node 2 bench/kernel_trace.py --registry bench/registry_h200x2 -o OUT.json
+    torchrun --nproc-per-node 2 bench/kernel_trace.py --registry bench/registry_h200x2 [--lines] -o OUT.json
 
 Each (plan, size) runs as CUDA-graph replays of --calls back-to-back calls (PDL overlapping them, as in
 ``weft bench``), then every thread block's mean phase times per launch are read back (executor/gpu_trace.py).
@@ -15,22 +15,25 @@ import json
 import os
 import statistics
 
-CASES = (("direct-allreduce-hgx_h200:gpus=2-ll-x1", 1 << 10), ("direct-allreduce-hgx_h200:gpus=2-ll-x64-t256", 1 << 10),
-         ("direct-allreduce-hgx_h200:gpus=2-ll-x64-t256", 256 << 10),
-         ("direct-allreduce-hgx_h200:gpus=2-simple-x64-2s", 1 << 20),
-         ("direct-allreduce-hgx_h200:gpus=2-simple-x64-2s", 4 << 20),
-         ("twoshot-allreduce-hgx_h200:gpus=2-simple-x128", 64 << 20))
+P = "direct-allreduce-hgx_h200:gpus=2-"
+CASES = ((P + "ll-x1", 1 << 10, False), (P + "ll-x64-t256", 1 << 10, False), (P + "ll-x64-t256", 256 << 10, False),
+         (P + "simple-x64-2s", 1 << 20, False), (P + "simple-x64-2s", 4 << 20, False),
+         ("twoshot-allreduce-hgx_h200:gpus=2-simple-x128", 64 << 20, False))
+# --lines: the LL128 plans that the bench chose from 256 KB to 16 MB
+LINE_CASES = ((P + "ll-x128-t512-max64MB", 1 << 20, True), (P + "ll-x128-t512-max64MB", 4 << 20, True),
+              (P + "ll-x64-max8MB", 4 << 20, True), (P + "ll-x128-t512-max64MB", 16 << 20, True),
+              (P + "ll-x128-t256-max8MB", 4 << 20, True))
 
 
 def groups(times, ops_of) -> list[dict]:
-    """Blocks with the same op count summarized: the median of each phase and op, the slowest total."""
-    by: dict[int, list] = {}
+    """Blocks running the same ops summarized: the median of each phase and op, the slowest total."""
+    by: dict[tuple, list] = {}
     for t in times:
         by.setdefault(ops_of[t.block], []).append(t)
     out = []
-    for nops, members in sorted(by.items()):
+    for ops, members in sorted(by.items()):
         out.append({
-            "blocks": len(members), "ops": nops,
+            "blocks": len(members), "ops": len(ops), "op_names": list(ops),
             "phases_us": {k: statistics.median(m.phases[k] for m in members) for k in members[0].phases},
             "ops_us": [statistics.median(m.ops[i] for m in members) for i in range(len(members[0].ops))],
             "total_us_median": statistics.median(m.total for m in members),
@@ -44,6 +47,7 @@ def main() -> None:
     parser.add_argument("--registry", required=True)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--lines", action="store_true", help="the LL128 cases (LINE_CASES) instead")
     parser.add_argument("-o", "--output")
     args = parser.parse_args()
     import torch
@@ -51,7 +55,6 @@ def main() -> None:
 
     from executor import gpu_bootstrap
     from executor.communicator import Communicator
-    from executor.gpu_tables import build_tables
     from schedules.registry import Registry
 
     rank = int(os.environ["RANK"])
@@ -60,25 +63,25 @@ def main() -> None:
     plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
     comm = Communicator(rank, dist.get_world_size(), gpu_bootstrap.process_group_store(None), trace=True)
     rows = []
-    for name, nbytes in CASES:
+    for name, nbytes, lines in LINE_CASES if args.lines else CASES:
         plan = plans[name]
         x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            comm.execute(plan, x, y)
+            comm.execute(plan, x, y, lines=lines)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             for _ in range(args.calls):
-                comm.execute(plan, x, y)
+                comm.execute(plan, x, y, lines=lines)
         for _ in range(args.replays):
             graph.replay()
         torch.cuda.synchronize()
-        tables = build_tables(plan, rank, nbytes)
-        ops_of = [int(tables.tb_start[b + 1] - tables.tb_start[b]) for b in range(tables.nthreadblocks)]
-        rows.append({"plan": name, "size": nbytes, "groups": groups(comm.kernel_times(plan, nbytes, "bf16"), ops_of)})
+        ops_of = [tuple(op.name for op in tb.ops) for tb in plan.gpus[rank].threadblocks]
+        rows.append({"plan": name, "size": nbytes, "lines": lines,
+                     "groups": groups(comm.kernel_times(plan, nbytes, "bf16", lines=lines), ops_of)})
         if rank == 0:
             print(json.dumps(rows[-1]))
     if rank == 0 and args.output:
