@@ -84,3 +84,17 @@ def test_committing_a_tampered_plan_is_refused_and_writes_nothing(registry, tmp_
     code = main(["registry", "commit", str(plan_file)])
     assert code in (1, 2)
     assert not (registry / "entries").exists() or not any((registry / "entries").iterdir())
+
+
+def test_select_with_ll128_says_where_lines_run(capsys):
+    """The committed 2xH200 registry holds LL plans measured both ways; at 1 MB lines won by over 2 µs."""
+    from pathlib import Path
+
+    committed = str(Path(__file__).parent.parent / "bench" / "registry_h200x2")
+    base = ["registry", "select", "-t", "hgx_h200:gpus=2", "allreduce", "--registry", committed, "--json"]
+    picks = {}
+    for size, ll128 in (("1MB", True), ("1MB", False)):
+        assert main([*base, "--size", size, *(["--ll128"] if ll128 else [])]) == 0
+        picks[size, ll128] = json.loads(capsys.readouterr().out)
+    assert picks["1MB", True]["lines"] and not picks["1MB", False]["lines"]
+    assert picks["1MB", True]["time_us"] < picks["1MB", False]["time_us"]

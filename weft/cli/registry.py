@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("-t", "--topology", required=True)
     q.add_argument("--size", required=True, help="message size, e.g. 4MB")
     q.add_argument("--dtype", help="fp32, fp16 or bf16")
+    q.add_argument("--ll128", action="store_true",
+                   help="for an executor that can move LL packets as LL128 lines: their measured times count too")
     q.add_argument("--json", action="store_true")
     q = cmd("remove", "remove an entry", _remove)
     q.add_argument("id")
@@ -110,16 +112,17 @@ def _show(args: argparse.Namespace) -> int:
 
 def _select(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.size)
-    sel = _registry(args).select(_fingerprint(args.topology), args.collective, nbytes, args.dtype)
+    sel = _registry(args).select(_fingerprint(args.topology), args.collective, nbytes, args.dtype, ll128=args.ll128)
     for line in sel.skipped:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
     if args.json:
         print(json.dumps({"entry": sel.entry.id if sel.entry else None, "basis": sel.basis, "time_us": sel.time_us,
-                          "reason": sel.reason}, indent=2))
+                          "lines": sel.lines, "reason": sel.reason}, indent=2))
     elif sel.entry is None:
         print(f"no plan: {sel.reason} (the executor falls back to NCCL)")
     else:
-        print(f"{sel.entry.id}  {sel.entry.plan.name}  {sel.basis} {sel.time_us:.2f} µs at {format_bytes(nbytes)}")
+        print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
+              f"{sel.time_us:.2f} µs at {format_bytes(nbytes)}")
     return 0 if sel.entry else 1
 
 
