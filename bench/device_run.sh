@@ -17,14 +17,15 @@ set -u
 N=${1:-2}
 STAGE=${2:-tests}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-W=/tmp/weft-snap
-if [ ! -d "$W" ] || [ devsnap.tgz -nt "$W" ]; then
-  rm -rf "$W" && mkdir -p "$W" && tar -xzf devsnap.tgz -C "$W" || exit 2
+SNAP=${SNAP:-devsnap.tgz}  # SNAP=other.tgz runs another snapshot (an A/B of two commits in one call)
+W=/tmp/weft-snap-${SNAP%.tgz}
+if [ ! -d "$W" ] || [ "$SNAP" -nt "$W" ]; then
+  rm -rf "$W" && mkdir -p "$W" && tar -xzf "$SNAP" -C "$W" || exit 2
 fi
 cd "$W" || exit 2
 export PYTHONPATH="$W" WEFT_GPU_NPROC="$N"
 REG=bench/registry_h200x$N
-LOG="$OUT/log_$STAGE.txt"
+LOG="$OUT/log_${LOGAS:-$STAGE}.txt"  # LOGAS=name: stages of one call share a log (8 files come back)
 S=1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB
 weft() { python -c 'from weft.cli import run; run()' "$@"; }
 step() { echo "== $*" | tee -a "$LOG"; }
@@ -46,13 +47,17 @@ if [ "$STAGE" = tests ] || [ "$STAGE" = pytest ]; then
 elif [ "$STAGE" = ll128 ]; then
   L=1KB,16KB,64KB,256KB,1MB,2MB,4MB
   bench allreduce 300 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce_ll128.json"
-  bench reducescatter 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_reducescatter_ll128.json"
-  bench allgather 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_allgather_ll128.json"
+  if [ "${RSAG:-1}" = 1 ]; then
+    bench reducescatter 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_reducescatter_ll128.json"
+    bench allgather 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_allgather_ll128.json"
+  fi
   step "tp_decode (LL128 lines where measured faster)"
   WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
     --iters 30 --json "$OUT/tp_decode_ll128.json" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
   grep "^tp=" "$LOG"
+elif [ "$STAGE" = ab ]; then  # TAG=a|b: one side of an A/B, the sizes where LL128 lines run, nothing recorded
+  bench allreduce 150 --ll128 --sizes 256KB,1MB,2MB,4MB,16MB -o "$OUT/gpu_allreduce_ab_${TAG:-a}.json"
 elif [ "$STAGE" = diag ]; then
   step "kernel_trace --lines"
   timeout 120 torchrun --nproc-per-node "$N" bench/kernel_trace.py --registry "$REG" --lines \
@@ -80,4 +85,4 @@ else
   echo "rc=$?" | tee -a "$LOG"
   grep "^tp=" "$LOG"
 fi
-grep -A12 "^# weft bench" "$LOG"
+grep -A12 "^# weft bench" "$LOG" || true
