@@ -1,8 +1,8 @@
 """Reading the timed interpreter build (``Communicator(trace=True)``, built with -DWEFT_TRACE).
 
 Each thread block sums, over launches, the SM clock cycles of its phases (interpreter.cu's Tracer): the slot
-table and op range, the op window load with the wait for the previous grid, the epoch, each op (ops past the
-last slot add to it), then the whole block in cycles and in global-timer nanoseconds. The two whole-block sums
+table, op range and epoch, the op window load with the wait for the previous grid, the barrier after it, each op
+(ops past the last slot add to it), then the whole block in cycles and in global-timer nanoseconds. The two whole-block sums
 give the clock rate that turns cycles into microseconds.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 
 TRACE_OPS = 16  # kTraceOps in interpreter.cu
 TRACE_SLOTS = 3 + TRACE_OPS + 2
-PHASES = ("tables", "dependency wait", "epoch")
+PHASES = ("tables", "dependency wait", "barrier")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def summarize(trace: np.ndarray, nblocks: int, ops_per_block: list[int], launche
     >>> raw[:4] = [200, 400, 200, 1200]; raw[-2:] = [2000, 1000]   # 2 cycles per ns
     >>> t = summarize(raw, 1, [1], launches=1)[0]
     >>> t.phases, t.ops, t.total
-    ({'tables': 0.1, 'dependency wait': 0.2, 'epoch': 0.1}, (0.6,), 1.0)
+    ({'tables': 0.1, 'dependency wait': 0.2, 'barrier': 0.1}, (0.6,), 1.0)
     """
     if launches <= 0:
         raise ValueError("no launches were traced")

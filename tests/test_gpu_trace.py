@@ -22,7 +22,7 @@ def test_sums_become_mean_microseconds_per_launch_per_block():
     raw[1, 3 + gpu_trace.TRACE_OPS - 1] = 3000
     raw[1, -2:] = [3000, 2000]
     first, second = gpu_trace.summarize(raw.ravel(), 2, [2, 20], launches=2)
-    assert first.phases == {"tables": 0.1, "dependency wait": 0.2, "epoch": 0.1}
+    assert first.phases == {"tables": 0.1, "dependency wait": 0.2, "barrier": 0.1}
     assert first.ops == (0.5, 1.0) and first.total == 2.0
     assert len(second.ops) == gpu_trace.TRACE_OPS and second.ops[-1] == 1.0 and second.total == 1.0
 

@@ -14,7 +14,7 @@ struct Context {
   u64* expected;         // per channel: waits taken so far
   u64* barriers;         // per barrier id: arrivals so far
   u64* semaphores;       // per plan semaphore k: [2k] releases (from its init value), [2k+1] acquires
-  u64* epochs;           // per thread block: executions it completed (the packet flag is this + 1)
+  u64* epochs;           // per thread block: executions it started (an execution's packet flag is its epoch + 1)
   volatile int* error;   // host-mapped error record
   u64 timeout_ns;
   int rank;
@@ -26,9 +26,10 @@ struct Context {
 };
 
 #ifdef WEFT_TRACE
-// A build with -DWEFT_TRACE times each block's phases with the SM clock: [0] slot table and op range, [1] the op
-// window load and the wait for the previous grid, [2] the epoch, [3 + k] op k (k < kTraceOps; later ops add to
-// the last), then the whole block in cycles and in global-timer nanoseconds. Sums over launches; thread 0 writes.
+// A build with -DWEFT_TRACE times each block's phases with the SM clock: [0] slot table, op range and epoch,
+// [1] the op window load and the wait for the previous grid, [2] the barrier after it, [3 + k] op k
+// (k < kTraceOps; later ops add to the last), then the whole block in cycles and in global-timer nanoseconds.
+// Sums over launches; thread 0 writes.
 constexpr int kTraceOps = 16;
 constexpr int kTraceSlots = 3 + kTraceOps + 2;
 struct Tracer {
@@ -113,24 +114,31 @@ __device__ void interpret(const Context& c) {
   WEFT_TRACE_START;
   // The static tables first (the slot table and this block's op range, then its first window of ops): with a
   // programmatic launch these loads overlap the end of the kernel before this one on the stream.
+  // So does the epoch: each launch takes its block's epoch and advances it before it lets the next launch start
+  // (the store fenced before any thread of the block reaches launch_dependents below), and a launch starts only
+  // once every block of the one before it has passed that point, or, launched without the attribute, once it
+  // ended. So the value read here is the previous launch's plus one, without waiting for that launch to end.
   const int t = threadIdx.x;
   for (int i = t; i < c.nslots; i += blockDim.x) slots[i] = c.buffers[i];
   if (t == 0) range[0] = c.tb_start[blockIdx.x];
   if (t == 1 % blockDim.x) range[1] = c.tb_start[blockIdx.x + 1];
-  if (t == 0) failed = 0;
+  if (t == 0) {
+    failed = 0;
+    epoch = *(volatile u64*)(c.epochs + blockIdx.x);
+    *(volatile u64*)(c.epochs + blockIdx.x) = epoch + 1ULL;
+    __threadfence();
+  }
   __syncthreads();
   WEFT_TRACE_MARK(0);
   load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
   // Let the next launch start its own table loads, then wait until the previous kernel has ended and its writes
-  // are visible (both are no-ops for a launch without the programmatic attribute). Only then is the epoch, and
-  // any buffer, read.
+  // are visible (both are no-ops for a launch without the programmatic attribute). Only then is any buffer read.
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   WEFT_TRACE_MARK(1);
-  if (t == 0) epoch = c.epochs[blockIdx.x];
-  __syncthreads();
+  __syncthreads();  // the op window in shared memory
   WEFT_TRACE_MARK(2);
   for (int first = range[0]; first < range[1]; first += kWindow) {
     const int count = min(kWindow, range[1] - first);
@@ -161,9 +169,6 @@ __device__ void interpret(const Context& c) {
     }
   }
   WEFT_TRACE_FINISH;
-  // The next launch reads the epoch after griddepcontrol.wait, i.e. after this grid has ended and its writes
-  // are visible (or, launched without the attribute, after this one ended), so a plain store publishes it.
-  if (t == 0) c.epochs[blockIdx.x] = *(volatile u64*)&epoch + 1ULL;
 }
 
 }  // namespace weft
