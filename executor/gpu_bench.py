@@ -31,7 +31,7 @@ class BenchConfig:
     calls: int = 20
     samples: int = 30
     warmup: int = 3
-    lines: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
+    ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -161,7 +161,7 @@ LINES_SUFFIX = "+ll128"
 
 
 def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None) -> list[dict]:
-    """One row per size; weft's time is that of the fastest plan accepting the size (with ``config.lines``, of the
+    """One row per size; weft's time is that of the fastest plan accepting the size (with ``config.ll128``, of the
     fastest plan and packet format: an LL plan with LL128 lines is named PLAN+ll128)."""
     import torch
 
@@ -182,7 +182,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
                 timers[f"symm:{name}"] = _timer(fn, config.graph, config.calls)
         runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
         formats = [(p, False) for p in candidates] + [(p, True) for p in candidates
-                                                       if config.lines and lines_possible(p, nbytes)]
+                                                       if config.ll128 and lines_possible(p, nbytes)]
         for plan, lines in formats:
             y = out if config.collective != "allreduce" else torch.empty_like(x)
             keep.append(y)

@@ -247,8 +247,8 @@ class Communicator(PlanCommunicator):
             return False
         nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
         why = "the tensor is not contiguous" if not (tensor.is_contiguous() and output.is_contiguous()) else ""
-        why = why or self.execute_captured(plan, tensor, output, lines=self.lines_for(plan.collective, nbytes,
-                                                                                   tensor.dtype))
+        lines = self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype])
+        why = why or self.execute_captured(plan, tensor, output, lines=lines)
         if why:
             self._fallback(plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph")
             return False
@@ -261,7 +261,7 @@ class Communicator(PlanCommunicator):
         source, staged = self._views(tensor.numel(), out_numel, tensor.dtype)
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
             source.view(tensor.shape).copy_(tensor)
-        self.execute(plan, source, staged, lines=self.lines_for(plan.collective, nbytes, tensor.dtype))
+        self.execute(plan, source, staged, lines=self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype]))
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype]))
         self.paths["staging"] += 1
         return staged

@@ -298,7 +298,7 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         plans = _load_plans(args, world)
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
-                             lines=args.ll128)
+                             ll128=args.ll128)
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
         wrong = [None] * world
         dist.all_gather_object(wrong, [r["wrong"] for r in rows])
