@@ -160,10 +160,6 @@ __device__ __forceinline__ void line_load(const char* p, u64& w0, u64& w1) {
   asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(p) : "memory");
 }
 
-__device__ __forceinline__ void prefetch_l1(const char* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 template <class D>
 __device__ __forceinline__ u64 add_u64(u64 a, u64 b) {
   const u32 lo = add_words<D>((u32)a, (u32)b), hi = add_words<D>((u32)(a >> 32), (u32)(b >> 32));
@@ -194,18 +190,7 @@ __device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& de
       has1[k] = g < lines && lane < 7 && data[k] + 16 <= (c + 1) * chunk;
       acc0[k] = acc1[k] = 0;
     }
-    // A receive (this rank's input plus the peer's lines): the input's words are prefetched into L1 before the
-    // lines are polled, so that their memory latency overlaps the poll; the sum is still src[0] + src[1].
-    const bool receive = op.nsrc == 2 && !(op.src[0].flags & kPacket) && (op.src[1].flags & kPacket);
-    if (receive) {
-      const char* p = t.base(op.src[0]);
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        if (has0[k]) prefetch_l1(p + data[k]);
-      }
-    }
-    for (int i = 0; i < op.nsrc; ++i) {
-      const int s = receive ? 1 - i : i;  // a receive polls first
+    for (int s = 0; s < op.nsrc; ++s) {
       const Ref& r = op.src[s];
       u64 w0[U], w1[U];
       if (r.flags & kPacket) {
@@ -233,8 +218,8 @@ __device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& de
       }
 #pragma unroll
       for (int k = 0; k < U; ++k) {
-        acc0[k] = i == 0 ? w0[k] : s == 0 ? add_u64<D>(w0[k], acc0[k]) : add_u64<D>(acc0[k], w0[k]);
-        acc1[k] = i == 0 ? w1[k] : s == 0 ? add_u64<D>(w1[k], acc1[k]) : add_u64<D>(acc1[k], w1[k]);
+        acc0[k] = s == 0 ? w0[k] : add_u64<D>(acc0[k], w0[k]);
+        acc1[k] = s == 0 ? w1[k] : add_u64<D>(acc1[k], w1[k]);
       }
     }
     for (int d = 0; d < op.ndst; ++d) {
