@@ -10,6 +10,7 @@
 #                                                  # tp_decode --ll128
 #            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
 #            bash bench/device_run.sh 2 diag       # kernel_trace of the LL128 plans, eager overhead, tp_decode twice
+#            bash bench/device_run.sh 2 decode     # tp_decode RUNS times (default 2), 50 iterations each
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tgz brings it back (untar it over bench/).
@@ -71,6 +72,14 @@ elif [ "$STAGE" = diag ]; then
     step "tp_decode run $run (lines where measured faster, 100 iterations)"
     WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
       --iters 100 --json "$OUT/tp_decode_$run.json" >> "$LOG" 2>&1
+    echo "rc=$?" | tee -a "$LOG"
+  done
+  grep "^tp=" "$LOG"
+elif [ "$STAGE" = decode ]; then
+  for run in $(seq 1 "${RUNS:-2}"); do
+    step "tp_decode run $run"
+    WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+      --iters 50 --json "$OUT/tp_decode_$run.json" >> "$LOG" 2>&1
     echo "rc=$?" | tee -a "$LOG"
   done
   grep "^tp=" "$LOG"

@@ -1,10 +1,13 @@
 """A Llama-70B-shaped tensor-parallel decode step, with NCCL or weft all-reduce, under CUDA graphs.
 
 Each layer is attention (64 query and 8 KV heads of 128, a KV cache) then an MLP (8192 -> 28672 -> 8192),
-sharded Megatron-style over TP ranks, with one all-reduce after attention and one after the MLP, as vLLM runs
-it. Both backends run in the same job on the same random bf16 weights and inputs; the script reports decode-step
-latency, tokens/s, the share of the step spent in all-reduce, and checks that the logits agree. weft's graphs are
-captured inside ``comm.capture()``, so their all-reduces read and write the captured tensors (no staging copies).
+sharded Megatron-style over TP ranks, with one all-reduce after attention and one after the MLP, each summed
+into the residual stream (``x = x + all_reduce(a @ w)``), as vLLM runs it. The backends run in the same job on
+the same random bf16 weights and inputs: NCCL (in place on the projection's output), weft (its all-reduce, then
+torch's add) and weft-fused (``comm.all_reduce(a @ w, residual=x)``: the add inside the all-reduce's launch).
+The script reports decode-step latency, tokens/s, the share of the step spent in all-reduce, and checks that the
+logits agree. weft's graphs are captured inside ``comm.capture()``, so their all-reduces read and write the
+captured tensors (no staging copies).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
         --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
@@ -70,7 +73,8 @@ def make_cache(shape: Shape, batch: int, device: torch.device) -> list[tuple[tor
 def decode_step(x: torch.Tensor, weights, cache, shape: Shape, project) -> torch.Tensor:
     """One token for every sequence in the batch through every layer; returns the final hidden state.
 
-    ``project(a, w)`` is the row-parallel projection: ``a @ w`` summed over ranks (the layer's all-reduce).
+    ``project(a, w, x)`` is the row-parallel projection into the residual stream: ``x`` plus ``a @ w`` summed
+    over ranks (the layer's all-reduce).
     """
     batch = x.shape[0]
     for layer, (k_cache, v_cache) in zip(weights, cache):
@@ -81,41 +85,34 @@ def decode_step(x: torch.Tensor, weights, cache, shape: Shape, project) -> torch
         keys = torch.cat([k_cache, k.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         values = torch.cat([v_cache, v.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         attn = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-        x = x + project(attn.reshape(batch, -1), layer["o"])
+        x = project(attn.reshape(batch, -1), layer["o"], x)
         h = F.rms_norm(x, (HIDDEN,))
         gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-        x = x + project(F.silu(gate) * up, layer["down"])
+        x = project(F.silu(gate) * up, layer["down"], x)
     return x
 
 
 def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
-    out = t.clone()
-    dist.all_reduce(out)
-    return out
+    """In place: the projection's output is a temporary, so NCCL needs no copy (as vLLM's NCCL path)."""
+    dist.all_reduce(t)
+    return t
 
 
 @dataclass(frozen=True)
 class Backend:
-    project: Callable  # (a, w) -> a @ w summed over ranks
+    project: Callable  # (a, w, x) -> x + a @ w summed over ranks
     all_reduce: Callable  # t -> t summed over ranks
-    probe: Callable  # batch -> the tensor all_reduce is timed on alone
     capture: Callable[[], ContextManager] = contextlib.nullcontext  # around each graph's warm-up and capture
 
 
 def reducing(all_reduce):
-    """The projection ``a @ w`` followed by ``all_reduce``."""
-    return lambda a, w: all_reduce(a @ w)
+    """The projection ``a @ w``, then ``all_reduce``, then the residual added by torch."""
+    return lambda a, w, x: x + all_reduce(a @ w)
 
 
-def staged(comm):
-    """The projection written straight into weft's registered input buffer, so the all-reduce copies nothing in."""
-
-    def project(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        out = comm.staging_input(a.shape[0] * w.shape[1], a.dtype).view(a.shape[0], w.shape[1])
-        torch.matmul(a, w, out=out)
-        return comm.all_reduce(out)
-
-    return project
+def fused(comm):
+    """The projection ``a @ w``, then weft's all-reduce adding the residual in its own launch."""
+    return lambda a, w, x: comm.all_reduce(a @ w, residual=x)
 
 
 def graph_of(fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], ContextManager]) -> torch.cuda.CUDAGraph:
@@ -157,34 +154,43 @@ def measure(backend: str, impl: Backend, shape: Shape, batch: int, weights, lm_h
     step_graph = graph_of(step, side, impl.capture)
     probe_a = torch.randn(batch, HIDDEN // shape.tp, device=device, dtype=torch.bfloat16)
     probe_w = torch.randn(HIDDEN // shape.tp, HIDDEN, device=device, dtype=torch.bfloat16)
-    matmul_ms = time_graph(graph_of(lambda: [reducing(lambda t: t)(probe_a, probe_w)
-                                             for _ in range(2 * shape.layers)], side, contextlib.nullcontext), iters)
+    probe_x = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+    calls = 2 * shape.layers
 
-    def only_all_reduce():
-        for _ in range(2 * shape.layers):
-            out["ar"] = impl.project(probe_a, probe_w)
+    def projections(project) -> Callable[[], None]:
+        def run():
+            for _ in range(calls):
+                out["probe"] = project(probe_a, probe_w, probe_x)
+        return run
 
-    ar_graph = graph_of(only_all_reduce, side, impl.capture)
-    probe = impl.probe(batch)
+    matmul_ms = time_graph(graph_of(projections(lambda a, w, x: a @ w), side, contextlib.nullcontext), iters)
+    # the projections with their all-reduce alone (no residual add; weft-fused runs weft's plain all-reduce here)
+    reduce_graph = graph_of(projections(lambda a, w, x: impl.all_reduce(a @ w)), side, impl.capture)
+    # ... and with the residual added as the step adds it
+    sum_graph = graph_of(projections(impl.project), side, impl.capture)
+    probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
 
-    def isolated():
-        for _ in range(2 * shape.layers):
+    def isolated():  # NCCL's in-place sums grow to inf here; its time does not depend on the values
+        for _ in range(calls):
             out["alone"] = impl.all_reduce(probe)
 
     alone_ms = time_graph(graph_of(isolated, side, impl.capture), iters)
     step_ms = time_graph(step_graph, iters)
-    ar_ms = time_graph(ar_graph, iters)
+    ar_ms = time_graph(reduce_graph, iters)
+    sum_ms = time_graph(sum_graph, iters)
     step_graph.replay()
     torch.cuda.synchronize()
     logits = (F.rms_norm(out["hidden"], (HIDDEN,)) @ lm_head).float()
     med = statistics.median(step_ms)
-    # the all-reduce share: projections with their all-reduce, less the same projections alone
+    # the all-reduce share: projections with their all-reduce (and with the residual add), less the projections
     all_reduce_ms = max(statistics.median(ar_ms) - statistics.median(matmul_ms), 0.0)
+    with_add_ms = max(statistics.median(sum_ms) - statistics.median(matmul_ms), 0.0)
     return {"backend": backend, "step_ms": med, "all_reduce_ms": all_reduce_ms,
-            "all_reduce_us_per_call": all_reduce_ms * 1e3 / (2 * shape.layers),
-            "isolated_us_per_call": statistics.median(alone_ms) * 1e3 / (2 * shape.layers),
+            "all_reduce_us_per_call": all_reduce_ms * 1e3 / calls,
+            "all_reduce_add_ms": with_add_ms, "all_reduce_add_us_per_call": with_add_ms * 1e3 / calls,
+            "isolated_us_per_call": statistics.median(alone_ms) * 1e3 / calls,
             "tokens_per_s": batch / med * 1e3, "raw_step_ms": step_ms, "raw_all_reduce_ms": ar_ms,
-            "logits": logits}
+            "raw_all_reduce_add_ms": sum_ms, "raw_matmul_ms": matmul_ms, "logits": logits}
 
 
 def main() -> None:
@@ -194,7 +200,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both",
-                   help="both: NCCL, weft, and weft with projections written into its staging buffer")
+                   help="both: NCCL, weft (all-reduce, then torch's residual add) and weft-fused (the add inside "
+                        "the all-reduce)")
     p.add_argument("--json", help="write results here (rank 0)")
     p.add_argument("--no-ll128", dest="ll128", action="store_false",
                    help="weft's LL plans move LL16 packets only (by default LL128 lines where the registry measured "
@@ -212,17 +219,13 @@ def main() -> None:
     weights = make_weights(shape, rank, device)
     lm_head = torch.randn(HIDDEN, VOCAB, generator=torch.Generator(device=device).manual_seed(5), device=device,
                           dtype=torch.bfloat16) * HIDDEN ** -0.5
-    def random_probe(batch: int) -> torch.Tensor:
-        return torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
-
-    backends = {"nccl": Backend(reducing(nccl_all_reduce), nccl_all_reduce, random_probe)}
+    backends = {"nccl": Backend(reducing(nccl_all_reduce), nccl_all_reduce)}
     if args.backend in ("weft", "both"):
         from executor import Communicator
 
         comm = Communicator.from_process_group(ll128=args.ll128)
-        backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, random_probe, comm.capture)
-        backends["weft-staged"] = Backend(staged(comm), comm.all_reduce, lambda batch: comm.staging_input(
-            batch * HIDDEN, torch.bfloat16).view(batch, HIDDEN).normal_(), comm.capture)
+        backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
+        backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
     if args.backend == "weft":
         backends.pop("nccl")
 
@@ -244,10 +247,13 @@ def main() -> None:
             row[f"{name}_ms"] = r["step_ms"]
             row[f"{name}_all_reduce_ms"] = r["all_reduce_ms"]
             row[f"{name}_all_reduce_us_per_call"] = r["all_reduce_us_per_call"]
+            row[f"{name}_all_reduce_add_ms"] = r["all_reduce_add_ms"]
+            row[f"{name}_all_reduce_add_us_per_call"] = r["all_reduce_add_us_per_call"]
             row[f"{name}_isolated_us_per_call"] = r["isolated_us_per_call"]
             row[f"{name}_tokens_per_s"] = r["tokens_per_s"]
             row[f"{name}_all_reduce_share"] = r["all_reduce_ms"] / r["step_ms"]
-            row[f"{name}_raw_step_ms"] = r["raw_step_ms"]
+            for raw in ("step", "all_reduce", "all_reduce_add", "matmul"):
+                row[f"{name}_raw_{raw}_ms"] = r[f"raw_{raw}_ms"]
         if "nccl" in results:
             a = results["nccl"]["logits"]
             for name in (n for n in results if n != "nccl"):
@@ -258,13 +264,17 @@ def main() -> None:
                 row[f"{name}_speedup"] = results["nccl"]["step_ms"] / results[name]["step_ms"]
                 row[f"{name}_all_reduce_ratio"] = results[name]["all_reduce_ms"] / max(results["nccl"]["all_reduce_ms"],
                                                                                         1e-9)
+                row[f"{name}_all_reduce_add_ratio"] = results[name]["all_reduce_add_ms"] / max(
+                    results["nccl"]["all_reduce_add_ms"], 1e-9)
         rows.append(row)
         if rank == 0:
             cells = "  ".join(f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
                               f"{r['all_reduce_us_per_call']:.1f} us/call in the step, "
+                              f"{r['all_reduce_add_us_per_call']:.1f} with the add, "
                               f"{r['isolated_us_per_call']:.1f} alone = "
                               f"{100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)" for n, r in results.items())
             extra = "".join(f"  {n}: {row[f'{n}_speedup']:.3f}x step, all-reduce {row[f'{n}_all_reduce_ratio']:.2f}x, "
+                            f"with the add {row[f'{n}_all_reduce_add_ratio']:.2f}x, "
                             f"logits rel err {row[f'{n}_logits_rel_err']:.1e}"
                             for n in results if f"{n}_speedup" in row)
             print(f"tp={world} batch={batch:>3}  {cells}{extra}  [{row.get('weft_plan', '')}]", flush=True)

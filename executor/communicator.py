@@ -35,7 +35,8 @@ from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, l
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
     MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
-    build_tables, check_launch, lines_possible, peer_mapping, peer_slots, share_records, vector_bytes, with_tripwire,
+    build_tables, check_launch, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
+    vector_bytes, with_tripwire,
 )
 from schedules.plan import Plan, load_plan, parse_plan
 
@@ -90,7 +91,7 @@ class _Context:
     output: Any
     plan_hash: str
     nbytes: int
-    slots: tuple[int, ...]  # the buffer slots: input, output, scratch, then the plan's remote buffers
+    slots: tuple[int, ...]  # the buffer slots: input, output, scratch, the plan's remote buffers, the residual
     peers: PeerMapping  # the inputs and outputs ranks map across (then bindings are collective)
     records: "_Records | None" = None
     launch: gpu_launch.Launch | None = None  # the launch with ``args``, prepared on first use
@@ -167,7 +168,8 @@ class Communicator:
         self._kernels: dict[str, Any] = {}  # interpreter entries by name
         self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
         self._peers = gpu_ipc.PeerMappings()
-        self._templates: dict[tuple[str, int, str, bool], _Context] = {}  # (plan, size, dtype, lines) -> first context
+        # (plan, size, dtype, lines, with a residual) -> the first context made for them
+        self._templates: dict[tuple[str, int, str, bool, bool], _Context] = {}
         self._captured: list[CapturedExecution] = []
         self._graph_mode = False
         self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
@@ -202,23 +204,28 @@ class Communicator:
     # ------------------------------------------------------------------ running plans
 
     def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                dtype: str | None = None, lines: bool | None = None) -> Any:
+                dtype: str | None = None, lines: bool | None = None, residual: Any = None) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on ``stream``; returns the output.
 
         ``stream``: a torch or CuPy stream or a raw handle; default the current stream of input's framework.
         ``dtype``: needed only for CuPy bf16 (held as uint16).
         ``lines``: move an LL plan's packets as LL128 lines where it can (default: the communicator's ``ll128``).
+        ``residual``: an all-reduce's output is the sum plus this buffer (input-sized), in the same launch: rank 0
+        adds it to its input where its plan reads it (gpu_tables.residual_refusal), so pass the same values on every
+        rank, as a transformer's residual stream holds. Every rank passes one, or none does.
         For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
         An output allocated here belongs to the context: later calls on the same input reuse it.
         """
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
         lines = self._ll128 if lines is None else lines
-        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype, lines)
+        res = self._residual(plan, buf, residual, dtype)
+        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype, lines, res.pointer if res else 0)
         ctx = self._contexts.get(key)
         if ctx is None:
-            ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype, lines)
+            ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype, lines, res)
             self._contexts[key] = ctx
-            if self._templates.setdefault((plan_hash, ctx.nbytes, dtype, lines), ctx) is ctx and self._graph_mode:
+            template = (plan_hash, ctx.nbytes, dtype, lines, res is not None)
+            if self._templates.setdefault(template, ctx) is ctx and self._graph_mode:
                 self._add_records(ctx)  # made inside capture() by an eager call (a warm-up), so outside a graph
         self._launch(ctx, dtype, buf.framework, stream)
         return ctx.output
@@ -246,11 +253,12 @@ class Communicator:
         self.register_graph_buffers()
 
     def execute_captured(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                         dtype: str | None = None, lines: bool | None = None) -> str:
+                         dtype: str | None = None, lines: bool | None = None, residual: Any = None) -> str:
         """Inside ``capture()``, while a graph captures: run ``plan`` on ``input`` and ``output`` with no copy.
 
         The execution shares the context an eager ``execute`` made for this plan, size, dtype and ``lines`` (its
-        scratch, counters and peer mappings) and takes a binding record of its own, armed at registration. Returns
+        scratch, counters and peer mappings; with ``residual``, one made with a residual) and takes a binding record
+        of its own, armed at registration. Returns
         '' when it launched, else why it did not (nothing launched): no such context, a buffer not aligned to the
         context's vectors, no free record, or, for plans whose peers map this rank's input or output, a buffer
         that CUDA IPC cannot share on some rank. Where peers map the buffers every rank decides together
@@ -260,18 +268,22 @@ class Communicator:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
         lines = self._ll128 if lines is None else lines
-        ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype, lines))
+        res = self._residual(plan, buf, residual, dtype)
+        ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype, lines, res is not None))
         if ctx is None:
-            return f"no context for plan {plan.name} at {buf.nbytes} B of input: execute it once before capturing"
+            return (f"no context for plan {plan.name} at {buf.nbytes} B of input{' with a residual' if res else ''}: "
+                    "execute it once before capturing")
         self._check_output(plan, ctx.tables, out, dtype)
         in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
-        why = self._bind_refusal(ctx, in_ptr, out_ptr)
+        why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None)
         why = binding_verdict(f"rank {self.rank}: {why}" if why else "", ctx.peers.collective, self._all_gather)
         if why:
             return why
         mine = {"i": in_ptr, "o": out_ptr}
         deferred = {slot for slot, _, _ in ctx.peers.deferred}
         slots = (in_ptr, out_ptr, *(0 if k in deferred else p for k, p in enumerate(ctx.slots) if k >= 2))
+        if res is not None:
+            slots = (*slots[:-1], res.pointer)
         captured = CapturedExecution(ctx.plan_hash, ctx.nbytes, slots, ctx.peers.deferred,
                                      tuple((t, mine[t]) for t in ctx.peers.exported), ctx.records.used, ctx)
         ctx.records.used += 1
@@ -305,7 +317,7 @@ class Communicator:
         if not self._trace:
             raise ExecutorError("executor: kernel_times needs a Communicator made with trace=True")
         plan, plan_hash = self._plan(plan)
-        ctx = self._templates.get((plan_hash, nbytes, dtype, self._ll128 if lines is None else lines))
+        ctx = self._templates.get((plan_hash, nbytes, dtype, self._ll128 if lines is None else lines, False))
         if ctx is None:
             raise ExecutorError(f"executor: plan {plan.name} has not run at {nbytes} B {dtype} here")
         self.synchronize()
@@ -399,6 +411,19 @@ class Communicator:
                                 f"{self.device}")
         return plan, plan_hash, buf, _describe(output, "output") if output is not None else None, dtype
 
+    def _residual(self, plan: Plan, buf: _Buffer, residual: Any, dtype: str) -> _Buffer | None:
+        """The residual buffer of an execution, checked against its plan and input; None without one."""
+        if residual is None:
+            return None
+        res = _describe(residual, "residual")
+        why = residual_refusal(plan)
+        if why:
+            raise ExecutorError(f"executor: {why}")
+        if res.nbytes != buf.nbytes or res.dtype not in (None, dtype) or res.device != self.device:
+            raise ExecutorError(f"plan {plan.name}: the residual must be {dtype} of {buf.nbytes} B (the input's size) "
+                                f"on GPU {self.device}, not {res.dtype} of {res.nbytes} B on GPU {res.device}")
+        return res
+
     def _check_output(self, plan: Plan, tables: DeviceTables, out: _Buffer | None, dtype: str) -> None:
         if plan.inplace:
             if out is not None:
@@ -413,11 +438,12 @@ class Communicator:
             raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
 
     def _create_context(self, plan: Plan, plan_hash: str, input: Any, buf: _Buffer, output: Any,
-                        out: _Buffer | None, dtype: str, lines: bool) -> _Context:
+                        out: _Buffer | None, dtype: str, lines: bool, res: _Buffer | None) -> _Context:
         cupy = self._cupy
         nbytes = self._message_bytes(plan, buf)
         check_launch(plan, self.world_size, nbytes, dtype)
-        tables = build_tables(plan, self.rank, nbytes)
+        fused = res is not None
+        tables = build_tables(plan, self.rank, nbytes, residual=fused)
         if not plan.inplace and output is None:
             output = self._allocate_output(input, buf, tables.output_bytes)
             out = _describe(output, "output")
@@ -426,7 +452,7 @@ class Communicator:
             output = input
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
         # LL128 lines only where every rank asks for them and can (same size and 8-byte aligned buffers)
-        lined = build_tables(plan, self.rank, nbytes, lines=True) if (
+        lined = build_tables(plan, self.rank, nbytes, lines=True, residual=fused) if (
             lines and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0) else None
         with cupy.cuda.Device(self.device):
             halves = 2 if tables.double_scratch else 1
@@ -439,15 +465,18 @@ class Communicator:
             trace = cupy.zeros(tables.nthreadblocks * gpu_trace.TRACE_SLOTS if self._trace else 1, cupy.uint64)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
             shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
-            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None))
+            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None, fused))
             if lined is not None and all(p[3] for p in peers):
                 tables = lined
-            for r, (h, n, *_) in enumerate(peers):
+            for r, (h, n, _, _, f) in enumerate(peers):
                 if (h, n) != (plan_hash, nbytes):
                     raise ExecutorError(f"plan {plan.name}: rank {r} runs another plan or size ({n} B) than rank "
                                         f"{self.rank} ({nbytes} B); every rank must execute the same plan")
+                if f != fused:
+                    raise ExecutorError(f"plan {plan.name}: rank {r} {'passes' if f else 'passes no'} residual and "
+                                        f"rank {self.rank} {'does' if fused else 'does not'}; every rank must")
             remote = [self._peers.open(peers[r][2][t]) for r, t in tables.remote_buffers]
-            slots = [in_ptr, out_ptr, scratch.data.ptr, *remote]
+            slots = [in_ptr, out_ptr, scratch.data.ptr, *remote, *([res.pointer] if fused else [])]
             outbound = [self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel)]
             ops = cupy.asarray(with_tripwire(tables.ops).view(np.uint8))
             tb_start = cupy.asarray(tables.tb_start)
@@ -465,9 +494,9 @@ class Communicator:
                   np.int32(len(slots)), *([trace] if self._trace else [])),
         )
 
-    def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int) -> str:
+    def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int, res_ptr: int | None = None) -> str:
         """Why this rank cannot run a captured execution on these buffers through a record of ``ctx``, or ''."""
-        misaligned = [p for p in (in_ptr, out_ptr) if p % ctx.vector_bytes]
+        misaligned = [p for p in (in_ptr, out_ptr, res_ptr or 0) if p % ctx.vector_bytes]
         if misaligned:
             return f"a buffer is not aligned to the plan's {ctx.vector_bytes}-byte vectors"
         if ctx.records is None or ctx.records.free == 0:

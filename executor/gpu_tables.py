@@ -3,8 +3,13 @@
 Pure Python and numpy (no GPU). Every plan op becomes one or more device ops: pairwise ops (put, get, copy and
 the pairwise packet ops) become one transfer per pair, ``pws`` becomes its puts and a signal, and the
 reductions become one transfer that sums every source into every destination. A reference names a buffer
-slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``) and a byte offset, so the kernel does
-no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
+slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a byte offset,
+so the kernel does no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
+
+An all-reduce with a residual (``residual=True``) returns the sum plus a residual tensor in the same launch, as
+a transformer layer's ``x + all_reduce(y)``: rank 0 adds the residual to its input wherever its plan reads the
+input, so the launch computes exactly the plan's all-reduce of (rank 0's input + residual, the other inputs)
+(``residual_refusal`` says which plans can).
 
 Executions captured in CUDA graphs on buffers of their own get binding records (``BindingLayout``); what a
 record holds once peers have told each other their buffers is worked out here too (``peer_slots``).
@@ -24,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from executor.errors import ExecutorError
-from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock
+from schedules.plan import CHUNK_GRANULE, BufferRef, Gpu, Op, Plan, Threadblock
 
 MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
@@ -71,10 +76,16 @@ class DeviceTables:
     remote_buffers: tuple[tuple[int, str], ...]  # slot 3+k -> (rank, buffer type)
     threads: int
     lines: bool = False  # packets are LL128 lines (lines_possible), else LL16/LL8 packets
+    residual: bool = False  # the slot after the remote buffers holds a residual that rank 0 adds to its input
 
     @property
     def nthreadblocks(self) -> int:
         return len(self.tb_start) - 1
+
+    @property
+    def nslots(self) -> int:
+        """Buffer slots a launch binds: input, output, scratch, the remote buffers, then the residual if any."""
+        return 3 + len(self.remote_buffers) + int(self.residual)
 
 
 def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
@@ -134,10 +145,36 @@ def lines_possible(plan: Plan, nbytes: int) -> bool:
     return cb % 8 == 0 and cb < 2 ** 31 and min(plan.num_threads_per_block, 1024) % 32 == 0
 
 
-def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False) -> DeviceTables:
+RESIDUAL_RANK = 0  # the rank whose input the residual joins
+
+
+def residual_refusal(plan: Plan) -> str:
+    """Why ``plan`` cannot add a residual in its launch (``build_tables(residual=True)``), or ''.
+
+    The residual joins rank 0's input where rank 0 reads it, so the plan must be an out-of-place all-reduce whose
+    peers never map rank 0's input (they would read it without the residual), and every sum that reads the input
+    must read it first or second: then moving it first and the residual right after it changes no rounding,
+    since rank 0's contribution enters each sum as one rounded term, as if it were the input."""
+    if plan.collective != "allreduce":
+        return f"plan {plan.name} runs {plan.collective}; only an all-reduce adds a residual"
+    if plan.inplace:
+        return f"plan {plan.name} is in place (its output overwrites the input the residual joins)"
+    if any(b.rank == RESIDUAL_RANK and b.type == "i" for g in plan.gpus for b in g.remote_buffers):
+        return f"plan {plan.name}: peers read rank {RESIDUAL_RANK}'s input directly, without the residual"
+    unit = plan.size_chunks * CHUNK_GRANULE
+    nbytes = max(plan.min_message_size + (-plan.min_message_size) % unit, unit)
+    try:
+        build_tables(plan, RESIDUAL_RANK, nbytes, residual=True)
+    except ExecutorError as e:
+        return str(e)
+    return ""
+
+
+def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residual: bool = False) -> DeviceTables:
     """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them).
 
-    ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``)."""
+    ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``). ``residual``: the launch
+    binds a residual after the remote buffers, which rank 0 adds to its input (see ``residual_refusal``)."""
     if not plan.accepts(nbytes):
         raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
                             f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
@@ -152,9 +189,9 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False) -> Dev
     if len(gpu.memory_peers) > MAX_CHANNELS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
                             f"(the executor holds {MAX_CHANNELS})")
-    if 3 + len(gpu.remote_buffers) > MAX_SLOTS:
+    if 3 + len(gpu.remote_buffers) + int(residual) > MAX_SLOTS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
-                            f"(the executor holds {MAX_SLOTS - 3})")
+                            f"(the executor holds {MAX_SLOTS - 3 - int(residual)})")
     records: list[np.void] = []
     starts = [0]
     for t, tb in enumerate(gpu.threadblocks):
@@ -164,6 +201,8 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False) -> Dev
                 rec["plan_op"] = i
                 if lines and rec["type"] == TRANSFER and _moves_packets(rec):
                     rec["line_chunk"] = cb
+                if residual and rank == RESIDUAL_RANK and rec["type"] == TRANSFER:
+                    _join_residual(rec, 3 + len(gpu.remote_buffers), where)
                 records.append(rec)
         starts.append(len(records))
     ops = np.zeros(len(records), OP_DTYPE)
@@ -179,8 +218,28 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False) -> Dev
         paired_channel=tuple(pairs[(rank, c)] for c in range(len(gpu.memory_peers))),
         semaphore_init=gpu.semaphores,
         remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
-        threads=min(plan.num_threads_per_block, 1024), lines=lines,
+        threads=min(plan.num_threads_per_block, 1024), lines=lines, residual=residual,
     )
+
+
+def _join_residual(rec: np.void, slot: int, where: str) -> None:
+    """Make a transfer that reads the input read the residual (``slot``, same offset) right after it, both first."""
+    n = int(rec["nsrc"])
+    inputs = [k for k in range(n) if rec["src"][k]["buffer"] == SLOTS["i"]]
+    if not inputs:
+        return
+    if len(inputs) > 1 or inputs[0] > 1:
+        raise ExecutorError(f"{where}: the input is source {inputs[0] + 1} of {n} of a sum, so a residual "
+                            "added to it would change the sum's rounding")
+    if n + 1 > MAX_REFS:
+        raise ExecutorError(f"{where}: {n} sources and a residual in one op (the executor takes {MAX_REFS})")
+    source = rec["src"][inputs[0]].copy()
+    others = [rec["src"][k].copy() for k in range(n) if k != inputs[0]]
+    rec["src"][0] = source
+    rec["src"][1] = (source["offset"], slot, 0)
+    for k, other in enumerate(others):
+        rec["src"][2 + k] = other
+    rec["nsrc"] = n + 1
 
 
 def _moves_packets(rec: np.void) -> bool:

@@ -2,6 +2,7 @@
 
     comm = Communicator.from_process_group()         # after dist.init_process_group("nccl")
     y = comm.all_reduce(x)                           # out of place; all_reduce_(x) in place
+    h = comm.all_reduce(y, residual=h)               # h + the sum of y, in the all-reduce's own launch
 
 Each call takes the registry's plan for its collective, size and dtype on this machine's topology; without one
 (or without working P2P) it runs torch.distributed (NCCL), saying so once per size class in the
@@ -23,6 +24,11 @@ peers map the tensors would exchange their IPC handles at registration, and any 
 (or is not aligned to the plan's vectors) keeps the staging path for that call, decided while capturing.
 Graphs captured outside ``capture()`` use the staging path. ``paths`` counts the calls each path took.
 
+A residual (a transformer layer's ``x + all_reduce(y)``) is added inside the all-reduce's launch where the plan
+allows it (``gpu_tables.residual_refusal``): rank 0 adds it to its input, so every rank gets the same bits and
+the layer saves the separate add kernel. It must hold the same values on every rank, as the residual stream
+does. Elsewhere (NCCL, or a plan that cannot) the sum is computed first and the residual added after it.
+
 Reusing the staging buffers and contexts call after call is safe because calls are ordered on the caller's
 stream (one stream per communicator, as engines run their collectives) and only plans that a rank can run again
 before its peers finished the previous execution are chosen (``torch_plans.safe_back_to_back``: LL, double
@@ -41,6 +47,7 @@ import torch.distributed as dist
 from executor import gpu_bootstrap, gpu_ipc
 from executor import torch_ops
 from executor.communicator import Communicator as PlanCommunicator
+from executor.gpu_tables import residual_refusal
 from executor.torch_plans import PlanChoice
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
@@ -68,7 +75,8 @@ class Communicator(PlanCommunicator):
         store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
         self._agreements = f"weft/inference/{store.add(f'weft/inference/{rank}', 1)}"
         self._logged: set[tuple] = set()
-        self._ready: set[tuple[str, int, str]] = set()
+        self._ready: set[tuple[str, int, str, bool]] = set()  # (plan, size, dtype, with a residual) prepared
+        self._fusable: dict[str, bool] = {}  # plan hash -> whether it adds a residual in its launch
         self._staged_views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._started = False
         self.paths = {"zero_copy": 0, "staging": 0, "nccl": 0}  # calls by path; a captured call counts once
@@ -103,9 +111,10 @@ class Communicator(PlanCommunicator):
 
     # ------------------------------------------------------------------ torch.distributed's API
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks, as a new tensor."""
-        return torch.ops.weft.all_reduce(tensor, self.handle)
+    def all_reduce(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The sum over ranks, as a new tensor; plus ``residual`` (same shape and dtype, the same values on every
+        rank), added in the all-reduce's launch where the plan can (see the module's notes)."""
+        return torch.ops.weft.all_reduce(tensor, self.handle, residual)
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, written into ``tensor``."""
@@ -129,19 +138,29 @@ class Communicator(PlanCommunicator):
         return self.plan_for(collective, nbytes, dtype) is not None and self.choice.lines(collective, nbytes,
                                                                                           DTYPES[dtype])
 
-    def is_prepared(self, plan, nbytes: int, dtype: torch.dtype) -> bool:
-        """Whether ``plan``'s context for this size exists, so that a graph capture can run it."""
-        return (plan.content_hash, nbytes, DTYPES[dtype]) in self._ready
+    def is_prepared(self, plan, nbytes: int, dtype: torch.dtype, residual: bool = False) -> bool:
+        """Whether ``plan``'s context for this size (with a residual, where ``residual`` and the plan adds one in
+        its launch) exists, so that a graph capture can run it."""
+        return (plan.content_hash, nbytes, DTYPES[dtype], residual and self.fuses(plan)) in self._ready
+
+    def fuses(self, plan) -> bool:
+        """Whether ``plan`` adds a residual in its own launch (gpu_tables.residual_refusal)."""
+        fused = self._fusable.get(plan.content_hash)
+        if fused is None:
+            fused = self._fusable[plan.content_hash] = not residual_refusal(plan)
+        return fused
 
     def staging_input(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """The registered input buffer as ``numel`` elements: a tensor written here is not copied again."""
         return self._staging_in[:numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
     @contextmanager
-    def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16) -> Iterator["Communicator"]:
+    def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16,
+                residual: bool = False) -> Iterator["Communicator"]:
         """Capture CUDA graphs inside this block with weft's collectives reading and writing the captured tensors.
 
-        Prepares the all-reduce contexts of ``sizes`` (message bytes) first. Leaving the block registers the
+        Prepares the all-reduce contexts of ``sizes`` (message bytes) first, also with a residual where
+        ``residual``. Leaving the block registers the
         captured tensors on every rank (collective): replay the graphs after it, or call
         ``register_graph_buffers()`` before replaying inside it. A graph replayed before its tensors are
         registered runs none of its weft calls, and the next weft call, or leaving the block, raises.
@@ -154,6 +173,8 @@ class Communicator(PlanCommunicator):
         with PlanCommunicator.capture(self):
             for nbytes in sizes:
                 self.prepare("allreduce", nbytes, dtype)
+                if residual:
+                    self.prepare("allreduce", nbytes, dtype, residual=True)
             yield self
 
     def register_graph_buffers(self) -> None:
@@ -163,8 +184,10 @@ class Communicator(PlanCommunicator):
         if self._started:
             super().register_graph_buffers()
 
-    def prepare(self, collective: str, nbytes: int, dtype: torch.dtype = torch.bfloat16) -> bool:
-        """Create the context for one collective and size now (collective, eager); whether weft will run it."""
+    def prepare(self, collective: str, nbytes: int, dtype: torch.dtype = torch.bfloat16,
+                residual: bool = False) -> bool:
+        """Create the context for one collective and size now (collective, eager), for an all-reduce with a
+        residual where ``residual``; whether weft will run it."""
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("weft: prepare() must run before graph capture, not inside it")
         plan = self.plan_for(collective, nbytes, dtype)
@@ -174,6 +197,9 @@ class Communicator(PlanCommunicator):
         inner = elements // self.world_size
         x = torch.zeros(elements if collective != "allgather" else inner, dtype=dtype, device=self._staging_in.device)
         out = torch.empty(elements if collective != "reducescatter" else inner, dtype=dtype, device=x.device)
+        if residual:
+            self.all_reduce(x, residual=torch.zeros_like(x))
+            return True
         {"allreduce": lambda: self.all_reduce_(x), "allgather": lambda: self.all_gather_into_tensor(out, x),
          "reducescatter": lambda: self.reduce_scatter_tensor(out, x)}[collective]()
         return True
@@ -186,14 +212,22 @@ class Communicator(PlanCommunicator):
 
     # ------------------------------------------------------------------ the ops' bodies (eager or captured)
 
-    def all_reduce_eager(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_reduce_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if residual is not None and (residual.shape != tensor.shape or residual.dtype != tensor.dtype
+                                     or residual.device != tensor.device):
+            raise ValueError(f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
+                             f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
+                             f"{residual.device}")
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        plan = self._weft_plan("allreduce", tensor, tensor.numel())
+        plan = self._weft_plan("allreduce", tensor, tensor.numel(), residual is not None)
+        fused = residual if plan is not None and residual is not None and self.fuses(plan) else None
         if plan is None:
             out.copy_(tensor)
             dist.all_reduce(out, group=self.group)
-        elif not self._zero_copy(plan, tensor, out):
-            out.copy_(self._stage(plan, tensor, tensor.numel()).view(tensor.shape))
+        elif not self._zero_copy(plan, tensor, out, fused):
+            out.copy_(self._stage(plan, tensor, tensor.numel(), fused).view(tensor.shape))
+        if residual is not None and fused is None:
+            out.add_(residual)
         return out
 
     def all_reduce_eager_(self, tensor: torch.Tensor) -> None:
@@ -223,13 +257,13 @@ class Communicator(PlanCommunicator):
 
     # ------------------------------------------------------------------ internals
 
-    def _weft_plan(self, collective: str, tensor: torch.Tensor, out_numel: int):
+    def _weft_plan(self, collective: str, tensor: torch.Tensor, out_numel: int, residual: bool = False):
         """The plan weft runs this call with, or None (logged, counted) where NCCL must run it."""
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         plan = self.plan_for(collective, nbytes, tensor.dtype)
         if plan is None:
             self._fallback(collective, nbytes, tensor.dtype, "no plan" if self.enabled else "weft disabled")
-        elif torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype):
+        elif torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype, residual):
             self._fallback(collective, nbytes, tensor.dtype, "first seen inside graph capture; warm up or "
                                                              "use capture(sizes=...) before capturing")
             plan = None
@@ -241,28 +275,36 @@ class Communicator(PlanCommunicator):
         """Whether a graph is capturing inside ``capture()``, where calls bind the captured tensors."""
         return self._started and self._graph_mode and torch.cuda.is_current_stream_capturing()
 
-    def _zero_copy(self, plan, tensor: torch.Tensor, output: torch.Tensor) -> bool:
-        """Inside ``capture()``, capture ``plan`` on ``tensor`` and ``output`` themselves; whether it did."""
+    def _zero_copy(self, plan, tensor: torch.Tensor, output: torch.Tensor,
+                   residual: torch.Tensor | None = None) -> bool:
+        """Inside ``capture()``, capture ``plan`` on ``tensor`` and ``output`` (and ``residual``) themselves;
+        whether it did."""
         if not self._in_graph():
             return False
         nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
-        why = "the tensor is not contiguous" if not (tensor.is_contiguous() and output.is_contiguous()) else ""
+        buffers = (tensor, output, *([] if residual is None else [residual]))
+        why = "the tensor is not contiguous" if not all(t.is_contiguous() for t in buffers) else ""
         lines = self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype])
-        why = why or self.execute_captured(plan, tensor, output, lines=lines)
+        why = why or self.execute_captured(plan, tensor, output, lines=lines, residual=residual)
         if why:
             self._fallback(plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph")
             return False
         self.paths["zero_copy"] += 1
         return True
 
-    def _stage(self, plan, tensor: torch.Tensor, out_numel: int) -> torch.Tensor:
-        """Run ``plan`` through the staging buffers; the staged output."""
+    def _stage(self, plan, tensor: torch.Tensor, out_numel: int, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``plan`` through the staging buffers (and the staging residual); the staged output."""
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         source, staged = self._views(tensor.numel(), out_numel, tensor.dtype)
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
             source.view(tensor.shape).copy_(tensor)
-        self.execute(plan, source, staged, lines=self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype]))
-        self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype]))
+        added = None
+        if residual is not None:
+            added = self._staging_residual[:nbytes].view(tensor.dtype)
+            added.view(residual.shape).copy_(residual)
+        self.execute(plan, source, staged, lines=self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype]),
+                     residual=added)
+        self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], residual is not None))
         self.paths["staging"] += 1
         return staged
 
@@ -293,6 +335,8 @@ class Communicator(PlanCommunicator):
                 arrays = [cupy.ndarray((self.staging_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(m, 0))
                           for m in self._staging_memory]
             self._staging_in, self._staging_out = (torch.from_dlpack(a) for a in arrays)
+            # read by this rank only, so it needs no IPC: the residual an eager call adds in the launch
+            self._staging_residual = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self._staging_in.device)
             for t in (self._staging_in, self._staging_out):
                 gpu_ipc.export(t.data_ptr())
         except Exception as e:  # an allocation that cannot be shared means NCCL, never a crash

@@ -5,6 +5,7 @@ table is the one piece of module state: torch calls the ops from compiled graphs
 carry the communicator. It holds weak references, so a closed and dropped communicator does not linger.
 
     torch.ops.weft.all_reduce(x, comm.handle)          # out of place
+    torch.ops.weft.all_reduce(x, comm.handle, h)       # out of place, plus the residual h
     torch.ops.weft.all_reduce_inplace(x, comm.handle)  # in place
     torch.ops.weft.all_gather_into_tensor(out, x, comm.handle)
     torch.ops.weft.reduce_scatter_tensor(out, x, comm.handle)
@@ -12,7 +13,7 @@ carry the communicator. It holds weak references, so a closed and dropped commun
 
 import itertools
 import weakref
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -36,12 +37,12 @@ def _comm(handle: int) -> Any:
 
 
 @torch.library.custom_op("weft::all_reduce", mutates_args=())
-def all_reduce(tensor: torch.Tensor, handle: int) -> torch.Tensor:
-    return _comm(handle).all_reduce_eager(tensor)
+def all_reduce(tensor: torch.Tensor, handle: int, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _comm(handle).all_reduce_eager(tensor, residual)
 
 
 @all_reduce.register_fake
-def _(tensor: torch.Tensor, handle: int) -> torch.Tensor:
+def _(tensor: torch.Tensor, handle: int, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     return torch.empty_like(tensor)
 
 

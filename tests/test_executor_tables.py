@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
+
+import numpy as np
 
 import pytest
 from hypothesis import given, settings
@@ -11,9 +14,11 @@ from hypothesis import strategies as st
 
 from executor.errors import ExecutorError
 from executor.gpu_tables import (
-    OP_DTYPE, PACKET, SCRATCH, SIGNAL, TRANSFER, WAIT, build_tables, check_launch, pair_channels, vector_bytes,
+    OP_DTYPE, PACKET, SCRATCH, SIGNAL, TRANSFER, WAIT, _join_residual, build_tables, check_launch, lines_possible,
+    pair_channels, residual_refusal, vector_bytes,
 )
 from schedules.plan import load_plan, parse_plan
+from schedules.registry import Registry
 
 ROOT = Path(__file__).parent
 FIXTURES = ROOT / "fixtures" / "plans"
@@ -143,3 +148,62 @@ def test_weft_bench_record_needs_the_registry(capsys):
 
     assert main(["bench", "allreduce", "--plans", str(FIXTURES / "allpairs_allreduce_2.json"), "--record"]) == 2
     assert "--record needs --plans registry" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- residuals
+
+ALLREDUCE_PLANS = sorted(COMPILED.glob("allreduce-*.json")) + sorted((COMPILED.parent / "plans4").glob("allreduce-*"))
+
+
+def plain_sources(op) -> list[tuple]:
+    return [tuple(op["src"][k]) for k in range(op["nsrc"])]
+
+
+@pytest.mark.parametrize("path", ALLREDUCE_PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_residual_joins_rank_0s_input_first_in_every_sum_and_changes_nothing_else(path):
+    plan = load_plan(path)
+    assert residual_refusal(plan) == ""
+    nbytes = plan.size_chunks * 4 * 64
+    for rank in range(plan.nranks):
+        for lines in (False, True) if lines_possible(plan, nbytes) else (False,):
+            plain = build_tables(plan, rank, nbytes, lines=lines)
+            fused = build_tables(plan, rank, nbytes, lines=lines, residual=True)
+            slot = 3 + len(plain.remote_buffers)
+            assert fused.residual and fused.nslots == plain.nslots + 1 == slot + 1
+            assert len(fused.ops) == len(plain.ops) and (fused.tb_start == plain.tb_start).all()
+            joined = 0
+            for a, b in zip(plain.ops, fused.ops):
+                before, after = plain_sources(a), plain_sources(b)
+                inputs = [s for s in before if s[1] == 0]
+                if rank != 0 or a["type"] != TRANSFER or not inputs:
+                    assert a.tobytes() == b.tobytes()
+                    continue
+                joined += 1
+                (offset, _, _), = inputs
+                assert after == [inputs[0], (offset, slot, 0), *(s for s in before if s[1] != 0)]
+                assert b["bytes"] == a["bytes"] and b["line_chunk"] == a["line_chunk"]
+                assert [tuple(d) for d in b["dst"][:b["ndst"]]] == [tuple(d) for d in a["dst"][:a["ndst"]]]
+            assert joined > 0 or rank != 0  # rank 0 reads its input somewhere, so the residual is read
+
+
+def test_plans_the_residual_cannot_join_are_refused_with_the_reason():
+    assert "runs allgather" in residual_refusal(load_plan(COMPILED / "allgather-direct-ll-x1.json"))
+    twoshot = load_plan(COMPILED / "allreduce-twoshot-simple-x1.json")
+    assert "in place" in residual_refusal(dataclasses.replace(twoshot, inplace=True))
+    pull = next(e.plan for e in Registry(ROOT.parent / "bench" / "registry_h200x2").entries()
+                if e.plan.collective == "allreduce" and any(b.type == "i" for g in e.plan.gpus for b in g.remote_buffers))
+    assert "read rank 0's input directly" in residual_refusal(pull)
+
+
+def test_an_input_summed_third_cannot_take_a_residual_without_changing_the_rounding():
+    rec = np.zeros((), OP_DTYPE)
+    rec["type"], rec["nsrc"] = TRANSFER, 3
+    rec["src"][0], rec["src"][1], rec["src"][2] = (0, 3, 0), (0, 4, 0), (64, 0, 0)
+    with pytest.raises(ExecutorError, match="the input is source 3 of 3"):
+        _join_residual(rec, 9, "op")
+    rec["src"][0], rec["src"][2] = (64, 0, 0), (0, 3, 0)
+    _join_residual(rec, 9, "op")
+    assert plain_sources(rec) == [(64, 0, 0), (64, 9, 0), (0, 4, 0), (0, 3, 0)]
+    rec["nsrc"], rec["src"][0], rec["src"][1] = 2, (0, 3, 0), (64, 0, 0)  # peer + input: input moves first
+    _join_residual(rec, 9, "op")
+    assert plain_sources(rec) == [(64, 0, 0), (64, 9, 0), (0, 3, 0)]

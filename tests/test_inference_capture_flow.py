@@ -89,8 +89,9 @@ def opened(shared) -> int:
     return 0x7F00_0000_0000 + shared[1]
 
 
-def fake_communicator(rank: int, world: int, gather, plan_path: Path) -> Communicator:
-    """A Communicator with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan."""
+def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: bool = False) -> Communicator:
+    """A Communicator with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan
+    (made with a residual, at 0xE000, where ``residual``)."""
     comm = object.__new__(Communicator)
     comm.rank, comm.world_size, comm.device, comm.timeout_s = rank, world, 0, 5.0
     comm._cupy = FakeCupy()
@@ -102,10 +103,11 @@ def fake_communicator(rank: int, world: int, gather, plan_path: Path) -> Communi
     comm.launches = []
     comm._launch = lambda ctx, dtype, framework, stream, args=None: comm.launches.append(args)
     plan = load_plan(plan_path)
-    tables = build_tables(plan, rank, 4 * N)
-    slots = (0xA000, 0xB000, 0xC000, *(0xD000 + 0x100 * k for k in range(len(tables.remote_buffers))))
+    tables = build_tables(plan, rank, 4 * N, residual=residual)
+    slots = (0xA000, 0xB000, 0xC000, *(0xD000 + 0x100 * k for k in range(len(tables.remote_buffers))),
+             *([0xE000] if residual else []))
     args = ("ops", "tb_start", "slots", "outbound", "inbound", "expected", "barriers", "semaphores", "state")
-    comm._templates[(plan.content_hash, 4 * N, "fp32", False)] = _Context(
+    comm._templates[(plan.content_hash, 4 * N, "fp32", False, residual)] = _Context(
         tables=tables, arrays=[], scratch=None, state=None, semaphore_init=None, args=args, vector_bytes=16,
         output=None, plan_hash=plan.content_hash, nbytes=4 * N, slots=slots, peers=peer_mapping(plan, rank))
     comm.plan = plan
@@ -143,6 +145,24 @@ def test_a_captured_execution_launches_against_a_disarmed_record_then_leaving_ca
     assert slots_of(record, layout) == [0x10000, 0x20000, *ctx.slots[2:]]
     assert walk(record, layout) == [list(range(ctx.tables.tb_start[b], ctx.tables.tb_start[b + 1]))
                                     for b in range(ctx.tables.nthreadblocks)]
+
+
+def test_a_captured_execution_with_a_residual_binds_the_captured_residual_in_the_last_slot():
+    comm = fake_communicator(0, 2, lone_gather(2)[0], LL_ONE_SHOT, residual=True)
+    with comm.capture():
+        assert comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000), residual=Buffer(0x30000)) == ""
+        why = comm.execute_captured(comm.plan, Buffer(0x40000), Buffer(0x50000))
+    assert why.startswith("no context for plan") and "residual" not in why  # only the residual's context exists
+    record, ctx = record_of(comm, 0)
+    assert ctx.tables.residual and len(ctx.slots) == ctx.tables.nslots
+    assert slots_of(record, ctx.records.layout) == [0x10000, 0x20000, *ctx.slots[2:-1], 0x30000]
+    assert len(comm.launches) == 1
+
+
+def test_a_residual_of_another_size_is_refused_with_one_line():
+    comm = fake_communicator(0, 2, lone_gather(2)[0], LL_ONE_SHOT, residual=True)
+    with comm.capture(), pytest.raises(ExecutorError, match="the residual must be fp32 of"):
+        comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000), residual=Buffer(0x30000, N // 2))
 
 
 def test_each_captured_execution_gets_its_own_record():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.gpu_tables import lines_possible
+from executor.gpu_tables import lines_possible, residual_refusal
 from schedules.plan import load_plan
 from weft.units import parse_bytes
 
@@ -57,3 +57,12 @@ def line_cases(nranks: int = 2) -> list[Case]:
 
 
 LINE_GRAPH_PLANS = tuple(name for name in GRAPH_PLANS if "-ll-" in name)
+
+
+RESIDUAL_SIZES = ("64KB", "1MB", "3MB+48")
+
+
+def residual_cases(nranks: int = 2) -> list[Case]:
+    """All-reduce cases whose plan adds a residual in its launch, in bf16 and fp32 at a few sizes."""
+    return [c for c in correctness_cases(nranks) if c.size in RESIDUAL_SIZES and c.dtype in ("bf16", "fp32")
+            and not residual_refusal(load_plan(HERE.parent / c.plan))]

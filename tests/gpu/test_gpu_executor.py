@@ -29,6 +29,18 @@ def test_plan_with_ll128_lines_matches_nccl(gpu_results, case):
         assert r["ok"], f"rank {rank}: {r}"
 
 
+RESIDUAL_CASES = [(c.id + label) for c in scenarios.residual_cases(nproc()) for label in ("", "+ll128")
+                  if not label or scenarios.lines_possible(scenarios.load_plan(scenarios.HERE.parent / c.plan),
+                                                           scenarios.parse_bytes(c.size))]
+
+
+@pytest.mark.parametrize("case", RESIDUAL_CASES)
+def test_plan_adding_a_residual_equals_the_plan_on_rank_0s_input_plus_residual(gpu_results, case):
+    for rank, results in enumerate(gpu_results):
+        r = results["residual"][case]
+        assert r["ok"], f"rank {rank}: {r}"
+
+
 @pytest.mark.parametrize("name", scenarios.LINE_GRAPH_PLANS)
 def test_graph_with_ll128_lines_replays_100_times(gpu_results, name):
     for rank, results in enumerate(gpu_results):

@@ -89,6 +89,17 @@ def test_deterministic_mode_is_bitwise_identical_on_every_rank_and_run(results):
 
 
 @pytest.mark.gpu
+def test_all_reduce_with_a_residual_adds_it_in_the_launch_eager_and_in_graphs(results):
+    rows = each(results, "residual")
+    for row in rows:
+        assert row["fused"] and row["eager_wrong"] == 0 and row["eager_bitwise"]
+        assert row["graph_wrong"] == 0 and row["replays"] == 100 and row["zero_copy"] >= 1
+        assert row["backend_graph_wrong"] == 0 and row["prepared"]
+        assert row["nccl_path_wrong"] == 0 and row["bad_shape"].startswith("weft: all_reduce's residual must be")
+    assert len({r["graph_hash"] for r in rows}) == 1  # every rank got the same bits
+
+
+@pytest.mark.gpu
 def test_backend_should_use_only_what_weft_runs(results):
     for row in each(results, "backend"):
         assert row["should_use"] == {"bf16_64KB": True, "int32": False, "bf16_64MB": False}
@@ -265,6 +276,65 @@ def scenario_backend(comm, device) -> dict:
     return {"should_use": should, "prepared_in_capture": prepared, "graph_wrong": wrong}
 
 
+def scenario_residual(comm, rank, device) -> dict:
+    """``all_reduce(y, residual=h)``: h (the same on every rank) added in the launch; eager, captured zero-copy
+    (100 replays on fresh data), through the backend, on NCCL for a size past the staging buffers, and refused
+    with one line for a residual of another shape."""
+    import torch
+
+    from executor.backend import WeftBackend
+
+    def shared(*shape, seed):  # the same values on every rank, as a residual stream
+        gen = torch.Generator(device=device).manual_seed(seed)
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
+
+    x, h = torch.randn(4, HIDDEN, device=device, dtype=torch.bfloat16), shared(4, HIDDEN, seed=3)
+    plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
+    eager = comm.all_reduce(x, residual=h)
+    joined = comm.all_reduce(x + h if rank == 0 else x)  # the plan with the residual already in rank 0's input
+    row = {"fused": comm.fuses(plan), "eager_wrong": int(not close_enough(eager, nccl_sum(x) + h, x.dtype)),
+           "eager_bitwise": bool(torch.equal(eager, joined))}
+    for _ in range(3):
+        comm.all_reduce(x, residual=h)  # warm-up: the size's context with a residual
+    before = comm.paths["zero_copy"]
+    with comm.capture():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = comm.all_reduce(x, residual=h)
+    row["zero_copy"] = comm.paths["zero_copy"] - before
+    wrong = 0
+    for k in range(100):
+        x.copy_(torch.randn_like(x))
+        h.copy_(shared(4, HIDDEN, seed=1000 + k))
+        graph.replay()
+        wrong += not close_enough(out, nccl_sum(x) + h, x.dtype)
+    torch.cuda.synchronize()
+    row.update(graph_wrong=wrong, replays=100,
+               graph_hash=hashlib.sha256(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest())
+    backend = WeftBackend(comm)
+    y, r = torch.randn(6, HIDDEN, device=device, dtype=torch.bfloat16), shared(6, HIDDEN, seed=5)
+    with backend.capture(sizes=[y.numel() * 2], residual=True):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            row["prepared"] = backend.should_use(y, residual=True)
+            summed = backend.all_reduce(y, residual=r)
+    row["backend_graph_wrong"] = 0
+    for k in range(20):
+        y.copy_(torch.randn_like(y))
+        r.copy_(shared(6, HIDDEN, seed=2000 + k))
+        graph.replay()
+        row["backend_graph_wrong"] += not close_enough(summed, nccl_sum(y) + r, y.dtype)
+    big, big_h = torch.randn(640, HIDDEN, device=device, dtype=torch.bfloat16), shared(640, HIDDEN, seed=9)
+    row["nccl_path_wrong"] = int(not close_enough(comm.all_reduce(big, residual=big_h), nccl_sum(big) + big_h,
+                                                  big.dtype))
+    try:
+        comm.all_reduce(x, residual=h[:2])
+        row["bad_shape"] = ""
+    except (ValueError, RuntimeError) as e:  # the op's body raises ValueError
+        row["bad_shape"] = str(e)
+    return row
+
+
 def main() -> None:
     import torch.distributed as dist
 
@@ -281,6 +351,7 @@ def main() -> None:
         "compile": lambda: scenario_compile(comm, device),
         "deterministic": lambda: scenario_deterministic(rank, world, device),
         "backend": lambda: scenario_backend(comm, device),
+        "residual": lambda: scenario_residual(comm, rank, device),
     }
     run_scenarios(rank, out_dir, scenarios)
     comm.close()

@@ -78,6 +78,23 @@ def run_case(comm, case, rank, world, device) -> dict:
     return {"ok": ok, "max_err": err}
 
 
+def run_residual(comm, case, rank, world, device, lines: bool) -> dict:
+    """A launch that adds a residual (the same on every rank) must give exactly what the plan gives when rank 0's
+    input already holds it, and the NCCL sum plus the residual within tolerance."""
+    plan = load_plan(Path(__file__).parent.parent / case.plan)
+    nbytes = parse_bytes(case.size)
+    n = input_elements(plan, nbytes, case.dtype, rank)
+    x = random_input(n, case.dtype, device)
+    gen = torch.Generator(device=device).manual_seed(77)  # the same residual on every rank
+    h = torch.randn(n, generator=gen, device=device, dtype=torch.float32).to(TORCH_DTYPES[case.dtype])
+    fused = comm.execute(plan, x, lines=lines, residual=h).clone()
+    joined = comm.execute(plan, x + h if rank == 0 else x, lines=lines)
+    comm.synchronize()
+    ok, err = compare(fused, nccl_reference("allreduce", x, world) + h, case.dtype, True)
+    return {"ok": ok and bool(torch.equal(fused, joined)), "bitwise": bool(torch.equal(fused, joined)),
+            "max_err": err}
+
+
 def run_graph(comm, name, rank, world, device) -> dict:
     """Capture 10 executions on 10 buffer pairs in one CUDA graph; replay 100 times on fresh data."""
     plan = load_plan(scenarios.PLANS / name)
@@ -196,6 +213,17 @@ def main() -> None:
         except Exception as e:
             results["lines_graph"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
                                             "trace": traceback.format_exc()[-2000:]}
+    results["residual"] = {}
+    for case in scenarios.residual_cases(world):
+        for label, executor, lined in (("", comm, False), ("+ll128", lines, True)):
+            if lined and not scenarios.lines_possible(load_plan(Path(__file__).parent.parent / case.plan),
+                                                      parse_bytes(case.size)):
+                continue
+            try:
+                results["residual"][case.id + label] = run_residual(executor, case, rank, world, device, lined)
+            except Exception as e:
+                results["residual"][case.id + label] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                                        "trace": traceback.format_exc()[-2000:]}
     lines.close()
     for name in scenarios.GRAPH_PLANS:
         try:
