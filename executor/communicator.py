@@ -171,6 +171,7 @@ class Communicator:
         # (plan, size, dtype, lines, with a residual) -> the first context made for them
         self._templates: dict[tuple[str, int, str, bool, bool], _Context] = {}
         self._captured: list[CapturedExecution] = []
+        self._residual_refusals: dict[str, str] = {}  # plan hash -> why it cannot add a residual, or ''
         self._graph_mode = False
         self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
         with cupy.cuda.Device(self.device):
@@ -210,9 +211,10 @@ class Communicator:
         ``stream``: a torch or CuPy stream or a raw handle; default the current stream of input's framework.
         ``dtype``: needed only for CuPy bf16 (held as uint16).
         ``lines``: move an LL plan's packets as LL128 lines where it can (default: the communicator's ``ll128``).
-        ``residual``: an all-reduce's output is the sum plus this buffer (input-sized), in the same launch: rank 0
-        adds it to its input where its plan reads it (gpu_tables.residual_refusal), so pass the same values on every
-        rank, as a transformer's residual stream holds. Every rank passes one, or none does.
+        ``residual``: an all-reduce's output is the sum plus this buffer (input-sized), in the same launch: the
+        reductions that write outputs add it after their sums (gpu_tables.residual_refusal), each with its own
+        rank's residual, so pass the same values on every rank, as a transformer's residual stream holds. Every
+        rank passes one, or none does.
         For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
         An output allocated here belongs to the context: later calls on the same input reuse it.
         """
@@ -411,12 +413,20 @@ class Communicator:
                                 f"{self.device}")
         return plan, plan_hash, buf, _describe(output, "output") if output is not None else None, dtype
 
+    def residual_refusal(self, plan: Plan | dict | str | Path) -> str:
+        """Why ``plan`` cannot add a residual in its launch, or '' (gpu_tables.residual_refusal, once per plan)."""
+        plan, plan_hash = self._plan(plan)
+        why = self._residual_refusals.get(plan_hash)
+        if why is None:
+            why = self._residual_refusals[plan_hash] = residual_refusal(plan)
+        return why
+
     def _residual(self, plan: Plan, buf: _Buffer, residual: Any, dtype: str) -> _Buffer | None:
         """The residual buffer of an execution, checked against its plan and input; None without one."""
         if residual is None:
             return None
         res = _describe(residual, "residual")
-        why = residual_refusal(plan)
+        why = self.residual_refusal(plan)
         if why:
             raise ExecutorError(f"executor: {why}")
         if res.nbytes != buf.nbytes or res.dtype not in (None, dtype) or res.device != self.device:

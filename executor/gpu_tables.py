@@ -7,9 +7,9 @@ slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then th
 so the kernel does no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
 
 An all-reduce with a residual (``residual=True``) returns the sum plus a residual tensor in the same launch, as
-a transformer layer's ``x + all_reduce(y)``: rank 0 adds the residual to its input wherever its plan reads the
-input, so the launch computes exactly the plan's all-reduce of (rank 0's input + residual, the other inputs)
-(``residual_refusal`` says which plans can).
+a transformer layer's ``x + all_reduce(y)``: each reduction that completes a sum and writes an output adds its
+rank's residual after the sum (``reference.residual_sums``), so the result is rounded as the sum then the add
+would be (``residual_refusal`` proves a plan adds it exactly once everywhere).
 
 Executions captured in CUDA graphs on buffers of their own get binding records (``BindingLayout``); what a
 record holds once peers have told each other their buffers is worked out here too (``peer_slots``).
@@ -28,8 +28,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from executor import reference
 from executor.errors import ExecutorError
-from schedules.plan import CHUNK_GRANULE, BufferRef, Gpu, Op, Plan, Threadblock
+from schedules.plan import CHUNK_GRANULE, BufferRef, Gpu, Op, Plan, PlanError, Threadblock
+from topologies.errors import CheckFailed
 
 MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
@@ -76,7 +78,7 @@ class DeviceTables:
     remote_buffers: tuple[tuple[int, str], ...]  # slot 3+k -> (rank, buffer type)
     threads: int
     lines: bool = False  # packets are LL128 lines (lines_possible), else LL16/LL8 packets
-    residual: bool = False  # the slot after the remote buffers holds a residual that rank 0 adds to its input
+    residual: bool = False  # the slot after the remote buffers holds a residual that output reductions add
 
     @property
     def nthreadblocks(self) -> int:
@@ -145,28 +147,30 @@ def lines_possible(plan: Plan, nbytes: int) -> bool:
     return cb % 8 == 0 and cb < 2 ** 31 and min(plan.num_threads_per_block, 1024) % 32 == 0
 
 
-RESIDUAL_RANK = 0  # the rank whose input the residual joins
-
-
 def residual_refusal(plan: Plan) -> str:
     """Why ``plan`` cannot add a residual in its launch (``build_tables(residual=True)``), or ''.
 
-    The residual joins rank 0's input where rank 0 reads it, so the plan must be an out-of-place all-reduce whose
-    peers never map rank 0's input (they would read it without the residual), and every sum that reads the input
-    must read it first or second: then moving it first and the residual right after it changes no rounding,
-    since rank 0's contribution enters each sum as one rounded term, as if it were the input."""
+    Each reduction that completes a sum and writes an output adds the residual of the rank it runs on, so the
+    residual must hold the same values on every rank (a transformer's residual stream does), and every output
+    element must come out of exactly one such reduction, directly or copied. The CPU reference executor checks
+    that: it runs the plan with the same rule on integer data, where every sum is exact, and every rank's output
+    must be the inputs' sum plus the residual, once."""
     if plan.collective != "allreduce":
         return f"plan {plan.name} runs {plan.collective}; only an all-reduce adds a residual"
-    if plan.inplace:
-        return f"plan {plan.name} is in place (its output overwrites the input the residual joins)"
-    if any(b.rank == RESIDUAL_RANK and b.type == "i" for g in plan.gpus for b in g.remote_buffers):
-        return f"plan {plan.name}: peers read rank {RESIDUAL_RANK}'s input directly, without the residual"
     unit = plan.size_chunks * CHUNK_GRANULE
     nbytes = max(plan.min_message_size + (-plan.min_message_size) % unit, unit)
+    elems = reference.chunk_elems(plan, nbytes, "fp32")
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(-64, 64, g.input_chunks * elems).astype(np.float32) for g in plan.gpus]
+    residual = rng.integers(1, 64, plan.gpus[0].output_chunks * elems).astype(np.float32)
     try:
-        build_tables(plan, RESIDUAL_RANK, nbytes, residual=True)
-    except ExecutorError as e:
-        return str(e)
+        outputs = reference.run_reference(plan, inputs, nbytes, "fp32", [residual] * plan.nranks)
+    except (PlanError, CheckFailed) as e:
+        return f"plan {plan.name}: with a residual: {e}"
+    want = np.sum(inputs, axis=0) + residual
+    for rank, out in enumerate(outputs):
+        if not np.array_equal(out, want):
+            return f"plan {plan.name}: rank {rank}'s output would not hold the sum plus the residual exactly once"
     return ""
 
 
@@ -174,7 +178,7 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them).
 
     ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``). ``residual``: the launch
-    binds a residual after the remote buffers, which rank 0 adds to its input (see ``residual_refusal``)."""
+    binds a residual after the remote buffers, added by the reductions that write outputs (``residual_refusal``)."""
     if not plan.accepts(nbytes):
         raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
                             f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
@@ -194,6 +198,7 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
                             f"(the executor holds {MAX_SLOTS - 3 - int(residual)})")
     records: list[np.void] = []
     starts = [0]
+    residual_at = reference.residual_sums(plan) if residual else {}
     for t, tb in enumerate(gpu.threadblocks):
         for i, op in enumerate(tb.ops):
             where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
@@ -201,9 +206,10 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
                 rec["plan_op"] = i
                 if lines and rec["type"] == TRANSFER and _moves_packets(rec):
                     rec["line_chunk"] = cb
-                if residual and rank == RESIDUAL_RANK and rec["type"] == TRANSFER:
-                    _join_residual(rec, 3 + len(gpu.remote_buffers), where)
                 records.append(rec)
+            chunk = residual_at.get((rank, t, i))
+            if chunk is not None:  # a reduction lowers to one transfer, the last record
+                _add_source(records[-1], (chunk * cb, 3 + len(gpu.remote_buffers), 0), where)
         starts.append(len(records))
     ops = np.zeros(len(records), OP_DTYPE)
     for k, rec in enumerate(records):
@@ -222,23 +228,12 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     )
 
 
-def _join_residual(rec: np.void, slot: int, where: str) -> None:
-    """Make a transfer that reads the input read the residual (``slot``, same offset) right after it, both first."""
+def _add_source(rec: np.void, ref: tuple[int, int, int], where: str) -> None:
+    """Append one more source to a transfer (summed after the others)."""
     n = int(rec["nsrc"])
-    inputs = [k for k in range(n) if rec["src"][k]["buffer"] == SLOTS["i"]]
-    if not inputs:
-        return
-    if len(inputs) > 1 or inputs[0] > 1:
-        raise ExecutorError(f"{where}: the input is source {inputs[0] + 1} of {n} of a sum, so a residual "
-                            "added to it would change the sum's rounding")
     if n + 1 > MAX_REFS:
         raise ExecutorError(f"{where}: {n} sources and a residual in one op (the executor takes {MAX_REFS})")
-    source = rec["src"][inputs[0]].copy()
-    others = [rec["src"][k].copy() for k in range(n) if k != inputs[0]]
-    rec["src"][0] = source
-    rec["src"][1] = (source["offset"], slot, 0)
-    for k, other in enumerate(others):
-        rec["src"][2 + k] = other
+    rec["src"][n] = ref
     rec["nsrc"] = n + 1
 
 

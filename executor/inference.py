@@ -25,9 +25,10 @@ peers map the tensors would exchange their IPC handles at registration, and any 
 Graphs captured outside ``capture()`` use the staging path. ``paths`` counts the calls each path took.
 
 A residual (a transformer layer's ``x + all_reduce(y)``) is added inside the all-reduce's launch where the plan
-allows it (``gpu_tables.residual_refusal``): rank 0 adds it to its input, so every rank gets the same bits and
-the layer saves the separate add kernel. It must hold the same values on every rank, as the residual stream
-does. Elsewhere (NCCL, or a plan that cannot) the sum is computed first and the residual added after it.
+allows it (``gpu_tables.residual_refusal``): the reductions that write outputs add it after their sums, so the
+result is rounded as the sum followed by the add, and the layer saves the add kernel. It must hold the same values
+on every rank, as the residual stream does. Elsewhere (NCCL, or a plan that cannot) the sum is computed first and
+the residual added after it.
 
 Reusing the staging buffers and contexts call after call is safe because calls are ordered on the caller's
 stream (one stream per communicator, as engines run their collectives) and only plans that a rank can run again
@@ -47,7 +48,6 @@ import torch.distributed as dist
 from executor import gpu_bootstrap, gpu_ipc
 from executor import torch_ops
 from executor.communicator import Communicator as PlanCommunicator
-from executor.gpu_tables import residual_refusal
 from executor.torch_plans import PlanChoice
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
@@ -76,7 +76,6 @@ class Communicator(PlanCommunicator):
         self._agreements = f"weft/inference/{store.add(f'weft/inference/{rank}', 1)}"
         self._logged: set[tuple] = set()
         self._ready: set[tuple[str, int, str, bool]] = set()  # (plan, size, dtype, with a residual) prepared
-        self._fusable: dict[str, bool] = {}  # plan hash -> whether it adds a residual in its launch
         self._staged_views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._started = False
         self.paths = {"zero_copy": 0, "staging": 0, "nccl": 0}  # calls by path; a captured call counts once
@@ -145,10 +144,7 @@ class Communicator(PlanCommunicator):
 
     def fuses(self, plan) -> bool:
         """Whether ``plan`` adds a residual in its own launch (gpu_tables.residual_refusal)."""
-        fused = self._fusable.get(plan.content_hash)
-        if fused is None:
-            fused = self._fusable[plan.content_hash] = not residual_refusal(plan)
-        return fused
+        return self._started and not self.residual_refusal(plan)
 
     def staging_input(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """The registered input buffer as ``numel`` elements: a tensor written here is not copied again."""

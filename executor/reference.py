@@ -23,6 +23,9 @@ their reader would spin on a flag that never comes back).
 
 Data are kept as float32 arrays holding values of the element type: fp16 and bf16 (emulated: float32 rounded
 to its top 16 bits, nearest-even) round after every reduction, as a GPU would.
+
+An all-reduce with residuals (``run_reference(..., residuals=)``) adds a rank's residual where the GPU executor
+does (``residual_sums``): after the sum of each reduction that completes an element's sum and writes an output.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.plan import PACKET_OPS, BufferRef, Op, Plan, PlanError, remote_target
+from schedules.plan import PACKET_OPS, BufferRef, Gpu, Op, Plan, PlanError, Threadblock, remote_target
 from topologies.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -105,11 +108,43 @@ class _Thread:
     barriers: dict = field(default_factory=lambda: defaultdict(int))
 
 
+REDUCTIONS = frozenset({"re", "res", "rre", "rres", "repkt", "respkt"})
+OpKey = tuple[int, int, int]  # (rank, thread block, op index)
+
+
+def residual_sums(plan: Plan) -> dict[OpKey, int]:
+    """The reductions where an all-reduce adds the residual, each with the output chunk it adds it at: those that
+    complete a sum (every rank's input in it) and write an output buffer (their rank's or a peer's).
+
+    Which sums complete comes from a run of the plan on inputs of ones, where each sum counts its inputs; a
+    reduction writing outputs at two chunk positions is left out (the proof of ``run_reference`` with residuals
+    then fails, so the executor refuses the plan)."""
+    unit = plan.size_chunks * 4
+    nbytes = max(plan.min_message_size + (-plan.min_message_size) % unit, unit)
+    elems = chunk_elems(plan, nbytes, "fp32")
+    m = _Machine(plan, elems, "fp32", [[np.ones(g.input_chunks * elems, np.float32) for g in plan.gpus]])
+    m.counts = {}
+    m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
+    sums = {}
+    for (rank, tb, index), count in m.counts.items():
+        gpu = plan.gpus[rank]
+        op = gpu.threadblocks[tb].ops[index]
+        chunks = {ref.index for ref in op.dst_buff
+                  if (remote_target(gpu, gpu.threadblocks[tb], op, ref)[1] if ref.remote else ref.type) == "o"}
+        if count == plan.nranks and len(chunks) == 1:
+            sums[(rank, tb, index)] = chunks.pop()
+    return sums
+
+
 class _Machine:
     """The state of one run of ``launches`` launches: buffers, channel counters, semaphores and thread blocks."""
 
-    def __init__(self, plan: Plan, elems: int, dtype: str, inputs: list[list[np.ndarray]]):
+    def __init__(self, plan: Plan, elems: int, dtype: str, inputs: list[list[np.ndarray]],
+                 residuals: list[np.ndarray] | None = None):
         self.plan, self.elems, self.dtype, self.inputs = plan, elems, dtype, inputs
+        self.residuals = residuals
+        self.residual_at = residual_sums(plan) if residuals is not None else {}
+        self.counts: dict[OpKey, float] | None = None  # each reduction's sum, where every element has the same
         self.launches = len(inputs)
         self.threads = [_Thread(r, tb.id, k, tb.ops, None) for k in range(self.launches)
                         for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
@@ -254,6 +289,12 @@ class _Machine:
             total = values[0].copy()
             for v in values[1:]:
                 total = round_to(total + v, self.dtype)
+            if self.counts is not None:
+                self.counts[(t.rank, t.tb, t.pc)] = float(total.flat[0]) if (total == total.flat[0]).all() else -1.0
+            chunk = self.residual_at.get((t.rank, t.tb, t.pc))
+            if chunk is not None:
+                rows = self.residuals[t.rank].reshape(-1, self.elems)[chunk:chunk + op.dst_buff[0].size]
+                total = round_to(total + rows, self.dtype)
             results = [total] * len(op.dst_buff)
         else:
             results = values
@@ -406,15 +447,18 @@ def chunk_elems(plan: Plan, nbytes: int, dtype: str) -> int:
     return plan.chunk_bytes(nbytes) // DTYPES[dtype]
 
 
-def run_reference(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str) -> list[np.ndarray]:
+def run_reference(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str,
+                  residuals: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Run ``plan`` on every rank's input buffer; returns every rank's output buffer (float32 arrays).
 
     ``inputs[r]`` holds rank r's input buffer (``input_chunks × chunk elements`` values; bf16 as float32).
+    ``residuals[r]``: rank r's residual (output-sized), added where ``residual_chunk`` says.
     """
-    return run_launches(plan, [inputs], nbytes, dtype)[0]
+    return run_launches(plan, [inputs], nbytes, dtype, residuals)[0]
 
 
-def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype: str) -> list[list[np.ndarray]]:
+def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype: str,
+                 residuals: list[np.ndarray] | None = None) -> list[list[np.ndarray]]:
     """Run ``plan`` once per entry of ``inputs``, back to back on the same buffers; every launch's outputs.
 
     ``inputs[k][r]`` is rank r's input for launch k. Rank r's launch k+1 starts after its own launch k only.
@@ -432,7 +476,7 @@ def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype:
                 raise PlanError(f"plan {plan.name}: {name}[{r}]: {x.size} elements, expected "
                                 f"{g.input_chunks * elems} ({g.input_chunks} chunks of {elems})")
             flat[-1].append(x)
-    m = _Machine(plan, elems, dtype, flat)
+    m = _Machine(plan, elems, dtype, flat, residuals)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
     return m.outputs
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from executor.errors import ExecutorError
 from executor.gpu_tables import (
-    OP_DTYPE, PACKET, SCRATCH, SIGNAL, TRANSFER, WAIT, _join_residual, build_tables, check_launch, lines_possible,
-    pair_channels, residual_refusal, vector_bytes,
+    OP_DTYPE, PACKET, SCRATCH, SIGNAL, TRANSFER, WAIT, build_tables, check_launch, lines_possible, pair_channels,
+    residual_refusal, vector_bytes,
 )
+from executor.reference import chunk_elems, residual_sums, round_to, run_reference
 from schedules.plan import load_plan, parse_plan
-from schedules.registry import Registry
 
 ROOT = Path(__file__).parent
 FIXTURES = ROOT / "fixtures" / "plans"
@@ -155,12 +155,18 @@ def test_weft_bench_record_needs_the_registry(capsys):
 ALLREDUCE_PLANS = sorted(COMPILED.glob("allreduce-*.json")) + sorted((COMPILED.parent / "plans4").glob("allreduce-*"))
 
 
-def plain_sources(op) -> list[tuple]:
+def sources(op) -> list[tuple]:
     return [tuple(op["src"][k]) for k in range(op["nsrc"])]
 
 
+def output_offsets(op, tables) -> set[int]:
+    """Offsets of the op's destinations in an output buffer (this rank's, slot 1, or a peer's)."""
+    outputs = {1} | {3 + k for k, (_, kind) in enumerate(tables.remote_buffers) if kind == "o"}
+    return {int(op["dst"][k]["offset"]) for k in range(op["ndst"]) if op["dst"][k]["buffer"] in outputs}
+
+
 @pytest.mark.parametrize("path", ALLREDUCE_PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_a_residual_joins_rank_0s_input_first_in_every_sum_and_changes_nothing_else(path):
+def test_completed_sums_written_to_outputs_add_the_residual_last_and_nothing_else_changes(path):
     plan = load_plan(path)
     assert residual_refusal(plan) == ""
     nbytes = plan.size_chunks * 4 * 64
@@ -171,39 +177,56 @@ def test_a_residual_joins_rank_0s_input_first_in_every_sum_and_changes_nothing_e
             slot = 3 + len(plain.remote_buffers)
             assert fused.residual and fused.nslots == plain.nslots + 1 == slot + 1
             assert len(fused.ops) == len(plain.ops) and (fused.tb_start == plain.tb_start).all()
-            joined = 0
+            added = 0
             for a, b in zip(plain.ops, fused.ops):
-                before, after = plain_sources(a), plain_sources(b)
-                inputs = [s for s in before if s[1] == 0]
-                if rank != 0 or a["type"] != TRANSFER or not inputs:
-                    assert a.tobytes() == b.tobytes()
+                if a.tobytes() == b.tobytes():
                     continue
-                joined += 1
-                (offset, _, _), = inputs
-                assert after == [inputs[0], (offset, slot, 0), *(s for s in before if s[1] != 0)]
-                assert b["bytes"] == a["bytes"] and b["line_chunk"] == a["line_chunk"]
-                assert [tuple(d) for d in b["dst"][:b["ndst"]]] == [tuple(d) for d in a["dst"][:a["ndst"]]]
-            assert joined > 0 or rank != 0  # rank 0 reads its input somewhere, so the residual is read
+                added += 1
+                *same, extra = sources(b)
+                assert same == sources(a) and extra[1:] == (slot, 0)
+                assert a["nsrc"] > 1 and output_offsets(a, plain) == {extra[0]}
+                b["nsrc"], b["src"][a["nsrc"]] = a["nsrc"], (0, 0, 0)
+                assert a.tobytes() == b.tobytes()  # the one extra source is the only change
+            # one per completed sum written to an output (partial sums that pass through outputs add nothing)
+            assert added == sum(k[0] == rank for k in residual_sums(plan)) > 0
 
 
-def test_plans_the_residual_cannot_join_are_refused_with_the_reason():
+def test_the_reference_adds_each_ranks_residual_after_the_sum_rounding_as_the_gpu():
+    plan = load_plan(FIXTURES / "allpairs_allreduce_2.json")
+    rng = np.random.default_rng(3)
+    elems = chunk_elems(plan, 1024, "bf16")
+    inputs = [round_to(rng.standard_normal(2 * elems) * 100, "bf16") for _ in range(2)]
+    residual = round_to(rng.standard_normal(2 * elems) * 1000, "bf16")
+    outputs = run_reference(plan, inputs, 1024, "bf16", [residual, residual])
+    want = round_to(round_to(inputs[0] + inputs[1], "bf16") + residual, "bf16")
+    assert all(np.array_equal(out, want) for out in outputs)
+
+
+def sum_into_scratch_then_copy() -> dict:
+    """allpairs_allreduce_2 with each sum written to scratch and copied to the output: no reduction writes it."""
+    doc = json.loads((FIXTURES / "allpairs_allreduce_2.json").read_text())
+    doc["name"] = "sum-into-scratch"
+    for gpu in doc["gpus"]:
+        ops = gpu["threadblocks"][0]["ops"]
+        reduce = next(op for op in ops if op["name"] == "re")
+        target = reduce["dst_buff"][0]
+        reduce["dst_buff"] = [{"type": "s", "index": 0, "size": 1}]
+        ops.insert(ops.index(reduce) + 1, {"name": "copy", "src_buff": [{"type": "s", "index": 0, "size": 1}],
+                                           "dst_buff": [target]})
+    return doc
+
+
+def test_plans_that_cannot_add_a_residual_exactly_once_are_refused_with_the_reason():
     assert "runs allgather" in residual_refusal(load_plan(COMPILED / "allgather-direct-ll-x1.json"))
-    twoshot = load_plan(COMPILED / "allreduce-twoshot-simple-x1.json")
-    assert "in place" in residual_refusal(dataclasses.replace(twoshot, inplace=True))
-    pull = next(e.plan for e in Registry(ROOT.parent / "bench" / "registry_h200x2").entries()
-                if e.plan.collective == "allreduce" and any(b.type == "i" for g in e.plan.gpus for b in g.remote_buffers))
-    assert "read rank 0's input directly" in residual_refusal(pull)
+    plan = parse_plan(sum_into_scratch_then_copy(), "sum-into-scratch")
+    run_reference(plan, [np.ones(2 * 128, np.float32)] * 2, 1024, "fp32")  # a correct all-reduce without one
+    assert "would not hold the sum plus the residual exactly once" in residual_refusal(plan)
 
 
-def test_an_input_summed_third_cannot_take_a_residual_without_changing_the_rounding():
-    rec = np.zeros((), OP_DTYPE)
-    rec["type"], rec["nsrc"] = TRANSFER, 3
-    rec["src"][0], rec["src"][1], rec["src"][2] = (0, 3, 0), (0, 4, 0), (64, 0, 0)
-    with pytest.raises(ExecutorError, match="the input is source 3 of 3"):
-        _join_residual(rec, 9, "op")
-    rec["src"][0], rec["src"][2] = (64, 0, 0), (0, 3, 0)
-    _join_residual(rec, 9, "op")
-    assert plain_sources(rec) == [(64, 0, 0), (64, 9, 0), (0, 4, 0), (0, 3, 0)]
-    rec["nsrc"], rec["src"][0], rec["src"][1] = 2, (0, 3, 0), (64, 0, 0)  # peer + input: input moves first
-    _join_residual(rec, 9, "op")
-    assert plain_sources(rec) == [(64, 0, 0), (64, 9, 0), (0, 3, 0)]
+def test_a_ring_adds_the_residual_only_where_a_sum_completes_not_where_partial_sums_pass_through_outputs():
+    plan = load_plan(COMPILED.parent / "plans4" / "allreduce-ring-simple-x1.json")
+    at = residual_sums(plan)
+    partial_into_output = [(r, t, i) for r, g in enumerate(plan.gpus) for t, tb in enumerate(g.threadblocks)
+                           for i, op in enumerate(tb.ops) if op.name == "res" and (r, t, i) not in at]
+    assert partial_into_output and len(at) == plan.nranks  # each rank completes one chunk's sum
+    assert residual_refusal(plan) == ""

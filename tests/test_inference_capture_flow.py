@@ -97,6 +97,7 @@ def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: 
     comm._cupy = FakeCupy()
     comm._error = np.zeros(8, np.int32)
     comm._plans, comm._contexts, comm._templates, comm._captured = {}, {}, {}, []
+    comm._residual_refusals = {}
     comm._graph_mode, comm._marker, comm._tripwire, comm._ll128 = False, None, None, False
     comm._all_gather = gather
     comm._peers = SimpleNamespace(open=opened)

@@ -35,7 +35,7 @@ RESIDUAL_CASES = [(c.id + label) for c in scenarios.residual_cases(nproc()) for 
 
 
 @pytest.mark.parametrize("case", RESIDUAL_CASES)
-def test_plan_adding_a_residual_equals_the_plan_on_rank_0s_input_plus_residual(gpu_results, case):
+def test_plan_adding_a_residual_equals_the_plans_sum_then_the_add(gpu_results, case):
     for rank, results in enumerate(gpu_results):
         r = results["residual"][case]
         assert r["ok"], f"rank {rank}: {r}"
