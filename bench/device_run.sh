@@ -10,7 +10,7 @@
 #                                                  # tp_decode --ll128
 #            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
 #            bash bench/device_run.sh 2 diag       # kernel_trace of the LL128 plans, eager overhead, tp_decode twice
-#            bash bench/device_run.sh 2 decode     # tp_decode RUNS times (default 2), 50 iterations each
+#            bash bench/device_run.sh 2 decode     # tp_decode RUNS times (default 2), ITERS (50) replays each
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tgz brings it back (untar it over bench/).
@@ -79,7 +79,7 @@ elif [ "$STAGE" = decode ]; then
   for run in $(seq 1 "${RUNS:-2}"); do
     step "tp_decode run $run"
     WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-      --iters 50 --json "$OUT/tp_decode_$run.json" >> "$LOG" 2>&1
+      --iters "${ITERS:-50}" --json "$OUT/tp_decode_$run.json" >> "$LOG" 2>&1
     echo "rc=$?" | tee -a "$LOG"
   done
   grep "^tp=" "$LOG"

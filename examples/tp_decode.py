@@ -5,8 +5,8 @@ sharded Megatron-style over TP ranks, with one all-reduce after attention and on
 into the residual stream (``x = x + all_reduce(a @ w)``), as vLLM runs it. The backends run in the same job on
 the same random bf16 weights and inputs: NCCL (in place on the projection's output), weft (its all-reduce, then
 torch's add) and weft-fused (``comm.all_reduce(a @ w, residual=x)``: the add inside the all-reduce's launch).
-The script reports decode-step latency, tokens/s, the share of the step spent in all-reduce, and checks that the
-logits agree. weft's graphs are captured inside ``comm.capture()``, so their all-reduces read and write the
+The backends take turns replay by replay. The script reports decode-step latency, tokens/s, the share of the
+step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so their all-reduces read and write the
 captured tensors (no staging copies).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
@@ -127,35 +127,44 @@ def graph_of(fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], Context
     return graph
 
 
-def time_graph(graph: torch.cuda.CUDAGraph, iters: int) -> list[float]:
-    """Milliseconds per replay, each timed with CUDA events after a barrier so ranks start together."""
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+def time_replay(graph: torch.cuda.CUDAGraph) -> float:
+    """Milliseconds of one replay, timed with CUDA events after a barrier so that ranks start together."""
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
-def measure(backend: str, impl: Backend, shape: Shape, batch: int, weights, lm_head, device, iters: int) -> dict:
+KINDS = ("step", "matmul", "all_reduce", "all_reduce_add", "alone")
+
+
+@dataclass
+class Graphs:
+    """One backend's graphs at one batch size (KINDS), and where their results land."""
+
+    graphs: dict[str, torch.cuda.CUDAGraph]
+    out: dict
+
+
+def build(impl: Backend, shape: Shape, batch: int, weights, device) -> Graphs:
+    """The decode step, the projections alone, with their all-reduce, with all-reduce and residual add, and the
+    all-reduce alone: each ``2 × layers`` calls in one graph."""
     cache = make_cache(shape, batch, device)
     gen = torch.Generator(device=device).manual_seed(7)
     x = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
     out = {}
     side = torch.cuda.Stream()
-
-    def step():
-        out["hidden"] = decode_step(x, weights, cache, shape, impl.project)
-
-    step_graph = graph_of(step, side, impl.capture)
+    calls = 2 * shape.layers
     probe_a = torch.randn(batch, HIDDEN // shape.tp, device=device, dtype=torch.bfloat16)
     probe_w = torch.randn(HIDDEN // shape.tp, HIDDEN, device=device, dtype=torch.bfloat16)
     probe_x = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
-    calls = 2 * shape.layers
+    probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+
+    def step():
+        out["hidden"] = decode_step(x, weights, cache, shape, impl.project)
 
     def projections(project) -> Callable[[], None]:
         def run():
@@ -163,34 +172,47 @@ def measure(backend: str, impl: Backend, shape: Shape, batch: int, weights, lm_h
                 out["probe"] = project(probe_a, probe_w, probe_x)
         return run
 
-    matmul_ms = time_graph(graph_of(projections(lambda a, w, x: a @ w), side, contextlib.nullcontext), iters)
-    # the projections with their all-reduce alone (no residual add; weft-fused runs weft's plain all-reduce here)
-    reduce_graph = graph_of(projections(lambda a, w, x: impl.all_reduce(a @ w)), side, impl.capture)
-    # ... and with the residual added as the step adds it
-    sum_graph = graph_of(projections(impl.project), side, impl.capture)
-    probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
-
     def isolated():  # NCCL's in-place sums grow to inf here; its time does not depend on the values
         for _ in range(calls):
             out["alone"] = impl.all_reduce(probe)
 
-    alone_ms = time_graph(graph_of(isolated, side, impl.capture), iters)
-    step_ms = time_graph(step_graph, iters)
-    ar_ms = time_graph(reduce_graph, iters)
-    sum_ms = time_graph(sum_graph, iters)
-    step_graph.replay()
+    graphs = {
+        "step": graph_of(step, side, impl.capture),
+        "matmul": graph_of(projections(lambda a, w, r: a @ w), side, contextlib.nullcontext),
+        # the projections with their all-reduce alone (weft-fused runs weft's plain all-reduce here) ...
+        "all_reduce": graph_of(projections(lambda a, w, r: impl.all_reduce(a @ w)), side, impl.capture),
+        # ... and with the residual added as the step adds it
+        "all_reduce_add": graph_of(projections(impl.project), side, impl.capture),
+        "alone": graph_of(isolated, side, impl.capture),
+    }
+    return Graphs(graphs, out)
+
+
+def time_alternating(built: dict[str, Graphs], iters: int) -> dict[str, dict[str, list[float]]]:
+    """Each graph's replay times, the backends taking turns replay by replay, so that a drift of the machine
+    (clocks, temperature, a neighbour) falls on every backend alike."""
+    times = {name: {kind: [] for kind in KINDS} for name in built}
+    for _ in range(iters):
+        for kind in KINDS:
+            for name, g in built.items():
+                times[name][kind].append(time_replay(g.graphs[kind]))
+    return times
+
+
+def summarize(name: str, g: Graphs, times: dict[str, list[float]], shape: Shape, batch: int, lm_head) -> dict:
+    g.graphs["step"].replay()
     torch.cuda.synchronize()
-    logits = (F.rms_norm(out["hidden"], (HIDDEN,)) @ lm_head).float()
-    med = statistics.median(step_ms)
+    logits = (F.rms_norm(g.out["hidden"], (HIDDEN,)) @ lm_head).float()
+    calls = 2 * shape.layers
+    med = {kind: statistics.median(t) for kind, t in times.items()}
     # the all-reduce share: projections with their all-reduce (and with the residual add), less the projections
-    all_reduce_ms = max(statistics.median(ar_ms) - statistics.median(matmul_ms), 0.0)
-    with_add_ms = max(statistics.median(sum_ms) - statistics.median(matmul_ms), 0.0)
-    return {"backend": backend, "step_ms": med, "all_reduce_ms": all_reduce_ms,
+    all_reduce_ms = max(med["all_reduce"] - med["matmul"], 0.0)
+    with_add_ms = max(med["all_reduce_add"] - med["matmul"], 0.0)
+    return {"backend": name, "step_ms": med["step"], "all_reduce_ms": all_reduce_ms,
             "all_reduce_us_per_call": all_reduce_ms * 1e3 / calls,
             "all_reduce_add_ms": with_add_ms, "all_reduce_add_us_per_call": with_add_ms * 1e3 / calls,
-            "isolated_us_per_call": statistics.median(alone_ms) * 1e3 / calls,
-            "tokens_per_s": batch / med * 1e3, "raw_step_ms": step_ms, "raw_all_reduce_ms": ar_ms,
-            "raw_all_reduce_add_ms": sum_ms, "raw_matmul_ms": matmul_ms, "logits": logits}
+            "isolated_us_per_call": med["alone"] * 1e3 / calls, "tokens_per_s": batch / med["step"] * 1e3,
+            **{f"raw_{kind}_ms": t for kind, t in times.items() if kind != "alone"}, "logits": logits}
 
 
 def main() -> None:
@@ -231,13 +253,16 @@ def main() -> None:
 
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
-        results, failed = {}, {}
+        built, failed = {}, {}
         for name, impl in backends.items():
             try:
-                results[name] = measure(name, impl, shape, batch, weights, lm_head, device, args.iters)
+                built[name] = build(impl, shape, batch, weights, device)
             except Exception as e:  # one backend's failure is a result, not the end of the comparison
                 failed[name] = f"{type(e).__name__}: {e}"
                 print(f"rank {rank}: {name} failed at batch {batch}: {failed[name]}", flush=True)
+        times = time_alternating(built, args.iters)
+        results = {name: summarize(name, g, times[name], shape, batch, lm_head) for name, g in built.items()}
+        del built
         row = {"batch": batch, "tp": world, "failed": failed}
         if "weft" in backends:
             plan = comm.plan_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
@@ -280,7 +305,7 @@ def main() -> None:
             print(f"tp={world} batch={batch:>3}  {cells}{extra}  [{row.get('weft_plan', '')}]", flush=True)
     if rank == 0 and args.json:
         doc = {"name": "tp_decode", "model": "llama-70b-shaped", "layers": args.layers, "context": args.context,
-               "nranks": world, "mode": "graph", "dtype": "bf16",
+               "nranks": world, "mode": "graph", "timing": "backends alternate replay by replay", "dtype": "bf16",
                "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
                "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                             "cuda": torch.version.cuda},
