@@ -147,6 +147,7 @@ class Graphs:
 
     graphs: dict[str, torch.cuda.CUDAGraph]
     out: dict
+    inputs: tuple  # the tensors the graphs read: a graph does not keep them alive
 
 
 def build(impl: Backend, shape: Shape, batch: int, weights, device) -> Graphs:
@@ -185,7 +186,7 @@ def build(impl: Backend, shape: Shape, batch: int, weights, device) -> Graphs:
         "all_reduce_add": graph_of(projections(impl.project), side, impl.capture),
         "alone": graph_of(isolated, side, impl.capture),
     }
-    return Graphs(graphs, out)
+    return Graphs(graphs, out, (x, cache, probe_a, probe_w, probe_x, probe))
 
 
 def time_alternating(built: dict[str, Graphs], iters: int) -> dict[str, dict[str, list[float]]]:
