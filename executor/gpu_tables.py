@@ -30,7 +30,7 @@ import numpy as np
 
 from executor import reference
 from executor.errors import ExecutorError
-from schedules.plan import CHUNK_GRANULE, BufferRef, Gpu, Op, Plan, PlanError, Threadblock
+from schedules.plan import BufferRef, Gpu, Op, Plan, PlanError, Threadblock
 from topologies.errors import CheckFailed
 
 MAX_REFS = 16
@@ -157,8 +157,7 @@ def residual_refusal(plan: Plan) -> str:
     must be the inputs' sum plus the residual, once."""
     if plan.collective != "allreduce":
         return f"plan {plan.name} runs {plan.collective}; only an all-reduce adds a residual"
-    unit = plan.size_chunks * CHUNK_GRANULE
-    nbytes = max(plan.min_message_size + (-plan.min_message_size) % unit, unit)
+    nbytes = reference.smallest_size(plan)
     elems = reference.chunk_elems(plan, nbytes, "fp32")
     rng = np.random.default_rng(0)
     inputs = [rng.integers(-64, 64, g.input_chunks * elems).astype(np.float32) for g in plan.gpus]
@@ -178,7 +177,8 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them).
 
     ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``). ``residual``: the launch
-    binds a residual after the remote buffers, added by the reductions that write outputs (``residual_refusal``)."""
+    binds a residual after the remote buffers, added by the reductions that complete a sum and write an output
+    (``residual_refusal``)."""
     if not plan.accepts(nbytes):
         raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
                             f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")

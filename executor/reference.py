@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.plan import PACKET_OPS, BufferRef, Gpu, Op, Plan, PlanError, Threadblock, remote_target
+from schedules.plan import CHUNK_GRANULE, PACKET_OPS, BufferRef, Gpu, Op, Plan, PlanError, Threadblock, remote_target
 from topologies.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -119,11 +119,10 @@ def residual_sums(plan: Plan) -> dict[OpKey, int]:
     Which sums complete comes from a run of the plan on inputs of ones, where each sum counts its inputs; a
     reduction writing outputs at two chunk positions is left out (the proof of ``run_reference`` with residuals
     then fails, so the executor refuses the plan)."""
-    unit = plan.size_chunks * 4
-    nbytes = max(plan.min_message_size + (-plan.min_message_size) % unit, unit)
+    nbytes = smallest_size(plan)
     elems = chunk_elems(plan, nbytes, "fp32")
-    m = _Machine(plan, elems, "fp32", [[np.ones(g.input_chunks * elems, np.float32) for g in plan.gpus]])
-    m.counts = {}
+    m = _Machine(plan, elems, "fp32", [[np.ones(g.input_chunks * elems, np.float32) for g in plan.gpus]],
+                 counting=True)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
     sums = {}
     for (rank, tb, index), count in m.counts.items():
@@ -140,11 +139,12 @@ class _Machine:
     """The state of one run of ``launches`` launches: buffers, channel counters, semaphores and thread blocks."""
 
     def __init__(self, plan: Plan, elems: int, dtype: str, inputs: list[list[np.ndarray]],
-                 residuals: list[np.ndarray] | None = None):
+                 residuals: list[np.ndarray] | None = None, counting: bool = False):
         self.plan, self.elems, self.dtype, self.inputs = plan, elems, dtype, inputs
         self.residuals = residuals
         self.residual_at = residual_sums(plan) if residuals is not None else {}
-        self.counts: dict[OpKey, float] | None = None  # each reduction's sum, where every element has the same
+        # counting: each reduction's sum where all its elements hold the same (else -1), by (rank, block, op)
+        self.counts: dict[OpKey, float] | None = {} if counting else None
         self.launches = len(inputs)
         self.threads = [_Thread(r, tb.id, k, tb.ops, None) for k in range(self.launches)
                         for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
@@ -436,6 +436,12 @@ def _pair_channels(plan: Plan) -> dict[tuple[int, int], tuple[int, int]]:
                                 f"matching channel on rank {peer} (it lists {len(back)} to rank {r})")
             pairs[(r, cid)] = (peer, back[m])
     return pairs
+
+
+def smallest_size(plan: Plan) -> int:
+    """The smallest message size (bytes) ``plan`` accepts."""
+    unit = plan.size_chunks * CHUNK_GRANULE
+    return max(plan.min_message_size + (-plan.min_message_size) % unit, unit)
 
 
 def chunk_elems(plan: Plan, nbytes: int, dtype: str) -> int:
