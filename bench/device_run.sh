@@ -11,6 +11,7 @@
 #            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
 #            bash bench/device_run.sh 2 diag       # kernel_trace of the LL128 plans, eager overhead, tp_decode twice
 #            bash bench/device_run.sh 2 decode     # tp_decode RUNS times (default 2), ITERS (50) replays each
+#            bash bench/device_run.sh 2 trace      # tp_decode --trace: the all-reduce's phases in the step and alone
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tgz brings it back (untar it over bench/).
@@ -83,6 +84,12 @@ elif [ "$STAGE" = decode ]; then
     echo "rc=$?" | tee -a "$LOG"
   done
   grep "^tp=" "$LOG"
+elif [ "$STAGE" = trace ]; then
+  step "tp_decode --trace (weft-fused's all-reduce in the timed build, in the step and alone)"
+  WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+    --iters "${ITERS:-50}" --trace --json "$OUT/tp_decode_trace.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  grep "^trace" "$LOG"
 else
   bench allreduce 100 --no-pdl --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB -o "$OUT/gpu_allreduce_nopdl.json"
   bench reducescatter 130 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"

@@ -216,6 +216,47 @@ def summarize(name: str, g: Graphs, times: dict[str, list[float]], shape: Shape,
             **{f"raw_{kind}_ms": t for kind, t in times.items() if kind != "alone"}, "logits": logits}
 
 
+def block_medians(times) -> dict:
+    """Medians over thread blocks of each phase and op (µs per launch), and the slowest block's total."""
+    return {"phases_us": {k: statistics.median(t.phases[k] for t in times) for k in times[0].phases},
+            "ops_us": [statistics.median(t.ops[i] for t in times if len(t.ops) > i)
+                       for i in range(max(len(t.ops) for t in times))],
+            "total_us_median": statistics.median(t.total for t in times), "total_us_max": max(t.total for t in times)}
+
+
+def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters: int) -> dict:
+    """weft-fused's all-reduce in the timed kernel build: inside the decode step, and back to back alone.
+
+    Each on a communicator of its own, so that each context's sums hold one kind of launch (plus the eager
+    warm-ups: 3 of every ``iters`` + 3)."""
+    from executor import Communicator
+
+    nbytes = batch * HIDDEN * 2
+    out = {}
+    for where in ("step", "alone"):
+        comm = Communicator.from_process_group(ll128=ll128, trace=True)
+        side = torch.cuda.Stream()
+        x = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+        h = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+        cache = make_cache(shape, batch, device)
+        if where == "step":
+            def run():
+                decode_step(x, weights, cache, shape, fused(comm))
+        else:
+            def run():
+                for _ in range(2 * shape.layers):
+                    comm.all_reduce(x, residual=h)
+        graph = graph_of(run, side, comm.capture)
+        for _ in range(iters):
+            time_replay(graph)
+        plan = comm.plan_for("allreduce", nbytes, torch.bfloat16)
+        lines = comm.lines_for("allreduce", nbytes, torch.bfloat16)
+        out[where] = block_medians(comm.kernel_times(plan, nbytes, "bf16", lines=lines, residual=True))
+        out["plan"] = plan.name + ("+ll128" if lines else "")
+        comm.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", default="1,4,16,64")
@@ -226,6 +267,9 @@ def main() -> None:
                    help="both: NCCL, weft (all-reduce, then torch's residual add) and weft-fused (the add inside "
                         "the all-reduce)")
     p.add_argument("--json", help="write results here (rank 0)")
+    p.add_argument("--trace", action="store_true",
+                   help="instead: weft-fused's all-reduce in the timed kernel build, in the step and alone "
+                        "(per-block phase times)")
     p.add_argument("--no-ll128", dest="ll128", action="store_false",
                    help="weft's LL plans move LL16 packets only (by default LL128 lines where the registry measured "
                         "them faster)")
@@ -253,7 +297,13 @@ def main() -> None:
         backends.pop("nccl")
 
     rows = []
-    for batch in (int(b) for b in args.batch.split(",")):
+    if args.trace:
+        for batch in (int(b) for b in args.batch.split(",")):
+            rows.append({"batch": batch, **trace_in_step(shape, batch, weights, device, args.ll128, args.iters)})
+            if rank == 0:
+                print(f"trace batch={batch}: {json.dumps(rows[-1])}", flush=True)
+        backends = {}
+    for batch in (int(b) for b in args.batch.split(",")) if backends else ():
         built, failed = {}, {}
         for name, impl in backends.items():
             try:
@@ -307,6 +357,7 @@ def main() -> None:
     if rank == 0 and args.json:
         doc = {"name": "tp_decode", "model": "llama-70b-shaped", "layers": args.layers, "context": args.context,
                "nranks": world, "mode": "graph", "timing": "backends alternate replay by replay", "dtype": "bf16",
+               "trace": args.trace,
                "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
                "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                             "cuda": torch.version.cuda},

@@ -313,13 +313,13 @@ class Communicator:
         self._check_tripwire()
 
     def kernel_times(self, plan: Plan | dict | str | Path, nbytes: int, dtype: str,
-                     lines: bool | None = None) -> list[gpu_trace.BlockTimes]:
+                     lines: bool | None = None, residual: bool = False) -> list[gpu_trace.BlockTimes]:
         """Per-block mean phase times (µs per launch) of ``plan`` at ``nbytes`` (its context's message size) and
-        ``dtype``, over every launch so far; needs ``trace=True``."""
+        ``dtype`` (with a residual where ``residual``), over every launch so far; needs ``trace=True``."""
         if not self._trace:
             raise ExecutorError("executor: kernel_times needs a Communicator made with trace=True")
         plan, plan_hash = self._plan(plan)
-        ctx = self._templates.get((plan_hash, nbytes, dtype, self._ll128 if lines is None else lines, False))
+        ctx = self._templates.get((plan_hash, nbytes, dtype, self._ll128 if lines is None else lines, residual))
         if ctx is None:
             raise ExecutorError(f"executor: plan {plan.name} has not run at {nbytes} B {dtype} here")
         self.synchronize()

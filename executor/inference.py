@@ -63,13 +63,14 @@ class Communicator(PlanCommunicator):
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
                  timeout_s: float = 30.0, *, group: Any = None, registry: str | None = None,
                  topology: str | None = None, deterministic: bool = False, staging_bytes: int = STAGING_BYTES,
-                 ll128: bool = True):
+                 ll128: bool = True, trace: bool = False):
         """``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
         NVML, then torch's view of the GPUs. ``deterministic``: only plans with a fixed reduction order.
         ``staging_bytes``: the largest message (nccl-tests terms) that weft runs; larger ones go to NCCL.
         ``ll128``: LL plans may move LL128 lines (executor.communicator.Communicator), at the sizes where this
         topology's registry entries measured lines faster than packets (``weft bench --ll128`` on that fabric, so
-        only where lines ran there: NVLink). False: LL16 packets only."""
+        only where lines ran there: NVLink). False: LL16 packets only. ``trace``: the timed kernel build, for
+        diagnosis (``kernel_times``)."""
         self.rank, self.world_size, self.group, self.timeout_s = rank, world_size, group, timeout_s
         self.deterministic, self.staging_bytes = deterministic, staging_bytes
         store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
@@ -82,7 +83,7 @@ class Communicator(PlanCommunicator):
         self.handle = torch_ops.register(self)
         why = ""
         try:
-            super().__init__(rank, world_size, store, device, timeout_s, ll128=ll128)
+            super().__init__(rank, world_size, store, device, timeout_s, ll128=ll128, trace=trace)
             self._started = True
         except Exception as e:  # no CuPy, no driver, IPC refused: each means NCCL for this job, not a crash
             why = f"rank {rank}: the GPU executor did not start: {e}"
