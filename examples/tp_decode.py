@@ -227,8 +227,8 @@ def block_medians(times) -> dict:
 def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters: int) -> dict:
     """weft-fused's all-reduce in the timed kernel build: inside the decode step, and back to back alone.
 
-    Each on a communicator of its own, so that each context's sums hold one kind of launch (plus the eager
-    warm-ups: 3 of every ``iters`` + 3)."""
+    Each on a communicator of its own, and only over graph replays: the sums of the eager warm-ups, where the
+    ranks drift apart, are zeroed before them."""
     from executor import Communicator
 
     nbytes = batch * HIDDEN * 2
@@ -247,6 +247,8 @@ def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters:
                 for _ in range(2 * shape.layers):
                     comm.all_reduce(x, residual=h)
         graph = graph_of(run, side, comm.capture)
+        time_replay(graph)
+        comm.reset_kernel_times()  # the eager warm-ups (ranks drift apart between them) left out
         for _ in range(iters):
             time_replay(graph)
         plan = comm.plan_for("allreduce", nbytes, torch.bfloat16)

@@ -96,6 +96,7 @@ class _Context:
     records: "_Records | None" = None
     launch: gpu_launch.Launch | None = None  # the launch with ``args``, prepared on first use
     trace: Any = None  # per-block phase sums of the timed build (Communicator(trace=True))
+    traced_before: int = 0  # launches before the trace sums were last zeroed (reset_kernel_times)
 
 
 @dataclass
@@ -315,7 +316,8 @@ class Communicator:
     def kernel_times(self, plan: Plan | dict | str | Path, nbytes: int, dtype: str,
                      lines: bool | None = None, residual: bool = False) -> list[gpu_trace.BlockTimes]:
         """Per-block mean phase times (µs per launch) of ``plan`` at ``nbytes`` (its context's message size) and
-        ``dtype`` (with a residual where ``residual``), over every launch so far; needs ``trace=True``."""
+        ``dtype`` (with a residual where ``residual``), over every launch since ``reset_kernel_times`` (or the
+        first); needs ``trace=True``."""
         if not self._trace:
             raise ExecutorError("executor: kernel_times needs a Communicator made with trace=True")
         plan, plan_hash = self._plan(plan)
@@ -324,9 +326,24 @@ class Communicator:
             raise ExecutorError(f"executor: plan {plan.name} has not run at {nbytes} B {dtype} here")
         self.synchronize()
         t = ctx.tables
-        launches = int(ctx.state[-t.nthreadblocks:].get()[0])
+        launches = self._launches(ctx) - ctx.traced_before
         ops = [int(t.tb_start[b + 1] - t.tb_start[b]) for b in range(t.nthreadblocks)]
         return gpu_trace.summarize(ctx.trace.get(), t.nthreadblocks, ops, launches)
+
+    def reset_kernel_times(self) -> None:
+        """Zero every context's trace sums, so that ``kernel_times`` covers only the launches after this one
+        (warm-ups and captures left out); needs ``trace=True``."""
+        if not self._trace:
+            raise ExecutorError("executor: reset_kernel_times needs a Communicator made with trace=True")
+        self.synchronize()
+        for ctx in self._contexts.values():
+            ctx.trace.fill(0)
+            ctx.traced_before = self._launches(ctx)
+
+    @staticmethod
+    def _launches(ctx: _Context) -> int:
+        """Launches of ``ctx`` so far: its first thread block's epoch."""
+        return int(ctx.state[-ctx.tables.nthreadblocks:].get()[0])
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait for this rank's launches; raise ExecutorTimeout if a wait on the GPU ran past its bound."""
