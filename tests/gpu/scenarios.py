@@ -62,7 +62,15 @@ LINE_GRAPH_PLANS = tuple(name for name in GRAPH_PLANS if "-ll-" in name)
 RESIDUAL_SIZES = ("64KB", "1MB", "3MB+48")
 
 
-def residual_cases(nranks: int = 2) -> list[Case]:
-    """All-reduce cases whose plan adds a residual in its launch, in bf16 and fp32 at a few sizes."""
-    return [c for c in correctness_cases(nranks) if c.size in RESIDUAL_SIZES and c.dtype in ("bf16", "fp32")
-            and not residual_refusal(load_plan(HERE.parent / c.plan))]
+def residual_cases(nranks: int = 2) -> list[tuple[str, Case, bool]]:
+    """(id, case, lines): all-reduce cases whose plan adds a residual in its launch, in bf16 and fp32 at a few
+    sizes, each with LL16 packets (or plain data) and, where the plan can, with LL128 lines too."""
+    runs = []
+    for c in correctness_cases(nranks):
+        if c.size in RESIDUAL_SIZES and c.dtype in ("bf16", "fp32"):
+            plan = load_plan(HERE.parent / c.plan)
+            if not residual_refusal(plan):
+                runs.append((c.id, c, False))
+                if lines_possible(plan, parse_bytes(c.size)):
+                    runs.append((c.id + "+ll128", c, True))
+    return runs

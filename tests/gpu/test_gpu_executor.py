@@ -29,9 +29,7 @@ def test_plan_with_ll128_lines_matches_nccl(gpu_results, case):
         assert r["ok"], f"rank {rank}: {r}"
 
 
-RESIDUAL_CASES = [(c.id + label) for c in scenarios.residual_cases(nproc()) for label in ("", "+ll128")
-                  if not label or scenarios.lines_possible(scenarios.load_plan(scenarios.HERE.parent / c.plan),
-                                                           scenarios.parse_bytes(c.size))]
+RESIDUAL_CASES = [run_id for run_id, _, _ in scenarios.residual_cases(nproc())]
 
 
 @pytest.mark.parametrize("case", RESIDUAL_CASES)

@@ -179,6 +179,14 @@ def run_refusals(comm, rank, world, device) -> dict:
     return results
 
 
+def recorded(run) -> dict:
+    """``run()``'s result, or the error it raised as a failed result, so that one failure does not hide the others."""
+    try:
+        return run()
+    except Exception as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -191,51 +199,24 @@ def main() -> None:
     store = dist.distributed_c10d._get_default_store()
     results: dict = {"cases": {}, "graph": {}}
     for case in scenarios.correctness_cases(world):
-        try:
-            results["cases"][case.id] = run_case(comm, case, rank, world, device)
-            if not results["cases"][case.id]["ok"]:
-                print(f"rank {rank}: {case.id}: {results['cases'][case.id]}", flush=True)
-        except Exception as e:  # recorded so that one failure does not hide the others
-            results["cases"][case.id] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                                         "trace": traceback.format_exc()[-2000:]}
-            print(f"rank {rank}: {case.id}: {results['cases'][case.id]['trace']}", flush=True)
+        results["cases"][case.id] = r = recorded(lambda: run_case(comm, case, rank, world, device))
+        if not r["ok"]:
+            print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
     lines = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     for case in scenarios.line_cases(world):
-        try:
-            results["lines"][case.id] = run_case(lines, case, rank, world, device)
-        except Exception as e:
-            results["lines"][case.id] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                                         "trace": traceback.format_exc()[-2000:]}
+        results["lines"][case.id] = recorded(lambda: run_case(lines, case, rank, world, device))
     for name in scenarios.LINE_GRAPH_PLANS:
-        try:
-            results["lines_graph"][name] = run_graph(lines, name, rank, world, device)
-        except Exception as e:
-            results["lines_graph"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                                            "trace": traceback.format_exc()[-2000:]}
+        results["lines_graph"][name] = recorded(lambda: run_graph(lines, name, rank, world, device))
     results["residual"] = {}
-    for case in scenarios.residual_cases(world):
-        for label, executor, lined in (("", comm, False), ("+ll128", lines, True)):
-            if lined and not scenarios.lines_possible(load_plan(Path(__file__).parent.parent / case.plan),
-                                                      parse_bytes(case.size)):
-                continue
-            try:
-                results["residual"][case.id + label] = run_residual(executor, case, rank, world, device, lined)
-            except Exception as e:
-                results["residual"][case.id + label] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                                                        "trace": traceback.format_exc()[-2000:]}
+    for run_id, case, lined in scenarios.residual_cases(world):
+        executor = lines if lined else comm
+        results["residual"][run_id] = recorded(lambda: run_residual(executor, case, rank, world, device, lined))
     lines.close()
     for name in scenarios.GRAPH_PLANS:
-        try:
-            results["graph"][name] = run_graph(comm, name, rank, world, device)
-        except Exception as e:
-            results["graph"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                                      "trace": traceback.format_exc()[-2000:]}
+        results["graph"][name] = recorded(lambda: run_graph(comm, name, rank, world, device))
     results["refusals"] = run_refusals(comm, rank, world, device)
-    try:
-        results["timeout"] = run_timeout(store, rank, world, device)
-    except Exception as e:
-        results["timeout"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    results["timeout"] = recorded(lambda: run_timeout(store, rank, world, device))
     print(f"rank {rank}: graph {json.dumps(results['graph'])[:1500]}", flush=True)
     print(f"rank {rank}: refusals {results['refusals']}; timeout {results['timeout']}", flush=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
