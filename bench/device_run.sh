@@ -12,8 +12,8 @@
 #            bash bench/device_run.sh 2 diag       # kernel_trace of the LL128 plans, eager overhead, tp_decode twice
 #            bash bench/device_run.sh 2 decode     # tp_decode RUNS times (default 2), ITERS (50) replays each
 #            bash bench/device_run.sh 2 trace      # tp_decode --trace: the all-reduce's phases in the step and alone
-#            bash bench/device_run.sh 4 first      # a first machine of N GPUs: pytest -m gpu, then the all-reduce
-#                                                  # bench in both packet formats, recorded (~8.5 min)
+#            bash bench/device_run.sh 4 first      # a first machine of N GPUs: pytest -m gpu, the benches in both
+#                                                  # packet formats (recorded), tp_decode in between (~9 min)
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tgz brings it back (untar it over bench/).
@@ -62,10 +62,16 @@ elif [ "$STAGE" = ll128 ]; then
   grep "^tp=" "$LOG"
 elif [ "$STAGE" = first ]; then
   step "GPU tests"
-  timeout 210 python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+  timeout 200 python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
-  nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
-  bench allreduce 290 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
+  bench allreduce 110 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
+  step "tp_decode (the plans just recorded)"
+  WEFT_REGISTRY="$REG" timeout 140 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+    --iters "${ITERS:-50}" --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  grep "^tp=" "$LOG"
+  bench reducescatter 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
+  bench allgather 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
 elif [ "$STAGE" = ab ]; then  # TAG=a|b: one side of an A/B, the sizes where LL128 lines run, nothing recorded
   bench allreduce 150 --ll128 --sizes 256KB,1MB,2MB,4MB,16MB -o "$OUT/gpu_allreduce_ab_${TAG:-a}.json"
 elif [ "$STAGE" = diag ]; then

@@ -35,7 +35,7 @@ from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, l
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
     MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
-    build_tables, check_launch, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
+    build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
     vector_bytes, with_tripwire,
 )
 from schedules.plan import Plan, load_plan, parse_plan
@@ -388,6 +388,7 @@ class Communicator:
         return self._roster.all_gather(f"{self._prefix}/{self._keys}/{what}", value, max(self.timeout_s, 60.0))
 
     def _message_bytes(self, plan: Plan, buf: _Buffer) -> int:
+        check_world(plan, self.world_size)  # before this rank's entry is looked up: a smaller plan has none
         gpu = plan.gpus[self.rank]
         if plan.inplace:
             return buf.nbytes

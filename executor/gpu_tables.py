@@ -90,11 +90,16 @@ class DeviceTables:
         return 3 + len(self.remote_buffers) + int(self.residual)
 
 
-def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
-    """Refuse, with one line, a launch this plan cannot do: world size, dtype or message size."""
+def check_world(plan: Plan, world_size: int) -> None:
+    """Refuse, with one line, a plan written for another number of ranks."""
     if plan.nranks != world_size:
         raise ExecutorError(f"plan {plan.name}: written for {plan.nranks} ranks, but the communicator has "
                             f"{world_size}")
+
+
+def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
+    """Refuse, with one line, a launch this plan cannot do: world size, dtype or message size."""
+    check_world(plan, world_size)
     if dtype not in DTYPE_BYTES:
         raise ExecutorError(f"plan {plan.name}: dtype {dtype!r} is not supported (fp32, fp16, bf16)")
     if dtype not in plan.weft.dtypes:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.plan import CHUNK_GRANULE, PACKET_OPS, BufferRef, Gpu, Op, Plan, PlanError, Threadblock, remote_target
+from schedules.plan import CHUNK_GRANULE, PACKET_OPS, BufferRef, Op, Plan, PlanError, remote_target
 from topologies.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}

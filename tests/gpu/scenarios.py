@@ -28,9 +28,13 @@ class Case:
         return f"{Path(self.plan).stem}-{self.size}-{self.dtype}"
 
 
+def plans_dir(nranks: int) -> Path:
+    """The compiled test plans for this many ranks (each directory holds the GRAPH_PLANS and the x1 baselines)."""
+    return PLANS if nranks == 2 else HERE / f"plans{nranks}"
+
+
 def plan_files(nranks: int) -> list[Path]:
-    directory = PLANS if nranks == 2 else HERE / f"plans{nranks}"
-    files = sorted(directory.glob("*.json"))
+    files = sorted(plans_dir(nranks).glob("*.json"))
     if nranks == 2:
         files += sorted(FIXTURES.glob("allpairs_*.json"))
     return files

@@ -14,31 +14,31 @@ from pathlib import Path
 
 import pytest
 
+import scenarios
 from conftest import gpu_count, nproc
 
 pytestmark = pytest.mark.gpu
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent.parent
-LL = HERE / "plans" / "allreduce-direct-ll-x8.json"
-SIMPLE = HERE / "plans" / "allreduce-direct-simple-x16.json"
+ROOT = Path(__file__).parent.parent.parent
 
 
 def test_bench_times_ll_plans_with_and_without_lines(tmp_path):
     n = nproc()
     if gpu_count() < n:
         pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
+    ll, simple = (scenarios.plans_dir(n) / name for name in ("allreduce-direct-ll-x1.json",
+                                                               "allreduce-twoshot-simple-x8.json"))
     out = tmp_path / "bench.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("RANK", None)
     done = subprocess.run([sys.executable, "-c", "from weft.cli import run; run()", "bench", "allreduce",
-                           "--nproc", str(n), "--plans", str(LL), str(SIMPLE), "--sizes", "64KB,1MB", "--ll128",
+                           "--nproc", str(n), "--plans", str(ll), str(simple), "--sizes", "64KB,1MB", "--ll128",
                            "--samples", "3", "--calls", "5", "--timeout", "10", "-o", str(out)],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["method"]["ll128"] is True and len(doc["rows"]) == 2
-    ll_name = json.loads(LL.read_text())["name"]
+    ll_name = json.loads(ll.read_text())["name"]
     for row in doc["rows"]:
         assert row["wrong"] == 0 and row["weft_us"] > 0 and row["nccl_us"] > 0
         timed = set(row["median_us"])

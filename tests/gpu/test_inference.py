@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 from torch_job import (
     LogLines,
-    close_enough,
     each,
-    nccl_sum,
     run_job,
     run_scenarios,
     start_rank,
+    sums_to,
 )
 
 HIDDEN = 8192
@@ -114,18 +113,17 @@ def scenario_process_group(comm, world, device) -> dict:
     from topologies.catalog import build
 
     x = torch.randn(32 * HIDDEN, device=device, dtype=torch.bfloat16)
-    wrong = {"all_reduce": int(not close_enough(comm.all_reduce(x), nccl_sum(x), x.dtype))}
+    wrong = {"all_reduce": int(not sums_to(comm.all_reduce(x), x))}
     y = x.clone()
     comm.all_reduce_(y)
-    wrong["all_reduce_"] = int(not close_enough(y, nccl_sum(x), x.dtype))
+    wrong["all_reduce_"] = int(not sums_to(y, x))
     gathered, ref = (torch.empty(world * x.numel(), device=device, dtype=x.dtype) for _ in range(2))
     comm.all_gather_into_tensor(gathered, x)
     dist.all_gather_into_tensor(ref, x)
     wrong["all_gather_into_tensor"] = int(not torch.equal(gathered, ref))
-    scattered, ref = (torch.empty(x.numel() // world, device=device, dtype=x.dtype) for _ in range(2))
+    scattered = torch.empty(x.numel() // world, device=device, dtype=x.dtype)
     comm.reduce_scatter_tensor(scattered, x)
-    dist.reduce_scatter_tensor(ref, x)
-    wrong["reduce_scatter_tensor"] = int(not close_enough(scattered, ref, x.dtype))
+    wrong["reduce_scatter_tensor"] = int(not sums_to(scattered, x, scatter=True))
     nbytes = x.numel() * x.element_size()
     plans = {c: getattr(comm.plan_for(c, nbytes if c != "allgather" else world * nbytes, x.dtype), "name", None)
              for c in ("allreduce", "allgather", "reducescatter")}
@@ -153,9 +151,8 @@ def scenario_graph(comm, log: LogLines, world, device) -> dict:
         x.copy_(torch.randn_like(x))
         odd.copy_(torch.randn_like(odd))
         graph.replay()
-        ref = nccl_sum(x)
-        wrong += not (close_enough(out, ref, x.dtype) and close_enough(twice, nccl_sum(ref), x.dtype))
-        unprepared_wrong += not close_enough(odd_out, nccl_sum(odd), odd.dtype)
+        wrong += not (sums_to(out, x) and sums_to(twice, out))
+        unprepared_wrong += not sums_to(odd_out, odd)
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     return {"plan": getattr(plan, "name", None), "replays": 100, "wrong": wrong,
             "unprepared_wrong": unprepared_wrong, "unprepared_logged": logged}
@@ -178,7 +175,7 @@ def scenario_no_plan(rank, world, device, log: LogLines, registry: Path, tmp: Pa
     comm = Communicator.from_process_group(registry=str(only_ll))
     x = torch.randn(2 << 20, device=device, dtype=torch.bfloat16)  # 4 MB
     before = len(log.lines)
-    wrong = sum(not close_enough(comm.all_reduce(x), nccl_sum(x), x.dtype) for _ in range(3))
+    wrong = sum(not sums_to(comm.all_reduce(x), x) for _ in range(3))
     logged = sum("runs on NCCL: no plan" in line for line in log.lines[before:])
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     comm.close()
@@ -197,7 +194,7 @@ def scenario_unshareable(comm, device) -> dict:
         refused = False
     except Exception:
         refused = True
-    wrong = sum(not close_enough(comm.all_reduce(x), nccl_sum(x), x.dtype) for _ in range(3))
+    wrong = sum(not sums_to(comm.all_reduce(x), x) for _ in range(3))
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     return {"export_refused": refused, "plan": getattr(plan, "name", None), "wrong": wrong}
 
@@ -225,7 +222,7 @@ def scenario_compile(comm, device) -> dict:
     for _ in range(5):
         h = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
         w = torch.randn(256, 256, device=device, dtype=torch.bfloat16) * 0.05
-        wrong += not close_enough(compiled(h, w), nccl_sum(h @ w) + h, h.dtype)
+        wrong += not sums_to(compiled(h, w), h @ w, residual=h)
     return {"ops_in_graph": sum("weft.all_reduce" in t for t in traced), "wrong": wrong}
 
 
@@ -272,7 +269,7 @@ def scenario_backend(comm, device) -> dict:
     for _ in range(20):
         x.copy_(torch.randn_like(x))
         graph.replay()
-        wrong += not close_enough(out, nccl_sum(x), x.dtype)
+        wrong += not sums_to(out, x)
     return {"should_use": should, "prepared_in_capture": prepared, "graph_wrong": wrong}
 
 
@@ -292,7 +289,7 @@ def scenario_residual(comm, device) -> dict:
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     eager = comm.all_reduce(x, residual=h)
     joined = comm.all_reduce(x) + h  # the same plan's sum, then torch's add
-    row = {"fused": comm.fuses(plan), "eager_wrong": int(not close_enough(eager, nccl_sum(x) + h, x.dtype)),
+    row = {"fused": comm.fuses(plan), "eager_wrong": int(not sums_to(eager, x, residual=h)),
            "eager_bitwise": bool(torch.equal(eager, joined))}
     for _ in range(3):
         comm.all_reduce(x, residual=h)  # warm-up: the size's context with a residual
@@ -307,7 +304,7 @@ def scenario_residual(comm, device) -> dict:
         x.copy_(torch.randn_like(x))
         h.copy_(shared(4, HIDDEN, seed=1000 + k))
         graph.replay()
-        wrong += not close_enough(out, nccl_sum(x) + h, x.dtype)
+        wrong += not sums_to(out, x, residual=h)
     torch.cuda.synchronize()
     row.update(graph_wrong=wrong, replays=100,
                graph_hash=hashlib.sha256(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest())
@@ -323,10 +320,9 @@ def scenario_residual(comm, device) -> dict:
         y.copy_(torch.randn_like(y))
         r.copy_(shared(6, HIDDEN, seed=2000 + k))
         graph.replay()
-        row["backend_graph_wrong"] += not close_enough(summed, nccl_sum(y) + r, y.dtype)
+        row["backend_graph_wrong"] += not sums_to(summed, y, residual=r)
     big, big_h = torch.randn(640, HIDDEN, device=device, dtype=torch.bfloat16), shared(640, HIDDEN, seed=9)
-    row["nccl_path_wrong"] = int(not close_enough(comm.all_reduce(big, residual=big_h), nccl_sum(big) + big_h,
-                                                  big.dtype))
+    row["nccl_path_wrong"] = int(not sums_to(comm.all_reduce(big, residual=big_h), big, residual=big_h))
     try:
         comm.all_reduce(x, residual=h[:2])
         row["bad_shape"] = ""

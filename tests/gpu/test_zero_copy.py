@@ -12,13 +12,12 @@ from __future__ import annotations
 import pytest
 from torch_job import (
     LogLines,
-    close_enough,
     each,
-    nccl_sum,
     registry_for,
     run_job,
     run_scenarios,
     start_rank,
+    sums_to,
 )
 
 HIDDEN = 8192
@@ -135,9 +134,9 @@ def scenario_ten_calls(comm, device) -> dict:
         y_in = torch.randn_like(y)
         y.copy_(y_in)
         graph.replay()
-        wrong["out_of_place"] += sum(not close_enough(o, nccl_sum(x), x.dtype) for x, o in zip(xs, outs))
-        wrong["view"] += not close_enough(view_out, nccl_sum(view), view.dtype)
-        wrong["in_place"] += not close_enough(y, nccl_sum(y_in), y.dtype)
+        wrong["out_of_place"] += sum(not sums_to(o, x) for x, o in zip(xs, outs))
+        wrong["view"] += not sums_to(view_out, view)
+        wrong["in_place"] += not sums_to(y, y_in)
     torch.cuda.synchronize()
     untouched = bool((sentinel_in == -7.0).all() and (sentinel_out == -7.0).all())
     plan = comm.plan_for("allreduce", n * 2, torch.bfloat16)
@@ -167,7 +166,7 @@ def scenario_misaligned(comm, log: LogLines, device) -> dict:
     for _ in range(20):
         x.normal_()
         graph.replay()
-        wrong += not close_enough(out, nccl_sum(x), x.dtype)
+        wrong += not sums_to(out, x)
     return {"paths": paths, "logged": logged, "wrong": wrong, "replays": 20}
 
 
@@ -194,7 +193,7 @@ def scenario_early_replay(comm, device) -> dict:
     for _ in range(10):
         x.normal_()
         graph.replay()
-        wrong += not close_enough(out, nccl_sum(x), x.dtype)
+        wrong += not sums_to(out, x)
     return {"raised": raised, "wrong_after": wrong}
 
 
@@ -246,7 +245,7 @@ def scenario_peer_buffers(rank, world, device) -> dict:
         graph.replay()
         torch.cuda.synchronize()
         for x, o in zip(xs, outs):
-            wrong += not close_enough(torch.from_dlpack(o), nccl_sum(torch.from_dlpack(x)), torch.float32)
+            wrong += not sums_to(torch.from_dlpack(o), torch.from_dlpack(x))
     comm.close()
     return {"plan": plan.name, "maps_peers": maps_peers, "bound": bound, "refused": refused,
             "export_refused": not _exportable(unshareable[1]), "replays": REPLAYS, "wrong": wrong}

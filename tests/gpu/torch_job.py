@@ -69,19 +69,20 @@ class LogLines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def close_enough(a, b, dtype) -> bool:
+def sums_to(out, x, residual=None, scatter: bool = False) -> bool:
+    """Whether ``out`` is NCCL's all-reduce (with ``scatter``, reduce-scatter) of every rank's ``x``, plus
+    ``residual``, up to the rounding two correct sums may differ by (``executor.gpu_bench.within_rounding``)."""
     import torch
-
-    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    return bool(((a.float() - b.float()).abs() <= tol * (b.float().abs() + 1.0)).all())
-
-
-def nccl_sum(x):
     import torch.distributed as dist
 
-    out = x.clone()
-    dist.all_reduce(out)
-    return out
+    from executor.gpu_bench import nccl_result, within_rounding
+
+    collective, world = ("reducescatter" if scatter else "allreduce"), dist.get_world_size()
+    ref, magnitude = nccl_result(collective, x, world), nccl_result(collective, x.float().abs(), world)
+    if residual is not None:
+        ref, magnitude = ref + residual, magnitude + residual.float().abs()
+    dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[x.dtype]
+    return within_rounding(out, ref, magnitude, dtype, world + (residual is not None))
 
 
 def start_rank(seed: int):

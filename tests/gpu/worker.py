@@ -20,11 +20,11 @@ import scenarios
 from executor.communicator import Communicator
 from executor.errors import ExecutorTimeout
 from executor.errors import ExecutorError
+from executor.gpu_bench import within_rounding
 from schedules.plan import load_plan, parse_plan
 from weft.units import parse_bytes
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}
 
 
 def nccl_reference(collective: str, x: torch.Tensor, world: int) -> torch.Tensor:
@@ -53,12 +53,19 @@ def input_elements(plan, nbytes: int, dtype: str, rank: int) -> int:
     return plan.gpus[rank].input_chunks * cb // torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str, combining: bool) -> tuple[bool, float]:
-    if not combining:
-        return bool(torch.equal(out, ref)), float((out.float() - ref.float()).abs().max()) if out.numel() else 0.0
-    diff = (out.float() - ref.float()).abs()
-    bound = TOLERANCE[dtype] * (ref.float().abs() + 1.0)
-    return bool((diff <= bound).all()), float(diff.max()) if diff.numel() else 0.0
+def compare(out: torch.Tensor, x: torch.Tensor, collective: str, dtype: str, world: int,
+            residual: torch.Tensor | None = None) -> tuple[bool, float]:
+    """Whether out is NCCL's result of the collective over every rank's x (plus the residual): bitwise for copies,
+    within rounding for sums; and the largest difference."""
+    ref = nccl_reference(collective, x, world)
+    diff = (out.float() - ref.float()).abs() if residual is None else (out.float() - (ref + residual).float()).abs()
+    err = float(diff.max()) if diff.numel() else 0.0
+    if collective not in ("allreduce", "reducescatter"):
+        return bool(torch.equal(out, ref)), err
+    magnitude = nccl_reference(collective, x.float().abs(), world)
+    if residual is not None:
+        ref, magnitude = ref + residual, magnitude + residual.float().abs()
+    return within_rounding(out, ref, magnitude, dtype, world + (residual is not None)), err
 
 
 def random_input(n: int, dtype: str, device) -> torch.Tensor:
@@ -71,10 +78,9 @@ def run_case(comm, case, rank, world, device) -> dict:
     plan = load_plan(Path(__file__).parent.parent / case.plan)
     nbytes = parse_bytes(case.size)
     x = random_input(input_elements(plan, nbytes, case.dtype, rank), case.dtype, device)
-    ref = nccl_reference(plan.collective, x, world)
     out = comm.execute(plan, x)
     comm.synchronize()
-    ok, err = compare(out, ref, case.dtype, plan.collective in ("allreduce", "reducescatter"))
+    ok, err = compare(out, x, plan.collective, case.dtype, world)
     return {"ok": ok, "max_err": err}
 
 
@@ -90,14 +96,14 @@ def run_residual(comm, case, rank, world, device, lines: bool) -> dict:
     fused = comm.execute(plan, x, lines=lines, residual=h).clone()
     joined = comm.execute(plan, x, lines=lines) + h
     comm.synchronize()
-    ok, err = compare(fused, nccl_reference("allreduce", x, world) + h, case.dtype, True)
+    ok, err = compare(fused, x, "allreduce", case.dtype, world, residual=h)
     return {"ok": ok and bool(torch.equal(fused, joined)), "bitwise": bool(torch.equal(fused, joined)),
             "max_err": err}
 
 
 def run_graph(comm, name, rank, world, device) -> dict:
     """Capture 10 executions on 10 buffer pairs in one CUDA graph; replay 100 times on fresh data."""
-    plan = load_plan(scenarios.PLANS / name)
+    plan = load_plan(scenarios.plans_dir(world) / name)
     nbytes = min(64 << 10, plan.max_message_size)
     n = input_elements(plan, nbytes, "bf16", rank)
     inputs = [random_input(n, "bf16", device) for _ in range(10)]
@@ -117,7 +123,7 @@ def run_graph(comm, name, rank, world, device) -> dict:
         graph.replay()
         comm.synchronize()
         for x, out in zip(inputs, outputs):
-            ok, _ = compare(out, nccl_reference(plan.collective, x, world), "bf16", plan.collective == "allreduce")
+            ok, _ = compare(out, x, plan.collective, "bf16", world)
             wrong += not ok
     return {"ok": wrong == 0, "wrong": wrong, "replays": 100, "executions": 10}
 
@@ -146,30 +152,29 @@ def run_timeout(store, rank, world, device) -> dict:
     except ExecutorTimeout as e:
         raised = {"message": str(e), "rank": e.rank, "threadblock": e.threadblock, "op": e.op, "peer": e.peer}
     elapsed = time.monotonic() - start
-    good = load_plan(scenarios.PLANS / "allreduce-direct-simple-x1.json")
+    good = load_plan(scenarios.plans_dir(world) / "allreduce-direct-simple-x1.json")
     x = random_input(1 << 16, "fp32", device)
     out = comm.execute(good, x)
     comm.synchronize()
-    ok, _ = compare(out, nccl_reference("allreduce", x, world), "fp32", True)
+    ok, _ = compare(out, x, "allreduce", "fp32", world)
     return {"raised": raised, "elapsed_s": elapsed, "timeout_s": 3.0, "next_ok": ok}
 
 
 def run_refusals(comm, rank, world, device) -> dict:
     results = {}
-    other = Path(__file__).parent / f"plans{2 * world}" / "allreduce-direct-simple-x1.json"
-    if other.exists():
-        try:
-            comm.execute(load_plan(other), random_input(1024, "fp32", device))
-            results["world_size"] = None
-        except ExecutorError as e:
-            results["world_size"] = str(e)
-    ll = load_plan(scenarios.PLANS / "allreduce-direct-ll-x1.json")
+    other = scenarios.plans_dir(4 if world == 2 else 2) / "allreduce-direct-simple-x1.json"
+    try:  # a plan for more ranks than the communicator has, and one for fewer
+        comm.execute(load_plan(other), random_input(1024, "fp32", device))
+        results["world_size"] = None
+    except ExecutorError as e:
+        results["world_size"] = str(e)
+    ll = load_plan(scenarios.plans_dir(world) / "allreduce-direct-ll-x1.json")
     try:
         comm.execute(ll, random_input(2 << 20, "fp32", device))
         results["size"] = None
     except ExecutorError as e:
         results["size"] = str(e)
-    doc = load_plan(scenarios.PLANS / "allreduce-direct-simple-x1.json").content()
+    doc = load_plan(scenarios.plans_dir(world) / "allreduce-direct-simple-x1.json").content()
     doc["weft"] = {"dtypes": ["fp32"]}
     try:
         comm.execute(parse_plan(doc, "fp32-only"), random_input(1024, "bf16", device))

@@ -225,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from executor.errors import WrongResult
-    from executor.gpu_bench import TORCH_DTYPES, matches, nccl_result
+    from executor.gpu_bench import TORCH_DTYPES, matches, nccl_result, sum_magnitude
 
     comm, rank, world = _init_rank(args)
     try:
@@ -248,7 +248,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.check:
             out = comm.execute(plan, x)
             comm.synchronize()
-            ok = matches(plan.collective, out, nccl_result(plan.collective, x, world), args.dtype)
+            ok = matches(plan.collective, out, nccl_result(plan.collective, x, world), args.dtype,
+                         sum_magnitude(plan.collective, x, world), world)
         oks = [None] * world
         dist.all_gather_object(oks, ok)
         if rank == 0:
