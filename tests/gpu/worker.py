@@ -203,28 +203,41 @@ def main() -> None:
     comm = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
     store = dist.distributed_c10d._get_default_store()
     results: dict = {"cases": {}, "graph": {}}
+    began = time.monotonic()
+
+    def section(name: str) -> None:  # progress on rank 0, so that a job cut off by a timeout shows where it was
+        if rank == 0:
+            print(f"worker: {name} at {time.monotonic() - began:.0f} s", flush=True)
+
+    section("cases")
     for case in scenarios.correctness_cases(world):
         results["cases"][case.id] = r = recorded(lambda: run_case(comm, case, rank, world, device))
         if not r["ok"]:
             print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
     lines = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
+    section("lines")
     for case in scenarios.line_cases(world):
         results["lines"][case.id] = recorded(lambda: run_case(lines, case, rank, world, device))
     for name in scenarios.LINE_GRAPH_PLANS:
         results["lines_graph"][name] = recorded(lambda: run_graph(lines, name, rank, world, device))
     results["residual"] = {}
+    section("residual")
     for run_id, case, lined in scenarios.residual_cases(world):
         executor = lines if lined else comm
         results["residual"][run_id] = recorded(lambda: run_residual(executor, case, rank, world, device, lined))
     lines.close()
+    section("graph")
     for name in scenarios.GRAPH_PLANS:
         results["graph"][name] = recorded(lambda: run_graph(comm, name, rank, world, device))
+    section("refusals")
     results["refusals"] = run_refusals(comm, rank, world, device)
+    section("timeout")
     results["timeout"] = recorded(lambda: run_timeout(store, rank, world, device))
     print(f"rank {rank}: graph {json.dumps(results['graph'])[:1500]}", flush=True)
     print(f"rank {rank}: refusals {results['refusals']}; timeout {results['timeout']}", flush=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    section("done")
     dist.destroy_process_group()
 
 
