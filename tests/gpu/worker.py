@@ -184,12 +184,18 @@ def run_refusals(comm, rank, world, device) -> dict:
     return results
 
 
-def recorded(run) -> dict:
-    """``run()``'s result, or the error it raised as a failed result, so that one failure does not hide the others."""
+def recorded(run, label: str = "") -> dict:
+    """``run()``'s result, or the error it raised as a failed result, so that one failure does not hide the others;
+    a case that takes over 2 s says so (with its error, if any), as it happens."""
+    start = time.monotonic()
     try:
-        return run()
+        result = run()
     except Exception as e:
-        return {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    if time.monotonic() - start > 2.0:
+        print(f"worker rank {os.environ.get('RANK')}: {label} took {time.monotonic() - start:.1f} s "
+              f"{result.get('error', '')[:300]}", flush=True)
+    return result
 
 
 def main() -> None:
@@ -211,25 +217,25 @@ def main() -> None:
 
     section("cases")
     for case in scenarios.correctness_cases(world):
-        results["cases"][case.id] = r = recorded(lambda: run_case(comm, case, rank, world, device))
+        results["cases"][case.id] = r = recorded(lambda: run_case(comm, case, rank, world, device), case.id)
         if not r["ok"]:
             print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
     lines = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
     for case in scenarios.line_cases(world):
-        results["lines"][case.id] = recorded(lambda: run_case(lines, case, rank, world, device))
+        results["lines"][case.id] = recorded(lambda: run_case(lines, case, rank, world, device), case.id + "+ll128")
     for name in scenarios.LINE_GRAPH_PLANS:
-        results["lines_graph"][name] = recorded(lambda: run_graph(lines, name, rank, world, device))
+        results["lines_graph"][name] = recorded(lambda: run_graph(lines, name, rank, world, device), name + "+ll128")
     results["residual"] = {}
     section("residual")
     for run_id, case, lined in scenarios.residual_cases(world):
         executor = lines if lined else comm
-        results["residual"][run_id] = recorded(lambda: run_residual(executor, case, rank, world, device, lined))
+        results["residual"][run_id] = recorded(lambda: run_residual(executor, case, rank, world, device, lined), run_id)
     lines.close()
     section("graph")
     for name in scenarios.GRAPH_PLANS:
-        results["graph"][name] = recorded(lambda: run_graph(comm, name, rank, world, device))
+        results["graph"][name] = recorded(lambda: run_graph(comm, name, rank, world, device), name)
     section("refusals")
     results["refusals"] = run_refusals(comm, rank, world, device)
     section("timeout")
