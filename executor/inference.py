@@ -259,7 +259,7 @@ class Communicator(PlanCommunicator):
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         plan = self.plan_for(collective, nbytes, tensor.dtype)
         if plan is None:
-            self._fallback(collective, nbytes, tensor.dtype, "no plan" if self.enabled else "weft disabled")
+            self._fallback(collective, nbytes, tensor.dtype, self._no_plan_reason(collective, nbytes, tensor.dtype))
         elif torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype, residual):
             self._fallback(collective, nbytes, tensor.dtype, "first seen inside graph capture; warm up or "
                                                              "use capture(sizes=...) before capturing")
@@ -314,6 +314,13 @@ class Communicator(PlanCommunicator):
             views = (self._staging_in[:numel * size].view(dtype), self._staging_out[:out_numel * size].view(dtype))
             self._staged_views[key] = views
         return views
+
+    def _no_plan_reason(self, collective: str, nbytes: int, dtype: torch.dtype) -> str:
+        if not self.enabled:
+            return "weft disabled"
+        if dtype not in DTYPES or nbytes > self.staging_bytes:
+            return "no plan"
+        return self.choice.reason(collective, nbytes, DTYPES[dtype]) or "no plan"
 
     def _fallback(self, collective: str, nbytes: int, dtype: torch.dtype, why: str, path: str = "on NCCL") -> None:
         size_class = (collective, nbytes.bit_length(), dtype, why)

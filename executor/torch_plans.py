@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from schedules.plan import Plan
-from schedules.registry import Entry, Registry
+from schedules.registry import Entry, Registry, nccl_faster, nccl_reason
 
 # Solvers whose plans reduce every element once, on one rank, and copy the sum to the others (or reduce along
 # one fixed chain): every rank ends with the same bits. A one-shot ("direct") plan sums on every rank in that
@@ -60,12 +60,15 @@ class PlanChoice:
     deterministic: bool = False
     ll128: bool = False  # the executor can move LL packets as LL128 lines: their measured times count too
     entries: list[Entry] = field(init=False)
+    nccl_us: dict[str, dict[int, float]] = field(init=False)  # NCCL's measured times here, per collective
     _chosen: dict[tuple[str, int, str], tuple[Plan, bool] | None] = field(init=False, default_factory=dict)
+    _reasons: dict[tuple[str, int, str], str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.entries = [e for e in self.registry.entries(topology=self.topology)
                         if e.key.nranks == self.nranks and safe_back_to_back(e.plan)
                         and (not self.deterministic or fixed_reduction_order(e.plan))]
+        self.nccl_us = {c: self.registry.nccl_times(self.topology, c) for c in {e.key.collective for e in self.entries}}
 
     def plan(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
         chosen = self.choose(collective, nbytes, dtype)
@@ -83,10 +86,15 @@ class PlanChoice:
             self._chosen[key] = self._best(collective, nbytes, dtype)
         return self._chosen[key]
 
+    def reason(self, collective: str, nbytes: int, dtype: str) -> str:
+        """Why ``choose`` gives None for this call (no plan fits, or NCCL measured faster), else ''."""
+        return "" if self.choose(collective, nbytes, dtype) else self._reasons[(collective, nbytes, dtype)]
+
     def _best(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, bool] | None:
         fits = [e for e in self.entries if e.key.collective == collective and e.key.covers(nbytes)
                 and e.plan.accepts(nbytes) and (not e.dtypes or dtype in e.dtypes)]
         if not fits:
+            self._reasons[(collective, nbytes, dtype)] = "no plan"
             return None
         # As in Registry.select, measurements beat predictions: where any candidate was measured, only measured
         # ones compete. The cost model does not price the protocol, so among equal predictions LL (no flag round
@@ -94,4 +102,9 @@ class PlanChoice:
         fits = [e for e in fits if e.measured(self.ll128)] or fits
         best = min(fits, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL",
                                         e.id))
-        return best.plan, best.estimate(nbytes, self.ll128)[2]
+        basis, time_us, lines = best.estimate(nbytes, self.ll128)
+        nccl = nccl_faster(self.nccl_us.get(collective, {}), nbytes, basis, time_us)
+        if nccl is not None:
+            self._reasons[(collective, nbytes, dtype)] = nccl_reason(collective, nbytes, nccl, best.plan.name, time_us)
+            return None
+        return best.plan, lines

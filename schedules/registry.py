@@ -4,6 +4,8 @@ Layout (a local directory or any fsspec URL)::
 
     <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself (pretty, sorted keys)
     <root>/index.json          a summary of every entry, rebuildable from entries/ at any time
+    <root>/baselines.json      NCCL's measured times per topology, collective and size (``weft bench --record``):
+                               where NCCL measured faster than the best measured plan, selection picks NCCL
 
 Commits are atomic (write a temporary file, then rename) and serialized by a file lock, so concurrent
 writers never lose or tear an entry. Only plans whose verification record says they passed the reference
@@ -35,6 +37,7 @@ from topologies.errors import CheckFailed, WeftError
 
 ENTRY_FORMAT = "weft.registry-entry/1"
 INDEX_FORMAT = "weft.registry-index/1"
+BASELINES_FORMAT = "weft.registry-baselines/1"
 UNBOUNDED = 0  # max_bytes of 0: no upper limit (MSCCL++'s convention for max_message_size)
 log = logging.getLogger("weft.registry")
 
@@ -143,6 +146,17 @@ def _interpolate(table: dict[int, float], nbytes: int) -> float:
     return points[-1][1]
 
 
+def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: float | None) -> float | None:
+    """NCCL's time at ``nbytes`` where it was measured faster than a plan's measured ``time_us``, else None.
+
+    Only inside the sizes NCCL was measured at (interpolated between them), and only against a measurement: a
+    prediction is not comparable with a time on the machine."""
+    if basis != "measured" or time_us is None or not nccl_us or not min(nccl_us) <= nbytes <= max(nccl_us):
+        return None
+    nccl = _interpolate(nccl_us, nbytes)
+    return nccl if nccl < time_us else None
+
+
 def default_location() -> str:
     """``$WEFT_REGISTRY``, otherwise the user data directory."""
     env = os.environ.get("WEFT_REGISTRY")
@@ -239,6 +253,23 @@ class Registry:
         return [e for e in found if (topology is None or e.key.topology == topology)
                 and (collective is None or e.key.collective == collective)]
 
+    def baselines(self) -> dict:
+        """baselines.json: {"format", "nccl_us": {topology: {collective: {bytes: µs}}}} (empty if none yet)."""
+        path = self._path("baselines.json")
+        if not self.fs.exists(path):
+            return {"format": BASELINES_FORMAT, "nccl_us": {}}
+        try:
+            with self.fs.open(path, "r") as f:
+                doc = json.load(f)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RegistryError(f"registry {path}: unreadable: {e}") from None
+        return parse_baselines(doc, path)
+
+    def nccl_times(self, topology: str, collective: str) -> dict[int, float]:
+        """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them."""
+        table = self.baselines()["nccl_us"].get(topology, {}).get(collective, {})
+        return {int(k): float(v) for k, v in table.items()}
+
     def get(self, id: str) -> Entry:
         path = self.entry_path(id)
         if not self.fs.exists(path):
@@ -293,6 +324,15 @@ class Registry:
             self._update_index(add=entry)
         return entry
 
+    def record_nccl(self, topology: str, collective: str, times_us: dict[int, float]) -> None:
+        """Store NCCL's measured times (bytes -> µs) on ``topology``, measured in the same job as the plans' times,
+        so that selection runs NCCL where it measured faster than every plan."""
+        with self._locked():
+            doc = self.baselines()
+            table = doc["nccl_us"].setdefault(topology, {}).setdefault(collective, {})
+            table.update({str(int(k)): float(v) for k, v in times_us.items()})
+            self._write_atomic(self._path("baselines.json"), dumps(doc))
+
     def remove(self, id: str) -> None:
         with self._locked():
             path = self.entry_path(id)
@@ -341,6 +381,9 @@ class Registry:
         scored = sorted(measured or candidates, key=lambda e: (e.estimate_us(nbytes, ll128)[1] or math.inf, e.id))
         best = scored[0]
         basis, t, lines = best.estimate(nbytes, ll128)
+        nccl = nccl_faster(self.nccl_times(topology, collective), nbytes, basis, t)
+        if nccl is not None:
+            return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, best.plan.name, t), tuple(bad))
         return Selection(best, basis, t, "", tuple(bad), lines)
 
 
@@ -350,6 +393,32 @@ def _rename(fs: Any, src: str, dst: str) -> None:
         os.replace(src, dst)
     else:
         fs.mv(src, dst)
+
+
+def nccl_reason(collective: str, nbytes: int, nccl_us: float, plan: str, time_us: float | None) -> str:
+    return (f"NCCL measured faster for {collective} at {nbytes} bytes ({nccl_us:.1f} µs against {time_us:.1f} µs "
+            f"for the fastest plan, {plan})")
+
+
+def parse_baselines(doc: object, source: str) -> dict:
+    """A baselines.json document, checked: one line naming the file and field where it is malformed."""
+    if not isinstance(doc, dict) or doc.get("format") != BASELINES_FORMAT:
+        raise RegistryError(f"registry {source}: format: must be {BASELINES_FORMAT!r}")
+    tables = doc.get("nccl_us")
+    if not isinstance(tables, dict):
+        raise RegistryError(f"registry {source}: nccl_us: must be an object of topologies")
+    for topology, collectives in tables.items():
+        if not isinstance(collectives, dict):
+            raise RegistryError(f"registry {source}: nccl_us.{topology}: must be an object of collectives")
+        for collective, times in collectives.items():
+            where = f"nccl_us.{topology}.{collective}"
+            if not isinstance(times, dict):
+                raise RegistryError(f"registry {source}: {where}: must map sizes in bytes to µs")
+            for size, us in times.items():
+                if not str(size).isdigit() or isinstance(us, bool) or not isinstance(us, (int, float)) or us <= 0:
+                    raise RegistryError(f"registry {source}: {where}.{size}: must be a size in bytes mapped to a "
+                                        f"positive time in µs, got {us!r}")
+    return doc
 
 
 def parse_entry(doc: object, source: str) -> Entry:

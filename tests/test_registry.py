@@ -182,12 +182,13 @@ def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
 
     reg = Registry(tmp_path)
     a, b = commit(reg, "a", protocol="LL"), commit(reg, "b", protocol="LL")
-    rows = [{"size": 1024, "wrong": 0, "plan_hash": a.plan.content_hash, "weft_us": 5.0,
+    rows = [{"size": 1024, "wrong": 0, "plan_hash": a.plan.content_hash, "weft_us": 5.0, "nccl_us": 11.0,
              "plans_us": {a.plan.content_hash: 5.0, b.plan.content_hash: 7.0, "not-in-registry": 1.0}},
-            {"size": 4096, "wrong": 1, "plan_hash": b.plan.content_hash, "weft_us": 6.0,
+            {"size": 4096, "wrong": 1, "plan_hash": b.plan.content_hash, "weft_us": 6.0, "nccl_us": 12.0,
              "plans_us": {a.plan.content_hash: 9.0, b.plan.content_hash: 6.0}}]
     _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
     assert reg.get(a.id).measured_us == {1024: 5.0} and reg.get(b.id).measured_us == {1024: 7.0}
+    assert reg.nccl_times(TOPO, "allgather") == {1024: 11.0}  # NCCL's time too, from the sizes recorded
     assert reg.select(TOPO, "allgather", 1024).entry.id == a.id
     # a bench that also timed LL128 lines records those apart: plain selections do not see them
     rows[0]["plans_ll128_us"] = {a.plan.content_hash: 9.0, b.plan.content_hash: 3.0}

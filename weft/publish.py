@@ -104,3 +104,43 @@ def import_directory(directory: str, location: str | None) -> list[Entry]:
         else:
             entries.append(commit(load_plan(f), None, location))
     return entries
+
+
+def record_bench(registry: Registry, collective: str, rows: list[dict]) -> int:
+    """A bench job's times into ``registry``: each plan's into its entry (times with LL128 lines apart), and
+    NCCL's, measured in the same job, per topology of the plans timed. A size whose fastest plan gave a wrong
+    result records nothing. Returns how many plan times were stored."""
+    entries = {e.plan.content_hash: e for e in registry.entries(collective=collective)}
+    nccl: dict[str, dict[int, float]] = {}
+    stored = 0
+    for row in rows:
+        if row["wrong"]:
+            continue
+        plain = row.get("plans_us", {} if row.get("lines") else {row["plan_hash"]: row["weft_us"]})
+        lined = row.get("plans_ll128_us", {})
+        for times, ll128 in ((plain, False), (lined, True)):
+            for plan_hash, us in times.items():
+                if plan_hash in entries:
+                    registry.record_timing(entries[plan_hash].id, row["size"], us, ll128=ll128)
+                    nccl.setdefault(entries[plan_hash].key.topology, {})[row["size"]] = row["nccl_us"]
+                    stored += 1
+    for topology, times in sorted(nccl.items()):
+        registry.record_nccl(topology, collective, times)
+    return stored
+
+
+def record_bench_file(path: str, location: str | None) -> tuple[int, int]:
+    """``record_bench`` from a results file that ``weft bench`` wrote: (plan times stored, sizes in the file)."""
+    doc = read_json(Path(path), "registry record", RegistryError)
+    if not isinstance(doc, dict):
+        raise RegistryError(f"registry record {path}: must be an object, as `weft bench` writes its results")
+    collective, rows = doc.get("collective"), doc.get("rows")
+    if not isinstance(collective, str) or not collective:
+        raise RegistryError(f"registry record {path}: collective: missing; is this a `weft bench` results file?")
+    if not isinstance(rows, list):
+        raise RegistryError(f"registry record {path}: rows: must be a list of sizes")
+    for i, row in enumerate(rows):
+        for field, kind in (("size", int), ("nccl_us", (int, float)), ("wrong", int), ("plans_us", dict)):
+            if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
+                raise RegistryError(f"registry record {path}: rows[{i}].{field}: missing or malformed")
+    return record_bench(Registry(location), collective, rows), len(rows)

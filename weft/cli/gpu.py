@@ -324,23 +324,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
-    """Every plan's measured time into its registry entry, so `select` compares measurements, not predictions.
-
-    Times measured with LL128 lines go apart (``measured_ll128_us``). A size whose fastest plan gave a wrong
-    result records nothing."""
+    """Every plan's measured time into its registry entry, so `select` compares measurements, not predictions,
+    and NCCL's, so that selection runs NCCL where it measured faster (``publish.record_bench``)."""
     from schedules.registry import Registry
+    from weft import publish
 
-    registry = Registry(args.registry)
-    ids = {e.plan.content_hash: e.id for e in registry.entries(collective=args.collective)}
-    for row in rows:
-        if row["wrong"]:
-            continue
-        plain = row.get("plans_us", {} if row.get("lines") else {row["plan_hash"]: row["weft_us"]})
-        lined = row.get("plans_ll128_us", {})
-        for times, ll128 in ((plain, False), (lined, True)):
-            for plan_hash, us in times.items():
-                if plan_hash in ids:
-                    registry.record_timing(ids[plan_hash], row["size"], us, ll128=ll128)
+    publish.record_bench(Registry(args.registry), args.collective, rows)
 
 
 def _progress(line: str) -> None:

@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("directory")
     q = cmd("import", "verify and commit every plan file in a directory", _import)
     q.add_argument("directory")
+    q = cmd("record", "store the times of `weft bench` results files: each plan's, and NCCL's (selection then runs "
+                      "NCCL where it measured faster than every plan)", _record)
+    q.add_argument("results", nargs="+", help="JSON written by `weft bench` (bench/results/...)")
     cmd("rebuild-index", "rebuild index.json from the entry files", _rebuild)
 
 
@@ -162,6 +165,16 @@ def _import(args: argparse.Namespace) -> int:
 
     entries = publish.import_directory(args.directory, args.registry)
     print(f"imported {len(entries)} entries into {publish.registry_location(args.registry)}")
+    return 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    from weft import publish
+
+    for path in args.results:
+        stored, sizes = publish.record_bench_file(path, args.registry)
+        print(f"{path}: {stored} plan times and NCCL's at {sizes} sizes recorded into "
+              f"{publish.registry_location(args.registry)}")
     return 0
 
 
