@@ -7,7 +7,11 @@
 A launch is asynchronous. A GPU-side timeout fills a host-mapped error record; the next ``execute`` or
 ``synchronize`` raises ExecutorTimeout on this rank, after resetting every rank's semaphores and scratch
 together, so the next execution works. Contexts (device tables, scratch, peer buffer mappings) are cached by
-(plan, size, buffers); creating one is collective, so every rank must execute the same plans in the same order.
+(plan, size, buffer addresses); creating one is collective, so every rank must execute the same plans in the same
+order, on buffers whose addresses recur alike: a rank that finds a context for an address its peers see as new
+skips their exchange, and the job stops with a timeout naming the exchange. Fresh tensors from the caching
+allocator recur alike in SPMD code; allocations that depend on a rank's data (``x[mask]``) can break that, so
+inference jobs use ``executor.inference.Communicator``, whose eager calls go through fixed staging buffers.
 
 CUDA graphs without copies: inside ``capture()``, ``execute_captured`` runs a plan on buffers that have no
 context of their own, against the context an eager ``execute`` made for the same plan, size and dtype, through a

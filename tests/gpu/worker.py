@@ -70,7 +70,9 @@ def compare(out: torch.Tensor, x: torch.Tensor, collective: str, dtype: str, wor
 
 def random_input(n: int, dtype: str, device) -> torch.Tensor:
     x = torch.randn(n, device=device, dtype=torch.float32)
-    x[x == 0] = 1.0  # non-zero data everywhere
+    # non-zero data everywhere, without x[x == 0] = 1.0: that allocates an index tensor only on a rank whose data
+    # holds a zero, and executor contexts are cached by buffer address, which must then recur alike on every rank
+    x = torch.where(x == 0, 1.0, x)
     return x.to(TORCH_DTYPES[dtype])
 
 
