@@ -200,6 +200,9 @@ def recorded(run, label: str = "") -> dict:
     return result
 
 
+OUT_OF_STEP = "bootstrap exchange"  # in a rank's error once the ranks no longer meet at the same exchange
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -213,31 +216,44 @@ def main() -> None:
     results: dict = {"cases": {}, "graph": {}}
     began = time.monotonic()
 
+    out_of_step = ""
+
     def section(name: str) -> None:  # progress on rank 0, so that a job cut off by a timeout shows where it was
         if rank == 0:
             print(f"worker: {name} at {time.monotonic() - began:.0f} s", flush=True)
 
+    def attempt(label: str, run) -> dict:
+        """``recorded(run)``; once the ranks have fallen out of step (a rank met an exchange its peers did not),
+        a failed result naming where, without running: every later collective would only wait out its timeout."""
+        nonlocal out_of_step
+        if out_of_step:
+            return {"ok": False, "error": f"not run: the ranks fell out of step earlier, at {out_of_step}"}
+        result = recorded(run, label)
+        if OUT_OF_STEP in result.get("error", ""):
+            out_of_step = f"{label} ({result['error'][:300]})"
+        return result
+
     section("cases")
     for case in scenarios.correctness_cases(world):
-        results["cases"][case.id] = r = recorded(lambda: run_case(comm, case, rank, world, device), case.id)
+        results["cases"][case.id] = r = attempt(case.id, lambda: run_case(comm, case, rank, world, device))
         if not r["ok"]:
             print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
     lines = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
     for case in scenarios.line_cases(world):
-        results["lines"][case.id] = recorded(lambda: run_case(lines, case, rank, world, device), case.id + "+ll128")
+        results["lines"][case.id] = attempt(case.id + "+ll128", lambda: run_case(lines, case, rank, world, device))
     for name in scenarios.LINE_GRAPH_PLANS:
-        results["lines_graph"][name] = recorded(lambda: run_graph(lines, name, rank, world, device), name + "+ll128")
+        results["lines_graph"][name] = attempt(name + "+ll128", lambda: run_graph(lines, name, rank, world, device))
     results["residual"] = {}
     section("residual")
     for run_id, case, lined in scenarios.residual_cases(world):
         executor = lines if lined else comm
-        results["residual"][run_id] = recorded(lambda: run_residual(executor, case, rank, world, device, lined), run_id)
+        results["residual"][run_id] = attempt(run_id, lambda: run_residual(executor, case, rank, world, device, lined))
     lines.close()
     section("graph")
     for name in scenarios.GRAPH_PLANS:
-        results["graph"][name] = recorded(lambda: run_graph(comm, name, rank, world, device), name)
+        results["graph"][name] = attempt(name, lambda: run_graph(comm, name, rank, world, device))
     section("refusals")
     results["refusals"] = run_refusals(comm, rank, world, device)
     section("timeout")
