@@ -79,6 +79,18 @@ def test_a_dry_run_commits_nothing(tmp_path, capsys):
     assert "nothing committed" in out and not Registry(str(reg)).entries()
 
 
+def test_a_variant_that_accepts_no_power_of_two_size_is_flagged(tmp_path, capsys):
+    """x3 splits messages into chunk counts with a factor 3: no 1 KB–1 GB power of two fits, so say so."""
+    assert main(["tune", "allgather", "-t", TOPO, "--instances", "2,3", "--threads", "512", "--protocols", "simple",
+                 "--registry", str(tmp_path / "reg"), "--dry-run", "--json"]) == 0
+    rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
+    assert rows["simple-x2-t512"]["powers_of_two"] and not rows["simple-x3-t512"]["powers_of_two"]
+    assert main(["tune", "allgather", "-t", TOPO, "--instances", "3", "--threads", "512", "--protocols", "simple",
+                 "--registry", str(tmp_path / "reg"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "simple-x3-t512" in out and "warning: it accepts no power-of-two size" in out
+
+
 @pytest.mark.parametrize("argv,field", [(["--threads", "100"], "--threads"), (["--instances", "a,b"], "--instances"),
                                         (["--protocols", "xl"], "--protocols"), (["--method", "nope"], "method")])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, field):

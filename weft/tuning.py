@@ -84,6 +84,12 @@ class Outcome:
     def threadblocks(self) -> int:
         return max(len(g.threadblocks) for g in self.plan.gpus) if self.plan else 0
 
+    @property
+    def powers_of_two(self) -> bool:
+        """Whether the plan accepts any power-of-two size from 1 KB to 1 GB (an instance count with an odd factor,
+        such as 24, splits messages into chunks that only odd multiples fill)."""
+        return bool(self.plan) and any(self.plan.accepts(1 << k) for k in range(10, 31))
+
 
 def grid(options: TuneOptions) -> list[Variant]:
     pulls = {"ll": (False,), "simple": (False, True) if options.pull else (False,)}

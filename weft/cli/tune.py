@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         progress = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))
         for o in compile_variants(schedule, topology, options, progress):
             row = {"schedule": schedule.name, "variant": o.variant.label, "plan": o.plan.name if o.plan else None,
-                   "threadblocks": o.threadblocks, "skipped": o.skipped}
+                   "threadblocks": o.threadblocks, "skipped": o.skipped, "powers_of_two": o.powers_of_two}
             if o.plan and not args.dry_run:
                 row["registry_entry"] = publish.commit(o.plan, topology, args.registry, schedule=schedule).id
                 if args.output:
@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             n = r["threadblocks"]
             what = f"{r['plan']} ({n} thread block{'' if n == 1 else 's'})" if r["plan"] else "skipped: " + r["skipped"]
+            if r["plan"] and not r["powers_of_two"]:
+                what += "; warning: it accepts no power-of-two size (1 KB to 1 GB), so benches of those sizes skip it"
             print(f"{r['variant']:<14} {what}" + (f" -> {r['registry_entry']}" if r.get("registry_entry") else ""))
         where = "checked, nothing committed (--dry-run)" if args.dry_run else \
             f"committed to {publish.registry_location(args.registry)}"
