@@ -91,7 +91,18 @@ def test_a_variant_that_accepts_no_power_of_two_size_is_flagged(tmp_path, capsys
     assert "simple-x3-t512" in out and "warning: it accepts no power-of-two size" in out
 
 
-@pytest.mark.parametrize("argv,field", [(["--threads", "100"], "--threads"), (["--instances", "a,b"], "--instances"),
+def test_simple_variants_can_be_pipelined(tmp_path, capsys):
+    """--pipeline 1,2: each Simple variant also cut into two sub-pieces per instance, proven like the others; LL
+    variants carry no pipeline."""
+    assert main(["tune", "allreduce", "-t", TOPO, "--method", "twoshot", "--instances", "4", "--threads", "512",
+                 "--pipeline", "1,2", "--registry", str(tmp_path / "reg"), "--dry-run", "--json"]) == 0
+    rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
+    assert set(rows) == {"ll-x4-t512", "simple-x4-t512", "simple-x4-p2-t512"}
+    assert "-p2" in rows["simple-x4-p2-t512"]["plan"] and "-p2" not in rows["simple-x4-t512"]["plan"]
+
+
+@pytest.mark.parametrize("argv,field", [(["--pipeline", "0"], "--pipeline"), (["--threads", "100"], "--threads"),
+                                        (["--instances", "a,b"], "--instances"),
                                         (["--protocols", "xl"], "--protocols"), (["--method", "nope"], "method")])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, field):
     assert main(["tune", "allreduce", "-t", TOPO, "--registry", str(tmp_path / "r"), *argv]) == 2

@@ -9,6 +9,8 @@ fastest measured plan for each size.
 
 >>> [v.label for v in grid(TuneOptions(instances=(1, 8), threads=(1024,), protocols=("ll",)))]
 ['ll-x1', 'll-x8']
+>>> [v.label for v in grid(TuneOptions(instances=(16,), threads=(512,), protocols=("simple",), pipelines=(1, 2)))]
+['simple-x16-t512', 'simple-x16-p2-t512']
 >>> resident_capacity(256, sms=132)
 528
 """
@@ -44,12 +46,15 @@ class TuneOptions:
     sms: int = 132  # H100 and H200 (SXM)
     pull: bool = False  # also Simple variants that read peers' inputs (``codegen.lower``)
     ll_max_bytes: int = LL_MAX_BYTES  # the largest message LL variants accept (higher for LL128 lines)
+    pipelines: tuple[int, ...] = (1,)  # Simple variants' pipeline depths (``codegen.replicate.pipeline``)
 
     def __post_init__(self) -> None:
         if not self.instances or any(not isinstance(i, int) or i < 1 for i in self.instances):
             raise TuneError(f"--instances: positive integers, got {list(self.instances)}")
         if not self.threads or any(not isinstance(t, int) or t % 32 or not 32 <= t <= 1024 for t in self.threads):
             raise TuneError(f"--threads: multiples of 32 from 32 to 1024, got {list(self.threads)}")
+        if not self.pipelines or any(not isinstance(d, int) or d < 1 for d in self.pipelines):
+            raise TuneError(f"--pipeline: positive integers, got {list(self.pipelines)}")
         bad = [p for p in self.protocols if p not in PROTOCOLS]
         if not self.protocols or bad:
             raise TuneError(f"--protocols: choose from {', '.join(PROTOCOLS)}, got {list(self.protocols)}")
@@ -65,11 +70,12 @@ class Variant:
     instances: int
     threads: int
     pull: bool = False
+    pipeline: int = 1
 
     @property
     def label(self) -> str:
-        return (f"{self.protocol}-x{self.instances}" + (f"-t{self.threads}" if self.threads != 1024 else "")
-                + ("-pull" if self.pull else ""))
+        return (f"{self.protocol}-x{self.instances}" + (f"-p{self.pipeline}" if self.pipeline > 1 else "")
+                + (f"-t{self.threads}" if self.threads != 1024 else "") + ("-pull" if self.pull else ""))
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,8 @@ class Outcome:
 
 def grid(options: TuneOptions) -> list[Variant]:
     pulls = {"ll": (False,), "simple": (False, True) if options.pull else (False,)}
-    return [Variant(p, i, t, pull) for p in options.protocols for pull in pulls[p]
+    depths = {"ll": (1,), "simple": tuple(sorted(set(options.pipelines)))}  # LL packets carry no pipeline
+    return [Variant(p, i, t, pull, d) for p in options.protocols for pull in pulls[p] for d in depths[p]
             for i in sorted(set(options.instances)) for t in sorted(set(options.threads))]
 
 
@@ -130,7 +137,7 @@ def compile_variants(schedule: Schedule, topology: Topology, options: TuneOption
 def _best_scratch(schedule: Schedule, topology: Topology, v: Variant, compile_and_verify,
                   ll_max_bytes: int = LL_MAX_BYTES) -> Plan:
     """The variant's plan; a Simple plan alternates scratch halves where that spares waits (an entry handshake)."""
-    options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads}
+    options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads, "pipeline": v.pipeline}
     if v.protocol == "ll":
         return compile_and_verify(schedule, topology, ll_max_bytes=ll_max_bytes, **options)
     if v.pull:  # reads peers' inputs: no scratch to alternate
