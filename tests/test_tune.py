@@ -93,7 +93,7 @@ def test_a_variant_that_accepts_no_power_of_two_size_is_flagged(tmp_path, capsys
 
 def test_simple_variants_can_be_pipelined(tmp_path, capsys):
     """--pipeline 1,2: each Simple variant also cut into two sub-pieces per instance, proven like the others; LL
-    variants carry no pipeline."""
+    variants stay as they are (their packets already flow behind per-packet flags)."""
     assert main(["tune", "allreduce", "-t", TOPO, "--method", "twoshot", "--instances", "4", "--threads", "512",
                  "--pipeline", "1,2", "--registry", str(tmp_path / "reg"), "--dry-run", "--json"]) == 0
     rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}

@@ -99,7 +99,8 @@ class Outcome:
 
 def grid(options: TuneOptions) -> list[Variant]:
     pulls = {"ll": (False,), "simple": (False, True) if options.pull else (False,)}
-    depths = {"ll": (1,), "simple": tuple(sorted(set(options.pipelines)))}  # LL packets carry no pipeline
+    # LL packets already flow behind per-packet flags, so sub-pieces are for Simple transfers only
+    depths = {"ll": (1,), "simple": tuple(sorted(set(options.pipelines)))}
     return [Variant(p, i, t, pull, d) for p in options.protocols for pull in pulls[p] for d in depths[p]
             for i in sorted(set(options.instances)) for t in sorted(set(options.threads))]
 
