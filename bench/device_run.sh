@@ -60,13 +60,14 @@ elif [ "$STAGE" = ll128 ]; then
     --iters 30 --json "$OUT/tp_decode_ll128.json" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
   grep "^tp=" "$LOG"
-elif [ "$STAGE" = first ]; then
+elif [ "$STAGE" = first ]; then  # 4 ranks, v8: each bench took under 30 s, tp_decode about 60 s
   step "GPU tests"
-  timeout 200 python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+  timeout 260 python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
-  bench allreduce 110 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
+  grep "^worker" "$OUT/gpu_tests.txt" | tail -12 | tee -a "$LOG"
+  bench allreduce 90 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
   step "tp_decode (the plans just recorded)"
-  WEFT_REGISTRY="$REG" timeout 140 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+  WEFT_REGISTRY="$REG" timeout 120 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
     --iters "${ITERS:-50}" --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
   grep "^tp=" "$LOG"
