@@ -228,13 +228,16 @@ class Registry:
             return []
         return sorted(p for p in self.fs.ls(directory, detail=False) if str(p).endswith(".json"))
 
-    def read_entry_file(self, path: str) -> Entry:
+    def _read_json(self, path: str, what: str) -> object:
+        """The decoded file; unreadable or malformed, one line naming it (``what``: "registry entry", "registry")."""
         try:
             with self.fs.open(path, "r") as f:
-                doc = json.load(f)
+                return json.load(f)
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RegistryError(f"registry entry {path}: unreadable: {e}") from None
-        return parse_entry(doc, path)
+            raise RegistryError(f"{what} {path}: unreadable: {e}") from None
+
+    def read_entry_file(self, path: str) -> Entry:
+        return parse_entry(self._read_json(path, "registry entry"), path)
 
     def load(self) -> tuple[list[Entry], list[str]]:
         """Every readable entry, and one warning line per entry file that could not be read."""
@@ -258,12 +261,7 @@ class Registry:
         path = self._path("baselines.json")
         if not self.fs.exists(path):
             return {"format": BASELINES_FORMAT, "nccl_us": {}}
-        try:
-            with self.fs.open(path, "r") as f:
-                doc = json.load(f)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RegistryError(f"registry {path}: unreadable: {e}") from None
-        return parse_baselines(doc, path)
+        return parse_baselines(self._read_json(path, "registry"), path)
 
     def nccl_times(self, topology: str, collective: str) -> dict[int, float]:
         """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them."""
