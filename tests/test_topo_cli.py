@@ -271,3 +271,16 @@ def test_arbitrary_bytes_as_a_topology_file_exit_2_with_one_line(text):
     assert code in (0, 2)
     if code == 2:
         assert err.count("\n") == 1 and "noise.json" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["synth", "allreduce", "-t", "hgx_h200:gpus=1", "--method", "direct"],
+    ["topo", "bound", "hgx_h200:gpus=1", "allgather"],
+    ["tune", "allreduce", "-t", "hgx_h200:gpus=1"],
+])
+def test_a_one_rank_topology_has_no_collective(argv, tmp_path):
+    """One GPU is a valid machine to describe (``topo show``), but no collective runs on it: one line naming the
+    topology, not a division by zero in the cost report."""
+    code, out, err = run(argv + ["-o", str(tmp_path / "x.json")] if argv[0] == "synth" else argv)
+    assert_one_line_error(code, err, "topology hgx_h200:gpus=1", "at least 2")
+    assert out == "" and not (tmp_path / "x.json").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.collectives import Collective
+from schedules.collectives import Collective, collective_on
 from schedules.schedule import Schedule
 from synth.errors import SynthesisError
 from topologies import Topology
@@ -20,7 +20,7 @@ def synthesize(topology: Topology, collective: str | Collective, method: str = "
     The result is not yet verified; ``weft.verify`` proves it.
     """
     if isinstance(collective, str):
-        collective = Collective(collective, topology.nranks, chunks, root)
+        collective = collective_on(collective, topology.name, topology.nranks, chunks, root)
     if method in BASELINES:
         from synth import baselines
 

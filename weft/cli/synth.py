@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from schedules.collectives import NAMES, Collective
+from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
 from weft.cli import ArgumentError
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise ArgumentError(f"weft synth: --chunks must be a positive integer, got {args.chunks}")
     parse_bytes(args.size)
     topology = resolve(args.topology)
-    collective = Collective(args.collective, topology.nranks, args.chunks or 1, args.root)
+    collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
     schedules = synthesize(args, topology, collective)
     rows = []
     for schedule in schedules:

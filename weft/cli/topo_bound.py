@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from schedules.collectives import NAMES, Collective
+from schedules.collectives import NAMES, Collective, collective_on
 from topologies import resolve
 from weft.units import format_bytes, parse_bytes
 
@@ -51,7 +51,7 @@ def bound_report(topology, collective: Collective, nbytes: int) -> dict:
 def run(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.size)
     topology = resolve(args.topology)
-    collective = Collective(args.collective, topology.nranks, 1, args.root)
+    collective = collective_on(args.collective, topology.name, topology.nranks, 1, args.root)
     report = bound_report(topology, collective, nbytes)
     if args.json:
         print(json.dumps(report, indent=2))
