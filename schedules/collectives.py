@@ -49,8 +49,8 @@ class Collective:
     def __post_init__(self) -> None:
         if self.name not in NAMES:
             raise CollectiveError(f"collective: unknown collective {self.name!r} (choose from {', '.join(NAMES)})")
-        if not isinstance(self.nranks, int) or self.nranks < 2:
-            raise CollectiveError(f"collective {self.name}: a collective needs at least 2 ranks, got nranks={self.nranks!r}")
+        if not isinstance(self.nranks, int) or self.nranks < 1:
+            raise CollectiveError(f"collective {self.name}: nranks must be a positive integer, got {self.nranks!r}")
         if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
             raise CollectiveError(f"collective {self.name}: chunks must be a positive integer, got {self.chunks!r}")
         if not isinstance(self.root, int) or not 0 <= self.root < self.nranks:
@@ -146,7 +146,8 @@ class Collective:
 
 
 def collective_on(name: str, topology_name: str, nranks: int, chunks: int = 1, root: int = 0) -> Collective:
-    """The collective ``name`` over a topology's ranks; a topology of one rank is refused naming it."""
+    """The collective ``name`` over a topology's ranks, for synthesis: a topology of one rank is refused naming it
+    (a one-rank Collective stays valid for hand-written plans that order one GPU's thread blocks)."""
     if nranks < 2:
         raise CollectiveError(f"topology {topology_name}: has {nranks} rank; a collective needs at least 2")
     return Collective(name, nranks, chunks, root)

@@ -138,7 +138,7 @@ def test_algbw_is_bytes_over_time_in_gbps():
 
 
 def test_algbw_of_an_instant_schedule_is_infinite():
-    assert algbw(Collective("allgather", 2), 1024, 0.0) == math.inf
+    assert algbw(Collective("allgather", 1), 1024, 0.0) == math.inf
 
 
 def test_ring_allgather_busbw_reaches_link_speed_for_large_messages():
