@@ -2,7 +2,7 @@
 
 Layout (a local directory or any fsspec URL)::
 
-    <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself (pretty, sorted keys)
+    <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself (pretty to one op per line, sorted keys)
     <root>/index.json          a summary of every entry, rebuildable from entries/ at any time
     <root>/baselines.json      NCCL's measured times per topology, collective and size (``weft bench --record``):
                                where NCCL measured faster than the best measured plan, selection picks NCCL
@@ -172,9 +172,25 @@ def entry_id(plan: Plan, topology: str) -> str:
     return f"{plan.collective}-{plan.nranks}r-{digest}"
 
 
+ONE_LINE_DEPTH = 7  # an entry's plan ops (entry, plan, gpus, gpu, threadblocks, threadblock, ops, op)
+
+
 def dumps(doc: dict) -> str:
-    """Deterministic, pretty JSON so that a registry kept in git reviews well."""
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    """Deterministic, pretty JSON so that a registry kept in git reviews well: two-space indents down to
+    ``ONE_LINE_DEPTH``, where each value (a plan's op) takes one line. Indenting every field of every op made a
+    128-instance plan's entry 2.5 times larger, for no reviewer's benefit."""
+    return _pretty(doc, 0) + "\n"
+
+
+def _pretty(value: object, depth: int) -> str:
+    if not isinstance(value, (dict, list)) or not value or depth >= ONE_LINE_DEPTH:
+        return json.dumps(value, sort_keys=True)
+    pad, end = "  " * (depth + 1), "  " * depth
+    if isinstance(value, dict):
+        items = ",\n".join(f"{pad}{json.dumps(k)}: {_pretty(value[k], depth + 1)}" for k in sorted(value))
+        return f"{{\n{items}\n{end}}}"
+    items = ",\n".join(pad + _pretty(v, depth + 1) for v in value)
+    return f"[\n{items}\n{end}]"
 
 
 class Registry:
