@@ -1,0 +1,232 @@
+"""Every rank of a plan as a process on ONE GPU: the executor's kernels checked against the CPU reference, exactly.
+
+A machine with a single GPU cannot run NCCL between ranks, but CUDA IPC works between processes on one device, and
+the GPU time-slices their kernels, so every wait is eventually met (slowly: this checks results, never speed).
+The inputs are the reference's small non-zero integers (``executor.reference.random_inputs``), so every sum is
+exact in fp32, fp16 and bf16 and each rank's output must equal numpy's definition of the collective bit for bit.
+
+    python tests/gpu/one_device.py RESULTS.json [--nproc 2] [--device 0] [--sizes 1KB,64KB,1MB] [PLAN.json ...]
+
+Without plan files it runs the 2-rank (or ``plans4``) test plans, then CUDA graphs of zero-copy executions
+(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit code 0 when every case matched, 1 when one
+did not, 2 on bad arguments. A rank runs its cases in the same order as every other rank (contexts are collective).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+import numpy as np  # noqa: E402
+
+from executor.gpu_tables import lines_possible  # noqa: E402
+from executor.reference import chunk_elems, expected_outputs, random_inputs  # noqa: E402
+from schedules.plan import Plan, load_plan  # noqa: E402
+from weft.units import parse_bytes  # noqa: E402
+
+DTYPES = ("fp32", "bf16")
+GRAPH_PLANS = ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json", "allgather-direct-ll-x1.json",
+               "allreduce-direct-ll-x8.json")
+
+
+def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, bool]]:
+    """(plan, bytes, dtype, lines) for every size and dtype each plan accepts, LL plans also with lines."""
+    out = []
+    for path in plans:
+        plan = load_plan(path)
+        if plan.inplace:
+            continue  # the smaller buffer lives inside the larger one: the bench and the torch tests cover these
+        for nbytes in sizes:
+            if not plan.accepts(nbytes):
+                continue
+            for dtype in DTYPES:
+                if plan.chunk_bytes(nbytes) % (4 if dtype == "fp32" else 2):
+                    continue
+                out.append((path, nbytes, dtype, False))
+                if lines_possible(plan, nbytes):
+                    out.append((path, nbytes, dtype, True))
+    return out
+
+
+def device_array(values: np.ndarray, dtype: str):
+    """fp32 values as a CuPy array of ``dtype`` (bf16 as its bits in uint16: the values are small integers)."""
+    import cupy
+
+    if dtype == "bf16":
+        return cupy.asarray((values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+    return cupy.asarray(values.astype(np.float32))
+
+
+def host_values(array, dtype: str) -> np.ndarray:
+    bits = array.get()
+    return (bits.astype(np.uint32) << 16).view(np.float32) if dtype == "bf16" else bits.astype(np.float32)
+
+
+def run_one(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, seed: int) -> dict:
+    """One execution; its output's required chunks against numpy's collective over every rank's input."""
+    elems = chunk_elems(plan, nbytes, dtype)
+    inputs = random_inputs(plan, elems, np.random.default_rng(seed))  # every rank draws every rank's input
+    start = time.monotonic()
+    out = comm.execute(plan, device_array(inputs[rank], dtype), dtype=dtype, lines=lines)
+    comm.synchronize()
+    seconds = time.monotonic() - start
+    got = host_values(out, dtype).reshape(-1, elems)
+    wrong = sum(int(np.count_nonzero(got[idx] != chunk))
+                for idx, chunk in expected_outputs(plan.collective_spec(), inputs, elems, dtype)[rank].items())
+    return {"ok": wrong == 0, "wrong": wrong, "seconds": round(seconds, 3)}
+
+
+def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, seed: int) -> dict:
+    """Three zero-copy executions captured in one CUDA graph inside ``capture()``: a replay before registration
+    runs only the tripwire (outputs untouched, reported when capture() is left), then five replays on fresh inputs
+    must each equal numpy's collective."""
+    import cupy
+
+    from executor.errors import ExecutorError
+
+    elems = chunk_elems(plan, nbytes, dtype)
+    rng = np.random.default_rng(seed)
+    warm = comm.execute(plan, device_array(random_inputs(plan, elems, rng)[rank], dtype), dtype=dtype, lines=lines)
+    comm.synchronize()
+    xs = [device_array(random_inputs(plan, elems, rng)[rank], dtype) for _ in range(3)]
+    outs = [cupy.full_like(warm, 0x7F7F if dtype == "bf16" else 3.0e38) for _ in range(3)]
+    untouched = [o.copy() for o in outs]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    early = "not reported"
+    try:
+        with comm.capture():
+            stream.begin_capture()
+            refusals = [comm.execute_captured(plan, x, o, stream=stream, dtype=dtype, lines=lines)
+                        for x, o in zip(xs, outs)]
+            graph = stream.end_capture()
+            graph.launch(stream)  # before registration: the disarmed records
+            stream.synchronize()
+    except ExecutorError as e:
+        early = "reported" if "before their buffers were registered" in str(e) else str(e)
+    if any(refusals):
+        return {"ok": False, "error": f"refused: {refusals}"}
+    kept = all(bool((o == u).all()) for o, u in zip(outs, untouched))
+    wrong = 0
+    for _ in range(5):
+        inputs = [random_inputs(plan, elems, rng) for _ in xs]
+        for x, each in zip(xs, inputs):
+            x[...] = device_array(each[rank], dtype)
+        stream.synchronize()
+        cupy.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        comm.synchronize()
+        for o, each in zip(outs, inputs):
+            got = host_values(o, dtype).reshape(-1, elems)
+            want = expected_outputs(plan.collective_spec(), each, elems, dtype)[rank]
+            wrong += sum(int(np.count_nonzero(got[idx] != chunk)) for idx, chunk in want.items())
+    ok = wrong == 0 and kept and early == "reported"
+    return {"ok": ok, "wrong": wrong, "untouched_before_registration": kept, "early_replay": early}
+
+
+def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, timeout_s: float) -> None:
+    import cupy
+
+    from executor.communicator import Communicator
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cupy.cuda.Device(device).use()
+    comm = Communicator(rank, world, device=device, timeout_s=timeout_s)
+    results = {}
+    for k, (path, nbytes, dtype, lines) in enumerate(cases(plans, sizes)):
+        plan = load_plan(path)
+        name = f"{path.stem}-{nbytes}B-{dtype}{'+ll128' if lines else ''}"
+        try:
+            results[name] = run_one(comm, plan, rank, nbytes, dtype, lines, seed=k)
+        except Exception as e:  # one failed case is a result; a timeout leaves the ranks in step (reset together)
+            results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    for k, name in enumerate(GRAPH_PLANS):
+        path = next((p for p in plans if p.name == name), None)
+        if path is None:
+            continue
+        plan = load_plan(path)
+        nbytes = next(n for n in (65536, 1024) if plan.accepts(n))
+        for lines in (False, True) if lines_possible(plan, nbytes) else (False,):
+            label = f"graph-{path.stem}-{nbytes}B-bf16{'+ll128' if lines else ''}"
+            try:
+                results[label] = run_graph(comm, plan, rank, nbytes, "bf16", lines, seed=1000 + k)
+            except Exception as e:
+                results[label] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    comm.close()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
+    """Start ``nproc`` ranks of this script on one device; every case's result by rank."""
+    work = out.parent / (out.stem + ".ranks")
+    work.mkdir(parents=True, exist_ok=True)
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank-of", str(work), *argv],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": port})
+             for r in range(nproc)]
+    deadline = time.monotonic() + wait_s
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append("timeout")
+    ranks = {r: json.loads((work / f"rank{r}.json").read_text()) for r in range(nproc)
+             if (work / f"rank{r}.json").exists()}
+    return {"nproc": nproc, "exit_codes": codes, "ranks": ranks}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("plans", nargs="*", type=Path)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--sizes", default="1KB,64KB,1MB")
+    parser.add_argument("--timeout", type=float, default=60.0, help="each GPU wait's bound (s)")
+    parser.add_argument("--wait", type=float, default=500.0, help="the whole job's bound (s)")
+    parser.add_argument("--rank-of", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    try:
+        sizes = [parse_bytes(s) for s in args.sizes.split(",")]
+    except ValueError as e:
+        print(f"one_device: --sizes: {e}", file=sys.stderr)
+        return 2
+    plans = args.plans or sorted((HERE / ("plans" if args.nproc == 2 else f"plans{args.nproc}")).glob("*.json"))
+    if args.rank_of:
+        rank_main(args.rank_of, plans, sizes, args.device, args.timeout)
+        return 0
+    forwarded = [str(args.results), *map(str, args.plans), "--nproc", str(args.nproc), "--device",
+                 str(args.device), "--sizes", args.sizes, "--timeout", str(args.timeout)]
+    job = launch(args.results, forwarded, args.nproc, args.wait)
+    names = sorted({n for r in job["ranks"].values() for n in r})
+    failed = [n for n in names if not all(r.get(n, {}).get("ok") for r in job["ranks"].values())]
+    job.update(cases=len(names), failed=failed)
+    args.results.write_text(json.dumps(job, indent=1))
+    print(f"one_device: {len(names) - len(failed)}/{len(names)} cases matched on {args.nproc} ranks sharing "
+          f"device {args.device}; exit codes {job['exit_codes']}")
+    for n in failed[:20]:
+        print(f"  {n}: {[r.get(n) for r in job['ranks'].values()]}")
+    return 0 if not failed and len(job["ranks"]) == args.nproc and names else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
