@@ -20,7 +20,6 @@ struct Context {
   int rank;
   i64 scratch_half;
   int nslots;            // entries of the buffer slot table (at most kMaxSlots)
-  int uniform_ops;       // ops per block where every block has as many (block b's start at b times it), else 0
 #ifdef WEFT_TRACE
   u64* trace;            // per block kTraceSlots sums over launches (see Tracer)
 #endif
@@ -120,10 +119,6 @@ __device__ void interpret(const Context& c) {
   // once every block of the one before it has passed that point, or, launched without the attribute, once it
   // ended. So the value read here is the previous launch's plus one, without waiting for that launch to end.
   const int t = threadIdx.x;
-  // Where every block runs as many ops, this block's first window is loaded now, beside its range rather than
-  // after it (one dependent round trip less: the tables are cold in L2 after a matmul); checked below.
-  const int guess = c.uniform_ops > 0 ? (int)blockIdx.x * c.uniform_ops : -1;
-  if (guess >= 0) load_ops(c.ops + guess, ops, min(kWindow, c.uniform_ops));
   for (int i = t; i < c.nslots; i += blockDim.x) slots[i] = c.buffers[i];
   if (t == 0) range[0] = c.tb_start[blockIdx.x];
   if (t == 1 % blockDim.x) range[1] = c.tb_start[blockIdx.x + 1];
@@ -135,9 +130,7 @@ __device__ void interpret(const Context& c) {
   }
   __syncthreads();
   WEFT_TRACE_MARK(0);
-  // A record of a graph-captured execution may hold other ranges (a disarmed one runs only the tripwire op).
-  if (range[0] != guess || range[1] - range[0] != c.uniform_ops)
-    load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
+  load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
   // Let the next launch start its own table loads, then wait until the previous kernel has ended and its writes
   // are visible (both are no-ops for a launch without the programmatic attribute). Only then is any buffer read.
 #if __CUDA_ARCH__ >= 900
@@ -192,10 +185,10 @@ __device__ void interpret(const Context& c) {
   extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)                                                          \
       NAME(const weft::Op* ops, const int* tb_start, char* const* buffers, u64* const* outbound, u64* inbound, \
            u64* expected, u64* barriers, u64* semaphores, u64* epochs, int* error, u64 timeout_ns, int rank,       \
-           i64 scratch_half, int nslots, int uniform_ops WEFT_TRACE_PARAM) {                                  \
+           i64 scratch_half, int nslots WEFT_TRACE_PARAM) {                                                   \
     const weft::Context c{ops,        tb_start, buffers,    outbound, inbound,      expected, barriers,          \
-                          semaphores, epochs,   error,      timeout_ns, rank,       scratch_half, nslots,        \
-                          uniform_ops WEFT_TRACE_ARG};                                                                    \
+                          semaphores, epochs,   error,      timeout_ns, rank,       scratch_half, nslots         \
+                          WEFT_TRACE_ARG};                                                                    \
     weft::interpret<D, V, BATCH>(c);                                                                                 \
   }
 
