@@ -90,7 +90,7 @@ class _Context:
     state: Any  # the plan's semaphores ([2k] releases, [2k+1] acquires), then each thread block's epoch
     semaphore_init: np.ndarray
     args: tuple  # kernel arguments: ops, tb_start, buffers, outbound, inbound, expected, barriers,
-    # semaphores, epochs, error record, timeout (ns), rank, scratch half (bytes), buffer slots
+    # semaphores, epochs, error record, timeout (ns), rank, scratch half (bytes), buffer slots, uniform ops
     vector_bytes: int
     output: Any
     plan_hash: str
@@ -523,7 +523,7 @@ class Communicator:
             args=(ops, tb_start, slot_table, outbound_table, self._inbound, self._expected, self._barriers,
                   state, state[2 * nsem:], np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
                   np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0),
-                  np.int32(len(slots)), *([trace] if self._trace else [])),
+                  np.int32(len(slots)), np.int32(tables.uniform_ops), *([trace] if self._trace else [])),
         )
 
     def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int, res_ptr: int | None = None) -> str:

@@ -50,6 +50,18 @@ def test_ll_plan_reads_and_writes_packets_in_double_buffered_scratch():
     assert (2, PACKET | SCRATCH) in flags and (0, 0) in flags
 
 
+@pytest.mark.parametrize("name, uniform", [
+    ("allreduce-direct-ll-x8.json", 2),  # every block: the same ops, so block b's start at b times their count
+    ("allreduce-twoshot-simple-x8.json", 6),
+    ("allgather-direct-simple-x16.json", 0),  # blocks of 1, 2 and 3 ops: each block's range says where
+])
+def test_uniform_ops_is_the_stride_of_every_blocks_ops_or_zero(name, uniform):
+    t = build_tables(load_plan(COMPILED / name), 0, 65536)
+    assert t.uniform_ops == uniform
+    if uniform:
+        assert t.tb_start.tolist() == [b * uniform for b in range(t.nthreadblocks + 1)]
+
+
 def test_pws_is_puts_then_a_signal_on_the_same_channels():
     plan = load_plan(COMPILED / "allgather-direct-simple-x1.json")
     t = build_tables(plan, 0, 4096)

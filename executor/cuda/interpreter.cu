@@ -20,6 +20,7 @@ struct Context {
   int rank;
   i64 scratch_half;
   int nslots;            // entries of the buffer slot table (at most kMaxSlots)
+  int uniform_ops;       // ops per block where every block has as many (block b's start at b times it), else 0
 #ifdef WEFT_TRACE
   u64* trace;            // per block kTraceSlots sums over launches (see Tracer)
 #endif
@@ -63,11 +64,12 @@ struct Tracer {
 constexpr int kMaxSlots = 64;
 constexpr int kWindow = 16;
 
-__device__ __forceinline__ void load_ops(const Op* src, Op* dst, int count) {
+// Copies ``count`` ops with the block's threads from ``first`` on (threads below it take no part).
+__device__ __forceinline__ void load_ops(const Op* src, Op* dst, int count, int first = 0) {
   const int* s = reinterpret_cast<const int*>(src);
   int* d = reinterpret_cast<int*>(dst);
   const int words = count * (int)(sizeof(Op) / sizeof(int));
-  for (int i = threadIdx.x; i < words; i += blockDim.x) d[i] = s[i];
+  for (int i = (int)threadIdx.x - first; i >= 0 && i < words; i += (int)blockDim.x - first) d[i] = s[i];
 }
 
 // Runs one control op on thread 0; returns false on timeout after reporting it.
@@ -112,25 +114,36 @@ __device__ void interpret(const Context& c) {
   __shared__ int failed;
   const ErrorRecord rec{c.error, c.rank};
   WEFT_TRACE_START;
-  // The static tables first (the slot table and this block's op range, then its first window of ops): with a
-  // programmatic launch these loads overlap the end of the kernel before this one on the stream.
-  // So does the epoch: each launch takes its block's epoch and advances it before it lets the next launch start
-  // (the store fenced before any thread of the block reaches launch_dependents below), and a launch starts only
-  // once every block of the one before it has passed that point, or, launched without the attribute, once it
-  // ended. So the value read here is the previous launch's plus one, without waiting for that launch to end.
-  const int t = threadIdx.x;
-  for (int i = t; i < c.nslots; i += blockDim.x) slots[i] = c.buffers[i];
-  if (t == 0) range[0] = c.tb_start[blockIdx.x];
-  if (t == 1 % blockDim.x) range[1] = c.tb_start[blockIdx.x + 1];
-  if (t == 0) {
+  // The static tables first (the slot table, this block's op range and its first window of ops): with a
+  // programmatic launch these loads overlap the end of the kernel before this one on the stream. Each is loaded by
+  // threads of its own, so that their trips to memory overlap (a thread waits for its load before it goes on):
+  // the slot table by the first two warps, the range and the epoch by one thread of two other warps, and, where
+  // every block runs as many ops (block b's then start at b times their count), the first window by the threads
+  // from the fifth warp on, checked against the range once it is known. Small blocks fold the roles together.
+  // So does the epoch: each launch takes its block's epoch and advances it in one atomic add before it lets the
+  // next launch start (the add is performed in L2 once its old value returns, before the barrier that every
+  // thread passes on its way to launch_dependents below), and a launch starts only once every block of the one
+  // before it has passed that point, or, launched without the attribute, once it ended. So the value taken here
+  // is the previous launch's plus one, without waiting for that launch to end.
+  const int t = threadIdx.x, nt = blockDim.x;
+  const int range_thread = 64 % nt, epoch_thread = 96 % nt, guess_from = nt > 128 ? 128 : 0;
+  const int guess = c.uniform_ops > 0 ? (int)blockIdx.x * c.uniform_ops : -1;
+  if (guess >= 0) load_ops(c.ops + guess, ops, min(kWindow, c.uniform_ops), guess_from);
+  for (int i = t; i < c.nslots; i += nt) slots[i] = c.buffers[i];
+  if (t == range_thread) {
+    const int first = c.tb_start[blockIdx.x], end = c.tb_start[blockIdx.x + 1];
+    range[0] = first;
+    range[1] = end;
+  }
+  if (t == epoch_thread) {
     failed = 0;
-    epoch = *(volatile u64*)(c.epochs + blockIdx.x);
-    *(volatile u64*)(c.epochs + blockIdx.x) = epoch + 1ULL;
-    __threadfence();
+    epoch = atomicAdd(c.epochs + blockIdx.x, 1ULL);
   }
   __syncthreads();
   WEFT_TRACE_MARK(0);
-  load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
+  // A record of a graph-captured execution may hold other ranges (a disarmed one runs only the tripwire op).
+  if (range[0] != guess || range[1] - range[0] != c.uniform_ops)
+    load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
   // Let the next launch start its own table loads, then wait until the previous kernel has ended and its writes
   // are visible (both are no-ops for a launch without the programmatic attribute). Only then is any buffer read.
 #if __CUDA_ARCH__ >= 900
@@ -185,10 +198,10 @@ __device__ void interpret(const Context& c) {
   extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)                                                          \
       NAME(const weft::Op* ops, const int* tb_start, char* const* buffers, u64* const* outbound, u64* inbound, \
            u64* expected, u64* barriers, u64* semaphores, u64* epochs, int* error, u64 timeout_ns, int rank,       \
-           i64 scratch_half, int nslots WEFT_TRACE_PARAM) {                                                   \
+           i64 scratch_half, int nslots, int uniform_ops WEFT_TRACE_PARAM) {                                  \
     const weft::Context c{ops,        tb_start, buffers,    outbound, inbound,      expected, barriers,          \
-                          semaphores, epochs,   error,      timeout_ns, rank,       scratch_half, nslots         \
-                          WEFT_TRACE_ARG};                                                                    \
+                          semaphores, epochs,   error,      timeout_ns, rank,       scratch_half, nslots,        \
+                          uniform_ops WEFT_TRACE_ARG};                                                                    \
     weft::interpret<D, V, BATCH>(c);                                                                                 \
   }
 
