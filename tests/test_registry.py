@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+from pathlib import Path
 
 import pytest
 
@@ -245,3 +246,13 @@ def test_committing_a_plan_again_keeps_its_measured_times(tmp_path):
     again = commit(reg, "again", predicted={1 << 20: 99.0})
     assert again.id == entry.id and reg.get(entry.id).measured_us == {1 << 20: 12.5}
     assert reg.get(entry.id).predicted_us == {1 << 20: 99.0}
+
+
+def test_the_committed_registries_stay_compact():
+    """bench/registry_h200x2 and _x4 travel with every GPU job (the device tool carries at most 64 MiB of tree):
+    their entries are written one op per line, and together they stay under 40 MB."""
+    root = Path(__file__).resolve().parent.parent / "bench"
+    files = [f for d in root.glob("registry_*") for f in (d / "entries").glob("*.json")]
+    assert files and sum(f.stat().st_size for f in files) < 40e6
+    biggest = max(files, key=lambda f: f.stat().st_size)
+    assert biggest.read_text() == dumps(json.loads(biggest.read_text()))
