@@ -14,6 +14,10 @@
 #            bash bench/device_run.sh 2 trace      # tp_decode --trace: the all-reduce's phases in the step and alone
 #            bash bench/device_run.sh 4 first      # a first machine of N GPUs: pytest -m gpu, the benches in both
 #                                                  # packet formats (recorded), tp_decode in between (~9 min)
+#            TAG=a SNAP=v9.tgz bash bench/device_run.sh 2 startab; TAG=b bash bench/device_run.sh 2 startab
+#                                                  # v10's A/B (git archive abd6646 -o v9.tgz: the kernel before the
+#                                                  # start rework): tp_decode and the small all-reduce sizes, each
+#                                                  # side ~2 min, nothing recorded
 #
 # A snapshot, not the working tree: an edit half-written by someone else must not travel (it cost a run once).
 # Benches record every plan's time into the registry; registry.tgz brings it back (untar it over bench/).
@@ -75,6 +79,13 @@ elif [ "$STAGE" = first ]; then  # 4 ranks, v8: each bench took under 30 s, tp_d
   bench allgather 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
 elif [ "$STAGE" = ab ]; then  # TAG=a|b: one side of an A/B, the sizes where LL128 lines run, nothing recorded
   bench allreduce 150 --ll128 --sizes 256KB,1MB,2MB,4MB,16MB -o "$OUT/gpu_allreduce_ab_${TAG:-a}.json"
+elif [ "$STAGE" = startab ]; then  # TAG=a|b: one side of v10's A/B (a kernel's start), nothing recorded
+  bench allreduce 90 --ll128 --sizes 1KB,4KB,16KB,64KB,256KB,1MB -o "$OUT/gpu_allreduce_start_${TAG:-a}.json"
+  step "tp_decode (side ${TAG:-a})"
+  WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+    --iters "${ITERS:-50}" --json "$OUT/tp_decode_start_${TAG:-a}.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  grep "^tp=" "$LOG"
 elif [ "$STAGE" = diag ]; then
   step "kernel_trace --lines"
   timeout 120 torchrun --nproc-per-node "$N" bench/kernel_trace.py --registry "$REG" --lines \
