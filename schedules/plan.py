@@ -97,7 +97,7 @@ from typing import Any
 
 from schedules.collectives import NAMES, Collective, CollectiveError
 from topologies.errors import WeftError
-from topologies.jsonfile import read_json
+from topologies.jsonfile import read_json, write_text
 
 CHUNK_GRANULE = 4
 MAX_MESSAGE_SIZE = (1 << 64) - 1
@@ -360,7 +360,7 @@ def _pretty(value: object, indent: str) -> str:
 
 
 def save_plan_file(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(dumps_plan(plan))
+    write_text(path, dumps_plan(plan), "plan", PlanError)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -20,7 +20,7 @@ from typing import Any
 
 from schedules.collectives import Collective, CollectiveError
 from topologies.errors import WeftError
-from topologies.jsonfile import read_json
+from topologies.jsonfile import read_json, write_text
 
 FORMAT = "weft.schedule/1"
 OPS = ("copy", "reduce")
@@ -120,7 +120,7 @@ class Schedule:
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
-    Path(path).write_text(dumps_schedule(schedule))
+    write_text(path, dumps_schedule(schedule), "schedule", ScheduleError)
 
 
 def dumps_schedule(schedule: Schedule) -> str:

@@ -340,3 +340,15 @@ def test_weft_synth_refuses_tree_allgather_in_one_line(capsys):
     assert main(["synth", "allgather", "-t", "dgx1", "--method", "tree"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tree: exists for allreduce" in err
+
+
+@pytest.mark.parametrize("output", ["taken/ring.json", "taken/out", "folder.json"])
+def test_weft_synth_to_an_unwritable_output_is_one_line_naming_it(tmp_path, capsys, output):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "folder.json").mkdir()
+    out = tmp_path / output
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--compile", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert str(tmp_path) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.json", "taken"]

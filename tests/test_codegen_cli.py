@@ -97,3 +97,16 @@ def test_compile_and_verify_records_predictions_and_checks():
     plan = pipeline.compile_and_verify(baselines.direct(topology, Collective("allreduce", 4)), topology)
     assert plan.protocol == "LL" and set(plan.weft.predicted_us) == {"1KB", "1MB", "1GB"}
     assert pipeline.is_verified(plan)
+
+
+@pytest.mark.parametrize("fmt", ["plan", "msccl-xml"])
+def test_compile_to_an_unwritable_path_is_one_line_naming_it(ring_schedule, tmp_path, capsys, fmt):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "folder").mkdir()
+    for out in (tmp_path / "taken" / "x.json", tmp_path / "folder"):
+        assert main(["compile", str(ring_schedule), "-t", "ring:n=4", "--format", fmt, "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("weft: error: ") and err.count("\n") == 1 and "Traceback" not in err
+        assert str(out.parent if out.parent.name == "taken" else out) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "ring.json", "taken"]
+    assert list((tmp_path / "folder").iterdir()) == []

@@ -98,3 +98,12 @@ def test_select_with_ll128_says_where_lines_run(capsys):
         picks[size, ll128] = json.loads(capsys.readouterr().out)
     assert picks["1MB", True]["lines"] and not picks["1MB", False]["lines"]
     assert picks["1MB", True]["time_us"] < picks["1MB", False]["time_us"]
+
+
+def test_export_into_a_path_under_a_file_is_one_line(registry, tmp_path, capsys):
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    (tmp_path / "taken").write_text("a file")
+    capsys.readouterr()
+    assert main(["registry", "export", str(tmp_path / "taken" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: registry export ") and err.count("\n") == 1 and "taken" in err

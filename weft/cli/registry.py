@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from weft.units import format_bytes, parse_bytes
 
@@ -149,13 +148,13 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from schedules.registry import dumps
+    from schedules.registry import RegistryError, dumps
+    from topologies.jsonfile import make_directory, write_text
 
-    out = Path(args.directory)
-    out.mkdir(parents=True, exist_ok=True)
     entries = _registry(args).entries()
+    out = make_directory(args.directory, "registry export", RegistryError)
     for e in entries:
-        (out / f"{e.id}.json").write_text(dumps(e.to_json()))
+        write_text(out / f"{e.id}.json", dumps(e.to_json()), "registry export", RegistryError)
     print(f"exported {len(entries)} entries to {out}")
     return 0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
+from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
 from weft.units import format_bytes, parse_bytes
 
@@ -103,10 +104,10 @@ def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | No
         return [None] * len(schedules)
     out = Path(args.output)
     if len(schedules) == 1 and out.suffix == ".json":
-        out.parent.mkdir(parents=True, exist_ok=True)
+        make_directory(out.parent, "output", ArgumentError)
         save_schedule(schedules[0], out)
         return [str(out)]
-    out.mkdir(parents=True, exist_ok=True)
+    make_directory(out, "output", ArgumentError)
     paths = []
     for s in schedules:
         path = out / f"{safe_name(s.name or s.collective.name)}-{s.content_hash[:8]}.json"

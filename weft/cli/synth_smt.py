@@ -16,6 +16,7 @@ from typing import Callable
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
 from topologies import Topology
+from topologies.jsonfile import make_directory, write_text
 from weft.cli import ArgumentError
 
 FRONTIER_FORMAT = "weft.frontier/1"
@@ -80,7 +81,7 @@ def _write_frontier(out: Path, topology: Topology, collective: Collective, front
     for point in frontier.points:
         require_valid(point.schedule, topology)
     folder = out.parent if out.suffix == ".json" else out
-    folder.mkdir(parents=True, exist_ok=True)
+    make_directory(folder, "output", ArgumentError)
     doc = {
         "format": FRONTIER_FORMAT,
         "topology": topology.name,
@@ -97,4 +98,4 @@ def _write_frontier(out: Path, topology: Topology, collective: Collective, front
         "lp_bound_fraction": str(frontier.lp_bound),
         "complete": frontier.complete,
     }
-    (folder / "frontier.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_text(folder / "frontier.json", json.dumps(doc, indent=2) + "\n", "frontier", ArgumentError)
