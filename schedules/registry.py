@@ -203,27 +203,36 @@ class Registry:
         except (ValueError, ImportError) as e:
             raise RegistryError(f"registry {self.location}: cannot open: {e}") from None
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        if self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise RegistryError(f"registry {self.location}: not a directory")
 
     # ---- paths and locking ---------------------------------------------------------------------
     def _path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def entry_path(self, id: str) -> str:
+        if not id or "/" in id or "\\" in id or id.startswith("."):  # an id names a file in entries/, nothing else
+            raise RegistryError(f"registry {self.location}: no entry {id!r} (an entry id is a file name in entries/, "
+                                "as `weft registry list` shows it)")
         return self._path("entries", f"{id}.json")
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        if self.local:
-            self.fs.makedirs(self.root, exist_ok=True)
-            lock_path = self._path(".lock")
-        else:
-            import platformdirs
+        """The registry's lock around a change; a location that cannot be written is one line naming it."""
+        try:
+            if self.local:
+                self.fs.makedirs(self.root, exist_ok=True)
+                lock_path = self._path(".lock")
+            else:
+                import platformdirs
 
-            lock_dir = Path(platformdirs.user_cache_dir("weft")) / "locks"
-            lock_dir.mkdir(parents=True, exist_ok=True)
-            lock_path = str(lock_dir / (hashlib.sha256(self.location.encode()).hexdigest()[:16] + ".lock"))
-        with FileLock(lock_path, timeout=120):
-            yield
+                lock_dir = Path(platformdirs.user_cache_dir("weft")) / "locks"
+                lock_dir.mkdir(parents=True, exist_ok=True)
+                lock_path = str(lock_dir / (hashlib.sha256(self.location.encode()).hexdigest()[:16] + ".lock"))
+            with FileLock(lock_path, timeout=120):
+                yield
+        except OSError as e:
+            raise RegistryError(f"registry {self.location}: cannot write: {e.strerror or e}") from None
 
     def _write_atomic(self, path: str, text: str) -> None:
         tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"

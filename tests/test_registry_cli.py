@@ -107,3 +107,33 @@ def test_export_into_a_path_under_a_file_is_one_line(registry, tmp_path, capsys)
     assert main(["registry", "export", str(tmp_path / "taken" / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("weft: error: registry export ") and err.count("\n") == 1 and "taken" in err
+
+
+@pytest.mark.parametrize("argv", [["list"], ["rebuild-index"], ["remove", "x"], ["export", "out"],
+                                  ["select", "allreduce", "-t", "ring:n=4", "--size", "1MB"]])
+def test_a_registry_location_that_is_a_file_is_one_line(tmp_path, capsys, argv):
+    (tmp_path / "reg").write_text("a file")
+    assert main(["registry", *argv, "--registry", str(tmp_path / "reg")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"weft: error: registry {tmp_path / 'reg'}: not a directory\n"
+
+
+def test_a_registry_that_cannot_be_created_is_one_line(tmp_path, capsys):
+    (tmp_path / "taken").write_text("a file")
+    location = tmp_path / "taken" / "reg"
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit", "--registry",
+                 str(location)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"weft: error: registry {location}: cannot write: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("id_", ["../index", "../baselines", "/etc/passwd", ".lock", ""])
+def test_remove_and_show_take_entry_ids_only_never_other_files(registry, capsys, id_):
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    before = sorted(p.relative_to(registry) for p in registry.rglob("*"))
+    capsys.readouterr()
+    for command in ("remove", "show"):
+        assert main(["registry", command, id_]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"weft: error: registry {registry}: no entry ") and err.count("\n") == 1
+    assert sorted(p.relative_to(registry) for p in registry.rglob("*")) == before
