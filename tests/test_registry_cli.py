@@ -137,3 +137,38 @@ def test_remove_and_show_take_entry_ids_only_never_other_files(registry, capsys,
         err = capsys.readouterr().err
         assert err.startswith(f"weft: error: registry {registry}: no entry ") and err.count("\n") == 1
     assert sorted(p.relative_to(registry) for p in registry.rglob("*")) == before
+
+
+def _commit_and_corrupt(registry, capsys, field: str, value) -> str:
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    entry = committed_id(capsys)
+    path = registry / "entries" / f"{entry}.json"
+    doc = json.loads(path.read_text())
+    section, _, name = field.partition(".")
+    if name:
+        doc[section][name] = value
+    else:
+        doc[section] = value
+    path.write_text(json.dumps(doc))
+    return entry
+
+
+@pytest.mark.parametrize("field, value", [("provenance.verification", "ok"), ("timings", []),
+                                          ("timings.predicted_us", {"1024": 0}),
+                                          ("timings.measured_us", {"1024": "fast"}),
+                                          ("timings.predicted_us", {"1KB": 3.0}), ("timings.measured_us", [1])])
+def test_a_malformed_entry_field_is_one_line_naming_the_file_and_field(registry, capsys, field, value):
+    entry = _commit_and_corrupt(registry, capsys, field, value)
+    assert main(["registry", "show", entry]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: registry entry ") and err.count("\n") == 1
+    assert f"{entry}.json: {field}" in err
+    assert main(["registry", "select", "-t", "ring:n=4", "allreduce", "--size", "1MB"]) == 1  # skipped, said so
+    captured = capsys.readouterr()
+    assert "no plan" in captured.out and f"{entry}.json: {field}" in captured.err
+
+
+def test_select_of_an_entry_without_times_says_so(registry, capsys):
+    _commit_and_corrupt(registry, capsys, "timings", {})
+    assert main(["registry", "select", "-t", "ring:n=4", "allreduce", "--size", "1MB"]) == 0
+    assert "none (no time recorded) at 1MB" in capsys.readouterr().out

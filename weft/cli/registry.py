@@ -123,8 +123,9 @@ def _select(args: argparse.Namespace) -> int:
     elif sel.entry is None:
         print(f"no plan: {sel.reason} (the executor falls back to NCCL)")
     else:
+        time = "(no time recorded)" if sel.time_us is None else f"{sel.time_us:.2f} µs"
         print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
-              f"{sel.time_us:.2f} µs at {format_bytes(nbytes)}")
+              f"{time} at {format_bytes(nbytes)}")
     return 0 if sel.entry else 1
 
 
