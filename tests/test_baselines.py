@@ -352,3 +352,9 @@ def test_weft_synth_to_an_unwritable_output_is_one_line_naming_it(tmp_path, caps
     assert err.startswith("weft: error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert str(tmp_path) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.json", "taken"]
+
+
+def test_weft_synth_refuses_a_chunk_count_too_large_to_hold_in_one_line(capsys):
+    assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "ring", "--chunks", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "200000000 chunks in all; at most 16777216" in err

@@ -110,3 +110,24 @@ def test_compile_to_an_unwritable_path_is_one_line_naming_it(ring_schedule, tmp_
         assert str(out.parent if out.parent.name == "taken" else out) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "ring.json", "taken"]
     assert list((tmp_path / "folder").iterdir()) == []
+
+
+@pytest.mark.parametrize("field, value, where", [
+    (("gpus", 0, "output_chunks"), 2 ** 70, "gpus[0].output_chunks: at most"),
+    (("weft", "predicted_us", "1KB"), "fast", "weft.predicted_us.1KB: must be a time in µs"),
+])
+def test_a_plan_field_out_of_range_is_one_line_naming_the_file_and_field(tmp_path, capsys, field, value, where):
+    doc = json.loads((FIXTURES / "allpairs_allreduce_2_ll.json").read_text())
+    doc.setdefault("weft", {}).setdefault("predicted_us", {})
+    target = doc
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    bad = tmp_path / "bad.plan.json"
+    bad.write_text(json.dumps(doc))
+    for argv in (["verify", str(bad)], ["registry", "commit", str(bad), "-t", "hgx_h200:gpus=2", "--registry",
+                                        str(tmp_path / "reg")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"weft: error: plan {bad}: {where}") and err.count("\n") == 1
+    assert not (tmp_path / "reg").exists()
