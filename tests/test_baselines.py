@@ -358,3 +358,11 @@ def test_weft_synth_refuses_a_chunk_count_too_large_to_hold_in_one_line(capsys):
     assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "ring", "--chunks", "100000000"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "200000000 chunks in all; at most 16777216" in err
+
+
+@pytest.mark.parametrize("method", ["ring", "trees", "milp", "smt"])
+@pytest.mark.parametrize("limit", ["0", "-1", "nan", "inf"])
+def test_weft_synth_time_limit_must_be_positive_and_finite_for_every_method(capsys, method, limit):
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", method, "--time-limit", limit]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--time-limit must be positive seconds, got {float(limit)}" in err

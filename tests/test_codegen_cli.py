@@ -131,3 +131,9 @@ def test_a_plan_field_out_of_range_is_one_line_naming_the_file_and_field(tmp_pat
         err = capsys.readouterr().err
         assert err.startswith(f"weft: error: plan {bad}: {where}") and err.count("\n") == 1
     assert not (tmp_path / "reg").exists()
+
+
+def test_verify_refuses_a_negative_seed_in_one_line(capsys):
+    assert main(["verify", str(FIXTURES / "allpairs_allreduce_2_ll.json"), "--seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "weft: error: weft verify: --seed must be a non-negative integer, got -1\n"

@@ -172,3 +172,12 @@ def test_select_of_an_entry_without_times_says_so(registry, capsys):
     _commit_and_corrupt(registry, capsys, "timings", {})
     assert main(["registry", "select", "-t", "ring:n=4", "allreduce", "--size", "1MB"]) == 0
     assert "none (no time recorded) at 1MB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["select", "allgathr", "-t", "ring:n=4", "--size", "1MB"],
+                                  ["select", "allgather", "-t", "ring:n=4", "--size", "1MB", "--dtype", "fp64"],
+                                  ["list", "--collective", "allgathr"]])
+def test_an_unknown_collective_or_dtype_is_bad_input_not_an_empty_answer(registry, capsys, argv):
+    assert main(["registry", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice" in err

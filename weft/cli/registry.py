@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from schedules.collectives import NAMES
 from weft.units import format_bytes, parse_bytes
 
 
@@ -26,15 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--json", action="store_true")
     q = cmd("list", "list entries", _list)
     q.add_argument("--topology", help="only entries for this topology (spec, file or fingerprint)")
-    q.add_argument("--collective")
+    q.add_argument("--collective", choices=NAMES)
     q.add_argument("--json", action="store_true")
     q = cmd("show", "show one entry", _show)
     q.add_argument("id")
     q = cmd("select", "the best plan for a topology, collective and size", _select)
-    q.add_argument("collective")
+    q.add_argument("collective", choices=NAMES)
     q.add_argument("-t", "--topology", required=True)
     q.add_argument("--size", required=True, help="message size, e.g. 4MB")
-    q.add_argument("--dtype", help="fp32, fp16 or bf16")
+    q.add_argument("--dtype", choices=("fp32", "fp16", "bf16"))
     q.add_argument("--ll128", action="store_true",
                    help="for an executor that can move LL packets as LL128 lines: their measured times count too")
     q.add_argument("--json", action="store_true")

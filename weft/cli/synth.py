@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.chunks is not None and args.chunks < 1:
         raise ArgumentError(f"weft synth: --chunks must be a positive integer, got {args.chunks}")
+    if not 0 < args.time_limit < math.inf:
+        raise ArgumentError(f"weft synth: --time-limit must be positive seconds, got {args.time_limit}")
     parse_bytes(args.size)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)

@@ -48,8 +48,6 @@ def _options(args: argparse.Namespace):
     if args.steps is not None and args.rounds is not None and args.rounds < args.steps:
         raise ArgumentError(f"weft synth: --rounds {args.rounds} cannot fill --steps {args.steps} "
                             "(every step takes at least one round)")
-    if not args.time_limit > 0:
-        raise ArgumentError(f"weft synth: --time-limit must be positive seconds, got {args.time_limit}")
     return SmtOptions(steps=args.steps, rounds=args.rounds, time_limit=args.time_limit)
 
 
