@@ -137,3 +137,16 @@ def test_verify_refuses_a_negative_seed_in_one_line(capsys):
     assert main(["verify", str(FIXTURES / "allpairs_allreduce_2_ll.json"), "--seed", "-1"]) == 2
     err = capsys.readouterr().err
     assert err == "weft: error: weft verify: --seed must be a non-negative integer, got -1\n"
+
+
+@pytest.mark.parametrize("key, value", [("options", "abc"), ("predicted_us", 3), ("solve_time", "slow")])
+def test_a_malformed_schedule_meta_field_is_one_line_naming_it(ring_schedule, tmp_path, capsys, key, value):
+    doc = json.loads(ring_schedule.read_text())
+    doc["meta"][key] = value
+    ring_schedule.write_text(json.dumps(doc))
+    for argv in (["verify", str(ring_schedule), "-t", "ring:n=4"],
+                 ["compile", str(ring_schedule), "-t", "ring:n=4", "-o", str(tmp_path / "o.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"weft: error: schedule {ring_schedule}: meta.{key}: must be ") and err.count("\n") == 1
+    assert not (tmp_path / "o.json").exists()
