@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from topologies.errors import WeftError
 
 NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter", "alltoall")
+MAX_CHUNKS = 1 << 24  # global chunks: far beyond any schedule weft makes, but a corrupt count cannot allocate gigabytes
 COMBINING = frozenset({"reducescatter", "allreduce", "reduce"})
 ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 
@@ -56,6 +57,9 @@ class Collective:
         if not isinstance(self.root, int) or not 0 <= self.root < self.nranks:
             raise CollectiveError(
                 f"collective {self.name}: root {self.root!r} is not a rank (0..{self.nranks - 1})")
+        if self.nchunks > MAX_CHUNKS:
+            raise CollectiveError(f"collective {self.name}: chunks {self.chunks} on {self.nranks} ranks make "
+                                  f"{self.nchunks} chunks in all; at most {MAX_CHUNKS}")
 
     @property
     def combining(self) -> bool:

@@ -90,14 +90,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from schedules.collectives import NAMES, Collective, CollectiveError
+from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
 from topologies.errors import WeftError
-from topologies.jsonfile import read_json
+from topologies.jsonfile import read_json, write_text
 
 CHUNK_GRANULE = 4
 MAX_MESSAGE_SIZE = (1 << 64) - 1
@@ -360,7 +361,7 @@ def _pretty(value: object, indent: str) -> str:
 
 
 def save_plan_file(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(dumps_plan(plan))
+    write_text(path, dumps_plan(plan), "plan", PlanError)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -466,10 +467,18 @@ def _parse_meta(rd: _Reader, data: object) -> PlanMeta:
         topology=str(doc.get("topology", "")), schedule_hash=str(doc.get("schedule_hash", "")),
         solver=str(doc.get("solver", "")), chunks=rd.int(doc.get("chunks", 1), "weft.chunks", 1),
         root=rd.int(doc.get("root", 0), "weft.root"), instances=rd.int(doc.get("instances", 1), "weft.instances", 1),
-        predicted_us=dict(rd.obj(doc.get("predicted_us", {}), "weft.predicted_us")),
+        predicted_us=_predictions(rd, doc.get("predicted_us", {})),
         verification=rd.obj(verification, "weft.verification") if verification is not None else None,
         dtypes=dtypes,
     )
+
+
+def _predictions(rd: _Reader, data: object) -> dict[str, float]:
+    table = rd.obj(data, "weft.predicted_us")
+    for size, us in table.items():
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not 0 <= us < math.inf:
+            raise rd.fail(f"weft.predicted_us.{size}", f"must be a time in µs, got {us!r}")
+    return dict(table)
 
 
 def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
@@ -509,6 +518,9 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
     )
     if max(gpu.input_chunks, gpu.output_chunks) == 0:
         raise rd.fail(f"{where}.output_chunks", "a GPU needs an input or output buffer of at least one chunk")
+    for buffer in ("input_chunks", "output_chunks", "scratch_chunks"):
+        if getattr(gpu, buffer) > MAX_CHUNKS:
+            raise rd.fail(f"{where}.{buffer}", f"at most {MAX_CHUNKS} chunks, got {getattr(gpu, buffer)}")
     tbs = tuple(_parse_threadblock(rd, tb, f"{where}.threadblocks[{i}]", gpu)
                 for i, tb in enumerate(rd.list(doc.get("threadblocks"), f"{where}.threadblocks")))
     for i, tb in enumerate(tbs):

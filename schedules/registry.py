@@ -203,27 +203,36 @@ class Registry:
         except (ValueError, ImportError) as e:
             raise RegistryError(f"registry {self.location}: cannot open: {e}") from None
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        if self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise RegistryError(f"registry {self.location}: not a directory")
 
     # ---- paths and locking ---------------------------------------------------------------------
     def _path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def entry_path(self, id: str) -> str:
+        if not id or "/" in id or "\\" in id or id.startswith("."):  # an id names a file in entries/, nothing else
+            raise RegistryError(f"registry {self.location}: no entry {id!r} (an entry id is a file name in entries/, "
+                                "as `weft registry list` shows it)")
         return self._path("entries", f"{id}.json")
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        if self.local:
-            self.fs.makedirs(self.root, exist_ok=True)
-            lock_path = self._path(".lock")
-        else:
-            import platformdirs
+        """The registry's lock around a change; a location that cannot be written is one line naming it."""
+        try:
+            if self.local:
+                self.fs.makedirs(self.root, exist_ok=True)
+                lock_path = self._path(".lock")
+            else:
+                import platformdirs
 
-            lock_dir = Path(platformdirs.user_cache_dir("weft")) / "locks"
-            lock_dir.mkdir(parents=True, exist_ok=True)
-            lock_path = str(lock_dir / (hashlib.sha256(self.location.encode()).hexdigest()[:16] + ".lock"))
-        with FileLock(lock_path, timeout=120):
-            yield
+                lock_dir = Path(platformdirs.user_cache_dir("weft")) / "locks"
+                lock_dir.mkdir(parents=True, exist_ok=True)
+                lock_path = str(lock_dir / (hashlib.sha256(self.location.encode()).hexdigest()[:16] + ".lock"))
+            with FileLock(lock_path, timeout=120):
+                yield
+        except OSError as e:
+            raise RegistryError(f"registry {self.location}: cannot write: {e.strerror or e}") from None
 
     def _write_atomic(self, path: str, text: str) -> None:
         tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
@@ -436,6 +445,18 @@ def parse_baselines(doc: object, source: str) -> dict:
     return doc
 
 
+def _times(table: object, where: str, source: str) -> dict[int, float]:
+    """A timings table: sizes in bytes mapped to positive µs (selection interpolates them on a log scale)."""
+    if not isinstance(table, dict):
+        raise RegistryError(f"registry entry {source}: {where}: must map sizes in bytes to µs")
+    for size, us in table.items():
+        if not str(size).isdigit() or int(size) == 0 or isinstance(us, bool) or not isinstance(us, (int, float)) \
+                or not 0 < us < math.inf:
+            raise RegistryError(f"registry entry {source}: {where}.{size}: must be a size in bytes mapped to a "
+                                f"positive time in µs, got {us!r}")
+    return {int(k): float(v) for k, v in table.items()}
+
+
 def parse_entry(doc: object, source: str) -> Entry:
     if not isinstance(doc, dict) or doc.get("format") != ENTRY_FORMAT:
         raise RegistryError(f"registry entry {source}: format: must be {ENTRY_FORMAT!r}")
@@ -443,14 +464,17 @@ def parse_entry(doc: object, source: str) -> Entry:
         key_doc = doc["key"]
         key = EntryKey(str(key_doc["topology"]), str(key_doc["collective"]), int(key_doc["nranks"]),
                        int(key_doc["min_bytes"]), int(key_doc["max_bytes"]))
-        timings = doc.get("timings", {})
-        predicted = {int(k): float(v) for k, v in timings.get("predicted_us", {}).items()}
-        measured = {int(k): float(v) for k, v in timings.get("measured_us", {}).items()}
-        measured_ll128 = {int(k): float(v) for k, v in timings.get("measured_ll128_us", {}).items()}
-        provenance = dict(doc.get("provenance", {}))
         entry_id_ = str(doc["id"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RegistryError(f"registry entry {source}: key: missing or malformed ({e})") from None
+    timings = doc.get("timings", {})
+    if not isinstance(timings, dict):
+        raise RegistryError(f"registry entry {source}: timings: must be an object")
+    predicted, measured, measured_ll128 = (_times(timings.get(name, {}), f"timings.{name}", source)
+                                           for name in ("predicted_us", "measured_us", "measured_ll128_us"))
+    provenance = doc.get("provenance", {})
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("verification") or {}, dict):
+        raise RegistryError(f"registry entry {source}: provenance.verification: must be an object")
     plan = parse_plan(doc.get("plan"), f"{source}: plan")
     record = provenance.get("verification") or {}
     if record.get("plan_hash") != plan.content_hash:

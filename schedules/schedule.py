@@ -20,7 +20,7 @@ from typing import Any
 
 from schedules.collectives import Collective, CollectiveError
 from topologies.errors import WeftError
-from topologies.jsonfile import read_json
+from topologies.jsonfile import read_json, write_text
 
 FORMAT = "weft.schedule/1"
 OPS = ("copy", "reduce")
@@ -120,7 +120,7 @@ class Schedule:
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
-    Path(path).write_text(dumps_schedule(schedule))
+    write_text(path, dumps_schedule(schedule), "schedule", ScheduleError)
 
 
 def dumps_schedule(schedule: Schedule) -> str:
@@ -186,6 +186,11 @@ def parse_schedule(data: object, source: str) -> Schedule:
             sends.append(Send(chunk, src, dst, s[3]))
         steps.append(Step(rounds, tuple(sends)))
     meta_doc = data.get("meta", {}) if isinstance(data.get("meta"), dict) else {}
+    for key, kind, what in (("options", dict, "an object"), ("predicted_us", dict, "an object of sizes to µs"),
+                            ("solve_time", (int, float), "a number of seconds")):
+        value = meta_doc.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ScheduleError(f"schedule {source}: meta.{key}: must be {what}, got {value!r}")
     meta = ScheduleMeta(
         solver=str(meta_doc.get("solver", "")), options=dict(meta_doc.get("options", {}) or {}),
         solve_time=float(meta_doc.get("solve_time", 0.0) or 0.0),

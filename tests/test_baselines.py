@@ -340,3 +340,29 @@ def test_weft_synth_refuses_tree_allgather_in_one_line(capsys):
     assert main(["synth", "allgather", "-t", "dgx1", "--method", "tree"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tree: exists for allreduce" in err
+
+
+@pytest.mark.parametrize("output", ["taken/ring.json", "taken/out", "folder.json"])
+def test_weft_synth_to_an_unwritable_output_is_one_line_naming_it(tmp_path, capsys, output):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "folder.json").mkdir()
+    out = tmp_path / output
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--compile", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert str(tmp_path) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.json", "taken"]
+
+
+def test_weft_synth_refuses_a_chunk_count_too_large_to_hold_in_one_line(capsys):
+    assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "ring", "--chunks", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "200000000 chunks in all; at most 16777216" in err
+
+
+@pytest.mark.parametrize("method", ["ring", "trees", "milp", "smt"])
+@pytest.mark.parametrize("limit", ["0", "-1", "nan", "inf"])
+def test_weft_synth_time_limit_must_be_positive_and_finite_for_every_method(capsys, method, limit):
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", method, "--time-limit", limit]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--time-limit must be positive seconds, got {float(limit)}" in err

@@ -97,3 +97,56 @@ def test_compile_and_verify_records_predictions_and_checks():
     plan = pipeline.compile_and_verify(baselines.direct(topology, Collective("allreduce", 4)), topology)
     assert plan.protocol == "LL" and set(plan.weft.predicted_us) == {"1KB", "1MB", "1GB"}
     assert pipeline.is_verified(plan)
+
+
+@pytest.mark.parametrize("fmt", ["plan", "msccl-xml"])
+def test_compile_to_an_unwritable_path_is_one_line_naming_it(ring_schedule, tmp_path, capsys, fmt):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "folder").mkdir()
+    for out in (tmp_path / "taken" / "x.json", tmp_path / "folder"):
+        assert main(["compile", str(ring_schedule), "-t", "ring:n=4", "--format", fmt, "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("weft: error: ") and err.count("\n") == 1 and "Traceback" not in err
+        assert str(out.parent if out.parent.name == "taken" else out) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "ring.json", "taken"]
+    assert list((tmp_path / "folder").iterdir()) == []
+
+
+@pytest.mark.parametrize("field, value, where", [
+    (("gpus", 0, "output_chunks"), 2 ** 70, "gpus[0].output_chunks: at most"),
+    (("weft", "predicted_us", "1KB"), "fast", "weft.predicted_us.1KB: must be a time in µs"),
+])
+def test_a_plan_field_out_of_range_is_one_line_naming_the_file_and_field(tmp_path, capsys, field, value, where):
+    doc = json.loads((FIXTURES / "allpairs_allreduce_2_ll.json").read_text())
+    doc.setdefault("weft", {}).setdefault("predicted_us", {})
+    target = doc
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    bad = tmp_path / "bad.plan.json"
+    bad.write_text(json.dumps(doc))
+    for argv in (["verify", str(bad)], ["registry", "commit", str(bad), "-t", "hgx_h200:gpus=2", "--registry",
+                                        str(tmp_path / "reg")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"weft: error: plan {bad}: {where}") and err.count("\n") == 1
+    assert not (tmp_path / "reg").exists()
+
+
+def test_verify_refuses_a_negative_seed_in_one_line(capsys):
+    assert main(["verify", str(FIXTURES / "allpairs_allreduce_2_ll.json"), "--seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "weft: error: weft verify: --seed must be a non-negative integer, got -1\n"
+
+
+@pytest.mark.parametrize("key, value", [("options", "abc"), ("predicted_us", 3), ("solve_time", "slow")])
+def test_a_malformed_schedule_meta_field_is_one_line_naming_it(ring_schedule, tmp_path, capsys, key, value):
+    doc = json.loads(ring_schedule.read_text())
+    doc["meta"][key] = value
+    ring_schedule.write_text(json.dumps(doc))
+    for argv in (["verify", str(ring_schedule), "-t", "ring:n=4"],
+                 ["compile", str(ring_schedule), "-t", "ring:n=4", "-o", str(tmp_path / "o.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"weft: error: schedule {ring_schedule}: meta.{key}: must be ") and err.count("\n") == 1
+    assert not (tmp_path / "o.json").exists()

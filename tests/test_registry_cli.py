@@ -98,3 +98,86 @@ def test_select_with_ll128_says_where_lines_run(capsys):
         picks[size, ll128] = json.loads(capsys.readouterr().out)
     assert picks["1MB", True]["lines"] and not picks["1MB", False]["lines"]
     assert picks["1MB", True]["time_us"] < picks["1MB", False]["time_us"]
+
+
+def test_export_into_a_path_under_a_file_is_one_line(registry, tmp_path, capsys):
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    (tmp_path / "taken").write_text("a file")
+    capsys.readouterr()
+    assert main(["registry", "export", str(tmp_path / "taken" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: registry export ") and err.count("\n") == 1 and "taken" in err
+
+
+@pytest.mark.parametrize("argv", [["list"], ["rebuild-index"], ["remove", "x"], ["export", "out"],
+                                  ["select", "allreduce", "-t", "ring:n=4", "--size", "1MB"]])
+def test_a_registry_location_that_is_a_file_is_one_line(tmp_path, capsys, argv):
+    (tmp_path / "reg").write_text("a file")
+    assert main(["registry", *argv, "--registry", str(tmp_path / "reg")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"weft: error: registry {tmp_path / 'reg'}: not a directory\n"
+
+
+def test_a_registry_that_cannot_be_created_is_one_line(tmp_path, capsys):
+    (tmp_path / "taken").write_text("a file")
+    location = tmp_path / "taken" / "reg"
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit", "--registry",
+                 str(location)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"weft: error: registry {location}: cannot write: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("id_", ["../index", "../baselines", "/etc/passwd", ".lock", ""])
+def test_remove_and_show_take_entry_ids_only_never_other_files(registry, capsys, id_):
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    before = sorted(p.relative_to(registry) for p in registry.rglob("*"))
+    capsys.readouterr()
+    for command in ("remove", "show"):
+        assert main(["registry", command, id_]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"weft: error: registry {registry}: no entry ") and err.count("\n") == 1
+    assert sorted(p.relative_to(registry) for p in registry.rglob("*")) == before
+
+
+def _commit_and_corrupt(registry, capsys, field: str, value) -> str:
+    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    entry = committed_id(capsys)
+    path = registry / "entries" / f"{entry}.json"
+    doc = json.loads(path.read_text())
+    section, _, name = field.partition(".")
+    if name:
+        doc[section][name] = value
+    else:
+        doc[section] = value
+    path.write_text(json.dumps(doc))
+    return entry
+
+
+@pytest.mark.parametrize("field, value", [("provenance.verification", "ok"), ("timings", []),
+                                          ("timings.predicted_us", {"1024": 0}),
+                                          ("timings.measured_us", {"1024": "fast"}),
+                                          ("timings.predicted_us", {"1KB": 3.0}), ("timings.measured_us", [1])])
+def test_a_malformed_entry_field_is_one_line_naming_the_file_and_field(registry, capsys, field, value):
+    entry = _commit_and_corrupt(registry, capsys, field, value)
+    assert main(["registry", "show", entry]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: registry entry ") and err.count("\n") == 1
+    assert f"{entry}.json: {field}" in err
+    assert main(["registry", "select", "-t", "ring:n=4", "allreduce", "--size", "1MB"]) == 1  # skipped, said so
+    captured = capsys.readouterr()
+    assert "no plan" in captured.out and f"{entry}.json: {field}" in captured.err
+
+
+def test_select_of_an_entry_without_times_says_so(registry, capsys):
+    _commit_and_corrupt(registry, capsys, "timings", {})
+    assert main(["registry", "select", "-t", "ring:n=4", "allreduce", "--size", "1MB"]) == 0
+    assert "none (no time recorded) at 1MB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["select", "allgathr", "-t", "ring:n=4", "--size", "1MB"],
+                                  ["select", "allgather", "-t", "ring:n=4", "--size", "1MB", "--dtype", "fp64"],
+                                  ["list", "--collective", "allgathr"]])
+def test_an_unknown_collective_or_dtype_is_bad_input_not_an_empty_answer(registry, capsys, argv):
+    assert main(["registry", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice" in err

@@ -284,3 +284,13 @@ def test_a_one_rank_topology_has_no_collective(argv, tmp_path):
     code, out, err = run(argv + ["-o", str(tmp_path / "x.json")] if argv[0] == "synth" else argv)
     assert_one_line_error(code, err, "topology hgx_h200:gpus=1", "at least 2")
     assert out == "" and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("bandwidth", [1e308, 5e-324])
+def test_a_link_bandwidth_beyond_any_fabric_is_one_line_not_an_overflow(tmp_path, bandwidth):
+    doc = example_doc()
+    doc["links"][0]["bandwidth"] = bandwidth
+    path = write(tmp_path, doc)
+    for argv in (["topo", "validate", str(path)], ["synth", "allreduce", "-t", str(path), "--method", "ring"]):
+        code, _, err = run(argv)
+        assert_one_line_error(code, err, str(path), "links[0]", ".bandwidth: must be a number of GB/s from 1e-06")

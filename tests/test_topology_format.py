@@ -187,4 +187,4 @@ def test_error_detail_survives_a_name_holding_a_colon():
     doc = example_doc()
     doc["name"] = "lab: rack 2"
     doc["links"][1]["bandwidth"] = -1
-    assert _error(doc) == "topology bad.json: links[1] (1->0).bandwidth: must be a positive number of GB/s, got -1"
+    assert _error(doc) == "topology bad.json: links[1] (1->0).bandwidth: must be a number of GB/s from 1e-06 to 1e+09, got -1"

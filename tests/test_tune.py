@@ -136,3 +136,13 @@ def test_ll_variants_can_accept_larger_messages_for_executors_with_ll128_lines(c
     assert simple.plan.max_message_size > 8 << 20 and "max" not in simple.plan.name  # Simple plans: any size
     assert main(["tune", "allreduce", "-t", TOPO, "--ll-max-bytes", "3KB", "--dry-run"]) == 2
     assert "--ll-max-bytes: a whole number of MB" in capsys.readouterr().err
+
+
+def test_an_unwritable_output_folder_is_refused_before_anything_is_committed(tmp_path, capsys):
+    reg, taken = tmp_path / "reg", tmp_path / "taken"
+    taken.write_text("a file, not a folder")
+    assert main(["tune", "allreduce", "-t", TOPO, "--instances", "1", "--threads", "1024", "--protocols", "simple",
+                 "--registry", str(reg), "-o", str(taken / "plans")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: output ") and err.count("\n") == 1 and str(taken) in err
+    assert not reg.exists()

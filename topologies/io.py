@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from topologies.jsonfile import read_json
+from topologies.jsonfile import read_json, write_text
 from topologies.errors import TopologyError, UnreachableError
 from topologies.topology import FORMAT, Link, SharingGroup, Topology, _is_number, short_repr
 
@@ -19,7 +19,7 @@ def load_topology(path: str | Path) -> Topology:
 
 
 def save_topology(topo: Topology, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(topo.to_json(), indent=2) + "\n")
+    write_text(path, json.dumps(topo.to_json(), indent=2) + "\n", "topology", TopologyError)
 
 
 def parse_topology(data: object, source: str) -> Topology:

@@ -1,8 +1,10 @@
-"""Reading a JSON file with one-line errors that name the file, for every weft format."""
+"""Reading and writing weft's files with one-line errors that name the file, for every weft format."""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from topologies.errors import WeftError
@@ -20,3 +22,33 @@ def read_json(path: str | Path, kind: str, error: type[WeftError]) -> object:
         raise error(f"{kind} {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     except (ValueError, RecursionError) as e:  # a number too long to read, or nesting too deep
         raise error(f"{kind} {path}: not valid JSON: {str(e).splitlines()[0]}") from None
+
+
+def write_text(path: str | Path, text: str, kind: str, error: type[WeftError], parents: bool = False) -> None:
+    """Write ``text`` to ``path`` whole or not at all (beside it, then renamed), so a failed write leaves no half
+    file; unwritable paths raise ``error("<kind> <path>: cannot write: ...")``. ``parents``: create missing folders."""
+    path = Path(path)
+    if parents:
+        make_directory(path.parent, kind, error)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:
+        raise error(f"{kind} {path}: cannot write: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; weft's files are meant to be shared
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise error(f"{kind} {path}: cannot write: {e.strerror or e}") from None
+
+
+def make_directory(path: str | Path, kind: str, error: type[WeftError]) -> Path:
+    """``path`` as a folder, created with its parents where missing; one line naming it where that fails."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise error(f"{kind} {path}: cannot create the folder: {e.strerror or e}") from None
+    return path

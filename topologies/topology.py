@@ -28,6 +28,9 @@ Vertex = int | str
 FORMAT = "weft.topology/1"
 MAX_RANKS = 1 << 20  # far beyond any fabric, but keeps a corrupt nranks from allocating gigabytes
 MAX_LANES = 1 << 16
+# GB/s per lane: 1 KB/s to 1 EB/s spans every fabric, and keeps ratios of capacities finite (1e308 or 5e-324
+# made the cost model divide into infinity)
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e-6, 1e9
 
 
 @dataclass(frozen=True)
@@ -245,8 +248,9 @@ def find_problem(topo: Topology) -> str | None:
             return f"links[{i}] ({_label(link.src)}->{_label(link.dst)}){problem}"
         seen.add(link.key)
     for i, group in enumerate(topo.sharing):
-        if not _is_number(group.bandwidth) or group.bandwidth <= 0:
-            return f"sharing[{i}].bandwidth: must be a positive number of GB/s, got {short_repr(group.bandwidth)}"
+        if not _is_number(group.bandwidth) or not MIN_BANDWIDTH <= group.bandwidth <= MAX_BANDWIDTH * MAX_LANES:
+            return (f"sharing[{i}].bandwidth: must be a number of GB/s from {MIN_BANDWIDTH:g} to "
+                    f"{MAX_BANDWIDTH * MAX_LANES:g}, got {short_repr(group.bandwidth)}")
         if not group.links:
             return f"sharing[{i}].links: must list at least one link"
         for j, key in enumerate(group.links):
@@ -266,8 +270,9 @@ def _link_problem(link: Link, nranks: int, switches: set[str], seen: set) -> str
         return ": a link cannot join a vertex to itself"
     if link.key in seen:
         return ": duplicate link (bond lanes with 'count' instead)"
-    if not _is_number(link.bandwidth) or link.bandwidth <= 0:
-        return f".bandwidth: must be a positive number of GB/s, got {short_repr(link.bandwidth)}"
+    if not _is_number(link.bandwidth) or not MIN_BANDWIDTH <= link.bandwidth <= MAX_BANDWIDTH:
+        return (f".bandwidth: must be a number of GB/s from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g}, "
+                f"got {short_repr(link.bandwidth)}")
     if not _is_number(link.latency) or link.latency < 0:
         return f".latency: must be a non-negative number of µs, got {short_repr(link.latency)}"
     if not isinstance(link.count, int) or isinstance(link.count, bool) or not 1 <= link.count <= MAX_LANES:

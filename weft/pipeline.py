@@ -14,7 +14,7 @@ from schedules.plan import Plan, PlanError, dumps_plan, load_plan, parse_plan
 from schedules.schedule import FORMAT as SCHEDULE_FORMAT
 from schedules.schedule import Schedule, parse_schedule
 from topologies import Topology
-from topologies.jsonfile import read_json
+from topologies.jsonfile import read_json, write_text
 from weft.units import format_bytes
 
 PREDICTION_SIZES = (1 << 10, 1 << 20, 1 << 30)
@@ -73,9 +73,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
     if not is_verified(plan):
         raise PlanError(f"plan {plan.name}: no passing verification record for hash {plan.content_hash}; "
                         "compile it with weft.compile (or run `weft verify`) first")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps_plan(plan))
+    write_text(path, dumps_plan(plan), "plan", PlanError, parents=True)
 
 
 def read_document(path: str | Path) -> tuple[str, Schedule | Plan]:

@@ -47,7 +47,7 @@ def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | Non
         from schedules.cost import predict_us
 
         return {n: predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
-    return {parse_bytes(k, "weft.predicted_us"): float(v) for k, v in plan.weft.predicted_us.items()}
+    return {parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v) for k, v in plan.weft.predicted_us.items()}
 
 
 def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,

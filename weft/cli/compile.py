@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from schedules.schedule import load_schedule
     from topologies import resolve
+    from topologies.jsonfile import write_text
     from codegen.protocol import LL_MAX_BYTES
     from weft import pipeline
     from weft.units import parse_bytes
@@ -57,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "msccl-xml":
         from codegen.msccl_xml import to_msccl_xml
 
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(to_msccl_xml(schedule, instances=args.instances, protocol=args.protocol))
+        write_text(out, to_msccl_xml(schedule, instances=args.instances, protocol=args.protocol), "output",
+                   ArgumentError, parents=True)
     else:
         pipeline.save_plan(plan, out)
     record = plan.weft.verification or {}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from schedules.collectives import NAMES
 from topologies.errors import WeftError
+from topologies.jsonfile import write_text
 from weft.cli import ArgumentError
 from weft.units import format_bytes, parse_bytes, parse_size_range
 
@@ -309,8 +310,7 @@ def _bench(args: argparse.Namespace) -> int:
             doc = _bench_document(args, config, rows, world, torch)
             path = Path(args.output or f"bench/results/gpu_{args.collective}_{args.dtype}_"
                         f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(doc, indent=1) + "\n")
+            write_text(path, json.dumps(doc, indent=1) + "\n", "bench results", ArgumentError, parents=True)
             if args.record:
                 _record(args, rows)
             if args.json:

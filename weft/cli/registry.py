@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
+from schedules.collectives import NAMES
 from weft.units import format_bytes, parse_bytes
 
 
@@ -27,15 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--json", action="store_true")
     q = cmd("list", "list entries", _list)
     q.add_argument("--topology", help="only entries for this topology (spec, file or fingerprint)")
-    q.add_argument("--collective")
+    q.add_argument("--collective", choices=NAMES)
     q.add_argument("--json", action="store_true")
     q = cmd("show", "show one entry", _show)
     q.add_argument("id")
     q = cmd("select", "the best plan for a topology, collective and size", _select)
-    q.add_argument("collective")
+    q.add_argument("collective", choices=NAMES)
     q.add_argument("-t", "--topology", required=True)
     q.add_argument("--size", required=True, help="message size, e.g. 4MB")
-    q.add_argument("--dtype", help="fp32, fp16 or bf16")
+    q.add_argument("--dtype", choices=("fp32", "fp16", "bf16"))
     q.add_argument("--ll128", action="store_true",
                    help="for an executor that can move LL packets as LL128 lines: their measured times count too")
     q.add_argument("--json", action="store_true")
@@ -124,8 +124,9 @@ def _select(args: argparse.Namespace) -> int:
     elif sel.entry is None:
         print(f"no plan: {sel.reason} (the executor falls back to NCCL)")
     else:
+        time = "(no time recorded)" if sel.time_us is None else f"{sel.time_us:.2f} µs"
         print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
-              f"{sel.time_us:.2f} µs at {format_bytes(nbytes)}")
+              f"{time} at {format_bytes(nbytes)}")
     return 0 if sel.entry else 1
 
 
@@ -149,13 +150,13 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from schedules.registry import dumps
+    from schedules.registry import RegistryError, dumps
+    from topologies.jsonfile import make_directory, write_text
 
-    out = Path(args.directory)
-    out.mkdir(parents=True, exist_ok=True)
     entries = _registry(args).entries()
+    out = make_directory(args.directory, "registry export", RegistryError)
     for e in entries:
-        (out / f"{e.id}.json").write_text(dumps(e.to_json()))
+        write_text(out / f"{e.id}.json", dumps(e.to_json()), "registry export", RegistryError)
     print(f"exported {len(entries)} entries to {out}")
     return 0
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from pathlib import Path
 
 from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
+from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
 from weft.units import format_bytes, parse_bytes
 
@@ -76,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.chunks is not None and args.chunks < 1:
         raise ArgumentError(f"weft synth: --chunks must be a positive integer, got {args.chunks}")
+    if not 0 < args.time_limit < math.inf:
+        raise ArgumentError(f"weft synth: --time-limit must be positive seconds, got {args.time_limit}")
     parse_bytes(args.size)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
@@ -103,10 +107,10 @@ def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | No
         return [None] * len(schedules)
     out = Path(args.output)
     if len(schedules) == 1 and out.suffix == ".json":
-        out.parent.mkdir(parents=True, exist_ok=True)
+        make_directory(out.parent, "output", ArgumentError)
         save_schedule(schedules[0], out)
         return [str(out)]
-    out.mkdir(parents=True, exist_ok=True)
+    make_directory(out, "output", ArgumentError)
     paths = []
     for s in schedules:
         path = out / f"{safe_name(s.name or s.collective.name)}-{s.content_hash[:8]}.json"

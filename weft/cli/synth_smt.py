@@ -16,6 +16,7 @@ from typing import Callable
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
 from topologies import Topology
+from topologies.jsonfile import make_directory, write_text
 from weft.cli import ArgumentError
 
 FRONTIER_FORMAT = "weft.frontier/1"
@@ -47,8 +48,6 @@ def _options(args: argparse.Namespace):
     if args.steps is not None and args.rounds is not None and args.rounds < args.steps:
         raise ArgumentError(f"weft synth: --rounds {args.rounds} cannot fill --steps {args.steps} "
                             "(every step takes at least one round)")
-    if not args.time_limit > 0:
-        raise ArgumentError(f"weft synth: --time-limit must be positive seconds, got {args.time_limit}")
     return SmtOptions(steps=args.steps, rounds=args.rounds, time_limit=args.time_limit)
 
 
@@ -80,7 +79,7 @@ def _write_frontier(out: Path, topology: Topology, collective: Collective, front
     for point in frontier.points:
         require_valid(point.schedule, topology)
     folder = out.parent if out.suffix == ".json" else out
-    folder.mkdir(parents=True, exist_ok=True)
+    make_directory(folder, "output", ArgumentError)
     doc = {
         "format": FRONTIER_FORMAT,
         "topology": topology.name,
@@ -97,4 +96,4 @@ def _write_frontier(out: Path, topology: Topology, collective: Collective, front
         "lp_bound_fraction": str(frontier.lp_bound),
         "complete": frontier.complete,
     }
-    (folder / "frontier.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_text(folder / "frontier.json", json.dumps(doc, indent=2) + "\n", "frontier", ArgumentError)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
-from topologies import Topology, TopologyError, load_topology, resolve, save_topology
+from topologies import Topology, load_topology, resolve, save_topology
 from topologies.catalog import entries
 
 EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect")
@@ -121,22 +119,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     topology = resolve(args.topology)
     out = Path(args.output)
-    _write_atomically(topology, out)
+    save_topology(topology, out)
     print(f"wrote {out}: {topology.name}, {topology.nranks} ranks, {topology.fingerprint}")
     return 0
 
-
-def _write_atomically(topology: Topology, out: Path) -> None:
-    """Write beside the target and rename, so a failed write never leaves half a file behind."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    except OSError as e:
-        raise TopologyError(f"topology {out}: cannot write: {e.strerror or e}") from None
-    os.close(fd)
-    try:
-        save_topology(topology, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; an exported topology is meant to be shared
-        os.replace(tmp, out)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise TopologyError(f"topology {out}: cannot write: {e.strerror or e}") from None

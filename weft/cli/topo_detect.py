@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def register(topo_sub: argparse._SubParsersAction) -> None:
@@ -20,12 +19,14 @@ def register(topo_sub: argparse._SubParsersAction) -> None:
 
 def _detect(args: argparse.Namespace) -> int:
     from topologies.detect import load_facts, read_facts, topology_from_facts
+    from topologies.errors import TopologyError
     from topologies.io import save_topology
+    from topologies.jsonfile import write_text
 
     facts = load_facts(args.facts) if args.facts else read_facts()
     topo = topology_from_facts(facts)
     if args.record:
-        Path(args.record).write_text(json.dumps(facts.to_json(), indent=2) + "\n")
+        write_text(args.record, json.dumps(facts.to_json(), indent=2) + "\n", "nvml facts", TopologyError)
     if args.output:
         save_topology(topo, args.output)
     if args.json:

@@ -50,6 +50,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from schedules.schedule import load_schedule
     from topologies import resolve
+    from topologies.jsonfile import make_directory
     from weft import publish
     from weft.synthesis import synthesize
     from weft.tuning import TuneOptions, compile_variants
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
                           sms=args.sms, pull=args.pull, pipelines=_ints(args.pipeline, "--pipeline"),
                           ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"))
     topology = resolve(args.topology)
+    if args.output and not args.dry_run:
+        make_directory(args.output, "output", ArgumentError)  # before any commit, so a bad -o commits nothing
     methods = args.methods or (["direct", "twoshot"] if args.collective == "allreduce" else ["direct"])
     schedules = [synthesize(topology, args.collective, m) for m in methods]
     schedules += [load_schedule(f) for f in args.schedules]

@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from weft import pipeline
 
+    if args.seed < 0:
+        raise ArgumentError(f"weft verify: --seed must be a non-negative integer, got {args.seed}")
     kind, document = pipeline.read_document(args.file)
     if kind == "schedule":
         return _schedule(args, document)
