@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
 import pytest
 
 from weft.cli import main
-from weft.plots import PlotError, bench_table
+from weft.plots import bench_table
+from weft.results import ResultsError
 
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -40,5 +43,93 @@ def test_weft_plot_bench_markdown_prints_it(capsys):
 def test_a_file_without_rows_is_refused_naming_the_field(tmp_path):
     path = tmp_path / "empty.json"
     path.write_text("{}")
-    with pytest.raises(PlotError, match="rows"):
+    with pytest.raises(ResultsError, match="rows"):
         bench_table(path)
+
+
+# ---- weft plot: every committed benchmark still plots; a malformed file is one line naming the file and field ----
+
+PLOTTED = sorted(p.name for pattern in ("gpu_*.json", "kernel_trace*.json", "milp_allgather.json", "trees_scale*.json")
+                 for p in RESULTS.glob(pattern))
+GOOD_ROW = {"size": 1024, "nccl_us": 10.0, "symm_us": None, "weft_us": 8.0, "wrong": 0, "plan": "direct-ll-x1"}
+GOOD_FRONTIER = {"format": "weft.frontier/1", "topology": "ring:n=4", "collective": "allgather", "lp_bound": 1.5,
+                 "points": [{"steps": 2, "rounds": 3, "chunks": 2, "rounds_per_chunk": 1.5}]}
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    """Run the CLI in-process; (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("name", PLOTTED)
+def test_every_committed_benchmark_plots(name, tmp_path):
+    code, out, err = run(["plot", "bench", str(RESULTS / name), "-o", str(tmp_path / "p.png")])
+    assert (code, err) == (0, "")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_frontier_from_weft_synth_plots(tmp_path):
+    assert run(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--pareto", "-o", str(tmp_path)])[0] == 0
+    code, out, err = run(["plot", "frontier", str(tmp_path / "frontier.json"), "-o", str(tmp_path / "f.png")])
+    assert (code, err) == (0, "")
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"rows": [7]}, "rows[0]: must be an object"),
+    ({"rows": [{"nccl_us": 3.0}]}, "rows[0].size: missing"),
+    ({"rows": [{**GOOD_ROW, "size": -1}]}, "rows[0].size: must be a size in bytes"),
+    ({"nranks": "abc"}, "nranks: must be an integer"),
+    ({"nranks": 0}, "nranks: must be an integer"),
+    ({"rows": [{**GOOD_ROW, "nccl_us": "abc"}]}, "rows[0].nccl_us: must be a time in µs"),
+    ({"rows": [{**GOOD_ROW, "weft_us": 5e-324}]}, "rows[0].weft_us: must be a time in µs"),
+    ({"rows": [{**GOOD_ROW, "plan": 7}]}, "rows[0].plan: must be a plan name"),
+    ({"rows": [{**GOOD_ROW, "wrong": "none"}]}, "rows[0].wrong: must be an integer"),
+    ({"collective": ["allreduce"]}, "collective: must be a string"),
+    ({"machine": 3}, "machine: must be a string or an object"),
+])
+@pytest.mark.parametrize("markdown", [[], ["--markdown"]])
+def test_a_malformed_benchmark_is_one_line_naming_the_file_and_field(change, field, markdown, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"collective": "allreduce", "nranks": 2, "rows": [GOOD_ROW], **change}))
+    code, out, err = run(["plot", "bench", str(path), "-o", str(tmp_path / "p.png"), *markdown])
+    assert code == 2 and out == ""
+    assert err.startswith(f"weft: error: bench results {path}: {field}")
+    assert err.count("\n") == 1
+    assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"format": "weft.frontier/2"}, "format: must be 'weft.frontier/1'"),
+    ({"points": []}, "points: must be a non-empty list"),
+    ({"points": ["x"]}, "points[0]: must be an object"),
+    ({"points": [{"rounds_per_chunk": 1.5}]}, "points[0].steps: missing"),
+    ({"points": [{"steps": 1e308, "rounds_per_chunk": 1.5}]}, "points[0].steps: must be an integer"),
+    ({"points": [{"steps": 2, "rounds_per_chunk": "1.5"}]}, "points[0].rounds_per_chunk: must be a number"),
+    ({"points": [{"steps": 2, "rounds": [], "rounds_per_chunk": 1.5}]}, "points[0].rounds: must be an integer"),
+    ({"lp_bound": {"value": 1.5}}, "lp_bound: must be a number"),
+    ({"lp_bound": float("inf")}, "lp_bound: must be a number"),
+])
+def test_a_malformed_frontier_is_one_line_naming_the_file_and_field(change, field, tmp_path):
+    path = tmp_path / "frontier.json"
+    path.write_text(json.dumps({**GOOD_FRONTIER, **change}))
+    code, out, err = run(["plot", "frontier", str(path), "-o", str(tmp_path / "f.png")])
+    assert code == 2 and out == ""
+    assert err.startswith(f"weft: error: frontier {path}: {field}")
+    assert err.count("\n") == 1
+    assert not (tmp_path / "f.png").exists()
+
+
+@pytest.mark.parametrize("kind, text, message", [
+    ("bench", "[1, 2]", "bench results {}: (top level): must be an object"),
+    ("bench", "{", "bench results {}: not valid JSON"),
+    ("frontier", "{}", "frontier {}: format: must be 'weft.frontier/1', got None"),
+])
+def test_the_error_names_the_kind_of_file(kind, text, message, tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    code, _, err = run(["plot", kind, str(path)])
+    assert code == 2 and err.startswith("weft: error: " + message.format(path))

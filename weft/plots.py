@@ -4,22 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from topologies.errors import WeftError
-from topologies.jsonfile import read_json
+from weft.results import read_bench, read_frontier
 from weft.units import format_bytes
-
-
-class PlotError(WeftError):
-    """A results file that cannot be plotted."""
-
-
-def _load(path: str | Path, expected: str | None) -> dict:
-    doc = read_json(path, "results", PlotError)
-    if not isinstance(doc, dict):
-        raise PlotError(f"{path}: (top level): must be a JSON object")
-    if expected and doc.get("format") != expected:
-        raise PlotError(f"{path}: format: must be {expected!r}, got {doc.get('format')!r}")
-    return doc
 
 
 def _pyplot():
@@ -33,28 +19,22 @@ def _pyplot():
 
 def plot_frontier(path: str | Path, out: str | Path) -> Path:
     """Steps against rounds per chunk for each frontier point, with the LP bound as a line."""
-    doc = _load(path, "weft.frontier/1")
-    points = doc.get("points")
-    if not isinstance(points, list) or not points:
-        raise PlotError(f"{path}: points: must be a non-empty list")
-    try:
-        xs = [float(p["rounds_per_chunk"]) for p in points]
-        ys = [int(p["steps"]) for p in points]
-    except (KeyError, TypeError, ValueError) as e:
-        raise PlotError(f"{path}: points: each point needs steps and rounds_per_chunk ({e})") from None
+    frontier = read_frontier(path)
+    xs = [p.rounds_per_chunk for p in frontier.points]
+    ys = [p.steps for p in frontier.points]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.step(sorted(xs), [y for _, y in sorted(zip(xs, ys))], where="post", color="tab:blue", alpha=0.4)
     ax.scatter(xs, ys, color="tab:blue", zorder=3)
-    for p, x, y in zip(points, xs, ys):
-        ax.annotate(f"({p.get('steps')},{p.get('rounds')},{p.get('chunks')})", (x, y), textcoords="offset points",
+    for p in frontier.points:
+        ax.annotate(f"({p.steps},{p.rounds},{p.chunks})", (p.rounds_per_chunk, p.steps), textcoords="offset points",
                     xytext=(5, 5), fontsize=8)
-    if doc.get("lp_bound") is not None:
-        ax.axvline(float(doc["lp_bound"]), color="tab:red", linestyle="--", label=f"bandwidth bound {doc['lp_bound']}")
+    if frontier.lp_bound is not None:
+        ax.axvline(frontier.lp_bound, color="tab:red", linestyle="--", label=f"bandwidth bound {frontier.lp_bound}")
         ax.legend()
     ax.set_xlabel("rounds per chunk (bandwidth cost)")
     ax.set_ylabel("steps (latency cost)")
-    ax.set_title(f"{doc.get('collective', '')} on {doc.get('topology', '')}: Pareto frontier")
+    ax.set_title(f"{frontier.collective} on {frontier.topology}: Pareto frontier")
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=120)
@@ -64,16 +44,13 @@ def plot_frontier(path: str | Path, out: str | Path) -> Path:
 
 def plot_bench(path: str | Path, out: str | Path) -> Path:
     """busbw and latency against size for NCCL, symmetric memory and weft (one benchmark file)."""
-    doc = _load(path, None)
-    rows = doc.get("rows")
-    if not isinstance(rows, list) or not rows:
-        raise PlotError(f"{path}: rows: must be a non-empty list")
+    bench = read_bench(path)
     plt = _pyplot()
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4))
-    sizes = [r["size"] for r in rows]
-    factor = _bus_factor(doc.get("collective", ""), int(doc.get("nranks", 2)))
+    sizes = [r.size for r in bench.rows]
+    factor = _bus_factor(bench.collective, bench.nranks)
     for key, label in (("nccl_us", "NCCL"), ("symm_us", "torch symm-mem"), ("weft_us", "weft")):
-        pts = [(r["size"], r[key]) for r in rows if r.get(key)]
+        pts = [(r.size, getattr(r, key)) for r in bench.rows if getattr(r, key)]
         if not pts:
             continue
         xs, ts = zip(*pts)
@@ -88,8 +65,7 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
     lat.set_yscale("log")
     lat.set_ylabel("time (µs)")
     bw.set_ylabel("busbw (GB/s)")
-    fig.suptitle(f"{doc.get('collective', '')} {doc.get('dtype', '')}, {doc.get('nranks', '')} ranks, "
-                 f"{doc.get('mode', '')} ({doc.get('machine', {}).get('gpu', '') if isinstance(doc.get('machine'), dict) else doc.get('machine', '')})")
+    fig.suptitle(f"{bench.collective} {bench.dtype}, {bench.nranks} ranks, {bench.mode} ({bench.machine})")
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=120)
@@ -99,15 +75,12 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
 
 def bench_table(path: str | Path) -> str:
     """The README's performance table for one benchmark file (markdown): every row, no number retyped by hand."""
-    doc = _load(path, None)
-    rows = doc.get("rows")
-    if not isinstance(rows, list) or not rows:
-        raise PlotError(f"{path}: rows: must be a non-empty list")
-    factor = _bus_factor(doc.get("collective", ""), int(doc.get("nranks", 2)))
+    bench = read_bench(path)
+    factor = _bus_factor(bench.collective, bench.nranks)
     lines = ["| size | NCCL µs | symm-mem µs | weft µs | weft / NCCL | busbw GB/s (NCCL) | weft plan | #wrong |",
              "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        nccl, symm, weft = r.get("nccl_us"), r.get("symm_us"), r.get("weft_us")
+    for r in bench.rows:
+        nccl, symm, weft = r.nccl_us, r.symm_us, r.weft_us
         best = min((t for t in (nccl, symm, weft) if t), default=None)
 
         def cell(t: float | None) -> str:
@@ -117,10 +90,10 @@ def bench_table(path: str | Path) -> str:
             return f"**{text}**" if t == best else text
 
         ratio = f"{weft / nccl:.2f}" if weft and nccl else "–"
-        busbw = (f"{r['size'] / weft / 1e3 * factor:.0f} ({r['size'] / nccl / 1e3 * factor:.0f})"
+        busbw = (f"{r.size / weft / 1e3 * factor:.0f} ({r.size / nccl / 1e3 * factor:.0f})"
                  if weft and nccl else "–")
-        lines.append(f"| {format_bytes(r['size'])} | {cell(nccl)} | {cell(symm)} | {cell(weft)} | {ratio} | {busbw} "
-                     f"| {_short_plan(r.get('plan'))} | {r.get('wrong', '–')} |")
+        lines.append(f"| {format_bytes(r.size)} | {cell(nccl)} | {cell(symm)} | {cell(weft)} | {ratio} | {busbw} "
+                     f"| {_short_plan(r.plan)} | {'–' if r.wrong is None else r.wrong} |")
     return "\n".join(lines) + "\n"
 
 

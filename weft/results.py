@@ -1,0 +1,161 @@
+"""weft's results documents, read and checked: a GPU benchmark (bench/results/gpu_*.json) and an SMT Pareto frontier
+(``weft.frontier/1``). Each reader raises one line naming the file and the field, before anything is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from topologies.errors import WeftError
+from topologies.jsonfile import read_json
+
+FRONTIER_FORMAT = "weft.frontier/1"
+# Bounds wide enough for any real run, narrow enough that busbw (size / time) and the plot axes stay finite.
+MAX_SIZE = 1e18  # bytes
+TIME_RANGE_US = (1e-3, 1e12)
+MAX_STEPS = 1 << 24
+
+
+class ResultsError(WeftError):
+    """A results file that cannot be read or plotted."""
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    size: float
+    nccl_us: float | None
+    symm_us: float | None
+    weft_us: float | None
+    plan: str | None
+    wrong: int | None
+
+
+@dataclass(frozen=True)
+class BenchResults:
+    collective: str
+    dtype: str
+    nranks: int
+    mode: str
+    machine: str
+    rows: tuple[BenchRow, ...]
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    steps: int
+    rounds: int | None
+    chunks: int | None
+    rounds_per_chunk: float
+
+
+@dataclass(frozen=True)
+class Frontier:
+    collective: str
+    topology: str
+    points: tuple[FrontierPoint, ...]
+    lp_bound: float | None
+
+
+class _Fields:
+    """Field checks for one file; every error is '<kind> <file>: <field>: <what is wrong>'."""
+
+    def __init__(self, kind: str, source: str):
+        self.kind, self.source = kind, source
+
+    def fail(self, where: str, message: str) -> ResultsError:
+        return ResultsError(f"{self.kind} {self.source}: {where}: {message}")
+
+    def obj(self, value: object, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be an object, got {_short(value)}")
+        return value
+
+    def rows(self, value: object, where: str) -> list:
+        if not isinstance(value, list) or not value:
+            raise self.fail(where, "must be a non-empty list")
+        return value
+
+    def text(self, doc: dict, key: str, where: str) -> str:
+        value = doc.get(key, "")
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise self.fail(where, f"must be a string, got {_short(value)}")
+        return value
+
+    def int(self, value: object, where: str, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.fail(where, f"must be an integer from {low} to {high}, got {_short(value)}")
+        return value
+
+    def number(self, value: object, where: str, low: float, high: float, what: str) -> float:
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not low <= value <= high):
+            raise self.fail(where, f"must be {what} from {low:g} to {high:g}, got {_short(value)}")
+        return float(value) if isinstance(value, float) else value
+
+
+def read_bench(path: str | Path) -> BenchResults:
+    """One GPU benchmark file: ``rows`` of {size, nccl_us, symm_us, weft_us, plan, wrong}; times may be null."""
+    f = _Fields("bench results", str(path))
+    doc = f.obj(read_json(path, f.kind, ResultsError), "(top level)")
+    rows = []
+    for i, value in enumerate(f.rows(doc.get("rows"), "rows")):
+        where = f"rows[{i}]"
+        row = f.obj(value, where)
+        if "size" not in row:
+            raise f.fail(f"{where}.size", "missing (the message size in bytes)")
+        times = {}
+        for key in ("nccl_us", "symm_us", "weft_us"):
+            t = row.get(key)
+            times[key] = None if t is None else f.number(t, f"{where}.{key}", *TIME_RANGE_US, "a time in µs")
+        plan = row.get("plan")
+        if plan is not None and not isinstance(plan, str):
+            raise f.fail(f"{where}.plan", f"must be a plan name (a string), got {_short(plan)}")
+        wrong = row.get("wrong")
+        if wrong is not None:
+            wrong = f.int(wrong, f"{where}.wrong", 0, 1 << 62)
+        rows.append(BenchRow(size=f.number(row["size"], f"{where}.size", 1, MAX_SIZE, "a size in bytes"),
+                             plan=plan, wrong=wrong, **times))
+    machine = doc.get("machine")
+    if isinstance(machine, dict):
+        machine = f.text(machine, "gpu", "machine.gpu")
+    elif machine is not None and not isinstance(machine, str):
+        raise f.fail("machine", f"must be a string or an object with 'gpu', got {_short(machine)}")
+    return BenchResults(collective=f.text(doc, "collective", "collective"), dtype=f.text(doc, "dtype", "dtype"),
+                        nranks=f.int(doc.get("nranks", 2), "nranks", 1, 1 << 20), mode=f.text(doc, "mode", "mode"),
+                        machine=machine or "", rows=tuple(rows))
+
+
+def read_frontier(path: str | Path) -> Frontier:
+    """One ``weft.frontier/1`` file, as ``weft synth --method smt --pareto -o DIR`` writes it."""
+    f = _Fields("frontier", str(path))
+    doc = f.obj(read_json(path, f.kind, ResultsError), "(top level)")
+    if doc.get("format") != FRONTIER_FORMAT:
+        raise f.fail("format", f"must be {FRONTIER_FORMAT!r}, got {_short(doc.get('format'))}")
+    points = []
+    for i, value in enumerate(f.rows(doc.get("points"), "points")):
+        where = f"points[{i}]"
+        p = f.obj(value, where)
+        for key in ("steps", "rounds_per_chunk"):
+            if key not in p:
+                raise f.fail(f"{where}.{key}", "missing")
+        optional = {key: None if p.get(key) is None else f.int(p[key], f"{where}.{key}", 1, MAX_STEPS)
+                    for key in ("rounds", "chunks")}
+        points.append(FrontierPoint(
+            steps=f.int(p["steps"], f"{where}.steps", 1, MAX_STEPS),
+            rounds_per_chunk=f.number(p["rounds_per_chunk"], f"{where}.rounds_per_chunk", 0, MAX_STEPS,
+                                      "a number of rounds"), **optional))
+    lp_bound = doc.get("lp_bound")
+    if lp_bound is not None:
+        lp_bound = f.number(lp_bound, "lp_bound", 0, MAX_STEPS, "a number of rounds")
+    return Frontier(collective=f.text(doc, "collective", "collective"), topology=f.text(doc, "topology", "topology"),
+                    points=tuple(points), lp_bound=lp_bound)
+
+
+def _short(value: object) -> str:
+    """A bad value as the error shows it: its repr, cut to one short line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
