@@ -73,13 +73,14 @@ class _Errors:
             self.omitted += 1
 
 
-def require_valid(schedule: Schedule, topology: Topology) -> Verification:
-    """``verify``, raising VerificationFailed unless the schedule passes."""
+def require_valid(schedule: Schedule, topology: Topology, source: str | None = None) -> Verification:
+    """``verify``, raising VerificationFailed unless the schedule passes. ``source``: the file it was read from,
+    for the message (default: the schedule's name)."""
     result = verify(schedule, topology)
     if not result.ok:
         others = result.nerrors - 1
         tail = f" (and {others} more error{'s' if others != 1 else ''})" if others else ""
-        name = schedule.name or schedule.collective.name
+        name = source or schedule.name or schedule.collective.name
         raise VerificationFailed(f"schedule {name}: verification failed: {result.errors[0]}{tail}")
     return result
 

@@ -115,7 +115,28 @@ def test_a_schedule_of_another_collective_is_refused(tmp_path, capsys):
     assert main(["synth", "allgather", "-t", TOPO, "--method", "direct", "-o", str(schedule)]) == 0
     capsys.readouterr()
     assert main(["tune", "allreduce", "-t", TOPO, "--schedule", str(schedule), "--registry", str(tmp_path / "r")]) == 2
-    assert "allgather schedule" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"weft: error: weft tune: schedule {schedule}: collective: allgather, "
+                                      "not allreduce\n")
+
+
+@pytest.mark.parametrize("method", [[], ["--method", "direct"]])
+def test_a_bad_schedule_file_is_reported_before_the_baselines_are_built(tmp_path, capsys, method):
+    # direct cannot be built on dgx1 (no link 0->5): the file's own error must be what the user sees
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "weft.schedule/1"}')
+    assert main(["tune", "allreduce", "-t", "dgx1", *method, "--schedule", str(bad), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"weft: error: schedule {bad}: collective: must be an object\n"
+
+
+def test_a_schedule_file_for_another_topology_is_named_in_the_error(tmp_path, capsys):
+    schedule = tmp_path / "ring8.json"
+    assert main(["synth", "allreduce", "-t", "ring:n=8", "--method", "ring", "-o", str(schedule)]) == 0
+    capsys.readouterr()
+    assert main(["tune", "allreduce", "-t", "dgx1", "--schedule", str(schedule), "--registry", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"weft: error: schedule {schedule}: verification failed: topology: the schedule is for ")
+    assert err.count("\n") == 1 and not (tmp_path / "r").exists()
 
 
 def test_pull_variants_join_the_simple_ones():

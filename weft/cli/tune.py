@@ -49,6 +49,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from schedules.schedule import load_schedule
+    from schedules.verify import require_valid
     from topologies import resolve
     from topologies.jsonfile import make_directory
     from weft import publish
@@ -63,17 +64,20 @@ def run(args: argparse.Namespace) -> int:
     topology = resolve(args.topology)
     if args.output and not args.dry_run:
         make_directory(args.output, "output", ArgumentError)  # before any commit, so a bad -o commits nothing
+    # the user's files first, so a bad one is the error they see (not a default baseline's, built after)
+    given = []
+    for f in args.schedules:
+        schedule = load_schedule(f)
+        if schedule.collective.name != args.collective:
+            raise ArgumentError(f"weft tune: schedule {f}: collective: {schedule.collective.name}, "
+                                f"not {args.collective}")
+        require_valid(schedule, topology, source=f)
+        given.append(schedule)
     methods = args.methods or (["direct", "twoshot"] if args.collective == "allreduce" else ["direct"])
-    schedules = [synthesize(topology, args.collective, m) for m in methods]
-    schedules += [load_schedule(f) for f in args.schedules]
-    for s in schedules:
-        if s.collective.name != args.collective:
-            raise ArgumentError(f"weft tune: {s.name}: a {s.collective.name} schedule, not {args.collective}")
-    from schedules.verify import require_valid
+    schedules = [synthesize(topology, args.collective, m) for m in methods] + given
 
     rows = []
     for schedule in schedules:
-        require_valid(schedule, topology)
         progress = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))
         for o in compile_variants(schedule, topology, options, progress):
             row = {"schedule": schedule.name, "variant": o.variant.label, "plan": o.plan.name if o.plan else None,
