@@ -314,11 +314,7 @@ class Registry:
     def commit(self, plan: Plan, topology: str, provenance: dict[str, Any],
                predicted_us: dict[int, float] | None = None) -> Entry:
         """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan."""
-        record = provenance.get("verification") or {}
-        if not record.get("ok") or record.get("plan_hash") != plan.content_hash:
-            raise NotVerified(
-                f"plan {plan.name}: no passing verification record for plan hash {plan.content_hash}; "
-                "run `weft verify` (only verified plans can be committed)")
+        require_verified(plan, provenance)
         key = EntryKey(topology, plan.collective, plan.nranks, plan.min_message_size, plan.max_message_size)
         entry = Entry(entry_id(plan, topology), key, plan, provenance, dict(predicted_us or {}))
         with self._locked():
@@ -408,6 +404,15 @@ class Registry:
         if nccl is not None:
             return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, best.plan.name, t), tuple(bad))
         return Selection(best, basis, t, "", tuple(bad), lines)
+
+
+def require_verified(plan: Plan, provenance: dict[str, Any]) -> None:
+    """Raise NotVerified unless ``provenance`` holds a passing verification record for this very plan."""
+    record = provenance.get("verification") or {}
+    if not record.get("ok") or record.get("plan_hash") != plan.content_hash:
+        raise NotVerified(
+            f"plan {plan.name}: no passing verification record for plan hash {plan.content_hash}; "
+            "run `weft verify` (only verified plans can be committed)")
 
 
 def _rename(fs: Any, src: str, dst: str) -> None:

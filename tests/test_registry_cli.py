@@ -71,6 +71,56 @@ def test_export_then_import_into_another_registry(registry, tmp_path, capsys):
     assert not (other / "entries" / f"{entry}.json").exists()
 
 
+def exported_folder(tmp_path, capsys) -> tuple:
+    """A folder holding one exported entry (a reducescatter ring plan), and that entry's id."""
+    assert main(["synth", "reducescatter", "-t", "ring:n=4", "--method", "ring", "--commit"]) == 0
+    entry = committed_id(capsys)
+    out_dir = tmp_path / "exported"
+    assert main(["registry", "export", str(out_dir)]) == 0
+    capsys.readouterr()
+    return out_dir, entry
+
+
+def tampered_plan(tmp_path) -> dict:
+    """A compiled plan with its waits removed, so every receive races: the reference executor refuses it."""
+    plan_dir = tmp_path / "out"
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--compile", "-o",
+                 str(plan_dir / "s.json")]) == 0
+    doc = json.loads(next(plan_dir.glob("*.plan.json")).read_text())
+    for gpu in doc["gpus"]:
+        for tb in gpu["threadblocks"]:
+            tb["ops"] = [op for op in tb["ops"] if op["name"] != "wait"]
+    return doc
+
+
+@pytest.mark.parametrize("bad, code, message", [
+    ('{"format": 7}', 2, "registry import {}: format: must be 'weft.registry-entry/1' (an exported entry) or absent"),
+    ('{"format": ["weft.registry-entry/1"]}', 2, "registry import {}: format: must be 'weft.registry-entry/1'"),
+    ("[1]", 2, "plan {}: (top level): must be an object"),
+    ("{", 2, "registry import {}: not valid JSON"),
+])
+def test_a_bad_file_in_an_import_folder_is_one_line_and_commits_nothing(registry, tmp_path, capsys, bad, code,
+                                                                         message):
+    out_dir, entry = exported_folder(tmp_path, capsys)
+    path = out_dir / "zz-last.json"  # sorted after the good entry, which must not be committed either
+    path.write_text(bad)
+    other = tmp_path / "other"
+    assert main(["registry", "import", str(out_dir), "--registry", str(other)]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("weft: error: " + message.format(path)) and err.count("\n") == 1
+    assert not (other / "entries").exists() or not any((other / "entries").iterdir())
+
+
+def test_a_plan_that_fails_verification_in_an_import_folder_commits_nothing(registry, tmp_path, capsys):
+    out_dir, entry = exported_folder(tmp_path, capsys)
+    (out_dir / "zz-racy.plan.json").write_text(json.dumps(tampered_plan(tmp_path)))
+    capsys.readouterr()
+    other = tmp_path / "other"
+    assert main(["registry", "import", str(out_dir), "--registry", str(other)]) in (1, 2)
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (other / "entries").exists() or not any((other / "entries").iterdir())
+
+
 def test_committing_a_tampered_plan_is_refused_and_writes_nothing(registry, tmp_path, capsys):
     plan_dir = tmp_path / "out"
     assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--compile", "-o",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schedules.plan import Plan, load_plan
-from schedules.registry import Entry, Registry, RegistryError, parse_entry
+from schedules.plan import Plan, load_plan, parse_plan
+from schedules.registry import ENTRY_FORMAT, Entry, Registry, RegistryError, parse_entry, require_verified
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
 from topologies.jsonfile import read_json
@@ -53,6 +53,13 @@ def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | Non
 def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,
            schedule: Schedule | None = None) -> Entry:
     """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written."""
+    return Registry(location).commit(*_checked(plan, topology, schedule))
+
+
+def _checked(plan: Plan, topology: Topology | str | None,
+             schedule: Schedule | None) -> tuple[Plan, str, dict, dict[int, float]]:
+    """Everything ``Registry.commit`` needs, each part checked (the plan proven on the reference executor);
+    nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
     fingerprint = topo.fingerprint if isinstance(topo, Topology) else (topology or plan.weft.topology)
     if not fingerprint:
@@ -60,15 +67,14 @@ def commit(plan: Plan, topology: Topology | str | None, location: str | None = N
     if plan.weft.topology and plan.weft.topology != fingerprint:
         raise RegistryError(f"plan {plan.name}: weft.topology: the plan is for {plan.weft.topology}, "
                             f"not {fingerprint}")
-    record = verify(plan)
     provenance = {
         "solver": plan.weft.solver, "weft_version": __version__, "schedule_hash": plan.weft.schedule_hash,
-        "instances": plan.weft.instances, "protocol": plan.protocol, "verification": record,
+        "instances": plan.weft.instances, "protocol": plan.protocol, "verification": verify(plan),
     }
+    require_verified(plan, provenance)
     if schedule is not None:
         provenance["options"] = schedule.meta.options
-    return Registry(location).commit(plan, fingerprint, provenance,
-                                     _predictions(plan, schedule, topo if isinstance(topo, Topology) else None))
+    return plan, fingerprint, provenance, _predictions(plan, schedule, topo if isinstance(topo, Topology) else None)
 
 
 def commit_file(path: str, topology: str | None, location: str | None) -> Entry:
@@ -92,18 +98,25 @@ def verify_registry(location: str | None) -> dict:
 
 
 def import_directory(directory: str, location: str | None) -> list[Entry]:
-    """Commit every plan or registry-entry file in ``directory``, each verified afresh."""
+    """Commit every plan or registry-entry file in ``directory``, each verified afresh; every file is read and
+    proven before the first commit, so a bad file commits nothing."""
     if not Path(directory).is_dir():
         raise RegistryError(f"registry import {directory}: not a directory")
-    entries = []
-    for f in sorted(Path(directory).glob("*.json")):
-        doc = read_json(f, "registry import", RegistryError)
-        if isinstance(doc, dict) and doc.get("format", "").startswith("weft.registry-entry"):
-            old = parse_entry(doc, str(f))
-            entries.append(commit(old.plan, old.key.topology, location))
-        else:
-            entries.append(commit(load_plan(f), None, location))
-    return entries
+    registry = Registry(location)
+    checked = [_checked(*_import_file(f), None) for f in sorted(Path(directory).glob("*.json"))]
+    return [registry.commit(*c) for c in checked]
+
+
+def _import_file(path: Path) -> tuple[Plan, str | None]:
+    """The plan in an exported registry entry (with its topology) or in a plan file (naming its own)."""
+    doc = read_json(path, "registry import", RegistryError)
+    if not isinstance(doc, dict) or "format" not in doc:  # plan files (MSCCL++'s layout) carry no format
+        return parse_plan(doc, str(path)), None
+    if doc["format"] != ENTRY_FORMAT:
+        raise RegistryError(f"registry import {path}: format: must be {ENTRY_FORMAT!r} (an exported entry) or "
+                            f"absent (a plan file), got {doc['format']!r}")
+    old = parse_entry(doc, str(path))
+    return old.plan, old.key.topology
 
 
 def record_bench(registry: Registry, collective: str, rows: list[dict]) -> int:
