@@ -167,3 +167,27 @@ def test_an_unwritable_output_folder_is_refused_before_anything_is_committed(tmp
     err = capsys.readouterr().err
     assert err.startswith("weft: error: output ") and err.count("\n") == 1 and str(taken) in err
     assert not reg.exists()
+
+
+def test_on_a_topology_without_all_pairs_linked_the_defaults_fall_back_to_a_ring(tmp_path, capsys):
+    """direct and two-shot need a link between every pair (NVSwitch); on dgx1's cube-mesh weft tune says it left
+    them out and tunes a ring, instead of failing on the first default."""
+    argv = ["tune", "allreduce", "-t", "dgx1", "--instances", "1", "--threads", "1024", "--registry", str(tmp_path)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "weft tune: left out direct: topology dgx1 has no link" in err
+    assert "weft tune: left out twoshot: topology dgx1 has no link" in err and "weft tune: tuning ring instead" in err
+    names = {e.plan.name for e in Registry(tmp_path).entries()}
+    assert names == {"ring-allreduce-dgx1-ll-x1", "ring-allreduce-dgx1-simple-x1"}
+
+
+def test_a_method_asked_for_by_name_is_not_replaced(tmp_path, capsys):
+    assert main(["tune", "allreduce", "-t", "dgx1", "--method", "direct", "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("weft: error: direct: topology dgx1 has no link")
+
+
+def test_defaults_that_apply_are_kept_and_notes_name_the_others():
+    schedules, notes = tuning.default_schedules(resolve("hgx_h200:gpus=4"), "allreduce")
+    assert [s.meta.solver for s in schedules] == ["direct", "twoshot"] and notes == []
+    schedules, notes = tuning.default_schedules(resolve("ring:n=4"), "allgather")
+    assert [s.meta.solver for s in schedules] == ["ring"] and notes[-1] == "tuning ring instead"

@@ -32,8 +32,30 @@ PROTOCOLS = ("ll", "simple")
 THREADS_PER_SM = 1024
 
 
+DEFAULT_METHODS = {"allreduce": ("direct", "twoshot")}  # every other collective: direct
+FALLBACK_METHOD = "ring"
+
+
 class TuneError(WeftError):
     """A tuning request that cannot be carried out."""
+
+
+def default_schedules(topology: Topology, collective: str) -> tuple[list[Schedule], list[str]]:
+    """The default baselines that ``topology`` can run (direct and two-shot need a link between every pair, as
+    NVSwitch machines have), else a ring; and a note for each default left out."""
+    from synth.errors import NotApplicable
+    from weft.synthesis import synthesize
+
+    schedules, notes = [], []
+    for method in DEFAULT_METHODS.get(collective, ("direct",)):
+        try:
+            schedules.append(synthesize(topology, collective, method))
+        except NotApplicable as e:
+            notes.append(f"left out {e}")
+    if not schedules:
+        schedules.append(synthesize(topology, collective, FALLBACK_METHOD))
+        notes.append(f"tuning {FALLBACK_METHOD} instead")
+    return schedules, notes
 
 
 @dataclass(frozen=True)

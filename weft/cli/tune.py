@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--topology", required=True, help="catalog spec or topology file")
     p.add_argument("--method", action="append", dest="methods",
                    help="baseline to compile (ring, direct, twoshot, rhd, tree); repeatable; default direct and "
-                        "twoshot for allreduce, direct otherwise")
+                        "twoshot for allreduce, direct otherwise, those the topology has the links for (else ring)")
     p.add_argument("--schedule", action="append", dest="schedules", default=[],
                    help="a schedule file (weft.schedule/1) to compile too; repeatable")
     p.add_argument("--instances", default="1,4,16,32,64,128", help="instance counts, comma-separated")
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from topologies.jsonfile import make_directory
     from weft import publish
     from weft.synthesis import synthesize
-    from weft.tuning import TuneOptions, compile_variants
+    from weft.tuning import TuneOptions, compile_variants, default_schedules
     from weft.units import parse_bytes
 
     options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
@@ -73,8 +73,13 @@ def run(args: argparse.Namespace) -> int:
                                 f"not {args.collective}")
         require_valid(schedule, topology, source=f)
         given.append(schedule)
-    methods = args.methods or (["direct", "twoshot"] if args.collective == "allreduce" else ["direct"])
-    schedules = [synthesize(topology, args.collective, m) for m in methods] + given
+    if args.methods:
+        schedules = [synthesize(topology, args.collective, m) for m in args.methods] + given
+    else:
+        defaults, notes = default_schedules(topology, args.collective)
+        for note in notes:
+            print(f"weft tune: {note}", file=sys.stderr)
+        schedules = defaults + given
 
     rows = []
     for schedule in schedules:
