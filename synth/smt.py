@@ -30,7 +30,7 @@ from schedules.schedule import Schedule
 from synth import smt_dual
 from synth.errors import SynthesisError, Unknown, Unsat
 from synth.smt_bound import rounds_per_chunk_bound, steps_bound
-from synth.smt_encoding import UNKNOWN, Instance
+from synth.smt_encoding import MAX_SENDS, UNKNOWN, Instance, possible_sends
 from synth.smt_search import Problem, decide_first, workers
 from topologies.topology import Topology
 
@@ -106,9 +106,21 @@ def solve(topology: Topology, collective: Collective, options: SmtOptions = SmtO
     return _solve_part(topology, collective, options, progress)
 
 
+def check_size(problem: Problem, steps: int, label: str) -> None:
+    """Refuse, in one line naming the options, an instance too large for the SMT encoding (MAX_SENDS)."""
+    c = problem.collective
+    sends = possible_sends(problem.fabric, c, steps)
+    if sends > MAX_SENDS:
+        raise SynthesisError(f"smt: {label}: {c.nchunks} chunks ({c.chunks} per rank-slice) over "
+                             f"{len(problem.fabric.links)} links in {steps} step{'s' * (steps != 1)} are {sends} "
+                             f"possible sends, more than the SMT encoding's {MAX_SENDS}: use fewer --chunks or "
+                             "--steps, or --method milp or trees")
+
+
 def _solve_part(topology: Topology, collective: Collective, options: SmtOptions, progress: Progress) -> Schedule:
     problem = _problem(topology, collective, options)
     label = f"{collective.name} on {topology.name}"
+    check_size(problem, options.steps or 1, label)
     if options.steps is not None:
         inst = Instance(options.steps, options.rounds or options.steps, collective.chunks)
         out, seen = decide_first(problem, [inst], options.time_limit, workers(options.workers), progress, label)
@@ -119,6 +131,7 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
     ceiling = options.max_steps or options.rounds or STEP_CEILING
     n = workers(options.workers)
     for first in range(low, ceiling + 1, n):
+        check_size(problem, first, label)
         batch = [Instance(s, options.rounds or s, collective.chunks) for s in range(first, min(first + n, ceiling + 1))]
         out, seen = decide_first(problem, batch, options.time_limit, n, progress, label)
         unknown = [o.instance for o in seen if o.status == UNKNOWN]

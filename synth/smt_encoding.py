@@ -75,6 +75,21 @@ def solve_instance(fabric: Topology, fingerprint: str, collective: Collective, i
     return solver.run(fingerprint, max(0.001, time_limit - (time.monotonic() - start)))
 
 
+# The largest encoding the search writes down: chunks × links × steps possible sends. z3's Python API takes about
+# 0.3 ms a variable, and setting up an instance (its symmetries, its step bound) grows with the chunks too, so far
+# beyond this the time limit would be spent before the solver starts (SCCL-class instances stay far below it).
+MAX_SENDS = 500_000
+
+
+def possible_sends(fabric: Topology, collective: Collective, steps: int) -> int:
+    """An upper bound on an instance's send variables: every chunk on every link at every step."""
+    return collective.nchunks * len(fabric.links) * steps
+
+
+class OutOfTime(Exception):
+    """A formula's deadline passed while it was being written; the search reports the instance as unknown."""
+
+
 class InstanceSolver:
     """A formula in one z3 solver; ``run`` may be called again to search on where it stopped.
 
@@ -113,8 +128,11 @@ class Formula:
     """Builds the constraints once and reads a model back into steps."""
 
     def __init__(self, fabric: Topology, collective: Collective, instance: Instance,
-                 symmetry: Symmetry | None) -> None:
+                 symmetry: Symmetry | None, deadline: float = math.inf) -> None:
+        """``deadline``: the ``time.monotonic()`` by which the formula must be written, else OutOfTime (a large
+        instance can take longer to write down, at about 0.3 ms per send variable, than its time limit)."""
         self.fabric, self.collective, self.instance, self.symmetry = fabric, collective, instance, symmetry
+        self.deadline = deadline
         self.constraints: list = []
         self._vars: dict[tuple, z3.BoolRef] = {}
         self._plan_chunks()
@@ -125,6 +143,8 @@ class Formula:
     # ---- variables ---------------------------------------------------------------------------
     def _var(self, key: tuple) -> z3.BoolRef:
         """The variable of ``key``'s orbit under the symmetry group (its own when there is none)."""
+        if time.monotonic() > self.deadline:
+            raise OutOfTime(f"{self.instance}: the time limit ran out while the formula was written")
         if self.symmetry is not None:
             key = self.symmetry.canonical(key)
         var = self._vars.get(key)

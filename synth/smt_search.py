@@ -23,7 +23,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from schedules.collectives import Collective
-from synth.smt_encoding import SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, Outcome
+from synth.smt_encoding import (
+    MAX_SENDS, SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, OutOfTime, Outcome, possible_sends,
+)
 from synth.smt_symmetry import Symmetry, symmetry_levels
 from topologies.topology import Topology
 
@@ -55,6 +57,8 @@ def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 
     """
     start = time.monotonic()
     collective = problem.with_chunks(instance.chunks).collective
+    if possible_sends(problem.fabric, collective, instance.steps) > MAX_SENDS:  # too large to write down in time
+        return Outcome(instance, UNKNOWN, 0.0)
     levels = symmetry_levels(problem.fabric, collective) if problem.symmetry else []
     if copies > 1:
         levels = levels if copy % 2 == 0 else []
@@ -69,7 +73,10 @@ def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 
             if level is not None and level not in levels:
                 continue
             if i not in formulas:
-                formulas[i] = Formula(problem.fabric, collective, instance, level)
+                try:
+                    formulas[i] = Formula(problem.fabric, collective, instance, level, deadline=start + time_limit)
+                except OutOfTime:
+                    return Outcome(instance, UNKNOWN, time.monotonic() - start)
             left = time_limit - (time.monotonic() - start)
             if left <= 0:
                 return Outcome(instance, UNKNOWN, time.monotonic() - start)

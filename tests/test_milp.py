@@ -196,3 +196,21 @@ def test_cli_writes_a_verified_schedule(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and out.exists()
     assert doc[0]["meta"]["solver"] == "milp" and doc[0]["meta"]["options"]["size"] == MB
+
+
+def test_a_model_too_large_to_build_is_refused_naming_the_options(capsys):
+    """--chunks 1000 makes about 2000 steps: 64 million possible sends, which ran past any time limit."""
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--chunks", "1000",
+                 "--time-limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "possible sends, more than the model's 2000000" in err
+
+
+def test_a_model_not_built_by_the_deadline_is_unknown_naming_the_time_limit():
+    """Under the cap but too slow to write down (DGX-2 x2 with 4 chunks a rank took 287 s with a 10 s limit)."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(Unknown, match="was not built within the time limit of 1 s"):
+        solve(build("ring:n=8"), Collective("allgather", 8, 60), MilpOptions(size=1 << 20, time_limit=1, steps=40))
+    assert time.monotonic() - start < 15

@@ -187,3 +187,23 @@ def test_cli_pareto_writes_schedules_and_frontier(tmp_path, capsys):
     assert (point["steps"], point["rounds"], point["chunks"]) == (2, 3, 2)
     assert (out / point["schedule_file"]).is_file()
     assert "(S=2, R=3, C=2): sat" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--steps", "100000"], ["--chunks", "100000"]])
+def test_an_encoding_too_large_to_write_down_in_time_is_refused_naming_the_options(argv, capsys):
+    """Writing the formula down takes about 0.3 ms a send variable before z3 starts, so these would outlast any
+    time limit (they ran for minutes): refused at once, in one line."""
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", *argv, "--time-limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "possible sends, more than the SMT encoding's 500000" in err
+    assert "use fewer --chunks or --steps" in err
+
+
+def test_a_formula_not_written_by_its_deadline_is_unknown_within_the_time_limit():
+    """Below the size cap but past the limit (10000 steps take ~90 s to write down): unknown after the limit."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(Unknown, match="no answer within the time limit"):
+        smt.solve(build("ring:n=4"), Collective("allgather", 4), smt.SmtOptions(steps=10000, time_limit=2, workers=1))
+    assert time.monotonic() - start < 10

@@ -12,6 +12,8 @@ schedule's finish time under the same α-β model as ``schedules.cost``. A step 
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,6 +39,15 @@ class FlowSpec:
     links: frozenset[tuple[int, int]]
     rank_shift: Callable[[int], int] | None = None
     chunk_shift: Callable[[int], int] | None = None
+    deadline: float = math.inf  # time.monotonic() by which the model must be built, else OutOfTime
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise OutOfTime("the time limit ran out while the model was built")
+
+
+class OutOfTime(Exception):
+    """The model was not built by its deadline (a large instance takes longer to write down than to solve)."""
 
 
 @dataclass
@@ -83,6 +94,7 @@ def _candidate_sends(spec: FlowSpec) -> list[Key]:
               for c in range(coll.nchunks)}
     keys = []
     for c in range(coll.nchunks):
+        spec.check_time()
         if not wanted[c]:
             continue
         earliest = {r: min((dist[s].get(r, steps + 1) for s in holders[c]), default=steps + 1) for r in topo.ranks}
@@ -129,6 +141,7 @@ def build_flow(spec: FlowSpec) -> FlowModel:
     coll, topo = spec.collective, spec.topology
     sends: dict[Key, cp_model.IntVar] = {}
     for key in _candidate_sends(spec):
+        spec.check_time()
         rep = _orbit_min(key, spec)
         if rep not in sends:
             sends[rep] = model.NewBoolVar("x%d_%d_%d_%d" % rep)
@@ -151,6 +164,7 @@ def build_flow(spec: FlowSpec) -> FlowModel:
             elif arrivals:
                 model.AddAtMostOne(arrivals)
     for key, var in sends.items():
+        spec.check_time()
         c, u, _, k = key
         if key != _orbit_min(key, spec) or c in coll.precondition(u):
             continue

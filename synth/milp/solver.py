@@ -15,7 +15,7 @@ from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import SynthesisError, Unknown, Unsat
-from synth.milp.flow import FlowModel, FlowSpec, build_flow, link_cost_us
+from synth.milp.flow import FlowModel, FlowSpec, OutOfTime, build_flow, link_cost_us
 from synth.milp.links import allowed_links, check_reachable
 from synth.milp.sketch import Sketch
 from synth.milp.symmetry import rank_symmetry
@@ -24,6 +24,9 @@ from topologies import Topology
 Progress = Callable[[str], None]
 # The dual each combining collective is reversed from (reduction trees are broadcast trees run backwards).
 DUALS = {"reducescatter": "allgather", "reduce": "broadcast"}
+# The largest model built: chunks × links × steps possible sends (DGX-2 ×2 with 4 chunks per rank is about 1.4
+# million). Far beyond it, writing the model down outlasts any time limit before CP-SAT starts.
+MAX_SENDS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
 
     ``label`` names the collective the user asked for (reducescatter when this searches its allgather dual).
     """
+    start = time.monotonic()
     sketch, options = job.sketch, job.options
     chunk_bytes = collective.chunk_bytes(options.size)
     links = allowed_links(topo, collective, sketch, chunk_bytes)
@@ -171,10 +175,22 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     steps = options.steps or depth + 2 * collective.chunks
     if steps < depth:
         raise Unsat(f"milp: {label} on {job.fabric.name} needs at least {depth} steps, got steps={steps}")
+    possible = collective.nchunks * len(links) * steps
+    if possible > MAX_SENDS:
+        raise SynthesisError(f"milp: {label} on {job.fabric.name}: {collective.nchunks} chunks over {len(links)} "
+                             f"links in {steps} steps are {possible} possible sends, more than the model's "
+                             f"{MAX_SENDS} (it could not be built within a time limit): use fewer --chunks or "
+                             "--steps")
     rank_shift, chunk_shift = rank_symmetry(topo, collective, links, sketch)
-    flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, rank_shift, chunk_shift))
+    deadline = start + time_limit
+    try:
+        flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, rank_shift, chunk_shift, deadline))
+    except OutOfTime:
+        raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
+                      f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
+                      "--steps, or a longer --time-limit)") from None
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic())
     solver.parameters.num_workers = options.workers or max(2, min(8, os.cpu_count() or 2))
     # Full presolve probes every send variable and symmetry detection builds a graph of the whole model: 12 s
     # and 7 s on NDv2 and HGX before the first incumbent. Without them the shortest-path hint is the first
