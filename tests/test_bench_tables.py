@@ -133,3 +133,12 @@ def test_the_error_names_the_kind_of_file(kind, text, message, tmp_path):
     path.write_text(text)
     code, _, err = run(["plot", kind, str(path)])
     assert code == 2 and err.startswith("weft: error: " + message.format(path))
+
+
+@pytest.mark.parametrize("target, fragment", [("p", "-o: must name a .png file"),
+                                              ("missing/p.png", "cannot write")])
+def test_a_plot_that_cannot_be_written_is_one_line_and_leaves_nothing(target, fragment, tmp_path):
+    """matplotlib appended '.png' to a bare name ('-o /tmp' wrote /tmp.png) and raised on a missing folder."""
+    code, out, err = run(["plot", "bench", str(RESULTS / PLOTTED[0]), "-o", str(tmp_path / target)])
+    assert code == 2 and out == "" and err.count("\n") == 1 and fragment in err
+    assert list(tmp_path.iterdir()) == []

@@ -24,9 +24,10 @@ def read_json(path: str | Path, kind: str, error: type[WeftError]) -> object:
         raise error(f"{kind} {path}: not valid JSON: {str(e).splitlines()[0]}") from None
 
 
-def write_text(path: str | Path, text: str, kind: str, error: type[WeftError], parents: bool = False) -> None:
-    """Write ``text`` to ``path`` whole or not at all (beside it, then renamed), so a failed write leaves no half
-    file; unwritable paths raise ``error("<kind> <path>: cannot write: ...")``. ``parents``: create missing folders."""
+def write_text(path: str | Path, text: str | bytes, kind: str, error: type[WeftError], parents: bool = False) -> None:
+    """Write ``text`` (or bytes: an image) to ``path`` whole or not at all (beside it, then renamed), so a failed
+    write leaves no half file; unwritable paths raise ``error("<kind> <path>: cannot write: ...")``. ``parents``:
+    create missing folders."""
     path = Path(path)
     if parents:
         make_directory(path.parent, kind, error)
@@ -35,7 +36,7 @@ def write_text(path: str | Path, text: str, kind: str, error: type[WeftError], p
     except OSError as e:
         raise error(f"{kind} {path}: cannot write: {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; weft's files are meant to be shared
         os.replace(tmp, path)

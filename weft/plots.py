@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-from weft.results import read_bench, read_frontier
+from topologies.jsonfile import write_text
+from weft.results import ResultsError, read_bench, read_frontier
 from weft.units import format_bytes
 
 
@@ -15,6 +17,19 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(fig, plt, out: str | Path) -> Path:
+    """The figure as a PNG file, written whole or not at all (one line naming an unwritable or non-.png path)."""
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        plt.close(fig)
+        raise ResultsError(f"plot {out}: -o: must name a .png file")
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
+    plt.close(fig)
+    write_text(out, image.getvalue(), "plot", ResultsError)
+    return out
 
 
 def plot_frontier(path: str | Path, out: str | Path) -> Path:
@@ -36,10 +51,7 @@ def plot_frontier(path: str | Path, out: str | Path) -> Path:
     ax.set_ylabel("steps (latency cost)")
     ax.set_title(f"{frontier.collective} on {frontier.topology}: Pareto frontier")
     fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, plt, out)
 
 
 def plot_bench(path: str | Path, out: str | Path) -> Path:
@@ -68,10 +80,7 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
     bw.set_ylabel("busbw (GB/s)")
     fig.suptitle(f"{bench.collective} {bench.dtype}, {bench.nranks} ranks, {bench.mode} ({bench.machine})")
     fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, plt, out)
 
 
 def bench_table(path: str | Path) -> str:
