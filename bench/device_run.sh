@@ -8,7 +8,8 @@
 #                                                  # tp_decode (~3 min)
 #            bash bench/device_run.sh 2 ll128      # LL plans timed with and without LL128 lines (recorded apart),
 #                                                  # tp_decode --ll128
-#            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage
+#            bash bench/device_run.sh 2 pytest     # pytest -m gpu alone (~1.5 min), to put before another stage;
+#                                                  # PYTEST_S=520 for 4 GPUs, whose worker job ran past 260 s in v8
 #            bash bench/device_run.sh 2 diag       # kernel_trace of the LL128 plans, eager overhead, tp_decode twice
 #            bash bench/device_run.sh 2 decode     # tp_decode RUNS times (default 2), ITERS (50) replays each
 #            bash bench/device_run.sh 2 trace      # tp_decode --trace: the all-reduce's phases in the step and alone
@@ -48,8 +49,9 @@ bench() {  # collective, seconds, extra arguments
 
 if [ "$STAGE" = tests ] || [ "$STAGE" = pytest ]; then
   step "GPU tests"
-  timeout 200 python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+  timeout "${PYTEST_S:-200}" python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
+  grep "^worker" "$OUT/gpu_tests.txt" | tail -12 | tee -a "$LOG"
   [ "$STAGE" = pytest ] && exit 0
   bench allreduce 300 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
 elif [ "$STAGE" = ll128 ]; then
