@@ -98,7 +98,7 @@ from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
 from topologies.errors import WeftError
-from topologies.jsonfile import read_json, write_text
+from topologies.jsonfile import Fields, read_json, write_text
 
 CHUNK_GRANULE = 4
 MAX_MESSAGE_SIZE = (1 << 64) - 1
@@ -368,24 +368,11 @@ def load_plan(path: str | Path) -> Plan:
     return parse_plan(read_json(path, "plan", PlanError), str(path))
 
 
-class _Reader:
+class _Reader(Fields):
     """Field checks that name the file and the JSON path in every error."""
 
     def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, where: str, message: str) -> PlanError:
-        return PlanError(f"plan {self.source}: {where}: {message}")
-
-    def obj(self, value: object, where: str) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(where, "must be an object")
-        return value
-
-    def list(self, value: object, where: str) -> list:
-        if not isinstance(value, list):
-            raise self.fail(where, "must be a list")
-        return value
+        super().__init__("plan", source, PlanError)
 
     def int(self, value: object, where: str, low: int = 0) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:

@@ -53,3 +53,32 @@ def make_directory(path: str | Path, kind: str, error: type[WeftError]) -> Path:
     except OSError as e:
         raise error(f"{kind} {path}: cannot create the folder: {e.strerror or e}") from None
     return path
+
+
+class Fields:
+    """Field checks for one decoded file: every error is '<kind> <source>: <field>: <what is wrong>', one line."""
+
+    def __init__(self, kind: str, source: str, error: type[WeftError]) -> None:
+        self.kind, self.source, self.error = kind, source, error
+
+    def fail(self, where: str, message: str) -> WeftError:
+        return self.error(f"{self.kind} {self.source}: {where}: {message}")
+
+    def obj(self, value: object, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be an object, got {short_repr(value, 40)}")
+        return value
+
+    def list(self, value: object, where: str) -> list:
+        if not isinstance(value, list):
+            raise self.fail(where, f"must be a list, got {short_repr(value, 40)}")
+        return value
+
+
+def short_repr(x: object, limit: int = 60) -> str:
+    """repr() cut to ``limit`` characters, for error messages that must stay one short line."""
+    try:
+        text = repr(x)
+    except ValueError:  # an int too long to print
+        return f"<{type(x).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -23,6 +23,7 @@ from typing import Iterable
 import networkx as nx
 
 from topologies.errors import TopologyError, UnreachableError
+from topologies.jsonfile import short_repr
 
 Vertex = int | str
 FORMAT = "weft.topology/1"
@@ -195,15 +196,6 @@ class Topology:
 
 
 # ---- validation ---------------------------------------------------------------------------------
-
-def short_repr(x: object, limit: int = 60) -> str:
-    """repr() cut to ``limit`` characters, for error messages that must stay one short line."""
-    try:
-        text = repr(x)
-    except ValueError:  # an int too long to print
-        return f"<{type(x).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
 
 def _label(v: object) -> str:
     """A vertex as a message shows it: ranks and switch names bare, anything else as a short repr."""

@@ -19,12 +19,16 @@ def _pyplot():
     return plt
 
 
-def _save(fig, plt, out: str | Path) -> Path:
-    """The figure as a PNG file, written whole or not at all (one line naming an unwritable or non-.png path)."""
+def _png(out: str | Path) -> Path:
+    """The output path, checked before anything is drawn: the plot is a PNG."""
     out = Path(out)
     if out.suffix.lower() != ".png":
-        plt.close(fig)
         raise ResultsError(f"plot {out}: -o: must name a .png file")
+    return out
+
+
+def _save(fig, plt, out: Path) -> Path:
+    """The figure as a PNG file, written whole or not at all (one line naming an unwritable path)."""
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
@@ -34,6 +38,7 @@ def _save(fig, plt, out: str | Path) -> Path:
 
 def plot_frontier(path: str | Path, out: str | Path) -> Path:
     """Steps against rounds per chunk for each frontier point, with the LP bound as a line."""
+    out = _png(out)
     frontier = read_frontier(path)
     xs = [p.rounds_per_chunk for p in frontier.points]
     ys = [p.steps for p in frontier.points]
@@ -56,6 +61,7 @@ def plot_frontier(path: str | Path, out: str | Path) -> Path:
 
 def plot_bench(path: str | Path, out: str | Path) -> Path:
     """busbw and latency against size for NCCL, symmetric memory and weft (one benchmark file)."""
+    out = _png(out)
     bench = read_bench(path)
     plt = _pyplot()
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topologies.errors import WeftError
-from topologies.jsonfile import read_json
+from topologies.jsonfile import Fields, read_json, short_repr
 
 FRONTIER_FORMAT = "weft.frontier/1"
 # Bounds wide enough for any real run, narrow enough that busbw (size / time) and the plot axes stay finite.
@@ -58,19 +58,11 @@ class Frontier:
     lp_bound: float | None
 
 
-class _Fields:
-    """Field checks for one file; every error is '<kind> <file>: <field>: <what is wrong>'."""
+class _Fields(Fields):
+    """Field checks for one results file, with the ranges plotting needs."""
 
     def __init__(self, kind: str, source: str):
-        self.kind, self.source = kind, source
-
-    def fail(self, where: str, message: str) -> ResultsError:
-        return ResultsError(f"{self.kind} {self.source}: {where}: {message}")
-
-    def obj(self, value: object, where: str) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(where, f"must be an object, got {_short(value)}")
-        return value
+        super().__init__(kind, source, ResultsError)
 
     def rows(self, value: object, where: str) -> list:
         if not isinstance(value, list) or not value:
@@ -82,18 +74,18 @@ class _Fields:
         if value is None:
             return ""
         if not isinstance(value, str):
-            raise self.fail(where, f"must be a string, got {_short(value)}")
+            raise self.fail(where, f"must be a string, got {short_repr(value)}")
         return value
 
     def int(self, value: object, where: str, low: int, high: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise self.fail(where, f"must be an integer from {low} to {high}, got {_short(value)}")
+            raise self.fail(where, f"must be an integer from {low} to {high}, got {short_repr(value)}")
         return value
 
     def number(self, value: object, where: str, low: float, high: float, what: str) -> float:
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                 or not low <= value <= high):
-            raise self.fail(where, f"must be {what} from {low:g} to {high:g}, got {_short(value)}")
+            raise self.fail(where, f"must be {what} from {low:g} to {high:g}, got {short_repr(value)}")
         return float(value) if isinstance(value, float) else value
 
 
@@ -113,7 +105,7 @@ def read_bench(path: str | Path) -> BenchResults:
             times[key] = None if t is None else f.number(t, f"{where}.{key}", *TIME_RANGE_US, "a time in µs")
         plan = row.get("plan")
         if plan is not None and not isinstance(plan, str):
-            raise f.fail(f"{where}.plan", f"must be a plan name (a string), got {_short(plan)}")
+            raise f.fail(f"{where}.plan", f"must be a plan name (a string), got {short_repr(plan)}")
         wrong = row.get("wrong")
         if wrong is not None:
             wrong = f.int(wrong, f"{where}.wrong", 0, 1 << 62)
@@ -123,7 +115,7 @@ def read_bench(path: str | Path) -> BenchResults:
     if isinstance(machine, dict):
         machine = f.text(machine, "gpu", "machine.gpu")
     elif machine is not None and not isinstance(machine, str):
-        raise f.fail("machine", f"must be a string or an object with 'gpu', got {_short(machine)}")
+        raise f.fail("machine", f"must be a string or an object with 'gpu', got {short_repr(machine)}")
     return BenchResults(collective=f.text(doc, "collective", "collective"), dtype=f.text(doc, "dtype", "dtype"),
                         nranks=f.int(doc.get("nranks", 2), "nranks", 1, 1 << 20), mode=f.text(doc, "mode", "mode"),
                         machine=machine or "", rows=tuple(rows))
@@ -134,7 +126,7 @@ def read_frontier(path: str | Path) -> Frontier:
     f = _Fields("frontier", str(path))
     doc = f.obj(read_json(path, f.kind, ResultsError), "(top level)")
     if doc.get("format") != FRONTIER_FORMAT:
-        raise f.fail("format", f"must be {FRONTIER_FORMAT!r}, got {_short(doc.get('format'))}")
+        raise f.fail("format", f"must be {FRONTIER_FORMAT!r}, got {short_repr(doc.get('format'))}")
     points = []
     for i, value in enumerate(f.rows(doc.get("points"), "points")):
         where = f"points[{i}]"
@@ -154,8 +146,3 @@ def read_frontier(path: str | Path) -> Frontier:
     return Frontier(collective=f.text(doc, "collective", "collective"), topology=f.text(doc, "topology", "topology"),
                     points=tuple(points), lp_bound=lp_bound)
 
-
-def _short(value: object) -> str:
-    """A bad value as the error shows it: its repr, cut to one short line."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
