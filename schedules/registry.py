@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,10 +35,15 @@ from filelock import FileLock
 
 from schedules.plan import Plan, parse_plan
 from topologies.errors import CheckFailed, WeftError
+from schedules.collectives import NAMES as COLLECTIVES
+from topologies.jsonfile import MAX_FILE_BYTES, decode_json, short_repr as short
 
 ENTRY_FORMAT = "weft.registry-entry/1"
 INDEX_FORMAT = "weft.registry-index/1"
 BASELINES_FORMAT = "weft.registry-baselines/1"
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a file name in entries/, nothing that leaves it
+FINGERPRINT = re.compile(r"topo-[0-9a-f]{16}")
+MAX_DEPTH = 24  # provenance and the like: deeper than any record weft writes, shallow enough for every reader
 UNBOUNDED = 0  # max_bytes of 0: no upper limit (MSCCL++'s convention for max_message_size)
 log = logging.getLogger("weft.registry")
 
@@ -98,6 +104,15 @@ class Entry:
         if self.predicted_us:
             return "predicted", _interpolate(self.predicted_us, nbytes), False
         return "none", None, False
+
+    def serves(self, topology: str, collective: str, nranks: int, nbytes: int) -> bool:
+        """Whether this entry may run ``collective`` on ``nranks`` ranks of ``topology`` at ``nbytes``: its key and
+        its plan both say so (``parse_entry`` already refuses an entry whose key and plan disagree; this asks the
+        plan again, as the executor does before it runs one)."""
+        plan = self.plan
+        return (self.key.topology == topology and (plan.weft.topology or topology) == topology
+                and self.key.collective == collective == plan.collective and self.key.nranks == nranks == plan.nranks
+                and self.key.covers(nbytes) and plan.accepts(nbytes))
 
     def to_json(self) -> dict:
         return {
@@ -211,7 +226,7 @@ class Registry:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def entry_path(self, id: str) -> str:
-        if not id or "/" in id or "\\" in id or id.startswith("."):  # an id names a file in entries/, nothing else
+        if not isinstance(id, str) or not ID_PATTERN.fullmatch(id):  # an id names a file in entries/, nothing else
             raise RegistryError(f"registry {self.location}: no entry {id!r} (an entry id is a file name in entries/, "
                                 "as `weft registry list` shows it)")
         return self._path("entries", f"{id}.json")
@@ -251,18 +266,27 @@ class Registry:
         directory = self._path("entries")
         if not self.fs.exists(directory):
             return []
-        return sorted(p for p in self.fs.ls(directory, detail=False) if str(p).endswith(".json"))
+        return sorted(str(p) for p in self.fs.ls(directory, detail=False) if str(p).endswith(".json"))
 
     def _read_json(self, path: str, what: str) -> object:
-        """The decoded file; unreadable or malformed, one line naming it (``what``: "registry entry", "registry")."""
+        """The decoded file; unreadable, malformed, too large, too deep or not a regular file, one line naming it
+        (``what``: "registry entry", "registry")."""
         try:
-            with self.fs.open(path, "r") as f:
-                return json.load(f)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RegistryError(f"{what} {path}: unreadable: {e}") from None
+            if self.local:
+                from topologies.jsonfile import read_bytes
+
+                data = read_bytes(path, what, RegistryError)
+            else:
+                with self.fs.open(path, "rb") as f:
+                    data = f.read(MAX_FILE_BYTES + 1)
+                if len(data) > MAX_FILE_BYTES:
+                    raise RegistryError(f"{what} {path}: cannot read: more than {MAX_FILE_BYTES >> 20} MiB")
+        except OSError as e:
+            raise RegistryError(f"{what} {path}: cannot read: {e.strerror or e}") from None
+        return decode_json(data, what, path, RegistryError)
 
     def read_entry_file(self, path: str) -> Entry:
-        return parse_entry(self._read_json(path, "registry entry"), path)
+        return parse_entry(self._read_json(path, "registry entry"), path, _stem(path))
 
     def load(self) -> tuple[list[Entry], list[str]]:
         """Every readable entry, and one warning line per entry file that could not be read."""
@@ -300,83 +324,134 @@ class Registry:
         return self.read_entry_file(path)
 
     def index(self) -> dict:
+        """index.json, checked (RegistryError where it is damaged: ``rebuild-index`` makes it afresh)."""
         path = self._path("index.json")
         if not self.fs.exists(path):
             return {"format": INDEX_FORMAT, "entries": []}
-        with self.fs.open(path, "r") as f:
-            return json.load(f)
+        return parse_index(self._read_json(path, "registry"), path)
 
-    def rebuilt_index(self) -> dict:
-        found, _ = self.load()
-        return {"format": INDEX_FORMAT, "entries": sorted((e.summary() for e in found), key=lambda s: s["id"])}
+    def rebuilt_index(self) -> tuple[dict, list[str]]:
+        """The index of every readable entry, and one line per entry file left out because it is unreadable."""
+        found, bad = self.load()
+        return {"format": INDEX_FORMAT, "entries": sorted((e.summary() for e in found), key=lambda s: s["id"])}, bad
 
-    # ---- writing -------------------------------------------------------------------------------
+    # ---- writing: every file is checked by the reader that reads it back, all before the first is written --------
+    def _entry_text(self, entry: Entry) -> tuple[str, str]:
+        path = self.entry_path(entry.id)
+        text = dumps(entry.to_json())
+        parse_entry(decode_json(text, "registry entry", path, RegistryError), path, entry.id)
+        return path, text
+
+    def _index_text(self, add: list[Entry] = (), remove: str | None = None) -> tuple[str, str]:
+        path = self._path("index.json")
+        try:
+            rows = {row["id"]: row for row in self.index()["entries"]}
+        except WeftError:  # a damaged index is rebuilt from the entries, never trusted
+            rows = {row["id"]: row for row in self.rebuilt_index()[0]["entries"]}
+        for entry in add:
+            rows[entry.id] = entry.summary()
+        if remove is not None:
+            rows.pop(remove, None)
+        text = dumps({"format": INDEX_FORMAT, "entries": [rows[k] for k in sorted(rows)]})
+        parse_index(decode_json(text, "registry", path, RegistryError), path)
+        return path, text
+
+    def _write_all(self, files: list[tuple[str, str]]) -> None:
+        for path, text in files:
+            self._write_atomic(path, text)
+
     def commit(self, plan: Plan, topology: str, provenance: dict[str, Any],
-               predicted_us: dict[int, float] | None = None) -> Entry:
-        """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan."""
-        require_verified(plan, provenance)
-        key = EntryKey(topology, plan.collective, plan.nranks, plan.min_message_size, plan.max_message_size)
-        entry = Entry(entry_id(plan, topology), key, plan, provenance, dict(predicted_us or {}))
+               predicted_us: dict[int, float] | None = None, measured: Entry | None = None) -> Entry:
+        """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan.
+        ``measured``: an exported entry of this plan whose measured times come along (``registry import``)."""
+        return self.commit_all([(plan, topology, provenance, predicted_us, measured)])[0]
+
+    def commit_all(self, items: list[tuple]) -> list[Entry]:
+        """Commit each (plan, topology, provenance, predicted_us, measured entry or None), all checked before the
+        first is written: one bad item commits nothing."""
+        entries = []
+        for plan, topology, provenance, predicted_us, measured in items:
+            require_verified(plan, provenance)
+            key = EntryKey(topology, plan.collective, plan.nranks, plan.min_message_size, plan.max_message_size)
+            entry = Entry(entry_id(plan, topology), key, plan, provenance,
+                          _times(dict(predicted_us or {}), "timings.predicted_us", f"plan {plan.name}"))
+            if measured is not None:
+                entry = replace(entry, measured_us=dict(measured.measured_us),
+                                measured_ll128_us=dict(measured.measured_ll128_us))
+            entries.append(entry)
         with self._locked():
-            path = self.entry_path(entry.id)
-            if self.fs.exists(path):  # the same plan again: its measured times still hold
-                try:
-                    old = self.read_entry_file(path)
-                    entry = replace(entry, measured_us=dict(old.measured_us),
-                                    measured_ll128_us=dict(old.measured_ll128_us))
-                except WeftError:
-                    pass  # an unreadable old entry is simply replaced
-            self._write_atomic(path, dumps(entry.to_json()))
-            self._update_index(add=entry)
-        return entry
+            files = []
+            for i, entry in enumerate(entries):
+                path = self.entry_path(entry.id)
+                if items[i][4] is None and self.fs.exists(path):  # the same plan again: its measured times still hold
+                    try:
+                        old = self.read_entry_file(path)
+                        entries[i] = entry = replace(entry, measured_us=dict(old.measured_us),
+                                                     measured_ll128_us=dict(old.measured_ll128_us))
+                    except WeftError:
+                        pass  # an unreadable old entry is simply replaced
+                files.append(self._entry_text(entry))
+            files.append(self._index_text(add=entries))
+            self._write_all(files)
+        return entries
 
     def record_timing(self, id: str, nbytes: int, time_us: float, ll128: bool = False) -> Entry:
         """Store a measured time, so that ``select`` prefers it over the prediction (``ll128``: measured with LL128
         lines, which only selections for an executor running them use)."""
+        return self.record_timings({id: [(nbytes, time_us, ll128)]})[0]
+
+    def record_timings(self, times: dict[str, list[tuple[int, float, bool]]],
+                       nccl: dict[str, dict[str, dict[int, float]]] | None = None) -> list[Entry]:
+        """Store measured times per entry id, each (bytes, µs, with LL128 lines), and NCCL's measured times
+        ({topology: {collective: {bytes: µs}}}), all checked before anything is written."""
         with self._locked():
-            entry = self.get(id)
-            if ll128:
-                entry = replace(entry, measured_ll128_us={**entry.measured_ll128_us, int(nbytes): float(time_us)})
-            else:
-                entry = replace(entry, measured_us={**entry.measured_us, int(nbytes): float(time_us)})
-            self._write_atomic(self.entry_path(id), dumps(entry.to_json()))
-            self._update_index(add=entry)
-        return entry
+            entries, files = [], []
+            for id, rows in sorted(times.items()):
+                entry = self.get(id)
+                plain, lined = dict(entry.measured_us), dict(entry.measured_ll128_us)
+                for nbytes, time_us, ll128 in rows:
+                    (lined if ll128 else plain)[nbytes] = time_us
+                entry = replace(entry, measured_us=plain, measured_ll128_us=lined)
+                entries.append(entry)
+                files.append(self._entry_text(entry))
+            if nccl:
+                doc = self.baselines()
+                for topology, collectives in nccl.items():
+                    for collective, table in collectives.items():
+                        stored = doc["nccl_us"].setdefault(topology, {}).setdefault(collective, {})
+                        stored.update({str(k): v for k, v in table.items()})
+                path = self._path("baselines.json")
+                text = dumps(doc)
+                parse_baselines(decode_json(text, "registry", path, RegistryError), path)
+                files.append((path, text))
+            if entries:
+                files.append(self._index_text(add=entries))
+            self._write_all(files)
+        return entries
 
     def record_nccl(self, topology: str, collective: str, times_us: dict[int, float]) -> None:
         """Store NCCL's measured times (bytes -> µs) on ``topology``, measured in the same job as the plans' times,
         so that selection runs NCCL where it measured faster than every plan."""
-        with self._locked():
-            doc = self.baselines()
-            table = doc["nccl_us"].setdefault(topology, {}).setdefault(collective, {})
-            table.update({str(int(k)): float(v) for k, v in times_us.items()})
-            self._write_atomic(self._path("baselines.json"), dumps(doc))
+        self.record_timings({}, {topology: {collective: times_us}})
 
     def remove(self, id: str) -> None:
         with self._locked():
             path = self.entry_path(id)
             if not self.fs.exists(path):
                 raise RegistryError(f"registry {self.location}: no entry {id!r}")
+            index = self._index_text(remove=id)
             self.fs.rm(path)
-            self._update_index(remove=id)
+            self._write_all([index])
 
-    def rebuild_index(self) -> dict:
+    def rebuild_index(self) -> tuple[dict, list[str]]:
+        """index.json made afresh from the entry files; the lines name the entries left out as unreadable."""
         with self._locked():
-            index = self.rebuilt_index()
-            self._write_atomic(self._path("index.json"), dumps(index))
-        return index
-
-    def _update_index(self, add: Entry | None = None, remove: str | None = None) -> None:
-        try:
-            rows = {row["id"]: row for row in self.index().get("entries", [])}
-        except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError):
-            rows = {row["id"]: row for row in self.rebuilt_index()["entries"]}
-        if add is not None:
-            rows[add.id] = add.summary()
-        if remove is not None:
-            rows.pop(remove, None)
-        index = {"format": INDEX_FORMAT, "entries": [rows[k] for k in sorted(rows)]}
-        self._write_atomic(self._path("index.json"), dumps(index))
+            index, bad = self.rebuilt_index()
+            path = self._path("index.json")
+            text = dumps(index)
+            parse_index(decode_json(text, "registry", path, RegistryError), path)
+            self._write_atomic(path, text)
+        return index, bad
 
     # ---- selection -----------------------------------------------------------------------------
     def select(self, topology: str, collective: str, nbytes: int, dtype: str | None = None,
@@ -387,9 +462,8 @@ class Registry:
         found, bad = self.load()
         for line in bad:
             log.warning("skipping %s", line)
-        candidates = [e for e in found if e.key.topology == topology and e.key.collective == collective
-                      and (nranks is None or e.key.nranks == nranks) and e.key.covers(nbytes)
-                      and e.plan.accepts(nbytes) and (dtype is None or not e.dtypes or dtype in e.dtypes)]
+        candidates = [e for e in found if e.serves(topology, collective, nranks or e.plan.nranks, nbytes)
+                      and (dtype is None or not e.dtypes or dtype in e.dtypes)]
         if not candidates:
             return Selection(None, "none", None,
                              f"no plan for {collective} on {topology} at {nbytes} bytes"
@@ -404,6 +478,11 @@ class Registry:
         if nccl is not None:
             return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, best.plan.name, t), tuple(bad))
         return Selection(best, basis, t, "", tuple(bad), lines)
+
+
+def _stem(path: str) -> str:
+    name = str(path).replace("\\", "/").rsplit("/", 1)[-1]
+    return name[:-5] if name.endswith(".json") else name
 
 
 def require_verified(plan: Plan, provenance: dict[str, Any]) -> None:
@@ -429,60 +508,147 @@ def nccl_reason(collective: str, nbytes: int, nccl_us: float, plan: str, time_us
             f"for the fastest plan, {plan})")
 
 
+def _fail(source: str, where: str, message: str, kind: str = "registry entry") -> RegistryError:
+    return RegistryError(f"{kind} {source}: {where}: {message}")
+
+
+def _depth_within(value: object, limit: int) -> bool:
+    """Whether ``value`` nests no deeper than ``limit`` (checked without recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())]
+        if not level:
+            return True
+    return False
+
+
+def _size(text: object) -> int | None:
+    """A size in bytes written as a JSON object key: decimal digits, 1 to 2**64 - 1; else None."""
+    if not isinstance(text, str) or not text.isdecimal() or not text.isascii() or len(text) > 20 or text[0] == "0":
+        return None
+    value = int(text)
+    return value if value < 1 << 64 else None
+
+
+def _positive_us(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+
+
 def parse_baselines(doc: object, source: str) -> dict:
     """A baselines.json document, checked: one line naming the file and field where it is malformed."""
     if not isinstance(doc, dict) or doc.get("format") != BASELINES_FORMAT:
-        raise RegistryError(f"registry {source}: format: must be {BASELINES_FORMAT!r}")
+        raise _fail(source, "format", f"must be {BASELINES_FORMAT!r}", "registry")
     tables = doc.get("nccl_us")
     if not isinstance(tables, dict):
-        raise RegistryError(f"registry {source}: nccl_us: must be an object of topologies")
+        raise _fail(source, "nccl_us", "must be an object of topologies", "registry")
     for topology, collectives in tables.items():
         if not isinstance(collectives, dict):
-            raise RegistryError(f"registry {source}: nccl_us.{topology}: must be an object of collectives")
+            raise _fail(source, f"nccl_us.{topology}", "must be an object of collectives", "registry")
         for collective, times in collectives.items():
-            where = f"nccl_us.{topology}.{collective}"
+            where = f"nccl_us.{topology[:40]}.{collective[:40]}"
+            if collective not in COLLECTIVES:
+                raise _fail(source, where, f"not a collective (one of {', '.join(COLLECTIVES)})", "registry")
             if not isinstance(times, dict):
-                raise RegistryError(f"registry {source}: {where}: must map sizes in bytes to µs")
+                raise _fail(source, where, "must map sizes in bytes to µs", "registry")
             for size, us in times.items():
-                if not str(size).isdigit() or isinstance(us, bool) or not isinstance(us, (int, float)) or us <= 0:
-                    raise RegistryError(f"registry {source}: {where}.{size}: must be a size in bytes mapped to a "
-                                        f"positive time in µs, got {us!r}")
+                if _size(size) is None or not _positive_us(us):
+                    raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a positive, "
+                                f"finite time in µs, got {short(us)}", "registry")
+    return doc
+
+
+INDEX_FIELDS = {"id": str, "topology": str, "collective": str, "nranks": int, "min_bytes": int, "max_bytes": int,
+                "plan": str, "plan_hash": str, "solver": str, "measured": bool}
+
+
+def parse_index(doc: object, source: str) -> dict:
+    """index.json, checked: a summary row per entry (``Entry.summary``); extra fields are allowed."""
+    if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT or not isinstance(doc.get("entries"), list):
+        raise _fail(source, "format", f"must be {INDEX_FORMAT!r} with a list of entries", "registry")
+    for i, row in enumerate(doc["entries"]):
+        if not isinstance(row, dict):
+            raise _fail(source, f"entries[{i}]", "must be an object", "registry")
+        for name, kind in INDEX_FIELDS.items():
+            value = row.get(name)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise _fail(source, f"entries[{i}].{name}", f"must be a {kind.__name__}, got {short(value)}",
+                            "registry")
+        if not ID_PATTERN.fullmatch(row["id"]):
+            raise _fail(source, f"entries[{i}].id", f"not an entry id: {short(row['id'])}", "registry")
     return doc
 
 
 def _times(table: object, where: str, source: str) -> dict[int, float]:
     """A timings table: sizes in bytes mapped to positive µs (selection interpolates them on a log scale)."""
     if not isinstance(table, dict):
-        raise RegistryError(f"registry entry {source}: {where}: must map sizes in bytes to µs")
+        raise _fail(source, where, "must map sizes in bytes to µs")
+    out = {}
     for size, us in table.items():
-        if not str(size).isdigit() or int(size) == 0 or isinstance(us, bool) or not isinstance(us, (int, float)) \
-                or not 0 < us < math.inf:
-            raise RegistryError(f"registry entry {source}: {where}.{size}: must be a size in bytes mapped to a "
-                                f"positive time in µs, got {us!r}")
-    return {int(k): float(v) for k, v in table.items()}
+        nbytes = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64 \
+            else _size(size)
+        if nbytes is None or not _positive_us(us):
+            raise _fail(source, f"{where}.{str(size)[:24]}", "must be a size in bytes mapped to a positive, finite "
+                        f"time in µs, got {short(us)}")
+        out[nbytes] = float(us)
+    return out
 
 
-def parse_entry(doc: object, source: str) -> Entry:
+def _key(doc: dict, source: str) -> EntryKey:
+    key_doc = doc.get("key")
+    if not isinstance(key_doc, dict):
+        raise _fail(source, "key", "must be an object")
+    fields = []
+    for name, kind in (("topology", str), ("collective", str), ("nranks", int), ("min_bytes", int),
+                       ("max_bytes", int)):
+        value = key_doc.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and not 0 <= value < 1 << 64):
+            raise _fail(source, f"key.{name}", f"missing or malformed, got {short(value)}")
+        fields.append(value)
+    if not FINGERPRINT.fullmatch(fields[0]):
+        raise _fail(source, "key.topology", f"must be a topology fingerprint (topo-<16 hex>), got {short(fields[0])}")
+    return EntryKey(*fields)
+
+
+def _check_key(key: EntryKey, plan: Plan, source: str) -> None:
+    """The key must say what the plan is: an entry must never serve one collective's plan under another's key."""
+    facts = (("collective", key.collective, plan.collective), ("nranks", key.nranks, plan.nranks),
+             ("min_bytes", key.min_bytes, plan.min_message_size), ("max_bytes", key.max_bytes, plan.max_message_size))
+    for name, said, actual in facts:
+        if said != actual:
+            raise _fail(source, f"key.{name}", f"{short(said)} does not match its plan ({short(actual)}); "
+                        "edited by hand?")
+    if plan.weft.topology and plan.weft.topology != key.topology:
+        raise _fail(source, "key.topology", f"{key.topology} does not match its plan ({plan.weft.topology}); "
+                    "edited by hand?")
+
+
+def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Entry:
+    """An entry document, checked in full; ``expected_id``: the id its file name gives (they must agree)."""
     if not isinstance(doc, dict) or doc.get("format") != ENTRY_FORMAT:
-        raise RegistryError(f"registry entry {source}: format: must be {ENTRY_FORMAT!r}")
-    try:
-        key_doc = doc["key"]
-        key = EntryKey(str(key_doc["topology"]), str(key_doc["collective"]), int(key_doc["nranks"]),
-                       int(key_doc["min_bytes"]), int(key_doc["max_bytes"]))
-        entry_id_ = str(doc["id"])
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise RegistryError(f"registry entry {source}: key: missing or malformed ({e})") from None
+        raise _fail(source, "format", f"must be {ENTRY_FORMAT!r}")
+    entry_id_ = doc.get("id")
+    if not isinstance(entry_id_, str) or not ID_PATTERN.fullmatch(entry_id_):
+        raise _fail(source, "id", f"must be an entry id (letters, digits, '.', '_', '-'), got {short(entry_id_)}")
+    if expected_id is not None and entry_id_ != expected_id:
+        raise _fail(source, "id", f"{entry_id_!r} does not match the file's name ({expected_id!r})")
+    key = _key(doc, source)
     timings = doc.get("timings", {})
     if not isinstance(timings, dict):
-        raise RegistryError(f"registry entry {source}: timings: must be an object")
+        raise _fail(source, "timings", "must be an object")
     predicted, measured, measured_ll128 = (_times(timings.get(name, {}), f"timings.{name}", source)
                                            for name in ("predicted_us", "measured_us", "measured_ll128_us"))
     provenance = doc.get("provenance", {})
     if not isinstance(provenance, dict) or not isinstance(provenance.get("verification") or {}, dict):
-        raise RegistryError(f"registry entry {source}: provenance.verification: must be an object")
+        raise _fail(source, "provenance.verification", "must be an object")
+    if not _depth_within(provenance, MAX_DEPTH):
+        raise _fail(source, "provenance", f"nests deeper than {MAX_DEPTH} levels")
     plan = parse_plan(doc.get("plan"), f"{source}: plan")
     record = provenance.get("verification") or {}
     if record.get("plan_hash") != plan.content_hash:
-        raise RegistryError(f"registry entry {source}: plan: content hash {plan.content_hash} does not match "
-                            f"its verification record ({record.get('plan_hash')}); edited by hand?")
+        raise _fail(source, "plan", f"content hash {plan.content_hash} does not match its verification record "
+                    f"({short(record.get('plan_hash'))}); edited by hand?")
+    _check_key(key, plan, source)
+    if entry_id_ != entry_id(plan, key.topology):
+        raise _fail(source, "id", f"{entry_id_!r} is not this plan's id on {key.topology} "
+                    f"({entry_id(plan, key.topology)!r}); edited by hand?")
     return Entry(entry_id_, key, plan, provenance, predicted, measured, measured_ll128)

@@ -4,24 +4,53 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from topologies.errors import WeftError
 
 
+MAX_FILE_BYTES = 256 << 20  # no weft file comes near this (a 128-instance plan is a few MB); /dev/zero does
+
+
+def read_bytes(path: str | Path, kind: str, error: type[WeftError], limit: int = MAX_FILE_BYTES) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path``: a FIFO, a device or a directory is refused before it
+    is opened (reading one would hang, or never end), and a larger file is refused rather than read whole."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{kind} {path}: cannot read: not a regular file")
+        if info.st_size > limit:
+            raise error(f"{kind} {path}: cannot read: {info.st_size} bytes, more than the {limit >> 20} MiB a weft "
+                        "file may hold")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # swapped for a FIFO after stat: no hang
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise error(f"{kind} {path}: cannot read: not a regular file")
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"{kind} {path}: cannot read: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise error(f"{kind} {path}: cannot read: more than the {limit >> 20} MiB a weft file may hold")
+    return data
+
+
+def decode_json(data: bytes | str, kind: str, source: str, error: type[WeftError]) -> object:
+    """``data`` decoded as JSON; malformed, too deep or with numbers too long to read, one line naming ``source``."""
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as e:
+        raise error(f"{kind} {source}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{kind} {source}: cannot read: {e}") from None
+    except (ValueError, RecursionError) as e:  # a number too long to read, or nesting too deep
+        raise error(f"{kind} {source}: not valid JSON: {(str(e).splitlines() or ['nested too deep'])[0]}") from None
+
+
 def read_json(path: str | Path, kind: str, error: type[WeftError]) -> object:
     """The decoded content of ``path``; unreadable or malformed files raise ``error("<kind> <path>: ...")``."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise error(f"{kind} {path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise error(f"{kind} {path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
-    except (ValueError, RecursionError) as e:  # a number too long to read, or nesting too deep
-        raise error(f"{kind} {path}: not valid JSON: {str(e).splitlines()[0]}") from None
+    return decode_json(read_bytes(path, kind, error), kind, str(path), error)
 
 
 def write_text(path: str | Path, text: str | bytes, kind: str, error: type[WeftError], parents: bool = False) -> None:

@@ -5,13 +5,15 @@ This lives in weft/ because it spans stages: schedules/ owns the registry but ca
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from schedules.plan import Plan, load_plan, parse_plan
-from schedules.registry import ENTRY_FORMAT, Entry, Registry, RegistryError, parse_entry, require_verified
+from schedules.registry import (BASELINES_FORMAT, ENTRY_FORMAT, Entry, Registry, RegistryError, parse_baselines,
+                                parse_entry, require_verified)
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
-from topologies.jsonfile import read_json
+from topologies.jsonfile import read_json, short_repr
 from weft import __version__
 from weft.units import parse_bytes
 
@@ -56,8 +58,8 @@ def commit(plan: Plan, topology: Topology | str | None, location: str | None = N
     return Registry(location).commit(*_checked(plan, topology, schedule))
 
 
-def _checked(plan: Plan, topology: Topology | str | None,
-             schedule: Schedule | None) -> tuple[Plan, str, dict, dict[int, float]]:
+def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | None,
+             exported: Entry | None = None) -> tuple[Plan, str, dict, dict[int, float], Entry | None]:
     """Everything ``Registry.commit`` needs, each part checked (the plan proven on the reference executor);
     nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
@@ -69,12 +71,20 @@ def _checked(plan: Plan, topology: Topology | str | None,
                             f"not {fingerprint}")
     provenance = {
         "solver": plan.weft.solver, "weft_version": __version__, "schedule_hash": plan.weft.schedule_hash,
-        "instances": plan.weft.instances, "protocol": plan.protocol, "verification": verify(plan),
+        "instances": plan.weft.instances, "protocol": plan.protocol,
     }
-    require_verified(plan, provenance)
+    if isinstance(topo, Topology):
+        provenance["topology_name"] = topo.name
     if schedule is not None:
         provenance["options"] = schedule.meta.options
-    return plan, fingerprint, provenance, _predictions(plan, schedule, topo if isinstance(topo, Topology) else None)
+    if exported is not None:  # an exported entry keeps what it recorded; only its verification is made afresh
+        provenance = {**exported.provenance}
+        predictions = exported.predicted_us
+    else:
+        predictions = _predictions(plan, schedule, topo if isinstance(topo, Topology) else None)
+    provenance["verification"] = verify(plan)
+    require_verified(plan, provenance)
+    return plan, fingerprint, provenance, predictions, exported
 
 
 def commit_file(path: str, topology: str | None, location: str | None) -> Entry:
@@ -98,48 +108,121 @@ def verify_registry(location: str | None) -> dict:
 
 
 def import_directory(directory: str, location: str | None) -> list[Entry]:
-    """Commit every plan or registry-entry file in ``directory``, each verified afresh; every file is read and
-    proven before the first commit, so a bad file commits nothing."""
+    """Commit every plan or registry-entry file in ``directory``, each verified afresh, with an exported entry's
+    predictions, measurements and provenance, and merge an exported baselines.json (NCCL's times); every file is
+    read and proven before the first commit, so a bad file commits nothing."""
     if not Path(directory).is_dir():
         raise RegistryError(f"registry import {directory}: not a directory")
     registry = Registry(location)
-    checked = [_checked(*_import_file(f), None) for f in sorted(Path(directory).glob("*.json"))]
-    return [registry.commit(*c) for c in checked]
+    checked, baselines = [], None
+    for path in sorted(Path(directory).glob("*.json")):
+        doc = read_json(path, "registry import", RegistryError)
+        if path.name == "baselines.json" and isinstance(doc, dict) and doc.get("format") == BASELINES_FORMAT:
+            baselines = parse_baselines(doc, f"registry import {path}")
+            continue
+        plan, topology, exported = _import_doc(doc, path)
+        checked.append(_checked(plan, topology, None, exported))
+    entries = registry.commit_all(checked)
+    if baselines is not None:
+        tables = {topology: {collective: {int(k): v for k, v in times.items()} for collective, times in c.items()}
+                  for topology, c in baselines["nccl_us"].items()}
+        registry.record_timings({}, tables)
+    return entries
 
 
-def _import_file(path: Path) -> tuple[Plan, str | None]:
-    """The plan in an exported registry entry (with its topology) or in a plan file (naming its own)."""
-    doc = read_json(path, "registry import", RegistryError)
+def export_directory(directory: str, location: str | None) -> int:
+    """Write every readable entry as ``<id>.json`` and baselines.json into ``directory`` (created if missing),
+    nothing outside it: the names come from the entries' own file names, which the registry checked."""
+    from schedules.registry import ID_PATTERN, dumps
+    from topologies.jsonfile import make_directory, write_text
+
+    registry = Registry(location)
+    entries = registry.entries()
+    baselines = registry.baselines()
+    out = make_directory(directory, "registry export", RegistryError)
+    files = []
+    for e in entries:
+        target = out / f"{e.id}.json"
+        if not ID_PATTERN.fullmatch(e.id) or target.parent != out:
+            raise RegistryError(f"registry export {out}: entry id {e.id!r}: not a file name in the folder")
+        files.append((target, dumps(e.to_json())))
+    if baselines["nccl_us"]:
+        files.append((out / "baselines.json", dumps(baselines)))
+    for target, text in files:
+        write_text(target, text, "registry export", RegistryError)
+    return len(entries)
+
+
+def _import_doc(doc: object, path: Path) -> tuple[Plan, str | None, Entry | None]:
+    """The plan in an exported registry entry (with its topology and the entry) or in a plan file (naming its own)."""
     if not isinstance(doc, dict) or "format" not in doc:  # plan files (MSCCL++'s layout) carry no format
-        return parse_plan(doc, str(path)), None
+        return parse_plan(doc, str(path)), None, None
     if doc["format"] != ENTRY_FORMAT:
         raise RegistryError(f"registry import {path}: format: must be {ENTRY_FORMAT!r} (an exported entry) or "
-                            f"absent (a plan file), got {doc['format']!r}")
-    old = parse_entry(doc, str(path))
-    return old.plan, old.key.topology
+                            f"absent (a plan file), got {short_repr(doc['format'])}")
+    old = parse_entry(doc, str(path), path.stem)
+    return old.plan, old.key.topology, old
 
 
-def record_bench(registry: Registry, collective: str, rows: list[dict]) -> int:
+def record_bench(registry: Registry, collective: str, rows: list[dict], source: str = "bench rows") -> int:
     """A bench job's times into ``registry``: each plan's into its entry (times with LL128 lines apart), and
     NCCL's, measured in the same job, per topology of the plans timed. A size whose fastest plan gave a wrong
-    result records nothing. Returns how many plan times were stored."""
+    result records nothing. Every row is checked first, and nothing is written unless all of it can be.
+    Returns how many plan times were stored."""
+    _check_rows(rows, source)
     entries = {e.plan.content_hash: e for e in registry.entries(collective=collective)}
+    times: dict[str, list[tuple[int, float, bool]]] = {}
     nccl: dict[str, dict[int, float]] = {}
-    stored = 0
     for row in rows:
         if row["wrong"]:
             continue
         plain = row.get("plans_us", {} if row.get("lines") else {row["plan_hash"]: row["weft_us"]})
         lined = row.get("plans_ll128_us", {})
-        for times, ll128 in ((plain, False), (lined, True)):
-            for plan_hash, us in times.items():
+        for table, ll128 in ((plain, False), (lined, True)):
+            for plan_hash, us in table.items():
                 if plan_hash in entries:
-                    registry.record_timing(entries[plan_hash].id, row["size"], us, ll128=ll128)
-                    nccl.setdefault(entries[plan_hash].key.topology, {})[row["size"]] = row["nccl_us"]
-                    stored += 1
-    for topology, times in sorted(nccl.items()):
-        registry.record_nccl(topology, collective, times)
-    return stored
+                    times.setdefault(entries[plan_hash].id, []).append((row["size"], float(us), ll128))
+                    if row.get("nccl_us") is not None:
+                        nccl.setdefault(entries[plan_hash].key.topology, {})[row["size"]] = float(row["nccl_us"])
+    registry.record_timings(times, {topology: {collective: table} for topology, table in nccl.items()})
+    return sum(len(v) for v in times.values())
+
+
+def _positive(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+
+
+def _check_rows(rows: object, source: str) -> None:
+    """Bench rows as ``record_bench`` stores them: one line naming the row and field that is out of range."""
+    if not isinstance(rows, list):
+        raise RegistryError(f"registry record {source}: rows: must be a list of sizes")
+    for i, row in enumerate(rows):
+        where = f"registry record {source}: rows[{i}]"
+        if not isinstance(row, dict):
+            raise RegistryError(f"{where}: must be an object")
+        size = row.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size < 1 << 64:
+            raise RegistryError(f"{where}.size: must be a size in bytes (a positive integer), got {short_repr(size)}")
+        wrong = row.get("wrong")
+        if isinstance(wrong, bool) or not isinstance(wrong, int) or wrong < 0:
+            raise RegistryError(f"{where}.wrong: must be a count of wrong elements, got {short_repr(wrong)}")
+        if row.get("nccl_us") is not None and not _positive(row["nccl_us"]):
+            raise RegistryError(f"{where}.nccl_us: must be a positive, finite time in µs, got "
+                                f"{short_repr(row['nccl_us'])}")
+        if wrong:
+            continue
+        tables = [("plans_ll128_us", row.get("plans_ll128_us", {}))]
+        if "plans_us" in row or row.get("lines"):
+            tables.append(("plans_us", row.get("plans_us", {})))
+        else:
+            tables.append(("weft_us", {row.get("plan_hash"): row.get("weft_us")}))
+        for name, table in tables:
+            if not isinstance(table, dict):
+                raise RegistryError(f"{where}.{name}: must map plan hashes to µs, got {short_repr(table)}")
+            for plan_hash, us in table.items():
+                if not isinstance(plan_hash, str) or not _positive(us):
+                    raise RegistryError(f"{where}.{name}: {short_repr(plan_hash)}: must map a plan hash to a "
+                                        f"positive, finite time in µs, got {short_repr(us)}")
 
 
 def record_bench_file(path: str, location: str | None) -> tuple[int, int]:
@@ -156,4 +239,4 @@ def record_bench_file(path: str, location: str | None) -> tuple[int, int]:
         for field, kind in (("size", int), ("nccl_us", (int, float)), ("wrong", int), ("plans_us", dict)):
             if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
                 raise RegistryError(f"registry record {path}: rows[{i}].{field}: missing or malformed")
-    return record_bench(Registry(location), collective, rows), len(rows)
+    return record_bench(Registry(location), collective, rows, path), len(rows)

@@ -43,14 +43,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("id")
     q = cmd("verify", "re-check every entry on the reference executor", _verify)
     q.add_argument("--json", action="store_true")
-    q = cmd("export", "write every entry (plan, provenance, timings) as ID.json into a directory", _export)
+    q = cmd("export", "write every entry (plan, provenance, timings) as ID.json, and NCCL's times as "
+                      "baselines.json, into a directory", _export)
     q.add_argument("directory")
     q = cmd("import", "verify and commit every plan file in a directory", _import)
     q.add_argument("directory")
     q = cmd("record", "store the times of `weft bench` results files: each plan's, and NCCL's (selection then runs "
                       "NCCL where it measured faster than every plan)", _record)
     q.add_argument("results", nargs="+", help="JSON written by `weft bench` (bench/results/...)")
-    cmd("rebuild-index", "rebuild index.json from the entry files", _rebuild)
+    cmd("rebuild-index", "rebuild index.json from the entry files (exit 1 naming any left out as unreadable)",
+        _rebuild)
 
 
 def _registry(args: argparse.Namespace):
@@ -74,6 +76,47 @@ def _range(entry) -> str:
     return f"{format_bytes(entry.key.min_bytes)}..{hi}"
 
 
+def accepted_sizes(entry) -> str:
+    """The message sizes an entry's plan runs, as the plan defines them (its range, and the granule that each
+    size must be a multiple of): the one place that reads this from Plan."""
+    from schedules.plan import CHUNK_GRANULE
+
+    unit = entry.plan.size_chunks * CHUNK_GRANULE
+    return _range(entry) + (f" step {format_bytes(unit)}" if unit > 1 else "")
+
+
+def best_time(entry) -> tuple[str, float | None, int | None]:
+    """(basis, µs, bytes): the entry's fastest measured time (with or without LL128 lines), else its fastest
+    predicted time; ("none", None, None) where it has neither."""
+    for basis, tables in (("measured", (entry.measured_us, entry.measured_ll128_us)), ("predicted",
+                                                                                    (entry.predicted_us,))):
+        points = [(us, size) for table in tables for size, us in table.items()]
+        if points:
+            us, size = min(points)
+            return basis, us, size
+    return "none", None, None
+
+
+def plan_label(entry) -> str:
+    """protocol, instances and threads per block: what tells two plans of one schedule apart."""
+    plan = entry.plan
+    return f"{plan.protocol.lower()}-x{plan.weft.instances}-t{plan.num_threads_per_block}"
+
+
+def describe(entry) -> dict:
+    """What `list --json` and `show` say about an entry, beyond its index row."""
+    basis, us, size = best_time(entry)
+    return entry.summary() | {"topology_name": entry.provenance.get("topology_name") or entry.key.topology,
+                              "plan_label": plan_label(entry), "accepts": accepted_sizes(entry),
+                              "best_basis": basis, "best_us": us, "best_at_bytes": size}
+
+
+def _best_text(row: dict) -> str:
+    if row["best_us"] is None:
+        return "no time"
+    return f"{row['best_us']:.2f} µs {row['best_basis']} at {format_bytes(row['best_at_bytes'])}"
+
+
 def _commit(args: argparse.Namespace) -> int:
     from weft import publish
 
@@ -94,14 +137,17 @@ def _list(args: argparse.Namespace) -> int:
     fingerprint = _fingerprint(args.topology) if args.topology else None
     entries = [e for e in found if (fingerprint is None or e.key.topology == fingerprint)
                and (args.collective is None or e.key.collective == args.collective)]
+    rows = [describe(e) for e in entries]
     if args.json:
-        print(json.dumps([e.summary() for e in entries], indent=2))
+        print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'id':<34} {'collective':<13} {'ranks':>5} {'sizes':<16} {'solver':<10} {'topology':<22} measured")
-    for e in entries:
-        print(f"{e.id:<34} {e.key.collective:<13} {e.key.nranks:>5} {_range(e):<16} "
-              f"{str(e.provenance.get('solver', '')):<10} {e.key.topology:<22} {'yes' if e.measured_us else 'no'}")
-    print(f"{len(entries)} entries in {reg.location}")
+    width = max([len(r["topology_name"]) for r in rows] + [8])
+    print(f"{'id':<34} {'collective':<13} {'ranks':>5} {'topology':<{width}} {'plan':<16} {'solver':<8} "
+          f"{'sizes':<26} best time")
+    for r in rows:
+        print(f"{r['id']:<34} {r['collective']:<13} {r['nranks']:>5} {r['topology_name']:<{width}} "
+              f"{r['plan_label']:<16} {r['solver']:<8} {r['accepts']:<26} {_best_text(r)}")
+    print(f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'} in {reg.location}")
     return 0
 
 
@@ -109,6 +155,9 @@ def _show(args: argparse.Namespace) -> int:
     entry = _registry(args).get(args.id)
     doc = entry.to_json()
     doc["plan"] = {k: v for k, v in doc["plan"].items() if k != "gpus"} | {"gpus": f"{len(entry.plan.gpus)} gpus"}
+    row = describe(entry)
+    print(f"{entry.id}: {entry.key.collective} on {entry.key.nranks} ranks of {row['topology_name']}, plan "
+          f"{entry.plan.name} ({row['plan_label']}), sizes {row['accepts']}, best {_best_text(row)}")
     print(json.dumps(doc, indent=2, sort_keys=True))
     return 0
 
@@ -150,14 +199,10 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from schedules.registry import RegistryError, dumps
-    from topologies.jsonfile import make_directory, write_text
+    from weft import publish
 
-    entries = _registry(args).entries()
-    out = make_directory(args.directory, "registry export", RegistryError)
-    for e in entries:
-        write_text(out / f"{e.id}.json", dumps(e.to_json()), "registry export", RegistryError)
-    print(f"exported {len(entries)} entries to {out}")
+    count = publish.export_directory(args.directory, args.registry)
+    print(f"exported {count} {'entry' if count == 1 else 'entries'} to {args.directory}")
     return 0
 
 
@@ -180,6 +225,8 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _rebuild(args: argparse.Namespace) -> int:
-    index = _registry(args).rebuild_index()
-    print(f"index rebuilt: {len(index['entries'])} entries")
-    return 0
+    index, bad = _registry(args).rebuild_index()
+    for line in bad:
+        print(f"weft: warning: left out {line}", file=sys.stderr)
+    print(f"index rebuilt: {len(index['entries'])} entries" + (f", {len(bad)} unreadable left out" if bad else ""))
+    return 1 if bad else 0
