@@ -2,6 +2,10 @@
 
 nvcc builds it when present (one cubin per source hash and architecture, written atomically); otherwise
 CuPy's NVRTC path compiles the same sources (CuPy keeps its own disk cache).
+
+The cache is trusted only as far as it is checked: its folder is created private to the user (0700), and each
+cubin has the SHA-256 of its bytes beside it (``<cubin>.sha256``), compared before the cubin is loaded. A cubin
+whose hash is missing or differs is built again, never loaded.
 """
 
 from __future__ import annotations
@@ -59,14 +63,49 @@ def nvcc_command(arch: str, output: Path, flags: tuple[str, ...] = FLAGS) -> lis
     return ["nvcc", "-cubin", f"-arch={arch}", *flags, "-o", str(output), str(source_dir() / "interpreter.cu")]
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def private_directory(directory: Path) -> Path:
+    """``directory``, created 0700 where missing; one another user can write to is refused (it could swap a
+    cubin and its hash together)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = directory.stat()
+    except OSError as e:
+        raise ExecutorError(f"executor: kernel cache {directory}: cannot create: {e.strerror or e}") from None
+    if info.st_mode & 0o022 or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+        raise ExecutorError(f"executor: kernel cache {directory}: writable by other users or owned by another; "
+                            "use a private folder (chmod 700, or set WEFT_KERNEL_CACHE)")
+    return directory
+
+
+def cached_cubin(path: Path) -> bytes | None:
+    """The cubin at ``path`` if the hash stored beside it matches its bytes, else None (build it again)."""
+    try:
+        data = path.read_bytes()
+        expected = path.with_name(path.name + ".sha256").read_text().strip()
+    except OSError:
+        return None
+    return data if _digest(data) == expected else None
+
+
+def _write_private(directory: Path, path: Path, data: bytes | str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=directory)
+    with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def build_cubin(arch: str, directory: Path | None = None, trace: bool = False) -> Path:
-    """The cached cubin for ``arch`` (e.g. sm_90), building it with nvcc if needed; ``trace``: the timed build."""
+    """The cached cubin for ``arch`` (e.g. sm_90), building it with nvcc if needed; ``trace``: the timed build.
+    A cached cubin is used only where its stored hash matches (``cached_cubin``)."""
     flags = FLAGS + TRACE_FLAGS if trace else FLAGS
-    directory = directory or cache_dir()
+    directory = private_directory(directory or cache_dir())
     path = directory / f"interpreter-{arch}-{source_hash(arch, flags)}.cubin"
-    if path.exists():
+    if cached_cubin(path) is not None:
         return path
-    directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".cubin", dir=directory)
     os.close(fd)
     done = subprocess.run(nvcc_command(arch, Path(tmp), flags), capture_output=True, text=True)
@@ -74,6 +113,8 @@ def build_cubin(arch: str, directory: Path | None = None, trace: bool = False) -
         os.unlink(tmp)
         first = (done.stderr.strip().splitlines() or ["no output"])[0]
         raise ExecutorError(f"executor/cuda/interpreter.cu: nvcc failed for {arch}: {first}")
+    data = Path(tmp).read_bytes()
+    _write_private(directory, path.with_name(path.name + ".sha256"), _digest(data) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -84,11 +125,25 @@ def load_module(compute_capability: str, trace: bool = False):
 
     arch = f"sm_{compute_capability}"
     if shutil.which("nvcc"):
-        return cupy.RawModule(path=str(build_cubin(arch, trace=trace)))
+        path = build_cubin(arch, trace=trace)
+        image = cached_cubin(path)  # checked again as it is read: what is loaded is exactly what was hashed
+        if image is None:
+            raise ExecutorError(f"executor: kernel cache {path}: the cubin does not match its stored hash")
+        return _module_from_image(cupy, image, path)
     code = (source_dir() / "interpreter.cu").read_text()
     return cupy.RawModule(code=code, backend="nvrtc",
                           options=("-std=c++17", f"--gpu-architecture={arch}", f"-I{source_dir()}",
                                    *(TRACE_FLAGS if trace else ())))
+
+
+def _module_from_image(cupy, image: bytes, path: Path):
+    """A RawModule from the checked bytes (written to a private temporary file: CuPy loads cubins by path)."""
+    with tempfile.TemporaryDirectory(prefix="weft-cubin-") as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_bytes(image)
+        module = cupy.RawModule(path=str(copy))
+        module.get_function(kernel_name("fp32", 16))  # load it now, while the checked copy exists
+    return module
 
 
 def resident_blocks(kernel, threads: int, device: int) -> int:

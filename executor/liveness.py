@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from executor.errors import ExecutorTimeout, PeerLost
+from executor.errors import ExecutorError, ExecutorTimeout, PeerLost
+from executor.gpu_bootstrap import decode, encode
 
 State = Literal["alive", "exited", "remote", "unjoined"]
 PROBE_EVERY_S = 0.25  # how often a bootstrap exchange that is still waiting looks at its missing peers
@@ -48,7 +48,13 @@ class RankIdentity:
 
     @staticmethod
     def from_json(data: bytes | str) -> RankIdentity:
-        return RankIdentity(**json.loads(data))
+        """A peer's identity as it published it; anything but these six fields of these types is refused."""
+        doc = json.loads(data)
+        kinds = {"rank": int, "pid": int, "host": str, "boot_id": str, "pid_namespace": int, "start_ticks": int}
+        if not isinstance(doc, dict) or set(doc) != set(kinds) or any(
+                not isinstance(doc[k], t) or isinstance(doc[k], bool) for k, t in kinds.items()):
+            raise ValueError(f"not a rank identity: {str(data)[:80]}")
+        return RankIdentity(**doc)
 
     def describe(self) -> str:
         return f"rank {self.rank} (pid {self.pid} on host {self.host})"
@@ -211,10 +217,10 @@ class Roster:
         keys = [f"{key}/{r}" for r in range(self.world_size)]
         where = f"bootstrap exchange {key!r}"
         try:
-            self.store.set(keys[self.me.rank], pickle.dumps(value))
+            self.store.set(keys[self.me.rank], encode(value))
             self._await(keys, where, timeout_s)
-            values = [pickle.loads(self.store.get(k)) for k in keys]
-        except ExecutorTimeout:
+            values = [decode(self.store.get(k), f"rank {r} at {where}") for r, k in enumerate(keys)]
+        except (ExecutorTimeout, ExecutorError):
             raise
         except Exception as e:  # noqa: BLE001 - the Store's own types (DistStoreError, RuntimeError, OSError)
             raise store_failure(self.me.rank, where, self.statuses(self.others()), e) from None

@@ -90,6 +90,11 @@ def test_a_frontier_from_weft_synth_plots(tmp_path):
     ({"rows": [{**GOOD_ROW, "wrong": "none"}]}, "rows[0].wrong: must be an integer"),
     ({"collective": ["allreduce"]}, "collective: must be a string"),
     ({"machine": 3}, "machine: must be a string or an object"),
+    ({"rows": [{**GOOD_ROW, "median_us": [1, 2]}]}, "rows[0].median_us: must be an object"),
+    ({"rows": [{**GOOD_ROW, "median_us": {"nccl": True}}]}, "rows[0].median_us.nccl: must be a time in µs"),
+    ({"rows": [{**GOOD_ROW, "median_us": {"nccl": 0}}]}, "rows[0].median_us.nccl: must be a time in µs"),
+    ({"rows": [{**GOOD_ROW, "median_us": {"weft:x": float("-inf")}}]}, "rows[0].median_us.weft:x: must be a time"),
+    ({"rows": [{**GOOD_ROW, "median_us": {"nccl": float("nan")}}]}, "rows[0].median_us.nccl: must be a time in µs"),
 ])
 @pytest.mark.parametrize("markdown", [[], ["--markdown"]])
 def test_a_malformed_benchmark_is_one_line_naming_the_file_and_field(change, field, markdown, tmp_path):

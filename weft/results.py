@@ -103,6 +103,11 @@ def read_bench(path: str | Path) -> BenchResults:
         for key in ("nccl_us", "symm_us", "weft_us"):
             t = row.get(key)
             times[key] = None if t is None else f.number(t, f"{where}.{key}", *TIME_RANGE_US, "a time in µs")
+        medians = row.get("median_us")  # every contender's median, the times above are the best of
+        if medians is not None:
+            for label, t in f.obj(medians, f"{where}.median_us").items():
+                if t is not None:
+                    f.number(t, f"{where}.median_us.{label[:40]}", *TIME_RANGE_US, "a time in µs")
         plan = row.get("plan")
         if plan is not None and not isinstance(plan, str):
             raise f.fail(f"{where}.plan", f"must be a plan name (a string), got {short_repr(plan)}")

@@ -142,11 +142,11 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     width = max([len(r["topology_name"]) for r in rows] + [8])
-    print(f"{'id':<34} {'collective':<13} {'ranks':>5} {'topology':<{width}} {'plan':<16} {'solver':<8} "
+    print(f"{'id':<34} {'collective':<13} {'ranks':>5} {'topology':<{width}} {'plan':<18} {'solver':<8} "
           f"{'sizes':<26} best time")
     for r in rows:
         print(f"{r['id']:<34} {r['collective']:<13} {r['nranks']:>5} {r['topology_name']:<{width}} "
-              f"{r['plan_label']:<16} {r['solver']:<8} {r['accepts']:<26} {_best_text(r)}")
+              f"{r['plan_label']:<18} {r['solver']:<8} {r['accepts']:<26} {_best_text(r)}")
     print(f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'} in {reg.location}")
     return 0
 

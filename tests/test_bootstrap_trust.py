@@ -1,0 +1,141 @@
+"""Trust on the GPU path: values between ranks are plain data, never pickles; cached kernels are checked."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from executor import gpu_bootstrap, gpu_build
+from executor.errors import ExecutorError
+from executor.gpu_bootstrap import decode, encode
+from executor.gpu_ipc import SharedBuffer
+from executor.liveness import RankIdentity, Roster
+
+
+class DictStore:
+    """torch.distributed.Store's set, get, check and wait over a dict (every key already there)."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key, value):
+        self.values[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.values[key]
+
+    def check(self, keys):
+        return all(k in self.values for k in keys)
+
+    def wait(self, keys, timeout):
+        assert self.check(keys)
+
+
+class Exploit:
+    """A pickle that, once loaded, writes a file: what anyone reaching the Store's port could send."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (Path.write_text, (self.target, "ran"))
+
+
+EXCHANGED = [
+    None, "", "cannot export", True, 3, 2.5, float("inf"), b"\x00\xff" * 32,
+    ("f" * 16, 4096, {"i": SharedBuffer(b"h" * 64, 128), "o": SharedBuffer(b"o" * 64, 0)}, True, False),
+    [("abc", 64, {"s": SharedBuffer(b"s" * 64, 8)}), ("def", 128, "why not")],
+    ("topo-0123456789abcdef", ["allgather-2r-aaaa", "allreduce-2r-bbbb"]),
+]
+
+
+@pytest.mark.parametrize("value", EXCHANGED)
+def test_every_value_the_executor_exchanges_round_trips_as_json(value):
+    data = encode(value)
+    assert b"\x80" not in data[:2]  # not a pickle
+    assert decode(data) == value
+    assert type(decode(data)) is type(value)
+
+
+def test_a_pickle_in_the_store_is_refused_and_never_run(tmp_path):
+    target = tmp_path / "pwned"
+    store = DictStore()
+    store.set("k/1", pickle.dumps(Exploit(target)))
+    with pytest.raises(ExecutorError, match="rank 1 at 'k': not weft's plain data"):
+        gpu_bootstrap.all_gather(store, "k", 0, 2, "mine", 1.0)
+    assert not target.exists()
+
+
+def test_a_pickle_through_the_roster_is_refused_and_never_run(tmp_path):
+    target = tmp_path / "pwned"
+    store = DictStore()
+    roster = Roster.join(store, "weft/1", 0, 2)
+    store.set("weft/1/x/1", pickle.dumps(Exploit(target)))
+    with pytest.raises(ExecutorError, match="not weft's plain data"):
+        roster.all_gather("weft/1/x", ("mine", 1), 1.0)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("data", [b'{"d": {"a": 1}, "x": 2}', b'{"obj": "os.system"}', b"[" * 100_000,
+                                  b'{"f": "nan", "g": 1}', b'{"ipc": "!!", "offset": 0}', b"1" * 5000])
+def test_malformed_plain_data_is_one_error(data):
+    with pytest.raises(ExecutorError, match="bootstrap value"):
+        decode(data)
+
+
+def test_a_rank_identity_with_unknown_fields_is_refused():
+    good = RankIdentity(0, 1, "h", "b", 2, 3)
+    assert RankIdentity.from_json(good.to_json()) == good
+    with pytest.raises(ValueError):
+        RankIdentity.from_json(b'{"rank": 0, "__class__": 1}')
+
+
+@pytest.fixture
+def fake_nvcc(monkeypatch):
+    """nvcc replaced by a writer of known bytes, counting its runs (the cache logic is what is tested)."""
+    runs = []
+
+    def run(command, **_):
+        output = Path(command[command.index("-o") + 1])
+        output.write_bytes(b"CUBIN-%d" % len(runs))
+        runs.append(command)
+        return type("Done", (), {"returncode": 0, "stderr": ""})()
+
+    monkeypatch.setattr(gpu_build.subprocess, "run", run)
+    return runs
+
+
+def test_the_kernel_cache_is_private_and_each_cubin_has_its_hash(tmp_path, fake_nvcc):
+    cache = tmp_path / "kernels"
+    path = gpu_build.build_cubin("sm_90", cache)
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert gpu_build.cached_cubin(path) == b"CUBIN-0"
+    assert gpu_build.build_cubin("sm_90", cache) == path and len(fake_nvcc) == 1  # cached, checked, reused
+
+
+@pytest.mark.parametrize("tamper", ["bytes", "hash", "no hash"])
+def test_a_tampered_cubin_is_never_loaded_but_built_again(tmp_path, fake_nvcc, tamper):
+    cache = tmp_path / "kernels"
+    path = gpu_build.build_cubin("sm_90", cache)
+    digest = path.with_name(path.name + ".sha256")
+    if tamper == "bytes":
+        path.write_bytes(b"EVIL")
+    elif tamper == "hash":
+        digest.write_text("0" * 64)
+    else:
+        digest.unlink()
+    assert gpu_build.cached_cubin(path) is None
+    assert gpu_build.build_cubin("sm_90", cache) == path and len(fake_nvcc) == 2
+    assert gpu_build.cached_cubin(path) == b"CUBIN-1"
+
+
+def test_a_kernel_cache_others_can_write_is_refused(tmp_path, fake_nvcc):
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    os.chmod(cache, 0o777)
+    with pytest.raises(ExecutorError, match="writable by other users"):
+        gpu_build.build_cubin("sm_90", cache)
+    assert fake_nvcc == []
