@@ -474,7 +474,12 @@ class Registry:
         scored = sorted(measured or candidates, key=lambda e: (e.estimate_us(nbytes, ll128)[1] or math.inf, e.id))
         best = scored[0]
         basis, t, lines = best.estimate(nbytes, ll128)
-        nccl = nccl_faster(self.nccl_times(topology, collective), nbytes, basis, t)
+        try:
+            nccl_us = self.nccl_times(topology, collective)
+        except RegistryError as e:  # a damaged baselines.json costs NCCL's comparison, never the plans
+            log.warning("skipping %s", e)
+            nccl_us, bad = {}, [*bad, str(e)]
+        nccl = nccl_faster(nccl_us, nbytes, basis, t)
         if nccl is not None:
             return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, best.plan.name, t), tuple(bad))
         return Selection(best, basis, t, "", tuple(bad), lines)

@@ -130,14 +130,15 @@ def import_directory(directory: str, location: str | None) -> list[Entry]:
     return entries
 
 
-def export_directory(directory: str, location: str | None) -> int:
+def export_directory(directory: str, location: str | None) -> tuple[int, list[str]]:
     """Write every readable entry as ``<id>.json`` and baselines.json into ``directory`` (created if missing),
-    nothing outside it: the names come from the entries' own file names, which the registry checked."""
+    nothing outside it: the names come from the entries' own file names, which the registry checked.
+    Returns how many entries were written, and one line per entry left out as unreadable."""
     from schedules.registry import ID_PATTERN, dumps
     from topologies.jsonfile import make_directory, write_text
 
     registry = Registry(location)
-    entries = registry.entries()
+    entries, bad = registry.load()
     baselines = registry.baselines()
     out = make_directory(directory, "registry export", RegistryError)
     files = []
@@ -150,7 +151,7 @@ def export_directory(directory: str, location: str | None) -> int:
         files.append((out / "baselines.json", dumps(baselines)))
     for target, text in files:
         write_text(target, text, "registry export", RegistryError)
-    return len(entries)
+    return len(entries), bad
 
 
 def _import_doc(doc: object, path: Path) -> tuple[Plan, str | None, Entry | None]:

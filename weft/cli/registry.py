@@ -201,7 +201,9 @@ def _verify(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from weft import publish
 
-    count = publish.export_directory(args.directory, args.registry)
+    count, bad = publish.export_directory(args.directory, args.registry)
+    for line in bad:
+        print(f"weft: warning: skipped {line}", file=sys.stderr)
     print(f"exported {count} {'entry' if count == 1 else 'entries'} to {args.directory}")
     return 0
 
