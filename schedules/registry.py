@@ -36,7 +36,7 @@ from filelock import FileLock
 from schedules.plan import Plan, parse_plan
 from topologies.errors import CheckFailed, WeftError
 from schedules.collectives import NAMES as COLLECTIVES
-from topologies.jsonfile import MAX_FILE_BYTES, decode_json, short_repr as short
+from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line, short_repr as short
 
 ENTRY_FORMAT = "weft.registry-entry/1"
 INDEX_FORMAT = "weft.registry-index/1"
@@ -295,7 +295,7 @@ class Registry:
             try:
                 entries.append(self.read_entry_file(path))
             except WeftError as e:
-                bad.append(str(e))
+                bad.append(one_line(str(e)))
         return entries, bad
 
     def entries(self, topology: str | None = None, collective: str | None = None) -> list[Entry]:
@@ -459,9 +459,7 @@ class Registry:
         """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
         executor that can move LL packets as LL128 lines, whose measured times then count too; ``lines`` says
         whether the chosen time is one of them)."""
-        found, bad = self.load()
-        for line in bad:
-            log.warning("skipping %s", line)
+        found, bad = self.load()  # the unreadable ones are named in Selection.skipped
         candidates = [e for e in found if e.serves(topology, collective, nranks or e.plan.nranks, nbytes)
                       and (dtype is None or not e.dtypes or dtype in e.dtypes)]
         if not candidates:
@@ -477,8 +475,7 @@ class Registry:
         try:
             nccl_us = self.nccl_times(topology, collective)
         except RegistryError as e:  # a damaged baselines.json costs NCCL's comparison, never the plans
-            log.warning("skipping %s", e)
-            nccl_us, bad = {}, [*bad, str(e)]
+            nccl_us, bad = {}, [*bad, one_line(str(e))]
         nccl = nccl_faster(nccl_us, nbytes, basis, t)
         if nccl is not None:
             return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, best.plan.name, t), tuple(bad))
@@ -562,6 +559,8 @@ def parse_baselines(doc: object, source: str) -> dict:
     return doc
 
 
+PROVENANCE_FIELDS = {"solver": str, "topology_name": str, "options": dict, "protocol": str, "schedule_hash": str,
+                     "weft_version": str}
 INDEX_FIELDS = {"id": str, "topology": str, "collective": str, "nranks": int, "min_bytes": int, "max_bytes": int,
                 "plan": str, "plan_hash": str, "solver": str, "measured": bool}
 
@@ -647,6 +646,12 @@ def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Ent
         raise _fail(source, "provenance.verification", "must be an object")
     if not _depth_within(provenance, MAX_DEPTH):
         raise _fail(source, "provenance", f"nests deeper than {MAX_DEPTH} levels")
+    for name, kind in PROVENANCE_FIELDS.items():
+        if name in provenance and not isinstance(provenance[name], kind):
+            raise _fail(source, f"provenance.{name}", f"must be a {kind.__name__}, got {short(provenance[name])}")
+    dtypes = (provenance.get("verification") or {}).get("dtypes", [])
+    if not isinstance(dtypes, list) or not all(isinstance(d, str) for d in dtypes):
+        raise _fail(source, "provenance.verification.dtypes", f"must be a list of dtype names, got {short(dtypes)}")
     plan = parse_plan(doc.get("plan"), f"{source}: plan")
     record = provenance.get("verification") or {}
     if record.get("plan_hash") != plan.content_hash:

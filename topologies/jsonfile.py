@@ -104,6 +104,14 @@ class Fields:
         return value
 
 
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines breaks at
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break escaped: a field name or value read from a file cannot split an error."""
+    return "".join(repr(c)[1:-1] if c in LINE_BREAKS else c for c in text)
+
+
 def short_repr(x: object, limit: int = 60) -> str:
     """repr() cut to ``limit`` characters, for error messages that must stay one short line."""
     try:

@@ -177,7 +177,7 @@ def record_bench(registry: Registry, collective: str, rows: list[dict], source: 
     for row in rows:
         if row["wrong"]:
             continue
-        plain = row.get("plans_us", {} if row.get("lines") else {row["plan_hash"]: row["weft_us"]})
+        plain = row["plans_us"] if "plans_us" in row else {} if row.get("lines") else {row["plan_hash"]: row["weft_us"]}
         lined = row.get("plans_ll128_us", {})
         for table, ll128 in ((plain, False), (lined, True)):
             for plan_hash, us in table.items():

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from topologies.errors import WeftError
+from topologies.jsonfile import one_line
 
 COMMANDS = ("topo", "synth", "compile", "tune", "verify", "registry", "gpu", "plot")
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except WeftError as e:
-        print(f"weft: error: {e}", file=sys.stderr)
+        print(f"weft: error: {one_line(str(e))}", file=sys.stderr)  # names read from a file cannot split it
         return e.exit_code
     except KeyboardInterrupt:
         print("weft: interrupted", file=sys.stderr)
