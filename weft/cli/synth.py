@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     p.add_argument("--size", default="1MB", help="message size the solver optimizes for (milp, pareto)")
-    p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several)")
+    p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several; default: "
+                   "$WEFT_SCHEDULES, otherwise the user data dir's weft/schedules; the path is printed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--compile", action="store_true", help="also compile each schedule into a verified plan")
     p.add_argument("--commit", action="store_true", help="compile, verify and commit the plan to the registry")
@@ -80,18 +81,22 @@ def run(args: argparse.Namespace) -> int:
         raise ArgumentError(f"weft synth: --chunks must be a positive integer, got {args.chunks}")
     if not 0 < args.time_limit < math.inf:
         raise ArgumentError(f"weft synth: --time-limit must be positive seconds, got {args.time_limit}")
-    parse_bytes(args.size)
+    asked = parse_bytes(args.size)
+    _check_output(args)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
     schedules = synthesize(args, topology, collective)
+    sizes = tuple(sorted(set(REPORT_SIZES) | {asked})) if asked else REPORT_SIZES
     rows = []
     for schedule in schedules:
         require_valid(schedule, topology)
-        times = loads(schedule, topology).predict_many_us(REPORT_SIZES)  # index the fabric once, price 3 sizes
-        predicted = {format_bytes(n): t for n, t in zip(REPORT_SIZES, times)}
+        times = loads(schedule, topology).predict_many_us(sizes)  # index the fabric once, price every size
+        predicted = {format_bytes(n): t for n, t in zip(sizes, times)}
         pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
-               for n in REPORT_SIZES}
-        rows.append((schedule.with_meta(predicted_us=predicted, pct_of_bound=pct[format_bytes(1 << 30)]), pct))
+               if predicted[format_bytes(n)] else 100.0 for n in sizes}
+        # pct_of_bound is at the size asked for (--size), the one a solver optimized for
+        at = format_bytes(asked) if asked else format_bytes(1 << 30)
+        rows.append((schedule.with_meta(predicted_us=predicted, pct_of_bound=pct[at]), pct))
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
@@ -102,9 +107,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_output() -> str:
+    """Where schedules land without -o: ``$WEFT_SCHEDULES``, otherwise the user data directory's weft/schedules."""
+    import os
+
+    import platformdirs
+
+    return os.environ.get("WEFT_SCHEDULES") or str(Path(platformdirs.user_data_dir("weft")) / "schedules")
+
+
+def _several(args: argparse.Namespace) -> bool:
+    """Whether the method returns one schedule per point (a frontier), so -o must name a folder."""
+    return args.method == "pareto" or (args.method == "smt" and getattr(args, "pareto", False))
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Before any solve: -o names a folder where several schedules come back; without -o, the default folder."""
+    if args.output is None:
+        args.output = default_output()
+        return
+    out = Path(args.output)
+    if _several(args) and (out.suffix == ".json" or out.is_file()):
+        raise ArgumentError(f"weft synth: -o {args.output}: this method writes one schedule per point and "
+                            "frontier.json, so -o must name a folder, not a file")
+
+
 def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | None]:
-    if not args.output:
-        return [None] * len(schedules)
     out = Path(args.output)
     if len(schedules) == 1 and out.suffix == ".json":
         make_directory(out.parent, "output", ArgumentError)
@@ -160,12 +188,12 @@ def _plans_for(args: argparse.Namespace, topology: Topology, schedule: Schedule)
 
 def _print_table(topology: Topology, rows, written, plans) -> None:
     print(f"topology {topology.name} ({topology.fingerprint}, {topology.nranks} ranks)")
+    shown = list(rows[0][1]) if rows else [format_bytes(n) for n in REPORT_SIZES]
     head = f"{'schedule':<36} {'steps':>5} {'rounds':>6} {'chunks':>6} " + " ".join(
-        f"{format_bytes(n) + ' µs':>11} {'%bound':>6}" for n in REPORT_SIZES)
+        f"{n + ' µs':>11} {'%bound':>6}" for n in shown)
     print(head)
     for (s, pct), path in zip(rows, written):
-        cells = " ".join(f"{s.meta.predicted_us[format_bytes(n)]:>11.2f} {pct[format_bytes(n)]:>6.1f}"
-                         for n in REPORT_SIZES)
+        cells = " ".join(f"{s.meta.predicted_us[n]:>11.2f} {pct[n]:>6.1f}" for n in shown)
         print(f"{(s.name or s.collective.name):<36.36} {s.nsteps:>5} {s.total_rounds:>6} "
               f"{s.collective.chunks:>6} {cells}")
         print(f"  verified: {s.nsends} sends, hash {s.content_hash}" + (f", written to {path}" if path else ""))
