@@ -115,6 +115,8 @@ class InstanceSolver:
         if answer == z3.unsat:
             return Outcome(self.instance, UNSAT, self.spent, symmetric=symmetric)
         if answer != z3.sat:
+            if "keyboard" in self.solver.reason_unknown():
+                raise KeyboardInterrupt  # z3 turned Ctrl-C into "unknown": the user's stop, not a time limit
             return Outcome(self.instance, UNKNOWN, self.spent, symmetric=symmetric)
         inst, name = self.instance, self.collective.name
         schedule = Schedule(self.collective, fingerprint, self.formula.read(self.solver.model()),
