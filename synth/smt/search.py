@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from schedules.collectives import Collective
-from synth.smt_encoding import (
+from synth.smt.encoding import (
     MAX_SENDS, SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, OutOfTime, Outcome, possible_sends,
 )
-from synth.smt_symmetry import Symmetry, symmetry_levels
+from synth.smt.symmetry import Symmetry, symmetry_levels
 from topologies.topology import Topology
 
 FIRST_SLICE = 1.0  # seconds for each formula's first try; each round doubles it

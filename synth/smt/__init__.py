@@ -7,7 +7,7 @@ Strategies:
 - ``pareto``: for each step count from the bound upward, the fewest rounds per chunk, walking the ratios
   R/C upward from the LP bound; it stops when R/C reaches the bound.
 
-Combining collectives are solved through their duals on the reversed fabric (see ``synth.smt_dual``);
+Combining collectives are solved through their duals on the reversed fabric (see ``synth.smt.dual``);
 allreduce is reducescatter + allgather. Every schedule is for the caller's topology (its fingerprint), with
 capacities taken on its switch-free form.
 
@@ -28,11 +28,11 @@ from typing import Callable
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
-from synth import smt_dual
+from synth.smt import dual as smt_dual
 from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
-from synth.smt_bound import rounds_per_chunk_bound, steps_bound
-from synth.smt_encoding import MAX_SENDS, UNKNOWN, Instance, possible_sends
-from synth.smt_search import Problem, decide_first, workers
+from synth.smt.bound import rounds_per_chunk_bound, steps_bound
+from synth.smt.encoding import MAX_SENDS, UNKNOWN, Instance, possible_sends
+from synth.smt.search import Problem, decide_first, workers
 from topologies.topology import Topology
 
 Progress = Callable[[str], None]

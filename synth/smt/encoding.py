@@ -31,7 +31,7 @@ import z3
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
-from synth.smt_symmetry import Symmetry
+from synth.smt.symmetry import Symmetry
 from topologies.topology import Topology
 
 SLACK = 1e-9  # the verifier's: capacity × rounds is a float and 2.9999999999 chunks of room is 3
