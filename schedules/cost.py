@@ -101,7 +101,15 @@ def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
         i = int(np.flatnonzero(link < 0)[0])
         raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{sends.step[i]}]: "
                         f"no link {sends.src[i]}->{sends.dst[i]} in topology {topology.name}")
-    counted = count_loads(fabric, sends.step, link)
+    return step_loads(schedule.collective, fabric, sends.step, link, schedule.nsteps)
+
+
+def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarray, nsteps: int) -> ScheduleLoads:
+    """``loads`` from arrays: the step and link index (``FabricIndex.link_index``) of every send.
+
+    Lets a caller price steps it never builds as Send objects (a pipeline's step shapes at 1024 ranks).
+    """
+    counted = count_loads(fabric, step, link)
     per_byte = counted.link_count / (fabric.capacity[counted.link] * BYTES_PER_US_PER_GBPS)
     # A step's time is the max over its distinct (latency, µs per chunk byte) terms. Coding each term as an
     # int lets 1-D uniques find them; a 2-D unique over floats is several times slower.
@@ -111,12 +119,12 @@ def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
     keys = np.unique(counted.link_step * len(pairs) + pair_code.ravel())
     step_of, pair = np.divmod(keys, max(len(pairs), 1))
     terms = np.column_stack([latencies[pairs[pair] // len(slopes)], slopes[pairs[pair] % len(slopes)]])
-    bounds = np.searchsorted(step_of, np.arange(schedule.nsteps + 1))
-    group_terms = _group_terms(fabric, counted, schedule.nsteps)
+    bounds = np.searchsorted(step_of, np.arange(nsteps + 1))
+    group_terms = _group_terms(fabric, counted, nsteps)
     steps = tuple(
         StepLoad(tuple(map(tuple, terms[bounds[i]:bounds[i + 1]].tolist())), group_terms[i])
-        for i in range(schedule.nsteps))
-    return ScheduleLoads(schedule.collective, steps)
+        for i in range(nsteps))
+    return ScheduleLoads(collective, steps)
 
 
 def _group_terms(fabric, counted, nsteps: int) -> list[tuple[tuple[float, float], ...]]:

@@ -48,7 +48,8 @@ def _options(args: argparse.Namespace):
     if args.steps is not None and args.rounds is not None and args.rounds < args.steps:
         raise ArgumentError(f"weft synth: --rounds {args.rounds} cannot fill --steps {args.steps} "
                             "(every step takes at least one round)")
-    return SmtOptions(steps=args.steps, rounds=args.rounds, time_limit=args.time_limit)
+    return SmtOptions(steps=args.steps, rounds=args.rounds, time_limit=args.time_limit,
+                      workers=getattr(args, "workers", 0))
 
 
 def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective,
