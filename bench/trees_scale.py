@@ -1,13 +1,15 @@
 """Scale benchmark: the exact cut bound and ForestColl-class trees on hgx_h100 from 2 to 128 nodes.
 
-    python bench/trees_scale.py [--nodes 2,8,32,128] [--verify-up-to 32] [-o bench/results/trees_scale.json]
+    python bench/trees_scale.py [--nodes 2,8,32,128] [--verify-up-to 128] [-o bench/results/trees_scale.json]
+    python bench/trees_scale.py --markdown bench/results/trees_scale.json   # the README table
     python bench/trees_scale.py --pipeline 'dgx1;hgx_h100:nodes=2' -o bench/results/trees_scale_pipeline.json
 
-Times each stage (bound, tree packing, schedule construction, cost model, verification) on this machine and
-writes rows {topology, collective, method, solve_s, predicted_us, pct_of_bound} plus the stage times and the
-machine. solve_s is bound + packing + schedule. Chunks per rank default to 8 waves per tree below 1M sends
-(at 1024 GPUs one wave: a million sends already), so the pipeline's fill shows in pct_of_bound at 1 GB
-while pct_of_optimal is the forest's steady-state rate. ``--pipeline`` shows the α = 0 limit instead: the
+Times each stage (bound, tree packing, the compact pipeline of one wave, pricing its step shapes,
+verification) on this machine and writes rows {topology, collective, method, solve_s, predicted_us,
+pct_of_bound} at 1 GB plus the stage times, the waves (chunks per tree) the cost model picks at each size
+from 1 MB to 4 GB with the % of the bound there, and the machine. solve_s is bound + packing + schedule +
+pricing. The pipelined schedule is verified expanded where it has at most MAX_EXPANDED sends, else one wave
+is (at 1024 GPUs one wave is a million sends; 28 waves would be 29 million). ``--pipeline`` shows the α = 0 limit instead: the
 cost model's prediction at 1 PB (where latency terms vanish) as chunks per tree grow from 1 to 64.
 """
 
@@ -26,11 +28,13 @@ from schedules.bounds import allgather_cut_bound, bandwidth_bound_us, lower_boun
 from schedules.collectives import Collective
 from schedules.cost import loads
 from schedules.verify import verify
-from synth.trees import TreeOptions, forests_for, schedule
+from synth.trees import TreeOptions, forests_for, pipeline, schedule
 from topologies.catalog import build
-from weft.cli.synth_trees import default_chunks
+from weft.units import format_bytes
 
 SIZE = 1 << 30
+SIZES = tuple(1 << k for k in range(20, 33, 2))  # 1 MB .. 4 GB
+MAX_EXPANDED = 4_000_000  # verify the expanded schedule up to this many sends, else one wave
 
 
 def machine() -> dict:
@@ -39,34 +43,69 @@ def machine() -> dict:
 
 
 def row(nodes: int, verify_up_to: int, collective_name: str) -> dict:
+    """Bound, forest and compact pipeline timed; waves chosen per size; % of the bound from 1 MB to 4 GB."""
     spec = f"hgx_h100:nodes={nodes}"
     topology = build(spec)
+    c1 = Collective(collective_name, topology.nranks)
     t0 = time.perf_counter()
     ratio = allgather_cut_bound(topology if collective_name == "allgather" else topology.reversed())
     t1 = time.perf_counter()
-    forests = forests_for(topology, Collective(collective_name, topology.nranks), TreeOptions(time_limit=600))
+    forests = forests_for(topology, c1, TreeOptions(time_limit=600))
     t2 = time.perf_counter()
-    per_root = lcm(*(f.per_root for f in forests))
-    collective = Collective(collective_name, topology.nranks, default_chunks(topology, per_root, len(forests)))
-    s = schedule(topology, collective, forests)
+    wave = pipeline(topology, c1, forests)
     t3 = time.perf_counter()
-    predicted = loads(s, topology).predict_us(SIZE)
+    waves = wave.best_waves(SIZE)
+    predicted = wave.predict_us(SIZE, waves)  # the first call prices the step shapes
     t4 = time.perf_counter()
-    verified, verify_s = None, None
+    by_size = {}
+    for size in SIZES:
+        w = wave.best_waves(size)
+        us = wave.predict_us(size, w)
+        by_size[format_bytes(size)] = {"waves": w, "predicted_us": us,
+                                       "pct_of_bound": 100 * lower_bound_us(topology, wave.sized(w), size) / us}
+    pipelined = wave.with_waves(waves)
+    expanded_sends = wave.sends_per_wave * waves
+    verified, verify_s, checked = None, None, None
     if nodes <= verify_up_to:
-        verified = verify(s, topology).ok
-        verify_s = time.perf_counter() - t4
-    bound = lower_bound_us(topology, collective, SIZE)
+        v0 = time.perf_counter()
+        if expanded_sends <= MAX_EXPANDED:
+            explicit = pipelined.expand()
+            verified = verify(explicit, topology).ok
+            assert abs(loads(explicit, topology).predict_us(SIZE) - predicted) <= 1e-6 * predicted
+            checked = "the whole pipelined schedule, expanded (its cost equals the compact form's)"
+        else:
+            verified = verify(wave.expand(), topology).ok
+            checked = (f"one wave ({wave.sends_per_wave} sends); the {waves} waves repeat it on disjoint chunks, "
+                       f"each layer one step after the last ({expanded_sends} sends written out)")
+        verify_s = time.perf_counter() - v0
+    bound = lower_bound_us(topology, pipelined.sized(), SIZE)
     return {
         "topology": spec, "collective": collective_name, "method": "trees", "nranks": topology.nranks,
-        "solve_s": round(t3 - t0, 3), "predicted_us": predicted, "pct_of_bound": 100 * bound / predicted,
+        "solve_s": round(t4 - t0, 3), "predicted_us": predicted, "pct_of_bound": 100 * bound / predicted,
         "size": SIZE, "bound_us": bound, "cut_ratio": str(ratio), "bound_s": round(t1 - t0, 3),
-        "forest_s": round(t2 - t1, 3), "schedule_s": round(t3 - t2, 3), "predict_s": round(t4 - t3, 3),
-        "verify_s": None if verify_s is None else round(verify_s, 3), "verified": verified,
-        "trees_per_root": per_root, "chunks": collective.chunks, "steps": s.nsteps, "sends": s.nsends,
-        "pct_of_optimal": min(f.pct_of_optimal for f in forests),
+        "forest_s": round(t2 - t1, 3), "schedule_s": round(t3 - t2, 3), "price_s": round(t4 - t3, 3),
+        "verify_s": None if verify_s is None else round(verify_s, 3), "verified": verified, "verified_what": checked,
+        "trees_per_root": wave.per_root, "waves": waves, "chunks": wave.per_root * waves,
+        "layers": [len(phase) for phase in wave.phases], "sends_per_wave": wave.sends_per_wave,
+        "sends_expanded": expanded_sends, "pct_of_optimal": min(f.pct_of_optimal for f in forests),
+        "pct_of_bound_by_size": by_size,
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
+
+
+def markdown(doc: dict) -> str:
+    """The README's table: stage times, and % of the bound with the waves chosen, from 1 MB to 4 GB."""
+    rows = [r for r in doc["rows"] if "pct_of_bound_by_size" in r]
+    sizes = list(rows[0]["pct_of_bound_by_size"]) if rows else []
+    head = ("| topology | GPUs | bound + trees + schedule (s) | verify (s) | % of optimal rate | "
+            + " | ".join(f"% of bound at {s} (waves)" for s in sizes) + " |")
+    lines = [head, "|" + "---|" * (5 + len(sizes))]
+    for r in rows:
+        cells = " | ".join(f"{v['pct_of_bound']:.1f} ({v['waves']})" for v in r["pct_of_bound_by_size"].values())
+        verify_s = "-" if r["verify_s"] is None else f"{r['verify_s']:.1f}"
+        lines.append(f"| {r['topology']} | {r['nranks']} | {r['solve_s']:.1f} | {verify_s} | "
+                     f"{r['pct_of_optimal']:.0f} | {cells} |")
+    return "\n".join(lines) + "\n"
 
 
 def pipeline_rows(spec: str) -> list[dict]:
@@ -98,7 +137,12 @@ def main() -> None:
     parser.add_argument("--verify-up-to", type=int, default=128, help="verify schedules up to this many nodes")
     parser.add_argument("--pipeline", metavar="SPECS", help="';'-separated topologies for the α = 0 series")
     parser.add_argument("-o", "--output", default="bench/results/trees_scale.json")
+    parser.add_argument("--markdown", metavar="FILE", help="print the README table of a results file and exit")
     args = parser.parse_args()
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)), end="")
+        return
     rows = []
     if args.pipeline:
         for spec in args.pipeline.split(";"):

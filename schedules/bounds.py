@@ -12,6 +12,23 @@ Switches stay vertices: the switch-free form has O(N²) links and is never built
 
 Time in µs = bytes × factor / 1e3, with factor in 1/(GB/s) (1 GB/s = 1e3 bytes/µs).
 
+All-reduce has no cut bound of ForestColl's form; twice the reduce-scatter bound, which nccl-tests'
+bus factor suggests, is no bound at all on a fabric whose ranks differ (on line:n=3 the end ranks send and
+receive the message once, and reduce-to-the-middle beats it). ``allreduce_factor`` takes the larger of two
+valid forms, both counting element transfers (bytes of one element carry nothing about another):
+
+* per cut: every cut S with a rank on each side carries at least M bytes out of S (the outside needs S's
+  contribution to every element, reduced or not) and at least M bytes into it, so T ≥ M / λ where λ is the
+  smallest rank-to-rank max-flow (one fixed rank against every other, both ways, finds it);
+* per volume: an element reaches all N ranks' results only after 2(N-1) one-way transfers (the one-way
+  gossip bound), each received by a rank, so T ≥ 2(N-1)·M / Σ_r B⁻(r), the ranks' total ingress. The same
+  holds for H hosts (each with the switches only it uses): contracting each host to one vertex leaves a
+  gossip among H, so T ≥ 2(H-1)·M / Σ_h B⁻(h). Switches forward and never reduce (weft's schedules run
+  rank to rank), so a transfer relayed by a switch is still one transfer from a rank.
+
+On uniform fabrics (switch, fully connected, rings) the volume form equals twice the reduce-scatter bound;
+on a line of three both give M/25 GB/s, which reduce-to-the-middle reaches when pipelined.
+
 Two things make the bound looser than a schedule can always reach, never wrong: sharing groups of the
 topology file are left out (dropping a constraint keeps a bound valid), and a cut lets a switch vertex
 feed several ranks from one delivery, as if it could multicast. Where a switch takes in less than it can
@@ -94,8 +111,8 @@ def _unreachable(topology: Topology, cut: Cut) -> UnreachableError:
 
 # ---- the cut bound ------------------------------------------------------------------------------
 
-def _host_cuts(topology: Topology, caps: dict) -> list[Cut]:
-    """Cheap candidates: each host with the switches only it uses, and each host's complement."""
+def _host_groups(topology: Topology) -> list[frozenset]:
+    """Each host's ranks with the switches only it uses; empty for a one-host fabric."""
     hosts = topology.hosts
     if len(set(hosts)) < 2:
         return []
@@ -108,9 +125,14 @@ def _host_cuts(topology: Topology, caps: dict) -> list[Cut]:
     for v, h in owner.items():
         if h is not None:
             members[h].add(v)
+    return [frozenset(g) for g in members.values()]
+
+
+def _host_cuts(topology: Topology, caps: dict) -> list[Cut]:
+    """Cheap candidates: each host with the switches only it uses, and each host's complement."""
     everything = frozenset(topology.vertices)
     cuts = []
-    for group in members.values():
+    for group in _host_groups(topology):
         leaving = sum((caps[l.key] for v in group for l in topology.out_links[v] if l.dst not in group), Fraction(0))
         entering = sum((caps[l.key] for v in group for l in topology.in_links[v] if l.src not in group), Fraction(0))
         ranks = sum(1 for v in group if isinstance(v, int))
@@ -227,6 +249,52 @@ def _alltoall_factor(topology: Topology) -> Fraction:
     return worst * n  # bytes counted against the per-rank buffer of N slices
 
 
+@lru_cache(maxsize=32)
+def smallest_rank_cut(topology: Topology) -> Fraction:
+    """min over ordered rank pairs (u, v) of the max-flow u -> v, exact, in GB/s.
+
+    A cut S separating two ranks either holds rank 0 (then some v outside has λ(0, v) ≤ B⁺(S)) or not
+    (then some v inside has λ(v, 0) ≤ B⁺(S)), so 2(N-1) flows from and to rank 0 find the minimum.
+    """
+    forward, backward = _flow_graph(topology), _flow_graph(topology).reverse(copy=True)
+    best: Fraction | None = None
+    anchor = topology.ranks[0]
+    for graph in (forward, backward):
+        residual = build_residual_network(graph, "capacity")
+        for sink in topology.ranks:
+            if sink == anchor:
+                continue
+            cutoff = None if best is None else float(best) * (1 + TOLERANCE)
+            flow = dinitz(graph, anchor, sink, residual=residual, cutoff=cutoff)
+            if cutoff is not None and flow.graph["flow_value"] >= float(best) * (1 - TOLERANCE):
+                continue  # no smaller cut here (a flow stopped at its cutoff has no min cut to read)
+            source_side = _source_side(flow, anchor, max(flow.graph["flow_value"], 1.0))
+            if graph is backward:
+                source_side = frozenset(topology.vertices) - source_side  # S is the side that reaches rank 0
+            cut = _cut(topology, source_side)
+            if cut.capacity == 0:
+                raise _unreachable(topology, cut)
+            if best is None or cut.capacity < best:
+                best = cut.capacity
+    return best if best is not None else Fraction(0)
+
+
+def allreduce_factor(topology: Topology) -> Fraction:
+    """All-reduce's bandwidth bound per message byte, 1/(GB/s): the larger of the cut and volume forms."""
+    n = topology.nranks
+    if n < 2:
+        return Fraction(0)
+    caps = _capacities(topology)
+    ingress = sum((caps[link.key] for r in topology.ranks for link in topology.in_links[r]), Fraction(0))
+    best = max(1 / smallest_rank_cut(topology), Fraction(2 * (n - 1)) / ingress)
+    groups = _host_groups(topology)
+    if len(groups) > 1:
+        host_ingress = sum((caps[l.key] for g in groups for v in g for l in topology.in_links[v] if l.src not in g),
+                           Fraction(0))
+        best = max(best, Fraction(2 * (len(groups) - 1)) / host_ingress)
+    return best
+
+
 def bandwidth_factor(topology: Topology, collective: Collective) -> Fraction:
     """The bandwidth bound per byte of message, in 1/(GB/s): bound_us = nbytes × factor / 1e3."""
     _check(topology, collective)
@@ -239,7 +307,7 @@ def bandwidth_factor(topology: Topology, collective: Collective) -> Fraction:
     if name == "reducescatter":
         return allgather_cut_bound(_reversed(topology)) / n
     if name == "allreduce":
-        return 2 * allgather_cut_bound(_reversed(topology)) / n
+        return allreduce_factor(topology)
     if name == "broadcast":
         return 1 / rooted_cut_capacity(topology, collective.root)
     if name == "reduce":

@@ -5,10 +5,12 @@ On the topology's switch-free form (rank-to-rank links plus sharing groups), a s
 on link l and n_g chunks on sharing group g takes
 
     max( max over links l it uses of (latency_l + n_l · chunk_bytes / capacity_l),
-         max over groups g it uses of (n_g · chunk_bytes / bandwidth_g) )
+         max over groups g it uses of (latency_g + n_g · chunk_bytes / bandwidth_g) )
 
 microseconds, with 1 GB/s = 1e3 bytes/µs. A schedule's time is the sum over its steps; a step with no
-sends costs nothing. A sharing group carries no latency of its own: its links already carry theirs.
+sends costs nothing. latency_g is the largest latency of g's links that the step uses: a step bound by a
+shared port (a NIC two GPUs share, a switch port) still pays the path's latency, so a switched fabric
+does not read as reaching its bandwidth bound at small sizes.
 
 The model charges each link its actual load n_l, not the step's ``rounds``. Rounds are what a solver
 promised (at most ``rounds × capacity`` chunks per link, which ``verify`` checks); the actual load is never
@@ -54,16 +56,16 @@ class CostError(WeftError):
 class StepLoad:
     """What one step puts on the fabric.
 
-    ``links`` holds a (latency µs, µs per chunk byte) term for each distinct link load; ``groups`` is the
-    largest sharing-group load in µs per chunk byte.
+    ``links`` holds a (latency µs, µs per chunk byte) term for each distinct link load; ``groups`` the
+    same for each distinct sharing-group load, with the latency of the group's links the step uses.
     """
 
     links: tuple[tuple[float, float], ...]
-    groups: float = 0.0
+    groups: tuple[tuple[float, float], ...] = ()
 
     def time_us(self, chunk_bytes: float) -> float:
-        link_time = max((latency + chunk_bytes * per_byte for latency, per_byte in self.links), default=0.0)
-        return max(link_time, chunk_bytes * self.groups)
+        return max((latency + chunk_bytes * per_byte for latency, per_byte in self.links + self.groups),
+                   default=0.0)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,15 @@ def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
         i = int(np.flatnonzero(link < 0)[0])
         raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{sends.step[i]}]: "
                         f"no link {sends.src[i]}->{sends.dst[i]} in topology {topology.name}")
-    counted = count_loads(fabric, sends.step, link)
+    return step_loads(schedule.collective, fabric, sends.step, link, schedule.nsteps)
+
+
+def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarray, nsteps: int) -> ScheduleLoads:
+    """``loads`` from arrays: the step and link index (``FabricIndex.link_index``) of every send.
+
+    Lets a caller price steps it never builds as Send objects (a pipeline's step shapes at 1024 ranks).
+    """
+    counted = count_loads(fabric, step, link)
     per_byte = counted.link_count / (fabric.capacity[counted.link] * BYTES_PER_US_PER_GBPS)
     # A step's time is the max over its distinct (latency, µs per chunk byte) terms. Coding each term as an
     # int lets 1-D uniques find them; a 2-D unique over floats is several times slower.
@@ -109,14 +119,37 @@ def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
     keys = np.unique(counted.link_step * len(pairs) + pair_code.ravel())
     step_of, pair = np.divmod(keys, max(len(pairs), 1))
     terms = np.column_stack([latencies[pairs[pair] // len(slopes)], slopes[pairs[pair] % len(slopes)]])
-    bounds = np.searchsorted(step_of, np.arange(schedule.nsteps + 1))
-    group_load = np.zeros(schedule.nsteps)
-    np.maximum.at(group_load, counted.group_step,
-                  counted.group_count / (fabric.group_bandwidth[counted.group] * BYTES_PER_US_PER_GBPS))
+    bounds = np.searchsorted(step_of, np.arange(nsteps + 1))
+    group_terms = _group_terms(fabric, counted, nsteps)
     steps = tuple(
-        StepLoad(tuple(map(tuple, terms[bounds[i]:bounds[i + 1]].tolist())), float(group_load[i]))
-        for i in range(schedule.nsteps))
-    return ScheduleLoads(schedule.collective, steps)
+        StepLoad(tuple(map(tuple, terms[bounds[i]:bounds[i + 1]].tolist())), group_terms[i])
+        for i in range(nsteps))
+    return ScheduleLoads(collective, steps)
+
+
+def _group_terms(fabric, counted, nsteps: int) -> list[tuple[tuple[float, float], ...]]:
+    """Per step, the distinct (latency µs, µs per chunk byte) terms of its sharing groups."""
+    out: list[tuple[tuple[float, float], ...]] = [()] * nsteps
+    if not len(counted.group):
+        return out
+    # each (step, link) row belongs to the link's groups (CSR): expand, then take each (step, group)'s
+    # largest link latency
+    starts = fabric.group_ptr[counted.link]
+    lengths = fabric.group_ptr[counted.link + 1] - starts
+    firsts = np.cumsum(lengths) - lengths
+    member = np.repeat(starts - firsts, lengths) + np.arange(lengths.sum())
+    ngroups = max(fabric.ngroups, 1)
+    keys = np.repeat(counted.link_step, lengths) * ngroups + fabric.group_ids[member]
+    row = np.searchsorted(counted.group_step * ngroups + counted.group, keys)
+    latency = np.zeros(len(counted.group))
+    np.maximum.at(latency, row, np.repeat(fabric.latency[counted.link], lengths))
+    per_byte = counted.group_count / (fabric.group_bandwidth[counted.group] * BYTES_PER_US_PER_GBPS)
+    by_step: dict[int, set] = {}
+    for step, lat, slope in zip(counted.group_step.tolist(), latency.tolist(), per_byte.tolist()):
+        by_step.setdefault(step, set()).add((lat, slope))
+    for step, terms in by_step.items():
+        out[step] = tuple(sorted(terms))
+    return out
 
 
 def step_times_us(schedule: Schedule, topology: Topology, nbytes: float) -> list[float]:

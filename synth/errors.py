@@ -17,3 +17,7 @@ class Unsat(CheckFailed):
 
 class Unknown(CheckFailed):
     """The solver hit its time limit with no answer (exit code 1); the message names the instance."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user stopped a solve (Ctrl-C); the message says what was found and that nothing was kept."""

@@ -23,6 +23,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from fractions import Fraction
 from math import gcd, lcm
 
@@ -244,3 +245,120 @@ def solve(topology: Topology, collective: Collective, options: TreeOptions = Tre
     options_doc = {"k": forests[-1].per_root, "symmetric": options.symmetric}
     return result.with_meta(solver="trees", options=options_doc, solve_time=time.monotonic() - start,
                             notes=notes)
+
+
+# ---- the compact form: one wave and a wave count --------------------------------------------------
+
+MAX_WAVES = 1024  # the most waves (chunks per tree) best_waves considers
+
+
+@dataclass(frozen=True, eq=False)
+class Pipeline:
+    """A pipelined tree schedule in compact form: one wave (one chunk per tree) and how many waves.
+
+    Wave w carries chunk r·K·P + w·K + j of root r down tree j (K trees per root, P waves); each phase
+    (allreduce has two) is a list of layers, and layer d of wave w runs in step w + d of its phase, so a
+    phase of D layers takes P + D - 1 steps whose shapes are the intervals of layers active together.
+    ``predict_us`` prices those shapes with the cost model without writing out P × (sends of a wave)
+    sends (10 million at 1024 ranks and 10 waves); ``expand`` writes the schedule out, for compile and
+    verify, and prices the same.
+    """
+
+    topology: Topology
+    collective: Collective  # chunks: trees per root (one wave)
+    forests: tuple[Forest, ...]
+    phases: tuple[tuple[tuple[Send, ...], ...], ...]
+    waves: int = 1
+
+    @property
+    def per_root(self) -> int:
+        return self.collective.chunks
+
+    @property
+    def sends_per_wave(self) -> int:
+        return sum(len(layer) for phase in self.phases for layer in phase)
+
+    def with_waves(self, waves: int) -> "Pipeline":
+        if not isinstance(waves, int) or waves < 1:
+            raise SynthesisError(f"trees: waves: must be a positive integer, got {waves!r}")
+        return Pipeline(self.topology, self.collective, self.forests, self.phases, waves)
+
+    def sized(self, waves: int | None = None) -> Collective:
+        c = self.collective
+        return Collective(c.name, c.nranks, c.chunks * (waves or self.waves), c.root)
+
+    def expand(self) -> Schedule:
+        """The explicit schedule (what ``schedule`` builds for ``waves`` chunks per tree)."""
+        return schedule(self.topology, self.sized(), list(self.forests))
+
+    def _intervals(self) -> list[tuple[int, int, int]]:
+        return [(p, a, b) for p, phase in enumerate(self.phases) for a in range(len(phase))
+                for b in range(a, len(phase))]
+
+    @cached_property
+    def _shape_loads(self):
+        """Loads of every interval of layers of every phase, as the steps of one ScheduleLoads."""
+        import numpy as np
+
+        from schedules.cost import step_loads
+        from schedules.loads import index_fabric
+
+        fabric = index_fabric(self.topology)
+        layer_src, layer_dst = [], []
+        for phase in self.phases:
+            for layer in phase:
+                layer_src.append(np.fromiter((s.src for s in layer), np.int64, len(layer)))
+                layer_dst.append(np.fromiter((s.dst for s in layer), np.int64, len(layer)))
+        first = np.cumsum([0] + [len(phase) for phase in self.phases])
+        steps, links = [], []
+        for shape, (p, a, b) in enumerate(self._intervals()):
+            for d in range(a, b + 1):
+                i = first[p] + d
+                steps.append(np.full(len(layer_src[i]), shape, np.int64))
+                links.append(fabric.link_index(layer_src[i], layer_dst[i]))
+        link = np.concatenate(links) if links else np.zeros(0, np.int64)
+        if (link < 0).any():
+            raise SynthesisError(f"trees: a tree hop has no link in topology {self.topology.name}")
+        step = np.concatenate(steps) if steps else np.zeros(0, np.int64)
+        return step_loads(self.collective, fabric, step, link, len(self._intervals()))
+
+    def shape_counts(self, waves: int | None = None) -> Counter:
+        """How many steps of each interval shape (phase, first layer, last layer) P waves take."""
+        p_waves = waves or self.waves
+        counts: Counter = Counter()
+        for p, phase in enumerate(self.phases):
+            depth = len(phase)
+            for t in range(p_waves + depth - 1):
+                counts[(p, max(0, t - p_waves + 1), min(depth - 1, t))] += 1
+        return counts
+
+    def predict_us(self, nbytes: float, waves: int | None = None) -> float:
+        """The cost model's time for nbytes with ``waves`` (default: this pipeline's) chunks per tree."""
+        chunk_bytes = self.sized(waves).chunk_bytes(nbytes)
+        index = {shape: i for i, shape in enumerate(self._intervals())}
+        steps = self._shape_loads.steps
+        return math.fsum(n * steps[index[shape]].time_us(chunk_bytes)
+                         for shape, n in self.shape_counts(waves).items())
+
+    def best_waves(self, nbytes: float, max_waves: int = MAX_WAVES) -> int:
+        """The wave count the cost model finds fastest for nbytes: enough to fill the pipeline, and no more
+        than the per-step latency pays for."""
+        return min(range(1, max_waves + 1), key=lambda p: (self.predict_us(nbytes, p), p))
+
+
+def pipeline(topology: Topology, collective: Collective, forests: list[Forest] | None = None,
+             options: TreeOptions = TreeOptions()) -> Pipeline:
+    """The compact pipelined schedule of a collective: one wave over its forests (waves=1; see Pipeline)."""
+    forests = forests if forests is not None else forests_for(topology, collective, options)
+    k = lcm(*(f.per_root for f in forests))
+    one = Collective(collective.name, collective.nranks, k, collective.root)
+    slices = {r: list(range(r * k, (r + 1) * k)) for r in topology.ranks}
+    name = collective.name
+    if name == "allreduce":
+        phases = [_tree_steps(forests[0], slices, reduce=True), _tree_steps(forests[1], slices, reduce=False)]
+    elif name in ("allgather", "reducescatter"):
+        phases = [_tree_steps(forests[0], slices, reduce=name == "reducescatter")]
+    else:
+        phases = [_tree_steps(forests[0], {collective.root: list(range(k))}, reduce=name == "reduce")]
+    layers = tuple(tuple(tuple(layer) for layer in phase if layer) for phase in phases)
+    return Pipeline(topology, one, tuple(forests), layers)

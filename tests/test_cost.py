@@ -71,9 +71,19 @@ def test_a_shared_uplink_limits_a_step_through_a_switch():
     topo = star(4, bandwidth=25.0, latency=0.5)
     schedule = Schedule(Collective("broadcast", 4), topo.fingerprint,
                         (Step(3, tuple(Send(0, 0, d) for d in (1, 2, 3))),))
-    # each switch path has latency 1 µs, but rank 0's uplink carries all three chunks
-    assert predict_us(schedule, topo, 1_000) == pytest.approx(1.0 + 1_000 / 25e3)
-    assert predict_us(schedule, topo, 1e9) == pytest.approx(3 * 1e9 / 25e3)
+    # rank 0's uplink carries all three chunks, and the step still pays the 1 µs switch path
+    assert predict_us(schedule, topo, 1_000) == pytest.approx(1.0 + 3 * 1_000 / 25e3)
+    assert predict_us(schedule, topo, 1e9) == pytest.approx(1.0 + 3 * 1e9 / 25e3)
+
+
+def test_a_switch_fabric_does_not_reach_its_bound_at_64kb():
+    from schedules.bounds import lower_bound_us
+    from synth.baselines import direct
+    from topologies import resolve
+    topo = resolve("switch:n=8")  # direct puts 7 chunks through each rank's switch port in one step
+    schedule = direct(topo, Collective("allgather", 8))
+    pct = 100 * lower_bound_us(topo, schedule.collective, 65536) / predict_us(schedule, topo, 65536)
+    assert pct < 90.0
 
 
 def test_a_step_without_sends_costs_nothing():
@@ -156,8 +166,9 @@ def direct_step_times(topo: Topology, steps, chunk_bytes: float) -> list[float]:
         per_link = Counter((s.src, s.dst) for s in step.sends)
         link_times = [fabric.link(*key).latency + n * chunk_bytes / (fabric.link(*key).capacity * 1e3)
                       for key, n in per_link.items()]
-        group_times = [sum(per_link[key] for key in g.links) * chunk_bytes / (g.bandwidth * 1e3)
-                       for g in fabric.sharing]
+        group_times = [max(fabric.link(*key).latency for key in g.links if key in per_link)
+                       + sum(per_link[key] for key in g.links) * chunk_bytes / (g.bandwidth * 1e3)
+                       for g in fabric.sharing if any(key in per_link for key in g.links)]
         times.append(max(link_times + group_times, default=0.0))
     return times
 

@@ -99,7 +99,23 @@ def test_progress_reports_the_incumbent_and_gap():
     lines = []
     topology = build("ring:n=4")
     solve(topology, Collective("allgather", 4), MilpOptions(size=MB, time_limit=10), lines.append)
-    assert lines and all("incumbent" in line and "gap" in line and "µs" in line for line in lines)
+    assert lines and all("incumbent" in line and "gap" in line and "µs" in line for line in lines[:-1])
+    assert lines[-1].startswith("milp allgather: optimal, finish time")
+
+
+def test_progress_is_steady_labelled_with_the_request_and_ends_with_the_status(monkeypatch):
+    import synth.milp.solver as solver_module
+
+    monkeypatch.setattr(solver_module, "PROGRESS_EVERY", 0.5)
+    lines = []
+    topology = build("dgx2:nodes=2")
+    schedule = solve(topology, Collective("allreduce", 32), MilpOptions(size=1 << 30, time_limit=6, workers=2),
+                     lines.append)
+    assert all(line.startswith("milp allreduce (") for line in lines)
+    assert sum("searching" in line for line in lines) >= 4  # a line every 0.5 s, incumbent or not
+    final = [line for line in lines if "time limit: gap" in line or "optimal" in line]
+    assert len(final) == 1 and final[0] == lines[-1]  # dgx2 is its own reverse: one search serves both halves
+    assert schedule.meta.options["status"] in ("feasible+feasible", "optimal+optimal")
 
 
 def test_no_incumbent_within_the_time_limit_is_unknown():

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from schedules.collectives import NAMES, Collective
 from schedules.verify import require_valid, verify
-from synth import smt, smt_dual
+from synth import smt
+from synth.smt import dual as smt_dual
 from synth.errors import SynthesisError, Unknown, Unsat
-from synth.smt_bound import rounds_per_chunk_bound, steps_bound
-from synth.smt_symmetry import symmetry_levels
+from synth.smt.bound import rounds_per_chunk_bound, steps_bound
+from synth.smt.symmetry import symmetry_levels
 from topologies.catalog import build
 from weft.cli import main
 

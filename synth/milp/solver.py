@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -14,7 +15,7 @@ from ortools.sat.python import cp_model
 from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
-from synth.errors import SynthesisError, Unknown, Unsat
+from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
 from synth.milp.flow import FlowModel, FlowSpec, OutOfTime, build_flow, link_cost_us
 from synth.milp.links import allowed_links, check_reachable
 from synth.milp.sketch import Sketch
@@ -27,6 +28,7 @@ DUALS = {"reducescatter": "allgather", "reduce": "broadcast"}
 # The largest model built: chunks × links × steps possible sends (DGX-2 ×2 with 4 chunks per rank is about 1.4
 # million). Far beyond it, writing the model down outlasts any time limit before CP-SAT starts.
 MAX_SENDS = 2_000_000
+PROGRESS_EVERY = 5.0  # seconds between progress lines while CP-SAT searches, incumbent or not
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class _Job:
     options: MilpOptions
     sketch: Sketch
     progress: Progress | None
+    requested: str = ""  # the collective the caller asked for, which labels every line (allreduce's halves too)
 
     @cached_property
     def switch_free(self) -> Topology:
@@ -98,7 +101,7 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
         raise SynthesisError(f"milp: collective has {collective.nranks} ranks, topology {topology.name} has "
                              f"{topology.nranks}")
     start = time.monotonic()
-    job = _Job(topology, options, sketch, progress)
+    job = _Job(topology, options, sketch, progress, collective.name)
     if collective.name == "allreduce":
         halves = _solve_allreduce(job, collective)
     else:
@@ -198,8 +201,15 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.symmetry_level = 0
-    status = solver.Solve(flow.model, _Reporter(flow, job.progress, label, floor_us))
+    # CP-SAT's own SIGINT handler would end the search and hand back the incumbent as if the time limit had
+    # passed; instead Solve runs in a thread, the main thread keeps Python's Ctrl-C and a steady progress line
+    solver.parameters.catch_sigint_signal = False
+    if job.requested and job.requested != label:
+        label = f"{job.requested} ({label} part)"
+    reporter = _Reporter(flow, job.progress, label, floor_us)
+    status = _run(solver, flow, reporter, job, label, start)
     name = solver.StatusName(status)
+    _final_line(job, label, name, reporter, solver, flow, floor_us)
     if status == cp_model.INFEASIBLE:
         raise Unsat(f"milp: no {label} schedule on {job.fabric.name} within {steps} steps")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -210,21 +220,91 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime())
 
 
+def _run(solver: cp_model.CpSolver, flow: FlowModel, reporter: "_Reporter", job: _Job, label: str,
+         start: float) -> int:
+    """``solver.Solve`` in a thread; a progress line every PROGRESS_EVERY s; Ctrl-C stops it and is raised."""
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["status"] = solver.Solve(flow.model, reporter)
+        except BaseException as e:  # handed to the main thread
+            result["error"] = e
+        finally:
+            solver.best_bound_callback = None  # a callback left set aborts the interpreter at exit
+
+    solver.best_bound_callback = reporter.on_bound
+    thread = threading.Thread(target=work, name="cp-sat", daemon=True)
+    thread.start()
+    next_line = time.monotonic() + PROGRESS_EVERY
+    try:
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+            if job.progress is not None and time.monotonic() >= next_line and thread.is_alive():
+                job.progress(reporter.line(time.monotonic() - start, "searching"))
+                next_line += PROGRESS_EVERY
+    except KeyboardInterrupt:
+        # StopSearch before CP-SAT has started searching (while it loads or presolves) is forgotten: repeat it
+        # until Solve returns, so that no solver thread outlives the interpreter (that aborts the process)
+        while thread.is_alive():
+            solver.StopSearch()
+            thread.join(timeout=0.1)
+        found = (f"its incumbent of {reporter.value:.3f} µs (gap {reporter.gap:.1%}) was discarded"
+                 if reporter.value is not None else "no schedule had been found")
+        raise Interrupted(f"milp {label} on {job.fabric.name} stopped after {time.monotonic() - start:.1f} s: "
+                          f"{found}; nothing written or committed") from None
+    if "error" in result:
+        raise result["error"]
+    return result["status"]
+
+
+def _final_line(job: _Job, label: str, name: str, reporter: "_Reporter", solver: cp_model.CpSolver,
+                flow: FlowModel, floor_us: float) -> None:
+    """The search's end: optimal, or the time limit with its gap and bound, or infeasible, or unknown."""
+    if job.progress is None:
+        return
+    if name in ("OPTIMAL", "FEASIBLE"):
+        value = solver.ObjectiveValue() / flow.units_per_us
+        bound = min(value, max(solver.BestObjectiveBound() / flow.units_per_us, floor_us))
+        gap = 0.0 if value <= 0 else 1.0 - bound / value
+        how = "optimal" if name == "OPTIMAL" else f"time limit: gap {gap:.1%}, bound {bound:.3f} µs"
+        job.progress(f"milp {label}: {how}, finish time {value:.3f} µs, {solver.WallTime():.1f} s")
+    elif name == "INFEASIBLE":
+        job.progress(f"milp {label}: infeasible within the step limit, {solver.WallTime():.1f} s")
+    else:
+        job.progress(f"milp {label}: unknown: no schedule within the time limit, {solver.WallTime():.1f} s")
+
+
 class _Reporter(cp_model.CpSolverSolutionCallback):
-    """Reports each incumbent's finish time and gap through ``progress``."""
+    """Keeps the latest incumbent and bound, and reports each incumbent through ``progress``."""
 
     def __init__(self, flow: FlowModel, progress: Progress | None, label: str, floor_us: float) -> None:
         super().__init__()
         self._flow, self._progress, self._label, self._floor = flow, progress, label, floor_us
+        self.value: float | None = None
+        self.bound: float = floor_us
+
+    @property
+    def gap(self) -> float:
+        if self.value is None or self.value <= 0:
+            return 0.0
+        return max(0.0, 1.0 - min(self.bound, self.value) / self.value)
+
+    def on_bound(self, bound: float) -> None:
+        self.bound = max(self.bound, bound / self._flow.units_per_us)
+
+    def line(self, seconds: float, what: str) -> str:
+        if self.value is None:
+            return f"milp {self._label}: {what}, no incumbent yet, bound {self.bound:.3f} µs, {seconds:.1f} s"
+        return (f"milp {self._label}: {what}, incumbent {self.value:.3f} µs, bound {min(self.bound, self.value):.3f} "
+                f"µs, gap {self.gap:.1%}, {seconds:.1f} s")
 
     def on_solution_callback(self) -> None:
-        if self._progress is None:
-            return
-        value = self.ObjectiveValue() / self._flow.units_per_us
-        bound = min(value, max(self.BestObjectiveBound() / self._flow.units_per_us, self._floor))
-        gap = 0.0 if value <= 0 else 1.0 - bound / value
-        self._progress(f"milp {self._label}: incumbent {value:.3f} µs, bound {bound:.3f} µs, gap {gap:.1%}, "
-                       f"{self.WallTime():.1f} s")
+        self.value = self.ObjectiveValue() / self._flow.units_per_us
+        self.bound = max(self.bound, self.BestObjectiveBound() / self._flow.units_per_us)
+        if self._progress is not None:
+            self._progress(f"milp {self._label}: incumbent {self.value:.3f} µs, bound "
+                           f"{min(self.bound, self.value):.3f} µs, gap {self.gap:.1%}, {self.WallTime():.1f} s")
 
 
 def _read_steps(topo: Topology, flow: FlowModel, solver: cp_model.CpSolver) -> tuple[Step, ...]:

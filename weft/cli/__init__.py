@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except WeftError as e:
         print(f"weft: error: {one_line(str(e))}", file=sys.stderr)  # names read from a file cannot split it
         return e.exit_code
-    except KeyboardInterrupt:
-        print("weft: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"weft: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

@@ -38,8 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default 1; ring and tree use several rings/trees with more)")
     p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
-    p.add_argument("--size", default="1MB", help="message size the solver optimizes for (milp, pareto)")
-    p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
+                        "one; smt also races its instances on N workers (default 1; smt: one per CPU)")
+    p.add_argument("--size", default="1MB", help="a comma-separated list sweeps; " + "message size the solver optimizes for (milp; trees: chunks per tree; pct_of_bound is reported at it)")
+    p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several; default: "
+                   "$WEFT_SCHEDULES, otherwise the user data dir's weft/schedules; the path is printed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--compile", action="store_true", help="also compile each schedule into a verified plan")
     p.add_argument("--commit", action="store_true", help="compile, verify and commit the plan to the registry")
@@ -71,27 +75,59 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     return list(_family(args.method).synthesize(args, topology, collective, _progress))
 
 
-def run(args: argparse.Namespace) -> int:
-    from schedules.bounds import lower_bound_us
-    from schedules.cost import loads
-    from schedules.verify import require_valid
+def _one_size(job: tuple[argparse.Namespace, Topology, Collective, str]) -> list[Schedule]:
+    """One instance of a sweep, in a pool process: the method at one size."""
+    args, topology, collective, size = job
+    return synthesize(argparse.Namespace(**{**vars(args), "size": size}), topology, collective)
 
+
+def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
+          sizes: list[str]) -> list[tuple[str, list[Schedule]]]:
+    """Every size's schedules, ``--jobs`` instances at a time in a process pool (one size: in this process).
+
+    The instances share nothing but their inputs, so the same jobs could go to a cluster scheduler unchanged
+    (README: "Sweeps on a cluster").
+    """
+    jobs = [(args, topology, collective, size) for size in sizes]
+    if args.jobs <= 1 or len(jobs) == 1:
+        return [(size, _one_size(job)) for size, job in zip(sizes, jobs)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs)),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        try:
+            return list(zip(sizes, pool.map(_one_size, jobs)))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def run(args: argparse.Namespace) -> int:
     if args.chunks is not None and args.chunks < 1:
         raise ArgumentError(f"weft synth: --chunks must be a positive integer, got {args.chunks}")
     if not 0 < args.time_limit < math.inf:
         raise ArgumentError(f"weft synth: --time-limit must be positive seconds, got {args.time_limit}")
-    parse_bytes(args.size)
+    if args.jobs < 1:
+        raise ArgumentError(f"weft synth: --jobs must be a positive integer, got {args.jobs}")
+    asked_sizes = [part.strip() for part in str(args.size).split(",")]
+    for part in asked_sizes:
+        parse_bytes(part)
+    if len(asked_sizes) > 1 and args.method not in ("milp", "trees"):
+        raise ArgumentError(f"weft synth: --size {args.size}: a sweep of sizes needs --method milp or trees "
+                            f"(--method {args.method} does not depend on the size)")
+    if len(asked_sizes) > 1 and args.output and Path(args.output).suffix == ".json":
+        raise ArgumentError(f"weft synth: -o {args.output}: a sweep writes one schedule per size, so -o must name "
+                            "a folder, not a file")
+    if args.method == "smt" and args.jobs > 1:
+        args.workers = args.jobs
+    _check_output(args)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
-    schedules = synthesize(args, topology, collective)
+    found = sweep(args, topology, collective, asked_sizes)
     rows = []
-    for schedule in schedules:
-        require_valid(schedule, topology)
-        times = loads(schedule, topology).predict_many_us(REPORT_SIZES)  # index the fabric once, price 3 sizes
-        predicted = {format_bytes(n): t for n, t in zip(REPORT_SIZES, times)}
-        pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
-               for n in REPORT_SIZES}
-        rows.append((schedule.with_meta(predicted_us=predicted, pct_of_bound=pct[format_bytes(1 << 30)]), pct))
+    for size_text, schedules in found:
+        rows += _score(topology, schedules, parse_bytes(size_text))
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
@@ -102,9 +138,53 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tuple[Schedule, dict]]:
+    """Verify each schedule and price it at the report sizes and ``asked``; pct_of_bound is at ``asked``."""
+    from schedules.bounds import lower_bound_us
+    from schedules.cost import loads
+    from schedules.verify import require_valid
+
+    sizes = tuple(sorted(set(REPORT_SIZES) | {asked})) if asked else REPORT_SIZES
+    rows = []
+    for schedule in schedules:
+        require_valid(schedule, topology)
+        times = loads(schedule, topology).predict_many_us(sizes)  # index the fabric once, price every size
+        predicted = {format_bytes(n): t for n, t in zip(sizes, times)}
+        pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
+               if predicted[format_bytes(n)] else 100.0 for n in sizes}
+        # pct_of_bound is at the size asked for (--size), the one a solver optimized for
+        at = format_bytes(asked) if asked else format_bytes(1 << 30)
+        rows.append((schedule.with_meta(predicted_us=predicted, pct_of_bound=pct[at]), pct))
+    return rows
+
+
+def default_output() -> str:
+    """Where schedules land without -o: ``$WEFT_SCHEDULES``, otherwise the user data directory's weft/schedules."""
+    import os
+
+    import platformdirs
+
+    return os.environ.get("WEFT_SCHEDULES") or str(Path(platformdirs.user_data_dir("weft")) / "schedules")
+
+
+def _several(args: argparse.Namespace) -> bool:
+    """Whether the method returns one schedule per point (a frontier), so -o must name a folder."""
+    return (args.method == "pareto" or (args.method == "smt" and getattr(args, "pareto", False))
+            or "," in str(args.size))
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Before any solve: -o names a folder where several schedules come back; without -o, the default folder."""
+    if args.output is None:
+        args.output = default_output()
+        return
+    out = Path(args.output)
+    if _several(args) and (out.suffix == ".json" or out.is_file()):
+        raise ArgumentError(f"weft synth: -o {args.output}: this method writes one schedule per point and "
+                            "frontier.json, so -o must name a folder, not a file")
+
+
 def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | None]:
-    if not args.output:
-        return [None] * len(schedules)
     out = Path(args.output)
     if len(schedules) == 1 and out.suffix == ".json":
         make_directory(out.parent, "output", ArgumentError)
@@ -160,12 +240,15 @@ def _plans_for(args: argparse.Namespace, topology: Topology, schedule: Schedule)
 
 def _print_table(topology: Topology, rows, written, plans) -> None:
     print(f"topology {topology.name} ({topology.fingerprint}, {topology.nranks} ranks)")
+    from weft.units import parse_bytes as size_of
+
+    shown = sorted({n for _, pct in rows for n in pct}, key=size_of) or [format_bytes(n) for n in REPORT_SIZES]
     head = f"{'schedule':<36} {'steps':>5} {'rounds':>6} {'chunks':>6} " + " ".join(
-        f"{format_bytes(n) + ' µs':>11} {'%bound':>6}" for n in REPORT_SIZES)
+        f"{n + ' µs':>11} {'%bound':>6}" for n in shown)
     print(head)
     for (s, pct), path in zip(rows, written):
-        cells = " ".join(f"{s.meta.predicted_us[format_bytes(n)]:>11.2f} {pct[format_bytes(n)]:>6.1f}"
-                         for n in REPORT_SIZES)
+        cells = " ".join(f"{s.meta.predicted_us[n]:>11.2f} {pct[n]:>6.1f}" if n in pct else f"{'-':>11} {'-':>6}"
+                         for n in shown)
         print(f"{(s.name or s.collective.name):<36.36} {s.nsteps:>5} {s.total_rounds:>6} "
               f"{s.collective.chunks:>6} {cells}")
         print(f"  verified: {s.nsends} sends, hash {s.content_hash}" + (f", written to {path}" if path else ""))

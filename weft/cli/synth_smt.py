@@ -48,7 +48,8 @@ def _options(args: argparse.Namespace):
     if args.steps is not None and args.rounds is not None and args.rounds < args.steps:
         raise ArgumentError(f"weft synth: --rounds {args.rounds} cannot fill --steps {args.steps} "
                             "(every step takes at least one round)")
-    return SmtOptions(steps=args.steps, rounds=args.rounds, time_limit=args.time_limit)
+    return SmtOptions(steps=args.steps, rounds=args.rounds, time_limit=args.time_limit,
+                      workers=getattr(args, "workers", 0))
 
 
 def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective,
@@ -65,7 +66,7 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     progress(f"smt: frontier of {len(frontier.points)} point(s) in {time.monotonic() - start:.1f} s"
              + ("" if frontier.complete else " (the walk stopped before reaching the LP bound)"))
     if not frontier.points:
-        raise Unknown(f"smt: {collective.name} on {topology.name}: no frontier point found within the step limit")
+        raise Unknown(f"smt: {collective.name} on {topology.name}: no frontier point found within the time limit of {args.time_limit:g} s and the step limit")
     schedules = [p.schedule for p in frontier.points]
     if args.output:
         _write_frontier(Path(args.output), topology, collective, frontier)

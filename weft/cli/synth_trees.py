@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from math import lcm
 from typing import Callable
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
 from topologies import Topology
+from weft.units import format_bytes, parse_bytes
 
-PIPELINE = 8  # chunks per tree by default: the schedule takes (P + depth - 1)/P of the bound at α = 0
-MAX_SENDS = 2_000_000  # default chunk counts stay under this many sends, so 1024-rank schedules fit in memory
+MAX_SENDS = 4_000_000  # a written-out schedule stays under this many sends, so 1024-rank schedules fit in memory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,16 +19,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fewer trees give smaller plans at a reported %% of the optimum")
 
 
-def default_chunks(topology: Topology, per_root: int, forests: int) -> int:
-    """Chunks per rank: PIPELINE per tree, fewer where the schedule would pass MAX_SENDS sends."""
-    sends_per_wave = topology.nranks * (topology.nranks - 1) * per_root * forests
-    waves = max(1, min(PIPELINE, MAX_SENDS // max(1, sends_per_wave)))
-    return per_root * waves
+def default_waves(pipe, size: int, progress: Callable[[str], None]) -> int:
+    """Chunks per tree: the count the cost model finds fastest at ``size`` (pipeline fill against per-step
+    latency), capped where the written-out schedule would pass MAX_SENDS sends."""
+    best = pipe.best_waves(size)
+    cap = max(1, MAX_SENDS // max(1, pipe.sends_per_wave))
+    if best > cap:
+        progress(f"trees: {best} waves are fastest at {format_bytes(size)} ({pipe.predict_us(size, best):.1f} µs); "
+                 f"the written-out schedule stops at {cap} ({pipe.predict_us(size, cap):.1f} µs, {MAX_SENDS} sends); "
+                 "synth.trees.pipeline keeps the compact form")
+    return min(best, cap)
 
 
 def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective,
                progress: Callable[[str], None]) -> list[Schedule]:
-    """One pipelined tree schedule; ``--chunks`` defaults to 8 chunks per tree."""
+    """One pipelined tree schedule; ``--chunks`` defaults to the waves the cost model picks for ``--size``."""
     import time
 
     from synth import trees
@@ -39,10 +43,10 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     forests = trees.forests_for(topology, collective, options)
     for forest in forests:
         progress(f"trees: {forest.describe()}")
-    per_root = lcm(*(f.per_root for f in forests))
-    chunks = args.chunks or default_chunks(topology, per_root, len(forests))
+    pipe = trees.pipeline(topology, collective, forests)
+    chunks = args.chunks or pipe.per_root * default_waves(pipe, parse_bytes(args.size), progress)
     sized = Collective(collective.name, collective.nranks, chunks, collective.root)
     schedule = trees.schedule(topology, sized, forests)
-    return [schedule.with_meta(solver="trees", options={"k": forests[-1].per_root},
+    return [schedule.with_meta(solver="trees", options={"k": forests[-1].per_root, "size": parse_bytes(args.size)},
                                solve_time=time.monotonic() - start,
                                notes="; ".join(f.describe() for f in forests))]

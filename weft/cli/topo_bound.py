@@ -39,7 +39,11 @@ def bound_report(topology, collective: Collective, nbytes: int) -> dict:
         "algbw_max": nbytes / (total * 1e3) if total else None,
         "busbw_max": nbytes / (total * 1e3) * bus_factor(collective) if total else None,
     }
-    if collective.name in ("allgather", "reducescatter", "allreduce") and topology.nranks > 1:
+    if collective.name == "allreduce" and topology.nranks > 1:
+        report["allreduce"] = {"smallest_rank_cut_gbps": str(bounds.smallest_rank_cut(topology)),
+                               "doc": "max(1 / smallest rank-to-rank cut, 2(N-1) / ranks' ingress, "
+                                      "2(H-1) / hosts' ingress), per message byte"}
+    if collective.name in ("allgather", "reducescatter") and topology.nranks > 1:
         fabric = topology if collective.name == "allgather" else topology.reversed()
         cut = bounds.bottleneck_cut(fabric)
         report["cut"] = {"ratio": str(cut.ratio), "ranks": cut.ranks, "capacity": str(cut.capacity),
@@ -63,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  cut bound: {cut['ratio']} per (GB/s) = max |S ∩ ranks| / B+(S), at S with {cut['ranks']} ranks "
               f"and {cut['capacity']} GB/s leaving; {cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
               f"optimal rate {cut['optimal_rate_gbps']:.6g} GB/s per rank's slice")
+    if "allreduce" in report:
+        print(f"  all-reduce bound: every cut between ranks carries the message each way (smallest rank cut "
+              f"{report['allreduce']['smallest_rank_cut_gbps']} GB/s), and every element takes 2(N-1) transfers "
+              "into ranks (one-way gossip) and 2(H-1) into hosts")
     print(f"  bandwidth bound: size × {report['factor']} / 1e3 = {report['bandwidth_us']:.3f} µs")
     print(f"  latency bound:   {report['latency_us']:.3f} µs")
     if report["algbw_max"] is not None:

@@ -18,18 +18,20 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import signal
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from schedules.collectives import Collective
-from synth.smt_encoding import (
+from synth.smt.encoding import (
     MAX_SENDS, SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, OutOfTime, Outcome, possible_sends,
 )
-from synth.smt_symmetry import Symmetry, symmetry_levels
+from synth.smt.symmetry import Symmetry, symmetry_levels
 from topologies.topology import Topology
 
 FIRST_SLICE = 1.0  # seconds for each formula's first try; each round doubles it
+GRACE = 1.0  # seconds past the deadline before a worker's answer is given up for unknown (z3 overruns a little)
 
 Progress = Callable[[str], None]
 
@@ -48,14 +50,19 @@ class Problem:
         return replace(self, collective=Collective(c.name, c.nranks, chunks, c.root))
 
 
-def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 0, copies: int = 1) -> Outcome:
-    """Decide one instance within ``time_limit`` seconds: sat with a schedule, unsat, or unknown.
+def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 0, copies: int = 1,
+           deadline: float = float("inf")) -> Outcome:
+    """Decide one instance within ``time_limit`` seconds and by ``deadline`` (``time.monotonic()``, the same
+    clock in every process of the machine): sat with a schedule, unsat, or unknown.
 
     Alone (``copies`` 1) it restarts: time slices that double, each a freshly seeded solver, in turn over
     the full formula and the symmetric ones. As one of several racing copies, even copies search the
     symmetric formulas and odd copies the full one, without interruption.
     """
     start = time.monotonic()
+    time_limit = min(time_limit, deadline - start)
+    if time_limit <= 0:
+        return Outcome(instance, UNKNOWN, 0.0)
     collective = problem.with_chunks(instance.chunks).collective
     if possible_sends(problem.fabric, collective, instance.steps) > MAX_SENDS:  # too large to write down in time
         return Outcome(instance, UNKNOWN, 0.0)
@@ -93,7 +100,15 @@ def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 
         budget *= 2
 
 
-def _decide_job(job: tuple[Problem, Instance, float, int, int]) -> Outcome:
+def _worker_init() -> None:
+    """Pool workers leave Ctrl-C to the main process, which stops them: z3 must not turn it into "unknown"."""
+    import z3
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    z3.set_param("ctrl_c", False)
+
+
+def _decide_job(job: tuple[Problem, Instance, float, int, int, float]) -> Outcome:
     return decide(*job)
 
 
@@ -102,7 +117,7 @@ def workers(requested: int) -> int:
 
 
 def decide_first(problem: Problem, instances: Iterable[Instance], time_limit: float, nworkers: int,
-                 progress: Progress, label: str) -> tuple[Outcome | None, list[Outcome]]:
+                 progress: Progress, label: str, deadline: float = float("inf")) -> tuple[Outcome | None, list[Outcome]]:
     """The first instance, in the given order, that is sat while every earlier one is unsat or unknown.
 
     Instances (and seeded copies of them, when workers outnumber instances) run in parallel; once an
@@ -112,45 +127,51 @@ def decide_first(problem: Problem, instances: Iterable[Instance], time_limit: fl
     order = list(instances)
     if not order:
         return None, []
+    deadline = min(deadline, time.monotonic() + time_limit * len(order))
     if nworkers > 1 and len(order) > 1:
         # The first instance is the one that ends the search when sat: give it every worker first.
-        lead, seen = _race(problem, order[:1], time_limit, nworkers, progress, label)
+        lead, seen = _race(problem, order[:1], time_limit, nworkers, progress, label, deadline)
         if lead is not None:
             return lead, seen
-        out, more = _race(problem, order[1:], time_limit, nworkers, progress, label)
+        out, more = _race(problem, order[1:], time_limit, nworkers, progress, label, deadline)
         return out, seen + more
-    return _race(problem, order, time_limit, nworkers, progress, label)
+    return _race(problem, order, time_limit, nworkers, progress, label, deadline)
 
 
 def _race(problem: Problem, order: list[Instance], time_limit: float, nworkers: int, progress: Progress,
-          label: str) -> tuple[Outcome | None, list[Outcome]]:
+          label: str, deadline: float) -> tuple[Outcome | None, list[Outcome]]:
     for inst in order[:max(nworkers, 1)]:
         progress(f"smt: {label} {inst}: solving")
     if nworkers <= 1:
-        return _sequential([(problem, inst, time_limit, 0, 1) for inst in order], progress, label)
+        return _sequential([(problem, inst, time_limit, 0, 1, deadline) for inst in order], progress, label)
     copies = max(1, nworkers // len(order))
     results: queue.Queue = queue.Queue()  # filled by the pool's result thread, in this process
-    pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies))
+    pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies), initializer=_worker_init)
     try:
         for index, inst in enumerate(order):
             for copy in range(copies):
-                pool.apply_async(_decide_job, ((problem, inst, time_limit, copy, copies),),
+                pool.apply_async(_decide_job, ((problem, inst, time_limit, copy, copies, deadline),),
                                  callback=lambda out, i=index: results.put((i, out)),
                                  error_callback=lambda error, i=index: results.put((i, error)))
-        return _collect(order, copies, results, progress, label)
+        return _collect(order, copies, results, progress, label, deadline + GRACE)
     finally:
         pool.terminate()
         pool.join()
 
 
-def _collect(order: list[Instance], copies: int, results, progress: Progress,
-             label: str) -> tuple[Outcome | None, list[Outcome]]:
-    """Read outcomes as they come until the first sat instance in order is known."""
+def _collect(order: list[Instance], copies: int, results, progress: Progress, label: str,
+             give_up: float = float("inf")) -> tuple[Outcome | None, list[Outcome]]:
+    """Read outcomes as they come until the first sat instance in order is known, or ``give_up`` passes
+    (every instance not yet decided is then unknown)."""
     decided: dict[int, Outcome] = {}
     unknowns: dict[int, int] = {}
     seen: list[Outcome] = []
     while True:
-        i, out = results.get()
+        try:
+            i, out = results.get(timeout=min(max(0.01, give_up - time.monotonic()), 3600.0))
+        except queue.Empty:
+            i = next(k for k in range(len(order)) if k not in decided)
+            out = Outcome(order[i], UNKNOWN, 0.0)
         if isinstance(out, BaseException):
             raise out
         if i in decided:

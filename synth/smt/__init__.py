@@ -7,7 +7,7 @@ Strategies:
 - ``pareto``: for each step count from the bound upward, the fewest rounds per chunk, walking the ratios
   R/C upward from the LP bound; it stops when R/C reaches the bound.
 
-Combining collectives are solved through their duals on the reversed fabric (see ``synth.smt_dual``);
+Combining collectives are solved through their duals on the reversed fabric (see ``synth.smt.dual``);
 allreduce is reducescatter + allgather. Every schedule is for the caller's topology (its fingerprint), with
 capacities taken on its switch-free form.
 
@@ -21,17 +21,18 @@ capacities taken on its switch-free form.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Callable
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
-from synth import smt_dual
-from synth.errors import SynthesisError, Unknown, Unsat
-from synth.smt_bound import rounds_per_chunk_bound, steps_bound
-from synth.smt_encoding import MAX_SENDS, UNKNOWN, Instance, possible_sends
-from synth.smt_search import Problem, decide_first, workers
+from synth.smt import dual as smt_dual
+from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
+from synth.smt.bound import rounds_per_chunk_bound, steps_bound
+from synth.smt.encoding import MAX_SENDS, UNKNOWN, Instance, possible_sends
+from synth.smt.search import Problem, decide_first, workers
 from topologies.topology import Topology
 
 Progress = Callable[[str], None]
@@ -41,7 +42,9 @@ REPORT_SIZES = {"1KB": 1 << 10, "1MB": 1 << 20, "1GB": 1 << 30}  # the sizes `we
 
 @dataclass(frozen=True)
 class SmtOptions:
-    """How to search. ``time_limit`` is per instance (seconds); ``workers`` 0 means one per CPU.
+    """How to search. ``time_limit`` (seconds) is the whole call's: ``solve`` and ``pareto`` set ``deadline``
+    (``time.monotonic()``) from it, and every instance, split or step count gets what is left; ``workers`` 0
+    means one per CPU.
 
     ``max_chunks`` caps the chunks the Pareto walk tries (default: the LP bound's denominator, at least 2).
     """
@@ -53,6 +56,15 @@ class SmtOptions:
     workers: int = 0
     max_chunks: int | None = None
     max_steps: int | None = None
+    deadline: float | None = None
+
+    def started(self) -> "SmtOptions":
+        """These options with the deadline set, if it is not yet."""
+        return self if self.deadline is not None else replace(self, deadline=time.monotonic() + self.time_limit)
+
+    def left(self) -> float:
+        """Seconds left before the deadline (the whole time limit when none is set)."""
+        return self.time_limit if self.deadline is None else min(self.time_limit, self.deadline - time.monotonic())
 
     def check(self) -> None:
         for name in ("steps", "rounds", "max_chunks", "max_steps"):
@@ -98,6 +110,7 @@ def solve(topology: Topology, collective: Collective, options: SmtOptions = SmtO
           progress: Progress = _quiet) -> Schedule:
     """One schedule: the instance (steps, rounds, collective.chunks) when steps is given, else least steps."""
     options.check()
+    options = options.started()
     if collective.nranks != topology.nranks:
         raise SynthesisError(f"smt: collective {collective.name} has {collective.nranks} ranks, topology "
                              f"{topology.name} has {topology.nranks}")
@@ -123,7 +136,8 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
     check_size(problem, options.steps or 1, label)
     if options.steps is not None:
         inst = Instance(options.steps, options.rounds or options.steps, collective.chunks)
-        out, seen = decide_first(problem, [inst], options.time_limit, workers(options.workers), progress, label)
+        out, seen = decide_first(problem, [inst], options.left(), workers(options.workers), progress, label,
+                                 options.deadline)
         if out is None:
             raise _failure(label, inst, seen[-1].status)
         return _finish(out.schedule, topology, collective)
@@ -132,8 +146,10 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
     n = workers(options.workers)
     for first in range(low, ceiling + 1, n):
         check_size(problem, first, label)
+        if options.left() <= 0:
+            raise Unknown(f"smt: {label}: the time limit of {options.time_limit:g} s ran out before {first} steps")
         batch = [Instance(s, options.rounds or s, collective.chunks) for s in range(first, min(first + n, ceiling + 1))]
-        out, seen = decide_first(problem, batch, options.time_limit, n, progress, label)
+        out, seen = decide_first(problem, batch, options.left(), n, progress, label, options.deadline)
         unknown = [o.instance for o in seen if o.status == UNKNOWN]
         if out is not None:
             schedule = _finish(out.schedule, topology, collective)
@@ -209,11 +225,16 @@ def _splits(steps: int, rounds: int) -> list[tuple[int, int]]:
 
 def pareto(topology: Topology, collective: Collective, options: SmtOptions = SmtOptions(),
            progress: Progress = _quiet) -> Frontier:
-    """The (steps, rounds per chunk) Pareto frontier, each point with its schedule and α-β cost."""
+    """The (steps, rounds per chunk) Pareto frontier, each point with its schedule and α-β cost.
+
+    Where the time limit ends the walk, the frontier holds what was found and ``complete`` is False.
+    """
     options.check()
+    options = options.started()
     if collective.name == "allreduce":
         n = collective.nranks
-        rs = _walk(topology, Collective("reducescatter", n), options, progress)
+        half = replace(options, deadline=time.monotonic() + options.left() / 2)  # the other half for allgather
+        rs = _walk(topology, Collective("reducescatter", n), half, progress)
         ag = _walk(topology, Collective("allgather", n), options, progress)
         points = [(smt_dual.allreduce(a.schedule, b.schedule)) for a in rs.points for b in ag.points]
         return _frontier(topology, points, rs.lp_bound + ag.lp_bound, rs.complete and ag.complete)
@@ -231,8 +252,18 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
     best: Fraction | None = None
     ceiling = options.max_steps or low + 2 * max_chunks + 2
     for steps in range(low, ceiling + 1):
+        if options.left() <= 0:
+            progress(f"smt: {label}: the time limit of {options.time_limit:g} s ran out at {steps} steps")
+            break
         candidates = _candidates(steps, bound, best, max_chunks, problem.with_chunks(1).collective.nchunks)
-        out, _ = decide_first(problem, candidates, options.time_limit, workers(options.workers), progress, label)
+        try:
+            out, _ = decide_first(problem, candidates, options.left(), workers(options.workers), progress, label,
+                                  options.deadline)
+        except KeyboardInterrupt:
+            kept = ", ".join(f"(S={s.nsteps}, R={s.total_rounds}, C={s.collective.chunks})" for s in found)
+            raise Interrupted(f"smt: {label}: stopped at {steps} steps; "
+                              + (f"found {kept}, " if found else "no point found, ")
+                              + "nothing written or committed") from None
         if out is None:
             continue
         sized = Collective(collective.name, collective.nranks, out.instance.chunks, collective.root)

@@ -21,7 +21,7 @@ from ortools.linear_solver import pywraplp
 
 from schedules.collectives import Collective
 from synth.errors import SynthesisError
-from synth.smt_encoding import hop_distances
+from synth.smt.encoding import hop_distances
 from topologies.topology import Topology
 
 MAX_LP_VARIABLES = 400_000  # past this the in-capacity bound is used: weaker, but instant

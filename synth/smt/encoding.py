@@ -31,7 +31,7 @@ import z3
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
-from synth.smt_symmetry import Symmetry
+from synth.smt.symmetry import Symmetry
 from topologies.topology import Topology
 
 SLACK = 1e-9  # the verifier's: capacity × rounds is a float and 2.9999999999 chunks of room is 3
@@ -115,6 +115,8 @@ class InstanceSolver:
         if answer == z3.unsat:
             return Outcome(self.instance, UNSAT, self.spent, symmetric=symmetric)
         if answer != z3.sat:
+            if "keyboard" in self.solver.reason_unknown():
+                raise KeyboardInterrupt  # z3 turned Ctrl-C into "unknown": the user's stop, not a time limit
             return Outcome(self.instance, UNKNOWN, self.spent, symmetric=symmetric)
         inst, name = self.instance, self.collective.name
         schedule = Schedule(self.collective, fingerprint, self.formula.read(self.solver.model()),

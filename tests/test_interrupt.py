@@ -1,0 +1,64 @@
+"""Ctrl-C and --time-limit: a solve stops when told, exits 130 naming what it dropped, and writes nothing;
+the time limit is the command's deadline, shared out across the instances it runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _weft(argv: list[str], tmp_path: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WEFT_REGISTRY=str(tmp_path / "registry"),
+               WEFT_SCHEDULES=str(tmp_path / "schedules"))
+    return subprocess.Popen([sys.executable, "-c", "from weft.cli import run; run()", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _interrupt(argv: list[str], tmp_path: Path, after: float, group: bool) -> tuple[int, float, str]:
+    proc = _weft(argv, tmp_path)
+    time.sleep(after)
+    assert proc.poll() is None, proc.communicate()
+    sent = time.monotonic()
+    (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    return proc.returncode, time.monotonic() - sent, err
+
+
+@pytest.mark.parametrize("group", [True, False])
+def test_ctrl_c_stops_an_smt_pareto_walk_and_writes_nothing(tmp_path, group):
+    out = tmp_path / "front"
+    argv = ["synth", "allgather", "-t", "torus2d:x=4,y=4", "--method", "smt", "--pareto", "-o", str(out),
+            "--time-limit", "60", "--commit"]
+    code, took, err = _interrupt(argv, tmp_path, 4.0, group)
+    assert code == 130 and took < 5.0, err
+    assert "interrupted: smt: allgather on torus2d" in err and "nothing written or committed" in err
+    assert not out.exists() and not (tmp_path / "registry").exists()
+
+
+def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
+    out = tmp_path / "m.json"
+    argv = ["synth", "allgather", "-t", "dgx2:nodes=2", "--method", "milp", "--size", "1GB", "--time-limit", "60",
+            "-o", str(out), "--commit"]
+    code, took, err = _interrupt(argv, tmp_path, 8.0, True)
+    assert code == 130 and took < 5.0, err
+    assert "interrupted: milp allgather on dgx2:nodes=2 stopped after" in err
+    assert "nothing written or committed" in err and "time limit" not in err.splitlines()[-1]
+    assert not out.exists() and not (tmp_path / "registry").exists()
+
+
+def test_time_limit_is_the_commands_deadline(tmp_path):
+    """About 15 sub-instances (splits of allreduce) once took the whole 5 s each: 64 s."""
+    argv = ["synth", "allreduce", "-t", "torus2d:x=4,y=4", "--method", "smt", "--steps", "6", "--rounds", "10",
+            "--chunks", "4", "--time-limit", "5"]
+    start = time.monotonic()
+    proc = _weft(argv, tmp_path)
+    proc.communicate(timeout=60)
+    assert time.monotonic() - start < 5 + 4.0  # the limit, the interpreter's start, and one second of grace
