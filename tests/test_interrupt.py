@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,13 +24,23 @@ def _weft(argv: list[str], tmp_path: Path) -> subprocess.Popen:
 
 
 def _interrupt(argv: list[str], tmp_path: Path, after: float, group: bool) -> tuple[int, float, str]:
+    """SIGINT ``after`` seconds past the solve's first progress line (a loaded machine starts Python slowly, and
+    an interrupt during the imports has no solve to name)."""
     proc = _weft(argv, tmp_path)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not lines and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(after)
-    assert proc.poll() is None, proc.communicate()
+    assert proc.poll() is None, "".join(lines)
     sent = time.monotonic()
     (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    return proc.returncode, time.monotonic() - sent, err
+    proc.wait(timeout=30)
+    took = time.monotonic() - sent
+    reader.join(timeout=5)
+    return proc.returncode, took, "".join(lines)
 
 
 @pytest.mark.parametrize("group", [True, False])
