@@ -40,7 +40,7 @@ from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
     MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
     build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
-    vector_bytes, with_tripwire,
+    kernel_args, vector_bytes, with_kernel_args, with_tripwire,
 )
 from schedules.plan import Plan, load_plan, parse_plan
 
@@ -89,8 +89,7 @@ class _Context:
     scratch: Any
     state: Any  # the plan's semaphores ([2k] releases, [2k+1] acquires), then each thread block's epoch
     semaphore_init: np.ndarray
-    args: tuple  # kernel arguments: ops, tb_start, buffers, outbound, inbound, expected, barriers,
-    # semaphores, epochs, error record, timeout (ns), rank, scratch half (bytes), buffer slots, uniform ops
+    args: tuple  # kernel arguments (gpu_tables.KERNEL_PARAMS)
     vector_bytes: int
     output: Any
     plan_hash: str
@@ -296,7 +295,7 @@ class Communicator:
         ctx.records.used += 1
         self._captured.append(captured)
         address = ctx.records.address(captured.record)
-        args = (ctx.args[0], np.uint64(address), np.uint64(address + ctx.records.layout.tb_bytes), *ctx.args[3:])
+        args = with_kernel_args(ctx.args, tb_start=address, buffers=address + ctx.records.layout.tb_bytes)
         self._launch(ctx, dtype, buf.framework, stream, args)
         return ""
 
@@ -520,10 +519,12 @@ class Communicator:
             tables=tables, arrays=[ops, tb_start, slot_table, outbound_table], scratch=scratch, state=state,
             semaphore_init=init, vector_bytes=width, output=output, plan_hash=plan_hash, nbytes=nbytes,
             slots=tuple(slots), peers=peer_mapping(plan, self.rank), trace=trace,
-            args=(ops, tb_start, slot_table, outbound_table, self._inbound, self._expected, self._barriers,
-                  state, state[2 * nsem:], np.uint64(self._error_device), np.uint64(int(self.timeout_s * 1e9)),
-                  np.int32(self.rank), np.int64(tables.scratch_bytes if tables.double_scratch else 0),
-                  np.int32(len(slots)), np.int32(tables.uniform_ops), *([trace] if self._trace else [])),
+            args=kernel_args(
+                self._trace, ops=ops, tb_start=tb_start, buffers=slot_table, outbound=outbound_table,
+                inbound=self._inbound, expected=self._expected, barriers=self._barriers, semaphores=state,
+                epochs=state[2 * nsem:], error=self._error_device, timeout_ns=int(self.timeout_s * 1e9),
+                rank=self.rank, scratch_half=tables.scratch_bytes if tables.double_scratch else 0,
+                nslots=len(slots), uniform_ops=tables.uniform_ops, **({"trace": trace} if self._trace else {})),
         )
 
     def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int, res_ptr: int | None = None) -> str:

@@ -30,7 +30,8 @@ import numpy as np
 
 from executor import reference
 from executor.errors import ExecutorError
-from schedules.plan import BufferRef, Gpu, Op, Plan, PlanError, Threadblock
+from schedules.ops import DEVICE_KINDS
+from schedules.plan import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, channel_pairs
 from topologies.errors import CheckFailed
 
 MAX_REFS = 16
@@ -41,8 +42,47 @@ MAX_SLOTS = 64  # buffer slots (input, output, scratch, peers' buffers); kMaxSlo
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
+DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS))))  # kNop.. in channel.cuh
 PACKET, SCRATCH = 1, 2
 SLOTS = {"i": 0, "o": 1, "s": 2}
+
+# The interpreter kernel's parameters in order, with their C types: WEFT_INTERPRETER in executor/cuda/interpreter.cu
+# declares the same list (tests/test_executor_tables.py checks it); a -DWEFT_TRACE build takes TRACE_PARAM last.
+KERNEL_PARAMS = (
+    ("ops", "const weft::Op*"), ("tb_start", "const int*"), ("buffers", "char* const*"),
+    ("outbound", "u64* const*"), ("inbound", "u64*"), ("expected", "u64*"), ("barriers", "u64*"),
+    ("semaphores", "u64*"), ("epochs", "u64*"), ("error", "int*"), ("timeout_ns", "u64"), ("rank", "int"),
+    ("scratch_half", "i64"), ("nslots", "int"), ("uniform_ops", "int"),
+)
+TRACE_PARAM = ("trace", "u64*")
+_SCALARS = {"u64": np.uint64, "i64": np.int64, "int": np.int32}
+
+
+def kernel_args(trace: bool = False, **values: Any) -> tuple:
+    """The interpreter's arguments in KERNEL_PARAMS order: device arrays as given, scalars as their C type, and a
+    pointer given as an integer address as a u64."""
+    params = KERNEL_PARAMS + ((TRACE_PARAM,) if trace else ())
+    names = [n for n, _ in params]
+    if set(values) != set(names):
+        raise ExecutorError(f"executor: interpreter arguments {sorted(set(values) ^ set(names))} missing or unknown")
+    return tuple(_scalar(values[n], ctype) for n, ctype in params)
+
+
+def with_kernel_args(args: tuple, **changes: Any) -> tuple:
+    """``args`` (as ``kernel_args`` built them) with some parameters replaced."""
+    params = KERNEL_PARAMS + (TRACE_PARAM,)
+    index = {n: k for k, (n, _) in enumerate(params)}
+    out = list(args)
+    for name, value in changes.items():
+        out[index[name]] = _scalar(value, params[index[name]][1])
+    return tuple(out)
+
+
+def _scalar(value: Any, ctype: str) -> Any:
+    if ctype in _SCALARS:
+        return _SCALARS[ctype](value)
+    return np.uint64(value) if isinstance(value, (int, np.integer)) else value
+
 
 REF_DTYPE = np.dtype([("offset", "<i8"), ("buffer", "<i4"), ("flags", "<i4")])
 OP_DTYPE = np.dtype([
@@ -54,10 +94,6 @@ OP_DTYPE = np.dtype([
     ("dst", REF_DTYPE, (MAX_REFS,)),
 ])
 
-# Which entries an op reads or writes as packets (the rest are plain data).
-_PAIRWISE = frozenset({"put", "pws", "get", "copy", "ppkt", "rppkt", "tpkt", "upkt", "cpkt"})
-_PACKET_SRC = frozenset({"rppkt", "upkt", "cpkt"})
-_PACKET_DST = frozenset({"ppkt", "rppkt", "tpkt", "cpkt"})
 
 
 @dataclass(frozen=True)
@@ -122,20 +158,8 @@ def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
 
 
 def pair_channels(plan: Plan) -> dict[tuple[int, int], int]:
-    """(rank, channel id) -> the peer's channel id it pairs with (the m-th a->b with the m-th b->a)."""
-    ends: dict[tuple[int, int], list[int]] = {}
-    for r, g in enumerate(plan.gpus):
-        for cid, peer in enumerate(g.memory_peers):
-            ends.setdefault((r, peer), []).append(cid)
-    pairs = {}
-    for (r, peer), cids in ends.items():
-        back = ends.get((peer, r), [])
-        for m, cid in enumerate(cids):
-            if m >= len(back):
-                raise ExecutorError(f"plan {plan.name}: gpus[{r}].channels: channel {cid} to rank {peer} has no "
-                                    f"matching channel on rank {peer}")
-            pairs[(r, cid)] = back[m]
-    return pairs
+    """(rank, channel id) -> the peer's channel id it pairs with (``schedules.plan.channel_pairs``)."""
+    return {end: back for end, (_, back) in channel_pairs(plan).items()}
 
 
 def vector_bytes(*quantities: int) -> int:
@@ -449,29 +473,25 @@ def _transfer(layout: _Layout, tb: Threadblock, op: Op, srcs: list[tuple[BufferR
 
 
 def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str) -> list[np.void]:
-    """The device ops of one plan op, in order."""
-    name = op.name
-    if name == "nop":
-        return [_record(NOP)]
-    if name == "flush":
-        return [_record(FLUSH)]
-    if name == "barrier":
+    """The device ops of one plan op, in order, as its row in the op table says."""
+    spec = op.spec
+    kind = DEVICE_CODES[spec.device]
+    if spec.device == "barrier":
         if op.barrier_id >= MAX_BARRIERS:
             raise ExecutorError(f"{where}.barrier_id: {op.barrier_id} (the executor holds {MAX_BARRIERS} barriers)")
         rec = _record(BARRIER)
         rec["barrier_id"], rec["barrier_count"] = op.barrier_id, op.num_threadblocks
         return [rec]
-    if name in ("signal", "wait"):
-        return [_ids(SIGNAL if name == "signal" else WAIT, op.channel_ids, where)]
-    if name in ("sem_acquire", "sem_release"):
-        return [_ids(SEM_ACQUIRE if name == "sem_acquire" else SEM_RELEASE, op.semaphore_ids, where)]
-    if name in _PAIRWISE:
-        recs = [_transfer(layout, tb, op, [(s, name in _PACKET_SRC)], [(d, name in _PACKET_DST)], where)
-                for s, d in zip(op.src_buff, op.dst_buff)]
-        if name == "pws":
-            recs.append(_ids(SIGNAL, op.channel_ids, where))
-        return recs
-    packet_srcs = name in ("repkt", "respkt")
-    srcs = [(s, packet_srcs and k > 0) for k, s in enumerate(op.src_buff)]
-    dsts = [(d, name == "respkt" and d.remote) for d in op.dst_buff]
-    return [_transfer(layout, tb, op, srcs, dsts, where)]
+    if spec.device in ("signal", "wait"):
+        return [_ids(kind, op.channel_ids, where)]
+    if spec.device in ("sem_acquire", "sem_release"):
+        return [_ids(kind, op.semaphore_ids, where)]
+    if spec.device != "transfer":
+        return [_record(kind)]
+    srcs = [(s, spec.reads_packet(k)) for k, s in enumerate(op.src_buff)]
+    dsts = [(d, spec.writes_packet(d.remote)) for d in op.dst_buff]
+    recs = ([_transfer(layout, tb, op, [s], [d], where) for s, d in zip(srcs, dsts)] if spec.pairwise
+            else [_transfer(layout, tb, op, srcs, dsts, where)])
+    if spec.signals:
+        recs.append(_ids(SIGNAL, op.channel_ids, where))
+    return recs

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.plan import CHUNK_GRANULE, PACKET_OPS, BufferRef, Op, Plan, PlanError, remote_target
+from schedules.plan import CHUNK_GRANULE, BufferRef, Op, Plan, PlanError, channel_pairs, remote_target
 from topologies.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -108,7 +108,6 @@ class _Thread:
     barriers: dict = field(default_factory=lambda: defaultdict(int))
 
 
-REDUCTIONS = frozenset({"re", "res", "rre", "rres", "repkt", "respkt"})
 OpKey = tuple[int, int, int]  # (rank, thread block, op index)
 
 
@@ -156,7 +155,7 @@ class _Machine:
         self.alias: dict[tuple[int, str], tuple[str, int]] = {}
         for r, g in enumerate(plan.gpus):
             self._place_buffers(r, g.input_chunks, g.output_chunks, g.scratch_chunks)
-        self.peer_end = _pair_channels(plan)
+        self.peer_end = channel_pairs(plan)
         self.inbound: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
         self.consumed: dict[tuple[int, int], int] = defaultdict(int)
         self.semaphores = {(r, s): [None] * v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
@@ -198,17 +197,17 @@ class _Machine:
         if not t.started and not self.hosts[(t.launch, t.rank)].started:
             return False  # the stream runs this launch after the host's work before it
         op = t.ops[t.pc]
-        if op.name == "wait":
+        if op.spec.device == "wait":
             need = defaultdict(int)
             for cid in op.channel_ids:
                 need[(t.rank, cid)] += 1
             return all(len(self.inbound[end]) >= self.consumed[end] + n for end, n in need.items())
-        if op.name == "sem_acquire":
+        if op.spec.device == "sem_acquire":
             need = defaultdict(int)
             for s in op.semaphore_ids:
                 need[s] += 1
             return all(len(self.semaphores[(t.rank, s)]) >= n for s, n in need.items())
-        if op.name == "barrier":  # arriving is the one effect of asking: the barrier opens once all arrived
+        if op.spec.device == "barrier":  # arriving is the one effect of asking: the barrier opens once all arrived
             arrived = self.arrivals[(t.rank, t.launch, op.barrier_id, t.barriers[op.barrier_id])]
             arrived.setdefault(self._index[id(t)], self._start(t).copy())
             return len(arrived) >= op.num_threadblocks
@@ -232,11 +231,11 @@ class _Machine:
     def blocked_reason(self, t: _Thread) -> str:
         op, gpu = t.ops[t.pc], self.plan.gpus[t.rank]
         peers = gpu.memory_peers
-        if op.name == "wait":
+        if op.spec.device == "wait":
             return f"{self.where(t)} waits on channel {op.channel_ids[0]} from rank {peers[op.channel_ids[0]]}"
-        if op.name == "sem_acquire":
+        if op.spec.device == "sem_acquire":
             return f"{self.where(t)} waits on semaphore {op.semaphore_ids[0]}"
-        if op.name == "barrier":
+        if op.spec.device == "barrier":
             return f"{self.where(t)} waits at barrier {op.barrier_id}"
         return f"{self.where(t)} waits for packets"
 
@@ -245,27 +244,27 @@ class _Machine:
         me = self._index[id(t)]
         self._start(t)
         t.vc[me] += 1
-        if op.name == "wait":
+        if op.spec.device == "wait":
             for cid in op.channel_ids:
                 end = (t.rank, cid)
                 np.maximum(t.vc, self.inbound[end][self.consumed[end]], out=t.vc)
                 self.consumed[end] += 1
-        elif op.name == "sem_acquire":
+        elif op.spec.device == "sem_acquire":
             for s in op.semaphore_ids:
                 released = self.semaphores[(t.rank, s)].pop(0)
                 if released is not None:  # None: a token of the semaphore's init_value
                     np.maximum(t.vc, released, out=t.vc)
-        elif op.name == "sem_release":
+        elif op.spec.device == "sem_release":
             for s in op.semaphore_ids:
                 self.semaphores[(t.rank, s)].append(t.vc.copy())
-        elif op.name == "barrier":
+        elif op.spec.device == "barrier":
             key = (t.rank, t.launch, op.barrier_id, t.barriers[op.barrier_id])
             for vc in self.arrivals[key].values():
                 np.maximum(t.vc, vc, out=t.vc)
             t.barriers[op.barrier_id] += 1
-        if op.name in ("put", "pws", "get", "copy", "re", "res", "rre", "rres") or op.name in PACKET_OPS:
+        if op.spec.buffers:
             self._move(t, me, op)
-        if op.name in ("signal", "pws"):
+        if op.spec.device == "signal" or op.spec.signals:
             for cid in op.channel_ids:
                 self.inbound[self.peer_end[(t.rank, cid)]].append(t.vc.copy())
         t.pc += 1
@@ -284,8 +283,7 @@ class _Machine:
         for ref in op.src_buff:
             rank, name, buf, sl = locate(ref)
             values.append(self._read(t, me, buf, sl, id(ref) in packet_src, rank, name, where, ref.index))
-        writes_packets = op.name in ("ppkt", "rppkt", "tpkt", "cpkt") or (op.name == "respkt")
-        if op.name in ("re", "res", "rre", "rres", "repkt", "respkt"):
+        if op.spec.reduces:
             total = values[0].copy()
             for v in values[1:]:
                 total = round_to(total + v, self.dtype)
@@ -300,7 +298,7 @@ class _Machine:
             results = values
         for ref, value in zip(op.dst_buff, results):
             rank, name, buf, sl = locate(ref)
-            packet = writes_packets and (ref.remote or op.name in ("tpkt", "cpkt"))
+            packet = op.spec.writes_packet(ref.remote)
             self._write(t, me, buf, sl, value, t.launch if packet else _PLAIN, rank, name, where, ref.index)
 
     def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str,
@@ -414,28 +412,7 @@ class _Machine:
 
 def _packet_sources(op: Op) -> list[BufferRef]:
     """The src entries an op reads as packets."""
-    if op.name in ("rppkt", "upkt", "cpkt"):
-        return list(op.src_buff)
-    if op.name in ("repkt", "respkt"):
-        return list(op.src_buff[1:])
-    return []
-
-
-def _pair_channels(plan: Plan) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, channel id) -> the paired (peer, channel id): the m-th channel a->b pairs with the m-th b->a."""
-    ends: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for r, g in enumerate(plan.gpus):
-        for cid, peer in enumerate(g.memory_peers):
-            ends[(r, peer)].append(cid)
-    pairs = {}
-    for (r, peer), cids in ends.items():
-        back = ends.get((peer, r), [])
-        for m, cid in enumerate(cids):
-            if m >= len(back):
-                raise PlanError(f"plan {plan.name}: gpus[{r}].channels: channel {cid} to rank {peer} has no "
-                                f"matching channel on rank {peer} (it lists {len(back)} to rank {r})")
-            pairs[(r, cid)] = (peer, back[m])
-    return pairs
+    return [ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)]
 
 
 def smallest_size(plan: Plan) -> int:

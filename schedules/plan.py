@@ -38,36 +38,13 @@ of the same GPU: ``sem_release`` adds one, ``sem_acquire`` blocks until the valu
 ``barrier`` (``barrier_id``, ``num_threadblocks``) blocks until that many thread blocks of the GPU reached
 their barrier with that id.
 
-Ops (``src``/``dst`` are the ``src_buff``/``dst_buff`` entries; pairwise ops need equal lengths and sizes)
---------------------------------------------------------------------------------------------------------
-========  ======================================================================================
-nop       nothing (a thread-block-local sync on the GPU)
-barrier   see above
-signal    signal on every channel in ``channel_ids``
-wait      wait on every channel in ``channel_ids``
-flush     nothing for memory channels (writes through memory channels are visible at the signal)
-put       copy local src[j] to remote dst[j] through channel ``channel_ids[j]``
-pws       put, then signal on the same channels
-get       copy remote src[j] (through ``channel_ids[j]``) to local dst[j]
-copy      copy local src[j] to local dst[j]
-re        sum of every src (local, equal sizes), written to every dst (local)
-res       re, also written to every remote dst (the k-th remote entry through ``channel_ids[k]``)
-rre       sum of every src, local or remote (the k-th remote src through ``channel_ids[k]``), to local dsts
-rres      rre, also written to every remote dst (channels: remote srcs first, then remote dsts)
-sem_acquire / sem_release   on every id in ``semaphore_ids``
-========  ======================================================================================
-Packet ops (LL). A packet range lives in a scratch buffer and carries the flag of the current launch, so
-a reader of packets waits for them itself and needs no signal:
-========  ======================================================================================
-ppkt      local plain src[j] -> remote scratch dst[j] as packets (``channel_ids[j]``)
-rppkt     local packets src[j] (waits for them) -> remote scratch dst[j] as packets
-tpkt      local plain src[j] -> local scratch dst[j] as packets
-upkt      local packets src[j] (waits for them) -> local plain dst[j]
-cpkt      local packets src[j] (waits for them) -> local scratch dst[j] as packets
-repkt     src[0] local plain + every later src as local packets (waits) -> every local plain dst
-respkt    repkt, also written as packets to every remote scratch dst (``channel_ids[k]``)
-========  ======================================================================================
-Reductions are sums in the element type; fp16 and bf16 round after every op.
+Ops
+---
+What every op means (which entries are remote, which pair up or are summed, which carry LL packets, how many
+channel ids it takes) is its row in the op table, ``schedules/ops.py``; the parser checks each op against it.
+A packet range lives in a scratch buffer and carries the flag of the current launch, so a reader of packets
+waits for them itself and needs no signal. Reductions are sums in the element type; fp16 and bf16 round after
+every op.
 
 A launch runs each plan once. Buffers, channel counters and semaphores carry over between launches, and a
 rank's launch k+1 follows only its own launch k (stream order), so a plan must itself keep a write into a peer
@@ -97,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
+from schedules.ops import OPS, OpSpec
 from topologies.errors import WeftError
 from topologies.jsonfile import Fields, read_json, write_text
 
@@ -109,11 +87,9 @@ REFUSED_CHANNEL_TYPES = {
     "switch": "switch (NVLS) channels need NVLink multicast, which weft never uses",
     "port": "port channels (proxy/DMA/RDMA) have no runtime in weft yet; use memory channels",
 }
-CHANNEL_OPS = frozenset({"signal", "wait", "flush", "put", "pws", "get", "res", "rre", "rres", "ppkt", "rppkt",
-                         "respkt"})
-PACKET_OPS = frozenset({"ppkt", "rppkt", "tpkt", "upkt", "cpkt", "repkt", "respkt"})
-BUFFER_OPS = frozenset({"put", "pws", "get", "copy", "re", "res", "rre", "rres"}) | PACKET_OPS
-OPS = frozenset({"nop", "barrier", "sem_acquire", "sem_release"}) | CHANNEL_OPS | BUFFER_OPS
+CHANNEL_OPS = frozenset(name for name, spec in OPS.items() if spec.channels)
+PACKET_OPS = frozenset(name for name, spec in OPS.items() if spec.packet)
+BUFFER_OPS = frozenset(name for name, spec in OPS.items() if spec.buffers)
 _OP_FIELDS = frozenset({"name", "channel_type", "channel_ids", "src_buff", "dst_buff", "semaphore_ids",
                         "barrier_id", "num_threadblocks", "reduce_op"})
 
@@ -151,6 +127,11 @@ class Op:
     semaphore_ids: tuple[int, ...] = ()
     barrier_id: int | None = None
     num_threadblocks: int | None = None
+
+    @property
+    def spec(self) -> OpSpec:
+        """The op's row in the op table (``schedules.ops``)."""
+        return OPS[self.name]
 
     def to_json(self) -> dict:
         doc: dict[str, Any] = {"name": self.name}
@@ -598,45 +579,13 @@ def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock,
     return BufferRef(index, size, type=doc["type"])
 
 
-_LOCAL_ONLY = frozenset({"copy", "re", "tpkt", "upkt", "cpkt", "repkt"})
-
-
 def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
-    """Op-specific structure: which entries are remote, which lists pair up, how many channels."""
-    n_remote = sum(b.remote for b in op.src_buff + op.dst_buff)
-    if op.name in BUFFER_OPS and (not op.src_buff or not op.dst_buff):
-        raise rd.fail(where, f"op {op.name!r} needs src_buff and dst_buff")
-    if op.name in _LOCAL_ONLY and n_remote:
-        raise rd.fail(where, f"op {op.name!r} reads and writes local buffers only")
-    if op.name in ("put", "pws", "ppkt", "rppkt", "get", "copy", "tpkt", "upkt", "cpkt"):
-        if len(op.src_buff) != len(op.dst_buff):
-            raise rd.fail(where, f"op {op.name!r} pairs src_buff and dst_buff: {len(op.src_buff)} vs "
-                                 f"{len(op.dst_buff)} entries")
-        for j, (s, d) in enumerate(zip(op.src_buff, op.dst_buff)):
-            if s.size != d.size:
-                raise rd.fail(f"{where}.dst_buff[{j}].size", f"{d.size} differs from src_buff[{j}].size {s.size}")
-    if op.name in ("put", "pws", "ppkt", "rppkt") and (any(b.remote for b in op.src_buff)
-                                                       or not all(b.remote for b in op.dst_buff)):
-        raise rd.fail(where, f"op {op.name!r} reads local src_buff entries and writes remote dst_buff entries")
-    if op.name == "get" and (not all(b.remote for b in op.src_buff) or any(b.remote for b in op.dst_buff)):
-        raise rd.fail(where, "op 'get' reads remote src_buff entries and writes local dst_buff entries")
-    if op.name in ("re", "res", "rre", "rres", "repkt", "respkt"):
-        sizes = {b.size for b in op.src_buff + op.dst_buff}
-        if len(sizes) != 1:
-            raise rd.fail(where, f"op {op.name!r} needs every src_buff and dst_buff entry of one size")
-        if op.name in ("res", "respkt") and any(b.remote for b in op.src_buff):
-            raise rd.fail(where, f"op {op.name!r} reads local src_buff entries only")
-        if op.name in ("repkt", "respkt") and len(op.src_buff) < 2:
-            raise rd.fail(where, f"op {op.name!r} needs a plain src_buff[0] and at least one packet entry")
-        if not any(not b.remote for b in op.dst_buff) and op.name in ("re", "rre", "repkt"):
-            raise rd.fail(where, f"op {op.name!r} writes at least one local dst_buff entry")
-    if op.name in CHANNEL_OPS - {"flush"}:
-        need = n_remote if op.name not in ("signal", "wait") else max(len(op.channel_ids), 1)
-        if len(op.channel_ids) != need:
-            raise rd.fail(f"{where}.channel_ids", f"op {op.name!r} needs {need} channel id(s), one per remote "
-                                                  f"entry, got {len(op.channel_ids)}")
-    if op.name in ("sem_acquire", "sem_release") and not op.semaphore_ids:
-        raise rd.fail(f"{where}.semaphore_ids", f"op {op.name!r} needs at least one semaphore id")
+    """Op-specific structure, as the op table says: which entries are remote, which pair up, how many channels."""
+    field, why = op.spec.shape_error([(b.remote, b.size) for b in op.src_buff],
+                                     [(b.remote, b.size) for b in op.dst_buff],
+                                     len(op.channel_ids), len(op.semaphore_ids))
+    if why:
+        raise rd.fail(f"{where}.{field}" if field else where, why)
 
 
 def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[int, str]:
@@ -651,8 +600,31 @@ def op_channels(op: Op) -> list[tuple[BufferRef, int]]:
     return list(zip(remote, op.channel_ids))
 
 
+def channel_pairs(plan: Plan) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, channel id) -> the paired (peer, channel id): the m-th channel a->b pairs with the m-th b->a.
+
+    The one statement of the pairing rule: the parser checks it, both executors signal through it."""
+    ends: dict[tuple[int, int], list[int]] = {}
+    for r, g in enumerate(plan.gpus):
+        for cid, peer in enumerate(g.memory_peers):
+            ends.setdefault((r, peer), []).append(cid)
+    pairs = {}
+    for (r, peer), cids in ends.items():
+        back = ends.get((peer, r), [])
+        for m, cid in enumerate(cids):
+            if m >= len(back):
+                raise PlanError(f"plan {plan.name}: gpus[{r}].channels: channel {cid} to rank {peer} has no "
+                                f"matching channel on rank {peer} (it lists {len(back)} to rank {r})")
+            pairs[(r, cid)] = (peer, back[m])
+    return pairs
+
+
 def _check_pairing(rd: _Reader, plan: Plan) -> None:
-    """Remote entries must go through a channel to the rank that owns the buffer."""
+    """Channels pair up (``channel_pairs``); remote entries go through a channel to the rank owning the buffer."""
+    try:
+        channel_pairs(plan)
+    except PlanError as e:
+        raise rd.fail("gpus", str(e).split(": ", 1)[1]) from None
     for r, gpu in enumerate(plan.gpus):
         peers = gpu.memory_peers
         for t, tb in enumerate(gpu.threadblocks):

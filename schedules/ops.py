@@ -1,0 +1,158 @@
+"""The op table: what every plan op means, in one place.
+
+Each row (an ``OpSpec``) says, for one op name as it appears in a plan file, which of its buffer entries live on
+a peer, whether its entries pair up (src[j] -> dst[j]) or are summed, which entries carry LL packets, how many
+channel ids it takes, whether it signals, waits or touches semaphores, and which device op the GPU interpreter
+runs for it. The plan parser (``schedules.plan``) checks an op's shape against its row, codegen names a channel
+type from it, the CPU reference executor and the GPU tables (``executor.reference``, ``executor.gpu_tables``)
+run it from it. A new op is one row here plus, where its device kind is new, kernel code.
+
+Channel-id arity (``channels``):
+
+- ``NO_CHANNELS``: the op takes no ``channel_type`` / ``channel_ids``;
+- ``LISTED``: at least one channel id; the op acts on every listed channel (signal, wait);
+- ``PER_REMOTE``: one channel id per remote entry, remote srcs first, then remote dsts (``op_channels``);
+- ``ANY_CHANNELS``: any number of ids, none needed (flush on memory channels does nothing).
+
+>>> OPS["put"].src, OPS["put"].dst, OPS["put"].pairwise, OPS["put"].channels
+('local', 'remote', True, 'per_remote')
+>>> sorted(name for name, spec in OPS.items() if spec.packet)
+['cpkt', 'ppkt', 'repkt', 'respkt', 'rppkt', 'tpkt', 'upkt']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+LOCAL, REMOTE, ANY = "local", "remote", "any"  # where an op's src (or dst) entries live
+NO_CHANNELS, LISTED, PER_REMOTE, ANY_CHANNELS = "", "listed", "per_remote", "any"
+NO_PACKETS, ALL_PACKETS, PACKETS_AFTER_FIRST, REMOTE_PACKETS = "", "all", "after_first", "remote"
+
+# Device op kinds: what the interpreter kernel runs (kNop.. in executor/cuda/channel.cuh, in this order).
+DEVICE_KINDS = ("nop", "barrier", "signal", "wait", "flush", "transfer", "sem_acquire", "sem_release")
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op's meaning. ``src``/``dst``: where its entries live (LOCAL, REMOTE or ANY)."""
+
+    name: str  # the wire name in plan files
+    doc: str
+    device: str  # the device kind it runs as (DEVICE_KINDS); "transfer" ops move data
+    channels: str = NO_CHANNELS
+    buffers: bool = False  # needs src_buff and dst_buff
+    src: str = LOCAL
+    dst: str = LOCAL
+    pairwise: bool = False  # src[j] -> dst[j]: equal counts and sizes
+    reduces: bool = False  # the sum of every src, written to every dst: every entry of one size
+    min_src: int = 0
+    local_dst: bool = False  # writes at least one local dst
+    packet_src: str = NO_PACKETS  # which srcs it reads as packets (waiting for them): all or all but src[0]
+    packet_dst: str = NO_PACKETS  # which dsts it writes as packets: all or the remote ones
+    signals: bool = False  # signals on its channel ids after its data (besides the "signal" device kind)
+    semaphores: bool = False  # acts on semaphore_ids (at least one)
+
+    @property
+    def packet(self) -> bool:
+        return bool(self.packet_src or self.packet_dst)
+
+    @property
+    def local_only(self) -> bool:
+        return self.buffers and self.src == LOCAL and self.dst == LOCAL
+
+    def reads_packet(self, k: int) -> bool:
+        """Whether src entry k is read as packets."""
+        return self.packet_src == ALL_PACKETS or (self.packet_src == PACKETS_AFTER_FIRST and k > 0)
+
+    def writes_packet(self, remote: bool) -> bool:
+        """Whether a dst entry (remote or local) is written as packets."""
+        return self.packet_dst == ALL_PACKETS or (self.packet_dst == REMOTE_PACKETS and remote)
+
+    def shape_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]], nchannels: int,
+                    nsemaphores: int) -> tuple[str, str]:
+        """('', '') when an op of this kind with these entries ((remote, size) each) is well formed, else (the
+        field under the op that is wrong, or '', and why)."""
+        name = self.name
+        n_remote = sum(r for r, _ in srcs + dsts)
+        if self.buffers and (not srcs or not dsts):
+            return "", f"op {name!r} needs src_buff and dst_buff"
+        if self.local_only and n_remote:
+            return "", f"op {name!r} reads and writes local buffers only"
+        if self.pairwise:
+            if len(srcs) != len(dsts):
+                return "", f"op {name!r} pairs src_buff and dst_buff: {len(srcs)} vs {len(dsts)} entries"
+            for j, ((_, s), (_, d)) in enumerate(zip(srcs, dsts)):
+                if s != d:
+                    return f"dst_buff[{j}].size", f"{d} differs from src_buff[{j}].size {s}"
+        if self.buffers and not self.local_only:
+            wrong_src = self.src != ANY and any(r != (self.src == REMOTE) for r, _ in srcs)
+            wrong_dst = self.dst != ANY and any(r != (self.dst == REMOTE) for r, _ in dsts)
+            if wrong_src or wrong_dst:
+                parts = ([f"reads {self.src} src_buff entries"] if self.src != ANY else []) + (
+                    [f"writes {self.dst} dst_buff entries"] if self.dst != ANY else [])
+                return "", f"op {name!r} {' and '.join(parts)}{' only' if len(parts) == 1 else ''}"
+        if self.reduces and len({s for _, s in srcs + dsts}) != 1:
+            return "", f"op {name!r} needs every src_buff and dst_buff entry of one size"
+        if len(srcs) < self.min_src:
+            return "", f"op {name!r} needs a plain src_buff[0] and at least one packet entry"
+        if self.local_dst and all(r for r, _ in dsts):
+            return "", f"op {name!r} writes at least one local dst_buff entry"
+        if self.channels in (LISTED, PER_REMOTE):
+            need = n_remote if self.channels == PER_REMOTE else max(nchannels, 1)
+            if nchannels != need:
+                return "channel_ids", (f"op {name!r} needs {need} channel id(s), one per remote entry, "
+                                       f"got {nchannels}")
+        if self.semaphores and not nsemaphores:
+            return "semaphore_ids", f"op {name!r} needs at least one semaphore id"
+        return "", ""
+
+
+def _table(*specs: OpSpec) -> MappingProxyType:
+    return MappingProxyType({s.name: s for s in specs})
+
+
+_COPY = dict(device="transfer", buffers=True, pairwise=True)
+_SEND = dict(_COPY, channels=PER_REMOTE, dst=REMOTE)
+_REDUCE = dict(device="transfer", buffers=True, reduces=True)
+
+OPS = _table(
+    OpSpec("nop", "nothing (a thread-block-local sync on the GPU)", "nop"),
+    OpSpec("barrier", "wait until num_threadblocks thread blocks of the GPU reached barrier barrier_id", "barrier"),
+    OpSpec("signal", "signal on every channel in channel_ids", "signal", channels=LISTED),
+    OpSpec("wait", "wait on every channel in channel_ids", "wait", channels=LISTED),
+    OpSpec("flush", "nothing for memory channels (their writes are visible at the signal)", "flush",
+           channels=ANY_CHANNELS),
+    OpSpec("sem_acquire", "take one from every semaphore in semaphore_ids (waiting while it is 0)", "sem_acquire",
+           semaphores=True),
+    OpSpec("sem_release", "add one to every semaphore in semaphore_ids", "sem_release", semaphores=True),
+    OpSpec("put", "copy local src[j] to remote dst[j] through channel_ids[j]", **_SEND),
+    OpSpec("pws", "put, then signal on the same channels", **_SEND, signals=True),
+    OpSpec("get", "copy remote src[j] (through channel_ids[j]) to local dst[j]", **dict(
+        _COPY, channels=PER_REMOTE, src=REMOTE)),
+    OpSpec("copy", "copy local src[j] to local dst[j]", **_COPY),
+    OpSpec("re", "sum of every local src, written to every local dst", **_REDUCE, local_dst=True),
+    OpSpec("res", "re, also written to every remote dst (the k-th through channel_ids[k])", **_REDUCE,
+           channels=PER_REMOTE, dst=ANY),
+    OpSpec("rre", "sum of every src, local or remote (the k-th remote through channel_ids[k]), to local dsts",
+           **_REDUCE, channels=PER_REMOTE, src=ANY, dst=ANY, local_dst=True),
+    OpSpec("rres", "rre, also written to every remote dst (channels: remote srcs first, then remote dsts)",
+           **_REDUCE, channels=PER_REMOTE, src=ANY, dst=ANY),
+    OpSpec("ppkt", "local plain src[j] -> remote scratch dst[j] as packets (channel_ids[j])", **_SEND,
+           packet_dst=ALL_PACKETS),
+    OpSpec("rppkt", "local packets src[j] (waits for them) -> remote scratch dst[j] as packets", **_SEND,
+           packet_src=ALL_PACKETS, packet_dst=ALL_PACKETS),
+    OpSpec("tpkt", "local plain src[j] -> local scratch dst[j] as packets", **_COPY, packet_dst=ALL_PACKETS),
+    OpSpec("upkt", "local packets src[j] (waits for them) -> local plain dst[j]", **_COPY,
+           packet_src=ALL_PACKETS),
+    OpSpec("cpkt", "local packets src[j] (waits for them) -> local scratch dst[j] as packets", **_COPY,
+           packet_src=ALL_PACKETS, packet_dst=ALL_PACKETS),
+    OpSpec("repkt", "src[0] local plain + every later src as local packets (waits) -> every local plain dst",
+           **_REDUCE, min_src=2, local_dst=True, packet_src=PACKETS_AFTER_FIRST),
+    OpSpec("respkt", "repkt, also written as packets to every remote scratch dst (channel_ids[k])", **_REDUCE,
+           channels=PER_REMOTE, dst=ANY, min_src=2, packet_src=PACKETS_AFTER_FIRST, packet_dst=REMOTE_PACKETS),
+)
+
+
+def op_spec(name: str) -> OpSpec:
+    return OPS[name]

@@ -1,0 +1,87 @@
+"""The op table (schedules/ops.py) is the one statement of what each op means, and the kernel's tables follow it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from executor import gpu_tables
+from schedules import plan as plan_module
+from schedules.ops import DEVICE_KINDS, OPS
+from schedules.plan import PlanError, channel_pairs, load_plan, parse_plan
+
+ROOT = Path(__file__).parent
+CUDA = ROOT.parent / "executor" / "cuda"
+
+
+def test_device_kinds_match_the_kernels_op_types():
+    source = (CUDA / "channel.cuh").read_text()
+    enum = re.search(r"enum OpType : int \{([^}]*)\}", source).group(1)
+    codes = {name: int(v) for name, v in re.findall(r"k(\w+) = (\d+)", enum)}
+    want = {"".join(part.title() for part in kind.split("_")): code for kind, code in gpu_tables.DEVICE_CODES.items()}
+    assert codes == want and list(gpu_tables.DEVICE_CODES) == list(DEVICE_KINDS)
+
+
+def test_kernel_parameters_match_the_interpreter_signature():
+    source = (CUDA / "interpreter.cu").read_text()
+    body = re.search(r"NAME\((.*?)WEFT_TRACE_PARAM\)", source, re.S).group(1)
+    params = [" ".join(p.replace("\\", " ").split()) for p in body.split(",") if p.strip(" \\\n")]
+    declared = [(p.rsplit(" ", 1)[1], p.rsplit(" ", 1)[0]) for p in params]
+    assert declared == list(gpu_tables.KERNEL_PARAMS)
+    trace = re.search(r"#define WEFT_TRACE_PARAM , (.*)", source).group(1).split()
+    assert (trace[1], trace[0]) == gpu_tables.TRACE_PARAM
+    context = re.search(r"const weft::Context c\{(.*?)\};", source, re.S).group(1)
+    order = [w.strip(" \\\n") for w in context.replace("WEFT_TRACE_ARG", "").split(",")]
+    assert order == [n for n, _ in gpu_tables.KERNEL_PARAMS]
+
+
+def test_kernel_args_follow_the_layout_and_types():
+    values = {name: k + 1 for k, (name, _) in enumerate(gpu_tables.KERNEL_PARAMS)}
+    args = gpu_tables.kernel_args(**values)
+    assert [int(a) for a in args] == list(range(1, len(values) + 1))
+    assert [type(a).__name__ for a in args][-5:] == ["uint64", "int32", "int64", "int32", "int32"]
+    swapped = gpu_tables.with_kernel_args(args, tb_start=99)
+    assert int(swapped[1]) == 99 and swapped[0] == args[0]
+    with pytest.raises(Exception, match="missing or unknown"):
+        gpu_tables.kernel_args(**{k: v for k, v in values.items() if k != "rank"})
+
+
+def test_derived_op_sets():
+    assert plan_module.PACKET_OPS == {"ppkt", "rppkt", "tpkt", "upkt", "cpkt", "repkt", "respkt"}
+    assert plan_module.CHANNEL_OPS == {"signal", "wait", "flush", "put", "pws", "get", "res", "rre", "rres", "ppkt",
+                                       "rppkt", "respkt"}
+    assert {n for n, s in OPS.items() if s.local_only} == {"copy", "re", "tpkt", "upkt", "cpkt", "repkt"}
+    assert all(spec.device in DEVICE_KINDS for spec in OPS.values())
+
+
+@pytest.mark.parametrize("name,srcs,dsts,nch,msg", [
+    ("put", [(True, 1)], [(True, 1)], 1, "reads local src_buff entries and writes remote dst_buff entries"),
+    ("get", [(False, 1)], [(False, 1)], 0, "reads remote src_buff entries and writes local dst_buff entries"),
+    ("res", [(True, 1)], [(False, 1)], 1, "reads local src_buff entries only"),
+    ("copy", [(False, 1)], [(True, 1)], 0, "local buffers only"),
+    ("copy", [(False, 1)], [(False, 2)], 0, "differs from src_buff"),
+    ("repkt", [(False, 1)], [(False, 1)], 0, "at least one packet entry"),
+    ("rre", [(True, 1)], [(True, 1)], 2, "at least one local dst_buff"),
+    ("put", [(False, 1)], [(True, 1)], 0, "needs 1 channel id"),
+    ("signal", [], [], 0, "needs 1 channel id"),
+    ("sem_release", [], [], 0, "semaphore id"),
+])
+def test_shape_errors_come_from_the_table(name, srcs, dsts, nch, msg):
+    assert msg in OPS[name].shape_error(srcs, dsts, nch, 0)[1]
+
+
+def test_unpaired_channel_is_one_plan_error():
+    doc = {"name": "x", "collective": "allgather", "protocol": "Simple", "gpus": [
+        {"id": r, "input_chunks": 1, "output_chunks": 2, "channels": [{"channel_type": "memory",
+                                                                      "connected_to": [1 - r] * (r + 1)}],
+         "threadblocks": [{"id": 0, "ops": []}]} for r in range(2)]}
+    with pytest.raises(PlanError, match=r"x.json: gpus: .*channel 1 to rank 0 has no matching channel on rank 0"):
+        parse_plan(doc, "x.json")
+
+
+def test_pairs_are_symmetric():
+    pairs = channel_pairs(load_plan(ROOT / "gpu" / "plans" / "allreduce-twoshot-simple-x8.json"))
+    for (rank, cid), (peer, back) in pairs.items():
+        assert pairs[(peer, back)] == (rank, cid)
