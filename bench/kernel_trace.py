@@ -54,14 +54,14 @@ def main() -> None:
     import torch.distributed as dist
 
     from executor import gpu_bootstrap
-    from executor.communicator import Communicator
+    from executor.communicator import PlanExecutor
     from schedules.registry import Registry
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
-    comm = Communicator(rank, dist.get_world_size(), gpu_bootstrap.process_group_store(None), trace=True)
+    comm = PlanExecutor(rank, dist.get_world_size(), gpu_bootstrap.process_group_store(None), trace=True)
     rows = []
     for name, nbytes, lines in LINE_CASES if args.lines else CASES:
         plan = plans[name]

@@ -56,14 +56,11 @@ class Placement:
     def _physical(self, rank: int, type: str, index: int) -> Loc:
         if not self.inplace:
             return Loc(rank, type, index)
-        name, big = self.collective.name, "o" if self.output_chunks >= self.input_chunks else "i"
+        big = "o" if self.output_chunks >= self.input_chunks else "i"
         if type == big:
             return Loc(rank, type, index)
-        if name in ("allgather", "gather"):
-            return Loc(rank, big, rank * self.input_chunks + index)
-        if name in ("reducescatter", "scatter"):
-            return Loc(rank, big, rank * self.output_chunks + index)
-        return Loc(rank, big, index)
+        offsets = self.collective.inplace_offsets(rank, self.input_chunks, self.output_chunks)
+        return Loc(rank, big, offsets[type == "o"] + index)
 
     def input_loc(self, rank: int, chunk: int) -> Loc | None:
         """Where ``chunk`` sits in rank's input buffer, when rank holds it there at the start."""

@@ -12,7 +12,7 @@ _EXPORTS = {
     "run_reference": ("executor.reference", "run_reference"),
     "check_plan": ("executor.reference", "check_plan"),
     "Communicator": ("executor.inference", "Communicator"),  # the plan executor plus torch.distributed's API
-    "PlanCommunicator": ("executor.communicator", "Communicator"),
+    "PlanExecutor": ("executor.communicator", "PlanExecutor"),  # its core, for tools that run plans only
     "WeftBackend": ("executor.backend", "WeftBackend"),
     "ExecutorTimeout": ("executor.errors", "ExecutorTimeout"),
 }

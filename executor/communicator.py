@@ -1,6 +1,7 @@
-"""The GPU executor's host side: one Communicator per process and GPU, running Plans on torch or CuPy buffers.
+"""The GPU executor's host side: one PlanExecutor per process and GPU (the core of executor.Communicator),
+running Plans on torch or CuPy buffers.
 
-    comm = Communicator(rank, world_size)          # TCPStore from MASTER_ADDR/MASTER_PORT
+    comm = PlanExecutor(rank, world_size)          # TCPStore from MASTER_ADDR/MASTER_PORT
     out = comm.execute(plan, x)                    # on the caller's current stream
     comm.synchronize()                             # raises ExecutorTimeout if a wait ran past its bound
 
@@ -143,8 +144,9 @@ def binding_verdict(why: str, collective: bool, all_gather: Callable[[str, Any],
     return next((v for v in verdicts if v), "")
 
 
-class Communicator:
-    """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes."""
+class PlanExecutor:
+    """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes: the core of
+    ``executor.Communicator`` (executor.inference), which adds torch.distributed's API and the registry's plans."""
 
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
                  timeout_s: float = 30.0, programmatic: bool = True, trace: bool = False, ll128: bool = False):
@@ -198,7 +200,7 @@ class Communicator:
 
     @classmethod
     def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True,
-                           ll128: bool = False) -> "Communicator":
+                           ll128: bool = False) -> "PlanExecutor":
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
 
@@ -237,7 +239,7 @@ class Communicator:
         return ctx.output
 
     @contextmanager
-    def capture(self) -> Iterator["Communicator"]:
+    def capture(self) -> Iterator["PlanExecutor"]:
         """A block for CUDA graph captures with zero-copy executions; leaving it registers their buffers.
 
         Enter it before the captures and leave it before the first replay: a graph replayed earlier runs
@@ -404,12 +406,8 @@ class Communicator:
         """(input, output) addresses; in-place plans keep the smaller buffer inside the larger one."""
         if not plan.inplace:
             return buf.pointer, out.pointer
-        slice_of = {"allgather": ("i", tables.input_bytes), "gather": ("i", tables.input_bytes),
-                    "reducescatter": ("o", tables.output_bytes), "scatter": ("o", tables.output_bytes)}
-        inner, size = slice_of.get(plan.collective, ("", 0))
-        offset = self.rank * size
-        return (buf.pointer + offset if inner == "i" else buf.pointer,
-                buf.pointer + offset if inner == "o" else buf.pointer)
+        offset_i, offset_o = plan.collective_spec().inplace_offsets(self.rank, tables.input_bytes, tables.output_bytes)
+        return buf.pointer + offset_i, buf.pointer + offset_o
 
     def _allocate_output(self, input: Any, buf: _Buffer, nbytes: int) -> Any:
         if buf.framework == "torch":

@@ -35,4 +35,5 @@ class PeerLost(ExecutorTimeout):
 
 
 class WrongResult(CheckFailed):
-    """The executor's result differs from NCCL's."""
+    """A plan ran to completion but computed something other than its collective: in the reference executor
+    (against numpy's definition) or on GPUs (against NCCL's result)."""

@@ -14,11 +14,9 @@ from typing import Any, Callable
 
 from executor.errors import ExecutorError
 from executor.gpu_tables import lines_possible
+from schedules.collectives import Collective
 from schedules.plan import Plan
 
-BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-              "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-              "broadcast": lambda n: 1.0}
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -38,9 +36,10 @@ def _buffers(collective: str, nbytes: int, world: int, dtype, device):
     import torch
 
     esize = torch.tensor([], dtype=dtype).element_size()
-    n_in = nbytes // esize // (world if collective == "allgather" else 1)
+    facts = Collective(collective, world)
+    n_in = int(nbytes * facts.input_fraction) // esize
     x = torch.randn(n_in, device=device, dtype=torch.float32).to(dtype)
-    n_out = {"allgather": n_in * world, "reducescatter": n_in // world}.get(collective, n_in)
+    n_out = int(nbytes * facts.output_fraction) // esize
     out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, device=device, dtype=dtype)
     return x, out
 
@@ -109,7 +108,8 @@ def nccl_result(collective: str, x, world: int):
     """NCCL's result for this rank's input x, on fresh buffers."""
     import torch
 
-    n_out = {"allgather": x.numel() * world, "reducescatter": x.numel() // world}.get(collective, x.numel())
+    facts = Collective(collective, world)
+    n_out = int(x.numel() * facts.output_fraction / facts.input_fraction)
     out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, dtype=x.dtype,
                                                                                  device=x.device)
     _nccl(collective, x, out)()
@@ -236,7 +236,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         algbw = nbytes / (weft_us * 1e3) if weft_us else None
         rows.append({
             "size": nbytes, "nccl_us": med["nccl"], "symm_us": min(symm) if symm else None, "weft_us": weft_us,
-            "algbw": algbw, "busbw": algbw * BUS_FACTOR[config.collective](world) if algbw else None,
+            "algbw": algbw, "busbw": algbw * Collective(config.collective, world).bus_factor if algbw else None,
             "speedup": med["nccl"] / weft_us if weft_us else None, "wrong": wrong,
             "plan": best[5:] if best else None, "plan_hash": plan_hash, "lines": bool(best and runnable[best][1]),
             "raw_us": raw, "median_us": med,

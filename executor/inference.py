@@ -17,7 +17,7 @@ runs the plan staging to staging and copies the result out; a producer that writ
 (logged), or is prepared beforehand with ``capture(sizes=...)``.
 
 CUDA graphs, zero-copy: graphs captured inside ``with comm.capture():`` run the plan on the captured tensors
-themselves (``PlanCommunicator.execute_captured``), through the size's context, and leaving the block registers
+themselves (``PlanExecutor.execute_captured``), through the size's context, and leaving the block registers
 them on every rank before any replay (vLLM's graph buffer registration). The chosen plans write peers only in
 their scratch, so no peer maps a captured tensor and tensors from expandable segments bind too; a plan whose
 peers map the tensors would exchange their IPC handles at registration, and any tensor that cannot be shared
@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from executor import gpu_bootstrap, gpu_ipc
 from executor import torch_ops
-from executor.communicator import Communicator as PlanCommunicator
+from executor.communicator import PlanExecutor
 from executor.torch_plans import PlanChoice
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
@@ -57,7 +57,7 @@ DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 STAGING_BYTES = 8 << 20
 
 
-class Communicator(PlanCommunicator):
+class Communicator(PlanExecutor):
     """A plan executor with torch.distributed's collective API, falling back to NCCL where weft has no plan."""
 
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
@@ -167,7 +167,7 @@ class Communicator(PlanCommunicator):
         if not self._started:  # NCCL throughout: nothing to register
             yield self
             return
-        with PlanCommunicator.capture(self):
+        with PlanExecutor.capture(self):
             for nbytes in sizes:
                 self.prepare("allreduce", nbytes, dtype)
                 if residual:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from executor.errors import WrongResult  # noqa: F401 (raised here; callers import it from either module)
 from schedules.collectives import Collective
 from schedules.plan import CHUNK_GRANULE, BufferRef, Op, Plan, PlanError, channel_pairs, remote_target
 from topologies.errors import CheckFailed
@@ -44,10 +45,6 @@ DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 BUFFER_NAMES = {"i": "input", "o": "output", "s": "scratch"}
 _NEVER = -2  # the writer id of a slot nobody wrote
 _PLAIN = -1  # the flag of a slot holding plain data (a packet slot holds the launch that wrote it)
-
-
-class WrongResult(CheckFailed):
-    """The plan ran to completion but computed something other than the collective."""
 
 
 class PlanDeadlock(CheckFailed):
@@ -178,8 +175,7 @@ class _Machine:
             return
         # in place: the smaller buffer is the rank's slice of the larger one (see schedules.plan)
         self.buffers[(rank, "io")] = _Buffer.make(max(ichunks, ochunks), e)
-        offset_i = rank * ichunks if name in ("allgather", "gather") else 0
-        offset_o = rank * ochunks if name in ("reducescatter", "scatter") else 0
+        offset_i, offset_o = self.plan.collective_spec().inplace_offsets(rank, ichunks, ochunks)
         self.alias[(rank, "i")], self.alias[(rank, "o")] = ("io", offset_i), ("io", offset_o)
 
     def slots(self, rank: int, type: str, ref: BufferRef, where: str, launch: int = 0) -> tuple[_Buffer, slice]:

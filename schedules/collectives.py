@@ -27,6 +27,7 @@ buffer; the message size in nccl-tests terms spans ``size_chunks`` chunks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from topologies.errors import WeftError
 
@@ -34,6 +35,11 @@ NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gath
 MAX_CHUNKS = 1 << 24  # global chunks: far beyond any schedule weft makes, but a corrupt count cannot allocate gigabytes
 COMBINING = frozenset({"reducescatter", "allreduce", "reduce"})
 ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
+INPUT_IS_SLICE = frozenset({"allgather", "gather"})  # in place: the input is the rank's slice of the output
+OUTPUT_IS_SLICE = frozenset({"reducescatter", "scatter"})  # in place: the output is the rank's slice of the input
+ONE_SLICE = frozenset({"broadcast", "reduce"})  # the message is one slice, not one per rank
+DUALS = {"allgather": "reducescatter", "reducescatter": "allgather", "broadcast": "reduce", "reduce": "broadcast",
+         "gather": "scatter", "scatter": "gather", "allreduce": "allreduce", "alltoall": "alltoall"}
 
 
 class CollectiveError(WeftError):
@@ -70,10 +76,63 @@ class Collective:
         return self.name in ROOTED
 
     @property
+    def input_is_slice(self) -> bool:
+        """Whether a rank's input is its own slice of the output (allgather, gather): in place, the input
+        buffer lies inside the output at ``rank × input size``."""
+        return self.name in INPUT_IS_SLICE
+
+    @property
+    def output_is_slice(self) -> bool:
+        """Whether a rank's output is its own slice of the input (reducescatter, scatter): in place, the output
+        buffer lies inside the input at ``rank × output size``."""
+        return self.name in OUTPUT_IS_SLICE
+
+    def inplace_offsets(self, rank: int, input_size: int, output_size: int) -> tuple[int, int]:
+        """Where the input and the output start inside an in-place call's one buffer (any unit: chunks, bytes),
+        given each buffer's size in that unit: the smaller buffer is the rank's slice of the larger one.
+
+        >>> Collective("allgather", 4).inplace_offsets(2, 3, 12), Collective("allreduce", 4).inplace_offsets(2, 8, 8)
+        ((6, 0), (0, 0))
+        """
+        return (rank * input_size if self.input_is_slice else 0, rank * output_size if self.output_is_slice else 0)
+
+    @property
+    def input_fraction(self) -> Fraction:
+        """A rank's input buffer as a fraction of the message size (nccl-tests terms)."""
+        return Fraction(len(self.input_map(0)), self.size_chunks)
+
+    @property
+    def output_fraction(self) -> Fraction:
+        """A rank's output buffer as a fraction of the message size (nccl-tests terms)."""
+        return Fraction(len(self.output_map(0)), self.size_chunks)
+
+    @property
+    def message_parts(self) -> int:
+        """The equal parts of a message whose positions matter: one per rank for the collectives that move
+        slices (a rank's own input or output), 1 for the element-wise allreduce and for broadcast and reduce.
+        A message that is a whole number of parts runs padded: each part staged at a larger part's place."""
+        return 1 if self.name in ONE_SLICE or self.name == "allreduce" else self.nranks
+
+    @property
+    def bus_factor(self) -> float:
+        """nccl-tests' busbw/algbw ratio: 2(n-1)/n for allreduce, 1 for broadcast and reduce, else (n-1)/n."""
+        n = self.nranks
+        if self.name == "allreduce":
+            return 2 * (n - 1) / n
+        return 1.0 if self.name in ONE_SLICE else (n - 1) / n
+
+    @property
+    def dual(self) -> "Collective":
+        """The collective that this one's schedules become with every send reversed (and copies made
+        reductions, or reductions copies): allgather <-> reducescatter, broadcast <-> reduce, gather <-> scatter;
+        allreduce and alltoall are their own duals."""
+        return Collective(DUALS[self.name], self.nranks, self.chunks, self.root)
+
+    @property
     def nchunks(self) -> int:
         """Global chunk count."""
         n, c = self.nranks, self.chunks
-        if self.name in ("broadcast", "reduce"):
+        if self.name in ONE_SLICE:
             return c
         if self.name == "alltoall":
             return n * n * c
@@ -83,7 +142,7 @@ class Collective:
     def size_chunks(self) -> int:
         """Chunks in the nccl-tests message size (the larger of a rank's input and output buffer)."""
         n, c = self.nranks, self.chunks
-        return c if self.name in ("broadcast", "reduce") else n * c
+        return c if self.name in ONE_SLICE else n * c
 
     def chunk_bytes(self, nbytes: float) -> float:
         return nbytes / self.size_chunks
@@ -94,7 +153,7 @@ class Collective:
     def precondition(self, rank: int) -> frozenset[int]:
         """Chunks that rank holds at the start (for combining collectives: its contributions)."""
         name, everything = self.name, range(self.nchunks)
-        if name in ("allgather", "gather"):
+        if name in INPUT_IS_SLICE:
             return frozenset(self._own(rank))
         if name in COMBINING:
             return frozenset(everything)
@@ -108,7 +167,7 @@ class Collective:
         name, everything = self.name, frozenset(range(self.nchunks))
         if name in ("allgather", "allreduce", "broadcast"):
             return everything
-        if name in ("reducescatter", "scatter"):
+        if name in OUTPUT_IS_SLICE:
             return frozenset(self._own(rank))
         if name in ("reduce", "gather"):
             return everything if rank == self.root else frozenset()
@@ -118,7 +177,7 @@ class Collective:
     def input_map(self, rank: int) -> tuple[int, ...]:
         """The chunk at each index of rank's input buffer."""
         n, c, name = self.nranks, self.chunks, self.name
-        if name in ("allgather", "gather"):
+        if name in INPUT_IS_SLICE:
             return tuple(self._own(rank))
         if name == "alltoall":
             return tuple((rank * n + d) * c + j for d in range(n) for j in range(c))
@@ -127,7 +186,7 @@ class Collective:
     def output_map(self, rank: int) -> tuple[int, ...]:
         """The chunk at each index of rank's output buffer."""
         n, c, name = self.nranks, self.chunks, self.name
-        if name in ("reducescatter", "scatter"):
+        if name in OUTPUT_IS_SLICE:
             return tuple(self._own(rank))
         if name == "alltoall":
             return tuple((s * n + rank) * c + j for s in range(n) for j in range(c))

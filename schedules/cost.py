@@ -179,12 +179,7 @@ def busbw(collective: Collective, nbytes: float, time_us: float) -> float:
 
 def bus_factor(collective: Collective) -> float:
     """nccl-tests' busbw/algbw ratio: 2(n-1)/n for allreduce, 1 for broadcast and reduce, else (n-1)/n."""
-    n = collective.nranks
-    if collective.name == "allreduce":
-        return 2 * (n - 1) / n
-    if collective.name in ("broadcast", "reduce"):
-        return 1.0
-    return (n - 1) / n
+    return collective.bus_factor
 
 
 def _check_size(nbytes: float) -> None:

@@ -27,7 +27,7 @@ SIZES = tuple(1 << k for k in range(10, 31))  # 1 KB .. 1 GB
 
 
 @dataclass(frozen=True)
-class FrontierPoint:
+class SizeBand:
     """``schedule`` is the fastest candidate for every size in [min_bytes, max_bytes]."""
 
     min_bytes: int
@@ -59,21 +59,21 @@ def candidates(topology: Topology, collective: Collective, chunk_options: Iterab
     return list(found.values())
 
 
-def frontier(schedules: Iterable[Schedule], topology: Topology, sizes: tuple[int, ...] = SIZES) -> list[FrontierPoint]:
+def frontier(schedules: Iterable[Schedule], topology: Topology, sizes: tuple[int, ...] = SIZES) -> list[SizeBand]:
     """The fastest schedule per size range, in increasing size."""
     pool = list(schedules)
     if not pool:
         raise SynthesisError("pareto: no candidate schedule exists for this topology and collective")
     times = {s.content_hash: {n: predict_us(s, topology, n) for n in sizes} for s in pool}
-    points: list[FrontierPoint] = []
+    points: list[SizeBand] = []
     for n in sizes:
         best = min(pool, key=lambda s: (times[s.content_hash][n], s.nsends, s.content_hash))
         if points and points[-1].schedule.content_hash == best.content_hash:
             last = points[-1]
-            points[-1] = FrontierPoint(last.min_bytes, n, last.schedule, last.predicted_us)
+            points[-1] = SizeBand(last.min_bytes, n, last.schedule, last.predicted_us)
         else:
             lo = points[-1].max_bytes + 1 if points else 0
-            points.append(FrontierPoint(lo, n, best, times[best.content_hash]))
+            points.append(SizeBand(lo, n, best, times[best.content_hash]))
     last = points[-1]
-    points[-1] = FrontierPoint(last.min_bytes, 0, last.schedule, last.predicted_us)  # 0: no upper limit
+    points[-1] = SizeBand(last.min_bytes, 0, last.schedule, last.predicted_us)  # 0: no upper limit
     return points

@@ -1,4 +1,4 @@
-"""The executor's zero-copy capture flow on CPU: a Communicator over a fake CuPy, fake launches and a fake store.
+"""The executor's zero-copy capture flow on CPU: a PlanExecutor over a fake CuPy, fake launches and a fake store.
 
 ``capture()`` writes disarmed records, ``execute_captured`` binds buffers to one and launches against it, leaving
 ``capture()`` exchanges peers' buffers in capture order and arms the records, and a replay of a disarmed record
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from executor import communicator as comm_module
-from executor.communicator import GRAPH_RECORDS, Communicator, _Context
+from executor.communicator import GRAPH_RECORDS, PlanExecutor, _Context
 from executor.errors import ExecutorError
 from executor.gpu_tables import build_tables, peer_mapping
 from schedules.plan import load_plan
@@ -89,10 +89,10 @@ def opened(shared) -> int:
     return 0x7F00_0000_0000 + shared[1]
 
 
-def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: bool = False) -> Communicator:
-    """A Communicator with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan
+def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: bool = False) -> PlanExecutor:
+    """A PlanExecutor with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan
     (made with a residual, at 0xE000, where ``residual``)."""
-    comm = object.__new__(Communicator)
+    comm = object.__new__(PlanExecutor)
     comm.rank, comm.world_size, comm.device, comm.timeout_s = rank, world, 0, 5.0
     comm._cupy = FakeCupy()
     comm._error = np.zeros(8, np.int32)
@@ -125,7 +125,7 @@ def lone_gather(world: int):
     return gather, calls
 
 
-def record_of(comm: Communicator, index: int) -> tuple[np.ndarray, object]:
+def record_of(comm: PlanExecutor, index: int) -> tuple[np.ndarray, object]:
     ctx = next(iter(comm._templates.values()))
     layout = ctx.records.layout
     at = index % GRAPH_RECORDS * layout.stride

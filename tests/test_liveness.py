@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from executor import liveness
-from executor.communicator import Communicator
+from executor.communicator import PlanExecutor
 from executor.errors import ExecutorTimeout, PeerLost
 from executor.liveness import RankIdentity, Roster, identity_of, probe
 from weft.cli import gpu as launcher
@@ -268,9 +268,9 @@ def test_a_kernel_wait_with_every_peer_alive_leaves_the_timeout_to_recovery(stor
 # ---------------------------------------------------------------- the communicator's two hook points
 
 
-def bare_communicator(store: DirStore) -> Communicator:
+def bare_communicator(store: DirStore) -> PlanExecutor:
     """Rank 0 of 2 without a GPU: only what the exchanges and the device-error path read."""
-    comm = Communicator.__new__(Communicator)
+    comm = PlanExecutor.__new__(PlanExecutor)
     comm.rank, comm.world_size, comm.timeout_s, comm.store = 0, 2, 3.0, store
     comm._prefix, comm._keys = PREFIX, 0
     comm._contexts = {"ctx": SimpleNamespace(tables=SimpleNamespace(channel_peers=[1]))}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from schedules.collectives import NAMES, Collective
 from topologies.jsonfile import write_text
 from weft.results import ResultsError, read_bench, read_frontier
 from weft.units import format_bytes
@@ -123,8 +124,5 @@ def _short_plan(name: str | None) -> str:
 
 
 def _bus_factor(collective: str, n: int) -> float:
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    return (n - 1) / n
+    """nccl-tests' factor; a benchmark of several collectives (a kernel trace) counts as (n-1)/n."""
+    return Collective(collective if collective in NAMES else "allgather", n).bus_factor

@@ -43,7 +43,9 @@ class BenchResults:
 
 
 @dataclass(frozen=True)
-class FrontierPoint:
+class FrontierRow:
+    """One point of a frontier file as read back for plots (the solver's own is synth.smt.FrontierPoint)."""
+
     steps: int
     rounds: int | None
     chunks: int | None
@@ -54,7 +56,7 @@ class FrontierPoint:
 class Frontier:
     collective: str
     topology: str
-    points: tuple[FrontierPoint, ...]
+    points: tuple[FrontierRow, ...]
     lp_bound: float | None
 
 
@@ -141,7 +143,7 @@ def read_frontier(path: str | Path) -> Frontier:
                 raise f.fail(f"{where}.{key}", "missing")
         optional = {key: None if p.get(key) is None else f.int(p[key], f"{where}.{key}", 1, MAX_STEPS)
                     for key in ("rounds", "chunks")}
-        points.append(FrontierPoint(
+        points.append(FrontierRow(
             steps=f.int(p["steps"], f"{where}.steps", 1, MAX_STEPS),
             rounds_per_chunk=f.number(p["rounds_per_chunk"], f"{where}.rounds_per_chunk", 0, MAX_STEPS,
                                       "a number of rounds"), **optional))

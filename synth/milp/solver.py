@@ -150,7 +150,7 @@ def _solve_allreduce(job: _Job, collective: Collective) -> list[Outcome]:
 def _solve_one(job: _Job, collective: Collective, time_limit: float) -> Outcome:
     floor = lower_bound_us(job.fabric, collective, job.options.size)
     if collective.name in DUALS:
-        dual = Collective(DUALS[collective.name], collective.nranks, collective.chunks, collective.root)
+        dual = collective.dual
         outcome = _search(job, job.switch_free.reversed(), dual, time_limit, floor, collective.name)
         return replace(outcome, steps=_reverse(outcome.steps))
     if collective.combining:

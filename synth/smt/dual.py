@@ -20,7 +20,7 @@ DUAL = {"reducescatter": "allgather", "reduce": "broadcast"}
 
 def dual_collective(collective: Collective) -> Collective:
     """The non-combining collective whose reversal solves ``collective``."""
-    return Collective(DUAL[collective.name], collective.nranks, collective.chunks, collective.root)
+    return collective.dual
 
 
 def from_dual(schedule: Schedule, collective: Collective, fingerprint: str) -> Schedule:

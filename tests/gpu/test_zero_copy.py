@@ -217,12 +217,12 @@ def scenario_peer_buffers(rank, world, device) -> dict:
     import torch
     import torch.distributed as dist
 
-    from executor.communicator import Communicator
+    from executor.communicator import PlanExecutor
 
     plan = _peer_mapping_plan(world)
     if plan is None:
         return {"skipped": f"no all-reduce in {registry_for(world)} whose peers map buffers"}
-    comm = Communicator(rank, world, dist.distributed_c10d._get_default_store())
+    comm = PlanExecutor(rank, world, dist.distributed_c10d._get_default_store())
     n = 16 << 10  # 64 KB of fp32
     with cupy.cuda.Device(device.index):
         xs = [cupy.random.standard_normal(n, dtype=cupy.float32) for _ in range(10)]

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import scenarios
-from executor.communicator import Communicator
+from executor.communicator import PlanExecutor
 from executor.errors import ExecutorTimeout
 from executor.errors import ExecutorError
 from executor.gpu_bench import within_rounding
@@ -143,7 +143,7 @@ def never_signalled_plan(world: int) -> dict:
 
 
 def run_timeout(store, rank, world, device) -> dict:
-    comm = Communicator(rank, world, store, timeout_s=3.0)
+    comm = PlanExecutor(rank, world, store, timeout_s=3.0)
     bad = parse_plan(never_signalled_plan(world), "never-signalled")
     x = random_input(256, "fp32", device)
     start = time.monotonic()
@@ -211,7 +211,7 @@ def main() -> None:
     device = torch.device("cuda", local)
     dist.init_process_group("nccl", device_id=device)
     torch.manual_seed(1234 + rank)
-    comm = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
+    comm = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
     store = dist.distributed_c10d._get_default_store()
     results: dict = {"cases": {}, "graph": {}}
     began = time.monotonic()
@@ -238,7 +238,7 @@ def main() -> None:
         results["cases"][case.id] = r = attempt(case.id, lambda: run_case(comm, case, rank, world, device))
         if not r["ok"]:
             print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
-    lines = Communicator.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
+    lines = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
     for case in scenarios.line_cases(world):

@@ -185,13 +185,13 @@ def _init_rank(args: argparse.Namespace):
     import torch
     import torch.distributed as dist
 
-    from executor.communicator import Communicator
+    from executor.communicator import PlanExecutor
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    comm = Communicator.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
+    comm = PlanExecutor.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
     return comm, rank, world
 
 
