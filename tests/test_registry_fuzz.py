@@ -101,7 +101,7 @@ LEAF = st.one_of(
     st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
     st.sampled_from([0, -1, 1, 3, 10 ** 40, 1 << 64, (1 << 64) - 1, 1 << 63]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-    st.sampled_from(["../../ESCAPED", "/tmp/weft-fuzz-abs", "", "..", "allreduce", "LL", "1KB", "topo-00000000000000ab",
+    st.sampled_from(["../../ESCAPED", "/tmp/weft-escaped-abs", "", "..", "allreduce", "LL", "1KB", "topo-00000000000000ab",
                      TOPO, "weft.registry-entry/1", "weft.registry-index/1", "weft.registry-baselines/1"]))
 VALUE = st.recursive(LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                    st.dictionaries(st.text(max_size=6), inner, max_size=3)),
@@ -184,7 +184,7 @@ class Case:
             now = select(self.registry, RANGES[name][2])
             assert (now["entry"] == size_sel["entry"] or now["entry"] in new_ids
                     or (nccl and now["basis"] == "nccl")), (name, now, size_sel)
-        assert not list(Path("/tmp").glob("weft-fuzz-abs*")) and not list(self.tmp.parent.glob("ESCAPED*"))
+        assert not list(Path("/tmp").glob("weft-escaped-abs*")) and not list(self.tmp.parent.glob("ESCAPED*"))
 
 
 def entry_path(pristine, name: str) -> str:
