@@ -101,8 +101,8 @@ LEAF = st.one_of(
     st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
     st.sampled_from([0, -1, 1, 3, 10 ** 40, 1 << 64, (1 << 64) - 1, 1 << 63]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-    st.sampled_from(["../../ESCAPED", "/tmp/weft-escaped-abs", "", "..", "allreduce", "LL", "1KB", "topo-00000000000000ab",
-                     TOPO, "weft.registry-entry/1", "weft.registry-index/1", "weft.registry-baselines/1"]))
+    st.sampled_from(["../../ESCAPED", "/tmp/weft-escaped-abs", "", "..", "allreduce", "LL", "1KB",
+                     "topo-00000000000000ab", TOPO, "weft.registry-entry/1", "weft.registry-index/1", "weft.registry-baselines/1"]))
 VALUE = st.recursive(LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                    st.dictionaries(st.text(max_size=6), inner, max_size=3)),
                      max_leaves=6)
