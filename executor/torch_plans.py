@@ -91,8 +91,8 @@ class PlanChoice:
         return "" if self.choose(collective, nbytes, dtype) else self._reasons[(collective, nbytes, dtype)]
 
     def _best(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, bool] | None:
-        fits = [e for e in self.entries if e.key.collective == collective and e.key.covers(nbytes)
-                and e.plan.accepts(nbytes) and (not e.dtypes or dtype in e.dtypes)]
+        fits = [e for e in self.entries if e.serves(self.topology, collective, self.nranks, nbytes)  # key and plan
+                and (not e.dtypes or dtype in e.dtypes)]
         if not fits:
             self._reasons[(collective, nbytes, dtype)] = "no plan"
             return None

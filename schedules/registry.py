@@ -532,8 +532,12 @@ def _size(text: object) -> int | None:
     return value if value < 1 << 64 else None
 
 
-def _positive_us(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+MAX_TIME_US = 1e12  # 11.6 days: beyond any collective's time, and what the results readers accept
+
+
+def positive_us(value: object) -> bool:
+    """Whether ``value`` is a time in µs that a measurement or prediction can be: positive, finite, plausible."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= MAX_TIME_US
 
 
 def parse_baselines(doc: object, source: str) -> dict:
@@ -553,7 +557,7 @@ def parse_baselines(doc: object, source: str) -> dict:
             if not isinstance(times, dict):
                 raise _fail(source, where, "must map sizes in bytes to µs", "registry")
             for size, us in times.items():
-                if _size(size) is None or not _positive_us(us):
+                if _size(size) is None or not positive_us(us):
                     raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a positive, "
                                 f"finite time in µs, got {short(us)}", "registry")
     return doc
@@ -590,7 +594,7 @@ def _times(table: object, where: str, source: str) -> dict[int, float]:
     for size, us in table.items():
         nbytes = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64 \
             else _size(size)
-        if nbytes is None or not _positive_us(us):
+        if nbytes is None or not positive_us(us):
             raise _fail(source, f"{where}.{str(size)[:24]}", "must be a size in bytes mapped to a positive, finite "
                         f"time in µs, got {short(us)}")
         out[nbytes] = float(us)

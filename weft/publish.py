@@ -5,12 +5,11 @@ This lives in weft/ because it spans stages: schedules/ owns the registry but ca
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from schedules.plan import Plan, load_plan, parse_plan
 from schedules.registry import (BASELINES_FORMAT, ENTRY_FORMAT, Entry, Registry, RegistryError, parse_baselines,
-                                parse_entry, require_verified)
+                                parse_entry, positive_us, require_verified)
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
 from topologies.jsonfile import read_json, short_repr
@@ -189,10 +188,6 @@ def record_bench(registry: Registry, collective: str, rows: list[dict], source: 
     return sum(len(v) for v in times.values())
 
 
-def _positive(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
-
-
 def _check_rows(rows: object, source: str) -> None:
     """Bench rows as ``record_bench`` stores them: one line naming the row and field that is out of range."""
     if not isinstance(rows, list):
@@ -207,7 +202,7 @@ def _check_rows(rows: object, source: str) -> None:
         wrong = row.get("wrong")
         if isinstance(wrong, bool) or not isinstance(wrong, int) or wrong < 0:
             raise RegistryError(f"{where}.wrong: must be a count of wrong elements, got {short_repr(wrong)}")
-        if row.get("nccl_us") is not None and not _positive(row["nccl_us"]):
+        if row.get("nccl_us") is not None and not positive_us(row["nccl_us"]):
             raise RegistryError(f"{where}.nccl_us: must be a positive, finite time in µs, got "
                                 f"{short_repr(row['nccl_us'])}")
         if wrong:
@@ -221,7 +216,7 @@ def _check_rows(rows: object, source: str) -> None:
             if not isinstance(table, dict):
                 raise RegistryError(f"{where}.{name}: must map plan hashes to µs, got {short_repr(table)}")
             for plan_hash, us in table.items():
-                if not isinstance(plan_hash, str) or not _positive(us):
+                if not isinstance(plan_hash, str) or not positive_us(us):
                     raise RegistryError(f"{where}.{name}: {short_repr(plan_hash)}: must map a plan hash to a "
                                         f"positive, finite time in µs, got {short_repr(us)}")
 
