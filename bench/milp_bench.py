@@ -1,6 +1,7 @@
 """Allgather with the MILP synthesizer on multi-node fabrics: predicted time, algbw, % of the cut bound.
 
     python bench/milp_bench.py [--time-limit 120] [--out bench/results/milp_allgather.json]
+    python bench/milp_bench.py --markdown bench/results/milp_allgather.json   # the README table
 
 Each case solves once (CP-SAT, wall-clock time limit) and scores the schedule with ``schedules.cost`` and
 ``schedules.bounds``; the best baseline on the same fabric and size is scored alongside. The machine's load
@@ -27,7 +28,9 @@ from schedules.verify import require_valid
 from synth import baselines
 from synth.errors import NotApplicable
 from synth.milp import MilpOptions, Sketch, solve
+from synth.trees import pipeline
 from topologies.catalog import build
+from weft.units import format_bytes
 
 KB, MB, GB = 1 << 10, 1 << 20, 1 << 30
 # (topology, size, chunks per rank, symmetry offset = GPUs per node)
@@ -77,7 +80,36 @@ def run_case(spec: str, nbytes: int, chunks: int, offset: int, time_limit: float
     ours = row(spec, collective, "milp", nbytes, solve_s, predict_us(schedule, topology, nbytes), bound,
                chunks=chunks, steps=schedule.nsteps, gap=round(meta["gap"], 4), status=meta["status"])
     name, us, base_s = best_baseline(topology, collective, nbytes)
-    return [ours, row(spec, collective, name, nbytes, base_s, us, bound, chunks=1)]
+    return [ours, trees_row(spec, topology, nbytes), row(spec, collective, name, nbytes, base_s, us, bound, chunks=1)]
+
+
+def trees_row(spec: str, topology, nbytes: int) -> dict:
+    """The tree packing's pipeline at the waves the cost model picks for this size (compact form, priced)."""
+    start = time.monotonic()
+    wave = pipeline(topology, Collective("allgather", topology.nranks))
+    waves = wave.best_waves(nbytes)
+    us = wave.predict_us(nbytes, waves)
+    sized = wave.sized(waves)
+    return row(spec, sized, "trees", nbytes, time.monotonic() - start, us, lower_bound_us(topology, sized, nbytes),
+               chunks=sized.chunks, waves=waves, trees_per_root=wave.per_root,
+               sends=wave.sends_per_wave * waves)
+
+
+def markdown(doc: dict) -> str:
+    """The README's table: milp (solve time, % of bound, status), trees and the best baseline per case."""
+    by_case: dict = {}
+    for r in doc["rows"]:
+        by_case.setdefault((r["topology"], r["size"]), {})[r["method"] if r["method"] in ("milp", "trees")
+                                                         else "baseline"] = r
+    lines = ["| topology | size | milp solve (s) | milp % of bound | milp status (gap) | trees % of bound (waves) "
+             "| best baseline % |", "|---|---|---|---|---|---|---|"]
+    for (spec, size), rows in by_case.items():
+        m, t, b = rows.get("milp"), rows.get("trees"), rows.get("baseline")
+        status = f"{m['status']} ({100 * m['gap']:.1f}%)" if m else "-"
+        lines.append(f"| {spec} | {format_bytes(size)} | {m['solve_s']:.0f} | {m['pct_of_bound']:.1f} | {status} | "
+                     + (f"{t['pct_of_bound']:.1f} ({t['waves']})" if t else "-") + " | "
+                     + (f"{b['pct_of_bound']:.1f} ({b['method']})" if b else "-") + " |")
+    return "\n".join(lines) + "\n"
 
 
 def machine() -> dict:
@@ -92,7 +124,11 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=120.0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "milp_allgather.json"))
     parser.add_argument("--only", help="run only cases whose topology contains this text")
+    parser.add_argument("--markdown", metavar="FILE", help="print the README table of a results file and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())), end="")
+        return
     doc = {"benchmark": "milp_allgather", "collective": "allgather", "time_limit_s": args.time_limit,
            "machine": machine(), "rows": []}
     for spec, nbytes, chunks, offset in CASES:

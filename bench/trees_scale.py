@@ -97,7 +97,7 @@ def markdown(doc: dict) -> str:
     """The README's table: stage times, and % of the bound with the waves chosen, from 1 MB to 4 GB."""
     rows = [r for r in doc["rows"] if "pct_of_bound_by_size" in r]
     sizes = list(rows[0]["pct_of_bound_by_size"]) if rows else []
-    head = ("| topology | GPUs | bound + trees + schedule (s) | verify (s) | % of optimal rate | "
+    head = ("| topology | GPUs | bound + trees + schedule + pricing (s) | verify (s) | % of optimal rate | "
             + " | ".join(f"% of bound at {s} (waves)" for s in sizes) + " |")
     lines = [head, "|" + "---|" * (5 + len(sizes))]
     for r in rows:

@@ -136,3 +136,15 @@ def test_no_milp_schedule_on_a_random_fabric_beats_a_bound(topology, name):
     except SynthesisError:
         return  # no incumbent within the limit: nothing to check
     _assert_above_bounds(schedule, topology)
+
+
+@pytest.mark.parametrize("spec", ["line:n=3", "ring:n=4", "switch:n=3"])
+@pytest.mark.parametrize("name", ["allgather", "allreduce"])
+def test_no_smt_frontier_point_beats_a_bound(spec, name):
+    from synth import smt
+
+    topology = build(spec)
+    frontier = smt.pareto(topology, Collective(name, topology.nranks), smt.SmtOptions(time_limit=20, workers=1))
+    assert frontier.points
+    for point in frontier.points:
+        _assert_above_bounds(point.schedule, topology)

@@ -166,12 +166,13 @@ def _collect(order: list[Instance], copies: int, results, progress: Progress, la
     decided: dict[int, Outcome] = {}
     unknowns: dict[int, int] = {}
     seen: list[Outcome] = []
+    started = time.monotonic()
     while True:
         try:
             i, out = results.get(timeout=min(max(0.01, give_up - time.monotonic()), 3600.0))
         except queue.Empty:
             i = next(k for k in range(len(order)) if k not in decided)
-            out = Outcome(order[i], UNKNOWN, 0.0)
+            out = Outcome(order[i], UNKNOWN, time.monotonic() - started)
         if isinstance(out, BaseException):
             raise out
         if i in decided:
