@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 from pathlib import Path
 
 from schedules.collectives import NAMES, Collective
@@ -46,18 +47,34 @@ def plot_frontier(path: str | Path, out: str | Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.step(sorted(xs), [y for _, y in sorted(zip(xs, ys))], where="post", color="tab:blue", alpha=0.4)
-    ax.scatter(xs, ys, color="tab:blue", zorder=3)
+    ax.scatter(xs, ys, color="tab:blue", zorder=3, label="(steps, rounds, chunks) of each schedule")
     for p in frontier.points:
         ax.annotate(f"({p.steps},{p.rounds},{p.chunks})", (p.rounds_per_chunk, p.steps), textcoords="offset points",
                     xytext=(5, 5), fontsize=8)
     if frontier.lp_bound is not None:
-        ax.axvline(frontier.lp_bound, color="tab:red", linestyle="--", label=f"bandwidth bound {frontier.lp_bound}")
-        ax.legend()
+        ax.axvline(frontier.lp_bound, color="tab:red", linestyle="--",
+                   label=f"bandwidth bound {fraction(frontier.lp_bound)} rounds per chunk")
+    ax.legend(fontsize=8)
+    ax.yaxis.set_major_locator(_integer_ticks())
     ax.set_xlabel("rounds per chunk (bandwidth cost)")
     ax.set_ylabel("steps (latency cost)")
     ax.set_title(f"{frontier.collective} on {frontier.topology}: Pareto frontier")
     fig.tight_layout()
     return _save(fig, plt, out)
+
+
+def fraction(x: float) -> str:
+    """A bound as the ratio it is: 1.1666666666666667 -> '7/6', 2.0 -> '2' (a float with no small ratio stays)."""
+    f = Fraction(x).limit_denominator(1000)
+    if abs(float(f) - x) > 1e-9 * max(1.0, abs(x)):
+        return f"{x:g}"
+    return str(f)
+
+
+def _integer_ticks():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
 
 
 def plot_bench(path: str | Path, out: str | Path) -> Path:
@@ -77,7 +94,9 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
         bw.plot(xs, [s / t / 1e3 * factor for s, t in pts], marker="o", label=label)
     for ax in (lat, bw):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes[:: max(1, len(sizes) // 8)], [format_bytes(s) for s in sizes[:: max(1, len(sizes) // 8)]])
+        ticks = size_ticks(sizes)
+        ax.set_xticks(ticks, [format_bytes(s) for s in ticks], rotation=45, ha="right")
+        ax.minorticks_off()
         ax.set_xlabel("message size")
         if ax.get_legend_handles_labels()[0]:  # a results file with no NCCL, symm-mem or weft times draws none
             ax.legend()
@@ -88,6 +107,15 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
     fig.suptitle(f"{bench.collective} {bench.dtype}, {bench.nranks} ranks, {bench.mode} ({bench.machine})")
     fig.tight_layout()
     return _save(fig, plt, out)
+
+
+def size_ticks(sizes: list[int], most: int = 8) -> list[int]:
+    """At most ``most`` of the sizes, evenly spaced and always ending with the largest, so labels never collide."""
+    sizes = sorted(set(sizes))
+    if len(sizes) <= most:
+        return sizes
+    step = -(-(len(sizes) - 1) // (most - 1))
+    return sorted({*sizes[::-1][::step]})
 
 
 def bench_table(path: str | Path) -> str:
