@@ -40,10 +40,15 @@ class FlowSpec:
     rank_shift: Callable[[int], int] | None = None
     chunk_shift: Callable[[int], int] | None = None
     deadline: float = math.inf  # time.monotonic() by which the model must be built, else OutOfTime
+    chunk_links: tuple[frozenset[tuple[int, int]], ...] | None = None  # per chunk, a subset of links (hierarchy)
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
             raise OutOfTime("the time limit ran out while the model was built")
+
+    def links_of(self, chunk: int) -> frozenset[tuple[int, int]]:
+        """The links chunk may cross: the hierarchy's for that chunk, else every allowed link."""
+        return self.links if self.chunk_links is None else self.chunk_links[chunk]
 
 
 class OutOfTime(Exception):
@@ -72,23 +77,42 @@ def hop_distances(ranks: range, links: frozenset[tuple[int, int]]) -> dict[int, 
     return dict(nx.all_pairs_shortest_path_length(graph))
 
 
-def _orbit_min(key: Key, spec: FlowSpec) -> Key:
-    """The canonical member of a send's orbit under the sketch's rank symmetry."""
+def _orbits(spec: FlowSpec) -> Callable[[Key], Key]:
+    """The canonical member of a send's orbit under the rank symmetry (the shifts tabulated once)."""
     if spec.rank_shift is None:
-        return key
-    best, (c, u, v, k) = key, key
-    for _ in range(spec.topology.nranks):
-        c, u, v = spec.chunk_shift(c), spec.rank_shift(u), spec.rank_shift(v)
-        if (c, u, v, k) == key:
-            break
-        best = min(best, (c, u, v, k))
-    return best
+        return lambda key: key
+    ranks = [spec.rank_shift(r) for r in spec.topology.ranks]
+    chunks = [spec.chunk_shift(c) for c in range(spec.collective.nchunks)]
+
+    def orbit_min(key: Key) -> Key:
+        best, (c, u, v, k) = key, key
+        for _ in range(len(ranks)):
+            c, u, v = chunks[c], ranks[u], ranks[v]
+            if (c, u, v, k) == key:
+                break
+            best = min(best, (c, u, v, k))
+        return best
+
+    return orbit_min
+
+
+def _distances(spec: FlowSpec) -> Callable[[int], dict[int, dict[int, int]]]:
+    """Hop distances over the links chunk c may cross, computed once per distinct link set."""
+    cache: dict[frozenset, dict[int, dict[int, int]]] = {}
+
+    def of(c: int) -> dict[int, dict[int, int]]:
+        links = spec.links_of(c)
+        if links not in cache:
+            cache[links] = hop_distances(spec.topology.ranks, links)
+        return cache[links]
+
+    return of
 
 
 def _candidate_sends(spec: FlowSpec) -> list[Key]:
     """Sends that could be part of some schedule within ``steps`` steps (distance pruning)."""
     coll, topo, steps = spec.collective, spec.topology, spec.steps
-    dist = hop_distances(topo.ranks, spec.links)
+    distances = _distances(spec)
     holders = {c: [r for r in topo.ranks if c in coll.precondition(r)] for c in range(coll.nchunks)}
     wanted = {c: [r for r in topo.ranks if c in coll.postcondition(r) and r not in holders[c]]
               for c in range(coll.nchunks)}
@@ -97,9 +121,10 @@ def _candidate_sends(spec: FlowSpec) -> list[Key]:
         spec.check_time()
         if not wanted[c]:
             continue
+        dist = distances(c)
         earliest = {r: min((dist[s].get(r, steps + 1) for s in holders[c]), default=steps + 1) for r in topo.ranks}
         to_go = {r: min((dist[r].get(d, steps + 1) for d in wanted[c]), default=steps + 1) for r in topo.ranks}
-        for u, v in sorted(spec.links):
+        for u, v in sorted(spec.links_of(c)):
             if v in holders[c]:
                 continue
             for k in range(earliest[u] + 1, steps + 1 - to_go[v]):
@@ -111,15 +136,20 @@ def shortest_path_sends(spec: FlowSpec) -> set[Key]:
     """A schedule that sends each chunk down a shortest-path tree, one hop per step: CP-SAT's first hint.
 
     Among a rank's possible parents it takes the one at the smallest rank offset, so the tree is the same on
-    every node up to the shift when the fabric is symmetric, as a shared variable's hint must be.
+    every node up to the shift when the fabric is symmetric, as a shared variable's hint must be. A rank's
+    j-th chunk starts j steps late where the steps allow (the chunks of a slice pipelined down their tree
+    rather than all crossing the first hop at once), and at once otherwise.
     """
     coll, topo, n = spec.collective, spec.topology, spec.topology.nranks
-    dist = hop_distances(topo.ranks, spec.links)
-    into: dict[int, list[int]] = {}
-    for u, v in spec.links:
-        into.setdefault(v, []).append(u)
+    distances = _distances(spec)
     sends: set[Key] = set()
+    tree_sends: dict[int, list[tuple[int, int, int]]] = {}
     for c in range(coll.nchunks):
+        dist = distances(c)
+        into: dict[int, list[int]] = {}
+        for u, v in spec.links_of(c):
+            into.setdefault(v, []).append(u)
+        tree = tree_sends.setdefault(c, [])
         holders = [r for r in topo.ranks if c in coll.precondition(r)]
         depth = {r: min(dist[s].get(r, n + 1) for s in holders) for r in topo.ranks}
         todo = [r for r in topo.ranks if c in coll.postcondition(r) and depth[r] > 0]
@@ -130,8 +160,13 @@ def shortest_path_sends(spec: FlowSpec) -> set[Key]:
                 continue
             reached.add(v)
             parent = min((u for u in into.get(v, []) if depth[u] == depth[v] - 1), key=lambda u: (u - v) % n)
-            sends.add((c, parent, v, depth[v]))
+            tree.append((parent, v, depth[v]))
             todo.append(parent)
+    deepest = max((k for tree in tree_sends.values() for _, _, k in tree), default=0)
+    delay = coll.chunks - 1 if deepest + coll.chunks - 1 <= spec.steps else 0
+    for c, tree in tree_sends.items():
+        late = min(c % coll.chunks, delay)
+        sends.update((c, u, v, k + late) for u, v, k in tree)
     return sends
 
 
@@ -140,15 +175,19 @@ def build_flow(spec: FlowSpec) -> FlowModel:
     model = cp_model.CpModel()
     coll, topo = spec.collective, spec.topology
     sends: dict[Key, cp_model.IntVar] = {}
+    orbit_min = _orbits(spec)
+    canonical: set[Key] = set()
     for key in _candidate_sends(spec):
         spec.check_time()
-        rep = _orbit_min(key, spec)
+        rep = orbit_min(key)
+        if rep == key:
+            canonical.add(key)
         if rep not in sends:
             sends[rep] = model.NewBoolVar("x%d_%d_%d_%d" % rep)
         sends[key] = sends[rep]
     hint = shortest_path_sends(spec)
     for key, var in sends.items():
-        if key == _orbit_min(key, spec):
+        if key in canonical:
             model.AddHint(var, key in hint)
 
     into: dict[tuple[int, int], list[Key]] = {}
@@ -166,7 +205,7 @@ def build_flow(spec: FlowSpec) -> FlowModel:
     for key, var in sends.items():
         spec.check_time()
         c, u, _, k = key
-        if key != _orbit_min(key, spec) or c in coll.precondition(u):
+        if key not in canonical or c in coll.precondition(u):
             continue
         earlier = [sends[a] for a in into.get((c, u), []) if a[3] < k]
         model.Add(var <= sum(earlier))

@@ -14,21 +14,53 @@ from synth.milp.sketch import Sketch, SketchError
 from topologies import Link, Topology
 
 
-def rank_symmetry(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], sketch: Sketch) -> tuple[
-        Callable[[int], int] | None, Callable[[int], int] | None]:
-    """(rank shift, chunk shift) for the sketch's symmetry, after checking that it maps everything onto itself."""
+Shift = Callable[[int], int]
+ChunkLinks = tuple[frozenset[tuple[int, int]], ...] | None
+
+
+def rank_symmetry(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], sketch: Sketch,
+                  chunk_links: ChunkLinks = None) -> tuple[Shift | None, Shift | None]:
+    """(rank shift, chunk shift) for the sketch's symmetry, after checking that it maps everything onto itself.
+
+    Without a sketch symmetry: the smallest offset that does (DGX-2: 2 ranks, a NIC's pair; HGX: a host), or
+    none. A sketch's offset that fails is a SketchError naming what does not map.
+    """
     offset = sketch.rank_offset
     if offset is None:
-        return None, None
-    n = topo.nranks
+        return auto_symmetry(topo, collective, links, chunk_links)
 
     def fail(reason: str) -> SketchError:
         return SketchError(f"sketch {sketch.source}: symmetry.rank_offset: {reason}")
 
-    if offset >= n or n % offset:
-        raise fail(f"{offset} must be smaller than and divide the rank count ({n})")
+    shifts, reason = _shifts(topo, collective, links, chunk_links, offset)
+    if reason:
+        raise fail(reason)
+    return shifts
+
+
+def auto_symmetry(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
+                  chunk_links: ChunkLinks = None) -> tuple[Shift | None, Shift | None]:
+    """The shift by the smallest offset under which the fabric, links and chunks map onto themselves."""
+    n = topo.nranks
     if collective.rooted:
-        raise fail(f"{collective.name} has a root, so no rank shift maps it onto itself")
+        return None, None
+    for offset in range(1, n):
+        if n % offset == 0:
+            shifts, reason = _shifts(topo, collective, links, chunk_links, offset)
+            if not reason:
+                return shifts
+    return None, None
+
+
+def _shifts(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], chunk_links: ChunkLinks,
+            offset: int) -> tuple[tuple[Shift | None, Shift | None], str]:
+    """((rank shift, chunk shift), "") if shifting ranks by ``offset`` maps everything onto itself, else the reason."""
+    n = topo.nranks
+    none = (None, None)
+    if offset >= n or n % offset:
+        return none, f"{offset} must be smaller than and divide the rank count ({n})"
+    if collective.rooted:
+        return none, f"{collective.name} has a root, so no rank shift maps it onto itself"
 
     def rank_shift(r: int) -> int:
         return (r + offset) % n
@@ -47,18 +79,23 @@ def rank_symmetry(topo: Topology, collective: Collective, links: frozenset[tuple
     for link in topo.links:
         image = (rank_shift(link.src), rank_shift(link.dst))
         if not topo.has_link(*image) or _cost(topo.link(*image)) != _cost(link):
-            raise fail(f"the fabric is not symmetric: link {link.src}->{link.dst} has no equal image "
-                       f"{image[0]}->{image[1]}")
+            return none, (f"the fabric is not symmetric: link {link.src}->{link.dst} has no equal image "
+                          f"{image[0]}->{image[1]}")
         if (link.key in links) != (image in links):
-            raise fail(f"the links the relays or rails allow are not symmetric: link {link.src}->{link.dst} "
-                       "and its image differ")
+            return none, (f"the links the relays or rails allow are not symmetric: link {link.src}->{link.dst} "
+                          "and its image differ")
     groups = {(frozenset(tuple(k) for k in g.links), g.bandwidth) for g in topo.sharing}
     for g in topo.sharing:
         image = (frozenset((rank_shift(s), rank_shift(d)) for s, d in g.links), g.bandwidth)
         if image not in groups:
-            raise fail(f"the fabric is not symmetric: sharing group of link {g.links[0][0]}->{g.links[0][1]} "
-                       "has no equal image")
-    return rank_shift, chunk_shift
+            return none, (f"the fabric is not symmetric: sharing group of link {g.links[0][0]}->{g.links[0][1]} "
+                          "has no equal image")
+    if chunk_links is not None:
+        for x, allowed in enumerate(chunk_links):
+            if frozenset((rank_shift(u), rank_shift(v)) for u, v in allowed) != chunk_links[chunk_shift(x)]:
+                return none, (f"the hierarchy's links are not symmetric: chunk {x}'s and chunk "
+                              f"{chunk_shift(x)}'s differ")
+    return (rank_shift, chunk_shift), ""
 
 
 def _cost(link: Link) -> tuple[float, float]:
