@@ -32,7 +32,7 @@ from schedules.verify import require_valid
 from synth import baselines
 from synth.errors import NotApplicable, Unknown
 from synth.milp import MilpOptions, Sketch, solve
-from synth.trees import pipeline
+from synth.trees import TreeOptions, pipeline
 from topologies.catalog import build
 from weft.units import format_bytes
 
@@ -113,7 +113,7 @@ def run_case(spec: str, nbytes: int, chunks: int, time_limit: float) -> list[dic
 def trees_row(spec: str, topology, nbytes: int) -> dict:
     """The tree packing's pipeline at the waves the cost model picks for this size (compact form, priced)."""
     start = time.monotonic()
-    wave = pipeline(topology, Collective("allgather", topology.nranks))
+    wave = pipeline(topology, Collective("allgather", topology.nranks), options=TreeOptions(time_limit=600))
     waves = wave.best_waves(nbytes)
     us = wave.predict_us(nbytes, waves)
     sized = wave.sized(waves)

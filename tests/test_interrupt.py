@@ -3,6 +3,7 @@ the time limit is the command's deadline, shared out across the instances it run
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -56,8 +57,11 @@ def test_ctrl_c_stops_an_smt_pareto_walk_and_writes_nothing(tmp_path, group):
 
 def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
     out = tmp_path / "m.json"
+    # the whole model with only the host shift (no inter-/intra-host split), which searches for the whole minute
+    sketch = tmp_path / "whole.json"
+    sketch.write_text(json.dumps({"format": "weft.sketch/1", "symmetry": {"rank_offset": 16}, "hierarchy": "none"}))
     argv = ["synth", "allgather", "-t", "dgx2:nodes=2", "--method", "milp", "--size", "1GB", "--time-limit", "60",
-            "-o", str(out), "--commit"]
+            "--sketch", str(sketch), "-o", str(out), "--commit"]
     code, took, err = _interrupt(argv, tmp_path, 8.0, True)
     assert code == 130 and took < 5.0, err
     assert "interrupted: milp allgather on dgx2:nodes=2 stopped after" in err

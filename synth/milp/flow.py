@@ -21,6 +21,7 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from schedules.collectives import Collective
+from synth.milp.symmetry import Symmetry
 from topologies import Topology
 
 Key = tuple[int, int, int, int]  # (chunk, src, dst, step)
@@ -37,8 +38,7 @@ class FlowSpec:
     steps: int
     chunk_bytes: float
     links: frozenset[tuple[int, int]]
-    rank_shift: Callable[[int], int] | None = None
-    chunk_shift: Callable[[int], int] | None = None
+    symmetry: Symmetry | None = None  # the group whose orbits share one variable
     deadline: float = math.inf  # time.monotonic() by which the model must be built, else OutOfTime
     chunk_links: tuple[frozenset[tuple[int, int]], ...] | None = None  # per chunk, a subset of links (hierarchy)
 
@@ -78,20 +78,21 @@ def hop_distances(ranks: range, links: frozenset[tuple[int, int]]) -> dict[int, 
 
 
 def _orbits(spec: FlowSpec) -> Callable[[Key], Key]:
-    """The canonical member of a send's orbit under the rank symmetry (the shifts tabulated once)."""
-    if spec.rank_shift is None:
+    """The canonical (smallest) member of a send's orbit under the symmetry's group."""
+    if spec.symmetry is None or not spec.symmetry.generators:
         return lambda key: key
-    ranks = [spec.rank_shift(r) for r in spec.topology.ranks]
-    chunks = [spec.chunk_shift(c) for c in range(spec.collective.nchunks)]
+    generators = spec.symmetry.generators
 
     def orbit_min(key: Key) -> Key:
-        best, (c, u, v, k) = key, key
-        for _ in range(len(ranks)):
-            c, u, v = chunks[c], ranks[u], ranks[v]
-            if (c, u, v, k) == key:
-                break
-            best = min(best, (c, u, v, k))
-        return best
+        seen, todo = {key}, [key]
+        while todo:
+            c, u, v, k = todo.pop()
+            for ranks, chunks in generators:
+                image = (chunks[c], ranks[u], ranks[v], k)
+                if image not in seen:
+                    seen.add(image)
+                    todo.append(image)
+        return min(seen)
 
     return orbit_min
 

@@ -12,8 +12,8 @@ Every field is optional::
 ``hierarchy`` splits the model into an inter-host and an intra-host part (``synth.milp.hierarchy``): each
 chunk enters another host only by the hops named (``rails``: from its owner along its rail; ``trees``: the
 cross-host hops of its root's packed trees) and spreads inside a host from the ranks that hold it there.
-Without it the solver uses ``trees`` for allgather across hosts at bandwidth-bound sizes, ``rails`` for the
-other copy collectives there, and none elsewhere (``"none"`` turns it off).
+Without it the solver uses ``rails`` for copy collectives across hosts at bandwidth-bound sizes and none
+elsewhere (``"none"`` turns it off).
 
 Without ``rails`` the solver decides: rails when a chunk takes longer to cross hosts than the link's latency
 (fanning one chunk out to many remote GPUs then costs NIC bandwidth for nothing), every pair otherwise.

@@ -70,6 +70,7 @@ class Outcome:
     seconds: float
     hierarchy: str = "none"  # the inter-host part the model used (rails, trees) or none
     symmetry_offset: int | None = None  # the rank shift the model's variables are shared under
+    symmetry_local: int | None = None  # the rotation inside every host they are shared under
 
     @property
     def gap(self) -> float:
@@ -120,7 +121,8 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
                  "objective_us": objective, "best_bound_us": bound,
                  "gap": 0.0 if objective <= 0 else max(0.0, 1.0 - bound / objective),
                  "status": "+".join(o.status for o in halves),
-                 "hierarchy": halves[-1].hierarchy, "symmetry_offset": halves[-1].symmetry_offset},
+                 "hierarchy": halves[-1].hierarchy, "symmetry_offset": halves[-1].symmetry_offset,
+                 "symmetry_local": halves[-1].symmetry_local},
         solve_time=time.monotonic() - start,
         notes="CP-SAT time-expanded flow; objective = finish time under the α-β step model",
     )
@@ -192,14 +194,12 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
                              f"in {steps} steps are {possible} possible sends, more than the model's "
                              f"{MAX_SENDS} (it could not be built within a time limit): use fewer --chunks or "
                              "--steps")
+    symmetry = None
     if sketch.rank_offset is not None or topo.nhosts > 1:  # symmetry across hosts unless the sketch says
-        rank_shift, chunk_shift = rank_symmetry(topo, collective, links, sketch, per_chunk)
-    else:
-        rank_shift, chunk_shift = None, None
+        symmetry = rank_symmetry(topo, collective, links, sketch, per_chunk)
     deadline = start + time_limit
     try:
-        flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, rank_shift, chunk_shift, deadline,
-                                   per_chunk))
+        flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, symmetry, deadline, per_chunk))
     except OutOfTime:
         raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
                       f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
@@ -232,7 +232,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     objective = solver.ObjectiveValue() / flow.units_per_us
     bound = max(solver.BestObjectiveBound() / flow.units_per_us, min(floor_us, objective))
     return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime(), split,
-                   rank_shift(0) if rank_shift is not None else None)
+                   symmetry.offset if symmetry else None, symmetry.local if symmetry else None)
 
 
 def _hierarchy(job: _Job, topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
