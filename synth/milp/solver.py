@@ -221,7 +221,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     if job.requested and job.requested != label:
         label = f"{job.requested} ({label} part)"
     reporter = _Reporter(flow, job.progress, label, floor_us)
-    status = _run(solver, flow, reporter, job, label, start)
+    status = _run(solver, flow, reporter, job, label, start, deadline - read_back)
     name = solver.StatusName(status)
     _final_line(job, label, name, reporter, solver, flow, floor_us)
     if status == cp_model.INFEASIBLE:
@@ -284,8 +284,12 @@ def _tree_hops(job: _Job, topo: Topology, collective: Collective) -> dict | None
 
 
 def _run(solver: cp_model.CpSolver, flow: FlowModel, reporter: "_Reporter", job: _Job, label: str,
-         start: float) -> int:
-    """``solver.Solve`` in a thread; a progress line every PROGRESS_EVERY s; Ctrl-C stops it and is raised."""
+         start: float, stop_at: float) -> int:
+    """``solver.Solve`` in a thread; a progress line every PROGRESS_EVERY s; Ctrl-C stops it and is raised.
+
+    Past ``stop_at`` the search is told to stop as well: CP-SAT checks its own limit only between steps, and
+    on a starved machine (a 120 s limit once ended at 304 s) one step can outlast it by minutes.
+    """
     result: dict = {}
 
     def work() -> None:
@@ -303,6 +307,8 @@ def _run(solver: cp_model.CpSolver, flow: FlowModel, reporter: "_Reporter", job:
     try:
         while thread.is_alive():
             thread.join(timeout=0.2)
+            if time.monotonic() > stop_at:
+                solver.StopSearch()
             if job.progress is not None and time.monotonic() >= next_line and thread.is_alive():
                 job.progress(reporter.line(time.monotonic() - start, "searching"))
                 next_line += PROGRESS_EVERY
