@@ -205,8 +205,9 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
                       f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
                       "--steps, or a longer --time-limit)") from None
     solver = cp_model.CpSolver()
-    # reading the answer back walks every send variable (about 1 s per million): keep that inside the limit too
-    read_back = 0.2 + 1.5e-6 * len(flow.sends)
+    # reading the answer back walks every send variable (1.8 s a million on the idle 2-core machine, twice that
+    # under load): keep that inside the limit too
+    read_back = 0.5 + 4e-6 * len(flow.sends)
     solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic() - read_back)
     solver.parameters.num_workers = options.workers or max(2, min(8, os.cpu_count() or 2))
     # Full presolve probes every send variable and symmetry detection builds a graph of the whole model: 12 s
