@@ -10,9 +10,9 @@ enters by). On a host whose ranks are all linked to each other (an NVSwitch tray
 ranks: a relay inside such a host spends a second crossing of some rank's port and reaches no one sooner.
 Elsewhere (a DGX-1 cube mesh) it may take any intra-host link.
 
-CP-SAT then decides, in one model, which step every hop of both parts takes. The model holds about
-(ranks per host + 1) × hosts sends per chunk and step instead of (links) per chunk and step: on DGX-2 × 2, 31
-in place of 512, which is what lets it take 8 chunks per rank and pipeline.
+CP-SAT then decides, in one model, which step every hop of both parts takes. On DGX-2 × 2 a chunk has 31
+possible sends per step in place of 512 (the rail-allowed links), which is what lets the model hold 4 chunks
+per rank and pipeline them. The split is a restriction, and an optimum within it is not the fabric's.
 """
 
 from __future__ import annotations
