@@ -63,6 +63,7 @@ class FlowModel:
     sends: dict[Key, cp_model.IntVar]
     objective: cp_model.LinearExpr
     units_per_us: float
+    variables: int = 0  # distinct send variables (one per orbit of sends)
 
 
 def link_cost_us(link_latency: float, capacity: float, chunk_bytes: float) -> tuple[float, float]:
@@ -195,8 +196,10 @@ def build_flow(spec: FlowSpec) -> FlowModel:
     for key in sends:
         into.setdefault((key[0], key[2]), []).append(key)
     for c in range(coll.nchunks):
+        spec.check_time()
         for r in topo.ranks:
-            if c in coll.precondition(r):
+            # under the symmetry a (chunk, rank) pair's images constrain the same variables: one row per orbit
+            if c in coll.precondition(r) or orbit_min((c, r, r, 0)) != (c, r, r, 0):
                 continue
             arrivals = [sends[k] for k in into.get((c, r), [])]
             if c in coll.postcondition(r):
@@ -212,9 +215,9 @@ def build_flow(spec: FlowSpec) -> FlowModel:
         model.Add(var <= sum(earlier))
 
     _host_entries(model, spec, sends)
-    objective, units_per_us = _step_times(model, spec, sends)
+    objective, units_per_us = _step_times(model, spec, sends, _link_orbits(spec))
     model.Minimize(objective)
-    return FlowModel(model, sends, objective, units_per_us)
+    return FlowModel(model, sends, objective, units_per_us, len(canonical))
 
 
 def _host_entries(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar]) -> None:
@@ -229,23 +232,55 @@ def _host_entries(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_m
         if hosts[u] != hosts[v]:
             entering.setdefault((c, hosts[v]), []).append(var)
     for c in range(coll.nchunks):
+        spec.check_time()
         held = {hosts[r] for r in spec.topology.ranks if c in coll.precondition(r)}
         wanted = {hosts[r] for r in spec.topology.ranks if c in coll.postcondition(r)}
         for host in sorted(wanted - held):
             model.Add(sum(entering.get((c, host), [])) >= 1)
 
 
-def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar]):
-    """Add ``T[k] >= α + load·β`` for every link and sharing group; return (Σ T[k], units per µs)."""
+def _link_orbits(spec: FlowSpec) -> Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]]:
+    """The canonical image of a set of links under the symmetry's rank permutations (identity without one)."""
+    if spec.symmetry is None or not spec.symmetry.generators:
+        return lambda links: links
+    perms = [ranks for ranks, _ in spec.symmetry.generators]
+
+    def canonical(links: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        seen, todo = {links}, [links]
+        while todo:
+            current = todo.pop()
+            for perm in perms:
+                image = tuple(sorted((perm[u], perm[v]) for u, v in current))
+                if image not in seen:
+                    seen.add(image)
+                    todo.append(image)
+        return min(seen)
+
+    return canonical
+
+
+def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar],
+                canonical: Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]]):
+    """Add ``T[k] >= α + load·β`` for every link and sharing group; return (Σ T[k], units per µs).
+
+    Under the symmetry a link's (or group's) images load the same variables, so each orbit gets one row.
+    """
     topo, b = spec.topology, spec.chunk_bytes
     on_link: dict[tuple[tuple[int, int], int], list[cp_model.IntVar]] = {}
     for (c, u, v, k), var in sends.items():
         on_link.setdefault(((u, v), k), []).append(var)
     terms: list[tuple[int, float, float, list[cp_model.IntVar]]] = []
     for (key, k), vars_ in on_link.items():
+        spec.check_time()
+        if canonical((key,)) != (key,):
+            continue
         link = topo.link(*key)
         terms.append((k, *link_cost_us(link.latency, link.capacity, b), vars_))
     for group in topo.sharing:
+        spec.check_time()
+        members = tuple(sorted(tuple(key) for key in group.links))
+        if canonical(members) != members:
+            continue
         beta = link_cost_us(0.0, group.bandwidth, b)[1]  # a group adds no latency: its links carry theirs
         for k in range(1, spec.steps + 1):
             vars_ = [v for key in group.links for v in on_link.get((tuple(key), k), [])]

@@ -206,10 +206,18 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
                       f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
                       "--steps, or a longer --time-limit)") from None
     solver = cp_model.CpSolver()
-    # reading the answer back walks every send variable (1.8 s a million on the idle 2-core machine, twice that
-    # under load): keep that inside the limit too
+    # Reading the answer back walks every send (1.8 s a million on the idle 2-core machine, twice that under
+    # load); CP-SAT loads the model before its clock starts (12 s for 330,000 variables under load) and winds
+    # its workers down after the limit. All of it stays inside the limit.
     read_back = 0.5 + 4e-6 * len(flow.sends)
-    solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic() - read_back)
+    loading = 4e-5 * flow.variables
+    left = deadline - time.monotonic() - read_back - min(2.0, 0.02 * time_limit)
+    if left < loading:
+        raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
+                      f"steps was built with {max(0.0, left):.1f} s of the time limit of {time_limit:g} s left, "
+                      f"too little to load its {flow.variables} variables (use fewer --chunks or --steps, or a "
+                      "longer --time-limit)")
+    solver.parameters.max_time_in_seconds = max(0.1, left - loading)
     solver.parameters.num_workers = options.workers or max(2, min(8, os.cpu_count() or 2))
     # Full presolve probes every send variable and symmetry detection builds a graph of the whole model: 12 s
     # and 7 s on NDv2 and HGX before the first incumbent. Without them the shortest-path hint is the first
