@@ -59,7 +59,8 @@ def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
     out = tmp_path / "m.json"
     # the whole model with only the host shift (no inter-/intra-host split), which searches for the whole minute
     sketch = tmp_path / "whole.json"
-    sketch.write_text(json.dumps({"format": "weft.sketch/1", "symmetry": {"rank_offset": 16}, "hierarchy": "none"}))
+    sketch.write_text(json.dumps({"format": "weft.sketch/1", "symmetry": {"rank_offset": 16}, "hierarchy": "none",
+                                  "chunks": 2}))
     argv = ["synth", "allgather", "-t", "dgx2:nodes=2", "--method", "milp", "--size", "1GB", "--time-limit", "60",
             "--sketch", str(sketch), "-o", str(out), "--commit"]
     code, took, err = _interrupt(argv, tmp_path, 8.0, True)
