@@ -1,4 +1,4 @@
-"""Scale benchmark: the exact cut bound and ForestColl-class trees on hgx_h100 from 2 to 128 nodes.
+"""Scale benchmark: the exact cut bound and ForestColl-class trees on hgx_h100 from 2 to 128 nodes, and dgx2:nodes=2.
 
     python bench/trees_scale.py [--nodes 2,8,32,128] [--verify-up-to 128] [-o bench/results/trees_scale.json]
     python bench/trees_scale.py --markdown bench/results/trees_scale.json   # the README table
@@ -42,9 +42,8 @@ def machine() -> dict:
             "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
 
 
-def row(nodes: int, verify_up_to: int, collective_name: str) -> dict:
+def row(spec: str, check: bool, collective_name: str) -> dict:
     """Bound, forest and compact pipeline timed; waves chosen per size; % of the bound from 1 MB to 4 GB."""
-    spec = f"hgx_h100:nodes={nodes}"
     topology = build(spec)
     c1 = Collective(collective_name, topology.nranks)
     t0 = time.perf_counter()
@@ -66,7 +65,7 @@ def row(nodes: int, verify_up_to: int, collective_name: str) -> dict:
     pipelined = wave.with_waves(waves)
     expanded_sends = wave.sends_per_wave * waves
     verified, verify_s, checked = None, None, None
-    if nodes <= verify_up_to:
+    if check:
         v0 = time.perf_counter()
         if expanded_sends <= MAX_EXPANDED:
             explicit = pipelined.expand()
@@ -136,6 +135,9 @@ def main() -> None:
     parser.add_argument("--collective", default="allgather")
     parser.add_argument("--verify-up-to", type=int, default=128, help="verify schedules up to this many nodes")
     parser.add_argument("--pipeline", metavar="SPECS", help="';'-separated topologies for the α = 0 series")
+    parser.add_argument("--also", metavar="SPECS", default="dgx2:nodes=2",
+                        help="';'-separated topologies measured after hgx_h100 (default: dgx2:nodes=2, whose NICs "
+                             "are shared by two GPUs)")
     parser.add_argument("-o", "--output", default="bench/results/trees_scale.json")
     parser.add_argument("--markdown", metavar="FILE", help="print the README table of a results file and exit")
     args = parser.parse_args()
@@ -149,8 +151,10 @@ def main() -> None:
             rows += pipeline_rows(spec)
             print(json.dumps(rows[-1]), flush=True)
     else:
-        for nodes in (int(n) for n in args.nodes.split(",")):
-            rows.append(row(nodes, args.verify_up_to, args.collective))
+        specs = [(f"hgx_h100:nodes={n}", int(n) <= args.verify_up_to) for n in args.nodes.split(",")]
+        specs += [(spec, True) for spec in args.also.split(";") if spec]
+        for spec, verify_it in specs:
+            rows.append(row(spec, verify_it, args.collective))
             print(json.dumps(rows[-1]), flush=True)
     doc = {"benchmark": "trees_scale", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "machine": machine(), "rows": rows}
