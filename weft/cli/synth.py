@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--commit", action="store_true", help="compile, verify and commit the plan to the registry")
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("--instances", type=int, default=1, help="thread blocks per chunk when compiling")
-    p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"))
+    p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"),
+                   help="when compiling: Simple, LL packets, or auto (LL for schedules of at most 2 steps)")
     for module in FAMILIES.values():
         try:
             importlib.import_module(module).add_arguments(p)
