@@ -22,6 +22,7 @@ from schedules.collectives import NAMES
 from topologies.errors import WeftError
 from topologies.jsonfile import write_text
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes, parse_size_range
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -254,8 +255,9 @@ def _run(args: argparse.Namespace) -> int:
         oks = [None] * world
         dist.all_gather_object(oks, ok)
         if rank == 0:
-            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on {world} GPUs: "
-                  f"{us:.2f} µs per execution (eager, {args.iters} executions)"
+            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
+                  f"{counted(world, 'GPU')}: "
+                  f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
                   + (f"; check against NCCL: {'ok' if all(oks) else 'WRONG on ranks ' + str([r for r, o in enumerate(oks) if not o])}"
                      if args.check else ""))
         if not all(oks):
@@ -280,7 +282,8 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
         plans = [load_plan(p) for p in args.plans]
     plans = [p for p in plans if p.collective == args.collective and p.nranks == world]
     if not plans:
-        raise ArgumentError(f"weft bench: no {args.collective} plan for {world} ranks in {' '.join(args.plans)}")
+        raise ArgumentError(f"weft bench: no {args.collective} plan for {counted(world, 'rank')} in "
+                            f"{' '.join(args.plans)}")
     return plans
 
 
