@@ -15,9 +15,11 @@ from the message size ``nbytes`` (nccl-tests terms: the larger of a rank's input
 and ``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
 LL packets never split), so ``nbytes`` is a multiple of the plan's ``granule``. A chunk need not be a multiple
 of 16 bytes ("ragged" sizes): the GPU executor handles the tail. ``Plan.runs(nbytes)`` says whether a size runs
-at all: any size in the range that is a whole number of the collective's parts runs, the others than multiples
-of the granule padded part by part to the next one (``Plan.padding``, ``schedules.padding``). In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word
-travels with a 4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
+at all: any size in the range that is a whole number of the collective's parts; sizes that are not multiples
+of the granule run padded, part by part, to the next one (``Plan.padding``, ``schedules.padding``).
+
+In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word travels with a
+4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``

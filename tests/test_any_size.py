@@ -25,7 +25,7 @@ ROOT = 2
 
 
 def _plan(name: str, inplace: bool = False):
-    # two instances: two chunks per part, so a part's granule is 8 B and fp32 parts of 3 elements are ragged
+    # two instances: two chunks per part, so a part's granule is 8 B and fp32 parts of 3 elements are off the granule
     return compile_schedule(synthesize(TOPOLOGY, name, "direct", root=ROOT), TOPOLOGY, instances=2, inplace=inplace)
 
 
@@ -59,13 +59,13 @@ def _inputs(name: str, nbytes: int, dtype: str, rng) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_collective_runs_ragged_sizes_on_the_reference_executor(name):
+def test_every_collective_runs_sizes_off_the_granule_on_the_reference_executor(name):
     plan = _plan(name)
     rng = np.random.default_rng(1)
     parts = plan.message_parts
-    ragged = [n for n in (parts * 12, parts * 20, parts * 6 * 7) if not plan.accepts(n)]
-    assert plan.granule > 4 and ragged  # the sizes below really need padding
-    for nbytes in ragged:
+    off_granule = [n for n in (parts * 12, parts * 20, parts * 6 * 7) if not plan.accepts(n)]
+    assert plan.granule > 4 and off_granule  # the sizes below really need padding
+    for nbytes in off_granule:
         for dtype in ("fp32", "bf16"):
             if nbytes // parts % (4 if dtype == "fp32" else 2):
                 continue
@@ -77,7 +77,7 @@ def test_every_collective_runs_ragged_sizes_on_the_reference_executor(name):
 
 
 @pytest.mark.parametrize("name", ["allgather", "reducescatter", "allreduce"])
-def test_inplace_plans_run_ragged_sizes(name):
+def test_inplace_plans_run_sizes_off_the_granule(name):
     plan = _plan(name, inplace=True)
     nbytes = plan.message_parts * 12
     assert not plan.accepts(nbytes) and plan.runs(nbytes)
