@@ -11,11 +11,15 @@ from the message size ``nbytes`` (nccl-tests terms: the larger of a rank's input
 
     chunk_bytes = nbytes / plan.size_chunks        # size_chunks = max(input_chunks, output_chunks) over gpus
 
-``Plan.accepts(nbytes)`` says whether a size runs: ``min_message_size <= nbytes <= max_message_size`` and
-``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
-LL packets never split). A chunk need not be a multiple of 16 bytes ("ragged" sizes): the GPU executor handles
-the tail. In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word
-travels with a 4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
+``Plan.accepts(nbytes)`` says whether a size runs directly: ``min_message_size <= nbytes <= max_message_size``
+and ``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
+LL packets never split), so ``nbytes`` is a multiple of the plan's ``granule``. A chunk need not be a multiple
+of 16 bytes ("ragged" sizes): the GPU executor handles the tail. ``Plan.runs(nbytes)`` says whether a size runs
+at all: any size in the range that is a whole number of the collective's parts; sizes that are not multiples
+of the granule run padded, part by part, to the next one (``Plan.padding``, ``schedules.padding``).
+
+In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word travels with a
+4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
@@ -64,8 +68,8 @@ or three with a double scratch buffer).
 ...     "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
 ...     {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
 ...     "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}]}, "x.json")
->>> plan.size_chunks, plan.accepts(64), plan.accepts(6)
-(1, True, False)
+>>> plan.size_chunks, plan.accepts(64), plan.accepts(6), plan.runs(6), plan.padding(6).padded_bytes
+(1, True, False, True, 8)
 """
 
 from __future__ import annotations
@@ -80,10 +84,10 @@ from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
+from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from topologies.errors import WeftError
 from topologies.jsonfile import Fields, read_json, write_text
 
-CHUNK_GRANULE = 4
 MAX_MESSAGE_SIZE = (1 << 64) - 1
 PROTOCOLS = ("Simple", "LL")
 BUFFER_TYPES = ("i", "o", "s")
@@ -336,13 +340,43 @@ class Plan:
     def chunk_bytes(self, nbytes: int) -> int:
         return nbytes // self.size_chunks
 
+    @property
+    def granule(self) -> int:
+        """The sizes this plan runs directly are multiples of this many bytes (every chunk whole 4-byte words, and
+        whole slices where thread-block groups or pipelines split a chunk)."""
+        return self.size_chunks * CHUNK_GRANULE * self.slices
+
+    @property
+    def message_parts(self) -> int:
+        """The equal parts of a message whose places matter (``Collective.message_parts``), padded one by one."""
+        return self.collective_spec().message_parts
+
     def accepts(self, nbytes: int) -> bool:
-        """Whether this plan runs a message of ``nbytes`` (its size range and the chunk granule)."""
-        unit = self.size_chunks * CHUNK_GRANULE * self.slices
+        """Whether this plan runs a message of ``nbytes`` directly: a multiple of its granule, in its size range
+        (the range's top rounded up to the granule, where the sizes up to the top run padded)."""
+        unit = self.granule
         if self.reuse_resources and self.max_scratch_chunks and \
                 nbytes // self.size_chunks * (2 if self.protocol == "LL" else 1) > self.reused_scratch_chunk_bytes:
             return False
-        return self.min_message_size <= nbytes <= self.max_message_size and nbytes > 0 and nbytes % unit == 0
+        top = -(-self.max_message_size // unit) * unit
+        return self.min_message_size <= nbytes <= top and nbytes > 0 and nbytes % unit == 0
+
+    def runs(self, nbytes: int) -> bool:
+        """Whether this plan runs a message of ``nbytes``, directly or padded (``schedules.padding``): any size in
+        its range that is a whole number of the collective's parts."""
+        return self.min_message_size <= nbytes <= self.max_message_size and \
+            padding_of(nbytes, self.size_chunks, self.message_parts, self.slices) is not None
+
+    def padding(self, nbytes: int) -> Padding:
+        """How a message of ``nbytes`` runs (``Padding.direct`` where it needs none); PlanError where it cannot."""
+        found = padding_of(nbytes, self.size_chunks, self.message_parts, self.slices) \
+            if self.min_message_size <= nbytes <= self.max_message_size else None
+        if found is None:
+            why = (refusal(nbytes, self.size_chunks, self.message_parts, self.slices) if self.min_message_size <= nbytes
+                   <= self.max_message_size else f"is outside its range {self.min_message_size}.."
+                   f"{self.max_message_size} B")
+            raise PlanError(f"plan {self.name}: size {nbytes} B {why}")
+        return found
 
     @property
     def max_scratch_chunks(self) -> int:
