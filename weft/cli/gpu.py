@@ -228,13 +228,16 @@ def _run(args: argparse.Namespace) -> int:
 
     from executor.errors import WrongResult
     from executor.gpu_bench import TORCH_DTYPES, matches, nccl_result, sum_magnitude
+    from executor.padded import buffer_parts
 
     comm, rank, world = _init_rank(args)
     try:
         dtype = getattr(torch, TORCH_DTYPES[args.dtype])
         gpu = plan.gpus[rank] if rank < plan.nranks else plan.gpus[0]
         esize = torch.tensor([], dtype=dtype).element_size()
-        n_in = gpu.input_chunks * plan.chunk_bytes(nbytes) // esize if plan.accepts(nbytes) else nbytes // esize
+        # a size off the plan's granule runs padded (schedules.padding); the input is its parts at the caller's size
+        n_in = (nbytes // plan.message_parts * buffer_parts(plan, gpu.input_chunks) // esize if plan.runs(nbytes)
+                else nbytes // esize)
         torch.manual_seed(rank)
         x = torch.randn(n_in, device="cuda", dtype=torch.float32).to(dtype)
         out = comm.execute(plan, x, dtype=args.dtype)

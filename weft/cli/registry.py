@@ -78,12 +78,21 @@ def _range(entry) -> str:
 
 
 def accepted_sizes(entry) -> str:
-    """The message sizes an entry's plan runs, as the plan defines them (its range, and the granule that each
-    size must be a multiple of): the one place that reads this from Plan."""
-    from schedules.plan import CHUNK_GRANULE
+    """The message sizes an entry's plan runs, as the plan defines them: its range, the parts a size must be a
+    whole number of (one per rank where the collective moves slices), and the granule that the sizes it runs
+    directly are multiples of (others run padded to it): the one place that reads this from Plan."""
+    plan = entry.plan
+    parts = f", {plan.message_parts} parts" if plan.message_parts > 1 else ""
+    return f"{_range(entry)}{parts}, granule {format_bytes(plan.granule)}"
 
-    unit = entry.plan.size_chunks * CHUNK_GRANULE
-    return _range(entry) + (f" step {format_bytes(unit)}" if unit > 1 else "")
+
+def sizes_sentence(entry) -> str:
+    """``accepted_sizes`` as a sentence, for `show`."""
+    plan = entry.plan
+    parts = (f" that is a whole number of {plan.message_parts} equal parts (one per rank)"
+             if plan.message_parts > 1 else "")
+    return (f"runs any size in {_range(entry)}{parts}: multiples of {format_bytes(plan.granule)} directly, "
+            f"others padded to the next multiple (each part staged at its padded place)")
 
 
 def best_time(entry) -> tuple[str, float | None, int | None]:
@@ -109,6 +118,7 @@ def describe(entry) -> dict:
     basis, us, size = best_time(entry)
     return entry.summary() | {"topology_name": entry.provenance.get("topology_name") or entry.key.topology,
                               "plan_label": plan_label(entry), "accepts": accepted_sizes(entry),
+                              "granule_bytes": entry.plan.granule, "message_parts": entry.plan.message_parts,
                               "best_basis": basis, "best_us": us, "best_at_bytes": size}
 
 
@@ -144,10 +154,10 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     width = max([len(r["topology_name"]) for r in rows] + [8])
     print(f"{'id':<34} {'collective':<13} {'ranks':>5} {'topology':<{width}} {'plan':<18} {'solver':<8} "
-          f"{'sizes':<26} best time")
+          f"{'sizes':<32} best time")
     for r in rows:
         print(f"{r['id']:<34} {r['collective']:<13} {r['nranks']:>5} {r['topology_name']:<{width}} "
-              f"{r['plan_label']:<18} {r['solver']:<8} {r['accepts']:<26} {_best_text(r)}")
+              f"{r['plan_label']:<18} {r['solver']:<8} {r['accepts']:<32} {_best_text(r)}")
     print(f"{counted(len(entries), 'entry', 'entries')} in {reg.location}")
     return 0
 
@@ -175,6 +185,7 @@ def _show(args: argparse.Namespace) -> int:
     row = describe(entry)
     print(f"{entry.id}: {entry.key.collective} on {counted(entry.key.nranks, 'rank')} of {row['topology_name']}, plan "
           f"{entry.plan.name} ({row['plan_label']}), sizes {row['accepts']}, best {_best_text(row)}")
+    print(f"sizes: {sizes_sentence(entry)}")
     print(json.dumps(doc, indent=2, sort_keys=True))
     return 0
 
