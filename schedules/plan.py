@@ -802,10 +802,11 @@ def _check_pairing(rd: _Reader, plan: Plan) -> None:
     """Channels pair up (``channel_pairs``); remote entries go through a channel to the rank owning the buffer."""
     pairs = {channel_type: channel_pairs(plan, channel_type) for channel_type in CHANNEL_TYPES}
     for r, gpu in enumerate(plan.gpus):
+        peer_tables = {channel_type: gpu.peers(channel_type) for channel_type in CHANNEL_TYPES}  # once per rank
         for t, tb in enumerate(gpu.threadblocks):
             for i, op in ((i, o) for i, top in enumerate(tb.ops) for o in top.flat()):
                 channel_type = op.channel_type or "memory"
-                peers = gpu.peers(channel_type)
+                peers = peer_tables[channel_type]
                 if op.spec.device in ("signal", "wait") or op.spec.signals:
                     for cid in op.channel_ids:
                         if (r, cid) not in pairs[channel_type]:
