@@ -4,6 +4,7 @@ the command that prints it (bench/readme_tables.py rewrites them), and here each
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,22 @@ def test_regenerating_restores_a_table_edited_by_hand():
     command, table = BLOCKS[0]
     text = TABLES.regenerate(README.replace(table, "| stale |\n", 1))
     assert text == README
+
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def test_results_keep_one_file_per_experiment_under_a_stable_name():
+    # superseded jobs live in git history (bench/NOTES.md says where), not as _v1 … _v10, _v5e_a beside the latest
+    assert [p.name for p in RESULTS.iterdir() if re.search(r"_v\d", p.name)] == []
+
+
+def test_every_results_file_is_named_where_it_is_used_and_every_link_resolves():
+    named = "".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", ROOT / "bench" / "NOTES.md",
+                                                               *ROOT.glob("bench/*.py"), *ROOT.glob("tests/*.py"),
+                                                               *ROOT.glob("examples/*.py")])
+    orphans = [p.name for p in RESULTS.iterdir()
+               if p.name not in named and not (p.suffix == ".png" and p.with_suffix(".json").exists())]
+    assert orphans == []
+    for link in re.findall(r"\]\((bench/results/[^)#]+)\)", README):
+        assert (ROOT / link).exists(), link
