@@ -33,6 +33,7 @@ def plan_doc(name: str, lo: int, hi: int) -> dict:
     """A real 1-rank allgather plan (copy input to output); the name makes each plan's hash distinct."""
     return {
         "name": name, "collective": "allgather", "protocol": "Simple", "inplace": False,
+        "num_threads_per_block": 512, "buffer_alignment": 16,
         "min_message_size": lo, "max_message_size": hi,
         "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
             {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
