@@ -255,8 +255,7 @@ def _run(args: argparse.Namespace) -> int:
             comm.synchronize()
             ok = matches(plan.collective, out, nccl_result(plan.collective, x, world), args.dtype,
                          sum_magnitude(plan.collective, x, world), world)
-        oks = [None] * world
-        dist.all_gather_object(oks, ok)
+        oks = comm.exchange("run-check", ok)  # plain data through the store, never a pickle
         if rank == 0:
             print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
                   f"{counted(world, 'GPU')}: "
@@ -308,8 +307,7 @@ def _bench(args: argparse.Namespace) -> int:
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
                              ll128=args.ll128)
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
-        wrong = [None] * world
-        dist.all_gather_object(wrong, [r["wrong"] for r in rows])
+        wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):
             row["wrong"] = sum(w[i] for w in wrong)
         if rank == 0:
