@@ -707,6 +707,19 @@ def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
         raise rd.fail(f"{where}.{field}" if field else where, why)
 
 
+def current_format(plan: Plan) -> Plan:
+    """A plan weft wrote before 2026-11-26 in the format MSCCL++ reads today: ops name the block's channels, and a
+    ``pws`` on memory channels (which MSCCL++'s kernel runs without its signal) becomes ``put`` then ``signal``."""
+    def split(op: Op) -> tuple[Op, ...]:
+        if op.name in ("pws", "pwsf") and op.channel_type == "memory":
+            return (replace(op, name="put"), Op("signal", op.channel_type, op.channel_ids))
+        return (op,)
+
+    gpus = tuple(replace(g, threadblocks=tuple(replace(tb, ops=tuple(o for op in tb.ops for o in split(op)))
+                                               for tb in g.threadblocks)) for g in plan.gpus)
+    return replace(plan, gpus=gpus).with_meta(channel_ids="threadblock", verification=None)
+
+
 def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[int, str]:
     """(rank, buffer type) that a remote entry of ``op`` names."""
     buffer = gpu.remote_buffers[tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)]
