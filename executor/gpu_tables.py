@@ -227,6 +227,10 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
                             "whole 8-byte words and whole warps only)")
     per_chunk = (cb + LINE_DATA - 1) // LINE_DATA * LINE_BYTES
     layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
+    if gpu.port_peers:
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
+                            f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
+                            "port-channel plans run through executor.port_engine")
     if len(gpu.memory_peers) > MAX_CHANNELS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
                             f"(the executor holds {MAX_CHANNELS})")

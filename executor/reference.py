@@ -3,7 +3,13 @@
 Each thread block is a sequential thread; the executor interleaves them one op at a time. Ops follow the
 semantics in ``schedules.plan``. Ordering is tracked with vector clocks: program order within a thread block,
 signal -> wait on paired channel ends (the n-th wait after the n-th signal), sem_release -> sem_acquire,
-barriers, and packet write -> packet read. Every chunk slot remembers its last write and the reads since, so
+barriers, and packet write -> packet read.
+
+Port channels follow MSCCL++'s ordering: each port channel end of each launch is a thread of its own (its
+proxy), which runs the channel's puts in order after the op that issued them. A put's source is read and its
+destination written by that thread, so the peer sees the data only through a ``signal`` on the same channel
+(which carries the channel thread's clock), and the issuing rank may overwrite the source only after a ``flush``
+of the channel (which joins the channel thread's clock into the thread block's). Every chunk slot remembers its last write and the reads since, so
 
 - a read of a chunk that no write happens-before (including reading a peer's buffer before the owner's write
   is ordered before the read, or a scratch chunk nobody wrote) is a race (``PlanRace``);
@@ -148,7 +154,9 @@ class _Machine:
         self.threads = [_Thread(r, tb.id, k, *_expand(tb.ops, self.G)) for k in range(self.launches)
                         for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
         self.hosts = {(k, r): _Thread(r, -1, k, (), None) for k in range(self.launches + 1) for r in range(plan.nranks)}
-        self.everyone = self.threads + list(self.hosts.values())
+        self.proxies = {(k, r, c): _Thread(r, -2 - c, k, (), None) for k in range(self.launches)
+                        for r, g in enumerate(plan.gpus) for c in range(len(g.port_peers))}
+        self.everyone = self.threads + list(self.hosts.values()) + list(self.proxies.values())
         for t in self.everyone:
             t.vc = np.zeros(len(self.everyone), dtype=np.int64)
         self.slot_elems = elems // self.G
@@ -156,7 +164,8 @@ class _Machine:
         self.alias: dict[tuple[int, str], tuple[str, int]] = {}
         for r, g in enumerate(plan.gpus):
             self._place_buffers(r, g.input_chunks, g.output_chunks, g.scratch_chunks)
-        self.peer_end = channel_pairs(plan)
+        self.peer_end = {("memory",) + end: ("memory",) + back for end, back in channel_pairs(plan).items()}
+        self.peer_end.update({("port",) + end: ("port",) + back for end, back in channel_pairs(plan, "port").items()})
         self.inbound: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
         self.consumed: dict[tuple[int, int], int] = defaultdict(int)
         self.semaphores = {(r, s): [None] * v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
@@ -207,7 +216,7 @@ class _Machine:
         if op.spec.device == "wait":
             need = defaultdict(int)
             for cid in op.channel_ids:
-                need[(t.rank, cid)] += 1
+                need[(op.channel_type, t.rank, cid)] += 1
             return all(len(self.inbound[end]) >= self.consumed[end] + n for end, n in need.items())
         if op.spec.device == "sem_acquire":
             need = defaultdict(int)
@@ -237,9 +246,10 @@ class _Machine:
 
     def blocked_reason(self, t: _Thread) -> str:
         op, gpu = t.ops[t.pc], self.plan.gpus[t.rank]
-        peers = gpu.memory_peers
         if op.spec.device == "wait":
-            return f"{self.where(t)} waits on channel {op.channel_ids[0]} from rank {peers[op.channel_ids[0]]}"
+            peers = gpu.peers(op.channel_type)
+            kind = "port channel" if op.channel_type == "port" else "channel"
+            return f"{self.where(t)} waits on {kind} {op.channel_ids[0]} from rank {peers[op.channel_ids[0]]}"
         if op.spec.device == "sem_acquire":
             return f"{self.where(t)} waits on semaphore {op.semaphore_ids[0]}"
         if op.spec.device == "barrier":
@@ -253,9 +263,12 @@ class _Machine:
         t.vc[me] += 1
         if op.spec.device == "wait":
             for cid in op.channel_ids:
-                end = (t.rank, cid)
+                end = (op.channel_type, t.rank, cid)
                 np.maximum(t.vc, self.inbound[end][self.consumed[end]], out=t.vc)
                 self.consumed[end] += 1
+        elif op.spec.device == "flush" and op.channel_type == "port":
+            for cid in op.channel_ids:  # the channel's puts so far have completed
+                np.maximum(t.vc, self.proxies[(t.launch, t.rank, cid)].vc, out=t.vc)
         elif op.spec.device == "sem_acquire":
             for s in op.semaphore_ids:
                 released = self.semaphores[(t.rank, s)].pop(0)
@@ -269,11 +282,16 @@ class _Machine:
             for vc in self.arrivals[key].values():
                 np.maximum(t.vc, vc, out=t.vc)
             t.barriers[op.barrier_id] += 1
-        if op.spec.buffers:
+        if op.spec.buffers and op.channel_type == "port":
+            self._port_put(t, op)
+        elif op.spec.buffers:
             self._move(t, me, op)
         if op.spec.device == "signal" or op.spec.signals:
             for cid in op.channel_ids:
-                self.inbound[self.peer_end[(t.rank, cid)]].append(t.vc.copy())
+                carried = t.vc.copy()
+                if op.channel_type == "port":  # a port signal follows the channel's puts before it
+                    np.maximum(carried, self.proxies[(t.launch, t.rank, cid)].vc, out=carried)
+                self.inbound[self.peer_end[(op.channel_type, t.rank, cid)]].append(carried)
         t.pc += 1
 
     def _move(self, t: _Thread, me: int, op: Op) -> None:
@@ -314,6 +332,22 @@ class _Machine:
             rank, name, buf, sl = locate(ref)
             packet = op.spec.writes_packet(ref.remote, k)
             self._write(t, me, buf, sl, value, t.launch if packet else _PLAIN, rank, name, where, first(ref))
+
+    def _port_put(self, t: _Thread, op: Op) -> None:
+        """A put on port channels: each (src, dst) pair moves on its channel's proxy thread, after the op."""
+        gpu = self.plan.gpus[t.rank]
+        tb = gpu.threadblocks[t.tb]
+        where = self.where(t)
+        for src, dst, cid in zip(op.src_buff, op.dst_buff, op.channel_ids):
+            proxy = self.proxies[(t.launch, t.rank, cid)]
+            me = self._index[id(proxy)]
+            np.maximum(proxy.vc, t.vc, out=proxy.vc)
+            proxy.vc[me] += 1
+            buf, sl = self.slots(t.rank, src.type, src, where, t.launch)
+            value = self._read(proxy, me, buf, sl, False, t.rank, BUFFER_NAMES[src.type], where, src.index)
+            rank, type = remote_target(gpu, tb, op, dst)
+            buf, sl = self.slots(rank, type, dst, where, t.launch)
+            self._write(proxy, me, buf, sl, value, _PLAIN, rank, BUFFER_NAMES[type], where, dst.index)
 
     def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str,
               where: str, index: int) -> np.ndarray:
@@ -360,6 +394,9 @@ class _Machine:
 
     def _describe(self, index: int) -> str:
         t = self.everyone[index]
+        if t.tb < -1:
+            return (f"a put in flight on rank {t.rank}'s port channel {-2 - t.tb}"
+                    + (f" in launch {t.launch}" if self.launches > 1 else "") + " (missing flush or signal?)")
         if t.tb < 0:
             return f"rank {t.rank}'s host before launch {t.launch}"
         return f"rank {t.rank} threadblock {t.tb}" + (f" in launch {t.launch}" if self.launches > 1 else "")

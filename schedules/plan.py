@@ -11,11 +11,15 @@ from the message size ``nbytes`` (nccl-tests terms: the larger of a rank's input
 
     chunk_bytes = nbytes / plan.size_chunks        # size_chunks = max(input_chunks, output_chunks) over gpus
 
-``Plan.accepts(nbytes)`` says whether a size runs: ``min_message_size <= nbytes <= max_message_size`` and
-``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
-LL packets never split). A chunk need not be a multiple of 16 bytes ("ragged" sizes): the GPU executor handles
-the tail. In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word
-travels with a 4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
+``Plan.accepts(nbytes)`` says whether a size runs directly: ``min_message_size <= nbytes <= max_message_size``
+and ``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
+LL packets never split), so ``nbytes`` is a multiple of the plan's ``granule``. A chunk need not be a multiple
+of 16 bytes ("ragged" sizes): the GPU executor handles the tail. ``Plan.runs(nbytes)`` says whether a size runs
+at all: any size in the range that is a whole number of the collective's parts; sizes that are not multiples
+of the granule run padded, part by part, to the next one (``Plan.padding``, ``schedules.padding``).
+
+In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word travels with a
+4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
@@ -26,10 +30,15 @@ rank's slice: allgather/gather keep ``i`` at ``o[rank·input_chunks]``, reducesc
 
 Channels and semaphores
 -----------------------
-Only ``memory`` channels are supported (``port`` channels have no runtime here; ``switch``/NVLS channels are
-refused because NVLink multicast is forbidden on the shared machines). A GPU's memory channels are numbered
-0.. in the order of its ``channels`` entries' ``connected_to`` lists; channel k connects to rank
-``connected_to[k]``. The m-th channel of rank a to rank b pairs with the m-th channel of rank b to rank a.
+``memory`` channels (CUDA IPC, inside one host) and ``port`` channels (between hosts, through a proxy and a
+network engine) are supported; ``switch``/NVLS channels are refused because NVLink multicast is forbidden on the
+shared machines. Each channel type numbers its own channels: a GPU's memory (or port) channels are numbered 0..
+in the order of its ``channels`` entries of that type and their ``connected_to`` lists; channel k connects to
+rank ``connected_to[k]``. The m-th channel of a type of rank a to rank b pairs with the m-th channel of that type
+of rank b to rank a. A port channel carries ``put``, ``pws``, ``signal``, ``wait`` and ``flush`` only, with
+MSCCL++'s ordering: a put is asynchronous; a ``signal`` on the channel orders every put before it on that
+channel (the peer that waits for it sees their data); ``flush`` waits until the channel's puts have completed,
+so their sources may be overwritten only after it.
 Each channel end holds an inbound counter: ``signal`` on a's end adds one to b's end; ``wait`` on b's end
 blocks until its counter exceeds the number of waits already done there, then consumes one. The n-th wait
 therefore happens after the n-th signal and after everything the signalling thread block did before it.
@@ -59,8 +68,8 @@ or three with a double scratch buffer).
 ...     "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
 ...     {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
 ...     "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}]}, "x.json")
->>> plan.size_chunks, plan.accepts(64), plan.accepts(6)
-(1, True, False)
+>>> plan.size_chunks, plan.accepts(64), plan.accepts(6), plan.runs(6), plan.padding(6).padded_bytes
+(1, True, False, True, 8)
 """
 
 from __future__ import annotations
@@ -74,18 +83,17 @@ from pathlib import Path
 from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
-from schedules.ops import OPS, SWITCH_OPS, OpSpec
+from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
+from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from topologies.errors import WeftError
 from topologies.jsonfile import Fields, read_json, write_text
 
-CHUNK_GRANULE = 4
 MAX_MESSAGE_SIZE = (1 << 64) - 1
 PROTOCOLS = ("Simple", "LL")
 BUFFER_TYPES = ("i", "o", "s")
-CHANNEL_TYPES = ("memory",)
+CHANNEL_TYPES = ("memory", "port")
 REFUSED_CHANNEL_TYPES = {
     "switch": "switch (NVLS) channels need NVLink multicast, which weft never uses",
-    "port": "port channels (proxy/DMA/RDMA) have no runtime in weft yet; use memory channels",
 }
 CHANNEL_OPS = frozenset(name for name, spec in OPS.items() if spec.channels)
 PACKET_OPS = frozenset(name for name, spec in OPS.items() if spec.packet)
@@ -139,8 +147,9 @@ class Op:
         """The op's row in the op table (``schedules.ops``)."""
         return OPS[self.name]
 
-    def to_json(self, local: dict[int, int] | None = None) -> dict:
-        """The op as MSCCL++ writes it; ``local`` maps GPU channel ids to the thread block's channel indices."""
+    def to_json(self, local: dict[str, dict[int, int]] | None = None) -> dict:
+        """The op as MSCCL++ writes it; ``local`` maps each channel type's GPU channel ids to the thread block's
+        channel indices."""
         doc: dict[str, Any] = {"name": self.name}
         if self.spec.container:
             doc["iter_context"] = {"unit_size": self.unit_size, "num_chunks": self.num_chunks}
@@ -152,7 +161,7 @@ class Op:
             doc["dst_buff"] = [b.to_json() for b in self.dst_buff]
         if self.channel_type is not None:
             doc["channel_type"] = self.channel_type
-            doc["channel_ids"] = [local[c] for c in self.channel_ids] if local is not None else list(self.channel_ids)
+            doc["channel_ids"] = [local[self.channel_type][c] for c in self.channel_ids] if local is not None else list(self.channel_ids)
         if self.semaphore_ids:
             doc["semaphore_ids"] = list(self.semaphore_ids)
         if self.barrier_id is not None:
@@ -230,8 +239,10 @@ class Threadblock:
     def to_json(self, channel_ids: str = "threadblock") -> dict:
         local = None
         if channel_ids == "threadblock":
-            listed = self.channel_list("memory")
-            local = {c: listed.index(c) for c in set(listed)}
+            local = {}
+            for channel_type in CHANNEL_TYPES:
+                listed = self.channel_list(channel_type)
+                local[channel_type] = {c: listed.index(c) for c in set(listed)}
         return {"id": self.id, "ops": [op.to_json(local) for op in self.ops],
                 "channels": [c.to_json() for c in self.channels],
                 "remote_buffer_refs": [r.to_json() for r in self.remote_buffer_refs]}
@@ -251,7 +262,16 @@ class Gpu:
     @property
     def memory_peers(self) -> tuple[int, ...]:
         """The peer of each memory channel id."""
-        return tuple(p for c in self.channels if c.channel_type == "memory" for p in c.connected_to)
+        return self.peers("memory")
+
+    @property
+    def port_peers(self) -> tuple[int, ...]:
+        """The peer of each port channel id."""
+        return self.peers("port")
+
+    def peers(self, channel_type: str) -> tuple[int, ...]:
+        """The peer of each channel id of one channel type."""
+        return tuple(p for c in self.channels if c.channel_type == channel_type for p in c.connected_to)
 
     def buffer_chunks(self, type: str) -> int:
         return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[type]
@@ -320,13 +340,43 @@ class Plan:
     def chunk_bytes(self, nbytes: int) -> int:
         return nbytes // self.size_chunks
 
+    @property
+    def granule(self) -> int:
+        """The sizes this plan runs directly are multiples of this many bytes (every chunk whole 4-byte words, and
+        whole slices where thread-block groups or pipelines split a chunk)."""
+        return self.size_chunks * CHUNK_GRANULE * self.slices
+
+    @property
+    def message_parts(self) -> int:
+        """The equal parts of a message whose places matter (``Collective.message_parts``), padded one by one."""
+        return self.collective_spec().message_parts
+
     def accepts(self, nbytes: int) -> bool:
-        """Whether this plan runs a message of ``nbytes`` (its size range and the chunk granule)."""
-        unit = self.size_chunks * CHUNK_GRANULE * self.slices
+        """Whether this plan runs a message of ``nbytes`` directly: a multiple of its granule, in its size range
+        (the range's top rounded up to the granule, where the sizes up to the top run padded)."""
+        unit = self.granule
         if self.reuse_resources and self.max_scratch_chunks and \
                 nbytes // self.size_chunks * (2 if self.protocol == "LL" else 1) > self.reused_scratch_chunk_bytes:
             return False
-        return self.min_message_size <= nbytes <= self.max_message_size and nbytes > 0 and nbytes % unit == 0
+        top = -(-self.max_message_size // unit) * unit
+        return self.min_message_size <= nbytes <= top and nbytes > 0 and nbytes % unit == 0
+
+    def runs(self, nbytes: int) -> bool:
+        """Whether this plan runs a message of ``nbytes``, directly or padded (``schedules.padding``): any size in
+        its range that is a whole number of the collective's parts."""
+        return self.min_message_size <= nbytes <= self.max_message_size and \
+            padding_of(nbytes, self.size_chunks, self.message_parts, self.slices) is not None
+
+    def padding(self, nbytes: int) -> Padding:
+        """How a message of ``nbytes`` runs (``Padding.direct`` where it needs none); PlanError where it cannot."""
+        found = padding_of(nbytes, self.size_chunks, self.message_parts, self.slices) \
+            if self.min_message_size <= nbytes <= self.max_message_size else None
+        if found is None:
+            why = (refusal(nbytes, self.size_chunks, self.message_parts, self.slices) if self.min_message_size <= nbytes
+                   <= self.max_message_size else f"is outside its range {self.min_message_size}.."
+                   f"{self.max_message_size} B")
+            raise PlanError(f"plan {self.name}: size {nbytes} B {why}")
+        return found
 
     @property
     def max_scratch_chunks(self) -> int:
@@ -431,7 +481,7 @@ class _Reader(Fields):
         if isinstance(value, str) and value in REFUSED_CHANNEL_TYPES:
             raise self.fail(where, f"unsupported channel type {value!r}: {REFUSED_CHANNEL_TYPES[value]}")
         if value not in CHANNEL_TYPES:
-            raise self.fail(where, f"unknown channel type {value!r} (weft runs 'memory' channels)")
+            raise self.fail(where, f"unknown channel type {value!r} (weft runs 'memory' and 'port' channels)")
         return value
 
 
@@ -569,16 +619,16 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
 
 def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threadblock:
     doc = rd.obj(data, where)
-    nchannels = len(gpu.memory_peers)
     channels = []
     for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
         c = rd.obj(c, f"{where}.channels[{k}]")
         ctype = rd.channel_type(c.get("channel_type"), f"{where}.channels[{k}].channel_type")
         ids = rd.list(c.get("channel_ids"), f"{where}.channels[{k}].channel_ids")
+        nchannels = len(gpu.peers(ctype))
         for j, cid in enumerate(ids):
             if rd.int(cid, f"{where}.channels[{k}].channel_ids[{j}]") >= nchannels:
                 raise rd.fail(f"{where}.channels[{k}].channel_ids[{j}]",
-                              f"channel {cid} does not exist (the GPU has {nchannels} memory channels)")
+                              f"channel {cid} does not exist (the GPU has {nchannels} {ctype} channels)")
         channels.append(ChannelRef(ctype, tuple(ids)))
     refs = []
     for k, r in enumerate(rd.list(doc.get("remote_buffer_refs", []), f"{where}.remote_buffer_refs")):
@@ -638,6 +688,9 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
     channel_type, channel_ids = None, ()
     if "channel_type" in doc or name in CHANNEL_OPS:
         channel_type = rd.channel_type(doc.get("channel_type"), f"{where}.channel_type")
+        if channel_type == "port" and name not in PORT_OPS:
+            raise rd.fail(f"{where}.channel_type", f"op {name!r} cannot run on a port channel (port channels "
+                                                   f"carry {', '.join(sorted(PORT_OPS))})")
         channel_ids = tuple(rd.int(c, f"{where}.channel_ids[{j}]")
                             for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids")))
         listed = tb.channel_list(channel_type)
@@ -650,7 +703,7 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
                               f"channel {cid} is not among the thread block's {channel_type} channels")
         if rd.channel_ids == "threadblock":
             channel_ids = tuple(listed[c] for c in channel_ids)
-        if rd.channel_ids == "threadblock" and name in ("pws", "pwsf"):
+        if rd.channel_ids == "threadblock" and name in ("pws", "pwsf") and channel_type == "memory":
             raise rd.fail(f"{where}.name", f"op {name!r} on memory channels: MSCCL++'s kernel puts without a signal "
                                            "there (it signals on port channels only), weft's would signal; write "
                                            "put, then signal")
@@ -732,13 +785,14 @@ def op_channels(op: Op) -> list[tuple[BufferRef, int]]:
     return list(zip(remote, op.channel_ids))
 
 
-def channel_pairs(plan: Plan) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, channel id) -> the paired (peer, channel id): the m-th channel a->b pairs with the m-th b->a.
+def channel_pairs(plan: Plan, channel_type: str = "memory") -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, channel id) -> the paired (peer, channel id) among channels of one type: the m-th channel a->b pairs
+    with the m-th b->a.
 
     The one statement of the pairing rule: the parser checks it, both executors signal through it."""
     ends: dict[tuple[int, int], list[int]] = {}
     for r, g in enumerate(plan.gpus):
-        for cid, peer in enumerate(g.memory_peers):
+        for cid, peer in enumerate(g.peers(channel_type)):
             ends.setdefault((r, peer), []).append(cid)
     pairs = {}
     for (r, peer), cids in ends.items():
@@ -748,26 +802,27 @@ def channel_pairs(plan: Plan) -> dict[tuple[int, int], tuple[int, int]]:
     return pairs
 
 
-def unpaired_error(plan: Plan, rank: int, cid: int) -> str:
+def unpaired_error(plan: Plan, rank: int, cid: int, channel_type: str = "memory") -> str:
     """Why a signal or wait on (rank, channel cid) cannot run: the peer lists no matching channel end."""
-    peer = plan.gpus[rank].memory_peers[cid]
-    back = sum(p == rank for p in plan.gpus[peer].memory_peers)
-    return (f"gpus[{rank}].channels: channel {cid} to rank {peer} has no matching channel on rank {peer} (it lists "
+    peer = plan.gpus[rank].peers(channel_type)[cid]
+    back = sum(p == rank for p in plan.gpus[peer].peers(channel_type))
+    return (f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank {peer} (it lists "
             f"{back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
             "waits only on listed pairs")
 
 
 def _check_pairing(rd: _Reader, plan: Plan) -> None:
     """Channels pair up (``channel_pairs``); remote entries go through a channel to the rank owning the buffer."""
-    pairs = channel_pairs(plan)
+    pairs = {channel_type: channel_pairs(plan, channel_type) for channel_type in CHANNEL_TYPES}
     for r, gpu in enumerate(plan.gpus):
-        peers = gpu.memory_peers
         for t, tb in enumerate(gpu.threadblocks):
             for i, op in ((i, o) for i, top in enumerate(tb.ops) for o in top.flat()):
+                channel_type = op.channel_type or "memory"
+                peers = gpu.peers(channel_type)
                 if op.spec.device in ("signal", "wait") or op.spec.signals:
                     for cid in op.channel_ids:
-                        if (r, cid) not in pairs:
-                            raise rd.fail("gpus", unpaired_error(plan, r, cid))
+                        if (r, cid) not in pairs[channel_type]:
+                            raise rd.fail("gpus", unpaired_error(plan, r, cid, channel_type))
                 for ref, cid in op_channels(op):
                     rank, _ = remote_target(gpu, tb, op, ref)
                     if peers[cid] != rank:
