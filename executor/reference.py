@@ -292,6 +292,9 @@ class _Machine:
                 if op.channel_type == "port":  # a port signal follows the channel's puts before it
                     np.maximum(carried, self.proxies[(t.launch, t.rank, cid)].vc, out=carried)
                 self.inbound[self.peer_end[(op.channel_type, t.rank, cid)]].append(carried)
+        if op.spec.flushes and op.channel_type == "port":
+            for cid in op.channel_ids:  # putWithSignalAndFlush: the kernel waits for the proxy
+                np.maximum(t.vc, self.proxies[(t.launch, t.rank, cid)].vc, out=t.vc)
         t.pc += 1
 
     def _move(self, t: _Thread, me: int, op: Op) -> None:
@@ -338,16 +341,20 @@ class _Machine:
         gpu = self.plan.gpus[t.rank]
         tb = gpu.threadblocks[t.tb]
         where = self.where(t)
-        for src, dst, cid in zip(op.src_buff, op.dst_buff, op.channel_ids):
+        part = t.parts[t.pc]
+        srcs = op.src_buff * len(op.dst_buff) if op.spec.broadcast and len(op.src_buff) == 1 else op.src_buff
+        for k, (src, dst, cid) in enumerate(zip(srcs, op.dst_buff, op.channel_ids)):
             proxy = self.proxies[(t.launch, t.rank, cid)]
             me = self._index[id(proxy)]
             np.maximum(proxy.vc, t.vc, out=proxy.vc)
             proxy.vc[me] += 1
-            buf, sl = self.slots(t.rank, src.type, src, where, t.launch)
-            value = self._read(proxy, me, buf, sl, False, t.rank, BUFFER_NAMES[src.type], where, src.index)
+            packet = op.spec.reads_packet(k)  # rppkt: the block waited for the packets, the proxy copies them
+            buf, sl = self.slots(t.rank, src.type, src, where, t.launch, _window(part, src))
+            value = self._read(proxy, me, buf, sl, packet, t.rank, BUFFER_NAMES[src.type], where, src.index * self.G)
             rank, type = remote_target(gpu, tb, op, dst)
-            buf, sl = self.slots(rank, type, dst, where, t.launch)
-            self._write(proxy, me, buf, sl, value, _PLAIN, rank, BUFFER_NAMES[type], where, dst.index)
+            buf, sl = self.slots(rank, type, dst, where, t.launch, _window(part, dst))
+            flag = t.launch if op.spec.writes_packet(True, k) else _PLAIN
+            self._write(proxy, me, buf, sl, value, flag, rank, BUFFER_NAMES[type], where, dst.index * self.G)
 
     def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str,
               where: str, index: int) -> np.ndarray:
