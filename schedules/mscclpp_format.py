@@ -195,3 +195,12 @@ def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, 
             need.present(op, key, f"{at}.{key}")
         for key in ("unit_size", "num_chunks"):
             need.present(op.get("iter_context", {}), key, f"{at}.iter_context.{key}")
+
+
+def mscclpp_verdict(doc: dict[str, Any]) -> str:
+    """One line on whether MSCCL++'s executor reads ``doc``: its first departure, and how many more."""
+    errors = conformance_errors(doc)
+    if not errors:
+        return "MSCCL++'s executor reads it"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"MSCCL++'s executor would refuse it: {errors[0]}{more}"

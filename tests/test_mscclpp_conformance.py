@@ -11,7 +11,7 @@ import pytest
 
 from codegen import compile_schedule
 from schedules.collectives import NAMES, Collective
-from schedules.mscclpp_format import OP_NAMES, conformance_errors
+from schedules.mscclpp_format import OP_NAMES, conformance_errors, mscclpp_verdict
 from schedules.ops import OPS, SWITCH_OPS
 from executor.reference import check_plan
 from schedules.plan import current_format, dumps_plan, load_plan, parse_plan
@@ -80,6 +80,7 @@ def test_the_rules_catch_what_mscclpp_would_reject():
     assert any(e.startswith("inplace: missing") for e in errors)
     assert any("channel_ids" in e and "past the block" in e for e in errors)
     assert any(e.endswith("tpkt: not a field MSCCL++'s executor reads") for e in errors)
+    assert mscclpp_verdict(doc).startswith("MSCCL++'s executor would refuse it: inplace: missing")
 
 
 def test_legacy_weft_plans_rewrite_into_the_current_format():
@@ -101,3 +102,9 @@ def test_the_op_table_covers_every_op_mscclpp_parses():
         for gpu in json.loads(path.read_text())["gpus"]:
             for tb in gpu["threadblocks"]:
                 assert {op["name"] for op in tb["ops"]} <= OP_NAMES | {"glre"}
+
+
+def test_a_plan_past_mscclpp_s_fixed_limits_is_named():
+    # 16 ranks: the direct all-reduce sums 16 entries in one op, MSCCL++'s Operation holds 10
+    doc = _written("dgx2", "direct", "allreduce", protocol="simple")
+    assert "src_buff: 16 entries; MSCCL++ copies at most 10" in mscclpp_verdict(doc)
