@@ -104,7 +104,15 @@ def test_the_op_table_covers_every_op_mscclpp_parses():
                 assert {op["name"] for op in tb["ops"]} <= OP_NAMES | {"glre"}
 
 
-def test_a_plan_past_mscclpp_s_fixed_limits_is_named():
-    # 16 ranks: the direct all-reduce sums 16 entries in one op, MSCCL++'s Operation holds 10
-    doc = _written("dgx2", "direct", "allreduce", protocol="simple")
-    assert "src_buff: 16 entries; MSCCL++ copies at most 10" in mscclpp_verdict(doc)
+def test_16_rank_plans_fit_mscclpp_s_fixed_limits():
+    # dgx2's direct all-reduce sums 16 entries (MSCCL++'s Operation holds 10): codegen sums 10, then adds the rest;
+    # its ring all-reduce runs 90 ops per thread block (MSCCL++ holds 64): the block continues in a new one
+    direct = _written("dgx2", "direct", "allreduce", protocol="simple")
+    ring = _written("dgx2", "ring", "allreduce", protocol="simple")
+    for doc in (direct, ring):
+        assert conformance_errors(doc) == [] and mscclpp_verdict(doc) == "MSCCL++'s executor reads it"
+    sums = [op for tb in direct["gpus"][0]["threadblocks"] for op in tb["ops"] if op["name"] in ("re", "rre")]
+    assert max(len(op["src_buff"]) for op in sums) == 10
+    tbs = ring["gpus"][0]["threadblocks"]
+    assert tbs[0]["ops"][-1]["name"] == "sem_release" and tbs[-1]["ops"][0]["name"] == "sem_acquire"
+    assert check_plan(parse_plan(ring, "ring.json"), [check_sizes(parse_plan(ring, "r"))[0]], ["fp32"]).ok
