@@ -151,7 +151,7 @@ class _Machine:
         self.counts: dict[OpKey, float] | None = {} if counting else None
         self.launches = len(inputs)
         self.G = plan.slices  # slots per chunk: tbg slices and pipeline iterations are whole slots
-        self.threads = [_Thread(r, tb.id, k, *_expand(tb.ops, self.G)) for k in range(self.launches)
+        self.threads = [_thread(r, tb.id, k, tb.ops, self.G) for k in range(self.launches)
                         for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
         self.hosts = {(k, r): _Thread(r, -1, k, (), None) for k in range(self.launches + 1) for r in range(plan.nranks)}
         self.proxies = {(k, r, c): _Thread(r, -2 - c, k, (), None) for k in range(self.launches)
@@ -469,8 +469,9 @@ class _Machine:
                 raise PlanDeadlock(f"plan {self.plan.name}: no end after {executed} ops")
 
 
-def _expand(ops: tuple[Op, ...], G: int) -> tuple[tuple[Op, ...], np.ndarray, tuple[int, ...], tuple]:
-    """A thread block's ops as the executor steps through them: each pipeline's ops once per iteration.
+def _thread(rank: int, tb: int, launch: int, ops: tuple[Op, ...], G: int) -> _Thread:
+    """A thread block of one launch, its ops as the executor steps through them: each pipeline's ops once per
+    iteration, each with the window of its entries it moves (a tbg slice, an iteration's unit).
 
     The reference runs a pipeline as two iterations per chunk (``Plan.slices``): MSCCL++ runs
     ceil(num_chunks × chunk bytes / unit_size) of them, one at the sizes below the unit, more above it."""
@@ -487,7 +488,7 @@ def _expand(ops: tuple[Op, ...], G: int) -> tuple[tuple[Op, ...], np.ndarray, tu
                 out.append(inner)
                 index.append(i)
                 parts.append(("iter", k * unit, unit))
-    return tuple(out), None, tuple(index), tuple(parts)
+    return _Thread(rank, tb, launch, tuple(out), None, tuple(index), tuple(parts))
 
 
 def _window(part: tuple | None, ref: BufferRef) -> tuple[int, int] | None:

@@ -23,8 +23,9 @@ In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because 
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
-entry whose ``access_channel_type`` is the op's ``channel_type``; that id indexes the GPU's ``remote_buffers``
-(``rank`` and ``type``). With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
+entries whose ``access_channel_type`` is the op's ``channel_type`` (their ids in order, as MSCCL++ concatenates
+them); that id indexes the GPU's ``remote_buffers`` (``rank`` and ``type``). A memory-channel op reaches a peer's
+buffer through it alone (MSCCL++'s kernel writes the mapped pointer): its ``channel_ids`` may be left out. With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
 rank's slice: allgather/gather keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at
 ``i[rank·output_chunks]``, the other collectives use one buffer for both.
 
@@ -35,7 +36,10 @@ network engine) are supported; ``switch``/NVLS channels are refused because NVLi
 shared machines. Each channel type numbers its own channels: a GPU's memory (or port) channels are numbered 0..
 in the order of its ``channels`` entries of that type and their ``connected_to`` lists; channel k connects to
 rank ``connected_to[k]``. The m-th channel of a type of rank a to rank b pairs with the m-th channel of that type
-of rank b to rank a. A port channel carries ``put``, ``pws``, ``signal``, ``wait`` and ``flush`` only, with
+of rank b to rank a; an end the peer does not list is allowed (MSCCL++ makes it) as long as nothing signals or
+waits on it. An op's ``channel_ids`` index its thread block's ``channels`` list of that type, as MSCCL++'s kernel
+does (weft's plans written before 2026-11-26 name GPU channel ids instead: ``"weft": {"channel_ids": "gpu"}``).
+A port channel carries ``put``, ``pws``, ``pwsf``, ``rppkt``, ``signal``, ``wait`` and ``flush`` only, with
 MSCCL++'s ordering: a put is asynchronous; a ``signal`` on the channel orders every put before it on that
 channel (the peer that waits for it sees their data); ``flush`` waits until the channel's puts have completed,
 so their sources may be overwritten only after it.
@@ -53,7 +57,11 @@ What every op means (which entries are remote, which pair up or are summed, whic
 channel ids it takes) is its row in the op table, ``schedules/ops.py``; the parser checks each op against it.
 A packet range lives in a scratch buffer and carries the flag of the current launch, so a reader of packets
 waits for them itself and needs no signal. Reductions are sums in the element type; fp16 and bf16 round after
-every op.
+every op. ``tbg_info`` (``tb_id``, ``tbg_size``) on a data op makes it move slice ``tb_id`` of ``tbg_size`` equal
+slices of each entry (a thread-block group splits one op); a ``pipeline`` op (``iter_context``: ``unit_size``
+bytes, ``num_chunks``) runs its ``ops`` once per ``unit_size`` bytes of their entries, in order.
+``reuse_resources`` (MSCCL++'s fixed 64 MiB scratch) limits the sizes to those whose scratch chunks fit in it.
+Collective ``test`` is MSCCL++'s unit-test plans': a run proves no race, deadlock or range error, and no result.
 
 A launch runs each plan once. Buffers, channel counters and semaphores carry over between launches, and a
 rank's launch k+1 follows only its own launch k (stream order), so a plan must itself keep a write into a peer
