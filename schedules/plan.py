@@ -467,6 +467,27 @@ def load_plan(path: str | Path) -> Plan:
     return parse_plan(read_json(path, "plan", PlanError), str(path))
 
 
+_KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unread
+    "(top level)": frozenset({"name", "collective", "protocol", "inplace", "reuse_resources",
+                              "use_double_scratch_buffer", "buffer_alignment", "min_message_size", "max_message_size",
+                              "num_threads_per_block", "gpus", "weft"}),
+    "gpu": frozenset({"id", "input_chunks", "output_chunks", "scratch_chunks", "channels", "remote_buffers",
+                      "semaphores", "threadblocks"}),
+    "threadblock": frozenset({"id", "channels", "remote_buffer_refs", "ops"}),
+    "buffer entry": frozenset({"type", "buffer_id", "index", "size", "offset"}),
+}
+
+
+def _known(rd: "_Reader", doc: dict, kind: str, where: str) -> None:
+    """Refuse, in one line, a field weft does not read (it might change what the plan does)."""
+    extra = sorted(set(doc) - _KNOWN[kind])
+    if extra:
+        field = f"{where}.{extra[0]}" if where else extra[0]
+        if extra[0] == "switch_channel_id":
+            raise rd.fail(field, f"a switch channel entry: {REFUSED_CHANNEL_TYPES['switch']}")
+        raise rd.fail(field, f"field not supported by weft on a {kind} (weft reads {', '.join(sorted(_KNOWN[kind]))})")
+
+
 class _Reader(Fields):
     """Field checks that name the file and the JSON path in every error."""
 
@@ -503,6 +524,7 @@ def parse_plan(data: object, source: str) -> Plan:
     if doc["protocol"] not in PROTOCOLS:
         raise rd.fail("protocol", f"must be 'Simple' or 'LL', got {doc['protocol']!r}")
     reuse = rd.bool(doc.get("reuse_resources", False), "reuse_resources")
+    _known(rd, doc, "(top level)", "")
     meta = _parse_meta(rd, doc.get("weft"))
     rd.channel_ids, rd.collective = meta.channel_ids, doc["collective"]
     raw_gpus = rd.list(doc["gpus"], "gpus")
@@ -579,6 +601,7 @@ def _predictions(rd: _Reader, data: object) -> dict[str, float]:
 
 def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
     doc = rd.obj(data, where)
+    _known(rd, doc, "gpu", where)
     channels = []
     for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
         c = rd.obj(c, f"{where}.channels[{k}]")
@@ -627,6 +650,7 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
 
 def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threadblock:
     doc = rd.obj(data, where)
+    _known(rd, doc, "threadblock", where)
     channels = []
     for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
         c = rd.obj(c, f"{where}.channels[{k}]")
@@ -690,7 +714,8 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
         return _parse_pipeline(rd, doc, where, gpu, tb)
     extra = sorted(set(doc) - _OP_FIELDS - {"iter_context", "ops"})
     if extra:
-        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r}")
+        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r} (weft reads "
+                                             f"{', '.join(sorted(_OP_FIELDS - {'iter_context', 'ops'}))})")
     if doc.get("reduce_op", "sum") != "sum":
         raise rd.fail(f"{where}.reduce_op", f"only 'sum' is supported, got {doc['reduce_op']!r}")
     channel_type, channel_ids = None, ()
@@ -746,6 +771,7 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
 
 def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock, channel_type: str | None) -> BufferRef:
     doc = rd.obj(data, where)
+    _known(rd, doc, "buffer entry", where)
     index = rd.int(doc.get("index", doc.get("offset")), f"{where}.index")
     size = rd.int(doc.get("size"), f"{where}.size", 1)
     if "buffer_id" in doc:

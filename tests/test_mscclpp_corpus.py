@@ -212,7 +212,9 @@ def test_ops_name_the_threadblocks_channels():
 
 @pytest.mark.parametrize("edit,field,says", [
     (lambda op: op.update(name="frobnicate"), "ops[5].name", "unsupported op 'frobnicate' (weft runs "),
-    (lambda op: op.update(speed=3), "ops[5].speed", "field not supported by weft on op 'put'"),
+    (lambda op: op.update(speed=3), "ops[5].speed", "field not supported by weft on op 'put' (weft reads "),
+    (lambda op: op["dst_buff"][0].update(stride=2), "ops[5].dst_buff[0].stride",
+     "field not supported by weft on a buffer entry (weft reads buffer_id, index, offset, size, type)"),
     (lambda op: op.update(tbg_info={"tb_id": 4, "tbg_size": 4}), "ops[5].tbg_info.tb_id", "not below tbg_size 4"),
 ])
 def test_unknown_ops_and_fields_are_refused_in_one_line(edit, field, says):
@@ -222,3 +224,15 @@ def test_unknown_ops_and_fields_are_refused_in_one_line(edit, field, says):
         parse_plan(doc, "edited.json")
     assert f"edited.json: gpus[0].threadblocks[0].{field}: " in str(e.value) and says in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("where,key", [((), "priority"), (("gpus", 0), "clock"), (("gpus", 0, "threadblocks", 1), "sm")])
+def test_unknown_plan_gpu_and_threadblock_fields_are_refused(where, key):
+    doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
+    node = doc
+    for step in where:
+        node = node[step]
+    node[key] = 1
+    with pytest.raises(PlanError, match=r"edited\.json: (gpus\[0\]\.(threadblocks\[1\]\.)?)?" + key +
+                       r": field not supported by weft on a .* \(weft reads "):
+        parse_plan(doc, "edited.json")
