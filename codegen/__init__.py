@@ -19,6 +19,7 @@ from dataclasses import replace
 from codegen.assemble import assemble
 from codegen.buffers import place_buffers
 from codegen.fuse import fuse
+from codegen.limits import fit_mscclpp_limits
 from codegen.lower import lower
 from codegen.merge import merge_ranges
 from codegen.ports import crosses_hosts, port_channels
@@ -99,5 +100,5 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
                     scratch=[s * copies for s in placement.scratch], meta=meta)
     plan = replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
                    use_double_scratch_buffer=double)
-    return port_channels(plan, hosts) if multi_host else plan
+    return fit_mscclpp_limits(port_channels(plan, hosts) if multi_host else plan)
 

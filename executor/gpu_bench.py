@@ -163,7 +163,7 @@ def _slowest_rank(comm, medians: dict[str, float]) -> dict[str, float]:
 def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: bool = False) -> int:
     """1 if weft's result differs from NCCL's on this rank's data, else 0."""
     ref, magnitude = nccl_result(collective, x, world), sum_magnitude(collective, x, world)
-    got = comm.execute(plan, x, lines=lines)
+    got = comm.execute(plan, x.clone() if plan.inplace else x, lines=lines)  # in place: one buffer, in and out
     comm.synchronize()
     return int(not matches(collective, got, ref, dtype, magnitude, world))
 
@@ -196,10 +196,13 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
                                                        if config.ll128 and lines_possible(p, nbytes)]
         for plan, lines in formats:
             y = out if config.collective != "allreduce" else torch.empty_like(x)
+            if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
+                y = x.clone()
             keep.append(y)
             try:
-                timer = _timer(lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines), config.graph,
-                               config.calls)
+                run = ((lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines)) if plan.inplace else
+                       (lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines)))
+                timer = _timer(run, config.graph, config.calls)
                 refused = ""
             except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
                 timer, refused = None, str(e)
