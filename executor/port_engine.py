@@ -146,6 +146,12 @@ class PortEngine:
         return ctx
 
     def _check(self, plan: Plan, input: Any, dtype: str) -> None:
+        gpu = plan.gpus[min(self.rank, plan.nranks - 1)]
+        why = ipc_across_hosts(plan, self.hosts) if plan.nranks == self.world_size else ""
+        why = why or transport_refusal(plan.nranks, self.rank, self.hosts, gpu.port_peers, self.backend,
+                                       input.device.type)
+        if why:
+            raise ExecutorError(why if why.startswith("plan ") else f"plan {plan.name}: {why}")
         if plan.nranks != self.world_size:
             raise ExecutorError(f"plan {plan.name}: {plan.nranks} ranks, the process group has {self.world_size}")
         if dtype not in plan.weft.dtypes:
@@ -155,10 +161,6 @@ class PortEngine:
         if input.numel() % max(gpu.input_chunks, 1) or not plan.accepts(nbytes):
             raise ExecutorError(f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
                                 f"({gpu.input_chunks} input chunks of whole 4-byte words)")
-        why = ipc_across_hosts(plan, self.hosts) or transport_refusal(
-            plan.nranks, self.rank, self.hosts, gpu.port_peers, self.backend, input.device.type)
-        if why:
-            raise ExecutorError(why if why.startswith("plan ") else f"plan {plan.name}: {why}")
 
     def _view(self, ctx: _Context, slot: Slot):
         return ctx.buffers[slot.buffer][slot.index:slot.index + slot.size].reshape(-1)
