@@ -38,10 +38,12 @@ POLL_S = 0.0005
 
 @dataclass
 class _Context:
+    """One plan at one size and dtype on this rank: its program and its own scratch and staging buffers."""
+
     program: Program
-    buffers: dict[str, Any]
-    output: Any
+    scratch: dict[str, Any]  # "s" and "t", as (chunks, elements) views
     chunk_elems: int
+    outputs: dict[int, Any] = field(default_factory=dict)  # input pointer -> the output allocated for it
     pending: list = field(default_factory=list)  # (event, exchange) of the last eager execution
 
 
@@ -82,16 +84,19 @@ class PortEngine:
             if isinstance(plan, dict) else plan
         if lines or residual is not None:
             raise ExecutorError(f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual)")
-        ctx = self._context(plan, input, output, dtype)
+        ctx = self._context(plan, input, dtype)
+        output = self._output(plan, ctx, input, output)
+        buffers = {"i": input.reshape(-1).view(-1, ctx.chunk_elems), "o": output.reshape(-1).view(-1, ctx.chunk_elems),
+                   **ctx.scratch}
         capturing = self.device is not None and self._torch.cuda.is_current_stream_capturing()
         ctx.pending = []
         for step in ctx.program.steps:
             if isinstance(step, Compute):
-                self._compute(ctx, step)
+                self._compute(buffers, step)
             else:
-                self._exchange(plan, ctx, step, record=not capturing)
+                self._exchange(buffers, ctx, step, record=not capturing)
         self._last = ctx
-        return ctx.output
+        return output
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait, at most ``timeout_s``, for the last execution; PeerLost names a peer that did not answer."""
@@ -112,38 +117,38 @@ class PortEngine:
 
     # ------------------------------------------------------------------ internals
 
-    def _context(self, plan: Plan, input: Any, output: Any, dtype: str | None) -> _Context:
+    def _context(self, plan: Plan, input: Any, dtype: str | None) -> _Context:
         torch = self._torch
         name = DTYPES.get(str(input.dtype).replace("torch.", ""))
         if name is None or (dtype is not None and dtype != name):
             raise ExecutorError(f"plan {plan.name}: dtype {dtype or input.dtype} is not supported here (fp32, fp16, "
                                 "bf16, matching the input)")
-        key = (plan.content_hash, input.data_ptr(), input.numel(), name,
-               None if output is None else output.data_ptr())
+        key = (plan.content_hash, input.numel(), name, str(input.device))
         ctx = self._contexts.get(key)
         if ctx is not None:
             return ctx
         self._check(plan, input, name)
         gpu = plan.gpus[self.rank]
         elems = input.numel() // gpu.input_chunks
-        if output is None:
-            output = torch.empty(gpu.output_chunks * elems, dtype=input.dtype, device=input.device)
-        elif output.numel() != gpu.output_chunks * elems or output.dtype != input.dtype:
-            raise ExecutorError(f"plan {plan.name}: output has {output.numel()} {output.dtype} elements, expected "
-                                f"{gpu.output_chunks * elems} {input.dtype}")
         programs = self._programs.get(plan.content_hash)
         if programs is None:
             programs = self._programs[plan.content_hash] = compile_programs(plan)
         program = programs[self.rank]
-
-        def make(chunks: int):
-            return torch.empty(max(chunks, 0) * elems, dtype=input.dtype, device=input.device)
-
-        buffers = {"i": input.reshape(-1), "o": output.reshape(-1), "s": make(gpu.scratch_chunks),
-                   "t": make(program.staging_chunks)}
-        ctx = _Context(program, {k: v.view(-1, elems) if v.numel() else v for k, v in buffers.items()}, output, elems)
-        self._contexts[key] = ctx
+        scratch = {k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)
+                   for k, n in (("s", gpu.scratch_chunks), ("t", program.staging_chunks)) if n}
+        ctx = self._contexts[key] = _Context(program, scratch, elems)
         return ctx
+
+    def _output(self, plan: Plan, ctx: _Context, input: Any, output: Any) -> Any:
+        n = plan.gpus[self.rank].output_chunks * ctx.chunk_elems
+        if output is None:
+            output = ctx.outputs.get(input.data_ptr())
+            if output is None:
+                output = ctx.outputs[input.data_ptr()] = self._torch.empty(n, dtype=input.dtype, device=input.device)
+        elif output.numel() != n or output.dtype != input.dtype or not output.is_contiguous():
+            raise ExecutorError(f"plan {plan.name}: output has {output.numel()} {output.dtype} elements, expected "
+                                f"{n} {input.dtype} (contiguous)")
+        return output
 
     def _check(self, plan: Plan, input: Any, dtype: str) -> None:
         gpu = plan.gpus[min(self.rank, plan.nranks - 1)]
@@ -162,22 +167,23 @@ class PortEngine:
             raise ExecutorError(f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
                                 f"({gpu.input_chunks} input chunks of whole 4-byte words)")
 
-    def _view(self, ctx: _Context, slot: Slot):
-        return ctx.buffers[slot.buffer][slot.index:slot.index + slot.size].reshape(-1)
+    @staticmethod
+    def _view(buffers: dict[str, Any], slot: Slot):
+        return buffers[slot.buffer][slot.index:slot.index + slot.size].reshape(-1)
 
-    def _compute(self, ctx: _Context, step: Compute) -> None:
-        srcs = [self._view(ctx, s) for s in step.srcs]
+    def _compute(self, buffers: dict[str, Any], step: Compute) -> None:
+        srcs = [self._view(buffers, s) for s in step.srcs]
         total = srcs[0]
         for s in srcs[1:]:
             total = total + s  # in the element type: fp16/bf16 round after every add, as the plan says
         for d in step.dsts:
-            view = self._view(ctx, d)
+            view = self._view(buffers, d)
             if view.data_ptr() != total.data_ptr():
                 view.copy_(total)
 
-    def _exchange(self, plan: Plan, ctx: _Context, step: Exchange, record: bool) -> None:
+    def _exchange(self, buffers: dict[str, Any], ctx: _Context, step: Exchange, record: bool) -> None:
         dist = self._dist
-        ops = [dist.P2POp(dist.isend if t.send else dist.irecv, self._view(ctx, t.slot), t.peer, self.group)
+        ops = [dist.P2POp(dist.isend if t.send else dist.irecv, self._view(buffers, t.slot), t.peer, self.group)
                for t in step.transfers]
         try:
             works = dist.batch_isend_irecv(ops)

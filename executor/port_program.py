@@ -167,11 +167,11 @@ def global_order(plan: Plan) -> list[tuple[int, int, int]]:
                 inbound[(op.channel_type,) + pairs[op.channel_type][(r, c)]] += 1
 
     live = sorted(pc)
-    while live:
+    while live:  # rounds of one op per thread block, so that the hops that can go together are neighbours
         progressed = False
         for r, t in live:
             ops = plan.gpus[r].threadblocks[t].ops
-            while pc[(r, t)] < len(ops) and ready(r, t, ops[pc[(r, t)]]):
+            if pc[(r, t)] < len(ops) and ready(r, t, ops[pc[(r, t)]]):
                 run(r, t, ops[pc[(r, t)]])
                 order.append((r, t, pc[(r, t)]))
                 pc[(r, t)] += 1

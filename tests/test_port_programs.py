@@ -19,7 +19,14 @@ PLANS = sorted((Path(__file__).resolve().parents[1] / "examples" / "plans").glob
 def test_the_two_host_plans_cover_every_method_and_collective():
     names = {(p.parent.name, p.name) for p in PLANS}
     assert names == {(t, f"{m}-{c}.plan.json") for t in ("two_hosts", "two_hosts_2gpu")
-                     for m in ("ring", "trees", "milp") for c in ("allreduce", "allgather", "reducescatter")}
+                     for m in ("ring", "trees", "milp") for c in ("allreduce", "allgather", "reducescatter")} | {
+        ("two_hosts", "direct-allreduce.plan.json")}  # one hop: the latency plan
+
+
+def test_a_one_shot_plan_is_one_group_of_transfers():
+    plan = load_plan(PLANS[0].parent / "direct-allreduce.plan.json")
+    for program in compile_programs(plan):
+        assert [type(s).__name__ for s in program.steps] == ["Exchange", "Compute"]
 
 
 @pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -9,6 +9,8 @@ transport. Then the bad cases: a plan with memory channels across the hosts, a p
 and a peer that dies (rank 1 exits; rank 0's next execution must end in PeerLost within its bound).
 ``gloo``: 4 ranks as 2 hosts x 2 GPUs (examples/plans/two_hosts_2gpu), over gloo on CPU tensors, compared with
 the collective computed from every rank's (seeded) input.
+``comm``: 2 ranks as for ``nccl``; ``Communicator.from_process_group()`` must give the port communicator, whose
+all_reduce, all_gather_into_tensor and reduce_scatter_tensor (and a captured all_reduce) match NCCL.
 Each rank writes OUT_DIR/rank<r>.json.
 """
 
@@ -175,11 +177,52 @@ def run_gloo(out: Path, rank: int, world: int) -> dict:
     return doc
 
 
+def run_comm(out: Path, rank: int, world: int) -> dict:
+    """Communicator.from_process_group() on ranks of two hosts: a PortCommunicator running the registry's two-host
+    plans (WEFT_REGISTRY, WEFT_TOPOLOGY), checked against NCCL, eager and captured."""
+    import torch
+    import torch.distributed as dist
+
+    from executor.gpu_bench import matches, nccl_result, sum_magnitude
+    from executor.inference import Communicator
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    comm = Communicator.from_process_group()
+    doc = {"rank": rank, "type": type(comm).__name__, "enabled": comm.enabled, "checks": {}}
+    n = 1 << 16
+    for dtype in DTYPES:
+        def check(collective: str, x, got) -> bool:
+            return matches(collective, got, nccl_result(collective, x, world), dtype,
+                           sum_magnitude(collective, x, world), world)
+        x = _input(torch, rank, n, dtype, 1).cuda()
+        doc["checks"][f"allreduce {dtype}"] = check("allreduce", x, comm.all_reduce(x))
+        gathered = torch.empty(world * n, dtype=x.dtype, device="cuda")
+        comm.all_gather_into_tensor(gathered, x)
+        doc["checks"][f"allgather {dtype}"] = check("allgather", x, gathered)
+        scattered = torch.empty(n // world, dtype=x.dtype, device="cuda")
+        comm.reduce_scatter_tensor(scattered, x)
+        doc["checks"][f"reducescatter {dtype}"] = check("reducescatter", x, scattered)
+        graph = torch.cuda.CUDAGraph()
+        with comm.capture():
+            with torch.cuda.graph(graph):
+                y = comm.all_reduce(x)
+        x.copy_(_input(torch, rank, n, dtype, 5).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        doc["checks"][f"allreduce {dtype} graph"] = check("allreduce", x, y)
+    doc["paths"] = dict(comm.paths)
+    (out / f"rank{rank}.json").write_text(json.dumps(doc, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return doc
+
+
 def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
-        (run_nccl if mode == "nccl" else run_gloo)(out, rank, world)
+        {"nccl": run_nccl, "gloo": run_gloo, "comm": run_comm}[mode](out, rank, world)
     except BaseException:
         (out / f"rank{rank}.error.txt").write_text(traceback.format_exc())
         sys.stderr.write(traceback.format_exc())

@@ -73,7 +73,7 @@ def test_every_two_host_plan_is_correct_against_nccl_eager_and_captured(two_host
     docs, _ = two_hosts
     for doc in docs:
         records = doc["records"]
-        assert len(records) == 9 * 3 * 2  # 9 plans (ring, trees, milp x 3 collectives), 3 dtypes, 2 sizes
+        assert len(records) == 10 * 3 * 2  # 10 plans (ring, trees, milp x 3 collectives; direct), 3 dtypes, 2 sizes
         bad = [r for r in records if not (r.get("eager") and r.get("graph"))]
         assert not bad, bad[:3]
 
@@ -105,6 +105,29 @@ def test_a_dead_peer_is_peer_lost_naming_its_rank_and_host(two_hosts):
     assert lost is not None and lost["lost"] == [1], lost
     assert "peer rank 1 on host host1 lost" in lost["message"]
     assert lost["seconds"] < 10
+
+
+@pytest.mark.gpu
+def test_communicator_from_process_group_across_hosts_runs_the_registrys_port_plans(tmp_path):
+    if _cuda_gpus() < 2:
+        pytest.skip("needs 2 CUDA GPUs with torch")
+    from weft import publish
+
+    topology = ROOT / "examples" / "topologies" / "two_hosts.json"
+    registry = tmp_path / "registry"
+    for plan in sorted((ROOT / "examples" / "plans" / "two_hosts").glob("*.plan.json")):
+        publish.commit_file(str(plan), str(topology), str(registry))
+
+    def env(rank: int) -> dict:
+        return {**NCCL_NETWORK_PATH, "CUDA_VISIBLE_DEVICES": str(rank), "WEFT_HOST": f"host{rank}",
+                "WEFT_TOPOLOGY": str(topology), "WEFT_REGISTRY": str(registry)}
+    out = Path(os.environ["WEFT_PORT_OUT"]) / "comm" if os.environ.get("WEFT_PORT_OUT") else tmp_path / "out"
+    out.mkdir(parents=True)
+    docs = _launch("comm", 2, out, env, 200)
+    for doc in docs:
+        assert (doc["type"], doc["enabled"]) == ("PortCommunicator", True)
+        assert doc["checks"] and all(doc["checks"].values()), doc["checks"]
+        assert doc["paths"]["port"] >= 12 and doc["paths"]["nccl"] == 0, doc["paths"]
 
 
 def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
