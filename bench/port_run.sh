@@ -24,17 +24,21 @@ two_nodes() {  # LIMIT seconds; two torchrun "nodes" of one GPU each, declared a
 }
 weft_cli=(python -c 'from weft.cli import run; run()')
 step "pytest tests/gpu/test_port_two_hosts.py"
-WEFT_PORT_OUT="$OUT/port" timeout -k 5 ${PYTEST_S:-120} python -m pytest -q -m "gpu or not gpu" -p no:cacheprovider \
+WEFT_PORT_OUT="$OUT/port" timeout -k 5 ${PYTEST_S:-100} python -m pytest -q -m "gpu or not gpu" -p no:cacheprovider \
   tests/gpu/test_port_two_hosts.py >>"$LOG" 2>&1; echo "pytest exit $?" | tee -a "$LOG"
+bench() {  # COLLECTIVE SIZES NAME [PLAN METHODS]: weft bench across two torchrun nodes (graph)
+  step "weft bench $1 $3 across two torchrun nodes (graph)"
+  local plans=(); for m in ${4:-ring trees milp}; do plans+=(examples/plans/two_hosts/$m-$1.plan.json); done
+  two_nodes 70 "${weft_cli[@]}" bench $1 --timeout 20 --sizes $2 --samples 5 --calls 5 --plans "${plans[@]}" \
+    -o "$OUT/gpu_$1_bf16_graph_2xh200_$3.json"
+}
+bench allreduce 1KB,64KB,1MB,16MB,64MB port "ring trees milp direct"
+# NCCL's point-to-point settings (no effect on its collectives): more channels per peer, larger network chunks
+NCCL_NCHANNELS_PER_NET_PEER=4 NCCL_P2P_NET_CHUNKSIZE=524288 bench allreduce 1MB,16MB,64MB port_p2ptuned "ring direct"
+bench allgather 1KB,1MB,64MB port
+bench reducescatter 1KB,1MB,64MB port
 step "weft run across two torchrun nodes"
-two_nodes 40 "${weft_cli[@]}" run examples/plans/two_hosts/ring-allreduce.plan.json --size 1MB --check --timeout 20
-for C in allreduce allgather reducescatter; do
-  step "weft bench $C across two torchrun nodes (graph)"
-  if [ $C = allreduce ]; then SIZES=1KB,64KB,1MB,16MB,64MB; PLANS=(examples/plans/two_hosts/{ring,trees,milp,direct}-$C.plan.json)
-  else SIZES=1KB,1MB,64MB; PLANS=(examples/plans/two_hosts/{ring,trees,milp}-$C.plan.json); fi
-  two_nodes 80 "${weft_cli[@]}" bench $C --timeout 20 --sizes $SIZES --samples 5 --calls 5 \
-    --plans "${PLANS[@]}" -o "$OUT/gpu_${C}_bf16_graph_2xh200_port.json"
-done
+two_nodes 30 "${weft_cli[@]}" run examples/plans/two_hosts/ring-allreduce.plan.json --size 1MB --check --timeout 20
 if [ "${HOP:-0}" = 1 ]; then
   step "port hop"
   two_nodes 30 python bench/port_hop.py "$OUT/port_hop_2xh200.json" --sizes 1KB,64MB --iters 50
