@@ -80,3 +80,13 @@ def test_host_identity_is_the_declared_host_or_name_and_boot(monkeypatch):
     monkeypatch.delenv(HOST_ENV)
     name, _, boot = host_identity().partition("/")
     assert name and boot
+
+
+def test_the_cuda_ipc_interpreter_refuses_port_channels():
+    from executor.errors import ExecutorError
+    from executor.gpu_tables import build_tables
+
+    plan = load_plan(PLANS[0].parent / "ring-allreduce.plan.json")
+    with pytest.raises(ExecutorError, match=r"gpus\[0\] has port channels \(to ranks \[1\]\): the GPU interpreter runs "
+                                            "memory channels only"):
+        build_tables(plan, 0, 2 * smallest_size(plan))
