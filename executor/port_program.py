@@ -100,6 +100,8 @@ class Compute:
 
 
 Step = Union[Exchange, Compute]
+# The data ops a program lowers (their meaning is their row in schedules.ops); any other is refused by name.
+LOWERED = frozenset({"copy", "put", "pws", "pwsf", "get", "re", "res", "rre", "rres"})
 
 
 @dataclass(frozen=True)
@@ -190,9 +192,10 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
     op = tb.ops[index]
     if not op.spec.buffers:
         return 0
-    if op.spec.packet:
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} moves "
-                            "LL packets; the port engine runs Simple plans")
+    if op.spec.packet or op.name not in LOWERED:
+        why = "moves LL packets; the port engine runs Simple plans" if op.spec.packet else \
+            f"is not among the ops the port engine runs ({', '.join(sorted(LOWERED))})"
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} {why}")
     kind = op.channel_type or "memory"
     staged = 0
 

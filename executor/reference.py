@@ -292,6 +292,9 @@ class _Machine:
                 if op.channel_type == "port":  # a port signal follows the channel's puts before it
                     np.maximum(carried, self.proxies[(t.launch, t.rank, cid)].vc, out=carried)
                 self.inbound[self.peer_end[(op.channel_type, t.rank, cid)]].append(carried)
+        if op.name == "pwsf" and op.channel_type == "port":  # then flush: the channel's puts have completed
+            for cid in op.channel_ids:
+                np.maximum(t.vc, self.proxies[(t.launch, t.rank, cid)].vc, out=t.vc)
         t.pc += 1
 
     def _move(self, t: _Thread, me: int, op: Op) -> None:

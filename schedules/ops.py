@@ -179,9 +179,9 @@ OPS = _table(
 )
 
 
-# The ops a port channel carries (MSCCL++'s port channel: put, put-with-signal, signal, wait, flush). A port
+# The ops a port channel carries (MSCCL++'s port channel: put, put-with-signal (and flush), signal, wait, flush). A port
 # channel reaches another host through a proxy: it never reads remote memory nor writes packets.
-PORT_OPS = frozenset({"put", "pws", "signal", "wait", "flush"})
+PORT_OPS = frozenset({"put", "pws", "pwsf", "signal", "wait", "flush"})
 
 
 def op_spec(name: str) -> OpSpec:

@@ -35,7 +35,7 @@ network engine) are supported; ``switch``/NVLS channels are refused because NVLi
 shared machines. Each channel type numbers its own channels: a GPU's memory (or port) channels are numbered 0..
 in the order of its ``channels`` entries of that type and their ``connected_to`` lists; channel k connects to
 rank ``connected_to[k]``. The m-th channel of a type of rank a to rank b pairs with the m-th channel of that type
-of rank b to rank a. A port channel carries ``put``, ``pws``, ``signal``, ``wait`` and ``flush`` only, with
+of rank b to rank a. A port channel carries ``put``, ``pws``, ``pwsf``, ``signal``, ``wait`` and ``flush`` only, with
 MSCCL++'s ordering: a put is asynchronous; a ``signal`` on the channel orders every put before it on that
 channel (the peer that waits for it sees their data); ``flush`` waits until the channel's puts have completed,
 so their sources may be overwritten only after it.

@@ -112,6 +112,9 @@ def test_a_put_source_may_change_only_after_a_flush():
         check_plan(_two_rank_plan(ops0, ops1), [8], ("fp32",), back_to_back=1)
     flushed = [_copy("i", 0, "o", 0), *staged, _sync("flush"), *overwrite, _sync("wait")]
     assert check_plan(_two_rank_plan(flushed, ops1), [8], ("fp32",), back_to_back=1).ok
+    put_signal_flush = [_copy("i", 0, "o", 0), _copy("i", 0, "s", 0), _put("pwsf", 0, src="s"), *overwrite,
+                        _sync("wait")]
+    assert check_plan(_two_rank_plan(put_signal_flush, ops1), [8], ("fp32",), back_to_back=1).ok
 
 
 def test_a_port_channel_carries_puts_and_signals_only():
