@@ -6,7 +6,7 @@ among the GPU's port channels in the same order (so the m-th channel a->b still 
 are rewritten to what a port channel carries (``schedules.ops.PORT_OPS``):
 
 - ``signal``/``wait``/``flush`` over channels of both kinds split into one op per channel type;
-- ``put``/``pws`` split into their memory pairs and their port pairs;
+- ``put``/``pws``/``pwsf`` split into their memory pairs and their port pairs;
 - ``res`` (reduce, keep, send) becomes ``re`` into its local destinations plus a ``put`` of the first local
   destination over the port channels (its intra-host sends stay fused);
 - anything that reads remote memory or writes packets across hosts is refused (compile such plans Simple,
@@ -24,12 +24,13 @@ block run on (``sem_release``, ``barrier``, a memory ``signal``), and at its end
 ...       "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}], "ops": [
 ...       {"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
 ...        "dst_buff": [{"type": "o", "index": r, "size": 1}]},
-...       {"name": "pws", "channel_type": "memory", "channel_ids": [0],
+...       {"name": "put", "channel_type": "memory", "channel_ids": [0],
 ...        "src_buff": [{"type": "i", "index": 0, "size": 1}], "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}]},
+...       {"name": "signal", "channel_type": "memory", "channel_ids": [0]},
 ...       {"name": "wait", "channel_type": "memory", "channel_ids": [0]}]}]} for r in range(2)]}
 >>> plan = port_channels(parse_plan(doc, "x.json"), (0, 1))
 >>> [op.name + ":" + str(op.channel_type) for op in plan.gpus[0].threadblocks[0].ops]
-['copy:None', 'pws:port', 'wait:port', 'flush:port']
+['copy:None', 'put:port', 'signal:port', 'wait:port', 'flush:port']
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _rewrite(plan: Plan, gpu: Gpu, tb: Threadblock, index: int, op: Op, ids: _Id
     if op.spec.device in ("signal", "wait", "flush"):
         return [_move(op, ids, tuple(c for c, k in zip(op.channel_ids, kinds) if k == kind))
                 for kind in (MEMORY, PORT) if kind in kinds]
-    if op.name in ("put", "pws"):
+    if op.name in ("put", "pws", "pwsf"):
         out = []
         for kind in (MEMORY, PORT):
             pairs = [(s, d, c) for s, d, c in zip(op.src_buff, op.dst_buff, op.channel_ids) if ids.kind(c) == kind]
@@ -200,7 +201,7 @@ def _with_flushes(ops: list[Op]) -> list[Op]:
             for c in op.channel_ids:
                 pending.pop(c, None)
         out.append(op)
-        if op.channel_type == PORT and op.spec.buffers:
+        if op.channel_type == PORT and op.spec.buffers and op.name != "pwsf":  # pwsf flushes itself
             for src, c in zip(op.src_buff, op.channel_ids):
                 pending.setdefault(c, []).append(src)
     flush(list(pending))

@@ -38,6 +38,7 @@ import numpy as np
 
 from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, liveness
 from executor.errors import ExecutorError, ExecutorTimeout
+from executor.hosts import host_identity, ipc_across_hosts
 from executor.gpu_tables import (
     DTYPE_BYTES, MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables,
     PeerMapping, build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
@@ -203,6 +204,7 @@ class PlanExecutor:
         shared = self._all_gather("inbound", gpu_ipc.export(self._inbound.data.ptr))
         self._peer_inbound = [self._inbound.data.ptr if r == rank else self._peers.open(s)
                               for r, s in enumerate(shared)]
+        self.hosts = tuple(self._all_gather("host", host_identity()))  # a memory channel never crosses them
 
     @classmethod
     def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True,
@@ -556,6 +558,8 @@ class PlanExecutor:
         cupy = self._cupy
         nbytes = self._message_bytes(plan, buf)
         check_launch(plan, self.world_size, nbytes, dtype)
+        if ipc_across_hosts(plan, self.hosts):
+            raise ExecutorError(ipc_across_hosts(plan, self.hosts))
         fused = res is not None
         tables = build_tables(plan, self.rank, nbytes, residual=fused)
         if not plan.inplace and output is None:

@@ -30,6 +30,7 @@ class BenchConfig:
     samples: int = 30
     warmup: int = 3
     ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
+    symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -186,7 +187,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         timers: dict[str, Callable[[], float]] = {"nccl": _timer(_nccl(config.collective, x, out), config.graph,
                                                                   config.calls)}
         keep: list[Any] = []
-        if config.collective == "allreduce":
+        if config.collective == "allreduce" and config.symm:
             variants, buf = _symm_mem_allreduce(x)
             keep.append(buf)
             for name, fn in variants:

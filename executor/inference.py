@@ -51,6 +51,7 @@ import torch.distributed as dist
 from executor import gpu_bootstrap, gpu_ipc
 from executor import torch_ops
 from executor.communicator import PlanExecutor
+from executor.hosts import host_identity
 from executor.torch_plans import PlanChoice
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
@@ -107,7 +108,16 @@ class Communicator(PlanExecutor):
 
     @classmethod
     def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> "Communicator":
-        """A communicator over ``group`` (default: the default group), bootstrapped through its store."""
+        """A communicator over ``group`` (default: the default group), bootstrapped through its store.
+
+        Where the group's ranks sit on several hosts (``executor.hosts``) it is a ``PortCommunicator``: the same API,
+        with the registry's plans run through the port engine and no CUDA IPC between hosts."""
+        hosts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(hosts, host_identity(), group=group)
+        if len(set(hosts)) > 1:
+            from executor.port_communicator import PortCommunicator
+
+            return PortCommunicator(group, timeout_s, **options)
         store = gpu_bootstrap.process_group_store(group)
         return cls(dist.get_rank(group), dist.get_world_size(group), store, torch.cuda.current_device(), timeout_s,
                    group=group, **options)

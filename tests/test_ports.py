@@ -112,6 +112,9 @@ def test_a_put_source_may_change_only_after_a_flush():
         check_plan(_two_rank_plan(ops0, ops1), [8], ("fp32",), back_to_back=1)
     flushed = [_copy("i", 0, "o", 0), *staged, _sync("flush"), *overwrite, _sync("wait")]
     assert check_plan(_two_rank_plan(flushed, ops1), [8], ("fp32",), back_to_back=1).ok
+    put_signal_flush = [_copy("i", 0, "o", 0), _copy("i", 0, "s", 0), _put("pwsf", 0, src="s"), *overwrite,
+                        _sync("wait")]
+    assert check_plan(_two_rank_plan(put_signal_flush, ops1), [8], ("fp32",), back_to_back=1).ok
 
 
 def test_a_port_channel_carries_puts_and_signals_only():
@@ -120,3 +123,16 @@ def test_a_port_channel_carries_puts_and_signals_only():
     with pytest.raises(PlanError, match=r"p.json: gpus\[0\].threadblocks\[0\].ops\[0\].channel_type: op 'get' "
                                         "cannot run on a port channel"):
         _two_rank_plan([get], _exchange(1))
+
+
+def test_a_plan_with_cuda_ipc_between_the_topologys_hosts_is_not_committed(tmp_path):
+    from schedules.registry import RegistryError
+    from weft import publish
+
+    plan = parse_plan(__import__("json").loads((Path(__file__).parent / "gpu" / "plans" /
+                                                "allreduce-direct-simple-x1.json").read_text()), "p.json")
+    plan = plan.with_meta(topology="")  # a plan from elsewhere, committed for the two-host topology
+    with pytest.raises(RegistryError, match=r"gpus\[0\] memory channel 0 joins rank 0 \(topology two_hosts host 0\) "
+                                            r"and rank 1 \(topology two_hosts host 1\): a memory channel is CUDA IPC"):
+        publish.commit(plan, str(TOPOLOGIES / "two_hosts.json"), str(tmp_path / "registry"))
+    assert not (tmp_path / "registry").exists() or not list((tmp_path / "registry").rglob("*.json"))

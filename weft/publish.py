@@ -68,6 +68,12 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
     if plan.weft.topology and plan.weft.topology != fingerprint:
         raise RegistryError(f"plan {plan.name}: weft.topology: the plan is for {plan.weft.topology}, "
                             f"not {fingerprint}")
+    if isinstance(topo, Topology) and len(topo.hosts) == plan.nranks:
+        from executor.hosts import ipc_across_hosts
+
+        crossing = ipc_across_hosts(plan, topo.hosts)  # a memory channel is CUDA IPC: never between hosts
+        if crossing:
+            raise RegistryError(crossing.replace("(host ", f"(topology {topo.name} host "))
     provenance = {
         "solver": plan.weft.solver, "weft_version": __version__, "schedule_hash": plan.weft.schedule_hash,
         "instances": plan.weft.instances, "protocol": plan.protocol,

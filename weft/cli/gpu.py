@@ -181,19 +181,31 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def _init_rank(args: argparse.Namespace):
+def _init_rank(args: argparse.Namespace, port: bool = False):
+    """This rank's process group and executor: the GPU interpreter, or for plans with port channels (hops between
+    hosts) the port engine over NCCL's point-to-point calls."""
     os.environ.update({k: os.environ.get(k, v) for k, v in SAFE_ENV.items()})
     import torch
     import torch.distributed as dist
-
-    from executor.communicator import PlanExecutor
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if port:
+        from executor.port_engine import PortEngine
+
+        return PortEngine.from_process_group(timeout_s=args.timeout), rank, world
+    from executor.communicator import PlanExecutor
+
     comm = PlanExecutor.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
     return comm, rank, world
+
+
+def has_port_channels(plans: list) -> bool:
+    """Whether any plan crosses hosts (port channels): those run on the port engine, and so do all plans of a bench
+    that has one (one engine per job)."""
+    return any(g.port_peers for p in plans for g in p.gpus)
 
 
 def _abandon(rank: int, error: BaseException) -> None:
@@ -243,7 +255,7 @@ def _run(args: argparse.Namespace) -> int:
     from executor.gpu_bench import TORCH_DTYPES, matches, nccl_result, sum_magnitude
     from executor.padded import buffer_parts
 
-    comm, rank, world = _init_rank(args)
+    comm, rank, world = _init_rank(args, has_port_channels([plan]))
     try:
         dtype = getattr(torch, TORCH_DTYPES[args.dtype])
         gpu = plan.gpus[rank] if rank < plan.nranks else plan.gpus[0]
@@ -317,17 +329,18 @@ def _bench(args: argparse.Namespace) -> int:
 
     from executor.gpu_bench import BenchConfig, run_bench
 
-    comm, rank, world = _init_rank(args)
+    port = has_port_channels(_load_plans(args, int(os.environ["WORLD_SIZE"])))
+    comm, rank, world = _init_rank(args, port)
     try:
         plans = _load_plans(args, world)
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
-                             ll128=args.ll128)
+                             ll128=args.ll128, symm=not port)
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
         wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):
             row["wrong"] = sum(w[i] for w in wrong)
         if rank == 0:
-            doc = _bench_document(args, config, rows, world, torch)
+            doc = _bench_document(args, config, rows, world, torch, comm)
             path = Path(args.output or f"bench/results/gpu_{args.collective}_{args.dtype}_"
                         f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json")
             write_text(path, json.dumps(doc, indent=1) + "\n", "bench results", ArgumentError, parents=True)
@@ -360,7 +373,7 @@ def _gpu_slug(torch) -> str:
     return torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "").lower()
 
 
-def _bench_document(args, config, rows, world: int, torch) -> dict:
+def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
     import cupy
 
     versions = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
@@ -375,7 +388,15 @@ def _bench_document(args, config, rows, world: int, torch) -> dict:
                    "statistic": "median", "timer": "CUDA events", "programmatic_launch": args.pdl,
                    "ll128": args.ll128},
         "rows": rows,
+        **({"transport": _transport(comm)} if hasattr(comm, "hosts") and len(set(comm.hosts)) > 1 else {}),
     }
+
+
+def _transport(comm) -> dict:
+    """How a run across hosts moved its data: the hosts of the ranks and NCCL's transport settings."""
+    keys = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME")
+    return {"engine": type(comm).__name__, "hosts": list(comm.hosts),
+            "env": {k: os.environ[k] for k in keys if k in os.environ}}
 
 
 def _print_table(doc: dict, path: Path) -> None:
