@@ -25,9 +25,10 @@ A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chu
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
 entries whose ``access_channel_type`` is the op's ``channel_type`` (their ids in order, as MSCCL++ concatenates
 them); that id indexes the GPU's ``remote_buffers`` (``rank`` and ``type``). A memory-channel op reaches a peer's
-buffer through it alone (MSCCL++'s kernel writes the mapped pointer): its ``channel_ids`` may be left out. With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
-rank's slice: allgather/gather keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at
-``i[rank·output_chunks]``, the other collectives use one buffer for both.
+buffer through it alone (MSCCL++'s kernel writes the mapped pointer): its ``channel_ids`` may be left out.
+With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the rank's slice: allgather/gather
+keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at ``i[rank·output_chunks]``, the other
+collectives use one buffer for both.
 
 Channels and semaphores
 -----------------------
@@ -169,7 +170,8 @@ class Op:
             doc["dst_buff"] = [b.to_json() for b in self.dst_buff]
         if self.channel_type is not None:
             doc["channel_type"] = self.channel_type
-            doc["channel_ids"] = [local[self.channel_type][c] for c in self.channel_ids] if local is not None else list(self.channel_ids)
+            ids = self.channel_ids
+            doc["channel_ids"] = [local[self.channel_type][c] for c in ids] if local is not None else list(ids)
         if self.semaphore_ids:
             doc["semaphore_ids"] = list(self.semaphore_ids)
         if self.barrier_id is not None:
@@ -840,8 +842,8 @@ def unpaired_error(plan: Plan, rank: int, cid: int, channel_type: str = "memory"
     """Why a signal or wait on (rank, channel cid) cannot run: the peer lists no matching channel end."""
     peer = plan.gpus[rank].peers(channel_type)[cid]
     back = sum(p == rank for p in plan.gpus[peer].peers(channel_type))
-    return (f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank {peer} (it lists "
-            f"{back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
+    return (f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank "
+            f"{peer} (it lists {back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
             "waits only on listed pairs")
 
 

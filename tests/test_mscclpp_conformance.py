@@ -40,7 +40,8 @@ def _written(spec: str, method: str, name: str, **options) -> dict | None:
 
 CASES = ([("hgx_h200:gpus=2", m, n, o) for m in baselines.METHODS for n in NAMES
           for o in ({"protocol": "simple"}, {"protocol": "ll"}, {"protocol": "simple", "instances": 8},
-                    {"protocol": "simple", "pipeline": 2, "double_scratch": True}, {"protocol": "simple", "inplace": True})]
+                    {"protocol": "simple", "pipeline": 2, "double_scratch": True},
+                    {"protocol": "simple", "inplace": True})]
          + [("hypercube:d=3", m, n, o) for m in ("direct", "ring") for n in ("allreduce", "allgather", "alltoall")
             for o in ({"protocol": "simple"}, {"protocol": "ll", "instances": 2})])
 

@@ -226,7 +226,8 @@ def test_unknown_ops_and_fields_are_refused_in_one_line(edit, field, says):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("where,key", [((), "priority"), (("gpus", 0), "clock"), (("gpus", 0, "threadblocks", 1), "sm")])
+@pytest.mark.parametrize("where,key", [((), "priority"), (("gpus", 0), "clock"),
+                                       (("gpus", 0, "threadblocks", 1), "sm")])
 def test_unknown_plan_gpu_and_threadblock_fields_are_refused(where, key):
     doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
     node = doc
