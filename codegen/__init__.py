@@ -27,11 +27,11 @@ from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_r
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
-from schedules.plan import Plan, PlanMeta
+from schedules.plan import MAX_THREADS_PER_BLOCK, Plan, PlanMeta
 from schedules.schedule import Schedule
 
 MAX_INSTANCES = 256
-MAX_THREADS = 1024
+MAX_THREADS = MAX_THREADS_PER_BLOCK  # the plan reader refuses more: one range for both
 
 __all__ = ["CodegenError", "compile_schedule"]
 

@@ -95,9 +95,15 @@ from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from topologies.errors import WeftError
-from topologies.jsonfile import Fields, read_json, write_text
+from topologies.jsonfile import Fields, read_json, short_repr, write_text
 
 MAX_MESSAGE_SIZE = (1 << 64) - 1
+# What compile makes and both executors run: whole warps up to CUDA's 1024 threads per block (the GPU executor
+# launches num_threads_per_block threads), and a power-of-two buffer alignment no larger than the 256 bytes every
+# CUDA allocation already has (compile writes 16).
+WARP = 32
+MAX_THREADS_PER_BLOCK = 1024
+MAX_BUFFER_ALIGNMENT = 256
 PROTOCOLS = ("Simple", "LL")
 BUFFER_TYPES = ("i", "o", "s")
 CHANNEL_TYPES = ("memory", "port")
@@ -498,9 +504,10 @@ class _Reader(Fields):
         self.channel_ids = "threadblock"  # how this file's ops name channels (PlanMeta.channel_ids)
         self.collective = ""
 
-    def int(self, value: object, where: str, low: int = 0) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise self.fail(where, f"must be an integer >= {low}, got {value!r}")
+    def int(self, value: object, where: str, low: int = 0, high: int | None = None) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"from {low} to {high}"
+            raise self.fail(where, f"must be an integer {bound}, got {short_repr(value)}")
         return value
 
     def bool(self, value: object, where: str) -> bool:
@@ -539,16 +546,23 @@ def parse_plan(data: object, source: str) -> Plan:
     for i, g in enumerate(gpus):
         if g.id != i:
             raise rd.fail(f"gpus[{i}].id", f"must be {i} (gpus are listed in rank order), got {g.id}")
-    lo = rd.int(doc.get("min_message_size", 0), "min_message_size")
-    hi = rd.int(doc.get("max_message_size", MAX_MESSAGE_SIZE), "max_message_size")
+    lo = rd.int(doc.get("min_message_size", 0), "min_message_size", 0, MAX_MESSAGE_SIZE)
+    hi = rd.int(doc.get("max_message_size", MAX_MESSAGE_SIZE), "max_message_size", 0, MAX_MESSAGE_SIZE)
     if lo > hi:
         raise rd.fail("max_message_size", f"{hi} is below min_message_size {lo}")
+    threads = rd.int(doc.get("num_threads_per_block", MAX_THREADS_PER_BLOCK), "num_threads_per_block", WARP,
+                     MAX_THREADS_PER_BLOCK)
+    if threads % WARP:
+        raise rd.fail("num_threads_per_block", f"must be a multiple of {WARP} (whole warps), got {threads}")
+    alignment = rd.int(doc.get("buffer_alignment", 16), "buffer_alignment", 1, MAX_BUFFER_ALIGNMENT)
+    if alignment & (alignment - 1):
+        raise rd.fail("buffer_alignment", f"must be a power of two, got {alignment}")
     plan = Plan(
         name=str(doc["name"]), collective=doc["collective"], protocol=doc["protocol"],
         inplace=rd.bool(doc.get("inplace", False), "inplace"), gpus=gpus,
-        num_threads_per_block=rd.int(doc.get("num_threads_per_block", 1024), "num_threads_per_block", 32),
+        num_threads_per_block=threads,
         use_double_scratch_buffer=rd.bool(doc.get("use_double_scratch_buffer", False), "use_double_scratch_buffer"),
-        buffer_alignment=rd.int(doc.get("buffer_alignment", 16), "buffer_alignment", 1),
+        buffer_alignment=alignment,
         min_message_size=lo, max_message_size=hi, weft=meta, reuse_resources=reuse,
     )
     if not plan.checkable:
@@ -851,10 +865,11 @@ def _check_pairing(rd: _Reader, plan: Plan) -> None:
     """Channels pair up (``channel_pairs``); remote entries go through a channel to the rank owning the buffer."""
     pairs = {channel_type: channel_pairs(plan, channel_type) for channel_type in CHANNEL_TYPES}
     for r, gpu in enumerate(plan.gpus):
+        peer_tables = {channel_type: gpu.peers(channel_type) for channel_type in CHANNEL_TYPES}  # once per rank
         for t, tb in enumerate(gpu.threadblocks):
             for i, op in ((i, o) for i, top in enumerate(tb.ops) for o in top.flat()):
                 channel_type = op.channel_type or "memory"
-                peers = gpu.peers(channel_type)
+                peers = peer_tables[channel_type]
                 if op.spec.device in ("signal", "wait") or op.spec.signals:
                     for cid in op.channel_ids:
                         if (r, cid) not in pairs[channel_type]:

@@ -271,8 +271,7 @@ def _run(args: argparse.Namespace) -> int:
             out = take(comm.execute(plan, x))
             comm.synchronize()
             ok = matches(plan.collective, out, ref, args.dtype, magnitude, world)
-        oks = [None] * world
-        dist.all_gather_object(oks, ok)
+        oks = comm.exchange("run-check", ok)  # plain data through the store, never a pickle
         if rank == 0:
             print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
                   f"{counted(world, 'GPU')}: "
@@ -324,8 +323,7 @@ def _bench(args: argparse.Namespace) -> int:
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
                              ll128=args.ll128)
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
-        wrong = [None] * world
-        dist.all_gather_object(wrong, [r["wrong"] for r in rows])
+        wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):
             row["wrong"] = sum(w[i] for w in wrong)
         if rank == 0:
