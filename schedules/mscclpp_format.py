@@ -180,6 +180,13 @@ def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, 
                                        f"{refs.get(ctype, 0)} {ctype} remote_buffer_refs")
             elif b.get("type") not in BUFFER_TYPES and "switch_channel_id" not in b:
                 need.errors.append(f"{where}: needs a type ('i', 'o', 's') or a buffer_id")
+    if name == "get":
+        for j, (src, dst) in enumerate(zip(op.get("src_buff", []), op.get("dst_buff", []))):
+            if src.get("index") != dst.get("index"):
+                need.errors.append(
+                    f"{at}.dst_buff[{j}].index: {dst.get('index')} differs from src_buff[{j}].index "
+                    f"{src.get('index')}; MSCCL++'s handleGet adds each entry's offset to the other side's buffer, so "
+                    f"it would copy the peer's chunk {dst.get('index')} into chunk {src.get('index')}")
     if "barrier_id" in op and not 0 <= op["barrier_id"] < MAX_DEVICE_SYNCERS:
         need.errors.append(f"{at}.barrier_id: {op['barrier_id']} (MSCCL++ has {MAX_DEVICE_SYNCERS} device syncers)")
     sems = op.get("semaphore_ids", [])

@@ -120,3 +120,10 @@ def test_16_rank_plans_fit_mscclpp_s_fixed_limits():
     tbs = ring["gpus"][0]["threadblocks"]
     assert tbs[0]["ops"][-1]["name"] == "sem_release" and tbs[-1]["ops"][0]["name"] == "sem_acquire"
     assert check_plan(parse_plan(ring, "ring.json"), [check_sizes(parse_plan(ring, "r"))[0]], ["fp32"]).ok
+
+
+def test_a_pull_plan_s_get_is_named_where_mscclpp_would_swap_its_offsets():
+    # MSCCL++'s handleGet adds the source's offset to the destination buffer and the reverse; a pull all-gather
+    # reads the peer's input chunk 0 into its output chunk 1, which MSCCL++ would run the other way round
+    doc = _written("hgx_h200:gpus=2", "direct", "allgather", protocol="simple", pull=True)
+    assert "differs from src_buff[0].index 0; MSCCL++'s handleGet" in mscclpp_verdict(doc)
