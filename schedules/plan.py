@@ -92,6 +92,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
+from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from topologies.errors import WeftError
@@ -503,6 +504,7 @@ class _Reader(Fields):
         super().__init__("plan", source, PlanError)
         self.channel_ids = "threadblock"  # how this file's ops name channels (PlanMeta.channel_ids)
         self.collective = ""
+        self.foreign = False  # no "weft" object: written by another tool (MSCCL++'s DSL)
 
     def int(self, value: object, where: str, low: int = 0, high: int | None = None) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
@@ -535,7 +537,7 @@ def parse_plan(data: object, source: str) -> Plan:
     reuse = rd.bool(doc.get("reuse_resources", False), "reuse_resources")
     _known(rd, doc, "(top level)", "")
     meta = _parse_meta(rd, doc.get("weft"))
-    rd.channel_ids, rd.collective = meta.channel_ids, doc["collective"]
+    rd.channel_ids, rd.collective, rd.foreign = meta.channel_ids, doc["collective"], doc.get("weft") is None
     raw_gpus = rd.list(doc["gpus"], "gpus")
     if not raw_gpus:
         raise rd.fail("gpus", "must list at least one GPU")
@@ -780,6 +782,11 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
             raise rd.fail(f"{where}.tbg_info", f"on op {name!r}: weft splits the data ops that move plain data "
                                                "among a thread-block group")
         tbg = (tb_id, size)
+    if rd.foreign:  # a plan another tool wrote means what MSCCL++'s kernel does with it
+        differs = kernel_shape_errors(doc, where)
+        if differs:
+            field, why = differs[0].split(": ", 1)
+            raise rd.fail(field, f"{why} (weft would run every entry as listed; refused so the plan means one thing)")
     op = Op(name, channel_type, channel_ids, src, dst, sems, barrier_id, num_tbs, tbg)
     _check_op_shape(rd, op, where)
     return op
