@@ -180,6 +180,7 @@ def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, 
                                        f"{refs.get(ctype, 0)} {ctype} remote_buffer_refs")
             elif b.get("type") not in BUFFER_TYPES and "switch_channel_id" not in b:
                 need.errors.append(f"{where}: needs a type ('i', 'o', 's') or a buffer_id")
+    need.errors += kernel_shape_errors(op, at)
     if "barrier_id" in op and not 0 <= op["barrier_id"] < MAX_DEVICE_SYNCERS:
         need.errors.append(f"{at}.barrier_id: {op['barrier_id']} (MSCCL++ has {MAX_DEVICE_SYNCERS} device syncers)")
     sems = op.get("semaphore_ids", [])
@@ -195,6 +196,57 @@ def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, 
             need.present(op, key, f"{at}.{key}")
         for key in ("unit_size", "num_chunks"):
             need.present(op.get("iter_context", {}), key, f"{at}.iter_context.{key}")
+
+
+# How MSCCL++'s execution kernel (execution_kernel.hpp) reads each op's entries, where it reads fewer than a plan can
+# list: (the entries it reads, what the rest must be). "one": only entry 0; "local+remote": entry 0 local, the rest
+# remote; "local+local": entry 0 local, the rest local too; "any": every entry, as listed.
+_KERNEL_SHAPE = {  # op: (src_buff, dst_buff)
+    "copy": ("one", "one"), "cpkt": ("one", "one"), "upkt": ("one", "one"),  # handleCopy, handleCopyPackets, ...
+    "re": ("local+local", "one"), "res": ("local+local", "local+remote"),  # handleReduceSend
+    "rre": ("local+remote", "one"), "rres": ("local+remote", "local+remote"),  # handleReadReduceSend
+    "repkt": ("local+local", "one"), "respkt": ("local+local", "local+remote"),  # handleReduceSendPackets
+    "recpkt": ("local+local", "two"), "recspkt": ("local+local", "two+remote"),  # handleReduceCopySendPackets
+    "rppkt": ("one", "any"),  # handleReadPutPackets reads src_buff[0] for every destination
+}
+
+
+def kernel_shape_errors(op: dict, at: str) -> list[str]:
+    """Where MSCCL++'s kernel would run ``op`` (a plan file's op) otherwise than its entries say: entries it does not
+    read, or reads as the other side (local vs remote), or reads at another offset."""
+    errors: list[str] = []
+    need = _Need(errors)
+    name = op.get("name")
+    srcs, dsts = op.get("src_buff", []), op.get("dst_buff", [])
+    if name in ("put", "pws", "pwsf", "ppkt") and len({b.get("type") for b in srcs}) > 1:
+        errors.append(f"{at}.src_buff: entries of types {sorted({str(b.get('type')) for b in srcs})}; "
+                      "MSCCL++'s handlePut reads every source from src_buff[0]'s buffer")
+    if name == "get":
+        for j, (src, dst) in enumerate(zip(srcs, dsts)):
+            if src.get("index") != dst.get("index"):
+                errors.append(f"{at}.dst_buff[{j}].index: {dst.get('index')} differs from src_buff[{j}].index "
+                              f"{src.get('index')}; MSCCL++'s handleGet adds each entry's offset to the other side's "
+                              f"buffer, so it would copy the peer's chunk {dst.get('index')} into chunk "
+                              f"{src.get('index')}")
+    if name not in _KERNEL_SHAPE:
+        return errors
+    for field, entries, shape in (("src_buff", srcs, _KERNEL_SHAPE[name][0]), ("dst_buff", dsts,
+                                                                               _KERNEL_SHAPE[name][1])):
+        if shape == "any":
+            continue
+        head = 2 if shape.startswith("two") else 1
+        if shape in ("one", "two") and len(entries) > head:
+            need.errors.append(f"{at}.{field}: {len(entries)} entries; MSCCL++'s kernel runs op {name!r} on the "
+                               f"first {head} only")
+        for j, b in enumerate(entries):
+            remote = "buffer_id" in b
+            if j < head and remote:
+                need.errors.append(f"{at}.{field}[{j}]: MSCCL++'s kernel reads it as a local buffer")
+            if j >= head and shape.endswith("+remote") and not remote:
+                need.errors.append(f"{at}.{field}[{j}]: MSCCL++'s kernel reads it as a peer's buffer")
+            if j >= head and shape.endswith("+local") and remote:
+                need.errors.append(f"{at}.{field}[{j}]: MSCCL++'s kernel reads it as a local buffer")
+    return errors
 
 
 def mscclpp_verdict(doc: dict[str, Any]) -> str:

@@ -150,7 +150,8 @@ OPS = _table(
     OpSpec("put", "copy local src[j] to remote dst[j] through channel_ids[j]", **_SEND),
     OpSpec("pws", "put, then signal on the same channels", **_SEND, signals=True),
     OpSpec("pwsf", "pws, then flush (a flush does nothing on memory channels)", **_SEND, signals=True, flushes=True),
-    OpSpec("get", "copy remote src[j] (through channel_ids[j]) to local dst[j]", **dict(
+    OpSpec("get", "copy remote src[j] (through channel_ids[j]) to local dst[j] (MSCCL++'s handleGet at 1f5f065d "
+           "swaps the two entries' offsets: the same where their indices are equal)", **dict(
         _COPY, channels=PER_REMOTE, src=REMOTE)),
     OpSpec("copy", "copy local src[j] to local dst[j]", **_COPY),
     OpSpec("re", "sum of every local src, written to every local dst", **_REDUCE, local_dst=True),

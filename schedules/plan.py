@@ -25,9 +25,10 @@ A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chu
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
 entries whose ``access_channel_type`` is the op's ``channel_type`` (their ids in order, as MSCCL++ concatenates
 them); that id indexes the GPU's ``remote_buffers`` (``rank`` and ``type``). A memory-channel op reaches a peer's
-buffer through it alone (MSCCL++'s kernel writes the mapped pointer): its ``channel_ids`` may be left out. With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
-rank's slice: allgather/gather keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at
-``i[rank·output_chunks]``, the other collectives use one buffer for both.
+buffer through it alone (MSCCL++'s kernel writes the mapped pointer): its ``channel_ids`` may be left out.
+With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the rank's slice: allgather/gather
+keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at ``i[rank·output_chunks]``, the other
+collectives use one buffer for both.
 
 Channels and semaphores
 -----------------------
@@ -91,6 +92,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
+from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from topologies.errors import WeftError
@@ -175,7 +177,8 @@ class Op:
             doc["dst_buff"] = [b.to_json() for b in self.dst_buff]
         if self.channel_type is not None:
             doc["channel_type"] = self.channel_type
-            doc["channel_ids"] = [local[self.channel_type][c] for c in self.channel_ids] if local is not None else list(self.channel_ids)
+            ids = self.channel_ids
+            doc["channel_ids"] = [local[self.channel_type][c] for c in ids] if local is not None else list(ids)
         if self.semaphore_ids:
             doc["semaphore_ids"] = list(self.semaphore_ids)
         if self.barrier_id is not None:
@@ -501,6 +504,7 @@ class _Reader(Fields):
         super().__init__("plan", source, PlanError)
         self.channel_ids = "threadblock"  # how this file's ops name channels (PlanMeta.channel_ids)
         self.collective = ""
+        self.foreign = False  # no "weft" object: written by another tool (MSCCL++'s DSL)
 
     def int(self, value: object, where: str, low: int = 0, high: int | None = None) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
@@ -533,7 +537,7 @@ def parse_plan(data: object, source: str) -> Plan:
     reuse = rd.bool(doc.get("reuse_resources", False), "reuse_resources")
     _known(rd, doc, "(top level)", "")
     meta = _parse_meta(rd, doc.get("weft"))
-    rd.channel_ids, rd.collective = meta.channel_ids, doc["collective"]
+    rd.channel_ids, rd.collective, rd.foreign = meta.channel_ids, doc["collective"], doc.get("weft") is None
     raw_gpus = rd.list(doc["gpus"], "gpus")
     if not raw_gpus:
         raise rd.fail("gpus", "must list at least one GPU")
@@ -778,6 +782,11 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
             raise rd.fail(f"{where}.tbg_info", f"on op {name!r}: weft splits the data ops that move plain data "
                                                "among a thread-block group")
         tbg = (tb_id, size)
+    if rd.foreign:  # a plan another tool wrote means what MSCCL++'s kernel does with it
+        differs = kernel_shape_errors(doc, where)
+        if differs:
+            field, why = differs[0].split(": ", 1)
+            raise rd.fail(field, f"{why} (weft would run every entry as listed; refused so the plan means one thing)")
     op = Op(name, channel_type, channel_ids, src, dst, sems, barrier_id, num_tbs, tbg)
     _check_op_shape(rd, op, where)
     return op
@@ -854,8 +863,8 @@ def unpaired_error(plan: Plan, rank: int, cid: int, channel_type: str = "memory"
     """Why a signal or wait on (rank, channel cid) cannot run: the peer lists no matching channel end."""
     peer = plan.gpus[rank].peers(channel_type)[cid]
     back = sum(p == rank for p in plan.gpus[peer].peers(channel_type))
-    return (f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank {peer} (it lists "
-            f"{back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
+    return (f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank "
+            f"{peer} (it lists {back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
             "waits only on listed pairs")
 
 

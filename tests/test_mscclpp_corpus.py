@@ -1,7 +1,8 @@
 """MSCCL++'s own DSL plans (tests/fixtures/mscclpp, from MSCCL++ 1f5f065d) read, run and check in weft.
 
-Every plan parses or is refused in one line: for switch (NVLS) channels, or for the collective "sendrecv" (a shift
-to the next rank of a group, which weft does not define). Every collective plan is correct on the CPU reference
+Every plan parses or is refused in one line: for switch (NVLS) channels, for the collective "sendrecv" (a shift
+to the next rank of a group, which weft does not define), or for a get that MSCCL++'s kernel runs with its two
+offsets swapped. Every collective plan is correct on the CPU reference
 executor, or fails its check for a named reason; MSCCL++'s unit-test plans (collective "test": one op each, no
 result defined) run clean or fail for a named reason. The README's counts are this file's numbers."""
 
@@ -51,8 +52,9 @@ COLLECTIVE_FAILURES = {
     "multi_node-allgather_tbg-numgpus-4-gpuspernode-2-tbgsize-4": "waits on port channel 0 from rank 0",
 }
 COUNTS = {"plans": 94, "refused: switch (NVLS) channels": 12, "refused: collective 'sendrecv'": 3,
+          "refused: get with offsets MSCCL++ swaps": 2,
           "collective plans correct on the CPU reference": 41, "collective plans failing the CPU check": 3,
-          "unit-test plans run clean": 22, "unit-test plans failing the CPU check": 13}
+          "unit-test plans run clean": 20, "unit-test plans failing the CPU check": 13}
 
 
 @lru_cache(maxsize=None)
@@ -63,7 +65,8 @@ def _outcomes() -> dict[str, tuple[str, str]]:
         try:
             plan = parse_plan(json.loads(path.read_text()), str(path))
         except PlanError as e:
-            kind = "switch" if "'switch'" in str(e) else "sendrecv" if "'sendrecv'" in str(e) else "other"
+            kind = ("switch" if "'switch'" in str(e) else "sendrecv" if "'sendrecv'" in str(e)
+                    else "get" if "handleGet" in str(e) else "other")
             out[path.stem] = (f"refused: {kind}", str(e))
             continue
         try:
@@ -88,6 +91,8 @@ def test_every_plan_parses_or_is_refused_in_one_line_for_switch_channels_or_send
                              "'switch'", why), why
         elif outcome == "refused: sendrecv":
             assert name.startswith("multi_node-send_recv") and ".json: collective: unknown collective" in why
+        elif outcome == "refused: get":
+            assert name.startswith("unit_tests-get") and re.search(r"ops\[\d+\]\.dst_buff\[\d\]\.index: 0 differs", why)
         else:
             assert not outcome.startswith("refused"), why
         assert "\n" not in why
@@ -116,6 +121,7 @@ def test_counts_are_the_readmes():
     unit = sum(o == "failed" for n, (o, _) in _outcomes().items() if n.startswith("unit_tests"))
     counts = {"plans": len(_outcomes()), "refused: switch (NVLS) channels": tally["refused: switch"],
               "refused: collective 'sendrecv'": tally["refused: sendrecv"],
+              "refused: get with offsets MSCCL++ swaps": tally["refused: get"],
               "collective plans correct on the CPU reference": tally["verified"],
               "collective plans failing the CPU check": tally["failed"] - unit,
               "unit-test plans run clean": tally["clean"], "unit-test plans failing the CPU check": unit}
@@ -226,7 +232,8 @@ def test_unknown_ops_and_fields_are_refused_in_one_line(edit, field, says):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("where,key", [((), "priority"), (("gpus", 0), "clock"), (("gpus", 0, "threadblocks", 1), "sm")])
+@pytest.mark.parametrize("where,key", [((), "priority"), (("gpus", 0), "clock"),
+                                       (("gpus", 0, "threadblocks", 1), "sm")])
 def test_unknown_plan_gpu_and_threadblock_fields_are_refused(where, key):
     doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
     node = doc
@@ -236,3 +243,14 @@ def test_unknown_plan_gpu_and_threadblock_fields_are_refused(where, key):
     with pytest.raises(PlanError, match=r"edited\.json: (gpus\[0\]\.(threadblocks\[1\]\.)?)?" + key +
                        r": field not supported by weft on a .* \(weft reads "):
         parse_plan(doc, "edited.json")
+
+
+def test_a_foreign_op_the_kernel_would_run_otherwise_is_refused_but_weft_s_own_runs():
+    doc = json.loads((CORPUS / "plans" / "unit_tests-copy_test.json").read_text())
+    op = doc["gpus"][0]["threadblocks"][0]["ops"][0]
+    op["src_buff"], op["dst_buff"] = op["src_buff"] * 2, op["dst_buff"] * 2  # MSCCL++'s handleCopy reads entry 0 only
+    with pytest.raises(PlanError, match=r"ops\[0\]\.src_buff: 2 entries; MSCCL\+\+'s kernel runs op 'copy' on the "
+                                        r"first 1 only \(weft would run every entry as listed"):
+        parse_plan(doc, "copy2.json")
+    doc["weft"] = {"channel_ids": "threadblock"}  # weft's own plan: weft's meaning (mscclpp_verdict names it)
+    assert parse_plan(doc, "copy2.json").gpus[0].threadblocks[0].ops[0].name == "copy"
