@@ -3,6 +3,8 @@ phase one op over N-1 channels, proven on the reference executor at 4 and 8 rank
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -107,3 +109,28 @@ def test_a_two_rank_plan_gathers_its_two_thread_blocks_into_one():
     plan = pipeline.compile_and_verify(schedule, topology, protocol="simple", instances=8, multipeer=True)
     assert plan.weft.verification["ok"] and len(plan.gpus[0].threadblocks) == 8
     assert np.isin(build_tables(plan, 1, plan.size_chunks * 4096).ops["type"], [TRANSFER, SIGNAL, 3]).all()
+
+
+def tune_rows(capsys, nranks: int, *extra: str, instances: str = "4,32") -> dict:
+    from weft.cli import main
+
+    assert main(["tune", "allreduce", "-t", f"hgx_h200:gpus={nranks}", "--method", "twoshot", "--instances",
+                 instances, "--threads", "1024", "--protocols", "simple", "--dry-run", "--json", *extra]) == 0
+    return {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
+
+
+@pytest.mark.parametrize("nranks,wide", [(4, 32), (8, 16)])
+def test_tune_makes_multipeer_variants_that_fit_where_per_peer_blocks_do_not(capsys, nranks, wide):
+    rows = tune_rows(capsys, nranks, instances=f"1,{wide}")
+    assert rows[f"simple-x{wide}-mp"]["plan"] and rows[f"simple-x{wide}-mp"]["threadblocks"] == wide
+    assert not rows[f"simple-x{wide}"]["plan"] and "SMs hold 132 at once" in rows[f"simple-x{wide}"]["skipped"]
+
+
+def test_tune_sms_names_the_gpus_size(capsys):
+    rows = tune_rows(capsys, 4, "--sms", "20", "--pipeline", "1,2")
+    assert "20 SMs hold 20" in rows["simple-x32-mp"]["skipped"] and rows["simple-x4-p2-mp"]["plan"]
+
+
+def test_tune_makes_no_multipeer_variant_where_each_rank_sends_to_one_peer(capsys):
+    assert set(tune_rows(capsys, 2)) == {"simple-x4", "simple-x32"}
+    assert "simple-x32-mp" in tune_rows(capsys, 2, "--multipeer")
