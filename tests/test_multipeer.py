@@ -47,12 +47,12 @@ def test_every_multipeer_shape_is_proven_with_one_thread_block_per_instance(nran
 
 
 @pytest.mark.parametrize("nranks", [4, 8])
-def test_two_shot_is_five_ops_each_over_every_peer(nranks):
+def test_two_shot_is_six_ops_each_over_every_peer(nranks):
     plan = plan_for(nranks, "allreduce", "twoshot", protocol="simple")
     ops = plan.gpus[0].threadblocks[0].ops
-    assert [op.name for op in ops] == ["pws", "wait", "res", "signal", "wait"]
+    assert [op.name for op in ops] == ["put", "signal", "wait", "res", "signal", "wait"]
     assert all(len(op.channel_ids) == nranks - 1 for op in ops)
-    res = ops[2]
+    res = ops[3]
     assert len(res.src_buff) == nranks and sum(d.remote for d in res.dst_buff) == nranks - 1
 
 

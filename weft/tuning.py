@@ -153,8 +153,10 @@ def resident_capacity(threads: int, sms: int) -> int:
 
 
 def compile_variants(schedule: Schedule, topology: Topology, options: TuneOptions,
-                     progress: Callable[[str], None] | None = None) -> list[Outcome]:
-    """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason."""
+                     each: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason.
+
+    ``each`` is called with every outcome as soon as it is decided (the CLI commits and prints it then)."""
     from weft import pipeline
 
     outcomes = []
@@ -167,14 +169,16 @@ def compile_variants(schedule: Schedule, topology: Topology, options: TuneOption
                                                                 options.ll_max_bytes)
         except CodegenError as e:
             outcomes.append(Outcome(v, None, str(e)))
+            if each:
+                each(outcomes[-1])
             continue
         if plan is None:
             outcomes.append(Outcome(v, None, f"{blocks} thread blocks of {v.threads} threads, but {options.sms} "
                                              f"SMs hold {capacity} at once"))
         else:
             outcomes.append(Outcome(v, plan))
-        if progress:
-            progress(f"{v.label}: " + (outcomes[-1].skipped or f"{plan.name}, {blocks} thread blocks, verified"))
+        if each:
+            each(outcomes[-1])
     return outcomes
 
 
