@@ -5,8 +5,9 @@ holds, phase after phase, one op per peer: ``put, signal`` to each peer, a ``wai
 the sum to each peer. This pass gathers them, as MSCCL++'s 8-GPU kernels do: within each run of ops that wait for
 nothing, signals move to the run's end (a signal may always come later), and neighbours of one kind become one op
 over several channels: puts (and gets, copies, packet puts) to several peers one pairwise op, signals one signal
-on every channel, waits one wait. ``codegen.fuse`` then makes ``res`` of a sum and its puts to every peer. The GPU runs a pairwise op's pairs side by side (``executor.gpu_tables``),
-so every peer's link carries data at once.
+on every channel, waits one wait. ``codegen.fuse`` then makes ``res`` of a sum and its puts to every peer. The
+GPU runs a plain pairwise op's pairs side by side (``executor.gpu_tables``), so every peer's link carries data at
+once.
 
 >>> from codegen.ir import Channel, Draft, Loc
 >>> c1, c2 = Channel(1, 0), Channel(2, 0)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from schedules.plan import Plan, channel_pairs, remote_target
+from schedules.plan import Plan, PlanError, channel_pairs, remote_target
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,8 @@ def predict_us(plan: Plan, nbytes: int, model: PortModel = PortModel()) -> float
                 pending = [t for ts in arrivals.values() for t in ts if t > now]
                 if not pending:
                     stuck = next(b for b in blocks if b.pc < len(b.ops))
-                    raise ValueError(f"plan {plan.name}: rank {stuck.rank} waits forever at {stuck.ops[stuck.pc].name}")
+                    raise PlanError(f"plan {plan.name}: rank {stuck.rank} waits forever at op {stuck.pc} "
+                                    f"({stuck.ops[stuck.pc].name}): the traffic model cannot time it")
                 now = min(pending)
                 continue
             return model.launch_us + now
