@@ -23,8 +23,8 @@ from dataclasses import replace
 
 from codegen.ir import Draft, Loc
 
-GATHERED = ("put", "get", "copy", "ppkt", "tpkt", "signal", "wait")  # ops whose neighbours of one kind merge
-NON_BLOCKING = ("put", "get", "copy", "re", "rre", "ppkt", "tpkt", "signal", "sem_release")
+GATHERED = ("put", "get", "copy", "ppkt", "signal", "wait")  # ops whose neighbours of one kind merge
+NON_BLOCKING = ("put", "get", "copy", "re", "rre", "ppkt", "signal", "sem_release")
 
 
 def gather_peers(ops: list[Draft]) -> list[Draft]:
