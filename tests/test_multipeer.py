@@ -134,3 +134,18 @@ def test_tune_sms_names_the_gpus_size(capsys):
 def test_tune_makes_no_multipeer_variant_where_each_rank_sends_to_one_peer(capsys):
     assert set(tune_rows(capsys, 2)) == {"simple-x4", "simple-x32"}
     assert "simple-x32-mp" in tune_rows(capsys, 2, "--multipeer")
+
+
+def test_weft_compile_multipeer_writes_a_proven_one_block_plan(tmp_path, capsys):
+    from schedules.plan import load_plan
+    from schedules.schedule import save_schedule
+    from weft.cli import main
+
+    topology = resolve("hgx_h200:gpus=4")
+    save_schedule(synthesize(topology, "allreduce", "twoshot"), tmp_path / "s.json")
+    out = tmp_path / "p.json"
+    assert main(["compile", str(tmp_path / "s.json"), "-t", "hgx_h200:gpus=4", "--protocol", "simple",
+                 "--instances", "4", "--multipeer", "-o", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["threadblocks"] == 4 and summary["plan"].endswith("-mp")
+    assert load_plan(out).weft.verification["ok"]
