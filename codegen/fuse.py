@@ -29,10 +29,13 @@ def fuse(ops: list[Draft]) -> list[Draft]:
 
 
 def _pair(a: Draft, b: Draft) -> Draft | None:
-    if a.name == "re" and b.name == "put" and b.src == a.dst[:1]:
+    sends_sum = bool(a.dst) and bool(b.src) and all(s == a.dst[0] for s in b.src)  # to one peer or several
+    if a.name == "re" and b.name == "put" and sends_sum:
         return Draft("res", a.src, a.dst + b.dst, b.channels)
-    if a.name == "rre" and b.name == "put" and b.src == a.dst[:1]:  # channels: remote srcs, then remote dsts
+    if (a.name, b.name) in (("res", "put"), ("rres", "put"), ("respkt", "ppkt")) and sends_sum:
+        return Draft(a.name, a.src, a.dst + b.dst, a.channels + b.channels, packet_src=a.packet_src)  # more peers
+    if a.name == "rre" and b.name == "put" and sends_sum:  # channels: remote srcs, then remote dsts
         return Draft("rres", a.src, a.dst + b.dst, a.channels + b.channels)
-    if a.name == "repkt" and b.name == "ppkt" and b.src == a.dst[:1]:
+    if a.name == "repkt" and b.name == "ppkt" and sends_sum:
         return Draft("respkt", a.src, a.dst + b.dst, b.channels, packet_src=a.packet_src)
     return None

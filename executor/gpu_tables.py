@@ -1,10 +1,11 @@
 """Plan -> device tables: the flattened op array the interpreter kernel walks, for one rank and one size.
 
 Pure Python and numpy (no GPU). Every plan op becomes one or more device ops: pairwise ops (put, get, copy and
-the pairwise packet ops) become one transfer per pair, ``pws`` becomes its puts and a signal, and the
-reductions become one transfer that sums every source into every destination. A reference names a buffer
-slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a byte offset,
-so the kernel does no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
+the pairwise packet ops) become one transfer per pair, or, for plain data where every pair is as long (a
+multi-peer op, ``codegen.peers``), one ``PAIRS`` transfer that moves them side by side; ``pws`` becomes its puts
+and a signal, and the reductions become one transfer that sums every source into every destination. A reference
+names a buffer slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a
+byte offset, so the kernel does no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
 
 An all-reduce with a residual (``residual=True``) returns the sum plus a residual tensor in the same launch, as
 a transformer layer's ``x + all_reduce(y)``: each reduction that completes a sum and writes an output adds its
@@ -43,6 +44,8 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS))))  # kNop.. in channel.cuh
+PAIRS = 8  # kPairs in channel.cuh: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
+KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
 PACKET, SCRATCH = 1, 2
 SLOTS = {"i": 0, "o": 1, "s": 2}
 
@@ -519,8 +522,14 @@ def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str,
     dsts = [(d, spec.writes_packet(d.remote, k)) for k, d in enumerate(op.dst_buff)]
     if spec.broadcast and len(srcs) == 1:
         srcs = srcs * len(dsts)
-    recs = ([_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts)] if spec.pairwise
-            else [_transfer(layout, tb, op, srcs, dsts, where, window)])
+    plain = not any(packet for _, packet in srcs + dsts)  # packets: one transfer per pair
+    if spec.pairwise and len(srcs) > 1 and plain and len({s.size for s, _ in srcs}) == 1:
+        recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
+        recs[0]["type"] = PAIRS
+    elif spec.pairwise:
+        recs = [_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts)]
+    else:
+        recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
     if spec.signals:
         recs.append(_ids(SIGNAL, op.channel_ids, where))
     return recs

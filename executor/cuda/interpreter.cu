@@ -162,7 +162,10 @@ __device__ void interpret(const Context& c) {
     for (int k = 0; k < count; ++k) {
       const Op& op = ops[k];
       Deadline deadline(c.timeout_ns, c.error);
-      if (op.type == kTransfer) {
+      if (op.type == kPairs) {
+        const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);
+        run_pairs<V>(op, Transfer{slots, flag, (flag & 1u) ? c.scratch_half : 0});
+      } else if (op.type == kTransfer) {
         const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);  // re-read: fewer live registers in the loop
         const Transfer tr{slots, flag, (flag & 1u) ? c.scratch_half : 0};
         const bool moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline)

@@ -36,7 +36,10 @@ from weft.units import parse_bytes  # noqa: E402
 
 DTYPES = ("fp32", "bf16")
 GRAPH_PLANS = ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json", "allgather-direct-ll-x1.json",
-               "allreduce-direct-ll-x8.json")
+               "allreduce-direct-ll-x8.json",
+               # multi-peer plans (4 and 8 ranks): one thread block per instance serves every peer
+               "allreduce-twoshot-simple-x8-2s-mp.json", "allreduce-direct-ll-x4-mp.json",
+               "allgather-direct-simple-x4-mp.json", "allreduce-twoshot-simple-x4-p2-2s-mp.json")
 
 
 def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, bool]]:

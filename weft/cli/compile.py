@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pull", action="store_true",
                    help="receivers read chunks straight from their peers' inputs (get/rre) instead of peers "
                         "writing them into scratch (Simple, out-of-place)")
+    p.add_argument("--multipeer", action="store_true",
+                   help="one thread block per instance serves every peer, each phase one op over all its channels")
     p.add_argument("--ll-max-bytes", help="the largest message an LL plan accepts (whole MB; default 1MB)")
     p.add_argument("--inplace", action="store_true", help="input and output share one buffer")
     p.add_argument("--format", default="plan", choices=("plan", "msccl-xml"), help="output format")
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
                                        inplace=args.inplace, progress=None, threads=args.threads,
                                        pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull,
+                                       multipeer=args.multipeer,
                                        ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes")
                                        if args.ll_max_bytes else LL_MAX_BYTES)
     out = Path(args.output)

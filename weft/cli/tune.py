@@ -26,11 +26,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--instances", default="1,4,16,32,64,128", help="instance counts, comma-separated")
     p.add_argument("--threads", default="256,1024", help="thread-block sizes, comma-separated")
     p.add_argument("--protocols", default="ll,simple", help="ll, simple or both")
-    p.add_argument("--sms", type=int, default=132, help="SMs of the target GPU (H100/H200: 132)")
+    p.add_argument("--sms", type=int, default=132,
+                   help="SMs of the target GPU (H100/H200: 132): variants with more thread blocks than it holds at "
+                        "once are left out")
     p.add_argument("--pull", action="store_true", help="also Simple variants that read peers' inputs (get/rre)")
     p.add_argument("--pipeline", default="1", help="Simple variants' pipeline depths, comma-separated: each "
                                                    "instance's piece cut into that many sub-pieces that overlap "
                                                    "transfer and combining")
+    p.add_argument("--multipeer", action=argparse.BooleanOptionalAction, default=None,
+                   help="also variants in which one thread block per instance serves every peer (default: for "
+                        "more than 2 ranks); --no-multipeer leaves them out")
     p.add_argument("--ll-max-bytes", default="1MB",
                    help="the largest message LL variants accept (whole MB; higher pays with --ll128 executors)")
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
                           protocols=tuple(p.strip().lower() for p in args.protocols.split(",") if p.strip()),
                           sms=args.sms, pull=args.pull, pipelines=_ints(args.pipeline, "--pipeline"),
-                          ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"))
+                          ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"), multipeer=args.multipeer)
     topology = resolve(args.topology)
     if args.output and not args.dry_run:
         make_directory(args.output, "output", ArgumentError)  # before any commit, so a bad -o commits nothing
