@@ -14,7 +14,7 @@ sqrt(mean + eps)``, then ``(x * rstd) * w`` rounded once to the element type. Th
 
 >>> x = np.array([[3.0, 4.0]], np.float32)
 >>> rms_norm(x, np.ones(2, np.float32), 0.0, "fp32").tolist()
-[[0.8485281467437744, 1.1313708066940308]]
+[[0.8485281467437744, 1.1313709020614624]]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from executor import reference
 from executor.gpu_tables import DTYPE_BYTES, residual_refusal
-from schedules.plan import Plan, PlanError
+from schedules.plan import Plan, PlanError, remote_target
 from topologies.errors import CheckFailed
 
 
@@ -50,8 +50,32 @@ def rms_norm(rows: np.ndarray, weight: np.ndarray, eps: float, dtype: str) -> np
     return reference.round_to((x * rstd[..., None]) * np.asarray(weight, np.float32), dtype)
 
 
+def output_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]] | str:
+    """(rank, thread block, op) -> (first output chunk, chunks) of each local reduction writing its rank's output,
+    read from the plan's ops alone; or why the epilogue cannot follow them: on every rank they must write all the
+    output chunks, once each, and no other op may write an output (a row that arrives as a copy was summed by no
+    block of its rank)."""
+    out = {}
+    for rank, gpu in enumerate(plan.gpus):
+        covered = []
+        for tb in gpu.threadblocks:
+            for k, op in enumerate(tb.ops):
+                mine = [b for b in op.dst_buff if not b.remote and b.type == "o"]
+                remote_out = [b for b in op.dst_buff if b.remote and remote_target(gpu, tb, op, b)[1] == "o"]
+                if remote_out or (mine and not (op.spec.reduces and len(mine) == 1)):
+                    return (f"plan {plan.name}: gpus[{rank}].threadblocks[{tb.id}].ops[{k}] ({op.name}) writes an "
+                            "output other than by its rank's own sum, so no thread block holds those rows whole")
+                if mine:
+                    out[(rank, tb.id, k)] = (mine[0].index, mine[0].size)
+                    covered += range(mine[0].index, mine[0].index + mine[0].size)
+        if sorted(covered) != list(range(gpu.output_chunks)):
+            return f"plan {plan.name}: rank {rank}'s reductions do not write each output chunk exactly once"
+    return out
+
+
 def norm_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]]:
-    """(rank, thread block, op) -> (first output chunk, chunks) of each reduction after which the epilogue runs."""
+    """(rank, thread block, op) -> (first output chunk, chunks) of each reduction after which the epilogue runs:
+    those that add the residual (``reference.residual_sums``)."""
     out = {}
     for (rank, tb, index), chunk in reference.residual_sums(plan).items():
         op = plan.gpus[rank].threadblocks[tb].ops[index]
@@ -61,35 +85,52 @@ def norm_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]]:
 
 
 def plan_refusal(plan: Plan) -> str:
-    """Why ``plan`` cannot run the epilogue at any size, or '': it must add a residual (exactly once per element,
-    ``residual_refusal``), and on every rank its residual-adding reductions must write that rank's own output
-    chunks, all of them, once each (so that each rank normalizes every row itself)."""
+    """Why ``plan`` cannot run the epilogue at any size, or '': its outputs must all be its ranks' own sums
+    (``output_ranges``), each adding the residual exactly once (``residual_refusal``), so that the reductions
+    that add the residual are exactly those output writes."""
+    ranges = output_ranges(plan)
+    if isinstance(ranges, str):
+        return ranges
     why = residual_refusal(plan)
     if why:
         return why
-    ranges = norm_ranges(plan)
-    for rank, gpu in enumerate(plan.gpus):
-        covered = sorted(c for (r, _, _), (first, size) in ranges.items() if r == rank
-                         for c in range(first, first + size))
-        if covered != list(range(gpu.output_chunks)):
-            return (f"plan {plan.name}: rank {rank}'s output is not all summed on rank {rank} (some rows arrive as "
-                    "copies), so no thread block there holds whole rows")
+    if norm_ranges(plan) != ranges:
+        return f"plan {plan.name}: some output write does not complete its sum (the residual is added elsewhere)"
     return ""
 
 
 def rows_refusal(plan: Plan, nbytes: int, dtype: str, norm: RowNorm) -> str:
-    """Why ``plan`` cannot normalize rows of ``norm.row_elems`` at ``nbytes`` (after ``plan_refusal``), or ''."""
+    """Why ``plan`` cannot normalize rows of ``norm.row_elems`` at ``nbytes``, or '' (its output writes, read
+    from its ops: ``output_ranges``; ``plan_refusal`` proves they are where the residual is added)."""
     row = norm.row_bytes(dtype)
     if norm.row_elems <= 0 or not plan.accepts(nbytes) or nbytes % row:
         return f"plan {plan.name}: {nbytes} B is not a whole number of rows of {norm.row_elems} {dtype} it accepts"
     if row >= 2 ** 31:
         return f"plan {plan.name}: rows of {norm.row_elems} {dtype} are too long for the epilogue"
+    ranges = output_ranges(plan)
+    if isinstance(ranges, str):
+        return ranges
     cb = plan.chunk_bytes(nbytes)
-    for (rank, tb, _), (first, size) in sorted(norm_ranges(plan).items()):
+    for (rank, tb, _), (first, size) in sorted(ranges.items()):
         if (first * cb) % row or (size * cb) % row:
             return (f"plan {plan.name}: at {nbytes} B thread block {tb} of rank {rank} sums bytes "
                     f"{first * cb}..{(first + size) * cb}, not whole rows of {row} B")
     return ""
+
+
+def best_norm_plan(candidates: list[tuple[Plan, float]], nbytes: int, dtype: str, norm: RowNorm,
+                   refusal=None) -> tuple[Plan | None, str]:
+    """The plan that runs the fused call at ``nbytes`` among ``candidates`` ((plan, estimated µs) serving that
+    size), or (None, why none can): those that pass ``refusal`` (default ``fused_refusal``; pass a cached one)
+    and whose rows fit, then the most row-owning thread blocks (rows normalized in parallel), then the fastest."""
+    refusal = refusal or fused_refusal
+    fit = [(p, t) for p, t in candidates if not rows_refusal(p, nbytes, dtype, norm)]
+    fit.sort(key=lambda pt: (-len(output_ranges(pt[0])) // pt[0].nranks, pt[1], pt[0].name))
+    for plan, _ in fit:  # the proof (a reference run) only for the best candidates, in order
+        if not refusal(plan):
+            return plan, ""
+    return None, (f"no plan's rows fit {nbytes} B in rows of {norm.row_elems} {dtype} ({len(candidates)} plans "
+                  "for this size, none with whole rows in each thread block)")
 
 
 class Epilogue:
