@@ -122,6 +122,8 @@ class Communicator(NormCalls, PlanExecutor):
         (the last dimension's size, the tensor's dtype): ``(rms_norm(residual + sum) * rms_weight, residual +
         sum)``, both from one launch where a plan's rows fit (executor.inference_norm)."""
         if rms_weight is not None:
+            if residual is None:
+                raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + sum)")
             return torch.ops.weft.all_reduce_rms_norm(tensor, self.handle, residual, rms_weight, float(eps))
         return torch.ops.weft.all_reduce(tensor, self.handle, residual)
 
@@ -130,6 +132,8 @@ class Communicator(NormCalls, PlanExecutor):
         """The sum over ranks, written into ``tensor``. With ``residual`` and ``rms_weight``: ``residual`` becomes
         residual + sum and ``tensor`` its rms_norm times ``rms_weight`` (the fused launch, then two copies)."""
         if rms_weight is not None:
+            if residual is None:
+                raise ValueError("weft: all_reduce_ with rms_weight needs residual= (it becomes residual + sum)")
             torch.ops.weft.all_reduce_rms_norm_inplace(tensor, residual, self.handle, rms_weight, float(eps))
             return tensor
         if residual is not None:
