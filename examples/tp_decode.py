@@ -93,16 +93,16 @@ def decode_step(x: torch.Tensor, weights, norms, cache, shape: Shape, project) -
     """
     batch = x.shape[0]
     h = F.rms_norm(x, (HIDDEN,), norms[0], EPS)
-    for k, (layer, (k_cache, v_cache)) in enumerate(zip(weights, cache)):
+    for i, (layer, (k_cache, v_cache)) in enumerate(zip(weights, cache)):
         qkv = h @ layer["qkv"]
         q, k, v = qkv.split([shape.q_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM], -1)
         q = q.view(batch, shape.q_heads, 1, HEAD_DIM)
         keys = torch.cat([k_cache, k.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         values = torch.cat([v_cache, v.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         attn = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-        h, x = project(attn.reshape(batch, -1), layer["o"], x, norms[2 * k + 1])
+        h, x = project(attn.reshape(batch, -1), layer["o"], x, norms[2 * i + 1])
         gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-        h, x = project(F.silu(gate) * up, layer["down"], x, norms[2 * k + 2])
+        h, x = project(F.silu(gate) * up, layer["down"], x, norms[2 * i + 2])
     return h
 
 
