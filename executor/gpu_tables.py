@@ -46,6 +46,7 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
 NORM_ROWS = 64  # kNormRows in executor/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
+NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS))))  # kNop.. in channel.cuh
 PACKET, SCRATCH = 1, 2
 SLOTS = {"i": 0, "o": 1, "s": 2}
@@ -224,7 +225,7 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     binds a residual after the remote buffers, added by the reductions that complete a sum and write an output
     (``residual_refusal``). ``norm``: with a residual, each of those reductions is followed by the RMSNorm
     epilogue over its rows of ``dtype`` (``executor.norm``), the weight and the normalized rows in the two slots
-    after the residual; every block is padded with nops to one op count (so the kernel still loads a block's
+    after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op count (so the kernel still loads a block's
     first ops beside its range)."""
     if norm is not None and not residual:
         raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
@@ -254,6 +255,8 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
 
         spans = norm_ranges(plan)
     for t, tb in enumerate(gpu.threadblocks):
+        if norm is not None and any((rank, t, i) in spans for i in range(len(tb.ops))):
+            records.append(_prefetch_record(row_bytes, 3 + len(gpu.remote_buffers)))
         for i, op in enumerate(tb.ops):
             where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
             for rec in _lower(op, tb, layout, where):
@@ -298,6 +301,14 @@ def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_s
     rec["src"][0] = (first, SLOTS["o"], 0)
     rec["src"][1] = (0, residual_slot + 1, 0)
     rec["dst"][0] = (first, residual_slot + 2, 0)
+    return rec
+
+
+def _prefetch_record(row_bytes: int, residual_slot: int) -> np.void:
+    """The weight's row prefetched into L1 before the block's reduction waits for its peers' data."""
+    rec = np.zeros((), OP_DTYPE)
+    rec["type"], rec["nsrc"], rec["barrier_id"] = NORM_PREFETCH, 1, row_bytes
+    rec["src"][0] = (0, residual_slot + 1, 0)
     return rec
 
 

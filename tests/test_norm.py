@@ -164,7 +164,11 @@ def test_tables_follow_each_residual_sum_with_the_epilogue_and_pad_blocks_to_one
     plan = own_rows(one_shot, 2)
     t = gpu_tables.build_tables(plan, 0, 2 * 16384, residual=True, norm=RowNorm(8192, 1e-5))
     residual_slot = 3 + len(plan.gpus[0].remote_buffers)
-    assert t.norm and t.nslots == residual_slot + 3 and t.uniform_ops == 2
+    assert t.norm and t.nslots == residual_slot + 3 and t.uniform_ops == 3
+    prefetches = [op for op in t.ops if op["type"] == gpu_tables.NORM_PREFETCH]
+    assert [int(t.tb_start[b]) for b in range(t.nthreadblocks) if t.ops[t.tb_start[b]]["type"] ==
+            gpu_tables.NORM_PREFETCH] == [0, 6]  # the two reducing blocks, first thing
+    assert all(op["src"][0]["buffer"] == residual_slot + 1 and op["barrier_id"] == 16384 for op in prefetches)
     norms = [op for op in t.ops if op["type"] == gpu_tables.NORM_ROWS]
     assert [(int(op["src"][0]["offset"]), int(op["bytes"])) for op in norms] == [(0, 16384), (16384, 16384)]
     for op in norms:
@@ -185,4 +189,5 @@ def test_tables_refuse_the_epilogue_without_the_residual(one_shot):
 def test_the_kernels_epilogue_code_matches_the_tables():
     source = (ROOT / "executor" / "cuda" / "norm.cuh").read_text()
     assert int(re.search(r"kNormRows = (\d+);", source).group(1)) == gpu_tables.NORM_ROWS
+    assert int(re.search(r"kNormPrefetch = (\d+);", source).group(1)) == gpu_tables.NORM_PREFETCH
     assert "norm.cuh" in __import__("executor.gpu_build", fromlist=["SOURCES"]).SOURCES

@@ -174,6 +174,8 @@ __device__ void interpret(const Context& c) {
         }
       } else if (op.type == kNormRows) {
         run_norm_rows<D, V>(op, Transfer{slots, 0u, 0});
+      } else if (op.type == kNormPrefetch) {
+        run_norm_prefetch(op, Transfer{slots, 0u, 0});
       } else if (op.type == kFlush) {
         __threadfence_system();
       } else if (t == 0 && !run_control(op, c, rec, deadline)) {

@@ -10,6 +10,9 @@ namespace weft {
 
 // Must match executor/gpu_tables.py (NORM_ROWS): outside the op table's device kinds, which other ops extend.
 constexpr int kNormRows = 64;
+// First in a block that runs kNormRows: the weight's lines prefetched into L1 (op.src[0], op.barrier_id bytes), so
+// that its read from memory overlaps the reduction's wait for the peers' data instead of following it.
+constexpr int kNormPrefetch = 65;
 
 template <class D>
 __device__ __forceinline__ void word_floats(u32 w, float (&f)[2]);
@@ -70,15 +73,26 @@ __device__ __forceinline__ float block_sum(float value, float* scratch) {
   return total;
 }
 
+// Each 128-byte line of ``bytes`` at ``p`` prefetched into L1 by the block's threads (fire and forget).
+__device__ __forceinline__ void prefetch_lines(const char* p, i64 bytes) {
+  for (i64 at = (i64)threadIdx.x * 128; at < bytes; at += (i64)blockDim.x * 128)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p + at));
+}
+
+__device__ __forceinline__ void run_norm_prefetch(const Op& op, const Transfer& t) {
+  prefetch_lines(t.base(op.src[0]), op.barrier_id);
+}
+
 // op.src[0]: the rows (the output just written), op.src[1]: the weight (one row), op.dst[0]: the normalized rows;
-// op.bytes: the rows' bytes; op.barrier_id: one row's bytes; op.channel[0]: eps as fp32 bits. Two passes over
-// each row (squares, then the scaled write); the second reads the row again from L1, where the first left it, so
-// that no thread holds a row's units in registers and a row may be of any length.
+// op.bytes: the rows' bytes; op.barrier_id: one row's bytes; op.channel[0]: eps as fp32 bits. The rows' lines are
+// prefetched into L1 first (so that a thread's loads of several units overlap without holding registers), then
+// two passes over each row: the squares, then the scaled write.
 template <class D, int V>
 __device__ __forceinline__ void run_norm_rows(const Op& op, const Transfer& t) {
   __shared__ float scratch[33];
   const int row_bytes = op.barrier_id, units = row_bytes / V, rows = (int)(op.bytes / row_bytes);
   const float elems = (float)(row_bytes / (4 / Lanes<D>::value));
+  prefetch_lines(t.base(op.src[0]), op.bytes);
   for (int r = 0; r < rows; ++r) {
     const char* row = t.base(op.src[0]) + (i64)r * row_bytes;
     float squares = 0.0f;
