@@ -122,7 +122,8 @@ def best_norm_plan(candidates: list[tuple[Plan, float]], nbytes: int, dtype: str
                    refusal=None) -> tuple[Plan | None, str]:
     """The plan that runs the fused call at ``nbytes`` among ``candidates`` ((plan, estimated µs) serving that
     size), or (None, why none can): those that pass ``refusal`` (default ``fused_refusal``; pass a cached one)
-    and whose rows fit, then the most row-owning thread blocks (rows normalized in parallel), then the fastest."""
+    and whose rows fit, then the most row-owning thread blocks (rows normalized in parallel), then the fastest
+    (a row-owning plan, never benched alone, is estimated by the plan it was regrouped from: ``row_base``)."""
     refusal = refusal or fused_refusal
     fit = [(p, t) for p, t in candidates if not rows_refusal(p, nbytes, dtype, norm)]
     fit.sort(key=lambda pt: (-len(output_ranges(pt[0])) // pt[0].nranks, pt[1], pt[0].name))
@@ -131,6 +132,13 @@ def best_norm_plan(candidates: list[tuple[Plan, float]], nbytes: int, dtype: str
             return plan, ""
     return None, (f"no plan's rows fit {nbytes} B in rows of {norm.row_elems} {dtype} ({len(candidates)} plans "
                   "for this size, none with whole rows in each thread block)")
+
+
+def row_base(name: str) -> str:
+    """The plan a row-owning plan was regrouped from (``codegen.rows.own_rows`` names it ``BASE-rowsG``), else
+    ``name`` itself."""
+    head, sep, groups = name.rpartition("-rows")
+    return head if sep and groups.isdigit() else name
 
 
 class Epilogue:

@@ -14,7 +14,7 @@ from codegen.protocol import CodegenError
 from codegen.rows import own_rows
 from executor import gpu_tables, reference
 from executor.norm import (Epilogue, RowNorm, best_norm_plan, fused_refusal, norm_ranges, output_ranges,
-                           plan_refusal, rms_norm, rows_refusal, run_fused)
+                           plan_refusal, rms_norm, row_base, rows_refusal, run_fused)
 from schedules.plan import PlanError, load_plan
 from schedules.registry import Registry
 from topologies.catalog import build
@@ -146,14 +146,17 @@ def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
     assert plan is None and "no plan's rows fit 16382 B in rows of 8191 bf16" in why
 
 
-@pytest.mark.parametrize("batch,groups", [(1, 1), (4, 4), (16, 16)])
-def test_the_committed_registry_has_a_row_owning_plan_per_decode_batch(committed, batch, groups):
+@pytest.mark.parametrize("batch,groups,base", [(1, 1, "x32-t512"), (4, 4, "x32-t512"), (16, 16, "x64-t512")])
+def test_the_committed_registry_has_a_row_owning_plan_per_decode_batch(committed, batch, groups, base):
+    """The most row-owning blocks, then the time measured for the plan each was regrouped from (its sends)."""
     fp, entries = committed
     nbytes = batch * 8192 * 2
-    candidates = [(e.plan, e.estimate_us(nbytes, False)[1] or math.inf) for e in entries
-                  if e.serves(fp, "allreduce", 2, nbytes)]
+    serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
+    by_name = {e.plan.name: e for e in serving}
+    candidates = [(e.plan, by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, True)[1] or math.inf)
+                  for e in serving]
     plan, why = best_norm_plan(candidates, nbytes, "bf16", RowNorm(8192, 1e-5))
-    assert why == "" and plan.name.endswith(f"-rows{groups}")
+    assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}-max8MB-rows{groups}"
     record = next(e for e in entries if e.plan is plan).provenance["verification"]
     assert record["ok"] and record["plan_hash"] == plan.content_hash
 
@@ -191,3 +194,8 @@ def test_the_kernels_epilogue_code_matches_the_tables():
     assert int(re.search(r"kNormRows = (\d+);", source).group(1)) == gpu_tables.NORM_ROWS
     assert int(re.search(r"kNormPrefetch = (\d+);", source).group(1)) == gpu_tables.NORM_PREFETCH
     assert "norm.cuh" in __import__("executor.gpu_build", fromlist=["SOURCES"]).SOURCES
+
+
+def test_a_row_owning_plan_names_the_plan_it_was_regrouped_from(one_shot):
+    assert row_base(own_rows(one_shot, 4).name) == one_shot.name
+    assert row_base(one_shot.name) == one_shot.name and row_base("x-rowsy") == "x-rowsy"
