@@ -39,23 +39,26 @@ def table(runs: list[dict], paths: list[str]) -> str:
              "| batch | step, NCCL → weft-fused-norm (ms) | step speed-up | all-reduce + add + norm in the step, "
              "weft-fused-norm / NCCL (µs per call) | ratio | logits rel. err. (bound) | plan |",
              "|---|---|---|---|---|---|---|"]
-    ok = True
+    step_ok, in_step_ok, logits_ok = {}, {}, True
     for batch in batches:
         rows = [next(r for r in run["rows"] if r["batch"] == batch) for run in runs]
         speed = [r["weft-fused-norm_speedup"] for r in rows]
         ratio = [r["weft-fused-norm_all_reduce_add_norm_ratio"] for r in rows]
         err = [r["weft-fused-norm_logits_rel_err"] for r in rows]
-        ok &= min(speed) >= STEP_GOAL and max(ratio) <= IN_STEP_GOAL and all(r["weft-fused-norm_logits_agree"]
-                                                                           for r in rows)
+        step_ok[batch] = sum(v >= STEP_GOAL for v in speed)
+        in_step_ok[batch] = sum(v <= IN_STEP_GOAL for v in ratio)
+        logits_ok &= all(r["weft-fused-norm_logits_agree"] for r in rows)
         lines.append(
             f"| {batch} | {_span([r['nccl_ms'] for r in rows], '.3f')} → "
             f"{_span([r['weft-fused-norm_ms'] for r in rows], '.3f')} | {_span(speed, '.3f')}× | "
             f"{_span([r['weft-fused-norm_all_reduce_add_norm_us_per_call'] for r in rows], '.1f')} / "
-            f"{_span([r['nccl_all_reduce_add_norm_us_per_call'] for r in rows], '.1f')} | {_span(ratio, '.2f')}× | "
+            f"{_span([r['nccl_all_reduce_add_norm_us_per_call'] for r in rows], '.1f')} | {_span(ratio, '.3f')}× | "
             f"{_span(err, '.1e')} (< {first['logits_bound']:g}) | {_plan(rows[0]['weft_norm_plan'])} |")
-    verdict = "met in every run" if ok else "not met in every run"
-    lines += ["", f"Goals (step ≥ {STEP_GOAL}× NCCL's at every batch, the fused call ≤ {IN_STEP_GOAL}× NCCL's "
-                  f"all-reduce + add + norm in the step, logits within the bound): {verdict}."]
+    lines += ["", f"Goals, runs that met them per batch (of {len(runs)}): step ≥ {STEP_GOAL}× NCCL's: "
+                  + ", ".join(f"batch {b} {n}" for b, n in step_ok.items())
+                  + f"; the fused call ≤ {IN_STEP_GOAL}× NCCL's all-reduce + add + norm in the step: "
+                  + ", ".join(f"batch {b} {n}" for b, n in in_step_ok.items())
+                  + f"; logits within the bound: {'every run' if logits_ok else 'not every run'}."]
     return "\n".join(lines) + "\n"
 
 
