@@ -39,18 +39,21 @@ import numpy as np
 from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, liveness
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_tables import (
-    MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
-    build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
+    DTYPE_BYTES, MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables,
+    PeerMapping, build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
     kernel_args, vector_bytes, with_kernel_args, with_tripwire,
 )
 from executor.norm import RowNorm, fused_refusal, rows_refusal
-from schedules.plan import Plan, load_plan, parse_plan
+from executor.padded import buffer_parts
+from schedules.padding import Padding
+from schedules.plan import Plan, PlanError, load_plan, parse_plan
 
 ERROR_WORDS = 8
 ERROR_KINDS = {1: "wait on a channel", 2: "packets never arrived", 3: "barrier never completed", 4: "aborted"}
 HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
 IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,9 @@ class PlanExecutor:
         self._peers = gpu_ipc.PeerMappings()
         # (plan, size, dtype, lines, with a residual) -> the first context made for them
         self._templates: dict[tuple[str, int, str, bool, bool], _Context] = {}
+        # (plan, message size, dtype, with a residual) -> padded (input, output, residual) buffers for sizes that
+        # are not multiples of the plan's granule
+        self._padded: dict[tuple[str, int, str, bool], tuple] = {}
         self._captured: list[CapturedExecution] = []
         self._residual_refusals: dict[str, str] = {}  # plan hash -> why it cannot add a residual, or ''
         self._norm_refusals: dict[str, str] = {}  # plan hash -> why it cannot run the norm epilogue, or ''
@@ -245,8 +251,17 @@ class PlanExecutor:
         ``norm_refusal``).
         For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
         An output allocated here belongs to the context: later calls on the same input reuse it.
+        A message that is not a multiple of the plan's granule runs padded (``schedules.padding``): each part is
+        copied to its padded place in buffers this executor keeps per plan and size, the plan runs there, and each
+        output part is copied back, all on ``stream`` (an output allocated for it is fresh each call).
         """
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
+        padding = self._padding(plan, buf, dtype)
+        if padding is not None and norm is not None:
+            raise ExecutorError(f"plan {plan.name}: {buf.nbytes} B runs padded, and the norm epilogue needs whole rows "
+                                "in place (executor.norm.rows_refusal)")
+        if padding is not None:
+            return self._execute_padded(plan, padding, input, buf, output, out, stream, dtype, lines, residual)
         lines = self._ll128 if lines is None else lines
         res = self._residual(plan, buf, residual, dtype)
         normed = self._norm_buffers(plan, buf, res, norm, dtype)
@@ -300,6 +315,9 @@ class PlanExecutor:
         if not self._graph_mode:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
+        if self._padding(plan, buf, dtype) is not None:
+            return (f"plan {plan.name}: {buf.nbytes} B of input is not a multiple of the plan's granule "
+                    f"({plan.granule} B per message): it runs padded, through copies, not on the captured buffers")
         lines = self._ll128 if lines is None else lines
         res = self._residual(plan, buf, residual, dtype)
         normed = self._norm_buffers(plan, buf, res, norm, dtype)
@@ -428,6 +446,70 @@ class PlanExecutor:
             raise ExecutorError(f"plan {plan.name}: input of {buf.nbytes} B does not split into the plan's "
                                 f"{gpu.input_chunks} input chunks")
         return buf.nbytes // gpu.input_chunks * plan.size_chunks
+
+    def _padding(self, plan: Plan, buf: _Buffer, dtype: str) -> Padding | None:
+        """How this input's message runs padded, or None where it runs directly (or fails there, as it should)."""
+        check_world(plan, self.world_size)
+        if plan.inplace:
+            nbytes = buf.nbytes
+        else:
+            parts = buffer_parts(plan, plan.gpus[self.rank].input_chunks)
+            if parts == 0 or buf.nbytes % parts:
+                return None
+            nbytes = buf.nbytes // parts * plan.message_parts
+        if nbytes % plan.granule == 0:
+            return None
+        try:
+            padding = plan.padding(nbytes)
+        except PlanError as e:
+            raise ExecutorError(str(e)) from None
+        if dtype in DTYPE_BYTES and padding.part_bytes % DTYPE_BYTES[dtype]:
+            raise ExecutorError(f"plan {plan.name}: size {nbytes} B: its parts of {padding.part_bytes} B are not "
+                                f"whole {dtype} elements")
+        return padding
+
+    def _execute_padded(self, plan: Plan, padding: Padding, input: Any, buf: _Buffer, output: Any,
+                        out: _Buffer | None, stream: Any, dtype: str, lines: bool | None, residual: Any) -> Any:
+        """``execute`` at a size that is not a multiple of the plan's granule: parts copied to their padded places,
+        the plan run there, output parts copied back, all on the caller's stream."""
+        res = self._residual(plan, buf, residual, dtype)
+        gpu = plan.gpus[self.rank]
+        in_parts = plan.message_parts if plan.inplace else buffer_parts(plan, gpu.input_chunks)
+        out_parts = in_parts if plan.inplace else buffer_parts(plan, gpu.output_chunks)
+        m, stride = padding.part_bytes, padding.padded_part_bytes
+        if not plan.inplace:
+            if output is None:
+                output = self._allocate_output(input, buf, out_parts * m)
+                out = _describe(output, "output")
+            if out.nbytes != out_parts * m or out.dtype not in (None, dtype) or out.device != self.device:
+                raise ExecutorError(f"plan {plan.name}: output must be {dtype} of {out_parts * m} B on GPU "
+                                    f"{self.device} for this input, not {out.nbytes} B")
+        key = (plan.content_hash, padding.nbytes, dtype, res is not None)
+        staged = self._padded.get(key)
+        if staged is None:
+            with self._cupy.cuda.Device(self.device):
+                staged = tuple(self._cupy.zeros(max(n, 16), self._cupy.uint8) if n else None for n in (
+                    in_parts * stride, 0 if plan.inplace else out_parts * stride, in_parts * stride if res else 0))
+                self._cupy.cuda.runtime.deviceSynchronize()
+            self._padded[key] = staged
+        padded_in, padded_out, padded_res = staged
+        handle = self._stream_handle(stream, buf.framework)
+        self._copy_parts(padded_in.data.ptr, stride, buf.pointer, m, m, in_parts, handle)
+        if res is not None:
+            self._copy_parts(padded_res.data.ptr, stride, res.pointer, m, m, in_parts, handle)
+        self.execute(plan, padded_in[:in_parts * stride], None if plan.inplace else padded_out[:out_parts * stride],
+                     stream=handle, dtype=dtype, lines=lines,
+                     residual=None if res is None else padded_res[:in_parts * stride])
+        result = (padded_in if plan.inplace else padded_out).data.ptr
+        self._copy_parts(buf.pointer if plan.inplace else out.pointer, m, result, stride, m, out_parts, handle)
+        return input if plan.inplace else output
+
+    def _copy_parts(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, parts: int,
+                    stream: int) -> None:
+        """Copy ``parts`` rows of ``width`` bytes between pitched device buffers on ``stream`` (one 2-D copy)."""
+        if parts and width:
+            self._cupy.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, width, parts,
+                                                  MEMCPY_DEVICE_TO_DEVICE, stream)
 
     def _pointers(self, plan: Plan, tables: DeviceTables, buf: _Buffer, out: _Buffer | None) -> tuple[int, int]:
         """(input, output) addresses; in-place plans keep the smaller buffer inside the larger one."""

@@ -25,6 +25,9 @@ peers map the tensors would exchange their IPC handles at registration, and any 
 (or is not aligned to the plan's vectors) keeps the staging path for that call, decided while capturing.
 Graphs captured outside ``capture()`` use the staging path. ``paths`` counts the calls each path took.
 
+Any size a plan runs is weft's: a size that is not a multiple of the plan's granule (``Plan.padding``) runs padded,
+through the staging path (``PlanExecutor.execute`` stages each part at its padded place), also inside ``capture()``.
+
 A residual (a transformer layer's ``x + all_reduce(y)``) is added inside the all-reduce's launch where the plan
 allows it (``gpu_tables.residual_refusal``): the reductions that write outputs add it after their sums, so the
 result is rounded as the sum followed by the add, and the layer saves the add kernel. It must hold the same values
