@@ -143,9 +143,9 @@ class _Machine:
     """The state of one run of ``launches`` launches: buffers, channel counters, semaphores and thread blocks."""
 
     def __init__(self, plan: Plan, elems: int, dtype: str, inputs: list[list[np.ndarray]],
-                 residuals: list[np.ndarray] | None = None, counting: bool = False):
+                 residuals: list[np.ndarray] | None = None, counting: bool = False, epilogue: Callable | None = None):
         self.plan, self.elems, self.dtype, self.inputs = plan, elems, dtype, inputs
-        self.residuals = residuals
+        self.residuals, self.epilogue = residuals, epilogue
         self.residual_at = residual_sums(plan) if residuals is not None else {}
         # counting: each reduction's sum where all its elements hold the same (else -1), by (rank, block, op)
         self.counts: dict[OpKey, float] | None = {} if counting else None
@@ -328,6 +328,8 @@ class _Machine:
                 rows = self.residuals[t.rank].reshape(-1, self.slot_elems)[
                     chunk * self.G:(chunk + op.dst_buff[0].size) * self.G]
                 total = round_to(total + rows, self.dtype)
+                if self.epilogue is not None:  # executor.norm.Epilogue: rows normalized right after their sum
+                    self.epilogue((t.rank, t.tb, t.pc), chunk, total)
             results = [total] * len(op.dst_buff)
         else:
             results = values * len(op.dst_buff) if len(values) == 1 else values  # rppkt: one src to every dst
@@ -522,17 +524,19 @@ def chunk_elems(plan: Plan, nbytes: int, dtype: str) -> int:
 
 
 def run_reference(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str,
-                  residuals: list[np.ndarray] | None = None) -> list[np.ndarray]:
+                  residuals: list[np.ndarray] | None = None, epilogue: Callable | None = None) -> list[np.ndarray]:
     """Run ``plan`` on every rank's input buffer; returns every rank's output buffer (float32 arrays).
 
     ``inputs[r]`` holds rank r's input buffer (``input_chunks × chunk elements`` values; bf16 as float32).
     ``residuals[r]``: rank r's residual (output-sized), added where ``residual_chunk`` says.
+    ``epilogue``: called as ``epilogue((rank, tb, op), chunk, sum)`` with each such reduction's sum plus residual
+    (``executor.norm.Epilogue``).
     """
-    return run_launches(plan, [inputs], nbytes, dtype, residuals)[0]
+    return run_launches(plan, [inputs], nbytes, dtype, residuals, epilogue)[0]
 
 
 def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype: str,
-                 residuals: list[np.ndarray] | None = None) -> list[list[np.ndarray]]:
+                 residuals: list[np.ndarray] | None = None, epilogue: Callable | None = None) -> list[list[np.ndarray]]:
     """Run ``plan`` once per entry of ``inputs``, back to back on the same buffers; every launch's outputs.
 
     ``inputs[k][r]`` is rank r's input for launch k. Rank r's launch k+1 starts after its own launch k only.
@@ -550,7 +554,7 @@ def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype:
                 raise PlanError(f"plan {plan.name}: {name}[{r}]: {x.size} elements, expected "
                                 f"{g.input_chunks * elems} ({g.input_chunks} chunks of {elems})")
             flat[-1].append(x)
-    m = _Machine(plan, elems, dtype, flat, residuals)
+    m = _Machine(plan, elems, dtype, flat, residuals, epilogue=epilogue)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
     return m.outputs
 

@@ -33,10 +33,11 @@ def without_verification(doc: dict) -> dict:
 def test_every_entry_comes_back_with_its_timings_predictions_and_options(imported):
     before = {e.id: e for e in Registry(COMMITTED).entries()}
     after = {e.id: e for e in Registry(imported).entries()}
-    assert after.keys() == before.keys() and len(after) == 84
+    assert after.keys() == before.keys() and len(after) == len(list((COMMITTED / "entries").glob("*.json")))
     for id, entry in before.items():
         assert without_verification(after[id].to_json()) == without_verification(entry.to_json())
-        assert after[id].measured_us and after[id].predicted_us  # the committed ones hold both
+        # the committed ones hold both, but for the row-owning plans of the fused norm, never benched alone
+        assert after[id].predicted_us and (after[id].measured_us or entry.plan.name.split("-")[-1].startswith("rows"))
         assert after[id].provenance.get("options") == entry.provenance.get("options")
         assert after[id].provenance["verification"]["ok"]
 
@@ -87,7 +88,7 @@ def test_list_tells_entries_apart(capsys):
     row = next(r for r in rows if r.startswith("reducescatter-2r-f80376f883a1"))
     assert row.split() == ["reducescatter-2r-f80376f883a1", "reducescatter", "2", "hgx_h200:gpus=2", "ll-x1-t1024",
                            "direct", "0B..1MB", "step", "8B", "3.64", "µs", "measured", "at", "1KB"]
-    assert rows[-1] == f"84 entries in {COMMITTED}"
+    assert rows[-1] == f"{len(list((COMMITTED / 'entries').glob('*.json')))} entries in {COMMITTED}"
     assert len({tuple(r.split()[3:]) for r in rows[1:-1]}) > 60  # rows differ beyond their ids
 
 

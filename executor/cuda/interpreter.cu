@@ -1,6 +1,7 @@
 // weft's plan interpreter: one thread block per plan threadblock, walking its op list from the device tables
 // built by executor/gpu_tables.py. Every wait is bounded; a timeout fills the error record and the block exits.
 #include "channel.cuh"
+#include "norm.cuh"
 #include "semaphore.cuh"
 
 namespace weft {
@@ -174,6 +175,10 @@ __device__ void interpret(const Context& c) {
           report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
           failed = 1;
         }
+      } else if (op.type == kNormRows) {
+        run_norm_rows<D, V>(op, Transfer{slots, 0u, 0});
+      } else if (op.type == kNormPrefetch) {
+        run_norm_prefetch(op, Transfer{slots, 0u, 0});
       } else if (op.type == kFlush) {
         __threadfence_system();
       } else if (t == 0 && !run_control(op, c, rec, deadline)) {
