@@ -21,6 +21,7 @@ from codegen.buffers import place_buffers
 from codegen.fuse import fuse
 from codegen.lower import lower
 from codegen.merge import merge_ranges
+from codegen.ports import crosses_hosts, port_channels
 from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_range
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
@@ -37,7 +38,8 @@ __all__ = ["CodegenError", "compile_schedule"]
 def compile_schedule(schedule: Schedule, topology: object = None, instances: int = 1, protocol: str = "auto",
                      inplace: bool = False, threads: int = 1024, double_scratch: bool | None = None,
                      pipeline: int = 1, pull: bool = False, ll_max_bytes: int = LL_MAX_BYTES) -> Plan:
-    """The execution Plan for ``schedule`` (``topology`` is only recorded: the schedule already fits it).
+    """The execution Plan for ``schedule`` (``topology``: its fingerprint is recorded, and on a topology of several
+    hosts every hop between hosts goes on a port channel, ``codegen.ports``; such plans are Simple).
 
     ``threads`` is the thread-block size. ``double_scratch`` alternates scratch halves between launches (default:
     LL plans only); for a Simple plan it doubles scratch but can drop the entry handshake (``codegen.launches``).
@@ -54,7 +56,12 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     if not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_INSTANCES // instances:
         raise CodegenError(f"--pipeline: must be an integer from 1 to {MAX_INSTANCES // instances} with "
                            f"{instances} instance(s) (instances x pipeline <= {MAX_INSTANCES}), got {pipeline!r}")
-    chosen = choose_protocol(schedule, protocol)
+    hosts = tuple(getattr(topology, "hosts", ()) or ())
+    multi_host = crosses_hosts(hosts)
+    if multi_host and (protocol.lower() == "ll" or pull):
+        raise CodegenError("--protocol ll / --pull: a plan across hosts moves data over port channels, which "
+                           "carry plain puts only (use the Simple protocol, without --pull)")
+    chosen = "Simple" if multi_host else choose_protocol(schedule, protocol)
     if pull and (chosen == "LL" or inplace):
         raise CodegenError("--pull: only Simple, out-of-place plans read their peers' inputs (LL packets are "
                            "written by their sender; an in-place input is overwritten)")
@@ -90,6 +97,7 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
                     nranks=collective.nranks, input_chunks=placement.input_chunks * copies,
                     output_chunks=placement.output_chunks * copies,
                     scratch=[s * copies for s in placement.scratch], meta=meta)
-    return replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
+    plan = replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
                    use_double_scratch_buffer=double)
+    return port_channels(plan, hosts) if multi_host else plan
 

@@ -3,7 +3,9 @@
 - ``re`` then ``put`` of its result becomes ``res`` (reduce, keep locally and send); ``rre`` (a sum that
   reads a peer) then ``put`` becomes ``rres``;
 - ``repkt`` then ``ppkt`` of its result becomes ``respkt``;
-- ``put`` then ``signal`` on the same channel becomes ``pws``.
+
+``put`` then ``signal`` stay two ops: MSCCL++'s kernel runs ``pws`` on memory channels as a put without the
+signal (it signals on port channels only), so a plan weft writes never uses it there.
 """
 
 from __future__ import annotations
@@ -33,6 +35,4 @@ def _pair(a: Draft, b: Draft) -> Draft | None:
         return Draft("rres", a.src, a.dst + b.dst, a.channels + b.channels)
     if a.name == "repkt" and b.name == "ppkt" and b.src == a.dst[:1]:
         return Draft("respkt", a.src, a.dst + b.dst, b.channels, packet_src=a.packet_src)
-    if a.name == "put" and b.name == "signal" and a.channels == b.channels:
-        return Draft("pws", a.src, a.dst, a.channels)
     return None

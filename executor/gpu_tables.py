@@ -227,6 +227,10 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
                             "whole 8-byte words and whole warps only)")
     per_chunk = (cb + LINE_DATA - 1) // LINE_DATA * LINE_BYTES
     layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
+    if gpu.port_peers:
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
+                            f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
+                            "port-channel plans run through executor.port_engine")
     if len(gpu.memory_peers) > MAX_CHANNELS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
                             f"(the executor holds {MAX_CHANNELS})")
@@ -252,13 +256,14 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     for k, rec in enumerate(records):
         ops[k] = rec
     pairs = pair_channels(plan)
-    quantities = [cb, layout.scratch_chunk]
+    quantities = [cb, layout.scratch_chunk] + [int(q) for rec in records if rec["type"] == TRANSFER for q in (
+        rec["bytes"], *rec["src"]["offset"][:rec["nsrc"]], *rec["dst"]["offset"][:rec["ndst"]])]
     return DeviceTables(
         ops=ops, tb_start=np.asarray(starts, np.int32), chunk_bytes=cb, vector_bytes=vector_bytes(*quantities),
         input_bytes=gpu.input_chunks * cb, output_bytes=gpu.output_chunks * cb,
         scratch_bytes=gpu.scratch_chunks * layout.scratch_chunk, double_scratch=plan.use_double_scratch_buffer,
         channel_peers=gpu.memory_peers,
-        paired_channel=tuple(pairs[(rank, c)] for c in range(len(gpu.memory_peers))),
+        paired_channel=tuple(pairs.get((rank, c), -1) for c in range(len(gpu.memory_peers))),  # -1: never signalled
         semaphore_init=gpu.semaphores,
         remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
         threads=min(plan.num_threads_per_block, 1024), lines=lines, residual=residual,
@@ -459,22 +464,44 @@ def _ids(kind: int, ids: tuple[int, ...], where: str) -> np.void:
 
 
 def _transfer(layout: _Layout, tb: Threadblock, op: Op, srcs: list[tuple[BufferRef, bool]],
-              dsts: list[tuple[BufferRef, bool]], where: str) -> np.void:
+              dsts: list[tuple[BufferRef, bool]], where: str, window: tuple[int, int] | None = None) -> np.void:
     if len(srcs) > MAX_REFS or len(dsts) > MAX_REFS:
         raise ExecutorError(f"{where}: {len(srcs)} sources and {len(dsts)} destinations in one op "
                             f"(the executor takes {MAX_REFS} of each)")
     rec = _record(TRANSFER)
     rec["nsrc"], rec["ndst"] = len(srcs), len(dsts)
-    rec["bytes"] = srcs[0][0].size * layout.chunk
+    rec["bytes"] = srcs[0][0].size * layout.chunk if window is None else window[1]
     for field, refs in (("src", srcs), ("dst", dsts)):
         for k, (ref, packet) in enumerate(refs):
-            rec[field][k] = layout.ref(tb, op, ref, packet, where)
+            offset, slot, flags = layout.ref(tb, op, ref, packet, where)
+            rec[field][k] = (offset + (window[0] if window else 0), slot, flags)
     return rec
 
 
-def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str) -> list[np.void]:
-    """The device ops of one plan op, in order, as its row in the op table says."""
+def tbg_window(op: Op, chunk_bytes: int) -> tuple[int, int] | None:
+    """(first byte, bytes) of each entry that a thread-block-group member moves: slice tb_id of tbg_size equal
+    slices (the sizes a tbg plan accepts split into whole 4-byte words; MSCCL++ splits in buffer_alignment units,
+    the same split where chunk bytes are a multiple of tbg_size × buffer_alignment)."""
+    if op.tbg is None:
+        return None
+    tb_id, size = op.tbg
+    nbytes = op.src_buff[0].size * chunk_bytes
+    return tb_id * nbytes // size, nbytes // size
+
+
+def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str,
+           window: tuple[int, int] | None = None) -> list[np.void]:
+    """The device ops of one plan op, in order, as its row in the op table says (``window``: one pipeline
+    iteration's bytes of each entry)."""
     spec = op.spec
+    if spec.container:  # MSCCL++ handlePipeline: ceil(num_chunks × chunk bytes / unit_size) iterations
+        total = op.num_chunks * layout.chunk
+        recs = []
+        for start in range(0, total, op.unit_size):
+            for inner in op.ops:
+                recs += _lower(inner, tb, layout, where, (start, min(op.unit_size, total - start)))
+        return recs
+    window = window or tbg_window(op, layout.chunk)
     kind = DEVICE_CODES[spec.device]
     if spec.device == "barrier":
         if op.barrier_id >= MAX_BARRIERS:
@@ -489,9 +516,11 @@ def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str) -> list[np.void
     if spec.device != "transfer":
         return [_record(kind)]
     srcs = [(s, spec.reads_packet(k)) for k, s in enumerate(op.src_buff)]
-    dsts = [(d, spec.writes_packet(d.remote)) for d in op.dst_buff]
-    recs = ([_transfer(layout, tb, op, [s], [d], where) for s, d in zip(srcs, dsts)] if spec.pairwise
-            else [_transfer(layout, tb, op, srcs, dsts, where)])
+    dsts = [(d, spec.writes_packet(d.remote, k)) for k, d in enumerate(op.dst_buff)]
+    if spec.broadcast and len(srcs) == 1:
+        srcs = srcs * len(dsts)
+    recs = ([_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts)] if spec.pairwise
+            else [_transfer(layout, tb, op, srcs, dsts, where, window)])
     if spec.signals:
         recs.append(_ids(SIGNAL, op.channel_ids, where))
     return recs

@@ -57,11 +57,11 @@ class Padding:
         return tuple((j * m, j * stride, m) for j in range(buffer_parts))
 
 
-def padding_of(nbytes: int, size_chunks: int, parts: int) -> Padding | None:
+def padding_of(nbytes: int, size_chunks: int, parts: int, slices: int = 1) -> Padding | None:
     """The padding of a message of ``nbytes`` on a plan of ``size_chunks`` chunks whose collective has ``parts``
     parts; None where it cannot run: not a positive whole number of parts, or (a hand-written plan whose chunks
-    do not split into the parts) not a multiple of the granule."""
-    granule = size_chunks * CHUNK_GRANULE
+    do not split into the parts) not a multiple of the granule (``slices`` equal slices of every chunk)."""
+    granule = size_chunks * CHUNK_GRANULE * slices
     if nbytes <= 0 or nbytes % parts:
         return None
     padded = -(-nbytes // granule) * granule
@@ -70,11 +70,11 @@ def padding_of(nbytes: int, size_chunks: int, parts: int) -> Padding | None:
     return Padding(nbytes, padded, parts)
 
 
-def refusal(nbytes: int, size_chunks: int, parts: int) -> str:
+def refusal(nbytes: int, size_chunks: int, parts: int, slices: int = 1) -> str:
     """Why ``padding_of`` gives None for this size, as the end of a sentence."""
     if nbytes <= 0:
         return "is not a positive size"
     if nbytes % parts:
         return f"is not a whole number of the collective's {parts} equal parts (one per rank)"
-    return (f"is not a multiple of the plan's granule ({size_chunks * CHUNK_GRANULE} B), and its {size_chunks} "
+    return (f"is not a multiple of the plan's granule ({size_chunks * CHUNK_GRANULE * slices} B), and its {size_chunks} "
             f"chunks do not split into the collective's {parts} parts to pad")

@@ -134,8 +134,10 @@ def resident_capacity(threads: int, sms: int) -> int:
 
 
 def compile_variants(schedule: Schedule, topology: Topology, options: TuneOptions,
-                     progress: Callable[[str], None] | None = None) -> list[Outcome]:
-    """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason."""
+                     each: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason.
+
+    ``each`` is called with every outcome as soon as it is decided (the CLI commits and prints it then)."""
     from weft import pipeline
 
     outcomes = []
@@ -144,6 +146,8 @@ def compile_variants(schedule: Schedule, topology: Topology, options: TuneOption
             plan = _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options.ll_max_bytes)
         except CodegenError as e:
             outcomes.append(Outcome(v, None, str(e)))
+            if each:
+                each(outcomes[-1])
             continue
         blocks = max(len(g.threadblocks) for g in plan.gpus)
         capacity = resident_capacity(v.threads, options.sms)
@@ -152,8 +156,8 @@ def compile_variants(schedule: Schedule, topology: Topology, options: TuneOption
                                              f"SMs hold {capacity} at once"))
         else:
             outcomes.append(Outcome(v, plan))
-        if progress:
-            progress(f"{v.label}: " + (outcomes[-1].skipped or f"{plan.name}, {blocks} thread blocks, verified"))
+        if each:
+            each(outcomes[-1])
     return outcomes
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"plan {plan.name} ({plan.content_hash}): {plan.protocol}, {args.instances} instance(s), "
-              f"{summary['threadblocks']} thread blocks per GPU")
+        print(f"plan {plan.name} ({plan.content_hash}): {plan.protocol}, {counted(args.instances, 'instance')}, "
+              f"{counted(summary['threadblocks'], 'thread block')} per GPU")
         print(f"  verified on the reference executor: sizes {summary['verified_sizes']} B × "
               f"{', '.join(summary['verified_dtypes'])}")
         print(f"  written to {out} ({args.format})")

@@ -22,6 +22,7 @@ from schedules.collectives import NAMES
 from topologies.errors import WeftError
 from topologies.jsonfile import write_text
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes, parse_size_range
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("plan", help="plan file")
     _common(run)
     run.add_argument("--size", default="64MB", help="message size (nccl-tests terms)")
-    run.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
+    run.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="element type")
     run.add_argument("--check", action="store_true", help="compare with NCCL on the same random input")
     run.add_argument("--iters", type=int, default=20, help="timed executions")
     run.set_defaults(func=_run)
@@ -44,10 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--plans", nargs="+", default=["registry"], help="plan files, or 'registry'")
     bench.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     bench.add_argument("--sizes", default="1KB:1GB", help="sizes: 1KB:1GB (powers of two) or 1KB,4MB")
-    bench.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
+    bench.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="element type")
     mode = bench.add_mutually_exclusive_group()
-    mode.add_argument("--graph", dest="graph", action="store_true", default=True, help="CUDA-graph replay")
-    mode.add_argument("--eager", dest="graph", action="store_false", help="eager launches")
+    mode.add_argument("--graph", dest="graph", action="store_true", default=True, help="CUDA-graph replay (the default)")
+    mode.add_argument("--eager", dest="graph", action="store_false", help="eager launches (default: --graph)")
     bench.add_argument("--samples", type=int, default=30, help="timed samples per implementation and size")
     bench.add_argument("--calls", type=int, default=20, help="calls per sample")
     bench.add_argument("-o", "--output", help="JSON results file (default bench/results/gpu_<coll>_<n>x<gpu>.json)")
@@ -257,8 +258,9 @@ def _run(args: argparse.Namespace) -> int:
         oks = [None] * world
         dist.all_gather_object(oks, ok)
         if rank == 0:
-            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on {world} GPUs: "
-                  f"{us:.2f} µs per execution (eager, {args.iters} executions)"
+            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
+                  f"{counted(world, 'GPU')}: "
+                  f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
                   + (f"; check against NCCL: {'ok' if all(oks) else 'WRONG on ranks ' + str([r for r, o in enumerate(oks) if not o])}"
                      if args.check else ""))
         if not all(oks):
@@ -283,7 +285,8 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
         plans = [load_plan(p) for p in args.plans]
     plans = [p for p in plans if p.collective == args.collective and p.nranks == world]
     if not plans:
-        raise ArgumentError(f"weft bench: no {args.collective} plan for {world} ranks in {' '.join(args.plans)}")
+        raise ArgumentError(f"weft bench: no {args.collective} plan for {counted(world, 'rank')} in "
+                            f"{' '.join(args.plans)}")
     return plans
 
 

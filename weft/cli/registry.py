@@ -7,6 +7,7 @@ import json
 import sys
 
 from schedules.collectives import NAMES
+from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
 
@@ -149,7 +150,7 @@ def _commit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entry.summary(), indent=2))
     else:
-        print(f"committed {entry.id} ({entry.key.collective}, {entry.key.nranks} ranks, {_range(entry)}) "
+        print(f"committed {entry.id} ({entry.key.collective}, {counted(entry.key.nranks, 'rank')}, {_range(entry)}) "
               f"to {publish.registry_location(args.registry)}")
     return 0
 
@@ -172,16 +173,16 @@ def _list(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['id']:<34} {r['collective']:<13} {r['nranks']:>5} {r['topology_name']:<{width}} "
               f"{r['plan_label']:<18} {r['solver']:<8} {r['accepts']:<32} {_best_text(r)}")
-    print(f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'} in {reg.location}")
+    print(f"{counted(len(entries), 'entry', 'entries')} in {reg.location}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
     entry = _registry(args).get(args.id)
     doc = entry.to_json()
-    doc["plan"] = {k: v for k, v in doc["plan"].items() if k != "gpus"} | {"gpus": f"{len(entry.plan.gpus)} gpus"}
+    doc["plan"] = {k: v for k, v in doc["plan"].items() if k != "gpus"} | {"gpus": counted(len(entry.plan.gpus), "gpu")}
     row = describe(entry)
-    print(f"{entry.id}: {entry.key.collective} on {entry.key.nranks} ranks of {row['topology_name']}, plan "
+    print(f"{entry.id}: {entry.key.collective} on {counted(entry.key.nranks, 'rank')} of {row['topology_name']}, plan "
           f"{entry.plan.name} ({row['plan_label']}), sizes {row['accepts']}, best {_best_text(row)}")
     print(f"sizes: {sizes_sentence(entry)}")
     print(json.dumps(doc, indent=2, sort_keys=True))
@@ -232,7 +233,7 @@ def _export(args: argparse.Namespace) -> int:
     count, bad = publish.export_directory(args.directory, args.registry)
     for line in bad:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
-    print(f"exported {count} {'entry' if count == 1 else 'entries'} to {args.directory}")
+    print(f"exported {counted(count, 'entry', 'entries')} to {args.directory}")
     return 0
 
 
@@ -240,7 +241,7 @@ def _import(args: argparse.Namespace) -> int:
     from weft import publish
 
     entries = publish.import_directory(args.directory, args.registry)
-    print(f"imported {len(entries)} entries into {publish.registry_location(args.registry)}")
+    print(f"imported {counted(len(entries), 'entry', 'entries')} into {publish.registry_location(args.registry)}")
     return 0
 
 
@@ -249,7 +250,7 @@ def _record(args: argparse.Namespace) -> int:
 
     for path in args.results:
         stored, sizes = publish.record_bench_file(path, args.registry)
-        print(f"{path}: {stored} plan times and NCCL's at {sizes} sizes recorded into "
+        print(f"{path}: {counted(stored, 'plan time')} and NCCL's at {counted(sizes, 'size')} recorded into "
               f"{publish.registry_location(args.registry)}")
     return 0
 
@@ -258,5 +259,6 @@ def _rebuild(args: argparse.Namespace) -> int:
     index, bad = _registry(args).rebuild_index()
     for line in bad:
         print(f"weft: warning: left out {line}", file=sys.stderr)
-    print(f"index rebuilt: {len(index['entries'])} entries" + (f", {len(bad)} unreadable left out" if bad else ""))
+    print(f"index rebuilt: {counted(len(index['entries']), 'entry', 'entries')}"
+          + (f", {len(bad)} unreadable left out" if bad else ""))
     return 1 if bad else 0
