@@ -50,6 +50,14 @@ def test_predictions_on_a_measured_fabric_stay_within_tolerance_at_every_size(sp
     assert summary["within_tolerance"] >= 0.93 * summary["points"] and summary["worst_ratio"] < 2.5
 
 
+def test_the_readme_states_the_committed_fits_residuals():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for spec, machine in zip(MEASURED, ("2×H200", "4×H200")):
+        r = _committed(spec).residuals()
+        assert f"{machine}, {r['within_tolerance']} of {r['points']}" in readme, spec
+        assert f"(worst {r['worst_ratio']:.2f}×" in readme, spec
+
+
 def test_features_of_a_measured_plan_are_what_its_calibration_stored():
     c = _committed("hgx_h200:gpus=2")
     for name in ("direct-allreduce-hgx_h200:gpus=2-ll-x64-t256", "twoshot-allreduce-hgx_h200:gpus=2-simple-x128"):
@@ -98,7 +106,7 @@ def test_after_tune_on_a_measured_fabric_4kb_is_no_longer_predicted_impossibly_f
     capsys.readouterr()
     assert main(["registry", "select", "-t", "hgx_h200:gpus=2", "allreduce", "--size", "4KB", "--json"]) == 0
     chosen = json.loads(capsys.readouterr().out)
-    fastest_measured = 3.4
+    fastest_measured = 3.75  # bench/results/gpu_allreduce_bf16_graph_2xh200.json at 4 KB
     assert chosen["basis"] == "predicted" and chosen["time_us"] >= fastest_measured / TOLERANCE
     assert chosen["prediction"].startswith("calibrated")
 
