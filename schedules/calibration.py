@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,7 @@ def calibration_path(topology_name: str) -> Path:
     return CALIBRATIONS / f"{safe}.json"
 
 
+@lru_cache(maxsize=64)  # package data, read once per process: `registry list` asks once per entry
 def load_calibration(fingerprint: str, directory: Path = CALIBRATIONS) -> Calibration | None:
     """The calibration of the fabric with this fingerprint, or None where it was never measured."""
     if not directory.is_dir():

@@ -118,3 +118,12 @@ def test_a_prediction_on_a_fabric_never_measured_says_so(registry, capsys):
     assert "predicted" in (out := capsys.readouterr().out) and "fabric ring:n=4 never measured" in out
     assert main(["registry", "list"]) == 0
     assert "never measured" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, field", [("[1, 2]", "rows"), ('{"nranks": 2, "rows": [{"size": "1KB"}]}', "rows[0]")])
+def test_a_malformed_results_file_is_one_line_naming_the_field(tmp_path, capsys, text, field):
+    bad = tmp_path / "results.json"
+    bad.write_text(text)
+    assert main(["topo", "calibrate", "hgx_h200:gpus=2", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"results {bad}: {field}:" in err

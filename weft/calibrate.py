@@ -85,12 +85,18 @@ def observations(topology: Topology, paths: list[Path]) -> tuple[list[Observatio
         except (OSError, ValueError) as e:
             raise CalibrationError(f"results {path}: cannot read: {e}") from None
         rows = doc.get("rows") if isinstance(doc, dict) else None
-        if doc.get("nranks") != topology.nranks or not isinstance(rows, list):
+        if not isinstance(rows, list):
+            raise CalibrationError(f"results {path}: rows: missing; not a `weft bench` results file")
+        if doc.get("nranks") != topology.nranks:
             continue
         before = len(found)
-        for row in rows:
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or not isinstance(row.get("size"), int) or row["size"] <= 0 \
+                    or not isinstance(row.get("median_us") or {}, dict):
+                raise CalibrationError(f"results {path}: rows[{i}]: must hold a size in bytes and median_us")
             for key, us in sorted((row.get("median_us") or {}).items()):
-                if not key.startswith("weft:") or key.endswith("+ll128") or not isinstance(us, (int, float)):
+                if not key.startswith("weft:") or key.endswith("+ll128") or not isinstance(us, (int, float)) \
+                        or isinstance(us, bool) or not 0 < us < 1e12:
                     continue
                 rebuilt = named_plan(key[5:])
                 if rebuilt is None or rebuilt[2].fingerprint != topology.fingerprint:
