@@ -86,7 +86,7 @@ def test_list_tells_entries_apart(capsys):
     assert rows[0].split() == ["id", "collective", "ranks", "topology", "plan", "solver", "sizes", "best", "time"]
     row = next(r for r in rows if r.startswith("reducescatter-2r-f80376f883a1"))
     assert row.split() == ["reducescatter-2r-f80376f883a1", "reducescatter", "2", "hgx_h200:gpus=2", "ll-x1-t1024",
-                           "direct", "0B..1MB", "step", "8B", "3.64", "µs", "measured", "at", "1KB"]
+                           "direct", "0B..1MB,", "2", "parts,", "granule", "8B", "3.64", "µs", "measured", "at", "1KB"]
     assert rows[-1] == f"84 entries in {COMMITTED}"
     assert len({tuple(r.split()[3:]) for r in rows[1:-1]}) > 60  # rows differ beyond their ids
 
@@ -95,5 +95,6 @@ def test_show_starts_with_the_same_facts(capsys):
     assert main(["registry", "show", "reducescatter-2r-f80376f883a1", "--registry", str(COMMITTED)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first == ("reducescatter-2r-f80376f883a1: reducescatter on 2 ranks of hgx_h200:gpus=2, plan "
-                     "direct-reducescatter-hgx_h200:gpus=2-ll-x1 (ll-x1-t1024), sizes 0B..1MB step 8B, best 3.64 µs "
+                     "direct-reducescatter-hgx_h200:gpus=2-ll-x1 (ll-x1-t1024), sizes 0B..1MB, 2 parts, granule 8B, "
+                     "best 3.64 µs "
                      "measured at 1KB")
