@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from weft.cli.words import counted
 from weft.units import format_bytes
 
 
@@ -32,14 +33,15 @@ def report(calibration) -> list[str]:
     r = calibration.residuals()
     t = calibration.terms
     lines = [
-        f"calibration of {calibration.topology_name} ({calibration.topology}) from {r['points']} measurements in "
+        f"calibration of {calibration.topology_name} ({calibration.topology}) from "
+        f"{counted(r['points'], 'measurement', 'measurements')} in "
         f"{', '.join(calibration.sources) or 'the given observations'}",
         f"  launch {t['launch_us']:.2f} µs + {t['warps_us'] * 1e3:.3f} ns per warp; hop LL {t['hop_us.LL']:.2f} µs, "
         f"Simple {t['hop_us.Simple']:.2f} µs; link efficiency LL {t['efficiency.LL']:.2f}, Simple "
         f"{t['efficiency.Simple']:.2f}",
         f"  a 1024-thread block moves {1e-3 / t['threadblock_us_per_byte.LL']:.1f} GB/s of LL, "
         f"{1e-3 / t['threadblock_us_per_byte.Simple']:.1f} GB/s of Simple; GPU memory "
-        f"{1e-3 / t['memory_us_per_byte']:.0f} GB/s, reductions {1e-3 / t['reduce_us_per_byte']:.0f} GB/s more",
+        f"{1e-3 / t['memory_us_per_byte']:.0f} GB/s, and reductions {t['reduce_us_per_byte'] * 1e6:.2f} µs per MB more",
         f"residuals (predicted / measured): {r['within_tolerance']} of {r['points']} within {TOLERANCE}x, worst "
         f"{r['worst_ratio']:.2f}x, rms of log ratio {r['rms_log_ratio']:.3f}",
     ]
@@ -48,7 +50,7 @@ def report(calibration) -> list[str]:
     for o, ratio in zip(calibration.observations, ratios):
         by_collective.setdefault(o.collective, []).append(max(ratio, 1 / ratio))
     for name, worst in sorted(by_collective.items()):
-        lines.append(f"  {name:<14} {len(worst):>4} points, worst {max(worst):.2f}x")
+        lines.append(f"  {name:<14} {counted(len(worst), 'point', 'points'):>11}, worst {max(worst):.2f}x")
     outside = [(o, ratio) for o, ratio in zip(calibration.observations, ratios)
                if not 1 / TOLERANCE <= ratio <= TOLERANCE]
     if outside:
