@@ -7,7 +7,7 @@ more). A plan's time on a fabric whose plans were measured is priced instead as
     launch_us + warps_us · warps + hop_us[protocol] · hops
       + max(links_us / efficiency[protocol],
             threadblock_us_per_byte[protocol] · (1024 / threads)^threads_power[protocol] · threadblock bytes,
-            memory_us_per_byte · GPU bytes + reduce_us_per_byte · GPU reduced bytes)
+            memory_us_per_byte · GPU bytes)
 
 - ``launch_us`` and ``warps_us``: the launch, and what each warp of the plan's thread blocks adds to it;
 - ``hops``: the waits on the longest thread block (``wait`` ops and packet reads), each a round trip between GPUs,
@@ -16,8 +16,7 @@ more). A plan's time on a fabric whose plans were measured is priced instead as
   fraction ``efficiency`` of the links' bandwidth (LL packets carry half);
 - threadblock bytes: what the busiest thread block reads and writes (an LL packet twice), at a rate that grows
   with its threads: a plan of few thread blocks cannot feed the links;
-- GPU bytes: what all of a GPU's thread blocks read and write, at the GPU memory's rate, plus what its
-  reductions read and write again at their own (summing costs more than copying).
+- GPU bytes: what all of a GPU's thread blocks read and write, at the GPU memory's rate.
 
 ``fit`` finds the terms from measured (plan, size, µs) points by least squares on log times (Levenberg-Marquardt
 over log terms, so every term stays positive); ``Calibration.residuals`` reports how far predictions stay from
@@ -25,7 +24,7 @@ the measurements. A fabric has a calibration only where it was measured (``load_
 elsewhere); weft says so next to any prediction made without one.
 
 >>> f = PlanFeatures("LL", instances=1, threads=1024, threadblocks=1, hops=1, bytes_us_per_byte=1e-6,
-...                  threadblock_bytes_per_byte=2.0, gpu_bytes_per_byte=2.0, gpu_reduced_per_byte=0.0)
+...                  threadblock_bytes_per_byte=2.0, gpu_bytes_per_byte=2.0)
 >>> c = Calibration("topo-0000000000000000", "pair", dict(DEFAULTS), ())
 >>> round(c.predict_us(f, 1 << 20), 2) > round(c.predict_us(f, 1 << 10), 2) > c.terms["launch_us"]
 True
@@ -46,13 +45,14 @@ from topologies.errors import WeftError
 FORMAT = "weft.calibration/1"
 PROTOCOLS = ("LL", "Simple")
 # The terms and where a fit starts from (µs, or factors); every term is positive.
-DEFAULTS = {"launch_us": 2.0, "warps_us": 0.001, "memory_us_per_byte": 1e-6, "reduce_us_per_byte": 1e-7,
+DEFAULTS = {"launch_us": 2.0, "warps_us": 0.001, "memory_us_per_byte": 1e-6,
             "hop_us.LL": 1.0, "hop_us.Simple": 2.0,
             "efficiency.LL": 0.4, "efficiency.Simple": 0.8, "threadblock_us_per_byte.LL": 1e-4,
             "threadblock_us_per_byte.Simple": 1e-4, "threads_power.LL": 0.5, "threads_power.Simple": 0.5}
+CEILINGS = {"efficiency.LL": 1.0, "efficiency.Simple": 1.0}
 CALIBRATIONS = Path(__file__).parent / "calibrations"
 TOLERANCE = 1.5  # the factor between prediction and measurement that a calibration is held to
-STARTS = 12  # the fit's starting points
+STARTS = 48  # the fit's starting points
 
 
 class CalibrationError(WeftError):
@@ -71,21 +71,19 @@ class PlanFeatures:
     bytes_us_per_byte: float  # the α-β transfer time per message byte, latencies left out
     threadblock_bytes_per_byte: float  # bytes the busiest thread block reads and writes per message byte
     gpu_bytes_per_byte: float  # bytes the busiest GPU's thread blocks read and write per message byte
-    gpu_reduced_per_byte: float  # of those, the bytes its reductions read and write
 
     def to_json(self) -> dict:
         return {"protocol": self.protocol, "instances": self.instances, "threads": self.threads,
                 "threadblocks": self.threadblocks, "hops": self.hops, "bytes_us_per_byte": self.bytes_us_per_byte,
                 "threadblock_bytes_per_byte": self.threadblock_bytes_per_byte,
-                "gpu_bytes_per_byte": self.gpu_bytes_per_byte, "gpu_reduced_per_byte": self.gpu_reduced_per_byte}
+                "gpu_bytes_per_byte": self.gpu_bytes_per_byte}
 
     @staticmethod
     def from_json(doc: dict, source: str) -> "PlanFeatures":
         try:
             f = PlanFeatures(str(doc["protocol"]), int(doc["instances"]), int(doc["threads"]),
                              int(doc["threadblocks"]), int(doc["hops"]), float(doc["bytes_us_per_byte"]),
-                             float(doc["threadblock_bytes_per_byte"]), float(doc["gpu_bytes_per_byte"]),
-                             float(doc["gpu_reduced_per_byte"]))
+                             float(doc["threadblock_bytes_per_byte"]), float(doc["gpu_bytes_per_byte"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CalibrationError(f"{source}: features: missing or malformed ({e})") from None
         if f.protocol not in PROTOCOLS or min(f.instances, f.threads) < 1 or min(
@@ -175,14 +173,16 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
                                f"{len(DEFAULTS)} terms")
     names = list(DEFAULTS)
     used = {k for o in observations for k in names if k.endswith(f".{o.features.protocol}")} | {
-        "launch_us", "warps_us", "memory_us_per_byte", "reduce_us_per_byte"}
+        "launch_us", "warps_us", "memory_us_per_byte"}
     free = [k for k in names if k in used]
     columns = _columns(observations)
     measured = np.log([o.measured_us for o in observations])
 
     def terms_at(x: np.ndarray) -> dict[str, float]:
-        # each term within e^±10 of its default: far beyond any fabric, and no overflow on the way there
-        return dict(DEFAULTS) | {k: float(np.exp(np.clip(v, math.log(DEFAULTS[k]) - 10, math.log(DEFAULTS[k]) + 10)))
+        # each term within e^±10 of its default (far beyond any fabric, and no overflow on the way there), and a
+        # link's efficiency at most 1
+        return dict(DEFAULTS) | {k: float(np.exp(np.clip(v, math.log(DEFAULTS[k]) - 10, math.log(CEILINGS[k])
+                                                         if k in CEILINGS else math.log(DEFAULTS[k]) + 10)))
                                  for k, v in zip(free, x)}
 
     def residual(x: np.ndarray) -> np.ndarray:
@@ -234,7 +234,7 @@ def _columns(observations: list[Observation]) -> dict[str, np.ndarray]:
             "nbytes": np.array([float(o.nbytes) for o in observations]),
             **{name: np.array([float(getattr(f, name)) for f in fs])
                for name in ("threads", "threadblocks", "hops", "bytes_us_per_byte", "threadblock_bytes_per_byte",
-                            "gpu_bytes_per_byte", "gpu_reduced_per_byte")}}
+                            "gpu_bytes_per_byte")}}
 
 
 def _model_columns(terms: dict[str, float], c: dict[str, np.ndarray]) -> np.ndarray:
@@ -245,8 +245,7 @@ def _model_columns(terms: dict[str, float], c: dict[str, np.ndarray]) -> np.ndar
     links = c["bytes_us_per_byte"] * c["nbytes"] / per("efficiency")
     feed = c["threadblock_bytes_per_byte"] * c["nbytes"] * per("threadblock_us_per_byte") * (
         1024 / c["threads"]) ** per("threads_power")
-    memory = c["nbytes"] * (c["gpu_bytes_per_byte"] * terms["memory_us_per_byte"]
-                            + c["gpu_reduced_per_byte"] * terms["reduce_us_per_byte"])
+    memory = c["gpu_bytes_per_byte"] * c["nbytes"] * terms["memory_us_per_byte"]
     return (terms["launch_us"] + terms["warps_us"] * c["threadblocks"] * c["threads"] / 32 + per("hop_us") * c["hops"]
             + np.maximum(np.maximum(links, feed), memory))
 

@@ -35,12 +35,11 @@ def features(plan: Plan, schedule: Schedule, topology: Topology) -> PlanFeatures
     hops = max((sum(OPS[op.name].device == "wait" or bool(OPS[op.name].packet_src) for op in tb.ops)
                 for g in plan.gpus for tb in g.threadblocks), default=0)
     work = [[sum(_op_chunks(op) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
-    reduced = [sum(_op_chunks(op) for tb in g.threadblocks for op in tb.ops if OPS[op.name].reduces) for g in plan.gpus]
     n = plan.size_chunks
     return PlanFeatures(plan.protocol, plan.weft.instances, plan.num_threads_per_block,
                         max(len(g.threadblocks) for g in plan.gpus), hops,
                         per_chunk_byte / schedule.collective.size_chunks, max(map(max, work)) / n,
-                        max(map(sum, work)) / n, max(reduced) / n)
+                        max(map(sum, work)) / n)
 
 
 def _op_chunks(op) -> int:

@@ -41,7 +41,7 @@ def report(calibration) -> list[str]:
         f"{t['efficiency.Simple']:.2f}",
         f"  a 1024-thread block moves {1e-3 / t['threadblock_us_per_byte.LL']:.1f} GB/s of LL, "
         f"{1e-3 / t['threadblock_us_per_byte.Simple']:.1f} GB/s of Simple; GPU memory "
-        f"{1e-3 / t['memory_us_per_byte']:.0f} GB/s, and reductions {t['reduce_us_per_byte'] * 1e6:.2f} µs per MB more",
+        f"{1e-3 / t['memory_us_per_byte']:.0f} GB/s",
         f"residuals (predicted / measured): {r['within_tolerance']} of {r['points']} within {TOLERANCE}x, worst "
         f"{r['worst_ratio']:.2f}x, rms of log ratio {r['rms_log_ratio']:.3f}",
     ]
