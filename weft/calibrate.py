@@ -38,8 +38,8 @@ def features(plan: Plan, schedule: Schedule, topology: Topology) -> PlanFeatures
     n = plan.size_chunks
     return PlanFeatures(plan.protocol, plan.weft.instances, plan.num_threads_per_block,
                         max(len(g.threadblocks) for g in plan.gpus), hops,
-                        per_chunk_byte / schedule.collective.size_chunks, max(map(max, work)) / n,
-                        max(map(sum, work)) / n)
+                        per_chunk_byte / schedule.collective.size_chunks,
+                        max((w for gpu in work for w in gpu), default=0) / n, max(map(sum, work)) / n)
 
 
 def _op_chunks(op) -> int:
