@@ -64,7 +64,7 @@ class PlanFeatures:
     """What the calibrated model reads from a plan and its schedule on a topology."""
 
     protocol: str
-    instances: int
+    instances: int  # for the reader: the model prices the thread blocks and the bytes each moves
     threads: int
     threadblocks: int
     hops: int
@@ -126,7 +126,10 @@ class Calibration:
 
     def ratios(self) -> list[float]:
         """predicted / measured for every observation."""
-        return [self.predict_us(o.features, o.nbytes) / o.measured_us for o in self.observations]
+        if not self.observations:
+            return []
+        predicted = _model_columns(self.terms, _columns(list(self.observations)))
+        return (predicted / np.array([o.measured_us for o in self.observations])).tolist()
 
     def residuals(self) -> dict:
         """The fit's residuals: the worst ratio either way, the spread of log ratios, and how many points lie
