@@ -19,6 +19,7 @@ from dataclasses import replace
 from codegen.assemble import assemble
 from codegen.buffers import place_buffers
 from codegen.fuse import fuse
+from codegen.limits import fit_mscclpp_limits
 from codegen.lower import lower
 from codegen.merge import merge_ranges
 from codegen.ports import crosses_hosts, port_channels
@@ -26,11 +27,11 @@ from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_r
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
-from schedules.plan import Plan, PlanMeta
+from schedules.plan import MAX_THREADS_PER_BLOCK, Plan, PlanMeta
 from schedules.schedule import Schedule
 
 MAX_INSTANCES = 256
-MAX_THREADS = 1024
+MAX_THREADS = MAX_THREADS_PER_BLOCK  # the plan reader refuses more: one range for both
 
 __all__ = ["CodegenError", "compile_schedule"]
 
@@ -99,5 +100,5 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
                     scratch=[s * copies for s in placement.scratch], meta=meta)
     plan = replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
                    use_double_scratch_buffer=double)
-    return port_channels(plan, hosts) if multi_host else plan
+    return fit_mscclpp_limits(port_channels(plan, hosts) if multi_host else plan)
 

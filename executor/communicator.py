@@ -400,6 +400,12 @@ class PlanExecutor:
             self._plans[id(plan)] = cached
         return cached
 
+    def exchange(self, what: str, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (collective: every rank calls it, in the same order). Values are
+        plain data (gpu_bootstrap.encode: JSON through the store, never a pickle, which would run code sent by
+        anyone who can reach the store); ``what`` names the exchange in errors."""
+        return self._all_gather(what, value)
+
     def _all_gather(self, what: str, value: Any) -> list[Any]:
         self._keys += 1
         if self._keys == 1:  # the first exchange: each rank says who it is, so that a peer that dies can be named

@@ -151,7 +151,7 @@ class _Machine:
         self.counts: dict[OpKey, float] | None = {} if counting else None
         self.launches = len(inputs)
         self.G = plan.slices  # slots per chunk: tbg slices and pipeline iterations are whole slots
-        self.threads = [_Thread(r, tb.id, k, *_expand(tb.ops, self.G)) for k in range(self.launches)
+        self.threads = [_thread(r, tb.id, k, tb.ops, self.G) for k in range(self.launches)
                         for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
         self.hosts = {(k, r): _Thread(r, -1, k, (), None) for k in range(self.launches + 1) for r in range(plan.nranks)}
         self.proxies = {(k, r, c): _Thread(r, -2 - c, k, (), None) for k in range(self.launches)
@@ -292,6 +292,9 @@ class _Machine:
                 if op.channel_type == "port":  # a port signal follows the channel's puts before it
                     np.maximum(carried, self.proxies[(t.launch, t.rank, cid)].vc, out=carried)
                 self.inbound[self.peer_end[(op.channel_type, t.rank, cid)]].append(carried)
+        if op.spec.flushes and op.channel_type == "port":
+            for cid in op.channel_ids:  # putWithSignalAndFlush: the kernel waits for the proxy
+                np.maximum(t.vc, self.proxies[(t.launch, t.rank, cid)].vc, out=t.vc)
         t.pc += 1
 
     def _move(self, t: _Thread, me: int, op: Op) -> None:
@@ -338,16 +341,20 @@ class _Machine:
         gpu = self.plan.gpus[t.rank]
         tb = gpu.threadblocks[t.tb]
         where = self.where(t)
-        for src, dst, cid in zip(op.src_buff, op.dst_buff, op.channel_ids):
+        part = t.parts[t.pc]
+        srcs = op.src_buff * len(op.dst_buff) if op.spec.broadcast and len(op.src_buff) == 1 else op.src_buff
+        for k, (src, dst, cid) in enumerate(zip(srcs, op.dst_buff, op.channel_ids)):
             proxy = self.proxies[(t.launch, t.rank, cid)]
             me = self._index[id(proxy)]
             np.maximum(proxy.vc, t.vc, out=proxy.vc)
             proxy.vc[me] += 1
-            buf, sl = self.slots(t.rank, src.type, src, where, t.launch)
-            value = self._read(proxy, me, buf, sl, False, t.rank, BUFFER_NAMES[src.type], where, src.index)
+            packet = op.spec.reads_packet(k)  # rppkt: the block waited for the packets, the proxy copies them
+            buf, sl = self.slots(t.rank, src.type, src, where, t.launch, _window(part, src))
+            value = self._read(proxy, me, buf, sl, packet, t.rank, BUFFER_NAMES[src.type], where, src.index * self.G)
             rank, type = remote_target(gpu, tb, op, dst)
-            buf, sl = self.slots(rank, type, dst, where, t.launch)
-            self._write(proxy, me, buf, sl, value, _PLAIN, rank, BUFFER_NAMES[type], where, dst.index)
+            buf, sl = self.slots(rank, type, dst, where, t.launch, _window(part, dst))
+            flag = t.launch if op.spec.writes_packet(True, k) else _PLAIN
+            self._write(proxy, me, buf, sl, value, flag, rank, BUFFER_NAMES[type], where, dst.index * self.G)
 
     def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str,
               where: str, index: int) -> np.ndarray:
@@ -462,8 +469,9 @@ class _Machine:
                 raise PlanDeadlock(f"plan {self.plan.name}: no end after {executed} ops")
 
 
-def _expand(ops: tuple[Op, ...], G: int) -> tuple[tuple[Op, ...], np.ndarray, tuple[int, ...], tuple]:
-    """A thread block's ops as the executor steps through them: each pipeline's ops once per iteration.
+def _thread(rank: int, tb: int, launch: int, ops: tuple[Op, ...], G: int) -> _Thread:
+    """A thread block of one launch, its ops as the executor steps through them: each pipeline's ops once per
+    iteration, each with the window of its entries it moves (a tbg slice, an iteration's unit).
 
     The reference runs a pipeline as two iterations per chunk (``Plan.slices``): MSCCL++ runs
     ceil(num_chunks × chunk bytes / unit_size) of them, one at the sizes below the unit, more above it."""
@@ -480,7 +488,7 @@ def _expand(ops: tuple[Op, ...], G: int) -> tuple[tuple[Op, ...], np.ndarray, tu
                 out.append(inner)
                 index.append(i)
                 parts.append(("iter", k * unit, unit))
-    return tuple(out), None, tuple(index), tuple(parts)
+    return _Thread(rank, tb, launch, tuple(out), None, tuple(index), tuple(parts))
 
 
 def _window(part: tuple | None, ref: BufferRef) -> tuple[int, int] | None:

@@ -59,6 +59,7 @@ class OpSpec:
     semaphores: bool = False  # acts on semaphore_ids (at least one)
     container: bool = False  # holds ops of its own (pipeline): executors run them, never this op
     broadcast: bool = False  # pairwise, or one src to every dst (MSCCL++'s rppkt reads src[0] for every dst)
+    flushes: bool = False  # on port channels, waits until its puts completed (a flush after the op)
 
     @property
     def packet(self) -> bool:
@@ -148,7 +149,7 @@ OPS = _table(
     OpSpec("sem_release", "add one to every semaphore in semaphore_ids", "sem_release", semaphores=True),
     OpSpec("put", "copy local src[j] to remote dst[j] through channel_ids[j]", **_SEND),
     OpSpec("pws", "put, then signal on the same channels", **_SEND, signals=True),
-    OpSpec("pwsf", "pws, then flush (a flush does nothing on memory channels)", **_SEND, signals=True),
+    OpSpec("pwsf", "pws, then flush (a flush does nothing on memory channels)", **_SEND, signals=True, flushes=True),
     OpSpec("get", "copy remote src[j] (through channel_ids[j]) to local dst[j]", **dict(
         _COPY, channels=PER_REMOTE, src=REMOTE)),
     OpSpec("copy", "copy local src[j] to local dst[j]", **_COPY),
@@ -179,9 +180,10 @@ OPS = _table(
 )
 
 
-# The ops a port channel carries (MSCCL++'s port channel: put, put-with-signal, signal, wait, flush). A port
-# channel reaches another host through a proxy: it never reads remote memory nor writes packets.
-PORT_OPS = frozenset({"put", "pws", "signal", "wait", "flush"})
+# The ops a port channel carries (MSCCL++'s port channel: put, put-with-signal, put-with-signal-and-flush, signal,
+# wait, flush, and rppkt, whose proxy copies packets it has read locally into the peer's scratch). A port channel
+# reaches another host through a proxy: it never reads remote memory.
+PORT_OPS = frozenset({"put", "pws", "pwsf", "rppkt", "signal", "wait", "flush"})
 
 
 def op_spec(name: str) -> OpSpec:

@@ -23,8 +23,9 @@ In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because 
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
-entry whose ``access_channel_type`` is the op's ``channel_type``; that id indexes the GPU's ``remote_buffers``
-(``rank`` and ``type``). With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
+entries whose ``access_channel_type`` is the op's ``channel_type`` (their ids in order, as MSCCL++ concatenates
+them); that id indexes the GPU's ``remote_buffers`` (``rank`` and ``type``). A memory-channel op reaches a peer's
+buffer through it alone (MSCCL++'s kernel writes the mapped pointer): its ``channel_ids`` may be left out. With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
 rank's slice: allgather/gather keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at
 ``i[rank·output_chunks]``, the other collectives use one buffer for both.
 
@@ -35,7 +36,10 @@ network engine) are supported; ``switch``/NVLS channels are refused because NVLi
 shared machines. Each channel type numbers its own channels: a GPU's memory (or port) channels are numbered 0..
 in the order of its ``channels`` entries of that type and their ``connected_to`` lists; channel k connects to
 rank ``connected_to[k]``. The m-th channel of a type of rank a to rank b pairs with the m-th channel of that type
-of rank b to rank a. A port channel carries ``put``, ``pws``, ``signal``, ``wait`` and ``flush`` only, with
+of rank b to rank a; an end the peer does not list is allowed (MSCCL++ makes it) as long as nothing signals or
+waits on it. An op's ``channel_ids`` index its thread block's ``channels`` list of that type, as MSCCL++'s kernel
+does (weft's plans written before 2026-11-26 name GPU channel ids instead: ``"weft": {"channel_ids": "gpu"}``).
+A port channel carries ``put``, ``pws``, ``pwsf``, ``rppkt``, ``signal``, ``wait`` and ``flush`` only, with
 MSCCL++'s ordering: a put is asynchronous; a ``signal`` on the channel orders every put before it on that
 channel (the peer that waits for it sees their data); ``flush`` waits until the channel's puts have completed,
 so their sources may be overwritten only after it.
@@ -53,7 +57,11 @@ What every op means (which entries are remote, which pair up or are summed, whic
 channel ids it takes) is its row in the op table, ``schedules/ops.py``; the parser checks each op against it.
 A packet range lives in a scratch buffer and carries the flag of the current launch, so a reader of packets
 waits for them itself and needs no signal. Reductions are sums in the element type; fp16 and bf16 round after
-every op.
+every op. ``tbg_info`` (``tb_id``, ``tbg_size``) on a data op makes it move slice ``tb_id`` of ``tbg_size`` equal
+slices of each entry (a thread-block group splits one op); a ``pipeline`` op (``iter_context``: ``unit_size``
+bytes, ``num_chunks``) runs its ``ops`` once per ``unit_size`` bytes of their entries, in order.
+``reuse_resources`` (MSCCL++'s fixed 64 MiB scratch) limits the sizes to those whose scratch chunks fit in it.
+Collective ``test`` is MSCCL++'s unit-test plans': a run proves no race, deadlock or range error, and no result.
 
 A launch runs each plan once. Buffers, channel counters and semaphores carry over between launches, and a
 rank's launch k+1 follows only its own launch k (stream order), so a plan must itself keep a write into a peer
@@ -86,9 +94,15 @@ from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from topologies.errors import WeftError
-from topologies.jsonfile import Fields, read_json, write_text
+from topologies.jsonfile import Fields, read_json, short_repr, write_text
 
 MAX_MESSAGE_SIZE = (1 << 64) - 1
+# What compile makes and both executors run: whole warps up to CUDA's 1024 threads per block (the GPU executor
+# launches num_threads_per_block threads), and a power-of-two buffer alignment no larger than the 256 bytes every
+# CUDA allocation already has (compile writes 16).
+WARP = 32
+MAX_THREADS_PER_BLOCK = 1024
+MAX_BUFFER_ALIGNMENT = 256
 PROTOCOLS = ("Simple", "LL")
 BUFFER_TYPES = ("i", "o", "s")
 CHANNEL_TYPES = ("memory", "port")
@@ -465,6 +479,27 @@ def load_plan(path: str | Path) -> Plan:
     return parse_plan(read_json(path, "plan", PlanError), str(path))
 
 
+_KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unread
+    "(top level)": frozenset({"name", "collective", "protocol", "inplace", "reuse_resources",
+                              "use_double_scratch_buffer", "buffer_alignment", "min_message_size", "max_message_size",
+                              "num_threads_per_block", "gpus", "weft"}),
+    "gpu": frozenset({"id", "input_chunks", "output_chunks", "scratch_chunks", "channels", "remote_buffers",
+                      "semaphores", "threadblocks"}),
+    "threadblock": frozenset({"id", "channels", "remote_buffer_refs", "ops"}),
+    "buffer entry": frozenset({"type", "buffer_id", "index", "size", "offset"}),
+}
+
+
+def _known(rd: "_Reader", doc: dict, kind: str, where: str) -> None:
+    """Refuse, in one line, a field weft does not read (it might change what the plan does)."""
+    extra = sorted(set(doc) - _KNOWN[kind])
+    if extra:
+        field = f"{where}.{extra[0]}" if where else extra[0]
+        if extra[0] == "switch_channel_id":
+            raise rd.fail(field, f"a switch channel entry: {REFUSED_CHANNEL_TYPES['switch']}")
+        raise rd.fail(field, f"field not supported by weft on a {kind} (weft reads {', '.join(sorted(_KNOWN[kind]))})")
+
+
 class _Reader(Fields):
     """Field checks that name the file and the JSON path in every error."""
 
@@ -473,9 +508,10 @@ class _Reader(Fields):
         self.channel_ids = "threadblock"  # how this file's ops name channels (PlanMeta.channel_ids)
         self.collective = ""
 
-    def int(self, value: object, where: str, low: int = 0) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise self.fail(where, f"must be an integer >= {low}, got {value!r}")
+    def int(self, value: object, where: str, low: int = 0, high: int | None = None) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"from {low} to {high}"
+            raise self.fail(where, f"must be an integer {bound}, got {short_repr(value)}")
         return value
 
     def bool(self, value: object, where: str) -> bool:
@@ -501,6 +537,7 @@ def parse_plan(data: object, source: str) -> Plan:
     if doc["protocol"] not in PROTOCOLS:
         raise rd.fail("protocol", f"must be 'Simple' or 'LL', got {doc['protocol']!r}")
     reuse = rd.bool(doc.get("reuse_resources", False), "reuse_resources")
+    _known(rd, doc, "(top level)", "")
     meta = _parse_meta(rd, doc.get("weft"))
     rd.channel_ids, rd.collective = meta.channel_ids, doc["collective"]
     raw_gpus = rd.list(doc["gpus"], "gpus")
@@ -513,16 +550,23 @@ def parse_plan(data: object, source: str) -> Plan:
     for i, g in enumerate(gpus):
         if g.id != i:
             raise rd.fail(f"gpus[{i}].id", f"must be {i} (gpus are listed in rank order), got {g.id}")
-    lo = rd.int(doc.get("min_message_size", 0), "min_message_size")
-    hi = rd.int(doc.get("max_message_size", MAX_MESSAGE_SIZE), "max_message_size")
+    lo = rd.int(doc.get("min_message_size", 0), "min_message_size", 0, MAX_MESSAGE_SIZE)
+    hi = rd.int(doc.get("max_message_size", MAX_MESSAGE_SIZE), "max_message_size", 0, MAX_MESSAGE_SIZE)
     if lo > hi:
         raise rd.fail("max_message_size", f"{hi} is below min_message_size {lo}")
+    threads = rd.int(doc.get("num_threads_per_block", MAX_THREADS_PER_BLOCK), "num_threads_per_block", WARP,
+                     MAX_THREADS_PER_BLOCK)
+    if threads % WARP:
+        raise rd.fail("num_threads_per_block", f"must be a multiple of {WARP} (whole warps), got {threads}")
+    alignment = rd.int(doc.get("buffer_alignment", 16), "buffer_alignment", 1, MAX_BUFFER_ALIGNMENT)
+    if alignment & (alignment - 1):
+        raise rd.fail("buffer_alignment", f"must be a power of two, got {alignment}")
     plan = Plan(
         name=str(doc["name"]), collective=doc["collective"], protocol=doc["protocol"],
         inplace=rd.bool(doc.get("inplace", False), "inplace"), gpus=gpus,
-        num_threads_per_block=rd.int(doc.get("num_threads_per_block", 1024), "num_threads_per_block", 32),
+        num_threads_per_block=threads,
         use_double_scratch_buffer=rd.bool(doc.get("use_double_scratch_buffer", False), "use_double_scratch_buffer"),
-        buffer_alignment=rd.int(doc.get("buffer_alignment", 16), "buffer_alignment", 1),
+        buffer_alignment=alignment,
         min_message_size=lo, max_message_size=hi, weft=meta, reuse_resources=reuse,
     )
     if not plan.checkable:
@@ -577,6 +621,7 @@ def _predictions(rd: _Reader, data: object) -> dict[str, float]:
 
 def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
     doc = rd.obj(data, where)
+    _known(rd, doc, "gpu", where)
     channels = []
     for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
         c = rd.obj(c, f"{where}.channels[{k}]")
@@ -625,6 +670,7 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
 
 def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threadblock:
     doc = rd.obj(data, where)
+    _known(rd, doc, "threadblock", where)
     channels = []
     for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
         c = rd.obj(c, f"{where}.channels[{k}]")
@@ -688,7 +734,8 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
         return _parse_pipeline(rd, doc, where, gpu, tb)
     extra = sorted(set(doc) - _OP_FIELDS - {"iter_context", "ops"})
     if extra:
-        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r}")
+        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r} (weft reads "
+                                             f"{', '.join(sorted(_OP_FIELDS - {'iter_context', 'ops'}))})")
     if doc.get("reduce_op", "sum") != "sum":
         raise rd.fail(f"{where}.reduce_op", f"only 'sum' is supported, got {doc['reduce_op']!r}")
     channel_type, channel_ids = None, ()
@@ -744,6 +791,7 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
 
 def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock, channel_type: str | None) -> BufferRef:
     doc = rd.obj(data, where)
+    _known(rd, doc, "buffer entry", where)
     index = rd.int(doc.get("index", doc.get("offset")), f"{where}.index")
     size = rd.int(doc.get("size"), f"{where}.size", 1)
     if "buffer_id" in doc:
@@ -764,6 +812,19 @@ def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
                                      len(op.channel_ids), len(op.semaphore_ids))
     if why:
         raise rd.fail(f"{where}.{field}" if field else where, why)
+
+
+def current_format(plan: Plan) -> Plan:
+    """A plan weft wrote before 2026-11-26 in the format MSCCL++ reads today: ops name the block's channels, and a
+    ``pws`` on memory channels (which MSCCL++'s kernel runs without its signal) becomes ``put`` then ``signal``."""
+    def split(op: Op) -> tuple[Op, ...]:
+        if op.name in ("pws", "pwsf") and op.channel_type == "memory":
+            return (replace(op, name="put"), Op("signal", op.channel_type, op.channel_ids))
+        return (op,)
+
+    gpus = tuple(replace(g, threadblocks=tuple(replace(tb, ops=tuple(o for op in tb.ops for o in split(op)))
+                                               for tb in g.threadblocks)) for g in plan.gpus)
+    return replace(plan, gpus=gpus).with_meta(channel_ids="threadblock", verification=None)
 
 
 def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[int, str]:
@@ -808,10 +869,11 @@ def _check_pairing(rd: _Reader, plan: Plan) -> None:
     """Channels pair up (``channel_pairs``); remote entries go through a channel to the rank owning the buffer."""
     pairs = {channel_type: channel_pairs(plan, channel_type) for channel_type in CHANNEL_TYPES}
     for r, gpu in enumerate(plan.gpus):
+        peer_tables = {channel_type: gpu.peers(channel_type) for channel_type in CHANNEL_TYPES}  # once per rank
         for t, tb in enumerate(gpu.threadblocks):
             for i, op in ((i, o) for i, top in enumerate(tb.ops) for o in top.flat()):
                 channel_type = op.channel_type or "memory"
-                peers = gpu.peers(channel_type)
+                peers = peer_tables[channel_type]
                 if op.spec.device in ("signal", "wait") or op.spec.signals:
                     for cid in op.channel_ids:
                         if (r, cid) not in pairs[channel_type]:

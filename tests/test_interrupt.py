@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PROMPT_S = 2.0  # "within a second", with a second's grace for a loaded CI machine (measured: 0.2 s smt, 1.1 s milp
+#                  on 2 cores shared by 8 busy processes)
 
 
 def _weft(argv: list[str], tmp_path: Path) -> subprocess.Popen:
@@ -49,7 +51,7 @@ def test_ctrl_c_stops_an_smt_pareto_walk_and_writes_nothing(tmp_path, group):
     argv = ["synth", "allgather", "-t", "torus2d:x=4,y=4", "--method", "smt", "--pareto", "-o", str(out),
             "--time-limit", "60", "--commit"]
     code, took, err = _interrupt(argv, tmp_path, 4.0, group)
-    assert code == 130 and took < 5.0, err
+    assert code == 130 and took < PROMPT_S, err
     assert "interrupted: smt: allgather on torus2d" in err and "nothing written or committed" in err
     assert not out.exists() and not (tmp_path / "registry").exists()
 
@@ -59,17 +61,23 @@ def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
     argv = ["synth", "allgather", "-t", "dgx2:nodes=2", "--method", "milp", "--size", "1GB", "--time-limit", "60",
             "-o", str(out), "--commit"]
     code, took, err = _interrupt(argv, tmp_path, 8.0, True)
-    assert code == 130 and took < 5.0, err
+    assert code == 130 and took < PROMPT_S, err
     assert "interrupted: milp allgather on dgx2:nodes=2 stopped after" in err
     assert "nothing written or committed" in err and "time limit" not in err.splitlines()[-1]
     assert not out.exists() and not (tmp_path / "registry").exists()
 
 
 def test_time_limit_is_the_commands_deadline(tmp_path):
-    """About 15 sub-instances (splits of allreduce) once took the whole 5 s each: 64 s."""
+    """About 15 sub-instances (splits of allreduce) once took the whole 5 s each: 64 s. Timed from the solve's
+    first progress line, since a loaded machine can take seconds just to start Python and import z3."""
     argv = ["synth", "allreduce", "-t", "torus2d:x=4,y=4", "--method", "smt", "--steps", "6", "--rounds", "10",
             "--chunks", "4", "--time-limit", "5"]
-    start = time.monotonic()
     proc = _weft(argv, tmp_path)
-    proc.communicate(timeout=60)
-    assert time.monotonic() - start < 5 + 4.0  # the limit, the interpreter's start, and one second of grace
+    watchdog = threading.Timer(90, proc.kill)  # a hang fails the test below instead of blocking the read
+    watchdog.start()
+    first = None
+    for _ in proc.stderr:
+        first = first or time.monotonic()
+    watchdog.cancel()
+    proc.wait(timeout=5)
+    assert first is not None and time.monotonic() - first < 5 + 2.0  # the limit and two seconds of grace

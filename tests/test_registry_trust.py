@@ -212,6 +212,20 @@ def test_a_damaged_index_is_rebuilt_by_the_next_change_never_a_crash(registry, d
     assert len(index["entries"]) == 83 and victim.stem not in {row["id"] for row in index["entries"]}
 
 
+@pytest.mark.parametrize("damage", ["[" * 100_000, '{"format": ' + "1" * 5000 + "}", "{not json"])
+def test_a_damaged_index_never_crashes_commit_after_it_wrote_the_entry(registry, tmp_path, damage):
+    """commit writes the entry and a fresh index, or nothing: the index is never left stale beside a new entry."""
+    victim = entry_file(registry, "allgather")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(json.loads(victim.read_text())["plan"]))
+    victim.unlink()
+    (registry / "index.json").write_text(damage)
+    code, out, err = run(["registry", "commit", str(plan), "--registry", str(registry)])
+    assert code == 0 and err == "" and f"committed {victim.stem}" in out
+    index = json.loads((registry / "index.json").read_text())
+    assert sorted(row["id"] for row in index["entries"]) == sorted(listed(registry)) and len(index["entries"]) == 84
+
+
 # ---- 4. an entry never serves one collective's plan under another's key -------------------------------------
 @pytest.mark.parametrize("field, value", [("collective", "allreduce"), ("nranks", 4), ("min_bytes", 1),
                                           ("max_bytes", 1 << 40), ("topology", "topo-0000000000000000")])
@@ -243,6 +257,51 @@ def test_the_executor_asks_the_plan_too_not_only_the_key():
     assert entry.serves(H200X2, "allgather", 2, size)
     forged = replace(entry, key=replace(entry.key, collective="allreduce"))
     assert not forged.serves(H200X2, "allreduce", 2, size)
+
+
+def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(monkeypatch):
+    """Even were selection to trust a key alone, the executor's last check before a call asks the plan."""
+    from dataclasses import replace
+
+    from executor.torch_plans import PlanChoice
+    from schedules.registry import Entry, Registry
+
+    choice = PlanChoice(Registry(COMMITTED), H200X2, 2)
+    entry = next(e for e in choice.entries if e.key.collective == "allgather")
+    choice.entries = [replace(entry, key=replace(entry.key, collective="allreduce"))]
+    choice.nccl_us = {}  # NCCL measured faster at some sizes: here only the plans compete
+    monkeypatch.setattr(Entry, "serves", lambda self, topology, collective, nranks, nbytes:
+                        self.key.collective == collective and self.key.covers(nbytes))
+    assert choice.plan("allreduce", 4096, "bf16") is None
+    assert "is a allgather, not a allreduce" in choice.reason("allreduce", 4096, "bf16")
+    assert choice.plan("allgather", 4096, "bf16") is None  # the key says allreduce: selection never offers it
+
+
+# ---- 7. plan files hold only what compile makes and the executors run ---------------------------------------------
+@pytest.mark.parametrize("field, value, message", [
+    ("num_threads_per_block", 10 ** 9, "from 32 to 1024"), ("num_threads_per_block", 33, "multiple of 32"),
+    ("num_threads_per_block", 16, "from 32 to 1024"), ("buffer_alignment", 3, "power of two"),
+    ("buffer_alignment", 0, "from 1 to 256"), ("buffer_alignment", 1 << 20, "from 1 to 256"),
+    ("max_message_size", 10 ** 40, "from 0 to 18446744073709551615"),
+    ("min_message_size", 10 ** 4000, "from 0 to 18446744073709551615"), ("max_message_size", 1.5, "integer")],
+    ids=["threads-1e9", "threads-33", "threads-16", "alignment-3", "alignment-0", "alignment-1M", "max-1e40",
+         "min-1e4000", "max-float"])
+@pytest.mark.parametrize("command", [["verify"], ["registry", "commit"]])
+def test_a_plan_field_compile_never_makes_is_refused_in_one_line(registry, tmp_path, field, value, message,
+                                                                   command):
+    doc = json.loads(entry_file(registry, "allgather").read_text())["plan"]
+    doc[field] = value
+    doc["name"] = "edited"
+    doc["weft"].pop("hash", None)  # an editor who knows to drop the stated hash
+    doc["weft"].pop("verification", None)
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(doc))
+    before = snapshot(registry)
+    argv = [*command, str(plan), *(["--registry", str(registry)] if command[0] == "registry" else [])]
+    code, out, err = run(argv)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"weft: error: plan {plan}: {field}: must be") and message in err
+    assert snapshot(registry) == before
 
 
 # ---- 7. NaN nccl_us and other impossible times are refused (record: above; here the reader) ---------------------

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from topologies import resolve
     from topologies.jsonfile import write_text
     from codegen.protocol import LL_MAX_BYTES
+    from schedules.mscclpp_format import mscclpp_verdict
     from weft import pipeline
     from weft.units import parse_bytes
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                "threadblocks": max(len(g.threadblocks) for g in plan.gpus),
                "min_message_size": plan.min_message_size, "max_message_size": plan.max_message_size,
                "verified_sizes": record.get("sizes", []), "verified_dtypes": record.get("dtypes", []),
-               "format": args.format, "written": str(out)}
+               "format": args.format, "written": str(out), "mscclpp": mscclpp_verdict(plan.to_json())}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -77,6 +78,6 @@ def run(args: argparse.Namespace) -> int:
               f"{counted(summary['threadblocks'], 'thread block')} per GPU")
         print(f"  verified on the reference executor: sizes {summary['verified_sizes']} B × "
               f"{', '.join(summary['verified_dtypes'])}")
-        print(f"  written to {out} ({args.format})")
+        print(f"  written to {out} ({args.format}); {summary['mscclpp']}")
     sys.stdout.flush()
     return 0

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--collective", choices=NAMES)
     q.add_argument("--json", action="store_true")
     q = cmd("show", "show one entry", _show)
-    q.add_argument("id")
+    q.add_argument("id", help="the entry's id, or the name of the plan it holds (as select and synth print it)")
     q = cmd("select", "the best plan for a topology, collective and size", _select)
     q.add_argument("collective", choices=NAMES)
     q.add_argument("-t", "--topology", required=True)
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="for an executor that can move LL packets as LL128 lines: their measured times count too")
     q.add_argument("--json", action="store_true")
     q = cmd("remove", "remove an entry", _remove)
-    q.add_argument("id")
+    q.add_argument("id", help="the entry's id, or the name of the plan it holds")
     q = cmd("verify", "re-check every entry on the reference executor", _verify)
     q.add_argument("--json", action="store_true")
     q = cmd("export", "write every entry (plan, provenance, timings) as ID.json, and NCCL's times as "
@@ -177,8 +177,24 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _entry_id(reg, text: str) -> str:
+    """An entry's id from its id or from the name of the one plan it holds (a name several entries share is
+    refused, naming them)."""
+    found, _ = reg.load()
+    if any(e.id == text for e in found):
+        return text
+    named = sorted(e.id for e in found if e.plan.name == text)
+    if len(named) > 1:
+        from weft.cli import ArgumentError
+
+        raise ArgumentError(f"weft registry: plan {text!r} is in {counted(len(named), 'entry', 'entries')} "
+                            f"({', '.join(named)}): give the id")
+    return named[0] if named else text  # an unknown id: get() and remove() name it
+
+
 def _show(args: argparse.Namespace) -> int:
-    entry = _registry(args).get(args.id)
+    reg = _registry(args)
+    entry = reg.get(_entry_id(reg, args.id))
     doc = entry.to_json()
     doc["plan"] = {k: v for k, v in doc["plan"].items() if k != "gpus"} | {"gpus": counted(len(entry.plan.gpus), "gpu")}
     row = describe(entry)
@@ -209,8 +225,10 @@ def _select(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    _registry(args).remove(args.id)
-    print(f"removed {args.id}")
+    reg = _registry(args)
+    id = _entry_id(reg, args.id)
+    reg.remove(id)
+    print(f"removed {id}" + ("" if id == args.id else f" ({args.id})"))
     return 0
 
 
