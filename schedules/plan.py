@@ -380,20 +380,26 @@ class Plan:
 
     def runs(self, nbytes: int) -> bool:
         """Whether this plan runs a message of ``nbytes``, directly or padded (``schedules.padding``): any size in
-        its range that is a whole number of the collective's parts."""
-        return self.min_message_size <= nbytes <= self.max_message_size and \
-            padding_of(nbytes, self.size_chunks, self.message_parts, self.slices) is not None
+        its range that is a whole number of the collective's parts (and, padded, fits its scratch)."""
+        return self._padding(nbytes)[0] is not None
 
     def padding(self, nbytes: int) -> Padding:
         """How a message of ``nbytes`` runs (``Padding.direct`` where it needs none); PlanError where it cannot."""
-        found = padding_of(nbytes, self.size_chunks, self.message_parts, self.slices) \
-            if self.min_message_size <= nbytes <= self.max_message_size else None
+        found, why = self._padding(nbytes)
         if found is None:
-            why = (refusal(nbytes, self.size_chunks, self.message_parts, self.slices) if self.min_message_size <= nbytes
-                   <= self.max_message_size else f"is outside its range {self.min_message_size}.."
-                   f"{self.max_message_size} B")
             raise PlanError(f"plan {self.name}: size {nbytes} B {why}")
         return found
+
+    def _padding(self, nbytes: int) -> tuple[Padding | None, str]:
+        """(``padding``, '') or (None, why not, as the end of a sentence)."""
+        if not self.min_message_size <= nbytes <= self.max_message_size:
+            return None, f"is outside its range {self.min_message_size}..{self.max_message_size} B"
+        found = padding_of(nbytes, self.size_chunks, self.message_parts, self.slices)
+        if found is None:
+            return None, refusal(nbytes, self.size_chunks, self.message_parts, self.slices)
+        if not self.accepts(found.padded_bytes):
+            return None, f"runs padded to {found.padded_bytes} B, more than its reused scratch holds"
+        return found, ""
 
     @property
     def max_scratch_chunks(self) -> int:

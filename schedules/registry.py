@@ -577,7 +577,7 @@ def parse_baselines(doc: object, source: str) -> dict:
 
 
 PROVENANCE_FIELDS = {"solver": str, "topology_name": str, "options": dict, "protocol": str, "schedule_hash": str,
-                     "weft_version": str}
+                     "weft_version": str, "prediction": str}
 INDEX_FIELDS = {"id": str, "topology": str, "collective": str, "nranks": int, "min_bytes": int, "max_bytes": int,
                 "plan": str, "plan_hash": str, "solver": str, "measured": bool}
 

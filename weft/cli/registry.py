@@ -107,6 +107,19 @@ def best_time(entry) -> tuple[str, float | None, int | None]:
     return "none", None, None
 
 
+def prediction_note(entry) -> str:
+    """What an entry's predicted times rest on, in a few words: the fabric's calibration, or the α-β model of the
+    links where the fabric was never measured (or the entry was predicted before it was)."""
+    from schedules.calibration import load_calibration
+
+    if str(entry.provenance.get("prediction", "")).startswith("calibrated"):
+        return "calibrated to measurements on this fabric"
+    name = entry.provenance.get("topology_name") or entry.key.topology
+    if load_calibration(entry.key.topology) is None:
+        return f"fabric {name} never measured: α-β model of its links only"
+    return f"α-β model of the links only, predicted before {name} was calibrated (commit again to calibrate)"
+
+
 def plan_label(entry) -> str:
     """protocol, instances and threads per block: what tells two plans of one schedule apart."""
     plan = entry.plan
@@ -116,7 +129,8 @@ def plan_label(entry) -> str:
 def describe(entry) -> dict:
     """What `list --json` and `show` say about an entry, beyond its index row."""
     basis, us, size = best_time(entry)
-    return entry.summary() | {"topology_name": entry.provenance.get("topology_name") or entry.key.topology,
+    return entry.summary() | {"prediction": prediction_note(entry) if entry.predicted_us else "",
+                              "topology_name": entry.provenance.get("topology_name") or entry.key.topology,
                               "plan_label": plan_label(entry), "accepts": accepted_sizes(entry),
                               "granule_bytes": entry.plan.granule, "message_parts": entry.plan.message_parts,
                               "best_basis": basis, "best_us": us, "best_at_bytes": size}
@@ -125,7 +139,8 @@ def describe(entry) -> dict:
 def _best_text(row: dict) -> str:
     if row["best_us"] is None:
         return "no time"
-    return f"{row['best_us']:.2f} µs {row['best_basis']} at {format_bytes(row['best_at_bytes'])}"
+    note = f" ({row['prediction']})" if row["best_basis"] == "predicted" and row["prediction"] else ""
+    return f"{row['best_us']:.2f} µs {row['best_basis']} at {format_bytes(row['best_at_bytes'])}{note}"
 
 
 def _commit(args: argparse.Namespace) -> int:
@@ -196,14 +211,16 @@ def _select(args: argparse.Namespace) -> int:
     for line in sel.skipped:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
     if args.json:
+        note = prediction_note(sel.entry) if sel.entry is not None and sel.basis == "predicted" else ""
         print(json.dumps({"entry": sel.entry.id if sel.entry else None, "basis": sel.basis, "time_us": sel.time_us,
-                          "lines": sel.lines, "reason": sel.reason}, indent=2))
+                          "lines": sel.lines, "reason": sel.reason, "prediction": note}, indent=2))
     elif sel.entry is None:
         print(f"no plan: {sel.reason} (the executor falls back to NCCL)")
     else:
         time = "(no time recorded)" if sel.time_us is None else f"{sel.time_us:.2f} µs"
+        note = f" ({prediction_note(sel.entry)})" if sel.basis == "predicted" else ""
         print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
-              f"{time} at {format_bytes(nbytes)}")
+              f"{time} at {format_bytes(nbytes)}{note}")
     return 0 if sel.entry else 1
 
 

@@ -16,7 +16,7 @@ from topologies import Topology, load_topology, resolve, save_topology
 from topologies.catalog import entries
 from weft.cli.words import counted
 
-EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect")
+EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect", "weft.cli.topo_calibrate")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
