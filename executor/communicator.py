@@ -255,7 +255,8 @@ class PlanExecutor:
         An output allocated here belongs to the context: later calls on the same input reuse it.
         A message that is not a multiple of the plan's granule runs padded (``schedules.padding``): each part is
         copied to its padded place in buffers this executor keeps per plan and size, the plan runs there, and each
-        output part is copied back, all on ``stream`` (an output allocated for it is fresh each call).
+        output part is copied back, all on ``stream`` (an output allocated for it is fresh each call). Calls of one
+        plan and size share those buffers, so issue them on one stream, as calls on one buffer must be.
         """
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
         padding = self._padding(plan, buf, dtype)
