@@ -30,6 +30,7 @@ class BenchConfig:
     samples: int = 30
     warmup: int = 3
     ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
+    symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -142,33 +143,28 @@ def matches(collective: str, got, ref, dtype: str, magnitude, nranks: int) -> bo
     return within_rounding(got, ref, magnitude, dtype, nranks)
 
 
-def _every_rank(value: Any) -> list[Any]:
-    """``value`` from every rank (just this one outside a process group)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [value]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, value)
-    return every
+def _every_rank(comm, what: str, value: Any) -> list[Any]:
+    """``value`` from every rank, as plain data through the communicator's store (torch's all_gather_object would
+    unpickle what peers send)."""
+    return [value] if comm.world_size == 1 else comm.exchange(what, value)
 
 
-def _refused_anywhere(refused: str) -> bool:
+def _refused_anywhere(comm, refused: str) -> bool:
     """Whether any rank could not run a plan (every rank then skips it, so all keep running the same plans)."""
-    return any(_every_rank(refused))
+    return any(_every_rank(comm, "bench-refused", refused))
 
 
-def _slowest_rank(medians: dict[str, float]) -> dict[str, float]:
+def _slowest_rank(comm, medians: dict[str, float]) -> dict[str, float]:
     """Each implementation's median on its slowest rank: a collective takes as long as its last rank, and every rank
     must then pick the same fastest plan (a rank running another plan than its peers would wait for them)."""
-    every = _every_rank(medians)
+    every = _every_rank(comm, "bench-medians", medians)
     return {k: max(m[k] for m in every) for k in medians}
 
 
 def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: bool = False) -> int:
     """1 if weft's result differs from NCCL's on this rank's data, else 0."""
     ref, magnitude = nccl_result(collective, x, world), sum_magnitude(collective, x, world)
-    got = comm.execute(plan, x, lines=lines)
+    got = comm.execute(plan, x.clone() if plan.inplace else x, lines=lines)  # in place: one buffer, in and out
     comm.synchronize()
     return int(not matches(collective, got, ref, dtype, magnitude, world))
 
@@ -187,11 +183,12 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
     for nbytes in config.sizes:
         began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
-        candidates = [p for p in plans if p.accepts(nbytes) and config.dtype in p.weft.dtypes]
+        # sizes off a plan's granule run padded (PlanExecutor.execute): their times include the copies
+        candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
         timers: dict[str, Callable[[], float]] = {"nccl": _timer(_nccl(config.collective, x, out), config.graph,
                                                                   config.calls)}
         keep: list[Any] = []
-        if config.collective == "allreduce":
+        if config.collective == "allreduce" and config.symm:
             variants, buf = _symm_mem_allreduce(x)
             keep.append(buf)
             for name, fn in variants:
@@ -201,15 +198,18 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
                                                        if config.ll128 and lines_possible(p, nbytes)]
         for plan, lines in formats:
             y = out if config.collective != "allreduce" else torch.empty_like(x)
+            if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
+                y = x.clone()
             keep.append(y)
             try:
-                timer = _timer(lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines), config.graph,
-                               config.calls)
+                run = ((lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines)) if plan.inplace else
+                       (lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines)))
+                timer = _timer(run, config.graph, config.calls)
                 refused = ""
             except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
                 timer, refused = None, str(e)
             name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
-            if _refused_anywhere(refused):
+            if _refused_anywhere(comm, refused):
                 if progress and refused:
                     progress(f"skipping {name[5:]}: {refused}")
                 continue
@@ -223,7 +223,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
                 if i >= config.warmup:
                     raw[name].append(t)
         comm.synchronize()
-        med = _slowest_rank({k: statistics.median(v) for k, v in raw.items()})
+        med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
         weft = {k: v for k, v in med.items() if k.startswith("weft:")}
         best = min(weft, key=weft.get) if weft else None
         symm = [v for k, v in med.items() if k.startswith("symm:")]

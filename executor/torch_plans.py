@@ -29,6 +29,23 @@ def fixed_reduction_order(plan: Plan) -> bool:
     return plan.weft.solver in FIXED_ORDER_SOLVERS or (plan.weft.solver == "direct" and plan.nranks <= 2)
 
 
+def call_refusal(plan: Plan, topology: str, collective: str, nranks: int, nbytes: int) -> str:
+    """Why ``plan`` must not run this call (another collective, rank count, topology or size), else ''.
+
+    Asked of the plan itself, right before the executor takes it for a call: a registry entry's key is what a
+    shared folder says, and only the plan says what the plan does (issue 27: a forged key served an allgather
+    plan for an all-reduce)."""
+    if plan.collective != collective:
+        return f"plan {plan.name} is a {plan.collective}, not a {collective}"
+    if plan.nranks != nranks:
+        return f"plan {plan.name} is for {plan.nranks} ranks, not {nranks}"
+    if plan.weft.topology and plan.weft.topology != topology:
+        return f"plan {plan.name} is for topology {plan.weft.topology}, not {topology}"
+    if not plan.accepts(nbytes):
+        return f"plan {plan.name} does not run {nbytes} bytes"
+    return ""
+
+
 def safe_back_to_back(plan: Plan) -> bool:
     """Whether ``plan`` can run again on the same buffers with no synchronization between the two executions.
 
@@ -83,7 +100,11 @@ class PlanChoice:
         """(plan, with LL128 lines) for this call, or None (NCCL)."""
         key = (collective, nbytes, dtype)
         if key not in self._chosen:
-            self._chosen[key] = self._best(collective, nbytes, dtype)
+            chosen = self._best(collective, nbytes, dtype)
+            why = chosen and call_refusal(chosen[0], self.topology, collective, self.nranks, nbytes)
+            if why:  # never reached while Entry.serves holds; the last word before a plan runs is the plan's own
+                self._reasons[key], chosen = f"refused: {why}", None
+            self._chosen[key] = chosen
         return self._chosen[key]
 
     def reason(self, collective: str, nbytes: int, dtype: str) -> str:

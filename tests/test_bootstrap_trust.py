@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,39 @@ def test_a_kernel_cache_others_can_write_is_refused(tmp_path, fake_nvcc):
     with pytest.raises(ExecutorError, match="writable by other users"):
         gpu_build.build_cubin("sm_90", cache)
     assert fake_nvcc == []
+
+
+# torch.distributed's object collectives pickle on one rank and unpickle on the others: any of them on the GPU path
+# would undo the plain-data rule above (weft bench and weft run once gathered their checks and medians that way).
+UNPICKLING = re.compile(r"\b(all_gather_object|gather_object|broadcast_object_list|scatter_object_list|"
+                        r"send_object_list|recv_object_list)\s*\(|\bimport pickle\b|\bpickle\.loads?\(|"
+                        r"\btorch\.load\(|\bUnpickler\b")
+
+
+@pytest.mark.parametrize("folder", ["executor", "weft", "bench", "examples"])
+def test_nothing_on_the_gpu_path_unpickles_what_another_rank_sent(folder):
+    root = Path(__file__).resolve().parents[1] / folder
+    found = [f"{path.relative_to(root.parent)}:{n}: {line.strip()}" for path in sorted(root.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if UNPICKLING.search(line)]
+    assert found == []
+
+
+class ExchangingComm:
+    """A communicator of ``world_size`` ranks whose exchange goes through the same JSON as the store's."""
+
+    def __init__(self, values_of_others: list):
+        self.world_size, self.others, self.calls = len(values_of_others) + 1, values_of_others, []
+
+    def exchange(self, what, value):
+        self.calls.append(what)
+        return [decode(encode(v)) for v in (value, *self.others)]
+
+
+def test_bench_agrees_on_refusals_and_slowest_medians_through_plain_data():
+    from executor.gpu_bench import _refused_anywhere, _slowest_rank
+
+    comm = ExchangingComm([{"nccl": 9.5, "weft:a": 3.0}])
+    assert _slowest_rank(comm, {"nccl": 8.0, "weft:a": 4.0}) == {"nccl": 9.5, "weft:a": 4.0}
+    assert _refused_anywhere(ExchangingComm(["too many thread blocks"]), "")
+    assert not _refused_anywhere(ExchangingComm([""]), "")
+    assert comm.calls == ["bench-medians"]

@@ -33,6 +33,7 @@ def plan_doc(name: str, lo: int, hi: int) -> dict:
     """A real 1-rank allgather plan (copy input to output); the name makes each plan's hash distinct."""
     return {
         "name": name, "collective": "allgather", "protocol": "Simple", "inplace": False,
+        "num_threads_per_block": 512, "buffer_alignment": 16,
         "min_message_size": lo, "max_message_size": hi,
         "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
             {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
@@ -62,11 +63,25 @@ def build(root: Path) -> dict[str, str]:
     return ids
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_parser():
+    """main() builds the whole argument parser (every sub-command, gettext lookups) on each call: in a long-lived
+    process that is most of a case's time, so the thousand cases share one (parse_args keeps no state)."""
+    import weft.cli
+
+    parser = weft.cli.build_parser()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(weft.cli, "build_parser", lambda: parser)
+        yield
+
+
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     ids = build(root)
-    return root, ids, {name: select(root / "registry", size) for name, (_, _, size) in RANGES.items()}, \
+    files = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+             and p.name != ".lock"}
+    return files, ids, {name: select(root / "registry", size) for name, (_, _, size) in RANGES.items()}, \
         listing(root / "registry")
 
 
@@ -153,9 +168,11 @@ class Case:
     """A fresh copy of the pristine tree, one file of it mutated."""
 
     def __init__(self, pristine, relative: str, data_strategy, draw):
-        root, self.ids, self.selected, self.listed = pristine
+        files, self.ids, self.selected, self.listed = pristine
         self.tmp = Path(tempfile.mkdtemp(prefix="weft-fuzz-"))
-        shutil.copytree(root, self.tmp, dirs_exist_ok=True)
+        for relative_path, data in files.items():  # written from memory: copytree's stat calls cost more
+            (self.tmp / relative_path).parent.mkdir(parents=True, exist_ok=True)
+            (self.tmp / relative_path).write_bytes(data)
         self.registry = self.tmp / "registry"
         target = self.tmp / relative
         target.write_bytes(draw(mutated(target.read_bytes())))

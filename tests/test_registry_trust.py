@@ -22,6 +22,7 @@ from weft.cli import main
 
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "bench" / "registry_h200x2"
+COUNT = len(list((COMMITTED / "entries").glob("*.json")))  # the committed entries (other tests damage one of them)
 RESULTS = ROOT / "bench" / "results" / "gpu_allreduce_bf16_graph_2xh200.json"
 H200X2 = "topo-57fe5eed9a547d8b"
 
@@ -103,7 +104,7 @@ def test_a_bad_results_row_is_one_line_and_record_writes_nothing(registry, tmp_p
 def test_a_good_record_keeps_every_entry_readable(registry):
     code, _, err = run(["registry", "record", str(RESULTS), "--registry", str(registry)])
     assert code == 0 and err == ""
-    assert len(listed(registry)) == 84
+    assert len(listed(registry)) == COUNT
     assert json.loads((registry / "baselines.json").read_text())["nccl_us"][H200X2]["allreduce"]
 
 
@@ -140,7 +141,7 @@ def test_an_entry_id_cannot_steer_export_outside_its_folder(registry, tmp_path, 
     victim.write_text(json.dumps(doc))
     out = tmp_path / "deep" / "er" / "export"
     code, stdout, err = run(["registry", "export", str(out), "--registry", str(registry)])
-    assert code == 0 and "exported 83 entries" in stdout
+    assert code == 0 and f"exported {COUNT - 1} entries" in stdout
     assert f"{victim}: id:" in err  # the entry is named and left out
     assert sorted(p.name for p in tmp_path.rglob("*ESCAPED*")) == []
     assert not Path("/tmp/weft-escaped-absolute.json").exists()
@@ -175,13 +176,13 @@ def test_a_damaged_entry_is_one_named_line_and_the_others_serve(registry, tmp_pa
     assert "Traceback" not in err
     if command[0] == "verify":
         report = json.loads(out)
-        assert code == 1 and report["bad"] == 1 and report["ok"] == 83
+        assert code == 1 and report["bad"] == 1 and report["ok"] == COUNT - 1
         return
     assert code == 0
     assert [line for line in err.splitlines() if victim.name in line] == err.splitlines()
     assert len(err.splitlines()) == 1
     if command[0] == "list":
-        assert out.rstrip().endswith(f"83 entries in {registry}")
+        assert out.rstrip().endswith(f"{COUNT - 1} entries in {registry}")
 
 
 def test_show_of_a_damaged_entry_is_one_line(registry):
@@ -195,10 +196,10 @@ def test_rebuild_index_names_unreadable_entries_and_exits_1(registry):
     victim = entry_file(registry, "allgather")
     victim.write_text("[" * 100_000)
     code, out, err = run(["registry", "rebuild-index", "--registry", str(registry)])
-    assert code == 1 and "83 entries, 1 unreadable left out" in out
+    assert code == 1 and f"{COUNT - 1} entries, 1 unreadable left out" in out
     assert victim.name in err
     index = json.loads((registry / "index.json").read_text())
-    assert len(index["entries"]) == 83
+    assert len(index["entries"]) == COUNT - 1
 
 
 @pytest.mark.parametrize("damage", ["[" * 100_000, '{"format": ' + "1" * 5000 + "}", "{}", '{"format": 3}',
@@ -209,7 +210,21 @@ def test_a_damaged_index_is_rebuilt_by_the_next_change_never_a_crash(registry, d
     code, _, err = run(["registry", "remove", victim.stem, "--registry", str(registry)])
     assert code == 0 and err == ""
     index = json.loads((registry / "index.json").read_text())
-    assert len(index["entries"]) == 83 and victim.stem not in {row["id"] for row in index["entries"]}
+    assert len(index["entries"]) == COUNT - 1 and victim.stem not in {row["id"] for row in index["entries"]}
+
+
+@pytest.mark.parametrize("damage", ["[" * 100_000, '{"format": ' + "1" * 5000 + "}", "{not json"])
+def test_a_damaged_index_never_crashes_commit_after_it_wrote_the_entry(registry, tmp_path, damage):
+    """commit writes the entry and a fresh index, or nothing: the index is never left stale beside a new entry."""
+    victim = entry_file(registry, "allgather")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(json.loads(victim.read_text())["plan"]))
+    victim.unlink()
+    (registry / "index.json").write_text(damage)
+    code, out, err = run(["registry", "commit", str(plan), "--registry", str(registry)])
+    assert code == 0 and err == "" and f"committed {victim.stem}" in out
+    index = json.loads((registry / "index.json").read_text())
+    assert sorted(row["id"] for row in index["entries"]) == sorted(listed(registry)) and len(index["entries"]) == 84
 
 
 # ---- 4. an entry never serves one collective's plan under another's key -------------------------------------
@@ -243,6 +258,51 @@ def test_the_executor_asks_the_plan_too_not_only_the_key():
     assert entry.serves(H200X2, "allgather", 2, size)
     forged = replace(entry, key=replace(entry.key, collective="allreduce"))
     assert not forged.serves(H200X2, "allreduce", 2, size)
+
+
+def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(monkeypatch):
+    """Even were selection to trust a key alone, the executor's last check before a call asks the plan."""
+    from dataclasses import replace
+
+    from executor.torch_plans import PlanChoice
+    from schedules.registry import Entry, Registry
+
+    choice = PlanChoice(Registry(COMMITTED), H200X2, 2)
+    entry = next(e for e in choice.entries if e.key.collective == "allgather")
+    choice.entries = [replace(entry, key=replace(entry.key, collective="allreduce"))]
+    choice.nccl_us = {}  # NCCL measured faster at some sizes: here only the plans compete
+    monkeypatch.setattr(Entry, "serves", lambda self, topology, collective, nranks, nbytes:
+                        self.key.collective == collective and self.key.covers(nbytes))
+    assert choice.plan("allreduce", 4096, "bf16") is None
+    assert "is a allgather, not a allreduce" in choice.reason("allreduce", 4096, "bf16")
+    assert choice.plan("allgather", 4096, "bf16") is None  # the key says allreduce: selection never offers it
+
+
+# ---- 7. plan files hold only what compile makes and the executors run ---------------------------------------------
+@pytest.mark.parametrize("field, value, message", [
+    ("num_threads_per_block", 10 ** 9, "from 32 to 1024"), ("num_threads_per_block", 33, "multiple of 32"),
+    ("num_threads_per_block", 16, "from 32 to 1024"), ("buffer_alignment", 3, "power of two"),
+    ("buffer_alignment", 0, "from 1 to 256"), ("buffer_alignment", 1 << 20, "from 1 to 256"),
+    ("max_message_size", 10 ** 40, "from 0 to 18446744073709551615"),
+    ("min_message_size", 10 ** 4000, "from 0 to 18446744073709551615"), ("max_message_size", 1.5, "integer")],
+    ids=["threads-1e9", "threads-33", "threads-16", "alignment-3", "alignment-0", "alignment-1M", "max-1e40",
+         "min-1e4000", "max-float"])
+@pytest.mark.parametrize("command", [["verify"], ["registry", "commit"]])
+def test_a_plan_field_compile_never_makes_is_refused_in_one_line(registry, tmp_path, field, value, message,
+                                                                   command):
+    doc = json.loads(entry_file(registry, "allgather").read_text())["plan"]
+    doc[field] = value
+    doc["name"] = "edited"
+    doc["weft"].pop("hash", None)  # an editor who knows to drop the stated hash
+    doc["weft"].pop("verification", None)
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(doc))
+    before = snapshot(registry)
+    argv = [*command, str(plan), *(["--registry", str(registry)] if command[0] == "registry" else [])]
+    code, out, err = run(argv)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"weft: error: plan {plan}: {field}: must be") and message in err
+    assert snapshot(registry) == before
 
 
 # ---- 7. NaN nccl_us and other impossible times are refused (record: above; here the reader) ---------------------
