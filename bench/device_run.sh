@@ -15,6 +15,8 @@
 #            bash bench/device_run.sh 2 trace      # tp_decode --trace: the all-reduce's phases in the step and alone
 #            bash bench/device_run.sh 4 first      # a first machine of N GPUs: pytest -m gpu, the benches in both
 #                                                  # packet formats (recorded), tp_decode in between (~9 min)
+#            bash bench/device_run.sh 4 x4         # issue 24: the three benches (recorded), tp_decode with all four
+#                                                  # backends, then pytest -m gpu in what is left (~9 min)
 #            TAG=a SNAP=v9.tgz bash bench/device_run.sh 2 startab; TAG=b bash bench/device_run.sh 2 startab
 #                                                  # v10's A/B (git archive abd6646 -o v9.tgz: the kernel before the
 #                                                  # start rework): tp_decode and the small all-reduce sizes, each
@@ -79,6 +81,24 @@ elif [ "$STAGE" = first ]; then  # 4 ranks, v8: each bench took under 30 s, tp_d
   grep "^tp=" "$LOG"
   bench reducescatter 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
   bench allgather 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
+elif [ "$STAGE" = x4 ]; then  # issue 24: the benches first (recorded), tp_decode, then pytest -m gpu in what is left
+  bench allreduce 130 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
+  bench reducescatter 60 --ll128 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
+  bench allgather 60 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
+  step "tp_decode (the plans just recorded; all four backends)"
+  WEFT_REGISTRY="$REG" timeout 120 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+    --iters "${ITERS:-30}" --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  grep "^tp=" "$LOG"
+  step "sizes off the granule, padded (2-rank plans)"
+  for p in allreduce-direct-ll-x4:1000004 allgather-direct-simple-x16:1000008 reducescatter-direct-simple-x16:1000008; do
+    timeout 60 python -c 'from weft.cli import run; run()' run "tests/gpu/plans/${p%%:*}.json" --nproc 2 \
+      --size "${p##*:}" --dtype bf16 --check >> "$LOG" 2>&1
+    echo "rc=$?" | tee -a "$LOG"
+  done
+  step "GPU tests"
+  timeout "${PYTEST_S:-150}" python -m pytest -m gpu -q -rf --tb=line tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
 elif [ "$STAGE" = ab ]; then  # TAG=a|b: one side of an A/B, the sizes where LL128 lines run, nothing recorded
   bench allreduce 150 --ll128 --sizes 256KB,1MB,2MB,4MB,16MB -o "$OUT/gpu_allreduce_ab_${TAG:-a}.json"
 elif [ "$STAGE" = startab ]; then  # TAG=a|b: one side of v10's A/B (a kernel's start), nothing recorded
