@@ -82,7 +82,7 @@ elif [ "$STAGE" = first ]; then  # 4 ranks, v8: each bench took under 30 s, tp_d
   bench reducescatter 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
   bench allgather 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
 elif [ "$STAGE" = x4 ]; then  # issue 24: the benches first (recorded), tp_decode, then pytest -m gpu in what is left
-  bench allreduce 130 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
+  bench allreduce 200 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
   bench reducescatter 60 --ll128 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
   bench allgather 60 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
   step "tp_decode (the plans just recorded; all four backends)"
