@@ -5,6 +5,8 @@ reference-executor check), for one topology.
     python bench/gpu_plans.py /tmp/sweep --set sweep     # the tuning sweep: instances x threads x scratch
     python bench/gpu_plans.py /tmp/tuned --set tuned     # the registry set (bench/registry_h200x2), then
     for f in /tmp/tuned/*.json; do weft registry commit "$f" --registry bench/registry_h200x2; done
+    python bench/gpu_plans.py tests/gpu/plans8 --topology hgx_h200:gpus=8 --set multipeer   # one-GPU-path tests
+    python bench/gpu_plans.py /tmp/ab --set multipeer-ab  # 2 ranks: today's winners and their multi-peer forms
 """
 
 from __future__ import annotations
@@ -64,15 +66,58 @@ TUNED = ([("allreduce", "direct", "ll", i, 256, True, 1) for i in (1, 4, 16, 32,
                                                                                   (32, 4), (64, 2))])
 
 
+# Multi-peer plans (codegen ``multipeer``) for the one-GPU-path tests at 4 and 8 ranks: (collective, method,
+# protocol, instances, double scratch, pipeline, pull).
+MULTIPEER = [
+    ("allreduce", "twoshot", "simple", 1, False, 1, False), ("allreduce", "twoshot", "simple", 8, True, 1, False),
+    ("allreduce", "twoshot", "simple", 4, True, 2, False), ("allreduce", "twoshot", "ll", 1, True, 1, False),
+    ("allreduce", "twoshot", "simple", 1, False, 1, True), ("allreduce", "direct", "simple", 1, True, 1, False),
+    ("allreduce", "direct", "ll", 4, True, 1, False), ("reducescatter", "direct", "simple", 1, True, 1, False),
+    ("reducescatter", "direct", "ll", 1, True, 1, False), ("allgather", "direct", "simple", 4, False, 1, False),
+    ("allgather", "direct", "ll", 1, True, 1, False),
+]
+
+# 2 ranks, all-reduce: the plans that won each size on 2×H200 (bench/NOTES.md, v6) and the same plans multi-peer:
+# (method, protocol, instances, threads, pipeline, LL max MB).
+AB = [("direct", "ll", 64, 256, 1, 1), ("direct", "ll", 32, 512, 1, 8), ("direct", "ll", 128, 512, 1, 64),
+      ("direct", "ll", 64, 1024, 1, 8), ("twoshot", "simple", 128, 1024, 1, 0), ("twoshot", "simple", 128, 1024, 2, 0),
+      ("twoshot", "simple", 64, 1024, 1, 0)]
+
+
+def multipeer_sets(out: Path, topology, which: str) -> None:
+    if which == "multipeer":
+        for name, method, protocol, instances, double, depth, pull in MULTIPEER:
+            schedule = getattr(baselines, method)(topology, Collective(name, topology.nranks))
+            plan = pipeline.compile_and_verify(schedule, topology, instances=instances, protocol=protocol,
+                                               double_scratch=double, pipeline=depth, pull=pull, multipeer=True)
+            label = (f"-p{depth}" if depth > 1 else "") + ("-2s" if double and protocol == "simple" else "") + (
+                "-pull" if pull else "")
+            pipeline.save_plan(plan, out / f"{name}-{method}-{protocol}-x{instances}{label}-mp.json")
+            print(plan.name)
+        return
+    for method, protocol, instances, threads, depth, ll_mb in AB:
+        schedule = getattr(baselines, method)(topology, Collective("allreduce", topology.nranks))
+        for multipeer in (False, True):
+            extra = {"ll_max_bytes": ll_mb << 20} if protocol == "ll" else {"pipeline": depth}
+            plan = pipeline.compile_and_verify(schedule, topology, instances=instances, protocol=protocol,
+                                               threads=threads, multipeer=multipeer, **extra)
+            pipeline.save_plan(plan, out / f"{plan.name.replace(':', '_').replace('=', '')}.json")
+            print(plan.name, max(len(g.threadblocks) for g in plan.gpus), "thread blocks")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--topology", default="hgx_h200:gpus=2")
-    parser.add_argument("--set", choices=("tests", "sweep", "tuned"), default="tests", help="which plan set to write")
+    parser.add_argument("--set", choices=("tests", "sweep", "tuned", "multipeer", "multipeer-ab"), default="tests",
+                        help="which plan set to write")
     args = parser.parse_args()
     topology = resolve(args.topology)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.set.startswith("multipeer"):
+        multipeer_sets(out, topology, args.set)
+        return
     if args.set == "tuned":
         for name, method, protocol, instances, threads, double, depth in TUNED:
             schedule = getattr(baselines, method)(topology, Collective(name, topology.nranks))

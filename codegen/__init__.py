@@ -19,8 +19,11 @@ from dataclasses import replace
 from codegen.assemble import assemble
 from codegen.buffers import place_buffers
 from codegen.fuse import fuse
+from codegen.limits import fit_mscclpp_limits
 from codegen.lower import lower
 from codegen.merge import merge_ranges
+from codegen.peers import gather_peers
+from codegen.ports import crosses_hosts, port_channels
 from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_range
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
@@ -36,8 +39,10 @@ __all__ = ["CodegenError", "compile_schedule"]
 
 def compile_schedule(schedule: Schedule, topology: object = None, instances: int = 1, protocol: str = "auto",
                      inplace: bool = False, threads: int = 1024, double_scratch: bool | None = None,
-                     pipeline: int = 1, pull: bool = False, ll_max_bytes: int = LL_MAX_BYTES) -> Plan:
-    """The execution Plan for ``schedule`` (``topology`` is only recorded: the schedule already fits it).
+                     pipeline: int = 1, pull: bool = False, ll_max_bytes: int = LL_MAX_BYTES,
+                     multipeer: bool = False) -> Plan:
+    """The execution Plan for ``schedule`` (``topology``: its fingerprint is recorded, and on a topology of several
+    hosts every hop between hosts goes on a port channel, ``codegen.ports``; such plans are Simple).
 
     ``threads`` is the thread-block size. ``double_scratch`` alternates scratch halves between launches (default:
     LL plans only); for a Simple plan it doubles scratch but can drop the entry handshake (``codegen.launches``).
@@ -46,6 +51,8 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     writing it into the receiver's scratch (``codegen.lower``); Simple, out-of-place plans only.
     ``ll_max_bytes``: the largest message an LL plan accepts, a whole number of MB (default ``LL_MAX_BYTES``;
     otherwise the plan's name ends in ``-max`` and the size).
+    ``multipeer``: one thread block per instance serves every peer, each phase one op over all its channels
+    (``codegen.peers``); the plan's name ends in ``-mp``.
     """
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
@@ -54,7 +61,12 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     if not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_INSTANCES // instances:
         raise CodegenError(f"--pipeline: must be an integer from 1 to {MAX_INSTANCES // instances} with "
                            f"{instances} instance(s) (instances x pipeline <= {MAX_INSTANCES}), got {pipeline!r}")
-    chosen = choose_protocol(schedule, protocol)
+    hosts = tuple(getattr(topology, "hosts", ()) or ())
+    multi_host = crosses_hosts(hosts)
+    if multi_host and (protocol.lower() == "ll" or pull):
+        raise CodegenError("--protocol ll / --pull: a plan across hosts moves data over port channels, which "
+                           "carry plain puts only (use the Simple protocol, without --pull)")
+    chosen = "Simple" if multi_host else choose_protocol(schedule, protocol)
     if pull and (chosen == "LL" or inplace):
         raise CodegenError("--pull: only Simple, out-of-place plans read their peers' inputs (LL packets are "
                            "written by their sender; an in-place input is overwritten)")
@@ -68,7 +80,7 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     collective = schedule.collective
     placement = place_buffers(collective, inplace)
     lowered = lower(schedule, placement, chosen == "LL", pull)
-    if pull and collective.nranks > 2:
+    if multipeer or (pull and collective.nranks > 2):
         # One thread block per instance: a pull from several peers at once and the notices and sends around it
         # would otherwise put signals (or waits) of one channel in two thread blocks, out of program order.
         lowered = [replace(a, via=("all", -1)) for a in lowered]
@@ -76,7 +88,8 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     copies = instances * pipeline
     assign_threadblocks(actions)
     programs = insert_sync(merge_ranges(actions), double_scratch=double)
-    programs = {r: {t: fuse(ops) for t, ops in tbs.items()} for r, tbs in programs.items()}
+    gather = gather_peers if multipeer else (lambda ops: ops)
+    programs = {r: {t: fuse(gather(ops)) for t, ops in tbs.items()} for r, tbs in programs.items()}
     lo, hi = size_range(chosen, ll_max_bytes)
     fingerprint = getattr(topology, "fingerprint", schedule.topology)
     meta = PlanMeta(topology=fingerprint, schedule_hash=schedule.content_hash, solver=schedule.meta.solver,
@@ -84,12 +97,13 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
                     predicted_us=dict(schedule.meta.predicted_us))
     name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"
     name += (f"-p{pipeline}" if pipeline > 1 else "") + (f"-t{threads}" if threads != MAX_THREADS else "")
-    name += ("-2s" if double and chosen != "LL" else "") + ("-pull" if pull else "")
+    name += ("-2s" if double and chosen != "LL" else "") + ("-pull" if pull else "") + ("-mp" if multipeer else "")
     name += f"-max{ll_max_bytes >> 20}MB" if ll_max_bytes != LL_MAX_BYTES else ""
     plan = assemble(programs, name=name, collective=collective.name, protocol=chosen, inplace=inplace,
                     nranks=collective.nranks, input_chunks=placement.input_chunks * copies,
                     output_chunks=placement.output_chunks * copies,
                     scratch=[s * copies for s in placement.scratch], meta=meta)
-    return replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
+    plan = replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
                    use_double_scratch_buffer=double)
+    return fit_mscclpp_limits(port_channels(plan, hosts) if multi_host else plan)
 

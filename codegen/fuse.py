@@ -3,7 +3,9 @@
 - ``re`` then ``put`` of its result becomes ``res`` (reduce, keep locally and send); ``rre`` (a sum that
   reads a peer) then ``put`` becomes ``rres``;
 - ``repkt`` then ``ppkt`` of its result becomes ``respkt``;
-- ``put`` then ``signal`` on the same channel becomes ``pws``.
+
+``put`` then ``signal`` stay two ops: MSCCL++'s kernel runs ``pws`` on memory channels as a put without the
+signal (it signals on port channels only), so a plan weft writes never uses it there.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ def fuse(ops: list[Draft]) -> list[Draft]:
 
 
 def _pair(a: Draft, b: Draft) -> Draft | None:
-    if a.name == "re" and b.name == "put" and b.src == a.dst[:1]:
+    sends_sum = bool(a.dst) and bool(b.src) and all(s == a.dst[0] for s in b.src)  # to one peer or several
+    if a.name == "re" and b.name == "put" and sends_sum:
         return Draft("res", a.src, a.dst + b.dst, b.channels)
-    if a.name == "rre" and b.name == "put" and b.src == a.dst[:1]:  # channels: remote srcs, then remote dsts
+    if (a.name, b.name) in (("res", "put"), ("rres", "put"), ("respkt", "ppkt")) and sends_sum:
+        return Draft(a.name, a.src, a.dst + b.dst, a.channels + b.channels, packet_src=a.packet_src)  # more peers
+    if a.name == "rre" and b.name == "put" and sends_sum:  # channels: remote srcs, then remote dsts
         return Draft("rres", a.src, a.dst + b.dst, a.channels + b.channels)
-    if a.name == "repkt" and b.name == "ppkt" and b.src == a.dst[:1]:
+    if a.name == "repkt" and b.name == "ppkt" and sends_sum:
         return Draft("respkt", a.src, a.dst + b.dst, b.channels, packet_src=a.packet_src)
-    if a.name == "put" and b.name == "signal" and a.channels == b.channels:
-        return Draft("pws", a.src, a.dst, a.channels)
     return None

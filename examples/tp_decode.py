@@ -2,9 +2,12 @@
 
 Each layer is attention (64 query and 8 KV heads of 128, a KV cache) then an MLP (8192 -> 28672 -> 8192),
 sharded Megatron-style over TP ranks, with one all-reduce after attention and one after the MLP, each summed
-into the residual stream (``x = x + all_reduce(a @ w)``), as vLLM runs it. The backends run in the same job on
-the same random bf16 weights and inputs: NCCL (in place on the projection's output), weft (its all-reduce, then
-torch's add) and weft-fused (``comm.all_reduce(a @ w, residual=x)``: the add inside the all-reduce's launch).
+into the residual stream (``x = x + all_reduce(a @ w)``) and followed by the next RMSNorm (with its weight; the
+last one before the LM head), as vLLM runs it. The backends run in the same job on the same random bf16 weights
+and inputs: NCCL (in place on the projection's output, then torch's add and rms_norm), weft (its all-reduce, then
+torch's add and rms_norm), weft-fused (``comm.all_reduce(a @ w, residual=x)``: the add inside the all-reduce's
+launch, then torch's rms_norm) and weft-fused-norm (``comm.all_reduce(a @ w, residual=x, rms_weight=w, eps=)``:
+the add and the norm inside the launch).
 The backends take turns replay by replay. The script reports decode-step latency, tokens/s, the share of the
 step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so their all-reduces read and write the
 captured tensors (no staging copies).
@@ -29,7 +32,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from executor.norm import RowNorm
+
 HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
+EPS = 1e-5  # Llama's RMSNorm epsilon
+LOGITS_BOUND = 2e-2  # |a - b| / |a| over the logits: bf16 (8 mantissa bits) over 16 all-reduce + norm roundings
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,14 @@ def make_weights(shape: Shape, rank: int, device: torch.device) -> list[dict[str
              "down": w(shape.mlp, HIDDEN)} for _ in range(shape.layers)]
 
 
+def make_norms(shape: Shape, device: torch.device) -> list[torch.Tensor]:
+    """The RMSNorm weights, the same on every rank (replicated, as in tensor parallelism): before attention and
+    before the MLP of each layer, then the final norm."""
+    gen = torch.Generator(device=device).manual_seed(4321)
+    return [(1.0 + 0.1 * torch.randn(HIDDEN, generator=gen, device=device)).to(torch.bfloat16)
+            for _ in range(2 * shape.layers + 1)]
+
+
 def make_cache(shape: Shape, batch: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator(device=device).manual_seed(99)
     dims = (batch, shape.kv_heads, shape.context, HEAD_DIM)
@@ -70,26 +85,25 @@ def make_cache(shape: Shape, batch: int, device: torch.device) -> list[tuple[tor
              torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16)) for _ in range(shape.layers)]
 
 
-def decode_step(x: torch.Tensor, weights, cache, shape: Shape, project) -> torch.Tensor:
-    """One token for every sequence in the batch through every layer; returns the final hidden state.
+def decode_step(x: torch.Tensor, weights, norms, cache, shape: Shape, project) -> torch.Tensor:
+    """One token for every sequence in the batch through every layer; returns the final hidden state, normed.
 
-    ``project(a, w, x)`` is the row-parallel projection into the residual stream: ``x`` plus ``a @ w`` summed
-    over ranks (the layer's all-reduce).
+    ``project(a, w, x, n)`` is the row-parallel projection into the residual stream and the norm after it:
+    ``x + sum(a @ w)`` over ranks (the layer's all-reduce) and its RMSNorm with weight ``n``, as (normed, x).
     """
     batch = x.shape[0]
-    for layer, (k_cache, v_cache) in zip(weights, cache):
-        h = F.rms_norm(x, (HIDDEN,))
+    h = F.rms_norm(x, (HIDDEN,), norms[0], EPS)
+    for i, (layer, (k_cache, v_cache)) in enumerate(zip(weights, cache)):
         qkv = h @ layer["qkv"]
         q, k, v = qkv.split([shape.q_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM], -1)
         q = q.view(batch, shape.q_heads, 1, HEAD_DIM)
         keys = torch.cat([k_cache, k.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         values = torch.cat([v_cache, v.view(batch, shape.kv_heads, 1, HEAD_DIM)], dim=2)
         attn = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-        x = project(attn.reshape(batch, -1), layer["o"], x)
-        h = F.rms_norm(x, (HIDDEN,))
+        h, x = project(attn.reshape(batch, -1), layer["o"], x, norms[2 * i + 1])
         gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-        x = project(F.silu(gate) * up, layer["down"], x)
-    return x
+        h, x = project(F.silu(gate) * up, layer["down"], x, norms[2 * i + 2])
+    return h
 
 
 def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
@@ -100,9 +114,16 @@ def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Backend:
-    project: Callable  # (a, w, x) -> x + a @ w summed over ranks
+    add: Callable  # (a, w, x) -> x + a @ w summed over ranks
     all_reduce: Callable  # t -> t summed over ranks
     capture: Callable[[], ContextManager] = contextlib.nullcontext  # around each graph's warm-up and capture
+    norm: Callable | None = None  # (a, w, x, n) -> (rms_norm(x + sum(a @ w)) * n, x + sum(a @ w)); default add + torch
+
+    def project(self, a, w, x, n):
+        if self.norm is not None:
+            return self.norm(a, w, x, n)
+        x = self.add(a, w, x)
+        return F.rms_norm(x, (HIDDEN,), n, EPS), x
 
 
 def reducing(all_reduce):
@@ -113,6 +134,11 @@ def reducing(all_reduce):
 def fused(comm):
     """The projection ``a @ w``, then weft's all-reduce adding the residual in its own launch."""
     return lambda a, w, x: comm.all_reduce(a @ w, residual=x)
+
+
+def fused_norm(comm):
+    """The projection ``a @ w``, then weft's all-reduce adding the residual and normalizing in its own launch."""
+    return lambda a, w, x, n: comm.all_reduce(a @ w, residual=x, rms_weight=n, eps=EPS)
 
 
 def graph_of(fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], ContextManager]) -> torch.cuda.CUDAGraph:
@@ -138,7 +164,7 @@ def time_replay(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end)
 
 
-KINDS = ("step", "matmul", "all_reduce", "all_reduce_add", "alone")
+KINDS = ("step", "matmul", "all_reduce", "all_reduce_add", "all_reduce_add_norm", "alone")
 
 
 @dataclass
@@ -150,9 +176,9 @@ class Graphs:
     inputs: tuple  # the tensors the graphs read: a graph does not keep them alive
 
 
-def build(impl: Backend, shape: Shape, batch: int, weights, device) -> Graphs:
-    """The decode step, the projections alone, with their all-reduce, with all-reduce and residual add, and the
-    all-reduce alone: each ``2 × layers`` calls in one graph."""
+def build(impl: Backend, shape: Shape, batch: int, weights, norms, device) -> Graphs:
+    """The decode step, the projections alone, with their all-reduce, with all-reduce and residual add, with
+    all-reduce, add and norm, and the all-reduce alone: each ``2 × layers`` calls in one graph."""
     cache = make_cache(shape, batch, device)
     gen = torch.Generator(device=device).manual_seed(7)
     x = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
@@ -165,7 +191,7 @@ def build(impl: Backend, shape: Shape, batch: int, weights, device) -> Graphs:
     probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
 
     def step():
-        out["hidden"] = decode_step(x, weights, cache, shape, impl.project)
+        out["hidden"] = decode_step(x, weights, norms, cache, shape, impl.project)
 
     def projections(project) -> Callable[[], None]:
         def run():
@@ -183,7 +209,10 @@ def build(impl: Backend, shape: Shape, batch: int, weights, device) -> Graphs:
         # the projections with their all-reduce alone (weft-fused runs weft's plain all-reduce here) ...
         "all_reduce": graph_of(projections(lambda a, w, r: impl.all_reduce(a @ w)), side, impl.capture),
         # ... and with the residual added as the step adds it
-        "all_reduce_add": graph_of(projections(impl.project), side, impl.capture),
+        "all_reduce_add": graph_of(projections(impl.add), side, impl.capture),
+        # ... and with the norm after it (weft-fused-norm: the one fused call)
+        "all_reduce_add_norm": graph_of(projections(lambda a, w, r: impl.project(a, w, r, norms[1])), side,
+                                        impl.capture),
         "alone": graph_of(isolated, side, impl.capture),
     }
     return Graphs(graphs, out, (x, cache, probe_a, probe_w, probe_x, probe))
@@ -203,15 +232,17 @@ def time_alternating(built: dict[str, Graphs], iters: int) -> dict[str, dict[str
 def summarize(name: str, g: Graphs, times: dict[str, list[float]], shape: Shape, batch: int, lm_head) -> dict:
     g.graphs["step"].replay()
     torch.cuda.synchronize()
-    logits = (F.rms_norm(g.out["hidden"], (HIDDEN,)) @ lm_head).float()
+    logits = (g.out["hidden"] @ lm_head).float()
     calls = 2 * shape.layers
     med = {kind: statistics.median(t) for kind, t in times.items()}
     # the all-reduce share: projections with their all-reduce (and with the residual add), less the projections
     all_reduce_ms = max(med["all_reduce"] - med["matmul"], 0.0)
     with_add_ms = max(med["all_reduce_add"] - med["matmul"], 0.0)
+    with_norm_ms = max(med["all_reduce_add_norm"] - med["matmul"], 0.0)
     return {"backend": name, "step_ms": med["step"], "all_reduce_ms": all_reduce_ms,
             "all_reduce_us_per_call": all_reduce_ms * 1e3 / calls,
             "all_reduce_add_ms": with_add_ms, "all_reduce_add_us_per_call": with_add_ms * 1e3 / calls,
+            "all_reduce_add_norm_ms": with_norm_ms, "all_reduce_add_norm_us_per_call": with_norm_ms * 1e3 / calls,
             "isolated_us_per_call": med["alone"] * 1e3 / calls, "tokens_per_s": batch / med["step"] * 1e3,
             **{f"raw_{kind}_ms": t for kind, t in times.items() if kind != "alone"}, "logits": logits}
 
@@ -239,9 +270,10 @@ def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters:
         x = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
         h = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
         cache = make_cache(shape, batch, device)
+        norms = make_norms(shape, device)
         if where == "step":
             def run():
-                decode_step(x, weights, cache, shape, fused(comm))
+                decode_step(x, weights, norms, cache, shape, Backend(fused(comm), comm.all_reduce).project)
         else:
             def run():
                 for _ in range(2 * shape.layers):
@@ -265,9 +297,10 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both",
-                   help="both: NCCL, weft (all-reduce, then torch's residual add) and weft-fused (the add inside "
-                        "the all-reduce)")
+    p.add_argument("--backend", choices=("nccl", "weft", "both", "norm"), default="both",
+                   help="both: NCCL, weft (all-reduce, then torch's residual add), weft-fused (the add inside "
+                        "the all-reduce) and weft-fused-norm (the add and the norm inside it); norm: NCCL and "
+                        "weft-fused-norm only")
     p.add_argument("--json", help="write results here (rank 0)")
     p.add_argument("--trace", action="store_true",
                    help="instead: weft-fused's all-reduce in the timed kernel build, in the step and alone "
@@ -286,15 +319,18 @@ def main() -> None:
     dist.init_process_group("nccl", device_id=device)
     shape = Shape(world, args.layers, args.context)
     weights = make_weights(shape, rank, device)
+    norms = make_norms(shape, device)
     lm_head = torch.randn(HIDDEN, VOCAB, generator=torch.Generator(device=device).manual_seed(5), device=device,
                           dtype=torch.bfloat16) * HIDDEN ** -0.5
     backends = {"nccl": Backend(reducing(nccl_all_reduce), nccl_all_reduce)}
-    if args.backend in ("weft", "both"):
+    if args.backend in ("weft", "both", "norm"):
         from executor import Communicator
 
         comm = Communicator.from_process_group(ll128=args.ll128)
-        backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
-        backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
+        if args.backend != "norm":
+            backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
+            backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
+        backends["weft-fused-norm"] = Backend(fused(comm), comm.all_reduce, comm.capture, fused_norm(comm))
     if args.backend == "weft":
         backends.pop("nccl")
 
@@ -309,7 +345,7 @@ def main() -> None:
         built, failed = {}, {}
         for name, impl in backends.items():
             try:
-                built[name] = build(impl, shape, batch, weights, device)
+                built[name] = build(impl, shape, batch, weights, norms, device)
             except Exception as e:  # one backend's failure is a result, not the end of the comparison
                 failed[name] = f"{type(e).__name__}: {e}"
                 print(f"rank {rank}: {name} failed at batch {batch}: {failed[name]}", flush=True)
@@ -317,10 +353,14 @@ def main() -> None:
         results = {name: summarize(name, g, times[name], shape, batch, lm_head) for name, g in built.items()}
         del built
         row = {"batch": batch, "tp": world, "failed": failed}
-        if "weft" in backends:
+        if len(backends) > 1:
             plan = comm.plan_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
             lined = comm.lines_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
             row["weft_plan"] = plan.name + ("+ll128" if lined else "") if plan is not None else "nccl (no plan)"
+            plan = comm.norm_plan_for(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS))
+            row["weft_norm_plan"] = plan.name + ("+ll128" if lined else "") if plan is not None else (
+                "unfused: " + comm.norm_reason(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS)))
+            row["weft_paths"] = dict(comm.paths)
         for name, r in results.items():
             row[f"{name}_ms"] = r["step_ms"]
             row[f"{name}_all_reduce_ms"] = r["all_reduce_ms"]
@@ -330,7 +370,9 @@ def main() -> None:
             row[f"{name}_isolated_us_per_call"] = r["isolated_us_per_call"]
             row[f"{name}_tokens_per_s"] = r["tokens_per_s"]
             row[f"{name}_all_reduce_share"] = r["all_reduce_ms"] / r["step_ms"]
-            for raw in ("step", "all_reduce", "all_reduce_add", "matmul"):
+            row[f"{name}_all_reduce_add_norm_ms"] = r["all_reduce_add_norm_ms"]
+            row[f"{name}_all_reduce_add_norm_us_per_call"] = r["all_reduce_add_norm_us_per_call"]
+            for raw in ("step", "all_reduce", "all_reduce_add", "all_reduce_add_norm", "matmul"):
                 row[f"{name}_raw_{raw}_ms"] = r[f"raw_{raw}_ms"]
         if "nccl" in results:
             a = results["nccl"]["logits"]
@@ -338,28 +380,33 @@ def main() -> None:
                 b = results[name]["logits"]
                 rel = ((a - b).norm() / a.norm()).item()
                 row[f"{name}_logits_rel_err"] = rel
-                row[f"{name}_logits_agree"] = rel < 2e-2
+                row[f"{name}_logits_max_abs_err"] = (a - b).abs().max().item()
+                row[f"{name}_logits_agree"] = rel < LOGITS_BOUND
                 row[f"{name}_speedup"] = results["nccl"]["step_ms"] / results[name]["step_ms"]
                 row[f"{name}_all_reduce_ratio"] = results[name]["all_reduce_ms"] / max(results["nccl"]["all_reduce_ms"],
                                                                                         1e-9)
                 row[f"{name}_all_reduce_add_ratio"] = results[name]["all_reduce_add_ms"] / max(
                     results["nccl"]["all_reduce_add_ms"], 1e-9)
+                row[f"{name}_all_reduce_add_norm_ratio"] = results[name]["all_reduce_add_norm_ms"] / max(
+                    results["nccl"]["all_reduce_add_norm_ms"], 1e-9)
         rows.append(row)
         if rank == 0:
             cells = "  ".join(f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
                               f"{r['all_reduce_us_per_call']:.1f} us/call in the step, "
                               f"{r['all_reduce_add_us_per_call']:.1f} with the add, "
+                              f"{r['all_reduce_add_norm_us_per_call']:.1f} with add and norm, "
                               f"{r['isolated_us_per_call']:.1f} alone = "
                               f"{100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)" for n, r in results.items())
             extra = "".join(f"  {n}: {row[f'{n}_speedup']:.3f}x step, all-reduce {row[f'{n}_all_reduce_ratio']:.2f}x, "
                             f"with the add {row[f'{n}_all_reduce_add_ratio']:.2f}x, "
+                            f"with add and norm {row[f'{n}_all_reduce_add_norm_ratio']:.2f}x, "
                             f"logits rel err {row[f'{n}_logits_rel_err']:.1e}"
                             for n in results if f"{n}_speedup" in row)
             print(f"tp={world} batch={batch:>3}  {cells}{extra}  [{row.get('weft_plan', '')}]", flush=True)
     if rank == 0 and args.json:
         doc = {"name": "tp_decode", "model": "llama-70b-shaped", "layers": args.layers, "context": args.context,
                "nranks": world, "mode": "graph", "timing": "backends alternate replay by replay", "dtype": "bf16",
-               "trace": args.trace,
+               "trace": args.trace, "eps": EPS, "logits_bound": LOGITS_BOUND,
                "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
                "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                             "cuda": torch.version.cuda},

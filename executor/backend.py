@@ -4,6 +4,7 @@
     with backend.capture(sizes):                     # around the engine's graph captures; replay after it
         ...
     y = backend.all_reduce(x) if backend.should_use(x) else engine_nccl_all_reduce(x)
+    h, x = backend.fused_add_rms_norm(y, x, norm_weight, eps)   # all-reduce + residual add + RMSNorm, one launch
     backend.close()
 """
 
@@ -14,7 +15,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from executor.inference import Communicator
+from executor.inference import DTYPES, Communicator
+from executor.norm import RowNorm
 
 
 class WeftBackend:
@@ -43,13 +45,33 @@ class WeftBackend:
         """The sum over ranks as a new tensor, plus ``residual`` if given (NCCL where should_use is False)."""
         return self.comm.all_reduce(tensor, residual=residual)
 
+    def should_fuse_norm(self, tensor: torch.Tensor, rms_weight: torch.Tensor, eps: float = 1e-6) -> bool:
+        """Whether ``fused_add_rms_norm`` runs as one weft launch here and now (a plan whose rows fit this size
+        and hidden size; inside a capture, one prepared before it). Where not, it still runs, unfused."""
+        comm = self.comm
+        rows = RowNorm(tensor.shape[-1], float(eps))
+        nbytes = tensor.numel() * tensor.element_size()
+        plan = comm.norm_plan_for(nbytes, tensor.dtype, rows) if tensor.is_cuda and tensor.dim() else None
+        if plan is None or rms_weight.dtype != tensor.dtype:
+            return False
+        return not torch.cuda.is_current_stream_capturing() or (
+            plan.content_hash, nbytes, DTYPES[tensor.dtype], rows) in comm._ready
+
+    def fused_add_rms_norm(self, tensor: torch.Tensor, residual: torch.Tensor, rms_weight: torch.Tensor,
+                           eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decoder layer's all-reduce, residual add and the next RMSNorm: ``(rms_norm(residual + sum) *
+        rms_weight, residual + sum)``, in place of the engine's all-reduce, add and norm (one launch where
+        should_fuse_norm, else the all-reduce with its residual, then torch's rms_norm)."""
+        return self.comm.all_reduce(tensor, residual=residual, rms_weight=rms_weight, eps=eps)
+
     @contextmanager
     def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16,
-                residual: bool = False) -> Iterator["WeftBackend"]:
-        """Prepare these all-reduce sizes (bytes), also with a residual where ``residual``; graphs the engine
+                residual: bool = False, rms_norm: tuple[int, float] | None = None) -> Iterator["WeftBackend"]:
+        """Prepare these all-reduce sizes (bytes), also with a residual where ``residual`` and fused with the
+        RMSNorm of rows ``rms_norm`` = (hidden size, eps) where given; graphs the engine
         captures inside the block all-reduce the captured tensors themselves, registered on every rank when the
         block closes (collective)."""
-        with self.comm.capture(sizes, dtype, residual):
+        with self.comm.capture(sizes, dtype, residual, RowNorm(*rms_norm) if rms_norm is not None else None):
             yield self
 
     def close(self) -> None:

@@ -38,18 +38,23 @@ import numpy as np
 
 from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, liveness
 from executor.errors import ExecutorError, ExecutorTimeout
+from executor.hosts import host_identity, ipc_across_hosts
 from executor.gpu_tables import (
-    MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables, PeerMapping,
-    build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
+    DTYPE_BYTES, MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables,
+    PeerMapping, build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
     kernel_args, vector_bytes, with_kernel_args, with_tripwire,
 )
-from schedules.plan import Plan, load_plan, parse_plan
+from executor.norm import RowNorm, fused_refusal, rows_refusal
+from executor.padded import buffer_parts
+from schedules.padding import Padding
+from schedules.plan import Plan, PlanError, load_plan, parse_plan
 
 ERROR_WORDS = 8
 ERROR_KINDS = {1: "wait on a channel", 2: "packets never arrived", 3: "barrier never completed", 4: "aborted"}
 HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
 IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,22 @@ def _describe(x: Any, name: str) -> _Buffer:
     dtype = {"<f4": "fp32", "<f2": "fp16"}.get(cai["typestr"])
     nbytes = int(np.prod(cai["shape"])) * np.dtype(cai["typestr"]).itemsize
     return _Buffer(cai["data"][0], nbytes, dtype, x.device.id, "cupy")
+
+
+@dataclass(frozen=True)
+class NormCall:
+    """One execution's RMSNorm epilogue: the rows' shape and eps, the weight (one row) and where the normalized
+    rows go (input-sized)."""
+
+    rows: RowNorm
+    weight: Any
+    normed: Any
+
+
+def _variant(res: _Buffer | None, norm: NormCall | None) -> bool | tuple[int, float]:
+    """What a context adds after its sums: nothing (False), the residual (True), or the residual and the norm
+    epilogue ((row elements, eps)); contexts and templates are kept per variant."""
+    return (norm.rows.row_elems, norm.rows.eps) if norm is not None else res is not None
 
 
 @dataclass
@@ -176,8 +197,12 @@ class PlanExecutor:
         self._peers = gpu_ipc.PeerMappings()
         # (plan, size, dtype, lines, with a residual) -> the first context made for them
         self._templates: dict[tuple[str, int, str, bool, bool], _Context] = {}
+        # (plan, message size, dtype, with a residual) -> padded (input, output, residual) buffers for sizes that
+        # are not multiples of the plan's granule
+        self._padded: dict[tuple[str, int, str, bool], tuple] = {}
         self._captured: list[CapturedExecution] = []
         self._residual_refusals: dict[str, str] = {}  # plan hash -> why it cannot add a residual, or ''
+        self._norm_refusals: dict[str, str] = {}  # plan hash -> why it cannot run the norm epilogue, or ''
         self._graph_mode = False
         self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
         with cupy.cuda.Device(self.device):
@@ -197,6 +222,7 @@ class PlanExecutor:
         shared = self._all_gather("inbound", gpu_ipc.export(self._inbound.data.ptr))
         self._peer_inbound = [self._inbound.data.ptr if r == rank else self._peers.open(s)
                               for r, s in enumerate(shared)]
+        self.hosts = tuple(self._all_gather("host", host_identity()))  # a memory channel never crosses them
 
     @classmethod
     def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True,
@@ -211,7 +237,8 @@ class PlanExecutor:
     # ------------------------------------------------------------------ running plans
 
     def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                dtype: str | None = None, lines: bool | None = None, residual: Any = None) -> Any:
+                dtype: str | None = None, lines: bool | None = None, residual: Any = None,
+                norm: NormCall | None = None) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on ``stream``; returns the output.
 
         ``stream``: a torch or CuPy stream or a raw handle; default the current stream of input's framework.
@@ -221,18 +248,33 @@ class PlanExecutor:
         reductions that write outputs add it after their sums (gpu_tables.residual_refusal), each with its own
         rank's residual, so pass the same values on every rank, as a transformer's residual stream holds. Every
         rank passes one, or none does.
+        ``norm``: with a residual, also the RMSNorm epilogue (``executor.norm``): ``norm.normed`` receives each
+        output row normalized and times ``norm.weight``, in the same launch (the plan's rows must fit:
+        ``norm_refusal``).
         For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
         An output allocated here belongs to the context: later calls on the same input reuse it.
+        A message that is not a multiple of the plan's granule runs padded (``schedules.padding``): each part is
+        copied to its padded place in buffers this executor keeps per plan and size, the plan runs there, and each
+        output part is copied back, all on ``stream`` (an output allocated for it is fresh each call). Calls of one
+        plan and size share those buffers, so issue them on one stream, as calls on one buffer must be.
         """
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
+        padding = self._padding(plan, buf, dtype)
+        if padding is not None and norm is not None:
+            raise ExecutorError(f"plan {plan.name}: {buf.nbytes} B runs padded, and the norm epilogue needs whole rows "
+                                "in place (executor.norm.rows_refusal)")
+        if padding is not None:
+            return self._execute_padded(plan, padding, input, buf, output, out, stream, dtype, lines, residual)
         lines = self._ll128 if lines is None else lines
         res = self._residual(plan, buf, residual, dtype)
-        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype, lines, res.pointer if res else 0)
+        normed = self._norm_buffers(plan, buf, res, norm, dtype)
+        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype, lines, res.pointer if res else 0,
+               _variant(res, norm), tuple(b.pointer for b in normed))
         ctx = self._contexts.get(key)
         if ctx is None:
-            ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype, lines, res)
+            ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype, lines, res, norm, normed)
             self._contexts[key] = ctx
-            template = (plan_hash, ctx.nbytes, dtype, lines, res is not None)
+            template = (plan_hash, ctx.nbytes, dtype, lines, _variant(res, norm))
             if self._templates.setdefault(template, ctx) is ctx and self._graph_mode:
                 self._add_records(ctx)  # made inside capture() by an eager call (a warm-up), so outside a graph
         self._launch(ctx, dtype, buf.framework, stream)
@@ -261,7 +303,8 @@ class PlanExecutor:
         self.register_graph_buffers()
 
     def execute_captured(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                         dtype: str | None = None, lines: bool | None = None, residual: Any = None) -> str:
+                         dtype: str | None = None, lines: bool | None = None, residual: Any = None,
+                         norm: NormCall | None = None) -> str:
         """Inside ``capture()``, while a graph captures: run ``plan`` on ``input`` and ``output`` with no copy.
 
         The execution shares the context an eager ``execute`` made for this plan, size, dtype and ``lines`` (its
@@ -275,23 +318,28 @@ class PlanExecutor:
         if not self._graph_mode:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
+        if self._padding(plan, buf, dtype) is not None:
+            return (f"plan {plan.name}: {buf.nbytes} B of input is not a multiple of the plan's granule "
+                    f"({plan.granule} B per message): it runs padded, through copies, not on the captured buffers")
         lines = self._ll128 if lines is None else lines
         res = self._residual(plan, buf, residual, dtype)
-        ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype, lines, res is not None))
+        normed = self._norm_buffers(plan, buf, res, norm, dtype)
+        ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype, lines, _variant(res, norm)))
         if ctx is None:
             return (f"no context for plan {plan.name} at {buf.nbytes} B of input{' with a residual' if res else ''}: "
                     "execute it once before capturing")
         self._check_output(plan, ctx.tables, out, dtype)
         in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
-        why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None)
+        why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None, *(b.pointer for b in normed))
         why = binding_verdict(f"rank {self.rank}: {why}" if why else "", ctx.peers.collective, self._all_gather)
         if why:
             return why
         mine = {"i": in_ptr, "o": out_ptr}
         deferred = {slot for slot, _, _ in ctx.peers.deferred}
         slots = (in_ptr, out_ptr, *(0 if k in deferred else p for k, p in enumerate(ctx.slots) if k >= 2))
-        if res is not None:
-            slots = (*slots[:-1], res.pointer)
+        own = [b.pointer for b in ([res] if res is not None else []) + normed]  # the residual, weight, normed
+        if own:
+            slots = (*slots[:-len(own)], *own)
         captured = CapturedExecution(ctx.plan_hash, ctx.nbytes, slots, ctx.peers.deferred,
                                      tuple((t, mine[t]) for t in ctx.peers.exported), ctx.records.used, ctx)
         ctx.records.used += 1
@@ -408,6 +456,70 @@ class PlanExecutor:
                                 f"{gpu.input_chunks} input chunks")
         return buf.nbytes // gpu.input_chunks * plan.size_chunks
 
+    def _padding(self, plan: Plan, buf: _Buffer, dtype: str) -> Padding | None:
+        """How this input's message runs padded, or None where it runs directly (or fails there, as it should)."""
+        check_world(plan, self.world_size)
+        if plan.inplace:
+            nbytes = buf.nbytes
+        else:
+            parts = buffer_parts(plan, plan.gpus[self.rank].input_chunks)
+            if parts == 0 or buf.nbytes % parts:
+                return None
+            nbytes = buf.nbytes // parts * plan.message_parts
+        if nbytes % plan.granule == 0:
+            return None
+        try:
+            padding = plan.padding(nbytes)
+        except PlanError as e:
+            raise ExecutorError(str(e)) from None
+        if dtype in DTYPE_BYTES and padding.part_bytes % DTYPE_BYTES[dtype]:
+            raise ExecutorError(f"plan {plan.name}: size {nbytes} B: its parts of {padding.part_bytes} B are not "
+                                f"whole {dtype} elements")
+        return padding
+
+    def _execute_padded(self, plan: Plan, padding: Padding, input: Any, buf: _Buffer, output: Any,
+                        out: _Buffer | None, stream: Any, dtype: str, lines: bool | None, residual: Any) -> Any:
+        """``execute`` at a size that is not a multiple of the plan's granule: parts copied to their padded places,
+        the plan run there, output parts copied back, all on the caller's stream."""
+        res = self._residual(plan, buf, residual, dtype)
+        gpu = plan.gpus[self.rank]
+        in_parts = plan.message_parts if plan.inplace else buffer_parts(plan, gpu.input_chunks)
+        out_parts = in_parts if plan.inplace else buffer_parts(plan, gpu.output_chunks)
+        m, stride = padding.part_bytes, padding.padded_part_bytes
+        if not plan.inplace:
+            if output is None:
+                output = self._allocate_output(input, buf, out_parts * m)
+                out = _describe(output, "output")
+            if out.nbytes != out_parts * m or out.dtype not in (None, dtype) or out.device != self.device:
+                raise ExecutorError(f"plan {plan.name}: output must be {dtype} of {out_parts * m} B on GPU "
+                                    f"{self.device} for this input, not {out.nbytes} B")
+        key = (plan.content_hash, padding.nbytes, dtype, res is not None)
+        staged = self._padded.get(key)
+        if staged is None:
+            with self._cupy.cuda.Device(self.device):
+                staged = tuple(self._cupy.zeros(max(n, 16), self._cupy.uint8) if n else None for n in (
+                    in_parts * stride, 0 if plan.inplace else out_parts * stride, in_parts * stride if res else 0))
+                self._cupy.cuda.runtime.deviceSynchronize()
+            self._padded[key] = staged
+        padded_in, padded_out, padded_res = staged
+        handle = self._stream_handle(stream, buf.framework)
+        self._copy_parts(padded_in.data.ptr, stride, buf.pointer, m, m, in_parts, handle)
+        if res is not None:
+            self._copy_parts(padded_res.data.ptr, stride, res.pointer, m, m, in_parts, handle)
+        self.execute(plan, padded_in[:in_parts * stride], None if plan.inplace else padded_out[:out_parts * stride],
+                     stream=handle, dtype=dtype, lines=lines,
+                     residual=None if res is None else padded_res[:in_parts * stride])
+        result = (padded_in if plan.inplace else padded_out).data.ptr
+        self._copy_parts(buf.pointer if plan.inplace else out.pointer, m, result, stride, m, out_parts, handle)
+        return input if plan.inplace else output
+
+    def _copy_parts(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, parts: int,
+                    stream: int) -> None:
+        """Copy ``parts`` rows of ``width`` bytes between pitched device buffers on ``stream`` (one 2-D copy)."""
+        if parts and width:
+            self._cupy.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, width, parts,
+                                                  MEMCPY_DEVICE_TO_DEVICE, stream)
+
     def _pointers(self, plan: Plan, tables: DeviceTables, buf: _Buffer, out: _Buffer | None) -> tuple[int, int]:
         """(input, output) addresses; in-place plans keep the smaller buffer inside the larger one."""
         if not plan.inplace:
@@ -459,6 +571,34 @@ class PlanExecutor:
                                 f"on GPU {self.device}, not {res.dtype} of {res.nbytes} B on GPU {res.device}")
         return res
 
+    def norm_refusal(self, plan: Plan | dict | str | Path) -> str:
+        """Why ``plan`` cannot run the RMSNorm epilogue at any size, or '' (executor.norm.fused_refusal, once per
+        plan)."""
+        plan, plan_hash = self._plan(plan)
+        why = self._norm_refusals.get(plan_hash)
+        if why is None:
+            why = self._norm_refusals[plan_hash] = fused_refusal(plan)
+        return why
+
+    def _norm_buffers(self, plan: Plan, buf: _Buffer, res: _Buffer | None, norm: NormCall | None,
+                      dtype: str) -> list[_Buffer]:
+        """[weight, normed] of an execution with the norm epilogue, checked against its plan and input; []
+        without one."""
+        if norm is None:
+            return []
+        if res is None:
+            raise ExecutorError(f"plan {plan.name}: the norm epilogue needs a residual")
+        why = self.norm_refusal(plan) or rows_refusal(plan, self._message_bytes(plan, buf), dtype, norm.rows)
+        if why:
+            raise ExecutorError(f"executor: {why}")
+        weight, normed = _describe(norm.weight, "norm weight"), _describe(norm.normed, "normed output")
+        row = norm.rows.row_bytes(dtype)
+        for b, name, nbytes in ((weight, "norm weight", row), (normed, "normed output", buf.nbytes)):
+            if b.nbytes != nbytes or b.dtype not in (None, dtype) or b.device != self.device:
+                raise ExecutorError(f"plan {plan.name}: the {name} must be {dtype} of {nbytes} B on GPU {self.device}, "
+                                    f"not {b.dtype} of {b.nbytes} B on GPU {b.device}")
+        return [weight, normed]
+
     def _check_output(self, plan: Plan, tables: DeviceTables, out: _Buffer | None, dtype: str) -> None:
         if plan.inplace:
             if out is not None:
@@ -473,12 +613,16 @@ class PlanExecutor:
             raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
 
     def _create_context(self, plan: Plan, plan_hash: str, input: Any, buf: _Buffer, output: Any,
-                        out: _Buffer | None, dtype: str, lines: bool, res: _Buffer | None) -> _Context:
+                        out: _Buffer | None, dtype: str, lines: bool, res: _Buffer | None,
+                        norm: NormCall | None = None, normed: list[_Buffer] = ()) -> _Context:
         cupy = self._cupy
         nbytes = self._message_bytes(plan, buf)
         check_launch(plan, self.world_size, nbytes, dtype)
+        if ipc_across_hosts(plan, self.hosts):
+            raise ExecutorError(ipc_across_hosts(plan, self.hosts))
         fused = res is not None
-        tables = build_tables(plan, self.rank, nbytes, residual=fused)
+        rows = norm.rows if norm is not None else None
+        tables = build_tables(plan, self.rank, nbytes, residual=fused, norm=rows, dtype=dtype)
         if not plan.inplace and output is None:
             output = self._allocate_output(input, buf, tables.output_bytes)
             out = _describe(output, "output")
@@ -487,7 +631,7 @@ class PlanExecutor:
             output = input
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
         # LL128 lines only where every rank asks for them and can (same size and 8-byte aligned buffers)
-        lined = build_tables(plan, self.rank, nbytes, lines=True, residual=fused) if (
+        lined = build_tables(plan, self.rank, nbytes, lines=True, residual=fused, norm=rows, dtype=dtype) if (
             lines and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0) else None
         with cupy.cuda.Device(self.device):
             halves = 2 if tables.double_scratch else 1
@@ -500,18 +644,20 @@ class PlanExecutor:
             trace = cupy.zeros(tables.nthreadblocks * gpu_trace.TRACE_SLOTS if self._trace else 1, cupy.uint64)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
             shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
-            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None, fused))
+            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None,
+                                                 _variant(res, norm)))
             if lined is not None and all(p[3] for p in peers):
                 tables = lined
             for r, (h, n, _, _, f) in enumerate(peers):
                 if (h, n) != (plan_hash, nbytes):
                     raise ExecutorError(f"plan {plan.name}: rank {r} runs another plan or size ({n} B) than rank "
                                         f"{self.rank} ({nbytes} B); every rank must execute the same plan")
-                if f != fused:
-                    raise ExecutorError(f"plan {plan.name}: rank {r} {'passes' if f else 'passes no'} residual and "
-                                        f"rank {self.rank} {'does' if fused else 'does not'}; every rank must")
+                if f != _variant(res, norm):
+                    raise ExecutorError(f"plan {plan.name}: rank {r} passes residual and norm {f} and rank "
+                                        f"{self.rank} {_variant(res, norm)}; every rank must pass the same")
             remote = [self._peers.open(peers[r][2][t]) for r, t in tables.remote_buffers]
-            slots = [in_ptr, out_ptr, scratch.data.ptr, *remote, *([res.pointer] if fused else [])]
+            slots = [in_ptr, out_ptr, scratch.data.ptr, *remote, *([res.pointer] if fused else []),
+                     *(b.pointer for b in normed)]
             outbound = [self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel)]
             ops = cupy.asarray(with_tripwire(tables.ops).view(np.uint8))
             tb_start = cupy.asarray(tables.tb_start)
@@ -531,9 +677,10 @@ class PlanExecutor:
                 nslots=len(slots), uniform_ops=tables.uniform_ops, **({"trace": trace} if self._trace else {})),
         )
 
-    def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int, res_ptr: int | None = None) -> str:
+    def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int, res_ptr: int | None = None,
+                      *norm_ptrs: int) -> str:
         """Why this rank cannot run a captured execution on these buffers through a record of ``ctx``, or ''."""
-        misaligned = [p for p in (in_ptr, out_ptr, res_ptr or 0) if p % ctx.vector_bytes]
+        misaligned = [p for p in (in_ptr, out_ptr, res_ptr or 0, *norm_ptrs) if p % ctx.vector_bytes]
         if misaligned:
             return f"a buffer is not aligned to the plan's {ctx.vector_bytes}-byte vectors"
         if ctx.records is None or ctx.records.free == 0:

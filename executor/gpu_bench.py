@@ -30,6 +30,7 @@ class BenchConfig:
     samples: int = 30
     warmup: int = 3
     ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
+    symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -163,7 +164,7 @@ def _slowest_rank(comm, medians: dict[str, float]) -> dict[str, float]:
 def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: bool = False) -> int:
     """1 if weft's result differs from NCCL's on this rank's data, else 0."""
     ref, magnitude = nccl_result(collective, x, world), sum_magnitude(collective, x, world)
-    got = comm.execute(plan, x, lines=lines)
+    got = comm.execute(plan, x.clone() if plan.inplace else x, lines=lines)  # in place: one buffer, in and out
     comm.synchronize()
     return int(not matches(collective, got, ref, dtype, magnitude, world))
 
@@ -182,11 +183,12 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
     for nbytes in config.sizes:
         began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
-        candidates = [p for p in plans if p.accepts(nbytes) and config.dtype in p.weft.dtypes]
+        # sizes off a plan's granule run padded (PlanExecutor.execute): their times include the copies
+        candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
         timers: dict[str, Callable[[], float]] = {"nccl": _timer(_nccl(config.collective, x, out), config.graph,
                                                                   config.calls)}
         keep: list[Any] = []
-        if config.collective == "allreduce":
+        if config.collective == "allreduce" and config.symm:
             variants, buf = _symm_mem_allreduce(x)
             keep.append(buf)
             for name, fn in variants:
@@ -196,10 +198,13 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
                                                        if config.ll128 and lines_possible(p, nbytes)]
         for plan, lines in formats:
             y = out if config.collective != "allreduce" else torch.empty_like(x)
+            if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
+                y = x.clone()
             keep.append(y)
             try:
-                timer = _timer(lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines), config.graph,
-                               config.calls)
+                run = ((lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines)) if plan.inplace else
+                       (lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines)))
+                timer = _timer(run, config.graph, config.calls)
                 refused = ""
             except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
                 timer, refused = None, str(e)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from executor.errors import ExecutorError
 
-SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "interpreter.cu")
+SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "norm.cuh",
+           "interpreter.cu")
 FLAGS = ("-O3", "-std=c++17")
 DTYPE_SUFFIX = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 

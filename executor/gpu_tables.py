@@ -1,10 +1,11 @@
 """Plan -> device tables: the flattened op array the interpreter kernel walks, for one rank and one size.
 
 Pure Python and numpy (no GPU). Every plan op becomes one or more device ops: pairwise ops (put, get, copy and
-the pairwise packet ops) become one transfer per pair, ``pws`` becomes its puts and a signal, and the
-reductions become one transfer that sums every source into every destination. A reference names a buffer
-slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a byte offset,
-so the kernel does no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
+the pairwise packet ops) become one transfer per pair, or, for plain data where every pair is as long (a
+multi-peer op, ``codegen.peers``), one ``PAIRS`` transfer that moves them side by side; ``pws`` becomes its puts
+and a signal, and the reductions become one transfer that sums every source into every destination. A reference
+names a buffer slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a
+byte offset, so the kernel does no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
 
 An all-reduce with a residual (``residual=True``) returns the sum plus a residual tensor in the same launch, as
 a transformer layer's ``x + all_reduce(y)``: each reduction that completes a sum and writes an output adds its
@@ -24,7 +25,7 @@ record holds once peers have told each other their buffers is worked out here to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from schedules.ops import DEVICE_KINDS
 from schedules.plan import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, channel_pairs
 from topologies.errors import CheckFailed
 
+if TYPE_CHECKING:
+    from executor.norm import RowNorm
+
 MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
 MAX_CHANNELS = 1024
@@ -42,7 +46,11 @@ MAX_SLOTS = 64  # buffer slots (input, output, scratch, peers' buffers); kMaxSlo
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
+NORM_ROWS = 64  # kNormRows in executor/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
+NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS))))  # kNop.. in channel.cuh
+PAIRS = 8  # kPairs in channel.cuh: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
+KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
 PACKET, SCRATCH = 1, 2
 SLOTS = {"i": 0, "o": 1, "s": 2}
 
@@ -115,6 +123,7 @@ class DeviceTables:
     threads: int
     lines: bool = False  # packets are LL128 lines (lines_possible), else LL16/LL8 packets
     residual: bool = False  # the slot after the remote buffers holds a residual that output reductions add
+    norm: bool = False  # then two more slots: the RMSNorm weight and the normalized rows (executor.norm)
 
     @property
     def nthreadblocks(self) -> int:
@@ -122,8 +131,9 @@ class DeviceTables:
 
     @property
     def nslots(self) -> int:
-        """Buffer slots a launch binds: input, output, scratch, the remote buffers, then the residual if any."""
-        return 3 + len(self.remote_buffers) + int(self.residual)
+        """Buffer slots a launch binds: input, output, scratch, the remote buffers, then the residual if any (and
+        the norm's weight and normalized rows)."""
+        return 3 + len(self.remote_buffers) + int(self.residual) + 2 * int(self.norm)
 
     @property
     def uniform_ops(self) -> int:
@@ -210,12 +220,18 @@ def residual_refusal(plan: Plan) -> str:
     return ""
 
 
-def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residual: bool = False) -> DeviceTables:
+def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residual: bool = False,
+                 norm: RowNorm | None = None, dtype: str = "bf16") -> DeviceTables:
     """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them).
 
     ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``). ``residual``: the launch
     binds a residual after the remote buffers, added by the reductions that complete a sum and write an output
-    (``residual_refusal``)."""
+    (``residual_refusal``). ``norm``: with a residual, each of those reductions is followed by the RMSNorm
+    epilogue over its rows of ``dtype`` (``executor.norm``), the weight and the normalized rows in the two slots
+    after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op count (so the kernel still loads a block's
+    first ops beside its range)."""
+    if norm is not None and not residual:
+        raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
     if not plan.accepts(nbytes):
         raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
                             f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
@@ -227,16 +243,27 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
                             "whole 8-byte words and whole warps only)")
     per_chunk = (cb + LINE_DATA - 1) // LINE_DATA * LINE_BYTES
     layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
+    if gpu.port_peers:
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
+                            f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
+                            "port-channel plans run through executor.port_engine")
     if len(gpu.memory_peers) > MAX_CHANNELS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
                             f"(the executor holds {MAX_CHANNELS})")
-    if 3 + len(gpu.remote_buffers) + int(residual) > MAX_SLOTS:
+    if 3 + len(gpu.remote_buffers) + int(residual) + 2 * int(norm is not None) > MAX_SLOTS:
         raise ExecutorError(f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
                             f"(the executor holds {MAX_SLOTS - 3 - int(residual)})")
     records: list[np.void] = []
     starts = [0]
     residual_at = reference.residual_sums(plan) if residual else {}
+    row_bytes = norm.row_bytes(dtype) if norm is not None else 0
+    if norm is not None:
+        from executor.norm import norm_ranges
+
+        spans = norm_ranges(plan)
     for t, tb in enumerate(gpu.threadblocks):
+        if norm is not None and any((rank, t, i) in spans for i in range(len(tb.ops))):
+            records.append(_prefetch_record(row_bytes, 3 + len(gpu.remote_buffers)))
         for i, op in enumerate(tb.ops):
             where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
             for rec in _lower(op, tb, layout, where):
@@ -247,22 +274,63 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
             chunk = residual_at.get((rank, t, i))
             if chunk is not None:  # a reduction lowers to one transfer, the last record
                 _add_source(records[-1], (chunk * cb, 3 + len(gpu.remote_buffers), 0), where)
+                if norm is not None:
+                    records.append(_norm_record(chunk * cb, spans[(rank, t, i)][1] * cb, row_bytes, norm.eps,
+                                                3 + len(gpu.remote_buffers), i))
         starts.append(len(records))
+    if norm is not None:
+        records, starts = _padded(records, starts)
     ops = np.zeros(len(records), OP_DTYPE)
     for k, rec in enumerate(records):
         ops[k] = rec
     pairs = pair_channels(plan)
-    quantities = [cb, layout.scratch_chunk]
+    quantities = [cb, layout.scratch_chunk] + [int(q) for rec in records if rec["type"] == TRANSFER for q in (
+        rec["bytes"], *rec["src"]["offset"][:rec["nsrc"]], *rec["dst"]["offset"][:rec["ndst"]])]
+    quantities += [row_bytes] if norm is not None else []
     return DeviceTables(
         ops=ops, tb_start=np.asarray(starts, np.int32), chunk_bytes=cb, vector_bytes=vector_bytes(*quantities),
         input_bytes=gpu.input_chunks * cb, output_bytes=gpu.output_chunks * cb,
         scratch_bytes=gpu.scratch_chunks * layout.scratch_chunk, double_scratch=plan.use_double_scratch_buffer,
         channel_peers=gpu.memory_peers,
-        paired_channel=tuple(pairs[(rank, c)] for c in range(len(gpu.memory_peers))),
+        paired_channel=tuple(pairs.get((rank, c), -1) for c in range(len(gpu.memory_peers))),  # -1: never signalled
         semaphore_init=gpu.semaphores,
         remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
-        threads=min(plan.num_threads_per_block, 1024), lines=lines, residual=residual,
+        threads=min(plan.num_threads_per_block, 1024), lines=lines, residual=residual, norm=norm is not None,
     )
+
+
+def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
+    """The epilogue over output bytes ``first..first+nbytes``: the rows (output slot), the weight (the slot after
+    the residual) and the normalized rows (the next slot); a row's bytes in barrier_id, eps's fp32 bits in
+    channel[0] (norm.cuh reads them there)."""
+    rec = np.zeros((), OP_DTYPE)
+    rec["type"], rec["nsrc"], rec["ndst"], rec["plan_op"], rec["bytes"] = NORM_ROWS, 2, 1, plan_op, nbytes
+    rec["barrier_id"] = row_bytes
+    rec["channel"][0] = int(np.float32(eps).view(np.int32))
+    rec["src"][0] = (first, SLOTS["o"], 0)
+    rec["src"][1] = (0, residual_slot + 1, 0)
+    rec["dst"][0] = (first, residual_slot + 2, 0)
+    return rec
+
+
+def _prefetch_record(row_bytes: int, residual_slot: int) -> np.void:
+    """The weight's row prefetched into L1 before the block's reduction waits for its peers' data."""
+    rec = np.zeros((), OP_DTYPE)
+    rec["type"], rec["nsrc"], rec["barrier_id"] = NORM_PREFETCH, 1, row_bytes
+    rec["src"][0] = (0, residual_slot + 1, 0)
+    return rec
+
+
+def _padded(records: list, starts: list[int]) -> tuple[list, list[int]]:
+    """Every block's ops followed by nops up to the longest block's count."""
+    counts = np.diff(starts)
+    longest = int(counts.max()) if len(counts) else 0
+    out, new_starts = [], [0]
+    for b, count in enumerate(counts):
+        out.extend(records[starts[b]:starts[b + 1]])
+        out.extend(np.zeros((), OP_DTYPE) for _ in range(longest - int(count)))
+        new_starts.append(len(out))
+    return out, new_starts
 
 
 def _add_source(rec: np.void, ref: tuple[int, int, int], where: str) -> None:
@@ -459,22 +527,44 @@ def _ids(kind: int, ids: tuple[int, ...], where: str) -> np.void:
 
 
 def _transfer(layout: _Layout, tb: Threadblock, op: Op, srcs: list[tuple[BufferRef, bool]],
-              dsts: list[tuple[BufferRef, bool]], where: str) -> np.void:
+              dsts: list[tuple[BufferRef, bool]], where: str, window: tuple[int, int] | None = None) -> np.void:
     if len(srcs) > MAX_REFS or len(dsts) > MAX_REFS:
         raise ExecutorError(f"{where}: {len(srcs)} sources and {len(dsts)} destinations in one op "
                             f"(the executor takes {MAX_REFS} of each)")
     rec = _record(TRANSFER)
     rec["nsrc"], rec["ndst"] = len(srcs), len(dsts)
-    rec["bytes"] = srcs[0][0].size * layout.chunk
+    rec["bytes"] = srcs[0][0].size * layout.chunk if window is None else window[1]
     for field, refs in (("src", srcs), ("dst", dsts)):
         for k, (ref, packet) in enumerate(refs):
-            rec[field][k] = layout.ref(tb, op, ref, packet, where)
+            offset, slot, flags = layout.ref(tb, op, ref, packet, where)
+            rec[field][k] = (offset + (window[0] if window else 0), slot, flags)
     return rec
 
 
-def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str) -> list[np.void]:
-    """The device ops of one plan op, in order, as its row in the op table says."""
+def tbg_window(op: Op, chunk_bytes: int) -> tuple[int, int] | None:
+    """(first byte, bytes) of each entry that a thread-block-group member moves: slice tb_id of tbg_size equal
+    slices (the sizes a tbg plan accepts split into whole 4-byte words; MSCCL++ splits in buffer_alignment units,
+    the same split where chunk bytes are a multiple of tbg_size × buffer_alignment)."""
+    if op.tbg is None:
+        return None
+    tb_id, size = op.tbg
+    nbytes = op.src_buff[0].size * chunk_bytes
+    return tb_id * nbytes // size, nbytes // size
+
+
+def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str,
+           window: tuple[int, int] | None = None) -> list[np.void]:
+    """The device ops of one plan op, in order, as its row in the op table says (``window``: one pipeline
+    iteration's bytes of each entry)."""
     spec = op.spec
+    if spec.container:  # MSCCL++ handlePipeline: ceil(num_chunks × chunk bytes / unit_size) iterations
+        total = op.num_chunks * layout.chunk
+        recs = []
+        for start in range(0, total, op.unit_size):
+            for inner in op.ops:
+                recs += _lower(inner, tb, layout, where, (start, min(op.unit_size, total - start)))
+        return recs
+    window = window or tbg_window(op, layout.chunk)
     kind = DEVICE_CODES[spec.device]
     if spec.device == "barrier":
         if op.barrier_id >= MAX_BARRIERS:
@@ -489,9 +579,17 @@ def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str) -> list[np.void
     if spec.device != "transfer":
         return [_record(kind)]
     srcs = [(s, spec.reads_packet(k)) for k, s in enumerate(op.src_buff)]
-    dsts = [(d, spec.writes_packet(d.remote)) for d in op.dst_buff]
-    recs = ([_transfer(layout, tb, op, [s], [d], where) for s, d in zip(srcs, dsts)] if spec.pairwise
-            else [_transfer(layout, tb, op, srcs, dsts, where)])
+    dsts = [(d, spec.writes_packet(d.remote, k)) for k, d in enumerate(op.dst_buff)]
+    if spec.broadcast and len(srcs) == 1:
+        srcs = srcs * len(dsts)
+    plain = not any(packet for _, packet in srcs + dsts)  # packets: one transfer per pair
+    if spec.pairwise and len(srcs) > 1 and plain and len({s.size for s, _ in srcs}) == 1:
+        recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
+        recs[0]["type"] = PAIRS
+    elif spec.pairwise:
+        recs = [_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts)]
+    else:
+        recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
     if spec.signals:
         recs.append(_ids(SIGNAL, op.channel_ids, where))
     return recs

@@ -3,6 +3,7 @@
     comm = Communicator.from_process_group()         # after dist.init_process_group("nccl")
     y = comm.all_reduce(x)                           # out of place; all_reduce_(x) in place
     h = comm.all_reduce(y, residual=h)               # h + the sum of y, in the all-reduce's own launch
+    n, h = comm.all_reduce(y, residual=h, rms_weight=w, eps=1e-5)  # and rms_norm(h) * w too (executor.inference_norm)
 
 Each call takes the registry's plan for its collective, size and dtype on this machine's topology; without one
 (or without working P2P) it runs torch.distributed (NCCL), saying so once per size class in the
@@ -23,6 +24,9 @@ their scratch, so no peer maps a captured tensor and tensors from expandable seg
 peers map the tensors would exchange their IPC handles at registration, and any tensor that cannot be shared
 (or is not aligned to the plan's vectors) keeps the staging path for that call, decided while capturing.
 Graphs captured outside ``capture()`` use the staging path. ``paths`` counts the calls each path took.
+
+Any size a plan runs is weft's: a size that is not a multiple of the plan's granule (``Plan.padding``) runs padded,
+through the staging path (``PlanExecutor.execute`` stages each part at its padded place), also inside ``capture()``.
 
 A residual (a transformer layer's ``x + all_reduce(y)``) is added inside the all-reduce's launch where the plan
 allows it (``gpu_tables.residual_refusal``): the reductions that write outputs add it after their sums, so the
@@ -48,6 +52,9 @@ import torch.distributed as dist
 from executor import gpu_bootstrap, gpu_ipc
 from executor import torch_ops
 from executor.communicator import PlanExecutor
+from executor.hosts import host_identity
+from executor.inference_norm import NormCalls
+from executor.norm import RowNorm
 from executor.torch_plans import PlanChoice
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
@@ -57,7 +64,7 @@ DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 STAGING_BYTES = 8 << 20
 
 
-class Communicator(PlanExecutor):
+class Communicator(NormCalls, PlanExecutor):
     """A plan executor with torch.distributed's collective API, falling back to NCCL where weft has no plan."""
 
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
@@ -76,7 +83,8 @@ class Communicator(PlanExecutor):
         store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
         self._agreements = f"weft/inference/{store.add(f'weft/inference/{rank}', 1)}"
         self._logged: set[tuple] = set()
-        self._ready: set[tuple[str, int, str, bool]] = set()  # (plan, size, dtype, with a residual) prepared
+        # (plan, size, dtype, with a residual, or the norm's RowNorm) prepared
+        self._ready: set[tuple[str, int, str, bool | RowNorm]] = set()
         self._staged_views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._started = False
         self.paths = {"zero_copy": 0, "staging": 0, "nccl": 0}  # calls by path; a captured call counts once
@@ -104,20 +112,45 @@ class Communicator(PlanExecutor):
 
     @classmethod
     def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> "Communicator":
-        """A communicator over ``group`` (default: the default group), bootstrapped through its store."""
+        """A communicator over ``group`` (default: the default group), bootstrapped through its store.
+
+        Where the group's ranks sit on several hosts (``executor.hosts``) it is a ``PortCommunicator``: the same API,
+        with the registry's plans run through the port engine and no CUDA IPC between hosts."""
+        hosts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(hosts, host_identity(), group=group)
+        if len(set(hosts)) > 1:
+            from executor.port_communicator import PortCommunicator
+
+            return PortCommunicator(group, timeout_s, **options)
         store = gpu_bootstrap.process_group_store(group)
         return cls(dist.get_rank(group), dist.get_world_size(group), store, torch.cuda.current_device(), timeout_s,
                    group=group, **options)
 
     # ------------------------------------------------------------------ torch.distributed's API
 
-    def all_reduce(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
+                   rms_weight: torch.Tensor | None = None, eps: float = 1e-6):
         """The sum over ranks, as a new tensor; plus ``residual`` (same shape and dtype, the same values on every
-        rank), added in the all-reduce's launch where the plan can (see the module's notes)."""
+        rank), added in the all-reduce's launch where the plan can (see the module's notes). With ``rms_weight``
+        (the last dimension's size, the tensor's dtype): ``(rms_norm(residual + sum) * rms_weight, residual +
+        sum)``, both from one launch where a plan's rows fit (executor.inference_norm)."""
+        if rms_weight is not None:
+            if residual is None:
+                raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + sum)")
+            return torch.ops.weft.all_reduce_rms_norm(tensor, self.handle, residual, rms_weight, float(eps))
         return torch.ops.weft.all_reduce(tensor, self.handle, residual)
 
-    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks, written into ``tensor``."""
+    def all_reduce_(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
+                    rms_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+        """The sum over ranks, written into ``tensor``. With ``residual`` and ``rms_weight``: ``residual`` becomes
+        residual + sum and ``tensor`` its rms_norm times ``rms_weight`` (the fused launch, then two copies)."""
+        if rms_weight is not None:
+            if residual is None:
+                raise ValueError("weft: all_reduce_ with rms_weight needs residual= (it becomes residual + sum)")
+            torch.ops.weft.all_reduce_rms_norm_inplace(tensor, residual, self.handle, rms_weight, float(eps))
+            return tensor
+        if residual is not None:
+            raise ValueError("weft: all_reduce_ takes residual= only with rms_weight= (use all_reduce(x, residual=))")
         torch.ops.weft.all_reduce_inplace(tensor, self.handle)
         return tensor
 
@@ -153,11 +186,12 @@ class Communicator(PlanExecutor):
 
     @contextmanager
     def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16,
-                residual: bool = False) -> Iterator["Communicator"]:
+                residual: bool = False, rms_norm: RowNorm | None = None) -> Iterator["Communicator"]:
         """Capture CUDA graphs inside this block with weft's collectives reading and writing the captured tensors.
 
         Prepares the all-reduce contexts of ``sizes`` (message bytes) first, also with a residual where
-        ``residual``. Leaving the block registers the
+        ``residual``, and the fused norm's contexts for rows ``rms_norm`` (hidden size and eps) where given.
+        Leaving the block registers the
         captured tensors on every rank (collective): replay the graphs after it, or call
         ``register_graph_buffers()`` before replaying inside it. A graph replayed before its tensors are
         registered runs none of its weft calls, and the next weft call, or leaving the block, raises.
@@ -172,6 +206,8 @@ class Communicator(PlanExecutor):
                 self.prepare("allreduce", nbytes, dtype)
                 if residual:
                     self.prepare("allreduce", nbytes, dtype, residual=True)
+                if rms_norm is not None:
+                    self.prepare_norm(nbytes, rms_norm, dtype)
             yield self
 
     def register_graph_buffers(self) -> None:

@@ -7,6 +7,8 @@ carry the communicator. It holds weak references, so a closed and dropped commun
     torch.ops.weft.all_reduce(x, comm.handle)          # out of place
     torch.ops.weft.all_reduce(x, comm.handle, h)       # out of place, plus the residual h
     torch.ops.weft.all_reduce_inplace(x, comm.handle)  # in place
+    n, h2 = torch.ops.weft.all_reduce_rms_norm(x, comm.handle, h, w, eps)  # rms_norm(h + sum) * w, h + sum
+    torch.ops.weft.all_reduce_rms_norm_inplace(x, h, comm.handle, w, eps)  # x <- the norm, h <- h + sum
     torch.ops.weft.all_gather_into_tensor(out, x, comm.handle)
     torch.ops.weft.reduce_scatter_tensor(out, x, comm.handle)
 """
@@ -73,4 +75,27 @@ def reduce_scatter_tensor(output: torch.Tensor, tensor: torch.Tensor, handle: in
 
 @reduce_scatter_tensor.register_fake
 def _(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
+    return None
+
+
+@torch.library.custom_op("weft::all_reduce_rms_norm", mutates_args=())
+def all_reduce_rms_norm(tensor: torch.Tensor, handle: int, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _comm(handle).all_reduce_norm_eager(tensor, residual, weight, eps)
+
+
+@all_reduce_rms_norm.register_fake
+def _(tensor: torch.Tensor, handle: int, residual: torch.Tensor, weight: torch.Tensor,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(tensor), torch.empty_like(tensor)
+
+
+@torch.library.custom_op("weft::all_reduce_rms_norm_inplace", mutates_args=("tensor", "residual"))
+def all_reduce_rms_norm_inplace(tensor: torch.Tensor, residual: torch.Tensor, handle: int, weight: torch.Tensor,
+                                eps: float) -> None:
+    _comm(handle).all_reduce_norm_eager_(tensor, residual, weight, eps)
+
+
+@all_reduce_rms_norm_inplace.register_fake
+def _(tensor: torch.Tensor, residual: torch.Tensor, handle: int, weight: torch.Tensor, eps: float) -> None:
     return None

@@ -11,13 +11,15 @@ Channel-id arity (``channels``):
 
 - ``NO_CHANNELS``: the op takes no ``channel_type`` / ``channel_ids``;
 - ``LISTED``: at least one channel id; the op acts on every listed channel (signal, wait);
-- ``PER_REMOTE``: one channel id per remote entry, remote srcs first, then remote dsts (``op_channels``);
+- ``PER_REMOTE``: one channel id per remote entry, remote srcs first, then remote dsts (``op_channels``), or none:
+  MSCCL++'s memory-channel data ops reach a peer's buffer through ``buffer_id`` alone (the kernel writes the
+  peer's mapped pointer; no channel is touched), so only an op that signals needs them;
 - ``ANY_CHANNELS``: any number of ids, none needed (flush on memory channels does nothing).
 
 >>> OPS["put"].src, OPS["put"].dst, OPS["put"].pairwise, OPS["put"].channels
 ('local', 'remote', True, 'per_remote')
 >>> sorted(name for name, spec in OPS.items() if spec.packet)
-['cpkt', 'ppkt', 'repkt', 'respkt', 'rppkt', 'tpkt', 'upkt']
+['cpkt', 'ppkt', 'recpkt', 'recspkt', 'repkt', 'respkt', 'rppkt', 'upkt']
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from types import MappingProxyType
 LOCAL, REMOTE, ANY = "local", "remote", "any"  # where an op's src (or dst) entries live
 NO_CHANNELS, LISTED, PER_REMOTE, ANY_CHANNELS = "", "listed", "per_remote", "any"
 NO_PACKETS, ALL_PACKETS, PACKETS_AFTER_FIRST, REMOTE_PACKETS = "", "all", "after_first", "remote"
+SWITCH_OPS = ("glres", "gstore", "gstorepkt")  # MSCCL++'s switch (NVLS) ops: refused with their channel type
 
 # Device op kinds: what the interpreter kernel runs (kNop.. in executor/cuda/channel.cuh, in this order).
 DEVICE_KINDS = ("nop", "barrier", "signal", "wait", "flush", "transfer", "sem_acquire", "sem_release")
@@ -47,11 +50,16 @@ class OpSpec:
     pairwise: bool = False  # src[j] -> dst[j]: equal counts and sizes
     reduces: bool = False  # the sum of every src, written to every dst: every entry of one size
     min_src: int = 0
+    min_dst: int = 0
+    local_head: int = 0  # how many leading dst entries must be local (recspkt: the plain and the packet copy)
     local_dst: bool = False  # writes at least one local dst
     packet_src: str = NO_PACKETS  # which srcs it reads as packets (waiting for them): all or all but src[0]
     packet_dst: str = NO_PACKETS  # which dsts it writes as packets: all or the remote ones
     signals: bool = False  # signals on its channel ids after its data (besides the "signal" device kind)
     semaphores: bool = False  # acts on semaphore_ids (at least one)
+    container: bool = False  # holds ops of its own (pipeline): executors run them, never this op
+    broadcast: bool = False  # pairwise, or one src to every dst (MSCCL++'s rppkt reads src[0] for every dst)
+    flushes: bool = False  # on port channels, waits until its puts completed (a flush after the op)
 
     @property
     def packet(self) -> bool:
@@ -65,9 +73,10 @@ class OpSpec:
         """Whether src entry k is read as packets."""
         return self.packet_src == ALL_PACKETS or (self.packet_src == PACKETS_AFTER_FIRST and k > 0)
 
-    def writes_packet(self, remote: bool) -> bool:
-        """Whether a dst entry (remote or local) is written as packets."""
-        return self.packet_dst == ALL_PACKETS or (self.packet_dst == REMOTE_PACKETS and remote)
+    def writes_packet(self, remote: bool, k: int = 0) -> bool:
+        """Whether dst entry k (remote or local) is written as packets."""
+        return (self.packet_dst == ALL_PACKETS or (self.packet_dst == REMOTE_PACKETS and remote)
+                or (self.packet_dst == PACKETS_AFTER_FIRST and k > 0))
 
     def shape_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]], nchannels: int,
                     nsemaphores: int) -> tuple[str, str]:
@@ -79,6 +88,8 @@ class OpSpec:
             return "", f"op {name!r} needs src_buff and dst_buff"
         if self.local_only and n_remote:
             return "", f"op {name!r} reads and writes local buffers only"
+        if self.broadcast and len(srcs) == 1:
+            srcs = srcs * len(dsts)
         if self.pairwise:
             if len(srcs) != len(dsts):
                 return "", f"op {name!r} pairs src_buff and dst_buff: {len(srcs)} vs {len(dsts)} entries"
@@ -96,11 +107,15 @@ class OpSpec:
             return "", f"op {name!r} needs every src_buff and dst_buff entry of one size"
         if len(srcs) < self.min_src:
             return "", f"op {name!r} needs a plain src_buff[0] and at least one packet entry"
+        if len(dsts) < self.min_dst:
+            return "", f"op {name!r} needs a plain dst_buff[0] and a packet dst_buff[1]"
+        if any(r for r, _ in dsts[:self.local_head]):
+            return "", f"op {name!r} writes local dst_buff[0..{self.local_head - 1}]"
         if self.local_dst and all(r for r, _ in dsts):
             return "", f"op {name!r} writes at least one local dst_buff entry"
         if self.channels in (LISTED, PER_REMOTE):
             need = n_remote if self.channels == PER_REMOTE else max(nchannels, 1)
-            if nchannels != need:
+            if nchannels != need and not (self.channels == PER_REMOTE and nchannels == 0 and not self.signals):
                 return "channel_ids", (f"op {name!r} needs {need} channel id(s), one per remote entry, "
                                        f"got {nchannels}")
         if self.semaphores and not nsemaphores:
@@ -121,6 +136,12 @@ OPS = _table(
     OpSpec("barrier", "wait until num_threadblocks thread blocks of the GPU reached barrier barrier_id", "barrier"),
     OpSpec("signal", "signal on every channel in channel_ids", "signal", channels=LISTED),
     OpSpec("wait", "wait on every channel in channel_ids", "wait", channels=LISTED),
+    OpSpec("rlxsignal", "signal without ordering this block's earlier writes (MSCCL++ relaxedSignal): weft runs it as "
+           "signal, which orders more, never less", "signal", channels=LISTED),
+    OpSpec("rlxwait", "wait without acquiring the peer's writes (MSCCL++ relaxedWait): run as wait", "wait",
+           channels=LISTED),
+    OpSpec("pipeline", "run ops once per unit_size bytes of iter_context.num_chunks chunks, in order (MSCCL++ "
+           "handlePipeline)", "nop", container=True),
     OpSpec("flush", "nothing for memory channels (their writes are visible at the signal)", "flush",
            channels=ANY_CHANNELS),
     OpSpec("sem_acquire", "take one from every semaphore in semaphore_ids (waiting while it is 0)", "sem_acquire",
@@ -128,7 +149,9 @@ OPS = _table(
     OpSpec("sem_release", "add one to every semaphore in semaphore_ids", "sem_release", semaphores=True),
     OpSpec("put", "copy local src[j] to remote dst[j] through channel_ids[j]", **_SEND),
     OpSpec("pws", "put, then signal on the same channels", **_SEND, signals=True),
-    OpSpec("get", "copy remote src[j] (through channel_ids[j]) to local dst[j]", **dict(
+    OpSpec("pwsf", "pws, then flush (a flush does nothing on memory channels)", **_SEND, signals=True, flushes=True),
+    OpSpec("get", "copy remote src[j] (through channel_ids[j]) to local dst[j] (MSCCL++'s handleGet at 1f5f065d "
+           "swaps the two entries' offsets: the same where their indices are equal)", **dict(
         _COPY, channels=PER_REMOTE, src=REMOTE)),
     OpSpec("copy", "copy local src[j] to local dst[j]", **_COPY),
     OpSpec("re", "sum of every local src, written to every local dst", **_REDUCE, local_dst=True),
@@ -140,18 +163,28 @@ OPS = _table(
            **_REDUCE, channels=PER_REMOTE, src=ANY, dst=ANY),
     OpSpec("ppkt", "local plain src[j] -> remote scratch dst[j] as packets (channel_ids[j])", **_SEND,
            packet_dst=ALL_PACKETS),
-    OpSpec("rppkt", "local packets src[j] (waits for them) -> remote scratch dst[j] as packets", **_SEND,
-           packet_src=ALL_PACKETS, packet_dst=ALL_PACKETS),
-    OpSpec("tpkt", "local plain src[j] -> local scratch dst[j] as packets", **_COPY, packet_dst=ALL_PACKETS),
+    OpSpec("rppkt", "local packets src[j] (waits for them) -> remote scratch dst[j] as packets; one src goes to "
+           "every dst", **_SEND, packet_src=ALL_PACKETS, packet_dst=ALL_PACKETS, broadcast=True),
     OpSpec("upkt", "local packets src[j] (waits for them) -> local plain dst[j]", **_COPY,
            packet_src=ALL_PACKETS),
-    OpSpec("cpkt", "local packets src[j] (waits for them) -> local scratch dst[j] as packets", **_COPY,
-           packet_src=ALL_PACKETS, packet_dst=ALL_PACKETS),
+    OpSpec("cpkt", "local plain src[j] -> local scratch dst[j] as packets (MSCCL++ copyToPackets)", **_COPY,
+           packet_dst=ALL_PACKETS),
     OpSpec("repkt", "src[0] local plain + every later src as local packets (waits) -> every local plain dst",
            **_REDUCE, min_src=2, local_dst=True, packet_src=PACKETS_AFTER_FIRST),
     OpSpec("respkt", "repkt, also written as packets to every remote scratch dst (channel_ids[k])", **_REDUCE,
            channels=PER_REMOTE, dst=ANY, min_src=2, packet_src=PACKETS_AFTER_FIRST, packet_dst=REMOTE_PACKETS),
+    OpSpec("recpkt", "repkt into local plain dst[0], also as packets into local scratch dst[1]", **_REDUCE,
+           min_src=2, min_dst=2, packet_src=PACKETS_AFTER_FIRST, packet_dst=PACKETS_AFTER_FIRST),
+    OpSpec("recspkt", "recpkt, also as packets to every remote scratch dst[2..] (channel_ids[k])", **_REDUCE,
+           channels=PER_REMOTE, dst=ANY, min_src=2, min_dst=2, local_head=2, packet_src=PACKETS_AFTER_FIRST,
+           packet_dst=PACKETS_AFTER_FIRST),
 )
+
+
+# The ops a port channel carries (MSCCL++'s port channel: put, put-with-signal, put-with-signal-and-flush, signal,
+# wait, flush, and rppkt, whose proxy copies packets it has read locally into the peer's scratch). A port channel
+# reaches another host through a proxy: it never reads remote memory.
+PORT_OPS = frozenset({"put", "pws", "pwsf", "rppkt", "signal", "wait", "flush"})
 
 
 def op_spec(name: str) -> OpSpec:

@@ -11,25 +11,39 @@ from the message size ``nbytes`` (nccl-tests terms: the larger of a rank's input
 
     chunk_bytes = nbytes / plan.size_chunks        # size_chunks = max(input_chunks, output_chunks) over gpus
 
-``Plan.accepts(nbytes)`` says whether a size runs: ``min_message_size <= nbytes <= max_message_size`` and
-``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
-LL packets never split). A chunk need not be a multiple of 16 bytes ("ragged" sizes): the GPU executor handles
-the tail. In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word
-travels with a 4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
+``Plan.accepts(nbytes)`` says whether a size runs directly: ``min_message_size <= nbytes <= max_message_size``
+and ``chunk_bytes`` is a whole multiple of ``CHUNK_GRANULE`` (4 bytes: one 32-bit word, so fp16/bf16 pairs and
+LL packets never split), so ``nbytes`` is a multiple of the plan's ``granule``. A chunk need not be a multiple
+of 16 bytes ("ragged" sizes): the GPU executor handles the tail. ``Plan.runs(nbytes)`` says whether a size runs
+at all: any size in the range that is a whole number of the collective's parts; sizes that are not multiples
+of the granule run padded, part by part, to the next one (``Plan.padding``, ``schedules.padding``).
+
+In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word travels with a
+4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
-entry whose ``access_channel_type`` is the op's ``channel_type``; that id indexes the GPU's ``remote_buffers``
-(``rank`` and ``type``). With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the
-rank's slice: allgather/gather keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at
-``i[rank·output_chunks]``, the other collectives use one buffer for both.
+entries whose ``access_channel_type`` is the op's ``channel_type`` (their ids in order, as MSCCL++ concatenates
+them); that id indexes the GPU's ``remote_buffers`` (``rank`` and ``type``). A memory-channel op reaches a peer's
+buffer through it alone (MSCCL++'s kernel writes the mapped pointer): its ``channel_ids`` may be left out.
+With ``inplace`` true the smaller of ``i``/``o`` lives inside the larger one at the rank's slice: allgather/gather
+keep ``i`` at ``o[rank·input_chunks]``, reducescatter/scatter keep ``o`` at ``i[rank·output_chunks]``, the other
+collectives use one buffer for both.
 
 Channels and semaphores
 -----------------------
-Only ``memory`` channels are supported (``port`` channels have no runtime here; ``switch``/NVLS channels are
-refused because NVLink multicast is forbidden on the shared machines). A GPU's memory channels are numbered
-0.. in the order of its ``channels`` entries' ``connected_to`` lists; channel k connects to rank
-``connected_to[k]``. The m-th channel of rank a to rank b pairs with the m-th channel of rank b to rank a.
+``memory`` channels (CUDA IPC, inside one host) and ``port`` channels (between hosts, through a proxy and a
+network engine) are supported; ``switch``/NVLS channels are refused because NVLink multicast is forbidden on the
+shared machines. Each channel type numbers its own channels: a GPU's memory (or port) channels are numbered 0..
+in the order of its ``channels`` entries of that type and their ``connected_to`` lists; channel k connects to
+rank ``connected_to[k]``. The m-th channel of a type of rank a to rank b pairs with the m-th channel of that type
+of rank b to rank a; an end the peer does not list is allowed (MSCCL++ makes it) as long as nothing signals or
+waits on it. An op's ``channel_ids`` index its thread block's ``channels`` list of that type, as MSCCL++'s kernel
+does (weft's plans written before 2026-11-26 name GPU channel ids instead: ``"weft": {"channel_ids": "gpu"}``).
+A port channel carries ``put``, ``pws``, ``pwsf``, ``rppkt``, ``signal``, ``wait`` and ``flush`` only, with
+MSCCL++'s ordering: a put is asynchronous; a ``signal`` on the channel orders every put before it on that
+channel (the peer that waits for it sees their data); ``flush`` waits until the channel's puts have completed,
+so their sources may be overwritten only after it.
 Each channel end holds an inbound counter: ``signal`` on a's end adds one to b's end; ``wait`` on b's end
 blocks until its counter exceeds the number of waits already done there, then consumes one. The n-th wait
 therefore happens after the n-th signal and after everything the signalling thread block did before it.
@@ -44,7 +58,11 @@ What every op means (which entries are remote, which pair up or are summed, whic
 channel ids it takes) is its row in the op table, ``schedules/ops.py``; the parser checks each op against it.
 A packet range lives in a scratch buffer and carries the flag of the current launch, so a reader of packets
 waits for them itself and needs no signal. Reductions are sums in the element type; fp16 and bf16 round after
-every op.
+every op. ``tbg_info`` (``tb_id``, ``tbg_size``) on a data op makes it move slice ``tb_id`` of ``tbg_size`` equal
+slices of each entry (a thread-block group splits one op); a ``pipeline`` op (``iter_context``: ``unit_size``
+bytes, ``num_chunks``) runs its ``ops`` once per ``unit_size`` bytes of their entries, in order.
+``reuse_resources`` (MSCCL++'s fixed 64 MiB scratch) limits the sizes to those whose scratch chunks fit in it.
+Collective ``test`` is MSCCL++'s unit-test plans': a run proves no race, deadlock or range error, and no result.
 
 A launch runs each plan once. Buffers, channel counters and semaphores carry over between launches, and a
 rank's launch k+1 follows only its own launch k (stream order), so a plan must itself keep a write into a peer
@@ -59,8 +77,8 @@ or three with a double scratch buffer).
 ...     "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
 ...     {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
 ...     "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}]}, "x.json")
->>> plan.size_chunks, plan.accepts(64), plan.accepts(6)
-(1, True, False)
+>>> plan.size_chunks, plan.accepts(64), plan.accepts(6), plan.runs(6), plan.padding(6).padded_bytes
+(1, True, False, True, 8)
 """
 
 from __future__ import annotations
@@ -74,11 +92,12 @@ from pathlib import Path
 from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
-from schedules.ops import OPS, OpSpec
+from schedules.mscclpp_format import kernel_shape_errors
+from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
+from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from topologies.errors import WeftError
 from topologies.jsonfile import Fields, read_json, short_repr, write_text
 
-CHUNK_GRANULE = 4
 MAX_MESSAGE_SIZE = (1 << 64) - 1
 # What compile makes and both executors run: whole warps up to CUDA's 1024 threads per block (the GPU executor
 # launches num_threads_per_block threads), and a power-of-two buffer alignment no larger than the 256 bytes every
@@ -88,16 +107,17 @@ MAX_THREADS_PER_BLOCK = 1024
 MAX_BUFFER_ALIGNMENT = 256
 PROTOCOLS = ("Simple", "LL")
 BUFFER_TYPES = ("i", "o", "s")
-CHANNEL_TYPES = ("memory",)
+CHANNEL_TYPES = ("memory", "port")
 REFUSED_CHANNEL_TYPES = {
     "switch": "switch (NVLS) channels need NVLink multicast, which weft never uses",
-    "port": "port channels (proxy/DMA/RDMA) have no runtime in weft yet; use memory channels",
 }
 CHANNEL_OPS = frozenset(name for name, spec in OPS.items() if spec.channels)
 PACKET_OPS = frozenset(name for name, spec in OPS.items() if spec.packet)
 BUFFER_OPS = frozenset(name for name, spec in OPS.items() if spec.buffers)
 _OP_FIELDS = frozenset({"name", "channel_type", "channel_ids", "src_buff", "dst_buff", "semaphore_ids",
-                        "barrier_id", "num_threadblocks", "reduce_op"})
+                        "barrier_id", "num_threadblocks", "reduce_op", "tbg_info", "iter_context", "ops"})
+TEST_COLLECTIVE = "test"  # MSCCL++'s unit-test programs: no postcondition, so a run proves no race or deadlock only
+REUSED_SCRATCH_BYTES = 1 << 26  # reuse_resources: MSCCL++'s fixed scratch (PREDFINED_SCRATCH_SIZE)
 
 
 class PlanError(WeftError):
@@ -133,27 +153,44 @@ class Op:
     semaphore_ids: tuple[int, ...] = ()
     barrier_id: int | None = None
     num_threadblocks: int | None = None
+    tbg: tuple[int, int] | None = None  # (tb_id, tbg_size): this block moves slice tb_id of tbg_size of each entry
+    unit_size: int | None = None  # pipeline: bytes per iteration
+    num_chunks: int | None = None  # pipeline: chunks its ops span
+    ops: tuple["Op", ...] = ()  # pipeline: the ops of one iteration
 
     @property
     def spec(self) -> OpSpec:
         """The op's row in the op table (``schedules.ops``)."""
         return OPS[self.name]
 
-    def to_json(self) -> dict:
+    def to_json(self, local: dict[str, dict[int, int]] | None = None) -> dict:
+        """The op as MSCCL++ writes it; ``local`` maps each channel type's GPU channel ids to the thread block's
+        channel indices."""
         doc: dict[str, Any] = {"name": self.name}
+        if self.spec.container:
+            doc["iter_context"] = {"unit_size": self.unit_size, "num_chunks": self.num_chunks}
+            doc["ops"] = [op.to_json(local) for op in self.ops]
+            return doc
         if self.src_buff or self.name in BUFFER_OPS:
             doc["src_buff"] = [b.to_json() for b in self.src_buff]
         if self.dst_buff or self.name in BUFFER_OPS:
             doc["dst_buff"] = [b.to_json() for b in self.dst_buff]
         if self.channel_type is not None:
             doc["channel_type"] = self.channel_type
-            doc["channel_ids"] = list(self.channel_ids)
+            ids = self.channel_ids
+            doc["channel_ids"] = [local[self.channel_type][c] for c in ids] if local is not None else list(ids)
         if self.semaphore_ids:
             doc["semaphore_ids"] = list(self.semaphore_ids)
         if self.barrier_id is not None:
             doc["barrier_id"] = self.barrier_id
             doc["num_threadblocks"] = self.num_threadblocks
+        if self.tbg is not None:
+            doc["tbg_info"] = {"tb_id": self.tbg[0], "tbg_size": self.tbg[1]}
         return doc
+
+    def flat(self) -> tuple["Op", ...]:
+        """The op, or a pipeline's ops (one iteration's worth)."""
+        return self.ops if self.spec.container else (self,)
 
 
 @dataclass(frozen=True)
@@ -205,14 +242,25 @@ class Threadblock:
     remote_buffer_refs: tuple[RemoteBufferRef, ...] = ()
 
     def remote_buffer_id(self, channel_type: str, buffer_id: int) -> int | None:
-        """The GPU's remote-buffer id that an op's ``buffer_id`` names, or None when it names nothing."""
-        for ref in self.remote_buffer_refs:
-            if ref.access_channel_type == channel_type and 0 <= buffer_id < len(ref.remote_buffer_ids):
-                return ref.remote_buffer_ids[buffer_id]
-        return None
+        """The GPU's remote-buffer id that an op's ``buffer_id`` names, or None when it names nothing: the
+        buffer_id-th of the block's remote_buffer_refs ids of that channel type, every such entry in order
+        (MSCCL++'s threadblockMemoryChannelBuffers)."""
+        ids = [b for ref in self.remote_buffer_refs if ref.access_channel_type == channel_type
+               for b in ref.remote_buffer_ids]
+        return ids[buffer_id] if 0 <= buffer_id < len(ids) else None
 
-    def to_json(self) -> dict:
-        return {"id": self.id, "ops": [op.to_json() for op in self.ops],
+    def channel_list(self, channel_type: str) -> tuple[int, ...]:
+        """The GPU channel ids this block lists for a type, in order: an op's channel_ids index this list."""
+        return tuple(c for ref in self.channels if ref.channel_type == channel_type for c in ref.channel_ids)
+
+    def to_json(self, channel_ids: str = "threadblock") -> dict:
+        local = None
+        if channel_ids == "threadblock":
+            local = {}
+            for channel_type in CHANNEL_TYPES:
+                listed = self.channel_list(channel_type)
+                local[channel_type] = {c: listed.index(c) for c in set(listed)}
+        return {"id": self.id, "ops": [op.to_json(local) for op in self.ops],
                 "channels": [c.to_json() for c in self.channels],
                 "remote_buffer_refs": [r.to_json() for r in self.remote_buffer_refs]}
 
@@ -231,17 +279,26 @@ class Gpu:
     @property
     def memory_peers(self) -> tuple[int, ...]:
         """The peer of each memory channel id."""
-        return tuple(p for c in self.channels if c.channel_type == "memory" for p in c.connected_to)
+        return self.peers("memory")
+
+    @property
+    def port_peers(self) -> tuple[int, ...]:
+        """The peer of each port channel id."""
+        return self.peers("port")
+
+    def peers(self, channel_type: str) -> tuple[int, ...]:
+        """The peer of each channel id of one channel type."""
+        return tuple(p for c in self.channels if c.channel_type == channel_type for p in c.connected_to)
 
     def buffer_chunks(self, type: str) -> int:
         return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[type]
 
-    def to_json(self) -> dict:
+    def to_json(self, channel_ids: str = "threadblock") -> dict:
         return {"id": self.id, "input_chunks": self.input_chunks, "output_chunks": self.output_chunks,
                 "scratch_chunks": self.scratch_chunks, "channels": [c.to_json() for c in self.channels],
                 "remote_buffers": [b.to_json() for b in self.remote_buffers],
                 "semaphores": [{"init_value": v} for v in self.semaphores],
-                "threadblocks": [tb.to_json() for tb in self.threadblocks]}
+                "threadblocks": [tb.to_json(channel_ids) for tb in self.threadblocks]}
 
 
 @dataclass(frozen=True)
@@ -257,11 +314,15 @@ class PlanMeta:
     predicted_us: dict[str, float] = field(default_factory=dict)
     verification: dict[str, Any] | None = None
     dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    # How ops name channels: "threadblock" (MSCCL++: an index into the block's channel list) or "gpu" (weft's plans
+    # written before 2026-11-26: the GPU's channel id). Files without the key but with a weft object are "gpu".
+    channel_ids: str = "threadblock"
 
     def to_json(self) -> dict:
         doc: dict[str, Any] = {"topology": self.topology, "schedule_hash": self.schedule_hash,
                                "solver": self.solver, "chunks": self.chunks, "root": self.root,
-                               "instances": self.instances, "dtypes": list(self.dtypes)}
+                               "instances": self.instances, "dtypes": list(self.dtypes),
+                               "channel_ids": self.channel_ids}
         if self.predicted_us:
             doc["predicted_us"] = self.predicted_us
         if self.verification is not None:
@@ -282,6 +343,7 @@ class Plan:
     min_message_size: int = 0
     max_message_size: int = MAX_MESSAGE_SIZE
     weft: PlanMeta = field(default_factory=PlanMeta)
+    reuse_resources: bool = False  # MSCCL++: a fixed 64 MiB scratch; weft accepts the sizes where chunks fit in it
 
     @property
     def nranks(self) -> int:
@@ -290,15 +352,78 @@ class Plan:
     @property
     def size_chunks(self) -> int:
         """Chunks spanned by the message size (the larger of input and output buffer)."""
-        return max(max(g.input_chunks, g.output_chunks) for g in self.gpus)
+        return max(1, max(max(g.input_chunks, g.output_chunks) for g in self.gpus))
 
     def chunk_bytes(self, nbytes: int) -> int:
         return nbytes // self.size_chunks
 
+    @property
+    def granule(self) -> int:
+        """The sizes this plan runs directly are multiples of this many bytes (every chunk whole 4-byte words, and
+        whole slices where thread-block groups or pipelines split a chunk)."""
+        return self.size_chunks * CHUNK_GRANULE * self.slices
+
+    @property
+    def message_parts(self) -> int:
+        """The equal parts of a message whose places matter (``Collective.message_parts``), padded one by one."""
+        return self.collective_spec().message_parts
+
     def accepts(self, nbytes: int) -> bool:
-        """Whether this plan runs a message of ``nbytes`` (its size range and the chunk granule)."""
-        unit = self.size_chunks * CHUNK_GRANULE
-        return self.min_message_size <= nbytes <= self.max_message_size and nbytes > 0 and nbytes % unit == 0
+        """Whether this plan runs a message of ``nbytes`` directly: a multiple of its granule, in its size range
+        (the range's top rounded up to the granule, where the sizes up to the top run padded)."""
+        unit = self.granule
+        if self.reuse_resources and self.max_scratch_chunks and \
+                nbytes // self.size_chunks * (2 if self.protocol == "LL" else 1) > self.reused_scratch_chunk_bytes:
+            return False
+        top = -(-self.max_message_size // unit) * unit
+        return self.min_message_size <= nbytes <= top and nbytes > 0 and nbytes % unit == 0
+
+    def runs(self, nbytes: int) -> bool:
+        """Whether this plan runs a message of ``nbytes``, directly or padded (``schedules.padding``): any size in
+        its range that is a whole number of the collective's parts (and, padded, fits its scratch)."""
+        return self._padding(nbytes)[0] is not None
+
+    def padding(self, nbytes: int) -> Padding:
+        """How a message of ``nbytes`` runs (``Padding.direct`` where it needs none); PlanError where it cannot."""
+        found, why = self._padding(nbytes)
+        if found is None:
+            raise PlanError(f"plan {self.name}: size {nbytes} B {why}")
+        return found
+
+    def _padding(self, nbytes: int) -> tuple[Padding | None, str]:
+        """(``padding``, '') or (None, why not, as the end of a sentence)."""
+        if not self.min_message_size <= nbytes <= self.max_message_size:
+            return None, f"is outside its range {self.min_message_size}..{self.max_message_size} B"
+        found = padding_of(nbytes, self.size_chunks, self.message_parts, self.slices)
+        if found is None:
+            return None, refusal(nbytes, self.size_chunks, self.message_parts, self.slices)
+        if not self.accepts(found.padded_bytes):
+            return None, f"runs padded to {found.padded_bytes} B, more than its reused scratch holds"
+        return found, ""
+
+    @property
+    def max_scratch_chunks(self) -> int:
+        return max(g.scratch_chunks for g in self.gpus)
+
+    @property
+    def reused_scratch_chunk_bytes(self) -> int:
+        """reuse_resources: the bytes a scratch chunk gets in MSCCL++'s fixed scratch (calMaxScratchChunkSize)."""
+        half = REUSED_SCRATCH_BYTES // (2 if self.use_double_scratch_buffer else 1)
+        size = -(-half // max(self.max_scratch_chunks, 1))
+        return size // self.buffer_alignment * self.buffer_alignment
+
+    @cached_property
+    def slices(self) -> int:
+        """Equal slices a chunk splits into so that every thread-block-group slice and pipeline iteration the CPU
+        reference models is whole slices: the lcm of the tbg sizes, twice over when a pipeline runs."""
+        ops = [o for g in self.gpus for tb in g.threadblocks for op in tb.ops for o in (op,) + op.ops]
+        lcm = math.lcm(1, *(o.tbg[1] for o in ops if o.tbg))
+        return lcm * (2 if any(o.spec.container for o in ops) else 1)
+
+    @property
+    def checkable(self) -> bool:
+        """Whether the plan's collective defines a result to compare (MSCCL++'s unit-test plans define none)."""
+        return self.collective != TEST_COLLECTIVE
 
     def collective_spec(self) -> Collective:
         """The Collective the plan computes, at the plan's chunk granularity (instances are finer chunks)."""
@@ -315,7 +440,9 @@ class Plan:
                 "inplace": self.inplace, "num_threads_per_block": self.num_threads_per_block,
                 "use_double_scratch_buffer": self.use_double_scratch_buffer,
                 "buffer_alignment": self.buffer_alignment, "min_message_size": self.min_message_size,
-                "max_message_size": self.max_message_size, "gpus": [g.to_json() for g in self.gpus]}
+                "max_message_size": self.max_message_size,
+                "gpus": [g.to_json(self.weft.channel_ids) for g in self.gpus],
+                **({"reuse_resources": True} if self.reuse_resources else {})}
 
     @cached_property  # a frozen plan hashes the same every time; checks ask once per size and dtype
     def content_hash(self) -> str:
@@ -355,11 +482,35 @@ def load_plan(path: str | Path) -> Plan:
     return parse_plan(read_json(path, "plan", PlanError), str(path))
 
 
+_KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unread
+    "(top level)": frozenset({"name", "collective", "protocol", "inplace", "reuse_resources",
+                              "use_double_scratch_buffer", "buffer_alignment", "min_message_size", "max_message_size",
+                              "num_threads_per_block", "gpus", "weft"}),
+    "gpu": frozenset({"id", "input_chunks", "output_chunks", "scratch_chunks", "channels", "remote_buffers",
+                      "semaphores", "threadblocks"}),
+    "threadblock": frozenset({"id", "channels", "remote_buffer_refs", "ops"}),
+    "buffer entry": frozenset({"type", "buffer_id", "index", "size", "offset"}),
+}
+
+
+def _known(rd: "_Reader", doc: dict, kind: str, where: str) -> None:
+    """Refuse, in one line, a field weft does not read (it might change what the plan does)."""
+    extra = sorted(set(doc) - _KNOWN[kind])
+    if extra:
+        field = f"{where}.{extra[0]}" if where else extra[0]
+        if extra[0] == "switch_channel_id":
+            raise rd.fail(field, f"a switch channel entry: {REFUSED_CHANNEL_TYPES['switch']}")
+        raise rd.fail(field, f"field not supported by weft on a {kind} (weft reads {', '.join(sorted(_KNOWN[kind]))})")
+
+
 class _Reader(Fields):
     """Field checks that name the file and the JSON path in every error."""
 
     def __init__(self, source: str):
         super().__init__("plan", source, PlanError)
+        self.channel_ids = "threadblock"  # how this file's ops name channels (PlanMeta.channel_ids)
+        self.collective = ""
+        self.foreign = False  # no "weft" object: written by another tool (MSCCL++'s DSL)
 
     def int(self, value: object, where: str, low: int = 0, high: int | None = None) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
@@ -376,7 +527,7 @@ class _Reader(Fields):
         if isinstance(value, str) and value in REFUSED_CHANNEL_TYPES:
             raise self.fail(where, f"unsupported channel type {value!r}: {REFUSED_CHANNEL_TYPES[value]}")
         if value not in CHANNEL_TYPES:
-            raise self.fail(where, f"unknown channel type {value!r} (weft runs 'memory' channels)")
+            raise self.fail(where, f"unknown channel type {value!r} (weft runs 'memory' and 'port' channels)")
         return value
 
 
@@ -387,16 +538,19 @@ def parse_plan(data: object, source: str) -> Plan:
     for key in ("name", "collective", "protocol", "gpus"):
         if key not in doc:
             raise rd.fail(key, "missing")
-    if doc["collective"] not in NAMES:
-        raise rd.fail("collective", f"unknown collective {doc['collective']!r} (choose from {', '.join(NAMES)})")
     if doc["protocol"] not in PROTOCOLS:
         raise rd.fail("protocol", f"must be 'Simple' or 'LL', got {doc['protocol']!r}")
-    if doc.get("reuse_resources"):
-        raise rd.fail("reuse_resources", "not supported by weft (each plan owns its channels and buffers)")
+    reuse = rd.bool(doc.get("reuse_resources", False), "reuse_resources")
+    _known(rd, doc, "(top level)", "")
+    meta = _parse_meta(rd, doc.get("weft"))
+    rd.channel_ids, rd.collective, rd.foreign = meta.channel_ids, doc["collective"], doc.get("weft") is None
     raw_gpus = rd.list(doc["gpus"], "gpus")
     if not raw_gpus:
         raise rd.fail("gpus", "must list at least one GPU")
     gpus = tuple(_parse_gpu(rd, g, f"gpus[{i}]", len(raw_gpus)) for i, g in enumerate(raw_gpus))
+    if doc["collective"] not in NAMES + (TEST_COLLECTIVE,):  # after the gpus: a plan on port/switch says so first
+        raise rd.fail("collective", f"unknown collective {doc['collective']!r} (choose from {', '.join(NAMES)}, "
+                                    f"or {TEST_COLLECTIVE!r} for MSCCL++'s unit-test plans)")
     for i, g in enumerate(gpus):
         if g.id != i:
             raise rd.fail(f"gpus[{i}].id", f"must be {i} (gpus are listed in rank order), got {g.id}")
@@ -417,8 +571,11 @@ def parse_plan(data: object, source: str) -> Plan:
         num_threads_per_block=threads,
         use_double_scratch_buffer=rd.bool(doc.get("use_double_scratch_buffer", False), "use_double_scratch_buffer"),
         buffer_alignment=alignment,
-        min_message_size=lo, max_message_size=hi, weft=_parse_meta(rd, doc.get("weft")),
+        min_message_size=lo, max_message_size=hi, weft=meta, reuse_resources=reuse,
     )
+    if not plan.checkable:
+        _check_pairing(rd, plan)
+        return plan
     try:
         spec = plan.collective_spec()
     except CollectiveError as e:
@@ -440,6 +597,9 @@ def _parse_meta(rd: _Reader, data: object) -> PlanMeta:
     if data is None:
         return PlanMeta(dtypes=("fp32", "fp16", "bf16"))
     doc = rd.obj(data, "weft")
+    channel_ids = doc.get("channel_ids", "gpu")
+    if channel_ids not in ("threadblock", "gpu"):
+        raise rd.fail("weft.channel_ids", f"must be 'threadblock' or 'gpu', got {channel_ids!r}")
     dtypes = tuple(rd.list(doc.get("dtypes", ["fp32", "fp16", "bf16"]), "weft.dtypes"))
     for i, d in enumerate(dtypes):
         if d not in ("fp32", "fp16", "bf16"):
@@ -451,7 +611,7 @@ def _parse_meta(rd: _Reader, data: object) -> PlanMeta:
         root=rd.int(doc.get("root", 0), "weft.root"), instances=rd.int(doc.get("instances", 1), "weft.instances", 1),
         predicted_us=_predictions(rd, doc.get("predicted_us", {})),
         verification=rd.obj(verification, "weft.verification") if verification is not None else None,
-        dtypes=dtypes,
+        dtypes=dtypes, channel_ids=channel_ids,
     )
 
 
@@ -465,6 +625,7 @@ def _predictions(rd: _Reader, data: object) -> dict[str, float]:
 
 def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
     doc = rd.obj(data, where)
+    _known(rd, doc, "gpu", where)
     channels = []
     for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
         c = rd.obj(c, f"{where}.channels[{k}]")
@@ -498,7 +659,7 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
         scratch_chunks=rd.int(doc.get("scratch_chunks", 0), f"{where}.scratch_chunks"),
         threadblocks=(), channels=tuple(channels), remote_buffers=tuple(remote), semaphores=tuple(semaphores),
     )
-    if max(gpu.input_chunks, gpu.output_chunks) == 0:
+    if max(gpu.input_chunks, gpu.output_chunks) == 0 and rd.collective != TEST_COLLECTIVE:
         raise rd.fail(f"{where}.output_chunks", "a GPU needs an input or output buffer of at least one chunk")
     for buffer in ("input_chunks", "output_chunks", "scratch_chunks"):
         if getattr(gpu, buffer) > MAX_CHUNKS:
@@ -513,16 +674,17 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
 
 def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threadblock:
     doc = rd.obj(data, where)
-    nchannels = len(gpu.memory_peers)
+    _known(rd, doc, "threadblock", where)
     channels = []
     for k, c in enumerate(rd.list(doc.get("channels", []), f"{where}.channels")):
         c = rd.obj(c, f"{where}.channels[{k}]")
         ctype = rd.channel_type(c.get("channel_type"), f"{where}.channels[{k}].channel_type")
         ids = rd.list(c.get("channel_ids"), f"{where}.channels[{k}].channel_ids")
+        nchannels = len(gpu.peers(ctype))
         for j, cid in enumerate(ids):
             if rd.int(cid, f"{where}.channels[{k}].channel_ids[{j}]") >= nchannels:
                 raise rd.fail(f"{where}.channels[{k}].channel_ids[{j}]",
-                              f"channel {cid} does not exist (the GPU has {nchannels} memory channels)")
+                              f"channel {cid} does not exist (the GPU has {nchannels} {ctype} channels)")
         channels.append(ChannelRef(ctype, tuple(ids)))
     refs = []
     for k, r in enumerate(rd.list(doc.get("remote_buffer_refs", []), f"{where}.remote_buffer_refs")):
@@ -540,26 +702,68 @@ def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threa
     return replace(tb, ops=ops)
 
 
+def _parse_pipeline(rd: _Reader, doc: dict, where: str, gpu: Gpu, tb: Threadblock) -> Op:
+    """A pipeline: its ops run once per unit_size bytes of num_chunks chunks (MSCCL++ handlePipeline)."""
+    extra = sorted(set(doc) - {"name", "iter_context", "ops"})
+    if extra:
+        raise rd.fail(f"{where}.{extra[0]}", "field not supported by weft on op 'pipeline' (it takes iter_context "
+                                             "and ops)")
+    ctx = rd.obj(doc.get("iter_context"), f"{where}.iter_context")
+    unit = rd.int(ctx.get("unit_size"), f"{where}.iter_context.unit_size", 1)
+    nchunks = rd.int(ctx.get("num_chunks"), f"{where}.iter_context.num_chunks", 1)
+    ops = tuple(_parse_op(rd, op, f"{where}.ops[{i}]", gpu, tb)
+                for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops")))
+    for i, op in enumerate(ops):
+        if op.spec.container:
+            raise rd.fail(f"{where}.ops[{i}]", "a pipeline inside a pipeline (MSCCL++ runs one level)")
+        for field_name, refs in (("src_buff", op.src_buff), ("dst_buff", op.dst_buff)):
+            for j, ref in enumerate(refs):
+                if ref.size != nchunks:
+                    raise rd.fail(f"{where}.ops[{i}].{field_name}[{j}].size", f"{ref.size} chunks, but the "
+                                  f"pipeline's iterations span iter_context.num_chunks = {nchunks}")
+        if op.spec.packet:
+            raise rd.fail(f"{where}.ops[{i}].name", f"packet op {op.name!r} in a pipeline (MSCCL++'s kernel runs "
+                                                    "packet ops whole, once per iteration)")
+    return Op("pipeline", unit_size=unit, num_chunks=nchunks, ops=ops)
+
+
 def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) -> Op:
     doc = rd.obj(data, where)
     name = doc.get("name")
+    if isinstance(name, str) and name in SWITCH_OPS:
+        raise rd.fail(f"{where}.name", f"op {name!r} runs on switch channels: {REFUSED_CHANNEL_TYPES['switch']}")
     if not isinstance(name, str) or name not in OPS:
         raise rd.fail(f"{where}.name", f"unsupported op {name!r} (weft runs {', '.join(sorted(OPS))})")
-    extra = sorted(set(doc) - _OP_FIELDS)
+    if OPS[name].container:
+        return _parse_pipeline(rd, doc, where, gpu, tb)
+    extra = sorted(set(doc) - _OP_FIELDS - {"iter_context", "ops"})
     if extra:
-        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r}")
+        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r} (weft reads "
+                                             f"{', '.join(sorted(_OP_FIELDS - {'iter_context', 'ops'}))})")
     if doc.get("reduce_op", "sum") != "sum":
         raise rd.fail(f"{where}.reduce_op", f"only 'sum' is supported, got {doc['reduce_op']!r}")
     channel_type, channel_ids = None, ()
     if "channel_type" in doc or name in CHANNEL_OPS:
         channel_type = rd.channel_type(doc.get("channel_type"), f"{where}.channel_type")
+        if channel_type == "port" and name not in PORT_OPS:
+            raise rd.fail(f"{where}.channel_type", f"op {name!r} cannot run on a port channel (port channels "
+                                                   f"carry {', '.join(sorted(PORT_OPS))})")
         channel_ids = tuple(rd.int(c, f"{where}.channel_ids[{j}]")
                             for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids")))
-        usable = {cid for ref in tb.channels if ref.channel_type == channel_type for cid in ref.channel_ids}
+        listed = tb.channel_list(channel_type)
         for j, cid in enumerate(channel_ids):
-            if cid not in usable:
+            if rd.channel_ids == "threadblock" and cid >= len(listed):
+                raise rd.fail(f"{where}.channel_ids[{j}]", f"index {cid} is past the thread block's {len(listed)} "
+                                                           f"{channel_type} channels (ops index the block's list)")
+            if rd.channel_ids == "gpu" and cid not in listed:
                 raise rd.fail(f"{where}.channel_ids[{j}]",
                               f"channel {cid} is not among the thread block's {channel_type} channels")
+        if rd.channel_ids == "threadblock":
+            channel_ids = tuple(listed[c] for c in channel_ids)
+        if rd.channel_ids == "threadblock" and name in ("pws", "pwsf") and channel_type == "memory":
+            raise rd.fail(f"{where}.name", f"op {name!r} on memory channels: MSCCL++'s kernel puts without a signal "
+                                           "there (it signals on port channels only), weft's would signal; write "
+                                           "put, then signal")
     src = tuple(_parse_ref(rd, b, f"{where}.src_buff[{j}]", gpu, tb, channel_type)
                 for j, b in enumerate(rd.list(doc.get("src_buff", []), f"{where}.src_buff")))
     dst = tuple(_parse_ref(rd, b, f"{where}.dst_buff[{j}]", gpu, tb, channel_type)
@@ -573,13 +777,30 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
     if name == "barrier":
         barrier_id = rd.int(doc.get("barrier_id", 0), f"{where}.barrier_id")
         num_tbs = rd.int(doc.get("num_threadblocks"), f"{where}.num_threadblocks", 1)
-    op = Op(name, channel_type, channel_ids, src, dst, sems, barrier_id, num_tbs)
+    tbg = None
+    if "tbg_info" in doc:
+        info = rd.obj(doc["tbg_info"], f"{where}.tbg_info")
+        size = rd.int(info.get("tbg_size"), f"{where}.tbg_info.tbg_size", 1)
+        tb_id = rd.int(info.get("tb_id"), f"{where}.tbg_info.tb_id")
+        if tb_id >= size:
+            raise rd.fail(f"{where}.tbg_info.tb_id", f"{tb_id} is not below tbg_size {size}")
+        if not OPS[name].buffers or OPS[name].packet:
+            raise rd.fail(f"{where}.tbg_info", f"on op {name!r}: weft splits the data ops that move plain data "
+                                               "among a thread-block group")
+        tbg = (tb_id, size)
+    if rd.foreign:  # a plan another tool wrote means what MSCCL++'s kernel does with it
+        differs = kernel_shape_errors(doc, where)
+        if differs:
+            field, why = differs[0].split(": ", 1)
+            raise rd.fail(field, f"{why} (weft would run every entry as listed; refused so the plan means one thing)")
+    op = Op(name, channel_type, channel_ids, src, dst, sems, barrier_id, num_tbs, tbg)
     _check_op_shape(rd, op, where)
     return op
 
 
 def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock, channel_type: str | None) -> BufferRef:
     doc = rd.obj(data, where)
+    _known(rd, doc, "buffer entry", where)
     index = rd.int(doc.get("index", doc.get("offset")), f"{where}.index")
     size = rd.int(doc.get("size"), f"{where}.size", 1)
     if "buffer_id" in doc:
@@ -602,6 +823,19 @@ def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
         raise rd.fail(f"{where}.{field}" if field else where, why)
 
 
+def current_format(plan: Plan) -> Plan:
+    """A plan weft wrote before 2026-11-26 in the format MSCCL++ reads today: ops name the block's channels, and a
+    ``pws`` on memory channels (which MSCCL++'s kernel runs without its signal) becomes ``put`` then ``signal``."""
+    def split(op: Op) -> tuple[Op, ...]:
+        if op.name in ("pws", "pwsf") and op.channel_type == "memory":
+            return (replace(op, name="put"), Op("signal", op.channel_type, op.channel_ids))
+        return (op,)
+
+    gpus = tuple(replace(g, threadblocks=tuple(replace(tb, ops=tuple(o for op in tb.ops for o in split(op)))
+                                               for tb in g.threadblocks)) for g in plan.gpus)
+    return replace(plan, gpus=gpus).with_meta(channel_ids="threadblock", verification=None)
+
+
 def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[int, str]:
     """(rank, buffer type) that a remote entry of ``op`` names."""
     buffer = gpu.remote_buffers[tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)]
@@ -614,35 +848,45 @@ def op_channels(op: Op) -> list[tuple[BufferRef, int]]:
     return list(zip(remote, op.channel_ids))
 
 
-def channel_pairs(plan: Plan) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, channel id) -> the paired (peer, channel id): the m-th channel a->b pairs with the m-th b->a.
+def channel_pairs(plan: Plan, channel_type: str = "memory") -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, channel id) -> the paired (peer, channel id) among channels of one type: the m-th channel a->b pairs
+    with the m-th b->a.
 
     The one statement of the pairing rule: the parser checks it, both executors signal through it."""
     ends: dict[tuple[int, int], list[int]] = {}
     for r, g in enumerate(plan.gpus):
-        for cid, peer in enumerate(g.memory_peers):
+        for cid, peer in enumerate(g.peers(channel_type)):
             ends.setdefault((r, peer), []).append(cid)
     pairs = {}
     for (r, peer), cids in ends.items():
         back = ends.get((peer, r), [])
-        for m, cid in enumerate(cids):
-            if m >= len(back):
-                raise PlanError(f"plan {plan.name}: gpus[{r}].channels: channel {cid} to rank {peer} has no "
-                                f"matching channel on rank {peer} (it lists {len(back)} to rank {r})")
+        for m, cid in enumerate(cids[:len(back)]):
             pairs[(r, cid)] = (peer, back[m])
     return pairs
 
 
+def unpaired_error(plan: Plan, rank: int, cid: int, channel_type: str = "memory") -> str:
+    """Why a signal or wait on (rank, channel cid) cannot run: the peer lists no matching channel end."""
+    peer = plan.gpus[rank].peers(channel_type)[cid]
+    back = sum(p == rank for p in plan.gpus[peer].peers(channel_type))
+    return (f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank "
+            f"{peer} (it lists {back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
+            "waits only on listed pairs")
+
+
 def _check_pairing(rd: _Reader, plan: Plan) -> None:
     """Channels pair up (``channel_pairs``); remote entries go through a channel to the rank owning the buffer."""
-    try:
-        channel_pairs(plan)
-    except PlanError as e:
-        raise rd.fail("gpus", str(e).split(": ", 1)[1]) from None
+    pairs = {channel_type: channel_pairs(plan, channel_type) for channel_type in CHANNEL_TYPES}
     for r, gpu in enumerate(plan.gpus):
-        peers = gpu.memory_peers
+        peer_tables = {channel_type: gpu.peers(channel_type) for channel_type in CHANNEL_TYPES}  # once per rank
         for t, tb in enumerate(gpu.threadblocks):
-            for i, op in enumerate(tb.ops):
+            for i, op in ((i, o) for i, top in enumerate(tb.ops) for o in top.flat()):
+                channel_type = op.channel_type or "memory"
+                peers = peer_tables[channel_type]
+                if op.spec.device in ("signal", "wait") or op.spec.signals:
+                    for cid in op.channel_ids:
+                        if (r, cid) not in pairs[channel_type]:
+                            raise rd.fail("gpus", unpaired_error(plan, r, cid, channel_type))
                 for ref, cid in op_channels(op):
                     rank, _ = remote_target(gpu, tb, op, ref)
                     if peers[cid] != rank:

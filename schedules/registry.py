@@ -108,11 +108,12 @@ class Entry:
     def serves(self, topology: str, collective: str, nranks: int, nbytes: int) -> bool:
         """Whether this entry may run ``collective`` on ``nranks`` ranks of ``topology`` at ``nbytes``: its key and
         its plan both say so (``parse_entry`` already refuses an entry whose key and plan disagree; this asks the
-        plan again, as the executor does before it runs one)."""
+        plan again, as the executor does before it runs one). Sizes that are not multiples of the plan's granule
+        run padded (``Plan.padding``)."""
         plan = self.plan
         return (self.key.topology == topology and (plan.weft.topology or topology) == topology
                 and self.key.collective == collective == plan.collective and self.key.nranks == nranks == plan.nranks
-                and self.key.covers(nbytes) and plan.accepts(nbytes))
+                and self.key.covers(nbytes) and plan.runs(nbytes))
 
     def to_json(self) -> dict:
         return {
@@ -465,7 +466,8 @@ class Registry:
         if not candidates:
             return Selection(None, "none", None,
                              f"no plan for {collective} on {topology} at {nbytes} bytes"
-                             + (f" in {dtype}" if dtype else ""), tuple(bad))
+                             + (f" in {dtype}" if dtype else "") + _size_refusal(found, topology, collective, nbytes),
+                             tuple(bad))
 
         # Measurements beat predictions: where any candidate was measured, only measured ones compete.
         measured = [e for e in candidates if e.measured(ll128)]
@@ -480,6 +482,17 @@ class Registry:
         if nccl is not None:
             return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, best.plan.name, t), tuple(bad))
         return Selection(best, basis, t, "", tuple(bad), lines)
+
+
+def _size_refusal(entries: list[Entry], topology: str, collective: str, nbytes: int) -> str:
+    """Why the entries for this topology and collective do not run ``nbytes`` (their first refusal), or ''."""
+    for e in entries:
+        if e.key.topology == topology and e.key.collective == collective and e.key.covers(nbytes):
+            try:
+                e.plan.padding(nbytes)
+            except WeftError as err:
+                return f" ({err})"
+    return ""
 
 
 def _stem(path: str) -> str:
@@ -564,7 +577,7 @@ def parse_baselines(doc: object, source: str) -> dict:
 
 
 PROVENANCE_FIELDS = {"solver": str, "topology_name": str, "options": dict, "protocol": str, "schedule_hash": str,
-                     "weft_version": str}
+                     "weft_version": str, "prediction": str}
 INDEX_FIELDS = {"id": str, "topology": str, "collective": str, "nranks": int, "min_bytes": int, "max_bytes": int,
                 "plan": str, "plan_hash": str, "solver": str, "measured": bool}
 

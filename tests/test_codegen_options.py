@@ -38,22 +38,22 @@ def test_a_pipelined_receiver_combines_each_piece_as_it_lands():
     plan = plan_for("allreduce", "direct", instances=1, pipeline=4, protocol="simple", double_scratch=True)
     recv, send = op_names(plan)
     assert recv == ["wait", "re"] * 4  # unpipelined: one wait for the whole piece, then one reduce
-    assert send == ["pws"] * 4
+    assert send == ["put", "signal"] * 4  # never pws on memory channels: see codegen.fuse
     flat = op_names(plan_for("allreduce", "direct", protocol="simple", double_scratch=True))
-    assert flat == [["wait", "re"], ["pws"]]
+    assert flat == [["wait", "re"], ["put", "signal"]]
 
 
 def test_pipelined_twoshot_sends_every_piece_first_then_reduces_and_forwards_each():
     plan = plan_for("allreduce", "twoshot", pipeline=2, protocol="simple")
     (tb,) = op_names(plan)[:1]
-    assert tb[:2] == ["pws", "pws"] and tb[2:4] == ["wait", "res"]
+    assert tb[:4] == ["put", "signal", "put", "signal"] and tb[4:6] == ["wait", "res"]
 
 
 def test_double_scratch_drops_the_entry_handshake_of_a_one_shot_simple_plan():
     single = op_names(plan_for("allreduce", "direct", protocol="simple"))
     double = op_names(plan_for("allreduce", "direct", protocol="simple", double_scratch=True))
     assert single[0][0] == "signal" and single[1][0] == "wait"  # the reader's ready signal, the writer's wait
-    assert "signal" not in double[0] and double[1] == ["pws"]
+    assert "signal" not in double[0] and double[1] == ["put", "signal"]
     plan = plan_for("allreduce", "direct", protocol="simple", double_scratch=True)
     assert plan.use_double_scratch_buffer and plan.name.endswith("-2s")
     assert check_plan(plan, [plan.size_chunks * 64], dtypes=("fp32",)).ok

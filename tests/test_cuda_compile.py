@@ -9,7 +9,9 @@ import pytest
 
 from executor import gpu_build
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+# compiling for sm_90 is part of the GPU toolchain: nvcc comes with GPU machines, not with CPU CI
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs a GPU machine: nvcc is not installed")]
 
 
 @pytest.fixture(scope="module")

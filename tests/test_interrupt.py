@@ -3,6 +3,7 @@ the time limit is the command's deadline, shared out across the instances it run
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -63,8 +64,12 @@ def test_ctrl_c_stops_an_smt_pareto_walk_and_writes_nothing(tmp_path, group):
 
 def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
     out = tmp_path / "m.json"
+    # the whole model with only the host shift (no inter-/intra-host split), which searches for the whole minute
+    sketch = tmp_path / "whole.json"
+    sketch.write_text(json.dumps({"format": "weft.sketch/1", "symmetry": {"rank_offset": 16}, "hierarchy": "none",
+                                  "chunks": 2}))
     argv = ["synth", "allgather", "-t", "dgx2:nodes=2", "--method", "milp", "--size", "1GB", "--time-limit", "60",
-            "-o", str(out), "--commit"]
+            "--sketch", str(sketch), "-o", str(out), "--commit"]
     code, answered, took, err = _interrupt(argv, tmp_path, 3.0, True)
     assert code == 130 and answered < ANSWER_S and took < EXIT_S, (answered, took, err)
     assert "interrupted: milp allgather on dgx2:nodes=2 stopped after" in err

@@ -128,7 +128,7 @@ def test_a_running_peer_is_alive(store, procs):
     assert probe(peer, identity_of(0)) == "alive"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="zombies are read from /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux: zombies are read from /proc")
 def test_a_peer_that_exited_is_exited_before_its_parent_reaps_it(store, procs):
     procs.append(start_rank1(store, "exit"))
     wait_exited_unreaped(procs[0])
@@ -142,7 +142,7 @@ def test_a_peer_that_exited_and_was_reaped_is_exited(store, procs):
     assert probe(RankIdentity.from_json(store.get(f"{PREFIX}/identity/1")), identity_of(0)) == "exited"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="start times are read from /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux: start times are read from /proc")
 def test_a_reused_pid_is_another_process():
     me = identity_of(0)
     assert probe(dataclasses.replace(me, rank=1, start_ticks=me.start_ticks + 1), me) == "exited"

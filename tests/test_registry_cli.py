@@ -231,3 +231,20 @@ def test_an_unknown_collective_or_dtype_is_bad_input_not_an_empty_answer(registr
     assert main(["registry", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "invalid choice" in err
+
+
+def test_show_and_remove_take_a_plan_name_where_it_names_one_entry(tmp_path, capsys):
+    reg = str(tmp_path / "reg")
+    for method in ("ring", "direct"):
+        assert main(["synth", "allreduce", "-t", "fully_connected:n=4", "--method", method, "--commit",
+                     "--registry", reg, "-o", str(tmp_path / f"{method}.json")]) == 0
+    capsys.readouterr()
+    name = "ring-allreduce-fully_connected:n=4-simple-x1"
+    assert main(["registry", "show", name, "--registry", reg]) == 0
+    shown = capsys.readouterr().out
+    entry_id = shown.split(":")[0]
+    assert f"plan {name} (" in shown
+    assert main(["registry", "remove", name, "--registry", reg]) == 0
+    assert capsys.readouterr().out == f"removed {entry_id} ({name})\n"
+    assert main(["registry", "show", name, "--registry", reg]) == 2
+    assert f"no entry {name!r}" in capsys.readouterr().err

@@ -106,7 +106,7 @@ def test_weft_registry_record_stores_a_bench_files_times(tmp_path, capsys):
         {"size": 1 << 20, "nccl_us": 10.0, "weft_us": 30.0, "wrong": 0, "plan_hash": a.plan.content_hash,
          "plans_us": {a.plan.content_hash: 30.0}}]}))
     assert main(["registry", "record", str(results), "--registry", str(tmp_path / "reg")]) == 0
-    assert "1 plan times and NCCL's at 1 sizes" in capsys.readouterr().out
+    assert "1 plan time and NCCL's at 1 size recorded" in capsys.readouterr().out  # singular: one of each
     assert reg.get(a.id).measured_us == {1 << 20: 30.0} and reg.nccl_times(TOPO, "allgather") == {1 << 20: 10.0}
     assert main(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry",
                  str(tmp_path / "reg")]) == 1

@@ -191,3 +191,20 @@ def test_defaults_that_apply_are_kept_and_notes_name_the_others():
     assert [s.meta.solver for s in schedules] == ["direct", "twoshot"] and notes == []
     schedules, notes = tuning.default_schedules(resolve("ring:n=4"), "allgather")
     assert [s.meta.solver for s in schedules] == ["ring"] and notes[-1] == "tuning ring instead"
+
+
+def test_weft_tune_prints_each_variant_once_under_a_heading_per_schedule(capsys):
+    assert main(["tune", "allreduce", "-t", TOPO, "--instances", "1,128", "--threads", "256,1024", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    headings = [i for i, line in enumerate(lines) if line.startswith("schedule ")]
+    assert [lines[i].split()[1] for i in headings] == ["direct-allreduce-hgx_h200:gpus=2",
+                                                       "twoshot-allreduce-hgx_h200:gpus=2"]
+    variants = [line.split()[0] for line in lines if line.startswith("  ")]
+    labels = ["ll-x1-t256", "ll-x1", "ll-x128-t256", "ll-x128", "simple-x1-t256", "simple-x1", "simple-x128-t256",
+              "simple-x128"]
+    assert variants == labels + labels  # once per schedule, in grid order, nowhere else
+    assert headings[1] == headings[0] + 1 + len(labels)
+    assert not any(label in captured.err for label in labels)
+    assert "(1 thread block)" in captured.out and "(1 thread blocks)" not in captured.out
+    assert lines[-1].startswith("14 of 16 variants proven")

@@ -18,6 +18,8 @@ from weft.units import parse_bytes
 
 # Sizes at which a plan's predicted time is stored: 1 KB to 1 GB in powers of 4.
 PREDICTION_SIZES = tuple(1 << k for k in range(10, 31, 2))
+PREDICTION = "prediction"  # the provenance field saying what made an entry's predicted times
+ALPHA_BETA = "alpha-beta model of the links only (launch, hops and protocol not calibrated)"
 
 
 def registry_location(location: str | None) -> str:
@@ -43,12 +45,21 @@ def narrow(plan: Plan, min_bytes: int, max_bytes: int) -> Plan:
     return narrowed.with_meta(verification=verify(narrowed))
 
 
-def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> dict[int, float]:
+def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> tuple[dict[int, float], str]:
+    """The plan's predicted times and what made them (``PREDICTION``): the fabric's calibration where it was
+    measured (``weft topo calibrate``), else the α-β model of its links, which knows nothing of launches or
+    protocols (so a fabric never measured is said to be so next to each prediction)."""
+    from weft.calibrate import predictions
+
+    calibrated = predictions(plan, schedule, topology, PREDICTION_SIZES)
+    if calibrated is not None:
+        return calibrated
     if schedule is not None and topology is not None:
         from schedules.cost import predict_us
 
-        return {n: predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
-    return {parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v) for k, v in plan.weft.predicted_us.items()}
+        return {n: predict_us(schedule, topology, n) for n in PREDICTION_SIZES}, ALPHA_BETA
+    return ({parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
+             for k, v in plan.weft.predicted_us.items()}, ALPHA_BETA)
 
 
 def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,
@@ -68,6 +79,12 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
     if plan.weft.topology and plan.weft.topology != fingerprint:
         raise RegistryError(f"plan {plan.name}: weft.topology: the plan is for {plan.weft.topology}, "
                             f"not {fingerprint}")
+    if isinstance(topo, Topology) and len(topo.hosts) == plan.nranks:
+        from executor.hosts import ipc_across_hosts
+
+        crossing = ipc_across_hosts(plan, topo.hosts)  # a memory channel is CUDA IPC: never between hosts
+        if crossing:
+            raise RegistryError(crossing.replace("(host ", f"(topology {topo.name} host "))
     provenance = {
         "solver": plan.weft.solver, "weft_version": __version__, "schedule_hash": plan.weft.schedule_hash,
         "instances": plan.weft.instances, "protocol": plan.protocol,
@@ -80,7 +97,8 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
         provenance = {**exported.provenance}
         predictions = exported.predicted_us
     else:
-        predictions = _predictions(plan, schedule, topo if isinstance(topo, Topology) else None)
+        predictions, provenance[PREDICTION] = _predictions(plan, schedule,
+                                                           topo if isinstance(topo, Topology) else None)
     provenance["verification"] = verify(plan)
     require_verified(plan, provenance)
     return plan, fingerprint, provenance, predictions, exported

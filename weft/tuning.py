@@ -13,6 +13,8 @@ fastest measured plan for each size.
 ['simple-x16-t512', 'simple-x16-p2-t512']
 >>> resident_capacity(256, sms=132)
 528
+>>> [v.label for v in grid(TuneOptions(instances=(32,), threads=(1024,), protocols=("simple",)), peers=3)]
+['simple-x32', 'simple-x32-mp']
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class TuneOptions:
     pull: bool = False  # also Simple variants that read peers' inputs (``codegen.lower``)
     ll_max_bytes: int = LL_MAX_BYTES  # the largest message LL variants accept (higher for LL128 lines)
     pipelines: tuple[int, ...] = (1,)  # Simple variants' pipeline depths (``codegen.replicate.pipeline``)
+    # also multi-peer variants (one thread block per instance serves every peer, ``codegen.peers``): None makes them
+    # for schedules in which a rank sends to several peers, where per-peer thread blocks multiply
+    multipeer: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.instances or any(not isinstance(i, int) or i < 1 for i in self.instances):
@@ -93,11 +98,13 @@ class Variant:
     threads: int
     pull: bool = False
     pipeline: int = 1
+    multipeer: bool = False
 
     @property
     def label(self) -> str:
         return (f"{self.protocol}-x{self.instances}" + (f"-p{self.pipeline}" if self.pipeline > 1 else "")
-                + (f"-t{self.threads}" if self.threads != 1024 else "") + ("-pull" if self.pull else ""))
+                + (f"-t{self.threads}" if self.threads != 1024 else "") + ("-pull" if self.pull else "")
+                + ("-mp" if self.multipeer else ""))
 
 
 @dataclass(frozen=True)
@@ -119,12 +126,24 @@ class Outcome:
         return bool(self.plan) and any(self.plan.accepts(1 << k) for k in range(10, 31))
 
 
-def grid(options: TuneOptions) -> list[Variant]:
+def grid(options: TuneOptions, peers: int = 1) -> list[Variant]:
+    """The variants to compile for a schedule in which a rank sends to at most ``peers`` peers."""
     pulls = {"ll": (False,), "simple": (False, True) if options.pull else (False,)}
     # LL packets already flow behind per-packet flags, so sub-pieces are for Simple transfers only
     depths = {"ll": (1,), "simple": tuple(sorted(set(options.pipelines)))}
-    return [Variant(p, i, t, pull, d) for p in options.protocols for pull in pulls[p] for d in depths[p]
-            for i in sorted(set(options.instances)) for t in sorted(set(options.threads))]
+    multi = options.multipeer if options.multipeer is not None else peers > 1
+    shapes = (False, True) if multi else (False,)
+    return [Variant(p, i, t, pull, d, mp) for p in options.protocols for pull in pulls[p] for d in depths[p]
+            for i in sorted(set(options.instances)) for t in sorted(set(options.threads)) for mp in shapes]
+
+
+def send_peers(schedule: Schedule) -> int:
+    """The most peers one rank of ``schedule`` sends to (a ring: 1; a two-shot on N ranks: N - 1)."""
+    peers: dict[int, set[int]] = {}
+    for step in schedule.steps:
+        for send in step.sends:
+            peers.setdefault(send.src, set()).add(send.dst)
+    return max((len(p) for p in peers.values()), default=0)
 
 
 def resident_capacity(threads: int, sms: int) -> int:
@@ -134,33 +153,49 @@ def resident_capacity(threads: int, sms: int) -> int:
 
 
 def compile_variants(schedule: Schedule, topology: Topology, options: TuneOptions,
-                     progress: Callable[[str], None] | None = None) -> list[Outcome]:
-    """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason."""
+                     each: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason.
+
+    ``each`` is called with every outcome as soon as it is decided (the CLI commits and prints it then)."""
     from weft import pipeline
 
     outcomes = []
-    for v in grid(options):
+    for v in grid(options, send_peers(schedule)):
         try:
-            plan = _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options.ll_max_bytes)
+            # thread blocks first (compiling is cheap, proving is not): a plan the GPU cannot hold is not proven
+            blocks = _threadblocks(schedule, topology, v, options.ll_max_bytes)
+            capacity = resident_capacity(v.threads, options.sms)
+            plan = None if blocks > capacity else _best_scratch(schedule, topology, v, pipeline.compile_and_verify,
+                                                                options.ll_max_bytes)
         except CodegenError as e:
             outcomes.append(Outcome(v, None, str(e)))
+            if each:
+                each(outcomes[-1])
             continue
-        blocks = max(len(g.threadblocks) for g in plan.gpus)
-        capacity = resident_capacity(v.threads, options.sms)
-        if blocks > capacity:
+        if plan is None:
             outcomes.append(Outcome(v, None, f"{blocks} thread blocks of {v.threads} threads, but {options.sms} "
                                              f"SMs hold {capacity} at once"))
         else:
             outcomes.append(Outcome(v, plan))
-        if progress:
-            progress(f"{v.label}: " + (outcomes[-1].skipped or f"{plan.name}, {blocks} thread blocks, verified"))
+        if each:
+            each(outcomes[-1])
     return outcomes
+
+
+def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, ll_max_bytes: int) -> int:
+    from codegen import compile_schedule
+
+    extra = {"ll_max_bytes": ll_max_bytes} if v.protocol == "ll" else {"pull": v.pull}
+    plan = compile_schedule(schedule, topology, instances=v.instances, protocol=v.protocol, threads=v.threads,
+                            pipeline=v.pipeline, multipeer=v.multipeer, **extra)
+    return max(len(g.threadblocks) for g in plan.gpus)
 
 
 def _best_scratch(schedule: Schedule, topology: Topology, v: Variant, compile_and_verify,
                   ll_max_bytes: int = LL_MAX_BYTES) -> Plan:
     """The variant's plan; a Simple plan alternates scratch halves where that spares waits (an entry handshake)."""
-    options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads, "pipeline": v.pipeline}
+    options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads, "pipeline": v.pipeline,
+               "multipeer": v.multipeer}
     if v.protocol == "ll":
         return compile_and_verify(schedule, topology, ll_max_bytes=ll_max_bytes, **options)
     if v.pull:  # reads peers' inputs: no scratch to alternate

@@ -20,8 +20,9 @@ struct Ref {
   int flags;   // RefFlags
 };
 
+// kPairs: a transfer of plain src[j] -> dst[j] for every j, the pairs side by side (PAIRS in gpu_tables.py)
 enum OpType : int { kNop = 0, kBarrier = 1, kSignal = 2, kWait = 3, kFlush = 4, kTransfer = 5, kSemAcquire = 6,
-                    kSemRelease = 7 };
+                    kSemRelease = 7, kPairs = 8 };
 
 struct Op {
   int type, nsrc, ndst, nchannel;
@@ -143,6 +144,37 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
     }
   }
   return true;
+}
+
+// A pairwise transfer of plain data (src[j] -> dst[j], every pair ``bytes`` long: a multi-peer put, get or copy)
+// with the pairs side by side. Each thread walks groups of kInFlight units (blockDim apart), visiting every pair once
+// per group, and starts at pair (warp + block) mod n: at any moment the warps of a block, and the blocks of the grid,
+// move different pairs, so every peer's link carries data at once (pairs in series load one link at a time, and
+// every instance the same one). Packet pairs stay one transfer per pair (executor/gpu_tables.py). Out of line, so
+// that the 1024-thread kernels keep their registers.
+template <int V>
+__device__ __noinline__ void run_pairs(const Op& op, const Transfer& t) {
+  const i64 units = op.bytes / V;
+  const i64 stride = (i64)blockDim.x;
+  const int n = op.nsrc, turn = (int)(threadIdx.x / 32 + blockIdx.x) % n;
+  for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
+    for (int j = 0; j < n; ++j) {
+      const int p = (j + turn) % n;
+      const char* src = t.base(op.src[p]);
+      char* dst = t.base(op.dst[p]);
+      Unit<V> v[kInFlight];
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units) unit_load<V>(src + u * V, v[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units) unit_store<V>(dst + u * V, v[k]);
+      }
+    }
+  }
 }
 
 // LL128 transfers: a packet reference holds 128-byte lines of 120 data bytes and an 8-byte flag. Lane j (0..7)

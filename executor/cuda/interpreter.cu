@@ -1,6 +1,7 @@
 // weft's plan interpreter: one thread block per plan threadblock, walking its op list from the device tables
 // built by executor/gpu_tables.py. Every wait is bounded; a timeout fills the error record and the block exits.
 #include "channel.cuh"
+#include "norm.cuh"
 #include "semaphore.cuh"
 
 namespace weft {
@@ -162,7 +163,10 @@ __device__ void interpret(const Context& c) {
     for (int k = 0; k < count; ++k) {
       const Op& op = ops[k];
       Deadline deadline(c.timeout_ns, c.error);
-      if (op.type == kTransfer) {
+      if (op.type == kPairs) {
+        const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);
+        run_pairs<V>(op, Transfer{slots, flag, (flag & 1u) ? c.scratch_half : 0});
+      } else if (op.type == kTransfer) {
         const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);  // re-read: fewer live registers in the loop
         const Transfer tr{slots, flag, (flag & 1u) ? c.scratch_half : 0};
         const bool moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline)
@@ -171,6 +175,10 @@ __device__ void interpret(const Context& c) {
           report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
           failed = 1;
         }
+      } else if (op.type == kNormRows) {
+        run_norm_rows<D, V>(op, Transfer{slots, 0u, 0});
+      } else if (op.type == kNormPrefetch) {
+        run_norm_prefetch(op, Transfer{slots, 0u, 0});
       } else if (op.type == kFlush) {
         __threadfence_system();
       } else if (t == 0 && !run_control(op, c, rec, deadline)) {

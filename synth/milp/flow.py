@@ -21,6 +21,7 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from schedules.collectives import Collective
+from synth.milp.symmetry import Symmetry
 from topologies import Topology
 
 Key = tuple[int, int, int, int]  # (chunk, src, dst, step)
@@ -37,13 +38,17 @@ class FlowSpec:
     steps: int
     chunk_bytes: float
     links: frozenset[tuple[int, int]]
-    rank_shift: Callable[[int], int] | None = None
-    chunk_shift: Callable[[int], int] | None = None
+    symmetry: Symmetry | None = None  # the group whose orbits share one variable
     deadline: float = math.inf  # time.monotonic() by which the model must be built, else OutOfTime
+    chunk_links: tuple[frozenset[tuple[int, int]], ...] | None = None  # per chunk, a subset of links (hierarchy)
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
             raise OutOfTime("the time limit ran out while the model was built")
+
+    def links_of(self, chunk: int) -> frozenset[tuple[int, int]]:
+        """The links chunk may cross: the hierarchy's for that chunk, else every allowed link."""
+        return self.links if self.chunk_links is None else self.chunk_links[chunk]
 
 
 class OutOfTime(Exception):
@@ -58,6 +63,7 @@ class FlowModel:
     sends: dict[Key, cp_model.IntVar]
     objective: cp_model.LinearExpr
     units_per_us: float
+    variables: int = 0  # distinct send variables (one per orbit of sends)
 
 
 def link_cost_us(link_latency: float, capacity: float, chunk_bytes: float) -> tuple[float, float]:
@@ -72,23 +78,43 @@ def hop_distances(ranks: range, links: frozenset[tuple[int, int]]) -> dict[int, 
     return dict(nx.all_pairs_shortest_path_length(graph))
 
 
-def _orbit_min(key: Key, spec: FlowSpec) -> Key:
-    """The canonical member of a send's orbit under the sketch's rank symmetry."""
-    if spec.rank_shift is None:
-        return key
-    best, (c, u, v, k) = key, key
-    for _ in range(spec.topology.nranks):
-        c, u, v = spec.chunk_shift(c), spec.rank_shift(u), spec.rank_shift(v)
-        if (c, u, v, k) == key:
-            break
-        best = min(best, (c, u, v, k))
-    return best
+def _orbits(spec: FlowSpec) -> Callable[[Key], Key]:
+    """The canonical (smallest) member of a send's orbit under the symmetry's group."""
+    if spec.symmetry is None or not spec.symmetry.generators:
+        return lambda key: key
+    generators = spec.symmetry.generators
+
+    def orbit_min(key: Key) -> Key:
+        seen, todo = {key}, [key]
+        while todo:
+            c, u, v, k = todo.pop()
+            for ranks, chunks in generators:
+                image = (chunks[c], ranks[u], ranks[v], k)
+                if image not in seen:
+                    seen.add(image)
+                    todo.append(image)
+        return min(seen)
+
+    return orbit_min
+
+
+def _distances(spec: FlowSpec) -> Callable[[int], dict[int, dict[int, int]]]:
+    """Hop distances over the links chunk c may cross, computed once per distinct link set."""
+    cache: dict[frozenset, dict[int, dict[int, int]]] = {}
+
+    def of(c: int) -> dict[int, dict[int, int]]:
+        links = spec.links_of(c)
+        if links not in cache:
+            cache[links] = hop_distances(spec.topology.ranks, links)
+        return cache[links]
+
+    return of
 
 
 def _candidate_sends(spec: FlowSpec) -> list[Key]:
     """Sends that could be part of some schedule within ``steps`` steps (distance pruning)."""
     coll, topo, steps = spec.collective, spec.topology, spec.steps
-    dist = hop_distances(topo.ranks, spec.links)
+    distances = _distances(spec)
     holders = {c: [r for r in topo.ranks if c in coll.precondition(r)] for c in range(coll.nchunks)}
     wanted = {c: [r for r in topo.ranks if c in coll.postcondition(r) and r not in holders[c]]
               for c in range(coll.nchunks)}
@@ -97,9 +123,10 @@ def _candidate_sends(spec: FlowSpec) -> list[Key]:
         spec.check_time()
         if not wanted[c]:
             continue
+        dist = distances(c)
         earliest = {r: min((dist[s].get(r, steps + 1) for s in holders[c]), default=steps + 1) for r in topo.ranks}
         to_go = {r: min((dist[r].get(d, steps + 1) for d in wanted[c]), default=steps + 1) for r in topo.ranks}
-        for u, v in sorted(spec.links):
+        for u, v in sorted(spec.links_of(c)):
             if v in holders[c]:
                 continue
             for k in range(earliest[u] + 1, steps + 1 - to_go[v]):
@@ -111,15 +138,20 @@ def shortest_path_sends(spec: FlowSpec) -> set[Key]:
     """A schedule that sends each chunk down a shortest-path tree, one hop per step: CP-SAT's first hint.
 
     Among a rank's possible parents it takes the one at the smallest rank offset, so the tree is the same on
-    every node up to the shift when the fabric is symmetric, as a shared variable's hint must be.
+    every node up to the shift when the fabric is symmetric, as a shared variable's hint must be. A rank's
+    j-th chunk starts j steps late where the steps allow (the chunks of a slice pipelined down their tree
+    rather than all crossing the first hop at once), and at once otherwise.
     """
     coll, topo, n = spec.collective, spec.topology, spec.topology.nranks
-    dist = hop_distances(topo.ranks, spec.links)
-    into: dict[int, list[int]] = {}
-    for u, v in spec.links:
-        into.setdefault(v, []).append(u)
+    distances = _distances(spec)
     sends: set[Key] = set()
+    tree_sends: dict[int, list[tuple[int, int, int]]] = {}
     for c in range(coll.nchunks):
+        dist = distances(c)
+        into: dict[int, list[int]] = {}
+        for u, v in spec.links_of(c):
+            into.setdefault(v, []).append(u)
+        tree = tree_sends.setdefault(c, [])
         holders = [r for r in topo.ranks if c in coll.precondition(r)]
         depth = {r: min(dist[s].get(r, n + 1) for s in holders) for r in topo.ranks}
         todo = [r for r in topo.ranks if c in coll.postcondition(r) and depth[r] > 0]
@@ -130,8 +162,13 @@ def shortest_path_sends(spec: FlowSpec) -> set[Key]:
                 continue
             reached.add(v)
             parent = min((u for u in into.get(v, []) if depth[u] == depth[v] - 1), key=lambda u: (u - v) % n)
-            sends.add((c, parent, v, depth[v]))
+            tree.append((parent, v, depth[v]))
             todo.append(parent)
+    deepest = max((k for tree in tree_sends.values() for _, _, k in tree), default=0)
+    delay = coll.chunks - 1 if deepest + coll.chunks - 1 <= spec.steps else 0
+    for c, tree in tree_sends.items():
+        late = min(c % coll.chunks, delay)
+        sends.update((c, u, v, k + late) for u, v, k in tree)
     return sends
 
 
@@ -140,23 +177,29 @@ def build_flow(spec: FlowSpec) -> FlowModel:
     model = cp_model.CpModel()
     coll, topo = spec.collective, spec.topology
     sends: dict[Key, cp_model.IntVar] = {}
+    orbit_min = _orbits(spec)
+    canonical: set[Key] = set()
     for key in _candidate_sends(spec):
         spec.check_time()
-        rep = _orbit_min(key, spec)
+        rep = orbit_min(key)
+        if rep == key:
+            canonical.add(key)
         if rep not in sends:
             sends[rep] = model.NewBoolVar("x%d_%d_%d_%d" % rep)
         sends[key] = sends[rep]
     hint = shortest_path_sends(spec)
     for key, var in sends.items():
-        if key == _orbit_min(key, spec):
+        if key in canonical:
             model.AddHint(var, key in hint)
 
     into: dict[tuple[int, int], list[Key]] = {}
     for key in sends:
         into.setdefault((key[0], key[2]), []).append(key)
     for c in range(coll.nchunks):
+        spec.check_time()
         for r in topo.ranks:
-            if c in coll.precondition(r):
+            # under the symmetry a (chunk, rank) pair's images constrain the same variables: one row per orbit
+            if c in coll.precondition(r) or orbit_min((c, r, r, 0)) != (c, r, r, 0):
                 continue
             arrivals = [sends[k] for k in into.get((c, r), [])]
             if c in coll.postcondition(r):
@@ -166,15 +209,15 @@ def build_flow(spec: FlowSpec) -> FlowModel:
     for key, var in sends.items():
         spec.check_time()
         c, u, _, k = key
-        if key != _orbit_min(key, spec) or c in coll.precondition(u):
+        if key not in canonical or c in coll.precondition(u):
             continue
         earlier = [sends[a] for a in into.get((c, u), []) if a[3] < k]
         model.Add(var <= sum(earlier))
 
     _host_entries(model, spec, sends)
-    objective, units_per_us = _step_times(model, spec, sends)
+    objective, units_per_us = _step_times(model, spec, sends, _link_orbits(spec))
     model.Minimize(objective)
-    return FlowModel(model, sends, objective, units_per_us)
+    return FlowModel(model, sends, objective, units_per_us, len(canonical))
 
 
 def _host_entries(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar]) -> None:
@@ -189,23 +232,55 @@ def _host_entries(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_m
         if hosts[u] != hosts[v]:
             entering.setdefault((c, hosts[v]), []).append(var)
     for c in range(coll.nchunks):
+        spec.check_time()
         held = {hosts[r] for r in spec.topology.ranks if c in coll.precondition(r)}
         wanted = {hosts[r] for r in spec.topology.ranks if c in coll.postcondition(r)}
         for host in sorted(wanted - held):
             model.Add(sum(entering.get((c, host), [])) >= 1)
 
 
-def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar]):
-    """Add ``T[k] >= α + load·β`` for every link and sharing group; return (Σ T[k], units per µs)."""
+def _link_orbits(spec: FlowSpec) -> Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]]:
+    """The canonical image of a set of links under the symmetry's rank permutations (identity without one)."""
+    if spec.symmetry is None or not spec.symmetry.generators:
+        return lambda links: links
+    perms = [ranks for ranks, _ in spec.symmetry.generators]
+
+    def canonical(links: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        seen, todo = {links}, [links]
+        while todo:
+            current = todo.pop()
+            for perm in perms:
+                image = tuple(sorted((perm[u], perm[v]) for u, v in current))
+                if image not in seen:
+                    seen.add(image)
+                    todo.append(image)
+        return min(seen)
+
+    return canonical
+
+
+def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar],
+                canonical: Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]]):
+    """Add ``T[k] >= α + load·β`` for every link and sharing group; return (Σ T[k], units per µs).
+
+    Under the symmetry a link's (or group's) images load the same variables, so each orbit gets one row.
+    """
     topo, b = spec.topology, spec.chunk_bytes
     on_link: dict[tuple[tuple[int, int], int], list[cp_model.IntVar]] = {}
     for (c, u, v, k), var in sends.items():
         on_link.setdefault(((u, v), k), []).append(var)
     terms: list[tuple[int, float, float, list[cp_model.IntVar]]] = []
     for (key, k), vars_ in on_link.items():
+        spec.check_time()
+        if canonical((key,)) != (key,):
+            continue
         link = topo.link(*key)
         terms.append((k, *link_cost_us(link.latency, link.capacity, b), vars_))
     for group in topo.sharing:
+        spec.check_time()
+        members = tuple(sorted(tuple(key) for key in group.links))
+        if canonical(members) != members:
+            continue
         beta = link_cost_us(0.0, group.bandwidth, b)[1]  # a group adds no latency: its links carry theirs
         for k in range(1, spec.steps + 1):
             vars_ = [v for key in group.links for v in on_link.get((tuple(key), k), [])]

@@ -6,7 +6,14 @@ Every field is optional::
      "symmetry": {"rank_offset": 8},   # the same schedule on every node, shifted by 8 ranks
      "relays": [0, 4, 8, 12],          # only these ranks send or receive across hosts
      "rails": true,                    # cross-host sends only between GPUs of the same local index
+     "hierarchy": "trees",             # inter-host hops from the tree packing ("rails", or "none")
      "chunks": 2}                      # chunks per rank
+
+``hierarchy`` splits the model into an inter-host and an intra-host part (``synth.milp.hierarchy``): each
+chunk enters another host only by the hops named (``rails``: from its owner along its rail; ``trees``: the
+cross-host hops of its root's packed trees) and spreads inside a host from the ranks that hold it there.
+Without it the solver uses ``rails`` for copy collectives across hosts at bandwidth-bound sizes and none
+elsewhere (``"none"`` turns it off).
 
 Without ``rails`` the solver decides: rails when a chunk takes longer to cross hosts than the link's latency
 (fanning one chunk out to many remote GPUs then costs NIC bandwidth for nothing), every pair otherwise.
@@ -25,7 +32,8 @@ from synth.errors import SynthesisError
 from topologies.jsonfile import read_json
 
 FORMAT = "weft.sketch/1"
-FIELDS = ("format", "symmetry", "relays", "rails", "chunks", "description")
+FIELDS = ("format", "symmetry", "relays", "rails", "hierarchy", "chunks", "description")
+HIERARCHIES = ("rails", "trees", "none")
 
 
 class SketchError(SynthesisError):
@@ -41,6 +49,7 @@ class Sketch:
     chunks: int | None = None
     rails: bool | None = None
     source: str = "sketch"
+    hierarchy: str | None = None  # one of HIERARCHIES, None: the solver decides
 
     def to_json(self) -> dict:
         doc: dict = {"format": FORMAT}
@@ -50,6 +59,8 @@ class Sketch:
             doc["relays"] = list(self.relays)
         if self.rails is not None:
             doc["rails"] = self.rails
+        if self.hierarchy is not None:
+            doc["hierarchy"] = self.hierarchy
         if self.chunks is not None:
             doc["chunks"] = self.chunks
         return doc
@@ -99,9 +110,12 @@ def parse_sketch(data: object, source: str = "sketch") -> Sketch:
     rails = data.get("rails")
     if rails is not None and not isinstance(rails, bool):
         raise fail("rails", f"must be true or false, got {rails!r}")
+    hierarchy = data.get("hierarchy")
+    if hierarchy is not None and hierarchy not in HIERARCHIES:
+        raise fail("hierarchy", f"must be one of {', '.join(HIERARCHIES)}, got {hierarchy!r}")
     chunks = data.get("chunks")
     if chunks is not None and not _positive_int(chunks):
         raise fail("chunks", f"must be a positive integer, got {chunks!r}")
     if "description" in data and not isinstance(data["description"], str):
         raise fail("description", "must be a string")
-    return Sketch(rank_offset, relays, chunks, rails, source)
+    return Sketch(rank_offset, relays, chunks, rails, source, hierarchy)

@@ -16,11 +16,13 @@ from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
-from synth.milp.flow import FlowModel, FlowSpec, OutOfTime, build_flow, link_cost_us
+from synth.milp import hierarchy
+from synth.milp.flow import FlowModel, FlowSpec, OutOfTime, build_flow, hop_distances, link_cost_us
 from synth.milp.links import allowed_links, check_reachable
 from synth.milp.sketch import Sketch
 from synth.milp.symmetry import rank_symmetry
 from topologies import Topology
+from topologies.errors import WeftError
 
 Progress = Callable[[str], None]
 # The dual each combining collective is reversed from (reduction trees are broadcast trees run backwards).
@@ -66,6 +68,9 @@ class Outcome:
     bound_us: float
     status: str
     seconds: float
+    hierarchy: str = "none"  # the inter-host part the model used (rails, trees) or none
+    symmetry_offset: int | None = None  # the rank shift the model's variables are shared under
+    symmetry_local: int | None = None  # the rotation inside every host they are shared under
 
     @property
     def gap(self) -> float:
@@ -115,7 +120,9 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
                  "steps": options.steps, "sketch": sketch.to_json() if options.sketch else None,
                  "objective_us": objective, "best_bound_us": bound,
                  "gap": 0.0 if objective <= 0 else max(0.0, 1.0 - bound / objective),
-                 "status": "+".join(o.status for o in halves)},
+                 "status": "+".join(o.status for o in halves),
+                 "hierarchy": halves[-1].hierarchy, "symmetry_offset": halves[-1].symmetry_offset,
+                 "symmetry_local": halves[-1].symmetry_local},
         solve_time=time.monotonic() - start,
         notes="CP-SAT time-expanded flow; objective = finish time under the α-β step model",
     )
@@ -125,15 +132,16 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
 def default_chunks(topology: Topology, collective: Collective, size: int) -> int:
     """Chunks per rank when neither the caller nor the sketch says: room to pipeline at bandwidth-bound sizes.
 
-    Up to 4 per rank while the model stays within 64 chunks, which CP-SAT handles in a minute or two
-    (DGX-2 x2 at 1 GB: 73 % of the cut bound with 1 chunk per rank, 81 % with 2).
+    Up to 4 per rank while the model stays within 64 chunks, or 128 across hosts, where the inter-/intra-host
+    split keeps the model small (DGX-2 x2 at 1 GB: 95.3 % of the cut bound with 4 per rank in 10 s; the whole
+    model reached 73 % with 1 chunk per rank and 81 % with 2 in 120 s).
     """
     one = Collective(collective.name, collective.nranks, 1, collective.root)
     chunk_bytes = one.chunk_bytes(size)
     fabric = topology.without_switches()
     if not any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in fabric.links):
         return 1
-    return min(4, max(1, 64 // one.nchunks))
+    return min(4, max(1, (128 if topology.nhosts > 1 else 64) // one.nchunks))
 
 
 def _solve_allreduce(job: _Job, collective: Collective) -> list[Outcome]:
@@ -175,27 +183,41 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     chunk_bytes = collective.chunk_bytes(options.size)
     links = allowed_links(topo, collective, sketch, chunk_bytes)
     depth = check_reachable(topo, collective, links, sketch)
+    per_chunk, depth, split = _hierarchy(job, topo, collective, links, chunk_bytes, depth)
     steps = options.steps or depth + 2 * collective.chunks
     if steps < depth:
         raise Unsat(f"milp: {label} on {job.fabric.name} needs at least {depth} steps, got steps={steps}")
-    possible = collective.nchunks * len(links) * steps
+    per_step = collective.nchunks * len(links) if per_chunk is None else sum(map(len, per_chunk))
+    possible = per_step * steps
     if possible > MAX_SENDS:
-        raise SynthesisError(f"milp: {label} on {job.fabric.name}: {collective.nchunks} chunks over {len(links)} "
-                             f"links in {steps} steps are {possible} possible sends, more than the model's "
+        over = f"{len(links)} links" if per_chunk is None else "the hierarchy's links"
+        raise SynthesisError(f"milp: {label} on {job.fabric.name}: {collective.nchunks} chunks over {over} "
+                             f"in {steps} steps are {possible} possible sends, more than the model's "
                              f"{MAX_SENDS} (it could not be built within a time limit): use fewer --chunks or "
                              "--steps")
-    rank_shift, chunk_shift = rank_symmetry(topo, collective, links, sketch)
+    symmetry = None
+    if sketch.rank_offset is not None or topo.nhosts > 1:  # symmetry across hosts unless the sketch says
+        symmetry = rank_symmetry(topo, collective, links, sketch, per_chunk)
     deadline = start + time_limit
     try:
-        flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, rank_shift, chunk_shift, deadline))
+        flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, symmetry, deadline, per_chunk))
     except OutOfTime:
         raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
                       f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
                       "--steps, or a longer --time-limit)") from None
     solver = cp_model.CpSolver()
-    # reading the answer back walks every send variable (about 1 s per million): keep that inside the limit too
-    read_back = 0.2 + 1.5e-6 * len(flow.sends)
-    solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic() - read_back)
+    # Reading the answer back walks every send (1.8 s a million on the idle 2-core machine, twice that under
+    # load); CP-SAT loads the model before its clock starts (12 s for 330,000 variables under load) and winds
+    # its workers down after the limit. All of it stays inside the limit.
+    read_back = 0.5 + 4e-6 * len(flow.sends)
+    loading = 4e-5 * flow.variables
+    left = deadline - time.monotonic() - read_back - min(2.0, 0.02 * time_limit)
+    if left < loading:
+        raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
+                      f"steps was built with {max(0.0, left):.1f} s of the time limit of {time_limit:g} s left, "
+                      f"too little to load its {flow.variables} variables (use fewer --chunks or --steps, or a "
+                      "longer --time-limit)")
+    solver.parameters.max_time_in_seconds = max(0.1, left - loading)
     solver.parameters.num_workers = options.workers or max(2, min(8, os.cpu_count() or 2))
     # Full presolve probes every send variable and symmetry detection builds a graph of the whole model: 12 s
     # and 7 s on NDv2 and HGX before the first incumbent. Without them the shortest-path hint is the first
@@ -209,7 +231,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     if job.requested and job.requested != label:
         label = f"{job.requested} ({label} part)"
     reporter = _Reporter(flow, job.progress, label, floor_us)
-    status = _run(solver, flow, reporter, job, label, start)
+    status = _run(solver, flow, reporter, job, label, start, deadline - read_back)
     name = solver.StatusName(status)
     _final_line(job, label, name, reporter, solver, flow, floor_us)
     if status == cp_model.INFEASIBLE:
@@ -219,12 +241,65 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
                       f"{time_limit:g} s (status {name})")
     objective = solver.ObjectiveValue() / flow.units_per_us
     bound = max(solver.BestObjectiveBound() / flow.units_per_us, min(floor_us, objective))
-    return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime())
+    return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime(), split,
+                   symmetry.offset if symmetry else None, symmetry.local if symmetry else None)
+
+
+def _hierarchy(job: _Job, topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
+               chunk_bytes: float, depth: int) -> tuple[tuple[frozenset, ...] | None, int, str]:
+    """The inter-/intra-host split's links per chunk, the hop depth they need and its name (rails, trees);
+    (None, depth, "none") without it.
+
+    The sketch's ``hierarchy`` decides; absent, rails across hosts at bandwidth-bound sizes (on DGX-2 x 2 at
+    1 GB the trees' hops give 60% of the bound where rails give 92%: a packing balances rates, not the few
+    chunks a model holds). A split that would leave some rank unreachable is dropped.
+    """
+    choice = job.sketch.hierarchy
+    bandwidth_bound = any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in topo.links)
+    if choice is None:
+        choice = "rails" if bandwidth_bound and job.sketch.relays is None else "none"
+    if choice == "none" or not hierarchy.applies(topo, collective):
+        return None, depth, "none"
+    cross = None
+    if choice == "trees" and collective.name == "allgather":
+        cross = _tree_hops(job, topo, collective)
+    if cross is None:
+        choice, cross = "rails", hierarchy.rail_hops(topo, collective, links)
+    per_chunk = hierarchy.chunk_links(topo, collective, links, cross)
+    deepest = 0
+    for c, allowed in enumerate(per_chunk):
+        dist = hop_distances(topo.ranks, allowed)
+        holders = [r for r in topo.ranks if c in collective.precondition(r)]
+        for r in topo.ranks:
+            if c in collective.postcondition(r) and r not in holders:
+                hops = min((dist[s][r] for s in holders if r in dist[s]), default=None)
+                if hops is None:
+                    return None, depth, "none"
+                deepest = max(deepest, hops)
+    return per_chunk, deepest, choice
+
+
+def _tree_hops(job: _Job, topo: Topology, collective: Collective) -> dict | None:
+    """The cross-host hops of the tree packing's trees (on the fabric this search runs on), or None."""
+    from synth.trees import TreeOptions, allgather_forest
+
+    fabric = job.fabric if topo.fingerprint == job.switch_free.fingerprint else job.fabric.reversed()
+    try:
+        forest = allgather_forest(fabric, TreeOptions(k=collective.chunks, time_limit=job.options.time_limit / 4))
+    except WeftError:
+        return None
+    trees_of = {r: [t.hops for t in forest.trees_of(r)] for r in topo.ranks}
+    # the trees choose their own cross-host hops (not only the rails): any link of the fabric may carry one
+    return hierarchy.tree_hops(topo, collective, trees_of, frozenset(l.key for l in topo.links))
 
 
 def _run(solver: cp_model.CpSolver, flow: FlowModel, reporter: "_Reporter", job: _Job, label: str,
-         start: float) -> int:
-    """``solver.Solve`` in a thread; a progress line every PROGRESS_EVERY s; Ctrl-C stops it and is raised."""
+         start: float, stop_at: float) -> int:
+    """``solver.Solve`` in a thread; a progress line every PROGRESS_EVERY s; Ctrl-C stops it and is raised.
+
+    Past ``stop_at`` the search is told to stop as well: CP-SAT checks its own limit only between steps, and
+    on a starved machine (a 120 s limit once ended at 304 s) one step can outlast it by minutes.
+    """
     result: dict = {}
 
     def work() -> None:
@@ -242,6 +317,8 @@ def _run(solver: cp_model.CpSolver, flow: FlowModel, reporter: "_Reporter", job:
     try:
         while thread.is_alive():
             thread.join(timeout=0.2)
+            if time.monotonic() > stop_at:
+                solver.StopSearch()
             if job.progress is not None and time.monotonic() >= next_line and thread.is_alive():
                 job.progress(reporter.line(time.monotonic() - start, "searching"))
                 next_line += PROGRESS_EVERY

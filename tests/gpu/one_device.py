@@ -36,7 +36,10 @@ from weft.units import parse_bytes  # noqa: E402
 
 DTYPES = ("fp32", "bf16")
 GRAPH_PLANS = ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json", "allgather-direct-ll-x1.json",
-               "allreduce-direct-ll-x8.json")
+               "allreduce-direct-ll-x8.json",
+               # multi-peer plans (4 and 8 ranks): one thread block per instance serves every peer
+               "allreduce-twoshot-simple-x8-2s-mp.json", "allreduce-direct-ll-x4-mp.json",
+               "allgather-direct-simple-x4-mp.json", "allreduce-twoshot-simple-x4-p2-2s-mp.json")
 
 
 def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, bool]]:
@@ -44,8 +47,6 @@ def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, boo
     out = []
     for path in plans:
         plan = load_plan(path)
-        if plan.inplace:
-            continue  # the smaller buffer lives inside the larger one: the bench and the torch tests cover these
         for nbytes in sizes:
             if not plan.accepts(nbytes):
                 continue
@@ -76,11 +77,17 @@ def run_one(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, s
     """One execution; its output's required chunks against numpy's collective over every rank's input."""
     elems = chunk_elems(plan, nbytes, dtype)
     inputs = random_inputs(plan, elems, np.random.default_rng(seed))  # every rank draws every rank's input
+    gpu = plan.gpus[rank]
+    x, at_out = inputs[rank], 0
+    if plan.inplace:  # one buffer: the smaller of input and output is the rank's slice of the larger
+        at_in, at_out = plan.collective_spec().inplace_offsets(rank, gpu.input_chunks, gpu.output_chunks)
+        x = np.zeros(max(gpu.input_chunks, gpu.output_chunks) * elems, np.float32)
+        x[at_in * elems:(at_in + gpu.input_chunks) * elems] = inputs[rank]
     start = time.monotonic()
-    out = comm.execute(plan, device_array(inputs[rank], dtype), dtype=dtype, lines=lines)
+    out = comm.execute(plan, device_array(x, dtype), dtype=dtype, lines=lines)
     comm.synchronize()
     seconds = time.monotonic() - start
-    got = host_values(out, dtype).reshape(-1, elems)
+    got = host_values(out, dtype).reshape(-1, elems)[at_out:at_out + gpu.output_chunks]
     wrong = sum(int(np.count_nonzero(got[idx] != chunk))
                 for idx, chunk in expected_outputs(plan.collective_spec(), inputs, elems, dtype)[rank].items())
     return {"ok": wrong == 0, "wrong": wrong, "seconds": round(seconds, 3)}

@@ -21,8 +21,39 @@ class ArgumentError(WeftError):
     """A bad command line."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names it or there is none to name."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text.lower() or default is None or default is argparse.SUPPRESS or isinstance(default, bool):
+            return text  # a flag's off state, or an option whose absence the help already explains
+        if default in ("", [], ()) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class VersionAction(argparse.Action):
+    """``--version``, looked up only when asked for (package metadata is a scan of sys.path)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        from weft.cli.version import version
+
+        print(version())
+        parser.exit()
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2, like every other bad input."""
+    """argparse, but a usage error is one line and exit code 2, like every other bad input, and help shows
+    defaults."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ArgumentError(f"{self.prog}: {message}")
@@ -30,6 +61,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> Parser:
     parser = Parser(prog="weft", description="Synthesize, verify, compile and run GPU collectives.")
+    parser.add_argument("--version", action=VersionAction, help="print weft's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         try:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pull", action="store_true",
                    help="receivers read chunks straight from their peers' inputs (get/rre) instead of peers "
                         "writing them into scratch (Simple, out-of-place)")
+    p.add_argument("--multipeer", action="store_true",
+                   help="one thread block per instance serves every peer, each phase one op over all its channels")
     p.add_argument("--ll-max-bytes", help="the largest message an LL plan accepts (whole MB; default 1MB)")
     p.add_argument("--inplace", action="store_true", help="input and output share one buffer")
     p.add_argument("--format", default="plan", choices=("plan", "msccl-xml"), help="output format")
@@ -42,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from topologies import resolve
     from topologies.jsonfile import write_text
     from codegen.protocol import LL_MAX_BYTES
+    from schedules.mscclpp_format import mscclpp_verdict
     from weft import pipeline
     from weft.units import parse_bytes
 
@@ -52,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
                                        inplace=args.inplace, progress=None, threads=args.threads,
                                        pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull,
+                                       multipeer=args.multipeer,
                                        ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes")
                                        if args.ll_max_bytes else LL_MAX_BYTES)
     out = Path(args.output)
@@ -68,14 +73,14 @@ def run(args: argparse.Namespace) -> int:
                "threadblocks": max(len(g.threadblocks) for g in plan.gpus),
                "min_message_size": plan.min_message_size, "max_message_size": plan.max_message_size,
                "verified_sizes": record.get("sizes", []), "verified_dtypes": record.get("dtypes", []),
-               "format": args.format, "written": str(out)}
+               "format": args.format, "written": str(out), "mscclpp": mscclpp_verdict(plan.to_json())}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"plan {plan.name} ({plan.content_hash}): {plan.protocol}, {args.instances} instance(s), "
-              f"{summary['threadblocks']} thread blocks per GPU")
+        print(f"plan {plan.name} ({plan.content_hash}): {plan.protocol}, {counted(args.instances, 'instance')}, "
+              f"{counted(summary['threadblocks'], 'thread block')} per GPU")
         print(f"  verified on the reference executor: sizes {summary['verified_sizes']} B × "
               f"{', '.join(summary['verified_dtypes'])}")
-        print(f"  written to {out} ({args.format})")
+        print(f"  written to {out} ({args.format}); {summary['mscclpp']}")
     sys.stdout.flush()
     return 0

@@ -22,6 +22,7 @@ from schedules.collectives import NAMES
 from topologies.errors import WeftError
 from topologies.jsonfile import write_text
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes, parse_size_range
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("plan", help="plan file")
     _common(run)
     run.add_argument("--size", default="64MB", help="message size (nccl-tests terms)")
-    run.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
+    run.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="element type")
     run.add_argument("--check", action="store_true", help="compare with NCCL on the same random input")
     run.add_argument("--iters", type=int, default=20, help="timed executions")
     run.set_defaults(func=_run)
@@ -44,10 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--plans", nargs="+", default=["registry"], help="plan files, or 'registry'")
     bench.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     bench.add_argument("--sizes", default="1KB:1GB", help="sizes: 1KB:1GB (powers of two) or 1KB,4MB")
-    bench.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
+    bench.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="element type")
     mode = bench.add_mutually_exclusive_group()
-    mode.add_argument("--graph", dest="graph", action="store_true", default=True, help="CUDA-graph replay")
-    mode.add_argument("--eager", dest="graph", action="store_false", help="eager launches")
+    mode.add_argument("--graph", dest="graph", action="store_true", default=True, help="CUDA-graph replay (the default)")
+    mode.add_argument("--eager", dest="graph", action="store_false", help="eager launches (default: --graph)")
     bench.add_argument("--samples", type=int, default=30, help="timed samples per implementation and size")
     bench.add_argument("--calls", type=int, default=20, help="calls per sample")
     bench.add_argument("-o", "--output", help="JSON results file (default bench/results/gpu_<coll>_<n>x<gpu>.json)")
@@ -180,19 +181,31 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def _init_rank(args: argparse.Namespace):
+def _init_rank(args: argparse.Namespace, port: bool = False):
+    """This rank's process group and executor: the GPU interpreter, or for plans with port channels (hops between
+    hosts) the port engine over NCCL's point-to-point calls."""
     os.environ.update({k: os.environ.get(k, v) for k, v in SAFE_ENV.items()})
     import torch
     import torch.distributed as dist
-
-    from executor.communicator import PlanExecutor
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if port:
+        from executor.port_engine import PortEngine
+
+        return PortEngine.from_process_group(timeout_s=args.timeout), rank, world
+    from executor.communicator import PlanExecutor
+
     comm = PlanExecutor.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
     return comm, rank, world
+
+
+def has_port_channels(plans: list) -> bool:
+    """Whether any plan crosses hosts (port channels): those run on the port engine, and so do all plans of a bench
+    that has one (one engine per job)."""
+    return any(g.port_peers for p in plans for g in p.gpus)
 
 
 def _abandon(rank: int, error: BaseException) -> None:
@@ -214,6 +227,19 @@ def _abandon(rank: int, error: BaseException) -> None:
 # ---------------------------------------------------------------- weft run
 
 
+def _in_place(plan, rank: int, x, message: int) -> tuple:
+    """(x, the buffer to run on, the output's view of it): an in-place plan runs on one buffer of the message's
+    size holding the input at the rank's slice, and its output is the rank's slice of it (all of it for most)."""
+    if not plan.inplace:
+        return x, lambda out: out
+    facts = plan.collective_spec()
+    n_out = int(message * facts.output_fraction)
+    at_in, at_out = facts.inplace_offsets(rank, x.numel(), n_out)
+    buf = x.new_zeros(message)
+    buf[at_in:at_in + x.numel()] = x
+    return buf, lambda out: out[at_out:at_out + n_out]
+
+
 def _run(args: argparse.Namespace) -> int:
     from schedules.plan import load_plan
 
@@ -227,15 +253,20 @@ def _run(args: argparse.Namespace) -> int:
 
     from executor.errors import WrongResult
     from executor.gpu_bench import TORCH_DTYPES, matches, nccl_result, sum_magnitude
+    from executor.padded import buffer_parts
 
-    comm, rank, world = _init_rank(args)
+    comm, rank, world = _init_rank(args, has_port_channels([plan]))
     try:
         dtype = getattr(torch, TORCH_DTYPES[args.dtype])
         gpu = plan.gpus[rank] if rank < plan.nranks else plan.gpus[0]
         esize = torch.tensor([], dtype=dtype).element_size()
-        n_in = gpu.input_chunks * plan.chunk_bytes(nbytes) // esize if plan.accepts(nbytes) else nbytes // esize
+        # a size off the plan's granule runs padded (schedules.padding); the input is its parts at the caller's size
+        n_in = (nbytes // plan.message_parts * buffer_parts(plan, gpu.input_chunks) // esize if plan.runs(nbytes)
+                else nbytes // esize)
         torch.manual_seed(rank)
         x = torch.randn(n_in, device="cuda", dtype=torch.float32).to(dtype)
+        mine = x
+        x, take = _in_place(plan, rank, mine, nbytes // esize)  # MSCCL++'s plans often run in place
         out = comm.execute(plan, x, dtype=args.dtype)
         comm.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -247,14 +278,16 @@ def _run(args: argparse.Namespace) -> int:
         us = start.elapsed_time(end) * 1000 / args.iters
         ok = True
         if args.check:
-            out = comm.execute(plan, x)
+            ref, magnitude = nccl_result(plan.collective, mine, world), sum_magnitude(plan.collective, mine, world)
+            x, take = _in_place(plan, rank, mine, nbytes // esize)
+            out = take(comm.execute(plan, x))
             comm.synchronize()
-            ok = matches(plan.collective, out, nccl_result(plan.collective, x, world), args.dtype,
-                         sum_magnitude(plan.collective, x, world), world)
+            ok = matches(plan.collective, out, ref, args.dtype, magnitude, world)
         oks = comm.exchange("run-check", ok)  # plain data through the store, never a pickle
         if rank == 0:
-            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on {world} GPUs: "
-                  f"{us:.2f} µs per execution (eager, {args.iters} executions)"
+            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
+                  f"{counted(world, 'GPU')}: "
+                  f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
                   + (f"; check against NCCL: {'ok' if all(oks) else 'WRONG on ranks ' + str([r for r, o in enumerate(oks) if not o])}"
                      if args.check else ""))
         if not all(oks):
@@ -279,7 +312,8 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
         plans = [load_plan(p) for p in args.plans]
     plans = [p for p in plans if p.collective == args.collective and p.nranks == world]
     if not plans:
-        raise ArgumentError(f"weft bench: no {args.collective} plan for {world} ranks in {' '.join(args.plans)}")
+        raise ArgumentError(f"weft bench: no {args.collective} plan for {counted(world, 'rank')} in "
+                            f"{' '.join(args.plans)}")
     return plans
 
 
@@ -295,17 +329,18 @@ def _bench(args: argparse.Namespace) -> int:
 
     from executor.gpu_bench import BenchConfig, run_bench
 
-    comm, rank, world = _init_rank(args)
+    port = has_port_channels(_load_plans(args, int(os.environ["WORLD_SIZE"])))
+    comm, rank, world = _init_rank(args, port)
     try:
         plans = _load_plans(args, world)
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
-                             ll128=args.ll128)
+                             ll128=args.ll128, symm=not port)
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
         wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):
             row["wrong"] = sum(w[i] for w in wrong)
         if rank == 0:
-            doc = _bench_document(args, config, rows, world, torch)
+            doc = _bench_document(args, config, rows, world, torch, comm)
             path = Path(args.output or f"bench/results/gpu_{args.collective}_{args.dtype}_"
                         f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json")
             write_text(path, json.dumps(doc, indent=1) + "\n", "bench results", ArgumentError, parents=True)
@@ -338,7 +373,7 @@ def _gpu_slug(torch) -> str:
     return torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "").lower()
 
 
-def _bench_document(args, config, rows, world: int, torch) -> dict:
+def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
     import cupy
 
     versions = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
@@ -353,7 +388,15 @@ def _bench_document(args, config, rows, world: int, torch) -> dict:
                    "statistic": "median", "timer": "CUDA events", "programmatic_launch": args.pdl,
                    "ll128": args.ll128},
         "rows": rows,
+        **({"transport": _transport(comm)} if hasattr(comm, "hosts") and len(set(comm.hosts)) > 1 else {}),
     }
+
+
+def _transport(comm) -> dict:
+    """How a run across hosts moved its data: the hosts of the ranks and NCCL's transport settings."""
+    keys = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME")
+    return {"engine": type(comm).__name__, "hosts": list(comm.hosts),
+            "env": {k: os.environ[k] for k in keys if k in os.environ}}
 
 
 def _print_table(doc: dict, path: Path) -> None:

@@ -14,6 +14,7 @@ from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
 from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
 BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
@@ -49,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--commit", action="store_true", help="compile, verify and commit the plan to the registry")
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("--instances", type=int, default=1, help="thread blocks per chunk when compiling")
-    p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"))
+    p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"),
+                   help="when compiling: Simple, LL packets, or auto (LL for schedules of at most 2 steps)")
     for module in FAMILIES.values():
         try:
             importlib.import_module(module).add_arguments(p)
@@ -239,19 +241,21 @@ def _plans_for(args: argparse.Namespace, topology: Topology, schedule: Schedule)
 
 
 def _print_table(topology: Topology, rows, written, plans) -> None:
-    print(f"topology {topology.name} ({topology.fingerprint}, {topology.nranks} ranks)")
+    print(f"topology {topology.name} ({topology.fingerprint}, {counted(topology.nranks, 'rank')})")
     from weft.units import parse_bytes as size_of
 
     shown = sorted({n for _, pct in rows for n in pct}, key=size_of) or [format_bytes(n) for n in REPORT_SIZES]
-    head = f"{'schedule':<36} {'steps':>5} {'rounds':>6} {'chunks':>6} " + " ".join(
+    width = max([len(s.name or s.collective.name) for s, _ in rows] + [len("schedule")])  # names are never cut
+    head = f"{'schedule':<{width}} {'steps':>5} {'rounds':>6} {'chunks':>6} " + " ".join(
         f"{n + ' µs':>11} {'%bound':>6}" for n in shown)
     print(head)
     for (s, pct), path in zip(rows, written):
         cells = " ".join(f"{s.meta.predicted_us[n]:>11.2f} {pct[n]:>6.1f}" if n in pct else f"{'-':>11} {'-':>6}"
                          for n in shown)
-        print(f"{(s.name or s.collective.name):<36.36} {s.nsteps:>5} {s.total_rounds:>6} "
+        print(f"{(s.name or s.collective.name):<{width}} {s.nsteps:>5} {s.total_rounds:>6} "
               f"{s.collective.chunks:>6} {cells}")
-        print(f"  verified: {s.nsends} sends, hash {s.content_hash}" + (f", written to {path}" if path else ""))
+        print(f"  verified: {counted(s.nsends, 'send')}, hash {s.content_hash}"
+              + (f", written to {path}" if path else ""))
     for p in plans:
         line = f"  plan {p['plan']} ({p['plan_hash']}) verified on the reference executor"
         if "plan_file" in p:

@@ -18,6 +18,7 @@ from schedules.schedule import Schedule
 from topologies import Topology
 from topologies.jsonfile import make_directory, write_text
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 
 FRONTIER_FORMAT = "weft.frontier/1"
 
@@ -63,7 +64,7 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     if not args.pareto:
         return [smt.solve(topology, collective, options, progress)]
     frontier = smt.pareto(topology, collective, options, progress)
-    progress(f"smt: frontier of {len(frontier.points)} point(s) in {time.monotonic() - start:.1f} s"
+    progress(f"smt: frontier of {counted(len(frontier.points), 'point')} in {time.monotonic() - start:.1f} s"
              + ("" if frontier.complete else " (the walk stopped before reaching the LP bound)"))
     if not frontier.points:
         raise Unknown(f"smt: {collective.name} on {topology.name}: no frontier point found within the time limit of {args.time_limit:g} s and the step limit")

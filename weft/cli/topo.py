@@ -14,8 +14,9 @@ from pathlib import Path
 
 from topologies import Topology, load_topology, resolve, save_topology
 from topologies.catalog import entries
+from weft.cli.words import counted
 
-EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect")
+EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect", "weft.cli.topo_calibrate")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,7 +84,7 @@ def summary(topology: Topology) -> list[str]:
     lines = [f"topology {topology.name} ({topology.fingerprint})"]
     if topology.description:
         lines.append(f"  {topology.description}")
-    lines.append(f"ranks     {topology.nranks} on {topology.nhosts} host{'s' * (topology.nhosts != 1)}")
+    lines.append(f"ranks     {topology.nranks} on {counted(topology.nhosts, 'host')}")
     if topology.switches:
         lines.append(f"switches  {len(topology.switches)}: {_abbreviated(topology.switches)}")
     lines.append(f"links     {len(topology.links)} (unit bandwidth {topology.unit_bandwidth:g} GB/s)")
@@ -92,7 +93,7 @@ def summary(topology: Topology) -> list[str]:
         lanes = f"{count} × {bandwidth:g} GB/s = {count * bandwidth:g} GB/s" if count > 1 else f"{bandwidth:g} GB/s"
         lines.append(f"  {n:>5} {kind:<14} {lanes:<32} {latency:g} µs")
     if topology.sharing:
-        lines.append(f"sharing   {len(topology.sharing)} group{'s' * (len(topology.sharing) != 1)}")
+        lines.append(f"sharing   {counted(len(topology.sharing), 'group')}")
     return lines
 
 
@@ -111,7 +112,8 @@ def _abbreviated(names: tuple[str, ...], limit: int = 6) -> str:
 
 def run_validate(args: argparse.Namespace) -> int:
     topology = load_topology(args.file)
-    print(f"ok {args.file}: {topology.name}, {topology.nranks} ranks, {len(topology.links)} links, "
+    print(f"ok {args.file}: {topology.name}, {counted(topology.nranks, 'rank')}, "
+          f"{counted(len(topology.links), 'link')}, "
           f"{topology.fingerprint}")
     return 0
 
@@ -120,6 +122,6 @@ def run_export(args: argparse.Namespace) -> int:
     topology = resolve(args.topology)
     out = Path(args.output)
     save_topology(topology, out)
-    print(f"wrote {out}: {topology.name}, {topology.nranks} ranks, {topology.fingerprint}")
+    print(f"wrote {out}: {topology.name}, {counted(topology.nranks, 'rank')}, {topology.fingerprint}")
     return 0
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from fractions import Fraction
 
 from schedules.collectives import NAMES, Collective, collective_on
 from topologies import resolve
+from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
 
@@ -60,21 +62,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"topology {topology.name} ({topology.fingerprint}, {topology.nranks} ranks), {collective.name}, "
+    print(f"topology {topology.name} ({topology.fingerprint}, {counted(topology.nranks, 'rank')}), {collective.name}, "
           f"{format_bytes(nbytes)}")
     if "cut" in report:
         cut = report["cut"]
-        print(f"  cut bound: {cut['ratio']} per (GB/s) = max |S ∩ ranks| / B+(S), at S with {cut['ranks']} ranks "
-              f"and {cut['capacity']} GB/s leaving; {cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
+        print(f"  cut bound: {cut['ratio']} per (GB/s) = max |S ∩ ranks| / B+(S), at S with "
+              f"{counted(cut['ranks'], 'rank')} and {cut['capacity']} GB/s leaving; {cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
               f"optimal rate {cut['optimal_rate_gbps']:.6g} GB/s per rank's slice")
     if "allreduce" in report:
         print(f"  all-reduce bound: every cut between ranks carries the message each way (smallest rank cut "
               f"{report['allreduce']['smallest_rank_cut_gbps']} GB/s), and every element takes 2(N-1) transfers "
               "into ranks (one-way gossip) and 2(H-1) into hosts")
-    print(f"  bandwidth bound: size × {report['factor']} / 1e3 = {report['bandwidth_us']:.3f} µs")
+    size = format_bytes(nbytes)
+    factor = Fraction(report["factor"])
+    if factor:  # seconds per GB of message: its inverse is the fastest algbw any schedule reaches
+        rate = 1 / factor
+        exact = "" if rate.denominator == 1 else f" = {rate}"
+        print(f"  bandwidth bound: {report['bandwidth_us']:.3f} µs for {size} (algbw <= {float(rate):.2f}{exact} GB/s)")
+    else:
+        print(f"  bandwidth bound: 0 µs for {size} (nothing crosses a link)")
     print(f"  latency bound:   {report['latency_us']:.3f} µs")
     if report["algbw_max"] is not None:
-        print(f"  lower bound:     {report['bound_us']:.3f} µs  (algbw <= {report['algbw_max']:.2f} GB/s, "
+        print(f"  lower bound:     {report['bound_us']:.3f} µs for {size} (algbw <= {report['algbw_max']:.2f} GB/s, "
               f"busbw <= {report['busbw_max']:.2f} GB/s)")
     else:
         print("  lower bound:     0 µs (one rank)")

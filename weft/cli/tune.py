@@ -22,15 +22,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="baseline to compile (ring, direct, twoshot, rhd, tree); repeatable; default direct and "
                         "twoshot for allreduce, direct otherwise, those the topology has the links for (else ring)")
     p.add_argument("--schedule", action="append", dest="schedules", default=[],
-                   help="a schedule file (weft.schedule/1) to compile too; repeatable")
+                   help="a schedule file (weft.schedule/1) to compile too; repeatable (default: none)")
     p.add_argument("--instances", default="1,4,16,32,64,128", help="instance counts, comma-separated")
     p.add_argument("--threads", default="256,1024", help="thread-block sizes, comma-separated")
     p.add_argument("--protocols", default="ll,simple", help="ll, simple or both")
-    p.add_argument("--sms", type=int, default=132, help="SMs of the target GPU (H100/H200: 132)")
+    p.add_argument("--sms", type=int, default=132,
+                   help="SMs of the target GPU (H100/H200: 132): variants with more thread blocks than it holds at "
+                        "once are left out")
     p.add_argument("--pull", action="store_true", help="also Simple variants that read peers' inputs (get/rre)")
     p.add_argument("--pipeline", default="1", help="Simple variants' pipeline depths, comma-separated: each "
                                                    "instance's piece cut into that many sub-pieces that overlap "
                                                    "transfer and combining")
+    p.add_argument("--multipeer", action=argparse.BooleanOptionalAction, default=None,
+                   help="also variants in which one thread block per instance serves every peer (default: for "
+                        "more than 2 ranks); --no-multipeer leaves them out")
     p.add_argument("--ll-max-bytes", default="1MB",
                    help="the largest message LL variants accept (whole MB; higher pays with --ll128 executors)")
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
@@ -54,13 +59,13 @@ def run(args: argparse.Namespace) -> int:
     from topologies.jsonfile import make_directory
     from weft import publish
     from weft.synthesis import synthesize
-    from weft.tuning import TuneOptions, compile_variants, default_schedules
+    from weft.tuning import TuneOptions, compile_variants, default_schedules, grid
     from weft.units import parse_bytes
 
     options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
                           protocols=tuple(p.strip().lower() for p in args.protocols.split(",") if p.strip()),
                           sms=args.sms, pull=args.pull, pipelines=_ints(args.pipeline, "--pipeline"),
-                          ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"))
+                          ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"), multipeer=args.multipeer)
     topology = resolve(args.topology)
     if args.output and not args.dry_run:
         make_directory(args.output, "output", ArgumentError)  # before any commit, so a bad -o commits nothing
@@ -81,35 +86,54 @@ def run(args: argparse.Namespace) -> int:
             print(f"weft tune: {note}", file=sys.stderr)
         schedules = defaults + given
 
-    rows = []
+    rows: list[dict] = []
+    width = max(len(v.label) for v in grid(options))
     for schedule in schedules:
-        progress = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-        for o in compile_variants(schedule, topology, options, progress):
-            row = {"schedule": schedule.name, "variant": o.variant.label, "plan": o.plan.name if o.plan else None,
-                   "threadblocks": o.threadblocks, "skipped": o.skipped, "powers_of_two": o.powers_of_two}
-            if o.plan and not args.dry_run:
-                row["registry_entry"] = publish.commit(o.plan, topology, args.registry, schedule=schedule).id
-                if args.output:
-                    from weft import pipeline
-                    from weft.cli.synth import safe_name
+        if not args.json:
+            n = schedule.nsteps
+            print(f"schedule {schedule.name or schedule.meta.solver} ({schedule.meta.solver or 'given'}, {n} "
+                  f"step{'' if n == 1 else 's'}):", flush=True)
 
-                    path = Path(args.output) / f"{safe_name(o.plan.name)}.plan.json"
-                    pipeline.save_plan(o.plan, path)
-                    row["plan_file"] = str(path)
+        def keep(o, schedule=schedule) -> None:
+            row = _row(o, schedule, topology, args)
             rows.append(row)
+            if not args.json:
+                print("  " + _line(row, width), flush=True)  # as each variant is decided: a long grid is never silent
+
+        compile_variants(schedule, topology, options, keep)
     made = [r for r in rows if r["plan"]]
     if args.json:
         print(json.dumps({"registry": publish.registry_location(args.registry), "dry_run": args.dry_run,
                           "variants": rows}, indent=2))
     else:
-        for r in rows:
-            n = r["threadblocks"]
-            what = f"{r['plan']} ({n} thread block{'' if n == 1 else 's'})" if r["plan"] else "skipped: " + r["skipped"]
-            if r["plan"] and not r["powers_of_two"]:
-                what += "; warning: it accepts no power-of-two size (1 KB to 1 GB), so benches of those sizes skip it"
-            print(f"{r['variant']:<14} {what}" + (f" -> {r['registry_entry']}" if r.get("registry_entry") else ""))
         where = "checked, nothing committed (--dry-run)" if args.dry_run else \
             f"committed to {publish.registry_location(args.registry)}"
-        print(f"{len(made)} of {len(rows)} variants proven and {where}; measure them with "
-              f"`weft bench {args.collective} --plans registry --record`")
+        print(f"{len(made)} of {len(rows)} variant{'' if len(rows) == 1 else 's'} proven and {where}; measure them "
+              f"with `weft bench {args.collective} --plans registry --record`")
     return 0 if made else 1
+
+
+def _row(o, schedule, topology, args: argparse.Namespace) -> dict:
+    """One variant's outcome, committed (and written with -o) unless --dry-run."""
+    from weft import publish
+
+    row = {"schedule": schedule.name, "variant": o.variant.label, "plan": o.plan.name if o.plan else None,
+           "threadblocks": o.threadblocks, "skipped": o.skipped, "powers_of_two": o.powers_of_two}
+    if o.plan and not args.dry_run:
+        row["registry_entry"] = publish.commit(o.plan, topology, args.registry, schedule=schedule).id
+        if args.output:
+            from weft import pipeline
+            from weft.cli.synth import safe_name
+
+            path = Path(args.output) / f"{safe_name(o.plan.name)}.plan.json"
+            pipeline.save_plan(o.plan, path)
+            row["plan_file"] = str(path)
+    return row
+
+
+def _line(row: dict, width: int) -> str:
+    n = row["threadblocks"]
+    what = f"{row['plan']} ({n} thread block{'' if n == 1 else 's'})" if row["plan"] else "skipped: " + row["skipped"]
+    if row["plan"] and not row["powers_of_two"]:
+        what += "; warning: it accepts no power-of-two size (1 KB to 1 GB), so benches of those sizes skip it"
+    return f"{row['variant']:<{width}}  {what}" + (f" -> {row['registry_entry']}" if row.get("registry_entry") else "")

@@ -1,0 +1,85 @@
+"""MSCCL++ DSL plans on GPUs, each checked against NCCL on the same input: one rank per GPU, one job for all plans.
+
+    python -m torch.distributed.run --nproc_per_node 2 bench/mscclpp_corpus_gpu.py OUT.json PLAN.json ...
+
+Every rank loads every plan, runs it at each size (bf16, random normal input) and compares with NCCL's result
+(``executor.gpu_bench.matches``). A plan the executor refuses is recorded with its one-line reason on every rank
+(tables are built from the plan alone, so every rank refuses alike). Rank 0 writes OUT.json:
+``{machine, versions, rows: [{plan, collective, size, ok, us, error}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIZES = (64 * 1024, 4 << 20)
+
+
+def main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from executor.communicator import PlanExecutor
+    from executor.gpu_bench import matches, nccl_result, sum_magnitude
+    from schedules.plan import load_plan
+    from topologies.errors import WeftError
+
+    out_path, files = sys.argv[1], sys.argv[2:]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))))
+    comm = PlanExecutor.from_process_group(timeout_s=10.0)
+    rows = []
+    for f in files:
+        plan = load_plan(f)
+        for nbytes in SIZES:
+            row = {"plan": Path(f).name, "collective": plan.collective, "size": nbytes, "ok": False, "us": None,
+                   "error": ""}
+            try:
+                if not plan.accepts(nbytes):
+                    raise WeftError(f"size {nbytes} not accepted")
+                gpu = plan.gpus[rank]
+                n_in = gpu.input_chunks * plan.chunk_bytes(nbytes) // 2
+                torch.manual_seed(rank)
+                x = torch.randn(n_in, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+                ref, magnitude = nccl_result(plan.collective, x, world), sum_magnitude(plan.collective, x, world)
+                if plan.inplace:  # one buffer in and out: the input is the rank's slice of the larger one
+                    buf = torch.zeros(max(gpu.input_chunks, gpu.output_chunks) * plan.chunk_bytes(nbytes) // 2,
+                                      device="cuda", dtype=torch.bfloat16)
+                    at = plan.collective_spec().inplace_offsets(rank, n_in, buf.numel())[0]
+                    buf[at:at + n_in] = x
+                    x = buf
+                got = comm.execute(plan, x, dtype="bf16")
+                comm.synchronize()
+                ok = matches(plan.collective, got, ref, "bf16", magnitude, world)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(10):
+                    comm.execute(plan, x)
+                end.record()
+                comm.synchronize()
+                row.update(ok=bool(ok), us=start.elapsed_time(end) * 100)
+            except WeftError as e:
+                row["error"] = str(e)
+            oks = [None] * world
+            dist.all_gather_object(oks, row["ok"])
+            row["ok"] = all(oks)
+            rows.append(row)
+            if rank == 0:
+                print(json.dumps(row), flush=True)
+    if rank == 0:
+        doc = {"machine": torch.cuda.get_device_name(0), "gpus": world, "date": time.strftime("%Y-%m-%d"),
+               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))},
+               "dtype": "bf16", "rows": rows}
+        Path(out_path).write_text(json.dumps(doc, indent=1) + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

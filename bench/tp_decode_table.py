@@ -1,0 +1,46 @@
+"""The README's tables of examples/tp_decode.py runs, from their JSON (torch is not needed to print them).
+
+    python bench/tp_decode_table.py --markdown bench/results/tp_decode_2xh200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from weft.plots import _short_plan  # noqa: E402  (the bench tables' plan label: 'direct ll-x32-t512')
+
+HEADER = ("| batch | step, NCCL → weft / weft-fused (ms) | step speed-up, weft / weft-fused | all-reduce in the step, "
+          "weft / NCCL | all-reduce + residual add in the step, weft-fused / NCCL | all-reduce alone, weft / NCCL | "
+          "weft plan |")
+
+
+def markdown(doc: dict) -> str:
+    lines = [HEADER, "|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        alone = r["weft_isolated_us_per_call"] / r["nccl_isolated_us_per_call"]
+        lines.append(
+            f"| {r['batch']} | {r['nccl_ms']:.3f} → {r['weft_ms']:.3f} / {r['weft-fused_ms']:.3f} "
+            f"| {r['weft_speedup']:.3f}× / {r['weft-fused_speedup']:.3f}× "
+            f"| {r['weft_all_reduce_us_per_call']:.1f} / {r['nccl_all_reduce_us_per_call']:.1f} µs = "
+            f"{r['weft_all_reduce_ratio']:.2f}× "
+            f"| {r['weft-fused_all_reduce_add_us_per_call']:.1f} / {r['nccl_all_reduce_add_us_per_call']:.1f} µs = "
+            f"{r['weft-fused_all_reduce_add_ratio']:.2f}× "
+            f"| {r['weft_isolated_us_per_call']:.1f} / {r['nccl_isolated_us_per_call']:.1f} µs = {alone:.2f}× "
+            f"| {_short_plan(r['weft_plan'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", metavar="FILE", required=True, help="print the README table of a results file")
+    args = parser.parse_args()
+    print(markdown(json.loads(Path(args.markdown).read_text(encoding="utf-8"))), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""The fused all-reduce + residual add + RMSNorm of ``executor.inference.Communicator`` (the norm's half of it).
+
+    normed, h = comm.all_reduce(y, residual=h, rms_weight=w, eps=1e-5)   # one launch
+    comm.all_reduce_(y, residual=h, rms_weight=w, eps=1e-5)              # y <- normed, h <- h + sum(y)
+
+``h + all_reduce(y)`` then ``rms_norm(that) * w`` (a decoder layer's all-reduce and the next norm) in one launch of
+a plan whose thread blocks own whole rows (``executor.norm``, ``codegen.rows``): the norm reads the rows where
+the sum just left them instead of reading the hidden state back in a kernel of its own. The rows are the last
+dimension (``w`` has that many elements, of the tensor's dtype).
+
+Which plan: among the registry's all-reduce plans for this size, those that pass the norm's proof on the reference
+executor (``executor.norm.fused_refusal``) and whose rows fit this size and hidden size (``rows_refusal``); of
+those the one with the most row-owning thread blocks (parallel rows), then the fastest measured. Packets move as
+LL128 lines where the registry's plan for a plain all-reduce of this size does.
+
+Where no plan's rows fit (or a size is first seen inside a capture, or a tensor is not contiguous) the call runs
+unfused: the all-reduce with its residual (weft's or NCCL's), then torch's ``rms_norm``; logged once per reason.
+A weight of the wrong shape or dtype is refused (ValueError, one line). Eager calls stage the input, residual and
+weight in buffers of their own, so each size has one context; inside ``capture()`` calls bind the captured tensors
+(zero-copy), as the plain all-reduce does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from executor.communicator import NormCall
+from executor.norm import RowNorm, best_norm_plan, row_base
+
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
+
+
+def norm_candidates(entries: list, nbytes: int, ll128: bool) -> list[tuple]:
+    """(plan, estimated µs) of registry entries serving a size: a row-owning plan (never benched alone) takes the
+    time measured for the plan it was regrouped from, whose sends it keeps; any other its own estimate."""
+    by_name = {e.plan.name: e for e in entries}
+    return [(e.plan, (by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, ll128)[1] or math.inf))
+            for e in entries]
+
+
+class NormCalls:
+    """The fused norm's methods, mixed into ``executor.inference.Communicator`` (which provides ``choice``,
+    ``enabled``, the staging buffers, ``_fallback`` and the executor)."""
+
+    def norm_plan_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
+        """The plan that runs the fused norm for this size, dtype and row shape, or None (``norm_reason`` says why)."""
+        key = (nbytes, dtype, rows)
+        cache = self.__dict__.setdefault("_norm_choices", {})
+        if key not in cache:
+            cache[key] = self._choose_norm_plan(nbytes, dtype, rows)
+        return cache[key][0]
+
+    def norm_reason(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> str:
+        self.norm_plan_for(nbytes, dtype, rows)
+        return self._norm_choices[(nbytes, dtype, rows)][1]
+
+    def all_reduce_norm_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._check_norm_call(tensor, residual, weight, eps)
+        nbytes = tensor.numel() * tensor.element_size()
+        plan, why = self._fused_norm_plan(tensor, residual, weight, rows)
+        if plan is None:
+            self._fallback("allreduce+rms_norm", nbytes, tensor.dtype, why, UNFUSED)
+            new_residual = self.all_reduce_eager(tensor, residual)
+            return F.rms_norm(new_residual, (rows.row_elems,), weight, eps), new_residual
+        new_residual = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        normed = torch.empty_like(new_residual)
+        if not self._zero_copy_norm(plan, tensor, new_residual, residual, NormCall(rows, weight, normed)):
+            staged, staged_normed = self._stage_norm(plan, tensor, residual, weight, rows)
+            new_residual.copy_(staged.view(tensor.shape))
+            normed.copy_(staged_normed.view(tensor.shape))
+        return normed, new_residual
+
+    def all_reduce_norm_eager_(self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                               eps: float) -> None:
+        normed, new_residual = self.all_reduce_norm_eager(tensor, residual, weight, eps)
+        residual.copy_(new_residual)
+        tensor.copy_(normed)
+
+    def prepare_norm(self, nbytes: int, rows: RowNorm, dtype: torch.dtype = torch.bfloat16) -> bool:
+        """Create the fused norm's context for one size now (collective, eager); whether weft will run it."""
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("weft: prepare() must run before graph capture, not inside it")
+        elements = nbytes // torch.empty((), dtype=dtype).element_size()
+        if self.norm_plan_for(nbytes, dtype, rows) is None or elements % rows.row_elems:
+            return False
+        x = torch.zeros(elements // rows.row_elems, rows.row_elems, dtype=dtype, device=self._staging_in.device)
+        self.all_reduce_norm_eager(x, torch.zeros_like(x), torch.ones(rows.row_elems, dtype=dtype, device=x.device),
+                                   rows.eps)
+        return True
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_norm_call(self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                         eps: float) -> RowNorm:
+        """The call's row shape; a ValueError (one line) for arguments no path could run."""
+        if residual is None:
+            raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + the sum)")
+        if residual.shape != tensor.shape or residual.dtype != tensor.dtype or residual.device != tensor.device:
+            raise ValueError(f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
+                             f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
+                             f"{residual.device}")
+        hidden = tensor.shape[-1] if tensor.dim() else 0
+        if weight.dim() != 1 or weight.numel() != hidden or weight.dtype != tensor.dtype or \
+                weight.device != tensor.device:
+            raise ValueError(f"weft: all_reduce's rms_weight must be {tensor.dtype} of shape ({hidden},) (the last "
+                             f"dimension) on {tensor.device}, got {weight.dtype} of shape {tuple(weight.shape)} on "
+                             f"{weight.device}")
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"weft: all_reduce's eps must be a finite number >= 0, got {eps!r}")
+        return RowNorm(int(hidden), float(eps))
+
+    def _fused_norm_plan(self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, rows: RowNorm):
+        """(plan, '') for a fused launch, or (None, why the call runs unfused)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        if not all(t.is_contiguous() for t in (tensor, residual, weight)):
+            return None, "a tensor (input, residual or weight) is not contiguous"
+        plan = self.norm_plan_for(nbytes, tensor.dtype, rows)
+        if plan is None:
+            return None, self.norm_reason(nbytes, tensor.dtype, rows)
+        if torch.cuda.is_current_stream_capturing() and (plan.content_hash, nbytes, DTYPES[tensor.dtype],
+                                                         rows) not in self._ready:
+            return None, "first seen inside graph capture; warm up or use capture(rms_norm=...) before capturing"
+        return plan, ""
+
+    def _choose_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
+        if not self.enabled or dtype not in DTYPES or nbytes > self.staging_bytes:
+            return None, "weft disabled" if not self.enabled else "no plan (dtype or size)"
+        name = DTYPES[dtype]
+        serving = [e for e in self.choice.entries if e.serves(self.choice.topology, "allreduce", self.world_size,
+                                                              nbytes) and (not e.dtypes or name in e.dtypes)]
+        return best_norm_plan(norm_candidates(serving, nbytes, self.choice.ll128), nbytes, name, rows,
+                              self.norm_refusal)
+
+    def _zero_copy_norm(self, plan, tensor: torch.Tensor, output: torch.Tensor, residual: torch.Tensor,
+                        norm: NormCall) -> bool:
+        """Inside ``capture()``, capture the fused launch on the caller's tensors themselves; whether it did."""
+        if not self._in_graph():
+            return False
+        nbytes = tensor.numel() * tensor.element_size()
+        why = self.execute_captured(plan, tensor, output, lines=self._norm_lines(nbytes, tensor.dtype),
+                                    residual=residual, norm=norm)
+        if why:
+            self._fallback("allreduce+rms_norm", nbytes, tensor.dtype, why, "through the staging buffer in this graph")
+            return False
+        self.paths["zero_copy"] += 1
+        return True
+
+    def _stage_norm(self, plan, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                    rows: RowNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the fused launch through staging buffers (input, residual, weight, normed); (output, normed)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        if getattr(self, "_staging_norm", None) is None:  # read by this rank only: no IPC needed
+            self._staging_norm = torch.empty(2 * self.staging_bytes, dtype=torch.uint8,
+                                             device=self._staging_in.device)
+        source, staged = self._views(tensor.numel(), tensor.numel(), tensor.dtype)
+        source.view(tensor.shape).copy_(tensor)
+        added = self._staging_residual[:nbytes].view(tensor.dtype)
+        added.view(residual.shape).copy_(residual)
+        normed = self._staging_norm[:nbytes].view(tensor.dtype)
+        staged_weight = self._staging_norm[self.staging_bytes:self.staging_bytes + weight.numel() *
+                                           weight.element_size()].view(weight.dtype)
+        staged_weight.copy_(weight)
+        self.execute(plan, source, staged, lines=self._norm_lines(nbytes, tensor.dtype), residual=added,
+                     norm=NormCall(rows, staged_weight, normed))
+        self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], rows))
+        self.paths["staging"] += 1
+        return staged, normed
+
+    def _norm_lines(self, nbytes: int, dtype: torch.dtype) -> bool:
+        """LL128 lines where the registry's plan for a plain all-reduce of this size runs them."""
+        return self.choice.lines("allreduce", nbytes, DTYPES[dtype])

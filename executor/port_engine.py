@@ -1,0 +1,214 @@
+"""The port engine: runs plans whose hops between hosts are port channels, through torch.distributed's
+point-to-point sends and receives (NCCL on GPUs: its InfiniBand, RoCE or socket transport, whichever NCCL picks;
+gloo on CPUs).
+
+It is MSCCL++'s host proxy for port channels, driven by the static plan that every rank knows: each rank's
+``Program`` (``executor.port_program``) holds its sums and its groups of sends and receives, in the one global
+order that makes both sides of every hop meet. Everything runs on the caller's stream, so a CUDA graph captures
+it whole. No network code lives here: the engine's transports are NCCL's own, and on a real cluster NCCL moves
+the same calls over InfiniBand with no change here. Set ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`` to force NCCL
+onto its network path between the GPUs of one machine (as the two-host proof does).
+
+    engine = PortEngine.from_process_group()     # after init_process_group; WEFT_HOST may declare hosts
+    out = engine.execute(plan, x)                # on the current stream
+    engine.synchronize()                         # bounded: PeerLost names a peer that stopped answering
+
+Every wait is bounded: ``synchronize`` polls the stream's progress for ``timeout_s`` and a gloo wait carries the
+same bound, so a peer whose process or host died is reported as ``PeerLost`` (naming the rank and its host)
+instead of a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executor import liveness
+from executor.errors import ExecutorError, PeerLost
+from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
+from executor.port_program import Compute, Exchange, Program, Slot, compile_programs
+from schedules.plan import Plan, load_plan, parse_plan
+
+DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+POLL_S = 0.0005
+
+
+@dataclass
+class _Context:
+    """One plan at one size and dtype on this rank: its program and its own scratch and staging buffers."""
+
+    program: Program
+    scratch: dict[str, Any]  # "s" and "t", as (chunks, elements) views
+    chunk_elems: int
+    outputs: dict[int, Any] = field(default_factory=dict)  # input pointer -> the output allocated for it
+    pending: list = field(default_factory=list)  # (event, exchange) of the last eager execution
+
+
+class PortEngine:
+    """Runs port-channel plans on this rank with ``world_size - 1`` peers of a torch.distributed group."""
+
+    def __init__(self, group: Any = None, timeout_s: float = 30.0):
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ExecutorError("port engine: torch.distributed has no process group (launch with torchrun and call "
+                                "init_process_group)")
+        self._torch, self._dist = torch, dist
+        self.group, self.timeout_s = group, timeout_s
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group)).lower()
+        self.device = torch.cuda.current_device() if self.backend == "nccl" else None
+        me = (host_identity(), liveness.identity_of(self.rank))
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, me, group=group)
+        self.hosts = tuple(h for h, _ in every)
+        self._identities = [i for _, i in every]
+        self._contexts: dict[tuple, _Context] = {}
+        self._programs: dict[str, tuple[Program, ...]] = {}
+        self._last: _Context | None = None
+
+    @classmethod
+    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **_: Any) -> "PortEngine":
+        return cls(group, timeout_s)
+
+    # ------------------------------------------------------------------ running plans
+
+    def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
+                dtype: str | None = None, lines: bool | None = None, residual: Any = None) -> Any:
+        """Run ``plan`` on ``input`` (and ``output``, allocated when None) on the current stream; the output."""
+        plan = load_plan(plan) if isinstance(plan, (str, Path)) else parse_plan(plan, "plan") \
+            if isinstance(plan, dict) else plan
+        if lines or residual is not None:
+            raise ExecutorError(f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual)")
+        ctx = self._context(plan, input, dtype)
+        output = self._output(plan, ctx, input, output)
+        buffers = {"i": input.reshape(-1).view(-1, ctx.chunk_elems), "o": output.reshape(-1).view(-1, ctx.chunk_elems),
+                   **ctx.scratch}
+        capturing = self.device is not None and self._torch.cuda.is_current_stream_capturing()
+        ctx.pending = []
+        for step in ctx.program.steps:
+            if isinstance(step, Compute):
+                self._compute(buffers, step)
+            else:
+                self._exchange(buffers, ctx, step, record=not capturing)
+        self._last = ctx
+        return output
+
+    def synchronize(self, stream: Any = None) -> None:
+        """Wait, at most ``timeout_s``, for the last execution; PeerLost names a peer that did not answer."""
+        if self.device is None:
+            return
+        ctx = self._last
+        deadline = time.monotonic() + self.timeout_s
+        for event, exchange in ctx.pending if ctx else []:
+            while not event.query():
+                if time.monotonic() > deadline:
+                    raise self._lost(exchange, f"waited {self.timeout_s:.0f} s for its data")
+                time.sleep(POLL_S)
+        self._torch.cuda.current_stream().synchronize()
+
+    def close(self) -> None:
+        self._contexts.clear()
+        self._last = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _context(self, plan: Plan, input: Any, dtype: str | None) -> _Context:
+        torch = self._torch
+        name = DTYPES.get(str(input.dtype).replace("torch.", ""))
+        if name is None or (dtype is not None and dtype != name):
+            raise ExecutorError(f"plan {plan.name}: dtype {dtype or input.dtype} is not supported here (fp32, fp16, "
+                                "bf16, matching the input)")
+        key = (plan.content_hash, input.numel(), name, str(input.device))
+        ctx = self._contexts.get(key)
+        if ctx is not None:
+            return ctx
+        self._check(plan, input, name)
+        gpu = plan.gpus[self.rank]
+        elems = input.numel() // gpu.input_chunks
+        programs = self._programs.get(plan.content_hash)
+        if programs is None:
+            programs = self._programs[plan.content_hash] = compile_programs(plan)
+        program = programs[self.rank]
+        scratch = {k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)
+                   for k, n in (("s", gpu.scratch_chunks), ("t", program.staging_chunks)) if n}
+        ctx = self._contexts[key] = _Context(program, scratch, elems)
+        return ctx
+
+    def _output(self, plan: Plan, ctx: _Context, input: Any, output: Any) -> Any:
+        n = plan.gpus[self.rank].output_chunks * ctx.chunk_elems
+        if output is None:
+            output = ctx.outputs.get(input.data_ptr())
+            if output is None:
+                output = ctx.outputs[input.data_ptr()] = self._torch.empty(n, dtype=input.dtype, device=input.device)
+        elif output.numel() != n or output.dtype != input.dtype or not output.is_contiguous():
+            raise ExecutorError(f"plan {plan.name}: output has {output.numel()} {output.dtype} elements, expected "
+                                f"{n} {input.dtype} (contiguous)")
+        return output
+
+    def _check(self, plan: Plan, input: Any, dtype: str) -> None:
+        gpu = plan.gpus[min(self.rank, plan.nranks - 1)]
+        why = ipc_across_hosts(plan, self.hosts) if plan.nranks == self.world_size else ""
+        why = why or transport_refusal(plan.nranks, self.rank, self.hosts, gpu.port_peers, self.backend,
+                                       input.device.type)
+        if why:
+            raise ExecutorError(why if why.startswith("plan ") else f"plan {plan.name}: {why}")
+        if plan.nranks != self.world_size:
+            raise ExecutorError(f"plan {plan.name}: {plan.nranks} ranks, the process group has {self.world_size}")
+        if dtype not in plan.weft.dtypes:
+            raise ExecutorError(f"plan {plan.name}: dtype {dtype} is not among the plan's ({', '.join(plan.weft.dtypes)})")
+        gpu = plan.gpus[self.rank]
+        nbytes = input.numel() * input.element_size() * plan.size_chunks // max(gpu.input_chunks, 1)
+        if input.numel() % max(gpu.input_chunks, 1) or not plan.accepts(nbytes):
+            raise ExecutorError(f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
+                                f"({gpu.input_chunks} input chunks of whole 4-byte words)")
+
+    @staticmethod
+    def _view(buffers: dict[str, Any], slot: Slot):
+        return buffers[slot.buffer][slot.index:slot.index + slot.size].reshape(-1)
+
+    def _compute(self, buffers: dict[str, Any], step: Compute) -> None:
+        srcs = [self._view(buffers, s) for s in step.srcs]
+        total = srcs[0]
+        for s in srcs[1:]:
+            total = total + s  # in the element type: fp16/bf16 round after every add, as the plan says
+        for d in step.dsts:
+            view = self._view(buffers, d)
+            if view.data_ptr() != total.data_ptr():
+                view.copy_(total)
+
+    def _exchange(self, buffers: dict[str, Any], ctx: _Context, step: Exchange, record: bool) -> None:
+        dist = self._dist
+        ops = [dist.P2POp(dist.isend if t.send else dist.irecv, self._view(buffers, t.slot), t.peer, self.group)
+               for t in step.transfers]
+        try:
+            works = dist.batch_isend_irecv(ops)
+            for w in works or ():
+                if self.device is None:
+                    if not w.wait(datetime.timedelta(seconds=self.timeout_s)):
+                        raise TimeoutError(f"no answer in {self.timeout_s:.0f} s")
+                else:
+                    w.wait()  # NCCL: the current stream waits for the group; the host does not
+        except (RuntimeError, TimeoutError, ConnectionError) as e:
+            if self.device is not None and "NCCL" not in str(e):
+                raise
+            raise self._lost(step, str(e).splitlines()[0][:200]) from None
+        if record:
+            event = self._torch.cuda.Event()
+            event.record()
+            ctx.pending.append((event, step))
+
+    def _lost(self, step: Exchange, why: str) -> PeerLost:
+        peers = sorted({t.peer for t in step.transfers})
+        here = self._identities[self.rank]
+        states = {p: liveness.probe(self._identities[p], here) for p in peers}
+        gone = [p for p in peers if states[p] != "alive"] or peers
+        p = gone[0]
+        state = {"exited": "its process exited", "remote": "it runs on another host and did not answer"}.get(
+            states[p], "it did not answer")
+        return PeerLost(f"rank {self.rank}: peer rank {p} on host {self.hosts[p]} lost during a port-channel exchange "
+                        f"({step}): {state}; {why}", rank=self.rank, peer=p, lost=tuple(gone))

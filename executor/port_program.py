@@ -1,0 +1,327 @@
+"""The port engine's programs: a Plan as each rank's sequence of local sums and point-to-point exchanges.
+
+A host proxy runs port channels over an existing engine's point-to-point sends and receives (NCCL, gloo). Both
+sides of every hop know the plan, so the hops can be fixed ahead of time: one valid run of the whole plan (every
+thread block of every rank, interleaved as its signals, waits, semaphores and barriers allow) puts every data op
+in a global order. Each op then becomes, on the ranks it touches, the same point in their sequences:
+
+- a put (``put``/``pws``, or the remote destinations of ``res``): a send on the writer, a receive into the
+  destination on its owner;
+- a remote read (``get``, the remote sources of ``rre``/``rres``, memory channels only): a send on the owner, a
+  receive on the reader (into the destination, or a staging slot ``t`` that the sum then reads);
+- a local ``copy``/``re`` (or the local part of the above): a sum (one source: a copy) on the rank.
+
+Signals, waits, flushes, semaphores and barriers leave nothing: a receive completes before the receiver's later
+steps, which is what the wait after a signal guaranteed. Consecutive transfers of a rank form one ``Exchange``
+(one group of sends and receives that progress together) unless a receive would overwrite what the group
+already reads or writes. Because every rank follows the one global order and each hop's two sides sit at the
+same place in it, the groups complete in order: no rank waits on a peer that waits on it.
+
+The plan must have been proven (``executor.reference.check_plan``); packets (LL plans) and in-place plans are
+refused: port channels carry plain puts, and a proxy works on separate input and output buffers.
+
+>>> from schedules.plan import parse_plan
+>>> doc = {"name": "x", "collective": "allgather", "protocol": "Simple", "gpus": [
+...     {"id": r, "input_chunks": 1, "output_chunks": 2,
+...      "channels": [{"channel_type": "port", "connected_to": [1 - r]}],
+...      "remote_buffers": [{"rank": 1 - r, "type": "o", "access_channel_types": ["port"]}],
+...      "threadblocks": [{"id": 0, "channels": [{"channel_type": "port", "channel_ids": [0]}],
+...       "remote_buffer_refs": [{"access_channel_type": "port", "remote_buffer_ids": [0]}], "ops": [
+...       {"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+...        "dst_buff": [{"type": "o", "index": r, "size": 1}]},
+...       {"name": "pws", "channel_type": "port", "channel_ids": [0],
+...        "src_buff": [{"type": "i", "index": 0, "size": 1}], "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}]},
+...       {"name": "wait", "channel_type": "port", "channel_ids": [0]},
+...       {"name": "flush", "channel_type": "port", "channel_ids": [0]}]}]} for r in range(2)]}
+>>> [str(step) for step in compile_programs(parse_plan(doc, "x.json"))[0].steps]
+['o[0:1] = i[0:1]', 'exchange(send i[0:1] to 1 over port, recv o[1:2] from 1 over port)']
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Union
+
+from executor.errors import ExecutorError
+from schedules.plan import BufferRef, Op, Plan, channel_pairs, remote_target
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Chunks ``index``.. ``index + size - 1`` of one of the rank's buffers: ``i``, ``o``, ``s`` (scratch) or ``t``
+    (the engine's staging for remote reads and sums that have no local destination)."""
+
+    buffer: str
+    index: int
+    size: int
+
+    def overlaps(self, other: "Slot") -> bool:
+        return (self.buffer == other.buffer and self.index < other.index + other.size
+                and other.index < self.index + self.size)
+
+    def __str__(self) -> str:
+        return f"{self.buffer}[{self.index}:{self.index + self.size}]"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One side of a hop: send ``slot`` to ``peer``, or receive ``peer``'s data into ``slot``."""
+
+    peer: int
+    slot: Slot
+    send: bool
+    channel_type: str
+
+    def __str__(self) -> str:
+        return (f"send {self.slot} to {self.peer}" if self.send else f"recv {self.slot} from {self.peer}") + \
+            f" over {self.channel_type}"
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Transfers that progress together (one group of point-to-point calls)."""
+
+    transfers: tuple[Transfer, ...]
+
+    def __str__(self) -> str:
+        return f"exchange({', '.join(map(str, self.transfers))})"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Every destination gets the sum of the sources, added in order (one source: a copy)."""
+
+    srcs: tuple[Slot, ...]
+    dsts: tuple[Slot, ...]
+
+    def __str__(self) -> str:
+        return f"{', '.join(map(str, self.dsts))} = {' + '.join(map(str, self.srcs))}"
+
+
+Step = Union[Exchange, Compute]
+# The data ops a program lowers (their meaning is their row in schedules.ops); any other is refused by name.
+LOWERED = frozenset({"copy", "put", "pws", "pwsf", "get", "re", "res", "rre", "rres"})
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one rank runs for one plan: its steps, and the staging chunks they use."""
+
+    rank: int
+    steps: tuple[Step, ...]
+    staging_chunks: int
+
+    @property
+    def peers(self) -> tuple[int, ...]:
+        return tuple(sorted({t.peer for s in self.steps if isinstance(s, Exchange) for t in s.transfers}))
+
+
+def compile_programs(plan: Plan) -> tuple[Program, ...]:
+    """Every rank's Program for ``plan`` (proven beforehand)."""
+    if plan.inplace:
+        raise ExecutorError(f"plan {plan.name}: the port engine runs out-of-place plans only (inplace is true)")
+    actions: dict[int, list] = defaultdict(list)
+    staging = 0
+    for rank, tb, index in global_order(plan):
+        staging = max(staging, _lower(plan, rank, tb, index, actions))
+    return tuple(Program(r, _group(actions[r]), staging) for r in range(plan.nranks))
+
+
+def global_order(plan: Plan) -> list[tuple[int, int, int]]:
+    """(rank, thread block, op index) of every op in one run that every signal, wait, semaphore and barrier allows."""
+    pairs = {t: channel_pairs(plan, t) for t in ("memory", "port")}
+    pc = {(r, tb.id): 0 for r, g in enumerate(plan.gpus) for tb in g.threadblocks}
+    inbound: Counter = Counter()
+    consumed: Counter = Counter()
+    sems = {(r, s): v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
+    arrived: dict[tuple, set] = defaultdict(set)
+    generation: Counter = Counter()
+    order = []
+
+    def ready(r: int, t: int, op: Op) -> bool:
+        if op.spec.device == "wait":
+            need = Counter((op.channel_type, r, c) for c in op.channel_ids)
+            return all(inbound[e] >= consumed[e] + n for e, n in need.items())
+        if op.spec.device == "sem_acquire":
+            need = Counter(op.semaphore_ids)
+            return all(sems[(r, s)] >= n for s, n in need.items())
+        if op.spec.device == "barrier":
+            key = (r, op.barrier_id, generation[(r, t, op.barrier_id)])
+            arrived[key].add(t)
+            return len(arrived[key]) >= op.num_threadblocks
+        return True
+
+    def run(r: int, t: int, op: Op) -> None:
+        if op.spec.device == "wait":
+            for c in op.channel_ids:
+                consumed[(op.channel_type, r, c)] += 1
+        elif op.spec.device == "sem_acquire":
+            for s in op.semaphore_ids:
+                sems[(r, s)] -= 1
+        elif op.spec.device == "sem_release":
+            for s in op.semaphore_ids:
+                sems[(r, s)] += 1
+        elif op.spec.device == "barrier":
+            generation[(r, t, op.barrier_id)] += 1
+        if op.spec.device == "signal" or op.spec.signals:
+            for c in op.channel_ids:
+                inbound[(op.channel_type,) + pairs[op.channel_type][(r, c)]] += 1
+
+    live = sorted(pc)
+    while live:  # rounds of one op per thread block, so that the hops that can go together are neighbours
+        progressed = False
+        for r, t in live:
+            ops = plan.gpus[r].threadblocks[t].ops
+            if pc[(r, t)] < len(ops) and ready(r, t, ops[pc[(r, t)]]):
+                run(r, t, ops[pc[(r, t)]])
+                order.append((r, t, pc[(r, t)]))
+                pc[(r, t)] += 1
+                progressed = True
+        live = [k for k in live if pc[k] < len(plan.gpus[k[0]].threadblocks[k[1]].ops)]
+        if live and not progressed:
+            stuck = ", ".join(f"rank {r} threadblock {t} op {pc[(r, t)]}" for r, t in live[:3])
+            raise ExecutorError(f"plan {plan.name}: no run of the plan gets past {stuck} (prove it with weft verify)")
+    return order
+
+
+def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, list]) -> int:
+    """Append op (rank, tb, index)'s transfers and sums to every rank it touches; the staging chunks it uses."""
+    gpu = plan.gpus[rank]
+    tb = gpu.threadblocks[tb_id]
+    op = tb.ops[index]
+    if not op.spec.buffers:
+        return 0
+    if op.spec.packet or op.name not in LOWERED:
+        why = "moves LL packets; the port engine runs Simple plans" if op.spec.packet else \
+            f"is not among the ops the port engine runs ({', '.join(sorted(LOWERED))})"
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} {why}")
+    kind = op.channel_type or "memory"
+    staged = 0
+
+    def where(ref: BufferRef) -> tuple[int, Slot]:
+        owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (rank, ref.type)
+        return owner, Slot(type, ref.index, ref.size)
+
+    def hop(src_rank: int, src: Slot, dst_rank: int, dst: Slot) -> None:
+        actions[src_rank].append(Transfer(dst_rank, src, True, kind))
+        actions[dst_rank].append(Transfer(src_rank, dst, False, kind))
+
+    def stage(size: int) -> Slot:
+        nonlocal staged
+        staged += size
+        return Slot("t", staged - size, size)
+
+    if op.spec.pairwise:
+        for s, d in zip(op.src_buff, op.dst_buff):
+            (sr, src), (dr, dst) = where(s), where(d)
+            if sr == dr == rank:
+                actions[rank].append(Compute((src,), (dst,)))
+            else:
+                hop(sr, src, dr, dst)
+        return staged
+    srcs = []
+    for s in op.src_buff:
+        owner, src = where(s)
+        if owner != rank:
+            landing = stage(src.size)
+            hop(owner, src, rank, landing)
+            src = landing
+        srcs.append(src)
+    dsts = [where(d) for d in op.dst_buff]
+    local = tuple(slot for owner, slot in dsts if owner == rank)
+    value = local[0] if local else stage(dsts[0][1].size)
+    actions[rank].append(Compute(tuple(srcs), local or (value,)))
+    for owner, dst in dsts:
+        if owner != rank:
+            hop(rank, value, owner, dst)
+    return staged
+
+
+def _group(actions: list) -> tuple[Step, ...]:
+    """Consecutive transfers as one Exchange, split where a receive would overwrite what the group touches or a
+    send would read what the group receives."""
+    steps: list[Step] = []
+    batch: list[Transfer] = []
+
+    def close() -> None:
+        if batch:
+            steps.append(Exchange(tuple(batch)))
+            batch.clear()
+
+    for a in actions:
+        if isinstance(a, Compute):
+            close()
+            steps.append(a)
+            continue
+        clash = any(a.slot.overlaps(b.slot) for b in batch if not (a.send and b.send))
+        if clash:
+            close()
+        batch.append(a)
+    close()
+    return tuple(steps)
+
+
+def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems: int, dtype: str) -> list:
+    """Run every rank's Program on numpy buffers, with an Exchange blocking until each of its transfers met its
+    peer's: every rank's output (float32 arrays, values of ``dtype``). Raises ExecutorError on a deadlock.
+
+    The CPU stand-in for the engine: a transfer's data moves when both sides are posted, as in NCCL's groups."""
+    import numpy as np
+
+    from executor.reference import round_to
+
+    bufs = []
+    for r, g in enumerate(plan.gpus):
+        sizes = {"i": g.input_chunks, "o": g.output_chunks, "s": g.scratch_chunks, "t": programs[r].staging_chunks}
+        b = {k: np.full((n, elems), np.nan, np.float32) for k, n in sizes.items()}
+        b["i"][:] = round_to(np.asarray(inputs[r], np.float32), dtype).reshape(g.input_chunks, elems)
+        bufs.append(b)
+
+    def view(r: int, s: Slot):
+        return bufs[r][s.buffer][s.index:s.index + s.size]
+
+    pc = [0] * plan.nranks
+    posted: dict[tuple[int, int, bool], list] = defaultdict(list)  # (sender, receiver, is send) -> [(rank, step, k)]
+    done: set = set()
+    while any(pc[r] < len(p.steps) for r, p in enumerate(programs)):
+        progressed = False
+        for r, p in enumerate(programs):
+            while pc[r] < len(p.steps):
+                step = p.steps[pc[r]]
+                if isinstance(step, Compute):
+                    total = view(r, step.srcs[0]).copy()
+                    for s in step.srcs[1:]:
+                        total = round_to(total + view(r, s), dtype)
+                    for d in step.dsts:
+                        view(r, d)[:] = total
+                    pc[r] += 1
+                    progressed = True
+                    continue
+                keys = [(r, pc[r], k) for k in range(len(step.transfers))]
+                if (r, pc[r], -1) not in done:  # post the group once
+                    done.add((r, pc[r], -1))
+                    for k, t in enumerate(step.transfers):
+                        posted[(r, t.peer, True) if t.send else (t.peer, r, False)].append((r, pc[r], k))
+                    progressed = True
+                if not all(key in done for key in keys):
+                    break
+                pc[r] += 1
+                progressed = True
+        for (a, b, is_send), queue in list(posted.items()):
+            if not is_send:
+                continue
+            recvs = posted[(a, b, False)]
+            while queue and recvs:
+                (sr, ss, sk), (rr, rs, rk) = queue.pop(0), recvs.pop(0)
+                src, dst = programs[sr].steps[ss].transfers[sk], programs[rr].steps[rs].transfers[rk]
+                if src.slot.size != dst.slot.size:
+                    raise ExecutorError(f"plan {plan.name}: rank {a} sends {src.slot.size} chunks to rank {b}, which "
+                                        f"receives {dst.slot.size}")
+                view(rr, dst.slot)[:] = view(sr, src.slot)
+                done.update({(sr, ss, sk), (rr, rs, rk)})
+                progressed = True
+        if not progressed:
+            stuck = [f"rank {r} at {p.steps[pc[r]]}" for r, p in enumerate(programs) if pc[r] < len(p.steps)]
+            raise ExecutorError(f"plan {plan.name}: port programs deadlock: {'; '.join(stuck[:3])}")
+    return [b["o"].reshape(-1).copy() for b in bufs]

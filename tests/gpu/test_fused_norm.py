@@ -1,0 +1,286 @@
+"""The fused all-reduce + residual add + RMSNorm on real GPUs (issue 23): eager, captured zero-copy, in place,
+through the backend, under torch.compile, and the bad cases (fallback logged once, or a one-line refusal).
+
+One job (a process per GPU) runs every scenario and writes each rank's results; the tests read them. The job runs
+this file as a script: ``python tests/gpu/test_fused_norm.py RESULTS_DIR`` with RANK, WORLD_SIZE, ... set.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch_job import LogLines, each, run_job, run_scenarios, start_rank, sums_to
+
+HIDDEN, EPS = 8192, 1e-5
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    return run_job(__file__, "fused_norm", tmp_path_factory)
+
+
+@pytest.mark.gpu
+def test_one_launch_returns_the_sum_plus_residual_and_its_norm(results):
+    for row in each(results, "eager"):
+        for batch, r in row.items():
+            assert r["plan"].endswith(f"-rows{int(batch)}"), r
+            assert r["residual_wrong"] == 0 and r["fused_calls"] == 3 and r["unfused_logged"] == 0
+            assert r["normed_off_by_more_than_one_ulp"] == 0 and r["normed_bitwise_fraction"] > 0.99
+            assert r["vs_torch_rel_err"] < 8e-3
+
+
+@pytest.mark.gpu
+def test_captured_graphs_run_the_fused_launch_on_the_captured_tensors(results):
+    for row in each(results, "graph"):
+        assert row["zero_copy"] == 1 and row["replays"] == 50 and row["wrong"] == 0
+
+
+@pytest.mark.gpu
+def test_the_in_place_form_writes_the_norm_and_the_new_residual(results):
+    for row in each(results, "inplace"):
+        assert row["normed_equal"] and row["residual_equal"]
+
+
+@pytest.mark.gpu
+def test_the_backend_fuses_in_graphs_it_prepared(results):
+    for row in each(results, "backend"):
+        assert row["should_fuse"] and row["prepared_in_capture"] and row["graph_wrong"] == 0
+
+
+@pytest.mark.gpu
+def test_torch_compile_traces_through_the_fused_op(results):
+    for row in each(results, "compile"):
+        assert row["ops_in_graph"] == 1 and row["wrong"] == 0
+
+
+@pytest.mark.gpu
+def test_a_hidden_size_no_plan_fits_runs_unfused_logged_once(results):
+    for row in each(results, "no_rows"):
+        assert row["wrong"] == 0 and row["logged"] == 1 and "no plan's rows fit" in row["reason"]
+
+
+@pytest.mark.gpu
+def test_a_non_contiguous_residual_runs_unfused_logged_once(results):
+    for row in each(results, "non_contiguous"):
+        assert row["wrong"] == 0 and row["logged"] == 1
+
+
+@pytest.mark.gpu
+def test_a_weight_of_the_wrong_shape_or_dtype_is_refused_in_one_line(results):
+    for row in each(results, "bad_weight"):
+        for message in (row["shape"], row["dtype"]):
+            assert message.startswith("weft: all_reduce's rms_weight must be torch.bfloat16 of shape (8192,)")
+            assert "\n" not in message
+
+
+# ---------------------------------------------------------------------------------------------- the worker
+
+def shared(device, *shape, seed, dtype=None):
+    """The same values on every rank, as a residual stream or a norm weight."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(*shape, generator=gen, device=device, dtype=dtype or torch.bfloat16)
+
+
+def norm_weight(device, seed=7):
+    import torch
+
+    return (1.0 + 0.1 * shared(device, HIDDEN, seed=seed, dtype=torch.float32)).to(torch.bfloat16)
+
+
+def check_norm(normed, new_residual, weight) -> tuple[int, float]:
+    """(elements more than one bf16 ulp from the epilogue's definition, fraction bit-equal to it): fp32 mean of
+    squares, x * rstd, then * weight, rounded once (executor.norm.rms_norm)."""
+    import torch
+
+    x = new_residual.float()
+    rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
+    want = ((x * rstd) * weight.float()).to(torch.bfloat16)
+    ulp = torch.maximum(want.float().abs(), torch.tensor(2.0 ** -126, device=x.device)) * 2.0 ** -7
+    off = int(((normed.float() - want.float()).abs() > ulp).sum())
+    return off, float((normed == want).float().mean())
+
+
+def scenario_eager(comm, log: LogLines, device) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from executor.norm import RowNorm
+
+    rows = {}
+    w = norm_weight(device)
+    for batch in (1, 4, 16):
+        x, h = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, batch, HIDDEN, seed=3)
+        before, fused_before = len(log.lines), comm.paths["staging"]
+        for _ in range(3):
+            normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
+        torch.cuda.synchronize()
+        off, bitwise = check_norm(normed, new_h, w)
+        ref = F.rms_norm(new_h, (HIDDEN,), w, EPS).float()
+        plan = comm.norm_plan_for(x.numel() * 2, x.dtype, RowNorm(HIDDEN, EPS))
+        rows[str(batch)] = {
+            "plan": getattr(plan, "name", ""), "residual_wrong": int(not sums_to(new_h, x, residual=h)),
+            "fused_calls": comm.paths["staging"] - fused_before,
+            "unfused_logged": sum("unfused" in line for line in log.lines[before:]),
+            "normed_off_by_more_than_one_ulp": off, "normed_bitwise_fraction": bitwise,
+            "vs_torch_rel_err": float((normed.float() - ref).norm() / ref.norm())}
+    return rows
+
+
+def scenario_graph(comm, device) -> dict:
+    import torch
+
+    w = norm_weight(device)
+    x, h = torch.randn(4, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, 4, HIDDEN, seed=11)
+    for _ in range(3):
+        comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
+    before = comm.paths["zero_copy"]
+    with comm.capture():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
+    zero_copy = comm.paths["zero_copy"] - before
+    wrong = 0
+    for k in range(50):
+        x.copy_(torch.randn_like(x))
+        h.copy_(shared(device, 4, HIDDEN, seed=1000 + k))
+        graph.replay()
+        torch.cuda.synchronize()
+        wrong += not sums_to(new_h, x, residual=h) or check_norm(normed, new_h, w)[0] > 0
+    return {"zero_copy": zero_copy, "replays": 50, "wrong": wrong}
+
+
+def scenario_inplace(comm, device) -> dict:
+    import torch
+
+    w = norm_weight(device)
+    x, h = torch.randn(4, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, 4, HIDDEN, seed=21)
+    normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
+    comm.all_reduce_(x, residual=h, rms_weight=w, eps=EPS)
+    return {"normed_equal": bool(torch.equal(x, normed)), "residual_equal": bool(torch.equal(h, new_h))}
+
+
+def scenario_backend(comm, device) -> dict:
+    import torch
+
+    from executor.backend import WeftBackend
+
+    backend = WeftBackend(comm)
+    w = norm_weight(device, seed=8)
+    x, h = torch.randn(2, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, 2, HIDDEN, seed=31)
+    should = backend.should_fuse_norm(x, w, EPS)
+    with backend.capture(sizes=[x.numel() * 2], rms_norm=(HIDDEN, EPS)):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            prepared = backend.should_fuse_norm(x, w, EPS)
+            normed, new_h = backend.fused_add_rms_norm(x, h, w, EPS)
+    wrong = 0
+    for k in range(20):
+        x.copy_(torch.randn_like(x))
+        h.copy_(shared(device, 2, HIDDEN, seed=3000 + k))
+        graph.replay()
+        torch.cuda.synchronize()
+        wrong += not sums_to(new_h, x, residual=h) or check_norm(normed, new_h, w)[0] > 0
+    return {"should_fuse": should, "prepared_in_capture": prepared, "graph_wrong": wrong}
+
+
+def scenario_compile(comm, device) -> dict:
+    import torch
+    import torch._dynamo
+
+    w = norm_weight(device, seed=9)
+
+    def layer(y, h):
+        return comm.all_reduce(y, residual=h, rms_weight=w, eps=EPS)
+
+    traced = []
+
+    def recording(gm, example_inputs):
+        traced.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend=recording)
+    wrong = 0
+    for k in range(3):
+        y, h = torch.randn(4, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, 4, HIDDEN, seed=40 + k)
+        normed, new_h = compiled(y, h)
+        torch.cuda.synchronize()
+        wrong += not sums_to(new_h, y, residual=h) or check_norm(normed, new_h, w)[0] > 0
+    return {"ops_in_graph": sum("weft.all_reduce_rms_norm" in t for t in traced), "wrong": wrong}
+
+
+def scenario_no_rows(comm, log: LogLines, device) -> dict:
+    """An odd hidden size (8191): no plan accepts the size, so the call runs unfused (NCCL here), logged once."""
+    import torch
+    import torch.nn.functional as F
+
+    from executor.norm import RowNorm
+
+    hidden = HIDDEN - 1
+    w = (1.0 + 0.1 * shared(device, hidden, seed=5, dtype=torch.float32)).to(torch.bfloat16)
+    x, h = torch.randn(1, hidden, device=device, dtype=torch.bfloat16), shared(device, 1, hidden, seed=6)
+    before = len(log.lines)
+    wrong = 0
+    for _ in range(2):
+        normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
+        wrong += not sums_to(new_h, x, residual=h) or not torch.equal(normed, F.rms_norm(new_h, (hidden,), w, EPS))
+    return {"wrong": wrong, "logged": sum("unfused" in line for line in log.lines[before:]),
+            "reason": comm.norm_reason(x.numel() * 2, x.dtype, RowNorm(hidden, EPS))}
+
+
+def scenario_non_contiguous(comm, log: LogLines, device) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    w = norm_weight(device)
+    x = torch.randn(4, HIDDEN, device=device, dtype=torch.bfloat16)
+    h = shared(device, HIDDEN, 4, seed=51).t()  # (4, HIDDEN), not contiguous
+    before = len(log.lines)
+    wrong = 0
+    for _ in range(2):
+        normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
+        wrong += not sums_to(new_h, x, residual=h) or not torch.equal(normed, F.rms_norm(new_h, (HIDDEN,), w, EPS))
+    return {"wrong": wrong, "logged": sum("not contiguous" in line and "unfused" in line
+                                          for line in log.lines[before:])}
+
+
+def scenario_bad_weight(comm, device) -> dict:
+    import torch
+
+    w = norm_weight(device)
+    x, h = torch.randn(4, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, 4, HIDDEN, seed=61)
+    out = {}
+    for name, bad in (("shape", w[:100]), ("dtype", w.float())):
+        try:
+            comm.all_reduce(x, residual=h, rms_weight=bad, eps=EPS)
+            out[name] = ""
+        except (ValueError, RuntimeError) as e:
+            out[name] = str(e)
+    return out
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    from executor import Communicator
+
+    rank, world, device, log, out_dir = start_rank(seed=4321)
+    comm = Communicator.from_process_group()
+    scenarios = {
+        "eager": lambda: scenario_eager(comm, log, device),
+        "graph": lambda: scenario_graph(comm, device),
+        "inplace": lambda: scenario_inplace(comm, device),
+        "backend": lambda: scenario_backend(comm, device),
+        "compile": lambda: scenario_compile(comm, device),
+        "no_rows": lambda: scenario_no_rows(comm, log, device),
+        "non_contiguous": lambda: scenario_non_contiguous(comm, log, device),
+        "bad_weight": lambda: scenario_bad_weight(comm, device),
+    }
+    run_scenarios(rank, out_dir, scenarios)
+    comm.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

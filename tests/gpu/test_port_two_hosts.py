@@ -1,0 +1,143 @@
+"""Across hosts on one machine: the two GPUs declared as two hosts (WEFT_HOST), NCCL forced onto its network path
+(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: "via NET/Socket"), every two-host plan through the port engine, checked
+against NCCL over the same transport, eager and as CUDA-graph replays; then the bad cases. And 4 ranks as 2 hosts x
+2 GPUs over gloo (CPU tensors; NCCL refuses two ranks on one GPU). The ranks run tests/gpu/port_job.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+NCCL_NETWORK_PATH = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(mode: str, n: int, out: Path, extra, timeout_s: float) -> list[dict]:
+    port = str(_free_port())
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
+               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra(rank)}
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "port_job.py"), mode, str(out)], env=env))
+    try:
+        codes = [p.wait(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    errors = [f.read_text() for f in sorted(out.glob("rank*.error.txt"))]
+    assert codes == [0] * n and not errors, f"exit codes {codes}; {errors[:1]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def _cuda_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory) -> tuple[list[dict], Path]:
+    if _cuda_gpus() < 2:
+        pytest.skip("needs 2 CUDA GPUs with torch")
+    out = Path(os.environ.get("WEFT_PORT_OUT") or tmp_path_factory.mktemp("port"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    def env(rank: int) -> dict:
+        return {**NCCL_NETWORK_PATH, "CUDA_VISIBLE_DEVICES": str(rank), "WEFT_HOST": f"host{rank}",
+                "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(out / "nccl.%p.log"),
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    return _launch("nccl", 2, out, env, 400), out
+
+
+@pytest.mark.gpu
+def test_every_two_host_plan_is_correct_against_nccl_eager_and_captured(two_hosts):
+    docs, _ = two_hosts
+    for doc in docs:
+        records = doc["records"]
+        assert len(records) == 10 * 3 * 2  # 10 plans (ring, trees, milp x 3 collectives; direct), 3 dtypes, 2 sizes
+        bad = [r for r in records if not (r.get("eager") and r.get("graph"))]
+        assert not bad, bad[:3]
+
+
+@pytest.mark.gpu
+def test_the_hops_went_through_nccls_network_transport(two_hosts):
+    docs, out = two_hosts
+    assert [d["hosts"] for d in docs] == [["host0", "host1"]] * 2
+    logs = "".join(p.read_text(errors="replace") for p in out.glob("nccl.*.log"))
+    assert "via NET/Socket" in logs
+    assert "via P2P" not in logs and "via SHM" not in logs
+
+
+@pytest.mark.gpu
+def test_bad_cases_are_one_line_naming_the_problem(two_hosts):
+    docs, _ = two_hosts
+    bad = docs[0]["bad"]
+    assert bad["ipc_across_hosts"].startswith("plan direct-allreduce-hgx_h200:gpus=2-simple-x1: gpus[0] memory channel 0 "
+                                              "joins rank 0 (host host0) and rank 1 (host host1)")
+    assert bad["transport"].endswith("port channel 0 of rank 0 to rank 1 (host host1): transport nccl is "
+                                     "unavailable: its point-to-point calls move cuda tensors, not cpu")
+    assert all("\n" not in line for line in bad.values())
+
+
+@pytest.mark.gpu
+def test_a_dead_peer_is_peer_lost_naming_its_rank_and_host(two_hosts):
+    docs, _ = two_hosts
+    lost = docs[0]["peer_lost"]
+    assert lost is not None and lost["lost"] == [1], lost
+    assert "peer rank 1 on host host1 lost" in lost["message"]
+    assert lost["seconds"] < 10
+
+
+@pytest.mark.gpu
+def test_communicator_from_process_group_across_hosts_runs_the_registrys_port_plans(tmp_path):
+    if _cuda_gpus() < 2:
+        pytest.skip("needs 2 CUDA GPUs with torch")
+    from weft import publish
+
+    topology = ROOT / "examples" / "topologies" / "two_hosts.json"
+    registry = tmp_path / "registry"
+    for plan in sorted((ROOT / "examples" / "plans" / "two_hosts").glob("*.plan.json")):
+        publish.commit_file(str(plan), str(topology), str(registry))
+
+    def env(rank: int) -> dict:
+        return {**NCCL_NETWORK_PATH, "CUDA_VISIBLE_DEVICES": str(rank), "WEFT_HOST": f"host{rank}",
+                "WEFT_TOPOLOGY": str(topology), "WEFT_REGISTRY": str(registry)}
+    out = Path(os.environ["WEFT_PORT_OUT"]) / "comm" if os.environ.get("WEFT_PORT_OUT") else tmp_path / "out"
+    out.mkdir(parents=True)
+    docs = _launch("comm", 2, out, env, 200)
+    for doc in docs:
+        assert (doc["type"], doc["enabled"]) == ("PortCommunicator", True)
+        assert doc["checks"] and all(doc["checks"].values()), doc["checks"]
+        assert doc["paths"]["port"] >= 12 and doc["paths"]["nccl"] == 0, doc["paths"]
+
+
+def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
+    pytest.importorskip("torch")
+
+    def env(rank: int) -> dict:
+        return {"WEFT_HOST": f"host{rank // 2}", "GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "0"}
+    docs = _launch("gloo", 4, tmp_path, env, 300)
+    for doc in docs:
+        assert doc["hosts"] == ["host0", "host0", "host1", "host1"]
+        assert len(doc["records"]) == 9 * 3
+        bad = [r for r in doc["records"] if not r.get("eager")]
+        assert not bad, bad[:3]

@@ -1,0 +1,256 @@
+"""MSCCL++'s own DSL plans (tests/fixtures/mscclpp, from MSCCL++ 1f5f065d) read, run and check in weft.
+
+Every plan parses or is refused in one line: for switch (NVLS) channels, for the collective "sendrecv" (a shift
+to the next rank of a group, which weft does not define), or for a get that MSCCL++'s kernel runs with its two
+offsets swapped. Every collective plan is correct on the CPU reference
+executor, or fails its check for a named reason; MSCCL++'s unit-test plans (collective "test": one op each, no
+result defined) run clean or fail for a named reason. The README's counts are this file's numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from executor.gpu_tables import build_tables, tbg_window
+from executor.reference import PlanDeadlock, PlanRace, WrongResult, check_plan, run_reference, smallest_size
+from schedules.plan import PlanError, parse_plan
+from topologies.errors import CheckFailed
+
+ROOT = Path(__file__).parent
+CORPUS = ROOT / "fixtures" / "mscclpp"
+README = ROOT.parent / "README.md"
+
+# the unit-test plans that fail the CPU check, each for its reason (MSCCL++ says they may not run on its executor)
+UNIT_TEST_FAILURES = {
+    "unit_tests-copy_packet_test": "overwrites the packets of launch 0",  # packets nothing reads
+    "unit_tests-put_packet_test": "overwrites the packets of launch 0",
+    "unit_tests-put-put_fuse_test": "before its write by rank 0",
+    "unit_tests-put-put_with_signal_test": "while a put in flight",  # back to back: no flush before the kernel ends
+    "unit_tests-tbg-tbg_reduce_send_test": "no happens-before edge",  # only block 0 of the group signals
+    "unit_tests-read_put_packet_test": "waits for packets",  # reads packets nothing writes
+    "unit_tests-reduce_copy_packet_test": "waits for packets",
+    "unit_tests-reduce_copy_send_packet_test": "waits for packets",
+    "unit_tests-reduce_packet-reduce_packets_fuse_test": "waits for packets",
+    "unit_tests-reduce_packet-reduce_packets_test": "waits for packets",
+    "unit_tests-reduce_send_packet_test": "waits for packets",
+    "unit_tests-signal_wait-relaxed_signal_wait_fuse_test": "waits on channel 2",  # signals 0,1, waits 2,3
+    "unit_tests-signal_wait-signal_wait_fuse_test": "waits on channel 2",
+}
+# collective plans that fail the CPU check, each for its reason
+COLLECTIVE_FAILURES = {
+    # back to back: a port put of launch k may still read the input the host overwrites for launch k+1 (no flush);
+    # one launch alone is correct
+    "multi_node-reducescatter-gpuspernode-2": "while a put in flight on rank 0's port channel",
+    "multi_node-reducescatter-gpuspernode-4": "while a put in flight on rank 0's port channel",
+    # the program, given a thread-block group of 4 here, connects each rank's port channels to itself
+    "multi_node-allgather_tbg-numgpus-4-gpuspernode-2-tbgsize-4": "waits on port channel 0 from rank 0",
+}
+COUNTS = {"plans": 94, "refused: switch (NVLS) channels": 12, "refused: collective 'sendrecv'": 3,
+          "refused: get with offsets MSCCL++ swaps": 2,
+          "collective plans correct on the CPU reference": 41, "collective plans failing the CPU check": 3,
+          "unit-test plans run clean": 20, "unit-test plans failing the CPU check": 13}
+
+
+@lru_cache(maxsize=None)
+def _outcomes() -> dict[str, tuple[str, str]]:
+    """plan name -> (outcome, the one line that says why)."""
+    out = {}
+    for path in sorted((CORPUS / "plans").glob("*.json")):
+        try:
+            plan = parse_plan(json.loads(path.read_text()), str(path))
+        except PlanError as e:
+            kind = ("switch" if "'switch'" in str(e) else "sendrecv" if "'sendrecv'" in str(e)
+                    else "get" if "handleGet" in str(e) else "other")
+            out[path.stem] = (f"refused: {kind}", str(e))
+            continue
+        try:
+            check_plan(plan, [smallest_size(plan)], ["fp32"])
+            out[path.stem] = ("verified" if plan.checkable else "clean", "")
+        except CheckFailed as e:
+            out[path.stem] = ("failed", str(e))
+    return out
+
+
+def test_the_manifest_names_the_mscclpp_commit_and_every_plan():
+    manifest = json.loads((CORPUS / "MANIFEST.json").read_text())
+    assert manifest["mscclpp_commit"].startswith("1f5f065d")
+    assert sorted(Path(p["file"]).stem for p in manifest["plans"]) == sorted(_outcomes())
+    assert {len(json.loads((CORPUS / p["file"]).read_text())["gpus"]) for p in manifest["plans"]} >= {2, 4, 8}
+
+
+def test_every_plan_parses_or_is_refused_in_one_line_for_switch_channels_or_sendrecv():
+    for name, (outcome, why) in _outcomes().items():
+        if outcome == "refused: switch":
+            assert re.search(r"\.json: gpus\[\d+\]\.channels\[\d+\]\.channel_type: unsupported channel type "
+                             "'switch'", why), why
+        elif outcome == "refused: sendrecv":
+            assert name.startswith("multi_node-send_recv") and ".json: collective: unknown collective" in why
+        elif outcome == "refused: get":
+            assert name.startswith("unit_tests-get") and re.search(r"ops\[\d+\]\.dst_buff\[\d\]\.index: 0 differs", why)
+        else:
+            assert not outcome.startswith("refused"), why
+        assert "\n" not in why
+
+
+def test_every_collective_plan_is_correct_on_the_cpu_reference():
+    verified = {n for n, (o, _) in _outcomes().items() if o == "verified"}
+    failed = {n: why for n, (o, why) in _outcomes().items() if o == "failed" and not n.startswith("unit_tests")}
+    assert set(failed) == set(COLLECTIVE_FAILURES)
+    for name, why in failed.items():
+        assert COLLECTIVE_FAILURES[name] in why
+    assert {n.split("-numgpus")[0] for n in verified} >= {
+        "single_node-allreduce", "single_node-allreduce_pkt", "single_node-allgather_tbg",
+        "single_node-alltoall-alltoall_pipeline", "single_node-allgather_pkt_rppkt"}
+
+
+def test_unit_test_plans_run_clean_or_fail_for_their_named_reason():
+    failed = {n: why for n, (o, why) in _outcomes().items() if o == "failed" and n.startswith("unit_tests")}
+    assert set(failed) == set(UNIT_TEST_FAILURES)
+    for name, why in failed.items():
+        assert UNIT_TEST_FAILURES[name] in why and "\n" not in why
+
+
+def test_counts_are_the_readmes():
+    tally = Counter(o for o, _ in _outcomes().values())
+    unit = sum(o == "failed" for n, (o, _) in _outcomes().items() if n.startswith("unit_tests"))
+    counts = {"plans": len(_outcomes()), "refused: switch (NVLS) channels": tally["refused: switch"],
+              "refused: collective 'sendrecv'": tally["refused: sendrecv"],
+              "refused: get with offsets MSCCL++ swaps": tally["refused: get"],
+              "collective plans correct on the CPU reference": tally["verified"],
+              "collective plans failing the CPU check": tally["failed"] - unit,
+              "unit-test plans run clean": tally["clean"], "unit-test plans failing the CPU check": unit}
+    assert counts == COUNTS
+    text = README.read_text()
+    for what, n in counts.items():
+        assert f"| {what} | {n} |" in text
+
+
+def test_gpu_counts_are_the_committed_results():
+    doc = json.loads((ROOT.parent / "bench" / "results" / "gpu_mscclpp_corpus_2xh200.json").read_text())
+    plans = {r["plan"] for r in doc["rows"]}
+    assert len(plans) == 12 and all(r["ok"] for r in doc["rows"]) and "H200" in doc["machine"]
+    assert {p[:-5] for p in plans} <= {n for n, (o, _) in _outcomes().items() if o == "verified"}
+    one = doc["one_device"]
+    assert one["4"]["failed"] == [] and one["8"]["failed"] == []
+    text = README.read_text()
+    assert f"| 2-rank plans correct against NCCL on 2×H200 | {len(plans)} |" in text
+
+
+def _hand_plan(ops: list[dict]) -> dict:
+    """A 2-rank LL all-reduce: each rank sends its input to the peer as packets, then ``ops``."""
+    def gpu(r):
+        return {"id": r, "input_chunks": 2, "output_chunks": 2, "scratch_chunks": 6,
+                "channels": [{"channel_type": "memory", "connected_to": [1 - r]}],
+                "remote_buffers": [{"rank": 1 - r, "type": "s", "access_channel_types": ["memory"]}],
+                "threadblocks": [{"id": 0, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                                  "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}],
+                                  "ops": [{"name": "ppkt", "src_buff": [_l("i", 0)], "dst_buff": [_r(0)],
+                                           "channel_type": "memory"}] + ops}]}
+    return {"name": "hand", "collective": "allreduce", "protocol": "LL", "inplace": False,
+            "use_double_scratch_buffer": True, "gpus": [gpu(0), gpu(1)]}
+
+
+def _l(t, i):
+    return {"type": t, "index": i, "size": 2}
+
+
+def _r(i):
+    return {"buffer_id": 0, "index": i, "size": 2}
+
+
+def test_recpkt_sums_into_plain_data_and_local_packets():
+    # the packet copy (dst_buff[1]) is what reaches the output: a wrong packet copy would be a wrong result
+    plan = parse_plan(_hand_plan([
+        {"name": "recpkt", "src_buff": [_l("i", 0), _l("s", 0)], "dst_buff": [_l("s", 4), _l("s", 2)]},
+        {"name": "upkt", "src_buff": [_l("s", 2)], "dst_buff": [_l("o", 0)]}]), "recpkt.json")
+    assert check_plan(plan, [64], ["fp32", "bf16"]).ok
+
+
+def test_recspkt_also_sends_the_sum_as_packets_to_the_peer():
+    plan = parse_plan(_hand_plan([
+        {"name": "recspkt", "src_buff": [_l("i", 0), _l("s", 0)], "dst_buff": [_l("o", 0), _l("s", 2), _r(4)],
+         "channel_type": "memory"},
+        {"name": "upkt", "src_buff": [_l("s", 2)], "dst_buff": [_l("o", 0)]},
+        {"name": "upkt", "src_buff": [_l("s", 4)], "dst_buff": [_l("o", 0)]}]), "recspkt.json")
+    assert check_plan(plan, [64], ["fp32"]).ok
+
+
+def test_tbg_members_each_move_their_slice():
+    doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
+    plan = parse_plan(doc, "tbg.json")
+    size = smallest_size(plan)
+    tables = build_tables(plan, 0, size)
+    put = plan.gpus[0].threadblocks[1].ops[1]
+    assert put.tbg == (1, 4) and tbg_window(put, tables.chunk_bytes) == (tables.chunk_bytes // 4,
+                                                                          tables.chunk_bytes // 4)
+    # drop one member's put: its quarter of the peer's output is never written
+    del doc["gpus"][0]["threadblocks"][3]["ops"][1]
+    with pytest.raises(WrongResult, match="rank 1 output chunk 0"):
+        check_plan(parse_plan(doc, "tbg.json"), [size], ["fp32"])
+
+
+def test_pipeline_runs_its_ops_once_per_unit():
+    plan = parse_plan(json.loads((CORPUS / "plans" / "unit_tests-pipeline_test.json").read_text()), "p.json")
+    (pipeline,) = plan.gpus[0].threadblocks[0].ops
+    assert pipeline.unit_size == 1 << 20 and pipeline.num_chunks == 1
+    assert len(build_tables(plan, 0, 1 << 20).ops) == 1
+    assert len(build_tables(plan, 0, (1 << 22) + 1024).ops) == 5  # ceil(4 MiB + 1 KiB / 1 MiB) iterations
+    size = smallest_size(plan) * 2  # two slots per chunk: the reference runs two iterations
+    out = run_reference(plan, [np.arange(size // 4, dtype=np.float32)], size, "fp32")
+    assert np.array_equal(out[0], np.arange(size // 4))
+
+
+def test_ops_name_the_threadblocks_channels():
+    # MSCCL++'s kernel indexes the block's own channel list: index 1 of [2, 0] is GPU channel 0
+    plan = parse_plan(json.loads((CORPUS / "plans" / "single_node-alltoall-alltoall_pipeline-numgpus-2.json")
+                                 .read_text()), "a.json")
+    tb = plan.gpus[0].threadblocks[0]
+    assert tb.channels[0].channel_ids == (2, 0)
+    signal = next(op for op in tb.ops[5].ops if op.name == "signal")
+    assert signal.channel_ids == (0,)
+
+
+@pytest.mark.parametrize("edit,field,says", [
+    (lambda op: op.update(name="frobnicate"), "ops[5].name", "unsupported op 'frobnicate' (weft runs "),
+    (lambda op: op.update(speed=3), "ops[5].speed", "field not supported by weft on op 'put' (weft reads "),
+    (lambda op: op["dst_buff"][0].update(stride=2), "ops[5].dst_buff[0].stride",
+     "field not supported by weft on a buffer entry (weft reads buffer_id, index, offset, size, type)"),
+    (lambda op: op.update(tbg_info={"tb_id": 4, "tbg_size": 4}), "ops[5].tbg_info.tb_id", "not below tbg_size 4"),
+])
+def test_unknown_ops_and_fields_are_refused_in_one_line(edit, field, says):
+    doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
+    edit(doc["gpus"][0]["threadblocks"][0]["ops"][5])
+    with pytest.raises(PlanError) as e:
+        parse_plan(doc, "edited.json")
+    assert f"edited.json: gpus[0].threadblocks[0].{field}: " in str(e.value) and says in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("where,key", [((), "priority"), (("gpus", 0), "clock"),
+                                       (("gpus", 0, "threadblocks", 1), "sm")])
+def test_unknown_plan_gpu_and_threadblock_fields_are_refused(where, key):
+    doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
+    node = doc
+    for step in where:
+        node = node[step]
+    node[key] = 1
+    with pytest.raises(PlanError, match=r"edited\.json: (gpus\[0\]\.(threadblocks\[1\]\.)?)?" + key +
+                       r": field not supported by weft on a .* \(weft reads "):
+        parse_plan(doc, "edited.json")
+
+
+def test_a_foreign_op_the_kernel_would_run_otherwise_is_refused_but_weft_s_own_runs():
+    doc = json.loads((CORPUS / "plans" / "unit_tests-copy_test.json").read_text())
+    op = doc["gpus"][0]["threadblocks"][0]["ops"][0]
+    op["src_buff"], op["dst_buff"] = op["src_buff"] * 2, op["dst_buff"] * 2  # MSCCL++'s handleCopy reads entry 0 only
+    with pytest.raises(PlanError, match=r"ops\[0\]\.src_buff: 2 entries; MSCCL\+\+'s kernel runs op 'copy' on the "
+                                        r"first 1 only \(weft would run every entry as listed"):
+        parse_plan(doc, "copy2.json")
+    doc["weft"] = {"channel_ids": "threadblock"}  # weft's own plan: weft's meaning (mscclpp_verdict names it)
+    assert parse_plan(doc, "copy2.json").gpus[0].threadblocks[0].ops[0].name == "copy"

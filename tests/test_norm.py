@@ -1,0 +1,201 @@
+"""The fused all-reduce + residual add + RMSNorm without a GPU: row-owning plans, the epilogue on the reference
+executor against numpy's definition, the device tables, the plan choice, and the refusals (issue 23)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codegen.protocol import CodegenError
+from codegen.rows import own_rows
+from executor import gpu_tables, reference
+from executor.norm import (Epilogue, RowNorm, best_norm_plan, fused_refusal, norm_ranges, output_ranges,
+                           plan_refusal, rms_norm, row_base, rows_refusal, run_fused)
+from schedules.plan import PlanError, load_plan
+from schedules.registry import Registry
+from topologies.catalog import build
+from topologies.errors import CheckFailed
+from weft.publish import verify
+
+ROOT = Path(__file__).parent.parent
+PLANS = ROOT / "tests" / "fixtures" / "plans"
+
+
+@pytest.fixture(scope="module")
+def one_shot():
+    """A one-shot LL all-reduce of 2 ranks, 4 instances: 4 reducing thread blocks of 2 chunks each per rank."""
+    return load_plan(PLANS / "direct_ll_x4_2.json")
+
+
+@pytest.fixture(scope="module")
+def committed():
+    """The committed 2-rank registry's plans for this machine, as the inference Communicator sees them."""
+    fp = build("hgx_h200:gpus=2").fingerprint
+    return fp, [e for e in Registry(str(ROOT / "bench" / "registry_h200x2")).entries(topology=fp)
+                if e.key.nranks == 2]
+
+
+def _random_rows(plan, nbytes, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    elems = reference.chunk_elems(plan, nbytes, dtype)
+    inputs = [reference.round_to(rng.normal(0, 1, g.input_chunks * elems), dtype) for g in plan.gpus]
+    residual = reference.round_to(rng.normal(0, 4, plan.gpus[0].output_chunks * elems), dtype)
+    return inputs, residual
+
+
+# ---------------------------------------------------------------------------------------------- codegen.rows
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_own_rows_gives_each_group_one_block_with_one_contiguous_reduction(one_shot, groups):
+    plan = own_rows(one_shot, groups)
+    chunks = plan.gpus[0].output_chunks
+    for rank in range(plan.nranks):
+        ranges = sorted((first, size) for (r, _, _), (first, size) in output_ranges(plan).items() if r == rank)
+        assert ranges == [(g * chunks // groups, chunks // groups) for g in range(groups)]
+        senders = [tb.ops for tb in plan.gpus[rank].threadblocks if tb.ops[0].name == "ppkt"]
+        assert senders == [tb.ops for tb in one_shot.gpus[rank].threadblocks if tb.ops[0].name == "ppkt"]
+    assert verify(plan)["ok"]
+
+
+def test_own_rows_refuses_a_plan_whose_rows_arrive_as_copies():
+    with pytest.raises(CodegenError, match="allpairs_allreduce_2_ll.*cannot be regrouped"):
+        own_rows(load_plan(PLANS / "allpairs_allreduce_2_ll.json"), 1)
+
+
+def test_own_rows_refuses_groups_that_do_not_split_the_output(one_shot):
+    with pytest.raises(CodegenError, match="8 output chunks do not split into 3 row groups"):
+        own_rows(one_shot, 3)
+
+
+# ---------------------------------------------------------------------------------------------- numpy and the reference
+
+def test_rms_norm_is_x_over_its_root_mean_square_times_the_weight():
+    x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)
+    w = np.array([1.0, 0.5, 2.0, 1.0], np.float32)
+    want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) * w
+    assert np.allclose(rms_norm(x, w, 1e-5, "fp32"), want, rtol=1e-6)
+    assert rms_norm(x, w, 1e-5, "bf16").view(np.uint32).tolist()[0] == \
+        reference.round_to(rms_norm(x, w, 1e-5, "fp32"), "bf16").view(np.uint32).tolist()[0]
+
+
+@pytest.mark.parametrize("groups,rows", [(1, 1), (2, 2), (4, 4), (4, 8)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_the_reference_epilogue_equals_numpys_definition_bit_for_bit(one_shot, groups, rows, dtype):
+    plan = own_rows(one_shot, groups)
+    hidden = 64
+    nbytes = rows * hidden * reference.DTYPES[dtype]
+    inputs, residual = _random_rows(plan, nbytes, dtype)
+    weight = reference.round_to(np.random.default_rng(1).normal(1, 0.2, hidden), dtype)
+    normed, outputs = run_fused(plan, inputs, nbytes, dtype, residual, weight, RowNorm(hidden, 1e-5))
+    new_residual = reference.round_to(reference.round_to(inputs[0] + inputs[1], dtype) + residual, dtype)
+    want = rms_norm(new_residual.reshape(rows, hidden), weight, 1e-5, dtype).reshape(-1)
+    for rank in range(plan.nranks):
+        assert np.array_equal(outputs[rank], new_residual)
+        assert np.array_equal(normed[rank], want)
+
+
+def test_the_epilogue_runs_after_the_complete_sum_once_per_element(one_shot):
+    """Every reduction it follows adds the residual, so its rows hold the whole sum; a second write is caught."""
+    plan = own_rows(one_shot, 2)
+    assert norm_ranges(plan) == output_ranges(plan)
+    elems = reference.chunk_elems(plan, 2 * 64 * 2, "bf16")
+    epilogue = Epilogue(plan, elems, "bf16", RowNorm(64, 1e-5), np.ones(64, np.float32))
+    for key, (first, size) in norm_ranges(plan).items():
+        epilogue(key, first, np.ones(size * elems, np.float32))
+    epilogue.check_once()
+    epilogue(key, first, np.ones(size * elems, np.float32))
+    with pytest.raises(CheckFailed, match=f"element {first * elems} normalized 2 times, not once"):
+        epilogue.check_once()
+
+
+def test_the_epilogue_refuses_a_range_that_is_not_whole_rows(one_shot):
+    plan = own_rows(one_shot, 4)
+    elems = reference.chunk_elems(plan, 4096, "bf16")
+    epilogue = Epilogue(plan, elems, "bf16", RowNorm(3 * elems, 0.0), np.ones(3 * elems, np.float32))
+    key, (first, size) = next(iter(norm_ranges(plan).items()))
+    with pytest.raises(PlanError, match="not whole rows"):
+        epilogue(key, first, np.ones(size * elems, np.float32))
+
+
+def test_a_plan_passes_the_proof_only_where_every_output_is_its_ranks_own_sum(one_shot):
+    assert fused_refusal(one_shot) == "" and fused_refusal(own_rows(one_shot, 1)) == ""
+    why = plan_refusal(load_plan(PLANS / "allpairs_allreduce_2_ll.json"))
+    assert "allpairs_allreduce_2_ll" in why and "writes an output other than by its rank's own sum" in why
+
+
+# ---------------------------------------------------------------------------------------------- rows that fit
+
+def test_rows_fit_where_each_blocks_share_is_whole_rows(one_shot):
+    rows4, norm = own_rows(one_shot, 4), RowNorm(8192, 1e-5)
+    assert rows_refusal(rows4, 4 * 16384, "bf16", norm) == ""
+    assert rows_refusal(rows4, 8 * 16384, "bf16", norm) == ""
+    why = rows_refusal(rows4, 2 * 16384, "bf16", norm)
+    assert "sums bytes 0..8192, not whole rows of 16384 B" in why
+    assert rows_refusal(own_rows(one_shot, 1), 16384, "bf16", norm) == ""
+
+
+def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
+    fp, entries = committed
+    nbytes = 8191 * 2  # an odd hidden size: no plan accepts 16382 B
+    candidates = [(e.plan, 0.0) for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
+    plan, why = best_norm_plan(candidates, nbytes, "bf16", RowNorm(8191, 1e-5))
+    assert plan is None and "no plan's rows fit 16382 B in rows of 8191 bf16" in why
+
+
+@pytest.mark.parametrize("batch,groups,base", [(1, 1, "x32-t512"), (4, 4, "x32-t512"), (16, 16, "x64-t512")])
+def test_the_committed_registry_has_a_row_owning_plan_per_decode_batch(committed, batch, groups, base):
+    """The most row-owning blocks, then the time measured for the plan each was regrouped from (its sends)."""
+    fp, entries = committed
+    nbytes = batch * 8192 * 2
+    serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
+    by_name = {e.plan.name: e for e in serving}
+    candidates = [(e.plan, by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, True)[1] or math.inf)
+                  for e in serving]
+    plan, why = best_norm_plan(candidates, nbytes, "bf16", RowNorm(8192, 1e-5))
+    assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}-max8MB-rows{groups}"
+    record = next(e for e in entries if e.plan is plan).provenance["verification"]
+    assert record["ok"] and record["plan_hash"] == plan.content_hash
+
+
+# ---------------------------------------------------------------------------------------------- device tables
+
+def test_tables_follow_each_residual_sum_with_the_epilogue_and_pad_blocks_to_one_count(one_shot):
+    plan = own_rows(one_shot, 2)
+    t = gpu_tables.build_tables(plan, 0, 2 * 16384, residual=True, norm=RowNorm(8192, 1e-5))
+    residual_slot = 3 + len(plan.gpus[0].remote_buffers)
+    assert t.norm and t.nslots == residual_slot + 3 and t.uniform_ops == 3
+    prefetches = [op for op in t.ops if op["type"] == gpu_tables.NORM_PREFETCH]
+    assert [int(t.tb_start[b]) for b in range(t.nthreadblocks) if t.ops[t.tb_start[b]]["type"] ==
+            gpu_tables.NORM_PREFETCH] == [0, 6]  # the two reducing blocks, first thing
+    assert all(op["src"][0]["buffer"] == residual_slot + 1 and op["barrier_id"] == 16384 for op in prefetches)
+    norms = [op for op in t.ops if op["type"] == gpu_tables.NORM_ROWS]
+    assert [(int(op["src"][0]["offset"]), int(op["bytes"])) for op in norms] == [(0, 16384), (16384, 16384)]
+    for op in norms:
+        assert op["barrier_id"] == 16384 and np.int32(op["channel"][0]).view(np.float32) == np.float32(1e-5)
+        assert (op["src"][0]["buffer"], op["src"][1]["buffer"], op["dst"][0]["buffer"]) == \
+            (gpu_tables.SLOTS["o"], residual_slot + 1, residual_slot + 2)
+        assert op["dst"][0]["offset"] == op["src"][0]["offset"]
+    before = [t.ops[k - 1] for k in range(len(t.ops)) if t.ops[k]["type"] == gpu_tables.NORM_ROWS]
+    assert all(op["type"] == gpu_tables.TRANSFER and op["src"][op["nsrc"] - 1]["buffer"] == residual_slot
+               for op in before)
+
+
+def test_tables_refuse_the_epilogue_without_the_residual(one_shot):
+    with pytest.raises(Exception, match="needs the residual"):
+        gpu_tables.build_tables(own_rows(one_shot, 1), 0, 16384, norm=RowNorm(8192, 1e-5))
+
+
+def test_the_kernels_epilogue_code_matches_the_tables():
+    source = (ROOT / "executor" / "cuda" / "norm.cuh").read_text()
+    assert int(re.search(r"kNormRows = (\d+);", source).group(1)) == gpu_tables.NORM_ROWS
+    assert int(re.search(r"kNormPrefetch = (\d+);", source).group(1)) == gpu_tables.NORM_PREFETCH
+    assert "norm.cuh" in __import__("executor.gpu_build", fromlist=["SOURCES"]).SOURCES
+
+
+def test_a_row_owning_plan_names_the_plan_it_was_regrouped_from(one_shot):
+    assert row_base(own_rows(one_shot, 4).name) == one_shot.name
+    assert row_base(one_shot.name) == one_shot.name and row_base("x-rowsy") == "x-rowsy"

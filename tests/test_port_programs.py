@@ -1,0 +1,92 @@
+"""The port engine's side that needs no GPU: every shipped two-host plan is proven on the reference executor, its
+per-rank programs (sums and groups of point-to-point transfers) compute the collective and never deadlock when
+each group blocks until its peers' groups meet it; host identity refuses CUDA IPC across hosts and names the
+channel and transport that cannot run."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from executor.hosts import HOST_ENV, host_identity, ipc_across_hosts, transport_refusal
+from executor.port_program import Compute, Exchange, compile_programs, run_programs
+from executor.reference import _compare, check_plan, chunk_elems, expected_outputs, random_inputs, smallest_size
+from schedules.plan import load_plan
+
+PLANS = sorted((Path(__file__).resolve().parents[1] / "examples" / "plans").glob("two_hosts*/*.plan.json"))
+
+
+def test_the_two_host_plans_cover_every_method_and_collective():
+    names = {(p.parent.name, p.name) for p in PLANS}
+    assert names == {(t, f"{m}-{c}.plan.json") for t in ("two_hosts", "two_hosts_2gpu")
+                     for m in ("ring", "trees", "milp") for c in ("allreduce", "allgather", "reducescatter")} | {
+        ("two_hosts", "direct-allreduce.plan.json")}  # one hop: the latency plan
+
+
+def test_a_one_shot_plan_is_one_group_of_transfers():
+    plan = load_plan(PLANS[0].parent / "direct-allreduce.plan.json")
+    for program in compile_programs(plan):
+        assert [type(s).__name__ for s in program.steps] == ["Exchange", "Compute"]
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_port_programs_compute_the_collective(path):
+    plan = load_plan(path)
+    assert all(g.port_peers for g in plan.gpus)
+    assert check_plan(plan, [smallest_size(plan)], ("fp16",), back_to_back=2).ok
+    programs = compile_programs(plan)
+    for dtype in ("fp32", "bf16"):
+        elems = chunk_elems(plan, 2 * smallest_size(plan), dtype)
+        inputs = random_inputs(plan, elems, np.random.default_rng(7))
+        outputs = run_programs(plan, programs, inputs, elems, dtype)
+        _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, dtype), outputs, elems, dtype)
+
+
+def test_hops_between_hosts_are_transfers_and_local_work_is_sums():
+    plan = load_plan(PLANS[0].parent / "ring-allreduce.plan.json")
+    steps = compile_programs(plan)[0].steps
+    kinds = [type(s).__name__ for s in steps]
+    assert kinds == ["Exchange", "Compute", "Exchange"]
+    assert {t.channel_type for s in steps if isinstance(s, Exchange) for t in s.transfers} == {"port"}
+    assert all(len(s.srcs) == 2 for s in steps if isinstance(s, Compute))
+
+
+def test_a_memory_channel_across_hosts_is_refused():
+    plan = load_plan(PLANS[0])
+    memory = load_plan(Path(__file__).resolve().parent / "gpu" / "plans" / next(
+        p.name for p in (Path(__file__).resolve().parent / "gpu" / "plans").glob("*.json")))
+    assert ipc_across_hosts(plan, ("a", "b")) == ""
+    hosts = tuple("host-a" if r == 0 else "host-b" for r in range(memory.nranks))
+    why = ipc_across_hosts(memory, hosts)
+    assert why.startswith(f"plan {memory.name}: gpus[0] memory channel 0 joins rank 0 (host host-a) and rank")
+    assert "CUDA IPC, which cannot cross hosts" in why
+    assert ipc_across_hosts(memory, ("same",) * memory.nranks) == ""
+
+
+def test_a_port_channel_names_its_missing_transport():
+    hosts = ("h0", "h1")
+    assert transport_refusal(2, 0, hosts, (1,), "nccl", "cuda") == ""
+    assert transport_refusal(2, 1, hosts, (0,), "gloo", "cpu") == ""
+    assert transport_refusal(2, 0, hosts, (), None, "cuda") == ""
+    assert transport_refusal(2, 0, hosts, (1,), "gloo", "cuda") == (
+        "port channel 0 of rank 0 to rank 1 (host h1): transport gloo is unavailable: its point-to-point calls move "
+        "cpu tensors, not cuda")
+    assert "transport mpi is unavailable" in transport_refusal(2, 0, hosts, (1,), "mpi", "cuda")
+
+
+def test_host_identity_is_the_declared_host_or_name_and_boot(monkeypatch):
+    monkeypatch.setenv(HOST_ENV, "node-7")
+    assert host_identity() == "node-7"
+    monkeypatch.delenv(HOST_ENV)
+    name, _, boot = host_identity().partition("/")
+    assert name and boot
+
+
+def test_the_cuda_ipc_interpreter_refuses_port_channels():
+    from executor.errors import ExecutorError
+    from executor.gpu_tables import build_tables
+
+    plan = load_plan(PLANS[0].parent / "ring-allreduce.plan.json")
+    with pytest.raises(ExecutorError, match=r"gpus\[0\] has port channels \(to ranks \[1\]\): the GPU interpreter runs "
+                                            "memory channels only"):
+        build_tables(plan, 0, 2 * smallest_size(plan))

@@ -1,0 +1,68 @@
+"""The NVLink traffic model (schedules/traffic.py): bytes per GPU pair and port, and the time it predicts."""
+
+from __future__ import annotations
+
+import doctest
+from dataclasses import replace
+
+import pytest
+
+from codegen import compile_schedule
+from schedules import traffic
+from schedules.plan import PlanError
+from schedules.traffic import PortModel, link_bytes, port_bytes, predict_us
+from topologies import resolve
+from weft.synthesis import synthesize
+
+MB = 1 << 20
+
+
+def plan(nranks: int, method: str, collective: str = "allreduce", **options):
+    topology = resolve(f"hgx_h200:gpus={nranks}")
+    return compile_schedule(synthesize(topology, collective, method), topology, protocol="simple", **options)
+
+
+def test_the_module_examples_hold():
+    assert doctest.testmod(traffic).failed == 0
+
+
+@pytest.mark.parametrize("multipeer", [False, True])
+def test_a_two_shot_moves_two_pieces_over_every_pair_and_2_n_minus_1_over_n_through_every_port(multipeer):
+    links = link_bytes(plan(4, "twoshot", multipeer=multipeer), 64 * MB)
+    assert len(links) == 12 and set(links.values()) == {2 * 16 * MB}
+    assert port_bytes(plan(4, "twoshot", multipeer=multipeer), 64 * MB) == [(96 * MB, 96 * MB)] * 4
+
+
+def test_a_one_shot_moves_the_whole_message_to_every_peer():
+    assert port_bytes(plan(4, "direct", double_scratch=True), 64 * MB)[0] == (192 * MB, 192 * MB)
+
+
+def test_the_model_holds_the_measured_two_gpu_two_shot_within_its_error():
+    assert predict_us(plan(2, "twoshot", instances=128), 64 * MB) == pytest.approx(201.6, rel=0.15)
+
+
+def test_one_block_serving_every_peer_beats_per_peer_blocks_at_four_ranks():
+    today = predict_us(plan(4, "twoshot", instances=32, threads=512), 64 * MB)
+    assert predict_us(plan(4, "twoshot", instances=128, multipeer=True), 64 * MB) < 0.8 * today
+
+
+def test_where_the_port_is_the_limit_pipelining_saves_only_phase_boundaries():
+    flat = predict_us(plan(4, "twoshot", instances=64, multipeer=True), 64 * MB)
+    piped = predict_us(plan(4, "twoshot", instances=64, pipeline=2, multipeer=True), 64 * MB)
+    assert piped == pytest.approx(flat, rel=0.05)
+
+
+def test_more_port_bandwidth_means_less_time():
+    p = plan(4, "twoshot", instances=16, multipeer=True)
+    assert predict_us(p, 16 * MB, PortModel(port_gbps=800.0)) < predict_us(p, 16 * MB)
+
+
+def test_a_wait_that_no_signal_meets_is_reported():
+    p = plan(2, "twoshot")
+    gpu = p.gpus[0]
+    tb = gpu.threadblocks[0]
+    waits = [i for i, op in enumerate(tb.ops) if op.name == "wait"]
+    broken = replace(p, gpus=(replace(gpu, threadblocks=(replace(tb, ops=tb.ops + (tb.ops[waits[0]],)),)
+                                      + gpu.threadblocks[1:]),) + p.gpus[1:])
+    with pytest.raises(PlanError, match="waits forever"):
+        predict_us(broken, MB)

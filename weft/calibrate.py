@@ -1,0 +1,139 @@
+"""Calibrating the cost model to a fabric from committed GPU results (``weft topo calibrate``), and pricing plans
+with the calibration at commit time.
+
+A bench results file (``bench/results/gpu_*.json``) names each plan it timed (``direct-allreduce-hgx_h200:gpus=2-
+ll-x64-t256``: schedule, protocol, instances, threads, ...). The plan is rebuilt from its name (the baseline
+schedule synthesized again, compiled with the same options), its ``PlanFeatures`` read, and each of its median
+times becomes an ``Observation``. Times measured with LL128 lines are left out: they are another packet format,
+priced by their own measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from schedules.calibration import Calibration, CalibrationError, Observation, PlanFeatures, fit, load_calibration
+from schedules.cost import loads
+from schedules.ops import OPS
+from schedules.plan import Plan
+from schedules.schedule import Schedule
+from topologies import Topology
+
+RESULTS = Path(__file__).parent.parent / "bench" / "results"
+PLAN_NAME = re.compile(r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple)"
+                       r"-x(?P<instances>\d+)(?:-p(?P<pipeline>\d+))?(?:-t(?P<threads>\d+))?(?P<double>-2s)?"
+                       r"(?P<pull>-pull)?(?:-max(?P<max_mb>\d+)MB)?")
+
+
+def features(plan: Plan, schedule: Schedule, topology: Topology) -> PlanFeatures:
+    """What the calibrated model reads from ``plan`` (compiled from ``schedule``) on ``topology``."""
+    per_chunk_byte = sum(max((per_byte for _, per_byte in step.links + step.groups), default=0.0)
+                         for step in loads(schedule, topology).steps)
+    hops = max((sum(OPS[op.name].device == "wait" or bool(OPS[op.name].packet_src) for op in tb.ops)
+                for g in plan.gpus for tb in g.threadblocks), default=0)
+    work = [[sum(_op_chunks(op) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
+    n = plan.size_chunks
+    return PlanFeatures(plan.protocol, plan.weft.instances, plan.num_threads_per_block,
+                        max(len(g.threadblocks) for g in plan.gpus), hops,
+                        per_chunk_byte / schedule.collective.size_chunks,
+                        max((w for gpu in work for w in gpu), default=0) / n, max(map(sum, work)) / n)
+
+
+def _op_chunks(op) -> int:
+    """Chunks an op reads and writes (an LL packet twice: its data and its flags)."""
+    spec = OPS[op.name]
+    reads = sum(ref.size * (2 if spec.reads_packet(k) else 1) for k, ref in enumerate(op.src_buff))
+    writes = sum(ref.size * (2 if spec.writes_packet(ref.remote) else 1) for ref in op.dst_buff)
+    return reads + writes
+
+
+@lru_cache(maxsize=512)
+def named_plan(name: str) -> tuple[Plan, Schedule, Topology] | None:
+    """The plan a results file names, rebuilt (None where the name is not a baseline compiled by weft)."""
+    from codegen import compile_schedule
+    from codegen.protocol import LL_MAX_BYTES
+    from topologies import resolve
+    from weft.synthesis import synthesize
+
+    m = PLAN_NAME.fullmatch(name)
+    if m is None:
+        return None
+    try:
+        topology = resolve(m["spec"])
+        schedule = synthesize(topology, m["collective"], m["method"])
+        protocol = "LL" if m["protocol"] == "ll" else "Simple"
+        plan = compile_schedule(
+            schedule, topology, instances=int(m["instances"]), protocol=protocol, threads=int(m["threads"] or 1024),
+            pipeline=int(m["pipeline"] or 1), pull=bool(m["pull"]),
+            double_scratch=None if protocol == "LL" else bool(m["double"]),
+            ll_max_bytes=int(m["max_mb"]) << 20 if m["max_mb"] else LL_MAX_BYTES)
+    except Exception:  # noqa: BLE001 (a name weft no longer compiles the same way is left out, never a crash)
+        return None
+    return (plan, schedule, topology) if plan.name == name else None
+
+
+def observations(topology: Topology, paths: list[Path]) -> tuple[list[Observation], list[str]]:
+    """The measured (plan, size, µs) points of ``topology`` in these results files, and the files they came from."""
+    found, used = [], []
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise CalibrationError(f"results {path}: cannot read: {e}") from None
+        rows = doc.get("rows") if isinstance(doc, dict) else None
+        if not isinstance(rows, list):
+            raise CalibrationError(f"results {path}: rows: missing; not a `weft bench` results file")
+        if doc.get("nranks") != topology.nranks:
+            continue
+        before = len(found)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or not isinstance(row.get("size"), int) or row["size"] <= 0 \
+                    or not isinstance(row.get("median_us") or {}, dict):
+                raise CalibrationError(f"results {path}: rows[{i}]: must hold a size in bytes and median_us")
+            for key, us in sorted((row.get("median_us") or {}).items()):
+                if not key.startswith("weft:") or key.endswith("+ll128") or not isinstance(us, (int, float)) \
+                        or isinstance(us, bool) or not 0 < us < 1e12:
+                    continue
+                rebuilt = named_plan(key[5:])
+                if rebuilt is None or rebuilt[2].fingerprint != topology.fingerprint:
+                    continue
+                plan, schedule, _ = rebuilt
+                found.append(Observation(plan.name, plan.collective, features(plan, schedule, topology),
+                                         int(row["size"]), float(us)))
+        if len(found) > before:
+            used.append(Path(path).name)
+    return found, used
+
+
+def default_results(topology: Topology) -> list[Path]:
+    """The committed GPU results files for this many GPUs: ``gpu_<collective>_<dtype>_<mode>_<n>x<gpu>.json``."""
+    pattern = re.compile(rf"gpu_[a-z]+_[a-z0-9]+_graph_{topology.nranks}x[a-z0-9]+\.json")
+    return sorted(p for p in RESULTS.glob("gpu_*.json") if pattern.fullmatch(p.name))
+
+
+def calibrate(topology: Topology, paths: list[Path] | None = None) -> Calibration:
+    """Fit the cost model's terms to ``topology``'s measured plans (default: the committed results)."""
+    found, used = observations(topology, paths if paths is not None else default_results(topology))
+    if not found:
+        raise CalibrationError(f"topology {topology.name}: no measured plan of this fabric in the results files "
+                               f"({', '.join(str(p) for p in (paths or [])) or RESULTS})")
+    return fit(topology.fingerprint, topology.name, found, tuple(used))
+
+
+def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None,
+                sizes: tuple[int, ...]) -> tuple[dict[int, float], str] | None:
+    """The calibrated predictions of ``plan`` at ``sizes`` and what made them, or None where the fabric was never
+    measured (or the schedule is unknown)."""
+    if schedule is None or topology is None:
+        return None
+    calibration = load_calibration(topology.fingerprint)
+    if calibration is None:
+        return None
+    f = features(plan, schedule, topology)
+    summary = calibration.residuals()
+    return ({n: calibration.predict_us(f, n) for n in sizes},
+            f"calibrated to {summary['points']} measurements on {calibration.topology_name} "
+            f"(worst ratio {summary['worst_ratio']:.2f})")
