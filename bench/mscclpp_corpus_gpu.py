@@ -27,6 +27,7 @@ def main() -> None:
 
     from executor.communicator import PlanExecutor
     from executor.gpu_bench import matches, nccl_result, sum_magnitude
+    from executor.gpu_bootstrap import all_gather_plain
     from schedules.plan import load_plan
     from topologies.errors import WeftError
 
@@ -67,8 +68,7 @@ def main() -> None:
                 row.update(ok=bool(ok), us=start.elapsed_time(end) * 100)
             except WeftError as e:
                 row["error"] = str(e)
-            oks = [None] * world
-            dist.all_gather_object(oks, row["ok"])
+            oks = all_gather_plain(bool(row["ok"]))  # plain data, never a pickle
             row["ok"] = all(oks)
             rows.append(row)
             if rank == 0:

@@ -111,5 +111,29 @@ def all_gather(store, key: str, rank: int, world_size: int, value: Any, timeout_
     return [decode(store.get(k), f"rank {r} at {key!r}") for r, k in enumerate(keys)]
 
 
+def all_gather_plain(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``value`` over a torch.distributed group, in rank order (collective), as ``encode``'s JSON bytes
+    in two all_gathers (lengths, then the padded bytes). torch's all_gather_object would unpickle what peers send.
+    """
+    import torch
+    import torch.distributed as dist
+
+    data = encode(value)
+    world = dist.get_world_size(group)
+    device = (torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend(group)).lower()
+              else torch.device("cpu"))
+    length = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    lengths = [torch.empty_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length, group=group)
+    sizes = [int(n.item()) for n in lengths]
+    if not all(0 < n <= MAX_VALUE_BYTES for n in sizes):
+        raise ExecutorError(f"executor: a rank's exchanged value is empty or over {MAX_VALUE_BYTES >> 20} MiB: {sizes}")
+    mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    return [decode(t[:n].cpu().numpy().tobytes(), f"rank {r}") for r, (t, n) in enumerate(zip(every, sizes))]
+
+
 def barrier(store, key: str, rank: int, world_size: int, timeout_s: float) -> None:
     all_gather(store, key, rank, world_size, None, timeout_s)

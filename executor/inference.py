@@ -116,8 +116,7 @@ class Communicator(NormCalls, PlanExecutor):
 
         Where the group's ranks sit on several hosts (``executor.hosts``) it is a ``PortCommunicator``: the same API,
         with the registry's plans run through the port engine and no CUDA IPC between hosts."""
-        hosts: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(hosts, host_identity(), group=group)
+        hosts = gpu_bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
         if len(set(hosts)) > 1:
             from executor.port_communicator import PortCommunicator
 

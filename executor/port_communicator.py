@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from executor import torch_ops
+from executor.gpu_bootstrap import all_gather_plain
 from executor.hosts import ipc_across_hosts
 from executor.port_engine import PortEngine
 from executor.torch_plans import PlanChoice
@@ -41,8 +42,7 @@ class PortCommunicator:
         self.paths = {"port": 0, "nccl": 0}
         self.handle = torch_ops.register(self)
         why = self._read_plans(registry, topology, deterministic)
-        seen: list[Any] = [None] * self.world_size
-        dist.all_gather_object(seen, why or sorted(e.id for e in self.choice.entries), group=group)
+        seen = all_gather_plain(why or sorted(e.id for e in self.choice.entries), group)  # plain data, never a pickle
         reasons = [v for v in seen if isinstance(v, str)]
         why = reasons[0] if reasons else ("ranks see different registry entries" if any(v != seen[0] for v in seen)
                                           else "")

@@ -28,6 +28,7 @@ from typing import Any
 
 from executor import liveness
 from executor.errors import ExecutorError, PeerLost
+from executor.gpu_bootstrap import all_gather_plain
 from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
 from executor.port_program import Compute, Exchange, Program, Slot, compile_programs
 from schedules.plan import Plan, load_plan, parse_plan
@@ -62,11 +63,13 @@ class PortEngine:
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.backend = str(dist.get_backend(group)).lower()
         self.device = torch.cuda.current_device() if self.backend == "nccl" else None
-        me = (host_identity(), liveness.identity_of(self.rank))
-        every: list[Any] = [None] * self.world_size
-        dist.all_gather_object(every, me, group=group)
-        self.hosts = tuple(h for h, _ in every)
-        self._identities = [i for _, i in every]
+        me = [host_identity(), liveness.identity_of(self.rank).to_json().decode()]
+        every = all_gather_plain(me, group)  # plain data, never a pickle
+        try:
+            self.hosts = tuple(str(h) for h, _ in every)
+            self._identities = [liveness.RankIdentity.from_json(i) for _, i in every]
+        except (TypeError, ValueError) as e:
+            raise ExecutorError(f"port engine: rank {self.rank}: a peer's identity is malformed: {e}") from None
         self._contexts: dict[tuple, _Context] = {}
         self._programs: dict[str, tuple[Program, ...]] = {}
         self._last: _Context | None = None

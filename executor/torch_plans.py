@@ -41,7 +41,7 @@ def call_refusal(plan: Plan, topology: str, collective: str, nranks: int, nbytes
         return f"plan {plan.name} is for {plan.nranks} ranks, not {nranks}"
     if plan.weft.topology and plan.weft.topology != topology:
         return f"plan {plan.name} is for topology {plan.weft.topology}, not {topology}"
-    if not plan.accepts(nbytes):
+    if not plan.runs(nbytes):  # directly, or padded to its granule (Plan.padding)
         return f"plan {plan.name} does not run {nbytes} bytes"
     return ""
 

@@ -176,3 +176,69 @@ def test_bench_agrees_on_refusals_and_slowest_medians_through_plain_data():
     assert _refused_anywhere(ExchangingComm(["too many thread blocks"]), "")
     assert not _refused_anywhere(ExchangingComm([""]), "")
     assert comm.calls == ["bench-medians"]
+
+
+class _Array(__import__("numpy").ndarray):
+    """A numpy array with the few tensor methods all_gather_plain calls."""
+
+    def to(self, device):
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return self.view(__import__("numpy").ndarray)
+
+
+def fake_torch(peer_values: list):
+    """torch and torch.distributed, just enough for all_gather_plain: this rank is 0, and each peer's all_gather
+    contribution is what its own all_gather_plain would send for its value."""
+    import types
+
+    import numpy as np
+
+    arr = lambda a: np.asarray(a).view(_Array)  # noqa: E731
+    torch = types.SimpleNamespace(
+        int64=np.int64, uint8=np.uint8, device=lambda *a: a, cuda=types.SimpleNamespace(current_device=lambda: 0),
+        tensor=lambda v, dtype, device: arr(np.array(v, dtype=dtype)),
+        empty_like=lambda t: arr(np.empty_like(t)), zeros=lambda n, dtype, device: arr(np.zeros(n, dtype=dtype)),
+        frombuffer=lambda b, dtype: arr(np.frombuffer(bytes(b), dtype=dtype)))
+    peers = [encode(v) for v in peer_values]
+
+    def all_gather(out, mine, group=None):
+        if mine.dtype == np.int64:
+            values = [mine, *(arr(np.array([len(p)], dtype=np.int64)) for p in peers)]
+        else:
+            values = [mine, *(arr(np.frombuffer(p.ljust(len(mine), b"\0"), dtype=np.uint8)) for p in peers)]
+        for slot, value in zip(out, values):
+            slot[...] = value
+
+    dist = types.SimpleNamespace(get_world_size=lambda group=None: 1 + len(peers),
+                                 get_backend=lambda group=None: "nccl", all_gather=all_gather)
+    torch.distributed = dist
+    return torch, dist
+
+
+@pytest.mark.parametrize("mine, theirs", [(("host-a/boot", "rank-id"), [("host-b/boot", "x" * 300)]),
+                                          (True, [False, True]), (["e1", "e2"], ["why not"])])
+def test_a_group_all_gather_moves_plain_json_bytes(monkeypatch, mine, theirs):
+    import sys
+
+    torch, dist = fake_torch(theirs)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    assert gpu_bootstrap.all_gather_plain(mine) == [mine, *theirs]
+
+
+def test_a_pickle_through_a_group_all_gather_is_refused(monkeypatch, tmp_path):
+    import sys
+
+    torch, dist = fake_torch(["placeholder"])
+    forged = pickle.dumps(Exploit(tmp_path / "ran"))
+    monkeypatch.setattr(gpu_bootstrap, "encode", lambda value: forged if value == "bait" else encode(value))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    with pytest.raises(ExecutorError, match="not weft's plain data"):
+        gpu_bootstrap.all_gather_plain("bait")  # this rank's own bytes come back as a pickle: refused, never run
+    assert not (tmp_path / "ran").exists()

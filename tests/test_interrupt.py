@@ -56,7 +56,7 @@ def test_ctrl_c_stops_an_smt_pareto_walk_and_writes_nothing(tmp_path, group):
     out = tmp_path / "front"
     argv = ["synth", "allgather", "-t", "torus2d:x=4,y=4", "--method", "smt", "--pareto", "-o", str(out),
             "--time-limit", "60", "--commit"]
-    code, answered, took, err = _interrupt(argv, tmp_path, 4.0, group)
+    code, answered, took, err = _interrupt(argv, tmp_path, 2.0, group)
     assert code == 130 and answered < ANSWER_S and took < EXIT_S, (answered, took, err)
     assert "interrupted: smt: allgather on torus2d" in err and "nothing written or committed" in err
     assert not out.exists() and not (tmp_path / "registry").exists()
@@ -70,7 +70,7 @@ def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
                                   "chunks": 2}))
     argv = ["synth", "allgather", "-t", "dgx2:nodes=2", "--method", "milp", "--size", "1GB", "--time-limit", "60",
             "--sketch", str(sketch), "-o", str(out), "--commit"]
-    code, answered, took, err = _interrupt(argv, tmp_path, 8.0, True)
+    code, answered, took, err = _interrupt(argv, tmp_path, 3.0, True)
     assert code == 130 and answered < ANSWER_S and took < EXIT_S, (answered, took, err)
     assert "interrupted: milp allgather on dgx2:nodes=2 stopped after" in err
     assert "nothing written or committed" in err and "time limit" not in err.splitlines()[-1]

@@ -39,12 +39,33 @@ def snapshot(root: Path) -> dict[str, bytes]:
             and p.name != ".lock"}
 
 
+def kept(name: str) -> bool:
+    """The committed registry's entries these tests keep: every allgather (the victims and their neighbours), and
+    the smallest few all-reduce and reduce-scatter plans, among them ones the results file timed. Every command
+    reads every entry, so the whole registry (84 entries, 7.8 MB) made this file a two-minute one."""
+    collective = name.split("-", 1)[0]
+    same = sorted((p.stat().st_size, p.name) for p in (COMMITTED / "entries").glob(f"{collective}-*.json"))
+    return collective == "allgather" or name in {n for _, n in same[:4]}
+
+
 @pytest.fixture(scope="module")
 def committed_copy(tmp_path_factory) -> Path:
-    """One pristine copy of bench/registry_h200x2 per module; tests copy it again before changing it."""
+    """One pristine copy of bench/registry_h200x2's entries that ``kept`` keeps, with their index and the whole
+    baselines.json, per module; tests copy it again before changing it."""
+    from schedules.registry import Registry
+
     path = tmp_path_factory.mktemp("pristine") / "registry"
     shutil.copytree(COMMITTED, path)
+    for entry in (path / "entries").glob("*.json"):
+        if not kept(entry.name):
+            entry.unlink()
+    Registry(path).rebuild_index()
+    (path / ".lock").unlink(missing_ok=True)
     return path
+
+
+def count(registry: Path) -> int:
+    return len(list((registry / "entries").glob("*.json")))
 
 
 @pytest.fixture
@@ -101,10 +122,13 @@ def test_a_bad_results_row_is_one_line_and_record_writes_nothing(registry, tmp_p
     assert snapshot(registry) == before
 
 
-def test_a_good_record_keeps_every_entry_readable(registry):
-    code, _, err = run(["registry", "record", str(RESULTS), "--registry", str(registry)])
-    assert code == 0 and err == ""
-    assert len(listed(registry)) == COUNT
+def test_a_good_record_keeps_every_entry_readable(tmp_path):
+    """The issue's case on the whole committed registry: record once left 37 of its then 84 entries readable."""
+    registry = tmp_path / "registry"
+    shutil.copytree(COMMITTED, registry)
+    code, out, err = run(["registry", "record", str(RESULTS), "--registry", str(registry)])
+    assert code == 0 and err == "" and not out.startswith(f"{RESULTS}: 0 plan times")
+    assert len(listed(registry)) == count(registry) == COUNT
     assert json.loads((registry / "baselines.json").read_text())["nccl_us"][H200X2]["allreduce"]
 
 
@@ -122,14 +146,14 @@ def test_a_plan_with_a_zero_prediction_commits_nothing(registry, tmp_path):
     assert snapshot(registry) == before
 
 
-def test_nan_and_negative_nccl_times_are_refused_by_the_reader(registry):
+def test_nan_and_negative_nccl_times_are_refused_by_the_reader(registry, committed_copy):
     from schedules.registry import Registry, RegistryError
 
     reg = Registry(registry)
     for bad in (float("nan"), -1.0, 0.0, float("inf")):
         with pytest.raises(RegistryError, match="positive, finite time"):
             reg.record_nccl(H200X2, "allreduce", {1024: bad})
-    assert snapshot(registry) == snapshot(COMMITTED)
+    assert snapshot(registry) == snapshot(committed_copy)
 
 
 # ---- 2. export writes only inside its folder, under the entries' checked file names ---------------------------
@@ -141,7 +165,7 @@ def test_an_entry_id_cannot_steer_export_outside_its_folder(registry, tmp_path, 
     victim.write_text(json.dumps(doc))
     out = tmp_path / "deep" / "er" / "export"
     code, stdout, err = run(["registry", "export", str(out), "--registry", str(registry)])
-    assert code == 0 and f"exported {COUNT - 1} entries" in stdout
+    assert code == 0 and f"exported {count(registry) - 1} entries" in stdout
     assert f"{victim}: id:" in err  # the entry is named and left out
     assert sorted(p.name for p in tmp_path.rglob("*ESCAPED*")) == []
     assert not Path("/tmp/weft-escaped-absolute.json").exists()
@@ -176,13 +200,13 @@ def test_a_damaged_entry_is_one_named_line_and_the_others_serve(registry, tmp_pa
     assert "Traceback" not in err
     if command[0] == "verify":
         report = json.loads(out)
-        assert code == 1 and report["bad"] == 1 and report["ok"] == COUNT - 1
+        assert code == 1 and report["bad"] == 1 and report["ok"] == count(registry) - 1
         return
     assert code == 0
     assert [line for line in err.splitlines() if victim.name in line] == err.splitlines()
     assert len(err.splitlines()) == 1
     if command[0] == "list":
-        assert out.rstrip().endswith(f"{COUNT - 1} entries in {registry}")
+        assert out.rstrip().endswith(f"{count(registry) - 1} entries in {registry}")
 
 
 def test_show_of_a_damaged_entry_is_one_line(registry):
@@ -196,10 +220,10 @@ def test_rebuild_index_names_unreadable_entries_and_exits_1(registry):
     victim = entry_file(registry, "allgather")
     victim.write_text("[" * 100_000)
     code, out, err = run(["registry", "rebuild-index", "--registry", str(registry)])
-    assert code == 1 and f"{COUNT - 1} entries, 1 unreadable left out" in out
+    assert code == 1 and f"{count(registry) - 1} entries, 1 unreadable left out" in out
     assert victim.name in err
     index = json.loads((registry / "index.json").read_text())
-    assert len(index["entries"]) == COUNT - 1
+    assert len(index["entries"]) == count(registry) - 1
 
 
 @pytest.mark.parametrize("damage", ["[" * 100_000, '{"format": ' + "1" * 5000 + "}", "{}", '{"format": 3}',
@@ -210,7 +234,7 @@ def test_a_damaged_index_is_rebuilt_by_the_next_change_never_a_crash(registry, d
     code, _, err = run(["registry", "remove", victim.stem, "--registry", str(registry)])
     assert code == 0 and err == ""
     index = json.loads((registry / "index.json").read_text())
-    assert len(index["entries"]) == COUNT - 1 and victim.stem not in {row["id"] for row in index["entries"]}
+    assert len(index["entries"]) == count(registry) and victim.stem not in {row["id"] for row in index["entries"]}
 
 
 @pytest.mark.parametrize("damage", ["[" * 100_000, '{"format": ' + "1" * 5000 + "}", "{not json"])
@@ -224,7 +248,7 @@ def test_a_damaged_index_never_crashes_commit_after_it_wrote_the_entry(registry,
     code, out, err = run(["registry", "commit", str(plan), "--registry", str(registry)])
     assert code == 0 and err == "" and f"committed {victim.stem}" in out
     index = json.loads((registry / "index.json").read_text())
-    assert sorted(row["id"] for row in index["entries"]) == sorted(listed(registry)) and len(index["entries"]) == 84
+    assert sorted(row["id"] for row in index["entries"]) == sorted(listed(registry)) and len(index["entries"]) == count(registry)
 
 
 # ---- 4. an entry never serves one collective's plan under another's key -------------------------------------
@@ -247,27 +271,27 @@ def test_a_key_that_disagrees_with_its_plan_is_refused_by_select_and_verify(regi
     assert code == 1 and not row["ok"] and f"key.{field}" in row["error"]
 
 
-def test_the_executor_asks_the_plan_too_not_only_the_key():
+def test_the_executor_asks_the_plan_too_not_only_the_key(committed_copy):
     """Entry.serves (what select and the executor's PlanChoice ask) checks the plan's own collective and ranks."""
     from dataclasses import replace
 
     from schedules.registry import Registry
 
-    entry = next(e for e in Registry(COMMITTED).entries() if e.key.collective == "allgather")
+    entry = next(e for e in Registry(committed_copy).entries() if e.key.collective == "allgather")
     size = 4096
     assert entry.serves(H200X2, "allgather", 2, size)
     forged = replace(entry, key=replace(entry.key, collective="allreduce"))
     assert not forged.serves(H200X2, "allreduce", 2, size)
 
 
-def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(monkeypatch):
+def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(committed_copy, monkeypatch):
     """Even were selection to trust a key alone, the executor's last check before a call asks the plan."""
     from dataclasses import replace
 
     from executor.torch_plans import PlanChoice
     from schedules.registry import Entry, Registry
 
-    choice = PlanChoice(Registry(COMMITTED), H200X2, 2)
+    choice = PlanChoice(Registry(committed_copy), H200X2, 2)
     entry = next(e for e in choice.entries if e.key.collective == "allgather")
     choice.entries = [replace(entry, key=replace(entry.key, collective="allreduce"))]
     choice.nccl_us = {}  # NCCL measured faster at some sizes: here only the plans compete
