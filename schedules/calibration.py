@@ -4,26 +4,38 @@ The α-β model (``schedules.cost``) prices a schedule's links and nothing else,
 no GPU reaches (0.3 µs for an all-reduce that takes 3 µs on H200s: a kernel launch and a flag round trip cost
 more). A plan's time on a fabric whose plans were measured is priced instead as
 
-    launch_us + warps_us · warps + hop_us[protocol] · hops
-      + max(links_us / efficiency[protocol],
-            threadblock_us_per_byte[protocol] · (1024 / threads)^threads_power[protocol] · threadblock bytes,
-            memory_us_per_byte · GPU bytes)
+    launch_us + warps_us · warps + hop_us[protocol] · hops + arrival_us[protocol] · (arrivals - hops)
+      + source_us[protocol] · (sources - arrivals)
+      + (1 + misaligned_slowdown · misaligned)
+        · max(links_us / efficiency[protocol],
+              threadblock_us_per_byte[protocol] · (1024 / threads)^threads_power[protocol] · threadblock bytes,
+              memory_us_per_byte · GPU bytes)
 
 - ``launch_us`` and ``warps_us``: the launch, and what each warp of the plan's thread blocks adds to it;
 - ``hops``: the waits on the longest thread block (``wait`` ops and packet reads), each a round trip between GPUs,
   priced per protocol (an LL packet carries its own flag; a Simple transfer waits for a signal);
+- ``arrivals``: the waits of the longest thread block, one per op that waits (for a peer's signal or packets, or
+  another block's semaphore); waits after the first of a hop wait for what is already on its way (a multi-peer
+  block's packets from 3 peers, read one peer after another), each costing ``arrival_us`` rather than a round
+  trip;
+- ``sources``: what those waits wait for, each peer's packets or signal and each semaphore: a one-shot reduction
+  on 4 GPUs reads 3 peers' packets in one op, each source after the first of an op costing ``source_us``;
 - ``links_us``: the α-β model's transfer time without its latencies (the busiest link of each step), at a
   fraction ``efficiency`` of the links' bandwidth (LL packets carry half);
 - threadblock bytes: what the busiest thread block reads and writes (an LL packet twice), at a rate that grows
   with its threads: a plan of few thread blocks cannot feed the links;
-- GPU bytes: what all of a GPU's thread blocks read and write, at the GPU memory's rate.
+- GPU bytes: what all of a GPU's thread blocks read and write, at the GPU memory's rate;
+- ``misaligned``: 1 where the message does not cut into the plan's ``chunks`` at 16-byte boundaries (a 64 MB
+  all-reduce in 96 chunks), so that thread blocks cannot move their slices in 16-byte vector loads and stores.
 
 ``fit`` finds the terms from measured (plan, size, µs) points by least squares on log times (Levenberg-Marquardt
-over log terms, so every term stays positive); ``Calibration.residuals`` reports how far predictions stay from
+over log terms, so every term stays positive), each point weighted by how close it comes to the fastest plan
+measured at its size (the plans selection chooses between); ``Calibration.residuals`` reports how far predictions stay from
 the measurements. A fabric has a calibration only where it was measured (``load_calibration`` gives None
 elsewhere); weft says so next to any prediction made without one.
 
->>> f = PlanFeatures("LL", instances=1, threads=1024, threadblocks=1, hops=1, bytes_us_per_byte=1e-6,
+>>> f = PlanFeatures("LL", instances=1, threads=1024, threadblocks=1, hops=1, arrivals=1, sources=1, chunks=1,
+...                  bytes_us_per_byte=1e-6,
 ...                  threadblock_bytes_per_byte=2.0, gpu_bytes_per_byte=2.0)
 >>> c = Calibration("topo-0000000000000000", "pair", dict(DEFAULTS), ())
 >>> round(c.predict_us(f, 1 << 20), 2) > round(c.predict_us(f, 1 << 10), 2) > c.terms["launch_us"]
@@ -45,13 +57,15 @@ from topologies.errors import WeftError
 FORMAT = "weft.calibration/1"
 PROTOCOLS = ("LL", "Simple")
 # The terms and where a fit starts from (µs, or factors); every term is positive.
-DEFAULTS = {"launch_us": 2.0, "warps_us": 0.001, "memory_us_per_byte": 1e-6,
-            "hop_us.LL": 1.0, "hop_us.Simple": 2.0,
+DEFAULTS = {"launch_us": 2.0, "warps_us": 0.001, "memory_us_per_byte": 1e-6, "misaligned_slowdown": 0.5,
+            "hop_us.LL": 1.0, "hop_us.Simple": 2.0, "arrival_us.LL": 0.3, "arrival_us.Simple": 0.3,
+            "source_us.LL": 0.1, "source_us.Simple": 0.1,
             "efficiency.LL": 0.4, "efficiency.Simple": 0.8, "threadblock_us_per_byte.LL": 1e-4,
             "threadblock_us_per_byte.Simple": 1e-4, "threads_power.LL": 0.5, "threads_power.Simple": 0.5}
 CEILINGS = {"efficiency.LL": 1.0, "efficiency.Simple": 1.0}
 CALIBRATIONS = Path(__file__).parent / "calibrations"
 TOLERANCE = 1.5  # the factor between prediction and measurement that a calibration is held to
+ALIGNMENT = 16  # bytes: a thread block's vector loads and stores
 STARTS = 48  # the fit's starting points
 
 
@@ -68,13 +82,17 @@ class PlanFeatures:
     threads: int
     threadblocks: int
     hops: int
+    arrivals: int  # the ops of its longest thread block that wait (for signals, packets, semaphores): >= hops
+    sources: int  # the peers' packets and signals (and semaphores) those ops wait for: >= arrivals
+    chunks: int  # the chunks a message is cut into (its slices are aligned where size / chunks is a multiple of 16)
     bytes_us_per_byte: float  # the α-β transfer time per message byte, latencies left out
     threadblock_bytes_per_byte: float  # bytes the busiest thread block reads and writes per message byte
     gpu_bytes_per_byte: float  # bytes the busiest GPU's thread blocks read and write per message byte
 
     def to_json(self) -> dict:
         return {"protocol": self.protocol, "instances": self.instances, "threads": self.threads,
-                "threadblocks": self.threadblocks, "hops": self.hops, "bytes_us_per_byte": self.bytes_us_per_byte,
+                "threadblocks": self.threadblocks, "hops": self.hops, "arrivals": self.arrivals, "sources": self.sources, "chunks": self.chunks,
+                "bytes_us_per_byte": self.bytes_us_per_byte,
                 "threadblock_bytes_per_byte": self.threadblock_bytes_per_byte,
                 "gpu_bytes_per_byte": self.gpu_bytes_per_byte}
 
@@ -82,11 +100,11 @@ class PlanFeatures:
     def from_json(doc: dict, source: str) -> "PlanFeatures":
         try:
             f = PlanFeatures(str(doc["protocol"]), int(doc["instances"]), int(doc["threads"]),
-                             int(doc["threadblocks"]), int(doc["hops"]), float(doc["bytes_us_per_byte"]),
+                             int(doc["threadblocks"]), int(doc["hops"]), int(doc["arrivals"]), int(doc["sources"]), int(doc["chunks"]), float(doc["bytes_us_per_byte"]),
                              float(doc["threadblock_bytes_per_byte"]), float(doc["gpu_bytes_per_byte"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CalibrationError(f"{source}: features: missing or malformed ({e})") from None
-        if f.protocol not in PROTOCOLS or min(f.instances, f.threads) < 1 or min(
+        if f.protocol not in PROTOCOLS or min(f.instances, f.threads) < 1 or not f.hops <= f.arrivals <= f.sources or f.chunks < 1 or min(
                 f.bytes_us_per_byte, f.threadblock_bytes_per_byte) < 0:
             raise CalibrationError(f"{source}: features: {doc!r} are not a plan's")
         return f
@@ -176,10 +194,11 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
                                f"{len(DEFAULTS)} terms")
     names = list(DEFAULTS)
     used = {k for o in observations for k in names if k.endswith(f".{o.features.protocol}")} | {
-        "launch_us", "warps_us", "memory_us_per_byte"}
+        "launch_us", "warps_us", "memory_us_per_byte", "misaligned_slowdown"}
     free = [k for k in names if k in used]
     columns = _columns(observations)
     measured = np.log([o.measured_us for o in observations])
+    weights = np.sqrt(_selection_weights(observations))
 
     def terms_at(x: np.ndarray) -> dict[str, float]:
         # each term within e^±10 of its default (far beyond any fabric, and no overflow on the way there), and a
@@ -190,7 +209,7 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
 
     def residual(x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # a trial step that overflows costs inf and is refused
-            return np.log(_model_columns(terms_at(x), columns)) - measured
+            return weights * (np.log(_model_columns(terms_at(x), columns)) - measured)
 
     # The model's max() of three rates leaves terms without a gradient where no point is limited by them at the
     # start, so the fit starts from several points (the defaults, then a fixed seed's spread around them).
@@ -204,6 +223,17 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
     x = best[1]
     terms = terms_at(x)
     return Calibration(topology, topology_name, terms, tuple(observations), sources)
+
+
+def _selection_weights(observations: list[Observation]) -> np.ndarray:
+    """Each point's weight in the fit: the fastest measured time of its collective and size over its own. The
+    model's predictions choose among plans, so its error matters most on the plans a choice is between; a plan 3×
+    slower than the best at its size still counts, a third as much."""
+    fastest: dict[tuple[str, int], float] = {}
+    for o in observations:
+        key = (o.collective, o.nbytes)
+        fastest[key] = min(fastest.get(key, math.inf), o.measured_us)
+    return np.array([fastest[(o.collective, o.nbytes)] / o.measured_us for o in observations])
 
 
 def _levenberg_marquardt(residual, x: np.ndarray, iterations: int) -> np.ndarray:
@@ -236,7 +266,7 @@ def _columns(observations: list[Observation]) -> dict[str, np.ndarray]:
     return {"ll": np.array([f.protocol == "LL" for f in fs]),
             "nbytes": np.array([float(o.nbytes) for o in observations]),
             **{name: np.array([float(getattr(f, name)) for f in fs])
-               for name in ("threads", "threadblocks", "hops", "bytes_us_per_byte", "threadblock_bytes_per_byte",
+               for name in ("threads", "threadblocks", "hops", "arrivals", "sources", "chunks", "bytes_us_per_byte", "threadblock_bytes_per_byte",
                             "gpu_bytes_per_byte")}}
 
 
@@ -250,7 +280,9 @@ def _model_columns(terms: dict[str, float], c: dict[str, np.ndarray]) -> np.ndar
         1024 / c["threads"]) ** per("threads_power")
     memory = c["gpu_bytes_per_byte"] * c["nbytes"] * terms["memory_us_per_byte"]
     return (terms["launch_us"] + terms["warps_us"] * c["threadblocks"] * c["threads"] / 32 + per("hop_us") * c["hops"]
-            + np.maximum(np.maximum(links, feed), memory))
+            + per("arrival_us") * (c["arrivals"] - c["hops"]) + per("source_us") * (c["sources"] - c["arrivals"])
+            + (1 + terms["misaligned_slowdown"] * (c["nbytes"] % (c["chunks"] * ALIGNMENT) != 0))
+            * np.maximum(np.maximum(links, feed), memory))
 
 
 def dumps(calibration: Calibration) -> str:

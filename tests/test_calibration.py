@@ -67,6 +67,28 @@ def test_features_of_a_measured_plan_are_what_its_calibration_stored():
         assert features(plan, schedule, topology) == stored
 
 
+@pytest.mark.parametrize("name, hops, arrivals, sources", [
+    ("direct-allgather-hgx_h200:gpus=4-ll-x1", 1, 1, 1),  # each block reads one peer's packets
+    ("direct-allreduce-hgx_h200:gpus=4-ll-x1", 1, 1, 3),  # one op reads 3 peers' packets at once
+    ("direct-allgather-hgx_h200:gpus=4-ll-x32-mp", 1, 3, 3),  # one block reads 3 peers, one after another
+    ("twoshot-allreduce-hgx_h200:gpus=4-ll-x1", 2, 2, 4),  # the all-gather half waits on the reduced packets
+    ("ring-allreduce-hgx_h200:gpus=4-ll-x1", 6, 6, 6),
+])
+def test_hops_are_round_trips_and_arrivals_the_waits_within_them(name, hops, arrivals, sources):
+    f = features(*named_plan(name))
+    assert (f.hops, f.arrivals, f.sources) == (hops, arrivals, sources)
+
+
+def test_a_message_off_the_plans_16_byte_chunk_boundaries_is_priced_slower():
+    c = _committed("hgx_h200:gpus=4")
+    plan = "twoshot-allreduce-hgx_h200:gpus=4-simple-x24-t512"  # 96 chunks: 64 MB cuts at 699050.67 bytes
+    f = next(o.features for o in c.observations if o.plan == plan)
+    assert f.chunks == 96 and c.terms["misaligned_slowdown"] > 0.5
+    aligned, misaligned = c.predict_us(f, 96 * (1 << 19)), c.predict_us(f, 1 << 26)
+    assert misaligned > aligned * 1.5  # 64 MB is only 1.3x the 48 MB message, priced 1.5x+ slower
+    assert any(o.plan.endswith("-mp") for o in c.observations)  # the multi-peer plans are calibrated too
+
+
 def test_a_fabric_never_measured_has_no_calibration():
     assert load_calibration(resolve("dgx1").fingerprint) is None
 

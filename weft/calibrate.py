@@ -25,21 +25,55 @@ from topologies import Topology
 RESULTS = Path(__file__).parent.parent / "bench" / "results"
 PLAN_NAME = re.compile(r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple)"
                        r"-x(?P<instances>\d+)(?:-p(?P<pipeline>\d+))?(?:-t(?P<threads>\d+))?(?P<double>-2s)?"
-                       r"(?P<pull>-pull)?(?:-max(?P<max_mb>\d+)MB)?")
+                       r"(?P<pull>-pull)?(?P<multipeer>-mp)?(?:-max(?P<max_mb>\d+)MB)?")
 
 
 def features(plan: Plan, schedule: Schedule, topology: Topology) -> PlanFeatures:
     """What the calibrated model reads from ``plan`` (compiled from ``schedule``) on ``topology``."""
     per_chunk_byte = sum(max((per_byte for _, per_byte in step.links + step.groups), default=0.0)
                          for step in loads(schedule, topology).steps)
-    hops = max((sum(OPS[op.name].device == "wait" or bool(OPS[op.name].packet_src) for op in tb.ops)
-                for g in plan.gpus for tb in g.threadblocks), default=0)
+    hops = max((_hops(tb.ops) for g in plan.gpus for tb in g.threadblocks), default=0)
+    arrivals = max((sum(map(_op_arrivals, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
+    sources = max((sum(map(_op_sources, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
     work = [[sum(_op_chunks(op) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
     n = plan.size_chunks
     return PlanFeatures(plan.protocol, plan.weft.instances, plan.num_threads_per_block,
-                        max(len(g.threadblocks) for g in plan.gpus), hops,
+                        max(len(g.threadblocks) for g in plan.gpus), hops, max(arrivals, hops), max(sources, arrivals, hops),
+                        plan.size_chunks,
                         per_chunk_byte / schedule.collective.size_chunks,
                         max((w for gpu in work for w in gpu), default=0) / n, max(map(sum, work)) / n)
+
+
+def _hops(ops) -> int:
+    """The round trips a thread block's ops wait through: a wait (on a channel, or for packets) starts a round
+    trip where it comes first or after the block sent something since its last wait; the waits that follow one
+    without a send between them wait for arrivals already on their way (a multi-peer block's packets from 3
+    peers), within the same round trip."""
+    hops, sent = 0, True
+    for op in ops:
+        spec = OPS[op.name]
+        if spec.device == "wait" or spec.packet_src:
+            hops, sent = hops + sent, False
+        if spec.device == "signal" or spec.signals or any(ref.remote for ref in op.dst_buff):
+            sent = True
+    return hops
+
+
+def _op_arrivals(op) -> int:
+    """1 where an op waits for something to arrive: a peer's signal or packets (from one peer or, in a reduction,
+    from each at once), or another thread block's semaphore."""
+    spec = OPS[op.name]
+    return int(spec.device in ("wait", "sem_acquire") or bool(spec.packet_src))
+
+
+def _op_sources(op) -> int:
+    """The peers (or semaphores) an op waits for at once: each packet source, each channel waited on."""
+    spec = OPS[op.name]
+    if spec.device == "wait":
+        return max(len(op.channel_ids), 1)
+    if spec.device == "sem_acquire":
+        return len(op.semaphore_ids)
+    return sum(spec.reads_packet(k) for k in range(len(op.src_buff)))
 
 
 def _op_chunks(op) -> int:
@@ -67,7 +101,7 @@ def named_plan(name: str) -> tuple[Plan, Schedule, Topology] | None:
         protocol = "LL" if m["protocol"] == "ll" else "Simple"
         plan = compile_schedule(
             schedule, topology, instances=int(m["instances"]), protocol=protocol, threads=int(m["threads"] or 1024),
-            pipeline=int(m["pipeline"] or 1), pull=bool(m["pull"]),
+            pipeline=int(m["pipeline"] or 1), pull=bool(m["pull"]), multipeer=bool(m["multipeer"]),
             double_scratch=None if protocol == "LL" else bool(m["double"]),
             ll_max_bytes=int(m["max_mb"]) << 20 if m["max_mb"] else LL_MAX_BYTES)
     except Exception:  # noqa: BLE001 (a name weft no longer compiles the same way is left out, never a crash)

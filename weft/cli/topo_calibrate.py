@@ -42,6 +42,9 @@ def report(calibration) -> list[str]:
         f"  a 1024-thread block moves {1e-3 / t['threadblock_us_per_byte.LL']:.1f} GB/s of LL, "
         f"{1e-3 / t['threadblock_us_per_byte.Simple']:.1f} GB/s of Simple; GPU memory "
         f"{1e-3 / t['memory_us_per_byte']:.0f} GB/s",
+        f"  a further wait in a hop LL {t['arrival_us.LL']:.2f} µs, Simple {t['arrival_us.Simple']:.2f} µs; a further "
+        f"source of one wait LL {t['source_us.LL']:.2f} µs, Simple {t['source_us.Simple']:.2f} µs; chunks off 16-byte "
+        f"boundaries {1 + t['misaligned_slowdown']:.2f}x slower",
         f"residuals (predicted / measured): {r['within_tolerance']} of {r['points']} within {TOLERANCE}x, worst "
         f"{r['worst_ratio']:.2f}x, rms of log ratio {r['rms_log_ratio']:.3f}",
     ]
