@@ -44,7 +44,7 @@ import numpy as np
 
 from executor.errors import WrongResult  # noqa: F401 (raised here; callers import it from either module)
 from schedules.collectives import Collective
-from schedules.plan import CHUNK_GRANULE, BufferRef, Op, Plan, PlanError, channel_pairs, remote_target
+from schedules.plan import BufferRef, Op, Plan, PlanError, channel_pairs, remote_target
 from topologies.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -510,7 +510,7 @@ def _packet_sources(op: Op) -> list[BufferRef]:
 
 def smallest_size(plan: Plan) -> int:
     """The smallest message size (bytes) ``plan`` accepts."""
-    unit = plan.size_chunks * CHUNK_GRANULE * plan.slices
+    unit = plan.granule
     return max(plan.min_message_size + (-plan.min_message_size) % unit, unit)
 
 

@@ -21,6 +21,7 @@ from executor.communicator import PlanExecutor
 from executor.errors import ExecutorError
 from executor.reference import run_reference
 from test_any_size import _expected, _inputs
+from test_inference_capture_flow import FakeArray
 from topologies import resolve
 from weft.synthesis import synthesize
 
@@ -28,18 +29,7 @@ TOPOLOGY = resolve("hgx_h200:gpus=4")
 N = TOPOLOGY.nranks
 
 
-class HostArray:
-    """A device array over host bytes (its address is real, so the fake copies move real data)."""
-
-    def __init__(self, host: np.ndarray):
-        self.host = host
-
-    @property
-    def data(self):
-        return SimpleNamespace(ptr=self.host.ctypes.data)
-
-    def __getitem__(self, part):
-        return HostArray(self.host[part])
+HostArray = FakeArray  # a device array over host bytes (its address is real, so the fake copies move real data)
 
 
 class CallerArray:

@@ -78,8 +78,14 @@ def test_rms_norm_is_x_over_its_root_mean_square_times_the_weight():
     w = np.array([1.0, 0.5, 2.0, 1.0], np.float32)
     want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) * w
     assert np.allclose(rms_norm(x, w, 1e-5, "fp32"), want, rtol=1e-6)
-    assert rms_norm(x, w, 1e-5, "bf16").view(np.uint32).tolist()[0] == \
-        reference.round_to(rms_norm(x, w, 1e-5, "fp32"), "bf16").view(np.uint32).tolist()[0]
+    assert np.array_equal(rms_norm(x, w, 1e-5, "bf16"), reference.round_to(_definition(x, w, 1e-5), "bf16"))
+
+
+def _definition(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """The test's own statement of the formula: float64 mean of squares, float32 rstd, float32 products."""
+    mean = (np.sum(x.astype(np.float64) ** 2, axis=-1) / x.shape[-1]).astype(np.float32)
+    rstd = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    return (x.astype(np.float32) * rstd[..., None]) * w.astype(np.float32)
 
 
 @pytest.mark.parametrize("groups,rows", [(1, 1), (2, 2), (4, 4), (4, 8)])
@@ -92,7 +98,7 @@ def test_the_reference_epilogue_equals_numpys_definition_bit_for_bit(one_shot, g
     weight = reference.round_to(np.random.default_rng(1).normal(1, 0.2, hidden), dtype)
     normed, outputs = run_fused(plan, inputs, nbytes, dtype, residual, weight, RowNorm(hidden, 1e-5))
     new_residual = reference.round_to(reference.round_to(inputs[0] + inputs[1], dtype) + residual, dtype)
-    want = rms_norm(new_residual.reshape(rows, hidden), weight, 1e-5, dtype).reshape(-1)
+    want = reference.round_to(_definition(new_residual.reshape(rows, hidden), weight, 1e-5), dtype).reshape(-1)
     for rank in range(plan.nranks):
         assert np.array_equal(outputs[rank], new_residual)
         assert np.array_equal(normed[rank], want)

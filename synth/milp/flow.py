@@ -71,6 +71,11 @@ def link_cost_us(link_latency: float, capacity: float, chunk_bytes: float) -> tu
     return link_latency, chunk_bytes / (capacity * 1e3)
 
 
+def bandwidth_bound(links, chunk_bytes: float) -> bool:
+    """Whether a chunk takes longer on some link than that link's latency (the bytes, not the hops, set the time)."""
+    return any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in links)
+
+
 def hop_distances(ranks: range, links: frozenset[tuple[int, int]]) -> dict[int, dict[int, int]]:
     graph = nx.DiGraph()
     graph.add_nodes_from(ranks)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from schedules.collectives import Collective
 from synth.errors import Unsat
-from synth.milp.flow import hop_distances, link_cost_us
+from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound, hop_distances
 from synth.milp.sketch import Sketch, SketchError
 from topologies import Topology
 
@@ -27,7 +27,7 @@ LinkSet = frozenset[tuple[int, int]]
 def allowed_links(topo: Topology, collective: Collective, sketch: Sketch, chunk_bytes: float) -> LinkSet:
     """The links sends may use on the switch-free ``topo`` for chunks of ``chunk_bytes``."""
     everything = frozenset(link.key for link in topo.links)
-    bandwidth_bound = any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in topo.links)
+    bandwidth_bound = flow_bandwidth_bound(topo.links, chunk_bytes)
     if sketch.relays is not None:
         links = _relayed(topo, sketch)
     elif sketch.rails or (sketch.rails is None and bandwidth_bound):

@@ -17,7 +17,8 @@ from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
 from synth.milp import hierarchy
-from synth.milp.flow import FlowModel, FlowSpec, OutOfTime, build_flow, hop_distances, link_cost_us
+from synth.milp.flow import FlowModel, FlowSpec, OutOfTime, build_flow, hop_distances
+from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound
 from synth.milp.links import allowed_links, check_reachable
 from synth.milp.sketch import Sketch
 from synth.milp.symmetry import rank_symmetry
@@ -139,7 +140,7 @@ def default_chunks(topology: Topology, collective: Collective, size: int) -> int
     one = Collective(collective.name, collective.nranks, 1, collective.root)
     chunk_bytes = one.chunk_bytes(size)
     fabric = topology.without_switches()
-    if not any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in fabric.links):
+    if not flow_bandwidth_bound(fabric.links, chunk_bytes):
         return 1
     return min(4, max(1, (128 if topology.nhosts > 1 else 64) // one.nchunks))
 
@@ -255,7 +256,7 @@ def _hierarchy(job: _Job, topo: Topology, collective: Collective, links: frozens
     chunks a model holds). A split that would leave some rank unreachable is dropped.
     """
     choice = job.sketch.hierarchy
-    bandwidth_bound = any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in topo.links)
+    bandwidth_bound = flow_bandwidth_bound(topo.links, chunk_bytes)
     if choice is None:
         choice = "rails" if bandwidth_bound and job.sketch.relays is None else "none"
     if choice == "none" or not hierarchy.applies(topo, collective):

@@ -329,10 +329,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     from executor.gpu_bench import BenchConfig, run_bench
 
-    port = has_port_channels(_load_plans(args, int(os.environ["WORLD_SIZE"])))
+    plans = _load_plans(args, int(os.environ["WORLD_SIZE"]))
+    port = has_port_channels(plans)
     comm, rank, world = _init_rank(args, port)
     try:
-        plans = _load_plans(args, world)
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
                              ll128=args.ll128, symm=not port)
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)

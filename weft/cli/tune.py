@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
     for schedule in schedules:
         if not args.json:
             n = schedule.nsteps
-            print(f"schedule {schedule.name or schedule.meta.solver} ({schedule.meta.solver or 'given'}, {n} "
-                  f"step{'' if n == 1 else 's'}):", flush=True)
+            print(f"schedule {schedule.name or schedule.meta.solver} ({schedule.meta.solver or 'given'}, "
+                  f"{counted(n, 'step')}):", flush=True)
 
         def keep(o, schedule=schedule) -> None:
             row = _row(o, schedule, topology, args)
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         where = "checked, nothing committed (--dry-run)" if args.dry_run else \
             f"committed to {publish.registry_location(args.registry)}"
-        print(f"{len(made)} of {len(rows)} variant{'' if len(rows) == 1 else 's'} proven and {where}; measure them "
+        print(f"{len(made)} of {counted(len(rows), 'variant')} proven and {where}; measure them "
               f"with `weft bench {args.collective} --plans registry --record`")
     return 0 if made else 1
 
@@ -133,7 +134,7 @@ def _row(o, schedule, topology, args: argparse.Namespace) -> dict:
 
 def _line(row: dict, width: int) -> str:
     n = row["threadblocks"]
-    what = f"{row['plan']} ({n} thread block{'' if n == 1 else 's'})" if row["plan"] else "skipped: " + row["skipped"]
+    what = f"{row['plan']} ({counted(n, 'thread block')})" if row["plan"] else "skipped: " + row["skipped"]
     if row["plan"] and not row["powers_of_two"]:
         what += "; warning: it accepts no power-of-two size (1 KB to 1 GB), so benches of those sizes skip it"
     return f"{row['variant']:<{width}}  {what}" + (f" -> {row['registry_entry']}" if row.get("registry_entry") else "")
