@@ -92,6 +92,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
+from schedules import mscclpp_format
 from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
@@ -114,8 +115,7 @@ REFUSED_CHANNEL_TYPES = {
 CHANNEL_OPS = frozenset(name for name, spec in OPS.items() if spec.channels)
 PACKET_OPS = frozenset(name for name, spec in OPS.items() if spec.packet)
 BUFFER_OPS = frozenset(name for name, spec in OPS.items() if spec.buffers)
-_OP_FIELDS = frozenset({"name", "channel_type", "channel_ids", "src_buff", "dst_buff", "semaphore_ids",
-                        "barrier_id", "num_threadblocks", "reduce_op", "tbg_info", "iter_context", "ops"})
+_PLAIN_OP_FIELDS = mscclpp_format.OP_KEYS - {"iter_context", "ops"}  # an op other than a pipeline
 TEST_COLLECTIVE = "test"  # MSCCL++'s unit-test programs: no postcondition, so a run proves no race or deadlock only
 REUSED_SCRATCH_BYTES = 1 << 26  # reuse_resources: MSCCL++'s fixed scratch (PREDFINED_SCRATCH_SIZE)
 
@@ -482,14 +482,11 @@ def load_plan(path: str | Path) -> Plan:
     return parse_plan(read_json(path, "plan", PlanError), str(path))
 
 
-_KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unread
-    "(top level)": frozenset({"name", "collective", "protocol", "inplace", "reuse_resources",
-                              "use_double_scratch_buffer", "buffer_alignment", "min_message_size", "max_message_size",
-                              "num_threads_per_block", "gpus", "weft"}),
-    "gpu": frozenset({"id", "input_chunks", "output_chunks", "scratch_chunks", "channels", "remote_buffers",
-                      "semaphores", "threadblocks"}),
-    "threadblock": frozenset({"id", "channels", "remote_buffer_refs", "ops"}),
-    "buffer entry": frozenset({"type", "buffer_id", "index", "size", "offset"}),
+_KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unread: MSCCL++'s (schedules.mscclpp_format)
+    "(top level)": mscclpp_format.TOP_KEYS | {"weft"},
+    "gpu": mscclpp_format.GPU_KEYS,
+    "threadblock": mscclpp_format.THREADBLOCK_KEYS,
+    "buffer entry": (mscclpp_format.BUFF_KEYS - {"switch_channel_id"}) | {"offset"},  # switch entries are refused
 }
 
 
@@ -736,10 +733,10 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
         raise rd.fail(f"{where}.name", f"unsupported op {name!r} (weft runs {', '.join(sorted(OPS))})")
     if OPS[name].container:
         return _parse_pipeline(rd, doc, where, gpu, tb)
-    extra = sorted(set(doc) - _OP_FIELDS - {"iter_context", "ops"})
+    extra = sorted(set(doc) - _PLAIN_OP_FIELDS)
     if extra:
         raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r} (weft reads "
-                                             f"{', '.join(sorted(_OP_FIELDS - {'iter_context', 'ops'}))})")
+                                             f"{', '.join(sorted(_PLAIN_OP_FIELDS))})")
     if doc.get("reduce_op", "sum") != "sum":
         raise rd.fail(f"{where}.reduce_op", f"only 'sum' is supported, got {doc['reduce_op']!r}")
     channel_type, channel_ids = None, ()
