@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from executor.inference import DTYPES, Communicator
+from executor.inference import Communicator
 from executor.norm import RowNorm
 
 
@@ -27,7 +27,8 @@ class WeftBackend:
 
     @classmethod
     def from_process_group(cls, group: Any = None, **options: Any) -> "WeftBackend":
-        """``options`` go to Communicator (registry, topology, deterministic, staging_bytes)."""
+        """``options`` go to Communicator (registry, topology, deterministic, staging_bytes); across hosts it is a
+        PortCommunicator, whose all-reduce runs the port engine and whose fused norm runs unfused."""
         return cls(Communicator.from_process_group(group, **options))
 
     def should_use(self, tensor: torch.Tensor, residual: bool = False) -> bool:
@@ -54,8 +55,7 @@ class WeftBackend:
         plan = comm.norm_plan_for(nbytes, tensor.dtype, rows) if tensor.is_cuda and tensor.dim() else None
         if plan is None or rms_weight.dtype != tensor.dtype:
             return False
-        return not torch.cuda.is_current_stream_capturing() or (
-            plan.content_hash, nbytes, DTYPES[tensor.dtype], rows) in comm._ready
+        return not torch.cuda.is_current_stream_capturing() or comm.is_norm_prepared(plan, nbytes, tensor.dtype, rows)
 
     def fused_add_rms_norm(self, tensor: torch.Tensor, residual: torch.Tensor, rms_weight: torch.Tensor,
                            eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:

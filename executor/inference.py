@@ -55,7 +55,7 @@ from executor.communicator import PlanExecutor
 from executor.hosts import host_identity
 from executor.inference_norm import NormCalls
 from executor.norm import RowNorm
-from executor.torch_plans import PlanChoice
+from executor.torch_plans import PlanChoice, disagreement
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
 
@@ -399,12 +399,7 @@ class Communicator(NormCalls, PlanExecutor):
         mine = why or (self.topology.fingerprint, sorted(e.id for e in self.choice.entries))
         seen = gpu_bootstrap.all_gather(self.store, f"{self._agreements}/plans", self.rank, self.world_size, mine,
                                         max(self.timeout_s, 60.0))
-        reasons = [v for v in seen if isinstance(v, str)]
-        if reasons:
-            return reasons[0]
-        if any(v != seen[0] for v in seen):
-            return "ranks see different topologies or registry entries (is $WEFT_REGISTRY the same everywhere?)"
-        return ""
+        return disagreement(seen)
 
     def _agree(self, what: str, why: str) -> str:
         """Every rank's verdict on ``what``; the first rank's reason if any rank said no, else ''."""

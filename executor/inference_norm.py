@@ -42,6 +42,25 @@ def norm_candidates(entries: list, nbytes: int, ll128: bool) -> list[tuple]:
             for e in entries]
 
 
+def check_norm_call(tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> RowNorm:
+    """The call's row shape; a ValueError (one line) for arguments no path could run."""
+    if residual is None:
+        raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + the sum)")
+    if residual.shape != tensor.shape or residual.dtype != tensor.dtype or residual.device != tensor.device:
+        raise ValueError(f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
+                         f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
+                         f"{residual.device}")
+    hidden = tensor.shape[-1] if tensor.dim() else 0
+    if weight.dim() != 1 or weight.numel() != hidden or weight.dtype != tensor.dtype or \
+            weight.device != tensor.device:
+        raise ValueError(f"weft: all_reduce's rms_weight must be {tensor.dtype} of shape ({hidden},) (the last "
+                         f"dimension) on {tensor.device}, got {weight.dtype} of shape {tuple(weight.shape)} on "
+                         f"{weight.device}")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"weft: all_reduce's eps must be a finite number >= 0, got {eps!r}")
+    return RowNorm(int(hidden), float(eps))
+
+
 class NormCalls:
     """The fused norm's methods, mixed into ``executor.inference.Communicator`` (which provides ``choice``,
     ``enabled``, the staging buffers, ``_fallback`` and the executor)."""
@@ -54,13 +73,17 @@ class NormCalls:
             cache[key] = self._choose_norm_plan(nbytes, dtype, rows)
         return cache[key][0]
 
+    def is_norm_prepared(self, plan, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> bool:
+        """Whether ``plan``'s fused-norm context for this size and row shape exists, so that a capture can run it."""
+        return (plan.content_hash, nbytes, DTYPES[dtype], rows) in self._ready
+
     def norm_reason(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> str:
         self.norm_plan_for(nbytes, dtype, rows)
         return self._norm_choices[(nbytes, dtype, rows)][1]
 
     def all_reduce_norm_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self._check_norm_call(tensor, residual, weight, eps)
+        rows = check_norm_call(tensor, residual, weight, eps)
         nbytes = tensor.numel() * tensor.element_size()
         plan, why = self._fused_norm_plan(tensor, residual, weight, rows)
         if plan is None:
@@ -95,24 +118,6 @@ class NormCalls:
 
     # ------------------------------------------------------------------ internals
 
-    def _check_norm_call(self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                         eps: float) -> RowNorm:
-        """The call's row shape; a ValueError (one line) for arguments no path could run."""
-        if residual is None:
-            raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + the sum)")
-        if residual.shape != tensor.shape or residual.dtype != tensor.dtype or residual.device != tensor.device:
-            raise ValueError(f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
-                             f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
-                             f"{residual.device}")
-        hidden = tensor.shape[-1] if tensor.dim() else 0
-        if weight.dim() != 1 or weight.numel() != hidden or weight.dtype != tensor.dtype or \
-                weight.device != tensor.device:
-            raise ValueError(f"weft: all_reduce's rms_weight must be {tensor.dtype} of shape ({hidden},) (the last "
-                             f"dimension) on {tensor.device}, got {weight.dtype} of shape {tuple(weight.shape)} on "
-                             f"{weight.device}")
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"weft: all_reduce's eps must be a finite number >= 0, got {eps!r}")
-        return RowNorm(int(hidden), float(eps))
 
     def _fused_norm_plan(self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, rows: RowNorm):
         """(plan, '') for a fused launch, or (None, why the call runs unfused)."""
@@ -122,8 +127,7 @@ class NormCalls:
         plan = self.norm_plan_for(nbytes, tensor.dtype, rows)
         if plan is None:
             return None, self.norm_reason(nbytes, tensor.dtype, rows)
-        if torch.cuda.is_current_stream_capturing() and (plan.content_hash, nbytes, DTYPES[tensor.dtype],
-                                                         rows) not in self._ready:
+        if torch.cuda.is_current_stream_capturing() and not self.is_norm_prepared(plan, nbytes, tensor.dtype, rows):
             return None, "first seen inside graph capture; warm up or use capture(rms_norm=...) before capturing"
         return plan, ""
 

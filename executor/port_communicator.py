@@ -4,10 +4,12 @@
 host (``executor.hosts.host_identity``: host name and boot id, or ``$WEFT_HOST``): CUDA IPC cannot reach a peer on
 another host, so no staging buffer is shared and no plan with a memory channel across hosts is chosen. The API is
 the Communicator's (all_reduce, all_reduce_, all_gather_into_tensor, reduce_scatter_tensor, plan_for, capture,
-close); each call takes the registry's plan for its collective, size and dtype on ``$WEFT_TOPOLOGY`` (a topology
-file that places the ranks on their hosts) and runs it through ``PortEngine`` on the caller's stream, or falls back
-to torch.distributed (NCCL) where no plan fits. CUDA graphs capture either path directly: the engine's context for
-a size is local (no exchange with peers), so a size first seen inside a capture runs on weft too.
+close, and what ``WeftBackend`` asks: is_prepared, norm_plan_for, is_norm_prepared); each call takes the
+registry's plan for its collective, size and dtype on ``$WEFT_TOPOLOGY`` (a topology file that places the ranks on
+their hosts) and runs it through ``PortEngine`` on the caller's stream, or falls back to torch.distributed (NCCL)
+where no plan fits. The fused all-reduce + residual add + RMSNorm runs unfused here (no row-owning port plan).
+CUDA graphs capture either path directly: the engine's context for a size is local (no exchange with peers), so a
+size first seen inside a capture runs on weft too.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from executor import torch_ops
 from executor.gpu_bootstrap import all_gather_plain
+from executor.errors import ExecutorError
 from executor.hosts import ipc_across_hosts
+from executor.inference_norm import check_norm_call
+from executor.norm import RowNorm
 from executor.port_engine import PortEngine
-from executor.torch_plans import PlanChoice
+from executor.port_program import compile_programs
+from executor.torch_plans import PlanChoice, disagreement
 from executor.torch_topology import machine_topology
 from schedules.registry import Registry, RegistryError
 
@@ -42,10 +49,8 @@ class PortCommunicator:
         self.paths = {"port": 0, "nccl": 0}
         self.handle = torch_ops.register(self)
         why = self._read_plans(registry, topology, deterministic)
-        seen = all_gather_plain(why or sorted(e.id for e in self.choice.entries), group)  # plain data, never a pickle
-        reasons = [v for v in seen if isinstance(v, str)]
-        why = reasons[0] if reasons else ("ranks see different registry entries" if any(v != seen[0] for v in seen)
-                                          else "")
+        mine = why or [self.topology.fingerprint, sorted(e.id for e in self.choice.entries)]
+        why = disagreement(all_gather_plain(mine, group))  # plain data, never a pickle
         self.enabled = not why
         if why:
             log.warning("weft: using NCCL for every collective across hosts: %s", why)
@@ -56,10 +61,26 @@ class PortCommunicator:
 
     # ------------------------------------------------------------------ torch.distributed's API
 
-    def all_reduce(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
+                   rms_weight: torch.Tensor | None = None, eps: float = 1e-6):
+        """As ``Communicator.all_reduce``. With ``rms_weight`` it runs unfused across hosts (no row-owning port
+        plan exists): the all-reduce with its residual, then torch's rms_norm; the arguments are checked alike."""
+        if rms_weight is not None:
+            rows = check_norm_call(tensor, residual, rms_weight, eps)
+            new_residual = torch.ops.weft.all_reduce(tensor, self.handle, residual)
+            return F.rms_norm(new_residual, (rows.row_elems,), rms_weight, rows.eps), new_residual
         return torch.ops.weft.all_reduce(tensor, self.handle, residual)
 
-    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_reduce_(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
+                    rms_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+        """As ``Communicator.all_reduce_`` (with ``rms_weight``, unfused as in ``all_reduce``)."""
+        if rms_weight is not None:
+            normed, new_residual = self.all_reduce(tensor, residual, rms_weight, eps)
+            residual.copy_(new_residual)
+            tensor.copy_(normed)
+            return tensor
+        if residual is not None:
+            raise ValueError("weft: all_reduce_ takes residual= only with rms_weight= (use all_reduce(x, residual=))")
         torch.ops.weft.all_reduce_inplace(tensor, self.handle)
         return tensor
 
@@ -75,8 +96,20 @@ class PortCommunicator:
             return None
         return self.choice.plan(collective, nbytes, DTYPES[dtype])
 
+    def is_prepared(self, plan, nbytes: int, dtype: torch.dtype, residual: bool = False) -> bool:
+        """Always: the engine's context for a size is local, so a size first seen inside a capture runs on weft."""
+        return True
+
+    def norm_plan_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
+        """None: across hosts the fused norm runs unfused (``all_reduce`` with ``rms_weight``)."""
+        return None
+
+    def is_norm_prepared(self, plan, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> bool:
+        return False
+
     @contextmanager
-    def capture(self, sizes=(), dtype: torch.dtype = torch.bfloat16, residual: bool = False) -> Iterator[Any]:
+    def capture(self, sizes=(), dtype: torch.dtype = torch.bfloat16, residual: bool = False,
+                rms_norm: RowNorm | None = None) -> Iterator[Any]:
         """Nothing to prepare or register: graphs captured anywhere run weft's calls."""
         yield self
 
@@ -145,6 +178,17 @@ class PortCommunicator:
             self.choice = PlanChoice(Registry(registry), self.topology.fingerprint, self.world_size, deterministic)
         except (RegistryError, ImportError) as e:
             return f"the plan registry cannot be read: {e}"
-        # a memory channel is CUDA IPC: only plans whose memory channels stay inside a host run here
-        self.choice.entries = [e for e in self.choice.entries if not ipc_across_hosts(e.plan, self.hosts)]
+        # a memory channel is CUDA IPC: only plans whose memory channels stay inside a host run here, and only
+        # plans the port engine compiles (Simple, out of place, its ops), so that no call fails where NCCL would run
+        self.choice.entries = [e for e in self.choice.entries
+                               if not ipc_across_hosts(e.plan, self.hosts) and _port_runs(e.plan)]
         return ""
+
+
+def _port_runs(plan) -> bool:
+    """Whether the port engine compiles ``plan`` (``compile_programs`` refuses it in one line otherwise)."""
+    try:
+        compile_programs(plan)
+    except ExecutorError:
+        return False
+    return True

@@ -67,6 +67,17 @@ def safe_back_to_back(plan: Plan) -> bool:
             and int(record.get("back_to_back", 1)) >= needed)
 
 
+def disagreement(seen: list) -> str:
+    """Given every rank's view of the plans (its topology and registry entry ids, or the reason it has none): the
+    first rank's reason, or that the views differ (ranks would pick different plans), or '' where all agree."""
+    reasons = [v for v in seen if isinstance(v, str)]
+    if reasons:
+        return reasons[0]
+    if any(v != seen[0] for v in seen):
+        return "ranks see different topologies or registry entries (is $WEFT_REGISTRY the same everywhere?)"
+    return ""
+
+
 @dataclass
 class PlanChoice:
     """The best registry plan for a (collective, size, dtype) on one topology, or None (use NCCL)."""

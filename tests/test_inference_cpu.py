@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.torch_plans import PlanChoice, fixed_reduction_order, safe_back_to_back
+from executor.torch_plans import PlanChoice, disagreement, fixed_reduction_order, safe_back_to_back
 from executor.torch_topology import board_spec, machine_topology
 from schedules.registry import Registry
 from topologies.catalog import build
@@ -196,3 +196,12 @@ def test_an_executor_with_ll128_lines_chooses_by_the_times_measured_with_them():
     registry.record_timing(simple.id, 1024, 8.0)
     small = PlanChoice(registry, fingerprint, 2, ll128=True)
     assert small.choose("allreduce", 1024, "bf16") == (ll.plan, False)
+
+
+def test_ranks_agree_on_plans_only_when_every_view_is_the_same():
+    # both communicators (one host, several hosts) ask this of every rank's [topology, entry ids] or its reason
+    same = [["hgx", ["a", "b"]], ["hgx", ["a", "b"]]]
+    assert disagreement(same) == ""
+    assert "different topologies or registry entries" in disagreement([["hgx", ["a", "b"]], ["hgx", ["a"]]])
+    assert "different topologies" in disagreement([["hgx", ["a"]], ["dgx", ["a"]]])
+    assert disagreement([["hgx", ["a"]], "the plan registry cannot be read: x"]) == "the plan registry cannot be read: x"

@@ -211,6 +211,31 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
         graph.replay()
         torch.cuda.synchronize()
         doc["checks"][f"allreduce {dtype} graph"] = check("allreduce", x, y)
+    # WeftBackend (the engine adapter) over the PortCommunicator: the plain all-reduce on weft, the fused norm
+    # unfused (all-reduce with its residual, then torch's rms_norm), eager and captured
+    from executor.backend import WeftBackend
+    backend = WeftBackend(comm)
+    hidden = 512
+    x = _input(torch, rank, 8 * hidden, "bf16", 7).cuda().view(8, hidden)
+    h = _input(torch, 0, 8 * hidden, "bf16", 8).cuda().view(8, hidden)  # the same residual on every rank
+    w = _input(torch, 0, hidden, "bf16", 9).cuda()
+    doc["checks"]["backend should_use"] = backend.should_use(x)
+    doc["checks"]["backend should_fuse_norm is False"] = not backend.should_fuse_norm(x, w, 1e-5)
+    reference_sum = nccl_result("allreduce", x.view(-1), world).view(8, hidden)
+    expected_residual = h + reference_sum
+    expected = torch.nn.functional.rms_norm(expected_residual, (hidden,), w, 1e-5)
+
+    def close(got, want) -> bool:
+        return bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
+    normed, new_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
+    doc["checks"]["backend fused_add_rms_norm"] = close(new_h, expected_residual) and close(normed, expected)
+    graph = torch.cuda.CUDAGraph()
+    with backend.capture([x.numel() * 2], torch.bfloat16, residual=True, rms_norm=(hidden, 1e-5)):
+        with torch.cuda.graph(graph):
+            g_normed, g_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
+    graph.replay()
+    torch.cuda.synchronize()
+    doc["checks"]["backend fused_add_rms_norm graph"] = close(g_h, expected_residual) and close(g_normed, expected)
     doc["paths"] = dict(comm.paths)
     (out / f"rank{rank}.json").write_text(json.dumps(doc, indent=1))
     # no destroy_process_group: with a graph of captured NCCL calls alive it did not return within 100 s (seen on
