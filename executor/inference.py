@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 from executor import gpu_bootstrap, gpu_ipc
 from executor import torch_ops
+from executor.torch_ops import DTYPES
 from executor.communicator import PlanExecutor
 from executor.hosts import host_identity
 from executor.inference_norm import NormCalls
@@ -60,7 +61,6 @@ from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
 
 log = logging.getLogger("weft.inference")
-DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 STAGING_BYTES = 8 << 20
 
 

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from executor.communicator import NormCall
+from executor.torch_ops import DTYPES
 from executor.norm import RowNorm, best_norm_plan, row_base
 
-DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
 
 

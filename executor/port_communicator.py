@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from executor import torch_ops
+from executor.torch_ops import DTYPES
 from executor.gpu_bootstrap import all_gather_plain
 from executor.errors import ExecutorError
 from executor.hosts import ipc_across_hosts
@@ -35,7 +36,6 @@ from executor.torch_topology import machine_topology
 from schedules.registry import Registry, RegistryError
 
 log = logging.getLogger("weft.inference")
-DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 class PortCommunicator:

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 
 # No ``from __future__ import annotations`` here: torch.library reads the ops' schemas from real annotations.
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}  # torch's dtypes by weft's names
 _COMMUNICATORS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
 
