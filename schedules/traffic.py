@@ -2,7 +2,8 @@
 
 ``link_bytes`` counts the bytes a plan moves over each ordered GPU pair (one direction of one NVLink path) for a
 message size: every remote entry an op writes (put, the remote dsts of res/rres) or reads (get, the remote srcs of
-rre/rres) crosses the path between the op's GPU and the buffer's owner. On an NVSwitch board each GPU has one port
+rre/rres) crosses the path between the op's GPU and the buffer's owner. A pipeline's ops count once with their
+whole ranges (its iterations together move exactly those). On an NVSwitch board each GPU has one port
 to the switch, so its egress is the sum of its rows and its ingress the sum of its column.
 
 ``predict_us`` then runs the plan's thread blocks as a fluid event simulation over every rank. A transfer op moves
@@ -50,7 +51,7 @@ def link_bytes(plan: Plan, nbytes: int) -> dict[tuple[int, int], int]:
     out: dict[tuple[int, int], int] = defaultdict(int)
     for r, gpu in enumerate(plan.gpus):
         for tb in gpu.threadblocks:
-            for op in tb.ops:
+            for op in (o for container in tb.ops for o in container.flat()):
                 for ref in op.src_buff:
                     if ref.remote:
                         out[(remote_target(gpu, tb, op, ref)[0], r)] += ref.size * cb
@@ -81,7 +82,7 @@ def predict_us(plan: Plan, nbytes: int, model: PortModel = PortModel()) -> float
     """The plan's predicted time (µs) for one execution of ``nbytes`` on an NVSwitch board (see the module doc)."""
     cb = plan.chunk_bytes(nbytes)
     pairs = channel_pairs(plan)
-    blocks = [_Block(r, list(tb.ops), plan.num_threads_per_block) for r, g in enumerate(plan.gpus)
+    blocks = [_Block(r, [o for op in tb.ops for o in op.flat()], plan.num_threads_per_block) for r, g in enumerate(plan.gpus)
               for tb in g.threadblocks]
     arrivals: dict[tuple[int, int], list[float]] = defaultdict(list)  # (rank, channel) -> signal arrival times
     consumed: dict[tuple[int, int], int] = defaultdict(int)

@@ -66,3 +66,15 @@ def test_a_wait_that_no_signal_meets_is_reported():
                                       + gpu.threadblocks[1:]),) + p.gpus[1:])
     with pytest.raises(PlanError, match="waits forever"):
         predict_us(broken, MB)
+
+
+def test_a_pipeline_counts_its_ops_whole_ranges():
+    # MSCCL++'s pipelined all-to-all moves what its plain one does: half of each input over the one link each way
+    from pathlib import Path
+
+    from schedules.plan import load_plan
+    corpus = Path(__file__).parent / "fixtures" / "mscclpp" / "plans"
+    piped = load_plan(corpus / "single_node-alltoall-alltoall_pipeline-numgpus-2.json")
+    plain = load_plan(corpus / "single_node-alltoall-alltoall-numgpus-2.json")
+    assert link_bytes(piped, 1 << 20) == link_bytes(plain, 1 << 20) == {(0, 1): 1 << 19, (1, 0): 1 << 19}
+    assert predict_us(piped, 1 << 20) > PortModel().launch_us
