@@ -57,6 +57,11 @@ def test_verify_reports_a_corrupted_entry_and_select_skips_it(registry, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["entry"] is not None
     assert "broken.json" in captured.err
+    # export writes the good entry, names the bad one and exits 1, as verify and rebuild-index do
+    assert main(["registry", "export", str(registry.parent / "exported")]) == 1
+    captured = capsys.readouterr()
+    assert "broken" in captured.err and "1 unreadable skipped" in captured.out
+    assert (registry.parent / "exported" / f"{good}.json").exists()
 
 
 def test_export_then_import_into_another_registry(registry, tmp_path, capsys):

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = cmd("verify", "re-check every entry on the reference executor", _verify)
     q.add_argument("--json", action="store_true")
     q = cmd("export", "write every entry (plan, provenance, timings) as ID.json, and NCCL's times as "
-                      "baselines.json, into a directory", _export)
+                      "baselines.json, into a directory (exit 1 naming any entry skipped as unreadable)", _export)
     q.add_argument("directory")
     q = cmd("import", "verify and commit every plan file in a directory", _import)
     q.add_argument("directory")
@@ -251,8 +251,9 @@ def _export(args: argparse.Namespace) -> int:
     count, bad = publish.export_directory(args.directory, args.registry)
     for line in bad:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
-    print(f"exported {counted(count, 'entry', 'entries')} to {args.directory}")
-    return 0
+    print(f"exported {counted(count, 'entry', 'entries')} to {args.directory}"
+          + (f", {len(bad)} unreadable skipped" if bad else ""))
+    return 1 if bad else 0
 
 
 def _import(args: argparse.Namespace) -> int:
