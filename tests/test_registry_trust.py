@@ -165,7 +165,7 @@ def test_an_entry_id_cannot_steer_export_outside_its_folder(registry, tmp_path, 
     victim.write_text(json.dumps(doc))
     out = tmp_path / "deep" / "er" / "export"
     code, stdout, err = run(["registry", "export", str(out), "--registry", str(registry)])
-    assert code == 0 and f"exported {count(registry) - 1} entries" in stdout
+    assert code == 1 and f"exported {count(registry) - 1} entries" in stdout and "1 unreadable skipped" in stdout
     assert f"{victim}: id:" in err  # the entry is named and left out
     assert sorted(p.name for p in tmp_path.rglob("*ESCAPED*")) == []
     assert not Path("/tmp/weft-escaped-absolute.json").exists()
@@ -202,7 +202,7 @@ def test_a_damaged_entry_is_one_named_line_and_the_others_serve(registry, tmp_pa
         report = json.loads(out)
         assert code == 1 and report["bad"] == 1 and report["ok"] == count(registry) - 1
         return
-    assert code == 0
+    assert code == (1 if command[0] == "export" else 0)  # export's copy is incomplete: it says so, as verify does
     assert [line for line in err.splitlines() if victim.name in line] == err.splitlines()
     assert len(err.splitlines()) == 1
     if command[0] == "list":

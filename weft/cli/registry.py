@@ -180,10 +180,11 @@ def _list(args: argparse.Namespace) -> int:
 def _entry_id(reg, text: str) -> str:
     """An entry's id from its id or from the name of the one plan it holds (a name several entries share is
     refused, naming them)."""
-    found, _ = reg.load()
-    if any(e.id == text for e in found):
+    from schedules.registry import ID_PATTERN
+
+    if ID_PATTERN.fullmatch(text) and reg.fs.exists(reg.entry_path(text)):
         return text
-    named = sorted(e.id for e in found if e.plan.name == text)
+    named = sorted(row["id"] for row in reg.index()["entries"] if row["plan"] == text)  # the index, not every entry
     if len(named) > 1:
         from weft.cli import ArgumentError
 
