@@ -28,7 +28,7 @@ more). A plan's time on a fabric whose plans were measured is priced instead as
 - ``misaligned``: 1 where the message does not cut into the plan's ``chunks`` at 16-byte boundaries (a 64 MB
   all-reduce in 96 chunks), so that thread blocks cannot move their slices in 16-byte vector loads and stores.
 
-``fit`` finds the terms from measured (plan, size, µs) points by least squares on log times (Levenberg-Marquardt
+``fit`` finds the terms from measured (plan, size, µs) points by least squares on log times (scipy's Levenberg-Marquardt
 over log terms, so every term stays positive), each point weighted by how close it comes to the fastest plan
 measured at its size (the plans selection chooses between); ``Calibration.residuals`` reports how far predictions stay from
 the measurements. A fabric has a calibration only where it was measured (``load_calibration`` gives None
@@ -51,6 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from topologies.errors import WeftError
 
@@ -188,7 +189,8 @@ class Calibration:
 
 def fit(topology: str, topology_name: str, observations: list[Observation], sources: tuple[str, ...] = (),
         iterations: int = 200) -> Calibration:
-    """The terms that best fit ``observations`` (least squares on log times, Levenberg-Marquardt over log terms)."""
+    """The terms that best fit ``observations`` (least squares on log times: scipy's Levenberg-Marquardt over log
+    terms, ``iterations`` Jacobians at most per start)."""
     if len(observations) < len(DEFAULTS):
         raise CalibrationError(f"calibration of {topology_name}: {len(observations)} measurements cannot fit "
                                f"{len(DEFAULTS)} terms")
@@ -216,7 +218,8 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
     start, spread = np.log([DEFAULTS[k] for k in free]), np.random.default_rng(0)
     best = None
     for k in range(STARTS):
-        x = _levenberg_marquardt(residual, start + (spread.uniform(-2, 2, len(start)) if k else 0), iterations)
+        x = least_squares(residual, start + (spread.uniform(-2, 2, len(start)) if k else 0), method="lm",
+                          max_nfev=iterations * (len(start) + 1)).x
         cost = float(residual(x) @ residual(x))
         if best is None or cost < best[0]:
             best = (cost, x)
@@ -235,29 +238,6 @@ def _selection_weights(observations: list[Observation]) -> np.ndarray:
         fastest[key] = min(fastest.get(key, math.inf), o.measured_us)
     return np.array([fastest[(o.collective, o.nbytes)] / o.measured_us for o in observations])
 
-
-def _levenberg_marquardt(residual, x: np.ndarray, iterations: int) -> np.ndarray:
-    """The x that minimizes |residual(x)|² from ``x`` (a numerical Jacobian; ``iterations`` steps at most)."""
-    r, damping = residual(x), 1e-2
-    for _ in range(iterations):
-        jacobian = np.empty((len(r), len(x)))
-        for j in range(len(x)):
-            step = np.zeros_like(x)
-            step[j] = 1e-6
-            jacobian[:, j] = (residual(x + step) - r) / 1e-6
-        normal, gradient = jacobian.T @ jacobian, jacobian.T @ r
-        while damping < 1e12:
-            delta = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
-            trial = residual(x + delta)
-            if trial @ trial < r @ r:
-                x, r, damping = x + delta, trial, max(damping / 3, 1e-9)
-                break
-            damping *= 4
-        else:
-            return x
-        if np.max(np.abs(delta)) < 1e-9:
-            return x
-    return x
 
 
 def _columns(observations: list[Observation]) -> dict[str, np.ndarray]:
