@@ -216,7 +216,7 @@ def test_a_mutated_entry_leaves_the_others_serving(pristine, data, name):
         case.others_serve_as_before(skip=case.ids[name])
         reg = str(case.registry)
         case.run_checked(["registry", "show", case.ids[name], "--registry", reg])
-        assert case.run_checked(["registry", "export", str(case.tmp / "out"), "--registry", reg]) == 0
+        assert case.run_checked(["registry", "export", str(case.tmp / "out"), "--registry", reg]) in (0, 1)
         assert {p.parent for p in (case.tmp / "out").rglob("*")} <= {case.tmp / "out"}
         assert case.run_checked(["registry", "rebuild-index", "--registry", reg]) in (0, 1)
         case.others_serve_as_before(skip=case.ids[name])
