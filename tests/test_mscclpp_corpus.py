@@ -21,8 +21,9 @@ import pytest
 from executor.errors import ExecutorError
 from executor.gpu_tables import build_tables, tbg_window
 from executor.port_program import compile_programs, run_programs
-from executor.reference import (PlanDeadlock, PlanRace, WrongResult, _compare, check_plan, chunk_elems,
-                                expected_outputs, random_inputs, run_reference, smallest_size)
+from executor.reference import (WrongResult, _compare, check_plan, chunk_elems, expected_outputs, random_inputs,
+                                run_reference, smallest_size)
+from schedules.collectives import Collective, CollectiveError
 from schedules.plan import PlanError, parse_plan
 from topologies.errors import CheckFailed
 
@@ -191,6 +192,17 @@ def test_port_programs_of_the_multi_node_plans_compute_their_collectives(name):
     inputs = random_inputs(plan, elems, np.random.default_rng(3))
     outputs = run_programs(plan, programs, inputs, elems, "bf16")
     _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "bf16"), outputs, elems, "bf16")
+
+
+def test_sendrecv_is_a_shift_with_one_slice_per_buffer():
+    c = Collective("sendrecv", 4, 2)
+    assert [c.output_map(r) for r in range(4)] == [c.input_map((r - 1) % 4) for r in range(4)]
+    assert all(c.postcondition(r) == set(c.output_map(r)) == c.precondition((r - 1) % 4) for r in range(4))
+    assert (c.size_chunks, c.message_parts, c.bus_factor) == (2, 1, 1.0)
+    with pytest.raises(CollectiveError, match="weft does not synthesize it"):
+        c.dual
+    with pytest.raises(CollectiveError, match="choose from allgather, .*, alltoall, sendrecv"):
+        Collective("sendreceive", 4)
 
 
 def test_sendrecv_moves_each_rank_s_input_to_the_next_rank():
