@@ -174,6 +174,8 @@ def test_multi_node_gpu_counts_are_the_committed_results():
     assert ran == runnable and len(ran) == 6
     assert {r["plan"][:-5] for r in two} == {n for n in _outcomes() if n.startswith("multi_node-send_recv")
                                              and _gpus(n) == 2}
+    run = doc["weft_run_check"]["lines"]  # `weft run --check`: the CLI's path, NCCL's sendrecv by send and receive
+    assert len(run) == 2 and all(line.endswith("check against NCCL: ok") for line in run)
     text = README.read_text()
     assert f"| 4-rank multi-node plans correct against NCCL on 4×H200 as 2 hosts × 2 GPUs | {len(ran)} |" in text
     assert "| 2-rank sendrecv plan correct against NCCL on 2×H200 | 1 |" in text
