@@ -52,8 +52,19 @@ def _nccl(collective: str, x, out) -> Callable[[], None]:
              "allgather": lambda: dist.all_gather_into_tensor(out, x),
              "reducescatter": lambda: dist.reduce_scatter_tensor(out, x),
              "alltoall": lambda: dist.all_to_all_single(out, x),
-             "broadcast": lambda: dist.broadcast(out, src=0)}
+             "broadcast": lambda: dist.broadcast(out, src=0),
+             "sendrecv": lambda: _shift(x, out)}
     return calls[collective]
+
+
+def _shift(x, out) -> None:
+    """MSCCL++'s sendrecv through NCCL's point-to-point calls: x to the next rank, the previous rank's into out."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % world),
+                                        dist.P2POp(dist.irecv, out, (rank - 1) % world)]):
+        work.wait()
 
 
 def _symm_mem_allreduce(x) -> tuple[list[tuple[str, Callable[[], None]]], Any]:

@@ -30,7 +30,7 @@ from executor import liveness
 from executor.errors import ExecutorError, PeerLost
 from executor.gpu_bootstrap import all_gather_plain
 from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
-from executor.port_program import Compute, Exchange, Program, Slot, compile_programs
+from executor.port_program import INPLACE, Compute, Exchange, Program, Slot, compile_programs
 from schedules.plan import Plan, load_plan, parse_plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -82,15 +82,23 @@ class PortEngine:
 
     def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
                 dtype: str | None = None, lines: bool | None = None, residual: Any = None) -> Any:
-        """Run ``plan`` on ``input`` (and ``output``, allocated when None) on the current stream; the output."""
+        """Run ``plan`` on ``input`` (and ``output``, allocated when None) on the current stream; the output.
+        An in-place plan runs on one buffer: pass the larger of its input and output as ``input`` and no
+        ``output`` (the smaller lives inside it at the rank's slice); the result is that buffer."""
         plan = load_plan(plan) if isinstance(plan, (str, Path)) else parse_plan(plan, "plan") \
             if isinstance(plan, dict) else plan
         if lines or residual is not None:
             raise ExecutorError(f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual)")
         ctx = self._context(plan, input, dtype)
-        output = self._output(plan, ctx, input, output)
-        buffers = {"i": input.reshape(-1).view(-1, ctx.chunk_elems), "o": output.reshape(-1).view(-1, ctx.chunk_elems),
-                   **ctx.scratch}
+        if plan.inplace:
+            if output is not None:
+                raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
+            output = input
+            buffers = {INPLACE: input.reshape(-1).view(-1, ctx.chunk_elems), **ctx.scratch}
+        else:
+            output = self._output(plan, ctx, input, output)
+            buffers = {"i": input.reshape(-1).view(-1, ctx.chunk_elems),
+                       "o": output.reshape(-1).view(-1, ctx.chunk_elems), **ctx.scratch}
         capturing = self.device is not None and self._torch.cuda.is_current_stream_capturing()
         ctx.pending = []
         for step in ctx.program.steps:
@@ -114,6 +122,12 @@ class PortEngine:
                 time.sleep(POLL_S)
         self._torch.cuda.current_stream().synchronize()
 
+    def exchange(self, what: str, value: Any) -> list[Any]:
+        """Every rank's ``value`` in rank order (collective), as plain data, never a pickle
+        (``gpu_bootstrap.all_gather_plain``): the interpreter's communicator's call, so the CLI uses either engine.
+        ``what`` names the exchange (the interpreter's errors use it; NCCL's own wait is bounded by its timeout)."""
+        return all_gather_plain(value, self.group)
+
     def close(self) -> None:
         self._contexts.clear()
         self._last = None
@@ -132,7 +146,7 @@ class PortEngine:
             return ctx
         self._check(plan, input, name)
         gpu = plan.gpus[self.rank]
-        elems = input.numel() // gpu.input_chunks
+        elems = input.numel() // self._input_chunks(plan)
         programs = self._programs.get(plan.content_hash)
         if programs is None:
             programs = self._programs[plan.content_hash] = compile_programs(plan)
@@ -164,11 +178,16 @@ class PortEngine:
             raise ExecutorError(f"plan {plan.name}: {plan.nranks} ranks, the process group has {self.world_size}")
         if dtype not in plan.weft.dtypes:
             raise ExecutorError(f"plan {plan.name}: dtype {dtype} is not among the plan's ({', '.join(plan.weft.dtypes)})")
-        gpu = plan.gpus[self.rank]
-        nbytes = input.numel() * input.element_size() * plan.size_chunks // max(gpu.input_chunks, 1)
-        if input.numel() % max(gpu.input_chunks, 1) or not plan.accepts(nbytes):
+        chunks = self._input_chunks(plan)
+        nbytes = input.numel() * input.element_size() * plan.size_chunks // max(chunks, 1)
+        if input.numel() % max(chunks, 1) or not plan.accepts(nbytes):
             raise ExecutorError(f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
-                                f"({gpu.input_chunks} input chunks of whole 4-byte words)")
+                                f"({chunks} {'buffer' if plan.inplace else 'input'} chunks of whole 4-byte words)")
+
+    def _input_chunks(self, plan: Plan) -> int:
+        """Chunks of the buffer passed as input: an in-place plan's one buffer is the larger of the two."""
+        gpu = plan.gpus[self.rank]
+        return max(gpu.input_chunks, gpu.output_chunks) if plan.inplace else gpu.input_chunks
 
     @staticmethod
     def _view(buffers: dict[str, Any], slot: Slot):

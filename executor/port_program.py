@@ -17,8 +17,11 @@ steps, which is what the wait after a signal guaranteed. Consecutive transfers o
 already reads or writes. Because every rank follows the one global order and each hop's two sides sit at the
 same place in it, the groups complete in order: no rank waits on a peer that waits on it.
 
-The plan must have been proven (``executor.reference.check_plan``); packets (LL plans) and in-place plans are
-refused: port channels carry plain puts, and a proxy works on separate input and output buffers.
+LL plans run as their data: a packet op moves the values its packets carry, and an op that reads packets waits,
+in the global order, until every chunk it reads was written as packets (on the GPU a reader spins on the packets'
+flags; here the receive before it completes first). An in-place plan's input and output are one buffer ``io``
+(the smaller the rank's slice of the larger, as ``Collective.inplace_offsets`` places it), so the groups see
+every overlap between them. The plan must have been proven (``executor.reference.check_plan``).
 
 >>> from schedules.plan import parse_plan
 >>> doc = {"name": "x", "collective": "allgather", "protocol": "Simple", "gpus": [
@@ -49,8 +52,9 @@ from schedules.plan import BufferRef, Op, Plan, channel_pairs, remote_target
 
 @dataclass(frozen=True)
 class Slot:
-    """Chunks ``index``.. ``index + size - 1`` of one of the rank's buffers: ``i``, ``o``, ``s`` (scratch) or ``t``
-    (the engine's staging for remote reads and sums that have no local destination)."""
+    """Chunks ``index``.. ``index + size - 1`` of one of the rank's buffers: ``i``, ``o``, ``io`` (an in-place
+    plan's one buffer), ``s`` (scratch) or ``t`` (the engine's staging for remote reads and sums that have no local
+    destination)."""
 
     buffer: str
     index: int
@@ -101,7 +105,9 @@ class Compute:
 
 Step = Union[Exchange, Compute]
 # The data ops a program lowers (their meaning is their row in schedules.ops); any other is refused by name.
-LOWERED = frozenset({"copy", "put", "pws", "pwsf", "get", "re", "res", "rre", "rres"})
+LOWERED = frozenset({"copy", "put", "pws", "pwsf", "get", "re", "res", "rre", "rres",
+                     "ppkt", "rppkt", "upkt", "cpkt", "repkt", "respkt", "recpkt", "recspkt"})
+INPLACE = "io"  # an in-place plan's one buffer
 
 
 @dataclass(frozen=True)
@@ -119,13 +125,22 @@ class Program:
 
 def compile_programs(plan: Plan) -> tuple[Program, ...]:
     """Every rank's Program for ``plan`` (proven beforehand)."""
-    if plan.inplace:
-        raise ExecutorError(f"plan {plan.name}: the port engine runs out-of-place plans only (inplace is true)")
     actions: dict[int, list] = defaultdict(list)
     staging = 0
     for rank, tb, index in global_order(plan):
         staging = max(staging, _lower(plan, rank, tb, index, actions))
     return tuple(Program(r, _group(actions[r]), staging) for r in range(plan.nranks))
+
+
+def placed(plan: Plan, rank: int, buffer: str, index: int) -> tuple[str, int]:
+    """Where chunk ``index`` of rank's ``buffer`` lives: in an in-place plan its input and output are one buffer
+    (``io``, as large as the larger), the smaller at the rank's slice of it."""
+    if not plan.inplace or buffer not in ("i", "o"):
+        return buffer, index
+    g = plan.gpus[rank]
+    at_in, at_out = plan.collective_spec().inplace_offsets(rank, g.input_chunks, g.output_chunks) \
+        if plan.checkable else (0, 0)  # MSCCL++'s unit-test plans define no collective: both at 0, as the reference
+    return INPLACE, index + (at_in if buffer == "i" else at_out)
 
 
 def global_order(plan: Plan) -> list[tuple[int, int, int]]:
@@ -137,9 +152,23 @@ def global_order(plan: Plan) -> list[tuple[int, int, int]]:
     sems = {(r, s): v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
     arrived: dict[tuple, set] = defaultdict(set)
     generation: Counter = Counter()
+    packets: set[tuple[int, str, int]] = set()  # (rank, buffer, chunk) written as packets so far
     order = []
 
+    def packet_chunks(r: int, t: int, op: Op, reading: bool) -> list[tuple[int, str, int]]:
+        """The chunks op reads as packets (all local), or writes as packets (local or on a peer)."""
+        gpu, tb = plan.gpus[r], plan.gpus[r].threadblocks[t]
+        entries = ([ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)] if reading else
+                   [ref for k, ref in enumerate(op.dst_buff) if op.spec.writes_packet(ref.remote, k)])
+        out = []
+        for ref in entries:
+            owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (r, ref.type)
+            out += [(owner,) + placed(plan, owner, type, ref.index + j) for j in range(ref.size)]
+        return out
+
     def ready(r: int, t: int, op: Op) -> bool:
+        if op.spec.packet_src and not all(c in packets for c in packet_chunks(r, t, op, True)):
+            return False
         if op.spec.device == "wait":
             need = Counter((op.channel_type, r, c) for c in op.channel_ids)
             return all(inbound[e] >= consumed[e] + n for e, n in need.items())
@@ -153,6 +182,8 @@ def global_order(plan: Plan) -> list[tuple[int, int, int]]:
         return True
 
     def run(r: int, t: int, op: Op) -> None:
+        if op.spec.packet_dst:
+            packets.update(packet_chunks(r, t, op, False))
         if op.spec.device == "wait":
             for c in op.channel_ids:
                 consumed[(op.channel_type, r, c)] += 1
@@ -192,16 +223,16 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
     op = tb.ops[index]
     if not op.spec.buffers:
         return 0
-    if op.spec.packet or op.name not in LOWERED:
-        why = "moves LL packets; the port engine runs Simple plans" if op.spec.packet else \
-            f"is not among the ops the port engine runs ({', '.join(sorted(LOWERED))})"
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} {why}")
+    if op.name not in LOWERED:
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} is not "
+                            f"among the ops the port engine runs ({', '.join(sorted(LOWERED))})")
     kind = op.channel_type or "memory"
     staged = 0
 
     def where(ref: BufferRef) -> tuple[int, Slot]:
         owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (rank, ref.type)
-        return owner, Slot(type, ref.index, ref.size)
+        buffer, at = placed(plan, owner, type, ref.index)
+        return owner, Slot(buffer, at, ref.size)
 
     def hop(src_rank: int, src: Slot, dst_rank: int, dst: Slot) -> None:
         actions[src_rank].append(Transfer(dst_rank, src, True, kind))
@@ -213,7 +244,8 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
         return Slot("t", staged - size, size)
 
     if op.spec.pairwise:
-        for s, d in zip(op.src_buff, op.dst_buff):
+        sources = op.src_buff * len(op.dst_buff) if op.spec.broadcast and len(op.src_buff) == 1 else op.src_buff
+        for s, d in zip(sources, op.dst_buff):
             (sr, src), (dr, dst) = where(s), where(d)
             if sr == dr == rank:
                 actions[rank].append(Compute((src,), (dst,)))
@@ -273,9 +305,13 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
 
     bufs = []
     for r, g in enumerate(plan.gpus):
-        sizes = {"i": g.input_chunks, "o": g.output_chunks, "s": g.scratch_chunks, "t": programs[r].staging_chunks}
+        sizes = {"s": g.scratch_chunks, "t": programs[r].staging_chunks}
+        sizes.update({INPLACE: max(g.input_chunks, g.output_chunks)} if plan.inplace else
+                     {"i": g.input_chunks, "o": g.output_chunks})
         b = {k: np.full((n, elems), np.nan, np.float32) for k, n in sizes.items()}
-        b["i"][:] = round_to(np.asarray(inputs[r], np.float32), dtype).reshape(g.input_chunks, elems)
+        buffer, at = placed(plan, r, "i", 0)
+        b[buffer][at:at + g.input_chunks] = round_to(np.asarray(inputs[r], np.float32), dtype).reshape(
+            g.input_chunks, elems)
         bufs.append(b)
 
     def view(r: int, s: Slot):
@@ -324,4 +360,8 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
         if not progressed:
             stuck = [f"rank {r} at {p.steps[pc[r]]}" for r, p in enumerate(programs) if pc[r] < len(p.steps)]
             raise ExecutorError(f"plan {plan.name}: port programs deadlock: {'; '.join(stuck[:3])}")
-    return [b["o"].reshape(-1).copy() for b in bufs]
+    outputs = []
+    for r, b in enumerate(bufs):
+        buffer, at = placed(plan, r, "o", 0)
+        outputs.append(b[buffer][at:at + plan.gpus[r].output_chunks].reshape(-1).copy())
+    return outputs

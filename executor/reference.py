@@ -390,6 +390,11 @@ class _Machine:
                                f"{name} buffer concurrently with a write by {self._describe(w)}")
             for reader, clock in buf.readers[k].items():
                 if reader != me and t.vc[reader] < clock:
+                    if t.tb == -1 and self.everyone[reader].tb < -1:  # the host, after the kernel, against a proxy
+                        raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
+                                       f"{name} buffer while {self._describe(reader, hint=False)} may still read "
+                                       "it: no flush of that channel came before the kernel's end (MSCCL++'s "
+                                       "kernel and its Executor::execute flush nothing when a launch ends)")
                     raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
                                    f"{name} buffer while {self._describe(reader)} may still read it")
             if _PLAIN != buf.flag[k] < t.launch and not buf.readers[k]:
@@ -401,11 +406,12 @@ class _Machine:
             buf.packet_vc[k] = t.vc.copy() if flag != _PLAIN else None
         buf.data[sl] = value
 
-    def _describe(self, index: int) -> str:
+    def _describe(self, index: int, hint: bool = True) -> str:
         t = self.everyone[index]
         if t.tb < -1:
             return (f"a put in flight on rank {t.rank}'s port channel {-2 - t.tb}"
-                    + (f" in launch {t.launch}" if self.launches > 1 else "") + " (missing flush or signal?)")
+                    + (f" in launch {t.launch}" if self.launches > 1 else "") + (" (missing flush or signal?)"
+                                                                                   if hint else ""))
         if t.tb < 0:
             return f"rank {t.rank}'s host before launch {t.launch}"
         return f"rank {t.rank} threadblock {t.tb}" + (f" in launch {t.launch}" if self.launches > 1 else "")

@@ -12,6 +12,11 @@ Chunks are numbered globally, SCCL-style. With N ranks and ``chunks`` = c chunks
 | gather        | N·c           | r·c .. r·c+c-1                | root: all                     |
 | scatter       | N·c           | root: all                     | r·c .. r·c+c-1                |
 | alltoall      | N·N·c         | (r·N+d)·c+j for every d, j    | (s·N+r)·c+j for every s, j    |
+| sendrecv      | N·c           | r·c .. r·c+c-1                | p·c .. p·c+c-1, p = r-1 mod N |
+
+``sendrecv`` is MSCCL++'s (its DSL's ``SendRecv``): every rank sends its input to the next rank and receives the
+previous rank's into its output, both buffers one slice. weft runs and checks plans for it (``PLAN_ONLY``) but
+does not synthesize it.
 
 For combining collectives (reducescatter, allreduce, reduce) every rank contributes to every chunk and a
 postcondition means "holds the sum of all N contributions, each counted once".
@@ -32,12 +37,14 @@ from fractions import Fraction
 from topologies.errors import WeftError
 
 NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter", "alltoall")
+PLAN_ONLY = ("sendrecv",)  # collectives that plans (MSCCL++'s) compute and weft checks, but never synthesizes
 MAX_CHUNKS = 1 << 24  # global chunks: far beyond any schedule weft makes, but a corrupt count cannot allocate gigabytes
 COMBINING = frozenset({"reducescatter", "allreduce", "reduce"})
 ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 INPUT_IS_SLICE = frozenset({"allgather", "gather"})  # in place: the input is the rank's slice of the output
 OUTPUT_IS_SLICE = frozenset({"reducescatter", "scatter"})  # in place: the output is the rank's slice of the input
 ONE_SLICE = frozenset({"broadcast", "reduce"})  # the message is one slice, not one per rank
+SHIFT = "sendrecv"  # rank r's input becomes rank r+1's output
 DUALS = {"allgather": "reducescatter", "reducescatter": "allgather", "broadcast": "reduce", "reduce": "broadcast",
          "gather": "scatter", "scatter": "gather", "allreduce": "allreduce", "alltoall": "alltoall"}
 
@@ -54,8 +61,9 @@ class Collective:
     root: int = 0
 
     def __post_init__(self) -> None:
-        if self.name not in NAMES:
-            raise CollectiveError(f"collective: unknown collective {self.name!r} (choose from {', '.join(NAMES)})")
+        if self.name not in NAMES + PLAN_ONLY:
+            raise CollectiveError(f"collective: unknown collective {self.name!r} (choose from "
+                                  f"{', '.join(NAMES + PLAN_ONLY)})")
         if not isinstance(self.nranks, int) or self.nranks < 1:
             raise CollectiveError(f"collective {self.name}: nranks must be a positive integer, got {self.nranks!r}")
         if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
@@ -111,7 +119,7 @@ class Collective:
         """The equal parts of a message whose positions matter: one per rank for the collectives that move
         slices (a rank's own input or output), 1 for the element-wise allreduce and for broadcast and reduce.
         A message that is a whole number of parts runs padded: each part staged at a larger part's place."""
-        return 1 if self.name in ONE_SLICE or self.name == "allreduce" else self.nranks
+        return 1 if self.name in ONE_SLICE or self.name in ("allreduce", SHIFT) else self.nranks
 
     @property
     def bus_factor(self) -> float:
@@ -119,13 +127,16 @@ class Collective:
         n = self.nranks
         if self.name == "allreduce":
             return 2 * (n - 1) / n
-        return 1.0 if self.name in ONE_SLICE else (n - 1) / n
+        return 1.0 if self.name in ONE_SLICE or self.name == SHIFT else (n - 1) / n
 
     @property
     def dual(self) -> "Collective":
         """The collective that this one's schedules become with every send reversed (and copies made
         reductions, or reductions copies): allgather <-> reducescatter, broadcast <-> reduce, gather <-> scatter;
-        allreduce and alltoall are their own duals."""
+        allreduce and alltoall are their own duals. sendrecv has none among the collectives (reversed, it shifts
+        the other way)."""
+        if self.name not in DUALS:
+            raise CollectiveError(f"collective {self.name}: weft does not synthesize it, so it has no dual")
         return Collective(DUALS[self.name], self.nranks, self.chunks, self.root)
 
     @property
@@ -142,7 +153,7 @@ class Collective:
     def size_chunks(self) -> int:
         """Chunks in the nccl-tests message size (the larger of a rank's input and output buffer)."""
         n, c = self.nranks, self.chunks
-        return c if self.name in ONE_SLICE else n * c
+        return c if self.name in ONE_SLICE or self.name == SHIFT else n * c
 
     def chunk_bytes(self, nbytes: float) -> float:
         return nbytes / self.size_chunks
@@ -153,7 +164,7 @@ class Collective:
     def precondition(self, rank: int) -> frozenset[int]:
         """Chunks that rank holds at the start (for combining collectives: its contributions)."""
         name, everything = self.name, range(self.nchunks)
-        if name in INPUT_IS_SLICE:
+        if name in INPUT_IS_SLICE or name == SHIFT:
             return frozenset(self._own(rank))
         if name in COMBINING:
             return frozenset(everything)
@@ -169,6 +180,8 @@ class Collective:
             return everything
         if name in OUTPUT_IS_SLICE:
             return frozenset(self._own(rank))
+        if name == SHIFT:
+            return frozenset(self._own((rank - 1) % self.nranks))
         if name in ("reduce", "gather"):
             return everything if rank == self.root else frozenset()
         n, c = self.nranks, self.chunks  # alltoall
@@ -177,7 +190,7 @@ class Collective:
     def input_map(self, rank: int) -> tuple[int, ...]:
         """The chunk at each index of rank's input buffer."""
         n, c, name = self.nranks, self.chunks, self.name
-        if name in INPUT_IS_SLICE:
+        if name in INPUT_IS_SLICE or name == SHIFT:
             return tuple(self._own(rank))
         if name == "alltoall":
             return tuple((rank * n + d) * c + j for d in range(n) for j in range(c))
@@ -188,6 +201,8 @@ class Collective:
         n, c, name = self.nranks, self.chunks, self.name
         if name in OUTPUT_IS_SLICE:
             return tuple(self._own(rank))
+        if name == SHIFT:
+            return tuple(self._own((rank - 1) % n))
         if name == "alltoall":
             return tuple((s * n + rank) * c + j for s in range(n) for j in range(c))
         return tuple(range(self.nchunks))

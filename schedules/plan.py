@@ -91,7 +91,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from schedules.collectives import MAX_CHUNKS, NAMES, Collective, CollectiveError
+from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, Collective, CollectiveError
 from schedules import mscclpp_format
 from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
@@ -431,7 +431,8 @@ class Plan:
         n = self.nranks
         per_slice = {"allgather": g.input_chunks, "gather": g.input_chunks, "reducescatter": g.output_chunks,
                      "scatter": g.output_chunks, "alltoall": g.input_chunks // n,
-                     "broadcast": g.output_chunks, "reduce": g.input_chunks}.get(self.collective, g.output_chunks // n)
+                     "broadcast": g.output_chunks, "reduce": g.input_chunks,
+                     "sendrecv": g.input_chunks}.get(self.collective, g.output_chunks // n)
         return Collective(self.collective, n, max(per_slice, 1), self.weft.root)
 
     def content(self) -> dict:
@@ -545,8 +546,9 @@ def parse_plan(data: object, source: str) -> Plan:
     if not raw_gpus:
         raise rd.fail("gpus", "must list at least one GPU")
     gpus = tuple(_parse_gpu(rd, g, f"gpus[{i}]", len(raw_gpus)) for i, g in enumerate(raw_gpus))
-    if doc["collective"] not in NAMES + (TEST_COLLECTIVE,):  # after the gpus: a plan on port/switch says so first
-        raise rd.fail("collective", f"unknown collective {doc['collective']!r} (choose from {', '.join(NAMES)}, "
+    if doc["collective"] not in NAMES + PLAN_ONLY + (TEST_COLLECTIVE,):  # after the gpus: port/switch say so first
+        raise rd.fail("collective", f"unknown collective {doc['collective']!r} (choose from "
+                                    f"{', '.join(NAMES + PLAN_ONLY)}, "
                                     f"or {TEST_COLLECTIVE!r} for MSCCL++'s unit-test plans)")
     for i, g in enumerate(gpus):
         if g.id != i:

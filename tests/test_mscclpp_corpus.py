@@ -1,10 +1,11 @@
 """MSCCL++'s own DSL plans (tests/fixtures/mscclpp, from MSCCL++ 1f5f065d) read, run and check in weft.
 
-Every plan parses or is refused in one line: for switch (NVLS) channels, for the collective "sendrecv" (a shift
-to the next rank of a group, which weft does not define), or for a get that MSCCL++'s kernel runs with its two
-offsets swapped. Every collective plan is correct on the CPU reference
-executor, or fails its check for a named reason; MSCCL++'s unit-test plans (collective "test": one op each, no
-result defined) run clean or fail for a named reason. The README's counts are this file's numbers."""
+Every plan parses or is refused in one line: for switch (NVLS) channels, or for a get that MSCCL++'s kernel runs
+with its two offsets swapped. Every collective plan (``sendrecv`` included: each rank's input to the next rank) is
+correct on the CPU reference executor, or fails its check for a named reason; MSCCL++'s unit-test plans (collective
+"test": one op each, no result defined) run clean or fail for a named reason. The port engine's programs of the
+multi-node plans compute their collectives. The README's counts are this file's numbers, the GPU counts those of
+the committed results."""
 
 from __future__ import annotations
 
@@ -17,14 +18,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from executor.errors import ExecutorError
 from executor.gpu_tables import build_tables, tbg_window
-from executor.reference import PlanDeadlock, PlanRace, WrongResult, check_plan, run_reference, smallest_size
+from executor.port_program import compile_programs, run_programs
+from executor.reference import (WrongResult, _compare, check_plan, chunk_elems, expected_outputs, random_inputs,
+                                run_reference, smallest_size)
+from schedules.collectives import Collective, CollectiveError
 from schedules.plan import PlanError, parse_plan
 from topologies.errors import CheckFailed
 
 ROOT = Path(__file__).parent
 CORPUS = ROOT / "fixtures" / "mscclpp"
 README = ROOT.parent / "README.md"
+RESULTS = ROOT.parent / "bench" / "results"
 
 # the unit-test plans that fail the CPU check, each for its reason (MSCCL++ says they may not run on its executor)
 UNIT_TEST_FAILURES = {
@@ -43,17 +49,24 @@ UNIT_TEST_FAILURES = {
     "unit_tests-signal_wait-signal_wait_fuse_test": "waits on channel 2",
 }
 # collective plans that fail the CPU check, each for its reason
+NO_FLUSH = "may still read it: no flush of that channel came before the kernel's end"
 COLLECTIVE_FAILURES = {
-    # back to back: a port put of launch k may still read the input the host overwrites for launch k+1 (no flush);
-    # one launch alone is correct
-    "multi_node-reducescatter-gpuspernode-2": "while a put in flight on rank 0's port channel",
-    "multi_node-reducescatter-gpuspernode-4": "while a put in flight on rank 0's port channel",
-    # the program, given a thread-block group of 4 here, connects each rank's port channels to itself
+    # back to back: a port put of launch k may still read the input the host overwrites for launch k+1: the plan
+    # flushes nothing, and neither does MSCCL++'s kernel at its end nor its Executor::execute (which only
+    # launches); one launch alone is correct
+    "multi_node-reducescatter-gpuspernode-2": NO_FLUSH,
+    "multi_node-reducescatter-gpuspernode-4": NO_FLUSH,
+    "multi_node-send_recv-nnodes-1-gpuspernode-2-instances-2": NO_FLUSH,
+    "multi_node-send_recv-nnodes-2-gpuspernode-2-instances-2": NO_FLUSH,
+    "multi_node-send_recv-nnodes-2-gpuspernode-4-instances-2": NO_FLUSH,
+    # MSCCL++'s allgather_tbg.py passes gpus_per_node and tbg_size to its function in swapped places, so
+    # "--gpus_per_node 2 --tbg_size 4" builds ONE node of 4 GPUs (tbg size 2) whose ring "to the next node" joins
+    # each rank to itself by two port channels: block 0 signals one and waits on the other, which nothing signals
+    # (MSCCL++'s per-peer tags pair each self channel with itself, so its executor would wait forever too)
     "multi_node-allgather_tbg-numgpus-4-gpuspernode-2-tbgsize-4": "waits on port channel 0 from rank 0",
 }
-COUNTS = {"plans": 94, "refused: switch (NVLS) channels": 12, "refused: collective 'sendrecv'": 3,
-          "refused: get with offsets MSCCL++ swaps": 2,
-          "collective plans correct on the CPU reference": 41, "collective plans failing the CPU check": 3,
+COUNTS = {"plans": 94, "refused: switch (NVLS) channels": 12, "refused: get with offsets MSCCL++ swaps": 2,
+          "collective plans correct on the CPU reference": 41, "collective plans failing the CPU check": 6,
           "unit-test plans run clean": 20, "unit-test plans failing the CPU check": 13}
 
 
@@ -65,8 +78,7 @@ def _outcomes() -> dict[str, tuple[str, str]]:
         try:
             plan = parse_plan(json.loads(path.read_text()), str(path))
         except PlanError as e:
-            kind = ("switch" if "'switch'" in str(e) else "sendrecv" if "'sendrecv'" in str(e)
-                    else "get" if "handleGet" in str(e) else "other")
+            kind = "switch" if "'switch'" in str(e) else "get" if "handleGet" in str(e) else "other"
             out[path.stem] = (f"refused: {kind}", str(e))
             continue
         try:
@@ -84,13 +96,11 @@ def test_the_manifest_names_the_mscclpp_commit_and_every_plan():
     assert {len(json.loads((CORPUS / p["file"]).read_text())["gpus"]) for p in manifest["plans"]} >= {2, 4, 8}
 
 
-def test_every_plan_parses_or_is_refused_in_one_line_for_switch_channels_or_sendrecv():
+def test_every_plan_parses_or_is_refused_in_one_line_for_switch_channels_or_a_swapped_get():
     for name, (outcome, why) in _outcomes().items():
         if outcome == "refused: switch":
             assert re.search(r"\.json: gpus\[\d+\]\.channels\[\d+\]\.channel_type: unsupported channel type "
                              "'switch'", why), why
-        elif outcome == "refused: sendrecv":
-            assert name.startswith("multi_node-send_recv") and ".json: collective: unknown collective" in why
         elif outcome == "refused: get":
             assert name.startswith("unit_tests-get") and re.search(r"ops\[\d+\]\.dst_buff\[\d\]\.index: 0 differs", why)
         else:
@@ -120,7 +130,6 @@ def test_counts_are_the_readmes():
     tally = Counter(o for o, _ in _outcomes().values())
     unit = sum(o == "failed" for n, (o, _) in _outcomes().items() if n.startswith("unit_tests"))
     counts = {"plans": len(_outcomes()), "refused: switch (NVLS) channels": tally["refused: switch"],
-              "refused: collective 'sendrecv'": tally["refused: sendrecv"],
               "refused: get with offsets MSCCL++ swaps": tally["refused: get"],
               "collective plans correct on the CPU reference": tally["verified"],
               "collective plans failing the CPU check": tally["failed"] - unit,
@@ -131,15 +140,81 @@ def test_counts_are_the_readmes():
         assert f"| {what} | {n} |" in text
 
 
+def _gpus(name: str) -> int:
+    return len(json.loads((CORPUS / "plans" / f"{name}.json").read_text())["gpus"])
+
+
 def test_gpu_counts_are_the_committed_results():
-    doc = json.loads((ROOT.parent / "bench" / "results" / "gpu_mscclpp_corpus_2xh200.json").read_text())
+    doc = json.loads((RESULTS / "gpu_mscclpp_corpus_2xh200.json").read_text())
     plans = {r["plan"] for r in doc["rows"]}
     assert len(plans) == 12 and all(r["ok"] for r in doc["rows"]) and "H200" in doc["machine"]
-    assert {p[:-5] for p in plans} <= {n for n, (o, _) in _outcomes().items() if o == "verified"}
+    verified = {n for n, (o, _) in _outcomes().items() if o == "verified"}
+    assert {p[:-5] for p in plans} <= verified
+    # the one-GPU path ran every 4- and 8-rank single-node plan that the CPU reference verifies, each correct
     one = doc["one_device"]
-    assert one["4"]["failed"] == [] and one["8"]["failed"] == []
+    for n in ("4", "8"):
+        assert one[n]["failed"] == [] and set(one[n]["exit_codes"]) == {0} and one[n]["cases"] >= len(one[n]["plans"])
+        assert set(one[n]["plans"]) == {p for p in verified if p.startswith("single_node") and _gpus(p) == int(n)}
     text = README.read_text()
     assert f"| 2-rank plans correct against NCCL on 2×H200 | {len(plans)} |" in text
+    assert f"| 4- and 8-rank plans correct on the one-GPU path | {len(one['4']['plans']) + len(one['8']['plans'])} |" \
+        in text
+
+
+def test_multi_node_gpu_counts_are_the_committed_results():
+    """Every 4-rank multi-node plan that runs at all (not the self-connected tbg one) ran on 4 GPUs as 2 hosts,
+    correct against NCCL at both sizes; the 2-rank sendrecv on 2 GPUs."""
+    doc = json.loads((RESULTS / "gpu_mscclpp_multinode_4xh200.json").read_text())
+    assert "H200" in doc["machine"] and doc["gpus"] == 4 and "via NET/Socket" in doc["nccl"]
+    rows, two = doc["rows"], doc["sendrecv_2gpu"]["rows"]
+    assert all(r["ok"] and r["engine"] == "port" for r in rows + two) and {r["size"] for r in rows} == {65536, 4 << 20}
+    ran = {r["plan"][:-5] for r in rows}
+    runnable = {n for n, (o, _) in _outcomes().items() if n.startswith("multi_node") and _gpus(n) == 4
+                and o in ("verified", "failed") and n not in {"multi_node-allgather_tbg-numgpus-4-gpuspernode-2-tbgsize-4"}}
+    assert ran == runnable and len(ran) == 6
+    assert {r["plan"][:-5] for r in two} == {n for n in _outcomes() if n.startswith("multi_node-send_recv")
+                                             and _gpus(n) == 2}
+    run = doc["weft_run_check"]["lines"]  # `weft run --check`: the CLI's path, NCCL's sendrecv by send and receive
+    assert len(run) == 2 and all(line.endswith("check against NCCL: ok") for line in run)
+    text = README.read_text()
+    assert f"| 4-rank multi-node plans correct against NCCL on 4×H200 as 2 hosts × 2 GPUs | {len(ran)} |" in text
+    assert "| 2-rank sendrecv plan correct against NCCL on 2×H200 | 1 |" in text
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CORPUS / "plans").glob("multi_node-*.json")))
+def test_port_programs_of_the_multi_node_plans_compute_their_collectives(name):
+    """What the 4-GPU run ran, on numpy: in-place and LL plans too (packets as their data)."""
+    plan = parse_plan(json.loads((CORPUS / "plans" / f"{name}.json").read_text()), f"{name}.json")
+    if name in COLLECTIVE_FAILURES and "port channel 0 from rank 0" in COLLECTIVE_FAILURES[name]:
+        with pytest.raises(ExecutorError, match="no run of the plan gets past rank 0 threadblock 0 op 1"):
+            compile_programs(plan)
+        return
+    programs = compile_programs(plan)
+    elems = chunk_elems(plan, smallest_size(plan), "bf16")
+    inputs = random_inputs(plan, elems, np.random.default_rng(3))
+    outputs = run_programs(plan, programs, inputs, elems, "bf16")
+    _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "bf16"), outputs, elems, "bf16")
+
+
+def test_sendrecv_is_a_shift_with_one_slice_per_buffer():
+    c = Collective("sendrecv", 4, 2)
+    assert [c.output_map(r) for r in range(4)] == [c.input_map((r - 1) % 4) for r in range(4)]
+    assert all(c.postcondition(r) == set(c.output_map(r)) == c.precondition((r - 1) % 4) for r in range(4))
+    assert (c.size_chunks, c.message_parts, c.bus_factor) == (2, 1, 1.0)
+    with pytest.raises(CollectiveError, match="weft does not synthesize it"):
+        c.dual
+    with pytest.raises(CollectiveError, match="choose from allgather, .*, alltoall, sendrecv"):
+        Collective("sendreceive", 4)
+
+
+def test_sendrecv_moves_each_rank_s_input_to_the_next_rank():
+    plan = parse_plan(json.loads((CORPUS / "plans" / "multi_node-send_recv-nnodes-2-gpuspernode-2-instances-2.json")
+                                 .read_text()), "sendrecv.json")
+    size = smallest_size(plan)
+    inputs = [np.full(size // 4, r + 1, np.float32) for r in range(4)]
+    outputs = run_reference(plan, inputs, size, "fp32")
+    assert [int(o[0]) for o in outputs] == [4, 1, 2, 3] and all((o == o[0]).all() for o in outputs)
+    assert check_plan(plan, [size], ["fp32"], back_to_back=1).ok
 
 
 def _hand_plan(ops: list[dict]) -> dict:
