@@ -186,7 +186,10 @@ class PortCommunicator:
 
 
 def _port_runs(plan) -> bool:
-    """Whether the port engine compiles ``plan`` (``compile_programs`` refuses it in one line otherwise)."""
+    """Whether the port engine runs ``plan`` as this communicator calls it: out of place (its calls pass an input
+    and an output), and compiled (``compile_programs`` refuses it in one line otherwise)."""
+    if plan.inplace:
+        return False
     try:
         compile_programs(plan)
     except ExecutorError:
