@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.communicator import NormCall
-from executor.norm import RowNorm, best_norm_plan, row_base
+from executor.norm import RowNorm, best_norm_plan, row_base, rows_refusal
 
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
@@ -53,6 +53,19 @@ class NormCalls:
         if key not in cache:
             cache[key] = self._choose_norm_plan(nbytes, dtype, rows)
         return cache[key][0]
+
+    def pin_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm, plan) -> None:
+        """Run the fused norm of this size, dtype and row shape on ``plan`` from now on (a bench comparing plans,
+        a test of one plan's shape), or on the plan ``norm_plan_for`` picks again where ``plan`` is None. The plan
+        must still pass the proof and fit the rows (ValueError, one line, otherwise)."""
+        cache = self.__dict__.setdefault("_norm_choices", {})
+        if plan is None:
+            cache.pop((nbytes, dtype, rows), None)
+            return
+        why = self.norm_refusal(plan) or rows_refusal(plan, nbytes, DTYPES.get(dtype, ""), rows)
+        if why:
+            raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
+        cache[(nbytes, dtype, rows)] = (plan, "")
 
     def norm_reason(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> str:
         self.norm_plan_for(nbytes, dtype, rows)
