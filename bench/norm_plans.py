@@ -14,6 +14,7 @@ than one bf16 ulp off must be 0. "auto" is the plan the Communicator picks itsel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -107,8 +108,8 @@ def main() -> None:
             for _ in range(args.calls):
                 a @ w
 
-        graphs = {"matmul": graph_of(matmul, __import__("contextlib").nullcontext),
-                  "nccl": graph_of(nccl_step, __import__("contextlib").nullcontext)}
+        graphs = {"matmul": graph_of(matmul, contextlib.nullcontext),
+                  "nccl": graph_of(nccl_step, contextlib.nullcontext)}
         kept = {}
         auto = comm.norm_plan_for(nbytes, torch.bfloat16, rows)
         for name in ("auto",) + CANDIDATES.get(batch, ()):
@@ -160,8 +161,8 @@ def main() -> None:
                "calls": args.calls, "iters": args.iters, "rows": out}
         with open(args.output, "w") as f:
             json.dump(doc, f, indent=2)
-    comm.close()
-    dist.destroy_process_group()
+    dist.barrier()
+    dist.destroy_process_group()  # as tp_decode ends (a run that closed the communicator first overran its bound)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@
 A transformer layer ends ``h = x + all_reduce(y)`` and the next one starts ``rms_norm(h) * w``. Fused, one launch
 returns both: ``new_residual = residual + sum(y)`` (the all-reduce with a residual, ``gpu_tables``) and
 ``normed = new_residual * rsqrt(mean(new_residual²) + eps) * w`` row by row, a row being the last dimension
-(the hidden size). A row's norm needs all of it, so the thread block that completes a row's sum must hold the
-whole row: the epilogue runs right after each reduction that adds the residual (``reference.residual_sums``),
-over that reduction's output range, which must be whole rows (``rows_refusal``). Row-owning plans come from
-``codegen.rows.own_rows``.
+(the hidden size). A row's norm needs the sum of squares of all of it: the epilogue runs right after each
+reduction that adds the residual (``reference.residual_sums``), over that reduction's output range, which is
+either whole rows (the block normalizes them alone; row-owning plans come from ``codegen.rows.own_rows``) or an
+aligned, equal slice of one row whose other slices other blocks complete; those blocks exchange their slices'
+sums of squares, then each normalizes its slice (``row_spans``, ``RowSpan``). The reference executor's
+``Epilogue`` normalizes a row once, after the last of its slices is summed.
 
 numpy's definition (``rms_norm``), in fp32 on the element type's values: ``mean`` of the squares, ``rstd = 1 /
 sqrt(mean + eps)``, then ``(x * rstd) * w`` rounded once to the element type. The GPU's epilogue
-(``executor/cuda/norm.cuh``) does the same operations; only its order of summing the squares differs.
+(``executor/cuda/norm.cuh``) does the same operations; only its order of summing the squares differs (per
+thread, the block, then a split row's slices in slot order), which moves rstd by an ulp at most in practice, so
+a normalized element may differ from the definition by one bf16 ulp (the GPU tests' bound).
 
 >>> x = np.array([[3.0, 4.0]], np.float32)
 >>> rms_norm(x, np.ones(2, np.float32), 0.0, "fp32").tolist()
@@ -237,8 +241,10 @@ def run_fused(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str, res
 
 
 def fused_refusal(plan: Plan) -> str:
-    """Why ``plan`` cannot run the fused all-reduce, or '': ``plan_refusal``, then a run on the reference executor
-    (bf16, small integers, so every sum is exact) whose outputs must equal numpy's definition bit for bit."""
+    """Why ``plan`` cannot run the fused all-reduce, or '': ``plan_refusal``, then runs on the reference executor
+    (bf16, small integers, so every sum is exact) whose outputs must equal numpy's definition bit for bit: in rows
+    that each reduction owns whole, and, where the plan's reductions can split it, in one row split over all of
+    them (so the epilogue is proven to follow the last slice's sum, once)."""
     why = plan_refusal(plan)
     if why:
         return why
