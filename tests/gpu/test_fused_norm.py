@@ -211,7 +211,8 @@ def scenario_split_graph(comm, device) -> dict:
         torch.cuda.synchronize()
         wrong += not sums_to(new_h, x, residual=h) or check_norm(normed, new_h, w)[0] > 0
     comm.pin_norm_plan(x.numel() * 2, x.dtype, RowNorm(HIDDEN, EPS), None)
-    return {"zero_copy": zero_copy, "replays": 30, "wrong": wrong, "slices_per_row": slices_per_row(plan, x.numel() * 2)}
+    return {"zero_copy": zero_copy, "replays": 30, "wrong": wrong,
+            "slices_per_row": slices_per_row(plan, x.numel() * 2)}
 
 
 def scenario_graph(comm, device) -> dict:
