@@ -62,7 +62,9 @@ class NormCalls:
         if plan is None:
             cache.pop((nbytes, dtype, rows), None)
             return
-        why = self.norm_refusal(plan) or rows_refusal(plan, nbytes, DTYPES.get(dtype, ""), rows)
+        if dtype not in DTYPES:
+            raise ValueError(f"weft: the fused norm runs {', '.join(map(str, DTYPES))}, not {dtype}")
+        why = self.norm_refusal(plan) or rows_refusal(plan, nbytes, DTYPES[dtype], rows)
         if why:
             raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
         cache[(nbytes, dtype, rows)] = (plan, "")
