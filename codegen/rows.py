@@ -6,8 +6,9 @@ row's norm needs every one of its elements. One-shot plans spread the final redu
 (two chunks each in ``direct ... -ll-x32``), so a row of 8192 bf16 is summed by several blocks. ``own_rows``
 rewrites such a plan so that ``groups`` thread blocks each complete one contiguous ``1/groups`` of the output in
 a single reduction, leaving every other op (the sends, with their spread over thread blocks) as it was. The
-rows then fit a size ``nbytes`` when ``nbytes / groups`` is a whole number of rows (``executor.norm`` checks it
-per call, from the plan alone).
+rows then fit a size ``nbytes`` when ``nbytes / groups`` is a whole number of rows, or an aligned, equal fraction
+of one, whose blocks then exchange their sums of squares (``executor.norm.row_spans`` checks it per call, from
+the plan alone; plain one-shot plans, with one reduction per block, fit that way too).
 
 >>> from schedules.plan import load_plan
 >>> plan = own_rows(load_plan("tests/fixtures/plans/direct_ll_x4_2.json"), 1)

@@ -634,9 +634,7 @@ class PlanExecutor:
         lined = build_tables(plan, self.rank, nbytes, lines=True, residual=fused, norm=rows, dtype=dtype) if (
             lines and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0) else None
         with cupy.cuda.Device(self.device):
-            halves = 2 if tables.double_scratch else 1
-            scratch = cupy.zeros(max(tables.scratch_bytes * halves, lined.scratch_bytes * halves if lined else 0, 16),
-                                 cupy.uint8)
+            scratch = cupy.zeros(max(tables.scratch_alloc, lined.scratch_alloc if lined else 0, 16), cupy.uint8)
             nsem = max(len(tables.semaphore_init), 1)
             init = np.zeros(2 * nsem + tables.nthreadblocks, np.uint64)
             init[0:2 * len(tables.semaphore_init):2] = tables.semaphore_init

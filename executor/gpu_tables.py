@@ -48,6 +48,7 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
 NORM_ROWS = 64  # kNormRows in executor/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
 NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
+NORM_SLICE = 66  # kNormSlice: the epilogue over one slice of a row that several blocks sum (executor.norm.RowSpan)
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS))))  # kNop.. in channel.cuh
 PAIRS = 8  # kPairs in channel.cuh: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
 KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
@@ -124,6 +125,13 @@ class DeviceTables:
     lines: bool = False  # packets are LL128 lines (lines_possible), else LL16/LL8 packets
     residual: bool = False  # the slot after the remote buffers holds a residual that output reductions add
     norm: bool = False  # then two more slots: the RMSNorm weight and the normalized rows (executor.norm)
+    norm_slots: int = 0  # bytes past the scratch (both halves, 16-aligned) where row slices exchange sums of squares
+
+    @property
+    def scratch_alloc(self) -> int:
+        """Bytes of the scratch allocation: the halves, then the norm's slots (a context zeroes it all at reset)."""
+        halves = self.scratch_bytes * (2 if self.double_scratch else 1)
+        return (halves + 15) // 16 * 16 + self.norm_slots if self.norm_slots else halves
 
     @property
     def nthreadblocks(self) -> int:
@@ -257,13 +265,21 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     starts = [0]
     residual_at = reference.residual_sums(plan) if residual else {}
     row_bytes = norm.row_bytes(dtype) if norm is not None else 0
+    spans, norm_at, norm_slots, widest = {}, 0, 0, 0
     if norm is not None:
-        from executor.norm import norm_ranges
+        from executor.norm import row_spans
 
-        spans = norm_ranges(plan)
+        spans = row_spans(plan, nbytes, dtype, norm)
+        if isinstance(spans, str):
+            raise ExecutorError(spans)
+        spans = {(r, t, i): span for (r, t, i), span in spans.items() if r == rank}
+        widest = max((span.slices for span in spans.values() if span.slices > 1), default=0)
+        halves = gpu.scratch_chunks * layout.scratch_chunk * (2 if plan.use_double_scratch_buffer else 1)
+        norm_at, norm_slots = (halves + 15) // 16 * 16, 8 * widest * (gpu.output_chunks * cb // row_bytes)
     for t, tb in enumerate(gpu.threadblocks):
-        if norm is not None and any((rank, t, i) in spans for i in range(len(tb.ops))):
-            records.append(_prefetch_record(row_bytes, 3 + len(gpu.remote_buffers)))
+        mine = [span for (_, b, _), span in sorted(spans.items()) if b == t]
+        if mine:
+            records.append(_prefetch_record(mine[0], row_bytes, 3 + len(gpu.remote_buffers)))
         for i, op in enumerate(tb.ops):
             where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
             for rec in _lower(op, tb, layout, where):
@@ -275,8 +291,11 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
             if chunk is not None:  # a reduction lowers to one transfer, the last record
                 _add_source(records[-1], (chunk * cb, 3 + len(gpu.remote_buffers), 0), where)
                 if norm is not None:
-                    records.append(_norm_record(chunk * cb, spans[(rank, t, i)][1] * cb, row_bytes, norm.eps,
-                                                3 + len(gpu.remote_buffers), i))
+                    span = spans[(rank, t, i)]
+                    records.append(_norm_record(span.first, span.nbytes, row_bytes, norm.eps,
+                                                3 + len(gpu.remote_buffers), i) if span.slices == 1 else
+                                   _slice_record(span, norm_at + 8 * widest * span.row, norm.eps,
+                                                 3 + len(gpu.remote_buffers), i))
         starts.append(len(records))
     if norm is not None:
         records, starts = _padded(records, starts)
@@ -286,7 +305,7 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     pairs = pair_channels(plan)
     quantities = [cb, layout.scratch_chunk] + [int(q) for rec in records if rec["type"] == TRANSFER for q in (
         rec["bytes"], *rec["src"]["offset"][:rec["nsrc"]], *rec["dst"]["offset"][:rec["ndst"]])]
-    quantities += [row_bytes] if norm is not None else []
+    quantities += [row_bytes, *(q for span in spans.values() for q in (span.first, span.nbytes))]
     return DeviceTables(
         ops=ops, tb_start=np.asarray(starts, np.int32), chunk_bytes=cb, vector_bytes=vector_bytes(*quantities),
         input_bytes=gpu.input_chunks * cb, output_bytes=gpu.output_chunks * cb,
@@ -296,6 +315,7 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
         semaphore_init=gpu.semaphores,
         remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
         threads=min(plan.num_threads_per_block, 1024), lines=lines, residual=residual, norm=norm is not None,
+        norm_slots=norm_slots,
     )
 
 
@@ -313,11 +333,28 @@ def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_s
     return rec
 
 
-def _prefetch_record(row_bytes: int, residual_slot: int) -> np.void:
-    """The weight's row prefetched into L1 before the block's reduction waits for its peers' data."""
+def _slice_record(span, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
+    """The epilogue over one slice of a row (``executor.norm.RowSpan``): the slice (output slot), the weight's
+    matching slice, the row's slots for the sums of squares (scratch slot, at ``slots_at``) and the normalized
+    slice; the row's slice count in barrier_count, this slice's index in barrier_id, eps's fp32 bits in channel[0]
+    (norm.cuh, kNormSlice, reads them there)."""
     rec = np.zeros((), OP_DTYPE)
-    rec["type"], rec["nsrc"], rec["barrier_id"] = NORM_PREFETCH, 1, row_bytes
-    rec["src"][0] = (0, residual_slot + 1, 0)
+    rec["type"], rec["nsrc"], rec["ndst"], rec["plan_op"], rec["bytes"] = NORM_SLICE, 3, 1, plan_op, span.nbytes
+    rec["barrier_id"], rec["barrier_count"] = span.index, span.slices
+    rec["channel"][0] = int(np.float32(eps).view(np.int32))
+    rec["src"][0] = (span.first, SLOTS["o"], 0)
+    rec["src"][1] = (span.index * span.nbytes, residual_slot + 1, 0)
+    rec["src"][2] = (slots_at, SLOTS["s"], 0)
+    rec["dst"][0] = (span.first, residual_slot + 2, 0)
+    return rec
+
+
+def _prefetch_record(span, row_bytes: int, residual_slot: int) -> np.void:
+    """The weight's part that the block's epilogue reads (the row, or the slice's part of it: ``span``) prefetched
+    into L1 before the block's reduction waits for its peers' data."""
+    rec = np.zeros((), OP_DTYPE)
+    rec["type"], rec["nsrc"], rec["barrier_id"] = NORM_PREFETCH, 1, span.nbytes if span.slices > 1 else row_bytes
+    rec["src"][0] = (span.index * span.nbytes if span.slices > 1 else 0, residual_slot + 1, 0)
     return rec
 
 

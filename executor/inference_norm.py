@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from executor.communicator import NormCall
+from executor.norm import RowNorm, best_norm_plan, row_base, rows_refusal
 from executor.torch_ops import DTYPES
-from executor.norm import RowNorm, best_norm_plan, row_base
 
 UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
 
@@ -76,6 +76,21 @@ class NormCalls:
     def is_norm_prepared(self, plan, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> bool:
         """Whether ``plan``'s fused-norm context for this size and row shape exists, so that a capture can run it."""
         return (plan.content_hash, nbytes, DTYPES[dtype], rows) in self._ready
+
+    def pin_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm, plan) -> None:
+        """Run the fused norm of this size, dtype and row shape on ``plan`` from now on (a bench comparing plans,
+        a test of one plan's shape), or on the plan ``norm_plan_for`` picks again where ``plan`` is None. The plan
+        must still pass the proof and fit the rows (ValueError, one line, otherwise)."""
+        cache = self.__dict__.setdefault("_norm_choices", {})
+        if plan is None:
+            cache.pop((nbytes, dtype, rows), None)
+            return
+        if dtype not in DTYPES:
+            raise ValueError(f"weft: the fused norm runs {', '.join(map(str, DTYPES))}, not {dtype}")
+        why = self.norm_refusal(plan) or rows_refusal(plan, nbytes, DTYPES[dtype], rows)
+        if why:
+            raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
+        cache[(nbytes, dtype, rows)] = (plan, "")
 
     def norm_reason(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> str:
         self.norm_plan_for(nbytes, dtype, rows)

@@ -14,8 +14,8 @@ from codegen.protocol import CodegenError
 from codegen.rows import own_rows
 from executor import gpu_tables, reference
 from executor.norm import (Epilogue, RowNorm, best_norm_plan, fused_refusal, norm_ranges, output_ranges,
-                           plan_refusal, rms_norm, row_base, rows_refusal, run_fused)
-from schedules.plan import PlanError, load_plan
+                           plan_refusal, rms_norm, row_base, row_spans, rows_refusal, run_fused)
+from schedules.plan import BufferRef, PlanError, load_plan
 from schedules.registry import Registry
 from topologies.catalog import build
 from topologies.errors import CheckFailed
@@ -88,10 +88,11 @@ def _definition(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x.astype(np.float32) * rstd[..., None]) * w.astype(np.float32)
 
 
-@pytest.mark.parametrize("groups,rows", [(1, 1), (2, 2), (4, 4), (4, 8)])
+@pytest.mark.parametrize("groups,rows", [(1, 1), (2, 2), (4, 4), (4, 8), (2, 1), (4, 1), (4, 2), (0, 1), (0, 2)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_the_reference_epilogue_equals_numpys_definition_bit_for_bit(one_shot, groups, rows, dtype):
-    plan = own_rows(one_shot, groups)
+    """Rows owned whole, and rows split into slices over blocks (groups > rows; 0: the plain plan, 4 blocks)."""
+    plan = own_rows(one_shot, groups) if groups else one_shot
     hidden = 64
     nbytes = rows * hidden * reference.DTYPES[dtype]
     inputs, residual = _random_rows(plan, nbytes, dtype)
@@ -114,8 +115,25 @@ def test_the_epilogue_runs_after_the_complete_sum_once_per_element(one_shot):
         epilogue(key, first, np.ones(size * elems, np.float32))
     epilogue.check_once()
     epilogue(key, first, np.ones(size * elems, np.float32))
-    with pytest.raises(CheckFailed, match=f"element {first * elems} normalized 2 times, not once"):
+    with pytest.raises(CheckFailed, match=f"element {first * elems} summed 2 times, not once"):
         epilogue.check_once()
+
+
+def test_a_row_split_over_blocks_is_normalized_once_after_its_last_slice(one_shot):
+    """Two reductions each complete half of one row: nothing is normalized after the first, the whole row (with
+    the first half's sum and the second's) after the second."""
+    plan = own_rows(one_shot, 2)
+    elems = reference.chunk_elems(plan, 64 * 2, "bf16")
+    epilogue = Epilogue(plan, elems, "bf16", RowNorm(64, 1e-5), np.ones(64, np.float32))
+    (k0, (f0, s0)), (k1, (f1, s1)) = sorted(norm_ranges(plan).items(), key=lambda kv: (kv[0][0], kv[1]))[:2]
+    assert (f0, f1) == (0, s0) and (s0 + s1) * elems == 64
+    first, second = np.arange(1, s0 * elems + 1, dtype=np.float32), -np.arange(1, s1 * elems + 1, dtype=np.float32)
+    epilogue(k0, f0, first)
+    assert not epilogue.writes[0].any() and not epilogue.normed[0].any()
+    epilogue(k1, f1, second)
+    row = np.concatenate([first, second])[None]
+    assert np.array_equal(epilogue.normed[0], rms_norm(row, np.ones(64, np.float32), 1e-5, "bf16").reshape(-1))
+    assert (epilogue.writes[0] == 1).all()
 
 
 def test_the_epilogue_refuses_a_range_that_is_not_whole_rows(one_shot):
@@ -139,9 +157,37 @@ def test_rows_fit_where_each_blocks_share_is_whole_rows(one_shot):
     rows4, norm = own_rows(one_shot, 4), RowNorm(8192, 1e-5)
     assert rows_refusal(rows4, 4 * 16384, "bf16", norm) == ""
     assert rows_refusal(rows4, 8 * 16384, "bf16", norm) == ""
-    why = rows_refusal(rows4, 2 * 16384, "bf16", norm)
-    assert "sums bytes 0..8192, not whole rows of 16384 B" in why
+    why = rows_refusal(rows4, 3 * 16384, "bf16", norm)
+    assert "sums bytes 0..12288, neither whole rows of 16384 B nor an aligned fraction of one" in why
     assert rows_refusal(own_rows(one_shot, 1), 16384, "bf16", norm) == ""
+
+
+def test_a_block_may_complete_an_aligned_equal_slice_of_a_row(one_shot):
+    """Four blocks, two rows: each row split over two blocks (the kernel's kNormSlice), slots in row order."""
+    rows4, norm = own_rows(one_shot, 4), RowNorm(8192, 1e-5)
+    spans = row_spans(rows4, 2 * 16384, "bf16", norm)
+    mine = sorted((span.first, span.nbytes, span.slices, span.index, span.row) for (r, _, _), span in spans.items()
+                  if r == 0)
+    assert mine == [(0, 8192, 2, 0, 0), (8192, 8192, 2, 1, 0), (16384, 8192, 2, 0, 1), (24576, 8192, 2, 1, 1)]
+    assert {span.slices for span in row_spans(rows4, 16384, "bf16", norm).values()} == {4}
+
+
+def test_a_slice_that_is_not_its_blocks_last_op_or_is_uneven_is_refused(one_shot):
+    """A block that waits for its row's other slices must have nothing left that another block could wait for."""
+    from dataclasses import replace
+
+    rows2 = own_rows(one_shot, 2)
+    gpu = rows2.gpus[0]
+    tbs = tuple(replace(t, ops=(*t.ops, replace(t.ops[0], name="copy", src_buff=(BufferRef(0, 1, "i"),),
+                                                dst_buff=(BufferRef(0, 1, "s"),))))
+                if t.ops[0].spec.reduces else t for t in gpu.threadblocks)
+    later = replace(rows2, gpus=(replace(gpu, threadblocks=tbs), *rows2.gpus[1:]))
+    norm = RowNorm(8192, 1e-5)
+    assert isinstance(row_spans(later, 2 * 16384, "bf16", norm), dict)  # whole rows per block: no wait
+    why = row_spans(later, 16384, "bf16", norm)
+    assert "sums a slice of a row, so it waits for the row's other slices: that must be its last op" in why
+    uneven = row_spans(own_rows(one_shot, 4), 3 * 16384, "bf16", norm)
+    assert "neither whole rows of 16384 B nor an aligned fraction of one" in uneven
 
 
 def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
@@ -152,9 +198,11 @@ def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
     assert plan is None and "no plan's rows fit 16382 B in rows of 8191 bf16" in why
 
 
-@pytest.mark.parametrize("batch,groups,base", [(1, 1, "x32-t512"), (4, 4, "x32-t512"), (16, 16, "x64-t512")])
-def test_the_committed_registry_has_a_row_owning_plan_per_decode_batch(committed, batch, groups, base):
-    """The most row-owning blocks, then the time measured for the plan each was regrouped from (its sends)."""
+@pytest.mark.parametrize("batch,base,slices", [(1, "x32-t512-max8MB", 32), (4, "x64-t512-max8MB", 16),
+                                               (16, "x128-t512-max64MB", 8)])
+def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, base, slices):
+    """The fastest measured plan (a row-owning plan estimated by the plan it was regrouped from), then the most
+    blocks completing sums: the plain one-shot plan, each row split over ``slices`` of its reducing blocks."""
     fp, entries = committed
     nbytes = batch * 8192 * 2
     serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
@@ -162,9 +210,9 @@ def test_the_committed_registry_has_a_row_owning_plan_per_decode_batch(committed
     candidates = [(e.plan, by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, True)[1] or math.inf)
                   for e in serving]
     plan, why = best_norm_plan(candidates, nbytes, "bf16", RowNorm(8192, 1e-5))
-    assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}-max8MB-rows{groups}"
-    record = next(e for e in entries if e.plan is plan).provenance["verification"]
-    assert record["ok"] and record["plan_hash"] == plan.content_hash
+    assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}"
+    spans = row_spans(plan, nbytes, "bf16", RowNorm(8192, 1e-5))
+    assert {span.slices for span in spans.values()} == {slices} and len(spans) == 2 * batch * slices
 
 
 # ---------------------------------------------------------------------------------------------- device tables
@@ -190,6 +238,32 @@ def test_tables_follow_each_residual_sum_with_the_epilogue_and_pad_blocks_to_one
                for op in before)
 
 
+def test_tables_split_a_row_over_blocks_that_exchange_their_sums_of_squares(one_shot):
+    """The plain plan at one row: its 4 reducing blocks each normalize a quarter of it (kNormSlice), the row's 4
+    slots past both scratch halves, each block's prefetch of its quarter of the weight."""
+    t = gpu_tables.build_tables(one_shot, 0, 16384, residual=True, norm=RowNorm(8192, 1e-5))
+    residual_slot = 3 + len(one_shot.gpus[0].remote_buffers)
+    halves = t.scratch_bytes * 2
+    assert t.double_scratch and t.norm_slots == 4 * 8 and t.scratch_alloc == halves + 32
+    slices = [op for op in t.ops if op["type"] == gpu_tables.NORM_SLICE]
+    assert sorted((int(op["src"][0]["offset"]), int(op["bytes"]), int(op["barrier_id"]), int(op["barrier_count"]))
+                  for op in slices) == [(k * 4096, 4096, k, 4) for k in range(4)]
+    for op in slices:
+        assert op["nsrc"] == 3 and op["ndst"] == 1 and np.int32(op["channel"][0]).view(np.float32) == np.float32(1e-5)
+        assert (op["src"][1]["buffer"], int(op["src"][1]["offset"])) == (residual_slot + 1, op["src"][0]["offset"])
+        assert (op["src"][2]["buffer"], int(op["src"][2]["offset"])) == (gpu_tables.SLOTS["s"], halves)
+        assert (op["dst"][0]["buffer"], op["dst"][0]["offset"]) == (residual_slot + 2, op["src"][0]["offset"])
+    prefetches = sorted((int(op["src"][0]["offset"]), int(op["barrier_id"])) for op in t.ops
+                        if op["type"] == gpu_tables.NORM_PREFETCH)
+    assert prefetches == [(k * 4096, 4096) for k in range(4)]
+    two_rows = gpu_tables.build_tables(one_shot, 0, 2 * 16384, residual=True, norm=RowNorm(8192, 1e-5))
+    second = sorted(int(op["src"][2]["offset"]) for op in two_rows.ops if op["type"] == gpu_tables.NORM_SLICE)
+    at = two_rows.scratch_bytes * 2  # past its own (larger) scratch
+    assert second == [at] * 2 + [at + 16] * 2 and two_rows.norm_slots == 2 * 2 * 8  # row 1's slots next
+    plain = gpu_tables.build_tables(one_shot, 0, 16384, residual=True)
+    assert plain.norm_slots == 0 and plain.scratch_alloc == plain.scratch_bytes * 2
+
+
 def test_tables_refuse_the_epilogue_without_the_residual(one_shot):
     with pytest.raises(Exception, match="needs the residual"):
         gpu_tables.build_tables(own_rows(one_shot, 1), 0, 16384, norm=RowNorm(8192, 1e-5))
@@ -199,6 +273,7 @@ def test_the_kernels_epilogue_code_matches_the_tables():
     source = (ROOT / "executor" / "cuda" / "norm.cuh").read_text()
     assert int(re.search(r"kNormRows = (\d+);", source).group(1)) == gpu_tables.NORM_ROWS
     assert int(re.search(r"kNormPrefetch = (\d+);", source).group(1)) == gpu_tables.NORM_PREFETCH
+    assert int(re.search(r"kNormSlice = (\d+);", source).group(1)) == gpu_tables.NORM_SLICE
     assert "norm.cuh" in __import__("executor.gpu_build", fromlist=["SOURCES"]).SOURCES
 
 

@@ -177,6 +177,12 @@ __device__ void interpret(const Context& c) {
         }
       } else if (op.type == kNormRows) {
         run_norm_rows<D, V>(op, Transfer{slots, 0u, 0});
+      } else if (op.type == kNormSlice) {
+        const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);
+        if (!run_norm_slice<D, V>(op, Transfer{slots, flag, 0}, deadline)) {
+          report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
+          failed = 1;
+        }
       } else if (op.type == kNormPrefetch) {
         run_norm_prefetch(op, Transfer{slots, 0u, 0});
       } else if (op.type == kFlush) {

@@ -10,9 +10,14 @@ namespace weft {
 
 // Must match executor/gpu_tables.py (NORM_ROWS): outside the op table's device kinds, which other ops extend.
 constexpr int kNormRows = 64;
-// First in a block that runs kNormRows: the weight's lines prefetched into L1 (op.src[0], op.barrier_id bytes), so
-// that its read from memory overlaps the reduction's wait for the peers' data instead of following it.
+// First in a block that runs kNormRows or kNormSlice: the weight's lines prefetched into L1 (op.src[0],
+// op.barrier_id bytes), so that its read from memory overlaps the reduction's wait for the peers' data instead of
+// following it.
 constexpr int kNormPrefetch = 65;
+// NORM_SLICE: the epilogue over one slice of a row that several thread blocks sum together (a row split over k
+// blocks, each completing the sum of 1/k of it): each block publishes its slice's sum of squares, gathers the
+// row's k sums, and normalizes its own slice.
+constexpr int kNormSlice = 66;
 
 template <class D>
 __device__ __forceinline__ void word_floats(u32 w, float (&f)[2]);
@@ -126,6 +131,76 @@ __device__ __forceinline__ void run_norm_rows(const Op& op, const Transfer& t) {
       unit_store<V>(out + (i64)u * V, y);
     }
   }
+}
+
+// op.src[0]: the slice (the output just written), op.src[1]: the weight's matching slice, op.src[2]: the row's k
+// partial-sum slots (8 bytes each, in the scratch slot past the packets), op.dst[0]: the normalized slice;
+// op.bytes: the slice's bytes; op.barrier_count: k, the slices of its row; op.barrier_id: this slice's index in
+// the row; op.channel[0]: eps as fp32 bits.
+// The exchange: thread 0 stores the block's sum of squares with the execution's flag in one 8-byte LL8 packet
+// (so a stale slot from an earlier execution never matches, and no slot is ever reset: graph replays need no
+// host help), then warp 0 polls the row's k slots, boundedly (``deadline``), and sums them in slot order with
+// one butterfly, so that the k blocks of a row compute the same bits of rstd. Returns false on timeout (this
+// thread's view; the caller reports it).
+template <class D, int V>
+__device__ __forceinline__ bool run_norm_slice(const Op& op, const Transfer& t, Deadline& deadline) {
+  __shared__ float scratch[33];
+  __shared__ float row_total;
+  __shared__ int gathered;
+  const int units = (int)(op.bytes / V), k = op.barrier_count;
+  const float elems = (float)((op.bytes / (4 / Lanes<D>::value)) * k);
+  const char* slice = t.base(op.src[0]);
+  float squares = 0.0f;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    Unit<V> x;
+    unit_load<V>(slice + (i64)u * V, x);
+#pragma unroll
+    for (int w = 0; w < V / 4; ++w) {
+      float f[2];
+      word_floats<D>(x.w[w], f);
+      squares += f[0] * f[0];
+      if (Lanes<D>::value == 2) squares += f[1] * f[1];
+    }
+  }
+  const float mine = block_sum(squares, scratch);
+  char* slots = t.base(op.src[2]);
+  if (threadIdx.x == 0) ll8_store(slots + 8 * (i64)op.barrier_id, __float_as_uint(mine), t.flag);
+  if (threadIdx.x < 32) {
+    float total = 0.0f;
+    bool ok = true;
+    for (int s = threadIdx.x; s < k && ok; s += 32) {
+      u32 d = 0;
+      ok = ll8_load(slots + 8 * (i64)s, t.flag, d, deadline);
+      total += __uint_as_float(d);
+    }
+    for (int d = 16; d > 0; d >>= 1) total += __shfl_xor_sync(0xffffffffu, total, d);
+    ok = __all_sync(0xffffffffu, ok);
+    if (threadIdx.x == 0) {
+      row_total = total;
+      gathered = ok ? 1 : 0;
+    }
+  }
+  __syncthreads();
+  if (!gathered) return false;
+  const float rstd = 1.0f / sqrtf(row_total / elems + __uint_as_float((u32)op.channel[0]));
+  const char* weight = t.base(op.src[1]);
+  char* out = t.base(op.dst[0]);
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    Unit<V> x, g, y;
+    unit_load<V>(slice + (i64)u * V, x);
+    unit_load<V>(weight + (i64)u * V, g);
+#pragma unroll
+    for (int w = 0; w < V / 4; ++w) {
+      float f[2], h[2];
+      word_floats<D>(x.w[w], f);
+      word_floats<D>(g.w[w], h);
+      f[0] = __fmul_rn(__fmul_rn(f[0], rstd), h[0]);
+      f[1] = __fmul_rn(__fmul_rn(f[1], rstd), h[1]);
+      y.w[w] = floats_word<D>(f);
+    }
+    unit_store<V>(out + (i64)u * V, y);
+  }
+  return true;
 }
 
 }  // namespace weft
