@@ -774,8 +774,12 @@ class PlanExecutor:
         elif kind == 3:
             detail += f" (barrier {barrier})"
         self._roster.raise_if_lost(f"threadblock {tb}, op {op}: {detail}", tb, op, peer)  # a dead peer cannot recover
-        self._recover()
-        raise ExecutorTimeout(f"executor: {where}: timed out after {self.timeout_s:g} s: {detail}", rank, tb, op, peer)
+        message = f"executor: {where}: timed out after {self.timeout_s:g} s: {detail}"
+        try:
+            self._recover()
+        except ExecutorTimeout as e:  # the peers did not time out with us: say what timed out here, then that
+            raise ExecutorTimeout(f"{message}; the peers did not join the recovery: {e}", rank, tb, op, peer) from e
+        raise ExecutorTimeout(message, rank, tb, op, peer)
 
     def _channel_peer(self, channel: int) -> int | None:
         for ctx in self._contexts.values():

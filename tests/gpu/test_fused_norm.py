@@ -8,6 +8,7 @@ this file as a script: ``python tests/gpu/test_fused_norm.py RESULTS_DIR`` with 
 from __future__ import annotations
 
 import pytest
+from conftest import nproc
 from torch_job import LogLines, each, run_job, run_scenarios, start_rank, sums_to
 
 HIDDEN, EPS = 8192, 1e-5
@@ -33,6 +34,8 @@ def test_rows_split_over_blocks_agree_with_rows_owned_whole(results):
     """Pinned plans: whole rows per block, and rows split into 2, 8 or 64 slices whose blocks exchange their sums
     of squares (kNormSlice); every one within an ulp of the definition, and the same bits as the whole-row plan
     but where the sum of squares, summed in another order, moves rstd (a few elements at most)."""
+    if nproc() != 2:  # SPLIT's plans are the 2×H200 registry's, pinned by name
+        pytest.skip("needs 2 ranks: the pinned plans are 2-rank plans")
     for row in each(results, "split"):
         for case, r in row.items():
             assert r["residual_wrong"] == 0 and r["off_by_more_than_one_ulp"] == 0, (case, r)
@@ -41,6 +44,8 @@ def test_rows_split_over_blocks_agree_with_rows_owned_whole(results):
 
 @pytest.mark.gpu
 def test_a_graph_of_split_rows_replays_without_help(results):
+    if nproc() != 2:  # SPLIT's plans are the 2×H200 registry's, pinned by name
+        pytest.skip("needs 2 ranks: the pinned plans are 2-rank plans")
     for row in each(results, "split_graph"):
         assert row["zero_copy"] == 1 and row["replays"] == 30 and row["wrong"] == 0 and row["slices_per_row"] == 8
 
