@@ -768,7 +768,8 @@ class PlanExecutor:
         detail = ERROR_KINDS.get(kind, f"error {kind}")
         if kind == 1 and channel >= 0:
             peer = self._channel_peer(channel)
-            detail += f" {channel} (peer rank {peer})"
+            detail += f" {channel}" + (f" (peer rank {peer})" if peer is not None else
+                                       " (its peer differs between this communicator's plans)")
         elif kind == 1:
             detail = f"sem_acquire on semaphore {-2 - channel}"
         elif kind == 3:
@@ -782,10 +783,11 @@ class PlanExecutor:
         raise ExecutorTimeout(message, rank, tb, op, peer)
 
     def _channel_peer(self, channel: int) -> int | None:
-        for ctx in self._contexts.values():
-            if channel < len(ctx.tables.channel_peers):
-                return ctx.tables.channel_peers[channel]
-        return None
+        """The peer of channel ``channel``: one rank where every context's plan agrees, else None (the error record
+        does not say which context's kernel stopped, and plans number their channels differently)."""
+        peers = {ctx.tables.channel_peers[channel] for ctx in self._contexts.values()
+                 if channel < len(ctx.tables.channel_peers)}
+        return peers.pop() if len(peers) == 1 else None
 
     def _recover(self) -> None:
         """Bring every rank back to zeroed semaphores, barriers, scratch and launch counters, together."""
