@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, liveness
-from executor.errors import ExecutorError, ExecutorTimeout
+from executor.errors import ExecutorError, ExecutorTimeout, PeerLost
 from executor.hosts import host_identity, ipc_across_hosts
 from executor.gpu_tables import (
     DTYPE_BYTES, MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables,
@@ -778,6 +778,8 @@ class PlanExecutor:
         message = f"executor: {where}: timed out after {self.timeout_s:g} s: {detail}"
         try:
             self._recover()
+        except PeerLost:
+            raise  # a peer died during the recovery: that is the news, as it is
         except ExecutorTimeout as e:  # the peers did not time out with us: say what timed out here, then that
             raise ExecutorTimeout(f"{message}; the peers did not join the recovery: {e}", rank, tb, op, peer) from e
         raise ExecutorTimeout(message, rank, tb, op, peer)
