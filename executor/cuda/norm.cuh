@@ -84,6 +84,44 @@ __device__ __forceinline__ void prefetch_lines(const char* p, i64 bytes) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p + at));
 }
 
+// This thread's share of the sum of squares of ``units`` units of V bytes at ``p`` (fp32, in unit order).
+template <class D, int V>
+__device__ __forceinline__ float thread_squares(const char* p, int units) {
+  float squares = 0.0f;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    Unit<V> x;
+    unit_load<V>(p + (i64)u * V, x);
+#pragma unroll
+    for (int w = 0; w < V / 4; ++w) {
+      float f[2];
+      word_floats<D>(x.w[w], f);
+      squares += f[0] * f[0];
+      if (Lanes<D>::value == 2) squares += f[1] * f[1];
+    }
+  }
+  return squares;
+}
+
+// ``out`` = ``x * rstd * weight`` over ``units`` units of V bytes, rounded once to the element type.
+template <class D, int V>
+__device__ __forceinline__ void scale_store(const char* x_at, const char* weight, char* out, int units, float rstd) {
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    Unit<V> x, g, y;
+    unit_load<V>(x_at + (i64)u * V, x);
+    unit_load<V>(weight + (i64)u * V, g);
+#pragma unroll
+    for (int w = 0; w < V / 4; ++w) {
+      float f[2], h[2];
+      word_floats<D>(x.w[w], f);
+      word_floats<D>(g.w[w], h);
+      f[0] = __fmul_rn(__fmul_rn(f[0], rstd), h[0]);
+      f[1] = __fmul_rn(__fmul_rn(f[1], rstd), h[1]);
+      y.w[w] = floats_word<D>(f);
+    }
+    unit_store<V>(out + (i64)u * V, y);
+  }
+}
+
 __device__ __forceinline__ void run_norm_prefetch(const Op& op, const Transfer& t) {
   prefetch_lines(t.base(op.src[0]), op.barrier_id);
 }
@@ -100,36 +138,9 @@ __device__ __forceinline__ void run_norm_rows(const Op& op, const Transfer& t) {
   prefetch_lines(t.base(op.src[0]), op.bytes);
   for (int r = 0; r < rows; ++r) {
     const char* row = t.base(op.src[0]) + (i64)r * row_bytes;
-    float squares = 0.0f;
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
-      Unit<V> x;
-      unit_load<V>(row + (i64)u * V, x);
-#pragma unroll
-      for (int w = 0; w < V / 4; ++w) {
-        float f[2];
-        word_floats<D>(x.w[w], f);
-        squares += f[0] * f[0];
-        if (Lanes<D>::value == 2) squares += f[1] * f[1];
-      }
-    }
+    const float squares = thread_squares<D, V>(row, units);
     const float rstd = 1.0f / sqrtf(block_sum(squares, scratch) / elems + __uint_as_float((u32)op.channel[0]));
-    const char* weight = t.base(op.src[1]);
-    char* out = t.base(op.dst[0]) + (i64)r * row_bytes;
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
-      Unit<V> x, g, y;
-      unit_load<V>(row + (i64)u * V, x);
-      unit_load<V>(weight + (i64)u * V, g);
-#pragma unroll
-      for (int w = 0; w < V / 4; ++w) {
-        float f[2], h[2];
-        word_floats<D>(x.w[w], f);
-        word_floats<D>(g.w[w], h);
-        f[0] = __fmul_rn(__fmul_rn(f[0], rstd), h[0]);
-        f[1] = __fmul_rn(__fmul_rn(f[1], rstd), h[1]);
-        y.w[w] = floats_word<D>(f);
-      }
-      unit_store<V>(out + (i64)u * V, y);
-    }
+    scale_store<D, V>(row, t.base(op.src[1]), t.base(op.dst[0]) + (i64)r * row_bytes, units, rstd);
   }
 }
 
@@ -150,19 +161,7 @@ __device__ __forceinline__ bool run_norm_slice(const Op& op, const Transfer& t, 
   const int units = (int)(op.bytes / V), k = op.barrier_count;
   const float elems = (float)((op.bytes / (4 / Lanes<D>::value)) * k);
   const char* slice = t.base(op.src[0]);
-  float squares = 0.0f;
-  for (int u = threadIdx.x; u < units; u += blockDim.x) {
-    Unit<V> x;
-    unit_load<V>(slice + (i64)u * V, x);
-#pragma unroll
-    for (int w = 0; w < V / 4; ++w) {
-      float f[2];
-      word_floats<D>(x.w[w], f);
-      squares += f[0] * f[0];
-      if (Lanes<D>::value == 2) squares += f[1] * f[1];
-    }
-  }
-  const float mine = block_sum(squares, scratch);
+  const float mine = block_sum(thread_squares<D, V>(slice, units), scratch);
   char* slots = t.base(op.src[2]);
   if (threadIdx.x == 0) ll8_store(slots + 8 * (i64)op.barrier_id, __float_as_uint(mine), t.flag);
   if (threadIdx.x < 32) {
@@ -183,23 +182,7 @@ __device__ __forceinline__ bool run_norm_slice(const Op& op, const Transfer& t, 
   __syncthreads();
   if (!gathered) return false;
   const float rstd = 1.0f / sqrtf(row_total / elems + __uint_as_float((u32)op.channel[0]));
-  const char* weight = t.base(op.src[1]);
-  char* out = t.base(op.dst[0]);
-  for (int u = threadIdx.x; u < units; u += blockDim.x) {
-    Unit<V> x, g, y;
-    unit_load<V>(slice + (i64)u * V, x);
-    unit_load<V>(weight + (i64)u * V, g);
-#pragma unroll
-    for (int w = 0; w < V / 4; ++w) {
-      float f[2], h[2];
-      word_floats<D>(x.w[w], f);
-      word_floats<D>(g.w[w], h);
-      f[0] = __fmul_rn(__fmul_rn(f[0], rstd), h[0]);
-      f[1] = __fmul_rn(__fmul_rn(f[1], rstd), h[1]);
-      y.w[w] = floats_word<D>(f);
-    }
-    unit_store<V>(out + (i64)u * V, y);
-  }
+  scale_store<D, V>(slice, t.base(op.src[1]), t.base(op.dst[0]), units, rstd);
   return true;
 }
 
