@@ -18,6 +18,8 @@ import contextlib
 import json
 import os
 import statistics
+import sys
+from pathlib import Path
 
 HIDDEN, EPS = 8192, 1e-5
 P = "direct-allreduce-hgx_h200:gpus=2-"
@@ -45,6 +47,9 @@ def main() -> None:
     from executor import Communicator
     from executor.norm import RowNorm
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import tp_decode  # its graph capture and replay timing, so that both measure the call alike
+
     rank = int(os.environ["RANK"])
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
@@ -58,24 +63,7 @@ def main() -> None:
     out = []
 
     def graph_of(fn, capture):
-        with capture():
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-        return graph
-
-    def replay_ms(graph) -> float:
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return tp_decode.graph_of(fn, side, capture)
 
     for batch in (int(b) for b in args.batch.split(",")):
         nbytes = batch * HIDDEN * 2
@@ -130,7 +118,7 @@ def main() -> None:
         times = {k: [] for k in graphs}
         for _ in range(args.iters):
             for k, g in graphs.items():
-                times[k].append(replay_ms(g))
+                times[k].append(tp_decode.time_replay(g))
         med = {k: statistics.median(t) for k, t in times.items()}
         in_step = {k: (med[k] - med["matmul"]) * 1e3 / args.calls for k in graphs if not k.endswith("/alone")}
         for name, r in results.items():

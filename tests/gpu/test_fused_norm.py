@@ -197,34 +197,24 @@ def scenario_split_graph(comm, device) -> dict:
     from executor.norm import RowNorm
 
     plan = next(e.plan for e in comm.choice.entries if e.plan.name == SPLIT["16x8"][0])
-    w = norm_weight(device, seed=14)
-    x, h = torch.randn(16, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, 16, HIDDEN, seed=15)
-    comm.pin_norm_plan(x.numel() * 2, x.dtype, RowNorm(HIDDEN, EPS), plan)
-    for _ in range(3):
-        comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
-    before = comm.paths["zero_copy"]
-    with comm.capture():
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
-    zero_copy = comm.paths["zero_copy"] - before
-    wrong = 0
-    for k in range(30):
-        x.copy_(torch.randn_like(x))
-        h.copy_(shared(device, 16, HIDDEN, seed=5000 + k))
-        graph.replay()
-        torch.cuda.synchronize()
-        wrong += not sums_to(new_h, x, residual=h) or check_norm(normed, new_h, w)[0] > 0
-    comm.pin_norm_plan(x.numel() * 2, x.dtype, RowNorm(HIDDEN, EPS), None)
-    return {"zero_copy": zero_copy, "replays": 30, "wrong": wrong,
-            "slices_per_row": slices_per_row(plan, x.numel() * 2)}
+    comm.pin_norm_plan(16 * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS), plan)
+    row = replayed_graph(comm, device, batch=16, replays=30, seeds=(14, 15, 5000))
+    comm.pin_norm_plan(16 * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS), None)
+    return row | {"slices_per_row": slices_per_row(plan, 16 * HIDDEN * 2)}
 
 
 def scenario_graph(comm, device) -> dict:
+    return replayed_graph(comm, device, batch=4, replays=50, seeds=(7, 11, 1000))
+
+
+def replayed_graph(comm, device, batch: int, replays: int, seeds: tuple) -> dict:
+    """The fused call captured (after three warm-up calls) and replayed on new inputs and residuals, each replay
+    checked against the definition. ``seeds``: the weight's, the residual's, the first replay's."""
     import torch
 
-    w = norm_weight(device)
-    x, h = torch.randn(4, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, 4, HIDDEN, seed=11)
+    w = norm_weight(device, seed=seeds[0])
+    x, h = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, batch, HIDDEN,
+                                                                                  seed=seeds[1])
     for _ in range(3):
         comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
     before = comm.paths["zero_copy"]
@@ -234,13 +224,13 @@ def scenario_graph(comm, device) -> dict:
             normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)
     zero_copy = comm.paths["zero_copy"] - before
     wrong = 0
-    for k in range(50):
+    for k in range(replays):
         x.copy_(torch.randn_like(x))
-        h.copy_(shared(device, 4, HIDDEN, seed=1000 + k))
+        h.copy_(shared(device, batch, HIDDEN, seed=seeds[2] + k))
         graph.replay()
         torch.cuda.synchronize()
         wrong += not sums_to(new_h, x, residual=h) or check_norm(normed, new_h, w)[0] > 0
-    return {"zero_copy": zero_copy, "replays": 50, "wrong": wrong}
+    return {"zero_copy": zero_copy, "replays": replays, "wrong": wrong}
 
 
 def scenario_inplace(comm, device) -> dict:
