@@ -50,7 +50,8 @@ from schedules.padding import Padding
 from schedules.plan import Plan, PlanError, load_plan, parse_plan
 
 ERROR_WORDS = 8
-ERROR_KINDS = {1: "wait on a channel", 2: "packets never arrived", 3: "barrier never completed", 4: "aborted"}
+ERROR_KINDS = {1: "wait on a channel", 2: "packets never arrived", 3: "barrier never completed", 4: "aborted",
+               5: "the row's other slices never sent their sums of squares"}  # common.cuh's ErrorKind
 HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
 IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
@@ -774,6 +775,8 @@ class PlanExecutor:
             detail = f"sem_acquire on semaphore {-2 - channel}"
         elif kind == 3:
             detail += f" (barrier {barrier})"
+        elif kind == 5:
+            detail += f" (a row in {barrier} slices, summed by thread blocks of this GPU)"
         self._roster.raise_if_lost(f"threadblock {tb}, op {op}: {detail}", tb, op, peer)  # a dead peer cannot recover
         message = f"executor: {where}: timed out after {self.timeout_s:g} s: {detail}"
         try:

@@ -36,7 +36,7 @@ from schedules.plan import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, cha
 from topologies.errors import CheckFailed
 
 if TYPE_CHECKING:
-    from executor.norm import RowNorm
+    from executor.norm import RowNorm, RowSpan
 
 MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
@@ -125,13 +125,14 @@ class DeviceTables:
     lines: bool = False  # packets are LL128 lines (lines_possible), else LL16/LL8 packets
     residual: bool = False  # the slot after the remote buffers holds a residual that output reductions add
     norm: bool = False  # then two more slots: the RMSNorm weight and the normalized rows (executor.norm)
-    norm_slots: int = 0  # bytes past the scratch (both halves, 16-aligned) where row slices exchange sums of squares
+    norm_slots: int = 0  # bytes at norm_at where row slices exchange sums of squares
+    norm_at: int = 0  # past every rank's scratch (both halves, 16-aligned): no peer's packet can land in the slots
 
     @property
     def scratch_alloc(self) -> int:
         """Bytes of the scratch allocation: the halves, then the norm's slots (a context zeroes it all at reset)."""
-        halves = self.scratch_bytes * (2 if self.double_scratch else 1)
-        return (halves + 15) // 16 * 16 + self.norm_slots if self.norm_slots else halves
+        return self.norm_at + self.norm_slots if self.norm_slots else \
+            self.scratch_bytes * (2 if self.double_scratch else 1)
 
     @property
     def nthreadblocks(self) -> int:
@@ -274,10 +275,15 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
             raise ExecutorError(spans)
         spans = {(r, t, i): span for (r, t, i), span in spans.items() if r == rank}
         widest = max((span.slices for span in spans.values() if span.slices > 1), default=0)
-        halves = gpu.scratch_chunks * layout.scratch_chunk * (2 if plan.use_double_scratch_buffer else 1)
+        # past the widest rank's halves: a peer writes this rank's scratch at offsets of its own half size
+        halves = max(g.scratch_chunks for g in plan.gpus) * layout.scratch_chunk * (
+            2 if plan.use_double_scratch_buffer else 1)
         norm_at, norm_slots = (halves + 15) // 16 * 16, 8 * widest * (gpu.output_chunks * cb // row_bytes)
+    by_block: dict[int, list] = {}
+    for (_, b, _), span in sorted(spans.items()):
+        by_block.setdefault(b, []).append(span)
     for t, tb in enumerate(gpu.threadblocks):
-        mine = [span for (_, b, _), span in sorted(spans.items()) if b == t]
+        mine = by_block.get(t, [])
         if mine:
             records.append(_prefetch_record(mine[0], row_bytes, 3 + len(gpu.remote_buffers)))
         for i, op in enumerate(tb.ops):
@@ -315,7 +321,7 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
         semaphore_init=gpu.semaphores,
         remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
         threads=min(plan.num_threads_per_block, 1024), lines=lines, residual=residual, norm=norm is not None,
-        norm_slots=norm_slots,
+        norm_slots=norm_slots, norm_at=norm_at,
     )
 
 
@@ -333,7 +339,7 @@ def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_s
     return rec
 
 
-def _slice_record(span, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
+def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
     """The epilogue over one slice of a row (``executor.norm.RowSpan``): the slice (output slot), the weight's
     matching slice, the row's slots for the sums of squares (scratch slot, at ``slots_at``) and the normalized
     slice; the row's slice count in barrier_count, this slice's index in barrier_id, eps's fp32 bits in channel[0]
@@ -349,7 +355,7 @@ def _slice_record(span, slots_at: int, eps: float, residual_slot: int, plan_op: 
     return rec
 
 
-def _prefetch_record(span, row_bytes: int, residual_slot: int) -> np.void:
+def _prefetch_record(span: RowSpan, row_bytes: int, residual_slot: int) -> np.void:
     """The weight's part that the block's epilogue reads (the row, or the slice's part of it: ``span``) prefetched
     into L1 before the block's reduction waits for its peers' data."""
     rec = np.zeros((), OP_DTYPE)

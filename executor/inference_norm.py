@@ -87,6 +87,11 @@ class NormCalls:
             return
         if dtype not in DTYPES:
             raise ValueError(f"weft: the fused norm runs {', '.join(map(str, DTYPES))}, not {dtype}")
+        if not self.enabled:
+            raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: weft is disabled on this communicator")
+        if nbytes > self.staging_bytes:
+            raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {nbytes} B exceeds staging_bytes "
+                             f"{self.staging_bytes} B")
         why = self.norm_refusal(plan) or rows_refusal(plan, nbytes, DTYPES[dtype], rows)
         if why:
             raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
@@ -132,7 +137,6 @@ class NormCalls:
         return True
 
     # ------------------------------------------------------------------ internals
-
 
     def _fused_norm_plan(self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, rows: RowNorm):
         """(plan, '') for a fused launch, or (None, why the call runs unfused)."""

@@ -186,8 +186,17 @@ def test_a_slice_that_is_not_its_blocks_last_op_or_is_uneven_is_refused(one_shot
     assert isinstance(row_spans(later, 2 * 16384, "bf16", norm), dict)  # whole rows per block: no wait
     why = row_spans(later, 16384, "bf16", norm)
     assert "sums a slice of a row, so it waits for the row's other slices: that must be its last op" in why
-    uneven = row_spans(own_rows(one_shot, 4), 3 * 16384, "bf16", norm)
-    assert "neither whole rows of 16384 B nor an aligned fraction of one" in uneven
+    unaligned = row_spans(own_rows(one_shot, 4), 3 * 16384, "bf16", norm)
+    assert "neither whole rows of 16384 B nor an aligned fraction of one" in unaligned
+
+
+def test_a_row_split_into_slices_of_unequal_sizes_is_refused(one_shot, monkeypatch):
+    # halves and quarters of one row, each aligned: its blocks would expect different slice counts and wait forever
+    import executor.norm as norm_module
+    ranges = {(r, tb, 0): rng for r in (0, 1) for tb, rng in ((0, (0, 4)), (4, (4, 2)), (6, (6, 2)))}
+    monkeypatch.setattr(norm_module, "output_ranges", lambda plan: ranges)
+    why = row_spans(one_shot, 16384, "bf16", RowNorm(8192, 1e-5))
+    assert why == f"plan {one_shot.name}: at 16384 B row 0 of rank 0 is split into slices of unequal sizes"
 
 
 def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
@@ -213,6 +222,8 @@ def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, ba
     assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}"
     spans = row_spans(plan, nbytes, "bf16", RowNorm(8192, 1e-5))
     assert {span.slices for span in spans.values()} == {slices} and len(spans) == 2 * batch * slices
+    record = by_name[plan.name].provenance["verification"]  # the chosen plan carries its own proof
+    assert record["ok"] and record["plan_hash"] == plan.content_hash
 
 
 # ---------------------------------------------------------------------------------------------- device tables

@@ -180,7 +180,7 @@ __device__ void interpret(const Context& c) {
       } else if (op.type == kNormSlice) {
         const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);
         if (!run_norm_slice<D, V>(op, Transfer{slots, flag, 0}, deadline)) {
-          report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
+          report(rec, kNormTimeout, blockIdx.x, op.plan_op, -1, op.barrier_count);
           failed = 1;
         }
       } else if (op.type == kNormPrefetch) {
