@@ -66,7 +66,7 @@ def main() -> None:
                 x = torch.randn(n_in, device="cuda", dtype=torch.float32).to(torch.bfloat16)
                 ref, magnitude = reference(plan.collective, x)
                 n_out = gpu.output_chunks * plan.chunk_bytes(nbytes) // 2
-                at_in, at_out = plan.collective_spec().inplace_offsets(rank, n_in, n_out) if plan.inplace else (0, 0)
+                at_in, at_out = plan.inplace_offsets(rank, n_in, n_out) if plan.inplace else (0, 0)
                 if plan.inplace:  # one buffer in and out: the smaller of input and output is the rank's slice
                     buf = torch.zeros(max(n_in, n_out), device="cuda", dtype=torch.bfloat16)
                     buf[at_in:at_in + n_in] = x

@@ -525,7 +525,7 @@ class PlanExecutor:
         """(input, output) addresses; in-place plans keep the smaller buffer inside the larger one."""
         if not plan.inplace:
             return buf.pointer, out.pointer
-        offset_i, offset_o = plan.collective_spec().inplace_offsets(self.rank, tables.input_bytes, tables.output_bytes)
+        offset_i, offset_o = plan.inplace_offsets(self.rank, tables.input_bytes, tables.output_bytes)
         return buf.pointer + offset_i, buf.pointer + offset_o
 
     def _allocate_output(self, input: Any, buf: _Buffer, nbytes: int) -> Any:

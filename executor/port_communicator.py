@@ -75,6 +75,8 @@ class PortCommunicator:
                     rms_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
         """As ``Communicator.all_reduce_`` (with ``rms_weight``, unfused as in ``all_reduce``)."""
         if rms_weight is not None:
+            if residual is None:
+                raise ValueError("weft: all_reduce_ with rms_weight needs residual= (it becomes residual + sum)")
             normed, new_residual = self.all_reduce(tensor, residual, rms_weight, eps)
             residual.copy_(new_residual)
             tensor.copy_(normed)
@@ -179,7 +181,8 @@ class PortCommunicator:
         except (RegistryError, ImportError) as e:
             return f"the plan registry cannot be read: {e}"
         # a memory channel is CUDA IPC: only plans whose memory channels stay inside a host run here, and only
-        # plans the port engine compiles (Simple, out of place, its ops), so that no call fails where NCCL would run
+        # out-of-place plans the port engine compiles (its ops, no pipelines), so that no call fails that NCCL
+        # would have run
         self.choice.entries = [e for e in self.choice.entries
                                if not ipc_across_hosts(e.plan, self.hosts) and _port_runs(e.plan)]
         return ""

@@ -93,6 +93,8 @@ class PortEngine:
         if plan.inplace:
             if output is not None:
                 raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
+            if not input.is_contiguous():  # a reshape would copy it, and the result land in the copy
+                raise ExecutorError(f"plan {plan.name} is in-place: its buffer must be contiguous")
             output = input
             buffers = {INPLACE: input.reshape(-1).view(-1, ctx.chunk_elems), **ctx.scratch}
         else:

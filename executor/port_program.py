@@ -138,8 +138,7 @@ def placed(plan: Plan, rank: int, buffer: str, index: int) -> tuple[str, int]:
     if not plan.inplace or buffer not in ("i", "o"):
         return buffer, index
     g = plan.gpus[rank]
-    at_in, at_out = plan.collective_spec().inplace_offsets(rank, g.input_chunks, g.output_chunks) \
-        if plan.checkable else (0, 0)  # MSCCL++'s unit-test plans define no collective: both at 0, as the reference
+    at_in, at_out = plan.inplace_offsets(rank, g.input_chunks, g.output_chunks)
     return INPLACE, index + (at_in if buffer == "i" else at_out)
 
 
@@ -221,6 +220,9 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
     gpu = plan.gpus[rank]
     tb = gpu.threadblocks[tb_id]
     op = tb.ops[index]
+    if op.spec.container:  # its ops run once per unit of the message, which the engine's one pass cannot follow
+        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r}: the "
+                            "port engine does not run pipelines")
     if not op.spec.buffers:
         return 0
     if op.name not in LOWERED:

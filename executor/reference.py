@@ -189,8 +189,7 @@ class _Machine:
             return
         # in place: the smaller buffer is the rank's slice of the larger one (see schedules.plan)
         self.buffers[(rank, "io")] = _Buffer.make(max(ichunks, ochunks) * G, e)
-        offset_i, offset_o = (0, 0) if not self.plan.checkable else \
-            self.plan.collective_spec().inplace_offsets(rank, ichunks, ochunks)
+        offset_i, offset_o = self.plan.inplace_offsets(rank, ichunks, ochunks)
         self.alias[(rank, "i")], self.alias[(rank, "o")] = ("io", offset_i), ("io", offset_o)
 
     def slots(self, rank: int, type: str, ref: BufferRef, where: str, launch: int = 0,

@@ -210,7 +210,7 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
                                  for k, v in zip(free, x)}
 
     def residual(x: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):  # a trial step that overflows costs inf and is refused
+        with np.errstate(over="ignore"):  # a trial point far from the defaults may overflow a product; quietly
             return weights * (np.log(_model_columns(terms_at(x), columns)) - measured)
 
     # The model's max() of three rates leaves terms without a gradient where no point is limited by them at the

@@ -16,7 +16,8 @@ Chunks are numbered globally, SCCL-style. With N ranks and ``chunks`` = c chunks
 
 ``sendrecv`` is MSCCL++'s (its DSL's ``SendRecv``): every rank sends its input to the next rank and receives the
 previous rank's into its output, both buffers one slice. weft runs and checks plans for it (``PLAN_ONLY``) but
-does not synthesize it.
+does not synthesize it. MSCCL++'s ``SendRecv`` with a split mask sends further (to r + group size) under the same
+name; the plan reader refuses such a plan in one line (``schedules.plan``).
 
 For combining collectives (reducescatter, allreduce, reduce) every rank contributes to every chunk and a
 postcondition means "holds the sum of all N contributions, each counted once".
@@ -226,6 +227,9 @@ class Collective:
 def collective_on(name: str, topology_name: str, nranks: int, chunks: int = 1, root: int = 0) -> Collective:
     """The collective ``name`` over a topology's ranks, for synthesis: a topology of one rank is refused naming it
     (a one-rank Collective stays valid for hand-written plans that order one GPU's thread blocks)."""
+    if name in PLAN_ONLY:
+        raise CollectiveError(f"collective {name}: weft checks and runs plans for it (MSCCL++'s) but does not "
+                              f"synthesize it (synthesis takes {', '.join(NAMES)})")
     if nranks < 2:
         raise CollectiveError(f"topology {topology_name}: has {nranks} rank; a collective needs at least 2")
     return Collective(name, nranks, chunks, root)

@@ -91,7 +91,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, Collective, CollectiveError
+from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, SHIFT, Collective, CollectiveError
 from schedules import mscclpp_format
 from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
@@ -425,6 +425,13 @@ class Plan:
         """Whether the plan's collective defines a result to compare (MSCCL++'s unit-test plans define none)."""
         return self.collective != TEST_COLLECTIVE
 
+    def inplace_offsets(self, rank: int, input_size: int, output_size: int) -> tuple[int, int]:
+        """Where an in-place plan's input and output start in its one buffer (in the units of the sizes given): the
+        collective's rule (``Collective.inplace_offsets``); MSCCL++'s unit-test plans define none: both at 0."""
+        if not self.checkable:
+            return 0, 0
+        return self.collective_spec().inplace_offsets(rank, input_size, output_size)
+
     def collective_spec(self) -> Collective:
         """The Collective the plan computes, at the plan's chunk granularity (instances are finer chunks)."""
         g = self.gpus[0]
@@ -432,7 +439,7 @@ class Plan:
         per_slice = {"allgather": g.input_chunks, "gather": g.input_chunks, "reducescatter": g.output_chunks,
                      "scatter": g.output_chunks, "alltoall": g.input_chunks // n,
                      "broadcast": g.output_chunks, "reduce": g.input_chunks,
-                     "sendrecv": g.input_chunks}.get(self.collective, g.output_chunks // n)
+                     SHIFT: g.input_chunks}.get(self.collective, g.output_chunks // n)
         return Collective(self.collective, n, max(per_slice, 1), self.weft.root)
 
     def content(self) -> dict:
@@ -585,11 +592,33 @@ def parse_plan(data: object, source: str) -> Plan:
                 raise rd.fail(f"gpus[{i}].{field_name}", f"{getattr(g, field_name)} does not fit a {plan.collective} "
                                                          f"of {plan.nranks} ranks (expected {want})")
     _check_pairing(rd, plan)
+    if plan.collective == SHIFT:
+        _check_shift(rd, plan)
     stated = (doc.get("weft") or {}).get("hash")
     if stated is not None and stated != plan.content_hash:
         raise rd.fail("weft.hash", f"the file says {stated} but its content hashes to {plan.content_hash} "
                                    "(edited by hand?)")
     return plan
+
+
+def _check_shift(rd: _Reader, plan: Plan) -> None:
+    """A sendrecv plan moves rank r's input to rank r+1 only: every remote entry it writes is rank r+1's and every
+    one it reads rank r-1's. (MSCCL++'s SendRecv with a split mask sends further, to r+group_size: its plans record
+    the same collective name, so weft refuses them here rather than report a wrong result.)"""
+    n = plan.nranks
+    for r, g in enumerate(plan.gpus):
+        for t, tb in enumerate(g.threadblocks):
+            for k, op in enumerate(tb.ops):
+                for inner in op.flat():
+                    for side, refs, want in (("src_buff", inner.src_buff, (r - 1) % n),
+                                             ("dst_buff", inner.dst_buff, (r + 1) % n)):
+                        for j, ref in enumerate(refs):
+                            peer = remote_target(g, tb, inner, ref)[0] if ref.remote else want
+                            if peer != want:
+                                raise rd.fail(f"gpus[{r}].threadblocks[{t}].ops[{k}].{side}[{j}]",
+                                              f"names rank {peer}, but a sendrecv moves rank r's input to rank r+1 "
+                                              f"only (rank {want} here; MSCCL++'s SendRecv with a split mask is not "
+                                              "weft's sendrecv)")
 
 
 def _parse_meta(rd: _Reader, data: object) -> PlanMeta:

@@ -329,3 +329,34 @@ def test_a_foreign_op_the_kernel_would_run_otherwise_is_refused_but_weft_s_own_r
         parse_plan(doc, "copy2.json")
     doc["weft"] = {"channel_ids": "threadblock"}  # weft's own plan: weft's meaning (mscclpp_verdict names it)
     assert parse_plan(doc, "copy2.json").gpus[0].threadblocks[0].ops[0].name == "copy"
+
+
+@pytest.mark.parametrize("argv", [
+    ["synth", "sendrecv", "-t", "hgx_h200:gpus=4", "--method", "ring"],
+    ["synth", "sendrecv", "-t", "hgx_h200:gpus=4", "--method", "smt"],
+    ["topo", "bound", "hgx_h200:gpus=4", "sendrecv"],
+])
+def test_sendrecv_is_checked_and_run_but_never_synthesized(argv, capsys, tmp_path, monkeypatch):
+    from weft.cli import main
+
+    monkeypatch.setenv("WEFT_REGISTRY", str(tmp_path / "registry"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "collective sendrecv: weft checks and runs plans for it (MSCCL++'s) but does " \
+                                    "not synthesize it" in err
+    assert not (tmp_path / "registry").exists()
+
+
+def test_a_sendrecv_plan_that_sends_past_the_next_rank_is_refused():
+    # MSCCL++'s SendRecv with a split mask sends to r + group_size under the same collective name
+    doc = json.loads((CORPUS / "plans" / "multi_node-send_recv-nnodes-2-gpuspernode-2-instances-2.json").read_text())
+    assert parse_plan(doc, "ok.json").collective == "sendrecv"
+    n = len(doc["gpus"])
+    for gpu in doc["gpus"]:  # every channel and put now reaches two ranks on (4 ranks: r+2 and back pair up)
+        for buffer in gpu["remote_buffers"]:
+            buffer["rank"] = (buffer["rank"] + 1) % n
+        for channel in gpu["channels"]:
+            channel["connected_to"] = [(peer + 1) % n for peer in channel["connected_to"]]
+    with pytest.raises(PlanError, match=r"shifted\.json: gpus\[0\]\.threadblocks\[\d+\]\.ops\[\d+\]\.dst_buff\[0\]: "
+                                        r"names rank 2, but a sendrecv moves rank r's input to rank r\+1 only"):
+        parse_plan(doc, "shifted.json")

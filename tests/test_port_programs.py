@@ -89,3 +89,14 @@ def test_the_cuda_ipc_interpreter_refuses_port_channels():
     with pytest.raises(ExecutorError, match=r"gpus\[0\] has port channels \(to ranks \[1\]\): the GPU interpreter runs "
                                             "memory channels only"):
         build_tables(plan, 0, 2 * smallest_size(plan))
+
+
+@pytest.mark.parametrize("name", ["unit_tests-pipeline_test", "single_node-alltoall-alltoall_pipeline-numgpus-2"])
+def test_a_pipeline_is_refused_not_skipped(name):
+    # the engine runs a plan in one pass; a pipeline's ops repeat per unit of the message (they were dropped: the
+    # all-to-all gave a wrong result)
+    from executor.errors import ExecutorError
+
+    plan = load_plan(Path(__file__).parent / "fixtures" / "mscclpp" / "plans" / f"{name}.json")
+    with pytest.raises(ExecutorError, match=r"ops\[\d+\]: op 'pipeline': the port engine does not run pipelines$"):
+        compile_programs(plan)

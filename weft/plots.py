@@ -6,7 +6,7 @@ import io
 from fractions import Fraction
 from pathlib import Path
 
-from schedules.collectives import NAMES, Collective
+from schedules.collectives import NAMES, PLAN_ONLY, Collective
 from topologies.jsonfile import write_text
 from weft.results import ResultsError, read_bench, read_frontier
 from weft.units import format_bytes
@@ -153,4 +153,4 @@ def _short_plan(name: str | None) -> str:
 
 def _bus_factor(collective: str, n: int) -> float:
     """nccl-tests' factor; a benchmark of several collectives (a kernel trace) counts as (n-1)/n."""
-    return Collective(collective if collective in NAMES else "allgather", n).bus_factor
+    return Collective(collective if collective in NAMES + PLAN_ONLY else "allgather", n).bus_factor
