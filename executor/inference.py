@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from executor import gpu_bootstrap, gpu_ipc
 from executor import torch_ops
-from executor.torch_ops import DTYPES
+from executor.torch_ops import DTYPES, CollectiveCalls
 from executor.communicator import PlanExecutor
 from executor.hosts import host_identity
 from executor.inference_norm import NormCalls
@@ -64,7 +64,7 @@ log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
 
 
-class Communicator(NormCalls, PlanExecutor):
+class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
     """A plan executor with torch.distributed's collective API, falling back to NCCL where weft has no plan."""
 
     def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
@@ -125,39 +125,7 @@ class Communicator(NormCalls, PlanExecutor):
         return cls(dist.get_rank(group), dist.get_world_size(group), store, torch.cuda.current_device(), timeout_s,
                    group=group, **options)
 
-    # ------------------------------------------------------------------ torch.distributed's API
-
-    def all_reduce(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
-                   rms_weight: torch.Tensor | None = None, eps: float = 1e-6):
-        """The sum over ranks, as a new tensor; plus ``residual`` (same shape and dtype, the same values on every
-        rank), added in the all-reduce's launch where the plan can (see the module's notes). With ``rms_weight``
-        (the last dimension's size, the tensor's dtype): ``(rms_norm(residual + sum) * rms_weight, residual +
-        sum)``, both from one launch where a plan's rows fit (executor.inference_norm)."""
-        if rms_weight is not None:
-            if residual is None:
-                raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + sum)")
-            return torch.ops.weft.all_reduce_rms_norm(tensor, self.handle, residual, rms_weight, float(eps))
-        return torch.ops.weft.all_reduce(tensor, self.handle, residual)
-
-    def all_reduce_(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
-                    rms_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-        """The sum over ranks, written into ``tensor``. With ``residual`` and ``rms_weight``: ``residual`` becomes
-        residual + sum and ``tensor`` its rms_norm times ``rms_weight`` (the fused launch, then two copies)."""
-        if rms_weight is not None:
-            if residual is None:
-                raise ValueError("weft: all_reduce_ with rms_weight needs residual= (it becomes residual + sum)")
-            torch.ops.weft.all_reduce_rms_norm_inplace(tensor, residual, self.handle, rms_weight, float(eps))
-            return tensor
-        if residual is not None:
-            raise ValueError("weft: all_reduce_ takes residual= only with rms_weight= (use all_reduce(x, residual=))")
-        torch.ops.weft.all_reduce_inplace(tensor, self.handle)
-        return tensor
-
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        torch.ops.weft.all_gather_into_tensor(output, tensor, self.handle)
-
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        torch.ops.weft.reduce_scatter_tensor(output, tensor, self.handle)
+    # ---------------------------------- torch.distributed's API (the calls: torch_ops.CollectiveCalls)
 
     def plan_for(self, collective: str, nbytes: int, dtype: torch.dtype):
         """The plan weft runs for this call, or None where NCCL does (size, dtype, no plan, or weft disabled)."""

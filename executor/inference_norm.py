@@ -118,12 +118,6 @@ class NormCalls:
             normed.copy_(staged_normed.view(tensor.shape))
         return normed, new_residual
 
-    def all_reduce_norm_eager_(self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                               eps: float) -> None:
-        normed, new_residual = self.all_reduce_norm_eager(tensor, residual, weight, eps)
-        residual.copy_(new_residual)
-        tensor.copy_(normed)
-
     def prepare_norm(self, nbytes: int, rows: RowNorm, dtype: torch.dtype = torch.bfloat16) -> bool:
         """Create the fused norm's context for one size now (collective, eager); whether weft will run it."""
         if torch.cuda.is_current_stream_capturing():

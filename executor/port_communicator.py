@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from executor import torch_ops
-from executor.torch_ops import DTYPES
+from executor.torch_ops import DTYPES, CollectiveCalls
 from executor.gpu_bootstrap import all_gather_plain
 from executor.errors import ExecutorError
 from executor.hosts import ipc_across_hosts
@@ -38,7 +38,7 @@ from schedules.registry import Registry, RegistryError
 log = logging.getLogger("weft.inference")
 
 
-class PortCommunicator:
+class PortCommunicator(CollectiveCalls):
     """torch.distributed's collective API over the port engine, for ranks on several hosts."""
 
     def __init__(self, group: Any = None, timeout_s: float = 30.0, *, registry: str | None = None,
@@ -59,38 +59,7 @@ class PortCommunicator:
     def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> "PortCommunicator":
         return cls(group, timeout_s, **options)
 
-    # ------------------------------------------------------------------ torch.distributed's API
-
-    def all_reduce(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
-                   rms_weight: torch.Tensor | None = None, eps: float = 1e-6):
-        """As ``Communicator.all_reduce``. With ``rms_weight`` it runs unfused across hosts (no row-owning port
-        plan exists): the all-reduce with its residual, then torch's rms_norm; the arguments are checked alike."""
-        if rms_weight is not None:
-            rows = check_norm_call(tensor, residual, rms_weight, eps)
-            new_residual = torch.ops.weft.all_reduce(tensor, self.handle, residual)
-            return F.rms_norm(new_residual, (rows.row_elems,), rms_weight, rows.eps), new_residual
-        return torch.ops.weft.all_reduce(tensor, self.handle, residual)
-
-    def all_reduce_(self, tensor: torch.Tensor, residual: torch.Tensor | None = None,
-                    rms_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-        """As ``Communicator.all_reduce_`` (with ``rms_weight``, unfused as in ``all_reduce``)."""
-        if rms_weight is not None:
-            if residual is None:
-                raise ValueError("weft: all_reduce_ with rms_weight needs residual= (it becomes residual + sum)")
-            normed, new_residual = self.all_reduce(tensor, residual, rms_weight, eps)
-            residual.copy_(new_residual)
-            tensor.copy_(normed)
-            return tensor
-        if residual is not None:
-            raise ValueError("weft: all_reduce_ takes residual= only with rms_weight= (use all_reduce(x, residual=))")
-        torch.ops.weft.all_reduce_inplace(tensor, self.handle)
-        return tensor
-
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        torch.ops.weft.all_gather_into_tensor(output, tensor, self.handle)
-
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        torch.ops.weft.reduce_scatter_tensor(output, tensor, self.handle)
+    # ---------------------------------- torch.distributed's API (the calls: torch_ops.CollectiveCalls)
 
     def plan_for(self, collective: str, nbytes: int, dtype: torch.dtype):
         """The plan weft runs for this call, or None where NCCL does."""
@@ -138,6 +107,14 @@ class PortCommunicator:
 
     def all_reduce_eager_(self, tensor: torch.Tensor) -> None:
         tensor.copy_(self.all_reduce_eager(tensor))
+
+    def all_reduce_norm_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unfused across hosts (no row-owning port plan exists): the all-reduce with its residual, then torch's
+        rms_norm; the arguments are checked as on one host (``check_norm_call``)."""
+        rows = check_norm_call(tensor, residual, weight, eps)
+        new_residual = self.all_reduce_eager(tensor, residual)
+        return F.rms_norm(new_residual, (rows.row_elems,), weight, rows.eps), new_residual
 
     def all_gather_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         plan = self._plan("allgather", tensor, output.numel())

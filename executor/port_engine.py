@@ -107,7 +107,7 @@ class PortEngine:
             if isinstance(step, Compute):
                 self._compute(buffers, step)
             else:
-                self._exchange(buffers, ctx, step, record=not capturing)
+                self._exchange(buffers, ctx, step, record=self.device is not None and not capturing)
         self._last = ctx
         return output
 

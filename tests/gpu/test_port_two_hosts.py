@@ -141,3 +141,48 @@ def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
         assert len(doc["records"]) == 9 * 3
         bad = [r for r in doc["records"] if not r.get("eager")]
         assert not bad, bad[:3]
+
+
+# the PortCommunicator's calls on one CPU rank over gloo, with no plan (NCCL's path is gloo's here): the shared
+# torch.distributed API (torch_ops.CollectiveCalls) through the ops, the fused norm unfused, torch.compile, WeftBackend
+API_SCRIPT = r'''
+import tempfile
+import torch, torch.distributed as dist
+import torch.nn.functional as F
+dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+from executor import torch_ops
+from executor.port_communicator import PortCommunicator
+pc = PortCommunicator.__new__(PortCommunicator)
+pc.group, pc.enabled, pc.paths = None, False, {"port": 0, "nccl": 0}
+pc.handle = torch_ops.register(pc)
+x = torch.randn(4, 64); h = torch.randn(4, 64); w = torch.randn(64)
+normed, new_h = pc.all_reduce(x, residual=h, rms_weight=w, eps=1e-5)
+assert torch.allclose(new_h, x + h) and torch.allclose(normed, F.rms_norm(x + h, (64,), w, 1e-5))
+y, r = x.clone(), h.clone()
+pc.all_reduce_(y, residual=r, rms_weight=w, eps=1e-5)
+assert torch.equal(y, normed) and torch.equal(r, new_h)
+assert torch.equal(pc.all_reduce(x), x)
+bad_calls = (lambda: pc.all_reduce(x, rms_weight=w), lambda: pc.all_reduce_(x, rms_weight=w),
+             lambda: pc.all_reduce_(x, residual=h), lambda: pc.all_reduce(x, residual=h, rms_weight=torch.randn(63)))
+for bad in bad_calls:  # each a one-line ValueError
+    try:
+        bad()
+    except ValueError as e:
+        assert "\n" not in str(e)
+    else:
+        raise SystemExit("no error")
+compiled = torch.compile(lambda a, b, c: pc.all_reduce(a, residual=b, rms_weight=c, eps=1e-5))
+assert torch.allclose(compiled(x, h, w)[0], normed)
+from executor.backend import WeftBackend
+b = WeftBackend(pc)
+assert torch.allclose(b.fused_add_rms_norm(x, h, w, 1e-5)[0], normed)
+print("all ok")
+'''
+
+
+def test_the_port_communicators_calls_go_through_the_ops_on_one_cpu_rank():
+    pytest.importorskip("torch")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", API_SCRIPT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
