@@ -48,6 +48,12 @@ bench() {  # collective, seconds, extra arguments
   echo "rc=$?" | tee -a "$LOG"
   tar -czf "$OUT/registry.tgz" "$REG"
 }
+decode() {  # seconds, iterations, results file under $OUT, extra arguments: one tp_decode run, batches 1-64
+  local t=$1 iters=$2 json=$3; shift 3
+  WEFT_REGISTRY="$REG" timeout "$t" torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+    --iters "$iters" --json "$OUT/$json" "$@" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+}
 
 if [ "$STAGE" = tests ] || [ "$STAGE" = pytest ]; then
   step "GPU tests"
@@ -64,9 +70,7 @@ elif [ "$STAGE" = ll128 ]; then
     bench allgather 60 --ll128 --record --sizes "$L" -o "$OUT/gpu_allgather_ll128.json"
   fi
   step "tp_decode (LL128 lines where measured faster)"
-  WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters 30 --json "$OUT/tp_decode_ll128.json" >> "$LOG" 2>&1
-  echo "rc=$?" | tee -a "$LOG"
+  decode 150 30 "tp_decode_ll128.json"
   grep "^tp=" "$LOG"
 elif [ "$STAGE" = first ]; then  # 4 ranks, v8: each bench took under 30 s, tp_decode about 60 s
   step "GPU tests"
@@ -75,9 +79,7 @@ elif [ "$STAGE" = first ]; then  # 4 ranks, v8: each bench took under 30 s, tp_d
   grep "^worker" "$OUT/gpu_tests.txt" | tail -12 | tee -a "$LOG"
   bench allreduce 90 --ll128 --record --sizes "$S" -o "$OUT/gpu_allreduce.json"
   step "tp_decode (the plans just recorded)"
-  WEFT_REGISTRY="$REG" timeout 120 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters "${ITERS:-50}" --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
-  echo "rc=$?" | tee -a "$LOG"
+  decode 120 "${ITERS:-50}" "tp_decode.json"
   grep "^tp=" "$LOG"
   bench reducescatter 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
   bench allgather 50 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
@@ -86,9 +88,7 @@ elif [ "$STAGE" = x4 ]; then  # issue 24: the benches first (recorded), tp_decod
   bench reducescatter 60 --ll128 --record --sizes "$S" -o "$OUT/gpu_reducescatter.json"
   bench allgather 60 --ll128 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
   step "tp_decode (the plans just recorded; all four backends)"
-  WEFT_REGISTRY="$REG" timeout 120 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters "${ITERS:-30}" --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
-  echo "rc=$?" | tee -a "$LOG"
+  decode 120 "${ITERS:-30}" "tp_decode.json"
   grep "^tp=" "$LOG"
   step "sizes off the granule, padded (2-rank plans)"
   for p in allreduce-direct-ll-x4:1000004 allgather-direct-simple-x16:1000008 reducescatter-direct-simple-x16:1000008; do
@@ -104,9 +104,7 @@ elif [ "$STAGE" = ab ]; then  # TAG=a|b: one side of an A/B, the sizes where LL1
 elif [ "$STAGE" = startab ]; then  # TAG=a|b: one side of v10's A/B (a kernel's start), nothing recorded
   bench allreduce 90 --ll128 --sizes 1KB,4KB,16KB,64KB,256KB,1MB -o "$OUT/gpu_allreduce_start_${TAG:-a}.json"
   step "tp_decode (side ${TAG:-a})"
-  WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters "${ITERS:-50}" --json "$OUT/tp_decode_start_${TAG:-a}.json" >> "$LOG" 2>&1
-  echo "rc=$?" | tee -a "$LOG"
+  decode 150 "${ITERS:-50}" "tp_decode_start_${TAG:-a}.json"
   grep "^tp=" "$LOG"
 elif [ "$STAGE" = diag ]; then
   step "kernel_trace --lines"
@@ -119,24 +117,18 @@ elif [ "$STAGE" = diag ]; then
   echo "rc=$?" | tee -a "$LOG"
   for run in 1 2; do
     step "tp_decode run $run (lines where measured faster, 100 iterations)"
-    WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-      --iters 100 --json "$OUT/tp_decode_$run.json" >> "$LOG" 2>&1
-    echo "rc=$?" | tee -a "$LOG"
+    decode 200 100 "tp_decode_$run.json"
   done
   grep "^tp=" "$LOG"
 elif [ "$STAGE" = decode ]; then
   for run in $(seq 1 "${RUNS:-2}"); do
     step "tp_decode run $run"
-    WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-      --iters "${ITERS:-50}" --json "$OUT/tp_decode_$run.json" >> "$LOG" 2>&1
-    echo "rc=$?" | tee -a "$LOG"
+    decode 200 "${ITERS:-50}" "tp_decode_$run.json"
   done
   grep "^tp=" "$LOG"
 elif [ "$STAGE" = trace ]; then
   step "tp_decode --trace (weft-fused's all-reduce in the timed build, in the step and alone)"
-  WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters "${ITERS:-50}" --trace --json "$OUT/tp_decode_trace.json" >> "$LOG" 2>&1
-  echo "rc=$?" | tee -a "$LOG"
+  decode 200 "${ITERS:-50}" "tp_decode_trace.json" --trace
   grep "^trace" "$LOG"
 else
   bench allreduce 100 --no-pdl --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB -o "$OUT/gpu_allreduce_nopdl.json"
@@ -144,9 +136,7 @@ else
   bench allgather 130 --record --sizes "$S" -o "$OUT/gpu_allgather.json"
   bench allreduce 50 --eager --sizes 1KB,64KB,1MB --calls 20 -o "$OUT/gpu_allreduce_eager.json"
   step "tp_decode --no-ll128"
-  WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
-    --iters 30 --no-ll128 --json "$OUT/tp_decode.json" >> "$LOG" 2>&1
-  echo "rc=$?" | tee -a "$LOG"
+  decode 150 30 "tp_decode.json" --no-ll128
   grep "^tp=" "$LOG"
 fi
 grep -A12 "^# weft bench" "$LOG" || true
