@@ -204,6 +204,7 @@ class PlanExecutor:
         self._captured: list[CapturedExecution] = []
         self._residual_refusals: dict[str, str] = {}  # plan hash -> why it cannot add a residual, or ''
         self._norm_refusals: dict[str, str] = {}  # plan hash -> why it cannot run the norm epilogue, or ''
+        self._rows_refusals: dict[tuple, str] = {}  # (plan hash, bytes, dtype, rows) -> why its rows do not fit
         self._graph_mode = False
         self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
         with cupy.cuda.Device(self.device):
@@ -589,7 +590,11 @@ class PlanExecutor:
             return []
         if res is None:
             raise ExecutorError(f"plan {plan.name}: the norm epilogue needs a residual")
-        why = self.norm_refusal(plan) or rows_refusal(plan, self._message_bytes(plan, buf), dtype, norm.rows)
+        nbytes = self._message_bytes(plan, buf)
+        key = (plan.content_hash, nbytes, dtype, norm.rows)  # once per shape: an eager call must not walk the plan
+        if key not in self._rows_refusals:
+            self._rows_refusals[key] = rows_refusal(plan, nbytes, dtype, norm.rows)
+        why = self.norm_refusal(plan) or self._rows_refusals[key]
         if why:
             raise ExecutorError(f"executor: {why}")
         weight, normed = _describe(norm.weight, "norm weight"), _describe(norm.normed, "normed output")
