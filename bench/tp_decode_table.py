@@ -16,11 +16,22 @@ from weft.plots import _short_plan  # noqa: E402  (the bench tables' plan label:
 
 HEADER = ("| batch | step, NCCL → weft / weft-fused (ms) | step speed-up, weft / weft-fused | all-reduce in the step, "
           "weft / NCCL | all-reduce + residual add in the step, weft-fused / NCCL | all-reduce alone, weft / NCCL | "
-          "weft plan |")
+          "weft plan | step speed-up, weft-fused-norm / flashinfer-fused | all-reduce + add + norm in the step, "
+          "weft-fused-norm / flashinfer-fused / NCCL |")
+
+
+def _fused_norm(r: dict) -> tuple[str, str]:
+    """The step speed-ups and the in-step fused call of weft-fused-norm and FlashInfer's fused call ('–' where a
+    run had no such backend)."""
+    names = ("weft-fused-norm", "flashinfer-fused")
+    speedups = " / ".join(f"{r[f'{n}_speedup']:.3f}×" if f"{n}_speedup" in r else "–" for n in names)
+    calls = [f"{r[f'{n}_all_reduce_add_norm_us_per_call']:.1f}" if f"{n}_all_reduce_add_norm_us_per_call" in r
+             else "–" for n in (*names, "nccl")]
+    return speedups, " / ".join(calls) + " µs"
 
 
 def markdown(doc: dict) -> str:
-    lines = [HEADER, "|---|---|---|---|---|---|---|"]
+    lines = [HEADER, "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         alone = r["weft_isolated_us_per_call"] / r["nccl_isolated_us_per_call"]
         lines.append(
@@ -31,7 +42,7 @@ def markdown(doc: dict) -> str:
             f"| {r['weft-fused_all_reduce_add_us_per_call']:.1f} / {r['nccl_all_reduce_add_us_per_call']:.1f} µs = "
             f"{r['weft-fused_all_reduce_add_ratio']:.2f}× "
             f"| {r['weft_isolated_us_per_call']:.1f} / {r['nccl_isolated_us_per_call']:.1f} µs = {alone:.2f}× "
-            f"| {_short_plan(r['weft_plan'])} |")
+            f"| {_short_plan(r['weft_plan'])} | {' | '.join(_fused_norm(r))} |")
     return "\n".join(lines) + "\n"
 
 

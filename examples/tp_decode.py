@@ -7,7 +7,9 @@ last one before the LM head), as vLLM runs it. The backends run in the same job 
 and inputs: NCCL (in place on the projection's output, then torch's add and rms_norm), weft (its all-reduce, then
 torch's add and rms_norm), weft-fused (``comm.all_reduce(a @ w, residual=x)``: the add inside the all-reduce's
 launch, then torch's rms_norm) and weft-fused-norm (``comm.all_reduce(a @ w, residual=x, rms_weight=w, eps=)``:
-the add and the norm inside the launch).
+the add and the norm inside the launch), and, where FlashInfer is installed (the ``peers`` extra), flashinfer-fused
+(FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm``, one-shot or two-shot by its own choice: the
+add and the norm inside its launch, as vLLM's fusion pass runs it; its plain all-reduce where the step has no norm).
 The backends take turns replay by replay. The script reports decode-step latency, tokens/s, the share of the
 step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so their all-reduces read and write the
 captured tensors (no staging copies).
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from executor import peers
 from executor.norm import RowNorm
 
 HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
@@ -139,6 +142,16 @@ def fused(comm):
 def fused_norm(comm):
     """The projection ``a @ w``, then weft's all-reduce adding the residual and normalizing in its own launch."""
     return lambda a, w, x, n: comm.all_reduce(a @ w, residual=x, rms_weight=n, eps=EPS)
+
+
+def flashinfer_backend(fi) -> Backend:
+    """FlashInfer (executor.peers.FlashInfer): its fused all-reduce + add + RMSNorm in the step, its plain
+    all-reduce (then torch's add) where a graph measures the all-reduce alone."""
+    def all_reduce(t):
+        return fi.all_reduce(t, torch.empty_like(t), "auto")
+
+    return Backend(reducing(all_reduce), all_reduce,
+                   norm=lambda a, w, x, n: fi.fused_norm(a @ w, x, n, EPS, "auto"))
 
 
 def graph_of(fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], ContextManager]) -> torch.cuda.CUDAGraph:
@@ -299,8 +312,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--backend", choices=("nccl", "weft", "both", "norm"), default="both",
                    help="both: NCCL, weft (all-reduce, then torch's residual add), weft-fused (the add inside "
-                        "the all-reduce) and weft-fused-norm (the add and the norm inside it); norm: NCCL and "
-                        "weft-fused-norm only")
+                        "the all-reduce), weft-fused-norm (the add and the norm inside it) and flashinfer-fused "
+                        "(where FlashInfer is installed); norm: NCCL, weft-fused-norm and flashinfer-fused")
     p.add_argument("--json", help="write results here (rank 0)")
     p.add_argument("--trace", action="store_true",
                    help="instead: weft-fused's all-reduce in the timed kernel build, in the step and alone "
@@ -331,6 +344,14 @@ def main() -> None:
             backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
             backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
         backends["weft-fused-norm"] = Backend(fused(comm), comm.all_reduce, comm.capture, fused_norm(comm))
+    fi = None
+    if args.backend in ("both", "norm"):
+        try:
+            fi = peers.FlashInfer.create(max_bytes=max(int(b) for b in args.batch.split(",")) * HIDDEN * 2)
+            backends["flashinfer-fused"] = flashinfer_backend(fi)
+        except peers.PeerUnavailable as e:  # not installed: the other backends still run
+            if rank == 0:
+                print(f"flashinfer-fused not run: {e}", flush=True)
     if args.backend == "weft":
         backends.pop("nccl")
 
@@ -409,10 +430,12 @@ def main() -> None:
                "trace": args.trace, "eps": EPS, "logits_bound": LOGITS_BOUND,
                "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
                "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                            "cuda": torch.version.cuda},
+                            "cuda": torch.version.cuda, "flashinfer": fi and peers.version()},
                "date": time.strftime("%Y-%m-%d"), "rows": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
+    if fi is not None:
+        fi.close()
     dist.destroy_process_group()
 
 

@@ -1,12 +1,16 @@
-"""Timing weft against NCCL and PyTorch symmetric memory on the same buffers, alternating, with CUDA events.
+"""Timing weft against its peers on the same buffers, alternating, with CUDA events: NCCL, PyTorch symmetric memory
+and, for the all-reduce where the ``peers`` extra is installed, FlashInfer's one-shot, two-shot and own-choice
+all-reduce and vLLM's custom all-reduce (executor.peers).
 
 Runs on every rank (one process per GPU, torch.distributed initialized); returns rows in DESIGN.md's bench
 format. Each implementation is timed as CUDA-graph replays (``graph``) or eager calls of ``calls`` back-to-back
-launches; a sample is one replay's time / ``calls``; the row holds the median of ``samples`` samples.
+launches; a sample is one replay's time / ``calls``; the row holds the median of ``samples`` samples. Every peer's
+output is checked against NCCL's by the bound of ``within_rounding`` (``peers_wrong``), as weft's is (``wrong``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ class BenchConfig:
     warmup: int = 3
     ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
     symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
+    peers: bool = True  # time FlashInfer and vLLM's custom all-reduce too, where installed (all-reduce, as symm)
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -67,7 +72,16 @@ def _shift(x, out) -> None:
         work.wait()
 
 
-def _symm_mem_allreduce(x) -> tuple[list[tuple[str, Callable[[], None]]], Any]:
+@dataclass(frozen=True)
+class PeerCall:
+    """A peer's call as the bench times it (``run``), and the same call on the row's input returning its result,
+    for the check against NCCL (``result``)."""
+
+    run: Callable[[], Any]
+    result: Callable[[], Any]
+
+
+def _symm_mem_allreduce(x) -> tuple[dict[str, PeerCall], Any]:
     """One-shot and two-shot all-reduce on a symmetric-memory copy of x."""
     import torch
     import torch.distributed as dist
@@ -77,27 +91,98 @@ def _symm_mem_allreduce(x) -> tuple[list[tuple[str, Callable[[], None]]], Any]:
     buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
     symm_mem.rendezvous(buf, group)
     buf.copy_(x)
-    variants = [("one_shot", lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)),
-                ("two_shot", lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group))]
-    return variants, buf
+
+    def one_shot():
+        return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)
+
+    def two_shot():
+        torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)
+        return buf
+
+    def loaded(fn):  # the timed calls sum buf in place over and over: reload x before the checked call
+        return lambda: (buf.copy_(x), fn())[1]
+
+    return {"symm:one_shot": PeerCall(one_shot, loaded(one_shot)),
+            "symm:two_shot": PeerCall(two_shot, loaded(two_shot))}, buf
 
 
-def _timer(fn: Callable[[], None], graph: bool, calls: int):
-    """A function returning one sample (µs per call)."""
+@dataclass
+class Peers:
+    """The peers made once per bench (their workspaces are collective and large): FlashInfer's all-reduce and
+    vLLM's custom all-reduce, or why each is absent."""
+
+    flashinfer: Any = None
+    vllm: Any = None
+    absent: dict | None = None
+
+    @classmethod
+    def create(cls, max_bytes: int) -> "Peers":
+        from executor import peers
+
+        made, absent = {}, {}
+        for name, make in (("flashinfer", lambda: peers.FlashInfer.create(max_bytes=max(max_bytes, 1 << 20))),
+                           ("vllm", lambda: peers.VllmCustomAllReduce.create())):
+            try:
+                made[name] = make()
+            except Exception as e:  # a peer that cannot run here is a result, not the end of the bench
+                absent[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        return cls(made.get("flashinfer"), made.get("vllm"), absent)
+
+    def calls(self, x, keep: list) -> tuple[dict[str, PeerCall], dict[str, str]]:
+        """This size's calls (out of place, on buffers kept in ``keep``), and the variants refused, with why."""
+        import torch
+
+        from executor import peers
+
+        calls, refused = {}, {}
+        if self.flashinfer is not None:
+            tokens, hidden = peers.rows(x.numel())
+            for variant in peers.VARIANTS:
+                why = self.flashinfer.refusal(tokens, hidden, variant)
+                if why:
+                    refused[f"flashinfer:{variant}"] = why
+                    continue
+                out = torch.empty_like(x)
+                keep.append(out)
+                run = (lambda v=variant, out=out: self.flashinfer.all_reduce(x, out, v))
+                calls[f"flashinfer:{variant}"] = PeerCall(run, run)
+        if self.vllm is not None:
+            try:
+                xin = self.vllm.input(x.numel(), x.dtype)
+            except peers.PeerUnavailable as e:
+                refused["vllm:custom_ar"] = str(e)
+            else:
+                xin.copy_(x)
+                out = torch.empty_like(x)
+                keep.append(out)
+                run = (lambda out=out: self.vllm.all_reduce(xin, out))
+                calls["vllm:custom_ar"] = PeerCall(run, lambda: (xin.copy_(x), run())[1])
+        return calls, refused
+
+    def close(self) -> None:
+        for peer in (self.flashinfer, self.vllm):
+            if peer is not None:
+                peer.close()
+
+
+def _timer(fn: Callable[[], Any], graph: bool, calls: int, capture: Callable[[], Any] = contextlib.nullcontext):
+    """A function returning one sample (µs per call). ``capture`` is entered around the warm-up and the capture
+    (``Communicator.capture`` for the inference communicator's calls)."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     if graph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()  # warm-up outside the capture (contexts, NCCL and symm-mem setup)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for _ in range(calls):
-                fn()
+        with capture():
+            with torch.cuda.stream(stream):
+                fn()  # warm-up outside the capture (contexts, NCCL and symm-mem setup)
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g, stream=stream):
+                for _ in range(calls):
+                    fn()
         run = g.replay
     else:
         fn()  # warm-up, and where a launch is refused it is refused here
@@ -180,6 +265,20 @@ def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: 
     return int(not matches(collective, got, ref, dtype, magnitude, world))
 
 
+def _check_peers(comm, calls: dict[str, PeerCall], x, world: int, dtype: str) -> dict[str, int]:
+    """Per peer, the ranks whose result differs from NCCL's on the same input (the bound of ``matches``)."""
+    if not calls:
+        return {}
+    ref, magnitude = nccl_result("allreduce", x, world), sum_magnitude("allreduce", x, world)
+    mine = {}
+    for name, call in calls.items():
+        got = call.result()
+        comm.synchronize()
+        mine[name] = int(not matches("allreduce", got.view(ref.shape), ref, dtype, magnitude, world))
+    every = _every_rank(comm, "bench-peers-wrong", mine)  # plain data through the store
+    return {name: sum(w[name] for w in every) for name in mine}
+
+
 LINES_SUFFIX = "+ll128"
 
 
@@ -191,6 +290,8 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
     world, device = comm.world_size, torch.device("cuda", comm.device)
     dtype = getattr(torch, TORCH_DTYPES[config.dtype])
     rows = []
+    with_peers = config.collective == "allreduce" and config.symm  # one host: CUDA IPC, as symm-mem
+    peers = Peers.create(max(config.sizes)) if with_peers and config.peers else Peers(absent={})
     for nbytes in config.sizes:
         began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
@@ -199,11 +300,23 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         timers: dict[str, Callable[[], float]] = {"nccl": _timer(_nccl(config.collective, x, out), config.graph,
                                                                   config.calls)}
         keep: list[Any] = []
-        if config.collective == "allreduce" and config.symm:
-            variants, buf = _symm_mem_allreduce(x)
+        others: dict[str, PeerCall] = {}
+        refused_peers = dict(peers.absent or {})
+        if with_peers:
+            others, buf = _symm_mem_allreduce(x)
             keep.append(buf)
-            for name, fn in variants:
-                timers[f"symm:{name}"] = _timer(fn, config.graph, config.calls)
+            calls, refused = peers.calls(x, keep)
+            others.update(calls)
+            refused_peers.update(refused)
+        for name, call in others.items():
+            try:
+                timer, refused = _timer(call.run, config.graph, config.calls), ""
+            except Exception as e:  # a peer refusing a shape at launch (its own checks) is a result
+                timer, refused = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            if _refused_anywhere(comm, refused):
+                refused_peers[name] = refused or "refused on another rank"
+                continue
+            timers[name] = timer
         runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
         formats = [(p, False) for p in candidates] + [(p, True) for p in candidates
                                                        if config.ll128 and lines_possible(p, nbytes)]
@@ -238,10 +351,14 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         weft = {k: v for k, v in med.items() if k.startswith("weft:")}
         best = min(weft, key=weft.get) if weft else None
         symm = [v for k, v in med.items() if k.startswith("symm:")]
+        flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
+        rivals = {k: v for k, v in med.items() if not k.startswith("weft:")}  # every peer timed, NCCL too
+        best_peer = min(rivals, key=rivals.get)
         wrong = 0
         if best:
             plan, lines = runnable[best]
             wrong = _check(config.collective, comm, plan, x, world, config.dtype, lines)
+        peers_wrong = _check_peers(comm, {k: others[k] for k in timers if k in others}, x, world, config.dtype)
         weft_us = med[best] if best else None
         plan_hash = runnable[best][0].content_hash if best else None
         algbw = nbytes / (weft_us * 1e3) if weft_us else None
@@ -249,6 +366,10 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             "size": nbytes, "nccl_us": med["nccl"], "symm_us": min(symm) if symm else None, "weft_us": weft_us,
             "algbw": algbw, "busbw": algbw * Collective(config.collective, world).bus_factor if algbw else None,
             "speedup": med["nccl"] / weft_us if weft_us else None, "wrong": wrong,
+            "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
+            "flashinfer_variant": min(flashinfer, key=flashinfer.get).split(":")[1] if flashinfer else None,
+            "vllm_us": med.get("vllm:custom_ar"), "best_peer": best_peer, "best_peer_us": rivals[best_peer],
+            "peers_wrong": peers_wrong, "peers_refused": refused_peers,
             "plan": best[5:] if best else None, "plan_hash": plan_hash, "lines": bool(best and runnable[best][1]),
             "raw_us": raw, "median_us": med,
             "plans_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if not lines},
@@ -256,6 +377,8 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         })
         if progress:
             progress(f"{nbytes} B: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
-                     + f" µs; wrong {wrong}; {time.monotonic() - began:.1f} s")
+                     + f" µs; wrong {wrong}, peers wrong {sum(peers_wrong.values())}; "
+                     f"{time.monotonic() - began:.1f} s")
         del keep
+    peers.close()
     return rows

@@ -32,7 +32,20 @@ def test_a_row_shows_every_implementation_and_marks_the_fastest(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
     row = bench_table(path).splitlines()[2]
-    assert row == "| 1MB | 20.00 | **10.00** | 12.50 | 0.62 | 84 (52) | direct simple-x64-2s | 0 |"
+    assert row == ("| 1MB | 20.00 | **10.00** | – | **10.00** (symm-mem) | 12.50 | 0.62 | 1.25 | 84 (52) "
+                   "| direct simple-x64-2s | 0 / – |")
+
+
+def test_a_row_names_the_best_peer_timed_and_counts_every_peers_wrong_results(tmp_path):
+    doc = {"collective": "allreduce", "nranks": 2, "rows": [
+        {"size": 1 << 20, "nccl_us": 20.0, "symm_us": 10.0, "weft_us": 12.5, "flashinfer_us": 6.0, "wrong": 0,
+         "best_peer": "flashinfer:oneshot", "best_peer_us": 6.0, "plan": "direct-allreduce-hgx_h200:gpus=2-ll-x64",
+         "peers_wrong": {"flashinfer:oneshot": 0, "flashinfer:auto": 1, "symm:one_shot": 2}}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    row = bench_table(path).splitlines()[2]
+    assert row == ("| 1MB | 20.00 | 10.00 | **6.00** | **6.00** (FlashInfer oneshot) | 12.50 | 0.62 | 2.08 | 84 (52) "
+                   "| direct ll-x64 | 0 / 3 |")
 
 
 def test_weft_plot_bench_markdown_prints_it(capsys):
@@ -95,6 +108,9 @@ def test_a_frontier_from_weft_synth_plots(tmp_path):
     ({"rows": [{**GOOD_ROW, "median_us": {"nccl": 0}}]}, "rows[0].median_us.nccl: must be a time in µs"),
     ({"rows": [{**GOOD_ROW, "median_us": {"weft:x": float("-inf")}}]}, "rows[0].median_us.weft:x: must be a time"),
     ({"rows": [{**GOOD_ROW, "median_us": {"nccl": float("nan")}}]}, "rows[0].median_us.nccl: must be a time in µs"),
+    ({"rows": [{**GOOD_ROW, "best_peer": 3}]}, "rows[0].best_peer: must be an implementation's name"),
+    ({"rows": [{**GOOD_ROW, "best_peer_us": -1}]}, "rows[0].best_peer_us: must be a time in µs"),
+    ({"rows": [{**GOOD_ROW, "peers_wrong": {"vllm:custom_ar": "no"}}]}, "rows[0].peers_wrong.vllm:custom_ar: must be"),
 ])
 @pytest.mark.parametrize("markdown", [[], ["--markdown"]])
 def test_a_malformed_benchmark_is_one_line_naming_the_file_and_field(change, field, markdown, tmp_path):

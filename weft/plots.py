@@ -78,20 +78,23 @@ def _integer_ticks():
 
 
 def plot_bench(path: str | Path, out: str | Path) -> Path:
-    """busbw and latency against size for NCCL, symmetric memory and weft (one benchmark file)."""
+    """busbw and latency against size for NCCL, symmetric memory, FlashInfer, the best peer of each size and weft
+    (one benchmark file)."""
     out = _png(out)
     bench = read_bench(path)
     plt = _pyplot()
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4))
     sizes = [r.size for r in bench.rows]
     factor = _bus_factor(bench.collective, bench.nranks)
-    for key, label in (("nccl_us", "NCCL"), ("symm_us", "torch symm-mem"), ("weft_us", "weft")):
+    for key, label, style in (("nccl_us", "NCCL", "-"), ("symm_us", "torch symm-mem", "-"),
+                              ("flashinfer_us", "FlashInfer", "-"), ("best_peer_us", "best peer", "--"),
+                              ("weft_us", "weft", "-")):
         pts = [(r.size, getattr(r, key)) for r in bench.rows if getattr(r, key)]
         if not pts:
             continue
         xs, ts = zip(*pts)
-        lat.plot(xs, ts, marker="o", label=label)
-        bw.plot(xs, [s / t / 1e3 * factor for s, t in pts], marker="o", label=label)
+        lat.plot(xs, ts, style, marker="o", label=label)
+        bw.plot(xs, [s / t / 1e3 * factor for s, t in pts], style, marker="o", label=label)
     for ax in (lat, bw):
         ax.set_xscale("log", base=2)
         ticks = size_ticks(sizes)
@@ -122,11 +125,13 @@ def bench_table(path: str | Path) -> str:
     """The README's performance table for one benchmark file (markdown): every row, no number retyped by hand."""
     bench = read_bench(path)
     factor = _bus_factor(bench.collective, bench.nranks)
-    lines = ["| size | NCCL µs | symm-mem µs | weft µs | weft / NCCL | busbw GB/s (NCCL) | weft plan | #wrong |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| size | NCCL µs | symm-mem µs | FlashInfer µs | best peer µs | weft µs | weft / NCCL "
+             "| weft / best peer | busbw GB/s (NCCL) | weft plan | #wrong weft / peers |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in bench.rows:
-        nccl, symm, weft = r.nccl_us, r.symm_us, r.weft_us
-        best = min((t for t in (nccl, symm, weft) if t), default=None)
+        nccl, symm, weft, fi = r.nccl_us, r.symm_us, r.weft_us, r.flashinfer_us
+        peer, peer_us = best_peer(r)
+        best = min((t for t in (nccl, symm, fi, peer_us, weft) if t), default=None)
 
         def cell(t: float | None) -> str:
             if not t:
@@ -135,11 +140,28 @@ def bench_table(path: str | Path) -> str:
             return f"**{text}**" if t == best else text
 
         ratio = f"{weft / nccl:.2f}" if weft and nccl else "–"
+        to_peer = f"{weft / peer_us:.2f}" if weft and peer_us else "–"
         busbw = (f"{r.size / weft / 1e3 * factor:.0f} ({r.size / nccl / 1e3 * factor:.0f})"
                  if weft and nccl else "–")
-        lines.append(f"| {format_bytes(r.size)} | {cell(nccl)} | {cell(symm)} | {cell(weft)} | {ratio} | {busbw} "
-                     f"| {_short_plan(r.plan)} | {'–' if r.wrong is None else r.wrong} |")
+        peer_cell = f"{cell(peer_us)} ({peer})" if peer_us else "–"
+        wrong = f"{'–' if r.wrong is None else r.wrong} / {'–' if r.peers_wrong is None else r.peers_wrong}"
+        lines.append(f"| {format_bytes(r.size)} | {cell(nccl)} | {cell(symm)} | {cell(fi)} | {peer_cell} "
+                     f"| {cell(weft)} | {ratio} | {to_peer} | {busbw} | {_short_plan(r.plan)} | {wrong} |")
     return "\n".join(lines) + "\n"
+
+
+PEER_LABELS = {"nccl": "NCCL", "symm": "symm-mem", "flashinfer": "FlashInfer", "vllm": "vLLM"}
+
+
+def best_peer(row) -> tuple[str | None, float | None]:
+    """The fastest implementation other than weft in a bench row, as ('FlashInfer oneshot', µs): the row's own
+    ``best_peer`` where the job recorded one, else the faster of NCCL and symmetric memory."""
+    if row.best_peer and row.best_peer_us:
+        kind, _, variant = row.best_peer.partition(":")
+        label = PEER_LABELS.get(kind, kind)
+        return (f"{label} {variant.replace('_', '-')}" if variant and kind != "vllm" else label), row.best_peer_us
+    timed = [(t, label) for t, label in ((row.nccl_us, "NCCL"), (row.symm_us, "symm-mem")) if t]
+    return (min(timed)[1], min(timed)[0]) if timed else (None, None)
 
 
 def _short_plan(name: str | None) -> str:

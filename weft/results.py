@@ -30,6 +30,10 @@ class BenchRow:
     weft_us: float | None
     plan: str | None
     wrong: int | None
+    flashinfer_us: float | None = None
+    best_peer: str | None = None  # the fastest implementation other than weft timed in the job (NCCL included)
+    best_peer_us: float | None = None
+    peers_wrong: int | None = None  # ranks × peers whose output differed from NCCL's
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def read_bench(path: str | Path) -> BenchResults:
         if "size" not in row:
             raise f.fail(f"{where}.size", "missing (the message size in bytes)")
         times = {}
-        for key in ("nccl_us", "symm_us", "weft_us"):
+        for key in ("nccl_us", "symm_us", "weft_us", "flashinfer_us", "best_peer_us"):
             t = row.get(key)
             times[key] = None if t is None else f.number(t, f"{where}.{key}", *TIME_RANGE_US, "a time in µs")
         medians = row.get("median_us")  # every contender's median, the times above are the best of
@@ -113,11 +117,18 @@ def read_bench(path: str | Path) -> BenchResults:
         plan = row.get("plan")
         if plan is not None and not isinstance(plan, str):
             raise f.fail(f"{where}.plan", f"must be a plan name (a string), got {short_repr(plan)}")
+        best_peer = row.get("best_peer")
+        if best_peer is not None and not isinstance(best_peer, str):
+            raise f.fail(f"{where}.best_peer", f"must be an implementation's name, got {short_repr(best_peer)}")
         wrong = row.get("wrong")
         if wrong is not None:
             wrong = f.int(wrong, f"{where}.wrong", 0, 1 << 62)
+        peers_wrong = row.get("peers_wrong")
+        if peers_wrong is not None:
+            peers_wrong = sum(f.int(n, f"{where}.peers_wrong.{name[:40]}", 0, 1 << 62)
+                              for name, n in f.obj(peers_wrong, f"{where}.peers_wrong").items())
         rows.append(BenchRow(size=f.number(row["size"], f"{where}.size", 1, MAX_SIZE, "a size in bytes"),
-                             plan=plan, wrong=wrong, **times))
+                             plan=plan, wrong=wrong, best_peer=best_peer, peers_wrong=peers_wrong, **times))
     machine = doc.get("machine")
     if isinstance(machine, dict):
         machine = f.text(machine, "gpu", "machine.gpu")

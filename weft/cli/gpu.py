@@ -376,9 +376,12 @@ def _gpu_slug(torch) -> str:
 def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
     import cupy
 
+    from executor import peers
+
     versions = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                 "cupy": cupy.__version__, "cuda": torch.version.cuda,
-                "driver": cupy.cuda.runtime.driverGetVersion(), "python": platform.python_version()}
+                "driver": cupy.cuda.runtime.driverGetVersion(), "python": platform.python_version(),
+                "flashinfer": peers.version()}
     return {
         "collective": args.collective, "dtype": args.dtype, "nranks": world,
         "mode": "graph" if args.graph else "eager",
@@ -401,14 +404,21 @@ def _transport(comm) -> dict:
 
 def _print_table(doc: dict, path: Path) -> None:
     print(f"# weft bench {doc['collective']} {doc['dtype']} {doc['mode']} on {doc['nranks']}x {doc['machine']['gpu']}")
-    print(f"{'size':>10} {'nccl_us':>9} {'symm_us':>9} {'weft_us':>9} {'algbw':>8} {'busbw':>8} {'speedup':>8} "
-          f"{'#wrong':>6}  plan")
+    print(f"{'size':>10} {'nccl_us':>9} {'symm_us':>9} {'fi_us':>9} {'best_peer':>20} {'weft_us':>9} {'algbw':>8} "
+          f"{'busbw':>8} {'speedup':>8} {'#wrong':>6} {'peers':>5}  plan")
+
+    def us(t) -> str:
+        return f"{t:9.2f}" if t is not None else f"{'-':>9}"
+
     for r in doc["rows"]:
-        symm = f"{r['symm_us']:9.2f}" if r["symm_us"] is not None else f"{'-':>9}"
+        peer = f"{r.get('best_peer') or '-'} {r.get('best_peer_us') or 0:.2f}"
+        head = (f"{format_bytes(r['size']):>10} {r['nccl_us']:9.2f} {us(r['symm_us'])} {us(r.get('flashinfer_us'))} "
+                f"{peer:>20}")
+        peers_wrong = sum((r.get("peers_wrong") or {}).values())
         if r["weft_us"] is None:
-            print(f"{format_bytes(r['size']):>10} {r['nccl_us']:9.2f} {symm} {'-':>9} {'-':>8} {'-':>8} {'-':>8} "
-                  f"{r['wrong']:>6}  (no plan accepts this size)")
+            print(f"{head} {'-':>9} {'-':>8} {'-':>8} {'-':>8} {r['wrong']:>6} {peers_wrong:>5}  "
+                  "(no plan accepts this size)")
             continue
-        print(f"{format_bytes(r['size']):>10} {r['nccl_us']:9.2f} {symm} {r['weft_us']:9.2f} {r['algbw']:8.2f} "
-              f"{r['busbw']:8.2f} {r['speedup']:8.2f} {r['wrong']:>6}  {r['plan']}")
+        print(f"{head} {r['weft_us']:9.2f} {r['algbw']:8.2f} {r['busbw']:8.2f} {r['speedup']:8.2f} {r['wrong']:>6} "
+              f"{peers_wrong:>5}  {r['plan']}")
     print(f"# written to {path}")

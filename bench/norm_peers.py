@@ -1,0 +1,175 @@
+"""The fused all-reduce + residual add + RMSNorm call alone, weft against FlashInfer and NCCL, in one job.
+
+    WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 bench/norm_peers.py \
+        -o bench/results/gpu_allreduce_norm_bf16_graph_2xh200.json
+
+Per token count (hidden 8192, bf16): weft's ``comm.all_reduce(y, residual=h, rms_weight=w, eps=)`` (the plan its
+Communicator picks), FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and
+its own choice; ``flashinfer_us`` is the best, named in ``flashinfer_variant``) and NCCL's in-place all-reduce
+followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times (executor/gpu_bench.py): a CUDA
+graph of ``--calls`` calls per sample, the implementations alternating sample by sample, each one's median on its
+slowest rank.
+
+Checked, every implementation on the same inputs: the new residual against NCCL's all-reduce plus the residual,
+within ``within_rounding`` for nranks + 1 terms; the normed rows against the definition applied to that
+implementation's own new residual (fp32 mean of squares, ``x * rstd * w`` rounded once), within 2 bf16 ulps
+(``NORM_ULPS``). ``wrong`` counts ranks where weft fails either, ``peers_wrong`` the same per peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+HIDDEN, EPS = 8192, 1e-5
+NORM_ULPS = 2  # a fused kernel may normalize the unrounded sum, the definition here the rounded residual
+
+
+def norm_wrong(normed, residual, ref_residual, magnitude, weight, nranks: int) -> bool:
+    """Whether (normed, residual) misses NCCL's residual or the norm's definition (module docstring)."""
+    import torch
+
+    from executor.gpu_bench import within_rounding
+
+    if not within_rounding(residual, ref_residual, magnitude, "bf16", nranks + 1):
+        return True
+    x = residual.float()
+    rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
+    want = ((x * rstd) * weight.float()).to(torch.bfloat16).float()
+    ulp = torch.maximum(want.abs(), torch.tensor(2.0 ** -126, device=want.device)) * 2.0 ** -7
+    return bool(((normed.float() - want).abs() > NORM_ULPS * ulp).any())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", default="1,4,16,64")
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--samples", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("-o", "--output", required=True)
+    args = p.parse_args()
+    for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                       ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(var, value)
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from executor import Communicator, peers
+    from executor.gpu_bench import _refused_anywhere, _slowest_rank, _timer, _every_rank, nccl_result
+    from executor.norm import RowNorm
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    comm = Communicator.from_process_group(ll128=True)
+    tokens_list = [int(t) for t in args.tokens.split(",")]
+    try:
+        fi, fi_absent = peers.FlashInfer.create(max_bytes=max(tokens_list) * HIDDEN * 2, hidden=HIDDEN), ""
+    except Exception as e:  # the fused call is then weft against NCCL alone
+        fi, fi_absent = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    gen = torch.Generator(device=device).manual_seed(99 + rank)
+    weight = (1.0 + 0.1 * torch.randn(HIDDEN, generator=torch.Generator(device=device).manual_seed(4321),
+                                      device=device)).to(torch.bfloat16)  # the same on every rank
+    rows = []
+    for tokens in tokens_list:
+        nbytes = tokens * HIDDEN * 2
+        y = torch.randn(tokens, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
+        h = torch.randn(tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(5), device=device,
+                        dtype=torch.bfloat16)  # the residual stream is replicated across ranks
+        t = y.clone()  # NCCL sums in place; its time does not depend on the values
+
+        def nccl():
+            dist.all_reduce(t)
+            return F.rms_norm(h + t, (HIDDEN,), weight, EPS), h + t
+
+        def nccl_checked():
+            s = nccl_result("allreduce", y, world)
+            return F.rms_norm(h + s, (HIDDEN,), weight, EPS), h + s
+
+        calls = {"nccl": (nccl, nccl_checked, None),
+                 "weft": ((lambda: comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)),) * 2
+                 + ((lambda: comm.capture(sizes=[nbytes], residual=True, rms_norm=RowNorm(HIDDEN, EPS))),)}
+        refused = {} if fi is not None else {"flashinfer": fi_absent}
+        for variant in peers.VARIANTS if fi is not None else ():
+            why = fi.refusal(tokens, HIDDEN, variant)
+            if why:
+                refused[f"flashinfer:{variant}"] = why
+                continue
+            normed, new_residual = torch.empty_like(y), torch.empty_like(y)
+            run = (lambda v=variant, n=normed, r=new_residual: fi.fused_norm(y, h, weight, EPS, v, n, r))
+            calls[f"flashinfer:{variant}"] = (run, run, None)
+        timers = {}
+        for name, (run, _, capture) in calls.items():
+            try:
+                timer, why = _timer(run, True, args.calls, *((capture,) if capture else ())), ""
+            except Exception as e:
+                timer, why = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            if _refused_anywhere(comm, why):
+                refused[name] = why or "refused on another rank"
+                continue
+            timers[name] = timer
+        torch.cuda.synchronize()
+        raw = {k: [] for k in timers}
+        for i in range(args.warmup + args.samples):
+            for name, sample in timers.items():
+                value = sample()
+                if i >= args.warmup:
+                    raw[name].append(value)
+        torch.cuda.synchronize()
+        med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
+        ref_residual = nccl_result("allreduce", y, world).float() + h.float()  # NCCL's sum plus the residual
+        magnitude = nccl_result("allreduce", y.float().abs(), world) + h.float().abs()
+        mine = {}
+        for name in timers:
+            normed, residual = calls[name][1]()
+            torch.cuda.synchronize()
+            mine[name] = int(norm_wrong(normed, residual, ref_residual, magnitude, weight, world))
+        every = _every_rank(comm, "norm-peers-wrong", mine)
+        wrong = {name: sum(w[name] for w in every) for name in mine}
+        flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
+        rivals = {k: v for k, v in med.items() if k != "weft"}
+        best_peer = min(rivals, key=rivals.get)
+        plan = comm.norm_plan_for(nbytes, torch.bfloat16, RowNorm(HIDDEN, EPS))
+        rows.append({
+            "size": nbytes, "tokens": tokens, "hidden": HIDDEN, "nccl_us": med.get("nccl"), "symm_us": None,
+            "weft_us": med.get("weft"), "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
+            "flashinfer_variant": min(flashinfer, key=flashinfer.get).split(":")[1] if flashinfer else None,
+            "best_peer": best_peer, "best_peer_us": rivals[best_peer],
+            "speedup": med["nccl"] / med["weft"] if "weft" in med and "nccl" in med else None,
+            "wrong": wrong.get("weft"), "peers_wrong": {k: v for k, v in wrong.items() if k != "weft"},
+            "peers_refused": refused, "plan": plan.name if plan is not None else None,
+            "median_us": med, "raw_us": raw})
+        if rank == 0:
+            print(f"tokens {tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
+                  + f" µs; wrong {wrong}", flush=True)
+    if rank == 0:
+        doc = {"collective": "allreduce", "op": "all-reduce + residual add + RMSNorm (the call alone)",
+               "dtype": "bf16", "nranks": world, "mode": "graph", "hidden": HIDDEN, "eps": EPS,
+               "machine": {"gpu": torch.cuda.get_device_name(device), "gpus": world, "host": platform.node()},
+               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                            "cuda": torch.version.cuda, "flashinfer": peers.version()},
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "method": {"calls_per_sample": args.calls, "samples": args.samples, "warmup": args.warmup,
+                          "statistic": "median of the slowest rank", "timer": "CUDA events",
+                          "check": f"residual within within_rounding(nranks + 1 terms); normed within {NORM_ULPS} "
+                                   "bf16 ulps of the definition on the call's own residual"},
+               "rows": rows}
+        Path(args.output).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if fi is not None:
+        fi.close()
+    comm.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

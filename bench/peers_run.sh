@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 32's evidence in device calls, from the repository root: FlashInfer (and vLLM's custom all-reduce as
+# FlashInfer ships it) as peers of `weft bench`, the fused all-reduce + add + RMSNorm alone, and tp_decode with
+# flashinfer-fused. FlashInfer travels in .carry_peers (ignored), made by bench/NOTES.md's recipe ("Peers"):
+#   fi.tar.xz         the flashinfer-python wheel's files without the sources no comm kernel compiles
+#   *.whl             apache-tvm-ffi (the one dependency the comm path imports that the GPU machine lacks)
+#   aot/NAME.so.gz    FlashInfer's comm kernels, built for sm_90a (loaded from its AOT folder; without them
+#                     FlashInfer JIT-builds them at first use, minutes of nvcc, and this script returns them)
+#
+#   bash bench/peers_run.sh 2 probe   # install, import, the bench and the fused call at two sizes (~1 min)
+#   bash bench/peers_run.sh 2 all     # the canonical all-reduce bench, the fused call alone, tp_decode (~4 min)
+#   bash bench/peers_run.sh 4 all
+# N=2 runs on GPUs 0 and 1 of a larger machine. Files land in $OUT.
+set -u
+N=${1:-2}
+STAGE=${2:-all}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+C=${PEERS_CARRY:-.carry_peers}
+SITE=/tmp/peers-site
+LOG="$OUT/log_peers_${N}.txt"
+step() { echo "== $*" | tee -a "$LOG"; }
+if [ ! -d "$SITE/flashinfer" ]; then
+  step "install FlashInfer from $C"
+  mkdir -p "$SITE" && tar -xJf "$C/fi.tar.xz" -C "$SITE" || exit 2
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$C"/*.whl >> "$LOG" 2>&1 || exit 2
+  for so in "$C"/aot/*.so.gz; do
+    [ -e "$so" ] || continue
+    name=$(basename "$so" .so.gz)
+    mkdir -p "$SITE/flashinfer/data/aot/$name" && gunzip -c "$so" > "$SITE/flashinfer/data/aot/$name/$name.so"
+  done
+fi
+export PYTHONPATH="$PWD:$SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a
+[ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
+REG=bench/registry_h200x$N
+G="${N}xh200"
+step "import flashinfer.comm"
+timeout 120 python3 -c 'import time; t = time.time(); from executor import peers; print(peers.missing() or "ok",
+peers.version(), f"{time.time() - t:.1f} s")' 2>&1 | tail -3 | tee -a "$LOG"
+bench() {  # seconds, then weft bench's arguments
+  local t=$1; shift
+  step "weft bench allreduce $*"
+  timeout "$t" python3 -c 'from weft.cli import run; run()' bench allreduce --nproc "$N" --plans registry \
+    --registry "$REG" --samples 6 --calls 10 --timeout 5 --ll128 "$@" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+}
+norm() {  # seconds, then norm_peers.py's arguments
+  local t=$1; shift
+  step "bench/norm_peers.py $*"
+  WEFT_REGISTRY="$REG" timeout "$t" torchrun --nproc-per-node "$N" bench/norm_peers.py "$@" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+}
+if [ "$STAGE" = probe ]; then
+  bench 150 --sizes 1KB,1MB -o "$OUT/probe_allreduce_$G.json"
+  norm 90 --tokens 1,16 --samples 3 -o "$OUT/probe_norm_$G.json"
+  for d in /tmp/fi-ws/.cache/flashinfer/*/*/cached_ops/*/; do  # kernels built here: bring them back
+    name=$(basename "$d")
+    [ -f "$d/$name.so" ] && gzip -c "$d/$name.so" > "$OUT/$name.so.gz"
+  done
+else
+  bench 240 --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB -o "$OUT/gpu_allreduce_bf16_graph_$G.json"
+  norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_$G.json"
+  step "tp_decode (five backends)"
+  WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+    --iters "${ITERS:-30}" --json "$OUT/tp_decode_$G.json" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  grep "^tp=" "$LOG"
+fi
+grep -E "^tokens|flashinfer|^# weft bench" "$LOG" | head -40
+grep -A12 "^# weft bench" "$LOG" || true

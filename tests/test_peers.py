@@ -1,0 +1,34 @@
+"""The peers of `weft bench` (executor/peers.py) where FlashInfer is not installed, as in CI: the bench learns why
+each peer is absent and goes on; the shape a flat all-reduce runs as in FlashInfer's [tokens, hidden] kernels."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from executor import peers
+from executor.gpu_bench import Peers
+
+NOT_INSTALLED = importlib.util.find_spec("flashinfer") is None
+
+
+@pytest.mark.parametrize("numel, shape", [(512, (1, 512)), (8192, (1, 8192)), (4 * 8192, (4, 8192)),
+                                          (8192 + 8, (1, 8200))])
+def test_a_flat_all_reduce_runs_as_rows_of_the_hidden_size_where_they_divide(numel, shape):
+    assert peers.rows(numel) == shape
+
+
+@pytest.mark.skipif(not NOT_INSTALLED, reason="FlashInfer is installed here")
+def test_without_flashinfer_the_bench_records_why_each_peer_is_absent():
+    made = Peers.create(1 << 20)
+    assert made.flashinfer is None and made.vllm is None
+    assert set(made.absent) == {"flashinfer", "vllm"}
+    assert all(why.startswith("PeerUnavailable: flashinfer: ModuleNotFoundError") for why in made.absent.values())
+    made.close()  # nothing to close: no error
+
+
+@pytest.mark.skipif(not NOT_INSTALLED, reason="FlashInfer is installed here")
+def test_a_missing_flashinfer_is_one_line():
+    assert peers.missing().count("\n") == 0 and "flashinfer" in peers.missing()
+    assert peers.version() is None
