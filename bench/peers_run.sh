@@ -29,13 +29,26 @@ if [ ! -d "$SITE/flashinfer" ]; then
     mkdir -p "$SITE/flashinfer/data/aot/$name" && gunzip -c "$so" > "$SITE/flashinfer/data/aot/$name/$name.so"
   done
 fi
-export PYTHONPATH="$PWD:$SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a
+# sm_90a only; a JIT build spreads each source over every core (nvcc --split-compile)
+export PYTHONPATH="$PWD:$SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a \
+  FLASHINFER_EXTRA_CUDAFLAGS="--split-compile=0"
 [ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
 REG=bench/registry_h200x$N
 G="${N}xh200"
-step "import flashinfer.comm"
-timeout 120 python3 -c 'import time; t = time.time(); from executor import peers; print(peers.missing() or "ok",
-peers.version(), f"{time.time() - t:.1f} s")' 2>&1 | tail -3 | tee -a "$LOG"
+step "import flashinfer.comm, then load (or JIT-build) its comm kernels"
+timeout 480 python3 -c '
+import time
+t = time.time()
+from executor import peers
+print(peers.missing() or "import ok", peers.version(), f"{time.time() - t:.1f} s", flush=True)
+from flashinfer.comm import trtllm_ar, vllm_ar
+for load in (trtllm_ar.get_trtllm_comm_module, vllm_ar.get_vllm_comm_module):
+    t = time.time()
+    load()
+    print(load.__name__, f"{time.time() - t:.1f} s", flush=True)
+' >> "$LOG" 2>&1
+echo "rc=$?" | tee -a "$LOG"
+tail -4 "$LOG"
 bench() {  # seconds, then weft bench's arguments
   local t=$1; shift
   step "weft bench allreduce $*"
