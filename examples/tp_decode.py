@@ -434,8 +434,6 @@ def main() -> None:
                "date": time.strftime("%Y-%m-%d"), "rows": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
-    if fi is not None:
-        fi.close()
     dist.destroy_process_group()
 
 

@@ -35,7 +35,7 @@ class BenchConfig:
     warmup: int = 3
     ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
     symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
-    peers: bool = True  # time FlashInfer and vLLM's custom all-reduce too, where installed (all-reduce, as symm)
+    peers: tuple[str, ...] = ("flashinfer", "vllm")  # where installed (all-reduce, one host, as symm)
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -79,6 +79,7 @@ class PeerCall:
 
     run: Callable[[], Any]
     result: Callable[[], Any]
+    capture: Callable[[], Any] = contextlib.nullcontext  # entered around a graph's warm-up and capture
 
 
 def _symm_mem_allreduce(x) -> tuple[dict[str, PeerCall], Any]:
@@ -116,12 +117,15 @@ class Peers:
     absent: dict | None = None
 
     @classmethod
-    def create(cls, max_bytes: int) -> "Peers":
+    def create(cls, max_bytes: int, names: tuple[str, ...] = ("flashinfer", "vllm")) -> "Peers":
         from executor import peers
 
         made, absent = {}, {}
-        for name, make in (("flashinfer", lambda: peers.FlashInfer.create(max_bytes=max(max_bytes, 1 << 20))),
-                           ("vllm", lambda: peers.VllmCustomAllReduce.create())):
+        makers = {"flashinfer": lambda: peers.FlashInfer.create(max_bytes=max(max_bytes, 1 << 20)),
+                  "vllm": lambda: peers.VllmCustomAllReduce.create()}
+        for name, make in makers.items():
+            if name not in names:
+                continue
             try:
                 made[name] = make()
             except Exception as e:  # a peer that cannot run here is a result, not the end of the bench
@@ -156,7 +160,7 @@ class Peers:
                 out = torch.empty_like(x)
                 keep.append(out)
                 run = (lambda out=out: self.vllm.all_reduce(xin, out))
-                calls["vllm:custom_ar"] = PeerCall(run, lambda: (xin.copy_(x), run())[1])
+                calls["vllm:custom_ar"] = PeerCall(run, lambda: (xin.copy_(x), run())[1], self.vllm.capture)
         return calls, refused
 
     def close(self) -> None:
@@ -291,7 +295,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
     dtype = getattr(torch, TORCH_DTYPES[config.dtype])
     rows = []
     with_peers = config.collective == "allreduce" and config.symm  # one host: CUDA IPC, as symm-mem
-    peers = Peers.create(max(config.sizes)) if with_peers and config.peers else Peers(absent={})
+    peers = Peers.create(max(config.sizes), config.peers) if with_peers and config.peers else Peers(absent={})
     for nbytes in config.sizes:
         began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
@@ -310,7 +314,7 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             refused_peers.update(refused)
         for name, call in others.items():
             try:
-                timer, refused = _timer(call.run, config.graph, config.calls), ""
+                timer, refused = _timer(call.run, config.graph, config.calls, call.capture), ""
             except Exception as e:  # a peer refusing a shape at launch (its own checks) is a result
                 timer, refused = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
             if _refused_anywhere(comm, refused):
@@ -380,5 +384,4 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
                      + f" µs; wrong {wrong}, peers wrong {sum(peers_wrong.values())}; "
                      f"{time.monotonic() - began:.1f} s")
         del keep
-    peers.close()
-    return rows
+    return rows  # the peers' workspaces live until the process ends (freeing vLLM's IPC buffers is collective)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from executor.errors import ExecutorError
 
@@ -167,8 +168,9 @@ class _Raw:
 @dataclass
 class VllmCustomAllReduce:
     """vLLM's custom all-reduce (one-stage, or two-stage on more than two GPUs at larger sizes) as
-    ``flashinfer.comm.vllm_ar`` ships it. The input lives in the IPC-registered buffer (``input(numel, dtype)``),
-    as vLLM's registered path reads it under CUDA graphs: no copy into the buffer per call."""
+    ``flashinfer.comm.vllm_ar`` ships it. The input lives in the IPC-registered buffer (``input(numel, dtype)``):
+    no copy into the buffer per call. Graphs are captured inside ``capture()``, which registers the captured
+    inputs on every rank as vLLM does after its captures (a replay before that reads unset peer pointers)."""
 
     rank: int
     max_bytes: int
@@ -213,6 +215,21 @@ class VllmCustomAllReduce:
 
         vllm_ar.all_reduce(self.handle, x, out, 0, 0, VLLM_BLOCKS)
         return out
+
+    @contextmanager
+    def capture(self) -> Iterator[None]:
+        yield
+        self.register_graph_buffers()
+
+    def register_graph_buffers(self) -> None:
+        """The inputs captured since the last call, registered with every rank's (collective; plain data)."""
+        from flashinfer.comm import vllm_ar
+
+        from executor.gpu_bootstrap import all_gather_plain
+
+        handles, offsets = vllm_ar.get_graph_buffer_ipc_meta(self.handle)
+        every = all_gather_plain([list(handles), list(offsets)], self.group)
+        vllm_ar.register_graph_buffers(self.handle, [e[0] for e in every], [e[1] for e in every])
 
     def close(self) -> None:
         import torch

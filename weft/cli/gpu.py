@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--calls", type=int, default=20, help="calls per sample")
     bench.add_argument("-o", "--output", help="JSON results file (default bench/results/gpu_<coll>_<n>x<gpu>.json)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bench.add_argument("--peers", default="flashinfer,vllm",
+                       help="all-reduce peers timed beside NCCL and symmetric memory where installed: flashinfer, "
+                            "vllm (its custom all-reduce as FlashInfer ships it), both (the default) or none")
     bench.add_argument("--record", action="store_true",
                        help="store weft's measured times in the registry entries (with --plans registry)")
     bench.set_defaults(func=_bench)
@@ -334,7 +337,8 @@ def _bench(args: argparse.Namespace) -> int:
     comm, rank, world = _init_rank(args, port)
     try:
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
-                             ll128=args.ll128, symm=not port)
+                             ll128=args.ll128, symm=not port,
+                             peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm")))
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
         wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):
