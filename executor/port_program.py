@@ -367,3 +367,23 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
         buffer, at = placed(plan, r, "o", 0)
         outputs.append(b[buffer][at:at + plan.gpus[r].output_chunks].reshape(-1).copy())
     return outputs
+
+
+def lane_bounds(elems: int, lanes: int, unit: int = 1) -> tuple[tuple[int, int], ...]:
+    """Column ranges ``[lo, hi)`` that split a chunk of ``elems`` elements into at most ``lanes`` parts, each
+    boundary on a multiple of ``unit`` elements. Every op maps a chunk's element j to element j of another chunk,
+    so each part runs the whole program on its own: a lane.
+
+    >>> lane_bounds(10, 3, 2)
+    ((0, 2), (2, 6), (6, 10))
+    """
+    units = elems // unit
+    n = max(1, min(lanes, units))
+    cuts = [unit * (units * k // n) for k in range(n)] + [elems]
+    return tuple(zip(cuts[:-1], cuts[1:]))
+
+
+def lanes_for(chunk_bytes: int, max_lanes: int, piece_bytes: int) -> int:
+    """Lanes for a chunk of ``chunk_bytes``: as many as ``max_lanes`` while each lane's piece of a chunk holds at
+    least ``piece_bytes`` (below that, a lane's extra calls cost more than its overlap gains)."""
+    return max(1, min(max_lanes, chunk_bytes // max(piece_bytes, 1)))

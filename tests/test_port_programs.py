@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from executor.hosts import HOST_ENV, host_identity, ipc_across_hosts, transport_refusal
-from executor.port_program import Compute, Exchange, compile_programs, run_programs
+from executor.port_program import Compute, Exchange, compile_programs, lane_bounds, lanes_for, run_programs
 from executor.reference import _compare, check_plan, chunk_elems, expected_outputs, random_inputs, smallest_size
 from schedules.plan import load_plan
 
@@ -20,7 +20,7 @@ def test_the_two_host_plans_cover_every_method_and_collective():
     names = {(p.parent.name, p.name) for p in PLANS}
     assert names == {(t, f"{m}-{c}.plan.json") for t in ("two_hosts", "two_hosts_2gpu")
                      for m in ("ring", "trees", "milp") for c in ("allreduce", "allgather", "reducescatter")} | {
-        ("two_hosts", "direct-allreduce.plan.json")}  # one hop: the latency plan
+        ("two_hosts", "direct-allreduce.plan.json"), ("two_hosts_2gpu", "direct-allgather.plan.json")}  # one hop each
 
 
 def test_a_one_shot_plan_is_one_group_of_transfers():
@@ -100,3 +100,31 @@ def test_a_pipeline_is_refused_not_skipped(name):
     plan = load_plan(Path(__file__).parent / "fixtures" / "mscclpp" / "plans" / f"{name}.json")
     with pytest.raises(ExecutorError, match=r"ops\[\d+\]: op 'pipeline': the port engine does not run pipelines$"):
         compile_programs(plan)
+
+
+@pytest.mark.parametrize("elems,lanes,unit", [(4096, 4, 8), (4100, 4, 8), (24, 8, 8), (7, 3, 1), (8, 1, 8)])
+def test_lanes_cover_every_element_of_a_chunk_once_on_aligned_cuts(elems, lanes, unit):
+    bounds = lane_bounds(elems, lanes, unit)
+    assert 1 <= len(bounds) <= lanes and len(bounds) <= max(elems // unit, 1)
+    assert bounds[0][0] == 0 and bounds[-1][1] == elems
+    assert all(hi == lo for (_, hi), (lo, _) in zip(bounds, bounds[1:]))  # contiguous, no overlap
+    assert all(lo % unit == 0 and hi > lo for lo, hi in bounds)
+
+
+def test_small_chunks_run_as_one_lane_and_large_ones_split_up_to_the_most():
+    assert lanes_for(32 << 10, 4, 64 << 10) == 1
+    assert lanes_for(128 << 10, 4, 64 << 10) == 2
+    assert lanes_for(64 << 20, 4, 64 << 10) == 4
+
+
+def test_lanes_each_running_the_program_on_their_columns_compute_the_collective():
+    plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allreduce.plan.json")
+    programs = compile_programs(plan)
+    elems = chunk_elems(plan, 8 * smallest_size(plan), "fp32")
+    inputs = random_inputs(plan, elems, np.random.default_rng(3))
+    chunks = [x.reshape(plan.gpus[r].input_chunks, elems) for r, x in enumerate(inputs)]
+    parts = [run_programs(plan, programs, [c[:, lo:hi].reshape(-1) for c in chunks], hi - lo, "fp32")
+             for lo, hi in lane_bounds(elems, 3, 4)]
+    outputs = [np.concatenate([p[r].reshape(plan.gpus[r].output_chunks, -1) for p in parts], axis=1).reshape(-1)
+               for r in range(plan.nranks)]
+    _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")

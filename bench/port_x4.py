@@ -1,0 +1,150 @@
+"""The synthesized two-host plans against weft's ring/direct and NCCL, on 4 GPUs declared as 2 hosts x 2 GPUs.
+
+One rank of the job (bench/port_x4.sh starts two torchrun "nodes" of 2 GPUs each, WEFT_HOST=host0/host1, NCCL on
+sockets or, with NCCL_HOSTID, on NVLink inside a host and sockets between). Every plan of
+examples/plans/two_hosts_2gpu for the collective runs through the port engine once per lanes value (named
+PLAN+lanesL), alternated with NCCL on the same buffers (executor.gpu_bench.run_bench, CUDA-graph replay), and
+every plan's result is checked against NCCL at every size. Rank 0 writes one JSON per collective:
+
+    python bench/port_x4.py OUT_DIR --collectives allgather,allreduce --sizes 1MB,64MB --lanes 1,4 --tag 2hosts
+
+Each row adds to the bench format: ``plans_us`` (every plan's time), ``wrong_by_plan``, and the best synthesized
+plan (milp, trees) against the best baseline plan (ring, direct) of weft's own: ``synth_us``, ``baseline_us``,
+``synth_speedup`` (baseline / synthesized) and their names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from weft.units import parse_size_range  # noqa: E402
+
+PLANS = ROOT / "examples" / "plans" / "two_hosts_2gpu"
+BASELINES = ("ring", "direct")
+SYNTHESIZED = ("milp", "trees")
+SUFFIX = "+lanes"
+ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_HOSTID", "NCCL_NET", "NCCL_P2P_NET_CHUNKSIZE", "WEFT_HOST")
+
+
+class Engines:
+    """The port engines of several lane counts behind one communicator: a plan named PLAN+lanesL runs on L lanes."""
+
+    def __init__(self, engines: dict):
+        self.engines = engines
+        first = next(iter(engines.values()))
+        self.rank, self.world_size, self.device, self.hosts = first.rank, first.world_size, first.device, first.hosts
+
+    def execute(self, plan, *args, **kwargs):
+        return self.engines[int(plan.name.rsplit(SUFFIX, 1)[1])].execute(plan, *args, **kwargs)
+
+    def synchronize(self, stream=None) -> None:
+        for e in self.engines.values():
+            e.synchronize()
+
+    def exchange(self, what, value):
+        return next(iter(self.engines.values())).exchange(what, value)
+
+
+def method(name: str) -> str:
+    return name.split("-", 1)[0]
+
+
+def summarize(row: dict, names: dict) -> dict:
+    """The best synthesized plan against the best of weft's own baselines at this size."""
+    times = {names[k[5:]]: v for k, v in row["median_us"].items() if k.startswith("weft:")}
+    best = {kind: min(((v, k) for k, v in times.items() if method(k) in kinds), default=(None, None))
+            for kind, kinds in (("synth", SYNTHESIZED), ("baseline", BASELINES))}
+    (s_us, s_plan), (b_us, b_plan) = best["synth"], best["baseline"]
+    return {"plans_us": times, "synth_plan": s_plan, "synth_us": s_us, "baseline_plan": b_plan, "baseline_us": b_us,
+            "synth_speedup": b_us / s_us if s_us and b_us else None,
+            "synth_vs_nccl": row["nccl_us"] / s_us if s_us else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--collectives", default="allgather,allreduce")
+    parser.add_argument("--sizes", default="1MB,16MB,64MB")
+    parser.add_argument("--lanes", default="1,4")
+    parser.add_argument("--methods", default="ring,direct,milp,trees")
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--tag", default="2hosts")
+    args = parser.parse_args()
+    import torch
+    import torch.distributed as dist
+
+    from executor.gpu_bench import BenchConfig, _buffers, _check, run_bench
+    from executor.port_engine import PortEngine
+    from schedules.plan import load_plan
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    lanes = [int(x) for x in args.lanes.split(",")]
+    comm = Engines({n: PortEngine.from_process_group(timeout_s=60.0, lanes=n) for n in lanes})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for collective in args.collectives.split(","):
+        plans, names = [], {}
+        for m in args.methods.split(","):
+            path = PLANS / f"{m}-{collective}.plan.json"
+            if not path.exists():
+                continue
+            plan = load_plan(path)
+            for n in lanes:
+                named = dataclasses.replace(plan, name=f"{plan.name}{SUFFIX}{n}")
+                plans.append(named)
+                names[named.name] = f"{m}-{collective}{SUFFIX}{n}"
+        config = BenchConfig(collective, tuple(parse_size_range(args.sizes)), "bf16", True, args.calls, args.samples,
+                             args.warmup, symm=False)
+        rows = run_bench(comm, config, plans, print if comm.rank == 0 else None)
+        for row in rows:
+            x = _buffers(collective, row["size"], comm.world_size, torch.bfloat16, torch.device("cuda", local))[0]
+            wrong = {names[p.name]: _check(collective, comm, p, x, comm.world_size, "bf16")
+                     for p in plans if p.runs(row["size"])}
+            every = comm.exchange("wrong", wrong)
+            row["wrong_by_plan"] = {k: sum(w[k] for w in every) for k in wrong}
+            row["plan"] = names.get(row["plan"], row["plan"])
+            row.update(summarize(row, names))
+            for k in ("raw_us", "plans_ll128_us"):
+                row.pop(k, None)
+        if comm.rank == 0:
+            doc = {"collective": collective, "dtype": "bf16", "nranks": comm.world_size, "mode": "graph",
+                   "machine": {"gpu": torch.cuda.get_device_name(), "gpus": comm.world_size,
+                               "host": platform.node()},
+                   "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                                "cuda": torch.version.cuda, "python": platform.python_version()},
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "method": {"calls_per_sample": config.calls, "samples": config.samples, "warmup": config.warmup,
+                              "statistic": "median of the slowest rank", "timer": "CUDA events"},
+                   "transport": {"engine": "PortEngine", "hosts": list(comm.hosts), "lanes": lanes,
+                                 "env": {k: os.environ[k] for k in ENV if k in os.environ}},
+                   "plans": {names[p.name]: {"name": p.name.rsplit(SUFFIX, 1)[0], "hash": load_plan(
+                       PLANS / f"{method(names[p.name])}-{collective}.plan.json").content_hash} for p in plans},
+                   "rows": rows}
+            path = out / f"gpu_{collective}_bf16_graph_4xh200_{args.tag}.json"
+            path.write_text(json.dumps(doc, indent=1) + "\n")
+            for r in rows:
+                print(f"{r['size']:>10} nccl {r['nccl_us']:9.1f}  best {r['weft_us']:9.1f} {r['plan']:28s} "
+                      f"x{r['speedup']:.2f}  synth {r['synth_plan']} {r['synth_us'] or 0:9.1f}  baseline "
+                      f"{r['baseline_plan']} {r['baseline_us'] or 0:9.1f}  synth/baseline x{r['synth_speedup'] or 0:.2f}"
+                      f"  wrong {r['wrong_by_plan']}", flush=True)
+    comm.synchronize()
+    dist.barrier()
+    os._exit(0)  # NCCL's teardown with captured graphs alive can hang (tests/gpu/port_job.py)
+
+
+if __name__ == "__main__":
+    main()
