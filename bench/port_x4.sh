@@ -4,7 +4,8 @@
 # ab:      every two_hosts_2gpu plan at 1 lane and at LANES_AB lanes (bench/port_x4.py), NCCL on sockets
 #          (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, as bench/mscclpp_x4.sh), then the same with NCCL_HOSTID per host
 #          (NVLink inside a host, sockets between: the asymmetric fabric, for NCCL and the engine alike);
-# final:   the result files at LANES lanes, SIZES, both fabrics;
+# final:   the result files (sockets), every plan at 1 lane then at 4 (LANES), SIZES ascending; final_nvlink: the same
+#          with NCCL_HOSTID;
 # pytest:  tests/gpu/test_port_two_hosts.py (-m gpu).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -34,12 +35,14 @@ for s in ${STEPS:-ab}; do
       step "A/B nvlink inside hosts (NCCL_HOSTID)"
       x4 ${AB_S:-90} nvlink "$OUT/ab" --sizes ${SIZES_AB:-1MB,16MB,64MB} --lanes 1,${LANES_AB:-4} \
         --samples 3 --calls 2 --tag 2hosts_nvlink_ab --methods ring,direct,milp ;;
-    final)
-      step "final sockets"
-      x4 ${FINAL_S:-150} sockets "$OUT" --sizes ${SIZES:-1MB,4MB,16MB,64MB,256MB} --lanes ${LANES:-4} --tag 2hosts
-      step "final nvlink inside hosts (NCCL_HOSTID)"
-      x4 ${FINAL_S:-150} nvlink "$OUT" --sizes ${SIZES:-1MB,4MB,16MB,64MB,256MB} --lanes ${LANES:-4} \
-        --tag 2hosts_nvlink ;;
+    final)  # one lane count after the other (each whole before the next), sizes ascending, files after each size
+      step "final sockets: lanes ${LANES:-1,4}"
+      x4 ${FINAL_S:-150} sockets "$OUT" --sizes ${SIZES:-1MB,4MB,16MB,64MB,256MB} --lanes ${LANES:-1,4} \
+        --samples 3 --calls 1 --warmup 1 --tag 2hosts --dump-s $(( ${FINAL_S:-150} - 10 )) ;;
+    final_nvlink)
+      step "final nvlink inside hosts (NCCL_HOSTID): lanes ${LANES:-1,4}"
+      x4 ${FINAL_S:-150} nvlink "$OUT" --sizes ${SIZES:-1MB,4MB,16MB,64MB,256MB} --lanes ${LANES:-1,4} \
+        --samples 3 --calls 1 --warmup 1 --tag 2hosts_nvlink --dump-s $(( ${FINAL_S:-150} - 10 )) ;;
     pytest)
       step "pytest -m gpu tests/gpu/test_port_two_hosts.py"
       timeout -k 5 ${PYTEST_S:-120} python -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_port_two_hosts.py \

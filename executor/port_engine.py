@@ -47,6 +47,7 @@ POLL_S = 0.0005
 LANES = 4  # unless $WEFT_PORT_LANES says otherwise
 PIECE_BYTES = 64 << 10  # the least of a chunk that a lane carries
 ALIGN_BYTES = 16  # lanes split chunks on 16-byte boundaries
+LANE_CTAS = 8  # thread blocks of one lane's NCCL kernels
 Bounds = tuple[int, int] | None  # a lane's columns of every chunk; None: the whole chunks, as one lane
 
 
@@ -91,7 +92,7 @@ class PortEngine:
         self.lanes, self.piece_bytes = self._lane_count(lanes), piece_bytes
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
         # every rank creates the lanes' groups here, in the same order (a collective call)
-        self._groups = [group] + [dist.new_group(ranks, backend=self.backend) for _ in range(self.lanes - 1)]
+        self._groups = [group] + [self._lane_group(ranks) for _ in range(self.lanes - 1)]
         self._streams = [torch.cuda.Stream(self.device) for _ in range(self.lanes)] if self.device is not None \
             and self.lanes > 1 else []
 
@@ -99,6 +100,18 @@ class PortEngine:
     def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None,
                            **_: Any) -> "PortEngine":
         return cls(group, timeout_s, lanes)
+
+    def _lane_group(self, ranks: list[int]) -> Any:
+        """A lane's process group. On NCCL its kernels take at most LANE_CTAS thread blocks: the lanes' kernels
+        spin side by side waiting for their peers, and together they must fit on the GPU at once."""
+        dist, options = self._dist, None
+        if self.backend == "nccl":
+            try:
+                options = dist.ProcessGroupNCCL.Options()
+                options.config.max_ctas = LANE_CTAS
+            except (AttributeError, TypeError):  # a torch without NCCL's config: NCCL's defaults
+                options = None
+        return dist.new_group(ranks, backend=self.backend, pg_options=options)
 
     @staticmethod
     def _lane_count(lanes: int | None) -> int:
