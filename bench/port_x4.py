@@ -34,7 +34,8 @@ PLANS = ROOT / "examples" / "plans" / "two_hosts_2gpu"
 BASELINES = ("ring", "direct")
 SYNTHESIZED = ("milp", "trees")
 SUFFIX = "+lanes"
-ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_HOSTID", "NCCL_NET", "NCCL_P2P_NET_CHUNKSIZE", "WEFT_HOST")
+ENV = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_HOSTID", "NCCL_NET",
+       "NCCL_P2P_NET_CHUNKSIZE", "WEFT_HOST")
 
 
 class Engines:

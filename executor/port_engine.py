@@ -18,6 +18,9 @@ the chunks split into lanes that each run the whole program on their own: each l
 (its own NCCL communicator, hence its own connections and proxy) and, on a GPU, its own stream. While one lane
 sums, the others move data, and the lanes' connections carry a hop's bytes side by side. A chunk splits into at
 most ``lanes`` lanes (``$WEFT_PORT_LANES``, default 4) of at least ``piece_bytes`` each; small chunks run as one.
+The lanes' NCCL kernels spin side by side waiting for their peers: set ``CUDA_DEVICE_MAX_CONNECTIONS=32`` so that
+their 2 x lanes streams get hardware queues of their own (with CUDA's default 8, one lane's kernel can wait behind
+another's).
 
 Every wait is bounded: ``synchronize`` polls the stream's progress for ``timeout_s`` and a gloo wait carries the
 same bound, so a peer whose process or host died is reported as ``PeerLost`` (naming the rank and its host)
