@@ -4,7 +4,9 @@ One rank of the job (bench/port_x4.sh starts two torchrun "nodes" of 2 GPUs each
 sockets or, with NCCL_HOSTID, on NVLink inside a host and sockets between). Every plan of
 examples/plans/two_hosts_2gpu for the collective runs through the port engine once per lanes value (named
 PLAN+lanesL), alternated with NCCL on the same buffers (executor.gpu_bench.run_bench, CUDA-graph replay), and
-every plan's result is checked against NCCL at every size. Rank 0 writes one JSON per collective and lane count (TAG_lanesL), after every size:
+every plan's result is checked against NCCL at every size. The lane counts run one after the other (each whole
+before the next), sizes ascending; after every size rank 0 writes one JSON per collective holding every plan at
+every lane count so far:
 
     python bench/port_x4.py OUT_DIR --collectives allgather,allreduce --sizes 1MB,64MB --lanes 1,4 --tag 2hosts
 
@@ -106,7 +108,26 @@ def _finish(row: dict, collective: str, comm, plans: list, names: dict, torch, b
         row.pop(k, None)
 
 
-def _document(collective: str, comm, config, lanes: int, names: dict, rows: list, torch) -> dict:
+def _combine(phases: dict, lanes: list) -> dict:
+    """One size's rows of every lane count as one row: every plan's time, and the best plan's time against the
+    NCCL time measured beside it (in its phase)."""
+    times, wrong, nccl = {}, {}, {}
+    for n, row in phases.items():
+        times.update(row["plans_us"])
+        wrong.update(row["wrong_by_plan"])
+        nccl[n] = row["nccl_us"]
+    best_n = min(phases, key=lambda n: phases[n]["weft_us"] if phases[n]["weft_us"] else float("inf"))
+    row = {**phases[best_n], "plans_us": times, "wrong_by_plan": wrong, "wrong": sum(wrong.values()),
+           "nccl_us_by_lanes": nccl, "lanes": best_n}
+    names = {k: k for k in times}
+    row.update({k: v for k, v in summarize({"median_us": {f"weft:{k}": v for k, v in times.items()},
+                                            "nccl_us": row["nccl_us"]}, names).items() if k != "plans_us"})
+    if row["synth_us"]:  # against the NCCL time of the synthesized plan's own phase
+        row["synth_vs_nccl"] = nccl[int(row["synth_plan"].rsplit(SUFFIX, 1)[1])] / row["synth_us"]
+    return row
+
+
+def _document(collective: str, comm, config, lanes: list, names: dict, rows: list, torch) -> dict:
     from schedules.plan import load_plan
 
     return {"collective": collective, "dtype": "bf16", "nranks": comm.world_size, "mode": "graph",
@@ -129,7 +150,8 @@ def _print(rows: list) -> None:
     for r in rows:
         print(f"{r['size']:>10} nccl {r['nccl_us']:9.1f}  best {r['weft_us']:9.1f} {r['plan']:28s} x{r['speedup']:.2f}"
               f"  synth {r['synth_plan']} {r['synth_us'] or 0:9.1f}  baseline {r['baseline_plan']} "
-              f"{r['baseline_us'] or 0:9.1f}  synth/baseline x{r['synth_speedup'] or 0:.2f}  wrong {r['wrong_by_plan']}",
+              f"{r['baseline_us'] or 0:9.1f}  synth/baseline x{r['synth_speedup'] or 0:.2f}  "
+              f"wrong {r['wrong_by_plan']}",
               flush=True)
 
 
@@ -160,7 +182,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     faulthandler.dump_traceback_later(args.dump_s)  # a stuck job shows every rank's stack before it is stopped
-    done: dict = {}
+    done: dict = {}  # collective -> size -> lanes -> row
+    every_name: dict = {}
     for n in lanes:  # one phase per lane count, each whole before the next: a stop loses only the later phases
         for size in parse_size_range(args.sizes):
             for collective in args.collectives.split(","):
@@ -173,12 +196,14 @@ def main() -> None:
                 rows = run_bench(comm, config, plans, print if comm.rank == 0 else None)
                 for row in rows:
                     _finish(row, collective, comm, plans, names, torch, _buffers, _check, local)
-                key = (collective, n)
-                done.setdefault(key, []).extend(rows)
+                for row in rows:
+                    done.setdefault(collective, {}).setdefault(size, {})[n] = row
+                every_name.setdefault(collective, {}).update(names)
                 if comm.rank == 0:
-                    tag = f"{args.tag}_lanes{n}"
-                    doc = _document(collective, comm, config, n, names, done[key], torch)
-                    (out / f"gpu_{collective}_bf16_graph_4xh200_{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
+                    doc = _document(collective, comm, config, lanes, every_name[collective],
+                                    [_combine(phases, lanes) for _, phases in sorted(done[collective].items())], torch)
+                    path = out / f"gpu_{collective}_bf16_graph_4xh200_{args.tag}.json"
+                    path.write_text(json.dumps(doc, indent=1) + "\n")
                     _print(rows)
     comm.synchronize()
     dist.barrier()
