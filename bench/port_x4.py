@@ -202,7 +202,8 @@ def main() -> None:
                 if comm.rank == 0:
                     doc = _document(collective, comm, config, lanes, every_name[collective],
                                     [_combine(phases, lanes) for _, phases in sorted(done[collective].items())], torch)
-                    path = out / f"gpu_{collective}_bf16_graph_4xh200_{args.tag}.json"
+                    gpu = torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "").lower()
+                    path = out / f"gpu_{collective}_bf16_graph_{comm.world_size}x{gpu}_{args.tag}.json"
                     path.write_text(json.dumps(doc, indent=1) + "\n")
                     _print(rows)
     comm.synchronize()
