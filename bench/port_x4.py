@@ -24,6 +24,7 @@ import faulthandler
 import json
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -202,7 +203,7 @@ def main() -> None:
                 if comm.rank == 0:
                     doc = _document(collective, comm, config, lanes, every_name[collective],
                                     [_combine(phases, lanes) for _, phases in sorted(done[collective].items())], torch)
-                    gpu = torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "").lower()
+                    gpu = re.search(r"[A-Z]\d+", torch.cuda.get_device_name()).group(0).lower()  # "h100", "h200"
                     path = out / f"gpu_{collective}_bf16_graph_{comm.world_size}x{gpu}_{args.tag}.json"
                     path.write_text(json.dumps(doc, indent=1) + "\n")
                     _print(rows)

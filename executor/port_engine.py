@@ -17,10 +17,13 @@ Lanes overlap sums with transfers. Every op maps element j of a chunk to element
 the chunks split into lanes that each run the whole program on their own: each lane has its own process group
 (its own NCCL communicator, hence its own connections and proxy) and, on a GPU, its own stream. While one lane
 sums, the others move data, and the lanes' connections carry a hop's bytes side by side. A chunk splits into at
-most ``lanes`` lanes (``$WEFT_PORT_LANES``, default 4) of at least ``piece_bytes`` each; small chunks run as one.
-The lanes' NCCL kernels spin side by side waiting for their peers: set ``CUDA_DEVICE_MAX_CONNECTIONS=32`` so that
-their 2 x lanes streams get hardware queues of their own (with CUDA's default 8, one lane's kernel can wait behind
-another's).
+most ``lanes`` lanes (``$WEFT_PORT_LANES``; default 1, no lanes) of at least ``piece_bytes`` each; small chunks
+run as one. A lane splits a slot of several chunks into one operation per chunk, so its groups are closed
+(``compile_programs(closed=True)``: each group meets one group per peer, of the same round). The lanes' NCCL
+kernels spin side by side waiting for their peers: set ``CUDA_DEVICE_MAX_CONNECTIONS=32`` so that their 2 x lanes
+streams get hardware queues of their own (with CUDA's default 8, one lane's kernel can wait behind another's).
+Measured (bench/NOTES.md, 4 GPUs as 2 hosts x 2 on sockets): 4 lanes ran 1.3-2x faster than one at 1-4 MB; with
+open groups the milp all-gather stopped at 16 MB, and closed groups have not yet run on a GPU, hence the default.
 
 Every wait is bounded: ``synchronize`` polls the stream's progress for ``timeout_s`` and a gloo wait carries the
 same bound, so a peer whose process or host died is reported as ``PeerLost`` (naming the rank and its host)
@@ -47,7 +50,7 @@ from schedules.plan import Plan, load_plan, parse_plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 POLL_S = 0.0005
-LANES = 4  # unless $WEFT_PORT_LANES says otherwise
+LANES = 1  # unless $WEFT_PORT_LANES says otherwise: lanes wait for a GPU run of closed groups at >= 16 MB
 PIECE_BYTES = 64 << 10  # the least of a chunk that a lane carries
 ALIGN_BYTES = 16  # lanes split chunks on 16-byte boundaries
 LANE_CTAS = 8  # thread blocks of one lane's NCCL kernels
@@ -90,7 +93,7 @@ class PortEngine:
         except (TypeError, ValueError) as e:
             raise ExecutorError(f"port engine: rank {self.rank}: a peer's identity is malformed: {e}") from None
         self._contexts: dict[tuple, _Context] = {}
-        self._programs: dict[str, tuple[Program, ...]] = {}
+        self._programs: dict[tuple[str, bool], tuple[Program, ...]] = {}  # (plan hash, closed groups)
         self._last: _Context | None = None
         self.lanes, self.piece_bytes = self._lane_count(lanes), piece_bytes
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
@@ -215,14 +218,15 @@ class PortEngine:
         self._check(plan, input, name)
         gpu = plan.gpus[self.rank]
         elems = input.numel() // self._input_chunks(plan)
-        programs = self._programs.get(plan.content_hash)
+        size = input.element_size()
+        lanes = lane_bounds(elems, lanes_for(elems * size, self.lanes, self.piece_bytes), max(ALIGN_BYTES // size, 1))
+        closed = len(lanes) > 1  # lanes split slots into many operations: groups of one round each
+        programs = self._programs.get((plan.content_hash, closed))
         if programs is None:
-            programs = self._programs[plan.content_hash] = compile_programs(plan)
+            programs = self._programs[(plan.content_hash, closed)] = compile_programs(plan, closed)
         program = programs[self.rank]
         scratch = {k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)
                    for k, n in (("s", gpu.scratch_chunks), ("t", program.staging_chunks)) if n}
-        size = input.element_size()
-        lanes = lane_bounds(elems, lanes_for(elems * size, self.lanes, self.piece_bytes), max(ALIGN_BYTES // size, 1))
         ctx = self._contexts[key] = _Context(program, scratch, elems, lanes)
         return ctx
 

@@ -42,6 +42,43 @@ def test_port_programs_compute_the_collective(path):
         _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, dtype), outputs, elems, dtype)
 
 
+def _partner_groups(programs) -> dict:
+    """For each (rank, step index) of an exchange: the (peer, step index) of every exchange holding the other side
+    of one of its hops (sends and receives between two ranks meet in order, as NCCL matches them)."""
+    posted = {}
+    for r, program in enumerate(programs):
+        for i, step in enumerate(program.steps):
+            for t in step.transfers if isinstance(step, Exchange) else ():
+                posted.setdefault(((r, t.peer) if t.send else (t.peer, r), t.send), []).append((r, i))
+    partners = {}
+    for (pair, send), sides in posted.items():
+        if send:
+            for a, b in zip(sides, posted[(pair, False)]):
+                partners.setdefault(a, set()).add(b)
+                partners.setdefault(b, set()).add(a)
+    return partners
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_closed_programs_compute_the_collective_and_each_group_meets_one_group_per_peer(path):
+    plan = load_plan(path)
+    programs = compile_programs(plan, closed=True)
+    for (r, i), sides in _partner_groups(programs).items():
+        peers = [peer for peer, _ in sides]
+        assert len(peers) == len(set(peers)), f"rank {r} step {i} meets a peer in two of its groups: {sides}"
+    elems = chunk_elems(plan, 2 * smallest_size(plan), "fp32")
+    inputs = random_inputs(plan, elems, np.random.default_rng(5))
+    outputs = run_programs(plan, programs, inputs, elems, "fp32")
+    _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")
+
+
+def test_open_groups_wait_on_a_peers_later_group_where_closed_ones_do_not():
+    plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allgather.plan.json")
+    def spans(programs) -> int:
+        return sum(len({p for p, _ in s}) < len(s) for s in _partner_groups(programs).values())
+    assert spans(compile_programs(plan)) > 0 and spans(compile_programs(plan, closed=True)) == 0
+
+
 def test_hops_between_hosts_are_transfers_and_local_work_is_sums():
     plan = load_plan(PLANS[0].parent / "ring-allreduce.plan.json")
     steps = compile_programs(plan)[0].steps
