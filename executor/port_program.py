@@ -108,6 +108,7 @@ Step = Union[Exchange, Compute]
 LOWERED = frozenset({"copy", "put", "pws", "pwsf", "get", "re", "res", "rre", "rres",
                      "ppkt", "rppkt", "upkt", "cpkt", "repkt", "respkt", "recpkt", "recspkt"})
 INPLACE = "io"  # an in-place plan's one buffer
+ROUND_END = None  # in a rank's actions: the global order's round ended (compile_programs(closed=True))
 
 
 @dataclass(frozen=True)
@@ -123,13 +124,47 @@ class Program:
         return tuple(sorted({t.peer for s in self.steps if isinstance(s, Exchange) for t in s.transfers}))
 
 
-def compile_programs(plan: Plan) -> tuple[Program, ...]:
-    """Every rank's Program for ``plan`` (proven beforehand)."""
+def compile_programs(plan: Plan, closed: bool = False) -> tuple[Program, ...]:
+    """Every rank's Program for ``plan`` (proven beforehand).
+
+    ``closed``: a group holds the hops of one round of the global order only, so the other side of each of its hops
+    sits in a group of the same round on the peer. Otherwise a group may hold a receive whose send comes in the
+    peer's next group; that completes only if NCCL runs every operation of the group at once, which it does for a
+    few operations and not for many (lanes split a slot of several chunks into one operation per chunk)."""
     actions: dict[int, list] = defaultdict(list)
     staging = 0
-    for rank, tb, index in global_order(plan):
-        staging = max(staging, _lower(plan, rank, tb, index, actions))
+    for ops in global_rounds(plan):
+        mark = {r: len(actions[r]) for r in range(plan.nranks)}
+        for rank, tb, index in ops:
+            staging = max(staging, _lower(plan, rank, tb, index, actions))
+        if closed:
+            for r in range(plan.nranks):
+                actions[r][mark[r]:] = _sums_last(actions[r][mark[r]:]) + [ROUND_END]
     return tuple(Program(r, _group(actions[r]), staging) for r in range(plan.nranks))
+
+
+def _sums_last(actions: list) -> list:
+    """One round of a rank's actions with the sums that touch none of the round's transfers, nor a later sum that
+    keeps its place, moved after them: they then do not split the round's group."""
+    def writes(a) -> tuple:
+        return a.dsts if isinstance(a, Compute) else () if a.send else (a.slot,)
+
+    def reads(a) -> tuple:
+        return a.srcs if isinstance(a, Compute) else (a.slot,) if a.send else ()
+
+    def clash(a, b) -> bool:
+        return any(x.overlaps(y) for x in writes(a) for y in writes(b) + reads(b)) or \
+            any(x.overlaps(y) for x in writes(b) for y in reads(a))
+
+    kept: list = []
+    moved: list = []
+    for a in reversed(actions):  # a sum moves if nothing after it that stays touches what it touches
+        if isinstance(a, Compute) and not any(clash(a, b) for b in kept) and \
+                not any(clash(a, t) for t in actions if isinstance(t, Transfer)):
+            moved.append(a)
+        else:
+            kept.append(a)
+    return kept[::-1] + moved[::-1]
 
 
 def placed(plan: Plan, rank: int, buffer: str, index: int) -> tuple[str, int]:
@@ -144,6 +179,11 @@ def placed(plan: Plan, rank: int, buffer: str, index: int) -> tuple[str, int]:
 
 def global_order(plan: Plan) -> list[tuple[int, int, int]]:
     """(rank, thread block, op index) of every op in one run that every signal, wait, semaphore and barrier allows."""
+    return [op for ops in global_rounds(plan) for op in ops]
+
+
+def global_rounds(plan: Plan) -> list[list[tuple[int, int, int]]]:
+    """``global_order`` in rounds: each round runs at most one op of every thread block that can go on."""
     pairs = {t: channel_pairs(plan, t) for t in ("memory", "port")}
     pc = {(r, tb.id): 0 for r, g in enumerate(plan.gpus) for tb in g.threadblocks}
     inbound: Counter = Counter()
@@ -201,11 +241,12 @@ def global_order(plan: Plan) -> list[tuple[int, int, int]]:
     live = sorted(pc)
     while live:  # rounds of one op per thread block, so that the hops that can go together are neighbours
         progressed = False
+        order.append([])
         for r, t in live:
             ops = plan.gpus[r].threadblocks[t].ops
             if pc[(r, t)] < len(ops) and ready(r, t, ops[pc[(r, t)]]):
                 run(r, t, ops[pc[(r, t)]])
-                order.append((r, t, pc[(r, t)]))
+                order[-1].append((r, t, pc[(r, t)]))
                 pc[(r, t)] += 1
                 progressed = True
         live = [k for k in live if pc[k] < len(plan.gpus[k[0]].threadblocks[k[1]].ops)]
@@ -284,6 +325,9 @@ def _group(actions: list) -> tuple[Step, ...]:
             batch.clear()
 
     for a in actions:
+        if a is ROUND_END:
+            close()
+            continue
         if isinstance(a, Compute):
             close()
             steps.append(a)
@@ -367,3 +411,23 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
         buffer, at = placed(plan, r, "o", 0)
         outputs.append(b[buffer][at:at + plan.gpus[r].output_chunks].reshape(-1).copy())
     return outputs
+
+
+def lane_bounds(elems: int, lanes: int, unit: int = 1) -> tuple[tuple[int, int], ...]:
+    """Column ranges ``[lo, hi)`` that split a chunk of ``elems`` elements into at most ``lanes`` parts, each
+    boundary on a multiple of ``unit`` elements. Every op maps a chunk's element j to element j of another chunk,
+    so each part runs the whole program on its own: a lane.
+
+    >>> lane_bounds(10, 3, 2)
+    ((0, 2), (2, 6), (6, 10))
+    """
+    units = elems // unit
+    n = max(1, min(lanes, units))
+    cuts = [unit * (units * k // n) for k in range(n)] + [elems]
+    return tuple(zip(cuts[:-1], cuts[1:]))
+
+
+def lanes_for(chunk_bytes: int, max_lanes: int, piece_bytes: int) -> int:
+    """Lanes for a chunk of ``chunk_bytes``: as many as ``max_lanes`` while each lane's piece of a chunk holds at
+    least ``piece_bytes`` (below that, a lane's extra calls cost more than its overlap gains)."""
+    return max(1, min(max_lanes, chunk_bytes // max(piece_bytes, 1)))

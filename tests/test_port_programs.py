@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from executor.hosts import HOST_ENV, host_identity, ipc_across_hosts, transport_refusal
-from executor.port_program import Compute, Exchange, compile_programs, run_programs
+from executor.port_program import Compute, Exchange, compile_programs, lane_bounds, lanes_for, run_programs
 from executor.reference import _compare, check_plan, chunk_elems, expected_outputs, random_inputs, smallest_size
 from schedules.plan import load_plan
 
@@ -20,7 +20,7 @@ def test_the_two_host_plans_cover_every_method_and_collective():
     names = {(p.parent.name, p.name) for p in PLANS}
     assert names == {(t, f"{m}-{c}.plan.json") for t in ("two_hosts", "two_hosts_2gpu")
                      for m in ("ring", "trees", "milp") for c in ("allreduce", "allgather", "reducescatter")} | {
-        ("two_hosts", "direct-allreduce.plan.json")}  # one hop: the latency plan
+        ("two_hosts", "direct-allreduce.plan.json"), ("two_hosts_2gpu", "direct-allgather.plan.json")}  # one hop each
 
 
 def test_a_one_shot_plan_is_one_group_of_transfers():
@@ -40,6 +40,43 @@ def test_port_programs_compute_the_collective(path):
         inputs = random_inputs(plan, elems, np.random.default_rng(7))
         outputs = run_programs(plan, programs, inputs, elems, dtype)
         _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, dtype), outputs, elems, dtype)
+
+
+def _partner_groups(programs) -> dict:
+    """For each (rank, step index) of an exchange: the (peer, step index) of every exchange holding the other side
+    of one of its hops (sends and receives between two ranks meet in order, as NCCL matches them)."""
+    posted = {}
+    for r, program in enumerate(programs):
+        for i, step in enumerate(program.steps):
+            for t in step.transfers if isinstance(step, Exchange) else ():
+                posted.setdefault(((r, t.peer) if t.send else (t.peer, r), t.send), []).append((r, i))
+    partners = {}
+    for (pair, send), sides in posted.items():
+        if send:
+            for a, b in zip(sides, posted[(pair, False)]):
+                partners.setdefault(a, set()).add(b)
+                partners.setdefault(b, set()).add(a)
+    return partners
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_closed_programs_compute_the_collective_and_each_group_meets_one_group_per_peer(path):
+    plan = load_plan(path)
+    programs = compile_programs(plan, closed=True)
+    for (r, i), sides in _partner_groups(programs).items():
+        peers = [peer for peer, _ in sides]
+        assert len(peers) == len(set(peers)), f"rank {r} step {i} meets a peer in two of its groups: {sides}"
+    elems = chunk_elems(plan, 2 * smallest_size(plan), "fp32")
+    inputs = random_inputs(plan, elems, np.random.default_rng(5))
+    outputs = run_programs(plan, programs, inputs, elems, "fp32")
+    _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")
+
+
+def test_open_groups_wait_on_a_peers_later_group_where_closed_ones_do_not():
+    plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allgather.plan.json")
+    def spans(programs) -> int:
+        return sum(len({p for p, _ in s}) < len(s) for s in _partner_groups(programs).values())
+    assert spans(compile_programs(plan)) > 0 and spans(compile_programs(plan, closed=True)) == 0
 
 
 def test_hops_between_hosts_are_transfers_and_local_work_is_sums():
@@ -100,3 +137,31 @@ def test_a_pipeline_is_refused_not_skipped(name):
     plan = load_plan(Path(__file__).parent / "fixtures" / "mscclpp" / "plans" / f"{name}.json")
     with pytest.raises(ExecutorError, match=r"ops\[\d+\]: op 'pipeline': the port engine does not run pipelines$"):
         compile_programs(plan)
+
+
+@pytest.mark.parametrize("elems,lanes,unit", [(4096, 4, 8), (4100, 4, 8), (24, 8, 8), (7, 3, 1), (8, 1, 8)])
+def test_lanes_cover_every_element_of_a_chunk_once_on_aligned_cuts(elems, lanes, unit):
+    bounds = lane_bounds(elems, lanes, unit)
+    assert 1 <= len(bounds) <= lanes and len(bounds) <= max(elems // unit, 1)
+    assert bounds[0][0] == 0 and bounds[-1][1] == elems
+    assert all(hi == lo for (_, hi), (lo, _) in zip(bounds, bounds[1:]))  # contiguous, no overlap
+    assert all(lo % unit == 0 and hi > lo for lo, hi in bounds)
+
+
+def test_small_chunks_run_as_one_lane_and_large_ones_split_up_to_the_most():
+    assert lanes_for(32 << 10, 4, 64 << 10) == 1
+    assert lanes_for(128 << 10, 4, 64 << 10) == 2
+    assert lanes_for(64 << 20, 4, 64 << 10) == 4
+
+
+def test_lanes_each_running_the_program_on_their_columns_compute_the_collective():
+    plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allreduce.plan.json")
+    programs = compile_programs(plan)
+    elems = chunk_elems(plan, 8 * smallest_size(plan), "fp32")
+    inputs = random_inputs(plan, elems, np.random.default_rng(3))
+    chunks = [x.reshape(plan.gpus[r].input_chunks, elems) for r, x in enumerate(inputs)]
+    parts = [run_programs(plan, programs, [c[:, lo:hi].reshape(-1) for c in chunks], hi - lo, "fp32")
+             for lo, hi in lane_bounds(elems, 3, 4)]
+    outputs = [np.concatenate([p[r].reshape(plan.gpus[r].output_chunks, -1) for p in parts], axis=1).reshape(-1)
+               for r in range(plan.nranks)]
+    _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")

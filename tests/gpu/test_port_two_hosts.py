@@ -138,7 +138,7 @@ def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
     docs = _launch("gloo", 4, tmp_path, env, 300)
     for doc in docs:
         assert doc["hosts"] == ["host0", "host0", "host1", "host1"]
-        assert len(doc["records"]) == 9 * 3
+        assert len(doc["records"]) == 10 * 3
         bad = [r for r in doc["records"] if not r.get("eager")]
         assert not bad, bad[:3]
 
