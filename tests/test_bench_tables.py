@@ -17,7 +17,8 @@ ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "bench" / "results"
 IN_README = ["gpu_allreduce_bf16_graph_2xh200.json", "gpu_reducescatter_bf16_graph_2xh200.json",
              "gpu_allgather_bf16_graph_2xh200.json", "gpu_allreduce_bf16_graph_4xh200.json",
-             "gpu_reducescatter_bf16_graph_4xh200.json", "gpu_allgather_bf16_graph_4xh200.json"]
+             "gpu_reducescatter_bf16_graph_4xh200.json", "gpu_allgather_bf16_graph_4xh200.json",
+             "gpu_allreduce_bf16_graph_2xh100.json", "gpu_allreduce_bf16_graph_4xh100.json"]
 
 
 @pytest.mark.parametrize("name", IN_README)
