@@ -163,11 +163,6 @@ class Peers:
                 calls["vllm:custom_ar"] = PeerCall(run, lambda: (xin.copy_(x), run())[1], self.vllm.capture)
         return calls, refused
 
-    def close(self) -> None:
-        for peer in (self.flashinfer, self.vllm):
-            if peer is not None:
-                peer.close()
-
 
 def _timer(fn: Callable[[], Any], graph: bool, calls: int, capture: Callable[[], Any] = contextlib.nullcontext):
     """A function returning one sample (µs per call). ``capture`` is entered around the warm-up and the capture

@@ -25,7 +25,11 @@ def test_without_flashinfer_the_bench_records_why_each_peer_is_absent():
     assert made.flashinfer is None and made.vllm is None
     assert set(made.absent) == {"flashinfer", "vllm"}
     assert all(why.startswith("PeerUnavailable: flashinfer: ModuleNotFoundError") for why in made.absent.values())
-    made.close()  # nothing to close: no error
+
+
+@pytest.mark.skipif(not NOT_INSTALLED, reason="FlashInfer is installed here")
+def test_the_bench_makes_only_the_peers_asked_for():
+    assert Peers.create(1 << 20, ("vllm",)).absent.keys() == {"vllm"}
 
 
 @pytest.mark.skipif(not NOT_INSTALLED, reason="FlashInfer is installed here")
