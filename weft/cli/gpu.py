@@ -54,8 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("-o", "--output", help="JSON results file (default bench/results/gpu_<coll>_<n>x<gpu>.json)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--peers", default="flashinfer,vllm",
-                       help="all-reduce peers timed beside NCCL and symmetric memory where installed: flashinfer, "
-                            "vllm (its custom all-reduce as FlashInfer ships it), both (the default) or none")
+                       help="all-reduce peers timed beside NCCL and symmetric memory where installed, comma-separated: "
+                            "flashinfer, vllm (its custom all-reduce as FlashInfer ships it), or none "
+                            "(default: flashinfer,vllm)")
     bench.add_argument("--record", action="store_true",
                        help="store weft's measured times in the registry entries (with --plans registry)")
     bench.set_defaults(func=_bench)
