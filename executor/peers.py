@@ -26,6 +26,11 @@ HIDDEN = 8192  # a plain all-reduce of n elements runs as rows of this many (Lla
 VARIANTS = ("oneshot", "twoshot", "auto")  # FlashInfer's one-shot, two-shot, and its own heuristic's choice
 VLLM_BLOCKS = 36  # vLLM's kMaxBlocks, the CTAs it launches
 VLLM_MAX_BYTES = 16 << 20  # vLLM's custom all-reduce is timed up to this size (its default cap is 8 MB)
+# FlashInfer 0.7.2.post1's one-shot kernel forms the buffer it clears as ``clear_offset * comm_size`` in int32
+# (trtllm_allreduce_fusion.cuh, LamportComm): a workspace whose Lamport slot (ranks × its largest message) reaches
+# 1 GiB overflows it, and every third one-shot call then clears memory 2 GiB before the slot, whoever owns it (it
+# broke weft's 256 MB check at 4 ranks while FlashInfer's own results stayed right). Workspaces stay below it.
+LAMPORT_SLOT_LIMIT = 1 << 30
 
 
 class PeerUnavailable(ExecutorError):
@@ -50,6 +55,12 @@ def version() -> str | None:
         return flashinfer.__version__
     except Exception:
         return None
+
+
+def max_tokens_for(max_bytes: int, world: int, hidden: int = HIDDEN) -> int:
+    """The rows a workspace holds: ``max_bytes`` of bf16/fp16 rows, at least one more than ranks (two-shot needs
+    them), below LAMPORT_SLOT_LIMIT (larger messages are refused: ``FlashInfer.refusal``)."""
+    return min(max(max_bytes // (2 * hidden), world + 1), (LAMPORT_SLOT_LIMIT - 1) // (world * hidden * 2))
 
 
 def rows(numel: int) -> tuple[int, int]:
@@ -88,7 +99,7 @@ class FlashInfer:
         from flashinfer.comm import trtllm_ar
 
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        max_tokens = max(max_bytes // (2 * hidden), world + 1)
+        max_tokens = max_tokens_for(max_bytes, world, hidden)
         handles, workspace, metadata = _quiet(
             trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion, tp_rank=rank, tp_size=world,
             max_token_num=max_tokens, hidden_dim=hidden, use_fp32_lamport=False, group=group, create_metadata=True,

@@ -19,6 +19,14 @@ def test_a_flat_all_reduce_runs_as_rows_of_the_hidden_size_where_they_divide(num
     assert peers.rows(numel) == shape
 
 
+@pytest.mark.parametrize("max_bytes, world, tokens", [(256 << 20, 2, 16384), (256 << 20, 4, 16383),
+                                                    (1 << 20, 4, 64), (1024, 4, 5)])
+def test_a_flashinfer_workspace_stays_below_its_int32_clear_offset(max_bytes, world, tokens):
+    # 4 ranks × 256 MB is a 1 GiB Lamport slot: FlashInfer's one-shot would clear 2 GiB before it (executor/peers.py)
+    assert peers.max_tokens_for(max_bytes, world) == tokens
+    assert world * tokens * peers.HIDDEN * 2 < peers.LAMPORT_SLOT_LIMIT
+
+
 @pytest.mark.skipif(not NOT_INSTALLED, reason="FlashInfer is installed here")
 def test_without_flashinfer_the_bench_records_why_each_peer_is_absent():
     made = Peers.create(1 << 20)
