@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 36's evidence in one device call on a 4-GPU machine (from the repository root, $OUT set):
 #   1. the all-to-all GPU tests (tests/gpu/test_alltoall.py) on 2 and 4 GPUs;
-#   2. for 2 and 4 GPUs: the direct all-to-all tuned into a registry of its own ($OUT/registry_a2a_x<N>: LL, with
-#      LL128 lines timed too, and Simple, at several instance counts), then `weft bench alltoall` 1 KB-256 MB in
+#   2. for 2 and 4 GPUs: the direct all-to-all tuned into a registry of its own ($OUT/registry_a2a_x<N>: LL up to
+#      8 MB, with LL128 lines timed too, and Simple, at several instance counts, one thread block per peer or one
+#      for every peer), then `weft bench alltoall` 1 KB-256 MB in
 #      graph replay against NCCL (and torch symmetric memory's all_to_all_vdev where NVSHMEM loads; the bench runs
 #      again without it if that fails), the times recorded into that registry;
 #   3. examples/moe_layer.py at EP=4 and EP=2 on those registries (NCCL and weft in one job);
@@ -35,8 +36,12 @@ for n in 4 2; do
   REG="$OUT/registry_a2a_x$n"
   if [ ! -d "$REG" ]; then
     step "tune the direct all-to-all for $(spec $n) into $REG"
+    # as the all-reduce registries' winners: LL of 512 threads up to 8 MB (the staging size), Simple of 1024
     timeout -k 5 ${TUNE_S:-120} python3 -c 'from weft.cli import run; run()' tune alltoall -t "$(spec $n)" \
-      --registry "$REG" --protocols ll,simple --instances 1,4,16,32 --threads 1024 >> "$LOG" 2>&1
+      --registry "$REG" --protocols ll --instances 1,4,16,32 --threads 512 --ll-max-bytes 8MB >> "$LOG" 2>&1
+    echo "rc=$?" | tee -a "$LOG"
+    timeout -k 5 ${TUNE_S:-120} python3 -c 'from weft.cli import run; run()' tune alltoall -t "$(spec $n)" \
+      --registry "$REG" --protocols simple --instances 4,16,32 --threads 1024 >> "$LOG" 2>&1
     echo "rc=$?" | tee -a "$LOG"
   fi
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
