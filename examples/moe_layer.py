@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_routing as moe  # noqa: E402
+from tp_decode import graph_of, time_replay  # noqa: E402  (the same graphs and timing as the decode step)
 
 HIDDEN = 4096
 BOUND = 1e-2  # max |weft - nccl| / max |nccl| over the layer's output; the expected difference is 0
@@ -130,37 +131,12 @@ def weft_backend(comm) -> Backend:
     return Backend(comm.all_to_all_single, lambda shape: comm.capture(alltoall_sizes=[shape.alltoall_bytes]))
 
 
-def graph_of(fn, capture: ContextManager) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with capture:
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    return graph
-
-
-def time_replay(graph: torch.cuda.CUDAGraph) -> float:
-    """Milliseconds of one replay, after a barrier so that ranks start together."""
-    dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
 def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, device) -> dict:
     """One row: every backend's layer and exchanges as graphs, timed taking turns, and the outputs compared."""
     x = torch.randn(shape.tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(
         7 + dist.get_rank()), device=device).to(torch.bfloat16)
     graphs, results, layers = {}, {}, {}
+    side = torch.cuda.Stream()
     for name, impl in backends.items():
         layer = layers[name] = Layer(shape, weights, device)
         out = {}
@@ -168,9 +144,10 @@ def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, 
         def forward(layer=layer, out=out, impl=impl):
             out["y"] = layer.forward(x, impl.exchange)
 
-        graphs[name] = {"layer": graph_of(forward, impl.capture(shape)),
-                        "alltoall": graph_of(lambda layer=layer, impl=impl: layer.exchanges(impl.exchange),
-                                             impl.capture(shape))}
+        capture = (lambda impl=impl: impl.capture(shape))
+        graphs[name] = {"layer": graph_of(forward, side, capture),
+                        "alltoall": graph_of(lambda layer=layer, impl=impl: layer.exchanges(impl.exchange), side,
+                                             capture)}
         results[name] = out
     times = {name: {kind: [] for kind in g} for name, g in graphs.items()}
     for _ in range(iters):

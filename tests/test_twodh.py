@@ -105,3 +105,9 @@ def test_2dh_needs_hosts_of_one_size():
 def test_pareto_considers_2dh_on_several_hosts():
     topology = build(TWO_BY_TWO)
     assert "2dh" in {s.meta.solver for s in candidates(topology, Collective("alltoall", 4), chunk_options=(1,))}
+
+
+def test_the_facade_synthesizes_2dh():
+    from weft.synthesis import synthesize
+
+    assert synthesize(build(TWO_BY_TWO), "alltoall", "2dh").meta.solver == "2dh"
