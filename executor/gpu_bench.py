@@ -121,7 +121,12 @@ def _symm_mem_alltoall(x, out) -> dict[str, PeerCall]:
         raise RuntimeError(f"torch {torch.__version__} has no torch.ops.symm_mem.all_to_all_vdev")
     if not symm_mem.is_nvshmem_available():
         raise RuntimeError("all_to_all_vdev needs NVSHMEM, which this torch cannot load")
-    symm_mem.set_backend("NVSHMEM")
+    try:
+        current = symm_mem.get_backend(x.device)
+    except Exception:  # a torch without get_backend: set it (once per process is what it allows)
+        current = None
+    if current != "NVSHMEM":
+        symm_mem.set_backend("NVSHMEM")
     group, world = dist.group.WORLD.group_name, dist.get_world_size()
     symm_mem.enable_symm_mem_for_group(group)
     inp = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
