@@ -108,5 +108,6 @@ for r in doc["rows"]:
     print(r["size"], {k: round(v, 2) for k, v in busbw.items()}, "GB/s busbw; wrong", r["wrong"])
 EOF
 fi
+[ "${REGS:-$OUT}" != "$OUT" ] && cp -r "$REGS"/registry_a2a_x* "$OUT/" 2>/dev/null
 step "done"
 ls -la "$OUT" | tee -a "$LOG"
