@@ -74,6 +74,7 @@ def test_the_cli_prints_2dh_beside_direct_and_the_bound(tmp_path, capsys):
     flat = predict_us(direct(topology, Collective("alltoall", 4)), topology, 1 << 30)
     assert "2dh-alltoall" in out and f"1GB: {flat:.2f} µs" in out
     assert f"1GB: {lower_bound_us(topology, Collective('alltoall', 4), 1 << 30):.2f} µs" in out
+    assert "messages a GPU sends across hosts: 2dh 1, flat direct 2" in out
 
 
 def test_the_cli_json_carries_the_comparison(tmp_path, capsys):

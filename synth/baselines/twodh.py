@@ -42,6 +42,25 @@ def host_grid(topology: Topology) -> list[list[int]]:
     return [sorted(r for r in topology.ranks if topology.hosts[r] == h) for h in hosts]
 
 
+def host_messages(schedule: Schedule, topology: Topology) -> int:
+    """The most messages one rank sends to other hosts over the schedule: its distinct (step, destination) pairs
+    across hosts, what 2DH cuts from G·(H-1) to H-1.
+
+    >>> from topologies.catalog import build
+    >>> from schedules.collectives import Collective
+    >>> from synth.baselines.direct import direct
+    >>> t = build("hgx_h100:nodes=2")
+    >>> host_messages(twodh(t, Collective("alltoall", 16)), t), host_messages(direct(t, Collective("alltoall", 16)), t)
+    (1, 8)
+    """
+    sent: dict[int, set[tuple[int, int]]] = {}
+    for k, step in enumerate(schedule.steps):
+        for s in step.sends:
+            if topology.hosts[s.src] != topology.hosts[s.dst]:
+                sent.setdefault(s.src, set()).add((k, s.dst))
+    return max((len(v) for v in sent.values()), default=0)
+
+
 def twodh(topology: Topology, collective: Collective) -> Schedule:
     """Two-level all-to-all: an intra-host exchange that gathers blocks by destination GPU index, then one
     message per (remote host, local index)."""

@@ -157,9 +157,14 @@ def references_us(topology: Topology, collective: Collective, sizes: list[str]) 
 
 
 def _print_references(topology: Topology, collective: Collective, sizes: list[str]) -> None:
+    from synth.baselines import direct, twodh
+    from synth.baselines.twodh import host_messages
+
     refs = references_us(topology, collective, sizes)
     for name, label in (("direct", "flat direct (predicted)"), ("bound", "lower bound (cut, latency)")):
         print(f"  {label:<27} " + " ".join(f"{n}: {refs[name][n]:.2f} µs" for n in sizes))
+    print(f"  messages a GPU sends across hosts: 2dh {host_messages(twodh(topology, collective), topology)}, flat "
+          f"direct {host_messages(direct(topology, collective), topology)} (the model prices bytes, not messages)")
 
 
 def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tuple[Schedule, dict]]:
