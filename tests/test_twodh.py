@@ -48,9 +48,10 @@ def test_across_hosts_each_gpu_sends_one_message_per_remote_host(spec):
     assert len(flat) == gpus * len(crossing)  # the flat schedule talks to every remote GPU
 
 
-def test_2dh_plan_is_proven_on_the_reference_executor():
-    topology = build(TWO_BY_TWO)
-    schedule = twodh(topology, Collective("alltoall", 4, chunks=2))
+@pytest.mark.parametrize("spec, chunks", [(TWO_BY_TWO, 2), (TWO_HGX, 1)])
+def test_2dh_plan_is_proven_on_the_reference_executor(spec, chunks):
+    topology = build(spec)
+    schedule = twodh(topology, Collective("alltoall", topology.nranks, chunks=chunks))
     plan = compile_and_verify(schedule, topology)
     assert plan.weft.verification["ok"]
     assert any(ch.channel_type == "port" for g in plan.gpus for ch in g.channels)  # hops between hosts: ports
