@@ -36,6 +36,7 @@ class BenchConfig:
     ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
     symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
     peers: tuple[str, ...] = ("flashinfer", "vllm")  # where installed (all-reduce, one host, as symm)
+    # all-to-all: "symm" adds torch symmetric memory's all_to_all_vdev (NVSHMEM), opt-in (gpu_bench.alltoall_peers)
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -105,6 +106,64 @@ def _symm_mem_allreduce(x) -> tuple[dict[str, PeerCall], Any]:
 
     return {"symm:one_shot": PeerCall(one_shot, loaded(one_shot)),
             "symm:two_shot": PeerCall(two_shot, loaded(two_shot))}, buf
+
+
+def _symm_mem_alltoall(x, out) -> dict[str, PeerCall]:
+    """torch symmetric memory's all-to-all (``all_to_all_vdev``, NVSHMEM) with equal splits, on symmetric copies of
+    x and out. The op's arguments changed across torch releases (the splits as one (3, world) tensor, or the input
+    splits and a (2, world) tensor of output splits and offsets); the installed schema decides. Raises where torch
+    has no NVSHMEM or no such op: the bench records why (``peers_refused``)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if not hasattr(torch.ops.symm_mem, "all_to_all_vdev"):
+        raise RuntimeError(f"torch {torch.__version__} has no torch.ops.symm_mem.all_to_all_vdev")
+    if not symm_mem.is_nvshmem_available():
+        raise RuntimeError("all_to_all_vdev needs NVSHMEM, which this torch cannot load")
+    try:
+        current = symm_mem.get_backend(x.device)
+    except Exception:  # a torch without get_backend: set it (once per process is what it allows)
+        current = None
+    if current != "NVSHMEM":
+        symm_mem.set_backend("NVSHMEM")
+    group, world = dist.group.WORLD.group_name, dist.get_world_size()
+    symm_mem.enable_symm_mem_for_group(group)
+    inp = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    got = symm_mem.empty(out.numel(), dtype=x.dtype, device=x.device)
+    inp.copy_(x)
+    per_rank = x.numel() // world
+    splits = torch.full((world,), per_rank, dtype=torch.int64, device=x.device)
+    offsets = torch.arange(0, per_rank * world, per_rank, dtype=torch.int64, device=x.device)
+    arguments = len(torch.ops.symm_mem.all_to_all_vdev.default._schema.arguments)
+    if arguments == 4:  # (input, out, in_out_splits (3, world), group)
+        table = symm_mem.empty((3, world), dtype=torch.int64, device=x.device)
+        table[0].copy_(splits)
+
+        def run():
+            torch.ops.symm_mem.all_to_all_vdev(inp, got, table, group)
+            return got
+    else:  # (input, out, in_splits (world), out_splits_offsets (2, world), group)
+        in_splits = symm_mem.empty(world, dtype=torch.int64, device=x.device)
+        in_splits.copy_(splits)
+        table = symm_mem.empty((2, world), dtype=torch.int64, device=x.device)
+        table[0].copy_(splits)
+        table[1].copy_(offsets)
+
+        def run():
+            torch.ops.symm_mem.all_to_all_vdev(inp, got, in_splits, table, group)
+            return got
+    return {"symm:all_to_all_vdev": PeerCall(run, run)}
+
+
+def alltoall_peers(x, out, keep: list) -> tuple[dict[str, PeerCall], dict[str, str]]:
+    """The all-to-all peers timed beside NCCL (torch symmetric memory's), and those refused, with why."""
+    try:
+        calls = _symm_mem_alltoall(x, out)
+    except Exception as e:  # no NVSHMEM, another torch: a result, not the end of the bench
+        return {}, {"symm:all_to_all_vdev": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    keep.append(calls)
+    return calls, {}
 
 
 @dataclass
@@ -264,16 +323,17 @@ def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: 
     return int(not matches(collective, got, ref, dtype, magnitude, world))
 
 
-def _check_peers(comm, calls: dict[str, PeerCall], x, world: int, dtype: str) -> dict[str, int]:
+def _check_peers(comm, calls: dict[str, PeerCall], x, world: int, dtype: str,
+                 collective: str = "allreduce") -> dict[str, int]:
     """Per peer, the ranks whose result differs from NCCL's on the same input (the bound of ``matches``)."""
     if not calls:
         return {}
-    ref, magnitude = nccl_result("allreduce", x, world), sum_magnitude("allreduce", x, world)
+    ref, magnitude = nccl_result(collective, x, world), sum_magnitude(collective, x, world)
     mine = {}
     for name, call in calls.items():
         got = call.result()
         comm.synchronize()
-        mine[name] = int(not matches("allreduce", got.view(ref.shape), ref, dtype, magnitude, world))
+        mine[name] = int(not matches(collective, got.view(ref.shape), ref, dtype, magnitude, world))
     every = _every_rank(comm, "bench-peers-wrong", mine)  # plain data through the store
     return {name: sum(w[name] for w in every) for name in mine}
 
@@ -305,6 +365,10 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             others, buf = _symm_mem_allreduce(x)
             keep.append(buf)
             calls, refused = peers.calls(x, keep)
+            others.update(calls)
+            refused_peers.update(refused)
+        if config.collective == "alltoall" and config.symm and "symm" in config.peers:
+            calls, refused = alltoall_peers(x, out, keep)
             others.update(calls)
             refused_peers.update(refused)
         for name, call in others.items():
@@ -357,7 +421,8 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         if best:
             plan, lines = runnable[best]
             wrong = _check(config.collective, comm, plan, x, world, config.dtype, lines)
-        peers_wrong = _check_peers(comm, {k: others[k] for k in timers if k in others}, x, world, config.dtype)
+        peers_wrong = _check_peers(comm, {k: others[k] for k in timers if k in others}, x, world, config.dtype,
+                                   config.collective)
         weft_us = med[best] if best else None
         plan_hash = runnable[best][0].content_hash if best else None
         algbw = nbytes / (weft_us * 1e3) if weft_us else None

@@ -2,6 +2,7 @@
 
     comm = Communicator.from_process_group()         # after dist.init_process_group("nccl")
     y = comm.all_reduce(x)                           # out of place; all_reduce_(x) in place
+    comm.all_to_all_single(out, x)                   # equal splits, as torch.distributed's (MoE dispatch/combine)
     h = comm.all_reduce(y, residual=h)               # h + the sum of y, in the all-reduce's own launch
     n, h = comm.all_reduce(y, residual=h, rms_weight=w, eps=1e-5)  # and rms_norm(h) * w too (executor.inference_norm)
 
@@ -153,11 +154,13 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
     @contextmanager
     def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16,
-                residual: bool = False, rms_norm: RowNorm | None = None) -> Iterator["Communicator"]:
+                residual: bool = False, rms_norm: RowNorm | None = None,
+                alltoall_sizes: Sequence[int] = ()) -> Iterator["Communicator"]:
         """Capture CUDA graphs inside this block with weft's collectives reading and writing the captured tensors.
 
         Prepares the all-reduce contexts of ``sizes`` (message bytes) first, also with a residual where
-        ``residual``, and the fused norm's contexts for rows ``rms_norm`` (hidden size and eps) where given.
+        ``residual``, the fused norm's contexts for rows ``rms_norm`` (hidden size and eps) where given, and the
+        all-to-all contexts of ``alltoall_sizes`` (bytes each rank sends, its whole input).
         Leaving the block registers the
         captured tensors on every rank (collective): replay the graphs after it, or call
         ``register_graph_buffers()`` before replaying inside it. A graph replayed before its tensors are
@@ -175,6 +178,8 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
                     self.prepare("allreduce", nbytes, dtype, residual=True)
                 if rms_norm is not None:
                     self.prepare_norm(nbytes, rms_norm, dtype)
+            for nbytes in alltoall_sizes:
+                self.prepare("alltoall", nbytes, dtype)
             yield self
 
     def register_graph_buffers(self) -> None:
@@ -201,7 +206,8 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
             self.all_reduce(x, residual=torch.zeros_like(x))
             return True
         {"allreduce": lambda: self.all_reduce_(x), "allgather": lambda: self.all_gather_into_tensor(out, x),
-         "reducescatter": lambda: self.reduce_scatter_tensor(out, x)}[collective]()
+         "reducescatter": lambda: self.reduce_scatter_tensor(out, x),
+         "alltoall": lambda: self.all_to_all_single(out, x)}[collective]()
         return True
 
     def close(self) -> None:
@@ -252,6 +258,13 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         plan = self._weft_plan("reducescatter", tensor, output.numel())
         if plan is None:
             dist.reduce_scatter_tensor(output, tensor, group=self.group)
+        elif not self._zero_copy(plan, tensor, output):
+            output.copy_(self._stage(plan, tensor, output.numel()).view(output.shape))
+
+    def all_to_all_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        plan = self._weft_plan("alltoall", tensor, output.numel())
+        if plan is None:
+            dist.all_to_all_single(output, tensor, group=self.group)
         elif not self._zero_copy(plan, tensor, output):
             output.copy_(self._stage(plan, tensor, output.numel()).view(output.shape))
 

@@ -3,11 +3,11 @@
 ``Communicator.from_process_group()`` returns one of these when the process group's ranks sit on more than one
 host (``executor.hosts.host_identity``: host name and boot id, or ``$WEFT_HOST``): CUDA IPC cannot reach a peer on
 another host, so no staging buffer is shared and no plan with a memory channel across hosts is chosen. The API is
-the Communicator's (all_reduce, all_reduce_, all_gather_into_tensor, reduce_scatter_tensor, plan_for, capture,
-close, and what ``WeftBackend`` asks: is_prepared, norm_plan_for, is_norm_prepared); each call takes the
-registry's plan for its collective, size and dtype on ``$WEFT_TOPOLOGY`` (a topology file that places the ranks on
-their hosts) and runs it through ``PortEngine`` on the caller's stream, or falls back to torch.distributed (NCCL)
-where no plan fits. The fused all-reduce + residual add + RMSNorm runs unfused here (no row-owning port plan).
+the Communicator's (all_reduce, all_reduce_, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single,
+plan_for, capture, close, and what ``WeftBackend`` asks: is_prepared, norm_plan_for, is_norm_prepared); each call
+takes the registry's plan for its collective, size and dtype on ``$WEFT_TOPOLOGY`` (a topology file that places the
+ranks on their hosts) and runs it through ``PortEngine`` on the caller's stream, or falls back to torch.distributed
+(NCCL) where no plan fits. The fused all-reduce + residual add + RMSNorm runs unfused here (no row-owning port plan).
 CUDA graphs capture either path directly: the engine's context for a size is local (no exchange with peers), so a
 size first seen inside a capture runs on weft too.
 """
@@ -80,7 +80,7 @@ class PortCommunicator(CollectiveCalls):
 
     @contextmanager
     def capture(self, sizes=(), dtype: torch.dtype = torch.bfloat16, residual: bool = False,
-                rms_norm: RowNorm | None = None) -> Iterator[Any]:
+                rms_norm: RowNorm | None = None, alltoall_sizes=()) -> Iterator[Any]:
         """Nothing to prepare or register: graphs captured anywhere run weft's calls."""
         yield self
 
@@ -127,6 +127,13 @@ class PortCommunicator(CollectiveCalls):
         plan = self._plan("reducescatter", tensor, output.numel())
         if plan is None:
             dist.reduce_scatter_tensor(output, tensor, group=self.group)
+        else:
+            self._run(plan, tensor, output)
+
+    def all_to_all_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        plan = self._plan("alltoall", tensor, output.numel())
+        if plan is None:
+            dist.all_to_all_single(output, tensor, group=self.group)
         else:
             self._run(plan, tensor, output)
 

@@ -11,6 +11,7 @@ carry the communicator. It holds weak references, so a closed and dropped commun
     torch.ops.weft.all_reduce_rms_norm_inplace(x, h, comm.handle, w, eps)  # x <- the norm, h <- h + sum
     torch.ops.weft.all_gather_into_tensor(out, x, comm.handle)
     torch.ops.weft.reduce_scatter_tensor(out, x, comm.handle)
+    torch.ops.weft.all_to_all_single(out, x, comm.handle)    # block j of x to rank j; block i of out from rank i
 """
 
 import itertools
@@ -18,6 +19,8 @@ import weakref
 from typing import Any, Optional
 
 import torch
+
+from executor.torch_plans import split_refusal
 
 # No ``from __future__ import annotations`` here: torch.library reads the ops' schemas from real annotations.
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}  # torch's dtypes by weft's names
@@ -79,6 +82,16 @@ def _(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
     return None
 
 
+@torch.library.custom_op("weft::all_to_all_single", mutates_args=("output",))
+def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
+    _comm(handle).all_to_all_eager(output, tensor)
+
+
+@all_to_all_single.register_fake
+def _(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
+    return None
+
+
 @torch.library.custom_op("weft::all_reduce_rms_norm", mutates_args=())
 def all_reduce_rms_norm(tensor: torch.Tensor, handle: int, residual: torch.Tensor, weight: torch.Tensor,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +118,7 @@ def _(tensor: torch.Tensor, residual: torch.Tensor, handle: int, weight: torch.T
 class CollectiveCalls:
     """torch.distributed's collective API over these ops, for a communicator that holds ``handle`` and the ops'
     bodies (``all_reduce_eager``, ``all_reduce_eager_``, ``all_reduce_norm_eager``, ``all_gather_eager``,
-    ``reduce_scatter_eager``): one host's ``Communicator`` and the ``PortCommunicator`` across
+    ``reduce_scatter_eager``, ``all_to_all_eager``): one host's ``Communicator`` and the ``PortCommunicator`` across
     hosts share it, so both answer every call alike and torch.compile traces both."""
 
     handle: int
@@ -141,6 +154,15 @@ class CollectiveCalls:
 
     def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         torch.ops.weft.reduce_scatter_tensor(output, tensor, self.handle)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """torch.distributed's equal-split all_to_all_single: block j of ``input`` (its first dimension cut into
+        world_size equal blocks) goes to rank j, and block i of ``output`` comes from rank i."""
+        why = split_refusal(tuple(output.shape), tuple(input.shape), output.dtype == input.dtype,
+                            output.device == input.device, self.world_size)
+        if why:
+            raise ValueError(f"weft: all_to_all_single: {why}")
+        torch.ops.weft.all_to_all_single(output, input, self.handle)
 
     def all_reduce_norm_eager_(self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                eps: float) -> None:

@@ -67,6 +67,24 @@ def safe_back_to_back(plan: Plan) -> bool:
             and int(record.get("back_to_back", 1)) >= needed)
 
 
+def split_refusal(output_shape: tuple[int, ...], input_shape: tuple[int, ...], same_dtype: bool, same_device: bool,
+                  world_size: int) -> str:
+    """Why an equal-split ``all_to_all_single(output, input)`` is malformed (torch.distributed's rules), else ''.
+
+    >>> split_refusal((8, 4), (8, 4), True, True, 4), split_refusal((6,), (6,), True, True, 4)
+    ('', "the input's first dimension (6) must split into 4 equal blocks, one per rank")
+    """
+    if not same_dtype or not same_device:
+        return "output and input must have one dtype and one device"
+    if math.prod(output_shape) != math.prod(input_shape):
+        return f"output {list(output_shape)} and input {list(input_shape)} must hold as many elements (equal splits)"
+    for name, shape in (("input", input_shape), ("output", output_shape)):
+        if not shape or shape[0] % world_size:
+            first = f"first dimension ({shape[0]})" if shape else "scalar"
+            return f"the {name}'s {first} must split into {world_size} equal blocks, one per rank"
+    return ""
+
+
 def disagreement(seen: list) -> str:
     """Given every rank's view of the plans (its topology and registry entry ids, or the reason it has none): the
     first rank's reason, or that the views differ (ranks would pick different plans), or '' where all agree."""

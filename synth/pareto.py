@@ -38,11 +38,11 @@ class SizeBand:
 
 def candidates(topology: Topology, collective: Collective, chunk_options: Iterable[int] = (1, 2, 8),
                progress: Callable[[str], None] | None = None) -> list[Schedule]:
-    """Every baseline and tree schedule that exists for this topology and collective, at several chunkings."""
+    """Every baseline (2DH included, on several hosts) and tree schedule that exists for this topology and collective, at several chunkings."""
     from synth import baselines, trees
 
     found: dict[str, Schedule] = {}
-    makers = [(m, getattr(baselines, m)) for m in ("ring", "direct", "twoshot", "rhd", "tree")]
+    makers = [(m, baselines.solver(m)) for m in (*baselines.METHODS, *baselines.HIERARCHICAL)]
     makers.append(("trees", lambda t, c: trees.solve(t, c, trees.TreeOptions(time_limit=30.0))))
     for chunks in chunk_options:
         c = Collective(collective.name, collective.nranks, chunks * collective.chunks, collective.root)

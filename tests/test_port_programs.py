@@ -20,7 +20,8 @@ def test_the_two_host_plans_cover_every_method_and_collective():
     names = {(p.parent.name, p.name) for p in PLANS}
     assert names == {(t, f"{m}-{c}.plan.json") for t in ("two_hosts", "two_hosts_2gpu")
                      for m in ("ring", "trees", "milp") for c in ("allreduce", "allgather", "reducescatter")} | {
-        ("two_hosts", "direct-allreduce.plan.json"), ("two_hosts_2gpu", "direct-allgather.plan.json")}  # one hop each
+        ("two_hosts", "direct-allreduce.plan.json"), ("two_hosts_2gpu", "direct-allgather.plan.json")} | {  # one hop each
+        ("two_hosts_2gpu", f"{m}-alltoall.plan.json") for m in ("2dh", "direct")}  # Tutel's 2DH and the flat one
 
 
 def test_a_one_shot_plan_is_one_group_of_transfers():

@@ -9,12 +9,12 @@ from schedules.schedule import Schedule
 from synth.errors import SynthesisError
 from topologies import Topology
 
-BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
+BASELINES = ("ring", "direct", "twoshot", "rhd", "tree", "2dh")
 
 
 def synthesize(topology: Topology, collective: str | Collective, method: str = "ring", *, chunks: int = 1,
                root: int = 0, **options: Any) -> Schedule:
-    """A schedule for ``collective`` on ``topology`` by ``method`` (baselines, smt, milp or trees).
+    """A schedule for ``collective`` on ``topology`` by ``method`` (baselines, 2dh, smt, milp or trees).
 
     ``options`` go to the solver's options type (for example ``steps=3, rounds=3`` for smt).
     The result is not yet verified; ``weft.verify`` proves it.
@@ -24,7 +24,7 @@ def synthesize(topology: Topology, collective: str | Collective, method: str = "
     if method in BASELINES:
         from synth import baselines
 
-        return getattr(baselines, method)(topology, collective)
+        return baselines.solver(method)(topology, collective)
     if method == "smt":
         from synth import smt
 

@@ -5,7 +5,8 @@
 - ``direct``: all-pairs, one step (every collective; allreduce is one-shot);
 - ``twoshot``: allreduce as a direct reducescatter then a direct allgather;
 - ``rhd``: recursive halving/doubling on a power-of-two rank count (every collective);
-- ``tree``: NCCL-style double binary tree allreduce; binary-tree broadcast and reduce.
+- ``tree``: NCCL-style double binary tree allreduce; binary-tree broadcast and reduce;
+- ``twodh`` (``--method 2dh``): Tutel's two-level all-to-all for several hosts (inside hosts, then across).
 
 Where an algorithm does not exist for the topology or collective it raises NotApplicable saying why.
 Link existence and capacity are read on ``topology.without_switches()``; each step gets the fewest rounds
@@ -22,7 +23,16 @@ from synth.baselines.direct import direct, twoshot
 from synth.baselines.rhd import rhd
 from synth.baselines.ring import hamiltonian_cycle, ring
 from synth.baselines.tree import tree
+from synth.baselines.twodh import twodh
 
-METHODS = ("ring", "direct", "twoshot", "rhd", "tree")
+METHODS = ("ring", "direct", "twoshot", "rhd", "tree")  # every collective on one host or several
+HIERARCHICAL = {"2dh": twodh}  # several hosts, one collective each: the CLI's method name -> the function
 
-__all__ = ["METHODS", "direct", "hamiltonian_cycle", "rhd", "ring", "tree", "twoshot"]
+
+def solver(method: str):
+    """The baseline function of a ``--method`` name (``direct``, ``2dh``, ...)."""
+    return HIERARCHICAL.get(method) or globals()[method]
+
+
+__all__ = ["HIERARCHICAL", "METHODS", "direct", "hamiltonian_cycle", "rhd", "ring", "solver", "tree", "twodh",
+           "twoshot"]

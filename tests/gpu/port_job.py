@@ -44,6 +44,8 @@ def _expected(torch, collective: str, inputs: list, rank: int):
     n = len(inputs)
     if collective == "allgather":
         return torch.cat(inputs)
+    if collective == "alltoall":  # block `rank` of every rank's input, in rank order
+        return torch.cat([x.view(n, -1)[rank] for x in inputs])
     total = torch.stack([x.double() for x in inputs]).sum(0)
     if collective == "reducescatter":
         total = total.view(n, -1)[rank]

@@ -26,14 +26,15 @@ def registry_for(nranks: int) -> Path:
     return ROOT / "bench" / f"registry_h200x{nranks}"
 
 
-def run_job(script: str, label: str, tmp_path_factory) -> list[dict]:
-    """Every rank's results from one run of ``script`` (skips without the GPUs or the registry)."""
+def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | None = None) -> list[dict]:
+    """Every rank's results from one run of ``script`` (skips without the GPUs or the registry). ``env`` adds to
+    or overrides the ranks' environment (a job's own WEFT_REGISTRY and WEFT_TOPOLOGY)."""
     from conftest import _free_port, gpu_count, nproc
 
     n = nproc()
     if gpu_count() < n:
         pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
-    if not registry_for(n).is_dir():
+    if not registry_for(n).is_dir() and "WEFT_REGISTRY" not in (env or {}):
         pytest.skip(f"no committed registry {registry_for(n)}")
     out = tmp_path_factory.mktemp(label)
     port = str(_free_port())
@@ -43,7 +44,7 @@ def run_job(script: str, label: str, tmp_path_factory) -> list[dict]:
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
                "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                "WEFT_REGISTRY": str(registry_for(n)), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
         procs.append(subprocess.Popen([sys.executable, script, str(out)], env=env))
     codes = [p.wait(timeout=600) for p in procs]
     assert codes == [0] * n, f"{label} worker exit codes {codes}"

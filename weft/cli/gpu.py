@@ -56,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--peers", default="flashinfer,vllm",
                        help="all-reduce peers timed beside NCCL and symmetric memory where installed, comma-separated: "
                             "flashinfer, vllm (its custom all-reduce as FlashInfer ships it), or none "
-                            "(default: flashinfer,vllm)")
+                            "(default: flashinfer,vllm); all-to-all: symm adds torch symmetric memory's all_to_all_vdev "
+                            "(NVSHMEM)")
     bench.add_argument("--record", action="store_true",
                        help="store weft's measured times in the registry entries (with --plans registry)")
     bench.set_defaults(func=_bench)
@@ -339,7 +340,7 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
                              ll128=args.ll128, symm=not port,
-                             peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm")))
+                             peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm", "symm")))
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
         wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):

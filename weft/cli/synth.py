@@ -15,9 +15,9 @@ from topologies import Topology, resolve
 from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
 from weft.cli.words import counted
+from weft.synthesis import BASELINES
 from weft.units import format_bytes, parse_bytes
 
-BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
             "pareto": "weft.cli.synth_pareto"}
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
@@ -73,7 +73,7 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     if args.method in BASELINES:
         from synth import baselines
 
-        return [getattr(baselines, args.method)(topology, collective)]
+        return [baselines.solver(args.method)(topology, collective)]
     return list(_family(args.method).synthesize(args, topology, collective, _progress))
 
 
@@ -133,11 +133,38 @@ def run(args: argparse.Namespace) -> int:
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
-        print(json.dumps([{**s.to_json(), "pct_of_bound_by_size": pct, "written": w}
+        shown = sorted({n for _, pct in rows for n in pct}, key=parse_bytes)
+        compared = {"compared_us": references_us(topology, collective, shown)} if args.method == "2dh" else {}
+        print(json.dumps([{**s.to_json(), "pct_of_bound_by_size": pct, "written": w, **compared}
                           for (s, pct), w in zip(rows, written)] + plans, indent=2))
     else:
         _print_table(topology, rows, written, plans)
+        if args.method == "2dh":
+            _print_references(topology, collective, sorted({n for _, pct in rows for n in pct}, key=parse_bytes))
     return 0
+
+
+def references_us(topology: Topology, collective: Collective, sizes: list[str]) -> dict[str, dict[str, float]]:
+    """What a hierarchical schedule is compared with, at each size: the flat direct schedule's predicted time and
+    the lower bound (the cut bound with the latency bound), in µs."""
+    from schedules.bounds import lower_bound_us
+    from schedules.cost import loads
+    from synth.baselines import direct
+
+    flat = loads(direct(topology, collective), topology).predict_many_us([parse_bytes(n) for n in sizes])
+    return {"direct": dict(zip(sizes, flat)),
+            "bound": {n: lower_bound_us(topology, collective, parse_bytes(n)) for n in sizes}}
+
+
+def _print_references(topology: Topology, collective: Collective, sizes: list[str]) -> None:
+    from synth.baselines import direct, twodh
+    from synth.baselines.twodh import host_messages
+
+    refs = references_us(topology, collective, sizes)
+    for name, label in (("direct", "flat direct (predicted)"), ("bound", "lower bound (cut, latency)")):
+        print(f"  {label:<27} " + " ".join(f"{n}: {refs[name][n]:.2f} µs" for n in sizes))
+    print(f"  messages a GPU sends across hosts: 2dh {host_messages(twodh(topology, collective), topology)}, flat "
+          f"direct {host_messages(direct(topology, collective), topology)} (the model prices bytes, not messages)")
 
 
 def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tuple[Schedule, dict]]:

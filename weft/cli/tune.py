@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("collective", help="allreduce, allgather, reducescatter, ...")
     p.add_argument("-t", "--topology", required=True, help="catalog spec or topology file")
     p.add_argument("--method", action="append", dest="methods",
-                   help="baseline to compile (ring, direct, twoshot, rhd, tree); repeatable; default direct and "
+                   help="baseline to compile (ring, direct, twoshot, rhd, tree, 2dh); repeatable; default direct and "
                         "twoshot for allreduce, direct otherwise, those the topology has the links for (else ring)")
     p.add_argument("--schedule", action="append", dest="schedules", default=[],
                    help="a schedule file (weft.schedule/1) to compile too; repeatable (default: none)")
