@@ -19,6 +19,7 @@ from synth import baselines
 from synth.errors import NotApplicable, Unknown, Unsat
 from synth.milp import MilpOptions, Sketch, SketchError, default_chunks, parse_sketch, rounds_for, solve
 from topologies import Link, Topology
+from fabrics import shared_nic_fabric
 from topologies.catalog import build
 from weft.cli import main
 
@@ -63,6 +64,15 @@ def test_objective_is_the_cost_models_prediction():
     topology = build("ring:n=4")
     schedule = milp(topology, "allgather", MB, chunks=2)
     assert schedule.meta.options["objective_us"] == pytest.approx(predict_us(schedule, topology, MB), rel=1e-4)
+
+
+def test_objective_prices_shared_links_with_their_latency_as_the_cost_model_does():
+    # every cross-host step is bound by a NIC two GPUs share: the cost model charges it the path's latency too
+    topology = shared_nic_fabric()
+    schedule = milp(topology, "allgather", MB, chunks=2)
+    assert topology.without_switches().sharing
+    assert schedule.meta.options["status"] == "optimal"
+    assert schedule.meta.options["objective_us"] == pytest.approx(predict_us(schedule, topology, MB), rel=1e-5)
 
 
 def test_meta_reports_a_gap_between_objective_and_bound():
