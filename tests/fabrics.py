@@ -28,6 +28,15 @@ def shared_nic_fabric() -> Topology:
                     hosts=(0, 0, 1, 1))
 
 
+def shared_hub_fabric() -> Topology:
+    """A one-way NVLink ring of three GPUs beside a PCIe switch whose hub feeds all three at 20 GB/s in total:
+    the ranks can receive 50 GB/s together, not the 78 GB/s their in-links add up to."""
+    links = [Link(r, (r + 1) % 3, 10.0, 0.3) for r in range(3)]
+    links += [Link(r, "sw", 16.0, 1.0) for r in range(3)] + [Link("hub", r, 16.0, 1.0) for r in range(3)]
+    links.append(Link("sw", "hub", 20.0, 1.0))
+    return Topology("shared_hub", 3, tuple(links), switches=("sw", "hub"))
+
+
 @st.composite
 def random_steps(draw):
     """Steps of chunk 0 sends between random rank pairs of mixed_fabric()."""
