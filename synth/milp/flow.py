@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import networkx as nx
@@ -65,6 +65,7 @@ class FlowModel:
     objective: cp_model.LinearExpr
     units_per_us: float
     variables: int = 0  # distinct send variables (one per orbit of sends)
+    reduces: dict[Key, cp_model.IntVar] = field(default_factory=dict)  # sends that add a partial sum
 
 
 def link_cost_us(link_latency: float, capacity: float, chunk_bytes: float) -> tuple[float, float]:
