@@ -175,8 +175,8 @@ def _solve_allreduce(job: _Job, collective: Collective) -> tuple[list[Outcome], 
     try:
         joined = _solve_model(job, spec.topology, collective, reduce_broadcast.build(spec),
                               f"{collective.name} as reduce-broadcast", spec.steps, floor, start, limit)
-    except Unknown:
-        return halves, RS_AG  # no time left for it, or nothing found: the first form stands
+    except (Unknown, Unsat):
+        return halves, RS_AG  # no time left for it, nothing found, or too few --steps: the first form stands
     if joined.objective_us < sum(o.objective_us for o in halves) * (1 - 1e-9):
         return [joined], REDUCE_BROADCAST
     return halves, RS_AG
