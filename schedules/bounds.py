@@ -21,7 +21,9 @@ valid forms, both counting element transfers (bytes of one element carry nothing
   contribution to every element, reduced or not) and at least M bytes into it, so T ≥ M / λ where λ is the
   smallest rank-to-rank max-flow (one fixed rank against every other, both ways, finds it);
 * per volume: an element reaches all N ranks' results only after 2(N-1) one-way transfers (the one-way
-  gossip bound), each received by a rank, so T ≥ 2(N-1)·M / Σ_r B⁻(r), the ranks' total ingress. The same
+  gossip bound), each received by a rank, so T ≥ 2(N-1)·M / B⁻, where B⁻ is what the ranks together can
+  receive: a max-flow from every rank to every rank through switches and sharing groups
+  (``rank_ingress``; two GPUs behind one NIC count the NIC once, not each GPU's PCIe link). The same
   holds for H hosts (each with the switches only it uses): contracting each host to one vertex leaves a
   gossip among H, so T ≥ 2(H-1)·M / Σ_h B⁻(h). Switches forward and never reduce (weft's schedules run
   rank to rank), so a transfer relayed by a switch is still one transfer from a rank.
@@ -30,7 +32,8 @@ On uniform fabrics (switch, fully connected, rings) the volume form equals twice
 on a line of three both give M/25 GB/s, which reduce-to-the-middle reaches when pipelined.
 
 Two things make the bound looser than a schedule can always reach, never wrong: sharing groups of the
-topology file are left out (dropping a constraint keeps a bound valid), and a cut lets a switch vertex
+topology file are left out of the cuts (dropping a constraint keeps a bound valid; only the all-reduce
+volume form counts them), and a cut lets a switch vertex
 feed several ranks from one delivery, as if it could multicast. Where a switch takes in less than it can
 give out (a NIC shared by two GPUs), the best multicast-free schedule may stay below this bound.
 
@@ -279,13 +282,65 @@ def smallest_rank_cut(topology: Topology) -> Fraction:
     return best if best is not None else Fraction(0)
 
 
+SINK = ("sink",)
+
+
+def _ingress_graph(topology: Topology) -> nx.DiGraph:
+    """Ranks split into a sending and a receiving vertex, switches kept, each sharing group a vertex pair.
+
+    A link in sharing groups runs through each group's pair, whose middle edge has the group's bandwidth.
+    That lets flow change links inside a group (a relaxation: every flow of the fabric is one of this graph
+    too), so a cut here still bounds what the fabric carries. Edges hold their exact capacity as well.
+    """
+    def vertex(v: Vertex, side: str):
+        return (side, v) if isinstance(v, int) else v
+
+    graph = nx.DiGraph()
+
+    def add(a, b, capacity: Fraction) -> None:
+        exact_total = graph[a][b]["exact"] + capacity if graph.has_edge(a, b) else capacity
+        graph.add_edge(a, b, capacity=float(exact_total), exact=exact_total)
+
+    groups: dict[tuple[Vertex, Vertex], list[int]] = defaultdict(list)
+    for i, group in enumerate(topology.sharing):
+        for key in group.links:
+            groups[tuple(key)].append(i)
+        add(("group", i, "in"), ("group", i, "out"), exact(group.bandwidth))
+    for link in topology.links:
+        hops = [vertex(link.src, "send")]
+        hops += [v for i in groups[link.key] for v in (("group", i, "in"), ("group", i, "out"))]
+        hops.append(vertex(link.dst, "receive"))
+        for a, b in zip(hops, hops[1:]):
+            if not (a[0] == "group" and b[0] == "group" and a[1] == b[1]):
+                add(a, b, exact(link.capacity))
+    for r in topology.ranks:
+        graph.add_edge(SOURCE, ("send", r))  # no capacity attribute: unbounded
+        graph.add_edge(("receive", r), SINK)
+    return graph
+
+
+@lru_cache(maxsize=32)
+def rank_ingress(topology: Topology) -> Fraction:
+    """How many GB/s all ranks together can receive, exact: a min cut between every rank's sending side and
+    every rank's receiving side, through switches that only forward and sharing groups that cap their links.
+
+    Where two GPUs share a NIC (dgx2), the NIC's bandwidth counts once, not each GPU's PCIe link.
+    """
+    graph = _ingress_graph(topology)
+    _, (inside, _) = nx.minimum_cut(graph, SOURCE, SINK)
+    # any cut bounds the max-flow, so the float cut's exact capacity is a valid (and, here, tight) bound
+    return sum((attr["exact"] for a, b, attr in graph.edges(data=True) if a in inside and b not in inside),
+               Fraction(0))
+
+
 def allreduce_factor(topology: Topology) -> Fraction:
     """All-reduce's bandwidth bound per message byte, 1/(GB/s): the larger of the cut and volume forms."""
     n = topology.nranks
     if n < 2:
         return Fraction(0)
     caps = _capacities(topology)
-    ingress = sum((caps[link.key] for r in topology.ranks for link in topology.in_links[r]), Fraction(0))
+    ingress = min(rank_ingress(topology),
+                  sum((caps[link.key] for r in topology.ranks for link in topology.in_links[r]), Fraction(0)))
     best = max(1 / smallest_rank_cut(topology), Fraction(2 * (n - 1)) / ingress)
     groups = _host_groups(topology)
     if len(groups) > 1:

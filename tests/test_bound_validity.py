@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import itertools
 import json
+from fractions import Fraction
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fabrics import shared_hub_fabric, shared_nic_fabric
 from schedules.bounds import allgather_cut_bound, bandwidth_factor, lower_bound_us
 from schedules.collectives import NAMES, Collective
 from schedules.cost import predict_us
@@ -108,6 +110,28 @@ def test_no_baseline_or_tree_schedule_beats_a_bound(spec, name):
     except (NotApplicable, SynthesisError):
         return
     _assert_above_bounds(schedule, topology)
+
+
+@pytest.mark.parametrize("fabric", [shared_hub_fabric, shared_nic_fabric])
+@pytest.mark.parametrize("switch_free", [False, True], ids=["switches", "sharing-groups"])
+def test_no_schedule_beats_a_bound_on_a_fabric_with_shared_capacity(fabric, switch_free):
+    topology = fabric().without_switches() if switch_free else fabric()
+    for name in NAMES:
+        for schedule in _baseline_schedules(topology, name):
+            _assert_above_bounds(schedule, topology)
+    # the all-reduce bound counts the shared capacity, and the milp's reduce-broadcast form prices it exactly
+    collective = Collective("allreduce", topology.nranks, 2)
+    _assert_above_bounds(solve(topology, collective, MilpOptions(size=GB, time_limit=2.0, workers=2)), topology)
+
+
+def test_the_shared_hub_sets_the_allreduce_bound():
+    topology = shared_hub_fabric()
+    assert bandwidth_factor(topology, Collective("allreduce", 3)) == Fraction(2 * 2, 50)
+
+
+def test_ring_allreduce_on_dgx2_two_nodes_stays_above_the_shared_nic_bound():
+    topology = build("dgx2:nodes=2")
+    _assert_above_bounds(baselines.ring(topology, Collective("allreduce", 32, 2)), topology)
 
 
 @st.composite

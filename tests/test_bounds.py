@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from schedules.bounds import (
     allgather_cut_bound, bandwidth_bound_us, bandwidth_factor, bottleneck_cut, latency_bound_us, lower_bound_us,
+    rank_ingress,
 )
+from fabrics import shared_nic_fabric
 from schedules.collectives import Collective
 from schedules.symmetry import rank_orbits
 from topologies.catalog import build
@@ -59,6 +61,23 @@ def test_allreduce_bound_is_twice_reducescatter():
     topology = build("dgx1")
     rs = bandwidth_factor(topology, Collective("reducescatter", 8))
     assert bandwidth_factor(topology, Collective("allreduce", 8)) == 2 * rs
+
+
+def test_dgx2_two_nodes_allreduce_bound_counts_each_shared_nic_once():
+    # 32 GPUs each take 150 GB/s from their NVSwitch; 16 NICs of 12.5 GB/s, each shared by two GPUs
+    topology = build("dgx2:nodes=2")
+    assert rank_ingress(topology) == 32 * 150 + 16 * Fraction(25, 2)
+    bound = bandwidth_bound_us(topology, Collective("allreduce", 32), 1 << 30)
+    assert bound == pytest.approx(62 * (1 << 30) / 5000e3)
+    assert bound == pytest.approx(13_314, rel=0.01)
+
+
+def test_rank_ingress_counts_the_sharing_groups_of_the_switch_free_form():
+    # four GPUs take 100 GB/s of NVLink each; each host's NIC brings 12.5 GB/s for its two GPUs (16 GB/s PCIe)
+    topology = shared_nic_fabric()
+    flat = topology.without_switches()
+    assert flat.sharing and not flat.switches
+    assert rank_ingress(flat) == rank_ingress(topology) == 4 * 100 + 2 * Fraction(25, 2)
 
 
 def test_broadcast_bound_is_the_roots_min_cut():

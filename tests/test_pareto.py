@@ -31,3 +31,14 @@ def test_pareto_commit_serves_every_size(tmp_path, monkeypatch, capsys):
     for size in ("1KB", "64KB", "4MB", "1GB"):
         assert main(["registry", "select", "-t", "fully_connected:n=4", "allreduce", "--size", size, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["entry"]
+
+
+def test_line3_allreduce_frontier_meets_in_the_middle_at_large_sizes(tmp_path, capsys):
+    # reduce-scatter then all-gather reaches 75% on a line of three; reduce into the middle rank and copy back
+    assert main(["synth", "allreduce", "-t", "line:n=3", "--method", "pareto", "--size", "1GB", "--json",
+                 "-o", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    largest = next(r for r in rows if r["meta"]["options"]["max_bytes"] == 0)
+    assert largest["meta"]["solver"] == "reduce-broadcast"
+    assert largest["pct_of_bound_by_size"]["1GB"] >= 90.0
+    assert any(op == "reduce" for step in largest["steps"] for *_, op in step["sends"])

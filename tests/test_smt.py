@@ -147,6 +147,24 @@ def test_allreduce_frontier_sums_both_halves():
     require_valid(frontier.points[0].schedule, RING4)
 
 
+def test_allreduce_frontier_on_a_fabric_that_is_its_own_reverse_walks_once():
+    lines: list[str] = []
+    frontier = smt.pareto(RING4, Collective("allreduce", 4), ONE_WORKER, lines.append)
+    assert sum(": at least" in line for line in lines) == 1  # the allgather walk; reducescatter is its reverse
+    assert any("reducescatter on ring:n=4: the allgather frontier run backwards" in line for line in lines)
+    schedule = frontier.points[0].schedule
+    half = len(schedule.steps) // 2
+    assert all(s.op == "reduce" for st in schedule.steps[:half] for s in st.sends)
+    assert all(s.op == "copy" for st in schedule.steps[half:] for s in st.sends)
+
+
+def test_pareto_walk_reports_each_point_and_the_time_left():
+    lines: list[str] = []
+    smt.pareto(RING4, Collective("allgather", 4), ONE_WORKER, lines.append)
+    point = next(line for line in lines if "frontier point 1:" in line)
+    assert "(S=2, R=3, C=2), R/C 3/2 (the LP bound)" in point and "of the time limit of 30 s left" in point
+
+
 def test_dgx1_allgather_frontier_matches_sccl():
     """SCCL's end points: 2 steps (the diameter) and the 7/6 bound at (S=3, R=7, C=6); ~7 s on 2 cores."""
     frontier = smt.pareto(DGX1, Collective("allgather", 8), smt.SmtOptions(time_limit=300))
@@ -188,6 +206,17 @@ def test_cli_pareto_writes_schedules_and_frontier(tmp_path, capsys):
     assert (point["steps"], point["rounds"], point["chunks"]) == (2, 3, 2)
     assert (out / point["schedule_file"]).is_file()
     assert "(S=2, R=3, C=2): sat" in capsys.readouterr().err
+
+
+def test_cli_pareto_defaults_to_a_longer_time_limit_and_prints_it(tmp_path, capsys):
+    from weft.cli.synth import DEFAULT_TIME_LIMIT, SMT_PARETO_TIME_LIMIT
+
+    assert SMT_PARETO_TIME_LIMIT >= 300 > DEFAULT_TIME_LIMIT
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--pareto", "-o", str(tmp_path)]) == 0
+    assert f"of the time limit of {SMT_PARETO_TIME_LIMIT:g} s left" in capsys.readouterr().err
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--pareto", "--time-limit", "45",
+                 "-o", str(tmp_path)]) == 0
+    assert "of the time limit of 45 s left" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--steps", "100000"], ["--chunks", "100000"]])

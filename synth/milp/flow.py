@@ -5,7 +5,8 @@ with or received in an earlier step (store-and-forward); it receives each chunk 
 sends form a tree and the reversal in ``solver`` turns them into exact-once reductions. Switches have no
 buffers: the links are those of ``Topology.without_switches()``, a path through switches is one link, and the
 switch and NIC ports it crosses are sharing groups. Step k lasts ``T[k] >= α_l + load_l · β_l`` for every link
-it uses and ``T[k] >= load_g · β_g`` for every sharing group it uses; the objective ``Σ T[k]`` is the
+it uses and ``T[k] >= α_g + load_g · β_g`` for every sharing group it uses (α_g: the largest latency of
+the group's links the step uses, as ``schedules.cost`` charges it); the objective ``Σ T[k]`` is the
 schedule's finish time under the same α-β model as ``schedules.cost``. A step left empty costs nothing, so
 ``steps`` is an upper bound.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import networkx as nx
@@ -64,6 +65,7 @@ class FlowModel:
     objective: cp_model.LinearExpr
     units_per_us: float
     variables: int = 0  # distinct send variables (one per orbit of sends)
+    reduces: dict[Key, cp_model.IntVar] = field(default_factory=dict)  # sends that add a partial sum
 
 
 def link_cost_us(link_latency: float, capacity: float, chunk_bytes: float) -> tuple[float, float]:
@@ -274,34 +276,64 @@ def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_mod
     on_link: dict[tuple[tuple[int, int], int], list[cp_model.IntVar]] = {}
     for (c, u, v, k), var in sends.items():
         on_link.setdefault(((u, v), k), []).append(var)
-    terms: list[tuple[int, float, float, list[cp_model.IntVar]]] = []
+    terms: list[StepTerm] = []
     for (key, k), vars_ in on_link.items():
         spec.check_time()
         if canonical((key,)) != (key,):
             continue
         link = topo.link(*key)
-        terms.append((k, *link_cost_us(link.latency, link.capacity, b), vars_))
+        terms.append(StepTerm(k, *link_cost_us(link.latency, link.capacity, b), vars_, vars_))
     for group in topo.sharing:
         spec.check_time()
         members = tuple(sorted(tuple(key) for key in group.links))
         if canonical(members) != members:
             continue
-        beta = link_cost_us(0.0, group.bandwidth, b)[1]  # a group adds no latency: its links carry theirs
-        for k in range(1, spec.steps + 1):
-            vars_ = [v for key in group.links for v in on_link.get((tuple(key), k), [])]
-            if len(vars_) > 1:
-                terms.append((k, 0.0, beta, vars_))
-    longest = max((alpha + len(vs) * beta for _, alpha, beta, vs in terms), default=1.0)
+        terms += group_terms(spec, group, members, on_link)
+    return step_objective(model, terms, spec.steps, len(sends))
+
+
+@dataclass(frozen=True)
+class StepTerm:
+    """``T[step] >= alpha + per_chunk · Σ load`` whenever one of ``used`` is set (µs)."""
+
+    step: int
+    alpha: float
+    per_chunk: float
+    load: list
+    used: list
+
+
+def group_terms(spec: FlowSpec, group, members: tuple[tuple[int, int], ...],
+                on_link: dict[tuple[tuple[int, int], int], list]) -> list[StepTerm]:
+    """A sharing group's rows per step: as ``schedules.cost`` prices it, α of the slowest link it uses plus
+    the group's load at its bandwidth; one row per distinct latency a, set by the links of latency >= a."""
+    topo = spec.topology
+    beta = link_cost_us(0.0, group.bandwidth, spec.chunk_bytes)[1]
+    latencies = sorted({topo.link(*key).latency for key in members})
+    out = []
+    for k in range(1, spec.steps + 1):
+        load = [v for key in members for v in on_link.get((key, k), [])]
+        if not load:
+            continue
+        for a in latencies:
+            used = [v for key in members if topo.link(*key).latency >= a for v in on_link.get((key, k), [])]
+            if used:
+                out.append(StepTerm(k, a, beta, load, used))
+    return out
+
+
+def step_objective(model: cp_model.CpModel, terms: list[StepTerm], steps: int, nsends: int):
+    """Step-time variables bounded below by every term; return (Σ T[k], integer units per µs)."""
+    longest = max((t.alpha + len(t.load) * t.per_chunk for t in terms), default=1.0)
     scale = _STEP_UNITS / longest
-    times = [model.NewIntVar(0, _STEP_UNITS + len(sends) + 1, f"T{k}") for k in range(spec.steps + 1)]
-    for k, alpha, beta, vars_ in terms:
-        a, per_chunk = round(alpha * scale), max(1, round(beta * scale))
-        load = sum(vars_)
+    times = [model.NewIntVar(0, _STEP_UNITS + nsends + 1, f"T{k}") for k in range(steps + 1)]
+    for term in terms:
+        a, per_chunk = round(term.alpha * scale), max(1, round(term.per_chunk * scale))
+        load = sum(term.load)
         if a:
             used = model.NewBoolVar("")
-            model.Add(load <= len(vars_) * used)
-            model.Add(times[k] >= a * used + per_chunk * load)
+            model.Add(sum(term.used) <= len(term.used) * used)
+            model.Add(times[term.step] >= a * used + per_chunk * load)
         else:
-            model.Add(times[k] >= per_chunk * load)
+            model.Add(times[term.step] >= per_chunk * load)
     return sum(times), scale
-

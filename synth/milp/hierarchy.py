@@ -32,16 +32,46 @@ def _complete(topo: Topology, members: list[int], links: frozenset[tuple[int, in
     return all((u, v) in links for u in members for v in members if u != v)
 
 
+def rail_offsets(topo: Topology) -> tuple[int, ...]:
+    """The local-index offsets a rail may cross hosts by: 0 (the same index), and 1 (the next GPU's) where
+    every GPU has a NIC of its own.
+
+    The cut bound counts every GPU's NIC as ingress, and with one rail per GPU a NIC carries only its GPU's
+    share of the other host's data, so the rest of each GPU's ingress waits on its NVSwitch port (96.4% of
+    the bound on hgx_h100:nodes=2 at 1 GB, the split's optimum). A second route lets a NIC take part of a
+    neighbour's data as well (99.6%). Where GPUs share a NIC (dgx2, ndv2) it has no spare capacity to give.
+    ``topo`` is switch-free: a NIC of one's own is a sharing group whose cross-host links leave one rank.
+    """
+    if topo.nhosts < 2:
+        return (0,)
+    cross = {link.key for link in topo.links if topo.hosts[link.src] != topo.hosts[link.dst]}
+    own_port: set[tuple[int, int]] = set()
+    for group in topo.sharing:
+        keys = [tuple(key) for key in group.links if tuple(key) in cross]
+        sources, targets = {k[0] for k in keys}, {k[1] for k in keys}
+        if len(sources) > 1 and len(targets) > 1:
+            return (0,)  # a NIC (or port) several GPUs send through
+        if len(sources) == 1:
+            own_port.update(keys)
+    return (0, 1) if cross and cross <= own_port else (0,)
+
+
 def rail_hops(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]]) -> dict[int, set]:
-    """Per chunk, the cross-host hops from its owners to the ranks of the same local index elsewhere."""
+    """Per chunk, the cross-host hops from its owners to the ranks of the same local index elsewhere (and of
+    the next one, per ``rail_offsets``)."""
     members = _members(topo)
     local = {r: members[topo.hosts[r]].index(r) for r in topo.ranks}
+    offsets = rail_offsets(topo)
     hops: dict[int, set] = {}
     for c in range(collective.nchunks):
         for owner in (r for r in topo.ranks if c in collective.precondition(r)):
             for host, ranks in members.items():
-                if host != topo.hosts[owner] and local[owner] < len(ranks) and (owner, ranks[local[owner]]) in links:
-                    hops.setdefault(c, set()).add((owner, ranks[local[owner]]))
+                if host == topo.hosts[owner] or local[owner] >= len(ranks):
+                    continue
+                for d in offsets:
+                    hop = (owner, ranks[(local[owner] + d) % len(ranks)])
+                    if hop in links:
+                        hops.setdefault(c, set()).add(hop)
     return hops
 
 

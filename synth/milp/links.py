@@ -3,8 +3,9 @@
 At sizes where a chunk's transfer time exceeds the link latency (bandwidth-bound), two pruning rules cut the
 model to the links a good schedule uses anyway, so CP-SAT spends its time on pipelining:
 
-- rails: a cross-host send goes between GPUs of the same local index. The NICs' capacity is what limits
-  these sizes, and fanning a chunk out to many remote GPUs spends it for nothing;
+- rails: a cross-host send goes between GPUs of the same local index (or the next one where every GPU has
+  its own NIC: ``hierarchy.rail_offsets``). The NICs' capacity is what limits these sizes, and fanning a
+  chunk out to many remote GPUs spends it for nothing;
 - detours: a link through a shared port (a member of a sharing group) is dropped when some rank relays
   between its ends over two strictly faster links (an NDv2 GPU pair joined through the PCIe switch, whose
   port the NIC traffic needs, as well as over NVLink through a neighbour).
@@ -18,6 +19,7 @@ from __future__ import annotations
 from schedules.collectives import Collective
 from synth.errors import Unsat
 from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound, hop_distances
+from synth.milp.hierarchy import rail_offsets
 from synth.milp.sketch import Sketch, SketchError
 from topologies import Topology
 
@@ -58,8 +60,10 @@ def _railed(topo: Topology) -> LinkSet:
     for r in topo.ranks:
         local.append(seen.get(topo.hosts[r], 0))
         seen[topo.hosts[r]] = local[-1] + 1
+    offsets = rail_offsets(topo)
     return frozenset(link.key for link in topo.links
-                     if topo.hosts[link.src] == topo.hosts[link.dst] or local[link.src] == local[link.dst])
+                     if topo.hosts[link.src] == topo.hosts[link.dst]
+                     or (local[link.dst] - local[link.src]) % seen[topo.hosts[link.dst]] in offsets)
 
 
 def _without_detours(topo: Topology, links: LinkSet) -> LinkSet:

@@ -16,7 +16,7 @@ from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
-from synth.milp import hierarchy
+from synth.milp import hierarchy, reduce_broadcast
 from synth.milp.flow import FlowModel, FlowSpec, OutOfTime, build_flow, hop_distances
 from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound
 from synth.milp.links import allowed_links, check_reachable
@@ -31,6 +31,10 @@ DUALS = {"reducescatter": "allgather", "reduce": "broadcast"}
 # The largest model built: chunks × links × steps possible sends (DGX-2 ×2 with 4 chunks per rank is about 1.4
 # million). Far beyond it, writing the model down outlasts any time limit before CP-SAT starts.
 MAX_SENDS = 2_000_000
+# The largest reduce-broadcast all-reduce model tried (2 × chunks × links × steps possible sends). It has no
+# symmetry or inter-/intra-host split to shrink it; past this, reducescatter then allgather is the answer alone.
+MAX_REDUCE_BROADCAST = 60_000
+RS_AG, REDUCE_BROADCAST = "reducescatter+allgather", "reduce-broadcast"
 PROGRESS_EVERY = 5.0  # seconds between progress lines while CP-SAT searches, incumbent or not
 
 
@@ -108,8 +112,9 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
                              f"{topology.nranks}")
     start = time.monotonic()
     job = _Job(topology, options, sketch, progress, collective.name)
+    form = None
     if collective.name == "allreduce":
-        halves = _solve_allreduce(job, collective)
+        halves, form = _solve_allreduce(job, collective)
     else:
         halves = [_solve_one(job, collective, options.time_limit)]
     steps = tuple(step for outcome in halves for step in outcome.steps)
@@ -123,7 +128,7 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
                  "gap": 0.0 if objective <= 0 else max(0.0, 1.0 - bound / objective),
                  "status": "+".join(o.status for o in halves),
                  "hierarchy": halves[-1].hierarchy, "symmetry_offset": halves[-1].symmetry_offset,
-                 "symmetry_local": halves[-1].symmetry_local},
+                 "symmetry_local": halves[-1].symmetry_local, **({"allreduce_form": form} if form else {})},
         solve_time=time.monotonic() - start,
         notes="CP-SAT time-expanded flow; objective = finish time under the α-β step model",
     )
@@ -145,15 +150,59 @@ def default_chunks(topology: Topology, collective: Collective, size: int) -> int
     return min(4, max(1, (128 if topology.nhosts > 1 else 64) // one.nchunks))
 
 
-def _solve_allreduce(job: _Job, collective: Collective) -> list[Outcome]:
-    """Reducescatter then allgather on the same chunks; one search when the fabric is its own reverse."""
+def _solve_allreduce(job: _Job, collective: Collective) -> tuple[list[Outcome], str]:
+    """The faster of reducescatter then allgather and, where its model is small enough, reduce-broadcast
+    (``reduce_broadcast``: each chunk reduced into a root of the model's choice and copied back), which starts
+    from the faster of the first and pipelined trees. Returns the outcomes that make up the schedule and the
+    form's name."""
     n, c, limit = collective.nranks, collective.chunks, job.options.time_limit
-    gather = _solve_one(job, Collective("allgather", n, c), limit / 2)
+    start = time.monotonic()
+    spec = _reduce_broadcast_spec(job, collective)
+    share = limit / 2 if spec is None else limit / 3
+    gather = _solve_one(job, Collective("allgather", n, c), share)
     if job.switch_free.reversed().fingerprint == job.switch_free.fingerprint:
         scatter = replace(gather, steps=_reverse(gather.steps))
     else:
-        scatter = _solve_one(job, Collective("reducescatter", n, c), limit / 2)
-    return [scatter, gather]
+        scatter = _solve_one(job, Collective("reducescatter", n, c), share)
+    halves = [scatter, gather]
+    if spec is None:
+        return halves, RS_AG
+    hint = min((scatter.steps + gather.steps, spec.hint), key=lambda steps: _price(job, collective, steps))
+    spec = replace(spec, steps=job.options.steps or len(hint), hint=hint)
+    if spec.possible_sends > MAX_REDUCE_BROADCAST:
+        return halves, RS_AG
+    floor = lower_bound_us(job.fabric, collective, job.options.size)
+    try:
+        joined = _solve_model(job, spec.topology, collective, reduce_broadcast.build(spec),
+                              f"{collective.name} as reduce-broadcast", spec.steps, floor, start, limit)
+    except (Unknown, Unsat):
+        return halves, RS_AG  # no time left for it, nothing found, or too few --steps: the first form stands
+    if joined.objective_us < sum(o.objective_us for o in halves) * (1 - 1e-9):
+        return [joined], REDUCE_BROADCAST
+    return halves, RS_AG
+
+
+def _price(job: _Job, collective: Collective, steps: tuple[Step, ...]) -> float:
+    from schedules.cost import predict_us
+
+    steps = tuple(Step(rounds_for(job.switch_free, list(st.sends)), st.sends) for st in steps)
+    return predict_us(Schedule(collective, job.fabric.fingerprint, steps), job.fabric, job.options.size)
+
+
+def _reduce_broadcast_spec(job: _Job, collective: Collective) -> reduce_broadcast.ReduceBroadcastSpec | None:
+    """The reduce-broadcast model for this all-reduce with pipelined trees as its hint, or None where a sketch
+    narrows the search (relays, rails and symmetry are hints for the other form) or the model would pass
+    MAX_REDUCE_BROADCAST possible sends at twice the depth plus a step per chunk."""
+    if job.options.sketch is not None:
+        return None
+    topo = job.switch_free
+    links = frozenset(link.key for link in topo.links)
+    depth = max(max(d.values()) for d in hop_distances(topo.ranks, links).values())
+    steps = job.options.steps or 2 * depth + collective.nchunks - 1
+    spec = reduce_broadcast.ReduceBroadcastSpec(topo, collective, steps, collective.chunk_bytes(job.options.size))
+    if spec.possible_sends > MAX_REDUCE_BROADCAST:
+        return None
+    return replace(spec, hint=reduce_broadcast.pipelined_trees(job.fabric, topo, collective))
 
 
 def _solve_one(job: _Job, collective: Collective, time_limit: float) -> Outcome:
@@ -206,11 +255,20 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
         raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
                       f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
                       "--steps, or a longer --time-limit)") from None
+    outcome = _solve_model(job, topo, collective, flow, label, steps, floor_us, start, time_limit)
+    return replace(outcome, hierarchy=split, symmetry_offset=symmetry.offset if symmetry else None,
+                   symmetry_local=symmetry.local if symmetry else None)
+
+
+def _solve_model(job: _Job, topo: Topology, collective: Collective, flow: FlowModel, label: str, steps: int,
+                 floor_us: float, start: float, time_limit: float) -> Outcome:
+    """CP-SAT on a built model, within what is left of ``time_limit`` since ``start``; the schedule read back."""
+    deadline = start + time_limit
     solver = cp_model.CpSolver()
     # Reading the answer back walks every send (1.8 s a million on the idle 2-core machine, twice that under
     # load); CP-SAT loads the model before its clock starts (12 s for 330,000 variables under load) and winds
     # its workers down after the limit. All of it stays inside the limit.
-    read_back = 0.5 + 4e-6 * len(flow.sends)
+    read_back = 0.5 + 4e-6 * (len(flow.sends) + len(flow.reduces))
     loading = 4e-5 * flow.variables
     left = deadline - time.monotonic() - read_back - min(2.0, 0.02 * time_limit)
     if left < loading:
@@ -219,7 +277,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
                       f"too little to load its {flow.variables} variables (use fewer --chunks or --steps, or a "
                       "longer --time-limit)")
     solver.parameters.max_time_in_seconds = max(0.1, left - loading)
-    solver.parameters.num_workers = options.workers or max(2, min(8, os.cpu_count() or 2))
+    solver.parameters.num_workers = job.options.workers or max(2, min(8, os.cpu_count() or 2))
     # Full presolve probes every send variable and symmetry detection builds a graph of the whole model: 12 s
     # and 7 s on NDv2 and HGX before the first incumbent. Without them the shortest-path hint is the first
     # incumbent in about 1 s, and NDv2 at 1 GB still reaches 97.7 % of the cut bound in 120 s.
@@ -229,7 +287,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     # CP-SAT's own SIGINT handler would end the search and hand back the incumbent as if the time limit had
     # passed; instead Solve runs in a thread, the main thread keeps Python's Ctrl-C and a steady progress line
     solver.parameters.catch_sigint_signal = False
-    if job.requested and job.requested != label:
+    if job.requested and not label.startswith(job.requested):
         label = f"{job.requested} ({label} part)"
     reporter = _Reporter(flow, job.progress, label, floor_us)
     status = _run(solver, flow, reporter, job, label, start, deadline - read_back)
@@ -242,8 +300,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
                       f"{time_limit:g} s (status {name})")
     objective = solver.ObjectiveValue() / flow.units_per_us
     bound = max(solver.BestObjectiveBound() / flow.units_per_us, min(floor_us, objective))
-    return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime(), split,
-                   symmetry.offset if symmetry else None, symmetry.local if symmetry else None)
+    return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime())
 
 
 def _hierarchy(job: _Job, topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
@@ -389,9 +446,10 @@ class _Reporter(cp_model.CpSolverSolutionCallback):
 
 def _read_steps(topo: Topology, flow: FlowModel, solver: cp_model.CpSolver) -> tuple[Step, ...]:
     by_step: dict[int, list[Send]] = {}
-    for (c, u, v, k), var in flow.sends.items():
-        if solver.BooleanValue(var):
-            by_step.setdefault(k, []).append(Send(c, u, v))
+    for op, sends in (("copy", flow.sends), ("reduce", flow.reduces)):
+        for (c, u, v, k), var in sends.items():
+            if solver.BooleanValue(var):
+                by_step.setdefault(k, []).append(Send(c, u, v, op))
     return tuple(Step(rounds_for(topo, sends), tuple(sorted(sends, key=lambda s: (s.src, s.dst, s.chunk))))
                  for _, sends in sorted(by_step.items()))
 

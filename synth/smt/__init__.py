@@ -233,12 +233,28 @@ def pareto(topology: Topology, collective: Collective, options: SmtOptions = Smt
     options = options.started()
     if collective.name == "allreduce":
         n = collective.nranks
-        half = replace(options, deadline=time.monotonic() + options.left() / 2)  # the other half for allgather
-        rs = _walk(topology, Collective("reducescatter", n), half, progress)
-        ag = _walk(topology, Collective("allgather", n), options, progress)
+        fabric = topology.without_switches()
+        if fabric.reversed().fingerprint == fabric.fingerprint:
+            # reducescatter's dual is an allgather on the same fabric: one walk serves both halves
+            ag = _walk(topology, Collective("allgather", n), options, progress)
+            rs = replace(ag, points=tuple(_reduce_point(p, topology) for p in ag.points))
+            progress(f"smt: reducescatter on {topology.name}: the allgather frontier run backwards "
+                     "(the fabric is its own reverse)")
+        else:
+            half = replace(options, deadline=time.monotonic() + options.left() / 2)  # the rest for allgather
+            rs = _walk(topology, Collective("reducescatter", n), half, progress)
+            ag = _walk(topology, Collective("allgather", n), options, progress)
         points = [(smt_dual.allreduce(a.schedule, b.schedule)) for a in rs.points for b in ag.points]
         return _frontier(topology, points, rs.lp_bound + ag.lp_bound, rs.complete and ag.complete)
     return _walk(topology, collective, options, progress)
+
+
+def _reduce_point(point: FrontierPoint, topology: Topology) -> FrontierPoint:
+    """An allgather point's reducescatter: its schedule backwards, every send a reduction."""
+    c = point.schedule.collective
+    schedule = smt_dual.from_dual(point.schedule, Collective("reducescatter", c.nranks, c.chunks),
+                                  topology.fingerprint)
+    return replace(point, schedule=schedule)
 
 
 def _walk(topology: Topology, collective: Collective, options: SmtOptions, progress: Progress) -> Frontier:
@@ -269,6 +285,9 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
         sized = Collective(collective.name, collective.nranks, out.instance.chunks, collective.root)
         found.append(_finish(out.schedule, topology, sized))
         best = Fraction(out.instance.rounds, out.instance.chunks)
+        progress(f"smt: {label}: frontier point {len(found)}: {out.instance}, R/C {best}"
+                 + (" (the LP bound)" if best <= bound else "")
+                 + f"; {max(0.0, options.left()):.0f} s of the time limit of {options.time_limit:g} s left")
         if best <= bound:
             return _frontier(topology, found, bound, True)
     return _frontier(topology, found, bound, False)

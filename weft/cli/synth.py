@@ -21,6 +21,10 @@ from weft.units import format_bytes, parse_bytes
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
             "pareto": "weft.cli.synth_pareto"}
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
+DEFAULT_TIME_LIMIT = 60.0
+# The dgx1 frontier took 14 s on the idle 2-core machine and 79.5 s under load (issue 37): a minute stopped it
+# after one point. Its progress lines say what is found and how much of the limit is left.
+SMT_PARETO_TIME_LIMIT = 300.0
 
 
 def _family(method: str):
@@ -38,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", required=True, choices=BASELINES + tuple(FAMILIES))
     p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default 1; ring and tree use several rings/trees with more)")
     p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help=f"solver time limit in seconds (default {DEFAULT_TIME_LIMIT:g}; smt --pareto: "
+                        f"{SMT_PARETO_TIME_LIMIT:g}, the whole frontier's)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
                         "one; smt also races its instances on N workers (default 1; smt: one per CPU)")
@@ -108,6 +114,8 @@ def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
 def run(args: argparse.Namespace) -> int:
     if args.chunks is not None and args.chunks < 1:
         raise ArgumentError(f"weft synth: --chunks must be a positive integer, got {args.chunks}")
+    if args.time_limit is None:
+        args.time_limit = default_time_limit(args)
     if not 0 < args.time_limit < math.inf:
         raise ArgumentError(f"weft synth: --time-limit must be positive seconds, got {args.time_limit}")
     if args.jobs < 1:
@@ -165,6 +173,13 @@ def _print_references(topology: Topology, collective: Collective, sizes: list[st
         print(f"  {label:<27} " + " ".join(f"{n}: {refs[name][n]:.2f} µs" for n in sizes))
     print(f"  messages a GPU sends across hosts: 2dh {host_messages(twodh(topology, collective), topology)}, flat "
           f"direct {host_messages(direct(topology, collective), topology)} (the model prices bytes, not messages)")
+
+
+def default_time_limit(args: argparse.Namespace) -> float:
+    """The time limit without --time-limit: longer for a whole SMT frontier than for one solve."""
+    if args.method == "smt" and getattr(args, "pareto", False):
+        return SMT_PARETO_TIME_LIMIT
+    return DEFAULT_TIME_LIMIT
 
 
 def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tuple[Schedule, dict]]:
