@@ -96,21 +96,34 @@ def narrow(plan: Plan, min_bytes: int, max_bytes: int) -> Plan:
     return narrowed.with_meta(verification=verify(narrowed))
 
 
-def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> tuple[dict[int, float], str]:
-    """The plan's predicted times and what made them (``PREDICTION``): the fabric's calibration where it was
-    measured (``weft topo calibrate``), else the α-β model of its links, which knows nothing of launches or
-    protocols (so a fabric never measured is said to be so next to each prediction)."""
-    from weft.calibrate import predictions
+def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> tuple[dict[int, float], str]:
+    """The plan's predicted times and what made them (``PREDICTION``), at ``PREDICTION_SIZES`` and every size its
+    schedule was priced at (the sizes ``weft synth`` printed): the fabric's calibration where it was measured
+    (``weft topo calibrate``), else the α-β model of its links, which knows nothing of launches or protocols (so
+    a fabric never measured is said to be so next to each prediction). Without a schedule, the plan's own table
+    (``weft compile`` made it the same way)."""
+    from weft.calibrate import predictions as calibrated
 
-    calibrated = predictions(plan, schedule, topology, PREDICTION_SIZES)
-    if calibrated is not None:
-        return calibrated
-    if schedule is not None and topology is not None:
-        from schedules.cost import predict_us
+    if schedule is None or topology is None:
+        return ({parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
+                 for k, v in plan.weft.predicted_us.items()}, plan.weft.prediction or ALPHA_BETA)
+    sizes = tuple(sorted(set(PREDICTION_SIZES) | set(_priced_sizes(schedule))))
+    found = calibrated(plan, schedule, topology, sizes)
+    if found is not None:
+        return found
+    from schedules.cost import loads
 
-        return {n: predict_us(schedule, topology, n) for n in PREDICTION_SIZES}, ALPHA_BETA
-    return ({parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
-             for k, v in plan.weft.predicted_us.items()}, ALPHA_BETA)
+    return dict(zip(sizes, loads(schedule, topology).predict_many_us(sizes))), ALPHA_BETA
+
+
+def _priced_sizes(schedule: Schedule) -> list[int]:
+    sizes = []
+    for text in schedule.meta.predicted_us:
+        try:
+            sizes.append(parse_bytes(str(text)))
+        except WeftError:
+            continue  # a size this weft does not read is one price fewer, never a failed commit
+    return sizes
 
 
 def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,
@@ -172,13 +185,12 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
         provenance["options"] = schedule.meta.options
     if exported is not None:  # an exported entry keeps what it recorded; only its verification is made afresh
         provenance = {**exported.provenance}
-        predictions = exported.predicted_us
+        predicted = exported.predicted_us
     else:
-        predictions, provenance[PREDICTION] = _predictions(plan, schedule,
-                                                           topo if isinstance(topo, Topology) else None)
+        predicted, provenance[PREDICTION] = predictions(plan, schedule, topo if isinstance(topo, Topology) else None)
     provenance["verification"] = verify(plan, progress)
     require_verified(plan, provenance)
-    return plan, fingerprint, provenance, predictions, exported
+    return plan, fingerprint, provenance, predicted, exported
 
 
 def commit_file(path: str, topology: str | None, location: str | None, progress: Progress | None = None) -> Entry:

@@ -274,7 +274,8 @@ def no_plan(args: argparse.Namespace, nbytes: int, sel) -> str:
     dtype = f" in {args.dtype}" if args.dtype else ""
     why = f" ({sel.detail})" if sel.detail else ""
     refused = f" (refused: {counted(len(sel.refused), 'plan')}, named above)" if sel.refused else ""
-    text = f"no {args.collective} plan for {args.topology} at {args.size} ({format_bytes(nbytes)}){dtype}{why}{refused}"
+    size = args.size if args.size == format_bytes(nbytes) else f"{args.size} ({format_bytes(nbytes)})"
+    text = f"no {args.collective} plan for {args.topology} at {size}{dtype}{why}{refused}"
     if sel.nearest:
         shown = ", ".join(f"{name or fp} ({fp}, {counted(n, 'rank')})" for fp, name, n in sel.nearest[:3])
         text += (f"; the registry holds {args.collective} plans for {shown}: is that the fabric you meant? "
