@@ -715,9 +715,18 @@ def _size(text: object) -> int | None:
 MAX_TIME_US = 1e12  # 11.6 days: beyond any collective's time, and what the results readers accept
 
 
+MIN_MEASURED_US = 0.01  # 10 ns: below any GPU kernel launch; a measured time under it (1e-300) is not a measurement
+
+
 def positive_us(value: object) -> bool:
     """Whether ``value`` is a time in µs that a measurement or prediction can be: positive, finite, plausible."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= MAX_TIME_US
+
+
+def measured_us(value: object) -> bool:
+    """Whether ``value`` is a time in µs that a measurement can be: ``positive_us`` and no shorter than a launch
+    (selection also refuses what is faster than the fabric's own latency, where it knows the fabric)."""
+    return positive_us(value) and value >= MIN_MEASURED_US
 
 
 def parse_baselines(doc: object, source: str) -> dict:
@@ -737,9 +746,9 @@ def parse_baselines(doc: object, source: str) -> dict:
             if not isinstance(times, dict):
                 raise _fail(source, where, "must map sizes in bytes to µs", "registry")
             for size, us in times.items():
-                if _size(size) is None or not positive_us(us):
-                    raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a positive, "
-                                f"finite time in µs, got {short(us)}", "registry")
+                if _size(size) is None or not measured_us(us):
+                    raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a measured "
+                                f"time in µs ({MIN_MEASURED_US} to {MAX_TIME_US:g}), got {short(us)}", "registry")
     return doc
 
 
@@ -766,17 +775,20 @@ def parse_index(doc: object, source: str) -> dict:
     return doc
 
 
-def _times(table: object, where: str, source: str) -> dict[int, float]:
-    """A timings table: sizes in bytes mapped to positive µs (selection interpolates them on a log scale)."""
+def _times(table: object, where: str, source: str, measured: bool = False) -> dict[int, float]:
+    """A timings table: sizes in bytes mapped to positive µs (selection interpolates them on a log scale);
+    ``measured``: times a GPU measured, no shorter than ``MIN_MEASURED_US``."""
     if not isinstance(table, dict):
         raise _fail(source, where, "must map sizes in bytes to µs")
     out = {}
     for size, us in table.items():
         nbytes = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64 \
             else _size(size)
-        if nbytes is None or not positive_us(us):
-            raise _fail(source, f"{where}.{str(size)[:24]}", "must be a size in bytes mapped to a positive, finite "
-                        f"time in µs, got {short(us)}")
+        if nbytes is None or not (measured_us if measured else positive_us)(us):
+            what = f"a measured time in µs ({MIN_MEASURED_US} to {MAX_TIME_US:g})" if measured else \
+                "a positive, finite time in µs"
+            raise _fail(source, f"{where}.{str(size)[:24]}", f"must be a size in bytes mapped to {what}, "
+                        f"got {short(us)}")
         out[nbytes] = float(us)
     return out
 
@@ -823,8 +835,9 @@ def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Ent
     timings = doc.get("timings", {})
     if not isinstance(timings, dict):
         raise _fail(source, "timings", "must be an object")
-    predicted, measured, measured_ll128 = (_times(timings.get(name, {}), f"timings.{name}", source)
-                                           for name in ("predicted_us", "measured_us", "measured_ll128_us"))
+    predicted, measured, measured_ll128 = (
+        _times(timings.get(name, {}), f"timings.{name}", source, measured=name != "predicted_us")
+        for name in ("predicted_us", "measured_us", "measured_ll128_us"))
     provenance = doc.get("provenance", {})
     if not isinstance(provenance, dict) or not isinstance(provenance.get("verification") or {}, dict):
         raise _fail(source, "provenance.verification", "must be an object")

@@ -12,7 +12,7 @@ from typing import Callable
 
 from schedules.plan import Plan, parse_plan
 from schedules.registry import (BASELINES_FORMAT, ENTRY_FORMAT, Entry, Registry, RegistryError, Selection,
-                                parse_baselines, parse_entry, positive_us, require_verified)
+                                measured_us, parse_baselines, parse_entry, require_verified)
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
 from topologies.errors import WeftError
@@ -333,8 +333,8 @@ def _check_rows(rows: object, source: str) -> None:
         wrong = row.get("wrong")
         if isinstance(wrong, bool) or not isinstance(wrong, int) or wrong < 0:
             raise RegistryError(f"{where}.wrong: must be a count of wrong elements, got {short_repr(wrong)}")
-        if row.get("nccl_us") is not None and not positive_us(row["nccl_us"]):
-            raise RegistryError(f"{where}.nccl_us: must be a positive, finite time in µs, got "
+        if row.get("nccl_us") is not None and not measured_us(row["nccl_us"]):
+            raise RegistryError(f"{where}.nccl_us: must be a measured time in µs (at least 0.01), got "
                                 f"{short_repr(row['nccl_us'])}")
         if wrong:
             continue
@@ -347,9 +347,9 @@ def _check_rows(rows: object, source: str) -> None:
             if not isinstance(table, dict):
                 raise RegistryError(f"{where}.{name}: must map plan hashes to µs, got {short_repr(table)}")
             for plan_hash, us in table.items():
-                if not isinstance(plan_hash, str) or not positive_us(us):
+                if not isinstance(plan_hash, str) or not measured_us(us):
                     raise RegistryError(f"{where}.{name}: {short_repr(plan_hash)}: must map a plan hash to a "
-                                        f"positive, finite time in µs, got {short_repr(us)}")
+                                        f"measured time in µs (at least 0.01), got {short_repr(us)}")
 
 
 def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
@@ -372,8 +372,12 @@ def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[s
 
 
 def latency_floor_us(topology: Topology) -> float:
-    """No collective on two or more ranks of ``topology`` ends sooner than its fastest link's latency."""
-    return min((link.latency for link in topology.links), default=0.0) if topology.nranks > 1 else 0.0
+    """No collective on two or more ranks of ``topology`` ends sooner than one crossing between two ranks (the
+    lowest-latency rank-to-rank path, through switches where they join the ranks)."""
+    if topology.nranks < 2:
+        return 0.0
+    return min((link.latency for link in topology.without_switches().links
+                if isinstance(link.src, int) and isinstance(link.dst, int)), default=0.0)
 
 
 def select(location: str | None, topology: Topology | str, collective: str, nbytes: int, dtype: str | None = None,
