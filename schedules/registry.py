@@ -443,23 +443,24 @@ class Registry:
                 if TMP_MARK in _stem(p)]
 
     def index_problems(self) -> list[str]:
-        """One line per way index.json disagrees with the entry files (a row missing, out of date or naming no
-        file), or that it is damaged; [] where it describes every readable entry."""
+        """One line per way index.json disagrees with the readable entry files (a row missing, out of date or
+        naming no file), or that it is damaged; [] where it describes every readable entry."""
         listed, warning = self._index_rows()
         if warning:
             return [warning]
         problems = []
         for path in self._entry_files():
             stem = _stem(path)
+            row = listed.pop(stem, None)
             try:
                 data = self._read_bytes(path, "registry entry")
+                if describes(row, data):
+                    continue
+                self._parse(path, data)
             except WeftError:
-                continue  # an unreadable entry is verify's own finding
-            row = listed.pop(stem, None)
-            if row is None:
-                problems.append(f"index.json: no row for entry {stem}")
-            elif not describes(row, data):
-                problems.append(f"index.json: the row for entry {stem} is out of date")
+                continue  # an unreadable entry is verify's own finding, and has no row to have
+            problems.append(f"index.json: no row for entry {stem}" if row is None else
+                            f"index.json: the row for entry {stem} is out of date")
         problems += [f"index.json: row {id} names no entry file" for id in sorted(listed)]
         return problems
 
