@@ -748,8 +748,9 @@ def parse_baselines(doc: object, source: str) -> dict:
                 raise _fail(source, where, "must map sizes in bytes to µs", "registry")
             for size, us in times.items():
                 if _size(size) is None or not measured_us(us):
-                    raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a measured "
-                                f"time in µs ({MIN_MEASURED_US} to {MAX_TIME_US:g}), got {short(us)}", "registry")
+                    raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a positive, "
+                                f"finite time in µs that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g}), "
+                                f"got {short(us)}", "registry")
     return doc
 
 
@@ -786,8 +787,8 @@ def _times(table: object, where: str, source: str, measured: bool = False) -> di
         nbytes = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64 \
             else _size(size)
         if nbytes is None or not (measured_us if measured else positive_us)(us):
-            what = f"a measured time in µs ({MIN_MEASURED_US} to {MAX_TIME_US:g})" if measured else \
-                "a positive, finite time in µs"
+            what = "a positive, finite time in µs" + (
+                f" that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g})" if measured else "")
             raise _fail(source, f"{where}.{str(size)[:24]}", f"must be a size in bytes mapped to {what}, "
                         f"got {short(us)}")
         out[nbytes] = float(us)

@@ -138,7 +138,8 @@ def test_a_plan_is_proven_once_per_machine_then_costs_nothing(tmp_path, capsys, 
 @pytest.mark.parametrize("time_us", [1e-300, 0.0, -1.0, float("nan"), float("inf")])
 def test_a_measured_time_outside_physical_sense_is_refused(tmp_path, capsys, time_us):
     registry, id = committed(tmp_path, capsys)
-    with pytest.raises(RegistryError, match="timings.measured_us.1024: must be a size in bytes mapped to a measured"):
+    with pytest.raises(RegistryError, match="timings.measured_us.1024: must be a size in bytes mapped to a positive, "
+                                            "finite time in µs that a GPU can measure"):
         Registry(registry).record_timing(id, 1024, time_us)
     path = registry / "entries" / f"{id}.json"
     doc = json.loads(path.read_text())
