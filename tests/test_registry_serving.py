@@ -216,3 +216,14 @@ def test_a_commit_killed_at_its_rename_is_found_by_verify_and_repaired_by_rebuil
     code, out, _ = run(["registry", "verify", "--json", "--registry", str(registry)], capsys)
     assert code == 0 and json.loads(out)["orphans"] == [] and json.loads(out)["index"] == []
     assert len(Registry(registry).index()["entries"]) == len(entries)
+
+
+@pytest.mark.parametrize("folder", ["/dev", "empty"])
+def test_importing_a_folder_without_plans_says_so(tmp_path, capsys, folder):
+    if folder == "empty":
+        folder = str(tmp_path / "empty")
+        os.mkdir(folder)
+    code, _, err = run(["registry", "import", folder, "--registry", str(tmp_path / "r")], capsys)
+    assert code == 2 and err == f"weft: error: registry import {folder}: no plan or exported entry files (*.json) " \
+                                "in it; `weft registry export DIR` writes them\n"
+    assert not (tmp_path / "r").exists()

@@ -236,6 +236,9 @@ def import_directory(directory: str, location: str | None, progress: Progress | 
     registry = Registry(location)
     checked, baselines = [], None
     files = sorted(Path(directory).glob("*.json"))
+    if not files:  # /etc, /dev or a mistyped folder: importing nothing is never what was meant
+        raise RegistryError(f"registry import {directory}: no plan or exported entry files (*.json) in it; "
+                            "`weft registry export DIR` writes them")
     for i, path in enumerate(files):
         doc = read_json(path, "registry import", RegistryError)
         if path.name == "baselines.json" and isinstance(doc, dict) and doc.get("format") == BASELINES_FORMAT:
