@@ -262,10 +262,23 @@ def _select(args: argparse.Namespace) -> int:
         print(f"no plan: {no_plan(args, nbytes, sel)} (the executor falls back to NCCL)")
     else:
         time = "(no time recorded)" if sel.time_us is None else f"{sel.time_us:.2f} µs"
-        note = f" ({prediction_note(sel.entry)})" if sel.basis == "predicted" else ""
+        table = sel.entry.predicted_us if sel.basis == "predicted" else sel.entry.measured_us
+        note = f" ({prediction_note(sel.entry)}{between(table, nbytes)})" if sel.basis == "predicted" else \
+            (f" ({between(table, nbytes)[2:]})" if between(table, nbytes) and not sel.lines else "")
         print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
               f"{time} at {format_bytes(nbytes)}{note}")
     return 0 if sel.entry else 1
+
+
+def between(table: dict[int, float], nbytes: int) -> str:
+    """'' where ``table`` holds ``nbytes``, else which of its sizes the time was read between (or beyond)."""
+    if not table or nbytes in table:
+        return ""
+    below, above = [n for n in table if n < nbytes], [n for n in table if n > nbytes]
+    if below and above:
+        return f"; interpolated between {format_bytes(max(below))} and {format_bytes(min(above))}"
+    edge = max(below) if below else min(above)
+    return f"; from {format_bytes(edge)}, the {'largest' if below else 'smallest'} size stored"
 
 
 def no_plan(args: argparse.Namespace, nbytes: int, sel) -> str:
