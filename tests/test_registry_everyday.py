@@ -314,3 +314,14 @@ def test_selection_never_prefers_a_plan_its_model_calls_slower(tmp_path, capsys)
         chosen = Registry(registry).get(json.loads(out)["entry"]).plan.weft.solver
         assert code == 0 and chosen == cheaper, (text, model["direct"][size], model["ring"][size])
         assert json.loads(out)["time_us"] == pytest.approx(model[cheaper][size], rel=1e-9)
+
+
+def test_select_says_where_a_time_between_stored_sizes_came_from(small, capsys):
+    path, ids = small
+    code, out, _ = run(["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)],
+                       capsys)
+    assert code == 0 and out.rstrip().endswith("never measured: α-β model of its links only; interpolated between "
+                                               "1KB and 1MB)")
+    code, out, _ = run(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry", str(path)],
+                       capsys)
+    assert code == 0 and out.rstrip().endswith("α-β model of its links only)")  # a stored size: nothing to add
