@@ -606,8 +606,11 @@ class Registry:
             del candidates[row.id]
             try:
                 entry = self.entry_of(scan, row)
-            except RegistryError as e:  # the row lied about its entry: rank the entry by what its file says
-                warnings.append(one_line(str(e)))
+            except RegistryError as e:
+                if row.id not in scan.parsed:  # the file no longer reads (a row made by a weft that read it)
+                    scan.bad.append(one_line(str(e)))
+                    continue
+                warnings.append(one_line(str(e)))  # the row lied about its entry: rank it by what its file says
                 entry = scan.parsed[row.id]
                 true_row = IndexRow.from_json(entry.index_row(scan.paths[row.id][1]))
                 if true_row.may_serve(topology, collective, nranks, nbytes, dtype):

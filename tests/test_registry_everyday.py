@@ -325,3 +325,14 @@ def test_select_says_where_a_time_between_stored_sizes_came_from(small, capsys):
     code, out, _ = run(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry", str(path)],
                        capsys)
     assert code == 0 and out.rstrip().endswith("α-β model of its links only)")  # a stored size: nothing to add
+
+
+def test_a_current_row_for_an_entry_this_weft_no_longer_reads_costs_only_that_entry(small, capsys, monkeypatch):
+    """An index row made by a weft that read the entry (here: a measured time above an older floor) ranks it; its
+    file is then refused as unreadable, named once, and selection goes on without it (no traceback)."""
+    path, ids = small
+    Registry(path).record_timing(ids[1], 65536, 0.5)
+    monkeypatch.setattr(registry_module, "MIN_MEASURED_US", 1.0)
+    code, out, err = run(["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)],
+                         capsys)
+    assert code == 1 and out.startswith("no plan:") and err.count("\n") == 1 and "timings.measured_us.65536" in err
