@@ -188,6 +188,20 @@ def test_one_fabric_is_listed_under_one_name(tmp_path, capsys):
     assert code == 0 and [row["topology_name"] for row in json.loads(out)] == ["dgx1", "dgx1"]
 
 
+def test_a_catalog_fabric_committed_by_fingerprint_is_listed_by_its_name(tmp_path, capsys):
+    from codegen import compile_schedule
+    from schedules.collectives import Collective
+    from synth import baselines
+    from topologies import resolve
+
+    dgx1 = resolve("dgx1")
+    doc = compile_schedule(baselines.ring(dgx1, Collective("allgather", 8)), dgx1).to_json()
+    path = tmp_path / "registry"
+    Registry(path).commit_all([item(doc, dgx1.fingerprint, name=None)])  # `registry commit PLAN` without -t
+    code, out, _ = run(["registry", "list", "--registry", str(path)], capsys)
+    assert code == 0 and out.splitlines()[1].split()[3] == "dgx1" and dgx1.fingerprint not in out
+
+
 def test_no_plan_speaks_in_what_the_user_typed_and_names_the_nearest_fabric(tmp_path, capsys):
     from codegen import compile_schedule
     from schedules.collectives import Collective

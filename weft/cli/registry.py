@@ -112,14 +112,14 @@ def best_time(entry) -> tuple[str, float | None, int | None]:
     return "none", None, None
 
 
-def prediction_note(entry) -> str:
+def prediction_note(entry, name: str | None = None) -> str:
     """What an entry's predicted times rest on, in a few words: the fabric's calibration, or the α-β model of the
     links where the fabric was never measured (or the entry was predicted before it was)."""
     from schedules.calibration import load_calibration
 
     if str(entry.provenance.get("prediction", "")).startswith("calibrated"):
         return "calibrated to measurements on this fabric"
-    name = entry.provenance.get("topology_name") or entry.key.topology
+    name = entry.provenance.get("topology_name") or name or entry.key.topology
     if load_calibration(entry.key.topology) is None:
         return f"fabric {name} never measured: α-β model of its links only"
     return f"α-β model of the links only, predicted before {name} was calibrated (commit again to calibrate)"
@@ -136,7 +136,7 @@ def describe(entry, names: dict[str, str] | None = None) -> dict:
     fingerprint that some entry gives, for entries committed by fingerprint alone)."""
     basis, us, size = best_time(entry)
     named = entry.provenance.get("topology_name") or (names or {}).get(entry.key.topology) or entry.key.topology
-    return entry.summary() | {"prediction": prediction_note(entry) if entry.predicted_us else "",
+    return entry.summary() | {"prediction": prediction_note(entry, named) if entry.predicted_us else "",
                               "topology_name": named,
                               "plan_label": plan_label(entry), "accepts": accepted_sizes(entry),
                               "granule_bytes": entry.plan.granule, "message_parts": entry.plan.message_parts,
@@ -164,11 +164,17 @@ def progress_after(seconds: float = 2.0):
 
 
 def fabric_names(entries) -> dict[str, str]:
-    """A name for each fingerprint that some entry records (the first by id), so that one fabric is listed once."""
+    """A name for each fingerprint: one that some entry records (the first by id), else the catalog default whose
+    fingerprint it is, so that one fabric is listed once (not as dgx1 and as topo-...)."""
+    from topologies.catalog import build, catalog_specs
+
     names: dict[str, str] = {}
     for e in sorted(entries, key=lambda e: e.id):
         if e.provenance.get("topology_name"):
             names.setdefault(e.key.topology, e.provenance["topology_name"])
+    if any(e.key.topology not in names for e in entries):
+        for spec in catalog_specs():
+            names.setdefault(build(spec).fingerprint, spec)
     return names
 
 
@@ -253,7 +259,7 @@ def _select(args: argparse.Namespace) -> int:
     for line in sel.refused:
         print(f"weft: warning: refused {line}", file=sys.stderr)
     if args.json:
-        note = prediction_note(sel.entry) if sel.entry is not None and sel.basis == "predicted" else ""
+        note = prediction_note(sel.entry, args.topology) if sel.entry is not None and sel.basis == "predicted" else ""
         print(json.dumps({"entry": sel.entry.id if sel.entry else None, "basis": sel.basis, "time_us": sel.time_us,
                           "lines": sel.lines, "reason": sel.reason, "prediction": note}, indent=2))
     elif sel.entry is None and sel.basis == "nccl":
@@ -263,8 +269,11 @@ def _select(args: argparse.Namespace) -> int:
     else:
         time = "(no time recorded)" if sel.time_us is None else f"{sel.time_us:.2f} µs"
         table = sel.entry.predicted_us if sel.basis == "predicted" else sel.entry.measured_us
-        note = f" ({prediction_note(sel.entry)}{between(table, nbytes)})" if sel.basis == "predicted" else \
-            (f" ({between(table, nbytes)[2:]})" if between(table, nbytes) and not sel.lines else "")
+        where = between(table, nbytes)
+        if sel.basis == "predicted":
+            note = f" ({prediction_note(sel.entry, args.topology)}{where})"
+        else:
+            note = f" ({where[2:]})" if where and not sel.lines else ""
         print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
               f"{time} at {format_bytes(nbytes)}{note}")
     return 0 if sel.entry else 1
