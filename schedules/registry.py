@@ -473,6 +473,7 @@ class Registry:
 
     def _index_text(self, add: list[tuple[Entry, str]] = (), remove: str | None = None) -> tuple[str, str]:
         path = self._path("index.json")
+        _replaceable(self, path)
         rows, warning = self._index_rows()
         if warning:  # a damaged index is rebuilt from the entries, never trusted
             rows = {row["id"]: row for row in self.rebuilt_index()[0]["entries"]}
@@ -576,10 +577,11 @@ class Registry:
         """index.json made afresh from the entry files, and the orphaned temporary files removed (under the lock,
         no writer is between its write and its rename); the lines name the entries left out as unreadable."""
         with self._locked():
+            path = self._path("index.json")
+            _replaceable(self, path)
             for orphan in self.orphans():
                 self.fs.rm(orphan)
             index, bad = self.rebuilt_index()
-            path = self._path("index.json")
             text = dumps(index)
             parse_index(decode_json(text, "registry", path, RegistryError), path)
             self._write_atomic(path, text)
@@ -643,6 +645,14 @@ class Registry:
                           and (nranks is None or r.key.nranks == nranks)})
         return Selection(None, "none", None, reason, tuple(scan.bad), False, tuple(warnings), tuple(refused),
                          tuple(nearest), size_why)
+
+
+def _replaceable(registry: Registry, path: str) -> None:
+    """A side file weft is about to replace must be a regular file or absent: checked before the first file of a
+    change is written, so a folder (or FIFO) in its place refuses the change whole, in one line."""
+    if registry.local and os.path.lexists(path) and not os.path.isfile(path):
+        raise RegistryError(f"registry {registry.location}: {_stem(path)}.json: not a regular file; move it away "
+                            "(`weft registry rebuild-index` then makes it afresh)")
 
 
 @dataclass

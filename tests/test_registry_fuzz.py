@@ -354,6 +354,10 @@ def test_a_mutated_registry_loses_no_good_entry(pristine, data, ops):
             assert code == 0 and out.startswith(f"{ids[name]}:")
         code, out, _ = run(["registry", "export", str(tmp / "out"), *reg])
         assert code in (0, 1) and {p.stem for p in (tmp / "out").glob("*-1r-*.json")} == set(ids.values())
+        before = snapshot(tmp)
+        code, _, err = run(["registry", "commit", str(tmp / "plan.json"), *reg])
+        assert code == 0 or (code == 2 and snapshot(tmp) == before and err.count("\n") == 1), (code, err)
+        assert set(ids.values()) <= set(listing(registry))
         found = Registry(registry)
         assert bool(found.orphans()) == bool({"orphan", "orphan_index"} & set(ops))  # what verify reports
         code = run(["registry", "rebuild-index", *reg])[0]
