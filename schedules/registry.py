@@ -545,6 +545,7 @@ class Registry:
                 entries.append(entry)
                 files.append(self._entry_text(entry))
             if nccl:
+                _replaceable(self, self._path("baselines.json"))
                 doc = self.baselines_or_none()[0]
                 for topology, collectives in nccl.items():
                     for collective, table in collectives.items():

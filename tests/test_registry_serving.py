@@ -227,3 +227,18 @@ def test_importing_a_folder_without_plans_says_so(tmp_path, capsys, folder):
     assert code == 2 and err == f"weft: error: registry import {folder}: no plan or exported entry files (*.json) " \
                                 "in it; `weft registry export DIR` writes them\n"
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("side", ["index.json", "baselines.json"])
+def test_a_folder_in_place_of_a_side_file_refuses_a_write_whole(tmp_path, capsys, side):
+    registry, id = committed(tmp_path, capsys)
+    entry = (registry / "entries" / f"{id}.json").read_bytes()
+    (registry / side).unlink(missing_ok=True)
+    (registry / side).mkdir()
+    plan_hash = Registry(registry).get(id).plan.content_hash
+    rows = [{"size": 1024, "nccl_us": 9.0, "wrong": 0, "plans_us": {plan_hash: 3.0}}]
+    (tmp_path / "results.json").write_text(json.dumps({"collective": "allreduce", "rows": rows}))
+    code, _, err = run(["registry", "record", str(tmp_path / "results.json"), "--registry", str(registry)], capsys)
+    assert code == 2 and err == f"weft: error: registry {registry}: {side}: not a regular file; move it away " \
+                                "(`weft registry rebuild-index` then makes it afresh)\n"
+    assert (registry / "entries" / f"{id}.json").read_bytes() == entry  # nothing written
