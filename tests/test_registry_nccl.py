@@ -110,7 +110,7 @@ def test_weft_registry_record_stores_a_bench_files_times(tmp_path, capsys):
     assert reg.get(a.id).measured_us == {1 << 20: 30.0} and reg.nccl_times(TOPO, "allgather") == {1 << 20: 10.0}
     assert main(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry",
                  str(tmp_path / "reg")]) == 1
-    assert "no plan: NCCL measured faster for allgather at 1048576 bytes" in capsys.readouterr().out
+    assert "no plan: NCCL measured faster for allgather at 1MB (10.0 µs" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("doc, field", [([], "must be an object"), ({"rows": []}, "collective"),

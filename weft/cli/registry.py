@@ -262,8 +262,10 @@ def _select(args: argparse.Namespace) -> int:
         note = prediction_note(sel.entry, args.topology) if sel.entry is not None and sel.basis == "predicted" else ""
         print(json.dumps({"entry": sel.entry.id if sel.entry else None, "basis": sel.basis, "time_us": sel.time_us,
                           "lines": sel.lines, "reason": sel.reason, "prediction": note}, indent=2))
-    elif sel.entry is None and sel.basis == "nccl":
-        print(f"no plan: {sel.reason} (the executor falls back to NCCL)")
+    elif sel.entry is None and sel.basis == "nccl":  # the library's line names bytes; here, the size as typed
+        size = args.size if args.size == format_bytes(nbytes) else f"{args.size} ({format_bytes(nbytes)})"
+        print(f"no plan: {sel.reason.replace(f' at {nbytes} bytes ', f' at {size} ', 1)} "
+              "(the executor falls back to NCCL)")
     elif sel.entry is None:
         print(f"no plan: {no_plan(args, nbytes, sel)} (the executor falls back to NCCL)")
     else:
