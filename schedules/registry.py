@@ -34,7 +34,7 @@ import fsspec
 from filelock import FileLock, Timeout
 
 from schedules.plan import Plan, parse_plan
-from schedules.registry_index import UNBOUNDED, EntryKey, IndexRow, Timings, describes, interpolate, row_hash
+from schedules.registry_index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
 from topologies.errors import CheckFailed, WeftError
 from schedules.collectives import NAMES as COLLECTIVES
 from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line, short_repr as short

@@ -9,8 +9,8 @@ entries.
 ...     "nranks": 1, "min_bytes": 4, "max_bytes": 0, "plan": "p", "plan_hash": "h", "solver": "direct",
 ...     "measured": False, "protocol": "Simple", "dtypes": [], "timings": {
 ...     "predicted_us": {"1024": 2.0, "4096": 8.0}, "measured_us": {}}})
->>> row.estimate(2048)
-('predicted', 4.0, False)
+>>> row.estimate(16384)  # past the last size: bandwidth-bound
+('predicted', 32.0, False)
 """
 
 from __future__ import annotations
