@@ -51,7 +51,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from topologies.errors import WeftError
 
@@ -191,6 +190,8 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
         iterations: int = 200) -> Calibration:
     """The terms that best fit ``observations`` (least squares on log times: scipy's Levenberg-Marquardt over log
     terms, ``iterations`` Jacobians at most per start)."""
+    from scipy.optimize import least_squares  # only fitting needs scipy: pricing a plan stays light
+
     if len(observations) < len(DEFAULTS):
         raise CalibrationError(f"calibration of {topology_name}: {len(observations)} measurements cannot fit "
                                f"{len(DEFAULTS)} terms")

@@ -312,6 +312,7 @@ class PlanMeta:
     root: int = 0
     instances: int = 1
     predicted_us: dict[str, float] = field(default_factory=dict)
+    prediction: str = ""  # what made predicted_us: the fabric's calibration, or the α-β model of its links
     verification: dict[str, Any] | None = None
     dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
     # How ops name channels: "threadblock" (MSCCL++: an index into the block's channel list) or "gpu" (weft's plans
@@ -325,6 +326,8 @@ class PlanMeta:
                                "channel_ids": self.channel_ids}
         if self.predicted_us:
             doc["predicted_us"] = self.predicted_us
+        if self.prediction:
+            doc["prediction"] = self.prediction
         if self.verification is not None:
             doc["verification"] = self.verification
         return doc
@@ -638,6 +641,7 @@ def _parse_meta(rd: _Reader, data: object) -> PlanMeta:
         solver=str(doc.get("solver", "")), chunks=rd.int(doc.get("chunks", 1), "weft.chunks", 1),
         root=rd.int(doc.get("root", 0), "weft.root"), instances=rd.int(doc.get("instances", 1), "weft.instances", 1),
         predicted_us=_predictions(rd, doc.get("predicted_us", {})),
+        prediction=str(doc.get("prediction", ""))[:300],
         verification=rd.obj(verification, "weft.verification") if verification is not None else None,
         dtypes=dtypes, channel_ids=channel_ids,
     )

@@ -25,15 +25,16 @@ import logging
 import math
 import os
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import fsspec
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from schedules.plan import Plan, parse_plan
+from schedules.registry_index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
 from topologies.errors import CheckFailed, WeftError
 from schedules.collectives import NAMES as COLLECTIVES
 from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line, short_repr as short
@@ -41,10 +42,10 @@ from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line, short_rep
 ENTRY_FORMAT = "weft.registry-entry/1"
 INDEX_FORMAT = "weft.registry-index/1"
 BASELINES_FORMAT = "weft.registry-baselines/1"
+TMP_MARK = ".tmp-"  # a file being written: <name>.tmp-<pid>-<random>, renamed over <name> when whole
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a file name in entries/, nothing that leaves it
 FINGERPRINT = re.compile(r"topo-[0-9a-f]{16}")
 MAX_DEPTH = 24  # provenance and the like: deeper than any record weft writes, shallow enough for every reader
-UNBOUNDED = 0  # max_bytes of 0: no upper limit (MSCCL++'s convention for max_message_size)
 log = logging.getLogger("weft.registry")
 
 
@@ -54,18 +55,6 @@ class RegistryError(WeftError):
 
 class NotVerified(CheckFailed):
     """The plan has no passing verification record for its own hash, so it cannot be committed."""
-
-
-@dataclass(frozen=True)
-class EntryKey:
-    topology: str
-    collective: str
-    nranks: int
-    min_bytes: int
-    max_bytes: int
-
-    def covers(self, nbytes: int) -> bool:
-        return self.min_bytes <= nbytes and (self.max_bytes == UNBOUNDED or nbytes <= self.max_bytes)
 
 
 @dataclass(frozen=True)
@@ -82,9 +71,13 @@ class Entry:
     def dtypes(self) -> tuple[str, ...]:
         return tuple(self.provenance.get("verification", {}).get("dtypes", ()))
 
+    @property
+    def timings(self) -> Timings:
+        return Timings(self.plan.protocol, self.predicted_us, self.measured_us, self.measured_ll128_us)
+
     def measured(self, ll128: bool = False) -> bool:
         """Whether any time was measured (with LL128 lines too when ``ll128``, for an LL plan)."""
-        return bool(self.measured_us or (ll128 and self.plan.protocol == "LL" and self.measured_ll128_us))
+        return self.timings.measured(ll128)
 
     def estimate_us(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None]:
         """('measured'|'predicted', time at nbytes) interpolated log-log between recorded sizes; with ``ll128`` (an
@@ -94,16 +87,7 @@ class Entry:
 
     def estimate(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None, bool]:
         """``estimate_us`` and whether that time is the one measured with LL128 lines (run the plan with them)."""
-        if self.measured(ll128):
-            lined = ll128 and self.plan.protocol == "LL"  # only LL plans have packets to move as lines
-            options = [(_interpolate(table, nbytes), lines)
-                       for table, lines in ((self.measured_us, False), (self.measured_ll128_us, True))
-                       if table and (lined or not lines)]
-            time_us, lines = min(options)
-            return "measured", time_us, lines
-        if self.predicted_us:
-            return "predicted", _interpolate(self.predicted_us, nbytes), False
-        return "none", None, False
+        return self.timings.estimate(nbytes, ll128)
 
     def serves(self, topology: str, collective: str, nranks: int, nbytes: int) -> bool:
         """Whether this entry may run ``collective`` on ``nranks`` ranks of ``topology`` at ``nbytes``: its key and
@@ -122,18 +106,29 @@ class Entry:
             "key": {"topology": self.key.topology, "collective": self.key.collective, "nranks": self.key.nranks,
                     "min_bytes": self.key.min_bytes, "max_bytes": self.key.max_bytes},
             "provenance": self.provenance,
-            "timings": {"predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
-                        "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
-                        **({"measured_ll128_us": {str(k): v for k, v in sorted(self.measured_ll128_us.items())}}
-                           if self.measured_ll128_us else {})},
+            "timings": self._timings_json(),
             "plan": self.plan.to_json(),
         }
+
+    def _timings_json(self) -> dict:
+        return {"predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
+                "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
+                **({"measured_ll128_us": {str(k): v for k, v in sorted(self.measured_ll128_us.items())}}
+                   if self.measured_ll128_us else {})}
 
     def summary(self) -> dict:
         return {"id": self.id, "topology": self.key.topology, "collective": self.key.collective,
                 "nranks": self.key.nranks, "min_bytes": self.key.min_bytes, "max_bytes": self.key.max_bytes,
                 "plan": self.plan.name, "plan_hash": self.plan.content_hash,
                 "solver": self.provenance.get("solver", ""), "measured": bool(self.measured_us)}
+
+    def index_row(self, text: bytes | str) -> dict:
+        """The entry's row in index.json, made from its file's ``text``: what selection reads (``IndexRow``)."""
+        row = self.summary() | {"protocol": self.plan.protocol, "plan_topology": self.plan.weft.topology,
+                                "dtypes": list(self.dtypes),
+                                "topology_name": str(self.provenance.get("topology_name", "")),
+                                "timings": self._timings_json()}
+        return row | {"row_hash": row_hash(text, row)}
 
 
 @dataclass(frozen=True)
@@ -146,20 +141,10 @@ class Selection:
     reason: str = ""
     skipped: tuple[str, ...] = ()
     lines: bool = False  # run the entry's LL plan with LL128 lines (select(..., ll128=True) measured it faster so)
-
-
-def _interpolate(table: dict[int, float], nbytes: int) -> float:
-    points = sorted(table.items())
-    if nbytes <= points[0][0]:
-        return points[0][1]
-    if nbytes >= points[-1][0]:
-        (s0, t0), (s1, t1) = points[-2:] if len(points) > 1 else (points[-1], points[-1])
-        return t1 if s0 == s1 else t1 * nbytes / s1  # bandwidth-bound beyond the last point
-    for (s0, t0), (s1, t1) in zip(points, points[1:]):
-        if s0 <= nbytes <= s1:
-            f = (math.log(nbytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
-            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
-    return points[-1][1]
+    warnings: tuple[str, ...] = ()  # side files ignored (a damaged or stale index.json, baselines.json), one line each
+    refused: tuple[str, ...] = ()  # entries that would have won but their plan failed ``trust`` (id: why)
+    nearest: tuple[tuple[str, str, int], ...] = ()  # no plan: (topology, its name, nranks) holding this collective
+    detail: str = ""  # no plan: why the entries keyed for this call do not run its size (their plan's refusal)
 
 
 def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: float | None) -> float | None:
@@ -169,7 +154,7 @@ def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: flo
     prediction is not comparable with a time on the machine."""
     if basis != "measured" or time_us is None or not nccl_us or not min(nccl_us) <= nbytes <= max(nccl_us):
         return None
-    nccl = _interpolate(nccl_us, nbytes)
+    nccl = interpolate(nccl_us, nbytes)
     return nccl if nccl < time_us else None
 
 
@@ -209,6 +194,16 @@ def _pretty(value: object, depth: int) -> str:
     return f"[\n{items}\n{end}]"
 
 
+LOCK_WAIT_S = 120  # another writer's commit (proofs run before the lock, so a holder only writes files)
+LOCK_NOTICE_S = 2  # after this long waiting for the lock, progress says so
+
+
+def _why(e: BaseException) -> str:
+    """A backend's exception in a few words on one line (fsspec raises whatever its backend does)."""
+    text = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
+    return one_line(f"{type(e).__name__}: {text}" if not isinstance(e, OSError) else text)[:300]
+
+
 class Registry:
     """A registry at a local path or fsspec URL (``memory://``, ``s3://``, ...)."""
 
@@ -216,13 +211,13 @@ class Registry:
         self.location = str(location) if location else default_location()
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.location)
-        except (ValueError, ImportError) as e:
-            raise RegistryError(f"registry {self.location}: cannot open: {e}") from None
+        except Exception as e:  # noqa: BLE001 (an unknown protocol, a missing argument, a host that does not resolve)
+            raise RegistryError(f"registry {self.location}: cannot open: {_why(e)}") from None
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         if self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise RegistryError(f"registry {self.location}: not a directory")
 
-    # ---- paths and locking ---------------------------------------------------------------------
+    # ---- paths, the backend and locking ----------------------------------------------------------------------
     def _path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
@@ -233,25 +228,51 @@ class Registry:
         return self._path("entries", f"{id}.json")
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The registry's lock around a change; a location that cannot be written is one line naming it."""
+    def _backend(self, doing: str) -> Iterator[None]:
+        """Any error of the storage backend, as one line naming the registry (``doing``: "read", "write", ...)."""
         try:
-            if self.local:
-                self.fs.makedirs(self.root, exist_ok=True)
-                lock_path = self._path(".lock")
-            else:
-                import platformdirs
+            yield
+        except WeftError:
+            raise
+        except Exception as e:  # noqa: BLE001 (fsspec backends raise their own kinds: socket, zip, HTTP errors)
+            raise RegistryError(f"registry {self.location}: cannot {doing}: {_why(e)}") from None
 
-                lock_dir = Path(platformdirs.user_cache_dir("weft")) / "locks"
-                lock_dir.mkdir(parents=True, exist_ok=True)
-                lock_path = str(lock_dir / (hashlib.sha256(self.location.encode()).hexdigest()[:16] + ".lock"))
-            with FileLock(lock_path, timeout=120):
-                yield
-        except OSError as e:
-            raise RegistryError(f"registry {self.location}: cannot write: {e.strerror or e}") from None
+    def exists(self, path: str) -> bool:
+        with self._backend("read"):
+            return bool(self.fs.exists(path))
+
+    @contextmanager
+    def _locked(self, progress: Callable[[str], None] | None = None) -> Iterator[None]:
+        """The registry's lock around a change; a location that cannot be written is one line naming it, at once."""
+        with nullcontext() if self.local else self._backend("write"):  # a local disk's errors are OSErrors
+            try:
+                if self.local:
+                    self.fs.makedirs(self.root, exist_ok=True)
+                    lock_path = self._path(".lock")
+                else:
+                    import platformdirs
+
+                    lock_dir = Path(platformdirs.user_cache_dir("weft")) / "locks"
+                    lock_dir.mkdir(parents=True, exist_ok=True)
+                    lock_path = str(lock_dir / (hashlib.sha256(self.location.encode()).hexdigest()[:16] + ".lock"))
+                with open(lock_path, "a"):  # an unwritable place fails here, at once (FileLock retries until timeout)
+                    pass
+                lock = FileLock(lock_path)
+                try:
+                    lock.acquire(timeout=LOCK_NOTICE_S)
+                except Timeout:
+                    if progress:
+                        progress(f"waiting for another writer's lock on {self.location} (at most {LOCK_WAIT_S} s)")
+                    lock.acquire(timeout=LOCK_WAIT_S)
+                try:
+                    yield
+                finally:
+                    lock.release()
+            except OSError as e:
+                raise RegistryError(f"registry {self.location}: cannot write: {e.strerror or e}") from None
 
     def _write_atomic(self, path: str, text: str) -> None:
-        tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        tmp = f"{path}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(tmp, "w") as f:
             f.write(text)
@@ -263,41 +284,55 @@ class Registry:
             raise
 
     # ---- reading -------------------------------------------------------------------------------
+    def _listing(self, directory: str) -> list[str]:
+        with self._backend("read"):
+            if not self.fs.exists(directory):
+                return []
+            return sorted(str(p) for p in self.fs.ls(directory, detail=False))
+
     def _entry_files(self) -> list[str]:
-        directory = self._path("entries")
-        if not self.fs.exists(directory):
-            return []
-        return sorted(str(p) for p in self.fs.ls(directory, detail=False) if str(p).endswith(".json"))
+        return [p for p in self._listing(self._path("entries")) if p.endswith(".json")]
+
+    def _read_bytes(self, path: str, what: str) -> bytes:
+        """The file's bytes; unreadable, too large or not a regular file, one line naming it."""
+        if self.local:
+            from topologies.jsonfile import read_bytes
+
+            return read_bytes(path, what, RegistryError)
+        try:
+            with self._backend("read"), self.fs.open(path, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as e:
+            raise RegistryError(f"{what} {path}: cannot read: {e.strerror or e}") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise RegistryError(f"{what} {path}: cannot read: more than {MAX_FILE_BYTES >> 20} MiB")
+        return data
 
     def _read_json(self, path: str, what: str) -> object:
         """The decoded file; unreadable, malformed, too large, too deep or not a regular file, one line naming it
         (``what``: "registry entry", "registry")."""
-        try:
-            if self.local:
-                from topologies.jsonfile import read_bytes
+        return decode_json(self._read_bytes(path, what), what, path, RegistryError)
 
-                data = read_bytes(path, what, RegistryError)
-            else:
-                with self.fs.open(path, "rb") as f:
-                    data = f.read(MAX_FILE_BYTES + 1)
-                if len(data) > MAX_FILE_BYTES:
-                    raise RegistryError(f"{what} {path}: cannot read: more than {MAX_FILE_BYTES >> 20} MiB")
-        except OSError as e:
-            raise RegistryError(f"{what} {path}: cannot read: {e.strerror or e}") from None
-        return decode_json(data, what, path, RegistryError)
+    def _parse(self, path: str, data: bytes) -> Entry:
+        return parse_entry(decode_json(data, "registry entry", path, RegistryError), path, _stem(path))
 
     def read_entry_file(self, path: str) -> Entry:
-        return parse_entry(self._read_json(path, "registry entry"), path, _stem(path))
+        return self._parse(path, self._read_bytes(path, "registry entry"))
 
-    def load(self) -> tuple[list[Entry], list[str]]:
-        """Every readable entry, and one warning line per entry file that could not be read."""
+    def _load_with_text(self) -> tuple[list[tuple[Entry, bytes]], list[str]]:
         entries, bad = [], []
         for path in self._entry_files():
             try:
-                entries.append(self.read_entry_file(path))
+                data = self._read_bytes(path, "registry entry")
+                entries.append((self._parse(path, data), data))
             except WeftError as e:
                 bad.append(one_line(str(e)))
         return entries, bad
+
+    def load(self) -> tuple[list[Entry], list[str]]:
+        """Every readable entry, and one warning line per entry file that could not be read."""
+        found, bad = self._load_with_text()
+        return [e for e, _ in found], bad
 
     def entries(self, topology: str | None = None, collective: str | None = None) -> list[Entry]:
         found, bad = self.load()
@@ -309,9 +344,17 @@ class Registry:
     def baselines(self) -> dict:
         """baselines.json: {"format", "nccl_us": {topology: {collective: {bytes: µs}}}} (empty if none yet)."""
         path = self._path("baselines.json")
-        if not self.fs.exists(path):
+        if not self.exists(path):
             return {"format": BASELINES_FORMAT, "nccl_us": {}}
         return parse_baselines(self._read_json(path, "registry"), path)
+
+    def baselines_or_none(self) -> tuple[dict, str]:
+        """``baselines`` and '', or no NCCL times and the one-line warning where baselines.json is damaged: NCCL's
+        times are advisory, and a damaged file never costs the plans."""
+        try:
+            return self.baselines(), ""
+        except RegistryError as e:
+            return {"format": BASELINES_FORMAT, "nccl_us": {}}, f"{one_line(str(e))}; NCCL's times ignored"
 
     def nccl_times(self, topology: str, collective: str) -> dict[int, float]:
         """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them."""
@@ -320,21 +363,106 @@ class Registry:
 
     def get(self, id: str) -> Entry:
         path = self.entry_path(id)
-        if not self.fs.exists(path):
+        if not self.exists(path):
             raise RegistryError(f"registry {self.location}: no entry {id!r}")
         return self.read_entry_file(path)
 
     def index(self) -> dict:
         """index.json, checked (RegistryError where it is damaged: ``rebuild-index`` makes it afresh)."""
         path = self._path("index.json")
-        if not self.fs.exists(path):
+        if not self.exists(path):
             return {"format": INDEX_FORMAT, "entries": []}
         return parse_index(self._read_json(path, "registry"), path)
 
+    def _index_rows(self) -> tuple[dict[str, dict], str]:
+        """index.json's rows by id, and '' or the warning that it is damaged and ignored."""
+        try:
+            return {row["id"]: row for row in self.index()["entries"]}, ""
+        except RegistryError as e:
+            return {}, f"{one_line(str(e))}; ignored (`weft registry rebuild-index` repairs it)"
+
+    def rows(self) -> RowScan:
+        """An index row for every readable entry: index.json's where it still describes the entry file (its
+        ``row_hash``), else made from the entry itself (parsed; kept in ``RowScan.parsed``). Only the entry files'
+        bytes are read and hashed, so a current index spares parsing every plan."""
+        listed, warning = self._index_rows()
+        scan = RowScan([], {}, {}, [], [warning] if warning else [])
+        stale = 0
+        for path in self._entry_files():
+            try:
+                data = self._read_bytes(path, "registry entry")
+            except WeftError as e:
+                scan.bad.append(one_line(str(e)))
+                continue
+            stem = _stem(path)
+            scan.paths[stem] = (path, data)
+            row = listed.get(stem)
+            if describes(row, data):
+                try:
+                    scan.rows.append(IndexRow.from_json(row))
+                    continue
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    pass
+            try:
+                entry = self._parse(path, data)
+            except WeftError as e:  # named in ``bad``: its row's age is beside the point
+                scan.bad.append(one_line(str(e)))
+                continue
+            stale += bool(listed)
+            scan.parsed[stem] = entry
+            scan.rows.append(IndexRow.from_json(entry.index_row(data)))
+        if stale:
+            scan.warnings.append(f"registry {self.location}: index.json does not describe "
+                                 f"{stale} of {len(scan.paths)} entries (read from their files instead; "
+                                 "`weft registry rebuild-index` repairs it)")
+        return scan
+
+    def entry_of(self, scan: RowScan, row: IndexRow) -> Entry:
+        """The entry a row names, parsed from the bytes the scan read; RegistryError where the row does not
+        describe it (index.json edited: the row is not used)."""
+        if row.id in scan.parsed:
+            return scan.parsed[row.id]
+        path, data = scan.paths[row.id]
+        entry = self._parse(path, data)
+        scan.parsed[row.id] = entry
+        if IndexRow.from_json(entry.index_row(data)) != row:
+            raise RegistryError(f"registry {self.location}: index.json: row {row.id} does not describe its entry "
+                                "file; ignored (`weft registry rebuild-index` repairs it)")
+        return entry
+
     def rebuilt_index(self) -> tuple[dict, list[str]]:
         """The index of every readable entry, and one line per entry file left out because it is unreadable."""
-        found, bad = self.load()
-        return {"format": INDEX_FORMAT, "entries": sorted((e.summary() for e in found), key=lambda s: s["id"])}, bad
+        found, bad = self._load_with_text()
+        rows = sorted((e.index_row(data) for e, data in found), key=lambda s: s["id"])
+        return {"format": INDEX_FORMAT, "entries": rows}, bad
+
+    # ---- recovery ----------------------------------------------------------------------------------------------
+    def orphans(self) -> list[str]:
+        """Temporary files that a writer killed between its write and its rename left behind."""
+        return [p for directory in (self.root, self._path("entries")) for p in self._listing(directory)
+                if TMP_MARK in _stem(p)]
+
+    def index_problems(self) -> list[str]:
+        """One line per way index.json disagrees with the readable entry files (a row missing, out of date or
+        naming no file), or that it is damaged; [] where it describes every readable entry."""
+        listed, warning = self._index_rows()
+        if warning:
+            return [warning]
+        problems = []
+        for path in self._entry_files():
+            stem = _stem(path)
+            row = listed.pop(stem, None)
+            try:
+                data = self._read_bytes(path, "registry entry")
+                if describes(row, data):
+                    continue
+                self._parse(path, data)
+            except WeftError:
+                continue  # an unreadable entry is verify's own finding, and has no row to have
+            problems.append(f"index.json: no row for entry {stem}" if row is None else
+                            f"index.json: the row for entry {stem} is out of date")
+        problems += [f"index.json: row {id} names no entry file" for id in sorted(listed)]
+        return problems
 
     # ---- writing: every file is checked by the reader that reads it back, all before the first is written --------
     def _entry_text(self, entry: Entry) -> tuple[str, str]:
@@ -343,14 +471,14 @@ class Registry:
         parse_entry(decode_json(text, "registry entry", path, RegistryError), path, entry.id)
         return path, text
 
-    def _index_text(self, add: list[Entry] = (), remove: str | None = None) -> tuple[str, str]:
+    def _index_text(self, add: list[tuple[Entry, str]] = (), remove: str | None = None) -> tuple[str, str]:
         path = self._path("index.json")
-        try:
-            rows = {row["id"]: row for row in self.index()["entries"]}
-        except WeftError:  # a damaged index is rebuilt from the entries, never trusted
+        _replaceable(self, path)
+        rows, warning = self._index_rows()
+        if warning:  # a damaged index is rebuilt from the entries, never trusted
             rows = {row["id"]: row for row in self.rebuilt_index()[0]["entries"]}
-        for entry in add:
-            rows[entry.id] = entry.summary()
+        for entry, text in add:
+            rows[entry.id] = entry.index_row(text)
         if remove is not None:
             rows.pop(remove, None)
         text = dumps({"format": INDEX_FORMAT, "entries": [rows[k] for k in sorted(rows)]})
@@ -367,7 +495,7 @@ class Registry:
         ``measured``: an exported entry of this plan whose measured times come along (``registry import``)."""
         return self.commit_all([(plan, topology, provenance, predicted_us, measured)])[0]
 
-    def commit_all(self, items: list[tuple]) -> list[Entry]:
+    def commit_all(self, items: list[tuple], progress: Callable[[str], None] | None = None) -> list[Entry]:
         """Commit each (plan, topology, provenance, predicted_us, measured entry or None), all checked before the
         first is written: one bad item commits nothing."""
         entries = []
@@ -380,11 +508,11 @@ class Registry:
                 entry = replace(entry, measured_us=dict(measured.measured_us),
                                 measured_ll128_us=dict(measured.measured_ll128_us))
             entries.append(entry)
-        with self._locked():
+        with self._locked(progress):
             files = []
             for i, entry in enumerate(entries):
                 path = self.entry_path(entry.id)
-                if items[i][4] is None and self.fs.exists(path):  # the same plan again: its measured times still hold
+                if items[i][4] is None and self.exists(path):  # the same plan again: its measured times still hold
                     try:
                         old = self.read_entry_file(path)
                         entries[i] = entry = replace(entry, measured_us=dict(old.measured_us),
@@ -392,7 +520,7 @@ class Registry:
                     except WeftError:
                         pass  # an unreadable old entry is simply replaced
                 files.append(self._entry_text(entry))
-            files.append(self._index_text(add=entries))
+            files.append(self._index_text(add=[(e, text) for e, (_, text) in zip(entries, files)]))
             self._write_all(files)
         return entries
 
@@ -404,7 +532,8 @@ class Registry:
     def record_timings(self, times: dict[str, list[tuple[int, float, bool]]],
                        nccl: dict[str, dict[str, dict[int, float]]] | None = None) -> list[Entry]:
         """Store measured times per entry id, each (bytes, µs, with LL128 lines), and NCCL's measured times
-        ({topology: {collective: {bytes: µs}}}), all checked before anything is written."""
+        ({topology: {collective: {bytes: µs}}}), all checked before anything is written. A damaged baselines.json
+        is replaced by NCCL's new times (it was advisory, and ignored)."""
         with self._locked():
             entries, files = [], []
             for id, rows in sorted(times.items()):
@@ -416,7 +545,8 @@ class Registry:
                 entries.append(entry)
                 files.append(self._entry_text(entry))
             if nccl:
-                doc = self.baselines()
+                _replaceable(self, self._path("baselines.json"))
+                doc = self.baselines_or_none()[0]
                 for topology, collectives in nccl.items():
                     for collective, table in collectives.items():
                         stored = doc["nccl_us"].setdefault(topology, {}).setdefault(collective, {})
@@ -426,7 +556,7 @@ class Registry:
                 parse_baselines(decode_json(text, "registry", path, RegistryError), path)
                 files.append((path, text))
             if entries:
-                files.append(self._index_text(add=entries))
+                files.append(self._index_text(add=[(e, text) for e, (_, text) in zip(entries, files)]))
             self._write_all(files)
         return entries
 
@@ -438,17 +568,21 @@ class Registry:
     def remove(self, id: str) -> None:
         with self._locked():
             path = self.entry_path(id)
-            if not self.fs.exists(path):
+            if not self.exists(path):
                 raise RegistryError(f"registry {self.location}: no entry {id!r}")
             index = self._index_text(remove=id)
             self.fs.rm(path)
             self._write_all([index])
 
     def rebuild_index(self) -> tuple[dict, list[str]]:
-        """index.json made afresh from the entry files; the lines name the entries left out as unreadable."""
+        """index.json made afresh from the entry files, and the orphaned temporary files removed (under the lock,
+        no writer is between its write and its rename); the lines name the entries left out as unreadable."""
         with self._locked():
-            index, bad = self.rebuilt_index()
             path = self._path("index.json")
+            _replaceable(self, path)
+            for orphan in self.orphans():
+                self.fs.rm(orphan)
+            index, bad = self.rebuilt_index()
             text = dumps(index)
             parse_index(decode_json(text, "registry", path, RegistryError), path)
             self._write_atomic(path, text)
@@ -456,42 +590,90 @@ class Registry:
 
     # ---- selection -----------------------------------------------------------------------------
     def select(self, topology: str, collective: str, nbytes: int, dtype: str | None = None,
-               nranks: int | None = None, ll128: bool = False) -> Selection:
+               nranks: int | None = None, ll128: bool = False, trust: Callable[[Entry], str] | None = None,
+               floor_us: float = 0.0) -> Selection:
         """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
         executor that can move LL packets as LL128 lines, whose measured times then count too; ``lines`` says
-        whether the chosen time is one of them)."""
-        found, bad = self.load()  # the unreadable ones are named in Selection.skipped
-        candidates = [e for e in found if e.serves(topology, collective, nranks or e.plan.nranks, nbytes)
-                      and (dtype is None or not e.dtypes or dtype in e.dtypes)]
-        if not candidates:
-            return Selection(None, "none", None,
-                             f"no plan for {collective} on {topology} at {nbytes} bytes"
-                             + (f" in {dtype}" if dtype else "") + _size_refusal(found, topology, collective, nbytes),
-                             tuple(bad))
+        whether the chosen time is one of them).
 
-        # Measurements beat predictions: where any candidate was measured, only measured ones compete.
-        measured = [e for e in candidates if e.measured(ll128)]
-        scored = sorted(measured or candidates, key=lambda e: (e.estimate_us(nbytes, ll128)[1] or math.inf, e.id))
-        best = scored[0]
-        basis, t, lines = best.estimate(nbytes, ll128)
-        try:
-            nccl_us = self.nccl_times(topology, collective)
-        except RegistryError as e:  # a damaged baselines.json costs NCCL's comparison, never the plans
-            nccl_us, bad = {}, [*bad, one_line(str(e))]
-        nccl = nccl_faster(nccl_us, nbytes, basis, t)
-        if nccl is not None:
-            return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, best.plan.name, t), tuple(bad))
-        return Selection(best, basis, t, "", tuple(bad), lines)
-
-
-def _size_refusal(entries: list[Entry], topology: str, collective: str, nbytes: int) -> str:
-    """Why the entries for this topology and collective do not run ``nbytes`` (their first refusal), or ''."""
-    for e in entries:
-        if e.key.topology == topology and e.key.collective == collective and e.key.covers(nbytes):
+        Ranked from index rows; only the winner's entry is parsed, then asked again whether its plan serves the
+        call, and ``trust`` (entry -> '' or why not: weft proves the plan on the reference executor) may refuse
+        it, as may a measured time below ``floor_us`` (the fabric's latency): the next one is tried."""
+        scan = self.rows()
+        candidates = {r.id: r for r in scan.rows if r.may_serve(topology, collective, nranks, nbytes, dtype)}
+        refused, size_why, warnings = [], "", list(scan.warnings)
+        while candidates:
+            pool = list(candidates.values())
+            measured = [r for r in pool if r.timings.measured(ll128)]
+            row = min(measured or pool, key=lambda r: (r.estimate(nbytes, ll128)[1] or math.inf, r.id))
+            del candidates[row.id]
             try:
-                e.plan.padding(nbytes)
-            except WeftError as err:
-                return f" ({err})"
+                entry = self.entry_of(scan, row)
+            except RegistryError as e:
+                if row.id not in scan.parsed:  # the file no longer reads (a row made by a weft that read it)
+                    scan.bad.append(one_line(str(e)))
+                    continue
+                warnings.append(one_line(str(e)))  # the row lied about its entry: rank it by what its file says
+                entry = scan.parsed[row.id]
+                true_row = IndexRow.from_json(entry.index_row(scan.paths[row.id][1]))
+                if true_row.may_serve(topology, collective, nranks, nbytes, dtype):
+                    candidates[row.id] = true_row
+                continue
+            if not entry.serves(topology, collective, nranks or entry.plan.nranks, nbytes):
+                size_why = size_why or _padding_refusal(entry, nbytes)
+                continue
+            basis, t, lines = entry.estimate(nbytes, ll128)
+            if basis == "measured" and t is not None and t < floor_us:
+                refused.append(f"{entry.id}: measured {t:.3g} µs, below the fabric's latency ({floor_us:g} µs)")
+                continue
+            why = trust(entry) if trust else ""
+            if why:
+                refused.append(f"{entry.id}: {one_line(why)}")
+                continue
+            baselines, warning = self.baselines_or_none()
+            warnings += [warning] if warning else []
+            table = baselines["nccl_us"].get(topology, {}).get(collective, {})
+            nccl = nccl_faster({int(k): float(v) for k, v in table.items()}, nbytes, basis, t)
+            if nccl is not None:
+                return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, entry.plan.name, t),
+                                 tuple(scan.bad), False, tuple(warnings), tuple(refused))
+            return Selection(entry, basis, t, "", tuple(scan.bad), lines, tuple(warnings), tuple(refused))
+        reason = (f"no plan for {collective} on {topology} at {nbytes} bytes" + (f" in {dtype}" if dtype else "")
+                  + (f" ({size_why})" if size_why else "")
+                  + (f" (refused: {'; '.join(refused)})" if refused else ""))
+        nearest = sorted({(r.key.topology, r.topology_name, r.key.nranks) for r in scan.rows
+                          if r.key.collective == collective and r.key.topology != topology
+                          and (nranks is None or r.key.nranks == nranks)})
+        return Selection(None, "none", None, reason, tuple(scan.bad), False, tuple(warnings), tuple(refused),
+                         tuple(nearest), size_why)
+
+
+def _replaceable(registry: Registry, path: str) -> None:
+    """A side file weft is about to replace must be a regular file or absent: checked before the first file of a
+    change is written, so a folder (or FIFO) in its place refuses the change whole, in one line."""
+    if registry.local and os.path.lexists(path) and not os.path.isfile(path):
+        raise RegistryError(f"registry {registry.location}: {_stem(path)}.json: not a regular file; move it away "
+                            "(`weft registry rebuild-index` then makes it afresh)")
+
+
+@dataclass
+class RowScan:
+    """What ``Registry.rows`` read: a row per readable entry, the entries it had to parse, each entry file's path
+    and bytes (by id), the unreadable entries and the warnings about index.json (one line each)."""
+
+    rows: list[IndexRow]
+    parsed: dict[str, Entry]
+    paths: dict[str, tuple[str, bytes]]
+    bad: list[str]
+    warnings: list[str]
+
+
+def _padding_refusal(entry: Entry, nbytes: int) -> str:
+    """Why the entry's plan does not run ``nbytes`` (its range or padding), or ''."""
+    try:
+        entry.plan.padding(nbytes)
+    except WeftError as err:
+        return str(err)
     return ""
 
 
@@ -548,9 +730,18 @@ def _size(text: object) -> int | None:
 MAX_TIME_US = 1e12  # 11.6 days: beyond any collective's time, and what the results readers accept
 
 
+MIN_MEASURED_US = 0.01  # 10 ns: below any GPU kernel launch; a measured time under it (1e-300) is not a measurement
+
+
 def positive_us(value: object) -> bool:
     """Whether ``value`` is a time in µs that a measurement or prediction can be: positive, finite, plausible."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= MAX_TIME_US
+
+
+def measured_us(value: object) -> bool:
+    """Whether ``value`` is a time in µs that a measurement can be: ``positive_us`` and no shorter than a launch
+    (selection also refuses what is faster than the fabric's own latency, where it knows the fabric)."""
+    return positive_us(value) and value >= MIN_MEASURED_US
 
 
 def parse_baselines(doc: object, source: str) -> dict:
@@ -570,9 +761,10 @@ def parse_baselines(doc: object, source: str) -> dict:
             if not isinstance(times, dict):
                 raise _fail(source, where, "must map sizes in bytes to µs", "registry")
             for size, us in times.items():
-                if _size(size) is None or not positive_us(us):
+                if _size(size) is None or not measured_us(us):
                     raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a positive, "
-                                f"finite time in µs, got {short(us)}", "registry")
+                                f"finite time in µs that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g}), "
+                                f"got {short(us)}", "registry")
     return doc
 
 
@@ -599,17 +791,20 @@ def parse_index(doc: object, source: str) -> dict:
     return doc
 
 
-def _times(table: object, where: str, source: str) -> dict[int, float]:
-    """A timings table: sizes in bytes mapped to positive µs (selection interpolates them on a log scale)."""
+def _times(table: object, where: str, source: str, measured: bool = False) -> dict[int, float]:
+    """A timings table: sizes in bytes mapped to positive µs (selection interpolates them on a log scale);
+    ``measured``: times a GPU measured, no shorter than ``MIN_MEASURED_US``."""
     if not isinstance(table, dict):
         raise _fail(source, where, "must map sizes in bytes to µs")
     out = {}
     for size, us in table.items():
         nbytes = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64 \
             else _size(size)
-        if nbytes is None or not positive_us(us):
-            raise _fail(source, f"{where}.{str(size)[:24]}", "must be a size in bytes mapped to a positive, finite "
-                        f"time in µs, got {short(us)}")
+        if nbytes is None or not (measured_us if measured else positive_us)(us):
+            what = "a positive, finite time in µs" + (
+                f" that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g})" if measured else "")
+            raise _fail(source, f"{where}.{str(size)[:24]}", f"must be a size in bytes mapped to {what}, "
+                        f"got {short(us)}")
         out[nbytes] = float(us)
     return out
 
@@ -656,8 +851,9 @@ def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Ent
     timings = doc.get("timings", {})
     if not isinstance(timings, dict):
         raise _fail(source, "timings", "must be an object")
-    predicted, measured, measured_ll128 = (_times(timings.get(name, {}), f"timings.{name}", source)
-                                           for name in ("predicted_us", "measured_us", "measured_ll128_us"))
+    predicted, measured, measured_ll128 = (
+        _times(timings.get(name, {}), f"timings.{name}", source, measured=name != "predicted_us")
+        for name in ("predicted_us", "measured_us", "measured_ll128_us"))
     provenance = doc.get("provenance", {})
     if not isinstance(provenance, dict) or not isinstance(provenance.get("verification") or {}, dict):
         raise _fail(source, "provenance.verification", "must be an object")

@@ -95,7 +95,7 @@ def test_a_malformed_baselines_file_is_refused_naming_the_file_and_field(tmp_pat
     with pytest.raises(RegistryError, match=f"baselines.json: {field}:"):
         reg.nccl_times(TOPO, "allgather")
     sel = reg.select(TOPO, "allgather", 1 << 20)  # the plans still serve; the damaged file is named once
-    assert sel.entry is not None and len(sel.skipped) == 1 and f"baselines.json: {field}:" in sel.skipped[0]
+    assert sel.entry is not None and len(sel.warnings) == 1 and f"baselines.json: {field}:" in sel.warnings[0]
 
 
 def test_weft_registry_record_stores_a_bench_files_times(tmp_path, capsys):
@@ -110,7 +110,7 @@ def test_weft_registry_record_stores_a_bench_files_times(tmp_path, capsys):
     assert reg.get(a.id).measured_us == {1 << 20: 30.0} and reg.nccl_times(TOPO, "allgather") == {1 << 20: 10.0}
     assert main(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry",
                  str(tmp_path / "reg")]) == 1
-    assert "no plan: NCCL measured faster for allgather at 1048576 bytes" in capsys.readouterr().out
+    assert "no plan: NCCL measured faster for allgather at 1MB (10.0 µs" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("doc, field", [([], "must be an object"), ({"rows": []}, "collective"),

@@ -171,3 +171,15 @@ def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None
     return ({n: calibration.predict_us(f, n) for n in sizes},
             f"calibrated to {summary['points']} measurements on {calibration.topology_name} "
             f"(worst ratio {summary['worst_ratio']:.2f})")
+
+
+def schedule_predictions(schedule: Schedule, topology: Topology, sizes: tuple[int, ...], instances: int = 1,
+                         protocol: str = "auto") -> tuple[dict[int, float], str] | None:
+    """The calibrated predictions of the plan that compiling ``schedule`` with these options makes (the plan
+    `synth --compile/--commit` and `weft compile` make), or None where the fabric was never measured."""
+    if load_calibration(topology.fingerprint) is None:
+        return None
+    from codegen import compile_schedule
+
+    return predictions(compile_schedule(schedule, topology, instances=instances, protocol=protocol), schedule,
+                       topology, sizes)

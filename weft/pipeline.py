@@ -17,7 +17,6 @@ from topologies import Topology
 from topologies.jsonfile import read_json, write_text
 from weft.units import format_bytes
 
-PREDICTION_SIZES = (1 << 10, 1 << 20, 1 << 30)
 CHECK_SIZES_CHUNKS = (1, 3, 64)  # granules per chunk: the smallest size, a ragged one (12-byte chunks), a larger one
 DTYPES = ("fp32", "fp16", "bf16")
 
@@ -53,13 +52,15 @@ def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 
     the first of them as 2 or 3 launches back to back on the same buffers). ``options``: codegen's ``threads``,
     ``pipeline`` and ``double_scratch``."""
     from codegen import compile_schedule
-    from schedules.cost import predict_us
     from schedules.verify import require_valid
+    from weft.publish import predictions
 
     require_valid(schedule, topology)
     plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace, **options)
-    predicted = {format_bytes(n): predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
-    plan = plan.with_meta(predicted_us=predicted, dtypes=DTYPES)
+    # the same table `synth --commit` stores, so a plan committed from its file selects the same (issue 38)
+    table, made_by = predictions(plan, schedule, topology)
+    plan = plan.with_meta(predicted_us={format_bytes(n): t for n, t in table.items()}, prediction=made_by,
+                          dtypes=DTYPES)
     return plan.with_meta(verification=check(plan, progress=progress))
 
 

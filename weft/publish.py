@@ -5,20 +5,25 @@ This lives in weft/ because it spans stages: schedules/ owns the registry but ca
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+from typing import Callable
 
-from schedules.plan import Plan, load_plan, parse_plan
-from schedules.registry import (BASELINES_FORMAT, ENTRY_FORMAT, Entry, Registry, RegistryError, parse_baselines,
-                                parse_entry, positive_us, require_verified)
+from schedules.plan import Plan, parse_plan
+from schedules.registry import (BASELINES_FORMAT, ENTRY_FORMAT, Entry, Registry, RegistryError, Selection,
+                                measured_us, parse_baselines, parse_entry, require_verified)
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
-from topologies.jsonfile import read_json, short_repr
+from topologies.errors import WeftError
+from topologies.jsonfile import one_line, read_json, short_repr
 from weft import __version__
 from weft.units import parse_bytes
 
 # Sizes at which a plan's predicted time is stored: 1 KB to 1 GB in powers of 4.
 PREDICTION_SIZES = tuple(1 << k for k in range(10, 31, 2))
 PREDICTION = "prediction"  # the provenance field saying what made an entry's predicted times
+Progress = Callable[[str], None]  # a line for the user on a long wait; the CLI prints it, library code never does
 ALPHA_BETA = "alpha-beta model of the links only (launch, hops and protocol not calibrated)"
 
 
@@ -26,11 +31,57 @@ def registry_location(location: str | None) -> str:
     return Registry(location).location
 
 
-def verify(plan: Plan) -> dict:
-    """Run the plan on the reference executor (random data, its dtypes, several sizes); the record as JSON."""
+def verify(plan: Plan, progress: Progress | None = None) -> dict:
+    """Run the plan on the reference executor (random data, its dtypes, several sizes); the record as JSON, and
+    this machine remembers that it proved the plan (``proven``)."""
     from weft.pipeline import check
 
-    return check(plan)
+    if progress:
+        progress(f"proving plan {plan.name} on the reference executor")
+    record = check(plan, progress=progress)
+    _remember(plan, record)
+    return record
+
+
+def proof_dir() -> Path:
+    """Where this machine keeps the plans it proved: ``$WEFT_PROOFS``, otherwise the user cache dir's weft/proofs
+    (a local folder: a registry on a shared URL is exactly what a proof must not take on trust)."""
+    import os
+
+    import platformdirs
+
+    return Path(os.environ.get("WEFT_PROOFS") or Path(platformdirs.user_cache_dir("weft")) / "proofs")
+
+
+def _proof_path(plan: Plan) -> Path:
+    """The proof's file, named by the full sha256 of the plan's content (the 16-digit content hash in entries is
+    for people; a proof is keyed by all of it)."""
+    content = json.dumps(plan.content(), sort_keys=True, separators=(",", ":")).encode()
+    return proof_dir() / f"{hashlib.sha256(content).hexdigest()}.json"
+
+
+def _remember(plan: Plan, record: dict) -> None:
+    from topologies.jsonfile import write_text
+
+    try:
+        write_text(_proof_path(plan), json.dumps({"plan": plan.name, "plan_hash": plan.content_hash, "ok": True,
+                                                  "checks": len(record.get("checks", [])),
+                                                  "weft_version": __version__}, sort_keys=True) + "\n",
+                   "proof", RegistryError, parents=True)
+    except RegistryError:
+        pass  # an unwritable cache costs the next selection a proof, nothing else
+
+
+def proven(entry: Entry, progress: Progress | None = None) -> str:
+    """'' where this machine proved the entry's plan on the reference executor (now, or before: a plan is proven
+    the first time this machine serves it, then remembered by its content), else why it must not run."""
+    if _proof_path(entry.plan).is_file():
+        return ""
+    try:
+        verify(entry.plan, progress)
+    except Exception as e:  # noqa: BLE001 (a wrong result, a deadlock, a plan too large: each refuses the entry)
+        return f"its plan failed on the reference executor: {one_line(str(e)) or type(e).__name__}"
+    return ""
 
 
 def narrow(plan: Plan, min_bytes: int, max_bytes: int) -> Plan:
@@ -45,40 +96,79 @@ def narrow(plan: Plan, min_bytes: int, max_bytes: int) -> Plan:
     return narrowed.with_meta(verification=verify(narrowed))
 
 
-def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> tuple[dict[int, float], str]:
-    """The plan's predicted times and what made them (``PREDICTION``): the fabric's calibration where it was
-    measured (``weft topo calibrate``), else the α-β model of its links, which knows nothing of launches or
-    protocols (so a fabric never measured is said to be so next to each prediction)."""
-    from weft.calibrate import predictions
+def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> tuple[dict[int, float], str]:
+    """The plan's predicted times and what made them (``PREDICTION``), at ``PREDICTION_SIZES`` and every size its
+    schedule was priced at (the sizes ``weft synth`` printed): the fabric's calibration where it was measured
+    (``weft topo calibrate``), else the α-β model of its links, which knows nothing of launches or protocols (so
+    a fabric never measured is said to be so next to each prediction). Without a schedule, the plan's own table
+    (``weft compile`` made it the same way)."""
+    from weft.calibrate import predictions as calibrated
 
-    calibrated = predictions(plan, schedule, topology, PREDICTION_SIZES)
-    if calibrated is not None:
-        return calibrated
-    if schedule is not None and topology is not None:
-        from schedules.cost import predict_us
+    if schedule is None or topology is None:
+        return ({parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
+                 for k, v in plan.weft.predicted_us.items()}, plan.weft.prediction or ALPHA_BETA)
+    sizes = tuple(sorted(set(PREDICTION_SIZES) | set(_priced_sizes(schedule))))
+    found = calibrated(plan, schedule, topology, sizes)
+    if found is not None:
+        return found
+    from schedules.cost import loads
 
-        return {n: predict_us(schedule, topology, n) for n in PREDICTION_SIZES}, ALPHA_BETA
-    return ({parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
-             for k, v in plan.weft.predicted_us.items()}, ALPHA_BETA)
+    return dict(zip(sizes, loads(schedule, topology).predict_many_us(sizes))), ALPHA_BETA
+
+
+def _priced_sizes(schedule: Schedule) -> list[int]:
+    sizes = []
+    for text in schedule.meta.predicted_us:
+        try:
+            sizes.append(parse_bytes(str(text)))
+        except WeftError:
+            continue  # a size this weft does not read is one price fewer, never a failed commit
+    return sizes
 
 
 def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,
-           schedule: Schedule | None = None) -> Entry:
+           schedule: Schedule | None = None, progress: Progress | None = None) -> Entry:
     """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written."""
-    return Registry(location).commit(*_checked(plan, topology, schedule))
+    registry = Registry(location)
+    return registry.commit_all([_checked(plan, topology, schedule, progress=progress)], progress)[0]
+
+
+def _fabric(topology: Topology | str | None, fingerprint: str) -> Topology | None:
+    """The Topology behind ``topology`` (a spec, a file, or a fingerprint whose entry names a catalog spec that
+    has it), or None where it cannot be known."""
+    if isinstance(topology, Topology):
+        return topology
+    if isinstance(topology, str) and topology and not topology.startswith("topo-"):
+        found = resolve(topology)
+        return found if found.fingerprint == fingerprint or not fingerprint else None
+    return None
+
+
+def check_fits(plan: Plan, fingerprint: str, topology: Topology | None, source: str) -> None:
+    """The plan must be for this fabric: its own topology (where it names one) and, where the fabric is known,
+    its rank count (a 4-rank plan never serves 2 GPUs)."""
+    if plan.weft.topology and plan.weft.topology != fingerprint:
+        raise RegistryError(f"{source}: weft.topology: the plan is for {plan.weft.topology}, not {fingerprint}")
+    if topology is not None and plan.nranks != topology.nranks:
+        raise RegistryError(f"{source}: gpus: the plan has {plan.nranks} ranks, but topology {topology.name} has "
+                            f"{topology.nranks}")
 
 
 def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | None,
-             exported: Entry | None = None) -> tuple[Plan, str, dict, dict[int, float], Entry | None]:
+             exported: Entry | None = None, progress: Progress | None = None,
+             ) -> tuple[Plan, str, dict, dict[int, float], Entry | None]:
     """Everything ``Registry.commit`` needs, each part checked (the plan proven on the reference executor);
     nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
     fingerprint = topo.fingerprint if isinstance(topo, Topology) else (topology or plan.weft.topology)
     if not fingerprint:
         raise RegistryError(f"plan {plan.name}: weft.topology: the plan names no topology; pass -t TOPO")
-    if plan.weft.topology and plan.weft.topology != fingerprint:
-        raise RegistryError(f"plan {plan.name}: weft.topology: the plan is for {plan.weft.topology}, "
-                            f"not {fingerprint}")
+    named = exported.provenance.get("topology_name") if exported is not None else None
+    try:
+        fabric = topo if isinstance(topo, Topology) else _fabric(named, fingerprint)
+    except WeftError:
+        fabric = None  # an exported entry's name for its fabric is a hint; the fingerprint is the key
+    check_fits(plan, fingerprint, fabric, f"plan {plan.name}")
     if isinstance(topo, Topology) and len(topo.hosts) == plan.nranks:
         from executor.hosts import ipc_across_hosts
 
@@ -95,25 +185,35 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
         provenance["options"] = schedule.meta.options
     if exported is not None:  # an exported entry keeps what it recorded; only its verification is made afresh
         provenance = {**exported.provenance}
-        predictions = exported.predicted_us
+        predicted = exported.predicted_us
     else:
-        predictions, provenance[PREDICTION] = _predictions(plan, schedule,
-                                                           topo if isinstance(topo, Topology) else None)
-    provenance["verification"] = verify(plan)
+        predicted, provenance[PREDICTION] = predictions(plan, schedule, topo if isinstance(topo, Topology) else None)
+    provenance["verification"] = verify(plan, progress)
     require_verified(plan, provenance)
-    return plan, fingerprint, provenance, predictions, exported
+    return plan, fingerprint, provenance, predicted, exported
 
 
-def commit_file(path: str, topology: str | None, location: str | None) -> Entry:
-    return commit(load_plan(path), topology, location)
+def commit_file(path: str, topology: str | None, location: str | None, progress: Progress | None = None) -> Entry:
+    from schedules.schedule import FORMAT as SCHEDULE_FORMAT
+
+    doc = read_json(path, "plan", RegistryError)
+    if isinstance(doc, dict) and doc.get("format") == SCHEDULE_FORMAT:
+        raise RegistryError(f"registry commit {path}: a schedule ({SCHEDULE_FORMAT}), not a plan: compile it "
+                            f"first (`weft compile {path} -o PLAN.json`), then commit the plan")
+    return commit(parse_plan(doc, str(path)), topology, location, progress=progress)
 
 
-def verify_registry(location: str | None) -> dict:
-    """Re-check every entry file: parse, hash, and the reference executor. Bad entries are reported, not fixed."""
+def verify_registry(location: str | None, progress: Progress | None = None) -> dict:
+    """Re-check every entry file (parse, hash, the reference executor), and what a writer killed mid-commit leaves:
+    orphaned temporary files and index.json rows missing or out of date. Reported, not fixed
+    (``registry rebuild-index`` repairs the index and the orphans)."""
     reg = Registry(location)
     rows = []
-    for path in reg._entry_files():
+    paths = reg._entry_files()
+    for i, path in enumerate(paths):
         name = Path(path).stem
+        if progress:
+            progress(f"entry {i + 1} of {len(paths)}: {name}")
         try:
             entry = reg.read_entry_file(path)
             verify(entry.plan)
@@ -121,10 +221,13 @@ def verify_registry(location: str | None) -> dict:
         except Exception as e:  # every failure is a row in the report, never a crash of the whole check
             rows.append({"id": name, "ok": False, "error": str(e).splitlines()[0] if str(e) else type(e).__name__})
     bad = sum(not r["ok"] for r in rows)
-    return {"registry": reg.location, "entries": rows, "ok": len(rows) - bad, "bad": bad}
+    orphans = [Path(p).name for p in reg.orphans()]
+    index = reg.index_problems()
+    return {"registry": reg.location, "entries": rows, "ok": len(rows) - bad, "bad": bad, "orphans": orphans,
+            "index": index}
 
 
-def import_directory(directory: str, location: str | None) -> list[Entry]:
+def import_directory(directory: str, location: str | None, progress: Progress | None = None) -> list[Entry]:
     """Commit every plan or registry-entry file in ``directory``, each verified afresh, with an exported entry's
     predictions, measurements and provenance, and merge an exported baselines.json (NCCL's times); every file is
     read and proven before the first commit, so a bad file commits nothing."""
@@ -132,14 +235,20 @@ def import_directory(directory: str, location: str | None) -> list[Entry]:
         raise RegistryError(f"registry import {directory}: not a directory")
     registry = Registry(location)
     checked, baselines = [], None
-    for path in sorted(Path(directory).glob("*.json")):
+    files = sorted(Path(directory).glob("*.json"))
+    if not files:  # /etc, /dev or a mistyped folder: importing nothing is never what was meant
+        raise RegistryError(f"registry import {directory}: no plan or exported entry files (*.json) in it; "
+                            "`weft registry export DIR` writes them")
+    for i, path in enumerate(files):
         doc = read_json(path, "registry import", RegistryError)
         if path.name == "baselines.json" and isinstance(doc, dict) and doc.get("format") == BASELINES_FORMAT:
             baselines = parse_baselines(doc, f"registry import {path}")
             continue
         plan, topology, exported = _import_doc(doc, path)
-        checked.append(_checked(plan, topology, None, exported))
-    entries = registry.commit_all(checked)
+        if progress:
+            progress(f"file {i + 1} of {len(files)}: {path.name}")
+        checked.append(_checked(plan, topology, None, exported, progress))
+    entries = registry.commit_all(checked, progress)
     if baselines is not None:
         tables = {topology: {collective: {int(k): v for k, v in times.items()} for collective, times in c.items()}
                   for topology, c in baselines["nccl_us"].items()}
@@ -147,16 +256,17 @@ def import_directory(directory: str, location: str | None) -> list[Entry]:
     return entries
 
 
-def export_directory(directory: str, location: str | None) -> tuple[int, list[str]]:
+def export_directory(directory: str, location: str | None) -> tuple[int, list[str], list[str]]:
     """Write every readable entry as ``<id>.json`` and baselines.json into ``directory`` (created if missing),
     nothing outside it: the names come from the entries' own file names, which the registry checked.
-    Returns how many entries were written, and one line per entry left out as unreadable."""
+    Returns how many entries were written, one line per entry left out as unreadable, and a warning where
+    baselines.json is damaged (left out: it is advisory and never costs the entries)."""
     from schedules.registry import ID_PATTERN, dumps
     from topologies.jsonfile import make_directory, write_text
 
     registry = Registry(location)
     entries, bad = registry.load()
-    baselines = registry.baselines()
+    baselines, warning = registry.baselines_or_none()
     out = make_directory(directory, "registry export", RegistryError)
     files = []
     for e in entries:
@@ -168,7 +278,7 @@ def export_directory(directory: str, location: str | None) -> tuple[int, list[st
         files.append((out / "baselines.json", dumps(baselines)))
     for target, text in files:
         write_text(target, text, "registry export", RegistryError)
-    return len(entries), bad
+    return len(entries), bad, [warning] if warning else []
 
 
 def _import_doc(doc: object, path: Path) -> tuple[Plan, str | None, Entry | None]:
@@ -182,15 +292,18 @@ def _import_doc(doc: object, path: Path) -> tuple[Plan, str | None, Entry | None
     return old.plan, old.key.topology, old
 
 
-def record_bench(registry: Registry, collective: str, rows: list[dict], source: str = "bench rows") -> int:
+def record_bench(registry: Registry, collective: str, rows: list[dict],
+                 source: str = "bench rows") -> tuple[int, list[str]]:
     """A bench job's times into ``registry``: each plan's into its entry (times with LL128 lines apart), and
     NCCL's, measured in the same job, per topology of the plans timed. A size whose fastest plan gave a wrong
     result records nothing. Every row is checked first, and nothing is written unless all of it can be.
-    Returns how many plan times were stored."""
+    Returns how many plan times were stored, and the plans skipped as not in the registry (hash, and name where
+    the file gives it)."""
     _check_rows(rows, source)
     entries = {e.plan.content_hash: e for e in registry.entries(collective=collective)}
     times: dict[str, list[tuple[int, float, bool]]] = {}
     nccl: dict[str, dict[int, float]] = {}
+    skipped: dict[str, str] = {}
     for row in rows:
         if row["wrong"]:
             continue
@@ -198,12 +311,15 @@ def record_bench(registry: Registry, collective: str, rows: list[dict], source: 
         lined = row.get("plans_ll128_us", {})
         for table, ll128 in ((plain, False), (lined, True)):
             for plan_hash, us in table.items():
+                if plan_hash not in entries:
+                    named = row.get("plan") if row.get("plan_hash") == plan_hash else None
+                    skipped[plan_hash] = skipped.get(plan_hash) or (f"{plan_hash} ({named})" if named else plan_hash)
                 if plan_hash in entries:
                     times.setdefault(entries[plan_hash].id, []).append((row["size"], float(us), ll128))
                     if row.get("nccl_us") is not None:
                         nccl.setdefault(entries[plan_hash].key.topology, {})[row["size"]] = float(row["nccl_us"])
     registry.record_timings(times, {topology: {collective: table} for topology, table in nccl.items()})
-    return sum(len(v) for v in times.values())
+    return sum(len(v) for v in times.values()), [skipped[k] for k in sorted(skipped)]
 
 
 def _check_rows(rows: object, source: str) -> None:
@@ -220,8 +336,8 @@ def _check_rows(rows: object, source: str) -> None:
         wrong = row.get("wrong")
         if isinstance(wrong, bool) or not isinstance(wrong, int) or wrong < 0:
             raise RegistryError(f"{where}.wrong: must be a count of wrong elements, got {short_repr(wrong)}")
-        if row.get("nccl_us") is not None and not positive_us(row["nccl_us"]):
-            raise RegistryError(f"{where}.nccl_us: must be a positive, finite time in µs, got "
+        if row.get("nccl_us") is not None and not measured_us(row["nccl_us"]):
+            raise RegistryError(f"{where}.nccl_us: must be a measured time in µs (at least 0.01), got "
                                 f"{short_repr(row['nccl_us'])}")
         if wrong:
             continue
@@ -234,13 +350,14 @@ def _check_rows(rows: object, source: str) -> None:
             if not isinstance(table, dict):
                 raise RegistryError(f"{where}.{name}: must map plan hashes to µs, got {short_repr(table)}")
             for plan_hash, us in table.items():
-                if not isinstance(plan_hash, str) or not positive_us(us):
+                if not isinstance(plan_hash, str) or not measured_us(us):
                     raise RegistryError(f"{where}.{name}: {short_repr(plan_hash)}: must map a plan hash to a "
-                                        f"positive, finite time in µs, got {short_repr(us)}")
+                                        f"measured time in µs (at least 0.01), got {short_repr(us)}")
 
 
-def record_bench_file(path: str, location: str | None) -> tuple[int, int]:
-    """``record_bench`` from a results file that ``weft bench`` wrote: (plan times stored, sizes in the file)."""
+def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
+    """``record_bench`` from a results file that ``weft bench`` wrote: (plan times stored, sizes in the file, the
+    plans skipped as not in the registry)."""
     doc = read_json(Path(path), "registry record", RegistryError)
     if not isinstance(doc, dict):
         raise RegistryError(f"registry record {path}: must be an object, as `weft bench` writes its results")
@@ -253,4 +370,26 @@ def record_bench_file(path: str, location: str | None) -> tuple[int, int]:
         for field, kind in (("size", int), ("nccl_us", (int, float)), ("wrong", int), ("plans_us", dict)):
             if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
                 raise RegistryError(f"registry record {path}: rows[{i}].{field}: missing or malformed")
-    return record_bench(Registry(location), collective, rows, path), len(rows)
+    stored, skipped = record_bench(Registry(location), collective, rows, path)
+    return stored, len(rows), skipped
+
+
+def latency_floor_us(topology: Topology) -> float:
+    """No collective on two or more ranks of ``topology`` ends sooner than one crossing between two ranks (the
+    lowest-latency rank-to-rank path, through switches where they join the ranks)."""
+    if topology.nranks < 2:
+        return 0.0
+    return min((link.latency for link in topology.without_switches().links
+                if isinstance(link.src, int) and isinstance(link.dst, int)), default=0.0)
+
+
+def select(location: str | None, topology: Topology | str, collective: str, nbytes: int, dtype: str | None = None,
+           ll128: bool = False, progress: Progress | None = None) -> Selection:
+    """``Registry.select`` for a fabric (a spec, a file, a Topology or a fingerprint): only entries of its rank
+    count, measured no faster than its latency allows, whose plan this machine proved on the reference executor
+    (the first time it serves one: ``proven``)."""
+    fabric = topology if isinstance(topology, Topology) else _fabric(topology, "")
+    fingerprint = fabric.fingerprint if fabric is not None else str(topology)
+    return Registry(location).select(fingerprint, collective, nbytes, dtype, fabric.nranks if fabric else None,
+                                     ll128, trust=lambda entry: proven(entry, progress),
+                                     floor_us=latency_floor_us(fabric) if fabric else 0.0)

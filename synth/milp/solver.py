@@ -132,7 +132,17 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
         solve_time=time.monotonic() - start,
         notes="CP-SAT time-expanded flow; objective = finish time under the α-β step model",
     )
-    return Schedule(collective, topology.fingerprint, steps, f"milp-{collective.name}-c{chunks}", meta)
+    # the size it was solved for is in the name: a sweep's schedules (and the plans compiled from them) differ
+    return Schedule(collective, topology.fingerprint, steps,
+                    f"milp-{collective.name}-c{chunks}-{_size_label(options.size)}", meta)
+
+
+def _size_label(nbytes: int) -> str:
+    """``nbytes`` as a name part: 16MB, 4KB, 1000B (whole binary units only)."""
+    for unit, shift in (("GB", 30), ("MB", 20), ("KB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes}B"
 
 
 def default_chunks(topology: Topology, collective: Collective, size: int) -> int:

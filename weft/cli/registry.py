@@ -97,24 +97,29 @@ def sizes_sentence(entry) -> str:
 
 def best_time(entry) -> tuple[str, float | None, int | None]:
     """(basis, µs, bytes): the entry's fastest measured time (with or without LL128 lines), else its fastest
-    predicted time; ("none", None, None) where it has neither."""
+    predicted time, among the sizes it serves (its range's smallest size, and the recorded sizes inside the
+    range); ("none", None, None) where it has neither."""
+    from schedules.registry_index import interpolate
+
     for basis, tables in (("measured", (entry.measured_us, entry.measured_ll128_us)), ("predicted",
                                                                                     (entry.predicted_us,))):
-        points = [(us, size) for table in tables for size, us in table.items()]
+        points = [(us, size) for table in tables for size, us in table.items() if entry.key.covers(size)]
+        points += [(interpolate(table, entry.key.min_bytes), entry.key.min_bytes) for table in tables
+                   if table and entry.key.min_bytes > 0]
         if points:
             us, size = min(points)
             return basis, us, size
     return "none", None, None
 
 
-def prediction_note(entry) -> str:
+def prediction_note(entry, name: str | None = None) -> str:
     """What an entry's predicted times rest on, in a few words: the fabric's calibration, or the α-β model of the
     links where the fabric was never measured (or the entry was predicted before it was)."""
     from schedules.calibration import load_calibration
 
     if str(entry.provenance.get("prediction", "")).startswith("calibrated"):
         return "calibrated to measurements on this fabric"
-    name = entry.provenance.get("topology_name") or entry.key.topology
+    name = entry.provenance.get("topology_name") or name or entry.key.topology
     if load_calibration(entry.key.topology) is None:
         return f"fabric {name} never measured: α-β model of its links only"
     return f"α-β model of the links only, predicted before {name} was calibrated (commit again to calibrate)"
@@ -126,11 +131,13 @@ def plan_label(entry) -> str:
     return f"{plan.protocol.lower()}-x{plan.weft.instances}-t{plan.num_threads_per_block}"
 
 
-def describe(entry) -> dict:
-    """What `list --json` and `show` say about an entry, beyond its index row."""
+def describe(entry, names: dict[str, str] | None = None) -> dict:
+    """What `list --json` and `show` say about an entry, beyond its index row (``names``: a name for each
+    fingerprint that some entry gives, for entries committed by fingerprint alone)."""
     basis, us, size = best_time(entry)
-    return entry.summary() | {"prediction": prediction_note(entry) if entry.predicted_us else "",
-                              "topology_name": entry.provenance.get("topology_name") or entry.key.topology,
+    named = entry.provenance.get("topology_name") or (names or {}).get(entry.key.topology) or entry.key.topology
+    return entry.summary() | {"prediction": prediction_note(entry, named) if entry.predicted_us else "",
+                              "topology_name": named,
                               "plan_label": plan_label(entry), "accepts": accepted_sizes(entry),
                               "granule_bytes": entry.plan.granule, "message_parts": entry.plan.message_parts,
                               "best_basis": basis, "best_us": us, "best_at_bytes": size}
@@ -143,10 +150,38 @@ def _best_text(row: dict) -> str:
     return f"{row['best_us']:.2f} µs {row['best_basis']} at {format_bytes(row['best_at_bytes'])}{note}"
 
 
+def progress_after(seconds: float = 2.0):
+    """A progress callback that prints its lines (on stderr) once the wait has passed ``seconds``: short commands
+    stay quiet, long ones say what they are doing."""
+    import time
+
+    start = time.monotonic()
+
+    def say(line: str) -> None:
+        if time.monotonic() - start >= seconds:
+            print(f"weft: {line}", file=sys.stderr, flush=True)
+    return say
+
+
+def fabric_names(entries) -> dict[str, str]:
+    """A name for each fingerprint: one that some entry records (the first by id), else the catalog default whose
+    fingerprint it is, so that one fabric is listed once (not as dgx1 and as topo-...)."""
+    from topologies.catalog import build, catalog_specs
+
+    names: dict[str, str] = {}
+    for e in sorted(entries, key=lambda e: e.id):
+        if e.provenance.get("topology_name"):
+            names.setdefault(e.key.topology, e.provenance["topology_name"])
+    if any(e.key.topology not in names for e in entries):
+        for spec in catalog_specs():
+            names.setdefault(build(spec).fingerprint, spec)
+    return names
+
+
 def _commit(args: argparse.Namespace) -> int:
     from weft import publish
 
-    entry = publish.commit_file(args.plan, args.topology, args.registry)
+    entry = publish.commit_file(args.plan, args.topology, args.registry, progress_after())
     if args.json:
         print(json.dumps(entry.summary(), indent=2))
     else:
@@ -163,7 +198,8 @@ def _list(args: argparse.Namespace) -> int:
     fingerprint = _fingerprint(args.topology) if args.topology else None
     entries = [e for e in found if (fingerprint is None or e.key.topology == fingerprint)
                and (args.collective is None or e.key.collective == args.collective)]
-    rows = [describe(e) for e in entries]
+    names = fabric_names(found)
+    rows = [describe(e, names) for e in entries]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -179,12 +215,16 @@ def _list(args: argparse.Namespace) -> int:
 
 def _entry_id(reg, text: str) -> str:
     """An entry's id from its id or from the name of the one plan it holds (a name several entries share is
-    refused, naming them)."""
+    refused, naming them). Names come from index.json where it still describes the entries, else from the
+    entries themselves (a damaged index is a warning, never a refusal)."""
     from schedules.registry import ID_PATTERN
 
-    if ID_PATTERN.fullmatch(text) and reg.fs.exists(reg.entry_path(text)):
+    if ID_PATTERN.fullmatch(text) and reg.exists(reg.entry_path(text)):
         return text
-    named = sorted(row["id"] for row in reg.index()["entries"] if row["plan"] == text)  # the index, not every entry
+    scan = reg.rows()
+    for line in scan.warnings:
+        print(f"weft: warning: {line}", file=sys.stderr)
+    named = sorted(row.id for row in scan.rows if row.plan == text)
     if len(named) > 1:
         from weft.cli import ArgumentError
 
@@ -207,22 +247,64 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _select(args: argparse.Namespace) -> int:
+    from weft import publish
+
     nbytes = parse_bytes(args.size)
-    sel = _registry(args).select(_fingerprint(args.topology), args.collective, nbytes, args.dtype, ll128=args.ll128)
+    sel = publish.select(args.registry, args.topology, args.collective, nbytes, args.dtype, args.ll128,
+                         progress_after())
     for line in sel.skipped:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
+    for line in sel.warnings:
+        print(f"weft: warning: {line}", file=sys.stderr)
+    for line in sel.refused:
+        print(f"weft: warning: refused {line}", file=sys.stderr)
     if args.json:
-        note = prediction_note(sel.entry) if sel.entry is not None and sel.basis == "predicted" else ""
+        note = prediction_note(sel.entry, args.topology) if sel.entry is not None and sel.basis == "predicted" else ""
         print(json.dumps({"entry": sel.entry.id if sel.entry else None, "basis": sel.basis, "time_us": sel.time_us,
                           "lines": sel.lines, "reason": sel.reason, "prediction": note}, indent=2))
+    elif sel.entry is None and sel.basis == "nccl":  # the library's line names bytes; here, the size as typed
+        size = args.size if args.size == format_bytes(nbytes) else f"{args.size} ({format_bytes(nbytes)})"
+        print(f"no plan: {sel.reason.replace(f' at {nbytes} bytes ', f' at {size} ', 1)} "
+              "(the executor falls back to NCCL)")
     elif sel.entry is None:
-        print(f"no plan: {sel.reason} (the executor falls back to NCCL)")
+        print(f"no plan: {no_plan(args, nbytes, sel)} (the executor falls back to NCCL)")
     else:
         time = "(no time recorded)" if sel.time_us is None else f"{sel.time_us:.2f} µs"
-        note = f" ({prediction_note(sel.entry)})" if sel.basis == "predicted" else ""
+        table = sel.entry.predicted_us if sel.basis == "predicted" else sel.entry.measured_us
+        where = between(table, nbytes)
+        if sel.basis == "predicted":
+            note = f" ({prediction_note(sel.entry, args.topology)}{where})"
+        else:
+            note = f" ({where[2:]})" if where and not sel.lines else ""
         print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
               f"{time} at {format_bytes(nbytes)}{note}")
     return 0 if sel.entry else 1
+
+
+def between(table: dict[int, float], nbytes: int) -> str:
+    """'' where ``table`` holds ``nbytes``, else which of its sizes the time was read between (or beyond)."""
+    if not table or nbytes in table:
+        return ""
+    below, above = [n for n in table if n < nbytes], [n for n in table if n > nbytes]
+    if below and above:
+        return f"; interpolated between {format_bytes(max(below))} and {format_bytes(min(above))}"
+    edge = max(below) if below else min(above)
+    return f"; from {format_bytes(edge)}, the {'largest' if below else 'smallest'} size stored"
+
+
+def no_plan(args: argparse.Namespace, nbytes: int, sel) -> str:
+    """Why no plan serves, in what the user typed (the fabric as given, the size as given), with the nearest useful
+    thing the registry holds: the same collective on another fabric of the same rank count."""
+    dtype = f" in {args.dtype}" if args.dtype else ""
+    why = f" ({sel.detail})" if sel.detail else ""
+    refused = f" (refused: {counted(len(sel.refused), 'plan')}, named above)" if sel.refused else ""
+    size = args.size if args.size == format_bytes(nbytes) else f"{args.size} ({format_bytes(nbytes)})"
+    text = f"no {args.collective} plan for {args.topology} at {size}{dtype}{why}{refused}"
+    if sel.nearest:
+        shown = ", ".join(f"{name or fp} ({fp}, {counted(n, 'rank')})" for fp, name, n in sel.nearest[:3])
+        text += (f"; the registry holds {args.collective} plans for {shown}: is that the fabric you meant? "
+                 "(`weft registry list` shows them)")
+    return text
 
 
 def _remove(args: argparse.Namespace) -> int:
@@ -236,22 +318,31 @@ def _remove(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from weft import publish
 
-    report = publish.verify_registry(args.registry)
+    report = publish.verify_registry(args.registry, progress_after())
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         for row in report["entries"]:
             print(f"{'ok ' if row['ok'] else 'BAD'} {row['id']}" + ("" if row["ok"] else f": {row['error']}"))
-        print(f"{report['ok']} ok, {report['bad']} bad")
-    return 0 if report["bad"] == 0 else 1
+        for name in report["orphans"]:
+            print(f"BAD orphaned temporary file {name} (a commit killed before its rename)")
+        for line in report["index"]:
+            print(f"BAD {line}")
+        repair = " (`weft registry rebuild-index` repairs the index and orphans)" if report["orphans"] or \
+            report["index"] else ""
+        print(f"{report['ok']} ok, {report['bad']} bad, {counted(len(report['orphans']), 'orphaned file')}, "
+              f"{counted(len(report['index']), 'index problem')}{repair}")
+    return 0 if report["bad"] == 0 and not report["orphans"] and not report["index"] else 1
 
 
 def _export(args: argparse.Namespace) -> int:
     from weft import publish
 
-    count, bad = publish.export_directory(args.directory, args.registry)
+    count, bad, warnings = publish.export_directory(args.directory, args.registry)
     for line in bad:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
+    for line in warnings:
+        print(f"weft: warning: {line}", file=sys.stderr)
     print(f"exported {counted(count, 'entry', 'entries')} to {args.directory}"
           + (f", {len(bad)} unreadable skipped" if bad else ""))
     return 1 if bad else 0
@@ -260,7 +351,7 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from weft import publish
 
-    entries = publish.import_directory(args.directory, args.registry)
+    entries = publish.import_directory(args.directory, args.registry, progress_after())
     print(f"imported {counted(len(entries), 'entry', 'entries')} into {publish.registry_location(args.registry)}")
     return 0
 
@@ -269,16 +360,21 @@ def _record(args: argparse.Namespace) -> int:
     from weft import publish
 
     for path in args.results:
-        stored, sizes = publish.record_bench_file(path, args.registry)
+        stored, sizes, skipped = publish.record_bench_file(path, args.registry)
         print(f"{path}: {counted(stored, 'plan time')} and NCCL's at {counted(sizes, 'size')} recorded into "
               f"{publish.registry_location(args.registry)}")
+        if skipped:
+            print(f"{path}: skipped {counted(len(skipped), 'plan')} not in the registry: {', '.join(skipped)}")
     return 0
 
 
 def _rebuild(args: argparse.Namespace) -> int:
-    index, bad = _registry(args).rebuild_index()
+    reg = _registry(args)
+    orphans = reg.orphans()
+    index, bad = reg.rebuild_index()
     for line in bad:
         print(f"weft: warning: left out {line}", file=sys.stderr)
     print(f"index rebuilt: {counted(len(index['entries']), 'entry', 'entries')}"
+          + (f", {counted(len(orphans), 'orphaned temporary file')} removed" if orphans else "")
           + (f", {len(bad)} unreadable left out" if bad else ""))
     return 1 if bad else 0

@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
     found = sweep(args, topology, collective, asked_sizes)
-    rows = []
+    rows, basis = [], set()
     for size_text, schedules in found:
-        rows += _score(topology, schedules, parse_bytes(size_text))
+        rows += _score(topology, schedules, parse_bytes(size_text), args, basis)
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
@@ -149,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         _print_table(topology, rows, written, plans)
         if args.method == "2dh":
             _print_references(topology, collective, sorted({n for _, pct in rows for n in pct}, key=parse_bytes))
+        for made_by in sorted(basis):
+            print(f"  times: {made_by}")
     return 0
 
 
@@ -182,17 +184,26 @@ def default_time_limit(args: argparse.Namespace) -> float:
     return DEFAULT_TIME_LIMIT
 
 
-def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tuple[Schedule, dict]]:
-    """Verify each schedule and price it at the report sizes and ``asked``; pct_of_bound is at ``asked``."""
+def _score(topology: Topology, schedules: list[Schedule], asked: int, args: argparse.Namespace,
+           basis: set[str]) -> list[tuple[Schedule, dict]]:
+    """Verify each schedule and price it at the report sizes and ``asked``; pct_of_bound is at ``asked``. On a
+    calibrated fabric the prices are the calibrated model's for the plan the schedule compiles to (what the
+    registry stores); ``basis`` collects what made them."""
     from schedules.bounds import lower_bound_us
     from schedules.cost import loads
     from schedules.verify import require_valid
+    from weft.calibrate import schedule_predictions
+    from weft.publish import ALPHA_BETA
 
     sizes = tuple(sorted(set(REPORT_SIZES) | {asked})) if asked else REPORT_SIZES
     rows = []
     for schedule in schedules:
         require_valid(schedule, topology)
         times = loads(schedule, topology).predict_many_us(sizes)  # index the fabric once, price every size
+        calibrated = schedule_predictions(schedule, topology, sizes, args.instances, args.protocol)
+        if calibrated is not None:
+            times = [calibrated[0][n] for n in sizes]
+        basis.add(calibrated[1] if calibrated else ALPHA_BETA)
         predicted = {format_bytes(n): t for n, t in zip(sizes, times)}
         pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
                if predicted[format_bytes(n)] else 100.0 for n in sizes}
