@@ -49,8 +49,11 @@ def run(args: argparse.Namespace) -> int:
     from weft import pipeline
     from weft.units import parse_bytes
 
+    from topologies.jsonfile import check_output
+
     if args.instances < 1:
         raise ArgumentError(f"weft compile: --instances must be a positive integer, got {args.instances}")
+    check_output(args.output, "output", ArgumentError)  # before the work: a FIFO or device is never replaced
     schedule = load_schedule(args.schedule)
     topology = resolve(args.topology)
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,

@@ -177,10 +177,13 @@ def _several(args: argparse.Namespace) -> bool:
 
 def _check_output(args: argparse.Namespace) -> None:
     """Before any solve: -o names a folder where several schedules come back; without -o, the default folder."""
+    from topologies.jsonfile import check_output
+
     if args.output is None:
         args.output = default_output()
         return
     out = Path(args.output)
+    check_output(out, "output", ArgumentError, folder=not (out.suffix == ".json" and not _several(args)))
     if _several(args) and (out.suffix == ".json" or out.is_file()):
         raise ArgumentError(f"weft synth: -o {args.output}: this method writes one schedule per point and "
                             "frontier.json, so -o must name a folder, not a file")
