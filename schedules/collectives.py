@@ -65,11 +65,11 @@ class Collective:
         if self.name not in NAMES + PLAN_ONLY:
             raise CollectiveError(f"collective: unknown collective {self.name!r} (choose from "
                                   f"{', '.join(NAMES + PLAN_ONLY)})")
-        if not isinstance(self.nranks, int) or self.nranks < 1:
+        if not isinstance(self.nranks, int) or isinstance(self.nranks, bool) or self.nranks < 1:
             raise CollectiveError(f"collective {self.name}: nranks must be a positive integer, got {self.nranks!r}")
         if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
             raise CollectiveError(f"collective {self.name}: chunks must be a positive integer, got {self.chunks!r}")
-        if not isinstance(self.root, int) or not 0 <= self.root < self.nranks:
+        if not isinstance(self.root, int) or isinstance(self.root, bool) or not 0 <= self.root < self.nranks:
             raise CollectiveError(
                 f"collective {self.name}: root {self.root!r} is not a rank (0..{self.nranks - 1})")
         if self.nchunks > MAX_CHUNKS:

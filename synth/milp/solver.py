@@ -236,7 +236,7 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     name = solver.StatusName(status)
     _final_line(job, label, name, reporter, solver, flow, floor_us)
     if status == cp_model.INFEASIBLE:
-        raise Unsat(f"milp: no {label} schedule on {job.fabric.name} within {steps} steps")
+        raise Unsat(f"milp: no {label} schedule on {job.fabric.name} within {steps} step{'s' * (steps != 1)}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise Unknown(f"milp: no {label} schedule on {job.fabric.name} found within the time limit of "
                       f"{time_limit:g} s (status {name})")

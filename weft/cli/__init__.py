@@ -60,7 +60,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="weft", description="Synthesize, verify, compile and run GPU collectives.")
+    from weft.units import SIZE_HELP
+
+    parser = Parser(prog="weft", description="Synthesize, verify, compile and run GPU collectives.",
+                    epilog=SIZE_HELP[0].upper() + SIZE_HELP[1:] + ".")
     parser.add_argument("--version", action=VersionAction, help="print weft's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except WeftError as e:
-        print(f"weft: error: {one_line(str(e))}", file=sys.stderr)  # names read from a file cannot split it
+        text = one_line(str(e))  # names read from a file cannot split it
+        print(f"weft: error: {text.removeprefix('weft: ')}", file=sys.stderr)  # never "weft: error: weft: ..."
         return e.exit_code
     except KeyboardInterrupt as e:
         print(f"weft: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)

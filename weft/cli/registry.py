@@ -258,8 +258,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from weft import publish
+    from pathlib import Path
 
+    from weft import publish
+    from weft.cli import ArgumentError
+
+    if Path(args.directory).is_dir() and not any(Path(args.directory).glob("*.json")):
+        raise ArgumentError(f"registry import {args.directory}: no plan or entry files (*.json) there: nothing "
+                            "imported")
     entries = publish.import_directory(args.directory, args.registry)
     print(f"imported {counted(len(entries), 'entry', 'entries')} into {publish.registry_location(args.registry)}")
     return 0

@@ -15,7 +15,7 @@ from topologies import Topology, resolve
 from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
 from weft.cli.words import counted
-from weft.units import format_bytes, parse_bytes
+from weft.units import SIZE_HELP, format_bytes, parse_bytes
 
 BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
                         "one; smt also races its instances on N workers (default 1; smt: one per CPU)")
-    p.add_argument("--size", default="1MB", help="a comma-separated list sweeps; " + "message size the solver optimizes for (milp; trees: chunks per tree; pct_of_bound is reported at it)")
+    p.add_argument("--size", default="1MB", help="message size the solver optimizes for (milp; trees: chunks per "
+                   "tree; pct_of_bound is reported at it); a comma-separated list sweeps; " + SIZE_HELP)
     p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several; default: "
                    "$WEFT_SCHEDULES, otherwise the user data dir's weft/schedules; the path is printed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

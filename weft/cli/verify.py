@@ -6,7 +6,7 @@ import argparse
 import json
 
 from weft.cli import ArgumentError
-from weft.units import parse_size_range
+from weft.units import SIZE_HELP, parse_size_range
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "data for several sizes and its dtypes. Exit 1 when a check fails.")
     p.add_argument("file", help="schedule or plan file")
     p.add_argument("-t", "--topology", help="catalog spec or topology file (required for schedules)")
-    p.add_argument("--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one)")
+    p.add_argument("--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one); " + SIZE_HELP)
     p.add_argument("--dtypes", default=None, help="comma-separated fp32,fp16,bf16 (default: the plan's)")
     p.add_argument("--seed", type=int, default=0, help="random data seed")
     p.add_argument("--json", action="store_true", help="print the verification record as JSON")
@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from weft import pipeline
+    from weft.cli.values import comma_items
 
     if args.seed < 0:
         raise ArgumentError(f"weft verify: --seed must be a non-negative integer, got {args.seed}")
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if kind == "schedule":
         return _schedule(args, document)
     sizes = parse_size_range(args.sizes) if args.sizes else None
-    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else None
+    dtypes = comma_items(args.dtypes, "weft verify: --dtypes") if args.dtypes is not None else None
     record = pipeline.check(document, sizes, dtypes, args.seed)
     if args.json:
         print(json.dumps(record, indent=2))
