@@ -57,10 +57,26 @@ def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 
     from schedules.verify import require_valid
 
     require_valid(schedule, topology)
+    if instances * options.get("pipeline", 1) > 1:  # before the compile, which itself grows with instances
+        one = compile_schedule(schedule, topology, instances=1, protocol=protocol, inplace=inplace,
+                               **{**options, "pipeline": 1})
+        _require_proof_memory(one, instances * options.get("pipeline", 1), instances)
     plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace, **options)
     predicted = {format_bytes(n): predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
     plan = plan.with_meta(predicted_us=predicted, dtypes=DTYPES)
     return plan.with_meta(verification=check(plan, progress=progress))
+
+
+def _require_proof_memory(one: Plan, copies: int, instances: int) -> None:
+    """Refuse, from the one-instance plan ``one``, a plan of ``copies`` times its thread blocks and chunks whose
+    reference proof would pass the memory budget (``executor.reference.estimate_bytes``)."""
+    from executor.reference import BACK_TO_BACK, estimate_bytes
+    from schedules.budget import require
+
+    launches = BACK_TO_BACK if one.use_double_scratch_buffer else 2
+    need = estimate_bytes(one, min(check_sizes(one)) * copies, "fp16", launches, copies)
+    require(need, f"plan {one.name.replace('-x1', f'-x{instances}')}: the reference proof with --instances "
+                  f"{instances}")
 
 
 def is_verified(plan: Plan) -> bool:
