@@ -77,6 +77,20 @@ class Collective:
                                   f"{self.nchunks} chunks in all; at most {MAX_CHUNKS}")
 
     @property
+    def min_sends(self) -> int:
+        """The fewest sends any schedule of this collective has: every chunk a rank lacks arrives in one send at
+        least (for allreduce and reduce, every contribution but the last leaves its rank once).
+
+        >>> Collective("allgather", 4, 2).min_sends, Collective("broadcast", 4).min_sends
+        (24, 3)
+        """
+        n = self.nranks
+        if self.name in PLAN_ONLY:
+            return 0  # no schedule form to count
+        return (n - 1) * self.nchunks // (n if self.rooted and self.name not in ONE_SLICE or self.name == "alltoall"
+                                          else 1)
+
+    @property
     def combining(self) -> bool:
         return self.name in COMBINING
 

@@ -8,7 +8,9 @@ one line on stderr with the error's exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 
 from topologies.errors import WeftError
@@ -65,6 +67,10 @@ def build_parser() -> Parser:
     parser = Parser(prog="weft", description="Synthesize, verify, compile and run GPU collectives.",
                     epilog=SIZE_HELP[0].upper() + SIZE_HELP[1:] + ".")
     parser.add_argument("--version", action=VersionAction, help="print weft's version and exit")
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="memory budget for work that grows with its input (proofs, verification, baselines): "
+                             "work estimated past it is refused before it allocates (default: $WEFT_MEMORY_LIMIT, "
+                             "else half of this machine's memory, within ulimit -v), e.g. --memory-limit 64GB")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         try:
@@ -80,7 +86,8 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
+        with _memory_limit(args.memory_limit):
+            return int(args.func(args) or 0)
     except WeftError as e:
         text = one_line(str(e))  # names read from a file cannot split it
         print(f"weft: error: {text.removeprefix('weft: ')}", file=sys.stderr)  # never "weft: error: weft: ..."
@@ -90,6 +97,27 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+@contextlib.contextmanager
+def _memory_limit(text: str | None):
+    """``--memory-limit`` for one command: ``$WEFT_MEMORY_LIMIT`` (what ``schedules.budget`` reads, and what
+    worker processes inherit) while it runs."""
+    if text is None:
+        yield
+        return
+    from schedules.budget import ENV
+    from weft.units import parse_bytes
+
+    previous = os.environ.get(ENV)
+    os.environ[ENV] = str(parse_bytes(text, "--memory-limit"))
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = previous
 
 
 def run() -> None:

@@ -127,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
     _check_output(args)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
+    from weft.synthesis import require_affordable
+
+    require_affordable(collective, f"weft synth --method {args.method} on {args.topology}", args.time_limit)
     found = sweep(args, topology, collective, asked_sizes)
     rows = []
     for size_text, schedules in found:
