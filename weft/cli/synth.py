@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
             "pareto": "weft.cli.synth_pareto"}
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
+WAIT_CAP_S = 7 * 24 * 3600.0  # every wait is bounded; each instance keeps to --time-limit itself
 
 
 def _family(method: str):
@@ -95,15 +97,17 @@ def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
     if args.jobs <= 1 or len(jobs) == 1:
         return [(size, _one_size(job)) for size, job in zip(sizes, jobs)]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs)),
-                             mp_context=multiprocessing.get_context("fork")) as pool:
-        try:
-            return list(zip(sizes, pool.map(_one_size, jobs)))
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    from synth.workers import worker_init
+
+    # a multiprocessing pool, not concurrent.futures: it can be terminated, so Ctrl-C or SIGTERM ends every worker
+    pool = multiprocessing.get_context("fork").Pool(min(args.jobs, len(jobs)), initializer=worker_init,
+                                                    initargs=(os.getpid(),))
+    try:
+        return list(zip(sizes, pool.map_async(_one_size, jobs, chunksize=1).get(timeout=WAIT_CAP_S)))
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def run(args: argparse.Namespace) -> int:
