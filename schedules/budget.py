@@ -59,6 +59,8 @@ def budget_bytes() -> int:
 
 
 def human(n: float) -> str:
+    if n >= 1 << 60:
+        return "more than 1 EiB"
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
@@ -69,5 +71,5 @@ def require(estimate: float, what: str, budget: int | None = None) -> None:
     """Refuse ``what`` (a phrase naming the work and its input) when ``estimate`` bytes pass the budget."""
     budget = budget_bytes() if budget is None else budget
     if estimate > budget:
-        raise BudgetError(f"{what} needs about {human(estimate)} of memory, more than the budget of "
+        raise BudgetError(f"{what} needs {'about ' * (estimate < 1 << 60)}{human(estimate)} of memory, more than the budget of "
                           f"{human(budget)} (raise it with --memory-limit or ${ENV})")

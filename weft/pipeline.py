@@ -52,15 +52,16 @@ def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 
     """A plan for ``schedule`` that passed the schedule verifier and the reference executor (3 sizes × 3 dtypes,
     the first of them as 2 or 3 launches back to back on the same buffers). ``options``: codegen's ``threads``,
     ``pipeline`` and ``double_scratch``."""
-    from codegen import compile_schedule
+    from codegen import MAX_INSTANCES, compile_schedule
     from schedules.cost import predict_us
     from schedules.verify import require_valid
 
     require_valid(schedule, topology)
-    if instances * options.get("pipeline", 1) > 1:  # before the compile, which itself grows with instances
+    copies = instances * options.get("pipeline", 1) if isinstance(instances, int) else 1
+    if 1 < copies <= MAX_INSTANCES:  # before the compile, which itself grows with instances (it refuses the rest)
         one = compile_schedule(schedule, topology, instances=1, protocol=protocol, inplace=inplace,
                                **{**options, "pipeline": 1})
-        _require_proof_memory(one, instances * options.get("pipeline", 1), instances)
+        _require_proof_memory(one, copies, instances)
     plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace, **options)
     predicted = {format_bytes(n): predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
     plan = plan.with_meta(predicted_us=predicted, dtypes=DTYPES)

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     kind, document = pipeline.read_document(args.file)
     if kind == "schedule":
         return _schedule(args, document)
-    sizes = parse_size_range(args.sizes) if args.sizes else None
+    sizes = parse_size_range(args.sizes) if args.sizes is not None else None
     dtypes = comma_items(args.dtypes, "weft verify: --dtypes") if args.dtypes is not None else None
     record = pipeline.check(document, sizes, dtypes, args.seed)
     if args.json:
