@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fabrics import ring_files
 from schedules.collectives import Collective, CollectiveError
 from weft.cli import main
 from weft.units import SizeError, parse_bytes
@@ -24,9 +25,7 @@ def _one_line_refusal(capsys, argv: list[str], code: int = 2) -> str:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("values")
-    schedule, plan = folder / "ring.json", folder / "ring.plan.json"
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "-o", str(schedule)]) == 0
-    assert main(["compile", str(schedule), "-t", "ring:n=4", "-o", str(plan)]) == 0
+    schedule, plan = ring_files(folder)
     return {"schedule": schedule, "plan": plan, "folder": folder}
 
 

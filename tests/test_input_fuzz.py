@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fabrics import ring_files
 from weft.cli import main
 
 HANG_S = 30
@@ -75,8 +76,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
              "plan": root / "ring.plan.json", "results": root / "results.json", "fifo": root / "fifo",
              "out": root / "out"}
     assert main(["topo", "export", "ring:n=4", "-o", str(paths["topology"])]) == 0
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "-o", str(paths["schedule"])]) == 0
-    assert main(["compile", str(paths["schedule"]), "-t", "ring:n=4", "-o", str(paths["plan"])]) == 0
+    ring_files(root)
     plan = json.loads(paths["plan"].read_text())["name"]
     paths["results"].write_text(json.dumps({
         "collective": "allgather", "dtype": "bf16", "nranks": 4, "mode": "graph", "machine": "fuzz",

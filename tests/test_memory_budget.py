@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fabrics import ring_files
 from weft.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,9 +54,7 @@ def _results_file(folder: Path, name: str, plan: str, nranks: int) -> Path:
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("budget")
-    schedule, plan = tmp / "ring.json", tmp / "ring.plan.json"
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "-o", str(schedule)]) == 0
-    assert main(["compile", str(schedule), "-t", "ring:n=4", "-o", str(plan)]) == 0
+    schedule, plan = ring_files(tmp)
     doc = json.loads(plan.read_text())
     doc.pop("weft")
     huge = dict(doc, min_message_size=2 ** 64 - 1024, max_message_size=2 ** 64 - 1)
