@@ -158,7 +158,7 @@ class _Machine:
                         for r, g in enumerate(plan.gpus) for c in range(len(g.port_peers))}
         self.everyone = self.threads + list(self.hosts.values()) + list(self.proxies.values())
         for t in self.everyone:
-            t.vc = np.zeros(len(self.everyone), dtype=np.int64)
+            t.vc = np.zeros(len(self.everyone), dtype=CLOCK)
         self.slot_elems = elems // self.G
         self.buffers: dict[tuple[int, str], _Buffer] = {}
         self.alias: dict[tuple[int, str], tuple[str, int]] = {}
@@ -528,13 +528,15 @@ def chunk_elems(plan: Plan, nbytes: int, dtype: str) -> int:
     return plan.chunk_bytes(nbytes) // DTYPES[dtype]
 
 
-# Bytes the reference executor holds, measured on all-gather and all-reduce plans of 2-8 ranks, x1-x64 (peak
-# resident memory over the estimate stays between 0.5 and 1): per chunk slot (its happens-before record and
-# readers), per entry of a vector clock, per element of data (float32, plus the inputs and the copies a
-# comparison makes).
+# Bytes the reference executor holds, measured on all-gather plans of 8 ranks, x1-x32, Simple and LL (peak
+# resident memory over the estimate stays between 0.55 and 0.9 from x8 up): per chunk slot (its happens-before
+# record and readers), per entry of a vector clock, per element of data (float32, plus the inputs and the copies
+# a comparison makes), per op a thread steps through.
 SLOT_BYTES = 400
-CLOCK_BYTES = 8
+CLOCK = np.int32  # a vector clock's entries count one thread's ops (bounded by run's deadline_ops, far below 2^31);
+CLOCK_BYTES = 4  # half of int64's memory, where plans of many instances hold most of theirs
 ELEMENT_BYTES = 16
+OP_BYTES = 100  # an op as a thread steps through it: its entry in three tuples and its window
 
 
 def _executions(ops: tuple[Op, ...]) -> tuple[int, int]:
@@ -565,11 +567,13 @@ def estimate_bytes(plan: Plan, nbytes: int, dtype: str, launches: int = 1, copie
     halves = 2 if plan.use_double_scratch_buffer else 1
     slots = copies * G * sum(g.scratch_chunks * halves + (max(g.input_chunks, g.output_chunks) if plan.inplace
                                                            else g.input_chunks + g.output_chunks) for g in plan.gpus)
-    stored = copies * launches * sum(_executions(tb.ops)[1] for g in plan.gpus for tb in g.threadblocks)
+    counts = [_executions(tb.ops) for g in plan.gpus for tb in g.threadblocks]
+    stored = copies * launches * sum(s for _, s in counts)
+    listed = copies * launches * sum(r for r, _ in counts)  # each thread's ops, a pipeline's once per iteration
     packets = slots if plan.protocol == "LL" else 0
     elems = plan.chunk_bytes(nbytes) // DTYPES.get(dtype, 4) if nbytes else 0  # per chunk of the one-copy plan
     clocks = threads + stored + packets
-    return (slots * SLOT_BYTES + clocks * threads * CLOCK_BYTES
+    return (slots * SLOT_BYTES + clocks * threads * CLOCK_BYTES + listed * OP_BYTES
             + (slots // max(G * copies, 1)) * elems * ELEMENT_BYTES * (1 + launches))
 
 
