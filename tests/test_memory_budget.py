@@ -164,3 +164,15 @@ def test_min_sends_is_a_lower_bound_of_every_baseline(name):
                     assert schedule.nsends >= collective.min_sends > 0, (spec, method, chunks)
                     checked += 1
     assert checked >= 3
+
+
+def test_a_long_proof_reports_progress_and_a_short_one_is_quiet(tmp_path, capsys, monkeypatch):
+    import executor.reference
+
+    schedule, plan = ring_files(tmp_path)
+    assert main(["verify", str(plan)]) == 0
+    assert "reference:" not in capsys.readouterr().err
+    monkeypatch.setattr(executor.reference, "LONG_PROOF", 0)  # as if it were a proof of minutes
+    assert main(["verify", str(plan)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("reference: proving plan ring-allgather") and len(lines) == 1 + 9, lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from weft.cli import ArgumentError
 from weft.units import SIZE_HELP, parse_size_range
@@ -23,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # only long proofs report (executor.reference.LONG_PROOF)
+
+
 def run(args: argparse.Namespace) -> int:
     from weft import pipeline
     from weft.cli.values import comma_items
@@ -34,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return _schedule(args, document)
     sizes = parse_size_range(args.sizes) if args.sizes is not None else None
     dtypes = comma_items(args.dtypes, "weft verify: --dtypes") if args.dtypes is not None else None
-    record = pipeline.check(document, sizes, dtypes, args.seed)
+    record = pipeline.check(document, sizes, dtypes, args.seed, progress=_progress)
     if args.json:
         print(json.dumps(record, indent=2))
     else:
