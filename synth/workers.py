@@ -8,12 +8,31 @@ run), and die with the main process if that one is killed outright (Linux's pare
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+
+
+HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def forking():
+    """SIGINT and SIGTERM held while a pool forks its workers. Both were lost otherwise: in the main process a
+    signal that lands in Python's at-fork callbacks (logging's lock release) is swallowed there ("Exception
+    ignored ... KeyboardInterrupt"), and in a new worker one that lands before Python resets its signal state
+    after the fork is dropped, so the pool's terminate() then waited for a worker that never died. Held, the
+    main process gets them as soon as the pool exists, and a worker only once they are harmless or fatal
+    (``worker_init``)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def worker_init(parent: int | None = None) -> None:
@@ -23,6 +42,7 @@ def worker_init(parent: int | None = None) -> None:
     parent = os.getppid() if parent is None else parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # held since the fork (``forking``)
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

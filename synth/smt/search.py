@@ -27,7 +27,7 @@ from synth.smt.encoding import (
     MAX_SENDS, SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, OutOfTime, Outcome, possible_sends,
 )
 from synth.smt.symmetry import Symmetry, symmetry_levels
-from synth.workers import worker_init
+from synth.workers import forking, worker_init
 from topologies.topology import Topology
 
 FIRST_SLICE = 1.0  # seconds for each formula's first try; each round doubles it
@@ -146,8 +146,9 @@ def _race(problem: Problem, order: list[Instance], time_limit: float, nworkers: 
         return _sequential([(problem, inst, time_limit, 0, 1, deadline) for inst in order], progress, label)
     copies = max(1, nworkers // len(order))
     results: queue.Queue = queue.Queue()  # filled by the pool's result thread, in this process
-    pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies), initializer=_worker_init,
-                                                    initargs=(os.getpid(),))
+    with forking():
+        pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies),
+                                                        initializer=_worker_init, initargs=(os.getpid(),))
     try:
         for index, inst in enumerate(order):
             for copy in range(copies):

@@ -98,11 +98,12 @@ def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
         return [(size, _one_size(job)) for size, job in zip(sizes, jobs)]
     import multiprocessing
 
-    from synth.workers import worker_init
+    from synth.workers import forking, worker_init
 
     # a multiprocessing pool, not concurrent.futures: it can be terminated, so Ctrl-C or SIGTERM ends every worker
-    pool = multiprocessing.get_context("fork").Pool(min(args.jobs, len(jobs)), initializer=worker_init,
-                                                    initargs=(os.getpid(),))
+    with forking():
+        pool = multiprocessing.get_context("fork").Pool(min(args.jobs, len(jobs)), initializer=worker_init,
+                                                        initargs=(os.getpid(),))
     try:
         return list(zip(sizes, pool.map_async(_one_size, jobs, chunksize=1).get(timeout=WAIT_CAP_S)))
     finally:
