@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from executor.errors import ExecutorError
+from topologies.jsonfile import check_output
 
 SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "norm.cuh",
            "interpreter.cu")
@@ -93,6 +94,7 @@ def cached_cubin(path: Path) -> bytes | None:
 
 
 def _write_private(directory: Path, path: Path, data: bytes | str) -> None:
+    check_output(path, "executor: kernel cache", ExecutorError)  # a node planted in the cache is never replaced
     fd, tmp = tempfile.mkstemp(dir=directory)
     with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
@@ -116,6 +118,7 @@ def build_cubin(arch: str, directory: Path | None = None, trace: bool = False) -
         raise ExecutorError(f"executor/cuda/interpreter.cu: nvcc failed for {arch}: {first}")
     data = Path(tmp).read_bytes()
     _write_private(directory, path.with_name(path.name + ".sha256"), _digest(data) + "\n")
+    check_output(path, "executor: kernel cache", ExecutorError)
     os.replace(tmp, path)
     return path
 

@@ -65,16 +65,30 @@ class Collective:
         if self.name not in NAMES + PLAN_ONLY:
             raise CollectiveError(f"collective: unknown collective {self.name!r} (choose from "
                                   f"{', '.join(NAMES + PLAN_ONLY)})")
-        if not isinstance(self.nranks, int) or self.nranks < 1:
+        if not isinstance(self.nranks, int) or isinstance(self.nranks, bool) or self.nranks < 1:
             raise CollectiveError(f"collective {self.name}: nranks must be a positive integer, got {self.nranks!r}")
         if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
             raise CollectiveError(f"collective {self.name}: chunks must be a positive integer, got {self.chunks!r}")
-        if not isinstance(self.root, int) or not 0 <= self.root < self.nranks:
+        if not isinstance(self.root, int) or isinstance(self.root, bool) or not 0 <= self.root < self.nranks:
             raise CollectiveError(
                 f"collective {self.name}: root {self.root!r} is not a rank (0..{self.nranks - 1})")
         if self.nchunks > MAX_CHUNKS:
             raise CollectiveError(f"collective {self.name}: chunks {self.chunks} on {self.nranks} ranks make "
                                   f"{self.nchunks} chunks in all; at most {MAX_CHUNKS}")
+
+    @property
+    def min_sends(self) -> int:
+        """The fewest sends any schedule of this collective has: every chunk a rank lacks arrives in one send at
+        least (for allreduce and reduce, every contribution but the last leaves its rank once).
+
+        >>> Collective("allgather", 4, 2).min_sends, Collective("broadcast", 4).min_sends
+        (24, 3)
+        """
+        n = self.nranks
+        if self.name in PLAN_ONLY:
+            return 0  # no schedule form to count
+        return (n - 1) * self.nchunks // (n if self.rooted and self.name not in ONE_SLICE or self.name == "alltoall"
+                                          else 1)
 
     @property
     def combining(self) -> bool:

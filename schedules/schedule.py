@@ -20,7 +20,7 @@ from typing import Any
 
 from schedules.collectives import Collective, CollectiveError
 from topologies.errors import WeftError
-from topologies.jsonfile import read_json, write_text
+from topologies.jsonfile import read_json, short_repr, write_text
 
 FORMAT = "weft.schedule/1"
 OPS = ("copy", "reduce")
@@ -139,9 +139,13 @@ def load_schedule(path: str | Path) -> Schedule:
     return parse_schedule(read_json(path, "schedule", ScheduleError), str(path))
 
 
-def _int(value: object, field_name: str, source: str, low: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ScheduleError(f"schedule {source}: {field_name}: must be an integer >= {low}, got {value!r}")
+MAX_ROUNDS = 1 << 32  # rounds of one step: far beyond any schedule (a step needs at most its chunks' count)
+
+
+def _int(value: object, field_name: str, source: str, low: int = 0, high: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ScheduleError(f"schedule {source}: {field_name}: must be an integer {bound}, got {short_repr(value)}")
     return value
 
 
@@ -165,7 +169,7 @@ def parse_schedule(data: object, source: str) -> Schedule:
     for i, st in enumerate(raw_steps):
         if not isinstance(st, dict) or not isinstance(st.get("sends"), list):
             raise ScheduleError(f"schedule {source}: steps[{i}]: must be an object with 'rounds' and 'sends'")
-        rounds = _int(st.get("rounds"), f"steps[{i}].rounds", source, 1)
+        rounds = _int(st.get("rounds"), f"steps[{i}].rounds", source, 1, MAX_ROUNDS)
         sends = []
         for j, s in enumerate(st["sends"]):
             where = f"steps[{i}].sends[{j}]"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from schedules.budget import require
 from schedules.loads import FabricIndex, SendArrays, count_loads, index_fabric, send_arrays
 from schedules.schedule import Schedule, Send, Step
 from topologies.errors import CheckFailed
@@ -38,6 +39,7 @@ from topologies.topology import SharingGroup, Topology
 CHECKS = ("topology", "nranks", "sends", "links", "possession", "writes", "reductions", "capacity",
           "postconditions")
 MAX_LISTED = 1000  # errors kept verbatim; a badly wrong schedule can break every one of a million sends
+QUICK_SLOTS = 1 << 20  # (rank, chunk) slots simulated in about a second; beyond, too few sends fail at once
 SLACK = 1e-9  # capacity × rounds is a float; 2.9999999999 chunks of room is 3
 
 
@@ -89,6 +91,14 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
     """Check a schedule against a topology; never raises for a wrong schedule, it reports."""
     errors = _Errors()
     collective = schedule.collective
+    require(estimate_bytes(schedule), f"verifying schedule {schedule.name or collective.name} "
+                                      f"({collective.nranks} ranks x {collective.nchunks} chunks)")
+    nsends = sum(len(step.sends) for step in schedule.steps)
+    if nsends < collective.min_sends and collective.nranks * collective.nchunks > QUICK_SLOTS:
+        # refuted without simulating (which would take minutes); a smaller schedule is simulated for its errors
+        return Verification(False, (f"postcondition: {nsends} send{'s' * (nsends != 1)}, but {collective.name} of "
+                                    f"{collective.nchunks} chunks on {collective.nranks} ranks needs at least "
+                                    f"{collective.min_sends}",), ("sends", "postconditions"))
     if schedule.topology != topology.fingerprint:
         errors.add(_fingerprint_error(schedule.topology, topology))
     if collective.nranks != topology.nranks:
@@ -112,6 +122,14 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
         _apply_step(index, sends, state, schedule, errors)
     _check_postconditions(state, schedule, errors)
     return Verification(not errors.lines, tuple(errors.lines), CHECKS, errors.omitted)
+
+
+def estimate_bytes(schedule: Schedule) -> int:
+    """About the memory ``verify`` holds: a slot per (rank, chunk), each a contribution mask where the
+    collective combines, and the send arrays (measured: 8 bytes a slot, 40 a mask, 100 a send)."""
+    c = schedule.collective
+    mask = 40 + c.nranks // 8 if c.combining else 0
+    return c.nranks * c.nchunks * (8 + mask) + 64 * c.nchunks + 100 * sum(len(step.sends) for step in schedule.steps)
 
 
 def _fingerprint_error(stated: str, topology: Topology) -> str:

@@ -58,7 +58,7 @@ def candidates(topology: Topology, collective: Collective, chunk_options: Iterab
                 continue
             found.setdefault(s.content_hash, s)
             if progress:
-                progress(f"pareto: {method} chunks={c.chunks}: {s.nsteps} steps")
+                progress(f"pareto: {method} chunks={c.chunks}: {s.nsteps} step{'s' * (s.nsteps != 1)}")
     return list(found.values())
 
 

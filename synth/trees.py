@@ -72,7 +72,7 @@ class Forest:
         return [t for t in self.trees if t.root == root]
 
     def describe(self) -> str:
-        return (f"{self.per_root} trees per root of {float(self.unit):g} GB/s each: "
+        return (f"{self.per_root} tree{'s' * (self.per_root != 1)} per root of {float(self.unit):g} GB/s each: "
                 f"{self.pct_of_optimal:.1f}% of the optimal {float(self.optimum):g} GB/s")
 
 
@@ -107,7 +107,7 @@ def forest(topology: Topology, roots: tuple[int, ...], optimum: Fraction, option
             trees = pack_exact(topology, roots, per_root, unit, deadline)
         if trees is not None:
             return Forest(topology, trees, per_root, unit, optimum)
-    raise NotApplicable(f"trees on {topology.name}: no packing of {per_root} trees per root found "
+    raise NotApplicable(f"trees on {topology.name}: no packing of {per_root} tree{'s' * (per_root != 1)} per root found "
                         f"at {float(UNIT_STEPS[-1]):.0%} of the optimal rate or above")
 
 

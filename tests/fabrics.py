@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import strategies as st
 
 from schedules.schedule import Send, Step
@@ -43,3 +45,13 @@ def random_steps(draw):
     pairs = st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda p: p[0] != p[1])
     return tuple(Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
                  for _ in range(draw(st.integers(1, 4))))
+
+
+def ring_files(folder: Path) -> tuple[Path, Path]:
+    """A verified ring all-gather schedule on ring:n=4 and its proven plan, written into ``folder``."""
+    from weft.cli import main
+
+    schedule, plan = folder / "ring.json", folder / "ring.plan.json"
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "-o", str(schedule)]) == 0
+    assert main(["compile", str(schedule), "-t", "ring:n=4", "-o", str(plan)]) == 0
+    return schedule, plan

@@ -141,7 +141,6 @@ def test_import_and_commit_report_progress_through_a_callback(small, tmp_path):
     publish.import_directory(str(tmp_path / "out"), str(tmp_path / "imported"), lines.append)
     assert lines[0] == "file 1 of 3: " + sorted(p.name for p in (tmp_path / "out").glob("*.json"))[0]
     assert "proving plan a on the reference executor" in lines
-    assert any(line.startswith("allgather ") and line.endswith(": ok") for line in lines)  # each check as it ends
 
 
 def test_a_commit_waiting_for_the_lock_says_so(small, monkeypatch):
@@ -212,10 +211,10 @@ def test_no_plan_speaks_in_what_the_user_typed_and_names_the_nearest_fabric(tmp_
     doc = compile_schedule(baselines.ring(dgx1, Collective("allreduce", 8)), dgx1).to_json()
     path = tmp_path / "registry"
     Registry(path).commit_all([item(doc, dgx1.fingerprint, "dgx1")])
-    code, out, _ = run(["registry", "select", "allreduce", "-t", "hgx_h200:gpus=8", "--size", "1mb", "--registry",
+    code, out, _ = run(["registry", "select", "allreduce", "-t", "hgx_h200:gpus=8", "--size", "1m", "--registry",
                         str(path)], capsys)
     assert code == 1
-    assert out.startswith("no plan: no allreduce plan for hgx_h200:gpus=8 at 1mb (1MB); the registry holds "
+    assert out.startswith("no plan: no allreduce plan for hgx_h200:gpus=8 at 1m (1MB); the registry holds "
                           f"allreduce plans for dgx1 ({dgx1.fingerprint}, 8 ranks)")
     assert "1048576" not in out
 

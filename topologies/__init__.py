@@ -17,9 +17,16 @@ __all__ = [
 ]
 
 
+def _is_file(spec: str) -> bool:
+    try:
+        return Path(spec).is_file()
+    except (OSError, ValueError):  # a name too long for a path is a catalog spec, or nothing
+        return False
+
+
 def resolve(spec: str) -> Topology:
     """A topology from a catalog spec (``hgx_h100:nodes=2``) or a file path (``my_fabric.json``)."""
-    if spec.endswith(".json") or Path(spec).is_file():
+    if spec.endswith(".json") or _is_file(spec):
         return load_topology(spec)
     from topologies.catalog import build
 

@@ -58,6 +58,7 @@ def write_text(path: str | Path, text: str | bytes, kind: str, error: type[WeftE
     write leaves no half file; unwritable paths raise ``error("<kind> <path>: cannot write: ...")``. ``parents``:
     create missing folders."""
     path = Path(path)
+    check_output(path, kind, error)
     if parents:
         make_directory(path.parent, kind, error)
     try:
@@ -68,10 +69,33 @@ def write_text(path: str | Path, text: str | bytes, kind: str, error: type[WeftE
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; weft's files are meant to be shared
+        check_output(path, kind, error)  # again just before the rename: the path may have changed meanwhile
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # a signal or an error: no temp file stays behind
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise error(f"{kind} {path}: cannot write: {e.strerror or e}") from None
+        raise
+
+
+_SPECIAL = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_output(path: str | Path, kind: str, error: type[WeftError], folder: bool = False) -> None:
+    """Refuse ``path`` as an output unless it is new or a regular file (``folder``: or a directory): weft's
+    writes replace their target, and a device node, FIFO or socket must never be replaced by a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
         raise error(f"{kind} {path}: cannot write: {e.strerror or e}") from None
+    if stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode)):
+        return
+    what = next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+    allowed = "a folder, a regular file or a new path" if folder else "a regular file or a new path"
+    raise error(f"{kind} {path}: will not write: it is {what} (weft writes only to {allowed})")
 
 
 def make_directory(path: str | Path, kind: str, error: type[WeftError]) -> Path:

@@ -10,7 +10,6 @@ priced by their own measurements.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -21,8 +20,16 @@ from schedules.ops import OPS
 from schedules.plan import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
+from topologies.jsonfile import decode_json, read_bytes
+from weft.synthesis import BASELINES
 
 RESULTS = Path(__file__).parent.parent / "bench" / "results"
+MAX_RESULTS_BYTES = 16 << 20  # a results file of every size and plan is tens of KB
+MAX_NAME = 200
+# A plan named in a results file is rebuilt only where it is as small as a measured plan can be: the
+# rebuild (synthesis and compile) grows with ranks^2 x instances x pipeline, and a 121-byte file must not name a
+# plan that takes minutes (a trees plan, or a ring on thousands of ranks).
+MAX_REBUILD_WORK = 1 << 21
 PLAN_NAME = re.compile(r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple)"
                        r"-x(?P<instances>\d+)(?:-p(?P<pipeline>\d+))?(?:-t(?P<threads>\d+))?(?P<double>-2s)?"
                        r"(?P<pull>-pull)?(?P<multipeer>-mp)?(?:-max(?P<max_mb>\d+)MB)?")
@@ -85,18 +92,22 @@ def _op_chunks(op) -> int:
 
 
 @lru_cache(maxsize=512)
-def named_plan(name: str) -> tuple[Plan, Schedule, Topology] | None:
-    """The plan a results file names, rebuilt (None where the name is not a baseline compiled by weft)."""
+def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedule, Topology] | None:
+    """The plan a results file names, rebuilt (None where the name is not a baseline compiled by weft, is for
+    another fabric than ``fingerprint``'s, or is larger than a measured plan: a results file is data, and the
+    plans it names are rebuilt only within the bounds of ``rebuildable``)."""
     from codegen import compile_schedule
     from codegen.protocol import LL_MAX_BYTES
     from topologies import resolve
     from weft.synthesis import synthesize
 
     m = PLAN_NAME.fullmatch(name)
-    if m is None:
+    if m is None or len(name) > MAX_NAME or m["method"] not in BASELINES:
         return None
     try:
         topology = resolve(m["spec"])
+        if (fingerprint is not None and topology.fingerprint != fingerprint) or not rebuildable(topology, m):
+            return None
         schedule = synthesize(topology, m["collective"], m["method"])
         protocol = "LL" if m["protocol"] == "ll" else "Simple"
         plan = compile_schedule(
@@ -109,14 +120,21 @@ def named_plan(name: str) -> tuple[Plan, Schedule, Topology] | None:
     return (plan, schedule, topology) if plan.name == name else None
 
 
+def rebuildable(topology: Topology, m: re.Match) -> bool:
+    """Whether the plan ``m`` names is small enough to rebuild within ``weft topo calibrate``'s bounds."""
+    instances, pipeline = int(m["instances"]), int(m["pipeline"] or 1)
+    if len(m["instances"]) > 4 or len(m["pipeline"] or "") > 4 or len(m["threads"] or "") > 5 \
+            or len(m["max_mb"] or "") > 5:
+        return False
+    return topology.nranks ** 2 * instances * pipeline <= MAX_REBUILD_WORK
+
+
 def observations(topology: Topology, paths: list[Path]) -> tuple[list[Observation], list[str]]:
     """The measured (plan, size, µs) points of ``topology`` in these results files, and the files they came from."""
     found, used = [], []
     for path in paths:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise CalibrationError(f"results {path}: cannot read: {e}") from None
+        doc = decode_json(read_bytes(path, "results", CalibrationError, MAX_RESULTS_BYTES), "results", str(path),
+                          CalibrationError)
         rows = doc.get("rows") if isinstance(doc, dict) else None
         if not isinstance(rows, list):
             raise CalibrationError(f"results {path}: rows: missing; not a `weft bench` results file")
@@ -131,7 +149,7 @@ def observations(topology: Topology, paths: list[Path]) -> tuple[list[Observatio
                 if not key.startswith("weft:") or key.endswith("+ll128") or not isinstance(us, (int, float)) \
                         or isinstance(us, bool) or not 0 < us < 1e12:
                     continue
-                rebuilt = named_plan(key[5:])
+                rebuilt = named_plan(key[5:], topology.fingerprint)
                 if rebuilt is None or rebuilt[2].fingerprint != topology.fingerprint:
                     continue
                 plan, schedule, _ = rebuilt

@@ -51,17 +51,34 @@ def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 
     """A plan for ``schedule`` that passed the schedule verifier and the reference executor (3 sizes × 3 dtypes,
     the first of them as 2 or 3 launches back to back on the same buffers). ``options``: codegen's ``threads``,
     ``pipeline`` and ``double_scratch``."""
-    from codegen import compile_schedule
+    from codegen import MAX_INSTANCES, compile_schedule
     from schedules.verify import require_valid
     from weft.publish import predictions
 
     require_valid(schedule, topology)
+    copies = instances * options.get("pipeline", 1) if isinstance(instances, int) else 1
+    if 1 < copies <= MAX_INSTANCES:  # before the compile, which itself grows with instances (it refuses the rest)
+        one = compile_schedule(schedule, topology, instances=1, protocol=protocol, inplace=inplace,
+                               **{**options, "pipeline": 1})
+        _require_proof_memory(one, copies, instances)
     plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace, **options)
     # the same table `synth --commit` stores, so a plan committed from its file selects the same (issue 38)
     table, made_by = predictions(plan, schedule, topology)
     plan = plan.with_meta(predicted_us={format_bytes(n): t for n, t in table.items()}, prediction=made_by,
                           dtypes=DTYPES)
     return plan.with_meta(verification=check(plan, progress=progress))
+
+
+def _require_proof_memory(one: Plan, copies: int, instances: int) -> None:
+    """Refuse, from the one-instance plan ``one``, a plan of ``copies`` times its thread blocks and chunks whose
+    reference proof would pass the memory budget (``executor.reference.estimate_bytes``)."""
+    from executor.reference import BACK_TO_BACK, estimate_bytes
+    from schedules.budget import require
+
+    launches = BACK_TO_BACK if one.use_double_scratch_buffer else 2
+    need = estimate_bytes(one, min(check_sizes(one)) * copies, "fp16", launches, copies)
+    require(need, f"plan {one.name.replace('-x1', f'-x{instances}')}: the reference proof with --instances "
+                  f"{instances}")
 
 
 def is_verified(plan: Plan) -> bool:

@@ -10,6 +10,25 @@ from synth.errors import SynthesisError
 from topologies import Topology
 
 BASELINES = ("ring", "direct", "twoshot", "rhd", "tree", "2dh")
+# What one send of a synthesized schedule costs until it is verified and written: memory and time, measured on
+# ring and direct baselines of 0.25-2.2 million sends (280-370 bytes and 15-17 µs a send on a 2-core machine).
+BYTES_PER_SEND = 400
+SECONDS_PER_SEND = 1.5e-5
+
+
+def require_affordable(collective: Collective, where: str, time_limit: float | None = None) -> None:
+    """Refuse, before any solver runs, a collective whose every schedule has more sends than the memory budget
+    holds or than ``time_limit`` seconds can build (``Collective.min_sends``: no method writes fewer). Solvers
+    keep to their own time limits; a baseline's time is bounded here only."""
+    from schedules.budget import require
+
+    sends = collective.min_sends
+    what = (f"{where}: {collective.name} of {collective.nchunks} chunks on {collective.nranks} ranks "
+            f"(at least {sends} sends)")
+    require(sends * BYTES_PER_SEND, what)
+    if time_limit is not None and sends * SECONDS_PER_SEND > time_limit:
+        raise SynthesisError(f"{what} takes about {sends * SECONDS_PER_SEND:.0f} s to build and verify, past the "
+                             f"time limit of {time_limit:g} s (use fewer --chunks, or a longer --time-limit)")
 
 
 def synthesize(topology: Topology, collective: str | Collective, method: str = "ring", *, chunks: int = 1,
@@ -21,6 +40,7 @@ def synthesize(topology: Topology, collective: str | Collective, method: str = "
     """
     if isinstance(collective, str):
         collective = collective_on(collective, topology.name, topology.nranks, chunks, root)
+    require_affordable(collective, f"{method} on {topology.name}")
     if method in BASELINES:
         from synth import baselines
 

@@ -1,13 +1,18 @@
-"""Byte sizes as users write them: 1KB, 4MB, 1GB (powers of two, as nccl-tests prints them)."""
+"""Byte sizes as users write them: 1KB, 4MB, 1GB (powers of two, KB = KiB = 1024 B, as nccl-tests prints them)."""
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from topologies.errors import WeftError
+from topologies.jsonfile import short_repr
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+_PREFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
+MAX_BYTES = 1 << 60  # 1 EiB: no message comes near it, and every size stays a 64-bit count
+SIZE_HELP = ("sizes are bytes in powers of two (1KB = 1KiB = 1024 B, 1MB = 2^20 B), at most 1EB (2^60 B); "
+             "a lowercase b (4Mb) means bits and is refused; bandwidths are decimal GB/s (10^9 B/s)")
+_SIZE = re.compile(r"(\d{1,20}(?:\.\d{1,20})?)([KMGTPE]?)(I?)(B?)", re.IGNORECASE)
 
 
 class SizeError(WeftError):
@@ -15,15 +20,21 @@ class SizeError(WeftError):
 
 
 def parse_bytes(text: str, field: str = "--size") -> int:
-    """'4MB' -> 4194304; '3MB+48' -> 3145776."""
+    """'4MB' -> 4194304; '3MB+48' -> 3145776. Units are binary (K = 1024) and case-insensitive, except that
+    a lowercase b after a number or prefix means bits ('4Mb'), which weft refuses rather than guess."""
     total = 0
     for part in str(text).replace(" ", "").split("+"):
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", part)
-        if not m or m.group(2).upper() not in _UNITS:
-            raise SizeError(f"{field}: cannot read size {text!r} (write e.g. 1KB, 4MB, 1GB or 3MB+48)")
-        total += int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        m = _SIZE.fullmatch(part)
+        if not m or (m.group(3) and not m.group(2)):
+            raise SizeError(f"{field}: cannot read size {short_repr(text)} (write e.g. 1KB, 4MB, 1GB or 3MB+48)")
+        if m.group(4) == "b":
+            raise SizeError(f"{field}: {short_repr(text)}: a lowercase b means bits; weft sizes are bytes "
+                            f"(write {m.group(1)}{m.group(2).upper()}B)")
+        total += int(Fraction(m.group(1)) * _PREFIXES[m.group(2).upper()])
+        if total > MAX_BYTES:
+            raise SizeError(f"{field}: {short_repr(text)}: more than the largest size, 1EB (2^60 bytes)")
     if total <= 0:
-        raise SizeError(f"{field}: size must be positive, got {text!r}")
+        raise SizeError(f"{field}: size must be positive, got {short_repr(text)}")
     return total
 
 

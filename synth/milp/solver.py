@@ -304,7 +304,7 @@ def _solve_model(job: _Job, topo: Topology, collective: Collective, flow: FlowMo
     name = solver.StatusName(status)
     _final_line(job, label, name, reporter, solver, flow, floor_us)
     if status == cp_model.INFEASIBLE:
-        raise Unsat(f"milp: no {label} schedule on {job.fabric.name} within {steps} steps")
+        raise Unsat(f"milp: no {label} schedule on {job.fabric.name} within {steps} step{'s' * (steps != 1)}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise Unknown(f"milp: no {label} schedule on {job.fabric.name} found within the time limit of "
                       f"{time_limit:g} s (status {name})")

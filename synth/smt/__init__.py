@@ -263,7 +263,7 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
     bound = rounds_per_chunk_bound(problem.fabric, problem.collective)
     low = steps_bound(problem.fabric, problem.collective)
     max_chunks = options.max_chunks or max(bound.denominator, 2)
-    progress(f"smt: {label}: at least {low} steps and {bound} rounds per chunk (LP); chunks up to {max_chunks}")
+    progress(f"smt: {label}: at least {low} step{'s' * (low != 1)} and {bound} rounds per chunk (LP); chunks up to {max_chunks}")
     found: list[Schedule] = []
     best: Fraction | None = None
     ceiling = options.max_steps or low + 2 * max_chunks + 2

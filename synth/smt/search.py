@@ -18,7 +18,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import signal
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
@@ -28,6 +27,7 @@ from synth.smt.encoding import (
     MAX_SENDS, SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, OutOfTime, Outcome, possible_sends,
 )
 from synth.smt.symmetry import Symmetry, symmetry_levels
+from synth.workers import forking, worker_init
 from topologies.topology import Topology
 
 FIRST_SLICE = 1.0  # seconds for each formula's first try; each round doubles it
@@ -100,11 +100,11 @@ def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 
         budget *= 2
 
 
-def _worker_init() -> None:
+def _worker_init(parent: int) -> None:
     """Pool workers leave Ctrl-C to the main process, which stops them: z3 must not turn it into "unknown"."""
     import z3
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker_init(parent)
     z3.set_param("ctrl_c", False)
 
 
@@ -146,7 +146,9 @@ def _race(problem: Problem, order: list[Instance], time_limit: float, nworkers: 
         return _sequential([(problem, inst, time_limit, 0, 1, deadline) for inst in order], progress, label)
     copies = max(1, nworkers // len(order))
     results: queue.Queue = queue.Queue()  # filled by the pool's result thread, in this process
-    pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies), initializer=_worker_init)
+    with forking():
+        pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies),
+                                                        initializer=_worker_init, initargs=(os.getpid(),))
     try:
         for index, inst in enumerate(order):
             for copy in range(copies):

@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # only long proofs report (executor.reference.LONG_PROOF)
+
+
 def run(args: argparse.Namespace) -> int:
     from schedules.schedule import load_schedule
     from topologies import resolve
@@ -49,12 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from weft import pipeline
     from weft.units import parse_bytes
 
+    from topologies.jsonfile import check_output
+
     if args.instances < 1:
         raise ArgumentError(f"weft compile: --instances must be a positive integer, got {args.instances}")
+    check_output(args.output, "output", ArgumentError)  # before the work: a FIFO or device is never replaced
     schedule = load_schedule(args.schedule)
     topology = resolve(args.topology)
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
-                                       inplace=args.inplace, progress=None, threads=args.threads,
+                                       inplace=args.inplace, progress=_progress, threads=args.threads,
                                        pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull,
                                        multipeer=args.multipeer,
                                        ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes")

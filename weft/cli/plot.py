@@ -26,7 +26,11 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "markdown", False):
         print(plots.bench_table(args.file), end="")
         return 0
+    from topologies.jsonfile import check_output
+    from weft.results import ResultsError
+
     out = args.output or default_output(args.file)
+    check_output(out, "plot", ResultsError)
     draw = plots.plot_frontier if args.kind == "frontier" else plots.plot_bench
     print(f"wrote {draw(args.file, out)}")
     return 0

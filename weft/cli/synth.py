@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
 from weft.cli.words import counted
 from weft.synthesis import BASELINES
-from weft.units import format_bytes, parse_bytes
+from weft.units import SIZE_HELP, format_bytes, parse_bytes
 
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
             "pareto": "weft.cli.synth_pareto"}
@@ -25,6 +26,7 @@ DEFAULT_TIME_LIMIT = 60.0
 # The dgx1 frontier took 14 s on the idle 2-core machine and 79.5 s under load (issue 37): a minute stopped it
 # after one point. Its progress lines say what is found and how much of the limit is left.
 SMT_PARETO_TIME_LIMIT = 300.0
+WAIT_CAP_S = 7 * 24 * 3600.0  # every wait is bounded; each instance keeps to --time-limit itself
 
 
 def _family(method: str):
@@ -48,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
                         "one; smt also races its instances on N workers (default 1; smt: one per CPU)")
-    p.add_argument("--size", default="1MB", help="a comma-separated list sweeps; " + "message size the solver optimizes for (milp; trees: chunks per tree; pct_of_bound is reported at it)")
+    p.add_argument("--size", default="1MB", help="message size the solver optimizes for (milp; trees: chunks per "
+                   "tree; pct_of_bound is reported at it); a comma-separated list sweeps; " + SIZE_HELP)
     p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several; default: "
                    "$WEFT_SCHEDULES, otherwise the user data dir's weft/schedules; the path is printed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -100,15 +103,18 @@ def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
     if args.jobs <= 1 or len(jobs) == 1:
         return [(size, _one_size(job)) for size, job in zip(sizes, jobs)]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs)),
-                             mp_context=multiprocessing.get_context("fork")) as pool:
-        try:
-            return list(zip(sizes, pool.map(_one_size, jobs)))
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    from synth.workers import forking, worker_init
+
+    # a multiprocessing pool, not concurrent.futures: it can be terminated, so Ctrl-C or SIGTERM ends every worker
+    with forking():
+        pool = multiprocessing.get_context("fork").Pool(min(args.jobs, len(jobs)), initializer=worker_init,
+                                                        initargs=(os.getpid(),))
+    try:
+        return list(zip(sizes, pool.map_async(_one_size, jobs, chunksize=1).get(timeout=WAIT_CAP_S)))
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
     _check_output(args)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
+    from weft.synthesis import require_affordable
+
+    # a solver keeps to --time-limit itself; a baseline has no other bound on its time than this estimate
+    require_affordable(collective, f"weft synth --method {args.method} on {args.topology}",
+                       args.time_limit if args.method in BASELINES else None)
     found = sweep(args, topology, collective, asked_sizes)
     rows, basis = [], set()
     for size_text, schedules in found:
@@ -230,10 +241,13 @@ def _several(args: argparse.Namespace) -> bool:
 
 def _check_output(args: argparse.Namespace) -> None:
     """Before any solve: -o names a folder where several schedules come back; without -o, the default folder."""
+    from topologies.jsonfile import check_output
+
     if args.output is None:
         args.output = default_output()
         return
     out = Path(args.output)
+    check_output(out, "output", ArgumentError, folder=not (out.suffix == ".json" and not _several(args)))
     if _several(args) and (out.suffix == ".json" or out.is_file()):
         raise ArgumentError(f"weft synth: -o {args.output}: this method writes one schedule per point and "
                             "frontier.json, so -o must name a folder, not a file")

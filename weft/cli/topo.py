@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from topologies import Topology, load_topology, resolve, save_topology
+from topologies import Topology, TopologyError, load_topology, resolve, save_topology
 from topologies.catalog import entries
 from weft.cli.words import counted
 
@@ -119,6 +119,9 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from topologies.jsonfile import check_output
+
+    check_output(args.output, "output", TopologyError)
     topology = resolve(args.topology)
     out = Path(args.output)
     save_topology(topology, out)

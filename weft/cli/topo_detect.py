@@ -21,8 +21,11 @@ def _detect(args: argparse.Namespace) -> int:
     from topologies.detect import load_facts, read_facts, topology_from_facts
     from topologies.errors import TopologyError
     from topologies.io import save_topology
-    from topologies.jsonfile import write_text
+    from topologies.jsonfile import check_output, write_text
 
+    for path in (args.record, args.output):
+        if path:
+            check_output(path, "output", TopologyError)  # both before either is written
     facts = load_facts(args.facts) if args.facts else read_facts()
     topo = topology_from_facts(facts)
     if args.record:

@@ -47,10 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ArgumentError(f"weft tune: {flag}: comma-separated integers, got {text!r}") from None
+    from weft.cli.values import comma_ints
+
+    return comma_ints(text, f"weft tune: {flag}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,10 +60,11 @@ def run(args: argparse.Namespace) -> int:
     from weft import publish
     from weft.synthesis import synthesize
     from weft.tuning import TuneOptions, compile_variants, default_schedules, grid
+    from weft.cli.values import comma_items
     from weft.units import parse_bytes
 
     options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
-                          protocols=tuple(p.strip().lower() for p in args.protocols.split(",") if p.strip()),
+                          protocols=tuple(p.lower() for p in comma_items(args.protocols, "weft tune: --protocols")),
                           sms=args.sms, pull=args.pull, pipelines=_ints(args.pipeline, "--pipeline"),
                           ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"), multipeer=args.multipeer)
     topology = resolve(args.topology)

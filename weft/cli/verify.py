@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from weft.cli import ArgumentError
-from weft.units import parse_size_range
+from weft.units import SIZE_HELP, parse_size_range
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,24 +17,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "data for several sizes and its dtypes. Exit 1 when a check fails.")
     p.add_argument("file", help="schedule or plan file")
     p.add_argument("-t", "--topology", help="catalog spec or topology file (required for schedules)")
-    p.add_argument("--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one)")
+    p.add_argument("--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one); " + SIZE_HELP)
     p.add_argument("--dtypes", default=None, help="comma-separated fp32,fp16,bf16 (default: the plan's)")
     p.add_argument("--seed", type=int, default=0, help="random data seed")
     p.add_argument("--json", action="store_true", help="print the verification record as JSON")
     p.set_defaults(func=run)
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # only long proofs report (executor.reference.LONG_PROOF)
+
+
 def run(args: argparse.Namespace) -> int:
     from weft import pipeline
+    from weft.cli.values import comma_items
 
     if args.seed < 0:
         raise ArgumentError(f"weft verify: --seed must be a non-negative integer, got {args.seed}")
     kind, document = pipeline.read_document(args.file)
     if kind == "schedule":
         return _schedule(args, document)
-    sizes = parse_size_range(args.sizes) if args.sizes else None
-    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else None
-    record = pipeline.check(document, sizes, dtypes, args.seed)
+    sizes = parse_size_range(args.sizes) if args.sizes is not None else None
+    dtypes = comma_items(args.dtypes, "weft verify: --dtypes") if args.dtypes is not None else None
+    record = pipeline.check(document, sizes, dtypes, args.seed, progress=_progress)
     if args.json:
         print(json.dumps(record, indent=2))
     else:

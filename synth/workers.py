@@ -1,0 +1,52 @@
+"""Worker processes that end with the command: a signal to the main process ends the whole process tree.
+
+The main process handles Ctrl-C and SIGTERM (``weft.cli``) and then terminates its pools. A forked worker
+must therefore ignore SIGINT (a Ctrl-C reaches the whole process group, and the main process decides), die on
+SIGTERM at once even inside a solver's C code (where a Python handler inherited from the main process would never
+run), and die with the main process if that one is killed outright (Linux's parent-death signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def forking():
+    """SIGINT and SIGTERM held while a pool forks its workers. Both were lost otherwise: in the main process a
+    signal that lands in Python's at-fork callbacks (logging's lock release) is swallowed there ("Exception
+    ignored ... KeyboardInterrupt"), and in a new worker one that lands before Python resets its signal state
+    after the fork is dropped, so the pool's terminate() then waited for a worker that never died. Held, the
+    main process gets them as soon as the pool exists, and a worker only once they are harmless or fatal
+    (``worker_init``)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def worker_init(parent: int | None = None) -> None:
+    """A pool's initializer: SIGINT ignored, SIGTERM fatal, SIGKILL when the parent dies. ``parent``: the main
+    process's pid (default: this process's parent now), checked after the death signal is set, since a parent
+    that died before it was set sends nothing."""
+    parent = os.getppid() if parent is None else parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # held since the fork (``forking``)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # no prctl: the main process's terminate() still ends the pool
+    if os.getppid() != parent:
+        os._exit(1)
