@@ -105,13 +105,14 @@ class Entry:
             return "predicted", _interpolate(self.predicted_us, nbytes), False
         return "none", None, False
 
-    def serves(self, topology: str, collective: str, nranks: int, nbytes: int) -> bool:
+    def serves(self, topology: str | tuple[str, ...], collective: str, nranks: int, nbytes: int) -> bool:
         """Whether this entry may run ``collective`` on ``nranks`` ranks of ``topology`` at ``nbytes``: its key and
         its plan both say so (``parse_entry`` already refuses an entry whose key and plan disagree; this asks the
         plan again, as the executor does before it runs one). Sizes that are not multiples of the plan's granule
-        run padded (``Plan.padding``)."""
-        plan = self.plan
-        return (self.key.topology == topology and (plan.weft.topology or topology) == topology
+        run padded (``Plan.padding``). ``topology``: a fingerprint, or every fingerprint of one fabric
+        (``Topology.fingerprints``)."""
+        plan, known = self.plan, fingerprints(topology)
+        return (self.key.topology in known and (plan.weft.topology or self.key.topology) in known
                 and self.key.collective == collective == plan.collective and self.key.nranks == nranks == plan.nranks
                 and self.key.covers(nbytes) and plan.runs(nbytes))
 
@@ -299,11 +300,11 @@ class Registry:
                 bad.append(one_line(str(e)))
         return entries, bad
 
-    def entries(self, topology: str | None = None, collective: str | None = None) -> list[Entry]:
+    def entries(self, topology: str | tuple[str, ...] | None = None, collective: str | None = None) -> list[Entry]:
         found, bad = self.load()
         for line in bad:
             log.warning("skipping %s", line)
-        return [e for e in found if (topology is None or e.key.topology == topology)
+        return [e for e in found if (topology is None or e.key.topology in fingerprints(topology))
                 and (collective is None or e.key.collective == collective)]
 
     def baselines(self) -> dict:
@@ -313,9 +314,10 @@ class Registry:
             return {"format": BASELINES_FORMAT, "nccl_us": {}}
         return parse_baselines(self._read_json(path, "registry"), path)
 
-    def nccl_times(self, topology: str, collective: str) -> dict[int, float]:
+    def nccl_times(self, topology: str | tuple[str, ...], collective: str) -> dict[int, float]:
         """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them."""
-        table = self.baselines()["nccl_us"].get(topology, {}).get(collective, {})
+        tables = self.baselines()["nccl_us"]
+        table = next((tables[f][collective] for f in fingerprints(topology) if collective in tables.get(f, {})), {})
         return {int(k): float(v) for k, v in table.items()}
 
     def get(self, id: str) -> Entry:
@@ -455,7 +457,7 @@ class Registry:
         return index, bad
 
     # ---- selection -----------------------------------------------------------------------------
-    def select(self, topology: str, collective: str, nbytes: int, dtype: str | None = None,
+    def select(self, topology: str | tuple[str, ...], collective: str, nbytes: int, dtype: str | None = None,
                nranks: int | None = None, ll128: bool = False) -> Selection:
         """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
         executor that can move LL packets as LL128 lines, whose measured times then count too; ``lines`` says
@@ -465,7 +467,7 @@ class Registry:
                       and (dtype is None or not e.dtypes or dtype in e.dtypes)]
         if not candidates:
             return Selection(None, "none", None,
-                             f"no plan for {collective} on {topology} at {nbytes} bytes"
+                             f"no plan for {collective} on {fingerprints(topology)[0]} at {nbytes} bytes"
                              + (f" in {dtype}" if dtype else "") + _size_refusal(found, topology, collective, nbytes),
                              tuple(bad))
 
@@ -484,15 +486,20 @@ class Registry:
         return Selection(best, basis, t, "", tuple(bad), lines)
 
 
-def _size_refusal(entries: list[Entry], topology: str, collective: str, nbytes: int) -> str:
+def _size_refusal(entries: list[Entry], topology: str | tuple[str, ...], collective: str, nbytes: int) -> str:
     """Why the entries for this topology and collective do not run ``nbytes`` (their first refusal), or ''."""
     for e in entries:
-        if e.key.topology == topology and e.key.collective == collective and e.key.covers(nbytes):
+        if e.key.topology in fingerprints(topology) and e.key.collective == collective and e.key.covers(nbytes):
             try:
                 e.plan.padding(nbytes)
             except WeftError as err:
                 return f" ({err})"
     return ""
+
+
+def fingerprints(topology: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A fingerprint, or every fingerprint of one fabric, as a tuple (a lone string is one fingerprint)."""
+    return (topology,) if isinstance(topology, str) else tuple(topology)
 
 
 def _stem(path: str) -> str:

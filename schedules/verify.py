@@ -89,7 +89,7 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
     """Check a schedule against a topology; never raises for a wrong schedule, it reports."""
     errors = _Errors()
     collective = schedule.collective
-    if schedule.topology != topology.fingerprint:
+    if not topology.known_as(schedule.topology):
         errors.add(_fingerprint_error(schedule.topology, topology))
     if collective.nranks != topology.nranks:
         errors.add(f"collective {collective.name}: nranks: {collective.nranks} ranks, "

@@ -74,6 +74,8 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
     nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
     fingerprint = topo.fingerprint if isinstance(topo, Topology) else (topology or plan.weft.topology)
+    if isinstance(topo, Topology) and topo.known_as(plan.weft.topology):
+        fingerprint = plan.weft.topology  # a plan recorded under the fabric's older fingerprint stays keyed by it
     if not fingerprint:
         raise RegistryError(f"plan {plan.name}: weft.topology: the plan names no topology; pass -t TOPO")
     if plan.weft.topology and plan.weft.topology != fingerprint:

@@ -62,12 +62,13 @@ def _registry(args: argparse.Namespace):
     return Registry(args.registry)
 
 
-def _fingerprint(spec: str) -> str:
+def _fingerprint(spec: str) -> tuple[str, ...]:
+    """Every fingerprint the fabric ``spec`` answers to (``Topology.fingerprints``)."""
     if spec.startswith("topo-"):
-        return spec
+        return (spec,)
     from topologies import resolve
 
-    return resolve(spec).fingerprint
+    return resolve(spec).fingerprints
 
 
 def _range(entry) -> str:
@@ -161,7 +162,7 @@ def _list(args: argparse.Namespace) -> int:
     for line in bad:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
     fingerprint = _fingerprint(args.topology) if args.topology else None
-    entries = [e for e in found if (fingerprint is None or e.key.topology == fingerprint)
+    entries = [e for e in found if (fingerprint is None or e.key.topology in fingerprint)
                and (args.collective is None or e.key.collective == args.collective)]
     rows = [describe(e) for e in entries]
     if args.json:
