@@ -330,7 +330,7 @@ class PlanMeta:
         return doc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Plan:
     name: str
     collective: str
@@ -348,6 +348,12 @@ class Plan:
     @property
     def nranks(self) -> int:
         return len(self.gpus)
+
+    def __repr__(self) -> str:
+        """One line: what the plan is, never its ops (a plan's full repr runs to megabytes)."""
+        blocks = sum(len(g.threadblocks) for g in self.gpus)
+        return (f"Plan({self.name!r}, {self.collective}, {self.nranks} ranks, {self.protocol}, "
+                f"{blocks} thread blocks, {self.weft.topology or 'no topology'})")
 
     @property
     def size_chunks(self) -> int:

@@ -68,7 +68,7 @@ class EntryKey:
         return self.min_bytes <= nbytes and (self.max_bytes == UNBOUNDED or nbytes <= self.max_bytes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Entry:
     id: str
     key: EntryKey
@@ -77,6 +77,9 @@ class Entry:
     predicted_us: dict[int, float] = field(default_factory=dict)
     measured_us: dict[int, float] = field(default_factory=dict)
     measured_ll128_us: dict[int, float] = field(default_factory=dict)  # an LL plan run with LL128 lines
+
+    def __repr__(self) -> str:
+        return f"Entry({self.id!r}, {self.plan!r})"
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -147,6 +150,11 @@ class Selection:
     reason: str = ""
     skipped: tuple[str, ...] = ()
     lines: bool = False  # run the entry's LL plan with LL128 lines (select(..., ll128=True) measured it faster so)
+
+    def __repr__(self) -> str:
+        if self.entry is None:
+            return f"Selection(None, {self.basis}: {self.reason})"
+        return f"Selection({self.entry.plan.name!r}, entry {self.entry.id}, {self.basis} {self.time_us:.2f} µs)"
 
 
 def _interpolate(table: dict[int, float], nbytes: int) -> float:
@@ -363,10 +371,14 @@ class Registry:
         for path, text in files:
             self._write_atomic(path, text)
 
-    def commit(self, plan: Plan, topology: str, provenance: dict[str, Any],
+    def commit(self, plan: Plan, topology: str | None = None, provenance: dict[str, Any] | None = None,
                predicted_us: dict[int, float] | None = None, measured: Entry | None = None) -> Entry:
         """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan.
-        ``measured``: an exported entry of this plan whose measured times come along (``registry import``)."""
+        ``measured``: an exported entry of this plan whose measured times come along (``registry import``).
+        To prove a plan and commit it in one call, use ``weft.commit(plan, topology, registry)``."""
+        if topology is None or provenance is None:
+            raise NotVerified(f"plan {plan.name}: Registry.commit stores a plan with its proof; prove and commit it "
+                              f"with weft.commit(plan, topology, {self.location!r})")
         return self.commit_all([(plan, topology, provenance, predicted_us, measured)])[0]
 
     def commit_all(self, items: list[tuple]) -> list[Entry]:

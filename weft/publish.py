@@ -62,10 +62,13 @@ def _predictions(plan: Plan, schedule: Schedule | None, topology: Topology | Non
              for k, v in plan.weft.predicted_us.items()}, ALPHA_BETA)
 
 
-def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,
+def commit(plan: Plan, topology: Topology | str | None = None, location: Registry | str | None = None,
            schedule: Schedule | None = None) -> Entry:
-    """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written."""
-    return Registry(location).commit(*_checked(plan, topology, schedule))
+    """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written.
+    ``topology``: a Topology, spec, file or fingerprint (default: the plan's); ``location``: a Registry or its
+    location (default: ``$WEFT_REGISTRY``, else the user data dir)."""
+    registry = location if isinstance(location, Registry) else Registry(location)
+    return registry.commit(*_checked(plan, topology, schedule))
 
 
 def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | None,
