@@ -40,11 +40,19 @@ def check_sizes(plan: Plan) -> list[int]:
 
 def check(plan: Plan, sizes: list[int] | None = None, dtypes: tuple[str, ...] | None = None, seed: int = 0,
           progress: Callable[[str], None] | None = None) -> dict:
-    """Run ``plan`` on the reference executor; the verification record as JSON (raises on failure)."""
+    """Run ``plan`` on the reference executor; the verification record as JSON (raises on failure).
+
+    Without ``sizes``, a plan whose range starts above the smallest sizes of its ops is run at those sizes: the
+    range decides which messages the plan takes, never what its ops do, so a plan narrowed to large messages
+    (a pareto point from 32 MB) is proven on the same ops at a few KB instead of at 32 MB (74 s per proof for
+    16 ranks on 2 cores). The record is this plan's: its hash, and the sizes that ran."""
+    from dataclasses import replace
+
     from executor.reference import check_plan
 
-    record = check_plan(plan, sizes or check_sizes(plan), dtypes or plan.weft.dtypes or DTYPES, seed, progress)
-    return record.to_json()
+    ran = plan if sizes or not plan.min_message_size else replace(plan, min_message_size=0)
+    record = check_plan(ran, sizes or check_sizes(ran), dtypes or plan.weft.dtypes or DTYPES, seed, progress)
+    return {**record.to_json(), "plan_hash": plan.content_hash}
 
 
 def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 1, protocol: str = "auto",
@@ -57,9 +65,13 @@ def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 
     from schedules.verify import require_valid
 
     require_valid(schedule, topology)
+    if progress:
+        progress(f"compiling {schedule.name or schedule.collective.name} into a plan")
     plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace, **options)
     predicted = {format_bytes(n): predict_us(schedule, topology, n) for n in PREDICTION_SIZES}
     plan = plan.with_meta(predicted_us=predicted, dtypes=DTYPES)
+    if progress:
+        progress(f"proving {plan.name} on the reference executor")
     return plan.with_meta(verification=check(plan, progress=progress))
 
 

@@ -21,6 +21,11 @@ class ArgumentError(WeftError):
     """A bad command line."""
 
 
+def progress(line: str) -> None:
+    """A progress line of a long wait, on stderr (the library's ``progress`` callbacks end here)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """Every option's help ends with its default, unless the help already names it or there is none to name."""
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from weft.cli import ArgumentError
+from weft.cli import ArgumentError, progress
 from weft.cli.words import counted
 
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     schedule = load_schedule(args.schedule)
     topology = resolve(args.topology)
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
-                                       inplace=args.inplace, progress=None, threads=args.threads,
+                                       inplace=args.inplace, progress=progress, threads=args.threads,
                                        pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull,
                                        multipeer=args.multipeer,
                                        ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes")

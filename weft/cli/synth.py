@@ -14,6 +14,7 @@ from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
 from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
+from weft.cli import progress as _progress
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
@@ -63,10 +64,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def safe_name(name: str) -> str:
     """A file name from a schedule or plan name (catalog specs hold ':' and ',')."""
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective) -> list[Schedule]:
@@ -128,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
     found = sweep(args, topology, collective, asked_sizes)
     rows = []
+    swept = tuple(parse_bytes(size_text) for size_text in asked_sizes)
     for size_text, schedules in found:
-        rows += _score(topology, schedules, parse_bytes(size_text))
+        rows += _score(topology, schedules, parse_bytes(size_text), swept)
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
@@ -140,13 +138,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tuple[Schedule, dict]]:
-    """Verify each schedule and price it at the report sizes and ``asked``; pct_of_bound is at ``asked``."""
+def _score(topology: Topology, schedules: list[Schedule], asked: int,
+           swept: tuple[int, ...] = ()) -> list[tuple[Schedule, dict]]:
+    """Verify each schedule and price it at the report sizes, ``asked`` and every size of the sweep (so each row
+    fills every column); pct_of_bound is at ``asked``."""
     from schedules.bounds import lower_bound_us
     from schedules.cost import loads
     from schedules.verify import require_valid
 
-    sizes = tuple(sorted(set(REPORT_SIZES) | {asked})) if asked else REPORT_SIZES
+    sizes = tuple(sorted(set(REPORT_SIZES) | {asked} | set(swept))) if asked else REPORT_SIZES
     rows = []
     for schedule in schedules:
         require_valid(schedule, topology)
@@ -217,6 +217,7 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
         if args.commit:
             from weft import publish
 
+            _progress(f"committing {plan.name}: proving it on the reference executor once more")
             committed = publish.commit(plan, topology, args.registry, schedule=s)
             entry["registry_entry"] = committed.id
             entry["registry"] = publish.registry_location(args.registry)
@@ -229,14 +230,21 @@ def _plans_for(args: argparse.Namespace, topology: Topology, schedule: Schedule)
     stops short of it (LL plans end at 1 MB), a Simple plan takes the sizes above."""
     from weft import pipeline, publish
 
+    _progress(f"compiling {schedule.name or schedule.collective.name} and proving the plan on the reference executor")
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol)
     if "min_bytes" not in schedule.meta.options:
         return [plan]
     lo, hi = schedule.meta.options["min_bytes"], schedule.meta.options["max_bytes"]
-    plans = [publish.narrow(plan, lo, hi)]
+
+    def narrow(plan, lo: int, hi: int):
+        _progress(f"proving {plan.name} for {format_bytes(max(lo, 1))}..{format_bytes(hi) if hi else '∞'}")
+        return publish.narrow(plan, lo, hi)
+
+    plans = [narrow(plan, lo, hi)]
     if plan.protocol == "LL" and args.protocol == "auto" and (hi == 0 or hi > plan.max_message_size):
+        _progress(f"compiling {schedule.name} as a Simple plan for the sizes above LL's")
         rest = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol="simple")
-        plans.append(publish.narrow(rest, max(lo, plan.max_message_size + 1), hi))
+        plans.append(narrow(rest, max(lo, plan.max_message_size + 1), hi))
     return [p for p in plans if p.min_message_size <= p.max_message_size]
 
 
