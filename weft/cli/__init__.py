@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 from topologies.errors import WeftError
 from topologies.jsonfile import one_line
@@ -19,6 +21,12 @@ COMMANDS = ("topo", "synth", "compile", "tune", "verify", "registry", "gpu", "pl
 
 class ArgumentError(WeftError):
     """A bad command line."""
+
+
+def file_in_the_way(path: str | os.PathLike) -> Path | None:
+    """The file where one of ``path``'s folders should be, else None. Asked before long work, so that a bad
+    output path fails at once, not after the proofs."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
 
 
 def progress(line: str) -> None:

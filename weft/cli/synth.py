@@ -13,7 +13,7 @@ from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
 from topologies.jsonfile import make_directory
-from weft.cli import ArgumentError
+from weft.cli import ArgumentError, file_in_the_way
 from weft.cli import progress as _progress
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "smt" and args.jobs > 1:
         args.workers = args.jobs
     _check_output(args)
+    _check_registry(args)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
     found = sweep(args, topology, collective, asked_sizes)
@@ -167,6 +168,19 @@ def default_output() -> str:
     import platformdirs
 
     return os.environ.get("WEFT_SCHEDULES") or str(Path(platformdirs.user_data_dir("weft")) / "schedules")
+
+
+def _check_registry(args: argparse.Namespace) -> None:
+    """Before any solve: a --commit whose registry folder cannot be made fails at once, not after the proofs."""
+    if not args.commit:
+        return
+    from schedules.registry import RegistryError
+    from weft.publish import registry_location
+
+    location = registry_location(args.registry)
+    if "://" not in location and file_in_the_way(Path(location) / "index.json"):
+        raise RegistryError(f"registry {location}: cannot write: {file_in_the_way(Path(location) / 'index.json')} "
+                            "is a file, not a folder")
 
 
 def _several(args: argparse.Namespace) -> bool:
