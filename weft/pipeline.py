@@ -44,8 +44,9 @@ def check(plan: Plan, sizes: list[int] | None = None, dtypes: tuple[str, ...] | 
 
     Without ``sizes``, a plan whose range starts above the smallest sizes of its ops is run at those sizes: the
     range decides which messages the plan takes, never what its ops do, so a plan narrowed to large messages
-    (a pareto point from 32 MB) is proven on the same ops at a few KB instead of at 32 MB (74 s per proof for
-    16 ranks on 2 cores). The record is this plan's: its hash, and the sizes that ran."""
+    (a pareto point from 32 MB) is proven on the same ops at a few KB instead of at 32 MB (`synth allreduce -t
+    hgx_h100:nodes=2 --method pareto --commit`: 125 s of CPU before, 16.5 s after). The record is this plan's: its
+    hash, and the sizes that ran."""
     from dataclasses import replace
 
     from executor.reference import check_plan
