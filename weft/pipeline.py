@@ -56,15 +56,19 @@ def check(plan: Plan, sizes: list[int] | None = None, dtypes: tuple[str, ...] | 
     return {**record.to_json(), "plan_hash": plan.content_hash}
 
 
-def compile_and_verify(schedule: Schedule, topology: Topology, instances: int = 1, protocol: str = "auto",
+def compile_and_verify(schedule: Schedule, topology: Topology | str, instances: int = 1, protocol: str = "auto",
                        inplace: bool = False, progress: Callable[[str], None] | None = None, **options) -> Plan:
     """A plan for ``schedule`` that passed the schedule verifier and the reference executor (3 sizes × 3 dtypes,
     the first of them as 2 or 3 launches back to back on the same buffers). ``options``: codegen's ``threads``,
-    ``pipeline`` and ``double_scratch``."""
+    ``pipeline`` and ``double_scratch``; ``topology`` a Topology, catalog spec or file."""
     from codegen import compile_schedule
     from schedules.cost import predict_us
     from schedules.verify import require_valid
 
+    if isinstance(topology, str):
+        from topologies import resolve
+
+        topology = resolve(topology)
     require_valid(schedule, topology)
     if progress:
         progress(f"compiling {schedule.name or schedule.collective.name} into a plan")

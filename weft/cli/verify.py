@@ -6,6 +6,7 @@ import argparse
 import json
 
 from weft.cli import ArgumentError
+from weft.cli.words import counted
 from weft.units import parse_size_range
 
 
@@ -60,7 +61,7 @@ def _fabric_refusal(plan, spec: str) -> str:
 
     topology = resolve(spec)
     if plan.nranks != topology.nranks:
-        return f"topology: the plan has {plan.nranks} ranks, {spec} has {topology.nranks}"
+        return f"topology: the plan has {counted(plan.nranks, 'rank')}, {spec} has {topology.nranks}"
     if plan.weft.topology and not topology.known_as(plan.weft.topology):
         return f"topology: the plan is for {plan.weft.topology}, not {spec} ({topology.fingerprint})"
     return ipc_across_hosts(plan, topology.hosts).replace("(host ", f"({spec} host ")
