@@ -13,6 +13,7 @@ import contextlib
 import io
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def tour(folder) -> dict[str, Ran]:
             if gpus_needed(line) > gpus:
                 ran[line] = Ran(None, "")
                 continue
+            mp.setattr(sys, "argv", argv)  # `weft run` and `bench` start their ranks with this process's argv
             ran[line] = _run(argv[1:])
     return ran
 
