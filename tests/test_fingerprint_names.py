@@ -7,6 +7,8 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from topologies.catalog import build
 from topologies.topology import Link, Topology
@@ -94,3 +96,20 @@ def test_the_committed_registry_still_serves_its_fabric(capsys):
 
     registry = Registry(str(Path(__file__).parents[1] / "bench" / "registry_h200x2"))
     assert registry.select(build("hgx_h200:gpus=2").fingerprints, "allreduce", 1 << 20).entry is not None
+
+
+SWITCHED = ("hgx_h100:nodes=2,gpus=4", "ndv2:nodes=2", "dgx2:nodes=2", "mi250:nodes=2", "hgx_h200:nodes=3,gpus=2")
+
+
+@settings(max_examples=25, deadline=None)
+@given(spec=st.sampled_from(SWITCHED), seed=st.integers(0, 2**32 - 1))
+def test_any_renaming_of_a_catalog_fabrics_switches_keeps_its_fingerprint(spec, seed):
+    import random
+
+    from topologies.io import parse_topology
+
+    fabric = build(spec)
+    names = list(fabric.switches)
+    random.Random(seed).shuffle(names)  # each switch takes another's name, or a fresh one
+    doc = renamed(fabric, {old: f"{new}-{i % 2}" for i, (old, new) in enumerate(zip(fabric.switches, names))})
+    assert parse_topology(doc, spec).fingerprint == fabric.fingerprint
