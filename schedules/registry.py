@@ -154,7 +154,8 @@ class Selection:
     def __repr__(self) -> str:
         if self.entry is None:
             return f"Selection(None, {self.basis}: {self.reason})"
-        return f"Selection({self.entry.plan.name!r}, entry {self.entry.id}, {self.basis} {self.time_us:.2f} µs)"
+        time = "no time" if self.time_us is None else f"{self.time_us:.2f} µs"
+        return f"Selection({self.entry.plan.name!r}, entry {self.entry.id}, {self.basis} {time})"
 
 
 def _interpolate(table: dict[int, float], nbytes: int) -> float:
