@@ -43,3 +43,9 @@ def test_an_smt_walk_stopped_by_the_chunk_cap_names_the_cap():
     frontier = smt.pareto(ring, Collective("allgather", 4), smt.SmtOptions(max_chunks=1, time_limit=30))
     assert not frontier.complete
     assert frontier.stopped == "chunks per rank capped at 1 (max_chunks) and steps at 6"
+
+
+def test_registry_commit_for_another_fabric_names_the_fabric_typed(dgx1_plan, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["registry", "commit", dgx1_plan, "-t", "hgx_h200", "--registry", str(tmp_path / "r")]) == 2
+    assert "not hgx_h200 (topo-" in capsys.readouterr().err

@@ -82,8 +82,8 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
     if not fingerprint:
         raise RegistryError(f"plan {plan.name}: weft.topology: the plan names no topology; pass -t TOPO")
     if plan.weft.topology and plan.weft.topology != fingerprint:
-        raise RegistryError(f"plan {plan.name}: weft.topology: the plan is for {plan.weft.topology}, "
-                            f"not {fingerprint}")
+        named = f"{topo.name} ({fingerprint})" if isinstance(topo, Topology) else fingerprint
+        raise RegistryError(f"plan {plan.name}: weft.topology: the plan is for {plan.weft.topology}, not {named}")
     if isinstance(topo, Topology) and len(topo.hosts) == plan.nranks:
         from executor.hosts import ipc_across_hosts
 
