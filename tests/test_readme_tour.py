@@ -14,6 +14,7 @@ import io
 import re
 import shlex
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,9 @@ def _run(argv: list[str]) -> Ran:
             code = main(argv)
         except SystemExit as e:  # --help and --version end through argparse
             code = e.code if isinstance(e.code, int) else 0
+        except Exception:  # a crash fails its own line (with its traceback); the lines after it still run
+            code = -1
+            out.write(traceback.format_exc())
     return Ran(code, out.getvalue())
 
 

@@ -22,6 +22,7 @@ BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
             "pareto": "weft.cli.synth_pareto"}
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
+SOLVER_PACKAGES = ("z3", "ortools")  # imported only when a method needs them
 
 
 def _family(method: str):
@@ -71,7 +72,14 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
         from synth import baselines
 
         return [getattr(baselines, args.method)(topology, collective)]
-    return list(_family(args.method).synthesize(args, topology, collective, _progress))
+    family = _family(args.method)
+    try:
+        return list(family.synthesize(args, topology, collective, _progress))
+    except ModuleNotFoundError as e:  # a solver imported lazily (z3, OR-Tools) that this machine lacks
+        if (e.name or "").split(".")[0] not in SOLVER_PACKAGES:
+            raise
+        raise ArgumentError(f"weft synth: --method {args.method} needs {e.name.split('.')[0]}, which is not "
+                            "installed here (pip install z3-solver ortools)") from None
 
 
 def _one_size(job: tuple[argparse.Namespace, Topology, Collective, str]) -> list[Schedule]:
