@@ -369,7 +369,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if self.topology is None:
             return "this machine's topology is unknown (set WEFT_TOPOLOGY to a catalog spec or file)"
         try:
-            self.choice = PlanChoice(Registry(registry), self.topology.fingerprint, self.world_size, self.deterministic,
+            self.choice = PlanChoice(Registry(registry), self.topology.fingerprints, self.world_size, self.deterministic,
                                      self._ll128)
         except (RegistryError, ImportError) as e:  # no registry location (platformdirs missing) is NCCL too
             return f"the plan registry cannot be read: {e}"

@@ -161,7 +161,7 @@ class PortCommunicator(CollectiveCalls):
         if len(set(self.topology.hosts)) < 2:
             return f"topology {self.topology.name} places every rank on one host, but the ranks run on several"
         try:
-            self.choice = PlanChoice(Registry(registry), self.topology.fingerprint, self.world_size, deterministic)
+            self.choice = PlanChoice(Registry(registry), self.topology.fingerprints, self.world_size, deterministic)
         except (RegistryError, ImportError) as e:
             return f"the plan registry cannot be read: {e}"
         # a memory channel is CUDA IPC: only plans whose memory channels stay inside a host run here, and only

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from schedules.plan import Plan
-from schedules.registry import Entry, Registry, nccl_faster, nccl_reason
+from schedules.registry import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 
 # Solvers whose plans reduce every element once, on one rank, and copy the sum to the others (or reduce along
 # one fixed chain): every rank ends with the same bits. A one-shot ("direct") plan sums on every rank in that
@@ -29,7 +29,7 @@ def fixed_reduction_order(plan: Plan) -> bool:
     return plan.weft.solver in FIXED_ORDER_SOLVERS or (plan.weft.solver == "direct" and plan.nranks <= 2)
 
 
-def call_refusal(plan: Plan, topology: str, collective: str, nranks: int, nbytes: int) -> str:
+def call_refusal(plan: Plan, topology: tuple[str, ...], collective: str, nranks: int, nbytes: int) -> str:
     """Why ``plan`` must not run this call (another collective, rank count, topology or size), else ''.
 
     Asked of the plan itself, right before the executor takes it for a call: a registry entry's key is what a
@@ -39,8 +39,8 @@ def call_refusal(plan: Plan, topology: str, collective: str, nranks: int, nbytes
         return f"plan {plan.name} is a {plan.collective}, not a {collective}"
     if plan.nranks != nranks:
         return f"plan {plan.name} is for {plan.nranks} ranks, not {nranks}"
-    if plan.weft.topology and plan.weft.topology != topology:
-        return f"plan {plan.name} is for topology {plan.weft.topology}, not {topology}"
+    if plan.weft.topology and plan.weft.topology not in topology:
+        return f"plan {plan.name} is for topology {plan.weft.topology}, not {topology[0]}"
     if not plan.runs(nbytes):  # directly, or padded to its granule (Plan.padding)
         return f"plan {plan.name} does not run {nbytes} bytes"
     return ""
@@ -101,7 +101,7 @@ class PlanChoice:
     """The best registry plan for a (collective, size, dtype) on one topology, or None (use NCCL)."""
 
     registry: Registry
-    topology: str  # fingerprint: entries keyed by any other topology are never considered
+    topology: str | tuple[str, ...]  # the fabric's fingerprint(s): entries keyed by any other are never considered
     nranks: int
     deterministic: bool = False
     ll128: bool = False  # the executor can move LL packets as LL128 lines: their measured times count too
@@ -111,6 +111,7 @@ class PlanChoice:
     _reasons: dict[tuple[str, int, str], str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.topology = fingerprints(self.topology)
         self.entries = [e for e in self.registry.entries(topology=self.topology)
                         if e.key.nranks == self.nranks and safe_back_to_back(e.plan)
                         and (not self.deterministic or fixed_reduction_order(e.plan))]

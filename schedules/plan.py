@@ -100,6 +100,7 @@ from topologies.errors import WeftError
 from topologies.jsonfile import Fields, read_json, short_repr, write_text
 
 MAX_MESSAGE_SIZE = (1 << 64) - 1
+MAX_MIN_MESSAGE_SIZE = 1 << 60  # a plan that takes no message below 1 EiB takes none at all
 # What compile makes and both executors run: whole warps up to CUDA's 1024 threads per block (the GPU executor
 # launches num_threads_per_block threads), and a power-of-two buffer alignment no larger than the 256 bytes every
 # CUDA allocation already has (compile writes 16).
@@ -333,7 +334,7 @@ class PlanMeta:
         return doc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Plan:
     name: str
     collective: str
@@ -351,6 +352,12 @@ class Plan:
     @property
     def nranks(self) -> int:
         return len(self.gpus)
+
+    def __repr__(self) -> str:
+        """One line: what the plan is, never its ops (a plan's full repr runs to megabytes)."""
+        blocks = sum(len(g.threadblocks) for g in self.gpus)
+        return (f"Plan({self.name!r}, {self.collective}, {self.nranks} ranks, {self.protocol}, "
+                f"{blocks} thread blocks, {self.weft.topology or 'no topology'})")
 
     @property
     def size_chunks(self) -> int:
@@ -563,7 +570,7 @@ def parse_plan(data: object, source: str) -> Plan:
     for i, g in enumerate(gpus):
         if g.id != i:
             raise rd.fail(f"gpus[{i}].id", f"must be {i} (gpus are listed in rank order), got {g.id}")
-    lo = rd.int(doc.get("min_message_size", 0), "min_message_size", 0, MAX_MESSAGE_SIZE)
+    lo = rd.int(doc.get("min_message_size", 0), "min_message_size", 0, MAX_MIN_MESSAGE_SIZE)  # above: no message
     hi = rd.int(doc.get("max_message_size", MAX_MESSAGE_SIZE), "max_message_size", 0, MAX_MESSAGE_SIZE)
     if lo > hi:
         raise rd.fail("max_message_size", f"{hi} is below min_message_size {lo}")

@@ -67,6 +67,9 @@ class Entry:
     measured_us: dict[int, float] = field(default_factory=dict)
     measured_ll128_us: dict[int, float] = field(default_factory=dict)  # an LL plan run with LL128 lines
 
+    def __repr__(self) -> str:
+        return f"Entry({self.id!r}, {self.plan!r})"
+
     @property
     def dtypes(self) -> tuple[str, ...]:
         return tuple(self.provenance.get("verification", {}).get("dtypes", ()))
@@ -89,13 +92,14 @@ class Entry:
         """``estimate_us`` and whether that time is the one measured with LL128 lines (run the plan with them)."""
         return self.timings.estimate(nbytes, ll128)
 
-    def serves(self, topology: str, collective: str, nranks: int, nbytes: int) -> bool:
+    def serves(self, topology: str | tuple[str, ...], collective: str, nranks: int, nbytes: int) -> bool:
         """Whether this entry may run ``collective`` on ``nranks`` ranks of ``topology`` at ``nbytes``: its key and
         its plan both say so (``parse_entry`` already refuses an entry whose key and plan disagree; this asks the
         plan again, as the executor does before it runs one). Sizes that are not multiples of the plan's granule
-        run padded (``Plan.padding``)."""
-        plan = self.plan
-        return (self.key.topology == topology and (plan.weft.topology or topology) == topology
+        run padded (``Plan.padding``). ``topology``: a fingerprint, or every fingerprint of one fabric
+        (``Topology.fingerprints``)."""
+        plan, known = self.plan, fingerprints(topology)
+        return (self.key.topology in known and (plan.weft.topology or self.key.topology) in known
                 and self.key.collective == collective == plan.collective and self.key.nranks == nranks == plan.nranks
                 and self.key.covers(nbytes) and plan.runs(nbytes))
 
@@ -145,6 +149,13 @@ class Selection:
     refused: tuple[str, ...] = ()  # entries that would have won but their plan failed ``trust`` (id: why)
     nearest: tuple[tuple[str, str, int], ...] = ()  # no plan: (topology, its name, nranks) holding this collective
     detail: str = ""  # no plan: why the entries keyed for this call do not run its size (their plan's refusal)
+
+    def __repr__(self) -> str:
+        if self.entry is None:
+            return f"Selection(None, {self.basis}: {self.reason})"
+        time = "no time" if self.time_us is None else f"{self.time_us:.2f} µs"
+        return f"Selection({self.entry.plan.name!r}, entry {self.entry.id}, {self.basis} {time})"
+
 
 
 def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: float | None) -> float | None:
@@ -334,11 +345,11 @@ class Registry:
         found, bad = self._load_with_text()
         return [e for e, _ in found], bad
 
-    def entries(self, topology: str | None = None, collective: str | None = None) -> list[Entry]:
+    def entries(self, topology: str | tuple[str, ...] | None = None, collective: str | None = None) -> list[Entry]:
         found, bad = self.load()
         for line in bad:
             log.warning("skipping %s", line)
-        return [e for e in found if (topology is None or e.key.topology == topology)
+        return [e for e in found if (topology is None or e.key.topology in fingerprints(topology))
                 and (collective is None or e.key.collective == collective)]
 
     def baselines(self) -> dict:
@@ -356,9 +367,10 @@ class Registry:
         except RegistryError as e:
             return {"format": BASELINES_FORMAT, "nccl_us": {}}, f"{one_line(str(e))}; NCCL's times ignored"
 
-    def nccl_times(self, topology: str, collective: str) -> dict[int, float]:
+    def nccl_times(self, topology: str | tuple[str, ...], collective: str) -> dict[int, float]:
         """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them."""
-        table = self.baselines()["nccl_us"].get(topology, {}).get(collective, {})
+        tables = self.baselines()["nccl_us"]
+        table = next((tables[f][collective] for f in fingerprints(topology) if collective in tables.get(f, {})), {})
         return {int(k): float(v) for k, v in table.items()}
 
     def get(self, id: str) -> Entry:
@@ -489,10 +501,14 @@ class Registry:
         for path, text in files:
             self._write_atomic(path, text)
 
-    def commit(self, plan: Plan, topology: str, provenance: dict[str, Any],
+    def commit(self, plan: Plan, topology: str | None = None, provenance: dict[str, Any] | None = None,
                predicted_us: dict[int, float] | None = None, measured: Entry | None = None) -> Entry:
         """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan.
-        ``measured``: an exported entry of this plan whose measured times come along (``registry import``)."""
+        ``measured``: an exported entry of this plan whose measured times come along (``registry import``).
+        To prove a plan and commit it in one call, use ``weft.commit(plan, topology, registry)``."""
+        if topology is None or provenance is None:
+            raise NotVerified(f"plan {plan.name}: Registry.commit stores a plan with its proof; prove and commit it "
+                              f"with weft.commit(plan, topology, {self.location!r})")
         return self.commit_all([(plan, topology, provenance, predicted_us, measured)])[0]
 
     def commit_all(self, items: list[tuple], progress: Callable[[str], None] | None = None) -> list[Entry]:
@@ -589,7 +605,7 @@ class Registry:
         return index, bad
 
     # ---- selection -----------------------------------------------------------------------------
-    def select(self, topology: str, collective: str, nbytes: int, dtype: str | None = None,
+    def select(self, topology: str | tuple[str, ...], collective: str, nbytes: int, dtype: str | None = None,
                nranks: int | None = None, ll128: bool = False, trust: Callable[[Entry], str] | None = None,
                floor_us: float = 0.0) -> Selection:
         """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
@@ -599,8 +615,9 @@ class Registry:
         Ranked from index rows; only the winner's entry is parsed, then asked again whether its plan serves the
         call, and ``trust`` (entry -> '' or why not: weft proves the plan on the reference executor) may refuse
         it, as may a measured time below ``floor_us`` (the fabric's latency): the next one is tried."""
+        known = fingerprints(topology)  # a fabric answers to every fingerprint it has had (Topology.fingerprints)
         scan = self.rows()
-        candidates = {r.id: r for r in scan.rows if r.may_serve(topology, collective, nranks, nbytes, dtype)}
+        candidates = {r.id: r for r in scan.rows if r.may_serve(known, collective, nranks, nbytes, dtype)}
         refused, size_why, warnings = [], "", list(scan.warnings)
         while candidates:
             pool = list(candidates.values())
@@ -616,7 +633,7 @@ class Registry:
                 warnings.append(one_line(str(e)))  # the row lied about its entry: rank it by what its file says
                 entry = scan.parsed[row.id]
                 true_row = IndexRow.from_json(entry.index_row(scan.paths[row.id][1]))
-                if true_row.may_serve(topology, collective, nranks, nbytes, dtype):
+                if true_row.may_serve(known, collective, nranks, nbytes, dtype):
                     candidates[row.id] = true_row
                 continue
             if not entry.serves(topology, collective, nranks or entry.plan.nranks, nbytes):
@@ -632,17 +649,18 @@ class Registry:
                 continue
             baselines, warning = self.baselines_or_none()
             warnings += [warning] if warning else []
-            table = baselines["nccl_us"].get(topology, {}).get(collective, {})
+            tables = baselines["nccl_us"]
+            table = next((tables[f][collective] for f in known if collective in tables.get(f, {})), {})
             nccl = nccl_faster({int(k): float(v) for k, v in table.items()}, nbytes, basis, t)
             if nccl is not None:
                 return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, entry.plan.name, t),
                                  tuple(scan.bad), False, tuple(warnings), tuple(refused))
             return Selection(entry, basis, t, "", tuple(scan.bad), lines, tuple(warnings), tuple(refused))
-        reason = (f"no plan for {collective} on {topology} at {nbytes} bytes" + (f" in {dtype}" if dtype else "")
+        reason = (f"no plan for {collective} on {known[0]} at {nbytes} bytes" + (f" in {dtype}" if dtype else "")
                   + (f" ({size_why})" if size_why else "")
                   + (f" (refused: {'; '.join(refused)})" if refused else ""))
         nearest = sorted({(r.key.topology, r.topology_name, r.key.nranks) for r in scan.rows
-                          if r.key.collective == collective and r.key.topology != topology
+                          if r.key.collective == collective and r.key.topology not in known
                           and (nranks is None or r.key.nranks == nranks)})
         return Selection(None, "none", None, reason, tuple(scan.bad), False, tuple(warnings), tuple(refused),
                          tuple(nearest), size_why)
@@ -675,6 +693,11 @@ def _padding_refusal(entry: Entry, nbytes: int) -> str:
     except WeftError as err:
         return str(err)
     return ""
+
+
+def fingerprints(topology: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A fingerprint, or every fingerprint of one fabric, as a tuple (a lone string is one fingerprint)."""
+    return (topology,) if isinstance(topology, str) else tuple(topology)
 
 
 def _stem(path: str) -> str:

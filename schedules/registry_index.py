@@ -124,9 +124,12 @@ class IndexRow:
     def estimate(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None, bool]:
         return self.timings.estimate(nbytes, ll128)
 
-    def may_serve(self, topology: str, collective: str, nranks: int | None, nbytes: int, dtype: str | None) -> bool:
+    def may_serve(self, topology: str | tuple[str, ...], collective: str, nranks: int | None, nbytes: int,
+                  dtype: str | None) -> bool:
         """Whether the row's key (and its plan's topology) say it serves this call; only its plan can say whether
-        the size runs (``Entry.serves``), so the chosen row's entry is asked again."""
-        return (self.key.topology == topology and (self.plan_topology or topology) == topology
+        the size runs (``Entry.serves``), so the chosen row's entry is asked again. ``topology``: a fingerprint,
+        or every fingerprint of one fabric."""
+        known = (topology,) if isinstance(topology, str) else topology
+        return (self.key.topology in known and (self.plan_topology or self.key.topology) in known
                 and self.key.collective == collective and (nranks is None or self.key.nranks == nranks)
                 and self.key.covers(nbytes) and (dtype is None or not self.dtypes or dtype in self.dtypes))

@@ -66,7 +66,7 @@ class ScheduleMeta:
         return doc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Schedule:
     collective: Collective
     topology: str
@@ -77,6 +77,12 @@ class Schedule:
     @property
     def nsteps(self) -> int:
         return len(self.steps)
+
+    def __repr__(self) -> str:
+        """One line: what the schedule is, never its sends."""
+        c = self.collective
+        return (f"Schedule({self.name!r}, {c.name}, {c.nranks} ranks, {c.chunks} chunks per rank, "
+                f"{self.nsteps} steps, {self.nsends} sends, {self.topology})")
 
     @property
     def total_rounds(self) -> int:

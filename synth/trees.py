@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
 from math import gcd, lcm
+from typing import Callable
 
 from schedules.bounds import allgather_cut_bound, exact, rooted_cut_capacity
 from schedules.collectives import Collective
@@ -42,12 +43,20 @@ UNIT_STEPS = (1, Fraction(99, 100), Fraction(49, 50), Fraction(24, 25), Fraction
 
 @dataclass(frozen=True)
 class TreeOptions:
-    """k: trees per root (default: as many as the optimum needs, up to max_trees)."""
+    """k: trees per root (default: as many as the optimum needs, up to max_trees). size: the message in bytes
+    whose fastest chunk count (waves per tree, by the cost model) the schedule takes, as ``weft synth --size``
+    does; None keeps the collective's chunks."""
 
     k: int | None = None
     max_trees: int = 128
     time_limit: float = 60.0
     symmetric: bool = True
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.size is not None and (not isinstance(self.size, int) or isinstance(self.size, bool)
+                                      or self.size < 1):
+            raise SynthesisError(f"trees: size: must be a positive number of bytes, got {self.size!r}")
 
 
 @dataclass(frozen=True)
@@ -236,13 +245,24 @@ def schedule(topology: Topology, collective: Collective, forests: list[Forest]) 
     return Schedule(collective, topology.fingerprint, _steps(topology, phases), f"trees-{name}-k{k}-c{c}")
 
 
-def solve(topology: Topology, collective: Collective, options: TreeOptions = TreeOptions()) -> Schedule:
-    """A pipelined spanning-tree schedule; ``collective.chunks`` chunks per tree root, one tree each."""
+def solve(topology: Topology, collective: Collective, options: TreeOptions = TreeOptions(),
+          progress: Callable[[str], None] | None = None) -> Schedule:
+    """A pipelined spanning-tree schedule; ``collective.chunks`` chunks per tree root, one tree each, or with
+    ``options.size`` the chunk count fastest at that size."""
     start = time.monotonic()
     forests = forests_for(topology, collective, options)
+    for forest in forests:
+        if progress:
+            progress(f"trees: {forest.describe()}")
+    if options.size is not None:
+        pipe = pipeline(topology, collective, forests)
+        chunks = pipe.per_root * default_waves(pipe, options.size, progress)
+        collective = Collective(collective.name, collective.nranks, chunks, collective.root)
     result = schedule(topology, collective, forests)
     notes = "; ".join(f.describe() for f in forests)
     options_doc = {"k": forests[-1].per_root, "symmetric": options.symmetric}
+    if options.size is not None:
+        options_doc["size"] = options.size
     return result.with_meta(solver="trees", options=options_doc, solve_time=time.monotonic() - start,
                             notes=notes)
 
@@ -250,6 +270,19 @@ def solve(topology: Topology, collective: Collective, options: TreeOptions = Tre
 # ---- the compact form: one wave and a wave count --------------------------------------------------
 
 MAX_WAVES = 1024  # the most waves (chunks per tree) best_waves considers
+MAX_SENDS = 4_000_000  # a written-out schedule stays under this many sends, so 1024-rank schedules fit in memory
+
+
+def default_waves(pipe: "Pipeline", size: int, progress: Callable[[str], None] | None = None) -> int:
+    """Chunks per tree: the count the cost model finds fastest at ``size`` (pipeline fill against per-step
+    latency), capped where the written-out schedule would pass MAX_SENDS sends."""
+    best = pipe.best_waves(size)
+    cap = max(1, MAX_SENDS // max(1, pipe.sends_per_wave))
+    if best > cap and progress:
+        progress(f"trees: {best} waves are fastest at {size} B ({pipe.predict_us(size, best):.1f} µs); "
+                 f"the written-out schedule stops at {cap} ({pipe.predict_us(size, cap):.1f} µs, {MAX_SENDS} sends); "
+                 "synth.trees.pipeline keeps the compact form")
+    return min(best, cap)
 
 
 @dataclass(frozen=True, eq=False)

@@ -136,7 +136,7 @@ def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode
     """Decode sizes (batch 1-64 of hidden 8192, bf16) are bench sizes: the plan chosen there is the eligible entry
     with the smallest measured time at exactly that size, and it is a measured one."""
     registry = Registry(str(COMMITTED / "registry_h200x2"))
-    choice = PlanChoice(registry, build("hgx_h200:gpus=2").fingerprint, 2)
+    choice = PlanChoice(registry, build("hgx_h200:gpus=2").fingerprints, 2)
     for batch in (1, 4, 16, 64):
         nbytes = batch * 8192 * 2
         chosen = choice.plan("allreduce", nbytes, "bf16")
@@ -157,7 +157,7 @@ def test_every_entry_of_the_committed_registries_verifies(name):
 
 def test_with_ll128_the_committed_2xh200_registry_runs_lines_only_where_they_measured_faster():
     registry = Registry(str(COMMITTED / "registry_h200x2"))
-    choice = PlanChoice(registry, build("hgx_h200:gpus=2").fingerprint, 2, ll128=True)
+    choice = PlanChoice(registry, build("hgx_h200:gpus=2").fingerprints, 2, ll128=True)
     for batch in (1, 4, 16, 64):
         nbytes = batch * 8192 * 2
         plan, lines = choice.choose("allreduce", nbytes, "bf16")
@@ -171,7 +171,7 @@ def test_with_ll128_the_committed_2xh200_registry_runs_lines_only_where_they_mea
 
 
 def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_mode():
-    choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x4")), build("hgx_h200:gpus=4").fingerprint, 4,
+    choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x4")), build("hgx_h200:gpus=4").fingerprints, 4,
                         deterministic=True)
     assert {e.plan.weft.solver for e in choice.entries if e.key.collective == "allreduce"} == {"ring", "twoshot"}
     assert choice.plan("allreduce", 64 << 10, "bf16") is not None

@@ -98,7 +98,7 @@ REFUSED = {
     "direct on hypercube:d=14": "at least 268419072 sends) needs about",
     "--chunks 1000000 on dgx1": "at least 56000000 sends) needs about",
     "scratch_chunks 2^24": "the reference proof at",
-    "min_message_size 2^64-1024": "the reference proof at",
+    "min_message_size 2^64-1024": "min_message_size: must be an integer from 0 to 1152921504606846976",
     "calibrate /dev/zero": "results /dev/zero: cannot read: not a regular file",
     "calibrate a FIFO": "cannot read: not a regular file",
     "calibrate a trees plan": "no measured plan of this fabric",
@@ -167,12 +167,12 @@ def test_min_sends_is_a_lower_bound_of_every_baseline(name):
 
 
 def test_a_long_proof_reports_progress_and_a_short_one_is_quiet(tmp_path, capsys, monkeypatch):
-    import executor.reference
+    import weft.cli
 
     schedule, plan = ring_files(tmp_path)
     assert main(["verify", str(plan)]) == 0
     assert "reference:" not in capsys.readouterr().err
-    monkeypatch.setattr(executor.reference, "LONG_PROOF", 0)  # as if it were a proof of minutes
+    monkeypatch.setattr(weft.cli, "PROGRESS_AFTER_S", 0.0)  # as if it were a proof of minutes
     assert main(["verify", str(plan)]) == 0
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith("reference: proving plan ring-allgather") and len(lines) == 1 + 9, lines
+    assert lines[0].startswith("weft: reference: proving plan ring-allgather") and len(lines) == 1 + 9, lines

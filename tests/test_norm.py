@@ -34,7 +34,7 @@ def one_shot():
 @pytest.fixture(scope="module")
 def committed():
     """The committed 2-rank registry's plans for this machine, as the inference Communicator sees them."""
-    fp = build("hgx_h200:gpus=2").fingerprint
+    fp = build("hgx_h200:gpus=2").fingerprints  # the fingerprint the committed registry was recorded under too
     return fp, [e for e in Registry(str(ROOT / "bench" / "registry_h200x2")).entries(topology=fp)
                 if e.key.nranks == 2]
 

@@ -2,10 +2,9 @@
 
 Each line is one test (its id is the line), so a README line that stops working fails by name. The tour runs
 once per session through ``weft.cli.main`` in this process (an interpreter per line would cost half a second
-each), with the line split as a shell splits it, in a fresh folder where $HOME, $WEFT_REGISTRY and
-$WEFT_SCHEDULES point. The ``bench/...`` paths a line names are copied there first, so a line that writes into a
-committed registry writes into its copy. Lines whose comment says "needs GPUs" or "needs a GPU" run only on a
-machine with two CUDA GPUs; elsewhere they skip with "needs a GPU".
+each), with the line split as a shell splits it, in an empty folder where $HOME, $WEFT_REGISTRY and
+$WEFT_SCHEDULES point: nothing from the repository is copied in. Lines whose comment says "needs GPUs" run on a
+machine with two CUDA GPUs, "needs a GPU" with one; elsewhere they skip with "needs a GPU".
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ import contextlib
 import io
 import re
 import shlex
-import shutil
+import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,12 @@ from weft.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_MARK = re.compile(r"#.*\bneeds (a GPU|GPUs)\b")
+
+
+def gpus_needed(line: str) -> int:
+    """How many GPUs a tour line says it needs: 2 for "needs GPUs", 1 for "needs a GPU", else 0."""
+    mark = GPU_MARK.search(line)
+    return 0 if mark is None else 2 if mark.group(1) == "GPUs" else 1
 
 
 def tour_lines(readme: str) -> list[str]:
@@ -59,19 +65,21 @@ def _run(argv: list[str]) -> Ran:
             code = main(argv)
         except SystemExit as e:  # --help and --version end through argparse
             code = e.code if isinstance(e.code, int) else 0
+        except Exception:  # a crash fails its own line (with its traceback); the lines after it still run
+            code = -1
+            out.write(traceback.format_exc())
     return Ran(code, out.getvalue())
 
 
 @pytest.fixture(scope="module")
-def tour(tmp_path_factory) -> dict[str, Ran]:
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tour")
+
+
+@pytest.fixture(scope="module")
+def tour(folder) -> dict[str, Ran]:
     """Every line's outcome, the lines run in README order."""
-    here = tmp_path_factory.mktemp("tour")
-    for line in LINES:
-        for word in shlex.split(line, comments=True):
-            source = ROOT / word
-            if word.startswith("bench/") and source.exists() and not (here / word).exists():
-                (here / word).parent.mkdir(parents=True, exist_ok=True)
-                (shutil.copytree if source.is_dir() else shutil.copy)(source, here / word)
+    here = folder
     gpus = _gpus()
     ran = {}
     with pytest.MonkeyPatch.context() as mp:
@@ -83,9 +91,10 @@ def tour(tmp_path_factory) -> dict[str, Ran]:
         mp.delenv("WEFT_TOPOLOGY", raising=False)
         for line in LINES:
             argv = shlex.split(line, comments=True)
-            if GPU_MARK.search(line) and gpus < 2:
+            if gpus_needed(line) > gpus:
                 ran[line] = Ran(None, "")
                 continue
+            mp.setattr(sys, "argv", argv)  # `weft run` and `bench` start their ranks with this process's argv
             ran[line] = _run(argv[1:])
     return ran
 
@@ -117,3 +126,15 @@ def test_the_tour_lines_did_what_they_say(tour):
     assert "ring-allreduce-dgx1-simple-x1" in out["weft registry select -t dgx1 allreduce --size 4MB"]
     assert out["weft registry remove ring-allreduce-dgx1-simple-x4"].startswith("removed ")
     assert "0 bad" in out["weft registry verify"]
+
+
+def test_the_tour_names_no_file_of_the_repository():
+    assert not [line for line in LINES if re.search(r"\s(bench|tests|examples)/", line)]
+
+
+def test_the_gpu_lines_read_files_the_tour_wrote_before_them(tour, folder):
+    """Without GPUs the run line is skipped, but the plan it names must be one that `weft tune` wrote."""
+    for line in LINES:
+        if gpus_needed(line) and " run " in f" {line} ":
+            plan = next(w for w in shlex.split(line, comments=True) if w.endswith(".plan.json"))
+            assert (folder / plan).is_file(), f"{plan} (named by: {line}) is not written by an earlier line"

@@ -71,13 +71,13 @@ def test_the_committed_registries_run_nccl_only_where_it_measured_faster():
     """4×H200 (bench/results/*_4xh200.json, 2026-11-26): NCCL's ring measured faster than every plan at 16 MB only
     (99.3 µs against 100.0), so the job runs NCCL there; from 64 MB the ring x128 plan wins. On 2×H200 weft
     measured faster at every size, so nothing changes."""
-    four = PlanChoice(Registry(COMMITTED / "registry_h200x4"), build("hgx_h200:gpus=4").fingerprint, 4, ll128=True)
+    four = PlanChoice(Registry(COMMITTED / "registry_h200x4"), build("hgx_h200:gpus=4").fingerprints, 4, ll128=True)
     for size in (1 << 10, 64 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20):
         assert four.plan("allreduce", size, "bf16") is not None, size
     assert four.plan("allreduce", 16 << 20, "bf16") is None and "NCCL measured faster" in four.reason(
         "allreduce", 16 << 20, "bf16")
     assert four.plan("allgather", 256 << 20, "bf16") is not None  # all-gather beats NCCL at every size
-    two = PlanChoice(Registry(COMMITTED / "registry_h200x2"), build("hgx_h200:gpus=2").fingerprint, 2, ll128=True)
+    two = PlanChoice(Registry(COMMITTED / "registry_h200x2"), build("hgx_h200:gpus=2").fingerprints, 2, ll128=True)
     for collective in ("allreduce", "reducescatter", "allgather"):
         for size in (1 << 10, 1 << 20, 16 << 20, 256 << 20):
             assert two.plan(collective, size, "bf16") is not None, (collective, size)

@@ -13,7 +13,6 @@ one capacity, SCCL's form for a switch.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Iterable
 
 import networkx as nx
 
+from topologies.canonical import canonical_bytes, legacy_bytes
 from topologies.errors import TopologyError, UnreachableError
 from topologies.jsonfile import short_repr
 
@@ -137,8 +137,20 @@ class Topology:
     # ---- identity and formats ------------------------------------------------------------------
     @cached_property
     def fingerprint(self) -> str:
-        """A hash of the normalized fabric (links, switches, sharing, hosts); names are ignored."""
-        return "topo-" + hashlib.sha256(_canonical_bytes(self)).hexdigest()[:16]
+        """A hash of the normalized fabric (links, switches, sharing, hosts); the topology's and its switches'
+        names are ignored (``topologies.canonical``)."""
+        return _hash(canonical_bytes(self))
+
+    @cached_property
+    def fingerprints(self) -> tuple[str, ...]:
+        """Every fingerprint this fabric answers to: its own, then, where it has switches, the name-dependent one
+        that plans and registries recorded before switch names stopped counting."""
+        legacy = _hash(legacy_bytes(self)) if self.switches else self.fingerprint
+        return (self.fingerprint,) if legacy == self.fingerprint else (self.fingerprint, legacy)
+
+    def known_as(self, fingerprint: str) -> bool:
+        """Whether a plan or registry entry that records ``fingerprint`` is for this fabric."""
+        return fingerprint in self.fingerprints
 
     def to_json(self) -> dict:
         doc: dict = {"format": FORMAT, "name": self.name}
@@ -319,16 +331,10 @@ def _reachability_problem(topo: Topology) -> str | None:
     return None
 
 
-# ---- canonical form -----------------------------------------------------------------------------
+# ---- identity and formats -----------------------------------------------------------------------
 
-def _num(x: float) -> float | int:
-    """Normalize a number so that 25, 25.0 and 25.0000000001 hash alike."""
-    r = round(float(x), 6)
-    return int(r) if r == int(r) else r
-
-
-def _vkey(v: Vertex) -> tuple[int, str]:
-    return (0, f"{v:09d}") if isinstance(v, int) else (1, v)
+def _hash(canonical: bytes) -> str:
+    return "topo-" + hashlib.sha256(canonical).hexdigest()[:16]
 
 
 def _link_json(link: Link) -> dict:
@@ -336,23 +342,6 @@ def _link_json(link: Link) -> dict:
     if link.count != 1:
         doc["count"] = link.count
     return doc
-
-
-def _canonical_bytes(topo: Topology) -> bytes:
-    links = sorted(
-        ([_vkey(l.src), _vkey(l.dst), _num(l.bandwidth), _num(l.latency), l.count] for l in topo.links),
-    )
-    sharing = sorted(
-        [sorted([_vkey(s), _vkey(d)] for s, d in g.links), _num(g.bandwidth)] for g in topo.sharing
-    )
-    content = {
-        "nranks": topo.nranks,
-        "switches": sorted(topo.switches),
-        "hosts": list(topo.hosts),
-        "links": links,
-        "sharing": sharing,
-    }
-    return json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
 
 
 # ---- switch removal -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ The public facade. Names resolve lazily, so ``import weft`` never loads z3, OR-T
     topo = weft.catalog("dgx1")
     schedule = weft.synthesize(topo, "allreduce", method="ring")
     plan = weft.compile(schedule, topo)
+    weft.commit(plan, topo)                    # proves the plan again, then commits it
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ _EXPORTS = {
     "Plan": ("schedules.plan", "Plan"),
     "load_plan": ("schedules.plan", "load_plan"),
     "Registry": ("schedules.registry", "Registry"),
+    "commit": ("weft.publish", "commit"),
+    "select": ("weft.lookup", "select"),
+    "parse_bytes": ("weft.units", "parse_bytes"),
     "synthesize": ("weft.synthesis", "synthesize"),
     "compile": ("weft.pipeline", "compile_and_verify"),
     "TuneOptions": ("weft.tuning", "TuneOptions"),

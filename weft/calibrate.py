@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from schedules.calibration import Calibration, CalibrationError, Observation, PlanFeatures, fit, load_calibration
 from schedules.cost import loads
@@ -129,10 +130,14 @@ def rebuildable(topology: Topology, m: re.Match) -> bool:
     return topology.nranks ** 2 * instances * pipeline <= MAX_REBUILD_WORK
 
 
-def observations(topology: Topology, paths: list[Path]) -> tuple[list[Observation], list[str]]:
-    """The measured (plan, size, µs) points of ``topology`` in these results files, and the files they came from."""
+def observations(topology: Topology, paths: list[Path], progress: Callable[[str], None] | None = None,
+                 ) -> tuple[list[Observation], list[str]]:
+    """The measured (plan, size, µs) points of ``topology`` in these results files, and the files they came from.
+    ``progress`` hears of each file before its plans are rebuilt (a few seconds each)."""
     found, used = [], []
     for path in paths:
+        if progress:
+            progress(f"calibrate: rebuilding the plans timed in {Path(path).name}")
         doc = decode_json(read_bytes(path, "results", CalibrationError, MAX_RESULTS_BYTES), "results", str(path),
                           CalibrationError)
         rows = doc.get("rows") if isinstance(doc, dict) else None
@@ -166,12 +171,15 @@ def default_results(topology: Topology) -> list[Path]:
     return sorted(p for p in RESULTS.glob("gpu_*.json") if pattern.fullmatch(p.name))
 
 
-def calibrate(topology: Topology, paths: list[Path] | None = None) -> Calibration:
+def calibrate(topology: Topology, paths: list[Path] | None = None,
+              progress: Callable[[str], None] | None = None) -> Calibration:
     """Fit the cost model's terms to ``topology``'s measured plans (default: the committed results)."""
-    found, used = observations(topology, paths if paths is not None else default_results(topology))
+    found, used = observations(topology, paths if paths is not None else default_results(topology), progress)
     if not found:
         raise CalibrationError(f"topology {topology.name}: no measured plan of this fabric in the results files "
                                f"({', '.join(str(p) for p in (paths or [])) or RESULTS})")
+    if progress:
+        progress(f"calibrate: fitting the model to {len(found)} measurements")
     return fit(topology.fingerprint, topology.name, found, tuple(used))
 
 

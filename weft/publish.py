@@ -126,10 +126,12 @@ def _priced_sizes(schedule: Schedule) -> list[int]:
     return sizes
 
 
-def commit(plan: Plan, topology: Topology | str | None, location: str | None = None,
+def commit(plan: Plan, topology: Topology | str | None = None, location: Registry | str | None = None,
            schedule: Schedule | None = None, progress: Progress | None = None) -> Entry:
-    """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written."""
-    registry = Registry(location)
+    """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written.
+    ``topology``: a Topology, spec, file or fingerprint (default: the plan's); ``location``: a Registry or its
+    location (default: ``$WEFT_REGISTRY``, else the user data dir)."""
+    registry = location if isinstance(location, Registry) else Registry(location)
     return registry.commit_all([_checked(plan, topology, schedule, progress=progress)], progress)[0]
 
 
@@ -140,7 +142,7 @@ def _fabric(topology: Topology | str | None, fingerprint: str) -> Topology | Non
         return topology
     if isinstance(topology, str) and topology and not topology.startswith("topo-"):
         found = resolve(topology)
-        return found if found.fingerprint == fingerprint or not fingerprint else None
+        return found if not fingerprint or found.known_as(fingerprint) else None
     return None
 
 
@@ -161,6 +163,8 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
     nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
     fingerprint = topo.fingerprint if isinstance(topo, Topology) else (topology or plan.weft.topology)
+    if isinstance(topo, Topology) and topo.known_as(plan.weft.topology):
+        fingerprint = plan.weft.topology  # a plan recorded under the fabric's older fingerprint stays keyed by it
     if not fingerprint:
         raise RegistryError(f"plan {plan.name}: weft.topology: the plan names no topology; pass -t TOPO")
     named = exported.provenance.get("topology_name") if exported is not None else None
@@ -389,7 +393,7 @@ def select(location: str | None, topology: Topology | str, collective: str, nbyt
     count, measured no faster than its latency allows, whose plan this machine proved on the reference executor
     (the first time it serves one: ``proven``)."""
     fabric = topology if isinstance(topology, Topology) else _fabric(topology, "")
-    fingerprint = fabric.fingerprint if fabric is not None else str(topology)
-    return Registry(location).select(fingerprint, collective, nbytes, dtype, fabric.nranks if fabric else None,
+    known = fabric.fingerprints if fabric is not None else str(topology)  # its older fingerprint too
+    return Registry(location).select(known, collective, nbytes, dtype, fabric.nranks if fabric else None,
                                      ll128, trust=lambda entry: proven(entry, progress),
                                      floor_us=latency_floor_us(fabric) if fabric else 0.0)

@@ -1,13 +1,14 @@
-"""``weft.synthesize``: one call for every solver family, from Python."""
+"""``weft.synthesize``: one call for every solver family, from Python, with ``weft synth``'s sizes and defaults."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from schedules.collectives import Collective, collective_on
 from schedules.schedule import Schedule
 from synth.errors import SynthesisError
-from topologies import Topology
+from topologies import Topology, resolve
+from weft.units import parse_bytes
 
 BASELINES = ("ring", "direct", "twoshot", "rhd", "tree", "2dh")
 # What one send of a synthesized schedule costs until it is verified and written: memory and time, measured on
@@ -31,15 +32,26 @@ def require_affordable(collective: Collective, where: str, time_limit: float | N
                              f"time limit of {time_limit:g} s (use fewer --chunks, or a longer --time-limit)")
 
 
-def synthesize(topology: Topology, collective: str | Collective, method: str = "ring", *, chunks: int = 1,
-               root: int = 0, **options: Any) -> Schedule:
-    """A schedule for ``collective`` on ``topology`` by ``method`` (baselines, 2dh, smt, milp or trees).
+DEFAULT_SIZE = "1MB"  # weft synth's --size
 
-    ``options`` go to the solver's options type (for example ``steps=3, rounds=3`` for smt).
-    The result is not yet verified; ``weft.verify`` proves it.
+
+def synthesize(topology: Topology | str, collective: str | Collective, method: str = "ring", *,
+               chunks: int | None = None, root: int = 0, size: int | str = DEFAULT_SIZE,
+               progress: Callable[[str], None] | None = None, **options: Any) -> Schedule:
+    """A schedule for ``collective`` on ``topology`` (a Topology, catalog spec or file) by ``method`` (baselines,
+    2dh, smt, milp or trees), as ``weft synth`` makes it.
+
+    ``size`` ("1GB" or bytes) is the message milp optimizes for and trees picks its chunk count for; ``chunks``
+    (per rank) defaults as the CLI's does (milp: ``milp.default_chunks`` at ``size``; trees: the fastest count
+    at ``size``; otherwise 1). ``options`` go to the solver's options type (``steps=3, rounds=3`` for smt,
+    ``time_limit=30``). ``progress`` gets a line now and then during long solves. The result is not yet
+    verified; ``weft.verify`` proves it.
     """
+    if isinstance(topology, str):
+        topology = resolve(topology)
+    nbytes = parse_bytes(size, "size") if isinstance(size, str) else size
     if isinstance(collective, str):
-        collective = collective_on(collective, topology.name, topology.nranks, chunks, root)
+        collective = collective_on(collective, topology.name, topology.nranks, chunks or 1, root)
     require_affordable(collective, f"{method} on {topology.name}")
     if method in BASELINES:
         from synth import baselines
@@ -52,9 +64,22 @@ def synthesize(topology: Topology, collective: str | Collective, method: str = "
     if method == "milp":
         from synth import milp
 
-        return milp.solve(topology, collective, milp.MilpOptions(**options))
+        return milp.solve(topology, collective, milp_options(topology, collective, nbytes, chunks, **options),
+                          progress)
     if method == "trees":
         from synth import trees
 
-        return trees.solve(topology, collective, trees.TreeOptions(**options))
+        options.setdefault("size", None if chunks else nbytes)
+        return trees.solve(topology, collective, trees.TreeOptions(**options), progress)
     raise SynthesisError(f"method: unknown method {method!r} (choose from {', '.join(BASELINES)}, smt, milp, trees)")
+
+
+def milp_options(topology: Topology, collective: Collective, size: int, chunks: int | None, **options: Any):
+    """``MilpOptions`` as ``weft synth --method milp`` builds them: chunks per rank from the caller, else the
+    sketch's, else ``milp.default_chunks`` for the size."""
+    from synth import milp
+
+    sketch = options.get("sketch")
+    if chunks is None and not (sketch and sketch.chunks):
+        chunks = milp.default_chunks(topology, collective, size)
+    return milp.MilpOptions(size=size, chunks=chunks, **options)

@@ -95,11 +95,13 @@ class FrontierPoint:
 
 @dataclass(frozen=True)
 class Frontier:
-    """The Pareto frontier, its LP bound on rounds per chunk, and whether the walk reached that bound."""
+    """The Pareto frontier, its LP bound on rounds per chunk, whether the walk reached that bound, and where it
+    did not, why (the time limit, or the chunk cap and step ceiling it walked up to)."""
 
     points: tuple[FrontierPoint, ...]
     lp_bound: Fraction
     complete: bool
+    stopped: str = ""
 
 
 def _quiet(line: str) -> None:
@@ -245,7 +247,9 @@ def pareto(topology: Topology, collective: Collective, options: SmtOptions = Smt
             rs = _walk(topology, Collective("reducescatter", n), half, progress)
             ag = _walk(topology, Collective("allgather", n), options, progress)
         points = [(smt_dual.allreduce(a.schedule, b.schedule)) for a in rs.points for b in ag.points]
-        return _frontier(topology, points, rs.lp_bound + ag.lp_bound, rs.complete and ag.complete)
+        stopped = "; ".join(f"{half.stopped} ({name})" for half, name in ((rs, "reducescatter"), (ag, "allgather"))
+                            if half.stopped)
+        return _frontier(topology, points, rs.lp_bound + ag.lp_bound, rs.complete and ag.complete, stopped)
     return _walk(topology, collective, options, progress)
 
 
@@ -267,9 +271,12 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
     found: list[Schedule] = []
     best: Fraction | None = None
     ceiling = options.max_steps or low + 2 * max_chunks + 2
+    cap = "max_chunks" if options.max_chunks else "the LP bound's denominator, at least 2"
+    stopped = f"chunks per rank capped at {max_chunks} ({cap}) and steps at {ceiling}"
     for steps in range(low, ceiling + 1):
         if options.left() <= 0:
-            progress(f"smt: {label}: the time limit of {options.time_limit:g} s ran out at {steps} steps")
+            stopped = f"the time limit of {options.time_limit:g} s ran out at {steps} steps"
+            progress(f"smt: {label}: {stopped}")
             break
         candidates = _candidates(steps, bound, best, max_chunks, problem.with_chunks(1).collective.nchunks)
         try:
@@ -290,7 +297,7 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
                  + f"; {max(0.0, options.left()):.0f} s of the time limit of {options.time_limit:g} s left")
         if best <= bound:
             return _frontier(topology, found, bound, True)
-    return _frontier(topology, found, bound, False)
+    return _frontier(topology, found, bound, False, stopped)
 
 
 def _candidates(steps: int, bound: Fraction, best: Fraction | None, max_chunks: int,
@@ -308,7 +315,8 @@ def _candidates(steps: int, bound: Fraction, best: Fraction | None, max_chunks: 
     return [ratios[q] for q in sorted(ratios)]
 
 
-def _frontier(topology: Topology, schedules: list[Schedule], bound: Fraction, complete: bool) -> Frontier:
+def _frontier(topology: Topology, schedules: list[Schedule], bound: Fraction, complete: bool,
+              stopped: str = "") -> Frontier:
     from schedules.cost import predict_us
 
     keep = []
@@ -324,4 +332,4 @@ def _frontier(topology: Topology, schedules: list[Schedule], bound: Fraction, co
     points = tuple(FrontierPoint(s.nsteps, s.total_rounds, s.collective.chunks, s,
                                  {label: predict_us(s, topology, n) for label, n in REPORT_SIZES.items()})
                    for s in keep)
-    return Frontier(points, bound, complete)
+    return Frontier(points, bound, complete, stopped)

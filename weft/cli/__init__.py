@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
+from typing import Callable
 
 from topologies.errors import WeftError
 from topologies.jsonfile import one_line
@@ -23,6 +25,33 @@ COMMANDS = ("topo", "synth", "compile", "tune", "verify", "registry", "gpu", "pl
 
 class ArgumentError(WeftError):
     """A bad command line."""
+
+
+def file_in_the_way(path: str | os.PathLike) -> Path | None:
+    """The file where one of ``path``'s folders should be, else None. Asked before long work, so that a bad
+    output path fails at once, not after the proofs."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
+def progress(line: str) -> None:
+    """A progress line of a long wait, on stderr (the library's ``progress`` callbacks end here)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+PROGRESS_AFTER_S = 2.0  # a command that ends sooner says nothing of its progress
+
+
+def progress_after(seconds: float | None = None) -> Callable[[str], None]:
+    """A progress callback for one command that prints its lines (on stderr) once the command has run
+    ``seconds`` (default ``PROGRESS_AFTER_S``): short commands stay quiet, long ones say what they are doing."""
+    import time
+
+    start, wait = time.monotonic(), PROGRESS_AFTER_S if seconds is None else seconds
+
+    def say(line: str) -> None:
+        if time.monotonic() - start >= wait:
+            print(f"weft: {line}", file=sys.stderr, flush=True)
+    return say
 
 
 class HelpFormatter(argparse.HelpFormatter):

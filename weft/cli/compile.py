@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from weft.cli import ArgumentError
+from weft.cli import ArgumentError, file_in_the_way, progress_after
 from weft.cli.words import counted
 
 
@@ -40,10 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # only long proofs report (executor.reference.LONG_PROOF)
-
-
 def run(args: argparse.Namespace) -> int:
     from schedules.schedule import load_schedule
     from topologies import resolve
@@ -60,13 +56,16 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, "output", ArgumentError)  # before the work: a FIFO or device is never replaced
     schedule = load_schedule(args.schedule)
     topology = resolve(args.topology)
+    out = Path(args.output)
+    if out.is_dir() or file_in_the_way(out):  # before the proof, which takes seconds
+        raise ArgumentError(f"weft compile: -o {out}: cannot write a file there "
+                            f"({'a folder' if out.is_dir() else str(file_in_the_way(out)) + ' is a file'})")
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol,
-                                       inplace=args.inplace, progress=_progress, threads=args.threads,
+                                       inplace=args.inplace, progress=progress_after(), threads=args.threads,
                                        pipeline=args.pipeline, double_scratch=args.double_scratch, pull=args.pull,
                                        multipeer=args.multipeer,
                                        ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes")
                                        if args.ll_max_bytes else LL_MAX_BYTES)
-    out = Path(args.output)
     if args.format == "msccl-xml":
         from codegen.msccl_xml import to_msccl_xml
 
@@ -91,3 +90,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"  written to {out} ({args.format}); {summary['mscclpp']}")
     sys.stdout.flush()
     return 0
+

@@ -22,6 +22,7 @@ from schedules.collectives import NAMES
 from topologies.errors import WeftError
 from topologies.jsonfile import write_text
 from weft.cli import ArgumentError
+from weft.cli import progress as _progress
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes, parse_size_range
 
@@ -371,8 +372,6 @@ def _record(args: argparse.Namespace, rows: list[dict]) -> None:
     publish.record_bench(Registry(args.registry), args.collective, rows)
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _gpu_slug(torch) -> str:

@@ -7,6 +7,7 @@ import json
 import sys
 
 from schedules.collectives import NAMES
+from weft.cli import progress_after
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
@@ -62,12 +63,13 @@ def _registry(args: argparse.Namespace):
     return Registry(args.registry)
 
 
-def _fingerprint(spec: str) -> str:
+def _fingerprint(spec: str) -> tuple[str, ...]:
+    """Every fingerprint the fabric ``spec`` answers to (``Topology.fingerprints``)."""
     if spec.startswith("topo-"):
-        return spec
+        return (spec,)
     from topologies import resolve
 
-    return resolve(spec).fingerprint
+    return resolve(spec).fingerprints
 
 
 def _range(entry) -> str:
@@ -150,19 +152,6 @@ def _best_text(row: dict) -> str:
     return f"{row['best_us']:.2f} µs {row['best_basis']} at {format_bytes(row['best_at_bytes'])}{note}"
 
 
-def progress_after(seconds: float = 2.0):
-    """A progress callback that prints its lines (on stderr) once the wait has passed ``seconds``: short commands
-    stay quiet, long ones say what they are doing."""
-    import time
-
-    start = time.monotonic()
-
-    def say(line: str) -> None:
-        if time.monotonic() - start >= seconds:
-            print(f"weft: {line}", file=sys.stderr, flush=True)
-    return say
-
-
 def fabric_names(entries) -> dict[str, str]:
     """A name for each fingerprint: one that some entry records (the first by id), else the catalog default whose
     fingerprint it is, so that one fabric is listed once (not as dgx1 and as topo-...)."""
@@ -196,7 +185,7 @@ def _list(args: argparse.Namespace) -> int:
     for line in bad:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
     fingerprint = _fingerprint(args.topology) if args.topology else None
-    entries = [e for e in found if (fingerprint is None or e.key.topology == fingerprint)
+    entries = [e for e in found if (fingerprint is None or e.key.topology in fingerprint)
                and (args.collective is None or e.key.collective == args.collective)]
     names = fabric_names(found)
     rows = [describe(e, names) for e in entries]
@@ -226,7 +215,7 @@ def _entry_id(reg, text: str) -> str:
         print(f"weft: warning: {line}", file=sys.stderr)
     named = sorted(row.id for row in scan.rows if row.plan == text)
     if len(named) > 1:
-        from weft.cli import ArgumentError
+        from weft.cli import progress_after, ArgumentError
 
         raise ArgumentError(f"weft registry: plan {text!r} is in {counted(len(named), 'entry', 'entries')} "
                             f"({', '.join(named)}): give the id")

@@ -14,7 +14,8 @@ from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
 from topologies.jsonfile import make_directory
-from weft.cli import ArgumentError
+from weft.cli import ArgumentError, file_in_the_way
+from weft.cli import progress as _progress
 from weft.cli.words import counted
 from weft.synthesis import BASELINES
 from weft.units import SIZE_HELP, format_bytes, parse_bytes
@@ -27,6 +28,7 @@ DEFAULT_TIME_LIMIT = 60.0
 # after one point. Its progress lines say what is found and how much of the limit is left.
 SMT_PARETO_TIME_LIMIT = 300.0
 WAIT_CAP_S = 7 * 24 * 3600.0  # every wait is bounded; each instance keeps to --time-limit itself
+SOLVER_PACKAGES = ("z3", "ortools")  # imported only when a method needs them
 
 
 def _family(method: str):
@@ -74,16 +76,19 @@ def safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective) -> list[Schedule]:
     if args.method in BASELINES:
         from synth import baselines
 
         return [baselines.solver(args.method)(topology, collective)]
-    return list(_family(args.method).synthesize(args, topology, collective, _progress))
+    family = _family(args.method)
+    try:
+        return list(family.synthesize(args, topology, collective, _progress))
+    except ModuleNotFoundError as e:  # a solver imported lazily (z3, OR-Tools) that this machine lacks
+        if (e.name or "").split(".")[0] not in SOLVER_PACKAGES:
+            raise
+        raise ArgumentError(f"weft synth: --method {args.method} needs {e.name.split('.')[0]}, which is not "
+                            "installed here (pip install z3-solver ortools)") from None
 
 
 def _one_size(job: tuple[argparse.Namespace, Topology, Collective, str]) -> list[Schedule]:
@@ -138,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "smt" and args.jobs > 1:
         args.workers = args.jobs
     _check_output(args)
+    _check_registry(args)
     topology = resolve(args.topology)
     collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
     from weft.synthesis import require_affordable
@@ -147,8 +153,9 @@ def run(args: argparse.Namespace) -> int:
                        args.time_limit if args.method in BASELINES else None)
     found = sweep(args, topology, collective, asked_sizes)
     rows, basis = [], set()
+    swept = tuple(parse_bytes(size_text) for size_text in asked_sizes)
     for size_text, schedules in found:
-        rows += _score(topology, schedules, parse_bytes(size_text), args, basis)
+        rows += _score(topology, schedules, parse_bytes(size_text), args, basis, swept)
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
@@ -196,17 +203,17 @@ def default_time_limit(args: argparse.Namespace) -> float:
 
 
 def _score(topology: Topology, schedules: list[Schedule], asked: int, args: argparse.Namespace,
-           basis: set[str]) -> list[tuple[Schedule, dict]]:
-    """Verify each schedule and price it at the report sizes and ``asked``; pct_of_bound is at ``asked``. On a
-    calibrated fabric the prices are the calibrated model's for the plan the schedule compiles to (what the
-    registry stores); ``basis`` collects what made them."""
+           basis: set[str], swept: tuple[int, ...] = ()) -> list[tuple[Schedule, dict]]:
+    """Verify each schedule and price it at the report sizes, ``asked`` and every size of the sweep (so each row
+    fills every column); pct_of_bound is at ``asked``. On a calibrated fabric the prices are the calibrated model's
+    for the plan the schedule compiles to (what the registry stores); ``basis`` collects what made them."""
     from schedules.bounds import lower_bound_us
     from schedules.cost import loads
     from schedules.verify import require_valid
     from weft.calibrate import schedule_predictions
     from weft.publish import ALPHA_BETA
 
-    sizes = tuple(sorted(set(REPORT_SIZES) | {asked})) if asked else REPORT_SIZES
+    sizes = tuple(sorted(set(REPORT_SIZES) | {asked} | set(swept))) if asked else REPORT_SIZES
     rows = []
     for schedule in schedules:
         require_valid(schedule, topology)
@@ -231,6 +238,19 @@ def default_output() -> str:
     import platformdirs
 
     return os.environ.get("WEFT_SCHEDULES") or str(Path(platformdirs.user_data_dir("weft")) / "schedules")
+
+
+def _check_registry(args: argparse.Namespace) -> None:
+    """Before any solve: a --commit whose registry folder cannot be made fails at once, not after the proofs."""
+    if not args.commit:
+        return
+    from schedules.registry import RegistryError
+    from weft.publish import registry_location
+
+    location = registry_location(args.registry)
+    if "://" not in location and file_in_the_way(Path(location) / "index.json"):
+        raise RegistryError(f"registry {location}: cannot write: {file_in_the_way(Path(location) / 'index.json')} "
+                            "is a file, not a folder")
 
 
 def _several(args: argparse.Namespace) -> bool:
@@ -284,6 +304,7 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
         if args.commit:
             from weft import publish
 
+            _progress(f"committing {plan.name}: proving it on the reference executor once more")
             committed = publish.commit(plan, topology, args.registry, schedule=s)
             entry["registry_entry"] = committed.id
             entry["registry"] = publish.registry_location(args.registry)
@@ -296,14 +317,21 @@ def _plans_for(args: argparse.Namespace, topology: Topology, schedule: Schedule)
     stops short of it (LL plans end at 1 MB), a Simple plan takes the sizes above."""
     from weft import pipeline, publish
 
+    _progress(f"compiling {schedule.name or schedule.collective.name} and proving the plan on the reference executor")
     plan = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol=args.protocol)
     if "min_bytes" not in schedule.meta.options:
         return [plan]
     lo, hi = schedule.meta.options["min_bytes"], schedule.meta.options["max_bytes"]
-    plans = [publish.narrow(plan, lo, hi)]
+
+    def narrow(plan, lo: int, hi: int):
+        _progress(f"proving {plan.name} for {format_bytes(max(lo, 1))}..{format_bytes(hi) if hi else '∞'}")
+        return publish.narrow(plan, lo, hi)
+
+    plans = [narrow(plan, lo, hi)]
     if plan.protocol == "LL" and args.protocol == "auto" and (hi == 0 or hi > plan.max_message_size):
+        _progress(f"compiling {schedule.name} as a Simple plan for the sizes above LL's")
         rest = pipeline.compile_and_verify(schedule, topology, instances=args.instances, protocol="simple")
-        plans.append(publish.narrow(rest, max(lo, plan.max_message_size + 1), hi))
+        plans.append(narrow(rest, max(lo, plan.max_message_size + 1), hi))
     return [p for p in plans if p.min_message_size <= p.max_message_size]
 
 

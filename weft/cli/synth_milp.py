@@ -23,11 +23,9 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     Chunks per rank: ``--chunks``, else the sketch's, else ``milp.default_chunks`` for the size.
     """
     from synth import milp
+    from weft.synthesis import milp_options
 
     sketch = milp.load_sketch(args.sketch) if args.sketch else None
-    size = parse_bytes(args.size)
-    chunks = args.chunks
-    if chunks is None and not (sketch and sketch.chunks):
-        chunks = milp.default_chunks(topology, collective, size)
-    options = milp.MilpOptions(size=size, time_limit=args.time_limit, sketch=sketch, chunks=chunks)
+    options = milp_options(topology, collective, parse_bytes(args.size), args.chunks, time_limit=args.time_limit,
+                           sketch=sketch)
     return [milp.solve(topology, collective, options, progress)]

@@ -65,7 +65,7 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
         return [smt.solve(topology, collective, options, progress)]
     frontier = smt.pareto(topology, collective, options, progress)
     progress(f"smt: frontier of {counted(len(frontier.points), 'point')} in {time.monotonic() - start:.1f} s"
-             + ("" if frontier.complete else " (the walk stopped before reaching the LP bound)"))
+             + ("" if frontier.complete else f" (the walk stopped before reaching the LP bound: {frontier.stopped})"))
     if not frontier.points:
         raise Unknown(f"smt: {collective.name} on {topology.name}: no frontier point found within the time limit of {args.time_limit:g} s and the step limit")
     schedules = [p.schedule for p in frontier.points]

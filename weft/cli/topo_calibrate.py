@@ -69,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
     from topologies import resolve
     from topologies.jsonfile import write_text
     from weft.calibrate import calibrate
+    from weft.cli import progress_after
 
     topology = resolve(args.topology)
-    calibration = calibrate(topology, list(args.results) or None)
+    calibration = calibrate(topology, list(args.results) or None, progress_after())
     if args.json:
         doc = calibration.to_json()
         print(json.dumps({k: v for k, v in doc.items() if k != "observations"}, indent=2))

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from weft.cli import ArgumentError
+from weft.cli import ArgumentError, progress_after
+from weft.cli.words import counted
 from weft.units import SIZE_HELP, parse_size_range
 
 
@@ -16,16 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(MSCCL++ execution-plan JSON) runs on the CPU reference executor on random "
                                    "data for several sizes and its dtypes. Exit 1 when a check fails.")
     p.add_argument("file", help="schedule or plan file")
-    p.add_argument("-t", "--topology", help="catalog spec or topology file (required for schedules)")
+    p.add_argument("-t", "--topology", help="catalog spec or topology file (required for schedules; for a plan: "
+                                            "also check that it is for this fabric)")
     p.add_argument("--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one); " + SIZE_HELP)
     p.add_argument("--dtypes", default=None, help="comma-separated fp32,fp16,bf16 (default: the plan's)")
     p.add_argument("--seed", type=int, default=0, help="random data seed")
     p.add_argument("--json", action="store_true", help="print the verification record as JSON")
     p.set_defaults(func=run)
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # only long proofs report (executor.reference.LONG_PROOF)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,14 +37,36 @@ def run(args: argparse.Namespace) -> int:
         return _schedule(args, document)
     sizes = parse_size_range(args.sizes) if args.sizes is not None else None
     dtypes = comma_items(args.dtypes, "weft verify: --dtypes") if args.dtypes is not None else None
-    record = pipeline.check(document, sizes, dtypes, args.seed, progress=_progress)
+    wrong = _fabric_refusal(document, args.topology) if args.topology else ""
+    if wrong:
+        if args.json:
+            print(json.dumps({"plan_hash": document.content_hash, "ok": False, "errors": [wrong]}, indent=2))
+        else:
+            print(f"plan {document.name} ({document.content_hash}): FAILED\n  {wrong}")
+        return 1
+    record = pipeline.check(document, sizes, dtypes, args.seed, progress=progress_after())
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        print(f"plan {document.name} ({record['plan_hash']}): ok on the reference executor")
+        fabric = f", for topology {args.topology}" if args.topology else ""
+        print(f"plan {document.name} ({record['plan_hash']}): ok on the reference executor{fabric}")
         for line in record["checks"]:
             print(f"  {line}")
     return 0
+
+
+def _fabric_refusal(plan, spec: str) -> str:
+    """Why ``plan`` is not for the fabric ``spec`` (its rank count, the fingerprint it records, or a memory
+    channel between hosts), in the user's words; '' where it is."""
+    from executor.hosts import ipc_across_hosts
+    from topologies import resolve
+
+    topology = resolve(spec)
+    if plan.nranks != topology.nranks:
+        return f"topology: the plan has {counted(plan.nranks, 'rank')}, {spec} has {topology.nranks}"
+    if plan.weft.topology and not topology.known_as(plan.weft.topology):
+        return f"topology: the plan is for {plan.weft.topology}, not {spec} ({topology.fingerprint})"
+    return ipc_across_hosts(plan, topology.hosts).replace("(host ", f"({spec} host ")
 
 
 def _schedule(args: argparse.Namespace, schedule) -> int:
