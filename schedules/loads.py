@@ -37,6 +37,12 @@ class FabricIndex:
         return len(self.link_keys)
 
     @property
+    def unit_bandwidth(self) -> float:
+        """The smallest link or sharing-group capacity (``Topology.unit_bandwidth`` of the switch-free form)."""
+        caps = np.concatenate([self.capacity, self.group_bandwidth])
+        return float(caps.min()) if len(caps) else 1.0
+
+    @property
     def ngroups(self) -> int:
         return len(self.group_bandwidth)
 
@@ -49,10 +55,12 @@ class FabricIndex:
 
 
 def index_fabric(topology: Topology) -> FabricIndex:
-    """Index the topology's switch-free form."""
-    fabric = topology.without_switches()
+    """Index the topology's switch-free form (from its arrays: no Link object per rank pair is built)."""
+    if topology.switches:
+        return _index_switched(topology)
+    fabric = topology
     n = fabric.nranks
-    # one C-level pass over a million Link objects; ranks are exact as floats far beyond MAX_RANKS
+    # one C-level pass over the Link objects; ranks are exact as floats far beyond MAX_RANKS
     table = np.array(list(map(attrgetter("src", "dst", "latency", "bandwidth", "count"), fabric.links)),
                      float).reshape(-1, 5)
     keys = table[:, 0].astype(np.int64) * n + table[:, 1].astype(np.int64)
@@ -62,12 +70,42 @@ def index_fabric(topology: Topology) -> FabricIndex:
     pairs = np.fromiter(chain.from_iterable(chain.from_iterable(g.links for g in fabric.sharing)), np.int64,
                         2 * int(sizes.sum())).reshape(-1, 2)
     member_links = np.searchsorted(keys, pairs[:, 0] * n + pairs[:, 1])
+    bandwidth = np.array([g.bandwidth for g in fabric.sharing], float)
+    return _indexed(fabric, keys, latency, capacity, member_links, sizes, bandwidth)
+
+
+def _index_switched(topology: Topology) -> FabricIndex:
+    from topologies.switch_free import switch_free_arrays
+
+    form = switch_free_arrays(topology)
+    keys = form.src * topology.nranks + form.dst
+    order = np.argsort(keys, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return _indexed(_SwitchFreeView(topology), keys[order], form.latency[order], (form.bandwidth * form.count)[order],
+                    rank[form.group_links], np.diff(form.group_ptr), form.group_bandwidth)
+
+
+def _indexed(fabric, keys, latency, capacity, member_links, sizes, bandwidth) -> FabricIndex:
     member_groups = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     by_link = np.argsort(member_links, kind="stable")
     group_ptr = np.zeros(len(keys) + 1, np.int64)
     np.cumsum(np.bincount(member_links, minlength=len(keys)), out=group_ptr[1:])
-    bandwidth = np.array([g.bandwidth for g in fabric.sharing], float)
     return FabricIndex(fabric, keys, latency, capacity, group_ptr, member_groups[by_link], bandwidth)
+
+
+class _SwitchFreeView:
+    """What a FabricIndex reads of its fabric (name, nranks, unit bandwidth, sharing groups), with the
+    switch-free Topology built only if a sharing group is named in a message."""
+
+    def __init__(self, topology: Topology) -> None:
+        self._topology = topology
+        self.name = topology.name + "~linksharing"
+        self.nranks = topology.nranks
+
+    @property
+    def sharing(self):
+        return self._topology.without_switches().sharing
 
 
 @dataclass(frozen=True, eq=False)

@@ -171,7 +171,7 @@ def _check_sends(arrays: SendArrays, flat: list[Send], nranks: int, nchunks: int
 def _check_capacity(arrays: SendArrays, link: np.ndarray, fabric: FabricIndex, errors: _Errors) -> None:
     usable = link >= 0
     loads = count_loads(fabric, arrays.step[usable], link[usable])
-    unit = fabric.topology.unit_bandwidth
+    unit = fabric.unit_bandwidth
     found = []
     link_chunks = fabric.capacity[loads.link] / unit
     link_room = np.floor(link_chunks * arrays.rounds[loads.link_step] + SLACK)

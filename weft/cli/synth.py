@@ -14,6 +14,7 @@ from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
 from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
+from weft.cli.deadline import Deadline, TimeLimitReached
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
@@ -38,7 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", required=True, choices=BASELINES + tuple(FAMILIES))
     p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default 1; ring and tree use several rings/trees with more)")
     p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="the whole command's deadline in seconds: reading the fabric, the bound, the solve, "
+                        "verification and pricing (the solver stops on it; any phase still running 2 s later "
+                        "ends the command in one line)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
                         "one; smt also races its instances on N workers (default 1; smt: one per CPU)")
@@ -100,7 +104,7 @@ def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
                              mp_context=multiprocessing.get_context("fork")) as pool:
         try:
             return list(zip(sizes, pool.map(_one_size, jobs)))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, TimeLimitReached):
             pool.shutdown(wait=False, cancel_futures=True)
             raise
 
@@ -124,12 +128,16 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "smt" and args.jobs > 1:
         args.workers = args.jobs
     _check_output(args)
-    topology = resolve(args.topology)
-    collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
-    found = sweep(args, topology, collective, asked_sizes)
-    rows = []
-    for size_text, schedules in found:
-        rows += _score(topology, schedules, parse_bytes(size_text))
+    with Deadline("weft synth", args.time_limit) as deadline:
+        deadline.phase = f"reading topology {args.topology}"
+        topology = resolve(args.topology)
+        collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
+        deadline.phase = f"synthesizing ({args.method})"
+        found = sweep(args, topology, collective, asked_sizes)
+        rows = []
+        for size_text, schedules in found:
+            deadline.phase = "verifying and pricing the schedule"
+            rows += _score(topology, schedules, parse_bytes(size_text))
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:

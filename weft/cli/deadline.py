@@ -1,0 +1,59 @@
+"""``--time-limit`` as the whole command's deadline: every phase (reading the fabric, the cut bound, the solve,
+verification and pricing) runs under one wall-clock alarm, so no phase can outlast it unnoticed.
+
+Solvers keep their own, gentler limit (the MILP returns its best incumbent at it); the alarm is the backstop
+that ends a phase which has no limit of its own (a cut bound on a 100,000-rank ring) with one line naming the
+phase. It fires ``GRACE_S`` after the limit, the time a solver that stopped on time needs to hand back its
+answer. It is armed only around computation, never while a file is written.
+
+>>> with Deadline("weft topo bound", 5.0) as deadline:
+...     deadline.phase = "computing the cut bound"
+...     deadline.left() <= 5.0
+True
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+
+from topologies.errors import CheckFailed
+
+GRACE_S = 2.0
+
+
+class TimeLimitReached(CheckFailed):
+    """The command ran past its --time-limit; the message names the phase it was in (exit code 1)."""
+
+
+@dataclass
+class Deadline:
+    """A context that raises TimeLimitReached in the main thread once ``limit_s`` (+ GRACE_S) have passed."""
+
+    command: str
+    limit_s: float
+    phase: str = "starting"
+    started: float = field(default_factory=time.monotonic)
+    _previous: object = None
+
+    def left(self) -> float:
+        """Seconds of the limit still unspent (at least a little, so a solver asked to stop still answers)."""
+        return max(0.1, self.limit_s - (time.monotonic() - self.started))
+
+    def _fire(self, signum, frame) -> None:
+        raise TimeLimitReached(f"{self.command}: --time-limit {self.limit_s:g} s reached while {self.phase} "
+                               f"(after {time.monotonic() - self.started:.1f} s); nothing written")
+
+    def __enter__(self) -> "Deadline":
+        if math.isfinite(self.limit_s) and hasattr(signal, "setitimer"):
+            self._previous = signal.signal(signal.SIGALRM, self._fire)
+            signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left() + GRACE_S))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+            self._previous = None
