@@ -11,12 +11,12 @@ link lists the sharing groups it belongs to in CSR form (``group_ptr``/``group_i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
-from schedules.schedule import Schedule
 from topologies.topology import Topology
 
 
@@ -46,6 +46,10 @@ class FabricIndex:
     def ngroups(self) -> int:
         return len(self.group_bandwidth)
 
+    def has_links(self, src, dst) -> np.ndarray:
+        """Whether each src->dst is a link (array-likes of ranks)."""
+        return self.link_index(np.asarray(src, np.int64), np.asarray(dst, np.int64)) >= 0
+
     def link_index(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """The index of each link src->dst, or -1 where the fabric has no such link."""
         keys = src.astype(np.int64) * self.topology.nranks + dst
@@ -54,6 +58,7 @@ class FabricIndex:
         return np.where(found, where, -1)
 
 
+@lru_cache(maxsize=4)
 def index_fabric(topology: Topology) -> FabricIndex:
     """Index the topology's switch-free form (from its arrays: no Link object per rank pair is built)."""
     if topology.switches:
@@ -106,28 +111,6 @@ class _SwitchFreeView:
     @property
     def sharing(self):
         return self._topology.without_switches().sharing
-
-
-@dataclass(frozen=True, eq=False)
-class SendArrays:
-    """Every send of a schedule as parallel arrays, in schedule order; ``step`` says which step it is in."""
-
-    step: np.ndarray
-    chunk: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    rounds: np.ndarray  # per step, not per send
-
-
-def send_arrays(schedule: Schedule) -> SendArrays:
-    sends = chain.from_iterable(step.sends for step in schedule.steps)
-    table = np.array(list(map(attrgetter("chunk", "src", "dst"), sends)), np.int64).reshape(-1, 3)
-    sizes = np.fromiter((len(step.sends) for step in schedule.steps), np.int64, len(schedule.steps))
-    return SendArrays(
-        step=np.repeat(np.arange(len(schedule.steps), dtype=np.int64), sizes),
-        chunk=table[:, 0], src=table[:, 1], dst=table[:, 2],
-        rounds=np.fromiter((step.rounds for step in schedule.steps), np.int64, len(schedule.steps)),
-    )
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,9 +23,11 @@ from collections import defaultdict
 from typing import Iterator
 
 import networkx as nx
+import numpy as np
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from schedules.collectives import Collective
+from schedules.loads import index_fabric
 from schedules.schedule import Schedule, Send
 from synth.baselines.common import assemble, check_ranks, host_major, host_rotations
 from synth.baselines.ring import hamiltonian_cycle
@@ -92,11 +94,14 @@ def _edges(shapes: list[dict[int, int]]) -> set[tuple[int, int]]:
 
 def _placement(topology: Topology, shapes: list[dict[int, int]], root: int | None) -> list[int]:
     """A rank for each tree position such that every tree edge is a link (root at position 0 if given)."""
-    fabric = topology.without_switches()
     edges = sorted(_edges(shapes))
+    ends = np.array(edges, np.int64).reshape(-1, 2)
+    index = index_fabric(topology)
     for order in _candidate_orders(topology, root):
-        if all(fabric.has_link(order[a], order[b]) for a, b in edges):
+        at = np.asarray(order, np.int64)
+        if index.has_links(at[ends[:, 0]], at[ends[:, 1]]).all():
             return order
+    fabric = topology.without_switches()
     found = _match(fabric, set(edges), root)
     if found:
         return found
