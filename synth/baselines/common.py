@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.compact import SendTable, send_table
+from schedules.compact import MAX_EXPANDED_SENDS, SendTable, TooLarge, send_table
 from schedules.loads import count_loads, index_fabric
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step, Symmetry
 from synth.errors import NotApplicable
@@ -85,6 +85,13 @@ def host_rotations(topology: Topology, order: list[int]) -> list[list[int]]:
     segments = [[r for r in order if topology.hosts[r] == h] for h in hosts]
     width = min(len(segment) for segment in segments)
     return [[r for segment in segments for r in segment[j:] + segment[:j]] for j in range(width)]
+
+
+def check_size(method: str, topology: Topology, collective: Collective, sends: int) -> None:
+    """TooLarge, before anything is built, where the schedule has more sends than this machine expands."""
+    if sends > MAX_EXPANDED_SENDS:
+        raise TooLarge(f"{method}: {collective.name} on {topology.name} is {sends:,} sends, over the "
+                       f"{MAX_EXPANDED_SENDS:,} this machine expands to check links and capacity (MAX_EXPANDED_SENDS)")
 
 
 def check_ranks(method: str, topology: Topology, collective: Collective) -> None:

@@ -27,7 +27,8 @@ import numpy as np
 from schedules.collectives import Collective
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, check_ranks, even_hosts, host_major, host_rotations, rotation
+from synth.baselines.common import (assemble, check_ranks, check_size, even_hosts, host_major, host_rotations,
+                                   rotation)
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -40,6 +41,7 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     """The ring algorithm for any of the eight collectives, over a Hamiltonian cycle of the topology."""
     started = time.perf_counter()
     check_ranks("ring", topology, collective)
+    check_size("ring", topology, collective, _sends(collective))
     order = hamiltonian_cycle(topology)
     routes = _routes(topology, order)
     algorithm = _ALGORITHMS[collective.name]
@@ -54,6 +56,14 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     steps = [[send for sends in step for send in sends] for step in zip_longest(*per_route, fillvalue=[])]
     return assemble("ring", topology, collective, steps, started, "a ring edge", order=order,
                     rings=[list(route) for route in routes[:used]])
+
+
+def _sends(collective: Collective) -> int:
+    """How many sends the ring algorithm makes, before any is built."""
+    n, c, name = collective.nranks, collective.chunks, collective.name
+    per_hop = {"allgather": n, "reducescatter": n, "allreduce": 2 * n, "gather": n // 2, "scatter": n // 2,
+               "alltoall": n * n // 2}
+    return (n - 1) * per_hop[name] * c if name in per_hop else (n - 1) * collective.nchunks
 
 
 def _routes(topology: Topology, order: list[int]) -> list[list[int]]:

@@ -1,5 +1,6 @@
 """``--time-limit`` as the whole command's deadline: every phase (reading the fabric, the cut bound, the solve,
-verification and pricing) runs under one wall-clock alarm, so no phase can outlast it unnoticed.
+verification and pricing) runs under one wall-clock alarm, so no phase can outlast it unnoticed. A command
+that runs past ``QUIET_S`` says which phase it is in, every ``QUIET_S`` seconds, on stderr (``progress``).
 
 Solvers keep their own, gentler limit (the MILP returns its best incumbent at it); the alarm is the backstop
 that ends a phase which has no limit of its own (a cut bound on a 100,000-rank ring) with one line naming the
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 import math
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from topologies.errors import CheckFailed
 
 GRACE_S = 2.0
+QUIET_S = 2.0  # a command quiet for this long says what it is doing
 
 
 class TimeLimitReached(CheckFailed):
@@ -35,8 +39,11 @@ class Deadline:
     command: str
     limit_s: float
     phase: str = "starting"
+    progress: Callable[[str], None] | None = None
+    quiet: bool = False  # a phase that reports its own progress (a solver family) is not talked over
     started: float = field(default_factory=time.monotonic)
     _previous: object = None
+    _ticker: threading.Event = field(default_factory=threading.Event)
 
     def left(self) -> float:
         """Seconds of the limit still unspent (at least a little, so a solver asked to stop still answers)."""
@@ -46,13 +53,21 @@ class Deadline:
         raise TimeLimitReached(f"{self.command}: --time-limit {self.limit_s:g} s reached while {self.phase} "
                                f"(after {time.monotonic() - self.started:.1f} s); nothing written")
 
+    def _tick(self) -> None:
+        while not self._ticker.wait(QUIET_S):
+            if not self.quiet:
+                self.progress(f"{self.command}: {self.phase} ({time.monotonic() - self.started:.0f} s)")
+
     def __enter__(self) -> "Deadline":
         if math.isfinite(self.limit_s) and hasattr(signal, "setitimer"):
             self._previous = signal.signal(signal.SIGALRM, self._fire)
             signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left() + GRACE_S))
+        if self.progress is not None:
+            threading.Thread(target=self._tick, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._ticker.set()
         if self._previous is not None:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._previous)

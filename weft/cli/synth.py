@@ -128,16 +128,17 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "smt" and args.jobs > 1:
         args.workers = args.jobs
     _check_output(args)
-    with Deadline("weft synth", args.time_limit) as deadline:
+    with Deadline("weft synth", args.time_limit, progress=_progress) as deadline:
         deadline.phase = f"reading topology {args.topology}"
         topology = resolve(args.topology)
         collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
-        deadline.phase = f"synthesizing ({args.method})"
+        deadline.phase = f"synthesizing {collective.name} on {topology.name} ({args.method})"
+        deadline.quiet = args.method not in BASELINES  # solver families report their own progress
         found = sweep(args, topology, collective, asked_sizes)
+        deadline.quiet = False
         rows = []
         for size_text, schedules in found:
-            deadline.phase = "verifying and pricing the schedule"
-            rows += _score(topology, schedules, parse_bytes(size_text))
+            rows += _score(topology, schedules, parse_bytes(size_text), deadline)
     written = _write(args, [s for s, _ in rows])
     plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
@@ -148,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tuple[Schedule, dict]]:
-    """Verify each schedule and price it at the report sizes and ``asked``; pct_of_bound is at ``asked``."""
+def _score(topology: Topology, schedules: list[Schedule], asked: int,
+           deadline: Deadline | None = None) -> list[tuple[Schedule, dict]]:
+    """Verify each schedule and price it at the report sizes and ``asked``; pct_of_bound is at ``asked``.
+    ``deadline``: told each phase, for progress and the time-limit message."""
     from schedules.bounds import lower_bound_us
     from schedules.cost import loads
     from schedules.verify import require_valid
@@ -157,8 +160,14 @@ def _score(topology: Topology, schedules: list[Schedule], asked: int) -> list[tu
     sizes = tuple(sorted(set(REPORT_SIZES) | {asked})) if asked else REPORT_SIZES
     rows = []
     for schedule in schedules:
+        if deadline is not None:
+            deadline.phase = f"verifying {schedule.name or schedule.collective.name} ({counted(schedule.nsends, 'send')})"
         require_valid(schedule, topology)
+        if deadline is not None:
+            deadline.phase = f"pricing {schedule.name or schedule.collective.name}"
         times = loads(schedule, topology).predict_many_us(sizes)  # index the fabric once, price every size
+        if deadline is not None:
+            deadline.phase = f"computing the {schedule.collective.name} bound on {topology.name}"
         predicted = {format_bytes(n): t for n, t in zip(sizes, times)}
         pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
                if predicted[format_bytes(n)] else 100.0 for n in sizes}

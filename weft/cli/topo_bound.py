@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from fractions import Fraction
 
 from schedules.collectives import NAMES, Collective, collective_on
@@ -59,11 +60,15 @@ def bound_report(topology, collective: Collective, nbytes: int) -> dict:
     return report
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.size)
     if not 0 < args.time_limit < math.inf:
         raise ArgumentError(f"weft topo bound: --time-limit must be positive seconds, got {args.time_limit}")
-    with Deadline("weft topo bound", args.time_limit) as deadline:
+    with Deadline("weft topo bound", args.time_limit, progress=_progress) as deadline:
         deadline.phase = f"reading topology {args.topology}"
         topology = resolve(args.topology)
         collective = collective_on(args.collective, topology.name, topology.nranks, 1, args.root)
