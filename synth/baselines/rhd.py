@@ -22,7 +22,7 @@ import numpy as np
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send, Symmetry
-from synth.baselines.common import assemble, block, check_ranks, own, require_links, slice_map
+from synth.baselines.common import assemble, block, check_ranks, check_size, own, require_links, slice_map
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -34,6 +34,9 @@ def rhd(topology: Topology, collective: Collective) -> Schedule:
     n = collective.nranks
     if n & (n - 1):
         raise NotApplicable(f"rhd: needs a power-of-two number of ranks; topology {topology.name} has {n}")
+    if collective.name in _ALGORITHMS_OF_ONE:
+        phases = 2 if collective.name == "allreduce" else 1
+        check_size("rhd", topology, collective, phases * n * (n - 1) * collective.chunks)
     for bit in _bits(n):
         require_links("rhd", topology, ((r, r ^ bit) for r in range(n)), f"partners at distance {bit}")
     if collective.name in _ALGORITHMS_OF_ONE:

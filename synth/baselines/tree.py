@@ -29,7 +29,7 @@ from networkx.algorithms.isomorphism import DiGraphMatcher
 from schedules.collectives import Collective
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, check_ranks, host_major, host_rotations
+from synth.baselines.common import assemble, check_ranks, check_size, host_major, host_rotations
 from synth.baselines.ring import hamiltonian_cycle
 from synth.errors import NotApplicable
 from topologies.topology import Topology
@@ -45,6 +45,9 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         raise NotApplicable(f"tree: exists for {', '.join(SUPPORTED)} only, not {collective.name}")
     check_ranks("tree", topology, collective)
     n = collective.nranks
+    # every chunk crosses each of the N-1 tree edges once (allreduce: up, then down)
+    phases = 2 if collective.name == "allreduce" else 1
+    check_size("tree", topology, collective, phases * (n - 1) * collective.nchunks)
     root = None if collective.name == "allreduce" else collective.root
     shapes = [ruler_tree(n), _second_tree(ruler_tree(n), n)] if root is None else [ruler_tree(n)]
     order = _placement(topology, shapes, root)
