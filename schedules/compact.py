@@ -16,6 +16,15 @@ postconditions hold for every chunk when they hold for one chunk of each orbit o
 capacity are not symmetric in general (a ring's rotation is no symmetry of a multi-host fabric), so they
 are counted on every send, as arrays.
 
+Waves of a pipeline (``shift`` > 0). A generator that shifts moves image j ``j × shift`` steps later: one wave
+of a pipelined tree schedule is listed, and the generator moves it to the next chunk of every tree and one
+step on. Such a generator must be the only one, move no rank, and give the listed chunks disjoint images
+(τ^j(C) ∩ C = ∅ for 0 < j < m, checked): then the sends of chunk τ^j(c) are exactly image j of the sends of
+c, so each chunk's run is a listed chunk's run moved in time, and simulating the listed steps proves every
+chunk. The images use the listed rank pairs, so a step's loads are the sum of the listed steps it holds:
+capacity and cost are counted once per distinct set of listed steps (a shape), never per send, and the
+schedule states each step's rounds (``step_rounds``).
+
 >>> from schedules.collectives import Collective
 >>> from schedules.schedule import Schedule, Send, Step, Symmetry
 >>> c = Collective("allgather", 3)
@@ -54,7 +63,7 @@ class SendTable:
     rounds: np.ndarray  # per step
 
 
-def _listed(schedule: Schedule) -> SendTable:
+def listed_table(schedule: Schedule) -> SendTable:
     steps = schedule.steps
     sizes = np.fromiter((len(st.sends) for st in steps), np.int64, len(steps))
     total = int(sizes.sum())
@@ -66,7 +75,7 @@ def _listed(schedule: Schedule) -> SendTable:
 
 def send_table(schedule: Schedule) -> SendTable:
     """All sends, the images of a compact schedule's listed steps included (image-major within a step)."""
-    listed = _listed(schedule)
+    listed = listed_table(schedule)
     if not schedule.symmetries:
         return listed
     total = schedule.images * len(listed.step)
@@ -78,13 +87,52 @@ def send_table(schedule: Schedule) -> SendTable:
         sigma, tau = np.asarray(g.ranks, np.int64), np.asarray(g.chunks, np.int64)
         parts = []
         c, s, d = chunk, src, dst
-        for _ in range(g.order):
-            parts.append((c, s, d))
+        for j in range(g.order):
+            parts.append((c, s, d, step + j * g.shift))
             c, s, d = tau[c], sigma[s], sigma[d]
-        chunk, src, dst = (np.concatenate([p[k] for p in parts]) for k in range(3))
-        step, reduce = np.tile(step, g.order), np.tile(reduce, g.order)
+        chunk, src, dst, step = (np.concatenate([p[k] for p in parts]) for k in range(4))
+        reduce = np.tile(reduce, g.order)
     order = np.argsort(step, kind="stable")
-    return SendTable(step[order], chunk[order], src[order], dst[order], reduce[order], listed.rounds)
+    rounds = np.asarray(schedule.step_rounds, np.int64) if schedule.step_rounds else listed.rounds
+    return SendTable(step[order], chunk[order], src[order], dst[order], reduce[order], rounds)
+
+
+def shifted(schedule: Schedule) -> bool:
+    """Whether the schedule's symmetry moves its images in time (a pipeline's waves)."""
+    return any(g.shift for g in schedule.symmetries)
+
+
+def shapes(schedule: Schedule) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """For a shifted schedule: the distinct sets of listed steps that run together (first seen first), and the
+    shape of every step of the whole schedule."""
+    g = schedule.symmetries[0]
+    found: dict[tuple[int, ...], int] = {}
+    shape_of = np.zeros(schedule.nsteps, np.int64)
+    listed = len(schedule.steps)
+    for t in range(schedule.nsteps):
+        shape = tuple(d for d in range(max(0, t - (g.order - 1) * g.shift), min(listed - 1, t) + 1)
+                      if (t - d) % g.shift == 0)
+        shape_of[t] = found.setdefault(shape, len(found))
+    return list(found), shape_of
+
+
+def shape_table(schedule: Schedule) -> tuple[SendTable, np.ndarray]:
+    """The sends of each shape of a shifted schedule, each at the first step of that shape, with the fewest rounds
+    any step of the shape has; and the first step of every step's shape."""
+    listed = listed_table(schedule)
+    found, shape_of = shapes(schedule)
+    first = np.full(len(found), schedule.nsteps, np.int64)
+    np.minimum.at(first, shape_of, np.arange(schedule.nsteps))
+    rounds = np.asarray(schedule.step_rounds, np.int64).copy()
+    fewest = np.full(len(found), np.iinfo(np.int64).max)
+    np.minimum.at(fewest, shape_of, rounds)
+    rounds[first] = fewest
+    bounds = np.searchsorted(listed.step, np.arange(len(schedule.steps) + 1))
+    rows = [np.arange(bounds[d], bounds[d + 1]) for shape in found for d in shape]
+    at = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    step = np.repeat(first, [sum(bounds[d + 1] - bounds[d] for d in shape) for shape in found])
+    table = SendTable(step, listed.chunk[at], listed.src[at], listed.dst[at], listed.reduce[at], rounds)
+    return table, first[shape_of]
 
 
 def expand(schedule: Schedule) -> Schedule:
@@ -99,8 +147,9 @@ def expand(schedule: Schedule) -> Schedule:
     bounds = np.searchsorted(table.step, np.arange(schedule.nsteps + 1))
     ops = np.where(table.reduce, "reduce", "copy").tolist()
     sends = list(map(Send, table.chunk.tolist(), table.src.tolist(), table.dst.tolist(), ops))
-    steps = tuple(Step(st.rounds, tuple(sends[bounds[i]:bounds[i + 1]])) for i, st in enumerate(schedule.steps))
-    return replace(schedule, steps=steps, symmetries=())
+    rounds = table.rounds.tolist()
+    steps = tuple(Step(rounds[i], tuple(sends[bounds[i]:bounds[i + 1]])) for i in range(schedule.nsteps))
+    return replace(schedule, steps=steps, symmetries=(), step_rounds=())
 
 
 def _cycle_lengths(perm: np.ndarray) -> set[int]:
@@ -129,11 +178,39 @@ def symmetry_errors(schedule: Schedule) -> list[str]:
         maps.append((np.asarray(g.ranks, np.int64), np.asarray(g.chunks, np.int64)))
     if errors:
         return errors
+    errors = _shift_errors(schedule)
+    if errors:
+        return errors
     for i, (sa, ta) in enumerate(maps):
         for j, (sb, tb) in enumerate(maps[:i]):
             if not (np.array_equal(sa[sb], sb[sa]) and np.array_equal(ta[tb], tb[ta])):
                 errors.append(f"symmetries[{j}] and symmetries[{i}] do not commute")
     return errors or _invariance_errors(schedule, maps)
+
+
+def _shift_errors(schedule: Schedule) -> list[str]:
+    """The rules a shifting generator (a pipeline's waves) must keep for its proof to hold."""
+    if not shifted(schedule):
+        return ["step_rounds: only a schedule whose symmetry shifts in time states them"] if schedule.step_rounds \
+            else []
+    g = schedule.symmetries[0]
+    if len(schedule.symmetries) > 1:
+        return ["symmetries: a generator that shifts in time must be the only one"]
+    if g.ranks != tuple(range(len(g.ranks))):
+        return ["symmetries[0].ranks: a generator that shifts in time must leave every rank in place"]
+    expected = len(schedule.steps) + (g.order - 1) * g.shift
+    if len(schedule.step_rounds) != expected:
+        return [f"step_rounds: {len(schedule.step_rounds)} entries, but {len(schedule.steps)} listed steps shifted "
+                f"{g.order - 1} times by {g.shift} make {expected} steps"]
+    listed = np.unique(listed_table(schedule).chunk)
+    tau = np.asarray(g.chunks, np.int64)
+    image = listed
+    for j in range(1, g.order):
+        image = tau[image]
+        if np.isin(image, listed).any():
+            return [f"symmetries[0]: image {j} of the listed chunks meets them again (a shifted wave must carry "
+                    "other chunks)"]
+    return []
 
 
 def condition_table(schedule: Schedule, post: bool) -> np.ndarray:
@@ -145,7 +222,10 @@ def condition_table(schedule: Schedule, post: bool) -> np.ndarray:
     table = np.zeros((c.nranks, c.nchunks), bool)
     for rank in range(c.nranks):
         chunks = c.postcondition(rank) if post else c.precondition(rank)
-        table[rank, np.fromiter(chunks, np.int64, len(chunks))] = True
+        if len(chunks) == c.nchunks:
+            table[rank] = True  # every chunk: no need to walk a million of them
+        else:
+            table[rank, np.fromiter(chunks, np.int64, len(chunks))] = True
     return table
 
 
@@ -163,7 +243,8 @@ def _invariance_errors(schedule: Schedule, maps: list[tuple[np.ndarray, np.ndarr
 
 
 def orbit_representatives(schedule: Schedule) -> np.ndarray:
-    """chunk -> whether it is the smallest chunk of its orbit under the generators' chunk maps."""
+    """chunk -> whether it is its orbit's representative under the generators' chunk maps: a listed chunk where
+    the orbit has one (a shifted schedule), else the orbit's smallest chunk."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -174,4 +255,7 @@ def orbit_representatives(schedule: Schedule) -> np.ndarray:
                                     directed=True, connection="weak")
     first = np.full(label.max() + 1, size, np.int64)
     np.minimum.at(first, label, np.arange(size))
+    if shifted(schedule):  # listed chunks stand for their orbits (disjoint images: one per orbit)
+        listed = np.unique(listed_table(schedule).chunk)
+        first[label[listed]] = listed
     return first[label] == np.arange(size)

@@ -40,7 +40,7 @@ from typing import Iterable
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.compact import send_table
+from schedules.compact import send_table, shape_table, shifted
 from schedules.loads import count_loads, index_fabric
 from schedules.schedule import Schedule
 from topologies.errors import WeftError
@@ -96,7 +96,14 @@ class ScheduleLoads:
 def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
     """Count each step's chunks per link and per sharing group on the topology's switch-free form."""
     fabric = index_fabric(topology)
-    sends = send_table(schedule)
+    if shifted(schedule):  # a pipeline's waves: every step priced by its shape of listed steps
+        sends, first = shape_table(schedule)
+        by_first = _loads_of(schedule, topology, fabric, sends)
+        return ScheduleLoads(schedule.collective, tuple(by_first.steps[i] for i in first.tolist()))
+    return _loads_of(schedule, topology, fabric, send_table(schedule))
+
+
+def _loads_of(schedule: Schedule, topology: Topology, fabric, sends) -> ScheduleLoads:
     link = fabric.link_index(sends.src, sends.dst)
     if (link < 0).any():
         i = int(np.flatnonzero(link < 0)[0])

@@ -55,9 +55,13 @@ class Symmetry:
     ranks: tuple[int, ...]
     chunks: tuple[int, ...]
     order: int
+    shift: int = 0  # steps each application moves a send later: waves of a pipeline (see schedules.compact)
 
     def to_json(self) -> dict:
-        return {"ranks": list(self.ranks), "chunks": list(self.chunks), "order": self.order}
+        doc = {"ranks": list(self.ranks), "chunks": list(self.chunks), "order": self.order}
+        if self.shift:
+            doc["shift"] = self.shift
+        return doc
 
 
 @dataclass(frozen=True)
@@ -90,14 +94,15 @@ class Schedule:
     name: str = ""
     meta: ScheduleMeta = field(default_factory=ScheduleMeta, compare=False)
     symmetries: tuple[Symmetry, ...] = ()  # compact form: ``steps`` are listed once and repeated by these
+    step_rounds: tuple[int, ...] = ()  # with a shifting symmetry: the rounds of every step of the whole schedule
 
     @property
     def nsteps(self) -> int:
-        return len(self.steps)
+        return len(self.step_rounds) if self.step_rounds else len(self.steps)
 
     @property
     def total_rounds(self) -> int:
-        return sum(step.rounds for step in self.steps)
+        return sum(self.step_rounds) if self.step_rounds else sum(step.rounds for step in self.steps)
 
     @property
     def nsends(self) -> int:
@@ -130,6 +135,8 @@ class Schedule:
         }
         if self.symmetries:
             doc["symmetries"] = [g.to_json() for g in self.symmetries]
+        if self.step_rounds:
+            doc["step_rounds"] = list(self.step_rounds)
         return doc
 
     @property
@@ -154,6 +161,8 @@ class Schedule:
         if self.symmetries:
             doc["nsends"] = self.nsends
             doc["symmetries"] = content["symmetries"]
+        if self.step_rounds:
+            doc["step_rounds"] = content["step_rounds"]
         doc["steps"] = content["steps"]
         return doc
 
@@ -167,7 +176,10 @@ def dumps_schedule(schedule: Schedule) -> str:
     doc = schedule.to_json()
     steps = doc.pop("steps")
     symmetries = doc.pop("symmetries", None)
+    step_rounds = doc.pop("step_rounds", None)
     head = json.dumps(doc, indent=2)[:-2]
+    if step_rounds:
+        head += f',\n  "step_rounds": {json.dumps(step_rounds)}'
     if symmetries:  # one line per generator: a 1024-rank permutation is one long line, not 1024 short ones
         head += ',\n  "symmetries": [\n' + ",\n".join(f"    {json.dumps(g)}" for g in symmetries) + "\n  ]"
     lines = []
@@ -248,7 +260,13 @@ def parse_schedule(data: object, source: str) -> Schedule:
         if not isinstance(raw, list) or len(raw) > MAX_GENERATORS:
             raise ScheduleError(f"schedule {source}: symmetries: must be a list of at most {MAX_GENERATORS}")
         symmetries = tuple(_symmetry(g, collective, f"{source}: symmetries[{i}]") for i, g in enumerate(raw))
-    schedule = Schedule(collective, topology, tuple(steps), str(data.get("name", "")), meta, symmetries)
+    step_rounds = data.get("step_rounds") or []
+    if step_rounds and data["format"] != COMPACT_FORMAT:
+        raise ScheduleError(f"schedule {source}: step_rounds: only a {COMPACT_FORMAT} schedule has them")
+    if not isinstance(step_rounds, list) or len(step_rounds) > MAX_STEPS:
+        raise ScheduleError(f"schedule {source}: step_rounds: must be a list of at most {MAX_STEPS} integers")
+    step_rounds = tuple(_int(r, f"step_rounds[{i}]", source, 1) for i, r in enumerate(step_rounds))
+    schedule = Schedule(collective, topology, tuple(steps), str(data.get("name", "")), meta, symmetries, step_rounds)
     stated = data.get("hash")
     if stated is not None and stated != schedule.content_hash:
         raise ScheduleError(
@@ -258,6 +276,7 @@ def parse_schedule(data: object, source: str) -> Schedule:
 
 
 MAX_GENERATORS = 64
+MAX_STEPS = 1 << 24
 
 
 def _symmetry(doc: object, collective: Collective, source: str) -> Symmetry:
@@ -278,4 +297,5 @@ def _symmetry(doc: object, collective: Collective, source: str) -> Symmetry:
     if order > max(collective.nranks, collective.nchunks):
         raise ScheduleError(f"schedule {source}: order: {order} is more than a permutation of "
                             f"{max(collective.nranks, collective.nchunks)} needs")
-    return Symmetry(maps["ranks"], maps["chunks"], order)
+    shift = _int(doc.get("shift", 0), "shift", source, 0)
+    return Symmetry(maps["ranks"], maps["chunks"], order, shift)

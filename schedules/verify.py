@@ -26,6 +26,7 @@ True
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,20 +105,26 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
                 errors.add(line)
             return Verification(False, tuple(errors.lines), ("topology", "nranks", "symmetry"))
     fabric = index_fabric(topology)
-    arrays = send_table(schedule)
-    link = _check_sends(arrays, collective.nranks, collective.nchunks, fabric, errors)
-    _check_capacity(arrays, link, fabric, errors)
-    state = _initial_state(schedule)
+    if compact.shifted(schedule):  # a pipeline's waves: the listed wave's links, and loads per shape of steps
+        arrays = compact.listed_table(schedule)
+        link = _check_sends(arrays, collective.nranks, collective.nchunks, fabric, errors)
+        shaped, _ = compact.shape_table(schedule)
+        _check_capacity(shaped, _links(shaped, collective.nranks, fabric), fabric, errors)
+    else:
+        arrays = send_table(schedule)
+        link = _check_sends(arrays, collective.nranks, collective.nchunks, fabric, errors)
+        _check_capacity(arrays, link, fabric, errors)
     # A compact schedule is simulated on one chunk per orbit of its symmetry (sound: schedules.compact);
     # sends over no link are left out of the simulation (reported above).
     keep = link >= 0
     wanted = compact.orbit_representatives(schedule) if schedule.symmetries else None
     if wanted is not None:
         keep &= wanted[np.clip(arrays.chunk, 0, len(wanted) - 1)]
+    state = _initial_state(schedule, wanted)
     if keep.all() and not schedule.symmetries:
         per_step = [step.sends for step in schedule.steps]
     else:
-        per_step = _sends_by_step(arrays, keep, schedule.nsteps)
+        per_step = _sends_by_step(arrays, keep, len(schedule.steps))
     for index, sends in enumerate(per_step):
         _apply_step(index, sends, state, schedule, errors)
     _check_postconditions(state, schedule, errors, wanted)
@@ -148,10 +155,19 @@ def _ranks_in(mask: int, limit: int = 4) -> str:
     return shown + (", ..." if len(ranks) > limit else "")
 
 
-def _initial_state(schedule: Schedule) -> list[int]:
-    """A flat list indexed by rank * nchunks + chunk: the contribution mask that rank holds of chunk."""
+def _initial_state(schedule: Schedule, wanted: np.ndarray | None = None) -> list[int] | dict[int, int]:
+    """Indexed by rank * nchunks + chunk: the contribution mask that rank holds of chunk. With ``wanted`` (the
+    chunks a compact schedule is simulated on) a dict of those chunks' slots, missing slots holding nothing."""
     collective = schedule.collective
     nchunks = collective.nchunks
+    if wanted is not None:
+        reps = np.flatnonzero(wanted)
+        rows, cols = np.nonzero(compact.condition_table(schedule, post=False)[:, reps])
+        marks = [1 << r for r in range(collective.nranks)] if collective.combining else [1] * collective.nranks
+        sparse: dict[int, int] = defaultdict(int)
+        for rank, chunk in zip(rows.tolist(), reps[cols].tolist()):
+            sparse[rank * nchunks + chunk] = marks[rank]
+        return sparse
     state = [0] * (collective.nranks * nchunks)
     for rank in range(collective.nranks):
         mark = 1 << rank if collective.combining else 1
@@ -167,6 +183,14 @@ def _sends_by_step(arrays: SendTable, keep: np.ndarray, nsteps: int) -> list[lis
     sends = list(map(Send, arrays.chunk[keep].tolist(), arrays.src[keep].tolist(), arrays.dst[keep].tolist(), ops))
     bounds = np.searchsorted(step, np.arange(nsteps + 1)).tolist()
     return [sends[bounds[i]:bounds[i + 1]] for i in range(nsteps)]
+
+
+def _links(arrays: SendTable, nranks: int, fabric: FabricIndex) -> np.ndarray:
+    """The link of each send, -1 where a rank does not exist or there is no link (reported elsewhere)."""
+    fine = (arrays.src >= 0) & (arrays.src < nranks) & (arrays.dst >= 0) & (arrays.dst < nranks)
+    link = np.full(len(arrays.step), -1, np.int64)
+    link[fine] = fabric.link_index(arrays.src[fine], arrays.dst[fine])
+    return link
 
 
 def _send_at(arrays: SendTable, i: int) -> Send:
@@ -269,11 +293,15 @@ def _check_postconditions(state: list[int], schedule: Schedule, errors: _Errors,
     collective = schedule.collective
     nchunks = collective.nchunks
     full = (1 << collective.nranks) - 1 if collective.combining else None
+    if wanted_chunks is not None:
+        reps = np.flatnonzero(wanted_chunks)
+        needed = compact.condition_table(schedule, post=True)[:, reps]
     for rank in range(collective.nranks):
         base = rank * nchunks
-        wanted = sorted(collective.postcondition(rank))
-        if wanted_chunks is not None:
-            wanted = [c for c in wanted if wanted_chunks[c]]
+        if wanted_chunks is None:
+            wanted = sorted(collective.postcondition(rank))
+        else:
+            wanted = reps[needed[rank]].tolist()
         if full is None:
             short = [c for c in wanted if not state[base + c]]
             if short:

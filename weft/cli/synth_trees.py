@@ -44,9 +44,13 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     for forest in forests:
         progress(f"trees: {forest.describe()}")
     pipe = trees.pipeline(topology, collective, forests)
-    chunks = args.chunks or pipe.per_root * default_waves(pipe, parse_bytes(args.size), progress)
-    sized = Collective(collective.name, collective.nranks, chunks, collective.root)
-    schedule = trees.schedule(topology, sized, forests)
+    if collective.name == "allgather" and not args.chunks:
+        # the compact form (one wave and the shift to the next): the fastest wave count, whatever its size
+        schedule = pipe.with_waves(pipe.best_waves(parse_bytes(args.size))).compact()
+    else:
+        chunks = args.chunks or pipe.per_root * default_waves(pipe, parse_bytes(args.size), progress)
+        sized = Collective(collective.name, collective.nranks, chunks, collective.root)
+        schedule = trees.schedule(topology, sized, forests)
     return [schedule.with_meta(solver="trees", options={"k": forests[-1].per_root, "size": parse_bytes(args.size)},
                                solve_time=time.monotonic() - start,
                                notes="; ".join(f.describe() for f in forests))]
