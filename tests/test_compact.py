@@ -117,3 +117,78 @@ def test_writing_out_past_the_limit_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(compact, "MAX_WRITTEN_SENDS", schedule.nsends - 1)
     with pytest.raises(TooLarge, match="MAX_WRITTEN_SENDS"):
         expand(schedule)
+
+
+# ---- waves: a pipelined tree allgather, one wave listed and shifted ----------------------------------------
+
+def _pipelined(spec: str, waves: int):
+    from synth.trees import pipeline
+
+    topology = build(spec)
+    pipe = pipeline(topology, Collective("allgather", topology.nranks)).with_waves(waves)
+    return topology, pipe
+
+
+@pytest.mark.parametrize("spec,waves", [("hgx_h100:nodes=2", 5), ("dgx1", 3)])
+def test_a_compact_pipeline_is_the_expanded_one_and_prices_as_the_pipeline_predicts(spec, waves):
+    topology, pipe = _pipelined(spec, waves)
+    compact, explicit = pipe.compact(), pipe.expand()
+    assert compact.symmetries[0].shift == 1 and compact.nsteps == explicit.nsteps
+    assert compact.total_rounds == explicit.total_rounds and compact.nsends == explicit.nsends
+    written = expand(compact)
+    assert [sorted(map(repr, a.sends)) for a in written.steps] == [sorted(map(repr, b.sends)) for b in explicit.steps]
+    assert verify(compact, topology).ok
+    assert loads(compact, topology).predict_many_us(SIZES) == pytest.approx(
+        [pipe.predict_us(size) for size in SIZES], rel=1e-12)
+    assert parse_schedule(json.loads(dumps_schedule(compact)), "trees.json") == compact
+
+
+def test_a_shifting_symmetry_that_moves_ranks_is_refused():
+    topology, pipe = _pipelined("hgx_h100:nodes=2", 3)
+    compact = pipe.compact()
+    g = compact.symmetries[0]
+    cycle = (1, 2, 0) + tuple(range(3, 16))  # order 3, as the wave shift's
+    moved = replace(compact, symmetries=(Symmetry(cycle, g.chunks, g.order, 1),))
+    assert "must leave every rank in place" in _refused(moved, topology)
+
+
+def test_step_rounds_that_do_not_count_the_waves_are_refused():
+    topology, pipe = _pipelined("hgx_h100:nodes=2", 3)
+    compact = pipe.compact()
+    assert "step_rounds: " in _refused(replace(compact, step_rounds=compact.step_rounds[:-1]), topology)
+
+
+def test_a_wave_whose_images_meet_the_listed_chunks_is_refused():
+    """A shift of order 3 over chunks that only swap in pairs would land wave 2 on wave 0's chunks."""
+    topology, pipe = _pipelined("hgx_h100:nodes=2", 2)
+    compact = pipe.compact()
+    g = compact.symmetries[0]
+    again = replace(compact, symmetries=(Symmetry(g.ranks, g.chunks, 4, 1),),
+                    step_rounds=compact.step_rounds + compact.step_rounds[-2:])
+    assert "meets them again" in _refused(again, topology)
+
+
+def test_a_wave_missing_one_send_is_refused():
+    topology, pipe = _pipelined("hgx_h100:nodes=2", 3)
+    compact = pipe.compact()
+    first = compact.steps[0]
+    broken = replace(compact, steps=(Step(first.rounds, first.sends[1:]),) + compact.steps[1:])
+    assert "postcondition" in _refused(broken, topology)
+    assert not verify(expand(broken), topology).ok
+
+
+def test_weft_synth_trees_writes_the_compact_file_whose_percentage_it_prints(tmp_path, capsys):
+    from weft.cli import main
+
+    from schedules.bounds import lower_bound_us
+    from schedules.schedule import load_schedule
+
+    out = tmp_path / "trees.json"
+    assert main(["synth", "allgather", "-t", "hgx_h100:nodes=2", "--method", "trees", "--size", "1GB",
+                 "-o", str(out)]) == 0
+    printed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("trees-allgather"))
+    written = load_schedule(out)
+    topology = build("hgx_h100:nodes=2")
+    pct = 100 * lower_bound_us(topology, written.collective, 1 << 30) / loads(written, topology).predict_us(1 << 30)
+    assert json.loads(out.read_text())["format"] == COMPACT_FORMAT and written.symmetries[0].shift == 1
+    assert f"{pct:.1f}" == printed.split()[-1] and pct == pytest.approx(written.meta.pct_of_bound)
