@@ -136,7 +136,8 @@ def shape_table(schedule: Schedule) -> tuple[SendTable, np.ndarray]:
 
 
 def expand(schedule: Schedule) -> Schedule:
-    """The explicit schedule (``weft.schedule/1``) a compact one stands for; itself if it is explicit."""
+    """The explicit schedule (``weft.schedule/1``) a compact one stands for, each step's sends in (src, dst, chunk)
+    order; itself if it is explicit."""
     if not schedule.symmetries:
         return schedule
     if schedule.nsends > MAX_WRITTEN_SENDS:
@@ -144,6 +145,11 @@ def expand(schedule: Schedule) -> Schedule:
                        f"out, over the {MAX_WRITTEN_SENDS:,} this machine holds (MAX_WRITTEN_SENDS); the compact "
                        "form is verified and priced as it is")
     table = send_table(schedule)
+    # within a step, sends in (src, dst, chunk) order: the order the baselines wrote them in before they were
+    # compact, so a compiled plan is the same plan
+    order = np.lexsort((table.chunk, table.dst, table.src, table.step))
+    table = SendTable(table.step[order], table.chunk[order], table.src[order], table.dst[order], table.reduce[order],
+                      table.rounds)
     bounds = np.searchsorted(table.step, np.arange(schedule.nsteps + 1))
     ops = np.where(table.reduce, "reduce", "copy").tolist()
     sends = list(map(Send, table.chunk.tolist(), table.src.tolist(), table.dst.tolist(), ops))

@@ -18,7 +18,7 @@ from topologies.catalog import build
 
 SYMMETRIC = ("allgather", "reducescatter", "allreduce")
 FABRICS = {  # where each baseline exists: the ring on any cycle, direct on all pairs, rhd on partners
-    "ring": ("ring:n=5", "hgx_h100:nodes=2", "dgx1"),
+    "ring": ("ring:n=5", "hgx_h100:nodes=2", "hgx_h200:gpus=4"),  # cycles in rank order
     "direct": ("fully_connected:n=4", "hgx_h100:nodes=2"),
     "twoshot": ("fully_connected:n=4", "hgx_h100:nodes=2"),
     "rhd": ("hypercube:d=3", "hgx_h100:nodes=2"),

@@ -46,8 +46,9 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     routes = _routes(topology, order)
     algorithm = _ALGORITHMS[collective.name]
     used = min(collective.chunks, len(routes))
-    if used == 1 and collective.name in _ROTATING and collective.nranks > 1:
-        # one chunk's trajectory, and the rotation along the ring that gives every other slice's
+    if used == 1 and collective.name in _ROTATING and collective.nranks > 1 and order == sorted(order):
+        # one chunk's trajectory, and the rotation along the ring that gives every other slice's (on a ring in
+        # rank order, whose expansion lists each step's sends in ring order, as the explicit form does)
         steps = algorithm(order, collective, range(collective.chunks), only=order[0])
         return assemble("ring", topology, collective, steps, started, "a ring edge", (rotation(collective, order),),
                         order=order, rings=[list(order)])
