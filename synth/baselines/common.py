@@ -10,7 +10,6 @@ send, as arrays over the fabric index, so nothing is built per rank pair.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Iterable, Sequence
 
@@ -146,13 +145,12 @@ def assemble(method: str, topology: Topology, collective: Collective, steps: Ite
                     symmetries)
 
 
-def rotation(collective: Collective, order: Sequence[int], step: int = 1) -> Symmetry:
-    """The symmetry that moves every rank ``step`` places on along ``order`` and every rank's slice with it."""
-    n, c = collective.nranks, collective.chunks
-    ranks = np.empty(n, np.int64)
+def rotation(collective: Collective, order: Sequence[int]) -> Symmetry:
+    """The symmetry that moves every rank one place on along ``order`` and every rank's slice with it."""
+    ranks = np.empty(collective.nranks, np.int64)
     at = np.asarray(order, np.int64)
-    ranks[at] = np.roll(at, -step)
-    return Symmetry(tuple(ranks.tolist()), tuple(slice_map(collective, ranks).tolist()), n // math.gcd(n, step))
+    ranks[at] = np.roll(at, -1)
+    return Symmetry(tuple(ranks.tolist()), tuple(slice_map(collective, ranks).tolist()), collective.nranks)
 
 
 def slice_map(collective: Collective, ranks: np.ndarray) -> np.ndarray:

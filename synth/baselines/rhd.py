@@ -64,7 +64,6 @@ def _reducescatter(collective: Collective, only: int | None = None) -> list[list
     steps = []
     for bit in reversed(_bits(n)):
         # Rank r still owns the slices that agree with it on every bit above `bit`; it hands the partner's half on.
-        high = ~(2 * bit - 1)
         steps.append([Send(chunk, r, r ^ bit, "reduce") for r in _senders(n, only) for x in _near(r, 2 * bit)
                       if x & bit != r & bit for chunk in own(collective, x)])
     return steps
