@@ -192,3 +192,25 @@ def test_weft_synth_trees_writes_the_compact_file_whose_percentage_it_prints(tmp
     pct = 100 * lower_bound_us(topology, written.collective, 1 << 30) / loads(written, topology).predict_us(1 << 30)
     assert json.loads(out.read_text())["format"] == COMPACT_FORMAT and written.symmetries[0].shift == 1
     assert f"{pct:.1f}" == printed.split()[-1] and pct == pytest.approx(written.meta.pct_of_bound)
+
+
+@pytest.mark.parametrize("spec,chunks", [("hgx_h100:nodes=2", 4), ("dgx1", 6)])
+def test_a_large_tree_allreduce_is_its_first_wave_shifted_and_equals_the_written_out_tree(spec, chunks, monkeypatch):
+    """At scale (past COMPACT_FROM sends) the double binary tree is written as every tree's first chunk and the
+    shift to the next: the same sends, steps, rounds and price as the tree written out."""
+    import importlib
+
+    tree = importlib.import_module("synth.baselines.tree")
+    topology = build(spec)
+    collective = Collective("allreduce", topology.nranks, chunks)
+    explicit = baselines.tree(topology, collective)
+    monkeypatch.setattr(tree, "COMPACT_FROM", 0)
+    compact = baselines.tree(topology, collective)
+    assert compact.symmetries[0].shift == 1 and not explicit.symmetries
+    assert (compact.nsteps, compact.total_rounds, compact.nsends) == (explicit.nsteps, explicit.total_rounds,
+                                                                      explicit.nsends)
+    assert sorted(map(repr, (s for st in expand(compact).steps for s in st.sends))) == \
+        sorted(map(repr, (s for st in explicit.steps for s in st.sends)))
+    assert verify(compact, topology).ok
+    assert loads(compact, topology).predict_many_us(SIZES) == pytest.approx(
+        loads(explicit, topology).predict_many_us(SIZES), rel=1e-12)

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.compact import MAX_EXPANDED_SENDS, SendTable, TooLarge, send_table
+from schedules.compact import MAX_EXPANDED_SENDS, SendTable, TooLarge, listed_table, send_table, shape_table
 from schedules.loads import count_loads, index_fabric
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step, Symmetry
 from synth.errors import NotApplicable
@@ -132,6 +132,12 @@ def assemble(method: str, topology: Topology, collective: Collective, steps: Ite
              started: float, why: str, symmetries: tuple[Symmetry, ...] = (), **options: Any) -> Schedule:
     """A Schedule from per-step send lists; empty steps are dropped; ``why`` says what a missing link was for.
     With ``symmetries`` the steps are listed once and stand for all their images (a compact schedule)."""
+    meta = ScheduleMeta(solver=method, options={"chunks": collective.chunks, **options},
+                        solve_time=time.perf_counter() - started)
+    name = f"{method}-{collective.name}-{topology.name}"
+    if any(g.shift for g in symmetries):
+        return _assemble_waves(method, topology, collective, [tuple(sends) for sends in steps], why, symmetries,
+                               meta, name)
     steps = [tuple(sends) for sends in steps if sends]
     draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in steps),
                      symmetries=symmetries)
@@ -139,10 +145,23 @@ def assemble(method: str, topology: Topology, collective: Collective, steps: Ite
     _require(method, topology, table.src, table.dst, why)
     rounds = step_rounds(topology, table, len(steps))
     built = tuple(Step(r, sends) for r, sends in zip(rounds, steps))
-    meta = ScheduleMeta(solver=method, options={"chunks": collective.chunks, **options},
-                        solve_time=time.perf_counter() - started)
-    return Schedule(collective, topology.fingerprint, built, f"{method}-{collective.name}-{topology.name}", meta,
-                    symmetries)
+    return Schedule(collective, topology.fingerprint, built, name, meta, symmetries)
+
+
+def _assemble_waves(method: str, topology: Topology, collective: Collective, steps: list[tuple[Send, ...]],
+                    why: str, symmetries: tuple[Symmetry, ...], meta: ScheduleMeta, name: str) -> Schedule:
+    """A pipeline's first wave and the shift to the next: rounds counted once per shape of listed steps."""
+    g = symmetries[0]
+    listed = tuple(Step(1, sends) for sends in steps)
+    nsteps = len(steps) + (g.order - 1) * g.shift
+    draft = Schedule(collective, topology.fingerprint, listed, symmetries=symmetries, step_rounds=(1,) * nsteps)
+    own = listed_table(draft)
+    _require(method, topology, own.src, own.dst, why)  # the waves use the listed rank pairs
+    shaped, first = shape_table(draft)
+    rounds = np.asarray(step_rounds(topology, shaped, nsteps), np.int64)[first]
+    alone = step_rounds(topology, own, len(steps))
+    built = tuple(Step(r, sends) for r, sends in zip(alone, steps))
+    return Schedule(collective, topology.fingerprint, built, name, meta, symmetries, tuple(rounds.tolist()))
 
 
 def rotation(collective: Collective, order: Sequence[int]) -> Symmetry:

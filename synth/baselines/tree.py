@@ -28,6 +28,7 @@ from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from schedules.collectives import Collective
 from schedules.loads import index_fabric
+from schedules.schedule import Symmetry
 from schedules.schedule import Schedule, Send
 from synth.baselines.common import assemble, check_ranks, check_size, host_major, host_rotations
 from synth.baselines.ring import hamiltonian_cycle
@@ -54,6 +55,15 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
     trees = [_on_ranks(shape, _rotate(placed, root)) for placed in host_rotations(topology, order)
              for shape in shapes]
     used = min(len(trees), collective.nchunks)
+    waves = collective.nchunks // used
+    if collective.name == "allreduce" and collective.nchunks % used == 0 and waves > 1 and \
+            2 * (n - 1) * collective.nchunks > COMPACT_FROM:
+        # the first chunk of every tree, and the shift that sends chunk m + used one step after chunk m
+        first = [t for parents, q in zip(trees, range(used)) for t in _allreduce_phases(parents, range(q, q + 1))]
+        later = (np.arange(collective.nchunks) + used) % collective.nchunks
+        shift = Symmetry(tuple(range(n)), tuple(later.tolist()), waves, shift=1)
+        return assemble("tree", topology, collective, _merge(*first), started, "a tree edge", (shift,),
+                        order=order, trees=used)
     # Tree q carries chunks q, q+used, ...; all trees run side by side, step for step.
     parts = [range(q, collective.nchunks, used) for q in range(used)]
     if collective.name == "allreduce":
@@ -64,6 +74,9 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts)]
     return assemble("tree", topology, collective, _merge(*timelines), started, "a tree edge", order=order,
                     trees=used)
+
+
+COMPACT_FROM = 1_000_000  # sends past which the all-reduce is written as its first wave and a shift
 
 
 def ruler_tree(n: int) -> dict[int, int]:
