@@ -36,10 +36,12 @@ schedule states each step's rounds (``step_rounds``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
+from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleError, Send, Step
 
 MAX_EXPANDED_SENDS = 8_000_000  # sends held as arrays (40 bytes each) for link and capacity checks and pricing
@@ -61,6 +63,18 @@ class SendTable:
     dst: np.ndarray
     reduce: np.ndarray
     rounds: np.ndarray  # per step
+    memo: dict = field(default_factory=dict, compare=False, repr=False)  # derived counts, shared by copies
+
+    def counted(self, fabric):
+        """(link of every send, its Loads) on ``fabric`` (a FabricIndex), counted once per table and fabric:
+        a baseline, the verifier and the cost model each ask for the same two million sends' loads."""
+        from schedules.loads import count_loads
+
+        key = id(fabric)
+        if key not in self.memo:
+            link = fabric.link_index(self.src, self.dst)
+            self.memo[key] = (fabric, link, count_loads(fabric, self.step, link) if (link >= 0).all() else None)
+        return self.memo[key][1:]
 
 
 def listed_table(schedule: Schedule) -> SendTable:
@@ -75,9 +89,20 @@ def listed_table(schedule: Schedule) -> SendTable:
 
 def send_table(schedule: Schedule) -> SendTable:
     """All sends, the images of a compact schedule's listed steps included (image-major within a step)."""
-    listed = listed_table(schedule)
     if not schedule.symmetries:
-        return listed
+        return listed_table(schedule)
+    rounds = np.asarray(schedule.step_rounds or [st.rounds for st in schedule.steps], np.int64)
+    expanded = _expanded(tuple(st.sends for st in schedule.steps), schedule.symmetries, schedule.nsteps,
+                         schedule.name or schedule.collective.name)
+    return replace(expanded, rounds=rounds)  # shares the expansion's counted loads
+
+
+@lru_cache(maxsize=2)
+def _expanded(sends: tuple, symmetries: tuple, nsteps: int, name: str) -> SendTable:
+    """The expansion of listed sends, kept for the next caller (rounds aside, which it does not depend on)."""
+    steps = tuple(Step(1, s) for s in sends)
+    schedule = Schedule(Collective("allgather", 1), "", steps, name, symmetries=symmetries)
+    listed = listed_table(schedule)
     total = schedule.images * len(listed.step)
     if total > MAX_EXPANDED_SENDS:
         raise TooLarge(f"schedule {schedule.name or schedule.collective.name}: {total:,} sends, over the "
@@ -93,8 +118,7 @@ def send_table(schedule: Schedule) -> SendTable:
         chunk, src, dst, step = (np.concatenate([p[k] for p in parts]) for k in range(4))
         reduce = np.tile(reduce, g.order)
     order = np.argsort(step, kind="stable")
-    rounds = np.asarray(schedule.step_rounds, np.int64) if schedule.step_rounds else listed.rounds
-    return SendTable(step[order], chunk[order], src[order], dst[order], reduce[order], rounds)
+    return SendTable(step[order], chunk[order], src[order], dst[order], reduce[order], np.ones(nsteps, np.int64))
 
 
 def shifted(schedule: Schedule) -> bool:

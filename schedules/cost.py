@@ -104,12 +104,12 @@ def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
 
 
 def _loads_of(schedule: Schedule, topology: Topology, fabric, sends) -> ScheduleLoads:
-    link = fabric.link_index(sends.src, sends.dst)
+    link, counted = sends.counted(fabric)
     if (link < 0).any():
         i = int(np.flatnonzero(link < 0)[0])
         raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{sends.step[i]}]: "
                         f"no link {sends.src[i]}->{sends.dst[i]} in topology {topology.name}")
-    return step_loads(schedule.collective, fabric, sends.step, link, schedule.nsteps)
+    return _priced(schedule.collective, fabric, counted, schedule.nsteps)
 
 
 def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarray, nsteps: int) -> ScheduleLoads:
@@ -117,7 +117,10 @@ def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarra
 
     Lets a caller price steps it never builds as Send objects (a pipeline's step shapes at 1024 ranks).
     """
-    counted = count_loads(fabric, step, link)
+    return _priced(collective, fabric, count_loads(fabric, step, link), nsteps)
+
+
+def _priced(collective: Collective, fabric, counted, nsteps: int) -> ScheduleLoads:
     link_terms = _terms(counted.link_step, fabric.latency[counted.link], counted.link_count,
                         fabric.capacity[counted.link], nsteps)
     group_terms = _group_terms(fabric, counted, nsteps)

@@ -220,7 +220,7 @@ def _check_sends(arrays: SendTable, nranks: int, nchunks: int, fabric: FabricInd
 
 def _check_capacity(arrays: SendTable, link: np.ndarray, fabric: FabricIndex, errors: _Errors) -> None:
     usable = link >= 0
-    loads = count_loads(fabric, arrays.step[usable], link[usable])
+    loads = arrays.counted(fabric)[1] if usable.all() else count_loads(fabric, arrays.step[usable], link[usable])
     unit = fabric.unit_bandwidth
     found = []
     link_chunks = fabric.capacity[loads.link] / unit

@@ -17,7 +17,7 @@ import numpy as np
 
 from schedules.collectives import Collective
 from schedules.compact import MAX_EXPANDED_SENDS, SendTable, TooLarge, listed_table, send_table, shape_table
-from schedules.loads import count_loads, index_fabric
+from schedules.loads import index_fabric
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step, Symmetry
 from synth.errors import NotApplicable
 from topologies.topology import Topology
@@ -116,7 +116,7 @@ def step_rounds(topology: Topology, table: SendTable, nsteps: int) -> list[int]:
     """Per step, the fewest rounds in which every link and sharing group carries its load (every send of a
     compact schedule counted)."""
     fabric = index_fabric(topology)
-    loads = count_loads(fabric, table.step, fabric.link_index(table.src, table.dst))
+    _, loads = table.counted(fabric)
     unit = fabric.unit_bandwidth
     need = np.ones(nsteps, np.int64)
     for step, count, capacity in ((loads.link_step, loads.link_count, fabric.capacity[loads.link] / unit),
