@@ -41,6 +41,7 @@ class Deadline:
     phase: str = "starting"
     progress: Callable[[str], None] | None = None
     quiet: bool = False  # a phase that reports its own progress (a solver family) is not talked over
+    after: str = "nothing written"  # what the time-limit message says was kept
     started: float = field(default_factory=time.monotonic)
     _previous: object = None
     _ticker: threading.Event = field(default_factory=threading.Event)
@@ -51,7 +52,7 @@ class Deadline:
 
     def _fire(self, signum, frame) -> None:
         raise TimeLimitReached(f"{self.command}: --time-limit {self.limit_s:g} s reached while {self.phase} "
-                               f"(after {time.monotonic() - self.started:.1f} s); nothing written")
+                               f"(after {time.monotonic() - self.started:.1f} s); {self.after}")
 
     def _tick(self) -> None:
         while not self._ticker.wait(QUIET_S):

@@ -140,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
         for size_text, schedules in found:
             rows += _score(topology, schedules, parse_bytes(size_text), deadline)
     written = _write(args, [s for s, _ in rows])
-    plans = _compile_and_commit(args, topology, [s for s, _ in rows])
+    with Deadline("weft synth", args.time_limit, progress=_progress, started=deadline.started,
+                  after=f"the schedule is written ({', '.join(str(w) for w in written)}); no plan is") as deadline:
+        deadline.phase = "compiling and checking plans"
+        plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
         print(json.dumps([{**s.to_json(), "pct_of_bound_by_size": pct, "written": w}
                           for (s, pct), w in zip(rows, written)] + plans, indent=2))
