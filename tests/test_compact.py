@@ -214,3 +214,16 @@ def test_a_large_tree_allreduce_is_its_first_wave_shifted_and_equals_the_written
     assert verify(compact, topology).ok
     assert loads(compact, topology).predict_many_us(SIZES) == pytest.approx(
         loads(explicit, topology).predict_many_us(SIZES), rel=1e-12)
+
+
+def test_weft_verify_reads_a_compact_file(tmp_path, capsys):
+    from weft.cli import main
+
+    _, schedule = _compact("hgx_h100:nodes=2", "rhd", "allreduce")
+    path = tmp_path / "rhd.json"
+    path.write_text(dumps_schedule(schedule))
+    assert main(["verify", str(path), "-t", "hgx_h100:nodes=2"]) == 0
+    assert f"({schedule.content_hash}): ok" in capsys.readouterr().out
+    broken = replace(schedule, symmetries=schedule.symmetries[1:])  # one bit flip fewer: a slice never arrives
+    path.write_text(dumps_schedule(broken))
+    assert main(["verify", str(path), "-t", "hgx_h100:nodes=2"]) == 1
