@@ -80,7 +80,7 @@ def switch_free_arrays(topo) -> SwitchFreeArrays:
         hops.append(np.where(live, edge_link[at], -1))
         node = np.where(live, prev, node)
         live &= prev != ps
-    rev = np.column_stack(hops)
+    rev = np.column_stack(hops) if hops else np.zeros((len(ps), 0), np.int64)  # no pair routed through switches
     length = (rev >= 0).sum(axis=1)
     rows = np.arange(len(ps))[:, None]
     cols = length[:, None] - 1 - np.arange(rev.shape[1])[None, :]
