@@ -60,7 +60,9 @@ class Deadline:
                 self.progress(f"{self.command}: {self.phase} ({time.monotonic() - self.started:.0f} s)")
 
     def __enter__(self) -> "Deadline":
-        if math.isfinite(self.limit_s) and hasattr(signal, "setitimer"):
+        # an alarm reaches only the main thread (a CLI called from another thread keeps the solvers' own limits)
+        if math.isfinite(self.limit_s) and hasattr(signal, "setitimer") and \
+                threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGALRM, self._fire)
             signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left() + GRACE_S))
         if self.progress is not None:
