@@ -22,6 +22,7 @@ BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
             "pareto": "weft.cli.synth_pareto"}
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
+SCORE_RESERVE_S = 5.0  # of --time-limit, kept from the solver for verifying and pricing (at most a tenth)
 
 
 def _family(method: str):
@@ -128,19 +129,22 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "smt" and args.jobs > 1:
         args.workers = args.jobs
     _check_output(args)
-    with Deadline("weft synth", args.time_limit, progress=_progress) as deadline:
+    limit = args.time_limit
+    with Deadline("weft synth", limit, progress=_progress) as deadline:
         deadline.phase = f"reading topology {args.topology}"
         topology = resolve(args.topology)
         collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
         deadline.phase = f"synthesizing {collective.name} on {topology.name} ({args.method})"
         deadline.quiet = args.method not in BASELINES  # solver families report their own progress
+        # the solver gets what reading the fabric left, less a reserve for verifying and pricing its answer
+        args.time_limit = max(0.1, deadline.left() - min(SCORE_RESERVE_S, 0.1 * limit))
         found = sweep(args, topology, collective, asked_sizes)
         deadline.quiet = False
         rows = []
         for size_text, schedules in found:
             rows += _score(topology, schedules, parse_bytes(size_text), deadline)
     written = _write(args, [s for s, _ in rows])
-    with Deadline("weft synth", args.time_limit, progress=_progress, started=deadline.started,
+    with Deadline("weft synth", limit, progress=_progress, started=deadline.started,
                   after=f"the schedule is written ({', '.join(str(w) for w in written)}); no plan is") as deadline:
         deadline.phase = "compiling and checking plans"
         plans = _compile_and_commit(args, topology, [s for s, _ in rows])
