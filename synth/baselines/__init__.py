@@ -18,11 +18,19 @@ that fit its busiest link and sharing group.
 'ring-allgather-ring4'
 """
 
-from synth.baselines.direct import direct, twoshot
-from synth.baselines.rhd import rhd
-from synth.baselines.ring import hamiltonian_cycle, ring
-from synth.baselines.tree import tree
+from synth.baselines.common import check_size
+from synth.baselines.direct import direct, direct_sends, twoshot, twoshot_sends
+from synth.baselines.rhd import rhd, rhd_sends
+from synth.baselines.ring import hamiltonian_cycle, ring, ring_sends
+from synth.baselines.tree import tree, tree_sends
 
 METHODS = ("ring", "direct", "twoshot", "rhd", "tree")
+SENDS = {"ring": ring_sends, "direct": direct_sends, "twoshot": twoshot_sends, "rhd": rhd_sends, "tree": tree_sends}
 
-__all__ = ["METHODS", "direct", "hamiltonian_cycle", "rhd", "ring", "tree", "twoshot"]
+
+def check_sends(method: str, fabric: str, collective) -> None:
+    """TooLarge where ``method`` would make more sends than this machine expands: a refusal that needs only the
+    rank count, so the CLI can give it before reading a large topology file whole."""
+    check_size(method, fabric, collective, SENDS[method](collective))
+
+__all__ = ["METHODS", "check_sends", "direct", "hamiltonian_cycle", "rhd", "ring", "tree", "twoshot"]

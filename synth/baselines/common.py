@@ -86,10 +86,11 @@ def host_rotations(topology: Topology, order: list[int]) -> list[list[int]]:
     return [[r for segment in segments for r in segment[j:] + segment[:j]] for j in range(width)]
 
 
-def check_size(method: str, topology: Topology, collective: Collective, sends: int) -> None:
-    """TooLarge, before anything is built, where the schedule has more sends than this machine expands."""
-    if sends > MAX_EXPANDED_SENDS:
-        raise TooLarge(f"{method}: {collective.name} on {topology.name} is {sends:,} sends, over the "
+def check_size(method: str, fabric: str, collective: Collective, sends: int | None) -> None:
+    """TooLarge, before anything is built, where the schedule has more sends than this machine expands;
+    ``fabric``: the topology's name, for the message."""
+    if sends is not None and sends > MAX_EXPANDED_SENDS:
+        raise TooLarge(f"{method}: {collective.name} on {fabric} is {sends:,} sends, over the "
                        f"{MAX_EXPANDED_SENDS:,} this machine expands to check links and capacity (MAX_EXPANDED_SENDS)")
 
 

@@ -31,9 +31,7 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
     n = collective.nranks
     if collective.name in _ROTATING and n > 1:
         # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
-        per_rank = (n - 1) * (collective.nchunks if collective.name == "allreduce" else
-                              collective.chunks * (n if collective.name == "alltoall" else 1))
-        check_size("direct", topology, collective, n * per_rank)
+        check_size("direct", topology.name, collective, direct_sends(collective))
         return assemble("direct", topology, collective, [_direct_sends(collective, only=0)], started, why,
                         (rotation(collective, range(n)),))
     require_links("direct", topology, _pairs(collective), why)  # before building N² sends of nothing
@@ -48,12 +46,26 @@ def twoshot(topology: Topology, collective: Collective) -> Schedule:
                             f"use --method direct for {collective.name}")
     check_ranks("twoshot", topology, collective)
     n = collective.nranks
-    check_size("twoshot", topology, collective, 2 * n * (n - 1) * collective.chunks)
+    check_size("twoshot", topology.name, collective, twoshot_sends(collective))
     # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
     scatter = [Send(chunk, 0, dst, "reduce") for dst in range(1, n) for chunk in own(collective, dst)]
     gather = [Send(chunk, 0, dst) for dst in range(1, n) for chunk in own(collective, 0)]
     return assemble("twoshot", topology, collective, [scatter, gather], started,
                     "two-shot exchanges slices between every pair of ranks", (rotation(collective, range(n)),))
+
+
+def direct_sends(collective: Collective) -> int | None:
+    """How many sends direct makes, before any is built (None: a rooted collective, N sends at most per chunk)."""
+    n, name = collective.nranks, collective.name
+    if name not in _ROTATING:
+        return None
+    per_pair = {"allreduce": collective.nchunks, "alltoall": collective.chunks}.get(name, collective.chunks)
+    return n * (n - 1) * per_pair
+
+
+def twoshot_sends(collective: Collective) -> int:
+    n = collective.nranks
+    return 2 * n * (n - 1) * collective.chunks
 
 
 def _pairs(collective: Collective) -> list[tuple[int, int]]:

@@ -34,9 +34,7 @@ def rhd(topology: Topology, collective: Collective) -> Schedule:
     n = collective.nranks
     if n & (n - 1):
         raise NotApplicable(f"rhd: needs a power-of-two number of ranks; topology {topology.name} has {n}")
-    if collective.name in _ALGORITHMS_OF_ONE:
-        phases = 2 if collective.name == "allreduce" else 1
-        check_size("rhd", topology, collective, phases * n * (n - 1) * collective.chunks)
+    check_size("rhd", topology.name, collective, rhd_sends(collective))
     for bit in _bits(n):
         require_links("rhd", topology, ((r, r ^ bit) for r in range(n)), f"partners at distance {bit}")
     if collective.name in _ALGORITHMS_OF_ONE:
@@ -46,6 +44,14 @@ def rhd(topology: Topology, collective: Collective) -> Schedule:
         return assemble("rhd", topology, collective, steps, started, "partners", flips)
     steps = _ALGORITHMS[collective.name](collective)
     return assemble("rhd", topology, collective, steps, started, "partners")
+
+
+def rhd_sends(collective: Collective) -> int | None:
+    """How many sends rhd makes, before any is built (None: the rooted and all-to-all forms, not estimated)."""
+    n = collective.nranks
+    if collective.name not in ("allgather", "reducescatter", "allreduce"):
+        return None
+    return (2 if collective.name == "allreduce" else 1) * n * (n - 1) * collective.chunks
 
 
 def _flip(collective: Collective, bit: int) -> Symmetry:

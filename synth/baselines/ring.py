@@ -41,7 +41,7 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     """The ring algorithm for any of the eight collectives, over a Hamiltonian cycle of the topology."""
     started = time.perf_counter()
     check_ranks("ring", topology, collective)
-    check_size("ring", topology, collective, _sends(collective))
+    check_size("ring", topology.name, collective, ring_sends(collective))
     order = hamiltonian_cycle(topology)
     routes = _routes(topology, order)
     algorithm = _ALGORITHMS[collective.name]
@@ -59,7 +59,7 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
                     rings=[list(route) for route in routes[:used]])
 
 
-def _sends(collective: Collective) -> int:
+def ring_sends(collective: Collective) -> int:
     """How many sends the ring algorithm makes, before any is built."""
     n, c, name = collective.nranks, collective.chunks, collective.name
     per_hop = {"allgather": n, "reducescatter": n, "allreduce": 2 * n, "gather": n // 2, "scatter": n // 2,

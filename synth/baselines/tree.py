@@ -46,9 +46,7 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         raise NotApplicable(f"tree: exists for {', '.join(SUPPORTED)} only, not {collective.name}")
     check_ranks("tree", topology, collective)
     n = collective.nranks
-    # every chunk crosses each of the N-1 tree edges once (allreduce: up, then down)
-    phases = 2 if collective.name == "allreduce" else 1
-    check_size("tree", topology, collective, phases * (n - 1) * collective.nchunks)
+    check_size("tree", topology.name, collective, tree_sends(collective))
     root = None if collective.name == "allreduce" else collective.root
     shapes = [ruler_tree(n), _second_tree(ruler_tree(n), n)] if root is None else [ruler_tree(n)]
     order = _placement(topology, shapes, root)
@@ -74,6 +72,11 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts)]
     return assemble("tree", topology, collective, _merge(*timelines), started, "a tree edge", order=order,
                     trees=used)
+
+
+def tree_sends(collective: Collective) -> int:
+    """Every chunk crosses each of the N-1 tree edges once (allreduce: up, then down)."""
+    return (2 if collective.name == "allreduce" else 1) * (collective.nranks - 1) * collective.nchunks
 
 
 COMPACT_FROM = 1_000_000  # sends past which the all-reduce is written as its first wave and a shift

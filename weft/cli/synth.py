@@ -12,6 +12,7 @@ from pathlib import Path
 from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
+from topologies.errors import WeftError
 from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError
 from weft.cli.deadline import Deadline, TimeLimitReached
@@ -22,6 +23,7 @@ BASELINES = ("ring", "direct", "twoshot", "rhd", "tree")
 FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
             "pareto": "weft.cli.synth_pareto"}
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
+EARLY_CHECK_BYTES = 1 << 20  # topology files this large are checked against the expansion limit before reading whole
 SCORE_RESERVE_S = 5.0  # of --time-limit, kept from the solver for verifying and pricing (at most a tenth)
 
 
@@ -129,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "smt" and args.jobs > 1:
         args.workers = args.jobs
     _check_output(args)
+    if args.method in BASELINES:
+        _refuse_early(args)
     limit = args.time_limit
     with Deadline("weft synth", limit, progress=_progress) as deadline:
         deadline.phase = f"reading topology {args.topology}"
@@ -154,6 +158,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(topology, rows, written, plans)
     return 0
+
+
+def _refuse_early(args: argparse.Namespace) -> None:
+    """A baseline past the expansion limit on a large topology file is refused from its rank count alone, before
+    the file is validated whole (a 100,000-rank ring takes seconds to validate)."""
+    from synth.baselines import check_sends
+    from topologies.errors import TopologyError
+    from topologies.jsonfile import read_json
+
+    path = Path(args.topology)
+    if not path.is_file() or path.stat().st_size < EARLY_CHECK_BYTES:
+        return
+    data = read_json(path, "topology", TopologyError)
+    nranks = data.get("nranks") if isinstance(data, dict) else None
+    if not isinstance(nranks, int) or isinstance(nranks, bool):
+        return  # the full read says what is wrong
+    try:
+        collective = Collective(args.collective, nranks, args.chunks or 1, args.root)
+    except WeftError:
+        return
+    check_sends(args.method, str(data.get("name") or path), collective)
 
 
 def _score(topology: Topology, schedules: list[Schedule], asked: int,
