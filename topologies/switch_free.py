@@ -75,7 +75,7 @@ def switch_free_arrays(topo) -> SwitchFreeArrays:
     # walk each pair's path back from its receiving vertex to its source's sending vertex (whose id is the rank)
     node, live, hops = n + pd, np.ones(len(ps), bool), []
     while live.any():
-        prev = pred[ps, node]
+        prev = pred[ps, node].astype(np.int64)
         at = np.minimum(np.searchsorted(edge_keys, prev * nv + node), len(edge_keys) - 1)
         hops.append(np.where(live, edge_link[at], -1))
         node = np.where(live, prev, node)
@@ -114,7 +114,7 @@ def _groups(topo, links, direct, fwd, nd, src, dst, cap):
     link_of, members = used_sorted[by_link], pair_sorted[by_link] + nd
     starts = np.flatnonzero(np.r_[True, link_of[1:] != link_of[:-1]]) if len(link_of) else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], len(link_of)]
-    # candidate groups as (order key, member positions, bandwidth)
+    # candidate groups as (member positions, bandwidth)
     keys = src * n + dst
     candidates = []
     direct_pos = {(links[i].src, links[i].dst): j for j, i in enumerate(direct)}
