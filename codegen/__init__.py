@@ -56,6 +56,8 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     """
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
+    source_hash = schedule.content_hash  # the file the user holds, compact or not
+    schedule = schedule.explicit()  # a plan names every send; a compact schedule is written out first
     if not isinstance(threads, int) or threads % 32 or not 32 <= threads <= MAX_THREADS:
         raise CodegenError(f"--threads: must be a multiple of 32 from 32 to {MAX_THREADS}, got {threads!r}")
     if not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_INSTANCES // instances:
@@ -92,7 +94,7 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     programs = {r: {t: fuse(gather(ops)) for t, ops in tbs.items()} for r, tbs in programs.items()}
     lo, hi = size_range(chosen, ll_max_bytes)
     fingerprint = getattr(topology, "fingerprint", schedule.topology)
-    meta = PlanMeta(topology=fingerprint, schedule_hash=schedule.content_hash, solver=schedule.meta.solver,
+    meta = PlanMeta(topology=fingerprint, schedule_hash=source_hash, solver=schedule.meta.solver,
                     chunks=collective.chunks, root=collective.root, instances=instances,
                     predicted_us=dict(schedule.meta.predicted_us))
     name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"

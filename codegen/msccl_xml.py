@@ -46,6 +46,7 @@ class _Tb:
 
 def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto", name: str | None = None) -> str:
     """MSCCL XML for ``schedule`` with every attribute MSCCL/RCCL require."""
+    schedule = schedule.explicit()
     collective = schedule.collective
     proto = choose_protocol(schedule, protocol)
     placement = place_buffers(collective)

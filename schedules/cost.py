@@ -40,7 +40,8 @@ from typing import Iterable
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.loads import count_loads, index_fabric, send_arrays
+from schedules.compact import send_table, shape_table, shifted
+from schedules.loads import count_loads, index_fabric
 from schedules.schedule import Schedule
 from topologies.errors import WeftError
 from topologies.topology import Topology
@@ -95,13 +96,20 @@ class ScheduleLoads:
 def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
     """Count each step's chunks per link and per sharing group on the topology's switch-free form."""
     fabric = index_fabric(topology)
-    sends = send_arrays(schedule)
-    link = fabric.link_index(sends.src, sends.dst)
+    if shifted(schedule):  # a pipeline's waves: every step priced by its shape of listed steps
+        sends, first = shape_table(schedule)
+        by_first = _loads_of(schedule, topology, fabric, sends)
+        return ScheduleLoads(schedule.collective, tuple(by_first.steps[i] for i in first.tolist()))
+    return _loads_of(schedule, topology, fabric, send_table(schedule))
+
+
+def _loads_of(schedule: Schedule, topology: Topology, fabric, sends) -> ScheduleLoads:
+    link, counted = sends.counted(fabric)
     if (link < 0).any():
         i = int(np.flatnonzero(link < 0)[0])
         raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{sends.step[i]}]: "
                         f"no link {sends.src[i]}->{sends.dst[i]} in topology {topology.name}")
-    return step_loads(schedule.collective, fabric, sends.step, link, schedule.nsteps)
+    return _priced(schedule.collective, fabric, counted, schedule.nsteps)
 
 
 def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarray, nsteps: int) -> ScheduleLoads:
@@ -109,29 +117,43 @@ def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarra
 
     Lets a caller price steps it never builds as Send objects (a pipeline's step shapes at 1024 ranks).
     """
-    counted = count_loads(fabric, step, link)
-    per_byte = counted.link_count / (fabric.capacity[counted.link] * BYTES_PER_US_PER_GBPS)
-    # A step's time is the max over its distinct (latency, µs per chunk byte) terms. Coding each term as an
-    # int lets 1-D uniques find them; a 2-D unique over floats is several times slower.
-    latencies, latency_code = np.unique(fabric.latency[counted.link], return_inverse=True)
-    slopes, slope_code = np.unique(per_byte, return_inverse=True)
-    pairs, pair_code = np.unique(latency_code.ravel() * len(slopes) + slope_code.ravel(), return_inverse=True)
-    keys = np.unique(counted.link_step * len(pairs) + pair_code.ravel())
-    step_of, pair = np.divmod(keys, max(len(pairs), 1))
-    terms = np.column_stack([latencies[pairs[pair] // len(slopes)], slopes[pairs[pair] % len(slopes)]])
-    bounds = np.searchsorted(step_of, np.arange(nsteps + 1))
+    return _priced(collective, fabric, count_loads(fabric, step, link), nsteps)
+
+
+def _priced(collective: Collective, fabric, counted, nsteps: int) -> ScheduleLoads:
+    link_terms = _terms(counted.link_step, fabric.latency[counted.link], counted.link_count,
+                        fabric.capacity[counted.link], nsteps)
     group_terms = _group_terms(fabric, counted, nsteps)
-    steps = tuple(
-        StepLoad(tuple(map(tuple, terms[bounds[i]:bounds[i + 1]].tolist())), group_terms[i])
-        for i in range(nsteps))
-    return ScheduleLoads(collective, steps)
+    return ScheduleLoads(collective, tuple(StepLoad(link_terms[i], group_terms[i]) for i in range(nsteps)))
+
+
+def _terms(step: np.ndarray, latency: np.ndarray, count: np.ndarray, capacity: np.ndarray,
+           nsteps: int) -> list[tuple[tuple[float, float], ...]]:
+    """Per step, its distinct (latency µs, µs per chunk byte) terms, sorted. The rows are coded as one int
+    (step, latency, capacity, count) for a single 1-D unique: at a million rows, uniques over floats took seconds."""
+    out: list[tuple[tuple[float, float], ...]] = [()] * nsteps
+    if not len(step):
+        return out
+    latencies, latency_code = np.unique(latency, return_inverse=True)
+    capacities, capacity_code = np.unique(capacity, return_inverse=True)
+    most = int(count.max()) + 1
+    key = ((step * len(latencies) + latency_code.ravel()) * len(capacities) + capacity_code.ravel()) * most + count
+    rows = np.unique(key)
+    rest, n = np.divmod(rows, most)
+    rest, cap = np.divmod(rest, len(capacities))
+    step_of, lat = np.divmod(rest, len(latencies))
+    lat_values = latencies[lat].tolist()
+    slopes = (n / (capacities[cap] * BYTES_PER_US_PER_GBPS)).tolist()
+    bounds = np.searchsorted(step_of, np.arange(nsteps + 1)).tolist()
+    for i in np.unique(step_of).tolist():
+        out[i] = tuple(sorted(set(zip(lat_values[bounds[i]:bounds[i + 1]], slopes[bounds[i]:bounds[i + 1]]))))
+    return out
 
 
 def _group_terms(fabric, counted, nsteps: int) -> list[tuple[tuple[float, float], ...]]:
     """Per step, the distinct (latency µs, µs per chunk byte) terms of its sharing groups."""
-    out: list[tuple[tuple[float, float], ...]] = [()] * nsteps
     if not len(counted.group):
-        return out
+        return [()] * nsteps
     # each (step, link) row belongs to the link's groups (CSR): expand, then take each (step, group)'s
     # largest link latency
     starts = fabric.group_ptr[counted.link]
@@ -143,13 +165,7 @@ def _group_terms(fabric, counted, nsteps: int) -> list[tuple[tuple[float, float]
     row = np.searchsorted(counted.group_step * ngroups + counted.group, keys)
     latency = np.zeros(len(counted.group))
     np.maximum.at(latency, row, np.repeat(fabric.latency[counted.link], lengths))
-    per_byte = counted.group_count / (fabric.group_bandwidth[counted.group] * BYTES_PER_US_PER_GBPS)
-    by_step: dict[int, set] = {}
-    for step, lat, slope in zip(counted.group_step.tolist(), latency.tolist(), per_byte.tolist()):
-        by_step.setdefault(step, set()).add((lat, slope))
-    for step, terms in by_step.items():
-        out[step] = tuple(sorted(terms))
-    return out
+    return _terms(counted.group_step, latency, counted.group_count, fabric.group_bandwidth[counted.group], nsteps)
 
 
 def step_times_us(schedule: Schedule, topology: Topology, nbytes: float) -> list[float]:

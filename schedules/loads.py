@@ -11,12 +11,12 @@ link lists the sharing groups it belongs to in CSR form (``group_ptr``/``group_i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
-from schedules.schedule import Schedule
 from topologies.topology import Topology
 
 
@@ -37,8 +37,18 @@ class FabricIndex:
         return len(self.link_keys)
 
     @property
+    def unit_bandwidth(self) -> float:
+        """The smallest link or sharing-group capacity (``Topology.unit_bandwidth`` of the switch-free form)."""
+        caps = np.concatenate([self.capacity, self.group_bandwidth])
+        return float(caps.min()) if len(caps) else 1.0
+
+    @property
     def ngroups(self) -> int:
         return len(self.group_bandwidth)
+
+    def has_links(self, src, dst) -> np.ndarray:
+        """Whether each src->dst is a link (array-likes of ranks)."""
+        return self.link_index(np.asarray(src, np.int64), np.asarray(dst, np.int64)) >= 0
 
     def link_index(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """The index of each link src->dst, or -1 where the fabric has no such link."""
@@ -48,11 +58,14 @@ class FabricIndex:
         return np.where(found, where, -1)
 
 
+@lru_cache(maxsize=4)
 def index_fabric(topology: Topology) -> FabricIndex:
-    """Index the topology's switch-free form."""
-    fabric = topology.without_switches()
+    """Index the topology's switch-free form (from its arrays: no Link object per rank pair is built)."""
+    if topology.switches:
+        return _index_switched(topology)
+    fabric = topology
     n = fabric.nranks
-    # one C-level pass over a million Link objects; ranks are exact as floats far beyond MAX_RANKS
+    # one C-level pass over the Link objects; ranks are exact as floats far beyond MAX_RANKS
     table = np.array(list(map(attrgetter("src", "dst", "latency", "bandwidth", "count"), fabric.links)),
                      float).reshape(-1, 5)
     keys = table[:, 0].astype(np.int64) * n + table[:, 1].astype(np.int64)
@@ -62,34 +75,42 @@ def index_fabric(topology: Topology) -> FabricIndex:
     pairs = np.fromiter(chain.from_iterable(chain.from_iterable(g.links for g in fabric.sharing)), np.int64,
                         2 * int(sizes.sum())).reshape(-1, 2)
     member_links = np.searchsorted(keys, pairs[:, 0] * n + pairs[:, 1])
+    bandwidth = np.array([g.bandwidth for g in fabric.sharing], float)
+    return _indexed(fabric, keys, latency, capacity, member_links, sizes, bandwidth)
+
+
+def _index_switched(topology: Topology) -> FabricIndex:
+    from topologies.switch_free import switch_free_arrays
+
+    form = switch_free_arrays(topology)
+    keys = form.src * topology.nranks + form.dst
+    order = np.argsort(keys, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return _indexed(_SwitchFreeView(topology), keys[order], form.latency[order], (form.bandwidth * form.count)[order],
+                    rank[form.group_links], np.diff(form.group_ptr), form.group_bandwidth)
+
+
+def _indexed(fabric, keys, latency, capacity, member_links, sizes, bandwidth) -> FabricIndex:
     member_groups = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     by_link = np.argsort(member_links, kind="stable")
     group_ptr = np.zeros(len(keys) + 1, np.int64)
     np.cumsum(np.bincount(member_links, minlength=len(keys)), out=group_ptr[1:])
-    bandwidth = np.array([g.bandwidth for g in fabric.sharing], float)
     return FabricIndex(fabric, keys, latency, capacity, group_ptr, member_groups[by_link], bandwidth)
 
 
-@dataclass(frozen=True, eq=False)
-class SendArrays:
-    """Every send of a schedule as parallel arrays, in schedule order; ``step`` says which step it is in."""
+class _SwitchFreeView:
+    """What a FabricIndex reads of its fabric (name, nranks, unit bandwidth, sharing groups), with the
+    switch-free Topology built only if a sharing group is named in a message."""
 
-    step: np.ndarray
-    chunk: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    rounds: np.ndarray  # per step, not per send
+    def __init__(self, topology: Topology) -> None:
+        self._topology = topology
+        self.name = topology.name + "~linksharing"
+        self.nranks = topology.nranks
 
-
-def send_arrays(schedule: Schedule) -> SendArrays:
-    sends = chain.from_iterable(step.sends for step in schedule.steps)
-    table = np.array(list(map(attrgetter("chunk", "src", "dst"), sends)), np.int64).reshape(-1, 3)
-    sizes = np.fromiter((len(step.sends) for step in schedule.steps), np.int64, len(schedule.steps))
-    return SendArrays(
-        step=np.repeat(np.arange(len(schedule.steps), dtype=np.int64), sizes),
-        chunk=table[:, 0], src=table[:, 1], dst=table[:, 2],
-        rounds=np.fromiter((step.rounds for step in schedule.steps), np.int64, len(schedule.steps)),
-    )
+    @property
+    def sharing(self):
+        return self._topology.without_switches().sharing
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from topologies.errors import WeftError
 from topologies.jsonfile import read_json, short_repr, write_text
 
 FORMAT = "weft.schedule/1"
+COMPACT_FORMAT = "weft.schedule/2"  # /1 plus an optional symmetry (schedules.compact); readers take both
+FORMATS = (FORMAT, COMPACT_FORMAT)
 OPS = ("copy", "reduce")
 
 
@@ -42,6 +45,23 @@ class Send:
 class Step:
     rounds: int
     sends: tuple[Send, ...]
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    """A generator g: rank r -> ranks[r], chunk c -> chunks[c], with g^order the identity. A compact schedule's
+    listed steps stand for all their images under its generators (schedules.compact)."""
+
+    ranks: tuple[int, ...]
+    chunks: tuple[int, ...]
+    order: int
+    shift: int = 0  # steps each application moves a send later: waves of a pipeline (see schedules.compact)
+
+    def to_json(self) -> dict:
+        doc = {"ranks": list(self.ranks), "chunks": list(self.chunks), "order": self.order}
+        if self.shift:
+            doc["shift"] = self.shift
+        return doc
 
 
 @dataclass(frozen=True)
@@ -73,10 +93,12 @@ class Schedule:
     steps: tuple[Step, ...]
     name: str = ""
     meta: ScheduleMeta = field(default_factory=ScheduleMeta, compare=False)
+    symmetries: tuple[Symmetry, ...] = ()  # compact form: ``steps`` are listed once and repeated by these
+    step_rounds: tuple[int, ...] = ()  # with a shifting symmetry: the rounds of every step of the whole schedule
 
     @property
     def nsteps(self) -> int:
-        return len(self.steps)
+        return len(self.step_rounds) if self.step_rounds else len(self.steps)
 
     def __repr__(self) -> str:
         """One line: what the schedule is, never its sends."""
@@ -86,15 +108,30 @@ class Schedule:
 
     @property
     def total_rounds(self) -> int:
-        return sum(step.rounds for step in self.steps)
+        return sum(self.step_rounds) if self.step_rounds else sum(step.rounds for step in self.steps)
 
     @property
     def nsends(self) -> int:
-        return sum(len(step.sends) for step in self.steps)
+        """Sends of the whole schedule (a compact schedule's images counted)."""
+        listed = sum(len(step.sends) for step in self.steps)
+        return listed * self.images
+
+    @property
+    def images(self) -> int:
+        """How many images of the listed steps the schedule is (1 unless compact)."""
+        return math.prod(g.order for g in self.symmetries)
+
+    def explicit(self) -> "Schedule":
+        """The schedule with every send written out (itself unless compact; refuses past MAX_WRITTEN_SENDS)."""
+        if not self.symmetries:
+            return self
+        from schedules.compact import expand
+
+        return expand(self)
 
     def content(self) -> dict:
         """The algorithm itself: what the content hash covers."""
-        return {
+        doc = {
             "collective": self.collective.to_json(),
             "topology": self.topology,
             "steps": [
@@ -102,6 +139,11 @@ class Schedule:
                 for st in self.steps
             ],
         }
+        if self.symmetries:
+            doc["symmetries"] = [g.to_json() for g in self.symmetries]
+        if self.step_rounds:
+            doc["step_rounds"] = list(self.step_rounds)
+        return doc
 
     @property
     def content_hash(self) -> str:
@@ -113,16 +155,22 @@ class Schedule:
 
     def to_json(self) -> dict:
         content = self.content()
-        return {
-            "format": FORMAT,
+        doc = {
+            "format": COMPACT_FORMAT if self.symmetries else FORMAT,
             "name": self.name,
             "collective": content["collective"],
             "topology": self.topology,
             "nchunks": self.collective.nchunks,
             "hash": self.content_hash,
             "meta": self.meta.to_json(),
-            "steps": content["steps"],
         }
+        if self.symmetries:
+            doc["nsends"] = self.nsends
+            doc["symmetries"] = content["symmetries"]
+        if self.step_rounds:
+            doc["step_rounds"] = content["step_rounds"]
+        doc["steps"] = content["steps"]
+        return doc
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
@@ -133,7 +181,13 @@ def dumps_schedule(schedule: Schedule) -> str:
     """Pretty JSON with one send per line, so schedules diff well."""
     doc = schedule.to_json()
     steps = doc.pop("steps")
+    symmetries = doc.pop("symmetries", None)
+    step_rounds = doc.pop("step_rounds", None)
     head = json.dumps(doc, indent=2)[:-2]
+    if step_rounds:
+        head += f',\n  "step_rounds": {json.dumps(step_rounds)}'
+    if symmetries:  # one line per generator: a 1024-rank permutation is one long line, not 1024 short ones
+        head += ',\n  "symmetries": [\n' + ",\n".join(f"    {json.dumps(g)}" for g in symmetries) + "\n  ]"
     lines = []
     for st in steps:
         sends = ",\n        ".join(json.dumps(s) for s in st["sends"])
@@ -159,8 +213,9 @@ def parse_schedule(data: object, source: str) -> Schedule:
     """Build a Schedule from decoded JSON. Structural checks only; ``verify`` proves it."""
     if not isinstance(data, dict):
         raise ScheduleError(f"schedule {source}: (top level): must be a JSON object")
-    if data.get("format") != FORMAT:
-        raise ScheduleError(f"schedule {source}: format: must be {FORMAT!r}, got {data.get('format')!r}")
+    if data.get("format") not in FORMATS:
+        raise ScheduleError(f"schedule {source}: format: must be {FORMAT!r} or {COMPACT_FORMAT!r}, "
+                            f"got {data.get('format')!r}")
     try:
         collective = Collective.from_json(data.get("collective"), f"schedule {source}")
     except CollectiveError as e:
@@ -207,10 +262,50 @@ def parse_schedule(data: object, source: str) -> Schedule:
         predicted_us=dict(meta_doc.get("predicted_us", {}) or {}),
         pct_of_bound=meta_doc.get("pct_of_bound"), notes=str(meta_doc.get("notes", "")),
     )
-    schedule = Schedule(collective, topology, tuple(steps), str(data.get("name", "")), meta)
+    symmetries = ()
+    if data.get("symmetries") is not None:
+        raw = data["symmetries"]
+        if data["format"] != COMPACT_FORMAT:
+            raise ScheduleError(f"schedule {source}: symmetries: only a {COMPACT_FORMAT} schedule has them")
+        if not isinstance(raw, list) or len(raw) > MAX_GENERATORS:
+            raise ScheduleError(f"schedule {source}: symmetries: must be a list of at most {MAX_GENERATORS}")
+        symmetries = tuple(_symmetry(g, collective, f"{source}: symmetries[{i}]") for i, g in enumerate(raw))
+    step_rounds = data.get("step_rounds") or []
+    if step_rounds and data["format"] != COMPACT_FORMAT:
+        raise ScheduleError(f"schedule {source}: step_rounds: only a {COMPACT_FORMAT} schedule has them")
+    if not isinstance(step_rounds, list) or len(step_rounds) > MAX_STEPS:
+        raise ScheduleError(f"schedule {source}: step_rounds: must be a list of at most {MAX_STEPS} integers")
+    step_rounds = tuple(_int(r, f"step_rounds[{i}]", source, 1) for i, r in enumerate(step_rounds))
+    schedule = Schedule(collective, topology, tuple(steps), str(data.get("name", "")), meta, symmetries, step_rounds)
     stated = data.get("hash")
     if stated is not None and stated != schedule.content_hash:
         raise ScheduleError(
             f"schedule {source}: hash: the file says {stated} but its content hashes to {schedule.content_hash} "
             "(edited by hand?)")
     return schedule
+
+
+MAX_GENERATORS = 64
+MAX_STEPS = 1 << 24
+
+
+def _symmetry(doc: object, collective: Collective, source: str) -> Symmetry:
+    """Structure only (lists of in-range integers, a positive order); verify proves it a symmetry."""
+    if not isinstance(doc, dict):
+        raise ScheduleError(f"schedule {source}: must be an object with 'ranks', 'chunks' and 'order'")
+    maps = {}
+    for key, size in (("ranks", collective.nranks), ("chunks", collective.nchunks)):
+        values = doc.get(key)
+        if not isinstance(values, list) or len(values) != size:
+            raise ScheduleError(f"schedule {source}: {key}: must be a list of {size} integers")
+        for i, v in enumerate(values):
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < size:
+                raise ScheduleError(f"schedule {source}: {key}[{i}]: must be an integer in 0..{size - 1}, "
+                                    f"got {v!r}")
+        maps[key] = tuple(values)
+    order = _int(doc.get("order"), "order", source, 1)
+    if order > max(collective.nranks, collective.nchunks):
+        raise ScheduleError(f"schedule {source}: order: {order} is more than a permutation of "
+                            f"{max(collective.nranks, collective.nchunks)} needs")
+    shift = _int(doc.get("shift", 0), "shift", source, 0)
+    return Symmetry(maps["ranks"], maps["chunks"], order, shift)

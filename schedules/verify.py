@@ -26,13 +26,16 @@ True
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from schedules import compact
 from schedules.budget import require
-from schedules.loads import FabricIndex, SendArrays, count_loads, index_fabric, send_arrays
-from schedules.schedule import Schedule, Send, Step
+from schedules.compact import SendTable, send_table
+from schedules.loads import FabricIndex, count_loads, index_fabric
+from schedules.schedule import Schedule, Send
 from topologies.errors import CheckFailed
 from topologies.topology import SharingGroup, Topology
 
@@ -93,7 +96,7 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
     collective = schedule.collective
     require(estimate_bytes(schedule), f"verifying schedule {schedule.name or collective.name} "
                                       f"({collective.nranks} ranks x {collective.nchunks} chunks)")
-    nsends = sum(len(step.sends) for step in schedule.steps)
+    nsends = schedule.nsends  # a compact schedule's images counted
     if nsends < collective.min_sends and collective.nranks * collective.nchunks > QUICK_SLOTS:
         # refuted without simulating (which would take minutes); a smaller schedule is simulated for its errors
         return Verification(False, (f"postcondition: {nsends} send{'s' * (nsends != 1)}, but {collective.name} of "
@@ -105,23 +108,38 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
         errors.add(f"collective {collective.name}: nranks: {collective.nranks} ranks, "
                    f"but topology {topology.name} has {topology.nranks}")
         return Verification(False, tuple(errors.lines), ("topology", "nranks"))
+    if schedule.symmetries:
+        problems = compact.symmetry_errors(schedule)
+        if problems:
+            for line in problems:
+                errors.add(line)
+            return Verification(False, tuple(errors.lines), ("topology", "nranks", "symmetry"))
     fabric = index_fabric(topology)
-    flat = [send for step in schedule.steps for send in step.sends]
-    arrays = send_arrays(schedule)
-    link = _check_sends(arrays, flat, collective.nranks, collective.nchunks, fabric, errors)
-    _check_capacity(arrays, link, fabric, errors)
-    state = _initial_state(schedule)
-    usable = link >= 0
-    blocked = set(arrays.step[~usable].tolist())
-    position = 0
-    for index, step in enumerate(schedule.steps):
-        sends = step.sends
-        if index in blocked:
-            sends = [s for s, ok in zip(sends, usable[position:position + len(sends)]) if ok]
-        position += len(step.sends)
+    if compact.shifted(schedule):  # a pipeline's waves: the listed wave's links, and loads per shape of steps
+        arrays = compact.listed_table(schedule)
+        link = _check_sends(arrays, collective.nranks, collective.nchunks, fabric, errors)
+        shaped, _ = compact.shape_table(schedule)
+        _check_capacity(shaped, _links(shaped, collective.nranks, fabric), fabric, errors)
+    else:
+        arrays = send_table(schedule)
+        link = _check_sends(arrays, collective.nranks, collective.nchunks, fabric, errors)
+        _check_capacity(arrays, link, fabric, errors)
+    # A compact schedule is simulated on one chunk per orbit of its symmetry (sound: schedules.compact);
+    # sends over no link are left out of the simulation (reported above).
+    keep = link >= 0
+    wanted = compact.orbit_representatives(schedule) if schedule.symmetries else None
+    if wanted is not None:
+        keep &= wanted[np.clip(arrays.chunk, 0, len(wanted) - 1)]
+    state = _initial_state(schedule, wanted)
+    if keep.all() and not schedule.symmetries:
+        per_step = [step.sends for step in schedule.steps]
+    else:
+        per_step = _sends_by_step(arrays, keep, len(schedule.steps))
+    for index, sends in enumerate(per_step):
         _apply_step(index, sends, state, schedule, errors)
-    _check_postconditions(state, schedule, errors)
-    return Verification(not errors.lines, tuple(errors.lines), CHECKS, errors.omitted)
+    _check_postconditions(state, schedule, errors, wanted)
+    checks = CHECKS + ("symmetry",) if schedule.symmetries else CHECKS
+    return Verification(not errors.lines, tuple(errors.lines), checks, errors.omitted)
 
 
 def estimate_bytes(schedule: Schedule) -> int:
@@ -155,10 +173,19 @@ def _ranks_in(mask: int, limit: int = 4) -> str:
     return shown + (", ..." if len(ranks) > limit else "")
 
 
-def _initial_state(schedule: Schedule) -> list[int]:
-    """A flat list indexed by rank * nchunks + chunk: the contribution mask that rank holds of chunk."""
+def _initial_state(schedule: Schedule, wanted: np.ndarray | None = None) -> list[int] | dict[int, int]:
+    """Indexed by rank * nchunks + chunk: the contribution mask that rank holds of chunk. With ``wanted`` (the
+    chunks a compact schedule is simulated on) a dict of those chunks' slots, missing slots holding nothing."""
     collective = schedule.collective
     nchunks = collective.nchunks
+    if wanted is not None:
+        reps = np.flatnonzero(wanted)
+        rows, cols = np.nonzero(compact.condition_table(schedule, post=False)[:, reps])
+        marks = [1 << r for r in range(collective.nranks)] if collective.combining else [1] * collective.nranks
+        sparse: dict[int, int] = defaultdict(int)
+        for rank, chunk in zip(rows.tolist(), reps[cols].tolist()):
+            sparse[rank * nchunks + chunk] = marks[rank]
+        return sparse
     state = [0] * (collective.nranks * nchunks)
     for rank in range(collective.nranks):
         mark = 1 << rank if collective.combining else 1
@@ -167,29 +194,52 @@ def _initial_state(schedule: Schedule) -> list[int]:
     return state
 
 
-def _check_sends(arrays: SendArrays, flat: list[Send], nranks: int, nchunks: int, fabric: FabricIndex,
-                 errors: _Errors) -> np.ndarray:
+def _sends_by_step(arrays: SendTable, keep: np.ndarray, nsteps: int) -> list[list[Send]]:
+    """The kept sends as Send objects, one list per step."""
+    step = arrays.step[keep]
+    ops = np.where(arrays.reduce[keep], "reduce", "copy").tolist()
+    sends = list(map(Send, arrays.chunk[keep].tolist(), arrays.src[keep].tolist(), arrays.dst[keep].tolist(), ops))
+    bounds = np.searchsorted(step, np.arange(nsteps + 1)).tolist()
+    return [sends[bounds[i]:bounds[i + 1]] for i in range(nsteps)]
+
+
+def _links(arrays: SendTable, nranks: int, fabric: FabricIndex) -> np.ndarray:
+    """The link of each send, -1 where a rank does not exist or there is no link (reported elsewhere)."""
+    fine = (arrays.src >= 0) & (arrays.src < nranks) & (arrays.dst >= 0) & (arrays.dst < nranks)
+    link = np.full(len(arrays.step), -1, np.int64)
+    link[fine] = fabric.link_index(arrays.src[fine], arrays.dst[fine])
+    return link
+
+
+def _send_at(arrays: SendTable, i: int) -> Send:
+    return Send(int(arrays.chunk[i]), int(arrays.src[i]), int(arrays.dst[i]),
+                "reduce" if arrays.reduce[i] else "copy")
+
+
+def _check_sends(arrays: SendTable, nranks: int, nchunks: int, fabric: FabricIndex, errors: _Errors) -> np.ndarray:
     """The link each send crosses, or -1 for a send that names no real chunk, rank or link (reported)."""
     bad_chunk = (arrays.chunk < 0) | (arrays.chunk >= nchunks)
     bad_rank = (arrays.src < 0) | (arrays.src >= nranks) | (arrays.dst < 0) | (arrays.dst >= nranks)
-    link = np.full(len(flat), -1, np.int64)
+    link = np.full(len(arrays.step), -1, np.int64)
     fine = ~(bad_chunk | bad_rank)
     link[fine] = fabric.link_index(arrays.src[fine], arrays.dst[fine])
-    for i in np.flatnonzero(link < 0).tolist():
-        send, where = flat[i], f"step {arrays.step[i]} send {_describe(flat[i])}"
+    for i in np.flatnonzero(link < 0)[:MAX_LISTED + 1].tolist():
+        send = _send_at(arrays, i)
+        where = f"step {arrays.step[i]} send {_describe(send)}"
         if bad_chunk[i]:
             errors.add(f"{where}: chunk {send.chunk} does not exist ({nchunks} chunks)")
         elif bad_rank[i]:
             errors.add(f"{where}: rank does not exist ({nranks} ranks)")
         else:
             errors.add(f"{where}: no link {send.src}->{send.dst} in topology {fabric.topology.name}")
+    errors.omitted += max(0, int((link < 0).sum()) - (MAX_LISTED + 1))
     return link
 
 
-def _check_capacity(arrays: SendArrays, link: np.ndarray, fabric: FabricIndex, errors: _Errors) -> None:
+def _check_capacity(arrays: SendTable, link: np.ndarray, fabric: FabricIndex, errors: _Errors) -> None:
     usable = link >= 0
-    loads = count_loads(fabric, arrays.step[usable], link[usable])
-    unit = fabric.topology.unit_bandwidth
+    loads = arrays.counted(fabric)[1] if usable.all() else count_loads(fabric, arrays.step[usable], link[usable])
+    unit = fabric.unit_bandwidth
     found = []
     link_chunks = fabric.capacity[loads.link] / unit
     link_room = np.floor(link_chunks * arrays.rounds[loads.link_step] + SLACK)
@@ -255,13 +305,21 @@ def _apply_step(index: int, sends: list[Send], state: list[int], schedule: Sched
         state[slot] = held | mask
 
 
-def _check_postconditions(state: list[int], schedule: Schedule, errors: _Errors) -> None:
+def _check_postconditions(state: list[int], schedule: Schedule, errors: _Errors,
+                          wanted_chunks: np.ndarray | None = None) -> None:
+    """``wanted_chunks``: a mask of the chunks to check (a compact schedule's orbit representatives)."""
     collective = schedule.collective
     nchunks = collective.nchunks
     full = (1 << collective.nranks) - 1 if collective.combining else None
+    if wanted_chunks is not None:
+        reps = np.flatnonzero(wanted_chunks)
+        needed = compact.condition_table(schedule, post=True)[:, reps]
     for rank in range(collective.nranks):
         base = rank * nchunks
-        wanted = sorted(collective.postcondition(rank))
+        if wanted_chunks is None:
+            wanted = sorted(collective.postcondition(rank))
+        else:
+            wanted = reps[needed[rank]].tolist()
         if full is None:
             short = [c for c in wanted if not state[base + c]]
             if short:

@@ -30,7 +30,7 @@ from typing import Callable
 
 from schedules.bounds import allgather_cut_bound, exact, rooted_cut_capacity
 from schedules.collectives import Collective
-from schedules.schedule import Schedule, Send, Step
+from schedules.schedule import Schedule, Send, Step, Symmetry
 from synth.errors import NotApplicable, SynthesisError
 from synth.tree_packing import Tree, pack, pack_exact, rank_hops
 from topologies.topology import Topology
@@ -254,11 +254,16 @@ def solve(topology: Topology, collective: Collective, options: TreeOptions = Tre
     for forest in forests:
         if progress:
             progress(f"trees: {forest.describe()}")
-    if options.size is not None:
+    if options.size is not None and collective.name == "allgather":
+        # the compact form (one wave and the shift to the next): the fastest wave count, whatever its size
         pipe = pipeline(topology, collective, forests)
-        chunks = pipe.per_root * default_waves(pipe, options.size, progress)
-        collective = Collective(collective.name, collective.nranks, chunks, collective.root)
-    result = schedule(topology, collective, forests)
+        result = pipe.with_waves(pipe.best_waves(options.size)).compact()
+    else:
+        if options.size is not None:
+            pipe = pipeline(topology, collective, forests)
+            chunks = pipe.per_root * default_waves(pipe, options.size, progress)
+            collective = Collective(collective.name, collective.nranks, chunks, collective.root)
+        result = schedule(topology, collective, forests)
     notes = "; ".join(f.describe() for f in forests)
     options_doc = {"k": forests[-1].per_root, "symmetric": options.symmetric}
     if options.size is not None:
@@ -372,6 +377,34 @@ class Pipeline:
         steps = self._shape_loads.steps
         return math.fsum(n * steps[index[shape]].time_us(chunk_bytes)
                          for shape, n in self.shape_counts(waves).items())
+
+    def compact(self) -> Schedule:
+        """The pipelined allgather in compact form (``weft.schedule/2``): the first wave listed, layer by layer,
+        and the symmetry that moves it to the next chunk of every tree one step later (schedules.compact).
+        It expands to ``expand()``'s schedule and prices the same, without writing out P × a wave's sends."""
+        if self.collective.name != "allgather" or len(self.phases) != 1:
+            raise SynthesisError(f"trees: the compact pipeline is written for allgather, not {self.collective.name}")
+        import numpy as np
+
+        k, p, n = self.per_root, self.waves, self.collective.nranks
+        sized = self.sized()
+        root, lane = np.divmod(np.arange(sized.nchunks), k * p)
+        wave, tree = np.divmod(lane, k)
+        tau = root * k * p + ((wave + 1) % p) * k + tree
+        layers = [[Send((s.chunk // k) * k * p + s.chunk % k, s.src, s.dst, s.op) for s in layer]
+                  for layer in self.phases[0]]
+        fabric = _fabric(self.topology)
+        rounds_of: dict[tuple[int, int], int] = {}
+        step_rounds = []
+        for t in range(p + len(layers) - 1):
+            span = (max(0, t - p + 1), min(len(layers) - 1, t))
+            if span not in rounds_of:
+                rounds_of[span] = _rounds([s for d in range(span[0], span[1] + 1) for s in layers[d]], fabric)
+            step_rounds.append(rounds_of[span])
+        steps = tuple(Step(_rounds(layer, fabric), tuple(layer)) for layer in layers)
+        symmetry = Symmetry(tuple(range(n)), tuple(tau.tolist()), p, shift=1)
+        return Schedule(sized, self.topology.fingerprint, steps, f"trees-allgather-k{k}-c{sized.chunks}",
+                        symmetries=(symmetry,), step_rounds=tuple(step_rounds))
 
     def best_waves(self, nbytes: float, max_waves: int = MAX_WAVES) -> int:
         """The wave count the cost model finds fastest for nbytes: enough to fill the pipeline, and no more

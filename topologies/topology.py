@@ -17,7 +17,6 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable
 
 import networkx as nx
 
@@ -379,37 +378,22 @@ def _switch_paths(topo: Topology, src: int) -> dict[int, list[Link]]:
 
 
 def _switch_free(topo: Topology) -> Topology:
-    links: list[Link] = [l for l in topo.links if isinstance(l.src, int) and isinstance(l.dst, int)]
-    direct = {l.key for l in links}
-    users: dict[tuple[Vertex, Vertex], list[tuple[int, int]]] = {}
-    for src in topo.ranks:
-        for dst, path in sorted(_switch_paths(topo, src).items()):
-            pair = (src, dst)
-            if pair in direct:
-                continue
-            # plain loops: this runs once per rank pair, a million times at 1024 ranks
-            narrowest, latency = math.inf, 0.0
-            for l in path:
-                capacity = l.bandwidth * l.count
-                if capacity < narrowest:
-                    narrowest = capacity
-                latency += l.latency
-                users.setdefault((l.src, l.dst), []).append(pair)
-            links.append(Link(src, dst, narrowest, latency))
+    from topologies.switch_free import switch_free_arrays
+
+    form = switch_free_arrays(topo)
+    links = tuple(map(Link, form.src.tolist(), form.dst.tolist(), form.bandwidth.tolist(), form.latency.tolist(),
+                      form.count.tolist()))
+    pairs = list(zip(form.src.tolist(), form.dst.tolist()))
+    ptr = form.group_ptr.tolist()
+    members = form.group_links.tolist()
+    sharing = tuple(SharingGroup(tuple(pairs[i] for i in members[ptr[k]:ptr[k + 1]]), bandwidth)
+                    for k, bandwidth in enumerate(form.group_bandwidth.tolist()))
     # A group over switch-side links becomes a group over the rank pairs routed across them; a pair that crosses
     # two of the group's links is counted once, so such a group is the one place this form is optimistic.
-    sharing = []
-    for g in topo.sharing:
-        pairs = {p for key in g.links for p in ([key] if key in direct else users.get(key, []))}
-        if pairs:
-            sharing.append(SharingGroup(tuple(pairs), g.bandwidth))
-    for key, pairs in users.items():
-        if len(pairs) > 1:
-            sharing.append(SharingGroup(tuple(pairs), topo.link(*key).capacity))
     # Valid by construction (existing ranks, positive capacities, one link per pair, connected when topo is),
     # so the checks, a third of the time at 1024 ranks, are skipped.
-    return _trusted(name=topo.name + "~linksharing", nranks=topo.nranks, links=tuple(links), switches=(),
-                    sharing=_dedupe(sharing), hosts=topo.hosts, description=topo.description)
+    return _trusted(name=topo.name + "~linksharing", nranks=topo.nranks, links=links, switches=(),
+                    sharing=sharing, hosts=topo.hosts, description=topo.description)
 
 
 def _trusted(**fields: object) -> Topology:
@@ -418,13 +402,3 @@ def _trusted(**fields: object) -> Topology:
     for name, value in fields.items():
         object.__setattr__(topo, name, value)
     return topo
-
-
-def _dedupe(groups: Iterable[SharingGroup]) -> tuple[SharingGroup, ...]:
-    """Keep the tightest group for each set of links."""
-    tightest: dict[frozenset, SharingGroup] = {}
-    for g in groups:
-        k = frozenset(g.links)
-        if k not in tightest or g.bandwidth < tightest[k].bandwidth:
-            tightest[k] = SharingGroup(tuple(sorted(g.links)), g.bandwidth)  # rank pairs: ints sort plainly
-    return tuple(sorted(tightest.values(), key=lambda g: (g.links, g.bandwidth)))

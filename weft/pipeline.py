@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from schedules.plan import Plan, PlanError, dumps_plan, load_plan, parse_plan
-from schedules.schedule import FORMAT as SCHEDULE_FORMAT
+from schedules.schedule import FORMATS as SCHEDULE_FORMATS
 from schedules.schedule import Schedule, parse_schedule
 from topologies import Topology
 from topologies.jsonfile import read_json, write_text
@@ -112,9 +112,9 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 def read_document(path: str | Path) -> tuple[str, Schedule | Plan]:
-    """('schedule', Schedule) or ('plan', Plan) for a weft.schedule/1 file or an MSCCL++ plan file."""
+    """('schedule', Schedule) or ('plan', Plan) for a weft.schedule/1 or /2 file or an MSCCL++ plan file."""
     data = read_json(path, "file", PlanError)
-    if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
+    if isinstance(data, dict) and data.get("format") in SCHEDULE_FORMATS:
         return "schedule", parse_schedule(data, str(path))
     return "plan", parse_plan(data, str(path))
 

@@ -140,7 +140,7 @@ def grid(options: TuneOptions, peers: int = 1) -> list[Variant]:
 def send_peers(schedule: Schedule) -> int:
     """The most peers one rank of ``schedule`` sends to (a ring: 1; a two-shot on N ranks: N - 1)."""
     peers: dict[int, set[int]] = {}
-    for step in schedule.steps:
+    for step in schedule.explicit().steps:
         for send in step.sends:
             peers.setdefault(send.src, set()).add(send.dst)
     return max((len(p) for p in peers.values()), default=0)

@@ -19,14 +19,16 @@ that fit its busiest link and sharing group.
 'ring-allgather-ring4'
 """
 
-from synth.baselines.direct import direct, twoshot
-from synth.baselines.rhd import rhd
-from synth.baselines.ring import hamiltonian_cycle, ring
-from synth.baselines.tree import tree
+from synth.baselines.common import check_size
+from synth.baselines.direct import direct, direct_sends, twoshot, twoshot_sends
+from synth.baselines.rhd import rhd, rhd_sends
+from synth.baselines.ring import hamiltonian_cycle, ring, ring_sends
+from synth.baselines.tree import tree, tree_sends
 from synth.baselines.twodh import twodh
 
 METHODS = ("ring", "direct", "twoshot", "rhd", "tree")  # every collective on one host or several
 HIERARCHICAL = {"2dh": twodh}  # several hosts, one collective each: the CLI's method name -> the function
+SENDS = {"ring": ring_sends, "direct": direct_sends, "twoshot": twoshot_sends, "rhd": rhd_sends, "tree": tree_sends}
 
 
 def solver(method: str):
@@ -34,5 +36,11 @@ def solver(method: str):
     return HIERARCHICAL.get(method) or globals()[method]
 
 
-__all__ = ["HIERARCHICAL", "METHODS", "direct", "hamiltonian_cycle", "rhd", "ring", "solver", "tree", "twodh",
-           "twoshot"]
+def check_sends(method: str, fabric: str, collective) -> None:
+    """TooLarge where ``method`` would make more sends than this machine expands: a refusal that needs only the
+    rank count, so the CLI can give it before reading a large topology file whole (2dh: as direct, its bound)."""
+    check_size(method, fabric, collective, SENDS.get(method, direct_sends)(collective))
+
+
+__all__ = ["HIERARCHICAL", "METHODS", "check_sends", "direct", "hamiltonian_cycle", "rhd", "ring", "solver", "tree",
+           "twodh", "twoshot"]

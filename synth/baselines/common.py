@@ -2,18 +2,23 @@
 
 A baseline writes its algorithm as a list of steps, each a list of sends; ``assemble`` checks that every
 send has a link, gives each step just enough rounds for its busiest link and sharing group, and stamps the
-schedule with the algorithm's name and provenance.
+schedule with the algorithm's name and provenance. A symmetric algorithm (a ring, all-pairs, halving and
+doubling) may list one rank's or one chunk's sends and the symmetries that repeat them
+(``assemble(..., symmetries=...)``, schedules.compact): the links and rounds are still counted on every
+send, as arrays over the fabric index, so nothing is built per rank pair.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections import Counter
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from schedules.collectives import Collective
-from schedules.schedule import Schedule, ScheduleMeta, Send, Step
+from schedules.compact import MAX_EXPANDED_SENDS, SendTable, TooLarge, listed_table, send_table, shape_table
+from schedules.loads import index_fabric
+from schedules.schedule import Schedule, ScheduleMeta, Send, Step, Symmetry
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -38,22 +43,32 @@ def host_major(topology: Topology) -> list[int]:
     return sorted(topology.ranks, key=lambda r: (topology.hosts[r], r))
 
 
-def all_pairs(fabric: Topology) -> bool:
-    """Whether every ordered rank pair has a link."""
-    return all(fabric.has_link(s, d) for s in fabric.ranks for d in fabric.ranks if s != d)
+def all_pairs(topology: Topology) -> bool:
+    """Whether every ordered rank pair has a link (in the switch-free form)."""
+    n = topology.nranks
+    return index_fabric(topology).nlinks == n * (n - 1)
 
 
-def even_hosts(fabric: Topology) -> bool:
+def even_hosts(topology: Topology) -> bool:
     """Whether inside every host each rank has a link of one same capacity to every other (an NVSwitch, a
     full mesh): then the order of ranks inside a host does not matter."""
-    capacities = set()
-    for s in fabric.ranks:
-        for d in fabric.ranks:
-            if s != d and fabric.hosts[s] == fabric.hosts[d]:
-                if not fabric.has_link(s, d):
-                    return False
-                capacities.add(fabric.link(s, d).capacity)
-    return len(capacities) <= 1
+    fabric = index_fabric(topology)
+    hosts = np.asarray(topology.hosts, np.int64)
+    sizes = np.bincount(hosts)
+    if int((sizes * (sizes - 1)).sum()) > fabric.nlinks:
+        return False  # not even enough links for that (a 100,000-rank ring on one host)
+    order = np.argsort(hosts, kind="stable")
+    starts = np.cumsum(sizes) - sizes
+    src, dst = [], []
+    for start, size in zip(starts.tolist(), sizes.tolist()):
+        members = order[start:start + size]
+        grid_src, grid_dst = np.meshgrid(members, members, indexing="ij")
+        off = grid_src != grid_dst
+        src.append(grid_src[off])
+        dst.append(grid_dst[off])
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    link = fabric.link_index(src, dst)
+    return bool((link >= 0).all()) and len(np.unique(fabric.capacity[link])) <= 1
 
 
 def host_rotations(topology: Topology, order: list[int]) -> list[list[int]]:
@@ -63,13 +78,20 @@ def host_rotations(topology: Topology, order: list[int]) -> list[list[int]]:
     original, but crosses between hosts at other GPUs (so through other NICs), as NCCL's channels do;
     anywhere else this is just [order].
     """
-    fabric = topology.without_switches()
-    if topology.nhosts == 1 or not (all_pairs(fabric) and even_hosts(fabric)):
+    if topology.nhosts == 1 or not (all_pairs(topology) and even_hosts(topology)):
         return [order]
     hosts = dict.fromkeys(topology.hosts[r] for r in order)
     segments = [[r for r in order if topology.hosts[r] == h] for h in hosts]
     width = min(len(segment) for segment in segments)
     return [[r for segment in segments for r in segment[j:] + segment[:j]] for j in range(width)]
+
+
+def check_size(method: str, fabric: str, collective: Collective, sends: int | None) -> None:
+    """TooLarge, before anything is built, where the schedule has more sends than this machine expands;
+    ``fabric``: the topology's name, for the message."""
+    if sends is not None and sends > MAX_EXPANDED_SENDS:
+        raise TooLarge(f"{method}: {collective.name} on {fabric} is {sends:,} sends, over the "
+                       f"{MAX_EXPANDED_SENDS:,} this machine expands to check links and capacity (MAX_EXPANDED_SENDS)")
 
 
 def check_ranks(method: str, topology: Topology, collective: Collective) -> None:
@@ -80,37 +102,83 @@ def check_ranks(method: str, topology: Topology, collective: Collective) -> None
 
 def require_links(method: str, topology: Topology, pairs: Iterable[tuple[int, int]], why: str) -> None:
     """NotApplicable naming the first rank pair (in the switch-free form) that has no link."""
-    fabric = topology.without_switches()
-    for src, dst in pairs:
-        if not fabric.has_link(src, dst):
-            raise NotApplicable(f"{method}: topology {topology.name} has no link {src}->{dst} ({why})")
+    table = np.array(list(pairs), np.int64).reshape(-1, 2)
+    _require(method, topology, table[:, 0], table[:, 1], why)
 
 
-def step_rounds(fabric: Topology, sends: Sequence[Send]) -> int:
-    """The fewest rounds in which every link and sharing group of the fabric carries its load."""
-    per_link = Counter((s.src, s.dst) for s in sends)
-    needs = [(n, fabric.chunk_capacity(*key)) for key, n in per_link.items()]
-    for group in fabric.sharing:
-        load = sum(per_link.get(tuple(key), 0) for key in group.links)
-        if load:
-            needs.append((load, fabric.group_capacity(group)))
-    return max((_rounds_for(n, capacity) for n, capacity in needs), default=1)
+def _require(method: str, topology: Topology, src: np.ndarray, dst: np.ndarray, why: str) -> None:
+    missing = np.flatnonzero(~index_fabric(topology).has_links(src, dst))
+    if len(missing):
+        i = int(missing[0])
+        raise NotApplicable(f"{method}: topology {topology.name} has no link {src[i]}->{dst[i]} ({why})")
 
 
-def _rounds_for(load: int, capacity: float) -> int:
-    rounds = max(1, math.ceil(load / capacity - SLACK))
-    while math.floor(capacity * rounds + SLACK) < load:
-        rounds += 1
-    return rounds
+def step_rounds(topology: Topology, table: SendTable, nsteps: int) -> list[int]:
+    """Per step, the fewest rounds in which every link and sharing group carries its load (every send of a
+    compact schedule counted)."""
+    fabric = index_fabric(topology)
+    _, loads = table.counted(fabric)
+    unit = fabric.unit_bandwidth
+    need = np.ones(nsteps, np.int64)
+    for step, count, capacity in ((loads.link_step, loads.link_count, fabric.capacity[loads.link] / unit),
+                                  (loads.group_step, loads.group_count, fabric.group_bandwidth[loads.group] / unit)):
+        rounds = np.maximum(1, np.ceil(count / capacity - SLACK)).astype(np.int64)
+        for _ in range(3):  # capacity × rounds is a float: raise rounds until floor(capacity × rounds) holds the load
+            rounds += np.floor(capacity * rounds + SLACK) < count
+        np.maximum.at(need, step, rounds)
+    return need.tolist()
 
 
 def assemble(method: str, topology: Topology, collective: Collective, steps: Iterable[Sequence[Send]],
-             started: float, why: str, **options: Any) -> Schedule:
-    """A Schedule from per-step send lists; empty steps are dropped; ``why`` says what a missing link was for."""
-    steps = [list(sends) for sends in steps if sends]
-    require_links(method, topology, dict.fromkeys((s.src, s.dst) for sends in steps for s in sends), why)
-    fabric = topology.without_switches()
-    built = tuple(Step(step_rounds(fabric, sends), tuple(sends)) for sends in steps)
+             started: float, why: str, symmetries: tuple[Symmetry, ...] = (), **options: Any) -> Schedule:
+    """A Schedule from per-step send lists; empty steps are dropped; ``why`` says what a missing link was for.
+    With ``symmetries`` the steps are listed once and stand for all their images (a compact schedule)."""
     meta = ScheduleMeta(solver=method, options={"chunks": collective.chunks, **options},
                         solve_time=time.perf_counter() - started)
-    return Schedule(collective, topology.fingerprint, built, f"{method}-{collective.name}-{topology.name}", meta)
+    name = f"{method}-{collective.name}-{topology.name}"
+    if any(g.shift for g in symmetries):
+        return _assemble_waves(method, topology, collective, [tuple(sends) for sends in steps], why, symmetries,
+                               meta, name)
+    steps = [tuple(sends) for sends in steps if sends]
+    draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in steps),
+                     symmetries=symmetries)
+    table = send_table(draft)  # refuses past MAX_EXPANDED_SENDS before any link is looked up
+    _require(method, topology, table.src, table.dst, why)
+    rounds = step_rounds(topology, table, len(steps))
+    built = tuple(Step(r, sends) for r, sends in zip(rounds, steps))
+    return Schedule(collective, topology.fingerprint, built, name, meta, symmetries)
+
+
+def _assemble_waves(method: str, topology: Topology, collective: Collective, steps: list[tuple[Send, ...]],
+                    why: str, symmetries: tuple[Symmetry, ...], meta: ScheduleMeta, name: str) -> Schedule:
+    """A pipeline's first wave and the shift to the next: rounds counted once per shape of listed steps."""
+    g = symmetries[0]
+    listed = tuple(Step(1, sends) for sends in steps)
+    nsteps = len(steps) + (g.order - 1) * g.shift
+    draft = Schedule(collective, topology.fingerprint, listed, symmetries=symmetries, step_rounds=(1,) * nsteps)
+    own = listed_table(draft)
+    _require(method, topology, own.src, own.dst, why)  # the waves use the listed rank pairs
+    shaped, first = shape_table(draft)
+    rounds = np.asarray(step_rounds(topology, shaped, nsteps), np.int64)[first]
+    alone = step_rounds(topology, own, len(steps))
+    built = tuple(Step(r, sends) for r, sends in zip(alone, steps))
+    return Schedule(collective, topology.fingerprint, built, name, meta, symmetries, tuple(rounds.tolist()))
+
+
+def rotation(collective: Collective, order: Sequence[int]) -> Symmetry:
+    """The symmetry that moves every rank one place on along ``order`` and every rank's slice with it."""
+    ranks = np.empty(collective.nranks, np.int64)
+    at = np.asarray(order, np.int64)
+    ranks[at] = np.roll(at, -1)
+    return Symmetry(tuple(ranks.tolist()), tuple(slice_map(collective, ranks).tolist()), collective.nranks)
+
+
+def slice_map(collective: Collective, ranks: np.ndarray) -> np.ndarray:
+    """The chunk permutation that moves each rank's slice (alltoall: each block (s, d)) where ``ranks`` moves
+    the rank."""
+    n, c = collective.nranks, collective.chunks
+    lane = np.arange(c)
+    if collective.name == "alltoall":
+        s, d = np.divmod(np.arange(n * n), n)
+        return ((ranks[s] * n + ranks[d])[:, None] * c + lane).ravel()
+    return (ranks[:, None] * c + lane).ravel()

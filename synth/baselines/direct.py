@@ -18,7 +18,7 @@ import time
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, block, check_ranks, own, require_links
+from synth.baselines.common import assemble, block, check_ranks, check_size, own, require_links, rotation
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -28,6 +28,12 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
     started = time.perf_counter()
     check_ranks("direct", topology, collective)
     why = "direct sends every chunk straight from a rank that holds it to one that needs it"
+    n = collective.nranks
+    if collective.name in _ROTATING and n > 1:
+        # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
+        check_size("direct", topology.name, collective, direct_sends(collective))
+        return assemble("direct", topology, collective, [_direct_sends(collective, only=0)], started, why,
+                        (rotation(collective, range(n)),))
     require_links("direct", topology, _pairs(collective), why)  # before building N² sends of nothing
     return assemble("direct", topology, collective, [_direct_sends(collective)], started, why)
 
@@ -40,12 +46,26 @@ def twoshot(topology: Topology, collective: Collective) -> Schedule:
                             f"use --method direct for {collective.name}")
     check_ranks("twoshot", topology, collective)
     n = collective.nranks
-    scatter = [Send(chunk, src, dst, "reduce") for src in range(n) for dst in range(n) if src != dst
-               for chunk in own(collective, dst)]
-    gather = [Send(chunk, src, dst) for src in range(n) for dst in range(n) if src != dst
-              for chunk in own(collective, src)]
+    check_size("twoshot", topology.name, collective, twoshot_sends(collective))
+    # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
+    scatter = [Send(chunk, 0, dst, "reduce") for dst in range(1, n) for chunk in own(collective, dst)]
+    gather = [Send(chunk, 0, dst) for dst in range(1, n) for chunk in own(collective, 0)]
     return assemble("twoshot", topology, collective, [scatter, gather], started,
-                    "two-shot exchanges slices between every pair of ranks")
+                    "two-shot exchanges slices between every pair of ranks", (rotation(collective, range(n)),))
+
+
+def direct_sends(collective: Collective) -> int | None:
+    """How many sends direct makes, before any is built (None: a rooted collective, N sends at most per chunk)."""
+    n, name = collective.nranks, collective.name
+    if name not in _ROTATING:
+        return None
+    per_pair = {"allreduce": collective.nchunks, "alltoall": collective.chunks}.get(name, collective.chunks)
+    return n * (n - 1) * per_pair
+
+
+def twoshot_sends(collective: Collective) -> int:
+    n = collective.nranks
+    return 2 * n * (n - 1) * collective.chunks
 
 
 def _pairs(collective: Collective) -> list[tuple[int, int]]:
@@ -58,9 +78,13 @@ def _pairs(collective: Collective) -> list[tuple[int, int]]:
     return [(s, d) for s in range(n) for d in range(n) if s != d]
 
 
-def _direct_sends(collective: Collective) -> list[Send]:
+_ROTATING = ("allgather", "reducescatter", "allreduce", "alltoall")  # rotation r -> r+1 maps them to themselves
+
+
+def _direct_sends(collective: Collective, only: int | None = None) -> list[Send]:
+    """Every send, or with ``only`` those from that rank."""
     n, root, name = collective.nranks, collective.root, collective.name
-    pairs = [(src, dst) for src in range(n) for dst in range(n) if src != dst]
+    pairs = [(src, dst) for src in (range(n) if only is None else [only]) for dst in range(n) if src != dst]
     everything = range(collective.nchunks)
     if name == "allgather":
         return [Send(chunk, s, d) for s, d in pairs for chunk in own(collective, s)]

@@ -18,9 +18,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import numpy as np
+
 from schedules.collectives import Collective
-from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, block, check_ranks, own, require_links
+from schedules.schedule import Schedule, Send, Symmetry
+from synth.baselines.common import assemble, block, check_ranks, check_size, own, require_links, slice_map
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -32,10 +34,29 @@ def rhd(topology: Topology, collective: Collective) -> Schedule:
     n = collective.nranks
     if n & (n - 1):
         raise NotApplicable(f"rhd: needs a power-of-two number of ranks; topology {topology.name} has {n}")
+    check_size("rhd", topology.name, collective, rhd_sends(collective))
     for bit in _bits(n):
         require_links("rhd", topology, ((r, r ^ bit) for r in range(n)), f"partners at distance {bit}")
+    if collective.name in _ALGORITHMS_OF_ONE:
+        # rank 0's sends, and the bit flips r -> r ^ 2^b that give every other rank's
+        flips = tuple(_flip(collective, bit) for bit in _bits(n))
+        steps = _ALGORITHMS_OF_ONE[collective.name](collective, 0)
+        return assemble("rhd", topology, collective, steps, started, "partners", flips)
     steps = _ALGORITHMS[collective.name](collective)
     return assemble("rhd", topology, collective, steps, started, "partners")
+
+
+def rhd_sends(collective: Collective) -> int | None:
+    """How many sends rhd makes, before any is built (None: the rooted and all-to-all forms, not estimated)."""
+    n = collective.nranks
+    if collective.name not in ("allgather", "reducescatter", "allreduce"):
+        return None
+    return (2 if collective.name == "allreduce" else 1) * n * (n - 1) * collective.chunks
+
+
+def _flip(collective: Collective, bit: int) -> Symmetry:
+    ranks = np.arange(collective.nranks) ^ bit
+    return Symmetry(tuple(ranks.tolist()), tuple(slice_map(collective, ranks).tolist()), 2)
 
 
 def _bits(n: int) -> list[int]:
@@ -43,30 +64,39 @@ def _bits(n: int) -> list[int]:
     return [1 << b for b in range(n.bit_length() - 1)]
 
 
-def _reducescatter(collective: Collective) -> list[list[Send]]:
+def _reducescatter(collective: Collective, only: int | None = None) -> list[list[Send]]:
+    """Every rank's sends (``only``: that rank's)."""
     n = collective.nranks
     steps = []
     for bit in reversed(_bits(n)):
         # Rank r still owns the slices that agree with it on every bit above `bit`; it hands the partner's half on.
-        high = ~(2 * bit - 1)
-        steps.append([Send(chunk, r, r ^ bit, "reduce") for r in range(n) for x in range(n)
-                      if (x ^ r) & high == 0 and x & bit != r & bit for chunk in own(collective, x)])
+        steps.append([Send(chunk, r, r ^ bit, "reduce") for r in _senders(n, only) for x in _near(r, 2 * bit)
+                      if x & bit != r & bit for chunk in own(collective, x)])
     return steps
 
 
-def _allgather(collective: Collective) -> list[list[Send]]:
+def _allgather(collective: Collective, only: int | None = None) -> list[list[Send]]:
     n = collective.nranks
     steps = []
     for bit in _bits(n):
         # Rank r holds the slices of every rank that differs from it only in the bits below `bit`.
-        low = bit - 1
-        steps.append([Send(chunk, r, r ^ bit) for r in range(n) for x in range(n)
-                      if (x ^ r) & ~low == 0 for chunk in own(collective, x)])
+        steps.append([Send(chunk, r, r ^ bit) for r in _senders(n, only) for x in _near(r, bit)
+                      for chunk in own(collective, x)])
     return steps
 
 
-def _allreduce(collective: Collective) -> list[list[Send]]:
-    return _reducescatter(collective) + _allgather(collective)
+def _senders(n: int, only: int | None) -> range | list[int]:
+    return range(n) if only is None else [only]
+
+
+def _near(r: int, span: int) -> range:
+    """The ranks that agree with r on every bit from span (a power of two) up."""
+    base = r & ~(span - 1)
+    return range(base, base + span)
+
+
+def _allreduce(collective: Collective, only: int | None = None) -> list[list[Send]]:
+    return _reducescatter(collective, only) + _allgather(collective, only)
 
 
 def _broadcast(collective: Collective) -> list[list[Send]]:
@@ -114,6 +144,8 @@ def _alltoall(collective: Collective) -> list[list[Send]]:
     return steps
 
 
+# the collectives every bit flip maps to themselves, listed as one rank's sends
+_ALGORITHMS_OF_ONE = {"allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce}
 _ALGORITHMS: dict[str, Callable[[Collective], list[list[Send]]]] = {
     "allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce,
     "broadcast": _broadcast, "reduce": _reduce, "gather": _gather, "scatter": _scatter, "alltoall": _alltoall,

@@ -22,9 +22,13 @@ import time
 from itertools import zip_longest
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
 from schedules.collectives import Collective
+from schedules.loads import index_fabric
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, check_ranks, even_hosts, host_major, host_rotations
+from synth.baselines.common import (assemble, check_ranks, check_size, even_hosts, host_major, host_rotations,
+                                   rotation)
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -37,10 +41,17 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     """The ring algorithm for any of the eight collectives, over a Hamiltonian cycle of the topology."""
     started = time.perf_counter()
     check_ranks("ring", topology, collective)
+    check_size("ring", topology.name, collective, ring_sends(collective))
     order = hamiltonian_cycle(topology)
     routes = _routes(topology, order)
     algorithm = _ALGORITHMS[collective.name]
     used = min(collective.chunks, len(routes))
+    if used == 1 and collective.name in _ROTATING and collective.nranks > 1 and order == sorted(order):
+        # one chunk's trajectory, and the rotation along the ring that gives every other slice's (on a ring in
+        # rank order, whose expansion lists each step's sends in ring order, as the explicit form does)
+        steps = algorithm(order, collective, range(collective.chunks), only=order[0])
+        return assemble("ring", topology, collective, steps, started, "a ring edge", (rotation(collective, order),),
+                        order=order, rings=[list(order)])
     # Route q carries chunks q, q+used, ... of every slice; all routes run side by side, step for step.
     per_route = [algorithm(routes[q], collective, range(q, collective.chunks, used)) for q in range(used)]
     steps = [[send for sends in step for send in sends] for step in zip_longest(*per_route, fillvalue=[])]
@@ -48,23 +59,31 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
                     rings=[list(route) for route in routes[:used]])
 
 
+def ring_sends(collective: Collective) -> int:
+    """How many sends the ring algorithm makes, before any is built."""
+    n, c, name = collective.nranks, collective.chunks, collective.name
+    per_hop = {"allgather": n, "reducescatter": n, "allreduce": 2 * n, "gather": n // 2, "scatter": n // 2,
+               "alltoall": n * n // 2}
+    return (n - 1) * per_hop[name] * c if name in per_hop else (n - 1) * collective.nchunks
+
+
 def _routes(topology: Topology, order: list[int]) -> list[list[int]]:
     """The rings that may share the chunks: each host rotation of the cycle, and its reverse if that is links."""
-    fabric = topology.without_switches()
     n = len(order)
-    reversible = n > 2 and all(fabric.has_link(order[(i + 1) % n], order[i]) for i in range(n))
+    at = np.asarray(order, np.int64)
+    reversible = n > 2 and bool(index_fabric(topology).has_links(np.roll(at, -1), at).all())
     cycles = host_rotations(topology, order)
     return [route for cycle in cycles for route in ([cycle, cycle[::-1]] if reversible else [cycle])]
 
 
 def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[int]:
     """A directed cycle through every rank of the switch-free form, as a rank order; NotApplicable if none."""
-    fabric = topology.without_switches()
     order = host_major(topology)
     n = len(order)
-    if n == 1 or (even_hosts(fabric) and all(fabric.has_link(order[i], order[(i + 1) % n]) for i in range(n))):
+    at = np.asarray(order, np.int64)
+    if n == 1 or (even_hosts(topology) and bool(index_fabric(topology).has_links(at, np.roll(at, -1)).all())):
         return order
-    found, exhausted = _search(fabric, order[0], budget)
+    found, exhausted = _search(topology.without_switches(), order[0], budget)
     if found:
         return found
     if exhausted:
@@ -116,24 +135,33 @@ def _block(collective: Collective, src: int, dst: int, lanes: Lanes) -> list[int
     return [(src * collective.nranks + dst) * collective.chunks + j for j in lanes]
 
 
-def _allgather(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
-    """At step k position i forwards the slice that started k positions back."""
+def _allgather(order: list[int], collective: Collective, lanes: Lanes, only: int | None = None) -> list[list[Send]]:
+    """At step k position i forwards the slice that started k positions back (``only``: that rank's slice alone)."""
     n = len(order)
+    if only is not None:
+        j = order.index(only)
+        return [[Send(chunk, order[(j + k) % n], order[(j + k + 1) % n]) for chunk in _slice(collective, only, lanes)]
+                for k in range(n - 1)]
     return [[Send(chunk, order[i], order[(i + 1) % n])
              for i in range(n) for chunk in _slice(collective, order[(i - k) % n], lanes)]
             for k in range(n - 1)]
 
 
-def _reducescatter(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
+def _reducescatter(order: list[int], collective: Collective, lanes: Lanes,
+                   only: int | None = None) -> list[list[Send]]:
     """The slice of the rank at position j starts at j+1 and gathers one contribution per hop."""
     n = len(order)
+    if only is not None:
+        j = order.index(only)
+        return [[Send(chunk, order[(j + 1 + k) % n], order[(j + 2 + k) % n], "reduce")
+                 for chunk in _slice(collective, only, lanes)] for k in range(n - 1)]
     return [[Send(chunk, order[i], order[(i + 1) % n], "reduce")
              for i in range(n) for chunk in _slice(collective, order[(i - 1 - k) % n], lanes)]
             for k in range(n - 1)]
 
 
-def _allreduce(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
-    return _reducescatter(order, collective, lanes) + _allgather(order, collective, lanes)
+def _allreduce(order: list[int], collective: Collective, lanes: Lanes, only: int | None = None) -> list[list[Send]]:
+    return _reducescatter(order, collective, lanes, only) + _allgather(order, collective, lanes, only)
 
 
 def _chain_from(order: list[int], root: int) -> list[int]:
@@ -196,6 +224,7 @@ def _alltoall(order: list[int], collective: Collective, lanes: Lanes) -> list[li
     return steps
 
 
+_ROTATING = ("allgather", "reducescatter", "allreduce")  # the collectives a rotation along the ring maps to itself
 _ALGORITHMS: dict[str, Callable[[list[int], Collective, Lanes], list[list[Send]]]] = {
     "allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce,
     "broadcast": _broadcast, "reduce": _reduce, "gather": _gather, "scatter": _scatter, "alltoall": _alltoall,

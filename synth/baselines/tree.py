@@ -23,11 +23,14 @@ from collections import defaultdict
 from typing import Iterator
 
 import networkx as nx
+import numpy as np
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from schedules.collectives import Collective
+from schedules.loads import index_fabric
+from schedules.schedule import Symmetry
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, check_ranks, host_major, host_rotations
+from synth.baselines.common import assemble, check_ranks, check_size, host_major, host_rotations
 from synth.baselines.ring import hamiltonian_cycle
 from synth.errors import NotApplicable
 from topologies.topology import Topology
@@ -43,12 +46,22 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         raise NotApplicable(f"tree: exists for {', '.join(SUPPORTED)} only, not {collective.name}")
     check_ranks("tree", topology, collective)
     n = collective.nranks
+    check_size("tree", topology.name, collective, tree_sends(collective))
     root = None if collective.name == "allreduce" else collective.root
     shapes = [ruler_tree(n), _second_tree(ruler_tree(n), n)] if root is None else [ruler_tree(n)]
     order = _placement(topology, shapes, root)
     trees = [_on_ranks(shape, _rotate(placed, root)) for placed in host_rotations(topology, order)
              for shape in shapes]
     used = min(len(trees), collective.nchunks)
+    waves = collective.nchunks // used
+    if collective.name == "allreduce" and collective.nchunks % used == 0 and waves > 1 and \
+            2 * (n - 1) * collective.nchunks > COMPACT_FROM:
+        # the first chunk of every tree, and the shift that sends chunk m + used one step after chunk m
+        first = [t for parents, q in zip(trees, range(used)) for t in _allreduce_phases(parents, range(q, q + 1))]
+        later = (np.arange(collective.nchunks) + used) % collective.nchunks
+        shift = Symmetry(tuple(range(n)), tuple(later.tolist()), waves, shift=1)
+        return assemble("tree", topology, collective, _merge(*first), started, "a tree edge", (shift,),
+                        order=order, trees=used)
     # Tree q carries chunks q, q+used, ...; all trees run side by side, step for step.
     parts = [range(q, collective.nchunks, used) for q in range(used)]
     if collective.name == "allreduce":
@@ -59,6 +72,14 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts)]
     return assemble("tree", topology, collective, _merge(*timelines), started, "a tree edge", order=order,
                     trees=used)
+
+
+def tree_sends(collective: Collective) -> int:
+    """Every chunk crosses each of the N-1 tree edges once (allreduce: up, then down)."""
+    return (2 if collective.name == "allreduce" else 1) * (collective.nranks - 1) * collective.nchunks
+
+
+COMPACT_FROM = 1_000_000  # sends past which the all-reduce is written as its first wave and a shift
 
 
 def ruler_tree(n: int) -> dict[int, int]:
@@ -92,11 +113,14 @@ def _edges(shapes: list[dict[int, int]]) -> set[tuple[int, int]]:
 
 def _placement(topology: Topology, shapes: list[dict[int, int]], root: int | None) -> list[int]:
     """A rank for each tree position such that every tree edge is a link (root at position 0 if given)."""
-    fabric = topology.without_switches()
     edges = sorted(_edges(shapes))
+    ends = np.array(edges, np.int64).reshape(-1, 2)
+    index = index_fabric(topology)
     for order in _candidate_orders(topology, root):
-        if all(fabric.has_link(order[a], order[b]) for a, b in edges):
+        at = np.asarray(order, np.int64)
+        if index.has_links(at[ends[:, 0]], at[ends[:, 1]]).all():
             return order
+    fabric = topology.without_switches()
     found = _match(fabric, set(edges), root)
     if found:
         return found

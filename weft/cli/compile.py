@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Verify a schedule, compile it, and prove the plan on the reference executor "
                                    "(3 sizes incl. a ragged one × fp32/fp16/bf16). Nothing is written unless "
                                    "every check passes.")
-    p.add_argument("schedule", help="schedule file (weft.schedule/1)")
+    p.add_argument("schedule", help="schedule file (weft.schedule/1 or /2)")
     p.add_argument("-t", "--topology", required=True, help="catalog spec or topology file the schedule is for")
     p.add_argument("--instances", type=int, default=1, help="thread blocks per chunk (each chunk split k ways)")
     p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"),

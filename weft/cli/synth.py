@@ -7,15 +7,16 @@ import importlib
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
+from topologies.errors import WeftError
 from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError, file_in_the_way
 from weft.cli import progress as _progress
+from weft.cli.deadline import Deadline
 from weft.cli.words import counted
 from weft.synthesis import BASELINES
 from weft.units import SIZE_HELP, format_bytes, parse_bytes
@@ -29,6 +30,8 @@ DEFAULT_TIME_LIMIT = 60.0
 SMT_PARETO_TIME_LIMIT = 300.0
 WAIT_CAP_S = 7 * 24 * 3600.0  # every wait is bounded; each instance keeps to --time-limit itself
 SOLVER_PACKAGES = ("z3", "ortools")  # imported only when a method needs them
+EARLY_CHECK_BYTES = 1 << 20  # topology files this large are checked against the expansion limit before reading whole
+SCORE_RESERVE_S = 5.0  # of --time-limit, kept from the solver for verifying and pricing (at most a tenth)
 
 
 def _family(method: str):
@@ -47,7 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default 1; ring and tree use several rings/trees with more)")
     p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
     p.add_argument("--time-limit", type=float, default=None,
-                   help=f"solver time limit in seconds (default {DEFAULT_TIME_LIMIT:g}; smt --pareto: "
+                   help="the whole command's deadline in seconds: reading the fabric, the bound, the solve, "
+                        "verification and pricing (the solver stops on it; any phase still running 2 s later "
+                        f"ends the command in one line) (default {DEFAULT_TIME_LIMIT:g}; smt --pareto: "
                         f"{SMT_PARETO_TIME_LIMIT:g}, the whole frontier's)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
@@ -144,20 +149,33 @@ def run(args: argparse.Namespace) -> int:
         args.workers = args.jobs
     _check_output(args)
     _check_registry(args)
-    topology = resolve(args.topology)
-    collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
-    from weft.synthesis import require_affordable
+    if args.method in BASELINES:
+        _refuse_early(args)
+    limit = args.time_limit
+    with Deadline("weft synth", limit, progress=_progress) as deadline:
+        deadline.phase = f"reading topology {args.topology}"
+        topology = resolve(args.topology)
+        collective = collective_on(args.collective, topology.name, topology.nranks, args.chunks or 1, args.root)
+        from weft.synthesis import require_affordable
 
-    # a solver keeps to --time-limit itself; a baseline has no other bound on its time than this estimate
-    require_affordable(collective, f"weft synth --method {args.method} on {args.topology}",
-                       args.time_limit if args.method in BASELINES else None)
-    found = sweep(args, topology, collective, asked_sizes)
-    rows, basis = [], set()
-    swept = tuple(parse_bytes(size_text) for size_text in asked_sizes)
-    for size_text, schedules in found:
-        rows += _score(topology, schedules, parse_bytes(size_text), args, basis, swept)
+        # a solver keeps to --time-limit itself; a baseline has no other bound on its time than this estimate
+        require_affordable(collective, f"weft synth --method {args.method} on {args.topology}",
+                           limit if args.method in BASELINES else None)
+        deadline.phase = f"synthesizing {collective.name} on {topology.name} ({args.method})"
+        deadline.quiet = args.method not in BASELINES  # solver families report their own progress
+        # the solver gets what reading the fabric left, less a reserve for verifying and pricing its answer
+        args.time_limit = max(0.1, deadline.left() - min(SCORE_RESERVE_S, 0.1 * limit))
+        found = sweep(args, topology, collective, asked_sizes)
+        deadline.quiet = False
+        rows, basis = [], set()
+        swept = tuple(parse_bytes(size_text) for size_text in asked_sizes)
+        for size_text, schedules in found:
+            rows += _score(topology, schedules, parse_bytes(size_text), args, basis, swept, deadline)
     written = _write(args, [s for s, _ in rows])
-    plans = _compile_and_commit(args, topology, [s for s, _ in rows])
+    with Deadline("weft synth", limit, progress=_progress, started=deadline.started,
+                  after=f"the schedule is written ({', '.join(str(w) for w in written)}); no plan is") as deadline:
+        deadline.phase = "compiling and checking plans"
+        plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
         shown = sorted({n for _, pct in rows for n in pct}, key=parse_bytes)
         compared = {"compared_us": references_us(topology, collective, shown)} if args.method == "2dh" else {}
@@ -202,11 +220,34 @@ def default_time_limit(args: argparse.Namespace) -> float:
     return DEFAULT_TIME_LIMIT
 
 
+def _refuse_early(args: argparse.Namespace) -> None:
+    """A baseline past the expansion limit on a large topology file is refused from its rank count alone, before
+    the file is validated whole (a 100,000-rank ring takes seconds to validate)."""
+    from synth.baselines import check_sends
+    from topologies.errors import TopologyError
+    from topologies.jsonfile import read_json
+
+    path = Path(args.topology)
+    if not path.is_file() or path.stat().st_size < EARLY_CHECK_BYTES:
+        return
+    data = read_json(path, "topology", TopologyError)
+    nranks = data.get("nranks") if isinstance(data, dict) else None
+    if not isinstance(nranks, int) or isinstance(nranks, bool):
+        return  # the full read says what is wrong
+    try:
+        collective = Collective(args.collective, nranks, args.chunks or 1, args.root)
+    except WeftError:
+        return
+    check_sends(args.method, str(data.get("name") or path), collective)
+
+
 def _score(topology: Topology, schedules: list[Schedule], asked: int, args: argparse.Namespace,
-           basis: set[str], swept: tuple[int, ...] = ()) -> list[tuple[Schedule, dict]]:
+           basis: set[str], swept: tuple[int, ...] = (), deadline: Deadline | None = None,
+           ) -> list[tuple[Schedule, dict]]:
     """Verify each schedule and price it at the report sizes, ``asked`` and every size of the sweep (so each row
     fills every column); pct_of_bound is at ``asked``. On a calibrated fabric the prices are the calibrated model's
-    for the plan the schedule compiles to (what the registry stores); ``basis`` collects what made them."""
+    for the plan the schedule compiles to (what the registry stores); ``basis`` collects what made them.
+    ``deadline``: told each phase, for progress and the time-limit message."""
     from schedules.bounds import lower_bound_us
     from schedules.cost import loads
     from schedules.verify import require_valid
@@ -216,12 +257,18 @@ def _score(topology: Topology, schedules: list[Schedule], asked: int, args: argp
     sizes = tuple(sorted(set(REPORT_SIZES) | {asked} | set(swept))) if asked else REPORT_SIZES
     rows = []
     for schedule in schedules:
+        if deadline is not None:
+            deadline.phase = f"verifying {schedule.name or schedule.collective.name} ({counted(schedule.nsends, 'send')})"
         require_valid(schedule, topology)
+        if deadline is not None:
+            deadline.phase = f"pricing {schedule.name or schedule.collective.name}"
         times = loads(schedule, topology).predict_many_us(sizes)  # index the fabric once, price every size
         calibrated = schedule_predictions(schedule, topology, sizes, args.instances, args.protocol)
         if calibrated is not None:
             times = [calibrated[0][n] for n in sizes]
         basis.add(calibrated[1] if calibrated else ALPHA_BETA)
+        if deadline is not None:
+            deadline.phase = f"computing the {schedule.collective.name} bound on {topology.name}"
         predicted = {format_bytes(n): t for n, t in zip(sizes, times)}
         pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
                if predicted[format_bytes(n)] else 100.0 for n in sizes}

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from fractions import Fraction
 
 from schedules.collectives import NAMES, Collective, collective_on
 from topologies import resolve
+from weft.cli import ArgumentError
+from weft.cli.deadline import Deadline
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
@@ -21,6 +25,8 @@ def register(topo_sub: argparse._SubParsersAction) -> None:
     q.add_argument("--size", default="1GB", help="message size, nccl-tests terms (default 1GB)")
     q.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
     q.add_argument("--json", action="store_true", help="print the bound as JSON")
+    q.add_argument("--time-limit", type=float, default=60.0,
+                   help="the command's deadline in seconds, reading the fabric included")
     q.set_defaults(func=run)
 
 
@@ -54,11 +60,20 @@ def bound_report(topology, collective: Collective, nbytes: int) -> dict:
     return report
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.size)
-    topology = resolve(args.topology)
-    collective = collective_on(args.collective, topology.name, topology.nranks, 1, args.root)
-    report = bound_report(topology, collective, nbytes)
+    if not 0 < args.time_limit < math.inf:
+        raise ArgumentError(f"weft topo bound: --time-limit must be positive seconds, got {args.time_limit}")
+    with Deadline("weft topo bound", args.time_limit, progress=_progress) as deadline:
+        deadline.phase = f"reading topology {args.topology}"
+        topology = resolve(args.topology)
+        collective = collective_on(args.collective, topology.name, topology.nranks, 1, args.root)
+        deadline.phase = f"computing the {collective.name} bound on {topology.name}"
+        report = bound_report(topology, collective, nbytes)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -13,7 +13,7 @@ from weft.units import SIZE_HELP, parse_size_range
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="verify a schedule (needs -t) or a plan (reference executor)",
-                       description="A weft.schedule/1 file is re-simulated against the topology. A plan "
+                       description="A weft.schedule/1 or /2 file is re-simulated against the topology. A plan "
                                    "(MSCCL++ execution-plan JSON) runs on the CPU reference executor on random "
                                    "data for several sizes and its dtypes. Exit 1 when a check fails.")
     p.add_argument("file", help="schedule or plan file")

@@ -1,0 +1,137 @@
+"""The scale tier: the largest fabrics (hgx_h100:nodes=128, hypercube:d=14, a 100,000-rank ring file) through
+validate, show, bound and each baseline, each finishing or refusing in one line within its limit.
+
+No wall-clock assertions (the machine may be loaded): a refusal is checked by its one line and by the limit it
+names, and a finished schedule by the work it holds (a compact ring lists one slice's 2046 sends, not two
+million)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from schedules.collectives import Collective
+from schedules.compact import TooLarge
+from schedules.schedule import load_schedule
+from synth import baselines
+from topologies.catalog import build
+from weft.cli import main
+
+H1024 = "hgx_h100:nodes=128"
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _one_error_line(err: str) -> str:
+    """The refusal: exactly one error line, and it is the last line (progress lines may come before it)."""
+    errors = [line for line in err.splitlines() if line.startswith("weft: error:")]
+    assert len(errors) == 1 and err.rstrip().splitlines()[-1] == errors[0], err
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def h1024():
+    return build(H1024)
+
+
+@pytest.fixture(scope="module")
+def ring100k(tmp_path_factory) -> Path:
+    """A valid 100,000-rank bidirectional ring, written as a topology file."""
+    n = 100_000
+    links = [{"src": i, "dst": (i + d) % n, "bandwidth": 25.0, "latency": 1.0} for i in range(n) for d in (1, n - 1)]
+    path = tmp_path_factory.mktemp("ring100k") / "ring100k.json"
+    path.write_text(json.dumps({"format": "weft.topology/1", "name": "ring100k", "nranks": n, "links": links}))
+    return path
+
+
+def test_the_1024_gpu_ring_allreduce_is_written_verified_and_priced(tmp_path):
+    out = tmp_path / "ring.json"
+    code, stdout, err = run(["synth", "allreduce", "-t", H1024, "--method", "ring", "--size", "1GB", "-o", str(out)])
+    assert code == 0, err
+    schedule = load_schedule(out)
+    assert schedule.nsends == 2 * 1023 * 1024 and sum(len(step.sends) for step in schedule.steps) == 2 * 1023
+    assert "verified: 2095104 sends" in stdout
+    printed = next(line for line in stdout.splitlines() if line.startswith("ring-allreduce"))
+    assert f"{schedule.meta.pct_of_bound:.1f}" in printed.split()  # the % printed is the written file's
+
+
+@pytest.mark.parametrize("method,name", [("direct", "allgather"), ("twoshot", "allreduce"), ("rhd", "allreduce"),
+                                         ("tree", "allreduce")])
+def test_symmetric_baselines_at_1024_gpus_are_compact_and_verify(h1024, method, name):
+    from schedules.verify import verify
+
+    schedule = getattr(baselines, method)(h1024, Collective(name, 1024))
+    assert schedule.symmetries and sum(len(step.sends) for step in schedule.steps) <= 1023 * 32
+    assert verify(schedule, h1024).ok
+
+
+def test_the_one_shot_allreduce_at_1024_gpus_is_refused_before_it_is_built(h1024):
+    with pytest.raises(TooLarge, match=r"direct: allreduce on hgx_h100:nodes=128 is 1,072,693,248 sends, over the "
+                                       r"8,000,000 this machine expands"):
+        baselines.direct(h1024, Collective("allreduce", 1024))
+
+
+def test_the_bounds_at_1024_gpus_finish():
+    for name in ("allgather", "allreduce"):
+        code, stdout, err = run(["topo", "bound", H1024, name, "--time-limit", "60"])
+        assert code == 0 and "lower bound:" in stdout, err
+
+
+def test_each_baseline_on_hypercube_d14_refuses_naming_the_limit_before_building():
+    """16384 ranks: every baseline's sends are past the expansion limit, which each names before building any."""
+    topology = build("hypercube:d=14")
+    for method, name in (("ring", "allgather"), ("direct", "allgather"), ("rhd", "allreduce"), ("tree", "allreduce"),
+                         ("twoshot", "allreduce")):
+        with pytest.raises(TooLarge, match=rf"{method}: {name} on hypercube:d=14 is [\d,]+ sends, over the 8,000,000"):
+            getattr(baselines, method)(topology, Collective(name, topology.nranks))
+
+
+def test_a_baseline_on_hypercube_d14_refuses_in_one_line():
+    code, _, err = run(["synth", "allgather", "-t", "hypercube:d=14", "--method", "ring"])
+    line = _one_error_line(err)  # the memory budget (weft.synthesis) or the expansion limit, whichever asks first
+    assert code == 2 and ("MAX_EXPANDED_SENDS" in line or "of memory, more than the budget" in line)
+
+
+def test_the_hypercube_d14_bound_ends_at_its_time_limit_in_one_line():
+    code, _, err = run(["topo", "bound", "hypercube:d=14", "allgather", "--time-limit", "1"])
+    assert code == 1 and "--time-limit 1 s reached while" in _one_error_line(err)
+
+
+def test_hypercube_d14_shows():
+    code, stdout, _ = run(["topo", "show", "hypercube:d=14"])
+    assert code == 0 and "16384" in stdout
+
+
+def test_a_100000_rank_ring_file_validates(ring100k):
+    code, stdout, err = run(["topo", "validate", str(ring100k)])
+    assert code == 0 and "100000 ranks" in stdout, err
+
+
+def test_a_100000_rank_ring_file_through_bound_and_synthesis_finishes_or_refuses_in_one_line(ring100k, tmp_path):
+    """The bound ends at the time limit (it has none of its own); the ring refuses at once: (N-1)N sends are past
+    what this machine expands. (The MILP and trees stop on the same deadline as the bound.)"""
+    for argv, code, needle in (
+            (["topo", "bound", str(ring100k), "allgather", "--time-limit", "2"], 1, "--time-limit 2 s reached"),
+            (["synth", "allgather", "-t", str(ring100k), "--method", "ring", "-o", str(tmp_path / "r.json")], 2,
+             "9,999,900,000 sends")):
+        got, _, err = run(argv)
+        assert got == code and needle in _one_error_line(err), (argv, err)
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_trees_and_the_bound_stop_at_the_time_limit_on_1024_rank_switch_free_fabrics(tmp_path):
+    """Issue 39.5: the cut bound ignored --time-limit on torus2d:x=32,y=32 and hypercube:d=10."""
+    for argv in (["topo", "bound", "torus2d:x=32,y=32", "allgather", "--time-limit", "1"],
+                 ["synth", "allgather", "-t", "hypercube:d=10", "--method", "trees", "--time-limit", "1",
+                  "-o", str(tmp_path / "t.json")]):
+        code, _, err = run(argv)
+        assert code == 1 and "--time-limit 1 s reached while" in _one_error_line(err), err
