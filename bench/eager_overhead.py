@@ -66,8 +66,15 @@ def main() -> None:
     if rank == 0:
         print(json.dumps(rows, indent=1))
         if args.output:
-            doc = {"plan": NAME, "size": x.numel() * 2, "unit": "us per call (host)", "calls": args.calls,
-                   "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+            doc = {
+                "plan": NAME,
+                "size": x.numel() * 2,
+                "unit": "us per call (host)",
+                "calls": args.calls,
+                "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "rows": rows,
+            }
             with open(args.output, "w") as f:
                 json.dump(doc, f, indent=1)
     comm.close()

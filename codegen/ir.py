@@ -26,11 +26,11 @@ class Loc:
     index: int
     size: int = 1
 
-    def follows(self, other: "Loc") -> bool:
+    def follows(self, other: Loc) -> bool:
         """Whether this range starts right where ``other`` ends, in the same buffer."""
         return (self.rank, self.type) == (other.rank, other.type) and self.index == other.index + other.size
 
-    def slots(self) -> list["Loc"]:
+    def slots(self) -> list[Loc]:
         return [Loc(self.rank, self.type, k) for k in range(self.index, self.index + self.size)]
 
 

@@ -23,8 +23,9 @@ from collections import defaultdict
 from codegen.ir import ARRIVE, NOTICES, SEND, Action
 
 
-def unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]],
-                    double_scratch: bool) -> set[tuple[int, int, int]]:
+def unsafe_channels(
+    actions: list[Action], needs: dict[int, dict[int, Action]], double_scratch: bool
+) -> set[tuple[int, int, int]]:
     """(writer rank, reader rank, instance) of every channel whose writes may overtake the reader's previous launch.
 
     ``needs`` holds the semaphore edges: action seq -> thread block -> the action it waits for there.

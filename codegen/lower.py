@@ -45,8 +45,7 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
             if pull and not packets and loc[send.src][c] == placement.input_loc(send.src, c):
                 arrivals[d][c].append((send.op, send.src, loc[send.src][c]))  # d reads the peer's input slot
                 continue
-            direct = (send.op == "copy" and not packets and (d, c) not in read_now
-                      and not placement.holds_other(d, c))
+            direct = send.op == "copy" and not packets and (d, c) not in read_now and not placement.holds_other(d, c)
             landing = placement.home(d, c) if direct else placement.new_scratch(d)
             sent = emit(send.src, t, 0, SEND, d, [loc[send.src][c]], [landing])
             if not packets:  # arrivals in send order: the k-th wait on a channel pairs with its k-th signal
@@ -67,8 +66,7 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
     return actions
 
 
-def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], placement: Placement,
-          packets: bool) -> None:
+def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], placement: Placement, packets: bool) -> None:
     """Actions on rank d that combine chunk c's arrivals of step t into its state (after their ARRIVEs)."""
     home = placement.home(d, c)
     copies = [g for g in group if g[0] == "copy"]
@@ -95,8 +93,12 @@ def _notices(actions: list[Action], emit, final: int) -> None:
     right before its pull and signals DONE once the pull (and a send fused with it) is done, and the owner waits
     for DONE at its very end. Notices travel in the thread blocks that pull (``via``), so each rank's signals to a
     peer leave from one thread block, in program order."""
-    pulls = [(a, owner) for a in actions if a.kind in (REDUCE, COPY)
-             for owner in sorted({loc.rank for loc in a.src if loc.rank != a.rank})]
+    pulls = [
+        (a, owner)
+        for a in actions
+        if a.kind in (REDUCE, COPY)
+        for owner in sorted({loc.rank for loc in a.src if loc.rank != a.rank})
+    ]
     pulling: dict[tuple[int, int], tuple] = {}
     for a, owner in pulls:
         pulling.setdefault((a.rank, owner), a.role)

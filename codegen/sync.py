@@ -33,14 +33,16 @@ def insert_sync(actions: list[Action], double_scratch: bool = False) -> dict[int
     signal = _signal_numbers(actions)
     needs = {rank: _dependencies(rank_actions) for rank, rank_actions in by_rank.items()}
     gated = unsafe_channels(actions, {s: n for per in needs.values() for s, n in per.items()}, double_scratch)
-    programs = {rank: _rank_programs(rank_actions, needs[rank], signal, gated)
-                for rank, rank_actions in sorted(by_rank.items())}
+    programs = {
+        rank: _rank_programs(rank_actions, needs[rank], signal, gated) for rank, rank_actions in sorted(by_rank.items())
+    }
     add_entry_handshake(programs, actions, gated)
     return programs
 
 
-def add_entry_handshake(programs: dict[int, dict[int, list[Draft]]], actions: list[Action],
-                        gated: set[tuple[int, int, int]]) -> None:
+def add_entry_handshake(
+    programs: dict[int, dict[int, list[Draft]]], actions: list[Action], gated: set[tuple[int, int, int]]
+) -> None:
     """Open every launch with a ready signal from each reader on its gated channels (writer, reader, instance).
 
     The writers' waits are placed by ``_rank_programs`` before their first send on each gated channel. A
@@ -97,8 +99,9 @@ def _dependencies(actions: list[Action]) -> dict[int, dict[int, Action]]:
     return needs
 
 
-def _rank_programs(actions: list[Action], needs: dict[int, dict[int, Action]], signal: dict[int, int],
-                   gated: set[tuple[int, int, int]]) -> dict[int, list[Draft]]:
+def _rank_programs(
+    actions: list[Action], needs: dict[int, dict[int, Action]], signal: dict[int, int], gated: set[tuple[int, int, int]]
+) -> dict[int, list[Draft]]:
     semaphore: dict[tuple[int, int], int] = {}
     releases: dict[tuple[int, int], list[int]] = defaultdict(list)  # (producer, consumer) -> producer seqs
     for a in actions:

@@ -46,6 +46,7 @@ def summarize(trace: np.ndarray, nblocks: int, ops_per_block: list[int], launche
 
         def us(c: float) -> float:
             return round(float(c) / per_us / launches, 3) if per_us else 0.0
+
         phases = {name: us(sums[b, k]) for k, name in enumerate(PHASES)}
         nops = min(ops_per_block[b], TRACE_OPS)
         out.append(BlockTimes(b, phases, tuple(us(sums[b, 3 + k]) for k in range(nops)), round(ns / 1e3 / launches, 3)))

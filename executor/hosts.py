@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from schedules.plan import Plan
 
@@ -42,22 +42,27 @@ def ipc_across_hosts(plan: Plan, hosts: Sequence[str]) -> str:
     for r, gpu in enumerate(plan.gpus):
         for cid, peer in enumerate(gpu.memory_peers):
             if hosts[r] != hosts[peer]:
-                return (f"plan {plan.name}: gpus[{r}] memory channel {cid} joins rank {r} (host {hosts[r]}) and rank "
-                        f"{peer} (host {hosts[peer]}): a memory channel is CUDA IPC, which cannot cross hosts; "
-                        "compile the plan for a topology with these hosts (its hops between them become port "
-                        "channels)")
+                return (
+                    f"plan {plan.name}: gpus[{r}] memory channel {cid} joins rank {r} (host {hosts[r]}) and rank "
+                    f"{peer} (host {hosts[peer]}): a memory channel is CUDA IPC, which cannot cross hosts; "
+                    "compile the plan for a topology with these hosts (its hops between them become port "
+                    "channels)"
+                )
     return ""
 
 
-def transport_refusal(nranks: int, rank: int, hosts: Sequence[str], port_peers: Sequence[int], backend: str | None,
-                      device_type: str) -> str:
+def transport_refusal(
+    nranks: int, rank: int, hosts: Sequence[str], port_peers: Sequence[int], backend: str | None, device_type: str
+) -> str:
     """'' when this rank's port channels (``port_peers``: the peer of each) can run over ``backend`` for tensors on
     ``device_type``; else one line naming the first channel and the transport."""
     if not port_peers:
         return ""
     if backend is None:
-        why, transport = ("no process group is initialized (launch with torchrun and call init_process_group)",
-                          "torch.distributed")
+        why, transport = (
+            "no process group is initialized (launch with torchrun and call init_process_group)",
+            "torch.distributed",
+        )
     elif backend not in TRANSPORTS:
         why, transport = f"the port engine drives {' or '.join(TRANSPORTS)} point-to-point calls", backend
     elif TRANSPORTS[backend] != device_type:

@@ -60,9 +60,12 @@ class Slot:
     index: int
     size: int
 
-    def overlaps(self, other: "Slot") -> bool:
-        return (self.buffer == other.buffer and self.index < other.index + other.size
-                and other.index < self.index + self.size)
+    def overlaps(self, other: Slot) -> bool:
+        return (
+            self.buffer == other.buffer
+            and self.index < other.index + other.size
+            and other.index < self.index + self.size
+        )
 
     def __str__(self) -> str:
         return f"{self.buffer}[{self.index}:{self.index + self.size}]"
@@ -78,8 +81,9 @@ class Transfer:
     channel_type: str
 
     def __str__(self) -> str:
-        return (f"send {self.slot} to {self.peer}" if self.send else f"recv {self.slot} from {self.peer}") + \
-            f" over {self.channel_type}"
+        return (
+            f"send {self.slot} to {self.peer}" if self.send else f"recv {self.slot} from {self.peer}"
+        ) + f" over {self.channel_type}"
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,27 @@ class Compute:
 
 Step = Union[Exchange, Compute]
 # The data ops a program lowers (their meaning is their row in schedules.ops); any other is refused by name.
-LOWERED = frozenset({"copy", "put", "pws", "pwsf", "get", "re", "res", "rre", "rres",
-                     "ppkt", "rppkt", "upkt", "cpkt", "repkt", "respkt", "recpkt", "recspkt"})
+LOWERED = frozenset(
+    {
+        "copy",
+        "put",
+        "pws",
+        "pwsf",
+        "get",
+        "re",
+        "res",
+        "rre",
+        "rres",
+        "ppkt",
+        "rppkt",
+        "upkt",
+        "cpkt",
+        "repkt",
+        "respkt",
+        "recpkt",
+        "recspkt",
+    }
+)
 INPLACE = "io"  # an in-place plan's one buffer
 ROUND_END = None  # in a rank's actions: the global order's round ended (compile_programs(closed=True))
 
@@ -139,13 +162,14 @@ def compile_programs(plan: Plan, closed: bool = False) -> tuple[Program, ...]:
             staging = max(staging, _lower(plan, rank, tb, index, actions))
         if closed:
             for r in range(plan.nranks):
-                actions[r][mark[r]:] = _sums_last(actions[r][mark[r]:]) + [ROUND_END]
+                actions[r][mark[r] :] = _sums_last(actions[r][mark[r] :]) + [ROUND_END]
     return tuple(Program(r, _group(actions[r]), staging) for r in range(plan.nranks))
 
 
 def _sums_last(actions: list) -> list:
     """One round of a rank's actions with the sums that touch none of the round's transfers, nor a later sum that
     keeps its place, moved after them: they then do not split the round's group."""
+
     def writes(a) -> tuple:
         return a.dsts if isinstance(a, Compute) else () if a.send else (a.slot,)
 
@@ -153,14 +177,18 @@ def _sums_last(actions: list) -> list:
         return a.srcs if isinstance(a, Compute) else (a.slot,) if a.send else ()
 
     def clash(a, b) -> bool:
-        return any(x.overlaps(y) for x in writes(a) for y in writes(b) + reads(b)) or \
-            any(x.overlaps(y) for x in writes(b) for y in reads(a))
+        return any(x.overlaps(y) for x in writes(a) for y in writes(b) + reads(b)) or any(
+            x.overlaps(y) for x in writes(b) for y in reads(a)
+        )
 
     kept: list = []
     moved: list = []
     for a in reversed(actions):  # a sum moves if nothing after it that stays touches what it touches
-        if isinstance(a, Compute) and not any(clash(a, b) for b in kept) and \
-                not any(clash(a, t) for t in actions if isinstance(t, Transfer)):
+        if (
+            isinstance(a, Compute)
+            and not any(clash(a, b) for b in kept)
+            and not any(clash(a, t) for t in actions if isinstance(t, Transfer))
+        ):
             moved.append(a)
         else:
             kept.append(a)
@@ -197,8 +225,11 @@ def global_rounds(plan: Plan) -> list[list[tuple[int, int, int]]]:
     def packet_chunks(r: int, t: int, op: Op, reading: bool) -> list[tuple[int, str, int]]:
         """The chunks op reads as packets (all local), or writes as packets (local or on a peer)."""
         gpu, tb = plan.gpus[r], plan.gpus[r].threadblocks[t]
-        entries = ([ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)] if reading else
-                   [ref for k, ref in enumerate(op.dst_buff) if op.spec.writes_packet(ref.remote, k)])
+        entries = (
+            [ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)]
+            if reading
+            else [ref for k, ref in enumerate(op.dst_buff) if op.spec.writes_packet(ref.remote, k)]
+        )
         out = []
         for ref in entries:
             owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (r, ref.type)
@@ -262,13 +293,17 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
     tb = gpu.threadblocks[tb_id]
     op = tb.ops[index]
     if op.spec.container:  # its ops run once per unit of the message, which the engine's one pass cannot follow
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r}: the "
-                            "port engine does not run pipelines")
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r}: the "
+            "port engine does not run pipelines"
+        )
     if not op.spec.buffers:
         return 0
     if op.name not in LOWERED:
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} is not "
-                            f"among the ops the port engine runs ({', '.join(sorted(LOWERED))})")
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} is not "
+            f"among the ops the port engine runs ({', '.join(sorted(LOWERED))})"
+        )
     kind = op.channel_type or "memory"
     staged = 0
 
@@ -352,16 +387,20 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
     bufs = []
     for r, g in enumerate(plan.gpus):
         sizes = {"s": g.scratch_chunks, "t": programs[r].staging_chunks}
-        sizes.update({INPLACE: max(g.input_chunks, g.output_chunks)} if plan.inplace else
-                     {"i": g.input_chunks, "o": g.output_chunks})
+        sizes.update(
+            {INPLACE: max(g.input_chunks, g.output_chunks)}
+            if plan.inplace
+            else {"i": g.input_chunks, "o": g.output_chunks}
+        )
         b = {k: np.full((n, elems), np.nan, np.float32) for k, n in sizes.items()}
         buffer, at = placed(plan, r, "i", 0)
-        b[buffer][at:at + g.input_chunks] = round_to(np.asarray(inputs[r], np.float32), dtype).reshape(
-            g.input_chunks, elems)
+        b[buffer][at : at + g.input_chunks] = round_to(np.asarray(inputs[r], np.float32), dtype).reshape(
+            g.input_chunks, elems
+        )
         bufs.append(b)
 
     def view(r: int, s: Slot):
-        return bufs[r][s.buffer][s.index:s.index + s.size]
+        return bufs[r][s.buffer][s.index : s.index + s.size]
 
     pc = [0] * plan.nranks
     posted: dict[tuple[int, int, bool], list] = defaultdict(list)  # (sender, receiver, is send) -> [(rank, step, k)]
@@ -398,8 +437,10 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
                 (sr, ss, sk), (rr, rs, rk) = queue.pop(0), recvs.pop(0)
                 src, dst = programs[sr].steps[ss].transfers[sk], programs[rr].steps[rs].transfers[rk]
                 if src.slot.size != dst.slot.size:
-                    raise ExecutorError(f"plan {plan.name}: rank {a} sends {src.slot.size} chunks to rank {b}, which "
-                                        f"receives {dst.slot.size}")
+                    raise ExecutorError(
+                        f"plan {plan.name}: rank {a} sends {src.slot.size} chunks to rank {b}, which "
+                        f"receives {dst.slot.size}"
+                    )
                 view(rr, dst.slot)[:] = view(sr, src.slot)
                 done.update({(sr, ss, sk), (rr, rs, rk)})
                 progressed = True
@@ -409,7 +450,7 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
     outputs = []
     for r, b in enumerate(bufs):
         buffer, at = placed(plan, r, "o", 0)
-        outputs.append(b[buffer][at:at + plan.gpus[r].output_chunks].reshape(-1).copy())
+        outputs.append(b[buffer][at : at + plan.gpus[r].output_chunks].reshape(-1).copy())
     return outputs
 
 

@@ -17,9 +17,40 @@ from __future__ import annotations
 from typing import Any
 
 # getOpType in execution_plan.cc: every op name the C++ parser accepts
-OP_NAMES = frozenset({"nop", "barrier", "put", "pws", "pwsf", "get", "copy", "signal", "wait", "flush", "re", "res",
-                      "rre", "rres", "ppkt", "rppkt", "respkt", "cpkt", "upkt", "repkt", "recpkt", "recspkt", "glres",
-                      "gstore", "gstorepkt", "rlxsignal", "rlxwait", "pipeline", "sem_acquire", "sem_release"})
+OP_NAMES = frozenset(
+    {
+        "nop",
+        "barrier",
+        "put",
+        "pws",
+        "pwsf",
+        "get",
+        "copy",
+        "signal",
+        "wait",
+        "flush",
+        "re",
+        "res",
+        "rre",
+        "rres",
+        "ppkt",
+        "rppkt",
+        "respkt",
+        "cpkt",
+        "upkt",
+        "repkt",
+        "recpkt",
+        "recspkt",
+        "glres",
+        "gstore",
+        "gstorepkt",
+        "rlxsignal",
+        "rlxwait",
+        "pipeline",
+        "sem_acquire",
+        "sem_release",
+    }
+)
 CHANNEL_TYPES = frozenset({"memory", "port", "none", "switch"})  # convertToChannelType
 BUFFER_TYPES = frozenset({"i", "o", "s"})  # convertToBufferType
 # execution_common.hpp
@@ -27,13 +58,50 @@ MAX_CHANNEL, MAX_CHANNEL_PER_OPERATION, MAX_OPERATION = 16, 8, 64
 MAX_BUFFERS_PER_OPERATION = 2 + 8  # MAX_LOCAL_BUFFER_PER_OPERATION + MAX_CHANNEL_PER_OPERATION
 MAX_DEVICE_SYNCERS, MAX_DEVICE_SEMAPHORES = 16, 16
 
-TOP_KEYS = frozenset({"name", "collective", "protocol", "inplace", "reuse_resources", "use_double_scratch_buffer",
-                      "buffer_alignment", "min_message_size", "max_message_size", "num_threads_per_block", "gpus"})
-GPU_KEYS = frozenset({"id", "input_chunks", "output_chunks", "scratch_chunks", "channels", "remote_buffers",
-                      "semaphores", "threadblocks"})
+TOP_KEYS = frozenset(
+    {
+        "name",
+        "collective",
+        "protocol",
+        "inplace",
+        "reuse_resources",
+        "use_double_scratch_buffer",
+        "buffer_alignment",
+        "min_message_size",
+        "max_message_size",
+        "num_threads_per_block",
+        "gpus",
+    }
+)
+GPU_KEYS = frozenset(
+    {
+        "id",
+        "input_chunks",
+        "output_chunks",
+        "scratch_chunks",
+        "channels",
+        "remote_buffers",
+        "semaphores",
+        "threadblocks",
+    }
+)
 THREADBLOCK_KEYS = frozenset({"id", "channels", "remote_buffer_refs", "ops"})
-OP_KEYS = frozenset({"name", "channel_type", "channel_ids", "tbg_info", "src_buff", "dst_buff", "barrier_id",
-                     "num_threadblocks", "semaphore_ids", "iter_context", "ops", "reduce_op"})
+OP_KEYS = frozenset(
+    {
+        "name",
+        "channel_type",
+        "channel_ids",
+        "tbg_info",
+        "src_buff",
+        "dst_buff",
+        "barrier_id",
+        "num_threadblocks",
+        "semaphore_ids",
+        "iter_context",
+        "ops",
+        "reduce_op",
+    }
+)
 BUFF_KEYS = frozenset({"type", "buffer_id", "switch_channel_id", "index", "size"})
 
 
@@ -176,8 +244,10 @@ def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, 
                 if ctype not in ("memory", "port"):  # getRemoteBufferTypeWithId throws for any other type
                     need.errors.append(f"{where}.buffer_id: needs the op's channel_type memory or port, got {ctype!r}")
                 elif not 0 <= b["buffer_id"] < refs.get(ctype, 0):
-                    need.errors.append(f"{where}.buffer_id: {b['buffer_id']} is past the block's "
-                                       f"{refs.get(ctype, 0)} {ctype} remote_buffer_refs")
+                    need.errors.append(
+                        f"{where}.buffer_id: {b['buffer_id']} is past the block's "
+                        f"{refs.get(ctype, 0)} {ctype} remote_buffer_refs"
+                    )
             elif b.get("type") not in BUFFER_TYPES and "switch_channel_id" not in b:
                 need.errors.append(f"{where}: needs a type ('i', 'o', 's') or a buffer_id")
     need.errors += kernel_shape_errors(op, at)
@@ -202,11 +272,17 @@ def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, 
 # list: (the entries it reads, what the rest must be). "one": only entry 0; "local+remote": entry 0 local, the rest
 # remote; "local+local": entry 0 local, the rest local too; "any": every entry, as listed.
 _KERNEL_SHAPE = {  # op: (src_buff, dst_buff)
-    "copy": ("one", "one"), "cpkt": ("one", "one"), "upkt": ("one", "one"),  # handleCopy, handleCopyPackets, ...
-    "re": ("local+local", "one"), "res": ("local+local", "local+remote"),  # handleReduceSend
-    "rre": ("local+remote", "one"), "rres": ("local+remote", "local+remote"),  # handleReadReduceSend
-    "repkt": ("local+local", "one"), "respkt": ("local+local", "local+remote"),  # handleReduceSendPackets
-    "recpkt": ("local+local", "two"), "recspkt": ("local+local", "two+remote"),  # handleReduceCopySendPackets
+    "copy": ("one", "one"),
+    "cpkt": ("one", "one"),
+    "upkt": ("one", "one"),  # handleCopy, handleCopyPackets, ...
+    "re": ("local+local", "one"),
+    "res": ("local+local", "local+remote"),  # handleReduceSend
+    "rre": ("local+remote", "one"),
+    "rres": ("local+remote", "local+remote"),  # handleReadReduceSend
+    "repkt": ("local+local", "one"),
+    "respkt": ("local+local", "local+remote"),  # handleReduceSendPackets
+    "recpkt": ("local+local", "two"),
+    "recspkt": ("local+local", "two+remote"),  # handleReduceCopySendPackets
     "rppkt": ("one", "any"),  # handleReadPutPackets reads src_buff[0] for every destination
 }
 
@@ -219,25 +295,32 @@ def kernel_shape_errors(op: dict, at: str) -> list[str]:
     name = op.get("name")
     srcs, dsts = op.get("src_buff", []), op.get("dst_buff", [])
     if name in ("put", "pws", "pwsf", "ppkt") and len({b.get("type") for b in srcs}) > 1:
-        errors.append(f"{at}.src_buff: entries of types {sorted({str(b.get('type')) for b in srcs})}; "
-                      "MSCCL++'s handlePut reads every source from src_buff[0]'s buffer")
+        errors.append(
+            f"{at}.src_buff: entries of types {sorted({str(b.get('type')) for b in srcs})}; "
+            "MSCCL++'s handlePut reads every source from src_buff[0]'s buffer"
+        )
     if name == "get":
         for j, (src, dst) in enumerate(zip(srcs, dsts)):
             if src.get("index") != dst.get("index"):
-                errors.append(f"{at}.dst_buff[{j}].index: {dst.get('index')} differs from src_buff[{j}].index "
-                              f"{src.get('index')}; MSCCL++'s handleGet adds each entry's offset to the other side's "
-                              f"buffer, so it would copy the peer's chunk {dst.get('index')} into chunk "
-                              f"{src.get('index')}")
+                errors.append(
+                    f"{at}.dst_buff[{j}].index: {dst.get('index')} differs from src_buff[{j}].index "
+                    f"{src.get('index')}; MSCCL++'s handleGet adds each entry's offset to the other side's "
+                    f"buffer, so it would copy the peer's chunk {dst.get('index')} into chunk "
+                    f"{src.get('index')}"
+                )
     if name not in _KERNEL_SHAPE:
         return errors
-    for field, entries, shape in (("src_buff", srcs, _KERNEL_SHAPE[name][0]), ("dst_buff", dsts,
-                                                                               _KERNEL_SHAPE[name][1])):
+    for field, entries, shape in (
+        ("src_buff", srcs, _KERNEL_SHAPE[name][0]),
+        ("dst_buff", dsts, _KERNEL_SHAPE[name][1]),
+    ):
         if shape == "any":
             continue
         head = 2 if shape.startswith("two") else 1
         if shape in ("one", "two") and len(entries) > head:
-            need.errors.append(f"{at}.{field}: {len(entries)} entries; MSCCL++'s kernel runs op {name!r} on the "
-                               f"first {head} only")
+            need.errors.append(
+                f"{at}.{field}: {len(entries)} entries; MSCCL++'s kernel runs op {name!r} on the first {head} only"
+            )
         for j, b in enumerate(entries):
             remote = "buffer_id" in b
             if j < head and remote:

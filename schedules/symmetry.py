@@ -15,8 +15,8 @@ fabric they are just single ranks.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 from topologies.topology import Topology, Vertex
 

@@ -64,8 +64,10 @@ def link_bytes(plan: Plan, nbytes: int) -> dict[tuple[int, int], int]:
 def port_bytes(plan: Plan, nbytes: int) -> list[tuple[int, int]]:
     """(egress, ingress) bytes of each GPU's switch port."""
     links = link_bytes(plan, nbytes)
-    return [(sum(b for (s, _), b in links.items() if s == r), sum(b for (_, d), b in links.items() if d == r))
-            for r in range(plan.nranks)]
+    return [
+        (sum(b for (s, _), b in links.items() if s == r), sum(b for (_, d), b in links.items() if d == r))
+        for r in range(plan.nranks)
+    ]
 
 
 @dataclass
@@ -82,8 +84,11 @@ def predict_us(plan: Plan, nbytes: int, model: PortModel = PortModel()) -> float
     """The plan's predicted time (µs) for one execution of ``nbytes`` on an NVSwitch board (see the module doc)."""
     cb = plan.chunk_bytes(nbytes)
     pairs = channel_pairs(plan)
-    blocks = [_Block(r, [o for op in tb.ops for o in op.flat()], plan.num_threads_per_block) for r, g in enumerate(plan.gpus)
-              for tb in g.threadblocks]
+    blocks = [
+        _Block(r, [o for op in tb.ops for o in op.flat()], plan.num_threads_per_block)
+        for r, g in enumerate(plan.gpus)
+        for tb in g.threadblocks
+    ]
     arrivals: dict[tuple[int, int], list[float]] = defaultdict(list)  # (rank, channel) -> signal arrival times
     consumed: dict[tuple[int, int], int] = defaultdict(int)
     semaphores: dict[tuple[int, int], int] = defaultdict(int)
@@ -103,8 +108,10 @@ def predict_us(plan: Plan, nbytes: int, model: PortModel = PortModel()) -> float
                 pending = [t for ts in arrivals.values() for t in ts if t > now]
                 if not pending:
                     stuck = next(b for b in blocks if b.pc < len(b.ops))
-                    raise PlanError(f"plan {plan.name}: rank {stuck.rank} waits forever at op {stuck.pc} "
-                                    f"({stuck.ops[stuck.pc].name}): the traffic model cannot time it")
+                    raise PlanError(
+                        f"plan {plan.name}: rank {stuck.rank} waits forever at op {stuck.pc} "
+                        f"({stuck.ops[stuck.pc].name}): the traffic model cannot time it"
+                    )
                 now = min(pending)
                 continue
             return model.launch_us + now

@@ -17,10 +17,10 @@ import heapq
 import itertools
 import math
 import time
-from functools import lru_cache
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterator
+from functools import lru_cache
 
 import networkx as nx
 from networkx.algorithms.flow import dinitz
@@ -153,8 +153,9 @@ class _Packer:
                     heapq.heappush(heap, (-width, placed[hop.src] + 1, next(self.ties), hop))
 
 
-def pack(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float,
-         symmetric: bool = True) -> tuple[Tree, ...] | None:
+def pack(
+    topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float, symmetric: bool = True
+) -> tuple[Tree, ...] | None:
     """per_root trees of rate ``unit`` for every root, or None if the greedy packing runs out of room.
 
     With ``symmetric``, roots that share an orbit of the fabric's symmetries get copies of one root's trees.
@@ -201,8 +202,9 @@ def _mapped(tree: Tree, perm: Permutation) -> Tree:
     return Tree(perm[tree.root], tuple((perm[a], perm[b]) for a, b in tree.hops))
 
 
-def pack_exact(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction,
-               deadline: float) -> tuple[Tree, ...] | None:
+def pack_exact(
+    topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float
+) -> tuple[Tree, ...] | None:
     """Edmonds' packing by Lovász's construction, for switch-free fabrics: exact, one max-flow per arc tried.
 
     A source s links to every root with ``per_root`` units. A tree grows from s through its root; an arc
@@ -256,8 +258,12 @@ def _grow_exact(topology: Topology, graph: nx.DiGraph, root: int, left: int, dea
         if time.monotonic() > deadline:
             raise Unknown(f"trees on {topology.name}: time limit reached while packing trees")
         # shallowest first keeps the pipeline short; then the widest remaining arc
-        candidates = sorted((placed[a], -graph[a][b]["capacity"], a, b) for a in placed for b in graph.successors(a)
-                            if b not in placed and b != SOURCE and graph[a][b]["capacity"] >= 1)
+        candidates = sorted(
+            (placed[a], -graph[a][b]["capacity"], a, b)
+            for a in placed
+            for b in graph.successors(a)
+            if b not in placed and b != SOURCE and graph[a][b]["capacity"] >= 1
+        )
         chosen = next(((a, b) for _, _, a, b in candidates if _keeps_cuts(graph, a, b, left - 1)), None)
         if chosen is None:
             return None

@@ -89,8 +89,9 @@ def test_inplace_plans_run_sizes_off_the_granule(name):
 def test_a_size_that_is_not_whole_parts_is_refused_naming_the_plan():
     plan = _plan("allgather")
     assert not plan.runs(N * 12 + 2)
-    with pytest.raises(PlanError, match=f"plan {plan.name}: size 50 B is not a whole number of the collective's "
-                                        f"{N} equal parts"):
+    with pytest.raises(
+        PlanError, match=f"plan {plan.name}: size 50 B is not a whole number of the collective's {N} equal parts"
+    ):
         run_any_size(plan, [np.zeros(12)] * N, N * 12 + 2, "fp16")
 
 
@@ -121,8 +122,26 @@ def registry(tmp_path, monkeypatch):
 
 
 def test_readme_smt_plan_is_selected_at_real_sizes(registry, capsys):
-    assert main(["synth", "allgather", "-t", "dgx1", "--method", "smt", "--steps", "3", "--rounds", "7",
-                 "--chunks", "6", "--commit"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "dgx1",
+                "--method",
+                "smt",
+                "--steps",
+                "3",
+                "--rounds",
+                "7",
+                "--chunks",
+                "6",
+                "--commit",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     for size in ("1KB", "1MB", "4MB", "1GB"):
         assert main(["registry", "select", "-t", "dgx1", "allgather", "--size", size, "--json"]) == 0, size
@@ -133,7 +152,9 @@ def test_readme_smt_plan_is_selected_at_real_sizes(registry, capsys):
     assert (row["granule_bytes"], row["message_parts"]) == (192, 8)
     assert row["accepts"] == "0B..∞, 8 parts, granule 192B"
     assert main(["registry", "show", row["id"]]) == 0
-    assert ("runs any size in 0B..∞ that is a whole number of 8 equal parts (one per rank): multiples of 192B "
-            "directly, others padded") in capsys.readouterr().out
+    assert (
+        "runs any size in 0B..∞ that is a whole number of 8 equal parts (one per rank): multiples of 192B "
+        "directly, others padded"
+    ) in capsys.readouterr().out
     assert main(["registry", "select", "-t", "dgx1", "allgather", "--size", "1001"]) == 1
     assert "is not a whole number of the collective's 8 equal parts" in capsys.readouterr().out

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_any_size import _expected, _inputs
+from test_inference_capture_flow import FakeArray
 
 from codegen import compile_schedule
 from executor.communicator import PlanExecutor
 from executor.errors import ExecutorError
 from executor.reference import run_reference
-from test_any_size import _expected, _inputs
-from test_inference_capture_flow import FakeArray
 from topologies import resolve
 from weft.synthesis import synthesize
 
@@ -43,8 +43,13 @@ class CallerArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        return {"shape": self.values.shape, "typestr": "<f4", "data": (self.values.ctypes.data, False),
-                "strides": None, "version": 3}
+        return {
+            "shape": self.values.shape,
+            "typestr": "<f4",
+            "data": (self.values.ctypes.data, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def _copy_2d(dst, dst_pitch, src, src_pitch, width, height, kind, stream):
@@ -57,8 +62,10 @@ class FakeCupy:
 
     def __init__(self) -> None:
         self.cuda = SimpleNamespace(
-            Device=lambda device: nullcontext(), get_current_stream=lambda: SimpleNamespace(ptr=0),
-            runtime=SimpleNamespace(deviceSynchronize=lambda: None, memcpy2DAsync=_copy_2d))
+            Device=lambda device: nullcontext(),
+            get_current_stream=lambda: SimpleNamespace(ptr=0),
+            runtime=SimpleNamespace(deviceSynchronize=lambda: None, memcpy2DAsync=_copy_2d),
+        )
 
     def zeros(self, n: int, dtype) -> HostArray:
         return HostArray(np.zeros(n, dtype))
@@ -79,6 +86,7 @@ def _executors(plan) -> list[PlanExecutor]:
                     seen[r][1].host.view(np.float32)[:] = y
             barrier.wait()
             return output
+
         return execute
 
     comms = []

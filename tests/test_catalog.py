@@ -28,14 +28,14 @@ SCCL_DGX1 = [
 
 # ---- every entry --------------------------------------------------------------------------------
 
+
 def test_catalog_specs_cover_every_entry_once():
     assert catalog_specs() == [e.name for e in entries()]
     assert len(set(catalog_specs())) == len(entries())
 
 
 def test_catalog_specs_with_nodes_lists_only_multi_node_entries():
-    assert catalog_specs(nodes=2) == [f"{e.name}:nodes=2" for e in entries()
-                                      if "nodes" in {p.name for p in e.params}]
+    assert catalog_specs(nodes=2) == [f"{e.name}:nodes=2" for e in entries() if "nodes" in {p.name for p in e.params}]
     assert "hgx_h100:nodes=2" in catalog_specs(nodes=2)
     assert not any(s.startswith(("ring", "dgx1:")) for s in catalog_specs(nodes=2))
 
@@ -94,6 +94,7 @@ def test_hgx_h100_at_128_nodes_builds_in_under_two_seconds():
 
 # ---- link figures -------------------------------------------------------------------------------
 
+
 def test_dgx1_has_exactly_sccls_link_structure():
     topology = dgx1()
     lanes = [[topology.link(i, j).count if topology.has_link(i, j) else 0 for j in range(8)] for i in range(8)]
@@ -107,8 +108,9 @@ def test_dgx1_gives_every_v100_its_six_nvlinks():
     assert all(sum(l.count for l in topology.out_links[r]) == 6 for r in topology.ranks)
 
 
-@pytest.mark.parametrize("spec, per_gpu", [("dgx2", 150.0), ("dgx_a100", 300.0), ("hgx_h100", 450.0),
-                                           ("hgx_h200", 450.0)])
+@pytest.mark.parametrize(
+    "spec, per_gpu", [("dgx2", 150.0), ("dgx_a100", 300.0), ("hgx_h100", 450.0), ("hgx_h200", 450.0)]
+)
 def test_nvswitch_gives_each_gpu_its_nvlink_bandwidth_each_way(spec, per_gpu):
     topology = build(spec)
     for r in topology.ranks:
@@ -116,16 +118,20 @@ def test_nvswitch_gives_each_gpu_its_nvlink_bandwidth_each_way(spec, per_gpu):
         assert topology.link("n0.nvswitch", r).capacity == per_gpu
 
 
-@pytest.mark.parametrize("spec, nic", [("dgx_a100:nodes=2", 25.0), ("hgx_h100:nodes=2", 50.0),
-                                       ("hgx_h200:nodes=2", 50.0), ("mi300x:nodes=2", 50.0)])
+@pytest.mark.parametrize(
+    "spec, nic",
+    [("dgx_a100:nodes=2", 25.0), ("hgx_h100:nodes=2", 50.0), ("hgx_h200:nodes=2", 50.0), ("mi300x:nodes=2", 50.0)],
+)
 def test_rail_nics_give_each_gpu_its_own_nic(spec, nic):
     topology = build(spec)
-    assert all(topology.link(r, "ib").capacity == nic and topology.link("ib", r).capacity == nic
-               for r in topology.ranks)
+    assert all(
+        topology.link(r, "ib").capacity == nic and topology.link("ib", r).capacity == nic for r in topology.ranks
+    )
 
 
-@pytest.mark.parametrize("spec, nics, nic", [("ndv2:nodes=2", 1, 12.5), ("dgx2:nodes=2", 8, 12.5),
-                                             ("mi250:nodes=2", 4, 25.0)])
+@pytest.mark.parametrize(
+    "spec, nics, nic", [("ndv2:nodes=2", 1, 12.5), ("dgx2:nodes=2", 8, 12.5), ("mi250:nodes=2", 4, 25.0)]
+)
 def test_shared_nics_have_one_uplink_each(spec, nics, nic):
     topology = build(spec)
     uplinks = topology.in_links["ib"]
@@ -178,10 +184,12 @@ def test_shared_nic_paths_add_up_to_the_infiniband_latency():
 
 # ---- abstract fabrics ---------------------------------------------------------------------------
 
+
 def test_ring_links_each_rank_to_both_neighbours():
     topology = ring(5)
     assert sorted(l.key for l in topology.links) == sorted(
-        [(r, (r + 1) % 5) for r in range(5)] + [(r, (r - 1) % 5) for r in range(5)])
+        [(r, (r + 1) % 5) for r in range(5)] + [(r, (r - 1) % 5) for r in range(5)]
+    )
 
 
 def test_two_rank_ring_bonds_its_two_cables():
@@ -210,19 +218,23 @@ def test_hub_and_spoke_is_an_alias_of_switch():
 
 # ---- bad specs ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec, fragment", [
-    ("hgx_h100:nodes=0", "topology spec 'hgx_h100:nodes=0': nodes: must be >= 1"),
-    ("hgx_h100:gpus=9", "gpus: must be <= 8"),
-    ("nosuch", "unknown topology 'nosuch'"),
-    ("ring:m=3", "m: unknown parameter (ring takes n)"),
-    ("dgx1:nodes=2", "nodes: unknown parameter (dgx1 takes no parameters)"),
-    ("ring:n=x", "n: must be an integer, got 'x'"),
-    ("ring:n", "n: needs a value"),
-    ("ring:n=4,n=5", "n: given twice"),
-    ("ring:", "nothing after ':'"),
-    ("", "empty"),
-    ("torus2d:x=1000", "x: must be <= 128"),
-])
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("hgx_h100:nodes=0", "topology spec 'hgx_h100:nodes=0': nodes: must be >= 1"),
+        ("hgx_h100:gpus=9", "gpus: must be <= 8"),
+        ("nosuch", "unknown topology 'nosuch'"),
+        ("ring:m=3", "m: unknown parameter (ring takes n)"),
+        ("dgx1:nodes=2", "nodes: unknown parameter (dgx1 takes no parameters)"),
+        ("ring:n=x", "n: must be an integer, got 'x'"),
+        ("ring:n", "n: needs a value"),
+        ("ring:n=4,n=5", "n: given twice"),
+        ("ring:", "nothing after ':'"),
+        ("", "empty"),
+        ("torus2d:x=1000", "x: must be <= 128"),
+    ],
+)
 def test_bad_spec_names_the_spec_and_field(spec, fragment):
     with pytest.raises(TopologyError) as info:
         build(spec)
@@ -236,6 +248,7 @@ def test_generators_check_their_arguments_too():
 
 
 # ---- switch removal keeps capacities ------------------------------------------------------------
+
 
 def test_switch_free_form_links_every_pair_on_an_nvswitch_at_full_gpu_bandwidth():
     free = build("hgx_h100").without_switches()

@@ -20,11 +20,17 @@ def test_counted_picks_the_noun_for_the_number():
 def test_no_cli_line_puts_a_count_before_a_fixed_plural_noun():
     # `{n} ranks` prints "1 ranks" for n == 1; every such count goes through words.counted (sizes, µs and GB/s
     # are units, not nouns; a constant of many, such as MAX_SENDS, needs no choice)
-    nouns = r"(ranks|entries|links|sends|points|instances|thread blocks|GPUs|gpus|executions|variants|sizes|hosts" \
-            r"|groups|plan times)"
+    nouns = (
+        r"(ranks|entries|links|sends|points|instances|thread blocks|GPUs|gpus|executions|variants|sizes|hosts"
+        r"|groups|plan times)"
+    )
     pattern = re.compile(r"\{[^{}]*\} " + nouns + r"\b")
-    found = [f"{path.name}:{i}: {line.strip()}" for path in sorted(CLI.glob("*.py"))
-             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line) and "{MAX_SENDS}" not in line]
+    found = [
+        f"{path.name}:{i}: {line.strip()}"
+        for path in sorted(CLI.glob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and "{MAX_SENDS}" not in line
+    ]
     assert found == []
 
 
@@ -39,9 +45,11 @@ def test_the_bound_is_in_microseconds_and_gigabytes_per_second_for_the_size(caps
 
 def _pair(tmp_path: Path, name: str = "pair") -> Path:
     topology = tmp_path / f"{name}.json"
-    topology.write_text('{"format": "weft.topology/1", "name": "%s", "nranks": 2, "links": ['
-                        '{"src": 0, "dst": 1, "bandwidth": 25.0, "latency": 0.7}, '
-                        '{"src": 1, "dst": 0, "bandwidth": 25.0, "latency": 0.7}]}' % name)
+    topology.write_text(
+        '{"format": "weft.topology/1", "name": "%s", "nranks": 2, "links": ['
+        '{"src": 0, "dst": 1, "bandwidth": 25.0, "latency": 0.7}, '
+        '{"src": 1, "dst": 0, "bandwidth": 25.0, "latency": 0.7}]}' % name
+    )
     return topology
 
 
@@ -54,8 +62,24 @@ def test_one_of_a_thing_is_singular(tmp_path, capsys):
     registry = tmp_path / "reg"
     assert main(["registry", "list", "--registry", str(registry)]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("0 entries")
-    assert main(["synth", "allreduce", "-t", str(topology), "--method", "direct", "--commit",
-                 "--registry", str(registry), "-o", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allreduce",
+                "-t",
+                str(topology),
+                "--method",
+                "direct",
+                "--commit",
+                "--registry",
+                str(registry),
+                "-o",
+                str(tmp_path / "s.json"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["registry", "list", "--registry", str(registry)]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("1 entry in ")

@@ -11,8 +11,18 @@ from schedules.collectives import Collective
 from synth import baselines
 from topologies.catalog import build
 
-ALGO_ATTRS = {"name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace", "minBytes",
-              "maxBytes"}
+ALGO_ATTRS = {
+    "name",
+    "proto",
+    "nchannels",
+    "nchunksperloop",
+    "ngpus",
+    "coll",
+    "inplace",
+    "outofplace",
+    "minBytes",
+    "maxBytes",
+}
 STEP_ATTRS = {"s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep"}
 SENDS, RECVS = {"s", "rcs", "rrs", "rrcs"}, {"r", "rrc", "rcs", "rrs", "rrcs"}
 
@@ -29,7 +39,12 @@ def test_algo_has_every_attribute(ring8):
     assert set(algo.attrib) == ALGO_ATTRS
     assert (algo.get("ngpus"), algo.get("coll"), algo.get("proto")) == ("8", "allreduce", "Simple")
     assert algo.get("nchannels") == str(instances) and algo.get("nchunksperloop") == str(8 * instances)
-    assert (algo.get("inplace"), algo.get("outofplace"), algo.get("minBytes"), algo.get("maxBytes")) == ("0", "1", "0", "0")
+    assert (algo.get("inplace"), algo.get("outofplace"), algo.get("minBytes"), algo.get("maxBytes")) == (
+        "0",
+        "1",
+        "0",
+        "0",
+    )
 
 
 def test_gpus_threadblocks_and_steps_have_every_attribute(ring8):

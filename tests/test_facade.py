@@ -11,8 +11,10 @@ import weft
 
 
 def test_import_weft_loads_no_solver_or_gpu_library():
-    code = ("import sys, weft; weft.Topology; weft.Schedule; weft.catalog('dgx1'); "
-            "print(sorted(m for m in ('z3', 'ortools', 'cupy', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, weft; weft.Topology; weft.Schedule; weft.catalog('dgx1'); "
+        "print(sorted(m for m in ('z3', 'ortools', 'cupy', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

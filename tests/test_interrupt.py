@@ -22,10 +22,21 @@ ANSWER_S, EXIT_S = 1.0, 3.0
 
 
 def _weft(argv: list[str], tmp_path: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WEFT_REGISTRY=str(tmp_path / "registry"),
-               WEFT_SCHEDULES=str(tmp_path / "schedules"))
-    return subprocess.Popen([sys.executable, "-c", "from weft.cli import run; run()", *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        WEFT_REGISTRY=str(tmp_path / "registry"),
+        WEFT_SCHEDULES=str(tmp_path / "schedules"),
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", "from weft.cli import run; run()", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _interrupt(argv: list[str], tmp_path: Path, after: float, group: bool) -> tuple[int, float, float, str]:
@@ -34,8 +45,9 @@ def _interrupt(argv: list[str], tmp_path: Path, after: float, group: bool) -> tu
     to the exit, stderr)."""
     proc = _weft(argv, tmp_path)
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr),
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr), daemon=True
+    )
     reader.start()
     deadline = time.monotonic() + 60
     while not lines and proc.poll() is None and time.monotonic() < deadline:
@@ -54,8 +66,20 @@ def _interrupt(argv: list[str], tmp_path: Path, after: float, group: bool) -> tu
 @pytest.mark.parametrize("group", [True, False])
 def test_ctrl_c_stops_an_smt_pareto_walk_and_writes_nothing(tmp_path, group):
     out = tmp_path / "front"
-    argv = ["synth", "allgather", "-t", "torus2d:x=4,y=4", "--method", "smt", "--pareto", "-o", str(out),
-            "--time-limit", "60", "--commit"]
+    argv = [
+        "synth",
+        "allgather",
+        "-t",
+        "torus2d:x=4,y=4",
+        "--method",
+        "smt",
+        "--pareto",
+        "-o",
+        str(out),
+        "--time-limit",
+        "60",
+        "--commit",
+    ]
     code, answered, took, err = _interrupt(argv, tmp_path, 2.0, group)
     assert code == 130 and answered < ANSWER_S and took < EXIT_S, (answered, took, err)
     assert "interrupted: smt: allgather on torus2d" in err and "nothing written or committed" in err
@@ -66,10 +90,26 @@ def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
     out = tmp_path / "m.json"
     # the whole model with only the host shift (no inter-/intra-host split), which searches for the whole minute
     sketch = tmp_path / "whole.json"
-    sketch.write_text(json.dumps({"format": "weft.sketch/1", "symmetry": {"rank_offset": 16}, "hierarchy": "none",
-                                  "chunks": 2}))
-    argv = ["synth", "allgather", "-t", "dgx2:nodes=2", "--method", "milp", "--size", "1GB", "--time-limit", "60",
-            "--sketch", str(sketch), "-o", str(out), "--commit"]
+    sketch.write_text(
+        json.dumps({"format": "weft.sketch/1", "symmetry": {"rank_offset": 16}, "hierarchy": "none", "chunks": 2})
+    )
+    argv = [
+        "synth",
+        "allgather",
+        "-t",
+        "dgx2:nodes=2",
+        "--method",
+        "milp",
+        "--size",
+        "1GB",
+        "--time-limit",
+        "60",
+        "--sketch",
+        str(sketch),
+        "-o",
+        str(out),
+        "--commit",
+    ]
     code, answered, took, err = _interrupt(argv, tmp_path, 3.0, True)
     assert code == 130 and answered < ANSWER_S and took < EXIT_S, (answered, took, err)
     assert "interrupted: milp allgather on dgx2:nodes=2 stopped after" in err
@@ -80,8 +120,22 @@ def test_ctrl_c_stops_milp_without_committing_its_incumbent(tmp_path):
 def test_time_limit_is_the_commands_deadline(tmp_path):
     """About 15 sub-instances (splits of allreduce) once took the whole 5 s each: 64 s. Timed from the solve's
     first progress line, since a loaded machine can take seconds just to start Python and import z3."""
-    argv = ["synth", "allreduce", "-t", "torus2d:x=4,y=4", "--method", "smt", "--steps", "6", "--rounds", "10",
-            "--chunks", "4", "--time-limit", "5"]
+    argv = [
+        "synth",
+        "allreduce",
+        "-t",
+        "torus2d:x=4,y=4",
+        "--method",
+        "smt",
+        "--steps",
+        "6",
+        "--rounds",
+        "10",
+        "--chunks",
+        "4",
+        "--time-limit",
+        "5",
+    ]
     proc = _weft(argv, tmp_path)
     watchdog = threading.Timer(90, proc.kill)  # a hang fails the test below instead of blocking the read
     watchdog.start()

@@ -42,7 +42,7 @@ def _expert_parallel(xs, logits, experts, ranks: int, cap: int) -> list[np.ndarr
     for x, r in zip(xs, rows):
         buffer = np.full((count * cap + 1, HIDDEN), np.nan)  # stale values everywhere: dispatch must clear them
         moe.dispatch(buffer, x, r)
-        sends.append(buffer[:count * cap])
+        sends.append(buffer[: count * cap])
     outputs = []
     for rank, received in enumerate(_all_to_all(sends)):
         batch = moe.expert_major(received, ranks, local, cap)
@@ -65,7 +65,7 @@ def _dense(x, logits, experts, dropped=None) -> np.ndarray:
         gates /= gates.sum()
         for k, e in enumerate(order):
             if dropped is None or not dropped[t, k]:
-                out[t] += gates[k] * _mlp(x[t:t + 1], experts[e])[0]
+                out[t] += gates[k] * _mlp(x[t : t + 1], experts[e])[0]
     return out
 
 

@@ -171,6 +171,7 @@ def test_every_field_deleted_or_replaced_by_junk_is_a_plan_error_or_a_valid_plan
 def test_any_corruption_is_a_plan_error_or_a_valid_plan(data):
     doc = _doc(LL)
     path = data.draw(st.sampled_from([p for p in _leaves(doc) if p]))
-    junk = data.draw(st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.text(max_size=3),
-                               st.just([]), st.just({})))
+    junk = data.draw(
+        st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.text(max_size=3), st.just([]), st.just({}))
+    )
     _is_plan_error_or_valid(_corrupt(doc, path, junk, delete=data.draw(st.booleans())))

@@ -19,8 +19,10 @@ def _bench(name: str):
     return module
 
 
-@pytest.mark.parametrize("script,result", [("trees_scale", "trees_scale.json"), ("milp_bench", "milp_allgather.json"),
-                                           ("smt_scale", "smt_scale.json")])
+@pytest.mark.parametrize(
+    "script,result",
+    [("trees_scale", "trees_scale.json"), ("milp_bench", "milp_allgather.json"), ("smt_scale", "smt_scale.json")],
+)
 def test_the_readme_holds_the_generated_table(script, result):
     table = _bench(script).markdown(json.loads((RESULTS / result).read_text()))
     assert table in (ROOT / "README.md").read_text()

@@ -31,8 +31,8 @@ Modeling choices (the same for every entry):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from topologies.errors import TopologyError
 from topologies.topology import Link, Topology, Vertex, short_repr
@@ -92,6 +92,7 @@ def _both_ways(a: Vertex, b: Vertex, bandwidth: float, latency: float, count: in
 
 def _nvswitch(lane_gbps: float, lanes: int) -> Fabric:
     """A host's NVSwitch tray as one vertex, with every GPU's NVLink lanes to it and back."""
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         if len(ranks) < 2:
             return [], []  # a lone GPU has nobody to talk to over NVLink
@@ -103,6 +104,7 @@ def _nvswitch(lane_gbps: float, lanes: int) -> Fabric:
 
 def _direct(lanes: dict[tuple[int, int], int], lane_gbps: float, latency: float) -> Fabric:
     """Direct GPU-GPU links inside a host, ``lanes`` given by local GPU index."""
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         first = ranks.start
         return [l for (a, b), n in lanes.items() for l in _both_ways(first + a, first + b, lane_gbps, latency, n)], []
@@ -112,6 +114,7 @@ def _direct(lanes: dict[tuple[int, int], int], lane_gbps: float, latency: float)
 
 def _rail_nics(nic_gbps: float) -> Fabric:
     """One NIC per GPU, modeled as the GPU<->ib link (GPU->NIC->switch->NIC->GPU is IB_US end to end)."""
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         return [l for r in ranks for l in _both_ways(r, "ib", nic_gbps, IB_US / 2)], []
 
@@ -124,6 +127,7 @@ def _shared_nics(per_nic: int, pcie_gbps: float, nic_gbps: float) -> Fabric:
     Two vertices, because a NIC moves data between its host and the wire, never from one local GPU to another:
     one vertex would offer a PCIe shortcut between local GPUs that no collective library takes.
     """
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         links, nics = [], []
         for k, first in enumerate(range(ranks.start, ranks.stop, per_nic)):
@@ -149,8 +153,7 @@ def _combined(*fabrics: Fabric) -> Fabric:
     return fabric
 
 
-def _multi_host(name: str, description: str, nodes: int, gpus: int, node_fabric: Fabric,
-                uplink: Fabric) -> Topology:
+def _multi_host(name: str, description: str, nodes: int, gpus: int, node_fabric: Fabric, uplink: Fabric) -> Topology:
     """Stamp ``node_fabric`` once per host; with several hosts, add each host's ``uplink`` and the ib switch."""
     stamp = _combined(node_fabric, uplink) if nodes > 1 else node_fabric
     links: list[Link] = []
@@ -166,6 +169,7 @@ def _multi_host(name: str, description: str, nodes: int, gpus: int, node_fabric:
 
 
 # ---- abstract fabrics ---------------------------------------------------------------------------
+
 
 def ring(n: int = 8) -> Topology:
     """A bidirectional ring of n ranks, 25 GB/s per direction per link."""
@@ -220,8 +224,24 @@ def hypercube(d: int = 3) -> Topology:
 # DGX-1 hybrid cube-mesh: NVLink lanes between GPU pairs, 2 = NV2, 1 = NV1. This is SCCL's dgx1 matrix
 # (msccl-tools, msccl/topologies/nvidia.py) and NVIDIA's DGX-1 V100 system architecture whitepaper (figure 3):
 # 0 1 3 2 and 4 5 7 6 are the NV2 chains of the two sockets, 0-4 and 2-6 join them with NV2 too.
-DGX1_LANES = {(0, 1): 2, (0, 2): 1, (0, 3): 1, (0, 4): 2, (1, 2): 1, (1, 3): 2, (1, 5): 1, (2, 3): 2,
-              (2, 6): 2, (3, 7): 1, (4, 5): 2, (4, 6): 1, (4, 7): 1, (5, 6): 1, (5, 7): 2, (6, 7): 2}
+DGX1_LANES = {
+    (0, 1): 2,
+    (0, 2): 1,
+    (0, 3): 1,
+    (0, 4): 2,
+    (1, 2): 1,
+    (1, 3): 2,
+    (1, 5): 1,
+    (2, 3): 2,
+    (2, 6): 2,
+    (3, 7): 1,
+    (4, 5): 2,
+    (4, 6): 1,
+    (4, 7): 1,
+    (5, 6): 1,
+    (5, 7): 2,
+    (6, 7): 2,
+}
 # NVLink 2 (V100): 25 GB/s per lane per direction (V100 whitepaper: 6 lanes, 300 GB/s bidirectional in all).
 V100_LANE_GBPS = 25.0
 # PCIe 3.0 x16: 15.75 GB/s per direction; PCIe 4.0 x16: 31.5 GB/s.
@@ -238,39 +258,69 @@ def dgx1() -> Topology:
 def ndv2(nodes: int = 1) -> Topology:
     """Azure NDv2: a DGX-1 cube-mesh per node and one 12.5 GB/s InfiniBand NIC per node, shared by its 8 GPUs."""
     # One 100 Gb/s EDR InfiniBand NIC per VM (Azure NDv2-series documentation; TACCL section 5), on PCIe 3.0.
-    return _multi_host(_checked("ndv2", nodes=nodes), ndv2.__doc__, nodes, 8,
-                       _direct(DGX1_LANES, V100_LANE_GBPS, NVLINK_US), _shared_nics(8, PCIE3_GBPS, 12.5))
+    return _multi_host(
+        _checked("ndv2", nodes=nodes),
+        ndv2.__doc__,
+        nodes,
+        8,
+        _direct(DGX1_LANES, V100_LANE_GBPS, NVLINK_US),
+        _shared_nics(8, PCIE3_GBPS, 12.5),
+    )
 
 
 def dgx2(nodes: int = 1) -> Topology:
     """NVIDIA DGX-2: 16×V100 on NVSwitch (6 lanes × 25 GB/s per GPU); one 12.5 GB/s NIC per GPU pair."""
     # DGX-2 datasheet: 12 NVSwitches, 6 NVLink 2 lanes per GPU; 8 × 100 Gb/s EDR InfiniBand NICs, each on the
     # PCIe 3.0 switch of a GPU pair.
-    return _multi_host(_checked("dgx2", nodes=nodes), dgx2.__doc__, nodes, 16,
-                       _nvswitch(V100_LANE_GBPS, 6), _shared_nics(2, PCIE3_GBPS, 12.5))
+    return _multi_host(
+        _checked("dgx2", nodes=nodes),
+        dgx2.__doc__,
+        nodes,
+        16,
+        _nvswitch(V100_LANE_GBPS, 6),
+        _shared_nics(2, PCIE3_GBPS, 12.5),
+    )
 
 
 def dgx_a100(nodes: int = 1, gpus: int = 8) -> Topology:
     """NVIDIA DGX A100: up to 8×A100 on NVSwitch (300 GB/s per GPU per direction), one 25 GB/s NIC per GPU."""
     # DGX A100 system architecture whitepaper: NVLink 3, 12 lanes × 25 GB/s per GPU per direction; 8 × 200 Gb/s
     # HDR InfiniBand ConnectX-6 NICs for the compute fabric, one per GPU.
-    return _multi_host(_checked("dgx_a100", nodes=nodes, gpus=gpus), dgx_a100.__doc__, nodes, gpus,
-                       _nvswitch(25.0, 12), _rail_nics(25.0))
+    return _multi_host(
+        _checked("dgx_a100", nodes=nodes, gpus=gpus),
+        dgx_a100.__doc__,
+        nodes,
+        gpus,
+        _nvswitch(25.0, 12),
+        _rail_nics(25.0),
+    )
 
 
 def hgx_h100(nodes: int = 1, gpus: int = 8) -> Topology:
     """NVIDIA HGX H100: up to 8×H100 on NVSwitch (450 GB/s per GPU per direction), one 50 GB/s NIC per GPU."""
     # H100 whitepaper: NVLink 4, 18 lanes × 25 GB/s = 450 GB/s per GPU per direction through 4 NVSwitches.
     # DGX H100 user guide: 8 × 400 Gb/s NDR ConnectX-7 NICs, one per GPU.
-    return _multi_host(_checked("hgx_h100", nodes=nodes, gpus=gpus), hgx_h100.__doc__, nodes, gpus,
-                       _nvswitch(25.0, 18), _rail_nics(50.0))
+    return _multi_host(
+        _checked("hgx_h100", nodes=nodes, gpus=gpus),
+        hgx_h100.__doc__,
+        nodes,
+        gpus,
+        _nvswitch(25.0, 18),
+        _rail_nics(50.0),
+    )
 
 
 def hgx_h200(nodes: int = 1, gpus: int = 8) -> Topology:
     """NVIDIA HGX H200: up to 8×H200 on NVSwitch (450 GB/s per GPU per direction), one 50 GB/s NIC per GPU."""
     # H200 datasheet: the same NVLink 4 fabric as H100 (900 GB/s bidirectional per GPU) and 400 Gb/s NICs.
-    return _multi_host(_checked("hgx_h200", nodes=nodes, gpus=gpus), hgx_h200.__doc__, nodes, gpus,
-                       _nvswitch(25.0, 18), _rail_nics(50.0))
+    return _multi_host(
+        _checked("hgx_h200", nodes=nodes, gpus=gpus),
+        hgx_h200.__doc__,
+        nodes,
+        gpus,
+        _nvswitch(25.0, 18),
+        _rail_nics(50.0),
+    )
 
 
 # ---- AMD systems --------------------------------------------------------------------------------
@@ -278,8 +328,20 @@ def hgx_h200(nodes: int = 1, gpus: int = 8) -> Topology:
 # xGMI (Infinity Fabric) lanes between the 8 GCDs of a 4×MI250 node, from `rocm-smi --shownodesbw` on an MI250
 # server (maxima of 200/100/50 GB/s = 4/2/1 lanes; Hugging Face optimum-amd, "AMD Instinct GPU connectivity"),
 # matching the CDNA 2 whitepaper: the two GCDs of one package (0-1, 2-3, 4-5, 6-7) share 4 lanes.
-MI250_LANES = {(0, 1): 4, (2, 3): 4, (4, 5): 4, (6, 7): 4, (0, 6): 2, (2, 4): 2,
-               (0, 2): 1, (1, 3): 1, (1, 5): 1, (3, 7): 1, (4, 6): 1, (5, 7): 1}
+MI250_LANES = {
+    (0, 1): 4,
+    (2, 3): 4,
+    (4, 5): 4,
+    (6, 7): 4,
+    (0, 6): 2,
+    (2, 4): 2,
+    (0, 2): 1,
+    (1, 3): 1,
+    (1, 5): 1,
+    (3, 7): 1,
+    (4, 6): 1,
+    (5, 7): 1,
+}
 # CDNA 2 whitepaper: an xGMI lane is 16 bits at 25 GT/s = 50 GB/s per direction.
 MI250_LANE_GBPS = 50.0
 # MI300X datasheet: 7 xGMI links per GPU, 128 GB/s bidirectional = 64 GB/s per direction each, fully connected.
@@ -290,19 +352,32 @@ def mi250(nodes: int = 1) -> Topology:
     """AMD 4×MI250 node: 8 GCDs as ranks, xGMI 1, 2 or 4 lanes × 50 GB/s, one 25 GB/s NIC per MI250 package."""
     # One 200 Gb/s NIC per package (as on Frontier and LUMI: 4 × Slingshot-11 per node), on PCIe 4.0 x16,
     # shared by the package's 2 GCDs.
-    return _multi_host(_checked("mi250", nodes=nodes), mi250.__doc__, nodes, 8,
-                       _direct(MI250_LANES, MI250_LANE_GBPS, XGMI_US), _shared_nics(2, PCIE4_GBPS, 25.0))
+    return _multi_host(
+        _checked("mi250", nodes=nodes),
+        mi250.__doc__,
+        nodes,
+        8,
+        _direct(MI250_LANES, MI250_LANE_GBPS, XGMI_US),
+        _shared_nics(2, PCIE4_GBPS, 25.0),
+    )
 
 
 def mi300x(nodes: int = 1) -> Topology:
     """AMD MI300X platform: 8 GPUs fully connected by xGMI (64 GB/s per link per direction), one 50 GB/s NIC each."""
     # 8 × 400 Gb/s NICs, one per GPU (AMD Instinct MI300 series cluster reference architecture guide).
     pairs = {(a, b): 1 for a in range(8) for b in range(a + 1, 8)}
-    return _multi_host(_checked("mi300x", nodes=nodes), mi300x.__doc__, nodes, 8,
-                       _direct(pairs, MI300X_LINK_GBPS, XGMI_US), _rail_nics(50.0))
+    return _multi_host(
+        _checked("mi300x", nodes=nodes),
+        mi300x.__doc__,
+        nodes,
+        8,
+        _direct(pairs, MI300X_LINK_GBPS, XGMI_US),
+        _rail_nics(50.0),
+    )
 
 
 # ---- the catalog --------------------------------------------------------------------------------
+
 
 def _size(name: str, default: int, maximum: int, what: str, minimum: int = 2) -> Param:
     return Param(name, default, minimum, maximum, what)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from topologies.jsonfile import read_json, write_text
 from topologies.errors import TopologyError, UnreachableError
+from topologies.jsonfile import read_json, write_text
 from topologies.topology import FORMAT, Link, SharingGroup, Topology, _is_number, short_repr
-
 
 TOP_LEVEL_FIELDS = frozenset({"format", "name", "description", "nranks", "switches", "hosts", "links", "sharing"})
 
@@ -87,8 +86,13 @@ def _link(item: object, i: int, fail) -> Link:
     unknown = set(item) - {"src", "dst", "bandwidth", "latency", "count"}
     if unknown:
         raise fail(f"{where}", f"unknown field {short_repr(sorted(unknown)[0])}")
-    return Link(item["src"], item["dst"], _number(item, "bandwidth", where, fail),
-                _number(item, "latency", where, fail, 0.0), count)
+    return Link(
+        item["src"],
+        item["dst"],
+        _number(item, "bandwidth", where, fail),
+        _number(item, "latency", where, fail, 0.0),
+        count,
+    )
 
 
 def _group(item: object, i: int, fail) -> SharingGroup:

@@ -49,11 +49,20 @@ def plot_frontier(path: str | Path, out: str | Path) -> Path:
     ax.step(sorted(xs), [y for _, y in sorted(zip(xs, ys))], where="post", color="tab:blue", alpha=0.4)
     ax.scatter(xs, ys, color="tab:blue", zorder=3, label="(steps, rounds, chunks) of each schedule")
     for p in frontier.points:
-        ax.annotate(f"({p.steps},{p.rounds},{p.chunks})", (p.rounds_per_chunk, p.steps), textcoords="offset points",
-                    xytext=(5, 5), fontsize=8)
+        ax.annotate(
+            f"({p.steps},{p.rounds},{p.chunks})",
+            (p.rounds_per_chunk, p.steps),
+            textcoords="offset points",
+            xytext=(5, 5),
+            fontsize=8,
+        )
     if frontier.lp_bound is not None:
-        ax.axvline(frontier.lp_bound, color="tab:red", linestyle="--",
-                   label=f"bandwidth bound {fraction(frontier.lp_bound)} rounds per chunk")
+        ax.axvline(
+            frontier.lp_bound,
+            color="tab:red",
+            linestyle="--",
+            label=f"bandwidth bound {fraction(frontier.lp_bound)} rounds per chunk",
+        )
     ax.legend(fontsize=8)
     ax.yaxis.set_major_locator(_integer_ticks())
     ax.set_xlabel("rounds per chunk (bandwidth cost)")
@@ -86,9 +95,13 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4))
     sizes = [r.size for r in bench.rows]
     factor = _bus_factor(bench.collective, bench.nranks)
-    for key, label, style in (("nccl_us", "NCCL", "-"), ("symm_us", "torch symm-mem", "-"),
-                              ("flashinfer_us", "FlashInfer", "-"), ("best_peer_us", "best peer", "--"),
-                              ("weft_us", "weft", "-")):
+    for key, label, style in (
+        ("nccl_us", "NCCL", "-"),
+        ("symm_us", "torch symm-mem", "-"),
+        ("flashinfer_us", "FlashInfer", "-"),
+        ("best_peer_us", "best peer", "--"),
+        ("weft_us", "weft", "-"),
+    ):
         pts = [(r.size, getattr(r, key)) for r in bench.rows if getattr(r, key)]
         if not pts:
             continue
@@ -125,9 +138,11 @@ def bench_table(path: str | Path) -> str:
     """The README's performance table for one benchmark file (markdown): every row, no number retyped by hand."""
     bench = read_bench(path)
     factor = _bus_factor(bench.collective, bench.nranks)
-    lines = ["| size | NCCL µs | symm-mem µs | FlashInfer µs | best peer µs | weft µs | weft / NCCL "
-             "| weft / best peer | busbw GB/s (NCCL) | weft plan | #wrong weft / peers |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| size | NCCL µs | symm-mem µs | FlashInfer µs | best peer µs | weft µs | weft / NCCL "
+        "| weft / best peer | busbw GB/s (NCCL) | weft plan | #wrong weft / peers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in bench.rows:
         nccl, symm, weft, fi = r.nccl_us, r.symm_us, r.weft_us, r.flashinfer_us
         peer, peer_us = best_peer(r)
@@ -141,12 +156,13 @@ def bench_table(path: str | Path) -> str:
 
         ratio = f"{weft / nccl:.2f}" if weft and nccl else "–"
         to_peer = f"{weft / peer_us:.2f}" if weft and peer_us else "–"
-        busbw = (f"{r.size / weft / 1e3 * factor:.0f} ({r.size / nccl / 1e3 * factor:.0f})"
-                 if weft and nccl else "–")
+        busbw = f"{r.size / weft / 1e3 * factor:.0f} ({r.size / nccl / 1e3 * factor:.0f})" if weft and nccl else "–"
         peer_cell = f"{cell(peer_us)} ({peer})" if peer_us else "–"
         wrong = f"{'–' if r.wrong is None else r.wrong} / {'–' if r.peers_wrong is None else r.peers_wrong}"
-        lines.append(f"| {format_bytes(r.size)} | {cell(nccl)} | {cell(symm)} | {cell(fi)} | {peer_cell} "
-                     f"| {cell(weft)} | {ratio} | {to_peer} | {busbw} | {_short_plan(r.plan)} | {wrong} |")
+        lines.append(
+            f"| {format_bytes(r.size)} | {cell(nccl)} | {cell(symm)} | {cell(fi)} | {peer_cell} "
+            f"| {cell(weft)} | {ratio} | {to_peer} | {busbw} | {_short_plan(r.plan)} | {wrong} |"
+        )
     return "\n".join(lines) + "\n"
 
 

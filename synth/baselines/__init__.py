@@ -34,5 +34,15 @@ def solver(method: str):
     return HIERARCHICAL.get(method) or globals()[method]
 
 
-__all__ = ["HIERARCHICAL", "METHODS", "direct", "hamiltonian_cycle", "rhd", "ring", "solver", "tree", "twodh",
-           "twoshot"]
+__all__ = [
+    "HIERARCHICAL",
+    "METHODS",
+    "direct",
+    "hamiltonian_cycle",
+    "rhd",
+    "ring",
+    "solver",
+    "tree",
+    "twodh",
+    "twoshot",
+]

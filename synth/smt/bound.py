@@ -78,7 +78,7 @@ def _lp_bound(fabric: Topology, demands: list[tuple[int, list[int], list[int]]])
             for v in fabric.ranks:
                 if v in holders:
                     continue
-                net = (sum(flow[l.key] for l in fabric.in_links[v]) - sum(flow[l.key] for l in fabric.out_links[v]))
+                net = sum(flow[l.key] for l in fabric.in_links[v]) - sum(flow[l.key] for l in fabric.out_links[v])
                 lp.Add(net == (1 if v == d else 0))
     for link in fabric.links:
         lp.Add(sum(load[link.key]) <= fabric.chunk_capacity(*link.key) * t)

@@ -35,11 +35,17 @@ from schedules.plan import Plan, load_plan  # noqa: E402
 from weft.units import parse_bytes  # noqa: E402
 
 DTYPES = ("fp32", "bf16")
-GRAPH_PLANS = ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json", "allgather-direct-ll-x1.json",
-               "allreduce-direct-ll-x8.json",
-               # multi-peer plans (4 and 8 ranks): one thread block per instance serves every peer
-               "allreduce-twoshot-simple-x8-2s-mp.json", "allreduce-direct-ll-x4-mp.json",
-               "allgather-direct-simple-x4-mp.json", "allreduce-twoshot-simple-x4-p2-2s-mp.json")
+GRAPH_PLANS = (
+    "allreduce-direct-ll-x1.json",
+    "allreduce-twoshot-simple-x8.json",
+    "allgather-direct-ll-x1.json",
+    "allreduce-direct-ll-x8.json",
+    # multi-peer plans (4 and 8 ranks): one thread block per instance serves every peer
+    "allreduce-twoshot-simple-x8-2s-mp.json",
+    "allreduce-direct-ll-x4-mp.json",
+    "allgather-direct-simple-x4-mp.json",
+    "allreduce-twoshot-simple-x4-p2-2s-mp.json",
+)
 
 
 def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, bool]]:
@@ -82,14 +88,16 @@ def run_one(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, s
     if plan.inplace:  # one buffer: the smaller of input and output is the rank's slice of the larger
         at_in, at_out = plan.collective_spec().inplace_offsets(rank, gpu.input_chunks, gpu.output_chunks)
         x = np.zeros(max(gpu.input_chunks, gpu.output_chunks) * elems, np.float32)
-        x[at_in * elems:(at_in + gpu.input_chunks) * elems] = inputs[rank]
+        x[at_in * elems : (at_in + gpu.input_chunks) * elems] = inputs[rank]
     start = time.monotonic()
     out = comm.execute(plan, device_array(x, dtype), dtype=dtype, lines=lines)
     comm.synchronize()
     seconds = time.monotonic() - start
-    got = host_values(out, dtype).reshape(-1, elems)[at_out:at_out + gpu.output_chunks]
-    wrong = sum(int(np.count_nonzero(got[idx] != chunk))
-                for idx, chunk in expected_outputs(plan.collective_spec(), inputs, elems, dtype)[rank].items())
+    got = host_values(out, dtype).reshape(-1, elems)[at_out : at_out + gpu.output_chunks]
+    wrong = sum(
+        int(np.count_nonzero(got[idx] != chunk))
+        for idx, chunk in expected_outputs(plan.collective_spec(), inputs, elems, dtype)[rank].items()
+    )
     return {"ok": wrong == 0, "wrong": wrong, "seconds": round(seconds, 3)}
 
 
@@ -113,8 +121,9 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
     try:
         with comm.capture():
             stream.begin_capture()
-            refusals = [comm.execute_captured(plan, x, o, stream=stream, dtype=dtype, lines=lines)
-                        for x, o in zip(xs, outs)]
+            refusals = [
+                comm.execute_captured(plan, x, o, stream=stream, dtype=dtype, lines=lines) for x, o in zip(xs, outs)
+            ]
             graph = stream.end_capture()
             graph.launch(stream)  # before registration: the disarmed records
             stream.synchronize()
@@ -184,10 +193,19 @@ def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
     work = out.parent / (out.stem + ".ranks")
     work.mkdir(parents=True, exist_ok=True)
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank-of", str(work), *argv],
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": port})
-             for r in range(nproc)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--rank-of", str(work), *argv],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+            },
+        )
+        for r in range(nproc)
+    ]
     deadline = time.monotonic() + wait_s
     codes = []
     for p in procs:
@@ -196,8 +214,9 @@ def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
         except subprocess.TimeoutExpired:
             p.kill()
             codes.append("timeout")
-    ranks = {r: json.loads((work / f"rank{r}.json").read_text()) for r in range(nproc)
-             if (work / f"rank{r}.json").exists()}
+    ranks = {
+        r: json.loads((work / f"rank{r}.json").read_text()) for r in range(nproc) if (work / f"rank{r}.json").exists()
+    }
     return {"nproc": nproc, "exit_codes": codes, "ranks": ranks}
 
 
@@ -221,15 +240,27 @@ def main() -> int:
     if args.rank_of:
         rank_main(args.rank_of, plans, sizes, args.device, args.timeout)
         return 0
-    forwarded = [str(args.results), *map(str, args.plans), "--nproc", str(args.nproc), "--device",
-                 str(args.device), "--sizes", args.sizes, "--timeout", str(args.timeout)]
+    forwarded = [
+        str(args.results),
+        *map(str, args.plans),
+        "--nproc",
+        str(args.nproc),
+        "--device",
+        str(args.device),
+        "--sizes",
+        args.sizes,
+        "--timeout",
+        str(args.timeout),
+    ]
     job = launch(args.results, forwarded, args.nproc, args.wait)
     names = sorted({n for r in job["ranks"].values() for n in r})
     failed = [n for n in names if not all(r.get(n, {}).get("ok") for r in job["ranks"].values())]
     job.update(cases=len(names), failed=failed)
     args.results.write_text(json.dumps(job, indent=1))
-    print(f"one_device: {len(names) - len(failed)}/{len(names)} cases matched on {args.nproc} ranks sharing "
-          f"device {args.device}; exit codes {job['exit_codes']}")
+    print(
+        f"one_device: {len(names) - len(failed)}/{len(names)} cases matched on {args.nproc} ranks sharing "
+        f"device {args.device}; exit codes {job['exit_codes']}"
+    )
     for n in failed[:20]:
         print(f"  {n}: {[r.get(n) for r in job['ranks'].values()]}")
     return 0 if not failed and len(job["ranks"]) == args.nproc and names else 1

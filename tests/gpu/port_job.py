@@ -82,8 +82,14 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
                     x = _input(torch, rank, n_in, dtype, 1).cuda()
                     got = engine.execute(plan, x)
                     engine.synchronize()
-                    rec["eager"] = matches(plan.collective, got, nccl_result(plan.collective, x, world), dtype,
-                                           sum_magnitude(plan.collective, x, world), world)
+                    rec["eager"] = matches(
+                        plan.collective,
+                        got,
+                        nccl_result(plan.collective, x, world),
+                        dtype,
+                        sum_magnitude(plan.collective, x, world),
+                        world,
+                    )
                 except Exception as e:  # record and go on: one failure must not hide the rest
                     rec["error"] = f"eager: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
                     continue
@@ -104,8 +110,14 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
                         y.zero_()
                         graph.replay()
                         torch.cuda.synchronize()
-                        ok = ok and matches(plan.collective, y, nccl_result(plan.collective, x, world), dtype,
-                                            sum_magnitude(plan.collective, x, world), world)
+                        ok = ok and matches(
+                            plan.collective,
+                            y,
+                            nccl_result(plan.collective, x, world),
+                            dtype,
+                            sum_magnitude(plan.collective, x, world),
+                            world,
+                        )
                     rec["graph"] = ok
                 except Exception as e:
                     rec["error"] = f"graph: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -164,11 +176,19 @@ def run_gloo(out: Path, rank: int, world: int) -> dict:
             esize = 4 if dtype == "fp32" else 2
             rec = {"plan": path.stem, "dtype": dtype, "size": nbytes}
             try:
-                inputs = [_input(torch, r, plan.gpus[r].input_chunks * (nbytes // plan.size_chunks) // esize, dtype, 1)
-                          for r in range(world)]
+                inputs = [
+                    _input(torch, r, plan.gpus[r].input_chunks * (nbytes // plan.size_chunks) // esize, dtype, 1)
+                    for r in range(world)
+                ]
                 got = engine.execute(plan, inputs[rank].clone())
-                rec["eager"] = matches(plan.collective, got, _expected(torch, plan.collective, inputs, rank), dtype,
-                                       _magnitude(torch, plan.collective, inputs, rank), world)
+                rec["eager"] = matches(
+                    plan.collective,
+                    got,
+                    _expected(torch, plan.collective, inputs, rank),
+                    dtype,
+                    _magnitude(torch, plan.collective, inputs, rank),
+                    world,
+                )
             except Exception as e:
                 rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             records.append(rec)
@@ -194,9 +214,12 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
     doc = {"rank": rank, "type": type(comm).__name__, "enabled": comm.enabled, "checks": {}}
     n = 1 << 16
     for dtype in DTYPES:
+
         def check(collective: str, x, got) -> bool:
-            return matches(collective, got, nccl_result(collective, x, world), dtype,
-                           sum_magnitude(collective, x, world), world)
+            return matches(
+                collective, got, nccl_result(collective, x, world), dtype, sum_magnitude(collective, x, world), world
+            )
+
         x = _input(torch, rank, n, dtype, 1).cuda()
         doc["checks"][f"allreduce {dtype}"] = check("allreduce", x, comm.all_reduce(x))
         gathered = torch.empty(world * n, dtype=x.dtype, device="cuda")
@@ -206,9 +229,8 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
         comm.reduce_scatter_tensor(scattered, x)
         doc["checks"][f"reducescatter {dtype}"] = check("reducescatter", x, scattered)
         graph = torch.cuda.CUDAGraph()
-        with comm.capture():
-            with torch.cuda.graph(graph):
-                y = comm.all_reduce(x)
+        with comm.capture(), torch.cuda.graph(graph):
+            y = comm.all_reduce(x)
         x.copy_(_input(torch, rank, n, dtype, 5).cuda())
         graph.replay()
         torch.cuda.synchronize()
@@ -216,6 +238,7 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
     # WeftBackend (the engine adapter) over the PortCommunicator: the plain all-reduce on weft, the fused norm
     # unfused (all-reduce with its residual, then torch's rms_norm), eager and captured
     from executor.backend import WeftBackend
+
     backend = WeftBackend(comm)
     hidden = 512
     x = _input(torch, rank, 8 * hidden, "bf16", 7).cuda().view(8, hidden)
@@ -229,6 +252,7 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
 
     def close(got, want) -> bool:
         return bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
+
     normed, new_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
     doc["checks"]["backend fused_add_rms_norm"] = close(new_h, expected_residual) and close(normed, expected)
     graph = torch.cuda.CUDAGraph()

@@ -57,7 +57,9 @@ def correctness_cases(nranks: int = 2) -> list[Case]:
 
 def line_cases(nranks: int = 2) -> list[Case]:
     """The correctness cases whose LL plan can move its packets as LL128 lines at that size."""
-    return [c for c in correctness_cases(nranks) if lines_possible(load_plan(HERE.parent / c.plan), parse_bytes(c.size))]
+    return [
+        c for c in correctness_cases(nranks) if lines_possible(load_plan(HERE.parent / c.plan), parse_bytes(c.size))
+    ]
 
 
 LINE_GRAPH_PLANS = tuple(name for name in GRAPH_PLANS if "-ll-" in name)

@@ -28,8 +28,12 @@ def _registry(folder: Path, nranks: int) -> str:
     topology = build(f"hgx_h200:gpus={nranks}")
     schedule = synthesize(topology, "alltoall", "direct")
     for protocol, instances in (("ll", 1), ("simple", 4)):
-        publish.commit(compile_and_verify(schedule, topology, protocol=protocol, instances=instances), topology,
-                       str(folder), schedule)
+        publish.commit(
+            compile_and_verify(schedule, topology, protocol=protocol, instances=instances),
+            topology,
+            str(folder),
+            schedule,
+        )
     return f"hgx_h200:gpus={nranks}"
 
 
@@ -158,12 +162,16 @@ def main() -> None:
 
     rank, world, device, log, out_dir = start_rank(seed=36)
     comm = Communicator.from_process_group()
-    run_scenarios(rank, out_dir, {
-        "eager": lambda: scenario_eager(comm, device),
-        "graph": lambda: scenario_graph(comm, device),
-        "unprepared": lambda: scenario_unprepared(comm, device),
-        "bad_split": lambda: scenario_bad_split(comm, device),
-    })
+    run_scenarios(
+        rank,
+        out_dir,
+        {
+            "eager": lambda: scenario_eager(comm, device),
+            "graph": lambda: scenario_graph(comm, device),
+            "unprepared": lambda: scenario_unprepared(comm, device),
+            "bad_split": lambda: scenario_bad_split(comm, device),
+        },
+    )
     comm.close()
     dist.destroy_process_group()
 

@@ -13,13 +13,12 @@ import time
 import traceback
 from pathlib import Path
 
+import scenarios
 import torch
 import torch.distributed as dist
 
-import scenarios
 from executor.communicator import PlanExecutor
-from executor.errors import ExecutorTimeout
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_bench import within_rounding
 from schedules.plan import load_plan, parse_plan
 from weft.units import parse_bytes
@@ -53,8 +52,9 @@ def input_elements(plan, nbytes: int, dtype: str, rank: int) -> int:
     return plan.gpus[rank].input_chunks * cb // torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()
 
 
-def compare(out: torch.Tensor, x: torch.Tensor, collective: str, dtype: str, world: int,
-            residual: torch.Tensor | None = None) -> tuple[bool, float]:
+def compare(
+    out: torch.Tensor, x: torch.Tensor, collective: str, dtype: str, world: int, residual: torch.Tensor | None = None
+) -> tuple[bool, float]:
     """Whether out is NCCL's result of the collective over every rank's x (plus the residual): bitwise for copies,
     within rounding for sums; and the largest difference."""
     ref = nccl_reference(collective, x, world)
@@ -99,8 +99,7 @@ def run_residual(comm, case, rank, world, device, lines: bool) -> dict:
     joined = comm.execute(plan, x, lines=lines) + h
     comm.synchronize()
     ok, err = compare(fused, x, "allreduce", case.dtype, world, residual=h)
-    return {"ok": ok and bool(torch.equal(fused, joined)), "bitwise": bool(torch.equal(fused, joined)),
-            "max_err": err}
+    return {"ok": ok and bool(torch.equal(fused, joined)), "bitwise": bool(torch.equal(fused, joined)), "max_err": err}
 
 
 def run_graph(comm, name, rank, world, device) -> dict:
@@ -113,10 +112,9 @@ def run_graph(comm, name, rank, world, device) -> dict:
     comm.synchronize()
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            for x in inputs:
-                comm.execute(plan, x)
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for x in inputs:
+            comm.execute(plan, x)
     wrong = 0
     for _ in range(100):
         for x in inputs:
@@ -134,12 +132,23 @@ def never_signalled_plan(world: int) -> dict:
     gpus = []
     for r in range(world):
         peers = [p for p in range(world) if p != r]
-        gpus.append({"id": r, "input_chunks": world, "output_chunks": world, "scratch_chunks": 0,
-                     "channels": [{"channel_type": "memory", "connected_to": peers}],
-                     "threadblocks": [{"id": 0, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
-                                       "ops": [{"name": "wait", "channel_type": "memory", "channel_ids": [0]}]}]})
-    return {"name": "never-signalled", "collective": "allreduce", "protocol": "Simple", "inplace": False,
-            "gpus": gpus}
+        gpus.append(
+            {
+                "id": r,
+                "input_chunks": world,
+                "output_chunks": world,
+                "scratch_chunks": 0,
+                "channels": [{"channel_type": "memory", "connected_to": peers}],
+                "threadblocks": [
+                    {
+                        "id": 0,
+                        "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                        "ops": [{"name": "wait", "channel_type": "memory", "channel_ids": [0]}],
+                    }
+                ],
+            }
+        )
+    return {"name": "never-signalled", "collective": "allreduce", "protocol": "Simple", "inplace": False, "gpus": gpus}
 
 
 def run_timeout(store, rank, world, device) -> dict:
@@ -195,8 +204,11 @@ def recorded(run, label: str = "") -> dict:
     except Exception as e:
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
     if time.monotonic() - start > 2.0:
-        print(f"worker rank {os.environ.get('RANK')}: {label} took {time.monotonic() - start:.1f} s "
-              f"{result.get('error', '')[:300]}", flush=True)
+        print(
+            f"worker rank {os.environ.get('RANK')}: {label} took {time.monotonic() - start:.1f} s "
+            f"{result.get('error', '')[:300]}",
+            flush=True,
+        )
     return result
 
 
