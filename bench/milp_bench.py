@@ -191,7 +191,8 @@ def markdown(doc: dict) -> str:
         m, t, b = rows.get("milp"), rows.get("trees"), rows.get("baseline")
         status = f"{m['status']} ({100 * m['gap']:.1f}%)" if m else "-"
         lines.append(
-            f"| {spec} | {format_bytes(size)} | {m['chunks']} | {m['solve_s']:.0f} | {m['pct_of_bound']:.1f} | {status} | "
+            f"| {spec} | {format_bytes(size)} | {m['chunks']} | {m['solve_s']:.0f} "
+            f"| {m['pct_of_bound']:.1f} | {status} | "
             + (f"{t['pct_of_bound']:.1f} ({t['waves']})" if t else "-")
             + " | "
             + (f"{b['pct_of_bound']:.1f} ({b['method']})" if b else "-")

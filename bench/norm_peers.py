@@ -93,18 +93,18 @@ def main() -> None:
         )  # the residual stream is replicated across ranks
         t = y.clone()  # NCCL sums in place; its time does not depend on the values
 
-        def nccl():
+        def nccl(t=t, h=h):
             dist.all_reduce(t)
             return F.rms_norm(h + t, (HIDDEN,), weight, EPS), h + t
 
-        def nccl_checked():
+        def nccl_checked(y=y, h=h):
             s = nccl_result("allreduce", y, world)
             return F.rms_norm(h + s, (HIDDEN,), weight, EPS), h + s
 
         calls = {
             "nccl": (nccl, nccl_checked, None),
-            "weft": ((lambda: comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)),) * 2
-            + ((lambda: comm.capture(sizes=[nbytes], residual=True, rms_norm=RowNorm(HIDDEN, EPS))),),
+            "weft": ((lambda y=y, h=h: comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)),) * 2
+            + ((lambda nbytes=nbytes: comm.capture(sizes=[nbytes], residual=True, rms_norm=RowNorm(HIDDEN, EPS))),),
         }
         refused = {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
@@ -114,7 +114,7 @@ def main() -> None:
                 continue
             normed, new_residual = torch.empty_like(y), torch.empty_like(y)
 
-            def run(v=variant, n=normed, r=new_residual):
+            def run(v=variant, n=normed, r=new_residual, y=y, h=h):
                 return fi.fused_norm(y, h, weight, EPS, v, n, r)
 
             calls[f"flashinfer:{variant}"] = (run, run, None)

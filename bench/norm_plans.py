@@ -93,27 +93,27 @@ def main() -> None:
         y = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
         results = {}
 
-        def fused_step(keep):
+        def fused_step(keep, a=a, w=w, h=h):
             def run():
                 for _ in range(args.calls):
                     keep["normed"], keep["residual"] = comm.all_reduce(a @ w, residual=h, rms_weight=weight, eps=EPS)
 
             return run
 
-        def fused_alone(keep):
+        def fused_alone(keep, y=y, h=h):
             def run():
                 for _ in range(args.calls):
                     keep["normed"], keep["residual"] = comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)
 
             return run
 
-        def nccl_step():
+        def nccl_step(a=a, w=w, h=h):
             for _ in range(args.calls):
                 t = a @ w
                 dist.all_reduce(t)
                 F.rms_norm(h + t, (HIDDEN,), weight, EPS)
 
-        def matmul():
+        def matmul(a=a, w=w):
             for _ in range(args.calls):
                 a @ w
 

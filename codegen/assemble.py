@@ -88,8 +88,8 @@ def _threadblock(
                 op.name,
                 "memory" if op.channels else None,
                 tuple(channel_id[c] for c in op.channels),
-                tuple(ref(l) for l in op.src),
-                tuple(ref(l) for l in op.dst),
+                tuple(ref(entry) for entry in op.src),
+                tuple(ref(entry) for entry in op.dst),
                 op.semaphores,
             )
         )

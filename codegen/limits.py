@@ -105,4 +105,4 @@ def _with_entries(op: Op, srcs: tuple[BufferRef, ...], dsts: tuple[BufferRef, ..
 
 def _channels(op: Op) -> dict[int, int]:
     remote = [b for b in op.src_buff if b.remote] + [b for b in op.dst_buff if b.remote]
-    return {id(b): c for b, c in zip(remote, op.channel_ids)}
+    return {id(b): c for b, c in zip(remote, op.channel_ids, strict=False)}

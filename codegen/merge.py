@@ -64,8 +64,8 @@ def _adjacent(a: Action, b: Action) -> bool:
         (a.kind, a.step, a.phase, a.peer, a.packet, a.piece) == (b.kind, b.step, b.phase, b.peer, b.packet, b.piece)
         and len(a.src) == len(b.src)
         and len(a.dst) == len(b.dst)
-        and all(y.follows(x) for x, y in zip(a.src, b.src))
-        and all(y.follows(x) for x, y in zip(a.dst, b.dst))
+        and all(y.follows(x) for x, y in zip(a.src, b.src, strict=True))
+        and all(y.follows(x) for x, y in zip(a.dst, b.dst, strict=True))
     )
 
 

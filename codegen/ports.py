@@ -95,14 +95,14 @@ def _gpu(plan: Plan, gpu: Gpu, hosts: Sequence[int]) -> Gpu:
     ids = _Ids(gpu, hosts)
     peers = gpu.memory_peers
     channels = tuple(
-        Channel(kind, tuple(p for p, c in zip(peers, ids.cross) if c == (kind == PORT)))
+        Channel(kind, tuple(p for p, c in zip(peers, ids.cross, strict=True) if c == (kind == PORT)))
         for kind in (MEMORY, PORT)
         if any(c == (kind == PORT) for c in ids.cross)
     )
     others = tuple(c for c in gpu.channels if c.channel_type != MEMORY)
     remote = tuple(
         replace(b, access_channel_types=(PORT,) if cross else b.access_channel_types)
-        for b, cross in zip(gpu.remote_buffers, ids.buffer_cross)
+        for b, cross in zip(gpu.remote_buffers, ids.buffer_cross, strict=True)
     )
     tbs = tuple(_threadblock(plan, gpu, tb, ids) for tb in gpu.threadblocks)
     return replace(gpu, channels=channels + others, remote_buffers=remote, threadblocks=tbs)
@@ -139,16 +139,20 @@ def _rewrite(plan: Plan, gpu: Gpu, tb: Threadblock, index: int, op: Op, ids: _Id
     where = f"plan {plan.name}: gpus[{gpu.id}].threadblocks[{tb.id}].ops[{index}]"
     if op.spec.device in ("signal", "wait", "flush"):
         return [
-            _move(op, ids, tuple(c for c, k in zip(op.channel_ids, kinds) if k == kind))
+            _move(op, ids, tuple(c for c, k in zip(op.channel_ids, kinds, strict=True) if k == kind))
             for kind in (MEMORY, PORT)
             if kind in kinds
         ]
     if op.name in ("put", "pws", "pwsf"):
         out = []
         for kind in (MEMORY, PORT):
-            pairs = [(s, d, c) for s, d, c in zip(op.src_buff, op.dst_buff, op.channel_ids) if ids.kind(c) == kind]
+            pairs = [
+                (s, d, c)
+                for s, d, c in zip(op.src_buff, op.dst_buff, op.channel_ids, strict=True)
+                if ids.kind(c) == kind
+            ]
             if pairs:
-                src, dst, cids = zip(*pairs)
+                src, dst, cids = zip(*pairs, strict=True)
                 out.append(_move(replace(op, src_buff=src, dst_buff=dst), ids, cids))
         return out
     if op.name == "res":
@@ -229,7 +233,7 @@ def _with_flushes(ops: list[Op]) -> list[Op]:
                 pending.pop(c, None)
         out.append(op)
         if op.channel_type == PORT and op.spec.buffers and op.name != "pwsf":  # pwsf flushes itself
-            for src, c in zip(op.src_buff, op.channel_ids):
+            for src, c in zip(op.src_buff, op.channel_ids, strict=False):
                 pending.setdefault(c, []).append(src)
     flush(list(pending))
     return out

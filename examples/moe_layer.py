@@ -33,7 +33,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ContextManager
 
 import torch
 import torch.distributed as dist
@@ -121,7 +120,7 @@ class Layer:
 @dataclass(frozen=True)
 class Backend:
     exchange: Exchange
-    capture: Callable[[Shape], ContextManager]  # around each graph's warm-up and capture
+    capture: Callable[[Shape], contextlib.AbstractContextManager]  # around each graph's warm-up and capture
 
 
 def nccl_backend() -> Backend:
@@ -159,7 +158,7 @@ def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, 
         for kind in ("layer", "alltoall"):
             for name, g in graphs.items():
                 times[name][kind].append(time_replay(g[kind]))
-    for name, g in graphs.items():
+    for g in graphs.values():
         g["layer"].replay()
     torch.cuda.synchronize()
     row = {

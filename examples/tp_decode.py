@@ -11,7 +11,8 @@ the add and the norm inside the launch), and, where FlashInfer is installed (the
 (FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm``, one-shot or two-shot by its own choice: the
 add and the norm inside its launch, as vLLM's fusion pass runs it; its plain all-reduce where the step has no norm).
 The backends take turns replay by replay. The script reports decode-step latency, tokens/s, the share of the
-step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so their all-reduces read and write the
+step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so
+their all-reduces read and write the
 captured tensors (no staging copies).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
@@ -29,7 +30,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ContextManager
 
 import torch
 import torch.distributed as dist
@@ -111,7 +111,7 @@ def decode_step(x: torch.Tensor, weights, norms, cache, shape: Shape, project) -
     """
     batch = x.shape[0]
     h = F.rms_norm(x, (HIDDEN,), norms[0], EPS)
-    for i, (layer, (k_cache, v_cache)) in enumerate(zip(weights, cache)):
+    for i, (layer, (k_cache, v_cache)) in enumerate(zip(weights, cache, strict=True)):
         qkv = h @ layer["qkv"]
         q, k, v = qkv.split([shape.q_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM], -1)
         q = q.view(batch, shape.q_heads, 1, HEAD_DIM)
@@ -134,7 +134,9 @@ def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
 class Backend:
     add: Callable  # (a, w, x) -> x + a @ w summed over ranks
     all_reduce: Callable  # t -> t summed over ranks
-    capture: Callable[[], ContextManager] = contextlib.nullcontext  # around each graph's warm-up and capture
+    capture: Callable[[], contextlib.AbstractContextManager] = (
+        contextlib.nullcontext
+    )  # around each graph's warm-up and capture
     norm: Callable | None = None  # (a, w, x, n) -> (rms_norm(x + sum(a @ w)) * n, x + sum(a @ w)); default add + torch
 
     def project(self, a, w, x, n):
@@ -169,7 +171,9 @@ def flashinfer_backend(fi) -> Backend:
     return Backend(reducing(all_reduce), all_reduce, norm=lambda a, w, x, n: fi.fused_norm(a @ w, x, n, EPS, "auto"))
 
 
-def graph_of(fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], ContextManager]) -> torch.cuda.CUDAGraph:
+def graph_of(
+    fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], contextlib.AbstractContextManager]
+) -> torch.cuda.CUDAGraph:
     with capture():
         with torch.cuda.stream(warmup_stream):
             for _ in range(3):
@@ -315,11 +319,11 @@ def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters:
         norms = make_norms(shape, device)
         if where == "step":
 
-            def run():
+            def run(x=x, norms=norms, cache=cache, comm=comm):
                 decode_step(x, weights, norms, cache, shape, Backend(fused(comm), comm.all_reduce).project)
         else:
 
-            def run():
+            def run(x=x, h=h, comm=comm):
                 for _ in range(2 * shape.layers):
                     comm.all_reduce(x, residual=h)
 

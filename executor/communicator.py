@@ -439,7 +439,7 @@ class PlanExecutor:
         with cupy.cuda.Device(self.device):
             cupy.cuda.runtime.deviceSynchronize()  # no replay of a disarmed record is still running
             gathered = self._all_gather("graph-buffers", share_records(shared, gpu_ipc.export))
-            filled = dict(zip(map(id, shared), peer_slots(shared, gathered, self.rank, self._peers.open)))
+            filled = dict(zip(map(id, shared), peer_slots(shared, gathered, self.rank, self._peers.open), strict=True))
             for c in captured:
                 records = c.context.records
                 records.write(c.record, records.layout.armed(c.context.tables.tb_start, filled.get(id(c), c.slots)))
@@ -802,7 +802,9 @@ class PlanExecutor:
                 *([res.pointer] if fused else []),
                 *(b.pointer for b in normed),
             ]
-            outbound = [self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel)]
+            outbound = [
+                self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel, strict=True)
+            ]
             ops = cupy.asarray(with_tripwire(tables.ops).view(np.uint8))
             tb_start = cupy.asarray(tables.tb_start)
             slot_table = cupy.asarray(np.asarray(slots, np.uint64))

@@ -411,7 +411,7 @@ def run_bench(
                 run = (
                     (lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines))
                     if plan.inplace
-                    else (lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
+                    else (lambda p=plan, x=x, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
                 )
                 timer = _timer(run, config.graph, config.calls)
                 refused = ""

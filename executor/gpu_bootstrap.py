@@ -140,7 +140,9 @@ def all_gather_plain(value: Any, group: Any = None) -> list[Any]:
     mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
-    return [decode(t[:n].cpu().numpy().tobytes(), f"rank {r}") for r, (t, n) in enumerate(zip(every, sizes))]
+    return [
+        decode(t[:n].cpu().numpy().tobytes(), f"rank {r}") for r, (t, n) in enumerate(zip(every, sizes, strict=True))
+    ]
 
 
 def barrier(store, key: str, rank: int, world_size: int, timeout_s: float) -> None:

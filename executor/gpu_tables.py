@@ -50,7 +50,7 @@ NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
 NORM_ROWS = 64  # kNormRows in executor/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
 NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
 NORM_SLICE = 66  # kNormSlice: the epilogue over one slice of a row that several blocks sum (executor.norm.RowSpan)
-DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS))))  # kNop.. in channel.cuh
+DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop.. in channel.cuh
 PAIRS = 8  # kPairs in channel.cuh: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
 KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
 PACKET, SCRATCH = 1, 2
@@ -267,7 +267,8 @@ def build_tables(
     binds a residual after the remote buffers, added by the reductions that complete a sum and write an output
     (``residual_refusal``). ``norm``: with a residual, each of those reductions is followed by the RMSNorm
     epilogue over its rows of ``dtype`` (``executor.norm``), the weight and the normalized rows in the two slots
-    after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op count (so the kernel still loads a block's
+    after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op
+    count (so the kernel still loads a block's
     first ops beside its range)."""
     if norm is not None and not residual:
         raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
@@ -709,7 +710,7 @@ def _lower(
         recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
         recs[0]["type"] = PAIRS
     elif spec.pairwise:
-        recs = [_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts)]
+        recs = [_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts, strict=True)]
     else:
         recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
     if spec.signals:

@@ -232,7 +232,7 @@ class Epilogue:
 
     def check_once(self) -> None:
         """Every element was summed and normalized exactly once, on every rank."""
-        for rank, (summed, count) in enumerate(zip(self.summed, self.writes)):
+        for rank, (summed, count) in enumerate(zip(self.summed, self.writes, strict=True)):
             for what, counts in (("summed", summed), ("normalized", count)):
                 wrong = np.flatnonzero(counts != 1)
                 if wrong.size:

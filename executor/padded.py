@@ -63,7 +63,7 @@ def run_any_size(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str) 
     if len(inputs) != plan.nranks:
         raise PlanError(f"plan {plan.name}: inputs: {len(inputs)} arrays for {plan.nranks} ranks")
     staged = []
-    for r, (g, x) in enumerate(zip(plan.gpus, inputs)):
+    for r, (g, x) in enumerate(zip(plan.gpus, inputs, strict=True)):
         parts = buffer_parts(plan, g.input_chunks)
         if np.size(x) != parts * elems:
             raise PlanError(
@@ -72,4 +72,6 @@ def run_any_size(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str) 
             )
         staged.append(pad(x, parts, elems, padded))
     outputs = run_reference(plan, staged, padding.padded_bytes, dtype)
-    return [unpad(y, buffer_parts(plan, g.output_chunks), elems, padded) for g, y in zip(plan.gpus, outputs)]
+    return [
+        unpad(y, buffer_parts(plan, g.output_chunks), elems, padded) for g, y in zip(plan.gpus, outputs, strict=True)
+    ]

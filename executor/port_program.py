@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Union
+from itertools import pairwise
 
 from executor.errors import ExecutorError
 from schedules.plan import BufferRef, Op, Plan, channel_pairs, remote_target
@@ -107,7 +107,7 @@ class Compute:
         return f"{', '.join(map(str, self.dsts))} = {' + '.join(map(str, self.srcs))}"
 
 
-Step = Union[Exchange, Compute]
+Step = Exchange | Compute
 # The data ops a program lowers (their meaning is their row in schedules.ops); any other is refused by name.
 LOWERED = frozenset(
     {
@@ -323,7 +323,7 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
 
     if op.spec.pairwise:
         sources = op.src_buff * len(op.dst_buff) if op.spec.broadcast and len(op.src_buff) == 1 else op.src_buff
-        for s, d in zip(sources, op.dst_buff):
+        for s, d in zip(sources, op.dst_buff, strict=True):
             (sr, src), (dr, dst) = where(s), where(d)
             if sr == dr == rank:
                 actions[rank].append(Compute((src,), (dst,)))
@@ -465,7 +465,7 @@ def lane_bounds(elems: int, lanes: int, unit: int = 1) -> tuple[tuple[int, int],
     units = elems // unit
     n = max(1, min(lanes, units))
     cuts = [unit * (units * k // n) for k in range(n)] + [elems]
-    return tuple(zip(cuts[:-1], cuts[1:]))
+    return tuple(pairwise(cuts))
 
 
 def lanes_for(chunk_bytes: int, max_lanes: int, piece_bytes: int) -> int:

@@ -300,7 +300,7 @@ def kernel_shape_errors(op: dict, at: str) -> list[str]:
             "MSCCL++'s handlePut reads every source from src_buff[0]'s buffer"
         )
     if name == "get":
-        for j, (src, dst) in enumerate(zip(srcs, dsts)):
+        for j, (src, dst) in enumerate(zip(srcs, dsts, strict=False)):
             if src.get("index") != dst.get("index"):
                 errors.append(
                     f"{at}.dst_buff[{j}].index: {dst.get('index')} differs from src_buff[{j}].index "

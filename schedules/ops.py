@@ -97,7 +97,7 @@ class OpSpec:
         if self.pairwise:
             if len(srcs) != len(dsts):
                 return "", f"op {name!r} pairs src_buff and dst_buff: {len(srcs)} vs {len(dsts)} entries"
-            for j, ((_, s), (_, d)) in enumerate(zip(srcs, dsts)):
+            for j, ((_, s), (_, d)) in enumerate(zip(srcs, dsts, strict=True)):
                 if s != d:
                     return f"dst_buff[{j}].size", f"{d} differs from src_buff[{j}].size {s}"
         if self.buffers and not self.local_only:

@@ -47,19 +47,13 @@ def _extend_to_switches(topology: Topology, ranks: dict[int, int]) -> Permutatio
     pending = list(topology.switches)
     while pending:
         known = {s for s in topology.switches if s not in pending} | set(topology.ranks)
-
-        def signature(s: str, image: Callable[[Vertex], Vertex]) -> tuple:
-            ins = frozenset(image(l.src) for l in topology.in_links[s] if l.src in known)
-            outs = frozenset(image(l.dst) for l in topology.out_links[s] if l.dst in known)
-            return ins, outs
-
         by_signature: dict[tuple, list[str]] = defaultdict(list)
         for s in pending:
-            by_signature[signature(s, lambda v: v)].append(s)
+            by_signature[_signature(topology, known, s, _identity)].append(s)
         placed = []
         for s in pending:
-            targets = by_signature.get(signature(s, perm.__getitem__))
-            if not targets or not any(signature(s, lambda v: v)):
+            targets = by_signature.get(_signature(topology, known, s, perm.__getitem__))
+            if not targets or not any(_signature(topology, known, s, _identity)):
                 continue
             perm[s] = targets.pop(0)
             placed.append(s)
@@ -67,6 +61,17 @@ def _extend_to_switches(topology: Topology, ranks: dict[int, int]) -> Permutatio
             return None
         pending = [s for s in pending if s not in placed]
     return perm
+
+
+def _identity(v: Vertex) -> Vertex:
+    return v
+
+
+def _signature(topology: Topology, known: set[Vertex], s: str, image: Callable[[Vertex], Vertex]) -> tuple:
+    """A switch's neighbours among the ``known`` vertices, each mapped through ``image``: (in, out)."""
+    ins = frozenset(image(link.src) for link in topology.in_links[s] if link.src in known)
+    outs = frozenset(image(link.dst) for link in topology.out_links[s] if link.dst in known)
+    return ins, outs
 
 
 def _is_automorphism(topology: Topology, perm: Permutation) -> bool:

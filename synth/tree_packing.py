@@ -61,16 +61,16 @@ def rank_hops(topology: Topology) -> dict[int, tuple[Hop, ...]]:
     """Every hop out of every rank: direct links to ranks and the switch-free form's switch paths."""
     table = {}
     for src in topology.ranks:
-        hops = [Hop(src, l.dst, ((src, l.dst),)) for l in topology.out_links[src] if isinstance(l.dst, int)]
+        hops = [Hop(src, link.dst, ((src, link.dst),)) for link in topology.out_links[src] if isinstance(link.dst, int)]
         for dst, path in sorted(_switch_paths(topology, src).items()):
             if not topology.has_link(src, dst):
-                hops.append(Hop(src, dst, tuple((l.src, l.dst) for l in path)))
+                hops.append(Hop(src, dst, tuple((link.src, link.dst) for link in path)))
         table[src] = tuple(hops)
     return table
 
 
 def trees_per_link(topology: Topology, unit: Fraction) -> dict[Key, int]:
-    return {l.key: math.floor(Fraction(l.capacity).limit_denominator(10**9) / unit) for l in topology.links}
+    return {link.key: math.floor(Fraction(link.capacity).limit_denominator(10**9) / unit) for link in topology.links}
 
 
 @dataclass

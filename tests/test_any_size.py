@@ -71,7 +71,7 @@ def test_every_collective_runs_sizes_off_the_granule_on_the_reference_executor(n
                 continue
             inputs = _inputs(name, nbytes, dtype, rng)
             outputs = run_any_size(plan, inputs, nbytes, dtype)
-            for r, (got, want) in enumerate(zip(outputs, _expected(name, inputs, dtype))):
+            for r, (got, want) in enumerate(zip(outputs, _expected(name, inputs, dtype), strict=True)):
                 if want is not None:
                     assert got.shape == want.shape and np.array_equal(got, want), (name, nbytes, dtype, r)
 
@@ -82,7 +82,7 @@ def test_inplace_plans_run_sizes_off_the_granule(name):
     nbytes = plan.message_parts * 12
     assert not plan.accepts(nbytes) and plan.runs(nbytes)
     inputs = _inputs(name, nbytes, "fp32", np.random.default_rng(2))
-    for got, want in zip(run_any_size(plan, inputs, nbytes, "fp32"), _expected(name, inputs, "fp32")):
+    for got, want in zip(run_any_size(plan, inputs, nbytes, "fp32"), _expected(name, inputs, "fp32"), strict=True):
         assert np.array_equal(got, want)
 
 

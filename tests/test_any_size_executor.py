@@ -122,7 +122,7 @@ def test_the_executor_runs_a_size_off_the_granule_padded(name):
     for t in threads:
         t.join(timeout=60)
     assert not errors
-    for got, w in zip(outputs, want):
+    for got, w in zip(outputs, want, strict=True):
         assert np.array_equal(got.values, w)
     padded = next(iter(comms[0]._padded.values()))[0]
     assert len(padded.host) == plan.padding(nbytes).padded_part_bytes * len(inputs[0]) * 4 // 20

@@ -238,7 +238,7 @@ def fake_torch(peer_values: list):
             values = [mine, *(arr(np.array([len(p)], dtype=np.int64)) for p in peers)]
         else:
             values = [mine, *(arr(np.frombuffer(p.ljust(len(mine), b"\0"), dtype=np.uint8)) for p in peers)]
-        for slot, value in zip(out, values):
+        for slot, value in zip(out, values, strict=True):
             slot[...] = value
 
     dist = types.SimpleNamespace(

@@ -41,7 +41,7 @@ def test_a_committed_calibration_is_the_fit_of_its_measurements(spec):
 def test_predictions_on_a_measured_fabric_stay_within_tolerance_at_every_size(spec):
     c = _committed(spec)
     by_size: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for o, ratio in zip(c.observations, c.ratios()):
+    for o, ratio in zip(c.observations, c.ratios(), strict=True):
         by_size.setdefault((o.collective, o.nbytes), []).append((o.measured_us * ratio, o.measured_us))
     for (collective, nbytes), points in by_size.items():
         predicted, measured = min(points)  # the plan the model would select, and its measured time
@@ -54,7 +54,7 @@ def test_predictions_on_a_measured_fabric_stay_within_tolerance_at_every_size(sp
 
 def test_the_readme_states_the_committed_fits_residuals():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    for spec, machine in zip(MEASURED, ("2×H200", "4×H200")):
+    for spec, machine in zip(MEASURED, ("2×H200", "4×H200"), strict=True):
         r = _committed(spec).residuals()
         assert f"{machine}, {r['within_tolerance']} of {r['points']}" in readme, spec
         assert f"(worst {r['worst_ratio']:.2f}×" in readme, spec

@@ -83,11 +83,11 @@ def _reachable_ranks(graph, src):
     return [v for v in nx.descendants(graph, src) if isinstance(v, int)]
 
 
-def test_hgx_h100_at_128_nodes_builds_in_under_two_seconds():
-    start = time.perf_counter()
+def test_hgx_h100_at_128_nodes_builds_in_under_two_cpu_seconds():
+    start = time.process_time()  # CPU time: a busy machine slows the wall clock, not the work
     topology = build("hgx_h100:nodes=128")
-    topology.fingerprint
-    assert time.perf_counter() - start < 2.0
+    _ = topology.fingerprint
+    assert time.process_time() - start < 2.0
     assert topology.nranks == 1024
     assert topology.nhosts == 128
 
@@ -105,7 +105,7 @@ def test_dgx1_has_exactly_sccls_link_structure():
 
 def test_dgx1_gives_every_v100_its_six_nvlinks():
     topology = dgx1()
-    assert all(sum(l.count for l in topology.out_links[r]) == 6 for r in topology.ranks)
+    assert all(sum(link.count for link in topology.out_links[r]) == 6 for r in topology.ranks)
 
 
 @pytest.mark.parametrize(
@@ -136,15 +136,15 @@ def test_shared_nics_have_one_uplink_each(spec, nics, nic):
     topology = build(spec)
     uplinks = topology.in_links["ib"]
     assert len(uplinks) == 2 * nics
-    assert {l.capacity for l in uplinks} == {nic}
-    assert all(isinstance(l.src, str) and l.src.endswith(".tx") for l in uplinks)
+    assert {link.capacity for link in uplinks} == {nic}
+    assert all(isinstance(link.src, str) and link.src.endswith(".tx") for link in uplinks)
 
 
 def test_mi300x_is_fully_connected_by_seven_64_gbps_xgmi_links_per_gpu():
     topology = build("mi300x")
     for r in topology.ranks:
         assert len(topology.out_links[r]) == 7
-        assert {l.capacity for l in topology.out_links[r]} == {64.0}
+        assert {link.capacity for link in topology.out_links[r]} == {64.0}
 
 
 def test_mi250_packages_share_four_xgmi_lanes():
@@ -187,7 +187,7 @@ def test_shared_nic_paths_add_up_to_the_infiniband_latency():
 
 def test_ring_links_each_rank_to_both_neighbours():
     topology = ring(5)
-    assert sorted(l.key for l in topology.links) == sorted(
+    assert sorted(link.key for link in topology.links) == sorted(
         [(r, (r + 1) % 5) for r in range(5)] + [(r, (r - 1) % 5) for r in range(5)]
     )
 
@@ -201,13 +201,13 @@ def test_torus2d_gives_every_rank_four_lanes():
     for x, y in ((4, 4), (2, 3), (3, 5)):
         topology = torus2d(x, y)
         assert topology.nranks == x * y
-        assert all(sum(l.count for l in topology.out_links[r]) == 4 for r in topology.ranks)
+        assert all(sum(link.count for link in topology.out_links[r]) == 4 for r in topology.ranks)
 
 
 def test_hypercube_links_ranks_one_bit_apart():
     topology = hypercube(4)
     assert topology.nranks == 16
-    assert all(bin(l.src ^ l.dst).count("1") == 1 for l in topology.links)
+    assert all(bin(link.src ^ link.dst).count("1") == 1 for link in topology.links)
     assert len(topology.links) == 16 * 4
 
 
@@ -253,9 +253,9 @@ def test_generators_check_their_arguments_too():
 def test_switch_free_form_links_every_pair_on_an_nvswitch_at_full_gpu_bandwidth():
     free = build("hgx_h100").without_switches()
     assert not free.switches
-    assert {l.key for l in free.links} == {(a, b) for a in range(8) for b in range(8) if a != b}
-    assert {l.capacity for l in free.links} == {450.0}
-    assert all(l.latency == pytest.approx(0.3) for l in free.links)
+    assert {link.key for link in free.links} == {(a, b) for a in range(8) for b in range(8) if a != b}
+    assert {link.capacity for link in free.links} == {450.0}
+    assert all(link.latency == pytest.approx(0.3) for link in free.links)
 
 
 def test_switch_free_form_shares_each_gpu_nvswitch_port_among_its_pairs():

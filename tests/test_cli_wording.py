@@ -4,6 +4,7 @@ GB/s for the size asked about."""
 from __future__ import annotations
 
 import doctest
+import json
 import re
 from pathlib import Path
 
@@ -45,11 +46,8 @@ def test_the_bound_is_in_microseconds_and_gigabytes_per_second_for_the_size(caps
 
 def _pair(tmp_path: Path, name: str = "pair") -> Path:
     topology = tmp_path / f"{name}.json"
-    topology.write_text(
-        '{"format": "weft.topology/1", "name": "%s", "nranks": 2, "links": ['
-        '{"src": 0, "dst": 1, "bandwidth": 25.0, "latency": 0.7}, '
-        '{"src": 1, "dst": 0, "bandwidth": 25.0, "latency": 0.7}]}' % name
-    )
+    links = [{"src": a, "dst": b, "bandwidth": 25.0, "latency": 0.7} for a, b in ((0, 1), (1, 0))]
+    topology.write_text(json.dumps({"format": "weft.topology/1", "name": name, "nranks": 2, "links": links}))
     return topology
 
 

@@ -99,6 +99,6 @@ def test_dependencies_and_transfers_form_no_cycle(ring8):
                     queues.setdefault(("r", int(tb.get("recv")), rank, tb.get("chan")), []).append(node)
     for (kind, src, dst, chan), nodes in queues.items():
         if kind == "s":
-            for send, recv in zip(nodes, queues[("r", src, dst, chan)]):
+            for send, recv in zip(nodes, queues[("r", src, dst, chan)], strict=True):
                 graph.add_edge(send, recv)
     assert nx.is_directed_acyclic_graph(graph)

@@ -49,7 +49,7 @@ def test_baseline_plan_passes_the_reference_executor(spec, method, name, inplace
     sizes = check_sizes(plan)
     assert len(sizes) == 3 and plan.chunk_bytes(sizes[1]) % 16  # the middle size is ragged
     # every dtype at its own size: all three on the small topologies, one pair per placement on the large ones
-    runs = list(zip(sizes, DTYPES))
+    runs = list(zip(sizes, DTYPES, strict=True))
     if spec in LARGE:
         runs = [runs[k % 3]]
     for size, dtype in runs:

@@ -49,7 +49,7 @@ def test_arrivals_on_a_channel_follow_the_order_of_its_sends():
 def test_arrivals_listed_in_reverse_wait_up_to_the_last_signal_first():
     actions = lower(_relay_scatter(), place_buffers(COLLECTIVE), packets=False)
     arrivals = sorted((a for a in actions if a.kind == ARRIVE and a.rank == 0), key=lambda a: a.order)
-    reversed_seq = {id(a): b.seq for a, b in zip(arrivals, reversed(arrivals))}
+    reversed_seq = {id(a): b.seq for a, b in zip(arrivals, reversed(arrivals), strict=True)}
     swapped = [replace(a, seq=reversed_seq[id(a)]) if id(a) in reversed_seq else a for a in actions]
     assign_threadblocks(swapped)
     receiver = next(a.tb for a in swapped if a.kind == ARRIVE and a.rank == 0)

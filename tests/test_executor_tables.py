@@ -203,7 +203,7 @@ def test_completed_sums_written_to_outputs_add_the_residual_last_and_nothing_els
             assert fused.residual and fused.nslots == plain.nslots + 1 == slot + 1
             assert len(fused.ops) == len(plain.ops) and (fused.tb_start == plain.tb_start).all()
             added = 0
-            for a, b in zip(plain.ops, fused.ops):
+            for a, b in zip(plain.ops, fused.ops, strict=True):
                 if a.tobytes() == b.tobytes():
                     continue
                 added += 1

@@ -30,4 +30,4 @@ def test_facade_synthesizes_verifies_and_compiles():
 
 def test_unknown_facade_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no_such_thing"):
-        weft.no_such_thing
+        _ = weft.no_such_thing

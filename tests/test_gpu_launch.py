@@ -31,9 +31,10 @@ def test_arguments_are_packed_as_the_kernel_reads_them():
     assert kinds == [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64]
     assert [v.value for v in packed.values] == [0xDEAD0000, 7, -3, 1 << 40]
     # each pointer addresses its value
-    assert [ctypes.cast(p, ctypes.POINTER(type(v))).contents.value for p, v in zip(packed.pointers, packed.values)] == [
-        v.value for v in packed.values
-    ]
+    assert [
+        ctypes.cast(p, ctypes.POINTER(type(v))).contents.value
+        for p, v in zip(packed.pointers, packed.values, strict=True)
+    ] == [v.value for v in packed.values]
 
 
 def test_an_argument_of_another_kind_is_refused():

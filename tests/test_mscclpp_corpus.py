@@ -236,7 +236,7 @@ def test_sendrecv_is_a_shift_with_one_slice_per_buffer():
     assert all(c.postcondition(r) == set(c.output_map(r)) == c.precondition((r - 1) % 4) for r in range(4))
     assert (c.size_chunks, c.message_parts, c.bus_factor) == (2, 1, 1.0)
     with pytest.raises(CollectiveError, match="weft does not synthesize it"):
-        c.dual
+        _ = c.dual
     with pytest.raises(CollectiveError, match="choose from allgather, .*, alltoall, sendrecv"):
         Collective("sendreceive", 4)
 

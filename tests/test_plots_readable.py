@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_the_bench_plot_size_labels_never_overlap(drawn, tmp_path):
     for ax in fig.axes:
         boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
         assert len(boxes) >= 4
-        assert all(a.x1 <= b.x0 or a.y1 <= b.y0 for a, b in zip(boxes, boxes[1:])), "x labels overlap"
+        assert all(a.x1 <= b.x0 or a.y1 <= b.y0 for a, b in pairwise(boxes)), "x labels overlap"
 
 
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 13, 30])

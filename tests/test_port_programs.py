@@ -3,6 +3,7 @@ per-rank programs (sums and groups of point-to-point transfers) compute the coll
 each group blocks until its peers' groups meet it; host identity refuses CUDA IPC across hosts and names the
 channel and transport that cannot run."""
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ def _partner_groups(programs) -> dict:
     partners = {}
     for (pair, send), sides in posted.items():
         if send:
-            for a, b in zip(sides, posted[(pair, False)]):
+            for a, b in zip(sides, posted[(pair, False)], strict=True):
                 partners.setdefault(a, set()).add(b)
                 partners.setdefault(b, set()).add(a)
     return partners
@@ -158,7 +159,7 @@ def test_lanes_cover_every_element_of_a_chunk_once_on_aligned_cuts(elems, lanes,
     bounds = lane_bounds(elems, lanes, unit)
     assert 1 <= len(bounds) <= lanes and len(bounds) <= max(elems // unit, 1)
     assert bounds[0][0] == 0 and bounds[-1][1] == elems
-    assert all(hi == lo for (_, hi), (lo, _) in zip(bounds, bounds[1:]))  # contiguous, no overlap
+    assert all(hi == lo for (_, hi), (lo, _) in pairwise(bounds))  # contiguous, no overlap
     assert all(lo % unit == 0 and hi > lo for lo, hi in bounds)
 
 

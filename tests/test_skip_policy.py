@@ -29,7 +29,7 @@ def test_gpu_marked():
 
 def test_only_needing_a_gpu_excuses_a_skip(tmp_path):
     (tmp_path / "conftest.py").write_text(
-        "import sys\nsys.path.insert(0, %r)\nfrom skip_policy import pytest_runtest_makereport  # noqa\n" % str(HERE)
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\nfrom skip_policy import pytest_runtest_makereport  # noqa\n"
     )
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs GPUs\n")
     (tmp_path / "test_cases.py").write_text(TESTS)

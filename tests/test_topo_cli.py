@@ -170,7 +170,7 @@ def test_duplicate_link(tmp_path):
 
 def test_disconnected_topology_names_the_unreachable_pair(tmp_path):
     doc = example_doc()
-    doc["links"] = [l for l in doc["links"] if l["src"] != 3 and l["dst"] != 3]
+    doc["links"] = [link for link in doc["links"] if link["src"] != 3 and link["dst"] != 3]
     doc["sharing"] = doc["sharing"][:2]
     code, _, err = run(["topo", "validate", str(write(tmp_path, doc, "islands.json"))])
     assert_one_line_error(code, err, "islands.json", "rank 0 cannot reach rank 3")

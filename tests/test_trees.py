@@ -27,10 +27,10 @@ def _depth(forests) -> int:
     return max(max(t.depths().values()) for f in forests for t in f.trees)
 
 
-def _pipelined(spec: str, name: str, waves: int, options: TreeOptions = TreeOptions()):
+def _pipelined(spec: str, name: str, waves: int, options: TreeOptions | None = None):
     topology = build(spec)
     collective = Collective(name, topology.nranks)
-    forests = forests_for(topology, collective, options)
+    forests = forests_for(topology, collective, options or TreeOptions())
     per_root = math.lcm(*(f.per_root for f in forests))
     sized = Collective(name, topology.nranks, per_root * waves)
     return topology, forests, schedule(topology, sized, forests)

@@ -97,7 +97,7 @@ def _nvswitch(lane_gbps: float, lanes: int) -> Fabric:
         if len(ranks) < 2:
             return [], []  # a lone GPU has nobody to talk to over NVLink
         tray = f"n{host}.nvswitch"
-        return [l for r in ranks for l in _both_ways(r, tray, lane_gbps, NVLINK_US / 2, lanes)], [tray]
+        return [link for r in ranks for link in _both_ways(r, tray, lane_gbps, NVLINK_US / 2, lanes)], [tray]
 
     return fabric
 
@@ -107,7 +107,9 @@ def _direct(lanes: dict[tuple[int, int], int], lane_gbps: float, latency: float)
 
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         first = ranks.start
-        return [l for (a, b), n in lanes.items() for l in _both_ways(first + a, first + b, lane_gbps, latency, n)], []
+        return [
+            link for (a, b), n in lanes.items() for link in _both_ways(first + a, first + b, lane_gbps, latency, n)
+        ], []
 
     return fabric
 
@@ -116,7 +118,7 @@ def _rail_nics(nic_gbps: float) -> Fabric:
     """One NIC per GPU, modeled as the GPU<->ib link (GPU->NIC->switch->NIC->GPU is IB_US end to end)."""
 
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
-        return [l for r in ranks for l in _both_ways(r, "ib", nic_gbps, IB_US / 2)], []
+        return [link for r in ranks for link in _both_ways(r, "ib", nic_gbps, IB_US / 2)], []
 
     return fabric
 
@@ -195,7 +197,7 @@ def fully_connected(n: int = 8) -> Topology:
 def switch(n: int = 8) -> Topology:
     """n ranks on one non-blocking switch (hub and spoke), 25 GB/s per rank per direction."""
     name = _checked("switch", n=n)
-    links = [l for r in range(n) for l in _both_ways(r, "switch", UNIT_GBPS, NVLINK_US / 2)]
+    links = [link for r in range(n) for link in _both_ways(r, "switch", UNIT_GBPS, NVLINK_US / 2)]
     return Topology(name, n, tuple(links), ("switch",), description=switch.__doc__)
 
 

@@ -46,7 +46,7 @@ def plot_frontier(path: str | Path, out: str | Path) -> Path:
     ys = [p.steps for p in frontier.points]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.step(sorted(xs), [y for _, y in sorted(zip(xs, ys))], where="post", color="tab:blue", alpha=0.4)
+    ax.step(sorted(xs), [y for _, y in sorted(zip(xs, ys, strict=True))], where="post", color="tab:blue", alpha=0.4)
     ax.scatter(xs, ys, color="tab:blue", zorder=3, label="(steps, rounds, chunks) of each schedule")
     for p in frontier.points:
         ax.annotate(
@@ -105,7 +105,7 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
         pts = [(r.size, getattr(r, key)) for r in bench.rows if getattr(r, key)]
         if not pts:
             continue
-        xs, ts = zip(*pts)
+        xs, ts = zip(*pts, strict=True)
         lat.plot(xs, ts, style, marker="o", label=label)
         bw.plot(xs, [s / t / 1e3 * factor for s, t in pts], style, marker="o", label=label)
     for ax in (lat, bw):
@@ -134,6 +134,14 @@ def size_ticks(sizes: list[int], most: int = 8) -> list[int]:
     return sorted({*sizes[::-1][::step]})
 
 
+def _cell(t: float | None, best: float | None) -> str:
+    """One time in the table: 2 decimals below 100 µs, in bold where it is the row's best."""
+    if not t:
+        return "–"
+    text = f"{t:.1f}" if t >= 100 else f"{t:.2f}"
+    return f"**{text}**" if t == best else text
+
+
 def bench_table(path: str | Path) -> str:
     """The README's performance table for one benchmark file (markdown): every row, no number retyped by hand."""
     bench = read_bench(path)
@@ -148,20 +156,14 @@ def bench_table(path: str | Path) -> str:
         peer, peer_us = best_peer(r)
         best = min((t for t in (nccl, symm, fi, peer_us, weft) if t), default=None)
 
-        def cell(t: float | None) -> str:
-            if not t:
-                return "–"
-            text = f"{t:.1f}" if t >= 100 else f"{t:.2f}"
-            return f"**{text}**" if t == best else text
-
         ratio = f"{weft / nccl:.2f}" if weft and nccl else "–"
         to_peer = f"{weft / peer_us:.2f}" if weft and peer_us else "–"
         busbw = f"{r.size / weft / 1e3 * factor:.0f} ({r.size / nccl / 1e3 * factor:.0f})" if weft and nccl else "–"
-        peer_cell = f"{cell(peer_us)} ({peer})" if peer_us else "–"
+        peer_cell = f"{_cell(peer_us, best)} ({peer})" if peer_us else "–"
         wrong = f"{'–' if r.wrong is None else r.wrong} / {'–' if r.peers_wrong is None else r.peers_wrong}"
         lines.append(
-            f"| {format_bytes(r.size)} | {cell(nccl)} | {cell(symm)} | {cell(fi)} | {peer_cell} "
-            f"| {cell(weft)} | {ratio} | {to_peer} | {busbw} | {_short_plan(r.plan)} | {wrong} |"
+            f"| {format_bytes(r.size)} | {_cell(nccl, best)} | {_cell(symm, best)} | {_cell(fi, best)} | {peer_cell} "
+            f"| {_cell(weft, best)} | {ratio} | {to_peer} | {busbw} | {_short_plan(r.plan)} | {wrong} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -93,7 +93,7 @@ def _steps(collective: Collective, grid: list[list[int]]) -> tuple[list[Send], l
     where = {rank: (h, j) for h, ranks in enumerate(grid) for j, rank in enumerate(ranks)}
     gather: list[Send] = []
     cross: list[Send] = []
-    for src, (h, g) in where.items():
+    for src, (h, _) in where.items():
         for dst, (h2, j) in where.items():
             if src == dst:
                 continue

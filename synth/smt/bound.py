@@ -31,7 +31,7 @@ def steps_bound(fabric: Topology, collective: Collective) -> int:
     """The fewest steps any schedule needs: the farthest (holder, needer) hop distance of any chunk."""
     dist = hop_distances(fabric)
     worst = 0
-    for c, holders, needers in _demands(collective):
+    for _, holders, needers in _demands(collective):
         for r in needers:
             worst = max(worst, min(dist[h].get(r, 10**9) for h in holders))
     return max(worst, 1)
@@ -78,7 +78,9 @@ def _lp_bound(fabric: Topology, demands: list[tuple[int, list[int], list[int]]])
             for v in fabric.ranks:
                 if v in holders:
                     continue
-                net = sum(flow[l.key] for l in fabric.in_links[v]) - sum(flow[l.key] for l in fabric.out_links[v])
+                net = sum(flow[link.key] for link in fabric.in_links[v]) - sum(
+                    flow[link.key] for link in fabric.out_links[v]
+                )
                 lp.Add(net == (1 if v == d else 0))
     for link in fabric.links:
         lp.Add(sum(load[link.key]) <= fabric.chunk_capacity(*link.key) * t)
@@ -95,7 +97,7 @@ def _in_capacity_bound(fabric: Topology, collective: Collective) -> Fraction:
     best = Fraction(0)
     for r in fabric.ranks:
         lacking = len(collective.postcondition(r) - collective.precondition(r))
-        capacity = sum(fabric.chunk_capacity(l.src, l.dst) for l in fabric.in_links[r])
+        capacity = sum(fabric.chunk_capacity(link.src, link.dst) for link in fabric.in_links[r])
         if lacking:
             best = max(best, Fraction(lacking) / Fraction(capacity).limit_denominator(1000))
     return best

@@ -227,7 +227,7 @@ class Formula:
             s: {k: z3.Bool(f"rounds_{s}_{k}") for k in range(1, extra + 2)} for s in range(1, steps + 1)
         }
         total = []
-        for s, choice in self.step_rounds.items():
+        for choice in self.step_rounds.values():
             self.constraints.append(z3.PbEq([(b, 1) for b in choice.values()], 1))
             total += [(b, k) for k, b in choice.items()]
         self.constraints.append(z3.PbEq(total, rounds))
@@ -259,7 +259,7 @@ class Formula:
 
     def _encode_capacity(self) -> None:
         per_link: dict[tuple[int, int, int], list[z3.BoolRef]] = {}
-        for (c, u, v, s), var in self.sends.items():
+        for (_, u, v, s), var in self.sends.items():
             per_link.setdefault((u, v, s), []).append(var)
         full = self._saturated_ranks()
         for (u, v, s), load in per_link.items():
@@ -286,8 +286,8 @@ class Formula:
         full = set()
         for r in range(self.collective.nranks):
             links = self.fabric.in_links[r]
-            caps = [self.fabric.chunk_capacity(l.src, l.dst) for l in links]
-            if any(l.key in grouped for l in links) or any(abs(c - round(c)) > SLACK for c in caps):
+            caps = [self.fabric.chunk_capacity(link.src, link.dst) for link in links]
+            if any(link.key in grouped for link in links) or any(abs(c - round(c)) > SLACK for c in caps):
                 continue
             if lacking[r] >= self.instance.rounds * round(sum(caps)):
                 full.add(r)

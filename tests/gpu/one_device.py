@@ -8,7 +8,8 @@ exact in fp32, fp16 and bf16 and each rank's output must equal numpy's definitio
     python tests/gpu/one_device.py RESULTS.json [--nproc 2] [--device 0] [--sizes 1KB,64KB,1MB] [PLAN.json ...]
 
 Without plan files it runs the 2-rank (or ``plans4``) test plans, then CUDA graphs of zero-copy executions
-(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit code 0 when every case matched, 1 when one
+(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit code
+0 when every case matched, 1 when one
 did not, 2 on bad arguments. A rank runs its cases in the same order as every other rank (contexts are collective).
 """
 
@@ -122,7 +123,8 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
         with comm.capture():
             stream.begin_capture()
             refusals = [
-                comm.execute_captured(plan, x, o, stream=stream, dtype=dtype, lines=lines) for x, o in zip(xs, outs)
+                comm.execute_captured(plan, x, o, stream=stream, dtype=dtype, lines=lines)
+                for x, o in zip(xs, outs, strict=True)
             ]
             graph = stream.end_capture()
             graph.launch(stream)  # before registration: the disarmed records
@@ -131,18 +133,18 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
         early = "reported" if "before their buffers were registered" in str(e) else str(e)
     if any(refusals):
         return {"ok": False, "error": f"refused: {refusals}"}
-    kept = all(bool((o == u).all()) for o, u in zip(outs, untouched))
+    kept = all(bool((o == u).all()) for o, u in zip(outs, untouched, strict=True))
     wrong = 0
     for _ in range(5):
         inputs = [random_inputs(plan, elems, rng) for _ in xs]
-        for x, each in zip(xs, inputs):
+        for x, each in zip(xs, inputs, strict=True):
             x[...] = device_array(each[rank], dtype)
         stream.synchronize()
         cupy.cuda.Device().synchronize()
         graph.launch(stream)
         stream.synchronize()
         comm.synchronize()
-        for o, each in zip(outs, inputs):
+        for o, each in zip(outs, inputs, strict=True):
             got = host_values(o, dtype).reshape(-1, elems)
             want = expected_outputs(plan.collective_spec(), each, elems, dtype)[rank]
             wrong += sum(int(np.count_nonzero(got[idx] != chunk)) for idx, chunk in want.items())

@@ -215,7 +215,7 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
     n = 1 << 16
     for dtype in DTYPES:
 
-        def check(collective: str, x, got) -> bool:
+        def check(collective: str, x, got, dtype: str = dtype) -> bool:
             return matches(
                 collective, got, nccl_result(collective, x, world), dtype, sum_magnitude(collective, x, world), world
             )
@@ -256,9 +256,11 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
     normed, new_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
     doc["checks"]["backend fused_add_rms_norm"] = close(new_h, expected_residual) and close(normed, expected)
     graph = torch.cuda.CUDAGraph()
-    with backend.capture([x.numel() * 2], torch.bfloat16, residual=True, rms_norm=(hidden, 1e-5)):
-        with torch.cuda.graph(graph):
-            g_normed, g_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
+    with (
+        backend.capture([x.numel() * 2], torch.bfloat16, residual=True, rms_norm=(hidden, 1e-5)),
+        torch.cuda.graph(graph),
+    ):
+        g_normed, g_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
     graph.replay()
     torch.cuda.synchronize()
     doc["checks"]["backend fused_add_rms_norm graph"] = close(g_h, expected_residual) and close(g_normed, expected)

@@ -116,7 +116,7 @@ def scenario_graph(comm, device) -> dict:
         before = dict(comm.paths)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for x, out in zip(xs, outs):
+            for x, out in zip(xs, outs, strict=True):
                 comm.all_to_all_single(out, x)
     zero_copy, staging = (comm.paths[k] - before[k] for k in ("zero_copy", "staging"))
     wrong = 0
@@ -124,7 +124,7 @@ def scenario_graph(comm, device) -> dict:
         for x in xs:
             x.copy_(torch.randn_like(x, dtype=torch.float32))
         graph.replay()
-        wrong += sum(not torch.equal(out, _nccl(x)) for x, out in zip(xs, outs))
+        wrong += sum(not torch.equal(out, _nccl(x)) for x, out in zip(xs, outs, strict=True))
     return {"zero_copy": zero_copy, "staging": staging, "replays": 50, "wrong": wrong}
 
 

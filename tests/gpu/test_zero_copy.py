@@ -134,7 +134,7 @@ def scenario_ten_calls(comm, device) -> dict:
         y_in = torch.randn_like(y)
         y.copy_(y_in)
         graph.replay()
-        wrong["out_of_place"] += sum(not sums_to(o, x) for x, o in zip(xs, outs))
+        wrong["out_of_place"] += sum(not sums_to(o, x) for x, o in zip(xs, outs, strict=True))
         wrong["view"] += not sums_to(view_out, view)
         wrong["in_place"] += not sums_to(y, y_in)
     torch.cuda.synchronize()
@@ -243,7 +243,7 @@ def scenario_peer_buffers(rank, world, device) -> dict:
     graph = torch.cuda.CUDAGraph()
     with comm.capture(), torch.cuda.graph(graph):
         stream = torch.cuda.current_stream()
-        bound = sum(comm.execute_captured(plan, x, o, stream=stream) == "" for x, o in zip(xs, outs))
+        bound = sum(comm.execute_captured(plan, x, o, stream=stream) == "" for x, o in zip(xs, outs, strict=True))
         refused = comm.execute_captured(plan, *unshareable, stream=stream)
     maps_peers = any(c.peers.collective for c in comm._templates.values())
     wrong = 0
@@ -253,7 +253,7 @@ def scenario_peer_buffers(rank, world, device) -> dict:
         cupy.cuda.runtime.deviceSynchronize()
         graph.replay()
         torch.cuda.synchronize()
-        for x, o in zip(xs, outs):
+        for x, o in zip(xs, outs, strict=True):
             wrong += not sums_to(torch.from_dlpack(o), torch.from_dlpack(x))
     comm.close()
     return {

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import scenarios
@@ -122,7 +123,7 @@ def run_graph(comm, name, rank, world, device) -> dict:
         torch.cuda.synchronize()
         graph.replay()
         comm.synchronize()
-        for x, out in zip(inputs, outputs):
+        for x, out in zip(inputs, outputs, strict=True):
             ok, _ = compare(out, x, plan.collective, "bf16", world)
             wrong += not ok
     return {"ok": wrong == 0, "wrong": wrong, "replays": 100, "executions": 10}
@@ -247,21 +248,21 @@ def main() -> None:
 
     section("cases")
     for case in scenarios.correctness_cases(world):
-        results["cases"][case.id] = r = attempt(case.id, lambda: run_case(comm, case, rank, world, device))
+        results["cases"][case.id] = r = attempt(case.id, partial(run_case, comm, case, rank, world, device))
         if not r["ok"]:
             print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
     lines = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
     for case in scenarios.line_cases(world):
-        results["lines"][case.id] = attempt(case.id + "+ll128", lambda: run_case(lines, case, rank, world, device))
+        results["lines"][case.id] = attempt(case.id + "+ll128", partial(run_case, lines, case, rank, world, device))
     for name in scenarios.LINE_GRAPH_PLANS:
-        results["lines_graph"][name] = attempt(name + "+ll128", lambda: run_graph(lines, name, rank, world, device))
+        results["lines_graph"][name] = attempt(name + "+ll128", partial(run_graph, lines, name, rank, world, device))
     results["residual"] = {}
     section("residual")
     for run_id, case, lined in scenarios.residual_cases(world):
         executor = lines if lined else comm
-        results["residual"][run_id] = attempt(run_id, lambda: run_residual(executor, case, rank, world, device, lined))
+        results["residual"][run_id] = attempt(run_id, partial(run_residual, executor, case, rank, world, device, lined))
     lines.close()
     section("graph")
     # A communicator of its own, with no contexts yet: contexts are cached by buffer address, and an input here
@@ -270,7 +271,7 @@ def main() -> None:
     # exchange behind its peers in the 10-context warm-up of allreduce-twoshot-simple-x8, its kernel then timed out.
     graphs = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
     for name in scenarios.GRAPH_PLANS:
-        results["graph"][name] = attempt(name, lambda: run_graph(graphs, name, rank, world, device))
+        results["graph"][name] = attempt(name, partial(run_graph, graphs, name, rank, world, device))
     graphs.close()
     section("refusals")
     results["refusals"] = run_refusals(comm, rank, world, device)
