@@ -24,7 +24,7 @@ Channel-id arity (``channels``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 LOCAL, REMOTE, ANY = "local", "remote", "any"  # where an op's src (or dst) entries live
@@ -127,13 +127,14 @@ class OpSpec:
         return "", ""
 
 
-def _table(*specs: OpSpec) -> MappingProxyType:
+def _table(*specs: OpSpec) -> MappingProxyType[str, OpSpec]:
     return MappingProxyType({s.name: s for s in specs})
 
 
-_COPY = dict(device="transfer", buffers=True, pairwise=True)
-_SEND = dict(_COPY, channels=PER_REMOTE, dst=REMOTE)
-_REDUCE = dict(device="transfer", buffers=True, reduces=True)
+# Each row below is one of these with its name, doc and what it does beyond them.
+_COPY = OpSpec("", "", "transfer", buffers=True, pairwise=True)
+_SEND = replace(_COPY, channels=PER_REMOTE, dst=REMOTE)
+_REDUCE = OpSpec("", "", "transfer", buffers=True, reduces=True)
 
 OPS = _table(
     OpSpec("nop", "nothing (a thread-block-local sync on the GPU)", "nop"),
@@ -169,93 +170,99 @@ OPS = _table(
         semaphores=True,
     ),
     OpSpec("sem_release", "add one to every semaphore in semaphore_ids", "sem_release", semaphores=True),
-    OpSpec("put", "copy local src[j] to remote dst[j] through channel_ids[j]", **_SEND),
-    OpSpec("pws", "put, then signal on the same channels", **_SEND, signals=True),
-    OpSpec("pwsf", "pws, then flush (a flush does nothing on memory channels)", **_SEND, signals=True, flushes=True),
-    OpSpec(
-        "get",
-        "copy remote src[j] (through channel_ids[j]) to local dst[j] (MSCCL++'s handleGet at 1f5f065d "
-        "swaps the two entries' offsets: the same where their indices are equal)",
-        **dict(_COPY, channels=PER_REMOTE, src=REMOTE),
+    replace(_SEND, name="put", doc="copy local src[j] to remote dst[j] through channel_ids[j]"),
+    replace(_SEND, name="pws", doc="put, then signal on the same channels", signals=True),
+    replace(
+        _SEND, name="pwsf", doc="pws, then flush (a flush does nothing on memory channels)", signals=True, flushes=True
     ),
-    OpSpec("copy", "copy local src[j] to local dst[j]", **_COPY),
-    OpSpec("re", "sum of every local src, written to every local dst", **_REDUCE, local_dst=True),
-    OpSpec(
-        "res",
-        "re, also written to every remote dst (the k-th through channel_ids[k])",
-        **_REDUCE,
+    replace(
+        _COPY,
+        name="get",
+        doc="copy remote src[j] (through channel_ids[j]) to local dst[j] (MSCCL++'s handleGet at 1f5f065d "
+        "swaps the two entries' offsets: the same where their indices are equal)",
+        channels=PER_REMOTE,
+        src=REMOTE,
+    ),
+    replace(_COPY, name="copy", doc="copy local src[j] to local dst[j]"),
+    replace(_REDUCE, name="re", doc="sum of every local src, written to every local dst", local_dst=True),
+    replace(
+        _REDUCE,
+        name="res",
+        doc="re, also written to every remote dst (the k-th through channel_ids[k])",
         channels=PER_REMOTE,
         dst=ANY,
     ),
-    OpSpec(
-        "rre",
-        "sum of every src, local or remote (the k-th remote through channel_ids[k]), to local dsts",
-        **_REDUCE,
+    replace(
+        _REDUCE,
+        name="rre",
+        doc="sum of every src, local or remote (the k-th remote through channel_ids[k]), to local dsts",
         channels=PER_REMOTE,
         src=ANY,
         dst=ANY,
         local_dst=True,
     ),
-    OpSpec(
-        "rres",
-        "rre, also written to every remote dst (channels: remote srcs first, then remote dsts)",
-        **_REDUCE,
+    replace(
+        _REDUCE,
+        name="rres",
+        doc="rre, also written to every remote dst (channels: remote srcs first, then remote dsts)",
         channels=PER_REMOTE,
         src=ANY,
         dst=ANY,
     ),
-    OpSpec(
-        "ppkt",
-        "local plain src[j] -> remote scratch dst[j] as packets (channel_ids[j])",
-        **_SEND,
+    replace(
+        _SEND,
+        name="ppkt",
+        doc="local plain src[j] -> remote scratch dst[j] as packets (channel_ids[j])",
         packet_dst=ALL_PACKETS,
     ),
-    OpSpec(
-        "rppkt",
-        "local packets src[j] (waits for them) -> remote scratch dst[j] as packets; one src goes to every dst",
-        **_SEND,
+    replace(
+        _SEND,
+        name="rppkt",
+        doc="local packets src[j] (waits for them) -> remote scratch dst[j] as packets; one src goes to every dst",
         packet_src=ALL_PACKETS,
         packet_dst=ALL_PACKETS,
         broadcast=True,
     ),
-    OpSpec("upkt", "local packets src[j] (waits for them) -> local plain dst[j]", **_COPY, packet_src=ALL_PACKETS),
-    OpSpec(
-        "cpkt",
-        "local plain src[j] -> local scratch dst[j] as packets (MSCCL++ copyToPackets)",
-        **_COPY,
+    replace(
+        _COPY, name="upkt", doc="local packets src[j] (waits for them) -> local plain dst[j]", packet_src=ALL_PACKETS
+    ),
+    replace(
+        _COPY,
+        name="cpkt",
+        doc="local plain src[j] -> local scratch dst[j] as packets (MSCCL++ copyToPackets)",
         packet_dst=ALL_PACKETS,
     ),
-    OpSpec(
-        "repkt",
-        "src[0] local plain + every later src as local packets (waits) -> every local plain dst",
-        **_REDUCE,
+    replace(
+        _REDUCE,
+        name="repkt",
+        doc="src[0] local plain + every later src as local packets (waits) -> every local plain dst",
         min_src=2,
         local_dst=True,
         packet_src=PACKETS_AFTER_FIRST,
     ),
-    OpSpec(
-        "respkt",
-        "repkt, also written as packets to every remote scratch dst (channel_ids[k])",
-        **_REDUCE,
+    replace(
+        _REDUCE,
+        name="respkt",
+        doc="repkt, also written as packets to every remote scratch dst (channel_ids[k])",
         channels=PER_REMOTE,
         dst=ANY,
         min_src=2,
         packet_src=PACKETS_AFTER_FIRST,
         packet_dst=REMOTE_PACKETS,
     ),
-    OpSpec(
-        "recpkt",
-        "repkt into local plain dst[0], also as packets into local scratch dst[1]",
-        **_REDUCE,
+    replace(
+        _REDUCE,
+        name="recpkt",
+        doc="repkt into local plain dst[0], also as packets into local scratch dst[1]",
         min_src=2,
         min_dst=2,
         packet_src=PACKETS_AFTER_FIRST,
         packet_dst=PACKETS_AFTER_FIRST,
     ),
-    OpSpec(
-        "recspkt",
-        "recpkt, also as packets to every remote scratch dst[2..] (channel_ids[k])",
-        **_REDUCE,
+    replace(
+        _REDUCE,
+        name="recspkt",
+        doc="recpkt, also as packets to every remote scratch dst[2..] (channel_ids[k])",
         channels=PER_REMOTE,
         dst=ANY,
         min_src=2,
