@@ -105,7 +105,7 @@ OP_KEYS = frozenset(
 BUFF_KEYS = frozenset({"type", "buffer_id", "switch_channel_id", "index", "size"})
 
 
-def conformance_errors(doc: dict[str, Any], extra_top: frozenset = frozenset({"weft"})) -> list[str]:
+def conformance_errors(doc: dict[str, Any], extra_top: frozenset[str] = frozenset({"weft"})) -> list[str]:
     """Every way ``doc`` (a plan as written to a file) departs from what MSCCL++'s executor reads; [] if none."""
     errors: list[str] = []
     need = _Need(errors)
@@ -129,26 +129,26 @@ class _Need:
     def __init__(self, errors: list[str]):
         self.errors = errors
 
-    def present(self, obj: dict, key: str, where: str) -> bool:
+    def present(self, obj: dict[str, Any], key: str, where: str) -> bool:
         if key not in obj:
             self.errors.append(f"{where}: missing (read as obj[{key!r}])".replace("'", '"'))
             return False
         return True
 
-    def keys(self, obj: dict, known: frozenset, where: str) -> None:
+    def keys(self, obj: dict[str, Any], known: frozenset[str], where: str) -> None:
         for key in sorted(set(obj) - known):
             self.errors.append(f"{where}{'.' if where else ''}{key}: not a field MSCCL++'s executor reads")
 
-    def type(self, obj: dict, key: str, kind: type, where: str) -> None:
+    def type(self, obj: dict[str, Any], key: str, kind: type, where: str) -> None:
         if key in obj and (not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool))):
             self.errors.append(f"{where}: must be {kind.__name__}, got {obj[key]!r}")
 
-    def within(self, items: list, limit: int, where: str, what: str) -> None:
+    def within(self, items: list[Any], limit: int, where: str, what: str) -> None:
         if len(items) > limit:
             self.errors.append(f"{where}: {len(items)} {what}; MSCCL++ copies at most {limit} (execution_common.hpp)")
 
 
-def _gpu(need: _Need, gpu: dict, rank: int, nranks: int) -> None:
+def _gpu(need: _Need, gpu: dict[str, Any], rank: int, nranks: int) -> None:
     at = f"gpus[{rank}]"
     for key in ("id", "input_chunks", "output_chunks", "scratch_chunks", "threadblocks"):
         need.present(gpu, key, f"{at}.{key}")
@@ -181,7 +181,7 @@ def _gpu(need: _Need, gpu: dict, rank: int, nranks: int) -> None:
         _threadblock(need, tb, f"{at}.threadblocks[{t}]", t, memory, nremote, len(gpu.get("semaphores", [])))
 
 
-def _threadblock(need: _Need, tb: dict, at: str, index: int, memory: int, nremote: int, nsem: int) -> None:
+def _threadblock(need: _Need, tb: dict[str, Any], at: str, index: int, memory: int, nremote: int, nsem: int) -> None:
     for key in ("id", "channels", "ops"):  # threadblock["channels"] is read without contains() in setupChannels
         need.present(tb, key, f"{at}.{key}")
     need.keys(tb, THREADBLOCK_KEYS, at)
@@ -216,7 +216,7 @@ def _threadblock(need: _Need, tb: dict, at: str, index: int, memory: int, nremot
     need.within([0] * flat, MAX_OPERATION, f"{at}.ops", "operations (a pipeline counts its own ops too)")
 
 
-def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, int], nsem: int) -> None:
+def _op(need: _Need, op: dict[str, Any], at: str, listed: dict[str, int], refs: dict[str, int], nsem: int) -> None:
     need.present(op, "name", f"{at}.name")
     need.keys(op, OP_KEYS, at)
     name = op.get("name")
@@ -227,9 +227,10 @@ def _op(need: _Need, op: dict, at: str, listed: dict[str, int], refs: dict[str, 
         need.errors.append(f"{at}.channel_type: {ctype!r} is not a channel type")
     ids = op.get("channel_ids", [])
     need.within(ids, MAX_CHANNEL_PER_OPERATION, f"{at}.channel_ids", "channel ids")
+    nlisted = listed.get(ctype, 0) if isinstance(ctype, str) else 0
     for cid in ids:  # the kernel indexes the block's own channel list (DeviceExecutionPlan.channels)
-        if not 0 <= cid < listed.get(ctype, 0):
-            need.errors.append(f"{at}.channel_ids: {cid} is past the block's {listed.get(ctype, 0)} {ctype} channels")
+        if not 0 <= cid < nlisted:
+            need.errors.append(f"{at}.channel_ids: {cid} is past the block's {nlisted} {ctype} channels")
     if name in ("pws", "pwsf") and ctype == "memory":
         need.errors.append(f"{at}.name: {name!r} on memory channels puts without a signal in MSCCL++'s kernel")
     for field in ("src_buff", "dst_buff"):
@@ -287,7 +288,7 @@ _KERNEL_SHAPE = {  # op: (src_buff, dst_buff)
 }
 
 
-def kernel_shape_errors(op: dict, at: str) -> list[str]:
+def kernel_shape_errors(op: dict[str, Any], at: str) -> list[str]:
     """Where MSCCL++'s kernel would run ``op`` (a plan file's op) otherwise than its entries say: entries it does not
     read, or reads as the other side (local vs remote), or reads at another offset."""
     errors: list[str] = []

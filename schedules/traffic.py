@@ -31,7 +31,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from schedules.plan import Plan, PlanError, channel_pairs, remote_target
+from schedules.plan import Op, Plan, PlanError, channel_pairs, remote_target
+
+Pairs = dict[tuple[int, int], tuple[int, int]]  # (rank, channel id) -> the paired (peer, channel id)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def port_bytes(plan: Plan, nbytes: int) -> list[tuple[int, int]]:
 @dataclass
 class _Block:
     rank: int
-    ops: list
+    ops: list[Op]
     threads: int
     pc: int = 0
     remote: float = 0.0  # bytes left of the running op's remote part
@@ -148,7 +150,16 @@ def _rates(running: list[_Block], model: PortModel) -> dict[int, tuple[float, fl
     return {id(b): (own[id(b)] * scale.get(b.rank, 1.0), own[id(b)] * model.local_factor) for b in running}
 
 
-def _step(b: _Block, cb: int, now: float, model: PortModel, pairs, arrivals, consumed, semaphores) -> bool:
+def _step(
+    b: _Block,
+    cb: int,
+    now: float,
+    model: PortModel,
+    pairs: Pairs,
+    arrivals: dict[tuple[int, int], list[float]],
+    consumed: dict[tuple[int, int], int],
+    semaphores: dict[tuple[int, int], int],
+) -> bool:
     """Run the block's next op if it can start now; a transfer is started (its bytes set), not finished."""
     op = b.ops[b.pc]
     device = op.spec.device
@@ -179,7 +190,9 @@ def _step(b: _Block, cb: int, now: float, model: PortModel, pairs, arrivals, con
     return True
 
 
-def _signal(b: _Block, op, now: float, model: PortModel, pairs, arrivals) -> None:
+def _signal(
+    b: _Block, op: Op, now: float, model: PortModel, pairs: Pairs, arrivals: dict[tuple[int, int], list[float]]
+) -> None:
     if op.spec.device == "signal" or op.spec.signals:
         for c in op.channel_ids:
             peer, back = pairs[(b.rank, c)]

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from topologies.errors import TopologyError
-from topologies.topology import Link, Topology, Vertex, short_repr
+from topologies.jsonfile import short_repr
+from topologies.topology import Link, Topology, Vertex
 
 # α per hop, µs (see the module docstring for the source).
 NVLINK_US = 0.3
@@ -79,6 +80,11 @@ class Entry:
 
 # A fabric stamps one host's part of a topology: (host, its ranks) -> (links, switch vertices).
 Fabric = Callable[[int, range], tuple[list[Link], list[str]]]
+
+
+def _doc(builder: Callable[..., object]) -> str:
+    """A builder's docstring, its catalog description."""
+    return builder.__doc__ or ""
 
 
 def _links(pairs: Iterable[tuple[Vertex, Vertex]], bandwidth: float, latency: float) -> list[Link]:
@@ -177,28 +183,28 @@ def ring(n: int = 8) -> Topology:
     """A bidirectional ring of n ranks, 25 GB/s per direction per link."""
     name = _checked("ring", n=n)
     pairs = [(r, (r + step) % n) for r in range(n) for step in (1, -1)]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=ring.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(ring))
 
 
 def line(n: int = 8) -> Topology:
     """A chain of n ranks (a ring with one link cut), 25 GB/s per direction per link."""
     name = _checked("line", n=n)
     pairs = [p for r in range(n - 1) for p in ((r, r + 1), (r + 1, r))]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=line.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(line))
 
 
 def fully_connected(n: int = 8) -> Topology:
     """n ranks with a direct 25 GB/s link between every ordered pair."""
     name = _checked("fully_connected", n=n)
     pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=fully_connected.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(fully_connected))
 
 
 def switch(n: int = 8) -> Topology:
     """n ranks on one non-blocking switch (hub and spoke), 25 GB/s per rank per direction."""
     name = _checked("switch", n=n)
     links = [link for r in range(n) for link in _both_ways(r, "switch", UNIT_GBPS, NVLINK_US / 2)]
-    return Topology(name, n, tuple(links), ("switch",), description=switch.__doc__)
+    return Topology(name, n, tuple(links), ("switch",), description=_doc(switch))
 
 
 def torus2d(x: int = 4, y: int = 4) -> Topology:
@@ -210,7 +216,7 @@ def torus2d(x: int = 4, y: int = 4) -> Topology:
             r = row * x + col
             pairs += [(r, row * x + (col + step) % x) for step in (1, -1)]
             pairs += [(r, ((row + step) % y) * x + col) for step in (1, -1)]
-    return Topology(name, x * y, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=torus2d.__doc__)
+    return Topology(name, x * y, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(torus2d))
 
 
 def hypercube(d: int = 3) -> Topology:
@@ -218,7 +224,7 @@ def hypercube(d: int = 3) -> Topology:
     name = _checked("hypercube", d=d)
     n = 1 << d
     pairs = [(r, r ^ (1 << k)) for r in range(n) for k in range(d)]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=hypercube.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(hypercube))
 
 
 # ---- NVIDIA systems -----------------------------------------------------------------------------
@@ -254,7 +260,7 @@ PCIE4_GBPS = 31.5
 def dgx1() -> Topology:
     """NVIDIA DGX-1: 8×V100 in a hybrid cube-mesh, NV2 = 2 lanes, NV1 = 1 lane, 25 GB/s per lane."""
     links, _ = _direct(DGX1_LANES, V100_LANE_GBPS, NVLINK_US)(0, range(8))
-    return Topology(_checked("dgx1"), 8, tuple(links), description=dgx1.__doc__)
+    return Topology(_checked("dgx1"), 8, tuple(links), description=_doc(dgx1))
 
 
 def ndv2(nodes: int = 1) -> Topology:
@@ -262,7 +268,7 @@ def ndv2(nodes: int = 1) -> Topology:
     # One 100 Gb/s EDR InfiniBand NIC per VM (Azure NDv2-series documentation; TACCL section 5), on PCIe 3.0.
     return _multi_host(
         _checked("ndv2", nodes=nodes),
-        ndv2.__doc__,
+        _doc(ndv2),
         nodes,
         8,
         _direct(DGX1_LANES, V100_LANE_GBPS, NVLINK_US),
@@ -276,7 +282,7 @@ def dgx2(nodes: int = 1) -> Topology:
     # PCIe 3.0 switch of a GPU pair.
     return _multi_host(
         _checked("dgx2", nodes=nodes),
-        dgx2.__doc__,
+        _doc(dgx2),
         nodes,
         16,
         _nvswitch(V100_LANE_GBPS, 6),
@@ -290,7 +296,7 @@ def dgx_a100(nodes: int = 1, gpus: int = 8) -> Topology:
     # HDR InfiniBand ConnectX-6 NICs for the compute fabric, one per GPU.
     return _multi_host(
         _checked("dgx_a100", nodes=nodes, gpus=gpus),
-        dgx_a100.__doc__,
+        _doc(dgx_a100),
         nodes,
         gpus,
         _nvswitch(25.0, 12),
@@ -304,7 +310,7 @@ def hgx_h100(nodes: int = 1, gpus: int = 8) -> Topology:
     # DGX H100 user guide: 8 × 400 Gb/s NDR ConnectX-7 NICs, one per GPU.
     return _multi_host(
         _checked("hgx_h100", nodes=nodes, gpus=gpus),
-        hgx_h100.__doc__,
+        _doc(hgx_h100),
         nodes,
         gpus,
         _nvswitch(25.0, 18),
@@ -317,7 +323,7 @@ def hgx_h200(nodes: int = 1, gpus: int = 8) -> Topology:
     # H200 datasheet: the same NVLink 4 fabric as H100 (900 GB/s bidirectional per GPU) and 400 Gb/s NICs.
     return _multi_host(
         _checked("hgx_h200", nodes=nodes, gpus=gpus),
-        hgx_h200.__doc__,
+        _doc(hgx_h200),
         nodes,
         gpus,
         _nvswitch(25.0, 18),
@@ -356,7 +362,7 @@ def mi250(nodes: int = 1) -> Topology:
     # shared by the package's 2 GCDs.
     return _multi_host(
         _checked("mi250", nodes=nodes),
-        mi250.__doc__,
+        _doc(mi250),
         nodes,
         8,
         _direct(MI250_LANES, MI250_LANE_GBPS, XGMI_US),
@@ -370,7 +376,7 @@ def mi300x(nodes: int = 1) -> Topology:
     pairs = {(a, b): 1 for a in range(8) for b in range(a + 1, 8)}
     return _multi_host(
         _checked("mi300x", nodes=nodes),
-        mi300x.__doc__,
+        _doc(mi300x),
         nodes,
         8,
         _direct(pairs, MI300X_LINK_GBPS, XGMI_US),
@@ -389,20 +395,20 @@ NODES = Param("nodes", 1, 1, 1024, "hosts, joined by an InfiniBand switch")
 GPUS = Param("gpus", 8, 1, 8, "GPUs per node")
 
 ENTRIES: tuple[Entry, ...] = (
-    Entry("ring", ring, (_size("n", 8, MAX_RANKS, "ranks"),), ring.__doc__),
-    Entry("line", line, (_size("n", 8, MAX_RANKS, "ranks"),), line.__doc__),
-    Entry("fully_connected", fully_connected, (_size("n", 8, 256, "ranks"),), fully_connected.__doc__),
-    Entry("switch", switch, (_size("n", 8, MAX_RANKS, "ranks"),), switch.__doc__, ("hub_and_spoke",)),
-    Entry("torus2d", torus2d, (_size("x", 4, 128, "columns"), _size("y", 4, 128, "rows")), torus2d.__doc__),
-    Entry("hypercube", hypercube, (_size("d", 3, 14, "dimensions", minimum=1),), hypercube.__doc__),
-    Entry("dgx1", dgx1, (), dgx1.__doc__),
-    Entry("ndv2", ndv2, (NODES,), ndv2.__doc__),
-    Entry("dgx2", dgx2, (NODES,), dgx2.__doc__),
-    Entry("dgx_a100", dgx_a100, (NODES, GPUS), dgx_a100.__doc__),
-    Entry("hgx_h100", hgx_h100, (NODES, GPUS), hgx_h100.__doc__),
-    Entry("hgx_h200", hgx_h200, (NODES, GPUS), hgx_h200.__doc__),
-    Entry("mi250", mi250, (NODES,), mi250.__doc__),
-    Entry("mi300x", mi300x, (NODES,), mi300x.__doc__),
+    Entry("ring", ring, (_size("n", 8, MAX_RANKS, "ranks"),), _doc(ring)),
+    Entry("line", line, (_size("n", 8, MAX_RANKS, "ranks"),), _doc(line)),
+    Entry("fully_connected", fully_connected, (_size("n", 8, 256, "ranks"),), _doc(fully_connected)),
+    Entry("switch", switch, (_size("n", 8, MAX_RANKS, "ranks"),), _doc(switch), ("hub_and_spoke",)),
+    Entry("torus2d", torus2d, (_size("x", 4, 128, "columns"), _size("y", 4, 128, "rows")), _doc(torus2d)),
+    Entry("hypercube", hypercube, (_size("d", 3, 14, "dimensions", minimum=1),), _doc(hypercube)),
+    Entry("dgx1", dgx1, (), _doc(dgx1)),
+    Entry("ndv2", ndv2, (NODES,), _doc(ndv2)),
+    Entry("dgx2", dgx2, (NODES,), _doc(dgx2)),
+    Entry("dgx_a100", dgx_a100, (NODES, GPUS), _doc(dgx_a100)),
+    Entry("hgx_h100", hgx_h100, (NODES, GPUS), _doc(hgx_h100)),
+    Entry("hgx_h200", hgx_h200, (NODES, GPUS), _doc(hgx_h200)),
+    Entry("mi250", mi250, (NODES,), _doc(mi250)),
+    Entry("mi300x", mi300x, (NODES,), _doc(mi300x)),
 )
 
 

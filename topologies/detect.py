@@ -34,7 +34,7 @@ class GpuFacts:
 class MachineFacts:
     gpus: tuple[GpuFacts, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "format": "weft.nvml-facts/1",
             "gpus": [
@@ -60,7 +60,9 @@ def read_facts(nvml: Any = None) -> MachineFacts:
     """Ask NVML (the ``pynvml`` module from nvidia-ml-py, or any object with its functions)."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         except ImportError:
             raise TopologyError("topo detect: nvidia-ml-py is not installed (pip install 'weft[gpu]')") from None
     try:
