@@ -29,7 +29,7 @@ buffers (collective): peers' buffers are exchanged in capture order and every re
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,7 +229,7 @@ class PlanExecutor:
         self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
         self._peers = gpu_ipc.PeerMappings()
         # (plan, size, dtype, lines, with a residual) -> the first context made for them
-        self._templates: dict[tuple[str, int, str, bool, bool], _Context] = {}
+        self._templates: dict[tuple[str, int, str, bool, bool | tuple[int, float]], _Context] = {}
         # (plan, message size, dtype, with a residual) -> padded (input, output, residual) buffers for sizes that
         # are not multiples of the plan's granule
         self._padded: dict[tuple[str, int, str, bool], tuple] = {}
@@ -238,7 +238,9 @@ class PlanExecutor:
         self._norm_refusals: dict[str, str] = {}  # plan hash -> why it cannot run the norm epilogue, or ''
         self._rows_refusals: dict[tuple, str] = {}  # (plan hash, bytes, dtype, rows) -> why its rows do not fit
         self._graph_mode = False
-        self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
+        # the disarmed records' source (device) and target (host-mapped)
+        self._marker: Any = None
+        self._tripwire: ctypes.Array[ctypes.c_uint64] | None = None
         with cupy.cuda.Device(self.device):
             cc = cupy.cuda.Device(self.device).compute_capability
             self._launcher = gpu_launch.Launcher(programmatic and int(cc) >= 90)  # PDL needs Hopper or newer
@@ -407,6 +409,7 @@ class PlanExecutor:
         why = binding_verdict(f"rank {self.rank}: {why}" if why else "", ctx.peers.collective, self._all_gather)
         if why:
             return why
+        assert ctx.records is not None  # every template made in capture() got its records (_add_records)
         mine = {"i": in_ptr, "o": out_ptr}
         deferred = {slot for slot, _, _ in ctx.peers.deferred}
         slots = (in_ptr, out_ptr, *(0 if k in deferred else p for k, p in enumerate(ctx.slots) if k >= 2))
@@ -585,6 +588,7 @@ class PlanExecutor:
             if output is None:
                 output = self._allocate_output(input, buf, out_parts * m)
                 out = _describe(output, "output")
+            assert out is not None  # described by execute, or just now
             if out.nbytes != out_parts * m or out.dtype not in (None, dtype) or out.device != self.device:
                 raise ExecutorError(
                     f"plan {plan.name}: output must be {dtype} of {out_parts * m} B on GPU "
@@ -619,7 +623,9 @@ class PlanExecutor:
             residual=None if res is None else padded_res[: in_parts * stride],
         )
         result = (padded_in if plan.inplace else padded_out).data.ptr
-        self._copy_parts(buf.pointer if plan.inplace else out.pointer, m, result, stride, m, out_parts, handle)
+        target = buf if plan.inplace else out
+        assert target is not None  # out of place: checked above
+        self._copy_parts(target.pointer, m, result, stride, m, out_parts, handle)
         return input if plan.inplace else output
 
     def _copy_parts(
@@ -634,6 +640,7 @@ class PlanExecutor:
     def _pointers(self, plan: Plan, tables: DeviceTables, buf: _Buffer, out: _Buffer | None) -> tuple[int, int]:
         """(input, output) addresses; in-place plans keep the smaller buffer inside the larger one."""
         if not plan.inplace:
+            assert out is not None  # execute described or allocated it
             return buf.pointer, out.pointer
         offset_i, offset_o = plan.inplace_offsets(self.rank, tables.input_bytes, tables.output_bytes)
         return buf.pointer + offset_i, buf.pointer + offset_o
@@ -747,7 +754,7 @@ class PlanExecutor:
         lines: bool,
         res: _Buffer | None,
         norm: NormCall | None = None,
-        normed: list[_Buffer] = (),
+        normed: Sequence[_Buffer] = (),
     ) -> _Context:
         cupy = self._cupy
         nbytes = self._message_bytes(plan, buf)
@@ -799,7 +806,7 @@ class PlanExecutor:
                 out_ptr,
                 scratch.data.ptr,
                 *remote,
-                *([res.pointer] if fused else []),
+                *([res.pointer] if fused and res is not None else []),
                 *(b.pointer for b in normed),
             ]
             outbound = [

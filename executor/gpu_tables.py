@@ -50,6 +50,8 @@ NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
 NORM_ROWS = 64  # kNormRows in executor/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
 NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
 NORM_SLICE = 66  # kNormSlice: the epilogue over one slice of a row that several blocks sum (executor.norm.RowSpan)
+Record = np.ndarray  # one op-table row: a 0-d array of OP_DTYPE
+
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop.. in channel.cuh
 PAIRS = 8  # kPairs in channel.cuh: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
 KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
@@ -302,17 +304,19 @@ def build_tables(
             f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
             f"(the executor holds {MAX_SLOTS - 3 - int(residual)})"
         )
-    records: list[np.void] = []
+    records: list[Record] = []
     starts = [0]
     residual_at = reference.residual_sums(plan) if residual else {}
     row_bytes = norm.row_bytes(dtype) if norm is not None else 0
-    spans, norm_at, norm_slots, widest = {}, 0, 0, 0
+    spans: dict[tuple[int, int, int], RowSpan] = {}
+    norm_at, norm_slots, widest = 0, 0, 0
     if norm is not None:
         from executor.norm import row_spans
 
-        spans = row_spans(plan, nbytes, dtype, norm)
-        if isinstance(spans, str):
-            raise ExecutorError(spans)
+        found = row_spans(plan, nbytes, dtype, norm)
+        if isinstance(found, str):
+            raise ExecutorError(found)
+        spans = found
         spans = {(r, t, i): span for (r, t, i), span in spans.items() if r == rank}
         widest = max((span.slices for span in spans.values() if span.slices > 1), default=0)
         # past the widest rank's halves: a peer writes this rank's scratch at offsets of its own half size
@@ -384,7 +388,7 @@ def build_tables(
     )
 
 
-def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
+def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_slot: int, plan_op: int) -> Record:
     """The epilogue over output bytes ``first..first+nbytes``: the rows (output slot), the weight (the slot after
     the residual) and the normalized rows (the next slot); a row's bytes in barrier_id, eps's fp32 bits in
     channel[0] (norm.cuh reads them there)."""
@@ -398,7 +402,7 @@ def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_s
     return rec
 
 
-def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
+def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> Record:
     """The epilogue over one slice of a row (``executor.norm.RowSpan``): the slice (output slot), the weight's
     matching slice, the row's slots for the sums of squares (scratch slot, at ``slots_at``) and the normalized
     slice; the row's slice count in barrier_count, this slice's index in barrier_id, eps's fp32 bits in channel[0]
@@ -414,7 +418,7 @@ def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, 
     return rec
 
 
-def _prefetch_record(span: RowSpan, row_bytes: int, residual_slot: int) -> np.void:
+def _prefetch_record(span: RowSpan, row_bytes: int, residual_slot: int) -> Record:
     """The weight's part that the block's epilogue reads (the row, or the slice's part of it: ``span``) prefetched
     into L1 before the block's reduction waits for its peers' data."""
     rec = np.zeros((), OP_DTYPE)
@@ -435,7 +439,7 @@ def _padded(records: list, starts: list[int]) -> tuple[list, list[int]]:
     return out, new_starts
 
 
-def _add_source(rec: np.void, ref: tuple[int, int, int], where: str) -> None:
+def _add_source(rec: Record, ref: tuple[int, int, int], where: str) -> None:
     """Append one more source to a transfer (summed after the others)."""
     n = int(rec["nsrc"])
     if n + 1 > MAX_REFS:
@@ -444,7 +448,7 @@ def _add_source(rec: np.void, ref: tuple[int, int, int], where: str) -> None:
     rec["nsrc"] = n + 1
 
 
-def _moves_packets(rec: np.void) -> bool:
+def _moves_packets(rec: Record) -> bool:
     return any(rec["src"][k]["flags"] & PACKET for k in range(rec["nsrc"])) or any(
         rec["dst"][k]["flags"] & PACKET for k in range(rec["ndst"])
     )
@@ -460,9 +464,13 @@ class _Layout:
     def ref(self, tb: Threadblock, op: Op, ref: BufferRef, packet: bool, where: str) -> tuple[int, int, int]:
         """(offset, slot, flags) of one buffer entry."""
         if ref.remote:
+            assert ref.buffer_id is not None  # parse_plan gave every remote entry its buffer_id
             k = tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)
+            if k is None:  # parse_plan refuses such a plan; a Plan built in code may still hold one
+                raise ExecutorError(f"{where}: buffer_id {ref.buffer_id} names none of the block's remote buffers")
             slot, btype = 3 + k, self.gpu.remote_buffers[k].type
         else:
+            assert ref.type is not None  # and every local entry its type
             slot, btype = SLOTS[ref.type], ref.type
         if packet and (btype != "s" or self.plan.protocol != "LL"):
             raise ExecutorError(
@@ -477,7 +485,7 @@ class _Layout:
 TRIPWIRE_BYTES = 16
 
 
-def tripwire_op() -> np.void:
+def tripwire_op() -> Record:
     """A 16-byte copy from buffer slot 0 to slot 1: the one op a disarmed graph binding runs (``BindingLayout``)."""
     rec = _record(TRANSFER)
     rec["nsrc"], rec["ndst"], rec["bytes"], rec["plan_op"] = 1, 1, TRIPWIRE_BYTES, -1
@@ -624,13 +632,13 @@ def _whole_units(nbytes: int, unit: int) -> int:
     return (nbytes + unit - 1) // unit * unit
 
 
-def _record(kind: int) -> np.void:
+def _record(kind: int) -> Record:
     rec = np.zeros((), OP_DTYPE)
     rec["type"] = kind
     return rec
 
 
-def _ids(kind: int, ids: tuple[int, ...], where: str) -> np.void:
+def _ids(kind: int, ids: tuple[int, ...], where: str) -> Record:
     if len(ids) > MAX_CHANNELS_PER_OP:
         raise ExecutorError(f"{where}: {len(ids)} ids in one op (the executor takes {MAX_CHANNELS_PER_OP})")
     rec = _record(kind)
@@ -647,7 +655,7 @@ def _transfer(
     dsts: list[tuple[BufferRef, bool]],
     where: str,
     window: tuple[int, int] | None = None,
-) -> np.void:
+) -> Record:
     if len(srcs) > MAX_REFS or len(dsts) > MAX_REFS:
         raise ExecutorError(
             f"{where}: {len(srcs)} sources and {len(dsts)} destinations in one op "
@@ -674,13 +682,12 @@ def tbg_window(op: Op, chunk_bytes: int) -> tuple[int, int] | None:
     return tb_id * nbytes // size, nbytes // size
 
 
-def _lower(
-    op: Op, tb: Threadblock, layout: _Layout, where: str, window: tuple[int, int] | None = None
-) -> list[np.void]:
+def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str, window: tuple[int, int] | None = None) -> list[Record]:
     """The device ops of one plan op, in order, as its row in the op table says (``window``: one pipeline
     iteration's bytes of each entry)."""
     spec = op.spec
     if spec.container:  # MSCCL++ handlePipeline: ceil(num_chunks × chunk bytes / unit_size) iterations
+        assert op.num_chunks is not None and op.unit_size is not None  # parse_plan required both of a pipeline
         total = op.num_chunks * layout.chunk
         recs = []
         for start in range(0, total, op.unit_size):
@@ -690,6 +697,7 @@ def _lower(
     window = window or tbg_window(op, layout.chunk)
     kind = DEVICE_CODES[spec.device]
     if spec.device == "barrier":
+        assert op.barrier_id is not None  # parse_plan required it of a barrier
         if op.barrier_id >= MAX_BARRIERS:
             raise ExecutorError(f"{where}.barrier_id: {op.barrier_id} (the executor holds {MAX_BARRIERS} barriers)")
         rec = _record(BARRIER)

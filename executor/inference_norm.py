@@ -23,6 +23,7 @@ weight in buffers of their own, so each size has one context; inside ``capture()
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ import torch.nn.functional as F
 from executor.communicator import NormCall
 from executor.norm import RowNorm, best_norm_plan, row_base, rows_refusal
 from executor.torch_ops import DTYPES
+
+if TYPE_CHECKING:
+    from executor.torch_plans import PlanChoice
 
 UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
 
@@ -68,6 +72,27 @@ def check_norm_call(tensor: torch.Tensor, residual: torch.Tensor | None, weight:
 class NormCalls:
     """The fused norm's methods, mixed into ``executor.inference.Communicator`` (which provides ``choice``,
     ``enabled``, the staging buffers, ``_fallback`` and the executor)."""
+
+    if TYPE_CHECKING:  # what the host class provides; declared for the type checker only, so nothing is shadowed
+        choice: PlanChoice  # set whenever ``enabled``
+        enabled: bool
+        staging_bytes: int
+        world_size: int
+        paths: dict[str, int]
+        _ready: set[tuple[Any, ...]]
+        _norm_choices: dict[tuple[int, torch.dtype, RowNorm], Any]
+        _staging_in: torch.Tensor
+        _staging_residual: torch.Tensor
+
+        def _fallback(
+            self, collective: str, nbytes: int, dtype: torch.dtype, why: str, path: str = "on NCCL"
+        ) -> None: ...
+        def _in_graph(self) -> bool: ...
+        def _views(self, numel: int, out_numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
+        def all_reduce_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor: ...
+        def norm_refusal(self, plan: Any) -> str: ...
+        def execute(self, plan: Any, input: Any, output: Any = None, **options: Any) -> Any: ...
+        def execute_captured(self, plan: Any, input: Any, output: Any = None, **options: Any) -> Any: ...
 
     def norm_plan_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
         """The plan that runs the fused norm for this size, dtype and row shape, or None (``norm_reason`` says why)."""

@@ -16,10 +16,12 @@ import shutil
 import threading
 from pathlib import Path
 
+import _cache
 import pytest
 
 from weft.cli import main
 
+prove_once = _cache.prove_once  # the run's proof cache, as a fixture of this module
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "bench" / "registry_h200x2"
 COUNT = len(list((COMMITTED / "entries").glob("*.json")))  # the committed entries (other tests damage one of them)
@@ -50,7 +52,7 @@ def kept(name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def committed_copy(tmp_path_factory) -> Path:
+def committed_copy(tmp_path_factory, prove_once) -> Path:
     """One pristine copy of bench/registry_h200x2's entries that ``kept`` keeps, with their index and the whole
     baselines.json, per module; tests copy it again before changing it."""
     from schedules.registry import Registry
