@@ -30,7 +30,9 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
     loc: list[dict[int, Loc]] = [{} for _ in range(n)]
     for r in range(n):
         for c in collective.precondition(r):
-            loc[r][c] = placement.input_loc(r, c)
+            held = placement.input_loc(r, c)
+            assert held is not None  # a precondition's chunks start in the input buffer
+            loc[r][c] = held
     actions: list[Action] = []
 
     def emit(rank: int, step: int, phase: int, kind: str, peer: int | None, src, dst, **extra) -> Action:
@@ -40,7 +42,7 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
 
     for t, step in enumerate(schedule.steps):
         read_now = {(s.src, s.chunk) for s in step.sends}
-        arrivals: dict[int, dict[int, list[tuple[str, int, Loc, int]]]] = defaultdict(lambda: defaultdict(list))
+        arrivals: dict[int, dict[int, list[tuple[str, int, Loc]]]] = defaultdict(lambda: defaultdict(list))
         for send in step.sends:
             d, c = send.dst, send.chunk
             if pull and not packets and loc[send.src][c] == placement.input_loc(send.src, c):

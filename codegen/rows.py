@@ -72,7 +72,8 @@ def _regroup(plan: Plan, gpu: Gpu, groups: int) -> Gpu:
     first = {tb.id for tb in reducing[:groups]}
     if len(reducing) < groups:
         raise CodegenError(f"{where}: {len(reducing)} reducing thread blocks, fewer than {groups} row groups")
-    kept, g = [], 0
+    kept: list[Threadblock] = []
+    g = 0
     for tb in gpu.threadblocks:
         if tb in reducing and tb.id not in first:
             continue

@@ -67,7 +67,7 @@ def _signal_numbers(actions: list[Action]) -> dict[int, int]:
     number = {}
     for a in sorted(actions, key=lambda a: a.order):
         if a.signals:
-            key = (a.rank, a.peer, a.instance)
+            key = (a.rank, a.partner, a.instance)
             count[key] += 1
             number[a.seq] = count[key]
     return number
@@ -113,7 +113,7 @@ def _rank_programs(
                 releases[key].append(b.seq)
     order = {a.seq: a.order for a in actions}
     for key in releases:
-        releases[key].sort(key=order.get)
+        releases[key].sort(key=order.__getitem__)
     release_after: dict[int, list[int]] = defaultdict(list)
     for key, seqs in releases.items():
         for s in seqs:
@@ -130,13 +130,13 @@ def _rank_programs(
                 ops.append(Draft("sem_acquire", semaphores=(semaphore[key],)))
             acquired[key] = max(acquired[key], count)
         if a.kind == ARRIVE:
-            key = (a.peer, a.instance)
+            key = (a.partner, a.instance)
             upto = max(signal[s] for s in a.sends if s in signal)
             ops.extend(_ops(a) * max(0, upto - waited[key]))
             waited[key] = max(waited[key], upto)
         elif a.kind == SEND and (a.rank, a.peer, a.instance) in gated:
-            gated = gated - {(a.rank, a.peer, a.instance)}  # the first send on the channel waits; the rest follow it
-            ops.append(Draft("wait", channels=(Channel(a.peer, direction(a.rank, a.peer), a.instance),)))
+            gated = gated - {(a.rank, a.partner, a.instance)}  # the first send on the channel waits; the rest follow it
+            ops.append(Draft("wait", channels=(Channel(a.partner, direction(a.rank, a.partner), a.instance),)))
             ops.extend(_ops(a))
         else:
             ops.extend(_ops(a))
@@ -147,15 +147,15 @@ def _rank_programs(
 
 def _ops(a: Action) -> list[Draft]:
     if a.kind in NOTICES:
-        return [Draft("signal", channels=(Channel(a.peer, direction(a.rank, a.peer), a.instance),))]
+        return [Draft("signal", channels=(Channel(a.partner, direction(a.rank, a.partner), a.instance),))]
     pulled = tuple(Channel(loc.rank, direction(loc.rank, a.rank), a.instance) for loc in a.src if loc.rank != a.rank)
     if a.kind == SEND:
-        channel = Channel(a.peer, direction(a.rank, a.peer), a.instance)
+        channel = Channel(a.partner, direction(a.rank, a.partner), a.instance)
         if a.packet:
             return [Draft("ppkt", a.src, a.dst, (channel,))]
         return [Draft("put", a.src, a.dst, (channel,)), Draft("signal", channels=(channel,))]
     if a.kind == ARRIVE:
-        return [Draft("wait", channels=(Channel(a.peer, direction(a.peer, a.rank), a.instance),))]
+        return [Draft("wait", channels=(Channel(a.partner, direction(a.partner, a.rank), a.instance),))]
     if a.kind == REDUCE:
         if a.packet:
             return [Draft("repkt", a.src, a.dst, packet_src=(False,) + (True,) * (len(a.src) - 1))]

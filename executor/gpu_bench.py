@@ -231,10 +231,10 @@ class Peers:
                 out = torch.empty_like(x)
                 keep.append(out)
 
-                def run(out=out):
+                def custom_ar(out=out):
                     return self.vllm.all_reduce(xin, out)
 
-                calls["vllm:custom_ar"] = PeerCall(run, lambda: (xin.copy_(x), run())[1], self.vllm.capture)
+                calls["vllm:custom_ar"] = PeerCall(custom_ar, lambda: (xin.copy_(x), custom_ar())[1], self.vllm.capture)
         return calls, refused
 
 
@@ -391,11 +391,11 @@ def run_bench(
             refused_peers.update(refused)
         for name, call in others.items():
             try:
-                timer, refused = _timer(call.run, config.graph, config.calls, call.capture), ""
+                timer, why = _timer(call.run, config.graph, config.calls, call.capture), ""
             except Exception as e:  # a peer refusing a shape at launch (its own checks) is a result
-                timer, refused = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            if _refused_anywhere(comm, refused):
-                refused_peers[name] = refused or "refused on another rank"
+                timer, why = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            if _refused_anywhere(comm, why):
+                refused_peers[name] = why or "refused on another rank"
                 continue
             timers[name] = timer
         runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
@@ -414,13 +414,13 @@ def run_bench(
                     else (lambda p=plan, x=x, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
                 )
                 timer = _timer(run, config.graph, config.calls)
-                refused = ""
+                why = ""
             except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
-                timer, refused = None, str(e)
+                timer, why = None, str(e)
             name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
-            if _refused_anywhere(comm, refused):
-                if progress and refused:
-                    progress(f"skipping {name[5:]}: {refused}")
+            if _refused_anywhere(comm, why):
+                if progress and why:
+                    progress(f"skipping {name[5:]}: {why}")
                 continue
             timers[name] = timer
             runnable[name] = (plan, lines)
@@ -434,11 +434,11 @@ def run_bench(
         comm.synchronize()
         med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
         weft = {k: v for k, v in med.items() if k.startswith("weft:")}
-        best = min(weft, key=weft.get) if weft else None
+        best = min(weft, key=weft.__getitem__) if weft else None
         symm = [v for k, v in med.items() if k.startswith("symm:")]
         flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
         rivals = {k: v for k, v in med.items() if not k.startswith("weft:")}  # every peer timed, NCCL too
-        best_peer = min(rivals, key=rivals.get)
+        best_peer = min(rivals, key=rivals.__getitem__)
         wrong = 0
         if best:
             plan, lines = runnable[best]
@@ -460,7 +460,7 @@ def run_bench(
                 "speedup": med["nccl"] / weft_us if weft_us else None,
                 "wrong": wrong,
                 "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
-                "flashinfer_variant": min(flashinfer, key=flashinfer.get).split(":")[1] if flashinfer else None,
+                "flashinfer_variant": min(flashinfer, key=flashinfer.__getitem__).split(":")[1] if flashinfer else None,
                 "vllm_us": med.get("vllm:custom_ar"),
                 "best_peer": best_peer,
                 "best_peer_us": rivals[best_peer],

@@ -33,7 +33,10 @@ from executor.norm import RowNorm, best_norm_plan, row_base, rows_refusal
 from executor.torch_ops import DTYPES
 
 if TYPE_CHECKING:
+    from executor.communicator import PlanExecutor as _Executor  # the executor it is mixed in beside
     from executor.torch_plans import PlanChoice
+else:
+    _Executor = object
 
 UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
 
@@ -69,12 +72,12 @@ def check_norm_call(tensor: torch.Tensor, residual: torch.Tensor | None, weight:
     return RowNorm(int(hidden), float(eps))
 
 
-class NormCalls:
+class NormCalls(_Executor):
     """The fused norm's methods, mixed into ``executor.inference.Communicator`` (which provides ``choice``,
     ``enabled``, the staging buffers, ``_fallback`` and the executor)."""
 
     if TYPE_CHECKING:  # what the host class provides; declared for the type checker only, so nothing is shadowed
-        choice: PlanChoice  # set whenever ``enabled``
+        choice: PlanChoice | None  # set whenever ``enabled``
         enabled: bool
         staging_bytes: int
         world_size: int
@@ -90,9 +93,6 @@ class NormCalls:
         def _in_graph(self) -> bool: ...
         def _views(self, numel: int, out_numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
         def all_reduce_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor: ...
-        def norm_refusal(self, plan: Any) -> str: ...
-        def execute(self, plan: Any, input: Any, output: Any = None, **options: Any) -> Any: ...
-        def execute_captured(self, plan: Any, input: Any, output: Any = None, **options: Any) -> Any: ...
 
     def norm_plan_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
         """The plan that runs the fused norm for this size, dtype and row shape, or None (``norm_reason`` says why)."""
@@ -178,18 +178,16 @@ class NormCalls:
         return plan, ""
 
     def _choose_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
-        if not self.enabled or dtype not in DTYPES or nbytes > self.staging_bytes:
-            return None, "weft disabled" if not self.enabled else "no plan (dtype or size)"
+        choice = self.choice
+        if not self.enabled or choice is None or dtype not in DTYPES or nbytes > self.staging_bytes:
+            return None, "weft disabled" if not self.enabled or choice is None else "no plan (dtype or size)"
         name = DTYPES[dtype]
         serving = [
             e
-            for e in self.choice.entries
-            if e.serves(self.choice.topology, "allreduce", self.world_size, nbytes)
-            and (not e.dtypes or name in e.dtypes)
+            for e in choice.entries
+            if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or name in e.dtypes)
         ]
-        return best_norm_plan(
-            norm_candidates(serving, nbytes, self.choice.ll128), nbytes, name, rows, self.norm_refusal
-        )
+        return best_norm_plan(norm_candidates(serving, nbytes, choice.ll128), nbytes, name, rows, self.norm_refusal)
 
     def _zero_copy_norm(
         self, plan, tensor: torch.Tensor, output: torch.Tensor, residual: torch.Tensor, norm: NormCall
@@ -237,4 +235,4 @@ class NormCalls:
 
     def _norm_lines(self, nbytes: int, dtype: torch.dtype) -> bool:
         """LL128 lines where the registry's plan for a plain all-reduce of this size runs them."""
-        return self.choice.lines("allreduce", nbytes, DTYPES[dtype])
+        return self.choice is not None and self.choice.lines("allreduce", nbytes, DTYPES[dtype])

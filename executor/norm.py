@@ -61,7 +61,7 @@ def output_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]] | str:
     block of its rank)."""
     out = {}
     for rank, gpu in enumerate(plan.gpus):
-        covered = []
+        covered: list[int] = []
         for tb in gpu.threadblocks:
             for k, op in enumerate(tb.ops):
                 mine = [b for b in op.dst_buff if not b.remote and b.type == "o"]
@@ -133,7 +133,8 @@ def row_spans(plan: Plan, nbytes: int, dtype: str, norm: RowNorm) -> dict[refere
     if isinstance(ranges, str):
         return ranges
     cb = plan.chunk_bytes(nbytes)
-    spans, split = {}, {}
+    spans: dict[tuple[int, int, int], RowSpan] = {}
+    split: dict[tuple[int, int], set[int]] = {}  # (rank, row) -> the slice sizes it is cut into
     for (rank, tb, k), (first, size) in sorted(ranges.items()):
         f, n = first * cb, size * cb
         if f % row == 0 and n % row == 0:

@@ -16,7 +16,7 @@ carry the communicator. It holds weak references, so a closed and dropped commun
 
 import itertools
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -125,6 +125,13 @@ class CollectiveCalls:
     hosts share it, so both answer every call alike and torch.compile traces both."""
 
     handle: int
+
+    if TYPE_CHECKING:  # what the communicator provides; declared for the type checker only, so nothing is shadowed
+        world_size: int
+
+        def all_reduce_norm_eager(
+            self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+        ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def all_reduce(
         self,

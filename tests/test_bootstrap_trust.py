@@ -183,7 +183,8 @@ class ExchangingComm:
     """A communicator of ``world_size`` ranks whose exchange goes through the same JSON as the store's."""
 
     def __init__(self, values_of_others: list):
-        self.world_size, self.others, self.calls = len(values_of_others) + 1, values_of_others, []
+        self.world_size, self.others = len(values_of_others) + 1, values_of_others
+        self.calls: list[object] = []
 
     def exchange(self, what, value):
         self.calls.append(what)

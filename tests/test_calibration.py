@@ -25,6 +25,7 @@ def _committed(spec: str) -> Calibration:
     return found
 
 
+@pytest.mark.slow  # refits the committed measurements: 2-3 s each
 @pytest.mark.parametrize("spec", MEASURED)
 def test_a_committed_calibration_is_the_fit_of_its_measurements(spec):
     c = _committed(spec)

@@ -12,6 +12,7 @@ from executor import gpu_build
 # compiling for sm_90 is part of the GPU toolchain: nvcc comes with GPU machines, not with CPU CI
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.slow,  # nvcc builds of the interpreter: about a minute on 2 cores
     pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs a GPU machine: nvcc is not installed"),
 ]
 

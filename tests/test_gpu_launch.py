@@ -44,7 +44,8 @@ def test_an_argument_of_another_kind_is_refused():
 
 class _Driver:
     def __init__(self, code: int) -> None:
-        self.code, self.calls = code, []
+        self.code = code
+        self.calls: list[tuple[object, ...]] = []
 
     def cuLaunchKernelEx(self, config, function, pointers, extra):
         cfg = config._obj

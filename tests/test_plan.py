@@ -154,7 +154,7 @@ def _is_plan_error_or_valid(doc: dict) -> None:
 
 # Values of the wrong type or shape: unhashable ones once crashed the reader on a membership test
 # (a TypeError, not a PlanError), a case the random test below hit only in some runs.
-JUNK = (None, True, False, -1, 0, 1, 70, 1.5, "", "\n", "x", [], {}, [0], {"type": "i"})
+JUNK: tuple[object, ...] = (None, True, False, -1, 0, 1, 70, 1.5, "", "\n", "x", [], {}, [0], {"type": "i"})
 
 
 @pytest.mark.parametrize("fixture", [SIMPLE, LL], ids=["simple", "ll"])

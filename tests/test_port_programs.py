@@ -54,12 +54,12 @@ def test_port_programs_compute_the_collective(path):
 def _partner_groups(programs) -> dict:
     """For each (rank, step index) of an exchange: the (peer, step index) of every exchange holding the other side
     of one of its hops (sends and receives between two ranks meet in order, as NCCL matches them)."""
-    posted = {}
+    posted: dict[tuple[tuple[int, int], bool], list[tuple[int, int]]] = {}
     for r, program in enumerate(programs):
         for i, step in enumerate(program.steps):
             for t in step.transfers if isinstance(step, Exchange) else ():
                 posted.setdefault(((r, t.peer) if t.send else (t.peer, r), t.send), []).append((r, i))
-    partners = {}
+    partners: dict[tuple[int, int], set[tuple[int, int]]] = {}
     for (pair, send), sides in posted.items():
         if send:
             for a, b in zip(sides, posted[(pair, False)], strict=True):

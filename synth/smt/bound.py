@@ -16,13 +16,14 @@ Fraction(3, 1)
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 from ortools.linear_solver import pywraplp
 
 from schedules.collectives import Collective
 from synth.errors import SynthesisError
 from synth.smt.encoding import hop_distances
-from topologies.topology import Topology
+from topologies.topology import Topology, Vertex
 
 MAX_LP_VARIABLES = 400_000  # past this the in-capacity bound is used: weaker, but instant
 
@@ -66,7 +67,7 @@ def _lp_bound(fabric: Topology, demands: list[tuple[int, list[int], list[int]]])
     lp = pywraplp.Solver.CreateSolver("GLOP")
     t = lp.NumVar(0, lp.infinity(), "T")
     keys = [link.key for link in fabric.links]
-    load = {key: [] for key in keys}
+    load: dict[tuple[Vertex, Vertex], list[Any]] = {key: [] for key in keys}  # link -> its LP send variables
     for c, holders, needers in demands:
         carried = {key: lp.NumVar(0, lp.infinity(), f"x_{c}_{key[0]}_{key[1]}") for key in keys}
         for key, var in carried.items():

@@ -169,9 +169,10 @@ def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, t
         except Exception as e:  # one failed case is a result; a timeout leaves the ranks in step (reset together)
             results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     for k, name in enumerate(GRAPH_PLANS):
-        path = next((p for p in plans if p.name == name), None)
-        if path is None:
+        found = next((p for p in plans if p.name == name), None)
+        if found is None:
             continue
+        path = found
         plan = load_plan(path)
         nbytes = next(n for n in (65536, 1024) if plan.accepts(n))
         for lines in (False, True) if lines_possible(plan, nbytes) else (False,):
@@ -209,7 +210,7 @@ def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
         for r in range(nproc)
     ]
     deadline = time.monotonic() + wait_s
-    codes = []
+    codes: list[int | str] = []  # exit codes, "timeout" where a rank never ended
     for p in procs:
         try:
             codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))

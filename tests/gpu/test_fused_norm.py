@@ -158,7 +158,9 @@ def slices_per_row(plan, nbytes: int) -> int:
     """The blocks that complete each row's sum in ``plan`` at ``nbytes`` (1: whole rows per block)."""
     from executor.norm import RowNorm, row_spans
 
-    return max(span.slices for span in row_spans(plan, nbytes, "bf16", RowNorm(HIDDEN, EPS)).values())
+    spans = row_spans(plan, nbytes, "bf16", RowNorm(HIDDEN, EPS))
+    assert not isinstance(spans, str), spans  # a plan the fused norm refuses has no slices
+    return max(span.slices for span in spans.values())
 
 
 P = "direct-allreduce-hgx_h200:gpus=2-ll-"

@@ -244,7 +244,7 @@ def scenario_peer_buffers(rank, world, device) -> dict:
     with comm.capture(), torch.cuda.graph(graph):
         stream = torch.cuda.current_stream()
         bound = sum(comm.execute_captured(plan, x, o, stream=stream) == "" for x, o in zip(xs, outs, strict=True))
-        refused = comm.execute_captured(plan, *unshareable, stream=stream)
+        refused = comm.execute_captured(plan, unshareable[0], unshareable[1], stream=stream)
     maps_peers = any(c.peers.collective for c in comm._templates.values())
     wrong = 0
     for _ in range(REPLAYS):

@@ -173,7 +173,7 @@ def run_timeout(store, rank, world, device) -> dict:
 
 
 def run_refusals(comm, rank, world, device) -> dict:
-    results = {}
+    results: dict[str, str | None] = {}  # what was refused -> the refusal, None where it ran
     other = scenarios.plans_dir(4 if world == 2 else 2) / "allreduce-direct-simple-x1.json"
     try:  # a plan for more ranks than the communicator has, and one for fewer
         comm.execute(load_plan(other), random_input(1024, "fp32", device))
