@@ -15,6 +15,7 @@ it gets.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -22,8 +23,6 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-
-import ortools
 
 from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
@@ -225,7 +224,7 @@ def machine() -> dict:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "ortools": ortools.__version__,
+        "ortools": importlib.metadata.version("ortools"),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }

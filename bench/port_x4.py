@@ -267,7 +267,8 @@ def main() -> None:
                         [_combine(phases, lanes) for _, phases in sorted(done[collective].items())],
                         torch,
                     )
-                    gpu = re.search(r"[A-Z]\d+", torch.cuda.get_device_name()).group(0).lower()  # "h100", "h200"
+                    model = re.search(r"[A-Z]\d+", torch.cuda.get_device_name())
+                    gpu = model.group(0).lower() if model else "gpu"  # "h100", "h200"
                     path = out / f"gpu_{collective}_bf16_graph_{comm.world_size}x{gpu}_{args.tag}.json"
                     path.write_text(json.dumps(doc, indent=1) + "\n")
                     _print(rows)

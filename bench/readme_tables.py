@@ -41,7 +41,7 @@ def run(command: str) -> str:
             if argv[0] == "weft":
                 from weft.cli import main
 
-                code = main(argv[1:])
+                code: int | str = main(argv[1:])
             elif argv[0] == "python" and len(argv) > 1 and argv[1].startswith("bench/"):
                 sys.argv = argv[1:]
                 try:

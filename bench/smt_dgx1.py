@@ -46,6 +46,7 @@ def run(topology, name: str, repeats: int) -> tuple[list[dict], dict]:
         start = time.perf_counter()
         frontier = smt.pareto(topology, Collective(name, topology.nranks), smt.SmtOptions(time_limit=300))
         times.append(time.perf_counter() - start)
+    assert frontier is not None, "repeats must be at least 1"
     rows = []
     for point in frontier.points:
         require_valid(point.schedule, topology)

@@ -112,6 +112,7 @@ def fit(plans) -> tuple[PortModel, float]:
         rms = math.sqrt(sum(e * e for e in errors) / len(errors))
         if best is None or rms < best[1]:
             best = (model, rms)
+    assert best is not None  # the grid above is never empty
     return best
 
 

@@ -17,10 +17,11 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+from typing import cast
 
 import networkx as nx
 from networkx.algorithms.flow import dinitz
@@ -199,7 +200,9 @@ def _root_groups(topology: Topology, roots: tuple[int, ...]) -> list[tuple[int, 
 
 
 def _mapped(tree: Tree, perm: Permutation) -> Tree:
-    return Tree(perm[tree.root], tuple((perm[a], perm[b]) for a, b in tree.hops))
+    """The tree moved by a symmetry, which takes ranks to ranks."""
+    image = cast(dict[int, int], perm)
+    return Tree(image[tree.root], tuple((image[a], image[b]) for a, b in tree.hops))
 
 
 def pack_exact(
@@ -232,7 +235,7 @@ def pack_exact(
     return tuple(t for r in roots for t in made[r])
 
 
-def _keeps_cuts(graph: nx.DiGraph, a: Vertex, b: int, need: int) -> bool:
+def _keeps_cuts(graph: nx.DiGraph, a: Hashable, b: int, need: int) -> bool:
     """Take one unit off a->b if every set holding b but not a still has ``need`` units entering it."""
     graph[a][b]["capacity"] -= 1
     added = a != SOURCE and not graph.has_edge(SOURCE, a)

@@ -4,6 +4,7 @@ padded, part by part, and give the collective's result at the caller's size."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ def _plan(name: str, inplace: bool = False):
     return compile_schedule(synthesize(TOPOLOGY, name, "direct", root=ROOT), TOPOLOGY, instances=2, inplace=inplace)
 
 
-def _expected(name: str, inputs: list[np.ndarray], dtype: str) -> list[np.ndarray | None]:
+def _expected(name: str, inputs: list[np.ndarray], dtype: str) -> Sequence[np.ndarray | None]:
     """numpy's definition of each collective at the caller's size, written out per collective (None: a rank of a
     rooted collective that ends with nothing defined)."""
     total = round_to(np.sum(inputs, axis=0), dtype) if name in ("allreduce", "reducescatter", "reduce") else None

@@ -58,11 +58,10 @@ def _interrupt(argv: list[str], tmp_path: Path, after: float, group: bool) -> tu
     to the exit, stderr). Both times are in idle-machine seconds: divided by the slowdown measured just before
     the signal and just after the exit, whichever is larger."""
     proc = _weft(argv, tmp_path)
-    assert proc.stderr is not None  # a pipe (_weft)
+    stderr = proc.stderr
+    assert stderr is not None  # a pipe (_weft)
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(
-        target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr), daemon=True
-    )
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in stderr), daemon=True)
     reader.start()
     deadline = time.monotonic() + HANG_S
     while not lines and proc.poll() is None and time.monotonic() < deadline:

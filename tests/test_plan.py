@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.plan import CHUNK_GRANULE, PlanError, dumps_plan, load_plan, parse_plan
+from schedules.padding import CHUNK_GRANULE
+from schedules.plan import PlanError, dumps_plan, load_plan, parse_plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plans"
 SIMPLE = FIXTURES / "allpairs_allreduce_2.json"

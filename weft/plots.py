@@ -93,7 +93,7 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
     bench = read_bench(path)
     plt = _pyplot()
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4))
-    sizes = [r.size for r in bench.rows]
+    sizes = [int(r.size) for r in bench.rows]
     factor = _bus_factor(bench.collective, bench.nranks)
     for key, label, style in (
         ("nccl_us", "NCCL", "-"),
