@@ -86,28 +86,47 @@ class OpSpec:
     ) -> tuple[str, str]:
         """('', '') when an op of this kind with these entries ((remote, size) each) is well formed, else (the
         field under the op that is wrong, or '', and why)."""
-        name = self.name
         n_remote = sum(r for r, _ in srcs + dsts)
         if self.buffers and (not srcs or not dsts):
-            return "", f"op {name!r} needs src_buff and dst_buff"
+            return "", f"op {self.name!r} needs src_buff and dst_buff"
         if self.local_only and n_remote:
-            return "", f"op {name!r} reads and writes local buffers only"
+            return "", f"op {self.name!r} reads and writes local buffers only"
         if self.broadcast and len(srcs) == 1:
             srcs = srcs * len(dsts)
-        if self.pairwise:
-            if len(srcs) != len(dsts):
-                return "", f"op {name!r} pairs src_buff and dst_buff: {len(srcs)} vs {len(dsts)} entries"
-            for j, ((_, s), (_, d)) in enumerate(zip(srcs, dsts, strict=True)):
-                if s != d:
-                    return f"dst_buff[{j}].size", f"{d} differs from src_buff[{j}].size {s}"
-        if self.buffers and not self.local_only:
-            wrong_src = self.src != ANY and any(r != (self.src == REMOTE) for r, _ in srcs)
-            wrong_dst = self.dst != ANY and any(r != (self.dst == REMOTE) for r, _ in dsts)
-            if wrong_src or wrong_dst:
-                parts = ([f"reads {self.src} src_buff entries"] if self.src != ANY else []) + (
-                    [f"writes {self.dst} dst_buff entries"] if self.dst != ANY else []
-                )
-                return "", f"op {name!r} {' and '.join(parts)}{' only' if len(parts) == 1 else ''}"
+        where, why = self._pairing_error(srcs, dsts)
+        if not why:
+            where, why = self._sides_error(srcs, dsts)
+        if not why:
+            where, why = self._entries_error(srcs, dsts)
+        if not why:
+            where, why = self._ids_error(n_remote, nchannels, nsemaphores)
+        return where, why
+
+    def _pairing_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]]) -> tuple[str, str]:
+        if not self.pairwise:
+            return "", ""
+        if len(srcs) != len(dsts):
+            return "", f"op {self.name!r} pairs src_buff and dst_buff: {len(srcs)} vs {len(dsts)} entries"
+        for j, ((_, s), (_, d)) in enumerate(zip(srcs, dsts, strict=True)):
+            if s != d:
+                return f"dst_buff[{j}].size", f"{d} differs from src_buff[{j}].size {s}"
+        return "", ""
+
+    def _sides_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]]) -> tuple[str, str]:
+        """Entries on the wrong side (local where the op reads or writes a peer's buffer, or the reverse)."""
+        if not self.buffers or self.local_only:
+            return "", ""
+        wrong_src = self.src != ANY and any(r != (self.src == REMOTE) for r, _ in srcs)
+        wrong_dst = self.dst != ANY and any(r != (self.dst == REMOTE) for r, _ in dsts)
+        if not (wrong_src or wrong_dst):
+            return "", ""
+        parts = ([f"reads {self.src} src_buff entries"] if self.src != ANY else []) + (
+            [f"writes {self.dst} dst_buff entries"] if self.dst != ANY else []
+        )
+        return "", f"op {self.name!r} {' and '.join(parts)}{' only' if len(parts) == 1 else ''}"
+
+    def _entries_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]]) -> tuple[str, str]:
+        name = self.name
         if self.reduces and len({s for _, s in srcs + dsts}) != 1:
             return "", f"op {name!r} needs every src_buff and dst_buff entry of one size"
         if len(srcs) < self.min_src:
@@ -118,12 +137,18 @@ class OpSpec:
             return "", f"op {name!r} writes local dst_buff[0..{self.local_head - 1}]"
         if self.local_dst and all(r for r, _ in dsts):
             return "", f"op {name!r} writes at least one local dst_buff entry"
+        return "", ""
+
+    def _ids_error(self, n_remote: int, nchannels: int, nsemaphores: int) -> tuple[str, str]:
         if self.channels in (LISTED, PER_REMOTE):
             need = n_remote if self.channels == PER_REMOTE else max(nchannels, 1)
             if nchannels != need and not (self.channels == PER_REMOTE and nchannels == 0 and not self.signals):
-                return "channel_ids", (f"op {name!r} needs {need} channel id(s), one per remote entry, got {nchannels}")
+                return (
+                    "channel_ids",
+                    f"op {self.name!r} needs {need} channel id(s), one per remote entry, got {nchannels}",
+                )
         if self.semaphores and not nsemaphores:
-            return "semaphore_ids", f"op {name!r} needs at least one semaphore id"
+            return "semaphore_ids", f"op {self.name!r} needs at least one semaphore id"
         return "", ""
 
 
