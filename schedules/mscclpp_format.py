@@ -237,21 +237,30 @@ def _op(need: _Need, op: dict[str, Any], at: str, listed: dict[str, int], refs: 
         entries = op.get(field, [])
         need.within(entries, MAX_BUFFERS_PER_OPERATION, f"{at}.{field}", "entries")
         for j, b in enumerate(entries):
-            where = f"{at}.{field}[{j}]"
-            need.keys(b, BUFF_KEYS, where)
-            for key in ("index", "size"):
-                need.present(b, key, f"{where}.{key}")
-            if "buffer_id" in b:
-                if ctype not in ("memory", "port"):  # getRemoteBufferTypeWithId throws for any other type
-                    need.errors.append(f"{where}.buffer_id: needs the op's channel_type memory or port, got {ctype!r}")
-                elif not 0 <= b["buffer_id"] < refs.get(ctype, 0):
-                    need.errors.append(
-                        f"{where}.buffer_id: {b['buffer_id']} is past the block's "
-                        f"{refs.get(ctype, 0)} {ctype} remote_buffer_refs"
-                    )
-            elif b.get("type") not in BUFFER_TYPES and "switch_channel_id" not in b:
-                need.errors.append(f"{where}: needs a type ('i', 'o', 's') or a buffer_id")
+            _entry(need, b, f"{at}.{field}[{j}]", ctype, refs)
     need.errors += kernel_shape_errors(op, at)
+    _sync(need, op, at, nsem)
+
+
+def _entry(need: _Need, b: dict[str, Any], where: str, ctype: object, refs: dict[str, int]) -> None:
+    """One src_buff or dst_buff entry: its fields, and the remote buffer it names (if any)."""
+    need.keys(b, BUFF_KEYS, where)
+    for key in ("index", "size"):
+        need.present(b, key, f"{where}.{key}")
+    if "buffer_id" in b:
+        if ctype not in ("memory", "port"):  # getRemoteBufferTypeWithId throws for any other type
+            need.errors.append(f"{where}.buffer_id: needs the op's channel_type memory or port, got {ctype!r}")
+        elif not 0 <= b["buffer_id"] < refs.get(str(ctype), 0):
+            need.errors.append(
+                f"{where}.buffer_id: {b['buffer_id']} is past the block's "
+                f"{refs.get(str(ctype), 0)} {ctype} remote_buffer_refs"
+            )
+    elif b.get("type") not in BUFFER_TYPES and "switch_channel_id" not in b:
+        need.errors.append(f"{where}: needs a type ('i', 'o', 's') or a buffer_id")
+
+
+def _sync(need: _Need, op: dict[str, Any], at: str, nsem: int) -> None:
+    """An op's barrier, semaphores, thread-block group and pipeline fields."""
     if "barrier_id" in op and not 0 <= op["barrier_id"] < MAX_DEVICE_SYNCERS:
         need.errors.append(f"{at}.barrier_id: {op['barrier_id']} (MSCCL++ has {MAX_DEVICE_SYNCERS} device syncers)")
     sems = op.get("semaphore_ids", [])
@@ -262,7 +271,7 @@ def _op(need: _Need, op: dict[str, Any], at: str, listed: dict[str, int], refs: 
     if "tbg_info" in op:
         for key in ("tb_id", "tbg_size"):
             need.present(op["tbg_info"], key, f"{at}.tbg_info.{key}")
-    if name == "pipeline":
+    if op.get("name") == "pipeline":
         for key in ("iter_context", "ops"):
             need.present(op, key, f"{at}.{key}")
         for key in ("unit_size", "num_chunks"):
