@@ -254,6 +254,38 @@ def residual_refusal(plan: Plan) -> str:
     return ""
 
 
+def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool, norm: RowNorm | None) -> None:
+    """Raise ExecutorError where ``build_tables`` cannot lower this rank's part at this size and with these options."""
+    if norm is not None and not residual:
+        raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
+    if not plan.accepts(nbytes):
+        raise ExecutorError(
+            f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
+            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)"
+        )
+    gpu = plan.gpus[rank]
+    if lines and not lines_possible(plan, nbytes):
+        raise ExecutorError(
+            f"plan {plan.name}: {nbytes} B cannot move as LL128 lines (LL plans with chunks of "
+            "whole 8-byte words and whole warps only)"
+        )
+    if gpu.port_peers:
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
+            f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
+            "port-channel plans run through executor.port_engine"
+        )
+    if len(gpu.memory_peers) > MAX_CHANNELS:
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels (the executor holds {MAX_CHANNELS})"
+        )
+    if 3 + len(gpu.remote_buffers) + int(residual) + 2 * int(norm is not None) > MAX_SLOTS:
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
+            f"(the executor holds {MAX_SLOTS - 3 - int(residual)})"
+        )
+
+
 def build_tables(
     plan: Plan,
     rank: int,
@@ -270,40 +302,13 @@ def build_tables(
     (``residual_refusal``). ``norm``: with a residual, each of those reductions is followed by the RMSNorm
     epilogue over its rows of ``dtype`` (``executor.norm``), the weight and the normalized rows in the two slots
     after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op
-    count (so the kernel still loads a block's
-    first ops beside its range)."""
-    if norm is not None and not residual:
-        raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
-    if not plan.accepts(nbytes):
-        raise ExecutorError(
-            f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
-            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)"
-        )
+    count (so the kernel still loads a block's first ops beside its range)."""
+    _check_fits(plan, rank, nbytes, lines, residual, norm)
     gpu = plan.gpus[rank]
     cb = plan.chunk_bytes(nbytes)
     packets = plan.protocol == "LL"
-    if lines and not lines_possible(plan, nbytes):
-        raise ExecutorError(
-            f"plan {plan.name}: {nbytes} B cannot move as LL128 lines (LL plans with chunks of "
-            "whole 8-byte words and whole warps only)"
-        )
     per_chunk = (cb + LINE_DATA - 1) // LINE_DATA * LINE_BYTES
     layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
-    if gpu.port_peers:
-        raise ExecutorError(
-            f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
-            f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
-            "port-channel plans run through executor.port_engine"
-        )
-    if len(gpu.memory_peers) > MAX_CHANNELS:
-        raise ExecutorError(
-            f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels (the executor holds {MAX_CHANNELS})"
-        )
-    if 3 + len(gpu.remote_buffers) + int(residual) + 2 * int(norm is not None) > MAX_SLOTS:
-        raise ExecutorError(
-            f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
-            f"(the executor holds {MAX_SLOTS - 3 - int(residual)})"
-        )
     records: list[Record] = []
     starts = [0]
     residual_at = reference.residual_sums(plan) if residual else {}
