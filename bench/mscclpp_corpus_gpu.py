@@ -6,9 +6,9 @@ Every rank loads every plan, runs it at each size (bf16, random normal input) an
 (``executor.gpu_bench.matches``; ``sendrecv``, which NCCL has no collective for, against NCCL's all-gather's slice
 of the previous rank). A plan with port channels runs on the port engine (``executor.port_engine``, NCCL
 point-to-point; launch the ranks as several hosts with ``WEFT_HOST``), any other on the CUDA IPC interpreter. A plan
-the executor refuses is recorded with its one-line reason on every rank
-(tables are built from the plan alone, so every rank refuses alike). Rank 0 writes OUT.json:
-``{machine, versions, rows: [{plan, collective, size, ok, us, error}]}``.
+the executor refuses is recorded with its one-line reason on every rank (tables are built from the plan alone, so
+every rank refuses alike). Rank 0 writes OUT.json: ``{machine, versions, rows: [{plan, collective, size, ok, us,
+error}]}``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """SMT on 16-GPU fabrics (dgx2, hgx_h100:nodes=2): the Pareto walk within a 300 s deadline, and what it found.
 
-    python bench/smt_scale.py [--time-limit 300] [--topologies 'dgx2;hgx_h100:nodes=2'] [-o
-    bench/results/smt_scale.json]
+    python bench/smt_scale.py [--time-limit 300] [--topologies 'dgx2;hgx_h100:nodes=2'] [-o OUT.json]
     python bench/smt_scale.py --markdown bench/results/smt_scale.json   # the README table
 
 ``wall_s`` also holds what comes before the first instance: the LP bound and the automorphism search
 (dgx2's NVSwitch makes the latter most of its minute). The limit is the walk's deadline (``SmtOptions.time_limit``),
-shared by its instances. Each instance decided
-(sat, unsat, unknown) is recorded with its time from the progress lines, every point found is verified and
-priced at 1 GB, and the LP bound on rounds per chunk says how far the walk got from the optimum.
+shared by its instances. Each instance decided (sat, unsat, unknown) is recorded with its time from the progress
+lines, every point found is verified and priced at 1 GB, and the LP bound on rounds per chunk says how far the walk
+got from the optimum. ``-o`` defaults to bench/results/smt_scale.json.
 """
 
 from __future__ import annotations

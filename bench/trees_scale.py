@@ -10,8 +10,7 @@ pct_of_bound} at 1 GB plus the stage times, the waves (chunks per tree) the cost
 from 1 MB to 4 GB with the % of the bound there, and the machine. solve_s is bound + packing + schedule +
 pricing. The pipelined schedule is verified expanded where it has at most MAX_EXPANDED sends, else one wave
 is (at 1024 GPUs one wave is a million sends; 28 waves would be 29 million). ``--pipeline`` shows the α = 0 limit
-instead: the
-cost model's prediction at 1 PB (where latency terms vanish) as chunks per tree grow from 1 to 64.
+instead: the cost model's prediction at 1 PB (where latency terms vanish) as chunks per tree grow from 1 to 64.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ The schedule's step semantics carry over: every send of a step reads the sender'
 start of the step, and what arrives lands at the end. A copy lands straight in the receiver's home slot
 (its output slot, or a scratch accumulator) unless the receiver still reads that chunk in the same step,
 the slot still holds another chunk's input (in place), or the protocol uses packets; everything else lands in a fresh
-scratch slot. Reductions of one chunk that
-arrive in one step are combined by a single REDUCE action: home = current + every arrival.
+scratch slot. Reductions of one chunk that arrive in one step are combined by a single REDUCE action: home = current
++ every arrival.
 """
 
 from __future__ import annotations

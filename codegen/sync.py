@@ -1,15 +1,14 @@
 """Synchronization: ops for every action, with signal/wait for cross-rank and semaphores for cross-block order.
 
-Cross-rank: a Simple send is a ``put`` then a ``signal`` on the channel to the receiver; the matching
-arrival waits on the receiver's end of that channel pair until that very signal came: the n-th wait pairs
-with the n-th signal, so an arrival whose send was the n-th on its channel waits up to n (lowering emits
-arrivals in send order, so that is one wait each; counting keeps the pairing right whatever the order). Packet sends
-need neither (a packet carries
-its own flag). Within a rank, an action that reads a slot another thread block wrote (or writes a slot
-another thread block wrote or still reads) waits for it: the producer block ``sem_release``s a semaphore
-kept for that (producer, consumer) pair after the action, and the consumer ``sem_acquire``s it up to that
-release before its own action. Every edge runs forward in ``(step, phase, seq)`` order, which every thread
-block follows, so the result cannot deadlock.
+Cross-rank: a Simple send is a ``put`` then a ``signal`` on the channel to the receiver; the matching arrival waits
+on the receiver's end of that channel pair until that very signal came: the n-th wait pairs with the n-th signal, so
+an arrival whose send was the n-th on its channel waits up to n (lowering emits arrivals in send order, so that is
+one wait each; counting keeps the pairing right whatever the order). Packet sends need neither (a packet carries its
+own flag). Within a rank, an action that reads a slot another thread block wrote (or writes a slot another thread
+block wrote or still reads) waits for it: the producer block ``sem_release``s a semaphore kept for that (producer,
+consumer) pair after the action, and the consumer ``sem_acquire``s it up to that release before its own action.
+Every edge runs forward in ``(step, phase, seq)`` order, which every thread block follows, so the result cannot
+deadlock.
 
 Across launches: where a peer's write could overtake this rank's previous launch (``codegen.launches``), an
 entry handshake orders it: the receiving rank signals on that channel as its first op, and the writer waits

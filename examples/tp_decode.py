@@ -12,8 +12,7 @@ the add and the norm inside the launch), and, where FlashInfer is installed (the
 add and the norm inside its launch, as vLLM's fusion pass runs it; its plain all-reduce where the step has no norm).
 The backends take turns replay by replay. The script reports decode-step latency, tokens/s, the share of the
 step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so
-their all-reduces read and write the
-captured tensors (no staging copies).
+their all-reduces read and write the captured tensors (no staging copies).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
         --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json

@@ -3,8 +3,7 @@
 Each thread block sums, over launches, the SM clock cycles of its phases (interpreter.cu's Tracer): the slot
 table, op range and epoch, the op window load with the wait for the previous grid, the barrier after it, each op
 (ops past the last slot add to it), then the whole block in cycles and in global-timer nanoseconds. The two
-whole-block sums
-give the clock rate that turns cycles into microseconds.
+whole-block sums give the clock rate that turns cycles into microseconds.
 """
 
 from __future__ import annotations

@@ -7,9 +7,11 @@ machine as two hosts, with the engine's network path forced): then they are trea
 different machines are.
 
 >>> hosts = ("a", "b")
->>> print(transport_refusal(2, 0, hosts, (1,), backend=None, device_type="cuda"))
-port channel 0 of rank 0 to rank 1 (host b): transport torch.distributed is unavailable: no process group is
-initialized (launch with torchrun and call init_process_group)
+>>> channel, transport = transport_refusal(2, 0, hosts, (1,), backend=None, device_type="cuda").split(": transport ")
+>>> print(channel)
+port channel 0 of rank 0 to rank 1 (host b)
+>>> print(transport)
+torch.distributed is unavailable: no process group is initialized (launch with torchrun and call init_process_group)
 """
 
 from __future__ import annotations

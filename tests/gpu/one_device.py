@@ -8,9 +8,9 @@ exact in fp32, fp16 and bf16 and each rank's output must equal numpy's definitio
     python tests/gpu/one_device.py RESULTS.json [--nproc 2] [--device 0] [--sizes 1KB,64KB,1MB] [PLAN.json ...]
 
 Without plan files it runs the 2-rank (or ``plans4``) test plans, then CUDA graphs of zero-copy executions
-(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit code
-0 when every case matched, 1 when one
-did not, 2 on bad arguments. A rank runs its cases in the same order as every other rank (contexts are collective).
+(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit
+code 0 when every case matched, 1 when one did not, 2 on bad arguments. A rank runs its cases in the same order as
+every other rank (contexts are collective).
 """
 
 from __future__ import annotations
