@@ -43,11 +43,13 @@ every overlap between them. The plan must have been proven (``executor.reference
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 from executor.errors import ExecutorError
-from schedules.plan import BufferRef, Op, Plan, channel_pairs, remote_target
+from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock, channel_pairs, remote_target
 
 
 @dataclass(frozen=True)
@@ -212,71 +214,17 @@ def global_order(plan: Plan) -> list[tuple[int, int, int]]:
 
 def global_rounds(plan: Plan) -> list[list[tuple[int, int, int]]]:
     """``global_order`` in rounds: each round runs at most one op of every thread block that can go on."""
-    pairs = {t: channel_pairs(plan, t) for t in ("memory", "port")}
     pc = {(r, tb.id): 0 for r, g in enumerate(plan.gpus) for tb in g.threadblocks}
-    inbound: Counter = Counter()
-    consumed: Counter = Counter()
-    sems = {(r, s): v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
-    arrived: dict[tuple, set] = defaultdict(set)
-    generation: Counter = Counter()
-    packets: set[tuple[int, str, int]] = set()  # (rank, buffer, chunk) written as packets so far
-    order = []
-
-    def packet_chunks(r: int, t: int, op: Op, reading: bool) -> list[tuple[int, str, int]]:
-        """The chunks op reads as packets (all local), or writes as packets (local or on a peer)."""
-        gpu, tb = plan.gpus[r], plan.gpus[r].threadblocks[t]
-        entries = (
-            [ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)]
-            if reading
-            else [ref for k, ref in enumerate(op.dst_buff) if op.spec.writes_packet(ref.remote, k)]
-        )
-        out = []
-        for ref in entries:
-            owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (r, ref.type)
-            out += [(owner,) + placed(plan, owner, type, ref.index + j) for j in range(ref.size)]
-        return out
-
-    def ready(r: int, t: int, op: Op) -> bool:
-        if op.spec.packet_src and not all(c in packets for c in packet_chunks(r, t, op, True)):
-            return False
-        if op.spec.device == "wait":
-            need = Counter((op.channel_type, r, c) for c in op.channel_ids)
-            return all(inbound[e] >= consumed[e] + n for e, n in need.items())
-        if op.spec.device == "sem_acquire":
-            need = Counter(op.semaphore_ids)
-            return all(sems[(r, s)] >= n for s, n in need.items())
-        if op.spec.device == "barrier":
-            key = (r, op.barrier_id, generation[(r, t, op.barrier_id)])
-            arrived[key].add(t)
-            return len(arrived[key]) >= op.num_threadblocks
-        return True
-
-    def run(r: int, t: int, op: Op) -> None:
-        if op.spec.packet_dst:
-            packets.update(packet_chunks(r, t, op, False))
-        if op.spec.device == "wait":
-            for c in op.channel_ids:
-                consumed[(op.channel_type, r, c)] += 1
-        elif op.spec.device == "sem_acquire":
-            for s in op.semaphore_ids:
-                sems[(r, s)] -= 1
-        elif op.spec.device == "sem_release":
-            for s in op.semaphore_ids:
-                sems[(r, s)] += 1
-        elif op.spec.device == "barrier":
-            generation[(r, t, op.barrier_id)] += 1
-        if op.spec.device == "signal" or op.spec.signals:
-            for c in op.channel_ids:
-                inbound[(op.channel_type,) + pairs[op.channel_type][(r, c)]] += 1
-
+    state = _SyncState(plan)
+    order: list[list[tuple[int, int, int]]] = []
     live = sorted(pc)
     while live:  # rounds of one op per thread block, so that the hops that can go together are neighbours
         progressed = False
         order.append([])
         for r, t in live:
             ops = plan.gpus[r].threadblocks[t].ops
-            if pc[(r, t)] < len(ops) and ready(r, t, ops[pc[(r, t)]]):
-                run(r, t, ops[pc[(r, t)]])
+            if pc[(r, t)] < len(ops) and state.ready(r, t, ops[pc[(r, t)]]):
+                state.run(r, t, ops[pc[(r, t)]])
                 order[-1].append((r, t, pc[(r, t)]))
                 pc[(r, t)] += 1
                 progressed = True
@@ -285,6 +233,84 @@ def global_rounds(plan: Plan) -> list[list[tuple[int, int, int]]]:
             stuck = ", ".join(f"rank {r} threadblock {t} op {pc[(r, t)]}" for r, t in live[:3])
             raise ExecutorError(f"plan {plan.name}: no run of the plan gets past {stuck} (prove it with weft verify)")
     return order
+
+
+def _target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef, rank: int) -> tuple[int, str]:
+    """The rank and buffer type an entry names: a peer's (reached through the op's channel) or this rank's own."""
+    if ref.remote:
+        return remote_target(gpu, tb, op, ref)
+    assert ref.type is not None  # parse_plan gave every local entry its type
+    return rank, ref.type
+
+
+def _transfer(program: Program, step: int, k: int) -> Transfer:
+    exchange = program.steps[step]
+    assert isinstance(exchange, Exchange)  # only an exchange posts transfers
+    return exchange.transfers[k]
+
+
+class _SyncState:
+    """What ``global_rounds`` tracks while ops run: signals sent and waited, semaphores, barrier arrivals, and the
+    chunks written as packets so far."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.pairs = {t: channel_pairs(plan, t) for t in ("memory", "port")}
+        self.inbound: Counter[tuple[object, ...]] = Counter()
+        self.consumed: Counter[tuple[object, ...]] = Counter()
+        self.sems = {(r, s): v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
+        self.arrived: dict[tuple[object, ...], set[int]] = defaultdict(set)
+        self.generation: Counter[tuple[object, ...]] = Counter()
+        self.packets: set[tuple[int, str, int]] = set()  # (rank, buffer, chunk) written as packets so far
+
+    def packet_chunks(self, r: int, t: int, op: Op, reading: bool) -> list[tuple[int, str, int]]:
+        """The chunks op reads as packets (all local), or writes as packets (local or on a peer)."""
+        plan = self.plan
+        gpu, tb = plan.gpus[r], plan.gpus[r].threadblocks[t]
+        entries = (
+            [ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)]
+            if reading
+            else [ref for k, ref in enumerate(op.dst_buff) if op.spec.writes_packet(ref.remote, k)]
+        )
+        out = []
+        for ref in entries:
+            owner, type = _target(gpu, tb, op, ref, r)
+            out += [(owner,) + placed(plan, owner, type, ref.index + j) for j in range(ref.size)]
+        return out
+
+    def ready(self, r: int, t: int, op: Op) -> bool:
+        if op.spec.packet_src and not all(c in self.packets for c in self.packet_chunks(r, t, op, True)):
+            return False
+        if op.spec.device == "wait":
+            need = Counter((op.channel_type, r, c) for c in op.channel_ids)
+            return all(self.inbound[e] >= self.consumed[e] + n for e, n in need.items())
+        if op.spec.device == "sem_acquire":
+            held = Counter(op.semaphore_ids)
+            return all(self.sems[(r, s)] >= n for s, n in held.items())
+        if op.spec.device == "barrier":
+            key = (r, op.barrier_id, self.generation[(r, t, op.barrier_id)])
+            self.arrived[key].add(t)
+            assert op.num_threadblocks is not None  # parse_plan required it of a barrier
+            return len(self.arrived[key]) >= op.num_threadblocks
+        return True
+
+    def run(self, r: int, t: int, op: Op) -> None:
+        if op.spec.packet_dst:
+            self.packets.update(self.packet_chunks(r, t, op, False))
+        if op.spec.device == "wait":
+            for c in op.channel_ids:
+                self.consumed[(op.channel_type, r, c)] += 1
+        elif op.spec.device == "sem_acquire":
+            for s in op.semaphore_ids:
+                self.sems[(r, s)] -= 1
+        elif op.spec.device == "sem_release":
+            for s in op.semaphore_ids:
+                self.sems[(r, s)] += 1
+        elif op.spec.device == "barrier":
+            self.generation[(r, t, op.barrier_id)] += 1
+        if op.spec.device == "signal" or op.spec.signals:
+            for c in op.channel_ids:
+                self.inbound[(op.channel_type,) + self.pairs[str(op.channel_type)][(r, c)]] += 1
 
 
 def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, list]) -> int:
@@ -308,7 +334,7 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
     staged = 0
 
     def where(ref: BufferRef) -> tuple[int, Slot]:
-        owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (rank, ref.type)
+        owner, type = _target(gpu, tb, op, ref, rank)
         buffer, at = placed(plan, owner, type, ref.index)
         return owner, Slot(buffer, at, ref.size)
 
@@ -380,24 +406,10 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
     peer's: every rank's output (float32 arrays, values of ``dtype``). Raises ExecutorError on a deadlock.
 
     The CPU stand-in for the engine: a transfer's data moves when both sides are posted, as in NCCL's groups."""
-    import numpy as np
 
     from executor.reference import round_to
 
-    bufs = []
-    for r, g in enumerate(plan.gpus):
-        sizes = {"s": g.scratch_chunks, "t": programs[r].staging_chunks}
-        sizes.update(
-            {INPLACE: max(g.input_chunks, g.output_chunks)}
-            if plan.inplace
-            else {"i": g.input_chunks, "o": g.output_chunks}
-        )
-        b = {k: np.full((n, elems), np.nan, np.float32) for k, n in sizes.items()}
-        buffer, at = placed(plan, r, "i", 0)
-        b[buffer][at : at + g.input_chunks] = round_to(np.asarray(inputs[r], np.float32), dtype).reshape(
-            g.input_chunks, elems
-        )
-        bufs.append(b)
+    bufs = [_buffers(plan, programs[r], r, inputs[r], elems, dtype) for r in range(plan.nranks)]
 
     def view(r: int, s: Slot):
         return bufs[r][s.buffer][s.index : s.index + s.size]
@@ -429,21 +441,7 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
                     break
                 pc[r] += 1
                 progressed = True
-        for (a, b, is_send), queue in list(posted.items()):
-            if not is_send:
-                continue
-            recvs = posted[(a, b, False)]
-            while queue and recvs:
-                (sr, ss, sk), (rr, rs, rk) = queue.pop(0), recvs.pop(0)
-                src, dst = programs[sr].steps[ss].transfers[sk], programs[rr].steps[rs].transfers[rk]
-                if src.slot.size != dst.slot.size:
-                    raise ExecutorError(
-                        f"plan {plan.name}: rank {a} sends {src.slot.size} chunks to rank {b}, which "
-                        f"receives {dst.slot.size}"
-                    )
-                view(rr, dst.slot)[:] = view(sr, src.slot)
-                done.update({(sr, ss, sk), (rr, rs, rk)})
-                progressed = True
+        progressed = _match(plan, programs, posted, view, done) or progressed
         if not progressed:
             stuck = [f"rank {r} at {p.steps[pc[r]]}" for r, p in enumerate(programs) if pc[r] < len(p.steps)]
             raise ExecutorError(f"plan {plan.name}: port programs deadlock: {'; '.join(stuck[:3])}")
@@ -452,6 +450,51 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
         buffer, at = placed(plan, r, "o", 0)
         outputs.append(b[buffer][at : at + plan.gpus[r].output_chunks].reshape(-1).copy())
     return outputs
+
+
+def _buffers(plan: Plan, program: Program, r: int, inputs: Any, elems: int, dtype: str) -> dict[str, Any]:
+    """Rank r's buffers (chunks x elems, NaN where nothing was written), its input in place."""
+    import numpy as np
+
+    from executor.reference import round_to
+
+    g = plan.gpus[r]
+    sizes = {"s": g.scratch_chunks, "t": program.staging_chunks}
+    sizes.update(
+        {INPLACE: max(g.input_chunks, g.output_chunks)} if plan.inplace else {"i": g.input_chunks, "o": g.output_chunks}
+    )
+    b = {k: np.full((n, elems), np.nan, np.float32) for k, n in sizes.items()}
+    buffer, at = placed(plan, r, "i", 0)
+    b[buffer][at : at + g.input_chunks] = round_to(np.asarray(inputs, np.float32), dtype).reshape(g.input_chunks, elems)
+    return b
+
+
+def _match(
+    plan: Plan,
+    programs: tuple[Program, ...],
+    posted: dict[tuple[int, int, bool], list[tuple[int, int, int]]],
+    view: Callable[[int, Slot], Any],
+    done: set[tuple[int, int, int]],
+) -> bool:
+    """Move the data of every posted send that meets its receive, in posting order per (sender, receiver); whether
+    any did. Both sides' transfers are then ``done``."""
+    moved = False
+    for (a, b, is_send), queue in list(posted.items()):
+        if not is_send:
+            continue
+        recvs = posted[(a, b, False)]
+        while queue and recvs:
+            (sr, ss, sk), (rr, rs, rk) = queue.pop(0), recvs.pop(0)
+            src, dst = _transfer(programs[sr], ss, sk), _transfer(programs[rr], rs, rk)
+            if src.slot.size != dst.slot.size:
+                raise ExecutorError(
+                    f"plan {plan.name}: rank {a} sends {src.slot.size} chunks to rank {b}, which "
+                    f"receives {dst.slot.size}"
+                )
+            view(rr, dst.slot)[:] = view(sr, src.slot)
+            done.update({(sr, ss, sk), (rr, rs, rk)})
+            moved = True
+    return moved
 
 
 def lane_bounds(elems: int, lanes: int, unit: int = 1) -> tuple[tuple[int, int], ...]:
