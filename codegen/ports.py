@@ -184,7 +184,10 @@ def _split_res(op: Op, ids: _Ids, where: str) -> list[Op]:
 
 def _absolute(gpu: Gpu, tb: Threadblock, op: Op) -> Op:
     def fix(b: BufferRef) -> BufferRef:
-        return replace(b, buffer_id=tb.remote_buffer_id(MEMORY, b.buffer_id)) if b.remote else b
+        if not b.remote:
+            return b
+        assert b.buffer_id is not None  # parse_plan gave every remote entry its buffer_id
+        return replace(b, buffer_id=tb.remote_buffer_id(MEMORY, b.buffer_id))
 
     return replace(op, src_buff=tuple(map(fix, op.src_buff)), dst_buff=tuple(map(fix, op.dst_buff)))
 
@@ -198,14 +201,20 @@ def _buffer_refs(ops: list[Op]) -> dict[str, list[int]]:
     refs: dict[str, list[int]] = {MEMORY: [], PORT: []}
     for op in ops:
         for b in op.src_buff + op.dst_buff:
-            if b.remote and b.buffer_id not in refs[op.channel_type]:
+            if not b.remote:
+                continue
+            assert b.buffer_id is not None and op.channel_type is not None  # parse_plan: a remote entry names both
+            if b.buffer_id not in refs[op.channel_type]:
                 refs[op.channel_type].append(b.buffer_id)
     return refs
 
 
 def _renumber_buffers(op: Op, refs: dict[str, list[int]]) -> Op:
     def fix(b: BufferRef) -> BufferRef:
-        return replace(b, buffer_id=refs[op.channel_type].index(b.buffer_id)) if b.remote else b
+        if not b.remote:
+            return b
+        assert b.buffer_id is not None and op.channel_type is not None  # parse_plan: a remote entry names both
+        return replace(b, buffer_id=refs[op.channel_type].index(b.buffer_id))
 
     return replace(op, src_buff=tuple(map(fix, op.src_buff)), dst_buff=tuple(map(fix, op.dst_buff)))
 

@@ -7,6 +7,7 @@ import pickle
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from executor import gpu_bootstrap, gpu_build
@@ -201,7 +202,7 @@ def test_bench_agrees_on_refusals_and_slowest_medians_through_plain_data():
     assert comm.calls == ["bench-medians"]
 
 
-class _Array(__import__("numpy").ndarray):
+class _Array(np.ndarray):
     """A numpy array with the few tensor methods all_gather_plain calls."""
 
     def to(self, device):

@@ -13,6 +13,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,7 +97,7 @@ def opened(shared) -> int:
 def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: bool = False) -> PlanExecutor:
     """A PlanExecutor with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan
     (made with a residual, at 0xE000, where ``residual``)."""
-    comm = object.__new__(PlanExecutor)
+    comm: Any = object.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
     comm.rank, comm.world_size, comm.device, comm.timeout_s = rank, world, 0, 5.0
     comm._cupy = FakeCupy()
     comm._error = np.zeros(8, np.int32)
@@ -122,7 +123,7 @@ def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: 
         arrays=[],
         scratch=None,
         state=None,
-        semaphore_init=None,
+        semaphore_init=np.zeros(0, np.uint32),  # never reset here: no launch runs
         args=args,
         vector_bytes=16,
         output=None,
@@ -147,6 +148,7 @@ def lone_gather(world: int):
 
 def record_of(comm: PlanExecutor, index: int) -> tuple[np.ndarray, object]:
     ctx = next(iter(comm._templates.values()))
+    assert ctx.records is not None  # made by capture()
     layout = ctx.records.layout
     at = index % GRAPH_RECORDS * layout.stride
     return ctx.records.chunks[index // GRAPH_RECORDS].host[at : at + layout.stride], ctx

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,7 +60,11 @@ class FailingStore(DirStore):
     def set(self, key, value):
         raise ConnectionResetError("Connection reset by peer")
 
-    get = check = set
+    def get(self, key):
+        raise ConnectionResetError("Connection reset by peer")
+
+    def check(self, keys):
+        raise ConnectionResetError("Connection reset by peer")
 
 
 def child_main(root: str, behaviour: str) -> None:
@@ -292,7 +297,7 @@ def test_a_kernel_wait_with_every_peer_alive_leaves_the_timeout_to_recovery(stor
 
 def bare_communicator(store: DirStore) -> PlanExecutor:
     """Rank 0 of 2 without a GPU: only what the exchanges and the device-error path read."""
-    comm = PlanExecutor.__new__(PlanExecutor)
+    comm: Any = PlanExecutor.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
     comm.rank, comm.world_size, comm.timeout_s, comm.store = 0, 2, 3.0, store
     comm._prefix, comm._keys = PREFIX, 0
     comm._contexts = {"ctx": SimpleNamespace(tables=SimpleNamespace(channel_peers=[1]))}
