@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 HIDDEN, EPS = 8192, 1e-5
 P = "direct-allreduce-hgx_h200:gpus=2-"
@@ -91,7 +92,7 @@ def main() -> None:
             batch, HIDDEN, generator=torch.Generator(device=device).manual_seed(5), device=device, dtype=torch.bfloat16
         )
         y = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
-        results = {}
+        results: dict[str, dict[str, Any]] = {}
 
         def fused_step(keep, a=a, w=w, h=h):
             def run():
@@ -121,7 +122,7 @@ def main() -> None:
             "matmul": graph_of(matmul, contextlib.nullcontext),
             "nccl": graph_of(nccl_step, contextlib.nullcontext),
         }
-        kept = {}
+        kept: dict[str, Any] = {}
         auto = comm.norm_plan_for(nbytes, torch.bfloat16, rows)
         for name in ("auto",) + CANDIDATES.get(batch, ()):
             plan = auto if name == "auto" else plans.get(P + name)
@@ -138,7 +139,7 @@ def main() -> None:
                 results[name] = {"error": f"{type(e).__name__}: {e}"}
                 graphs.pop(name, None)
         comm.pin_norm_plan(nbytes, torch.bfloat16, rows, None)
-        times = {k: [] for k in graphs}
+        times: dict[str, list[float]] = {k: [] for k in graphs}
         for _ in range(args.iters):
             for k, g in graphs.items():
                 times[k].append(tp_decode.time_replay(g))

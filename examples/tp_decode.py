@@ -254,7 +254,7 @@ def build(impl: Backend, shape: Shape, batch: int, weights, norms, device) -> Gr
 def time_alternating(built: dict[str, Graphs], iters: int) -> dict[str, dict[str, list[float]]]:
     """Each graph's replay times, the backends taking turns replay by replay, so that a drift of the machine
     (clocks, temperature, a neighbour) falls on every backend alike."""
-    times = {name: {kind: [] for kind in KINDS} for name in built}
+    times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in KINDS} for name in built}
     for _ in range(iters):
         for kind in KINDS:
             for name, g in built.items():
@@ -316,17 +316,15 @@ def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters:
         h = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
         cache = make_cache(shape, batch, device)
         norms = make_norms(shape, device)
-        if where == "step":
 
-            def run(x=x, norms=norms, cache=cache, comm=comm):
-                decode_step(x, weights, norms, cache, shape, Backend(fused(comm), comm.all_reduce).project)
-        else:
+        def step(x=x, norms=norms, cache=cache, comm=comm):
+            decode_step(x, weights, norms, cache, shape, Backend(fused(comm), comm.all_reduce).project)
 
-            def run(x=x, h=h, comm=comm):
-                for _ in range(2 * shape.layers):
-                    comm.all_reduce(x, residual=h)
+        def alone(x=x, h=h, comm=comm):
+            for _ in range(2 * shape.layers):
+                comm.all_reduce(x, residual=h)
 
-        graph = graph_of(run, side, comm.capture)
+        graph = graph_of(step if where == "step" else alone, side, comm.capture)
         time_replay(graph)
         comm.reset_kernel_times()  # the eager warm-ups (ranks drift apart between them) left out
         for _ in range(iters):

@@ -198,8 +198,9 @@ class PortEngine:
             for lane, bounds in enumerate(ctx.lanes):
                 with self._torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
                     self._step(buffers, ctx, step, bounds, self._groups[lane], record)
-        for s in streams:
-            main.wait_stream(s)
+        if main is not None:
+            for s in streams:
+                main.wait_stream(s)
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait, at most ``timeout_s``, for the last execution; PeerLost names a peer that did not answer."""
