@@ -25,7 +25,9 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -101,23 +103,24 @@ def main() -> None:
             s = nccl_result("allreduce", y, world)
             return F.rms_norm(h + s, (HIDDEN,), weight, EPS), h + s
 
-        calls = {
+        calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
             "nccl": (nccl, nccl_checked, None),
             "weft": ((lambda y=y, h=h: comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)),) * 2
             + ((lambda nbytes=nbytes: comm.capture(sizes=[nbytes], residual=True, rms_norm=RowNorm(HIDDEN, EPS))),),
         }
         refused = {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
+            assert fi is not None
             why = fi.refusal(tokens, HIDDEN, variant)
             if why:
                 refused[f"flashinfer:{variant}"] = why
                 continue
             normed, new_residual = torch.empty_like(y), torch.empty_like(y)
 
-            def run(v=variant, n=normed, r=new_residual, y=y, h=h):
+            def fused(fi=fi, v=variant, n=normed, r=new_residual, y=y, h=h):
                 return fi.fused_norm(y, h, weight, EPS, v, n, r)
 
-            calls[f"flashinfer:{variant}"] = (run, run, None)
+            calls[f"flashinfer:{variant}"] = (fused, fused, None)
         timers = {}
         for name, (run, _, capture) in calls.items():
             try:
@@ -129,7 +132,7 @@ def main() -> None:
                 continue
             timers[name] = timer
         torch.cuda.synchronize()
-        raw = {k: [] for k in timers}
+        raw: dict[str, list[float]] = {k: [] for k in timers}
         for i in range(args.warmup + args.samples):
             for name, sample in timers.items():
                 value = sample()
@@ -148,7 +151,7 @@ def main() -> None:
         wrong = {name: sum(w[name] for w in every) for name in mine}
         flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
         rivals = {k: v for k, v in med.items() if k != "weft"}
-        best_peer = min(rivals, key=rivals.get)
+        best_peer = min(rivals, key=rivals.__getitem__)
         plan = comm.norm_plan_for(nbytes, torch.bfloat16, RowNorm(HIDDEN, EPS))
         rows.append(
             {
@@ -159,7 +162,7 @@ def main() -> None:
                 "symm_us": None,
                 "weft_us": med.get("weft"),
                 "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
-                "flashinfer_variant": min(flashinfer, key=flashinfer.get).split(":")[1] if flashinfer else None,
+                "flashinfer_variant": min(flashinfer, key=flashinfer.__getitem__).split(":")[1] if flashinfer else None,
                 "best_peer": best_peer,
                 "best_peer_us": rivals[best_peer],
                 "speedup": med["nccl"] / med["weft"] if "weft" in med and "nccl" in med else None,

@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -140,7 +141,7 @@ def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, 
     side = torch.cuda.Stream()
     for name, impl in backends.items():
         layer = layers[name] = Layer(shape, weights, device)
-        out = {}
+        out: dict[str, Any] = {}
 
         def forward(layer=layer, out=out, impl=impl):
             out["y"] = layer.forward(x, impl.exchange)
@@ -153,7 +154,7 @@ def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, 
             "alltoall": graph_of(lambda layer=layer, impl=impl: layer.exchanges(impl.exchange), side, capture),
         }
         results[name] = out
-    times = {name: {kind: [] for kind in g} for name, g in graphs.items()}
+    times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in g} for name, g in graphs.items()}
     for _ in range(iters):
         for kind in ("layer", "alltoall"):
             for name, g in graphs.items():
@@ -161,7 +162,7 @@ def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, 
     for g in graphs.values():
         g["layer"].replay()
     torch.cuda.synchronize()
-    row = {
+    row: dict[str, Any] = {
         "tokens": shape.tokens,
         "ep": shape.ranks,
         "experts": shape.experts,
