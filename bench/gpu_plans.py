@@ -12,7 +12,9 @@ reference-executor check), for one topology.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from codegen import compile_schedule
 from executor.reference import check_plan
@@ -150,7 +152,7 @@ def multipeer_sets(out: Path, topology, which: str) -> None:
     for method, protocol, instances, threads, depth, ll_mb in AB:
         schedule = getattr(baselines, method)(topology, Collective("allreduce", topology.nranks))
         for multipeer in (False, True):
-            extra = {"ll_max_bytes": ll_mb << 20} if protocol == "ll" else {"pipeline": depth}
+            extra: dict[str, Any] = {"ll_max_bytes": ll_mb << 20} if protocol == "ll" else {"pipeline": depth}
             plan = pipeline.compile_and_verify(
                 schedule,
                 topology,
@@ -196,12 +198,19 @@ def main() -> None:
             pipeline.save_plan(plan, out / f"{plan.name.replace(':', '_').replace('=', '')}.json")
             print(plan.name)
         return
-    variants = SWEEP if args.set == "sweep" else [v + (1024, None) for v in VARIANTS]
-    for name, method, protocol, instances, threads, double in variants:
+    variants: Sequence[tuple[str, str, str, int, int, bool | None]] = (
+        SWEEP if args.set == "sweep" else [(*v, 1024, None) for v in VARIANTS]
+    )
+    for name, method, protocol, instances, threads, scratch_twice in variants:
         try:
             schedule = getattr(baselines, method)(topology, Collective(name, topology.nranks))
             plan = compile_schedule(
-                schedule, topology, instances=instances, protocol=protocol, threads=threads, double_scratch=double
+                schedule,
+                topology,
+                instances=instances,
+                protocol=protocol,
+                threads=threads,
+                double_scratch=scratch_twice,
             )
         except Exception as e:  # a variant that does not exist here is reported and skipped
             print(f"skip {name} {method} {protocol} x{instances}: {e}")

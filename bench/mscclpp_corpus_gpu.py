@@ -39,7 +39,8 @@ def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))))
-    engines: dict[bool, object] = {}  # every rank runs the same plans in order, so each engine starts on all alike
+    # every rank runs the same plans in order, so each engine starts on all alike
+    engines: dict[bool, PlanExecutor | PortEngine] = {}
 
     def reference(collective: str, x):
         if collective != "sendrecv":

@@ -16,6 +16,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,7 +52,8 @@ NCCL_4 = {
 }  # gpu_*_bf16_graph_4xh200.json
 # (label, method, collective, options) predicted at 4 and 8 ranks: today's widest that fits (a dict: by ranks), and
 # the new shapes
-PREDICTED = [
+# (label, method, collective, compile options, or options per rank count)
+PREDICTED: list[tuple[str, str, str, dict[Any, Any]]] = [
     (
         "today: two-shot, widest that fits",
         "twoshot",
