@@ -356,6 +356,51 @@ def _check_peers(
 LINES_SUFFIX = "+ll128"
 
 
+def _plan_timers(
+    comm: Any,
+    config: BenchConfig,
+    candidates: list[Plan],
+    nbytes: int,
+    x: Any,
+    out: Any,
+    keep: list[Any],
+    progress: Callable[[str], None] | None,
+) -> tuple[dict[str, Callable[[], float]], dict[str, tuple[Plan, bool]]]:
+    """A timer per weft plan (and per packet format, with ``config.ll128``) that runs here on every rank, and the
+    timer name -> (plan, with LL128 lines). A plan refused on any rank is skipped (and said, with ``progress``);
+    the buffers made go into ``keep``."""
+    import torch
+
+    timers: dict[str, Callable[[], float]] = {}
+    runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
+    formats = [(p, False) for p in candidates] + [
+        (p, True) for p in candidates if config.ll128 and lines_possible(p, nbytes)
+    ]
+    for plan, lines in formats:
+        y = out if config.collective != "allreduce" else torch.empty_like(x)
+        if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
+            y = x.clone()
+        keep.append(y)
+        try:
+            run = (
+                (lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines))
+                if plan.inplace
+                else (lambda p=plan, x=x, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
+            )
+            timer = _timer(run, config.graph, config.calls)
+            why = ""
+        except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
+            timer, why = None, str(e)
+        name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
+        if _refused_anywhere(comm, why):
+            if progress and why:
+                progress(f"skipping {name[5:]}: {why}")
+            continue
+        timers[name] = timer
+        runnable[name] = (plan, lines)
+    return timers, runnable
+
+
 def run_bench(
     comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None
 ) -> list[dict]:
@@ -398,32 +443,8 @@ def run_bench(
                 refused_peers[name] = why or "refused on another rank"
                 continue
             timers[name] = timer
-        runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
-        formats = [(p, False) for p in candidates] + [
-            (p, True) for p in candidates if config.ll128 and lines_possible(p, nbytes)
-        ]
-        for plan, lines in formats:
-            y = out if config.collective != "allreduce" else torch.empty_like(x)
-            if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
-                y = x.clone()
-            keep.append(y)
-            try:
-                run = (
-                    (lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines))
-                    if plan.inplace
-                    else (lambda p=plan, x=x, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
-                )
-                timer = _timer(run, config.graph, config.calls)
-                why = ""
-            except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
-                timer, why = None, str(e)
-            name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
-            if _refused_anywhere(comm, why):
-                if progress and why:
-                    progress(f"skipping {name[5:]}: {why}")
-                continue
-            timers[name] = timer
-            runnable[name] = (plan, lines)
+        plan_timers, runnable = _plan_timers(comm, config, candidates, nbytes, x, out, keep, progress)
+        timers.update(plan_timers)
         comm.synchronize()
         raw: dict[str, list[float]] = {k: [] for k in timers}
         for i in range(config.warmup + config.samples):
