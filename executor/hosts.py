@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 from schedules.plan import Plan
@@ -40,8 +40,9 @@ def host_identity() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def ipc_across_hosts(plan: Plan, hosts: Sequence[str]) -> str:
-    """'' when every memory channel of ``plan`` joins two ranks of one host (``hosts[rank]``), else why not."""
+def ipc_across_hosts(plan: Plan, hosts: Sequence[Hashable]) -> str:
+    """'' when every memory channel of ``plan`` joins two ranks of one host, else why not. ``hosts[rank]``: a host
+    name, or a topology's host index."""
     for r, gpu in enumerate(plan.gpus):
         for cid, peer in enumerate(gpu.memory_peers):
             if hosts[r] != hosts[peer]:
