@@ -53,6 +53,8 @@ def main() -> None:
     comm.execute(plan, x, y)
     torch.cuda.synchronize()
     ctx = next(iter(comm._contexts.values()))
+    launch = ctx.launch
+    assert launch is not None  # prepared by the warm-up's execute
     stream = comm._stream_handle(None, "torch")
     sync = torch.cuda.synchronize
     rows = {
@@ -60,14 +62,21 @@ def main() -> None:
         "arguments": per_call(lambda: comm._arguments(plan, x, y, None), args.calls, sync),
         "describe_one_tensor": per_call(lambda: communicator._describe(x, "input"), args.calls, sync),
         "stream_handle": per_call(lambda: comm._stream_handle(None, "torch"), args.calls, sync),
-        "driver_launch": per_call(lambda: ctx.launch(stream), args.calls, sync),
+        "driver_launch": per_call(lambda: launch(stream), args.calls, sync),
         "torch_add_": per_call(lambda: x.add_(0.0), args.calls, sync),
     }
     if rank == 0:
         print(json.dumps(rows, indent=1))
         if args.output:
-            doc = {"plan": NAME, "size": x.numel() * 2, "unit": "us per call (host)", "calls": args.calls,
-                   "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+            doc = {
+                "plan": NAME,
+                "size": x.numel() * 2,
+                "unit": "us per call (host)",
+                "calls": args.calls,
+                "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "rows": rows,
+            }
             with open(args.output, "w") as f:
                 json.dump(doc, f, indent=1)
     comm.close()

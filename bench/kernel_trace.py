@@ -16,13 +16,22 @@ import os
 import statistics
 
 P = "direct-allreduce-hgx_h200:gpus=2-"
-CASES = ((P + "ll-x1", 1 << 10, False), (P + "ll-x64-t256", 1 << 10, False), (P + "ll-x64-t256", 256 << 10, False),
-         (P + "simple-x64-2s", 1 << 20, False), (P + "simple-x64-2s", 4 << 20, False),
-         ("twoshot-allreduce-hgx_h200:gpus=2-simple-x128", 64 << 20, False))
+CASES = (
+    (P + "ll-x1", 1 << 10, False),
+    (P + "ll-x64-t256", 1 << 10, False),
+    (P + "ll-x64-t256", 256 << 10, False),
+    (P + "simple-x64-2s", 1 << 20, False),
+    (P + "simple-x64-2s", 4 << 20, False),
+    ("twoshot-allreduce-hgx_h200:gpus=2-simple-x128", 64 << 20, False),
+)
 # --lines: the LL128 plans that the bench chose from 256 KB to 16 MB
-LINE_CASES = ((P + "ll-x128-t512-max64MB", 1 << 20, True), (P + "ll-x128-t512-max64MB", 4 << 20, True),
-              (P + "ll-x64-max8MB", 4 << 20, True), (P + "ll-x128-t512-max64MB", 16 << 20, True),
-              (P + "ll-x128-t256-max8MB", 4 << 20, True))
+LINE_CASES = (
+    (P + "ll-x128-t512-max64MB", 1 << 20, True),
+    (P + "ll-x128-t512-max64MB", 4 << 20, True),
+    (P + "ll-x64-max8MB", 4 << 20, True),
+    (P + "ll-x128-t512-max64MB", 16 << 20, True),
+    (P + "ll-x128-t256-max8MB", 4 << 20, True),
+)
 
 
 def groups(times, ops_of) -> list[dict]:
@@ -32,13 +41,17 @@ def groups(times, ops_of) -> list[dict]:
         by.setdefault(ops_of[t.block], []).append(t)
     out = []
     for ops, members in sorted(by.items()):
-        out.append({
-            "blocks": len(members), "ops": len(ops), "op_names": list(ops),
-            "phases_us": {k: statistics.median(m.phases[k] for m in members) for k in members[0].phases},
-            "ops_us": [statistics.median(m.ops[i] for m in members) for i in range(len(members[0].ops))],
-            "total_us_median": statistics.median(m.total for m in members),
-            "total_us_max": max(m.total for m in members),
-        })
+        out.append(
+            {
+                "blocks": len(members),
+                "ops": len(ops),
+                "op_names": list(ops),
+                "phases_us": {k: statistics.median(m.phases[k] for m in members) for k in members[0].phases},
+                "ops_us": [statistics.median(m.ops[i] for m in members) for i in range(len(members[0].ops))],
+                "total_us_median": statistics.median(m.total for m in members),
+                "total_us_max": max(m.total for m in members),
+            }
+        )
     return out
 
 
@@ -81,14 +94,30 @@ def main() -> None:
             graph.replay()
         torch.cuda.synchronize()
         ops_of = [tuple(op.name for op in tb.ops) for tb in plan.gpus[rank].threadblocks]
-        rows.append({"plan": name, "size": nbytes, "lines": lines,
-                     "groups": groups(comm.kernel_times(plan, nbytes, "bf16", lines=lines), ops_of)})
+        rows.append(
+            {
+                "plan": name,
+                "size": nbytes,
+                "lines": lines,
+                "groups": groups(comm.kernel_times(plan, nbytes, "bf16", lines=lines), ops_of),
+            }
+        )
         if rank == 0:
             print(json.dumps(rows[-1]))
     if rank == 0 and args.output:
         with open(args.output, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": args.calls,
-                       "replays": args.replays, "unit": "us per launch (block mean)", "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "gpu": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "calls": args.calls,
+                    "replays": args.replays,
+                    "unit": "us per launch (block mean)",
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
     comm.close()
     dist.destroy_process_group()
 

@@ -15,15 +15,14 @@ it gets.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-
-import ortools
 
 from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
@@ -56,12 +55,20 @@ ABLATIONS = (
 )
 
 
-def row(spec: str, collective: Collective, method: str, nbytes: int, solve_s: float, us: float,
-        bound: float, **extra) -> dict:
-    return {"topology": spec, "collective": collective.name, "method": method, "size": nbytes,
-            "solve_s": round(solve_s, 2), "predicted_us": round(us, 3),
-            "algbw": round(algbw(collective, nbytes, us), 3),
-            "pct_of_bound": round(100.0 * bound / us, 2), **extra}
+def row(
+    spec: str, collective: Collective, method: str, nbytes: int, solve_s: float, us: float, bound: float, **extra
+) -> dict:
+    return {
+        "topology": spec,
+        "collective": collective.name,
+        "method": method,
+        "size": nbytes,
+        "solve_s": round(solve_s, 2),
+        "predicted_us": round(us, 3),
+        "algbw": round(algbw(collective, nbytes, us), 3),
+        "pct_of_bound": round(100.0 * bound / us, 2),
+        **extra,
+    }
 
 
 def best_baseline(topology, collective, nbytes) -> tuple[str, float, float]:
@@ -77,28 +84,57 @@ def best_baseline(topology, collective, nbytes) -> tuple[str, float, float]:
     return best
 
 
-def milp_row(spec: str, nbytes: int, chunks: int, time_limit: float, variant: str = "default",
-             sketch: Sketch | None = None) -> dict:
+def milp_row(
+    spec: str, nbytes: int, chunks: int, time_limit: float, variant: str = "default", sketch: Sketch | None = None
+) -> dict:
     """One verified CP-SAT solve; solve_s is the wall time of the whole call (model, search, read-back)."""
     topology = build(spec)
     collective = Collective("allgather", topology.nranks, chunks)
     start = time.monotonic()
     try:
-        schedule = solve(topology, collective, MilpOptions(size=nbytes, time_limit=time_limit, sketch=sketch),
-                         progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+        schedule = solve(
+            topology,
+            collective,
+            MilpOptions(size=nbytes, time_limit=time_limit, sketch=sketch),
+            progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
+        )
     except Unknown as e:  # nothing found (or the model not even built) within the limit
-        return {"topology": spec, "collective": "allgather", "method": "milp", "size": nbytes,
-                "solve_s": round(time.monotonic() - start, 2), "predicted_us": None, "algbw": None,
-                "pct_of_bound": None, "chunks": chunks, "status": "unknown", "gap": None, "variant": variant,
-                "reason": str(e)}
+        return {
+            "topology": spec,
+            "collective": "allgather",
+            "method": "milp",
+            "size": nbytes,
+            "solve_s": round(time.monotonic() - start, 2),
+            "predicted_us": None,
+            "algbw": None,
+            "pct_of_bound": None,
+            "chunks": chunks,
+            "status": "unknown",
+            "gap": None,
+            "variant": variant,
+            "reason": str(e),
+        }
     solve_s = time.monotonic() - start
     require_valid(schedule, topology)
     bound = lower_bound_us(topology, collective, nbytes)
     meta = schedule.meta.options
-    return row(spec, collective, "milp", nbytes, solve_s, predict_us(schedule, topology, nbytes), bound,
-               chunks=chunks, steps=schedule.nsteps, gap=round(meta["gap"], 4), status=meta["status"],
-               variant=variant, hierarchy=meta["hierarchy"], symmetry_offset=meta["symmetry_offset"],
-               verified=True)
+    return row(
+        spec,
+        collective,
+        "milp",
+        nbytes,
+        solve_s,
+        predict_us(schedule, topology, nbytes),
+        bound,
+        chunks=chunks,
+        steps=schedule.nsteps,
+        gap=round(meta["gap"], 4),
+        status=meta["status"],
+        variant=variant,
+        hierarchy=meta["hierarchy"],
+        symmetry_offset=meta["symmetry_offset"],
+        verified=True,
+    )
 
 
 def run_case(spec: str, nbytes: int, chunks: int, time_limit: float) -> list[dict]:
@@ -106,8 +142,11 @@ def run_case(spec: str, nbytes: int, chunks: int, time_limit: float) -> list[dic
     collective = Collective("allgather", topology.nranks, chunks)
     bound = lower_bound_us(topology, collective, nbytes)
     name, us, base_s = best_baseline(topology, collective, nbytes)
-    return [milp_row(spec, nbytes, chunks, time_limit), trees_row(spec, topology, nbytes),
-            row(spec, collective, name, nbytes, base_s, us, bound, chunks=chunks)]
+    return [
+        milp_row(spec, nbytes, chunks, time_limit),
+        trees_row(spec, topology, nbytes),
+        row(spec, collective, name, nbytes, base_s, us, bound, chunks=chunks),
+    ]
 
 
 def trees_row(spec: str, topology, nbytes: int) -> dict:
@@ -117,9 +156,19 @@ def trees_row(spec: str, topology, nbytes: int) -> dict:
     waves = wave.best_waves(nbytes)
     us = wave.predict_us(nbytes, waves)
     sized = wave.sized(waves)
-    return row(spec, sized, "trees", nbytes, time.monotonic() - start, us, lower_bound_us(topology, sized, nbytes),
-               chunks=sized.chunks, waves=waves, trees_per_root=wave.per_root,
-               sends=wave.sends_per_wave * waves)
+    return row(
+        spec,
+        sized,
+        "trees",
+        nbytes,
+        time.monotonic() - start,
+        us,
+        lower_bound_us(topology, sized, nbytes),
+        chunks=sized.chunks,
+        waves=waves,
+        trees_per_root=wave.per_root,
+        sends=wave.sends_per_wave * waves,
+    )
 
 
 def markdown(doc: dict) -> str:
@@ -128,21 +177,33 @@ def markdown(doc: dict) -> str:
     for r in doc["rows"]:
         if r.get("variant", "default") != "default":
             continue
-        by_case.setdefault((r["topology"], r["size"]), {})[r["method"] if r["method"] in ("milp", "trees")
-                                                         else "baseline"] = r
-    lines = ["| topology | size | milp chunks | milp solve (s) | milp % of bound | milp status (gap to the model's bound) "
-             "| trees % of bound (waves) "
-             "| best baseline % (at milp's chunks) |", "|---|---|---|---|---|---|---|---|"]
+        by_case.setdefault((r["topology"], r["size"]), {})[
+            r["method"] if r["method"] in ("milp", "trees") else "baseline"
+        ] = r
+    lines = [
+        "| topology | size | milp chunks | milp solve (s) | milp % of bound | milp status (gap to the model's bound) "
+        "| trees % of bound (waves) "
+        "| best baseline % (at milp's chunks) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (spec, size), rows in by_case.items():
         m, t, b = rows.get("milp"), rows.get("trees"), rows.get("baseline")
         status = f"{m['status']} ({100 * m['gap']:.1f}%)" if m else "-"
-        lines.append(f"| {spec} | {format_bytes(size)} | {m['chunks']} | {m['solve_s']:.0f} | {m['pct_of_bound']:.1f} | {status} | "
-                     + (f"{t['pct_of_bound']:.1f} ({t['waves']})" if t else "-") + " | "
-                     + (f"{b['pct_of_bound']:.1f} ({b['method']})" if b else "-") + " |")
+        lines.append(
+            f"| {spec} | {format_bytes(size)} | {m['chunks']} | {m['solve_s']:.0f} "
+            f"| {m['pct_of_bound']:.1f} | {status} | "
+            + (f"{t['pct_of_bound']:.1f} ({t['waves']})" if t else "-")
+            + " | "
+            + (f"{b['pct_of_bound']:.1f} ({b['method']})" if b else "-")
+            + " |"
+        )
     ablations = [r for r in doc["rows"] if r.get("variant", "default") != "default"]
     if ablations:
-        lines += ["", "| topology | size | variant | chunks | solve (s) | % of bound | status (gap to the model's bound) |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| topology | size | variant | chunks | solve (s) | % of bound | status (gap to the model's bound) |",
+            "|---|---|---|---|---|---|---|",
+        ]
         default = [r for r in doc["rows"] if r["method"] == "milp" and r.get("variant", "default") == "default"]
         for r in default + ablations:
             if (r["topology"], r["size"]) not in {(a["topology"], a["size"]) for a in ablations}:
@@ -150,16 +211,23 @@ def markdown(doc: dict) -> str:
             variant = "default: split along rails" if r.get("variant", "default") == "default" else r["variant"]
             pct = "-" if r["pct_of_bound"] is None else f"{r['pct_of_bound']:.1f}"
             status = r["status"] if r["gap"] is None else f"{r['status']} ({100 * r['gap']:.1f}%)"
-            lines.append(f"| {r['topology']} | {format_bytes(r['size'])} | {variant} | {r['chunks']} | "
-                         f"{r['solve_s']:.0f} | {pct} | {status} |")
+            lines.append(
+                f"| {r['topology']} | {format_bytes(r['size'])} | {variant} | {r['chunks']} | "
+                f"{r['solve_s']:.0f} | {pct} | {status} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def machine() -> dict:
-    return {"host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "ortools": ortools.__version__,
-            "load_average": [round(x, 2) for x in os.getloadavg()],
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "ortools": importlib.metadata.version("ortools"),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def main() -> None:
@@ -173,8 +241,14 @@ def main() -> None:
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())), end="")
         return
-    doc = {"benchmark": "milp_allgather", "collective": "allgather", "time_limit_s": args.time_limit,
-           "machine": machine(), "rows": []}
+    doc = {
+        "benchmark": "milp_allgather",
+        "collective": "allgather",
+        "time_limit_s": args.time_limit,
+        "machine": machine(),
+        "rows": [],
+    }
+
     def record(rows: list[dict]) -> None:
         for r in rows:
             doc["rows"].append(r)

@@ -5,9 +5,10 @@
 Every rank loads every plan, runs it at each size (bf16, random normal input) and compares with NCCL's result
 (``executor.gpu_bench.matches``; ``sendrecv``, which NCCL has no collective for, against NCCL's all-gather's slice
 of the previous rank). A plan with port channels runs on the port engine (``executor.port_engine``, NCCL
-point-to-point; launch the ranks as several hosts with ``WEFT_HOST``), any other on the CUDA IPC interpreter. A plan the executor refuses is recorded with its one-line reason on every rank
-(tables are built from the plan alone, so every rank refuses alike). Rank 0 writes OUT.json:
-``{machine, versions, rows: [{plan, collective, size, ok, us, error}]}``.
+point-to-point; launch the ranks as several hosts with ``WEFT_HOST``), any other on the CUDA IPC interpreter. A plan
+the executor refuses is recorded with its one-line reason on every rank (tables are built from the plan alone, so
+every rank refuses alike). Rank 0 writes OUT.json: ``{machine, versions, rows: [{plan, collective, size, ok, us,
+error}]}``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))))
-    engines: dict[bool, object] = {}  # every rank runs the same plans in order, so each engine starts on all alike
+    # every rank runs the same plans in order, so each engine starts on all alike
+    engines: dict[bool, PlanExecutor | PortEngine] = {}
 
     def reference(collective: str, x):
         if collective != "sendrecv":
@@ -55,8 +57,15 @@ def main() -> None:
             engines[port] = (PortEngine if port else PlanExecutor).from_process_group(timeout_s=10.0)
         comm = engines[port]
         for nbytes in SIZES:
-            row = {"plan": Path(f).name, "collective": plan.collective, "size": nbytes, "ok": False, "us": None,
-                   "engine": "port" if port else "ipc", "error": ""}
+            row = {
+                "plan": Path(f).name,
+                "collective": plan.collective,
+                "size": nbytes,
+                "ok": False,
+                "us": None,
+                "engine": "port" if port else "ipc",
+                "error": "",
+            }
             try:
                 if not plan.accepts(nbytes):
                     raise WeftError(f"size {nbytes} not accepted")
@@ -69,11 +78,11 @@ def main() -> None:
                 at_in, at_out = plan.inplace_offsets(rank, n_in, n_out) if plan.inplace else (0, 0)
                 if plan.inplace:  # one buffer in and out: the smaller of input and output is the rank's slice
                     buf = torch.zeros(max(n_in, n_out), device="cuda", dtype=torch.bfloat16)
-                    buf[at_in:at_in + n_in] = x
+                    buf[at_in : at_in + n_in] = x
                     x = buf
                 got = comm.execute(plan, x, dtype="bf16")
                 comm.synchronize()
-                got = got.reshape(-1)[at_out:at_out + n_out]
+                got = got.reshape(-1)[at_out : at_out + n_out]
                 ok = matches(plan.collective, got, ref, "bf16", magnitude, world)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -90,10 +99,15 @@ def main() -> None:
             if rank == 0:
                 print(json.dumps(row), flush=True)
     if rank == 0:
-        doc = {"machine": torch.cuda.get_device_name(0), "gpus": world, "date": time.strftime("%Y-%m-%d"),
-               "hosts": os.environ.get("WEFT_HOSTS_NOTE", ""),
-               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))},
-               "dtype": "bf16", "rows": rows}
+        doc = {
+            "machine": torch.cuda.get_device_name(0),
+            "gpus": world,
+            "date": time.strftime("%Y-%m-%d"),
+            "hosts": os.environ.get("WEFT_HOSTS_NOTE", ""),
+            "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))},
+            "dtype": "bf16",
+            "rows": rows,
+        }
         Path(out_path).write_text(json.dumps(doc, indent=1) + "\n")
     dist.destroy_process_group()
 

@@ -25,7 +25,9 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -44,7 +46,7 @@ def norm_wrong(normed, residual, ref_residual, magnitude, weight, nranks: int) -
     x = residual.float()
     rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
     want = ((x * rstd) * weight.float()).to(torch.bfloat16).float()
-    ulp = torch.maximum(want.abs(), torch.tensor(2.0 ** -126, device=want.device)) * 2.0 ** -7
+    ulp = torch.maximum(want.abs(), torch.tensor(2.0**-126, device=want.device)) * 2.0**-7
     return bool(((normed.float() - want).abs() > NORM_ULPS * ulp).any())
 
 
@@ -56,15 +58,18 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("-o", "--output", required=True)
     args = p.parse_args()
-    for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                       ("NVSHMEM_DISABLE_NVLS", "1")):
+    for var, value in (
+        ("NCCL_NVLS_ENABLE", "0"),
+        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+        ("NVSHMEM_DISABLE_NVLS", "1"),
+    ):
         os.environ.setdefault(var, value)
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from executor import Communicator, peers
-    from executor.gpu_bench import _refused_anywhere, _slowest_rank, _timer, _every_rank, nccl_result
+    from executor.gpu_bench import _every_rank, _refused_anywhere, _slowest_rank, _timer, nccl_result
     from executor.norm import RowNorm
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -78,36 +83,44 @@ def main() -> None:
     except Exception as e:  # the fused call is then weft against NCCL alone
         fi, fi_absent = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
     gen = torch.Generator(device=device).manual_seed(99 + rank)
-    weight = (1.0 + 0.1 * torch.randn(HIDDEN, generator=torch.Generator(device=device).manual_seed(4321),
-                                      device=device)).to(torch.bfloat16)  # the same on every rank
+    weight = (
+        1.0 + 0.1 * torch.randn(HIDDEN, generator=torch.Generator(device=device).manual_seed(4321), device=device)
+    ).to(torch.bfloat16)  # the same on every rank
     rows = []
     for tokens in tokens_list:
         nbytes = tokens * HIDDEN * 2
         y = torch.randn(tokens, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
-        h = torch.randn(tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(5), device=device,
-                        dtype=torch.bfloat16)  # the residual stream is replicated across ranks
+        h = torch.randn(
+            tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(5), device=device, dtype=torch.bfloat16
+        )  # the residual stream is replicated across ranks
         t = y.clone()  # NCCL sums in place; its time does not depend on the values
 
-        def nccl():
+        def nccl(t=t, h=h):
             dist.all_reduce(t)
             return F.rms_norm(h + t, (HIDDEN,), weight, EPS), h + t
 
-        def nccl_checked():
+        def nccl_checked(y=y, h=h):
             s = nccl_result("allreduce", y, world)
             return F.rms_norm(h + s, (HIDDEN,), weight, EPS), h + s
 
-        calls = {"nccl": (nccl, nccl_checked, None),
-                 "weft": ((lambda: comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)),) * 2
-                 + ((lambda: comm.capture(sizes=[nbytes], residual=True, rms_norm=RowNorm(HIDDEN, EPS))),)}
+        calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
+            "nccl": (nccl, nccl_checked, None),
+            "weft": ((lambda y=y, h=h: comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)),) * 2
+            + ((lambda nbytes=nbytes: comm.capture(sizes=[nbytes], residual=True, rms_norm=RowNorm(HIDDEN, EPS))),),
+        }
         refused = {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
+            assert fi is not None
             why = fi.refusal(tokens, HIDDEN, variant)
             if why:
                 refused[f"flashinfer:{variant}"] = why
                 continue
             normed, new_residual = torch.empty_like(y), torch.empty_like(y)
-            run = (lambda v=variant, n=normed, r=new_residual: fi.fused_norm(y, h, weight, EPS, v, n, r))
-            calls[f"flashinfer:{variant}"] = (run, run, None)
+
+            def fused(fi=fi, v=variant, n=normed, r=new_residual, y=y, h=h):
+                return fi.fused_norm(y, h, weight, EPS, v, n, r)
+
+            calls[f"flashinfer:{variant}"] = (fused, fused, None)
         timers = {}
         for name, (run, _, capture) in calls.items():
             try:
@@ -119,7 +132,7 @@ def main() -> None:
                 continue
             timers[name] = timer
         torch.cuda.synchronize()
-        raw = {k: [] for k in timers}
+        raw: dict[str, list[float]] = {k: [] for k in timers}
         for i in range(args.warmup + args.samples):
             for name, sample in timers.items():
                 value = sample()
@@ -138,32 +151,64 @@ def main() -> None:
         wrong = {name: sum(w[name] for w in every) for name in mine}
         flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
         rivals = {k: v for k, v in med.items() if k != "weft"}
-        best_peer = min(rivals, key=rivals.get)
+        best_peer = min(rivals, key=rivals.__getitem__)
         plan = comm.norm_plan_for(nbytes, torch.bfloat16, RowNorm(HIDDEN, EPS))
-        rows.append({
-            "size": nbytes, "tokens": tokens, "hidden": HIDDEN, "nccl_us": med.get("nccl"), "symm_us": None,
-            "weft_us": med.get("weft"), "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
-            "flashinfer_variant": min(flashinfer, key=flashinfer.get).split(":")[1] if flashinfer else None,
-            "best_peer": best_peer, "best_peer_us": rivals[best_peer],
-            "speedup": med["nccl"] / med["weft"] if "weft" in med and "nccl" in med else None,
-            "wrong": wrong.get("weft"), "peers_wrong": {k: v for k, v in wrong.items() if k != "weft"},
-            "peers_refused": refused, "plan": plan.name if plan is not None else None,
-            "median_us": med, "raw_us": raw})
+        rows.append(
+            {
+                "size": nbytes,
+                "tokens": tokens,
+                "hidden": HIDDEN,
+                "nccl_us": med.get("nccl"),
+                "symm_us": None,
+                "weft_us": med.get("weft"),
+                "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
+                "flashinfer_variant": min(flashinfer, key=flashinfer.__getitem__).split(":")[1] if flashinfer else None,
+                "best_peer": best_peer,
+                "best_peer_us": rivals[best_peer],
+                "speedup": med["nccl"] / med["weft"] if "weft" in med and "nccl" in med else None,
+                "wrong": wrong.get("weft"),
+                "peers_wrong": {k: v for k, v in wrong.items() if k != "weft"},
+                "peers_refused": refused,
+                "plan": plan.name if plan is not None else None,
+                "median_us": med,
+                "raw_us": raw,
+            }
+        )
         if rank == 0:
-            print(f"tokens {tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
-                  + f" µs; wrong {wrong}", flush=True)
+            print(
+                f"tokens {tokens}: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
+                + f" µs; wrong {wrong}",
+                flush=True,
+            )
     if rank == 0:
-        doc = {"collective": "allreduce", "op": "all-reduce + residual add + RMSNorm (the call alone)",
-               "dtype": "bf16", "nranks": world, "mode": "graph", "hidden": HIDDEN, "eps": EPS,
-               "machine": {"gpu": torch.cuda.get_device_name(device), "gpus": world, "host": platform.node()},
-               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                            "cuda": torch.version.cuda, "flashinfer": peers.version()},
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "method": {"calls_per_sample": args.calls, "samples": args.samples, "warmup": args.warmup,
-                          "statistic": "median of the slowest rank", "timer": "CUDA events",
-                          "check": f"residual within within_rounding(nranks + 1 terms); normed within {NORM_ULPS} "
-                                   "bf16 ulps of the definition on the call's own residual"},
-               "rows": rows}
+        doc = {
+            "collective": "allreduce",
+            "op": "all-reduce + residual add + RMSNorm (the call alone)",
+            "dtype": "bf16",
+            "nranks": world,
+            "mode": "graph",
+            "hidden": HIDDEN,
+            "eps": EPS,
+            "machine": {"gpu": torch.cuda.get_device_name(device), "gpus": world, "host": platform.node()},
+            "versions": {
+                "torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "cuda": torch.version.cuda,
+                "flashinfer": peers.version(),
+            },
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "method": {
+                "calls_per_sample": args.calls,
+                "samples": args.samples,
+                "warmup": args.warmup,
+                "statistic": "median of the slowest rank",
+                "timer": "CUDA events",
+                "check": f"residual within within_rounding(nranks + 1 terms); normed within {NORM_ULPS} "
+                "bf16 ulps of the definition on the call's own residual",
+            },
+            "rows": rows,
+        }
         Path(args.output).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     dist.barrier()
     sys.stdout.flush()

@@ -20,16 +20,35 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 HIDDEN, EPS = 8192, 1e-5
 P = "direct-allreduce-hgx_h200:gpus=2-"
 CANDIDATES = {  # batch -> plans (whole rows per block: -rowsG at G = batch or fewer; slices: more blocks than rows)
-    1: ("ll-x32-t512-max8MB-rows1", "ll-x32-t512-max8MB-rows8", "ll-x32-t512-max8MB-rows16", "ll-x32-t512-max8MB",
-        "ll-x64-t512-max8MB", "ll-x32-t256", "ll-x16-t256"),
-    4: ("ll-x32-t512-max8MB-rows4", "ll-x32-t512-max8MB-rows16", "ll-x32-t512-max8MB", "ll-x64-t512-max8MB-rows16",
-        "ll-x64-t512-max8MB"),
-    16: ("ll-x64-t512-max8MB-rows16", "ll-x64-t512-max8MB-rows32", "ll-x64-t512-max8MB", "ll-x128-t512-max8MB",
-         "ll-x128-t512-max64MB", "ll-x32-t512-max8MB"),
+    1: (
+        "ll-x32-t512-max8MB-rows1",
+        "ll-x32-t512-max8MB-rows8",
+        "ll-x32-t512-max8MB-rows16",
+        "ll-x32-t512-max8MB",
+        "ll-x64-t512-max8MB",
+        "ll-x32-t256",
+        "ll-x16-t256",
+    ),
+    4: (
+        "ll-x32-t512-max8MB-rows4",
+        "ll-x32-t512-max8MB-rows16",
+        "ll-x32-t512-max8MB",
+        "ll-x64-t512-max8MB-rows16",
+        "ll-x64-t512-max8MB",
+    ),
+    16: (
+        "ll-x64-t512-max8MB-rows16",
+        "ll-x64-t512-max8MB-rows32",
+        "ll-x64-t512-max8MB",
+        "ll-x128-t512-max8MB",
+        "ll-x128-t512-max64MB",
+        "ll-x32-t512-max8MB",
+    ),
 }
 
 
@@ -69,36 +88,41 @@ def main() -> None:
         nbytes = batch * HIDDEN * 2
         a = torch.randn(batch, HIDDEN // 2, generator=gen, device=device, dtype=torch.bfloat16)
         w = torch.randn(HIDDEN // 2, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
-        h = torch.randn(batch, HIDDEN, generator=torch.Generator(device=device).manual_seed(5), device=device,
-                        dtype=torch.bfloat16)
+        h = torch.randn(
+            batch, HIDDEN, generator=torch.Generator(device=device).manual_seed(5), device=device, dtype=torch.bfloat16
+        )
         y = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
-        results = {}
+        results: dict[str, dict[str, Any]] = {}
 
-        def fused_step(keep):
+        def fused_step(keep, a=a, w=w, h=h):
             def run():
                 for _ in range(args.calls):
                     keep["normed"], keep["residual"] = comm.all_reduce(a @ w, residual=h, rms_weight=weight, eps=EPS)
+
             return run
 
-        def fused_alone(keep):
+        def fused_alone(keep, y=y, h=h):
             def run():
                 for _ in range(args.calls):
                     keep["normed"], keep["residual"] = comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)
+
             return run
 
-        def nccl_step():
+        def nccl_step(a=a, w=w, h=h):
             for _ in range(args.calls):
                 t = a @ w
                 dist.all_reduce(t)
                 F.rms_norm(h + t, (HIDDEN,), weight, EPS)
 
-        def matmul():
+        def matmul(a=a, w=w):
             for _ in range(args.calls):
                 a @ w
 
-        graphs = {"matmul": graph_of(matmul, contextlib.nullcontext),
-                  "nccl": graph_of(nccl_step, contextlib.nullcontext)}
-        kept = {}
+        graphs = {
+            "matmul": graph_of(matmul, contextlib.nullcontext),
+            "nccl": graph_of(nccl_step, contextlib.nullcontext),
+        }
+        kept: dict[str, Any] = {}
         auto = comm.norm_plan_for(nbytes, torch.bfloat16, rows)
         for name in ("auto",) + CANDIDATES.get(batch, ()):
             plan = auto if name == "auto" else plans.get(P + name)
@@ -115,7 +139,7 @@ def main() -> None:
                 results[name] = {"error": f"{type(e).__name__}: {e}"}
                 graphs.pop(name, None)
         comm.pin_norm_plan(nbytes, torch.bfloat16, rows, None)
-        times = {k: [] for k in graphs}
+        times: dict[str, list[float]] = {k: [] for k in graphs}
         for _ in range(args.iters):
             for k, g in graphs.items():
                 times[k].append(tp_decode.time_replay(g))
@@ -131,7 +155,7 @@ def main() -> None:
             x = residual.float()
             rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
             want = ((x * rstd) * weight.float()).to(torch.bfloat16)
-            ulp = torch.maximum(want.float().abs(), torch.tensor(2.0 ** -126, device=device)) * 2.0 ** -7
+            ulp = torch.maximum(want.float().abs(), torch.tensor(2.0**-126, device=device)) * 2.0**-7
             r["off_by_more_than_one_ulp"] = int(((normed.float() - want.float()).abs() > ulp).sum())
             r["bitwise_fraction"] = float((normed == want).float().mean())
         row = {"batch": batch, "nccl_in_step_us": in_step["nccl"], "candidates": results}
@@ -139,14 +163,26 @@ def main() -> None:
         if rank == 0:
             print(f"batch {batch}: nccl {in_step['nccl']:.2f} us/call in the step", flush=True)
             for name, r in results.items():
-                print(f"  {name:32s} " + (f"{r['in_step_us']:.2f} us in step ({r['ratio_vs_nccl']:.3f}x), "
-                                          f"{r['alone_us']:.2f} alone, off {r['off_by_more_than_one_ulp']}, "
-                                          f"bitwise {r['bitwise_fraction']:.4f}  {r['plan']}"
-                                          if "error" not in r else r["error"]), flush=True)
+                print(
+                    f"  {name:32s} "
+                    + (
+                        f"{r['in_step_us']:.2f} us in step ({r['ratio_vs_nccl']:.3f}x), "
+                        f"{r['alone_us']:.2f} alone, off {r['off_by_more_than_one_ulp']}, "
+                        f"bitwise {r['bitwise_fraction']:.4f}  {r['plan']}"
+                        if "error" not in r
+                        else r["error"]
+                    ),
+                    flush=True,
+                )
     if rank == 0 and args.output:
-        doc = {"name": "norm_plans", "machine": {"gpu": torch.cuda.get_device_name(device), "count": 2},
-               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))},
-               "calls": args.calls, "iters": args.iters, "rows": out}
+        doc = {
+            "name": "norm_plans",
+            "machine": {"gpu": torch.cuda.get_device_name(device), "count": 2},
+            "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))},
+            "calls": args.calls,
+            "iters": args.iters,
+            "rows": out,
+        }
         with open(args.output, "w") as f:
             json.dump(doc, f, indent=2)
     dist.barrier()

@@ -33,12 +33,15 @@ def table(runs: list[dict], paths: list[str]) -> str:
     batches = [r["batch"] for r in runs[0]["rows"]]
     names = ", ".join(f"`{Path(p).name}`" for p in paths)
     first = runs[0]
-    lines = [f"weft-fused-norm against NCCL (NCCL all-reduce + torch add + torch rms_norm), {len(runs)} runs of "
-             f"{first['machine']['count']}×{first['machine']['gpu']} ({names}; torch {first['versions']['torch']}, "
-             f"NCCL {first['versions']['nccl']}), values as min–max over the runs:", "",
-             "| batch | step, NCCL → weft-fused-norm (ms) | step speed-up | all-reduce + add + norm in the step, "
-             "weft-fused-norm / NCCL (µs per call) | ratio | logits rel. err. (bound) | plan |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"weft-fused-norm against NCCL (NCCL all-reduce + torch add + torch rms_norm), {len(runs)} runs of "
+        f"{first['machine']['count']}×{first['machine']['gpu']} ({names}; torch {first['versions']['torch']}, "
+        f"NCCL {first['versions']['nccl']}), values as min–max over the runs:",
+        "",
+        "| batch | step, NCCL → weft-fused-norm (ms) | step speed-up | all-reduce + add + norm in the step, "
+        "weft-fused-norm / NCCL (µs per call) | ratio | logits rel. err. (bound) | plan |",
+        "|---|---|---|---|---|---|---|",
+    ]
     step_ok, in_step_ok, logits_ok = {}, {}, True
     for batch in batches:
         rows = [next(r for r in run["rows"] if r["batch"] == batch) for run in runs]
@@ -53,12 +56,16 @@ def table(runs: list[dict], paths: list[str]) -> str:
             f"{_span([r['weft-fused-norm_ms'] for r in rows], '.3f')} | {_span(speed, '.3f')}× | "
             f"{_span([r['weft-fused-norm_all_reduce_add_norm_us_per_call'] for r in rows], '.1f')} / "
             f"{_span([r['nccl_all_reduce_add_norm_us_per_call'] for r in rows], '.1f')} | {_span(ratio, '.3f')}× | "
-            f"{_span(err, '.1e')} (< {first['logits_bound']:g}) | {_plan(rows[0]['weft_norm_plan'])} |")
-    lines += ["", f"Goals, runs that met them per batch (of {len(runs)}): step ≥ {STEP_GOAL}× NCCL's: "
-                  + ", ".join(f"batch {b} {n}" for b, n in step_ok.items())
-                  + f"; the fused call ≤ {IN_STEP_GOAL}× NCCL's all-reduce + add + norm in the step: "
-                  + ", ".join(f"batch {b} {n}" for b, n in in_step_ok.items())
-                  + f"; logits within the bound: {'every run' if logits_ok else 'not every run'}."]
+            f"{_span(err, '.1e')} (< {first['logits_bound']:g}) | {_plan(rows[0]['weft_norm_plan'])} |"
+        )
+    lines += [
+        "",
+        f"Goals, runs that met them per batch (of {len(runs)}): step ≥ {STEP_GOAL}× NCCL's: "
+        + ", ".join(f"batch {b} {n}" for b, n in step_ok.items())
+        + f"; the fused call ≤ {IN_STEP_GOAL}× NCCL's all-reduce + add + norm in the step: "
+        + ", ".join(f"batch {b} {n}" for b, n in in_step_ok.items())
+        + f"; logits within the bound: {'every run' if logits_ok else 'not every run'}.",
+    ]
     return "\n".join(lines) + "\n"
 
 

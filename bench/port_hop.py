@@ -66,14 +66,20 @@ def main() -> None:
         rows.append({"size": nbytes, "one_way_us": us, "bandwidth_GBps": nbytes / (us * 1e3), "iters": iters})
     if rank == 0:
         keys = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE", "WEFT_HOST")
-        doc = {"engine": "nccl point-to-point (torch.distributed send/recv)",
-               "env": {k: os.environ[k] for k in keys if k in os.environ},
-               "machine": {"gpu": torch.cuda.get_device_name(), "gpus": dist.get_world_size(),
-                           "host": platform.node()},
-               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                            "cuda": torch.version.cuda, "python": platform.python_version()},
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "method": "ping-pong, one-way time = round trip / 2, CUDA events on rank 0", "rows": rows}
+        doc = {
+            "engine": "nccl point-to-point (torch.distributed send/recv)",
+            "env": {k: os.environ[k] for k in keys if k in os.environ},
+            "machine": {"gpu": torch.cuda.get_device_name(), "gpus": dist.get_world_size(), "host": platform.node()},
+            "versions": {
+                "torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "cuda": torch.version.cuda,
+                "python": platform.python_version(),
+            },
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "method": "ping-pong, one-way time = round trip / 2, CUDA events on rank 0",
+            "rows": rows,
+        }
         Path(args.output).write_text(json.dumps(doc, indent=1) + "\n")
         for r in rows:
             print(f"{r['size']:>12} B  {r['one_way_us']:10.2f} us one way  {r['bandwidth_GBps']:8.3f} GB/s")

@@ -37,8 +37,15 @@ PLANS = ROOT / "examples" / "plans" / "two_hosts_2gpu"
 BASELINES = ("ring", "direct")
 SYNTHESIZED = ("milp", "trees")
 SUFFIX = "+lanes"
-ENV = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_HOSTID", "NCCL_NET",
-       "NCCL_P2P_NET_CHUNKSIZE", "WEFT_HOST")
+ENV = (
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_HOSTID",
+    "NCCL_NET",
+    "NCCL_P2P_NET_CHUNKSIZE",
+    "WEFT_HOST",
+)
 
 
 class Engines:
@@ -73,12 +80,20 @@ def method(name: str) -> str:
 def summarize(row: dict, names: dict) -> dict:
     """The best synthesized plan against the best of weft's own baselines at this size."""
     times = {names[k[5:]]: v for k, v in row["median_us"].items() if k.startswith("weft:")}
-    best = {kind: min(((v, k) for k, v in times.items() if method(k) in kinds), default=(None, None))
-            for kind, kinds in (("synth", SYNTHESIZED), ("baseline", BASELINES))}
+    best = {
+        kind: min(((v, k) for k, v in times.items() if method(k) in kinds), default=(None, None))
+        for kind, kinds in (("synth", SYNTHESIZED), ("baseline", BASELINES))
+    }
     (s_us, s_plan), (b_us, b_plan) = best["synth"], best["baseline"]
-    return {"plans_us": times, "synth_plan": s_plan, "synth_us": s_us, "baseline_plan": b_plan, "baseline_us": b_us,
-            "synth_speedup": b_us / s_us if s_us and b_us else None,
-            "synth_vs_nccl": row["nccl_us"] / s_us if s_us else None}
+    return {
+        "plans_us": times,
+        "synth_plan": s_plan,
+        "synth_us": s_us,
+        "baseline_plan": b_plan,
+        "baseline_us": b_us,
+        "synth_speedup": b_us / s_us if s_us and b_us else None,
+        "synth_vs_nccl": row["nccl_us"] / s_us if s_us else None,
+    }
 
 
 def _plans(collective: str, n: int, methods: str = "ring,direct,milp,trees") -> tuple[list, dict]:
@@ -98,8 +113,11 @@ def _plans(collective: str, n: int, methods: str = "ring,direct,milp,trees") -> 
 def _finish(row: dict, collective: str, comm, plans: list, names: dict, torch, buffers, check, local: int) -> None:
     """Every plan's result checked against NCCL at this size, the short names, the synthesized-vs-baseline summary."""
     x = buffers(collective, row["size"], comm.world_size, torch.bfloat16, torch.device("cuda", local))[0]
-    wrong = {names[p.name]: check(collective, comm, p, x, comm.world_size, "bf16") for p in plans
-             if f"weft:{p.name}" in row["median_us"]}  # those the bench ran
+    wrong = {
+        names[p.name]: check(collective, comm, p, x, comm.world_size, "bf16")
+        for p in plans
+        if f"weft:{p.name}" in row["median_us"]
+    }  # those the bench ran
     every = comm.exchange("wrong", wrong)
     row["wrong_by_plan"] = {k: sum(w[k] for w in every) for k in wrong}
     row["wrong"] = sum(row["wrong_by_plan"].values())
@@ -118,11 +136,24 @@ def _combine(phases: dict, lanes: list) -> dict:
         wrong.update(row["wrong_by_plan"])
         nccl[n] = row["nccl_us"]
     best_n = min(phases, key=lambda n: phases[n]["weft_us"] if phases[n]["weft_us"] else float("inf"))
-    row = {**phases[best_n], "plans_us": times, "wrong_by_plan": wrong, "wrong": sum(wrong.values()),
-           "nccl_us_by_lanes": nccl, "lanes": best_n}
+    row = {
+        **phases[best_n],
+        "plans_us": times,
+        "wrong_by_plan": wrong,
+        "wrong": sum(wrong.values()),
+        "nccl_us_by_lanes": nccl,
+        "lanes": best_n,
+    }
     names = {k: k for k in times}
-    row.update({k: v for k, v in summarize({"median_us": {f"weft:{k}": v for k, v in times.items()},
-                                            "nccl_us": row["nccl_us"]}, names).items() if k != "plans_us"})
+    row.update(
+        {
+            k: v
+            for k, v in summarize(
+                {"median_us": {f"weft:{k}": v for k, v in times.items()}, "nccl_us": row["nccl_us"]}, names
+            ).items()
+            if k != "plans_us"
+        }
+    )
     if row["synth_us"]:  # against the NCCL time of the synthesized plan's own phase
         row["synth_vs_nccl"] = nccl[int(row["synth_plan"].rsplit(SUFFIX, 1)[1])] / row["synth_us"]
     return row
@@ -131,29 +162,53 @@ def _combine(phases: dict, lanes: list) -> dict:
 def _document(collective: str, comm, config, lanes: list, names: dict, rows: list, torch) -> dict:
     from schedules.plan import load_plan
 
-    return {"collective": collective, "dtype": "bf16", "nranks": comm.world_size, "mode": "graph",
-            "machine": {"gpu": torch.cuda.get_device_name(), "gpus": comm.world_size, "host": platform.node()},
-            "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                         "cuda": torch.version.cuda, "python": platform.python_version()},
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "method": {"calls_per_sample": config.calls, "samples": config.samples, "warmup": config.warmup,
-                       "statistic": "median of the slowest rank", "timer": "CUDA events",
-                       "check": "every plan at every size against NCCL (wrong_by_plan)"},
-            "transport": {"engine": "PortEngine", "hosts": list(comm.hosts), "lanes": lanes,
-                          "env": {k: os.environ[k] for k in ENV if k in os.environ}},
-            "plans": {short: {"name": name.rsplit(SUFFIX, 1)[0],
-                              "hash": load_plan(PLANS / f"{method(short)}-{collective}.plan.json").content_hash}
-                      for name, short in names.items()},
-            "rows": rows}
+    return {
+        "collective": collective,
+        "dtype": "bf16",
+        "nranks": comm.world_size,
+        "mode": "graph",
+        "machine": {"gpu": torch.cuda.get_device_name(), "gpus": comm.world_size, "host": platform.node()},
+        "versions": {
+            "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+        },
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "method": {
+            "calls_per_sample": config.calls,
+            "samples": config.samples,
+            "warmup": config.warmup,
+            "statistic": "median of the slowest rank",
+            "timer": "CUDA events",
+            "check": "every plan at every size against NCCL (wrong_by_plan)",
+        },
+        "transport": {
+            "engine": "PortEngine",
+            "hosts": list(comm.hosts),
+            "lanes": lanes,
+            "env": {k: os.environ[k] for k in ENV if k in os.environ},
+        },
+        "plans": {
+            short: {
+                "name": name.rsplit(SUFFIX, 1)[0],
+                "hash": load_plan(PLANS / f"{method(short)}-{collective}.plan.json").content_hash,
+            }
+            for name, short in names.items()
+        },
+        "rows": rows,
+    }
 
 
 def _print(rows: list) -> None:
     for r in rows:
-        print(f"{r['size']:>10} nccl {r['nccl_us']:9.1f}  best {r['weft_us']:9.1f} {r['plan']:28s} x{r['speedup']:.2f}"
-              f"  synth {r['synth_plan']} {r['synth_us'] or 0:9.1f}  baseline {r['baseline_plan']} "
-              f"{r['baseline_us'] or 0:9.1f}  synth/baseline x{r['synth_speedup'] or 0:.2f}  "
-              f"wrong {r['wrong_by_plan']}",
-              flush=True)
+        print(
+            f"{r['size']:>10} nccl {r['nccl_us']:9.1f}  best {r['weft_us']:9.1f} {r['plan']:28s} x{r['speedup']:.2f}"
+            f"  synth {r['synth_plan']} {r['synth_us'] or 0:9.1f}  baseline {r['baseline_plan']} "
+            f"{r['baseline_us'] or 0:9.1f}  synth/baseline x{r['synth_speedup'] or 0:.2f}  "
+            f"wrong {r['wrong_by_plan']}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -189,11 +244,13 @@ def main() -> None:
         for size in parse_size_range(args.sizes):
             for collective in args.collectives.split(","):
                 plans, names = _plans(collective, n, args.methods)
-                config = BenchConfig(collective, (size,), "bf16", True, args.calls, args.samples, args.warmup,
-                                     symm=False)
+                config = BenchConfig(
+                    collective, (size,), "bf16", True, args.calls, args.samples, args.warmup, symm=False
+                )
                 if comm.rank == 0:
-                    print(f"{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {collective} {size} B, "
-                          f"{n} lanes", flush=True)
+                    print(
+                        f"{datetime.datetime.now(datetime.UTC):%H:%M:%S} {collective} {size} B, {n} lanes", flush=True
+                    )
                 rows = run_bench(comm, config, plans, print if comm.rank == 0 else None)
                 for row in rows:
                     _finish(row, collective, comm, plans, names, torch, _buffers, _check, local)
@@ -201,9 +258,17 @@ def main() -> None:
                     done.setdefault(collective, {}).setdefault(size, {})[n] = row
                 every_name.setdefault(collective, {}).update(names)
                 if comm.rank == 0:
-                    doc = _document(collective, comm, config, lanes, every_name[collective],
-                                    [_combine(phases, lanes) for _, phases in sorted(done[collective].items())], torch)
-                    gpu = re.search(r"[A-Z]\d+", torch.cuda.get_device_name()).group(0).lower()  # "h100", "h200"
+                    doc = _document(
+                        collective,
+                        comm,
+                        config,
+                        lanes,
+                        every_name[collective],
+                        [_combine(phases, lanes) for _, phases in sorted(done[collective].items())],
+                        torch,
+                    )
+                    model = re.search(r"[A-Z]\d+", torch.cuda.get_device_name())
+                    gpu = model.group(0).lower() if model else "gpu"  # "h100", "h200"
                     path = out / f"gpu_{collective}_bf16_graph_{comm.world_size}x{gpu}_{args.tag}.json"
                     path.write_text(json.dumps(doc, indent=1) + "\n")
                     _print(rows)

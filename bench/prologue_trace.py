@@ -23,8 +23,13 @@ import time
 from pathlib import Path
 
 P = "direct-allreduce-hgx_h200:gpus=2-"
-CASES = ((P + "ll-x1", 1 << 10), (P + "ll-x64-t256", 16 << 10), (P + "ll-x64-t512-max8MB", 256 << 10),
-         (P + "simple-x64-2s", 1 << 20), ("twoshot-allreduce-hgx_h200:gpus=2-simple-x128", 64 << 20))
+CASES = (
+    (P + "ll-x1", 1 << 10),
+    (P + "ll-x64-t256", 16 << 10),
+    (P + "ll-x64-t512-max8MB", 256 << 10),
+    (P + "simple-x64-2s", 1 << 20),
+    ("twoshot-allreduce-hgx_h200:gpus=2-simple-x128", 64 << 20),
+)
 CALLS = 40
 
 
@@ -55,9 +60,17 @@ def rank_main(out_dir: Path, registry: str) -> None:
                 comm.synchronize()
             times = comm.kernel_times(plan, nbytes, "bf16")
             phases = {p: statistics.median(t.phases[p] for t in times) for p in times[0].phases}
-            results.append({"plan": name, "bytes": nbytes, "cold": cold, "blocks": len(times),
-                            "phases_us": phases, "start_us": round(sum(phases.values()), 3),
-                            "start_us_max": round(max(sum(t.phases.values()) for t in times), 3)})
+            results.append(
+                {
+                    "plan": name,
+                    "bytes": nbytes,
+                    "cold": cold,
+                    "blocks": len(times),
+                    "phases_us": phases,
+                    "start_us": round(sum(phases.values()), 3),
+                    "start_us_max": round(max(sum(t.phases.values()) for t in times), 3),
+                }
+            )
     comm.close()
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
 
@@ -78,11 +91,17 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {**os.environ, "WORLD_SIZE": str(args.nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    procs = [subprocess.Popen([sys.executable, __file__, str(args.output), "--registry", args.registry,
-                               "--rank-of", str(work)], env={**env, "RANK": str(r)}) for r in range(args.nproc)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(args.output), "--registry", args.registry, "--rank-of", str(work)],
+            env={**env, "RANK": str(r)},
+        )
+        for r in range(args.nproc)
+    ]
     codes = [p.wait(timeout=500) for p in procs]
-    ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(args.nproc)
-             if (work / f"rank{r}.json").exists()]
+    ranks = [
+        json.loads((work / f"rank{r}.json").read_text()) for r in range(args.nproc) if (work / f"rank{r}.json").exists()
+    ]
     import platform
 
     import cupy
@@ -90,16 +109,29 @@ def main() -> int:
     import executor
 
     gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    doc = {"date": time.strftime("%Y-%m-%d"), "executor": str(Path(executor.__file__).parent), "calls": CALLS,
-           "machine": {"gpu": gpu.decode() if isinstance(gpu, bytes) else gpu, "host": platform.node(),
-                       "ranks_on_one_gpu": args.nproc},
-           "versions": {"cupy": cupy.__version__, "driver": cupy.cuda.runtime.driverGetVersion(),
-                        "python": platform.python_version()},
-           "exit_codes": codes, "ranks": ranks}
+    doc = {
+        "date": time.strftime("%Y-%m-%d"),
+        "executor": str(Path(executor.__file__).parent),
+        "calls": CALLS,
+        "machine": {
+            "gpu": gpu.decode() if isinstance(gpu, bytes) else gpu,
+            "host": platform.node(),
+            "ranks_on_one_gpu": args.nproc,
+        },
+        "versions": {
+            "cupy": cupy.__version__,
+            "driver": cupy.cuda.runtime.driverGetVersion(),
+            "python": platform.python_version(),
+        },
+        "exit_codes": codes,
+        "ranks": ranks,
+    }
     args.output.write_text(json.dumps(doc, indent=1))
     for row in ranks[0] if ranks else []:
-        print(f"{row['plan'][-24:]:>24} {row['bytes']:>9} {'cold' if row['cold'] else 'warm'}  start "
-              f"{row['start_us']:.2f} µs (max {row['start_us_max']:.2f})  {row['phases_us']}")
+        print(
+            f"{row['plan'][-24:]:>24} {row['bytes']:>9} {'cold' if row['cold'] else 'warm'}  start "
+            f"{row['start_us']:.2f} µs (max {row['start_us_max']:.2f})  {row['phases_us']}"
+        )
     return 0 if codes == [0] * args.nproc else 1
 
 

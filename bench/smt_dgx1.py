@@ -17,7 +17,7 @@ import os
 import platform
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
@@ -31,8 +31,13 @@ SCCL_DGX1_ALLGATHER_S = 56.0  # SCCL (PPoPP'21): the whole dgx1 allgather fronti
 
 
 def machine() -> dict:
-    return {"host": platform.node(), "python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+    return {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
 
 
 def run(topology, name: str, repeats: int) -> tuple[list[dict], dict]:
@@ -41,21 +46,34 @@ def run(topology, name: str, repeats: int) -> tuple[list[dict], dict]:
         start = time.perf_counter()
         frontier = smt.pareto(topology, Collective(name, topology.nranks), smt.SmtOptions(time_limit=300))
         times.append(time.perf_counter() - start)
+    assert frontier is not None, "repeats must be at least 1"
     rows = []
     for point in frontier.points:
         require_valid(point.schedule, topology)
         predicted = predict_us(point.schedule, topology, SIZE)
-        rows.append({
-            "topology": "dgx1", "collective": name, "method": "smt", "steps": point.steps,
-            "rounds": point.rounds, "chunks": point.chunks, "rounds_per_chunk": str(point.rounds_per_chunk),
-            "solve_s": round(point.schedule.meta.solve_time, 3), "predicted_us": predicted,
-            "pct_of_bound": 100 * lower_bound_us(topology, point.schedule.collective, SIZE) / predicted,
-            "predicted_us_by_size": point.predicted_us,
-        })
-    summary = {"collective": name, "frontier_s": [round(t, 2) for t in times],
-               "frontier_s_median": round(statistics.median(times), 2), "lp_bound": str(frontier.lp_bound),
-               "complete": frontier.complete,
-               "points": [[p.steps, p.rounds, p.chunks] for p in frontier.points]}
+        rows.append(
+            {
+                "topology": "dgx1",
+                "collective": name,
+                "method": "smt",
+                "steps": point.steps,
+                "rounds": point.rounds,
+                "chunks": point.chunks,
+                "rounds_per_chunk": str(point.rounds_per_chunk),
+                "solve_s": round(point.schedule.meta.solve_time, 3),
+                "predicted_us": predicted,
+                "pct_of_bound": 100 * lower_bound_us(topology, point.schedule.collective, SIZE) / predicted,
+                "predicted_us_by_size": point.predicted_us,
+            }
+        )
+    summary = {
+        "collective": name,
+        "frontier_s": [round(t, 2) for t in times],
+        "frontier_s_median": round(statistics.median(times), 2),
+        "lp_bound": str(frontier.lp_bound),
+        "complete": frontier.complete,
+        "points": [[p.steps, p.rounds, p.chunks] for p in frontier.points],
+    }
     return rows, summary
 
 
@@ -71,11 +89,19 @@ def main() -> None:
         r, summary = run(topology, name, args.repeats)
         rows += r
         summaries.append(summary)
-        print(f"{name}: frontier {summary['points']} (S, R, C), LP bound {summary['lp_bound']}, "
-              f"{summary['frontier_s']} s", flush=True)
-    doc = {"benchmark": "smt_dgx1", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": machine(), "sccl_published_s": {"allgather": SCCL_DGX1_ALLGATHER_S},
-           "frontiers": summaries, "rows": rows}
+        print(
+            f"{name}: frontier {summary['points']} (S, R, C), LP bound {summary['lp_bound']}, "
+            f"{summary['frontier_s']} s",
+            flush=True,
+        )
+    doc = {
+        "benchmark": "smt_dgx1",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "sccl_published_s": {"allgather": SCCL_DGX1_ALLGATHER_S},
+        "frontiers": summaries,
+        "rows": rows,
+    }
     with open(args.output, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")

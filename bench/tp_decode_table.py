@@ -1,6 +1,6 @@
 """The README's tables of examples/tp_decode.py runs, from their JSON (torch is not needed to print them).
 
-    python bench/tp_decode_table.py --markdown bench/results/tp_decode_2xh200.json
+python bench/tp_decode_table.py --markdown bench/results/tp_decode_2xh200.json
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from weft.plots import _short_plan  # noqa: E402  (the bench tables' plan label: 'direct ll-x32-t512')
 
-HEADER = ("| batch | step, NCCL → weft / weft-fused (ms) | step speed-up, weft / weft-fused | all-reduce in the step, "
-          "weft / NCCL | all-reduce + residual add in the step, weft-fused / NCCL | all-reduce alone, weft / NCCL | "
-          "weft plan | step speed-up, weft-fused-norm / flashinfer-fused | all-reduce + add + norm in the step, "
-          "weft-fused-norm / flashinfer-fused / NCCL |")
+HEADER = (
+    "| batch | step, NCCL → weft / weft-fused (ms) | step speed-up, weft / weft-fused | all-reduce in the step, "
+    "weft / NCCL | all-reduce + residual add in the step, weft-fused / NCCL | all-reduce alone, weft / NCCL | "
+    "weft plan | step speed-up, weft-fused-norm / flashinfer-fused | all-reduce + add + norm in the step, "
+    "weft-fused-norm / flashinfer-fused / NCCL |"
+)
 
 
 def _fused_norm(r: dict) -> tuple[str, str]:
@@ -25,8 +27,10 @@ def _fused_norm(r: dict) -> tuple[str, str]:
     run had no such backend)."""
     names = ("weft-fused-norm", "flashinfer-fused")
     speedups = " / ".join(f"{r[f'{n}_speedup']:.3f}×" if f"{n}_speedup" in r else "–" for n in names)
-    calls = [f"{r[f'{n}_all_reduce_add_norm_us_per_call']:.1f}" if f"{n}_all_reduce_add_norm_us_per_call" in r
-             else "–" for n in (*names, "nccl")]
+    calls = [
+        f"{r[f'{n}_all_reduce_add_norm_us_per_call']:.1f}" if f"{n}_all_reduce_add_norm_us_per_call" in r else "–"
+        for n in (*names, "nccl")
+    ]
     return speedups, " / ".join(calls) + " µs"
 
 
@@ -42,7 +46,8 @@ def markdown(doc: dict) -> str:
             f"| {r['weft-fused_all_reduce_add_us_per_call']:.1f} / {r['nccl_all_reduce_add_us_per_call']:.1f} µs = "
             f"{r['weft-fused_all_reduce_add_ratio']:.2f}× "
             f"| {r['weft_isolated_us_per_call']:.1f} / {r['nccl_isolated_us_per_call']:.1f} µs = {alone:.2f}× "
-            f"| {_short_plan(r['weft_plan'])} | {' | '.join(_fused_norm(r))} |")
+            f"| {_short_plan(r['weft_plan'])} | {' | '.join(_fused_norm(r))} |"
+        )
     return "\n".join(lines) + "\n"
 
 

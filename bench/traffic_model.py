@@ -16,6 +16,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,31 +35,66 @@ MEASURED = [
     (2, "twoshot", "allreduce", dict(protocol="simple", instances=128), {16: 58.43, 64: 201.58, 256: 749.59}),
     (4, "twoshot", "allreduce", dict(protocol="simple", instances=16), {16: 126.68}),
     (4, "twoshot", "allreduce", dict(protocol="simple", instances=32, threads=512), {64: 450.35, 256: 1721.28}),
-    (4, "direct", "reducescatter", dict(protocol="simple", instances=16, double_scratch=True),
-     {16: 79.91, 64: 316.86, 256: 1200.47}),
+    (
+        4,
+        "direct",
+        "reducescatter",
+        dict(protocol="simple", instances=16, double_scratch=True),
+        {16: 79.91, 64: 316.86, 256: 1200.47},
+    ),
     (4, "direct", "allgather", dict(protocol="simple", instances=4), {16: 51.73, 64: 168.01}),
     (4, "direct", "allgather", dict(protocol="simple", instances=16), {256: 629.98}),
 ]
-NCCL_4 = {"allreduce": {16: 105.14, 64: 328.27, 256: 1191.31}, "reducescatter": {16: 68.19, 64: 197.84, 256: 675.67},
-          "allgather": {16: 69.40, 64: 193.69, 256: 663.99}}  # gpu_*_bf16_graph_4xh200.json
+NCCL_4 = {
+    "allreduce": {16: 105.14, 64: 328.27, 256: 1191.31},
+    "reducescatter": {16: 68.19, 64: 197.84, 256: 675.67},
+    "allgather": {16: 69.40, 64: 193.69, 256: 663.99},
+}  # gpu_*_bf16_graph_4xh200.json
 # (label, method, collective, options) predicted at 4 and 8 ranks: today's widest that fits (a dict: by ranks), and
 # the new shapes
-PREDICTED = [
-    ("today: two-shot, widest that fits", "twoshot", "allreduce",
-     {4: dict(protocol="simple", instances=32, threads=512), 8: dict(protocol="simple", instances=16, threads=512)}),
+# (label, method, collective, compile options, or options per rank count)
+PREDICTED: list[tuple[str, str, str, dict[Any, Any]]] = [
+    (
+        "today: two-shot, widest that fits",
+        "twoshot",
+        "allreduce",
+        {4: dict(protocol="simple", instances=32, threads=512), 8: dict(protocol="simple", instances=16, threads=512)},
+    ),
     ("two-shot x64-mp", "twoshot", "allreduce", dict(protocol="simple", instances=64, multipeer=True)),
     ("two-shot x128-mp", "twoshot", "allreduce", dict(protocol="simple", instances=128, multipeer=True)),
-    ("two-shot x64-p2-mp (pipelined)", "twoshot", "allreduce",
-     dict(protocol="simple", instances=64, pipeline=2, multipeer=True)),
-    ("one-shot x128-2s-mp", "direct", "allreduce",
-     dict(protocol="simple", instances=128, double_scratch=True, multipeer=True)),
-    ("today: reduce-scatter, widest that fits", "direct", "reducescatter",
-     {4: dict(protocol="simple", instances=16, double_scratch=True),
-      8: dict(protocol="simple", instances=8, double_scratch=True)}),
-    ("reduce-scatter x128-2s-mp", "direct", "reducescatter",
-     dict(protocol="simple", instances=128, double_scratch=True, multipeer=True)),
-    ("today: all-gather, widest that fits", "direct", "allgather",
-     {4: dict(protocol="simple", instances=16), 8: dict(protocol="simple", instances=8)}),
+    (
+        "two-shot x64-p2-mp (pipelined)",
+        "twoshot",
+        "allreduce",
+        dict(protocol="simple", instances=64, pipeline=2, multipeer=True),
+    ),
+    (
+        "one-shot x128-2s-mp",
+        "direct",
+        "allreduce",
+        dict(protocol="simple", instances=128, double_scratch=True, multipeer=True),
+    ),
+    (
+        "today: reduce-scatter, widest that fits",
+        "direct",
+        "reducescatter",
+        {
+            4: dict(protocol="simple", instances=16, double_scratch=True),
+            8: dict(protocol="simple", instances=8, double_scratch=True),
+        },
+    ),
+    (
+        "reduce-scatter x128-2s-mp",
+        "direct",
+        "reducescatter",
+        dict(protocol="simple", instances=128, double_scratch=True, multipeer=True),
+    ),
+    (
+        "today: all-gather, widest that fits",
+        "direct",
+        "allgather",
+        {4: dict(protocol="simple", instances=16), 8: dict(protocol="simple", instances=8)},
+    ),
     ("all-gather x128-mp", "direct", "allgather", dict(protocol="simple", instances=128, multipeer=True)),
 ]
 
@@ -70,13 +106,15 @@ def plan_for(nranks: int, method: str, collective: str, options: dict):
 
 def fit(plans) -> tuple[PortModel, float]:
     best = None
-    for port, block, signal, local in itertools.product((368.0, 400.0), (40.0, 64.0, 96.0), (2.0, 4.0, 8.0),
-                                                         (1.0, 2.0, 4.0)):
+    for port, block, signal, local in itertools.product(
+        (368.0, 400.0), (40.0, 64.0, 96.0), (2.0, 4.0, 8.0), (1.0, 2.0, 4.0)
+    ):
         model = PortModel(port_gbps=port, block_gbps=block, signal_us=signal, local_factor=local)
         errors = [math.log(predict_us(p, s * MB, model) / t) for p, meas in plans for s, t in meas.items()]
         rms = math.sqrt(sum(e * e for e in errors) / len(errors))
         if best is None or rms < best[1]:
             best = (model, rms)
+    assert best is not None  # the grid above is never empty
     return best
 
 
@@ -92,8 +130,11 @@ def main() -> int:
     args = parser.parse_args()
     measured = [(plan_for(n, m, c, o), meas) for n, m, c, o, meas in MEASURED]
     model, rms = fit(measured)
-    checked = [{"plan": p.name, "size_mb": s, "measured_us": t, "predicted_us": round(predict_us(p, s * MB, model), 1)}
-               for p, meas in measured for s, t in meas.items()]
+    checked = [
+        {"plan": p.name, "size_mb": s, "measured_us": t, "predicted_us": round(predict_us(p, s * MB, model), 1)}
+        for p, meas in measured
+        for s, t in meas.items()
+    ]
     rows = []
     for nranks in (4, 8):
         for label, method, collective, options in PREDICTED:
@@ -103,13 +144,27 @@ def main() -> int:
                 us = predict_us(plan, mb * MB, model)
                 egress, ingress = port_bytes(plan, mb * MB)[0]
                 nccl = NCCL_4[collective][mb] if nranks == 4 else None
-                rows.append({"nranks": nranks, "shape": label, "plan": plan.name, "threadblocks": blocks,
-                             "size_mb": mb, "predicted_us": round(us, 1),
-                             "busbw": round(busbw(collective, nranks, mb, us), 1),
-                             "egress_mb": round(egress / MB, 1), "ingress_mb": round(ingress / MB, 1),
-                             "nccl_4gpu_us": nccl, "vs_nccl": round(us / nccl, 2) if nccl else None})
-    doc = {"model": {k: getattr(model, k) for k in model.__dataclass_fields__}, "fit_rms_log_error": round(rms, 3),
-           "checked": checked, "predictions": rows}
+                rows.append(
+                    {
+                        "nranks": nranks,
+                        "shape": label,
+                        "plan": plan.name,
+                        "threadblocks": blocks,
+                        "size_mb": mb,
+                        "predicted_us": round(us, 1),
+                        "busbw": round(busbw(collective, nranks, mb, us), 1),
+                        "egress_mb": round(egress / MB, 1),
+                        "ingress_mb": round(ingress / MB, 1),
+                        "nccl_4gpu_us": nccl,
+                        "vs_nccl": round(us / nccl, 2) if nccl else None,
+                    }
+                )
+    doc = {
+        "model": {k: getattr(model, k) for k in model.__dataclass_fields__},
+        "fit_rms_log_error": round(rms, 3),
+        "checked": checked,
+        "predictions": rows,
+    }
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
     if args.markdown:
         print(f"model {doc['model']}, RMS log error {rms:.2f}")
@@ -119,8 +174,10 @@ def main() -> int:
         print("\n| ranks | shape | blocks | MB | port out/in MB | predicted µs | busbw | × NCCL (4 GPUs) |")
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['nranks']} | {r['shape']} | {r['threadblocks']} | {r['size_mb']} | {r['egress_mb']}/"
-                  f"{r['ingress_mb']} | {r['predicted_us']} | {r['busbw']} | {r['vs_nccl'] or '-'} |")
+            print(
+                f"| {r['nranks']} | {r['shape']} | {r['threadblocks']} | {r['size_mb']} | {r['egress_mb']}/"
+                f"{r['ingress_mb']} | {r['predicted_us']} | {r['busbw']} | {r['vs_nccl'] or '-'} |"
+            )
     return 0
 
 

@@ -21,7 +21,7 @@ import os
 import platform
 import resource
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from math import lcm
 
 from schedules.bounds import allgather_cut_bound, bandwidth_bound_us, lower_bound_us
@@ -38,8 +38,13 @@ MAX_EXPANDED = 4_000_000  # verify the expanded schedule up to this many sends, 
 
 
 def machine() -> dict:
-    return {"host": platform.node(), "python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+    return {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
 
 
 def row(spec: str, check: bool, collective_name: str) -> dict:
@@ -60,8 +65,11 @@ def row(spec: str, check: bool, collective_name: str) -> dict:
     for size in SIZES:
         w = wave.best_waves(size)
         us = wave.predict_us(size, w)
-        by_size[format_bytes(size)] = {"waves": w, "predicted_us": us,
-                                       "pct_of_bound": 100 * lower_bound_us(topology, wave.sized(w), size) / us}
+        by_size[format_bytes(size)] = {
+            "waves": w,
+            "predicted_us": us,
+            "pct_of_bound": 100 * lower_bound_us(topology, wave.sized(w), size) / us,
+        }
     pipelined = wave.with_waves(waves)
     expanded_sends = wave.sends_per_wave * waves
     verified, verify_s, checked = None, None, None
@@ -79,19 +87,37 @@ def row(spec: str, check: bool, collective_name: str) -> dict:
             checked = "the whole pipelined schedule, expanded (its cost equals the compact form's)"
         else:
             verified = verify(wave.expand(), topology).ok
-            checked = (f"one wave ({wave.sends_per_wave} sends); the {waves} waves repeat it on disjoint chunks, "
-                       f"each layer one step after the last ({expanded_sends} sends written out)")
+            checked = (
+                f"one wave ({wave.sends_per_wave} sends); the {waves} waves repeat it on disjoint chunks, "
+                f"each layer one step after the last ({expanded_sends} sends written out)"
+            )
         verify_s = time.perf_counter() - v0
     bound = lower_bound_us(topology, pipelined.sized(), SIZE)
     return {
-        "topology": spec, "collective": collective_name, "method": "trees", "nranks": topology.nranks,
-        "solve_s": round(t4 - t0, 3), "predicted_us": predicted, "pct_of_bound": 100 * bound / predicted,
-        "size": SIZE, "bound_us": bound, "cut_ratio": str(ratio), "bound_s": round(t1 - t0, 3),
-        "forest_s": round(t2 - t1, 3), "schedule_s": round(t3 - t2, 3), "price_s": round(t4 - t3, 3),
-        "verify_s": None if verify_s is None else round(verify_s, 3), "verified": verified, "verified_what": checked,
-        "trees_per_root": wave.per_root, "waves": waves, "chunks": wave.per_root * waves,
-        "layers": [len(phase) for phase in wave.phases], "sends_per_wave": wave.sends_per_wave,
-        "sends_expanded": expanded_sends, "pct_of_optimal": min(f.pct_of_optimal for f in forests),
+        "topology": spec,
+        "collective": collective_name,
+        "method": "trees",
+        "nranks": topology.nranks,
+        "solve_s": round(t4 - t0, 3),
+        "predicted_us": predicted,
+        "pct_of_bound": 100 * bound / predicted,
+        "size": SIZE,
+        "bound_us": bound,
+        "cut_ratio": str(ratio),
+        "bound_s": round(t1 - t0, 3),
+        "forest_s": round(t2 - t1, 3),
+        "schedule_s": round(t3 - t2, 3),
+        "price_s": round(t4 - t3, 3),
+        "verify_s": None if verify_s is None else round(verify_s, 3),
+        "verified": verified,
+        "verified_what": checked,
+        "trees_per_root": wave.per_root,
+        "waves": waves,
+        "chunks": wave.per_root * waves,
+        "layers": [len(phase) for phase in wave.phases],
+        "sends_per_wave": wave.sends_per_wave,
+        "sends_expanded": expanded_sends,
+        "pct_of_optimal": min(f.pct_of_optimal for f in forests),
         "pct_of_bound_by_size": by_size,
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
@@ -101,14 +127,19 @@ def markdown(doc: dict) -> str:
     """The README's table: stage times, and % of the bound with the waves chosen, from 1 MB to 4 GB."""
     rows = [r for r in doc["rows"] if "pct_of_bound_by_size" in r]
     sizes = list(rows[0]["pct_of_bound_by_size"]) if rows else []
-    head = ("| topology | GPUs | bound + trees + schedule + pricing (s) | verify (s) | % of optimal rate | "
-            + " | ".join(f"% of bound at {s} (waves)" for s in sizes) + " |")
+    head = (
+        "| topology | GPUs | bound + trees + schedule + pricing (s) | verify (s) | % of optimal rate | "
+        + " | ".join(f"% of bound at {s} (waves)" for s in sizes)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (5 + len(sizes))]
     for r in rows:
         cells = " | ".join(f"{v['pct_of_bound']:.1f} ({v['waves']})" for v in r["pct_of_bound_by_size"].values())
         verify_s = "-" if r["verify_s"] is None else f"{r['verify_s']:.1f}"
-        lines.append(f"| {r['topology']} | {r['nranks']} | {r['solve_s']:.1f} | {verify_s} | "
-                     f"{r['pct_of_optimal']:.0f} | {cells} |")
+        lines.append(
+            f"| {r['topology']} | {r['nranks']} | {r['solve_s']:.1f} | {verify_s} | "
+            f"{r['pct_of_optimal']:.0f} | {cells} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -126,11 +157,21 @@ def pipeline_rows(spec: str) -> list[dict]:
             s = schedule(topology, collective, forests)
             solve_s = time.perf_counter() - start
             predicted = loads(s, topology).predict_us(huge)
-            rows.append({"topology": spec, "collective": name, "method": "trees", "solve_s": round(solve_s, 3),
-                         "predicted_us": predicted, "size": huge,
-                         "pct_of_bound": 100 * bandwidth_bound_us(topology, collective, huge) / predicted,
-                         "waves": waves, "chunks": collective.chunks, "steps": s.nsteps,
-                         "pct_of_optimal": min(f.pct_of_optimal for f in forests)})
+            rows.append(
+                {
+                    "topology": spec,
+                    "collective": name,
+                    "method": "trees",
+                    "solve_s": round(solve_s, 3),
+                    "predicted_us": predicted,
+                    "size": huge,
+                    "pct_of_bound": 100 * bandwidth_bound_us(topology, collective, huge) / predicted,
+                    "waves": waves,
+                    "chunks": collective.chunks,
+                    "steps": s.nsteps,
+                    "pct_of_optimal": min(f.pct_of_optimal for f in forests),
+                }
+            )
     return rows
 
 
@@ -140,9 +181,13 @@ def main() -> None:
     parser.add_argument("--collective", default="allgather")
     parser.add_argument("--verify-up-to", type=int, default=128, help="verify schedules up to this many nodes")
     parser.add_argument("--pipeline", metavar="SPECS", help="';'-separated topologies for the α = 0 series")
-    parser.add_argument("--also", metavar="SPECS", default="dgx2:nodes=2",
-                        help="';'-separated topologies measured after hgx_h100 (default: dgx2:nodes=2, whose NICs "
-                             "are shared by two GPUs)")
+    parser.add_argument(
+        "--also",
+        metavar="SPECS",
+        default="dgx2:nodes=2",
+        help="';'-separated topologies measured after hgx_h100 (default: dgx2:nodes=2, whose NICs "
+        "are shared by two GPUs)",
+    )
     parser.add_argument("-o", "--output", default="bench/results/trees_scale.json")
     parser.add_argument("--markdown", metavar="FILE", help="print the README table of a results file and exit")
     args = parser.parse_args()
@@ -161,8 +206,12 @@ def main() -> None:
         for spec, verify_it in specs:
             rows.append(row(spec, verify_it, args.collective))
             print(json.dumps(rows[-1]), flush=True)
-    doc = {"benchmark": "trees_scale", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": machine(), "rows": rows}
+    doc = {
+        "benchmark": "trees_scale",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "rows": rows,
+    }
     with open(args.output, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")

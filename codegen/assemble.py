@@ -12,9 +12,19 @@ from schedules.plan import BufferRef, ChannelRef, Gpu, Op, Plan, PlanMeta, Remot
 from schedules.plan import Channel as PlanChannel
 
 
-def assemble(programs: dict[int, dict[int, list[Draft]]], *, name: str, collective: str, protocol: str,
-             inplace: bool, nranks: int, input_chunks: int, output_chunks: int, scratch: list[int],
-             meta: PlanMeta) -> Plan:
+def assemble(
+    programs: dict[int, dict[int, list[Draft]]],
+    *,
+    name: str,
+    collective: str,
+    protocol: str,
+    inplace: bool,
+    nranks: int,
+    input_chunks: int,
+    output_chunks: int,
+    scratch: list[int],
+    meta: PlanMeta,
+) -> Plan:
     """The Plan for every rank's thread-block programs."""
     ends: list[set[Channel]] = [set() for _ in range(nranks)]
     for rank, tbs in programs.items():
@@ -27,22 +37,38 @@ def assemble(programs: dict[int, dict[int, list[Draft]]], *, name: str, collecti
         tbs = programs.get(rank, {})
         channels = sorted(ends[rank], key=lambda c: (c.peer, c.instance, c.direction))
         channel_id = {c: i for i, c in enumerate(channels)}
-        remote = sorted({(loc.rank, loc.type) for ops in tbs.values() for op in ops for loc in op.src + op.dst
-                         if loc.rank != rank})
+        remote = sorted(
+            {(loc.rank, loc.type) for ops in tbs.values() for op in ops for loc in op.src + op.dst if loc.rank != rank}
+        )
         remote_id = {key: i for i, key in enumerate(remote)}
         nsem = 1 + max((s for ops in tbs.values() for op in ops for s in op.semaphores), default=-1)
         threadblocks = tuple(_threadblock(t, tbs[t], rank, channel_id, remote_id) for t in sorted(tbs))
-        gpus.append(Gpu(
-            id=rank, input_chunks=input_chunks, output_chunks=output_chunks, scratch_chunks=scratch[rank],
-            threadblocks=threadblocks,
-            channels=(PlanChannel("memory", tuple(c.peer for c in channels)),) if channels else (),
-            remote_buffers=tuple(RemoteBuffer(r, t) for r, t in remote), semaphores=(0,) * nsem))
-    return Plan(name=name, collective=collective, protocol=protocol, inplace=inplace, gpus=tuple(gpus),
-                use_double_scratch_buffer=protocol == "LL", weft=meta)
+        gpus.append(
+            Gpu(
+                id=rank,
+                input_chunks=input_chunks,
+                output_chunks=output_chunks,
+                scratch_chunks=scratch[rank],
+                threadblocks=threadblocks,
+                channels=(PlanChannel("memory", tuple(c.peer for c in channels)),) if channels else (),
+                remote_buffers=tuple(RemoteBuffer(r, t) for r, t in remote),
+                semaphores=(0,) * nsem,
+            )
+        )
+    return Plan(
+        name=name,
+        collective=collective,
+        protocol=protocol,
+        inplace=inplace,
+        gpus=tuple(gpus),
+        use_double_scratch_buffer=protocol == "LL",
+        weft=meta,
+    )
 
 
-def _threadblock(tb: int, drafts: list[Draft], rank: int, channel_id: dict[Channel, int],
-                 remote_id: dict[tuple[int, str], int]) -> Threadblock:
+def _threadblock(
+    tb: int, drafts: list[Draft], rank: int, channel_id: dict[Channel, int], remote_id: dict[tuple[int, str], int]
+) -> Threadblock:
     used_channels = sorted({channel_id[c] for op in drafts for c in op.channels})
     used_remote: list[int] = []
     for op in drafts:
@@ -51,13 +77,25 @@ def _threadblock(tb: int, drafts: list[Draft], rank: int, channel_id: dict[Chann
                 used_remote.append(remote_id[(loc.rank, loc.type)])
     ops = []
     for op in drafts:
+
         def ref(loc: Loc) -> BufferRef:
             if loc.rank == rank:
                 return BufferRef(loc.index, loc.size, type=loc.type)
             return BufferRef(loc.index, loc.size, buffer_id=used_remote.index(remote_id[(loc.rank, loc.type)]))
-        ops.append(Op(op.name, "memory" if op.channels else None, tuple(channel_id[c] for c in op.channels),
-                      tuple(ref(l) for l in op.src), tuple(ref(l) for l in op.dst), op.semaphores))
+
+        ops.append(
+            Op(
+                op.name,
+                "memory" if op.channels else None,
+                tuple(channel_id[c] for c in op.channels),
+                tuple(ref(entry) for entry in op.src),
+                tuple(ref(entry) for entry in op.dst),
+                op.semaphores,
+            )
+        )
     return Threadblock(
-        tb, tuple(ops),
+        tb,
+        tuple(ops),
         (ChannelRef("memory", tuple(used_channels)),) if used_channels else (),
-        (RemoteBufferRef("memory", tuple(used_remote)),) if used_remote else ())
+        (RemoteBufferRef("memory", tuple(used_remote)),) if used_remote else (),
+    )

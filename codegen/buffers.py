@@ -34,7 +34,9 @@ class Placement:
             self._inputs.append({chunk: k for k, chunk in enumerate(c.input_map(r)) if chunk in held})
             self._outputs.append({chunk: k for k, chunk in enumerate(c.output_map(r))})
         for r in range(c.nranks):
-            self._input_chunk_at.append({self.input_loc(r, chunk): chunk for chunk in self._inputs[r]})
+            self._input_chunk_at.append(
+                {self._physical(r, "i", index): chunk for chunk, index in self._inputs[r].items()}
+            )
 
     @property
     def input_chunks(self) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from codegen.protocol import CodegenError
+
 SEND, ARRIVE, REDUCE, UNPACK, COPY = "send", "arrive", "reduce", "unpack", "copy"
 # Pulls: a rank that reads a peer's input tells the peer when its input may be read (READY, at the start) and when
 # it is done reading it (DONE); both are a signal with no data, waited for by an ARRIVE whose ``sends`` names them.
@@ -26,11 +28,11 @@ class Loc:
     index: int
     size: int = 1
 
-    def follows(self, other: "Loc") -> bool:
+    def follows(self, other: Loc) -> bool:
         """Whether this range starts right where ``other`` ends, in the same buffer."""
         return (self.rank, self.type) == (other.rank, other.type) and self.index == other.index + other.size
 
-    def slots(self) -> list["Loc"]:
+    def slots(self) -> list[Loc]:
         return [Loc(self.rank, self.type, k) for k in range(self.index, self.index + self.size)]
 
 
@@ -56,6 +58,13 @@ class Action:
     sends: tuple[int, ...] = ()  # ARRIVE: the seqs of the SEND actions (on the peer) whose data lands here
     piece: int = 0  # pipelining: which sub-chunk of its instance (``codegen.replicate.pipeline``)
     via: tuple = ()  # a notice or its ARRIVE: the role (thread block) of the pull it belongs to, if any
+
+    @property
+    def partner(self) -> int:
+        """The peer of an action that has one (a send, an arrival, a notice); a CodegenError for any other."""
+        if self.peer is None:
+            raise CodegenError(f"rank {self.rank}: a {self.kind} action (seq {self.seq}) names no peer")
+        return self.peer
 
     @property
     def order(self) -> tuple[int, int, int, int, int]:

@@ -23,8 +23,9 @@ from collections import defaultdict
 from codegen.ir import ARRIVE, NOTICES, SEND, Action
 
 
-def unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]],
-                    double_scratch: bool) -> set[tuple[int, int, int]]:
+def unsafe_channels(
+    actions: list[Action], needs: dict[int, dict[int, Action]], double_scratch: bool
+) -> set[tuple[int, int, int]]:
     """(writer rank, reader rank, instance) of every channel whose writes may overtake the reader's previous launch.
 
     ``needs`` holds the semaphore edges: action seq -> thread block -> the action it waits for there.
@@ -41,7 +42,7 @@ def unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]],
         for p in preds[a.seq]:
             reaches[p] |= reaches[a.seq]
     if double_scratch:  # an access reaches the ends of the launches that its reached ranks start next
-        started = defaultdict(int)
+        started: dict[int, int] = defaultdict(int)  # rank -> the ranks whose next launch it starts
         for a in ordered:
             for s in _ranks(after[a.seq]):
                 started[s] |= 1 << a.rank
@@ -50,10 +51,12 @@ def unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]],
     for a in ordered:
         for slot in _slots(a.dst) if a.kind == SEND else _slots(a.src if a.kind != ARRIVE else ()) + _slots(a.dst):
             masks[slot].add(reaches[a.seq])
-    unsafe = set()
+    unsafe: set[tuple[int, int, int]] = set()
     for w in ordered:
+        if w.kind != SEND or w.peer is None:  # a send always names its peer
+            continue
         channel = (w.rank, w.peer, w.instance)
-        if w.kind != SEND or channel in unsafe:
+        if channel in unsafe:
             continue
         for slot in _slots(w.dst):
             # input and output: the peer's caller reads and writes them between its launches

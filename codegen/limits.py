@@ -21,8 +21,16 @@ from dataclasses import replace
 from schedules.mscclpp_format import MAX_BUFFERS_PER_OPERATION, MAX_OPERATION
 from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock
 
-_FIRST = {"re": "re", "res": "re", "rre": "rre", "rres": "rre", "repkt": "repkt", "respkt": "repkt",
-          "recpkt": "repkt", "recspkt": "repkt"}  # the op that sums the first sources into dst_buff[0] alone
+_FIRST = {
+    "re": "re",
+    "res": "re",
+    "rre": "rre",
+    "rres": "rre",
+    "repkt": "repkt",
+    "respkt": "repkt",
+    "recpkt": "repkt",
+    "recspkt": "repkt",
+}  # the op that sums the first sources into dst_buff[0] alone
 _COPIES = {(True, False): "put", (True, True): "ppkt", (False, False): "copy", (False, True): "cpkt"}
 
 
@@ -48,8 +56,8 @@ def _chain(tb: Threadblock, semaphores: list[int]) -> list[Threadblock]:
     while len(ops) > MAX_OPERATION:
         sem = len(semaphores)
         semaphores.append(0)
-        parts.append(replace(tb, ops=ops[:MAX_OPERATION - 1] + (Op("sem_release", semaphore_ids=(sem,)),)))
-        ops = (Op("sem_acquire", semaphore_ids=(sem,)),) + ops[MAX_OPERATION - 1:]
+        parts.append(replace(tb, ops=ops[: MAX_OPERATION - 1] + (Op("sem_release", semaphore_ids=(sem,)),)))
+        ops = (Op("sem_acquire", semaphore_ids=(sem,)),) + ops[MAX_OPERATION - 1 :]
     return parts + [replace(tb, ops=ops)]
 
 
@@ -62,7 +70,9 @@ def split_op(op: Op) -> list[Op]:
     if spec.signals:
         return [op]  # each part would signal: left as it is (mscclpp_verdict names it)
     if spec.pairwise and len(op.src_buff) == len(op.dst_buff):
-        return [_with_entries(op, op.src_buff[k:k + n], op.dst_buff[k:k + n]) for k in range(0, len(op.src_buff), n)]
+        return [
+            _with_entries(op, op.src_buff[k : k + n], op.dst_buff[k : k + n]) for k in range(0, len(op.src_buff), n)
+        ]
     first = op.dst_buff[0] if op.dst_buff else None
     if not spec.reduces or first is None or first.remote or op.tbg is not None or first in op.src_buff[n:]:
         return [op]  # nothing to sum into: left as it is (mscclpp_verdict names it)
@@ -77,9 +87,10 @@ def split_op(op: Op) -> list[Op]:
     for remote, packet in _COPIES:  # the destinations past the first n: copies of the sum in dst_buff[0]
         group = [d for k, d in enumerate(rest, n) if d.remote == remote and spec.writes_packet(d.remote, k) == packet]
         for k in range(0, len(group), n):
-            dsts = tuple(group[k:k + n])
-            ops.append(_with_entries(Op(_COPIES[(remote, packet)], op.channel_type), (first,) * len(dsts), dsts,
-                                     source=op))
+            dsts = tuple(group[k : k + n])
+            ops.append(
+                _with_entries(Op(_COPIES[(remote, packet)], op.channel_type), (first,) * len(dsts), dsts, source=op)
+            )
     return ops
 
 
@@ -94,4 +105,4 @@ def _with_entries(op: Op, srcs: tuple[BufferRef, ...], dsts: tuple[BufferRef, ..
 
 def _channels(op: Op) -> dict[int, int]:
     remote = [b for b in op.src_buff if b.remote] + [b for b in op.dst_buff if b.remote]
-    return {id(b): c for b, c in zip(remote, op.channel_ids)}
+    return {id(b): c for b, c in zip(remote, op.channel_ids, strict=False)}

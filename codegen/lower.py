@@ -3,8 +3,9 @@
 The schedule's step semantics carry over: every send of a step reads the sender's slot as it was at the
 start of the step, and what arrives lands at the end. A copy lands straight in the receiver's home slot
 (its output slot, or a scratch accumulator) unless the receiver still reads that chunk in the same step,
-the slot still holds another chunk's input (in place), or the protocol uses packets; everything else lands in a fresh scratch slot. Reductions of one chunk that
-arrive in one step are combined by a single REDUCE action: home = current + every arrival.
+the slot still holds another chunk's input (in place), or the protocol uses packets; everything else lands in a fresh
+scratch slot. Reductions of one chunk that arrive in one step are combined by a single REDUCE action: home = current
++ every arrival.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
     loc: list[dict[int, Loc]] = [{} for _ in range(n)]
     for r in range(n):
         for c in collective.precondition(r):
-            loc[r][c] = placement.input_loc(r, c)
+            held = placement.input_loc(r, c)
+            assert held is not None  # a precondition's chunks start in the input buffer
+            loc[r][c] = held
     actions: list[Action] = []
 
     def emit(rank: int, step: int, phase: int, kind: str, peer: int | None, src, dst, **extra) -> Action:
@@ -40,14 +43,13 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
 
     for t, step in enumerate(schedule.steps):
         read_now = {(s.src, s.chunk) for s in step.sends}
-        arrivals: dict[int, dict[int, list[tuple[str, int, Loc, int]]]] = defaultdict(lambda: defaultdict(list))
+        arrivals: dict[int, dict[int, list[tuple[str, int, Loc]]]] = defaultdict(lambda: defaultdict(list))
         for send in step.sends:
             d, c = send.dst, send.chunk
             if pull and not packets and loc[send.src][c] == placement.input_loc(send.src, c):
                 arrivals[d][c].append((send.op, send.src, loc[send.src][c]))  # d reads the peer's input slot
                 continue
-            direct = (send.op == "copy" and not packets and (d, c) not in read_now
-                      and not placement.holds_other(d, c))
+            direct = send.op == "copy" and not packets and (d, c) not in read_now and not placement.holds_other(d, c)
             landing = placement.home(d, c) if direct else placement.new_scratch(d)
             sent = emit(send.src, t, 0, SEND, d, [loc[send.src][c]], [landing])
             if not packets:  # arrivals in send order: the k-th wait on a channel pairs with its k-th signal
@@ -68,8 +70,7 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
     return actions
 
 
-def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], placement: Placement,
-          packets: bool) -> None:
+def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], placement: Placement, packets: bool) -> None:
     """Actions on rank d that combine chunk c's arrivals of step t into its state (after their ARRIVEs)."""
     home = placement.home(d, c)
     copies = [g for g in group if g[0] == "copy"]
@@ -96,8 +97,12 @@ def _notices(actions: list[Action], emit, final: int) -> None:
     right before its pull and signals DONE once the pull (and a send fused with it) is done, and the owner waits
     for DONE at its very end. Notices travel in the thread blocks that pull (``via``), so each rank's signals to a
     peer leave from one thread block, in program order."""
-    pulls = [(a, owner) for a in actions if a.kind in (REDUCE, COPY)
-             for owner in sorted({loc.rank for loc in a.src if loc.rank != a.rank})]
+    pulls = [
+        (a, owner)
+        for a in actions
+        if a.kind in (REDUCE, COPY)
+        for owner in sorted({loc.rank for loc in a.src if loc.rank != a.rank})
+    ]
     pulling: dict[tuple[int, int], tuple] = {}
     for a, owner in pulls:
         pulling.setdefault((a.rank, owner), a.role)

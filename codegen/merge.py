@@ -22,8 +22,14 @@ def merge_ranges(actions: list[Action]) -> list[Action]:
     out: list[Action] = []
     for prog in programs.values():
         sends = [a for a in prog if a.kind == SEND]
-        for group in _runs(sends, lambda a, b: _adjacent(a, b) and position[id(b)][2] == position[id(a)][2] + 1
-                           and _arrivals_adjacent(arrive_of.get(a.seq), arrive_of.get(b.seq), position)):
+        for group in _runs(
+            sends,
+            lambda a, b: (
+                _adjacent(a, b)
+                and position[id(b)][2] == position[id(a)][2] + 1
+                and _arrivals_adjacent(arrive_of.get(a.seq), arrive_of.get(b.seq), position)
+            ),
+        ):
             head = _combine(group)
             out.append(head)
             for a in group:
@@ -54,9 +60,13 @@ def _runs(prog: list[Action], joins) -> list[list[Action]]:
 
 def _adjacent(a: Action, b: Action) -> bool:
     """b continues a: same kind, step, phase and peer, and every range picks up where a's ended."""
-    return ((a.kind, a.step, a.phase, a.peer, a.packet, a.piece) == (b.kind, b.step, b.phase, b.peer, b.packet, b.piece)
-            and len(a.src) == len(b.src) and len(a.dst) == len(b.dst)
-            and all(y.follows(x) for x, y in zip(a.src, b.src)) and all(y.follows(x) for x, y in zip(a.dst, b.dst)))
+    return (
+        (a.kind, a.step, a.phase, a.peer, a.packet, a.piece) == (b.kind, b.step, b.phase, b.peer, b.packet, b.piece)
+        and len(a.src) == len(b.src)
+        and len(a.dst) == len(b.dst)
+        and all(y.follows(x) for x, y in zip(a.src, b.src, strict=True))
+        and all(y.follows(x) for x, y in zip(a.dst, b.dst, strict=True))
+    )
 
 
 def _arrivals_adjacent(x: Action | None, y: Action | None, position: dict) -> bool:
@@ -72,9 +82,12 @@ def _mergeable(a: Action, b: Action, merged_sends: dict[int, int]) -> bool:
     if a.kind == SEND or a.kind in NOTICES or b.kind in NOTICES:
         return False  # sends are merged already; every notice is a signal of its own
     if a.kind == ARRIVE:
-        return (b.kind == ARRIVE and (a.step, a.peer) == (b.step, b.peer)
-                and all(s in merged_sends for s in a.sends + b.sends)
-                and {merged_sends[s] for s in a.sends} == {merged_sends[s] for s in b.sends})
+        return (
+            b.kind == ARRIVE
+            and (a.step, a.peer) == (b.step, b.peer)
+            and all(s in merged_sends for s in a.sends + b.sends)
+            and {merged_sends[s] for s in a.sends} == {merged_sends[s] for s in b.sends}
+        )
     return _adjacent(a, b)
 
 
@@ -86,8 +99,11 @@ def _combine(group: list[Action]) -> Action:
         slots = sorted({s for a in group for loc in a.dst for s in loc.slots()})
         return replace(head, dst=_ranges(slots), sends=tuple(s for a in group for s in a.sends))
     size = sum(a.src[0].size if a.src else a.dst[0].size for a in group)
-    return replace(head, src=tuple(replace(loc, size=size) for loc in head.src),
-                   dst=tuple(replace(loc, size=size) for loc in head.dst))
+    return replace(
+        head,
+        src=tuple(replace(loc, size=size) for loc in head.src),
+        dst=tuple(replace(loc, size=size) for loc in head.dst),
+    )
 
 
 def _ranges(slots: list[Loc]) -> tuple[Loc, ...]:

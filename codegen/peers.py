@@ -63,8 +63,7 @@ def _merge(a: Draft, b: Draft) -> Draft | None:
     written = _slots(a.dst)
     if written & (_slots(b.src) | _slots(b.dst)) or _slots(b.dst) & _slots(a.src):
         return None
-    return Draft(a.name, a.src + b.src, a.dst + b.dst, a.channels + b.channels,
-                 packet_src=a.packet_src + b.packet_src)
+    return Draft(a.name, a.src + b.src, a.dst + b.dst, a.channels + b.channels, packet_src=a.packet_src + b.packet_src)
 
 
 def _slots(locs: tuple[Loc, ...]) -> set[Loc]:

@@ -35,13 +35,22 @@ block run on (``sem_release``, ``barrier``, a memory ``signal``), and at its end
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from codegen.protocol import CodegenError
 from schedules.ops import PORT_OPS
-from schedules.plan import (BufferRef, Channel, ChannelRef, Gpu, Op, Plan, RemoteBuffer, RemoteBufferRef,
-                            Threadblock, op_channels)
+from schedules.plan import (
+    BufferRef,
+    Channel,
+    ChannelRef,
+    Gpu,
+    Op,
+    Plan,
+    RemoteBufferRef,
+    Threadblock,
+    op_channels,
+)
 
 MEMORY, PORT = "memory", "port"
 
@@ -54,8 +63,9 @@ def crosses_hosts(hosts: Sequence[int]) -> bool:
 def port_channels(plan: Plan, hosts: Sequence[int]) -> Plan:
     """``plan`` with every channel between ranks of different hosts (``hosts[rank]``) a port channel."""
     if len(hosts) != plan.nranks:
-        raise CodegenError(f"plan {plan.name}: the topology places {len(hosts)} ranks on hosts, the plan has "
-                           f"{plan.nranks}")
+        raise CodegenError(
+            f"plan {plan.name}: the topology places {len(hosts)} ranks on hosts, the plan has {plan.nranks}"
+        )
     return replace(plan, gpus=tuple(_gpu(plan, g, hosts) for g in plan.gpus))
 
 
@@ -84,11 +94,16 @@ def _renumber(cross: list[bool]) -> list[tuple[str, int]]:
 def _gpu(plan: Plan, gpu: Gpu, hosts: Sequence[int]) -> Gpu:
     ids = _Ids(gpu, hosts)
     peers = gpu.memory_peers
-    channels = tuple(Channel(kind, tuple(p for p, c in zip(peers, ids.cross) if c == (kind == PORT)))
-                     for kind in (MEMORY, PORT) if any(c == (kind == PORT) for c in ids.cross))
+    channels = tuple(
+        Channel(kind, tuple(p for p, c in zip(peers, ids.cross, strict=True) if c == (kind == PORT)))
+        for kind in (MEMORY, PORT)
+        if any(c == (kind == PORT) for c in ids.cross)
+    )
     others = tuple(c for c in gpu.channels if c.channel_type != MEMORY)
-    remote = tuple(replace(b, access_channel_types=(PORT,) if cross else b.access_channel_types)
-                   for b, cross in zip(gpu.remote_buffers, ids.buffer_cross))
+    remote = tuple(
+        replace(b, access_channel_types=(PORT,) if cross else b.access_channel_types)
+        for b, cross in zip(gpu.remote_buffers, ids.buffer_cross, strict=True)
+    )
     tbs = tuple(_threadblock(plan, gpu, tb, ids) for tb in gpu.threadblocks)
     return replace(gpu, channels=channels + others, remote_buffers=remote, threadblocks=tbs)
 
@@ -104,8 +119,12 @@ def _threadblock(plan: Plan, gpu: Gpu, tb: Threadblock, ids: _Ids) -> Threadbloc
             used[op.channel_type].update(op.channel_ids)
     channels = tuple(ChannelRef(k, tuple(sorted(used[k]))) for k in (MEMORY, PORT) if used[k])
     refs = _buffer_refs(ops)
-    return replace(tb, ops=tuple(_renumber_buffers(op, refs) for op in ops), channels=channels,
-                   remote_buffer_refs=tuple(RemoteBufferRef(k, tuple(v)) for k, v in refs.items() if v))
+    return replace(
+        tb,
+        ops=tuple(_renumber_buffers(op, refs) for op in ops),
+        channels=channels,
+        remote_buffer_refs=tuple(RemoteBufferRef(k, tuple(v)) for k, v in refs.items() if v),
+    )
 
 
 # Between _rewrite and _renumber_buffers an op's remote entries hold the GPU's remote-buffer id (not yet the
@@ -119,29 +138,39 @@ def _rewrite(plan: Plan, gpu: Gpu, tb: Threadblock, index: int, op: Op, ids: _Id
         return [_move(op, ids, op.channel_ids)]
     where = f"plan {plan.name}: gpus[{gpu.id}].threadblocks[{tb.id}].ops[{index}]"
     if op.spec.device in ("signal", "wait", "flush"):
-        return [_move(op, ids, tuple(c for c, k in zip(op.channel_ids, kinds) if k == kind))
-                for kind in (MEMORY, PORT) if kind in kinds]
+        return [
+            _move(op, ids, tuple(c for c, k in zip(op.channel_ids, kinds, strict=True) if k == kind))
+            for kind in (MEMORY, PORT)
+            if kind in kinds
+        ]
     if op.name in ("put", "pws", "pwsf"):
         out = []
         for kind in (MEMORY, PORT):
-            pairs = [(s, d, c) for s, d, c in zip(op.src_buff, op.dst_buff, op.channel_ids) if ids.kind(c) == kind]
+            pairs = [
+                (s, d, c)
+                for s, d, c in zip(op.src_buff, op.dst_buff, op.channel_ids, strict=True)
+                if ids.kind(c) == kind
+            ]
             if pairs:
-                src, dst, cids = zip(*pairs)
+                src, dst, cids = zip(*pairs, strict=True)
                 out.append(_move(replace(op, src_buff=src, dst_buff=dst), ids, cids))
         return out
     if op.name == "res":
         return _split_res(op, ids, where)
-    raise CodegenError(f"{where}: op {op.name!r} crosses hosts, but port channels carry only "
-                       f"{', '.join(sorted(PORT_OPS))} (compile multi-host plans with the Simple protocol, "
-                       "without --pull)")
+    raise CodegenError(
+        f"{where}: op {op.name!r} crosses hosts, but port channels carry only "
+        f"{', '.join(sorted(PORT_OPS))} (compile multi-host plans with the Simple protocol, "
+        "without --pull)"
+    )
 
 
 def _split_res(op: Op, ids: _Ids, where: str) -> list[Op]:
     local = tuple(b for b in op.dst_buff if not b.remote)
     remote = [(b, c) for b, c in op_channels(op)]
     if not local:
-        raise CodegenError(f"{where}: op 'res' sends a sum across hosts without keeping it locally; a port put "
-                           "needs a local source")
+        raise CodegenError(
+            f"{where}: op 'res' sends a sum across hosts without keeping it locally; a port put needs a local source"
+        )
     near = [(b, c) for b, c in remote if ids.kind(c) == MEMORY]
     far = [(b, c) for b, c in remote if ids.kind(c) == PORT]
     if near:
@@ -155,7 +184,11 @@ def _split_res(op: Op, ids: _Ids, where: str) -> list[Op]:
 
 def _absolute(gpu: Gpu, tb: Threadblock, op: Op) -> Op:
     def fix(b: BufferRef) -> BufferRef:
-        return replace(b, buffer_id=tb.remote_buffer_id(MEMORY, b.buffer_id)) if b.remote else b
+        if not b.remote:
+            return b
+        assert b.buffer_id is not None  # parse_plan gave every remote entry its buffer_id
+        return replace(b, buffer_id=tb.remote_buffer_id(MEMORY, b.buffer_id))
+
     return replace(op, src_buff=tuple(map(fix, op.src_buff)), dst_buff=tuple(map(fix, op.dst_buff)))
 
 
@@ -168,14 +201,21 @@ def _buffer_refs(ops: list[Op]) -> dict[str, list[int]]:
     refs: dict[str, list[int]] = {MEMORY: [], PORT: []}
     for op in ops:
         for b in op.src_buff + op.dst_buff:
-            if b.remote and b.buffer_id not in refs[op.channel_type]:
+            if not b.remote:
+                continue
+            assert b.buffer_id is not None and op.channel_type is not None  # parse_plan: a remote entry names both
+            if b.buffer_id not in refs[op.channel_type]:
                 refs[op.channel_type].append(b.buffer_id)
     return refs
 
 
 def _renumber_buffers(op: Op, refs: dict[str, list[int]]) -> Op:
     def fix(b: BufferRef) -> BufferRef:
-        return replace(b, buffer_id=refs[op.channel_type].index(b.buffer_id)) if b.remote else b
+        if not b.remote:
+            return b
+        assert b.buffer_id is not None and op.channel_type is not None  # parse_plan: a remote entry names both
+        return replace(b, buffer_id=refs[op.channel_type].index(b.buffer_id))
+
     return replace(op, src_buff=tuple(map(fix, op.src_buff)), dst_buff=tuple(map(fix, op.dst_buff)))
 
 
@@ -202,7 +242,7 @@ def _with_flushes(ops: list[Op]) -> list[Op]:
                 pending.pop(c, None)
         out.append(op)
         if op.channel_type == PORT and op.spec.buffers and op.name != "pwsf":  # pwsf flushes itself
-            for src, c in zip(op.src_buff, op.channel_ids):
+            for src, c in zip(op.src_buff, op.channel_ids, strict=False):
                 pending.setdefault(c, []).append(src)
     flush(list(pending))
     return out

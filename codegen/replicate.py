@@ -41,8 +41,16 @@ def replicate(actions: list[Action], instances: int, placement: Placement) -> li
     for a in actions:
         src, dst = [piece(loc) for loc in a.src], [piece(loc) for loc in a.dst]
         for i in range(instances):
-            out.append(replace(a, seq=a.seq * instances + i, instance=i, src=tuple(p[i] for p in src),
-                               dst=tuple(p[i] for p in dst), sends=tuple(s * instances + i for s in a.sends)))
+            out.append(
+                replace(
+                    a,
+                    seq=a.seq * instances + i,
+                    instance=i,
+                    src=tuple(p[i] for p in src),
+                    dst=tuple(p[i] for p in dst),
+                    sends=tuple(s * instances + i for s in a.sends),
+                )
+            )
     return out
 
 

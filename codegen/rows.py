@@ -47,9 +47,11 @@ def _regroup(plan: Plan, gpu: Gpu, groups: int) -> Gpu:
     for tb in reducing:
         for k, op in enumerate(tb.ops):
             if not _plain_reduction(op):
-                raise CodegenError(f"{where}.threadblocks[{tb.id}].ops[{k}]: op {op.name!r} shares a thread block "
-                                   "with output writes but is not a local reduction of one chunk range into the "
-                                   "output; the block's rows cannot be regrouped")
+                raise CodegenError(
+                    f"{where}.threadblocks[{tb.id}].ops[{k}]: op {op.name!r} shares a thread block "
+                    "with output writes but is not a local reduction of one chunk range into the "
+                    "output; the block's rows cannot be regrouped"
+                )
             pieces.append((op.dst_buff[0].index, op.dst_buff[0].size, op))
     pieces.sort(key=lambda p: p[0])
     covered = [c for first, size, _ in pieces for c in range(first, first + size)]
@@ -59,12 +61,19 @@ def _regroup(plan: Plan, gpu: Gpu, groups: int) -> Gpu:
         raise CodegenError(f"{where}: the reductions differ in kind; their rows cannot be merged")
     span = chunks // groups
     template = pieces[0][2]
-    merged = [replace(template, src_buff=tuple(BufferRef(g * span, span, b.type) for b in template.src_buff),
-                      dst_buff=(BufferRef(g * span, span, "o"),)) for g in range(groups)]
+    merged = [
+        replace(
+            template,
+            src_buff=tuple(BufferRef(g * span, span, b.type) for b in template.src_buff),
+            dst_buff=(BufferRef(g * span, span, "o"),),
+        )
+        for g in range(groups)
+    ]
     first = {tb.id for tb in reducing[:groups]}
     if len(reducing) < groups:
         raise CodegenError(f"{where}: {len(reducing)} reducing thread blocks, fewer than {groups} row groups")
-    kept, g = [], 0
+    kept: list[Threadblock] = []
+    g = 0
     for tb in gpu.threadblocks:
         if tb in reducing and tb.id not in first:
             continue

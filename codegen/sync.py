@@ -1,14 +1,14 @@
 """Synchronization: ops for every action, with signal/wait for cross-rank and semaphores for cross-block order.
 
-Cross-rank: a Simple send is a ``put`` then a ``signal`` on the channel to the receiver; the matching
-arrival waits on the receiver's end of that channel pair until that very signal came: the n-th wait pairs
-with the n-th signal, so an arrival whose send was the n-th on its channel waits up to n (lowering emits
-arrivals in send order, so that is one wait each; counting keeps the pairing right whatever the order). Packet sends need neither (a packet carries
-its own flag). Within a rank, an action that reads a slot another thread block wrote (or writes a slot
-another thread block wrote or still reads) waits for it: the producer block ``sem_release``s a semaphore
-kept for that (producer, consumer) pair after the action, and the consumer ``sem_acquire``s it up to that
-release before its own action. Every edge runs forward in ``(step, phase, seq)`` order, which every thread
-block follows, so the result cannot deadlock.
+Cross-rank: a Simple send is a ``put`` then a ``signal`` on the channel to the receiver; the matching arrival waits
+on the receiver's end of that channel pair until that very signal came: the n-th wait pairs with the n-th signal, so
+an arrival whose send was the n-th on its channel waits up to n (lowering emits arrivals in send order, so that is
+one wait each; counting keeps the pairing right whatever the order). Packet sends need neither (a packet carries its
+own flag). Within a rank, an action that reads a slot another thread block wrote (or writes a slot another thread
+block wrote or still reads) waits for it: the producer block ``sem_release``s a semaphore kept for that (producer,
+consumer) pair after the action, and the consumer ``sem_acquire``s it up to that release before its own action.
+Every edge runs forward in ``(step, phase, seq)`` order, which every thread block follows, so the result cannot
+deadlock.
 
 Across launches: where a peer's write could overtake this rank's previous launch (``codegen.launches``), an
 entry handshake orders it: the receiving rank signals on that channel as its first op, and the writer waits
@@ -33,14 +33,16 @@ def insert_sync(actions: list[Action], double_scratch: bool = False) -> dict[int
     signal = _signal_numbers(actions)
     needs = {rank: _dependencies(rank_actions) for rank, rank_actions in by_rank.items()}
     gated = unsafe_channels(actions, {s: n for per in needs.values() for s, n in per.items()}, double_scratch)
-    programs = {rank: _rank_programs(rank_actions, needs[rank], signal, gated)
-                for rank, rank_actions in sorted(by_rank.items())}
+    programs = {
+        rank: _rank_programs(rank_actions, needs[rank], signal, gated) for rank, rank_actions in sorted(by_rank.items())
+    }
     add_entry_handshake(programs, actions, gated)
     return programs
 
 
-def add_entry_handshake(programs: dict[int, dict[int, list[Draft]]], actions: list[Action],
-                        gated: set[tuple[int, int, int]]) -> None:
+def add_entry_handshake(
+    programs: dict[int, dict[int, list[Draft]]], actions: list[Action], gated: set[tuple[int, int, int]]
+) -> None:
     """Open every launch with a ready signal from each reader on its gated channels (writer, reader, instance).
 
     The writers' waits are placed by ``_rank_programs`` before their first send on each gated channel. A
@@ -64,7 +66,7 @@ def _signal_numbers(actions: list[Action]) -> dict[int, int]:
     number = {}
     for a in sorted(actions, key=lambda a: a.order):
         if a.signals:
-            key = (a.rank, a.peer, a.instance)
+            key = (a.rank, a.partner, a.instance)
             count[key] += 1
             number[a.seq] = count[key]
     return number
@@ -97,8 +99,9 @@ def _dependencies(actions: list[Action]) -> dict[int, dict[int, Action]]:
     return needs
 
 
-def _rank_programs(actions: list[Action], needs: dict[int, dict[int, Action]], signal: dict[int, int],
-                   gated: set[tuple[int, int, int]]) -> dict[int, list[Draft]]:
+def _rank_programs(
+    actions: list[Action], needs: dict[int, dict[int, Action]], signal: dict[int, int], gated: set[tuple[int, int, int]]
+) -> dict[int, list[Draft]]:
     semaphore: dict[tuple[int, int], int] = {}
     releases: dict[tuple[int, int], list[int]] = defaultdict(list)  # (producer, consumer) -> producer seqs
     for a in actions:
@@ -109,7 +112,7 @@ def _rank_programs(actions: list[Action], needs: dict[int, dict[int, Action]], s
                 releases[key].append(b.seq)
     order = {a.seq: a.order for a in actions}
     for key in releases:
-        releases[key].sort(key=order.get)
+        releases[key].sort(key=order.__getitem__)
     release_after: dict[int, list[int]] = defaultdict(list)
     for key, seqs in releases.items():
         for s in seqs:
@@ -126,13 +129,13 @@ def _rank_programs(actions: list[Action], needs: dict[int, dict[int, Action]], s
                 ops.append(Draft("sem_acquire", semaphores=(semaphore[key],)))
             acquired[key] = max(acquired[key], count)
         if a.kind == ARRIVE:
-            key = (a.peer, a.instance)
+            key = (a.partner, a.instance)
             upto = max(signal[s] for s in a.sends if s in signal)
             ops.extend(_ops(a) * max(0, upto - waited[key]))
             waited[key] = max(waited[key], upto)
         elif a.kind == SEND and (a.rank, a.peer, a.instance) in gated:
-            gated = gated - {(a.rank, a.peer, a.instance)}  # the first send on the channel waits; the rest follow it
-            ops.append(Draft("wait", channels=(Channel(a.peer, direction(a.rank, a.peer), a.instance),)))
+            gated = gated - {(a.rank, a.partner, a.instance)}  # the first send on the channel waits; the rest follow it
+            ops.append(Draft("wait", channels=(Channel(a.partner, direction(a.rank, a.partner), a.instance),)))
             ops.extend(_ops(a))
         else:
             ops.extend(_ops(a))
@@ -143,15 +146,15 @@ def _rank_programs(actions: list[Action], needs: dict[int, dict[int, Action]], s
 
 def _ops(a: Action) -> list[Draft]:
     if a.kind in NOTICES:
-        return [Draft("signal", channels=(Channel(a.peer, direction(a.rank, a.peer), a.instance),))]
+        return [Draft("signal", channels=(Channel(a.partner, direction(a.rank, a.partner), a.instance),))]
     pulled = tuple(Channel(loc.rank, direction(loc.rank, a.rank), a.instance) for loc in a.src if loc.rank != a.rank)
     if a.kind == SEND:
-        channel = Channel(a.peer, direction(a.rank, a.peer), a.instance)
+        channel = Channel(a.partner, direction(a.rank, a.partner), a.instance)
         if a.packet:
             return [Draft("ppkt", a.src, a.dst, (channel,))]
         return [Draft("put", a.src, a.dst, (channel,)), Draft("signal", channels=(channel,))]
     if a.kind == ARRIVE:
-        return [Draft("wait", channels=(Channel(a.peer, direction(a.peer, a.rank), a.instance),))]
+        return [Draft("wait", channels=(Channel(a.partner, direction(a.partner, a.rank), a.instance),))]
     if a.kind == REDUCE:
         if a.packet:
             return [Draft("repkt", a.src, a.dst, packet_src=(False,) + (True,) * (len(a.src) - 1))]

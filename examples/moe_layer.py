@@ -30,9 +30,10 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -79,9 +80,9 @@ def make_weights(experts: int, ffn: int, rank: int, local: int, device) -> tuple
     gate_up, down = [], []
     for e in range(rank * local, (rank + 1) * local):
         gen = torch.Generator(device=device).manual_seed(1000 + e)
-        gate_up.append(torch.randn(HIDDEN, 2 * ffn, generator=gen, device=device) * HIDDEN ** -0.5)
-        down.append(torch.randn(ffn, HIDDEN, generator=gen, device=device) * ffn ** -0.5)
-    return (router * HIDDEN ** -0.5, torch.stack(gate_up).to(torch.bfloat16), torch.stack(down).to(torch.bfloat16))
+        gate_up.append(torch.randn(HIDDEN, 2 * ffn, generator=gen, device=device) * HIDDEN**-0.5)
+        down.append(torch.randn(ffn, HIDDEN, generator=gen, device=device) * ffn**-0.5)
+    return (router * HIDDEN**-0.5, torch.stack(gate_up).to(torch.bfloat16), torch.stack(down).to(torch.bfloat16))
 
 
 Exchange = Callable[[torch.Tensor, torch.Tensor], None]  # all_to_all_single(output, input)
@@ -104,23 +105,23 @@ class Layer:
         experts, gates = moe.route(x.float() @ self.router, self.ids, torch)
         rows = moe.assign(experts, self.ids, s.capacity)
         moe.dispatch(self.send, x, rows)
-        exchange(self.received, self.send[:s.rows])
+        exchange(self.received, self.send[: s.rows])
         batch = moe.expert_major(self.received, s.ranks, s.local, s.capacity)
         gate, up = torch.bmm(batch, self.gate_up).chunk(2, dim=-1)
         done = torch.bmm(F.silu(gate) * up, self.down)
-        exchange(self.returned[:s.rows], moe.token_major(done, s.ranks, s.capacity))
+        exchange(self.returned[: s.rows], moe.token_major(done, s.ranks, s.capacity))
         return moe.combine(self.returned, rows, gates, s.experts, s.capacity).to(x.dtype)
 
     def exchanges(self, exchange: Exchange) -> None:
         """The layer's two all-to-alls alone, on buffers of the same sizes."""
-        exchange(self.received, self.send[:self.shape.rows])
+        exchange(self.received, self.send[: self.shape.rows])
         exchange(self.outputs, self.received)
 
 
 @dataclass(frozen=True)
 class Backend:
     exchange: Exchange
-    capture: Callable[[Shape], ContextManager]  # around each graph's warm-up and capture
+    capture: Callable[[Shape], contextlib.AbstractContextManager]  # around each graph's warm-up and capture
 
 
 def nccl_backend() -> Backend:
@@ -133,45 +134,67 @@ def weft_backend(comm) -> Backend:
 
 def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, device) -> dict:
     """One row: every backend's layer and exchanges as graphs, timed taking turns, and the outputs compared."""
-    x = torch.randn(shape.tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(
-        7 + dist.get_rank()), device=device).to(torch.bfloat16)
+    x = torch.randn(
+        shape.tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(7 + dist.get_rank()), device=device
+    ).to(torch.bfloat16)
     graphs, results, layers = {}, {}, {}
     side = torch.cuda.Stream()
     for name, impl in backends.items():
         layer = layers[name] = Layer(shape, weights, device)
-        out = {}
+        out: dict[str, Any] = {}
 
         def forward(layer=layer, out=out, impl=impl):
             out["y"] = layer.forward(x, impl.exchange)
 
-        capture = (lambda impl=impl: impl.capture(shape))
-        graphs[name] = {"layer": graph_of(forward, side, capture),
-                        "alltoall": graph_of(lambda layer=layer, impl=impl: layer.exchanges(impl.exchange), side,
-                                             capture)}
+        def capture(impl=impl):
+            return impl.capture(shape)
+
+        graphs[name] = {
+            "layer": graph_of(forward, side, capture),
+            "alltoall": graph_of(lambda layer=layer, impl=impl: layer.exchanges(impl.exchange), side, capture),
+        }
         results[name] = out
-    times = {name: {kind: [] for kind in g} for name, g in graphs.items()}
+    times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in g} for name, g in graphs.items()}
     for _ in range(iters):
         for kind in ("layer", "alltoall"):
             for name, g in graphs.items():
                 times[name][kind].append(time_replay(g[kind]))
-    for name, g in graphs.items():
+    for g in graphs.values():
         g["layer"].replay()
     torch.cuda.synchronize()
-    row = {"tokens": shape.tokens, "ep": shape.ranks, "experts": shape.experts, "capacity": shape.capacity,
-           "alltoall_bytes": shape.alltoall_bytes}
+    row: dict[str, Any] = {
+        "tokens": shape.tokens,
+        "ep": shape.ranks,
+        "experts": shape.experts,
+        "capacity": shape.capacity,
+        "alltoall_bytes": shape.alltoall_bytes,
+    }
     for name in graphs:
         layer_ms = statistics.median(times[name]["layer"])
         a2a_ms = statistics.median(times[name]["alltoall"])
-        row.update({f"{name}_ms": layer_ms, f"{name}_alltoall_ms": a2a_ms, f"{name}_alltoall_share": a2a_ms / layer_ms,
-                    f"{name}_tokens_per_s": shape.tokens * shape.ranks / layer_ms * 1e3,
-                    f"{name}_raw_ms": times[name]["layer"], f"{name}_raw_alltoall_ms": times[name]["alltoall"]})
+        row.update(
+            {
+                f"{name}_ms": layer_ms,
+                f"{name}_alltoall_ms": a2a_ms,
+                f"{name}_alltoall_share": a2a_ms / layer_ms,
+                f"{name}_tokens_per_s": shape.tokens * shape.ranks / layer_ms * 1e3,
+                f"{name}_raw_ms": times[name]["layer"],
+                f"{name}_raw_alltoall_ms": times[name]["alltoall"],
+            }
+        )
     if "nccl" in results and "weft" in results:
         ref, got = results["nccl"]["y"].float(), results["weft"]["y"].float()
         diff = (got - ref).abs().max().item()
         scale = max(ref.abs().max().item(), 1e-30)
         verdicts = exchange_plain([diff <= BOUND * scale, bool(torch.equal(got, ref)), diff])
-        row.update({"speedup": row["nccl_ms"] / row["weft_ms"], "agree": all(v[0] for v in verdicts),
-                    "bitwise": all(v[1] for v in verdicts), "max_abs_diff": max(v[2] for v in verdicts)})
+        row.update(
+            {
+                "speedup": row["nccl_ms"] / row["weft_ms"],
+                "agree": all(v[0] for v in verdicts),
+                "bitwise": all(v[1] for v in verdicts),
+                "max_abs_diff": max(v[2] for v in verdicts),
+            }
+        )
     return row
 
 
@@ -226,14 +249,28 @@ def main() -> None:
         slug = torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "").lower()
         path = Path(args.json or f"bench/results/moe_layer_{world}x{slug}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"kind": "moe_layer", "ep": world, "hidden": HIDDEN, "experts": args.experts, "ffn": args.ffn,
-               "top_k": moe.TOP_K, "capacity_factor": args.capacity_factor, "dtype": "bf16", "mode": "graph",
-               "bound": f"max |weft - nccl| <= {BOUND} * max |nccl| (expected: bit-identical)",
-               "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "host": platform.node()},
-               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                            "cuda": torch.version.cuda, "python": platform.python_version()},
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "iters": args.iters, "rows": rows}
+        doc = {
+            "kind": "moe_layer",
+            "ep": world,
+            "hidden": HIDDEN,
+            "experts": args.experts,
+            "ffn": args.ffn,
+            "top_k": moe.TOP_K,
+            "capacity_factor": args.capacity_factor,
+            "dtype": "bf16",
+            "mode": "graph",
+            "bound": f"max |weft - nccl| <= {BOUND} * max |nccl| (expected: bit-identical)",
+            "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "host": platform.node()},
+            "versions": {
+                "torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "cuda": torch.version.cuda,
+                "python": platform.python_version(),
+            },
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "iters": args.iters,
+            "rows": rows,
+        }
         path.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"written to {path}", flush=True)
     if comm is not None:

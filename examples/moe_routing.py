@@ -82,8 +82,11 @@ def expert_major(received: Any, ranks: int, local_experts: int, capacity: int) -
     """The all-to-all's output (ranks · local_experts · capacity rows, rank-major) as (local_experts,
     ranks · capacity, hidden): each local expert's rows from every rank, as one batch."""
     hidden = received.shape[-1]
-    return received.reshape(ranks, local_experts, capacity, hidden).swapaxes(0, 1).reshape(
-        local_experts, ranks * capacity, hidden)
+    return (
+        received.reshape(ranks, local_experts, capacity, hidden)
+        .swapaxes(0, 1)
+        .reshape(local_experts, ranks * capacity, hidden)
+    )
 
 
 def token_major(outputs: Any, ranks: int, capacity: int) -> Any:
@@ -98,5 +101,5 @@ def combine(returned: Any, rows: Any, gates: Any, experts: int, capacity: int) -
     weights = gates * kept(rows, experts, capacity)
     out = returned[rows[:, 0]] * weights[:, 0:1]
     for choice in range(1, rows.shape[1]):
-        out = out + returned[rows[:, choice]] * weights[:, choice:choice + 1]
+        out = out + returned[rows[:, choice]] * weights[:, choice : choice + 1]
     return out

@@ -11,8 +11,8 @@ the add and the norm inside the launch), and, where FlashInfer is installed (the
 (FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm``, one-shot or two-shot by its own choice: the
 add and the norm inside its launch, as vLLM's fusion pass runs it; its plain all-reduce where the step has no norm).
 The backends take turns replay by replay. The script reports decode-step latency, tokens/s, the share of the
-step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so their all-reduces read and write the
-captured tensors (no staging copies).
+step spent in all-reduce, and checks that the logits agree. weft's graphs are captured inside ``comm.capture()``, so
+their all-reduces read and write the captured tensors (no staging copies).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
         --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
@@ -27,8 +27,8 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -63,29 +63,43 @@ class Shape:
 
 def make_weights(shape: Shape, rank: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
     gen = torch.Generator(device=device).manual_seed(1234 + rank)
-    scale = HIDDEN ** -0.5
+    scale = HIDDEN**-0.5
 
     def w(*dims: int) -> torch.Tensor:
-        return (torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16) * scale)
+        return torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16) * scale
 
     qkv = (shape.q_heads + 2 * shape.kv_heads) * HEAD_DIM
-    return [{"qkv": w(HIDDEN, qkv), "o": w(shape.q_heads * HEAD_DIM, HIDDEN), "gate_up": w(HIDDEN, 2 * shape.mlp),
-             "down": w(shape.mlp, HIDDEN)} for _ in range(shape.layers)]
+    return [
+        {
+            "qkv": w(HIDDEN, qkv),
+            "o": w(shape.q_heads * HEAD_DIM, HIDDEN),
+            "gate_up": w(HIDDEN, 2 * shape.mlp),
+            "down": w(shape.mlp, HIDDEN),
+        }
+        for _ in range(shape.layers)
+    ]
 
 
 def make_norms(shape: Shape, device: torch.device) -> list[torch.Tensor]:
     """The RMSNorm weights, the same on every rank (replicated, as in tensor parallelism): before attention and
     before the MLP of each layer, then the final norm."""
     gen = torch.Generator(device=device).manual_seed(4321)
-    return [(1.0 + 0.1 * torch.randn(HIDDEN, generator=gen, device=device)).to(torch.bfloat16)
-            for _ in range(2 * shape.layers + 1)]
+    return [
+        (1.0 + 0.1 * torch.randn(HIDDEN, generator=gen, device=device)).to(torch.bfloat16)
+        for _ in range(2 * shape.layers + 1)
+    ]
 
 
 def make_cache(shape: Shape, batch: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator(device=device).manual_seed(99)
     dims = (batch, shape.kv_heads, shape.context, HEAD_DIM)
-    return [(torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16),
-             torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16)) for _ in range(shape.layers)]
+    return [
+        (
+            torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16),
+            torch.randn(*dims, generator=gen, device=device, dtype=torch.bfloat16),
+        )
+        for _ in range(shape.layers)
+    ]
 
 
 def decode_step(x: torch.Tensor, weights, norms, cache, shape: Shape, project) -> torch.Tensor:
@@ -96,7 +110,7 @@ def decode_step(x: torch.Tensor, weights, norms, cache, shape: Shape, project) -
     """
     batch = x.shape[0]
     h = F.rms_norm(x, (HIDDEN,), norms[0], EPS)
-    for i, (layer, (k_cache, v_cache)) in enumerate(zip(weights, cache)):
+    for i, (layer, (k_cache, v_cache)) in enumerate(zip(weights, cache, strict=True)):
         qkv = h @ layer["qkv"]
         q, k, v = qkv.split([shape.q_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM, shape.kv_heads * HEAD_DIM], -1)
         q = q.view(batch, shape.q_heads, 1, HEAD_DIM)
@@ -119,7 +133,9 @@ def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
 class Backend:
     add: Callable  # (a, w, x) -> x + a @ w summed over ranks
     all_reduce: Callable  # t -> t summed over ranks
-    capture: Callable[[], ContextManager] = contextlib.nullcontext  # around each graph's warm-up and capture
+    capture: Callable[[], contextlib.AbstractContextManager] = (
+        contextlib.nullcontext
+    )  # around each graph's warm-up and capture
     norm: Callable | None = None  # (a, w, x, n) -> (rms_norm(x + sum(a @ w)) * n, x + sum(a @ w)); default add + torch
 
     def project(self, a, w, x, n):
@@ -147,14 +163,16 @@ def fused_norm(comm):
 def flashinfer_backend(fi) -> Backend:
     """FlashInfer (executor.peers.FlashInfer): its fused all-reduce + add + RMSNorm in the step, its plain
     all-reduce (then torch's add) where a graph measures the all-reduce alone."""
+
     def all_reduce(t):
         return fi.all_reduce(t, torch.empty_like(t), "auto")
 
-    return Backend(reducing(all_reduce), all_reduce,
-                   norm=lambda a, w, x, n: fi.fused_norm(a @ w, x, n, EPS, "auto"))
+    return Backend(reducing(all_reduce), all_reduce, norm=lambda a, w, x, n: fi.fused_norm(a @ w, x, n, EPS, "auto"))
 
 
-def graph_of(fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], ContextManager]) -> torch.cuda.CUDAGraph:
+def graph_of(
+    fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], contextlib.AbstractContextManager]
+) -> torch.cuda.CUDAGraph:
     with capture():
         with torch.cuda.stream(warmup_stream):
             for _ in range(3):
@@ -210,6 +228,7 @@ def build(impl: Backend, shape: Shape, batch: int, weights, norms, device) -> Gr
         def run():
             for _ in range(calls):
                 out["probe"] = project(probe_a, probe_w, probe_x)
+
         return run
 
     def isolated():  # NCCL's in-place sums grow to inf here; its time does not depend on the values
@@ -224,8 +243,9 @@ def build(impl: Backend, shape: Shape, batch: int, weights, norms, device) -> Gr
         # ... and with the residual added as the step adds it
         "all_reduce_add": graph_of(projections(impl.add), side, impl.capture),
         # ... and with the norm after it (weft-fused-norm: the one fused call)
-        "all_reduce_add_norm": graph_of(projections(lambda a, w, r: impl.project(a, w, r, norms[1])), side,
-                                        impl.capture),
+        "all_reduce_add_norm": graph_of(
+            projections(lambda a, w, r: impl.project(a, w, r, norms[1])), side, impl.capture
+        ),
         "alone": graph_of(isolated, side, impl.capture),
     }
     return Graphs(graphs, out, (x, cache, probe_a, probe_w, probe_x, probe))
@@ -234,7 +254,7 @@ def build(impl: Backend, shape: Shape, batch: int, weights, norms, device) -> Gr
 def time_alternating(built: dict[str, Graphs], iters: int) -> dict[str, dict[str, list[float]]]:
     """Each graph's replay times, the backends taking turns replay by replay, so that a drift of the machine
     (clocks, temperature, a neighbour) falls on every backend alike."""
-    times = {name: {kind: [] for kind in KINDS} for name in built}
+    times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in KINDS} for name in built}
     for _ in range(iters):
         for kind in KINDS:
             for name, g in built.items():
@@ -252,20 +272,32 @@ def summarize(name: str, g: Graphs, times: dict[str, list[float]], shape: Shape,
     all_reduce_ms = max(med["all_reduce"] - med["matmul"], 0.0)
     with_add_ms = max(med["all_reduce_add"] - med["matmul"], 0.0)
     with_norm_ms = max(med["all_reduce_add_norm"] - med["matmul"], 0.0)
-    return {"backend": name, "step_ms": med["step"], "all_reduce_ms": all_reduce_ms,
-            "all_reduce_us_per_call": all_reduce_ms * 1e3 / calls,
-            "all_reduce_add_ms": with_add_ms, "all_reduce_add_us_per_call": with_add_ms * 1e3 / calls,
-            "all_reduce_add_norm_ms": with_norm_ms, "all_reduce_add_norm_us_per_call": with_norm_ms * 1e3 / calls,
-            "isolated_us_per_call": med["alone"] * 1e3 / calls, "tokens_per_s": batch / med["step"] * 1e3,
-            **{f"raw_{kind}_ms": t for kind, t in times.items() if kind != "alone"}, "logits": logits}
+    return {
+        "backend": name,
+        "step_ms": med["step"],
+        "all_reduce_ms": all_reduce_ms,
+        "all_reduce_us_per_call": all_reduce_ms * 1e3 / calls,
+        "all_reduce_add_ms": with_add_ms,
+        "all_reduce_add_us_per_call": with_add_ms * 1e3 / calls,
+        "all_reduce_add_norm_ms": with_norm_ms,
+        "all_reduce_add_norm_us_per_call": with_norm_ms * 1e3 / calls,
+        "isolated_us_per_call": med["alone"] * 1e3 / calls,
+        "tokens_per_s": batch / med["step"] * 1e3,
+        **{f"raw_{kind}_ms": t for kind, t in times.items() if kind != "alone"},
+        "logits": logits,
+    }
 
 
 def block_medians(times) -> dict:
     """Medians over thread blocks of each phase and op (µs per launch), and the slowest block's total."""
-    return {"phases_us": {k: statistics.median(t.phases[k] for t in times) for k in times[0].phases},
-            "ops_us": [statistics.median(t.ops[i] for t in times if len(t.ops) > i)
-                       for i in range(max(len(t.ops) for t in times))],
-            "total_us_median": statistics.median(t.total for t in times), "total_us_max": max(t.total for t in times)}
+    return {
+        "phases_us": {k: statistics.median(t.phases[k] for t in times) for k in times[0].phases},
+        "ops_us": [
+            statistics.median(t.ops[i] for t in times if len(t.ops) > i) for i in range(max(len(t.ops) for t in times))
+        ],
+        "total_us_median": statistics.median(t.total for t in times),
+        "total_us_max": max(t.total for t in times),
+    }
 
 
 def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters: int) -> dict:
@@ -284,14 +316,15 @@ def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters:
         h = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
         cache = make_cache(shape, batch, device)
         norms = make_norms(shape, device)
-        if where == "step":
-            def run():
-                decode_step(x, weights, norms, cache, shape, Backend(fused(comm), comm.all_reduce).project)
-        else:
-            def run():
-                for _ in range(2 * shape.layers):
-                    comm.all_reduce(x, residual=h)
-        graph = graph_of(run, side, comm.capture)
+
+        def step(x=x, norms=norms, cache=cache, comm=comm):
+            decode_step(x, weights, norms, cache, shape, Backend(fused(comm), comm.all_reduce).project)
+
+        def alone(x=x, h=h, comm=comm):
+            for _ in range(2 * shape.layers):
+                comm.all_reduce(x, residual=h)
+
+        graph = graph_of(step if where == "step" else alone, side, comm.capture)
         time_replay(graph)
         comm.reset_kernel_times()  # the eager warm-ups (ranks drift apart between them) left out
         for _ in range(iters):
@@ -310,17 +343,27 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--backend", choices=("nccl", "weft", "both", "norm"), default="both",
-                   help="both: NCCL, weft (all-reduce, then torch's residual add), weft-fused (the add inside "
-                        "the all-reduce), weft-fused-norm (the add and the norm inside it) and flashinfer-fused "
-                        "(where FlashInfer is installed); norm: NCCL, weft-fused-norm and flashinfer-fused")
+    p.add_argument(
+        "--backend",
+        choices=("nccl", "weft", "both", "norm"),
+        default="both",
+        help="both: NCCL, weft (all-reduce, then torch's residual add), weft-fused (the add inside "
+        "the all-reduce), weft-fused-norm (the add and the norm inside it) and flashinfer-fused "
+        "(where FlashInfer is installed); norm: NCCL, weft-fused-norm and flashinfer-fused",
+    )
     p.add_argument("--json", help="write results here (rank 0)")
-    p.add_argument("--trace", action="store_true",
-                   help="instead: weft-fused's all-reduce in the timed kernel build, in the step and alone "
-                        "(per-block phase times)")
-    p.add_argument("--no-ll128", dest="ll128", action="store_false",
-                   help="weft's LL plans move LL16 packets only (by default LL128 lines where the registry measured "
-                        "them faster)")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="instead: weft-fused's all-reduce in the timed kernel build, in the step and alone "
+        "(per-block phase times)",
+    )
+    p.add_argument(
+        "--no-ll128",
+        dest="ll128",
+        action="store_false",
+        help="weft's LL plans move LL16 packets only (by default LL128 lines where the registry measured them faster)",
+    )
     args = p.parse_args()
 
     for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
@@ -333,8 +376,12 @@ def main() -> None:
     shape = Shape(world, args.layers, args.context)
     weights = make_weights(shape, rank, device)
     norms = make_norms(shape, device)
-    lm_head = torch.randn(HIDDEN, VOCAB, generator=torch.Generator(device=device).manual_seed(5), device=device,
-                          dtype=torch.bfloat16) * HIDDEN ** -0.5
+    lm_head = (
+        torch.randn(
+            HIDDEN, VOCAB, generator=torch.Generator(device=device).manual_seed(5), device=device, dtype=torch.bfloat16
+        )
+        * HIDDEN**-0.5
+    )
     backends = {"nccl": Backend(reducing(nccl_all_reduce), nccl_all_reduce)}
     if args.backend in ("weft", "both", "norm"):
         from executor import Communicator
@@ -379,8 +426,11 @@ def main() -> None:
             lined = comm.lines_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
             row["weft_plan"] = plan.name + ("+ll128" if lined else "") if plan is not None else "nccl (no plan)"
             plan = comm.norm_plan_for(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS))
-            row["weft_norm_plan"] = plan.name + ("+ll128" if lined else "") if plan is not None else (
-                "unfused: " + comm.norm_reason(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS)))
+            row["weft_norm_plan"] = (
+                plan.name + ("+ll128" if lined else "")
+                if plan is not None
+                else ("unfused: " + comm.norm_reason(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS)))
+            )
             row["weft_paths"] = dict(comm.paths)
         for name, r in results.items():
             row[f"{name}_ms"] = r["step_ms"]
@@ -404,34 +454,58 @@ def main() -> None:
                 row[f"{name}_logits_max_abs_err"] = (a - b).abs().max().item()
                 row[f"{name}_logits_agree"] = rel < LOGITS_BOUND
                 row[f"{name}_speedup"] = results["nccl"]["step_ms"] / results[name]["step_ms"]
-                row[f"{name}_all_reduce_ratio"] = results[name]["all_reduce_ms"] / max(results["nccl"]["all_reduce_ms"],
-                                                                                        1e-9)
+                row[f"{name}_all_reduce_ratio"] = results[name]["all_reduce_ms"] / max(
+                    results["nccl"]["all_reduce_ms"], 1e-9
+                )
                 row[f"{name}_all_reduce_add_ratio"] = results[name]["all_reduce_add_ms"] / max(
-                    results["nccl"]["all_reduce_add_ms"], 1e-9)
+                    results["nccl"]["all_reduce_add_ms"], 1e-9
+                )
                 row[f"{name}_all_reduce_add_norm_ratio"] = results[name]["all_reduce_add_norm_ms"] / max(
-                    results["nccl"]["all_reduce_add_norm_ms"], 1e-9)
+                    results["nccl"]["all_reduce_add_norm_ms"], 1e-9
+                )
         rows.append(row)
         if rank == 0:
-            cells = "  ".join(f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
-                              f"{r['all_reduce_us_per_call']:.1f} us/call in the step, "
-                              f"{r['all_reduce_add_us_per_call']:.1f} with the add, "
-                              f"{r['all_reduce_add_norm_us_per_call']:.1f} with add and norm, "
-                              f"{r['isolated_us_per_call']:.1f} alone = "
-                              f"{100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)" for n, r in results.items())
-            extra = "".join(f"  {n}: {row[f'{n}_speedup']:.3f}x step, all-reduce {row[f'{n}_all_reduce_ratio']:.2f}x, "
-                            f"with the add {row[f'{n}_all_reduce_add_ratio']:.2f}x, "
-                            f"with add and norm {row[f'{n}_all_reduce_add_norm_ratio']:.2f}x, "
-                            f"logits rel err {row[f'{n}_logits_rel_err']:.1e}"
-                            for n in results if f"{n}_speedup" in row)
+            cells = "  ".join(
+                f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
+                f"{r['all_reduce_us_per_call']:.1f} us/call in the step, "
+                f"{r['all_reduce_add_us_per_call']:.1f} with the add, "
+                f"{r['all_reduce_add_norm_us_per_call']:.1f} with add and norm, "
+                f"{r['isolated_us_per_call']:.1f} alone = "
+                f"{100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)"
+                for n, r in results.items()
+            )
+            extra = "".join(
+                f"  {n}: {row[f'{n}_speedup']:.3f}x step, all-reduce {row[f'{n}_all_reduce_ratio']:.2f}x, "
+                f"with the add {row[f'{n}_all_reduce_add_ratio']:.2f}x, "
+                f"with add and norm {row[f'{n}_all_reduce_add_norm_ratio']:.2f}x, "
+                f"logits rel err {row[f'{n}_logits_rel_err']:.1e}"
+                for n in results
+                if f"{n}_speedup" in row
+            )
             print(f"tp={world} batch={batch:>3}  {cells}{extra}  [{row.get('weft_plan', '')}]", flush=True)
     if rank == 0 and args.json:
-        doc = {"name": "tp_decode", "model": "llama-70b-shaped", "layers": args.layers, "context": args.context,
-               "nranks": world, "mode": "graph", "timing": "backends alternate replay by replay", "dtype": "bf16",
-               "trace": args.trace, "eps": EPS, "logits_bound": LOGITS_BOUND,
-               "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
-               "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                            "cuda": torch.version.cuda, "flashinfer": fi and peers.version()},
-               "date": time.strftime("%Y-%m-%d"), "rows": rows}
+        doc = {
+            "name": "tp_decode",
+            "model": "llama-70b-shaped",
+            "layers": args.layers,
+            "context": args.context,
+            "nranks": world,
+            "mode": "graph",
+            "timing": "backends alternate replay by replay",
+            "dtype": "bf16",
+            "trace": args.trace,
+            "eps": EPS,
+            "logits_bound": LOGITS_BOUND,
+            "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
+            "versions": {
+                "torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "cuda": torch.version.cuda,
+                "flashinfer": fi and peers.version(),
+            },
+            "date": time.strftime("%Y-%m-%d"),
+            "rows": rows,
+        }
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     dist.destroy_process_group()

@@ -1,17 +1,18 @@
 """The shape inference engines call for a custom all-reduce (vLLM's, SGLang's): an engine plugin wraps it as is.
 
-    backend = WeftBackend.from_process_group(group)
-    with backend.capture(sizes):                     # around the engine's graph captures; replay after it
-        ...
-    y = backend.all_reduce(x) if backend.should_use(x) else engine_nccl_all_reduce(x)
-    h, x = backend.fused_add_rms_norm(y, x, norm_weight, eps)   # all-reduce + residual add + RMSNorm, one launch
-    backend.close()
+backend = WeftBackend.from_process_group(group)
+with backend.capture(sizes):                     # around the engine's graph captures; replay after it
+    ...
+y = backend.all_reduce(x) if backend.should_use(x) else engine_nccl_all_reduce(x)
+h, x = backend.fused_add_rms_norm(y, x, norm_weight, eps)   # all-reduce + residual add + RMSNorm, one launch
+backend.close()
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ class WeftBackend:
         self.comm = comm
 
     @classmethod
-    def from_process_group(cls, group: Any = None, **options: Any) -> "WeftBackend":
+    def from_process_group(cls, group: Any = None, **options: Any) -> WeftBackend:
         """``options`` go to Communicator (registry, topology, deterministic, staging_bytes); across hosts it is a
         PortCommunicator, whose all-reduce runs the port engine and whose fused norm runs unfused."""
         return cls(Communicator.from_process_group(group, **options))
@@ -57,16 +58,22 @@ class WeftBackend:
             return False
         return not torch.cuda.is_current_stream_capturing() or comm.is_norm_prepared(plan, nbytes, tensor.dtype, rows)
 
-    def fused_add_rms_norm(self, tensor: torch.Tensor, residual: torch.Tensor, rms_weight: torch.Tensor,
-                           eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    def fused_add_rms_norm(
+        self, tensor: torch.Tensor, residual: torch.Tensor, rms_weight: torch.Tensor, eps: float = 1e-6
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A decoder layer's all-reduce, residual add and the next RMSNorm: ``(rms_norm(residual + sum) *
         rms_weight, residual + sum)``, in place of the engine's all-reduce, add and norm (one launch where
         should_fuse_norm, else the all-reduce with its residual, then torch's rms_norm)."""
         return self.comm.all_reduce(tensor, residual=residual, rms_weight=rms_weight, eps=eps)
 
     @contextmanager
-    def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16,
-                residual: bool = False, rms_norm: tuple[int, float] | None = None) -> Iterator["WeftBackend"]:
+    def capture(
+        self,
+        sizes: Sequence[int] = (),
+        dtype: torch.dtype = torch.bfloat16,
+        residual: bool = False,
+        rms_norm: tuple[int, float] | None = None,
+    ) -> Iterator[WeftBackend]:
         """Prepare these all-reduce sizes (bytes), also with a residual where ``residual`` and fused with the
         RMSNorm of rows ``rms_norm`` = (hidden size, eps) where given; graphs the engine
         captures inside the block all-reduce the captured tensors themselves, registered on every rank when the

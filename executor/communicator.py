@@ -29,29 +29,52 @@ buffers (collective): peers' buffers are exchanged in capture order and every re
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, liveness
 from executor.errors import ExecutorError, ExecutorTimeout, PeerLost
-from executor.hosts import host_identity, ipc_across_hosts
 from executor.gpu_tables import (
-    DTYPE_BYTES, MAX_BARRIERS, MAX_CHANNELS, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, DeviceTables,
-    PeerMapping, build_tables, check_launch, check_world, lines_possible, peer_mapping, peer_slots, residual_refusal, share_records,
-    kernel_args, vector_bytes, with_kernel_args, with_tripwire,
+    DTYPE_BYTES,
+    MAX_BARRIERS,
+    MAX_CHANNELS,
+    TRIPWIRE_BYTES,
+    BindingLayout,
+    CapturedExecution,
+    DeviceTables,
+    PeerMapping,
+    build_tables,
+    check_launch,
+    check_world,
+    kernel_args,
+    lines_possible,
+    peer_mapping,
+    peer_slots,
+    residual_refusal,
+    share_records,
+    vector_bytes,
+    with_kernel_args,
+    with_tripwire,
 )
+from executor.hosts import host_identity, ipc_across_hosts
 from executor.norm import RowNorm, fused_refusal, rows_refusal
 from executor.padded import buffer_parts
 from schedules.padding import Padding
 from schedules.plan import Plan, PlanError, load_plan, parse_plan
 
 ERROR_WORDS = 8
-ERROR_KINDS = {1: "wait on a channel", 2: "packets never arrived", 3: "barrier never completed", 4: "aborted",
-               5: "the row's other slices never sent their sums of squares"}  # common.cuh's ErrorKind
+ERROR_KINDS = {
+    1: "wait on a channel",
+    2: "packets never arrived",
+    3: "barrier never completed",
+    4: "aborted",
+    5: "the row's other slices never sent their sums of squares",
+}  # common.cuh's ErrorKind
 HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
 IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
@@ -119,7 +142,7 @@ class _Context:
     nbytes: int
     slots: tuple[int, ...]  # the buffer slots: input, output, scratch, the plan's remote buffers, the residual
     peers: PeerMapping  # the inputs and outputs ranks map across (then bindings are collective)
-    records: "_Records | None" = None
+    records: _Records | None = None
     launch: gpu_launch.Launch | None = None  # the launch with ``args``, prepared on first use
     trace: Any = None  # per-block phase sums of the timed build (Communicator(trace=True))
     traced_before: int = 0  # launches before the trace sums were last zeroed (reset_kernel_times)
@@ -142,7 +165,7 @@ class _Records:
 
     def write(self, index: int, record: np.ndarray) -> None:
         at = index % GRAPH_RECORDS * self.layout.stride
-        self.chunks[index // GRAPH_RECORDS][at:at + len(record)].set(record)
+        self.chunks[index // GRAPH_RECORDS][at : at + len(record)].set(record)
 
 
 def ipc_capable(pointer: int) -> bool:
@@ -170,8 +193,17 @@ class PlanExecutor:
     """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes: the core of
     ``executor.Communicator`` (executor.inference), which adds torch.distributed's API and the registry's plans."""
 
-    def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
-                 timeout_s: float = 30.0, programmatic: bool = True, trace: bool = False, ll128: bool = False):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store: Any = None,
+        device: int | None = None,
+        timeout_s: float = 30.0,
+        programmatic: bool = True,
+        trace: bool = False,
+        ll128: bool = False,
+    ):
         """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
         collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
         interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``.
@@ -197,7 +229,7 @@ class PlanExecutor:
         self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
         self._peers = gpu_ipc.PeerMappings()
         # (plan, size, dtype, lines, with a residual) -> the first context made for them
-        self._templates: dict[tuple[str, int, str, bool, bool], _Context] = {}
+        self._templates: dict[tuple[str, int, str, bool, bool | tuple[int, float]], _Context] = {}
         # (plan, message size, dtype, with a residual) -> padded (input, output, residual) buffers for sizes that
         # are not multiples of the plan's granule
         self._padded: dict[tuple[str, int, str, bool], tuple] = {}
@@ -206,7 +238,9 @@ class PlanExecutor:
         self._norm_refusals: dict[str, str] = {}  # plan hash -> why it cannot run the norm epilogue, or ''
         self._rows_refusals: dict[tuple, str] = {}  # (plan hash, bytes, dtype, rows) -> why its rows do not fit
         self._graph_mode = False
-        self._marker = self._tripwire = None  # the disarmed records' source (device) and target (host-mapped)
+        # the disarmed records' source (device) and target (host-mapped)
+        self._marker: Any = None
+        self._tripwire: ctypes.Array[ctypes.c_uint64] | None = None
         with cupy.cuda.Device(self.device):
             cc = cupy.cuda.Device(self.device).compute_capability
             self._launcher = gpu_launch.Launcher(programmatic and int(cc) >= 90)  # PDL needs Hopper or newer
@@ -222,25 +256,41 @@ class PlanExecutor:
             self._error[:] = 0
             cupy.cuda.runtime.deviceSynchronize()
         shared = self._all_gather("inbound", gpu_ipc.export(self._inbound.data.ptr))
-        self._peer_inbound = [self._inbound.data.ptr if r == rank else self._peers.open(s)
-                              for r, s in enumerate(shared)]
+        self._peer_inbound = [
+            self._inbound.data.ptr if r == rank else self._peers.open(s) for r, s in enumerate(shared)
+        ]
         self.hosts = tuple(self._all_gather("host", host_identity()))  # a memory channel never crosses them
 
     @classmethod
-    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True,
-                           ll128: bool = False) -> "PlanExecutor":
+    def from_process_group(
+        cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True, ll128: bool = False
+    ) -> PlanExecutor:
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
 
         store = gpu_bootstrap.process_group_store(group)
-        return cls(dist.get_rank(group), dist.get_world_size(group), store, timeout_s=timeout_s,
-                   programmatic=programmatic, ll128=ll128)
+        return cls(
+            dist.get_rank(group),
+            dist.get_world_size(group),
+            store,
+            timeout_s=timeout_s,
+            programmatic=programmatic,
+            ll128=ll128,
+        )
 
     # ------------------------------------------------------------------ running plans
 
-    def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                dtype: str | None = None, lines: bool | None = None, residual: Any = None,
-                norm: NormCall | None = None) -> Any:
+    def execute(
+        self,
+        plan: Plan | dict | str | Path,
+        input: Any,
+        output: Any = None,
+        stream: Any = None,
+        dtype: str | None = None,
+        lines: bool | None = None,
+        residual: Any = None,
+        norm: NormCall | None = None,
+    ) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on ``stream``; returns the output.
 
         ``stream``: a torch or CuPy stream or a raw handle; default the current stream of input's framework.
@@ -263,15 +313,26 @@ class PlanExecutor:
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
         padding = self._padding(plan, buf, dtype)
         if padding is not None and norm is not None:
-            raise ExecutorError(f"plan {plan.name}: {buf.nbytes} B runs padded, and the norm epilogue needs whole rows "
-                                "in place (executor.norm.rows_refusal)")
+            raise ExecutorError(
+                f"plan {plan.name}: {buf.nbytes} B runs padded, and the norm epilogue needs whole rows "
+                "in place (executor.norm.rows_refusal)"
+            )
         if padding is not None:
             return self._execute_padded(plan, padding, input, buf, output, out, stream, dtype, lines, residual)
         lines = self._ll128 if lines is None else lines
         res = self._residual(plan, buf, residual, dtype)
         normed = self._norm_buffers(plan, buf, res, norm, dtype)
-        key = (plan_hash, buf.pointer, buf.nbytes, out.pointer if out else 0, dtype, lines, res.pointer if res else 0,
-               _variant(res, norm), tuple(b.pointer for b in normed))
+        key = (
+            plan_hash,
+            buf.pointer,
+            buf.nbytes,
+            out.pointer if out else 0,
+            dtype,
+            lines,
+            res.pointer if res else 0,
+            _variant(res, norm),
+            tuple(b.pointer for b in normed),
+        )
         ctx = self._contexts.get(key)
         if ctx is None:
             ctx = self._create_context(plan, plan_hash, input, buf, output, out, dtype, lines, res, norm, normed)
@@ -283,7 +344,7 @@ class PlanExecutor:
         return ctx.output
 
     @contextmanager
-    def capture(self) -> Iterator["PlanExecutor"]:
+    def capture(self) -> Iterator[PlanExecutor]:
         """A block for CUDA graph captures with zero-copy executions; leaving it registers their buffers.
 
         Enter it before the captures and leave it before the first replay: a graph replayed earlier runs
@@ -304,9 +365,17 @@ class PlanExecutor:
         self._graph_mode = False
         self.register_graph_buffers()
 
-    def execute_captured(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                         dtype: str | None = None, lines: bool | None = None, residual: Any = None,
-                         norm: NormCall | None = None) -> str:
+    def execute_captured(
+        self,
+        plan: Plan | dict | str | Path,
+        input: Any,
+        output: Any = None,
+        stream: Any = None,
+        dtype: str | None = None,
+        lines: bool | None = None,
+        residual: Any = None,
+        norm: NormCall | None = None,
+    ) -> str:
         """Inside ``capture()``, while a graph captures: run ``plan`` on ``input`` and ``output`` with no copy.
 
         The execution shares the context an eager ``execute`` made for this plan, size, dtype and ``lines`` (its
@@ -321,29 +390,41 @@ class PlanExecutor:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
         plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
         if self._padding(plan, buf, dtype) is not None:
-            return (f"plan {plan.name}: {buf.nbytes} B of input is not a multiple of the plan's granule "
-                    f"({plan.granule} B per message): it runs padded, through copies, not on the captured buffers")
+            return (
+                f"plan {plan.name}: {buf.nbytes} B of input is not a multiple of the plan's granule "
+                f"({plan.granule} B per message): it runs padded, through copies, not on the captured buffers"
+            )
         lines = self._ll128 if lines is None else lines
         res = self._residual(plan, buf, residual, dtype)
         normed = self._norm_buffers(plan, buf, res, norm, dtype)
         ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype, lines, _variant(res, norm)))
         if ctx is None:
-            return (f"no context for plan {plan.name} at {buf.nbytes} B of input{' with a residual' if res else ''}: "
-                    "execute it once before capturing")
+            return (
+                f"no context for plan {plan.name} at {buf.nbytes} B of input{' with a residual' if res else ''}: "
+                "execute it once before capturing"
+            )
         self._check_output(plan, ctx.tables, out, dtype)
         in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
         why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None, *(b.pointer for b in normed))
         why = binding_verdict(f"rank {self.rank}: {why}" if why else "", ctx.peers.collective, self._all_gather)
         if why:
             return why
+        assert ctx.records is not None  # every template made in capture() got its records (_add_records)
         mine = {"i": in_ptr, "o": out_ptr}
         deferred = {slot for slot, _, _ in ctx.peers.deferred}
         slots = (in_ptr, out_ptr, *(0 if k in deferred else p for k, p in enumerate(ctx.slots) if k >= 2))
         own = [b.pointer for b in ([res] if res is not None else []) + normed]  # the residual, weight, normed
         if own:
-            slots = (*slots[:-len(own)], *own)
-        captured = CapturedExecution(ctx.plan_hash, ctx.nbytes, slots, ctx.peers.deferred,
-                                     tuple((t, mine[t]) for t in ctx.peers.exported), ctx.records.used, ctx)
+            slots = (*slots[: -len(own)], *own)
+        captured = CapturedExecution(
+            ctx.plan_hash,
+            ctx.nbytes,
+            slots,
+            ctx.peers.deferred,
+            tuple((t, mine[t]) for t in ctx.peers.exported),
+            ctx.records.used,
+            ctx,
+        )
         ctx.records.used += 1
         self._captured.append(captured)
         address = ctx.records.address(captured.record)
@@ -361,15 +442,16 @@ class PlanExecutor:
         with cupy.cuda.Device(self.device):
             cupy.cuda.runtime.deviceSynchronize()  # no replay of a disarmed record is still running
             gathered = self._all_gather("graph-buffers", share_records(shared, gpu_ipc.export))
-            filled = dict(zip(map(id, shared), peer_slots(shared, gathered, self.rank, self._peers.open)))
+            filled = dict(zip(map(id, shared), peer_slots(shared, gathered, self.rank, self._peers.open), strict=True))
             for c in captured:
                 records = c.context.records
                 records.write(c.record, records.layout.armed(c.context.tables.tb_start, filled.get(id(c), c.slots)))
             cupy.cuda.runtime.deviceSynchronize()
         self._check_tripwire()
 
-    def kernel_times(self, plan: Plan | dict | str | Path, nbytes: int, dtype: str,
-                     lines: bool | None = None, residual: bool = False) -> list[gpu_trace.BlockTimes]:
+    def kernel_times(
+        self, plan: Plan | dict | str | Path, nbytes: int, dtype: str, lines: bool | None = None, residual: bool = False
+    ) -> list[gpu_trace.BlockTimes]:
         """Per-block mean phase times (µs per launch) of ``plan`` at ``nbytes`` (its context's message size) and
         ``dtype`` (with a residual where ``residual``), over every launch since ``reset_kernel_times`` (or the
         first); needs ``trace=True``."""
@@ -398,7 +480,7 @@ class PlanExecutor:
     @staticmethod
     def _launches(ctx: _Context) -> int:
         """Launches of ``ctx`` so far: its first thread block's epoch."""
-        return int(ctx.state[-ctx.tables.nthreadblocks:].get()[0])
+        return int(ctx.state[-ctx.tables.nthreadblocks :].get()[0])
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait for this rank's launches; raise ExecutorTimeout if a wait on the GPU ran past its bound."""
@@ -454,8 +536,10 @@ class PlanExecutor:
         if plan.inplace:
             return buf.nbytes
         if gpu.input_chunks == 0 or buf.nbytes % gpu.input_chunks:
-            raise ExecutorError(f"plan {plan.name}: input of {buf.nbytes} B does not split into the plan's "
-                                f"{gpu.input_chunks} input chunks")
+            raise ExecutorError(
+                f"plan {plan.name}: input of {buf.nbytes} B does not split into the plan's "
+                f"{gpu.input_chunks} input chunks"
+            )
         return buf.nbytes // gpu.input_chunks * plan.size_chunks
 
     def _padding(self, plan: Plan, buf: _Buffer, dtype: str) -> Padding | None:
@@ -475,12 +559,24 @@ class PlanExecutor:
         except PlanError as e:
             raise ExecutorError(str(e)) from None
         if dtype in DTYPE_BYTES and padding.part_bytes % DTYPE_BYTES[dtype]:
-            raise ExecutorError(f"plan {plan.name}: size {nbytes} B: its parts of {padding.part_bytes} B are not "
-                                f"whole {dtype} elements")
+            raise ExecutorError(
+                f"plan {plan.name}: size {nbytes} B: its parts of {padding.part_bytes} B are not whole {dtype} elements"
+            )
         return padding
 
-    def _execute_padded(self, plan: Plan, padding: Padding, input: Any, buf: _Buffer, output: Any,
-                        out: _Buffer | None, stream: Any, dtype: str, lines: bool | None, residual: Any) -> Any:
+    def _execute_padded(
+        self,
+        plan: Plan,
+        padding: Padding,
+        input: Any,
+        buf: _Buffer,
+        output: Any,
+        out: _Buffer | None,
+        stream: Any,
+        dtype: str,
+        lines: bool | None,
+        residual: Any,
+    ) -> Any:
         """``execute`` at a size that is not a multiple of the plan's granule: parts copied to their padded places,
         the plan run there, output parts copied back, all on the caller's stream."""
         res = self._residual(plan, buf, residual, dtype)
@@ -492,15 +588,24 @@ class PlanExecutor:
             if output is None:
                 output = self._allocate_output(input, buf, out_parts * m)
                 out = _describe(output, "output")
+            assert out is not None  # described by execute, or just now
             if out.nbytes != out_parts * m or out.dtype not in (None, dtype) or out.device != self.device:
-                raise ExecutorError(f"plan {plan.name}: output must be {dtype} of {out_parts * m} B on GPU "
-                                    f"{self.device} for this input, not {out.nbytes} B")
+                raise ExecutorError(
+                    f"plan {plan.name}: output must be {dtype} of {out_parts * m} B on GPU "
+                    f"{self.device} for this input, not {out.nbytes} B"
+                )
         key = (plan.content_hash, padding.nbytes, dtype, res is not None)
         staged = self._padded.get(key)
         if staged is None:
             with self._cupy.cuda.Device(self.device):
-                staged = tuple(self._cupy.zeros(max(n, 16), self._cupy.uint8) if n else None for n in (
-                    in_parts * stride, 0 if plan.inplace else out_parts * stride, in_parts * stride if res else 0))
+                staged = tuple(
+                    self._cupy.zeros(max(n, 16), self._cupy.uint8) if n else None
+                    for n in (
+                        in_parts * stride,
+                        0 if plan.inplace else out_parts * stride,
+                        in_parts * stride if res else 0,
+                    )
+                )
                 self._cupy.cuda.runtime.deviceSynchronize()
             self._padded[key] = staged
         padded_in, padded_out, padded_res = staged
@@ -508,23 +613,34 @@ class PlanExecutor:
         self._copy_parts(padded_in.data.ptr, stride, buf.pointer, m, m, in_parts, handle)
         if res is not None:
             self._copy_parts(padded_res.data.ptr, stride, res.pointer, m, m, in_parts, handle)
-        self.execute(plan, padded_in[:in_parts * stride], None if plan.inplace else padded_out[:out_parts * stride],
-                     stream=handle, dtype=dtype, lines=lines,
-                     residual=None if res is None else padded_res[:in_parts * stride])
+        self.execute(
+            plan,
+            padded_in[: in_parts * stride],
+            None if plan.inplace else padded_out[: out_parts * stride],
+            stream=handle,
+            dtype=dtype,
+            lines=lines,
+            residual=None if res is None else padded_res[: in_parts * stride],
+        )
         result = (padded_in if plan.inplace else padded_out).data.ptr
-        self._copy_parts(buf.pointer if plan.inplace else out.pointer, m, result, stride, m, out_parts, handle)
+        target = buf if plan.inplace else out
+        assert target is not None  # out of place: checked above
+        self._copy_parts(target.pointer, m, result, stride, m, out_parts, handle)
         return input if plan.inplace else output
 
-    def _copy_parts(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, parts: int,
-                    stream: int) -> None:
+    def _copy_parts(
+        self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, parts: int, stream: int
+    ) -> None:
         """Copy ``parts`` rows of ``width`` bytes between pitched device buffers on ``stream`` (one 2-D copy)."""
         if parts and width:
-            self._cupy.cuda.runtime.memcpy2DAsync(dst, dst_pitch, src, src_pitch, width, parts,
-                                                  MEMCPY_DEVICE_TO_DEVICE, stream)
+            self._cupy.cuda.runtime.memcpy2DAsync(
+                dst, dst_pitch, src, src_pitch, width, parts, MEMCPY_DEVICE_TO_DEVICE, stream
+            )
 
     def _pointers(self, plan: Plan, tables: DeviceTables, buf: _Buffer, out: _Buffer | None) -> tuple[int, int]:
         """(input, output) addresses; in-place plans keep the smaller buffer inside the larger one."""
         if not plan.inplace:
+            assert out is not None  # execute described or allocated it
             return buf.pointer, out.pointer
         offset_i, offset_o = plan.inplace_offsets(self.rank, tables.input_bytes, tables.output_bytes)
         return buf.pointer + offset_i, buf.pointer + offset_o
@@ -536,8 +652,9 @@ class PlanExecutor:
             return torch.empty(nbytes // input.element_size(), dtype=input.dtype, device=input.device)
         return self._cupy.empty(nbytes // input.dtype.itemsize, dtype=input.dtype)
 
-    def _arguments(self, plan: Plan | dict | str | Path, input: Any, output: Any,
-                   dtype: str | None) -> tuple[Plan, str, _Buffer, _Buffer | None, str]:
+    def _arguments(
+        self, plan: Plan | dict | str | Path, input: Any, output: Any, dtype: str | None
+    ) -> tuple[Plan, str, _Buffer, _Buffer | None, str]:
         """Check for a pending error, and read one execution's arguments: (plan, hash, input, output, dtype)."""
         if self._error[0]:
             self._raise_device_error()
@@ -548,8 +665,9 @@ class PlanExecutor:
         if dtype is None:
             raise ExecutorError("executor: input dtype is not fp32, fp16 or bf16 (pass dtype= for CuPy bf16)")
         if buf.device != self.device:
-            raise ExecutorError(f"executor: input is on GPU {buf.device} but rank {self.rank} runs on GPU "
-                                f"{self.device}")
+            raise ExecutorError(
+                f"executor: input is on GPU {buf.device} but rank {self.rank} runs on GPU {self.device}"
+            )
         return plan, plan_hash, buf, _describe(output, "output") if output is not None else None, dtype
 
     def residual_refusal(self, plan: Plan | dict | str | Path) -> str:
@@ -569,8 +687,10 @@ class PlanExecutor:
         if why:
             raise ExecutorError(f"executor: {why}")
         if res.nbytes != buf.nbytes or res.dtype not in (None, dtype) or res.device != self.device:
-            raise ExecutorError(f"plan {plan.name}: the residual must be {dtype} of {buf.nbytes} B (the input's size) "
-                                f"on GPU {self.device}, not {res.dtype} of {res.nbytes} B on GPU {res.device}")
+            raise ExecutorError(
+                f"plan {plan.name}: the residual must be {dtype} of {buf.nbytes} B (the input's size) "
+                f"on GPU {self.device}, not {res.dtype} of {res.nbytes} B on GPU {res.device}"
+            )
         return res
 
     def norm_refusal(self, plan: Plan | dict | str | Path) -> str:
@@ -582,8 +702,9 @@ class PlanExecutor:
             why = self._norm_refusals[plan_hash] = fused_refusal(plan)
         return why
 
-    def _norm_buffers(self, plan: Plan, buf: _Buffer, res: _Buffer | None, norm: NormCall | None,
-                      dtype: str) -> list[_Buffer]:
+    def _norm_buffers(
+        self, plan: Plan, buf: _Buffer, res: _Buffer | None, norm: NormCall | None, dtype: str
+    ) -> list[_Buffer]:
         """[weight, normed] of an execution with the norm epilogue, checked against its plan and input; []
         without one."""
         if norm is None:
@@ -601,8 +722,10 @@ class PlanExecutor:
         row = norm.rows.row_bytes(dtype)
         for b, name, nbytes in ((weight, "norm weight", row), (normed, "normed output", buf.nbytes)):
             if b.nbytes != nbytes or b.dtype not in (None, dtype) or b.device != self.device:
-                raise ExecutorError(f"plan {plan.name}: the {name} must be {dtype} of {nbytes} B on GPU {self.device}, "
-                                    f"not {b.dtype} of {b.nbytes} B on GPU {b.device}")
+                raise ExecutorError(
+                    f"plan {plan.name}: the {name} must be {dtype} of {nbytes} B on GPU {self.device}, "
+                    f"not {b.dtype} of {b.nbytes} B on GPU {b.device}"
+                )
         return [weight, normed]
 
     def _check_output(self, plan: Plan, tables: DeviceTables, out: _Buffer | None, dtype: str) -> None:
@@ -613,14 +736,26 @@ class PlanExecutor:
         if out is None:
             raise ExecutorError(f"plan {plan.name}: pass an output buffer (none can be allocated in a capture)")
         if out.nbytes != tables.output_bytes:
-            raise ExecutorError(f"plan {plan.name}: output holds {out.nbytes} B, the plan writes "
-                                f"{tables.output_bytes} B for this input")
+            raise ExecutorError(
+                f"plan {plan.name}: output holds {out.nbytes} B, the plan writes {tables.output_bytes} B for this input"
+            )
         if out.dtype not in (None, dtype) or out.device != self.device:
             raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
 
-    def _create_context(self, plan: Plan, plan_hash: str, input: Any, buf: _Buffer, output: Any,
-                        out: _Buffer | None, dtype: str, lines: bool, res: _Buffer | None,
-                        norm: NormCall | None = None, normed: list[_Buffer] = ()) -> _Context:
+    def _create_context(
+        self,
+        plan: Plan,
+        plan_hash: str,
+        input: Any,
+        buf: _Buffer,
+        output: Any,
+        out: _Buffer | None,
+        dtype: str,
+        lines: bool,
+        res: _Buffer | None,
+        norm: NormCall | None = None,
+        normed: Sequence[_Buffer] = (),
+    ) -> _Context:
         cupy = self._cupy
         nbytes = self._message_bytes(plan, buf)
         check_launch(plan, self.world_size, nbytes, dtype)
@@ -637,32 +772,46 @@ class PlanExecutor:
             output = input
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)
         # LL128 lines only where every rank asks for them and can (same size and 8-byte aligned buffers)
-        lined = build_tables(plan, self.rank, nbytes, lines=True, residual=fused, norm=rows, dtype=dtype) if (
-            lines and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0) else None
+        lined = (
+            build_tables(plan, self.rank, nbytes, lines=True, residual=fused, norm=rows, dtype=dtype)
+            if (lines and lines_possible(plan, nbytes) and in_ptr % 8 == 0 and out_ptr % 8 == 0)
+            else None
+        )
         with cupy.cuda.Device(self.device):
             scratch = cupy.zeros(max(tables.scratch_alloc, lined.scratch_alloc if lined else 0, 16), cupy.uint8)
             nsem = max(len(tables.semaphore_init), 1)
             init = np.zeros(2 * nsem + tables.nthreadblocks, np.uint64)
-            init[0:2 * len(tables.semaphore_init):2] = tables.semaphore_init
+            init[0 : 2 * len(tables.semaphore_init) : 2] = tables.semaphore_init
             state = cupy.asarray(init)
             trace = cupy.zeros(tables.nthreadblocks * gpu_trace.TRACE_SLOTS if self._trace else 1, cupy.uint64)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
             shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
-            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None,
-                                                 _variant(res, norm)))
+            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None, _variant(res, norm)))
             if lined is not None and all(p[3] for p in peers):
                 tables = lined
             for r, (h, n, _, _, f) in enumerate(peers):
                 if (h, n) != (plan_hash, nbytes):
-                    raise ExecutorError(f"plan {plan.name}: rank {r} runs another plan or size ({n} B) than rank "
-                                        f"{self.rank} ({nbytes} B); every rank must execute the same plan")
+                    raise ExecutorError(
+                        f"plan {plan.name}: rank {r} runs another plan or size ({n} B) than rank "
+                        f"{self.rank} ({nbytes} B); every rank must execute the same plan"
+                    )
                 if f != _variant(res, norm):
-                    raise ExecutorError(f"plan {plan.name}: rank {r} passes residual and norm {f} and rank "
-                                        f"{self.rank} {_variant(res, norm)}; every rank must pass the same")
+                    raise ExecutorError(
+                        f"plan {plan.name}: rank {r} passes residual and norm {f} and rank "
+                        f"{self.rank} {_variant(res, norm)}; every rank must pass the same"
+                    )
             remote = [self._peers.open(peers[r][2][t]) for r, t in tables.remote_buffers]
-            slots = [in_ptr, out_ptr, scratch.data.ptr, *remote, *([res.pointer] if fused else []),
-                     *(b.pointer for b in normed)]
-            outbound = [self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel)]
+            slots = [
+                in_ptr,
+                out_ptr,
+                scratch.data.ptr,
+                *remote,
+                *([res.pointer] if fused and res is not None else []),
+                *(b.pointer for b in normed),
+            ]
+            outbound = [
+                self._peer_inbound[p] + 8 * c for p, c in zip(tables.channel_peers, tables.paired_channel, strict=True)
+            ]
             ops = cupy.asarray(with_tripwire(tables.ops).view(np.uint8))
             tb_start = cupy.asarray(tables.tb_start)
             slot_table = cupy.asarray(np.asarray(slots, np.uint64))
@@ -670,19 +819,42 @@ class PlanExecutor:
             cupy.cuda.runtime.deviceSynchronize()
         width = vector_bytes(tables.vector_bytes, *slots)
         return _Context(
-            tables=tables, arrays=[ops, tb_start, slot_table, outbound_table], scratch=scratch, state=state,
-            semaphore_init=init, vector_bytes=width, output=output, plan_hash=plan_hash, nbytes=nbytes,
-            slots=tuple(slots), peers=peer_mapping(plan, self.rank), trace=trace,
+            tables=tables,
+            arrays=[ops, tb_start, slot_table, outbound_table],
+            scratch=scratch,
+            state=state,
+            semaphore_init=init,
+            vector_bytes=width,
+            output=output,
+            plan_hash=plan_hash,
+            nbytes=nbytes,
+            slots=tuple(slots),
+            peers=peer_mapping(plan, self.rank),
+            trace=trace,
             args=kernel_args(
-                self._trace, ops=ops, tb_start=tb_start, buffers=slot_table, outbound=outbound_table,
-                inbound=self._inbound, expected=self._expected, barriers=self._barriers, semaphores=state,
-                epochs=state[2 * nsem:], error=self._error_device, timeout_ns=int(self.timeout_s * 1e9),
-                rank=self.rank, scratch_half=tables.scratch_bytes if tables.double_scratch else 0,
-                nslots=len(slots), uniform_ops=tables.uniform_ops, **({"trace": trace} if self._trace else {})),
+                self._trace,
+                ops=ops,
+                tb_start=tb_start,
+                buffers=slot_table,
+                outbound=outbound_table,
+                inbound=self._inbound,
+                expected=self._expected,
+                barriers=self._barriers,
+                semaphores=state,
+                epochs=state[2 * nsem :],
+                error=self._error_device,
+                timeout_ns=int(self.timeout_s * 1e9),
+                rank=self.rank,
+                scratch_half=tables.scratch_bytes if tables.double_scratch else 0,
+                nslots=len(slots),
+                uniform_ops=tables.uniform_ops,
+                **({"trace": trace} if self._trace else {}),
+            ),
         )
 
-    def _bind_refusal(self, ctx: _Context, in_ptr: int, out_ptr: int, res_ptr: int | None = None,
-                      *norm_ptrs: int) -> str:
+    def _bind_refusal(
+        self, ctx: _Context, in_ptr: int, out_ptr: int, res_ptr: int | None = None, *norm_ptrs: int
+    ) -> str:
         """Why this rank cannot run a captured execution on these buffers through a record of ``ctx``, or ''."""
         misaligned = [p for p in (in_ptr, out_ptr, res_ptr or 0, *norm_ptrs) if p % ctx.vector_bytes]
         if misaligned:
@@ -709,8 +881,7 @@ class PlanExecutor:
                 ctypes.memset(host, 0, TRIPWIRE_BYTES)
             layout = ctx.records.layout
             # mapped pinned memory has one address under UVA, as the error record's
-            disarmed = layout.disarmed(len(ctx.tables.ops), self._marker.data.ptr,
-                                      ctypes.addressof(self._tripwire))
+            disarmed = layout.disarmed(len(ctx.tables.ops), self._marker.data.ptr, ctypes.addressof(self._tripwire))
             chunk = cupy.asarray(np.tile(disarmed, GRAPH_RECORDS))
             cupy.cuda.runtime.deviceSynchronize()
         ctx.records.chunks.append(chunk)
@@ -718,9 +889,11 @@ class PlanExecutor:
     def _check_tripwire(self) -> None:
         if self._tripwire is not None and any(self._tripwire):
             ctypes.memset(ctypes.addressof(self._tripwire), 0, TRIPWIRE_BYTES)
-            raise ExecutorError("executor: a CUDA graph replayed executions captured inside comm.capture() before "
-                                "their buffers were registered, so they did nothing; leave capture() (or call "
-                                "register_graph_buffers()) before replaying")
+            raise ExecutorError(
+                "executor: a CUDA graph replayed executions captured inside comm.capture() before "
+                "their buffers were registered, so they did nothing; leave capture() (or call "
+                "register_graph_buffers()) before replaying"
+            )
 
     def _stream(self, stream: Any, framework: str):
         handle = self._stream_handle(stream, framework)
@@ -750,9 +923,11 @@ class PlanExecutor:
         if fits is None:
             fits = self._resident[(name, t.threads)] = gpu_build.resident_blocks(kernel, t.threads, self.device)
         if t.nthreadblocks > fits:
-            raise ExecutorError(f"executor: plan needs {t.nthreadblocks} thread blocks of {t.threads} threads at "
-                                f"once but GPU {self.device} holds {fits}; compile it with fewer --instances "
-                                "or --threads")
+            raise ExecutorError(
+                f"executor: plan needs {t.nthreadblocks} thread blocks of {t.threads} threads at "
+                f"once but GPU {self.device} holds {fits}; compile it with fewer --instances "
+                "or --threads"
+            )
         function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel wraps the driver function
         return self._launcher.prepare(function, t.nthreadblocks, t.threads, gpu_launch.Arguments.pack(args))
 
@@ -774,8 +949,9 @@ class PlanExecutor:
         detail = ERROR_KINDS.get(kind, f"error {kind}")
         if kind == 1 and channel >= 0:
             peer = self._channel_peer(channel)
-            detail += f" {channel}" + (f" (peer rank {peer})" if peer is not None else
-                                       " (its peer differs between this communicator's plans)")
+            detail += f" {channel}" + (
+                f" (peer rank {peer})" if peer is not None else " (its peer differs between this communicator's plans)"
+            )
         elif kind == 1:
             detail = f"sem_acquire on semaphore {-2 - channel}"
         elif kind == 3:
@@ -795,8 +971,11 @@ class PlanExecutor:
     def _channel_peer(self, channel: int) -> int | None:
         """The peer of channel ``channel``: one rank where every context's plan agrees, else None (the error record
         does not say which context's kernel stopped, and plans number their channels differently)."""
-        peers = {ctx.tables.channel_peers[channel] for ctx in self._contexts.values()
-                 if channel < len(ctx.tables.channel_peers)}
+        peers = {
+            ctx.tables.channel_peers[channel]
+            for ctx in self._contexts.values()
+            if channel < len(ctx.tables.channel_peers)
+        }
         return peers.pop() if len(peers) == 1 else None
 
     def _recover(self) -> None:

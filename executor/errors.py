@@ -28,8 +28,15 @@ class PeerLost(ExecutorTimeout):
     where this rank waited (threadblock and op are -1 for a bootstrap exchange through the Store).
     """
 
-    def __init__(self, message: str, rank: int = -1, threadblock: int = -1, op: int = -1, peer: int | None = None,
-                 lost: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        message: str,
+        rank: int = -1,
+        threadblock: int = -1,
+        op: int = -1,
+        peer: int | None = None,
+        lost: tuple[int, ...] = (),
+    ):
         super().__init__(message, rank, threadblock, op, peer)
         self.lost = lost
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from executor.errors import ExecutorError
 from executor.gpu_tables import lines_possible
@@ -54,12 +55,14 @@ def _buffers(collective: str, nbytes: int, world: int, dtype, device):
 def _nccl(collective: str, x, out) -> Callable[[], None]:
     import torch.distributed as dist
 
-    calls = {"allreduce": lambda: dist.all_reduce(out),
-             "allgather": lambda: dist.all_gather_into_tensor(out, x),
-             "reducescatter": lambda: dist.reduce_scatter_tensor(out, x),
-             "alltoall": lambda: dist.all_to_all_single(out, x),
-             "broadcast": lambda: dist.broadcast(out, src=0),
-             "sendrecv": lambda: _shift(x, out)}
+    calls = {
+        "allreduce": lambda: dist.all_reduce(out),
+        "allgather": lambda: dist.all_gather_into_tensor(out, x),
+        "reducescatter": lambda: dist.reduce_scatter_tensor(out, x),
+        "alltoall": lambda: dist.all_to_all_single(out, x),
+        "broadcast": lambda: dist.broadcast(out, src=0),
+        "sendrecv": lambda: _shift(x, out),
+    }
     return calls[collective]
 
 
@@ -68,8 +71,9 @@ def _shift(x, out) -> None:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % world),
-                                        dist.P2POp(dist.irecv, out, (rank - 1) % world)]):
+    for work in dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, out, (rank - 1) % world)]
+    ):
         work.wait()
 
 
@@ -104,8 +108,10 @@ def _symm_mem_allreduce(x) -> tuple[dict[str, PeerCall], Any]:
     def loaded(fn):  # the timed calls sum buf in place over and over: reload x before the checked call
         return lambda: (buf.copy_(x), fn())[1]
 
-    return {"symm:one_shot": PeerCall(one_shot, loaded(one_shot)),
-            "symm:two_shot": PeerCall(two_shot, loaded(two_shot))}, buf
+    return {
+        "symm:one_shot": PeerCall(one_shot, loaded(one_shot)),
+        "symm:two_shot": PeerCall(two_shot, loaded(two_shot)),
+    }, buf
 
 
 def _symm_mem_alltoall(x, out) -> dict[str, PeerCall]:
@@ -153,6 +159,7 @@ def _symm_mem_alltoall(x, out) -> dict[str, PeerCall]:
         def run():
             torch.ops.symm_mem.all_to_all_vdev(inp, got, in_splits, table, group)
             return got
+
     return {"symm:all_to_all_vdev": PeerCall(run, run)}
 
 
@@ -176,12 +183,14 @@ class Peers:
     absent: dict | None = None
 
     @classmethod
-    def create(cls, max_bytes: int, names: tuple[str, ...] = ("flashinfer", "vllm")) -> "Peers":
+    def create(cls, max_bytes: int, names: tuple[str, ...] = ("flashinfer", "vllm")) -> Peers:
         from executor import peers
 
         made, absent = {}, {}
-        makers = {"flashinfer": lambda: peers.FlashInfer.create(max_bytes=max(max_bytes, 1 << 20)),
-                  "vllm": lambda: peers.VllmCustomAllReduce.create()}
+        makers = {
+            "flashinfer": lambda: peers.FlashInfer.create(max_bytes=max(max_bytes, 1 << 20)),
+            "vllm": lambda: peers.VllmCustomAllReduce.create(),
+        }
         for name, make in makers.items():
             if name not in names:
                 continue
@@ -207,7 +216,10 @@ class Peers:
                     continue
                 out = torch.empty_like(x)
                 keep.append(out)
-                run = (lambda v=variant, out=out: self.flashinfer.all_reduce(x, out, v))
+
+                def run(v=variant, out=out):
+                    return self.flashinfer.all_reduce(x, out, v)
+
                 calls[f"flashinfer:{variant}"] = PeerCall(run, run)
         if self.vllm is not None:
             try:
@@ -218,8 +230,11 @@ class Peers:
                 xin.copy_(x)
                 out = torch.empty_like(x)
                 keep.append(out)
-                run = (lambda out=out: self.vllm.all_reduce(xin, out))
-                calls["vllm:custom_ar"] = PeerCall(run, lambda: (xin.copy_(x), run())[1], self.vllm.capture)
+
+                def custom_ar(out=out):
+                    return self.vllm.all_reduce(xin, out)
+
+                calls["vllm:custom_ar"] = PeerCall(custom_ar, lambda: (xin.copy_(x), custom_ar())[1], self.vllm.capture)
         return calls, refused
 
 
@@ -265,8 +280,7 @@ def nccl_result(collective: str, x, world: int):
 
     facts = Collective(collective, world)
     n_out = int(x.numel() * facts.output_fraction / facts.input_fraction)
-    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, dtype=x.dtype,
-                                                                                 device=x.device)
+    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, dtype=x.dtype, device=x.device)
     _nccl(collective, x, out)()
     return out
 
@@ -323,8 +337,9 @@ def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: 
     return int(not matches(collective, got, ref, dtype, magnitude, world))
 
 
-def _check_peers(comm, calls: dict[str, PeerCall], x, world: int, dtype: str,
-                 collective: str = "allreduce") -> dict[str, int]:
+def _check_peers(
+    comm, calls: dict[str, PeerCall], x, world: int, dtype: str, collective: str = "allreduce"
+) -> dict[str, int]:
     """Per peer, the ranks whose result differs from NCCL's on the same input (the bound of ``matches``)."""
     if not calls:
         return {}
@@ -341,7 +356,54 @@ def _check_peers(comm, calls: dict[str, PeerCall], x, world: int, dtype: str,
 LINES_SUFFIX = "+ll128"
 
 
-def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None) -> list[dict]:
+def _plan_timers(
+    comm: Any,
+    config: BenchConfig,
+    candidates: list[Plan],
+    nbytes: int,
+    x: Any,
+    out: Any,
+    keep: list[Any],
+    progress: Callable[[str], None] | None,
+) -> tuple[dict[str, Callable[[], float]], dict[str, tuple[Plan, bool]]]:
+    """A timer per weft plan (and per packet format, with ``config.ll128``) that runs here on every rank, and the
+    timer name -> (plan, with LL128 lines). A plan refused on any rank is skipped (and said, with ``progress``);
+    the buffers made go into ``keep``."""
+    import torch
+
+    timers: dict[str, Callable[[], float]] = {}
+    runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
+    formats = [(p, False) for p in candidates] + [
+        (p, True) for p in candidates if config.ll128 and lines_possible(p, nbytes)
+    ]
+    for plan, lines in formats:
+        y = out if config.collective != "allreduce" else torch.empty_like(x)
+        if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
+            y = x.clone()
+        keep.append(y)
+        try:
+            run = (
+                (lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines))
+                if plan.inplace
+                else (lambda p=plan, x=x, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
+            )
+            timer = _timer(run, config.graph, config.calls)
+            why = ""
+        except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
+            timer, why = None, str(e)
+        name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
+        if _refused_anywhere(comm, why):
+            if progress and why:
+                progress(f"skipping {name[5:]}: {why}")
+            continue
+        timers[name] = timer
+        runnable[name] = (plan, lines)
+    return timers, runnable
+
+
+def run_bench(
+    comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None
+) -> list[dict]:
     """One row per size; weft's time is that of the fastest plan accepting the size (with ``config.ll128``, of the
     fastest plan and packet format: an LL plan with LL128 lines is named PLAN+ll128)."""
     import torch
@@ -356,8 +418,9 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
         # sizes off a plan's granule run padded (PlanExecutor.execute): their times include the copies
         candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
-        timers: dict[str, Callable[[], float]] = {"nccl": _timer(_nccl(config.collective, x, out), config.graph,
-                                                                  config.calls)}
+        timers: dict[str, Callable[[], float]] = {
+            "nccl": _timer(_nccl(config.collective, x, out), config.graph, config.calls)
+        }
         keep: list[Any] = []
         others: dict[str, PeerCall] = {}
         refused_peers = dict(peers.absent or {})
@@ -373,35 +436,15 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
             refused_peers.update(refused)
         for name, call in others.items():
             try:
-                timer, refused = _timer(call.run, config.graph, config.calls, call.capture), ""
+                timer, why = _timer(call.run, config.graph, config.calls, call.capture), ""
             except Exception as e:  # a peer refusing a shape at launch (its own checks) is a result
-                timer, refused = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            if _refused_anywhere(comm, refused):
-                refused_peers[name] = refused or "refused on another rank"
+                timer, why = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            if _refused_anywhere(comm, why):
+                refused_peers[name] = why or "refused on another rank"
                 continue
             timers[name] = timer
-        runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
-        formats = [(p, False) for p in candidates] + [(p, True) for p in candidates
-                                                       if config.ll128 and lines_possible(p, nbytes)]
-        for plan, lines in formats:
-            y = out if config.collective != "allreduce" else torch.empty_like(x)
-            if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
-                y = x.clone()
-            keep.append(y)
-            try:
-                run = ((lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines)) if plan.inplace else
-                       (lambda p=plan, y=y, lines=lines: comm.execute(p, x, y, lines=lines)))
-                timer = _timer(run, config.graph, config.calls)
-                refused = ""
-            except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
-                timer, refused = None, str(e)
-            name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
-            if _refused_anywhere(comm, refused):
-                if progress and refused:
-                    progress(f"skipping {name[5:]}: {refused}")
-                continue
-            timers[name] = timer
-            runnable[name] = (plan, lines)
+        plan_timers, runnable = _plan_timers(comm, config, candidates, nbytes, x, out, keep, progress)
+        timers.update(plan_timers)
         comm.synchronize()
         raw: dict[str, list[float]] = {k: [] for k in timers}
         for i in range(config.warmup + config.samples):
@@ -412,36 +455,53 @@ def run_bench(comm, config: BenchConfig, plans: list[Plan], progress: Callable[[
         comm.synchronize()
         med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
         weft = {k: v for k, v in med.items() if k.startswith("weft:")}
-        best = min(weft, key=weft.get) if weft else None
+        best = min(weft, key=weft.__getitem__) if weft else None
         symm = [v for k, v in med.items() if k.startswith("symm:")]
         flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
         rivals = {k: v for k, v in med.items() if not k.startswith("weft:")}  # every peer timed, NCCL too
-        best_peer = min(rivals, key=rivals.get)
+        best_peer = min(rivals, key=rivals.__getitem__)
         wrong = 0
         if best:
             plan, lines = runnable[best]
             wrong = _check(config.collective, comm, plan, x, world, config.dtype, lines)
-        peers_wrong = _check_peers(comm, {k: others[k] for k in timers if k in others}, x, world, config.dtype,
-                                   config.collective)
+        peers_wrong = _check_peers(
+            comm, {k: others[k] for k in timers if k in others}, x, world, config.dtype, config.collective
+        )
         weft_us = med[best] if best else None
         plan_hash = runnable[best][0].content_hash if best else None
         algbw = nbytes / (weft_us * 1e3) if weft_us else None
-        rows.append({
-            "size": nbytes, "nccl_us": med["nccl"], "symm_us": min(symm) if symm else None, "weft_us": weft_us,
-            "algbw": algbw, "busbw": algbw * Collective(config.collective, world).bus_factor if algbw else None,
-            "speedup": med["nccl"] / weft_us if weft_us else None, "wrong": wrong,
-            "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
-            "flashinfer_variant": min(flashinfer, key=flashinfer.get).split(":")[1] if flashinfer else None,
-            "vllm_us": med.get("vllm:custom_ar"), "best_peer": best_peer, "best_peer_us": rivals[best_peer],
-            "peers_wrong": peers_wrong, "peers_refused": refused_peers,
-            "plan": best[5:] if best else None, "plan_hash": plan_hash, "lines": bool(best and runnable[best][1]),
-            "raw_us": raw, "median_us": med,
-            "plans_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if not lines},
-            "plans_ll128_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if lines},
-        })
+        rows.append(
+            {
+                "size": nbytes,
+                "nccl_us": med["nccl"],
+                "symm_us": min(symm) if symm else None,
+                "weft_us": weft_us,
+                "algbw": algbw,
+                "busbw": algbw * Collective(config.collective, world).bus_factor if algbw else None,
+                "speedup": med["nccl"] / weft_us if weft_us else None,
+                "wrong": wrong,
+                "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
+                "flashinfer_variant": min(flashinfer, key=flashinfer.__getitem__).split(":")[1] if flashinfer else None,
+                "vllm_us": med.get("vllm:custom_ar"),
+                "best_peer": best_peer,
+                "best_peer_us": rivals[best_peer],
+                "peers_wrong": peers_wrong,
+                "peers_refused": refused_peers,
+                "plan": best[5:] if best else None,
+                "plan_hash": plan_hash,
+                "lines": bool(best and runnable[best][1]),
+                "raw_us": raw,
+                "median_us": med,
+                "plans_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if not lines},
+                "plans_ll128_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if lines},
+            }
+        )
         if progress:
-            progress(f"{nbytes} B: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
-                     + f" µs; wrong {wrong}, peers wrong {sum(peers_wrong.values())}; "
-                     f"{time.monotonic() - began:.1f} s")
+            progress(
+                f"{nbytes} B: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
+                + f" µs; wrong {wrong}, peers wrong {sum(peers_wrong.values())}; "
+                f"{time.monotonic() - began:.1f} s"
+            )
         del keep
     return rows  # the peers' workspaces live until the process ends (freeing vLLM's IPC buffers is collective)

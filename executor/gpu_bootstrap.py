@@ -52,8 +52,10 @@ def decode(data: bytes | str, source: str = "a peer") -> Any:
     try:
         return _value(json.loads(data), 0)
     except (ValueError, TypeError, KeyError, RecursionError, OverflowError, AttributeError) as e:
-        raise ExecutorError(f"executor: bootstrap value from {source}: not weft's plain data "
-                            f"({(str(e).splitlines() or [type(e).__name__])[0][:80]})") from None
+        raise ExecutorError(
+            f"executor: bootstrap value from {source}: not weft's plain data "
+            f"({(str(e).splitlines() or [type(e).__name__])[0][:80]})"
+        ) from None
 
 
 def _value(doc: Any, depth: int) -> Any:
@@ -106,8 +108,11 @@ def all_gather(store, key: str, rank: int, world_size: int, value: Any, timeout_
     try:
         store.wait(keys, timedelta(seconds=timeout_s))
     except Exception as e:  # the store raises its own types (DistStoreError, RuntimeError) on timeout
-        raise ExecutorTimeout(f"executor: rank {rank}: peers did not reach {key!r} within {timeout_s:g} s "
-                              f"(a rank died or runs something else): {str(e).splitlines()[0]}", rank) from None
+        raise ExecutorTimeout(
+            f"executor: rank {rank}: peers did not reach {key!r} within {timeout_s:g} s "
+            f"(a rank died or runs something else): {str(e).splitlines()[0]}",
+            rank,
+        ) from None
     return [decode(store.get(k), f"rank {r} at {key!r}") for r, k in enumerate(keys)]
 
 
@@ -120,8 +125,11 @@ def all_gather_plain(value: Any, group: Any = None) -> list[Any]:
 
     data = encode(value)
     world = dist.get_world_size(group)
-    device = (torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend(group)).lower()
-              else torch.device("cpu"))
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if "nccl" in str(dist.get_backend(group)).lower()
+        else torch.device("cpu")
+    )
     length = torch.tensor([len(data)], dtype=torch.int64, device=device)
     lengths = [torch.empty_like(length) for _ in range(world)]
     dist.all_gather(lengths, length, group=group)
@@ -129,10 +137,12 @@ def all_gather_plain(value: Any, group: Any = None) -> list[Any]:
     if not all(0 < n <= MAX_VALUE_BYTES for n in sizes):
         raise ExecutorError(f"executor: a rank's exchanged value is empty or over {MAX_VALUE_BYTES >> 20} MiB: {sizes}")
     mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
-    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
-    return [decode(t[:n].cpu().numpy().tobytes(), f"rank {r}") for r, (t, n) in enumerate(zip(every, sizes))]
+    return [
+        decode(t[:n].cpu().numpy().tobytes(), f"rank {r}") for r, (t, n) in enumerate(zip(every, sizes, strict=True))
+    ]
 
 
 def barrier(store, key: str, rank: int, world_size: int, timeout_s: float) -> None:

@@ -37,8 +37,10 @@ def allocation_base(pointer: int) -> int:
     fn.argtypes = (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64)
     status = fn(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer))
     if status != 0:
-        raise ExecutorError(f"executor: cuMemGetAddressRange failed for address {pointer:#x} (CUresult {status}); "
-                            "is the buffer CUDA device memory?")
+        raise ExecutorError(
+            f"executor: cuMemGetAddressRange failed for address {pointer:#x} (CUresult {status}); "
+            "is the buffer CUDA device memory?"
+        )
     return base.value
 
 

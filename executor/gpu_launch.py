@@ -10,8 +10,9 @@ node with a programmatic edge. Without the attribute the same kernel runs as an 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +26,18 @@ class _Attribute(ctypes.Structure):
 
 
 class _Config(ctypes.Structure):
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_Attribute)), ("numAttrs", ctypes.c_uint)]
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_Attribute)),
+        ("numAttrs", ctypes.c_uint),
+    ]
 
 
 def _scalar(value: Any) -> ctypes._SimpleCData:
@@ -53,10 +62,9 @@ class Arguments:
     pointers: Any
 
     @classmethod
-    def pack(cls, args: Sequence[Any]) -> "Arguments":
+    def pack(cls, args: Sequence[Any]) -> Arguments:
         values = [_scalar(a) for a in args]
-        pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
-                                                     for v in values])
+        pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         return cls(values, pointers)
 
 
@@ -92,6 +100,16 @@ class Launcher:
     def prepare(self, function: int, grid: int, block: int, args: Arguments) -> Launch:
         attribute = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
         attribute.value[0] = 1  # programmaticStreamSerializationAllowed
-        config = _Config(grid, 1, 1, block, 1, 1, 0, None,
-                         ctypes.pointer(attribute) if self.programmatic else None, 1 if self.programmatic else 0)
+        config = _Config(
+            grid,
+            1,
+            1,
+            block,
+            1,
+            1,
+            0,
+            None,
+            ctypes.pointer(attribute) if self.programmatic else None,
+            1 if self.programmatic else 0,
+        )
         return Launch(self._driver, ctypes.c_void_p(function), config, args, attribute)

@@ -24,8 +24,9 @@ record holds once peers have told each other their buffers is worked out here to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,7 +50,9 @@ NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
 NORM_ROWS = 64  # kNormRows in executor/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
 NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
 NORM_SLICE = 66  # kNormSlice: the epilogue over one slice of a row that several blocks sum (executor.norm.RowSpan)
-DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS))))  # kNop.. in channel.cuh
+Record = np.ndarray  # one op-table row: a 0-d array of OP_DTYPE
+
+DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop.. in channel.cuh
 PAIRS = 8  # kPairs in channel.cuh: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
 KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
 PACKET, SCRATCH = 1, 2
@@ -58,10 +61,21 @@ SLOTS = {"i": 0, "o": 1, "s": 2}
 # The interpreter kernel's parameters in order, with their C types: WEFT_INTERPRETER in executor/cuda/interpreter.cu
 # declares the same list (tests/test_executor_tables.py checks it); a -DWEFT_TRACE build takes TRACE_PARAM last.
 KERNEL_PARAMS = (
-    ("ops", "const weft::Op*"), ("tb_start", "const int*"), ("buffers", "char* const*"),
-    ("outbound", "u64* const*"), ("inbound", "u64*"), ("expected", "u64*"), ("barriers", "u64*"),
-    ("semaphores", "u64*"), ("epochs", "u64*"), ("error", "int*"), ("timeout_ns", "u64"), ("rank", "int"),
-    ("scratch_half", "i64"), ("nslots", "int"), ("uniform_ops", "int"),
+    ("ops", "const weft::Op*"),
+    ("tb_start", "const int*"),
+    ("buffers", "char* const*"),
+    ("outbound", "u64* const*"),
+    ("inbound", "u64*"),
+    ("expected", "u64*"),
+    ("barriers", "u64*"),
+    ("semaphores", "u64*"),
+    ("epochs", "u64*"),
+    ("error", "int*"),
+    ("timeout_ns", "u64"),
+    ("rank", "int"),
+    ("scratch_half", "i64"),
+    ("nslots", "int"),
+    ("uniform_ops", "int"),
 )
 TRACE_PARAM = ("trace", "u64*")
 _SCALARS = {"u64": np.uint64, "i64": np.int64, "int": np.int32}
@@ -94,15 +108,22 @@ def _scalar(value: Any, ctype: str) -> Any:
 
 
 REF_DTYPE = np.dtype([("offset", "<i8"), ("buffer", "<i4"), ("flags", "<i4")])
-OP_DTYPE = np.dtype([
-    ("type", "<i4"), ("nsrc", "<i4"), ("ndst", "<i4"), ("nchannel", "<i4"),
-    ("barrier_id", "<i4"), ("barrier_count", "<i4"), ("plan_op", "<i4"), ("line_chunk", "<i4"),
-    ("bytes", "<i8"),
-    ("channel", "<i4", (MAX_CHANNELS_PER_OP,)),
-    ("src", REF_DTYPE, (MAX_REFS,)),
-    ("dst", REF_DTYPE, (MAX_REFS,)),
-])
-
+OP_DTYPE = np.dtype(
+    [
+        ("type", "<i4"),
+        ("nsrc", "<i4"),
+        ("ndst", "<i4"),
+        ("nchannel", "<i4"),
+        ("barrier_id", "<i4"),
+        ("barrier_count", "<i4"),
+        ("plan_op", "<i4"),
+        ("line_chunk", "<i4"),
+        ("bytes", "<i8"),
+        ("channel", "<i4", (MAX_CHANNELS_PER_OP,)),
+        ("src", REF_DTYPE, (MAX_REFS,)),
+        ("dst", REF_DTYPE, (MAX_REFS,)),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -131,8 +152,11 @@ class DeviceTables:
     @property
     def scratch_alloc(self) -> int:
         """Bytes of the scratch allocation: the halves, then the norm's slots (a context zeroes it all at reset)."""
-        return self.norm_at + self.norm_slots if self.norm_slots else \
-            self.scratch_bytes * (2 if self.double_scratch else 1)
+        return (
+            self.norm_at + self.norm_slots
+            if self.norm_slots
+            else self.scratch_bytes * (2 if self.double_scratch else 1)
+        )
 
     @property
     def nthreadblocks(self) -> int:
@@ -156,8 +180,7 @@ class DeviceTables:
 def check_world(plan: Plan, world_size: int) -> None:
     """Refuse, with one line, a plan written for another number of ranks."""
     if plan.nranks != world_size:
-        raise ExecutorError(f"plan {plan.name}: written for {plan.nranks} ranks, but the communicator has "
-                            f"{world_size}")
+        raise ExecutorError(f"plan {plan.name}: written for {plan.nranks} ranks, but the communicator has {world_size}")
 
 
 def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
@@ -166,14 +189,16 @@ def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
     if dtype not in DTYPE_BYTES:
         raise ExecutorError(f"plan {plan.name}: dtype {dtype!r} is not supported (fp32, fp16, bf16)")
     if dtype not in plan.weft.dtypes:
-        raise ExecutorError(f"plan {plan.name}: dtype {dtype} is not among the plan's dtypes "
-                            f"({', '.join(plan.weft.dtypes)})")
+        raise ExecutorError(
+            f"plan {plan.name}: dtype {dtype} is not among the plan's dtypes ({', '.join(plan.weft.dtypes)})"
+        )
     if not plan.accepts(nbytes):
-        raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
-                            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
+        raise ExecutorError(
+            f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
+            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)"
+        )
     if nbytes // plan.size_chunks % DTYPE_BYTES[dtype]:
-        raise ExecutorError(f"plan {plan.name}: size {nbytes} B splits into chunks that are not whole {dtype} "
-                            "elements")
+        raise ExecutorError(f"plan {plan.name}: size {nbytes} B splits into chunks that are not whole {dtype} elements")
 
 
 def pair_channels(plan: Plan) -> dict[tuple[int, int], int]:
@@ -200,7 +225,7 @@ def lines_possible(plan: Plan, nbytes: int) -> bool:
     if plan.protocol != "LL" or not plan.accepts(nbytes):
         return False
     cb = plan.chunk_bytes(nbytes)
-    return cb % 8 == 0 and cb < 2 ** 31 and min(plan.num_threads_per_block, 1024) % 32 == 0
+    return cb % 8 == 0 and cb < 2**31 and min(plan.num_threads_per_block, 1024) % 32 == 0
 
 
 def residual_refusal(plan: Plan) -> str:
@@ -229,55 +254,82 @@ def residual_refusal(plan: Plan) -> str:
     return ""
 
 
-def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residual: bool = False,
-                 norm: RowNorm | None = None, dtype: str = "bf16") -> DeviceTables:
+def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool, norm: RowNorm | None) -> None:
+    """Raise ExecutorError where ``build_tables`` cannot lower this rank's part at this size and with these options."""
+    if norm is not None and not residual:
+        raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
+    if not plan.accepts(nbytes):
+        raise ExecutorError(
+            f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
+            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)"
+        )
+    gpu = plan.gpus[rank]
+    if lines and not lines_possible(plan, nbytes):
+        raise ExecutorError(
+            f"plan {plan.name}: {nbytes} B cannot move as LL128 lines (LL plans with chunks of "
+            "whole 8-byte words and whole warps only)"
+        )
+    if gpu.port_peers:
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
+            f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
+            "port-channel plans run through executor.port_engine"
+        )
+    if len(gpu.memory_peers) > MAX_CHANNELS:
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels (the executor holds {MAX_CHANNELS})"
+        )
+    if 3 + len(gpu.remote_buffers) + int(residual) + 2 * int(norm is not None) > MAX_SLOTS:
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
+            f"(the executor holds {MAX_SLOTS - 3 - int(residual)})"
+        )
+
+
+def build_tables(
+    plan: Plan,
+    rank: int,
+    nbytes: int,
+    lines: bool = False,
+    residual: bool = False,
+    norm: RowNorm | None = None,
+    dtype: str = "bf16",
+) -> DeviceTables:
     """The device tables of ``rank`` for a message of ``nbytes`` (sizes as ``Plan.accepts`` defines them).
 
     ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``). ``residual``: the launch
     binds a residual after the remote buffers, added by the reductions that complete a sum and write an output
     (``residual_refusal``). ``norm``: with a residual, each of those reductions is followed by the RMSNorm
     epilogue over its rows of ``dtype`` (``executor.norm``), the weight and the normalized rows in the two slots
-    after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op count (so the kernel still loads a block's
-    first ops beside its range)."""
-    if norm is not None and not residual:
-        raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
-    if not plan.accepts(nbytes):
-        raise ExecutorError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
-                            f"{plan.max_message_size} B, a multiple of {plan.size_chunks * 4} B)")
+    after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op
+    count (so the kernel still loads a block's first ops beside its range)."""
+    _check_fits(plan, rank, nbytes, lines, residual, norm)
     gpu = plan.gpus[rank]
     cb = plan.chunk_bytes(nbytes)
     packets = plan.protocol == "LL"
-    if lines and not lines_possible(plan, nbytes):
-        raise ExecutorError(f"plan {plan.name}: {nbytes} B cannot move as LL128 lines (LL plans with chunks of "
-                            "whole 8-byte words and whole warps only)")
     per_chunk = (cb + LINE_DATA - 1) // LINE_DATA * LINE_BYTES
     layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
-    if gpu.port_peers:
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
-                            f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
-                            "port-channel plans run through executor.port_engine")
-    if len(gpu.memory_peers) > MAX_CHANNELS:
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels "
-                            f"(the executor holds {MAX_CHANNELS})")
-    if 3 + len(gpu.remote_buffers) + int(residual) + 2 * int(norm is not None) > MAX_SLOTS:
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
-                            f"(the executor holds {MAX_SLOTS - 3 - int(residual)})")
-    records: list[np.void] = []
+    records: list[Record] = []
     starts = [0]
     residual_at = reference.residual_sums(plan) if residual else {}
     row_bytes = norm.row_bytes(dtype) if norm is not None else 0
-    spans, norm_at, norm_slots, widest = {}, 0, 0, 0
+    spans: dict[tuple[int, int, int], RowSpan] = {}
+    norm_at, norm_slots, widest = 0, 0, 0
     if norm is not None:
         from executor.norm import row_spans
 
-        spans = row_spans(plan, nbytes, dtype, norm)
-        if isinstance(spans, str):
-            raise ExecutorError(spans)
+        found = row_spans(plan, nbytes, dtype, norm)
+        if isinstance(found, str):
+            raise ExecutorError(found)
+        spans = found
         spans = {(r, t, i): span for (r, t, i), span in spans.items() if r == rank}
         widest = max((span.slices for span in spans.values() if span.slices > 1), default=0)
         # past the widest rank's halves: a peer writes this rank's scratch at offsets of its own half size
-        halves = max(g.scratch_chunks for g in plan.gpus) * layout.scratch_chunk * (
-            2 if plan.use_double_scratch_buffer else 1)
+        halves = (
+            max(g.scratch_chunks for g in plan.gpus)
+            * layout.scratch_chunk
+            * (2 if plan.use_double_scratch_buffer else 1)
+        )
         norm_at, norm_slots = (halves + 15) // 16 * 16, 8 * widest * (gpu.output_chunks * cb // row_bytes)
     by_block: dict[int, list] = {}
     for (_, b, _), span in sorted(spans.items()):
@@ -298,10 +350,13 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
                 _add_source(records[-1], (chunk * cb, 3 + len(gpu.remote_buffers), 0), where)
                 if norm is not None:
                     span = spans[(rank, t, i)]
-                    records.append(_norm_record(span.first, span.nbytes, row_bytes, norm.eps,
-                                                3 + len(gpu.remote_buffers), i) if span.slices == 1 else
-                                   _slice_record(span, norm_at + 8 * widest * span.row, norm.eps,
-                                                 3 + len(gpu.remote_buffers), i))
+                    records.append(
+                        _norm_record(span.first, span.nbytes, row_bytes, norm.eps, 3 + len(gpu.remote_buffers), i)
+                        if span.slices == 1
+                        else _slice_record(
+                            span, norm_at + 8 * widest * span.row, norm.eps, 3 + len(gpu.remote_buffers), i
+                        )
+                    )
         starts.append(len(records))
     if norm is not None:
         records, starts = _padded(records, starts)
@@ -309,23 +364,36 @@ def build_tables(plan: Plan, rank: int, nbytes: int, lines: bool = False, residu
     for k, rec in enumerate(records):
         ops[k] = rec
     pairs = pair_channels(plan)
-    quantities = [cb, layout.scratch_chunk] + [int(q) for rec in records if rec["type"] == TRANSFER for q in (
-        rec["bytes"], *rec["src"]["offset"][:rec["nsrc"]], *rec["dst"]["offset"][:rec["ndst"]])]
+    quantities = [cb, layout.scratch_chunk] + [
+        int(q)
+        for rec in records
+        if rec["type"] == TRANSFER
+        for q in (rec["bytes"], *rec["src"]["offset"][: rec["nsrc"]], *rec["dst"]["offset"][: rec["ndst"]])
+    ]
     quantities += [row_bytes, *(q for span in spans.values() for q in (span.first, span.nbytes))]
     return DeviceTables(
-        ops=ops, tb_start=np.asarray(starts, np.int32), chunk_bytes=cb, vector_bytes=vector_bytes(*quantities),
-        input_bytes=gpu.input_chunks * cb, output_bytes=gpu.output_chunks * cb,
-        scratch_bytes=gpu.scratch_chunks * layout.scratch_chunk, double_scratch=plan.use_double_scratch_buffer,
+        ops=ops,
+        tb_start=np.asarray(starts, np.int32),
+        chunk_bytes=cb,
+        vector_bytes=vector_bytes(*quantities),
+        input_bytes=gpu.input_chunks * cb,
+        output_bytes=gpu.output_chunks * cb,
+        scratch_bytes=gpu.scratch_chunks * layout.scratch_chunk,
+        double_scratch=plan.use_double_scratch_buffer,
         channel_peers=gpu.memory_peers,
         paired_channel=tuple(pairs.get((rank, c), -1) for c in range(len(gpu.memory_peers))),  # -1: never signalled
         semaphore_init=gpu.semaphores,
         remote_buffers=tuple((b.rank, b.type) for b in gpu.remote_buffers),
-        threads=min(plan.num_threads_per_block, 1024), lines=lines, residual=residual, norm=norm is not None,
-        norm_slots=norm_slots, norm_at=norm_at,
+        threads=min(plan.num_threads_per_block, 1024),
+        lines=lines,
+        residual=residual,
+        norm=norm is not None,
+        norm_slots=norm_slots,
+        norm_at=norm_at,
     )
 
 
-def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
+def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_slot: int, plan_op: int) -> Record:
     """The epilogue over output bytes ``first..first+nbytes``: the rows (output slot), the weight (the slot after
     the residual) and the normalized rows (the next slot); a row's bytes in barrier_id, eps's fp32 bits in
     channel[0] (norm.cuh reads them there)."""
@@ -339,7 +407,7 @@ def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_s
     return rec
 
 
-def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> np.void:
+def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> Record:
     """The epilogue over one slice of a row (``executor.norm.RowSpan``): the slice (output slot), the weight's
     matching slice, the row's slots for the sums of squares (scratch slot, at ``slots_at``) and the normalized
     slice; the row's slice count in barrier_count, this slice's index in barrier_id, eps's fp32 bits in channel[0]
@@ -355,7 +423,7 @@ def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, 
     return rec
 
 
-def _prefetch_record(span: RowSpan, row_bytes: int, residual_slot: int) -> np.void:
+def _prefetch_record(span: RowSpan, row_bytes: int, residual_slot: int) -> Record:
     """The weight's part that the block's epilogue reads (the row, or the slice's part of it: ``span``) prefetched
     into L1 before the block's reduction waits for its peers' data."""
     rec = np.zeros((), OP_DTYPE)
@@ -370,13 +438,13 @@ def _padded(records: list, starts: list[int]) -> tuple[list, list[int]]:
     longest = int(counts.max()) if len(counts) else 0
     out, new_starts = [], [0]
     for b, count in enumerate(counts):
-        out.extend(records[starts[b]:starts[b + 1]])
+        out.extend(records[starts[b] : starts[b + 1]])
         out.extend(np.zeros((), OP_DTYPE) for _ in range(longest - int(count)))
         new_starts.append(len(out))
     return out, new_starts
 
 
-def _add_source(rec: np.void, ref: tuple[int, int, int], where: str) -> None:
+def _add_source(rec: Record, ref: tuple[int, int, int], where: str) -> None:
     """Append one more source to a transfer (summed after the others)."""
     n = int(rec["nsrc"])
     if n + 1 > MAX_REFS:
@@ -385,9 +453,10 @@ def _add_source(rec: np.void, ref: tuple[int, int, int], where: str) -> None:
     rec["nsrc"] = n + 1
 
 
-def _moves_packets(rec: np.void) -> bool:
+def _moves_packets(rec: Record) -> bool:
     return any(rec["src"][k]["flags"] & PACKET for k in range(rec["nsrc"])) or any(
-        rec["dst"][k]["flags"] & PACKET for k in range(rec["ndst"]))
+        rec["dst"][k]["flags"] & PACKET for k in range(rec["ndst"])
+    )
 
 
 @dataclass(frozen=True)
@@ -400,13 +469,19 @@ class _Layout:
     def ref(self, tb: Threadblock, op: Op, ref: BufferRef, packet: bool, where: str) -> tuple[int, int, int]:
         """(offset, slot, flags) of one buffer entry."""
         if ref.remote:
+            assert ref.buffer_id is not None  # parse_plan gave every remote entry its buffer_id
             k = tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)
+            if k is None:  # parse_plan refuses such a plan; a Plan built in code may still hold one
+                raise ExecutorError(f"{where}: buffer_id {ref.buffer_id} names none of the block's remote buffers")
             slot, btype = 3 + k, self.gpu.remote_buffers[k].type
         else:
+            assert ref.type is not None  # and every local entry its type
             slot, btype = SLOTS[ref.type], ref.type
         if packet and (btype != "s" or self.plan.protocol != "LL"):
-            raise ExecutorError(f"{where}: op {op.name!r} moves packets, which live in the scratch buffer of an "
-                                f"LL plan (this entry is a {btype!r} buffer of a {self.plan.protocol} plan)")
+            raise ExecutorError(
+                f"{where}: op {op.name!r} moves packets, which live in the scratch buffer of an "
+                f"LL plan (this entry is a {btype!r} buffer of a {self.plan.protocol} plan)"
+            )
         flags = (PACKET if packet else 0) | (SCRATCH if btype == "s" and self.plan.use_double_scratch_buffer else 0)
         unit = self.scratch_chunk if btype == "s" else self.chunk
         return ref.index * unit, slot, flags
@@ -415,7 +490,7 @@ class _Layout:
 TRIPWIRE_BYTES = 16
 
 
-def tripwire_op() -> np.void:
+def tripwire_op() -> Record:
     """A 16-byte copy from buffer slot 0 to slot 1: the one op a disarmed graph binding runs (``BindingLayout``)."""
     rec = _record(TRANSFER)
     rec["nsrc"], rec["ndst"], rec["bytes"], rec["plan_op"] = 1, 1, TRIPWIRE_BYTES, -1
@@ -470,14 +545,16 @@ class BindingLayout:
     def armed(self, tb_start: np.ndarray, slots: tuple[int, ...]) -> np.ndarray:
         """The record that runs the plan (``tb_start`` as built) on ``slots``."""
         if len(tb_start) != self.nthreadblocks + 1 or len(slots) != self.nslots:
-            raise ExecutorError(f"executor: a binding record holds {self.nthreadblocks} thread blocks and "
-                                f"{self.nslots} slots, not {len(tb_start) - 1} and {len(slots)}")
+            raise ExecutorError(
+                f"executor: a binding record holds {self.nthreadblocks} thread blocks and "
+                f"{self.nslots} slots, not {len(tb_start) - 1} and {len(slots)}"
+            )
         return self._record(np.asarray(tb_start, np.int32), np.asarray(slots, np.uint64))
 
     def _record(self, tb_start: np.ndarray, slots: np.ndarray) -> np.ndarray:
         record = np.zeros(self.stride, np.uint8)
-        record[:tb_start.nbytes] = tb_start.view(np.uint8)
-        record[self.tb_bytes:self.tb_bytes + slots.nbytes] = slots.view(np.uint8)
+        record[: tb_start.nbytes] = tb_start.view(np.uint8)
+        record[self.tb_bytes : self.tb_bytes + slots.nbytes] = slots.view(np.uint8)
         return record
 
 
@@ -495,8 +572,9 @@ def peer_mapping(plan: Plan, rank: int) -> PeerMapping:
     mine = plan.gpus[rank].remote_buffers
     return PeerMapping(
         deferred=tuple((3 + k, b.rank, b.type) for k, b in enumerate(mine) if b.type in "io"),
-        exported=tuple(sorted({b.type for g in plan.gpus for b in g.remote_buffers
-                               if b.rank == rank and b.type in "io"})),
+        exported=tuple(
+            sorted({b.type for g in plan.gpus for b in g.remote_buffers if b.rank == rank and b.type in "io"})
+        ),
         collective=any(b.type in "io" for g in plan.gpus for b in g.remote_buffers),
     )
 
@@ -526,13 +604,16 @@ def share_records(executions: list[CapturedExecution], export: Callable[[int], A
     return records
 
 
-def peer_slots(executions: list[CapturedExecution], gathered: list[list[tuple]], rank: int,
-               open_buffer: Callable[[Any], int]) -> list[tuple[int, ...]]:
+def peer_slots(
+    executions: list[CapturedExecution], gathered: list[list[tuple]], rank: int, open_buffer: Callable[[Any], int]
+) -> list[tuple[int, ...]]:
     """Each execution's slots with its peers' buffers opened, from every rank's ``share_records`` (capture order)."""
     counts = [len(records) for records in gathered]
     if len(set(counts)) > 1:
-        raise ExecutorError(f"executor: ranks 0..{len(counts) - 1} captured {counts} executions whose peers map "
-                            "their buffers; every rank must capture the same sequence")
+        raise ExecutorError(
+            f"executor: ranks 0..{len(counts) - 1} captured {counts} executions whose peers map "
+            "their buffers; every rank must capture the same sequence"
+        )
     filled = []
     for k, e in enumerate(executions):
         for r, records in enumerate(gathered):
@@ -540,9 +621,11 @@ def peer_slots(executions: list[CapturedExecution], gathered: list[list[tuple]],
             if isinstance(shares, str):
                 raise ExecutorError(f"executor: captured execution {k}: rank {r} {shares}")
             if (plan_hash, nbytes) != (e.plan_hash, e.nbytes):
-                raise ExecutorError(f"executor: captured execution {k}: rank {r} ran another plan or size "
-                                    f"({nbytes} B) than rank {rank} ({e.nbytes} B); every rank must capture the "
-                                    "same sequence")
+                raise ExecutorError(
+                    f"executor: captured execution {k}: rank {r} ran another plan or size "
+                    f"({nbytes} B) than rank {rank} ({e.nbytes} B); every rank must capture the "
+                    "same sequence"
+                )
         slots = list(e.slots)
         for slot, peer, btype in e.deferred:
             slots[slot] = open_buffer(gathered[peer][k][2][btype])
@@ -554,26 +637,35 @@ def _whole_units(nbytes: int, unit: int) -> int:
     return (nbytes + unit - 1) // unit * unit
 
 
-def _record(kind: int) -> np.void:
+def _record(kind: int) -> Record:
     rec = np.zeros((), OP_DTYPE)
     rec["type"] = kind
     return rec
 
 
-def _ids(kind: int, ids: tuple[int, ...], where: str) -> np.void:
+def _ids(kind: int, ids: tuple[int, ...], where: str) -> Record:
     if len(ids) > MAX_CHANNELS_PER_OP:
         raise ExecutorError(f"{where}: {len(ids)} ids in one op (the executor takes {MAX_CHANNELS_PER_OP})")
     rec = _record(kind)
     rec["nchannel"] = len(ids)
-    rec["channel"][:len(ids)] = ids
+    rec["channel"][: len(ids)] = ids
     return rec
 
 
-def _transfer(layout: _Layout, tb: Threadblock, op: Op, srcs: list[tuple[BufferRef, bool]],
-              dsts: list[tuple[BufferRef, bool]], where: str, window: tuple[int, int] | None = None) -> np.void:
+def _transfer(
+    layout: _Layout,
+    tb: Threadblock,
+    op: Op,
+    srcs: list[tuple[BufferRef, bool]],
+    dsts: list[tuple[BufferRef, bool]],
+    where: str,
+    window: tuple[int, int] | None = None,
+) -> Record:
     if len(srcs) > MAX_REFS or len(dsts) > MAX_REFS:
-        raise ExecutorError(f"{where}: {len(srcs)} sources and {len(dsts)} destinations in one op "
-                            f"(the executor takes {MAX_REFS} of each)")
+        raise ExecutorError(
+            f"{where}: {len(srcs)} sources and {len(dsts)} destinations in one op "
+            f"(the executor takes {MAX_REFS} of each)"
+        )
     rec = _record(TRANSFER)
     rec["nsrc"], rec["ndst"] = len(srcs), len(dsts)
     rec["bytes"] = srcs[0][0].size * layout.chunk if window is None else window[1]
@@ -595,12 +687,12 @@ def tbg_window(op: Op, chunk_bytes: int) -> tuple[int, int] | None:
     return tb_id * nbytes // size, nbytes // size
 
 
-def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str,
-           window: tuple[int, int] | None = None) -> list[np.void]:
+def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str, window: tuple[int, int] | None = None) -> list[Record]:
     """The device ops of one plan op, in order, as its row in the op table says (``window``: one pipeline
     iteration's bytes of each entry)."""
     spec = op.spec
     if spec.container:  # MSCCL++ handlePipeline: ceil(num_chunks × chunk bytes / unit_size) iterations
+        assert op.num_chunks is not None and op.unit_size is not None  # parse_plan required both of a pipeline
         total = op.num_chunks * layout.chunk
         recs = []
         for start in range(0, total, op.unit_size):
@@ -610,6 +702,7 @@ def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str,
     window = window or tbg_window(op, layout.chunk)
     kind = DEVICE_CODES[spec.device]
     if spec.device == "barrier":
+        assert op.barrier_id is not None  # parse_plan required it of a barrier
         if op.barrier_id >= MAX_BARRIERS:
             raise ExecutorError(f"{where}.barrier_id: {op.barrier_id} (the executor holds {MAX_BARRIERS} barriers)")
         rec = _record(BARRIER)
@@ -630,7 +723,7 @@ def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str,
         recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
         recs[0]["type"] = PAIRS
     elif spec.pairwise:
-        recs = [_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts)]
+        recs = [_transfer(layout, tb, op, [s], [d], where, window) for s, d in zip(srcs, dsts, strict=True)]
     else:
         recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
     if spec.signals:

@@ -2,8 +2,8 @@
 
 Each thread block sums, over launches, the SM clock cycles of its phases (interpreter.cu's Tracer): the slot
 table, op range and epoch, the op window load with the wait for the previous grid, the barrier after it, each op
-(ops past the last slot add to it), then the whole block in cycles and in global-timer nanoseconds. The two whole-block sums
-give the clock rate that turns cycles into microseconds.
+(ops past the last slot add to it), then the whole block in cycles and in global-timer nanoseconds. The two
+whole-block sums give the clock rate that turns cycles into microseconds.
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ def summarize(trace: np.ndarray, nblocks: int, ops_per_block: list[int], launche
     for b in range(nblocks):
         cycles, ns = float(sums[b, -2]), float(sums[b, -1])
         per_us = cycles / ns * 1e3 if ns else 0.0  # cycles per µs
-
-        def us(c: float) -> float:
-            return round(float(c) / per_us / launches, 3) if per_us else 0.0
-        phases = {name: us(sums[b, k]) for k, name in enumerate(PHASES)}
+        phases = {name: _us(sums[b, k], per_us, launches) for k, name in enumerate(PHASES)}
         nops = min(ops_per_block[b], TRACE_OPS)
-        out.append(BlockTimes(b, phases, tuple(us(sums[b, 3 + k]) for k in range(nops)), round(ns / 1e3 / launches, 3)))
+        ops = tuple(_us(sums[b, 3 + k], per_us, launches) for k in range(nops))
+        out.append(BlockTimes(b, phases, ops, round(ns / 1e3 / launches, 3)))
     return out
+
+
+def _us(cycles: float, per_us: float, launches: int) -> float:
+    """Clock cycles summed over ``launches`` as µs per launch (0 where the block recorded no time)."""
+    return round(float(cycles) / per_us / launches, 3) if per_us else 0.0

@@ -7,16 +7,19 @@ machine as two hosts, with the engine's network path forced): then they are trea
 different machines are.
 
 >>> hosts = ("a", "b")
->>> print(transport_refusal(2, 0, hosts, (1,), backend=None, device_type="cuda"))
-port channel 0 of rank 0 to rank 1 (host b): transport torch.distributed is unavailable: no process group is initialized (launch with torchrun and call init_process_group)
+>>> channel, transport = transport_refusal(2, 0, hosts, (1,), backend=None, device_type="cuda").split(": transport ")
+>>> print(channel)
+port channel 0 of rank 0 to rank 1 (host b)
+>>> print(transport)
+torch.distributed is unavailable: no process group is initialized (launch with torchrun and call init_process_group)
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Sequence
 
 from schedules.plan import Plan
 
@@ -37,27 +40,33 @@ def host_identity() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def ipc_across_hosts(plan: Plan, hosts: Sequence[str]) -> str:
-    """'' when every memory channel of ``plan`` joins two ranks of one host (``hosts[rank]``), else why not."""
+def ipc_across_hosts(plan: Plan, hosts: Sequence[Hashable]) -> str:
+    """'' when every memory channel of ``plan`` joins two ranks of one host, else why not. ``hosts[rank]``: a host
+    name, or a topology's host index."""
     for r, gpu in enumerate(plan.gpus):
         for cid, peer in enumerate(gpu.memory_peers):
             if hosts[r] != hosts[peer]:
-                return (f"plan {plan.name}: gpus[{r}] memory channel {cid} joins rank {r} (host {hosts[r]}) and rank "
-                        f"{peer} (host {hosts[peer]}): a memory channel is CUDA IPC, which cannot cross hosts; "
-                        "compile the plan for a topology with these hosts (its hops between them become port "
-                        "channels)")
+                return (
+                    f"plan {plan.name}: gpus[{r}] memory channel {cid} joins rank {r} (host {hosts[r]}) and rank "
+                    f"{peer} (host {hosts[peer]}): a memory channel is CUDA IPC, which cannot cross hosts; "
+                    "compile the plan for a topology with these hosts (its hops between them become port "
+                    "channels)"
+                )
     return ""
 
 
-def transport_refusal(nranks: int, rank: int, hosts: Sequence[str], port_peers: Sequence[int], backend: str | None,
-                      device_type: str) -> str:
+def transport_refusal(
+    nranks: int, rank: int, hosts: Sequence[str], port_peers: Sequence[int], backend: str | None, device_type: str
+) -> str:
     """'' when this rank's port channels (``port_peers``: the peer of each) can run over ``backend`` for tensors on
     ``device_type``; else one line naming the first channel and the transport."""
     if not port_peers:
         return ""
     if backend is None:
-        why, transport = ("no process group is initialized (launch with torchrun and call init_process_group)",
-                          "torch.distributed")
+        why, transport = (
+            "no process group is initialized (launch with torchrun and call init_process_group)",
+            "torch.distributed",
+        )
     elif backend not in TRANSPORTS:
         why, transport = f"the port engine drives {' or '.join(TRANSPORTS)} point-to-point calls", backend
     elif TRANSPORTS[backend] != device_type:

@@ -23,6 +23,7 @@ weight in buffers of their own, so each size has one context; inside ``capture()
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,12 @@ from executor.communicator import NormCall
 from executor.norm import RowNorm, best_norm_plan, row_base, rows_refusal
 from executor.torch_ops import DTYPES
 
+if TYPE_CHECKING:
+    from executor.communicator import PlanExecutor as _Executor  # the executor it is mixed in beside
+    from executor.torch_plans import PlanChoice
+else:
+    _Executor = object
+
 UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
 
 
@@ -38,8 +45,9 @@ def norm_candidates(entries: list, nbytes: int, ll128: bool) -> list[tuple]:
     """(plan, estimated µs) of registry entries serving a size: a row-owning plan (never benched alone) takes the
     time measured for the plan it was regrouped from, whose sends it keeps; any other its own estimate."""
     by_name = {e.plan.name: e for e in entries}
-    return [(e.plan, (by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, ll128)[1] or math.inf))
-            for e in entries]
+    return [
+        (e.plan, (by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, ll128)[1] or math.inf)) for e in entries
+    ]
 
 
 def check_norm_call(tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> RowNorm:
@@ -47,23 +55,44 @@ def check_norm_call(tensor: torch.Tensor, residual: torch.Tensor | None, weight:
     if residual is None:
         raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + the sum)")
     if residual.shape != tensor.shape or residual.dtype != tensor.dtype or residual.device != tensor.device:
-        raise ValueError(f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
-                         f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
-                         f"{residual.device}")
+        raise ValueError(
+            f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
+            f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
+            f"{residual.device}"
+        )
     hidden = tensor.shape[-1] if tensor.dim() else 0
-    if weight.dim() != 1 or weight.numel() != hidden or weight.dtype != tensor.dtype or \
-            weight.device != tensor.device:
-        raise ValueError(f"weft: all_reduce's rms_weight must be {tensor.dtype} of shape ({hidden},) (the last "
-                         f"dimension) on {tensor.device}, got {weight.dtype} of shape {tuple(weight.shape)} on "
-                         f"{weight.device}")
+    if weight.dim() != 1 or weight.numel() != hidden or weight.dtype != tensor.dtype or weight.device != tensor.device:
+        raise ValueError(
+            f"weft: all_reduce's rms_weight must be {tensor.dtype} of shape ({hidden},) (the last "
+            f"dimension) on {tensor.device}, got {weight.dtype} of shape {tuple(weight.shape)} on "
+            f"{weight.device}"
+        )
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
         raise ValueError(f"weft: all_reduce's eps must be a finite number >= 0, got {eps!r}")
     return RowNorm(int(hidden), float(eps))
 
 
-class NormCalls:
+class NormCalls(_Executor):
     """The fused norm's methods, mixed into ``executor.inference.Communicator`` (which provides ``choice``,
     ``enabled``, the staging buffers, ``_fallback`` and the executor)."""
+
+    if TYPE_CHECKING:  # what the host class provides; declared for the type checker only, so nothing is shadowed
+        choice: PlanChoice | None  # set whenever ``enabled``
+        enabled: bool
+        staging_bytes: int
+        world_size: int
+        paths: dict[str, int]
+        _ready: set[tuple[Any, ...]]
+        _norm_choices: dict[tuple[int, torch.dtype, RowNorm], Any]
+        _staging_in: torch.Tensor
+        _staging_residual: torch.Tensor
+
+        def _fallback(
+            self, collective: str, nbytes: int, dtype: torch.dtype, why: str, path: str = "on NCCL"
+        ) -> None: ...
+        def _in_graph(self) -> bool: ...
+        def _views(self, numel: int, out_numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
+        def all_reduce_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def norm_plan_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
         """The plan that runs the fused norm for this size, dtype and row shape, or None (``norm_reason`` says why)."""
@@ -90,8 +119,10 @@ class NormCalls:
         if not self.enabled:
             raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: weft is disabled on this communicator")
         if nbytes > self.staging_bytes:
-            raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {nbytes} B exceeds staging_bytes "
-                             f"{self.staging_bytes} B")
+            raise ValueError(
+                f"weft: cannot pin {plan.name} for the fused norm: {nbytes} B exceeds staging_bytes "
+                f"{self.staging_bytes} B"
+            )
         why = self.norm_refusal(plan) or rows_refusal(plan, nbytes, DTYPES[dtype], rows)
         if why:
             raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
@@ -101,8 +132,9 @@ class NormCalls:
         self.norm_plan_for(nbytes, dtype, rows)
         return self._norm_choices[(nbytes, dtype, rows)][1]
 
-    def all_reduce_norm_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def all_reduce_norm_eager(
+        self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = check_norm_call(tensor, residual, weight, eps)
         nbytes = tensor.numel() * tensor.element_size()
         plan, why = self._fused_norm_plan(tensor, residual, weight, rows)
@@ -126,8 +158,9 @@ class NormCalls:
         if self.norm_plan_for(nbytes, dtype, rows) is None or elements % rows.row_elems:
             return False
         x = torch.zeros(elements // rows.row_elems, rows.row_elems, dtype=dtype, device=self._staging_in.device)
-        self.all_reduce_norm_eager(x, torch.zeros_like(x), torch.ones(rows.row_elems, dtype=dtype, device=x.device),
-                                   rows.eps)
+        self.all_reduce_norm_eager(
+            x, torch.zeros_like(x), torch.ones(rows.row_elems, dtype=dtype, device=x.device), rows.eps
+        )
         return True
 
     # ------------------------------------------------------------------ internals
@@ -145,49 +178,61 @@ class NormCalls:
         return plan, ""
 
     def _choose_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm):
-        if not self.enabled or dtype not in DTYPES or nbytes > self.staging_bytes:
-            return None, "weft disabled" if not self.enabled else "no plan (dtype or size)"
+        choice = self.choice
+        if not self.enabled or choice is None or dtype not in DTYPES or nbytes > self.staging_bytes:
+            return None, "weft disabled" if not self.enabled or choice is None else "no plan (dtype or size)"
         name = DTYPES[dtype]
-        serving = [e for e in self.choice.entries if e.serves(self.choice.topology, "allreduce", self.world_size,
-                                                              nbytes) and (not e.dtypes or name in e.dtypes)]
-        return best_norm_plan(norm_candidates(serving, nbytes, self.choice.ll128), nbytes, name, rows,
-                              self.norm_refusal)
+        serving = [
+            e
+            for e in choice.entries
+            if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or name in e.dtypes)
+        ]
+        return best_norm_plan(norm_candidates(serving, nbytes, choice.ll128), nbytes, name, rows, self.norm_refusal)
 
-    def _zero_copy_norm(self, plan, tensor: torch.Tensor, output: torch.Tensor, residual: torch.Tensor,
-                        norm: NormCall) -> bool:
+    def _zero_copy_norm(
+        self, plan, tensor: torch.Tensor, output: torch.Tensor, residual: torch.Tensor, norm: NormCall
+    ) -> bool:
         """Inside ``capture()``, capture the fused launch on the caller's tensors themselves; whether it did."""
         if not self._in_graph():
             return False
         nbytes = tensor.numel() * tensor.element_size()
-        why = self.execute_captured(plan, tensor, output, lines=self._norm_lines(nbytes, tensor.dtype),
-                                    residual=residual, norm=norm)
+        why = self.execute_captured(
+            plan, tensor, output, lines=self._norm_lines(nbytes, tensor.dtype), residual=residual, norm=norm
+        )
         if why:
             self._fallback("allreduce+rms_norm", nbytes, tensor.dtype, why, "through the staging buffer in this graph")
             return False
         self.paths["zero_copy"] += 1
         return True
 
-    def _stage_norm(self, plan, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                    rows: RowNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stage_norm(
+        self, plan, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, rows: RowNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the fused launch through staging buffers (input, residual, weight, normed); (output, normed)."""
         nbytes = tensor.numel() * tensor.element_size()
         if getattr(self, "_staging_norm", None) is None:  # read by this rank only: no IPC needed
-            self._staging_norm = torch.empty(2 * self.staging_bytes, dtype=torch.uint8,
-                                             device=self._staging_in.device)
+            self._staging_norm = torch.empty(2 * self.staging_bytes, dtype=torch.uint8, device=self._staging_in.device)
         source, staged = self._views(tensor.numel(), tensor.numel(), tensor.dtype)
         source.view(tensor.shape).copy_(tensor)
         added = self._staging_residual[:nbytes].view(tensor.dtype)
         added.view(residual.shape).copy_(residual)
         normed = self._staging_norm[:nbytes].view(tensor.dtype)
-        staged_weight = self._staging_norm[self.staging_bytes:self.staging_bytes + weight.numel() *
-                                           weight.element_size()].view(weight.dtype)
+        staged_weight = self._staging_norm[
+            self.staging_bytes : self.staging_bytes + weight.numel() * weight.element_size()
+        ].view(weight.dtype)
         staged_weight.copy_(weight)
-        self.execute(plan, source, staged, lines=self._norm_lines(nbytes, tensor.dtype), residual=added,
-                     norm=NormCall(rows, staged_weight, normed))
+        self.execute(
+            plan,
+            source,
+            staged,
+            lines=self._norm_lines(nbytes, tensor.dtype),
+            residual=added,
+            norm=NormCall(rows, staged_weight, normed),
+        )
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], rows))
         self.paths["staging"] += 1
         return staged, normed
 
     def _norm_lines(self, nbytes: int, dtype: torch.dtype) -> bool:
         """LL128 lines where the registry's plan for a plain all-reduce of this size runs them."""
-        return self.choice.lines("allreduce", nbytes, DTYPES[dtype])
+        return self.choice is not None and self.choice.lines("allreduce", nbytes, DTYPES[dtype])

@@ -51,8 +51,11 @@ class RankIdentity:
         """A peer's identity as it published it; anything but these six fields of these types is refused."""
         doc = json.loads(data)
         kinds = {"rank": int, "pid": int, "host": str, "boot_id": str, "pid_namespace": int, "start_ticks": int}
-        if not isinstance(doc, dict) or set(doc) != set(kinds) or any(
-                not isinstance(doc[k], t) or isinstance(doc[k], bool) for k, t in kinds.items()):
+        if (
+            not isinstance(doc, dict)
+            or set(doc) != set(kinds)
+            or any(not isinstance(doc[k], t) or isinstance(doc[k], bool) for k, t in kinds.items())
+        ):
             raise ValueError(f"not a rank identity: {str(data)[:80]}")
         return RankIdentity(**doc)
 
@@ -84,7 +87,7 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     text = _read(f"/proc/{pid}/stat")
     if not text:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     return fields[0], int(fields[6]), int(fields[19])
 
 
@@ -99,8 +102,14 @@ def identity_of(rank: int) -> RankIdentity:
     """This process's identity as rank ``rank``."""
     pid = os.getpid()
     stat = _proc_stat(pid)
-    return RankIdentity(rank, pid, socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"),
-                        _pid_namespace(), stat[2] if stat else 0)
+    return RankIdentity(
+        rank,
+        pid,
+        socket.gethostname(),
+        _read("/proc/sys/kernel/random/boot_id"),
+        _pid_namespace(),
+        stat[2] if stat else 0,
+    )
 
 
 def probe(peer: RankIdentity, here: RankIdentity) -> State:
@@ -126,8 +135,15 @@ def _names(statuses: list[PeerStatus]) -> str:
     return ", ".join(s.describe() for s in statuses)
 
 
-def failure(rank: int, where: str, statuses: list[PeerStatus], waited_s: float, threadblock: int = -1,
-            op: int = -1, peer: int | None = None) -> ExecutorTimeout:
+def failure(
+    rank: int,
+    where: str,
+    statuses: list[PeerStatus],
+    waited_s: float,
+    threadblock: int = -1,
+    op: int = -1,
+    peer: int | None = None,
+) -> ExecutorTimeout:
     """The error for rank ``rank``'s wait at ``where`` that the ranks in ``statuses`` never answered.
 
     PeerLost when one of them exited, or cannot be checked (another host, or never joined); ExecutorTimeout
@@ -135,15 +151,34 @@ def failure(rank: int, where: str, statuses: list[PeerStatus], waited_s: float, 
     """
     exited = [s for s in statuses if s.state == "exited"]
     if exited:
-        return PeerLost(f"executor: {_names(exited)} exited while rank {rank} waited at {where}",
-                        rank, threadblock, op, peer, tuple(s.rank for s in exited))
+        return PeerLost(
+            f"executor: {_names(exited)} exited while rank {rank} waited at {where}",
+            rank,
+            threadblock,
+            op,
+            peer,
+            tuple(s.rank for s in exited),
+        )
     silent = [s for s in statuses if s.state in ("remote", "unjoined")]
     if silent:
         why = "; ".join(f"{s.describe()} {_why_unknown(s.state)}" for s in silent)
-        return PeerLost(f"executor: {_names(silent)} did not respond within {waited_s:g} s while rank {rank} "
-                        f"waited at {where}: {why}", rank, threadblock, op, peer, tuple(s.rank for s in silent))
-    return ExecutorTimeout(f"executor: rank {rank}: {_names(statuses)} did not reach {where} within {waited_s:g} s "
-                           "but is alive (it runs another plan or code path)", rank, threadblock, op, peer)
+        return PeerLost(
+            f"executor: {_names(silent)} did not respond within {waited_s:g} s while rank {rank} "
+            f"waited at {where}: {why}",
+            rank,
+            threadblock,
+            op,
+            peer,
+            tuple(s.rank for s in silent),
+        )
+    return ExecutorTimeout(
+        f"executor: rank {rank}: {_names(statuses)} did not reach {where} within {waited_s:g} s "
+        "but is alive (it runs another plan or code path)",
+        rank,
+        threadblock,
+        op,
+        peer,
+    )
 
 
 def store_failure(rank: int, where: str, statuses: list[PeerStatus], error: Exception) -> ExecutorTimeout:
@@ -157,8 +192,10 @@ def store_failure(rank: int, where: str, statuses: list[PeerStatus], error: Exce
     return ExecutorTimeout(
         f"executor: rank {rank}: the store failed during {where}: "
         f"{text.splitlines()[0] if text else type(error).__name__}"
-        + (f"; alive: {_names(alive)}" if alive else "") + (f"; not checked: {_names(unchecked)}" if unchecked else ""),
-        rank)
+        + (f"; alive: {_names(alive)}" if alive else "")
+        + (f"; not checked: {_names(unchecked)}" if unchecked else ""),
+        rank,
+    )
 
 
 def _why_unknown(state: State) -> str:
@@ -199,8 +236,10 @@ class Roster:
 
     def statuses(self, ranks: list[int]) -> list[PeerStatus]:
         self.learn()
-        return [PeerStatus(r, probe(self.known[r], self.me) if r in self.known else "unjoined", self.known.get(r))
-                for r in ranks]
+        return [
+            PeerStatus(r, probe(self.known[r], self.me) if r in self.known else "unjoined", self.known.get(r))
+            for r in ranks
+        ]
 
     def others(self) -> list[int]:
         return [r for r in range(self.world_size) if r != self.me.rank]

@@ -61,14 +61,16 @@ def output_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]] | str:
     block of its rank)."""
     out = {}
     for rank, gpu in enumerate(plan.gpus):
-        covered = []
+        covered: list[int] = []
         for tb in gpu.threadblocks:
             for k, op in enumerate(tb.ops):
                 mine = [b for b in op.dst_buff if not b.remote and b.type == "o"]
                 remote_out = [b for b in op.dst_buff if b.remote and remote_target(gpu, tb, op, b)[1] == "o"]
                 if remote_out or (mine and not (op.spec.reduces and len(mine) == 1)):
-                    return (f"plan {plan.name}: gpus[{rank}].threadblocks[{tb.id}].ops[{k}] ({op.name}) writes an "
-                            "output other than by its rank's own sum, so no thread block holds those rows whole")
+                    return (
+                        f"plan {plan.name}: gpus[{rank}].threadblocks[{tb.id}].ops[{k}] ({op.name}) writes an "
+                        "output other than by its rank's own sum, so no thread block holds those rows whole"
+                    )
                 if mine:
                     out[(rank, tb.id, k)] = (mine[0].index, mine[0].size)
                     covered += range(mine[0].index, mine[0].index + mine[0].size)
@@ -125,30 +127,37 @@ def row_spans(plan: Plan, nbytes: int, dtype: str, norm: RowNorm) -> dict[refere
     row = norm.row_bytes(dtype)
     if norm.row_elems <= 0 or not plan.accepts(nbytes) or nbytes % row:
         return f"plan {plan.name}: {nbytes} B is not a whole number of rows of {norm.row_elems} {dtype} it accepts"
-    if row >= 2 ** 31:
+    if row >= 2**31:
         return f"plan {plan.name}: rows of {norm.row_elems} {dtype} are too long for the epilogue"
     ranges = output_ranges(plan)
     if isinstance(ranges, str):
         return ranges
     cb = plan.chunk_bytes(nbytes)
-    spans, split = {}, {}
+    spans: dict[tuple[int, int, int], RowSpan] = {}
+    split: dict[tuple[int, int], set[int]] = {}  # (rank, row) -> the slice sizes it is cut into
     for (rank, tb, k), (first, size) in sorted(ranges.items()):
         f, n = first * cb, size * cb
         if f % row == 0 and n % row == 0:
             spans[(rank, tb, k)] = RowSpan(f, n)
             continue
         if row % n or f % n:
-            return (f"plan {plan.name}: at {nbytes} B thread block {tb} of rank {rank} sums bytes {f}..{f + n}, "
-                    f"neither whole rows of {row} B nor an aligned fraction of one")
+            return (
+                f"plan {plan.name}: at {nbytes} B thread block {tb} of rank {rank} sums bytes {f}..{f + n}, "
+                f"neither whole rows of {row} B nor an aligned fraction of one"
+            )
         if k != len(plan.gpus[rank].threadblocks[tb].ops) - 1 or plan.num_threads_per_block < 32:
-            return (f"plan {plan.name}: at {nbytes} B thread block {tb} of rank {rank} sums a slice of a row, so it "
-                    "waits for the row's other slices: that must be its last op, in blocks of 32 threads or more")
+            return (
+                f"plan {plan.name}: at {nbytes} B thread block {tb} of rank {rank} sums a slice of a row, so it "
+                "waits for the row's other slices: that must be its last op, in blocks of 32 threads or more"
+            )
         spans[(rank, tb, k)] = RowSpan(f, n, row // n, f % row // n, f // row)
         split.setdefault((rank, f // row), set()).add(n)
     uneven = [key for key, sizes in split.items() if len(sizes) > 1]
     if uneven:
-        return (f"plan {plan.name}: at {nbytes} B row {uneven[0][1]} of rank {uneven[0][0]} is split into slices "
-                "of unequal sizes")
+        return (
+            f"plan {plan.name}: at {nbytes} B row {uneven[0][1]} of rank {uneven[0][0]} is split into slices "
+            "of unequal sizes"
+        )
     return spans
 
 
@@ -160,8 +169,9 @@ def rows_refusal(plan: Plan, nbytes: int, dtype: str, norm: RowNorm) -> str:
     return spans if isinstance(spans, str) else ""
 
 
-def best_norm_plan(candidates: list[tuple[Plan, float]], nbytes: int, dtype: str, norm: RowNorm,
-                   refusal=None) -> tuple[Plan | None, str]:
+def best_norm_plan(
+    candidates: list[tuple[Plan, float]], nbytes: int, dtype: str, norm: RowNorm, refusal=None
+) -> tuple[Plan | None, str]:
     """The plan that runs the fused call at ``nbytes`` among ``candidates`` ((plan, estimated µs) serving that
     size), or (None, why none can): those that pass ``refusal`` (default ``fused_refusal``; pass a cached one)
     and whose rows fit (whole rows or equal slices of rows per thread block: ``row_spans``), then the fastest (a
@@ -174,8 +184,10 @@ def best_norm_plan(candidates: list[tuple[Plan, float]], nbytes: int, dtype: str
     for plan, _ in fit:  # the proof (a reference run) only for the best candidates, in order
         if not refusal(plan):
             return plan, ""
-    return None, (f"no plan's rows fit {nbytes} B in rows of {norm.row_elems} {dtype} ({len(candidates)} plans "
-                  "for this size, none with whole rows or equal slices of rows in each thread block)")
+    return None, (
+        f"no plan's rows fit {nbytes} B in rows of {norm.row_elems} {dtype} ({len(candidates)} plans "
+        "for this size, none with whole rows or equal slices of rows in each thread block)"
+    )
 
 
 def row_base(name: str) -> str:
@@ -205,29 +217,40 @@ class Epilogue:
         values = np.asarray(total, np.float32).reshape(-1)
         end = first + values.size
         if end > self.sums[rank].size or self.sums[rank].size % row:
-            raise PlanError(f"epilogue: rank {rank} thread block {key[1]} op {key[2]}: elements {first}..{end} of "
-                            f"{self.sums[rank].size}: the output is not whole rows of {row}")
+            raise PlanError(
+                f"epilogue: rank {rank} thread block {key[1]} op {key[2]}: elements {first}..{end} of "
+                f"{self.sums[rank].size}: the output is not whole rows of {row}"
+            )
         self.sums[rank][first:end] = values
         self.summed[rank][first:end] += 1
         for r in range(first // row, (end + row - 1) // row):
             at = slice(r * row, (r + 1) * row)
             if (self.summed[rank][at] > 0).all() and not self.writes[rank][at].any():
-                self.normed[rank][at] = rms_norm(self.sums[rank][at][None], self.weight, self.norm.eps,
-                                                 self.dtype).reshape(-1)
+                self.normed[rank][at] = rms_norm(
+                    self.sums[rank][at][None], self.weight, self.norm.eps, self.dtype
+                ).reshape(-1)
                 self.writes[rank][at] += 1
 
     def check_once(self) -> None:
         """Every element was summed and normalized exactly once, on every rank."""
-        for rank, (summed, count) in enumerate(zip(self.summed, self.writes)):
+        for rank, (summed, count) in enumerate(zip(self.summed, self.writes, strict=True)):
             for what, counts in (("summed", summed), ("normalized", count)):
                 wrong = np.flatnonzero(counts != 1)
                 if wrong.size:
-                    raise CheckFailed(f"epilogue: rank {rank}: element {int(wrong[0])} {what} "
-                                      f"{int(counts[wrong[0]])} times, not once")
+                    raise CheckFailed(
+                        f"epilogue: rank {rank}: element {int(wrong[0])} {what} {int(counts[wrong[0]])} times, not once"
+                    )
 
 
-def run_fused(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str, residual: np.ndarray,
-              weight: np.ndarray, norm: RowNorm) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def run_fused(
+    plan: Plan,
+    inputs: list[np.ndarray],
+    nbytes: int,
+    dtype: str,
+    residual: np.ndarray,
+    weight: np.ndarray,
+    norm: RowNorm,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The fused all-reduce on the reference executor: every rank's (normed, new residual), the epilogue proven
     to run once per element (``Epilogue.check_once``)."""
     why = plan_refusal(plan) or rows_refusal(plan, nbytes, dtype, norm)

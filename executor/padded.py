@@ -32,8 +32,10 @@ def part_elems(plan: Plan, padding: Padding, dtype: str) -> tuple[int, int]:
     number of ``dtype`` elements."""
     size = DTYPES[dtype]
     if padding.part_bytes % size:
-        raise PlanError(f"plan {plan.name}: size {padding.nbytes} B: its parts of {padding.part_bytes} B are not "
-                        f"whole {dtype} elements")
+        raise PlanError(
+            f"plan {plan.name}: size {padding.nbytes} B: its parts of {padding.part_bytes} B are not "
+            f"whole {dtype} elements"
+        )
     return padding.part_bytes // size, padding.padded_part_bytes // size
 
 
@@ -61,11 +63,15 @@ def run_any_size(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str) 
     if len(inputs) != plan.nranks:
         raise PlanError(f"plan {plan.name}: inputs: {len(inputs)} arrays for {plan.nranks} ranks")
     staged = []
-    for r, (g, x) in enumerate(zip(plan.gpus, inputs)):
+    for r, (g, x) in enumerate(zip(plan.gpus, inputs, strict=True)):
         parts = buffer_parts(plan, g.input_chunks)
         if np.size(x) != parts * elems:
-            raise PlanError(f"plan {plan.name}: inputs[{r}]: {np.size(x)} elements, expected {parts * elems} "
-                            f"({parts} parts of {elems} at {nbytes} B {dtype})")
+            raise PlanError(
+                f"plan {plan.name}: inputs[{r}]: {np.size(x)} elements, expected {parts * elems} "
+                f"({parts} parts of {elems} at {nbytes} B {dtype})"
+            )
         staged.append(pad(x, parts, elems, padded))
     outputs = run_reference(plan, staged, padding.padded_bytes, dtype)
-    return [unpad(y, buffer_parts(plan, g.output_chunks), elems, padded) for g, y in zip(plan.gpus, outputs)]
+    return [
+        unpad(y, buffer_parts(plan, g.output_chunks), elems, padded) for g, y in zip(plan.gpus, outputs, strict=True)
+    ]

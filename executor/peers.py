@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from executor.errors import ExecutorError
 
@@ -90,7 +91,7 @@ class FlashInfer:
     metadata: dict
 
     @classmethod
-    def create(cls, group: Any = None, max_bytes: int = 16 << 20, hidden: int = HIDDEN) -> "FlashInfer":
+    def create(cls, group: Any = None, max_bytes: int = 16 << 20, hidden: int = HIDDEN) -> FlashInfer:
         """Collective over ``group`` (default: the default group)."""
         why = missing()
         if why:
@@ -101,9 +102,16 @@ class FlashInfer:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         max_tokens = max_tokens_for(max_bytes, world, hidden)
         handles, workspace, metadata = _quiet(
-            trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion, tp_rank=rank, tp_size=world,
-            max_token_num=max_tokens, hidden_dim=hidden, use_fp32_lamport=False, group=group, create_metadata=True,
-            use_symm_dev_mem=False)
+            trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion,
+            tp_rank=rank,
+            tp_size=world,
+            max_token_num=max_tokens,
+            hidden_dim=hidden,
+            use_fp32_lamport=False,
+            group=group,
+            create_metadata=True,
+            use_symm_dev_mem=False,
+        )
         return cls(rank, world, max_tokens, hidden, handles, workspace, metadata)
 
     def refusal(self, tokens: int, hidden: int, variant: str) -> str:
@@ -118,8 +126,9 @@ class FlashInfer:
         if variant == "auto":
             import torch
 
-            variant = "oneshot" if trtllm_ar._should_use_oneshot(tokens, hidden, torch.bfloat16,
-                                                                   self.world) else "twoshot"
+            variant = (
+                "oneshot" if trtllm_ar._should_use_oneshot(tokens, hidden, torch.bfloat16, self.world) else "twoshot"
+            )
         if variant == "twoshot" and tokens <= self.world:
             return f"two-shot needs more tokens than ranks ({tokens} <= {self.world})"
         if variant == "oneshot" and tokens * hidden * 2 * self.world > trtllm_ar.MAX_COMM_SIZE:
@@ -133,14 +142,31 @@ class FlashInfer:
         refused = self.refusal(tokens, hidden, variant)
         if refused:
             raise PeerUnavailable(f"flashinfer {variant}: {refused}")
-        _quiet(trtllm_ar.trtllm_allreduce_fusion, allreduce_in=x, world_size=self.world, world_rank=self.rank,
-               token_num=tokens, hidden_dim=hidden, workspace_ptrs=self.workspace, launch_with_pdl=True,
-               trigger_completion_at_end=True, fp32_acc=True, pattern_code=pattern,
-               use_oneshot={"oneshot": True, "twoshot": False, "auto": None}[variant],
-               allreduce_out=buffers.get("allreduce_out"), residual_in=buffers.get("residual_in"),
-               residual_out=buffers.get("residual_out"), norm_out=buffers.get("norm_out"), quant_out=None,
-               scale_out=None, rms_gamma=buffers.get("rms_gamma"), rms_eps=buffers.get("rms_eps"),
-               scale_factor=None, layout_code=None, metadata=self.metadata)
+        _quiet(
+            trtllm_ar.trtllm_allreduce_fusion,
+            allreduce_in=x,
+            world_size=self.world,
+            world_rank=self.rank,
+            token_num=tokens,
+            hidden_dim=hidden,
+            workspace_ptrs=self.workspace,
+            launch_with_pdl=True,
+            trigger_completion_at_end=True,
+            fp32_acc=True,
+            pattern_code=pattern,
+            use_oneshot={"oneshot": True, "twoshot": False, "auto": None}[variant],
+            allreduce_out=buffers.get("allreduce_out"),
+            residual_in=buffers.get("residual_in"),
+            residual_out=buffers.get("residual_out"),
+            norm_out=buffers.get("norm_out"),
+            quant_out=None,
+            scale_out=None,
+            rms_gamma=buffers.get("rms_gamma"),
+            rms_eps=buffers.get("rms_eps"),
+            scale_factor=None,
+            layout_code=None,
+            metadata=self.metadata,
+        )
 
     def all_reduce(self, x, out, variant: str = "auto"):
         """``out`` = the sum of ``x`` over ranks (flat tensors of one shape, run as ``rows(numel)``)."""
@@ -158,8 +184,16 @@ class FlashInfer:
 
         normed = torch.empty_like(y) if normed is None else normed
         new_residual = torch.empty_like(y) if new_residual is None else new_residual
-        self._call(y, variant, AllReduceFusionPattern.kARResidualRMSNorm, residual_in=residual,
-                   residual_out=new_residual, norm_out=normed, rms_gamma=weight, rms_eps=eps)
+        self._call(
+            y,
+            variant,
+            AllReduceFusionPattern.kARResidualRMSNorm,
+            residual_in=residual,
+            residual_out=new_residual,
+            norm_out=normed,
+            rms_gamma=weight,
+            rms_eps=eps,
+        )
         return normed, new_residual
 
     def close(self) -> None:
@@ -172,8 +206,13 @@ class _Raw:
     """A device allocation as bytes, for torch.as_tensor (CUDA array interface)."""
 
     def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "strides": None}
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
 
 
 @dataclass
@@ -192,7 +231,7 @@ class VllmCustomAllReduce:
     group: Any
 
     @classmethod
-    def create(cls, group: Any = None, max_bytes: int = VLLM_MAX_BYTES) -> "VllmCustomAllReduce":
+    def create(cls, group: Any = None, max_bytes: int = VLLM_MAX_BYTES) -> VllmCustomAllReduce:
         why = missing()
         if why:
             raise PeerUnavailable(why)

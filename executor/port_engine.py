@@ -44,8 +44,7 @@ from executor import liveness
 from executor.errors import ExecutorError, PeerLost
 from executor.gpu_bootstrap import all_gather_plain
 from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
-from executor.port_program import (INPLACE, Compute, Exchange, Program, Slot, compile_programs, lane_bounds,
-                                   lanes_for)
+from executor.port_program import INPLACE, Compute, Exchange, Program, Slot, compile_programs, lane_bounds, lanes_for
 from schedules.plan import Plan, load_plan, parse_plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -72,14 +71,16 @@ class _Context:
 class PortEngine:
     """Runs port-channel plans on this rank with ``world_size - 1`` peers of a torch.distributed group."""
 
-    def __init__(self, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None,
-                 piece_bytes: int = PIECE_BYTES):
+    def __init__(
+        self, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None, piece_bytes: int = PIECE_BYTES
+    ):
         import torch
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            raise ExecutorError("port engine: torch.distributed has no process group (launch with torchrun and call "
-                                "init_process_group)")
+            raise ExecutorError(
+                "port engine: torch.distributed has no process group (launch with torchrun and call init_process_group)"
+            )
         self._torch, self._dist = torch, dist
         self.group, self.timeout_s = group, timeout_s
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -99,12 +100,16 @@ class PortEngine:
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
         # every rank creates the lanes' groups here, in the same order (a collective call)
         self._groups = [group] + [self._lane_group(ranks) for _ in range(self.lanes - 1)]
-        self._streams = [torch.cuda.Stream(self.device) for _ in range(self.lanes)] if self.device is not None \
-            and self.lanes > 1 else []
+        self._streams = (
+            [torch.cuda.Stream(self.device) for _ in range(self.lanes)]
+            if self.device is not None and self.lanes > 1
+            else []
+        )
 
     @classmethod
-    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None,
-                           **_: Any) -> "PortEngine":
+    def from_process_group(
+        cls, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None, **_: Any
+    ) -> PortEngine:
         return cls(group, timeout_s, lanes)
 
     def _lane_group(self, ranks: list[int]) -> Any:
@@ -133,13 +138,26 @@ class PortEngine:
 
     # ------------------------------------------------------------------ running plans
 
-    def execute(self, plan: Plan | dict | str | Path, input: Any, output: Any = None, stream: Any = None,
-                dtype: str | None = None, lines: bool | None = None, residual: Any = None) -> Any:
+    def execute(
+        self,
+        plan: Plan | dict | str | Path,
+        input: Any,
+        output: Any = None,
+        stream: Any = None,
+        dtype: str | None = None,
+        lines: bool | None = None,
+        residual: Any = None,
+    ) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on the current stream; the output.
         An in-place plan runs on one buffer: pass the larger of its input and output as ``input`` and no
         ``output`` (the smaller lives inside it at the rank's slice); the result is that buffer."""
-        plan = load_plan(plan) if isinstance(plan, (str, Path)) else parse_plan(plan, "plan") \
-            if isinstance(plan, dict) else plan
+        plan = (
+            load_plan(plan)
+            if isinstance(plan, (str, Path))
+            else parse_plan(plan, "plan")
+            if isinstance(plan, dict)
+            else plan
+        )
         if lines or residual is not None:
             raise ExecutorError(f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual)")
         ctx = self._context(plan, input, dtype)
@@ -152,8 +170,11 @@ class PortEngine:
             buffers = {INPLACE: input.reshape(-1).view(-1, ctx.chunk_elems), **ctx.scratch}
         else:
             output = self._output(plan, ctx, input, output)
-            buffers = {"i": input.reshape(-1).view(-1, ctx.chunk_elems),
-                       "o": output.reshape(-1).view(-1, ctx.chunk_elems), **ctx.scratch}
+            buffers = {
+                "i": input.reshape(-1).view(-1, ctx.chunk_elems),
+                "o": output.reshape(-1).view(-1, ctx.chunk_elems),
+                **ctx.scratch,
+            }
         capturing = self.device is not None and self._torch.cuda.is_current_stream_capturing()
         ctx.pending = []
         record = self.device is not None and not capturing
@@ -169,7 +190,7 @@ class PortEngine:
         """Every lane's program, each on its own group and stream, forked from and joined to the caller's stream.
         Steps are issued step by step across the lanes: each rank's calls then follow one global order (each step
         of the one-lane order as consecutive copies), so no lane waits on a peer that waits on it."""
-        streams = self._streams[:len(ctx.lanes)]
+        streams = self._streams[: len(ctx.lanes)]
         main = self._torch.cuda.current_stream() if streams else None
         for s in streams:
             s.wait_stream(main)
@@ -177,8 +198,9 @@ class PortEngine:
             for lane, bounds in enumerate(ctx.lanes):
                 with self._torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
                     self._step(buffers, ctx, step, bounds, self._groups[lane], record)
-        for s in streams:
-            main.wait_stream(s)
+        if main is not None:
+            for s in streams:
+                main.wait_stream(s)
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait, at most ``timeout_s``, for the last execution; PeerLost names a peer that did not answer."""
@@ -209,8 +231,10 @@ class PortEngine:
         torch = self._torch
         name = DTYPES.get(str(input.dtype).replace("torch.", ""))
         if name is None or (dtype is not None and dtype != name):
-            raise ExecutorError(f"plan {plan.name}: dtype {dtype or input.dtype} is not supported here (fp32, fp16, "
-                                "bf16, matching the input)")
+            raise ExecutorError(
+                f"plan {plan.name}: dtype {dtype or input.dtype} is not supported here (fp32, fp16, "
+                "bf16, matching the input)"
+            )
         key = (plan.content_hash, input.numel(), name, str(input.device))
         ctx = self._contexts.get(key)
         if ctx is not None:
@@ -225,8 +249,11 @@ class PortEngine:
         if programs is None:
             programs = self._programs[(plan.content_hash, closed)] = compile_programs(plan, closed)
         program = programs[self.rank]
-        scratch = {k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)
-                   for k, n in (("s", gpu.scratch_chunks), ("t", program.staging_chunks)) if n}
+        scratch = {
+            k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)
+            for k, n in (("s", gpu.scratch_chunks), ("t", program.staging_chunks))
+            if n
+        }
         ctx = self._contexts[key] = _Context(program, scratch, elems, lanes)
         return ctx
 
@@ -237,26 +264,33 @@ class PortEngine:
             if output is None:
                 output = ctx.outputs[input.data_ptr()] = self._torch.empty(n, dtype=input.dtype, device=input.device)
         elif output.numel() != n or output.dtype != input.dtype or not output.is_contiguous():
-            raise ExecutorError(f"plan {plan.name}: output has {output.numel()} {output.dtype} elements, expected "
-                                f"{n} {input.dtype} (contiguous)")
+            raise ExecutorError(
+                f"plan {plan.name}: output has {output.numel()} {output.dtype} elements, expected "
+                f"{n} {input.dtype} (contiguous)"
+            )
         return output
 
     def _check(self, plan: Plan, input: Any, dtype: str) -> None:
         gpu = plan.gpus[min(self.rank, plan.nranks - 1)]
         why = ipc_across_hosts(plan, self.hosts) if plan.nranks == self.world_size else ""
-        why = why or transport_refusal(plan.nranks, self.rank, self.hosts, gpu.port_peers, self.backend,
-                                       input.device.type)
+        why = why or transport_refusal(
+            plan.nranks, self.rank, self.hosts, gpu.port_peers, self.backend, input.device.type
+        )
         if why:
             raise ExecutorError(why if why.startswith("plan ") else f"plan {plan.name}: {why}")
         if plan.nranks != self.world_size:
             raise ExecutorError(f"plan {plan.name}: {plan.nranks} ranks, the process group has {self.world_size}")
         if dtype not in plan.weft.dtypes:
-            raise ExecutorError(f"plan {plan.name}: dtype {dtype} is not among the plan's ({', '.join(plan.weft.dtypes)})")
+            raise ExecutorError(
+                f"plan {plan.name}: dtype {dtype} is not among the plan's ({', '.join(plan.weft.dtypes)})"
+            )
         chunks = self._input_chunks(plan)
         nbytes = input.numel() * input.element_size() * plan.size_chunks // max(chunks, 1)
         if input.numel() % max(chunks, 1) or not plan.accepts(nbytes):
-            raise ExecutorError(f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
-                                f"({chunks} {'buffer' if plan.inplace else 'input'} chunks of whole 4-byte words)")
+            raise ExecutorError(
+                f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
+                f"({chunks} {'buffer' if plan.inplace else 'input'} chunks of whole 4-byte words)"
+            )
 
     def _input_chunks(self, plan: Plan) -> int:
         """Chunks of the buffer passed as input: an in-place plan's one buffer is the larger of the two."""
@@ -266,15 +300,15 @@ class PortEngine:
     @staticmethod
     def _view(buffers: dict[str, Any], slot: Slot, bounds: Bounds):
         """The slot's chunks (a lane's columns of them: a strided view, which sums read and write)."""
-        rows = buffers[slot.buffer][slot.index:slot.index + slot.size]
-        return rows.reshape(-1) if bounds is None else rows[:, bounds[0]:bounds[1]]
+        rows = buffers[slot.buffer][slot.index : slot.index + slot.size]
+        return rows.reshape(-1) if bounds is None else rows[:, bounds[0] : bounds[1]]
 
     @staticmethod
     def _pieces(buffers: dict[str, Any], slot: Slot, bounds: Bounds) -> list:
         """The slot as contiguous tensors for sends and receives: whole, or a lane's columns chunk by chunk (both
         sides of a hop cut the same slot size the same way, so the pieces meet in order)."""
-        rows = buffers[slot.buffer][slot.index:slot.index + slot.size]
-        return [rows.reshape(-1)] if bounds is None else [row[bounds[0]:bounds[1]] for row in rows]
+        rows = buffers[slot.buffer][slot.index : slot.index + slot.size]
+        return [rows.reshape(-1)] if bounds is None else [row[bounds[0] : bounds[1]] for row in rows]
 
     def _step(self, buffers: dict[str, Any], ctx: _Context, step, bounds: Bounds, group: Any, record: bool) -> None:
         if isinstance(step, Compute):
@@ -292,11 +326,15 @@ class PortEngine:
             if view.data_ptr() != total.data_ptr():
                 view.copy_(total)
 
-    def _exchange(self, buffers: dict[str, Any], ctx: _Context, step: Exchange, bounds: Bounds, group: Any,
-                  record: bool) -> None:
+    def _exchange(
+        self, buffers: dict[str, Any], ctx: _Context, step: Exchange, bounds: Bounds, group: Any, record: bool
+    ) -> None:
         dist = self._dist
-        ops = [dist.P2POp(dist.isend if t.send else dist.irecv, piece, t.peer, group)
-               for t in step.transfers for piece in self._pieces(buffers, t.slot, bounds)]
+        ops = [
+            dist.P2POp(dist.isend if t.send else dist.irecv, piece, t.peer, group)
+            for t in step.transfers
+            for piece in self._pieces(buffers, t.slot, bounds)
+        ]
         try:
             works = dist.batch_isend_irecv(ops)
             for w in works or ():
@@ -321,6 +359,12 @@ class PortEngine:
         gone = [p for p in peers if states[p] != "alive"] or peers
         p = gone[0]
         state = {"exited": "its process exited", "remote": "it runs on another host and did not answer"}.get(
-            states[p], "it did not answer")
-        return PeerLost(f"rank {self.rank}: peer rank {p} on host {self.hosts[p]} lost during a port-channel exchange "
-                        f"({step}): {state}; {why}", rank=self.rank, peer=p, lost=tuple(gone))
+            states[p], "it did not answer"
+        )
+        return PeerLost(
+            f"rank {self.rank}: peer rank {p} on host {self.hosts[p]} lost during a port-channel exchange "
+            f"({step}): {state}; {why}",
+            rank=self.rank,
+            peer=p,
+            lost=tuple(gone),
+        )

@@ -43,11 +43,13 @@ every overlap between them. The plan must have been proven (``executor.reference
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
+from itertools import pairwise
+from typing import Any
 
 from executor.errors import ExecutorError
-from schedules.plan import BufferRef, Op, Plan, channel_pairs, remote_target
+from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock, channel_pairs, remote_target
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,12 @@ class Slot:
     index: int
     size: int
 
-    def overlaps(self, other: "Slot") -> bool:
-        return (self.buffer == other.buffer and self.index < other.index + other.size
-                and other.index < self.index + self.size)
+    def overlaps(self, other: Slot) -> bool:
+        return (
+            self.buffer == other.buffer
+            and self.index < other.index + other.size
+            and other.index < self.index + self.size
+        )
 
     def __str__(self) -> str:
         return f"{self.buffer}[{self.index}:{self.index + self.size}]"
@@ -78,8 +83,9 @@ class Transfer:
     channel_type: str
 
     def __str__(self) -> str:
-        return (f"send {self.slot} to {self.peer}" if self.send else f"recv {self.slot} from {self.peer}") + \
-            f" over {self.channel_type}"
+        return (
+            f"send {self.slot} to {self.peer}" if self.send else f"recv {self.slot} from {self.peer}"
+        ) + f" over {self.channel_type}"
 
 
 @dataclass(frozen=True)
@@ -103,10 +109,29 @@ class Compute:
         return f"{', '.join(map(str, self.dsts))} = {' + '.join(map(str, self.srcs))}"
 
 
-Step = Union[Exchange, Compute]
+Step = Exchange | Compute
 # The data ops a program lowers (their meaning is their row in schedules.ops); any other is refused by name.
-LOWERED = frozenset({"copy", "put", "pws", "pwsf", "get", "re", "res", "rre", "rres",
-                     "ppkt", "rppkt", "upkt", "cpkt", "repkt", "respkt", "recpkt", "recspkt"})
+LOWERED = frozenset(
+    {
+        "copy",
+        "put",
+        "pws",
+        "pwsf",
+        "get",
+        "re",
+        "res",
+        "rre",
+        "rres",
+        "ppkt",
+        "rppkt",
+        "upkt",
+        "cpkt",
+        "repkt",
+        "respkt",
+        "recpkt",
+        "recspkt",
+    }
+)
 INPLACE = "io"  # an in-place plan's one buffer
 ROUND_END = None  # in a rank's actions: the global order's round ended (compile_programs(closed=True))
 
@@ -139,13 +164,14 @@ def compile_programs(plan: Plan, closed: bool = False) -> tuple[Program, ...]:
             staging = max(staging, _lower(plan, rank, tb, index, actions))
         if closed:
             for r in range(plan.nranks):
-                actions[r][mark[r]:] = _sums_last(actions[r][mark[r]:]) + [ROUND_END]
+                actions[r][mark[r] :] = _sums_last(actions[r][mark[r] :]) + [ROUND_END]
     return tuple(Program(r, _group(actions[r]), staging) for r in range(plan.nranks))
 
 
 def _sums_last(actions: list) -> list:
     """One round of a rank's actions with the sums that touch none of the round's transfers, nor a later sum that
     keeps its place, moved after them: they then do not split the round's group."""
+
     def writes(a) -> tuple:
         return a.dsts if isinstance(a, Compute) else () if a.send else (a.slot,)
 
@@ -153,14 +179,18 @@ def _sums_last(actions: list) -> list:
         return a.srcs if isinstance(a, Compute) else (a.slot,) if a.send else ()
 
     def clash(a, b) -> bool:
-        return any(x.overlaps(y) for x in writes(a) for y in writes(b) + reads(b)) or \
-            any(x.overlaps(y) for x in writes(b) for y in reads(a))
+        return any(x.overlaps(y) for x in writes(a) for y in writes(b) + reads(b)) or any(
+            x.overlaps(y) for x in writes(b) for y in reads(a)
+        )
 
     kept: list = []
     moved: list = []
     for a in reversed(actions):  # a sum moves if nothing after it that stays touches what it touches
-        if isinstance(a, Compute) and not any(clash(a, b) for b in kept) and \
-                not any(clash(a, t) for t in actions if isinstance(t, Transfer)):
+        if (
+            isinstance(a, Compute)
+            and not any(clash(a, b) for b in kept)
+            and not any(clash(a, t) for t in actions if isinstance(t, Transfer))
+        ):
             moved.append(a)
         else:
             kept.append(a)
@@ -184,68 +214,17 @@ def global_order(plan: Plan) -> list[tuple[int, int, int]]:
 
 def global_rounds(plan: Plan) -> list[list[tuple[int, int, int]]]:
     """``global_order`` in rounds: each round runs at most one op of every thread block that can go on."""
-    pairs = {t: channel_pairs(plan, t) for t in ("memory", "port")}
     pc = {(r, tb.id): 0 for r, g in enumerate(plan.gpus) for tb in g.threadblocks}
-    inbound: Counter = Counter()
-    consumed: Counter = Counter()
-    sems = {(r, s): v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
-    arrived: dict[tuple, set] = defaultdict(set)
-    generation: Counter = Counter()
-    packets: set[tuple[int, str, int]] = set()  # (rank, buffer, chunk) written as packets so far
-    order = []
-
-    def packet_chunks(r: int, t: int, op: Op, reading: bool) -> list[tuple[int, str, int]]:
-        """The chunks op reads as packets (all local), or writes as packets (local or on a peer)."""
-        gpu, tb = plan.gpus[r], plan.gpus[r].threadblocks[t]
-        entries = ([ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)] if reading else
-                   [ref for k, ref in enumerate(op.dst_buff) if op.spec.writes_packet(ref.remote, k)])
-        out = []
-        for ref in entries:
-            owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (r, ref.type)
-            out += [(owner,) + placed(plan, owner, type, ref.index + j) for j in range(ref.size)]
-        return out
-
-    def ready(r: int, t: int, op: Op) -> bool:
-        if op.spec.packet_src and not all(c in packets for c in packet_chunks(r, t, op, True)):
-            return False
-        if op.spec.device == "wait":
-            need = Counter((op.channel_type, r, c) for c in op.channel_ids)
-            return all(inbound[e] >= consumed[e] + n for e, n in need.items())
-        if op.spec.device == "sem_acquire":
-            need = Counter(op.semaphore_ids)
-            return all(sems[(r, s)] >= n for s, n in need.items())
-        if op.spec.device == "barrier":
-            key = (r, op.barrier_id, generation[(r, t, op.barrier_id)])
-            arrived[key].add(t)
-            return len(arrived[key]) >= op.num_threadblocks
-        return True
-
-    def run(r: int, t: int, op: Op) -> None:
-        if op.spec.packet_dst:
-            packets.update(packet_chunks(r, t, op, False))
-        if op.spec.device == "wait":
-            for c in op.channel_ids:
-                consumed[(op.channel_type, r, c)] += 1
-        elif op.spec.device == "sem_acquire":
-            for s in op.semaphore_ids:
-                sems[(r, s)] -= 1
-        elif op.spec.device == "sem_release":
-            for s in op.semaphore_ids:
-                sems[(r, s)] += 1
-        elif op.spec.device == "barrier":
-            generation[(r, t, op.barrier_id)] += 1
-        if op.spec.device == "signal" or op.spec.signals:
-            for c in op.channel_ids:
-                inbound[(op.channel_type,) + pairs[op.channel_type][(r, c)]] += 1
-
+    state = _SyncState(plan)
+    order: list[list[tuple[int, int, int]]] = []
     live = sorted(pc)
     while live:  # rounds of one op per thread block, so that the hops that can go together are neighbours
         progressed = False
         order.append([])
         for r, t in live:
             ops = plan.gpus[r].threadblocks[t].ops
-            if pc[(r, t)] < len(ops) and ready(r, t, ops[pc[(r, t)]]):
-                run(r, t, ops[pc[(r, t)]])
+            if pc[(r, t)] < len(ops) and state.ready(r, t, ops[pc[(r, t)]]):
+                state.run(r, t, ops[pc[(r, t)]])
                 order[-1].append((r, t, pc[(r, t)]))
                 pc[(r, t)] += 1
                 progressed = True
@@ -256,24 +235,106 @@ def global_rounds(plan: Plan) -> list[list[tuple[int, int, int]]]:
     return order
 
 
+def _target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef, rank: int) -> tuple[int, str]:
+    """The rank and buffer type an entry names: a peer's (reached through the op's channel) or this rank's own."""
+    if ref.remote:
+        return remote_target(gpu, tb, op, ref)
+    assert ref.type is not None  # parse_plan gave every local entry its type
+    return rank, ref.type
+
+
+def _transfer(program: Program, step: int, k: int) -> Transfer:
+    exchange = program.steps[step]
+    assert isinstance(exchange, Exchange)  # only an exchange posts transfers
+    return exchange.transfers[k]
+
+
+class _SyncState:
+    """What ``global_rounds`` tracks while ops run: signals sent and waited, semaphores, barrier arrivals, and the
+    chunks written as packets so far."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.pairs = {t: channel_pairs(plan, t) for t in ("memory", "port")}
+        self.inbound: Counter[tuple[object, ...]] = Counter()
+        self.consumed: Counter[tuple[object, ...]] = Counter()
+        self.sems = {(r, s): v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
+        self.arrived: dict[tuple[object, ...], set[int]] = defaultdict(set)
+        self.generation: Counter[tuple[object, ...]] = Counter()
+        self.packets: set[tuple[int, str, int]] = set()  # (rank, buffer, chunk) written as packets so far
+
+    def packet_chunks(self, r: int, t: int, op: Op, reading: bool) -> list[tuple[int, str, int]]:
+        """The chunks op reads as packets (all local), or writes as packets (local or on a peer)."""
+        plan = self.plan
+        gpu, tb = plan.gpus[r], plan.gpus[r].threadblocks[t]
+        entries = (
+            [ref for k, ref in enumerate(op.src_buff) if op.spec.reads_packet(k)]
+            if reading
+            else [ref for k, ref in enumerate(op.dst_buff) if op.spec.writes_packet(ref.remote, k)]
+        )
+        out = []
+        for ref in entries:
+            owner, type = _target(gpu, tb, op, ref, r)
+            out += [(owner,) + placed(plan, owner, type, ref.index + j) for j in range(ref.size)]
+        return out
+
+    def ready(self, r: int, t: int, op: Op) -> bool:
+        if op.spec.packet_src and not all(c in self.packets for c in self.packet_chunks(r, t, op, True)):
+            return False
+        if op.spec.device == "wait":
+            need = Counter((op.channel_type, r, c) for c in op.channel_ids)
+            return all(self.inbound[e] >= self.consumed[e] + n for e, n in need.items())
+        if op.spec.device == "sem_acquire":
+            held = Counter(op.semaphore_ids)
+            return all(self.sems[(r, s)] >= n for s, n in held.items())
+        if op.spec.device == "barrier":
+            key = (r, op.barrier_id, self.generation[(r, t, op.barrier_id)])
+            self.arrived[key].add(t)
+            assert op.num_threadblocks is not None  # parse_plan required it of a barrier
+            return len(self.arrived[key]) >= op.num_threadblocks
+        return True
+
+    def run(self, r: int, t: int, op: Op) -> None:
+        if op.spec.packet_dst:
+            self.packets.update(self.packet_chunks(r, t, op, False))
+        if op.spec.device == "wait":
+            for c in op.channel_ids:
+                self.consumed[(op.channel_type, r, c)] += 1
+        elif op.spec.device == "sem_acquire":
+            for s in op.semaphore_ids:
+                self.sems[(r, s)] -= 1
+        elif op.spec.device == "sem_release":
+            for s in op.semaphore_ids:
+                self.sems[(r, s)] += 1
+        elif op.spec.device == "barrier":
+            self.generation[(r, t, op.barrier_id)] += 1
+        if op.spec.device == "signal" or op.spec.signals:
+            for c in op.channel_ids:
+                self.inbound[(op.channel_type,) + self.pairs[str(op.channel_type)][(r, c)]] += 1
+
+
 def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, list]) -> int:
     """Append op (rank, tb, index)'s transfers and sums to every rank it touches; the staging chunks it uses."""
     gpu = plan.gpus[rank]
     tb = gpu.threadblocks[tb_id]
     op = tb.ops[index]
     if op.spec.container:  # its ops run once per unit of the message, which the engine's one pass cannot follow
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r}: the "
-                            "port engine does not run pipelines")
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r}: the "
+            "port engine does not run pipelines"
+        )
     if not op.spec.buffers:
         return 0
     if op.name not in LOWERED:
-        raise ExecutorError(f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} is not "
-                            f"among the ops the port engine runs ({', '.join(sorted(LOWERED))})")
+        raise ExecutorError(
+            f"plan {plan.name}: gpus[{rank}].threadblocks[{tb_id}].ops[{index}]: op {op.name!r} is not "
+            f"among the ops the port engine runs ({', '.join(sorted(LOWERED))})"
+        )
     kind = op.channel_type or "memory"
     staged = 0
 
     def where(ref: BufferRef) -> tuple[int, Slot]:
-        owner, type = remote_target(gpu, tb, op, ref) if ref.remote else (rank, ref.type)
+        owner, type = _target(gpu, tb, op, ref, rank)
         buffer, at = placed(plan, owner, type, ref.index)
         return owner, Slot(buffer, at, ref.size)
 
@@ -288,7 +349,7 @@ def _lower(plan: Plan, rank: int, tb_id: int, index: int, actions: dict[int, lis
 
     if op.spec.pairwise:
         sources = op.src_buff * len(op.dst_buff) if op.spec.broadcast and len(op.src_buff) == 1 else op.src_buff
-        for s, d in zip(sources, op.dst_buff):
+        for s, d in zip(sources, op.dst_buff, strict=True):
             (sr, src), (dr, dst) = where(s), where(d)
             if sr == dr == rank:
                 actions[rank].append(Compute((src,), (dst,)))
@@ -345,23 +406,13 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
     peer's: every rank's output (float32 arrays, values of ``dtype``). Raises ExecutorError on a deadlock.
 
     The CPU stand-in for the engine: a transfer's data moves when both sides are posted, as in NCCL's groups."""
-    import numpy as np
 
     from executor.reference import round_to
 
-    bufs = []
-    for r, g in enumerate(plan.gpus):
-        sizes = {"s": g.scratch_chunks, "t": programs[r].staging_chunks}
-        sizes.update({INPLACE: max(g.input_chunks, g.output_chunks)} if plan.inplace else
-                     {"i": g.input_chunks, "o": g.output_chunks})
-        b = {k: np.full((n, elems), np.nan, np.float32) for k, n in sizes.items()}
-        buffer, at = placed(plan, r, "i", 0)
-        b[buffer][at:at + g.input_chunks] = round_to(np.asarray(inputs[r], np.float32), dtype).reshape(
-            g.input_chunks, elems)
-        bufs.append(b)
+    bufs = [_buffers(plan, programs[r], r, inputs[r], elems, dtype) for r in range(plan.nranks)]
 
     def view(r: int, s: Slot):
-        return bufs[r][s.buffer][s.index:s.index + s.size]
+        return bufs[r][s.buffer][s.index : s.index + s.size]
 
     pc = [0] * plan.nranks
     posted: dict[tuple[int, int, bool], list] = defaultdict(list)  # (sender, receiver, is send) -> [(rank, step, k)]
@@ -390,27 +441,60 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
                     break
                 pc[r] += 1
                 progressed = True
-        for (a, b, is_send), queue in list(posted.items()):
-            if not is_send:
-                continue
-            recvs = posted[(a, b, False)]
-            while queue and recvs:
-                (sr, ss, sk), (rr, rs, rk) = queue.pop(0), recvs.pop(0)
-                src, dst = programs[sr].steps[ss].transfers[sk], programs[rr].steps[rs].transfers[rk]
-                if src.slot.size != dst.slot.size:
-                    raise ExecutorError(f"plan {plan.name}: rank {a} sends {src.slot.size} chunks to rank {b}, which "
-                                        f"receives {dst.slot.size}")
-                view(rr, dst.slot)[:] = view(sr, src.slot)
-                done.update({(sr, ss, sk), (rr, rs, rk)})
-                progressed = True
+        progressed = _match(plan, programs, posted, view, done) or progressed
         if not progressed:
             stuck = [f"rank {r} at {p.steps[pc[r]]}" for r, p in enumerate(programs) if pc[r] < len(p.steps)]
             raise ExecutorError(f"plan {plan.name}: port programs deadlock: {'; '.join(stuck[:3])}")
     outputs = []
     for r, b in enumerate(bufs):
         buffer, at = placed(plan, r, "o", 0)
-        outputs.append(b[buffer][at:at + plan.gpus[r].output_chunks].reshape(-1).copy())
+        outputs.append(b[buffer][at : at + plan.gpus[r].output_chunks].reshape(-1).copy())
     return outputs
+
+
+def _buffers(plan: Plan, program: Program, r: int, inputs: Any, elems: int, dtype: str) -> dict[str, Any]:
+    """Rank r's buffers (chunks x elems, NaN where nothing was written), its input in place."""
+    import numpy as np
+
+    from executor.reference import round_to
+
+    g = plan.gpus[r]
+    sizes = {"s": g.scratch_chunks, "t": program.staging_chunks}
+    sizes.update(
+        {INPLACE: max(g.input_chunks, g.output_chunks)} if plan.inplace else {"i": g.input_chunks, "o": g.output_chunks}
+    )
+    b = {k: np.full((n, elems), np.nan, np.float32) for k, n in sizes.items()}
+    buffer, at = placed(plan, r, "i", 0)
+    b[buffer][at : at + g.input_chunks] = round_to(np.asarray(inputs, np.float32), dtype).reshape(g.input_chunks, elems)
+    return b
+
+
+def _match(
+    plan: Plan,
+    programs: tuple[Program, ...],
+    posted: dict[tuple[int, int, bool], list[tuple[int, int, int]]],
+    view: Callable[[int, Slot], Any],
+    done: set[tuple[int, int, int]],
+) -> bool:
+    """Move the data of every posted send that meets its receive, in posting order per (sender, receiver); whether
+    any did. Both sides' transfers are then ``done``."""
+    moved = False
+    for (a, b, is_send), queue in list(posted.items()):
+        if not is_send:
+            continue
+        recvs = posted[(a, b, False)]
+        while queue and recvs:
+            (sr, ss, sk), (rr, rs, rk) = queue.pop(0), recvs.pop(0)
+            src, dst = _transfer(programs[sr], ss, sk), _transfer(programs[rr], rs, rk)
+            if src.slot.size != dst.slot.size:
+                raise ExecutorError(
+                    f"plan {plan.name}: rank {a} sends {src.slot.size} chunks to rank {b}, which "
+                    f"receives {dst.slot.size}"
+                )
+            view(rr, dst.slot)[:] = view(sr, src.slot)
+            done.update({(sr, ss, sk), (rr, rs, rk)})
+            moved = True
+    return moved
 
 
 def lane_bounds(elems: int, lanes: int, unit: int = 1) -> tuple[tuple[int, int], ...]:
@@ -424,7 +508,7 @@ def lane_bounds(elems: int, lanes: int, unit: int = 1) -> tuple[tuple[int, int],
     units = elems // unit
     n = max(1, min(lanes, units))
     cuts = [unit * (units * k // n) for k in range(n)] + [elems]
-    return tuple(zip(cuts[:-1], cuts[1:]))
+    return tuple(pairwise(cuts))
 
 
 def lanes_for(chunk_bytes: int, max_lanes: int, piece_bytes: int) -> int:

@@ -16,7 +16,7 @@ carry the communicator. It holds weak references, so a closed and dropped commun
 
 import itertools
 import weakref
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,12 +43,12 @@ def _comm(handle: int) -> Any:
 
 
 @torch.library.custom_op("weft::all_reduce", mutates_args=())
-def all_reduce(tensor: torch.Tensor, handle: int, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+def all_reduce(tensor: torch.Tensor, handle: int, residual: torch.Tensor | None = None) -> torch.Tensor:
     return _comm(handle).all_reduce_eager(tensor, residual)
 
 
 @all_reduce.register_fake
-def _(tensor: torch.Tensor, handle: int, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _(tensor: torch.Tensor, handle: int, residual: torch.Tensor | None = None) -> torch.Tensor:
     return torch.empty_like(tensor)
 
 
@@ -93,20 +93,23 @@ def _(output: torch.Tensor, tensor: torch.Tensor, handle: int) -> None:
 
 
 @torch.library.custom_op("weft::all_reduce_rms_norm", mutates_args=())
-def all_reduce_rms_norm(tensor: torch.Tensor, handle: int, residual: torch.Tensor, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def all_reduce_rms_norm(
+    tensor: torch.Tensor, handle: int, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _comm(handle).all_reduce_norm_eager(tensor, residual, weight, eps)
 
 
 @all_reduce_rms_norm.register_fake
-def _(tensor: torch.Tensor, handle: int, residual: torch.Tensor, weight: torch.Tensor,
-      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    tensor: torch.Tensor, handle: int, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(tensor), torch.empty_like(tensor)
 
 
 @torch.library.custom_op("weft::all_reduce_rms_norm_inplace", mutates_args=("tensor", "residual"))
-def all_reduce_rms_norm_inplace(tensor: torch.Tensor, residual: torch.Tensor, handle: int, weight: torch.Tensor,
-                                eps: float) -> None:
+def all_reduce_rms_norm_inplace(
+    tensor: torch.Tensor, residual: torch.Tensor, handle: int, weight: torch.Tensor, eps: float
+) -> None:
     _comm(handle).all_reduce_norm_eager_(tensor, residual, weight, eps)
 
 
@@ -123,8 +126,20 @@ class CollectiveCalls:
 
     handle: int
 
-    def all_reduce(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None,
-                   rms_weight: Optional[torch.Tensor] = None, eps: float = 1e-6):
+    if TYPE_CHECKING:  # what the communicator provides; declared for the type checker only, so nothing is shadowed
+        world_size: int
+
+        def all_reduce_norm_eager(
+            self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+        ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        rms_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+    ):
         """The sum over ranks, as a new tensor; plus ``residual`` (same shape and dtype, the same values on every
         rank), added in the all-reduce's launch where the plan can. With ``rms_weight`` (the last dimension's
         size, the tensor's dtype): ``(rms_norm(residual + sum) * rms_weight, residual + sum)``, both from one launch
@@ -135,8 +150,13 @@ class CollectiveCalls:
             return torch.ops.weft.all_reduce_rms_norm(tensor, self.handle, residual, rms_weight, float(eps))
         return torch.ops.weft.all_reduce(tensor, self.handle, residual)
 
-    def all_reduce_(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None,
-                    rms_weight: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+    def all_reduce_(
+        self,
+        tensor: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        rms_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+    ) -> torch.Tensor:
         """The sum over ranks, written into ``tensor``. With ``residual`` and ``rms_weight``: ``residual`` becomes
         residual + sum and ``tensor`` its rms_norm times ``rms_weight``."""
         if rms_weight is not None:
@@ -158,14 +178,20 @@ class CollectiveCalls:
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """torch.distributed's equal-split all_to_all_single: block j of ``input`` (its first dimension cut into
         world_size equal blocks) goes to rank j, and block i of ``output`` comes from rank i."""
-        why = split_refusal(tuple(output.shape), tuple(input.shape), output.dtype == input.dtype,
-                            output.device == input.device, self.world_size)
+        why = split_refusal(
+            tuple(output.shape),
+            tuple(input.shape),
+            output.dtype == input.dtype,
+            output.device == input.device,
+            self.world_size,
+        )
         if why:
             raise ValueError(f"weft: all_to_all_single: {why}")
         torch.ops.weft.all_to_all_single(output, input, self.handle)
 
-    def all_reduce_norm_eager_(self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                               eps: float) -> None:
+    def all_reduce_norm_eager_(
+        self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> None:
         """The in-place op's body: the out-of-place one (``all_reduce_norm_eager``), then two copies."""
         normed, new_residual = self.all_reduce_norm_eager(tensor, residual, weight, eps)
         residual.copy_(new_residual)

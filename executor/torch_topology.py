@@ -88,9 +88,10 @@ def p2p_works(comm: Any) -> str:
                 if peer == comm.rank or shared is None:
                     continue
                 remote = cupy.cuda.MemoryPointer(
-                    cupy.cuda.UnownedMemory(comm._peers.open(shared), 4 * world, None, comm.device), 0)
+                    cupy.cuda.UnownedMemory(comm._peers.open(shared), 4 * world, None, comm.device), 0
+                )
                 # a fill kernel on this GPU storing into the peer's memory, as the executor's kernels do
-                cupy.ndarray((world,), cupy.int32, remote)[comm.rank:comm.rank + 1].fill(P2P_MAGIC + comm.rank)
+                cupy.ndarray((world,), cupy.int32, remote)[comm.rank : comm.rank + 1].fill(P2P_MAGIC + comm.rank)
             cupy.cuda.runtime.deviceSynchronize()
         except Exception as e:
             why = why or f"rank {comm.rank}: writing to peer memory failed: {e}"

@@ -2,11 +2,32 @@
 
 from schedules.collectives import COMBINING, NAMES, ROOTED, Collective, CollectiveError
 from schedules.schedule import (
-    FORMAT, Schedule, ScheduleError, ScheduleMeta, Send, Step, dumps_schedule, load_schedule, parse_schedule,
+    FORMAT,
+    Schedule,
+    ScheduleError,
+    ScheduleMeta,
+    Send,
+    Step,
+    dumps_schedule,
+    load_schedule,
+    parse_schedule,
     save_schedule,
 )
 
 __all__ = [
-    "COMBINING", "NAMES", "ROOTED", "Collective", "CollectiveError", "FORMAT", "Schedule", "ScheduleError",
-    "ScheduleMeta", "Send", "Step", "dumps_schedule", "load_schedule", "parse_schedule", "save_schedule",
+    "COMBINING",
+    "NAMES",
+    "ROOTED",
+    "Collective",
+    "CollectiveError",
+    "FORMAT",
+    "Schedule",
+    "ScheduleError",
+    "ScheduleMeta",
+    "Send",
+    "Step",
+    "dumps_schedule",
+    "load_schedule",
+    "parse_schedule",
+    "save_schedule",
 ]

@@ -24,7 +24,7 @@ Channel-id arity (``channels``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 LOCAL, REMOTE, ANY = "local", "remote", "any"  # where an op's src (or dst) entries live
@@ -75,109 +75,227 @@ class OpSpec:
 
     def writes_packet(self, remote: bool, k: int = 0) -> bool:
         """Whether dst entry k (remote or local) is written as packets."""
-        return (self.packet_dst == ALL_PACKETS or (self.packet_dst == REMOTE_PACKETS and remote)
-                or (self.packet_dst == PACKETS_AFTER_FIRST and k > 0))
+        return (
+            self.packet_dst == ALL_PACKETS
+            or (self.packet_dst == REMOTE_PACKETS and remote)
+            or (self.packet_dst == PACKETS_AFTER_FIRST and k > 0)
+        )
 
-    def shape_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]], nchannels: int,
-                    nsemaphores: int) -> tuple[str, str]:
+    def shape_error(
+        self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]], nchannels: int, nsemaphores: int
+    ) -> tuple[str, str]:
         """('', '') when an op of this kind with these entries ((remote, size) each) is well formed, else (the
         field under the op that is wrong, or '', and why)."""
-        name = self.name
         n_remote = sum(r for r, _ in srcs + dsts)
         if self.buffers and (not srcs or not dsts):
-            return "", f"op {name!r} needs src_buff and dst_buff"
+            return "", f"op {self.name!r} needs src_buff and dst_buff"
         if self.local_only and n_remote:
-            return "", f"op {name!r} reads and writes local buffers only"
+            return "", f"op {self.name!r} reads and writes local buffers only"
         if self.broadcast and len(srcs) == 1:
             srcs = srcs * len(dsts)
-        if self.pairwise:
-            if len(srcs) != len(dsts):
-                return "", f"op {name!r} pairs src_buff and dst_buff: {len(srcs)} vs {len(dsts)} entries"
-            for j, ((_, s), (_, d)) in enumerate(zip(srcs, dsts)):
-                if s != d:
-                    return f"dst_buff[{j}].size", f"{d} differs from src_buff[{j}].size {s}"
-        if self.buffers and not self.local_only:
-            wrong_src = self.src != ANY and any(r != (self.src == REMOTE) for r, _ in srcs)
-            wrong_dst = self.dst != ANY and any(r != (self.dst == REMOTE) for r, _ in dsts)
-            if wrong_src or wrong_dst:
-                parts = ([f"reads {self.src} src_buff entries"] if self.src != ANY else []) + (
-                    [f"writes {self.dst} dst_buff entries"] if self.dst != ANY else [])
-                return "", f"op {name!r} {' and '.join(parts)}{' only' if len(parts) == 1 else ''}"
+        where, why = self._pairing_error(srcs, dsts)
+        if not why:
+            where, why = self._sides_error(srcs, dsts)
+        if not why:
+            where, why = self._entries_error(srcs, dsts)
+        if not why:
+            where, why = self._ids_error(n_remote, nchannels, nsemaphores)
+        return where, why
+
+    def _pairing_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]]) -> tuple[str, str]:
+        if not self.pairwise:
+            return "", ""
+        if len(srcs) != len(dsts):
+            return "", f"op {self.name!r} pairs src_buff and dst_buff: {len(srcs)} vs {len(dsts)} entries"
+        for j, ((_, s), (_, d)) in enumerate(zip(srcs, dsts, strict=True)):
+            if s != d:
+                return f"dst_buff[{j}].size", f"{d} differs from src_buff[{j}].size {s}"
+        return "", ""
+
+    def _sides_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]]) -> tuple[str, str]:
+        """Entries on the wrong side (local where the op reads or writes a peer's buffer, or the reverse)."""
+        if not self.buffers or self.local_only:
+            return "", ""
+        wrong_src = self.src != ANY and any(r != (self.src == REMOTE) for r, _ in srcs)
+        wrong_dst = self.dst != ANY and any(r != (self.dst == REMOTE) for r, _ in dsts)
+        if not (wrong_src or wrong_dst):
+            return "", ""
+        parts = ([f"reads {self.src} src_buff entries"] if self.src != ANY else []) + (
+            [f"writes {self.dst} dst_buff entries"] if self.dst != ANY else []
+        )
+        return "", f"op {self.name!r} {' and '.join(parts)}{' only' if len(parts) == 1 else ''}"
+
+    def _entries_error(self, srcs: list[tuple[bool, int]], dsts: list[tuple[bool, int]]) -> tuple[str, str]:
+        name = self.name
         if self.reduces and len({s for _, s in srcs + dsts}) != 1:
             return "", f"op {name!r} needs every src_buff and dst_buff entry of one size"
         if len(srcs) < self.min_src:
             return "", f"op {name!r} needs a plain src_buff[0] and at least one packet entry"
         if len(dsts) < self.min_dst:
             return "", f"op {name!r} needs a plain dst_buff[0] and a packet dst_buff[1]"
-        if any(r for r, _ in dsts[:self.local_head]):
+        if any(r for r, _ in dsts[: self.local_head]):
             return "", f"op {name!r} writes local dst_buff[0..{self.local_head - 1}]"
         if self.local_dst and all(r for r, _ in dsts):
             return "", f"op {name!r} writes at least one local dst_buff entry"
+        return "", ""
+
+    def _ids_error(self, n_remote: int, nchannels: int, nsemaphores: int) -> tuple[str, str]:
         if self.channels in (LISTED, PER_REMOTE):
             need = n_remote if self.channels == PER_REMOTE else max(nchannels, 1)
             if nchannels != need and not (self.channels == PER_REMOTE and nchannels == 0 and not self.signals):
-                return "channel_ids", (f"op {name!r} needs {need} channel id(s), one per remote entry, "
-                                       f"got {nchannels}")
+                return (
+                    "channel_ids",
+                    f"op {self.name!r} needs {need} channel id(s), one per remote entry, got {nchannels}",
+                )
         if self.semaphores and not nsemaphores:
-            return "semaphore_ids", f"op {name!r} needs at least one semaphore id"
+            return "semaphore_ids", f"op {self.name!r} needs at least one semaphore id"
         return "", ""
 
 
-def _table(*specs: OpSpec) -> MappingProxyType:
+def _table(*specs: OpSpec) -> MappingProxyType[str, OpSpec]:
     return MappingProxyType({s.name: s for s in specs})
 
 
-_COPY = dict(device="transfer", buffers=True, pairwise=True)
-_SEND = dict(_COPY, channels=PER_REMOTE, dst=REMOTE)
-_REDUCE = dict(device="transfer", buffers=True, reduces=True)
+# Each row below is one of these with its name, doc and what it does beyond them.
+_COPY = OpSpec("", "", "transfer", buffers=True, pairwise=True)
+_SEND = replace(_COPY, channels=PER_REMOTE, dst=REMOTE)
+_REDUCE = OpSpec("", "", "transfer", buffers=True, reduces=True)
 
 OPS = _table(
     OpSpec("nop", "nothing (a thread-block-local sync on the GPU)", "nop"),
     OpSpec("barrier", "wait until num_threadblocks thread blocks of the GPU reached barrier barrier_id", "barrier"),
     OpSpec("signal", "signal on every channel in channel_ids", "signal", channels=LISTED),
     OpSpec("wait", "wait on every channel in channel_ids", "wait", channels=LISTED),
-    OpSpec("rlxsignal", "signal without ordering this block's earlier writes (MSCCL++ relaxedSignal): weft runs it as "
-           "signal, which orders more, never less", "signal", channels=LISTED),
-    OpSpec("rlxwait", "wait without acquiring the peer's writes (MSCCL++ relaxedWait): run as wait", "wait",
-           channels=LISTED),
-    OpSpec("pipeline", "run ops once per unit_size bytes of iter_context.num_chunks chunks, in order (MSCCL++ "
-           "handlePipeline)", "nop", container=True),
-    OpSpec("flush", "nothing for memory channels (their writes are visible at the signal)", "flush",
-           channels=ANY_CHANNELS),
-    OpSpec("sem_acquire", "take one from every semaphore in semaphore_ids (waiting while it is 0)", "sem_acquire",
-           semaphores=True),
+    OpSpec(
+        "rlxsignal",
+        "signal without ordering this block's earlier writes (MSCCL++ relaxedSignal): weft runs it as "
+        "signal, which orders more, never less",
+        "signal",
+        channels=LISTED,
+    ),
+    OpSpec(
+        "rlxwait",
+        "wait without acquiring the peer's writes (MSCCL++ relaxedWait): run as wait",
+        "wait",
+        channels=LISTED,
+    ),
+    OpSpec(
+        "pipeline",
+        "run ops once per unit_size bytes of iter_context.num_chunks chunks, in order (MSCCL++ handlePipeline)",
+        "nop",
+        container=True,
+    ),
+    OpSpec(
+        "flush", "nothing for memory channels (their writes are visible at the signal)", "flush", channels=ANY_CHANNELS
+    ),
+    OpSpec(
+        "sem_acquire",
+        "take one from every semaphore in semaphore_ids (waiting while it is 0)",
+        "sem_acquire",
+        semaphores=True,
+    ),
     OpSpec("sem_release", "add one to every semaphore in semaphore_ids", "sem_release", semaphores=True),
-    OpSpec("put", "copy local src[j] to remote dst[j] through channel_ids[j]", **_SEND),
-    OpSpec("pws", "put, then signal on the same channels", **_SEND, signals=True),
-    OpSpec("pwsf", "pws, then flush (a flush does nothing on memory channels)", **_SEND, signals=True, flushes=True),
-    OpSpec("get", "copy remote src[j] (through channel_ids[j]) to local dst[j] (MSCCL++'s handleGet at 1f5f065d "
-           "swaps the two entries' offsets: the same where their indices are equal)", **dict(
-        _COPY, channels=PER_REMOTE, src=REMOTE)),
-    OpSpec("copy", "copy local src[j] to local dst[j]", **_COPY),
-    OpSpec("re", "sum of every local src, written to every local dst", **_REDUCE, local_dst=True),
-    OpSpec("res", "re, also written to every remote dst (the k-th through channel_ids[k])", **_REDUCE,
-           channels=PER_REMOTE, dst=ANY),
-    OpSpec("rre", "sum of every src, local or remote (the k-th remote through channel_ids[k]), to local dsts",
-           **_REDUCE, channels=PER_REMOTE, src=ANY, dst=ANY, local_dst=True),
-    OpSpec("rres", "rre, also written to every remote dst (channels: remote srcs first, then remote dsts)",
-           **_REDUCE, channels=PER_REMOTE, src=ANY, dst=ANY),
-    OpSpec("ppkt", "local plain src[j] -> remote scratch dst[j] as packets (channel_ids[j])", **_SEND,
-           packet_dst=ALL_PACKETS),
-    OpSpec("rppkt", "local packets src[j] (waits for them) -> remote scratch dst[j] as packets; one src goes to "
-           "every dst", **_SEND, packet_src=ALL_PACKETS, packet_dst=ALL_PACKETS, broadcast=True),
-    OpSpec("upkt", "local packets src[j] (waits for them) -> local plain dst[j]", **_COPY,
-           packet_src=ALL_PACKETS),
-    OpSpec("cpkt", "local plain src[j] -> local scratch dst[j] as packets (MSCCL++ copyToPackets)", **_COPY,
-           packet_dst=ALL_PACKETS),
-    OpSpec("repkt", "src[0] local plain + every later src as local packets (waits) -> every local plain dst",
-           **_REDUCE, min_src=2, local_dst=True, packet_src=PACKETS_AFTER_FIRST),
-    OpSpec("respkt", "repkt, also written as packets to every remote scratch dst (channel_ids[k])", **_REDUCE,
-           channels=PER_REMOTE, dst=ANY, min_src=2, packet_src=PACKETS_AFTER_FIRST, packet_dst=REMOTE_PACKETS),
-    OpSpec("recpkt", "repkt into local plain dst[0], also as packets into local scratch dst[1]", **_REDUCE,
-           min_src=2, min_dst=2, packet_src=PACKETS_AFTER_FIRST, packet_dst=PACKETS_AFTER_FIRST),
-    OpSpec("recspkt", "recpkt, also as packets to every remote scratch dst[2..] (channel_ids[k])", **_REDUCE,
-           channels=PER_REMOTE, dst=ANY, min_src=2, min_dst=2, local_head=2, packet_src=PACKETS_AFTER_FIRST,
-           packet_dst=PACKETS_AFTER_FIRST),
+    replace(_SEND, name="put", doc="copy local src[j] to remote dst[j] through channel_ids[j]"),
+    replace(_SEND, name="pws", doc="put, then signal on the same channels", signals=True),
+    replace(
+        _SEND, name="pwsf", doc="pws, then flush (a flush does nothing on memory channels)", signals=True, flushes=True
+    ),
+    replace(
+        _COPY,
+        name="get",
+        doc="copy remote src[j] (through channel_ids[j]) to local dst[j] (MSCCL++'s handleGet at 1f5f065d "
+        "swaps the two entries' offsets: the same where their indices are equal)",
+        channels=PER_REMOTE,
+        src=REMOTE,
+    ),
+    replace(_COPY, name="copy", doc="copy local src[j] to local dst[j]"),
+    replace(_REDUCE, name="re", doc="sum of every local src, written to every local dst", local_dst=True),
+    replace(
+        _REDUCE,
+        name="res",
+        doc="re, also written to every remote dst (the k-th through channel_ids[k])",
+        channels=PER_REMOTE,
+        dst=ANY,
+    ),
+    replace(
+        _REDUCE,
+        name="rre",
+        doc="sum of every src, local or remote (the k-th remote through channel_ids[k]), to local dsts",
+        channels=PER_REMOTE,
+        src=ANY,
+        dst=ANY,
+        local_dst=True,
+    ),
+    replace(
+        _REDUCE,
+        name="rres",
+        doc="rre, also written to every remote dst (channels: remote srcs first, then remote dsts)",
+        channels=PER_REMOTE,
+        src=ANY,
+        dst=ANY,
+    ),
+    replace(
+        _SEND,
+        name="ppkt",
+        doc="local plain src[j] -> remote scratch dst[j] as packets (channel_ids[j])",
+        packet_dst=ALL_PACKETS,
+    ),
+    replace(
+        _SEND,
+        name="rppkt",
+        doc="local packets src[j] (waits for them) -> remote scratch dst[j] as packets; one src goes to every dst",
+        packet_src=ALL_PACKETS,
+        packet_dst=ALL_PACKETS,
+        broadcast=True,
+    ),
+    replace(
+        _COPY, name="upkt", doc="local packets src[j] (waits for them) -> local plain dst[j]", packet_src=ALL_PACKETS
+    ),
+    replace(
+        _COPY,
+        name="cpkt",
+        doc="local plain src[j] -> local scratch dst[j] as packets (MSCCL++ copyToPackets)",
+        packet_dst=ALL_PACKETS,
+    ),
+    replace(
+        _REDUCE,
+        name="repkt",
+        doc="src[0] local plain + every later src as local packets (waits) -> every local plain dst",
+        min_src=2,
+        local_dst=True,
+        packet_src=PACKETS_AFTER_FIRST,
+    ),
+    replace(
+        _REDUCE,
+        name="respkt",
+        doc="repkt, also written as packets to every remote scratch dst (channel_ids[k])",
+        channels=PER_REMOTE,
+        dst=ANY,
+        min_src=2,
+        packet_src=PACKETS_AFTER_FIRST,
+        packet_dst=REMOTE_PACKETS,
+    ),
+    replace(
+        _REDUCE,
+        name="recpkt",
+        doc="repkt into local plain dst[0], also as packets into local scratch dst[1]",
+        min_src=2,
+        min_dst=2,
+        packet_src=PACKETS_AFTER_FIRST,
+        packet_dst=PACKETS_AFTER_FIRST,
+    ),
+    replace(
+        _REDUCE,
+        name="recspkt",
+        doc="recpkt, also as packets to every remote scratch dst[2..] (channel_ids[k])",
+        channels=PER_REMOTE,
+        dst=ANY,
+        min_src=2,
+        min_dst=2,
+        local_head=2,
+        packet_src=PACKETS_AFTER_FIRST,
+        packet_dst=PACKETS_AFTER_FIRST,
+    ),
 )
 
 

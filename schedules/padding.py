@@ -76,5 +76,7 @@ def refusal(nbytes: int, size_chunks: int, parts: int, slices: int = 1) -> str:
         return "is not a positive size"
     if nbytes % parts:
         return f"is not a whole number of the collective's {parts} equal parts (one per rank)"
-    return (f"is not a multiple of the plan's granule ({size_chunks * CHUNK_GRANULE * slices} B), and its "
-            f"{size_chunks} chunks do not split into the collective's {parts} parts to pad")
+    return (
+        f"is not a multiple of the plan's granule ({size_chunks * CHUNK_GRANULE * slices} B), and its "
+        f"{size_chunks} chunks do not split into the collective's {parts} parts to pad"
+    )

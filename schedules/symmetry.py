@@ -15,12 +15,14 @@ fabric they are just single ranks.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
+from typing import cast
 
 from topologies.topology import Topology, Vertex
 
 Permutation = dict[Vertex, Vertex]
+Signature = tuple[frozenset[Vertex], frozenset[Vertex]]  # a switch's (in, out) neighbours
 
 
 def _host_ranks(topology: Topology) -> list[list[int]]:
@@ -43,23 +45,17 @@ def _candidates(topology: Topology) -> list[dict[int, int]]:
 
 def _extend_to_switches(topology: Topology, ranks: dict[int, int]) -> Permutation | None:
     """Map each switch to the one whose neighbours are its neighbours' images; None if none fits."""
-    perm: Permutation = dict(ranks)
+    perm: Permutation = {r: image for r, image in ranks.items()}
     pending = list(topology.switches)
     while pending:
         known = {s for s in topology.switches if s not in pending} | set(topology.ranks)
-
-        def signature(s: str, image: Callable[[Vertex], Vertex]) -> tuple:
-            ins = frozenset(image(l.src) for l in topology.in_links[s] if l.src in known)
-            outs = frozenset(image(l.dst) for l in topology.out_links[s] if l.dst in known)
-            return ins, outs
-
-        by_signature: dict[tuple, list[str]] = defaultdict(list)
+        by_signature: dict[Signature, list[str]] = defaultdict(list)
         for s in pending:
-            by_signature[signature(s, lambda v: v)].append(s)
+            by_signature[_signature(topology, known, s, _identity)].append(s)
         placed = []
         for s in pending:
-            targets = by_signature.get(signature(s, perm.__getitem__))
-            if not targets or not any(signature(s, lambda v: v)):
+            targets = by_signature.get(_signature(topology, known, s, perm.__getitem__))
+            if not targets or not any(_signature(topology, known, s, _identity)):
                 continue
             perm[s] = targets.pop(0)
             placed.append(s)
@@ -67,6 +63,17 @@ def _extend_to_switches(topology: Topology, ranks: dict[int, int]) -> Permutatio
             return None
         pending = [s for s in pending if s not in placed]
     return perm
+
+
+def _identity(v: Vertex) -> Vertex:
+    return v
+
+
+def _signature(topology: Topology, known: set[Vertex], s: str, image: Callable[[Vertex], Vertex]) -> Signature:
+    """A switch's neighbours among the ``known`` vertices, each mapped through ``image``: (in, out)."""
+    ins = frozenset(image(link.src) for link in topology.in_links[s] if link.src in known)
+    outs = frozenset(image(link.dst) for link in topology.out_links[s] if link.dst in known)
+    return ins, outs
 
 
 def _is_automorphism(topology: Topology, perm: Permutation) -> bool:
@@ -102,8 +109,9 @@ def transversal(topology: Topology, rank: int) -> dict[int, Permutation]:
         perm = frontier.pop()
         for g in generators:
             composed = {v: g[image] for v, image in perm.items()}
-            if composed[rank] not in reached:
-                reached[composed[rank]] = composed
+            target = cast(int, composed[rank])  # a symmetry takes ranks to ranks
+            if target not in reached:
+                reached[target] = composed
                 frontier.append(composed)
     return reached
 
@@ -121,7 +129,7 @@ def rank_orbits(topology: Topology) -> tuple[tuple[int, ...], ...]:
 
     for perm in automorphisms(topology):
         for r in topology.ranks:
-            image = perm[r]
+            image = cast(int, perm[r])  # a symmetry takes ranks to ranks
             a, b = root(r), root(image)
             if a != b:
                 parent[max(a, b)] = min(a, b)

@@ -31,7 +31,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from schedules.plan import Plan, PlanError, channel_pairs, remote_target
+from schedules.plan import Op, Plan, PlanError, channel_pairs, remote_target
+
+Pairs = dict[tuple[int, int], tuple[int, int]]  # (rank, channel id) -> the paired (peer, channel id)
 
 
 @dataclass(frozen=True)
@@ -64,14 +66,16 @@ def link_bytes(plan: Plan, nbytes: int) -> dict[tuple[int, int], int]:
 def port_bytes(plan: Plan, nbytes: int) -> list[tuple[int, int]]:
     """(egress, ingress) bytes of each GPU's switch port."""
     links = link_bytes(plan, nbytes)
-    return [(sum(b for (s, _), b in links.items() if s == r), sum(b for (_, d), b in links.items() if d == r))
-            for r in range(plan.nranks)]
+    return [
+        (sum(b for (s, _), b in links.items() if s == r), sum(b for (_, d), b in links.items() if d == r))
+        for r in range(plan.nranks)
+    ]
 
 
 @dataclass
 class _Block:
     rank: int
-    ops: list
+    ops: list[Op]
     threads: int
     pc: int = 0
     remote: float = 0.0  # bytes left of the running op's remote part
@@ -82,8 +86,11 @@ def predict_us(plan: Plan, nbytes: int, model: PortModel = PortModel()) -> float
     """The plan's predicted time (µs) for one execution of ``nbytes`` on an NVSwitch board (see the module doc)."""
     cb = plan.chunk_bytes(nbytes)
     pairs = channel_pairs(plan)
-    blocks = [_Block(r, [o for op in tb.ops for o in op.flat()], plan.num_threads_per_block) for r, g in enumerate(plan.gpus)
-              for tb in g.threadblocks]
+    blocks = [
+        _Block(r, [o for op in tb.ops for o in op.flat()], plan.num_threads_per_block)
+        for r, g in enumerate(plan.gpus)
+        for tb in g.threadblocks
+    ]
     arrivals: dict[tuple[int, int], list[float]] = defaultdict(list)  # (rank, channel) -> signal arrival times
     consumed: dict[tuple[int, int], int] = defaultdict(int)
     semaphores: dict[tuple[int, int], int] = defaultdict(int)
@@ -103,8 +110,10 @@ def predict_us(plan: Plan, nbytes: int, model: PortModel = PortModel()) -> float
                 pending = [t for ts in arrivals.values() for t in ts if t > now]
                 if not pending:
                     stuck = next(b for b in blocks if b.pc < len(b.ops))
-                    raise PlanError(f"plan {plan.name}: rank {stuck.rank} waits forever at op {stuck.pc} "
-                                    f"({stuck.ops[stuck.pc].name}): the traffic model cannot time it")
+                    raise PlanError(
+                        f"plan {plan.name}: rank {stuck.rank} waits forever at op {stuck.pc} "
+                        f"({stuck.ops[stuck.pc].name}): the traffic model cannot time it"
+                    )
                 now = min(pending)
                 continue
             return model.launch_us + now
@@ -141,7 +150,16 @@ def _rates(running: list[_Block], model: PortModel) -> dict[int, tuple[float, fl
     return {id(b): (own[id(b)] * scale.get(b.rank, 1.0), own[id(b)] * model.local_factor) for b in running}
 
 
-def _step(b: _Block, cb: int, now: float, model: PortModel, pairs, arrivals, consumed, semaphores) -> bool:
+def _step(
+    b: _Block,
+    cb: int,
+    now: float,
+    model: PortModel,
+    pairs: Pairs,
+    arrivals: dict[tuple[int, int], list[float]],
+    consumed: dict[tuple[int, int], int],
+    semaphores: dict[tuple[int, int], int],
+) -> bool:
     """Run the block's next op if it can start now; a transfer is started (its bytes set), not finished."""
     op = b.ops[b.pc]
     device = op.spec.device
@@ -172,7 +190,9 @@ def _step(b: _Block, cb: int, now: float, model: PortModel, pairs, arrivals, con
     return True
 
 
-def _signal(b: _Block, op, now: float, model: PortModel, pairs, arrivals) -> None:
+def _signal(
+    b: _Block, op: Op, now: float, model: PortModel, pairs: Pairs, arrivals: dict[tuple[int, int], list[float]]
+) -> None:
     if op.spec.device == "signal" or op.spec.signals:
         for c in op.channel_ids:
             peer, back = pairs[(b.rank, c)]

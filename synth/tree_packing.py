@@ -17,10 +17,11 @@ import heapq
 import itertools
 import math
 import time
-from functools import lru_cache
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterator
+from functools import lru_cache
+from typing import cast
 
 import networkx as nx
 from networkx.algorithms.flow import dinitz
@@ -61,16 +62,16 @@ def rank_hops(topology: Topology) -> dict[int, tuple[Hop, ...]]:
     """Every hop out of every rank: direct links to ranks and the switch-free form's switch paths."""
     table = {}
     for src in topology.ranks:
-        hops = [Hop(src, l.dst, ((src, l.dst),)) for l in topology.out_links[src] if isinstance(l.dst, int)]
+        hops = [Hop(src, link.dst, ((src, link.dst),)) for link in topology.out_links[src] if isinstance(link.dst, int)]
         for dst, path in sorted(_switch_paths(topology, src).items()):
             if not topology.has_link(src, dst):
-                hops.append(Hop(src, dst, tuple((l.src, l.dst) for l in path)))
+                hops.append(Hop(src, dst, tuple((link.src, link.dst) for link in path)))
         table[src] = tuple(hops)
     return table
 
 
 def trees_per_link(topology: Topology, unit: Fraction) -> dict[Key, int]:
-    return {l.key: math.floor(Fraction(l.capacity).limit_denominator(10**9) / unit) for l in topology.links}
+    return {link.key: math.floor(Fraction(link.capacity).limit_denominator(10**9) / unit) for link in topology.links}
 
 
 @dataclass
@@ -153,8 +154,9 @@ class _Packer:
                     heapq.heappush(heap, (-width, placed[hop.src] + 1, next(self.ties), hop))
 
 
-def pack(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float,
-         symmetric: bool = True) -> tuple[Tree, ...] | None:
+def pack(
+    topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float, symmetric: bool = True
+) -> tuple[Tree, ...] | None:
     """per_root trees of rate ``unit`` for every root, or None if the greedy packing runs out of room.
 
     With ``symmetric``, roots that share an orbit of the fabric's symmetries get copies of one root's trees.
@@ -198,11 +200,14 @@ def _root_groups(topology: Topology, roots: tuple[int, ...]) -> list[tuple[int, 
 
 
 def _mapped(tree: Tree, perm: Permutation) -> Tree:
-    return Tree(perm[tree.root], tuple((perm[a], perm[b]) for a, b in tree.hops))
+    """The tree moved by a symmetry, which takes ranks to ranks."""
+    image = cast(dict[int, int], perm)
+    return Tree(image[tree.root], tuple((image[a], image[b]) for a, b in tree.hops))
 
 
-def pack_exact(topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction,
-               deadline: float) -> tuple[Tree, ...] | None:
+def pack_exact(
+    topology: Topology, roots: tuple[int, ...], per_root: int, unit: Fraction, deadline: float
+) -> tuple[Tree, ...] | None:
     """Edmonds' packing by Lovász's construction, for switch-free fabrics: exact, one max-flow per arc tried.
 
     A source s links to every root with ``per_root`` units. A tree grows from s through its root; an arc
@@ -230,7 +235,7 @@ def pack_exact(topology: Topology, roots: tuple[int, ...], per_root: int, unit: 
     return tuple(t for r in roots for t in made[r])
 
 
-def _keeps_cuts(graph: nx.DiGraph, a: Vertex, b: int, need: int) -> bool:
+def _keeps_cuts(graph: nx.DiGraph, a: Hashable, b: int, need: int) -> bool:
     """Take one unit off a->b if every set holding b but not a still has ``need`` units entering it."""
     graph[a][b]["capacity"] -= 1
     added = a != SOURCE and not graph.has_edge(SOURCE, a)
@@ -256,8 +261,12 @@ def _grow_exact(topology: Topology, graph: nx.DiGraph, root: int, left: int, dea
         if time.monotonic() > deadline:
             raise Unknown(f"trees on {topology.name}: time limit reached while packing trees")
         # shallowest first keeps the pipeline short; then the widest remaining arc
-        candidates = sorted((placed[a], -graph[a][b]["capacity"], a, b) for a in placed for b in graph.successors(a)
-                            if b not in placed and b != SOURCE and graph[a][b]["capacity"] >= 1)
+        candidates = sorted(
+            (placed[a], -graph[a][b]["capacity"], a, b)
+            for a in placed
+            for b in graph.successors(a)
+            if b not in placed and b != SOURCE and graph[a][b]["capacity"] >= 1
+        )
         chosen = next(((a, b) for _, _, a, b in candidates if _keeps_cuts(graph, a, b, left - 1)), None)
         if chosen is None:
             return None

@@ -32,5 +32,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     reason = reason_of(report)
     if not reason.startswith(ALLOWED):
         report.outcome = "failed"
-        report.longrepr = (f"{item.nodeid} skipped: {reason!r}. On a CPU machine a test skips only because it "
-                           f"needs a GPU: generate only cases that exist, and mark GPU tests with pytest.mark.gpu")
+        report.longrepr = (
+            f"{item.nodeid} skipped: {reason!r}. On a CPU machine a test skips only because it "
+            f"needs a GPU: generate only cases that exist, and mark GPU tests with pytest.mark.gpu"
+        )

@@ -51,7 +51,7 @@ def test_a_captured_simple_all_to_all_exchanges_peers_outputs_when_capture_close
         ctx = next(iter(comm._templates.values()))
         return ctx.peers, [slots_of(record_of(comm, k)[0], ctx.records.layout) for k in range(2)]
 
-    for rank, (peers, slots) in enumerate(on_ranks(2, body)):
+    for peers, slots in on_ranks(2, body):
         assert peers.exported == ("o",)  # the direct all-to-all puts each block straight into its owner's output
-        (slot, peer, _), = peers.deferred
+        ((slot, peer, _),) = peers.deferred
         assert [s[slot] for s in slots] == [opened(("handle", out_of(peer, k))) for k in range(2)]

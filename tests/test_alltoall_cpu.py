@@ -61,11 +61,22 @@ def _bench_file(path, entries, nccl_us: dict[int, float], weft_us: dict[int, flo
     for size in sorted(nccl_us):
         plan = entries[("ll", 1) if size <= 1 << 20 else ("simple", 4)].plan
         algbw = size / (weft_us[size] * 1e3)
-        rows.append({"size": size, "nccl_us": nccl_us[size], "symm_us": None, "weft_us": weft_us[size],
-                     "algbw": algbw, "busbw": algbw * bus, "speedup": nccl_us[size] / weft_us[size], "wrong": 0,
-                     "plan": plan.name, "plan_hash": plan.content_hash, "plans_us": {plan.content_hash: weft_us[size]}})
-    path.write_text(json.dumps({"collective": "alltoall", "dtype": "bf16", "nranks": 4, "mode": "graph",
-                                "rows": rows}))
+        rows.append(
+            {
+                "size": size,
+                "nccl_us": nccl_us[size],
+                "symm_us": None,
+                "weft_us": weft_us[size],
+                "algbw": algbw,
+                "busbw": algbw * bus,
+                "speedup": nccl_us[size] / weft_us[size],
+                "wrong": 0,
+                "plan": plan.name,
+                "plan_hash": plan.content_hash,
+                "plans_us": {plan.content_hash: weft_us[size]},
+            }
+        )
+    path.write_text(json.dumps({"collective": "alltoall", "dtype": "bf16", "nranks": 4, "mode": "graph", "rows": rows}))
     return str(path)
 
 

@@ -4,6 +4,7 @@ padded, part by part, and give the collective's result at the caller's size."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ def _plan(name: str, inplace: bool = False):
     return compile_schedule(synthesize(TOPOLOGY, name, "direct", root=ROOT), TOPOLOGY, instances=2, inplace=inplace)
 
 
-def _expected(name: str, inputs: list[np.ndarray], dtype: str) -> list[np.ndarray | None]:
+def _expected(name: str, inputs: list[np.ndarray], dtype: str) -> Sequence[np.ndarray | None]:
     """numpy's definition of each collective at the caller's size, written out per collective (None: a rank of a
     rooted collective that ends with nothing defined)."""
     total = round_to(np.sum(inputs, axis=0), dtype) if name in ("allreduce", "reducescatter", "reduce") else None
@@ -71,7 +72,7 @@ def test_every_collective_runs_sizes_off_the_granule_on_the_reference_executor(n
                 continue
             inputs = _inputs(name, nbytes, dtype, rng)
             outputs = run_any_size(plan, inputs, nbytes, dtype)
-            for r, (got, want) in enumerate(zip(outputs, _expected(name, inputs, dtype))):
+            for r, (got, want) in enumerate(zip(outputs, _expected(name, inputs, dtype), strict=True)):
                 if want is not None:
                     assert got.shape == want.shape and np.array_equal(got, want), (name, nbytes, dtype, r)
 
@@ -82,15 +83,16 @@ def test_inplace_plans_run_sizes_off_the_granule(name):
     nbytes = plan.message_parts * 12
     assert not plan.accepts(nbytes) and plan.runs(nbytes)
     inputs = _inputs(name, nbytes, "fp32", np.random.default_rng(2))
-    for got, want in zip(run_any_size(plan, inputs, nbytes, "fp32"), _expected(name, inputs, "fp32")):
+    for got, want in zip(run_any_size(plan, inputs, nbytes, "fp32"), _expected(name, inputs, "fp32"), strict=True):
         assert np.array_equal(got, want)
 
 
 def test_a_size_that_is_not_whole_parts_is_refused_naming_the_plan():
     plan = _plan("allgather")
     assert not plan.runs(N * 12 + 2)
-    with pytest.raises(PlanError, match=f"plan {plan.name}: size 50 B is not a whole number of the collective's "
-                                        f"{N} equal parts"):
+    with pytest.raises(
+        PlanError, match=f"plan {plan.name}: size 50 B is not a whole number of the collective's {N} equal parts"
+    ):
         run_any_size(plan, [np.zeros(12)] * N, N * 12 + 2, "fp16")
 
 
@@ -121,8 +123,26 @@ def registry(tmp_path, monkeypatch):
 
 
 def test_readme_smt_plan_is_selected_at_real_sizes(registry, capsys):
-    assert main(["synth", "allgather", "-t", "dgx1", "--method", "smt", "--steps", "3", "--rounds", "7",
-                 "--chunks", "6", "--commit"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "dgx1",
+                "--method",
+                "smt",
+                "--steps",
+                "3",
+                "--rounds",
+                "7",
+                "--chunks",
+                "6",
+                "--commit",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     for size in ("1KB", "1MB", "4MB", "1GB"):
         assert main(["registry", "select", "-t", "dgx1", "allgather", "--size", size, "--json"]) == 0, size
@@ -133,7 +153,9 @@ def test_readme_smt_plan_is_selected_at_real_sizes(registry, capsys):
     assert (row["granule_bytes"], row["message_parts"]) == (192, 8)
     assert row["accepts"] == "0B..∞, 8 parts, granule 192B"
     assert main(["registry", "show", row["id"]]) == 0
-    assert ("runs any size in 0B..∞ that is a whole number of 8 equal parts (one per rank): multiples of 192B "
-            "directly, others padded") in capsys.readouterr().out
+    assert (
+        "runs any size in 0B..∞ that is a whole number of 8 equal parts (one per rank): multiples of 192B "
+        "directly, others padded"
+    ) in capsys.readouterr().out
     assert main(["registry", "select", "-t", "dgx1", "allgather", "--size", "1001"]) == 1
     assert "is not a whole number of the collective's 8 equal parts" in capsys.readouterr().out

@@ -12,16 +12,17 @@ import ctypes
 import threading
 from contextlib import nullcontext
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
+from test_any_size import _expected, _inputs
+from test_inference_capture_flow import FakeArray
 
 from codegen import compile_schedule
 from executor.communicator import PlanExecutor
 from executor.errors import ExecutorError
 from executor.reference import run_reference
-from test_any_size import _expected, _inputs
-from test_inference_capture_flow import FakeArray
 from topologies import resolve
 from weft.synthesis import synthesize
 
@@ -43,8 +44,13 @@ class CallerArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        return {"shape": self.values.shape, "typestr": "<f4", "data": (self.values.ctypes.data, False),
-                "strides": None, "version": 3}
+        return {
+            "shape": self.values.shape,
+            "typestr": "<f4",
+            "data": (self.values.ctypes.data, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def _copy_2d(dst, dst_pitch, src, src_pitch, width, height, kind, stream):
@@ -57,8 +63,10 @@ class FakeCupy:
 
     def __init__(self) -> None:
         self.cuda = SimpleNamespace(
-            Device=lambda device: nullcontext(), get_current_stream=lambda: SimpleNamespace(ptr=0),
-            runtime=SimpleNamespace(deviceSynchronize=lambda: None, memcpy2DAsync=_copy_2d))
+            Device=lambda device: nullcontext(),
+            get_current_stream=lambda: SimpleNamespace(ptr=0),
+            runtime=SimpleNamespace(deviceSynchronize=lambda: None, memcpy2DAsync=_copy_2d),
+        )
 
     def zeros(self, n: int, dtype) -> HostArray:
         return HostArray(np.zeros(n, dtype))
@@ -79,11 +87,12 @@ def _executors(plan) -> list[PlanExecutor]:
                     seen[r][1].host.view(np.float32)[:] = y
             barrier.wait()
             return output
+
         return execute
 
     comms = []
     for rank in range(N):
-        comm = object.__new__(PlanExecutor)
+        comm: Any = object.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
         comm.rank, comm.world_size, comm.device, comm._ll128 = rank, N, 0, False
         comm._cupy, comm._error, comm._tripwire = FakeCupy(), np.zeros(8, np.int32), None
         comm._plans, comm._padded, comm._residual_refusals = {}, {}, {}
@@ -114,7 +123,7 @@ def test_the_executor_runs_a_size_off_the_granule_padded(name):
     for t in threads:
         t.join(timeout=60)
     assert not errors
-    for got, w in zip(outputs, want):
+    for got, w in zip(outputs, want, strict=True):
         assert np.array_equal(got.values, w)
     padded = next(iter(comms[0]._padded.values()))[0]
     assert len(padded.host) == plan.padding(nbytes).padded_part_bytes * len(inputs[0]) * 4 // 20

@@ -47,6 +47,7 @@ def run(method: str, topology: Topology, name: str, chunks: int = 1, root: int =
 
 # ---- every baseline on every catalog topology --------------------------------------------------------
 
+
 @pytest.mark.parametrize("chunks", [1, 2])
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("method", baselines.METHODS)
@@ -80,6 +81,7 @@ def test_tree_allreduce_finds_a_placement(spec):
 
 # ---- step counts ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", [2, 3, 6, 9])
 def test_ring_allgather_takes_n_minus_1_steps(n):
     assert run("ring", one_way_ring(n), "allgather").nsteps == n - 1
@@ -101,8 +103,7 @@ def test_twoshot_is_two_steps():
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
-@pytest.mark.parametrize("name", ["allgather", "reducescatter", "broadcast", "reduce", "gather", "scatter",
-                                  "alltoall"])
+@pytest.mark.parametrize("name", ["allgather", "reducescatter", "broadcast", "reduce", "gather", "scatter", "alltoall"])
 def test_rhd_takes_log2_n_steps(n, name):
     assert run("rhd", fully_connected(n), name).nsteps == int(math.log2(n))
 
@@ -143,6 +144,7 @@ def _depth(parents: dict[int, int], position: int) -> int:
 
 
 # ---- capacity: rounds fit the busiest link and sharing group ---------------------------------------
+
 
 def test_rounds_grow_with_the_chunks_a_link_carries():
     schedule = run("ring", one_way_ring(4), "allgather", chunks=3)
@@ -185,6 +187,7 @@ def test_bidirectional_ring_allgather_reaches_the_cut_bound_for_large_messages()
 
 
 # ---- refusals --------------------------------------------------------------------------------------
+
 
 def test_ring_refuses_a_line_for_lack_of_a_hamiltonian_cycle():
     with pytest.raises(NotApplicable, match="no Hamiltonian cycle"):
@@ -230,6 +233,7 @@ def test_a_collective_for_another_rank_count_is_refused():
 
 # ---- rings and names ---------------------------------------------------------------------------------
 
+
 def test_dgx1_ring_is_a_cycle_over_its_links():
     order = baselines.hamiltonian_cycle(catalog("dgx1"))
     assert sorted(order) == list(range(8))
@@ -246,8 +250,12 @@ def test_multi_node_ring_crosses_hosts_once_each_way():
 def test_multi_host_rings_cross_between_hosts_at_different_gpus():
     topology = catalog("hgx_h100:nodes=2")
     rings = run("ring", topology, "allreduce", chunks=16).meta.options["rings"]
-    crossings = [(r[i], r[(i + 1) % 16]) for r in rings for i in range(16)
-                 if topology.hosts[r[i]] != topology.hosts[r[(i + 1) % 16]]]
+    crossings = [
+        (r[i], r[(i + 1) % 16])
+        for r in rings
+        for i in range(16)
+        if topology.hosts[r[i]] != topology.hosts[r[(i + 1) % 16]]
+    ]
     assert len(rings) == 16 and len(crossings) == 32 and len(set(crossings)) == 32
     assert len({src for src, _ in crossings}) == 16  # every GPU's NIC sends
 
@@ -255,8 +263,11 @@ def test_multi_host_rings_cross_between_hosts_at_different_gpus():
 def test_ndv2_ring_stays_on_nvlink_inside_each_host():
     topology = catalog("ndv2:nodes=2")
     order = baselines.hamiltonian_cycle(topology)
-    inside = [(order[i], order[(i + 1) % 16]) for i in range(16)
-              if topology.hosts[order[i]] == topology.hosts[order[(i + 1) % 16]]]
+    inside = [
+        (order[i], order[(i + 1) % 16])
+        for i in range(16)
+        if topology.hosts[order[i]] == topology.hosts[order[(i + 1) % 16]]
+    ]
     assert len(inside) == 14 and all(topology.has_link(s, d) for s, d in inside)
 
 
@@ -268,15 +279,16 @@ def test_schedule_is_named_for_algorithm_collective_and_topology():
 
 def test_switched_topology_schedule_records_the_topology_fingerprint():
     topology = catalog("hgx_h100")
-    assert run("direct", topology, "allgather").topology == topology.fingerprint != \
-        topology.without_switches().fingerprint
+    assert (
+        run("direct", topology, "allgather").topology == topology.fingerprint != topology.without_switches().fingerprint
+    )
 
 
 # ---- reductions and rooted collectives, checked by the verifier --------------------------------------
 
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(baselines.METHODS), st.sampled_from(NAMES), st.integers(2, 9), st.integers(1, 3),
-       st.data())
+@given(st.sampled_from(baselines.METHODS), st.sampled_from(NAMES), st.integers(2, 9), st.integers(1, 3), st.data())
 def test_every_baseline_verifies_on_fully_connected_for_any_chunks_and_root(method, name, n, chunks, data):
     root = data.draw(st.integers(0, n - 1))
     topology = fully_connected(n)
@@ -291,16 +303,19 @@ def test_every_baseline_verifies_on_fully_connected_for_any_chunks_and_root(meth
 
 def _refused_on_fully_connected(method: str, name: str, n: int) -> bool:
     """The only refusals where every pair has a link: the algorithm does not exist for the collective or n."""
-    return ((method == "twoshot" and name != "allreduce")
-            or (method == "tree" and name not in ("allreduce", "broadcast", "reduce"))
-            or (method == "rhd" and n & (n - 1) != 0))
+    return (
+        (method == "twoshot" and name != "allreduce")
+        or (method == "tree" and name not in ("allreduce", "broadcast", "reduce"))
+        or (method == "rhd" and n & (n - 1) != 0)
+    )
 
 
 def test_one_shot_allreduce_counts_each_contribution_once():
     schedule = run("direct", fully_connected(4), "allreduce")
     doubled = schedule.steps[0].sends + schedule.steps[0].sends[:1]
-    broken = type(schedule)(schedule.collective, schedule.topology,
-                            (type(schedule.steps[0])(schedule.steps[0].rounds + 1, doubled),))
+    broken = type(schedule)(
+        schedule.collective, schedule.topology, (type(schedule.steps[0])(schedule.steps[0].rounds + 1, doubled),)
+    )
     assert verify(schedule, fully_connected(4)).ok
     assert any("double-counted" in e for e in verify(broken, fully_connected(4)).errors)
 
@@ -312,8 +327,9 @@ def strongly_connected(draw) -> Topology:
     order = draw(st.permutations(range(n)))
     pairs = {(order[i], order[(i + 1) % n]) for i in range(n)}
     pairs |= draw(st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)).filter(lambda p: p[0] != p[1])))
-    links = tuple(Link(s, d, draw(st.sampled_from([12.5, 25.0, 50.0])), 1.0, draw(st.integers(1, 2)))
-                  for s, d in sorted(pairs))
+    links = tuple(
+        Link(s, d, draw(st.sampled_from([12.5, 25.0, 50.0])), 1.0, draw(st.integers(1, 2))) for s, d in sorted(pairs)
+    )
     return Topology("random", n, links)
 
 
@@ -329,6 +345,7 @@ def test_random_fabrics_verify_or_refuse(topology, method, name):
 
 
 # ---- the command line ---------------------------------------------------------------------------------
+
 
 def test_weft_synth_ring_allreduce_on_dgx1(capsys):
     assert main(["synth", "allreduce", "-t", "dgx1", "--method", "ring"]) == 0

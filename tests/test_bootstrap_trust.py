@@ -7,6 +7,7 @@ import pickle
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from executor import gpu_bootstrap, gpu_build
@@ -46,7 +47,14 @@ class Exploit:
 
 
 EXCHANGED = [
-    None, "", "cannot export", True, 3, 2.5, float("inf"), b"\x00\xff" * 32,
+    None,
+    "",
+    "cannot export",
+    True,
+    3,
+    2.5,
+    float("inf"),
+    b"\x00\xff" * 32,
     ("f" * 16, 4096, {"i": SharedBuffer(b"h" * 64, 128), "o": SharedBuffer(b"o" * 64, 0)}, True, False),
     [("abc", 64, {"s": SharedBuffer(b"s" * 64, 8)}), ("def", 128, "why not")],
     ("topo-0123456789abcdef", ["allgather-2r-aaaa", "allreduce-2r-bbbb"]),
@@ -80,8 +88,17 @@ def test_a_pickle_through_the_roster_is_refused_and_never_run(tmp_path):
     assert not target.exists()
 
 
-@pytest.mark.parametrize("data", [b'{"d": {"a": 1}, "x": 2}', b'{"obj": "os.system"}', b"[" * 100_000,
-                                  b'{"f": "nan", "g": 1}', b'{"ipc": "!!", "offset": 0}', b"1" * 5000])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"d": {"a": 1}, "x": 2}',
+        b'{"obj": "os.system"}',
+        b"[" * 100_000,
+        b'{"f": "nan", "g": 1}',
+        b'{"ipc": "!!", "offset": 0}',
+        b"1" * 5000,
+    ],
+)
 def test_malformed_plain_data_is_one_error(data):
     with pytest.raises(ExecutorError, match="bootstrap value"):
         decode(data)
@@ -144,16 +161,22 @@ def test_a_kernel_cache_others_can_write_is_refused(tmp_path, fake_nvcc):
 
 # torch.distributed's object collectives pickle on one rank and unpickle on the others: any of them on the GPU path
 # would undo the plain-data rule above (weft bench and weft run once gathered their checks and medians that way).
-UNPICKLING = re.compile(r"\b(all_gather_object|gather_object|broadcast_object_list|scatter_object_list|"
-                        r"send_object_list|recv_object_list)\s*\(|\bimport pickle\b|\bpickle\.loads?\(|"
-                        r"\btorch\.load\(|\bUnpickler\b")
+UNPICKLING = re.compile(
+    r"\b(all_gather_object|gather_object|broadcast_object_list|scatter_object_list|"
+    r"send_object_list|recv_object_list)\s*\(|\bimport pickle\b|\bpickle\.loads?\(|"
+    r"\btorch\.load\(|\bUnpickler\b"
+)
 
 
 @pytest.mark.parametrize("folder", ["executor", "weft", "bench", "examples"])
 def test_nothing_on_the_gpu_path_unpickles_what_another_rank_sent(folder):
     root = Path(__file__).resolve().parents[1] / folder
-    found = [f"{path.relative_to(root.parent)}:{n}: {line.strip()}" for path in sorted(root.rglob("*.py"))
-             for n, line in enumerate(path.read_text().splitlines(), 1) if UNPICKLING.search(line)]
+    found = [
+        f"{path.relative_to(root.parent)}:{n}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if UNPICKLING.search(line)
+    ]
     assert found == []
 
 
@@ -161,7 +184,8 @@ class ExchangingComm:
     """A communicator of ``world_size`` ranks whose exchange goes through the same JSON as the store's."""
 
     def __init__(self, values_of_others: list):
-        self.world_size, self.others, self.calls = len(values_of_others) + 1, values_of_others, []
+        self.world_size, self.others = len(values_of_others) + 1, values_of_others
+        self.calls: list[object] = []
 
     def exchange(self, what, value):
         self.calls.append(what)
@@ -178,7 +202,7 @@ def test_bench_agrees_on_refusals_and_slowest_medians_through_plain_data():
     assert comm.calls == ["bench-medians"]
 
 
-class _Array(__import__("numpy").ndarray):
+class _Array(np.ndarray):
     """A numpy array with the few tensor methods all_gather_plain calls."""
 
     def to(self, device):
@@ -200,10 +224,15 @@ def fake_torch(peer_values: list):
 
     arr = lambda a: np.asarray(a).view(_Array)  # noqa: E731
     torch = types.SimpleNamespace(
-        int64=np.int64, uint8=np.uint8, device=lambda *a: a, cuda=types.SimpleNamespace(current_device=lambda: 0),
+        int64=np.int64,
+        uint8=np.uint8,
+        device=lambda *a: a,
+        cuda=types.SimpleNamespace(current_device=lambda: 0),
         tensor=lambda v, dtype, device: arr(np.array(v, dtype=dtype)),
-        empty_like=lambda t: arr(np.empty_like(t)), zeros=lambda n, dtype, device: arr(np.zeros(n, dtype=dtype)),
-        frombuffer=lambda b, dtype: arr(np.frombuffer(bytes(b), dtype=dtype)))
+        empty_like=lambda t: arr(np.empty_like(t)),
+        zeros=lambda n, dtype, device: arr(np.zeros(n, dtype=dtype)),
+        frombuffer=lambda b, dtype: arr(np.frombuffer(bytes(b), dtype=dtype)),
+    )
     peers = [encode(v) for v in peer_values]
 
     def all_gather(out, mine, group=None):
@@ -211,17 +240,20 @@ def fake_torch(peer_values: list):
             values = [mine, *(arr(np.array([len(p)], dtype=np.int64)) for p in peers)]
         else:
             values = [mine, *(arr(np.frombuffer(p.ljust(len(mine), b"\0"), dtype=np.uint8)) for p in peers)]
-        for slot, value in zip(out, values):
+        for slot, value in zip(out, values, strict=True):
             slot[...] = value
 
-    dist = types.SimpleNamespace(get_world_size=lambda group=None: 1 + len(peers),
-                                 get_backend=lambda group=None: "nccl", all_gather=all_gather)
+    dist = types.SimpleNamespace(
+        get_world_size=lambda group=None: 1 + len(peers), get_backend=lambda group=None: "nccl", all_gather=all_gather
+    )
     torch.distributed = dist
     return torch, dist
 
 
-@pytest.mark.parametrize("mine, theirs", [(("host-a/boot", "rank-id"), [("host-b/boot", "x" * 300)]),
-                                          (True, [False, True]), (["e1", "e2"], ["why not"])])
+@pytest.mark.parametrize(
+    "mine, theirs",
+    [(("host-a/boot", "rank-id"), [("host-b/boot", "x" * 300)]), (True, [False, True]), (["e1", "e2"], ["why not"])],
+)
 def test_a_group_all_gather_moves_plain_json_bytes(monkeypatch, mine, theirs):
     import sys
 

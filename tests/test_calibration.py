@@ -25,11 +25,13 @@ def _committed(spec: str) -> Calibration:
     return found
 
 
+@pytest.mark.slow  # refits the committed measurements: 2-3 s each
 @pytest.mark.parametrize("spec", MEASURED)
 def test_a_committed_calibration_is_the_fit_of_its_measurements(spec):
     c = _committed(spec)
-    stored = json.loads(next(p for p in CALIBRATIONS.glob("*.json")
-                             if json.loads(p.read_text())["topology"] == c.topology).read_text())
+    stored = json.loads(
+        next(p for p in CALIBRATIONS.glob("*.json") if json.loads(p.read_text())["topology"] == c.topology).read_text()
+    )
     refit = fit(c.topology, c.topology_name, list(c.observations), c.sources)
     assert refit.terms == pytest.approx(c.terms, rel=1e-6)
     assert stored["residuals"] == pytest.approx(c.residuals())
@@ -40,7 +42,7 @@ def test_a_committed_calibration_is_the_fit_of_its_measurements(spec):
 def test_predictions_on_a_measured_fabric_stay_within_tolerance_at_every_size(spec):
     c = _committed(spec)
     by_size: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for o, ratio in zip(c.observations, c.ratios()):
+    for o, ratio in zip(c.observations, c.ratios(), strict=True):
         by_size.setdefault((o.collective, o.nbytes), []).append((o.measured_us * ratio, o.measured_us))
     for (collective, nbytes), points in by_size.items():
         predicted, measured = min(points)  # the plan the model would select, and its measured time
@@ -53,7 +55,7 @@ def test_predictions_on_a_measured_fabric_stay_within_tolerance_at_every_size(sp
 
 def test_the_readme_states_the_committed_fits_residuals():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    for spec, machine in zip(MEASURED, ("2×H200", "4×H200")):
+    for spec, machine in zip(MEASURED, ("2×H200", "4×H200"), strict=True):
         r = _committed(spec).residuals()
         assert f"{machine}, {r['within_tolerance']} of {r['points']}" in readme, spec
         assert f"(worst {r['worst_ratio']:.2f}×" in readme, spec
@@ -67,13 +69,16 @@ def test_features_of_a_measured_plan_are_what_its_calibration_stored():
         assert features(plan, schedule, topology) == stored
 
 
-@pytest.mark.parametrize("name, hops, arrivals, sources", [
-    ("direct-allgather-hgx_h200:gpus=4-ll-x1", 1, 1, 1),  # each block reads one peer's packets
-    ("direct-allreduce-hgx_h200:gpus=4-ll-x1", 1, 1, 3),  # one op reads 3 peers' packets at once
-    ("direct-allgather-hgx_h200:gpus=4-ll-x32-mp", 1, 3, 3),  # one block reads 3 peers, one after another
-    ("twoshot-allreduce-hgx_h200:gpus=4-ll-x1", 2, 2, 4),  # the all-gather half waits on the reduced packets
-    ("ring-allreduce-hgx_h200:gpus=4-ll-x1", 6, 6, 6),
-])
+@pytest.mark.parametrize(
+    "name, hops, arrivals, sources",
+    [
+        ("direct-allgather-hgx_h200:gpus=4-ll-x1", 1, 1, 1),  # each block reads one peer's packets
+        ("direct-allreduce-hgx_h200:gpus=4-ll-x1", 1, 1, 3),  # one op reads 3 peers' packets at once
+        ("direct-allgather-hgx_h200:gpus=4-ll-x32-mp", 1, 3, 3),  # one block reads 3 peers, one after another
+        ("twoshot-allreduce-hgx_h200:gpus=4-ll-x1", 2, 2, 4),  # the all-gather half waits on the reduced packets
+        ("ring-allreduce-hgx_h200:gpus=4-ll-x1", 6, 6, 6),
+    ],
+)
 def test_hops_are_round_trips_and_arrivals_the_waits_within_them(name, hops, arrivals, sources):
     f = features(*named_plan(name))
     assert (f.hops, f.arrivals, f.sources) == (hops, arrivals, sources)
@@ -95,8 +100,12 @@ def test_a_fabric_never_measured_has_no_calibration():
 
 def test_topo_calibrate_reports_the_fits_residuals(tmp_path, capsys):
     doc = json.loads((RESULTS / "gpu_allreduce_bf16_graph_2xh200.json").read_text())
-    keep = ("weft:direct-allreduce-hgx_h200:gpus=2-ll-x1", "weft:direct-allreduce-hgx_h200:gpus=2-ll-x64-t256",
-            "weft:twoshot-allreduce-hgx_h200:gpus=2-simple-x128", "weft:direct-allreduce-hgx_h200:gpus=2-simple-x1")
+    keep = (
+        "weft:direct-allreduce-hgx_h200:gpus=2-ll-x1",
+        "weft:direct-allreduce-hgx_h200:gpus=2-ll-x64-t256",
+        "weft:twoshot-allreduce-hgx_h200:gpus=2-simple-x128",
+        "weft:direct-allreduce-hgx_h200:gpus=2-simple-x1",
+    )
     for row in doc["rows"]:
         row["median_us"] = {k: v for k, v in row["median_us"].items() if k in keep}
     small = tmp_path / "gpu_allreduce_bf16_graph_2xh200.json"
@@ -122,8 +131,25 @@ def registry(tmp_path, monkeypatch):
 
 def test_after_tune_on_a_measured_fabric_4kb_is_no_longer_predicted_impossibly_fast(registry, capsys):
     # issue 20: `simple-x128-t256-2s predicted 0.31 µs` at 4 KB, where the fastest plan measured takes ~3.5 µs
-    assert main(["tune", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "direct", "--instances", "128",
-                 "--threads", "256", "--protocols", "simple"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "allreduce",
+                "-t",
+                "hgx_h200:gpus=2",
+                "--method",
+                "direct",
+                "--instances",
+                "128",
+                "--threads",
+                "256",
+                "--protocols",
+                "simple",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["registry", "select", "-t", "hgx_h200:gpus=2", "allreduce", "--size", "4KB", "--json"]) == 0
     chosen = json.loads(capsys.readouterr().out)

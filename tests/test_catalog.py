@@ -28,14 +28,14 @@ SCCL_DGX1 = [
 
 # ---- every entry --------------------------------------------------------------------------------
 
+
 def test_catalog_specs_cover_every_entry_once():
     assert catalog_specs() == [e.name for e in entries()]
     assert len(set(catalog_specs())) == len(entries())
 
 
 def test_catalog_specs_with_nodes_lists_only_multi_node_entries():
-    assert catalog_specs(nodes=2) == [f"{e.name}:nodes=2" for e in entries()
-                                      if "nodes" in {p.name for p in e.params}]
+    assert catalog_specs(nodes=2) == [f"{e.name}:nodes=2" for e in entries() if "nodes" in {p.name for p in e.params}]
     assert "hgx_h100:nodes=2" in catalog_specs(nodes=2)
     assert not any(s.startswith(("ring", "dgx1:")) for s in catalog_specs(nodes=2))
 
@@ -83,16 +83,17 @@ def _reachable_ranks(graph, src):
     return [v for v in nx.descendants(graph, src) if isinstance(v, int)]
 
 
-def test_hgx_h100_at_128_nodes_builds_in_under_two_seconds():
-    start = time.perf_counter()
+def test_hgx_h100_at_128_nodes_builds_in_under_two_cpu_seconds():
+    start = time.process_time()  # CPU time: a busy machine slows the wall clock, not the work
     topology = build("hgx_h100:nodes=128")
-    topology.fingerprint
-    assert time.perf_counter() - start < 2.0
+    _ = topology.fingerprint
+    assert time.process_time() - start < 2.0
     assert topology.nranks == 1024
     assert topology.nhosts == 128
 
 
 # ---- link figures -------------------------------------------------------------------------------
+
 
 def test_dgx1_has_exactly_sccls_link_structure():
     topology = dgx1()
@@ -104,11 +105,12 @@ def test_dgx1_has_exactly_sccls_link_structure():
 
 def test_dgx1_gives_every_v100_its_six_nvlinks():
     topology = dgx1()
-    assert all(sum(l.count for l in topology.out_links[r]) == 6 for r in topology.ranks)
+    assert all(sum(link.count for link in topology.out_links[r]) == 6 for r in topology.ranks)
 
 
-@pytest.mark.parametrize("spec, per_gpu", [("dgx2", 150.0), ("dgx_a100", 300.0), ("hgx_h100", 450.0),
-                                           ("hgx_h200", 450.0)])
+@pytest.mark.parametrize(
+    "spec, per_gpu", [("dgx2", 150.0), ("dgx_a100", 300.0), ("hgx_h100", 450.0), ("hgx_h200", 450.0)]
+)
 def test_nvswitch_gives_each_gpu_its_nvlink_bandwidth_each_way(spec, per_gpu):
     topology = build(spec)
     for r in topology.ranks:
@@ -116,29 +118,33 @@ def test_nvswitch_gives_each_gpu_its_nvlink_bandwidth_each_way(spec, per_gpu):
         assert topology.link("n0.nvswitch", r).capacity == per_gpu
 
 
-@pytest.mark.parametrize("spec, nic", [("dgx_a100:nodes=2", 25.0), ("hgx_h100:nodes=2", 50.0),
-                                       ("hgx_h200:nodes=2", 50.0), ("mi300x:nodes=2", 50.0)])
+@pytest.mark.parametrize(
+    "spec, nic",
+    [("dgx_a100:nodes=2", 25.0), ("hgx_h100:nodes=2", 50.0), ("hgx_h200:nodes=2", 50.0), ("mi300x:nodes=2", 50.0)],
+)
 def test_rail_nics_give_each_gpu_its_own_nic(spec, nic):
     topology = build(spec)
-    assert all(topology.link(r, "ib").capacity == nic and topology.link("ib", r).capacity == nic
-               for r in topology.ranks)
+    assert all(
+        topology.link(r, "ib").capacity == nic and topology.link("ib", r).capacity == nic for r in topology.ranks
+    )
 
 
-@pytest.mark.parametrize("spec, nics, nic", [("ndv2:nodes=2", 1, 12.5), ("dgx2:nodes=2", 8, 12.5),
-                                             ("mi250:nodes=2", 4, 25.0)])
+@pytest.mark.parametrize(
+    "spec, nics, nic", [("ndv2:nodes=2", 1, 12.5), ("dgx2:nodes=2", 8, 12.5), ("mi250:nodes=2", 4, 25.0)]
+)
 def test_shared_nics_have_one_uplink_each(spec, nics, nic):
     topology = build(spec)
     uplinks = topology.in_links["ib"]
     assert len(uplinks) == 2 * nics
-    assert {l.capacity for l in uplinks} == {nic}
-    assert all(isinstance(l.src, str) and l.src.endswith(".tx") for l in uplinks)
+    assert {link.capacity for link in uplinks} == {nic}
+    assert all(isinstance(link.src, str) and link.src.endswith(".tx") for link in uplinks)
 
 
 def test_mi300x_is_fully_connected_by_seven_64_gbps_xgmi_links_per_gpu():
     topology = build("mi300x")
     for r in topology.ranks:
         assert len(topology.out_links[r]) == 7
-        assert {l.capacity for l in topology.out_links[r]} == {64.0}
+        assert {link.capacity for link in topology.out_links[r]} == {64.0}
 
 
 def test_mi250_packages_share_four_xgmi_lanes():
@@ -178,10 +184,12 @@ def test_shared_nic_paths_add_up_to_the_infiniband_latency():
 
 # ---- abstract fabrics ---------------------------------------------------------------------------
 
+
 def test_ring_links_each_rank_to_both_neighbours():
     topology = ring(5)
-    assert sorted(l.key for l in topology.links) == sorted(
-        [(r, (r + 1) % 5) for r in range(5)] + [(r, (r - 1) % 5) for r in range(5)])
+    assert sorted(link.key for link in topology.links) == sorted(
+        [(r, (r + 1) % 5) for r in range(5)] + [(r, (r - 1) % 5) for r in range(5)]
+    )
 
 
 def test_two_rank_ring_bonds_its_two_cables():
@@ -193,13 +201,13 @@ def test_torus2d_gives_every_rank_four_lanes():
     for x, y in ((4, 4), (2, 3), (3, 5)):
         topology = torus2d(x, y)
         assert topology.nranks == x * y
-        assert all(sum(l.count for l in topology.out_links[r]) == 4 for r in topology.ranks)
+        assert all(sum(link.count for link in topology.out_links[r]) == 4 for r in topology.ranks)
 
 
 def test_hypercube_links_ranks_one_bit_apart():
     topology = hypercube(4)
     assert topology.nranks == 16
-    assert all(bin(l.src ^ l.dst).count("1") == 1 for l in topology.links)
+    assert all(bin(link.src ^ link.dst).count("1") == 1 for link in topology.links)
     assert len(topology.links) == 16 * 4
 
 
@@ -210,19 +218,23 @@ def test_hub_and_spoke_is_an_alias_of_switch():
 
 # ---- bad specs ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec, fragment", [
-    ("hgx_h100:nodes=0", "topology spec 'hgx_h100:nodes=0': nodes: must be >= 1"),
-    ("hgx_h100:gpus=9", "gpus: must be <= 8"),
-    ("nosuch", "unknown topology 'nosuch'"),
-    ("ring:m=3", "m: unknown parameter (ring takes n)"),
-    ("dgx1:nodes=2", "nodes: unknown parameter (dgx1 takes no parameters)"),
-    ("ring:n=x", "n: must be an integer, got 'x'"),
-    ("ring:n", "n: needs a value"),
-    ("ring:n=4,n=5", "n: given twice"),
-    ("ring:", "nothing after ':'"),
-    ("", "empty"),
-    ("torus2d:x=1000", "x: must be <= 128"),
-])
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("hgx_h100:nodes=0", "topology spec 'hgx_h100:nodes=0': nodes: must be >= 1"),
+        ("hgx_h100:gpus=9", "gpus: must be <= 8"),
+        ("nosuch", "unknown topology 'nosuch'"),
+        ("ring:m=3", "m: unknown parameter (ring takes n)"),
+        ("dgx1:nodes=2", "nodes: unknown parameter (dgx1 takes no parameters)"),
+        ("ring:n=x", "n: must be an integer, got 'x'"),
+        ("ring:n", "n: needs a value"),
+        ("ring:n=4,n=5", "n: given twice"),
+        ("ring:", "nothing after ':'"),
+        ("", "empty"),
+        ("torus2d:x=1000", "x: must be <= 128"),
+    ],
+)
 def test_bad_spec_names_the_spec_and_field(spec, fragment):
     with pytest.raises(TopologyError) as info:
         build(spec)
@@ -237,12 +249,13 @@ def test_generators_check_their_arguments_too():
 
 # ---- switch removal keeps capacities ------------------------------------------------------------
 
+
 def test_switch_free_form_links_every_pair_on_an_nvswitch_at_full_gpu_bandwidth():
     free = build("hgx_h100").without_switches()
     assert not free.switches
-    assert {l.key for l in free.links} == {(a, b) for a in range(8) for b in range(8) if a != b}
-    assert {l.capacity for l in free.links} == {450.0}
-    assert all(l.latency == pytest.approx(0.3) for l in free.links)
+    assert {link.key for link in free.links} == {(a, b) for a in range(8) for b in range(8) if a != b}
+    assert {link.capacity for link in free.links} == {450.0}
+    assert all(link.latency == pytest.approx(0.3) for link in free.links)
 
 
 def test_switch_free_form_shares_each_gpu_nvswitch_port_among_its_pairs():

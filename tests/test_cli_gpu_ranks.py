@@ -7,8 +7,10 @@ import sys
 
 
 def abandon(error: str) -> subprocess.CompletedProcess:
-    code = ("from weft.cli.gpu import _abandon\nfrom executor.errors import ExecutorError\n"
-            f"_abandon(1, {error})\nprint('not reached')")
+    code = (
+        "from weft.cli.gpu import _abandon\nfrom executor.errors import ExecutorError\n"
+        f"_abandon(1, {error})\nprint('not reached')"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 

@@ -41,13 +41,16 @@ def test_every_option_with_a_default_shows_it_in_help():
     assert seen >= 25  # every command's numeric and string options, not a handful
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["synth", "--help"], "--time-limit TIME_LIMIT"),
-    (["bench", "--help"], "(default: 30)"),  # --samples
-    (["bench", "--help"], "(default: 20)"),  # --calls
-    (["bench", "--help"], "(default: 30.0)"),  # --timeout
-    (["bench", "--help"], "--eager eager launches (default: --graph)"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["synth", "--help"], "--time-limit TIME_LIMIT"),
+        (["bench", "--help"], "(default: 30)"),  # --samples
+        (["bench", "--help"], "(default: 20)"),  # --calls
+        (["bench", "--help"], "(default: 30.0)"),  # --timeout
+        (["bench", "--help"], "--eager eager launches (default: --graph)"),
+    ],
+)
 def test_the_options_a_user_asked_about_show_their_defaults(argv, expected, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)

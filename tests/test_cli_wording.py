@@ -4,6 +4,7 @@ GB/s for the size asked about."""
 from __future__ import annotations
 
 import doctest
+import json
 import re
 from pathlib import Path
 
@@ -20,11 +21,17 @@ def test_counted_picks_the_noun_for_the_number():
 def test_no_cli_line_puts_a_count_before_a_fixed_plural_noun():
     # `{n} ranks` prints "1 ranks" for n == 1; every such count goes through words.counted (sizes, µs and GB/s
     # are units, not nouns; a constant of many, such as MAX_SENDS, needs no choice)
-    nouns = r"(ranks|entries|links|sends|points|instances|thread blocks|GPUs|gpus|executions|variants|sizes|hosts" \
-            r"|groups|plan times)"
+    nouns = (
+        r"(ranks|entries|links|sends|points|instances|thread blocks|GPUs|gpus|executions|variants|sizes|hosts"
+        r"|groups|plan times)"
+    )
     pattern = re.compile(r"\{[^{}]*\} " + nouns + r"\b")
-    found = [f"{path.name}:{i}: {line.strip()}" for path in sorted(CLI.glob("*.py"))
-             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line) and "{MAX_SENDS}" not in line]
+    found = [
+        f"{path.name}:{i}: {line.strip()}"
+        for path in sorted(CLI.glob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and "{MAX_SENDS}" not in line
+    ]
     assert found == []
 
 
@@ -39,9 +46,8 @@ def test_the_bound_is_in_microseconds_and_gigabytes_per_second_for_the_size(caps
 
 def _pair(tmp_path: Path, name: str = "pair") -> Path:
     topology = tmp_path / f"{name}.json"
-    topology.write_text('{"format": "weft.topology/1", "name": "%s", "nranks": 2, "links": ['
-                        '{"src": 0, "dst": 1, "bandwidth": 25.0, "latency": 0.7}, '
-                        '{"src": 1, "dst": 0, "bandwidth": 25.0, "latency": 0.7}]}' % name)
+    links = [{"src": a, "dst": b, "bandwidth": 25.0, "latency": 0.7} for a, b in ((0, 1), (1, 0))]
+    topology.write_text(json.dumps({"format": "weft.topology/1", "name": name, "nranks": 2, "links": links}))
     return topology
 
 
@@ -54,8 +60,24 @@ def test_one_of_a_thing_is_singular(tmp_path, capsys):
     registry = tmp_path / "reg"
     assert main(["registry", "list", "--registry", str(registry)]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("0 entries")
-    assert main(["synth", "allreduce", "-t", str(topology), "--method", "direct", "--commit",
-                 "--registry", str(registry), "-o", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allreduce",
+                "-t",
+                str(topology),
+                "--method",
+                "direct",
+                "--commit",
+                "--registry",
+                str(registry),
+                "-o",
+                str(tmp_path / "s.json"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["registry", "list", "--registry", str(registry)]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("1 entry in ")

@@ -1,6 +1,6 @@
 """Codegen: every baseline schedule compiles into a plan that the reference executor proves; each pass does its job."""
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -21,12 +21,12 @@ TOPOLOGIES = ("ring:n=4", "fully_connected:n=4", "dgx1", "hgx_h100", "mi300x")
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _topology(spec):
     return build(spec)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _schedule(spec, method, name, chunks=1):
     topology = _topology(spec)
     return topology, getattr(baselines, method)(topology, Collective(name, topology.nranks, chunks))
@@ -123,8 +123,9 @@ def test_auto_protocol_keeps_long_schedules_simple_and_unbounded():
 def test_compiled_plan_round_trips_through_the_reader():
     topology, schedule = _schedule("dgx1", "ring", "reducescatter")
     plan = compile_schedule(schedule, topology, instances=2)
-    from schedules.plan import dumps_plan
     import json
+
+    from schedules.plan import dumps_plan
 
     assert parse_plan(json.loads(dumps_plan(plan)), "compiled.json") == plan
     assert plan.weft.schedule_hash == schedule.content_hash and plan.weft.topology == topology.fingerprint
@@ -139,8 +140,14 @@ def test_bad_options_are_refused():
 
 
 @settings(max_examples=20, deadline=None)
-@given(name=st.sampled_from(NAMES), method=st.sampled_from(("ring", "direct")), chunks=st.integers(1, 3),
-       instances=st.integers(1, 3), protocol=st.sampled_from(("simple", "ll")), inplace=st.booleans())
+@given(
+    name=st.sampled_from(NAMES),
+    method=st.sampled_from(("ring", "direct")),
+    chunks=st.integers(1, 3),
+    instances=st.integers(1, 3),
+    protocol=st.sampled_from(("simple", "ll")),
+    inplace=st.booleans(),
+)
 def test_any_option_mix_compiles_to_a_correct_plan(name, method, chunks, instances, protocol, inplace):
     topology = _topology("fully_connected:n=3")
     try:
@@ -155,7 +162,10 @@ def test_each_instance_moves_its_consecutive_chunks_in_one_op():
     topology, schedule = _schedule("fully_connected:n=4", "direct", "allreduce")
     one = compile_schedule(schedule, topology, protocol="ll")
     two = compile_schedule(schedule, topology, instances=2, protocol="ll")
-    ops = lambda plan: sorted(op.name for tb in plan.gpus[0].threadblocks for op in tb.ops)
+
+    def ops(plan):
+        return sorted(op.name for tb in plan.gpus[0].threadblocks for op in tb.ops)
+
     assert ops(two) == sorted(ops(one) * 2)  # one ppkt per peer and one repkt per instance, not one per chunk
     puts = [op for tb in two.gpus[0].threadblocks for op in tb.ops if op.name == "ppkt"]
     assert {op.src_buff[0].index for op in puts} == {0, 4} and {op.src_buff[0].size for op in puts} == {4}

@@ -49,9 +49,12 @@ def _count(plan, rank, name):
 def test_one_shot_simple_allreduce_without_handshake_races_across_launches(monkeypatch):
     plan = _compile("direct", "allreduce", "simple", handshake=False, monkeypatch=monkeypatch)
     assert check_plan(plan, check_sizes(plan)[:1], ("fp32",), back_to_back=1).ok  # one launch alone is fine
-    with pytest.raises(PlanRace, match=r"plan .*: launch 1 rank \d threadblock \d+ op \d+ \(p\w+\) overwrites chunk "
-                                       r"\d+ of rank \d's scratch buffer while rank \d threadblock \d+ in launch 0 "
-                                       r"may still read it"):
+    with pytest.raises(
+        PlanRace,
+        match=r"plan .*: launch 1 rank \d threadblock \d+ op \d+ \(p\w+\) overwrites chunk "
+        r"\d+ of rank \d's scratch buffer while rank \d threadblock \d+ in launch 0 "
+        r"may still read it",
+    ):
         check_plan(plan, check_sizes(plan)[:1], ("fp32",))
 
 

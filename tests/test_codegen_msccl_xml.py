@@ -11,8 +11,18 @@ from schedules.collectives import Collective
 from synth import baselines
 from topologies.catalog import build
 
-ALGO_ATTRS = {"name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace", "minBytes",
-              "maxBytes"}
+ALGO_ATTRS = {
+    "name",
+    "proto",
+    "nchannels",
+    "nchunksperloop",
+    "ngpus",
+    "coll",
+    "inplace",
+    "outofplace",
+    "minBytes",
+    "maxBytes",
+}
 STEP_ATTRS = {"s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep"}
 SENDS, RECVS = {"s", "rcs", "rrs", "rrcs"}, {"r", "rrc", "rcs", "rrs", "rrcs"}
 
@@ -29,7 +39,12 @@ def test_algo_has_every_attribute(ring8):
     assert set(algo.attrib) == ALGO_ATTRS
     assert (algo.get("ngpus"), algo.get("coll"), algo.get("proto")) == ("8", "allreduce", "Simple")
     assert algo.get("nchannels") == str(instances) and algo.get("nchunksperloop") == str(8 * instances)
-    assert (algo.get("inplace"), algo.get("outofplace"), algo.get("minBytes"), algo.get("maxBytes")) == ("0", "1", "0", "0")
+    assert (algo.get("inplace"), algo.get("outofplace"), algo.get("minBytes"), algo.get("maxBytes")) == (
+        "0",
+        "1",
+        "0",
+        "0",
+    )
 
 
 def test_gpus_threadblocks_and_steps_have_every_attribute(ring8):
@@ -84,6 +99,6 @@ def test_dependencies_and_transfers_form_no_cycle(ring8):
                     queues.setdefault(("r", int(tb.get("recv")), rank, tb.get("chan")), []).append(node)
     for (kind, src, dst, chan), nodes in queues.items():
         if kind == "s":
-            for send, recv in zip(nodes, queues[("r", src, dst, chan)]):
+            for send, recv in zip(nodes, queues[("r", src, dst, chan)], strict=True):
                 graph.add_edge(send, recv)
     assert nx.is_directed_acyclic_graph(graph)

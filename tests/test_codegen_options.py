@@ -24,9 +24,17 @@ def op_names(plan, rank: int = 0) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("topology", [TOPO, TOPO4], ids=["2", "4"])
-@pytest.mark.parametrize("collective,method", [("allreduce", "direct"), ("allreduce", "twoshot"),
-                                               ("allreduce", "ring"), ("reducescatter", "direct"),
-                                               ("allgather", "direct"), ("allgather", "ring")])
+@pytest.mark.parametrize(
+    "collective,method",
+    [
+        ("allreduce", "direct"),
+        ("allreduce", "twoshot"),
+        ("allreduce", "ring"),
+        ("reducescatter", "direct"),
+        ("allgather", "direct"),
+        ("allgather", "ring"),
+    ],
+)
 def test_pipelined_plans_are_correct_on_the_reference_executor(topology, collective, method):
     plan = plan_for(collective, method, topology, instances=2, pipeline=3, protocol="simple", double_scratch=True)
     unit = plan.size_chunks * 4
@@ -65,11 +73,17 @@ def test_threads_are_recorded_and_named():
     assert plan_for("allreduce", "direct", protocol="ll").num_threads_per_block == 1024
 
 
-@pytest.mark.parametrize("options,field", [({"threads": 100}, "--threads"), ({"threads": 2048}, "--threads"),
-                                           ({"pipeline": 0}, "--pipeline"),
-                                           ({"instances": 128, "pipeline": 4}, "--pipeline"),
-                                           ({"instances": 512}, "--instances"),
-                                           ({"protocol": "ll", "double_scratch": False}, "--double-scratch")])
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"threads": 100}, "--threads"),
+        ({"threads": 2048}, "--threads"),
+        ({"pipeline": 0}, "--pipeline"),
+        ({"instances": 128, "pipeline": 4}, "--pipeline"),
+        ({"instances": 512}, "--instances"),
+        ({"protocol": "ll", "double_scratch": False}, "--double-scratch"),
+    ],
+)
 def test_bad_options_are_refused_naming_the_option(options, field):
     with pytest.raises(CodegenError, match=field):
         plan_for("allreduce", "direct", **options)
@@ -81,24 +95,56 @@ def test_weft_compile_takes_the_options(tmp_path, capsys):
     schedule = tmp_path / "s.json"
     assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "direct", "-o", str(schedule)]) == 0
     out = tmp_path / "p.json"
-    assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--protocol", "simple", "--instances", "4",
-                 "--pipeline", "2", "--threads", "512", "--double-scratch", "-o", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "compile",
+                str(schedule),
+                "-t",
+                "hgx_h200:gpus=2",
+                "--protocol",
+                "simple",
+                "--instances",
+                "4",
+                "--pipeline",
+                "2",
+                "--threads",
+                "512",
+                "--double-scratch",
+                "-o",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     pulled = tmp_path / "pull.json"
-    assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--protocol", "simple", "--pull",
-                 "-o", str(pulled)]) == 0
+    assert (
+        main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--protocol", "simple", "--pull", "-o", str(pulled)])
+        == 0
+    )
     from schedules.plan import load_plan
 
     assert load_plan(pulled).name.endswith("-pull")
     plan = load_plan(out)
     assert plan.num_threads_per_block == 512 and plan.use_double_scratch_buffer and "-x4-p2-t512-2s" in plan.name
     capsys.readouterr()
-    assert main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--threads", "33", "-o",
-                 str(tmp_path / "q.json")]) == 2
+    assert (
+        main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--threads", "33", "-o", str(tmp_path / "q.json")])
+        == 2
+    )
     assert "--threads" in capsys.readouterr().err and not (tmp_path / "q.json").exists()
 
 
-PULLED = [("allreduce", "direct"), ("allreduce", "twoshot"), ("allreduce", "ring"), ("reducescatter", "direct"),
-          ("allgather", "direct"), ("allgather", "ring"), ("alltoall", "direct")]
+PULLED = [
+    ("allreduce", "direct"),
+    ("allreduce", "twoshot"),
+    ("allreduce", "ring"),
+    ("reducescatter", "direct"),
+    ("allgather", "direct"),
+    ("allgather", "ring"),
+    ("alltoall", "direct"),
+]
 
 
 @pytest.mark.parametrize("topology", [TOPO, TOPO4], ids=["2", "4"])
@@ -132,7 +178,7 @@ def test_the_reference_executor_rejects_a_pull_without_its_notices(drop, error):
     plan = plan_for("allreduce", "direct", protocol="simple", pull=True)
     g = plan.gpus[0]
     (tb,) = g.threadblocks
-    ops = tb.ops[:drop] if drop < 0 else tb.ops[:drop] + tb.ops[drop + 1:]  # the DONE wait, or the READY wait
+    ops = tb.ops[:drop] if drop < 0 else tb.ops[:drop] + tb.ops[drop + 1 :]  # the DONE wait, or the READY wait
     cut = replace(plan, gpus=(replace(g, threadblocks=(replace(tb, ops=ops),)),) + plan.gpus[1:])
     with pytest.raises(getattr(reference, error)):
         check_plan(cut, [cut.size_chunks * 16], dtypes=("fp32",))

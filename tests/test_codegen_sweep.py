@@ -1,7 +1,7 @@
 """The compile sweep: every baseline x collective on larger and multi-host catalog topologies compiles, in place
 and out of place, with one and two instances, into a plan that the reference executor proves."""
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -19,7 +19,7 @@ DTYPES = ("fp32", "fp16", "bf16")
 PLACEMENTS = ((False, 1), (True, 1), (False, 2), (True, 2))  # (inplace, instances)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _schedule(spec: str, method: str, name: str):
     topology = build(spec)
     try:
@@ -37,8 +37,9 @@ def _cases():
                     continue
                 for k, (inplace, instances) in enumerate(PLACEMENTS):
                     where = "in-place" if inplace else "out-of-place"
-                    yield pytest.param(spec, method, name, inplace, instances, k,
-                                       id=f"{spec}-{method}-{name}-{where}-x{instances}")
+                    yield pytest.param(
+                        spec, method, name, inplace, instances, k, id=f"{spec}-{method}-{name}-{where}-x{instances}"
+                    )
 
 
 @pytest.mark.parametrize("spec,method,name,inplace,instances,k", list(_cases()))
@@ -48,7 +49,7 @@ def test_baseline_plan_passes_the_reference_executor(spec, method, name, inplace
     sizes = check_sizes(plan)
     assert len(sizes) == 3 and plan.chunk_bytes(sizes[1]) % 16  # the middle size is ragged
     # every dtype at its own size: all three on the small topologies, one pair per placement on the large ones
-    runs = list(zip(sizes, DTYPES))
+    runs = list(zip(sizes, DTYPES, strict=True))
     if spec in LARGE:
         runs = [runs[k % 3]]
     for size, dtype in runs:

@@ -20,15 +20,16 @@ from synth.errors import NotApplicable
 from topologies.catalog import build
 from weft.pipeline import check_sizes, compile_and_verify
 
-
 COLLECTIVE = Collective("scatter", 4, chunks=2, root=3)
 
 
 def _relay_scatter() -> Schedule:
     """Scatter from rank 3 through rank 0, which gets its own chunks 0 and 1 after rank 2's 4 and 5 and forwards
     chunk 2 (sent last) to rank 1 from a thread block of its own (the pair 3->0->2 carries more and shares one)."""
-    steps = (Step(1, tuple(Send(c, 3, 0) for c in (4, 5, 0, 1, 2)) + (Send(3, 3, 1),)),
-             Step(1, (Send(4, 0, 2), Send(5, 0, 2), Send(2, 0, 1))))
+    steps = (
+        Step(1, tuple(Send(c, 3, 0) for c in (4, 5, 0, 1, 2)) + (Send(3, 3, 1),)),
+        Step(1, (Send(4, 0, 2), Send(5, 0, 2), Send(2, 0, 1))),
+    )
     return Schedule(COLLECTIVE, "star", steps)
 
 
@@ -48,7 +49,7 @@ def test_arrivals_on_a_channel_follow_the_order_of_its_sends():
 def test_arrivals_listed_in_reverse_wait_up_to_the_last_signal_first():
     actions = lower(_relay_scatter(), place_buffers(COLLECTIVE), packets=False)
     arrivals = sorted((a for a in actions if a.kind == ARRIVE and a.rank == 0), key=lambda a: a.order)
-    reversed_seq = {id(a): b.seq for a, b in zip(arrivals, reversed(arrivals))}
+    reversed_seq = {id(a): b.seq for a, b in zip(arrivals, reversed(arrivals), strict=True)}
     swapped = [replace(a, seq=reversed_seq[id(a)]) if id(a) in reversed_seq else a for a in actions]
     assign_threadblocks(swapped)
     receiver = next(a.tb for a in swapped if a.kind == ARRIVE and a.rank == 0)
@@ -73,8 +74,14 @@ def test_tree_allreduce_that_sends_a_chunk_back_and_on_compiles_to_a_proven_plan
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(name=st.sampled_from(NAMES), method=st.sampled_from(("ring", "twoshot", "rhd")), root=st.integers(0, 3),
-       instances=st.integers(1, 2), inplace=st.booleans(), seed=st.randoms(use_true_random=False))
+@given(
+    name=st.sampled_from(NAMES),
+    method=st.sampled_from(("ring", "twoshot", "rhd")),
+    root=st.integers(0, 3),
+    instances=st.integers(1, 2),
+    inplace=st.booleans(),
+    seed=st.randoms(use_true_random=False),
+)
 def test_any_order_of_a_steps_sends_compiles_to_a_proven_plan(name, method, root, instances, inplace, seed):
     topology = build("fully_connected:n=4")
     try:
@@ -82,6 +89,5 @@ def test_any_order_of_a_steps_sends_compiles_to_a_proven_plan(name, method, root
     except NotApplicable:
         return
     shuffled = tuple(replace(step, sends=tuple(seed.sample(step.sends, len(step.sends)))) for step in schedule.steps)
-    plan = compile_schedule(replace(schedule, steps=shuffled), instances=instances, protocol="simple",
-                            inplace=inplace)
+    plan = compile_schedule(replace(schedule, steps=shuffled), instances=instances, protocol="simple", inplace=inplace)
     assert check_plan(plan, check_sizes(plan)[1:2], ("fp32",)).ok

@@ -27,9 +27,9 @@ def test_facts_agree_with_the_chunk_maps(name: str) -> None:
         off_in, off_out = c.inplace_offsets(r, ins[r], outs[r])
         big = c.output_map(r) if outs[r] >= ins[r] else c.input_map(r)
         if c.input_is_slice:
-            assert big[off_in:off_in + ins[r]] == c.input_map(r) and off_out == 0
+            assert big[off_in : off_in + ins[r]] == c.input_map(r) and off_out == 0
         elif c.output_is_slice:
-            assert big[off_out:off_out + outs[r]] == c.output_map(r) and off_in == 0
+            assert big[off_out : off_out + outs[r]] == c.output_map(r) and off_in == 0
         else:
             assert (off_in, off_out) == (0, 0)
     assert c.dual.dual == c and c.dual.nranks == n and c.dual.root == 1
@@ -50,8 +50,13 @@ def test_named_facts() -> None:
 def test_the_inplace_slice_rule_is_written_once() -> None:
     """codegen, the reference executor and the GPU executor ask Collective.inplace_offsets."""
     pattern = re.compile(r'in \("allgather", "gather"\)|in \("reducescatter", "scatter"\)|"gather": \("i"')
-    for path in ("codegen/buffers.py", "executor/reference.py", "executor/communicator.py", "executor/gpu_bench.py",
-                 "weft/plots.py"):
+    for path in (
+        "codegen/buffers.py",
+        "executor/reference.py",
+        "executor/communicator.py",
+        "executor/gpu_bench.py",
+        "weft/plots.py",
+    ):
         text = (ROOT / path).read_text()
         assert not pattern.search(text), path
         assert "BUS_FACTOR" not in text and '"allreduce": lambda n' not in text, path
@@ -66,6 +71,11 @@ def test_one_public_communicator_one_wrong_result() -> None:
     assert executor.reference.WrongResult is executor.errors.WrongResult
     src = (ROOT / "executor/communicator.py").read_text() + (ROOT / "executor/inference.py").read_text()
     assert src.count("class Communicator") == 1
-    classes = [p for p in ROOT.glob("**/*.py") if "class FrontierPoint" in p.read_text()
-               and not any(part.startswith(".") for part in p.relative_to(ROOT).parts) and "tests" not in p.parts]
+    classes = [
+        p
+        for p in ROOT.glob("**/*.py")
+        if "class FrontierPoint" in p.read_text()
+        and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+        and "tests" not in p.parts
+    ]
     assert len(classes) == 1, classes

@@ -31,11 +31,14 @@ def test_alltoall_sends_each_block_from_its_source_to_its_destination():
     assert chunk not in c.postcondition(1)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"name": "allscatter", "nranks": 4}, "unknown collective"),
-    ({"name": "allgather", "nranks": 4, "chunks": 0}, "chunks"),
-    ({"name": "broadcast", "nranks": 4, "root": 4}, "root 4"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"name": "allscatter", "nranks": 4}, "unknown collective"),
+        ({"name": "allgather", "nranks": 4, "chunks": 0}, "chunks"),
+        ({"name": "broadcast", "nranks": 4, "root": 4}, "root 4"),
+    ],
+)
 def test_bad_collectives_are_refused_with_the_field(kwargs, field):
     with pytest.raises(CollectiveError, match=field):
         Collective(**kwargs)
@@ -65,13 +68,16 @@ def test_an_edited_schedule_file_is_caught_by_its_hash():
         parse_schedule(doc, "s.json")
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda d: d.update(format="weft.schedule/9"), "format"),
-    (lambda d: d["steps"][0].update(rounds=0), "steps[0].rounds"),
-    (lambda d: d["steps"][0]["sends"][0].__setitem__(0, 99), "steps[0].sends[0].chunk"),
-    (lambda d: d["steps"][0]["sends"][0].__setitem__(2, 5), "steps[0].sends[0].dst"),
-    (lambda d: d["steps"][0]["sends"][0].__setitem__(3, "move"), "steps[0].sends[0].op"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda d: d.update(format="weft.schedule/9"), "format"),
+        (lambda d: d["steps"][0].update(rounds=0), "steps[0].rounds"),
+        (lambda d: d["steps"][0]["sends"][0].__setitem__(0, 99), "steps[0].sends[0].chunk"),
+        (lambda d: d["steps"][0]["sends"][0].__setitem__(2, 5), "steps[0].sends[0].dst"),
+        (lambda d: d["steps"][0]["sends"][0].__setitem__(3, "move"), "steps[0].sends[0].op"),
+    ],
+)
 def test_malformed_schedules_name_the_field(mutate, field):
     s = Schedule(Collective("allgather", 2), "topo-x", (Step(1, (Send(0, 0, 1), Send(1, 1, 0))),))
     doc = json.loads(dumps_schedule(s))

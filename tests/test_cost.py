@@ -6,6 +6,7 @@ import math
 from collections import Counter
 
 import pytest
+from fabrics import mixed_fabric, random_steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +14,6 @@ from schedules.collectives import NAMES, Collective
 from schedules.cost import CostError, algbw, bus_factor, busbw, loads, predict_us, step_times_us
 from schedules.schedule import Schedule, Send, Step
 from topologies.topology import Link, Topology
-from fabrics import mixed_fabric, random_steps
 
 
 def ring_topology(n: int, bandwidth: float = 25.0, latency: float = 1.0) -> Topology:
@@ -28,7 +28,8 @@ def ring_allgather(topo: Topology) -> Schedule:
 
 def star(n: int, bandwidth: float = 25.0, latency: float = 0.5) -> Topology:
     links = tuple(Link(r, "sw", bandwidth, latency) for r in range(n)) + tuple(
-        Link("sw", r, bandwidth, latency) for r in range(n))
+        Link("sw", r, bandwidth, latency) for r in range(n)
+    )
     return Topology(f"star{n}", n, links, switches=("sw",))
 
 
@@ -56,8 +57,11 @@ def test_cost_follows_actual_load_not_rounds():
 
 def test_two_chunks_on_one_link_cost_twice_the_transfer():
     topo = ring_topology(2, bandwidth=10.0, latency=1.0)
-    schedule = Schedule(Collective("allgather", 2, chunks=2), topo.fingerprint,
-                        (Step(2, (Send(0, 0, 1), Send(1, 0, 1))), Step(2, (Send(2, 1, 0), Send(3, 1, 0)))))
+    schedule = Schedule(
+        Collective("allgather", 2, chunks=2),
+        topo.fingerprint,
+        (Step(2, (Send(0, 0, 1), Send(1, 0, 1))), Step(2, (Send(2, 1, 0), Send(3, 1, 0)))),
+    )
     assert step_times_us(schedule, topo, 40_000) == [pytest.approx(1.0 + 2 * 10_000 / 10e3)] * 2
 
 
@@ -69,8 +73,9 @@ def test_bonded_lanes_add_capacity():
 
 def test_a_shared_uplink_limits_a_step_through_a_switch():
     topo = star(4, bandwidth=25.0, latency=0.5)
-    schedule = Schedule(Collective("broadcast", 4), topo.fingerprint,
-                        (Step(3, tuple(Send(0, 0, d) for d in (1, 2, 3))),))
+    schedule = Schedule(
+        Collective("broadcast", 4), topo.fingerprint, (Step(3, tuple(Send(0, 0, d) for d in (1, 2, 3))),)
+    )
     # rank 0's uplink carries all three chunks, and the step still pays the 1 µs switch path
     assert predict_us(schedule, topo, 1_000) == pytest.approx(1.0 + 3 * 1_000 / 25e3)
     assert predict_us(schedule, topo, 1e9) == pytest.approx(1.0 + 3 * 1e9 / 25e3)
@@ -80,6 +85,7 @@ def test_a_switch_fabric_does_not_reach_its_bound_at_64kb():
     from schedules.bounds import lower_bound_us
     from synth.baselines import direct
     from topologies import resolve
+
     topo = resolve("switch:n=8")  # direct puts 7 chunks through each rank's switch port in one step
     schedule = direct(topo, Collective("allgather", 8))
     pct = 100 * lower_bound_us(topo, schedule.collective, 65536) / predict_us(schedule, topo, 65536)
@@ -88,8 +94,11 @@ def test_a_switch_fabric_does_not_reach_its_bound_at_64kb():
 
 def test_a_step_without_sends_costs_nothing():
     topo = ring_topology(3)
-    schedule = Schedule(Collective("broadcast", 3), topo.fingerprint,
-                        (Step(1, (Send(0, 0, 1),)), Step(1, ()), Step(1, (Send(0, 1, 2),))))
+    schedule = Schedule(
+        Collective("broadcast", 3),
+        topo.fingerprint,
+        (Step(1, (Send(0, 0, 1),)), Step(1, ()), Step(1, (Send(0, 1, 2),))),
+    )
     assert step_times_us(schedule, topo, 1e6)[1] == 0.0
 
 
@@ -102,8 +111,11 @@ def test_predict_many_matches_single_predictions():
 
 def test_predict_is_the_sum_of_step_times():
     topo = star(4)
-    schedule = Schedule(Collective("broadcast", 4), topo.fingerprint,
-                        (Step(1, (Send(0, 0, 1),)), Step(2, (Send(0, 0, 2), Send(0, 1, 3)))))
+    schedule = Schedule(
+        Collective("broadcast", 4),
+        topo.fingerprint,
+        (Step(1, (Send(0, 0, 1),)), Step(2, (Send(0, 0, 2), Send(0, 1, 3)))),
+    )
     assert predict_us(schedule, topo, 123_456) == pytest.approx(sum(step_times_us(schedule, topo, 123_456)))
 
 
@@ -111,8 +123,9 @@ def test_predict_is_the_sum_of_step_times():
 @given(st.integers(2, 8), st.floats(0, 20), st.floats(0.5, 900), sizes, sizes)
 def test_time_is_monotone_in_size(n, alpha, bandwidth, a, b):
     topo = star(n, bandwidth, alpha)
-    schedule = Schedule(Collective("broadcast", n), topo.fingerprint,
-                        (Step(n - 1, tuple(Send(0, 0, d) for d in range(1, n))),))
+    schedule = Schedule(
+        Collective("broadcast", n), topo.fingerprint, (Step(n - 1, tuple(Send(0, 0, d) for d in range(1, n))),)
+    )
     small, large = sorted((a, b))
     assert predict_us(schedule, topo, small) <= predict_us(schedule, topo, large)
 
@@ -132,8 +145,16 @@ def test_a_meaningless_size_is_refused(nbytes):
         predict_us(ring_allgather(topo), topo, nbytes)
 
 
-FACTORS = {"allreduce": 2 * 7 / 8, "allgather": 7 / 8, "reducescatter": 7 / 8, "alltoall": 7 / 8,
-           "broadcast": 1.0, "reduce": 1.0, "gather": 7 / 8, "scatter": 7 / 8}
+FACTORS = {
+    "allreduce": 2 * 7 / 8,
+    "allgather": 7 / 8,
+    "reducescatter": 7 / 8,
+    "alltoall": 7 / 8,
+    "broadcast": 1.0,
+    "reduce": 1.0,
+    "gather": 7 / 8,
+    "scatter": 7 / 8,
+}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -157,18 +178,21 @@ def test_ring_allgather_busbw_reaches_link_speed_for_large_messages():
     assert busbw(Collective("allgather", 8), 1 << 34, t) == pytest.approx(100.0, rel=1e-3)
 
 
-
-
 def direct_step_times(topo: Topology, steps, chunk_bytes: float) -> list[float]:
     fabric = topo.without_switches()
     times = []
     for step in steps:
         per_link = Counter((s.src, s.dst) for s in step.sends)
-        link_times = [fabric.link(*key).latency + n * chunk_bytes / (fabric.link(*key).capacity * 1e3)
-                      for key, n in per_link.items()]
-        group_times = [max(fabric.link(*key).latency for key in g.links if key in per_link)
-                       + sum(per_link[key] for key in g.links) * chunk_bytes / (g.bandwidth * 1e3)
-                       for g in fabric.sharing if any(key in per_link for key in g.links)]
+        link_times = [
+            fabric.link(*key).latency + n * chunk_bytes / (fabric.link(*key).capacity * 1e3)
+            for key, n in per_link.items()
+        ]
+        group_times = [
+            max(fabric.link(*key).latency for key in g.links if key in per_link)
+            + sum(per_link[key] for key in g.links) * chunk_bytes / (g.bandwidth * 1e3)
+            for g in fabric.sharing
+            if any(key in per_link for key in g.links)
+        ]
         times.append(max(link_times + group_times, default=0.0))
     return times
 

@@ -10,8 +10,11 @@ import pytest
 from executor import gpu_build
 
 # compiling for sm_90 is part of the GPU toolchain: nvcc comes with GPU machines, not with CPU CI
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs a GPU machine: nvcc is not installed")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,  # nvcc builds of the interpreter: about a minute on 2 cores
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs a GPU machine: nvcc is not installed"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +33,9 @@ def test_interpreter_builds_every_dtype_and_width_for_sm90(cache):
 
 def test_the_1024_thread_kernels_keep_everything_in_registers(tmp_path):
     """Large transfers run these: a spill would put local-memory traffic in the copy loop."""
-    done = subprocess.run([*gpu_build.nvcc_command("sm_90", tmp_path / "i.cubin"), "--resource-usage"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [*gpu_build.nvcc_command("sm_90", tmp_path / "i.cubin"), "--resource-usage"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     report = done.stdout + done.stderr
     for dtype in ("fp32", "fp16", "bf16"):
@@ -62,6 +66,18 @@ def test_cached_cubin_is_reused(cache):
 def test_each_header_compiles_on_its_own(tmp_path, header):
     unit = tmp_path / "unit.cu"
     unit.write_text(f'#include "{header}"\n')
-    done = subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", f"-I{gpu_build.source_dir()}", "-o",
-                           str(tmp_path / "unit.o"), str(unit)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "nvcc",
+            "-c",
+            "-arch=sm_90",
+            "-std=c++17",
+            f"-I{gpu_build.source_dir()}",
+            "-o",
+            str(tmp_path / "unit.o"),
+            str(unit),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr

@@ -27,8 +27,9 @@ def test_gpus_without_nvlink_get_pcie_links():
 
 
 def test_unknown_gpus_keep_their_nvlink_lane_counts():
-    facts = MachineFacts((GpuFacts("Some GPU", "a:00.0", ("b:00.0",) * 4),
-                          GpuFacts("Some GPU", "b:00.0", ("a:00.0",) * 4)))
+    facts = MachineFacts(
+        (GpuFacts("Some GPU", "a:00.0", ("b:00.0",) * 4), GpuFacts("Some GPU", "b:00.0", ("a:00.0",) * 4))
+    )
     topo = topology_from_facts(facts)
     assert topo.link(0, 1).count == 4 and topo.link(1, 0).count == 4
 
@@ -45,12 +46,23 @@ class FakeNvml:
     def __init__(self, facts: MachineFacts):
         self.facts = facts
 
-    def nvmlInit(self): pass
-    def nvmlShutdown(self): pass
-    def nvmlDeviceGetCount(self): return len(self.facts.gpus)
-    def nvmlDeviceGetHandleByIndex(self, i): return self.facts.gpus[i]
-    def nvmlDeviceGetName(self, h): return h.name.encode()
-    def nvmlDeviceGetPciInfo(self, h): return type("Pci", (), {"busId": ("0000" + h.pci_bus_id).encode()})
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.facts.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return self.facts.gpus[i]
+
+    def nvmlDeviceGetName(self, h):
+        return h.name.encode()
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return type("Pci", (), {"busId": ("0000" + h.pci_bus_id).encode()})
 
     def nvmlDeviceGetNvLinkState(self, h, lane):
         if lane >= len(h.nvlink_remotes):

@@ -7,15 +7,24 @@ import re
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from executor.errors import ExecutorError
 from executor.gpu_tables import (
-    OP_DTYPE, PACKET, SCRATCH, SIGNAL, TRANSFER, WAIT, build_tables, check_launch, lines_possible, pair_channels,
-    residual_refusal, vector_bytes,
+    OP_DTYPE,
+    PACKET,
+    SCRATCH,
+    SIGNAL,
+    TRANSFER,
+    WAIT,
+    build_tables,
+    check_launch,
+    lines_possible,
+    pair_channels,
+    residual_refusal,
+    vector_bytes,
 )
 from executor.reference import chunk_elems, residual_sums, round_to, run_reference
 from schedules.plan import load_plan, parse_plan
@@ -50,11 +59,14 @@ def test_ll_plan_reads_and_writes_packets_in_double_buffered_scratch():
     assert (2, PACKET | SCRATCH) in flags and (0, 0) in flags
 
 
-@pytest.mark.parametrize("name, uniform", [
-    ("allreduce-direct-ll-x8.json", 2),  # every block: the same ops, so block b's start at b times their count
-    ("allreduce-twoshot-simple-x8.json", 6),
-    ("allgather-direct-simple-x16.json", 0),  # blocks of 1, 2 and 3 ops: each block's range says where
-])
+@pytest.mark.parametrize(
+    "name, uniform",
+    [
+        ("allreduce-direct-ll-x8.json", 2),  # every block: the same ops, so block b's start at b times their count
+        ("allreduce-twoshot-simple-x8.json", 6),
+        ("allgather-direct-simple-x16.json", 0),  # blocks of 1, 2 and 3 ops: each block's range says where
+    ],
+)
 def test_uniform_ops_is_the_stride_of_every_blocks_ops_or_zero(name, uniform):
     t = build_tables(load_plan(COMPILED / name), 0, 65536)
     assert t.uniform_ops == uniform
@@ -65,7 +77,7 @@ def test_uniform_ops_is_the_stride_of_every_blocks_ops_or_zero(name, uniform):
 def test_pws_is_puts_then_a_signal_on_the_same_channels():
     plan = load_plan(COMPILED / "allgather-direct-simple-x1.json")
     t = build_tables(plan, 0, 4096)
-    ops = t.ops[t.tb_start[0]:t.tb_start[-1]]
+    ops = t.ops[t.tb_start[0] : t.tb_start[-1]]
     signals = [op for op in ops if op["type"] == SIGNAL]
     assert signals and all(op["nchannel"] == 1 for op in signals)
     i = list(ops["type"]).index(SIGNAL)
@@ -141,7 +153,8 @@ def test_every_transfer_stays_inside_its_buffers(path, units, rank):
                 else:
                     peer = sizes[slot]
                     limit = {"i": peer.input_bytes, "o": peer.output_bytes, "s": peer.scratch_bytes}[
-                        t.remote_buffers[slot - 3][1]]
+                        t.remote_buffers[slot - 3][1]
+                    ]
                 assert ref["offset"] % t.vector_bytes == 0 and ref["offset"] + span <= limit
 
 
@@ -190,7 +203,7 @@ def test_completed_sums_written_to_outputs_add_the_residual_last_and_nothing_els
             assert fused.residual and fused.nslots == plain.nslots + 1 == slot + 1
             assert len(fused.ops) == len(plain.ops) and (fused.tb_start == plain.tb_start).all()
             added = 0
-            for a, b in zip(plain.ops, fused.ops):
+            for a, b in zip(plain.ops, fused.ops, strict=True):
                 if a.tobytes() == b.tobytes():
                     continue
                 added += 1
@@ -223,8 +236,10 @@ def sum_into_scratch_then_copy() -> dict:
         reduce = next(op for op in ops if op["name"] == "re")
         target = reduce["dst_buff"][0]
         reduce["dst_buff"] = [{"type": "s", "index": 0, "size": 1}]
-        ops.insert(ops.index(reduce) + 1, {"name": "copy", "src_buff": [{"type": "s", "index": 0, "size": 1}],
-                                           "dst_buff": [target]})
+        ops.insert(
+            ops.index(reduce) + 1,
+            {"name": "copy", "src_buff": [{"type": "s", "index": 0, "size": 1}], "dst_buff": [target]},
+        )
     return doc
 
 
@@ -238,7 +253,12 @@ def test_plans_that_cannot_add_a_residual_exactly_once_are_refused_with_the_reas
 def test_a_ring_adds_the_residual_only_where_a_sum_completes_not_where_partial_sums_pass_through_outputs():
     plan = load_plan(COMPILED.parent / "plans4" / "allreduce-ring-simple-x1.json")
     at = residual_sums(plan)
-    partial_into_output = [(r, t, i) for r, g in enumerate(plan.gpus) for t, tb in enumerate(g.threadblocks)
-                           for i, op in enumerate(tb.ops) if op.name == "res" and (r, t, i) not in at]
+    partial_into_output = [
+        (r, t, i)
+        for r, g in enumerate(plan.gpus)
+        for t, tb in enumerate(g.threadblocks)
+        for i, op in enumerate(tb.ops)
+        if op.name == "res" and (r, t, i) not in at
+    ]
     assert partial_into_output and len(at) == plan.nranks  # each rank completes one chunk's sum
     assert residual_refusal(plan) == ""

@@ -11,8 +11,10 @@ import weft
 
 
 def test_import_weft_loads_no_solver_or_gpu_library():
-    code = ("import sys, weft; weft.Topology; weft.Schedule; weft.catalog('dgx1'); "
-            "print(sorted(m for m in ('z3', 'ortools', 'cupy', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, weft; weft.Topology; weft.Schedule; weft.catalog('dgx1'); "
+        "print(sorted(m for m in ('z3', 'ortools', 'cupy', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -28,4 +30,4 @@ def test_facade_synthesizes_verifies_and_compiles():
 
 def test_unknown_facade_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no_such_thing"):
-        weft.no_such_thing
+        _ = weft.no_such_thing

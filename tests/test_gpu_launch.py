@@ -31,8 +31,10 @@ def test_arguments_are_packed_as_the_kernel_reads_them():
     assert kinds == [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64]
     assert [v.value for v in packed.values] == [0xDEAD0000, 7, -3, 1 << 40]
     # each pointer addresses its value
-    assert [ctypes.cast(p, ctypes.POINTER(type(v))).contents.value for p, v in zip(packed.pointers, packed.values)] \
-        == [v.value for v in packed.values]
+    assert [
+        ctypes.cast(p, ctypes.POINTER(type(v))).contents.value
+        for p, v in zip(packed.pointers, packed.values, strict=True)
+    ] == [v.value for v in packed.values]
 
 
 def test_an_argument_of_another_kind_is_refused():
@@ -42,7 +44,8 @@ def test_an_argument_of_another_kind_is_refused():
 
 class _Driver:
     def __init__(self, code: int) -> None:
-        self.code, self.calls = code, []
+        self.code = code
+        self.calls: list[tuple[object, ...]] = []
 
     def cuLaunchKernelEx(self, config, function, pointers, extra):
         cfg = config._obj
@@ -52,8 +55,9 @@ class _Driver:
 
 def _launch(code: int, attributes: int) -> gpu_launch.Launch:
     config = gpu_launch._Config(12, 1, 1, 256, 1, 1, 0, None, None, attributes)
-    return gpu_launch.Launch(_Driver(code), ctypes.c_void_p(0x1234), config,
-                             gpu_launch.Arguments.pack([np.int32(1)]), None)
+    return gpu_launch.Launch(
+        _Driver(code), ctypes.c_void_p(0x1234), config, gpu_launch.Arguments.pack([np.int32(1)]), None
+    )
 
 
 def test_a_prepared_launch_goes_to_the_stream_it_is_called_with():

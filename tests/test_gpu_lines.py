@@ -35,7 +35,8 @@ def test_packet_transfers_carry_the_chunk_size_and_scratch_shrinks(plans):
     assert lined.scratch_bytes < plain.scratch_bytes and lined.lines and not plain.lines
     for rec in lined.ops:
         packets = any(rec["src"][k]["flags"] & PACKET for k in range(rec["nsrc"])) or any(
-            rec["dst"][k]["flags"] & PACKET for k in range(rec["ndst"]))
+            rec["dst"][k]["flags"] & PACKET for k in range(rec["ndst"])
+        )
         assert rec["line_chunk"] == (cb if rec["type"] == TRANSFER and packets else 0)
     assert not plain.ops["line_chunk"].any()
 

@@ -8,21 +8,22 @@ arrays are numpy bytes, and the buffers' addresses are made up (never dereferenc
 
 from __future__ import annotations
 
+import ctypes
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
-import ctypes
 import numpy as np
 import pytest
+from test_inference_zero_copy import on_ranks, slots_of, walk
 
 from executor import communicator as comm_module
 from executor.communicator import GRAPH_RECORDS, PlanExecutor, _Context
 from executor.errors import ExecutorError
 from executor.gpu_tables import build_tables, peer_mapping
 from schedules.plan import load_plan
-from test_inference_zero_copy import on_ranks, slots_of, walk
 
 ROOT = Path(__file__).parent.parent
 LL_ONE_SHOT = ROOT / "tests" / "gpu" / "plans" / "allreduce-direct-ll-x4.json"  # peers see only scratch
@@ -53,8 +54,12 @@ class FakeCupy:
     def __init__(self) -> None:
         self.pinned: list[np.ndarray] = []
         self.syncs = 0
-        self.cuda = SimpleNamespace(Device=lambda device: nullcontext(), runtime=SimpleNamespace(
-            deviceSynchronize=self._sync, hostAlloc=self._host_alloc, freeHost=lambda pointer: None))
+        self.cuda = SimpleNamespace(
+            Device=lambda device: nullcontext(),
+            runtime=SimpleNamespace(
+                deviceSynchronize=self._sync, hostAlloc=self._host_alloc, freeHost=lambda pointer: None
+            ),
+        )
 
     def _sync(self) -> None:
         self.syncs += 1
@@ -92,7 +97,7 @@ def opened(shared) -> int:
 def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: bool = False) -> PlanExecutor:
     """A PlanExecutor with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan
     (made with a residual, at 0xE000, where ``residual``)."""
-    comm = object.__new__(PlanExecutor)
+    comm: Any = object.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
     comm.rank, comm.world_size, comm.device, comm.timeout_s = rank, world, 0, 5.0
     comm._cupy = FakeCupy()
     comm._error = np.zeros(8, np.int32)
@@ -105,12 +110,28 @@ def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: 
     comm._launch = lambda ctx, dtype, framework, stream, args=None: comm.launches.append(args)
     plan = load_plan(plan_path)
     tables = build_tables(plan, rank, 4 * N, residual=residual)
-    slots = (0xA000, 0xB000, 0xC000, *(0xD000 + 0x100 * k for k in range(len(tables.remote_buffers))),
-             *([0xE000] if residual else []))
+    slots = (
+        0xA000,
+        0xB000,
+        0xC000,
+        *(0xD000 + 0x100 * k for k in range(len(tables.remote_buffers))),
+        *([0xE000] if residual else []),
+    )
     args = ("ops", "tb_start", "slots", "outbound", "inbound", "expected", "barriers", "semaphores", "state")
     comm._templates[(plan.content_hash, 4 * N, "fp32", False, residual)] = _Context(
-        tables=tables, arrays=[], scratch=None, state=None, semaphore_init=None, args=args, vector_bytes=16,
-        output=None, plan_hash=plan.content_hash, nbytes=4 * N, slots=slots, peers=peer_mapping(plan, rank))
+        tables=tables,
+        arrays=[],
+        scratch=None,
+        state=None,
+        semaphore_init=np.zeros(0, np.uint32),  # never reset here: no launch runs
+        args=args,
+        vector_bytes=16,
+        output=None,
+        plan_hash=plan.content_hash,
+        nbytes=4 * N,
+        slots=slots,
+        peers=peer_mapping(plan, rank),
+    )
     comm.plan = plan
     return comm
 
@@ -127,9 +148,10 @@ def lone_gather(world: int):
 
 def record_of(comm: PlanExecutor, index: int) -> tuple[np.ndarray, object]:
     ctx = next(iter(comm._templates.values()))
+    assert ctx.records is not None  # made by capture()
     layout = ctx.records.layout
     at = index % GRAPH_RECORDS * layout.stride
-    return ctx.records.chunks[index // GRAPH_RECORDS].host[at:at + layout.stride], ctx
+    return ctx.records.chunks[index // GRAPH_RECORDS].host[at : at + layout.stride], ctx
 
 
 def test_a_captured_execution_launches_against_a_disarmed_record_then_leaving_capture_arms_it():
@@ -144,8 +166,9 @@ def test_a_captured_execution_launches_against_a_disarmed_record_then_leaving_ca
     assert comm.launches == [("ops", np.uint64(address), np.uint64(address + layout.tb_bytes), *ctx.args[3:])]
     assert calls == ["graph-buffers"]  # no peer maps an LL one-shot's buffers: no exchange while capturing
     assert slots_of(record, layout) == [0x10000, 0x20000, *ctx.slots[2:]]
-    assert walk(record, layout) == [list(range(ctx.tables.tb_start[b], ctx.tables.tb_start[b + 1]))
-                                    for b in range(ctx.tables.nthreadblocks)]
+    assert walk(record, layout) == [
+        list(range(ctx.tables.tb_start[b], ctx.tables.tb_start[b + 1])) for b in range(ctx.tables.nthreadblocks)
+    ]
 
 
 def test_a_captured_execution_with_a_residual_binds_the_captured_residual_in_the_last_slot():
@@ -191,7 +214,7 @@ def test_peers_outputs_are_exchanged_in_capture_order_when_capture_closes(monkey
 
     for rank, (peers, slots) in enumerate(on_ranks(2, body)):
         assert peers.collective and peers.exported == ("o",) and [t for _, _, t in peers.deferred] == ["o"]
-        (slot, peer, _), = peers.deferred
+        ((slot, peer, _),) = peers.deferred
         for k in range(3):
             assert slots[k][slot] == opened(("handle", out_of(peer, k)))
             assert slots[k][:2] == [out_of(rank, k) - 0x8000, out_of(rank, k)]
@@ -213,8 +236,9 @@ def test_a_buffer_one_rank_cannot_share_sends_every_rank_to_the_fallback(monkeyp
         return why, pending, comm.launches
 
     results = on_ranks(2, body)
-    assert [why for why, _, _ in results] == [("rank 1: a buffer cannot be shared by CUDA IPC (expandable "
-                                               "segments or virtual memory)")] * 2
+    assert [why for why, _, _ in results] == [
+        ("rank 1: a buffer cannot be shared by CUDA IPC (expandable segments or virtual memory)")
+    ] * 2
     assert all(pending == 0 and launches == [] for _, pending, launches in results)
 
 
@@ -253,8 +277,10 @@ def test_a_replay_before_registration_raises_at_the_next_host_call_once():
     with comm.capture():
         comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000))
     comm._tripwire[0] = 0x5E5E5E5E  # what a disarmed record's tripwire op copies in
-    with pytest.raises(ExecutorError, match="replayed executions captured inside comm.capture\\(\\) before their "
-                                            "buffers were registered"):
+    with pytest.raises(
+        ExecutorError,
+        match="replayed executions captured inside comm.capture\\(\\) before their buffers were registered",
+    ):
         comm.synchronize()
     comm.synchronize()
 
@@ -270,10 +296,9 @@ def test_the_disarmed_records_point_the_tripwire_at_the_host_word():
 def test_an_error_inside_capture_registers_nothing_and_leaves_the_records_disarmed():
     gather, calls = lone_gather(2)
     comm = fake_communicator(0, 2, gather, LL_ONE_SHOT)
-    with pytest.raises(RuntimeError, match="model failed"):
-        with comm.capture():
-            comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000))
-            raise RuntimeError("model failed")
+    with pytest.raises(RuntimeError, match="model failed"), comm.capture():
+        comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000))
+        raise RuntimeError("model failed")
     record, ctx = record_of(comm, 0)
     assert calls == [] and comm._captured == [] and walk(record, ctx.records.layout)[0] == [len(ctx.tables.ops)]
 
@@ -282,7 +307,5 @@ def test_captured_executions_belong_inside_one_capture_block():
     comm = fake_communicator(0, 2, lone_gather(2)[0], LL_ONE_SHOT)
     with pytest.raises(ExecutorError, match="runs inside comm.capture\\(\\) only"):
         comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000))
-    with comm.capture():
-        with pytest.raises(ExecutorError, match="already open"):
-            with comm.capture():
-                pass
+    with comm.capture(), pytest.raises(ExecutorError, match="already open"), comm.capture():
+        pass

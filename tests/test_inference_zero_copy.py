@@ -22,8 +22,16 @@ from executor import gpu_bootstrap
 from executor.communicator import GRAPH_RECORDS, _Records, binding_verdict
 from executor.errors import ExecutorError
 from executor.gpu_tables import (
-    OP_DTYPE, TRANSFER, TRIPWIRE_BYTES, BindingLayout, CapturedExecution, build_tables, peer_slots, share_records,
-    tripwire_op, with_tripwire,
+    OP_DTYPE,
+    TRANSFER,
+    TRIPWIRE_BYTES,
+    BindingLayout,
+    CapturedExecution,
+    build_tables,
+    peer_slots,
+    share_records,
+    tripwire_op,
+    with_tripwire,
 )
 from schedules.plan import load_plan
 
@@ -69,15 +77,16 @@ def on_ranks(world: int, body) -> list:
 
 def walk(record: np.ndarray, layout: BindingLayout) -> list[list[int]]:
     """The op indices each thread block runs from a record, as the interpreter reads its tb_start."""
-    tb_start = record[:4 * (layout.nthreadblocks + 1)].view(np.int32)
+    tb_start = record[: 4 * (layout.nthreadblocks + 1)].view(np.int32)
     return [list(range(tb_start[b], tb_start[b + 1])) for b in range(layout.nthreadblocks)]
 
 
 def slots_of(record: np.ndarray, layout: BindingLayout) -> list[int]:
-    return [int(v) for v in record[layout.tb_bytes:layout.tb_bytes + 8 * layout.nslots].view(np.uint64)]
+    return [int(v) for v in record[layout.tb_bytes : layout.tb_bytes + 8 * layout.nslots].view(np.uint64)]
 
 
 # ---------------------------------------------------------------------------------------------- records
+
 
 @settings(max_examples=60, deadline=None)
 @given(blocks=st.integers(1, 200), nslots=st.integers(3, 40), nops=st.integers(1, 5000))
@@ -101,8 +110,9 @@ def test_an_armed_record_runs_the_plans_ranges_on_the_execution_buffers():
     slots = (0x1000, 0x2000, 0x3000, 0x4000)
     layout = BindingLayout(tables.nthreadblocks, len(slots))
     record = layout.armed(tables.tb_start, slots)
-    assert walk(record, layout) == [list(range(tables.tb_start[b], tables.tb_start[b + 1]))
-                                    for b in range(tables.nthreadblocks)]
+    assert walk(record, layout) == [
+        list(range(tables.tb_start[b], tables.tb_start[b + 1])) for b in range(tables.nthreadblocks)
+    ]
     assert slots_of(record, layout) == list(slots)
 
 
@@ -117,8 +127,9 @@ def test_the_tripwire_copies_16_plain_bytes_from_slot_0_to_slot_1():
     assert tuple(op["src"][0]) == (0, 0, 0) and tuple(op["dst"][0]) == (0, 1, 0)  # offset, slot, no packet flags
 
 
-@pytest.mark.parametrize("name", ["allreduce-direct-ll-x8.json", "allreduce-twoshot-simple-x8.json",
-                                  "allgather-direct-ll-x1.json"])
+@pytest.mark.parametrize(
+    "name", ["allreduce-direct-ll-x8.json", "allreduce-twoshot-simple-x8.json", "allgather-direct-ll-x1.json"]
+)
 def test_the_tripwire_sits_after_every_thread_blocks_ops(name):
     tables = build_tables(load_plan(PLANS / name), 0, 64 << 10)
     ops = with_tripwire(tables.ops)
@@ -145,8 +156,10 @@ class FakeChunk:
 
 def test_records_are_addressed_across_chunks_and_written_in_place():
     layout = BindingLayout(3, 4)
-    records = _Records(layout, [FakeChunk(base, np.zeros(GRAPH_RECORDS * layout.stride, np.uint8))
-                                for base in (0x10000000, 0x20000000)])
+    records = _Records(
+        layout,
+        [FakeChunk(base, np.zeros(GRAPH_RECORDS * layout.stride, np.uint8)) for base in (0x10000000, 0x20000000)],
+    )
     assert records.free == 2 * GRAPH_RECORDS
     records.used = GRAPH_RECORDS + 2
     assert records.free == GRAPH_RECORDS - 2
@@ -155,11 +168,12 @@ def test_records_are_addressed_across_chunks_and_written_in_place():
     armed = layout.armed(np.array([0, 2, 5, 9], np.int32), (7, 8, 9, 10))
     records.write(GRAPH_RECORDS + 1, armed)
     second = records.chunks[1].data_bytes
-    assert (second[layout.stride:2 * layout.stride] == armed).all() and not second[:layout.stride].any()
+    assert (second[layout.stride : 2 * layout.stride] == armed).all() and not second[: layout.stride].any()
     assert not records.chunks[0].data_bytes.any()
 
 
 # ---------------------------------------------------------------------------------------------- agreement
+
 
 def test_a_rank_decides_alone_where_no_peer_maps_the_buffers():
     def never(what, value):
@@ -181,6 +195,7 @@ def test_every_rank_binds_when_every_buffer_can_be_shared():
 
 # ---------------------------------------------------------------------------------------------- exchange
 
+
 def handle(rank: int, pointer: int) -> tuple[int, int]:
     """A fake exported buffer: who exported which address."""
     return (rank, pointer)
@@ -197,8 +212,9 @@ def captured(rank: int, world: int, k: int, plan: str = "p", nbytes: int = 4096)
     peers = [p for p in range(world) if p != rank]
     mine_in, mine_out = 0x1000 * (k + 1) + rank, 0x100000 * (k + 1) + rank
     slots = (mine_in, mine_out, 0x5C00 + rank, *([0] * len(peers)))
-    return CapturedExecution(plan, nbytes, slots, tuple((3 + j, p, "i") for j, p in enumerate(peers)),
-                             (("i", mine_in),), record=k)
+    return CapturedExecution(
+        plan, nbytes, slots, tuple((3 + j, p, "i") for j, p in enumerate(peers)), (("i", mine_in),), record=k
+    )
 
 
 def exchange(world: int, executions_of) -> list:
@@ -223,15 +239,26 @@ def test_peers_inputs_fill_the_deferred_slots_in_capture_order():
 
 def test_a_rank_with_fewer_captured_executions_is_named_on_every_rank():
     errors = exchange_errors(3, lambda rank: [captured(rank, 3, k) for k in range(4 if rank == 1 else 5)])
-    assert errors == [("executor: ranks 0..2 captured [5, 4, 5] executions whose peers map their buffers; every "
-                       "rank must capture the same sequence")] * 3
+    assert (
+        errors
+        == [
+            (
+                "executor: ranks 0..2 captured [5, 4, 5] executions whose peers map their buffers; every "
+                "rank must capture the same sequence"
+            )
+        ]
+        * 3
+    )
 
 
 def test_another_plan_or_size_at_the_same_position_is_named():
-    errors = exchange_errors(2, lambda rank: [captured(rank, 2, 0),
-                                              captured(rank, 2, 1, nbytes=8192 if rank else 4096)])
-    assert errors[0] == ("executor: captured execution 1: rank 1 ran another plan or size (8192 B) than rank 0 "
-                         "(4096 B); every rank must capture the same sequence")
+    errors = exchange_errors(
+        2, lambda rank: [captured(rank, 2, 0), captured(rank, 2, 1, nbytes=8192 if rank else 4096)]
+    )
+    assert errors[0] == (
+        "executor: captured execution 1: rank 1 ran another plan or size (8192 B) than rank 0 "
+        "(4096 B); every rank must capture the same sequence"
+    )
 
 
 def test_a_buffer_that_fails_to_export_after_capture_fails_every_rank_together():
@@ -248,8 +275,16 @@ def test_a_buffer_that_fails_to_export_after_capture_fails_every_rank_together()
             return str(e)
         return ""
 
-    assert on_ranks(2, body) == [("executor: captured execution 0: rank 1 cannot export its buffers by CUDA IPC "
-                                  "after the capture: cudaErrorInvalidValue")] * 2
+    assert (
+        on_ranks(2, body)
+        == [
+            (
+                "executor: captured execution 0: rank 1 cannot export its buffers by CUDA IPC "
+                "after the capture: cudaErrorInvalidValue"
+            )
+        ]
+        * 2
+    )
 
 
 def test_executions_no_peer_maps_exchange_nothing():

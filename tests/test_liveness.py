@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,7 +60,11 @@ class FailingStore(DirStore):
     def set(self, key, value):
         raise ConnectionResetError("Connection reset by peer")
 
-    get = check = set
+    def get(self, key):
+        raise ConnectionResetError("Connection reset by peer")
+
+    def check(self, keys):
+        raise ConnectionResetError("Connection reset by peer")
 
 
 def child_main(root: str, behaviour: str) -> None:
@@ -74,8 +79,10 @@ def child_main(root: str, behaviour: str) -> None:
 
 
 def start_rank1(store: DirStore, behaviour: str) -> subprocess.Popen:
-    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(HERE)!r}]; "
-            f"from test_liveness import child_main; child_main(sys.argv[1], sys.argv[2])")
+    code = (
+        f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(HERE)!r}]; "
+        f"from test_liveness import child_main; child_main(sys.argv[1], sys.argv[2])"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(store.root), behaviour])
     deadline = time.monotonic() + 30
     while not store.check([f"{PREFIX}/identity/1"]):
@@ -159,8 +166,9 @@ def test_a_process_tearing_down_counts_as_exited(monkeypatch):
     assert probe(peer, me) == "alive"
 
 
-@pytest.mark.parametrize("field,value", [("host", "other-host"), ("boot_id", "another-boot"),
-                                         ("pid_namespace", 4026531836 + 7)])
+@pytest.mark.parametrize(
+    "field,value", [("host", "other-host"), ("boot_id", "another-boot"), ("pid_namespace", 4026531836 + 7)]
+)
 def test_a_peer_whose_pid_does_not_compare_is_remote(field, value):
     me = identity_of(0)
     assert probe(dataclasses.replace(me, rank=1, **{field: value}), me) == "remote"
@@ -185,8 +193,10 @@ def test_a_peer_that_exits_fails_the_exchange_at_once_naming_it(store, procs):
     with pytest.raises(PeerLost) as info:
         roster.all_gather(KEY, None, timeout_s=60)
     assert time.monotonic() - start < 5  # found by probing, not by waiting out the 60 s bound
-    assert str(info.value) == (f"executor: rank 1 (pid {procs[0].pid} on host {socket.gethostname()}) exited while "
-                               f"rank 0 waited at bootstrap exchange '{KEY}'")
+    assert str(info.value) == (
+        f"executor: rank 1 (pid {procs[0].pid} on host {socket.gethostname()}) exited while "
+        f"rank 0 waited at bootstrap exchange '{KEY}'"
+    )
     assert info.value.lost == (1,) and info.value.rank == 0 and info.value.exit_code == 1
     assert isinstance(info.value, ExecutorTimeout)
 
@@ -194,8 +204,11 @@ def test_a_peer_that_exits_fails_the_exchange_at_once_naming_it(store, procs):
 def test_a_peer_that_never_joined_did_not_respond_within_the_bound(store):
     roster = Roster.join(store, PREFIX, 0, 2)
     start = time.monotonic()
-    with pytest.raises(PeerLost, match=r"^executor: rank 1 did not respond within 0.6 s while rank 0 waited at "
-                                       r"bootstrap exchange 'weft/1/1/inbound': rank 1 never published its identity"):
+    with pytest.raises(
+        PeerLost,
+        match=r"^executor: rank 1 did not respond within 0.6 s while rank 0 waited at "
+        r"bootstrap exchange 'weft/1/1/inbound': rank 1 never published its identity",
+    ):
         roster.all_gather(KEY, None, timeout_s=0.6)
     assert 0.6 <= time.monotonic() - start < 3
 
@@ -204,8 +217,11 @@ def test_a_live_peer_that_does_not_arrive_is_a_timeout_not_a_lost_peer(store, pr
     roster = Roster.join(store, PREFIX, 0, 2)
     procs.append(start_rank1(store, "stay"))
     start = time.monotonic()
-    with pytest.raises(ExecutorTimeout, match=r"did not reach bootstrap exchange 'weft/1/1/inbound' within 0.6 s but is "
-                                              r"alive") as info:
+    with pytest.raises(
+        ExecutorTimeout,
+        match=r"did not reach bootstrap exchange 'weft/1/1/inbound' within 0.6 s but is "
+        r"alive",
+    ) as info:
         roster.all_gather(KEY, None, timeout_s=0.6)
     assert not isinstance(info.value, PeerLost)
     assert 0.6 <= time.monotonic() - start < 3
@@ -215,8 +231,11 @@ def test_a_peer_on_another_host_that_does_not_arrive_is_lost_after_the_bound(sto
     roster = Roster.join(store, PREFIX, 0, 2)
     remote = dataclasses.replace(roster.me, rank=1, pid=4242, host="node7")
     store.set(f"{PREFIX}/identity/1", remote.to_json())
-    with pytest.raises(PeerLost, match=r"^executor: rank 1 \(pid 4242 on host node7\) did not respond within 0.4 s "
-                                       r".*runs on another host") as info:
+    with pytest.raises(
+        PeerLost,
+        match=r"^executor: rank 1 \(pid 4242 on host node7\) did not respond within 0.4 s "
+        r".*runs on another host",
+    ) as info:
         roster.all_gather(KEY, None, timeout_s=0.4)
     assert info.value.lost == (1,)
 
@@ -227,8 +246,11 @@ def test_a_dead_store_host_is_named_from_the_identities_read_before(store, procs
     roster.learn()
     assert procs[0].wait(timeout=30) == 3
     roster.store = FailingStore(store.root)
-    with pytest.raises(PeerLost, match=rf"^executor: rank 1 \(pid {procs[0].pid} on host .*\) exited while rank 0 "
-                                       r"waited at bootstrap exchange"):
+    with pytest.raises(
+        PeerLost,
+        match=rf"^executor: rank 1 \(pid {procs[0].pid} on host .*\) exited while rank 0 "
+        r"waited at bootstrap exchange",
+    ):
         roster.all_gather(KEY, None, timeout_s=30)
 
 
@@ -237,8 +259,11 @@ def test_a_failing_store_with_every_peer_alive_says_the_store_failed(store, proc
     procs.append(start_rank1(store, "stay"))
     roster.learn()
     roster.store = FailingStore(store.root)
-    with pytest.raises(ExecutorTimeout, match=r"^executor: rank 0: the store failed during bootstrap exchange "
-                                              r"'weft/1/1/inbound': Connection reset by peer; alive: rank 1 \(pid") as info:
+    with pytest.raises(
+        ExecutorTimeout,
+        match=r"^executor: rank 0: the store failed during bootstrap exchange "
+        r"'weft/1/1/inbound': Connection reset by peer; alive: rank 1 \(pid",
+    ) as info:
         roster.all_gather(KEY, None, timeout_s=30)
     assert not isinstance(info.value, PeerLost)
 
@@ -252,8 +277,10 @@ def test_a_kernel_wait_on_a_dead_peer_names_it_and_where_this_rank_waited(store,
     wait_exited_unreaped(procs[0])
     with pytest.raises(PeerLost) as info:
         roster.raise_if_lost("threadblock 0, op 2: wait on a channel 0 (peer rank 1)", 0, 2, 1)
-    assert str(info.value) == (f"executor: rank 1 (pid {procs[0].pid} on host {socket.gethostname()}) exited while "
-                               "rank 0 waited at threadblock 0, op 2: wait on a channel 0 (peer rank 1)")
+    assert str(info.value) == (
+        f"executor: rank 1 (pid {procs[0].pid} on host {socket.gethostname()}) exited while "
+        "rank 0 waited at threadblock 0, op 2: wait on a channel 0 (peer rank 1)"
+    )
     e = info.value
     assert (e.rank, e.threadblock, e.op, e.peer, e.lost) == (0, 0, 2, 1, (1,))
 
@@ -270,7 +297,7 @@ def test_a_kernel_wait_with_every_peer_alive_leaves_the_timeout_to_recovery(stor
 
 def bare_communicator(store: DirStore) -> PlanExecutor:
     """Rank 0 of 2 without a GPU: only what the exchanges and the device-error path read."""
-    comm = PlanExecutor.__new__(PlanExecutor)
+    comm: Any = PlanExecutor.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
     comm.rank, comm.world_size, comm.timeout_s, comm.store = 0, 2, 3.0, store
     comm._prefix, comm._keys = PREFIX, 0
     comm._contexts = {"ctx": SimpleNamespace(tables=SimpleNamespace(channel_peers=[1]))}
@@ -287,8 +314,11 @@ def test_the_communicators_first_exchange_publishes_its_identity(store, procs):
 def test_the_communicators_exchange_fails_when_its_peer_exits(store, procs):
     comm = bare_communicator(store)
     procs.append(start_rank1(store, "exit"))
-    with pytest.raises(PeerLost, match=rf"^executor: rank 1 \(pid {procs[0].pid} on host .*\) exited while rank 0 "
-                                       r"waited at bootstrap exchange 'weft/1/1/inbound'$"):
+    with pytest.raises(
+        PeerLost,
+        match=rf"^executor: rank 1 \(pid {procs[0].pid} on host .*\) exited while rank 0 "
+        r"waited at bootstrap exchange 'weft/1/1/inbound'$",
+    ):
         comm._all_gather("inbound", None)
 
 
@@ -300,8 +330,10 @@ def test_a_device_timeout_on_a_dead_peer_raises_peer_lost_before_recovery(store,
     wait_exited_unreaped(procs[0])
     with pytest.raises(PeerLost) as info:
         comm._raise_device_error()  # recovery would need CuPy: it must not be reached
-    assert str(info.value) == (f"executor: rank 1 (pid {procs[0].pid} on host {socket.gethostname()}) exited while "
-                               "rank 0 waited at threadblock 0, op 2: wait on a channel 0 (peer rank 1)")
+    assert str(info.value) == (
+        f"executor: rank 1 (pid {procs[0].pid} on host {socket.gethostname()}) exited while "
+        "rank 0 waited at threadblock 0, op 2: wait on a channel 0 (peer rank 1)"
+    )
     assert (info.value.threadblock, info.value.op, info.value.peer, info.value.lost) == (0, 2, 1, (1,))
 
 

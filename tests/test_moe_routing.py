@@ -39,17 +39,17 @@ def _expert_parallel(xs, logits, experts, ranks: int, cap: int) -> list[np.ndarr
     routed = [moe.route(lg, ids, np) for lg in logits]
     rows = [moe.assign(e, ids, cap) for e, _ in routed]
     sends = []
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         buffer = np.full((count * cap + 1, HIDDEN), np.nan)  # stale values everywhere: dispatch must clear them
         moe.dispatch(buffer, x, r)
-        sends.append(buffer[:count * cap])
+        sends.append(buffer[: count * cap])
     outputs = []
     for rank, received in enumerate(_all_to_all(sends)):
         batch = moe.expert_major(received, ranks, local, cap)
         done = np.stack([_mlp(batch[e], experts[rank * local + e]) for e in range(local)])
         outputs.append(moe.token_major(done, ranks, cap))
     results = []
-    for back, r, (_, gates) in zip(_all_to_all(outputs), rows, routed):
+    for back, r, (_, gates) in zip(_all_to_all(outputs), rows, routed, strict=True):
         returned = np.concatenate([back, np.zeros((1, HIDDEN))])
         results.append(moe.combine(returned, r, gates, count, cap))
     return results
@@ -65,7 +65,7 @@ def _dense(x, logits, experts, dropped=None) -> np.ndarray:
         gates /= gates.sum()
         for k, e in enumerate(order):
             if dropped is None or not dropped[t, k]:
-                out[t] += gates[k] * _mlp(x[t:t + 1], experts[e])[0]
+                out[t] += gates[k] * _mlp(x[t : t + 1], experts[e])[0]
     return out
 
 
@@ -76,7 +76,7 @@ def test_dispatch_all_to_all_combine_reproduces_the_dense_layer(ranks, count, to
     xs = [rng.standard_normal((tokens, HIDDEN)) for _ in range(ranks)]
     logits = [rng.standard_normal((tokens, count)) for _ in range(ranks)]
     cap = tokens * 2  # room for every claim: nothing is dropped
-    for got, x, lg in zip(_expert_parallel(xs, logits, experts, ranks, cap), xs, logits):
+    for got, x, lg in zip(_expert_parallel(xs, logits, experts, ranks, cap), xs, logits, strict=True):
         np.testing.assert_allclose(got, _dense(x, lg, experts), rtol=1e-10, atol=1e-10)
 
 
@@ -103,7 +103,7 @@ def test_dropped_claims_add_nothing_and_match_the_masked_dense_layer():
     logits = [rng.standard_normal((tokens, count)) * 3 for _ in range(ranks)]
     cap = moe.capacity(tokens, count, factor=0.5)
     ids = np.arange(count)
-    for got, x, lg in zip(_expert_parallel(xs, logits, experts, ranks, cap), xs, logits):
+    for got, x, lg in zip(_expert_parallel(xs, logits, experts, ranks, cap), xs, logits, strict=True):
         dropped = moe.kept(moe.assign(moe.route(lg, ids, np)[0], ids, cap), count, cap) == 0
         assert dropped.any()  # the case under test: some claims found their expert full
         np.testing.assert_allclose(got, _dense(x, lg, experts, dropped), rtol=1e-10, atol=1e-10)

@@ -4,16 +4,16 @@ src/core/executor/execution_plan.cc field by field, and weft's codegen output pa
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from codegen import compile_schedule
+from executor.reference import check_plan
 from schedules.collectives import NAMES, Collective
 from schedules.mscclpp_format import OP_NAMES, conformance_errors, mscclpp_verdict
 from schedules.ops import OPS, SWITCH_OPS
-from executor.reference import check_plan
 from schedules.plan import current_format, dumps_plan, load_plan, parse_plan
 from synth import baselines
 from synth.errors import NotApplicable
@@ -24,12 +24,12 @@ ROOT = Path(__file__).parent
 CORPUS = ROOT / "fixtures" / "mscclpp" / "plans"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _topology(spec: str):
     return build(spec)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _schedule(spec: str, method: str, name: str):
     topology = _topology(spec)
     try:
@@ -42,17 +42,37 @@ def _written(spec: str, method: str, name: str, **options) -> dict:
     return json.loads(dumps_plan(compile_schedule(_schedule(spec, method, name), _topology(spec), **options)))
 
 
-CASES = [case for case in ([("hgx_h200:gpus=2", m, n, o) for m in baselines.METHODS for n in NAMES
-          for o in ({"protocol": "simple"}, {"protocol": "ll"}, {"protocol": "simple", "instances": 8},
-                    {"protocol": "simple", "pipeline": 2, "double_scratch": True},
-                    {"protocol": "simple", "inplace": True})]
-         + [("hypercube:d=3", m, n, o) for m in ("direct", "ring") for n in ("allreduce", "allgather", "alltoall")
-            for o in ({"protocol": "simple"}, {"protocol": "ll", "instances": 2})])
-         if _schedule(*case[:3]) is not None]  # the baselines that exist for that collective there
+CASES = [
+    case
+    for case in (
+        [
+            ("hgx_h200:gpus=2", m, n, o)
+            for m in baselines.METHODS
+            for n in NAMES
+            for o in (
+                {"protocol": "simple"},
+                {"protocol": "ll"},
+                {"protocol": "simple", "instances": 8},
+                {"protocol": "simple", "pipeline": 2, "double_scratch": True},
+                {"protocol": "simple", "inplace": True},
+            )
+        ]
+        + [
+            ("hypercube:d=3", m, n, o)
+            for m in ("direct", "ring")
+            for n in ("allreduce", "allgather", "alltoall")
+            for o in ({"protocol": "simple"}, {"protocol": "ll", "instances": 2})
+        ]
+    )
+    if _schedule(*case[:3]) is not None
+]  # the baselines that exist for that collective there
 
 
-@pytest.mark.parametrize("spec,method,name,options", CASES,
-                         ids=[f"{s}-{m}-{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for s, m, n, o in CASES])
+@pytest.mark.parametrize(
+    "spec,method,name,options",
+    CASES,
+    ids=[f"{s}-{m}-{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for s, m, n, o in CASES],
+)
 def test_every_plan_weft_writes_passes_mscclpp_s_parser_rules(spec, method, name, options):
     doc = _written(spec, method, name, **options)
     assert conformance_errors(doc) == []
@@ -94,9 +114,13 @@ def test_legacy_weft_plans_rewrite_into_the_current_format():
     rewritten = json.loads(dumps_plan(current_format(plan)))
     assert conformance_errors(rewritten) == []
     again = parse_plan(rewritten, "rewritten.json")
-    assert [(op.name, op.channel_ids) for g in again.gpus for tb in g.threadblocks for op in tb.ops] == \
-        [(name, op.channel_ids) for g in plan.gpus for tb in g.threadblocks for op in tb.ops
-         for name in (("put", "signal") if op.name == "pws" else (op.name,))]
+    assert [(op.name, op.channel_ids) for g in again.gpus for tb in g.threadblocks for op in tb.ops] == [
+        (name, op.channel_ids)
+        for g in plan.gpus
+        for tb in g.threadblocks
+        for op in tb.ops
+        for name in (("put", "signal") if op.name == "pws" else (op.name,))
+    ]
     assert check_plan(again, [check_sizes(again)[0]], ["fp32"], back_to_back=1).ok  # one launch, as it was proved
 
 

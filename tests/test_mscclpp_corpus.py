@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +21,16 @@ import pytest
 from executor.errors import ExecutorError
 from executor.gpu_tables import build_tables, tbg_window
 from executor.port_program import compile_programs, run_programs
-from executor.reference import (WrongResult, _compare, check_plan, chunk_elems, expected_outputs, random_inputs,
-                                run_reference, smallest_size)
+from executor.reference import (
+    WrongResult,
+    _compare,
+    check_plan,
+    chunk_elems,
+    expected_outputs,
+    random_inputs,
+    run_reference,
+    smallest_size,
+)
 from schedules.collectives import Collective, CollectiveError
 from schedules.plan import PlanError, parse_plan
 from topologies.errors import CheckFailed
@@ -65,12 +73,18 @@ COLLECTIVE_FAILURES = {
     # (MSCCL++'s per-peer tags pair each self channel with itself, so its executor would wait forever too)
     "multi_node-allgather_tbg-numgpus-4-gpuspernode-2-tbgsize-4": "waits on port channel 0 from rank 0",
 }
-COUNTS = {"plans": 94, "refused: switch (NVLS) channels": 12, "refused: get with offsets MSCCL++ swaps": 2,
-          "collective plans correct on the CPU reference": 41, "collective plans failing the CPU check": 6,
-          "unit-test plans run clean": 20, "unit-test plans failing the CPU check": 13}
+COUNTS = {
+    "plans": 94,
+    "refused: switch (NVLS) channels": 12,
+    "refused: get with offsets MSCCL++ swaps": 2,
+    "collective plans correct on the CPU reference": 41,
+    "collective plans failing the CPU check": 6,
+    "unit-test plans run clean": 20,
+    "unit-test plans failing the CPU check": 13,
+}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _outcomes() -> dict[str, tuple[str, str]]:
     """plan name -> (outcome, the one line that says why)."""
     out = {}
@@ -99,8 +113,11 @@ def test_the_manifest_names_the_mscclpp_commit_and_every_plan():
 def test_every_plan_parses_or_is_refused_in_one_line_for_switch_channels_or_a_swapped_get():
     for name, (outcome, why) in _outcomes().items():
         if outcome == "refused: switch":
-            assert re.search(r"\.json: gpus\[\d+\]\.channels\[\d+\]\.channel_type: unsupported channel type "
-                             "'switch'", why), why
+            assert re.search(
+                r"\.json: gpus\[\d+\]\.channels\[\d+\]\.channel_type: unsupported channel type "
+                "'switch'",
+                why,
+            ), why
         elif outcome == "refused: get":
             assert name.startswith("unit_tests-get") and re.search(r"ops\[\d+\]\.dst_buff\[\d\]\.index: 0 differs", why)
         else:
@@ -115,8 +132,12 @@ def test_every_collective_plan_is_correct_on_the_cpu_reference():
     for name, why in failed.items():
         assert COLLECTIVE_FAILURES[name] in why
     assert {n.split("-numgpus")[0] for n in verified} >= {
-        "single_node-allreduce", "single_node-allreduce_pkt", "single_node-allgather_tbg",
-        "single_node-alltoall-alltoall_pipeline", "single_node-allgather_pkt_rppkt"}
+        "single_node-allreduce",
+        "single_node-allreduce_pkt",
+        "single_node-allgather_tbg",
+        "single_node-alltoall-alltoall_pipeline",
+        "single_node-allgather_pkt_rppkt",
+    }
 
 
 def test_unit_test_plans_run_clean_or_fail_for_their_named_reason():
@@ -129,11 +150,15 @@ def test_unit_test_plans_run_clean_or_fail_for_their_named_reason():
 def test_counts_are_the_readmes():
     tally = Counter(o for o, _ in _outcomes().values())
     unit = sum(o == "failed" for n, (o, _) in _outcomes().items() if n.startswith("unit_tests"))
-    counts = {"plans": len(_outcomes()), "refused: switch (NVLS) channels": tally["refused: switch"],
-              "refused: get with offsets MSCCL++ swaps": tally["refused: get"],
-              "collective plans correct on the CPU reference": tally["verified"],
-              "collective plans failing the CPU check": tally["failed"] - unit,
-              "unit-test plans run clean": tally["clean"], "unit-test plans failing the CPU check": unit}
+    counts = {
+        "plans": len(_outcomes()),
+        "refused: switch (NVLS) channels": tally["refused: switch"],
+        "refused: get with offsets MSCCL++ swaps": tally["refused: get"],
+        "collective plans correct on the CPU reference": tally["verified"],
+        "collective plans failing the CPU check": tally["failed"] - unit,
+        "unit-test plans run clean": tally["clean"],
+        "unit-test plans failing the CPU check": unit,
+    }
     assert counts == COUNTS
     text = README.read_text()
     for what, n in counts.items():
@@ -157,8 +182,10 @@ def test_gpu_counts_are_the_committed_results():
         assert set(one[n]["plans"]) == {p for p in verified if p.startswith("single_node") and _gpus(p) == int(n)}
     text = README.read_text()
     assert f"| 2-rank plans correct against NCCL on 2×H200 | {len(plans)} |" in text
-    assert f"| 4- and 8-rank plans correct on the one-GPU path | {len(one['4']['plans']) + len(one['8']['plans'])} |" \
+    assert (
+        f"| 4- and 8-rank plans correct on the one-GPU path | {len(one['4']['plans']) + len(one['8']['plans'])} |"
         in text
+    )
 
 
 def test_multi_node_gpu_counts_are_the_committed_results():
@@ -169,11 +196,18 @@ def test_multi_node_gpu_counts_are_the_committed_results():
     rows, two = doc["rows"], doc["sendrecv_2gpu"]["rows"]
     assert all(r["ok"] and r["engine"] == "port" for r in rows + two) and {r["size"] for r in rows} == {65536, 4 << 20}
     ran = {r["plan"][:-5] for r in rows}
-    runnable = {n for n, (o, _) in _outcomes().items() if n.startswith("multi_node") and _gpus(n) == 4
-                and o in ("verified", "failed") and n not in {"multi_node-allgather_tbg-numgpus-4-gpuspernode-2-tbgsize-4"}}
+    runnable = {
+        n
+        for n, (o, _) in _outcomes().items()
+        if n.startswith("multi_node")
+        and _gpus(n) == 4
+        and o in ("verified", "failed")
+        and n not in {"multi_node-allgather_tbg-numgpus-4-gpuspernode-2-tbgsize-4"}
+    }
     assert ran == runnable and len(ran) == 6
-    assert {r["plan"][:-5] for r in two} == {n for n in _outcomes() if n.startswith("multi_node-send_recv")
-                                             and _gpus(n) == 2}
+    assert {r["plan"][:-5] for r in two} == {
+        n for n in _outcomes() if n.startswith("multi_node-send_recv") and _gpus(n) == 2
+    }
     run = doc["weft_run_check"]["lines"]  # `weft run --check`: the CLI's path, NCCL's sendrecv by send and receive
     assert len(run) == 2 and all(line.endswith("check against NCCL: ok") for line in run)
     text = README.read_text()
@@ -202,14 +236,16 @@ def test_sendrecv_is_a_shift_with_one_slice_per_buffer():
     assert all(c.postcondition(r) == set(c.output_map(r)) == c.precondition((r - 1) % 4) for r in range(4))
     assert (c.size_chunks, c.message_parts, c.bus_factor) == (2, 1, 1.0)
     with pytest.raises(CollectiveError, match="weft does not synthesize it"):
-        c.dual
+        _ = c.dual
     with pytest.raises(CollectiveError, match="choose from allgather, .*, alltoall, sendrecv"):
         Collective("sendreceive", 4)
 
 
 def test_sendrecv_moves_each_rank_s_input_to_the_next_rank():
-    plan = parse_plan(json.loads((CORPUS / "plans" / "multi_node-send_recv-nnodes-2-gpuspernode-2-instances-2.json")
-                                 .read_text()), "sendrecv.json")
+    plan = parse_plan(
+        json.loads((CORPUS / "plans" / "multi_node-send_recv-nnodes-2-gpuspernode-2-instances-2.json").read_text()),
+        "sendrecv.json",
+    )
     size = smallest_size(plan)
     inputs = [np.full(size // 4, r + 1, np.float32) for r in range(4)]
     outputs = run_reference(plan, inputs, size, "fp32")
@@ -219,16 +255,34 @@ def test_sendrecv_moves_each_rank_s_input_to_the_next_rank():
 
 def _hand_plan(ops: list[dict]) -> dict:
     """A 2-rank LL all-reduce: each rank sends its input to the peer as packets, then ``ops``."""
+
     def gpu(r):
-        return {"id": r, "input_chunks": 2, "output_chunks": 2, "scratch_chunks": 6,
-                "channels": [{"channel_type": "memory", "connected_to": [1 - r]}],
-                "remote_buffers": [{"rank": 1 - r, "type": "s", "access_channel_types": ["memory"]}],
-                "threadblocks": [{"id": 0, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
-                                  "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}],
-                                  "ops": [{"name": "ppkt", "src_buff": [_l("i", 0)], "dst_buff": [_r(0)],
-                                           "channel_type": "memory"}] + ops}]}
-    return {"name": "hand", "collective": "allreduce", "protocol": "LL", "inplace": False,
-            "use_double_scratch_buffer": True, "gpus": [gpu(0), gpu(1)]}
+        return {
+            "id": r,
+            "input_chunks": 2,
+            "output_chunks": 2,
+            "scratch_chunks": 6,
+            "channels": [{"channel_type": "memory", "connected_to": [1 - r]}],
+            "remote_buffers": [{"rank": 1 - r, "type": "s", "access_channel_types": ["memory"]}],
+            "threadblocks": [
+                {
+                    "id": 0,
+                    "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                    "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}],
+                    "ops": [{"name": "ppkt", "src_buff": [_l("i", 0)], "dst_buff": [_r(0)], "channel_type": "memory"}]
+                    + ops,
+                }
+            ],
+        }
+
+    return {
+        "name": "hand",
+        "collective": "allreduce",
+        "protocol": "LL",
+        "inplace": False,
+        "use_double_scratch_buffer": True,
+        "gpus": [gpu(0), gpu(1)],
+    }
 
 
 def _l(t, i):
@@ -241,18 +295,34 @@ def _r(i):
 
 def test_recpkt_sums_into_plain_data_and_local_packets():
     # the packet copy (dst_buff[1]) is what reaches the output: a wrong packet copy would be a wrong result
-    plan = parse_plan(_hand_plan([
-        {"name": "recpkt", "src_buff": [_l("i", 0), _l("s", 0)], "dst_buff": [_l("s", 4), _l("s", 2)]},
-        {"name": "upkt", "src_buff": [_l("s", 2)], "dst_buff": [_l("o", 0)]}]), "recpkt.json")
+    plan = parse_plan(
+        _hand_plan(
+            [
+                {"name": "recpkt", "src_buff": [_l("i", 0), _l("s", 0)], "dst_buff": [_l("s", 4), _l("s", 2)]},
+                {"name": "upkt", "src_buff": [_l("s", 2)], "dst_buff": [_l("o", 0)]},
+            ]
+        ),
+        "recpkt.json",
+    )
     assert check_plan(plan, [64], ["fp32", "bf16"]).ok
 
 
 def test_recspkt_also_sends_the_sum_as_packets_to_the_peer():
-    plan = parse_plan(_hand_plan([
-        {"name": "recspkt", "src_buff": [_l("i", 0), _l("s", 0)], "dst_buff": [_l("o", 0), _l("s", 2), _r(4)],
-         "channel_type": "memory"},
-        {"name": "upkt", "src_buff": [_l("s", 2)], "dst_buff": [_l("o", 0)]},
-        {"name": "upkt", "src_buff": [_l("s", 4)], "dst_buff": [_l("o", 0)]}]), "recspkt.json")
+    plan = parse_plan(
+        _hand_plan(
+            [
+                {
+                    "name": "recspkt",
+                    "src_buff": [_l("i", 0), _l("s", 0)],
+                    "dst_buff": [_l("o", 0), _l("s", 2), _r(4)],
+                    "channel_type": "memory",
+                },
+                {"name": "upkt", "src_buff": [_l("s", 2)], "dst_buff": [_l("o", 0)]},
+                {"name": "upkt", "src_buff": [_l("s", 4)], "dst_buff": [_l("o", 0)]},
+            ]
+        ),
+        "recspkt.json",
+    )
     assert check_plan(plan, [64], ["fp32"]).ok
 
 
@@ -262,8 +332,10 @@ def test_tbg_members_each_move_their_slice():
     size = smallest_size(plan)
     tables = build_tables(plan, 0, size)
     put = plan.gpus[0].threadblocks[1].ops[1]
-    assert put.tbg == (1, 4) and tbg_window(put, tables.chunk_bytes) == (tables.chunk_bytes // 4,
-                                                                          tables.chunk_bytes // 4)
+    assert put.tbg == (1, 4) and tbg_window(put, tables.chunk_bytes) == (
+        tables.chunk_bytes // 4,
+        tables.chunk_bytes // 4,
+    )
     # drop one member's put: its quarter of the peer's output is never written
     del doc["gpus"][0]["threadblocks"][3]["ops"][1]
     with pytest.raises(WrongResult, match="rank 1 output chunk 0"):
@@ -283,21 +355,28 @@ def test_pipeline_runs_its_ops_once_per_unit():
 
 def test_ops_name_the_threadblocks_channels():
     # MSCCL++'s kernel indexes the block's own channel list: index 1 of [2, 0] is GPU channel 0
-    plan = parse_plan(json.loads((CORPUS / "plans" / "single_node-alltoall-alltoall_pipeline-numgpus-2.json")
-                                 .read_text()), "a.json")
+    plan = parse_plan(
+        json.loads((CORPUS / "plans" / "single_node-alltoall-alltoall_pipeline-numgpus-2.json").read_text()), "a.json"
+    )
     tb = plan.gpus[0].threadblocks[0]
     assert tb.channels[0].channel_ids == (2, 0)
     signal = next(op for op in tb.ops[5].ops if op.name == "signal")
     assert signal.channel_ids == (0,)
 
 
-@pytest.mark.parametrize("edit,field,says", [
-    (lambda op: op.update(name="frobnicate"), "ops[5].name", "unsupported op 'frobnicate' (weft runs "),
-    (lambda op: op.update(speed=3), "ops[5].speed", "field not supported by weft on op 'put' (weft reads "),
-    (lambda op: op["dst_buff"][0].update(stride=2), "ops[5].dst_buff[0].stride",
-     "field not supported by weft on a buffer entry (weft reads buffer_id, index, offset, size, type)"),
-    (lambda op: op.update(tbg_info={"tb_id": 4, "tbg_size": 4}), "ops[5].tbg_info.tb_id", "not below tbg_size 4"),
-])
+@pytest.mark.parametrize(
+    "edit,field,says",
+    [
+        (lambda op: op.update(name="frobnicate"), "ops[5].name", "unsupported op 'frobnicate' (weft runs "),
+        (lambda op: op.update(speed=3), "ops[5].speed", "field not supported by weft on op 'put' (weft reads "),
+        (
+            lambda op: op["dst_buff"][0].update(stride=2),
+            "ops[5].dst_buff[0].stride",
+            "field not supported by weft on a buffer entry (weft reads buffer_id, index, offset, size, type)",
+        ),
+        (lambda op: op.update(tbg_info={"tb_id": 4, "tbg_size": 4}), "ops[5].tbg_info.tb_id", "not below tbg_size 4"),
+    ],
+)
 def test_unknown_ops_and_fields_are_refused_in_one_line(edit, field, says):
     doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
     edit(doc["gpus"][0]["threadblocks"][0]["ops"][5])
@@ -307,16 +386,21 @@ def test_unknown_ops_and_fields_are_refused_in_one_line(edit, field, says):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("where,key", [((), "priority"), (("gpus", 0), "clock"),
-                                       (("gpus", 0, "threadblocks", 1), "sm")])
+@pytest.mark.parametrize(
+    "where,key", [((), "priority"), (("gpus", 0), "clock"), (("gpus", 0, "threadblocks", 1), "sm")]
+)
 def test_unknown_plan_gpu_and_threadblock_fields_are_refused(where, key):
     doc = json.loads((CORPUS / "plans" / "single_node-allgather_tbg.json").read_text())
     node = doc
     for step in where:
         node = node[step]
     node[key] = 1
-    with pytest.raises(PlanError, match=r"edited\.json: (gpus\[0\]\.(threadblocks\[1\]\.)?)?" + key +
-                       r": field not supported by weft on a .* \(weft reads "):
+    with pytest.raises(
+        PlanError,
+        match=r"edited\.json: (gpus\[0\]\.(threadblocks\[1\]\.)?)?"
+        + key
+        + r": field not supported by weft on a .* \(weft reads ",
+    ):
         parse_plan(doc, "edited.json")
 
 
@@ -324,26 +408,34 @@ def test_a_foreign_op_the_kernel_would_run_otherwise_is_refused_but_weft_s_own_r
     doc = json.loads((CORPUS / "plans" / "unit_tests-copy_test.json").read_text())
     op = doc["gpus"][0]["threadblocks"][0]["ops"][0]
     op["src_buff"], op["dst_buff"] = op["src_buff"] * 2, op["dst_buff"] * 2  # MSCCL++'s handleCopy reads entry 0 only
-    with pytest.raises(PlanError, match=r"ops\[0\]\.src_buff: 2 entries; MSCCL\+\+'s kernel runs op 'copy' on the "
-                                        r"first 1 only \(weft would run every entry as listed"):
+    with pytest.raises(
+        PlanError,
+        match=r"ops\[0\]\.src_buff: 2 entries; MSCCL\+\+'s kernel runs op 'copy' on the "
+        r"first 1 only \(weft would run every entry as listed",
+    ):
         parse_plan(doc, "copy2.json")
     doc["weft"] = {"channel_ids": "threadblock"}  # weft's own plan: weft's meaning (mscclpp_verdict names it)
     assert parse_plan(doc, "copy2.json").gpus[0].threadblocks[0].ops[0].name == "copy"
 
 
-@pytest.mark.parametrize("argv", [
-    ["synth", "sendrecv", "-t", "hgx_h200:gpus=4", "--method", "ring"],
-    ["synth", "sendrecv", "-t", "hgx_h200:gpus=4", "--method", "smt"],
-    ["topo", "bound", "hgx_h200:gpus=4", "sendrecv"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["synth", "sendrecv", "-t", "hgx_h200:gpus=4", "--method", "ring"],
+        ["synth", "sendrecv", "-t", "hgx_h200:gpus=4", "--method", "smt"],
+        ["topo", "bound", "hgx_h200:gpus=4", "sendrecv"],
+    ],
+)
 def test_sendrecv_is_checked_and_run_but_never_synthesized(argv, capsys, tmp_path, monkeypatch):
     from weft.cli import main
 
     monkeypatch.setenv("WEFT_REGISTRY", str(tmp_path / "registry"))
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "collective sendrecv: weft checks and runs plans for it (MSCCL++'s) but does " \
-                                    "not synthesize it" in err
+    assert (
+        err.count("\n") == 1
+        and "collective sendrecv: weft checks and runs plans for it (MSCCL++'s) but does not synthesize it" in err
+    )
     assert not (tmp_path / "registry").exists()
 
 
@@ -357,6 +449,9 @@ def test_a_sendrecv_plan_that_sends_past_the_next_rank_is_refused():
             buffer["rank"] = (buffer["rank"] + 1) % n
         for channel in gpu["channels"]:
             channel["connected_to"] = [(peer + 1) % n for peer in channel["connected_to"]]
-    with pytest.raises(PlanError, match=r"shifted\.json: gpus\[0\]\.threadblocks\[\d+\]\.ops\[\d+\]\.dst_buff\[0\]: "
-                                        r"names rank 2, but a sendrecv moves rank r's input to rank r\+1 only"):
+    with pytest.raises(
+        PlanError,
+        match=r"shifted\.json: gpus\[0\]\.threadblocks\[\d+\]\.ops\[\d+\]\.dst_buff\[0\]: "
+        r"names rank 2, but a sendrecv moves rank r's input to rank r\+1 only",
+    ):
         parse_plan(doc, "shifted.json")

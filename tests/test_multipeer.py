@@ -81,17 +81,26 @@ def test_packet_pairs_stay_one_transfer_per_pair():
 
 def test_signals_move_behind_puts_and_gather_with_them():
     c1, c2 = Channel(1, 0), Channel(2, 0)
-    ops = [Draft("put", (Loc(0, "i", 1),), (Loc(1, "s", 0),), (c1,)), Draft("signal", channels=(c1,)),
-           Draft("put", (Loc(0, "i", 2),), (Loc(2, "s", 0),), (c2,)), Draft("signal", channels=(c2,)),
-           Draft("wait", channels=(c1,)), Draft("wait", channels=(c2,))]
+    ops = [
+        Draft("put", (Loc(0, "i", 1),), (Loc(1, "s", 0),), (c1,)),
+        Draft("signal", channels=(c1,)),
+        Draft("put", (Loc(0, "i", 2),), (Loc(2, "s", 0),), (c2,)),
+        Draft("signal", channels=(c2,)),
+        Draft("wait", channels=(c1,)),
+        Draft("wait", channels=(c2,)),
+    ]
     out = gather_peers(ops)
     assert [(op.name, op.channels) for op in out] == [("put", (c1, c2)), ("signal", (c1, c2)), ("wait", (c1, c2))]
 
 
 def test_a_signal_never_moves_past_an_op_that_waits():
     c1, c2 = Channel(1, 0), Channel(2, 0)
-    ops = [Draft("put", (Loc(0, "i", 1),), (Loc(1, "s", 0),), (c1,)), Draft("signal", channels=(c1,)),
-           Draft("wait", channels=(c2,)), Draft("put", (Loc(0, "i", 2),), (Loc(2, "s", 0),), (c2,))]
+    ops = [
+        Draft("put", (Loc(0, "i", 1),), (Loc(1, "s", 0),), (c1,)),
+        Draft("signal", channels=(c1,)),
+        Draft("wait", channels=(c2,)),
+        Draft("put", (Loc(0, "i", 2),), (Loc(2, "s", 0),), (c2,)),
+    ]
     assert [op.name for op in gather_peers(ops)] == ["put", "signal", "wait", "put"]
 
 
@@ -114,8 +123,28 @@ def test_a_two_rank_plan_gathers_its_two_thread_blocks_into_one():
 def tune_rows(capsys, nranks: int, *extra: str, instances: str = "4,32") -> dict:
     from weft.cli import main
 
-    assert main(["tune", "allreduce", "-t", f"hgx_h200:gpus={nranks}", "--method", "twoshot", "--instances",
-                 instances, "--threads", "1024", "--protocols", "simple", "--dry-run", "--json", *extra]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "allreduce",
+                "-t",
+                f"hgx_h200:gpus={nranks}",
+                "--method",
+                "twoshot",
+                "--instances",
+                instances,
+                "--threads",
+                "1024",
+                "--protocols",
+                "simple",
+                "--dry-run",
+                "--json",
+                *extra,
+            ]
+        )
+        == 0
+    )
     return {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
 
 
@@ -144,8 +173,25 @@ def test_weft_compile_multipeer_writes_a_proven_one_block_plan(tmp_path, capsys)
     topology = resolve("hgx_h200:gpus=4")
     save_schedule(synthesize(topology, "allreduce", "twoshot"), tmp_path / "s.json")
     out = tmp_path / "p.json"
-    assert main(["compile", str(tmp_path / "s.json"), "-t", "hgx_h200:gpus=4", "--protocol", "simple",
-                 "--instances", "4", "--multipeer", "-o", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "compile",
+                str(tmp_path / "s.json"),
+                "-t",
+                "hgx_h200:gpus=4",
+                "--protocol",
+                "simple",
+                "--instances",
+                "4",
+                "--multipeer",
+                "-o",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["threadblocks"] == 4 and summary["plan"].endswith("-mp")
     assert load_plan(out).weft.verification["ok"]

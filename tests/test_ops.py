@@ -50,26 +50,45 @@ def test_kernel_args_follow_the_layout_and_types():
 
 
 def test_derived_op_sets():
-    assert plan_module.PACKET_OPS == {"ppkt", "rppkt", "upkt", "cpkt", "repkt", "respkt", "recpkt", "recspkt"}
-    assert plan_module.CHANNEL_OPS == {"signal", "wait", "rlxsignal", "rlxwait", "flush", "put", "pws", "pwsf", "get",
-                                       "res", "rre", "rres", "ppkt", "rppkt", "respkt", "recspkt"}
+    assert {"ppkt", "rppkt", "upkt", "cpkt", "repkt", "respkt", "recpkt", "recspkt"} == plan_module.PACKET_OPS
+    assert {
+        "signal",
+        "wait",
+        "rlxsignal",
+        "rlxwait",
+        "flush",
+        "put",
+        "pws",
+        "pwsf",
+        "get",
+        "res",
+        "rre",
+        "rres",
+        "ppkt",
+        "rppkt",
+        "respkt",
+        "recspkt",
+    } == plan_module.CHANNEL_OPS
     assert {n for n, s in OPS.items() if s.local_only} == {"copy", "re", "upkt", "cpkt", "repkt", "recpkt"}
     assert all(spec.device in DEVICE_KINDS for spec in OPS.values())
 
 
-@pytest.mark.parametrize("name,srcs,dsts,nch,msg", [
-    ("put", [(True, 1)], [(True, 1)], 1, "reads local src_buff entries and writes remote dst_buff entries"),
-    ("get", [(False, 1)], [(False, 1)], 0, "reads remote src_buff entries and writes local dst_buff entries"),
-    ("res", [(True, 1)], [(False, 1)], 1, "reads local src_buff entries only"),
-    ("copy", [(False, 1)], [(True, 1)], 0, "local buffers only"),
-    ("copy", [(False, 1)], [(False, 2)], 0, "differs from src_buff"),
-    ("repkt", [(False, 1)], [(False, 1)], 0, "at least one packet entry"),
-    ("rre", [(True, 1)], [(True, 1)], 2, "at least one local dst_buff"),
-    ("put", [(False, 1)], [(True, 1)], 2, "needs 1 channel id"),
-    ("pws", [(False, 1)], [(True, 1)], 0, "needs 1 channel id"),
-    ("signal", [], [], 0, "needs 1 channel id"),
-    ("sem_release", [], [], 0, "semaphore id"),
-])
+@pytest.mark.parametrize(
+    "name,srcs,dsts,nch,msg",
+    [
+        ("put", [(True, 1)], [(True, 1)], 1, "reads local src_buff entries and writes remote dst_buff entries"),
+        ("get", [(False, 1)], [(False, 1)], 0, "reads remote src_buff entries and writes local dst_buff entries"),
+        ("res", [(True, 1)], [(False, 1)], 1, "reads local src_buff entries only"),
+        ("copy", [(False, 1)], [(True, 1)], 0, "local buffers only"),
+        ("copy", [(False, 1)], [(False, 2)], 0, "differs from src_buff"),
+        ("repkt", [(False, 1)], [(False, 1)], 0, "at least one packet entry"),
+        ("rre", [(True, 1)], [(True, 1)], 2, "at least one local dst_buff"),
+        ("put", [(False, 1)], [(True, 1)], 2, "needs 1 channel id"),
+        ("pws", [(False, 1)], [(True, 1)], 0, "needs 1 channel id"),
+        ("signal", [], [], 0, "needs 1 channel id"),
+        ("sem_release", [], [], 0, "semaphore id"),
+    ],
+)
 def test_shape_errors_come_from_the_table(name, srcs, dsts, nch, msg):
     assert msg in OPS[name].shape_error(srcs, dsts, nch, 0)[1]
 
@@ -78,12 +97,27 @@ def test_signal_on_an_unpaired_channel_is_one_plan_error():
     # MSCCL++ lets a channel end go unlisted on the peer (its executor makes the missing end); weft refuses only a
     # signal or wait through such an end, since nothing listed pairs with it
     signal = {"name": "signal", "channel_type": "memory", "channel_ids": [1]}
-    doc = {"name": "x", "collective": "allgather", "protocol": "Simple", "gpus": [
-        {"id": r, "input_chunks": 1, "output_chunks": 2, "channels": [{"channel_type": "memory",
-                                                                      "connected_to": [1 - r] * (r + 1)}],
-         "threadblocks": [{"id": 0, "ops": [signal] * r,
-                           "channels": [{"channel_type": "memory", "channel_ids": list(range(r + 1))}]}]}
-        for r in range(2)]}
+    doc = {
+        "name": "x",
+        "collective": "allgather",
+        "protocol": "Simple",
+        "gpus": [
+            {
+                "id": r,
+                "input_chunks": 1,
+                "output_chunks": 2,
+                "channels": [{"channel_type": "memory", "connected_to": [1 - r] * (r + 1)}],
+                "threadblocks": [
+                    {
+                        "id": 0,
+                        "ops": [signal] * r,
+                        "channels": [{"channel_type": "memory", "channel_ids": list(range(r + 1))}],
+                    }
+                ],
+            }
+            for r in range(2)
+        ],
+    }
     with pytest.raises(PlanError, match=r"x.json: gpus: .*channel 1 to rank 0 has no matching channel on rank 0"):
         parse_plan(doc, "x.json")
 

@@ -13,14 +13,16 @@ from executor.gpu_bench import Peers
 NOT_INSTALLED = importlib.util.find_spec("flashinfer") is None
 
 
-@pytest.mark.parametrize("numel, shape", [(512, (1, 512)), (8192, (1, 8192)), (4 * 8192, (4, 8192)),
-                                          (8192 + 8, (1, 8200))])
+@pytest.mark.parametrize(
+    "numel, shape", [(512, (1, 512)), (8192, (1, 8192)), (4 * 8192, (4, 8192)), (8192 + 8, (1, 8200))]
+)
 def test_a_flat_all_reduce_runs_as_rows_of_the_hidden_size_where_they_divide(numel, shape):
     assert peers.rows(numel) == shape
 
 
-@pytest.mark.parametrize("max_bytes, world, tokens", [(256 << 20, 2, 16384), (256 << 20, 4, 16383),
-                                                    (1 << 20, 4, 64), (1024, 4, 5)])
+@pytest.mark.parametrize(
+    "max_bytes, world, tokens", [(256 << 20, 2, 16384), (256 << 20, 4, 16383), (1 << 20, 4, 64), (1024, 4, 5)]
+)
 def test_a_flashinfer_workspace_stays_below_its_int32_clear_offset(max_bytes, world, tokens):
     # 4 ranks × 256 MB is a 1 GiB Lamport slot: FlashInfer's one-shot would clear 2 GiB before it (executor/peers.py)
     assert peers.max_tokens_for(max_bytes, world) == tokens

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.plan import CHUNK_GRANULE, PlanError, dumps_plan, load_plan, parse_plan
+from schedules.padding import CHUNK_GRANULE
+from schedules.plan import PlanError, dumps_plan, load_plan, parse_plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plans"
 SIMPLE = FIXTURES / "allpairs_allreduce_2.json"
@@ -154,7 +155,7 @@ def _is_plan_error_or_valid(doc: dict) -> None:
 
 # Values of the wrong type or shape: unhashable ones once crashed the reader on a membership test
 # (a TypeError, not a PlanError), a case the random test below hit only in some runs.
-JUNK = (None, True, False, -1, 0, 1, 70, 1.5, "", "\n", "x", [], {}, [0], {"type": "i"})
+JUNK: tuple[object, ...] = (None, True, False, -1, 0, 1, 70, 1.5, "", "\n", "x", [], {}, [0], {"type": "i"})
 
 
 @pytest.mark.parametrize("fixture", [SIMPLE, LL], ids=["simple", "ll"])
@@ -171,6 +172,7 @@ def test_every_field_deleted_or_replaced_by_junk_is_a_plan_error_or_a_valid_plan
 def test_any_corruption_is_a_plan_error_or_a_valid_plan(data):
     doc = _doc(LL)
     path = data.draw(st.sampled_from([p for p in _leaves(doc) if p]))
-    junk = data.draw(st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.text(max_size=3),
-                               st.just([]), st.just({})))
+    junk = data.draw(
+        st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.text(max_size=3), st.just([]), st.just({}))
+    )
     _is_plan_error_or_valid(_corrupt(doc, path, junk, delete=data.draw(st.booleans())))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,16 @@ from weft.cli import main
 
 ROOT = Path(__file__).parent.parent
 RESULT = ROOT / "bench" / "results" / "gpu_allgather_bf16_graph_2xh200.json"
-FRONTIER = {"format": "weft.frontier/1", "topology": "dgx1", "collective": "allgather",
-            "lp_bound": 1.1666666666666667,
-            "points": [{"steps": 2, "rounds": 3, "chunks": 2, "rounds_per_chunk": 1.5},
-                       {"steps": 3, "rounds": 7, "chunks": 6, "rounds_per_chunk": 7 / 6}]}
+FRONTIER = {
+    "format": "weft.frontier/1",
+    "topology": "dgx1",
+    "collective": "allgather",
+    "lp_bound": 1.1666666666666667,
+    "points": [
+        {"steps": 2, "rounds": 3, "chunks": 2, "rounds_per_chunk": 1.5},
+        {"steps": 3, "rounds": 7, "chunks": 6, "rounds_per_chunk": 7 / 6},
+    ],
+}
 
 
 @pytest.mark.parametrize("x, text", [(7 / 6, "7/6"), (1.5, "3/2"), (2.0, "2"), (0.1234567891, "0.123457")])
@@ -53,7 +60,7 @@ def test_the_bench_plot_size_labels_never_overlap(drawn, tmp_path):
     for ax in fig.axes:
         boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
         assert len(boxes) >= 4
-        assert all(a.x1 <= b.x0 or a.y1 <= b.y0 for a, b in zip(boxes, boxes[1:])), "x labels overlap"
+        assert all(a.x1 <= b.x0 or a.y1 <= b.y0 for a, b in pairwise(boxes)), "x labels overlap"
 
 
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 13, 30])
@@ -64,8 +71,9 @@ def test_size_ticks_are_few_distinct_and_end_at_the_largest(n):
     assert set(ticks) <= set(sizes)
 
 
-def test_weft_plot_bench_by_default_writes_to_the_current_directory_and_never_replaces_a_file(tmp_path, monkeypatch,
-                                                                                                capsys):
+def test_weft_plot_bench_by_default_writes_to_the_current_directory_and_never_replaces_a_file(
+    tmp_path, monkeypatch, capsys
+):
     """It wrote beside its input: plotting a committed result overwrote the tracked PNG."""
     committed = RESULT.with_suffix(".png")
     before = committed.read_bytes() if committed.exists() else None

@@ -3,6 +3,7 @@ per-rank programs (sums and groups of point-to-point transfers) compute the coll
 each group blocks until its peers' groups meet it; host identity refuses CUDA IPC across hosts and names the
 channel and transport that cannot run."""
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +19,17 @@ PLANS = sorted((Path(__file__).resolve().parents[1] / "examples" / "plans").glob
 
 def test_the_two_host_plans_cover_every_method_and_collective():
     names = {(p.parent.name, p.name) for p in PLANS}
-    assert names == {(t, f"{m}-{c}.plan.json") for t in ("two_hosts", "two_hosts_2gpu")
-                     for m in ("ring", "trees", "milp") for c in ("allreduce", "allgather", "reducescatter")} | {
-        ("two_hosts", "direct-allreduce.plan.json"), ("two_hosts_2gpu", "direct-allgather.plan.json")} | {  # one hop each
-        ("two_hosts_2gpu", f"{m}-alltoall.plan.json") for m in ("2dh", "direct")}  # Tutel's 2DH and the flat one
+    assert names == {
+        (t, f"{m}-{c}.plan.json")
+        for t in ("two_hosts", "two_hosts_2gpu")
+        for m in ("ring", "trees", "milp")
+        for c in ("allreduce", "allgather", "reducescatter")
+    } | {
+        ("two_hosts", "direct-allreduce.plan.json"),
+        ("two_hosts_2gpu", "direct-allgather.plan.json"),
+    } | {  # one hop each
+        ("two_hosts_2gpu", f"{m}-alltoall.plan.json") for m in ("2dh", "direct")
+    }  # Tutel's 2DH and the flat one
 
 
 def test_a_one_shot_plan_is_one_group_of_transfers():
@@ -46,15 +54,15 @@ def test_port_programs_compute_the_collective(path):
 def _partner_groups(programs) -> dict:
     """For each (rank, step index) of an exchange: the (peer, step index) of every exchange holding the other side
     of one of its hops (sends and receives between two ranks meet in order, as NCCL matches them)."""
-    posted = {}
+    posted: dict[tuple[tuple[int, int], bool], list[tuple[int, int]]] = {}
     for r, program in enumerate(programs):
         for i, step in enumerate(program.steps):
             for t in step.transfers if isinstance(step, Exchange) else ():
                 posted.setdefault(((r, t.peer) if t.send else (t.peer, r), t.send), []).append((r, i))
-    partners = {}
+    partners: dict[tuple[int, int], set[tuple[int, int]]] = {}
     for (pair, send), sides in posted.items():
         if send:
-            for a, b in zip(sides, posted[(pair, False)]):
+            for a, b in zip(sides, posted[(pair, False)], strict=True):
                 partners.setdefault(a, set()).add(b)
                 partners.setdefault(b, set()).add(a)
     return partners
@@ -75,8 +83,10 @@ def test_closed_programs_compute_the_collective_and_each_group_meets_one_group_p
 
 def test_open_groups_wait_on_a_peers_later_group_where_closed_ones_do_not():
     plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allgather.plan.json")
+
     def spans(programs) -> int:
         return sum(len({p for p, _ in s}) < len(s) for s in _partner_groups(programs).values())
+
     assert spans(compile_programs(plan)) > 0 and spans(compile_programs(plan, closed=True)) == 0
 
 
@@ -107,7 +117,8 @@ def test_a_port_channel_names_its_missing_transport():
     assert transport_refusal(2, 0, hosts, (), None, "cuda") == ""
     assert transport_refusal(2, 0, hosts, (1,), "gloo", "cuda") == (
         "port channel 0 of rank 0 to rank 1 (host h1): transport gloo is unavailable: its point-to-point calls move "
-        "cpu tensors, not cuda")
+        "cpu tensors, not cuda"
+    )
     assert "transport mpi is unavailable" in transport_refusal(2, 0, hosts, (1,), "mpi", "cuda")
 
 
@@ -124,8 +135,11 @@ def test_the_cuda_ipc_interpreter_refuses_port_channels():
     from executor.gpu_tables import build_tables
 
     plan = load_plan(PLANS[0].parent / "ring-allreduce.plan.json")
-    with pytest.raises(ExecutorError, match=r"gpus\[0\] has port channels \(to ranks \[1\]\): the GPU interpreter runs "
-                                            "memory channels only"):
+    with pytest.raises(
+        ExecutorError,
+        match=r"gpus\[0\] has port channels \(to ranks \[1\]\): the GPU interpreter runs "
+        "memory channels only",
+    ):
         build_tables(plan, 0, 2 * smallest_size(plan))
 
 
@@ -145,7 +159,7 @@ def test_lanes_cover_every_element_of_a_chunk_once_on_aligned_cuts(elems, lanes,
     bounds = lane_bounds(elems, lanes, unit)
     assert 1 <= len(bounds) <= lanes and len(bounds) <= max(elems // unit, 1)
     assert bounds[0][0] == 0 and bounds[-1][1] == elems
-    assert all(hi == lo for (_, hi), (lo, _) in zip(bounds, bounds[1:]))  # contiguous, no overlap
+    assert all(hi == lo for (_, hi), (lo, _) in pairwise(bounds))  # contiguous, no overlap
     assert all(lo % unit == 0 and hi > lo for lo, hi in bounds)
 
 
@@ -161,8 +175,12 @@ def test_lanes_each_running_the_program_on_their_columns_compute_the_collective(
     elems = chunk_elems(plan, 8 * smallest_size(plan), "fp32")
     inputs = random_inputs(plan, elems, np.random.default_rng(3))
     chunks = [x.reshape(plan.gpus[r].input_chunks, elems) for r, x in enumerate(inputs)]
-    parts = [run_programs(plan, programs, [c[:, lo:hi].reshape(-1) for c in chunks], hi - lo, "fp32")
-             for lo, hi in lane_bounds(elems, 3, 4)]
-    outputs = [np.concatenate([p[r].reshape(plan.gpus[r].output_chunks, -1) for p in parts], axis=1).reshape(-1)
-               for r in range(plan.nranks)]
+    parts = [
+        run_programs(plan, programs, [c[:, lo:hi].reshape(-1) for c in chunks], hi - lo, "fp32")
+        for lo, hi in lane_bounds(elems, 3, 4)
+    ]
+    outputs = [
+        np.concatenate([p[r].reshape(plan.gpus[r].output_chunks, -1) for p in parts], axis=1).reshape(-1)
+        for r in range(plan.nranks)
+    ]
     _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")

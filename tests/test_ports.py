@@ -40,8 +40,9 @@ def test_two_hosts_of_two_gpus_keep_memory_channels_inside_a_host(collective):
         assert all(topology.hosts[p] == topology.hosts[gpu.id] for p in gpu.memory_peers)
         assert all(topology.hosts[p] != topology.hosts[gpu.id] for p in gpu.port_peers)
         for b in gpu.remote_buffers:
-            assert b.access_channel_types == (("memory",) if topology.hosts[b.rank] == topology.hosts[gpu.id]
-                                              else ("port",))
+            assert b.access_channel_types == (
+                ("memory",) if topology.hosts[b.rank] == topology.hosts[gpu.id] else ("port",)
+            )
     assert any(g.memory_peers for g in plan.gpus) and any(g.port_peers for g in plan.gpus)
     assert check_plan(plan, [plan.size_chunks * 16], ("fp16",)).ok
 
@@ -57,25 +58,46 @@ def test_packets_or_pulls_across_hosts_are_refused():
 
 def _two_rank_plan(ops0, ops1, port_channels=1, scratch=1):
     """An allgather of 2 ranks whose rank 0 runs ops0 and rank 1 ops1 over ``port_channels`` port channels."""
+
     def gpu(r, ops):
-        return {"id": r, "input_chunks": 1, "output_chunks": 2, "scratch_chunks": scratch,
-                "channels": [{"channel_type": "port", "connected_to": [1 - r] * port_channels}],
-                "remote_buffers": [{"rank": 1 - r, "type": "o", "access_channel_types": ["port"]}],
-                "threadblocks": [{"id": 0, "ops": ops,
-                                  "channels": [{"channel_type": "port", "channel_ids": list(range(port_channels))}],
-                                  "remote_buffer_refs": [{"access_channel_type": "port", "remote_buffer_ids": [0]}]}]}
-    return parse_plan({"name": "p", "collective": "allgather", "protocol": "Simple",
-                       "gpus": [gpu(0, ops0), gpu(1, ops1)]}, "p.json")
+        return {
+            "id": r,
+            "input_chunks": 1,
+            "output_chunks": 2,
+            "scratch_chunks": scratch,
+            "channels": [{"channel_type": "port", "connected_to": [1 - r] * port_channels}],
+            "remote_buffers": [{"rank": 1 - r, "type": "o", "access_channel_types": ["port"]}],
+            "threadblocks": [
+                {
+                    "id": 0,
+                    "ops": ops,
+                    "channels": [{"channel_type": "port", "channel_ids": list(range(port_channels))}],
+                    "remote_buffer_refs": [{"access_channel_type": "port", "remote_buffer_ids": [0]}],
+                }
+            ],
+        }
+
+    return parse_plan(
+        {"name": "p", "collective": "allgather", "protocol": "Simple", "gpus": [gpu(0, ops0), gpu(1, ops1)]}, "p.json"
+    )
 
 
 def _copy(src, si, dst, di):
-    return {"name": "copy", "src_buff": [{"type": src, "index": si, "size": 1}],
-            "dst_buff": [{"type": dst, "index": di, "size": 1}]}
+    return {
+        "name": "copy",
+        "src_buff": [{"type": src, "index": si, "size": 1}],
+        "dst_buff": [{"type": dst, "index": di, "size": 1}],
+    }
 
 
 def _put(name, r, src="i", cid=0):
-    return {"name": name, "channel_type": "port", "channel_ids": [cid],
-            "src_buff": [{"type": src, "index": 0, "size": 1}], "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}]}
+    return {
+        "name": name,
+        "channel_type": "port",
+        "channel_ids": [cid],
+        "src_buff": [{"type": src, "index": 0, "size": 1}],
+        "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}],
+    }
 
 
 def _sync(name, cid=0):
@@ -88,6 +110,7 @@ def _exchange(r, first=(), then=()):
 
 def test_a_port_exchange_with_signal_wait_and_flush_runs_correct():
     import numpy as np
+
     plan = _two_rank_plan(_exchange(0), _exchange(1))
     out = run_reference(plan, [np.full(4, 1.0), np.full(4, 2.0)], 32, "fp32")
     assert [list(o) for o in out] == [[1.0] * 4 + [2.0] * 4] * 2
@@ -107,21 +130,35 @@ def test_a_put_source_may_change_only_after_a_flush():
     overwrite = [_copy("i", 0, "s", 0)]
     ops0 = [_copy("i", 0, "o", 0), *staged, *overwrite, _sync("wait"), _sync("flush")]
     ops1 = _exchange(1)
-    with pytest.raises(PlanRace, match="overwrites chunk 0 of rank 0's scratch buffer while a put in flight on "
-                                       "rank 0's port channel 0"):
+    with pytest.raises(
+        PlanRace, match="overwrites chunk 0 of rank 0's scratch buffer while a put in flight on rank 0's port channel 0"
+    ):
         check_plan(_two_rank_plan(ops0, ops1), [8], ("fp32",), back_to_back=1)
     flushed = [_copy("i", 0, "o", 0), *staged, _sync("flush"), *overwrite, _sync("wait")]
     assert check_plan(_two_rank_plan(flushed, ops1), [8], ("fp32",), back_to_back=1).ok
-    put_signal_flush = [_copy("i", 0, "o", 0), _copy("i", 0, "s", 0), _put("pwsf", 0, src="s"), *overwrite,
-                        _sync("wait")]
+    put_signal_flush = [
+        _copy("i", 0, "o", 0),
+        _copy("i", 0, "s", 0),
+        _put("pwsf", 0, src="s"),
+        *overwrite,
+        _sync("wait"),
+    ]
     assert check_plan(_two_rank_plan(put_signal_flush, ops1), [8], ("fp32",), back_to_back=1).ok
 
 
 def test_a_port_channel_carries_puts_and_signals_only():
-    get = {"name": "get", "channel_type": "port", "channel_ids": [0],
-           "src_buff": [{"buffer_id": 0, "index": 1, "size": 1}], "dst_buff": [{"type": "o", "index": 1, "size": 1}]}
-    with pytest.raises(PlanError, match=r"p.json: gpus\[0\].threadblocks\[0\].ops\[0\].channel_type: op 'get' "
-                                        "cannot run on a port channel"):
+    get = {
+        "name": "get",
+        "channel_type": "port",
+        "channel_ids": [0],
+        "src_buff": [{"buffer_id": 0, "index": 1, "size": 1}],
+        "dst_buff": [{"type": "o", "index": 1, "size": 1}],
+    }
+    with pytest.raises(
+        PlanError,
+        match=r"p.json: gpus\[0\].threadblocks\[0\].ops\[0\].channel_type: op 'get' "
+        "cannot run on a port channel",
+    ):
         _two_rank_plan([get], _exchange(1))
 
 
@@ -129,10 +166,17 @@ def test_a_plan_with_cuda_ipc_between_the_topologys_hosts_is_not_committed(tmp_p
     from schedules.registry import RegistryError
     from weft import publish
 
-    plan = parse_plan(__import__("json").loads((Path(__file__).parent / "gpu" / "plans" /
-                                                "allreduce-direct-simple-x1.json").read_text()), "p.json")
+    plan = parse_plan(
+        __import__("json").loads(
+            (Path(__file__).parent / "gpu" / "plans" / "allreduce-direct-simple-x1.json").read_text()
+        ),
+        "p.json",
+    )
     plan = plan.with_meta(topology="")  # a plan from elsewhere, committed for the two-host topology
-    with pytest.raises(RegistryError, match=r"gpus\[0\] memory channel 0 joins rank 0 \(topology two_hosts host 0\) "
-                                            r"and rank 1 \(topology two_hosts host 1\): a memory channel is CUDA IPC"):
+    with pytest.raises(
+        RegistryError,
+        match=r"gpus\[0\] memory channel 0 joins rank 0 \(topology two_hosts host 0\) "
+        r"and rank 1 \(topology two_hosts host 1\): a memory channel is CUDA IPC",
+    ):
         publish.commit(plan, str(TOPOLOGIES / "two_hosts.json"), str(tmp_path / "registry"))
     assert not (tmp_path / "registry").exists() or not list((tmp_path / "registry").rglob("*.json"))

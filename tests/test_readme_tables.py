@@ -27,8 +27,13 @@ BLOCKS = TABLES.blocks(README)
 def test_every_results_table_is_generated():
     assert len(BLOCKS) >= 11
     generated = "".join(table for _, table in BLOCKS)
-    for header in ("| size | NCCL µs |", "| topology | collective | wall (s) of limit |", "| topology | size | milp",
-                   "| topology | GPUs | bound + trees", "| batch | step, NCCL → weft /"):
+    for header in (
+        "| size | NCCL µs |",
+        "| topology | collective | wall (s) of limit |",
+        "| topology | size | milp",
+        "| topology | GPUs | bound + trees",
+        "| batch | step, NCCL → weft /",
+    ):
         assert README.count(header) == generated.count(header) > 0, header  # none typed outside the markers
 
 
@@ -58,11 +63,21 @@ def test_results_keep_one_file_per_experiment_under_a_stable_name():
 
 
 def test_every_results_file_is_named_where_it_is_used_and_every_link_resolves():
-    named = "".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", ROOT / "bench" / "NOTES.md",
-                                                               *ROOT.glob("bench/*.py"), *ROOT.glob("tests/*.py"),
-                                                               *ROOT.glob("examples/*.py")])
-    orphans = [p.name for p in RESULTS.iterdir()
-               if p.name not in named and not (p.suffix == ".png" and p.with_suffix(".json").exists())]
+    named = "".join(
+        p.read_text(encoding="utf-8")
+        for p in [
+            ROOT / "README.md",
+            ROOT / "bench" / "NOTES.md",
+            *ROOT.glob("bench/*.py"),
+            *ROOT.glob("tests/*.py"),
+            *ROOT.glob("examples/*.py"),
+        ]
+    )
+    orphans = [
+        p.name
+        for p in RESULTS.iterdir()
+        if p.name not in named and not (p.suffix == ".png" and p.with_suffix(".json").exists())
+    ]
     assert orphans == []
     for link in re.findall(r"\]\((bench/results/[^)#]+)\)", README):
         assert (ROOT / link).exists(), link

@@ -8,8 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor.reference import (PlanDeadlock, PlanRace, WrongResult, check_plan, expected_outputs, round_to,
-                                run_launches, run_reference)
+from executor.reference import (
+    PlanDeadlock,
+    PlanRace,
+    WrongResult,
+    check_plan,
+    expected_outputs,
+    round_to,
+    run_launches,
+    run_reference,
+)
 from schedules.collectives import Collective
 from schedules.plan import BufferRef, PlanError, load_plan, parse_plan
 
@@ -91,9 +99,9 @@ def test_wrong_reduction_is_a_wrong_result():
 
 
 def test_bf16_rounds_to_nearest_even_on_the_top_16_bits():
-    x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 257.0], dtype=np.float32)
-    assert list(round_to(x, "bf16")) == [1.0, 1.0, 1.0 + 2 ** -6, 256.0]
-    assert round_to(np.array([1 + 2 ** -11], dtype=np.float32), "fp16")[0] == 1.0
+    x = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 257.0], dtype=np.float32)
+    assert list(round_to(x, "bf16")) == [1.0, 1.0, 1.0 + 2**-6, 256.0]
+    assert round_to(np.array([1 + 2**-11], dtype=np.float32), "fp16")[0] == 1.0
 
 
 def test_numpy_definition_of_reducescatter():
@@ -109,24 +117,48 @@ def test_unaccepted_size_is_refused():
 
 def _one_rank_plan(ops_tb0, ops_tb1, semaphores=1):
     """A 1-rank allgather whose two thread blocks hand the chunk over through scratch."""
+
     def tb(i, ops):
         return {"id": i, "ops": ops, "channels": [], "remote_buffer_refs": []}
 
-    return parse_plan({"name": "handover", "collective": "allgather", "protocol": "Simple", "inplace": False,
-                       "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 1,
-                                 "semaphores": [{"init_value": 0}] * semaphores,
-                                 "threadblocks": [tb(0, ops_tb0), tb(1, ops_tb1)]}]}, "handover.json")
+    return parse_plan(
+        {
+            "name": "handover",
+            "collective": "allgather",
+            "protocol": "Simple",
+            "inplace": False,
+            "gpus": [
+                {
+                    "id": 0,
+                    "input_chunks": 1,
+                    "output_chunks": 1,
+                    "scratch_chunks": 1,
+                    "semaphores": [{"init_value": 0}] * semaphores,
+                    "threadblocks": [tb(0, ops_tb0), tb(1, ops_tb1)],
+                }
+            ],
+        },
+        "handover.json",
+    )
 
 
-COPY_IN = {"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
-           "dst_buff": [{"type": "s", "index": 0, "size": 1}]}
-COPY_OUT = {"name": "copy", "src_buff": [{"type": "s", "index": 0, "size": 1}],
-            "dst_buff": [{"type": "o", "index": 0, "size": 1}]}
+COPY_IN = {
+    "name": "copy",
+    "src_buff": [{"type": "i", "index": 0, "size": 1}],
+    "dst_buff": [{"type": "s", "index": 0, "size": 1}],
+}
+COPY_OUT = {
+    "name": "copy",
+    "src_buff": [{"type": "s", "index": 0, "size": 1}],
+    "dst_buff": [{"type": "o", "index": 0, "size": 1}],
+}
 
 
 def test_semaphores_order_thread_blocks_of_one_gpu():
-    plan = _one_rank_plan([COPY_IN, {"name": "sem_release", "semaphore_ids": [0]}],
-                          [{"name": "sem_acquire", "semaphore_ids": [0]}, COPY_OUT])
+    plan = _one_rank_plan(
+        [COPY_IN, {"name": "sem_release", "semaphore_ids": [0]}],
+        [{"name": "sem_acquire", "semaphore_ids": [0]}, COPY_OUT],
+    )
     assert check_plan(plan, [4, 12], DTYPES_ALL).ok
 
 
@@ -162,16 +194,26 @@ def test_ll_packets_in_a_single_scratch_buffer_are_overwritten_by_the_next_launc
     single = replace(double, use_double_scratch_buffer=False)
     assert check_plan(double, [8], ("fp32",), back_to_back=3).ok
     assert check_plan(single, [8], ("fp32",), back_to_back=1).ok
-    with pytest.raises(PlanRace, match=r"launch 1 rank \d threadblock \d op 0 \(ppkt\) overwrites chunk 0 of rank \d's "
-                                       r"scratch buffer while rank \d threadblock \d in launch 0 may still read it"):
+    with pytest.raises(
+        PlanRace,
+        match=r"launch 1 rank \d threadblock \d op 0 \(ppkt\) overwrites chunk 0 of rank \d's "
+        r"scratch buffer while rank \d threadblock \d in launch 0 may still read it",
+    ):
         check_plan(single, [8], ("fp32",), back_to_back=2)
 
 
 def test_writing_a_peers_output_before_it_started_its_next_launch_is_a_race():
     def put_result_without_waiting(doc):  # rank 1 writes rank 0's output first thing, waiting for nothing
-        _ops(doc, 1).insert(0, {"name": "put", "src_buff": [{"type": "i", "index": 0, "size": 1}],
-                                "dst_buff": [{"buffer_id": 1, "index": 0, "size": 1}],
-                                "channel_type": "memory", "channel_ids": [0]})
+        _ops(doc, 1).insert(
+            0,
+            {
+                "name": "put",
+                "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                "dst_buff": [{"buffer_id": 1, "index": 0, "size": 1}],
+                "channel_type": "memory",
+                "channel_ids": [0],
+            },
+        )
 
     plan = parse_plan(_edit("allpairs_allreduce_2.json", put_result_without_waiting), "early.json")
     with pytest.raises(PlanRace, match="rank 1 threadblock 0 op 0 \\(put\\) overwrites chunk 0 of rank 0's output"):
@@ -182,23 +224,68 @@ def test_packets_overwritten_before_their_reader_got_to_them_are_a_race():
     """A 2-rank LL broadcast whose root hears nothing back: its third launch reuses the first launch's scratch
     half while rank 1, busy with a long thread block first, has not read those packets yet."""
     nop = {"name": "nop"}
-    root = {"id": 0, "ops": [{"name": "ppkt", "src_buff": [{"type": "i", "index": 0, "size": 1}],
-                              "dst_buff": [{"buffer_id": 0, "index": 0, "size": 1}], "channel_type": "memory",
-                              "channel_ids": [0]}],
-            "channels": [{"channel_type": "memory", "channel_ids": [0]}],
-            "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}]}
-    reader = {"id": 0, "ops": [nop] * 8 + [{"name": "upkt", "src_buff": [{"type": "s", "index": 0, "size": 1}],
-                                            "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}
-    copy = {"id": 1, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
-                              "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}
-    gpu = lambda r, tbs, **extra: {"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 1,
-                                   "channels": [{"channel_type": "memory", "connected_to": [1 - r]}],
-                                   "threadblocks": tbs, **extra}
-    plan = parse_plan({"name": "bcast", "collective": "broadcast", "protocol": "LL", "inplace": False,
-                       "use_double_scratch_buffer": True,
-                       "gpus": [gpu(0, [root, copy], remote_buffers=[{"rank": 1, "type": "s"}]), gpu(1, [reader])]},
-                      "bcast.json")
+    root = {
+        "id": 0,
+        "ops": [
+            {
+                "name": "ppkt",
+                "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                "dst_buff": [{"buffer_id": 0, "index": 0, "size": 1}],
+                "channel_type": "memory",
+                "channel_ids": [0],
+            }
+        ],
+        "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+        "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}],
+    }
+    reader = {
+        "id": 0,
+        "ops": [nop] * 8
+        + [
+            {
+                "name": "upkt",
+                "src_buff": [{"type": "s", "index": 0, "size": 1}],
+                "dst_buff": [{"type": "o", "index": 0, "size": 1}],
+            }
+        ],
+    }
+    copy = {
+        "id": 1,
+        "ops": [
+            {
+                "name": "copy",
+                "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                "dst_buff": [{"type": "o", "index": 0, "size": 1}],
+            }
+        ],
+    }
+
+    def gpu(r, tbs, **extra):
+        return {
+            "id": r,
+            "input_chunks": 1,
+            "output_chunks": 1,
+            "scratch_chunks": 1,
+            "channels": [{"channel_type": "memory", "connected_to": [1 - r]}],
+            "threadblocks": tbs,
+            **extra,
+        }
+
+    plan = parse_plan(
+        {
+            "name": "bcast",
+            "collective": "broadcast",
+            "protocol": "LL",
+            "inplace": False,
+            "use_double_scratch_buffer": True,
+            "gpus": [gpu(0, [root, copy], remote_buffers=[{"rank": 1, "type": "s"}]), gpu(1, [reader])],
+        },
+        "bcast.json",
+    )
     assert check_plan(plan, [4], ("fp32",), back_to_back=2).ok
-    with pytest.raises(PlanRace, match=r"launch 2 rank 0 threadblock 0 op 0 \(ppkt\) overwrites the packets of "
-                                       r"launch 0 in chunk 0 of rank 1's scratch buffer before anything read them"):
+    with pytest.raises(
+        PlanRace,
+        match=r"launch 2 rank 0 threadblock 0 op 0 \(ppkt\) overwrites the packets of "
+        r"launch 0 in chunk 0 of rank 1's scratch buffer before anything read them",
+    ):
         check_plan(plan, [4], ("fp32",), back_to_back=3)

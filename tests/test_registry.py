@@ -18,19 +18,46 @@ TOPO = "topo-00000000000000aa"
 
 def make_plan(name: str, lo: int = 0, hi: int = (1 << 64) - 1, protocol: str = "Simple"):
     """A real 1-rank allgather plan (copy input to output); the name makes each plan's hash distinct."""
-    return parse_plan({
-        "name": name, "collective": "allgather", "protocol": protocol, "inplace": False,
-        "min_message_size": lo, "max_message_size": hi,
-        "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
-            {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
-                               "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}],
-    }, f"{name}.json")
+    return parse_plan(
+        {
+            "name": name,
+            "collective": "allgather",
+            "protocol": protocol,
+            "inplace": False,
+            "min_message_size": lo,
+            "max_message_size": hi,
+            "gpus": [
+                {
+                    "id": 0,
+                    "input_chunks": 1,
+                    "output_chunks": 1,
+                    "scratch_chunks": 0,
+                    "threadblocks": [
+                        {
+                            "id": 0,
+                            "ops": [
+                                {
+                                    "name": "copy",
+                                    "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                                    "dst_buff": [{"type": "o", "index": 0, "size": 1}],
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+        f"{name}.json",
+    )
 
 
 def provenance(plan, solver: str = "direct") -> dict:
-    return {"solver": solver, "weft_version": "test", "schedule_hash": "s" * 16,
-            "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32", "bf16"],
-                             "sizes": [64, 4096]}}
+    return {
+        "solver": solver,
+        "weft_version": "test",
+        "schedule_hash": "s" * 16,
+        "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32", "bf16"], "sizes": [64, 4096]},
+    }
 
 
 def commit(reg: Registry, name: str, lo: int = 0, hi: int = (1 << 64) - 1, predicted=None, protocol="Simple"):
@@ -104,7 +131,9 @@ def test_entry_files_hold_one_op_per_line_and_indent_above_it(tmp_path):
     field made a 128-instance entry 2.5 times larger (the committed registries outgrew the device tool's 64 MiB)."""
     e = commit(Registry(tmp_path), "a")
     lines = (tmp_path / "entries" / f"{e.id}.json").read_text().splitlines()
-    ops = [json.loads(line.strip().rstrip(",")) for line in lines if line.lstrip().startswith('{"') and '"name"' in line]
+    ops = [
+        json.loads(line.strip().rstrip(",")) for line in lines if line.lstrip().startswith('{"') and '"name"' in line
+    ]
     assert ops and all(op["name"] for op in ops)
     assert len(ops) == sum(len(tb.ops) for g in e.plan.gpus for tb in g.threadblocks)
     assert lines[0] == "{" and lines[1].startswith('  "format": ')
@@ -193,10 +222,24 @@ def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
 
     reg = Registry(tmp_path)
     a, b = commit(reg, "a", protocol="LL"), commit(reg, "b", protocol="LL")
-    rows = [{"size": 1024, "wrong": 0, "plan_hash": a.plan.content_hash, "weft_us": 5.0, "nccl_us": 11.0,
-             "plans_us": {a.plan.content_hash: 5.0, b.plan.content_hash: 7.0, "not-in-registry": 1.0}},
-            {"size": 4096, "wrong": 1, "plan_hash": b.plan.content_hash, "weft_us": 6.0, "nccl_us": 12.0,
-             "plans_us": {a.plan.content_hash: 9.0, b.plan.content_hash: 6.0}}]
+    rows = [
+        {
+            "size": 1024,
+            "wrong": 0,
+            "plan_hash": a.plan.content_hash,
+            "weft_us": 5.0,
+            "nccl_us": 11.0,
+            "plans_us": {a.plan.content_hash: 5.0, b.plan.content_hash: 7.0, "not-in-registry": 1.0},
+        },
+        {
+            "size": 4096,
+            "wrong": 1,
+            "plan_hash": b.plan.content_hash,
+            "weft_us": 6.0,
+            "nccl_us": 12.0,
+            "plans_us": {a.plan.content_hash: 9.0, b.plan.content_hash: 6.0},
+        },
+    ]
     _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
     assert reg.get(a.id).measured_us == {1024: 5.0} and reg.get(b.id).measured_us == {1024: 7.0}
     assert reg.nccl_times(TOPO, "allgather") == {1024: 11.0}  # NCCL's time too, from the sizes recorded

@@ -18,8 +18,9 @@ def registry(tmp_path, monkeypatch):
 
 def committed_id(capsys) -> str:
     out = capsys.readouterr().out
-    return next(w for line in out.splitlines() if "committed as" in line
-                for w in [line.split("committed as ")[1].split()[0]])
+    return next(
+        w for line in out.splitlines() if "committed as" in line for w in [line.split("committed as ")[1].split()[0]]
+    )
 
 
 def test_synth_commit_then_select_and_verify(registry, capsys):
@@ -89,8 +90,10 @@ def exported_folder(tmp_path, capsys) -> tuple:
 def tampered_plan(tmp_path) -> dict:
     """A compiled plan with its waits removed, so every receive races: the reference executor refuses it."""
     plan_dir = tmp_path / "out"
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--compile", "-o",
-                 str(plan_dir / "s.json")]) == 0
+    assert (
+        main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--compile", "-o", str(plan_dir / "s.json")])
+        == 0
+    )
     doc = json.loads(next(plan_dir.glob("*.plan.json")).read_text())
     for gpu in doc["gpus"]:
         for tb in gpu["threadblocks"]:
@@ -98,14 +101,20 @@ def tampered_plan(tmp_path) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("bad, code, message", [
-    ('{"format": 7}', 2, "registry import {}: format: must be 'weft.registry-entry/1' (an exported entry) or absent"),
-    ('{"format": ["weft.registry-entry/1"]}', 2, "registry import {}: format: must be 'weft.registry-entry/1'"),
-    ("[1]", 2, "plan {}: (top level): must be an object"),
-    ("{", 2, "registry import {}: not valid JSON"),
-])
-def test_a_bad_file_in_an_import_folder_is_one_line_and_commits_nothing(registry, tmp_path, capsys, bad, code,
-                                                                         message):
+@pytest.mark.parametrize(
+    "bad, code, message",
+    [
+        (
+            '{"format": 7}',
+            2,
+            "registry import {}: format: must be 'weft.registry-entry/1' (an exported entry) or absent",
+        ),
+        ('{"format": ["weft.registry-entry/1"]}', 2, "registry import {}: format: must be 'weft.registry-entry/1'"),
+        ("[1]", 2, "plan {}: (top level): must be an object"),
+        ("{", 2, "registry import {}: not valid JSON"),
+    ],
+)
+def test_a_bad_file_in_an_import_folder_is_one_line_and_commits_nothing(registry, tmp_path, capsys, bad, code, message):
     out_dir, entry = exported_folder(tmp_path, capsys)
     path = out_dir / "zz-last.json"  # sorted after the good entry, which must not be committed either
     path.write_text(bad)
@@ -128,8 +137,10 @@ def test_a_plan_that_fails_verification_in_an_import_folder_commits_nothing(regi
 
 def test_committing_a_tampered_plan_is_refused_and_writes_nothing(registry, tmp_path, capsys):
     plan_dir = tmp_path / "out"
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--compile", "-o",
-                 str(plan_dir / "s.json")]) == 0
+    assert (
+        main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--compile", "-o", str(plan_dir / "s.json")])
+        == 0
+    )
     plan_file = next(plan_dir.glob("*.plan.json"))
     doc = json.loads(plan_file.read_text())
     for gpu in doc["gpus"]:
@@ -164,8 +175,16 @@ def test_export_into_a_path_under_a_file_is_one_line(registry, tmp_path, capsys)
     assert err.startswith("weft: error: registry export ") and err.count("\n") == 1 and "taken" in err
 
 
-@pytest.mark.parametrize("argv", [["list"], ["rebuild-index"], ["remove", "x"], ["export", "out"],
-                                  ["select", "allreduce", "-t", "ring:n=4", "--size", "1MB"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list"],
+        ["rebuild-index"],
+        ["remove", "x"],
+        ["export", "out"],
+        ["select", "allreduce", "-t", "ring:n=4", "--size", "1MB"],
+    ],
+)
 def test_a_registry_location_that_is_a_file_is_one_line(tmp_path, capsys, argv):
     (tmp_path / "reg").write_text("a file")
     assert main(["registry", *argv, "--registry", str(tmp_path / "reg")]) == 2
@@ -176,8 +195,9 @@ def test_a_registry_location_that_is_a_file_is_one_line(tmp_path, capsys, argv):
 def test_a_registry_that_cannot_be_created_is_one_line(tmp_path, capsys):
     (tmp_path / "taken").write_text("a file")
     location = tmp_path / "taken" / "reg"
-    assert main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit", "--registry",
-                 str(location)]) == 2
+    assert (
+        main(["synth", "allreduce", "-t", "ring:n=4", "--method", "ring", "--commit", "--registry", str(location)]) == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"weft: error: registry {location}: cannot write: ") and err.count("\n") == 1
 
@@ -208,10 +228,17 @@ def _commit_and_corrupt(registry, capsys, field: str, value) -> str:
     return entry
 
 
-@pytest.mark.parametrize("field, value", [("provenance.verification", "ok"), ("timings", []),
-                                          ("timings.predicted_us", {"1024": 0}),
-                                          ("timings.measured_us", {"1024": "fast"}),
-                                          ("timings.predicted_us", {"1KB": 3.0}), ("timings.measured_us", [1])])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("provenance.verification", "ok"),
+        ("timings", []),
+        ("timings.predicted_us", {"1024": 0}),
+        ("timings.measured_us", {"1024": "fast"}),
+        ("timings.predicted_us", {"1KB": 3.0}),
+        ("timings.measured_us", [1]),
+    ],
+)
 def test_a_malformed_entry_field_is_one_line_naming_the_file_and_field(registry, capsys, field, value):
     entry = _commit_and_corrupt(registry, capsys, field, value)
     assert main(["registry", "show", entry]) == 2
@@ -229,9 +256,14 @@ def test_select_of_an_entry_without_times_says_so(registry, capsys):
     assert "none (no time recorded) at 1MB" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["select", "allgathr", "-t", "ring:n=4", "--size", "1MB"],
-                                  ["select", "allgather", "-t", "ring:n=4", "--size", "1MB", "--dtype", "fp64"],
-                                  ["list", "--collective", "allgathr"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["select", "allgathr", "-t", "ring:n=4", "--size", "1MB"],
+        ["select", "allgather", "-t", "ring:n=4", "--size", "1MB", "--dtype", "fp64"],
+        ["list", "--collective", "allgathr"],
+    ],
+)
 def test_an_unknown_collective_or_dtype_is_bad_input_not_an_empty_answer(registry, capsys, argv):
     assert main(["registry", *argv]) == 2
     err = capsys.readouterr().err
@@ -241,8 +273,24 @@ def test_an_unknown_collective_or_dtype_is_bad_input_not_an_empty_answer(registr
 def test_show_and_remove_take_a_plan_name_where_it_names_one_entry(tmp_path, capsys):
     reg = str(tmp_path / "reg")
     for method in ("ring", "direct"):
-        assert main(["synth", "allreduce", "-t", "fully_connected:n=4", "--method", method, "--commit",
-                     "--registry", reg, "-o", str(tmp_path / f"{method}.json")]) == 0
+        assert (
+            main(
+                [
+                    "synth",
+                    "allreduce",
+                    "-t",
+                    "fully_connected:n=4",
+                    "--method",
+                    method,
+                    "--commit",
+                    "--registry",
+                    reg,
+                    "-o",
+                    str(tmp_path / f"{method}.json"),
+                ]
+            )
+            == 0
+        )
     capsys.readouterr()
     name = "ring-allreduce-fully_connected:n=4-simple-x1"
     assert main(["registry", "show", name, "--registry", reg]) == 0

@@ -16,10 +16,12 @@ import shutil
 import threading
 from pathlib import Path
 
+import _cache
 import pytest
 
 from weft.cli import main
 
+prove_once = _cache.prove_once  # the run's proof cache, as a fixture of this module
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "bench" / "registry_h200x2"
 COUNT = len(list((COMMITTED / "entries").glob("*.json")))  # the committed entries (other tests damage one of them)
@@ -35,8 +37,9 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-            and p.name != ".lock"}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
 
 
 def kept(name: str) -> bool:
@@ -49,7 +52,7 @@ def kept(name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def committed_copy(tmp_path_factory) -> Path:
+def committed_copy(tmp_path_factory, prove_once) -> Path:
     """One pristine copy of bench/registry_h200x2's entries that ``kept`` keeps, with their index and the whole
     baselines.json, per module; tests copy it again before changing it."""
     from schedules.registry import Registry
@@ -98,22 +101,26 @@ def set_plan_time(value):
     def change(rows):
         plan_hash = next(iter(rows[0]["plans_us"]))
         rows[0]["plans_us"][plan_hash] = value
+
     return change
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda rows: rows[0].update(size=0), "rows[0].size"),
-    (lambda rows: rows[0].update(size=-4096), "rows[0].size"),
-    (set_plan_time(-1.0), "rows[0].plans_us"),
-    (set_plan_time(0), "rows[0].plans_us"),
-    (set_plan_time(float("-inf")), "rows[0].plans_us"),
-    (set_plan_time(float("nan")), "rows[0].plans_us"),
-    (lambda rows: rows[3].update(nccl_us=-1), "rows[3].nccl_us"),
-    (lambda rows: rows[3].update(nccl_us=0), "rows[3].nccl_us"),
-    (lambda rows: rows[3].update(nccl_us=float("nan")), "rows[3].nccl_us"),
-    (lambda rows: rows[3].update(plans_us={"55e5613838107e2c": {"us": 3}}), "rows[3].plans_us"),
-    (lambda rows: rows[3].update(plans_ll128_us=True), "rows[3].plans_ll128_us"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda rows: rows[0].update(size=0), "rows[0].size"),
+        (lambda rows: rows[0].update(size=-4096), "rows[0].size"),
+        (set_plan_time(-1.0), "rows[0].plans_us"),
+        (set_plan_time(0), "rows[0].plans_us"),
+        (set_plan_time(float("-inf")), "rows[0].plans_us"),
+        (set_plan_time(float("nan")), "rows[0].plans_us"),
+        (lambda rows: rows[3].update(nccl_us=-1), "rows[3].nccl_us"),
+        (lambda rows: rows[3].update(nccl_us=0), "rows[3].nccl_us"),
+        (lambda rows: rows[3].update(nccl_us=float("nan")), "rows[3].nccl_us"),
+        (lambda rows: rows[3].update(plans_us={"55e5613838107e2c": {"us": 3}}), "rows[3].plans_us"),
+        (lambda rows: rows[3].update(plans_ll128_us=True), "rows[3].plans_ll128_us"),
+    ],
+)
 def test_a_bad_results_row_is_one_line_and_record_writes_nothing(registry, tmp_path, change, field):
     before = snapshot(registry)
     code, out, err = run(["registry", "record", str(results_with(tmp_path, change)), "--registry", str(registry)])
@@ -182,14 +189,27 @@ def test_an_id_that_disagrees_with_its_file_name_is_refused(registry):
 
 
 # ---- 3. one bad entry file is one named line; the others stay usable --------------------------------------------
-BAD_FILES = {"deep": "[" * 100_000 + "]" * 100_000, "long int": '{"format": ' + "9" * 5000 + "}",
-             "binary": "\udcff", "empty": "", "null": "null"}
+BAD_FILES = {
+    "deep": "[" * 100_000 + "]" * 100_000,
+    "long int": '{"format": ' + "9" * 5000 + "}",
+    "binary": "\udcff",
+    "empty": "",
+    "null": "null",
+}
 
 
-@pytest.mark.parametrize("kind, command", [
-    *[(kind, command) for kind in BAD_FILES for command in (
-        ["list"], ["select", "allgather", "-t", H200X2, "--size", "1MB"], ["export", "{out}"])],
-    ("deep", ["verify"]), ("long int", ["verify"])])
+@pytest.mark.parametrize(
+    "kind, command",
+    [
+        *[
+            (kind, command)
+            for kind in BAD_FILES
+            for command in (["list"], ["select", "allgather", "-t", H200X2, "--size", "1MB"], ["export", "{out}"])
+        ],
+        ("deep", ["verify"]),
+        ("long int", ["verify"]),
+    ],
+)
 def test_a_damaged_entry_is_one_named_line_and_the_others_serve(registry, tmp_path, kind, command):
     victim = entry_file(registry, "allgather")
     victim.write_bytes(BAD_FILES[kind].encode("utf-8", "surrogateescape"))
@@ -226,8 +246,16 @@ def test_rebuild_index_names_unreadable_entries_and_exits_1(registry):
     assert len(index["entries"]) == count(registry) - 1
 
 
-@pytest.mark.parametrize("damage", ["[" * 100_000, '{"format": ' + "1" * 5000 + "}", "{}", '{"format": 3}',
-                                    json.dumps({"format": "weft.registry-index/1", "entries": [{"id": 7}]})])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "[" * 100_000,
+        '{"format": ' + "1" * 5000 + "}",
+        "{}",
+        '{"format": 3}',
+        json.dumps({"format": "weft.registry-index/1", "entries": [{"id": 7}]}),
+    ],
+)
 def test_a_damaged_index_is_rebuilt_by_the_next_change_never_a_crash(registry, damage):
     (registry / "index.json").write_text(damage)
     victim = entry_file(registry, "allgather")
@@ -248,20 +276,31 @@ def test_a_damaged_index_never_crashes_commit_after_it_wrote_the_entry(registry,
     code, out, err = run(["registry", "commit", str(plan), "--registry", str(registry)])
     assert code == 0 and err == "" and f"committed {victim.stem}" in out
     index = json.loads((registry / "index.json").read_text())
-    assert sorted(row["id"] for row in index["entries"]) == sorted(listed(registry)) and len(index["entries"]) == count(registry)
+    assert sorted(row["id"] for row in index["entries"]) == sorted(listed(registry)) and len(index["entries"]) == count(
+        registry
+    )
 
 
 # ---- 4. an entry never serves one collective's plan under another's key -------------------------------------
-@pytest.mark.parametrize("field, value", [("collective", "allreduce"), ("nranks", 4), ("min_bytes", 1),
-                                          ("max_bytes", 1 << 40), ("topology", "topo-0000000000000000")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("collective", "allreduce"),
+        ("nranks", 4),
+        ("min_bytes", 1),
+        ("max_bytes", 1 << 40),
+        ("topology", "topo-0000000000000000"),
+    ],
+)
 def test_a_key_that_disagrees_with_its_plan_is_refused_by_select_and_verify(registry, field, value):
     victim = entry_file(registry, "allgather")
     doc = json.loads(victim.read_text())
     doc["key"][field] = value
     victim.write_text(json.dumps(doc))
     for collective in ("allreduce", "allgather"):
-        code, out, err = run(["registry", "select", collective, "-t", H200X2, "--size", "64KB", "--json",
-                              "--registry", str(registry)])
+        code, out, err = run(
+            ["registry", "select", collective, "-t", H200X2, "--size", "64KB", "--json", "--registry", str(registry)]
+        )
         assert json.loads(out)["entry"] != victim.stem
         assert f"{victim}: key.{field}" in err
     if field != "collective":
@@ -295,25 +334,46 @@ def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(committed_copy,
     entry = next(e for e in choice.entries if e.key.collective == "allgather")
     choice.entries = [replace(entry, key=replace(entry.key, collective="allreduce"))]
     choice.nccl_us = {}  # NCCL measured faster at some sizes: here only the plans compete
-    monkeypatch.setattr(Entry, "serves", lambda self, topology, collective, nranks, nbytes:
-                        self.key.collective == collective and self.key.covers(nbytes))
+    monkeypatch.setattr(
+        Entry,
+        "serves",
+        lambda self, topology, collective, nranks, nbytes: (
+            self.key.collective == collective and self.key.covers(nbytes)
+        ),
+    )
     assert choice.plan("allreduce", 4096, "bf16") is None
     assert "is a allgather, not a allreduce" in choice.reason("allreduce", 4096, "bf16")
     assert choice.plan("allgather", 4096, "bf16") is None  # the key says allreduce: selection never offers it
 
 
 # ---- 7. plan files hold only what compile makes and the executors run ---------------------------------------------
-@pytest.mark.parametrize("field, value, message", [
-    ("num_threads_per_block", 10 ** 9, "from 32 to 1024"), ("num_threads_per_block", 33, "multiple of 32"),
-    ("num_threads_per_block", 16, "from 32 to 1024"), ("buffer_alignment", 3, "power of two"),
-    ("buffer_alignment", 0, "from 1 to 256"), ("buffer_alignment", 1 << 20, "from 1 to 256"),
-    ("max_message_size", 10 ** 40, "from 0 to 18446744073709551615"),
-    ("min_message_size", 10 ** 4000, "from 0 to 18446744073709551615"), ("max_message_size", 1.5, "integer")],
-    ids=["threads-1e9", "threads-33", "threads-16", "alignment-3", "alignment-0", "alignment-1M", "max-1e40",
-         "min-1e4000", "max-float"])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_threads_per_block", 10**9, "from 32 to 1024"),
+        ("num_threads_per_block", 33, "multiple of 32"),
+        ("num_threads_per_block", 16, "from 32 to 1024"),
+        ("buffer_alignment", 3, "power of two"),
+        ("buffer_alignment", 0, "from 1 to 256"),
+        ("buffer_alignment", 1 << 20, "from 1 to 256"),
+        ("max_message_size", 10**40, "from 0 to 18446744073709551615"),
+        ("min_message_size", 10**4000, "from 0 to 18446744073709551615"),
+        ("max_message_size", 1.5, "integer"),
+    ],
+    ids=[
+        "threads-1e9",
+        "threads-33",
+        "threads-16",
+        "alignment-3",
+        "alignment-0",
+        "alignment-1M",
+        "max-1e40",
+        "min-1e4000",
+        "max-float",
+    ],
+)
 @pytest.mark.parametrize("command", [["verify"], ["registry", "commit"]])
-def test_a_plan_field_compile_never_makes_is_refused_in_one_line(registry, tmp_path, field, value, message,
-                                                                   command):
+def test_a_plan_field_compile_never_makes_is_refused_in_one_line(registry, tmp_path, field, value, message, command):
     doc = json.loads(entry_file(registry, "allgather").read_text())["plan"]
     doc[field] = value
     doc["name"] = "edited"
@@ -334,16 +394,18 @@ def test_a_plan_field_compile_never_makes_is_refused_in_one_line(registry, tmp_p
 def test_a_baselines_file_with_an_impossible_time_costs_nccl_not_the_plans(registry, value):
     doc = (registry / "baselines.json").read_text()
     (registry / "baselines.json").write_text(doc.replace("8.950399979948997", value, 1))
-    code, out, err = run(["registry", "select", "allgather", "-t", H200X2, "--size", "1KB", "--json",
-                          "--registry", str(registry)])
+    code, out, err = run(
+        ["registry", "select", "allgather", "-t", H200X2, "--size", "1KB", "--json", "--registry", str(registry)]
+    )
     assert code == 0 and json.loads(out)["entry"] is not None
     assert "baselines.json: nccl_us." in err and err.count("\n") == 1
 
 
 # ---- 8. special files: bounded reads, regular files only --------------------------------------------------------
 @pytest.mark.parametrize("special", ["/dev/zero", "fifo", "directory"])
-@pytest.mark.parametrize("argv", [["topo", "validate"], ["verify"], ["registry", "record"], ["registry", "commit"],
-                                  ["plot", "bench"]])
+@pytest.mark.parametrize(
+    "argv", [["topo", "validate"], ["verify"], ["registry", "record"], ["registry", "commit"], ["plot", "bench"]]
+)
 def test_special_files_are_refused_in_one_line_without_hanging(tmp_path, special, argv):
     if special == "fifo":
         path = tmp_path / "fifo"
@@ -353,8 +415,12 @@ def test_special_files_are_refused_in_one_line_without_hanging(tmp_path, special
     else:
         path = Path(special)
     result = []
-    worker = threading.Thread(target=lambda: result.append(run([*argv, str(path), *(
-        ["--registry", str(tmp_path / "r")] if argv[0] == "registry" else [])])), daemon=True)
+    worker = threading.Thread(
+        target=lambda: result.append(
+            run([*argv, str(path), *(["--registry", str(tmp_path / "r")] if argv[0] == "registry" else [])])
+        ),
+        daemon=True,
+    )
     worker.start()
     worker.join(20)
     assert result, f"weft {' '.join(argv)} {path} hung"

@@ -14,13 +14,16 @@ RESULTS = ROOT / "bench" / "results"
 
 def _bench(name: str):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None, name
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.parametrize("script,result", [("trees_scale", "trees_scale.json"), ("milp_bench", "milp_allgather.json"),
-                                           ("smt_scale", "smt_scale.json")])
+@pytest.mark.parametrize(
+    "script,result",
+    [("trees_scale", "trees_scale.json"), ("milp_bench", "milp_allgather.json"), ("smt_scale", "smt_scale.json")],
+)
 def test_the_readme_holds_the_generated_table(script, result):
     table = _bench(script).markdown(json.loads((RESULTS / result).read_text()))
     assert table in (ROOT / "README.md").read_text()

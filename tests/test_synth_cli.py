@@ -30,8 +30,25 @@ def test_a_frontier_refuses_a_file_name_before_solving(tmp_path, capsys):
 
 def test_pct_of_bound_is_at_the_size_asked_for(tmp_path):
     out = tmp_path / "m.json"
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--size", "4MB", "--time-limit", "5",
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "ring:n=4",
+                "--method",
+                "milp",
+                "--size",
+                "4MB",
+                "--time-limit",
+                "5",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     schedule = load_schedule(out)
     topology = build("ring:n=4")
     expected = 100 * lower_bound_us(topology, schedule.collective, 4 << 20) / predict_us(schedule, topology, 4 << 20)
@@ -41,8 +58,26 @@ def test_pct_of_bound_is_at_the_size_asked_for(tmp_path):
 
 def test_a_size_sweep_runs_in_a_process_pool_one_schedule_per_size(tmp_path, capsys):
     out = tmp_path / "sweep"
-    assert main(["synth", "allgather", "-t", "hgx_h100:nodes=2", "--method", "trees", "--size", "1MB,1GB",
-                 "--jobs", "2", "-o", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "hgx_h100:nodes=2",
+                "--method",
+                "trees",
+                "--size",
+                "1MB,1GB",
+                "--jobs",
+                "2",
+                "-o",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and all(Path(r["written"]).exists() for r in rows)
     small, large = (r["collective"]["chunks"] for r in rows)
@@ -53,6 +88,21 @@ def test_a_size_sweep_runs_in_a_process_pool_one_schedule_per_size(tmp_path, cap
 def test_a_sweep_needs_a_size_dependent_method_and_a_folder(tmp_path, capsys):
     assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--size", "1MB,1GB"]) == 2
     assert "sweep" in capsys.readouterr().err
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "trees", "--size", "1MB,1GB",
-                 "-o", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "ring:n=4",
+                "--method",
+                "trees",
+                "--size",
+                "1MB,1GB",
+                "-o",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
     assert "folder" in capsys.readouterr().err

@@ -41,6 +41,7 @@ def example_doc() -> dict:
 
 # ---- list and show ------------------------------------------------------------------------------
 
+
 def test_list_prints_every_entry_with_its_parameters():
     code, out, _ = run(["topo", "list"])
     assert code == 0
@@ -82,6 +83,7 @@ def test_show_reads_topology_files_too():
 
 
 # ---- validate and export ------------------------------------------------------------------------
+
 
 def test_validate_prints_ok_and_the_fingerprint():
     code, out, err = run(["topo", "validate", str(EXAMPLE)])
@@ -129,6 +131,7 @@ def test_extra_topo_commands_plug_in_through_register(monkeypatch):
 
 # ---- bad input: exit 2, one line naming the file and field --------------------------------------
 
+
 def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
     assert code == 2
     assert err.count("\n") == 1 and err.endswith("\n")
@@ -167,7 +170,7 @@ def test_duplicate_link(tmp_path):
 
 def test_disconnected_topology_names_the_unreachable_pair(tmp_path):
     doc = example_doc()
-    doc["links"] = [l for l in doc["links"] if l["src"] != 3 and l["dst"] != 3]
+    doc["links"] = [link for link in doc["links"] if link["src"] != 3 and link["dst"] != 3]
     doc["sharing"] = doc["sharing"][:2]
     code, _, err = run(["topo", "validate", str(write(tmp_path, doc, "islands.json"))])
     assert_one_line_error(code, err, "islands.json", "rank 0 cannot reach rank 3")
@@ -185,11 +188,14 @@ def test_missing_file(tmp_path):
     assert_one_line_error(code, err, "absent.json", "cannot read")
 
 
-@pytest.mark.parametrize("spec, fragments", [
-    ("nosuch", ("topology spec 'nosuch'", "unknown topology")),
-    ("hgx_h100:racks=2", ("topology spec 'hgx_h100:racks=2'", "racks: unknown parameter")),
-    ("hgx_h100:nodes=0", ("topology spec 'hgx_h100:nodes=0': nodes: must be >= 1",)),
-])
+@pytest.mark.parametrize(
+    "spec, fragments",
+    [
+        ("nosuch", ("topology spec 'nosuch'", "unknown topology")),
+        ("hgx_h100:racks=2", ("topology spec 'hgx_h100:racks=2'", "racks: unknown parameter")),
+        ("hgx_h100:nodes=0", ("topology spec 'hgx_h100:nodes=0': nodes: must be >= 1",)),
+    ],
+)
 @pytest.mark.parametrize("command", ["show", "export"])
 def test_bad_catalog_spec(tmp_path, command, spec, fragments):
     argv = ["topo", command, spec] + (["-o", str(tmp_path / "x.json")] if command == "export" else [])
@@ -273,11 +279,14 @@ def test_arbitrary_bytes_as_a_topology_file_exit_2_with_one_line(text):
         assert err.count("\n") == 1 and "noise.json" in err
 
 
-@pytest.mark.parametrize("argv", [
-    ["synth", "allreduce", "-t", "hgx_h200:gpus=1", "--method", "direct"],
-    ["topo", "bound", "hgx_h200:gpus=1", "allgather"],
-    ["tune", "allreduce", "-t", "hgx_h200:gpus=1"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["synth", "allreduce", "-t", "hgx_h200:gpus=1", "--method", "direct"],
+        ["topo", "bound", "hgx_h200:gpus=1", "allgather"],
+        ["tune", "allreduce", "-t", "hgx_h200:gpus=1"],
+    ],
+)
 def test_a_one_rank_topology_has_no_collective(argv, tmp_path):
     """One GPU is a valid machine to describe (``topo show``), but no collective runs on it: one line naming the
     topology, not a division by zero in the cost report."""

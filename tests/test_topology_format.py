@@ -22,6 +22,7 @@ def example_doc() -> dict:
 
 # ---- the example file ---------------------------------------------------------------------------
 
+
 def test_example_file_loads_with_its_switch_sharing_groups_and_hosts():
     topology = load_topology(EXAMPLE)
     assert topology.nranks == 4
@@ -46,6 +47,7 @@ def test_save_then_load_keeps_topology_and_fingerprint(tmp_path):
 
 
 # ---- the fingerprint ----------------------------------------------------------------------------
+
 
 @settings(max_examples=25, deadline=None)
 @given(st.randoms(use_true_random=False))
@@ -98,8 +100,7 @@ def small_topologies(draw) -> Topology:
     extra = draw(st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=8))
     pairs |= {(a, b) for a, b in extra if a != b}
     figure = st.floats(0.5, 900, allow_nan=False, allow_infinity=False)
-    links = tuple(Link(a, b, draw(figure), draw(st.floats(0, 10)), draw(st.integers(1, 18)))
-                  for a, b in sorted(pairs))
+    links = tuple(Link(a, b, draw(figure), draw(st.floats(0, 10)), draw(st.integers(1, 18))) for a, b in sorted(pairs))
     return Topology("random", n, links)
 
 
@@ -113,6 +114,7 @@ def test_any_valid_topology_round_trips_through_json_text(topology: Topology):
 
 
 # ---- strict parsing -----------------------------------------------------------------------------
+
 
 def _error(doc: object) -> str:
     with pytest.raises(TopologyError) as info:
@@ -187,4 +189,7 @@ def test_error_detail_survives_a_name_holding_a_colon():
     doc = example_doc()
     doc["name"] = "lab: rack 2"
     doc["links"][1]["bandwidth"] = -1
-    assert _error(doc) == "topology bad.json: links[1] (1->0).bandwidth: must be a number of GB/s from 1e-06 to 1e+09, got -1"
+    assert (
+        _error(doc)
+        == "topology bad.json: links[1] (1->0).bandwidth: must be a number of GB/s from 1e-06 to 1e+09, got -1"
+    )

@@ -62,8 +62,11 @@ def test_a_wait_that_no_signal_meets_is_reported():
     gpu = p.gpus[0]
     tb = gpu.threadblocks[0]
     waits = [i for i, op in enumerate(tb.ops) if op.name == "wait"]
-    broken = replace(p, gpus=(replace(gpu, threadblocks=(replace(tb, ops=tb.ops + (tb.ops[waits[0]],)),)
-                                      + gpu.threadblocks[1:]),) + p.gpus[1:])
+    broken = replace(
+        p,
+        gpus=(replace(gpu, threadblocks=(replace(tb, ops=tb.ops + (tb.ops[waits[0]],)),) + gpu.threadblocks[1:]),)
+        + p.gpus[1:],
+    )
     with pytest.raises(PlanError, match="waits forever"):
         predict_us(broken, MB)
 
@@ -73,6 +76,7 @@ def test_a_pipeline_counts_its_ops_whole_ranges():
     from pathlib import Path
 
     from schedules.plan import load_plan
+
     corpus = Path(__file__).parent / "fixtures" / "mscclpp" / "plans"
     piped = load_plan(corpus / "single_node-alltoall-alltoall_pipeline-numgpus-2.json")
     plain = load_plan(corpus / "single_node-alltoall-alltoall-numgpus-2.json")

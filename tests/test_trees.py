@@ -27,10 +27,10 @@ def _depth(forests) -> int:
     return max(max(t.depths().values()) for f in forests for t in f.trees)
 
 
-def _pipelined(spec: str, name: str, waves: int, options: TreeOptions = TreeOptions()):
+def _pipelined(spec: str, name: str, waves: int, options: TreeOptions | None = None):
     topology = build(spec)
     collective = Collective(name, topology.nranks)
-    forests = forests_for(topology, collective, options)
+    forests = forests_for(topology, collective, options or TreeOptions())
     per_root = math.lcm(*(f.per_root for f in forests))
     sized = Collective(name, topology.nranks, per_root * waves)
     return topology, forests, schedule(topology, sized, forests)
@@ -101,8 +101,25 @@ def test_symmetric_packing_reaches_the_optimum_that_plain_greedy_misses():
 
 def test_cli_synth_trees_writes_a_verified_schedule(tmp_path, capsys):
     out = tmp_path / "ag.json"
-    assert main(["synth", "allgather", "-t", "hgx_h100:nodes=2", "--method", "trees", "--k", "1",
-                 "--size", "1GB", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "hgx_h100:nodes=2",
+                "--method",
+                "trees",
+                "--k",
+                "1",
+                "--size",
+                "1GB",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     # the waves (chunks per tree) come from the size: many at 1 GB, where the pipeline's fill is what costs
     assert doc["meta"]["solver"] == "trees" and doc["collective"]["chunks"] >= 8
@@ -114,8 +131,12 @@ def test_waves_follow_the_size_and_the_compact_form_prices_the_expanded_schedule
     from schedules.verify import require_valid
     from synth.trees import pipeline
 
-    for spec, name in (("hgx_h100:nodes=2", "allreduce"), ("dgx1", "reducescatter"), ("ring:n=5", "broadcast"),
-                       ("dgx2:nodes=2", "allgather")):
+    for spec, name in (
+        ("hgx_h100:nodes=2", "allreduce"),
+        ("dgx1", "reducescatter"),
+        ("ring:n=5", "broadcast"),
+        ("dgx2:nodes=2", "allgather"),
+    ):
         topology = build(spec)
         wave = pipeline(topology, Collective(name, topology.nranks))
         small, large = wave.best_waves(1 << 20), wave.best_waves(1 << 30)
@@ -123,8 +144,7 @@ def test_waves_follow_the_size_and_the_compact_form_prices_the_expanded_schedule
         for waves in (1, 3, min(large, 6)):  # written out at a size the suite can afford
             explicit = wave.with_waves(waves).expand()
             require_valid(explicit, topology)
-            assert wave.predict_us(1 << 30, waves) == pytest.approx(predict_us(explicit, topology, 1 << 30),
-                                                                    rel=1e-9)
+            assert wave.predict_us(1 << 30, waves) == pytest.approx(predict_us(explicit, topology, 1 << 30), rel=1e-9)
 
 
 def test_hgx_128_nodes_reaches_90_percent_of_the_cut_bound_at_1gb_in_the_compact_form():
@@ -147,7 +167,15 @@ def test_cli_topo_bound_prints_the_exact_fraction(capsys):
 
 def test_cli_names_the_unreachable_pair(tmp_path, capsys):
     path = tmp_path / "oneway.json"
-    path.write_text(json.dumps({"format": "weft.topology/1", "name": "oneway", "nranks": 2,
-                                "links": [{"src": 0, "dst": 1, "bandwidth": 25.0, "latency": 1.0}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "weft.topology/1",
+                "name": "oneway",
+                "nranks": 2,
+                "links": [{"src": 0, "dst": 1, "bandwidth": 25.0, "latency": 1.0}],
+            }
+        )
+    )
     assert main(["topo", "bound", str(path), "allgather"]) == 2
     assert "rank 1 cannot reach rank 0" in capsys.readouterr().err

@@ -31,8 +31,16 @@ def test_variants_are_proven_and_those_the_gpu_cannot_hold_are_skipped_with_the_
     schedule = synthesize(topology, "allreduce", "direct")
     options = TuneOptions(instances=(1, 128), threads=(256, 1024), protocols=("ll", "simple"))
     outcomes = {o.variant.label: o for o in compile_variants(schedule, topology, options)}
-    assert set(outcomes) == {"ll-x1-t256", "ll-x1", "ll-x128-t256", "ll-x128", "simple-x1-t256", "simple-x1",
-                             "simple-x128-t256", "simple-x128"}
+    assert set(outcomes) == {
+        "ll-x1-t256",
+        "ll-x1",
+        "ll-x128-t256",
+        "ll-x128",
+        "simple-x1-t256",
+        "simple-x1",
+        "simple-x128-t256",
+        "simple-x128",
+    }
     for label in ("ll-x128", "simple-x128"):  # 256 blocks of 1024 threads: one per SM fits, 132 SMs
         assert outcomes[label].plan is None and "256 thread blocks of 1024 threads" in outcomes[label].skipped
     made = [o for o in outcomes.values() if o.plan]
@@ -49,9 +57,19 @@ def test_simple_plans_alternate_scratch_only_where_that_spares_a_handshake():
     assert not two_shot.plan.use_double_scratch_buffer  # its writes are ordered already: no handshake to spare
 
 
-@pytest.mark.parametrize("options", [dict(instances=()), dict(instances=(0,)), dict(threads=(100,)),
-                                     dict(threads=(2048,)), dict(protocols=("nccl",)), dict(sms=0),
-                                     dict(ll_max_bytes=3 << 10), dict(ll_max_bytes=0)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(instances=()),
+        dict(instances=(0,)),
+        dict(threads=(100,)),
+        dict(threads=(2048,)),
+        dict(protocols=("nccl",)),
+        dict(sms=0),
+        dict(ll_max_bytes=3 << 10),
+        dict(ll_max_bytes=0),
+    ],
+)
 def test_bad_grids_are_refused(options):
     with pytest.raises(TuneError):
         TuneOptions(**options)
@@ -59,8 +77,26 @@ def test_bad_grids_are_refused(options):
 
 def test_weft_tune_commits_every_proven_variant_and_bench_can_then_measure_them(tmp_path, capsys):
     reg = tmp_path / "reg"
-    assert main(["tune", "allreduce", "-t", TOPO, "--instances", "1,4", "--threads", "1024",
-                 "--registry", str(reg), "--json", "-o", str(tmp_path / "plans")]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "allreduce",
+                "-t",
+                TOPO,
+                "--instances",
+                "1,4",
+                "--threads",
+                "1024",
+                "--registry",
+                str(reg),
+                "--json",
+                "-o",
+                str(tmp_path / "plans"),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     plans = [v for v in doc["variants"] if v["plan"]]
     assert len(plans) == len(doc["variants"]) == 8  # direct and twoshot x ll, simple x 1, 4 instances
@@ -73,20 +109,73 @@ def test_weft_tune_commits_every_proven_variant_and_bench_can_then_measure_them(
 
 def test_a_dry_run_commits_nothing(tmp_path, capsys):
     reg = tmp_path / "reg"
-    assert main(["tune", "allgather", "-t", TOPO, "--instances", "2", "--threads", "512", "--registry", str(reg),
-                 "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "allgather",
+                "-t",
+                TOPO,
+                "--instances",
+                "2",
+                "--threads",
+                "512",
+                "--registry",
+                str(reg),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "nothing committed" in out and not Registry(str(reg)).entries()
 
 
 def test_a_variant_that_accepts_no_power_of_two_size_is_flagged(tmp_path, capsys):
     """x3 splits messages into chunk counts with a factor 3: no 1 KB–1 GB power of two fits, so say so."""
-    assert main(["tune", "allgather", "-t", TOPO, "--instances", "2,3", "--threads", "512", "--protocols", "simple",
-                 "--registry", str(tmp_path / "reg"), "--dry-run", "--json"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "allgather",
+                "-t",
+                TOPO,
+                "--instances",
+                "2,3",
+                "--threads",
+                "512",
+                "--protocols",
+                "simple",
+                "--registry",
+                str(tmp_path / "reg"),
+                "--dry-run",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
     assert rows["simple-x2-t512"]["powers_of_two"] and not rows["simple-x3-t512"]["powers_of_two"]
-    assert main(["tune", "allgather", "-t", TOPO, "--instances", "3", "--threads", "512", "--protocols", "simple",
-                 "--registry", str(tmp_path / "reg"), "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "allgather",
+                "-t",
+                TOPO,
+                "--instances",
+                "3",
+                "--threads",
+                "512",
+                "--protocols",
+                "simple",
+                "--registry",
+                str(tmp_path / "reg"),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "simple-x3-t512" in out and "warning: it accepts no power-of-two size" in out
 
@@ -94,16 +183,44 @@ def test_a_variant_that_accepts_no_power_of_two_size_is_flagged(tmp_path, capsys
 def test_simple_variants_can_be_pipelined(tmp_path, capsys):
     """--pipeline 1,2: each Simple variant also cut into two sub-pieces per instance, proven like the others; LL
     variants stay as they are (their packets already flow behind per-packet flags)."""
-    assert main(["tune", "allreduce", "-t", TOPO, "--method", "twoshot", "--instances", "4", "--threads", "512",
-                 "--pipeline", "1,2", "--registry", str(tmp_path / "reg"), "--dry-run", "--json"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "allreduce",
+                "-t",
+                TOPO,
+                "--method",
+                "twoshot",
+                "--instances",
+                "4",
+                "--threads",
+                "512",
+                "--pipeline",
+                "1,2",
+                "--registry",
+                str(tmp_path / "reg"),
+                "--dry-run",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
     assert set(rows) == {"ll-x4-t512", "simple-x4-t512", "simple-x4-p2-t512"}
     assert "-p2" in rows["simple-x4-p2-t512"]["plan"] and "-p2" not in rows["simple-x4-t512"]["plan"]
 
 
-@pytest.mark.parametrize("argv,field", [(["--pipeline", "0"], "--pipeline"), (["--threads", "100"], "--threads"),
-                                        (["--instances", "a,b"], "--instances"),
-                                        (["--protocols", "xl"], "--protocols"), (["--method", "nope"], "method")])
+@pytest.mark.parametrize(
+    "argv,field",
+    [
+        (["--pipeline", "0"], "--pipeline"),
+        (["--threads", "100"], "--threads"),
+        (["--instances", "a,b"], "--instances"),
+        (["--protocols", "xl"], "--protocols"),
+        (["--method", "nope"], "method"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, field):
     assert main(["tune", "allreduce", "-t", TOPO, "--registry", str(tmp_path / "r"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -115,8 +232,9 @@ def test_a_schedule_of_another_collective_is_refused(tmp_path, capsys):
     assert main(["synth", "allgather", "-t", TOPO, "--method", "direct", "-o", str(schedule)]) == 0
     capsys.readouterr()
     assert main(["tune", "allreduce", "-t", TOPO, "--schedule", str(schedule), "--registry", str(tmp_path / "r")]) == 2
-    assert capsys.readouterr().err == (f"weft: error: weft tune: schedule {schedule}: collective: allgather, "
-                                      "not allreduce\n")
+    assert capsys.readouterr().err == (
+        f"weft: error: weft tune: schedule {schedule}: collective: allgather, not allreduce\n"
+    )
 
 
 @pytest.mark.parametrize("method", [[], ["--method", "direct"]])
@@ -133,7 +251,9 @@ def test_a_schedule_file_for_another_topology_is_named_in_the_error(tmp_path, ca
     schedule = tmp_path / "ring8.json"
     assert main(["synth", "allreduce", "-t", "ring:n=8", "--method", "ring", "-o", str(schedule)]) == 0
     capsys.readouterr()
-    assert main(["tune", "allreduce", "-t", "dgx1", "--schedule", str(schedule), "--registry", str(tmp_path / "r")]) == 1
+    assert (
+        main(["tune", "allreduce", "-t", "dgx1", "--schedule", str(schedule), "--registry", str(tmp_path / "r")]) == 1
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"weft: error: schedule {schedule}: verification failed: topology: the schedule is for ")
     assert err.count("\n") == 1 and not (tmp_path / "r").exists()
@@ -143,8 +263,11 @@ def test_pull_variants_join_the_simple_ones():
     labels = [v.label for v in tuning.grid(TuneOptions(instances=(8,), threads=(1024,), pull=True))]
     assert labels == ["ll-x8", "simple-x8", "simple-x8-pull"]
     topology = resolve(TOPO)
-    (plain, pulled) = compile_variants(synthesize(topology, "allreduce", "direct"), topology,
-                                       TuneOptions(instances=(8,), threads=(1024,), protocols=("simple",), pull=True))
+    (plain, pulled) = compile_variants(
+        synthesize(topology, "allreduce", "direct"),
+        topology,
+        TuneOptions(instances=(8,), threads=(1024,), protocols=("simple",), pull=True),
+    )
     assert pulled.plan.name.endswith("-x8-pull") and pulled.threadblocks == 8 and plain.threadblocks == 16
 
 
@@ -162,8 +285,27 @@ def test_ll_variants_can_accept_larger_messages_for_executors_with_ll128_lines(c
 def test_an_unwritable_output_folder_is_refused_before_anything_is_committed(tmp_path, capsys):
     reg, taken = tmp_path / "reg", tmp_path / "taken"
     taken.write_text("a file, not a folder")
-    assert main(["tune", "allreduce", "-t", TOPO, "--instances", "1", "--threads", "1024", "--protocols", "simple",
-                 "--registry", str(reg), "-o", str(taken / "plans")]) == 2
+    assert (
+        main(
+            [
+                "tune",
+                "allreduce",
+                "-t",
+                TOPO,
+                "--instances",
+                "1",
+                "--threads",
+                "1024",
+                "--protocols",
+                "simple",
+                "--registry",
+                str(reg),
+                "-o",
+                str(taken / "plans"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("weft: error: output ") and err.count("\n") == 1 and str(taken) in err
     assert not reg.exists()
@@ -198,11 +340,21 @@ def test_weft_tune_prints_each_variant_once_under_a_heading_per_schedule(capsys)
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     headings = [i for i, line in enumerate(lines) if line.startswith("schedule ")]
-    assert [lines[i].split()[1] for i in headings] == ["direct-allreduce-hgx_h200:gpus=2",
-                                                       "twoshot-allreduce-hgx_h200:gpus=2"]
+    assert [lines[i].split()[1] for i in headings] == [
+        "direct-allreduce-hgx_h200:gpus=2",
+        "twoshot-allreduce-hgx_h200:gpus=2",
+    ]
     variants = [line.split()[0] for line in lines if line.startswith("  ")]
-    labels = ["ll-x1-t256", "ll-x1", "ll-x128-t256", "ll-x128", "simple-x1-t256", "simple-x1", "simple-x128-t256",
-              "simple-x128"]
+    labels = [
+        "ll-x1-t256",
+        "ll-x1",
+        "ll-x128-t256",
+        "ll-x128",
+        "simple-x1-t256",
+        "simple-x1",
+        "simple-x128-t256",
+        "simple-x128",
+    ]
     assert variants == labels + labels  # once per schedule, in grid order, nowhere else
     assert headings[1] == headings[0] + 1 + len(labels)
     assert not any(label in captured.err for label in labels)

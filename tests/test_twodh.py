@@ -38,13 +38,17 @@ def test_across_hosts_each_gpu_sends_one_message_per_remote_host(spec):
     grid = host_grid(topology)
     gpus = len(grid[0])
     schedule = twodh(topology, Collective("alltoall", topology.nranks, chunks=2))
-    crossing = Counter((s.src, s.dst) for step in schedule.steps for s in step.sends
-                       if topology.hosts[s.src] != topology.hosts[s.dst])
+    crossing = Counter(
+        (s.src, s.dst) for step in schedule.steps for s in step.sends if topology.hosts[s.src] != topology.hosts[s.dst]
+    )
     local_index = {r: j for ranks in grid for j, r in enumerate(ranks)}
     assert all(local_index[src] == local_index[dst] for src, dst in crossing)  # only GPU j to GPU j
     assert set(crossing.values()) == {gpus * 2}  # the G blocks of 2 chunks bound for that GPU, in one message
-    flat = Counter((s.src, s.dst) for s in direct(topology, Collective("alltoall", topology.nranks)).steps[0].sends
-                   if topology.hosts[s.src] != topology.hosts[s.dst])
+    flat = Counter(
+        (s.src, s.dst)
+        for s in direct(topology, Collective("alltoall", topology.nranks)).steps[0].sends
+        if topology.hosts[s.src] != topology.hosts[s.dst]
+    )
     assert len(flat) == gpus * len(crossing)  # the flat schedule talks to every remote GPU
 
 
@@ -79,16 +83,21 @@ def test_the_cli_prints_2dh_beside_direct_and_the_bound(tmp_path, capsys):
 
 
 def test_the_cli_json_carries_the_comparison(tmp_path, capsys):
-    assert main(["synth", "alltoall", "-t", TWO_BY_TWO, "--method", "2dh", "--json", "-o", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(["synth", "alltoall", "-t", TWO_BY_TWO, "--method", "2dh", "--json", "-o", str(tmp_path / "s.json")]) == 0
+    )
     [row] = json.loads(capsys.readouterr().out)
     assert set(row["compared_us"]) == {"direct", "bound"}
     assert row["compared_us"]["direct"]["1GB"] <= row["meta"]["predicted_us"]["1GB"]
 
 
-@pytest.mark.parametrize("spec, collective, why", [
-    ("hgx_h100:gpus=4", "alltoall", "one host"),
-    (TWO_BY_TWO, "allgather", "all-to-all algorithm"),
-])
+@pytest.mark.parametrize(
+    "spec, collective, why",
+    [
+        ("hgx_h100:gpus=4", "alltoall", "one host"),
+        (TWO_BY_TWO, "allgather", "all-to-all algorithm"),
+    ],
+)
 def test_2dh_is_refused_with_the_reason(spec, collective, why, capsys):
     topology = build(spec)
     with pytest.raises(NotApplicable, match=why):
@@ -98,8 +107,9 @@ def test_2dh_is_refused_with_the_reason(spec, collective, why, capsys):
 
 
 def test_2dh_needs_hosts_of_one_size():
-    three = Topology("uneven", 3, tuple(Link(s, d, 25.0) for s in range(3) for d in range(3) if s != d),
-                     hosts=(0, 0, 1))
+    three = Topology(
+        "uneven", 3, tuple(Link(s, d, 25.0) for s in range(3) for d in range(3) if s != d), hosts=(0, 0, 1)
+    )
     with pytest.raises(NotApplicable, match=r"hosts of \[1, 2\] GPUs"):
         twodh(three, Collective("alltoall", 3))
 

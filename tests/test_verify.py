@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+from fabrics import mixed_fabric, random_steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,10 +16,9 @@ from schedules.schedule import Schedule, Send, Step
 from schedules.verify import CHECKS, MAX_LISTED, VerificationFailed, require_valid, verify
 from topologies.errors import CheckFailed
 from topologies.topology import Link, SharingGroup, Topology
-from fabrics import mixed_fabric, random_steps
-
 
 # ---- hand-built topologies and schedules ------------------------------------------------------------
+
 
 def ring_topology(n: int, bandwidth: float = 25.0, latency: float = 1.0) -> Topology:
     """A unidirectional ring r -> r+1."""
@@ -39,9 +39,12 @@ def ring_allgather(topo: Topology, chunks: int = 1, rounds: int | None = None) -
     """Rank r forwards, at step k, the slice that started on rank r-k; all of a slice's chunks at once."""
     n = topo.nranks
     steps = tuple(
-        Step(rounds or chunks, tuple(Send(((r - k) % n) * chunks + j, r, (r + 1) % n)
-                                     for r in range(n) for j in range(chunks)))
-        for k in range(n - 1))
+        Step(
+            rounds or chunks,
+            tuple(Send(((r - k) % n) * chunks + j, r, (r + 1) % n) for r in range(n) for j in range(chunks)),
+        )
+        for k in range(n - 1)
+    )
     return Schedule(Collective("allgather", n, chunks), topo.fingerprint, steps, "ring-allgather")
 
 
@@ -60,11 +63,12 @@ def with_steps(schedule: Schedule, steps) -> Schedule:
 def drop_send(schedule: Schedule, step: int, index: int) -> Schedule:
     steps = list(schedule.steps)
     sends = steps[step].sends
-    steps[step] = Step(steps[step].rounds, sends[:index] + sends[index + 1:])
+    steps[step] = Step(steps[step].rounds, sends[:index] + sends[index + 1 :])
     return with_steps(schedule, steps)
 
 
 # ---- correct schedules ------------------------------------------------------------------------------
+
 
 def test_ring_allgather_verifies():
     result = verify(ring_allgather(ring_topology(6)), ring_topology(6))
@@ -88,12 +92,14 @@ def test_rounds_buy_capacity():
 
 def test_broadcast_through_a_switch_within_group_capacity_verifies():
     topo = star(4)
-    schedule = Schedule(Collective("broadcast", 4), topo.fingerprint,
-                        (Step(3, tuple(Send(0, 0, d) for d in (1, 2, 3))),))
+    schedule = Schedule(
+        Collective("broadcast", 4), topo.fingerprint, (Step(3, tuple(Send(0, 0, d) for d in (1, 2, 3))),)
+    )
     assert verify(schedule, topo).ok
 
 
 # ---- broken schedules, one rule each ------------------------------------------------------------------
+
 
 def test_dropped_send_leaves_a_postcondition_unmet():
     topo = ring_topology(4)
@@ -116,71 +122,89 @@ def test_double_counted_reduction():
     schedule = direct_allreduce(topo)
     again = Step(1, (Send(0, 1, 0, "reduce"),))
     result = verify(with_steps(schedule, schedule.steps[:1] + (again,) + schedule.steps[1:]), topo)
-    assert result.errors == ("step 1 send [0, 1->0 reduce]: double-counted: rank 0 already holds the contribution "
-                             "of rank(s) 1 to chunk 0",)
+    assert result.errors == (
+        "step 1 send [0, 1->0 reduce]: double-counted: rank 0 already holds the contribution of rank(s) 1 to chunk 0",
+    )
 
 
 def test_double_counted_within_one_step():
     topo = fully_connected(3)
-    schedule = Schedule(Collective("reduce", 3), topo.fingerprint, (
-        Step(1, (Send(0, 1, 2, "reduce"),)),
-        Step(1, (Send(0, 1, 0, "reduce"), Send(0, 2, 0, "reduce"))),
-    ))
+    schedule = Schedule(
+        Collective("reduce", 3),
+        topo.fingerprint,
+        (
+            Step(1, (Send(0, 1, 2, "reduce"),)),
+            Step(1, (Send(0, 1, 0, "reduce"), Send(0, 2, 0, "reduce"))),
+        ),
+    )
     result = verify(schedule, topo)
     assert len(result.errors) == 1
-    assert "double-counted: chunk 0 reaches rank 0 twice in this step with the contribution of rank(s) 1" \
+    assert (
+        "double-counted: chunk 0 reaches rank 0 twice in this step with the contribution of rank(s) 1"
         in result.errors[0]
+    )
 
 
 def test_copy_and_reduce_into_one_chunk_in_one_step():
     topo = fully_connected(3)
-    schedule = Schedule(Collective("reduce", 3), topo.fingerprint, (
-        Step(1, (Send(0, 1, 0, "reduce"), Send(0, 2, 0, "copy"))),))
+    schedule = Schedule(
+        Collective("reduce", 3), topo.fingerprint, (Step(1, (Send(0, 1, 0, "reduce"), Send(0, 2, 0, "copy"))),)
+    )
     result = verify(schedule, topo)
     assert "rank 0 also receives [0, 1->0 reduce] for chunk 0 in this step" in result.errors[0]
 
 
 def test_reduce_in_a_collective_that_does_not_combine():
     topo = ring_topology(2)
-    schedule = Schedule(Collective("allgather", 2), topo.fingerprint,
-                        (Step(1, (Send(0, 0, 1, "reduce"), Send(1, 1, 0))),))
+    schedule = Schedule(
+        Collective("allgather", 2), topo.fingerprint, (Step(1, (Send(0, 0, 1, "reduce"), Send(1, 1, 0))),)
+    )
     assert verify(schedule, topo).errors[0] == (
-        "step 0 send [0, 0->1 reduce]: reduce in allgather, a collective that does not combine")
+        "step 0 send [0, 0->1 reduce]: reduce in allgather, a collective that does not combine"
+    )
 
 
 def test_step_over_a_links_capacity():
     topo = ring_topology(4)
     result = verify(ring_allgather(topo, chunks=2, rounds=1), topo)
     assert result.errors[0] == (
-        "step 0: link 0->1 carries 2 chunks, over its capacity of 1 (1 rounds x 1 chunks per round)")
+        "step 0: link 0->1 carries 2 chunks, over its capacity of 1 (1 rounds x 1 chunks per round)"
+    )
     assert len(result.errors) == 4 * 3  # every link, every step
 
 
 def test_capacity_tolerates_float_rounding():
     # 61/7 chunks per round times 7 rounds is 60.99999999999999 in floats; the link still carries 61
     topo = Topology("odd", 2, (Link(0, 1, 61.0), Link(1, 0, 7.0)))
-    schedule = Schedule(Collective("broadcast", 2, chunks=61), topo.fingerprint,
-                        (Step(7, tuple(Send(j, 0, 1) for j in range(61))),))
+    schedule = Schedule(
+        Collective("broadcast", 2, chunks=61), topo.fingerprint, (Step(7, tuple(Send(j, 0, 1) for j in range(61))),)
+    )
     assert verify(schedule, topo).ok
 
 
 def test_bonded_link_carries_more_per_round():
     # 0->1 is two bonded 25 GB/s lanes, 1->0 one 50 GB/s lane: each carries two 25 GB/s units per round
-    lanes = Topology("bonded", 3, (Link(0, 1, 25.0, 1.0, count=2), Link(1, 0, 50.0, 1.0), Link(1, 2, 25.0),
-                                   Link(2, 1, 25.0)))
-    schedule = Schedule(Collective("broadcast", 3, chunks=2), lanes.fingerprint, (
-        Step(1, (Send(0, 0, 1), Send(1, 0, 1))), Step(1, (Send(0, 1, 2),)), Step(1, (Send(1, 1, 2),))))
+    lanes = Topology(
+        "bonded", 3, (Link(0, 1, 25.0, 1.0, count=2), Link(1, 0, 50.0, 1.0), Link(1, 2, 25.0), Link(2, 1, 25.0))
+    )
+    schedule = Schedule(
+        Collective("broadcast", 3, chunks=2),
+        lanes.fingerprint,
+        (Step(1, (Send(0, 0, 1), Send(1, 0, 1))), Step(1, (Send(0, 1, 2),)), Step(1, (Send(1, 1, 2),))),
+    )
     assert verify(schedule, lanes).ok
 
 
 def test_step_over_a_sharing_groups_capacity():
     topo = star(4)
-    schedule = Schedule(Collective("broadcast", 4), topo.fingerprint,
-                        (Step(1, tuple(Send(0, 0, d) for d in (1, 2, 3))),))
+    schedule = Schedule(
+        Collective("broadcast", 4), topo.fingerprint, (Step(1, tuple(Send(0, 0, d) for d in (1, 2, 3))),)
+    )
     result = verify(schedule, topo)
     assert result.errors == (
         "step 0: sharing group [0->1, 0->2, 0->3; 25 GB/s] carries 3 chunks, over its capacity of 1 "
-        "(1 rounds x 1 chunks per round)",)
+        "(1 rounds x 1 chunks per round)",
+    )
 
 
 def test_sharing_group_declared_without_switches():
@@ -201,14 +225,16 @@ def test_fingerprint_mismatch():
     schedule = ring_allgather(ring_topology(4, bandwidth=25.0))
     other = ring_topology(4, bandwidth=50.0)
     result = verify(schedule, other)
-    assert result.errors == (
-        f"topology: the schedule is for {schedule.topology}, not ring4 ({other.fingerprint})",)
+    assert result.errors == (f"topology: the schedule is for {schedule.topology}, not ring4 ({other.fingerprint})",)
 
 
 def test_switch_free_fingerprint_gets_a_hint():
     topo = star(3)
-    schedule = Schedule(Collective("broadcast", 3), topo.without_switches().fingerprint,
-                        (Step(1, (Send(0, 0, 1),)), Step(1, (Send(0, 0, 2),))))
+    schedule = Schedule(
+        Collective("broadcast", 3),
+        topo.without_switches().fingerprint,
+        (Step(1, (Send(0, 0, 1),)), Step(1, (Send(0, 0, 2),))),
+    )
     assert "switch-free form's fingerprint" in verify(schedule, topo).errors[0]
 
 
@@ -241,8 +267,10 @@ def test_require_valid_raises_with_first_error_and_count():
     with pytest.raises(VerificationFailed) as caught:
         require_valid(ring_allgather(topo, chunks=2, rounds=1), topo)
     assert isinstance(caught.value, CheckFailed) and caught.value.exit_code == 1
-    assert str(caught.value) == ("schedule ring-allgather: verification failed: step 0: link 0->1 carries 2 "
-                                 "chunks, over its capacity of 1 (1 rounds x 1 chunks per round) (and 11 more errors)")
+    assert str(caught.value) == (
+        "schedule ring-allgather: verification failed: step 0: link 0->1 carries 2 "
+        "chunks, over its capacity of 1 (1 rounds x 1 chunks per round) (and 11 more errors)"
+    )
 
 
 def test_errors_beyond_the_listed_ones_are_counted():
@@ -254,8 +282,7 @@ def test_errors_beyond_the_listed_ones_are_counted():
     assert result.nerrors == MAX_LISTED + 200 + 3  # plus three unmet postconditions
 
 
-@pytest.mark.parametrize("build,topo", [(ring_allgather, ring_topology(4)),
-                                        (direct_allreduce, fully_connected(4))])
+@pytest.mark.parametrize("build,topo", [(ring_allgather, ring_topology(4)), (direct_allreduce, fully_connected(4))])
 def test_every_send_of_a_minimal_schedule_is_needed(build, topo):
     schedule = build(topo)
     for i, step in enumerate(schedule.steps):
@@ -264,6 +291,7 @@ def test_every_send_of_a_minimal_schedule_is_needed(build, topo):
 
 
 # ---- random spanning-tree broadcasts ------------------------------------------------------------------
+
 
 @st.composite
 def tree_broadcasts(draw):
@@ -282,7 +310,8 @@ def tree_broadcasts(draw):
         depth[node] = depth[parent[node]] + 1
     steps = tuple(
         Step(chunks, tuple(Send(j, parent[c], c) for c in order[1:] if depth[c] == k for j in range(chunks)))
-        for k in range(1, max(depth.values()) + 1))
+        for k in range(1, max(depth.values()) + 1)
+    )
     return topo, Schedule(Collective("broadcast", n, chunks, root), topo.fingerprint, steps, "tree-broadcast")
 
 
@@ -305,7 +334,6 @@ def test_deleting_any_send_of_a_tree_broadcast_fails(case, data):
 # ---- capacity against a direct count -----------------------------------------------------------------
 
 
-
 def capacity_breaches(topo: Topology, steps) -> set[str]:
     fabric = topo.without_switches()
     breaches = set()
@@ -326,6 +354,9 @@ def capacity_breaches(topo: Topology, steps) -> set[str]:
 def test_capacity_errors_match_a_direct_count(steps):
     topo = mixed_fabric()
     schedule = Schedule(Collective("broadcast", 5), topo.fingerprint, steps)
-    found = {e.split(" carries")[0].split(";")[0].split(", ...")[0]
-             for e in verify(schedule, topo).errors if " carries " in e}
+    found = {
+        e.split(" carries")[0].split(";")[0].split(", ...")[0]
+        for e in verify(schedule, topo).errors
+        if " carries " in e
+    }
     assert found == capacity_breaches(topo, steps)

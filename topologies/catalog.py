@@ -31,11 +31,12 @@ Modeling choices (the same for every entry):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from topologies.errors import TopologyError
-from topologies.topology import Link, Topology, Vertex, short_repr
+from topologies.jsonfile import short_repr
+from topologies.topology import Link, Topology, Vertex
 
 # α per hop, µs (see the module docstring for the source).
 NVLINK_US = 0.3
@@ -81,6 +82,11 @@ class Entry:
 Fabric = Callable[[int, range], tuple[list[Link], list[str]]]
 
 
+def _doc(builder: Callable[..., object]) -> str:
+    """A builder's docstring, its catalog description."""
+    return builder.__doc__ or ""
+
+
 def _links(pairs: Iterable[tuple[Vertex, Vertex]], bandwidth: float, latency: float) -> list[Link]:
     """One link per distinct (src, dst); a pair listed k times becomes k bonded lanes."""
     return [Link(s, d, bandwidth, latency, count) for (s, d), count in Counter(pairs).items()]
@@ -92,28 +98,33 @@ def _both_ways(a: Vertex, b: Vertex, bandwidth: float, latency: float, count: in
 
 def _nvswitch(lane_gbps: float, lanes: int) -> Fabric:
     """A host's NVSwitch tray as one vertex, with every GPU's NVLink lanes to it and back."""
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         if len(ranks) < 2:
             return [], []  # a lone GPU has nobody to talk to over NVLink
         tray = f"n{host}.nvswitch"
-        return [l for r in ranks for l in _both_ways(r, tray, lane_gbps, NVLINK_US / 2, lanes)], [tray]
+        return [link for r in ranks for link in _both_ways(r, tray, lane_gbps, NVLINK_US / 2, lanes)], [tray]
 
     return fabric
 
 
 def _direct(lanes: dict[tuple[int, int], int], lane_gbps: float, latency: float) -> Fabric:
     """Direct GPU-GPU links inside a host, ``lanes`` given by local GPU index."""
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         first = ranks.start
-        return [l for (a, b), n in lanes.items() for l in _both_ways(first + a, first + b, lane_gbps, latency, n)], []
+        return [
+            link for (a, b), n in lanes.items() for link in _both_ways(first + a, first + b, lane_gbps, latency, n)
+        ], []
 
     return fabric
 
 
 def _rail_nics(nic_gbps: float) -> Fabric:
     """One NIC per GPU, modeled as the GPU<->ib link (GPU->NIC->switch->NIC->GPU is IB_US end to end)."""
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
-        return [l for r in ranks for l in _both_ways(r, "ib", nic_gbps, IB_US / 2)], []
+        return [link for r in ranks for link in _both_ways(r, "ib", nic_gbps, IB_US / 2)], []
 
     return fabric
 
@@ -124,6 +135,7 @@ def _shared_nics(per_nic: int, pcie_gbps: float, nic_gbps: float) -> Fabric:
     Two vertices, because a NIC moves data between its host and the wire, never from one local GPU to another:
     one vertex would offer a PCIe shortcut between local GPUs that no collective library takes.
     """
+
     def fabric(host: int, ranks: range) -> tuple[list[Link], list[str]]:
         links, nics = [], []
         for k, first in enumerate(range(ranks.start, ranks.stop, per_nic)):
@@ -149,8 +161,7 @@ def _combined(*fabrics: Fabric) -> Fabric:
     return fabric
 
 
-def _multi_host(name: str, description: str, nodes: int, gpus: int, node_fabric: Fabric,
-                uplink: Fabric) -> Topology:
+def _multi_host(name: str, description: str, nodes: int, gpus: int, node_fabric: Fabric, uplink: Fabric) -> Topology:
     """Stamp ``node_fabric`` once per host; with several hosts, add each host's ``uplink`` and the ib switch."""
     stamp = _combined(node_fabric, uplink) if nodes > 1 else node_fabric
     links: list[Link] = []
@@ -167,32 +178,33 @@ def _multi_host(name: str, description: str, nodes: int, gpus: int, node_fabric:
 
 # ---- abstract fabrics ---------------------------------------------------------------------------
 
+
 def ring(n: int = 8) -> Topology:
     """A bidirectional ring of n ranks, 25 GB/s per direction per link."""
     name = _checked("ring", n=n)
     pairs = [(r, (r + step) % n) for r in range(n) for step in (1, -1)]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=ring.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(ring))
 
 
 def line(n: int = 8) -> Topology:
     """A chain of n ranks (a ring with one link cut), 25 GB/s per direction per link."""
     name = _checked("line", n=n)
     pairs = [p for r in range(n - 1) for p in ((r, r + 1), (r + 1, r))]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=line.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(line))
 
 
 def fully_connected(n: int = 8) -> Topology:
     """n ranks with a direct 25 GB/s link between every ordered pair."""
     name = _checked("fully_connected", n=n)
     pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=fully_connected.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(fully_connected))
 
 
 def switch(n: int = 8) -> Topology:
     """n ranks on one non-blocking switch (hub and spoke), 25 GB/s per rank per direction."""
     name = _checked("switch", n=n)
-    links = [l for r in range(n) for l in _both_ways(r, "switch", UNIT_GBPS, NVLINK_US / 2)]
-    return Topology(name, n, tuple(links), ("switch",), description=switch.__doc__)
+    links = [link for r in range(n) for link in _both_ways(r, "switch", UNIT_GBPS, NVLINK_US / 2)]
+    return Topology(name, n, tuple(links), ("switch",), description=_doc(switch))
 
 
 def torus2d(x: int = 4, y: int = 4) -> Topology:
@@ -204,7 +216,7 @@ def torus2d(x: int = 4, y: int = 4) -> Topology:
             r = row * x + col
             pairs += [(r, row * x + (col + step) % x) for step in (1, -1)]
             pairs += [(r, ((row + step) % y) * x + col) for step in (1, -1)]
-    return Topology(name, x * y, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=torus2d.__doc__)
+    return Topology(name, x * y, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(torus2d))
 
 
 def hypercube(d: int = 3) -> Topology:
@@ -212,7 +224,7 @@ def hypercube(d: int = 3) -> Topology:
     name = _checked("hypercube", d=d)
     n = 1 << d
     pairs = [(r, r ^ (1 << k)) for r in range(n) for k in range(d)]
-    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=hypercube.__doc__)
+    return Topology(name, n, tuple(_links(pairs, UNIT_GBPS, NVLINK_US)), description=_doc(hypercube))
 
 
 # ---- NVIDIA systems -----------------------------------------------------------------------------
@@ -220,8 +232,24 @@ def hypercube(d: int = 3) -> Topology:
 # DGX-1 hybrid cube-mesh: NVLink lanes between GPU pairs, 2 = NV2, 1 = NV1. This is SCCL's dgx1 matrix
 # (msccl-tools, msccl/topologies/nvidia.py) and NVIDIA's DGX-1 V100 system architecture whitepaper (figure 3):
 # 0 1 3 2 and 4 5 7 6 are the NV2 chains of the two sockets, 0-4 and 2-6 join them with NV2 too.
-DGX1_LANES = {(0, 1): 2, (0, 2): 1, (0, 3): 1, (0, 4): 2, (1, 2): 1, (1, 3): 2, (1, 5): 1, (2, 3): 2,
-              (2, 6): 2, (3, 7): 1, (4, 5): 2, (4, 6): 1, (4, 7): 1, (5, 6): 1, (5, 7): 2, (6, 7): 2}
+DGX1_LANES = {
+    (0, 1): 2,
+    (0, 2): 1,
+    (0, 3): 1,
+    (0, 4): 2,
+    (1, 2): 1,
+    (1, 3): 2,
+    (1, 5): 1,
+    (2, 3): 2,
+    (2, 6): 2,
+    (3, 7): 1,
+    (4, 5): 2,
+    (4, 6): 1,
+    (4, 7): 1,
+    (5, 6): 1,
+    (5, 7): 2,
+    (6, 7): 2,
+}
 # NVLink 2 (V100): 25 GB/s per lane per direction (V100 whitepaper: 6 lanes, 300 GB/s bidirectional in all).
 V100_LANE_GBPS = 25.0
 # PCIe 3.0 x16: 15.75 GB/s per direction; PCIe 4.0 x16: 31.5 GB/s.
@@ -232,45 +260,75 @@ PCIE4_GBPS = 31.5
 def dgx1() -> Topology:
     """NVIDIA DGX-1: 8×V100 in a hybrid cube-mesh, NV2 = 2 lanes, NV1 = 1 lane, 25 GB/s per lane."""
     links, _ = _direct(DGX1_LANES, V100_LANE_GBPS, NVLINK_US)(0, range(8))
-    return Topology(_checked("dgx1"), 8, tuple(links), description=dgx1.__doc__)
+    return Topology(_checked("dgx1"), 8, tuple(links), description=_doc(dgx1))
 
 
 def ndv2(nodes: int = 1) -> Topology:
     """Azure NDv2: a DGX-1 cube-mesh per node and one 12.5 GB/s InfiniBand NIC per node, shared by its 8 GPUs."""
     # One 100 Gb/s EDR InfiniBand NIC per VM (Azure NDv2-series documentation; TACCL section 5), on PCIe 3.0.
-    return _multi_host(_checked("ndv2", nodes=nodes), ndv2.__doc__, nodes, 8,
-                       _direct(DGX1_LANES, V100_LANE_GBPS, NVLINK_US), _shared_nics(8, PCIE3_GBPS, 12.5))
+    return _multi_host(
+        _checked("ndv2", nodes=nodes),
+        _doc(ndv2),
+        nodes,
+        8,
+        _direct(DGX1_LANES, V100_LANE_GBPS, NVLINK_US),
+        _shared_nics(8, PCIE3_GBPS, 12.5),
+    )
 
 
 def dgx2(nodes: int = 1) -> Topology:
     """NVIDIA DGX-2: 16×V100 on NVSwitch (6 lanes × 25 GB/s per GPU); one 12.5 GB/s NIC per GPU pair."""
     # DGX-2 datasheet: 12 NVSwitches, 6 NVLink 2 lanes per GPU; 8 × 100 Gb/s EDR InfiniBand NICs, each on the
     # PCIe 3.0 switch of a GPU pair.
-    return _multi_host(_checked("dgx2", nodes=nodes), dgx2.__doc__, nodes, 16,
-                       _nvswitch(V100_LANE_GBPS, 6), _shared_nics(2, PCIE3_GBPS, 12.5))
+    return _multi_host(
+        _checked("dgx2", nodes=nodes),
+        _doc(dgx2),
+        nodes,
+        16,
+        _nvswitch(V100_LANE_GBPS, 6),
+        _shared_nics(2, PCIE3_GBPS, 12.5),
+    )
 
 
 def dgx_a100(nodes: int = 1, gpus: int = 8) -> Topology:
     """NVIDIA DGX A100: up to 8×A100 on NVSwitch (300 GB/s per GPU per direction), one 25 GB/s NIC per GPU."""
     # DGX A100 system architecture whitepaper: NVLink 3, 12 lanes × 25 GB/s per GPU per direction; 8 × 200 Gb/s
     # HDR InfiniBand ConnectX-6 NICs for the compute fabric, one per GPU.
-    return _multi_host(_checked("dgx_a100", nodes=nodes, gpus=gpus), dgx_a100.__doc__, nodes, gpus,
-                       _nvswitch(25.0, 12), _rail_nics(25.0))
+    return _multi_host(
+        _checked("dgx_a100", nodes=nodes, gpus=gpus),
+        _doc(dgx_a100),
+        nodes,
+        gpus,
+        _nvswitch(25.0, 12),
+        _rail_nics(25.0),
+    )
 
 
 def hgx_h100(nodes: int = 1, gpus: int = 8) -> Topology:
     """NVIDIA HGX H100: up to 8×H100 on NVSwitch (450 GB/s per GPU per direction), one 50 GB/s NIC per GPU."""
     # H100 whitepaper: NVLink 4, 18 lanes × 25 GB/s = 450 GB/s per GPU per direction through 4 NVSwitches.
     # DGX H100 user guide: 8 × 400 Gb/s NDR ConnectX-7 NICs, one per GPU.
-    return _multi_host(_checked("hgx_h100", nodes=nodes, gpus=gpus), hgx_h100.__doc__, nodes, gpus,
-                       _nvswitch(25.0, 18), _rail_nics(50.0))
+    return _multi_host(
+        _checked("hgx_h100", nodes=nodes, gpus=gpus),
+        _doc(hgx_h100),
+        nodes,
+        gpus,
+        _nvswitch(25.0, 18),
+        _rail_nics(50.0),
+    )
 
 
 def hgx_h200(nodes: int = 1, gpus: int = 8) -> Topology:
     """NVIDIA HGX H200: up to 8×H200 on NVSwitch (450 GB/s per GPU per direction), one 50 GB/s NIC per GPU."""
     # H200 datasheet: the same NVLink 4 fabric as H100 (900 GB/s bidirectional per GPU) and 400 Gb/s NICs.
-    return _multi_host(_checked("hgx_h200", nodes=nodes, gpus=gpus), hgx_h200.__doc__, nodes, gpus,
-                       _nvswitch(25.0, 18), _rail_nics(50.0))
+    return _multi_host(
+        _checked("hgx_h200", nodes=nodes, gpus=gpus),
+        _doc(hgx_h200),
+        nodes,
+        gpus,
+        _nvswitch(25.0, 18),
+        _rail_nics(50.0),
+    )
 
 
 # ---- AMD systems --------------------------------------------------------------------------------
@@ -278,8 +336,20 @@ def hgx_h200(nodes: int = 1, gpus: int = 8) -> Topology:
 # xGMI (Infinity Fabric) lanes between the 8 GCDs of a 4×MI250 node, from `rocm-smi --shownodesbw` on an MI250
 # server (maxima of 200/100/50 GB/s = 4/2/1 lanes; Hugging Face optimum-amd, "AMD Instinct GPU connectivity"),
 # matching the CDNA 2 whitepaper: the two GCDs of one package (0-1, 2-3, 4-5, 6-7) share 4 lanes.
-MI250_LANES = {(0, 1): 4, (2, 3): 4, (4, 5): 4, (6, 7): 4, (0, 6): 2, (2, 4): 2,
-               (0, 2): 1, (1, 3): 1, (1, 5): 1, (3, 7): 1, (4, 6): 1, (5, 7): 1}
+MI250_LANES = {
+    (0, 1): 4,
+    (2, 3): 4,
+    (4, 5): 4,
+    (6, 7): 4,
+    (0, 6): 2,
+    (2, 4): 2,
+    (0, 2): 1,
+    (1, 3): 1,
+    (1, 5): 1,
+    (3, 7): 1,
+    (4, 6): 1,
+    (5, 7): 1,
+}
 # CDNA 2 whitepaper: an xGMI lane is 16 bits at 25 GT/s = 50 GB/s per direction.
 MI250_LANE_GBPS = 50.0
 # MI300X datasheet: 7 xGMI links per GPU, 128 GB/s bidirectional = 64 GB/s per direction each, fully connected.
@@ -290,19 +360,32 @@ def mi250(nodes: int = 1) -> Topology:
     """AMD 4×MI250 node: 8 GCDs as ranks, xGMI 1, 2 or 4 lanes × 50 GB/s, one 25 GB/s NIC per MI250 package."""
     # One 200 Gb/s NIC per package (as on Frontier and LUMI: 4 × Slingshot-11 per node), on PCIe 4.0 x16,
     # shared by the package's 2 GCDs.
-    return _multi_host(_checked("mi250", nodes=nodes), mi250.__doc__, nodes, 8,
-                       _direct(MI250_LANES, MI250_LANE_GBPS, XGMI_US), _shared_nics(2, PCIE4_GBPS, 25.0))
+    return _multi_host(
+        _checked("mi250", nodes=nodes),
+        _doc(mi250),
+        nodes,
+        8,
+        _direct(MI250_LANES, MI250_LANE_GBPS, XGMI_US),
+        _shared_nics(2, PCIE4_GBPS, 25.0),
+    )
 
 
 def mi300x(nodes: int = 1) -> Topology:
     """AMD MI300X platform: 8 GPUs fully connected by xGMI (64 GB/s per link per direction), one 50 GB/s NIC each."""
     # 8 × 400 Gb/s NICs, one per GPU (AMD Instinct MI300 series cluster reference architecture guide).
     pairs = {(a, b): 1 for a in range(8) for b in range(a + 1, 8)}
-    return _multi_host(_checked("mi300x", nodes=nodes), mi300x.__doc__, nodes, 8,
-                       _direct(pairs, MI300X_LINK_GBPS, XGMI_US), _rail_nics(50.0))
+    return _multi_host(
+        _checked("mi300x", nodes=nodes),
+        _doc(mi300x),
+        nodes,
+        8,
+        _direct(pairs, MI300X_LINK_GBPS, XGMI_US),
+        _rail_nics(50.0),
+    )
 
 
 # ---- the catalog --------------------------------------------------------------------------------
+
 
 def _size(name: str, default: int, maximum: int, what: str, minimum: int = 2) -> Param:
     return Param(name, default, minimum, maximum, what)
@@ -312,20 +395,20 @@ NODES = Param("nodes", 1, 1, 1024, "hosts, joined by an InfiniBand switch")
 GPUS = Param("gpus", 8, 1, 8, "GPUs per node")
 
 ENTRIES: tuple[Entry, ...] = (
-    Entry("ring", ring, (_size("n", 8, MAX_RANKS, "ranks"),), ring.__doc__),
-    Entry("line", line, (_size("n", 8, MAX_RANKS, "ranks"),), line.__doc__),
-    Entry("fully_connected", fully_connected, (_size("n", 8, 256, "ranks"),), fully_connected.__doc__),
-    Entry("switch", switch, (_size("n", 8, MAX_RANKS, "ranks"),), switch.__doc__, ("hub_and_spoke",)),
-    Entry("torus2d", torus2d, (_size("x", 4, 128, "columns"), _size("y", 4, 128, "rows")), torus2d.__doc__),
-    Entry("hypercube", hypercube, (_size("d", 3, 14, "dimensions", minimum=1),), hypercube.__doc__),
-    Entry("dgx1", dgx1, (), dgx1.__doc__),
-    Entry("ndv2", ndv2, (NODES,), ndv2.__doc__),
-    Entry("dgx2", dgx2, (NODES,), dgx2.__doc__),
-    Entry("dgx_a100", dgx_a100, (NODES, GPUS), dgx_a100.__doc__),
-    Entry("hgx_h100", hgx_h100, (NODES, GPUS), hgx_h100.__doc__),
-    Entry("hgx_h200", hgx_h200, (NODES, GPUS), hgx_h200.__doc__),
-    Entry("mi250", mi250, (NODES,), mi250.__doc__),
-    Entry("mi300x", mi300x, (NODES,), mi300x.__doc__),
+    Entry("ring", ring, (_size("n", 8, MAX_RANKS, "ranks"),), _doc(ring)),
+    Entry("line", line, (_size("n", 8, MAX_RANKS, "ranks"),), _doc(line)),
+    Entry("fully_connected", fully_connected, (_size("n", 8, 256, "ranks"),), _doc(fully_connected)),
+    Entry("switch", switch, (_size("n", 8, MAX_RANKS, "ranks"),), _doc(switch), ("hub_and_spoke",)),
+    Entry("torus2d", torus2d, (_size("x", 4, 128, "columns"), _size("y", 4, 128, "rows")), _doc(torus2d)),
+    Entry("hypercube", hypercube, (_size("d", 3, 14, "dimensions", minimum=1),), _doc(hypercube)),
+    Entry("dgx1", dgx1, (), _doc(dgx1)),
+    Entry("ndv2", ndv2, (NODES,), _doc(ndv2)),
+    Entry("dgx2", dgx2, (NODES,), _doc(dgx2)),
+    Entry("dgx_a100", dgx_a100, (NODES, GPUS), _doc(dgx_a100)),
+    Entry("hgx_h100", hgx_h100, (NODES, GPUS), _doc(hgx_h100)),
+    Entry("hgx_h200", hgx_h200, (NODES, GPUS), _doc(hgx_h200)),
+    Entry("mi250", mi250, (NODES,), _doc(mi250)),
+    Entry("mi300x", mi300x, (NODES,), _doc(mi300x)),
 )
 
 

@@ -34,15 +34,24 @@ class GpuFacts:
 class MachineFacts:
     gpus: tuple[GpuFacts, ...]
 
-    def to_json(self) -> dict:
-        return {"format": "weft.nvml-facts/1", "gpus": [
-            {"name": g.name, "pci_bus_id": g.pci_bus_id, "nvlink_remotes": list(g.nvlink_remotes)} for g in self.gpus]}
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "weft.nvml-facts/1",
+            "gpus": [
+                {"name": g.name, "pci_bus_id": g.pci_bus_id, "nvlink_remotes": list(g.nvlink_remotes)}
+                for g in self.gpus
+            ],
+        }
 
     @staticmethod
-    def from_json(doc: Any, source: str) -> "MachineFacts":
+    def from_json(doc: Any, source: str) -> MachineFacts:
         try:
-            return MachineFacts(tuple(GpuFacts(str(g["name"]), str(g["pci_bus_id"]),
-                                               tuple(str(r) for r in g["nvlink_remotes"])) for g in doc["gpus"]))
+            return MachineFacts(
+                tuple(
+                    GpuFacts(str(g["name"]), str(g["pci_bus_id"]), tuple(str(r) for r in g["nvlink_remotes"]))
+                    for g in doc["gpus"]
+                )
+            )
         except (KeyError, TypeError) as e:
             raise TopologyError(f"nvml facts {source}: gpus: malformed ({e})") from None
 
@@ -51,7 +60,9 @@ def read_facts(nvml: Any = None) -> MachineFacts:
     """Ask NVML (the ``pynvml`` module from nvidia-ml-py, or any object with its functions)."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         except ImportError:
             raise TopologyError("topo detect: nvidia-ml-py is not installed (pip install 'weft[gpu]')") from None
     try:
@@ -64,21 +75,29 @@ def read_facts(nvml: Any = None) -> MachineFacts:
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             remotes = []
             # nvidia-ml-py names the remote-PCI query with or without _v2, depending on its version.
-            remote_pci = getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) or \
-                nvml.nvmlDeviceGetNvLinkRemotePciInfo
+            remote_pci = (
+                getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) or nvml.nvmlDeviceGetNvLinkRemotePciInfo
+            )
             for lane in range(nvml.NVML_NVLINK_MAX_LINKS):
                 try:
                     if nvml.nvmlDeviceGetNvLinkState(handle, lane) != nvml.NVML_FEATURE_ENABLED:
                         continue
                     # some nvidia-ml-py releases name it without _v2 (the one on the 2xH200 machines does)
-                    remote_pci = getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) \
+                    remote_pci = (
+                        getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None)
                         or nvml.nvmlDeviceGetNvLinkRemotePciInfo
+                    )
                     remotes.append(_bus_id(remote_pci(handle, lane).busId))
                 except nvml.NVMLError:
                     continue  # the lane does not exist on this GPU
             name = nvml.nvmlDeviceGetName(handle)
-            gpus.append(GpuFacts(name.decode() if isinstance(name, bytes) else str(name),
-                                 _bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId), tuple(remotes)))
+            gpus.append(
+                GpuFacts(
+                    name.decode() if isinstance(name, bytes) else str(name),
+                    _bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId),
+                    tuple(remotes),
+                )
+            )
         return MachineFacts(tuple(gpus))
     finally:
         nvml.nvmlShutdown()
@@ -112,8 +131,9 @@ def topology_from_facts(facts: MachineFacts) -> Topology:
 
 def _all_pairs_nvlink(facts: MachineFacts, gpu_ids: dict[str, int]) -> bool:
     n = len(facts.gpus)
-    return all({gpu_ids[r] for r in g.nvlink_remotes if r in gpu_ids} == set(range(n)) - {i}
-               for i, g in enumerate(facts.gpus))
+    return all(
+        {gpu_ids[r] for r in g.nvlink_remotes if r in gpu_ids} == set(range(n)) - {i} for i, g in enumerate(facts.gpus)
+    )
 
 
 def _direct_topology(facts: MachineFacts, gpu_ids: dict[str, int], family: str | None) -> Topology:
@@ -131,8 +151,9 @@ def _direct_topology(facts: MachineFacts, gpu_ids: dict[str, int], family: str |
                 links.append(Link(a, b, lane, NVLINK_US, lanes[b]))
             else:
                 links.append(Link(a, b, PCIE_GBPS, PCIE_US))
-    return Topology("detected", len(facts.gpus), tuple(links),
-                    description=f"detected: {len(facts.gpus)} × {facts.gpus[0].name}")
+    return Topology(
+        "detected", len(facts.gpus), tuple(links), description=f"detected: {len(facts.gpus)} × {facts.gpus[0].name}"
+    )
 
 
 def detect(nvml: Any = None) -> Topology:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
-from topologies.jsonfile import read_json, write_text
 from topologies.errors import TopologyError, UnreachableError
-from topologies.topology import FORMAT, Link, SharingGroup, Topology, _is_number, short_repr
-
+from topologies.jsonfile import read_json, short_repr, write_text
+from topologies.topology import FORMAT, Link, SharingGroup, Topology, _is_number
 
 TOP_LEVEL_FIELDS = frozenset({"format", "name", "description", "nranks", "switches", "hosts", "links", "sharing"})
+
+
+Fail = Callable[[str, str], TopologyError]  # (field, reason) -> the error naming the file
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -60,21 +64,21 @@ def parse_topology(data: object, source: str) -> Topology:
         raise kind(f"topology {source}: {detail}") from None
 
 
-def _list(data: dict, key: str, fail) -> list:
+def _list(data: dict[str, Any], key: str, fail: Fail) -> list[Any]:
     value = data.get(key, [])
     if not isinstance(value, list):
         raise fail(key, f"must be a list, got {type(value).__name__}")
     return value
 
 
-def _number(item: dict, key: str, where: str, fail, default: float | None = None) -> float:
+def _number(item: dict[str, Any], key: str, where: str, fail: Fail, default: float | None = None) -> float:
     value = item.get(key, default)
     if not _is_number(value):
         raise fail(f"{where}.{key}", f"must be a number, got {short_repr(value)}")
-    return value
+    return cast(float, value)  # _is_number checked it
 
 
-def _link(item: object, i: int, fail) -> Link:
+def _link(item: object, i: int, fail: Fail) -> Link:
     where = f"links[{i}]"
     if not isinstance(item, dict):
         raise fail(where, "must be an object with src, dst, bandwidth, latency")
@@ -87,11 +91,16 @@ def _link(item: object, i: int, fail) -> Link:
     unknown = set(item) - {"src", "dst", "bandwidth", "latency", "count"}
     if unknown:
         raise fail(f"{where}", f"unknown field {short_repr(sorted(unknown)[0])}")
-    return Link(item["src"], item["dst"], _number(item, "bandwidth", where, fail),
-                _number(item, "latency", where, fail, 0.0), count)
+    return Link(
+        item["src"],
+        item["dst"],
+        _number(item, "bandwidth", where, fail),
+        _number(item, "latency", where, fail, 0.0),
+        count,
+    )
 
 
-def _group(item: object, i: int, fail) -> SharingGroup:
+def _group(item: object, i: int, fail: Fail) -> SharingGroup:
     where = f"sharing[{i}]"
     if not isinstance(item, dict) or not isinstance(item.get("links"), list):
         raise fail(where, "must be an object with 'links' (a list of [src, dst]) and 'bandwidth'")

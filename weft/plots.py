@@ -46,14 +46,23 @@ def plot_frontier(path: str | Path, out: str | Path) -> Path:
     ys = [p.steps for p in frontier.points]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.step(sorted(xs), [y for _, y in sorted(zip(xs, ys))], where="post", color="tab:blue", alpha=0.4)
+    ax.step(sorted(xs), [y for _, y in sorted(zip(xs, ys, strict=True))], where="post", color="tab:blue", alpha=0.4)
     ax.scatter(xs, ys, color="tab:blue", zorder=3, label="(steps, rounds, chunks) of each schedule")
     for p in frontier.points:
-        ax.annotate(f"({p.steps},{p.rounds},{p.chunks})", (p.rounds_per_chunk, p.steps), textcoords="offset points",
-                    xytext=(5, 5), fontsize=8)
+        ax.annotate(
+            f"({p.steps},{p.rounds},{p.chunks})",
+            (p.rounds_per_chunk, p.steps),
+            textcoords="offset points",
+            xytext=(5, 5),
+            fontsize=8,
+        )
     if frontier.lp_bound is not None:
-        ax.axvline(frontier.lp_bound, color="tab:red", linestyle="--",
-                   label=f"bandwidth bound {fraction(frontier.lp_bound)} rounds per chunk")
+        ax.axvline(
+            frontier.lp_bound,
+            color="tab:red",
+            linestyle="--",
+            label=f"bandwidth bound {fraction(frontier.lp_bound)} rounds per chunk",
+        )
     ax.legend(fontsize=8)
     ax.yaxis.set_major_locator(_integer_ticks())
     ax.set_xlabel("rounds per chunk (bandwidth cost)")
@@ -84,15 +93,19 @@ def plot_bench(path: str | Path, out: str | Path) -> Path:
     bench = read_bench(path)
     plt = _pyplot()
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4))
-    sizes = [r.size for r in bench.rows]
+    sizes = [int(r.size) for r in bench.rows]
     factor = _bus_factor(bench.collective, bench.nranks)
-    for key, label, style in (("nccl_us", "NCCL", "-"), ("symm_us", "torch symm-mem", "-"),
-                              ("flashinfer_us", "FlashInfer", "-"), ("best_peer_us", "best peer", "--"),
-                              ("weft_us", "weft", "-")):
+    for key, label, style in (
+        ("nccl_us", "NCCL", "-"),
+        ("symm_us", "torch symm-mem", "-"),
+        ("flashinfer_us", "FlashInfer", "-"),
+        ("best_peer_us", "best peer", "--"),
+        ("weft_us", "weft", "-"),
+    ):
         pts = [(r.size, getattr(r, key)) for r in bench.rows if getattr(r, key)]
         if not pts:
             continue
-        xs, ts = zip(*pts)
+        xs, ts = zip(*pts, strict=True)
         lat.plot(xs, ts, style, marker="o", label=label)
         bw.plot(xs, [s / t / 1e3 * factor for s, t in pts], style, marker="o", label=label)
     for ax in (lat, bw):
@@ -121,32 +134,37 @@ def size_ticks(sizes: list[int], most: int = 8) -> list[int]:
     return sorted({*sizes[::-1][::step]})
 
 
+def _cell(t: float | None, best: float | None) -> str:
+    """One time in the table: 2 decimals below 100 µs, in bold where it is the row's best."""
+    if not t:
+        return "–"
+    text = f"{t:.1f}" if t >= 100 else f"{t:.2f}"
+    return f"**{text}**" if t == best else text
+
+
 def bench_table(path: str | Path) -> str:
     """The README's performance table for one benchmark file (markdown): every row, no number retyped by hand."""
     bench = read_bench(path)
     factor = _bus_factor(bench.collective, bench.nranks)
-    lines = ["| size | NCCL µs | symm-mem µs | FlashInfer µs | best peer µs | weft µs | weft / NCCL "
-             "| weft / best peer | busbw GB/s (NCCL) | weft plan | #wrong weft / peers |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| size | NCCL µs | symm-mem µs | FlashInfer µs | best peer µs | weft µs | weft / NCCL "
+        "| weft / best peer | busbw GB/s (NCCL) | weft plan | #wrong weft / peers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in bench.rows:
         nccl, symm, weft, fi = r.nccl_us, r.symm_us, r.weft_us, r.flashinfer_us
         peer, peer_us = best_peer(r)
         best = min((t for t in (nccl, symm, fi, peer_us, weft) if t), default=None)
 
-        def cell(t: float | None) -> str:
-            if not t:
-                return "–"
-            text = f"{t:.1f}" if t >= 100 else f"{t:.2f}"
-            return f"**{text}**" if t == best else text
-
         ratio = f"{weft / nccl:.2f}" if weft and nccl else "–"
         to_peer = f"{weft / peer_us:.2f}" if weft and peer_us else "–"
-        busbw = (f"{r.size / weft / 1e3 * factor:.0f} ({r.size / nccl / 1e3 * factor:.0f})"
-                 if weft and nccl else "–")
-        peer_cell = f"{cell(peer_us)} ({peer})" if peer_us else "–"
+        busbw = f"{r.size / weft / 1e3 * factor:.0f} ({r.size / nccl / 1e3 * factor:.0f})" if weft and nccl else "–"
+        peer_cell = f"{_cell(peer_us, best)} ({peer})" if peer_us else "–"
         wrong = f"{'–' if r.wrong is None else r.wrong} / {'–' if r.peers_wrong is None else r.peers_wrong}"
-        lines.append(f"| {format_bytes(r.size)} | {cell(nccl)} | {cell(symm)} | {cell(fi)} | {peer_cell} "
-                     f"| {cell(weft)} | {ratio} | {to_peer} | {busbw} | {_short_plan(r.plan)} | {wrong} |")
+        lines.append(
+            f"| {format_bytes(r.size)} | {_cell(nccl, best)} | {_cell(symm, best)} | {_cell(fi, best)} | {peer_cell} "
+            f"| {_cell(weft, best)} | {ratio} | {to_peer} | {busbw} | {_short_plan(r.plan)} | {wrong} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -89,8 +89,12 @@ class _Fields(Fields):
         return value
 
     def number(self, value: object, where: str, low: float, high: float, what: str) -> float:
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not low <= value <= high):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not low <= value <= high
+        ):
             raise self.fail(where, f"must be {what} from {low:g} to {high:g}, got {short_repr(value)}")
         return float(value) if isinstance(value, float) else value
 
@@ -125,18 +129,33 @@ def read_bench(path: str | Path) -> BenchResults:
             wrong = f.int(wrong, f"{where}.wrong", 0, 1 << 62)
         peers_wrong = row.get("peers_wrong")
         if peers_wrong is not None:
-            peers_wrong = sum(f.int(n, f"{where}.peers_wrong.{name[:40]}", 0, 1 << 62)
-                              for name, n in f.obj(peers_wrong, f"{where}.peers_wrong").items())
-        rows.append(BenchRow(size=f.number(row["size"], f"{where}.size", 1, MAX_SIZE, "a size in bytes"),
-                             plan=plan, wrong=wrong, best_peer=best_peer, peers_wrong=peers_wrong, **times))
+            peers_wrong = sum(
+                f.int(n, f"{where}.peers_wrong.{name[:40]}", 0, 1 << 62)
+                for name, n in f.obj(peers_wrong, f"{where}.peers_wrong").items()
+            )
+        rows.append(
+            BenchRow(
+                size=f.number(row["size"], f"{where}.size", 1, MAX_SIZE, "a size in bytes"),
+                plan=plan,
+                wrong=wrong,
+                best_peer=best_peer,
+                peers_wrong=peers_wrong,
+                **times,
+            )
+        )
     machine = doc.get("machine")
     if isinstance(machine, dict):
         machine = f.text(machine, "gpu", "machine.gpu")
     elif machine is not None and not isinstance(machine, str):
         raise f.fail("machine", f"must be a string or an object with 'gpu', got {short_repr(machine)}")
-    return BenchResults(collective=f.text(doc, "collective", "collective"), dtype=f.text(doc, "dtype", "dtype"),
-                        nranks=f.int(doc.get("nranks", 2), "nranks", 1, 1 << 20), mode=f.text(doc, "mode", "mode"),
-                        machine=machine or "", rows=tuple(rows))
+    return BenchResults(
+        collective=f.text(doc, "collective", "collective"),
+        dtype=f.text(doc, "dtype", "dtype"),
+        nranks=f.int(doc.get("nranks", 2), "nranks", 1, 1 << 20),
+        mode=f.text(doc, "mode", "mode"),
+        machine=machine or "",
+        rows=tuple(rows),
+    )
 
 
 def read_frontier(path: str | Path) -> Frontier:
@@ -152,15 +171,25 @@ def read_frontier(path: str | Path) -> Frontier:
         for key in ("steps", "rounds_per_chunk"):
             if key not in p:
                 raise f.fail(f"{where}.{key}", "missing")
-        optional = {key: None if p.get(key) is None else f.int(p[key], f"{where}.{key}", 1, MAX_STEPS)
-                    for key in ("rounds", "chunks")}
-        points.append(FrontierRow(
-            steps=f.int(p["steps"], f"{where}.steps", 1, MAX_STEPS),
-            rounds_per_chunk=f.number(p["rounds_per_chunk"], f"{where}.rounds_per_chunk", 0, MAX_STEPS,
-                                      "a number of rounds"), **optional))
+        optional = {
+            key: None if p.get(key) is None else f.int(p[key], f"{where}.{key}", 1, MAX_STEPS)
+            for key in ("rounds", "chunks")
+        }
+        points.append(
+            FrontierRow(
+                steps=f.int(p["steps"], f"{where}.steps", 1, MAX_STEPS),
+                rounds_per_chunk=f.number(
+                    p["rounds_per_chunk"], f"{where}.rounds_per_chunk", 0, MAX_STEPS, "a number of rounds"
+                ),
+                **optional,
+            )
+        )
     lp_bound = doc.get("lp_bound")
     if lp_bound is not None:
         lp_bound = f.number(lp_bound, "lp_bound", 0, MAX_STEPS, "a number of rounds")
-    return Frontier(collective=f.text(doc, "collective", "collective"), topology=f.text(doc, "topology", "topology"),
-                    points=tuple(points), lp_bound=lp_bound)
-
+    return Frontier(
+        collective=f.text(doc, "collective", "collective"),
+        topology=f.text(doc, "topology", "topology"),
+        points=tuple(points),
+        lp_bound=lp_bound,
+    )

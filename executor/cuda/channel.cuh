@@ -21,14 +21,23 @@ struct Ref {
 };
 
 // kPairs: a transfer of plain src[j] -> dst[j] for every j, the pairs side by side (PAIRS in gpu_tables.py)
-enum OpType : int { kNop = 0, kBarrier = 1, kSignal = 2, kWait = 3, kFlush = 4, kTransfer = 5, kSemAcquire = 6,
-                    kSemRelease = 7, kPairs = 8 };
+enum OpType : int {
+  kNop = 0,
+  kBarrier = 1,
+  kSignal = 2,
+  kWait = 3,
+  kFlush = 4,
+  kTransfer = 5,
+  kSemAcquire = 6,
+  kSemRelease = 7,
+  kPairs = 8
+};
 
 struct Op {
   int type, nsrc, ndst, nchannel;
   int barrier_id, barrier_count, plan_op;
-  int line_chunk;  // > 0: the op's packets are LL128 lines and this is the data bytes of one chunk
-  i64 bytes;  // data bytes moved by a transfer
+  int line_chunk;             // > 0: the op's packets are LL128 lines and this is the data bytes of one chunk
+  i64 bytes;                  // data bytes moved by a transfer
   int channel[kMaxChannels];  // channel ids (signal, wait) or semaphore ids (sem_acquire, sem_release)
   Ref src[kMaxRefs];
   Ref dst[kMaxRefs];

@@ -8,15 +8,22 @@ typedef long long i64;
 
 namespace weft {
 
-// Error kinds written into the host-visible error record; executor/errors.py decodes them.
+// Error kinds written into the host-visible error record; executor/communicator.py (ERROR_KINDS) decodes them.
 enum ErrorKind : int {
-  kOk = 0, kWaitTimeout = 1, kPacketTimeout = 2, kBarrierTimeout = 3, kAborted = 4,
+  kOk = 0,
+  kWaitTimeout = 1,
+  kPacketTimeout = 2,
+  kBarrierTimeout = 3,
+  kAborted = 4,
   kNormTimeout = 5  // a row slice's wait for its row's other sums of squares (blocks of this GPU)
 };
 
 // The error record lives in mapped pinned host memory so the host reads it without synchronizing:
 // [0] set, [1] kind, [2] rank, [3] threadblock, [4] op index in the plan, [5] channel (or -1), [6] barrier id.
-struct ErrorRecord { volatile int* words; int rank; };
+struct ErrorRecord {
+  volatile int* words;
+  int rank;
+};
 
 __device__ __forceinline__ u64 global_timer_ns() {
   u64 t;

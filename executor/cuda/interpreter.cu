@@ -20,10 +20,10 @@ struct Context {
   u64 timeout_ns;
   int rank;
   i64 scratch_half;
-  int nslots;            // entries of the buffer slot table (at most kMaxSlots)
-  int uniform_ops;       // ops per block where every block has as many (block b's start at b times it), else 0
+  int nslots;       // entries of the buffer slot table (at most kMaxSlots)
+  int uniform_ops;  // ops per block where every block has as many (block b's start at b times it), else 0
 #ifdef WEFT_TRACE
-  u64* trace;            // per block kTraceSlots sums over launches (see Tracer)
+  u64* trace;  // per block kTraceSlots sums over launches (see Tracer)
 #endif
 };
 
@@ -38,7 +38,8 @@ struct Tracer {
   u64* slot;
   long long first, last;
   u64 first_ns;
-  __device__ __forceinline__ explicit Tracer(u64* s) : slot(s), first(clock64()), last(first), first_ns(global_timer_ns()) {}
+  __device__ __forceinline__ explicit Tracer(u64* s)
+      : slot(s), first(clock64()), last(first), first_ns(global_timer_ns()) {}
   __device__ __forceinline__ void mark(int k) {
     const long long now = clock64();
     if (threadIdx.x == 0) slot[min(k, kTraceSlots - 3)] += (u64)(now - last);
@@ -208,15 +209,15 @@ __device__ void interpret(const Context& c) {
 #define WEFT_TRACE_ARG
 #endif
 
-#define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)                                                                       \
-  extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)                                                          \
+#define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)                                                   \
+  extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)                                                \
       NAME(const weft::Op* ops, const int* tb_start, char* const* buffers, u64* const* outbound, u64* inbound, \
-           u64* expected, u64* barriers, u64* semaphores, u64* epochs, int* error, u64 timeout_ns, int rank,       \
-           i64 scratch_half, int nslots, int uniform_ops WEFT_TRACE_PARAM) {                                  \
-    const weft::Context c{ops,        tb_start, buffers,    outbound, inbound,      expected, barriers,          \
-                          semaphores, epochs,   error,      timeout_ns, rank,       scratch_half, nslots,        \
-                          uniform_ops WEFT_TRACE_ARG};                                                                    \
-    weft::interpret<D, V, BATCH>(c);                                                                                 \
+           u64* expected, u64* barriers, u64* semaphores, u64* epochs, int* error, u64 timeout_ns, int rank,   \
+           i64 scratch_half, int nslots, int uniform_ops WEFT_TRACE_PARAM) {                                   \
+    const weft::Context c{ops,        tb_start, buffers,      outbound, inbound,                               \
+                          expected,   barriers, semaphores,   epochs,   error,                                 \
+                          timeout_ns, rank,     scratch_half, nslots,   uniform_ops WEFT_TRACE_ARG};           \
+    weft::interpret<D, V, BATCH>(c);                                                                           \
   }
 
 WEFT_INTERPRETER(weft_interpret_f32_v16, weft::F32, 16, 1024, 1, false)

@@ -50,16 +50,22 @@ __device__ __forceinline__ u32 floats_word<F16>(const float (&f)[2]) {
 
 // fp32 words hold one element; the second lane is unused.
 template <class D>
-struct Lanes { static constexpr int value = 2; };
+struct Lanes {
+  static constexpr int value = 2;
+};
 template <>
-struct Lanes<F32> { static constexpr int value = 1; };
+struct Lanes<F32> {
+  static constexpr int value = 1;
+};
 template <>
 __device__ __forceinline__ void word_floats<F32>(u32 w, float (&f)[2]) {
   f[0] = __uint_as_float(w);
   f[1] = 0.0f;
 }
 template <>
-__device__ __forceinline__ u32 floats_word<F32>(const float (&f)[2]) { return __float_as_uint(f[0]); }
+__device__ __forceinline__ u32 floats_word<F32>(const float (&f)[2]) {
+  return __float_as_uint(f[0]);
+}
 
 // The sum of ``value`` over the block (every thread gets it). ``scratch``: 33 floats of shared memory.
 __device__ __forceinline__ float block_sum(float value, float* scratch) {

@@ -51,10 +51,14 @@ template <int V>
 __device__ __forceinline__ void unit_load(const char* p, Unit<V>& u) {
   if constexpr (V == 16) {
     const Words4 v = *reinterpret_cast<const Words4*>(p);
-    u.w[0] = v.x; u.w[1] = v.y; u.w[2] = v.z; u.w[3] = v.w;
+    u.w[0] = v.x;
+    u.w[1] = v.y;
+    u.w[2] = v.z;
+    u.w[3] = v.w;
   } else if constexpr (V == 8) {
     const Words2 v = *reinterpret_cast<const Words2*>(p);
-    u.w[0] = v.x; u.w[1] = v.y;
+    u.w[0] = v.x;
+    u.w[1] = v.y;
   } else {
     u.w[0] = *reinterpret_cast<const u32*>(p);
   }

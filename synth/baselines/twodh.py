@@ -66,19 +66,26 @@ def twodh(topology: Topology, collective: Collective) -> Schedule:
     message per (remote host, local index)."""
     started = time.perf_counter()
     if collective.name != "alltoall":
-        raise NotApplicable(f"2dh: is an all-to-all algorithm (Tutel's 2DH); use --method direct for "
-                            f"{collective.name}")
+        raise NotApplicable(f"2dh: is an all-to-all algorithm (Tutel's 2DH); use --method direct for {collective.name}")
     check_ranks("2dh", topology, collective)
     grid = host_grid(topology)
     sizes = {len(ranks) for ranks in grid}
     if len(grid) < 2:
         raise NotApplicable(f"2dh: topology {topology.name} is one host; 2DH needs several (use --method direct)")
     if len(sizes) != 1:
-        raise NotApplicable(f"2dh: topology {topology.name} has hosts of {sorted(sizes)} GPUs; 2DH needs the same "
-                            "number of GPUs on every host")
+        raise NotApplicable(
+            f"2dh: topology {topology.name} has hosts of {sorted(sizes)} GPUs; 2DH needs the same "
+            "number of GPUs on every host"
+        )
     gather, cross = _steps(collective, grid)
-    return assemble("2dh", topology, collective, [gather, cross], started,
-                    "2DH exchanges inside each host, then between GPUs of the same local index across hosts")
+    return assemble(
+        "2dh",
+        topology,
+        collective,
+        [gather, cross],
+        started,
+        "2DH exchanges inside each host, then between GPUs of the same local index across hosts",
+    )
 
 
 def _steps(collective: Collective, grid: list[list[int]]) -> tuple[list[Send], list[Send]]:
@@ -86,7 +93,7 @@ def _steps(collective: Collective, grid: list[list[int]]) -> tuple[list[Send], l
     where = {rank: (h, j) for h, ranks in enumerate(grid) for j, rank in enumerate(ranks)}
     gather: list[Send] = []
     cross: list[Send] = []
-    for src, (h, g) in where.items():
+    for src, (h, _) in where.items():
         for dst, (h2, j) in where.items():
             if src == dst:
                 continue

@@ -22,5 +22,15 @@ from synth.milp.sketch import FORMAT as SKETCH_FORMAT
 from synth.milp.sketch import Sketch, SketchError, load_sketch, parse_sketch
 from synth.milp.solver import MilpOptions, Outcome, default_chunks, rounds_for, solve
 
-__all__ = ["MilpOptions", "Outcome", "SKETCH_FORMAT", "Sketch", "SketchError", "default_chunks", "load_sketch",
-           "parse_sketch", "rounds_for", "solve"]
+__all__ = [
+    "MilpOptions",
+    "Outcome",
+    "SKETCH_FORMAT",
+    "Sketch",
+    "SketchError",
+    "default_chunks",
+    "load_sketch",
+    "parse_sketch",
+    "rounds_for",
+    "solve",
+]

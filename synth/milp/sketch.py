@@ -25,6 +25,7 @@ solver, which knows the topology.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,25 +89,8 @@ def parse_sketch(data: object, source: str = "sketch") -> Sketch:
     for key in data:
         if key not in FIELDS:
             raise fail(key, f"unknown field (known: {', '.join(FIELDS)})")
-    rank_offset = None
-    if "symmetry" in data:
-        symmetry = data["symmetry"]
-        if not isinstance(symmetry, dict) or set(symmetry) != {"rank_offset"}:
-            raise fail("symmetry", 'must be {"rank_offset": N}')
-        rank_offset = symmetry["rank_offset"]
-        if not _positive_int(rank_offset):
-            raise fail("symmetry.rank_offset", f"must be a positive integer, got {rank_offset!r}")
-    relays = None
-    if "relays" in data:
-        raw = data["relays"]
-        if not isinstance(raw, list) or not raw:
-            raise fail("relays", "must be a non-empty list of ranks")
-        for i, rank in enumerate(raw):
-            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-                raise fail(f"relays[{i}]", f"must be a rank (an integer >= 0), got {rank!r}")
-            if rank in raw[:i]:
-                raise fail(f"relays[{i}]", f"rank {rank} is listed twice")
-        relays = tuple(sorted(raw))
+    rank_offset = _rank_offset(data["symmetry"], fail) if "symmetry" in data else None
+    relays = _relays(data["relays"], fail) if "relays" in data else None
     rails = data.get("rails")
     if rails is not None and not isinstance(rails, bool):
         raise fail("rails", f"must be true or false, got {rails!r}")
@@ -119,3 +103,23 @@ def parse_sketch(data: object, source: str = "sketch") -> Sketch:
     if "description" in data and not isinstance(data["description"], str):
         raise fail("description", "must be a string")
     return Sketch(rank_offset, relays, chunks, rails, source, hierarchy)
+
+
+def _rank_offset(symmetry: object, fail: Callable[[str, str], SketchError]) -> int:
+    if not isinstance(symmetry, dict) or set(symmetry) != {"rank_offset"}:
+        raise fail("symmetry", 'must be {"rank_offset": N}')
+    rank_offset = symmetry["rank_offset"]
+    if not _positive_int(rank_offset):
+        raise fail("symmetry.rank_offset", f"must be a positive integer, got {rank_offset!r}")
+    return int(rank_offset)
+
+
+def _relays(raw: object, fail: Callable[[str, str], SketchError]) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise fail("relays", "must be a non-empty list of ranks")
+    for i, rank in enumerate(raw):
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise fail(f"relays[{i}]", f"must be a rank (an integer >= 0), got {rank!r}")
+        if rank in raw[:i]:
+            raise fail(f"relays[{i}]", f"rank {rank} is listed twice")
+    return tuple(sorted(raw))

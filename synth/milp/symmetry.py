@@ -35,8 +35,13 @@ class Symmetry:
     local: int | None = None  # the rotation inside every host, if one is a generator
 
 
-def rank_symmetry(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], sketch: Sketch,
-                  chunk_links: ChunkLinks = None) -> Symmetry | None:
+def rank_symmetry(
+    topo: Topology,
+    collective: Collective,
+    links: frozenset[tuple[int, int]],
+    sketch: Sketch,
+    chunk_links: ChunkLinks = None,
+) -> Symmetry | None:
     """The sketch's symmetry after checking that it maps everything onto itself, else the one found.
 
     A sketch's offset that fails is a SketchError naming what does not map.
@@ -60,8 +65,9 @@ def rank_symmetry(topo: Topology, collective: Collective, links: frozenset[tuple
     return Symmetry(((perm, _chunk_perm(collective, perm)),), offset=offset)
 
 
-def auto_symmetry(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
-                  chunk_links: ChunkLinks = None) -> Symmetry | None:
+def auto_symmetry(
+    topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], chunk_links: ChunkLinks = None
+) -> Symmetry | None:
     """The smallest global shift and the smallest rotation inside hosts that map everything onto themselves."""
     n = topo.nranks
     if collective.rooted:
@@ -102,34 +108,41 @@ def _host_blocks(topo: Topology) -> list[list[int]]:
 def _chunk_perm(collective: Collective, perm: Perm) -> Perm:
     n, c = collective.nranks, collective.chunks
     if collective.name == "alltoall":
+
         def image(x: int) -> int:
             pair, j = divmod(x, c)
             s, d = divmod(pair, n)
             return (perm[s] * n + perm[d]) * c + j
     else:
+
         def image(x: int) -> int:
             r, j = divmod(x, c)
             return perm[r] * c + j
+
     return tuple(image(x) for x in range(collective.nchunks))
 
 
-def _maps(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], chunk_links: ChunkLinks,
-          perm: Perm) -> str:
-    """"" if the rank permutation maps fabric, allowed links and chunks onto themselves, else the reason."""
+def _maps(
+    topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], chunk_links: ChunkLinks, perm: Perm
+) -> str:
+    """ "" if the rank permutation maps fabric, allowed links and chunks onto themselves, else the reason."""
     for link in topo.links:
         image = (perm[link.src], perm[link.dst])
         if not topo.has_link(*image) or _cost(topo.link(*image)) != _cost(link):
-            return (f"the fabric is not symmetric: link {link.src}->{link.dst} has no equal image "
-                    f"{image[0]}->{image[1]}")
+            return f"the fabric is not symmetric: link {link.src}->{link.dst} has no equal image {image[0]}->{image[1]}"
         if (link.key in links) != (image in links):
-            return (f"the links the relays or rails allow are not symmetric: link {link.src}->{link.dst} "
-                    "and its image differ")
+            return (
+                f"the links the relays or rails allow are not symmetric: link {link.src}->{link.dst} "
+                "and its image differ"
+            )
     groups = {(frozenset(tuple(k) for k in g.links), g.bandwidth) for g in topo.sharing}
     for g in topo.sharing:
         image = (frozenset((perm[s], perm[d]) for s, d in g.links), g.bandwidth)
         if image not in groups:
-            return (f"the fabric is not symmetric: sharing group of link {g.links[0][0]}->{g.links[0][1]} "
-                    "has no equal image")
+            return (
+                f"the fabric is not symmetric: sharing group of link {g.links[0][0]}->{g.links[0][1]} "
+                "has no equal image"
+            )
     if chunk_links is not None:
         chunks = _chunk_perm(collective, perm)
         for x, allowed in enumerate(chunk_links):

@@ -16,13 +16,14 @@ Fraction(3, 1)
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 from ortools.linear_solver import pywraplp
 
 from schedules.collectives import Collective
 from synth.errors import SynthesisError
 from synth.smt.encoding import hop_distances
-from topologies.topology import Topology
+from topologies.topology import Topology, Vertex
 
 MAX_LP_VARIABLES = 400_000  # past this the in-capacity bound is used: weaker, but instant
 
@@ -31,7 +32,7 @@ def steps_bound(fabric: Topology, collective: Collective) -> int:
     """The fewest steps any schedule needs: the farthest (holder, needer) hop distance of any chunk."""
     dist = hop_distances(fabric)
     worst = 0
-    for c, holders, needers in _demands(collective):
+    for _, holders, needers in _demands(collective):
         for r in needers:
             worst = max(worst, min(dist[h].get(r, 10**9) for h in holders))
     return max(worst, 1)
@@ -66,7 +67,7 @@ def _lp_bound(fabric: Topology, demands: list[tuple[int, list[int], list[int]]])
     lp = pywraplp.Solver.CreateSolver("GLOP")
     t = lp.NumVar(0, lp.infinity(), "T")
     keys = [link.key for link in fabric.links]
-    load = {key: [] for key in keys}
+    load: dict[tuple[Vertex, Vertex], list[Any]] = {key: [] for key in keys}  # link -> its LP send variables
     for c, holders, needers in demands:
         carried = {key: lp.NumVar(0, lp.infinity(), f"x_{c}_{key[0]}_{key[1]}") for key in keys}
         for key, var in carried.items():
@@ -78,7 +79,9 @@ def _lp_bound(fabric: Topology, demands: list[tuple[int, list[int], list[int]]])
             for v in fabric.ranks:
                 if v in holders:
                     continue
-                net = (sum(flow[l.key] for l in fabric.in_links[v]) - sum(flow[l.key] for l in fabric.out_links[v]))
+                net = sum(flow[link.key] for link in fabric.in_links[v]) - sum(
+                    flow[link.key] for link in fabric.out_links[v]
+                )
                 lp.Add(net == (1 if v == d else 0))
     for link in fabric.links:
         lp.Add(sum(load[link.key]) <= fabric.chunk_capacity(*link.key) * t)
@@ -95,7 +98,7 @@ def _in_capacity_bound(fabric: Topology, collective: Collective) -> Fraction:
     best = Fraction(0)
     for r in fabric.ranks:
         lacking = len(collective.postcondition(r) - collective.precondition(r))
-        capacity = sum(fabric.chunk_capacity(l.src, l.dst) for l in fabric.in_links[r])
+        capacity = sum(fabric.chunk_capacity(link.src, link.dst) for link in fabric.in_links[r])
         if lacking:
             best = max(best, Fraction(lacking) / Fraction(capacity).limit_denominator(1000))
     return best

@@ -26,9 +26,16 @@ def dual_collective(collective: Collective) -> Collective:
 def from_dual(schedule: Schedule, collective: Collective, fingerprint: str) -> Schedule:
     """The combining schedule for ``collective`` read backwards out of its dual's schedule."""
     steps = tuple(
-        Step(step.rounds, tuple(sorted((Send(s.chunk, s.dst, s.src, "reduce") for s in step.sends),
-                                       key=lambda x: (x.chunk, x.src, x.dst))))
-        for step in reversed(schedule.steps))
+        Step(
+            step.rounds,
+            tuple(
+                sorted(
+                    (Send(s.chunk, s.dst, s.src, "reduce") for s in step.sends), key=lambda x: (x.chunk, x.src, x.dst)
+                )
+            ),
+        )
+        for step in reversed(schedule.steps)
+    )
     name = schedule.name.replace(schedule.collective.name, collective.name, 1)
     return Schedule(collective, fingerprint, steps, name, schedule.meta)
 
@@ -39,9 +46,13 @@ def scale_chunks(schedule: Schedule, factor: int) -> Schedule:
         return schedule
     coll = schedule.collective
     scaled = Collective(coll.name, coll.nranks, coll.chunks * factor, coll.root)
-    steps = tuple(Step(step.rounds * factor, tuple(Send(s.chunk * factor + i, s.src, s.dst, s.op)
-                                                   for s in step.sends for i in range(factor)))
-                  for step in schedule.steps)
+    steps = tuple(
+        Step(
+            step.rounds * factor,
+            tuple(Send(s.chunk * factor + i, s.src, s.dst, s.op) for s in step.sends for i in range(factor)),
+        )
+        for step in schedule.steps
+    )
     return Schedule(scaled, schedule.topology, steps, schedule.name, schedule.meta)
 
 
@@ -55,7 +66,9 @@ def allreduce(reducescatter: Schedule, allgather: Schedule) -> Schedule:
     coll = Collective("allreduce", rs.collective.nranks, c)
     steps = rs.steps + ag.steps
     rounds = sum(s.rounds for s in steps)
-    meta = ScheduleMeta(solver="smt", options={"steps": len(steps), "rounds": rounds, "chunks": c,
-                                               "reducescatter": rs.name, "allgather": ag.name},
-                        solve_time=rs.meta.solve_time + ag.meta.solve_time)
+    meta = ScheduleMeta(
+        solver="smt",
+        options={"steps": len(steps), "rounds": rounds, "chunks": c, "reducescatter": rs.name, "allgather": ag.name},
+        solve_time=rs.meta.solve_time + ag.meta.solve_time,
+    )
     return Schedule(coll, rs.topology, steps, f"smt-allreduce-S{len(steps)}R{rounds}C{c}", meta)

@@ -67,8 +67,15 @@ def hop_distances(fabric: Topology) -> dict[int, dict[int, int]]:
     return dict(nx.all_pairs_shortest_path_length(fabric.to_networkx()))
 
 
-def solve_instance(fabric: Topology, fingerprint: str, collective: Collective, instance: Instance,
-                   time_limit: float, symmetry: Symmetry | None = None, seed: int = 0) -> Outcome:
+def solve_instance(
+    fabric: Topology,
+    fingerprint: str,
+    collective: Collective,
+    instance: Instance,
+    time_limit: float,
+    symmetry: Symmetry | None = None,
+    seed: int = 0,
+) -> Outcome:
     """Decide one instance for a non-combining collective; the schedule names ``fingerprint`` as its topology."""
     start = time.monotonic()
     solver = InstanceSolver(Formula(fabric, collective, instance, symmetry), seed)
@@ -97,7 +104,7 @@ class InstanceSolver:
     PB_ENCODINGS), so differently seeded solvers of the same instance explore differently.
     """
 
-    def __init__(self, formula: "Formula", seed: int = 0, encoding: int = 0) -> None:
+    def __init__(self, formula: Formula, seed: int = 0, encoding: int = 0) -> None:
         self.instance, self.collective, self.symmetry = formula.instance, formula.collective, formula.symmetry
         self.formula = formula
         self.solver = z3.SolverFor("QF_FD")
@@ -119,18 +126,31 @@ class InstanceSolver:
                 raise KeyboardInterrupt  # z3 turned Ctrl-C into "unknown": the user's stop, not a time limit
             return Outcome(self.instance, UNKNOWN, self.spent, symmetric=symmetric)
         inst, name = self.instance, self.collective.name
-        schedule = Schedule(self.collective, fingerprint, self.formula.read(self.solver.model()),
-                            f"smt-{name}-S{inst.steps}R{inst.rounds}C{inst.chunks}",
-                            ScheduleMeta(solver="smt", options={"steps": inst.steps, "rounds": inst.rounds,
-                                                                "chunks": inst.chunks}, solve_time=self.spent))
+        schedule = Schedule(
+            self.collective,
+            fingerprint,
+            self.formula.read(self.solver.model()),
+            f"smt-{name}-S{inst.steps}R{inst.rounds}C{inst.chunks}",
+            ScheduleMeta(
+                solver="smt",
+                options={"steps": inst.steps, "rounds": inst.rounds, "chunks": inst.chunks},
+                solve_time=self.spent,
+            ),
+        )
         return Outcome(inst, SAT, self.spent, schedule, symmetric=symmetric)
 
 
 class Formula:
     """Builds the constraints once and reads a model back into steps."""
 
-    def __init__(self, fabric: Topology, collective: Collective, instance: Instance,
-                 symmetry: Symmetry | None, deadline: float = math.inf) -> None:
+    def __init__(
+        self,
+        fabric: Topology,
+        collective: Collective,
+        instance: Instance,
+        symmetry: Symmetry | None,
+        deadline: float = math.inf,
+    ) -> None:
         """``deadline``: the ``time.monotonic()`` by which the formula must be written, else OutOfTime (a large
         instance can take longer to write down, at about 0.3 ms per send variable, than its time limit)."""
         self.fabric, self.collective, self.instance, self.symmetry = fabric, collective, instance, symmetry
@@ -168,10 +188,14 @@ class Formula:
                 if r not in self.holders[c]:
                     self.needers[c].add(r)
         big = coll.nranks + steps + 1
-        self.earliest = {c: [min((dist[h].get(r, big) for h in hs), default=big) for r in range(coll.nranks)]
-                         for c, hs in self.holders.items()}
-        self.to_need = {c: [min((dist[r].get(n, big) for n in ns), default=big) for r in range(coll.nranks)]
-                        for c, ns in self.needers.items()}
+        self.earliest = {
+            c: [min((dist[h].get(r, big) for h in hs), default=big) for r in range(coll.nranks)]
+            for c, hs in self.holders.items()
+        }
+        self.to_need = {
+            c: [min((dist[r].get(n, big) for n in ns), default=big) for r in range(coll.nranks)]
+            for c, ns in self.needers.items()
+        }
         self.sends: dict[tuple[int, int, int, int], z3.BoolRef] = {}
         for c in range(coll.nchunks):
             if not self.needers[c]:
@@ -199,10 +223,11 @@ class Formula:
         if extra == 0:
             self.step_rounds = {s: {1: True} for s in range(1, steps + 1)}
             return
-        self.step_rounds = {s: {k: z3.Bool(f"rounds_{s}_{k}") for k in range(1, extra + 2)}
-                            for s in range(1, steps + 1)}
+        self.step_rounds = {
+            s: {k: z3.Bool(f"rounds_{s}_{k}") for k in range(1, extra + 2)} for s in range(1, steps + 1)
+        }
         total = []
-        for s, choice in self.step_rounds.items():
+        for choice in self.step_rounds.values():
             self.constraints.append(z3.PbEq([(b, 1) for b in choice.values()], 1))
             total += [(b, k) for k, b in choice.items()]
         self.constraints.append(z3.PbEq(total, rounds))
@@ -234,7 +259,7 @@ class Formula:
 
     def _encode_capacity(self) -> None:
         per_link: dict[tuple[int, int, int], list[z3.BoolRef]] = {}
-        for (c, u, v, s), var in self.sends.items():
+        for (_, u, v, s), var in self.sends.items():
             per_link.setdefault((u, v, s), []).append(var)
         full = self._saturated_ranks()
         for (u, v, s), load in per_link.items():
@@ -261,8 +286,8 @@ class Formula:
         full = set()
         for r in range(self.collective.nranks):
             links = self.fabric.in_links[r]
-            caps = [self.fabric.chunk_capacity(l.src, l.dst) for l in links]
-            if any(l.key in grouped for l in links) or any(abs(c - round(c)) > SLACK for c in caps):
+            caps = [self.fabric.chunk_capacity(link.src, link.dst) for link in links]
+            if any(link.key in grouped for link in links) or any(abs(c - round(c)) > SLACK for c in caps):
                 continue
             if lacking[r] >= self.instance.rounds * round(sum(caps)):
                 full.add(r)
@@ -292,8 +317,9 @@ class Formula:
                 chosen[s].append(Send(c, u, v))
         rounds = {s: self._rounds_needed(sends) for s, sends in chosen.items()}
         rounds[self.instance.steps] += max(0, self.instance.rounds - sum(rounds.values()))
-        return tuple(Step(rounds[s], tuple(sorted(sends, key=lambda x: (x.chunk, x.src, x.dst))))
-                     for s, sends in chosen.items())
+        return tuple(
+            Step(rounds[s], tuple(sorted(sends, key=lambda x: (x.chunk, x.src, x.dst)))) for s, sends in chosen.items()
+        )
 
     def _rounds_needed(self, sends: list[Send]) -> int:
         per_link = Counter((x.src, x.dst) for x in sends)

@@ -8,8 +8,9 @@ exact in fp32, fp16 and bf16 and each rank's output must equal numpy's definitio
     python tests/gpu/one_device.py RESULTS.json [--nproc 2] [--device 0] [--sizes 1KB,64KB,1MB] [PLAN.json ...]
 
 Without plan files it runs the 2-rank (or ``plans4``) test plans, then CUDA graphs of zero-copy executions
-(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit code 0 when every case matched, 1 when one
-did not, 2 on bad arguments. A rank runs its cases in the same order as every other rank (contexts are collective).
+(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit
+code 0 when every case matched, 1 when one did not, 2 on bad arguments. A rank runs its cases in the same order as
+every other rank (contexts are collective).
 """
 
 from __future__ import annotations
@@ -35,11 +36,17 @@ from schedules.plan import Plan, load_plan  # noqa: E402
 from weft.units import parse_bytes  # noqa: E402
 
 DTYPES = ("fp32", "bf16")
-GRAPH_PLANS = ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json", "allgather-direct-ll-x1.json",
-               "allreduce-direct-ll-x8.json",
-               # multi-peer plans (4 and 8 ranks): one thread block per instance serves every peer
-               "allreduce-twoshot-simple-x8-2s-mp.json", "allreduce-direct-ll-x4-mp.json",
-               "allgather-direct-simple-x4-mp.json", "allreduce-twoshot-simple-x4-p2-2s-mp.json")
+GRAPH_PLANS = (
+    "allreduce-direct-ll-x1.json",
+    "allreduce-twoshot-simple-x8.json",
+    "allgather-direct-ll-x1.json",
+    "allreduce-direct-ll-x8.json",
+    # multi-peer plans (4 and 8 ranks): one thread block per instance serves every peer
+    "allreduce-twoshot-simple-x8-2s-mp.json",
+    "allreduce-direct-ll-x4-mp.json",
+    "allgather-direct-simple-x4-mp.json",
+    "allreduce-twoshot-simple-x4-p2-2s-mp.json",
+)
 
 
 def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, bool]]:
@@ -82,14 +89,16 @@ def run_one(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, s
     if plan.inplace:  # one buffer: the smaller of input and output is the rank's slice of the larger
         at_in, at_out = plan.collective_spec().inplace_offsets(rank, gpu.input_chunks, gpu.output_chunks)
         x = np.zeros(max(gpu.input_chunks, gpu.output_chunks) * elems, np.float32)
-        x[at_in * elems:(at_in + gpu.input_chunks) * elems] = inputs[rank]
+        x[at_in * elems : (at_in + gpu.input_chunks) * elems] = inputs[rank]
     start = time.monotonic()
     out = comm.execute(plan, device_array(x, dtype), dtype=dtype, lines=lines)
     comm.synchronize()
     seconds = time.monotonic() - start
-    got = host_values(out, dtype).reshape(-1, elems)[at_out:at_out + gpu.output_chunks]
-    wrong = sum(int(np.count_nonzero(got[idx] != chunk))
-                for idx, chunk in expected_outputs(plan.collective_spec(), inputs, elems, dtype)[rank].items())
+    got = host_values(out, dtype).reshape(-1, elems)[at_out : at_out + gpu.output_chunks]
+    wrong = sum(
+        int(np.count_nonzero(got[idx] != chunk))
+        for idx, chunk in expected_outputs(plan.collective_spec(), inputs, elems, dtype)[rank].items()
+    )
     return {"ok": wrong == 0, "wrong": wrong, "seconds": round(seconds, 3)}
 
 
@@ -113,8 +122,10 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
     try:
         with comm.capture():
             stream.begin_capture()
-            refusals = [comm.execute_captured(plan, x, o, stream=stream, dtype=dtype, lines=lines)
-                        for x, o in zip(xs, outs)]
+            refusals = [
+                comm.execute_captured(plan, x, o, stream=stream, dtype=dtype, lines=lines)
+                for x, o in zip(xs, outs, strict=True)
+            ]
             graph = stream.end_capture()
             graph.launch(stream)  # before registration: the disarmed records
             stream.synchronize()
@@ -122,18 +133,18 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
         early = "reported" if "before their buffers were registered" in str(e) else str(e)
     if any(refusals):
         return {"ok": False, "error": f"refused: {refusals}"}
-    kept = all(bool((o == u).all()) for o, u in zip(outs, untouched))
+    kept = all(bool((o == u).all()) for o, u in zip(outs, untouched, strict=True))
     wrong = 0
     for _ in range(5):
         inputs = [random_inputs(plan, elems, rng) for _ in xs]
-        for x, each in zip(xs, inputs):
+        for x, each in zip(xs, inputs, strict=True):
             x[...] = device_array(each[rank], dtype)
         stream.synchronize()
         cupy.cuda.Device().synchronize()
         graph.launch(stream)
         stream.synchronize()
         comm.synchronize()
-        for o, each in zip(outs, inputs):
+        for o, each in zip(outs, inputs, strict=True):
             got = host_values(o, dtype).reshape(-1, elems)
             want = expected_outputs(plan.collective_spec(), each, elems, dtype)[rank]
             wrong += sum(int(np.count_nonzero(got[idx] != chunk)) for idx, chunk in want.items())
@@ -158,9 +169,10 @@ def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, t
         except Exception as e:  # one failed case is a result; a timeout leaves the ranks in step (reset together)
             results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     for k, name in enumerate(GRAPH_PLANS):
-        path = next((p for p in plans if p.name == name), None)
-        if path is None:
+        found = next((p for p in plans if p.name == name), None)
+        if found is None:
             continue
+        path = found
         plan = load_plan(path)
         nbytes = next(n for n in (65536, 1024) if plan.accepts(n))
         for lines in (False, True) if lines_possible(plan, nbytes) else (False,):
@@ -184,20 +196,30 @@ def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
     work = out.parent / (out.stem + ".ranks")
     work.mkdir(parents=True, exist_ok=True)
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank-of", str(work), *argv],
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": port})
-             for r in range(nproc)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--rank-of", str(work), *argv],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+            },
+        )
+        for r in range(nproc)
+    ]
     deadline = time.monotonic() + wait_s
-    codes = []
+    codes: list[int | str] = []  # exit codes, "timeout" where a rank never ended
     for p in procs:
         try:
             codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             p.kill()
             codes.append("timeout")
-    ranks = {r: json.loads((work / f"rank{r}.json").read_text()) for r in range(nproc)
-             if (work / f"rank{r}.json").exists()}
+    ranks = {
+        r: json.loads((work / f"rank{r}.json").read_text()) for r in range(nproc) if (work / f"rank{r}.json").exists()
+    }
     return {"nproc": nproc, "exit_codes": codes, "ranks": ranks}
 
 
@@ -221,15 +243,27 @@ def main() -> int:
     if args.rank_of:
         rank_main(args.rank_of, plans, sizes, args.device, args.timeout)
         return 0
-    forwarded = [str(args.results), *map(str, args.plans), "--nproc", str(args.nproc), "--device",
-                 str(args.device), "--sizes", args.sizes, "--timeout", str(args.timeout)]
+    forwarded = [
+        str(args.results),
+        *map(str, args.plans),
+        "--nproc",
+        str(args.nproc),
+        "--device",
+        str(args.device),
+        "--sizes",
+        args.sizes,
+        "--timeout",
+        str(args.timeout),
+    ]
     job = launch(args.results, forwarded, args.nproc, args.wait)
     names = sorted({n for r in job["ranks"].values() for n in r})
     failed = [n for n in names if not all(r.get(n, {}).get("ok") for r in job["ranks"].values())]
     job.update(cases=len(names), failed=failed)
     args.results.write_text(json.dumps(job, indent=1))
-    print(f"one_device: {len(names) - len(failed)}/{len(names)} cases matched on {args.nproc} ranks sharing "
-          f"device {args.device}; exit codes {job['exit_codes']}")
+    print(
+        f"one_device: {len(names) - len(failed)}/{len(names)} cases matched on {args.nproc} ranks sharing "
+        f"device {args.device}; exit codes {job['exit_codes']}"
+    )
     for n in failed[:20]:
         print(f"  {n}: {[r.get(n) for r in job['ranks'].values()]}")
     return 0 if not failed and len(job["ranks"]) == args.nproc and names else 1

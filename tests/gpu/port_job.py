@@ -82,8 +82,14 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
                     x = _input(torch, rank, n_in, dtype, 1).cuda()
                     got = engine.execute(plan, x)
                     engine.synchronize()
-                    rec["eager"] = matches(plan.collective, got, nccl_result(plan.collective, x, world), dtype,
-                                           sum_magnitude(plan.collective, x, world), world)
+                    rec["eager"] = matches(
+                        plan.collective,
+                        got,
+                        nccl_result(plan.collective, x, world),
+                        dtype,
+                        sum_magnitude(plan.collective, x, world),
+                        world,
+                    )
                 except Exception as e:  # record and go on: one failure must not hide the rest
                     rec["error"] = f"eager: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
                     continue
@@ -104,8 +110,14 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
                         y.zero_()
                         graph.replay()
                         torch.cuda.synchronize()
-                        ok = ok and matches(plan.collective, y, nccl_result(plan.collective, x, world), dtype,
-                                            sum_magnitude(plan.collective, x, world), world)
+                        ok = ok and matches(
+                            plan.collective,
+                            y,
+                            nccl_result(plan.collective, x, world),
+                            dtype,
+                            sum_magnitude(plan.collective, x, world),
+                            world,
+                        )
                     rec["graph"] = ok
                 except Exception as e:
                     rec["error"] = f"graph: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -164,11 +176,19 @@ def run_gloo(out: Path, rank: int, world: int) -> dict:
             esize = 4 if dtype == "fp32" else 2
             rec = {"plan": path.stem, "dtype": dtype, "size": nbytes}
             try:
-                inputs = [_input(torch, r, plan.gpus[r].input_chunks * (nbytes // plan.size_chunks) // esize, dtype, 1)
-                          for r in range(world)]
+                inputs = [
+                    _input(torch, r, plan.gpus[r].input_chunks * (nbytes // plan.size_chunks) // esize, dtype, 1)
+                    for r in range(world)
+                ]
                 got = engine.execute(plan, inputs[rank].clone())
-                rec["eager"] = matches(plan.collective, got, _expected(torch, plan.collective, inputs, rank), dtype,
-                                       _magnitude(torch, plan.collective, inputs, rank), world)
+                rec["eager"] = matches(
+                    plan.collective,
+                    got,
+                    _expected(torch, plan.collective, inputs, rank),
+                    dtype,
+                    _magnitude(torch, plan.collective, inputs, rank),
+                    world,
+                )
             except Exception as e:
                 rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             records.append(rec)
@@ -191,53 +211,60 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     comm = Communicator.from_process_group()
-    doc = {"rank": rank, "type": type(comm).__name__, "enabled": comm.enabled, "checks": {}}
+    checks: dict[str, bool] = {}
+    doc = {"rank": rank, "type": type(comm).__name__, "enabled": comm.enabled, "checks": checks}
     n = 1 << 16
     for dtype in DTYPES:
-        def check(collective: str, x, got) -> bool:
-            return matches(collective, got, nccl_result(collective, x, world), dtype,
-                           sum_magnitude(collective, x, world), world)
+
+        def check(collective: str, x, got, dtype: str = dtype) -> bool:
+            return matches(
+                collective, got, nccl_result(collective, x, world), dtype, sum_magnitude(collective, x, world), world
+            )
+
         x = _input(torch, rank, n, dtype, 1).cuda()
-        doc["checks"][f"allreduce {dtype}"] = check("allreduce", x, comm.all_reduce(x))
+        checks[f"allreduce {dtype}"] = check("allreduce", x, comm.all_reduce(x))
         gathered = torch.empty(world * n, dtype=x.dtype, device="cuda")
         comm.all_gather_into_tensor(gathered, x)
-        doc["checks"][f"allgather {dtype}"] = check("allgather", x, gathered)
+        checks[f"allgather {dtype}"] = check("allgather", x, gathered)
         scattered = torch.empty(n // world, dtype=x.dtype, device="cuda")
         comm.reduce_scatter_tensor(scattered, x)
-        doc["checks"][f"reducescatter {dtype}"] = check("reducescatter", x, scattered)
+        checks[f"reducescatter {dtype}"] = check("reducescatter", x, scattered)
         graph = torch.cuda.CUDAGraph()
-        with comm.capture():
-            with torch.cuda.graph(graph):
-                y = comm.all_reduce(x)
+        with comm.capture(), torch.cuda.graph(graph):
+            y = comm.all_reduce(x)
         x.copy_(_input(torch, rank, n, dtype, 5).cuda())
         graph.replay()
         torch.cuda.synchronize()
-        doc["checks"][f"allreduce {dtype} graph"] = check("allreduce", x, y)
+        checks[f"allreduce {dtype} graph"] = check("allreduce", x, y)
     # WeftBackend (the engine adapter) over the PortCommunicator: the plain all-reduce on weft, the fused norm
     # unfused (all-reduce with its residual, then torch's rms_norm), eager and captured
     from executor.backend import WeftBackend
+
     backend = WeftBackend(comm)
     hidden = 512
     x = _input(torch, rank, 8 * hidden, "bf16", 7).cuda().view(8, hidden)
     h = _input(torch, 0, 8 * hidden, "bf16", 8).cuda().view(8, hidden)  # the same residual on every rank
     w = _input(torch, 0, hidden, "bf16", 9).cuda()
-    doc["checks"]["backend should_use"] = backend.should_use(x)
-    doc["checks"]["backend should_fuse_norm is False"] = not backend.should_fuse_norm(x, w, 1e-5)
+    checks["backend should_use"] = backend.should_use(x)
+    checks["backend should_fuse_norm is False"] = not backend.should_fuse_norm(x, w, 1e-5)
     reference_sum = nccl_result("allreduce", x.view(-1), world).view(8, hidden)
     expected_residual = h + reference_sum
     expected = torch.nn.functional.rms_norm(expected_residual, (hidden,), w, 1e-5)
 
     def close(got, want) -> bool:
         return bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
+
     normed, new_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
-    doc["checks"]["backend fused_add_rms_norm"] = close(new_h, expected_residual) and close(normed, expected)
+    checks["backend fused_add_rms_norm"] = close(new_h, expected_residual) and close(normed, expected)
     graph = torch.cuda.CUDAGraph()
-    with backend.capture([x.numel() * 2], torch.bfloat16, residual=True, rms_norm=(hidden, 1e-5)):
-        with torch.cuda.graph(graph):
-            g_normed, g_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
+    with (
+        backend.capture([x.numel() * 2], torch.bfloat16, residual=True, rms_norm=(hidden, 1e-5)),
+        torch.cuda.graph(graph),
+    ):
+        g_normed, g_h = backend.fused_add_rms_norm(x, h, w, 1e-5)
     graph.replay()
     torch.cuda.synchronize()
-    doc["checks"]["backend fused_add_rms_norm graph"] = close(g_h, expected_residual) and close(g_normed, expected)
+    checks["backend fused_add_rms_norm graph"] = close(g_h, expected_residual) and close(g_normed, expected)
     doc["paths"] = dict(comm.paths)
     (out / f"rank{rank}.json").write_text(json.dumps(doc, indent=1))
     # no destroy_process_group: with a graph of captured NCCL calls alive it did not return within 100 s (seen on

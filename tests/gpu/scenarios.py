@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from executor.gpu_tables import lines_possible, residual_refusal
-from schedules.plan import load_plan
+from schedules.plan import Plan, load_plan
 from weft.units import parse_bytes
 
 HERE = Path(__file__).parent
@@ -40,11 +41,17 @@ def plan_files(nranks: int) -> list[Path]:
     return files
 
 
+@cache
+def _plan(path: Path) -> Plan:
+    """Each test plan parsed once per process: collection asks for the cases three ways, on every rank too."""
+    return load_plan(path)
+
+
 def correctness_cases(nranks: int = 2) -> list[Case]:
     """Every plan × size × dtype that the plan accepts; 256 MB runs in bf16 only to keep the job short."""
     cases = []
     for path in plan_files(nranks):
-        plan = load_plan(path)
+        plan = _plan(path)
         for size in SIZES:
             nbytes = parse_bytes(size)
             if not plan.accepts(nbytes):
@@ -57,7 +64,7 @@ def correctness_cases(nranks: int = 2) -> list[Case]:
 
 def line_cases(nranks: int = 2) -> list[Case]:
     """The correctness cases whose LL plan can move its packets as LL128 lines at that size."""
-    return [c for c in correctness_cases(nranks) if lines_possible(load_plan(HERE.parent / c.plan), parse_bytes(c.size))]
+    return [c for c in correctness_cases(nranks) if lines_possible(_plan(HERE.parent / c.plan), parse_bytes(c.size))]
 
 
 LINE_GRAPH_PLANS = tuple(name for name in GRAPH_PLANS if "-ll-" in name)
@@ -72,7 +79,7 @@ def residual_cases(nranks: int = 2) -> list[tuple[str, Case, bool]]:
     runs = []
     for c in correctness_cases(nranks):
         if c.size in RESIDUAL_SIZES and c.dtype in ("bf16", "fp32"):
-            plan = load_plan(HERE.parent / c.plan)
+            plan = _plan(HERE.parent / c.plan)
             if not residual_refusal(plan):
                 runs.append((c.id, c, False))
                 if lines_possible(plan, parse_bytes(c.size)):

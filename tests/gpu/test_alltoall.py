@@ -28,8 +28,12 @@ def _registry(folder: Path, nranks: int) -> str:
     topology = build(f"hgx_h200:gpus={nranks}")
     schedule = synthesize(topology, "alltoall", "direct")
     for protocol, instances in (("ll", 1), ("simple", 4)):
-        publish.commit(compile_and_verify(schedule, topology, protocol=protocol, instances=instances), topology,
-                       str(folder), schedule)
+        publish.commit(
+            compile_and_verify(schedule, topology, protocol=protocol, instances=instances),
+            topology,
+            str(folder),
+            schedule,
+        )
     return f"hgx_h200:gpus={nranks}"
 
 
@@ -112,7 +116,7 @@ def scenario_graph(comm, device) -> dict:
         before = dict(comm.paths)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for x, out in zip(xs, outs):
+            for x, out in zip(xs, outs, strict=True):
                 comm.all_to_all_single(out, x)
     zero_copy, staging = (comm.paths[k] - before[k] for k in ("zero_copy", "staging"))
     wrong = 0
@@ -120,7 +124,7 @@ def scenario_graph(comm, device) -> dict:
         for x in xs:
             x.copy_(torch.randn_like(x, dtype=torch.float32))
         graph.replay()
-        wrong += sum(not torch.equal(out, _nccl(x)) for x, out in zip(xs, outs))
+        wrong += sum(not torch.equal(out, _nccl(x)) for x, out in zip(xs, outs, strict=True))
     return {"zero_copy": zero_copy, "staging": staging, "replays": 50, "wrong": wrong}
 
 
@@ -158,12 +162,16 @@ def main() -> None:
 
     rank, world, device, log, out_dir = start_rank(seed=36)
     comm = Communicator.from_process_group()
-    run_scenarios(rank, out_dir, {
-        "eager": lambda: scenario_eager(comm, device),
-        "graph": lambda: scenario_graph(comm, device),
-        "unprepared": lambda: scenario_unprepared(comm, device),
-        "bad_split": lambda: scenario_bad_split(comm, device),
-    })
+    run_scenarios(
+        rank,
+        out_dir,
+        {
+            "eager": lambda: scenario_eager(comm, device),
+            "graph": lambda: scenario_graph(comm, device),
+            "unprepared": lambda: scenario_unprepared(comm, device),
+            "bad_split": lambda: scenario_bad_split(comm, device),
+        },
+    )
     comm.close()
     dist.destroy_process_group()
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import scenarios
 from conftest import gpu_count, nproc
 
@@ -26,15 +25,42 @@ def test_bench_times_ll_plans_with_and_without_lines(tmp_path):
     n = nproc()
     if gpu_count() < n:
         pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
-    ll, simple = (scenarios.plans_dir(n) / name for name in ("allreduce-direct-ll-x1.json",
-                                                               "allreduce-twoshot-simple-x8.json"))
+    ll, simple = (
+        scenarios.plans_dir(n) / name for name in ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json")
+    )
     out = tmp_path / "bench.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("RANK", None)
-    done = subprocess.run([sys.executable, "-c", "from weft.cli import run; run()", "bench", "allreduce",
-                           "--nproc", str(n), "--plans", str(ll), str(simple), "--sizes", "64KB,1MB", "--ll128",
-                           "--samples", "3", "--calls", "5", "--timeout", "10", "-o", str(out)],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from weft.cli import run; run()",
+            "bench",
+            "allreduce",
+            "--nproc",
+            str(n),
+            "--plans",
+            str(ll),
+            str(simple),
+            "--sizes",
+            "64KB,1MB",
+            "--ll128",
+            "--samples",
+            "3",
+            "--calls",
+            "5",
+            "--timeout",
+            "10",
+            "-o",
+            str(out),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["method"]["ll128"] is True and len(doc["rows"]) == 2

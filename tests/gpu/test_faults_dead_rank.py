@@ -64,8 +64,14 @@ def _survive(comm, plan, x) -> dict:
         comm.synchronize()
         raised = None
     except ExecutorTimeout as e:
-        raised = {"type": type(e).__name__, "message": str(e), "rank": e.rank, "threadblock": e.threadblock,
-                  "op": e.op, "lost": list(e.lost) if isinstance(e, PeerLost) else None}
+        raised = {
+            "type": type(e).__name__,
+            "message": str(e),
+            "rank": e.rank,
+            "threadblock": e.threadblock,
+            "op": e.op,
+            "lost": list(e.lost) if isinstance(e, PeerLost) else None,
+        }
     return {"raised": raised, "elapsed_s": time.monotonic() - start}
 
 
@@ -116,10 +122,18 @@ def _run_ranks(scenario: str, victim: int, out: Path) -> tuple[list[int], list[d
     port = str(_free_port())
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
-               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
         procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(victim), str(out)], env=env))
     try:
         codes = [p.wait(timeout=240) for p in procs]
@@ -142,7 +156,8 @@ def test_a_kernel_waiting_on_a_dead_rank_raises_peer_lost_naming_it(tmp_path, vi
     dead, r = results[victim], results[survivor]
     assert r["raised"] and r["raised"]["type"] == "PeerLost", r
     assert r["raised"]["message"].startswith(
-        f"executor: rank {victim} (pid {dead['pid']} on host {dead['host']}) exited while rank {survivor} waited at "), r
+        f"executor: rank {victim} (pid {dead['pid']} on host {dead['host']}) exited while rank {survivor} waited at "
+    ), r
     assert r["raised"]["lost"] == [victim] and r["raised"]["rank"] == survivor
     assert r["elapsed_s"] < TIMEOUT_S + 5, r
 
@@ -153,8 +168,8 @@ def test_a_rank_that_dies_before_the_handle_exchange_fails_context_creation(tmp_
     dead, r = results[1], results[0]
     assert r["raised"] and r["raised"]["type"] == "PeerLost", r
     assert r["raised"]["message"].startswith(
-        f"executor: rank 1 (pid {dead['pid']} on host {dead['host']}) exited while rank 0 waited at bootstrap "
-        "exchange "), r
+        f"executor: rank 1 (pid {dead['pid']} on host {dead['host']}) exited while rank 0 waited at bootstrap exchange "
+    ), r
     assert r["raised"]["lost"] == [1] and (r["raised"]["threadblock"], r["raised"]["op"]) == (-1, -1)
     assert r["elapsed_s"] < TIMEOUT_S + 5, r
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import scenarios
 from conftest import nproc
 
@@ -69,7 +68,8 @@ def test_plan_for_another_world_size_is_refused(gpu_results):
     written = 4 if len(gpu_results) == 2 else 2
     for results in gpu_results:
         assert f"written for {written} ranks, but the communicator has {len(gpu_results)}" in (
-            results["refusals"]["world_size"] or "")
+            results["refusals"]["world_size"] or ""
+        )
 
 
 def test_size_outside_the_plans_range_is_refused(gpu_results):

@@ -27,6 +27,7 @@ HIDDEN = 8192
 
 # ---------------------------------------------------------------------------------------------- the tests
 
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
     return run_job(__file__, "inference", tmp_path_factory)
@@ -37,8 +38,12 @@ def test_from_process_group_runs_weft_plans_over_an_existing_nccl_group(results)
     for row in each(results, "process_group"):
         assert row["enabled"] and row["topology"] == row["expected_topology"]
         assert row["plans"]["allreduce"] and row["plans"]["allgather"] and row["plans"]["reducescatter"]
-        assert row["wrong"] == {"all_reduce": 0, "all_reduce_": 0, "all_gather_into_tensor": 0,
-                                "reduce_scatter_tensor": 0}
+        assert row["wrong"] == {
+            "all_reduce": 0,
+            "all_reduce_": 0,
+            "all_gather_into_tensor": 0,
+            "reduce_scatter_tensor": 0,
+        }
 
 
 @pytest.mark.gpu
@@ -109,6 +114,7 @@ def test_backend_should_use_only_what_weft_runs(results):
 
 # ---------------------------------------------------------------------------------------------- the worker
 
+
 def scenario_process_group(comm, world, device) -> dict:
     import torch
     import torch.distributed as dist
@@ -128,10 +134,17 @@ def scenario_process_group(comm, world, device) -> dict:
     comm.reduce_scatter_tensor(scattered, x)
     wrong["reduce_scatter_tensor"] = int(not sums_to(scattered, x, scatter=True))
     nbytes = x.numel() * x.element_size()
-    plans = {c: getattr(comm.plan_for(c, nbytes if c != "allgather" else world * nbytes, x.dtype), "name", None)
-             for c in ("allreduce", "allgather", "reducescatter")}
-    return {"enabled": comm.enabled, "topology": comm.topology.fingerprint,
-            "expected_topology": build(f"hgx_h200:gpus={world}").fingerprint, "plans": plans, "wrong": wrong}
+    plans = {
+        c: getattr(comm.plan_for(c, nbytes if c != "allgather" else world * nbytes, x.dtype), "name", None)
+        for c in ("allreduce", "allgather", "reducescatter")
+    }
+    return {
+        "enabled": comm.enabled,
+        "topology": comm.topology.fingerprint,
+        "expected_topology": build(f"hgx_h200:gpus={world}").fingerprint,
+        "plans": plans,
+        "wrong": wrong,
+    }
 
 
 def scenario_graph(comm, log: LogLines, world, device) -> dict:
@@ -157,8 +170,13 @@ def scenario_graph(comm, log: LogLines, world, device) -> dict:
         wrong += not (sums_to(out, x) and sums_to(twice, out))
         unprepared_wrong += not sums_to(odd_out, odd)
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
-    return {"plan": getattr(plan, "name", None), "replays": 100, "wrong": wrong,
-            "unprepared_wrong": unprepared_wrong, "unprepared_logged": logged}
+    return {
+        "plan": getattr(plan, "name", None),
+        "replays": 100,
+        "wrong": wrong,
+        "unprepared_wrong": unprepared_wrong,
+        "unprepared_logged": logged,
+    }
 
 
 def scenario_no_plan(rank, world, device, log: LogLines, registry: Path, tmp: Path) -> dict:
@@ -259,9 +277,11 @@ def scenario_backend(comm, device) -> dict:
     from executor.backend import WeftBackend
 
     backend = WeftBackend(comm)
-    should = {"bf16_64KB": backend.should_use(torch.empty(4, HIDDEN, device=device, dtype=torch.bfloat16)),
-              "int32": backend.should_use(torch.empty(4, HIDDEN, device=device, dtype=torch.int32)),
-              "bf16_64MB": backend.should_use(torch.empty(4096, HIDDEN, device=device, dtype=torch.bfloat16))}
+    should = {
+        "bf16_64KB": backend.should_use(torch.empty(4, HIDDEN, device=device, dtype=torch.bfloat16)),
+        "int32": backend.should_use(torch.empty(4, HIDDEN, device=device, dtype=torch.int32)),
+        "bf16_64MB": backend.should_use(torch.empty(4096, HIDDEN, device=device, dtype=torch.bfloat16)),
+    }
     x = torch.randn(5, HIDDEN, device=device, dtype=torch.bfloat16)  # a size used nowhere else
     with backend.capture(sizes=[x.numel() * 2]):
         graph = torch.cuda.CUDAGraph()
@@ -293,8 +313,11 @@ def scenario_residual(comm, device) -> dict:
     plan = comm.plan_for("allreduce", x.numel() * 2, x.dtype)
     eager = comm.all_reduce(x, residual=h)
     joined = comm.all_reduce(x) + h  # the same plan's sum, then torch's add
-    row = {"fused": comm.fuses(plan), "eager_wrong": int(not sums_to(eager, x, residual=h)),
-           "eager_bitwise": bool(torch.equal(eager, joined))}
+    row = {
+        "fused": comm.fuses(plan),
+        "eager_wrong": int(not sums_to(eager, x, residual=h)),
+        "eager_bitwise": bool(torch.equal(eager, joined)),
+    }
     for _ in range(3):
         comm.all_reduce(x, residual=h)  # warm-up: the size's context with a residual
     before = comm.paths["zero_copy"]
@@ -310,8 +333,12 @@ def scenario_residual(comm, device) -> dict:
         graph.replay()
         wrong += not sums_to(out, x, residual=h)
     torch.cuda.synchronize()
-    row.update(graph_wrong=wrong, replays=100, fixed_order=fixed_reduction_order(plan),
-               graph_hash=hashlib.sha256(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest())
+    row.update(
+        graph_wrong=wrong,
+        replays=100,
+        fixed_order=fixed_reduction_order(plan),
+        graph_hash=hashlib.sha256(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest(),
+    )
     backend = WeftBackend(comm)
     y, r = torch.randn(6, HIDDEN, device=device, dtype=torch.bfloat16), shared(6, HIDDEN, seed=5)
     with backend.capture(sizes=[y.numel() * 2], residual=True):

@@ -22,8 +22,23 @@ def job(tmp_path_factory) -> dict:
         pytest.skip("needs a CUDA GPU with torch and CuPy")
     out = tmp_path_factory.mktemp("one_device") / "one.json"
     # it took 42 s at 2 ranks and 22 s at 4 on an H100: tight bounds, so that a stall cannot eat a GPU job's time
-    subprocess.run([sys.executable, str(HERE / "one_device.py"), str(out), "--nproc", str(nproc()),
-                    "--sizes", "1KB,64KB,1MB", "--wait", "180", "--timeout", "20"], timeout=210, check=False)
+    subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "one_device.py"),
+            str(out),
+            "--nproc",
+            str(nproc()),
+            "--sizes",
+            "1KB,64KB,1MB",
+            "--wait",
+            "180",
+            "--timeout",
+            "20",
+        ],
+        timeout=210,
+        check=False,
+    )
     return json.loads(out.read_text())
 
 

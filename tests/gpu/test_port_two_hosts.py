@@ -29,10 +29,19 @@ def _launch(mode: str, n: int, out: Path, extra, timeout_s: float) -> list[dict]
     port = str(_free_port())
     procs = []
     for rank in range(n):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
-               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra(rank)}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(n),
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            **extra(rank),
+        }
         procs.append(subprocess.Popen([sys.executable, str(HERE / "port_job.py"), mode, str(out)], env=env))
     try:
         codes = [p.wait(timeout=timeout_s) for p in procs]
@@ -62,9 +71,16 @@ def two_hosts(tmp_path_factory) -> tuple[list[dict], Path]:
     out.mkdir(parents=True, exist_ok=True)
 
     def env(rank: int) -> dict:
-        return {**NCCL_NETWORK_PATH, "CUDA_VISIBLE_DEVICES": str(rank), "WEFT_HOST": f"host{rank}",
-                "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(out / "nccl.%p.log"),
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+        return {
+            **NCCL_NETWORK_PATH,
+            "CUDA_VISIBLE_DEVICES": str(rank),
+            "WEFT_HOST": f"host{rank}",
+            "NCCL_DEBUG": "INFO",
+            "NCCL_DEBUG_SUBSYS": "INIT,NET",
+            "NCCL_DEBUG_FILE": str(out / "nccl.%p.log"),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+        }
+
     return _launch("nccl", 2, out, env, 400), out
 
 
@@ -91,10 +107,14 @@ def test_the_hops_went_through_nccls_network_transport(two_hosts):
 def test_bad_cases_are_one_line_naming_the_problem(two_hosts):
     docs, _ = two_hosts
     bad = docs[0]["bad"]
-    assert bad["ipc_across_hosts"].startswith("plan direct-allreduce-hgx_h200:gpus=2-simple-x1: gpus[0] memory channel 0 "
-                                              "joins rank 0 (host host0) and rank 1 (host host1)")
-    assert bad["transport"].endswith("port channel 0 of rank 0 to rank 1 (host host1): transport nccl is "
-                                     "unavailable: its point-to-point calls move cuda tensors, not cpu")
+    assert bad["ipc_across_hosts"].startswith(
+        "plan direct-allreduce-hgx_h200:gpus=2-simple-x1: gpus[0] memory channel 0 "
+        "joins rank 0 (host host0) and rank 1 (host host1)"
+    )
+    assert bad["transport"].endswith(
+        "port channel 0 of rank 0 to rank 1 (host host1): transport nccl is "
+        "unavailable: its point-to-point calls move cuda tensors, not cpu"
+    )
     assert all("\n" not in line for line in bad.values())
 
 
@@ -119,8 +139,14 @@ def test_communicator_from_process_group_across_hosts_runs_the_registrys_port_pl
         publish.commit_file(str(plan), str(topology), str(registry))
 
     def env(rank: int) -> dict:
-        return {**NCCL_NETWORK_PATH, "CUDA_VISIBLE_DEVICES": str(rank), "WEFT_HOST": f"host{rank}",
-                "WEFT_TOPOLOGY": str(topology), "WEFT_REGISTRY": str(registry)}
+        return {
+            **NCCL_NETWORK_PATH,
+            "CUDA_VISIBLE_DEVICES": str(rank),
+            "WEFT_HOST": f"host{rank}",
+            "WEFT_TOPOLOGY": str(topology),
+            "WEFT_REGISTRY": str(registry),
+        }
+
     out = Path(os.environ["WEFT_PORT_OUT"]) / "comm" if os.environ.get("WEFT_PORT_OUT") else tmp_path / "out"
     out.mkdir(parents=True)
     docs = _launch("comm", 2, out, env, 200)
@@ -135,6 +161,7 @@ def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
 
     def env(rank: int) -> dict:
         return {"WEFT_HOST": f"host{rank // 2}", "GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "0"}
+
     docs = _launch("gloo", 4, tmp_path, env, 300)
     for doc in docs:
         assert doc["hosts"] == ["host0", "host0", "host1", "host1"]
@@ -146,7 +173,7 @@ def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
 
 # the PortCommunicator's calls on one CPU rank over gloo, with no plan (NCCL's path is gloo's here): the shared
 # torch.distributed API (torch_ops.CollectiveCalls) through the ops, the fused norm unfused, torch.compile, WeftBackend
-API_SCRIPT = r'''
+API_SCRIPT = r"""
 import tempfile
 import torch, torch.distributed as dist
 import torch.nn.functional as F
@@ -181,12 +208,17 @@ from executor.backend import WeftBackend
 b = WeftBackend(pc)
 assert torch.allclose(b.fused_add_rms_norm(x, h, w, 1e-5)[0], normed)
 print("all ok")
-'''
+"""
 
 
 def test_the_port_communicators_calls_go_through_the_ops_on_one_cpu_rank():
     pytest.importorskip("torch")
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", API_SCRIPT], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": path})
+    done = subprocess.run(
+        [sys.executable, "-c", API_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]

@@ -8,7 +8,6 @@ rank count, as tests/gpu/test_inference.py does. It runs this file as a script:
 
 from __future__ import annotations
 
-
 import pytest
 from torch_job import (
     LogLines,
@@ -25,6 +24,7 @@ REPLAYS = 100
 
 
 # ---------------------------------------------------------------------------------------------- the tests
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
@@ -88,6 +88,7 @@ def test_a_tensor_ipc_cannot_share_is_refused_on_every_rank_in_capture(results):
 
 # ---------------------------------------------------------------------------------------------- the worker
 
+
 def _exportable(tensor) -> bool:
     from executor import gpu_ipc
 
@@ -110,21 +111,20 @@ def scenario_ten_calls(comm, device) -> dict:
     n = rows * HIDDEN
     xs = [torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16) for _ in range(10)]
     arena = torch.randn(3 * n + 64, device=device, dtype=torch.bfloat16)
-    view = arena[64 + n:64 + 2 * n].view(rows, HIDDEN)  # 128 B + one tensor into the allocation
+    view = arena[64 + n : 64 + 2 * n].view(rows, HIDDEN)  # 128 B + one tensor into the allocation
     y = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
     comm.all_reduce(xs[0])  # eager warm-up: the size's context, on the staging buffers
     sentinel_in = comm.staging_input(n, torch.bfloat16)
-    sentinel_out = comm._staging_out[:2 * n].view(torch.bfloat16)
+    sentinel_out = comm._staging_out[: 2 * n].view(torch.bfloat16)
     for t in (sentinel_in, sentinel_out):
         t.fill_(-7.0)
     torch.cuda.synchronize()
     before = dict(comm.paths)
     graph = torch.cuda.CUDAGraph()
-    with comm.capture():
-        with torch.cuda.graph(graph):
-            outs = [comm.all_reduce(x) for x in xs]
-            view_out = comm.all_reduce(view)
-            comm.all_reduce_(y)
+    with comm.capture(), torch.cuda.graph(graph):
+        outs = [comm.all_reduce(x) for x in xs]
+        view_out = comm.all_reduce(view)
+        comm.all_reduce_(y)
     paths = _paths_since(comm, before)
     wrong = {"out_of_place": 0, "view": 0, "in_place": 0}
     for _ in range(REPLAYS):
@@ -134,15 +134,22 @@ def scenario_ten_calls(comm, device) -> dict:
         y_in = torch.randn_like(y)
         y.copy_(y_in)
         graph.replay()
-        wrong["out_of_place"] += sum(not sums_to(o, x) for x, o in zip(xs, outs))
+        wrong["out_of_place"] += sum(not sums_to(o, x) for x, o in zip(xs, outs, strict=True))
         wrong["view"] += not sums_to(view_out, view)
         wrong["in_place"] += not sums_to(y, y_in)
     torch.cuda.synchronize()
     untouched = bool((sentinel_in == -7.0).all() and (sentinel_out == -7.0).all())
     plan = comm.plan_for("allreduce", n * 2, torch.bfloat16)
-    return {"plan": getattr(plan, "name", None), "replays": REPLAYS, "calls": sum(paths.values()), "paths": paths,
-            "wrong": wrong, "staging_untouched": untouched, "export_refused": not _exportable(xs[0]),
-            "view_offset_bytes": view.data_ptr() - arena.data_ptr()}
+    return {
+        "plan": getattr(plan, "name", None),
+        "replays": REPLAYS,
+        "calls": sum(paths.values()),
+        "paths": paths,
+        "wrong": wrong,
+        "staging_untouched": untouched,
+        "export_refused": not _exportable(xs[0]),
+        "view_offset_bytes": view.data_ptr() - arena.data_ptr(),
+    }
 
 
 def scenario_misaligned(comm, log: LogLines, device) -> dict:
@@ -152,14 +159,13 @@ def scenario_misaligned(comm, log: LogLines, device) -> dict:
     rows = 4
     n = rows * HIDDEN
     arena = torch.randn(n + 8, device=device, dtype=torch.bfloat16)
-    x = arena[1:1 + n].view(rows, HIDDEN)
+    x = arena[1 : 1 + n].view(rows, HIDDEN)
     comm.all_reduce(torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16))  # the size's context
     torch.cuda.synchronize()
     before, lines = dict(comm.paths), len(log.lines)
     graph = torch.cuda.CUDAGraph()
-    with comm.capture():
-        with torch.cuda.graph(graph):
-            out = comm.all_reduce(x)
+    with comm.capture(), torch.cuda.graph(graph):
+        out = comm.all_reduce(x)
     paths = _paths_since(comm, before)
     logged = sum("through the staging buffer in this graph" in line for line in log.lines[lines:])
     wrong = 0
@@ -204,8 +210,12 @@ def _peer_mapping_plan(world: int):
 
     for entry in Registry(str(registry_for(world))).entries():
         plan = entry.plan
-        if plan.collective == "allreduce" and plan.nranks == world and not safe_back_to_back(plan) and any(
-                b.type in "io" for g in plan.gpus for b in g.remote_buffers):
+        if (
+            plan.collective == "allreduce"
+            and plan.nranks == world
+            and not safe_back_to_back(plan)
+            and any(b.type in "io" for g in plan.gpus for b in g.remote_buffers)
+        ):
             return plan
     return None
 
@@ -231,11 +241,10 @@ def scenario_peer_buffers(rank, world, device) -> dict:
         comm.synchronize()
     unshareable = [torch.randn(n, device=device, dtype=torch.float32) for _ in range(2)]  # expandable segments
     graph = torch.cuda.CUDAGraph()
-    with comm.capture():
-        with torch.cuda.graph(graph):
-            stream = torch.cuda.current_stream()
-            bound = sum(comm.execute_captured(plan, x, o, stream=stream) == "" for x, o in zip(xs, outs))
-            refused = comm.execute_captured(plan, *unshareable, stream=stream)
+    with comm.capture(), torch.cuda.graph(graph):
+        stream = torch.cuda.current_stream()
+        bound = sum(comm.execute_captured(plan, x, o, stream=stream) == "" for x, o in zip(xs, outs, strict=True))
+        refused = comm.execute_captured(plan, unshareable[0], unshareable[1], stream=stream)
     maps_peers = any(c.peers.collective for c in comm._templates.values())
     wrong = 0
     for _ in range(REPLAYS):
@@ -244,11 +253,18 @@ def scenario_peer_buffers(rank, world, device) -> dict:
         cupy.cuda.runtime.deviceSynchronize()
         graph.replay()
         torch.cuda.synchronize()
-        for x, o in zip(xs, outs):
+        for x, o in zip(xs, outs, strict=True):
             wrong += not sums_to(torch.from_dlpack(o), torch.from_dlpack(x))
     comm.close()
-    return {"plan": plan.name, "maps_peers": maps_peers, "bound": bound, "refused": refused,
-            "export_refused": not _exportable(unshareable[1]), "replays": REPLAYS, "wrong": wrong}
+    return {
+        "plan": plan.name,
+        "maps_peers": maps_peers,
+        "bound": bound,
+        "refused": refused,
+        "export_refused": not _exportable(unshareable[1]),
+        "replays": REPLAYS,
+        "wrong": wrong,
+    }
 
 
 def main() -> None:

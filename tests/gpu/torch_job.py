@@ -13,8 +13,8 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -40,11 +40,21 @@ def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | Non
     port = str(_free_port())
     procs = []
     for rank in range(n):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NCCL_NVLS_ENABLE": "0",
-               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-               "WEFT_REGISTRY": str(registry_for(n)), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(n),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+            "WEFT_REGISTRY": str(registry_for(n)),
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            **(env or {}),
+        }
         procs.append(subprocess.Popen([sys.executable, script, str(out)], env=env))
     codes = [p.wait(timeout=600) for p in procs]
     assert codes == [0] * n, f"{label} worker exit codes {codes}"

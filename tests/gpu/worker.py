@@ -11,15 +11,15 @@ import os
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
+import scenarios
 import torch
 import torch.distributed as dist
 
-import scenarios
 from executor.communicator import PlanExecutor
-from executor.errors import ExecutorTimeout
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_bench import within_rounding
 from schedules.plan import load_plan, parse_plan
 from weft.units import parse_bytes
@@ -53,8 +53,9 @@ def input_elements(plan, nbytes: int, dtype: str, rank: int) -> int:
     return plan.gpus[rank].input_chunks * cb // torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()
 
 
-def compare(out: torch.Tensor, x: torch.Tensor, collective: str, dtype: str, world: int,
-            residual: torch.Tensor | None = None) -> tuple[bool, float]:
+def compare(
+    out: torch.Tensor, x: torch.Tensor, collective: str, dtype: str, world: int, residual: torch.Tensor | None = None
+) -> tuple[bool, float]:
     """Whether out is NCCL's result of the collective over every rank's x (plus the residual): bitwise for copies,
     within rounding for sums; and the largest difference."""
     ref = nccl_reference(collective, x, world)
@@ -99,8 +100,7 @@ def run_residual(comm, case, rank, world, device, lines: bool) -> dict:
     joined = comm.execute(plan, x, lines=lines) + h
     comm.synchronize()
     ok, err = compare(fused, x, "allreduce", case.dtype, world, residual=h)
-    return {"ok": ok and bool(torch.equal(fused, joined)), "bitwise": bool(torch.equal(fused, joined)),
-            "max_err": err}
+    return {"ok": ok and bool(torch.equal(fused, joined)), "bitwise": bool(torch.equal(fused, joined)), "max_err": err}
 
 
 def run_graph(comm, name, rank, world, device) -> dict:
@@ -113,10 +113,9 @@ def run_graph(comm, name, rank, world, device) -> dict:
     comm.synchronize()
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            for x in inputs:
-                comm.execute(plan, x)
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for x in inputs:
+            comm.execute(plan, x)
     wrong = 0
     for _ in range(100):
         for x in inputs:
@@ -124,7 +123,7 @@ def run_graph(comm, name, rank, world, device) -> dict:
         torch.cuda.synchronize()
         graph.replay()
         comm.synchronize()
-        for x, out in zip(inputs, outputs):
+        for x, out in zip(inputs, outputs, strict=True):
             ok, _ = compare(out, x, plan.collective, "bf16", world)
             wrong += not ok
     return {"ok": wrong == 0, "wrong": wrong, "replays": 100, "executions": 10}
@@ -134,12 +133,23 @@ def never_signalled_plan(world: int) -> dict:
     gpus = []
     for r in range(world):
         peers = [p for p in range(world) if p != r]
-        gpus.append({"id": r, "input_chunks": world, "output_chunks": world, "scratch_chunks": 0,
-                     "channels": [{"channel_type": "memory", "connected_to": peers}],
-                     "threadblocks": [{"id": 0, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
-                                       "ops": [{"name": "wait", "channel_type": "memory", "channel_ids": [0]}]}]})
-    return {"name": "never-signalled", "collective": "allreduce", "protocol": "Simple", "inplace": False,
-            "gpus": gpus}
+        gpus.append(
+            {
+                "id": r,
+                "input_chunks": world,
+                "output_chunks": world,
+                "scratch_chunks": 0,
+                "channels": [{"channel_type": "memory", "connected_to": peers}],
+                "threadblocks": [
+                    {
+                        "id": 0,
+                        "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                        "ops": [{"name": "wait", "channel_type": "memory", "channel_ids": [0]}],
+                    }
+                ],
+            }
+        )
+    return {"name": "never-signalled", "collective": "allreduce", "protocol": "Simple", "inplace": False, "gpus": gpus}
 
 
 def run_timeout(store, rank, world, device) -> dict:
@@ -163,7 +173,7 @@ def run_timeout(store, rank, world, device) -> dict:
 
 
 def run_refusals(comm, rank, world, device) -> dict:
-    results = {}
+    results: dict[str, str | None] = {}  # what was refused -> the refusal, None where it ran
     other = scenarios.plans_dir(4 if world == 2 else 2) / "allreduce-direct-simple-x1.json"
     try:  # a plan for more ranks than the communicator has, and one for fewer
         comm.execute(load_plan(other), random_input(1024, "fp32", device))
@@ -195,8 +205,11 @@ def recorded(run, label: str = "") -> dict:
     except Exception as e:
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
     if time.monotonic() - start > 2.0:
-        print(f"worker rank {os.environ.get('RANK')}: {label} took {time.monotonic() - start:.1f} s "
-              f"{result.get('error', '')[:300]}", flush=True)
+        print(
+            f"worker rank {os.environ.get('RANK')}: {label} took {time.monotonic() - start:.1f} s "
+            f"{result.get('error', '')[:300]}",
+            flush=True,
+        )
     return result
 
 
@@ -235,21 +248,21 @@ def main() -> None:
 
     section("cases")
     for case in scenarios.correctness_cases(world):
-        results["cases"][case.id] = r = attempt(case.id, lambda: run_case(comm, case, rank, world, device))
+        results["cases"][case.id] = r = attempt(case.id, partial(run_case, comm, case, rank, world, device))
         if not r["ok"]:
             print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
     lines = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
     for case in scenarios.line_cases(world):
-        results["lines"][case.id] = attempt(case.id + "+ll128", lambda: run_case(lines, case, rank, world, device))
+        results["lines"][case.id] = attempt(case.id + "+ll128", partial(run_case, lines, case, rank, world, device))
     for name in scenarios.LINE_GRAPH_PLANS:
-        results["lines_graph"][name] = attempt(name + "+ll128", lambda: run_graph(lines, name, rank, world, device))
+        results["lines_graph"][name] = attempt(name + "+ll128", partial(run_graph, lines, name, rank, world, device))
     results["residual"] = {}
     section("residual")
     for run_id, case, lined in scenarios.residual_cases(world):
         executor = lines if lined else comm
-        results["residual"][run_id] = attempt(run_id, lambda: run_residual(executor, case, rank, world, device, lined))
+        results["residual"][run_id] = attempt(run_id, partial(run_residual, executor, case, rank, world, device, lined))
     lines.close()
     section("graph")
     # A communicator of its own, with no contexts yet: contexts are cached by buffer address, and an input here
@@ -258,7 +271,7 @@ def main() -> None:
     # exchange behind its peers in the 10-context warm-up of allreduce-twoshot-simple-x8, its kernel then timed out.
     graphs = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
     for name in scenarios.GRAPH_PLANS:
-        results["graph"][name] = attempt(name, lambda: run_graph(graphs, name, rank, world, device))
+        results["graph"][name] = attempt(name, partial(run_graph, graphs, name, rank, world, device))
     graphs.close()
     section("refusals")
     results["refusals"] = run_refusals(comm, rank, world, device)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
@@ -15,8 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     return None  # uses the common flags only
 
 
-def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective,
-               progress: Callable[[str], None]) -> list[Schedule]:
+def synthesize(
+    args: argparse.Namespace, topology: Topology, collective: Collective, progress: Callable[[str], None]
+) -> list[Schedule]:
     from synth.pareto import candidates, frontier
 
     points = frontier(candidates(topology, collective, progress=progress), topology)
