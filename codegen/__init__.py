@@ -37,10 +37,19 @@ MAX_THREADS = MAX_THREADS_PER_BLOCK  # the plan reader refuses more: one range f
 __all__ = ["CodegenError", "compile_schedule"]
 
 
-def compile_schedule(schedule: Schedule, topology: object = None, instances: int = 1, protocol: str = "auto",
-                     inplace: bool = False, threads: int = 1024, double_scratch: bool | None = None,
-                     pipeline: int = 1, pull: bool = False, ll_max_bytes: int = LL_MAX_BYTES,
-                     multipeer: bool = False) -> Plan:
+def compile_schedule(
+    schedule: Schedule,
+    topology: object = None,
+    instances: int = 1,
+    protocol: str = "auto",
+    inplace: bool = False,
+    threads: int = 1024,
+    double_scratch: bool | None = None,
+    pipeline: int = 1,
+    pull: bool = False,
+    ll_max_bytes: int = LL_MAX_BYTES,
+    multipeer: bool = False,
+) -> Plan:
     """The execution Plan for ``schedule`` (``topology``: its fingerprint is recorded, and on a topology of several
     hosts every hop between hosts goes on a port channel, ``codegen.ports``; such plans are Simple).
 
@@ -61,21 +70,29 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     if not isinstance(threads, int) or threads % 32 or not 32 <= threads <= MAX_THREADS:
         raise CodegenError(f"--threads: must be a multiple of 32 from 32 to {MAX_THREADS}, got {threads!r}")
     if not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_INSTANCES // instances:
-        raise CodegenError(f"--pipeline: must be an integer from 1 to {MAX_INSTANCES // instances} with "
-                           f"{instances} instance(s) (instances x pipeline <= {MAX_INSTANCES}), got {pipeline!r}")
+        raise CodegenError(
+            f"--pipeline: must be an integer from 1 to {MAX_INSTANCES // instances} with "
+            f"{instances} instance(s) (instances x pipeline <= {MAX_INSTANCES}), got {pipeline!r}"
+        )
     hosts = tuple(getattr(topology, "hosts", ()) or ())
     multi_host = crosses_hosts(hosts)
     if multi_host and (protocol.lower() == "ll" or pull):
-        raise CodegenError("--protocol ll / --pull: a plan across hosts moves data over port channels, which "
-                           "carry plain puts only (use the Simple protocol, without --pull)")
+        raise CodegenError(
+            "--protocol ll / --pull: a plan across hosts moves data over port channels, which "
+            "carry plain puts only (use the Simple protocol, without --pull)"
+        )
     chosen = "Simple" if multi_host else choose_protocol(schedule, protocol)
     if pull and (chosen == "LL" or inplace):
-        raise CodegenError("--pull: only Simple, out-of-place plans read their peers' inputs (LL packets are "
-                           "written by their sender; an in-place input is overwritten)")
-    if ll_max_bytes != LL_MAX_BYTES and (chosen != "LL" or not isinstance(ll_max_bytes, int)
-                                         or ll_max_bytes <= 0 or ll_max_bytes % (1 << 20)):
-        raise CodegenError(f"--ll-max-bytes: a whole number of MB, for LL plans only; got {ll_max_bytes!r} B for "
-                           f"a {chosen} plan")
+        raise CodegenError(
+            "--pull: only Simple, out-of-place plans read their peers' inputs (LL packets are "
+            "written by their sender; an in-place input is overwritten)"
+        )
+    if ll_max_bytes != LL_MAX_BYTES and (
+        chosen != "LL" or not isinstance(ll_max_bytes, int) or ll_max_bytes <= 0 or ll_max_bytes % (1 << 20)
+    ):
+        raise CodegenError(
+            f"--ll-max-bytes: a whole number of MB, for LL plans only; got {ll_max_bytes!r} B for a {chosen} plan"
+        )
     double = chosen == "LL" if double_scratch is None else bool(double_scratch)
     if chosen == "LL" and not double:
         raise CodegenError("--double-scratch: LL plans always alternate scratch halves (packet flags need it)")
@@ -94,18 +111,32 @@ def compile_schedule(schedule: Schedule, topology: object = None, instances: int
     programs = {r: {t: fuse(gather(ops)) for t, ops in tbs.items()} for r, tbs in programs.items()}
     lo, hi = size_range(chosen, ll_max_bytes)
     fingerprint = getattr(topology, "fingerprint", schedule.topology)
-    meta = PlanMeta(topology=fingerprint, schedule_hash=source_hash, solver=schedule.meta.solver,
-                    chunks=collective.chunks, root=collective.root, instances=instances,
-                    predicted_us=dict(schedule.meta.predicted_us))
+    meta = PlanMeta(
+        topology=fingerprint,
+        schedule_hash=source_hash,
+        solver=schedule.meta.solver,
+        chunks=collective.chunks,
+        root=collective.root,
+        instances=instances,
+        predicted_us=dict(schedule.meta.predicted_us),
+    )
     name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"
     name += (f"-p{pipeline}" if pipeline > 1 else "") + (f"-t{threads}" if threads != MAX_THREADS else "")
     name += ("-2s" if double and chosen != "LL" else "") + ("-pull" if pull else "") + ("-mp" if multipeer else "")
     name += f"-max{ll_max_bytes >> 20}MB" if ll_max_bytes != LL_MAX_BYTES else ""
-    plan = assemble(programs, name=name, collective=collective.name, protocol=chosen, inplace=inplace,
-                    nranks=collective.nranks, input_chunks=placement.input_chunks * copies,
-                    output_chunks=placement.output_chunks * copies,
-                    scratch=[s * copies for s in placement.scratch], meta=meta)
-    plan = replace(plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads,
-                   use_double_scratch_buffer=double)
+    plan = assemble(
+        programs,
+        name=name,
+        collective=collective.name,
+        protocol=chosen,
+        inplace=inplace,
+        nranks=collective.nranks,
+        input_chunks=placement.input_chunks * copies,
+        output_chunks=placement.output_chunks * copies,
+        scratch=[s * copies for s in placement.scratch],
+        meta=meta,
+    )
+    plan = replace(
+        plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads, use_double_scratch_buffer=double
+    )
     return fit_mscclpp_limits(port_channels(plan, hosts) if multi_host else plan)
-

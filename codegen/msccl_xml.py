@@ -92,19 +92,37 @@ def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto",
     for r in range(n):
         _dependencies(tbs[r], order[r])
     lo, hi = size_range(proto)
-    algo = ET.Element("algo", {
-        "name": name or f"{schedule.name or collective.name}-msccl", "proto": proto, "nchannels": str(instances),
-        "nchunksperloop": str(collective.size_chunks * instances), "ngpus": str(n),
-        "coll": COLL_NAMES.get(collective.name, collective.name), "inplace": "0", "outofplace": "1",
-        "minBytes": str(lo), "maxBytes": "0" if hi == MAX_MESSAGE_SIZE else str(hi)})
+    algo = ET.Element(
+        "algo",
+        {
+            "name": name or f"{schedule.name or collective.name}-msccl",
+            "proto": proto,
+            "nchannels": str(instances),
+            "nchunksperloop": str(collective.size_chunks * instances),
+            "ngpus": str(n),
+            "coll": COLL_NAMES.get(collective.name, collective.name),
+            "inplace": "0",
+            "outofplace": "1",
+            "minBytes": str(lo),
+            "maxBytes": "0" if hi == MAX_MESSAGE_SIZE else str(hi),
+        },
+    )
     for r in range(n):
-        gpu = ET.SubElement(algo, "gpu", {
-            "id": str(r), "i_chunks": str(placement.input_chunks * instances),
-            "o_chunks": str(placement.output_chunks * instances), "s_chunks": str(placement.scratch[r] * instances)})
+        gpu = ET.SubElement(
+            algo,
+            "gpu",
+            {
+                "id": str(r),
+                "i_chunks": str(placement.input_chunks * instances),
+                "o_chunks": str(placement.output_chunks * instances),
+                "s_chunks": str(placement.scratch[r] * instances),
+            },
+        )
         for t, role in enumerate(_tb_order(tbs[r])):
             tb = tbs[r][role]
-            el = ET.SubElement(gpu, "tb", {"id": str(t), "send": str(tb.send), "recv": str(tb.recv),
-                                           "chan": str(tb.chan)})
+            el = ET.SubElement(
+                gpu, "tb", {"id": str(t), "send": str(tb.send), "recv": str(tb.recv), "chan": str(tb.chan)}
+            )
             for s, st in enumerate(tb.steps):
                 ET.SubElement(el, "step", _step_attrs(s, st, _tb_order(tbs[r])))
     ET.indent(algo)
@@ -170,5 +188,15 @@ def _step_attrs(s: int, st: _Step, roles: list[tuple]) -> dict[str, str]:
     srcbuf, srcoff = buf(st.src)
     dstbuf, dstoff = buf(st.dst)
     depid, deps = st.dep if st.dep is not None else (-1, -1)
-    return {"s": str(s), "type": st.type, "srcbuf": srcbuf, "srcoff": srcoff, "dstbuf": dstbuf, "dstoff": dstoff,
-            "cnt": "1", "depid": str(depid), "deps": str(deps), "hasdep": "1" if st.hasdep else "0"}
+    return {
+        "s": str(s),
+        "type": st.type,
+        "srcbuf": srcbuf,
+        "srcoff": srcoff,
+        "dstbuf": dstbuf,
+        "dstoff": dstoff,
+        "cnt": "1",
+        "depid": str(depid),
+        "deps": str(deps),
+        "hasdep": "1" if st.hasdep else "0",
+    }

@@ -18,8 +18,10 @@ def main(registry: str) -> None:
     h100 = weft.catalog("hgx_h100:nodes=2")
     trees = weft.synthesize(h100, "allgather", "trees", size="1GB")
     print(trees)
-    print(f"  {weft.predict_us(trees, h100, weft.parse_bytes('1GB')):.1f} µs at 1GB, "
-          f"bound {weft.lower_bound_us(h100, trees.collective, weft.parse_bytes('1GB')):.1f} µs")
+    print(
+        f"  {weft.predict_us(trees, h100, weft.parse_bytes('1GB')):.1f} µs at 1GB, "
+        f"bound {weft.lower_bound_us(h100, trees.collective, weft.parse_bytes('1GB')):.1f} µs"
+    )
 
     # weft synth allreduce -t dgx1 --method ring -o ring.json; weft verify ring.json -t dgx1
     dgx1 = weft.catalog("dgx1")

@@ -20,8 +20,7 @@ from pathlib import Path
 from executor.errors import ExecutorError
 from topologies.jsonfile import check_output
 
-SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "norm.cuh",
-           "interpreter.cu")
+SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "norm.cuh", "interpreter.cu")
 FLAGS = ("-O3", "-std=c++17")
 DTYPE_SUFFIX = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
@@ -78,8 +77,10 @@ def private_directory(directory: Path) -> Path:
     except OSError as e:
         raise ExecutorError(f"executor: kernel cache {directory}: cannot create: {e.strerror or e}") from None
     if info.st_mode & 0o022 or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
-        raise ExecutorError(f"executor: kernel cache {directory}: writable by other users or owned by another; "
-                            "use a private folder (chmod 700, or set WEFT_KERNEL_CACHE)")
+        raise ExecutorError(
+            f"executor: kernel cache {directory}: writable by other users or owned by another; "
+            "use a private folder (chmod 700, or set WEFT_KERNEL_CACHE)"
+        )
     return directory
 
 
@@ -135,9 +136,11 @@ def load_module(compute_capability: str, trace: bool = False):
             raise ExecutorError(f"executor: kernel cache {path}: the cubin does not match its stored hash")
         return _module_from_image(cupy, image, path)
     code = (source_dir() / "interpreter.cu").read_text()
-    return cupy.RawModule(code=code, backend="nvrtc",
-                          options=("-std=c++17", f"--gpu-architecture={arch}", f"-I{source_dir()}",
-                                   *(TRACE_FLAGS if trace else ())))
+    return cupy.RawModule(
+        code=code,
+        backend="nvrtc",
+        options=("-std=c++17", f"--gpu-architecture={arch}", f"-I{source_dir()}", *(TRACE_FLAGS if trace else ())),
+    )
 
 
 def _module_from_image(cupy, image: bytes, path: Path):

@@ -44,19 +44,19 @@ scratch, peers written only in their scratch).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from executor import gpu_bootstrap, gpu_ipc
-from executor import torch_ops
-from executor.torch_ops import DTYPES, CollectiveCalls
+from executor import gpu_bootstrap, gpu_ipc, torch_ops
 from executor.communicator import PlanExecutor
 from executor.hosts import host_identity
 from executor.inference_norm import NormCalls
 from executor.norm import RowNorm
+from executor.torch_ops import DTYPES, CollectiveCalls
 from executor.torch_plans import PlanChoice, disagreement
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
@@ -68,10 +68,22 @@ STAGING_BYTES = 8 << 20
 class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
     """A plan executor with torch.distributed's collective API, falling back to NCCL where weft has no plan."""
 
-    def __init__(self, rank: int, world_size: int, store: Any = None, device: int | None = None,
-                 timeout_s: float = 30.0, *, group: Any = None, registry: str | None = None,
-                 topology: str | None = None, deterministic: bool = False, staging_bytes: int = STAGING_BYTES,
-                 ll128: bool = True, trace: bool = False):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store: Any = None,
+        device: int | None = None,
+        timeout_s: float = 30.0,
+        *,
+        group: Any = None,
+        registry: str | None = None,
+        topology: str | None = None,
+        deterministic: bool = False,
+        staging_bytes: int = STAGING_BYTES,
+        ll128: bool = True,
+        trace: bool = False,
+    ):
         """``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
         NVML, then torch's view of the GPUs. ``deterministic``: only plans with a fixed reduction order.
         ``staging_bytes``: the largest message (nccl-tests terms) that weft runs; larger ones go to NCCL.
@@ -108,11 +120,15 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if why:
             log.warning("weft: using NCCL for every collective: %s", why)
         elif not self.choice.entries:
-            log.warning("weft: the registry %s holds no plan for %s with %d ranks; using NCCL",
-                        self.choice.registry.location, self.topology.name, world_size)
+            log.warning(
+                "weft: the registry %s holds no plan for %s with %d ranks; using NCCL",
+                self.choice.registry.location,
+                self.topology.name,
+                world_size,
+            )
 
     @classmethod
-    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> "Communicator":
+    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> Communicator:
         """A communicator over ``group`` (default: the default group), bootstrapped through its store.
 
         Where the group's ranks sit on several hosts (``executor.hosts``) it is a ``PortCommunicator``: the same API,
@@ -123,8 +139,15 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
             return PortCommunicator(group, timeout_s, **options)
         store = gpu_bootstrap.process_group_store(group)
-        return cls(dist.get_rank(group), dist.get_world_size(group), store, torch.cuda.current_device(), timeout_s,
-                   group=group, **options)
+        return cls(
+            dist.get_rank(group),
+            dist.get_world_size(group),
+            store,
+            torch.cuda.current_device(),
+            timeout_s,
+            group=group,
+            **options,
+        )
 
     # ---------------------------------- torch.distributed's API (the calls: torch_ops.CollectiveCalls)
 
@@ -136,8 +159,9 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
     def lines_for(self, collective: str, nbytes: int, dtype: torch.dtype) -> bool:
         """Whether ``plan_for``'s plan moves LL128 lines (``ll128`` set, and measured faster so at this size)."""
-        return self.plan_for(collective, nbytes, dtype) is not None and self.choice.lines(collective, nbytes,
-                                                                                          DTYPES[dtype])
+        return self.plan_for(collective, nbytes, dtype) is not None and self.choice.lines(
+            collective, nbytes, DTYPES[dtype]
+        )
 
     def is_prepared(self, plan, nbytes: int, dtype: torch.dtype, residual: bool = False) -> bool:
         """Whether ``plan``'s context for this size (with a residual, where ``residual`` and the plan adds one in
@@ -150,12 +174,17 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
     def staging_input(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """The registered input buffer as ``numel`` elements: a tensor written here is not copied again."""
-        return self._staging_in[:numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
+        return self._staging_in[: numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
     @contextmanager
-    def capture(self, sizes: Sequence[int] = (), dtype: torch.dtype = torch.bfloat16,
-                residual: bool = False, rms_norm: RowNorm | None = None,
-                alltoall_sizes: Sequence[int] = ()) -> Iterator["Communicator"]:
+    def capture(
+        self,
+        sizes: Sequence[int] = (),
+        dtype: torch.dtype = torch.bfloat16,
+        residual: bool = False,
+        rms_norm: RowNorm | None = None,
+        alltoall_sizes: Sequence[int] = (),
+    ) -> Iterator[Communicator]:
         """Capture CUDA graphs inside this block with weft's collectives reading and writing the captured tensors.
 
         Prepares the all-reduce contexts of ``sizes`` (message bytes) first, also with a residual where
@@ -189,8 +218,9 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if self._started:
             super().register_graph_buffers()
 
-    def prepare(self, collective: str, nbytes: int, dtype: torch.dtype = torch.bfloat16,
-                residual: bool = False) -> bool:
+    def prepare(
+        self, collective: str, nbytes: int, dtype: torch.dtype = torch.bfloat16, residual: bool = False
+    ) -> bool:
         """Create the context for one collective and size now (collective, eager), for an all-reduce with a
         residual where ``residual``; whether weft will run it."""
         if torch.cuda.is_current_stream_capturing():
@@ -205,9 +235,12 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if residual:
             self.all_reduce(x, residual=torch.zeros_like(x))
             return True
-        {"allreduce": lambda: self.all_reduce_(x), "allgather": lambda: self.all_gather_into_tensor(out, x),
-         "reducescatter": lambda: self.reduce_scatter_tensor(out, x),
-         "alltoall": lambda: self.all_to_all_single(out, x)}[collective]()
+        {
+            "allreduce": lambda: self.all_reduce_(x),
+            "allgather": lambda: self.all_gather_into_tensor(out, x),
+            "reducescatter": lambda: self.reduce_scatter_tensor(out, x),
+            "alltoall": lambda: self.all_to_all_single(out, x),
+        }[collective]()
         return True
 
     def close(self) -> None:
@@ -219,11 +252,14 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
     # ------------------------------------------------------------------ the ops' bodies (eager or captured)
 
     def all_reduce_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if residual is not None and (residual.shape != tensor.shape or residual.dtype != tensor.dtype
-                                     or residual.device != tensor.device):
-            raise ValueError(f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
-                             f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
-                             f"{residual.device}")
+        if residual is not None and (
+            residual.shape != tensor.shape or residual.dtype != tensor.dtype or residual.device != tensor.device
+        ):
+            raise ValueError(
+                f"weft: all_reduce's residual must be {tensor.dtype} of shape {tuple(tensor.shape)} on "
+                f"{tensor.device}, got {residual.dtype} of shape {tuple(residual.shape)} on "
+                f"{residual.device}"
+            )
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
         plan = self._weft_plan("allreduce", tensor, tensor.numel(), residual is not None)
         fused = residual if plan is not None and residual is not None and self.fuses(plan) else None
@@ -277,8 +313,12 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if plan is None:
             self._fallback(collective, nbytes, tensor.dtype, self._no_plan_reason(collective, nbytes, tensor.dtype))
         elif torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype, residual):
-            self._fallback(collective, nbytes, tensor.dtype, "first seen inside graph capture; warm up or "
-                                                             "use capture(sizes=...) before capturing")
+            self._fallback(
+                collective,
+                nbytes,
+                tensor.dtype,
+                "first seen inside graph capture; warm up or use capture(sizes=...) before capturing",
+            )
             plan = None
         if plan is None:
             self.paths["nccl"] += 1
@@ -288,8 +328,9 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         """Whether a graph is capturing inside ``capture()``, where calls bind the captured tensors."""
         return self._started and self._graph_mode and torch.cuda.is_current_stream_capturing()
 
-    def _zero_copy(self, plan, tensor: torch.Tensor, output: torch.Tensor,
-                   residual: torch.Tensor | None = None) -> bool:
+    def _zero_copy(
+        self, plan, tensor: torch.Tensor, output: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> bool:
         """Inside ``capture()``, capture ``plan`` on ``tensor`` and ``output`` (and ``residual``) themselves;
         whether it did."""
         if not self._in_graph():
@@ -315,8 +356,9 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if residual is not None:
             added = self._staging_residual[:nbytes].view(tensor.dtype)
             added.view(residual.shape).copy_(residual)
-        self.execute(plan, source, staged, lines=self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype]),
-                     residual=added)
+        self.execute(
+            plan, source, staged, lines=self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype]), residual=added
+        )
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], residual is not None))
         self.paths["staging"] += 1
         return staged
@@ -327,7 +369,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         views = self._staged_views.get(key)
         if views is None:
             size = torch.empty((), dtype=dtype).element_size()
-            views = (self._staging_in[:numel * size].view(dtype), self._staging_out[:out_numel * size].view(dtype))
+            views = (self._staging_in[: numel * size].view(dtype), self._staging_out[: out_numel * size].view(dtype))
             self._staged_views[key] = views
         return views
 
@@ -352,8 +394,10 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         try:
             with cupy.cuda.Device(self.device):
                 self._staging_memory = [cupy.cuda.Memory(self.staging_bytes) for _ in range(2)]
-                arrays = [cupy.ndarray((self.staging_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(m, 0))
-                          for m in self._staging_memory]
+                arrays = [
+                    cupy.ndarray((self.staging_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(m, 0))
+                    for m in self._staging_memory
+                ]
             self._staging_in, self._staging_out = (torch.from_dlpack(a) for a in arrays)
             # read by this rank only, so it needs no IPC: the residual an eager call adds in the launch
             self._staging_residual = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self._staging_in.device)
@@ -369,8 +413,9 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if self.topology is None:
             return "this machine's topology is unknown (set WEFT_TOPOLOGY to a catalog spec or file)"
         try:
-            self.choice = PlanChoice(Registry(registry), self.topology.fingerprints, self.world_size, self.deterministic,
-                                     self._ll128)
+            self.choice = PlanChoice(
+                Registry(registry), self.topology.fingerprints, self.world_size, self.deterministic, self._ll128
+            )
         except (RegistryError, ImportError) as e:  # no registry location (platformdirs missing) is NCCL too
             return f"the plan registry cannot be read: {e}"
         return ""
@@ -378,12 +423,14 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
     def _agree_on_plans(self, why: str) -> str:
         """Every rank must see the same topology and registry entries, or the ranks would pick different plans."""
         mine = why or (self.topology.fingerprint, sorted(e.id for e in self.choice.entries))
-        seen = gpu_bootstrap.all_gather(self.store, f"{self._agreements}/plans", self.rank, self.world_size, mine,
-                                        max(self.timeout_s, 60.0))
+        seen = gpu_bootstrap.all_gather(
+            self.store, f"{self._agreements}/plans", self.rank, self.world_size, mine, max(self.timeout_s, 60.0)
+        )
         return disagreement(seen)
 
     def _agree(self, what: str, why: str) -> str:
         """Every rank's verdict on ``what``; the first rank's reason if any rank said no, else ''."""
-        verdicts = gpu_bootstrap.all_gather(self.store, f"{self._agreements}/{what}", self.rank, self.world_size, why,
-                                            max(self.timeout_s, 60.0))
+        verdicts = gpu_bootstrap.all_gather(
+            self.store, f"{self._agreements}/{what}", self.rank, self.world_size, why, max(self.timeout_s, 60.0)
+        )
         return next((v for v in verdicts if v), "")

@@ -15,22 +15,23 @@ size first seen inside a capture runs on weft too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from executor import torch_ops
-from executor.torch_ops import DTYPES, CollectiveCalls
-from executor.gpu_bootstrap import all_gather_plain
 from executor.errors import ExecutorError
+from executor.gpu_bootstrap import all_gather_plain
 from executor.hosts import ipc_across_hosts
 from executor.inference_norm import check_norm_call
 from executor.norm import RowNorm
 from executor.port_engine import PortEngine
 from executor.port_program import compile_programs
+from executor.torch_ops import DTYPES, CollectiveCalls
 from executor.torch_plans import PlanChoice, disagreement
 from executor.torch_topology import machine_topology
 from schedules.registry import Registry, RegistryError
@@ -41,8 +42,16 @@ log = logging.getLogger("weft.inference")
 class PortCommunicator(CollectiveCalls):
     """torch.distributed's collective API over the port engine, for ranks on several hosts."""
 
-    def __init__(self, group: Any = None, timeout_s: float = 30.0, *, registry: str | None = None,
-                 topology: str | None = None, deterministic: bool = False, **_: Any):
+    def __init__(
+        self,
+        group: Any = None,
+        timeout_s: float = 30.0,
+        *,
+        registry: str | None = None,
+        topology: str | None = None,
+        deterministic: bool = False,
+        **_: Any,
+    ):
         self.group = group
         self.engine = PortEngine(group, timeout_s)
         self.rank, self.world_size, self.hosts = self.engine.rank, self.engine.world_size, self.engine.hosts
@@ -56,7 +65,7 @@ class PortCommunicator(CollectiveCalls):
             log.warning("weft: using NCCL for every collective across hosts: %s", why)
 
     @classmethod
-    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> "PortCommunicator":
+    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> PortCommunicator:
         return cls(group, timeout_s, **options)
 
     # ---------------------------------- torch.distributed's API (the calls: torch_ops.CollectiveCalls)
@@ -79,8 +88,14 @@ class PortCommunicator(CollectiveCalls):
         return False
 
     @contextmanager
-    def capture(self, sizes=(), dtype: torch.dtype = torch.bfloat16, residual: bool = False,
-                rms_norm: RowNorm | None = None, alltoall_sizes=()) -> Iterator[Any]:
+    def capture(
+        self,
+        sizes=(),
+        dtype: torch.dtype = torch.bfloat16,
+        residual: bool = False,
+        rms_norm: RowNorm | None = None,
+        alltoall_sizes=(),
+    ) -> Iterator[Any]:
         """Nothing to prepare or register: graphs captured anywhere run weft's calls."""
         yield self
 
@@ -108,8 +123,9 @@ class PortCommunicator(CollectiveCalls):
     def all_reduce_eager_(self, tensor: torch.Tensor) -> None:
         tensor.copy_(self.all_reduce_eager(tensor))
 
-    def all_reduce_norm_eager(self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def all_reduce_norm_eager(
+        self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Unfused across hosts (no row-owning port plan exists): the all-reduce with its residual, then torch's
         rms_norm; the arguments are checked as on one host (``check_norm_call``)."""
         rows = check_norm_call(tensor, residual, weight, eps)
@@ -167,8 +183,9 @@ class PortCommunicator(CollectiveCalls):
         # a memory channel is CUDA IPC: only plans whose memory channels stay inside a host run here, and only
         # out-of-place plans the port engine compiles (its ops, no pipelines), so that no call fails that NCCL
         # would have run
-        self.choice.entries = [e for e in self.choice.entries
-                               if not ipc_across_hosts(e.plan, self.hosts) and _port_runs(e.plan)]
+        self.choice.entries = [
+            e for e in self.choice.entries if not ipc_across_hosts(e.plan, self.hosts) and _port_runs(e.plan)
+        ]
         return ""
 
 

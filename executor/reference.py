@@ -37,8 +37,9 @@ does (``residual_sums``): after the sum of each reduction that completes an elem
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -90,10 +91,15 @@ class _Buffer:
     readers: list
 
     @staticmethod
-    def make(chunks: int, elems: int) -> "_Buffer":
-        return _Buffer(np.full((chunks, elems), np.nan, dtype=np.float32), np.full(chunks, _NEVER),
-                       np.zeros(chunks, dtype=np.int64), np.full(chunks, _PLAIN), [None] * chunks,
-                       [dict() for _ in range(chunks)])
+    def make(chunks: int, elems: int) -> _Buffer:
+        return _Buffer(
+            np.full((chunks, elems), np.nan, dtype=np.float32),
+            np.full(chunks, _NEVER),
+            np.zeros(chunks, dtype=np.int64),
+            np.full(chunks, _PLAIN),
+            [None] * chunks,
+            [dict() for _ in range(chunks)],
+        )
 
 
 @dataclass
@@ -125,15 +131,17 @@ def residual_sums(plan: Plan) -> dict[OpKey, int]:
     then fails, so the executor refuses the plan)."""
     nbytes = smallest_size(plan)
     elems = chunk_elems(plan, nbytes, "fp32")
-    m = _Machine(plan, elems, "fp32", [[np.ones(g.input_chunks * elems, np.float32) for g in plan.gpus]],
-                 counting=True)
+    m = _Machine(plan, elems, "fp32", [[np.ones(g.input_chunks * elems, np.float32) for g in plan.gpus]], counting=True)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
     sums = {}
     for (rank, tb, index), count in m.counts.items():
         gpu = plan.gpus[rank]
         op = gpu.threadblocks[tb].ops[index]
-        chunks = {ref.index for ref in op.dst_buff
-                  if (remote_target(gpu, gpu.threadblocks[tb], op, ref)[1] if ref.remote else ref.type) == "o"}
+        chunks = {
+            ref.index
+            for ref in op.dst_buff
+            if (remote_target(gpu, gpu.threadblocks[tb], op, ref)[1] if ref.remote else ref.type) == "o"
+        }
         if count == plan.nranks and len(chunks) == 1:
             sums[(rank, tb, index)] = chunks.pop()
     return sums
@@ -142,8 +150,16 @@ def residual_sums(plan: Plan) -> dict[OpKey, int]:
 class _Machine:
     """The state of one run of ``launches`` launches: buffers, channel counters, semaphores and thread blocks."""
 
-    def __init__(self, plan: Plan, elems: int, dtype: str, inputs: list[list[np.ndarray]],
-                 residuals: list[np.ndarray] | None = None, counting: bool = False, epilogue: Callable | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        elems: int,
+        dtype: str,
+        inputs: list[list[np.ndarray]],
+        residuals: list[np.ndarray] | None = None,
+        counting: bool = False,
+        epilogue: Callable | None = None,
+    ):
         self.plan, self.elems, self.dtype, self.inputs = plan, elems, dtype, inputs
         self.residuals, self.epilogue = residuals, epilogue
         self.residual_at = residual_sums(plan) if residuals is not None else {}
@@ -151,11 +167,19 @@ class _Machine:
         self.counts: dict[OpKey, float] | None = {} if counting else None
         self.launches = len(inputs)
         self.G = plan.slices  # slots per chunk: tbg slices and pipeline iterations are whole slots
-        self.threads = [_thread(r, tb.id, k, tb.ops, self.G) for k in range(self.launches)
-                        for r, g in enumerate(plan.gpus) for tb in g.threadblocks]
+        self.threads = [
+            _thread(r, tb.id, k, tb.ops, self.G)
+            for k in range(self.launches)
+            for r, g in enumerate(plan.gpus)
+            for tb in g.threadblocks
+        ]
         self.hosts = {(k, r): _Thread(r, -1, k, (), None) for k in range(self.launches + 1) for r in range(plan.nranks)}
-        self.proxies = {(k, r, c): _Thread(r, -2 - c, k, (), None) for k in range(self.launches)
-                        for r, g in enumerate(plan.gpus) for c in range(len(g.port_peers))}
+        self.proxies = {
+            (k, r, c): _Thread(r, -2 - c, k, (), None)
+            for k in range(self.launches)
+            for r, g in enumerate(plan.gpus)
+            for c in range(len(g.port_peers))
+        }
         self.everyone = self.threads + list(self.hosts.values()) + list(self.proxies.values())
         for t in self.everyone:
             t.vc = np.zeros(len(self.everyone), dtype=CLOCK)
@@ -192,13 +216,16 @@ class _Machine:
         offset_i, offset_o = self.plan.inplace_offsets(rank, ichunks, ochunks)
         self.alias[(rank, "i")], self.alias[(rank, "o")] = ("io", offset_i), ("io", offset_o)
 
-    def slots(self, rank: int, type: str, ref: BufferRef, where: str, launch: int = 0,
-              part: tuple[int, int] | None = None) -> tuple[_Buffer, slice]:
+    def slots(
+        self, rank: int, type: str, ref: BufferRef, where: str, launch: int = 0, part: tuple[int, int] | None = None
+    ) -> tuple[_Buffer, slice]:
         """The buffer and slot range of an entry (``part``: a window of its slots, for tbg and pipelines)."""
         limit = self.plan.gpus[rank].buffer_chunks(type)
         if ref.index + ref.size > limit:
-            raise PlanError(f"plan {self.plan.name}: {where}: chunks {ref.index}..{ref.index + ref.size - 1} of "
-                            f"rank {rank}'s {type!r} buffer are out of range ({limit} chunks)")
+            raise PlanError(
+                f"plan {self.plan.name}: {where}: chunks {ref.index}..{ref.index + ref.size - 1} of "
+                f"rank {rank}'s {type!r} buffer are out of range ({limit} chunks)"
+            )
         key, offset = self.alias[(rank, type)]
         if type == "s" and self.plan.use_double_scratch_buffer:
             offset += (launch % 2) * limit  # the GPU picks the half by the launch's flag
@@ -325,7 +352,8 @@ class _Machine:
             chunk = self.residual_at.get(key)
             if chunk is not None:
                 rows = self.residuals[t.rank].reshape(-1, self.slot_elems)[
-                    chunk * self.G:(chunk + op.dst_buff[0].size) * self.G]
+                    chunk * self.G : (chunk + op.dst_buff[0].size) * self.G
+                ]
                 total = round_to(total + rows, self.dtype)
                 if self.epilogue is not None:  # executor.norm.Epilogue: rows normalized right after their sum
                     self.epilogue((t.rank, t.tb, t.pc), chunk, total)
@@ -357,8 +385,9 @@ class _Machine:
             flag = t.launch if op.spec.writes_packet(True, k) else _PLAIN
             self._write(proxy, me, buf, sl, value, flag, rank, BUFFER_NAMES[type], where, dst.index * self.G)
 
-    def _read(self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str,
-              where: str, index: int) -> np.ndarray:
+    def _read(
+        self, t: _Thread, me: int, buf: _Buffer, sl: slice, packet: bool, rank: int, name: str, where: str, index: int
+    ) -> np.ndarray:
         """Read ``sl`` of ``buf`` (chunks ``index``.. of rank's buffer ``name``, as messages call them)."""
         for k in range(sl.start, sl.stop):
             chunk = (index + k - sl.start) // self.G
@@ -366,40 +395,65 @@ class _Machine:
                 np.maximum(t.vc, buf.packet_vc[k], out=t.vc)
             else:
                 if buf.flag[k] != _PLAIN:
-                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
-                                   f"{name} buffer as plain data, but it holds packets")
+                    raise PlanRace(
+                        f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
+                        f"{name} buffer as plain data, but it holds packets"
+                    )
                 w = buf.writer[k]
                 if w == _NEVER:
-                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
-                                   f"{name} buffer, which nothing wrote")
+                    raise PlanRace(
+                        f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
+                        f"{name} buffer, which nothing wrote"
+                    )
                 if t.vc[w] < buf.clock[k]:
-                    raise PlanRace(f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
-                                   f"{name} buffer before its write by {self._describe(w)} is ordered "
-                                   "before the read (missing signal/wait?)")
+                    raise PlanRace(
+                        f"plan {self.plan.name}: {where} reads chunk {chunk} of rank {rank}'s "
+                        f"{name} buffer before its write by {self._describe(w)} is ordered "
+                        "before the read (missing signal/wait?)"
+                    )
             buf.readers[k][me] = t.vc[me]
         return buf.data[sl].copy()
 
-    def _write(self, t: _Thread, me: int, buf: _Buffer, sl: slice, value: np.ndarray, flag: int, rank: int,
-               name: str, where: str, index: int) -> None:
+    def _write(
+        self,
+        t: _Thread,
+        me: int,
+        buf: _Buffer,
+        sl: slice,
+        value: np.ndarray,
+        flag: int,
+        rank: int,
+        name: str,
+        where: str,
+        index: int,
+    ) -> None:
         for k in range(sl.start, sl.stop):
             chunk = (index + k - sl.start) // self.G
             w = buf.writer[k]
             if w >= 0 and w != me and t.vc[w] < buf.clock[k]:
-                raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
-                               f"{name} buffer concurrently with a write by {self._describe(w)}")
+                raise PlanRace(
+                    f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
+                    f"{name} buffer concurrently with a write by {self._describe(w)}"
+                )
             for reader, clock in buf.readers[k].items():
                 if reader != me and t.vc[reader] < clock:
                     if t.tb == -1 and self.everyone[reader].tb < -1:  # the host, after the kernel, against a proxy
-                        raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
-                                       f"{name} buffer while {self._describe(reader, hint=False)} may still read "
-                                       "it: no flush of that channel came before the kernel's end (MSCCL++'s "
-                                       "kernel and its Executor::execute flush nothing when a launch ends)")
-                    raise PlanRace(f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
-                                   f"{name} buffer while {self._describe(reader)} may still read it")
+                        raise PlanRace(
+                            f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
+                            f"{name} buffer while {self._describe(reader, hint=False)} may still read "
+                            "it: no flush of that channel came before the kernel's end (MSCCL++'s "
+                            "kernel and its Executor::execute flush nothing when a launch ends)"
+                        )
+                    raise PlanRace(
+                        f"plan {self.plan.name}: {where} overwrites chunk {chunk} of rank {rank}'s "
+                        f"{name} buffer while {self._describe(reader)} may still read it"
+                    )
             if _PLAIN != buf.flag[k] < t.launch and not buf.readers[k]:
-                raise PlanRace(f"plan {self.plan.name}: {where} overwrites the packets of launch {buf.flag[k]} in "
-                               f"chunk {chunk} of rank {rank}'s {name} buffer before anything read them (their reader "
-                               "would wait for its flag forever)")
+                raise PlanRace(
+                    f"plan {self.plan.name}: {where} overwrites the packets of launch {buf.flag[k]} in "
+                    f"chunk {chunk} of rank {rank}'s {name} buffer before anything read them (their reader "
+                    "would wait for its flag forever)"
+                )
             buf.writer[k], buf.clock[k], buf.readers[k] = me, t.vc[me], {}
             buf.flag[k] = flag
             buf.packet_vc[k] = t.vc.copy() if flag != _PLAIN else None
@@ -408,9 +462,11 @@ class _Machine:
     def _describe(self, index: int, hint: bool = True) -> str:
         t = self.everyone[index]
         if t.tb < -1:
-            return (f"a put in flight on rank {t.rank}'s port channel {-2 - t.tb}"
-                    + (f" in launch {t.launch}" if self.launches > 1 else "") + (" (missing flush or signal?)"
-                                                                                   if hint else ""))
+            return (
+                f"a put in flight on rank {t.rank}'s port channel {-2 - t.tb}"
+                + (f" in launch {t.launch}" if self.launches > 1 else "")
+                + (" (missing flush or signal?)" if hint else "")
+            )
         if t.tb < 0:
             return f"rank {t.rank}'s host before launch {t.launch}"
         return f"rank {t.rank} threadblock {t.tb}" + (f" in launch {t.launch}" if self.launches > 1 else "")
@@ -444,10 +500,12 @@ class _Machine:
             w = buf.writer[k]
             if w >= 0 and host.vc[w] < buf.clock[k]:
                 after = f" of launch {host.launch - 1}" if self.launches > 1 else ""
-                raise PlanRace(f"plan {self.plan.name}: output chunk {(k - sl.start) // self.G} of rank {rank} is "
-                               "written by "
-                               f"{self._describe(w)} with no happens-before edge to the end of rank {rank}'s "
-                               f"kernel{after} (missing wait?)")
+                raise PlanRace(
+                    f"plan {self.plan.name}: output chunk {(k - sl.start) // self.G} of rank {rank} is "
+                    "written by "
+                    f"{self._describe(w)} with no happens-before edge to the end of rank {rank}'s "
+                    f"kernel{after} (missing wait?)"
+                )
             buf.readers[k][me] = host.vc[me]
         return buf.data[sl].reshape(-1).copy()
 
@@ -470,8 +528,9 @@ class _Machine:
             if not progressed:
                 waiting = [self.blocked_reason(t) for t in live]
                 more = f" (and {len(waiting) - 3} more)" if len(waiting) > 3 else ""
-                raise PlanDeadlock(f"plan {self.plan.name}: deadlock: no thread block can progress: "
-                                   f"{'; '.join(waiting[:3])}{more}")
+                raise PlanDeadlock(
+                    f"plan {self.plan.name}: deadlock: no thread block can progress: {'; '.join(waiting[:3])}{more}"
+                )
             if executed > deadline_ops:
                 raise PlanDeadlock(f"plan {self.plan.name}: no end after {executed} ops")
 
@@ -523,8 +582,10 @@ def chunk_elems(plan: Plan, nbytes: int, dtype: str) -> int:
     """Elements per chunk for a message of ``nbytes``; refuses sizes the plan does not accept."""
     _check_dtype(dtype)
     if not plan.accepts(nbytes):
-        raise PlanError(f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
-                        f"{plan.max_message_size} B, multiple of {plan.size_chunks * 4 * plan.slices} B)")
+        raise PlanError(
+            f"plan {plan.name}: size {nbytes} B is not accepted (range {plan.min_message_size}.."
+            f"{plan.max_message_size} B, multiple of {plan.size_chunks * 4 * plan.slices} B)"
+        )
     return plan.chunk_bytes(nbytes) // DTYPES[dtype]
 
 
@@ -562,19 +623,32 @@ def estimate_bytes(plan: Plan, nbytes: int, dtype: str, launches: int = 1, copie
     estimate for the plan compiled with that many times its instances (each a copy of its thread blocks and
     chunks), from the one-instance plan, before compiling it."""
     G = plan.slices
-    threads = launches * sum(len(g.threadblocks) * copies + len(g.port_peers) for g in plan.gpus) \
+    threads = (
+        launches * sum(len(g.threadblocks) * copies + len(g.port_peers) for g in plan.gpus)
         + (launches + 1) * plan.nranks
+    )
     halves = 2 if plan.use_double_scratch_buffer else 1
-    slots = copies * G * sum(g.scratch_chunks * halves + (max(g.input_chunks, g.output_chunks) if plan.inplace
-                                                           else g.input_chunks + g.output_chunks) for g in plan.gpus)
+    slots = (
+        copies
+        * G
+        * sum(
+            g.scratch_chunks * halves
+            + (max(g.input_chunks, g.output_chunks) if plan.inplace else g.input_chunks + g.output_chunks)
+            for g in plan.gpus
+        )
+    )
     counts = [_executions(tb.ops) for g in plan.gpus for tb in g.threadblocks]
     stored = copies * launches * sum(s for _, s in counts)
     listed = copies * launches * sum(r for r, _ in counts)  # each thread's ops, a pipeline's once per iteration
     packets = slots if plan.protocol == "LL" else 0
     elems = plan.chunk_bytes(nbytes) // DTYPES.get(dtype, 4) if nbytes else 0  # per chunk of the one-copy plan
     clocks = threads + stored + packets
-    return (slots * SLOT_BYTES + clocks * threads * CLOCK_BYTES + listed * OP_BYTES
-            + (slots // max(G * copies, 1)) * elems * ELEMENT_BYTES * (1 + launches))
+    return (
+        slots * SLOT_BYTES
+        + clocks * threads * CLOCK_BYTES
+        + listed * OP_BYTES
+        + (slots // max(G * copies, 1)) * elems * ELEMENT_BYTES * (1 + launches)
+    )
 
 
 def estimate_ops(plan: Plan, launches: int = 1) -> int:
@@ -582,8 +656,14 @@ def estimate_ops(plan: Plan, launches: int = 1) -> int:
     return launches * sum(_executions(tb.ops)[0] for g in plan.gpus for tb in g.threadblocks)
 
 
-def run_reference(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str,
-                  residuals: list[np.ndarray] | None = None, epilogue: Callable | None = None) -> list[np.ndarray]:
+def run_reference(
+    plan: Plan,
+    inputs: list[np.ndarray],
+    nbytes: int,
+    dtype: str,
+    residuals: list[np.ndarray] | None = None,
+    epilogue: Callable | None = None,
+) -> list[np.ndarray]:
     """Run ``plan`` on every rank's input buffer; returns every rank's output buffer (float32 arrays).
 
     ``inputs[r]`` holds rank r's input buffer (``input_chunks × chunk elements`` values; bf16 as float32).
@@ -594,8 +674,14 @@ def run_reference(plan: Plan, inputs: list[np.ndarray], nbytes: int, dtype: str,
     return run_launches(plan, [inputs], nbytes, dtype, residuals, epilogue)[0]
 
 
-def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype: str,
-                 residuals: list[np.ndarray] | None = None, epilogue: Callable | None = None) -> list[list[np.ndarray]]:
+def run_launches(
+    plan: Plan,
+    inputs: list[list[np.ndarray]],
+    nbytes: int,
+    dtype: str,
+    residuals: list[np.ndarray] | None = None,
+    epilogue: Callable | None = None,
+) -> list[list[np.ndarray]]:
     """Run ``plan`` once per entry of ``inputs``, back to back on the same buffers; every launch's outputs.
 
     ``inputs[k][r]`` is rank r's input for launch k. Rank r's launch k+1 starts after its own launch k only.
@@ -610,16 +696,19 @@ def run_launches(plan: Plan, inputs: list[list[np.ndarray]], nbytes: int, dtype:
         for r, (g, x) in enumerate(zip(plan.gpus, launch)):
             x = np.asarray(x, dtype=np.float32).reshape(-1)
             if x.size != g.input_chunks * elems:
-                raise PlanError(f"plan {plan.name}: {name}[{r}]: {x.size} elements, expected "
-                                f"{g.input_chunks * elems} ({g.input_chunks} chunks of {elems})")
+                raise PlanError(
+                    f"plan {plan.name}: {name}[{r}]: {x.size} elements, expected "
+                    f"{g.input_chunks * elems} ({g.input_chunks} chunks of {elems})"
+                )
             flat[-1].append(x)
     m = _Machine(plan, elems, dtype, flat, residuals, epilogue=epilogue)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
     return m.outputs
 
 
-def expected_outputs(collective: Collective, inputs: list[np.ndarray], elems: int,
-                     dtype: str) -> list[dict[int, np.ndarray]]:
+def expected_outputs(
+    collective: Collective, inputs: list[np.ndarray], elems: int, dtype: str
+) -> list[dict[int, np.ndarray]]:
     """numpy's definition of the collective: for each rank, output index -> the chunk it must hold."""
     n = collective.nranks
     value: dict[int, np.ndarray] = {}
@@ -666,16 +755,29 @@ class VerificationRecord:
     back_to_back: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan_hash": self.plan_hash, "ok": self.ok, "executor": self.executor, "sizes": list(self.sizes),
-                "dtypes": list(self.dtypes), "seed": self.seed, "back_to_back": self.back_to_back,
-                "checks": list(self.checks)}
+        return {
+            "plan_hash": self.plan_hash,
+            "ok": self.ok,
+            "executor": self.executor,
+            "sizes": list(self.sizes),
+            "dtypes": list(self.dtypes),
+            "seed": self.seed,
+            "back_to_back": self.back_to_back,
+            "checks": list(self.checks),
+        }
 
 
 BACK_TO_BACK = 3  # launches: the third reuses the first one's half of a double scratch buffer
 
 
-def check_plan(plan: Plan, sizes: Iterable[int], dtypes: Iterable[str] = ("fp32", "fp16", "bf16"), seed: int = 0,
-               progress: Callable[[str], None] | None = None, back_to_back: int = BACK_TO_BACK) -> VerificationRecord:
+def check_plan(
+    plan: Plan,
+    sizes: Iterable[int],
+    dtypes: Iterable[str] = ("fp32", "fp16", "bf16"),
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    back_to_back: int = BACK_TO_BACK,
+) -> VerificationRecord:
     """Run ``plan`` on random non-zero data for every size and dtype and compare with numpy's collective.
 
     The first size and dtype run ``back_to_back`` launches on the same buffers, each on fresh inputs (races
@@ -689,8 +791,10 @@ def check_plan(plan: Plan, sizes: Iterable[int], dtypes: Iterable[str] = ("fp32"
     work = sum(estimate_ops(plan, back_to_back if i == 0 else 1) for i in range(len(sizes) * len(dtypes)))
     threads = sum(len(g.threadblocks) for g in plan.gpus)
     if progress:
-        progress(f"reference: proving plan {plan.name} ({threads} thread blocks, about {work} ops in "
-                 f"{len(sizes) * len(dtypes)} runs)")
+        progress(
+            f"reference: proving plan {plan.name} ({threads} thread blocks, about {work} ops in "
+            f"{len(sizes) * len(dtypes)} runs)"
+        )
     collective = plan.collective_spec() if plan.checkable else None
     rng = np.random.default_rng(seed)
     checks = []
@@ -708,8 +812,9 @@ def check_plan(plan: Plan, sizes: Iterable[int], dtypes: Iterable[str] = ("fp32"
             checks.append(f"{plan.collective} {nbytes}B {dtype}: {what}{after}")
             if progress:
                 progress(f"reference: {checks[-1]}")
-    return VerificationRecord(plan.content_hash, True, sizes, dtypes, seed, tuple(checks),
-                              back_to_back=max(1, back_to_back))
+    return VerificationRecord(
+        plan.content_hash, True, sizes, dtypes, seed, tuple(checks), back_to_back=max(1, back_to_back)
+    )
 
 
 def _require_memory(plan: Plan, sizes: tuple[int, ...], dtypes: tuple[str, ...], back_to_back: int) -> None:
@@ -721,18 +826,16 @@ def _require_memory(plan: Plan, sizes: tuple[int, ...], dtypes: tuple[str, ...],
     widest = min(dtypes, key=DTYPES.__getitem__, default="fp32")  # the most elements per byte (held as float32)
     runs = [(chunk_elems(plan, n, widest) and n, back_to_back if i == 0 else 1) for i, n in enumerate(sizes)]
     need, nbytes, launches = max((estimate_bytes(plan, n, widest, k), n, k) for n, k in runs)
-    require(need, f"plan {plan.name}: the reference proof at {nbytes} B ({launches} launch"
-                  f"{'es' * (launches != 1)})")
+    require(need, f"plan {plan.name}: the reference proof at {nbytes} B ({launches} launch{'es' * (launches != 1)})")
 
 
-
-
-def _compare(plan: Plan, expected: list[dict[int, np.ndarray]], outputs: list[np.ndarray], elems: int,
-             at: str) -> None:
+def _compare(plan: Plan, expected: list[dict[int, np.ndarray]], outputs: list[np.ndarray], elems: int, at: str) -> None:
     for r, want in enumerate(expected):
         got = outputs[r].reshape(-1, elems)
         for idx, chunk_value in want.items():
             if not np.array_equal(got[idx], chunk_value):
                 bad = int(np.flatnonzero(got[idx] != chunk_value)[0])
-                raise WrongResult(f"plan {plan.name}: wrong result at {at}: rank {r} output chunk {idx} "
-                                  f"element {bad} is {got[idx][bad]!r}, expected {chunk_value[bad]!r}")
+                raise WrongResult(
+                    f"plan {plan.name}: wrong result at {at}: rank {r} output chunk {idx} "
+                    f"element {bad} is {got[idx][bad]!r}, expected {chunk_value[bad]!r}"
+                )

@@ -58,17 +58,24 @@ def safe_back_to_back(plan: Plan) -> bool:
     no race (codegen adds an entry handshake where a peer's write could overtake; ``codegen.launches``).
     Three launches where scratch halves alternate (the third meets the first's half), else two.
     """
-    if plan.protocol == "LL" and plan.use_double_scratch_buffer and all(
-            b.type == "s" for g in plan.gpus for b in g.remote_buffers):
+    if (
+        plan.protocol == "LL"
+        and plan.use_double_scratch_buffer
+        and all(b.type == "s" for g in plan.gpus for b in g.remote_buffers)
+    ):
         return True
     record = plan.weft.verification or {}
     needed = 3 if plan.use_double_scratch_buffer else 2
-    return (bool(record.get("ok")) and record.get("plan_hash") == plan.content_hash
-            and int(record.get("back_to_back", 1)) >= needed)
+    return (
+        bool(record.get("ok"))
+        and record.get("plan_hash") == plan.content_hash
+        and int(record.get("back_to_back", 1)) >= needed
+    )
 
 
-def split_refusal(output_shape: tuple[int, ...], input_shape: tuple[int, ...], same_dtype: bool, same_device: bool,
-                  world_size: int) -> str:
+def split_refusal(
+    output_shape: tuple[int, ...], input_shape: tuple[int, ...], same_dtype: bool, same_device: bool, world_size: int
+) -> str:
     """Why an equal-split ``all_to_all_single(output, input)`` is malformed (torch.distributed's rules), else ''.
 
     >>> split_refusal((8, 4), (8, 4), True, True, 4), split_refusal((6,), (6,), True, True, 4)
@@ -112,9 +119,13 @@ class PlanChoice:
 
     def __post_init__(self) -> None:
         self.topology = fingerprints(self.topology)
-        self.entries = [e for e in self.registry.entries(topology=self.topology)
-                        if e.key.nranks == self.nranks and safe_back_to_back(e.plan)
-                        and (not self.deterministic or fixed_reduction_order(e.plan))]
+        self.entries = [
+            e
+            for e in self.registry.entries(topology=self.topology)
+            if e.key.nranks == self.nranks
+            and safe_back_to_back(e.plan)
+            and (not self.deterministic or fixed_reduction_order(e.plan))
+        ]
         self.nccl_us = {c: self.registry.nccl_times(self.topology, c) for c in {e.key.collective for e in self.entries}}
 
     def plan(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
@@ -142,8 +153,12 @@ class PlanChoice:
         return "" if self.choose(collective, nbytes, dtype) else self._reasons[(collective, nbytes, dtype)]
 
     def _best(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, bool] | None:
-        fits = [e for e in self.entries if e.serves(self.topology, collective, self.nranks, nbytes)  # key and plan
-                and (not e.dtypes or dtype in e.dtypes)]
+        fits = [
+            e
+            for e in self.entries
+            if e.serves(self.topology, collective, self.nranks, nbytes)  # key and plan
+            and (not e.dtypes or dtype in e.dtypes)
+        ]
         if not fits:
             self._reasons[(collective, nbytes, dtype)] = "no plan"
             return None
@@ -151,8 +166,9 @@ class PlanChoice:
         # ones compete. The cost model does not price the protocol, so among equal predictions LL (no flag round
         # trip per step) goes first.
         fits = [e for e in fits if e.measured(self.ll128)] or fits
-        best = min(fits, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL",
-                                        e.id))
+        best = min(
+            fits, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL", e.id)
+        )
         basis, time_us, lines = best.estimate(nbytes, self.ll128)
         nccl = nccl_faster(self.nccl_us.get(collective, {}), nbytes, basis, time_us)
         if nccl is not None:

@@ -90,14 +90,16 @@ def exact(x: float) -> Fraction:
 
 # ---- the flow graph -------------------------------------------------------------------------------
 
+
 def _capacities(topology: Topology) -> dict[tuple[Vertex, Vertex], Fraction]:
     """Exact capacity per link. Sharing groups are left out: dropping a constraint keeps a bound valid."""
     return {link.key: exact(link.capacity) for link in topology.links}
 
 
 def _cut(topology: Topology, inside: frozenset) -> Cut:
-    leaving = sum((exact(link.capacity) for v in inside for link in topology.out_links[v] if link.dst not in inside),
-                  Fraction(0))
+    leaving = sum(
+        (exact(link.capacity) for v in inside for link in topology.out_links[v] if link.dst not in inside), Fraction(0)
+    )
     return Cut(inside, sum(1 for v in inside if isinstance(v, int)), leaving)
 
 
@@ -115,6 +117,7 @@ def _unreachable(topology: Topology, cut: Cut) -> UnreachableError:
 
 
 # ---- the cut bound ------------------------------------------------------------------------------
+
 
 def _host_groups(topology: Topology) -> list[frozenset]:
     """Each host's ranks with the switches only it uses; empty for a one-host fabric."""
@@ -297,6 +300,7 @@ def _ingress_graph(topology: Topology) -> nx.DiGraph:
     That lets flow change links inside a group (a relaxation: every flow of the fabric is one of this graph
     too), so a cut here still bounds what the fabric carries. Edges hold their exact capacity as well.
     """
+
     def vertex(v: Vertex, side: str):
         return (side, v) if isinstance(v, int) else v
 
@@ -334,8 +338,7 @@ def rank_ingress(topology: Topology) -> Fraction:
     graph = _ingress_graph(topology)
     _, (inside, _) = nx.minimum_cut(graph, SOURCE, SINK)
     # any cut bounds the max-flow, so the float cut's exact capacity is a valid (and, here, tight) bound
-    return sum((attr["exact"] for a, b, attr in graph.edges(data=True) if a in inside and b not in inside),
-               Fraction(0))
+    return sum((attr["exact"] for a, b, attr in graph.edges(data=True) if a in inside and b not in inside), Fraction(0))
 
 
 def _smallest_rank_cut_integral(topology: Topology) -> Fraction | None:
@@ -350,7 +353,7 @@ def _smallest_rank_cut_integral(topology: Topology) -> Fraction | None:
     caps = _capacities(topology)
     scale = lcm(*(c.denominator for c in caps.values())) if caps else 1
     ints = [c * scale for c in caps.values()]
-    if not caps or max(ints) * len(ints) >= 2 ** 31:
+    if not caps or max(ints) * len(ints) >= 2**31:
         return None
     index = {v: i for i, v in enumerate(topology.vertices)}
     rows = np.array([index[s] for s, _ in caps], np.int32)
@@ -377,13 +380,16 @@ def allreduce_factor(topology: Topology) -> Fraction:
     if n < 2:
         return Fraction(0)
     caps = _capacities(topology)
-    ingress = min(rank_ingress(topology),
-                  sum((caps[link.key] for r in topology.ranks for link in topology.in_links[r]), Fraction(0)))
+    ingress = min(
+        rank_ingress(topology),
+        sum((caps[link.key] for r in topology.ranks for link in topology.in_links[r]), Fraction(0)),
+    )
     best = max(1 / smallest_rank_cut(topology), Fraction(2 * (n - 1)) / ingress)
     groups = _host_groups(topology)
     if len(groups) > 1:
-        host_ingress = sum((caps[l.key] for g in groups for v in g for l in topology.in_links[v] if l.src not in g),
-                           Fraction(0))
+        host_ingress = sum(
+            (caps[l.key] for g in groups for v in g for l in topology.in_links[v] if l.src not in g), Fraction(0)
+        )
         best = max(best, Fraction(2 * (len(groups) - 1)) / host_ingress)
     return best
 
@@ -419,6 +425,7 @@ def bandwidth_bound_us(topology: Topology, collective: Collective, nbytes: float
 
 # ---- the latency bound --------------------------------------------------------------------------
 
+
 @lru_cache(maxsize=64)
 def _farthest_us(topology: Topology, sources: tuple[int, ...]) -> float:
     graph = _flow_graph(topology)
@@ -453,5 +460,7 @@ def lower_bound_us(topology: Topology, collective: Collective, nbytes: float) ->
 
 def _check(topology: Topology, collective: Collective) -> None:
     if collective.nranks != topology.nranks:
-        raise BoundError(f"collective {collective.name}: nranks: {collective.nranks} ranks, "
-                         f"but topology {topology.name} has {topology.nranks}")
+        raise BoundError(
+            f"collective {collective.name}: nranks: {collective.nranks} ranks, "
+            f"but topology {topology.name} has {topology.nranks}"
+        )

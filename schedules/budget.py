@@ -71,5 +71,7 @@ def require(estimate: float, what: str, budget: int | None = None) -> None:
     """Refuse ``what`` (a phrase naming the work and its input) when ``estimate`` bytes pass the budget."""
     budget = budget_bytes() if budget is None else budget
     if estimate > budget:
-        raise BudgetError(f"{what} needs {'about ' * (estimate < 1 << 60)}{human(estimate)} of memory, more than the budget of "
-                          f"{human(budget)} (raise it with --memory-limit or ${ENV})")
+        raise BudgetError(
+            f"{what} needs {'about ' * (estimate < 1 << 60)}{human(estimate)} of memory, more than the budget of "
+            f"{human(budget)} (raise it with --memory-limit or ${ENV})"
+        )

@@ -57,11 +57,24 @@ from topologies.errors import WeftError
 FORMAT = "weft.calibration/1"
 PROTOCOLS = ("LL", "Simple")
 # The terms and where a fit starts from (µs, or factors); every term is positive.
-DEFAULTS = {"launch_us": 2.0, "warps_us": 0.001, "memory_us_per_byte": 1e-6, "misaligned_slowdown": 0.5,
-            "hop_us.LL": 1.0, "hop_us.Simple": 2.0, "arrival_us.LL": 0.3, "arrival_us.Simple": 0.3,
-            "source_us.LL": 0.1, "source_us.Simple": 0.1,
-            "efficiency.LL": 0.4, "efficiency.Simple": 0.8, "threadblock_us_per_byte.LL": 1e-4,
-            "threadblock_us_per_byte.Simple": 1e-4, "threads_power.LL": 0.5, "threads_power.Simple": 0.5}
+DEFAULTS = {
+    "launch_us": 2.0,
+    "warps_us": 0.001,
+    "memory_us_per_byte": 1e-6,
+    "misaligned_slowdown": 0.5,
+    "hop_us.LL": 1.0,
+    "hop_us.Simple": 2.0,
+    "arrival_us.LL": 0.3,
+    "arrival_us.Simple": 0.3,
+    "source_us.LL": 0.1,
+    "source_us.Simple": 0.1,
+    "efficiency.LL": 0.4,
+    "efficiency.Simple": 0.8,
+    "threadblock_us_per_byte.LL": 1e-4,
+    "threadblock_us_per_byte.Simple": 1e-4,
+    "threads_power.LL": 0.5,
+    "threads_power.Simple": 0.5,
+}
 CEILINGS = {"efficiency.LL": 1.0, "efficiency.Simple": 1.0}
 CALIBRATIONS = Path(__file__).parent / "calibrations"
 TOLERANCE = 1.5  # the factor between prediction and measurement that a calibration is held to
@@ -90,22 +103,45 @@ class PlanFeatures:
     gpu_bytes_per_byte: float  # bytes the busiest GPU's thread blocks read and write per message byte
 
     def to_json(self) -> dict:
-        return {"protocol": self.protocol, "instances": self.instances, "threads": self.threads,
-                "threadblocks": self.threadblocks, "hops": self.hops, "arrivals": self.arrivals, "sources": self.sources, "chunks": self.chunks,
-                "bytes_us_per_byte": self.bytes_us_per_byte,
-                "threadblock_bytes_per_byte": self.threadblock_bytes_per_byte,
-                "gpu_bytes_per_byte": self.gpu_bytes_per_byte}
+        return {
+            "protocol": self.protocol,
+            "instances": self.instances,
+            "threads": self.threads,
+            "threadblocks": self.threadblocks,
+            "hops": self.hops,
+            "arrivals": self.arrivals,
+            "sources": self.sources,
+            "chunks": self.chunks,
+            "bytes_us_per_byte": self.bytes_us_per_byte,
+            "threadblock_bytes_per_byte": self.threadblock_bytes_per_byte,
+            "gpu_bytes_per_byte": self.gpu_bytes_per_byte,
+        }
 
     @staticmethod
-    def from_json(doc: dict, source: str) -> "PlanFeatures":
+    def from_json(doc: dict, source: str) -> PlanFeatures:
         try:
-            f = PlanFeatures(str(doc["protocol"]), int(doc["instances"]), int(doc["threads"]),
-                             int(doc["threadblocks"]), int(doc["hops"]), int(doc["arrivals"]), int(doc["sources"]), int(doc["chunks"]), float(doc["bytes_us_per_byte"]),
-                             float(doc["threadblock_bytes_per_byte"]), float(doc["gpu_bytes_per_byte"]))
+            f = PlanFeatures(
+                str(doc["protocol"]),
+                int(doc["instances"]),
+                int(doc["threads"]),
+                int(doc["threadblocks"]),
+                int(doc["hops"]),
+                int(doc["arrivals"]),
+                int(doc["sources"]),
+                int(doc["chunks"]),
+                float(doc["bytes_us_per_byte"]),
+                float(doc["threadblock_bytes_per_byte"]),
+                float(doc["gpu_bytes_per_byte"]),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise CalibrationError(f"{source}: features: missing or malformed ({e})") from None
-        if f.protocol not in PROTOCOLS or min(f.instances, f.threads) < 1 or not f.hops <= f.arrivals <= f.sources or f.chunks < 1 or min(
-                f.bytes_us_per_byte, f.threadblock_bytes_per_byte) < 0:
+        if (
+            f.protocol not in PROTOCOLS
+            or min(f.instances, f.threads) < 1
+            or not f.hops <= f.arrivals <= f.sources
+            or f.chunks < 1
+            or min(f.bytes_us_per_byte, f.threadblock_bytes_per_byte) < 0
+        ):
             raise CalibrationError(f"{source}: features: {doc!r} are not a plan's")
         return f
 
@@ -121,8 +157,13 @@ class Observation:
     measured_us: float
 
     def to_json(self) -> dict:
-        return {"plan": self.plan, "collective": self.collective, "features": self.features.to_json(),
-                "nbytes": self.nbytes, "measured_us": self.measured_us}
+        return {
+            "plan": self.plan,
+            "collective": self.collective,
+            "features": self.features.to_json(),
+            "nbytes": self.nbytes,
+            "measured_us": self.measured_us,
+        }
 
 
 def _model(terms: dict[str, float], f: PlanFeatures, nbytes: float) -> float:
@@ -155,49 +196,88 @@ class Calibration:
         ratios = np.array(self.ratios())
         worst = float(np.max(np.maximum(ratios, 1 / ratios))) if len(ratios) else 1.0
         logs = np.log(ratios) if len(ratios) else np.zeros(1)
-        return {"points": int(len(ratios)), "worst_ratio": worst, "rms_log_ratio": float(np.sqrt(np.mean(logs ** 2))),
-                "within_tolerance": int(np.sum((ratios <= TOLERANCE) & (ratios >= 1 / TOLERANCE))),
-                "tolerance": TOLERANCE}
+        return {
+            "points": int(len(ratios)),
+            "worst_ratio": worst,
+            "rms_log_ratio": float(np.sqrt(np.mean(logs**2))),
+            "within_tolerance": int(np.sum((ratios <= TOLERANCE) & (ratios >= 1 / TOLERANCE))),
+            "tolerance": TOLERANCE,
+        }
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "topology": self.topology, "topology_name": self.topology_name,
-                "terms": dict(sorted(self.terms.items())), "residuals": self.residuals(),
-                "sources": list(self.sources), "observations": [o.to_json() for o in self.observations]}
+        return {
+            "format": FORMAT,
+            "topology": self.topology,
+            "topology_name": self.topology_name,
+            "terms": dict(sorted(self.terms.items())),
+            "residuals": self.residuals(),
+            "sources": list(self.sources),
+            "observations": [o.to_json() for o in self.observations],
+        }
 
     @staticmethod
-    def from_json(doc: object, source: str) -> "Calibration":
+    def from_json(doc: object, source: str) -> Calibration:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CalibrationError(f"{source}: format: must be {FORMAT!r}")
         terms = doc.get("terms")
-        if not isinstance(terms, dict) or set(terms) != set(DEFAULTS) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in terms.values()):
+        if (
+            not isinstance(terms, dict)
+            or set(terms) != set(DEFAULTS)
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in terms.values()
+            )
+        ):
             raise CalibrationError(f"{source}: terms: must give each of {', '.join(DEFAULTS)} as a positive number")
         observations = []
         for i, o in enumerate(doc.get("observations") or []):
             where = f"{source}: observations[{i}]"
-            if not isinstance(o, dict) or not isinstance(o.get("nbytes"), int) or not isinstance(
-                    o.get("measured_us"), (int, float)) or o["measured_us"] <= 0:
+            if (
+                not isinstance(o, dict)
+                or not isinstance(o.get("nbytes"), int)
+                or not isinstance(o.get("measured_us"), (int, float))
+                or o["measured_us"] <= 0
+            ):
                 raise CalibrationError(f"{where}: must hold nbytes and a positive measured_us")
-            observations.append(Observation(str(o.get("plan")), str(o.get("collective")),
-                                            PlanFeatures.from_json(o.get("features") or {}, where), o["nbytes"],
-                                            float(o["measured_us"])))
-        return Calibration(str(doc.get("topology")), str(doc.get("topology_name")),
-                           {k: float(v) for k, v in terms.items()}, tuple(observations),
-                           tuple(str(s) for s in doc.get("sources") or ()))
+            observations.append(
+                Observation(
+                    str(o.get("plan")),
+                    str(o.get("collective")),
+                    PlanFeatures.from_json(o.get("features") or {}, where),
+                    o["nbytes"],
+                    float(o["measured_us"]),
+                )
+            )
+        return Calibration(
+            str(doc.get("topology")),
+            str(doc.get("topology_name")),
+            {k: float(v) for k, v in terms.items()},
+            tuple(observations),
+            tuple(str(s) for s in doc.get("sources") or ()),
+        )
 
 
-def fit(topology: str, topology_name: str, observations: list[Observation], sources: tuple[str, ...] = (),
-        iterations: int = 200) -> Calibration:
+def fit(
+    topology: str,
+    topology_name: str,
+    observations: list[Observation],
+    sources: tuple[str, ...] = (),
+    iterations: int = 200,
+) -> Calibration:
     """The terms that best fit ``observations`` (least squares on log times: scipy's Levenberg-Marquardt over log
     terms, ``iterations`` Jacobians at most per start)."""
     from scipy.optimize import least_squares  # only fitting needs scipy: pricing a plan stays light
 
     if len(observations) < len(DEFAULTS):
-        raise CalibrationError(f"calibration of {topology_name}: {len(observations)} measurements cannot fit "
-                               f"{len(DEFAULTS)} terms")
+        raise CalibrationError(
+            f"calibration of {topology_name}: {len(observations)} measurements cannot fit {len(DEFAULTS)} terms"
+        )
     names = list(DEFAULTS)
     used = {k for o in observations for k in names if k.endswith(f".{o.features.protocol}")} | {
-        "launch_us", "warps_us", "memory_us_per_byte", "misaligned_slowdown"}
+        "launch_us",
+        "warps_us",
+        "memory_us_per_byte",
+        "misaligned_slowdown",
+    }
     free = [k for k in names if k in used]
     columns = _columns(observations)
     measured = np.log([o.measured_us for o in observations])
@@ -206,9 +286,18 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
     def terms_at(x: np.ndarray) -> dict[str, float]:
         # each term within e^±10 of its default (far beyond any fabric, and no overflow on the way there), and a
         # link's efficiency at most 1
-        return dict(DEFAULTS) | {k: float(np.exp(np.clip(v, math.log(DEFAULTS[k]) - 10, math.log(CEILINGS[k])
-                                                         if k in CEILINGS else math.log(DEFAULTS[k]) + 10)))
-                                 for k, v in zip(free, x)}
+        return dict(DEFAULTS) | {
+            k: float(
+                np.exp(
+                    np.clip(
+                        v,
+                        math.log(DEFAULTS[k]) - 10,
+                        math.log(CEILINGS[k]) if k in CEILINGS else math.log(DEFAULTS[k]) + 10,
+                    )
+                )
+            )
+            for k, v in zip(free, x)
+        }
 
     def residual(x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # a trial point far from the defaults may overflow a product; quietly
@@ -219,8 +308,12 @@ def fit(topology: str, topology_name: str, observations: list[Observation], sour
     start, spread = np.log([DEFAULTS[k] for k in free]), np.random.default_rng(0)
     best = None
     for k in range(STARTS):
-        x = least_squares(residual, start + (spread.uniform(-2, 2, len(start)) if k else 0), method="lm",
-                          max_nfev=iterations * (len(start) + 1)).x
+        x = least_squares(
+            residual,
+            start + (spread.uniform(-2, 2, len(start)) if k else 0),
+            method="lm",
+            max_nfev=iterations * (len(start) + 1),
+        ).x
         cost = float(residual(x) @ residual(x))
         if best is None or cost < best[0]:
             best = (cost, x)
@@ -240,30 +333,52 @@ def _selection_weights(observations: list[Observation]) -> np.ndarray:
     return np.array([fastest[(o.collective, o.nbytes)] / o.measured_us for o in observations])
 
 
-
 def _columns(observations: list[Observation]) -> dict[str, np.ndarray]:
     """The observations' features and sizes as arrays, for the model over all of them at once."""
     fs = [o.features for o in observations]
-    return {"ll": np.array([f.protocol == "LL" for f in fs]),
-            "nbytes": np.array([float(o.nbytes) for o in observations]),
-            **{name: np.array([float(getattr(f, name)) for f in fs])
-               for name in ("threads", "threadblocks", "hops", "arrivals", "sources", "chunks", "bytes_us_per_byte", "threadblock_bytes_per_byte",
-                            "gpu_bytes_per_byte")}}
+    return {
+        "ll": np.array([f.protocol == "LL" for f in fs]),
+        "nbytes": np.array([float(o.nbytes) for o in observations]),
+        **{
+            name: np.array([float(getattr(f, name)) for f in fs])
+            for name in (
+                "threads",
+                "threadblocks",
+                "hops",
+                "arrivals",
+                "sources",
+                "chunks",
+                "bytes_us_per_byte",
+                "threadblock_bytes_per_byte",
+                "gpu_bytes_per_byte",
+            )
+        },
+    }
 
 
 def _model_columns(terms: dict[str, float], c: dict[str, np.ndarray]) -> np.ndarray:
     """``_model`` over arrays of features (``_columns``)."""
+
     def per(name: str) -> np.ndarray:
         return np.where(c["ll"], terms[f"{name}.LL"], terms[f"{name}.Simple"])
 
     links = c["bytes_us_per_byte"] * c["nbytes"] / per("efficiency")
-    feed = c["threadblock_bytes_per_byte"] * c["nbytes"] * per("threadblock_us_per_byte") * (
-        1024 / c["threads"]) ** per("threads_power")
+    feed = (
+        c["threadblock_bytes_per_byte"]
+        * c["nbytes"]
+        * per("threadblock_us_per_byte")
+        * (1024 / c["threads"]) ** per("threads_power")
+    )
     memory = c["gpu_bytes_per_byte"] * c["nbytes"] * terms["memory_us_per_byte"]
-    return (terms["launch_us"] + terms["warps_us"] * c["threadblocks"] * c["threads"] / 32 + per("hop_us") * c["hops"]
-            + per("arrival_us") * (c["arrivals"] - c["hops"]) + per("source_us") * (c["sources"] - c["arrivals"])
-            + (1 + terms["misaligned_slowdown"] * (c["nbytes"] % (c["chunks"] * ALIGNMENT) != 0))
-            * np.maximum(np.maximum(links, feed), memory))
+    return (
+        terms["launch_us"]
+        + terms["warps_us"] * c["threadblocks"] * c["threads"] / 32
+        + per("hop_us") * c["hops"]
+        + per("arrival_us") * (c["arrivals"] - c["hops"])
+        + per("source_us") * (c["sources"] - c["arrivals"])
+        + (1 + terms["misaligned_slowdown"] * (c["nbytes"] % (c["chunks"] * ALIGNMENT) != 0))
+        * np.maximum(np.maximum(links, feed), memory)
+    )
 
 
 def dumps(calibration: Calibration) -> str:

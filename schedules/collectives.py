@@ -46,8 +46,16 @@ INPUT_IS_SLICE = frozenset({"allgather", "gather"})  # in place: the input is th
 OUTPUT_IS_SLICE = frozenset({"reducescatter", "scatter"})  # in place: the output is the rank's slice of the input
 ONE_SLICE = frozenset({"broadcast", "reduce"})  # the message is one slice, not one per rank
 SHIFT = "sendrecv"  # rank r's input becomes rank r+1's output
-DUALS = {"allgather": "reducescatter", "reducescatter": "allgather", "broadcast": "reduce", "reduce": "broadcast",
-         "gather": "scatter", "scatter": "gather", "allreduce": "allreduce", "alltoall": "alltoall"}
+DUALS = {
+    "allgather": "reducescatter",
+    "reducescatter": "allgather",
+    "broadcast": "reduce",
+    "reduce": "broadcast",
+    "gather": "scatter",
+    "scatter": "gather",
+    "allreduce": "allreduce",
+    "alltoall": "alltoall",
+}
 
 
 class CollectiveError(WeftError):
@@ -63,18 +71,20 @@ class Collective:
 
     def __post_init__(self) -> None:
         if self.name not in NAMES + PLAN_ONLY:
-            raise CollectiveError(f"collective: unknown collective {self.name!r} (choose from "
-                                  f"{', '.join(NAMES + PLAN_ONLY)})")
+            raise CollectiveError(
+                f"collective: unknown collective {self.name!r} (choose from {', '.join(NAMES + PLAN_ONLY)})"
+            )
         if not isinstance(self.nranks, int) or isinstance(self.nranks, bool) or self.nranks < 1:
             raise CollectiveError(f"collective {self.name}: nranks must be a positive integer, got {self.nranks!r}")
         if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
             raise CollectiveError(f"collective {self.name}: chunks must be a positive integer, got {self.chunks!r}")
         if not isinstance(self.root, int) or isinstance(self.root, bool) or not 0 <= self.root < self.nranks:
-            raise CollectiveError(
-                f"collective {self.name}: root {self.root!r} is not a rank (0..{self.nranks - 1})")
+            raise CollectiveError(f"collective {self.name}: root {self.root!r} is not a rank (0..{self.nranks - 1})")
         if self.nchunks > MAX_CHUNKS:
-            raise CollectiveError(f"collective {self.name}: chunks {self.chunks} on {self.nranks} ranks make "
-                                  f"{self.nchunks} chunks in all; at most {MAX_CHUNKS}")
+            raise CollectiveError(
+                f"collective {self.name}: chunks {self.chunks} on {self.nranks} ranks make "
+                f"{self.nchunks} chunks in all; at most {MAX_CHUNKS}"
+            )
 
     @property
     def min_sends(self) -> int:
@@ -87,8 +97,11 @@ class Collective:
         n = self.nranks
         if self.name in PLAN_ONLY:
             return 0  # no schedule form to count
-        return (n - 1) * self.nchunks // (n if self.rooted and self.name not in ONE_SLICE or self.name == "alltoall"
-                                          else 1)
+        return (
+            (n - 1)
+            * self.nchunks
+            // (n if self.rooted and self.name not in ONE_SLICE or self.name == "alltoall" else 1)
+        )
 
     @property
     def combining(self) -> bool:
@@ -145,7 +158,7 @@ class Collective:
         return 1.0 if self.name in ONE_SLICE or self.name == SHIFT else (n - 1) / n
 
     @property
-    def dual(self) -> "Collective":
+    def dual(self) -> Collective:
         """The collective that this one's schedules become with every send reversed (and copies made
         reductions, or reductions copies): allgather <-> reducescatter, broadcast <-> reduce, gather <-> scatter;
         allreduce and alltoall are their own duals. sendrecv has none among the collectives (reversed, it shifts
@@ -229,7 +242,7 @@ class Collective:
         return doc
 
     @staticmethod
-    def from_json(data: object, source: str) -> "Collective":
+    def from_json(data: object, source: str) -> Collective:
         if not isinstance(data, dict):
             raise CollectiveError(f"{source}: collective: must be an object")
         try:
@@ -242,8 +255,10 @@ def collective_on(name: str, topology_name: str, nranks: int, chunks: int = 1, r
     """The collective ``name`` over a topology's ranks, for synthesis: a topology of one rank is refused naming it
     (a one-rank Collective stays valid for hand-written plans that order one GPU's thread blocks)."""
     if name in PLAN_ONLY:
-        raise CollectiveError(f"collective {name}: weft checks and runs plans for it (MSCCL++'s) but does not "
-                              f"synthesize it (synthesis takes {', '.join(NAMES)})")
+        raise CollectiveError(
+            f"collective {name}: weft checks and runs plans for it (MSCCL++'s) but does not "
+            f"synthesize it (synthesis takes {', '.join(NAMES)})"
+        )
     if nranks < 2:
         raise CollectiveError(f"topology {topology_name}: has {nranks} rank; a collective needs at least 2")
     return Collective(name, nranks, chunks, root)

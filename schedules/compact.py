@@ -81,10 +81,17 @@ def listed_table(schedule: Schedule) -> SendTable:
     steps = schedule.steps
     sizes = np.fromiter((len(st.sends) for st in steps), np.int64, len(steps))
     total = int(sizes.sum())
-    table = np.fromiter((v for st in steps for s in st.sends for v in (s.chunk, s.src, s.dst, s.op == "reduce")),
-                        np.int64, 4 * total).reshape(-1, 4)
-    return SendTable(np.repeat(np.arange(len(steps), dtype=np.int64), sizes), table[:, 0], table[:, 1], table[:, 2],
-                     table[:, 3].astype(bool), np.fromiter((st.rounds for st in steps), np.int64, len(steps)))
+    table = np.fromiter(
+        (v for st in steps for s in st.sends for v in (s.chunk, s.src, s.dst, s.op == "reduce")), np.int64, 4 * total
+    ).reshape(-1, 4)
+    return SendTable(
+        np.repeat(np.arange(len(steps), dtype=np.int64), sizes),
+        table[:, 0],
+        table[:, 1],
+        table[:, 2],
+        table[:, 3].astype(bool),
+        np.fromiter((st.rounds for st in steps), np.int64, len(steps)),
+    )
 
 
 def send_table(schedule: Schedule) -> SendTable:
@@ -92,8 +99,12 @@ def send_table(schedule: Schedule) -> SendTable:
     if not schedule.symmetries:
         return listed_table(schedule)
     rounds = np.asarray(schedule.step_rounds or [st.rounds for st in schedule.steps], np.int64)
-    expanded = _expanded(tuple(st.sends for st in schedule.steps), schedule.symmetries, schedule.nsteps,
-                         schedule.name or schedule.collective.name)
+    expanded = _expanded(
+        tuple(st.sends for st in schedule.steps),
+        schedule.symmetries,
+        schedule.nsteps,
+        schedule.name or schedule.collective.name,
+    )
     return replace(expanded, rounds=rounds)  # shares the expansion's counted loads
 
 
@@ -105,8 +116,10 @@ def _expanded(sends: tuple, symmetries: tuple, nsteps: int, name: str) -> SendTa
     listed = listed_table(schedule)
     total = schedule.images * len(listed.step)
     if total > MAX_EXPANDED_SENDS:
-        raise TooLarge(f"schedule {schedule.name or schedule.collective.name}: {total:,} sends, over the "
-                       f"{MAX_EXPANDED_SENDS:,} this machine expands (MAX_EXPANDED_SENDS)")
+        raise TooLarge(
+            f"schedule {schedule.name or schedule.collective.name}: {total:,} sends, over the "
+            f"{MAX_EXPANDED_SENDS:,} this machine expands (MAX_EXPANDED_SENDS)"
+        )
     step, chunk, src, dst, reduce = listed.step, listed.chunk, listed.src, listed.dst, listed.reduce
     for g in schedule.symmetries:
         sigma, tau = np.asarray(g.ranks, np.int64), np.asarray(g.chunks, np.int64)
@@ -134,8 +147,9 @@ def shapes(schedule: Schedule) -> tuple[list[tuple[int, ...]], np.ndarray]:
     shape_of = np.zeros(schedule.nsteps, np.int64)
     listed = len(schedule.steps)
     for t in range(schedule.nsteps):
-        shape = tuple(d for d in range(max(0, t - (g.order - 1) * g.shift), min(listed - 1, t) + 1)
-                      if (t - d) % g.shift == 0)
+        shape = tuple(
+            d for d in range(max(0, t - (g.order - 1) * g.shift), min(listed - 1, t) + 1) if (t - d) % g.shift == 0
+        )
         shape_of[t] = found.setdefault(shape, len(found))
     return list(found), shape_of
 
@@ -165,20 +179,23 @@ def expand(schedule: Schedule) -> Schedule:
     if not schedule.symmetries:
         return schedule
     if schedule.nsends > MAX_WRITTEN_SENDS:
-        raise TooLarge(f"schedule {schedule.name or schedule.collective.name}: {schedule.nsends:,} sends written "
-                       f"out, over the {MAX_WRITTEN_SENDS:,} this machine holds (MAX_WRITTEN_SENDS); the compact "
-                       "form is verified and priced as it is")
+        raise TooLarge(
+            f"schedule {schedule.name or schedule.collective.name}: {schedule.nsends:,} sends written "
+            f"out, over the {MAX_WRITTEN_SENDS:,} this machine holds (MAX_WRITTEN_SENDS); the compact "
+            "form is verified and priced as it is"
+        )
     table = send_table(schedule)
     # within a step, sends in (src, dst, chunk) order: the order the baselines wrote them in before they were
     # compact, so a compiled plan is the same plan
     order = np.lexsort((table.chunk, table.dst, table.src, table.step))
-    table = SendTable(table.step[order], table.chunk[order], table.src[order], table.dst[order], table.reduce[order],
-                      table.rounds)
+    table = SendTable(
+        table.step[order], table.chunk[order], table.src[order], table.dst[order], table.reduce[order], table.rounds
+    )
     bounds = np.searchsorted(table.step, np.arange(schedule.nsteps + 1))
     ops = np.where(table.reduce, "reduce", "copy").tolist()
     sends = list(map(Send, table.chunk.tolist(), table.src.tolist(), table.dst.tolist(), ops))
     rounds = table.rounds.tolist()
-    steps = tuple(Step(rounds[i], tuple(sends[bounds[i]:bounds[i + 1]])) for i in range(schedule.nsteps))
+    steps = tuple(Step(rounds[i], tuple(sends[bounds[i] : bounds[i + 1]])) for i in range(schedule.nsteps))
     return replace(schedule, steps=steps, symmetries=(), step_rounds=())
 
 
@@ -187,8 +204,9 @@ def _cycle_lengths(perm: np.ndarray) -> set[int]:
     from scipy.sparse.csgraph import connected_components
 
     size = len(perm)
-    _, label = connected_components(csr_matrix((np.ones(size), (np.arange(size), perm)), shape=(size, size)),
-                                    directed=True, connection="weak")
+    _, label = connected_components(
+        csr_matrix((np.ones(size), (np.arange(size), perm)), shape=(size, size)), directed=True, connection="weak"
+    )
     return set(np.bincount(label).tolist())
 
 
@@ -221,8 +239,9 @@ def symmetry_errors(schedule: Schedule) -> list[str]:
 def _shift_errors(schedule: Schedule) -> list[str]:
     """The rules a shifting generator (a pipeline's waves) must keep for its proof to hold."""
     if not shifted(schedule):
-        return ["step_rounds: only a schedule whose symmetry shifts in time states them"] if schedule.step_rounds \
-            else []
+        return (
+            ["step_rounds: only a schedule whose symmetry shifts in time states them"] if schedule.step_rounds else []
+        )
     g = schedule.symmetries[0]
     if len(schedule.symmetries) > 1:
         return ["symmetries: a generator that shifts in time must be the only one"]
@@ -230,16 +249,20 @@ def _shift_errors(schedule: Schedule) -> list[str]:
         return ["symmetries[0].ranks: a generator that shifts in time must leave every rank in place"]
     expected = len(schedule.steps) + (g.order - 1) * g.shift
     if len(schedule.step_rounds) != expected:
-        return [f"step_rounds: {len(schedule.step_rounds)} entries, but {len(schedule.steps)} listed steps shifted "
-                f"{g.order - 1} times by {g.shift} make {expected} steps"]
+        return [
+            f"step_rounds: {len(schedule.step_rounds)} entries, but {len(schedule.steps)} listed steps shifted "
+            f"{g.order - 1} times by {g.shift} make {expected} steps"
+        ]
     listed = np.unique(listed_table(schedule).chunk)
     tau = np.asarray(g.chunks, np.int64)
     image = listed
     for j in range(1, g.order):
         image = tau[image]
         if np.isin(image, listed).any():
-            return [f"symmetries[0]: image {j} of the listed chunks meets them again (a shifted wave must carry "
-                    "other chunks)"]
+            return [
+                f"symmetries[0]: image {j} of the listed chunks meets them again (a shifted wave must carry "
+                "other chunks)"
+            ]
     return []
 
 
@@ -247,8 +270,10 @@ def condition_table(schedule: Schedule, post: bool) -> np.ndarray:
     """rank × chunk: whether the rank holds (post: must end with) the chunk."""
     c = schedule.collective
     if c.nranks * c.nchunks > MAX_STATE:
-        raise TooLarge(f"collective {c.name}: {c.nranks} ranks × {c.nchunks} chunks, over the {MAX_STATE:,} cells "
-                       "this machine simulates (MAX_STATE)")
+        raise TooLarge(
+            f"collective {c.name}: {c.nranks} ranks × {c.nchunks} chunks, over the {MAX_STATE:,} cells "
+            "this machine simulates (MAX_STATE)"
+        )
     table = np.zeros((c.nranks, c.nchunks), bool)
     for rank in range(c.nranks):
         chunks = c.postcondition(rank) if post else c.precondition(rank)
@@ -267,8 +292,10 @@ def _invariance_errors(schedule: Schedule, maps: list[tuple[np.ndarray, np.ndarr
             moved = table[np.ix_(sigma, tau)]  # moved[r, c] = table[σ(r), τ(c)]
             if not np.array_equal(moved, table):
                 r, ch = (int(x[0]) for x in np.nonzero(moved != table))
-                errors.append(f"symmetries[{i}]: the {what} is not invariant: rank {r} and chunk {ch} map to rank "
-                              f"{sigma[r]} and chunk {tau[ch]}, which differ in what they hold")
+                errors.append(
+                    f"symmetries[{i}]: the {what} is not invariant: rank {r} and chunk {ch} map to rank "
+                    f"{sigma[r]} and chunk {tau[ch]}, which differ in what they hold"
+                )
     return errors
 
 
@@ -281,8 +308,9 @@ def orbit_representatives(schedule: Schedule) -> np.ndarray:
     size = schedule.collective.nchunks
     rows = np.concatenate([np.arange(size)] * len(schedule.symmetries))
     cols = np.concatenate([np.asarray(g.chunks, np.int64) for g in schedule.symmetries])
-    _, label = connected_components(csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(size, size)),
-                                    directed=True, connection="weak")
+    _, label = connected_components(
+        csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(size, size)), directed=True, connection="weak"
+    )
     first = np.full(label.max() + 1, size, np.int64)
     np.minimum.at(first, label, np.arange(size))
     if shifted(schedule):  # listed chunks stand for their orbits (disjoint images: one per orbit)

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable
 
 import numpy as np
 
@@ -65,8 +65,7 @@ class StepLoad:
     groups: tuple[tuple[float, float], ...] = ()
 
     def time_us(self, chunk_bytes: float) -> float:
-        return max((latency + chunk_bytes * per_byte for latency, per_byte in self.links + self.groups),
-                   default=0.0)
+        return max((latency + chunk_bytes * per_byte for latency, per_byte in self.links + self.groups), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -107,8 +106,10 @@ def _loads_of(schedule: Schedule, topology: Topology, fabric, sends) -> Schedule
     link, counted = sends.counted(fabric)
     if (link < 0).any():
         i = int(np.flatnonzero(link < 0)[0])
-        raise CostError(f"schedule {schedule.name or schedule.collective.name}: steps[{sends.step[i]}]: "
-                        f"no link {sends.src[i]}->{sends.dst[i]} in topology {topology.name}")
+        raise CostError(
+            f"schedule {schedule.name or schedule.collective.name}: steps[{sends.step[i]}]: "
+            f"no link {sends.src[i]}->{sends.dst[i]} in topology {topology.name}"
+        )
     return _priced(schedule.collective, fabric, counted, schedule.nsteps)
 
 
@@ -121,14 +122,16 @@ def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarra
 
 
 def _priced(collective: Collective, fabric, counted, nsteps: int) -> ScheduleLoads:
-    link_terms = _terms(counted.link_step, fabric.latency[counted.link], counted.link_count,
-                        fabric.capacity[counted.link], nsteps)
+    link_terms = _terms(
+        counted.link_step, fabric.latency[counted.link], counted.link_count, fabric.capacity[counted.link], nsteps
+    )
     group_terms = _group_terms(fabric, counted, nsteps)
     return ScheduleLoads(collective, tuple(StepLoad(link_terms[i], group_terms[i]) for i in range(nsteps)))
 
 
-def _terms(step: np.ndarray, latency: np.ndarray, count: np.ndarray, capacity: np.ndarray,
-           nsteps: int) -> list[tuple[tuple[float, float], ...]]:
+def _terms(
+    step: np.ndarray, latency: np.ndarray, count: np.ndarray, capacity: np.ndarray, nsteps: int
+) -> list[tuple[tuple[float, float], ...]]:
     """Per step, its distinct (latency µs, µs per chunk byte) terms, sorted. The rows are coded as one int
     (step, latency, capacity, count) for a single 1-D unique: at a million rows, uniques over floats took seconds."""
     out: list[tuple[tuple[float, float], ...]] = [()] * nsteps
@@ -146,7 +149,7 @@ def _terms(step: np.ndarray, latency: np.ndarray, count: np.ndarray, capacity: n
     slopes = (n / (capacities[cap] * BYTES_PER_US_PER_GBPS)).tolist()
     bounds = np.searchsorted(step_of, np.arange(nsteps + 1)).tolist()
     for i in np.unique(step_of).tolist():
-        out[i] = tuple(sorted(set(zip(lat_values[bounds[i]:bounds[i + 1]], slopes[bounds[i]:bounds[i + 1]]))))
+        out[i] = tuple(sorted(set(zip(lat_values[bounds[i] : bounds[i + 1]], slopes[bounds[i] : bounds[i + 1]]))))
     return out
 
 

@@ -66,14 +66,16 @@ def index_fabric(topology: Topology) -> FabricIndex:
     fabric = topology
     n = fabric.nranks
     # one C-level pass over the Link objects; ranks are exact as floats far beyond MAX_RANKS
-    table = np.array(list(map(attrgetter("src", "dst", "latency", "bandwidth", "count"), fabric.links)),
-                     float).reshape(-1, 5)
+    table = np.array(list(map(attrgetter("src", "dst", "latency", "bandwidth", "count"), fabric.links)), float).reshape(
+        -1, 5
+    )
     keys = table[:, 0].astype(np.int64) * n + table[:, 1].astype(np.int64)
     order = np.argsort(keys, kind="stable")
     keys, latency, capacity = keys[order], table[order, 2], table[order, 3] * table[order, 4]
     sizes = np.array([len(g.links) for g in fabric.sharing], np.int64)
-    pairs = np.fromiter(chain.from_iterable(chain.from_iterable(g.links for g in fabric.sharing)), np.int64,
-                        2 * int(sizes.sum())).reshape(-1, 2)
+    pairs = np.fromiter(
+        chain.from_iterable(chain.from_iterable(g.links for g in fabric.sharing)), np.int64, 2 * int(sizes.sum())
+    ).reshape(-1, 2)
     member_links = np.searchsorted(keys, pairs[:, 0] * n + pairs[:, 1])
     bandwidth = np.array([g.bandwidth for g in fabric.sharing], float)
     return _indexed(fabric, keys, latency, capacity, member_links, sizes, bandwidth)
@@ -87,8 +89,15 @@ def _index_switched(topology: Topology) -> FabricIndex:
     order = np.argsort(keys, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    return _indexed(_SwitchFreeView(topology), keys[order], form.latency[order], (form.bandwidth * form.count)[order],
-                    rank[form.group_links], np.diff(form.group_ptr), form.group_bandwidth)
+    return _indexed(
+        _SwitchFreeView(topology),
+        keys[order],
+        form.latency[order],
+        (form.bandwidth * form.count)[order],
+        rank[form.group_links],
+        np.diff(form.group_ptr),
+        form.group_bandwidth,
+    )
 
 
 def _indexed(fabric, keys, latency, capacity, member_links, sizes, bandwidth) -> FabricIndex:
@@ -138,5 +147,4 @@ def count_loads(fabric: FabricIndex, step: np.ndarray, link: np.ndarray) -> Load
     ngroups = max(fabric.ngroups, 1)
     group_keys, inverse = np.unique(np.repeat(link_step, lengths) * ngroups + groups, return_inverse=True)
     group_count = np.bincount(inverse, weights=np.repeat(counts, lengths), minlength=len(group_keys))
-    return Loads(link_step, link_u, counts, group_keys // ngroups, group_keys % ngroups,
-                 group_count.astype(np.int64))
+    return Loads(link_step, link_u, counts, group_keys // ngroups, group_keys % ngroups, group_count.astype(np.int64))

@@ -91,8 +91,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, SHIFT, Collective, CollectiveError
 from schedules import mscclpp_format
+from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, SHIFT, Collective, CollectiveError
 from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
@@ -157,7 +157,7 @@ class Op:
     tbg: tuple[int, int] | None = None  # (tb_id, tbg_size): this block moves slice tb_id of tbg_size of each entry
     unit_size: int | None = None  # pipeline: bytes per iteration
     num_chunks: int | None = None  # pipeline: chunks its ops span
-    ops: tuple["Op", ...] = ()  # pipeline: the ops of one iteration
+    ops: tuple[Op, ...] = ()  # pipeline: the ops of one iteration
 
     @property
     def spec(self) -> OpSpec:
@@ -189,7 +189,7 @@ class Op:
             doc["tbg_info"] = {"tb_id": self.tbg[0], "tbg_size": self.tbg[1]}
         return doc
 
-    def flat(self) -> tuple["Op", ...]:
+    def flat(self) -> tuple[Op, ...]:
         """The op, or a pipeline's ops (one iteration's worth)."""
         return self.ops if self.spec.container else (self,)
 
@@ -246,8 +246,12 @@ class Threadblock:
         """The GPU's remote-buffer id that an op's ``buffer_id`` names, or None when it names nothing: the
         buffer_id-th of the block's remote_buffer_refs ids of that channel type, every such entry in order
         (MSCCL++'s threadblockMemoryChannelBuffers)."""
-        ids = [b for ref in self.remote_buffer_refs if ref.access_channel_type == channel_type
-               for b in ref.remote_buffer_ids]
+        ids = [
+            b
+            for ref in self.remote_buffer_refs
+            if ref.access_channel_type == channel_type
+            for b in ref.remote_buffer_ids
+        ]
         return ids[buffer_id] if 0 <= buffer_id < len(ids) else None
 
     def channel_list(self, channel_type: str) -> tuple[int, ...]:
@@ -261,9 +265,12 @@ class Threadblock:
             for channel_type in CHANNEL_TYPES:
                 listed = self.channel_list(channel_type)
                 local[channel_type] = {c: listed.index(c) for c in set(listed)}
-        return {"id": self.id, "ops": [op.to_json(local) for op in self.ops],
-                "channels": [c.to_json() for c in self.channels],
-                "remote_buffer_refs": [r.to_json() for r in self.remote_buffer_refs]}
+        return {
+            "id": self.id,
+            "ops": [op.to_json(local) for op in self.ops],
+            "channels": [c.to_json() for c in self.channels],
+            "remote_buffer_refs": [r.to_json() for r in self.remote_buffer_refs],
+        }
 
 
 @dataclass(frozen=True)
@@ -295,11 +302,16 @@ class Gpu:
         return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[type]
 
     def to_json(self, channel_ids: str = "threadblock") -> dict:
-        return {"id": self.id, "input_chunks": self.input_chunks, "output_chunks": self.output_chunks,
-                "scratch_chunks": self.scratch_chunks, "channels": [c.to_json() for c in self.channels],
-                "remote_buffers": [b.to_json() for b in self.remote_buffers],
-                "semaphores": [{"init_value": v} for v in self.semaphores],
-                "threadblocks": [tb.to_json(channel_ids) for tb in self.threadblocks]}
+        return {
+            "id": self.id,
+            "input_chunks": self.input_chunks,
+            "output_chunks": self.output_chunks,
+            "scratch_chunks": self.scratch_chunks,
+            "channels": [c.to_json() for c in self.channels],
+            "remote_buffers": [b.to_json() for b in self.remote_buffers],
+            "semaphores": [{"init_value": v} for v in self.semaphores],
+            "threadblocks": [tb.to_json(channel_ids) for tb in self.threadblocks],
+        }
 
 
 @dataclass(frozen=True)
@@ -321,10 +333,16 @@ class PlanMeta:
     channel_ids: str = "threadblock"
 
     def to_json(self) -> dict:
-        doc: dict[str, Any] = {"topology": self.topology, "schedule_hash": self.schedule_hash,
-                               "solver": self.solver, "chunks": self.chunks, "root": self.root,
-                               "instances": self.instances, "dtypes": list(self.dtypes),
-                               "channel_ids": self.channel_ids}
+        doc: dict[str, Any] = {
+            "topology": self.topology,
+            "schedule_hash": self.schedule_hash,
+            "solver": self.solver,
+            "chunks": self.chunks,
+            "root": self.root,
+            "instances": self.instances,
+            "dtypes": list(self.dtypes),
+            "channel_ids": self.channel_ids,
+        }
         if self.predicted_us:
             doc["predicted_us"] = self.predicted_us
         if self.prediction:
@@ -356,8 +374,10 @@ class Plan:
     def __repr__(self) -> str:
         """One line: what the plan is, never its ops (a plan's full repr runs to megabytes)."""
         blocks = sum(len(g.threadblocks) for g in self.gpus)
-        return (f"Plan({self.name!r}, {self.collective}, {self.nranks} ranks, {self.protocol}, "
-                f"{blocks} thread blocks, {self.weft.topology or 'no topology'})")
+        return (
+            f"Plan({self.name!r}, {self.collective}, {self.nranks} ranks, {self.protocol}, "
+            f"{blocks} thread blocks, {self.weft.topology or 'no topology'})"
+        )
 
     @property
     def size_chunks(self) -> int:
@@ -382,8 +402,11 @@ class Plan:
         """Whether this plan runs a message of ``nbytes`` directly: a multiple of its granule, in its size range
         (the range's top rounded up to the granule, where the sizes up to the top run padded)."""
         unit = self.granule
-        if self.reuse_resources and self.max_scratch_chunks and \
-                nbytes // self.size_chunks * (2 if self.protocol == "LL" else 1) > self.reused_scratch_chunk_bytes:
+        if (
+            self.reuse_resources
+            and self.max_scratch_chunks
+            and nbytes // self.size_chunks * (2 if self.protocol == "LL" else 1) > self.reused_scratch_chunk_bytes
+        ):
             return False
         top = -(-self.max_message_size // unit) * unit
         return self.min_message_size <= nbytes <= top and nbytes > 0 and nbytes % unit == 0
@@ -446,28 +469,40 @@ class Plan:
         """The Collective the plan computes, at the plan's chunk granularity (instances are finer chunks)."""
         g = self.gpus[0]
         n = self.nranks
-        per_slice = {"allgather": g.input_chunks, "gather": g.input_chunks, "reducescatter": g.output_chunks,
-                     "scatter": g.output_chunks, "alltoall": g.input_chunks // n,
-                     "broadcast": g.output_chunks, "reduce": g.input_chunks,
-                     SHIFT: g.input_chunks}.get(self.collective, g.output_chunks // n)
+        per_slice = {
+            "allgather": g.input_chunks,
+            "gather": g.input_chunks,
+            "reducescatter": g.output_chunks,
+            "scatter": g.output_chunks,
+            "alltoall": g.input_chunks // n,
+            "broadcast": g.output_chunks,
+            "reduce": g.input_chunks,
+            SHIFT: g.input_chunks,
+        }.get(self.collective, g.output_chunks // n)
         return Collective(self.collective, n, max(per_slice, 1), self.weft.root)
 
     def content(self) -> dict:
         """The MSCCL++ plan itself: what the content hash covers (the weft record is not part of it)."""
-        return {"name": self.name, "collective": self.collective, "protocol": self.protocol,
-                "inplace": self.inplace, "num_threads_per_block": self.num_threads_per_block,
-                "use_double_scratch_buffer": self.use_double_scratch_buffer,
-                "buffer_alignment": self.buffer_alignment, "min_message_size": self.min_message_size,
-                "max_message_size": self.max_message_size,
-                "gpus": [g.to_json(self.weft.channel_ids) for g in self.gpus],
-                **({"reuse_resources": True} if self.reuse_resources else {})}
+        return {
+            "name": self.name,
+            "collective": self.collective,
+            "protocol": self.protocol,
+            "inplace": self.inplace,
+            "num_threads_per_block": self.num_threads_per_block,
+            "use_double_scratch_buffer": self.use_double_scratch_buffer,
+            "buffer_alignment": self.buffer_alignment,
+            "min_message_size": self.min_message_size,
+            "max_message_size": self.max_message_size,
+            "gpus": [g.to_json(self.weft.channel_ids) for g in self.gpus],
+            **({"reuse_resources": True} if self.reuse_resources else {}),
+        }
 
     @cached_property  # a frozen plan hashes the same every time; checks ask once per size and dtype
     def content_hash(self) -> str:
         data = json.dumps(self.content(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(data).hexdigest()[:16]
 
-    def with_meta(self, **changes: Any) -> "Plan":
+    def with_meta(self, **changes: Any) -> Plan:
         return replace(self, weft=replace(self.weft, **changes))
 
     def to_json(self) -> dict:
@@ -508,7 +543,7 @@ _KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unrea
 }
 
 
-def _known(rd: "_Reader", doc: dict, kind: str, where: str) -> None:
+def _known(rd: _Reader, doc: dict, kind: str, where: str) -> None:
     """Refuse, in one line, a field weft does not read (it might change what the plan does)."""
     extra = sorted(set(doc) - _KNOWN[kind])
     if extra:
@@ -564,9 +599,12 @@ def parse_plan(data: object, source: str) -> Plan:
         raise rd.fail("gpus", "must list at least one GPU")
     gpus = tuple(_parse_gpu(rd, g, f"gpus[{i}]", len(raw_gpus)) for i, g in enumerate(raw_gpus))
     if doc["collective"] not in NAMES + PLAN_ONLY + (TEST_COLLECTIVE,):  # after the gpus: port/switch say so first
-        raise rd.fail("collective", f"unknown collective {doc['collective']!r} (choose from "
-                                    f"{', '.join(NAMES + PLAN_ONLY)}, "
-                                    f"or {TEST_COLLECTIVE!r} for MSCCL++'s unit-test plans)")
+        raise rd.fail(
+            "collective",
+            f"unknown collective {doc['collective']!r} (choose from "
+            f"{', '.join(NAMES + PLAN_ONLY)}, "
+            f"or {TEST_COLLECTIVE!r} for MSCCL++'s unit-test plans)",
+        )
     for i, g in enumerate(gpus):
         if g.id != i:
             raise rd.fail(f"gpus[{i}].id", f"must be {i} (gpus are listed in rank order), got {g.id}")
@@ -574,20 +612,27 @@ def parse_plan(data: object, source: str) -> Plan:
     hi = rd.int(doc.get("max_message_size", MAX_MESSAGE_SIZE), "max_message_size", 0, MAX_MESSAGE_SIZE)
     if lo > hi:
         raise rd.fail("max_message_size", f"{hi} is below min_message_size {lo}")
-    threads = rd.int(doc.get("num_threads_per_block", MAX_THREADS_PER_BLOCK), "num_threads_per_block", WARP,
-                     MAX_THREADS_PER_BLOCK)
+    threads = rd.int(
+        doc.get("num_threads_per_block", MAX_THREADS_PER_BLOCK), "num_threads_per_block", WARP, MAX_THREADS_PER_BLOCK
+    )
     if threads % WARP:
         raise rd.fail("num_threads_per_block", f"must be a multiple of {WARP} (whole warps), got {threads}")
     alignment = rd.int(doc.get("buffer_alignment", 16), "buffer_alignment", 1, MAX_BUFFER_ALIGNMENT)
     if alignment & (alignment - 1):
         raise rd.fail("buffer_alignment", f"must be a power of two, got {alignment}")
     plan = Plan(
-        name=str(doc["name"]), collective=doc["collective"], protocol=doc["protocol"],
-        inplace=rd.bool(doc.get("inplace", False), "inplace"), gpus=gpus,
+        name=str(doc["name"]),
+        collective=doc["collective"],
+        protocol=doc["protocol"],
+        inplace=rd.bool(doc.get("inplace", False), "inplace"),
+        gpus=gpus,
         num_threads_per_block=threads,
         use_double_scratch_buffer=rd.bool(doc.get("use_double_scratch_buffer", False), "use_double_scratch_buffer"),
         buffer_alignment=alignment,
-        min_message_size=lo, max_message_size=hi, weft=meta, reuse_resources=reuse,
+        min_message_size=lo,
+        max_message_size=hi,
+        weft=meta,
+        reuse_resources=reuse,
     )
     if not plan.checkable:
         _check_pairing(rd, plan)
@@ -599,15 +644,19 @@ def parse_plan(data: object, source: str) -> Plan:
     for i, g in enumerate(gpus):
         for field_name, want in (("input_chunks", len(spec.input_map(i))), ("output_chunks", len(spec.output_map(i)))):
             if getattr(g, field_name) != want:
-                raise rd.fail(f"gpus[{i}].{field_name}", f"{getattr(g, field_name)} does not fit a {plan.collective} "
-                                                         f"of {plan.nranks} ranks (expected {want})")
+                raise rd.fail(
+                    f"gpus[{i}].{field_name}",
+                    f"{getattr(g, field_name)} does not fit a {plan.collective} "
+                    f"of {plan.nranks} ranks (expected {want})",
+                )
     _check_pairing(rd, plan)
     if plan.collective == SHIFT:
         _check_shift(rd, plan)
     stated = (doc.get("weft") or {}).get("hash")
     if stated is not None and stated != plan.content_hash:
-        raise rd.fail("weft.hash", f"the file says {stated} but its content hashes to {plan.content_hash} "
-                                   "(edited by hand?)")
+        raise rd.fail(
+            "weft.hash", f"the file says {stated} but its content hashes to {plan.content_hash} (edited by hand?)"
+        )
     return plan
 
 
@@ -620,15 +669,19 @@ def _check_shift(rd: _Reader, plan: Plan) -> None:
         for t, tb in enumerate(g.threadblocks):
             for k, op in enumerate(tb.ops):
                 for inner in op.flat():
-                    for side, refs, want in (("src_buff", inner.src_buff, (r - 1) % n),
-                                             ("dst_buff", inner.dst_buff, (r + 1) % n)):
+                    for side, refs, want in (
+                        ("src_buff", inner.src_buff, (r - 1) % n),
+                        ("dst_buff", inner.dst_buff, (r + 1) % n),
+                    ):
                         for j, ref in enumerate(refs):
                             peer = remote_target(g, tb, inner, ref)[0] if ref.remote else want
                             if peer != want:
-                                raise rd.fail(f"gpus[{r}].threadblocks[{t}].ops[{k}].{side}[{j}]",
-                                              f"names rank {peer}, but a sendrecv moves rank r's input to rank r+1 "
-                                              f"only (rank {want} here; MSCCL++'s SendRecv with a split mask is not "
-                                              "weft's sendrecv)")
+                                raise rd.fail(
+                                    f"gpus[{r}].threadblocks[{t}].ops[{k}].{side}[{j}]",
+                                    f"names rank {peer}, but a sendrecv moves rank r's input to rank r+1 "
+                                    f"only (rank {want} here; MSCCL++'s SendRecv with a split mask is not "
+                                    "weft's sendrecv)",
+                                )
 
 
 def _parse_meta(rd: _Reader, data: object) -> PlanMeta:
@@ -644,13 +697,17 @@ def _parse_meta(rd: _Reader, data: object) -> PlanMeta:
             raise rd.fail(f"weft.dtypes[{i}]", f"must be fp32, fp16 or bf16, got {d!r}")
     verification = doc.get("verification")
     return PlanMeta(
-        topology=str(doc.get("topology", "")), schedule_hash=str(doc.get("schedule_hash", "")),
-        solver=str(doc.get("solver", "")), chunks=rd.int(doc.get("chunks", 1), "weft.chunks", 1),
-        root=rd.int(doc.get("root", 0), "weft.root"), instances=rd.int(doc.get("instances", 1), "weft.instances", 1),
+        topology=str(doc.get("topology", "")),
+        schedule_hash=str(doc.get("schedule_hash", "")),
+        solver=str(doc.get("solver", "")),
+        chunks=rd.int(doc.get("chunks", 1), "weft.chunks", 1),
+        root=rd.int(doc.get("root", 0), "weft.root"),
+        instances=rd.int(doc.get("instances", 1), "weft.instances", 1),
         predicted_us=_predictions(rd, doc.get("predicted_us", {})),
         prediction=str(doc.get("prediction", ""))[:300],
         verification=rd.obj(verification, "weft.verification") if verification is not None else None,
-        dtypes=dtypes, channel_ids=channel_ids,
+        dtypes=dtypes,
+        channel_ids=channel_ids,
     )
 
 
@@ -696,15 +753,20 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
         input_chunks=rd.int(doc.get("input_chunks"), f"{where}.input_chunks"),
         output_chunks=rd.int(doc.get("output_chunks"), f"{where}.output_chunks"),
         scratch_chunks=rd.int(doc.get("scratch_chunks", 0), f"{where}.scratch_chunks"),
-        threadblocks=(), channels=tuple(channels), remote_buffers=tuple(remote), semaphores=tuple(semaphores),
+        threadblocks=(),
+        channels=tuple(channels),
+        remote_buffers=tuple(remote),
+        semaphores=tuple(semaphores),
     )
     if max(gpu.input_chunks, gpu.output_chunks) == 0 and rd.collective != TEST_COLLECTIVE:
         raise rd.fail(f"{where}.output_chunks", "a GPU needs an input or output buffer of at least one chunk")
     for buffer in ("input_chunks", "output_chunks", "scratch_chunks"):
         if getattr(gpu, buffer) > MAX_CHUNKS:
             raise rd.fail(f"{where}.{buffer}", f"at most {MAX_CHUNKS} chunks, got {getattr(gpu, buffer)}")
-    tbs = tuple(_parse_threadblock(rd, tb, f"{where}.threadblocks[{i}]", gpu)
-                for i, tb in enumerate(rd.list(doc.get("threadblocks"), f"{where}.threadblocks")))
+    tbs = tuple(
+        _parse_threadblock(rd, tb, f"{where}.threadblocks[{i}]", gpu)
+        for i, tb in enumerate(rd.list(doc.get("threadblocks"), f"{where}.threadblocks"))
+    )
     for i, tb in enumerate(tbs):
         if tb.id != i:
             raise rd.fail(f"{where}.threadblocks[{i}].id", f"must be {i} (thread blocks are listed in id order)")
@@ -722,8 +784,10 @@ def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threa
         nchannels = len(gpu.peers(ctype))
         for j, cid in enumerate(ids):
             if rd.int(cid, f"{where}.channels[{k}].channel_ids[{j}]") >= nchannels:
-                raise rd.fail(f"{where}.channels[{k}].channel_ids[{j}]",
-                              f"channel {cid} does not exist (the GPU has {nchannels} {ctype} channels)")
+                raise rd.fail(
+                    f"{where}.channels[{k}].channel_ids[{j}]",
+                    f"channel {cid} does not exist (the GPU has {nchannels} {ctype} channels)",
+                )
         channels.append(ChannelRef(ctype, tuple(ids)))
     refs = []
     for k, r in enumerate(rd.list(doc.get("remote_buffer_refs", []), f"{where}.remote_buffer_refs")):
@@ -732,12 +796,15 @@ def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threa
         ids = rd.list(r.get("remote_buffer_ids"), f"{where}.remote_buffer_refs[{k}].remote_buffer_ids")
         for j, b in enumerate(ids):
             if rd.int(b, f"{where}.remote_buffer_refs[{k}].remote_buffer_ids[{j}]") >= len(gpu.remote_buffers):
-                raise rd.fail(f"{where}.remote_buffer_refs[{k}].remote_buffer_ids[{j}]",
-                              f"remote buffer {b} does not exist (the GPU lists {len(gpu.remote_buffers)})")
+                raise rd.fail(
+                    f"{where}.remote_buffer_refs[{k}].remote_buffer_ids[{j}]",
+                    f"remote buffer {b} does not exist (the GPU lists {len(gpu.remote_buffers)})",
+                )
         refs.append(RemoteBufferRef(ctype, tuple(ids)))
     tb = Threadblock(rd.int(doc.get("id"), f"{where}.id"), (), tuple(channels), tuple(refs))
-    ops = tuple(_parse_op(rd, op, f"{where}.ops[{i}]", gpu, tb)
-                for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops")))
+    ops = tuple(
+        _parse_op(rd, op, f"{where}.ops[{i}]", gpu, tb) for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops"))
+    )
     return replace(tb, ops=ops)
 
 
@@ -745,24 +812,30 @@ def _parse_pipeline(rd: _Reader, doc: dict, where: str, gpu: Gpu, tb: Threadbloc
     """A pipeline: its ops run once per unit_size bytes of num_chunks chunks (MSCCL++ handlePipeline)."""
     extra = sorted(set(doc) - {"name", "iter_context", "ops"})
     if extra:
-        raise rd.fail(f"{where}.{extra[0]}", "field not supported by weft on op 'pipeline' (it takes iter_context "
-                                             "and ops)")
+        raise rd.fail(
+            f"{where}.{extra[0]}", "field not supported by weft on op 'pipeline' (it takes iter_context and ops)"
+        )
     ctx = rd.obj(doc.get("iter_context"), f"{where}.iter_context")
     unit = rd.int(ctx.get("unit_size"), f"{where}.iter_context.unit_size", 1)
     nchunks = rd.int(ctx.get("num_chunks"), f"{where}.iter_context.num_chunks", 1)
-    ops = tuple(_parse_op(rd, op, f"{where}.ops[{i}]", gpu, tb)
-                for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops")))
+    ops = tuple(
+        _parse_op(rd, op, f"{where}.ops[{i}]", gpu, tb) for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops"))
+    )
     for i, op in enumerate(ops):
         if op.spec.container:
             raise rd.fail(f"{where}.ops[{i}]", "a pipeline inside a pipeline (MSCCL++ runs one level)")
         for field_name, refs in (("src_buff", op.src_buff), ("dst_buff", op.dst_buff)):
             for j, ref in enumerate(refs):
                 if ref.size != nchunks:
-                    raise rd.fail(f"{where}.ops[{i}].{field_name}[{j}].size", f"{ref.size} chunks, but the "
-                                  f"pipeline's iterations span iter_context.num_chunks = {nchunks}")
+                    raise rd.fail(
+                        f"{where}.ops[{i}].{field_name}[{j}].size",
+                        f"{ref.size} chunks, but the pipeline's iterations span iter_context.num_chunks = {nchunks}",
+                    )
         if op.spec.packet:
-            raise rd.fail(f"{where}.ops[{i}].name", f"packet op {op.name!r} in a pipeline (MSCCL++'s kernel runs "
-                                                    "packet ops whole, once per iteration)")
+            raise rd.fail(
+                f"{where}.ops[{i}].name",
+                f"packet op {op.name!r} in a pipeline (MSCCL++'s kernel runs packet ops whole, once per iteration)",
+            )
     return Op("pipeline", unit_size=unit, num_chunks=nchunks, ops=ops)
 
 
@@ -777,38 +850,58 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
         return _parse_pipeline(rd, doc, where, gpu, tb)
     extra = sorted(set(doc) - _PLAIN_OP_FIELDS)
     if extra:
-        raise rd.fail(f"{where}.{extra[0]}", f"field not supported by weft on op {name!r} (weft reads "
-                                             f"{', '.join(sorted(_PLAIN_OP_FIELDS))})")
+        raise rd.fail(
+            f"{where}.{extra[0]}",
+            f"field not supported by weft on op {name!r} (weft reads {', '.join(sorted(_PLAIN_OP_FIELDS))})",
+        )
     if doc.get("reduce_op", "sum") != "sum":
         raise rd.fail(f"{where}.reduce_op", f"only 'sum' is supported, got {doc['reduce_op']!r}")
     channel_type, channel_ids = None, ()
     if "channel_type" in doc or name in CHANNEL_OPS:
         channel_type = rd.channel_type(doc.get("channel_type"), f"{where}.channel_type")
         if channel_type == "port" and name not in PORT_OPS:
-            raise rd.fail(f"{where}.channel_type", f"op {name!r} cannot run on a port channel (port channels "
-                                                   f"carry {', '.join(sorted(PORT_OPS))})")
-        channel_ids = tuple(rd.int(c, f"{where}.channel_ids[{j}]")
-                            for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids")))
+            raise rd.fail(
+                f"{where}.channel_type",
+                f"op {name!r} cannot run on a port channel (port channels carry {', '.join(sorted(PORT_OPS))})",
+            )
+        channel_ids = tuple(
+            rd.int(c, f"{where}.channel_ids[{j}]")
+            for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids"))
+        )
         listed = tb.channel_list(channel_type)
         for j, cid in enumerate(channel_ids):
             if rd.channel_ids == "threadblock" and cid >= len(listed):
-                raise rd.fail(f"{where}.channel_ids[{j}]", f"index {cid} is past the thread block's {len(listed)} "
-                                                           f"{channel_type} channels (ops index the block's list)")
+                raise rd.fail(
+                    f"{where}.channel_ids[{j}]",
+                    f"index {cid} is past the thread block's {len(listed)} "
+                    f"{channel_type} channels (ops index the block's list)",
+                )
             if rd.channel_ids == "gpu" and cid not in listed:
-                raise rd.fail(f"{where}.channel_ids[{j}]",
-                              f"channel {cid} is not among the thread block's {channel_type} channels")
+                raise rd.fail(
+                    f"{where}.channel_ids[{j}]",
+                    f"channel {cid} is not among the thread block's {channel_type} channels",
+                )
         if rd.channel_ids == "threadblock":
             channel_ids = tuple(listed[c] for c in channel_ids)
         if rd.channel_ids == "threadblock" and name in ("pws", "pwsf") and channel_type == "memory":
-            raise rd.fail(f"{where}.name", f"op {name!r} on memory channels: MSCCL++'s kernel puts without a signal "
-                                           "there (it signals on port channels only), weft's would signal; write "
-                                           "put, then signal")
-    src = tuple(_parse_ref(rd, b, f"{where}.src_buff[{j}]", gpu, tb, channel_type)
-                for j, b in enumerate(rd.list(doc.get("src_buff", []), f"{where}.src_buff")))
-    dst = tuple(_parse_ref(rd, b, f"{where}.dst_buff[{j}]", gpu, tb, channel_type)
-                for j, b in enumerate(rd.list(doc.get("dst_buff", []), f"{where}.dst_buff")))
-    sems = tuple(rd.int(s, f"{where}.semaphore_ids[{j}]")
-                 for j, s in enumerate(rd.list(doc.get("semaphore_ids", []), f"{where}.semaphore_ids")))
+            raise rd.fail(
+                f"{where}.name",
+                f"op {name!r} on memory channels: MSCCL++'s kernel puts without a signal "
+                "there (it signals on port channels only), weft's would signal; write "
+                "put, then signal",
+            )
+    src = tuple(
+        _parse_ref(rd, b, f"{where}.src_buff[{j}]", gpu, tb, channel_type)
+        for j, b in enumerate(rd.list(doc.get("src_buff", []), f"{where}.src_buff"))
+    )
+    dst = tuple(
+        _parse_ref(rd, b, f"{where}.dst_buff[{j}]", gpu, tb, channel_type)
+        for j, b in enumerate(rd.list(doc.get("dst_buff", []), f"{where}.dst_buff"))
+    )
+    sems = tuple(
+        rd.int(s, f"{where}.semaphore_ids[{j}]")
+        for j, s in enumerate(rd.list(doc.get("semaphore_ids", []), f"{where}.semaphore_ids"))
+    )
     for j, s in enumerate(sems):
         if s >= len(gpu.semaphores):
             raise rd.fail(f"{where}.semaphore_ids[{j}]", f"semaphore {s} does not exist ({len(gpu.semaphores)})")
@@ -824,8 +917,10 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
         if tb_id >= size:
             raise rd.fail(f"{where}.tbg_info.tb_id", f"{tb_id} is not below tbg_size {size}")
         if not OPS[name].buffers or OPS[name].packet:
-            raise rd.fail(f"{where}.tbg_info", f"on op {name!r}: weft splits the data ops that move plain data "
-                                               "among a thread-block group")
+            raise rd.fail(
+                f"{where}.tbg_info",
+                f"on op {name!r}: weft splits the data ops that move plain data among a thread-block group",
+            )
         tbg = (tb_id, size)
     if rd.foreign:  # a plan another tool wrote means what MSCCL++'s kernel does with it
         differs = kernel_shape_errors(doc, where)
@@ -845,8 +940,11 @@ def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock,
     if "buffer_id" in doc:
         buffer_id = rd.int(doc["buffer_id"], f"{where}.buffer_id")
         if channel_type is None or tb.remote_buffer_id(channel_type, buffer_id) is None:
-            raise rd.fail(f"{where}.buffer_id", f"remote buffer {buffer_id} is not among the thread block's "
-                                                f"remote_buffer_refs for channel type {channel_type!r}")
+            raise rd.fail(
+                f"{where}.buffer_id",
+                f"remote buffer {buffer_id} is not among the thread block's "
+                f"remote_buffer_refs for channel type {channel_type!r}",
+            )
         return BufferRef(index, size, buffer_id=buffer_id)
     if doc.get("type") not in BUFFER_TYPES:
         raise rd.fail(f"{where}.type", f"must be 'i', 'o' or 's', got {doc.get('type')!r}")
@@ -855,9 +953,12 @@ def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock,
 
 def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
     """Op-specific structure, as the op table says: which entries are remote, which pair up, how many channels."""
-    field, why = op.spec.shape_error([(b.remote, b.size) for b in op.src_buff],
-                                     [(b.remote, b.size) for b in op.dst_buff],
-                                     len(op.channel_ids), len(op.semaphore_ids))
+    field, why = op.spec.shape_error(
+        [(b.remote, b.size) for b in op.src_buff],
+        [(b.remote, b.size) for b in op.dst_buff],
+        len(op.channel_ids),
+        len(op.semaphore_ids),
+    )
     if why:
         raise rd.fail(f"{where}.{field}" if field else where, why)
 
@@ -865,13 +966,19 @@ def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
 def current_format(plan: Plan) -> Plan:
     """A plan weft wrote before 2026-11-26 in the format MSCCL++ reads today: ops name the block's channels, and a
     ``pws`` on memory channels (which MSCCL++'s kernel runs without its signal) becomes ``put`` then ``signal``."""
+
     def split(op: Op) -> tuple[Op, ...]:
         if op.name in ("pws", "pwsf") and op.channel_type == "memory":
             return (replace(op, name="put"), Op("signal", op.channel_type, op.channel_ids))
         return (op,)
 
-    gpus = tuple(replace(g, threadblocks=tuple(replace(tb, ops=tuple(o for op in tb.ops for o in split(op)))
-                                               for tb in g.threadblocks)) for g in plan.gpus)
+    gpus = tuple(
+        replace(
+            g,
+            threadblocks=tuple(replace(tb, ops=tuple(o for op in tb.ops for o in split(op))) for tb in g.threadblocks),
+        )
+        for g in plan.gpus
+    )
     return replace(plan, gpus=gpus).with_meta(channel_ids="threadblock", verification=None)
 
 
@@ -899,7 +1006,7 @@ def channel_pairs(plan: Plan, channel_type: str = "memory") -> dict[tuple[int, i
     pairs = {}
     for (r, peer), cids in ends.items():
         back = ends.get((peer, r), [])
-        for m, cid in enumerate(cids[:len(back)]):
+        for m, cid in enumerate(cids[: len(back)]):
             pairs[(r, cid)] = (peer, back[m])
     return pairs
 
@@ -908,9 +1015,11 @@ def unpaired_error(plan: Plan, rank: int, cid: int, channel_type: str = "memory"
     """Why a signal or wait on (rank, channel cid) cannot run: the peer lists no matching channel end."""
     peer = plan.gpus[rank].peers(channel_type)[cid]
     back = sum(p == rank for p in plan.gpus[peer].peers(channel_type))
-    return (f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank "
-            f"{peer} (it lists {back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
-            "waits only on listed pairs")
+    return (
+        f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank "
+        f"{peer} (it lists {back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
+        "waits only on listed pairs"
+    )
 
 
 def _check_pairing(rd: _Reader, plan: Plan) -> None:
@@ -929,12 +1038,16 @@ def _check_pairing(rd: _Reader, plan: Plan) -> None:
                 for ref, cid in op_channels(op):
                     rank, _ = remote_target(gpu, tb, op, ref)
                     if peers[cid] != rank:
-                        raise rd.fail(f"gpus[{r}].threadblocks[{t}].ops[{i}].channel_ids",
-                                      f"channel {cid} connects to rank {peers[cid]} but the buffer is on rank {rank}")
+                        raise rd.fail(
+                            f"gpus[{r}].threadblocks[{t}].ops[{i}].channel_ids",
+                            f"channel {cid} connects to rank {peers[cid]} but the buffer is on rank {rank}",
+                        )
                 for ref in op.src_buff + op.dst_buff:
                     rank, btype = remote_target(gpu, tb, op, ref) if ref.remote else (r, ref.type)
                     limit = plan.gpus[rank].buffer_chunks(btype)
                     if ref.index + ref.size > limit:
-                        raise rd.fail(f"gpus[{r}].threadblocks[{t}].ops[{i}]",
-                                      f"chunks {ref.index}..{ref.index + ref.size - 1} of rank {rank}'s {btype!r} "
-                                      f"buffer are out of range ({limit} chunks)")
+                        raise rd.fail(
+                            f"gpus[{r}].threadblocks[{t}].ops[{i}]",
+                            f"chunks {ref.index}..{ref.index + ref.size - 1} of rank {rank}'s {btype!r} "
+                            f"buffer are out of range ({limit} chunks)",
+                        )

@@ -25,19 +25,21 @@ import logging
 import math
 import os
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import fsspec
 from filelock import FileLock, Timeout
 
+from schedules.collectives import NAMES as COLLECTIVES
 from schedules.plan import Plan, parse_plan
 from schedules.registry_index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
 from topologies.errors import CheckFailed, WeftError
-from schedules.collectives import NAMES as COLLECTIVES
-from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line, short_repr as short
+from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line
+from topologies.jsonfile import short_repr as short
 
 ENTRY_FORMAT = "weft.registry-entry/1"
 INDEX_FORMAT = "weft.registry-index/1"
@@ -99,39 +101,65 @@ class Entry:
         run padded (``Plan.padding``). ``topology``: a fingerprint, or every fingerprint of one fabric
         (``Topology.fingerprints``)."""
         plan, known = self.plan, fingerprints(topology)
-        return (self.key.topology in known and (plan.weft.topology or self.key.topology) in known
-                and self.key.collective == collective == plan.collective and self.key.nranks == nranks == plan.nranks
-                and self.key.covers(nbytes) and plan.runs(nbytes))
+        return (
+            self.key.topology in known
+            and (plan.weft.topology or self.key.topology) in known
+            and self.key.collective == collective == plan.collective
+            and self.key.nranks == nranks == plan.nranks
+            and self.key.covers(nbytes)
+            and plan.runs(nbytes)
+        )
 
     def to_json(self) -> dict:
         return {
             "format": ENTRY_FORMAT,
             "id": self.id,
-            "key": {"topology": self.key.topology, "collective": self.key.collective, "nranks": self.key.nranks,
-                    "min_bytes": self.key.min_bytes, "max_bytes": self.key.max_bytes},
+            "key": {
+                "topology": self.key.topology,
+                "collective": self.key.collective,
+                "nranks": self.key.nranks,
+                "min_bytes": self.key.min_bytes,
+                "max_bytes": self.key.max_bytes,
+            },
             "provenance": self.provenance,
             "timings": self._timings_json(),
             "plan": self.plan.to_json(),
         }
 
     def _timings_json(self) -> dict:
-        return {"predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
-                "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
-                **({"measured_ll128_us": {str(k): v for k, v in sorted(self.measured_ll128_us.items())}}
-                   if self.measured_ll128_us else {})}
+        return {
+            "predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
+            "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
+            **(
+                {"measured_ll128_us": {str(k): v for k, v in sorted(self.measured_ll128_us.items())}}
+                if self.measured_ll128_us
+                else {}
+            ),
+        }
 
     def summary(self) -> dict:
-        return {"id": self.id, "topology": self.key.topology, "collective": self.key.collective,
-                "nranks": self.key.nranks, "min_bytes": self.key.min_bytes, "max_bytes": self.key.max_bytes,
-                "plan": self.plan.name, "plan_hash": self.plan.content_hash,
-                "solver": self.provenance.get("solver", ""), "measured": bool(self.measured_us)}
+        return {
+            "id": self.id,
+            "topology": self.key.topology,
+            "collective": self.key.collective,
+            "nranks": self.key.nranks,
+            "min_bytes": self.key.min_bytes,
+            "max_bytes": self.key.max_bytes,
+            "plan": self.plan.name,
+            "plan_hash": self.plan.content_hash,
+            "solver": self.provenance.get("solver", ""),
+            "measured": bool(self.measured_us),
+        }
 
     def index_row(self, text: bytes | str) -> dict:
         """The entry's row in index.json, made from its file's ``text``: what selection reads (``IndexRow``)."""
-        row = self.summary() | {"protocol": self.plan.protocol, "plan_topology": self.plan.weft.topology,
-                                "dtypes": list(self.dtypes),
-                                "topology_name": str(self.provenance.get("topology_name", "")),
-                                "timings": self._timings_json()}
+        row = self.summary() | {
+            "protocol": self.plan.protocol,
+            "plan_topology": self.plan.weft.topology,
+            "dtypes": list(self.dtypes),
+            "topology_name": str(self.provenance.get("topology_name", "")),
+            "timings": self._timings_json(),
+        }
         return row | {"row_hash": row_hash(text, row)}
 
 
@@ -155,7 +183,6 @@ class Selection:
             return f"Selection(None, {self.basis}: {self.reason})"
         time = "no time" if self.time_us is None else f"{self.time_us:.2f} µs"
         return f"Selection({self.entry.plan.name!r}, entry {self.entry.id}, {self.basis} {time})"
-
 
 
 def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: float | None) -> float | None:
@@ -234,8 +261,10 @@ class Registry:
 
     def entry_path(self, id: str) -> str:
         if not isinstance(id, str) or not ID_PATTERN.fullmatch(id):  # an id names a file in entries/, nothing else
-            raise RegistryError(f"registry {self.location}: no entry {id!r} (an entry id is a file name in entries/, "
-                                "as `weft registry list` shows it)")
+            raise RegistryError(
+                f"registry {self.location}: no entry {id!r} (an entry id is a file name in entries/, "
+                "as `weft registry list` shows it)"
+            )
         return self._path("entries", f"{id}.json")
 
     @contextmanager
@@ -349,8 +378,12 @@ class Registry:
         found, bad = self.load()
         for line in bad:
             log.warning("skipping %s", line)
-        return [e for e in found if (topology is None or e.key.topology in fingerprints(topology))
-                and (collective is None or e.key.collective == collective)]
+        return [
+            e
+            for e in found
+            if (topology is None or e.key.topology in fingerprints(topology))
+            and (collective is None or e.key.collective == collective)
+        ]
 
     def baselines(self) -> dict:
         """baselines.json: {"format", "nccl_us": {topology: {collective: {bytes: µs}}}} (empty if none yet)."""
@@ -424,9 +457,11 @@ class Registry:
             scan.parsed[stem] = entry
             scan.rows.append(IndexRow.from_json(entry.index_row(data)))
         if stale:
-            scan.warnings.append(f"registry {self.location}: index.json does not describe "
-                                 f"{stale} of {len(scan.paths)} entries (read from their files instead; "
-                                 "`weft registry rebuild-index` repairs it)")
+            scan.warnings.append(
+                f"registry {self.location}: index.json does not describe "
+                f"{stale} of {len(scan.paths)} entries (read from their files instead; "
+                "`weft registry rebuild-index` repairs it)"
+            )
         return scan
 
     def entry_of(self, scan: RowScan, row: IndexRow) -> Entry:
@@ -438,8 +473,10 @@ class Registry:
         entry = self._parse(path, data)
         scan.parsed[row.id] = entry
         if IndexRow.from_json(entry.index_row(data)) != row:
-            raise RegistryError(f"registry {self.location}: index.json: row {row.id} does not describe its entry "
-                                "file; ignored (`weft registry rebuild-index` repairs it)")
+            raise RegistryError(
+                f"registry {self.location}: index.json: row {row.id} does not describe its entry "
+                "file; ignored (`weft registry rebuild-index` repairs it)"
+            )
         return entry
 
     def rebuilt_index(self) -> tuple[dict, list[str]]:
@@ -451,8 +488,12 @@ class Registry:
     # ---- recovery ----------------------------------------------------------------------------------------------
     def orphans(self) -> list[str]:
         """Temporary files that a writer killed between its write and its rename left behind."""
-        return [p for directory in (self.root, self._path("entries")) for p in self._listing(directory)
-                if TMP_MARK in _stem(p)]
+        return [
+            p
+            for directory in (self.root, self._path("entries"))
+            for p in self._listing(directory)
+            if TMP_MARK in _stem(p)
+        ]
 
     def index_problems(self) -> list[str]:
         """One line per way index.json disagrees with the readable entry files (a row missing, out of date or
@@ -471,8 +512,11 @@ class Registry:
                 self._parse(path, data)
             except WeftError:
                 continue  # an unreadable entry is verify's own finding, and has no row to have
-            problems.append(f"index.json: no row for entry {stem}" if row is None else
-                            f"index.json: the row for entry {stem} is out of date")
+            problems.append(
+                f"index.json: no row for entry {stem}"
+                if row is None
+                else f"index.json: the row for entry {stem} is out of date"
+            )
         problems += [f"index.json: row {id} names no entry file" for id in sorted(listed)]
         return problems
 
@@ -501,14 +545,22 @@ class Registry:
         for path, text in files:
             self._write_atomic(path, text)
 
-    def commit(self, plan: Plan, topology: str | None = None, provenance: dict[str, Any] | None = None,
-               predicted_us: dict[int, float] | None = None, measured: Entry | None = None) -> Entry:
+    def commit(
+        self,
+        plan: Plan,
+        topology: str | None = None,
+        provenance: dict[str, Any] | None = None,
+        predicted_us: dict[int, float] | None = None,
+        measured: Entry | None = None,
+    ) -> Entry:
         """Store a verified plan; raises NotVerified unless provenance holds a passing record for this plan.
         ``measured``: an exported entry of this plan whose measured times come along (``registry import``).
         To prove a plan and commit it in one call, use ``weft.commit(plan, topology, registry)``."""
         if topology is None or provenance is None:
-            raise NotVerified(f"plan {plan.name}: Registry.commit stores a plan with its proof; prove and commit it "
-                              f"with weft.commit(plan, topology, {self.location!r})")
+            raise NotVerified(
+                f"plan {plan.name}: Registry.commit stores a plan with its proof; prove and commit it "
+                f"with weft.commit(plan, topology, {self.location!r})"
+            )
         return self.commit_all([(plan, topology, provenance, predicted_us, measured)])[0]
 
     def commit_all(self, items: list[tuple], progress: Callable[[str], None] | None = None) -> list[Entry]:
@@ -518,11 +570,17 @@ class Registry:
         for plan, topology, provenance, predicted_us, measured in items:
             require_verified(plan, provenance)
             key = EntryKey(topology, plan.collective, plan.nranks, plan.min_message_size, plan.max_message_size)
-            entry = Entry(entry_id(plan, topology), key, plan, provenance,
-                          _times(dict(predicted_us or {}), "timings.predicted_us", f"plan {plan.name}"))
+            entry = Entry(
+                entry_id(plan, topology),
+                key,
+                plan,
+                provenance,
+                _times(dict(predicted_us or {}), "timings.predicted_us", f"plan {plan.name}"),
+            )
             if measured is not None:
-                entry = replace(entry, measured_us=dict(measured.measured_us),
-                                measured_ll128_us=dict(measured.measured_ll128_us))
+                entry = replace(
+                    entry, measured_us=dict(measured.measured_us), measured_ll128_us=dict(measured.measured_ll128_us)
+                )
             entries.append(entry)
         with self._locked(progress):
             files = []
@@ -531,8 +589,9 @@ class Registry:
                 if items[i][4] is None and self.exists(path):  # the same plan again: its measured times still hold
                     try:
                         old = self.read_entry_file(path)
-                        entries[i] = entry = replace(entry, measured_us=dict(old.measured_us),
-                                                     measured_ll128_us=dict(old.measured_ll128_us))
+                        entries[i] = entry = replace(
+                            entry, measured_us=dict(old.measured_us), measured_ll128_us=dict(old.measured_ll128_us)
+                        )
                     except WeftError:
                         pass  # an unreadable old entry is simply replaced
                 files.append(self._entry_text(entry))
@@ -545,8 +604,11 @@ class Registry:
         lines, which only selections for an executor running them use)."""
         return self.record_timings({id: [(nbytes, time_us, ll128)]})[0]
 
-    def record_timings(self, times: dict[str, list[tuple[int, float, bool]]],
-                       nccl: dict[str, dict[str, dict[int, float]]] | None = None) -> list[Entry]:
+    def record_timings(
+        self,
+        times: dict[str, list[tuple[int, float, bool]]],
+        nccl: dict[str, dict[str, dict[int, float]]] | None = None,
+    ) -> list[Entry]:
         """Store measured times per entry id, each (bytes, µs, with LL128 lines), and NCCL's measured times
         ({topology: {collective: {bytes: µs}}}), all checked before anything is written. A damaged baselines.json
         is replaced by NCCL's new times (it was advisory, and ignored)."""
@@ -605,9 +667,17 @@ class Registry:
         return index, bad
 
     # ---- selection -----------------------------------------------------------------------------
-    def select(self, topology: str | tuple[str, ...], collective: str, nbytes: int, dtype: str | None = None,
-               nranks: int | None = None, ll128: bool = False, trust: Callable[[Entry], str] | None = None,
-               floor_us: float = 0.0) -> Selection:
+    def select(
+        self,
+        topology: str | tuple[str, ...],
+        collective: str,
+        nbytes: int,
+        dtype: str | None = None,
+        nranks: int | None = None,
+        ll128: bool = False,
+        trust: Callable[[Entry], str] | None = None,
+        floor_us: float = 0.0,
+    ) -> Selection:
         """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
         executor that can move LL packets as LL128 lines, whose measured times then count too; ``lines`` says
         whether the chosen time is one of them).
@@ -653,25 +723,54 @@ class Registry:
             table = next((tables[f][collective] for f in known if collective in tables.get(f, {})), {})
             nccl = nccl_faster({int(k): float(v) for k, v in table.items()}, nbytes, basis, t)
             if nccl is not None:
-                return Selection(None, "nccl", nccl, nccl_reason(collective, nbytes, nccl, entry.plan.name, t),
-                                 tuple(scan.bad), False, tuple(warnings), tuple(refused))
+                return Selection(
+                    None,
+                    "nccl",
+                    nccl,
+                    nccl_reason(collective, nbytes, nccl, entry.plan.name, t),
+                    tuple(scan.bad),
+                    False,
+                    tuple(warnings),
+                    tuple(refused),
+                )
             return Selection(entry, basis, t, "", tuple(scan.bad), lines, tuple(warnings), tuple(refused))
-        reason = (f"no plan for {collective} on {known[0]} at {nbytes} bytes" + (f" in {dtype}" if dtype else "")
-                  + (f" ({size_why})" if size_why else "")
-                  + (f" (refused: {'; '.join(refused)})" if refused else ""))
-        nearest = sorted({(r.key.topology, r.topology_name, r.key.nranks) for r in scan.rows
-                          if r.key.collective == collective and r.key.topology not in known
-                          and (nranks is None or r.key.nranks == nranks)})
-        return Selection(None, "none", None, reason, tuple(scan.bad), False, tuple(warnings), tuple(refused),
-                         tuple(nearest), size_why)
+        reason = (
+            f"no plan for {collective} on {known[0]} at {nbytes} bytes"
+            + (f" in {dtype}" if dtype else "")
+            + (f" ({size_why})" if size_why else "")
+            + (f" (refused: {'; '.join(refused)})" if refused else "")
+        )
+        nearest = sorted(
+            {
+                (r.key.topology, r.topology_name, r.key.nranks)
+                for r in scan.rows
+                if r.key.collective == collective
+                and r.key.topology not in known
+                and (nranks is None or r.key.nranks == nranks)
+            }
+        )
+        return Selection(
+            None,
+            "none",
+            None,
+            reason,
+            tuple(scan.bad),
+            False,
+            tuple(warnings),
+            tuple(refused),
+            tuple(nearest),
+            size_why,
+        )
 
 
 def _replaceable(registry: Registry, path: str) -> None:
     """A side file weft is about to replace must be a regular file or absent: checked before the first file of a
     change is written, so a folder (or FIFO) in its place refuses the change whole, in one line."""
     if registry.local and os.path.lexists(path) and not os.path.isfile(path):
-        raise RegistryError(f"registry {registry.location}: {_stem(path)}.json: not a regular file; move it away "
-                            "(`weft registry rebuild-index` then makes it afresh)")
+        raise RegistryError(
+            f"registry {registry.location}: {_stem(path)}.json: not a regular file; move it away "
+            "(`weft registry rebuild-index` then makes it afresh)"
+        )
 
 
 @dataclass
@@ -711,7 +810,8 @@ def require_verified(plan: Plan, provenance: dict[str, Any]) -> None:
     if not record.get("ok") or record.get("plan_hash") != plan.content_hash:
         raise NotVerified(
             f"plan {plan.name}: no passing verification record for plan hash {plan.content_hash}; "
-            "run `weft verify` (only verified plans can be committed)")
+            "run `weft verify` (only verified plans can be committed)"
+        )
 
 
 def _rename(fs: Any, src: str, dst: str) -> None:
@@ -724,8 +824,10 @@ def _rename(fs: Any, src: str, dst: str) -> None:
 
 def nccl_reason(collective: str, nbytes: int, nccl_us: float, plan: str, time_us: float) -> str:
     """The line selection gives, and inference jobs log, where NCCL runs because it measured faster."""
-    return (f"NCCL measured faster for {collective} at {nbytes} bytes ({nccl_us:.1f} µs against {time_us:.1f} µs "
-            f"for the fastest plan, {plan})")
+    return (
+        f"NCCL measured faster for {collective} at {nbytes} bytes ({nccl_us:.1f} µs against {time_us:.1f} µs "
+        f"for the fastest plan, {plan})"
+    )
 
 
 def _fail(source: str, where: str, message: str, kind: str = "registry entry") -> RegistryError:
@@ -785,16 +887,38 @@ def parse_baselines(doc: object, source: str) -> dict:
                 raise _fail(source, where, "must map sizes in bytes to µs", "registry")
             for size, us in times.items():
                 if _size(size) is None or not measured_us(us):
-                    raise _fail(source, f"{where}.{size[:24]}", "must be a size in bytes mapped to a positive, "
-                                f"finite time in µs that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g}), "
-                                f"got {short(us)}", "registry")
+                    raise _fail(
+                        source,
+                        f"{where}.{size[:24]}",
+                        "must be a size in bytes mapped to a positive, "
+                        f"finite time in µs that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g}), "
+                        f"got {short(us)}",
+                        "registry",
+                    )
     return doc
 
 
-PROVENANCE_FIELDS = {"solver": str, "topology_name": str, "options": dict, "protocol": str, "schedule_hash": str,
-                     "weft_version": str, "prediction": str}
-INDEX_FIELDS = {"id": str, "topology": str, "collective": str, "nranks": int, "min_bytes": int, "max_bytes": int,
-                "plan": str, "plan_hash": str, "solver": str, "measured": bool}
+PROVENANCE_FIELDS = {
+    "solver": str,
+    "topology_name": str,
+    "options": dict,
+    "protocol": str,
+    "schedule_hash": str,
+    "weft_version": str,
+    "prediction": str,
+}
+INDEX_FIELDS = {
+    "id": str,
+    "topology": str,
+    "collective": str,
+    "nranks": int,
+    "min_bytes": int,
+    "max_bytes": int,
+    "plan": str,
+    "plan_hash": str,
+    "solver": str,
+    "measured": bool,
+}
 
 
 def parse_index(doc: object, source: str) -> dict:
@@ -807,8 +931,9 @@ def parse_index(doc: object, source: str) -> dict:
         for name, kind in INDEX_FIELDS.items():
             value = row.get(name)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise _fail(source, f"entries[{i}].{name}", f"must be a {kind.__name__}, got {short(value)}",
-                            "registry")
+                raise _fail(
+                    source, f"entries[{i}].{name}", f"must be a {kind.__name__}, got {short(value)}", "registry"
+                )
         if not ID_PATTERN.fullmatch(row["id"]):
             raise _fail(source, f"entries[{i}].id", f"not an entry id: {short(row['id'])}", "registry")
     return doc
@@ -821,13 +946,14 @@ def _times(table: object, where: str, source: str, measured: bool = False) -> di
         raise _fail(source, where, "must map sizes in bytes to µs")
     out = {}
     for size, us in table.items():
-        nbytes = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64 \
-            else _size(size)
+        nbytes = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64 else _size(size)
         if nbytes is None or not (measured_us if measured else positive_us)(us):
             what = "a positive, finite time in µs" + (
-                f" that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g})" if measured else "")
-            raise _fail(source, f"{where}.{str(size)[:24]}", f"must be a size in bytes mapped to {what}, "
-                        f"got {short(us)}")
+                f" that a GPU can measure ({MIN_MEASURED_US} to {MAX_TIME_US:g})" if measured else ""
+            )
+            raise _fail(
+                source, f"{where}.{str(size)[:24]}", f"must be a size in bytes mapped to {what}, got {short(us)}"
+            )
         out[nbytes] = float(us)
     return out
 
@@ -837,8 +963,7 @@ def _key(doc: dict, source: str) -> EntryKey:
     if not isinstance(key_doc, dict):
         raise _fail(source, "key", "must be an object")
     fields = []
-    for name, kind in (("topology", str), ("collective", str), ("nranks", int), ("min_bytes", int),
-                       ("max_bytes", int)):
+    for name, kind in (("topology", str), ("collective", str), ("nranks", int), ("min_bytes", int), ("max_bytes", int)):
         value = key_doc.get(name)
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and not 0 <= value < 1 << 64):
             raise _fail(source, f"key.{name}", f"missing or malformed, got {short(value)}")
@@ -850,15 +975,21 @@ def _key(doc: dict, source: str) -> EntryKey:
 
 def _check_key(key: EntryKey, plan: Plan, source: str) -> None:
     """The key must say what the plan is: an entry must never serve one collective's plan under another's key."""
-    facts = (("collective", key.collective, plan.collective), ("nranks", key.nranks, plan.nranks),
-             ("min_bytes", key.min_bytes, plan.min_message_size), ("max_bytes", key.max_bytes, plan.max_message_size))
+    facts = (
+        ("collective", key.collective, plan.collective),
+        ("nranks", key.nranks, plan.nranks),
+        ("min_bytes", key.min_bytes, plan.min_message_size),
+        ("max_bytes", key.max_bytes, plan.max_message_size),
+    )
     for name, said, actual in facts:
         if said != actual:
-            raise _fail(source, f"key.{name}", f"{short(said)} does not match its plan ({short(actual)}); "
-                        "edited by hand?")
+            raise _fail(
+                source, f"key.{name}", f"{short(said)} does not match its plan ({short(actual)}); edited by hand?"
+            )
     if plan.weft.topology and plan.weft.topology != key.topology:
-        raise _fail(source, "key.topology", f"{key.topology} does not match its plan ({plan.weft.topology}); "
-                    "edited by hand?")
+        raise _fail(
+            source, "key.topology", f"{key.topology} does not match its plan ({plan.weft.topology}); edited by hand?"
+        )
 
 
 def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Entry:
@@ -876,7 +1007,8 @@ def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Ent
         raise _fail(source, "timings", "must be an object")
     predicted, measured, measured_ll128 = (
         _times(timings.get(name, {}), f"timings.{name}", source, measured=name != "predicted_us")
-        for name in ("predicted_us", "measured_us", "measured_ll128_us"))
+        for name in ("predicted_us", "measured_us", "measured_ll128_us")
+    )
     provenance = doc.get("provenance", {})
     if not isinstance(provenance, dict) or not isinstance(provenance.get("verification") or {}, dict):
         raise _fail(source, "provenance.verification", "must be an object")
@@ -891,10 +1023,18 @@ def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Ent
     plan = parse_plan(doc.get("plan"), f"{source}: plan")
     record = provenance.get("verification") or {}
     if record.get("plan_hash") != plan.content_hash:
-        raise _fail(source, "plan", f"content hash {plan.content_hash} does not match its verification record "
-                    f"({short(record.get('plan_hash'))}); edited by hand?")
+        raise _fail(
+            source,
+            "plan",
+            f"content hash {plan.content_hash} does not match its verification record "
+            f"({short(record.get('plan_hash'))}); edited by hand?",
+        )
     _check_key(key, plan, source)
     if entry_id_ != entry_id(plan, key.topology):
-        raise _fail(source, "id", f"{entry_id_!r} is not this plan's id on {key.topology} "
-                    f"({entry_id(plan, key.topology)!r}); edited by hand?")
+        raise _fail(
+            source,
+            "id",
+            f"{entry_id_!r} is not this plan's id on {key.topology} "
+            f"({entry_id(plan, key.topology)!r}); edited by hand?",
+        )
     return Entry(entry_id_, key, plan, provenance, predicted, measured, measured_ll128)

@@ -79,9 +79,11 @@ class Timings:
         """('measured'|'predicted'|'none', time at nbytes, whether that time was measured with LL128 lines)."""
         if self.measured(ll128):
             lined = ll128 and self.protocol == "LL"
-            options = [(interpolate(table, nbytes), lines)
-                       for table, lines in ((self.measured_us, False), (self.measured_ll128_us, True))
-                       if table and (lined or not lines)]
+            options = [
+                (interpolate(table, nbytes), lines)
+                for table, lines in ((self.measured_us, False), (self.measured_ll128_us, True))
+                if table and (lined or not lines)
+            ]
             time_us, lines = min(options)
             return "measured", time_us, lines
         if self.predicted_us:
@@ -103,33 +105,52 @@ class IndexRow:
     timings: Timings
 
     @staticmethod
-    def from_json(row: dict) -> "IndexRow":
+    def from_json(row: dict) -> IndexRow:
         """A row as ``Entry.index_row`` writes it; KeyError, TypeError or ValueError where it is not one."""
         key = EntryKey(*(row[name] for name in ("topology", "collective", "nranks", "min_bytes", "max_bytes")))
         for value in (key.nranks, key.min_bytes, key.max_bytes):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError("a key's sizes are integers")
         tables = row["timings"]
-        timings = Timings(str(row["protocol"]), *({int(k): float(v) for k, v in tables.get(name, {}).items()}
-                                                 for name in TIMING_TABLES))
-        if not all(0 < t < math.inf for table in (timings.predicted_us, timings.measured_us,
-                                                   timings.measured_ll128_us) for t in table.values()):
+        timings = Timings(
+            str(row["protocol"]),
+            *({int(k): float(v) for k, v in tables.get(name, {}).items()} for name in TIMING_TABLES),
+        )
+        if not all(
+            0 < t < math.inf
+            for table in (timings.predicted_us, timings.measured_us, timings.measured_ll128_us)
+            for t in table.values()
+        ):
             raise ValueError("times are positive and finite")
         dtypes = tuple(row["dtypes"])
         if not all(isinstance(d, str) for d in dtypes):
             raise TypeError("dtypes are names")
-        return IndexRow(row["id"], key, row["plan"], row["plan_hash"], str(row.get("plan_topology", "")),
-                        str(row.get("topology_name", "")), dtypes, timings)
+        return IndexRow(
+            row["id"],
+            key,
+            row["plan"],
+            row["plan_hash"],
+            str(row.get("plan_topology", "")),
+            str(row.get("topology_name", "")),
+            dtypes,
+            timings,
+        )
 
     def estimate(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None, bool]:
         return self.timings.estimate(nbytes, ll128)
 
-    def may_serve(self, topology: str | tuple[str, ...], collective: str, nranks: int | None, nbytes: int,
-                  dtype: str | None) -> bool:
+    def may_serve(
+        self, topology: str | tuple[str, ...], collective: str, nranks: int | None, nbytes: int, dtype: str | None
+    ) -> bool:
         """Whether the row's key (and its plan's topology) say it serves this call; only its plan can say whether
         the size runs (``Entry.serves``), so the chosen row's entry is asked again. ``topology``: a fingerprint,
         or every fingerprint of one fabric."""
         known = (topology,) if isinstance(topology, str) else topology
-        return (self.key.topology in known and (self.plan_topology or self.key.topology) in known
-                and self.key.collective == collective and (nranks is None or self.key.nranks == nranks)
-                and self.key.covers(nbytes) and (dtype is None or not self.dtypes or dtype in self.dtypes))
+        return (
+            self.key.topology in known
+            and (self.plan_topology or self.key.topology) in known
+            and self.key.collective == collective
+            and (nranks is None or self.key.nranks == nranks)
+            and self.key.covers(nbytes)
+            and (dtype is None or not self.dtypes or dtype in self.dtypes)
+        )

@@ -103,8 +103,10 @@ class Schedule:
     def __repr__(self) -> str:
         """One line: what the schedule is, never its sends."""
         c = self.collective
-        return (f"Schedule({self.name!r}, {c.name}, {c.nranks} ranks, {c.chunks} chunks per rank, "
-                f"{self.nsteps} steps, {self.nsends} sends, {self.topology})")
+        return (
+            f"Schedule({self.name!r}, {c.name}, {c.nranks} ranks, {c.chunks} chunks per rank, "
+            f"{self.nsteps} steps, {self.nsends} sends, {self.topology})"
+        )
 
     @property
     def total_rounds(self) -> int:
@@ -121,7 +123,7 @@ class Schedule:
         """How many images of the listed steps the schedule is (1 unless compact)."""
         return math.prod(g.order for g in self.symmetries)
 
-    def explicit(self) -> "Schedule":
+    def explicit(self) -> Schedule:
         """The schedule with every send written out (itself unless compact; refuses past MAX_WRITTEN_SENDS)."""
         if not self.symmetries:
             return self
@@ -135,8 +137,7 @@ class Schedule:
             "collective": self.collective.to_json(),
             "topology": self.topology,
             "steps": [
-                {"rounds": st.rounds, "sends": [[s.chunk, s.src, s.dst, s.op] for s in st.sends]}
-                for st in self.steps
+                {"rounds": st.rounds, "sends": [[s.chunk, s.src, s.dst, s.op] for s in st.sends]} for st in self.steps
             ],
         }
         if self.symmetries:
@@ -150,7 +151,7 @@ class Schedule:
         data = json.dumps(self.content(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(data).hexdigest()[:16]
 
-    def with_meta(self, **changes: Any) -> "Schedule":
+    def with_meta(self, **changes: Any) -> Schedule:
         return replace(self, meta=replace(self.meta, **changes))
 
     def to_json(self) -> dict:
@@ -214,8 +215,9 @@ def parse_schedule(data: object, source: str) -> Schedule:
     if not isinstance(data, dict):
         raise ScheduleError(f"schedule {source}: (top level): must be a JSON object")
     if data.get("format") not in FORMATS:
-        raise ScheduleError(f"schedule {source}: format: must be {FORMAT!r} or {COMPACT_FORMAT!r}, "
-                            f"got {data.get('format')!r}")
+        raise ScheduleError(
+            f"schedule {source}: format: must be {FORMAT!r} or {COMPACT_FORMAT!r}, got {data.get('format')!r}"
+        )
     try:
         collective = Collective.from_json(data.get("collective"), f"schedule {source}")
     except CollectiveError as e:
@@ -239,28 +241,35 @@ def parse_schedule(data: object, source: str) -> Schedule:
             chunk = _int(s[0], f"{where}.chunk", source)
             if chunk >= collective.nchunks:
                 raise ScheduleError(
-                    f"schedule {source}: {where}.chunk: chunk {chunk} does not exist ({collective.nchunks} chunks)")
+                    f"schedule {source}: {where}.chunk: chunk {chunk} does not exist ({collective.nchunks} chunks)"
+                )
             src = _int(s[1], f"{where}.src", source)
             dst = _int(s[2], f"{where}.dst", source)
             for name, r in (("src", src), ("dst", dst)):
                 if r >= collective.nranks:
                     raise ScheduleError(
-                        f"schedule {source}: {where}.{name}: rank {r} does not exist ({collective.nranks} ranks)")
+                        f"schedule {source}: {where}.{name}: rank {r} does not exist ({collective.nranks} ranks)"
+                    )
             if s[3] not in OPS:
                 raise ScheduleError(f"schedule {source}: {where}.op: must be 'copy' or 'reduce', got {s[3]!r}")
             sends.append(Send(chunk, src, dst, s[3]))
         steps.append(Step(rounds, tuple(sends)))
     meta_doc = data.get("meta", {}) if isinstance(data.get("meta"), dict) else {}
-    for key, kind, what in (("options", dict, "an object"), ("predicted_us", dict, "an object of sizes to µs"),
-                            ("solve_time", (int, float), "a number of seconds")):
+    for key, kind, what in (
+        ("options", dict, "an object"),
+        ("predicted_us", dict, "an object of sizes to µs"),
+        ("solve_time", (int, float), "a number of seconds"),
+    ):
         value = meta_doc.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise ScheduleError(f"schedule {source}: meta.{key}: must be {what}, got {value!r}")
     meta = ScheduleMeta(
-        solver=str(meta_doc.get("solver", "")), options=dict(meta_doc.get("options", {}) or {}),
+        solver=str(meta_doc.get("solver", "")),
+        options=dict(meta_doc.get("options", {}) or {}),
         solve_time=float(meta_doc.get("solve_time", 0.0) or 0.0),
         predicted_us=dict(meta_doc.get("predicted_us", {}) or {}),
-        pct_of_bound=meta_doc.get("pct_of_bound"), notes=str(meta_doc.get("notes", "")),
+        pct_of_bound=meta_doc.get("pct_of_bound"),
+        notes=str(meta_doc.get("notes", "")),
     )
     symmetries = ()
     if data.get("symmetries") is not None:
@@ -281,7 +290,8 @@ def parse_schedule(data: object, source: str) -> Schedule:
     if stated is not None and stated != schedule.content_hash:
         raise ScheduleError(
             f"schedule {source}: hash: the file says {stated} but its content hashes to {schedule.content_hash} "
-            "(edited by hand?)")
+            "(edited by hand?)"
+        )
     return schedule
 
 
@@ -300,12 +310,13 @@ def _symmetry(doc: object, collective: Collective, source: str) -> Symmetry:
             raise ScheduleError(f"schedule {source}: {key}: must be a list of {size} integers")
         for i, v in enumerate(values):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < size:
-                raise ScheduleError(f"schedule {source}: {key}[{i}]: must be an integer in 0..{size - 1}, "
-                                    f"got {v!r}")
+                raise ScheduleError(f"schedule {source}: {key}[{i}]: must be an integer in 0..{size - 1}, got {v!r}")
         maps[key] = tuple(values)
     order = _int(doc.get("order"), "order", source, 1)
     if order > max(collective.nranks, collective.nchunks):
-        raise ScheduleError(f"schedule {source}: order: {order} is more than a permutation of "
-                            f"{max(collective.nranks, collective.nchunks)} needs")
+        raise ScheduleError(
+            f"schedule {source}: order: {order} is more than a permutation of "
+            f"{max(collective.nranks, collective.nchunks)} needs"
+        )
     shift = _int(doc.get("shift", 0), "shift", source, 0)
     return Symmetry(maps["ranks"], maps["chunks"], order, shift)

@@ -39,8 +39,7 @@ from schedules.schedule import Schedule, Send
 from topologies.errors import CheckFailed
 from topologies.topology import SharingGroup, Topology
 
-CHECKS = ("topology", "nranks", "sends", "links", "possession", "writes", "reductions", "capacity",
-          "postconditions")
+CHECKS = ("topology", "nranks", "sends", "links", "possession", "writes", "reductions", "capacity", "postconditions")
 MAX_LISTED = 1000  # errors kept verbatim; a badly wrong schedule can break every one of a million sends
 QUICK_SLOTS = 1 << 20  # (rank, chunk) slots simulated in about a second; beyond, too few sends fail at once
 SLACK = 1e-9  # capacity × rounds is a float; 2.9999999999 chunks of room is 3
@@ -94,19 +93,30 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
     """Check a schedule against a topology; never raises for a wrong schedule, it reports."""
     errors = _Errors()
     collective = schedule.collective
-    require(estimate_bytes(schedule), f"verifying schedule {schedule.name or collective.name} "
-                                      f"({collective.nranks} ranks x {collective.nchunks} chunks)")
+    require(
+        estimate_bytes(schedule),
+        f"verifying schedule {schedule.name or collective.name} "
+        f"({collective.nranks} ranks x {collective.nchunks} chunks)",
+    )
     nsends = schedule.nsends  # a compact schedule's images counted
     if nsends < collective.min_sends and collective.nranks * collective.nchunks > QUICK_SLOTS:
         # refuted without simulating (which would take minutes); a smaller schedule is simulated for its errors
-        return Verification(False, (f"postcondition: {nsends} send{'s' * (nsends != 1)}, but {collective.name} of "
-                                    f"{collective.nchunks} chunks on {collective.nranks} ranks needs at least "
-                                    f"{collective.min_sends}",), ("sends", "postconditions"))
+        return Verification(
+            False,
+            (
+                f"postcondition: {nsends} send{'s' * (nsends != 1)}, but {collective.name} of "
+                f"{collective.nchunks} chunks on {collective.nranks} ranks needs at least "
+                f"{collective.min_sends}",
+            ),
+            ("sends", "postconditions"),
+        )
     if not topology.known_as(schedule.topology):
         errors.add(_fingerprint_error(schedule.topology, topology))
     if collective.nranks != topology.nranks:
-        errors.add(f"collective {collective.name}: nranks: {collective.nranks} ranks, "
-                   f"but topology {topology.name} has {topology.nranks}")
+        errors.add(
+            f"collective {collective.name}: nranks: {collective.nranks} ranks, "
+            f"but topology {topology.name} has {topology.nranks}"
+        )
         return Verification(False, tuple(errors.lines), ("topology", "nranks"))
     if schedule.symmetries:
         problems = compact.symmetry_errors(schedule)
@@ -200,7 +210,7 @@ def _sends_by_step(arrays: SendTable, keep: np.ndarray, nsteps: int) -> list[lis
     ops = np.where(arrays.reduce[keep], "reduce", "copy").tolist()
     sends = list(map(Send, arrays.chunk[keep].tolist(), arrays.src[keep].tolist(), arrays.dst[keep].tolist(), ops))
     bounds = np.searchsorted(step, np.arange(nsteps + 1)).tolist()
-    return [sends[bounds[i]:bounds[i + 1]] for i in range(nsteps)]
+    return [sends[bounds[i] : bounds[i + 1]] for i in range(nsteps)]
 
 
 def _links(arrays: SendTable, nranks: int, fabric: FabricIndex) -> np.ndarray:
@@ -212,8 +222,7 @@ def _links(arrays: SendTable, nranks: int, fabric: FabricIndex) -> np.ndarray:
 
 
 def _send_at(arrays: SendTable, i: int) -> Send:
-    return Send(int(arrays.chunk[i]), int(arrays.src[i]), int(arrays.dst[i]),
-                "reduce" if arrays.reduce[i] else "copy")
+    return Send(int(arrays.chunk[i]), int(arrays.src[i]), int(arrays.dst[i]), "reduce" if arrays.reduce[i] else "copy")
 
 
 def _check_sends(arrays: SendTable, nranks: int, nchunks: int, fabric: FabricIndex, errors: _Errors) -> np.ndarray:
@@ -223,7 +232,7 @@ def _check_sends(arrays: SendTable, nranks: int, nchunks: int, fabric: FabricInd
     link = np.full(len(arrays.step), -1, np.int64)
     fine = ~(bad_chunk | bad_rank)
     link[fine] = fabric.link_index(arrays.src[fine], arrays.dst[fine])
-    for i in np.flatnonzero(link < 0)[:MAX_LISTED + 1].tolist():
+    for i in np.flatnonzero(link < 0)[: MAX_LISTED + 1].tolist():
         send = _send_at(arrays, i)
         where = f"step {arrays.step[i]} send {_describe(send)}"
         if bad_chunk[i]:
@@ -246,16 +255,26 @@ def _check_capacity(arrays: SendTable, link: np.ndarray, fabric: FabricIndex, er
     for row in np.flatnonzero(loads.link_count > link_room).tolist():
         step, key = int(loads.link_step[row]), int(fabric.link_keys[loads.link[row]])
         src, dst = divmod(key, fabric.topology.nranks)
-        found.append((step, f"step {step}: link {src}->{dst} carries {loads.link_count[row]} chunks, over its "
-                            f"capacity of {link_room[row]:.0f} ({arrays.rounds[step]} rounds x "
-                            f"{link_chunks[row]:g} chunks per round)"))
+        found.append(
+            (
+                step,
+                f"step {step}: link {src}->{dst} carries {loads.link_count[row]} chunks, over its "
+                f"capacity of {link_room[row]:.0f} ({arrays.rounds[step]} rounds x "
+                f"{link_chunks[row]:g} chunks per round)",
+            )
+        )
     group_chunks = fabric.group_bandwidth[loads.group] / unit
     group_room = np.floor(group_chunks * arrays.rounds[loads.group_step] + SLACK)
     for row in np.flatnonzero(loads.group_count > group_room).tolist():
         step, group = int(loads.group_step[row]), fabric.topology.sharing[loads.group[row]]
-        found.append((step, f"step {step}: sharing group {_describe_group(group)} carries {loads.group_count[row]} "
-                            f"chunks, over its capacity of {group_room[row]:.0f} ({arrays.rounds[step]} rounds x "
-                            f"{group_chunks[row]:g} chunks per round)"))
+        found.append(
+            (
+                step,
+                f"step {step}: sharing group {_describe_group(group)} carries {loads.group_count[row]} "
+                f"chunks, over its capacity of {group_room[row]:.0f} ({arrays.rounds[step]} rounds x "
+                f"{group_chunks[row]:g} chunks per round)",
+            )
+        )
     for _, line in sorted(found, key=lambda item: item[0]):
         errors.add(line)
 
@@ -273,8 +292,10 @@ def _apply_step(index: int, sends: list[Send], state: list[int], schedule: Sched
     writes: dict[int, list] = {}  # state slot -> [op, mask, first send]
     for send in sends:
         if send.op == "reduce" and not combining:
-            errors.add(f"step {index} send {_describe(send)}: reduce in {schedule.collective.name}, "
-                       "a collective that does not combine")
+            errors.add(
+                f"step {index} send {_describe(send)}: reduce in {schedule.collective.name}, "
+                "a collective that does not combine"
+            )
             continue
         mask = state[send.src * nchunks + send.chunk]
         if not mask:
@@ -285,12 +306,16 @@ def _apply_step(index: int, sends: list[Send], state: list[int], schedule: Sched
         if pending is None:
             writes[slot] = [send.op, mask, send]
         elif pending[0] == "copy" or send.op == "copy":
-            errors.add(f"step {index} send {_describe(send)}: rank {send.dst} also receives "
-                       f"{_describe(pending[2])} for chunk {send.chunk} in this step, and one of them is a copy")
+            errors.add(
+                f"step {index} send {_describe(send)}: rank {send.dst} also receives "
+                f"{_describe(pending[2])} for chunk {send.chunk} in this step, and one of them is a copy"
+            )
         elif pending[1] & mask:
-            errors.add(f"step {index} send {_describe(send)}: double-counted: chunk {send.chunk} reaches rank "
-                       f"{send.dst} twice in this step with the contribution of rank(s) "
-                       f"{_ranks_in(pending[1] & mask)}")
+            errors.add(
+                f"step {index} send {_describe(send)}: double-counted: chunk {send.chunk} reaches rank "
+                f"{send.dst} twice in this step with the contribution of rank(s) "
+                f"{_ranks_in(pending[1] & mask)}"
+            )
             pending[1] |= mask
         else:
             pending[1] |= mask
@@ -300,13 +325,16 @@ def _apply_step(index: int, sends: list[Send], state: list[int], schedule: Sched
             continue
         held = state[slot]
         if held & mask:
-            errors.add(f"step {index} send {_describe(send)}: double-counted: rank {send.dst} already holds the "
-                       f"contribution of rank(s) {_ranks_in(held & mask)} to chunk {send.chunk}")
+            errors.add(
+                f"step {index} send {_describe(send)}: double-counted: rank {send.dst} already holds the "
+                f"contribution of rank(s) {_ranks_in(held & mask)} to chunk {send.chunk}"
+            )
         state[slot] = held | mask
 
 
-def _check_postconditions(state: list[int], schedule: Schedule, errors: _Errors,
-                          wanted_chunks: np.ndarray | None = None) -> None:
+def _check_postconditions(
+    state: list[int], schedule: Schedule, errors: _Errors, wanted_chunks: np.ndarray | None = None
+) -> None:
     """``wanted_chunks``: a mask of the chunks to check (a compact schedule's orbit representatives)."""
     collective = schedule.collective
     nchunks = collective.nchunks
@@ -323,14 +351,15 @@ def _check_postconditions(state: list[int], schedule: Schedule, errors: _Errors,
         if full is None:
             short = [c for c in wanted if not state[base + c]]
             if short:
-                errors.add(f"postcondition: rank {rank} lacks chunk(s) {_first(short)} "
-                           f"({len(short)} of {len(wanted)})")
+                errors.add(f"postcondition: rank {rank} lacks chunk(s) {_first(short)} ({len(short)} of {len(wanted)})")
             continue
         short = [c for c in wanted if state[base + c] != full]
         if short:
             missing = full & ~state[base + short[0]]
-            errors.add(f"postcondition: rank {rank} lacks the full sum of chunk(s) {_first(short)} "
-                       f"({len(short)} of {len(wanted)}; chunk {short[0]} misses rank(s) {_ranks_in(missing)})")
+            errors.add(
+                f"postcondition: rank {rank} lacks the full sum of chunk(s) {_first(short)} "
+                f"({len(short)} of {len(wanted)}; chunk {short[0]} misses rank(s) {_ranks_in(missing)})"
+            )
 
 
 def _first(chunks: list[int], limit: int = 6) -> str:

@@ -14,8 +14,8 @@ baselines and the tree packing, which run in seconds on every catalog topology.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from schedules.collectives import Collective
 from schedules.cost import predict_us
@@ -37,8 +37,12 @@ class SizeBand:
     predicted_us: dict[int, float]
 
 
-def candidates(topology: Topology, collective: Collective, chunk_options: Iterable[int] = (1, 2, 8),
-               progress: Callable[[str], None] | None = None) -> list[Schedule]:
+def candidates(
+    topology: Topology,
+    collective: Collective,
+    chunk_options: Iterable[int] = (1, 2, 8),
+    progress: Callable[[str], None] | None = None,
+) -> list[Schedule]:
     """Every baseline (2DH included, on several hosts) and tree schedule that exists for this topology and collective, at several chunkings."""
     from synth import baselines, trees
 
@@ -69,13 +73,21 @@ def reduce_broadcast_trees(topology: Topology, collective: Collective) -> Schedu
     from synth.milp.reduce_broadcast import pipelined_trees
 
     if topology.nranks > MAX_REDUCE_BROADCAST_RANKS:
-        raise NotApplicable(f"reduce-broadcast trees are built for up to {MAX_REDUCE_BROADCAST_RANKS} ranks, "
-                            f"{topology.name} has {topology.nranks}")
+        raise NotApplicable(
+            f"reduce-broadcast trees are built for up to {MAX_REDUCE_BROADCAST_RANKS} ranks, "
+            f"{topology.name} has {topology.nranks}"
+        )
     fabric = topology.without_switches()
-    steps = tuple(Step(rounds_for(fabric, list(st.sends)), st.sends)
-                  for st in pipelined_trees(topology, fabric, collective))
-    return Schedule(collective, topology.fingerprint, steps, f"reduce-broadcast-allreduce-{topology.name}",
-                    ScheduleMeta(solver="reduce-broadcast", options={"chunks": collective.chunks}))
+    steps = tuple(
+        Step(rounds_for(fabric, list(st.sends)), st.sends) for st in pipelined_trees(topology, fabric, collective)
+    )
+    return Schedule(
+        collective,
+        topology.fingerprint,
+        steps,
+        f"reduce-broadcast-allreduce-{topology.name}",
+        ScheduleMeta(solver="reduce-broadcast", options={"chunks": collective.chunks}),
+    )
 
 
 def frontier(schedules: Iterable[Schedule], topology: Topology, sizes: tuple[int, ...] = SIZES) -> list[SizeBand]:

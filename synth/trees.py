@@ -22,11 +22,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from fractions import Fraction
+from functools import cached_property
 from math import gcd, lcm
-from typing import Callable
 
 from schedules.bounds import allgather_cut_bound, exact, rooted_cut_capacity
 from schedules.collectives import Collective
@@ -37,8 +37,20 @@ from topologies.topology import Topology
 
 SLACK = 1e-9  # the verifier's float slack on capacity × rounds
 # Fractions of the optimal unit tried, in turn, when the greedy packing runs out of room at the optimum.
-UNIT_STEPS = (1, Fraction(99, 100), Fraction(49, 50), Fraction(24, 25), Fraction(47, 50), Fraction(23, 25),
-              Fraction(9, 10), Fraction(17, 20), Fraction(4, 5), Fraction(3, 4), Fraction(2, 3), Fraction(1, 2))
+UNIT_STEPS = (
+    1,
+    Fraction(99, 100),
+    Fraction(49, 50),
+    Fraction(24, 25),
+    Fraction(47, 50),
+    Fraction(23, 25),
+    Fraction(9, 10),
+    Fraction(17, 20),
+    Fraction(4, 5),
+    Fraction(3, 4),
+    Fraction(2, 3),
+    Fraction(1, 2),
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +66,7 @@ class TreeOptions:
     size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.size is not None and (not isinstance(self.size, int) or isinstance(self.size, bool)
-                                      or self.size < 1):
+        if self.size is not None and (not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1):
             raise SynthesisError(f"trees: size: must be a positive number of bytes, got {self.size!r}")
 
 
@@ -81,8 +92,10 @@ class Forest:
         return [t for t in self.trees if t.root == root]
 
     def describe(self) -> str:
-        return (f"{self.per_root} tree{'s' * (self.per_root != 1)} per root of {float(self.unit):g} GB/s each: "
-                f"{self.pct_of_optimal:.1f}% of the optimal {float(self.optimum):g} GB/s")
+        return (
+            f"{self.per_root} tree{'s' * (self.per_root != 1)} per root of {float(self.unit):g} GB/s each: "
+            f"{self.pct_of_optimal:.1f}% of the optimal {float(self.optimum):g} GB/s"
+        )
 
 
 def _rational_gcd(values: list[Fraction]) -> Fraction:
@@ -116,11 +129,14 @@ def forest(topology: Topology, roots: tuple[int, ...], optimum: Fraction, option
             trees = pack_exact(topology, roots, per_root, unit, deadline)
         if trees is not None:
             return Forest(topology, trees, per_root, unit, optimum)
-    raise NotApplicable(f"trees on {topology.name}: no packing of {per_root} tree{'s' * (per_root != 1)} per root found "
-                        f"at {float(UNIT_STEPS[-1]):.0%} of the optimal rate or above")
+    raise NotApplicable(
+        f"trees on {topology.name}: no packing of {per_root} tree{'s' * (per_root != 1)} per root found "
+        f"at {float(UNIT_STEPS[-1]):.0%} of the optimal rate or above"
+    )
 
 
 # ---- from trees to steps ------------------------------------------------------------------------
+
 
 def _broadcast_sends(forest: Forest, root: int, chunks: list[int]) -> dict[int, list[Send]]:
     """Step -> sends that pipeline ``chunks`` of root down its trees, chunk j on tree j mod k."""
@@ -166,8 +182,9 @@ def _fabric(topology: Topology) -> _Fabric:
                 users.update(hop.links)
     shared = {k: capacity[k] for k, n in users.items() if n > 1}
     unit = min(list(pair_capacity.values()) + list(shared.values()))
-    return _Fabric(pair_links, {p: c / unit for p, c in pair_capacity.items()},
-                   {k: c / unit for k, c in shared.items()})
+    return _Fabric(
+        pair_links, {p: c / unit for p, c in pair_capacity.items()}, {k: c / unit for k, c in shared.items()}
+    )
 
 
 def _rounds(sends: list[Send], fabric: _Fabric) -> int:
@@ -192,13 +209,18 @@ def _steps(topology: Topology, phases: list[list[Send]]) -> tuple[Step, ...]:
 
 # ---- collectives --------------------------------------------------------------------------------
 
+
 def _check(topology: Topology, collective: Collective) -> None:
     if collective.nranks != topology.nranks:
-        raise SynthesisError(f"trees: collective {collective.name} has {collective.nranks} ranks, "
-                             f"topology {topology.name} has {topology.nranks}")
+        raise SynthesisError(
+            f"trees: collective {collective.name} has {collective.nranks} ranks, "
+            f"topology {topology.name} has {topology.nranks}"
+        )
     if collective.name in ("gather", "scatter", "alltoall"):
-        raise NotApplicable(f"trees: {collective.name} sends different data to each rank; spanning trees "
-                            "carry the same data to all (use direct or milp)")
+        raise NotApplicable(
+            f"trees: {collective.name} sends different data to each rank; spanning trees "
+            "carry the same data to all (use direct or milp)"
+        )
     if topology.nranks < 2:
         raise NotApplicable(f"trees: {topology.name} has one rank; there is nothing to send")
 
@@ -245,8 +267,12 @@ def schedule(topology: Topology, collective: Collective, forests: list[Forest]) 
     return Schedule(collective, topology.fingerprint, _steps(topology, phases), f"trees-{name}-k{k}-c{c}")
 
 
-def solve(topology: Topology, collective: Collective, options: TreeOptions = TreeOptions(),
-          progress: Callable[[str], None] | None = None) -> Schedule:
+def solve(
+    topology: Topology,
+    collective: Collective,
+    options: TreeOptions = TreeOptions(),
+    progress: Callable[[str], None] | None = None,
+) -> Schedule:
     """A pipelined spanning-tree schedule; ``collective.chunks`` chunks per tree root, one tree each, or with
     ``options.size`` the chunk count fastest at that size."""
     start = time.monotonic()
@@ -268,8 +294,7 @@ def solve(topology: Topology, collective: Collective, options: TreeOptions = Tre
     options_doc = {"k": forests[-1].per_root, "symmetric": options.symmetric}
     if options.size is not None:
         options_doc["size"] = options.size
-    return result.with_meta(solver="trees", options=options_doc, solve_time=time.monotonic() - start,
-                            notes=notes)
+    return result.with_meta(solver="trees", options=options_doc, solve_time=time.monotonic() - start, notes=notes)
 
 
 # ---- the compact form: one wave and a wave count --------------------------------------------------
@@ -278,15 +303,17 @@ MAX_WAVES = 1024  # the most waves (chunks per tree) best_waves considers
 MAX_SENDS = 4_000_000  # a written-out schedule stays under this many sends, so 1024-rank schedules fit in memory
 
 
-def default_waves(pipe: "Pipeline", size: int, progress: Callable[[str], None] | None = None) -> int:
+def default_waves(pipe: Pipeline, size: int, progress: Callable[[str], None] | None = None) -> int:
     """Chunks per tree: the count the cost model finds fastest at ``size`` (pipeline fill against per-step
     latency), capped where the written-out schedule would pass MAX_SENDS sends."""
     best = pipe.best_waves(size)
     cap = max(1, MAX_SENDS // max(1, pipe.sends_per_wave))
     if best > cap and progress:
-        progress(f"trees: {best} waves are fastest at {size} B ({pipe.predict_us(size, best):.1f} µs); "
-                 f"the written-out schedule stops at {cap} ({pipe.predict_us(size, cap):.1f} µs, {MAX_SENDS} sends); "
-                 "synth.trees.pipeline keeps the compact form")
+        progress(
+            f"trees: {best} waves are fastest at {size} B ({pipe.predict_us(size, best):.1f} µs); "
+            f"the written-out schedule stops at {cap} ({pipe.predict_us(size, cap):.1f} µs, {MAX_SENDS} sends); "
+            "synth.trees.pipeline keeps the compact form"
+        )
     return min(best, cap)
 
 
@@ -316,7 +343,7 @@ class Pipeline:
     def sends_per_wave(self) -> int:
         return sum(len(layer) for phase in self.phases for layer in phase)
 
-    def with_waves(self, waves: int) -> "Pipeline":
+    def with_waves(self, waves: int) -> Pipeline:
         if not isinstance(waves, int) or waves < 1:
             raise SynthesisError(f"trees: waves: must be a positive integer, got {waves!r}")
         return Pipeline(self.topology, self.collective, self.forests, self.phases, waves)
@@ -330,8 +357,9 @@ class Pipeline:
         return schedule(self.topology, self.sized(), list(self.forests))
 
     def _intervals(self) -> list[tuple[int, int, int]]:
-        return [(p, a, b) for p, phase in enumerate(self.phases) for a in range(len(phase))
-                for b in range(a, len(phase))]
+        return [
+            (p, a, b) for p, phase in enumerate(self.phases) for a in range(len(phase)) for b in range(a, len(phase))
+        ]
 
     @cached_property
     def _shape_loads(self):
@@ -375,8 +403,7 @@ class Pipeline:
         chunk_bytes = self.sized(waves).chunk_bytes(nbytes)
         index = {shape: i for i, shape in enumerate(self._intervals())}
         steps = self._shape_loads.steps
-        return math.fsum(n * steps[index[shape]].time_us(chunk_bytes)
-                         for shape, n in self.shape_counts(waves).items())
+        return math.fsum(n * steps[index[shape]].time_us(chunk_bytes) for shape, n in self.shape_counts(waves).items())
 
     def compact(self) -> Schedule:
         """The pipelined allgather in compact form (``weft.schedule/2``): the first wave listed, layer by layer,
@@ -391,8 +418,9 @@ class Pipeline:
         root, lane = np.divmod(np.arange(sized.nchunks), k * p)
         wave, tree = np.divmod(lane, k)
         tau = root * k * p + ((wave + 1) % p) * k + tree
-        layers = [[Send((s.chunk // k) * k * p + s.chunk % k, s.src, s.dst, s.op) for s in layer]
-                  for layer in self.phases[0]]
+        layers = [
+            [Send((s.chunk // k) * k * p + s.chunk % k, s.src, s.dst, s.op) for s in layer] for layer in self.phases[0]
+        ]
         fabric = _fabric(self.topology)
         rounds_of: dict[tuple[int, int], int] = {}
         step_rounds = []
@@ -403,8 +431,14 @@ class Pipeline:
             step_rounds.append(rounds_of[span])
         steps = tuple(Step(_rounds(layer, fabric), tuple(layer)) for layer in layers)
         symmetry = Symmetry(tuple(range(n)), tuple(tau.tolist()), p, shift=1)
-        return Schedule(sized, self.topology.fingerprint, steps, f"trees-allgather-k{k}-c{sized.chunks}",
-                        symmetries=(symmetry,), step_rounds=tuple(step_rounds))
+        return Schedule(
+            sized,
+            self.topology.fingerprint,
+            steps,
+            f"trees-allgather-k{k}-c{sized.chunks}",
+            symmetries=(symmetry,),
+            step_rounds=tuple(step_rounds),
+        )
 
     def best_waves(self, nbytes: float, max_waves: int = MAX_WAVES) -> int:
         """The wave count the cost model finds fastest for nbytes: enough to fill the pipeline, and no more
@@ -412,8 +446,12 @@ class Pipeline:
         return min(range(1, max_waves + 1), key=lambda p: (self.predict_us(nbytes, p), p))
 
 
-def pipeline(topology: Topology, collective: Collective, forests: list[Forest] | None = None,
-             options: TreeOptions = TreeOptions()) -> Pipeline:
+def pipeline(
+    topology: Topology,
+    collective: Collective,
+    forests: list[Forest] | None = None,
+    options: TreeOptions = TreeOptions(),
+) -> Pipeline:
     """The compact pipelined schedule of a collective: one wave over its forests (waves=1; see Pipeline)."""
     forests = forests if forests is not None else forests_for(topology, collective, options)
     k = lcm(*(f.per_root for f in forests))

@@ -26,8 +26,9 @@ def shared_nic_fabric() -> Topology:
         links += [Link(r, tx, 16.0, 1.0), Link(rx, r, 16.0, 1.0)]
     for h in range(2):
         links += [Link(f"h{h}.tx", "ib", 12.5, 1.0), Link("ib", f"h{h}.rx", 12.5, 1.0)]
-    return Topology("shared_nic", 4, tuple(links), switches=("h0.tx", "h0.rx", "h1.tx", "h1.rx", "ib"),
-                    hosts=(0, 0, 1, 1))
+    return Topology(
+        "shared_nic", 4, tuple(links), switches=("h0.tx", "h0.rx", "h1.tx", "h1.rx", "ib"), hosts=(0, 0, 1, 1)
+    )
 
 
 def shared_hub_fabric() -> Topology:
@@ -43,8 +44,10 @@ def shared_hub_fabric() -> Topology:
 def random_steps(draw):
     """Steps of chunk 0 sends between random rank pairs of mixed_fabric()."""
     pairs = st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda p: p[0] != p[1])
-    return tuple(Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
-                 for _ in range(draw(st.integers(1, 4))))
+    return tuple(
+        Step(draw(st.integers(1, 3)), tuple(Send(0, s, d) for s, d in draw(st.lists(pairs, max_size=14))))
+        for _ in range(draw(st.integers(1, 4)))
+    )
 
 
 def ring_files(folder: Path) -> tuple[Path, Path]:

@@ -25,8 +25,10 @@ def test_the_example_runs_and_prints_one_short_line_per_result(tmp_path, capsys,
 
 def test_the_api_trees_schedule_at_1gb_is_the_clis(tmp_path, capsys):
     out = tmp_path / "trees.json"
-    assert main(["synth", "allgather", "-t", "hgx_h100:nodes=2", "--method", "trees", "--size", "1GB",
-                 "-o", str(out)]) == 0
+    assert (
+        main(["synth", "allgather", "-t", "hgx_h100:nodes=2", "--method", "trees", "--size", "1GB", "-o", str(out)])
+        == 0
+    )
     capsys.readouterr()
     cli = json.loads(out.read_text())
     api = weft.synthesize("hgx_h100:nodes=2", "allgather", "trees", size="1GB")

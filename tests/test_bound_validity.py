@@ -13,10 +13,10 @@ import json
 from fractions import Fraction
 
 import pytest
+from fabrics import shared_hub_fabric, shared_nic_fabric
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabrics import shared_hub_fabric, shared_nic_fabric
 from schedules.bounds import allgather_cut_bound, bandwidth_factor, lower_bound_us
 from schedules.collectives import NAMES, Collective
 from schedules.cost import predict_us
@@ -98,8 +98,10 @@ def _assert_above_bounds(schedule: Schedule, topology: Topology) -> None:
         assert predict_us(schedule, topology, size) >= bound * (1 - 1e-9), (schedule.name, size)
 
 
-@pytest.mark.parametrize("spec", ["line:n=3", "line:n=5", "ring:n=5", "switch:n=4", "dgx1", "ndv2:nodes=2",
-                                  "torus2d:x=3,y=2", "hgx_h100:nodes=2"])
+@pytest.mark.parametrize(
+    "spec",
+    ["line:n=3", "line:n=5", "ring:n=5", "switch:n=4", "dgx1", "ndv2:nodes=2", "torus2d:x=3,y=2", "hgx_h100:nodes=2"],
+)
 @pytest.mark.parametrize("name", NAMES)
 def test_no_baseline_or_tree_schedule_beats_a_bound(spec, name):
     topology = build(spec)

@@ -6,14 +6,19 @@ import itertools
 from fractions import Fraction
 
 import pytest
+from fabrics import shared_nic_fabric
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedules.bounds import (
-    allgather_cut_bound, bandwidth_bound_us, bandwidth_factor, bottleneck_cut, latency_bound_us, lower_bound_us,
+    allgather_cut_bound,
+    bandwidth_bound_us,
+    bandwidth_factor,
+    bottleneck_cut,
+    latency_bound_us,
+    lower_bound_us,
     rank_ingress,
 )
-from fabrics import shared_nic_fabric
 from schedules.collectives import Collective
 from schedules.symmetry import rank_orbits
 from topologies.catalog import build
@@ -142,8 +147,10 @@ def _brute_force(topology: Topology) -> Fraction:
 def small_fabrics(draw) -> Topology:
     n = draw(st.integers(2, 4))
     vertices: list = list(range(n)) + (["sw"] if draw(st.booleans()) else [])
-    links = [Link(v, vertices[(i + 1) % len(vertices)], draw(st.sampled_from([10.0, 25.0, 50.0])))
-             for i, v in enumerate(vertices)]  # a cycle keeps it strongly connected
+    links = [
+        Link(v, vertices[(i + 1) % len(vertices)], draw(st.sampled_from([10.0, 25.0, 50.0])))
+        for i, v in enumerate(vertices)
+    ]  # a cycle keeps it strongly connected
     taken = {l.key for l in links}
     for a, b in itertools.permutations(vertices, 2):
         if (a, b) not in taken and draw(st.booleans()):

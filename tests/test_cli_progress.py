@@ -9,8 +9,12 @@ from schedules.calibration import CalibrationError
 from weft.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = ("direct-allreduce-hgx_h200:gpus=2-ll-x1", "twoshot-allreduce-hgx_h200:gpus=2-simple-x32",
-         "direct-allreduce-hgx_h200:gpus=2-ll-x8", "direct-allreduce-hgx_h200:gpus=2-simple-x1")
+PLANS = (
+    "direct-allreduce-hgx_h200:gpus=2-ll-x1",
+    "twoshot-allreduce-hgx_h200:gpus=2-simple-x32",
+    "direct-allreduce-hgx_h200:gpus=2-ll-x8",
+    "direct-allreduce-hgx_h200:gpus=2-simple-x1",
+)
 
 
 def test_topo_calibrate_reports_each_results_file_and_the_fit(tmp_path, capsys, monkeypatch):
@@ -50,7 +54,10 @@ def test_compile_reports_codegen_and_each_proof_on_stderr(tmp_path, capsys, monk
 
 def test_synth_commit_reports_every_plan_it_proves(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WEFT_REGISTRY", str(tmp_path / "registry"))
-    assert main(["synth", "allreduce", "-t", "fully_connected:n=4", "--method", "pareto", "--commit", "-o", str(tmp_path)]) == 0
+    assert (
+        main(["synth", "allreduce", "-t", "fully_connected:n=4", "--method", "pareto", "--commit", "-o", str(tmp_path)])
+        == 0
+    )
     out, err = capsys.readouterr()
     committed = [line for line in out.splitlines() if "committed as" in line]
     assert len(committed) == sum(line.startswith("committing ") for line in err.splitlines()) >= 2

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fabrics import ring_files
+
 from schedules.collectives import Collective, CollectiveError
 from weft.cli import main
 from weft.units import SizeError, parse_bytes
@@ -62,7 +62,7 @@ def test_binary_units_are_read_in_any_case():
 def test_a_schedule_with_rounds_2_to_the_63_is_refused(capsys, files, tmp_path, command):
     doc = json.loads(files["schedule"].read_text())
     doc.pop("hash", None)
-    doc["steps"][0]["rounds"] = 2 ** 63
+    doc["steps"][0]["rounds"] = 2**63
     path = tmp_path / "big.json"
     path.write_text(json.dumps(doc))
     argv = [command, str(path), "-t", "ring:n=4"] + (["-o", str(tmp_path / "p.json")] if command == "compile" else [])
@@ -91,8 +91,10 @@ def test_empty_dtypes_are_refused(capsys, files, dtypes):
     assert "--dtypes" in _one_line_refusal(capsys, ["verify", str(files["plan"]), "--dtypes", dtypes])
 
 
-@pytest.mark.parametrize("flag,value", [("--instances", "1,,2"), ("--instances", ""), ("--threads", "256,"),
-                                         ("--pipeline", "x"), ("--protocols", ",")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [("--instances", "1,,2"), ("--instances", ""), ("--threads", "256,"), ("--pipeline", "x"), ("--protocols", ",")],
+)
 def test_tune_refuses_empty_or_bad_list_items(capsys, flag, value):
     err = _one_line_refusal(capsys, ["tune", "allreduce", "-t", "hgx_h200:gpus=2", "--dry-run", flag, value])
     assert flag in err
@@ -110,7 +112,9 @@ def test_no_doubled_prefix(capsys):
 
 
 def test_one_tree_per_root_is_singular(capsys, tmp_path):
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "trees", "--k", "1", "-o",
-                 str(tmp_path / "t.json")]) == 0
+    assert (
+        main(["synth", "allgather", "-t", "ring:n=4", "--method", "trees", "--k", "1", "-o", str(tmp_path / "t.json")])
+        == 0
+    )
     err = capsys.readouterr().err
     assert "trees: 1 tree per root" in err and "1 trees" not in err, err

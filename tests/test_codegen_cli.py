@@ -96,8 +96,19 @@ def test_compile_and_verify_records_predictions_and_checks():
     topology = build("fully_connected:n=4")
     plan = pipeline.compile_and_verify(baselines.direct(topology, Collective("allreduce", 4)), topology)
     # the table `synth --commit` stores (issue 38): 1 KB to 1 GB in powers of 4, and what made it
-    assert plan.protocol == "LL" and list(plan.weft.predicted_us) == ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB",
-                                                                      "4MB", "16MB", "64MB", "256MB", "1GB"]
+    assert plan.protocol == "LL" and list(plan.weft.predicted_us) == [
+        "1KB",
+        "4KB",
+        "16KB",
+        "64KB",
+        "256KB",
+        "1MB",
+        "4MB",
+        "16MB",
+        "64MB",
+        "256MB",
+        "1GB",
+    ]
     assert plan.weft.prediction.startswith("alpha-beta model")
     assert pipeline.is_verified(plan)
 
@@ -115,10 +126,13 @@ def test_compile_to_an_unwritable_path_is_one_line_naming_it(ring_schedule, tmp_
     assert list((tmp_path / "folder").iterdir()) == []
 
 
-@pytest.mark.parametrize("field, value, where", [
-    (("gpus", 0, "output_chunks"), 2 ** 70, "gpus[0].output_chunks: at most"),
-    (("weft", "predicted_us", "1KB"), "fast", "weft.predicted_us.1KB: must be a time in µs"),
-])
+@pytest.mark.parametrize(
+    "field, value, where",
+    [
+        (("gpus", 0, "output_chunks"), 2**70, "gpus[0].output_chunks: at most"),
+        (("weft", "predicted_us", "1KB"), "fast", "weft.predicted_us.1KB: must be a time in µs"),
+    ],
+)
 def test_a_plan_field_out_of_range_is_one_line_naming_the_file_and_field(tmp_path, capsys, field, value, where):
     doc = json.loads((FIXTURES / "allpairs_allreduce_2_ll.json").read_text())
     doc.setdefault("weft", {}).setdefault("predicted_us", {})
@@ -128,8 +142,10 @@ def test_a_plan_field_out_of_range_is_one_line_naming_the_file_and_field(tmp_pat
     target[field[-1]] = value
     bad = tmp_path / "bad.plan.json"
     bad.write_text(json.dumps(doc))
-    for argv in (["verify", str(bad)], ["registry", "commit", str(bad), "-t", "hgx_h200:gpus=2", "--registry",
-                                        str(tmp_path / "reg")]):
+    for argv in (
+        ["verify", str(bad)],
+        ["registry", "commit", str(bad), "-t", "hgx_h200:gpus=2", "--registry", str(tmp_path / "reg")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"weft: error: plan {bad}: {where}") and err.count("\n") == 1
@@ -147,8 +163,10 @@ def test_a_malformed_schedule_meta_field_is_one_line_naming_it(ring_schedule, tm
     doc = json.loads(ring_schedule.read_text())
     doc["meta"][key] = value
     ring_schedule.write_text(json.dumps(doc))
-    for argv in (["verify", str(ring_schedule), "-t", "ring:n=4"],
-                 ["compile", str(ring_schedule), "-t", "ring:n=4", "-o", str(tmp_path / "o.json")]):
+    for argv in (
+        ["verify", str(ring_schedule), "-t", "ring:n=4"],
+        ["compile", str(ring_schedule), "-t", "ring:n=4", "-o", str(tmp_path / "o.json")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"weft: error: schedule {ring_schedule}: meta.{key}: must be ") and err.count("\n") == 1

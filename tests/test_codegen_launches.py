@@ -121,7 +121,8 @@ def test_ll_broadcast_gates_the_roots_channels_only():
 
 def test_ring_allgather_that_puts_into_peer_outputs_is_gated_and_safe():
     schedule = baselines.ring(FC4, Collective("allgather", 4))
-    assert _gated("ring", "allgather", packets=False) == {(s.src, s.dst, 0) for st in schedule.explicit().steps
-                                                           for s in st.sends}
+    assert _gated("ring", "allgather", packets=False) == {
+        (s.src, s.dst, 0) for st in schedule.explicit().steps for s in st.sends
+    }
     plan = _compile("ring", "allgather", "simple", instances=2)
     assert check_plan(plan, check_sizes(plan)[:1], ("fp32",)).ok

@@ -23,8 +23,12 @@ FABRICS = {  # where each baseline exists: the ring on any cycle, direct on all 
     "twoshot": ("fully_connected:n=4", "hgx_h100:nodes=2"),
     "rhd": ("hypercube:d=3", "hgx_h100:nodes=2"),
 }
-NAMES = {"ring": SYMMETRIC, "direct": ("allgather", "reducescatter", "alltoall"), "twoshot": ("allreduce",),
-         "rhd": SYMMETRIC}
+NAMES = {
+    "ring": SYMMETRIC,
+    "direct": ("allgather", "reducescatter", "alltoall"),
+    "twoshot": ("allreduce",),
+    "rhd": SYMMETRIC,
+}
 CASES = [(spec, method, name) for method, specs in FABRICS.items() for spec in specs for name in NAMES[method]]
 SIZES = (1 << 10, 3 << 20, 1 << 30)
 
@@ -73,8 +77,8 @@ def test_a_compact_schedule_missing_one_listed_send_is_refused_as_its_expansion_
     topology, schedule = _compact("ring:n=4", "ring", "allreduce")
     for i, step in enumerate(schedule.steps):
         for j in range(len(step.sends)):
-            sends = step.sends[:j] + step.sends[j + 1:]
-            broken = replace(schedule, steps=schedule.steps[:i] + (Step(step.rounds, sends),) + schedule.steps[i + 1:])
+            sends = step.sends[:j] + step.sends[j + 1 :]
+            broken = replace(schedule, steps=schedule.steps[:i] + (Step(step.rounds, sends),) + schedule.steps[i + 1 :])
             assert not verify(broken, topology).ok
             assert not verify(expand(broken), topology).ok
 
@@ -121,6 +125,7 @@ def test_writing_out_past_the_limit_is_refused_in_one_line(monkeypatch):
 
 # ---- waves: a pipelined tree allgather, one wave listed and shifted ----------------------------------------
 
+
 def _pipelined(spec: str, waves: int):
     from synth.trees import pipeline
 
@@ -139,7 +144,8 @@ def test_a_compact_pipeline_is_the_expanded_one_and_prices_as_the_pipeline_predi
     assert [sorted(map(repr, a.sends)) for a in written.steps] == [sorted(map(repr, b.sends)) for b in explicit.steps]
     assert verify(compact, topology).ok
     assert loads(compact, topology).predict_many_us(SIZES) == pytest.approx(
-        [pipe.predict_us(size) for size in SIZES], rel=1e-12)
+        [pipe.predict_us(size) for size in SIZES], rel=1e-12
+    )
     assert parse_schedule(json.loads(dumps_schedule(compact)), "trees.json") == compact
 
 
@@ -163,8 +169,11 @@ def test_a_wave_whose_images_meet_the_listed_chunks_is_refused():
     topology, pipe = _pipelined("hgx_h100:nodes=2", 2)
     compact = pipe.compact()
     g = compact.symmetries[0]
-    again = replace(compact, symmetries=(Symmetry(g.ranks, g.chunks, 4, 1),),
-                    step_rounds=compact.step_rounds + compact.step_rounds[-2:])
+    again = replace(
+        compact,
+        symmetries=(Symmetry(g.ranks, g.chunks, 4, 1),),
+        step_rounds=compact.step_rounds + compact.step_rounds[-2:],
+    )
     assert "meets them again" in _refused(again, topology)
 
 
@@ -178,14 +187,15 @@ def test_a_wave_missing_one_send_is_refused():
 
 
 def test_weft_synth_trees_writes_the_compact_file_whose_percentage_it_prints(tmp_path, capsys):
-    from weft.cli import main
-
     from schedules.bounds import lower_bound_us
     from schedules.schedule import load_schedule
+    from weft.cli import main
 
     out = tmp_path / "trees.json"
-    assert main(["synth", "allgather", "-t", "hgx_h100:nodes=2", "--method", "trees", "--size", "1GB",
-                 "-o", str(out)]) == 0
+    assert (
+        main(["synth", "allgather", "-t", "hgx_h100:nodes=2", "--method", "trees", "--size", "1GB", "-o", str(out)])
+        == 0
+    )
     printed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("trees-allgather"))
     written = load_schedule(out)
     topology = build("hgx_h100:nodes=2")
@@ -207,13 +217,18 @@ def test_a_large_tree_allreduce_is_its_first_wave_shifted_and_equals_the_written
     monkeypatch.setattr(tree, "COMPACT_FROM", 0)
     compact = baselines.tree(topology, collective)
     assert compact.symmetries[0].shift == 1 and not explicit.symmetries
-    assert (compact.nsteps, compact.total_rounds, compact.nsends) == (explicit.nsteps, explicit.total_rounds,
-                                                                      explicit.nsends)
-    assert sorted(map(repr, (s for st in expand(compact).steps for s in st.sends))) == \
-        sorted(map(repr, (s for st in explicit.steps for s in st.sends)))
+    assert (compact.nsteps, compact.total_rounds, compact.nsends) == (
+        explicit.nsteps,
+        explicit.total_rounds,
+        explicit.nsends,
+    )
+    assert sorted(map(repr, (s for st in expand(compact).steps for s in st.sends))) == sorted(
+        map(repr, (s for st in explicit.steps for s in st.sends))
+    )
     assert verify(compact, topology).ok
     assert loads(compact, topology).predict_many_us(SIZES) == pytest.approx(
-        loads(explicit, topology).predict_many_us(SIZES), rel=1e-12)
+        loads(explicit, topology).predict_many_us(SIZES), rel=1e-12
+    )
 
 
 def test_weft_verify_reads_a_compact_file(tmp_path, capsys):

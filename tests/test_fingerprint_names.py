@@ -49,7 +49,9 @@ def test_moving_a_gpu_to_the_other_tray_changes_the_fingerprint():
     doc = build(CATALOG).to_json()
     for link in doc["links"]:  # GPU 0's NVLinks go to host 1's tray: another fabric, with the same switch names
         if 0 in (link["src"], link["dst"]) and "n0.nvswitch" in (link["src"], link["dst"]):
-            link["src"], link["dst"] = [("n1.nvswitch" if v == "n0.nvswitch" else v) for v in (link["src"], link["dst"])]
+            link["src"], link["dst"] = [
+                ("n1.nvswitch" if v == "n0.nvswitch" else v) for v in (link["src"], link["dst"])
+            ]
     from topologies.io import parse_topology
 
     assert parse_topology(doc, "moved").fingerprint != build(CATALOG).fingerprint

@@ -110,10 +110,12 @@ def test_a_plan_that_writes_peer_outputs_runs_back_to_back_only_with_its_proof()
     simple = compile_and_verify(synthesize(topology, "allgather", "direct"), topology, protocol="simple")
     assert safe_back_to_back(ll) and safe_back_to_back(simple)  # the reference executor ran it back to back
     record = dict(simple.weft.verification)
-    unproven = [simple.with_meta(verification={**record, "back_to_back": 1}),
-                simple.with_meta(verification={**record, "ok": False}),
-                simple.with_meta(verification={**record, "plan_hash": "0" * 16}),
-                simple.with_meta(verification=None)]
+    unproven = [
+        simple.with_meta(verification={**record, "back_to_back": 1}),
+        simple.with_meta(verification={**record, "ok": False}),
+        simple.with_meta(verification={**record, "plan_hash": "0" * 16}),
+        simple.with_meta(verification=None),
+    ]
     assert not any(safe_back_to_back(p) for p in unproven)
 
 
@@ -140,8 +142,11 @@ def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode
     for batch in (1, 4, 16, 64):
         nbytes = batch * 8192 * 2
         chosen = choice.plan("allreduce", nbytes, "bf16")
-        times = {e.plan.content_hash: e.measured_us[nbytes] for e in choice.entries
-                 if e.key.collective == "allreduce" and nbytes in (e.measured_us or {})}
+        times = {
+            e.plan.content_hash: e.measured_us[nbytes]
+            for e in choice.entries
+            if e.key.collective == "allreduce" and nbytes in (e.measured_us or {})
+        }
         assert len(times) >= 10 and chosen.content_hash in times
         assert times[chosen.content_hash] == min(times.values())
     # an entry that is not safe back to back is never eligible, however fast it was measured
@@ -164,15 +169,18 @@ def test_with_ll128_the_committed_2xh200_registry_runs_lines_only_where_they_mea
         entry = next(e for e in choice.entries if e.plan.content_hash == plan.content_hash)
         table = entry.measured_ll128_us if lines else entry.measured_us
         assert nbytes in table and not (lines and plan.protocol != "LL")
-        best = min(min(t[nbytes] for t in (e.measured_us, e.measured_ll128_us) if nbytes in t)
-                   for e in choice.entries if e.key.collective == "allreduce"
-                   and nbytes in {**e.measured_us, **e.measured_ll128_us})
+        best = min(
+            min(t[nbytes] for t in (e.measured_us, e.measured_ll128_us) if nbytes in t)
+            for e in choice.entries
+            if e.key.collective == "allreduce" and nbytes in {**e.measured_us, **e.measured_ll128_us}
+        )
         assert table[nbytes] == best
 
 
 def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_mode():
-    choice = PlanChoice(Registry(str(COMMITTED / "registry_h200x4")), build("hgx_h200:gpus=4").fingerprints, 4,
-                        deterministic=True)
+    choice = PlanChoice(
+        Registry(str(COMMITTED / "registry_h200x4")), build("hgx_h200:gpus=4").fingerprints, 4, deterministic=True
+    )
     assert {e.plan.weft.solver for e in choice.entries if e.key.collective == "allreduce"} == {"ring", "twoshot"}
     assert choice.plan("allreduce", 64 << 10, "bf16") is not None
 
@@ -204,4 +212,6 @@ def test_ranks_agree_on_plans_only_when_every_view_is_the_same():
     assert disagreement(same) == ""
     assert "different topologies or registry entries" in disagreement([["hgx", ["a", "b"]], ["hgx", ["a"]]])
     assert "different topologies" in disagreement([["hgx", ["a"]], ["dgx", ["a"]]])
-    assert disagreement([["hgx", ["a"]], "the plan registry cannot be read: x"]) == "the plan registry cannot be read: x"
+    assert (
+        disagreement([["hgx", ["a"]], "the plan registry cannot be read: x"]) == "the plan registry cannot be read: x"
+    )

@@ -21,18 +21,23 @@ import signal
 from pathlib import Path
 
 import pytest
+from fabrics import ring_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabrics import ring_files
 from weft.cli import main
 
 HANG_S = 30
 
 
 def cases(n: int):
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=n,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,16 +77,40 @@ def weft(argv: list[str]) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fuzz")
-    paths = {"root": root, "topology": root / "ring4.topo.json", "schedule": root / "ring.json",
-             "plan": root / "ring.plan.json", "results": root / "results.json", "fifo": root / "fifo",
-             "out": root / "out"}
+    paths = {
+        "root": root,
+        "topology": root / "ring4.topo.json",
+        "schedule": root / "ring.json",
+        "plan": root / "ring.plan.json",
+        "results": root / "results.json",
+        "fifo": root / "fifo",
+        "out": root / "out",
+    }
     assert main(["topo", "export", "ring:n=4", "-o", str(paths["topology"])]) == 0
     ring_files(root)
     plan = json.loads(paths["plan"].read_text())["name"]
-    paths["results"].write_text(json.dumps({
-        "collective": "allgather", "dtype": "bf16", "nranks": 4, "mode": "graph", "machine": "fuzz",
-        "rows": [{"size": s, "nccl_us": 10.0 + s / 1e4, "weft_us": 8.0 + s / 1e4, "wrong": 0, "plan": plan,
-                  "median_us": {f"weft:{plan}": 8.0 + s / 1e4}} for s in (1024, 1 << 20)]}))
+    paths["results"].write_text(
+        json.dumps(
+            {
+                "collective": "allgather",
+                "dtype": "bf16",
+                "nranks": 4,
+                "mode": "graph",
+                "machine": "fuzz",
+                "rows": [
+                    {
+                        "size": s,
+                        "nccl_us": 10.0 + s / 1e4,
+                        "weft_us": 8.0 + s / 1e4,
+                        "wrong": 0,
+                        "plan": plan,
+                        "median_us": {f"weft:{plan}": 8.0 + s / 1e4},
+                    }
+                    for s in (1024, 1 << 20)
+                ],
+            }
+        )
+    )
     os.mkfifo(paths["fifo"])
     paths["out"].mkdir()
     return paths
@@ -89,17 +118,63 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 # ---- command-line values -------------------------------------------------------------------------------------
 
-WEIRD = st.sampled_from(["", ",", " ", "-1", "0", "1,,2", "nan", "inf", "-inf", "1e999", "9" * 400, "0x10",
-                         "4Mb", "1kb", "1.5", "2EB", "1/2", "\x00", "\n", "é", "../../etc/passwd", "/dev/zero",
-                         "/dev/null", "true", "None", "-", "--", "1KB:1GB", "1GB:1KB", "3MB+48", "+", "1 2"])
+WEIRD = st.sampled_from(
+    [
+        "",
+        ",",
+        " ",
+        "-1",
+        "0",
+        "1,,2",
+        "nan",
+        "inf",
+        "-inf",
+        "1e999",
+        "9" * 400,
+        "0x10",
+        "4Mb",
+        "1kb",
+        "1.5",
+        "2EB",
+        "1/2",
+        "\x00",
+        "\n",
+        "é",
+        "../../etc/passwd",
+        "/dev/zero",
+        "/dev/null",
+        "true",
+        "None",
+        "-",
+        "--",
+        "1KB:1GB",
+        "1GB:1KB",
+        "3MB+48",
+        "+",
+        "1 2",
+    ]
+)
 SIZE_TEXT = st.one_of(WEIRD, st.from_regex(r"[0-9]{1,25}(\.[0-9]{1,3})?([kKmMgGtTpPeE]i?[bB]?)?", fullmatch=True))
-INVALID_SIZE = st.sampled_from(["", "-1", "0", "nan", "inf", "9" * 400, "4Mb", "1kb", "2EB", "1/2", "1,,2",
-                                "\x00", "true", "-", "0x10"])
+INVALID_SIZE = st.sampled_from(
+    ["", "-1", "0", "nan", "inf", "9" * 400, "4Mb", "1kb", "2EB", "1/2", "1,,2", "\x00", "true", "-", "0x10"]
+)
 
 
 def _synth(size: str, chunks: str, out: Path) -> list[str]:
-    return ["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "--size", size, "--chunks", chunks,
-            "-o", str(out / "s.json")]
+    return [
+        "synth",
+        "allgather",
+        "-t",
+        "ring:n=4",
+        "--method",
+        "ring",
+        "--size",
+        size,
+        "--chunks",
+        chunks,
+        "-o",
+        str(out / "s.json"),
+    ]
 
 
 @cases(300)
@@ -120,8 +195,10 @@ def test_an_invalid_size_is_never_accepted(files, size):
 
 
 @cases(250)
-@given(flag=st.sampled_from(["--instances", "--threads", "--pipeline", "--protocol", "--ll-max-bytes", "--format"]),
-       value=WEIRD)
+@given(
+    flag=st.sampled_from(["--instances", "--threads", "--pipeline", "--protocol", "--ll-max-bytes", "--format"]),
+    value=WEIRD,
+)
 def test_compile_values(files, flag, value):
     out = files["out"] / "c.json"
     code, _ = weft(["compile", str(files["schedule"]), "-t", "ring:n=4", flag, value, "-o", str(out)])
@@ -143,22 +220,40 @@ def test_invalid_dtypes_are_never_accepted(files, dtypes):
 
 
 @cases(150)
-@given(spec=st.one_of(WEIRD, st.from_regex(r"(ring|switch|dgx1|torus2d|hypercube|hgx_h100):?([a-z]{1,5}=-?[0-9]{0,6},?){0,3}",
-                                            fullmatch=True)))
+@given(
+    spec=st.one_of(
+        WEIRD,
+        st.from_regex(
+            r"(ring|switch|dgx1|torus2d|hypercube|hgx_h100):?([a-z]{1,5}=-?[0-9]{0,6},?){0,3}", fullmatch=True
+        ),
+    )
+)
 def test_topology_specs(spec):
     weft(["topo", "show", spec])
 
 
 @cases(16)
-@given(command=st.sampled_from(["compile", "synth", "topo export", "plot"]),
-       target=st.sampled_from(["fifo", "/dev/null", "/dev/full", "out"]))
+@given(
+    command=st.sampled_from(["compile", "synth", "topo export", "plot"]),
+    target=st.sampled_from(["fifo", "/dev/null", "/dev/full", "out"]),
+)
 def test_special_outputs_are_refused(files, command, target):
     path = str(files[target]) if target in files else target
-    argv = {"compile": ["compile", str(files["schedule"]), "-t", "ring:n=4", "-o", path],
-            "synth": ["synth", "allgather", "-t", "ring:n=4", "--method", "ring", "-o", path + "/x.json"
-                      if target == "out" else path],
-            "topo export": ["topo", "export", "ring:n=4", "-o", path],
-            "plot": ["plot", "bench", str(files["results"]), "-o", path]}[command]
+    argv = {
+        "compile": ["compile", str(files["schedule"]), "-t", "ring:n=4", "-o", path],
+        "synth": [
+            "synth",
+            "allgather",
+            "-t",
+            "ring:n=4",
+            "--method",
+            "ring",
+            "-o",
+            path + "/x.json" if target == "out" else path,
+        ],
+        "topo export": ["topo", "export", "ring:n=4", "-o", path],
+        "plot": ["plot", "bench", str(files["results"]), "-o", path],
+    }[command]
     if command == "synth" and target == "out":
         argv[-1] = path  # a folder is a valid synth output
         return
@@ -168,10 +263,36 @@ def test_special_outputs_are_refused(files, command, target):
 
 # ---- files -------------------------------------------------------------------------------------------------------
 
-VALUES = st.one_of(st.sampled_from([None, True, False, 0, -1, 1, 2 ** 31, 2 ** 63, 2 ** 64, -(2 ** 63), 1e308, -1e-300,
-                                    0.5, "", "x" * 300, "NaN", [], {}, [1, 2], {"a": 1}]),
-                   st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
-NOT_A_COUNT = st.sampled_from([True, False, "1", "", None, -1, -(2 ** 63), 2 ** 64, 1.5, [], {}])
+VALUES = st.one_of(
+    st.sampled_from(
+        [
+            None,
+            True,
+            False,
+            0,
+            -1,
+            1,
+            2**31,
+            2**63,
+            2**64,
+            -(2**63),
+            1e308,
+            -1e-300,
+            0.5,
+            "",
+            "x" * 300,
+            "NaN",
+            [],
+            {},
+            [1, 2],
+            {"a": 1},
+        ]
+    ),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+)
+NOT_A_COUNT = st.sampled_from([True, False, "1", "", None, -1, -(2**63), 2**64, 1.5, [], {}])
 DELETE = object()
 
 
@@ -223,23 +344,33 @@ def _file_case(files, kind: str, data, argv_of, counts: tuple[str, ...], n: int)
 @cases(400)
 @given(data=st.data())
 def test_topology_files(files, data):
-    _file_case(files, "topology", data, lambda p: ["topo", "validate", str(p)],
-               ("nranks", "src", "dst", "count"), 400)
+    _file_case(files, "topology", data, lambda p: ["topo", "validate", str(p)], ("nranks", "src", "dst", "count"), 400)
 
 
 @cases(400)
 @given(data=st.data())
 def test_schedule_files(files, data):
-    _file_case(files, "schedule", data, lambda p: ["verify", str(p), "-t", "ring:n=4"],
-               ("nranks", "chunks", "rounds", "root"), 400)
+    _file_case(
+        files,
+        "schedule",
+        data,
+        lambda p: ["verify", str(p), "-t", "ring:n=4"],
+        ("nranks", "chunks", "rounds", "root"),
+        400,
+    )
 
 
 @cases(300)
 @given(data=st.data())
 def test_plan_files(files, data):
-    _file_case(files, "plan", data, lambda p: ["verify", str(p), "--dtypes", "fp32"],
-               ("input_chunks", "output_chunks", "scratch_chunks", "num_threads_per_block", "id", "index", "size"),
-               300)
+    _file_case(
+        files,
+        "plan",
+        data,
+        lambda p: ["verify", str(p), "--dtypes", "fp32"],
+        ("input_chunks", "output_chunks", "scratch_chunks", "num_threads_per_block", "id", "index", "size"),
+        300,
+    )
 
 
 @cases(200)

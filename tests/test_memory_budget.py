@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fabrics import ring_files
+
 from weft.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,9 +57,9 @@ def cases(tmp_path_factory) -> dict[str, dict]:
     schedule, plan = ring_files(tmp)
     doc = json.loads(plan.read_text())
     doc.pop("weft")
-    huge = dict(doc, min_message_size=2 ** 64 - 1024, max_message_size=2 ** 64 - 1)
+    huge = dict(doc, min_message_size=2**64 - 1024, max_message_size=2**64 - 1)
     (tmp / "min_size.json").write_text(json.dumps(huge))
-    doc["gpus"][0]["scratch_chunks"] = 2 ** 24
+    doc["gpus"][0]["scratch_chunks"] = 2**24
     (tmp / "scratch.json").write_text(json.dumps(doc))
     tiny = json.loads(schedule.read_text())  # the audit's few-hundred-byte schedule of 16M chunks and no sends
     tiny.pop("hash")
@@ -68,28 +68,74 @@ def cases(tmp_path_factory) -> dict[str, dict]:
     (tmp / "tiny.json").write_text(json.dumps(tiny))
     os.mkfifo(tmp / "fifo.json")
     argv = {
-        "compile --instances 256": ["compile", str(MILP), "-t", "dgx1", "--instances", "256", "-o", str(tmp / "x256.json")],
+        "compile --instances 256": [
+            "compile",
+            str(MILP),
+            "-t",
+            "dgx1",
+            "--instances",
+            "256",
+            "-o",
+            str(tmp / "x256.json"),
+        ],
         "compile --instances 4": ["compile", str(MILP), "-t", "dgx1", "--instances", "4", "-o", str(tmp / "x4.json")],
-        "direct on hypercube:d=14": ["synth", "allreduce", "-t", "hypercube:d=14", "--method", "direct", "-o",
-                                     str(tmp / "d.json")],
-        "--chunks 1000000 on dgx1": ["synth", "allreduce", "-t", "dgx1", "--method", "ring", "--chunks", "1000000",
-                                     "-o", str(tmp / "c.json")],
+        "direct on hypercube:d=14": [
+            "synth",
+            "allreduce",
+            "-t",
+            "hypercube:d=14",
+            "--method",
+            "direct",
+            "-o",
+            str(tmp / "d.json"),
+        ],
+        "--chunks 1000000 on dgx1": [
+            "synth",
+            "allreduce",
+            "-t",
+            "dgx1",
+            "--method",
+            "ring",
+            "--chunks",
+            "1000000",
+            "-o",
+            str(tmp / "c.json"),
+        ],
         "scratch_chunks 2^24": ["verify", str(tmp / "scratch.json")],
         "min_message_size 2^64-1024": ["verify", str(tmp / "min_size.json")],
         "16M-chunk schedule": ["verify", str(tmp / "tiny.json"), "-t", "ring:n=4"],
         "calibrate /dev/zero": ["topo", "calibrate", "dgx1", "/dev/zero"],
         "calibrate a FIFO": ["topo", "calibrate", "dgx1", str(tmp / "fifo.json")],
-        "calibrate a trees plan": ["topo", "calibrate", "dgx1", str(_results_file(
-            tmp, "trees.json", "trees-allreduce-dgx1-simple-x1", 8))],
-        "calibrate a ring on 4096 ranks": ["topo", "calibrate", "ring:n=4096", str(_results_file(
-            tmp, "ring.json", "ring-allreduce-ring:n=4096-simple-x1", 4096))],
-        "calibrate x9999 instances": ["topo", "calibrate", "dgx1", str(_results_file(
-            tmp, "x.json", "ring-allreduce-dgx1-simple-x9999", 8))],
+        "calibrate a trees plan": [
+            "topo",
+            "calibrate",
+            "dgx1",
+            str(_results_file(tmp, "trees.json", "trees-allreduce-dgx1-simple-x1", 8)),
+        ],
+        "calibrate a ring on 4096 ranks": [
+            "topo",
+            "calibrate",
+            "ring:n=4096",
+            str(_results_file(tmp, "ring.json", "ring-allreduce-ring:n=4096-simple-x1", 4096)),
+        ],
+        "calibrate x9999 instances": [
+            "topo",
+            "calibrate",
+            "dgx1",
+            str(_results_file(tmp, "x.json", "ring-allreduce-dgx1-simple-x9999", 8)),
+        ],
     }
     env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     env.pop("WEFT_MEMORY_LIMIT", None)
-    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argv)], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=300, preexec_fn=_limit_memory)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(argv)],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_memory,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -140,8 +186,9 @@ def test_memory_limit_raises_the_budget_and_an_environment_budget_lowers_it(caps
     assert main(["--memory-limit", "1GB"] + argv) == 0
 
 
-@pytest.mark.parametrize("name", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather",
-                                  "scatter", "alltoall"])
+@pytest.mark.parametrize(
+    "name", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter", "alltoall"]
+)
 def test_min_sends_is_a_lower_bound_of_every_baseline(name):
     """The count verify and synth refuse by: no verified schedule has fewer sends."""
     from schedules.collectives import collective_on
@@ -154,8 +201,13 @@ def test_min_sends_is_a_lower_bound_of_every_baseline(name):
     for spec in ("ring:n=4", "switch:n=5", "dgx1"):
         topology = resolve(spec)
         for chunks in (1, 3):
-            collective = collective_on(name, spec, topology.nranks, chunks, root=1 if name in (
-                "broadcast", "reduce", "gather", "scatter") else 0)
+            collective = collective_on(
+                name,
+                spec,
+                topology.nranks,
+                chunks,
+                root=1 if name in ("broadcast", "reduce", "gather", "scatter") else 0,
+            )
             for method in ("ring", "direct", "twoshot", "rhd", "tree"):
                 try:
                     schedule = getattr(baselines, method)(topology, collective)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fabrics import shared_hub_fabric, shared_nic_fabric
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,6 @@ from synth import baselines
 from synth.errors import NotApplicable, Unknown, Unsat
 from synth.milp import MilpOptions, Sketch, SketchError, default_chunks, parse_sketch, rounds_for, solve
 from topologies import Link, Topology
-from fabrics import shared_hub_fabric, shared_nic_fabric
 from topologies.catalog import build
 from weft.cli import main
 
@@ -78,8 +78,27 @@ def test_objective_prices_shared_links_with_their_latency_as_the_cost_model_does
 def test_line3_allreduce_reduces_into_the_middle_past_reducescatter_then_allgather(tmp_path, capsys):
     # reduce-scatter then all-gather is 75% of the bound on a line of three; the reduce-broadcast form is 12/13
     out = tmp_path / "line3.json"
-    assert main(["synth", "allreduce", "-t", "line:n=3", "--method", "milp", "--size", "1GB", "--time-limit", "4",
-                 "-o", str(out), "--json", "--compile"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allreduce",
+                "-t",
+                "line:n=3",
+                "--method",
+                "milp",
+                "--size",
+                "1GB",
+                "--time-limit",
+                "4",
+                "-o",
+                str(out),
+                "--json",
+                "--compile",
+            ]
+        )
+        == 0
+    )
     row, plan = json.loads(capsys.readouterr().out)
     assert Path(plan["plan_file"]).is_file()  # compiled and proven on the reference executor
     assert row["meta"]["options"]["allreduce_form"] == "reduce-broadcast"
@@ -89,8 +108,26 @@ def test_line3_allreduce_reduces_into_the_middle_past_reducescatter_then_allgath
 
 def test_hgx_two_nodes_allreduce_passes_97_percent_of_the_bound(tmp_path, capsys):
     # the ring reaches 78.8%, and one rail per GPU at most 96.4% (each NVSwitch port takes 14 of 15 slices)
-    assert main(["synth", "allreduce", "-t", "hgx_h100:nodes=2", "--method", "milp", "--size", "1GB",
-                 "--time-limit", "10", "-o", str(tmp_path / "ar.json"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allreduce",
+                "-t",
+                "hgx_h100:nodes=2",
+                "--method",
+                "milp",
+                "--size",
+                "1GB",
+                "--time-limit",
+                "10",
+                "-o",
+                str(tmp_path / "ar.json"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     row = json.loads(capsys.readouterr().out)[0]
     assert row["pct_of_bound_by_size"]["1GB"] >= 97.0
 
@@ -149,8 +186,12 @@ def test_progress_is_steady_labelled_with_the_request_and_ends_with_the_status(m
     topology = build("ndv2:nodes=2")
     try:  # on a loaded machine CP-SAT may find nothing in the time: then the last line says "unknown"
         # the whole model (no inter-/intra-host split), which CP-SAT does not close in 8 s
-        schedule = solve(topology, Collective("allreduce", 16, 2), MilpOptions(
-            size=1 << 30, time_limit=8, workers=2, sketch=Sketch(hierarchy="none")), lines.append)
+        schedule = solve(
+            topology,
+            Collective("allreduce", 16, 2),
+            MilpOptions(size=1 << 30, time_limit=8, workers=2, sketch=Sketch(hierarchy="none")),
+            lines.append,
+        )
         status = schedule.meta.options["status"]
     except Unknown:
         status = "unknown"
@@ -194,24 +235,31 @@ def test_a_symmetry_the_fabric_lacks_is_a_sketch_error():
         solve(line, Collective("allgather", 4), MilpOptions(size=MB, sketch=Sketch(rank_offset=1)))
 
 
-@pytest.mark.parametrize("doc, field", [
-    ({"format": "weft.sketch/2"}, "format"),
-    ({"format": "weft.sketch/1", "relays": [0, "x"]}, "relays[1]"),
-    ({"format": "weft.sketch/1", "relays": [2, 2]}, "relays[1]"),
-    ({"format": "weft.sketch/1", "symmetry": {"rank_offset": 0}}, "symmetry.rank_offset"),
-    ({"format": "weft.sketch/1", "symmetry": 8}, "symmetry"),
-    ({"format": "weft.sketch/1", "chunks": 1.5}, "chunks"),
-    ({"format": "weft.sketch/1", "rails": "yes"}, "rails"),
-    ({"format": "weft.sketch/1", "relay": [0]}, "relay"),
-])
+@pytest.mark.parametrize(
+    "doc, field",
+    [
+        ({"format": "weft.sketch/2"}, "format"),
+        ({"format": "weft.sketch/1", "relays": [0, "x"]}, "relays[1]"),
+        ({"format": "weft.sketch/1", "relays": [2, 2]}, "relays[1]"),
+        ({"format": "weft.sketch/1", "symmetry": {"rank_offset": 0}}, "symmetry.rank_offset"),
+        ({"format": "weft.sketch/1", "symmetry": 8}, "symmetry"),
+        ({"format": "weft.sketch/1", "chunks": 1.5}, "chunks"),
+        ({"format": "weft.sketch/1", "rails": "yes"}, "rails"),
+        ({"format": "weft.sketch/1", "relay": [0]}, "relay"),
+    ],
+)
 def test_malformed_sketch_names_the_field(doc, field):
     with pytest.raises(SketchError, match=re.escape(f"sketch s.json: {field}:")):
         parse_sketch(doc, "s.json")
 
 
 @settings(max_examples=50, deadline=None)
-@given(offset=st.none() | st.integers(1, 64), relays=st.none() | st.sets(st.integers(0, 63), min_size=1),
-       chunks=st.none() | st.integers(1, 8), rails=st.none() | st.booleans())
+@given(
+    offset=st.none() | st.integers(1, 64),
+    relays=st.none() | st.sets(st.integers(0, 63), min_size=1),
+    chunks=st.none() | st.integers(1, 8),
+    rails=st.none() | st.booleans(),
+)
 def test_sketch_round_trips_through_json(offset, relays, chunks, rails):
     sketch = Sketch(offset, tuple(sorted(relays)) if relays else None, chunks, rails, source="s.json")
     assert parse_sketch(json.loads(json.dumps(sketch.to_json())), "s.json") == sketch
@@ -241,8 +289,7 @@ def test_cli_infeasible_sketch_exits_1_with_the_reason(tmp_path, capsys):
     path = tmp_path / "cut.json"
     path.write_text(json.dumps({"format": "weft.sketch/1", "relays": [0, 1]}))
     out = tmp_path / "s.json"
-    code = main(["synth", "allgather", "-t", "ndv2:nodes=2", "--method", "milp", "--sketch", str(path),
-                 "-o", str(out)])
+    code = main(["synth", "allgather", "-t", "ndv2:nodes=2", "--method", "milp", "--sketch", str(path), "-o", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and "host 1" in err[-1] and "no relay" in err[-1]
     assert not out.exists()
@@ -250,8 +297,25 @@ def test_cli_infeasible_sketch_exits_1_with_the_reason(tmp_path, capsys):
 
 def test_cli_writes_a_verified_schedule(tmp_path, capsys):
     out = tmp_path / "ag.json"
-    code = main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--size", "1MB", "--time-limit", "5",
-                 "--chunks", "1", "-o", str(out), "--json"])
+    code = main(
+        [
+            "synth",
+            "allgather",
+            "-t",
+            "ring:n=4",
+            "--method",
+            "milp",
+            "--size",
+            "1MB",
+            "--time-limit",
+            "5",
+            "--chunks",
+            "1",
+            "-o",
+            str(out),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and out.exists()
     assert doc[0]["meta"]["solver"] == "milp" and doc[0]["meta"]["options"]["size"] == MB
@@ -259,8 +323,9 @@ def test_cli_writes_a_verified_schedule(tmp_path, capsys):
 
 def test_a_model_too_large_to_build_is_refused_naming_the_options(capsys):
     """--chunks 1000 makes about 2000 steps: 64 million possible sends, which ran past any time limit."""
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--chunks", "1000",
-                 "--time-limit", "3"]) == 2
+    assert (
+        main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--chunks", "1000", "--time-limit", "3"]) == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "possible sends, more than the model's 2000000" in err
 

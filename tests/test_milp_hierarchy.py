@@ -25,8 +25,11 @@ RESULTS = Path(__file__).parent.parent / "bench" / "results" / "milp_allgather.j
 
 def milp(spec: str, sketch: Sketch | None = None, chunks: int = 2, size: int = GB, name: str = "allgather"):
     topology = build(spec)
-    schedule = solve(topology, Collective(name, topology.nranks, chunks),
-                     MilpOptions(size=size, time_limit=10, workers=2, sketch=sketch))
+    schedule = solve(
+        topology,
+        Collective(name, topology.nranks, chunks),
+        MilpOptions(size=size, time_limit=10, workers=2, sketch=sketch),
+    )
     require_valid(schedule, topology)
     return topology, schedule
 
@@ -54,8 +57,16 @@ def test_rails_split_crosses_hosts_only_from_the_owner_along_its_rail(spec):
             assert s.src == owner or topology.hosts[owner] != topology.hosts[s.src]
 
 
-@pytest.mark.parametrize("spec,offsets", [("hgx_h100:nodes=2", (0, 1)), ("dgx_a100:nodes=3", (0, 1)),
-                                          ("dgx2:nodes=2", (0,)), ("ndv2:nodes=2", (0,)), ("dgx1", (0,))])
+@pytest.mark.parametrize(
+    "spec,offsets",
+    [
+        ("hgx_h100:nodes=2", (0, 1)),
+        ("dgx_a100:nodes=3", (0, 1)),
+        ("dgx2:nodes=2", (0,)),
+        ("ndv2:nodes=2", (0,)),
+        ("dgx1", (0,)),
+    ],
+)
 def test_only_gpus_with_a_nic_of_their_own_get_a_second_rail(spec, offsets):
     assert rail_offsets(build(spec).without_switches()) == offsets
 
@@ -65,8 +76,11 @@ def test_hgx_two_nodes_allgather_crosses_hosts_along_both_rails_past_the_one_rai
     topology = build("hgx_h100:nodes=2")
     schedule = solve(topology, Collective("allgather", 16, 4), MilpOptions(size=GB, time_limit=4, workers=2))
     require_valid(schedule, topology)
-    cross = {(local(topology, s.dst) - local(topology, s.src)) % 8 for _, s in sends(schedule)
-             if topology.hosts[s.src] != topology.hosts[s.dst]}
+    cross = {
+        (local(topology, s.dst) - local(topology, s.src)) % 8
+        for _, s in sends(schedule)
+        if topology.hosts[s.src] != topology.hosts[s.dst]
+    }
     assert cross == {0, 1}
     assert lower_bound_us(topology, schedule.collective, GB) / predict_us(schedule, topology, GB) >= 0.97
 
@@ -158,8 +172,14 @@ def test_hierarchy_field_round_trips_and_a_bad_one_names_the_field():
 def test_committed_dgx2_pair_milp_reaches_90_percent_within_its_limit():
     """The README's claim: milp on dgx2:nodes=2 allgather at 1 GB, verified, >= 90% of the bound in 120 s."""
     doc = json.loads(RESULTS.read_text())
-    row = next(r for r in doc["rows"] if r["topology"] == "dgx2:nodes=2" and r["size"] == GB
-               and r["method"] == "milp" and r.get("variant", "default") == "default")
+    row = next(
+        r
+        for r in doc["rows"]
+        if r["topology"] == "dgx2:nodes=2"
+        and r["size"] == GB
+        and r["method"] == "milp"
+        and r.get("variant", "default") == "default"
+    )
     assert doc["time_limit_s"] <= 120 and row["solve_s"] <= doc["time_limit_s"]
     assert 90.0 <= row["pct_of_bound"] <= 100.0 and row["verified"]
 

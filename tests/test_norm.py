@@ -13,8 +13,20 @@ import pytest
 from codegen.protocol import CodegenError
 from codegen.rows import own_rows
 from executor import gpu_tables, reference
-from executor.norm import (Epilogue, RowNorm, best_norm_plan, fused_refusal, norm_ranges, output_ranges,
-                           plan_refusal, rms_norm, row_base, row_spans, rows_refusal, run_fused)
+from executor.norm import (
+    Epilogue,
+    RowNorm,
+    best_norm_plan,
+    fused_refusal,
+    norm_ranges,
+    output_ranges,
+    plan_refusal,
+    rms_norm,
+    row_base,
+    row_spans,
+    rows_refusal,
+    run_fused,
+)
 from schedules.plan import BufferRef, PlanError, load_plan
 from schedules.registry import Registry
 from topologies.catalog import build
@@ -35,8 +47,7 @@ def one_shot():
 def committed():
     """The committed 2-rank registry's plans for this machine, as the inference Communicator sees them."""
     fp = build("hgx_h200:gpus=2").fingerprints  # the fingerprint the committed registry was recorded under too
-    return fp, [e for e in Registry(str(ROOT / "bench" / "registry_h200x2")).entries(topology=fp)
-                if e.key.nranks == 2]
+    return fp, [e for e in Registry(str(ROOT / "bench" / "registry_h200x2")).entries(topology=fp) if e.key.nranks == 2]
 
 
 def _random_rows(plan, nbytes, dtype, seed=0):
@@ -48,6 +59,7 @@ def _random_rows(plan, nbytes, dtype, seed=0):
 
 
 # ---------------------------------------------------------------------------------------------- codegen.rows
+
 
 @pytest.mark.parametrize("groups", [1, 2, 4])
 def test_own_rows_gives_each_group_one_block_with_one_contiguous_reduction(one_shot, groups):
@@ -72,6 +84,7 @@ def test_own_rows_refuses_groups_that_do_not_split_the_output(one_shot):
 
 
 # ---------------------------------------------------------------------------------------------- numpy and the reference
+
 
 def test_rms_norm_is_x_over_its_root_mean_square_times_the_weight():
     x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)
@@ -153,6 +166,7 @@ def test_a_plan_passes_the_proof_only_where_every_output_is_its_ranks_own_sum(on
 
 # ---------------------------------------------------------------------------------------------- rows that fit
 
+
 def test_rows_fit_where_each_blocks_share_is_whole_rows(one_shot):
     rows4, norm = own_rows(one_shot, 4), RowNorm(8192, 1e-5)
     assert rows_refusal(rows4, 4 * 16384, "bf16", norm) == ""
@@ -166,8 +180,9 @@ def test_a_block_may_complete_an_aligned_equal_slice_of_a_row(one_shot):
     """Four blocks, two rows: each row split over two blocks (the kernel's kNormSlice), slots in row order."""
     rows4, norm = own_rows(one_shot, 4), RowNorm(8192, 1e-5)
     spans = row_spans(rows4, 2 * 16384, "bf16", norm)
-    mine = sorted((span.first, span.nbytes, span.slices, span.index, span.row) for (r, _, _), span in spans.items()
-                  if r == 0)
+    mine = sorted(
+        (span.first, span.nbytes, span.slices, span.index, span.row) for (r, _, _), span in spans.items() if r == 0
+    )
     assert mine == [(0, 8192, 2, 0, 0), (8192, 8192, 2, 1, 0), (16384, 8192, 2, 0, 1), (24576, 8192, 2, 1, 1)]
     assert {span.slices for span in row_spans(rows4, 16384, "bf16", norm).values()} == {4}
 
@@ -178,9 +193,18 @@ def test_a_slice_that_is_not_its_blocks_last_op_or_is_uneven_is_refused(one_shot
 
     rows2 = own_rows(one_shot, 2)
     gpu = rows2.gpus[0]
-    tbs = tuple(replace(t, ops=(*t.ops, replace(t.ops[0], name="copy", src_buff=(BufferRef(0, 1, "i"),),
-                                                dst_buff=(BufferRef(0, 1, "s"),))))
-                if t.ops[0].spec.reduces else t for t in gpu.threadblocks)
+    tbs = tuple(
+        replace(
+            t,
+            ops=(
+                *t.ops,
+                replace(t.ops[0], name="copy", src_buff=(BufferRef(0, 1, "i"),), dst_buff=(BufferRef(0, 1, "s"),)),
+            ),
+        )
+        if t.ops[0].spec.reduces
+        else t
+        for t in gpu.threadblocks
+    )
     later = replace(rows2, gpus=(replace(gpu, threadblocks=tbs), *rows2.gpus[1:]))
     norm = RowNorm(8192, 1e-5)
     assert isinstance(row_spans(later, 2 * 16384, "bf16", norm), dict)  # whole rows per block: no wait
@@ -193,6 +217,7 @@ def test_a_slice_that_is_not_its_blocks_last_op_or_is_uneven_is_refused(one_shot
 def test_a_row_split_into_slices_of_unequal_sizes_is_refused(one_shot, monkeypatch):
     # halves and quarters of one row, each aligned: its blocks would expect different slice counts and wait forever
     import executor.norm as norm_module
+
     ranges = {(r, tb, 0): rng for r in (0, 1) for tb, rng in ((0, (0, 4)), (4, (4, 2)), (6, (6, 2)))}
     monkeypatch.setattr(norm_module, "output_ranges", lambda plan: ranges)
     why = row_spans(one_shot, 16384, "bf16", RowNorm(8192, 1e-5))
@@ -207,8 +232,9 @@ def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
     assert plan is None and "no plan's rows fit 16382 B in rows of 8191 bf16" in why
 
 
-@pytest.mark.parametrize("batch,base,slices", [(1, "x32-t512-max8MB", 32), (4, "x64-t512-max8MB", 16),
-                                               (16, "x128-t512-max64MB", 8)])
+@pytest.mark.parametrize(
+    "batch,base,slices", [(1, "x32-t512-max8MB", 32), (4, "x64-t512-max8MB", 16), (16, "x128-t512-max64MB", 8)]
+)
 def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, base, slices):
     """The fastest measured plan (a row-owning plan estimated by the plan it was regrouped from), then the most
     blocks completing sums: the plain one-shot plan, each row split over ``slices`` of its reducing blocks."""
@@ -216,8 +242,9 @@ def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, ba
     nbytes = batch * 8192 * 2
     serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
     by_name = {e.plan.name: e for e in serving}
-    candidates = [(e.plan, by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, True)[1] or math.inf)
-                  for e in serving]
+    candidates = [
+        (e.plan, by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, True)[1] or math.inf) for e in serving
+    ]
     plan, why = best_norm_plan(candidates, nbytes, "bf16", RowNorm(8192, 1e-5))
     assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}"
     spans = row_spans(plan, nbytes, "bf16", RowNorm(8192, 1e-5))
@@ -228,25 +255,31 @@ def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, ba
 
 # ---------------------------------------------------------------------------------------------- device tables
 
+
 def test_tables_follow_each_residual_sum_with_the_epilogue_and_pad_blocks_to_one_count(one_shot):
     plan = own_rows(one_shot, 2)
     t = gpu_tables.build_tables(plan, 0, 2 * 16384, residual=True, norm=RowNorm(8192, 1e-5))
     residual_slot = 3 + len(plan.gpus[0].remote_buffers)
     assert t.norm and t.nslots == residual_slot + 3 and t.uniform_ops == 3
     prefetches = [op for op in t.ops if op["type"] == gpu_tables.NORM_PREFETCH]
-    assert [int(t.tb_start[b]) for b in range(t.nthreadblocks) if t.ops[t.tb_start[b]]["type"] ==
-            gpu_tables.NORM_PREFETCH] == [0, 6]  # the two reducing blocks, first thing
+    assert [
+        int(t.tb_start[b]) for b in range(t.nthreadblocks) if t.ops[t.tb_start[b]]["type"] == gpu_tables.NORM_PREFETCH
+    ] == [0, 6]  # the two reducing blocks, first thing
     assert all(op["src"][0]["buffer"] == residual_slot + 1 and op["barrier_id"] == 16384 for op in prefetches)
     norms = [op for op in t.ops if op["type"] == gpu_tables.NORM_ROWS]
     assert [(int(op["src"][0]["offset"]), int(op["bytes"])) for op in norms] == [(0, 16384), (16384, 16384)]
     for op in norms:
         assert op["barrier_id"] == 16384 and np.int32(op["channel"][0]).view(np.float32) == np.float32(1e-5)
-        assert (op["src"][0]["buffer"], op["src"][1]["buffer"], op["dst"][0]["buffer"]) == \
-            (gpu_tables.SLOTS["o"], residual_slot + 1, residual_slot + 2)
+        assert (op["src"][0]["buffer"], op["src"][1]["buffer"], op["dst"][0]["buffer"]) == (
+            gpu_tables.SLOTS["o"],
+            residual_slot + 1,
+            residual_slot + 2,
+        )
         assert op["dst"][0]["offset"] == op["src"][0]["offset"]
     before = [t.ops[k - 1] for k in range(len(t.ops)) if t.ops[k]["type"] == gpu_tables.NORM_ROWS]
-    assert all(op["type"] == gpu_tables.TRANSFER and op["src"][op["nsrc"] - 1]["buffer"] == residual_slot
-               for op in before)
+    assert all(
+        op["type"] == gpu_tables.TRANSFER and op["src"][op["nsrc"] - 1]["buffer"] == residual_slot for op in before
+    )
 
 
 def test_tables_split_a_row_over_blocks_that_exchange_their_sums_of_squares(one_shot):
@@ -257,15 +290,18 @@ def test_tables_split_a_row_over_blocks_that_exchange_their_sums_of_squares(one_
     halves = t.scratch_bytes * 2
     assert t.double_scratch and t.norm_slots == 4 * 8 and t.scratch_alloc == halves + 32
     slices = [op for op in t.ops if op["type"] == gpu_tables.NORM_SLICE]
-    assert sorted((int(op["src"][0]["offset"]), int(op["bytes"]), int(op["barrier_id"]), int(op["barrier_count"]))
-                  for op in slices) == [(k * 4096, 4096, k, 4) for k in range(4)]
+    assert sorted(
+        (int(op["src"][0]["offset"]), int(op["bytes"]), int(op["barrier_id"]), int(op["barrier_count"]))
+        for op in slices
+    ) == [(k * 4096, 4096, k, 4) for k in range(4)]
     for op in slices:
         assert op["nsrc"] == 3 and op["ndst"] == 1 and np.int32(op["channel"][0]).view(np.float32) == np.float32(1e-5)
         assert (op["src"][1]["buffer"], int(op["src"][1]["offset"])) == (residual_slot + 1, op["src"][0]["offset"])
         assert (op["src"][2]["buffer"], int(op["src"][2]["offset"])) == (gpu_tables.SLOTS["s"], halves)
         assert (op["dst"][0]["buffer"], op["dst"][0]["offset"]) == (residual_slot + 2, op["src"][0]["offset"])
-    prefetches = sorted((int(op["src"][0]["offset"]), int(op["barrier_id"])) for op in t.ops
-                        if op["type"] == gpu_tables.NORM_PREFETCH)
+    prefetches = sorted(
+        (int(op["src"][0]["offset"]), int(op["barrier_id"])) for op in t.ops if op["type"] == gpu_tables.NORM_PREFETCH
+    )
     assert prefetches == [(k * 4096, 4096) for k in range(4)]
     two_rows = gpu_tables.build_tables(one_shot, 0, 2 * 16384, residual=True, norm=RowNorm(8192, 1e-5))
     second = sorted(int(op["src"][2]["offset"]) for op in two_rows.ops if op["type"] == gpu_tables.NORM_SLICE)

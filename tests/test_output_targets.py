@@ -58,8 +58,9 @@ def _commands(schedule: Path, target: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("node", sorted(NODES))
-@pytest.mark.parametrize("command", ["synth", "compile", "compile-xml", "topo export", "topo detect",
-                                     "topo detect --record", "plot bench"])
+@pytest.mark.parametrize(
+    "command", ["synth", "compile", "compile-xml", "topo export", "topo detect", "topo detect --record", "plot bench"]
+)
 def test_a_special_file_as_output_is_refused_and_left_as_it_was(tmp_path, capsys, schedule, node, command):
     target = NODES[node](tmp_path / ("out.png" if command.startswith("plot") else "out.json"))
     before = os.lstat(target)

@@ -35,8 +35,24 @@ def test_pareto_commit_serves_every_size(tmp_path, monkeypatch, capsys):
 
 def test_line3_allreduce_frontier_meets_in_the_middle_at_large_sizes(tmp_path, capsys):
     # reduce-scatter then all-gather reaches 75% on a line of three; reduce into the middle rank and copy back
-    assert main(["synth", "allreduce", "-t", "line:n=3", "--method", "pareto", "--size", "1GB", "--json",
-                 "-o", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allreduce",
+                "-t",
+                "line:n=3",
+                "--method",
+                "pareto",
+                "--size",
+                "1GB",
+                "--json",
+                "-o",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     largest = next(r for r in rows if r["meta"]["options"]["max_bytes"] == 0)
     assert largest["meta"]["solver"] == "reduce-broadcast"

@@ -36,8 +36,12 @@ def tour_lines(readme: str) -> list[str]:
     """The command lines of the code blocks under '## CLI tour' (comment-only and blank lines left out)."""
     section = readme.split("\n## CLI tour\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"^```sh\n(.*?)^```$", section, re.S | re.M)
-    return [line.strip() for block in blocks for line in block.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return [
+        line.strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
 
 
 LINES = tour_lines((ROOT / "README.md").read_text(encoding="utf-8"))
@@ -84,9 +88,15 @@ def tour(folder) -> dict[str, Ran]:
     ran = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(here)
-        for name, value in {"HOME": here / "home", "XDG_DATA_HOME": here / "data", "XDG_CACHE_HOME": here / "cache",
-                            "WEFT_REGISTRY": here / "registry", "WEFT_SCHEDULES": here / "schedules",
-                            "WEFT_KERNEL_CACHE": here / "kernels", "MPLBACKEND": "Agg"}.items():
+        for name, value in {
+            "HOME": here / "home",
+            "XDG_DATA_HOME": here / "data",
+            "XDG_CACHE_HOME": here / "cache",
+            "WEFT_REGISTRY": here / "registry",
+            "WEFT_SCHEDULES": here / "schedules",
+            "WEFT_KERNEL_CACHE": here / "kernels",
+            "MPLBACKEND": "Agg",
+        }.items():
             mp.setenv(name, str(value))
         mp.delenv("WEFT_TOPOLOGY", raising=False)
         for line in LINES:
@@ -105,8 +115,9 @@ def test_the_tour_is_the_readme_block_every_line_a_weft_command():
         argv = shlex.split(line, comments=True)
         assert argv[0] == "weft", line
         # placeholders and shell syntax would not run as written
-        assert not any(w in ("|", "&&", ";") or w.startswith(("[", "$", "<"))
-                        or re.fullmatch(r"[A-Z_]+", w) for w in argv), line
+        assert not any(
+            w in ("|", "&&", ";") or w.startswith(("[", "$", "<")) or re.fullmatch(r"[A-Z_]+", w) for w in argv
+        ), line
 
 
 @pytest.mark.parametrize("line", LINES)
@@ -121,8 +132,10 @@ def test_the_tour_lines_did_what_they_say(tour):
     out = {line.split("#")[0].strip(): ran.out for line, ran in tour.items()}
     assert out["weft --version"].startswith("weft ")
     assert "6263.494" not in out["weft topo bound hgx_h100:nodes=2 allgather --size 1GB"]  # dgx1's, not this
-    assert re.search(r"bandwidth bound: [\d.]+ µs for 1GB \(algbw <= [\d.]+", out[
-        "weft topo bound hgx_h100:nodes=2 allgather --size 1GB"])
+    assert re.search(
+        r"bandwidth bound: [\d.]+ µs for 1GB \(algbw <= [\d.]+",
+        out["weft topo bound hgx_h100:nodes=2 allgather --size 1GB"],
+    )
     assert "ring-allreduce-dgx1-simple-x1" in out["weft registry select -t dgx1 allreduce --size 4MB"]
     assert out["weft registry remove ring-allreduce-dgx1-simple-x4"].startswith("removed ")
     assert "0 bad" in out["weft registry verify"]

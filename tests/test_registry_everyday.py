@@ -32,18 +32,44 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
 def copy_plan(name: str, lo: int, hi: int, nranks: int = 1) -> dict:
     """A real plan that copies each rank's input to its output (an all-gather on one rank); ``name`` makes each
     plan's hash distinct."""
-    gpu = {"input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
-        {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
-                           "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}
-    return {"name": name, "collective": "allgather", "protocol": "Simple", "inplace": False,
-            "num_threads_per_block": 512, "buffer_alignment": 16, "min_message_size": lo, "max_message_size": hi,
-            "gpus": [{"id": 0, **gpu}], "weft": {"topology": TOPO}}
+    gpu = {
+        "input_chunks": 1,
+        "output_chunks": 1,
+        "scratch_chunks": 0,
+        "threadblocks": [
+            {
+                "id": 0,
+                "ops": [
+                    {
+                        "name": "copy",
+                        "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                        "dst_buff": [{"type": "o", "index": 0, "size": 1}],
+                    }
+                ],
+            }
+        ],
+    }
+    return {
+        "name": name,
+        "collective": "allgather",
+        "protocol": "Simple",
+        "inplace": False,
+        "num_threads_per_block": 512,
+        "buffer_alignment": 16,
+        "min_message_size": lo,
+        "max_message_size": hi,
+        "gpus": [{"id": 0, **gpu}],
+        "weft": {"topology": TOPO},
+    }
 
 
 def item(doc: dict, topology: str = TOPO, name: str | None = "fuzz", predicted: dict | None = None) -> tuple:
     plan = parse_plan(doc, doc["name"])
-    provenance = {"solver": "direct", "weft_version": "test",
-                  "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32"]}}
+    provenance = {
+        "solver": "direct",
+        "weft_version": "test",
+        "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32"]},
+    }
     if name:
         provenance["topology_name"] = name
     return plan, topology, provenance, predicted or {1 << 10: 5.0, 1 << 20: 50.0, 1 << 30: 5e4}, None
@@ -67,8 +93,9 @@ def test_select_parses_one_plan_of_a_hundred(hundred, capsys, monkeypatch):
     parse = registry_module.parse_plan
     monkeypatch.setattr(registry_module, "parse_plan", lambda doc, source: parsed.append(source) or parse(doc, source))
     start = time.monotonic()
-    code, out, err = run(["registry", "select", "allgather", "-t", TOPO, "--size", "4KB", "--registry",
-                          str(hundred)], capsys)
+    code, out, err = run(
+        ["registry", "select", "allgather", "-t", TOPO, "--size", "4KB", "--registry", str(hundred)], capsys
+    )
     took = time.monotonic() - start
     assert code == 0 and out.split()[1] == "plan040" and err == ""  # the fastest of the four serving 4 KB
     assert len(parsed) == 1 and "plan" in parsed[0]  # the winner's entry, nothing else
@@ -76,12 +103,19 @@ def test_select_parses_one_plan_of_a_hundred(hundred, capsys, monkeypatch):
 
 
 def test_select_loads_no_scipy(hundred):
-    code = ("import sys; from weft.cli import main; "
-            f"assert main(['registry', 'select', 'allgather', '-t', '{TOPO}', '--size', '1MB', '--registry', "
-            f"'{hundred}']) == 0; print(sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'z3', "
-            "'ortools')))")
-    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; from weft.cli import main; "
+        f"assert main(['registry', 'select', 'allgather', '-t', '{TOPO}', '--size', '1MB', '--registry', "
+        f"'{hundred}']) == 0; print(sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'z3', "
+        "'ortools')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-1] == "[]"
 
@@ -90,14 +124,16 @@ def test_select_loads_no_scipy(hundred):
 @pytest.fixture
 def small(tmp_path) -> tuple[Path, list[str]]:
     path = tmp_path / "registry"
-    entries = Registry(path).commit_all([item(copy_plan(n, lo, hi)) for n, lo, hi in
-                                         (("a", 4, 4096), ("b", 8192, 1 << 20))])
+    entries = Registry(path).commit_all(
+        [item(copy_plan(n, lo, hi)) for n, lo, hi in (("a", 4, 4096), ("b", 8192, 1 << 20))]
+    )
     Registry(path).record_nccl(TOPO, "allgather", {1024: 900.0})
     return path, [e.id for e in entries]
 
 
-@pytest.mark.parametrize("damage", ["{not json", '{"format": "weft.registry-index/1", "entries": [{"id": 3}]}',
-                                    "[" * 100_000])
+@pytest.mark.parametrize(
+    "damage", ["{not json", '{"format": "weft.registry-index/1", "entries": [{"id": 3}]}', "[" * 100_000]
+)
 def test_a_damaged_index_never_blocks_show_by_name_list_select_or_export(small, capsys, tmp_path, damage):
     path, ids = small
     (path / "index.json").write_text(damage)
@@ -126,8 +162,9 @@ def test_an_index_row_edited_by_hand_is_not_believed(small, capsys):
     index = json.loads((path / "index.json").read_text())
     next(r for r in index["entries"] if r["id"] == ids[1])["min_bytes"] = 1 << 30
     (path / "index.json").write_text(json.dumps(index))
-    code, out, err = run(["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)],
-                         capsys)
+    code, out, err = run(
+        ["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)], capsys
+    )
     assert code == 0 and out.startswith(ids[1]) and "index.json does not describe 1 of 2 entries" in err
 
 
@@ -150,8 +187,7 @@ def test_a_commit_waiting_for_the_lock_says_so(small, monkeypatch):
     monkeypatch.setattr(registry_module, "LOCK_NOTICE_S", 0.05)
     lines = []
     with FileLock(str(path / ".lock")):
-        writer = threading.Thread(target=lambda: Registry(path).commit_all([item(copy_plan("c", 4, 8))],
-                                                                            lines.append))
+        writer = threading.Thread(target=lambda: Registry(path).commit_all([item(copy_plan("c", 4, 8))], lines.append))
         writer.start()
         time.sleep(0.5)
         assert lines == [f"waiting for another writer's lock on {path} (at most 120 s)"]
@@ -181,8 +217,9 @@ def test_list_shows_the_best_time_within_the_entrys_sizes(tmp_path, capsys):
 
 def test_one_fabric_is_listed_under_one_name(tmp_path, capsys):
     path = tmp_path / "registry"
-    Registry(path).commit_all([item(copy_plan("named", 4, 4096), name="dgx1"),
-                               item(copy_plan("bare", 8192, 1 << 20), name=None)])
+    Registry(path).commit_all(
+        [item(copy_plan("named", 4, 4096), name="dgx1"), item(copy_plan("bare", 8192, 1 << 20), name=None)]
+    )
     code, out, _ = run(["registry", "list", "--json", "--registry", str(path)], capsys)
     assert code == 0 and [row["topology_name"] for row in json.loads(out)] == ["dgx1", "dgx1"]
 
@@ -211,11 +248,14 @@ def test_no_plan_speaks_in_what_the_user_typed_and_names_the_nearest_fabric(tmp_
     doc = compile_schedule(baselines.ring(dgx1, Collective("allreduce", 8)), dgx1).to_json()
     path = tmp_path / "registry"
     Registry(path).commit_all([item(doc, dgx1.fingerprint, "dgx1")])
-    code, out, _ = run(["registry", "select", "allreduce", "-t", "hgx_h200:gpus=8", "--size", "1m", "--registry",
-                        str(path)], capsys)
+    code, out, _ = run(
+        ["registry", "select", "allreduce", "-t", "hgx_h200:gpus=8", "--size", "1m", "--registry", str(path)], capsys
+    )
     assert code == 1
-    assert out.startswith("no plan: no allreduce plan for hgx_h200:gpus=8 at 1m (1MB); the registry holds "
-                          f"allreduce plans for dgx1 ({dgx1.fingerprint}, 8 ranks)")
+    assert out.startswith(
+        "no plan: no allreduce plan for hgx_h200:gpus=8 at 1m (1MB); the registry holds "
+        f"allreduce plans for dgx1 ({dgx1.fingerprint}, 8 ranks)"
+    )
     assert "1048576" not in out
 
 
@@ -231,12 +271,21 @@ def test_committing_a_schedule_says_it_is_one(tmp_path, capsys):
 def test_record_names_the_plans_it_skipped(small, tmp_path, capsys):
     path, ids = small
     known = Registry(path).get(ids[0]).plan.content_hash
-    rows = [{"size": 1024, "nccl_us": 9.0, "wrong": 0, "plan": "elsewhere-x1", "plan_hash": "00000000000000ff",
-             "plans_us": {known: 3.0, "00000000000000ff": 2.0, "00000000000000fe": 4.0}}]
+    rows = [
+        {
+            "size": 1024,
+            "nccl_us": 9.0,
+            "wrong": 0,
+            "plan": "elsewhere-x1",
+            "plan_hash": "00000000000000ff",
+            "plans_us": {known: 3.0, "00000000000000ff": 2.0, "00000000000000fe": 4.0},
+        }
+    ]
     (tmp_path / "results.json").write_text(json.dumps({"collective": "allgather", "rows": rows}))
     code, out, _ = run(["registry", "record", str(tmp_path / "results.json"), "--registry", str(path)], capsys)
     assert code == 0 and out.splitlines()[1].endswith(
-        "skipped 2 plans not in the registry: 00000000000000fe, 00000000000000ff (elsewhere-x1)")
+        "skipped 2 plans not in the registry: 00000000000000fe, 00000000000000ff (elsewhere-x1)"
+    )
 
 
 def test_milp_schedules_solved_for_different_sizes_have_different_names():
@@ -245,8 +294,10 @@ def test_milp_schedules_solved_for_different_sizes_have_different_names():
     from topologies import resolve
 
     ring = resolve("ring:n=3")
-    names = {solve(ring, Collective("allgather", 3), MilpOptions(size=size, time_limit=10)).name
-             for size in (1 << 10, 64 << 20)}
+    names = {
+        solve(ring, Collective("allgather", 3), MilpOptions(size=size, time_limit=10)).name
+        for size in (1 << 10, 64 << 20)
+    }
     assert names == {"milp-allgather-c1-1KB", "milp-allgather-c1-64MB"}
 
 
@@ -261,11 +312,44 @@ def two_routes(tmp_path_factory) -> tuple[Path, Path, dict]:
     root = tmp_path_factory.mktemp("routes")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "direct", "--protocol", "simple",
-                     "--size", "16MB", "--commit", "--registry", str(root / "a"), "-o", str(root / "s.json"),
-                     "--json"]) == 0
-        assert main(["compile", str(root / "s.json"), "-t", "hgx_h200:gpus=2", "--protocol", "simple",
-                     "-o", str(root / "plan.json")]) == 0
+        assert (
+            main(
+                [
+                    "synth",
+                    "allreduce",
+                    "-t",
+                    "hgx_h200:gpus=2",
+                    "--method",
+                    "direct",
+                    "--protocol",
+                    "simple",
+                    "--size",
+                    "16MB",
+                    "--commit",
+                    "--registry",
+                    str(root / "a"),
+                    "-o",
+                    str(root / "s.json"),
+                    "--json",
+                ]
+            )
+            == 0
+        )
+        assert (
+            main(
+                [
+                    "compile",
+                    str(root / "s.json"),
+                    "-t",
+                    "hgx_h200:gpus=2",
+                    "--protocol",
+                    "simple",
+                    "-o",
+                    str(root / "plan.json"),
+                ]
+            )
+            == 0
+        )
         assert main(["registry", "commit", str(root / "plan.json"), "--registry", str(root / "b")]) == 0
     table = json.loads(out.getvalue().split("\n]\n")[0] + "\n]")[0]["meta"]["predicted_us"]
     return root / "a", root / "b", table
@@ -283,8 +367,21 @@ def test_select_agrees_with_synths_table_at_every_size(two_routes, capsys):
     a, b, table = two_routes
     for registry in (a, b):
         for size, us in table.items():
-            code, out, _ = run(["registry", "select", "allreduce", "-t", "hgx_h200:gpus=2", "--size", size, "--json",
-                                "--registry", str(registry)], capsys)
+            code, out, _ = run(
+                [
+                    "registry",
+                    "select",
+                    "allreduce",
+                    "-t",
+                    "hgx_h200:gpus=2",
+                    "--size",
+                    size,
+                    "--json",
+                    "--registry",
+                    str(registry),
+                ],
+                capsys,
+            )
             sel = json.loads(out)
             assert code == 0 and sel["time_us"] == pytest.approx(us, rel=1e-9), (registry.name, size)
             assert sel["prediction"] == "calibrated to measurements on this fabric"
@@ -309,20 +406,68 @@ def test_selection_never_prefers_a_plan_its_model_calls_slower(tmp_path, capsys)
 
     registry = str(tmp_path / "registry")
     topology = resolve("hgx_h200:gpus=4")
-    assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=4", "--method", "direct", "--protocol", "simple",
-                 "--commit", "--registry", registry]) == 0
-    assert main(["synth", "allreduce", "-t", "hgx_h200:gpus=4", "--method", "ring", "-o",
-                 str(tmp_path / "ring.json")]) == 0
-    assert main(["compile", str(tmp_path / "ring.json"), "-t", "hgx_h200:gpus=4", "--protocol", "simple", "-o",
-                 str(tmp_path / "ring.plan.json")]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allreduce",
+                "-t",
+                "hgx_h200:gpus=4",
+                "--method",
+                "direct",
+                "--protocol",
+                "simple",
+                "--commit",
+                "--registry",
+                registry,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(["synth", "allreduce", "-t", "hgx_h200:gpus=4", "--method", "ring", "-o", str(tmp_path / "ring.json")])
+        == 0
+    )
+    assert (
+        main(
+            [
+                "compile",
+                str(tmp_path / "ring.json"),
+                "-t",
+                "hgx_h200:gpus=4",
+                "--protocol",
+                "simple",
+                "-o",
+                str(tmp_path / "ring.plan.json"),
+            ]
+        )
+        == 0
+    )
     assert main(["registry", "commit", str(tmp_path / "ring.plan.json"), "--registry", registry]) == 0
     capsys.readouterr()
     sizes = tuple(parse_bytes(s) for s in ("16KB", "256KB", "16MB"))
-    model = {method: schedule_predictions(getattr(baselines, method)(topology, Collective("allreduce", 4)),
-                                          topology, sizes, 1, "simple")[0] for method in ("direct", "ring")}
+    model = {
+        method: schedule_predictions(
+            getattr(baselines, method)(topology, Collective("allreduce", 4)), topology, sizes, 1, "simple"
+        )[0]
+        for method in ("direct", "ring")
+    }
     for size, text in zip(sizes, ("16KB", "256KB", "16MB")):
-        code, out, _ = run(["registry", "select", "allreduce", "-t", "hgx_h200:gpus=4", "--size", text, "--json",
-                            "--registry", registry], capsys)
+        code, out, _ = run(
+            [
+                "registry",
+                "select",
+                "allreduce",
+                "-t",
+                "hgx_h200:gpus=4",
+                "--size",
+                text,
+                "--json",
+                "--registry",
+                registry,
+            ],
+            capsys,
+        )
         cheaper = min(model, key=lambda m: model[m][size])
         chosen = Registry(registry).get(json.loads(out)["entry"]).plan.weft.solver
         assert code == 0 and chosen == cheaper, (text, model["direct"][size], model["ring"][size])
@@ -331,12 +476,15 @@ def test_selection_never_prefers_a_plan_its_model_calls_slower(tmp_path, capsys)
 
 def test_select_says_where_a_time_between_stored_sizes_came_from(small, capsys):
     path, ids = small
-    code, out, _ = run(["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)],
-                       capsys)
-    assert code == 0 and out.rstrip().endswith("never measured: α-β model of its links only; interpolated between "
-                                               "1KB and 1MB)")
-    code, out, _ = run(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry", str(path)],
-                       capsys)
+    code, out, _ = run(
+        ["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)], capsys
+    )
+    assert code == 0 and out.rstrip().endswith(
+        "never measured: α-β model of its links only; interpolated between 1KB and 1MB)"
+    )
+    code, out, _ = run(
+        ["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry", str(path)], capsys
+    )
     assert code == 0 and out.rstrip().endswith("α-β model of its links only)")  # a stored size: nothing to add
 
 
@@ -346,6 +494,7 @@ def test_a_current_row_for_an_entry_this_weft_no_longer_reads_costs_only_that_en
     path, ids = small
     Registry(path).record_timing(ids[1], 65536, 0.5)
     monkeypatch.setattr(registry_module, "MIN_MEASURED_US", 1.0)
-    code, out, err = run(["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)],
-                         capsys)
+    code, out, err = run(
+        ["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)], capsys
+    )
     assert code == 1 and out.startswith("no plan:") and err.count("\n") == 1 and "timings.measured_us.65536" in err

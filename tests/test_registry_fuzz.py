@@ -25,19 +25,45 @@ from weft.cli import main
 
 TOPO = "topo-00000000000000aa"
 RANGES = {"a": (4, 4096, 1024), "b": (8192, 1 << 20, 65536), "c": (2 << 20, (1 << 64) - 1, 4 << 20)}
-CASES = settings(max_examples=200, deadline=None, derandomize=True,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+CASES = settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def plan_doc(name: str, lo: int, hi: int) -> dict:
     """A real 1-rank allgather plan (copy input to output); the name makes each plan's hash distinct."""
     return {
-        "name": name, "collective": "allgather", "protocol": "Simple", "inplace": False,
-        "num_threads_per_block": 512, "buffer_alignment": 16,
-        "min_message_size": lo, "max_message_size": hi,
-        "gpus": [{"id": 0, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0, "threadblocks": [
-            {"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
-                               "dst_buff": [{"type": "o", "index": 0, "size": 1}]}]}]}],
+        "name": name,
+        "collective": "allgather",
+        "protocol": "Simple",
+        "inplace": False,
+        "num_threads_per_block": 512,
+        "buffer_alignment": 16,
+        "min_message_size": lo,
+        "max_message_size": hi,
+        "gpus": [
+            {
+                "id": 0,
+                "input_chunks": 1,
+                "output_chunks": 1,
+                "scratch_chunks": 0,
+                "threadblocks": [
+                    {
+                        "id": 0,
+                        "ops": [
+                            {
+                                "name": "copy",
+                                "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                                "dst_buff": [{"type": "o", "index": 0, "size": 1}],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
         "weft": {"topology": TOPO, "predicted_us": {"4KB": 3.0, "1MB": 40.0}},
     }
 
@@ -48,16 +74,29 @@ def build(root: Path) -> dict[str, str]:
     ids = {}
     for name, (lo, hi, _) in RANGES.items():
         plan = parse_plan(plan_doc(name, lo, hi), name)
-        provenance = {"solver": "direct", "weft_version": "test", "topology_name": "fuzz",
-                      "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32", "bf16"]}}
+        provenance = {
+            "solver": "direct",
+            "weft_version": "test",
+            "topology_name": "fuzz",
+            "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32", "bf16"]},
+        }
         ids[name] = reg.commit(plan, TOPO, provenance, {1024: 5.0, 1 << 20: 50.0, 1 << 30: 5e4}).id
     reg.record_timing(ids["a"], 1024, 4.0)
     reg.record_timing(ids["a"], 1024, 3.5, ll128=True)
     reg.record_nccl(TOPO, "allgather", {1024: 900.0, 1 << 20: 1000.0})
     hashes = {name: reg.get(i).plan.content_hash for name, i in ids.items()}
-    rows = [{"size": size, "nccl_us": 800.0, "wrong": 0, "weft_us": 2.0, "plan_hash": hashes[name],
-             "plans_us": {hashes[name]: 2.0}, "plans_ll128_us": {hashes[name]: 1.5}}
-            for name, (_, _, size) in RANGES.items()]
+    rows = [
+        {
+            "size": size,
+            "nccl_us": 800.0,
+            "wrong": 0,
+            "weft_us": 2.0,
+            "plan_hash": hashes[name],
+            "plans_us": {hashes[name]: 2.0},
+            "plans_ll128_us": {hashes[name]: 1.5},
+        }
+        for name, (_, _, size) in RANGES.items()
+    ]
     (root / "results.json").write_text(json.dumps({"collective": "allgather", "rows": rows}))
     (root / "plan.json").write_text(json.dumps(plan_doc("d", 4100, 8000)))
     return ids
@@ -79,10 +118,13 @@ def one_parser():
 def pristine(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     ids = build(root)
-    files = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-             and p.name != ".lock"}
-    return files, ids, {name: select(root / "registry", size) for name, (_, _, size) in RANGES.items()}, \
-        listing(root / "registry")
+    files = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return (
+        files,
+        ids,
+        {name: select(root / "registry", size) for name, (_, _, size) in RANGES.items()},
+        listing(root / "registry"),
+    )
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
@@ -95,8 +137,9 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def select(registry: Path, size: int) -> dict:
-    code, out, _ = run(["registry", "select", "allgather", "-t", TOPO, "--size", str(size), "--json",
-                        "--registry", str(registry)])
+    code, out, _ = run(
+        ["registry", "select", "allgather", "-t", TOPO, "--size", str(size), "--json", "--registry", str(registry)]
+    )
     return json.loads(out)
 
 
@@ -107,22 +150,55 @@ def listing(registry: Path) -> dict[str, dict]:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
 
 
 # ---- mutations ----------------------------------------------------------------------------------------------
 LEAF = st.one_of(
-    st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
-    st.sampled_from([0, -1, 1, 3, 10 ** 40, 1 << 64, (1 << 64) - 1, 1 << 63]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-    st.sampled_from(["../../ESCAPED", "/tmp/weft-escaped-abs", "", "..", "allreduce", "LL", "1KB",
-                     "topo-00000000000000ab", TOPO, "weft.registry-entry/1", "weft.registry-index/1", "weft.registry-baselines/1"]))
-VALUE = st.recursive(LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                   st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-                     max_leaves=6)
-RAW = st.sampled_from([b"", b"null", b"[]", b"{}", b"[" * 100_000, b'{"format": ' + b"9" * 5000 + b"}",
-                       b"\xff\xfe\x00", b'{"a": 1e999999}', b"NaN", b'"text"'])
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 70), 1 << 70),
+    st.sampled_from([0, -1, 1, 3, 10**40, 1 << 64, (1 << 64) - 1, 1 << 63]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "../../ESCAPED",
+            "/tmp/weft-escaped-abs",
+            "",
+            "..",
+            "allreduce",
+            "LL",
+            "1KB",
+            "topo-00000000000000ab",
+            TOPO,
+            "weft.registry-entry/1",
+            "weft.registry-index/1",
+            "weft.registry-baselines/1",
+        ]
+    ),
+)
+VALUE = st.recursive(
+    LEAF,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6,
+)
+RAW = st.sampled_from(
+    [
+        b"",
+        b"null",
+        b"[]",
+        b"{}",
+        b"[" * 100_000,
+        b'{"format": ' + b"9" * 5000 + b"}",
+        b"\xff\xfe\x00",
+        b'{"a": 1e999999}',
+        b"NaN",
+        b'"text"',
+    ]
+)
 
 
 def paths(doc: object, here: tuple = ()) -> list[tuple]:
@@ -143,7 +219,7 @@ def mutated(draw, text: bytes) -> bytes:
     if kind == "raw":
         return draw(RAW)
     if kind == "truncate":
-        return text[:draw(st.integers(0, max(len(text) - 1, 0)))]
+        return text[: draw(st.integers(0, max(len(text) - 1, 0)))]
     doc = json.loads(text)
     targets = paths(doc)
     path = draw(st.sampled_from(targets if kind == "set" else [p for p in targets if p] or [()]))
@@ -190,8 +266,9 @@ class Case:
             assert err.count("\n") == 1, err
         return code
 
-    def others_serve_as_before(self, skip: str | None = None, new_ids: frozenset = frozenset(),
-                               nccl: bool = False) -> None:
+    def others_serve_as_before(
+        self, skip: str | None = None, new_ids: frozenset = frozenset(), nccl: bool = False
+    ) -> None:
         """``nccl``: a recorded plan time may now be slower than NCCL's, which then runs instead."""
         listed = listing(self.registry)
         for name, size_sel in self.selected.items():
@@ -199,8 +276,11 @@ class Case:
                 continue
             assert listed[self.ids[name]] == self.listed[self.ids[name]] or skip is None
             now = select(self.registry, RANGES[name][2])
-            assert (now["entry"] == size_sel["entry"] or now["entry"] in new_ids
-                    or (nccl and now["basis"] == "nccl")), (name, now, size_sel)
+            assert now["entry"] == size_sel["entry"] or now["entry"] in new_ids or (nccl and now["basis"] == "nccl"), (
+                name,
+                now,
+                size_sel,
+            )
         assert not list(Path("/tmp").glob("weft-escaped-abs*")) and not list(self.tmp.parent.glob("ESCAPED*"))
 
 
@@ -230,8 +310,10 @@ def test_a_mutated_index_changes_no_selection_and_the_next_change_repairs_it(pri
     case = Case(pristine, "registry/index.json", None, data.draw)
     try:
         case.others_serve_as_before()
-        assert case.run_checked(["registry", "record", str(case.tmp / "results.json"),
-                                 "--registry", str(case.registry)]) == 0
+        assert (
+            case.run_checked(["registry", "record", str(case.tmp / "results.json"), "--registry", str(case.registry)])
+            == 0
+        )
         index = json.loads((case.registry / "index.json").read_text())
         assert sorted(row["id"] for row in index["entries"]) == sorted(case.ids.values())
     finally:
@@ -283,8 +365,23 @@ def test_a_mutated_plan_commits_whole_or_not_at_all(pristine, data):
 
 
 # ---- the registry's layout mutated (issue 39.2): side files, orphans, stray files --------------------------------
-LAYOUT = st.sampled_from(["orphan", "orphan_index", "drop_row", "extra_row", "dup_row", "stale_row", "stray_text",
-                          "stray_dir", "index_dir", "baselines_dir", "entry_copy", "no_index", "index_raw"])
+LAYOUT = st.sampled_from(
+    [
+        "orphan",
+        "orphan_index",
+        "drop_row",
+        "extra_row",
+        "dup_row",
+        "stale_row",
+        "stray_text",
+        "stray_dir",
+        "index_dir",
+        "baselines_dir",
+        "entry_copy",
+        "no_index",
+        "index_raw",
+    ]
+)
 
 
 def mutate_layout(registry: Path, ids: dict[str, str], op: str, draw) -> None:
@@ -329,8 +426,12 @@ def mutate_layout(registry: Path, ids: dict[str, str], op: str, draw) -> None:
         index.write_bytes(draw(RAW))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data(), ops=st.lists(LAYOUT, min_size=1, max_size=3))
 def test_a_mutated_registry_loses_no_good_entry(pristine, data, ops):
     """Oracle: 0 good entries lost (list, select, show by plan name, export) and 0 tracebacks, whatever the side

@@ -32,8 +32,9 @@ def test_nccl_is_selected_where_it_measured_faster_than_every_plan(tmp_path):
     assert reg.select(TOPO, "allgather", 1 << 20).entry.id == entry.id
     sel = reg.select(TOPO, "allgather", 16 << 20)
     assert sel.entry is None and sel.basis == "nccl" and sel.time_us == pytest.approx(100.0)
-    assert sel.reason == ("NCCL measured faster for allgather at 16777216 bytes (100.0 µs against 120.0 µs for "
-                          "the fastest plan, plan)")
+    assert sel.reason == (
+        "NCCL measured faster for allgather at 16777216 bytes (100.0 µs against 120.0 µs for the fastest plan, plan)"
+    )
     # between measured sizes both sides interpolate: at 4 MB the plan's 20 -> 120 and NCCL's 25 -> 100 lines cross
     # (4 MB: plan 20·6^0.5 = 49.0, NCCL 25·4^0.5 = 50.0): the plan still wins there
     assert reg.select(TOPO, "allgather", 4 << 20).entry.id == entry.id
@@ -64,7 +65,9 @@ def test_the_inference_choice_falls_back_to_nccl_with_the_reason(tmp_path):
     assert choice.plan("allreduce", 1 << 10, "bf16") == entry.plan and choice.reason("allreduce", 1 << 10, "bf16") == ""
     assert choice.plan("allreduce", 64 << 10, "bf16") is None
     assert choice.reason("allreduce", 64 << 10, "bf16").startswith("NCCL measured faster for allreduce at 65536")
-    assert choice.plan("allgather", 1 << 10, "bf16") is None and choice.reason("allgather", 1 << 10, "bf16") == "no plan"
+    assert (
+        choice.plan("allgather", 1 << 10, "bf16") is None and choice.reason("allgather", 1 << 10, "bf16") == "no plan"
+    )
 
 
 def test_the_committed_registries_run_nccl_only_where_it_measured_faster():
@@ -75,7 +78,8 @@ def test_the_committed_registries_run_nccl_only_where_it_measured_faster():
     for size in (1 << 10, 64 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20):
         assert four.plan("allreduce", size, "bf16") is not None, size
     assert four.plan("allreduce", 16 << 20, "bf16") is None and "NCCL measured faster" in four.reason(
-        "allreduce", 16 << 20, "bf16")
+        "allreduce", 16 << 20, "bf16"
+    )
     assert four.plan("allgather", 256 << 20, "bf16") is not None  # all-gather beats NCCL at every size
     two = PlanChoice(Registry(COMMITTED / "registry_h200x2"), build("hgx_h200:gpus=2").fingerprints, 2, ll128=True)
     for collective in ("allreduce", "reducescatter", "allgather"):
@@ -83,12 +87,21 @@ def test_the_committed_registries_run_nccl_only_where_it_measured_faster():
             assert two.plan(collective, size, "bf16") is not None, (collective, size)
 
 
-@pytest.mark.parametrize("doc, field", [
-    ({"format": "other"}, "format"),
-    ({"format": "weft.registry-baselines/1", "nccl_us": []}, "nccl_us"),
-    ({"format": "weft.registry-baselines/1", "nccl_us": {"t": {"allreduce": {"1024": -3}}}}, "nccl_us.t.allreduce.1024"),
-    ({"format": "weft.registry-baselines/1", "nccl_us": {"t": {"allreduce": {"1KB": 3}}}}, "nccl_us.t.allreduce.1KB"),
-])
+@pytest.mark.parametrize(
+    "doc, field",
+    [
+        ({"format": "other"}, "format"),
+        ({"format": "weft.registry-baselines/1", "nccl_us": []}, "nccl_us"),
+        (
+            {"format": "weft.registry-baselines/1", "nccl_us": {"t": {"allreduce": {"1024": -3}}}},
+            "nccl_us.t.allreduce.1024",
+        ),
+        (
+            {"format": "weft.registry-baselines/1", "nccl_us": {"t": {"allreduce": {"1KB": 3}}}},
+            "nccl_us.t.allreduce.1KB",
+        ),
+    ],
+)
 def test_a_malformed_baselines_file_is_refused_naming_the_file_and_field(tmp_path, doc, field):
     reg, _ = measured_pair(tmp_path)
     (tmp_path / "baselines.json").write_text(json.dumps(doc))
@@ -102,20 +115,41 @@ def test_weft_registry_record_stores_a_bench_files_times(tmp_path, capsys):
     reg = Registry(tmp_path / "reg")
     a = commit(reg, "a")
     results = tmp_path / "bench.json"
-    results.write_text(json.dumps({"collective": "allgather", "rows": [
-        {"size": 1 << 20, "nccl_us": 10.0, "weft_us": 30.0, "wrong": 0, "plan_hash": a.plan.content_hash,
-         "plans_us": {a.plan.content_hash: 30.0}}]}))
+    results.write_text(
+        json.dumps(
+            {
+                "collective": "allgather",
+                "rows": [
+                    {
+                        "size": 1 << 20,
+                        "nccl_us": 10.0,
+                        "weft_us": 30.0,
+                        "wrong": 0,
+                        "plan_hash": a.plan.content_hash,
+                        "plans_us": {a.plan.content_hash: 30.0},
+                    }
+                ],
+            }
+        )
+    )
     assert main(["registry", "record", str(results), "--registry", str(tmp_path / "reg")]) == 0
     assert "1 plan time and NCCL's at 1 size recorded" in capsys.readouterr().out  # singular: one of each
     assert reg.get(a.id).measured_us == {1 << 20: 30.0} and reg.nccl_times(TOPO, "allgather") == {1 << 20: 10.0}
-    assert main(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry",
-                 str(tmp_path / "reg")]) == 1
+    assert (
+        main(["registry", "select", "allgather", "-t", TOPO, "--size", "1MB", "--registry", str(tmp_path / "reg")]) == 1
+    )
     assert "no plan: NCCL measured faster for allgather at 1MB (10.0 µs" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("doc, field", [([], "must be an object"), ({"rows": []}, "collective"),
-                                        ({"collective": "allgather"}, "rows"),
-                                        ({"collective": "allgather", "rows": [{"size": 1}]}, r"rows\[0\].nccl_us")])
+@pytest.mark.parametrize(
+    "doc, field",
+    [
+        ([], "must be an object"),
+        ({"rows": []}, "collective"),
+        ({"collective": "allgather"}, "rows"),
+        ({"collective": "allgather", "rows": [{"size": 1}]}, r"rows\[0\].nccl_us"),
+    ],
+)
 def test_a_bad_results_file_is_one_line_and_exit_2_recording_nothing(tmp_path, capsys, doc, field):
     results = tmp_path / "bench.json"
     results.write_text(json.dumps(doc))

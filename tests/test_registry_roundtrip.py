@@ -44,7 +44,8 @@ def test_every_entry_comes_back_with_its_timings_predictions_and_options(importe
 
 def test_nccl_times_come_back(imported):
     assert json.loads((imported / "baselines.json").read_text()) == json.loads(
-        (COMMITTED / "baselines.json").read_text())
+        (COMMITTED / "baselines.json").read_text()
+    )
 
 
 def answers(registry: Path) -> dict:
@@ -74,8 +75,9 @@ def test_the_issue_example_selects_the_measured_ll_plan_after_import(imported, c
     """Issue 20: 4KB allreduce changed from a measured LL plan to a predicted simple-x1 one after the round trip."""
     lines = []
     for registry in (COMMITTED, imported):
-        assert main(["registry", "select", "allreduce", "-t", H200X2, "--size", "4KB", "--registry",
-                     str(registry)]) == 0
+        assert (
+            main(["registry", "select", "allreduce", "-t", H200X2, "--size", "4KB", "--registry", str(registry)]) == 0
+        )
         lines.append(capsys.readouterr().out)
     assert lines[0] == lines[1] and " measured " in lines[0]
 
@@ -86,8 +88,24 @@ def test_list_tells_entries_apart(capsys):
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].split() == ["id", "collective", "ranks", "topology", "plan", "solver", "sizes", "best", "time"]
     row = next(r for r in rows if r.startswith("reducescatter-2r-f80376f883a1"))
-    assert row.split() == ["reducescatter-2r-f80376f883a1", "reducescatter", "2", "hgx_h200:gpus=2", "ll-x1-t1024",
-                           "direct", "0B..1MB,", "2", "parts,", "granule", "8B", "3.64", "µs", "measured", "at", "1KB"]
+    assert row.split() == [
+        "reducescatter-2r-f80376f883a1",
+        "reducescatter",
+        "2",
+        "hgx_h200:gpus=2",
+        "ll-x1-t1024",
+        "direct",
+        "0B..1MB,",
+        "2",
+        "parts,",
+        "granule",
+        "8B",
+        "3.64",
+        "µs",
+        "measured",
+        "at",
+        "1KB",
+    ]
     assert rows[-1] == f"{len(list((COMMITTED / 'entries').glob('*.json')))} entries in {COMMITTED}"
     assert len({tuple(r.split()[3:]) for r in rows[1:-1]}) > 60  # rows differ beyond their ids
 
@@ -95,7 +113,9 @@ def test_list_tells_entries_apart(capsys):
 def test_show_starts_with_the_same_facts(capsys):
     assert main(["registry", "show", "reducescatter-2r-f80376f883a1", "--registry", str(COMMITTED)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == ("reducescatter-2r-f80376f883a1: reducescatter on 2 ranks of hgx_h200:gpus=2, plan "
-                     "direct-reducescatter-hgx_h200:gpus=2-ll-x1 (ll-x1-t1024), sizes 0B..1MB, 2 parts, granule 8B, "
-                     "best 3.64 µs "
-                     "measured at 1KB")
+    assert first == (
+        "reducescatter-2r-f80376f883a1: reducescatter on 2 ranks of hgx_h200:gpus=2, plan "
+        "direct-reducescatter-hgx_h200:gpus=2-ll-x1 (ll-x1-t1024), sizes 0B..1MB, 2 parts, granule 8B, "
+        "best 3.64 µs "
+        "measured at 1KB"
+    )

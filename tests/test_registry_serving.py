@@ -55,8 +55,12 @@ def four_rank_plan_doc() -> dict:
 def fake_commit(registry: Path, doc: dict, topology: str, name: str = "hgx_h200:gpus=2") -> str:
     """Commit ``doc`` through the library, with a verification record that says it passed (as a forger would)."""
     plan = parse_plan(doc, "plan")
-    provenance = {"solver": "direct", "weft_version": "test", "topology_name": name,
-                  "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32"]}}
+    provenance = {
+        "solver": "direct",
+        "weft_version": "test",
+        "topology_name": name,
+        "verification": {"ok": True, "plan_hash": plan.content_hash, "dtypes": ["fp32"]},
+    }
     return Registry(registry).commit(plan, topology, provenance, {1024: 5.0, 1 << 30: 5e4}).id
 
 
@@ -75,8 +79,9 @@ def test_a_four_rank_plan_keyed_for_two_gpus_is_not_selected_nor_imported(tmp_pa
 
     registry = tmp_path / "forged"
     fake_commit(registry, four_rank_plan_doc(), resolve(H200X2).fingerprint)
-    code, out, _ = run(["registry", "select", "allreduce", "-t", H200X2, "--size", "1MB", "--registry",
-                        str(registry)], capsys)
+    code, out, _ = run(
+        ["registry", "select", "allreduce", "-t", H200X2, "--size", "1MB", "--registry", str(registry)], capsys
+    )
     assert code == 1 and out.startswith("no plan: no allreduce plan for hgx_h200:gpus=2 at 1MB")
     assert run(["registry", "export", str(tmp_path / "out"), "--registry", str(registry)], capsys)[0] == 0
     code, _, err = run(["registry", "import", str(tmp_path / "out"), "--registry", str(tmp_path / "r")], capsys)
@@ -109,8 +114,9 @@ def test_a_forged_entry_is_refused_at_select_before_it_runs(tmp_path, capsys):
     registry, id = committed(tmp_path, capsys)
     forged = forge(registry, id)
     assert Registry(registry).get(forged).plan.nranks == 2  # the forgery reads as a good entry
-    code, out, err = run(["registry", "select", "allreduce", "-t", H200X2, "--size", "1MB", "--registry",
-                          str(registry)], capsys)
+    code, out, err = run(
+        ["registry", "select", "allreduce", "-t", H200X2, "--size", "1MB", "--registry", str(registry)], capsys
+    )
     assert code == 1 and out.startswith("no plan:")
     assert f"refused {forged}: its plan failed on the reference executor" in err
     sel = Registry(registry).select(Registry(registry).get(forged).key.topology, "allreduce", 1 << 20)
@@ -129,8 +135,9 @@ def test_a_plan_is_proven_once_per_machine_then_costs_nothing(tmp_path, capsys, 
     check = weft.pipeline.check
     monkeypatch.setattr(weft.pipeline, "check", lambda plan, *a, **k: calls.append(plan.name) or check(plan, *a, **k))
     for _ in range(3):
-        code, out, _ = run(["registry", "select", "allreduce", "-t", H200X2, "--size", "4KB", "--registry",
-                            str(copy)], capsys)
+        code, out, _ = run(
+            ["registry", "select", "allreduce", "-t", H200X2, "--size", "4KB", "--registry", str(copy)], capsys
+        )
         assert code == 0 and out.startswith(id)
     assert calls == ["allpairs_allreduce_2"]
 
@@ -138,23 +145,28 @@ def test_a_plan_is_proven_once_per_machine_then_costs_nothing(tmp_path, capsys, 
 @pytest.mark.parametrize("time_us", [1e-300, 0.0, -1.0, float("nan"), float("inf")])
 def test_a_measured_time_outside_physical_sense_is_refused(tmp_path, capsys, time_us):
     registry, id = committed(tmp_path, capsys)
-    with pytest.raises(RegistryError, match="timings.measured_us.1024: must be a size in bytes mapped to a positive, "
-                                            "finite time in µs that a GPU can measure"):
+    with pytest.raises(
+        RegistryError,
+        match="timings.measured_us.1024: must be a size in bytes mapped to a positive, "
+        "finite time in µs that a GPU can measure",
+    ):
         Registry(registry).record_timing(id, 1024, time_us)
     path = registry / "entries" / f"{id}.json"
     doc = json.loads(path.read_text())
     doc["timings"]["measured_us"] = {"1024": time_us}
     path.write_text(json.dumps(doc))  # written by hand: the entry is skipped as unreadable, never served
-    code, _, err = run(["registry", "select", "allreduce", "-t", H200X2, "--size", "1KB", "--registry",
-                        str(registry)], capsys)
+    code, _, err = run(
+        ["registry", "select", "allreduce", "-t", H200X2, "--size", "1KB", "--registry", str(registry)], capsys
+    )
     assert code == 1 and "timings.measured_us.1024" in err
 
 
 def test_a_measured_time_below_the_fabrics_latency_is_refused_at_select(tmp_path, capsys):
     registry, id = committed(tmp_path, capsys)
     Registry(registry).record_timing(id, 1024, 0.05)  # a GPU could time it, but 2×H200's crossing takes 0.3 µs
-    code, out, err = run(["registry", "select", "allreduce", "-t", H200X2, "--size", "1KB", "--registry",
-                          str(registry)], capsys)
+    code, out, err = run(
+        ["registry", "select", "allreduce", "-t", H200X2, "--size", "1KB", "--registry", str(registry)], capsys
+    )
     assert code == 1 and f"refused {id}: measured 0.05 µs, below the fabric's latency (0.3 µs)" in err
 
 
@@ -194,13 +206,18 @@ publish.commit_file(sys.argv[1], "hgx_h200:gpus=2", sys.argv[3])
 
 
 @pytest.mark.parametrize("killed_at, orphan", [(1, "entries"), (2, "")])
-def test_a_commit_killed_at_its_rename_is_found_by_verify_and_repaired_by_rebuild_index(tmp_path, capsys,
-                                                                                        killed_at, orphan):
+def test_a_commit_killed_at_its_rename_is_found_by_verify_and_repaired_by_rebuild_index(
+    tmp_path, capsys, killed_at, orphan
+):
     """The first rename puts the entry in place, the second the index: killed at the first, the entry's temporary
     file is left; at the second, the entry is in but its index row is not, and the index's temporary file is left."""
     registry = tmp_path / "registry"
-    done = subprocess.run([sys.executable, "-c", KILL_AT_RENAME, str(FIXTURE), str(killed_at), str(registry)],
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", KILL_AT_RENAME, str(FIXTURE), str(killed_at), str(registry)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=120,
+    )
     assert done.returncode == 9, done.stderr[-2000:]
     left = [p for p in registry.rglob("*.tmp-*")]
     assert [p.parent.name for p in left] == [orphan or registry.name]
@@ -224,8 +241,12 @@ def test_importing_a_folder_without_plans_says_so(tmp_path, capsys, folder):
         folder = str(tmp_path / "empty")
         os.mkdir(folder)
     code, _, err = run(["registry", "import", folder, "--registry", str(tmp_path / "r")], capsys)
-    assert code == 2 and err == f"weft: error: registry import {folder}: no plan or exported entry files (*.json) " \
-                                "in it; `weft registry export DIR` writes them\n"
+    assert (
+        code == 2
+        and err
+        == f"weft: error: registry import {folder}: no plan or exported entry files (*.json) "
+        "in it; `weft registry export DIR` writes them\n"
+    )
     assert not (tmp_path / "r").exists()
 
 
@@ -239,6 +260,10 @@ def test_a_folder_in_place_of_a_side_file_refuses_a_write_whole(tmp_path, capsys
     rows = [{"size": 1024, "nccl_us": 9.0, "wrong": 0, "plans_us": {plan_hash: 3.0}}]
     (tmp_path / "results.json").write_text(json.dumps({"collective": "allreduce", "rows": rows}))
     code, _, err = run(["registry", "record", str(tmp_path / "results.json"), "--registry", str(registry)], capsys)
-    assert code == 2 and err == f"weft: error: registry {registry}: {side}: not a regular file; move it away " \
-                                "(`weft registry rebuild-index` then makes it afresh)\n"
+    assert (
+        code == 2
+        and err
+        == f"weft: error: registry {registry}: {side}: not a regular file; move it away "
+        "(`weft registry rebuild-index` then makes it afresh)\n"
+    )
     assert (registry / "entries" / f"{id}.json").read_bytes() == entry  # nothing written

@@ -64,8 +64,9 @@ def test_the_1024_gpu_ring_allreduce_is_written_verified_and_priced(tmp_path):
     assert f"{schedule.meta.pct_of_bound:.1f}" in printed.split()  # the % printed is the written file's
 
 
-@pytest.mark.parametrize("method,name", [("direct", "allgather"), ("twoshot", "allreduce"), ("rhd", "allreduce"),
-                                         ("tree", "allreduce")])
+@pytest.mark.parametrize(
+    "method,name", [("direct", "allgather"), ("twoshot", "allreduce"), ("rhd", "allreduce"), ("tree", "allreduce")]
+)
 def test_symmetric_baselines_at_1024_gpus_are_compact_and_verify(h1024, method, name):
     from schedules.verify import verify
 
@@ -75,8 +76,11 @@ def test_symmetric_baselines_at_1024_gpus_are_compact_and_verify(h1024, method, 
 
 
 def test_the_one_shot_allreduce_at_1024_gpus_is_refused_before_it_is_built(h1024):
-    with pytest.raises(TooLarge, match=r"direct: allreduce on hgx_h100:nodes=128 is 1,072,693,248 sends, over the "
-                                       r"8,000,000 this machine expands"):
+    with pytest.raises(
+        TooLarge,
+        match=r"direct: allreduce on hgx_h100:nodes=128 is 1,072,693,248 sends, over the "
+        r"8,000,000 this machine expands",
+    ):
         baselines.direct(h1024, Collective("allreduce", 1024))
 
 
@@ -89,8 +93,13 @@ def test_the_bounds_at_1024_gpus_finish():
 def test_each_baseline_on_hypercube_d14_refuses_naming_the_limit_before_building():
     """16384 ranks: every baseline's sends are past the expansion limit, which each names before building any."""
     topology = build("hypercube:d=14")
-    for method, name in (("ring", "allgather"), ("direct", "allgather"), ("rhd", "allreduce"), ("tree", "allreduce"),
-                         ("twoshot", "allreduce")):
+    for method, name in (
+        ("ring", "allgather"),
+        ("direct", "allgather"),
+        ("rhd", "allreduce"),
+        ("tree", "allreduce"),
+        ("twoshot", "allreduce"),
+    ):
         with pytest.raises(TooLarge, match=rf"{method}: {name} on hypercube:d=14 is [\d,]+ sends, over the 8,000,000"):
             getattr(baselines, method)(topology, Collective(name, topology.nranks))
 
@@ -120,9 +129,13 @@ def test_a_100000_rank_ring_file_through_bound_and_synthesis_finishes_or_refuses
     """The bound ends at the time limit (it has none of its own); the ring refuses at once: (N-1)N sends are past
     what this machine expands. (The MILP and trees stop on the same deadline as the bound.)"""
     for argv, code, needle in (
-            (["topo", "bound", str(ring100k), "allgather", "--time-limit", "2"], 1, "--time-limit 2 s reached"),
-            (["synth", "allgather", "-t", str(ring100k), "--method", "ring", "-o", str(tmp_path / "r.json")], 2,
-             "9,999,900,000 sends")):
+        (["topo", "bound", str(ring100k), "allgather", "--time-limit", "2"], 1, "--time-limit 2 s reached"),
+        (
+            ["synth", "allgather", "-t", str(ring100k), "--method", "ring", "-o", str(tmp_path / "r.json")],
+            2,
+            "9,999,900,000 sends",
+        ),
+    ):
         got, _, err = run(argv)
         assert got == code and needle in _one_error_line(err), (argv, err)
     assert not (tmp_path / "r.json").exists()
@@ -130,8 +143,20 @@ def test_a_100000_rank_ring_file_through_bound_and_synthesis_finishes_or_refuses
 
 def test_trees_and_the_bound_stop_at_the_time_limit_on_1024_rank_switch_free_fabrics(tmp_path):
     """Issue 39.5: the cut bound ignored --time-limit on torus2d:x=32,y=32 and hypercube:d=10."""
-    for argv in (["topo", "bound", "torus2d:x=32,y=32", "allgather", "--time-limit", "1"],
-                 ["synth", "allgather", "-t", "hypercube:d=10", "--method", "trees", "--time-limit", "1",
-                  "-o", str(tmp_path / "t.json")]):
+    for argv in (
+        ["topo", "bound", "torus2d:x=32,y=32", "allgather", "--time-limit", "1"],
+        [
+            "synth",
+            "allgather",
+            "-t",
+            "hypercube:d=10",
+            "--method",
+            "trees",
+            "--time-limit",
+            "1",
+            "-o",
+            str(tmp_path / "t.json"),
+        ],
+    ):
         code, _, err = run(argv)
         assert code == 1 and "--time-limit 1 s reached while" in _one_error_line(err), err

@@ -23,10 +23,35 @@ ROOT = Path(__file__).resolve().parents[1]
 START_S = 120.0  # to be at work, from the start (a loaded 2-core machine imports z3 and OR-Tools slowly)
 END_S = 15.0  # from the signal to the last process of the tree gone
 COMMANDS = {
-    "smt": ["synth", "allgather", "-t", "torus2d:x=4,y=4", "--method", "smt", "--pareto", "--jobs", "2",
-            "--time-limit", "120"],
-    "milp": ["synth", "allgather", "-t", "dgx1", "--method", "milp", "--chunks", "4", "--size", "1MB,64MB",
-             "--jobs", "2", "--time-limit", "120"],
+    "smt": [
+        "synth",
+        "allgather",
+        "-t",
+        "torus2d:x=4,y=4",
+        "--method",
+        "smt",
+        "--pareto",
+        "--jobs",
+        "2",
+        "--time-limit",
+        "120",
+    ],
+    "milp": [
+        "synth",
+        "allgather",
+        "-t",
+        "dgx1",
+        "--method",
+        "milp",
+        "--chunks",
+        "4",
+        "--size",
+        "1MB,64MB",
+        "--jobs",
+        "2",
+        "--time-limit",
+        "120",
+    ],
     "trees": ["synth", "allreduce", "-t", "hypercube:d=8", "--method", "trees", "--time-limit", "120"],
 }
 WORKERS = {"smt": 2, "milp": 2, "trees": 0}
@@ -65,9 +90,15 @@ class Run:
         self.out, self.registry = folder / "out", folder / "registry"
         env = dict(os.environ, PYTHONPATH=str(ROOT), WEFT_REGISTRY=str(self.registry))
         argv = COMMANDS[path] + ["-o", str(self.out), "--commit"]
-        self.proc = subprocess.Popen([sys.executable, "-c", "from weft.cli import run; run()", *argv], cwd=folder,
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from weft.cli import run; run()", *argv],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
 
@@ -109,16 +140,24 @@ def signal_when_at_work(runs: list[Run]) -> dict[str, dict]:
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         results[run.key] = {
-            "code": run.proc.wait(timeout=60), "exit_s": exits.get(run.proc.pid, float("inf")),
-            "gone_s": ends.get(run.proc.pid, float("inf")), "tree": len(run.tree), "left": left, "lines": run.lines,
-            "written": sorted(str(p.relative_to(run.folder)) for p in run.folder.rglob("*"))}
+            "code": run.proc.wait(timeout=60),
+            "exit_s": exits.get(run.proc.pid, float("inf")),
+            "gone_s": ends.get(run.proc.pid, float("inf")),
+            "tree": len(run.tree),
+            "left": left,
+            "lines": run.lines,
+            "written": sorted(str(p.relative_to(run.folder)) for p in run.folder.rglob("*")),
+        }
     return results
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict]:
-    runs = [Run(path, sig, tmp_path_factory.mktemp(f"{path}-{sig.name}"))
-            for path in COMMANDS for sig in (signal.SIGTERM, signal.SIGINT)]
+    runs = [
+        Run(path, sig, tmp_path_factory.mktemp(f"{path}-{sig.name}"))
+        for path in COMMANDS
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    ]
     try:
         return signal_when_at_work(runs)
     finally:

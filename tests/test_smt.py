@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from schedules.collectives import NAMES, Collective
 from schedules.verify import require_valid, verify
 from synth import smt
-from synth.smt import dual as smt_dual
 from synth.errors import SynthesisError, Unknown, Unsat
+from synth.smt import dual as smt_dual
 from synth.smt.bound import rounds_per_chunk_bound, steps_bound
 from synth.smt.symmetry import symmetry_levels
 from topologies.catalog import build
@@ -37,8 +37,9 @@ def test_least_steps_schedule_verifies_on_small_topologies(topology, name):
     assert schedule.meta.solver == "smt"
 
 
-@pytest.mark.parametrize("name,steps", [("allgather", 1), ("alltoall", 1), ("broadcast", 1), ("reduce", 1),
-                                        ("allreduce", 2)])
+@pytest.mark.parametrize(
+    "name,steps", [("allgather", 1), ("alltoall", 1), ("broadcast", 1), ("reduce", 1), ("allreduce", 2)]
+)
 def test_fully_connected_needs_one_step_per_phase(name, steps):
     assert smt.solve(FC4, Collective(name, 4), ONE_WORKER).nsteps == steps
 
@@ -79,8 +80,7 @@ def test_allreduce_of_halves_with_different_chunk_counts_verifies():
 
 
 @settings(max_examples=12, deadline=None)
-@given(name=st.sampled_from(["allgather", "alltoall", "scatter", "reducescatter", "reduce"]),
-       factor=st.integers(1, 3))
+@given(name=st.sampled_from(["allgather", "alltoall", "scatter", "reducescatter", "reduce"]), factor=st.integers(1, 3))
 def test_splitting_chunks_keeps_a_schedule_valid(name, factor):
     schedule = smt.solve(RING4, Collective(name, 4), ONE_WORKER)
     scaled = smt_dual.scale_chunks(schedule, factor)
@@ -177,13 +177,22 @@ def test_dgx1_allgather_frontier_matches_sccl():
 
 # ---- the command line -----------------------------------------------------------------------------
 
+
 def test_cli_unsat_exits_1_naming_the_instance(capsys):
     assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--steps", "1"]) == 1
     assert "(S=1, R=1, C=1) is unsat" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--steps", "0"], ["--chunks", "0"], ["--root", "9"], ["--steps", "3", "--rounds", "2"],
-                                  ["--pareto", "--steps", "2"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--steps", "0"],
+        ["--chunks", "0"],
+        ["--root", "9"],
+        ["--steps", "3", "--rounds", "2"],
+        ["--pareto", "--steps", "2"],
+    ],
+)
 def test_cli_bad_options_exit_2(argv, capsys):
     assert main(["synth", "broadcast", "-t", "ring:n=4", "--method", "smt", *argv]) == 2
     err = capsys.readouterr().err
@@ -191,8 +200,22 @@ def test_cli_bad_options_exit_2(argv, capsys):
 
 
 def test_cli_time_limit_exits_1_as_unknown(capsys):
-    argv = ["synth", "allgather", "-t", "dgx1", "--method", "smt", "--steps", "3", "--rounds", "7", "--chunks", "6",
-            "--time-limit", "0.3"]
+    argv = [
+        "synth",
+        "allgather",
+        "-t",
+        "dgx1",
+        "--method",
+        "smt",
+        "--steps",
+        "3",
+        "--rounds",
+        "7",
+        "--chunks",
+        "6",
+        "--time-limit",
+        "0.3",
+    ]
     assert main(argv) == 1
     assert "unknown" in capsys.readouterr().err
 
@@ -214,8 +237,24 @@ def test_cli_pareto_defaults_to_a_longer_time_limit_and_prints_it(tmp_path, caps
     assert SMT_PARETO_TIME_LIMIT >= 300 > DEFAULT_TIME_LIMIT
     assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--pareto", "-o", str(tmp_path)]) == 0
     assert f"of the time limit of {SMT_PARETO_TIME_LIMIT:g} s left" in capsys.readouterr().err
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--pareto", "--time-limit", "45",
-                 "-o", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "ring:n=4",
+                "--method",
+                "smt",
+                "--pareto",
+                "--time-limit",
+                "45",
+                "-o",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert "of the time limit of 45 s left" in capsys.readouterr().err
 
 

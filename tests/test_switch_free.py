@@ -10,8 +10,13 @@ from topologies.topology import Link, Topology
 
 def test_a_switch_whose_every_path_a_direct_link_shadows_adds_nothing():
     """Rank 2 reaches rank 0 through the switch too, but the direct link 2->0 stays the pair's only link."""
-    links = (Link(0, 1, 10.0, 0.5), Link(1, 2, 10.0, 0.5), Link(2, "sw", 10.0, 0.5), Link("sw", 0, 10.0, 0.5),
-             Link(2, 0, 10.0, 0.5))
+    links = (
+        Link(0, 1, 10.0, 0.5),
+        Link(1, 2, 10.0, 0.5),
+        Link(2, "sw", 10.0, 0.5),
+        Link("sw", 0, 10.0, 0.5),
+        Link(2, 0, 10.0, 0.5),
+    )
     form = Topology("shadowed", 3, links, ("sw",)).without_switches()
     assert [l.key for l in form.links] == [(0, 1), (1, 2), (2, 0)] and form.sharing == ()
 

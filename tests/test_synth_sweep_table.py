@@ -8,8 +8,12 @@ from weft.cli import main
 
 
 def test_a_sweep_fills_every_size_column_for_every_row(tmp_path, capsys):
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "trees", "--size", "1KB,1MB,64MB",
-                 "-o", str(tmp_path)]) == 0
+    assert (
+        main(
+            ["synth", "allgather", "-t", "ring:n=4", "--method", "trees", "--size", "1KB,1MB,64MB", "-o", str(tmp_path)]
+        )
+        == 0
+    )
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trees-")]
     assert len(table) == 3
     for row in table:
@@ -17,8 +21,24 @@ def test_a_sweep_fills_every_size_column_for_every_row(tmp_path, capsys):
 
 
 def test_a_sweeps_json_has_each_rows_percent_at_every_size(tmp_path, capsys):
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "trees", "--size", "1KB,64MB",
-                 "-o", str(tmp_path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "allgather",
+                "-t",
+                "ring:n=4",
+                "--method",
+                "trees",
+                "--size",
+                "1KB,64MB",
+                "-o",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     assert [sorted(r["pct_of_bound_by_size"]) for r in rows] == [["1GB", "1KB", "1MB", "64MB"]] * 2
 

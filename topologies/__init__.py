@@ -12,8 +12,18 @@ from topologies.io import load_topology, parse_topology, save_topology
 from topologies.topology import FORMAT, Link, SharingGroup, Topology, Vertex
 
 __all__ = [
-    "FORMAT", "Link", "SharingGroup", "Topology", "Vertex", "TopologyError", "UnreachableError", "WeftError",
-    "load_topology", "parse_topology", "save_topology", "resolve",
+    "FORMAT",
+    "Link",
+    "SharingGroup",
+    "Topology",
+    "Vertex",
+    "TopologyError",
+    "UnreachableError",
+    "WeftError",
+    "load_topology",
+    "parse_topology",
+    "save_topology",
+    "resolve",
 ]
 
 

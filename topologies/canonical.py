@@ -15,7 +15,8 @@ registries recorded under it still serve it.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from topologies.topology import Topology, Vertex
@@ -27,25 +28,31 @@ def _num(x: float) -> float | int:
     return int(r) if r == int(r) else r
 
 
-def _written(topo: "Topology", switch: Callable[[str], object]) -> bytes:
+def _written(topo: Topology, switch: Callable[[str], object]) -> bytes:
     """The fabric's content as sorted JSON, each switch written as ``switch(name)``."""
-    def vkey(v: "Vertex") -> list:
+
+    def vkey(v: Vertex) -> list:
         return [0, f"{v:09d}"] if isinstance(v, int) else [1, switch(v)]
 
     links = sorted([vkey(l.src), vkey(l.dst), _num(l.bandwidth), _num(l.latency), l.count] for l in topo.links)
     sharing = sorted([sorted([vkey(s), vkey(d)] for s, d in g.links), _num(g.bandwidth)] for g in topo.sharing)
     switches = sorted(switch(s) for s in topo.switches)
-    content = {"nranks": topo.nranks, "switches": switches, "hosts": list(topo.hosts), "links": links,
-               "sharing": sharing}
+    content = {
+        "nranks": topo.nranks,
+        "switches": switches,
+        "hosts": list(topo.hosts),
+        "links": links,
+        "sharing": sharing,
+    }
     return json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
 
 
-def legacy_bytes(topo: "Topology") -> bytes:
+def legacy_bytes(topo: Topology) -> bytes:
     """The form fingerprints hashed before switch names stopped counting (switches by name)."""
     return _written(topo, lambda s: s)
 
 
-def canonical_bytes(topo: "Topology") -> bytes:
+def canonical_bytes(topo: Topology) -> bytes:
     """The fabric's form with switches renamed by structure (see the module docstring)."""
     if not topo.switches:
         return legacy_bytes(topo)
@@ -54,19 +61,26 @@ def canonical_bytes(topo: "Topology") -> bytes:
 
 # ---- colour refinement --------------------------------------------------------------------------
 
-def _refine(topo: "Topology", colour: dict[str, int]) -> dict[str, int]:
+
+def _refine(topo: Topology, colour: dict[str, int]) -> dict[str, int]:
     """Split switch colours by what each switch links to, until no colour splits further."""
     while True:
-        def label(v: "Vertex") -> tuple:
+
+        def label(v: Vertex) -> tuple:
             return (0, v) if isinstance(v, int) else (1, colour[v])
 
         signature = {
-            s: (colour[s],
-                tuple(sorted((">", label(l.dst), _num(l.bandwidth), _num(l.latency), l.count)
-                             for l in topo.out_links[s])),
-                tuple(sorted(("<", label(l.src), _num(l.bandwidth), _num(l.latency), l.count)
-                             for l in topo.in_links[s])))
-            for s in colour}
+            s: (
+                colour[s],
+                tuple(
+                    sorted((">", label(l.dst), _num(l.bandwidth), _num(l.latency), l.count) for l in topo.out_links[s])
+                ),
+                tuple(
+                    sorted(("<", label(l.src), _num(l.bandwidth), _num(l.latency), l.count) for l in topo.in_links[s])
+                ),
+            )
+            for s in colour
+        }
         ranked = {sig: i for i, sig in enumerate(sorted(set(signature.values())))}
         refined = {s: ranked[signature[s]] for s in colour}
         if len(ranked) == len(set(colour.values())):
@@ -74,7 +88,7 @@ def _refine(topo: "Topology", colour: dict[str, int]) -> dict[str, int]:
         colour = refined
 
 
-def _orders(topo: "Topology") -> list[dict[str, int]]:
+def _orders(topo: Topology) -> list[dict[str, int]]:
     """Every switch order that individualization reaches (switch name -> position), twins tried once."""
     leaves: list[dict[str, int]] = []
     pending = [_refine(topo, {s: 0 for s in topo.switches})]
@@ -95,11 +109,11 @@ def _orders(topo: "Topology") -> list[dict[str, int]]:
     return leaves
 
 
-def _twins(topo: "Topology", a: str, b: str) -> bool:
+def _twins(topo: Topology, a: str, b: str) -> bool:
     """Whether swapping switches a and b maps the fabric onto itself."""
     swap = {a: b, b: a}
 
-    def moved(v: "Vertex") -> "Vertex":
+    def moved(v: Vertex) -> Vertex:
         return swap.get(v, v) if isinstance(v, str) else v
 
     links = {(l.src, l.dst, l.bandwidth, l.latency, l.count) for l in topo.links}

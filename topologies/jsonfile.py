@@ -10,7 +10,6 @@ from pathlib import Path
 
 from topologies.errors import WeftError
 
-
 MAX_FILE_BYTES = 256 << 20  # no weft file comes near this (a 128-instance plan is a few MB); /dev/zero does
 
 
@@ -22,8 +21,10 @@ def read_bytes(path: str | Path, kind: str, error: type[WeftError], limit: int =
         if not stat.S_ISREG(info.st_mode):
             raise error(f"{kind} {path}: cannot read: not a regular file")
         if info.st_size > limit:
-            raise error(f"{kind} {path}: cannot read: {info.st_size} bytes, more than the {limit >> 20} MiB a weft "
-                        "file may hold")
+            raise error(
+                f"{kind} {path}: cannot read: {info.st_size} bytes, more than the {limit >> 20} MiB a weft "
+                "file may hold"
+            )
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # swapped for a FIFO after stat: no hang
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
@@ -78,8 +79,13 @@ def write_text(path: str | Path, text: str | bytes, kind: str, error: type[WeftE
         raise
 
 
-_SPECIAL = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_SPECIAL = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def check_output(path: str | Path, kind: str, error: type[WeftError], folder: bool = False) -> None:

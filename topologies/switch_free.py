@@ -66,11 +66,14 @@ def switch_free_arrays(topo) -> SwitchFreeArrays:
 
     # every reachable (src, dst) pair not joined directly, in (src, dst) order
     direct_keys = {(links[i].src, links[i].dst) for i in direct}
-    reach = pred[:, n:2 * n] >= 0
+    reach = pred[:, n : 2 * n] >= 0
     np.fill_diagonal(reach, False)
     ps, pd = np.nonzero(reach)
-    keep = np.fromiter(((a, b) not in direct_keys for a, b in zip(ps.tolist(), pd.tolist())), bool, len(ps)) \
-        if direct_keys else np.ones(len(ps), bool)
+    keep = (
+        np.fromiter(((a, b) not in direct_keys for a, b in zip(ps.tolist(), pd.tolist())), bool, len(ps))
+        if direct_keys
+        else np.ones(len(ps), bool)
+    )
     ps, pd = ps[keep], pd[keep]
     # walk each pair's path back from its receiving vertex to its source's sending vertex (whose id is the rank)
     node, live, hops = n + pd, np.ones(len(ps), bool), []

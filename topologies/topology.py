@@ -162,9 +162,7 @@ class Topology:
             doc["hosts"] = list(self.hosts)
         doc["links"] = [_link_json(link) for link in self.links]
         if self.sharing:
-            doc["sharing"] = [
-                {"links": [[s, d] for s, d in g.links], "bandwidth": g.bandwidth} for g in self.sharing
-            ]
+            doc["sharing"] = [{"links": [[s, d] for s, d in g.links], "bandwidth": g.bandwidth} for g in self.sharing]
         return doc
 
     def to_networkx(self) -> nx.DiGraph:
@@ -176,19 +174,24 @@ class Topology:
             graph.add_node(s, kind="switch")
         for link in self.links:
             graph.add_edge(
-                link.src, link.dst, bandwidth=link.bandwidth, latency=link.latency,
-                count=link.count, capacity=link.capacity,
+                link.src,
+                link.dst,
+                bandwidth=link.bandwidth,
+                latency=link.latency,
+                count=link.count,
+                capacity=link.capacity,
             )
         return graph
 
-    def reversed(self) -> "Topology":
+    def reversed(self) -> Topology:
         """The same fabric with every link and sharing group turned around (for combining collectives)."""
         links = tuple(Link(l.dst, l.src, l.bandwidth, l.latency, l.count) for l in self.links)
         sharing = tuple(SharingGroup(tuple((d, s) for s, d in g.links), g.bandwidth) for g in self.sharing)
-        return Topology(self.name + "~reversed", self.nranks, links, self.switches, sharing, self.hosts,
-                        self.description)
+        return Topology(
+            self.name + "~reversed", self.nranks, links, self.switches, sharing, self.hosts, self.description
+        )
 
-    def without_switches(self) -> "Topology":
+    def without_switches(self) -> Topology:
         """The equivalent link-sharing form: rank-to-rank links through switches plus sharing groups.
 
         Every ordered rank pair joined only through switches gets one link along the lowest-latency
@@ -200,13 +203,14 @@ class Topology:
         return self._switch_free_form
 
     @cached_property
-    def _switch_free_form(self) -> "Topology":
+    def _switch_free_form(self) -> Topology:
         # A frozen topology's switch-free form never changes, and verify, cost, bounds and solvers each ask
         # for it; at 1024 ranks building it takes most of a minute.
         return _switch_free(self)
 
 
 # ---- validation ---------------------------------------------------------------------------------
+
 
 def _label(v: object) -> str:
     """A vertex as a message shows it: ranks and switch names bare, anything else as a short repr."""
@@ -252,8 +256,10 @@ def find_problem(topo: Topology) -> str | None:
         seen.add(link.key)
     for i, group in enumerate(topo.sharing):
         if not _is_number(group.bandwidth) or not MIN_BANDWIDTH <= group.bandwidth <= MAX_BANDWIDTH * MAX_LANES:
-            return (f"sharing[{i}].bandwidth: must be a number of GB/s from {MIN_BANDWIDTH:g} to "
-                    f"{MAX_BANDWIDTH * MAX_LANES:g}, got {short_repr(group.bandwidth)}")
+            return (
+                f"sharing[{i}].bandwidth: must be a number of GB/s from {MIN_BANDWIDTH:g} to "
+                f"{MAX_BANDWIDTH * MAX_LANES:g}, got {short_repr(group.bandwidth)}"
+            )
         if not group.links:
             return f"sharing[{i}].links: must list at least one link"
         for j, key in enumerate(group.links):
@@ -274,8 +280,10 @@ def _link_problem(link: Link, nranks: int, switches: set[str], seen: set) -> str
     if link.key in seen:
         return ": duplicate link (bond lanes with 'count' instead)"
     if not _is_number(link.bandwidth) or not MIN_BANDWIDTH <= link.bandwidth <= MAX_BANDWIDTH:
-        return (f".bandwidth: must be a number of GB/s from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g}, "
-                f"got {short_repr(link.bandwidth)}")
+        return (
+            f".bandwidth: must be a number of GB/s from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g}, "
+            f"got {short_repr(link.bandwidth)}"
+        )
     if not _is_number(link.latency) or link.latency < 0:
         return f".latency: must be a non-negative number of µs, got {short_repr(link.latency)}"
     if not isinstance(link.count, int) or isinstance(link.count, bool) or not 1 <= link.count <= MAX_LANES:
@@ -332,6 +340,7 @@ def _reachability_problem(topo: Topology) -> str | None:
 
 # ---- identity and formats -----------------------------------------------------------------------
 
+
 def _hash(canonical: bytes) -> str:
     return "topo-" + hashlib.sha256(canonical).hexdigest()[:16]
 
@@ -344,6 +353,7 @@ def _link_json(link: Link) -> dict:
 
 
 # ---- switch removal -----------------------------------------------------------------------------
+
 
 def _switch_paths(topo: Topology, src: int) -> dict[int, list[Link]]:
     """Lowest-latency paths from rank src to every rank, passing through switches only."""
@@ -381,19 +391,36 @@ def _switch_free(topo: Topology) -> Topology:
     from topologies.switch_free import switch_free_arrays
 
     form = switch_free_arrays(topo)
-    links = tuple(map(Link, form.src.tolist(), form.dst.tolist(), form.bandwidth.tolist(), form.latency.tolist(),
-                      form.count.tolist()))
+    links = tuple(
+        map(
+            Link,
+            form.src.tolist(),
+            form.dst.tolist(),
+            form.bandwidth.tolist(),
+            form.latency.tolist(),
+            form.count.tolist(),
+        )
+    )
     pairs = list(zip(form.src.tolist(), form.dst.tolist()))
     ptr = form.group_ptr.tolist()
     members = form.group_links.tolist()
-    sharing = tuple(SharingGroup(tuple(pairs[i] for i in members[ptr[k]:ptr[k + 1]]), bandwidth)
-                    for k, bandwidth in enumerate(form.group_bandwidth.tolist()))
+    sharing = tuple(
+        SharingGroup(tuple(pairs[i] for i in members[ptr[k] : ptr[k + 1]]), bandwidth)
+        for k, bandwidth in enumerate(form.group_bandwidth.tolist())
+    )
     # A group over switch-side links becomes a group over the rank pairs routed across them; a pair that crosses
     # two of the group's links is counted once, so such a group is the one place this form is optimistic.
     # Valid by construction (existing ranks, positive capacities, one link per pair, connected when topo is),
     # so the checks, a third of the time at 1024 ranks, are skipped.
-    return _trusted(name=topo.name + "~linksharing", nranks=topo.nranks, links=links, switches=(),
-                    sharing=sharing, hosts=topo.hosts, description=topo.description)
+    return _trusted(
+        name=topo.name + "~linksharing",
+        nranks=topo.nranks,
+        links=links,
+        switches=(),
+        sharing=sharing,
+        hosts=topo.hosts,
+        description=topo.description,
+    )
 
 
 def _trusted(**fields: object) -> Topology:

@@ -11,9 +11,9 @@ priced by their own measurements.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 from schedules.calibration import Calibration, CalibrationError, Observation, PlanFeatures, fit, load_calibration
 from schedules.cost import loads
@@ -31,25 +31,37 @@ MAX_NAME = 200
 # rebuild (synthesis and compile) grows with ranks^2 x instances x pipeline, and a 121-byte file must not name a
 # plan that takes minutes (a trees plan, or a ring on thousands of ranks).
 MAX_REBUILD_WORK = 1 << 21
-PLAN_NAME = re.compile(r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple)"
-                       r"-x(?P<instances>\d+)(?:-p(?P<pipeline>\d+))?(?:-t(?P<threads>\d+))?(?P<double>-2s)?"
-                       r"(?P<pull>-pull)?(?P<multipeer>-mp)?(?:-max(?P<max_mb>\d+)MB)?")
+PLAN_NAME = re.compile(
+    r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple)"
+    r"-x(?P<instances>\d+)(?:-p(?P<pipeline>\d+))?(?:-t(?P<threads>\d+))?(?P<double>-2s)?"
+    r"(?P<pull>-pull)?(?P<multipeer>-mp)?(?:-max(?P<max_mb>\d+)MB)?"
+)
 
 
 def features(plan: Plan, schedule: Schedule, topology: Topology) -> PlanFeatures:
     """What the calibrated model reads from ``plan`` (compiled from ``schedule``) on ``topology``."""
-    per_chunk_byte = sum(max((per_byte for _, per_byte in step.links + step.groups), default=0.0)
-                         for step in loads(schedule, topology).steps)
+    per_chunk_byte = sum(
+        max((per_byte for _, per_byte in step.links + step.groups), default=0.0)
+        for step in loads(schedule, topology).steps
+    )
     hops = max((_hops(tb.ops) for g in plan.gpus for tb in g.threadblocks), default=0)
     arrivals = max((sum(map(_op_arrivals, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
     sources = max((sum(map(_op_sources, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
     work = [[sum(_op_chunks(op) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
     n = plan.size_chunks
-    return PlanFeatures(plan.protocol, plan.weft.instances, plan.num_threads_per_block,
-                        max(len(g.threadblocks) for g in plan.gpus), hops, max(arrivals, hops), max(sources, arrivals, hops),
-                        plan.size_chunks,
-                        per_chunk_byte / schedule.collective.size_chunks,
-                        max((w for gpu in work for w in gpu), default=0) / n, max(map(sum, work)) / n)
+    return PlanFeatures(
+        plan.protocol,
+        plan.weft.instances,
+        plan.num_threads_per_block,
+        max(len(g.threadblocks) for g in plan.gpus),
+        hops,
+        max(arrivals, hops),
+        max(sources, arrivals, hops),
+        plan.size_chunks,
+        per_chunk_byte / schedule.collective.size_chunks,
+        max((w for gpu in work for w in gpu), default=0) / n,
+        max(map(sum, work)) / n,
+    )
 
 
 def _hops(ops) -> int:
@@ -112,10 +124,17 @@ def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedul
         schedule = synthesize(topology, m["collective"], m["method"])
         protocol = "LL" if m["protocol"] == "ll" else "Simple"
         plan = compile_schedule(
-            schedule, topology, instances=int(m["instances"]), protocol=protocol, threads=int(m["threads"] or 1024),
-            pipeline=int(m["pipeline"] or 1), pull=bool(m["pull"]), multipeer=bool(m["multipeer"]),
+            schedule,
+            topology,
+            instances=int(m["instances"]),
+            protocol=protocol,
+            threads=int(m["threads"] or 1024),
+            pipeline=int(m["pipeline"] or 1),
+            pull=bool(m["pull"]),
+            multipeer=bool(m["multipeer"]),
             double_scratch=None if protocol == "LL" else bool(m["double"]),
-            ll_max_bytes=int(m["max_mb"]) << 20 if m["max_mb"] else LL_MAX_BYTES)
+            ll_max_bytes=int(m["max_mb"]) << 20 if m["max_mb"] else LL_MAX_BYTES,
+        )
     except Exception:  # noqa: BLE001 (a name weft no longer compiles the same way is left out, never a crash)
         return None
     return (plan, schedule, topology) if plan.name == name else None
@@ -124,22 +143,30 @@ def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedul
 def rebuildable(topology: Topology, m: re.Match) -> bool:
     """Whether the plan ``m`` names is small enough to rebuild within ``weft topo calibrate``'s bounds."""
     instances, pipeline = int(m["instances"]), int(m["pipeline"] or 1)
-    if len(m["instances"]) > 4 or len(m["pipeline"] or "") > 4 or len(m["threads"] or "") > 5 \
-            or len(m["max_mb"] or "") > 5:
+    if (
+        len(m["instances"]) > 4
+        or len(m["pipeline"] or "") > 4
+        or len(m["threads"] or "") > 5
+        or len(m["max_mb"] or "") > 5
+    ):
         return False
-    return topology.nranks ** 2 * instances * pipeline <= MAX_REBUILD_WORK
+    return topology.nranks**2 * instances * pipeline <= MAX_REBUILD_WORK
 
 
-def observations(topology: Topology, paths: list[Path], progress: Callable[[str], None] | None = None,
-                 ) -> tuple[list[Observation], list[str]]:
+def observations(
+    topology: Topology,
+    paths: list[Path],
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Observation], list[str]]:
     """The measured (plan, size, µs) points of ``topology`` in these results files, and the files they came from.
     ``progress`` hears of each file before its plans are rebuilt (a few seconds each)."""
     found, used = [], []
     for path in paths:
         if progress:
             progress(f"calibrate: rebuilding the plans timed in {Path(path).name}")
-        doc = decode_json(read_bytes(path, "results", CalibrationError, MAX_RESULTS_BYTES), "results", str(path),
-                          CalibrationError)
+        doc = decode_json(
+            read_bytes(path, "results", CalibrationError, MAX_RESULTS_BYTES), "results", str(path), CalibrationError
+        )
         rows = doc.get("rows") if isinstance(doc, dict) else None
         if not isinstance(rows, list):
             raise CalibrationError(f"results {path}: rows: missing; not a `weft bench` results file")
@@ -147,19 +174,31 @@ def observations(topology: Topology, paths: list[Path], progress: Callable[[str]
             continue
         before = len(found)
         for i, row in enumerate(rows):
-            if not isinstance(row, dict) or not isinstance(row.get("size"), int) or row["size"] <= 0 \
-                    or not isinstance(row.get("median_us") or {}, dict):
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get("size"), int)
+                or row["size"] <= 0
+                or not isinstance(row.get("median_us") or {}, dict)
+            ):
                 raise CalibrationError(f"results {path}: rows[{i}]: must hold a size in bytes and median_us")
             for key, us in sorted((row.get("median_us") or {}).items()):
-                if not key.startswith("weft:") or key.endswith("+ll128") or not isinstance(us, (int, float)) \
-                        or isinstance(us, bool) or not 0 < us < 1e12:
+                if (
+                    not key.startswith("weft:")
+                    or key.endswith("+ll128")
+                    or not isinstance(us, (int, float))
+                    or isinstance(us, bool)
+                    or not 0 < us < 1e12
+                ):
                     continue
                 rebuilt = named_plan(key[5:], topology.fingerprint)
                 if rebuilt is None or rebuilt[2].fingerprint != topology.fingerprint:
                     continue
                 plan, schedule, _ = rebuilt
-                found.append(Observation(plan.name, plan.collective, features(plan, schedule, topology),
-                                         int(row["size"]), float(us)))
+                found.append(
+                    Observation(
+                        plan.name, plan.collective, features(plan, schedule, topology), int(row["size"]), float(us)
+                    )
+                )
         if len(found) > before:
             used.append(Path(path).name)
     return found, used
@@ -171,20 +210,24 @@ def default_results(topology: Topology) -> list[Path]:
     return sorted(p for p in RESULTS.glob("gpu_*.json") if pattern.fullmatch(p.name))
 
 
-def calibrate(topology: Topology, paths: list[Path] | None = None,
-              progress: Callable[[str], None] | None = None) -> Calibration:
+def calibrate(
+    topology: Topology, paths: list[Path] | None = None, progress: Callable[[str], None] | None = None
+) -> Calibration:
     """Fit the cost model's terms to ``topology``'s measured plans (default: the committed results)."""
     found, used = observations(topology, paths if paths is not None else default_results(topology), progress)
     if not found:
-        raise CalibrationError(f"topology {topology.name}: no measured plan of this fabric in the results files "
-                               f"({', '.join(str(p) for p in (paths or [])) or RESULTS})")
+        raise CalibrationError(
+            f"topology {topology.name}: no measured plan of this fabric in the results files "
+            f"({', '.join(str(p) for p in (paths or [])) or RESULTS})"
+        )
     if progress:
         progress(f"calibrate: fitting the model to {len(found)} measurements")
     return fit(topology.fingerprint, topology.name, found, tuple(used))
 
 
-def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None,
-                sizes: tuple[int, ...]) -> tuple[dict[int, float], str] | None:
+def predictions(
+    plan: Plan, schedule: Schedule | None, topology: Topology | None, sizes: tuple[int, ...]
+) -> tuple[dict[int, float], str] | None:
     """The calibrated predictions of ``plan`` at ``sizes`` and what made them, or None where the fabric was never
     measured (or the schedule is unknown)."""
     if schedule is None or topology is None:
@@ -194,18 +237,22 @@ def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None
         return None
     f = features(plan, schedule, topology)
     summary = calibration.residuals()
-    return ({n: calibration.predict_us(f, n) for n in sizes},
-            f"calibrated to {summary['points']} measurements on {calibration.topology_name} "
-            f"(worst ratio {summary['worst_ratio']:.2f})")
+    return (
+        {n: calibration.predict_us(f, n) for n in sizes},
+        f"calibrated to {summary['points']} measurements on {calibration.topology_name} "
+        f"(worst ratio {summary['worst_ratio']:.2f})",
+    )
 
 
-def schedule_predictions(schedule: Schedule, topology: Topology, sizes: tuple[int, ...], instances: int = 1,
-                         protocol: str = "auto") -> tuple[dict[int, float], str] | None:
+def schedule_predictions(
+    schedule: Schedule, topology: Topology, sizes: tuple[int, ...], instances: int = 1, protocol: str = "auto"
+) -> tuple[dict[int, float], str] | None:
     """The calibrated predictions of the plan that compiling ``schedule`` with these options makes (the plan
     `synth --compile/--commit` and `weft compile` make), or None where the fabric was never measured."""
     if load_calibration(topology.fingerprint) is None:
         return None
     from codegen import compile_schedule
 
-    return predictions(compile_schedule(schedule, topology, instances=instances, protocol=protocol), schedule,
-                       topology, sizes)
+    return predictions(
+        compile_schedule(schedule, topology, instances=instances, protocol=protocol), schedule, topology, sizes
+    )

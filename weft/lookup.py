@@ -7,8 +7,13 @@ from topologies import Topology
 from weft.units import parse_bytes
 
 
-def select(topology: Topology | str, collective: str, size: int | str, registry: Registry | str | None = None,
-           dtype: str | None = None) -> Selection:
+def select(
+    topology: Topology | str,
+    collective: str,
+    size: int | str,
+    registry: Registry | str | None = None,
+    dtype: str | None = None,
+) -> Selection:
     """What ``weft registry select -t TOPOLOGY COLLECTIVE --size SIZE`` picks: ``topology`` a Topology, a catalog
     spec, a file or a fingerprint; ``size`` "4MB" or bytes; ``registry`` a Registry or a location (default:
     ``$WEFT_REGISTRY``, else the user data dir). ``Selection.entry`` is None where NCCL should run, with the reason."""

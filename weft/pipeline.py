@@ -7,8 +7,8 @@ its own content hash.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from schedules.plan import Plan, PlanError, dumps_plan, load_plan, parse_plan
 from schedules.schedule import FORMATS as SCHEDULE_FORMATS
@@ -32,13 +32,20 @@ def check_sizes(plan: Plan) -> list[int]:
         if plan.accepts(n):
             sizes.append(n)
     if not sizes:
-        raise PlanError(f"plan {plan.name}: no size in its range {plan.min_message_size}..{plan.max_message_size} B "
-                        f"is a multiple of {unit} B, so it cannot be checked")
+        raise PlanError(
+            f"plan {plan.name}: no size in its range {plan.min_message_size}..{plan.max_message_size} B "
+            f"is a multiple of {unit} B, so it cannot be checked"
+        )
     return sorted(set(sizes))
 
 
-def check(plan: Plan, sizes: list[int] | None = None, dtypes: tuple[str, ...] | None = None, seed: int = 0,
-          progress: Callable[[str], None] | None = None) -> dict:
+def check(
+    plan: Plan,
+    sizes: list[int] | None = None,
+    dtypes: tuple[str, ...] | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Run ``plan`` on the reference executor; the verification record as JSON (raises on failure).
 
     Without ``sizes``, a plan whose range starts above the smallest sizes of its ops is run at those sizes: the
@@ -55,8 +62,15 @@ def check(plan: Plan, sizes: list[int] | None = None, dtypes: tuple[str, ...] | 
     return {**record.to_json(), "plan_hash": plan.content_hash}
 
 
-def compile_and_verify(schedule: Schedule, topology: Topology | str, instances: int = 1, protocol: str = "auto",
-                       inplace: bool = False, progress: Callable[[str], None] | None = None, **options) -> Plan:
+def compile_and_verify(
+    schedule: Schedule,
+    topology: Topology | str,
+    instances: int = 1,
+    protocol: str = "auto",
+    inplace: bool = False,
+    progress: Callable[[str], None] | None = None,
+    **options,
+) -> Plan:
     """A plan for ``schedule`` that passed the schedule verifier and the reference executor (3 sizes × 3 dtypes,
     the first of them as 2 or 3 launches back to back on the same buffers). ``options``: codegen's ``threads``,
     ``pipeline`` and ``double_scratch``; ``topology`` a Topology, catalog spec or file."""
@@ -73,14 +87,16 @@ def compile_and_verify(schedule: Schedule, topology: Topology | str, instances: 
         progress(f"compiling {schedule.name or schedule.collective.name} into a plan")
     copies = instances * options.get("pipeline", 1) if isinstance(instances, int) else 1
     if 1 < copies <= MAX_INSTANCES:  # before the compile, which itself grows with instances (it refuses the rest)
-        one = compile_schedule(schedule, topology, instances=1, protocol=protocol, inplace=inplace,
-                               **{**options, "pipeline": 1})
+        one = compile_schedule(
+            schedule, topology, instances=1, protocol=protocol, inplace=inplace, **{**options, "pipeline": 1}
+        )
         _require_proof_memory(one, copies, instances)
     plan = compile_schedule(schedule, topology, instances=instances, protocol=protocol, inplace=inplace, **options)
     # the same table `synth --commit` stores, so a plan committed from its file selects the same (issue 38)
     table, made_by = predictions(plan, schedule, topology)
-    plan = plan.with_meta(predicted_us={format_bytes(n): t for n, t in table.items()}, prediction=made_by,
-                          dtypes=DTYPES)
+    plan = plan.with_meta(
+        predicted_us={format_bytes(n): t for n, t in table.items()}, prediction=made_by, dtypes=DTYPES
+    )
     if progress:
         progress(f"proving {plan.name} on the reference executor")
     return plan.with_meta(verification=check(plan, progress=progress))
@@ -94,8 +110,7 @@ def _require_proof_memory(one: Plan, copies: int, instances: int) -> None:
 
     launches = BACK_TO_BACK if one.use_double_scratch_buffer else 2
     need = estimate_bytes(one, min(check_sizes(one)) * copies, "fp16", launches, copies)
-    require(need, f"plan {one.name.replace('-x1', f'-x{instances}')}: the reference proof with --instances "
-                  f"{instances}")
+    require(need, f"plan {one.name.replace('-x1', f'-x{instances}')}: the reference proof with --instances {instances}")
 
 
 def is_verified(plan: Plan) -> bool:
@@ -106,8 +121,10 @@ def is_verified(plan: Plan) -> bool:
 def save_plan(plan: Plan, path: str | Path) -> None:
     """Write a verified plan as pretty, deterministic JSON."""
     if not is_verified(plan):
-        raise PlanError(f"plan {plan.name}: no passing verification record for hash {plan.content_hash}; "
-                        "compile it with weft.compile (or run `weft verify`) first")
+        raise PlanError(
+            f"plan {plan.name}: no passing verification record for hash {plan.content_hash}; "
+            "compile it with weft.compile (or run `weft verify`) first"
+        )
     write_text(path, dumps_plan(plan), "plan", PlanError, parents=True)
 
 
@@ -119,7 +136,12 @@ def read_document(path: str | Path) -> tuple[str, Schedule | Plan]:
     return "plan", parse_plan(data, str(path))
 
 
-def verify_plan_file(path: str | Path, sizes: list[int] | None = None, dtypes: tuple[str, ...] | None = None,
-                     seed: int = 0, progress: Callable[[str], None] | None = None) -> dict:
+def verify_plan_file(
+    path: str | Path,
+    sizes: list[int] | None = None,
+    dtypes: tuple[str, ...] | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Load a plan file and run it on the reference executor; the verification record (raises on failure)."""
     return check(load_plan(path), sizes, dtypes, seed, progress)

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from schedules.plan import Plan, parse_plan
-from schedules.registry import (BASELINES_FORMAT, ENTRY_FORMAT, Entry, Registry, RegistryError, Selection,
-                                measured_us, parse_baselines, parse_entry, require_verified)
+from schedules.registry import (
+    BASELINES_FORMAT,
+    ENTRY_FORMAT,
+    Entry,
+    Registry,
+    RegistryError,
+    Selection,
+    measured_us,
+    parse_baselines,
+    parse_entry,
+    require_verified,
+)
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
 from topologies.errors import WeftError
@@ -64,10 +74,23 @@ def _remember(plan: Plan, record: dict) -> None:
     from topologies.jsonfile import write_text
 
     try:
-        write_text(_proof_path(plan), json.dumps({"plan": plan.name, "plan_hash": plan.content_hash, "ok": True,
-                                                  "checks": len(record.get("checks", [])),
-                                                  "weft_version": __version__}, sort_keys=True) + "\n",
-                   "proof", RegistryError, parents=True)
+        write_text(
+            _proof_path(plan),
+            json.dumps(
+                {
+                    "plan": plan.name,
+                    "plan_hash": plan.content_hash,
+                    "ok": True,
+                    "checks": len(record.get("checks", [])),
+                    "weft_version": __version__,
+                },
+                sort_keys=True,
+            )
+            + "\n",
+            "proof",
+            RegistryError,
+            parents=True,
+        )
     except RegistryError:
         pass  # an unwritable cache costs the next selection a proof, nothing else
 
@@ -105,8 +128,13 @@ def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None
     from weft.calibrate import predictions as calibrated
 
     if schedule is None or topology is None:
-        return ({parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
-                 for k, v in plan.weft.predicted_us.items()}, plan.weft.prediction or ALPHA_BETA)
+        return (
+            {
+                parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
+                for k, v in plan.weft.predicted_us.items()
+            },
+            plan.weft.prediction or ALPHA_BETA,
+        )
     sizes = tuple(sorted(set(PREDICTION_SIZES) | set(_priced_sizes(schedule))))
     found = calibrated(plan, schedule, topology, sizes)
     if found is not None:
@@ -126,8 +154,13 @@ def _priced_sizes(schedule: Schedule) -> list[int]:
     return sizes
 
 
-def commit(plan: Plan, topology: Topology | str | None = None, location: Registry | str | None = None,
-           schedule: Schedule | None = None, progress: Progress | None = None) -> Entry:
+def commit(
+    plan: Plan,
+    topology: Topology | str | None = None,
+    location: Registry | str | None = None,
+    schedule: Schedule | None = None,
+    progress: Progress | None = None,
+) -> Entry:
     """Verify ``plan`` on the reference executor and commit it; only a plan that passes is written.
     ``topology``: a Topology, spec, file or fingerprint (default: the plan's); ``location``: a Registry or its
     location (default: ``$WEFT_REGISTRY``, else the user data dir)."""
@@ -152,13 +185,18 @@ def check_fits(plan: Plan, fingerprint: str, topology: Topology | None, source: 
     if plan.weft.topology and plan.weft.topology != fingerprint:
         raise RegistryError(f"{source}: weft.topology: the plan is for {plan.weft.topology}, not {fingerprint}")
     if topology is not None and plan.nranks != topology.nranks:
-        raise RegistryError(f"{source}: gpus: the plan has {plan.nranks} ranks, but topology {topology.name} has "
-                            f"{topology.nranks}")
+        raise RegistryError(
+            f"{source}: gpus: the plan has {plan.nranks} ranks, but topology {topology.name} has {topology.nranks}"
+        )
 
 
-def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | None,
-             exported: Entry | None = None, progress: Progress | None = None,
-             ) -> tuple[Plan, str, dict, dict[int, float], Entry | None]:
+def _checked(
+    plan: Plan,
+    topology: Topology | str | None,
+    schedule: Schedule | None,
+    exported: Entry | None = None,
+    progress: Progress | None = None,
+) -> tuple[Plan, str, dict, dict[int, float], Entry | None]:
     """Everything ``Registry.commit`` needs, each part checked (the plan proven on the reference executor);
     nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
@@ -180,8 +218,11 @@ def _checked(plan: Plan, topology: Topology | str | None, schedule: Schedule | N
         if crossing:
             raise RegistryError(crossing.replace("(host ", f"(topology {topo.name} host "))
     provenance = {
-        "solver": plan.weft.solver, "weft_version": __version__, "schedule_hash": plan.weft.schedule_hash,
-        "instances": plan.weft.instances, "protocol": plan.protocol,
+        "solver": plan.weft.solver,
+        "weft_version": __version__,
+        "schedule_hash": plan.weft.schedule_hash,
+        "instances": plan.weft.instances,
+        "protocol": plan.protocol,
     }
     if isinstance(topo, Topology):
         provenance["topology_name"] = topo.name
@@ -202,8 +243,10 @@ def commit_file(path: str, topology: str | None, location: str | None, progress:
 
     doc = read_json(path, "plan", RegistryError)
     if isinstance(doc, dict) and doc.get("format") == SCHEDULE_FORMAT:
-        raise RegistryError(f"registry commit {path}: a schedule ({SCHEDULE_FORMAT}), not a plan: compile it "
-                            f"first (`weft compile {path} -o PLAN.json`), then commit the plan")
+        raise RegistryError(
+            f"registry commit {path}: a schedule ({SCHEDULE_FORMAT}), not a plan: compile it "
+            f"first (`weft compile {path} -o PLAN.json`), then commit the plan"
+        )
     return commit(parse_plan(doc, str(path)), topology, location, progress=progress)
 
 
@@ -227,8 +270,14 @@ def verify_registry(location: str | None, progress: Progress | None = None) -> d
     bad = sum(not r["ok"] for r in rows)
     orphans = [Path(p).name for p in reg.orphans()]
     index = reg.index_problems()
-    return {"registry": reg.location, "entries": rows, "ok": len(rows) - bad, "bad": bad, "orphans": orphans,
-            "index": index}
+    return {
+        "registry": reg.location,
+        "entries": rows,
+        "ok": len(rows) - bad,
+        "bad": bad,
+        "orphans": orphans,
+        "index": index,
+    }
 
 
 def import_directory(directory: str, location: str | None, progress: Progress | None = None) -> list[Entry]:
@@ -241,8 +290,10 @@ def import_directory(directory: str, location: str | None, progress: Progress | 
     checked, baselines = [], None
     files = sorted(Path(directory).glob("*.json"))
     if not files:  # /etc, /dev or a mistyped folder: importing nothing is never what was meant
-        raise RegistryError(f"registry import {directory}: no plan or exported entry files (*.json) in it; "
-                            "`weft registry export DIR` writes them")
+        raise RegistryError(
+            f"registry import {directory}: no plan or exported entry files (*.json) in it; "
+            "`weft registry export DIR` writes them"
+        )
     for i, path in enumerate(files):
         doc = read_json(path, "registry import", RegistryError)
         if path.name == "baselines.json" and isinstance(doc, dict) and doc.get("format") == BASELINES_FORMAT:
@@ -254,8 +305,10 @@ def import_directory(directory: str, location: str | None, progress: Progress | 
         checked.append(_checked(plan, topology, None, exported, progress))
     entries = registry.commit_all(checked, progress)
     if baselines is not None:
-        tables = {topology: {collective: {int(k): v for k, v in times.items()} for collective, times in c.items()}
-                  for topology, c in baselines["nccl_us"].items()}
+        tables = {
+            topology: {collective: {int(k): v for k, v in times.items()} for collective, times in c.items()}
+            for topology, c in baselines["nccl_us"].items()
+        }
         registry.record_timings({}, tables)
     return entries
 
@@ -290,14 +343,17 @@ def _import_doc(doc: object, path: Path) -> tuple[Plan, str | None, Entry | None
     if not isinstance(doc, dict) or "format" not in doc:  # plan files (MSCCL++'s layout) carry no format
         return parse_plan(doc, str(path)), None, None
     if doc["format"] != ENTRY_FORMAT:
-        raise RegistryError(f"registry import {path}: format: must be {ENTRY_FORMAT!r} (an exported entry) or "
-                            f"absent (a plan file), got {short_repr(doc['format'])}")
+        raise RegistryError(
+            f"registry import {path}: format: must be {ENTRY_FORMAT!r} (an exported entry) or "
+            f"absent (a plan file), got {short_repr(doc['format'])}"
+        )
     old = parse_entry(doc, str(path), path.stem)
     return old.plan, old.key.topology, old
 
 
-def record_bench(registry: Registry, collective: str, rows: list[dict],
-                 source: str = "bench rows") -> tuple[int, list[str]]:
+def record_bench(
+    registry: Registry, collective: str, rows: list[dict], source: str = "bench rows"
+) -> tuple[int, list[str]]:
     """A bench job's times into ``registry``: each plan's into its entry (times with LL128 lines apart), and
     NCCL's, measured in the same job, per topology of the plans timed. A size whose fastest plan gave a wrong
     result records nothing. Every row is checked first, and nothing is written unless all of it can be.
@@ -341,8 +397,9 @@ def _check_rows(rows: object, source: str) -> None:
         if isinstance(wrong, bool) or not isinstance(wrong, int) or wrong < 0:
             raise RegistryError(f"{where}.wrong: must be a count of wrong elements, got {short_repr(wrong)}")
         if row.get("nccl_us") is not None and not measured_us(row["nccl_us"]):
-            raise RegistryError(f"{where}.nccl_us: must be a measured time in µs (at least 0.01), got "
-                                f"{short_repr(row['nccl_us'])}")
+            raise RegistryError(
+                f"{where}.nccl_us: must be a measured time in µs (at least 0.01), got {short_repr(row['nccl_us'])}"
+            )
         if wrong:
             continue
         tables = [("plans_ll128_us", row.get("plans_ll128_us", {}))]
@@ -355,8 +412,10 @@ def _check_rows(rows: object, source: str) -> None:
                 raise RegistryError(f"{where}.{name}: must map plan hashes to µs, got {short_repr(table)}")
             for plan_hash, us in table.items():
                 if not isinstance(plan_hash, str) or not measured_us(us):
-                    raise RegistryError(f"{where}.{name}: {short_repr(plan_hash)}: must map a plan hash to a "
-                                        f"measured time in µs (at least 0.01), got {short_repr(us)}")
+                    raise RegistryError(
+                        f"{where}.{name}: {short_repr(plan_hash)}: must map a plan hash to a "
+                        f"measured time in µs (at least 0.01), got {short_repr(us)}"
+                    )
 
 
 def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
@@ -383,17 +442,37 @@ def latency_floor_us(topology: Topology) -> float:
     lowest-latency rank-to-rank path, through switches where they join the ranks)."""
     if topology.nranks < 2:
         return 0.0
-    return min((link.latency for link in topology.without_switches().links
-                if isinstance(link.src, int) and isinstance(link.dst, int)), default=0.0)
+    return min(
+        (
+            link.latency
+            for link in topology.without_switches().links
+            if isinstance(link.src, int) and isinstance(link.dst, int)
+        ),
+        default=0.0,
+    )
 
 
-def select(location: str | None, topology: Topology | str, collective: str, nbytes: int, dtype: str | None = None,
-           ll128: bool = False, progress: Progress | None = None) -> Selection:
+def select(
+    location: str | None,
+    topology: Topology | str,
+    collective: str,
+    nbytes: int,
+    dtype: str | None = None,
+    ll128: bool = False,
+    progress: Progress | None = None,
+) -> Selection:
     """``Registry.select`` for a fabric (a spec, a file, a Topology or a fingerprint): only entries of its rank
     count, measured no faster than its latency allows, whose plan this machine proved on the reference executor
     (the first time it serves one: ``proven``)."""
     fabric = topology if isinstance(topology, Topology) else _fabric(topology, "")
     known = fabric.fingerprints if fabric is not None else str(topology)  # its older fingerprint too
-    return Registry(location).select(known, collective, nbytes, dtype, fabric.nranks if fabric else None,
-                                     ll128, trust=lambda entry: proven(entry, progress),
-                                     floor_us=latency_floor_us(fabric) if fabric else 0.0)
+    return Registry(location).select(
+        known,
+        collective,
+        nbytes,
+        dtype,
+        fabric.nranks if fabric else None,
+        ll128,
+        trust=lambda entry: proven(entry, progress),
+        floor_us=latency_floor_us(fabric) if fabric else 0.0,
+    )

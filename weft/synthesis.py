@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from schedules.collectives import Collective, collective_on
 from schedules.schedule import Schedule
@@ -24,20 +25,32 @@ def require_affordable(collective: Collective, where: str, time_limit: float | N
     from schedules.budget import require
 
     sends = collective.min_sends
-    what = (f"{where}: {collective.name} of {collective.nchunks} chunks on {collective.nranks} ranks "
-            f"(at least {sends} sends)")
+    what = (
+        f"{where}: {collective.name} of {collective.nchunks} chunks on {collective.nranks} ranks "
+        f"(at least {sends} sends)"
+    )
     require(sends * BYTES_PER_SEND, what)
     if time_limit is not None and sends * SECONDS_PER_SEND > time_limit:
-        raise SynthesisError(f"{what} takes about {sends * SECONDS_PER_SEND:.0f} s to build and verify, past the "
-                             f"time limit of {time_limit:g} s (use fewer --chunks, or a longer --time-limit)")
+        raise SynthesisError(
+            f"{what} takes about {sends * SECONDS_PER_SEND:.0f} s to build and verify, past the "
+            f"time limit of {time_limit:g} s (use fewer --chunks, or a longer --time-limit)"
+        )
 
 
 DEFAULT_SIZE = "1MB"  # weft synth's --size
 
 
-def synthesize(topology: Topology | str, collective: str | Collective, method: str = "ring", *,
-               chunks: int | None = None, root: int = 0, size: int | str = DEFAULT_SIZE,
-               progress: Callable[[str], None] | None = None, **options: Any) -> Schedule:
+def synthesize(
+    topology: Topology | str,
+    collective: str | Collective,
+    method: str = "ring",
+    *,
+    chunks: int | None = None,
+    root: int = 0,
+    size: int | str = DEFAULT_SIZE,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Schedule:
     """A schedule for ``collective`` on ``topology`` (a Topology, catalog spec or file) by ``method`` (baselines,
     2dh, smt, milp or trees), as ``weft synth`` makes it.
 
@@ -64,8 +77,7 @@ def synthesize(topology: Topology | str, collective: str | Collective, method: s
     if method == "milp":
         from synth import milp
 
-        return milp.solve(topology, collective, milp_options(topology, collective, nbytes, chunks, **options),
-                          progress)
+        return milp.solve(topology, collective, milp_options(topology, collective, nbytes, chunks, **options), progress)
     if method == "trees":
         from synth import trees
 

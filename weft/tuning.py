@@ -19,8 +19,8 @@ fastest measured plan for each size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from codegen.protocol import LL_MAX_BYTES, CodegenError
 from schedules.plan import Plan
@@ -102,9 +102,13 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return (f"{self.protocol}-x{self.instances}" + (f"-p{self.pipeline}" if self.pipeline > 1 else "")
-                + (f"-t{self.threads}" if self.threads != 1024 else "") + ("-pull" if self.pull else "")
-                + ("-mp" if self.multipeer else ""))
+        return (
+            f"{self.protocol}-x{self.instances}"
+            + (f"-p{self.pipeline}" if self.pipeline > 1 else "")
+            + (f"-t{self.threads}" if self.threads != 1024 else "")
+            + ("-pull" if self.pull else "")
+            + ("-mp" if self.multipeer else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -133,8 +137,15 @@ def grid(options: TuneOptions, peers: int = 1) -> list[Variant]:
     depths = {"ll": (1,), "simple": tuple(sorted(set(options.pipelines)))}
     multi = options.multipeer if options.multipeer is not None else peers > 1
     shapes = (False, True) if multi else (False,)
-    return [Variant(p, i, t, pull, d, mp) for p in options.protocols for pull in pulls[p] for d in depths[p]
-            for i in sorted(set(options.instances)) for t in sorted(set(options.threads)) for mp in shapes]
+    return [
+        Variant(p, i, t, pull, d, mp)
+        for p in options.protocols
+        for pull in pulls[p]
+        for d in depths[p]
+        for i in sorted(set(options.instances))
+        for t in sorted(set(options.threads))
+        for mp in shapes
+    ]
 
 
 def send_peers(schedule: Schedule) -> int:
@@ -152,8 +163,9 @@ def resident_capacity(threads: int, sms: int) -> int:
     return sms * max(1, THREADS_PER_SM // threads)
 
 
-def compile_variants(schedule: Schedule, topology: Topology, options: TuneOptions,
-                     each: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+def compile_variants(
+    schedule: Schedule, topology: Topology, options: TuneOptions, each: Callable[[Outcome], None] | None = None
+) -> list[Outcome]:
     """Every variant of the grid for ``schedule``: compiled and proven, or skipped with the reason.
 
     ``each`` is called with every outcome as soon as it is decided (the CLI commits and prints it then)."""
@@ -165,16 +177,24 @@ def compile_variants(schedule: Schedule, topology: Topology, options: TuneOption
             # thread blocks first (compiling is cheap, proving is not): a plan the GPU cannot hold is not proven
             blocks = _threadblocks(schedule, topology, v, options.ll_max_bytes)
             capacity = resident_capacity(v.threads, options.sms)
-            plan = None if blocks > capacity else _best_scratch(schedule, topology, v, pipeline.compile_and_verify,
-                                                                options.ll_max_bytes)
+            plan = (
+                None
+                if blocks > capacity
+                else _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options.ll_max_bytes)
+            )
         except CodegenError as e:
             outcomes.append(Outcome(v, None, str(e)))
             if each:
                 each(outcomes[-1])
             continue
         if plan is None:
-            outcomes.append(Outcome(v, None, f"{blocks} thread blocks of {v.threads} threads, but {options.sms} "
-                                             f"SMs hold {capacity} at once"))
+            outcomes.append(
+                Outcome(
+                    v,
+                    None,
+                    f"{blocks} thread blocks of {v.threads} threads, but {options.sms} SMs hold {capacity} at once",
+                )
+            )
         else:
             outcomes.append(Outcome(v, plan))
         if each:
@@ -186,16 +206,30 @@ def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, ll_max_byt
     from codegen import compile_schedule
 
     extra = {"ll_max_bytes": ll_max_bytes} if v.protocol == "ll" else {"pull": v.pull}
-    plan = compile_schedule(schedule, topology, instances=v.instances, protocol=v.protocol, threads=v.threads,
-                            pipeline=v.pipeline, multipeer=v.multipeer, **extra)
+    plan = compile_schedule(
+        schedule,
+        topology,
+        instances=v.instances,
+        protocol=v.protocol,
+        threads=v.threads,
+        pipeline=v.pipeline,
+        multipeer=v.multipeer,
+        **extra,
+    )
     return max(len(g.threadblocks) for g in plan.gpus)
 
 
-def _best_scratch(schedule: Schedule, topology: Topology, v: Variant, compile_and_verify,
-                  ll_max_bytes: int = LL_MAX_BYTES) -> Plan:
+def _best_scratch(
+    schedule: Schedule, topology: Topology, v: Variant, compile_and_verify, ll_max_bytes: int = LL_MAX_BYTES
+) -> Plan:
     """The variant's plan; a Simple plan alternates scratch halves where that spares waits (an entry handshake)."""
-    options = {"instances": v.instances, "protocol": v.protocol, "threads": v.threads, "pipeline": v.pipeline,
-               "multipeer": v.multipeer}
+    options = {
+        "instances": v.instances,
+        "protocol": v.protocol,
+        "threads": v.threads,
+        "pipeline": v.pipeline,
+        "multipeer": v.multipeer,
+    }
     if v.protocol == "ll":
         return compile_and_verify(schedule, topology, ll_max_bytes=ll_max_bytes, **options)
     if v.pull:  # reads peers' inputs: no scratch to alternate

@@ -10,8 +10,10 @@ from topologies.jsonfile import short_repr
 
 _PREFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
 MAX_BYTES = 1 << 60  # 1 EiB: no message comes near it, and every size stays a 64-bit count
-SIZE_HELP = ("sizes are bytes in powers of two (1KB = 1KiB = 1024 B, 1MB = 2^20 B), at most 1EB (2^60 B); "
-             "a lowercase b (4Mb) means bits and is refused; bandwidths are decimal GB/s (10^9 B/s)")
+SIZE_HELP = (
+    "sizes are bytes in powers of two (1KB = 1KiB = 1024 B, 1MB = 2^20 B), at most 1EB (2^60 B); "
+    "a lowercase b (4Mb) means bits and is refused; bandwidths are decimal GB/s (10^9 B/s)"
+)
 _SIZE = re.compile(r"(\d{1,20}(?:\.\d{1,20})?)([KMGTPE]?)(I?)(B?)", re.IGNORECASE)
 
 
@@ -28,8 +30,10 @@ def parse_bytes(text: str, field: str = "--size") -> int:
         if not m or (m.group(3) and not m.group(2)):
             raise SizeError(f"{field}: cannot read size {short_repr(text)} (write e.g. 1KB, 4MB, 1GB or 3MB+48)")
         if m.group(4) == "b":
-            raise SizeError(f"{field}: {short_repr(text)}: a lowercase b means bits; weft sizes are bytes "
-                            f"(write {m.group(1)}{m.group(2).upper()}B)")
+            raise SizeError(
+                f"{field}: {short_repr(text)}: a lowercase b means bits; weft sizes are bytes "
+                f"(write {m.group(1)}{m.group(2).upper()}B)"
+            )
         total += int(Fraction(m.group(1)) * _PREFIXES[m.group(2).upper()])
         if total > MAX_BYTES:
             raise SizeError(f"{field}: {short_repr(text)}: more than the largest size, 1EB (2^60 bytes)")

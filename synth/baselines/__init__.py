@@ -42,5 +42,16 @@ def check_sends(method: str, fabric: str, collective) -> None:
     check_size(method, fabric, collective, SENDS.get(method, direct_sends)(collective))
 
 
-__all__ = ["HIERARCHICAL", "METHODS", "check_sends", "direct", "hamiltonian_cycle", "rhd", "ring", "solver", "tree",
-           "twodh", "twoshot"]
+__all__ = [
+    "HIERARCHICAL",
+    "METHODS",
+    "check_sends",
+    "direct",
+    "hamiltonian_cycle",
+    "rhd",
+    "ring",
+    "solver",
+    "tree",
+    "twodh",
+    "twoshot",
+]

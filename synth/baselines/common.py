@@ -11,7 +11,8 @@ send, as arrays over the fabric index, so nothing is built per rank pair.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def even_hosts(topology: Topology) -> bool:
     starts = np.cumsum(sizes) - sizes
     src, dst = [], []
     for start, size in zip(starts.tolist(), sizes.tolist()):
-        members = order[start:start + size]
+        members = order[start : start + size]
         grid_src, grid_dst = np.meshgrid(members, members, indexing="ij")
         off = grid_src != grid_dst
         src.append(grid_src[off])
@@ -90,14 +91,18 @@ def check_size(method: str, fabric: str, collective: Collective, sends: int | No
     """TooLarge, before anything is built, where the schedule has more sends than this machine expands;
     ``fabric``: the topology's name, for the message."""
     if sends is not None and sends > MAX_EXPANDED_SENDS:
-        raise TooLarge(f"{method}: {collective.name} on {fabric} is {sends:,} sends, over the "
-                       f"{MAX_EXPANDED_SENDS:,} this machine expands to check links and capacity (MAX_EXPANDED_SENDS)")
+        raise TooLarge(
+            f"{method}: {collective.name} on {fabric} is {sends:,} sends, over the "
+            f"{MAX_EXPANDED_SENDS:,} this machine expands to check links and capacity (MAX_EXPANDED_SENDS)"
+        )
 
 
 def check_ranks(method: str, topology: Topology, collective: Collective) -> None:
     if collective.nranks != topology.nranks:
-        raise NotApplicable(f"{method}: collective {collective.name} has {collective.nranks} ranks, "
-                            f"topology {topology.name} has {topology.nranks}")
+        raise NotApplicable(
+            f"{method}: collective {collective.name} has {collective.nranks} ranks, "
+            f"topology {topology.name} has {topology.nranks}"
+        )
 
 
 def require_links(method: str, topology: Topology, pairs: Iterable[tuple[int, int]], why: str) -> None:
@@ -120,8 +125,10 @@ def step_rounds(topology: Topology, table: SendTable, nsteps: int) -> list[int]:
     _, loads = table.counted(fabric)
     unit = fabric.unit_bandwidth
     need = np.ones(nsteps, np.int64)
-    for step, count, capacity in ((loads.link_step, loads.link_count, fabric.capacity[loads.link] / unit),
-                                  (loads.group_step, loads.group_count, fabric.group_bandwidth[loads.group] / unit)):
+    for step, count, capacity in (
+        (loads.link_step, loads.link_count, fabric.capacity[loads.link] / unit),
+        (loads.group_step, loads.group_count, fabric.group_bandwidth[loads.group] / unit),
+    ):
         rounds = np.maximum(1, np.ceil(count / capacity - SLACK)).astype(np.int64)
         for _ in range(3):  # capacity × rounds is a float: raise rounds until floor(capacity × rounds) holds the load
             rounds += np.floor(capacity * rounds + SLACK) < count
@@ -129,19 +136,28 @@ def step_rounds(topology: Topology, table: SendTable, nsteps: int) -> list[int]:
     return need.tolist()
 
 
-def assemble(method: str, topology: Topology, collective: Collective, steps: Iterable[Sequence[Send]],
-             started: float, why: str, symmetries: tuple[Symmetry, ...] = (), **options: Any) -> Schedule:
+def assemble(
+    method: str,
+    topology: Topology,
+    collective: Collective,
+    steps: Iterable[Sequence[Send]],
+    started: float,
+    why: str,
+    symmetries: tuple[Symmetry, ...] = (),
+    **options: Any,
+) -> Schedule:
     """A Schedule from per-step send lists; empty steps are dropped; ``why`` says what a missing link was for.
     With ``symmetries`` the steps are listed once and stand for all their images (a compact schedule)."""
-    meta = ScheduleMeta(solver=method, options={"chunks": collective.chunks, **options},
-                        solve_time=time.perf_counter() - started)
+    meta = ScheduleMeta(
+        solver=method, options={"chunks": collective.chunks, **options}, solve_time=time.perf_counter() - started
+    )
     name = f"{method}-{collective.name}-{topology.name}"
     if any(g.shift for g in symmetries):
-        return _assemble_waves(method, topology, collective, [tuple(sends) for sends in steps], why, symmetries,
-                               meta, name)
+        return _assemble_waves(
+            method, topology, collective, [tuple(sends) for sends in steps], why, symmetries, meta, name
+        )
     steps = [tuple(sends) for sends in steps if sends]
-    draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in steps),
-                     symmetries=symmetries)
+    draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in steps), symmetries=symmetries)
     table = send_table(draft)  # refuses past MAX_EXPANDED_SENDS before any link is looked up
     _require(method, topology, table.src, table.dst, why)
     rounds = step_rounds(topology, table, len(steps))
@@ -149,8 +165,16 @@ def assemble(method: str, topology: Topology, collective: Collective, steps: Ite
     return Schedule(collective, topology.fingerprint, built, name, meta, symmetries)
 
 
-def _assemble_waves(method: str, topology: Topology, collective: Collective, steps: list[tuple[Send, ...]],
-                    why: str, symmetries: tuple[Symmetry, ...], meta: ScheduleMeta, name: str) -> Schedule:
+def _assemble_waves(
+    method: str,
+    topology: Topology,
+    collective: Collective,
+    steps: list[tuple[Send, ...]],
+    why: str,
+    symmetries: tuple[Symmetry, ...],
+    meta: ScheduleMeta,
+    name: str,
+) -> Schedule:
     """A pipeline's first wave and the shift to the next: rounds counted once per shape of listed steps."""
     g = symmetries[0]
     listed = tuple(Step(1, sends) for sends in steps)

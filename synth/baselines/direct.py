@@ -32,8 +32,15 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
     if collective.name in _ROTATING and n > 1:
         # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
         check_size("direct", topology.name, collective, direct_sends(collective))
-        return assemble("direct", topology, collective, [_direct_sends(collective, only=0)], started, why,
-                        (rotation(collective, range(n)),))
+        return assemble(
+            "direct",
+            topology,
+            collective,
+            [_direct_sends(collective, only=0)],
+            started,
+            why,
+            (rotation(collective, range(n)),),
+        )
     require_links("direct", topology, _pairs(collective), why)  # before building N² sends of nothing
     return assemble("direct", topology, collective, [_direct_sends(collective)], started, why)
 
@@ -42,16 +49,25 @@ def twoshot(topology: Topology, collective: Collective) -> Schedule:
     """Allreduce as a direct reducescatter then a direct allgather: two steps."""
     started = time.perf_counter()
     if collective.name != "allreduce":
-        raise NotApplicable(f"twoshot: exists for allreduce only (it is reducescatter + allgather); "
-                            f"use --method direct for {collective.name}")
+        raise NotApplicable(
+            f"twoshot: exists for allreduce only (it is reducescatter + allgather); "
+            f"use --method direct for {collective.name}"
+        )
     check_ranks("twoshot", topology, collective)
     n = collective.nranks
     check_size("twoshot", topology.name, collective, twoshot_sends(collective))
     # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
     scatter = [Send(chunk, 0, dst, "reduce") for dst in range(1, n) for chunk in own(collective, dst)]
     gather = [Send(chunk, 0, dst) for dst in range(1, n) for chunk in own(collective, 0)]
-    return assemble("twoshot", topology, collective, [scatter, gather], started,
-                    "two-shot exchanges slices between every pair of ranks", (rotation(collective, range(n)),))
+    return assemble(
+        "twoshot",
+        topology,
+        collective,
+        [scatter, gather],
+        started,
+        "two-shot exchanges slices between every pair of ranks",
+        (rotation(collective, range(n)),),
+    )
 
 
 def direct_sends(collective: Collective) -> int | None:

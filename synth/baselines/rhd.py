@@ -16,7 +16,7 @@ store-and-forward exchange. Needs a power-of-two rank count and a link both ways
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -70,8 +70,15 @@ def _reducescatter(collective: Collective, only: int | None = None) -> list[list
     steps = []
     for bit in reversed(_bits(n)):
         # Rank r still owns the slices that agree with it on every bit above `bit`; it hands the partner's half on.
-        steps.append([Send(chunk, r, r ^ bit, "reduce") for r in _senders(n, only) for x in _near(r, 2 * bit)
-                      if x & bit != r & bit for chunk in own(collective, x)])
+        steps.append(
+            [
+                Send(chunk, r, r ^ bit, "reduce")
+                for r in _senders(n, only)
+                for x in _near(r, 2 * bit)
+                if x & bit != r & bit
+                for chunk in own(collective, x)
+            ]
+        )
     return steps
 
 
@@ -80,8 +87,9 @@ def _allgather(collective: Collective, only: int | None = None) -> list[list[Sen
     steps = []
     for bit in _bits(n):
         # Rank r holds the slices of every rank that differs from it only in the bits below `bit`.
-        steps.append([Send(chunk, r, r ^ bit) for r in _senders(n, only) for x in _near(r, bit)
-                      for chunk in own(collective, x)])
+        steps.append(
+            [Send(chunk, r, r ^ bit) for r in _senders(n, only) for x in _near(r, bit) for chunk in own(collective, x)]
+        )
     return steps
 
 
@@ -101,31 +109,50 @@ def _allreduce(collective: Collective, only: int | None = None) -> list[list[Sen
 
 def _broadcast(collective: Collective) -> list[list[Send]]:
     n, root = collective.nranks, collective.root
-    return [[Send(chunk, v ^ root, (v | bit) ^ root) for v in range(bit) for chunk in range(collective.nchunks)]
-            for bit in _bits(n)]
+    return [
+        [Send(chunk, v ^ root, (v | bit) ^ root) for v in range(bit) for chunk in range(collective.nchunks)]
+        for bit in _bits(n)
+    ]
 
 
 def _reduce(collective: Collective) -> list[list[Send]]:
     n, root = collective.nranks, collective.root
-    return [[Send(chunk, v ^ root, (v ^ bit) ^ root, "reduce") for v in range(bit, 2 * bit)
-             for chunk in range(collective.nchunks)]
-            for bit in reversed(_bits(n))]
+    return [
+        [
+            Send(chunk, v ^ root, (v ^ bit) ^ root, "reduce")
+            for v in range(bit, 2 * bit)
+            for chunk in range(collective.nchunks)
+        ]
+        for bit in reversed(_bits(n))
+    ]
 
 
 def _gather(collective: Collective) -> list[list[Send]]:
     """Relative rank v with lowest set bit `bit` sends the slices of v .. v+bit-1 to v - bit."""
     n, root = collective.nranks, collective.root
-    return [[Send(chunk, v ^ root, (v - bit) ^ root) for v in range(bit, n, 2 * bit)
-             for u in range(v, v + bit) for chunk in own(collective, u ^ root)]
-            for bit in _bits(n)]
+    return [
+        [
+            Send(chunk, v ^ root, (v - bit) ^ root)
+            for v in range(bit, n, 2 * bit)
+            for u in range(v, v + bit)
+            for chunk in own(collective, u ^ root)
+        ]
+        for bit in _bits(n)
+    ]
 
 
 def _scatter(collective: Collective) -> list[list[Send]]:
     """Relative rank v, a multiple of 2·bit, sends the slices of v+bit .. v+2·bit-1 to v + bit."""
     n, root = collective.nranks, collective.root
-    return [[Send(chunk, v ^ root, (v + bit) ^ root) for v in range(0, n, 2 * bit)
-             for u in range(v + bit, v + 2 * bit) for chunk in own(collective, u ^ root)]
-            for bit in reversed(_bits(n))]
+    return [
+        [
+            Send(chunk, v ^ root, (v + bit) ^ root)
+            for v in range(0, n, 2 * bit)
+            for u in range(v + bit, v + 2 * bit)
+            for chunk in own(collective, u ^ root)
+        ]
+        for bit in reversed(_bits(n))
+    ]
 
 
 def _alltoall(collective: Collective) -> list[list[Send]]:
@@ -147,6 +174,12 @@ def _alltoall(collective: Collective) -> list[list[Send]]:
 # the collectives every bit flip maps to themselves, listed as one rank's sends
 _ALGORITHMS_OF_ONE = {"allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce}
 _ALGORITHMS: dict[str, Callable[[Collective], list[list[Send]]]] = {
-    "allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce,
-    "broadcast": _broadcast, "reduce": _reduce, "gather": _gather, "scatter": _scatter, "alltoall": _alltoall,
+    "allgather": _allgather,
+    "reducescatter": _reducescatter,
+    "allreduce": _allreduce,
+    "broadcast": _broadcast,
+    "reduce": _reduce,
+    "gather": _gather,
+    "scatter": _scatter,
+    "alltoall": _alltoall,
 }

@@ -19,16 +19,15 @@ between hosts at other GPUs (NCCL's channels). With one chunk per slice there is
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from itertools import zip_longest
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from schedules.collectives import Collective
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import (assemble, check_ranks, check_size, even_hosts, host_major, host_rotations,
-                                   rotation)
+from synth.baselines.common import assemble, check_ranks, check_size, even_hosts, host_major, host_rotations, rotation
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -50,20 +49,43 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
         # one chunk's trajectory, and the rotation along the ring that gives every other slice's (on a ring in
         # rank order, whose expansion lists each step's sends in ring order, as the explicit form does)
         steps = algorithm(order, collective, range(collective.chunks), only=order[0])
-        return assemble("ring", topology, collective, steps, started, "a ring edge", (rotation(collective, order),),
-                        order=order, rings=[list(order)])
+        return assemble(
+            "ring",
+            topology,
+            collective,
+            steps,
+            started,
+            "a ring edge",
+            (rotation(collective, order),),
+            order=order,
+            rings=[list(order)],
+        )
     # Route q carries chunks q, q+used, ... of every slice; all routes run side by side, step for step.
     per_route = [algorithm(routes[q], collective, range(q, collective.chunks, used)) for q in range(used)]
     steps = [[send for sends in step for send in sends] for step in zip_longest(*per_route, fillvalue=[])]
-    return assemble("ring", topology, collective, steps, started, "a ring edge", order=order,
-                    rings=[list(route) for route in routes[:used]])
+    return assemble(
+        "ring",
+        topology,
+        collective,
+        steps,
+        started,
+        "a ring edge",
+        order=order,
+        rings=[list(route) for route in routes[:used]],
+    )
 
 
 def ring_sends(collective: Collective) -> int:
     """How many sends the ring algorithm makes, before any is built."""
     n, c, name = collective.nranks, collective.chunks, collective.name
-    per_hop = {"allgather": n, "reducescatter": n, "allreduce": 2 * n, "gather": n // 2, "scatter": n // 2,
-               "alltoall": n * n // 2}
+    per_hop = {
+        "allgather": n,
+        "reducescatter": n,
+        "allreduce": 2 * n,
+        "gather": n // 2,
+        "scatter": n // 2,
+        "alltoall": n * n // 2,
+    }
     return (n - 1) * per_hop[name] * c if name in per_hop else (n - 1) * collective.nchunks
 
 
@@ -87,10 +109,11 @@ def hamiltonian_cycle(topology: Topology, budget: int = SEARCH_BUDGET) -> list[i
     if found:
         return found
     if exhausted:
-        raise NotApplicable(f"ring: topology {topology.name} has no Hamiltonian cycle (a directed cycle "
-                            "through every rank over its links)")
-    raise NotApplicable(f"ring: no Hamiltonian cycle found in topology {topology.name} within {budget} "
-                        "search steps")
+        raise NotApplicable(
+            f"ring: topology {topology.name} has no Hamiltonian cycle (a directed cycle "
+            "through every rank over its links)"
+        )
+    raise NotApplicable(f"ring: no Hamiltonian cycle found in topology {topology.name} within {budget} search steps")
 
 
 def _search(fabric: Topology, start: int, budget: int) -> tuple[list[int] | None, bool]:
@@ -105,8 +128,17 @@ def _search(fabric: Topology, start: int, budget: int) -> tuple[list[int] | None
     def candidates(rank: int) -> Iterator[int]:
         # Same host first, fat links next, then Warnsdorff's rule: the rank with fewest ways on.
         free = [d for d in nexts[rank] if d not in seen]
-        return iter(sorted(free, key=lambda d: (fabric.hosts[d] != fabric.hosts[rank], -capacity[(rank, d)],
-                                                sum(x not in seen for x in nexts[d]), d)))
+        return iter(
+            sorted(
+                free,
+                key=lambda d: (
+                    fabric.hosts[d] != fabric.hosts[rank],
+                    -capacity[(rank, d)],
+                    sum(x not in seen for x in nexts[d]),
+                    d,
+                ),
+            )
+        )
 
     pending = [candidates(start)]
     while pending:
@@ -140,24 +172,40 @@ def _allgather(order: list[int], collective: Collective, lanes: Lanes, only: int
     n = len(order)
     if only is not None:
         j = order.index(only)
-        return [[Send(chunk, order[(j + k) % n], order[(j + k + 1) % n]) for chunk in _slice(collective, only, lanes)]
-                for k in range(n - 1)]
-    return [[Send(chunk, order[i], order[(i + 1) % n])
-             for i in range(n) for chunk in _slice(collective, order[(i - k) % n], lanes)]
-            for k in range(n - 1)]
+        return [
+            [Send(chunk, order[(j + k) % n], order[(j + k + 1) % n]) for chunk in _slice(collective, only, lanes)]
+            for k in range(n - 1)
+        ]
+    return [
+        [
+            Send(chunk, order[i], order[(i + 1) % n])
+            for i in range(n)
+            for chunk in _slice(collective, order[(i - k) % n], lanes)
+        ]
+        for k in range(n - 1)
+    ]
 
 
-def _reducescatter(order: list[int], collective: Collective, lanes: Lanes,
-                   only: int | None = None) -> list[list[Send]]:
+def _reducescatter(order: list[int], collective: Collective, lanes: Lanes, only: int | None = None) -> list[list[Send]]:
     """The slice of the rank at position j starts at j+1 and gathers one contribution per hop."""
     n = len(order)
     if only is not None:
         j = order.index(only)
-        return [[Send(chunk, order[(j + 1 + k) % n], order[(j + 2 + k) % n], "reduce")
-                 for chunk in _slice(collective, only, lanes)] for k in range(n - 1)]
-    return [[Send(chunk, order[i], order[(i + 1) % n], "reduce")
-             for i in range(n) for chunk in _slice(collective, order[(i - 1 - k) % n], lanes)]
-            for k in range(n - 1)]
+        return [
+            [
+                Send(chunk, order[(j + 1 + k) % n], order[(j + 2 + k) % n], "reduce")
+                for chunk in _slice(collective, only, lanes)
+            ]
+            for k in range(n - 1)
+        ]
+    return [
+        [
+            Send(chunk, order[i], order[(i + 1) % n], "reduce")
+            for i in range(n)
+            for chunk in _slice(collective, order[(i - 1 - k) % n], lanes)
+        ]
+        for k in range(n - 1)
+    ]
 
 
 def _allreduce(order: list[int], collective: Collective, lanes: Lanes, only: int | None = None) -> list[list[Send]]:
@@ -179,34 +227,47 @@ def _chain_to(order: list[int], root: int) -> list[int]:
 def _broadcast(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """Chunks stream down the chain: hop h carries the chunk m = t-h at step t."""
     chain = _chain_from(order, collective.root)
-    return [[Send(lanes[t - h], chain[h], chain[h + 1]) for h in range(len(chain) - 1) if 0 <= t - h < len(lanes)]
-            for t in range(len(lanes) + len(chain) - 2)]
+    return [
+        [Send(lanes[t - h], chain[h], chain[h + 1]) for h in range(len(chain) - 1) if 0 <= t - h < len(lanes)]
+        for t in range(len(lanes) + len(chain) - 2)
+    ]
 
 
 def _reduce(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """Chunks stream up the chain into root, each hop adding its rank's contribution."""
     chain = _chain_to(order, collective.root)
-    return [[Send(lanes[t - h], chain[h], chain[h + 1], "reduce")
-             for h in range(len(chain) - 1) if 0 <= t - h < len(lanes)]
-            for t in range(len(lanes) + len(chain) - 2)]
+    return [
+        [Send(lanes[t - h], chain[h], chain[h + 1], "reduce") for h in range(len(chain) - 1) if 0 <= t - h < len(lanes)]
+        for t in range(len(lanes) + len(chain) - 2)
+    ]
 
 
 def _gather(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """Hop h sends its own slice first, then relays what came in: slice of chain[h-t] at step t."""
     chain = _chain_to(order, collective.root)
     n = len(chain)
-    return [[Send(chunk, chain[h], chain[h + 1])
-             for h in range(t, n - 1) for chunk in _slice(collective, chain[h - t], lanes)]
-            for t in range(n - 1)]
+    return [
+        [
+            Send(chunk, chain[h], chain[h + 1])
+            for h in range(t, n - 1)
+            for chunk in _slice(collective, chain[h - t], lanes)
+        ]
+        for t in range(n - 1)
+    ]
 
 
 def _scatter(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
     """The farthest slice leaves root first; hop h carries the slice of chain[n-1-(t-h)] at step t."""
     chain = _chain_from(order, collective.root)
     n = len(chain)
-    return [[Send(chunk, chain[h], chain[h + 1])
-             for h in range(t + 1) for chunk in _slice(collective, chain[n - 1 - (t - h)], lanes)]
-            for t in range(n - 1)]
+    return [
+        [
+            Send(chunk, chain[h], chain[h + 1])
+            for h in range(t + 1)
+            for chunk in _slice(collective, chain[n - 1 - (t - h)], lanes)
+        ]
+        for t in range(n - 1)
+    ]
 
 
 def _alltoall(order: list[int], collective: Collective, lanes: Lanes) -> list[list[Send]]:
@@ -226,6 +287,12 @@ def _alltoall(order: list[int], collective: Collective, lanes: Lanes) -> list[li
 
 _ROTATING = ("allgather", "reducescatter", "allreduce")  # the collectives a rotation along the ring maps to itself
 _ALGORITHMS: dict[str, Callable[[list[int], Collective, Lanes], list[list[Send]]]] = {
-    "allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce,
-    "broadcast": _broadcast, "reduce": _reduce, "gather": _gather, "scatter": _scatter, "alltoall": _alltoall,
+    "allgather": _allgather,
+    "reducescatter": _reducescatter,
+    "allreduce": _allreduce,
+    "broadcast": _broadcast,
+    "reduce": _reduce,
+    "gather": _gather,
+    "scatter": _scatter,
+    "alltoall": _alltoall,
 }

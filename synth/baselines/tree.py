@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 import networkx as nx
 import numpy as np
@@ -28,8 +28,7 @@ from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from schedules.collectives import Collective
 from schedules.loads import index_fabric
-from schedules.schedule import Symmetry
-from schedules.schedule import Schedule, Send
+from schedules.schedule import Schedule, Send, Symmetry
 from synth.baselines.common import assemble, check_ranks, check_size, host_major, host_rotations
 from synth.baselines.ring import hamiltonian_cycle
 from synth.errors import NotApplicable
@@ -50,18 +49,22 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
     root = None if collective.name == "allreduce" else collective.root
     shapes = [ruler_tree(n), _second_tree(ruler_tree(n), n)] if root is None else [ruler_tree(n)]
     order = _placement(topology, shapes, root)
-    trees = [_on_ranks(shape, _rotate(placed, root)) for placed in host_rotations(topology, order)
-             for shape in shapes]
+    trees = [_on_ranks(shape, _rotate(placed, root)) for placed in host_rotations(topology, order) for shape in shapes]
     used = min(len(trees), collective.nchunks)
     waves = collective.nchunks // used
-    if collective.name == "allreduce" and collective.nchunks % used == 0 and waves > 1 and \
-            2 * (n - 1) * collective.nchunks > COMPACT_FROM:
+    if (
+        collective.name == "allreduce"
+        and collective.nchunks % used == 0
+        and waves > 1
+        and 2 * (n - 1) * collective.nchunks > COMPACT_FROM
+    ):
         # the first chunk of every tree, and the shift that sends chunk m + used one step after chunk m
         first = [t for parents, q in zip(trees, range(used)) for t in _allreduce_phases(parents, range(q, q + 1))]
         later = (np.arange(collective.nchunks) + used) % collective.nchunks
         shift = Symmetry(tuple(range(n)), tuple(later.tolist()), waves, shift=1)
-        return assemble("tree", topology, collective, _merge(*first), started, "a tree edge", (shift,),
-                        order=order, trees=used)
+        return assemble(
+            "tree", topology, collective, _merge(*first), started, "a tree edge", (shift,), order=order, trees=used
+        )
     # Tree q carries chunks q, q+used, ...; all trees run side by side, step for step.
     parts = [range(q, collective.nchunks, used) for q in range(used)]
     if collective.name == "allreduce":
@@ -70,8 +73,7 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         timelines = [_reduce_up(parents, part) for parents, part in zip(trees, parts)]
     else:
         timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts)]
-    return assemble("tree", topology, collective, _merge(*timelines), started, "a tree edge", order=order,
-                    trees=used)
+    return assemble("tree", topology, collective, _merge(*timelines), started, "a tree edge", order=order, trees=used)
 
 
 def tree_sends(collective: Collective) -> int:
@@ -90,7 +92,7 @@ def ruler_tree(n: int) -> dict[int, int]:
         lo, hi, parent = ranges.pop()
         if lo >= hi:
             continue
-        top = max(range(lo, hi), key=lambda x: (x & -x))  # unique: two equals have a higher one between
+        top = max(range(lo, hi), key=lambda x: x & -x)  # unique: two equals have a higher one between
         parents[top] = parent
         ranges += [(top + 1, hi, top), (lo, top, top)]
     return parents
@@ -126,9 +128,11 @@ def _placement(topology: Topology, shapes: list[dict[int, int]], root: int | Non
         return found
     first = _rotate(host_major(topology), root)
     lacking = next(f"{first[a]}->{first[b]}" for a, b in edges if not fabric.has_link(first[a], first[b]))
-    raise NotApplicable(f"tree: no placement of the binary tree{'s' if len(shapes) > 1 else ''} on topology "
-                        f"{topology.name} puts every tree edge on a link (host-major order lacks {lacking}; "
-                        "the ring order and a bounded subgraph search found none)")
+    raise NotApplicable(
+        f"tree: no placement of the binary tree{'s' if len(shapes) > 1 else ''} on topology "
+        f"{topology.name} puts every tree edge on a link (host-major order lacks {lacking}; "
+        "the ring order and a bounded subgraph search found none)"
+    )
 
 
 def _candidate_orders(topology: Topology, root: int | None) -> Iterator[list[int]]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import networkx as nx
 from ortools.sat.python import cp_model
@@ -123,8 +123,9 @@ def _candidate_sends(spec: FlowSpec) -> list[Key]:
     coll, topo, steps = spec.collective, spec.topology, spec.steps
     distances = _distances(spec)
     holders = {c: [r for r in topo.ranks if c in coll.precondition(r)] for c in range(coll.nchunks)}
-    wanted = {c: [r for r in topo.ranks if c in coll.postcondition(r) and r not in holders[c]]
-              for c in range(coll.nchunks)}
+    wanted = {
+        c: [r for r in topo.ranks if c in coll.postcondition(r) and r not in holders[c]] for c in range(coll.nchunks)
+    }
     keys = []
     for c in range(coll.nchunks):
         spec.check_time()
@@ -266,8 +267,12 @@ def _link_orbits(spec: FlowSpec) -> Callable[[tuple[tuple[int, int], ...]], tupl
     return canonical
 
 
-def _step_times(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_model.IntVar],
-                canonical: Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]]):
+def _step_times(
+    model: cp_model.CpModel,
+    spec: FlowSpec,
+    sends: dict[Key, cp_model.IntVar],
+    canonical: Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]],
+):
     """Add ``T[k] >= α + load·β`` for every link and sharing group; return (Σ T[k], units per µs).
 
     Under the symmetry a link's (or group's) images load the same variables, so each orbit gets one row.
@@ -303,8 +308,9 @@ class StepTerm:
     used: list
 
 
-def group_terms(spec: FlowSpec, group, members: tuple[tuple[int, int], ...],
-                on_link: dict[tuple[tuple[int, int], int], list]) -> list[StepTerm]:
+def group_terms(
+    spec: FlowSpec, group, members: tuple[tuple[int, int], ...], on_link: dict[tuple[tuple[int, int], int], list]
+) -> list[StepTerm]:
     """A sharing group's rows per step: as ``schedules.cost`` prices it, α of the slowest link it uses plus
     the group's load at its bandwidth; one row per distinct latency a, set by the links of latency >= a."""
     topo = spec.topology

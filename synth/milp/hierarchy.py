@@ -75,8 +75,12 @@ def rail_hops(topo: Topology, collective: Collective, links: frozenset[tuple[int
     return hops
 
 
-def tree_hops(topo: Topology, collective: Collective, trees_of: dict[int, list[tuple[tuple[int, int], ...]]],
-              links: frozenset[tuple[int, int]]) -> dict[int, set]:
+def tree_hops(
+    topo: Topology,
+    collective: Collective,
+    trees_of: dict[int, list[tuple[tuple[int, int], ...]]],
+    links: frozenset[tuple[int, int]],
+) -> dict[int, set]:
     """Per chunk, the cross-host hops of its root's tree: ``trees_of[root]`` lists each tree's hops (ranks)."""
     hops: dict[int, set] = {}
     for c in range(collective.nchunks):
@@ -86,7 +90,8 @@ def tree_hops(topo: Topology, collective: Collective, trees_of: dict[int, list[t
                 continue
             tree = trees[(c % collective.chunks) % len(trees)]
             hops.setdefault(c, set()).update(
-                (u, v) for u, v in tree if topo.hosts[u] != topo.hosts[v] and (u, v) in links)
+                (u, v) for u, v in tree if topo.hosts[u] != topo.hosts[v] and (u, v) in links
+            )
     return hops
 
 
@@ -97,8 +102,9 @@ def _members(topo: Topology) -> dict[int, list[int]]:
     return members
 
 
-def chunk_links(topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
-                cross: dict[int, set]) -> tuple[frozenset[tuple[int, int]], ...]:
+def chunk_links(
+    topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], cross: dict[int, set]
+) -> tuple[frozenset[tuple[int, int]], ...]:
     """Per chunk, the links of both parts: ``cross`` (the inter-host hops) and the intra-host spread."""
     members = _members(topo)
     complete = {h: _complete(topo, ranks, links) for h, ranks in members.items()}

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from schedules.collectives import Collective
 from synth.errors import Unsat
-from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound, hop_distances
+from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound
+from synth.milp.flow import hop_distances
 from synth.milp.hierarchy import rail_offsets
 from synth.milp.sketch import Sketch, SketchError
 from topologies import Topology
@@ -48,11 +49,13 @@ def allowed_links(topo: Topology, collective: Collective, sketch: Sketch, chunk_
 def _relayed(topo: Topology, sketch: Sketch) -> LinkSet:
     for i, rank in enumerate(sketch.relays or ()):
         if rank >= topo.nranks:
-            raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist "
-                              f"({topo.nranks} ranks)")
+            raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist ({topo.nranks} ranks)")
     relays = set(sketch.relays or ())
-    return frozenset(link.key for link in topo.links if topo.hosts[link.src] == topo.hosts[link.dst]
-                     or (link.src in relays and link.dst in relays))
+    return frozenset(
+        link.key
+        for link in topo.links
+        if topo.hosts[link.src] == topo.hosts[link.dst] or (link.src in relays and link.dst in relays)
+    )
 
 
 def _railed(topo: Topology) -> LinkSet:
@@ -61,9 +64,12 @@ def _railed(topo: Topology) -> LinkSet:
         local.append(seen.get(topo.hosts[r], 0))
         seen[topo.hosts[r]] = local[-1] + 1
     offsets = rail_offsets(topo)
-    return frozenset(link.key for link in topo.links
-                     if topo.hosts[link.src] == topo.hosts[link.dst]
-                     or (local[link.dst] - local[link.src]) % seen[topo.hosts[link.dst]] in offsets)
+    return frozenset(
+        link.key
+        for link in topo.links
+        if topo.hosts[link.src] == topo.hosts[link.dst]
+        or (local[link.dst] - local[link.src]) % seen[topo.hosts[link.dst]] in offsets
+    )
 
 
 def _without_detours(topo: Topology, links: LinkSet) -> LinkSet:
@@ -75,8 +81,9 @@ def _without_detours(topo: Topology, links: LinkSet) -> LinkSet:
 
     def detoured(u: int, v: int) -> bool:
         slow = capacity[(u, v)]
-        return (u, v) in shared and any(w != v and capacity[(u, w)] > slow and capacity.get((w, v), 0.0) > slow
-                                        for w in out[u])
+        return (u, v) in shared and any(
+            w != v and capacity[(u, w)] > slow and capacity.get((w, v), 0.0) > slow for w in out[u]
+        )
 
     return frozenset(key for key in links if not detoured(*key))
 
@@ -84,9 +91,14 @@ def _without_detours(topo: Topology, links: LinkSet) -> LinkSet:
 def connected(topo: Topology, collective: Collective, links: LinkSet) -> bool:
     """Whether every chunk can reach every rank that wants it over ``links``."""
     dist = hop_distances(topo.ranks, links)
-    return all(r in dist[s] for c in range(collective.nchunks)
-               for s in topo.ranks if c in collective.precondition(s)
-               for r in topo.ranks if c in collective.postcondition(r))
+    return all(
+        r in dist[s]
+        for c in range(collective.nchunks)
+        for s in topo.ranks
+        if c in collective.precondition(s)
+        for r in topo.ranks
+        if c in collective.postcondition(r)
+    )
 
 
 def check_reachable(topo: Topology, collective: Collective, links: LinkSet, sketch: Sketch) -> int:
@@ -95,8 +107,10 @@ def check_reachable(topo: Topology, collective: Collective, links: LinkSet, sket
         for host in sorted(set(topo.hosts)):
             if not any(topo.hosts[r] == host for r in sketch.relays):
                 members = [r for r in topo.ranks if topo.hosts[r] == host]
-                raise Unsat(f"sketch {sketch.source}: relays: host {host} (ranks {members[0]}..{members[-1]}) has "
-                            "no relay, so no data can enter or leave it")
+                raise Unsat(
+                    f"sketch {sketch.source}: relays: host {host} (ranks {members[0]}..{members[-1]}) has "
+                    "no relay, so no data can enter or leave it"
+                )
     dist = hop_distances(topo.ranks, links)
     depth = 0
     for c in range(collective.nchunks):
@@ -105,7 +119,9 @@ def check_reachable(topo: Topology, collective: Collective, links: LinkSet, sket
             if c in collective.postcondition(r) and r not in holders:
                 hops = min((dist[s][r] for s in holders if r in dist[s]), default=None)
                 if hops is None:
-                    raise Unsat(f"sketch {sketch.source}: relays: rank {r} cannot receive chunk {c} "
-                                f"from rank {holders[0]} over the links the relays allow")
+                    raise Unsat(
+                        f"sketch {sketch.source}: relays: rank {r} cannot receive chunk {c} "
+                        f"from rank {holders[0]} over the links the relays allow"
+                    )
                 depth = max(depth, hops)
     return depth

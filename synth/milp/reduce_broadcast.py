@@ -24,7 +24,13 @@ from ortools.sat.python import cp_model
 from schedules.collectives import Collective
 from schedules.schedule import Send, Step
 from synth.milp.flow import (
-    FlowModel, FlowSpec, StepTerm, group_terms, hop_distances, link_cost_us, step_objective,
+    FlowModel,
+    FlowSpec,
+    StepTerm,
+    group_terms,
+    hop_distances,
+    link_cost_us,
+    step_objective,
 )
 from topologies import Topology
 
@@ -81,8 +87,10 @@ def build(spec: ReduceBroadcastSpec) -> FlowModel:
     on_link: dict[tuple[tuple[int, int], int], list] = {}
     for (c, u, v, k), var in list(r.items()) + list(b.items()):
         on_link.setdefault(((u, v), k), []).append(var)
-    terms = [StepTerm(k, *link_cost_us(topo.link(*key).latency, topo.link(*key).capacity, spec.chunk_bytes), vs, vs)
-             for (key, k), vs in on_link.items()]
+    terms = [
+        StepTerm(k, *link_cost_us(topo.link(*key).latency, topo.link(*key).capacity, spec.chunk_bytes), vs, vs)
+        for (key, k), vs in on_link.items()
+    ]
     flow_spec = FlowSpec(topo, coll, steps, spec.chunk_bytes, frozenset(links))
     for group in topo.sharing:
         terms += group_terms(flow_spec, group, tuple(sorted(tuple(key) for key in group.links)), on_link)
@@ -118,8 +126,10 @@ def pipelined_trees(fabric: Topology, topo: Topology, collective: Collective) ->
     links = frozenset(link.key for link in topo.links)
     toward = {r: d for r, d in hop_distances(topo.ranks, frozenset((v, u) for u, v in links)).items()}
     away = hop_distances(topo.ranks, links)
-    score = {r: min(sum(l.capacity for l in fabric.in_links[r]), sum(l.capacity for l in fabric.out_links[r]))
-             for r in topo.ranks}
+    score = {
+        r: min(sum(l.capacity for l in fabric.in_links[r]), sum(l.capacity for l in fabric.out_links[r]))
+        for r in topo.ranks
+    }
     best = max(score.values())
     roots = [r for r in topo.ranks if score[r] >= best * (1 - 1e-9)]
     room = {key: max(1, int(topo.chunk_capacity(*key) + 1e-9)) for key in links}
@@ -139,11 +149,15 @@ def pipelined_trees(fabric: Topology, topo: Topology, collective: Collective) ->
         root = roots[c % len(roots)]
         ready = {u: 0 for u in topo.ranks}  # the step after which u holds its whole partial (then the sum)
         for u in sorted((u for u in topo.ranks if u != root), key=lambda u: -toward[root][u]):
-            parent = min((v for v in topo.ranks if (u, v) in links and toward[root][v] == toward[root][u] - 1),
-                         key=lambda v: (v - c) % n)
+            parent = min(
+                (v for v in topo.ranks if (u, v) in links and toward[root][v] == toward[root][u] - 1),
+                key=lambda v: (v - c) % n,
+            )
             ready[parent] = max(ready[parent], place(c, u, parent, ready[u], "reduce"))
         for v in sorted((v for v in topo.ranks if v != root), key=lambda v: away[root][v]):
-            parent = min((u for u in topo.ranks if (u, v) in links and away[root][u] == away[root][v] - 1),
-                         key=lambda u: (u - c) % n)
+            parent = min(
+                (u for u in topo.ranks if (u, v) in links and away[root][u] == away[root][v] - 1),
+                key=lambda u: (u - c) % n,
+            )
             ready[v] = place(c, parent, v, ready[parent], "copy")
     return tuple(Step(1, tuple(sends.get(k, ()))) for k in range(1, max(sends, default=0) + 1))

@@ -6,9 +6,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Callable
 
 from ortools.sat.python import cp_model
 
@@ -97,8 +97,9 @@ class _Job:
         return self.fabric.without_switches()
 
 
-def solve(topology: Topology, collective: Collective, options: MilpOptions = MilpOptions(),
-          progress: Progress | None = None) -> Schedule:
+def solve(
+    topology: Topology, collective: Collective, options: MilpOptions = MilpOptions(), progress: Progress | None = None
+) -> Schedule:
     """The fastest schedule for ``options.size`` bytes that CP-SAT finds within the time limit.
 
     ``meta.options`` holds the objective, the best bound (the larger of CP-SAT's and the fabric's lower
@@ -108,8 +109,9 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
     chunks = options.chunks or sketch.chunks or collective.chunks
     collective = Collective(collective.name, collective.nranks, chunks, collective.root)
     if collective.nranks != topology.nranks:
-        raise SynthesisError(f"milp: collective has {collective.nranks} ranks, topology {topology.name} has "
-                             f"{topology.nranks}")
+        raise SynthesisError(
+            f"milp: collective has {collective.nranks} ranks, topology {topology.name} has {topology.nranks}"
+        )
     start = time.monotonic()
     job = _Job(topology, options, sketch, progress, collective.name)
     form = None
@@ -122,19 +124,28 @@ def solve(topology: Topology, collective: Collective, options: MilpOptions = Mil
     bound = sum(o.bound_us for o in halves)
     meta = ScheduleMeta(
         solver="milp",
-        options={"size": options.size, "time_limit": options.time_limit, "chunks": chunks,
-                 "steps": options.steps, "sketch": sketch.to_json() if options.sketch else None,
-                 "objective_us": objective, "best_bound_us": bound,
-                 "gap": 0.0 if objective <= 0 else max(0.0, 1.0 - bound / objective),
-                 "status": "+".join(o.status for o in halves),
-                 "hierarchy": halves[-1].hierarchy, "symmetry_offset": halves[-1].symmetry_offset,
-                 "symmetry_local": halves[-1].symmetry_local, **({"allreduce_form": form} if form else {})},
+        options={
+            "size": options.size,
+            "time_limit": options.time_limit,
+            "chunks": chunks,
+            "steps": options.steps,
+            "sketch": sketch.to_json() if options.sketch else None,
+            "objective_us": objective,
+            "best_bound_us": bound,
+            "gap": 0.0 if objective <= 0 else max(0.0, 1.0 - bound / objective),
+            "status": "+".join(o.status for o in halves),
+            "hierarchy": halves[-1].hierarchy,
+            "symmetry_offset": halves[-1].symmetry_offset,
+            "symmetry_local": halves[-1].symmetry_local,
+            **({"allreduce_form": form} if form else {}),
+        },
         solve_time=time.monotonic() - start,
         notes="CP-SAT time-expanded flow; objective = finish time under the α-β step model",
     )
     # the size it was solved for is in the name: a sweep's schedules (and the plans compiled from them) differ
-    return Schedule(collective, topology.fingerprint, steps,
-                    f"milp-{collective.name}-c{chunks}-{_size_label(options.size)}", meta)
+    return Schedule(
+        collective, topology.fingerprint, steps, f"milp-{collective.name}-c{chunks}-{_size_label(options.size)}", meta
+    )
 
 
 def _size_label(nbytes: int) -> str:
@@ -183,8 +194,17 @@ def _solve_allreduce(job: _Job, collective: Collective) -> tuple[list[Outcome], 
         return halves, RS_AG
     floor = lower_bound_us(job.fabric, collective, job.options.size)
     try:
-        joined = _solve_model(job, spec.topology, collective, reduce_broadcast.build(spec),
-                              f"{collective.name} as reduce-broadcast", spec.steps, floor, start, limit)
+        joined = _solve_model(
+            job,
+            spec.topology,
+            collective,
+            reduce_broadcast.build(spec),
+            f"{collective.name} as reduce-broadcast",
+            spec.steps,
+            floor,
+            start,
+            limit,
+        )
     except (Unknown, Unsat):
         return halves, RS_AG  # no time left for it, nothing found, or too few --steps: the first form stands
     if joined.objective_us < sum(o.objective_us for o in halves) * (1 - 1e-9):
@@ -228,12 +248,14 @@ def _solve_one(job: _Job, collective: Collective, time_limit: float) -> Outcome:
 
 def _reverse(steps: tuple[Step, ...]) -> tuple[Step, ...]:
     """Run copy trees backwards as reduction trees: last step first, every send turned around."""
-    return tuple(Step(st.rounds, tuple(Send(s.chunk, s.dst, s.src, "reduce") for s in st.sends))
-                 for st in reversed(steps))
+    return tuple(
+        Step(st.rounds, tuple(Send(s.chunk, s.dst, s.src, "reduce") for s in st.sends)) for st in reversed(steps)
+    )
 
 
-def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float, floor_us: float,
-            label: str) -> Outcome:
+def _search(
+    job: _Job, topo: Topology, collective: Collective, time_limit: float, floor_us: float, label: str
+) -> Outcome:
     """One CP-SAT search on a switch-free ``topo``; ``floor_us`` is a lower bound known beforehand.
 
     ``label`` names the collective the user asked for (reducescatter when this searches its allgather dual).
@@ -251,10 +273,12 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     possible = per_step * steps
     if possible > MAX_SENDS:
         over = f"{len(links)} links" if per_chunk is None else "the hierarchy's links"
-        raise SynthesisError(f"milp: {label} on {job.fabric.name}: {collective.nchunks} chunks over {over} "
-                             f"in {steps} steps are {possible} possible sends, more than the model's "
-                             f"{MAX_SENDS} (it could not be built within a time limit): use fewer --chunks or "
-                             "--steps")
+        raise SynthesisError(
+            f"milp: {label} on {job.fabric.name}: {collective.nchunks} chunks over {over} "
+            f"in {steps} steps are {possible} possible sends, more than the model's "
+            f"{MAX_SENDS} (it could not be built within a time limit): use fewer --chunks or "
+            "--steps"
+        )
     symmetry = None
     if sketch.rank_offset is not None or topo.nhosts > 1:  # symmetry across hosts unless the sketch says
         symmetry = rank_symmetry(topo, collective, links, sketch, per_chunk)
@@ -262,16 +286,31 @@ def _search(job: _Job, topo: Topology, collective: Collective, time_limit: float
     try:
         flow = build_flow(FlowSpec(topo, collective, steps, chunk_bytes, links, symmetry, deadline, per_chunk))
     except OutOfTime:
-        raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
-                      f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
-                      "--steps, or a longer --time-limit)") from None
+        raise Unknown(
+            f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
+            f"steps was not built within the time limit of {time_limit:g} s (use fewer --chunks or "
+            "--steps, or a longer --time-limit)"
+        ) from None
     outcome = _solve_model(job, topo, collective, flow, label, steps, floor_us, start, time_limit)
-    return replace(outcome, hierarchy=split, symmetry_offset=symmetry.offset if symmetry else None,
-                   symmetry_local=symmetry.local if symmetry else None)
+    return replace(
+        outcome,
+        hierarchy=split,
+        symmetry_offset=symmetry.offset if symmetry else None,
+        symmetry_local=symmetry.local if symmetry else None,
+    )
 
 
-def _solve_model(job: _Job, topo: Topology, collective: Collective, flow: FlowModel, label: str, steps: int,
-                 floor_us: float, start: float, time_limit: float) -> Outcome:
+def _solve_model(
+    job: _Job,
+    topo: Topology,
+    collective: Collective,
+    flow: FlowModel,
+    label: str,
+    steps: int,
+    floor_us: float,
+    start: float,
+    time_limit: float,
+) -> Outcome:
     """CP-SAT on a built model, within what is left of ``time_limit`` since ``start``; the schedule read back."""
     deadline = start + time_limit
     solver = cp_model.CpSolver()
@@ -282,10 +321,12 @@ def _solve_model(job: _Job, topo: Topology, collective: Collective, flow: FlowMo
     loading = 4e-5 * flow.variables
     left = deadline - time.monotonic() - read_back - min(2.0, 0.02 * time_limit)
     if left < loading:
-        raise Unknown(f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
-                      f"steps was built with {max(0.0, left):.1f} s of the time limit of {time_limit:g} s left, "
-                      f"too little to load its {flow.variables} variables (use fewer --chunks or --steps, or a "
-                      "longer --time-limit)")
+        raise Unknown(
+            f"milp: {label} on {job.fabric.name}: the model of {collective.nchunks} chunks in {steps} "
+            f"steps was built with {max(0.0, left):.1f} s of the time limit of {time_limit:g} s left, "
+            f"too little to load its {flow.variables} variables (use fewer --chunks or --steps, or a "
+            "longer --time-limit)"
+        )
     solver.parameters.max_time_in_seconds = max(0.1, left - loading)
     solver.parameters.num_workers = job.options.workers or max(2, min(8, os.cpu_count() or 2))
     # Full presolve probes every send variable and symmetry detection builds a graph of the whole model: 12 s
@@ -306,15 +347,18 @@ def _solve_model(job: _Job, topo: Topology, collective: Collective, flow: FlowMo
     if status == cp_model.INFEASIBLE:
         raise Unsat(f"milp: no {label} schedule on {job.fabric.name} within {steps} step{'s' * (steps != 1)}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise Unknown(f"milp: no {label} schedule on {job.fabric.name} found within the time limit of "
-                      f"{time_limit:g} s (status {name})")
+        raise Unknown(
+            f"milp: no {label} schedule on {job.fabric.name} found within the time limit of "
+            f"{time_limit:g} s (status {name})"
+        )
     objective = solver.ObjectiveValue() / flow.units_per_us
     bound = max(solver.BestObjectiveBound() / flow.units_per_us, min(floor_us, objective))
     return Outcome(_read_steps(topo, flow, solver), objective, bound, name.lower(), solver.WallTime())
 
 
-def _hierarchy(job: _Job, topo: Topology, collective: Collective, links: frozenset[tuple[int, int]],
-               chunk_bytes: float, depth: int) -> tuple[tuple[frozenset, ...] | None, int, str]:
+def _hierarchy(
+    job: _Job, topo: Topology, collective: Collective, links: frozenset[tuple[int, int]], chunk_bytes: float, depth: int
+) -> tuple[tuple[frozenset, ...] | None, int, str]:
     """The inter-/intra-host split's links per chunk, the hop depth they need and its name (rails, trees);
     (None, depth, "none") without it.
 
@@ -361,8 +405,15 @@ def _tree_hops(job: _Job, topo: Topology, collective: Collective) -> dict | None
     return hierarchy.tree_hops(topo, collective, trees_of, frozenset(l.key for l in topo.links))
 
 
-def _run(solver: cp_model.CpSolver, flow: FlowModel, reporter: "_Reporter", job: _Job, label: str,
-         start: float, stop_at: float) -> int:
+def _run(
+    solver: cp_model.CpSolver,
+    flow: FlowModel,
+    reporter: _Reporter,
+    job: _Job,
+    label: str,
+    start: float,
+    stop_at: float,
+) -> int:
     """``solver.Solve`` in a thread; a progress line every PROGRESS_EVERY s; Ctrl-C stops it and is raised.
 
     Past ``stop_at`` the search is told to stop as well: CP-SAT checks its own limit only between steps, and
@@ -396,17 +447,23 @@ def _run(solver: cp_model.CpSolver, flow: FlowModel, reporter: "_Reporter", job:
         while thread.is_alive():
             solver.StopSearch()
             thread.join(timeout=0.1)
-        found = (f"its incumbent of {reporter.value:.3f} µs (gap {reporter.gap:.1%}) was discarded"
-                 if reporter.value is not None else "no schedule had been found")
-        raise Interrupted(f"milp {label} on {job.fabric.name} stopped after {time.monotonic() - start:.1f} s: "
-                          f"{found}; nothing written or committed") from None
+        found = (
+            f"its incumbent of {reporter.value:.3f} µs (gap {reporter.gap:.1%}) was discarded"
+            if reporter.value is not None
+            else "no schedule had been found"
+        )
+        raise Interrupted(
+            f"milp {label} on {job.fabric.name} stopped after {time.monotonic() - start:.1f} s: "
+            f"{found}; nothing written or committed"
+        ) from None
     if "error" in result:
         raise result["error"]
     return result["status"]
 
 
-def _final_line(job: _Job, label: str, name: str, reporter: "_Reporter", solver: cp_model.CpSolver,
-                flow: FlowModel, floor_us: float) -> None:
+def _final_line(
+    job: _Job, label: str, name: str, reporter: _Reporter, solver: cp_model.CpSolver, flow: FlowModel, floor_us: float
+) -> None:
     """The search's end: optimal, or the time limit with its gap and bound, or infeasible, or unknown."""
     if job.progress is None:
         return
@@ -443,15 +500,19 @@ class _Reporter(cp_model.CpSolverSolutionCallback):
     def line(self, seconds: float, what: str) -> str:
         if self.value is None:
             return f"milp {self._label}: {what}, no incumbent yet, bound {self.bound:.3f} µs, {seconds:.1f} s"
-        return (f"milp {self._label}: {what}, incumbent {self.value:.3f} µs, bound {min(self.bound, self.value):.3f} "
-                f"µs, gap {self.gap:.1%}, {seconds:.1f} s")
+        return (
+            f"milp {self._label}: {what}, incumbent {self.value:.3f} µs, bound {min(self.bound, self.value):.3f} "
+            f"µs, gap {self.gap:.1%}, {seconds:.1f} s"
+        )
 
     def on_solution_callback(self) -> None:
         self.value = self.ObjectiveValue() / self._flow.units_per_us
         self.bound = max(self.bound, self.BestObjectiveBound() / self._flow.units_per_us)
         if self._progress is not None:
-            self._progress(f"milp {self._label}: incumbent {self.value:.3f} µs, bound "
-                           f"{min(self.bound, self.value):.3f} µs, gap {self.gap:.1%}, {self.WallTime():.1f} s")
+            self._progress(
+                f"milp {self._label}: incumbent {self.value:.3f} µs, bound "
+                f"{min(self.bound, self.value):.3f} µs, gap {self.gap:.1%}, {self.WallTime():.1f} s"
+            )
 
 
 def _read_steps(topo: Topology, flow: FlowModel, solver: cp_model.CpSolver) -> tuple[Step, ...]:
@@ -460,8 +521,10 @@ def _read_steps(topo: Topology, flow: FlowModel, solver: cp_model.CpSolver) -> t
         for (c, u, v, k), var in sends.items():
             if solver.BooleanValue(var):
                 by_step.setdefault(k, []).append(Send(c, u, v, op))
-    return tuple(Step(rounds_for(topo, sends), tuple(sorted(sends, key=lambda s: (s.src, s.dst, s.chunk))))
-                 for _, sends in sorted(by_step.items()))
+    return tuple(
+        Step(rounds_for(topo, sends), tuple(sorted(sends, key=lambda s: (s.src, s.dst, s.chunk))))
+        for _, sends in sorted(by_step.items())
+    )
 
 
 def rounds_for(topo: Topology, sends: list[Send]) -> int:

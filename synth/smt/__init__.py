@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Callable
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
-from synth.smt import dual as smt_dual
 from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
+from synth.smt import dual as smt_dual
 from synth.smt.bound import rounds_per_chunk_bound, steps_bound
 from synth.smt.encoding import MAX_SENDS, UNKNOWN, Instance, possible_sends
 from synth.smt.search import Problem, decide_first, workers
@@ -58,7 +58,7 @@ class SmtOptions:
     max_steps: int | None = None
     deadline: float | None = None
 
-    def started(self) -> "SmtOptions":
+    def started(self) -> SmtOptions:
         """These options with the deadline set, if it is not yet."""
         return self if self.deadline is not None else replace(self, deadline=time.monotonic() + self.time_limit)
 
@@ -72,8 +72,10 @@ class SmtOptions:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise SynthesisError(f"smt: {name}: must be a positive integer, got {value!r}")
         if self.rounds is not None and self.steps is not None and self.rounds < self.steps:
-            raise SynthesisError(f"smt: rounds: {self.rounds} rounds cannot fill {self.steps} steps "
-                                 "(every step takes at least one round)")
+            raise SynthesisError(
+                f"smt: rounds: {self.rounds} rounds cannot fill {self.steps} steps "
+                "(every step takes at least one round)"
+            )
         if not self.time_limit > 0:
             raise SynthesisError(f"smt: time_limit: must be positive seconds, got {self.time_limit!r}")
 
@@ -108,14 +110,17 @@ def _quiet(line: str) -> None:
     """The default progress callback: library code never prints."""
 
 
-def solve(topology: Topology, collective: Collective, options: SmtOptions = SmtOptions(),
-          progress: Progress = _quiet) -> Schedule:
+def solve(
+    topology: Topology, collective: Collective, options: SmtOptions = SmtOptions(), progress: Progress = _quiet
+) -> Schedule:
     """One schedule: the instance (steps, rounds, collective.chunks) when steps is given, else least steps."""
     options.check()
     options = options.started()
     if collective.nranks != topology.nranks:
-        raise SynthesisError(f"smt: collective {collective.name} has {collective.nranks} ranks, topology "
-                             f"{topology.name} has {topology.nranks}")
+        raise SynthesisError(
+            f"smt: collective {collective.name} has {collective.nranks} ranks, topology "
+            f"{topology.name} has {topology.nranks}"
+        )
     if collective.name == "allreduce":
         return _allreduce(topology, collective, options, progress)
     return _solve_part(topology, collective, options, progress)
@@ -126,10 +131,12 @@ def check_size(problem: Problem, steps: int, label: str) -> None:
     c = problem.collective
     sends = possible_sends(problem.fabric, c, steps)
     if sends > MAX_SENDS:
-        raise SynthesisError(f"smt: {label}: {c.nchunks} chunks ({c.chunks} per rank-slice) over "
-                             f"{len(problem.fabric.links)} links in {steps} step{'s' * (steps != 1)} are {sends} "
-                             f"possible sends, more than the SMT encoding's {MAX_SENDS}: use fewer --chunks or "
-                             "--steps, or --method milp or trees")
+        raise SynthesisError(
+            f"smt: {label}: {c.nchunks} chunks ({c.chunks} per rank-slice) over "
+            f"{len(problem.fabric.links)} links in {steps} step{'s' * (steps != 1)} are {sends} "
+            f"possible sends, more than the SMT encoding's {MAX_SENDS}: use fewer --chunks or "
+            "--steps, or --method milp or trees"
+        )
 
 
 def _solve_part(topology: Topology, collective: Collective, options: SmtOptions, progress: Progress) -> Schedule:
@@ -138,8 +145,9 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
     check_size(problem, options.steps or 1, label)
     if options.steps is not None:
         inst = Instance(options.steps, options.rounds or options.steps, collective.chunks)
-        out, seen = decide_first(problem, [inst], options.left(), workers(options.workers), progress, label,
-                                 options.deadline)
+        out, seen = decide_first(
+            problem, [inst], options.left(), workers(options.workers), progress, label, options.deadline
+        )
         if out is None:
             raise _failure(label, inst, seen[-1].status)
         return _finish(out.schedule, topology, collective)
@@ -159,18 +167,22 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
                 schedule = schedule.with_meta(notes=f"fewest steps not proven: {unknown[0]} is unknown")
             return schedule
         if unknown:
-            raise Unknown(f"smt: {label}: instance {unknown[0]} is unknown: no answer within the time limit "
-                          f"of {options.time_limit:g} s")
-    raise Unsat(f"smt: {label}: no schedule with {low}..{ceiling} steps"
-                + (f" and {options.rounds} rounds" if options.rounds else "") + f" and {collective.chunks} chunks")
+            raise Unknown(
+                f"smt: {label}: instance {unknown[0]} is unknown: no answer within the time limit "
+                f"of {options.time_limit:g} s"
+            )
+    raise Unsat(
+        f"smt: {label}: no schedule with {low}..{ceiling} steps"
+        + (f" and {options.rounds} rounds" if options.rounds else "")
+        + f" and {collective.chunks} chunks"
+    )
 
 
 def _problem(topology: Topology, collective: Collective, options: SmtOptions) -> Problem:
     """The non-combining problem that answers ``collective``: its dual on the reversed fabric if it combines."""
     fabric = topology.without_switches()
     if collective.name in smt_dual.DUAL:
-        return Problem(fabric.reversed(), topology.fingerprint, smt_dual.dual_collective(collective),
-                       options.symmetry)
+        return Problem(fabric.reversed(), topology.fingerprint, smt_dual.dual_collective(collective), options.symmetry)
     return Problem(fabric, topology.fingerprint, collective, options.symmetry)
 
 
@@ -204,17 +216,22 @@ def _allreduce(topology: Topology, collective: Collective, options: SmtOptions, 
     for s1, r1 in _splits(options.steps, total_rounds):
         try:
             first = _solve_part(topology, rs, replace(options, steps=s1, rounds=r1), progress)
-            second = _solve_part(topology, ag, replace(options, steps=options.steps - s1,
-                                                       rounds=total_rounds - r1), progress)
+            second = _solve_part(
+                topology, ag, replace(options, steps=options.steps - s1, rounds=total_rounds - r1), progress
+            )
             return smt_dual.allreduce(first, second)
         except (Unsat, Unknown) as e:
             failures.append(e)
     inst = Instance(options.steps, total_rounds, c)
     if any(isinstance(e, Unknown) for e in failures):
-        raise Unknown(f"smt: allreduce on {topology.name}: instance {inst} is unknown: some split of it into "
-                      "reducescatter + allgather hit the time limit")
-    raise Unsat(f"smt: allreduce on {topology.name}: instance {inst} is unsat as reducescatter + allgather "
-                "(no split of its steps and rounds works)")
+        raise Unknown(
+            f"smt: allreduce on {topology.name}: instance {inst} is unknown: some split of it into "
+            "reducescatter + allgather hit the time limit"
+        )
+    raise Unsat(
+        f"smt: allreduce on {topology.name}: instance {inst} is unsat as reducescatter + allgather "
+        "(no split of its steps and rounds works)"
+    )
 
 
 def _splits(steps: int, rounds: int) -> list[tuple[int, int]]:
@@ -225,8 +242,10 @@ def _splits(steps: int, rounds: int) -> list[tuple[int, int]]:
 
 # ---- the Pareto frontier ------------------------------------------------------------------------
 
-def pareto(topology: Topology, collective: Collective, options: SmtOptions = SmtOptions(),
-           progress: Progress = _quiet) -> Frontier:
+
+def pareto(
+    topology: Topology, collective: Collective, options: SmtOptions = SmtOptions(), progress: Progress = _quiet
+) -> Frontier:
     """The (steps, rounds per chunk) Pareto frontier, each point with its schedule and α-β cost.
 
     Where the time limit ends the walk, the frontier holds what was found and ``complete`` is False.
@@ -240,15 +259,18 @@ def pareto(topology: Topology, collective: Collective, options: SmtOptions = Smt
             # reducescatter's dual is an allgather on the same fabric: one walk serves both halves
             ag = _walk(topology, Collective("allgather", n), options, progress)
             rs = replace(ag, points=tuple(_reduce_point(p, topology) for p in ag.points))
-            progress(f"smt: reducescatter on {topology.name}: the allgather frontier run backwards "
-                     "(the fabric is its own reverse)")
+            progress(
+                f"smt: reducescatter on {topology.name}: the allgather frontier run backwards "
+                "(the fabric is its own reverse)"
+            )
         else:
             half = replace(options, deadline=time.monotonic() + options.left() / 2)  # the rest for allgather
             rs = _walk(topology, Collective("reducescatter", n), half, progress)
             ag = _walk(topology, Collective("allgather", n), options, progress)
         points = [(smt_dual.allreduce(a.schedule, b.schedule)) for a in rs.points for b in ag.points]
-        stopped = "; ".join(f"{half.stopped} ({name})" for half, name in ((rs, "reducescatter"), (ag, "allgather"))
-                            if half.stopped)
+        stopped = "; ".join(
+            f"{half.stopped} ({name})" for half, name in ((rs, "reducescatter"), (ag, "allgather")) if half.stopped
+        )
         return _frontier(topology, points, rs.lp_bound + ag.lp_bound, rs.complete and ag.complete, stopped)
     return _walk(topology, collective, options, progress)
 
@@ -256,8 +278,7 @@ def pareto(topology: Topology, collective: Collective, options: SmtOptions = Smt
 def _reduce_point(point: FrontierPoint, topology: Topology) -> FrontierPoint:
     """An allgather point's reducescatter: its schedule backwards, every send a reduction."""
     c = point.schedule.collective
-    schedule = smt_dual.from_dual(point.schedule, Collective("reducescatter", c.nranks, c.chunks),
-                                  topology.fingerprint)
+    schedule = smt_dual.from_dual(point.schedule, Collective("reducescatter", c.nranks, c.chunks), topology.fingerprint)
     return replace(point, schedule=schedule)
 
 
@@ -267,7 +288,9 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
     bound = rounds_per_chunk_bound(problem.fabric, problem.collective)
     low = steps_bound(problem.fabric, problem.collective)
     max_chunks = options.max_chunks or max(bound.denominator, 2)
-    progress(f"smt: {label}: at least {low} step{'s' * (low != 1)} and {bound} rounds per chunk (LP); chunks up to {max_chunks}")
+    progress(
+        f"smt: {label}: at least {low} step{'s' * (low != 1)} and {bound} rounds per chunk (LP); chunks up to {max_chunks}"
+    )
     found: list[Schedule] = []
     best: Fraction | None = None
     ceiling = options.max_steps or low + 2 * max_chunks + 2
@@ -280,28 +303,32 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
             break
         candidates = _candidates(steps, bound, best, max_chunks, problem.with_chunks(1).collective.nchunks)
         try:
-            out, _ = decide_first(problem, candidates, options.left(), workers(options.workers), progress, label,
-                                  options.deadline)
+            out, _ = decide_first(
+                problem, candidates, options.left(), workers(options.workers), progress, label, options.deadline
+            )
         except KeyboardInterrupt:
             kept = ", ".join(f"(S={s.nsteps}, R={s.total_rounds}, C={s.collective.chunks})" for s in found)
-            raise Interrupted(f"smt: {label}: stopped at {steps} steps; "
-                              + (f"found {kept}, " if found else "no point found, ")
-                              + "nothing written or committed") from None
+            raise Interrupted(
+                f"smt: {label}: stopped at {steps} steps; "
+                + (f"found {kept}, " if found else "no point found, ")
+                + "nothing written or committed"
+            ) from None
         if out is None:
             continue
         sized = Collective(collective.name, collective.nranks, out.instance.chunks, collective.root)
         found.append(_finish(out.schedule, topology, sized))
         best = Fraction(out.instance.rounds, out.instance.chunks)
-        progress(f"smt: {label}: frontier point {len(found)}: {out.instance}, R/C {best}"
-                 + (" (the LP bound)" if best <= bound else "")
-                 + f"; {max(0.0, options.left()):.0f} s of the time limit of {options.time_limit:g} s left")
+        progress(
+            f"smt: {label}: frontier point {len(found)}: {out.instance}, R/C {best}"
+            + (" (the LP bound)" if best <= bound else "")
+            + f"; {max(0.0, options.left()):.0f} s of the time limit of {options.time_limit:g} s left"
+        )
         if best <= bound:
             return _frontier(topology, found, bound, True)
     return _frontier(topology, found, bound, False, stopped)
 
 
-def _candidates(steps: int, bound: Fraction, best: Fraction | None, max_chunks: int,
-                nchunks: int) -> list[Instance]:
+def _candidates(steps: int, bound: Fraction, best: Fraction | None, max_chunks: int, nchunks: int) -> list[Instance]:
     """Instances with this many steps whose R/C lies in [bound, best), by R/C, each ratio at its fewest chunks."""
     ratios: dict[Fraction, Instance] = {}
     for chunks in range(1, max_chunks + 1):
@@ -315,8 +342,9 @@ def _candidates(steps: int, bound: Fraction, best: Fraction | None, max_chunks: 
     return [ratios[q] for q in sorted(ratios)]
 
 
-def _frontier(topology: Topology, schedules: list[Schedule], bound: Fraction, complete: bool,
-              stopped: str = "") -> Frontier:
+def _frontier(
+    topology: Topology, schedules: list[Schedule], bound: Fraction, complete: bool, stopped: str = ""
+) -> Frontier:
     from schedules.cost import predict_us
 
     keep = []
@@ -324,12 +352,22 @@ def _frontier(topology: Topology, schedules: list[Schedule], bound: Fraction, co
         q = Fraction(s.total_rounds, s.collective.chunks)
         dominated = any(
             (o.nsteps <= s.nsteps and Fraction(o.total_rounds, o.collective.chunks) <= q)
-            and (o.nsteps, Fraction(o.total_rounds, o.collective.chunks)) != (s.nsteps, q) for o in schedules)
-        if not dominated and all((k.nsteps, Fraction(k.total_rounds, k.collective.chunks)) != (s.nsteps, q)
-                                 for k in keep):
+            and (o.nsteps, Fraction(o.total_rounds, o.collective.chunks)) != (s.nsteps, q)
+            for o in schedules
+        )
+        if not dominated and all(
+            (k.nsteps, Fraction(k.total_rounds, k.collective.chunks)) != (s.nsteps, q) for k in keep
+        ):
             keep.append(s)
     keep.sort(key=lambda s: s.nsteps)
-    points = tuple(FrontierPoint(s.nsteps, s.total_rounds, s.collective.chunks, s,
-                                 {label: predict_us(s, topology, n) for label, n in REPORT_SIZES.items()})
-                   for s in keep)
+    points = tuple(
+        FrontierPoint(
+            s.nsteps,
+            s.total_rounds,
+            s.collective.chunks,
+            s,
+            {label: predict_us(s, topology, n) for label, n in REPORT_SIZES.items()},
+        )
+        for s in keep
+    )
     return Frontier(points, bound, complete, stopped)

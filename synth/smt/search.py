@@ -19,12 +19,21 @@ import multiprocessing
 import os
 import queue
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable
 
 from schedules.collectives import Collective
 from synth.smt.encoding import (
-    MAX_SENDS, SAT, UNKNOWN, UNSAT, Formula, Instance, InstanceSolver, OutOfTime, Outcome, possible_sends,
+    MAX_SENDS,
+    SAT,
+    UNKNOWN,
+    UNSAT,
+    Formula,
+    Instance,
+    InstanceSolver,
+    Outcome,
+    OutOfTime,
+    possible_sends,
 )
 from synth.smt.symmetry import Symmetry, symmetry_levels
 from synth.workers import forking, worker_init
@@ -45,13 +54,19 @@ class Problem:
     collective: Collective
     symmetry: bool = True
 
-    def with_chunks(self, chunks: int) -> "Problem":
+    def with_chunks(self, chunks: int) -> Problem:
         c = self.collective
         return replace(self, collective=Collective(c.name, c.nranks, chunks, c.root))
 
 
-def decide(problem: Problem, instance: Instance, time_limit: float, copy: int = 0, copies: int = 1,
-           deadline: float = float("inf")) -> Outcome:
+def decide(
+    problem: Problem,
+    instance: Instance,
+    time_limit: float,
+    copy: int = 0,
+    copies: int = 1,
+    deadline: float = float("inf"),
+) -> Outcome:
     """Decide one instance within ``time_limit`` seconds and by ``deadline`` (``time.monotonic()``, the same
     clock in every process of the machine): sat with a schedule, unsat, or unknown.
 
@@ -116,8 +131,15 @@ def workers(requested: int) -> int:
     return requested if requested > 0 else (os.cpu_count() or 1)
 
 
-def decide_first(problem: Problem, instances: Iterable[Instance], time_limit: float, nworkers: int,
-                 progress: Progress, label: str, deadline: float = float("inf")) -> tuple[Outcome | None, list[Outcome]]:
+def decide_first(
+    problem: Problem,
+    instances: Iterable[Instance],
+    time_limit: float,
+    nworkers: int,
+    progress: Progress,
+    label: str,
+    deadline: float = float("inf"),
+) -> tuple[Outcome | None, list[Outcome]]:
     """The first instance, in the given order, that is sat while every earlier one is unsat or unknown.
 
     Instances (and seeded copies of them, when workers outnumber instances) run in parallel; once an
@@ -138,31 +160,43 @@ def decide_first(problem: Problem, instances: Iterable[Instance], time_limit: fl
     return _race(problem, order, time_limit, nworkers, progress, label, deadline)
 
 
-def _race(problem: Problem, order: list[Instance], time_limit: float, nworkers: int, progress: Progress,
-          label: str, deadline: float) -> tuple[Outcome | None, list[Outcome]]:
-    for inst in order[:max(nworkers, 1)]:
+def _race(
+    problem: Problem,
+    order: list[Instance],
+    time_limit: float,
+    nworkers: int,
+    progress: Progress,
+    label: str,
+    deadline: float,
+) -> tuple[Outcome | None, list[Outcome]]:
+    for inst in order[: max(nworkers, 1)]:
         progress(f"smt: {label} {inst}: solving")
     if nworkers <= 1:
         return _sequential([(problem, inst, time_limit, 0, 1, deadline) for inst in order], progress, label)
     copies = max(1, nworkers // len(order))
     results: queue.Queue = queue.Queue()  # filled by the pool's result thread, in this process
     with forking():
-        pool = multiprocessing.get_context("fork").Pool(min(nworkers, len(order) * copies),
-                                                        initializer=_worker_init, initargs=(os.getpid(),))
+        pool = multiprocessing.get_context("fork").Pool(
+            min(nworkers, len(order) * copies), initializer=_worker_init, initargs=(os.getpid(),)
+        )
     try:
         for index, inst in enumerate(order):
             for copy in range(copies):
-                pool.apply_async(_decide_job, ((problem, inst, time_limit, copy, copies, deadline),),
-                                 callback=lambda out, i=index: results.put((i, out)),
-                                 error_callback=lambda error, i=index: results.put((i, error)))
+                pool.apply_async(
+                    _decide_job,
+                    ((problem, inst, time_limit, copy, copies, deadline),),
+                    callback=lambda out, i=index: results.put((i, out)),
+                    error_callback=lambda error, i=index: results.put((i, error)),
+                )
         return _collect(order, copies, results, progress, label, deadline + GRACE)
     finally:
         pool.terminate()
         pool.join()
 
 
-def _collect(order: list[Instance], copies: int, results, progress: Progress, label: str,
-             give_up: float = float("inf")) -> tuple[Outcome | None, list[Outcome]]:
+def _collect(
+    order: list[Instance], copies: int, results, progress: Progress, label: str, give_up: float = float("inf")
+) -> tuple[Outcome | None, list[Outcome]]:
     """Read outcomes as they come until the first sat instance in order is known, or ``give_up`` passes
     (every instance not yet decided is then unknown)."""
     decided: dict[int, Outcome] = {}

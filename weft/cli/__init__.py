@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from topologies.errors import WeftError
 from topologies.jsonfile import one_line
@@ -51,6 +51,7 @@ def progress_after(seconds: float | None = None) -> Callable[[str], None]:
     def say(line: str) -> None:
         if time.monotonic() - start >= wait:
             print(f"weft: {line}", file=sys.stderr, flush=True)
+
     return say
 
 
@@ -95,13 +96,19 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> Parser:
     from weft.units import SIZE_HELP
 
-    parser = Parser(prog="weft", description="Synthesize, verify, compile and run GPU collectives.",
-                    epilog=SIZE_HELP[0].upper() + SIZE_HELP[1:] + ".")
+    parser = Parser(
+        prog="weft",
+        description="Synthesize, verify, compile and run GPU collectives.",
+        epilog=SIZE_HELP[0].upper() + SIZE_HELP[1:] + ".",
+    )
     parser.add_argument("--version", action=VersionAction, help="print weft's version and exit")
-    parser.add_argument("--memory-limit", metavar="SIZE",
-                        help="memory budget for work that grows with its input (proofs, verification, baselines): "
-                             "work estimated past it is refused before it allocates (default: $WEFT_MEMORY_LIMIT, "
-                             "else half of this machine's memory, within ulimit -v), e.g. --memory-limit 64GB")
+    parser.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="memory budget for work that grows with its input (proofs, verification, baselines): "
+        "work estimated past it is refused before it allocates (default: $WEFT_MEMORY_LIMIT, "
+        "else half of this machine's memory, within ulimit -v), e.g. --memory-limit 64GB",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         try:
@@ -126,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"weft: error: {text.removeprefix('weft: ')}", file=sys.stderr)  # never "weft: error: weft: ..."
         return e.exit_code
     except KeyboardInterrupt as e:
-        print(f"weft: {'terminated' if received else 'interrupted'}{': ' + str(e) if str(e) else ''}",
-              file=sys.stderr)
+        print(f"weft: {'terminated' if received else 'interrupted'}{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 128 + received[-1] if received else 130
     except BrokenPipeError:
         return 0

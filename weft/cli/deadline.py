@@ -19,8 +19,8 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from topologies.errors import CheckFailed
 
@@ -51,18 +51,23 @@ class Deadline:
         return max(0.1, self.limit_s - (time.monotonic() - self.started))
 
     def _fire(self, signum, frame) -> None:
-        raise TimeLimitReached(f"{self.command}: --time-limit {self.limit_s:g} s reached while {self.phase} "
-                               f"(after {time.monotonic() - self.started:.1f} s); {self.after}")
+        raise TimeLimitReached(
+            f"{self.command}: --time-limit {self.limit_s:g} s reached while {self.phase} "
+            f"(after {time.monotonic() - self.started:.1f} s); {self.after}"
+        )
 
     def _tick(self) -> None:
         while not self._ticker.wait(QUIET_S):
             if not self.quiet:
                 self.progress(f"{self.command}: {self.phase} ({time.monotonic() - self.started:.0f} s)")
 
-    def __enter__(self) -> "Deadline":
+    def __enter__(self) -> Deadline:
         # an alarm reaches only the main thread (a CLI called from another thread keeps the solvers' own limits)
-        if math.isfinite(self.limit_s) and hasattr(signal, "setitimer") and \
-                threading.current_thread() is threading.main_thread():
+        if (
+            math.isfinite(self.limit_s)
+            and hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+        ):
             self._previous = signal.signal(signal.SIGALRM, self._fire)
             signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left() + GRACE_S))
         if self.progress is not None:

@@ -30,8 +30,11 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    run = sub.add_parser("run", help="run a plan on GPUs and check it against NCCL",
-                         description="Run PLAN on N GPUs (one process each) and compare with torch.distributed.")
+    run = sub.add_parser(
+        "run",
+        help="run a plan on GPUs and check it against NCCL",
+        description="Run PLAN on N GPUs (one process each) and compare with torch.distributed.",
+    )
     run.add_argument("plan", help="plan file")
     _common(run)
     run.add_argument("--size", default="64MB", help="message size (nccl-tests terms; binary: 1KB = 1024 B)")
@@ -39,39 +42,59 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--check", action="store_true", help="compare with NCCL on the same random input")
     run.add_argument("--iters", type=int, default=20, help="timed executions")
     run.set_defaults(func=_run)
-    bench = sub.add_parser("bench", help="benchmark weft against NCCL and symmetric memory",
-                           description="Time NCCL, PyTorch symmetric memory (all-reduce) and weft, alternating.")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark weft against NCCL and symmetric memory",
+        description="Time NCCL, PyTorch symmetric memory (all-reduce) and weft, alternating.",
+    )
     bench.add_argument("collective", choices=NAMES)
     _common(bench)
     bench.add_argument("--plans", nargs="+", default=["registry"], help="plan files, or 'registry'")
     bench.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
-    bench.add_argument("--sizes", default="1KB:1GB", help="sizes: 1KB:1GB (powers of two) or 1KB,4MB (binary: 1KB = 1024 B)")
+    bench.add_argument(
+        "--sizes", default="1KB:1GB", help="sizes: 1KB:1GB (powers of two) or 1KB,4MB (binary: 1KB = 1024 B)"
+    )
     bench.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="element type")
     mode = bench.add_mutually_exclusive_group()
-    mode.add_argument("--graph", dest="graph", action="store_true", default=True, help="CUDA-graph replay (the default)")
+    mode.add_argument(
+        "--graph", dest="graph", action="store_true", default=True, help="CUDA-graph replay (the default)"
+    )
     mode.add_argument("--eager", dest="graph", action="store_false", help="eager launches (default: --graph)")
     bench.add_argument("--samples", type=int, default=30, help="timed samples per implementation and size")
     bench.add_argument("--calls", type=int, default=20, help="calls per sample")
     bench.add_argument("-o", "--output", help="JSON results file (default bench/results/gpu_<coll>_<n>x<gpu>.json)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
-    bench.add_argument("--peers", default="flashinfer,vllm",
-                       help="all-reduce peers timed beside NCCL and symmetric memory where installed, comma-separated: "
-                            "flashinfer, vllm (its custom all-reduce as FlashInfer ships it), or none "
-                            "(default: flashinfer,vllm); all-to-all: symm adds torch symmetric memory's all_to_all_vdev "
-                            "(NVSHMEM)")
-    bench.add_argument("--record", action="store_true",
-                       help="store weft's measured times in the registry entries (with --plans registry)")
+    bench.add_argument(
+        "--peers",
+        default="flashinfer,vllm",
+        help="all-reduce peers timed beside NCCL and symmetric memory where installed, comma-separated: "
+        "flashinfer, vllm (its custom all-reduce as FlashInfer ships it), or none "
+        "(default: flashinfer,vllm); all-to-all: symm adds torch symmetric memory's all_to_all_vdev "
+        "(NVSHMEM)",
+    )
+    bench.add_argument(
+        "--record",
+        action="store_true",
+        help="store weft's measured times in the registry entries (with --plans registry)",
+    )
     bench.set_defaults(func=_bench)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=None, help="processes (GPUs); default WORLD_SIZE or all GPUs")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a GPU wait may spin before failing")
-    p.add_argument("--no-pdl", dest="pdl", action="store_false",
-                   help="ordinary launches instead of programmatic dependent launches")
-    p.add_argument("--ll128", action="store_true",
-                   help="LL plans may move their packets as LL128 lines (NVLink machines only): run uses them, bench "
-                        "times each LL plan with and without them and records the two apart")
+    p.add_argument(
+        "--no-pdl",
+        dest="pdl",
+        action="store_false",
+        help="ordinary launches instead of programmatic dependent launches",
+    )
+    p.add_argument(
+        "--ll128",
+        action="store_true",
+        help="LL plans may move their packets as LL128 lines (NVLink machines only): run uses them, bench "
+        "times each LL plan with and without them and records the two apart",
+    )
 
 
 # ---------------------------------------------------------------- launching
@@ -116,8 +139,15 @@ def launch_ranks(command: list[str], n: int, grace_s: float = 10.0, poll_s: floa
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(n):
-            env = {**os.environ, **SAFE_ENV, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            env = {
+                **os.environ,
+                **SAFE_ENV,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
             procs.append(subprocess.Popen(command, env=env))
         failed = _first_failure(procs, poll_s)
         if failed is None:
@@ -125,9 +155,11 @@ def launch_ranks(command: list[str], n: int, grace_s: float = 10.0, poll_s: floa
         stopped = [r for r, p in enumerate(procs) if p.poll() is None]
         _stop(procs, grace_s)
         rank, code = failed
-        raise RankFailed(f"rank {rank} of {n} {_describe_exit(code)}"
-                         + (f"; stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
-                            if stopped else ""), 128 - code if code < 0 else code)
+        raise RankFailed(
+            f"rank {rank} of {n} {_describe_exit(code)}"
+            + (f"; stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}" if stopped else ""),
+            128 - code if code < 0 else code,
+        )
     finally:
         _stop(procs, grace_s)  # a killed or interrupted launcher takes its ranks with it
         signal.signal(signal.SIGTERM, previous)
@@ -242,8 +274,8 @@ def _in_place(plan, rank: int, x, message: int) -> tuple:
     n_out = int(message * facts.output_fraction)
     at_in, at_out = facts.inplace_offsets(rank, x.numel(), n_out)
     buf = x.new_zeros(message)
-    buf[at_in:at_in + x.numel()] = x
-    return buf, lambda out: out[at_out:at_out + n_out]
+    buf[at_in : at_in + x.numel()] = x
+    return buf, lambda out: out[at_out : at_out + n_out]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -267,8 +299,11 @@ def _run(args: argparse.Namespace) -> int:
         gpu = plan.gpus[rank] if rank < plan.nranks else plan.gpus[0]
         esize = torch.tensor([], dtype=dtype).element_size()
         # a size off the plan's granule runs padded (schedules.padding); the input is its parts at the caller's size
-        n_in = (nbytes // plan.message_parts * buffer_parts(plan, gpu.input_chunks) // esize if plan.runs(nbytes)
-                else nbytes // esize)
+        n_in = (
+            nbytes // plan.message_parts * buffer_parts(plan, gpu.input_chunks) // esize
+            if plan.runs(nbytes)
+            else nbytes // esize
+        )
         torch.manual_seed(rank)
         x = torch.randn(n_in, device="cuda", dtype=torch.float32).to(dtype)
         mine = x
@@ -291,11 +326,16 @@ def _run(args: argparse.Namespace) -> int:
             ok = matches(plan.collective, out, ref, args.dtype, magnitude, world)
         oks = comm.exchange("run-check", ok)  # plain data through the store, never a pickle
         if rank == 0:
-            print(f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
-                  f"{counted(world, 'GPU')}: "
-                  f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
-                  + (f"; check against NCCL: {'ok' if all(oks) else 'WRONG on ranks ' + str([r for r, o in enumerate(oks) if not o])}"
-                     if args.check else ""))
+            print(
+                f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
+                f"{counted(world, 'GPU')}: "
+                f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
+                + (
+                    f"; check against NCCL: {'ok' if all(oks) else 'WRONG on ranks ' + str([r for r, o in enumerate(oks) if not o])}"
+                    if args.check
+                    else ""
+                )
+            )
         if not all(oks):
             raise WrongResult(f"plan {plan.name}: result differs from NCCL")
     except BaseException as e:
@@ -318,8 +358,9 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
         plans = [load_plan(p) for p in args.plans]
     plans = [p for p in plans if p.collective == args.collective and p.nranks == world]
     if not plans:
-        raise ArgumentError(f"weft bench: no {args.collective} plan for {counted(world, 'rank')} in "
-                            f"{' '.join(args.plans)}")
+        raise ArgumentError(
+            f"weft bench: no {args.collective} plan for {counted(world, 'rank')} in {' '.join(args.plans)}"
+        )
     return plans
 
 
@@ -339,17 +380,28 @@ def _bench(args: argparse.Namespace) -> int:
     port = has_port_channels(plans)
     comm, rank, world = _init_rank(args, port)
     try:
-        config = BenchConfig(args.collective, tuple(sizes), args.dtype, args.graph, args.calls, args.samples,
-                             ll128=args.ll128, symm=not port,
-                             peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm", "symm")))
+        config = BenchConfig(
+            args.collective,
+            tuple(sizes),
+            args.dtype,
+            args.graph,
+            args.calls,
+            args.samples,
+            ll128=args.ll128,
+            symm=not port,
+            peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm", "symm")),
+        )
         rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
         wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):
             row["wrong"] = sum(w[i] for w in wrong)
         if rank == 0:
             doc = _bench_document(args, config, rows, world, torch, comm)
-            path = Path(args.output or f"bench/results/gpu_{args.collective}_{args.dtype}_"
-                        f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json")
+            path = Path(
+                args.output
+                or f"bench/results/gpu_{args.collective}_{args.dtype}_"
+                f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json"
+            )
             write_text(path, json.dumps(doc, indent=1) + "\n", "bench results", ArgumentError, parents=True)
             if args.record:
                 _record(args, rows)
@@ -372,8 +424,6 @@ def _record(args: argparse.Namespace, rows: list[dict]) -> None:
     publish.record_bench(Registry(args.registry), args.collective, rows)
 
 
-
-
 def _gpu_slug(torch) -> str:
     return torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "").lower()
 
@@ -383,18 +433,32 @@ def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
 
     from executor import peers
 
-    versions = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                "cupy": cupy.__version__, "cuda": torch.version.cuda,
-                "driver": cupy.cuda.runtime.driverGetVersion(), "python": platform.python_version(),
-                "flashinfer": peers.version()}
+    versions = {
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "cupy": cupy.__version__,
+        "cuda": torch.version.cuda,
+        "driver": cupy.cuda.runtime.driverGetVersion(),
+        "python": platform.python_version(),
+        "flashinfer": peers.version(),
+    }
     return {
-        "collective": args.collective, "dtype": args.dtype, "nranks": world,
+        "collective": args.collective,
+        "dtype": args.dtype,
+        "nranks": world,
         "mode": "graph" if args.graph else "eager",
         "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "host": platform.node()},
-        "versions": versions, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "method": {"calls_per_sample": config.calls, "samples": config.samples, "warmup": config.warmup,
-                   "statistic": "median", "timer": "CUDA events", "programmatic_launch": args.pdl,
-                   "ll128": args.ll128},
+        "versions": versions,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "method": {
+            "calls_per_sample": config.calls,
+            "samples": config.samples,
+            "warmup": config.warmup,
+            "statistic": "median",
+            "timer": "CUDA events",
+            "programmatic_launch": args.pdl,
+            "ll128": args.ll128,
+        },
         "rows": rows,
         **({"transport": _transport(comm)} if hasattr(comm, "hosts") and len(set(comm.hosts)) > 1 else {}),
     }
@@ -403,27 +467,38 @@ def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
 def _transport(comm) -> dict:
     """How a run across hosts moved its data: the hosts of the ranks and NCCL's transport settings."""
     keys = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME")
-    return {"engine": type(comm).__name__, "hosts": list(comm.hosts),
-            "env": {k: os.environ[k] for k in keys if k in os.environ}}
+    return {
+        "engine": type(comm).__name__,
+        "hosts": list(comm.hosts),
+        "env": {k: os.environ[k] for k in keys if k in os.environ},
+    }
 
 
 def _print_table(doc: dict, path: Path) -> None:
     print(f"# weft bench {doc['collective']} {doc['dtype']} {doc['mode']} on {doc['nranks']}x {doc['machine']['gpu']}")
-    print(f"{'size':>10} {'nccl_us':>9} {'symm_us':>9} {'fi_us':>9} {'best_peer':>20} {'weft_us':>9} {'algbw':>8} "
-          f"{'busbw':>8} {'speedup':>8} {'#wrong':>6} {'peers':>5}  plan")
+    print(
+        f"{'size':>10} {'nccl_us':>9} {'symm_us':>9} {'fi_us':>9} {'best_peer':>20} {'weft_us':>9} {'algbw':>8} "
+        f"{'busbw':>8} {'speedup':>8} {'#wrong':>6} {'peers':>5}  plan"
+    )
 
     def us(t) -> str:
         return f"{t:9.2f}" if t is not None else f"{'-':>9}"
 
     for r in doc["rows"]:
         peer = f"{r.get('best_peer') or '-'} {r.get('best_peer_us') or 0:.2f}"
-        head = (f"{format_bytes(r['size']):>10} {r['nccl_us']:9.2f} {us(r['symm_us'])} {us(r.get('flashinfer_us'))} "
-                f"{peer:>20}")
+        head = (
+            f"{format_bytes(r['size']):>10} {r['nccl_us']:9.2f} {us(r['symm_us'])} {us(r.get('flashinfer_us'))} "
+            f"{peer:>20}"
+        )
         peers_wrong = sum((r.get("peers_wrong") or {}).values())
         if r["weft_us"] is None:
-            print(f"{head} {'-':>9} {'-':>8} {'-':>8} {'-':>8} {r['wrong']:>6} {peers_wrong:>5}  "
-                  "(no plan accepts this size)")
+            print(
+                f"{head} {'-':>9} {'-':>8} {'-':>8} {'-':>8} {r['wrong']:>6} {peers_wrong:>5}  "
+                "(no plan accepts this size)"
+            )
             continue
-        print(f"{head} {r['weft_us']:9.2f} {r['algbw']:8.2f} {r['busbw']:8.2f} {r['speedup']:8.2f} {r['wrong']:>6} "
-              f"{peers_wrong:>5}  {r['plan']}")
+        print(
+            f"{head} {r['weft_us']:9.2f} {r['algbw']:8.2f} {r['busbw']:8.2f} {r['speedup']:8.2f} {r['wrong']:>6} "
+            f"{peers_wrong:>5}  {r['plan']}"
+        )
     print(f"# written to {path}")

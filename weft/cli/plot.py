@@ -11,11 +11,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     ps = p.add_subparsers(dest="plot_command", required=True, parser_class=type(p))
     q = ps.add_parser("frontier", help="an SMT Pareto frontier (frontier.json from `weft synth --method smt --pareto`)")
     q.add_argument("file")
-    q.add_argument("-o", "--output", help="PNG file (default: NAME.png in the current directory, never replacing a file there)")
+    q.add_argument(
+        "-o", "--output", help="PNG file (default: NAME.png in the current directory, never replacing a file there)"
+    )
     q.set_defaults(func=_run, kind="frontier")
     q = ps.add_parser("bench", help="a GPU benchmark (bench/results/*.json from `weft bench`)")
     q.add_argument("file")
-    q.add_argument("-o", "--output", help="PNG file (default: NAME.png in the current directory, never replacing a file there)")
+    q.add_argument(
+        "-o", "--output", help="PNG file (default: NAME.png in the current directory, never replacing a file there)"
+    )
     q.add_argument("--markdown", action="store_true", help="print the README's markdown table instead of a PNG")
     q.set_defaults(func=_run, kind="bench")
 

@@ -13,8 +13,11 @@ from weft.units import format_bytes, parse_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("registry", help="commit, list and select verified plans",
-                       description="The plan registry ($WEFT_REGISTRY, otherwise the user data dir; any fsspec URL).")
+    p = sub.add_parser(
+        "registry",
+        help="commit, list and select verified plans",
+        description="The plan registry ($WEFT_REGISTRY, otherwise the user data dir; any fsspec URL).",
+    )
     rs = p.add_subparsers(dest="registry_command", required=True, parser_class=type(p))
 
     def cmd(name: str, help: str, func) -> argparse.ArgumentParser:
@@ -38,23 +41,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("-t", "--topology", required=True)
     q.add_argument("--size", required=True, help="message size, e.g. 4MB")
     q.add_argument("--dtype", choices=("fp32", "fp16", "bf16"))
-    q.add_argument("--ll128", action="store_true",
-                   help="for an executor that can move LL packets as LL128 lines: their measured times count too")
+    q.add_argument(
+        "--ll128",
+        action="store_true",
+        help="for an executor that can move LL packets as LL128 lines: their measured times count too",
+    )
     q.add_argument("--json", action="store_true")
     q = cmd("remove", "remove an entry", _remove)
     q.add_argument("id", help="the entry's id, or the name of the plan it holds")
     q = cmd("verify", "re-check every entry on the reference executor", _verify)
     q.add_argument("--json", action="store_true")
-    q = cmd("export", "write every entry (plan, provenance, timings) as ID.json, and NCCL's times as "
-                      "baselines.json, into a directory (exit 1 naming any entry skipped as unreadable)", _export)
+    q = cmd(
+        "export",
+        "write every entry (plan, provenance, timings) as ID.json, and NCCL's times as "
+        "baselines.json, into a directory (exit 1 naming any entry skipped as unreadable)",
+        _export,
+    )
     q.add_argument("directory")
     q = cmd("import", "verify and commit every plan file in a directory", _import)
     q.add_argument("directory")
-    q = cmd("record", "store the times of `weft bench` results files: each plan's, and NCCL's (selection then runs "
-                      "NCCL where it measured faster than every plan)", _record)
+    q = cmd(
+        "record",
+        "store the times of `weft bench` results files: each plan's, and NCCL's (selection then runs "
+        "NCCL where it measured faster than every plan)",
+        _record,
+    )
     q.add_argument("results", nargs="+", help="JSON written by `weft bench` (bench/results/...)")
-    cmd("rebuild-index", "rebuild index.json from the entry files (exit 1 naming any left out as unreadable)",
-        _rebuild)
+    cmd("rebuild-index", "rebuild index.json from the entry files (exit 1 naming any left out as unreadable)", _rebuild)
 
 
 def _registry(args: argparse.Namespace):
@@ -91,10 +104,13 @@ def accepted_sizes(entry) -> str:
 def sizes_sentence(entry) -> str:
     """``accepted_sizes`` as a sentence, for `show`."""
     plan = entry.plan
-    parts = (f" that is a whole number of {plan.message_parts} equal parts (one per rank)"
-             if plan.message_parts > 1 else "")
-    return (f"runs any size in {_range(entry)}{parts}: multiples of {format_bytes(plan.granule)} directly, "
-            f"others padded to the next multiple (each part staged at its padded place)")
+    parts = (
+        f" that is a whole number of {plan.message_parts} equal parts (one per rank)" if plan.message_parts > 1 else ""
+    )
+    return (
+        f"runs any size in {_range(entry)}{parts}: multiples of {format_bytes(plan.granule)} directly, "
+        f"others padded to the next multiple (each part staged at its padded place)"
+    )
 
 
 def best_time(entry) -> tuple[str, float | None, int | None]:
@@ -103,11 +119,16 @@ def best_time(entry) -> tuple[str, float | None, int | None]:
     range); ("none", None, None) where it has neither."""
     from schedules.registry_index import interpolate
 
-    for basis, tables in (("measured", (entry.measured_us, entry.measured_ll128_us)), ("predicted",
-                                                                                    (entry.predicted_us,))):
+    for basis, tables in (
+        ("measured", (entry.measured_us, entry.measured_ll128_us)),
+        ("predicted", (entry.predicted_us,)),
+    ):
         points = [(us, size) for table in tables for size, us in table.items() if entry.key.covers(size)]
-        points += [(interpolate(table, entry.key.min_bytes), entry.key.min_bytes) for table in tables
-                   if table and entry.key.min_bytes > 0]
+        points += [
+            (interpolate(table, entry.key.min_bytes), entry.key.min_bytes)
+            for table in tables
+            if table and entry.key.min_bytes > 0
+        ]
         if points:
             us, size = min(points)
             return basis, us, size
@@ -138,11 +159,17 @@ def describe(entry, names: dict[str, str] | None = None) -> dict:
     fingerprint that some entry gives, for entries committed by fingerprint alone)."""
     basis, us, size = best_time(entry)
     named = entry.provenance.get("topology_name") or (names or {}).get(entry.key.topology) or entry.key.topology
-    return entry.summary() | {"prediction": prediction_note(entry, named) if entry.predicted_us else "",
-                              "topology_name": named,
-                              "plan_label": plan_label(entry), "accepts": accepted_sizes(entry),
-                              "granule_bytes": entry.plan.granule, "message_parts": entry.plan.message_parts,
-                              "best_basis": basis, "best_us": us, "best_at_bytes": size}
+    return entry.summary() | {
+        "prediction": prediction_note(entry, named) if entry.predicted_us else "",
+        "topology_name": named,
+        "plan_label": plan_label(entry),
+        "accepts": accepted_sizes(entry),
+        "granule_bytes": entry.plan.granule,
+        "message_parts": entry.plan.message_parts,
+        "best_basis": basis,
+        "best_us": us,
+        "best_at_bytes": size,
+    }
 
 
 def _best_text(row: dict) -> str:
@@ -174,8 +201,10 @@ def _commit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entry.summary(), indent=2))
     else:
-        print(f"committed {entry.id} ({entry.key.collective}, {counted(entry.key.nranks, 'rank')}, {_range(entry)}) "
-              f"to {publish.registry_location(args.registry)}")
+        print(
+            f"committed {entry.id} ({entry.key.collective}, {counted(entry.key.nranks, 'rank')}, {_range(entry)}) "
+            f"to {publish.registry_location(args.registry)}"
+        )
     return 0
 
 
@@ -185,19 +214,27 @@ def _list(args: argparse.Namespace) -> int:
     for line in bad:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
     fingerprint = _fingerprint(args.topology) if args.topology else None
-    entries = [e for e in found if (fingerprint is None or e.key.topology in fingerprint)
-               and (args.collective is None or e.key.collective == args.collective)]
+    entries = [
+        e
+        for e in found
+        if (fingerprint is None or e.key.topology in fingerprint)
+        and (args.collective is None or e.key.collective == args.collective)
+    ]
     names = fabric_names(found)
     rows = [describe(e, names) for e in entries]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     width = max([len(r["topology_name"]) for r in rows] + [8])
-    print(f"{'id':<34} {'collective':<13} {'ranks':>5} {'topology':<{width}} {'plan':<18} {'solver':<8} "
-          f"{'sizes':<32} best time")
+    print(
+        f"{'id':<34} {'collective':<13} {'ranks':>5} {'topology':<{width}} {'plan':<18} {'solver':<8} "
+        f"{'sizes':<32} best time"
+    )
     for r in rows:
-        print(f"{r['id']:<34} {r['collective']:<13} {r['nranks']:>5} {r['topology_name']:<{width}} "
-              f"{r['plan_label']:<18} {r['solver']:<8} {r['accepts']:<32} {_best_text(r)}")
+        print(
+            f"{r['id']:<34} {r['collective']:<13} {r['nranks']:>5} {r['topology_name']:<{width}} "
+            f"{r['plan_label']:<18} {r['solver']:<8} {r['accepts']:<32} {_best_text(r)}"
+        )
     print(f"{counted(len(entries), 'entry', 'entries')} in {reg.location}")
     return 0
 
@@ -215,10 +252,12 @@ def _entry_id(reg, text: str) -> str:
         print(f"weft: warning: {line}", file=sys.stderr)
     named = sorted(row.id for row in scan.rows if row.plan == text)
     if len(named) > 1:
-        from weft.cli import progress_after, ArgumentError
+        from weft.cli import ArgumentError
 
-        raise ArgumentError(f"weft registry: plan {text!r} is in {counted(len(named), 'entry', 'entries')} "
-                            f"({', '.join(named)}): give the id")
+        raise ArgumentError(
+            f"weft registry: plan {text!r} is in {counted(len(named), 'entry', 'entries')} "
+            f"({', '.join(named)}): give the id"
+        )
     return named[0] if named else text  # an unknown id: get() and remove() name it
 
 
@@ -228,8 +267,10 @@ def _show(args: argparse.Namespace) -> int:
     doc = entry.to_json()
     doc["plan"] = {k: v for k, v in doc["plan"].items() if k != "gpus"} | {"gpus": counted(len(entry.plan.gpus), "gpu")}
     row = describe(entry)
-    print(f"{entry.id}: {entry.key.collective} on {counted(entry.key.nranks, 'rank')} of {row['topology_name']}, plan "
-          f"{entry.plan.name} ({row['plan_label']}), sizes {row['accepts']}, best {_best_text(row)}")
+    print(
+        f"{entry.id}: {entry.key.collective} on {counted(entry.key.nranks, 'rank')} of {row['topology_name']}, plan "
+        f"{entry.plan.name} ({row['plan_label']}), sizes {row['accepts']}, best {_best_text(row)}"
+    )
     print(f"sizes: {sizes_sentence(entry)}")
     print(json.dumps(doc, indent=2, sort_keys=True))
     return 0
@@ -239,8 +280,9 @@ def _select(args: argparse.Namespace) -> int:
     from weft import publish
 
     nbytes = parse_bytes(args.size)
-    sel = publish.select(args.registry, args.topology, args.collective, nbytes, args.dtype, args.ll128,
-                         progress_after())
+    sel = publish.select(
+        args.registry, args.topology, args.collective, nbytes, args.dtype, args.ll128, progress_after()
+    )
     for line in sel.skipped:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
     for line in sel.warnings:
@@ -249,12 +291,25 @@ def _select(args: argparse.Namespace) -> int:
         print(f"weft: warning: refused {line}", file=sys.stderr)
     if args.json:
         note = prediction_note(sel.entry, args.topology) if sel.entry is not None and sel.basis == "predicted" else ""
-        print(json.dumps({"entry": sel.entry.id if sel.entry else None, "basis": sel.basis, "time_us": sel.time_us,
-                          "lines": sel.lines, "reason": sel.reason, "prediction": note}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "entry": sel.entry.id if sel.entry else None,
+                    "basis": sel.basis,
+                    "time_us": sel.time_us,
+                    "lines": sel.lines,
+                    "reason": sel.reason,
+                    "prediction": note,
+                },
+                indent=2,
+            )
+        )
     elif sel.entry is None and sel.basis == "nccl":  # the library's line names bytes; here, the size as typed
         size = args.size if args.size == format_bytes(nbytes) else f"{args.size} ({format_bytes(nbytes)})"
-        print(f"no plan: {sel.reason.replace(f' at {nbytes} bytes ', f' at {size} ', 1)} "
-              "(the executor falls back to NCCL)")
+        print(
+            f"no plan: {sel.reason.replace(f' at {nbytes} bytes ', f' at {size} ', 1)} "
+            "(the executor falls back to NCCL)"
+        )
     elif sel.entry is None:
         print(f"no plan: {no_plan(args, nbytes, sel)} (the executor falls back to NCCL)")
     else:
@@ -265,8 +320,10 @@ def _select(args: argparse.Namespace) -> int:
             note = f" ({prediction_note(sel.entry, args.topology)}{where})"
         else:
             note = f" ({where[2:]})" if where and not sel.lines else ""
-        print(f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
-              f"{time} at {format_bytes(nbytes)}{note}")
+        print(
+            f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
+            f"{time} at {format_bytes(nbytes)}{note}"
+        )
     return 0 if sel.entry else 1
 
 
@@ -291,8 +348,10 @@ def no_plan(args: argparse.Namespace, nbytes: int, sel) -> str:
     text = f"no {args.collective} plan for {args.topology} at {size}{dtype}{why}{refused}"
     if sel.nearest:
         shown = ", ".join(f"{name or fp} ({fp}, {counted(n, 'rank')})" for fp, name, n in sel.nearest[:3])
-        text += (f"; the registry holds {args.collective} plans for {shown}: is that the fabric you meant? "
-                 "(`weft registry list` shows them)")
+        text += (
+            f"; the registry holds {args.collective} plans for {shown}: is that the fabric you meant? "
+            "(`weft registry list` shows them)"
+        )
     return text
 
 
@@ -317,10 +376,15 @@ def _verify(args: argparse.Namespace) -> int:
             print(f"BAD orphaned temporary file {name} (a commit killed before its rename)")
         for line in report["index"]:
             print(f"BAD {line}")
-        repair = " (`weft registry rebuild-index` repairs the index and orphans)" if report["orphans"] or \
-            report["index"] else ""
-        print(f"{report['ok']} ok, {report['bad']} bad, {counted(len(report['orphans']), 'orphaned file')}, "
-              f"{counted(len(report['index']), 'index problem')}{repair}")
+        repair = (
+            " (`weft registry rebuild-index` repairs the index and orphans)"
+            if report["orphans"] or report["index"]
+            else ""
+        )
+        print(
+            f"{report['ok']} ok, {report['bad']} bad, {counted(len(report['orphans']), 'orphaned file')}, "
+            f"{counted(len(report['index']), 'index problem')}{repair}"
+        )
     return 0 if report["bad"] == 0 and not report["orphans"] and not report["index"] else 1
 
 
@@ -332,8 +396,10 @@ def _export(args: argparse.Namespace) -> int:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
     for line in warnings:
         print(f"weft: warning: {line}", file=sys.stderr)
-    print(f"exported {counted(count, 'entry', 'entries')} to {args.directory}"
-          + (f", {len(bad)} unreadable skipped" if bad else ""))
+    print(
+        f"exported {counted(count, 'entry', 'entries')} to {args.directory}"
+        + (f", {len(bad)} unreadable skipped" if bad else "")
+    )
     return 1 if bad else 0
 
 
@@ -350,8 +416,10 @@ def _record(args: argparse.Namespace) -> int:
 
     for path in args.results:
         stored, sizes, skipped = publish.record_bench_file(path, args.registry)
-        print(f"{path}: {counted(stored, 'plan time')} and NCCL's at {counted(sizes, 'size')} recorded into "
-              f"{publish.registry_location(args.registry)}")
+        print(
+            f"{path}: {counted(stored, 'plan time')} and NCCL's at {counted(sizes, 'size')} recorded into "
+            f"{publish.registry_location(args.registry)}"
+        )
         if skipped:
             print(f"{path}: skipped {counted(len(skipped), 'plan')} not in the registry: {', '.join(skipped)}")
     return 0
@@ -363,7 +431,9 @@ def _rebuild(args: argparse.Namespace) -> int:
     index, bad = reg.rebuild_index()
     for line in bad:
         print(f"weft: warning: left out {line}", file=sys.stderr)
-    print(f"index rebuilt: {counted(len(index['entries']), 'entry', 'entries')}"
-          + (f", {counted(len(orphans), 'orphaned temporary file')} removed" if orphans else "")
-          + (f", {len(bad)} unreadable left out" if bad else ""))
+    print(
+        f"index rebuilt: {counted(len(index['entries']), 'entry', 'entries')}"
+        + (f", {counted(len(orphans), 'orphaned temporary file')} removed" if orphans else "")
+        + (f", {len(bad)} unreadable left out" if bad else "")
+    )
     return 1 if bad else 0

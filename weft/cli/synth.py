@@ -21,8 +21,12 @@ from weft.cli.words import counted
 from weft.synthesis import BASELINES
 from weft.units import SIZE_HELP, format_bytes, parse_bytes
 
-FAMILIES = {"smt": "weft.cli.synth_smt", "milp": "weft.cli.synth_milp", "trees": "weft.cli.synth_trees",
-            "pareto": "weft.cli.synth_pareto"}
+FAMILIES = {
+    "smt": "weft.cli.synth_smt",
+    "milp": "weft.cli.synth_milp",
+    "trees": "weft.cli.synth_trees",
+    "pareto": "weft.cli.synth_pareto",
+}
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
 DEFAULT_TIME_LIMIT = 60.0
 # The dgx1 frontier took 14 s on the idle 2-core machine and 79.5 s under load (issue 37): a minute stopped it
@@ -42,32 +46,61 @@ def _family(method: str):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("synth", help="synthesize a schedule for a topology",
-                       description="Synthesize a verified schedule. Nothing is written unless it verifies.")
+    p = sub.add_parser(
+        "synth",
+        help="synthesize a schedule for a topology",
+        description="Synthesize a verified schedule. Nothing is written unless it verifies.",
+    )
     p.add_argument("collective", help=f"one of: {', '.join(NAMES)}")
     p.add_argument("-t", "--topology", required=True, help="catalog spec (hgx_h100:nodes=2) or topology file")
     p.add_argument("--method", required=True, choices=BASELINES + tuple(FAMILIES))
-    p.add_argument("--chunks", type=int, default=None, help="chunks per rank-slice (default 1; ring and tree use several rings/trees with more)")
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        help="chunks per rank-slice (default 1; ring and tree use several rings/trees with more)",
+    )
     p.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="the whole command's deadline in seconds: reading the fabric, the bound, the solve, "
-                        "verification and pricing (the solver stops on it; any phase still running 2 s later "
-                        f"ends the command in one line) (default {DEFAULT_TIME_LIMIT:g}; smt --pareto: "
-                        f"{SMT_PARETO_TIME_LIMIT:g}, the whole frontier's)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
-                        "one; smt also races its instances on N workers (default 1; smt: one per CPU)")
-    p.add_argument("--size", default="1MB", help="message size the solver optimizes for (milp; trees: chunks per "
-                   "tree; pct_of_bound is reported at it); a comma-separated list sweeps; " + SIZE_HELP)
-    p.add_argument("-o", "--output", help="schedule file (a directory when the method returns several; default: "
-                   "$WEFT_SCHEDULES, otherwise the user data dir's weft/schedules; the path is printed)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="the whole command's deadline in seconds: reading the fabric, the bound, the solve, "
+        "verification and pricing (the solver stops on it; any phase still running 2 s later "
+        f"ends the command in one line) (default {DEFAULT_TIME_LIMIT:g}; smt --pareto: "
+        f"{SMT_PARETO_TIME_LIMIT:g}, the whole frontier's)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="independent instances in N processes: each size of a --size sweep (1MB,64MB,1GB) is "
+        "one; smt also races its instances on N workers (default 1; smt: one per CPU)",
+    )
+    p.add_argument(
+        "--size",
+        default="1MB",
+        help="message size the solver optimizes for (milp; trees: chunks per "
+        "tree; pct_of_bound is reported at it); a comma-separated list sweeps; " + SIZE_HELP,
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        help="schedule file (a directory when the method returns several; default: "
+        "$WEFT_SCHEDULES, otherwise the user data dir's weft/schedules; the path is printed)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--compile", action="store_true", help="also compile each schedule into a verified plan")
     p.add_argument("--commit", action="store_true", help="compile, verify and commit the plan to the registry")
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("--instances", type=int, default=1, help="thread blocks per chunk when compiling")
-    p.add_argument("--protocol", default="auto", choices=("simple", "ll", "auto"),
-                   help="when compiling: Simple, LL packets, or auto (LL for schedules of at most 2 steps)")
+    p.add_argument(
+        "--protocol",
+        default="auto",
+        choices=("simple", "ll", "auto"),
+        help="when compiling: Simple, LL packets, or auto (LL for schedules of at most 2 steps)",
+    )
     for module in FAMILIES.values():
         try:
             importlib.import_module(module).add_arguments(p)
@@ -92,8 +125,10 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     except ModuleNotFoundError as e:  # a solver imported lazily (z3, OR-Tools) that this machine lacks
         if (e.name or "").split(".")[0] not in SOLVER_PACKAGES:
             raise
-        raise ArgumentError(f"weft synth: --method {args.method} needs {e.name.split('.')[0]}, which is not "
-                            "installed here (pip install z3-solver ortools)") from None
+        raise ArgumentError(
+            f"weft synth: --method {args.method} needs {e.name.split('.')[0]}, which is not "
+            "installed here (pip install z3-solver ortools)"
+        ) from None
 
 
 def _one_size(job: tuple[argparse.Namespace, Topology, Collective, str]) -> list[Schedule]:
@@ -102,8 +137,9 @@ def _one_size(job: tuple[argparse.Namespace, Topology, Collective, str]) -> list
     return synthesize(argparse.Namespace(**{**vars(args), "size": size}), topology, collective)
 
 
-def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
-          sizes: list[str]) -> list[tuple[str, list[Schedule]]]:
+def sweep(
+    args: argparse.Namespace, topology: Topology, collective: Collective, sizes: list[str]
+) -> list[tuple[str, list[Schedule]]]:
     """Every size's schedules, ``--jobs`` instances at a time in a process pool (one size: in this process).
 
     The instances share nothing but their inputs, so the same jobs could go to a cluster scheduler unchanged
@@ -118,8 +154,9 @@ def sweep(args: argparse.Namespace, topology: Topology, collective: Collective,
 
     # a multiprocessing pool, not concurrent.futures: it can be terminated, so Ctrl-C or SIGTERM ends every worker
     with forking():
-        pool = multiprocessing.get_context("fork").Pool(min(args.jobs, len(jobs)), initializer=worker_init,
-                                                        initargs=(os.getpid(),))
+        pool = multiprocessing.get_context("fork").Pool(
+            min(args.jobs, len(jobs)), initializer=worker_init, initargs=(os.getpid(),)
+        )
     try:
         return list(zip(sizes, pool.map_async(_one_size, jobs, chunksize=1).get(timeout=WAIT_CAP_S)))
     finally:
@@ -140,11 +177,14 @@ def run(args: argparse.Namespace) -> int:
     for part in asked_sizes:
         parse_bytes(part)
     if len(asked_sizes) > 1 and args.method not in ("milp", "trees"):
-        raise ArgumentError(f"weft synth: --size {args.size}: a sweep of sizes needs --method milp or trees "
-                            f"(--method {args.method} does not depend on the size)")
+        raise ArgumentError(
+            f"weft synth: --size {args.size}: a sweep of sizes needs --method milp or trees "
+            f"(--method {args.method} does not depend on the size)"
+        )
     if len(asked_sizes) > 1 and args.output and Path(args.output).suffix == ".json":
-        raise ArgumentError(f"weft synth: -o {args.output}: a sweep writes one schedule per size, so -o must name "
-                            "a folder, not a file")
+        raise ArgumentError(
+            f"weft synth: -o {args.output}: a sweep writes one schedule per size, so -o must name a folder, not a file"
+        )
     if args.method == "smt" and args.jobs > 1:
         args.workers = args.jobs
     _check_output(args)
@@ -159,8 +199,11 @@ def run(args: argparse.Namespace) -> int:
         from weft.synthesis import require_affordable
 
         # a solver keeps to --time-limit itself; a baseline has no other bound on its time than this estimate
-        require_affordable(collective, f"weft synth --method {args.method} on {args.topology}",
-                           limit if args.method in BASELINES else None)
+        require_affordable(
+            collective,
+            f"weft synth --method {args.method} on {args.topology}",
+            limit if args.method in BASELINES else None,
+        )
         deadline.phase = f"synthesizing {collective.name} on {topology.name} ({args.method})"
         deadline.quiet = args.method not in BASELINES  # solver families report their own progress
         # the solver gets what reading the fabric left, less a reserve for verifying and pricing its answer
@@ -172,15 +215,28 @@ def run(args: argparse.Namespace) -> int:
         for size_text, schedules in found:
             rows += _score(topology, schedules, parse_bytes(size_text), args, basis, swept, deadline)
     written = _write(args, [s for s, _ in rows])
-    with Deadline("weft synth", limit, progress=_progress, started=deadline.started,
-                  after=f"the schedule is written ({', '.join(str(w) for w in written)}); no plan is") as deadline:
+    with Deadline(
+        "weft synth",
+        limit,
+        progress=_progress,
+        started=deadline.started,
+        after=f"the schedule is written ({', '.join(str(w) for w in written)}); no plan is",
+    ) as deadline:
         deadline.phase = "compiling and checking plans"
         plans = _compile_and_commit(args, topology, [s for s, _ in rows])
     if args.json:
         shown = sorted({n for _, pct in rows for n in pct}, key=parse_bytes)
         compared = {"compared_us": references_us(topology, collective, shown)} if args.method == "2dh" else {}
-        print(json.dumps([{**s.to_json(), "pct_of_bound_by_size": pct, "written": w, **compared}
-                          for (s, pct), w in zip(rows, written)] + plans, indent=2))
+        print(
+            json.dumps(
+                [
+                    {**s.to_json(), "pct_of_bound_by_size": pct, "written": w, **compared}
+                    for (s, pct), w in zip(rows, written)
+                ]
+                + plans,
+                indent=2,
+            )
+        )
     else:
         _print_table(topology, rows, written, plans)
         if args.method == "2dh":
@@ -198,8 +254,10 @@ def references_us(topology: Topology, collective: Collective, sizes: list[str]) 
     from synth.baselines import direct
 
     flat = loads(direct(topology, collective), topology).predict_many_us([parse_bytes(n) for n in sizes])
-    return {"direct": dict(zip(sizes, flat)),
-            "bound": {n: lower_bound_us(topology, collective, parse_bytes(n)) for n in sizes}}
+    return {
+        "direct": dict(zip(sizes, flat)),
+        "bound": {n: lower_bound_us(topology, collective, parse_bytes(n)) for n in sizes},
+    }
 
 
 def _print_references(topology: Topology, collective: Collective, sizes: list[str]) -> None:
@@ -209,8 +267,10 @@ def _print_references(topology: Topology, collective: Collective, sizes: list[st
     refs = references_us(topology, collective, sizes)
     for name, label in (("direct", "flat direct (predicted)"), ("bound", "lower bound (cut, latency)")):
         print(f"  {label:<27} " + " ".join(f"{n}: {refs[name][n]:.2f} µs" for n in sizes))
-    print(f"  messages a GPU sends across hosts: 2dh {host_messages(twodh(topology, collective), topology)}, flat "
-          f"direct {host_messages(direct(topology, collective), topology)} (the model prices bytes, not messages)")
+    print(
+        f"  messages a GPU sends across hosts: 2dh {host_messages(twodh(topology, collective), topology)}, flat "
+        f"direct {host_messages(direct(topology, collective), topology)} (the model prices bytes, not messages)"
+    )
 
 
 def default_time_limit(args: argparse.Namespace) -> float:
@@ -241,9 +301,15 @@ def _refuse_early(args: argparse.Namespace) -> None:
     check_sends(args.method, str(data.get("name") or path), collective)
 
 
-def _score(topology: Topology, schedules: list[Schedule], asked: int, args: argparse.Namespace,
-           basis: set[str], swept: tuple[int, ...] = (), deadline: Deadline | None = None,
-           ) -> list[tuple[Schedule, dict]]:
+def _score(
+    topology: Topology,
+    schedules: list[Schedule],
+    asked: int,
+    args: argparse.Namespace,
+    basis: set[str],
+    swept: tuple[int, ...] = (),
+    deadline: Deadline | None = None,
+) -> list[tuple[Schedule, dict]]:
     """Verify each schedule and price it at the report sizes, ``asked`` and every size of the sweep (so each row
     fills every column); pct_of_bound is at ``asked``. On a calibrated fabric the prices are the calibrated model's
     for the plan the schedule compiles to (what the registry stores); ``basis`` collects what made them.
@@ -258,7 +324,9 @@ def _score(topology: Topology, schedules: list[Schedule], asked: int, args: argp
     rows = []
     for schedule in schedules:
         if deadline is not None:
-            deadline.phase = f"verifying {schedule.name or schedule.collective.name} ({counted(schedule.nsends, 'send')})"
+            deadline.phase = (
+                f"verifying {schedule.name or schedule.collective.name} ({counted(schedule.nsends, 'send')})"
+            )
         require_valid(schedule, topology)
         if deadline is not None:
             deadline.phase = f"pricing {schedule.name or schedule.collective.name}"
@@ -270,8 +338,12 @@ def _score(topology: Topology, schedules: list[Schedule], asked: int, args: argp
         if deadline is not None:
             deadline.phase = f"computing the {schedule.collective.name} bound on {topology.name}"
         predicted = {format_bytes(n): t for n, t in zip(sizes, times)}
-        pct = {format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
-               if predicted[format_bytes(n)] else 100.0 for n in sizes}
+        pct = {
+            format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
+            if predicted[format_bytes(n)]
+            else 100.0
+            for n in sizes
+        }
         # pct_of_bound is at the size asked for (--size), the one a solver optimized for
         at = format_bytes(asked) if asked else format_bytes(1 << 30)
         rows.append((schedule.with_meta(predicted_us=predicted, pct_of_bound=pct[at]), pct))
@@ -296,14 +368,15 @@ def _check_registry(args: argparse.Namespace) -> None:
 
     location = registry_location(args.registry)
     if "://" not in location and file_in_the_way(Path(location) / "index.json"):
-        raise RegistryError(f"registry {location}: cannot write: {file_in_the_way(Path(location) / 'index.json')} "
-                            "is a file, not a folder")
+        raise RegistryError(
+            f"registry {location}: cannot write: {file_in_the_way(Path(location) / 'index.json')} "
+            "is a file, not a folder"
+        )
 
 
 def _several(args: argparse.Namespace) -> bool:
     """Whether the method returns one schedule per point (a frontier), so -o must name a folder."""
-    return (args.method == "pareto" or (args.method == "smt" and getattr(args, "pareto", False))
-            or "," in str(args.size))
+    return args.method == "pareto" or (args.method == "smt" and getattr(args, "pareto", False)) or "," in str(args.size)
 
 
 def _check_output(args: argparse.Namespace) -> None:
@@ -316,8 +389,10 @@ def _check_output(args: argparse.Namespace) -> None:
     out = Path(args.output)
     check_output(out, "output", ArgumentError, folder=not (out.suffix == ".json" and not _several(args)))
     if _several(args) and (out.suffix == ".json" or out.is_file()):
-        raise ArgumentError(f"weft synth: -o {args.output}: this method writes one schedule per point and "
-                            "frontier.json, so -o must name a folder, not a file")
+        raise ArgumentError(
+            f"weft synth: -o {args.output}: this method writes one schedule per point and "
+            "frontier.json, so -o must name a folder, not a file"
+        )
 
 
 def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | None]:
@@ -389,15 +464,20 @@ def _print_table(topology: Topology, rows, written, plans) -> None:
     shown = sorted({n for _, pct in rows for n in pct}, key=size_of) or [format_bytes(n) for n in REPORT_SIZES]
     width = max([len(s.name or s.collective.name) for s, _ in rows] + [len("schedule")])  # names are never cut
     head = f"{'schedule':<{width}} {'steps':>5} {'rounds':>6} {'chunks':>6} " + " ".join(
-        f"{n + ' µs':>11} {'%bound':>6}" for n in shown)
+        f"{n + ' µs':>11} {'%bound':>6}" for n in shown
+    )
     print(head)
     for (s, pct), path in zip(rows, written):
-        cells = " ".join(f"{s.meta.predicted_us[n]:>11.2f} {pct[n]:>6.1f}" if n in pct else f"{'-':>11} {'-':>6}"
-                         for n in shown)
-        print(f"{(s.name or s.collective.name):<{width}} {s.nsteps:>5} {s.total_rounds:>6} "
-              f"{s.collective.chunks:>6} {cells}")
-        print(f"  verified: {counted(s.nsends, 'send')}, hash {s.content_hash}"
-              + (f", written to {path}" if path else ""))
+        cells = " ".join(
+            f"{s.meta.predicted_us[n]:>11.2f} {pct[n]:>6.1f}" if n in pct else f"{'-':>11} {'-':>6}" for n in shown
+        )
+        print(
+            f"{(s.name or s.collective.name):<{width}} {s.nsteps:>5} {s.total_rounds:>6} "
+            f"{s.collective.chunks:>6} {cells}"
+        )
+        print(
+            f"  verified: {counted(s.nsends, 'send')}, hash {s.content_hash}" + (f", written to {path}" if path else "")
+        )
     for p in plans:
         line = f"  plan {p['plan']} ({p['plan_hash']}) verified on the reference executor"
         if "plan_file" in p:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
@@ -26,12 +26,17 @@ FRONTIER_FORMAT = "weft.frontier/1"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("smt (z3)")
     group.add_argument("--steps", type=int, default=None, metavar="S", help="smt: solve the instance with S steps")
-    group.add_argument("--rounds", type=int, default=None, metavar="R",
-                       help="smt: total rounds (default: one per step)")
-    group.add_argument("--least-steps", action="store_true", help="smt: the fewest steps that work (the default "
-                       "without --steps)")
-    group.add_argument("--pareto", action="store_true",
-                       help="smt: the whole (steps, rounds per chunk) Pareto frontier, one schedule per point")
+    group.add_argument(
+        "--rounds", type=int, default=None, metavar="R", help="smt: total rounds (default: one per step)"
+    )
+    group.add_argument(
+        "--least-steps", action="store_true", help="smt: the fewest steps that work (the default without --steps)"
+    )
+    group.add_argument(
+        "--pareto",
+        action="store_true",
+        help="smt: the whole (steps, rounds per chunk) Pareto frontier, one schedule per point",
+    )
 
 
 def _options(args: argparse.Namespace):
@@ -47,14 +52,17 @@ def _options(args: argparse.Namespace):
     if args.pareto and args.rounds is not None:
         raise ArgumentError("weft synth: --pareto walks the rounds itself; drop --rounds")
     if args.steps is not None and args.rounds is not None and args.rounds < args.steps:
-        raise ArgumentError(f"weft synth: --rounds {args.rounds} cannot fill --steps {args.steps} "
-                            "(every step takes at least one round)")
-    return SmtOptions(steps=args.steps, rounds=args.rounds, time_limit=args.time_limit,
-                      workers=getattr(args, "workers", 0))
+        raise ArgumentError(
+            f"weft synth: --rounds {args.rounds} cannot fill --steps {args.steps} (every step takes at least one round)"
+        )
+    return SmtOptions(
+        steps=args.steps, rounds=args.rounds, time_limit=args.time_limit, workers=getattr(args, "workers", 0)
+    )
 
 
-def synthesize(args: argparse.Namespace, topology: Topology, collective: Collective,
-               progress: Callable[[str], None]) -> list[Schedule]:
+def synthesize(
+    args: argparse.Namespace, topology: Topology, collective: Collective, progress: Callable[[str], None]
+) -> list[Schedule]:
     """The instance, the least-steps schedule, or one schedule per Pareto point (``--pareto``)."""
     from synth import smt
     from synth.errors import Unknown
@@ -64,10 +72,14 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
     if not args.pareto:
         return [smt.solve(topology, collective, options, progress)]
     frontier = smt.pareto(topology, collective, options, progress)
-    progress(f"smt: frontier of {counted(len(frontier.points), 'point')} in {time.monotonic() - start:.1f} s"
-             + ("" if frontier.complete else f" (the walk stopped before reaching the LP bound: {frontier.stopped})"))
+    progress(
+        f"smt: frontier of {counted(len(frontier.points), 'point')} in {time.monotonic() - start:.1f} s"
+        + ("" if frontier.complete else f" (the walk stopped before reaching the LP bound: {frontier.stopped})")
+    )
     if not frontier.points:
-        raise Unknown(f"smt: {collective.name} on {topology.name}: no frontier point found within the time limit of {args.time_limit:g} s and the step limit")
+        raise Unknown(
+            f"smt: {collective.name} on {topology.name}: no frontier point found within the time limit of {args.time_limit:g} s and the step limit"
+        )
     schedules = [p.schedule for p in frontier.points]
     if args.output:
         _write_frontier(Path(args.output), topology, collective, frontier)
@@ -88,12 +100,17 @@ def _write_frontier(out: Path, topology: Topology, collective: Collective, front
         "fingerprint": topology.fingerprint,
         "collective": collective.name,
         "nranks": collective.nranks,
-        "points": [{
-            "steps": p.steps, "rounds": p.rounds, "chunks": p.chunks,
-            "rounds_per_chunk": float(p.rounds_per_chunk),
-            "predicted_us": p.predicted_us,
-            "schedule_file": f"{p.schedule.name or p.schedule.collective.name}-{p.schedule.content_hash[:8]}.json",
-        } for p in frontier.points],
+        "points": [
+            {
+                "steps": p.steps,
+                "rounds": p.rounds,
+                "chunks": p.chunks,
+                "rounds_per_chunk": float(p.rounds_per_chunk),
+                "predicted_us": p.predicted_us,
+                "schedule_file": f"{p.schedule.name or p.schedule.collective.name}-{p.schedule.content_hash[:8]}.json",
+            }
+            for p in frontier.points
+        ],
         "lp_bound": float(frontier.lp_bound),
         "lp_bound_fraction": str(frontier.lp_bound),
         "complete": frontier.complete,

@@ -20,9 +20,12 @@ EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect", "weft.cli.topo_
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("topo", help="list, show, validate and export topologies",
-                       description="The topology catalog and weft.topology/1 files. TOPO is a catalog spec "
-                                   "(dgx1, hgx_h100:nodes=2,gpus=4) or a topology file.")
+    p = sub.add_parser(
+        "topo",
+        help="list, show, validate and export topologies",
+        description="The topology catalog and weft.topology/1 files. TOPO is a catalog spec "
+        "(dgx1, hgx_h100:nodes=2,gpus=4) or a topology file.",
+    )
     topo_sub = p.add_subparsers(dest="topo_command", required=True, metavar="COMMAND")
 
     q = topo_sub.add_parser("list", help="the catalog: names, parameters, descriptions")
@@ -54,10 +57,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = [{"name": e.name, "aliases": list(e.aliases),
-             "params": {p.name: {"default": p.default, "min": p.minimum, "max": p.maximum, "help": p.help}
-                        for p in e.params},
-             "description": e.description} for e in entries()]
+    rows = [
+        {
+            "name": e.name,
+            "aliases": list(e.aliases),
+            "params": {
+                p.name: {"default": p.default, "min": p.minimum, "max": p.maximum, "help": p.help} for p in e.params
+            },
+            "description": e.description,
+        }
+        for e in entries()
+    ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -112,9 +122,11 @@ def _abbreviated(names: tuple[str, ...], limit: int = 6) -> str:
 
 def run_validate(args: argparse.Namespace) -> int:
     topology = load_topology(args.file)
-    print(f"ok {args.file}: {topology.name}, {counted(topology.nranks, 'rank')}, "
-          f"{counted(len(topology.links), 'link')}, "
-          f"{topology.fingerprint}")
+    print(
+        f"ok {args.file}: {topology.name}, {counted(topology.nranks, 'rank')}, "
+        f"{counted(len(topology.links), 'link')}, "
+        f"{topology.fingerprint}"
+    )
     return 0
 
 
@@ -127,4 +139,3 @@ def run_export(args: argparse.Namespace) -> int:
     save_topology(topology, out)
     print(f"wrote {out}: {topology.name}, {counted(topology.nranks, 'rank')}, {topology.fingerprint}")
     return 0
-

@@ -17,16 +17,20 @@ from weft.units import format_bytes, parse_bytes
 
 
 def register(topo_sub: argparse._SubParsersAction) -> None:
-    q = topo_sub.add_parser("bound", help="lower bound on a collective's time (ForestColl's cut bound, latency)",
-                            description="The bandwidth bound as an exact fraction, the bottleneck cut, and the "
-                                        "bound in µs and GB/s for a message size.")
+    q = topo_sub.add_parser(
+        "bound",
+        help="lower bound on a collective's time (ForestColl's cut bound, latency)",
+        description="The bandwidth bound as an exact fraction, the bottleneck cut, and the "
+        "bound in µs and GB/s for a message size.",
+    )
     q.add_argument("topology", metavar="TOPO", help="catalog spec or topology file")
     q.add_argument("collective", help=f"one of: {', '.join(NAMES)}")
     q.add_argument("--size", default="1GB", help="message size, nccl-tests terms (default 1GB)")
     q.add_argument("--root", type=int, default=0, help="root rank for rooted collectives")
     q.add_argument("--json", action="store_true", help="print the bound as JSON")
-    q.add_argument("--time-limit", type=float, default=60.0,
-                   help="the command's deadline in seconds, reading the fabric included")
+    q.add_argument(
+        "--time-limit", type=float, default=60.0, help="the command's deadline in seconds, reading the fabric included"
+    )
     q.set_defaults(func=run)
 
 
@@ -40,23 +44,36 @@ def bound_report(topology, collective: Collective, nbytes: int) -> dict:
     bandwidth = bounds.bandwidth_bound_us(topology, collective, nbytes)
     total = max(latency, bandwidth)
     report = {
-        "topology": topology.name, "fingerprint": topology.fingerprint, "collective": collective.name,
-        "nranks": topology.nranks, "size": nbytes,
-        "factor": str(factor), "factor_doc": "bandwidth bound in µs = size in bytes × factor / 1e3; 1/(GB/s)",
-        "latency_us": latency, "bandwidth_us": bandwidth, "bound_us": total,
+        "topology": topology.name,
+        "fingerprint": topology.fingerprint,
+        "collective": collective.name,
+        "nranks": topology.nranks,
+        "size": nbytes,
+        "factor": str(factor),
+        "factor_doc": "bandwidth bound in µs = size in bytes × factor / 1e3; 1/(GB/s)",
+        "latency_us": latency,
+        "bandwidth_us": bandwidth,
+        "bound_us": total,
         "algbw_max": nbytes / (total * 1e3) if total else None,
         "busbw_max": nbytes / (total * 1e3) * bus_factor(collective) if total else None,
     }
     if collective.name == "allreduce" and topology.nranks > 1:
-        report["allreduce"] = {"smallest_rank_cut_gbps": str(bounds.smallest_rank_cut(topology)),
-                               "doc": "max(1 / smallest rank-to-rank cut, 2(N-1) / ranks' ingress, "
-                                      "2(H-1) / hosts' ingress), per message byte"}
+        report["allreduce"] = {
+            "smallest_rank_cut_gbps": str(bounds.smallest_rank_cut(topology)),
+            "doc": "max(1 / smallest rank-to-rank cut, 2(N-1) / ranks' ingress, "
+            "2(H-1) / hosts' ingress), per message byte",
+        }
     if collective.name in ("allgather", "reducescatter") and topology.nranks > 1:
         fabric = topology if collective.name == "allgather" else topology.reversed()
         cut = bounds.bottleneck_cut(fabric)
-        report["cut"] = {"ratio": str(cut.ratio), "ranks": cut.ranks, "capacity": str(cut.capacity),
-                         "rounds_per_chunk": str(cut.ratio * bounds.exact(fabric.unit_bandwidth)),
-                         "optimal_rate": str(1 / cut.ratio), "optimal_rate_gbps": float(1 / cut.ratio)}
+        report["cut"] = {
+            "ratio": str(cut.ratio),
+            "ranks": cut.ranks,
+            "capacity": str(cut.capacity),
+            "rounds_per_chunk": str(cut.ratio * bounds.exact(fabric.unit_bandwidth)),
+            "optimal_rate": str(1 / cut.ratio),
+            "optimal_rate_gbps": float(1 / cut.ratio),
+        }
     return report
 
 
@@ -77,17 +94,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"topology {topology.name} ({topology.fingerprint}, {counted(topology.nranks, 'rank')}), {collective.name}, "
-          f"{format_bytes(nbytes)}")
+    print(
+        f"topology {topology.name} ({topology.fingerprint}, {counted(topology.nranks, 'rank')}), {collective.name}, "
+        f"{format_bytes(nbytes)}"
+    )
     if "cut" in report:
         cut = report["cut"]
-        print(f"  cut bound: {cut['ratio']} per (GB/s) = max |S ∩ ranks| / B+(S), at S with "
-              f"{counted(cut['ranks'], 'rank')} and {cut['capacity']} GB/s leaving; {cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
-              f"optimal rate {cut['optimal_rate_gbps']:.6g} GB/s per rank's slice")
+        print(
+            f"  cut bound: {cut['ratio']} per (GB/s) = max |S ∩ ranks| / B+(S), at S with "
+            f"{counted(cut['ranks'], 'rank')} and {cut['capacity']} GB/s leaving; {cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
+            f"optimal rate {cut['optimal_rate_gbps']:.6g} GB/s per rank's slice"
+        )
     if "allreduce" in report:
-        print(f"  all-reduce bound: every cut between ranks carries the message each way (smallest rank cut "
-              f"{report['allreduce']['smallest_rank_cut_gbps']} GB/s), and every element takes 2(N-1) transfers "
-              "into ranks (one-way gossip) and 2(H-1) into hosts")
+        print(
+            f"  all-reduce bound: every cut between ranks carries the message each way (smallest rank cut "
+            f"{report['allreduce']['smallest_rank_cut_gbps']} GB/s), and every element takes 2(N-1) transfers "
+            "into ranks (one-way gossip) and 2(H-1) into hosts"
+        )
     size = format_bytes(nbytes)
     factor = Fraction(report["factor"])
     if factor:  # seconds per GB of message: its inverse is the fastest algbw any schedule reaches
@@ -98,8 +121,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  bandwidth bound: 0 µs for {size} (nothing crosses a link)")
     print(f"  latency bound:   {report['latency_us']:.3f} µs")
     if report["algbw_max"] is not None:
-        print(f"  lower bound:     {report['bound_us']:.3f} µs for {size} (algbw <= {report['algbw_max']:.2f} GB/s, "
-              f"busbw <= {report['busbw_max']:.2f} GB/s)")
+        print(
+            f"  lower bound:     {report['bound_us']:.3f} µs for {size} (algbw <= {report['algbw_max']:.2f} GB/s, "
+            f"busbw <= {report['busbw_max']:.2f} GB/s)"
+        )
     else:
         print("  lower bound:     0 µs (one rank)")
     return 0

@@ -13,11 +13,13 @@ from weft.units import format_bytes
 
 def register(topo_sub: argparse._SubParsersAction) -> None:
     q = topo_sub.add_parser(
-        "calibrate", help="fit the cost model's launch, hop and protocol terms to a fabric's GPU results",
+        "calibrate",
+        help="fit the cost model's launch, hop and protocol terms to a fabric's GPU results",
         description="Fit the calibrated cost model (schedules.calibration) to the plans measured on TOPO in GPU "
-                    "bench results (default: the committed bench/results/gpu_*_graph_<N>x*.json), and report "
-                    "the fit's residuals: predicted over measured time at every plan and size. With --write, "
-                    "weft prices plans on this fabric with the fit from then on (registry commits and `weft tune`).")
+        "bench results (default: the committed bench/results/gpu_*_graph_<N>x*.json), and report "
+        "the fit's residuals: predicted over measured time at every plan and size. With --write, "
+        "weft prices plans on this fabric with the fit from then on (registry commits and `weft tune`).",
+    )
     q.add_argument("topology", metavar="TOPO", help="catalog spec or topology file of the measured machine")
     q.add_argument("results", nargs="*", type=Path, help="bench results files (JSON written by `weft bench`)")
     q.add_argument("--write", action="store_true", help="store the calibration with weft's calibrations")
@@ -54,13 +56,16 @@ def report(calibration) -> list[str]:
         by_collective.setdefault(o.collective, []).append(max(ratio, 1 / ratio))
     for name, worst in sorted(by_collective.items()):
         lines.append(f"  {name:<14} {counted(len(worst), 'point', 'points'):>11}, worst {max(worst):.2f}x")
-    outside = [(o, ratio) for o, ratio in zip(calibration.observations, ratios)
-               if not 1 / TOLERANCE <= ratio <= TOLERANCE]
+    outside = [
+        (o, ratio) for o, ratio in zip(calibration.observations, ratios) if not 1 / TOLERANCE <= ratio <= TOLERANCE
+    ]
     if outside:
         lines.append(f"outside {TOLERANCE}x:")
         for o, ratio in sorted(outside, key=lambda p: -max(p[1], 1 / p[1])):
-            lines.append(f"  {o.plan} at {format_bytes(o.nbytes)}: predicted {o.measured_us * ratio:.1f} µs, "
-                         f"measured {o.measured_us:.1f} µs ({ratio:.2f}x)")
+            lines.append(
+                f"  {o.plan} at {format_bytes(o.nbytes)}: predicted {o.measured_us * ratio:.1f} µs, "
+                f"measured {o.measured_us:.1f} µs ({ratio:.2f}x)"
+            )
     return lines
 
 

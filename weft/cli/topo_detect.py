@@ -7,9 +7,12 @@ import json
 
 
 def register(topo_sub: argparse._SubParsersAction) -> None:
-    q = topo_sub.add_parser("detect", help="build this machine's topology through NVML",
-                            description="Build this machine's topology from NVML (NVLink lanes and PCIe). A board "
-                                        "the catalog knows gets the catalog's topology and fingerprint.")
+    q = topo_sub.add_parser(
+        "detect",
+        help="build this machine's topology through NVML",
+        description="Build this machine's topology from NVML (NVLink lanes and PCIe). A board "
+        "the catalog knows gets the catalog's topology and fingerprint.",
+    )
     q.add_argument("--facts", help="replay recorded NVML answers (weft.nvml-facts/1) instead of asking NVML")
     q.add_argument("--record", help="also write the NVML answers to this file")
     q.add_argument("-o", "--output", help="write the topology file here")
@@ -35,6 +38,8 @@ def _detect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(topo.to_json(), indent=2))
     else:
-        print(f"{topo.name}: {topo.nranks} × {facts.gpus[0].name}, fingerprint {topo.fingerprint}"
-              + (f", written to {args.output}" if args.output else ""))
+        print(
+            f"{topo.name}: {topo.nranks} × {facts.gpus[0].name}, fingerprint {topo.fingerprint}"
+            + (f", written to {args.output}" if args.output else "")
+        )
     return 0

@@ -13,32 +13,58 @@ from weft.cli.words import counted
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "tune", help="compile a grid of plan variants (protocol x instances x threads) and commit them",
+        "tune",
+        help="compile a grid of plan variants (protocol x instances x threads) and commit them",
         description="Compile each schedule as every protocol x instances x threads variant that the GPU can hold, "
-                    "prove each on the reference executor and commit it. Then `weft bench COLLECTIVE --plans "
-                    "registry --record` measures them all, and selection takes the fastest for each size.")
+        "prove each on the reference executor and commit it. Then `weft bench COLLECTIVE --plans "
+        "registry --record` measures them all, and selection takes the fastest for each size.",
+    )
     p.add_argument("collective", help="allreduce, allgather, reducescatter, ...")
     p.add_argument("-t", "--topology", required=True, help="catalog spec or topology file")
-    p.add_argument("--method", action="append", dest="methods",
-                   help="baseline to compile (ring, direct, twoshot, rhd, tree, 2dh); repeatable; default direct and "
-                        "twoshot for allreduce, direct otherwise, those the topology has the links for (else ring)")
-    p.add_argument("--schedule", action="append", dest="schedules", default=[],
-                   help="a schedule file (weft.schedule/1) to compile too; repeatable (default: none)")
+    p.add_argument(
+        "--method",
+        action="append",
+        dest="methods",
+        help="baseline to compile (ring, direct, twoshot, rhd, tree, 2dh); repeatable; default direct and "
+        "twoshot for allreduce, direct otherwise, those the topology has the links for (else ring)",
+    )
+    p.add_argument(
+        "--schedule",
+        action="append",
+        dest="schedules",
+        default=[],
+        help="a schedule file (weft.schedule/1) to compile too; repeatable (default: none)",
+    )
     p.add_argument("--instances", default="1,4,16,32,64,128", help="instance counts, comma-separated")
     p.add_argument("--threads", default="256,1024", help="thread-block sizes, comma-separated")
     p.add_argument("--protocols", default="ll,simple", help="ll, simple or both")
-    p.add_argument("--sms", type=int, default=132,
-                   help="SMs of the target GPU (H100/H200: 132): variants with more thread blocks than it holds at "
-                        "once are left out")
+    p.add_argument(
+        "--sms",
+        type=int,
+        default=132,
+        help="SMs of the target GPU (H100/H200: 132): variants with more thread blocks than it holds at "
+        "once are left out",
+    )
     p.add_argument("--pull", action="store_true", help="also Simple variants that read peers' inputs (get/rre)")
-    p.add_argument("--pipeline", default="1", help="Simple variants' pipeline depths, comma-separated: each "
-                                                   "instance's piece cut into that many sub-pieces that overlap "
-                                                   "transfer and combining")
-    p.add_argument("--multipeer", action=argparse.BooleanOptionalAction, default=None,
-                   help="also variants in which one thread block per instance serves every peer (default: for "
-                        "more than 2 ranks); --no-multipeer leaves them out")
-    p.add_argument("--ll-max-bytes", default="1MB",
-                   help="the largest message LL variants accept (whole MB; higher pays with --ll128 executors)")
+    p.add_argument(
+        "--pipeline",
+        default="1",
+        help="Simple variants' pipeline depths, comma-separated: each "
+        "instance's piece cut into that many sub-pieces that overlap "
+        "transfer and combining",
+    )
+    p.add_argument(
+        "--multipeer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also variants in which one thread block per instance serves every peer (default: for "
+        "more than 2 ranks); --no-multipeer leaves them out",
+    )
+    p.add_argument(
+        "--ll-max-bytes",
+        default="1MB",
+        help="the largest message LL variants accept (whole MB; higher pays with --ll128 executors)",
+    )
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("-o", "--output", help="also write each plan file into this directory")
     p.add_argument("--dry-run", action="store_true", help="compile and prove, but commit and write nothing")
@@ -58,15 +84,21 @@ def run(args: argparse.Namespace) -> int:
     from topologies import resolve
     from topologies.jsonfile import make_directory
     from weft import publish
+    from weft.cli.values import comma_items
     from weft.synthesis import synthesize
     from weft.tuning import TuneOptions, compile_variants, default_schedules, grid
-    from weft.cli.values import comma_items
     from weft.units import parse_bytes
 
-    options = TuneOptions(instances=_ints(args.instances, "--instances"), threads=_ints(args.threads, "--threads"),
-                          protocols=tuple(p.lower() for p in comma_items(args.protocols, "weft tune: --protocols")),
-                          sms=args.sms, pull=args.pull, pipelines=_ints(args.pipeline, "--pipeline"),
-                          ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"), multipeer=args.multipeer)
+    options = TuneOptions(
+        instances=_ints(args.instances, "--instances"),
+        threads=_ints(args.threads, "--threads"),
+        protocols=tuple(p.lower() for p in comma_items(args.protocols, "weft tune: --protocols")),
+        sms=args.sms,
+        pull=args.pull,
+        pipelines=_ints(args.pipeline, "--pipeline"),
+        ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"),
+        multipeer=args.multipeer,
+    )
     topology = resolve(args.topology)
     if args.output and not args.dry_run:
         make_directory(args.output, "output", ArgumentError)  # before any commit, so a bad -o commits nothing
@@ -75,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
     for f in args.schedules:
         schedule = load_schedule(f)
         if schedule.collective.name != args.collective:
-            raise ArgumentError(f"weft tune: schedule {f}: collective: {schedule.collective.name}, "
-                                f"not {args.collective}")
+            raise ArgumentError(
+                f"weft tune: schedule {f}: collective: {schedule.collective.name}, not {args.collective}"
+            )
         require_valid(schedule, topology, source=f)
         given.append(schedule)
     if args.methods:
@@ -92,8 +125,11 @@ def run(args: argparse.Namespace) -> int:
     for schedule in schedules:
         if not args.json:
             n = schedule.nsteps
-            print(f"schedule {schedule.name or schedule.meta.solver} ({schedule.meta.solver or 'given'}, "
-                  f"{counted(n, 'step')}):", flush=True)
+            print(
+                f"schedule {schedule.name or schedule.meta.solver} ({schedule.meta.solver or 'given'}, "
+                f"{counted(n, 'step')}):",
+                flush=True,
+            )
 
         def keep(o, schedule=schedule) -> None:
             row = _row(o, schedule, topology, args)
@@ -104,13 +140,22 @@ def run(args: argparse.Namespace) -> int:
         compile_variants(schedule, topology, options, keep)
     made = [r for r in rows if r["plan"]]
     if args.json:
-        print(json.dumps({"registry": publish.registry_location(args.registry), "dry_run": args.dry_run,
-                          "variants": rows}, indent=2))
+        print(
+            json.dumps(
+                {"registry": publish.registry_location(args.registry), "dry_run": args.dry_run, "variants": rows},
+                indent=2,
+            )
+        )
     else:
-        where = "checked, nothing committed (--dry-run)" if args.dry_run else \
-            f"committed to {publish.registry_location(args.registry)}"
-        print(f"{len(made)} of {counted(len(rows), 'variant')} proven and {where}; measure them "
-              f"with `weft bench {args.collective} --plans registry --record`")
+        where = (
+            "checked, nothing committed (--dry-run)"
+            if args.dry_run
+            else f"committed to {publish.registry_location(args.registry)}"
+        )
+        print(
+            f"{len(made)} of {counted(len(rows), 'variant')} proven and {where}; measure them "
+            f"with `weft bench {args.collective} --plans registry --record`"
+        )
     return 0 if made else 1
 
 
@@ -118,8 +163,14 @@ def _row(o, schedule, topology, args: argparse.Namespace) -> dict:
     """One variant's outcome, committed (and written with -o) unless --dry-run."""
     from weft import publish
 
-    row = {"schedule": schedule.name, "variant": o.variant.label, "plan": o.plan.name if o.plan else None,
-           "threadblocks": o.threadblocks, "skipped": o.skipped, "powers_of_two": o.powers_of_two}
+    row = {
+        "schedule": schedule.name,
+        "variant": o.variant.label,
+        "plan": o.plan.name if o.plan else None,
+        "threadblocks": o.threadblocks,
+        "skipped": o.skipped,
+        "powers_of_two": o.powers_of_two,
+    }
     if o.plan and not args.dry_run:
         row["registry_entry"] = publish.commit(o.plan, topology, args.registry, schedule=schedule).id
         if args.output:

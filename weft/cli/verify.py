@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from weft.cli import ArgumentError, progress_after
 from weft.cli.words import counted
@@ -12,14 +11,23 @@ from weft.units import SIZE_HELP, parse_size_range
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify", help="verify a schedule (needs -t) or a plan (reference executor)",
-                       description="A weft.schedule/1 or /2 file is re-simulated against the topology. A plan "
-                                   "(MSCCL++ execution-plan JSON) runs on the CPU reference executor on random "
-                                   "data for several sizes and its dtypes. Exit 1 when a check fails.")
+    p = sub.add_parser(
+        "verify",
+        help="verify a schedule (needs -t) or a plan (reference executor)",
+        description="A weft.schedule/1 or /2 file is re-simulated against the topology. A plan "
+        "(MSCCL++ execution-plan JSON) runs on the CPU reference executor on random "
+        "data for several sizes and its dtypes. Exit 1 when a check fails.",
+    )
     p.add_argument("file", help="schedule or plan file")
-    p.add_argument("-t", "--topology", help="catalog spec or topology file (required for schedules; for a plan: "
-                                            "also check that it is for this fabric)")
-    p.add_argument("--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one); " + SIZE_HELP)
+    p.add_argument(
+        "-t",
+        "--topology",
+        help="catalog spec or topology file (required for schedules; for a plan: "
+        "also check that it is for this fabric)",
+    )
+    p.add_argument(
+        "--sizes", help="plan sizes to run, e.g. 1KB,4KB+12 (default: 3 sizes incl. a ragged one); " + SIZE_HELP
+    )
     p.add_argument("--dtypes", default=None, help="comma-separated fp32,fp16,bf16 (default: the plan's)")
     p.add_argument("--seed", type=int, default=0, help="random data seed")
     p.add_argument("--json", action="store_true", help="print the verification record as JSON")
