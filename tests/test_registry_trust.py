@@ -357,7 +357,7 @@ def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(committed_copy,
         ("buffer_alignment", 0, "from 1 to 256"),
         ("buffer_alignment", 1 << 20, "from 1 to 256"),
         ("max_message_size", 10**40, "from 0 to 18446744073709551615"),
-        ("min_message_size", 10**4000, "from 0 to 18446744073709551615"),
+        ("min_message_size", 10**4000, "from 0 to 1152921504606846976"),
         ("max_message_size", 1.5, "integer"),
     ],
     ids=[

@@ -183,7 +183,8 @@ def check_fits(plan: Plan, fingerprint: str, topology: Topology | None, source: 
     """The plan must be for this fabric: its own topology (where it names one) and, where the fabric is known,
     its rank count (a 4-rank plan never serves 2 GPUs)."""
     if plan.weft.topology and plan.weft.topology != fingerprint:
-        raise RegistryError(f"{source}: weft.topology: the plan is for {plan.weft.topology}, not {fingerprint}")
+        named = f"{topology.name} ({fingerprint})" if topology is not None else fingerprint
+        raise RegistryError(f"{source}: weft.topology: the plan is for {plan.weft.topology}, not {named}")
     if topology is not None and plan.nranks != topology.nranks:
         raise RegistryError(
             f"{source}: gpus: the plan has {plan.nranks} ranks, but topology {topology.name} has {topology.nranks}"
@@ -239,12 +240,12 @@ def _checked(
 
 
 def commit_file(path: str, topology: str | None, location: str | None, progress: Progress | None = None) -> Entry:
-    from schedules.schedule import FORMAT as SCHEDULE_FORMAT
+    from schedules.schedule import FORMATS as SCHEDULE_FORMATS
 
     doc = read_json(path, "plan", RegistryError)
-    if isinstance(doc, dict) and doc.get("format") == SCHEDULE_FORMAT:
+    if isinstance(doc, dict) and doc.get("format") in SCHEDULE_FORMATS:
         raise RegistryError(
-            f"registry commit {path}: a schedule ({SCHEDULE_FORMAT}), not a plan: compile it "
+            f"registry commit {path}: a schedule ({doc['format']}), not a plan: compile it "
             f"first (`weft compile {path} -o PLAN.json`), then commit the plan"
         )
     return commit(parse_plan(doc, str(path)), topology, location, progress=progress)
