@@ -133,8 +133,8 @@ def _brute_force(topology: Topology) -> Fraction:
     best = Fraction(0)
     vertices = list(topology.vertices)
     for size in range(1, len(vertices)):
-        for inside in itertools.combinations(vertices, size):
-            inside = set(inside)
+        for chosen in itertools.combinations(vertices, size):
+            inside = set(chosen)
             ranks = sum(1 for v in inside if isinstance(v, int))
             if not ranks or ranks == topology.nranks:
                 continue
