@@ -18,7 +18,7 @@ SIZES = ("1KB", "4KB", "64KB", "1MB", "4MB", "64MB", "1GB")
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory) -> Path:
+def imported(tmp_path_factory, prove_once) -> Path:  # import proves every plan: once per run (tests/_cache.py)
     root = tmp_path_factory.mktemp("roundtrip")
     assert main(["registry", "export", str(root / "exported"), "--registry", str(COMMITTED)]) == 0
     assert (root / "exported" / "baselines.json").exists()
