@@ -50,6 +50,34 @@ def norm_wrong(normed, residual, ref_residual, magnitude, weight, nranks: int) -
     return bool(((normed.float() - want).abs() > NORM_ULPS * ulp).any())
 
 
+def _timers(comm: Any, calls: dict[str, Any], count: int, refused: dict[str, str]) -> dict[str, Any]:
+    """A timer per call that every rank could start; the others' reasons go to ``refused``."""
+    from executor.gpu_bench import _refused_anywhere, _timer
+
+    timers = {}
+    for name, (run, _, capture) in calls.items():
+        try:
+            timer, why = _timer(run, True, count, *((capture,) if capture else ())), ""
+        except Exception as e:
+            timer, why = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        if _refused_anywhere(comm, why):
+            refused[name] = why or "refused on another rank"
+            continue
+        timers[name] = timer
+    return timers
+
+
+def _samples(timers: dict[str, Any], warmup: int, samples: int) -> dict[str, list[float]]:
+    """``samples`` samples of each timer after ``warmup`` discarded ones, the timers interleaved."""
+    raw: dict[str, list[float]] = {k: [] for k in timers}
+    for i in range(warmup + samples):
+        for name, sample in timers.items():
+            value = sample()
+            if i >= warmup:
+                raw[name].append(value)
+    return raw
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1,4,16,64")
@@ -69,7 +97,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     from executor import Communicator, peers
-    from executor.gpu_bench import _every_rank, _refused_anywhere, _slowest_rank, _timer, nccl_result
+    from executor.gpu_bench import _every_rank, _slowest_rank, nccl_result
     from executor.norm import RowNorm
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -121,23 +149,9 @@ def main() -> None:
                 return fi.fused_norm(y, h, weight, EPS, v, n, r)
 
             calls[f"flashinfer:{variant}"] = (fused, fused, None)
-        timers = {}
-        for name, (run, _, capture) in calls.items():
-            try:
-                timer, why = _timer(run, True, args.calls, *((capture,) if capture else ())), ""
-            except Exception as e:
-                timer, why = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            if _refused_anywhere(comm, why):
-                refused[name] = why or "refused on another rank"
-                continue
-            timers[name] = timer
+        timers = _timers(comm, calls, args.calls, refused)
         torch.cuda.synchronize()
-        raw: dict[str, list[float]] = {k: [] for k in timers}
-        for i in range(args.warmup + args.samples):
-            for name, sample in timers.items():
-                value = sample()
-                if i >= args.warmup:
-                    raw[name].append(value)
+        raw = _samples(timers, args.warmup, args.samples)
         torch.cuda.synchronize()
         med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
         ref_residual = nccl_result("allreduce", y, world).float() + h.float()  # NCCL's sum plus the residual

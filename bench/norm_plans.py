@@ -52,6 +52,84 @@ CANDIDATES = {  # batch -> plans (whole rows per block: -rowsG at G = batch or f
 }
 
 
+def _median_replays(graphs: dict[str, Any], iters: int, time_replay: Any) -> dict[str, float]:
+    """Each graph's median replay time over ``iters`` rounds, the graphs interleaved within a round."""
+    times: dict[str, list[float]] = {k: [] for k in graphs}
+    for _ in range(iters):
+        for k, g in graphs.items():
+            times[k].append(time_replay(g))
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
+def _capture_candidate(
+    name: str,
+    plan: Any,
+    pin: Any,
+    capture: Any,
+    steps: tuple[Any, Any],
+    graphs: dict[str, Any],
+    kept: dict[str, Any],
+    results: dict[str, dict[str, Any]],
+) -> None:
+    """Pin ``plan`` (``pin``) and capture (``capture``) its step and its call alone (``steps``) into ``graphs``;
+    its result into ``results``."""
+    if plan is None:
+        results[name] = {"error": "not in the registry"}
+        return
+    fused_step, fused_alone = steps
+    try:
+        pin(plan)
+        kept[name] = {}, {}
+        graphs[name] = capture(fused_step(kept[name][0]))
+        graphs[name + "/alone"] = capture(fused_alone(kept[name][1]))
+        results[name] = {"plan": plan.name}
+    except Exception as e:  # a candidate that cannot run is a result
+        results[name] = {"error": f"{type(e).__name__}: {e}"}
+        graphs.pop(name, None)
+
+
+def _grade(
+    results: dict[str, dict[str, Any]],
+    med: dict[str, float],
+    in_step: dict[str, float],
+    kept: dict[str, Any],
+    weight: Any,
+    calls: int,
+) -> None:
+    """Add each candidate's times and its normed output's distance from the float64 RMSNorm to ``results``."""
+    import torch
+
+    for name, r in results.items():
+        if "error" in r:
+            continue
+        r["in_step_us"] = in_step[name]
+        r["alone_us"] = med[name + "/alone"] * 1e3 / calls
+        r["ratio_vs_nccl"] = in_step[name] / in_step["nccl"]
+        normed, residual = kept[name][0]["normed"], kept[name][0]["residual"]
+        x = residual.float()
+        rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
+        want = ((x * rstd) * weight.float()).to(torch.bfloat16)
+        ulp = torch.maximum(want.float().abs(), torch.tensor(2.0**-126, device=weight.device)) * 2.0**-7
+        r["off_by_more_than_one_ulp"] = int(((normed.float() - want.float()).abs() > ulp).sum())
+        r["bitwise_fraction"] = float((normed == want).float().mean())
+
+
+def _print_batch(batch: int, nccl_in_step_us: float, results: dict[str, dict[str, Any]]) -> None:
+    print(f"batch {batch}: nccl {nccl_in_step_us:.2f} us/call in the step", flush=True)
+    for name, r in results.items():
+        print(
+            f"  {name:32s} "
+            + (
+                f"{r['in_step_us']:.2f} us in step ({r['ratio_vs_nccl']:.3f}x), "
+                f"{r['alone_us']:.2f} alone, off {r['off_by_more_than_one_ulp']}, "
+                f"bitwise {r['bitwise_fraction']:.4f}  {r['plan']}"
+                if "error" not in r
+                else r["error"]
+            ),
+            flush=True,
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", default="1,4,16")
@@ -80,9 +158,6 @@ def main() -> None:
     weight = (1.0 + 0.1 * torch.randn(HIDDEN, generator=gen, device=device)).to(torch.bfloat16)
     side = torch.cuda.Stream()
     out = []
-
-    def graph_of(fn, capture):
-        return tp_decode.graph_of(fn, side, capture)
 
     for batch in (int(b) for b in args.batch.split(",")):
         nbytes = batch * HIDDEN * 2
@@ -119,61 +194,30 @@ def main() -> None:
                 a @ w
 
         graphs = {
-            "matmul": graph_of(matmul, contextlib.nullcontext),
-            "nccl": graph_of(nccl_step, contextlib.nullcontext),
+            "matmul": tp_decode.graph_of(matmul, side, contextlib.nullcontext),
+            "nccl": tp_decode.graph_of(nccl_step, side, contextlib.nullcontext),
         }
         kept: dict[str, Any] = {}
         auto = comm.norm_plan_for(nbytes, torch.bfloat16, rows)
         for name in ("auto",) + CANDIDATES.get(batch, ()):
-            plan = auto if name == "auto" else plans.get(P + name)
-            if plan is None:
-                results[name] = {"error": "not in the registry"}
-                continue
-            try:
-                comm.pin_norm_plan(nbytes, torch.bfloat16, rows, plan)
-                kept[name] = {}, {}
-                graphs[name] = graph_of(fused_step(kept[name][0]), comm.capture)
-                graphs[name + "/alone"] = graph_of(fused_alone(kept[name][1]), comm.capture)
-                results[name] = {"plan": plan.name}
-            except Exception as e:  # a candidate that cannot run is a result
-                results[name] = {"error": f"{type(e).__name__}: {e}"}
-                graphs.pop(name, None)
+            _capture_candidate(
+                name,
+                auto if name == "auto" else plans.get(P + name),
+                lambda plan, nbytes=nbytes: comm.pin_norm_plan(nbytes, torch.bfloat16, rows, plan),
+                lambda fn: tp_decode.graph_of(fn, side, comm.capture),
+                (fused_step, fused_alone),
+                graphs,
+                kept,
+                results,
+            )
         comm.pin_norm_plan(nbytes, torch.bfloat16, rows, None)
-        times: dict[str, list[float]] = {k: [] for k in graphs}
-        for _ in range(args.iters):
-            for k, g in graphs.items():
-                times[k].append(tp_decode.time_replay(g))
-        med = {k: statistics.median(t) for k, t in times.items()}
+        med = _median_replays(graphs, args.iters, tp_decode.time_replay)
         in_step = {k: (med[k] - med["matmul"]) * 1e3 / args.calls for k in graphs if not k.endswith("/alone")}
-        for name, r in results.items():
-            if "error" in r:
-                continue
-            r["in_step_us"] = in_step[name]
-            r["alone_us"] = med[name + "/alone"] * 1e3 / args.calls
-            r["ratio_vs_nccl"] = in_step[name] / in_step["nccl"]
-            normed, residual = kept[name][0]["normed"], kept[name][0]["residual"]
-            x = residual.float()
-            rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
-            want = ((x * rstd) * weight.float()).to(torch.bfloat16)
-            ulp = torch.maximum(want.float().abs(), torch.tensor(2.0**-126, device=device)) * 2.0**-7
-            r["off_by_more_than_one_ulp"] = int(((normed.float() - want.float()).abs() > ulp).sum())
-            r["bitwise_fraction"] = float((normed == want).float().mean())
+        _grade(results, med, in_step, kept, weight, args.calls)
         row = {"batch": batch, "nccl_in_step_us": in_step["nccl"], "candidates": results}
         out.append(row)
         if rank == 0:
-            print(f"batch {batch}: nccl {in_step['nccl']:.2f} us/call in the step", flush=True)
-            for name, r in results.items():
-                print(
-                    f"  {name:32s} "
-                    + (
-                        f"{r['in_step_us']:.2f} us in step ({r['ratio_vs_nccl']:.3f}x), "
-                        f"{r['alone_us']:.2f} alone, off {r['off_by_more_than_one_ulp']}, "
-                        f"bitwise {r['bitwise_fraction']:.4f}  {r['plan']}"
-                        if "error" not in r
-                        else r["error"]
-                    ),
-                    flush=True,
-                )
+            _print_batch(batch, in_step["nccl"], results)
     if rank == 0 and args.output:
         doc = {
             "name": "norm_plans",

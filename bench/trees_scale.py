@@ -9,8 +9,9 @@ verification) on this machine and writes rows {topology, collective, method, sol
 pct_of_bound} at 1 GB plus the stage times, the waves (chunks per tree) the cost model picks at each size
 from 1 MB to 4 GB with the % of the bound there, and the machine. solve_s is bound + packing + schedule +
 pricing. An allgather is verified whole in the compact form `weft synth` writes (one wave and the shift to the
-next; 29 million sends at 1024 GPUs); other collectives expanded up to MAX_EXPANDED sends, else one wave. ``--pipeline`` shows the α = 0 limit instead: the
-cost model's prediction at 1 PB (where latency terms vanish) as chunks per tree grow from 1 to 64.
+next; 29 million sends at 1024 GPUs); other collectives expanded up to MAX_EXPANDED sends, else one wave.
+``--pipeline`` shows the α = 0 limit instead: the cost model's prediction at 1 PB (where latency terms vanish)
+as chunks per tree grow from 1 to 64.
 """
 
 from __future__ import annotations

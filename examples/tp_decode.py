@@ -337,6 +337,91 @@ def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters:
     return out
 
 
+def _weft_columns(row: dict, comm, batch: int) -> None:
+    """The plans weft chose for this batch's all-reduce and fused norm, and its calls by path, into ``row``."""
+    plan = comm.plan_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
+    lined = comm.lines_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
+    row["weft_plan"] = plan.name + ("+ll128" if lined else "") if plan is not None else "nccl (no plan)"
+    plan = comm.norm_plan_for(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS))
+    row["weft_norm_plan"] = (
+        plan.name + ("+ll128" if lined else "")
+        if plan is not None
+        else ("unfused: " + comm.norm_reason(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS)))
+    )
+    row["weft_paths"] = dict(comm.paths)
+
+
+def _build_all(backends: dict, shape, batch: int, weights, norms, device, rank: int) -> tuple[dict, dict[str, str]]:
+    """Each backend's captured step at this batch, and why each that could not be built failed."""
+    built, failed = {}, {}
+    for name, impl in backends.items():
+        try:
+            built[name] = build(impl, shape, batch, weights, norms, device)
+        except Exception as e:  # one backend's failure is a result, not the end of the comparison
+            failed[name] = f"{type(e).__name__}: {e}"
+            print(f"rank {rank}: {name} failed at batch {batch}: {failed[name]}", flush=True)
+    return built, failed
+
+
+def _print_row(world: int, batch: int, row: dict, results: dict[str, dict]) -> None:
+    cells = "  ".join(
+        f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
+        f"{r['all_reduce_us_per_call']:.1f} us/call in the step, "
+        f"{r['all_reduce_add_us_per_call']:.1f} with the add, "
+        f"{r['all_reduce_add_norm_us_per_call']:.1f} with add and norm, "
+        f"{r['isolated_us_per_call']:.1f} alone = "
+        f"{100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)"
+        for n, r in results.items()
+    )
+    extra = "".join(
+        f"  {n}: {row[f'{n}_speedup']:.3f}x step, all-reduce {row[f'{n}_all_reduce_ratio']:.2f}x, "
+        f"with the add {row[f'{n}_all_reduce_add_ratio']:.2f}x, "
+        f"with add and norm {row[f'{n}_all_reduce_add_norm_ratio']:.2f}x, "
+        f"logits rel err {row[f'{n}_logits_rel_err']:.1e}"
+        for n in results
+        if f"{n}_speedup" in row
+    )
+    print(f"tp={world} batch={batch:>3}  {cells}{extra}  [{row.get('weft_plan', '')}]", flush=True)
+
+
+def _result_columns(row: dict, results: dict[str, dict]) -> None:
+    """Each backend's times into ``row``, as ``{backend}_{measure}`` columns."""
+    for name, r in results.items():
+        row[f"{name}_ms"] = r["step_ms"]
+        row[f"{name}_all_reduce_ms"] = r["all_reduce_ms"]
+        row[f"{name}_all_reduce_us_per_call"] = r["all_reduce_us_per_call"]
+        row[f"{name}_all_reduce_add_ms"] = r["all_reduce_add_ms"]
+        row[f"{name}_all_reduce_add_us_per_call"] = r["all_reduce_add_us_per_call"]
+        row[f"{name}_isolated_us_per_call"] = r["isolated_us_per_call"]
+        row[f"{name}_tokens_per_s"] = r["tokens_per_s"]
+        row[f"{name}_all_reduce_share"] = r["all_reduce_ms"] / r["step_ms"]
+        row[f"{name}_all_reduce_add_norm_ms"] = r["all_reduce_add_norm_ms"]
+        row[f"{name}_all_reduce_add_norm_us_per_call"] = r["all_reduce_add_norm_us_per_call"]
+        for raw in ("step", "all_reduce", "all_reduce_add", "all_reduce_add_norm", "matmul"):
+            row[f"{name}_raw_{raw}_ms"] = r[f"raw_{raw}_ms"]
+
+
+def _nccl_columns(row: dict, results: dict[str, dict]) -> None:
+    """Each other backend against NCCL into ``row`` (where NCCL ran): its logits' error, speedup and time ratios."""
+    if "nccl" not in results:
+        return
+    a = results["nccl"]["logits"]
+    for name in (n for n in results if n != "nccl"):
+        b = results[name]["logits"]
+        rel = ((a - b).norm() / a.norm()).item()
+        row[f"{name}_logits_rel_err"] = rel
+        row[f"{name}_logits_max_abs_err"] = (a - b).abs().max().item()
+        row[f"{name}_logits_agree"] = rel < LOGITS_BOUND
+        row[f"{name}_speedup"] = results["nccl"]["step_ms"] / results[name]["step_ms"]
+        row[f"{name}_all_reduce_ratio"] = results[name]["all_reduce_ms"] / max(results["nccl"]["all_reduce_ms"], 1e-9)
+        row[f"{name}_all_reduce_add_ratio"] = results[name]["all_reduce_add_ms"] / max(
+            results["nccl"]["all_reduce_add_ms"], 1e-9
+        )
+        row[f"{name}_all_reduce_add_norm_ratio"] = results[name]["all_reduce_add_norm_ms"] / max(
+            results["nccl"]["all_reduce_add_norm_ms"], 1e-9
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", default="1,4,16,64")
@@ -410,79 +495,18 @@ def main() -> None:
                 print(f"trace batch={batch}: {json.dumps(rows[-1])}", flush=True)
         backends = {}
     for batch in (int(b) for b in args.batch.split(",")) if backends else ():
-        built, failed = {}, {}
-        for name, impl in backends.items():
-            try:
-                built[name] = build(impl, shape, batch, weights, norms, device)
-            except Exception as e:  # one backend's failure is a result, not the end of the comparison
-                failed[name] = f"{type(e).__name__}: {e}"
-                print(f"rank {rank}: {name} failed at batch {batch}: {failed[name]}", flush=True)
+        built, failed = _build_all(backends, shape, batch, weights, norms, device, rank)
         times = time_alternating(built, args.iters)
         results = {name: summarize(name, g, times[name], shape, batch, lm_head) for name, g in built.items()}
         del built
         row = {"batch": batch, "tp": world, "failed": failed}
         if len(backends) > 1:
-            plan = comm.plan_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
-            lined = comm.lines_for("allreduce", batch * HIDDEN * 2, torch.bfloat16)
-            row["weft_plan"] = plan.name + ("+ll128" if lined else "") if plan is not None else "nccl (no plan)"
-            plan = comm.norm_plan_for(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS))
-            row["weft_norm_plan"] = (
-                plan.name + ("+ll128" if lined else "")
-                if plan is not None
-                else ("unfused: " + comm.norm_reason(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS)))
-            )
-            row["weft_paths"] = dict(comm.paths)
-        for name, r in results.items():
-            row[f"{name}_ms"] = r["step_ms"]
-            row[f"{name}_all_reduce_ms"] = r["all_reduce_ms"]
-            row[f"{name}_all_reduce_us_per_call"] = r["all_reduce_us_per_call"]
-            row[f"{name}_all_reduce_add_ms"] = r["all_reduce_add_ms"]
-            row[f"{name}_all_reduce_add_us_per_call"] = r["all_reduce_add_us_per_call"]
-            row[f"{name}_isolated_us_per_call"] = r["isolated_us_per_call"]
-            row[f"{name}_tokens_per_s"] = r["tokens_per_s"]
-            row[f"{name}_all_reduce_share"] = r["all_reduce_ms"] / r["step_ms"]
-            row[f"{name}_all_reduce_add_norm_ms"] = r["all_reduce_add_norm_ms"]
-            row[f"{name}_all_reduce_add_norm_us_per_call"] = r["all_reduce_add_norm_us_per_call"]
-            for raw in ("step", "all_reduce", "all_reduce_add", "all_reduce_add_norm", "matmul"):
-                row[f"{name}_raw_{raw}_ms"] = r[f"raw_{raw}_ms"]
-        if "nccl" in results:
-            a = results["nccl"]["logits"]
-            for name in (n for n in results if n != "nccl"):
-                b = results[name]["logits"]
-                rel = ((a - b).norm() / a.norm()).item()
-                row[f"{name}_logits_rel_err"] = rel
-                row[f"{name}_logits_max_abs_err"] = (a - b).abs().max().item()
-                row[f"{name}_logits_agree"] = rel < LOGITS_BOUND
-                row[f"{name}_speedup"] = results["nccl"]["step_ms"] / results[name]["step_ms"]
-                row[f"{name}_all_reduce_ratio"] = results[name]["all_reduce_ms"] / max(
-                    results["nccl"]["all_reduce_ms"], 1e-9
-                )
-                row[f"{name}_all_reduce_add_ratio"] = results[name]["all_reduce_add_ms"] / max(
-                    results["nccl"]["all_reduce_add_ms"], 1e-9
-                )
-                row[f"{name}_all_reduce_add_norm_ratio"] = results[name]["all_reduce_add_norm_ms"] / max(
-                    results["nccl"]["all_reduce_add_norm_ms"], 1e-9
-                )
+            _weft_columns(row, comm, batch)
+        _result_columns(row, results)
+        _nccl_columns(row, results)
         rows.append(row)
         if rank == 0:
-            cells = "  ".join(
-                f"{n}: {r['step_ms']:.3f} ms ({r['tokens_per_s']:.0f} tok/s, all-reduce "
-                f"{r['all_reduce_us_per_call']:.1f} us/call in the step, "
-                f"{r['all_reduce_add_us_per_call']:.1f} with the add, "
-                f"{r['all_reduce_add_norm_us_per_call']:.1f} with add and norm, "
-                f"{r['isolated_us_per_call']:.1f} alone = "
-                f"{100 * r['all_reduce_ms'] / r['step_ms']:.0f}%)"
-                for n, r in results.items()
-            )
-            extra = "".join(
-                f"  {n}: {row[f'{n}_speedup']:.3f}x step, all-reduce {row[f'{n}_all_reduce_ratio']:.2f}x, "
-                f"with the add {row[f'{n}_all_reduce_add_ratio']:.2f}x, "
-                f"with add and norm {row[f'{n}_all_reduce_add_norm_ratio']:.2f}x, "
-                f"logits rel err {row[f'{n}_logits_rel_err']:.1e}"
-                for n in results
-                if f"{n}_speedup" in row
-            )
-            print(f"tp={world} batch={batch:>3}  {cells}{extra}  [{row.get('weft_plan', '')}]", flush=True)
+            _print_row(world, batch, row, results)
     if rank == 0 and args.json:
         doc = {
             "name": "tp_decode",

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from executor.inference import Communicator
 from executor.norm import RowNorm
 
+if TYPE_CHECKING:
+    from executor.port_communicator import PortCommunicator
+
 
 class WeftBackend:
     """weft's all-reduce behind should_use / all_reduce / capture / close."""
 
-    def __init__(self, comm: Communicator):
+    def __init__(self, comm: Communicator | PortCommunicator):
         self.comm = comm
 
     @classmethod

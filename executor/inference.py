@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,10 @@ from executor.torch_ops import DTYPES, CollectiveCalls
 from executor.torch_plans import PlanChoice, disagreement
 from executor.torch_topology import machine_topology, p2p_works
 from schedules.registry import Registry, RegistryError
+from topologies import Topology
+
+if TYPE_CHECKING:
+    from executor.port_communicator import PortCommunicator
 
 log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
@@ -87,7 +91,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         """``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
         NVML, then torch's view of the GPUs. ``deterministic``: only plans with a fixed reduction order.
         ``staging_bytes``: the largest message (nccl-tests terms) that weft runs; larger ones go to NCCL.
-        ``ll128``: LL plans may move LL128 lines (executor.communicator.Communicator), at the sizes where this
+        ``ll128``: LL plans may move LL128 lines (executor.communicator.PlanExecutor), at the sizes where this
         topology's registry entries measured lines faster than packets (``weft bench --ll128`` on that fabric, so
         only where lines ran there: NVLink). False: LL16 packets only. ``trace``: the timed kernel build, for
         diagnosis (``kernel_times``)."""
@@ -113,13 +117,13 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if not why:
             why = self._agree("p2p", p2p_works(self) or self._allocate_staging())
         self.choice: PlanChoice | None = None
-        self.topology = None
+        self.topology: Topology | None = None
         if not why:
             why = self._agree_on_plans(self._read_plans(registry, topology))
         self.enabled = not why
         if why:
             log.warning("weft: using NCCL for every collective: %s", why)
-        elif not self.choice.entries:
+        elif self.choice is not None and self.topology is not None and not self.choice.entries:
             log.warning(
                 "weft: the registry %s holds no plan for %s with %d ranks; using NCCL",
                 self.choice.registry.location,
@@ -128,7 +132,9 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
             )
 
     @classmethod
-    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> Communicator:
+    def from_process_group(
+        cls, group: Any = None, timeout_s: float = 30.0, **options: Any
+    ) -> Communicator | PortCommunicator:
         """A communicator over ``group`` (default: the default group), bootstrapped through its store.
 
         Where the group's ranks sit on several hosts (``executor.hosts``) it is a ``PortCommunicator``: the same API,
@@ -153,14 +159,16 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
     def plan_for(self, collective: str, nbytes: int, dtype: torch.dtype):
         """The plan weft runs for this call, or None where NCCL does (size, dtype, no plan, or weft disabled)."""
-        if not self.enabled or dtype not in DTYPES or nbytes > self.staging_bytes:
+        if not self.enabled or self.choice is None or dtype not in DTYPES or nbytes > self.staging_bytes:
             return None
         return self.choice.plan(collective, nbytes, DTYPES[dtype])
 
     def lines_for(self, collective: str, nbytes: int, dtype: torch.dtype) -> bool:
         """Whether ``plan_for``'s plan moves LL128 lines (``ll128`` set, and measured faster so at this size)."""
-        return self.plan_for(collective, nbytes, dtype) is not None and self.choice.lines(
-            collective, nbytes, DTYPES[dtype]
+        return (
+            self.plan_for(collective, nbytes, dtype) is not None
+            and self.choice is not None
+            and self.choice.lines(collective, nbytes, DTYPES[dtype])
         )
 
     def is_prepared(self, plan, nbytes: int, dtype: torch.dtype, residual: bool = False) -> bool:
@@ -338,6 +346,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
         buffers = (tensor, output, *([] if residual is None else [residual]))
         why = "the tensor is not contiguous" if not all(t.is_contiguous() for t in buffers) else ""
+        assert self.choice is not None  # a plan came from it
         lines = self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype])
         why = why or self.execute_captured(plan, tensor, output, lines=lines, residual=residual)
         if why:
@@ -353,6 +362,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
             source.view(tensor.shape).copy_(tensor)
         added = None
+        assert self.choice is not None  # a plan came from it
         if residual is not None:
             added = self._staging_residual[:nbytes].view(tensor.dtype)
             added.view(residual.shape).copy_(residual)
@@ -376,7 +386,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
     def _no_plan_reason(self, collective: str, nbytes: int, dtype: torch.dtype) -> str:
         if not self.enabled:
             return "weft disabled"
-        if dtype not in DTYPES or nbytes > self.staging_bytes:
+        if self.choice is None or dtype not in DTYPES or nbytes > self.staging_bytes:
             return "no plan"
         return self.choice.reason(collective, nbytes, DTYPES[dtype]) or "no plan"
 
@@ -409,12 +419,12 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
     def _read_plans(self, registry: str | None, topology: str | None) -> str:
         """Find this machine's topology and its registry entries; why weft cannot run, or ''."""
-        self.topology = machine_topology(self.world_size, topology)
-        if self.topology is None:
+        self.topology = found = machine_topology(self.world_size, topology)
+        if found is None:
             return "this machine's topology is unknown (set WEFT_TOPOLOGY to a catalog spec or file)"
         try:
             self.choice = PlanChoice(
-                Registry(registry), self.topology.fingerprints, self.world_size, self.deterministic, self._ll128
+                Registry(registry), found.fingerprints, self.world_size, self.deterministic, self._ll128
             )
         except (RegistryError, ImportError) as e:  # no registry location (platformdirs missing) is NCCL too
             return f"the plan registry cannot be read: {e}"
@@ -422,7 +432,10 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
     def _agree_on_plans(self, why: str) -> str:
         """Every rank must see the same topology and registry entries, or the ranks would pick different plans."""
-        mine = why or (self.topology.fingerprint, sorted(e.id for e in self.choice.entries))
+        mine: object = why
+        if not why:
+            assert self.topology is not None and self.choice is not None  # _read_plans set both where ``why`` is ''
+            mine = (self.topology.fingerprint, sorted(e.id for e in self.choice.entries))
         seen = gpu_bootstrap.all_gather(
             self.store, f"{self._agreements}/plans", self.rank, self.world_size, mine, max(self.timeout_s, 60.0)
         )

@@ -58,7 +58,10 @@ class PortCommunicator(CollectiveCalls):
         self.paths = {"port": 0, "nccl": 0}
         self.handle = torch_ops.register(self)
         why = self._read_plans(registry, topology, deterministic)
-        mine = why or [self.topology.fingerprint, sorted(e.id for e in self.choice.entries)]
+        mine: object = why
+        if not why:
+            assert self.topology is not None  # _read_plans set it where ``why`` is ''
+            mine = [self.topology.fingerprint, sorted(e.id for e in self.choice.entries)]
         why = disagreement(all_gather_plain(mine, group))  # plain data, never a pickle
         self.enabled = not why
         if why:

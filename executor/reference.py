@@ -9,7 +9,9 @@ Port channels follow MSCCL++'s ordering: each port channel end of each launch is
 proxy), which runs the channel's puts in order after the op that issued them. A put's source is read and its
 destination written by that thread, so the peer sees the data only through a ``signal`` on the same channel
 (which carries the channel thread's clock), and the issuing rank may overwrite the source only after a ``flush``
-of the channel (which joins the channel thread's clock into the thread block's). Every chunk slot remembers its last write and the reads since, so
+of the channel (which joins the channel thread's clock into the thread block's).
+
+Every chunk slot remembers its last write and the reads since, so
 
 - a read of a chunk that no write happens-before (including reading a peer's buffer before the owner's write
   is ordered before the read, or a scratch chunk nobody wrote) is a race (``PlanRace``);
@@ -69,8 +71,8 @@ def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
         return values.astype(np.float16).astype(np.float32)
     if dtype == "bf16":
         bits = values.view(np.uint32).astype(np.uint64)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.astype(np.uint32).view(np.float32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return rounded.astype(np.uint32).view(np.float32)
     return values
 
 
@@ -111,7 +113,7 @@ class _Thread:
     tb: int
     launch: int
     ops: tuple[Op, ...]  # a pipeline's ops once per iteration, each a window of its entries (``parts``)
-    vc: np.ndarray
+    vc: np.ndarray  # set for every thread when the machine is made
     index: tuple[int, ...] = ()  # the plan op each of ``ops`` comes from
     parts: tuple = ()  # per op: None, or (first slot, slots) within each entry's slots
     pc: int = 0
@@ -120,6 +122,7 @@ class _Thread:
 
 
 OpKey = tuple[int, int, int]  # (rank, thread block, op index)
+ChannelEnd = tuple[str | None, int, int]  # (channel type, rank, channel id): an op's channel_type names it
 
 
 def residual_sums(plan: Plan) -> dict[OpKey, int]:
@@ -133,6 +136,7 @@ def residual_sums(plan: Plan) -> dict[OpKey, int]:
     elems = chunk_elems(plan, nbytes, "fp32")
     m = _Machine(plan, elems, "fp32", [[np.ones(g.input_chunks * elems, np.float32) for g in plan.gpus]], counting=True)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
+    assert m.counts is not None  # counting=True
     sums = {}
     for (rank, tb, index), count in m.counts.items():
         gpu = plan.gpus[rank]
@@ -173,9 +177,13 @@ class _Machine:
             for r, g in enumerate(plan.gpus)
             for tb in g.threadblocks
         ]
-        self.hosts = {(k, r): _Thread(r, -1, k, (), None) for k in range(self.launches + 1) for r in range(plan.nranks)}
+        self.hosts = {
+            (k, r): _Thread(r, -1, k, (), np.zeros(0, CLOCK))
+            for k in range(self.launches + 1)
+            for r in range(plan.nranks)
+        }
         self.proxies = {
-            (k, r, c): _Thread(r, -2 - c, k, (), None)
+            (k, r, c): _Thread(r, -2 - c, k, (), np.zeros(0, CLOCK))
             for k in range(self.launches)
             for r, g in enumerate(plan.gpus)
             for c in range(len(g.port_peers))
@@ -188,17 +196,23 @@ class _Machine:
         self.alias: dict[tuple[int, str], tuple[str, int]] = {}
         for r, g in enumerate(plan.gpus):
             self._place_buffers(r, g.input_chunks, g.output_chunks, g.scratch_chunks)
-        self.peer_end = {("memory",) + end: ("memory",) + back for end, back in channel_pairs(plan).items()}
+        self.peer_end: dict[ChannelEnd, ChannelEnd] = {
+            ("memory",) + end: ("memory",) + back for end, back in channel_pairs(plan).items()
+        }
         self.peer_end.update({("port",) + end: ("port",) + back for end, back in channel_pairs(plan, "port").items()})
-        self.inbound: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-        self.consumed: dict[tuple[int, int], int] = defaultdict(int)
-        self.semaphores = {(r, s): [None] * v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)}
+        self.inbound: dict[ChannelEnd, list[np.ndarray]] = defaultdict(list)
+        self.consumed: dict[ChannelEnd, int] = defaultdict(int)
+        self.semaphores: dict[tuple[int, int], list[np.ndarray | None]] = {
+            (r, s): [None] * v for r, g in enumerate(plan.gpus) for s, v in enumerate(g.semaphores)
+        }
         self.arrivals: dict[tuple, dict[int, np.ndarray]] = defaultdict(dict)
         self._index = {id(t): i for i, t in enumerate(self.everyone)}
         self.launch_threads: dict[tuple[int, int], list[_Thread]] = defaultdict(list)
         for t in self.threads:
             self.launch_threads[(t.launch, t.rank)].append(t)
-        self.outputs: list[list[np.ndarray]] = [[None] * plan.nranks for _ in range(self.launches)]
+        self.outputs: list[list[np.ndarray]] = [  # each filled in by its rank's host after the launch
+            [np.zeros(0, np.float32)] * plan.nranks for _ in range(self.launches)
+        ]
 
     def _place_buffers(self, rank: int, ichunks: int, ochunks: int, schunks: int) -> None:
         G = self.plan.slices
@@ -240,21 +254,22 @@ class _Machine:
             return False  # the stream runs this launch after the host's work before it
         op, part = t.ops[t.pc], t.parts[t.pc]
         if op.spec.device == "wait":
-            need = defaultdict(int)
+            signals: defaultdict[ChannelEnd, int] = defaultdict(int)
             for cid in op.channel_ids:
-                need[(op.channel_type, t.rank, cid)] += 1
-            return all(len(self.inbound[end]) >= self.consumed[end] + n for end, n in need.items())
+                signals[(op.channel_type, t.rank, cid)] += 1
+            return all(len(self.inbound[end]) >= self.consumed[end] + n for end, n in signals.items())
         if op.spec.device == "sem_acquire":
-            need = defaultdict(int)
+            tokens: defaultdict[int, int] = defaultdict(int)
             for s in op.semaphore_ids:
-                need[s] += 1
-            return all(len(self.semaphores[(t.rank, s)]) >= n for s, n in need.items())
+                tokens[s] += 1
+            return all(len(self.semaphores[(t.rank, s)]) >= n for s, n in tokens.items())
         if op.spec.device == "barrier":  # arriving is the one effect of asking: the barrier opens once all arrived
             arrived = self.arrivals[(t.rank, t.launch, op.barrier_id, t.barriers[op.barrier_id])]
             arrived.setdefault(self._index[id(t)], self._start(t).copy())
+            assert op.num_threadblocks is not None  # the parser requires it of a barrier
             return len(arrived) >= op.num_threadblocks
         for ref in _packet_sources(op):
-            buf, sl = self.slots(t.rank, ref.type, ref, self.where(t), t.launch, _window(part, ref))
+            buf, sl = self.slots(t.rank, _local(ref), ref, self.where(t), t.launch, _window(part, ref))
             if not (buf.flag[sl] == t.launch).all():
                 return False
         return True
@@ -273,7 +288,7 @@ class _Machine:
     def blocked_reason(self, t: _Thread) -> str:
         op, gpu = t.ops[t.pc], self.plan.gpus[t.rank]
         if op.spec.device == "wait":
-            peers = gpu.peers(op.channel_type)
+            peers = gpu.peers(op.channel_type or "memory")  # the parser requires a wait's channel type
             kind = "port channel" if op.channel_type == "port" else "channel"
             return f"{self.where(t)} waits on {kind} {op.channel_ids[0]} from rank {peers[op.channel_ids[0]]}"
         if op.spec.device == "sem_acquire":
@@ -287,6 +302,20 @@ class _Machine:
         me = self._index[id(t)]
         self._start(t)
         t.vc[me] += 1
+        self._synchronize(t, op)
+        if op.spec.buffers and op.channel_type == "port":
+            self._port_put(t, op)
+        elif op.spec.buffers:
+            self._move(t, me, op)
+        if op.spec.device == "signal" or op.spec.signals:
+            self._signal(t, op)
+        if op.spec.flushes and op.channel_type == "port":
+            for cid in op.channel_ids:  # putWithSignalAndFlush: the kernel waits for the proxy
+                np.maximum(t.vc, self.proxies[(t.launch, t.rank, cid)].vc, out=t.vc)
+        t.pc += 1
+
+    def _synchronize(self, t: _Thread, op: Op) -> None:
+        """The op's device-side ordering before it moves data: wait, port flush, semaphores, barrier."""
         if op.spec.device == "wait":
             for cid in op.channel_ids:
                 end = (op.channel_type, t.rank, cid)
@@ -308,20 +337,14 @@ class _Machine:
             for vc in self.arrivals[key].values():
                 np.maximum(t.vc, vc, out=t.vc)
             t.barriers[op.barrier_id] += 1
-        if op.spec.buffers and op.channel_type == "port":
-            self._port_put(t, op)
-        elif op.spec.buffers:
-            self._move(t, me, op)
-        if op.spec.device == "signal" or op.spec.signals:
-            for cid in op.channel_ids:
-                carried = t.vc.copy()
-                if op.channel_type == "port":  # a port signal follows the channel's puts before it
-                    np.maximum(carried, self.proxies[(t.launch, t.rank, cid)].vc, out=carried)
-                self.inbound[self.peer_end[(op.channel_type, t.rank, cid)]].append(carried)
-        if op.spec.flushes and op.channel_type == "port":
-            for cid in op.channel_ids:  # putWithSignalAndFlush: the kernel waits for the proxy
-                np.maximum(t.vc, self.proxies[(t.launch, t.rank, cid)].vc, out=t.vc)
-        t.pc += 1
+
+    def _signal(self, t: _Thread, op: Op) -> None:
+        """Send the thread's clock to the peer end of each of the op's channels."""
+        for cid in op.channel_ids:
+            carried = t.vc.copy()
+            if op.channel_type == "port":  # a port signal follows the channel's puts before it
+                np.maximum(carried, self.proxies[(t.launch, t.rank, cid)].vc, out=carried)
+            self.inbound[self.peer_end[(op.channel_type, t.rank, cid)]].append(carried)
 
     def _move(self, t: _Thread, me: int, op: Op) -> None:
         gpu = self.plan.gpus[t.rank]
@@ -331,7 +354,7 @@ class _Machine:
         part = t.parts[t.pc]
 
         def locate(ref: BufferRef) -> tuple[int, str, _Buffer, slice]:
-            rank, type = remote_target(gpu, tb, op, ref) if ref.remote else (t.rank, ref.type)
+            rank, type = remote_target(gpu, tb, op, ref) if ref.remote else (t.rank, _local(ref))
             return (rank, BUFFER_NAMES[type]) + self.slots(rank, type, ref, where, t.launch, _window(part, ref))
 
         def first(ref: BufferRef) -> int:  # the entry's first slot, as chunk * G + slot within it
@@ -350,7 +373,7 @@ class _Machine:
             if self.counts is not None:
                 self.counts[key] = float(total.flat[0]) if (total == total.flat[0]).all() else -1.0
             chunk = self.residual_at.get(key)
-            if chunk is not None:
+            if chunk is not None and self.residuals is not None:  # residual_at is empty without residuals
                 rows = self.residuals[t.rank].reshape(-1, self.slot_elems)[
                     chunk * self.G : (chunk + op.dst_buff[0].size) * self.G
                 ]
@@ -360,7 +383,7 @@ class _Machine:
             results = [total] * len(op.dst_buff)
         else:
             results = values * len(op.dst_buff) if len(values) == 1 else values  # rppkt: one src to every dst
-        for k, (ref, value) in enumerate(zip(op.dst_buff, results)):
+        for k, (ref, value) in enumerate(zip(op.dst_buff, results, strict=True)):
             rank, name, buf, sl = locate(ref)
             packet = op.spec.writes_packet(ref.remote, k)
             self._write(t, me, buf, sl, value, t.launch if packet else _PLAIN, rank, name, where, first(ref))
@@ -372,14 +395,15 @@ class _Machine:
         where = self.where(t)
         part = t.parts[t.pc]
         srcs = op.src_buff * len(op.dst_buff) if op.spec.broadcast and len(op.src_buff) == 1 else op.src_buff
-        for k, (src, dst, cid) in enumerate(zip(srcs, op.dst_buff, op.channel_ids)):
+        for k, (src, dst, cid) in enumerate(zip(srcs, op.dst_buff, op.channel_ids, strict=True)):
             proxy = self.proxies[(t.launch, t.rank, cid)]
             me = self._index[id(proxy)]
             np.maximum(proxy.vc, t.vc, out=proxy.vc)
             proxy.vc[me] += 1
             packet = op.spec.reads_packet(k)  # rppkt: the block waited for the packets, the proxy copies them
-            buf, sl = self.slots(t.rank, src.type, src, where, t.launch, _window(part, src))
-            value = self._read(proxy, me, buf, sl, packet, t.rank, BUFFER_NAMES[src.type], where, src.index * self.G)
+            src_type = _local(src)
+            buf, sl = self.slots(t.rank, src_type, src, where, t.launch, _window(part, src))
+            value = self._read(proxy, me, buf, sl, packet, t.rank, BUFFER_NAMES[src_type], where, src.index * self.G)
             rank, type = remote_target(gpu, tb, op, dst)
             buf, sl = self.slots(rank, type, dst, where, t.launch, _window(part, dst))
             flag = t.launch if op.spec.writes_packet(True, k) else _PLAIN
@@ -541,7 +565,9 @@ def _thread(rank: int, tb: int, launch: int, ops: tuple[Op, ...], G: int) -> _Th
 
     The reference runs a pipeline as two iterations per chunk (``Plan.slices``): MSCCL++ runs
     ceil(num_chunks × chunk bytes / unit_size) of them, one at the sizes below the unit, more above it."""
-    out, index, parts = [], [], []
+    out: list[Op] = []
+    index: list[int] = []
+    parts: list[tuple | None] = []
     for i, op in enumerate(ops):
         if not op.spec.container:
             out.append(op)
@@ -549,12 +575,24 @@ def _thread(rank: int, tb: int, launch: int, ops: tuple[Op, ...], G: int) -> _Th
             parts.append(("tbg",) + op.tbg + (G,) if op.tbg else None)
             continue
         unit = G // 2
-        for k in range(op.num_chunks * 2):
+        for k in range(_iterations(op)):
             for inner in op.ops:
                 out.append(inner)
                 index.append(i)
                 parts.append(("iter", k * unit, unit))
-    return _Thread(rank, tb, launch, tuple(out), None, tuple(index), tuple(parts))
+    return _Thread(rank, tb, launch, tuple(out), np.zeros(0, CLOCK), tuple(index), tuple(parts))
+
+
+def _local(ref: BufferRef) -> str:
+    """The buffer type of a local entry (the parser gives every entry a type or a remote buffer)."""
+    assert ref.type is not None, "a remote entry has no local buffer type"
+    return ref.type
+
+
+def _iterations(op: Op) -> int:
+    """How many iterations the reference runs a pipeline for: two per chunk (``Plan.slices``)."""
+    assert op.num_chunks is not None  # the parser requires it of a pipeline
+    return op.num_chunks * 2
 
 
 def _window(part: tuple | None, ref: BufferRef) -> tuple[int, int] | None:
@@ -604,7 +642,7 @@ def _executions(ops: tuple[Op, ...]) -> tuple[int, int]:
     """(ops a thread block runs, vector clocks they store: a signal per channel, a semaphore release)."""
     ran = stored = 0
     for op in ops:
-        times = op.num_chunks * 2 if op.spec.container else 1
+        times = _iterations(op) if op.spec.container else 1
         inner = op.ops if op.spec.container else (op,)
         for o in inner:
             ran += times
@@ -687,13 +725,13 @@ def run_launches(
     ``inputs[k][r]`` is rank r's input for launch k. Rank r's launch k+1 starts after its own launch k only.
     """
     elems = chunk_elems(plan, nbytes, dtype)
-    flat = []
+    flat: list[list[np.ndarray]] = []
     for k, launch in enumerate(inputs):
         name = f"inputs[{k}]" if len(inputs) > 1 else "inputs"
         if len(launch) != plan.nranks:
             raise PlanError(f"plan {plan.name}: {name}: {len(launch)} arrays for {plan.nranks} ranks")
         flat.append([])
-        for r, (g, x) in enumerate(zip(plan.gpus, launch)):
+        for r, (g, x) in enumerate(zip(plan.gpus, launch, strict=True)):
             x = np.asarray(x, dtype=np.float32).reshape(-1)
             if x.size != g.input_chunks * elems:
                 raise PlanError(
@@ -797,7 +835,7 @@ def check_plan(
         )
     collective = plan.collective_spec() if plan.checkable else None
     rng = np.random.default_rng(seed)
-    checks = []
+    checks: list[str] = []
     for nbytes in sizes:
         for dtype in dtypes:
             launches = back_to_back if not checks else 1

@@ -142,7 +142,7 @@ class PlanChoice:
         key = (collective, nbytes, dtype)
         if key not in self._chosen:
             chosen = self._best(collective, nbytes, dtype)
-            why = chosen and call_refusal(chosen[0], self.topology, collective, self.nranks, nbytes)
+            why = chosen and call_refusal(chosen[0], fingerprints(self.topology), collective, self.nranks, nbytes)
             if why:  # never reached while Entry.serves holds; the last word before a plan runs is the plan's own
                 self._reasons[key], chosen = f"refused: {why}", None
             self._chosen[key] = chosen
@@ -171,7 +171,7 @@ class PlanChoice:
         )
         basis, time_us, lines = best.estimate(nbytes, self.ll128)
         nccl = nccl_faster(self.nccl_us.get(collective, {}), nbytes, basis, time_us)
-        if nccl is not None:
+        if nccl is not None and time_us is not None:  # nccl_faster says None without a time
             self._reasons[(collective, nbytes, dtype)] = nccl_reason(collective, nbytes, nccl, best.plan.name, time_us)
             return None
         return best.plan, lines

@@ -7,7 +7,7 @@ what the proof reads: the plan's content hash and the dtypes it is checked in. A
 kept, so it fails again wherever it is proven; a changed plan has another hash, so it is proven afresh.
 
 Use it by naming the fixture (``@pytest.mark.usefixtures("prove_once")``, or as an argument of a module-scoped
-fixture); ``from _cache import prove_once`` makes it visible in a test module.
+fixture); tests/conftest.py makes it visible in every test module.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ import pytest
 Proofs = dict[tuple[str, tuple[str, ...]], dict[str, Any]]
 
 
-def proven_once(prove: Callable[[Any], dict[str, Any]], proofs: Proofs) -> Callable[[Any], dict[str, Any]]:
-    """``prove`` with its successful results kept in ``proofs``; each caller gets its own copy of the record."""
+def proven_once(prove: Callable[..., dict[str, Any]], proofs: Proofs) -> Callable[..., dict[str, Any]]:
+    """``prove`` with its successful results kept in ``proofs``; each caller gets its own copy of the record.
 
-    def verify(plan: Any) -> dict[str, Any]:
+    Other arguments (publish.verify's ``progress``) go to ``prove`` where it runs; they do not change the proof."""
+
+    def verify(plan: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         key = (plan.content_hash, tuple(plan.weft.dtypes or ()))
         if key not in proofs:
-            proofs[key] = prove(plan)  # raises for a plan that fails: nothing kept
+            proofs[key] = prove(plan, *args, **kwargs)  # raises for a plan that fails: nothing kept
         return copy.deepcopy(proofs[key])
 
     return verify

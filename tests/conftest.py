@@ -2,6 +2,7 @@
 skips only because it needs a GPU (tests/skip_policy.py)."""
 
 import pytest
+from _cache import prove_once  # noqa: F401  (the run's proof cache: a fixture for every test module)
 from skip_policy import pytest_runtest_makereport  # noqa: F401  (the hook, registered by its name here)
 
 

@@ -143,7 +143,7 @@ def small_fabrics(draw) -> Topology:
     vertices: list = list(range(n)) + (["sw"] if draw(st.booleans()) else [])
     speeds = st.sampled_from([10.0, 25.0, 50.0])
     links = [Link(v, vertices[(i + 1) % len(vertices)], draw(speeds), 0.5) for i, v in enumerate(vertices)]
-    taken = {l.key for l in links}
+    taken = {link.key for link in links}
     for a, b in itertools.permutations(vertices, 2):
         if (a, b) not in taken and draw(st.booleans()):
             links.append(Link(a, b, draw(speeds), 0.5))

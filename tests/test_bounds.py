@@ -133,12 +133,14 @@ def _brute_force(topology: Topology) -> Fraction:
     best = Fraction(0)
     vertices = list(topology.vertices)
     for size in range(1, len(vertices)):
-        for inside in itertools.combinations(vertices, size):
-            inside = set(inside)
+        for chosen in itertools.combinations(vertices, size):
+            inside = set(chosen)
             ranks = sum(1 for v in inside if isinstance(v, int))
             if not ranks or ranks == topology.nranks:
                 continue
-            leaving = sum(Fraction(l.capacity) for l in topology.links if l.src in inside and l.dst not in inside)
+            leaving = sum(
+                Fraction(link.capacity) for link in topology.links if link.src in inside and link.dst not in inside
+            )
             best = max(best, Fraction(ranks) / leaving)
     return best
 
@@ -151,7 +153,7 @@ def small_fabrics(draw) -> Topology:
         Link(v, vertices[(i + 1) % len(vertices)], draw(st.sampled_from([10.0, 25.0, 50.0])))
         for i, v in enumerate(vertices)
     ]  # a cycle keeps it strongly connected
-    taken = {l.key for l in links}
+    taken = {link.key for link in links}
     for a, b in itertools.permutations(vertices, 2):
         if (a, b) not in taken and draw(st.booleans()):
             links.append(Link(a, b, draw(st.sampled_from([10.0, 25.0, 50.0]))))

@@ -59,9 +59,9 @@ def test_moving_a_gpu_to_the_other_tray_changes_the_fingerprint():
 
 def _cycle(order: str, pairs: bool) -> Topology:
     """Four switches refinement cannot tell apart, linked as one 4-cycle or as two 2-cycles."""
-    a, b, c, d = order
+    a, b, c, d = list(order)
     cycle = [(a, b), (b, a), (c, d), (d, c)] if pairs else [(a, b), (b, c), (c, d), (d, a)]
-    links = [l for s in "ABCD" for l in (Link(0, s, 10.0), Link(s, 1, 10.0))] + [Link(1, 0, 10.0)]
+    links = [link for s in "ABCD" for link in (Link(0, s, 10.0), Link(s, 1, 10.0))] + [Link(1, 0, 10.0)]
     return Topology("cycles", 2, tuple(links + [Link(x, y, 5.0) for x, y in cycle]), tuple("ABCD"))
 
 
@@ -113,5 +113,7 @@ def test_any_renaming_of_a_catalog_fabrics_switches_keeps_its_fingerprint(spec, 
     fabric = build(spec)
     names = list(fabric.switches)
     random.Random(seed).shuffle(names)  # each switch takes another's name, or a fresh one
-    doc = renamed(fabric, {old: f"{new}-{i % 2}" for i, (old, new) in enumerate(zip(fabric.switches, names))})
+    doc = renamed(
+        fabric, {old: f"{new}-{i % 2}" for i, (old, new) in enumerate(zip(fabric.switches, names, strict=True))}
+    )
     assert parse_topology(doc, spec).fingerprint == fabric.fingerprint

@@ -154,6 +154,7 @@ def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode
 
 
 @pytest.mark.parametrize("name", ["registry_h200x2", "registry_h200x4"])
+@pytest.mark.usefixtures("prove_once")  # the run proves each committed plan once (test_registry_roundtrip too)
 def test_every_entry_of_the_committed_registries_verifies(name):
     """What the GPU jobs select from is proven: the plan, its launch safety back to back, its verification record."""
     report = publish.verify_registry(str(COMMITTED / name))

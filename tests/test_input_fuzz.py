@@ -292,7 +292,7 @@ VALUES = st.one_of(
     st.floats(allow_nan=False),
     st.text(max_size=8),
 )
-NOT_A_COUNT = st.sampled_from([True, False, "1", "", None, -1, -(2**63), 2**64, 1.5, [], {}])
+NOT_A_COUNT: st.SearchStrategy[object] = st.sampled_from([True, False, "1", "", None, -1, -(2**63), 2**64, 1.5, [], {}])
 DELETE = object()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from schedules.collectives import Collective
@@ -16,7 +17,7 @@ def test_frontier_ranges_tile_the_sizes_and_hold_the_fastest_schedule():
     pool = candidates(topo, Collective("allreduce", 8), chunk_options=(1, 2))
     points = frontier(pool, topo)
     assert points[0].min_bytes == 0 and points[-1].max_bytes == 0
-    for a, b in zip(points, points[1:]):
+    for a, b in itertools.pairwise(points):
         assert b.min_bytes == a.max_bytes + 1
     for n in SIZES:
         owner = next(p for p in points if p.min_bytes <= n and (p.max_bytes == 0 or n <= p.max_bytes))

@@ -452,7 +452,7 @@ def test_selection_never_prefers_a_plan_its_model_calls_slower(tmp_path, capsys)
         )[0]
         for method in ("direct", "ring")
     }
-    for size, text in zip(sizes, ("16KB", "256KB", "16MB")):
+    for size, text in zip(sizes, ("16KB", "256KB", "16MB"), strict=True):
         code, out, _ = run(
             [
                 "registry",

@@ -16,12 +16,10 @@ import shutil
 import threading
 from pathlib import Path
 
-import _cache
 import pytest
 
 from weft.cli import main
 
-prove_once = _cache.prove_once  # the run's proof cache, as a fixture of this module
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "bench" / "registry_h200x2"
 COUNT = len(list((COMMITTED / "entries").glob("*.json")))  # the committed entries (other tests damage one of them)

@@ -100,7 +100,11 @@ class Run:
             start_new_session=True,
         )
         self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+        self.tree: list[int] = []  # its session's processes when signalled
+        self.sent = 0.0  # time.monotonic() at its signal
+        stderr = self.proc.stderr
+        assert stderr is not None  # stderr=PIPE
+        threading.Thread(target=lambda: self.lines.extend(stderr), daemon=True).start()
 
     def at_work(self) -> bool:
         if self.path == "trees":
@@ -112,7 +116,7 @@ def signal_when_at_work(runs: list[Run]) -> dict[str, dict]:
     """Signal each run once it is at work, and time its exit and its tree's end from its own signal."""
     started = time.monotonic()
     results: dict[str, dict] = {}
-    pending, watched = list(runs), []
+    pending, watched = list(runs), list[Run]()
     exits: dict[int, float] = {}  # pid -> seconds from its signal to its own exit
     ends: dict[int, float] = {}  # pid -> seconds from its signal to the last process of its tree gone
     while (pending or len(ends) < len(watched)) and time.monotonic() - started < START_S + 60:

@@ -122,7 +122,7 @@ def test_dgx1_symmetry_group_keeps_links_and_chunk_owners():
     group = symmetry_levels(DGX1, Collective("allgather", 8))[0]
     assert len(group.elements) == 4
     for sigma, tau in group.elements:
-        assert all(DGX1.link(sigma[l.src], sigma[l.dst]).count == l.count for l in DGX1.links)
+        assert all(DGX1.link(sigma[link.src], sigma[link.dst]).count == link.count for link in DGX1.links)
         assert all(tau[r] == sigma[r] for r in range(8))
 
 

@@ -18,7 +18,7 @@ def test_a_switch_whose_every_path_a_direct_link_shadows_adds_nothing():
         Link(2, 0, 10.0, 0.5),
     )
     form = Topology("shadowed", 3, links, ("sw",)).without_switches()
-    assert [l.key for l in form.links] == [(0, 1), (1, 2), (2, 0)] and form.sharing == ()
+    assert [link.key for link in form.links] == [(0, 1), (1, 2), (2, 0)] and form.sharing == ()
 
 
 def test_two_nvswitch_hosts_on_one_ib_switch():
@@ -31,4 +31,4 @@ def test_two_nvswitch_hosts_on_one_ib_switch():
     sizes = sorted(len(g.links) for g in form.sharing)
     assert sizes == [7] * 32 + [8] * 32
     arrays = switch_free_arrays(topology)
-    assert list(zip(arrays.src.tolist(), arrays.dst.tolist())) == [l.key for l in form.links]
+    assert list(zip(arrays.src.tolist(), arrays.dst.tolist(), strict=True)) == [link.key for link in form.links]
