@@ -236,7 +236,8 @@ def test_cli_pareto_defaults_to_a_longer_time_limit_and_prints_it(tmp_path, caps
 
     assert SMT_PARETO_TIME_LIMIT >= 300 > DEFAULT_TIME_LIMIT
     assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", "--pareto", "-o", str(tmp_path)]) == 0
-    assert f"of the time limit of {SMT_PARETO_TIME_LIMIT:g} s left" in capsys.readouterr().err
+    # the solver gets the command's deadline less a reserve for verifying and pricing (weft.cli.synth)
+    assert SMT_PARETO_TIME_LIMIT - 10 <= _solver_limit(capsys.readouterr().err) <= SMT_PARETO_TIME_LIMIT
     assert (
         main(
             [
@@ -255,7 +256,15 @@ def test_cli_pareto_defaults_to_a_longer_time_limit_and_prints_it(tmp_path, caps
         )
         == 0
     )
-    assert "of the time limit of 45 s left" in capsys.readouterr().err
+    assert 45 - 10 <= _solver_limit(capsys.readouterr().err) <= 45
+
+
+def _solver_limit(err: str) -> float:
+    import re
+
+    found = re.search(r"of the time limit of ([0-9.]+) s left", err)
+    assert found, err
+    return round(float(found.group(1)), 1)
 
 
 @pytest.mark.parametrize("argv", [["--steps", "100000"], ["--chunks", "100000"]])
