@@ -136,7 +136,8 @@ def _groups(
     candidates = []
     direct_pos = {(links[i].src, links[i].dst): j for j, i in enumerate(direct)}
     link_id = {link.key: i for i, link in enumerate(links)}
-    span = {int(link_of[a]): (a, b) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)}
+    # not strict: with no switch path at all, ``ends`` still holds its closing len(link_of)
+    span = {int(link_of[a]): (a, b) for a, b in zip(starts.tolist(), ends.tolist(), strict=False)}
     for g in topo.sharing:
         parts = []
         for key in g.links:
