@@ -110,7 +110,7 @@ class Entry:
             and plan.runs(nbytes)
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "format": ENTRY_FORMAT,
             "id": self.id,
@@ -126,7 +126,7 @@ class Entry:
             "plan": self.plan.to_json(),
         }
 
-    def _timings_json(self) -> dict:
+    def _timings_json(self) -> dict[str, Any]:
         return {
             "predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
             "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
@@ -137,7 +137,7 @@ class Entry:
             ),
         }
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "topology": self.key.topology,
@@ -151,7 +151,7 @@ class Entry:
             "measured": bool(self.measured_us),
         }
 
-    def index_row(self, text: bytes | str) -> dict:
+    def index_row(self, text: bytes | str) -> dict[str, Any]:
         """The entry's row in index.json, made from its file's ``text``: what selection reads (``IndexRow``)."""
         row = self.summary() | {
             "protocol": self.plan.protocol,
@@ -214,7 +214,7 @@ def entry_id(plan: Plan, topology: str) -> str:
 ONE_LINE_DEPTH = 7  # an entry's plan ops (entry, plan, gpus, gpu, threadblocks, threadblock, ops, op)
 
 
-def dumps(doc: dict) -> str:
+def dumps(doc: dict[str, Any]) -> str:
     """Deterministic, pretty JSON so that a registry kept in git reviews well: two-space indents down to
     ``ONE_LINE_DEPTH``, where each value (a plan's op) takes one line. Indenting every field of every op made a
     128-instance plan's entry 2.5 times larger, for no reviewer's benefit."""
@@ -385,14 +385,14 @@ class Registry:
             and (collective is None or e.key.collective == collective)
         ]
 
-    def baselines(self) -> dict:
+    def baselines(self) -> dict[str, Any]:
         """baselines.json: {"format", "nccl_us": {topology: {collective: {bytes: µs}}}} (empty if none yet)."""
         path = self._path("baselines.json")
         if not self.exists(path):
             return {"format": BASELINES_FORMAT, "nccl_us": {}}
         return parse_baselines(self._read_json(path, "registry"), path)
 
-    def baselines_or_none(self) -> tuple[dict, str]:
+    def baselines_or_none(self) -> tuple[dict[str, Any], str]:
         """``baselines`` and '', or no NCCL times and the one-line warning where baselines.json is damaged: NCCL's
         times are advisory, and a damaged file never costs the plans."""
         try:
@@ -412,14 +412,14 @@ class Registry:
             raise RegistryError(f"registry {self.location}: no entry {id!r}")
         return self.read_entry_file(path)
 
-    def index(self) -> dict:
+    def index(self) -> dict[str, Any]:
         """index.json, checked (RegistryError where it is damaged: ``rebuild-index`` makes it afresh)."""
         path = self._path("index.json")
         if not self.exists(path):
             return {"format": INDEX_FORMAT, "entries": []}
         return parse_index(self._read_json(path, "registry"), path)
 
-    def _index_rows(self) -> tuple[dict[str, dict], str]:
+    def _index_rows(self) -> tuple[dict[str, dict[str, Any]], str]:
         """index.json's rows by id, and '' or the warning that it is damaged and ignored."""
         try:
             return {row["id"]: row for row in self.index()["entries"]}, ""
@@ -479,7 +479,7 @@ class Registry:
             )
         return entry
 
-    def rebuilt_index(self) -> tuple[dict, list[str]]:
+    def rebuilt_index(self) -> tuple[dict[str, Any], list[str]]:
         """The index of every readable entry, and one line per entry file left out because it is unreadable."""
         found, bad = self._load_with_text()
         rows = sorted((e.index_row(data) for e, data in found), key=lambda s: s["id"])
@@ -652,7 +652,7 @@ class Registry:
             self.fs.rm(path)
             self._write_all([index])
 
-    def rebuild_index(self) -> tuple[dict, list[str]]:
+    def rebuild_index(self) -> tuple[dict[str, Any], list[str]]:
         """index.json made afresh from the entry files, and the orphaned temporary files removed (under the lock,
         no writer is between its write and its rename); the lines name the entries left out as unreadable."""
         with self._locked():
@@ -869,7 +869,7 @@ def measured_us(value: object) -> bool:
     return positive_us(value) and value >= MIN_MEASURED_US
 
 
-def parse_baselines(doc: object, source: str) -> dict:
+def parse_baselines(doc: object, source: str) -> dict[str, Any]:
     """A baselines.json document, checked: one line naming the file and field where it is malformed."""
     if not isinstance(doc, dict) or doc.get("format") != BASELINES_FORMAT:
         raise _fail(source, "format", f"must be {BASELINES_FORMAT!r}", "registry")
@@ -921,7 +921,7 @@ INDEX_FIELDS = {
 }
 
 
-def parse_index(doc: object, source: str) -> dict:
+def parse_index(doc: object, source: str) -> dict[str, Any]:
     """index.json, checked: a summary row per entry (``Entry.summary``); extra fields are allowed."""
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT or not isinstance(doc.get("entries"), list):
         raise _fail(source, "format", f"must be {INDEX_FORMAT!r} with a list of entries", "registry")
@@ -958,7 +958,7 @@ def _times(table: object, where: str, source: str, measured: bool = False) -> di
     return out
 
 
-def _key(doc: dict, source: str) -> EntryKey:
+def _key(doc: dict[str, Any], source: str) -> EntryKey:
     key_doc = doc.get("key")
     if not isinstance(key_doc, dict):
         raise _fail(source, "key", "must be an object")
