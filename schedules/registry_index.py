@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeGuard
 
 UNBOUNDED = 0  # max_bytes of 0: no upper limit (MSCCL++'s convention for max_message_size)
 TIMING_TABLES = ("predicted_us", "measured_us", "measured_ll128_us")
@@ -44,7 +44,7 @@ def row_hash(data: bytes | str, row: dict[str, Any]) -> str:
     return hashlib.sha256((data.encode() if isinstance(data, str) else data) + b"\0" + fields).hexdigest()[:16]
 
 
-def describes(row: object, data: bytes) -> bool:
+def describes(row: object, data: bytes) -> TypeGuard[dict[str, Any]]:
     """Whether an index row was made from this entry file and not changed since."""
     return isinstance(row, dict) and row.get("row_hash") == row_hash(data, row)
 
