@@ -570,7 +570,7 @@ class Registry:
             )
         return self.commit_all([(plan, topology, provenance, predicted_us, measured)])[0]
 
-    def commit_all(self, items: list[CommitItem], progress: Callable[[str], None] | None = None) -> list[Entry]:
+    def commit_all(self, items: Sequence[CommitItem], progress: Callable[[str], None] | None = None) -> list[Entry]:
         """Commit each (plan, topology, provenance, predicted_us, measured entry or None), all checked before the
         first is written: one bad item commits nothing."""
         entries = []
