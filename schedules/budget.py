@@ -11,8 +11,9 @@ how much was needed and how to raise the budget.
 >>> try:
 ...     require(1 << 40, "a large thing", 1 << 30)
 ... except BudgetError as e:
-...     print(e)
-a large thing needs about 1 TiB of memory, more than the budget of 1 GiB (raise it with --memory-limit or $WEFT_MEMORY_LIMIT)
+...     print(e)  # doctest: +NORMALIZE_WHITESPACE
+a large thing needs about 1 TiB of memory, more than the budget of 1 GiB
+(raise it with --memory-limit or $WEFT_MEMORY_LIMIT)
 """
 
 from __future__ import annotations

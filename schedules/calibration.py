@@ -28,11 +28,11 @@ more). A plan's time on a fabric whose plans were measured is priced instead as
 - ``misaligned``: 1 where the message does not cut into the plan's ``chunks`` at 16-byte boundaries (a 64 MB
   all-reduce in 96 chunks), so that thread blocks cannot move their slices in 16-byte vector loads and stores.
 
-``fit`` finds the terms from measured (plan, size, µs) points by least squares on log times (scipy's Levenberg-Marquardt
-over log terms, so every term stays positive), each point weighted by how close it comes to the fastest plan
-measured at its size (the plans selection chooses between); ``Calibration.residuals`` reports how far predictions stay from
-the measurements. A fabric has a calibration only where it was measured (``load_calibration`` gives None
-elsewhere); weft says so next to any prediction made without one.
+``fit`` finds the terms from measured (plan, size, µs) points by least squares on log times (scipy's
+Levenberg-Marquardt over log terms, so every term stays positive), each point weighted by how close it comes to
+the fastest plan measured at its size (the plans selection chooses between); ``Calibration.residuals`` reports how
+far predictions stay from the measurements. A fabric has a calibration only where it was measured
+(``load_calibration`` gives None elsewhere); weft says so next to any prediction made without one.
 
 >>> f = PlanFeatures("LL", instances=1, threads=1024, threadblocks=1, hops=1, arrivals=1, sources=1, chunks=1,
 ...                  bytes_us_per_byte=1e-6,
@@ -49,6 +49,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +103,7 @@ class PlanFeatures:
     threadblock_bytes_per_byte: float  # bytes the busiest thread block reads and writes per message byte
     gpu_bytes_per_byte: float  # bytes the busiest GPU's thread blocks read and write per message byte
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "protocol": self.protocol,
             "instances": self.instances,
@@ -118,7 +119,7 @@ class PlanFeatures:
         }
 
     @staticmethod
-    def from_json(doc: dict, source: str) -> PlanFeatures:
+    def from_json(doc: dict[str, Any], source: str) -> PlanFeatures:
         try:
             f = PlanFeatures(
                 str(doc["protocol"]),
@@ -156,7 +157,7 @@ class Observation:
     nbytes: int
     measured_us: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "plan": self.plan,
             "collective": self.collective,
@@ -167,7 +168,8 @@ class Observation:
 
 
 def _model(terms: dict[str, float], f: PlanFeatures, nbytes: float) -> float:
-    return float(_model_columns(terms, _columns([Observation("", "", f, nbytes, 1.0)]))[0])
+    columns = _columns([Observation("", "", f, 0, 1.0)]) | {"nbytes": np.array([float(nbytes)])}
+    return float(_model_columns(terms, columns)[0])
 
 
 @dataclass(frozen=True)
@@ -188,9 +190,10 @@ class Calibration:
         if not self.observations:
             return []
         predicted = _model_columns(self.terms, _columns(list(self.observations)))
-        return (predicted / np.array([o.measured_us for o in self.observations])).tolist()
+        ratios: list[float] = (predicted / np.array([o.measured_us for o in self.observations])).tolist()
+        return ratios
 
-    def residuals(self) -> dict:
+    def residuals(self) -> dict[str, float]:
         """The fit's residuals: the worst ratio either way, the spread of log ratios, and how many points lie
         within ``TOLERANCE``."""
         ratios = np.array(self.ratios())
@@ -204,7 +207,7 @@ class Calibration:
             "tolerance": TOLERANCE,
         }
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "topology": self.topology,
@@ -296,12 +299,13 @@ def fit(
                     )
                 )
             )
-            for k, v in zip(free, x)
+            for k, v in zip(free, x, strict=True)
         }
 
     def residual(x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # a trial point far from the defaults may overflow a product; quietly
-            return weights * (np.log(_model_columns(terms_at(x), columns)) - measured)
+            weighted: np.ndarray = weights * (np.log(_model_columns(terms_at(x), columns)) - measured)
+        return weighted
 
     # The model's max() of three rates leaves terms without a gradient where no point is limited by them at the
     # start, so the fit starts from several points (the defaults, then a fixed seed's spread around them).
@@ -317,6 +321,7 @@ def fit(
         cost = float(residual(x) @ residual(x))
         if best is None or cost < best[0]:
             best = (cost, x)
+    assert best is not None  # STARTS >= 1 fits were tried
     x = best[1]
     terms = terms_at(x)
     return Calibration(topology, topology_name, terms, tuple(observations), sources)
@@ -370,7 +375,7 @@ def _model_columns(terms: dict[str, float], c: dict[str, np.ndarray]) -> np.ndar
         * (1024 / c["threads"]) ** per("threads_power")
     )
     memory = c["gpu_bytes_per_byte"] * c["nbytes"] * terms["memory_us_per_byte"]
-    return (
+    times: np.ndarray = (
         terms["launch_us"]
         + terms["warps_us"] * c["threadblocks"] * c["threads"] / 32
         + per("hop_us") * c["hops"]
@@ -379,6 +384,7 @@ def _model_columns(terms: dict[str, float], c: dict[str, np.ndarray]) -> np.ndar
         + (1 + terms["misaligned_slowdown"] * (c["nbytes"] % (c["chunks"] * ALIGNMENT) != 0))
         * np.maximum(np.maximum(links, feed), memory)
     )
+    return times
 
 
 def dumps(calibration: Calibration) -> str:

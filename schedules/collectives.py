@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from topologies.errors import WeftError
 
@@ -235,8 +236,8 @@ class Collective:
             return tuple((s * n + rank) * c + j for s in range(n) for j in range(c))
         return tuple(range(self.nchunks))
 
-    def to_json(self) -> dict:
-        doc = {"name": self.name, "nranks": self.nranks, "chunks": self.chunks}
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "nranks": self.nranks, "chunks": self.chunks}
         if self.rooted:
             doc["root"] = self.root
         return doc
@@ -245,8 +246,11 @@ class Collective:
     def from_json(data: object, source: str) -> Collective:
         if not isinstance(data, dict):
             raise CollectiveError(f"{source}: collective: must be an object")
+        # values of any type: Collective checks each field
+        name: Any = data.get("name")
+        nranks: Any = data.get("nranks")
         try:
-            return Collective(data.get("name"), data.get("nranks"), data.get("chunks", 1), data.get("root", 0))
+            return Collective(name, nranks, data.get("chunks", 1), data.get("root", 0))
         except CollectiveError as e:
             raise CollectiveError(f"{source}: {e}") from None
 

@@ -40,8 +40,8 @@ from functools import cached_property
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.compact import send_table, shape_table, shifted
-from schedules.loads import count_loads, index_fabric
+from schedules.compact import SendTable, send_table, shape_table, shifted
+from schedules.loads import FabricIndex, Loads, count_loads, index_fabric
 from schedules.schedule import Schedule
 from topologies.errors import WeftError
 from topologies.topology import Topology
@@ -102,7 +102,7 @@ def loads(schedule: Schedule, topology: Topology) -> ScheduleLoads:
     return _loads_of(schedule, topology, fabric, send_table(schedule))
 
 
-def _loads_of(schedule: Schedule, topology: Topology, fabric, sends) -> ScheduleLoads:
+def _loads_of(schedule: Schedule, topology: Topology, fabric: FabricIndex, sends: SendTable) -> ScheduleLoads:
     link, counted = sends.counted(fabric)
     if (link < 0).any():
         i = int(np.flatnonzero(link < 0)[0])
@@ -113,7 +113,9 @@ def _loads_of(schedule: Schedule, topology: Topology, fabric, sends) -> Schedule
     return _priced(schedule.collective, fabric, counted, schedule.nsteps)
 
 
-def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarray, nsteps: int) -> ScheduleLoads:
+def step_loads(
+    collective: Collective, fabric: FabricIndex, step: np.ndarray, link: np.ndarray, nsteps: int
+) -> ScheduleLoads:
     """``loads`` from arrays: the step and link index (``FabricIndex.link_index``) of every send.
 
     Lets a caller price steps it never builds as Send objects (a pipeline's step shapes at 1024 ranks).
@@ -121,7 +123,7 @@ def step_loads(collective: Collective, fabric, step: np.ndarray, link: np.ndarra
     return _priced(collective, fabric, count_loads(fabric, step, link), nsteps)
 
 
-def _priced(collective: Collective, fabric, counted, nsteps: int) -> ScheduleLoads:
+def _priced(collective: Collective, fabric: FabricIndex, counted: Loads, nsteps: int) -> ScheduleLoads:
     link_terms = _terms(
         counted.link_step, fabric.latency[counted.link], counted.link_count, fabric.capacity[counted.link], nsteps
     )
@@ -149,11 +151,13 @@ def _terms(
     slopes = (n / (capacities[cap] * BYTES_PER_US_PER_GBPS)).tolist()
     bounds = np.searchsorted(step_of, np.arange(nsteps + 1)).tolist()
     for i in np.unique(step_of).tolist():
-        out[i] = tuple(sorted(set(zip(lat_values[bounds[i] : bounds[i + 1]], slopes[bounds[i] : bounds[i + 1]]))))
+        out[i] = tuple(
+            sorted(set(zip(lat_values[bounds[i] : bounds[i + 1]], slopes[bounds[i] : bounds[i + 1]], strict=True)))
+        )
     return out
 
 
-def _group_terms(fabric, counted, nsteps: int) -> list[tuple[tuple[float, float], ...]]:
+def _group_terms(fabric: FabricIndex, counted: Loads, nsteps: int) -> list[tuple[tuple[float, float], ...]]:
     """Per step, the distinct (latency µs, µs per chunk byte) terms of its sharing groups."""
     if not len(counted.group):
         return [()] * nsteps

@@ -14,17 +14,32 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
 from operator import attrgetter
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from topologies.topology import Topology
+from topologies.topology import SharingGroup, Topology
+
+
+class IndexedFabric(Protocol):
+    """What a FabricIndex reads of its fabric: a Topology, or a switched one's view of its switch-free form."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def nranks(self) -> int: ...
+
+    @property
+    def sharing(self) -> tuple[SharingGroup, ...]: ...
 
 
 @dataclass(frozen=True, eq=False)
 class FabricIndex:
     """The switch-free form's links and sharing groups as arrays."""
 
-    topology: Topology
+    topology: IndexedFabric
     link_keys: np.ndarray
     latency: np.ndarray
     capacity: np.ndarray
@@ -46,7 +61,7 @@ class FabricIndex:
     def ngroups(self) -> int:
         return len(self.group_bandwidth)
 
-    def has_links(self, src, dst) -> np.ndarray:
+    def has_links(self, src: ArrayLike, dst: ArrayLike) -> np.ndarray:
         """Whether each src->dst is a link (array-likes of ranks)."""
         return self.link_index(np.asarray(src, np.int64), np.asarray(dst, np.int64)) >= 0
 
@@ -100,7 +115,15 @@ def _index_switched(topology: Topology) -> FabricIndex:
     )
 
 
-def _indexed(fabric, keys, latency, capacity, member_links, sizes, bandwidth) -> FabricIndex:
+def _indexed(
+    fabric: IndexedFabric,
+    keys: np.ndarray,
+    latency: np.ndarray,
+    capacity: np.ndarray,
+    member_links: np.ndarray,
+    sizes: np.ndarray,
+    bandwidth: np.ndarray,
+) -> FabricIndex:
     member_groups = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     by_link = np.argsort(member_links, kind="stable")
     group_ptr = np.zeros(len(keys) + 1, np.int64)
@@ -118,7 +141,7 @@ class _SwitchFreeView:
         self.nranks = topology.nranks
 
     @property
-    def sharing(self):
+    def sharing(self) -> tuple[SharingGroup, ...]:
         return self._topology.without_switches().sharing
 
 

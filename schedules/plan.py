@@ -138,7 +138,7 @@ class BufferRef:
     def remote(self) -> bool:
         return self.buffer_id is not None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         if self.remote:
             return {"buffer_id": self.buffer_id, "index": self.index, "size": self.size}
         return {"type": self.type, "index": self.index, "size": self.size}
@@ -164,7 +164,7 @@ class Op:
         """The op's row in the op table (``schedules.ops``)."""
         return OPS[self.name]
 
-    def to_json(self, local: dict[str, dict[int, int]] | None = None) -> dict:
+    def to_json(self, local: dict[str, dict[int, int]] | None = None) -> dict[str, Any]:
         """The op as MSCCL++ writes it; ``local`` maps each channel type's GPU channel ids to the thread block's
         channel indices."""
         doc: dict[str, Any] = {"name": self.name}
@@ -199,7 +199,7 @@ class Channel:
     channel_type: str
     connected_to: tuple[int, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"channel_type": self.channel_type, "connected_to": list(self.connected_to)}
 
 
@@ -209,7 +209,7 @@ class RemoteBuffer:
     type: str
     access_channel_types: tuple[str, ...] = ("memory",)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "type": self.type, "access_channel_types": list(self.access_channel_types)}
 
 
@@ -220,7 +220,7 @@ class ChannelRef:
     channel_type: str
     channel_ids: tuple[int, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"channel_type": self.channel_type, "channel_ids": list(self.channel_ids)}
 
 
@@ -231,7 +231,7 @@ class RemoteBufferRef:
     access_channel_type: str
     remote_buffer_ids: tuple[int, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"access_channel_type": self.access_channel_type, "remote_buffer_ids": list(self.remote_buffer_ids)}
 
 
@@ -258,7 +258,7 @@ class Threadblock:
         """The GPU channel ids this block lists for a type, in order: an op's channel_ids index this list."""
         return tuple(c for ref in self.channels if ref.channel_type == channel_type for c in ref.channel_ids)
 
-    def to_json(self, channel_ids: str = "threadblock") -> dict:
+    def to_json(self, channel_ids: str = "threadblock") -> dict[str, Any]:
         local = None
         if channel_ids == "threadblock":
             local = {}
@@ -301,7 +301,7 @@ class Gpu:
     def buffer_chunks(self, type: str) -> int:
         return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[type]
 
-    def to_json(self, channel_ids: str = "threadblock") -> dict:
+    def to_json(self, channel_ids: str = "threadblock") -> dict[str, Any]:
         return {
             "id": self.id,
             "input_chunks": self.input_chunks,
@@ -332,7 +332,7 @@ class PlanMeta:
     # written before 2026-11-26: the GPU's channel id). Files without the key but with a weft object are "gpu".
     channel_ids: str = "threadblock"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "topology": self.topology,
             "schedule_hash": self.schedule_hash,
@@ -481,7 +481,7 @@ class Plan:
         }.get(self.collective, g.output_chunks // n)
         return Collective(self.collective, n, max(per_slice, 1), self.weft.root)
 
-    def content(self) -> dict:
+    def content(self) -> dict[str, Any]:
         """The MSCCL++ plan itself: what the content hash covers (the weft record is not part of it)."""
         return {
             "name": self.name,
@@ -505,7 +505,7 @@ class Plan:
     def with_meta(self, **changes: Any) -> Plan:
         return replace(self, weft=replace(self.weft, **changes))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**self.content(), "weft": {**self.weft.to_json(), "hash": self.content_hash}}
 
 
@@ -523,7 +523,7 @@ def _pretty(value: object, indent: str) -> str:
     if isinstance(value, dict):
         items = [f"{inner}{json.dumps(k)}: {_pretty(v, inner)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    items = [inner + _pretty(v, inner) for v in value]  # type: ignore[union-attr]
+    items = [inner + _pretty(v, inner) for v in value]
     return "[\n" + ",\n".join(items) + "\n" + indent + "]"
 
 
@@ -543,7 +543,7 @@ _KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unrea
 }
 
 
-def _known(rd: _Reader, doc: dict, kind: str, where: str) -> None:
+def _known(rd: _Reader, doc: dict[str, Any], kind: str, where: str) -> None:
     """Refuse, in one line, a field weft does not read (it might change what the plan does)."""
     extra = sorted(set(doc) - _KNOWN[kind])
     if extra:
@@ -637,18 +637,7 @@ def parse_plan(data: object, source: str) -> Plan:
     if not plan.checkable:
         _check_pairing(rd, plan)
         return plan
-    try:
-        spec = plan.collective_spec()
-    except CollectiveError as e:
-        raise rd.fail("collective", str(e)) from None
-    for i, g in enumerate(gpus):
-        for field_name, want in (("input_chunks", len(spec.input_map(i))), ("output_chunks", len(spec.output_map(i)))):
-            if getattr(g, field_name) != want:
-                raise rd.fail(
-                    f"gpus[{i}].{field_name}",
-                    f"{getattr(g, field_name)} does not fit a {plan.collective} "
-                    f"of {plan.nranks} ranks (expected {want})",
-                )
+    _check_chunk_counts(rd, plan)
     _check_pairing(rd, plan)
     if plan.collective == SHIFT:
         _check_shift(rd, plan)
@@ -658,6 +647,22 @@ def parse_plan(data: object, source: str) -> Plan:
             "weft.hash", f"the file says {stated} but its content hashes to {plan.content_hash} (edited by hand?)"
         )
     return plan
+
+
+def _check_chunk_counts(rd: _Reader, plan: Plan) -> None:
+    """Each GPU's input and output chunks are what the plan's collective gives a rank."""
+    try:
+        spec = plan.collective_spec()
+    except CollectiveError as e:
+        raise rd.fail("collective", str(e)) from None
+    for i, g in enumerate(plan.gpus):
+        for field_name, want in (("input_chunks", len(spec.input_map(i))), ("output_chunks", len(spec.output_map(i)))):
+            if getattr(g, field_name) != want:
+                raise rd.fail(
+                    f"gpus[{i}].{field_name}",
+                    f"{getattr(g, field_name)} does not fit a {plan.collective} "
+                    f"of {plan.nranks} ranks (expected {want})",
+                )
 
 
 def _check_shift(rd: _Reader, plan: Plan) -> None:
@@ -808,7 +813,7 @@ def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threa
     return replace(tb, ops=ops)
 
 
-def _parse_pipeline(rd: _Reader, doc: dict, where: str, gpu: Gpu, tb: Threadblock) -> Op:
+def _parse_pipeline(rd: _Reader, doc: dict[str, Any], where: str, gpu: Gpu, tb: Threadblock) -> Op:
     """A pipeline: its ops run once per unit_size bytes of num_chunks chunks (MSCCL++ handlePipeline)."""
     extra = sorted(set(doc) - {"name", "iter_context", "ops"})
     if extra:
@@ -856,40 +861,7 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
         )
     if doc.get("reduce_op", "sum") != "sum":
         raise rd.fail(f"{where}.reduce_op", f"only 'sum' is supported, got {doc['reduce_op']!r}")
-    channel_type, channel_ids = None, ()
-    if "channel_type" in doc or name in CHANNEL_OPS:
-        channel_type = rd.channel_type(doc.get("channel_type"), f"{where}.channel_type")
-        if channel_type == "port" and name not in PORT_OPS:
-            raise rd.fail(
-                f"{where}.channel_type",
-                f"op {name!r} cannot run on a port channel (port channels carry {', '.join(sorted(PORT_OPS))})",
-            )
-        channel_ids = tuple(
-            rd.int(c, f"{where}.channel_ids[{j}]")
-            for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids"))
-        )
-        listed = tb.channel_list(channel_type)
-        for j, cid in enumerate(channel_ids):
-            if rd.channel_ids == "threadblock" and cid >= len(listed):
-                raise rd.fail(
-                    f"{where}.channel_ids[{j}]",
-                    f"index {cid} is past the thread block's {len(listed)} "
-                    f"{channel_type} channels (ops index the block's list)",
-                )
-            if rd.channel_ids == "gpu" and cid not in listed:
-                raise rd.fail(
-                    f"{where}.channel_ids[{j}]",
-                    f"channel {cid} is not among the thread block's {channel_type} channels",
-                )
-        if rd.channel_ids == "threadblock":
-            channel_ids = tuple(listed[c] for c in channel_ids)
-        if rd.channel_ids == "threadblock" and name in ("pws", "pwsf") and channel_type == "memory":
-            raise rd.fail(
-                f"{where}.name",
-                f"op {name!r} on memory channels: MSCCL++'s kernel puts without a signal "
-                "there (it signals on port channels only), weft's would signal; write "
-                "put, then signal",
-            )
+    channel_type, channel_ids = _parse_channels(rd, doc, where, name, tb)
     src = tuple(
         _parse_ref(rd, b, f"{where}.src_buff[{j}]", gpu, tb, channel_type)
         for j, b in enumerate(rd.list(doc.get("src_buff", []), f"{where}.src_buff"))
@@ -930,6 +902,47 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
     op = Op(name, channel_type, channel_ids, src, dst, sems, barrier_id, num_tbs, tbg)
     _check_op_shape(rd, op, where)
     return op
+
+
+def _parse_channels(
+    rd: _Reader, doc: dict[str, Any], where: str, name: str, tb: Threadblock
+) -> tuple[str | None, tuple[int, ...]]:
+    """An op's channel type and the GPU channel ids it names (None and () for an op without channels)."""
+    if "channel_type" not in doc and name not in CHANNEL_OPS:
+        return None, ()
+    channel_type = rd.channel_type(doc.get("channel_type"), f"{where}.channel_type")
+    if channel_type == "port" and name not in PORT_OPS:
+        raise rd.fail(
+            f"{where}.channel_type",
+            f"op {name!r} cannot run on a port channel (port channels carry {', '.join(sorted(PORT_OPS))})",
+        )
+    channel_ids = tuple(
+        rd.int(c, f"{where}.channel_ids[{j}]")
+        for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids"))
+    )
+    listed = tb.channel_list(channel_type)
+    for j, cid in enumerate(channel_ids):
+        if rd.channel_ids == "threadblock" and cid >= len(listed):
+            raise rd.fail(
+                f"{where}.channel_ids[{j}]",
+                f"index {cid} is past the thread block's {len(listed)} "
+                f"{channel_type} channels (ops index the block's list)",
+            )
+        if rd.channel_ids == "gpu" and cid not in listed:
+            raise rd.fail(
+                f"{where}.channel_ids[{j}]",
+                f"channel {cid} is not among the thread block's {channel_type} channels",
+            )
+    if rd.channel_ids == "threadblock":
+        channel_ids = tuple(listed[c] for c in channel_ids)
+    if rd.channel_ids == "threadblock" and name in ("pws", "pwsf") and channel_type == "memory":
+        raise rd.fail(
+            f"{where}.name",
+            f"op {name!r} on memory channels: MSCCL++'s kernel puts without a signal "
+            "there (it signals on port channels only), weft's would signal; write "
+            "put, then signal",
+        )
+    return channel_type, channel_ids
 
 
 def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock, channel_type: str | None) -> BufferRef:
@@ -984,14 +997,26 @@ def current_format(plan: Plan) -> Plan:
 
 def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[int, str]:
     """(rank, buffer type) that a remote entry of ``op`` names."""
-    buffer = gpu.remote_buffers[tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)]
+    assert ref.buffer_id is not None, "remote_target takes a remote entry"
+    index = tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)
+    assert index is not None, "parse_plan resolved every remote entry's buffer_id"
+    buffer = gpu.remote_buffers[index]
     return buffer.rank, buffer.type
+
+
+def _entry_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef, rank: int) -> tuple[int, str]:
+    """(rank, buffer type) an entry of ``op`` on ``rank`` names, remote or local."""
+    if ref.remote:
+        return remote_target(gpu, tb, op, ref)
+    assert ref.type is not None, "a local entry names its buffer type"
+    return rank, ref.type
 
 
 def op_channels(op: Op) -> list[tuple[BufferRef, int]]:
     """Each remote entry of ``op`` with the channel id it goes through (remote srcs first, then dsts)."""
     remote = [b for b in op.src_buff if b.remote] + [b for b in op.dst_buff if b.remote]
-    return list(zip(remote, op.channel_ids))
+    # not strict: an op whose entries take no channel (a local copy, a signal's bare channel list) pairs none
+    return list(zip(remote, op.channel_ids, strict=False))
 
 
 def channel_pairs(plan: Plan, channel_type: str = "memory") -> dict[tuple[int, int], tuple[int, int]]:
@@ -1017,8 +1042,8 @@ def unpaired_error(plan: Plan, rank: int, cid: int, channel_type: str = "memory"
     back = sum(p == rank for p in plan.gpus[peer].peers(channel_type))
     return (
         f"gpus[{rank}].channels: {channel_type} channel {cid} to rank {peer} has no matching channel on rank "
-        f"{peer} (it lists {back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, weft signals and "
-        "waits only on listed pairs"
+        f"{peer} (it lists {back} to rank {rank}); MSCCL++ pairs such an end with a semaphore nobody listed, "
+        "weft signals and waits only on listed pairs"
     )
 
 
@@ -1043,7 +1068,7 @@ def _check_pairing(rd: _Reader, plan: Plan) -> None:
                             f"channel {cid} connects to rank {peers[cid]} but the buffer is on rank {rank}",
                         )
                 for ref in op.src_buff + op.dst_buff:
-                    rank, btype = remote_target(gpu, tb, op, ref) if ref.remote else (r, ref.type)
+                    rank, btype = _entry_target(gpu, tb, op, ref, r)
                     limit = plan.gpus[rank].buffer_chunks(btype)
                     if ref.index + ref.size > limit:
                         raise rd.fail(

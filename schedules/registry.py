@@ -2,7 +2,8 @@
 
 Layout (a local directory or any fsspec URL)::
 
-    <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself (pretty to one op per line, sorted keys)
+    <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself (pretty to one op per line,
+                               sorted keys)
     <root>/index.json          a summary of every entry, rebuildable from entries/ at any time
     <root>/baselines.json      NCCL's measured times per topology, collective and size (``weft bench --record``):
                                where NCCL measured faster than the best measured plan, selection picks NCCL
@@ -25,11 +26,11 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import fsspec
 from filelock import FileLock, Timeout
@@ -110,7 +111,7 @@ class Entry:
             and plan.runs(nbytes)
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "format": ENTRY_FORMAT,
             "id": self.id,
@@ -126,7 +127,7 @@ class Entry:
             "plan": self.plan.to_json(),
         }
 
-    def _timings_json(self) -> dict:
+    def _timings_json(self) -> dict[str, Any]:
         return {
             "predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
             "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
@@ -137,7 +138,7 @@ class Entry:
             ),
         }
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "topology": self.key.topology,
@@ -151,7 +152,7 @@ class Entry:
             "measured": bool(self.measured_us),
         }
 
-    def index_row(self, text: bytes | str) -> dict:
+    def index_row(self, text: bytes | str) -> dict[str, Any]:
         """The entry's row in index.json, made from its file's ``text``: what selection reads (``IndexRow``)."""
         row = self.summary() | {
             "protocol": self.plan.protocol,
@@ -185,6 +186,10 @@ class Selection:
         return f"Selection({self.entry.plan.name!r}, entry {self.entry.id}, {self.basis} {time})"
 
 
+# what commit_all commits: (plan, topology fingerprint, provenance, predicted µs by size, measured entry or None)
+CommitItem = tuple[Plan, str, dict[str, Any], dict[int, float] | None, Entry | None]
+
+
 def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: float | None) -> float | None:
     """NCCL's time at ``nbytes`` where it was measured faster than a plan's measured ``time_us``, else None.
 
@@ -214,7 +219,7 @@ def entry_id(plan: Plan, topology: str) -> str:
 ONE_LINE_DEPTH = 7  # an entry's plan ops (entry, plan, gpus, gpu, threadblocks, threadblock, ops, op)
 
 
-def dumps(doc: dict) -> str:
+def dumps(doc: dict[str, Any]) -> str:
     """Deterministic, pretty JSON so that a registry kept in git reviews well: two-space indents down to
     ``ONE_LINE_DEPTH``, where each value (a plan's op) takes one line. Indenting every field of every op made a
     128-instance plan's entry 2.5 times larger, for no reviewer's benefit."""
@@ -245,7 +250,7 @@ def _why(e: BaseException) -> str:
 class Registry:
     """A registry at a local path or fsspec URL (``memory://``, ``s3://``, ...)."""
 
-    def __init__(self, location: str | os.PathLike | None = None) -> None:
+    def __init__(self, location: str | os.PathLike[str] | None = None) -> None:
         self.location = str(location) if location else default_location()
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.location)
@@ -341,7 +346,7 @@ class Registry:
             return read_bytes(path, what, RegistryError)
         try:
             with self._backend("read"), self.fs.open(path, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
+                data: bytes = f.read(MAX_FILE_BYTES + 1)
         except OSError as e:
             raise RegistryError(f"{what} {path}: cannot read: {e.strerror or e}") from None
         if len(data) > MAX_FILE_BYTES:
@@ -385,14 +390,14 @@ class Registry:
             and (collective is None or e.key.collective == collective)
         ]
 
-    def baselines(self) -> dict:
+    def baselines(self) -> dict[str, Any]:
         """baselines.json: {"format", "nccl_us": {topology: {collective: {bytes: µs}}}} (empty if none yet)."""
         path = self._path("baselines.json")
         if not self.exists(path):
             return {"format": BASELINES_FORMAT, "nccl_us": {}}
         return parse_baselines(self._read_json(path, "registry"), path)
 
-    def baselines_or_none(self) -> tuple[dict, str]:
+    def baselines_or_none(self) -> tuple[dict[str, Any], str]:
         """``baselines`` and '', or no NCCL times and the one-line warning where baselines.json is damaged: NCCL's
         times are advisory, and a damaged file never costs the plans."""
         try:
@@ -403,7 +408,9 @@ class Registry:
     def nccl_times(self, topology: str | tuple[str, ...], collective: str) -> dict[int, float]:
         """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them."""
         tables = self.baselines()["nccl_us"]
-        table = next((tables[f][collective] for f in fingerprints(topology) if collective in tables.get(f, {})), {})
+        table: dict[str, Any] = next(
+            (tables[f][collective] for f in fingerprints(topology) if collective in tables.get(f, {})), {}
+        )
         return {int(k): float(v) for k, v in table.items()}
 
     def get(self, id: str) -> Entry:
@@ -412,14 +419,14 @@ class Registry:
             raise RegistryError(f"registry {self.location}: no entry {id!r}")
         return self.read_entry_file(path)
 
-    def index(self) -> dict:
+    def index(self) -> dict[str, Any]:
         """index.json, checked (RegistryError where it is damaged: ``rebuild-index`` makes it afresh)."""
         path = self._path("index.json")
         if not self.exists(path):
             return {"format": INDEX_FORMAT, "entries": []}
         return parse_index(self._read_json(path, "registry"), path)
 
-    def _index_rows(self) -> tuple[dict[str, dict], str]:
+    def _index_rows(self) -> tuple[dict[str, dict[str, Any]], str]:
         """index.json's rows by id, and '' or the warning that it is damaged and ignored."""
         try:
             return {row["id"]: row for row in self.index()["entries"]}, ""
@@ -479,7 +486,7 @@ class Registry:
             )
         return entry
 
-    def rebuilt_index(self) -> tuple[dict, list[str]]:
+    def rebuilt_index(self) -> tuple[dict[str, Any], list[str]]:
         """The index of every readable entry, and one line per entry file left out because it is unreadable."""
         found, bad = self._load_with_text()
         rows = sorted((e.index_row(data) for e, data in found), key=lambda s: s["id"])
@@ -527,7 +534,7 @@ class Registry:
         parse_entry(decode_json(text, "registry entry", path, RegistryError), path, entry.id)
         return path, text
 
-    def _index_text(self, add: list[tuple[Entry, str]] = (), remove: str | None = None) -> tuple[str, str]:
+    def _index_text(self, add: Sequence[tuple[Entry, str]] = (), remove: str | None = None) -> tuple[str, str]:
         path = self._path("index.json")
         _replaceable(self, path)
         rows, warning = self._index_rows()
@@ -563,7 +570,7 @@ class Registry:
             )
         return self.commit_all([(plan, topology, provenance, predicted_us, measured)])[0]
 
-    def commit_all(self, items: list[tuple], progress: Callable[[str], None] | None = None) -> list[Entry]:
+    def commit_all(self, items: Sequence[CommitItem], progress: Callable[[str], None] | None = None) -> list[Entry]:
         """Commit each (plan, topology, provenance, predicted_us, measured entry or None), all checked before the
         first is written: one bad item commits nothing."""
         entries = []
@@ -595,7 +602,7 @@ class Registry:
                     except WeftError:
                         pass  # an unreadable old entry is simply replaced
                 files.append(self._entry_text(entry))
-            files.append(self._index_text(add=[(e, text) for e, (_, text) in zip(entries, files)]))
+            files.append(self._index_text(add=[(e, text) for e, (_, text) in zip(entries, files, strict=True)]))
             self._write_all(files)
         return entries
 
@@ -633,8 +640,8 @@ class Registry:
                 text = dumps(doc)
                 parse_baselines(decode_json(text, "registry", path, RegistryError), path)
                 files.append((path, text))
-            if entries:
-                files.append(self._index_text(add=[(e, text) for e, (_, text) in zip(entries, files)]))
+            if entries:  # the entries' files come first (not strict: baselines.json may follow them)
+                files.append(self._index_text(add=[(e, text) for e, (_, text) in zip(entries, files, strict=False)]))
             self._write_all(files)
         return entries
 
@@ -652,7 +659,7 @@ class Registry:
             self.fs.rm(path)
             self._write_all([index])
 
-    def rebuild_index(self) -> tuple[dict, list[str]]:
+    def rebuild_index(self) -> tuple[dict[str, Any], list[str]]:
         """index.json made afresh from the entry files, and the orphaned temporary files removed (under the lock,
         no writer is between its write and its rename); the lines name the entries left out as unreadable."""
         with self._locked():
@@ -720,9 +727,9 @@ class Registry:
             baselines, warning = self.baselines_or_none()
             warnings += [warning] if warning else []
             tables = baselines["nccl_us"]
-            table = next((tables[f][collective] for f in known if collective in tables.get(f, {})), {})
+            table: dict[str, Any] = next((tables[f][collective] for f in known if collective in tables.get(f, {})), {})
             nccl = nccl_faster({int(k): float(v) for k, v in table.items()}, nbytes, basis, t)
-            if nccl is not None:
+            if nccl is not None and t is not None:  # (nccl_faster answers only against a time)
                 return Selection(
                     None,
                     "nccl",
@@ -858,7 +865,7 @@ MAX_TIME_US = 1e12  # 11.6 days: beyond any collective's time, and what the resu
 MIN_MEASURED_US = 0.01  # 10 ns: below any GPU kernel launch; a measured time under it (1e-300) is not a measurement
 
 
-def positive_us(value: object) -> bool:
+def positive_us(value: object) -> TypeGuard[float]:
     """Whether ``value`` is a time in µs that a measurement or prediction can be: positive, finite, plausible."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= MAX_TIME_US
 
@@ -869,7 +876,7 @@ def measured_us(value: object) -> bool:
     return positive_us(value) and value >= MIN_MEASURED_US
 
 
-def parse_baselines(doc: object, source: str) -> dict:
+def parse_baselines(doc: object, source: str) -> dict[str, Any]:
     """A baselines.json document, checked: one line naming the file and field where it is malformed."""
     if not isinstance(doc, dict) or doc.get("format") != BASELINES_FORMAT:
         raise _fail(source, "format", f"must be {BASELINES_FORMAT!r}", "registry")
@@ -921,7 +928,7 @@ INDEX_FIELDS = {
 }
 
 
-def parse_index(doc: object, source: str) -> dict:
+def parse_index(doc: object, source: str) -> dict[str, Any]:
     """index.json, checked: a summary row per entry (``Entry.summary``); extra fields are allowed."""
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT or not isinstance(doc.get("entries"), list):
         raise _fail(source, "format", f"must be {INDEX_FORMAT!r} with a list of entries", "registry")
@@ -958,14 +965,18 @@ def _times(table: object, where: str, source: str, measured: bool = False) -> di
     return out
 
 
-def _key(doc: dict, source: str) -> EntryKey:
+def _key(doc: dict[str, Any], source: str) -> EntryKey:
     key_doc = doc.get("key")
     if not isinstance(key_doc, dict):
         raise _fail(source, "key", "must be an object")
-    fields = []
+    fields: list[Any] = []  # each checked below against its kind
     for name, kind in (("topology", str), ("collective", str), ("nranks", int), ("min_bytes", int), ("max_bytes", int)):
         value = key_doc.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and not 0 <= value < 1 << 64):
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or (kind is int and isinstance(value, int) and not 0 <= value < 1 << 64)
+        ):
             raise _fail(source, f"key.{name}", f"missing or malformed, got {short(value)}")
         fields.append(value)
     if not FINGERPRINT.fullmatch(fields[0]):

@@ -19,6 +19,8 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any, TypeGuard
 
 UNBOUNDED = 0  # max_bytes of 0: no upper limit (MSCCL++'s convention for max_message_size)
 TIMING_TABLES = ("predicted_us", "measured_us", "measured_ll128_us")
@@ -36,13 +38,13 @@ class EntryKey:
         return self.min_bytes <= nbytes and (self.max_bytes == UNBOUNDED or nbytes <= self.max_bytes)
 
 
-def row_hash(data: bytes | str, row: dict) -> str:
+def row_hash(data: bytes | str, row: dict[str, Any]) -> str:
     """The digest an index row records: the entry file's bytes and the row's other fields, together."""
     fields = json.dumps({k: v for k, v in row.items() if k != "row_hash"}, sort_keys=True).encode()
     return hashlib.sha256((data.encode() if isinstance(data, str) else data) + b"\0" + fields).hexdigest()[:16]
 
 
-def describes(row: object, data: bytes) -> bool:
+def describes(row: object, data: bytes) -> TypeGuard[dict[str, Any]]:
     """Whether an index row was made from this entry file and not changed since."""
     return isinstance(row, dict) and row.get("row_hash") == row_hash(data, row)
 
@@ -55,7 +57,7 @@ def interpolate(table: dict[int, float], nbytes: int) -> float:
     if nbytes >= points[-1][0]:
         (s0, t0), (s1, t1) = points[-2:] if len(points) > 1 else (points[-1], points[-1])
         return t1 if s0 == s1 else t1 * nbytes / s1
-    for (s0, t0), (s1, t1) in zip(points, points[1:]):
+    for (s0, t0), (s1, t1) in pairwise(points):
         if s0 <= nbytes <= s1:
             f = (math.log(nbytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
             return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
@@ -105,7 +107,7 @@ class IndexRow:
     timings: Timings
 
     @staticmethod
-    def from_json(row: dict) -> IndexRow:
+    def from_json(row: dict[str, Any]) -> IndexRow:
         """A row as ``Entry.index_row`` writes it; KeyError, TypeError or ValueError where it is not one."""
         key = EntryKey(*(row[name] for name in ("topology", "collective", "nranks", "min_bytes", "max_bytes")))
         for value in (key.nranks, key.min_bytes, key.max_bytes):

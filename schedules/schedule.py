@@ -57,8 +57,8 @@ class Symmetry:
     order: int
     shift: int = 0  # steps each application moves a send later: waves of a pipeline (see schedules.compact)
 
-    def to_json(self) -> dict:
-        doc = {"ranks": list(self.ranks), "chunks": list(self.chunks), "order": self.order}
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"ranks": list(self.ranks), "chunks": list(self.chunks), "order": self.order}
         if self.shift:
             doc["shift"] = self.shift
         return doc
@@ -75,7 +75,7 @@ class ScheduleMeta:
     pct_of_bound: float | None = None
     notes: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"solver": self.solver, "options": self.options, "solve_time": self.solve_time}
         if self.predicted_us:
             doc["predicted_us"] = self.predicted_us
@@ -131,9 +131,9 @@ class Schedule:
 
         return expand(self)
 
-    def content(self) -> dict:
+    def content(self) -> dict[str, Any]:
         """The algorithm itself: what the content hash covers."""
-        doc = {
+        doc: dict[str, Any] = {
             "collective": self.collective.to_json(),
             "topology": self.topology,
             "steps": [
@@ -154,7 +154,7 @@ class Schedule:
     def with_meta(self, **changes: Any) -> Schedule:
         return replace(self, meta=replace(self.meta, **changes))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         content = self.content()
         doc = {
             "format": COMPACT_FORMAT if self.symmetries else FORMAT,
@@ -228,6 +228,34 @@ def parse_schedule(data: object, source: str) -> Schedule:
     raw_steps = data.get("steps")
     if not isinstance(raw_steps, list):
         raise ScheduleError(f"schedule {source}: steps: must be a list")
+    steps = _parse_steps(raw_steps, collective, source)
+    meta = _parse_meta(data, source)
+    symmetries: tuple[Symmetry, ...] = ()
+    if data.get("symmetries") is not None:
+        raw = data["symmetries"]
+        if data["format"] != COMPACT_FORMAT:
+            raise ScheduleError(f"schedule {source}: symmetries: only a {COMPACT_FORMAT} schedule has them")
+        if not isinstance(raw, list) or len(raw) > MAX_GENERATORS:
+            raise ScheduleError(f"schedule {source}: symmetries: must be a list of at most {MAX_GENERATORS}")
+        symmetries = tuple(_symmetry(g, collective, f"{source}: symmetries[{i}]") for i, g in enumerate(raw))
+    step_rounds = data.get("step_rounds") or []
+    if step_rounds and data["format"] != COMPACT_FORMAT:
+        raise ScheduleError(f"schedule {source}: step_rounds: only a {COMPACT_FORMAT} schedule has them")
+    if not isinstance(step_rounds, list) or len(step_rounds) > MAX_STEPS:
+        raise ScheduleError(f"schedule {source}: step_rounds: must be a list of at most {MAX_STEPS} integers")
+    step_rounds = tuple(_int(r, f"step_rounds[{i}]", source, 1) for i, r in enumerate(step_rounds))
+    schedule = Schedule(collective, topology, tuple(steps), str(data.get("name", "")), meta, symmetries, step_rounds)
+    stated = data.get("hash")
+    if stated is not None and stated != schedule.content_hash:
+        raise ScheduleError(
+            f"schedule {source}: hash: the file says {stated} but its content hashes to {schedule.content_hash} "
+            "(edited by hand?)"
+        )
+    return schedule
+
+
+def _parse_steps(raw_steps: list[Any], collective: Collective, source: str) -> list[Step]:
+    """The listed steps, each send checked against the collective's ranks and chunks."""
     steps = []
     for i, st in enumerate(raw_steps):
         if not isinstance(st, dict) or not isinstance(st.get("sends"), list):
@@ -254,6 +282,11 @@ def parse_schedule(data: object, source: str) -> Schedule:
                 raise ScheduleError(f"schedule {source}: {where}.op: must be 'copy' or 'reduce', got {s[3]!r}")
             sends.append(Send(chunk, src, dst, s[3]))
         steps.append(Step(rounds, tuple(sends)))
+    return steps
+
+
+def _parse_meta(data: dict[str, Any], source: str) -> ScheduleMeta:
+    """The provenance block (absent or not an object: empty), its typed fields checked."""
     meta_doc = data.get("meta", {}) if isinstance(data.get("meta"), dict) else {}
     for key, kind, what in (
         ("options", dict, "an object"),
@@ -263,7 +296,7 @@ def parse_schedule(data: object, source: str) -> Schedule:
         value = meta_doc.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise ScheduleError(f"schedule {source}: meta.{key}: must be {what}, got {value!r}")
-    meta = ScheduleMeta(
+    return ScheduleMeta(
         solver=str(meta_doc.get("solver", "")),
         options=dict(meta_doc.get("options", {}) or {}),
         solve_time=float(meta_doc.get("solve_time", 0.0) or 0.0),
@@ -271,28 +304,6 @@ def parse_schedule(data: object, source: str) -> Schedule:
         pct_of_bound=meta_doc.get("pct_of_bound"),
         notes=str(meta_doc.get("notes", "")),
     )
-    symmetries = ()
-    if data.get("symmetries") is not None:
-        raw = data["symmetries"]
-        if data["format"] != COMPACT_FORMAT:
-            raise ScheduleError(f"schedule {source}: symmetries: only a {COMPACT_FORMAT} schedule has them")
-        if not isinstance(raw, list) or len(raw) > MAX_GENERATORS:
-            raise ScheduleError(f"schedule {source}: symmetries: must be a list of at most {MAX_GENERATORS}")
-        symmetries = tuple(_symmetry(g, collective, f"{source}: symmetries[{i}]") for i, g in enumerate(raw))
-    step_rounds = data.get("step_rounds") or []
-    if step_rounds and data["format"] != COMPACT_FORMAT:
-        raise ScheduleError(f"schedule {source}: step_rounds: only a {COMPACT_FORMAT} schedule has them")
-    if not isinstance(step_rounds, list) or len(step_rounds) > MAX_STEPS:
-        raise ScheduleError(f"schedule {source}: step_rounds: must be a list of at most {MAX_STEPS} integers")
-    step_rounds = tuple(_int(r, f"step_rounds[{i}]", source, 1) for i, r in enumerate(step_rounds))
-    schedule = Schedule(collective, topology, tuple(steps), str(data.get("name", "")), meta, symmetries, step_rounds)
-    stated = data.get("hash")
-    if stated is not None and stated != schedule.content_hash:
-        raise ScheduleError(
-            f"schedule {source}: hash: the file says {stated} but its content hashes to {schedule.content_hash} "
-            "(edited by hand?)"
-        )
-    return schedule
 
 
 MAX_GENERATORS = 64

@@ -27,7 +27,9 @@ True
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +40,9 @@ from schedules.loads import FabricIndex, count_loads, index_fabric
 from schedules.schedule import Schedule, Send
 from topologies.errors import CheckFailed
 from topologies.topology import SharingGroup, Topology
+
+# indexed by rank * nchunks + chunk: a list over every slot, or a dict of the simulated chunks' slots
+State = list[int] | dict[int, int]
 
 CHECKS = ("topology", "nranks", "sends", "links", "possession", "writes", "reductions", "capacity", "postconditions")
 MAX_LISTED = 1000  # errors kept verbatim; a badly wrong schedule can break every one of a million sends
@@ -141,6 +146,7 @@ def verify(schedule: Schedule, topology: Topology) -> Verification:
     if wanted is not None:
         keep &= wanted[np.clip(arrays.chunk, 0, len(wanted) - 1)]
     state = _initial_state(schedule, wanted)
+    per_step: Sequence[Sequence[Send]]
     if keep.all() and not schedule.symmetries:
         per_step = [step.sends for step in schedule.steps]
     else:
@@ -172,7 +178,7 @@ def _describe(send: Send) -> str:
 
 
 def _ranks_in(mask: int, limit: int = 4) -> str:
-    ranks = []
+    ranks: list[int] = []
     rank = 0
     while mask and len(ranks) <= limit:
         if mask & 1:
@@ -183,7 +189,7 @@ def _ranks_in(mask: int, limit: int = 4) -> str:
     return shown + (", ..." if len(ranks) > limit else "")
 
 
-def _initial_state(schedule: Schedule, wanted: np.ndarray | None = None) -> list[int] | dict[int, int]:
+def _initial_state(schedule: Schedule, wanted: np.ndarray | None = None) -> State:
     """Indexed by rank * nchunks + chunk: the contribution mask that rank holds of chunk. With ``wanted`` (the
     chunks a compact schedule is simulated on) a dict of those chunks' slots, missing slots holding nothing."""
     collective = schedule.collective
@@ -193,7 +199,7 @@ def _initial_state(schedule: Schedule, wanted: np.ndarray | None = None) -> list
         rows, cols = np.nonzero(compact.condition_table(schedule, post=False)[:, reps])
         marks = [1 << r for r in range(collective.nranks)] if collective.combining else [1] * collective.nranks
         sparse: dict[int, int] = defaultdict(int)
-        for rank, chunk in zip(rows.tolist(), reps[cols].tolist()):
+        for rank, chunk in zip(rows.tolist(), reps[cols].tolist(), strict=True):
             sparse[rank * nchunks + chunk] = marks[rank]
         return sparse
     state = [0] * (collective.nranks * nchunks)
@@ -285,11 +291,11 @@ def _describe_group(group: SharingGroup) -> str:
     return f"[{shown}{more}; {group.bandwidth:g} GB/s]"
 
 
-def _apply_step(index: int, sends: list[Send], state: list[int], schedule: Schedule, errors: _Errors) -> None:
+def _apply_step(index: int, sends: Sequence[Send], state: State, schedule: Schedule, errors: _Errors) -> None:
     """Read every source at the step's start, then land every write at its end."""
     nchunks = schedule.collective.nchunks
     combining = schedule.collective.combining
-    writes: dict[int, list] = {}  # state slot -> [op, mask, first send]
+    writes: dict[int, list[Any]] = {}  # state slot -> [op, mask, first send]
     for send in sends:
         if send.op == "reduce" and not combining:
             errors.add(
@@ -333,7 +339,7 @@ def _apply_step(index: int, sends: list[Send], state: list[int], schedule: Sched
 
 
 def _check_postconditions(
-    state: list[int], schedule: Schedule, errors: _Errors, wanted_chunks: np.ndarray | None = None
+    state: State, schedule: Schedule, errors: _Errors, wanted_chunks: np.ndarray | None = None
 ) -> None:
     """``wanted_chunks``: a mask of the chunks to check (a compact schedule's orbit representatives)."""
     collective = schedule.collective
@@ -344,10 +350,7 @@ def _check_postconditions(
         needed = compact.condition_table(schedule, post=True)[:, reps]
     for rank in range(collective.nranks):
         base = rank * nchunks
-        if wanted_chunks is None:
-            wanted = sorted(collective.postcondition(rank))
-        else:
-            wanted = reps[needed[rank]].tolist()
+        wanted = sorted(collective.postcondition(rank)) if wanted_chunks is None else reps[needed[rank]].tolist()
         if full is None:
             short = [c for c in wanted if not state[base + c]]
             if short:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,13 +29,15 @@ def _num(x: float) -> float | int:
     return int(r) if r == int(r) else r
 
 
-def _written(topo: Topology, switch: Callable[[str], object]) -> bytes:
+def _written(topo: Topology, switch: Callable[[str], str | int]) -> bytes:
     """The fabric's content as sorted JSON, each switch written as ``switch(name)``."""
 
-    def vkey(v: Vertex) -> list:
+    def vkey(v: Vertex) -> list[int | str]:
         return [0, f"{v:09d}"] if isinstance(v, int) else [1, switch(v)]
 
-    links = sorted([vkey(l.src), vkey(l.dst), _num(l.bandwidth), _num(l.latency), l.count] for l in topo.links)
+    links = sorted(
+        [vkey(link.src), vkey(link.dst), _num(link.bandwidth), _num(link.latency), link.count] for link in topo.links
+    )
     sharing = sorted([sorted([vkey(s), vkey(d)] for s, d in g.links), _num(g.bandwidth)] for g in topo.sharing)
     switches = sorted(switch(s) for s in topo.switches)
     content = {
@@ -65,18 +68,21 @@ def canonical_bytes(topo: Topology) -> bytes:
 def _refine(topo: Topology, colour: dict[str, int]) -> dict[str, int]:
     """Split switch colours by what each switch links to, until no colour splits further."""
     while True:
-
-        def label(v: Vertex) -> tuple:
-            return (0, v) if isinstance(v, int) else (1, colour[v])
-
+        label = partial(_label, colour)
         signature = {
             s: (
                 colour[s],
                 tuple(
-                    sorted((">", label(l.dst), _num(l.bandwidth), _num(l.latency), l.count) for l in topo.out_links[s])
+                    sorted(
+                        (">", label(link.dst), _num(link.bandwidth), _num(link.latency), link.count)
+                        for link in topo.out_links[s]
+                    )
                 ),
                 tuple(
-                    sorted(("<", label(l.src), _num(l.bandwidth), _num(l.latency), l.count) for l in topo.in_links[s])
+                    sorted(
+                        ("<", label(link.src), _num(link.bandwidth), _num(link.latency), link.count)
+                        for link in topo.in_links[s]
+                    )
                 ),
             )
             for s in colour
@@ -86,6 +92,11 @@ def _refine(topo: Topology, colour: dict[str, int]) -> dict[str, int]:
         if len(ranked) == len(set(colour.values())):
             return refined
         colour = refined
+
+
+def _label(colour: dict[str, int], v: Vertex) -> tuple[int, int]:
+    """A vertex as refinement sees it: a rank by number, a switch by its colour."""
+    return (0, v) if isinstance(v, int) else (1, colour[v])
 
 
 def _orders(topo: Topology) -> list[dict[str, int]]:
@@ -116,7 +127,7 @@ def _twins(topo: Topology, a: str, b: str) -> bool:
     def moved(v: Vertex) -> Vertex:
         return swap.get(v, v) if isinstance(v, str) else v
 
-    links = {(l.src, l.dst, l.bandwidth, l.latency, l.count) for l in topo.links}
+    links = {(link.src, link.dst, link.bandwidth, link.latency, link.count) for link in topo.links}
     if {(moved(s), moved(d), bw, lat, n) for s, d, bw, lat, n in links} != links:
         return False
     groups = {(frozenset(g.links), g.bandwidth) for g in topo.sharing}

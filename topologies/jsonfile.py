@@ -7,6 +7,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from topologies.errors import WeftError
 
@@ -123,12 +124,12 @@ class Fields:
     def fail(self, where: str, message: str) -> WeftError:
         return self.error(f"{self.kind} {self.source}: {where}: {message}")
 
-    def obj(self, value: object, where: str) -> dict:
+    def obj(self, value: object, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(where, f"must be an object, got {short_repr(value, 40)}")
         return value
 
-    def list(self, value: object, where: str) -> list:
+    def list(self, value: object, where: str) -> list[Any]:
         if not isinstance(value, list):
             raise self.fail(where, f"must be a list, got {short_repr(value, 40)}")
         return value

@@ -15,9 +15,14 @@ with fewer hops wins (the tie-break the form has always had).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from topologies.topology import Link, Topology, Vertex
 
 HOP_US = 1e-9  # far below any latency a fabric states, far above float error at µs scale
 
@@ -37,7 +42,7 @@ class SwitchFreeArrays:
     group_bandwidth: np.ndarray
 
 
-def switch_free_arrays(topo) -> SwitchFreeArrays:
+def switch_free_arrays(topo: Topology) -> SwitchFreeArrays:
     """The switch-free form of ``topo`` (a Topology with switches) as arrays."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import dijkstra
@@ -46,17 +51,17 @@ def switch_free_arrays(topo) -> SwitchFreeArrays:
     index = {s: 2 * n + i for i, s in enumerate(switches)}
     nv = 2 * n + len(switches)
 
-    def out_id(v):
+    def out_id(v: Vertex) -> int:
         return v if isinstance(v, int) else index[v]
 
-    def in_id(v):
+    def in_id(v: Vertex) -> int:
         return n + v if isinstance(v, int) else index[v]
 
     links = topo.links
-    direct = [i for i, l in enumerate(links) if isinstance(l.src, int) and isinstance(l.dst, int)]
-    routed = [i for i, l in enumerate(links) if not (isinstance(l.src, int) and isinstance(l.dst, int))]
-    lat = np.array([l.latency for l in links], float)
-    cap = np.array([l.bandwidth for l in links], float) * np.array([l.count for l in links], float)
+    direct = [i for i, link in enumerate(links) if isinstance(link.src, int) and isinstance(link.dst, int)]
+    routed = [i for i, link in enumerate(links) if not (isinstance(link.src, int) and isinstance(link.dst, int))]
+    lat = np.array([link.latency for link in links], float)
+    cap = np.array([link.bandwidth for link in links], float) * np.array([link.count for link in links], float)
     u = np.array([out_id(links[i].src) for i in routed], np.int64)
     v = np.array([in_id(links[i].dst) for i in routed], np.int64)
     graph = csr_matrix((lat[routed] + HOP_US, (u, v)), shape=(nv, nv))
@@ -70,7 +75,7 @@ def switch_free_arrays(topo) -> SwitchFreeArrays:
     np.fill_diagonal(reach, False)
     ps, pd = np.nonzero(reach)
     keep = (
-        np.fromiter(((a, b) not in direct_keys for a, b in zip(ps.tolist(), pd.tolist())), bool, len(ps))
+        np.fromiter(((a, b) not in direct_keys for a, b in zip(ps.tolist(), pd.tolist(), strict=True)), bool, len(ps))
         if direct_keys
         else np.ones(len(ps), bool)
     )
@@ -105,7 +110,16 @@ def switch_free_arrays(topo) -> SwitchFreeArrays:
     return SwitchFreeArrays(src, dst, bandwidth, count, latency, *groups)
 
 
-def _groups(topo, links, direct, fwd, nd, src, dst, cap):
+def _groups(
+    topo: Topology,
+    links: Sequence[Link],
+    direct: list[int],
+    fwd: np.ndarray,
+    nd: int,
+    src: np.ndarray,
+    dst: np.ndarray,
+    cap: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sharing groups over form-link positions: the file's groups, then each topology link that several switch
     paths cross (in order of first use), the tightest kept where two cover the same links."""
     n = topo.nranks
@@ -121,8 +135,9 @@ def _groups(topo, links, direct, fwd, nd, src, dst, cap):
     keys = src * n + dst
     candidates = []
     direct_pos = {(links[i].src, links[i].dst): j for j, i in enumerate(direct)}
-    link_id = {l.key: i for i, l in enumerate(links)}
-    span = {int(link_of[a]): (a, b) for a, b in zip(starts.tolist(), ends.tolist())}
+    link_id = {link.key: i for i, link in enumerate(links)}
+    # not strict: with no switch path at all, ``ends`` still holds its closing len(link_of)
+    span = {int(link_of[a]): (a, b) for a, b in zip(starts.tolist(), ends.tolist(), strict=False)}
     for g in topo.sharing:
         parts = []
         for key in g.links:

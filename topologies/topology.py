@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import networkx as nx
 
@@ -151,8 +153,8 @@ class Topology:
         """Whether a plan or registry entry that records ``fingerprint`` is for this fabric."""
         return fingerprint in self.fingerprints
 
-    def to_json(self) -> dict:
-        doc: dict = {"format": FORMAT, "name": self.name}
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"format": FORMAT, "name": self.name}
         if self.description:
             doc["description"] = self.description
         doc["nranks"] = self.nranks
@@ -185,7 +187,7 @@ class Topology:
 
     def reversed(self) -> Topology:
         """The same fabric with every link and sharing group turned around (for combining collectives)."""
-        links = tuple(Link(l.dst, l.src, l.bandwidth, l.latency, l.count) for l in self.links)
+        links = tuple(Link(link.dst, link.src, link.bandwidth, link.latency, link.count) for link in self.links)
         sharing = tuple(SharingGroup(tuple((d, s) for s, d in g.links), g.bandwidth) for g in self.sharing)
         return Topology(
             self.name + "~reversed", self.nranks, links, self.switches, sharing, self.hosts, self.description
@@ -236,7 +238,7 @@ def find_problem(topo: Topology) -> str | None:
         return f"nranks: must be a positive integer, got {short_repr(topo.nranks)}"
     if topo.nranks > MAX_RANKS:
         return f"nranks: at most {MAX_RANKS} ranks, got {topo.nranks}"
-    names = set()
+    names: set[str] = set()
     for i, s in enumerate(topo.switches):
         if not isinstance(s, str) or not s:
             return f"switches[{i}]: a switch name must be a non-empty string, got {short_repr(s)}"
@@ -254,6 +256,14 @@ def find_problem(topo: Topology) -> str | None:
         if problem:
             return f"links[{i}] ({_label(link.src)}->{_label(link.dst)}){problem}"
         seen.add(link.key)
+    problem = _sharing_problem(topo, names, seen)
+    if problem:
+        return problem
+    return _reachability_problem(topo)
+
+
+def _sharing_problem(topo: Topology, names: set[str], seen: set[tuple[Vertex, Vertex]]) -> str | None:
+    """The first thing wrong with the sharing groups, given the switch names and the links already checked."""
     for i, group in enumerate(topo.sharing):
         if not _is_number(group.bandwidth) or not MIN_BANDWIDTH <= group.bandwidth <= MAX_BANDWIDTH * MAX_LANES:
             return (
@@ -266,10 +276,10 @@ def find_problem(topo: Topology) -> str | None:
             if not _known_link(key, seen):
                 problem = next(filter(None, (_vertex_problem(v, topo.nranks, names) for v in key)), None)
                 return f"sharing[{i}].links[{j}]: " + (problem or f"no link {key[0]}->{key[1]} in the topology")
-    return _reachability_problem(topo)
+    return None
 
 
-def _link_problem(link: Link, nranks: int, switches: set[str], seen: set) -> str | None:
+def _link_problem(link: Link, nranks: int, switches: set[str], seen: set[tuple[Vertex, Vertex]]) -> str | None:
     """What is wrong with one link, as '.field: reason' or ': reason' to follow its location."""
     for end in ("src", "dst"):
         problem = _vertex_problem(getattr(link, end), nranks, switches)
@@ -291,7 +301,7 @@ def _link_problem(link: Link, nranks: int, switches: set[str], seen: set) -> str
     return None
 
 
-def _known_link(key: object, seen: set) -> bool:
+def _known_link(key: Iterable[object], seen: set[tuple[Vertex, Vertex]]) -> bool:
     try:
         return tuple(key) in seen
     except TypeError:  # a vertex that cannot be hashed is no vertex at all
@@ -345,8 +355,8 @@ def _hash(canonical: bytes) -> str:
     return "topo-" + hashlib.sha256(canonical).hexdigest()[:16]
 
 
-def _link_json(link: Link) -> dict:
-    doc = {"src": link.src, "dst": link.dst, "bandwidth": link.bandwidth, "latency": link.latency}
+def _link_json(link: Link) -> dict[str, Any]:
+    doc: dict[str, Any] = {"src": link.src, "dst": link.dst, "bandwidth": link.bandwidth, "latency": link.latency}
     if link.count != 1:
         doc["count"] = link.count
     return doc
@@ -369,7 +379,8 @@ def _switch_paths(topo: Topology, src: int) -> dict[int, list[Link]]:
         if best.get(v, (math.inf, 0)) < (lat, hops):
             continue
         if isinstance(v, int) and v != src:
-            path, u = [], v
+            path: list[Link] = []
+            u: Vertex = v
             while u != src:
                 path.append(via[u])
                 u = via[u].src
@@ -401,7 +412,7 @@ def _switch_free(topo: Topology) -> Topology:
             form.count.tolist(),
         )
     )
-    pairs = list(zip(form.src.tolist(), form.dst.tolist()))
+    pairs = list(zip(form.src.tolist(), form.dst.tolist(), strict=True))
     ptr = form.group_ptr.tolist()
     members = form.group_links.tolist()
     sharing = tuple(
