@@ -75,13 +75,47 @@ def test_symmetric_baselines_at_1024_gpus_are_compact_and_verify(h1024, method, 
     assert verify(schedule, h1024).ok
 
 
-def test_the_one_shot_allreduce_at_1024_gpus_is_refused_before_it_is_built(h1024):
-    with pytest.raises(
-        TooLarge,
-        match=r"direct: allreduce on hgx_h100:nodes=128 is 1,072,693,248 sends, over the "
-        r"8,000,000 this machine expands",
-    ):
-        baselines.direct(h1024, Collective("allreduce", 1024))
+def test_the_one_shot_allreduce_at_1024_gpus_is_compact_verified_and_priced(h1024):
+    """A billion sends: rank 0's 1023 sends of chunk 0, the rank rotation and the chunk map (folded, so the
+    verifier and the cost model hold a million rows)."""
+    from schedules.cost import loads
+    from schedules.verify import verify
+
+    schedule = baselines.direct(h1024, Collective("allreduce", 1024))
+    assert schedule.nsends == 1024 * 1023 * 1024 and sum(len(step.sends) for step in schedule.steps) == 1023
+    assert verify(schedule, h1024).ok
+    # every rank sends the whole 1 GB to each of 1023 others over its 50 GB/s NIC: about 20 s
+    assert 19e6 < loads(schedule, h1024).predict_us(1 << 30) < 23e6
+
+
+@pytest.mark.parametrize("spec", ["fully_connected:n=4", "hgx_h100:nodes=2"])
+def test_the_folded_one_shot_allreduce_verifies_and_prices_as_its_expansion(spec):
+    from schedules.compact import expand
+    from schedules.cost import loads
+    from schedules.verify import verify
+
+    topology = build(spec)
+    compact = baselines.direct(topology, Collective("allreduce", topology.nranks))
+    whole = expand(compact)
+    assert not whole.symmetries and whole.nsends == compact.nsends
+    assert verify(compact, topology).ok and verify(whole, topology).ok
+    for size in (1 << 10, 1 << 30):
+        assert loads(compact, topology).predict_us(size) == pytest.approx(loads(whole, topology).predict_us(size))
+
+
+def test_a_folded_one_shot_allreduce_missing_a_send_is_refused():
+    """The chunk map is folded, yet a dropped send still leaves its chunk short on every rank it stood for."""
+    from dataclasses import replace
+
+    from schedules.schedule import Step
+    from schedules.verify import verify
+
+    topology = build("fully_connected:n=4")
+    schedule = baselines.direct(topology, Collective("allreduce", 4))
+    step = schedule.steps[0]
+    broken = replace(schedule, steps=(Step(step.rounds, step.sends[:-1]),))
+    result = verify(broken, topology)
+    assert not result.ok and any("postcondition" in line for line in result.errors)
 
 
 def test_the_bounds_at_1024_gpus_finish():

@@ -61,7 +61,7 @@ def even_hosts(topology: Topology) -> bool:
     order = np.argsort(hosts, kind="stable")
     starts = np.cumsum(sizes) - sizes
     src, dst = [], []
-    for start, size in zip(starts.tolist(), sizes.tolist()):
+    for start, size in zip(starts.tolist(), sizes.tolist(), strict=True):
         members = order[start : start + size]
         grid_src, grid_dst = np.meshgrid(members, members, indexing="ij")
         off = grid_src != grid_dst
@@ -161,7 +161,7 @@ def assemble(
     table = send_table(draft)  # refuses past MAX_EXPANDED_SENDS before any link is looked up
     _require(method, topology, table.src, table.dst, why)
     rounds = step_rounds(topology, table, len(steps))
-    built = tuple(Step(r, sends) for r, sends in zip(rounds, steps))
+    built = tuple(Step(r, sends) for r, sends in zip(rounds, steps, strict=True))
     return Schedule(collective, topology.fingerprint, built, name, meta, symmetries)
 
 
@@ -185,7 +185,7 @@ def _assemble_waves(
     shaped, first = shape_table(draft)
     rounds = np.asarray(step_rounds(topology, shaped, nsteps), np.int64)[first]
     alone = step_rounds(topology, own, len(steps))
-    built = tuple(Step(r, sends) for r, sends in zip(alone, steps))
+    built = tuple(Step(r, sends) for r, sends in zip(alone, steps, strict=True))
     return Schedule(collective, topology.fingerprint, built, name, meta, symmetries, tuple(rounds.tolist()))
 
 
