@@ -201,6 +201,9 @@ def bottleneck_cut(topology: Topology, sinks: tuple[int, ...] | None = None) -> 
     if topology.nranks < 2:
         raise BoundError(f"topology {topology.name}: a cut bound needs at least 2 ranks")
     if sinks is None:
+        ring = _ring_cut(topology)
+        if ring is not None:
+            return ring
         sinks = rank_orbit_representatives(topology)
     best = max(_first_cuts(topology, sinks), key=lambda c: c.ratio if c.capacity else float("inf"))
     if best.capacity == 0:
@@ -212,6 +215,33 @@ def bottleneck_cut(topology: Topology, sinks: tuple[int, ...] | None = None) -> 
         if better is None:
             return best
         best = better
+
+
+def _ring_cut(topology: Topology) -> Cut | None:
+    """On a ring (no switches, every rank linked both ways to exactly two others, one cycle, one capacity c) the
+    best cut is every rank but one, with no max-flow: a set S of ranks that leaves one out is k >= 1 arcs, each
+    with its own two links leaving, so |S ∩ ranks| / B⁺(S) <= (N-1) / 2kc <= (N-1) / 2c. None on anything else."""
+    n = topology.nranks
+    if topology.switches or n < 3 or len(topology.links) != 2 * n:
+        return None
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    table = np.array([(link.src, link.dst, link.capacity) for link in topology.links], float)
+    src, dst = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+    keys = np.unique(src * n + dst)
+    if len(keys) != 2 * n or len(np.unique(table[:, 2])) != 1 or (src == dst).any():
+        return None
+    if not np.isin(dst * n + src, keys).all():  # every link has its reverse
+        return None
+    if (np.bincount(src, minlength=n) != 2).any():  # two neighbours each (in-degree follows from the reverses)
+        return None
+    pieces, _ = connected_components(csr_matrix((np.ones(len(src)), (src, dst)), shape=(n, n)), directed=False)
+    if pieces != 1:
+        return None
+    left_out = topology.ranks[0]
+    entering = sum((exact(link.capacity) for link in topology.in_links[left_out]), Fraction(0))
+    return Cut(frozenset(topology.vertices) - {left_out}, n - 1, entering)
 
 
 def allgather_cut_bound(topology: Topology) -> Fraction:

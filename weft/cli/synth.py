@@ -281,24 +281,39 @@ def default_time_limit(args: argparse.Namespace) -> float:
 
 
 def _refuse_early(args: argparse.Namespace) -> None:
-    """A baseline past the expansion limit on a large topology file is refused from its rank count alone, before
-    the file is validated whole (a 100,000-rank ring takes seconds to validate)."""
-    from synth.baselines import check_sends
+    """A baseline past the expansion limit on a large fabric is refused from its rank count alone: a catalog spec
+    before it is built (a 16,384-rank hypercube takes seconds to build), a large topology file before it is
+    validated whole (a 100,000-rank ring takes seconds to validate)."""
+    from topologies.catalog import spec_size
     from topologies.errors import TopologyError
     from topologies.jsonfile import read_json
 
     path = Path(args.topology)
-    if not path.is_file() or path.stat().st_size < EARLY_CHECK_BYTES:
+    if not path.is_file():
+        try:
+            sized = spec_size(args.topology)
+        except WeftError:
+            return  # not a catalog spec: resolve says what it is
+        if sized is not None:
+            _check_early(args, sized[0], sized[1])
+        return
+    if path.stat().st_size < EARLY_CHECK_BYTES:
         return
     data = read_json(path, "topology", TopologyError)
     nranks = data.get("nranks") if isinstance(data, dict) else None
     if not isinstance(nranks, int) or isinstance(nranks, bool):
         return  # the full read says what is wrong
+    _check_early(args, str(data.get("name") or path), nranks)
+
+
+def _check_early(args: argparse.Namespace, fabric: str, nranks: int) -> None:
+    from synth.baselines import check_sends
+
     try:
         collective = Collective(args.collective, nranks, args.chunks or 1, args.root)
     except WeftError:
         return
-    check_sends(args.method, str(data.get("name") or path), collective)
+    check_sends(args.method, fabric, collective)
 
 
 def _score(
