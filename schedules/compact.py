@@ -38,11 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.schedule import Schedule, ScheduleError, Send, Step
+from schedules.schedule import Schedule, ScheduleError, Send, Step, Symmetry
 
 MAX_EXPANDED_SENDS = 8_000_000  # sends held as arrays (40 bytes each) for link and capacity checks and pricing
 MAX_WRITTEN_SENDS = 4_000_000  # sends written out one by one (a Send object each, or a line of JSON)
@@ -64,9 +65,11 @@ class SendTable:
     reduce: np.ndarray
     rounds: np.ndarray  # per step
     weight: int = 1  # how many sends each row stands for (a folded chunk-only generator's order)
-    memo: dict = field(default_factory=dict, compare=False, repr=False)  # derived counts, shared by copies
+    memo: dict[int, tuple[Any, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )  # derived counts, shared by copies
 
-    def counted(self, fabric):
+    def counted(self, fabric: Any) -> tuple[Any, ...]:
         """(link of every send, its Loads) on ``fabric`` (a FabricIndex), counted once per table and fabric:
         a baseline, the verifier and the cost model each ask for the same two million sends' loads."""
         from schedules.loads import count_loads
@@ -137,7 +140,7 @@ def _foldable(schedule: Schedule) -> int | None:
     return still[0] if len(still) == 1 else None
 
 
-def _disjoint_images(g, chunks: np.ndarray) -> bool:
+def _disjoint_images(g: Symmetry, chunks: np.ndarray) -> bool:
     """Whether g^j moves ``chunks`` off themselves for every 0 < j < order: no two in one cycle of g's chunk map,
     and each on a cycle as long as g's order."""
     label, sizes = _cycles(np.asarray(g.chunks, np.int64))
@@ -148,7 +151,9 @@ def _disjoint_images(g, chunks: np.ndarray) -> bool:
 
 
 @lru_cache(maxsize=2)
-def _expanded(sends: tuple, symmetries: tuple, nsteps: int, name: str) -> SendTable:
+def _expanded(
+    sends: tuple[tuple[Send, ...], ...], symmetries: tuple[Symmetry, ...], nsteps: int, name: str
+) -> SendTable:
     """The expansion of listed sends, kept for the next caller (rounds aside, which it does not depend on)."""
     steps = tuple(Step(1, s) for s in sends)
     schedule = Schedule(Collective("allgather", 1), "", steps, name, symmetries=symmetries)
@@ -365,4 +370,5 @@ def orbit_representatives(schedule: Schedule) -> np.ndarray:
         if table.weight != 1:  # a folded generator: the table's chunks have all their sends in it (send_table)
             held = np.unique(table.chunk)
             first[label[held]] = held
-    return first[label] == np.arange(size)
+    held_here: np.ndarray = first[label] == np.arange(size)
+    return held_here

@@ -60,15 +60,14 @@ def even_hosts(topology: Topology) -> bool:
         return False  # not even enough links for that (a 100,000-rank ring on one host)
     order = np.argsort(hosts, kind="stable")
     starts = np.cumsum(sizes) - sizes
-    src, dst = [], []
+    srcs, dsts = [], []
     for start, size in zip(starts.tolist(), sizes.tolist(), strict=True):
         members = order[start : start + size]
         grid_src, grid_dst = np.meshgrid(members, members, indexing="ij")
         off = grid_src != grid_dst
-        src.append(grid_src[off])
-        dst.append(grid_dst[off])
-    src, dst = np.concatenate(src), np.concatenate(dst)
-    link = fabric.link_index(src, dst)
+        srcs.append(grid_src[off])
+        dsts.append(grid_dst[off])
+    link = fabric.link_index(np.concatenate(srcs), np.concatenate(dsts))
     return bool((link >= 0).all()) and len(np.unique(fabric.capacity[link])) <= 1
 
 
@@ -156,12 +155,12 @@ def assemble(
         return _assemble_waves(
             method, topology, collective, [tuple(sends) for sends in steps], why, symmetries, meta, name
         )
-    steps = [tuple(sends) for sends in steps if sends]
-    draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in steps), symmetries=symmetries)
+    listed = [tuple(sends) for sends in steps if sends]
+    draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in listed), symmetries=symmetries)
     table = send_table(draft)  # refuses past MAX_EXPANDED_SENDS before any link is looked up
     _require(method, topology, table.src, table.dst, why)
-    rounds = step_rounds(topology, table, len(steps))
-    built = tuple(Step(r, sends) for r, sends in zip(rounds, steps, strict=True))
+    rounds = step_rounds(topology, table, len(listed))
+    built = tuple(Step(r, sends) for r, sends in zip(rounds, listed, strict=True))
     return Schedule(collective, topology.fingerprint, built, name, meta, symmetries)
 
 
