@@ -223,6 +223,20 @@ def bottleneck_cut(topology: Topology, sinks: tuple[int, ...] | None = None) -> 
         best = better
 
 
+MIN_FLOW_S_PER_ELEMENT = 1e-7  # a networkx max-flow visits every vertex and link at least once, at <= 10 M per s
+
+
+def cut_bound_floor_s(topology: Topology) -> tuple[float, int]:
+    """(a floor on the seconds ``bottleneck_cut`` takes, the max-flows it runs at least): its last round runs one
+    max-flow per orbit of ranks, each visiting every vertex and link; 0 where the closed form answers. A floor, so
+    a command may refuse at once where even it is past the time limit, and nothing that would finish is refused."""
+    if topology.nranks < 2 or _ring_cut(topology) is not None:
+        return 0.0, 0
+    sinks = len(rank_orbit_representatives(topology))
+    return sinks * (len(topology.vertices) + len(topology.links)) * MIN_FLOW_S_PER_ELEMENT, sinks
+
+
+@lru_cache(maxsize=4)
 def _ring_cut(topology: Topology) -> Cut | None:
     """On a ring (no switches, every rank linked both ways to exactly two others, one cycle, one capacity c) the
     best cut is every rank but one, with no max-flow: a set S of ranks that leaves one out is k >= 1 arcs, each
