@@ -89,6 +89,13 @@ def test_the_one_shot_allreduce_at_1024_gpus_is_compact_verified_and_priced(h102
     assert 19e6 < loads(schedule, h1024).predict_us(1 << 30) < 23e6
 
 
+def test_an_alltoall_at_1024_gpus_is_refused_from_its_cells_before_it_is_built(h1024):
+    """A billion rank × chunk cells: rhd refused at once (it went on to verify for a minute and 9.8 GB)."""
+    for method in ("rhd", "direct", "ring"):
+        with pytest.raises(TooLarge, match=r"(1,024 ranks × 1,048,576 chunks|sends, over the 8,000,000)"):
+            getattr(baselines, method)(h1024, Collective("alltoall", 1024))
+
+
 @pytest.mark.parametrize("spec", ["fully_connected:n=4", "hgx_h100:nodes=2"])
 def test_the_folded_one_shot_allreduce_verifies_and_prices_as_its_expansion(spec):
     from schedules.compact import expand

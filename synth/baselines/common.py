@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.compact import MAX_EXPANDED_SENDS, SendTable, TooLarge, listed_table, send_table, shape_table
+from schedules.compact import MAX_EXPANDED_SENDS, MAX_STATE, SendTable, TooLarge, listed_table, send_table, shape_table
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step, Symmetry
 from synth.errors import NotApplicable
@@ -87,12 +87,19 @@ def host_rotations(topology: Topology, order: list[int]) -> list[list[int]]:
 
 
 def check_size(method: str, fabric: str, collective: Collective, sends: int | None) -> None:
-    """TooLarge, before anything is built, where the schedule has more sends than this machine expands;
+    """TooLarge, before anything is built, where the schedule has more sends than this machine expands, or its
+    collective more rank × chunk cells than the verifier simulates (an all-to-all of 1024 ranks has a billion);
     ``fabric``: the topology's name, for the message."""
     if sends is not None and sends > MAX_EXPANDED_SENDS:
         raise TooLarge(
             f"{method}: {collective.name} on {fabric} is {sends:,} sends, over the "
             f"{MAX_EXPANDED_SENDS:,} this machine expands to check links and capacity (MAX_EXPANDED_SENDS)"
+        )
+    cells = collective.nranks * collective.nchunks
+    if cells > MAX_STATE:
+        raise TooLarge(
+            f"{method}: {collective.name} on {fabric} is {collective.nranks:,} ranks × {collective.nchunks:,} chunks, "
+            f"over the {MAX_STATE:,} cells this machine simulates to verify it (MAX_STATE)"
         )
 
 
