@@ -46,10 +46,12 @@ Fraction(1, 10)
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from math import lcm
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -73,7 +75,7 @@ class BoundError(WeftError):
 class Cut:
     """A vertex set S with its rank count and exact leaving capacity B⁺(S) in GB/s."""
 
-    vertices: frozenset
+    vertices: frozenset[Vertex]
     ranks: int
     capacity: Fraction
 
@@ -96,7 +98,7 @@ def _capacities(topology: Topology) -> dict[tuple[Vertex, Vertex], Fraction]:
     return {link.key: exact(link.capacity) for link in topology.links}
 
 
-def _cut(topology: Topology, inside: frozenset) -> Cut:
+def _cut(topology: Topology, inside: frozenset[Vertex]) -> Cut:
     leaving = sum(
         (exact(link.capacity) for v in inside for link in topology.out_links[v] if link.dst not in inside), Fraction(0)
     )
@@ -119,15 +121,15 @@ def _unreachable(topology: Topology, cut: Cut) -> UnreachableError:
 # ---- the cut bound ------------------------------------------------------------------------------
 
 
-def _host_groups(topology: Topology) -> list[frozenset]:
+def _host_groups(topology: Topology) -> list[frozenset[Vertex]]:
     """Each host's ranks with the switches only it uses; empty for a one-host fabric."""
     hosts = topology.hosts
     if len(set(hosts)) < 2:
         return []
     owner: dict[Vertex, int | None] = {r: hosts[r] for r in topology.ranks}
     for s in topology.switches:
-        near = {hosts[l.dst] for l in topology.out_links[s] if isinstance(l.dst, int)}
-        near |= {hosts[l.src] for l in topology.in_links[s] if isinstance(l.src, int)}
+        near = {hosts[link.dst] for link in topology.out_links[s] if isinstance(link.dst, int)}
+        near |= {hosts[link.src] for link in topology.in_links[s] if isinstance(link.src, int)}
         owner[s] = near.pop() if len(near) == 1 else None
     members: dict[int, set[Vertex]] = defaultdict(set)
     for v, h in owner.items():
@@ -136,20 +138,24 @@ def _host_groups(topology: Topology) -> list[frozenset]:
     return [frozenset(g) for g in members.values()]
 
 
-def _host_cuts(topology: Topology, caps: dict) -> list[Cut]:
+def _host_cuts(topology: Topology, caps: dict[tuple[Vertex, Vertex], Fraction]) -> list[Cut]:
     """Cheap candidates: each host with the switches only it uses, and each host's complement."""
     everything = frozenset(topology.vertices)
     cuts = []
     for group in _host_groups(topology):
-        leaving = sum((caps[l.key] for v in group for l in topology.out_links[v] if l.dst not in group), Fraction(0))
-        entering = sum((caps[l.key] for v in group for l in topology.in_links[v] if l.src not in group), Fraction(0))
+        leaving = sum(
+            (caps[link.key] for v in group for link in topology.out_links[v] if link.dst not in group), Fraction(0)
+        )
+        entering = sum(
+            (caps[link.key] for v in group for link in topology.in_links[v] if link.src not in group), Fraction(0)
+        )
         ranks = sum(1 for v in group if isinstance(v, int))
         cuts.append(Cut(frozenset(group), ranks, leaving))
         cuts.append(Cut(everything - group, topology.nranks - ranks, entering))
     return cuts
 
 
-def _all_but(topology: Topology, caps: dict, rank: int) -> Cut:
+def _all_but(topology: Topology, caps: dict[tuple[Vertex, Vertex], Fraction], rank: int) -> Cut:
     entering = sum((caps[link.key] for link in topology.in_links[rank]), Fraction(0))
     return Cut(frozenset(topology.vertices) - {rank}, topology.nranks - 1, entering)
 
@@ -160,9 +166,9 @@ def _first_cuts(topology: Topology, sinks: tuple[int, ...]) -> list[Cut]:
     return [c for c in cuts if c.ranks and any(v not in c.vertices for v in sinks)]
 
 
-def _source_side(residual: nx.DiGraph, source: Vertex, scale: float) -> frozenset:
+def _source_side(residual: nx.DiGraph, source: Hashable, scale: float) -> frozenset[Vertex]:
     """Vertices reachable from source over links with residual capacity: the source side of a min cut."""
-    seen = {source}
+    seen: set[Any] = {source}
     stack = [source]
     while stack:
         u = stack.pop()
@@ -201,6 +207,9 @@ def bottleneck_cut(topology: Topology, sinks: tuple[int, ...] | None = None) -> 
     if topology.nranks < 2:
         raise BoundError(f"topology {topology.name}: a cut bound needs at least 2 ranks")
     if sinks is None:
+        ring = _ring_cut(topology)
+        if ring is not None:
+            return ring
         sinks = rank_orbit_representatives(topology)
     best = max(_first_cuts(topology, sinks), key=lambda c: c.ratio if c.capacity else float("inf"))
     if best.capacity == 0:
@@ -212,6 +221,47 @@ def bottleneck_cut(topology: Topology, sinks: tuple[int, ...] | None = None) -> 
         if better is None:
             return best
         best = better
+
+
+MIN_FLOW_S_PER_ELEMENT = 1e-7  # a networkx max-flow visits every vertex and link at least once, at <= 10 M per s
+
+
+def cut_bound_floor_s(topology: Topology) -> tuple[float, int]:
+    """(a floor on the seconds ``bottleneck_cut`` takes, the max-flows it runs at least): its last round runs one
+    max-flow per orbit of ranks, each visiting every vertex and link; 0 where the closed form answers. A floor, so
+    a command may refuse at once where even it is past the time limit, and nothing that would finish is refused."""
+    if topology.nranks < 2 or _ring_cut(topology) is not None:
+        return 0.0, 0
+    sinks = len(rank_orbit_representatives(topology))
+    return sinks * (len(topology.vertices) + len(topology.links)) * MIN_FLOW_S_PER_ELEMENT, sinks
+
+
+@lru_cache(maxsize=4)
+def _ring_cut(topology: Topology) -> Cut | None:
+    """On a ring (no switches, every rank linked both ways to exactly two others, one cycle, one capacity c) the
+    best cut is every rank but one, with no max-flow: a set S of ranks that leaves one out is k >= 1 arcs, each
+    with its own two links leaving, so |S ∩ ranks| / B⁺(S) <= (N-1) / 2kc <= (N-1) / 2c. None on anything else."""
+    n = topology.nranks
+    if topology.switches or n < 3 or len(topology.links) != 2 * n:
+        return None
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    table = np.array([(link.src, link.dst, link.capacity) for link in topology.links], float)
+    src, dst = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+    keys = np.unique(src * n + dst)
+    if len(keys) != 2 * n or len(np.unique(table[:, 2])) != 1 or (src == dst).any():
+        return None
+    if not np.isin(dst * n + src, keys).all():  # every link has its reverse
+        return None
+    if (np.bincount(src, minlength=n) != 2).any():  # two neighbours each (in-degree follows from the reverses)
+        return None
+    pieces, _ = connected_components(csr_matrix((np.ones(len(src)), (src, dst)), shape=(n, n)), directed=False)
+    if pieces != 1:
+        return None
+    left_out = topology.ranks[0]
+    entering = sum((exact(link.capacity) for link in topology.in_links[left_out]), Fraction(0))
+    return Cut(frozenset(topology.vertices) - {left_out}, n - 1, entering)
 
 
 def allgather_cut_bound(topology: Topology) -> Fraction:
@@ -277,7 +327,7 @@ def smallest_rank_cut(topology: Topology) -> Fraction:
                 continue
             cutoff = None if best is None else float(best) * (1 + TOLERANCE)
             flow = dinitz(graph, anchor, sink, residual=residual, cutoff=cutoff)
-            if cutoff is not None and flow.graph["flow_value"] >= float(best) * (1 - TOLERANCE):
+            if best is not None and cutoff is not None and flow.graph["flow_value"] >= float(best) * (1 - TOLERANCE):
                 continue  # no smaller cut here (a flow stopped at its cutoff has no min cut to read)
             source_side = _source_side(flow, anchor, max(flow.graph["flow_value"], 1.0))
             if graph is backward:
@@ -301,25 +351,25 @@ def _ingress_graph(topology: Topology) -> nx.DiGraph:
     too), so a cut here still bounds what the fabric carries. Edges hold their exact capacity as well.
     """
 
-    def vertex(v: Vertex, side: str):
+    def vertex(v: Vertex, side: str) -> Any:
         return (side, v) if isinstance(v, int) else v
 
     graph = nx.DiGraph()
 
-    def add(a, b, capacity: Fraction) -> None:
+    def add(a: Hashable, b: Hashable, capacity: Fraction) -> None:
         exact_total = graph[a][b]["exact"] + capacity if graph.has_edge(a, b) else capacity
         graph.add_edge(a, b, capacity=float(exact_total), exact=exact_total)
 
     groups: dict[tuple[Vertex, Vertex], list[int]] = defaultdict(list)
     for i, group in enumerate(topology.sharing):
         for key in group.links:
-            groups[tuple(key)].append(i)
+            groups[(key[0], key[1])].append(i)
         add(("group", i, "in"), ("group", i, "out"), exact(group.bandwidth))
     for link in topology.links:
         hops = [vertex(link.src, "send")]
         hops += [v for i in groups[link.key] for v in (("group", i, "in"), ("group", i, "out"))]
         hops.append(vertex(link.dst, "receive"))
-        for a, b in zip(hops, hops[1:]):
+        for a, b in zip(hops, hops[1:], strict=False):
             if not (a[0] == "group" and b[0] == "group" and a[1] == b[1]):
                 add(a, b, exact(link.capacity))
     for r in topology.ranks:
@@ -388,7 +438,8 @@ def allreduce_factor(topology: Topology) -> Fraction:
     groups = _host_groups(topology)
     if len(groups) > 1:
         host_ingress = sum(
-            (caps[l.key] for g in groups for v in g for l in topology.in_links[v] if l.src not in g), Fraction(0)
+            (caps[link.key] for g in groups for v in g for link in topology.in_links[v] if link.src not in g),
+            Fraction(0),
         )
         best = max(best, Fraction(2 * (len(groups) - 1)) / host_ingress)
     return best

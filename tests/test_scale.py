@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -75,13 +76,54 @@ def test_symmetric_baselines_at_1024_gpus_are_compact_and_verify(h1024, method, 
     assert verify(schedule, h1024).ok
 
 
-def test_the_one_shot_allreduce_at_1024_gpus_is_refused_before_it_is_built(h1024):
-    with pytest.raises(
-        TooLarge,
-        match=r"direct: allreduce on hgx_h100:nodes=128 is 1,072,693,248 sends, over the "
-        r"8,000,000 this machine expands",
-    ):
-        baselines.direct(h1024, Collective("allreduce", 1024))
+def test_the_one_shot_allreduce_at_1024_gpus_is_compact_verified_and_priced(h1024):
+    """A billion sends: rank 0's 1023 sends of chunk 0, the rank rotation and the chunk map (folded, so the
+    verifier and the cost model hold a million rows)."""
+    from schedules.cost import loads
+    from schedules.verify import verify
+
+    schedule = baselines.direct(h1024, Collective("allreduce", 1024))
+    assert schedule.nsends == 1024 * 1023 * 1024 and sum(len(step.sends) for step in schedule.steps) == 1023
+    assert verify(schedule, h1024).ok
+    # every rank sends the whole 1 GB to each of 1023 others over its 50 GB/s NIC: about 20 s
+    assert 19e6 < loads(schedule, h1024).predict_us(1 << 30) < 23e6
+
+
+def test_an_alltoall_at_1024_gpus_is_refused_from_its_cells_before_it_is_built(h1024):
+    """A billion rank × chunk cells: rhd refused at once (it went on to verify for a minute and 9.8 GB)."""
+    for method in ("rhd", "direct", "ring"):
+        with pytest.raises(TooLarge, match=r"(1,024 ranks × 1,048,576 chunks|sends, over the 8,000,000)"):
+            getattr(baselines, method)(h1024, Collective("alltoall", 1024))
+
+
+@pytest.mark.parametrize("spec", ["fully_connected:n=4", "hgx_h100:nodes=2"])
+def test_the_folded_one_shot_allreduce_verifies_and_prices_as_its_expansion(spec):
+    from schedules.compact import expand
+    from schedules.cost import loads
+    from schedules.verify import verify
+
+    topology = build(spec)
+    compact = baselines.direct(topology, Collective("allreduce", topology.nranks))
+    whole = expand(compact)
+    assert not whole.symmetries and whole.nsends == compact.nsends
+    assert verify(compact, topology).ok and verify(whole, topology).ok
+    for size in (1 << 10, 1 << 30):
+        assert loads(compact, topology).predict_us(size) == pytest.approx(loads(whole, topology).predict_us(size))
+
+
+def test_a_folded_one_shot_allreduce_missing_a_send_is_refused():
+    """The chunk map is folded, yet a dropped send still leaves its chunk short on every rank it stood for."""
+    from dataclasses import replace
+
+    from schedules.schedule import Step
+    from schedules.verify import verify
+
+    topology = build("fully_connected:n=4")
+    schedule = baselines.direct(topology, Collective("allreduce", 4))
+    step = schedule.steps[0]
+    broken = replace(schedule, steps=(Step(step.rounds, step.sends[:-1]),))
+    result = verify(broken, topology)
+    assert not result.ok and any("postcondition" in line for line in result.errors)
 
 
 def test_the_bounds_at_1024_gpus_finish():
@@ -104,15 +146,38 @@ def test_each_baseline_on_hypercube_d14_refuses_naming_the_limit_before_building
             getattr(baselines, method)(topology, Collective(name, topology.nranks))
 
 
-def test_a_baseline_on_hypercube_d14_refuses_in_one_line():
-    code, _, err = run(["synth", "allgather", "-t", "hypercube:d=14", "--method", "ring"])
-    line = _one_error_line(err)  # the memory budget (weft.synthesis) or the expansion limit, whichever asks first
-    assert code == 2 and ("MAX_EXPANDED_SENDS" in line or "of memory, more than the budget" in line)
+def test_a_baseline_on_hypercube_d14_refuses_in_one_line_before_the_fabric_is_built(monkeypatch):
+    """From the spec's rank count: building the 16,384-rank hypercube alone takes seconds."""
+    import topologies.catalog
+
+    def no_build(spec):
+        raise AssertionError(f"built {spec}")
+
+    monkeypatch.setattr(topologies.catalog, "build", no_build)
+    for method, name in (("ring", "allgather"), ("direct", "allreduce"), ("twoshot", "allreduce")):
+        code, _, err = run(["synth", name, "-t", "hypercube:d=14", "--method", method])
+        line = _one_error_line(err)
+        assert code == 2 and f"{method}: {name} on hypercube:d=14 is" in line and "MAX_EXPANDED_SENDS" in line
 
 
-def test_the_hypercube_d14_bound_ends_at_its_time_limit_in_one_line():
-    code, _, err = run(["topo", "bound", "hypercube:d=14", "allgather", "--time-limit", "1"])
-    assert code == 1 and "--time-limit 1 s reached while" in _one_error_line(err)
+@pytest.mark.parametrize(
+    "spec,name,nranks",
+    [("hypercube:d=14", "hypercube:d=14", 16384), ("torus2d:y=3", "torus2d:y=3", 12), ("ring", "ring", 8)],
+)
+def test_a_catalog_spec_states_its_size_as_the_built_fabric_has_it(spec, name, nranks):
+    from topologies.catalog import spec_size
+
+    assert spec_size(spec) == (name, nranks)
+    if nranks < 100:
+        built = build(spec)
+        assert (built.name, built.nranks) == (name, nranks)
+
+
+def test_the_hypercube_d14_bound_refuses_at_once_past_its_time_limit_in_one_line():
+    """16,384 max-flows over 245,760 vertices and links cannot fit 60 s: refused from the estimate, not the alarm."""
+    code, _, err = run(["topo", "bound", "hypercube:d=14", "allgather"])
+    line = _one_error_line(err)
+    assert code == 1 and "16,384 max-flows" in line and "past --time-limit 60 s" in line
 
 
 def test_hypercube_d14_shows():
@@ -125,11 +190,41 @@ def test_a_100000_rank_ring_file_validates(ring100k):
     assert code == 0 and "100000 ranks" in stdout, err
 
 
-def test_a_100000_rank_ring_file_through_bound_and_synthesis_finishes_or_refuses_in_one_line(ring100k, tmp_path):
-    """The bound ends at the time limit (it has none of its own); the ring refuses at once: (N-1)N sends are past
-    what this machine expands. (The MILP and trees stop on the same deadline as the bound.)"""
+def test_the_bound_on_a_100000_rank_ring_file_finishes(ring100k):
+    """A ring's cut bound has a closed form, (N-1) / 2c: all ranks but one, no max-flow over 100,000 vertices."""
+    code, stdout, err = run(["topo", "bound", str(ring100k), "allgather", "--json"])
+    assert code == 0, err
+    assert json.loads(stdout)["factor"] == str(Fraction(99_999, 50) / 100_000)
+
+
+@pytest.mark.parametrize("spec", ["ring:n=3", "ring:n=7", "ring:n=12"])
+def test_the_ring_cut_is_the_max_flow_cut(spec):
+    """The closed form equals Dinkelbach's max-flows (asked with explicit sinks, which skip the closed form)."""
+    from schedules.bounds import bottleneck_cut
+
+    topology = build(spec)
+    assert bottleneck_cut(topology).ratio == bottleneck_cut(topology, tuple(topology.ranks)).ratio
+
+
+def test_a_ring_with_one_slower_link_takes_the_max_flow_path():
+    from schedules.bounds import bottleneck_cut
+    from topologies.topology import Link, Topology
+
+    n = 6
+    links = tuple(Link(i, (i + d) % n, 10.0 if (i, d) == (0, 1) else 25.0) for i in range(n) for d in (1, n - 1))
+    topology = Topology("uneven", n, links)
+    assert bottleneck_cut(topology).ratio == bottleneck_cut(topology, tuple(topology.ranks)).ratio == Fraction(5, 35)
+
+
+def test_a_100000_rank_ring_file_through_synthesis_refuses_in_one_line(ring100k, tmp_path):
+    """The ring refuses at once: (N-1)N sends are past what this machine expands; trees and the MILP refuse
+    from the memory they would need, before the file is solved."""
     for argv, code, needle in (
-        (["topo", "bound", str(ring100k), "allgather", "--time-limit", "2"], 1, "--time-limit 2 s reached"),
+        (
+            ["synth", "allgather", "-t", str(ring100k), "--method", "trees", "--time-limit", "5"],
+            2,
+            "more than the budget",
+        ),
         (
             ["synth", "allgather", "-t", str(ring100k), "--method", "ring", "-o", str(tmp_path / "r.json")],
             2,

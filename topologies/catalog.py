@@ -435,6 +435,33 @@ def catalog_specs(nodes: int | None = None) -> list[str]:
 
 def build(spec: str) -> Topology:
     """The topology a spec names: ``name`` or ``name:key=value,key=value`` with integer values."""
+    found, values = _parse(spec)
+    return found.generator(**values)
+
+
+def spec_size(spec: str) -> tuple[str, int] | None:
+    """(the name ``build`` gives it, its rank count) for a spec of a generated fabric whose size follows from its
+    parameters (ring, line, switch, fully connected, torus, hypercube), without building it: a command can
+    refuse a 16,384-rank hypercube from its size at once; None for any other spec (TopologyError if it is bad)."""
+    found, values = _parse(spec)
+    if found.name not in _RANKS:
+        return None
+    given = {p.name: values.get(p.name, p.default) for p in found.params}
+    return _checked(found.name, **given), _RANKS[found.name](given)
+
+
+_RANKS: dict[str, Callable[[dict[str, int]], int]] = {
+    "ring": lambda v: v["n"],
+    "line": lambda v: v["n"],
+    "fully_connected": lambda v: v["n"],
+    "switch": lambda v: v["n"],
+    "torus2d": lambda v: v["x"] * v["y"],
+    "hypercube": lambda v: 1 << v["d"],
+}
+
+
+def _parse(spec: str) -> tuple[Entry, dict[str, int]]:
+    """The entry a spec names and the values it gives (checked against the entry's ranges)."""
     if not isinstance(spec, str) or not spec.strip():
         raise TopologyError(f"topology spec {spec!r}: empty (try 'weft topo list')")
     name, colon, rest = spec.strip().partition(":")
@@ -458,7 +485,7 @@ def build(spec: str) -> Topology:
     if colon and not values:
         raise TopologyError(f"topology spec {spec!r}: nothing after ':' (write {found.name}:key=value)")
     _check_values(found, values, spec)
-    return found.generator(**values)
+    return found, values
 
 
 def _param(found: Entry, key: str, spec: str) -> Param:

@@ -20,7 +20,7 @@ that fit its busiest link and sharing group.
 """
 
 from synth.baselines.common import check_size
-from synth.baselines.direct import direct, direct_sends, twoshot, twoshot_sends
+from synth.baselines.direct import direct, direct_sends, pair_sends, twoshot, twoshot_sends
 from synth.baselines.rhd import rhd, rhd_sends
 from synth.baselines.ring import hamiltonian_cycle, ring, ring_sends
 from synth.baselines.tree import tree, tree_sends
@@ -38,8 +38,8 @@ def solver(method: str):
 
 def check_sends(method: str, fabric: str, collective) -> None:
     """TooLarge where ``method`` would make more sends than this machine expands: a refusal that needs only the
-    rank count, so the CLI can give it before reading a large topology file whole (2dh: as direct, its bound)."""
-    check_size(method, fabric, collective, SENDS.get(method, direct_sends)(collective))
+    rank count, so the CLI can give it before reading a large topology file whole (2dh: all pairs' data, its bound)."""
+    check_size(method, fabric, collective, SENDS.get(method, pair_sends)(collective))
 
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from schedules.collectives import Collective
-from schedules.compact import MAX_EXPANDED_SENDS, SendTable, TooLarge, listed_table, send_table, shape_table
+from schedules.compact import MAX_EXPANDED_SENDS, MAX_STATE, SendTable, TooLarge, listed_table, send_table, shape_table
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step, Symmetry
 from synth.errors import NotApplicable
@@ -60,15 +60,14 @@ def even_hosts(topology: Topology) -> bool:
         return False  # not even enough links for that (a 100,000-rank ring on one host)
     order = np.argsort(hosts, kind="stable")
     starts = np.cumsum(sizes) - sizes
-    src, dst = [], []
-    for start, size in zip(starts.tolist(), sizes.tolist()):
+    srcs, dsts = [], []
+    for start, size in zip(starts.tolist(), sizes.tolist(), strict=True):
         members = order[start : start + size]
         grid_src, grid_dst = np.meshgrid(members, members, indexing="ij")
         off = grid_src != grid_dst
-        src.append(grid_src[off])
-        dst.append(grid_dst[off])
-    src, dst = np.concatenate(src), np.concatenate(dst)
-    link = fabric.link_index(src, dst)
+        srcs.append(grid_src[off])
+        dsts.append(grid_dst[off])
+    link = fabric.link_index(np.concatenate(srcs), np.concatenate(dsts))
     return bool((link >= 0).all()) and len(np.unique(fabric.capacity[link])) <= 1
 
 
@@ -88,12 +87,19 @@ def host_rotations(topology: Topology, order: list[int]) -> list[list[int]]:
 
 
 def check_size(method: str, fabric: str, collective: Collective, sends: int | None) -> None:
-    """TooLarge, before anything is built, where the schedule has more sends than this machine expands;
+    """TooLarge, before anything is built, where the schedule has more sends than this machine expands, or its
+    collective more rank × chunk cells than the verifier simulates (an all-to-all of 1024 ranks has a billion);
     ``fabric``: the topology's name, for the message."""
     if sends is not None and sends > MAX_EXPANDED_SENDS:
         raise TooLarge(
             f"{method}: {collective.name} on {fabric} is {sends:,} sends, over the "
             f"{MAX_EXPANDED_SENDS:,} this machine expands to check links and capacity (MAX_EXPANDED_SENDS)"
+        )
+    cells = collective.nranks * collective.nchunks
+    if cells > MAX_STATE:
+        raise TooLarge(
+            f"{method}: {collective.name} on {fabric} is {collective.nranks:,} ranks × {collective.nchunks:,} chunks, "
+            f"over the {MAX_STATE:,} cells this machine simulates to verify it (MAX_STATE)"
         )
 
 
@@ -156,12 +162,12 @@ def assemble(
         return _assemble_waves(
             method, topology, collective, [tuple(sends) for sends in steps], why, symmetries, meta, name
         )
-    steps = [tuple(sends) for sends in steps if sends]
-    draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in steps), symmetries=symmetries)
+    listed = [tuple(sends) for sends in steps if sends]
+    draft = Schedule(collective, topology.fingerprint, tuple(Step(1, sends) for sends in listed), symmetries=symmetries)
     table = send_table(draft)  # refuses past MAX_EXPANDED_SENDS before any link is looked up
     _require(method, topology, table.src, table.dst, why)
-    rounds = step_rounds(topology, table, len(steps))
-    built = tuple(Step(r, sends) for r, sends in zip(rounds, steps))
+    rounds = step_rounds(topology, table, len(listed))
+    built = tuple(Step(r, sends) for r, sends in zip(rounds, listed, strict=True))
     return Schedule(collective, topology.fingerprint, built, name, meta, symmetries)
 
 
@@ -185,7 +191,7 @@ def _assemble_waves(
     shaped, first = shape_table(draft)
     rounds = np.asarray(step_rounds(topology, shaped, nsteps), np.int64)[first]
     alone = step_rounds(topology, own, len(steps))
-    built = tuple(Step(r, sends) for r, sends in zip(alone, steps))
+    built = tuple(Step(r, sends) for r, sends in zip(alone, steps, strict=True))
     return Schedule(collective, topology.fingerprint, built, name, meta, symmetries, tuple(rounds.tolist()))
 
 

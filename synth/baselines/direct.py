@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from schedules.collectives import Collective
-from schedules.schedule import Schedule, Send
+from schedules.schedule import Schedule, Send, Symmetry
 from synth.baselines.common import assemble, block, check_ranks, check_size, own, require_links, rotation
 from synth.errors import NotApplicable
 from topologies.topology import Topology
@@ -29,6 +29,23 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
     check_ranks("direct", topology, collective)
     why = "direct sends every chunk straight from a rank that holds it to one that needs it"
     n = collective.nranks
+    if collective.name == "allreduce" and n > 1:
+        # rank 0's sends of chunk 0, the rotation r -> r+1 (every rank holds every chunk: no chunk moves with
+        # it) and the chunk map c -> c+1, which moves no rank: verified and priced folded (schedules.compact),
+        # n(n-1) rows for the n(n-1)·n sends
+        check_size("direct", topology.name, collective, direct_sends(collective))
+        ranks = tuple(range(1, n)) + (0,)
+        chunks = tuple(range(1, collective.nchunks)) + (0,)
+        everything = tuple(range(collective.nchunks))
+        return assemble(
+            "direct",
+            topology,
+            collective,
+            [[Send(0, 0, dst, "reduce") for dst in range(1, n)]],
+            started,
+            why,
+            (Symmetry(ranks, everything, n), Symmetry(tuple(range(n)), chunks, collective.nchunks)),
+        )
     if collective.name in _ROTATING and n > 1:
         # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
         check_size("direct", topology.name, collective, direct_sends(collective))
@@ -71,7 +88,15 @@ def twoshot(topology: Topology, collective: Collective) -> Schedule:
 
 
 def direct_sends(collective: Collective) -> int | None:
-    """How many sends direct makes, before any is built (None: a rooted collective, N sends at most per chunk)."""
+    """How many sends direct holds as arrays, before any is built (None: a rooted collective, N sends at most per
+    chunk). The one-shot all-reduce holds one per rank pair: its chunk map is folded (schedules.compact)."""
+    if collective.name == "allreduce":
+        return collective.nranks * (collective.nranks - 1)
+    return pair_sends(collective)
+
+
+def pair_sends(collective: Collective) -> int | None:
+    """How many sends moving every rank's data straight to every rank makes (None: a rooted collective)."""
     n, name = collective.nranks, collective.name
     if name not in _ROTATING:
         return None

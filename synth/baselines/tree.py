@@ -59,7 +59,11 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         and 2 * (n - 1) * collective.nchunks > COMPACT_FROM
     ):
         # the first chunk of every tree, and the shift that sends chunk m + used one step after chunk m
-        first = [t for parents, q in zip(trees, range(used)) for t in _allreduce_phases(parents, range(q, q + 1))]
+        first = [
+            t
+            for parents, q in zip(trees, range(used), strict=False)
+            for t in _allreduce_phases(parents, range(q, q + 1))
+        ]
         later = (np.arange(collective.nchunks) + used) % collective.nchunks
         shift = Symmetry(tuple(range(n)), tuple(later.tolist()), waves, shift=1)
         return assemble(
@@ -68,11 +72,11 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
     # Tree q carries chunks q, q+used, ...; all trees run side by side, step for step.
     parts = [range(q, collective.nchunks, used) for q in range(used)]
     if collective.name == "allreduce":
-        timelines = [t for parents, part in zip(trees, parts) for t in _allreduce_phases(parents, part)]
+        timelines = [t for parents, part in zip(trees, parts, strict=False) for t in _allreduce_phases(parents, part)]
     elif collective.name == "reduce":
-        timelines = [_reduce_up(parents, part) for parents, part in zip(trees, parts)]
+        timelines = [_reduce_up(parents, part) for parents, part in zip(trees, parts, strict=False)]
     else:
-        timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts)]
+        timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts, strict=False)]
     return assemble("tree", topology, collective, _merge(*timelines), started, "a tree edge", order=order, trees=used)
 
 
@@ -173,7 +177,7 @@ class _OutOfBudget(Exception):
 
 def _match(fabric: Topology, edges: set[tuple[int, int]], root: int | None) -> list[int] | None:
     """A placement found by subgraph monomorphism of the tree edges into the fabric's links, or None."""
-    links = nx.DiGraph([l.key for l in fabric.links])
+    links = nx.DiGraph([link.key for link in fabric.links])
     links.add_nodes_from(fabric.ranks)
     pattern = nx.DiGraph(list(edges))
     pattern.add_nodes_from(range(fabric.nranks))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -102,10 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="when compiling: Simple, LL packets, or auto (LL for schedules of at most 2 steps)",
     )
     for module in FAMILIES.values():
-        try:
+        with contextlib.suppress(ModuleNotFoundError):
             importlib.import_module(module).add_arguments(p)
-        except ModuleNotFoundError:
-            pass
     p.set_defaults(func=run)
 
 
@@ -126,7 +125,7 @@ def synthesize(args: argparse.Namespace, topology: Topology, collective: Collect
         if (e.name or "").split(".")[0] not in SOLVER_PACKAGES:
             raise
         raise ArgumentError(
-            f"weft synth: --method {args.method} needs {e.name.split('.')[0]}, which is not "
+            f"weft synth: --method {args.method} needs {(e.name or '').split('.')[0]}, which is not "
             "installed here (pip install z3-solver ortools)"
         ) from None
 
@@ -147,7 +146,7 @@ def sweep(
     """
     jobs = [(args, topology, collective, size) for size in sizes]
     if args.jobs <= 1 or len(jobs) == 1:
-        return [(size, _one_size(job)) for size, job in zip(sizes, jobs)]
+        return [(size, _one_size(job)) for size, job in zip(sizes, jobs, strict=False)]
     import multiprocessing
 
     from synth.workers import forking, worker_init
@@ -158,7 +157,7 @@ def sweep(
             min(args.jobs, len(jobs)), initializer=worker_init, initargs=(os.getpid(),)
         )
     try:
-        return list(zip(sizes, pool.map_async(_one_size, jobs, chunksize=1).get(timeout=WAIT_CAP_S)))
+        return list(zip(sizes, pool.map_async(_one_size, jobs, chunksize=1).get(timeout=WAIT_CAP_S), strict=False))
     finally:
         pool.terminate()
         pool.join()
@@ -210,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
         args.time_limit = max(0.1, deadline.left() - min(SCORE_RESERVE_S, 0.1 * limit))
         found = sweep(args, topology, collective, asked_sizes)
         deadline.quiet = False
-        rows, basis = [], set()
+        rows: list[tuple[Schedule, dict]] = []
+        basis: set[str] = set()
         swept = tuple(parse_bytes(size_text) for size_text in asked_sizes)
         for size_text, schedules in found:
             rows += _score(topology, schedules, parse_bytes(size_text), args, basis, swept, deadline)
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 [
                     {**s.to_json(), "pct_of_bound_by_size": pct, "written": w, **compared}
-                    for (s, pct), w in zip(rows, written)
+                    for (s, pct), w in zip(rows, written, strict=False)
                 ]
                 + plans,
                 indent=2,
@@ -255,7 +255,7 @@ def references_us(topology: Topology, collective: Collective, sizes: list[str]) 
 
     flat = loads(direct(topology, collective), topology).predict_many_us([parse_bytes(n) for n in sizes])
     return {
-        "direct": dict(zip(sizes, flat)),
+        "direct": dict(zip(sizes, flat, strict=False)),
         "bound": {n: lower_bound_us(topology, collective, parse_bytes(n)) for n in sizes},
     }
 
@@ -281,24 +281,41 @@ def default_time_limit(args: argparse.Namespace) -> float:
 
 
 def _refuse_early(args: argparse.Namespace) -> None:
-    """A baseline past the expansion limit on a large topology file is refused from its rank count alone, before
-    the file is validated whole (a 100,000-rank ring takes seconds to validate)."""
-    from synth.baselines import check_sends
+    """A baseline past the expansion limit on a large fabric is refused from its rank count alone: a catalog spec
+    before it is built (a 16,384-rank hypercube takes seconds to build), a large topology file before it is
+    validated whole (a 100,000-rank ring takes seconds to validate)."""
+    from topologies.catalog import spec_size
     from topologies.errors import TopologyError
     from topologies.jsonfile import read_json
 
     path = Path(args.topology)
-    if not path.is_file() or path.stat().st_size < EARLY_CHECK_BYTES:
+    if not path.is_file():
+        try:
+            sized = spec_size(args.topology)
+        except WeftError:
+            return  # not a catalog spec: resolve says what it is
+        if sized is not None:
+            _check_early(args, sized[0], sized[1])
+        return
+    if path.stat().st_size < EARLY_CHECK_BYTES:
         return
     data = read_json(path, "topology", TopologyError)
-    nranks = data.get("nranks") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return  # the full read says what is wrong
+    nranks = data.get("nranks")
     if not isinstance(nranks, int) or isinstance(nranks, bool):
         return  # the full read says what is wrong
+    _check_early(args, str(data.get("name") or path), nranks)
+
+
+def _check_early(args: argparse.Namespace, fabric: str, nranks: int) -> None:
+    from synth.baselines import check_sends
+
     try:
         collective = Collective(args.collective, nranks, args.chunks or 1, args.root)
     except WeftError:
         return
-    check_sends(args.method, str(data.get("name") or path), collective)
+    check_sends(args.method, fabric, collective)
 
 
 def _score(
@@ -337,7 +354,7 @@ def _score(
         basis.add(calibrated[1] if calibrated else ALPHA_BETA)
         if deadline is not None:
             deadline.phase = f"computing the {schedule.collective.name} bound on {topology.name}"
-        predicted = {format_bytes(n): t for n, t in zip(sizes, times)}
+        predicted = {format_bytes(n): t for n, t in zip(sizes, times, strict=False)}
         pct = {
             format_bytes(n): 100.0 * lower_bound_us(topology, schedule.collective, n) / predicted[format_bytes(n)]
             if predicted[format_bytes(n)]
@@ -402,10 +419,10 @@ def _write(args: argparse.Namespace, schedules: list[Schedule]) -> list[str | No
         save_schedule(schedules[0], out)
         return [str(out)]
     make_directory(out, "output", ArgumentError)
-    paths = []
-    for s in schedules:
-        path = out / f"{safe_name(s.name or s.collective.name)}-{s.content_hash[:8]}.json"
-        save_schedule(s, path)
+    paths: list[str | None] = []
+    for schedule in schedules:
+        path = out / f"{safe_name(schedule.name or schedule.collective.name)}-{schedule.content_hash[:8]}.json"
+        save_schedule(schedule, path)
         paths.append(str(path))
     return paths
 
@@ -416,7 +433,7 @@ def _compile_and_commit(args: argparse.Namespace, topology: Topology, schedules:
     from weft import pipeline
 
     results = []
-    for s, plan in ((s, p) for s in schedules for p in _plans_for(args, topology, s)):
+    for s, plan in ((one, p) for one in schedules for p in _plans_for(args, topology, one)):
         entry = {"plan": plan.name, "plan_hash": plan.content_hash}
         if args.output:
             path = Path(args.output)
@@ -467,7 +484,7 @@ def _print_table(topology: Topology, rows, written, plans) -> None:
         f"{n + ' µs':>11} {'%bound':>6}" for n in shown
     )
     print(head)
-    for (s, pct), path in zip(rows, written):
+    for (s, pct), path in zip(rows, written, strict=False):
         cells = " ".join(
             f"{s.meta.predicted_us[n]:>11.2f} {pct[n]:>6.1f}" if n in pct else f"{'-':>11} {'-':>6}" for n in shown
         )

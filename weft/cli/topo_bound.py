@@ -11,7 +11,7 @@ from fractions import Fraction
 from schedules.collectives import NAMES, Collective, collective_on
 from topologies import resolve
 from weft.cli import ArgumentError
-from weft.cli.deadline import Deadline
+from weft.cli.deadline import Deadline, TimeLimitReached
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes
 
@@ -81,6 +81,22 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _refuse_past(topology, collective: Collective, deadline: Deadline) -> None:
+    """TimeLimitReached at once where the cut bound's least possible cost is already past the time left."""
+    if collective.name not in ("allgather", "reducescatter"):
+        return
+    from schedules.bounds import cut_bound_floor_s
+
+    deadline.phase = f"estimating the {collective.name} bound's cost on {topology.name}"
+    floor, flows = cut_bound_floor_s(topology)
+    if floor > deadline.left():
+        raise TimeLimitReached(
+            f"weft topo bound: the cut bound on {topology.name} takes at least {floor:.0f} s ({flows:,} max-flows "
+            f"over {len(topology.vertices) + len(topology.links):,} vertices and links), past --time-limit "
+            f"{deadline.limit_s:g} s; nothing computed"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.size)
     if not 0 < args.time_limit < math.inf:
@@ -89,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         deadline.phase = f"reading topology {args.topology}"
         topology = resolve(args.topology)
         collective = collective_on(args.collective, topology.name, topology.nranks, 1, args.root)
+        _refuse_past(topology, collective, deadline)
         deadline.phase = f"computing the {collective.name} bound on {topology.name}"
         report = bound_report(topology, collective, nbytes)
     if args.json:
@@ -102,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         cut = report["cut"]
         print(
             f"  cut bound: {cut['ratio']} per (GB/s) = max |S ∩ ranks| / B+(S), at S with "
-            f"{counted(cut['ranks'], 'rank')} and {cut['capacity']} GB/s leaving; {cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
+            f"{counted(cut['ranks'], 'rank')} and {cut['capacity']} GB/s leaving; "
+            f"{cut['rounds_per_chunk']} rounds per chunk in SCCL units; "
             f"optimal rate {cut['optimal_rate_gbps']:.6g} GB/s per rank's slice"
         )
     if "allreduce" in report:
