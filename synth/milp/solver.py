@@ -402,7 +402,7 @@ def _tree_hops(job: _Job, topo: Topology, collective: Collective) -> dict | None
         return None
     trees_of = {r: [t.hops for t in forest.trees_of(r)] for r in topo.ranks}
     # the trees choose their own cross-host hops (not only the rails): any link of the fabric may carry one
-    return hierarchy.tree_hops(topo, collective, trees_of, frozenset(l.key for l in topo.links))
+    return hierarchy.tree_hops(topo, collective, trees_of, frozenset(link.key for link in topo.links))
 
 
 def _run(

@@ -289,7 +289,8 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
     low = steps_bound(problem.fabric, problem.collective)
     max_chunks = options.max_chunks or max(bound.denominator, 2)
     progress(
-        f"smt: {label}: at least {low} step{'s' * (low != 1)} and {bound} rounds per chunk (LP); chunks up to {max_chunks}"
+        f"smt: {label}: at least {low} step{'s' * (low != 1)} and {bound} rounds per chunk (LP); "
+        f"chunks up to {max_chunks}"
     )
     found: list[Schedule] = []
     best: Fraction | None = None
