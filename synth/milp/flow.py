@@ -23,6 +23,7 @@ from ortools.sat.python import cp_model
 
 from schedules.collectives import Collective
 from synth.milp.symmetry import Symmetry
+from synth.rank_links import rank_pair
 from topologies import Topology
 
 Key = tuple[int, int, int, int]  # (chunk, src, dst, step)
@@ -290,7 +291,7 @@ def _step_times(
         terms.append(StepTerm(k, *link_cost_us(link.latency, link.capacity, b), vars_, vars_))
     for group in topo.sharing:
         spec.check_time()
-        members = tuple(sorted(tuple(key) for key in group.links))
+        members = tuple(sorted(rank_pair(tuple(key)) for key in group.links))
         if canonical(members) != members:
             continue
         terms += group_terms(spec, group, members, on_link)

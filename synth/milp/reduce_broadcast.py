@@ -32,6 +32,7 @@ from synth.milp.flow import (
     link_cost_us,
     step_objective,
 )
+from synth.rank_links import rank_pair
 from topologies import Topology
 
 Key = tuple[int, int, int, int]  # (chunk, src, dst, step)
@@ -56,7 +57,7 @@ def build(spec: ReduceBroadcastSpec) -> FlowModel:
     """The CP-SAT model; ``FlowModel.sends`` holds the copies and ``FlowModel.reduces`` the partial sums."""
     model = cp_model.CpModel()
     topo, coll, steps = spec.topology, spec.collective, spec.steps
-    links = sorted(link.key for link in topo.links)
+    links = sorted(rank_pair(link.key) for link in topo.links)
     chunks, ranks, every = range(coll.nchunks), topo.ranks, range(1, steps + 1)
     r = {(c, u, v, k): model.new_bool_var(f"r{c}_{u}_{v}_{k}") for c in chunks for u, v in links for k in every}
     b = {(c, u, v, k): model.new_bool_var(f"b{c}_{u}_{v}_{k}") for c in chunks for u, v in links for k in every}
@@ -93,7 +94,7 @@ def build(spec: ReduceBroadcastSpec) -> FlowModel:
     ]
     flow_spec = FlowSpec(topo, coll, steps, spec.chunk_bytes, frozenset(links))
     for group in topo.sharing:
-        terms += group_terms(flow_spec, group, tuple(sorted(tuple(key) for key in group.links)), on_link)
+        terms += group_terms(flow_spec, group, tuple(sorted(rank_pair(tuple(key)) for key in group.links)), on_link)
     objective, units_per_us = step_objective(model, terms, steps, len(r) + len(b))
     model.minimize(objective)
     return FlowModel(model, b, objective, units_per_us, len(r) + len(b), reduces=r)
@@ -104,7 +105,8 @@ def _hint(model: cp_model.CpModel, spec: ReduceBroadcastSpec, r: dict, b: dict, 
     its partial), where it fits in the steps."""
     if not spec.hint or len(spec.hint) > spec.steps:
         return
-    reduces, copies = set(), set()
+    reduces: set[Key] = set()
+    copies: set[Key] = set()
     for k, step in enumerate(spec.hint, start=1):
         for s in step.sends:
             (reduces if s.op == "reduce" else copies).add((s.chunk, s.src, s.dst, k))
@@ -123,7 +125,7 @@ def pipelined_trees(fabric: Topology, topo: Topology, collective: Collective) ->
     room (``floor(chunk capacity)`` chunks a step). Roots take turns among the ranks that can take in and
     send out the most of ``fabric`` (on a line of three, the middle).
     """
-    links = frozenset(link.key for link in topo.links)
+    links = frozenset(rank_pair(link.key) for link in topo.links)
     toward = {r: d for r, d in hop_distances(topo.ranks, frozenset((v, u) for u, v in links)).items()}
     away = hop_distances(topo.ranks, links)
     score = {
