@@ -173,7 +173,9 @@ class _Fabric:
 
 def _fabric(topology: Topology) -> _Fabric:
     capacity = {link.key: link.capacity for link in topology.links}
-    pair_links, pair_capacity, users = {}, {}, Counter()
+    pair_links: dict[tuple[int, int], tuple] = {}
+    pair_capacity: dict[tuple[int, int], float] = {}
+    users: Counter[tuple] = Counter()
     for hops in rank_hops(topology).values():
         for hop in hops:
             pair_links[(hop.src, hop.dst)] = hop.links
