@@ -200,7 +200,10 @@ def _checked(
     """Everything ``Registry.commit`` needs, each part checked (the plan proven on the reference executor);
     nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
-    fingerprint = topo.fingerprint if isinstance(topo, Topology) else (topology or plan.weft.topology)
+    if isinstance(topo, Topology):
+        fingerprint = topo.fingerprint
+    else:  # topo is topology itself here: a fingerprint, or None
+        fingerprint = (topology if isinstance(topology, str) else None) or plan.weft.topology
     if isinstance(topo, Topology) and topo.known_as(plan.weft.topology):
         fingerprint = plan.weft.topology  # a plan recorded under the fabric's older fingerprint stays keyed by it
     if not fingerprint:

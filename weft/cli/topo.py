@@ -11,6 +11,7 @@ import importlib
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from topologies import Topology, TopologyError, load_topology, resolve, save_topology
 from topologies.catalog import entries
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": e.name,
             "aliases": list(e.aliases),
