@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import cast
 from xml.etree import ElementTree as ET
 
-from codegen.buffers import place_buffers
+from codegen.buffers import Placement, place_buffers
 from codegen.ir import Loc
 from codegen.protocol import choose_protocol, size_range
 from schedules.plan import MAX_MESSAGE_SIZE
@@ -50,47 +51,8 @@ def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto",
     collective = schedule.collective
     proto = choose_protocol(schedule, protocol)
     placement = place_buffers(collective)
+    tbs = _thread_blocks(schedule, placement, instances)
     n = collective.nranks
-    tbs: list[dict[tuple, _Tb]] = [{} for _ in range(n)]
-    order: list[list[tuple[tuple, _Step]]] = [[] for _ in range(n)]
-
-    def add(rank: int, role: tuple, step: _Step) -> None:
-        kind, peer, chan = role
-        tb = tbs[rank].setdefault(role, _Tb(peer if kind == "send" else -1, peer if kind == "recv" else -1, chan))
-        tb.steps.append(step)
-        order[rank].append((role, step))
-
-    loc: list[dict[int, Loc]] = [{c: placement.input_loc(r, c) for c in collective.precondition(r)} for r in range(n)]
-    for step in schedule.steps:
-        reading = {(s.src, s.chunk) for s in step.sends}
-        sums: dict[tuple[int, int], Loc] = {}  # reductions of this step so far: they add up
-        receives = []
-        for send in step.sends:
-            d, c = send.dst, send.chunk
-            src = loc[send.src][c]
-            if send.op == "reduce":
-                dst = placement.home(d, c)
-                held = sums.get((d, c), loc[d].get(c))
-                recv = _Step("rrc", held, dst, [held], [dst]) if held else _Step("r", src, dst, [], [dst])
-                sums[(d, c)] = dst
-            else:
-                dst = placement.home(d, c) if (d, c) not in reading else placement.new_scratch(d)
-                recv = _Step("r", src, dst, [], [dst])
-            for i in range(instances):
-                add(send.src, ("send", d, i), _piece(_Step("s", src, dst, [src], []), instances, i))
-            receives.append((d, send.src, c, dst, recv))
-        for d, peer, c, dst, recv in receives:  # sends read the step's starting state, so they go first
-            for i in range(instances):
-                add(d, ("recv", peer, i), _piece(recv, instances, i))
-            loc[d][c] = dst
-    for r in range(n):
-        for c in sorted(collective.postcondition(r)):
-            out = placement.output_loc(r, c)
-            if out is not None and loc[r].get(c) not in (None, out):
-                for i in range(instances):
-                    add(r, ("local", -1, i), _piece(_Step("cpy", loc[r][c], out, [loc[r][c]], [out]), instances, i))
-    for r in range(n):
-        _dependencies(tbs[r], order[r])
     lo, hi = size_range(proto)
     algo = ET.Element(
         "algo",
@@ -129,11 +91,64 @@ def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto",
     return ET.tostring(algo, encoding="unicode") + "\n"
 
 
-def _piece(step: _Step, instances: int, i: int) -> _Step:
-    def p(loc: Loc | None) -> Loc | None:
-        return None if loc is None else Loc(loc.rank, loc.type, loc.index * instances + i)
+def _thread_blocks(schedule: Schedule, placement: Placement, instances: int) -> list[dict[tuple, _Tb]]:
+    """Each rank's thread blocks (by role) with their steps, dependencies filled in."""
+    collective = schedule.collective
+    n = collective.nranks
+    tbs: list[dict[tuple, _Tb]] = [{} for _ in range(n)]
+    order: list[list[tuple[tuple, _Step]]] = [[] for _ in range(n)]
 
-    return _Step(step.type, p(step.src), p(step.dst), [p(x) for x in step.reads], [p(x) for x in step.writes])
+    def add(rank: int, role: tuple, step: _Step) -> None:
+        kind, peer, chan = role
+        tb = tbs[rank].setdefault(role, _Tb(peer if kind == "send" else -1, peer if kind == "recv" else -1, chan))
+        tb.steps.append(step)
+        order[rank].append((role, step))
+
+    # a rank's input buffer has a slot for every chunk of its precondition (both come from input_map)
+    loc: list[dict[int, Loc]] = [
+        {c: cast(Loc, placement.input_loc(r, c)) for c in collective.precondition(r)} for r in range(n)
+    ]
+    for step in schedule.steps:
+        reading = {(s.src, s.chunk) for s in step.sends}
+        sums: dict[tuple[int, int], Loc] = {}  # reductions of this step so far: they add up
+        receives = []
+        for send in step.sends:
+            d, c = send.dst, send.chunk
+            src = loc[send.src][c]
+            if send.op == "reduce":
+                dst = placement.home(d, c)
+                held = sums.get((d, c), loc[d].get(c))
+                recv = _Step("rrc", held, dst, [held], [dst]) if held else _Step("r", src, dst, [], [dst])
+                sums[(d, c)] = dst
+            else:
+                dst = placement.home(d, c) if (d, c) not in reading else placement.new_scratch(d)
+                recv = _Step("r", src, dst, [], [dst])
+            for i in range(instances):
+                add(send.src, ("send", d, i), _piece(_Step("s", src, dst, [src], []), instances, i))
+            receives.append((d, send.src, c, dst, recv))
+        for d, peer, c, dst, recv in receives:  # sends read the step's starting state, so they go first
+            for i in range(instances):
+                add(d, ("recv", peer, i), _piece(recv, instances, i))
+            loc[d][c] = dst
+    for r in range(n):
+        for c in sorted(collective.postcondition(r)):
+            out = placement.output_loc(r, c)
+            if out is not None and loc[r].get(c) not in (None, out):
+                for i in range(instances):
+                    add(r, ("local", -1, i), _piece(_Step("cpy", loc[r][c], out, [loc[r][c]], [out]), instances, i))
+    for r in range(n):
+        _dependencies(tbs[r], order[r])
+    return tbs
+
+
+def _piece(step: _Step, instances: int, i: int) -> _Step:
+    def q(loc: Loc) -> Loc:
+        return Loc(loc.rank, loc.type, loc.index * instances + i)
+
+    def p(loc: Loc | None) -> Loc | None:
+        return None if loc is None else q(loc)
+
+    return _Step(step.type, p(step.src), p(step.dst), [q(x) for x in step.reads], [q(x) for x in step.writes])
 
 
 def _tb_order(tbs: dict[tuple, _Tb]) -> list[tuple]:
@@ -143,22 +158,8 @@ def _tb_order(tbs: dict[tuple, _Tb]) -> list[tuple]:
 def _dependencies(tbs: dict[tuple, _Tb], order: list[tuple[tuple, _Step]]) -> None:
     """Fill depid/deps from slot reads and writes in logical order; extra edges become nop steps."""
     ids = {role: t for t, role in enumerate(_tb_order(tbs))}
-    writer: dict[Loc, tuple[tuple, _Step]] = {}
-    readers: dict[Loc, list[tuple[tuple, _Step]]] = defaultdict(list)
-    needs: dict[int, dict[tuple, _Step]] = {}
-    for role, step in order:
-        want: dict[tuple, _Step] = {}
-        sources = [writer.get(x) for x in step.reads + step.writes]
-        sources += [r for x in step.writes for r in readers[x]]
-        for source in sources:
-            if source is not None and source[0] != role:
-                want[source[0]] = source[1]  # later steps of one tb replace earlier ones: program order covers them
-        needs[id(step)] = want
-        for x in step.reads:
-            readers[x].append((role, step))
-        for x in step.writes:
-            writer[x], readers[x] = (role, step), []
-    for role, tb in tbs.items():
+    needs = _cross_tb_needs(order)
+    for tb in tbs.values():
         steps: list[_Step] = []
         for step in tb.steps:
             edges = sorted(needs[id(step)].items(), key=lambda kv: ids[kv[0]])
@@ -179,6 +180,26 @@ def _dependencies(tbs: dict[tuple, _Tb], order: list[tuple[tuple, _Step]]) -> No
                 t, k = s.dep
                 target = tbs[_tb_order(tbs)[t]].steps[k]
                 target.hasdep = True
+
+
+def _cross_tb_needs(order: list[tuple[tuple, _Step]]) -> dict[int, dict[tuple, _Step]]:
+    """Per step (by id), the last step of each other thread block it must wait for (slot reads and writes)."""
+    writer: dict[Loc, tuple[tuple, _Step]] = {}
+    readers: dict[Loc, list[tuple[tuple, _Step]]] = defaultdict(list)
+    needs: dict[int, dict[tuple, _Step]] = {}
+    for role, step in order:
+        want: dict[tuple, _Step] = {}
+        sources = [writer.get(x) for x in step.reads + step.writes]
+        sources += [r for x in step.writes for r in readers[x]]
+        for source in sources:
+            if source is not None and source[0] != role:
+                want[source[0]] = source[1]  # later steps of one tb replace earlier ones: program order covers them
+        needs[id(step)] = want
+        for x in step.reads:
+            readers[x].append((role, step))
+        for x in step.writes:
+            writer[x], readers[x] = (role, step), []
+    return needs
 
 
 def _step_attrs(s: int, st: _Step, roles: list[tuple]) -> dict[str, str]:

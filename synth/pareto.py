@@ -43,7 +43,8 @@ def candidates(
     chunk_options: Iterable[int] = (1, 2, 8),
     progress: Callable[[str], None] | None = None,
 ) -> list[Schedule]:
-    """Every baseline (2DH included, on several hosts) and tree schedule that exists for this topology and collective, at several chunkings."""
+    """Every baseline (2DH included, on several hosts) and tree schedule that exists for this topology and
+    collective, at several chunkings."""
     from synth import baselines, trees
 
     found: dict[str, Schedule] = {}

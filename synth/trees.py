@@ -105,7 +105,7 @@ def _rational_gcd(values: list[Fraction]) -> Fraction:
 
 def _units(topology: Topology, optimum: Fraction, per_root: int) -> list[Fraction]:
     """The unit optimum/per_root, then smaller ones, each raised to where no link loses a tree."""
-    caps = sorted({exact(l.capacity) for l in topology.links})
+    caps = sorted({exact(link.capacity) for link in topology.links})
     units = []
     for step in UNIT_STEPS:
         unit = optimum / per_root * step
@@ -119,7 +119,7 @@ def forest(topology: Topology, roots: tuple[int, ...], optimum: Fraction, option
     """Trees for ``roots`` reaching ``optimum`` GB/s per root, or as close as the packing gets."""
     if options.k is not None and options.k < 1:
         raise SynthesisError(f"trees: k: must be a positive number of trees per root, got {options.k}")
-    natural = optimum / _rational_gcd([exact(l.capacity) for l in topology.links] + [optimum])
+    natural = optimum / _rational_gcd([exact(link.capacity) for link in topology.links] + [optimum])
     per_root = options.k or min(int(natural), options.max_trees)
     deadline = time.monotonic() + options.time_limit
     for unit in _units(topology, optimum, per_root):
@@ -172,8 +172,10 @@ class _Fabric:
 
 
 def _fabric(topology: Topology) -> _Fabric:
-    capacity = {l.key: l.capacity for l in topology.links}
-    pair_links, pair_capacity, users = {}, {}, Counter()
+    capacity = {link.key: link.capacity for link in topology.links}
+    pair_links: dict[tuple[int, int], tuple] = {}
+    pair_capacity: dict[tuple[int, int], float] = {}
+    users: Counter[tuple] = Counter()
     for hops in rank_hops(topology).values():
         for hop in hops:
             pair_links[(hop.src, hop.dst)] = hop.links

@@ -44,9 +44,8 @@ def worker_init(parent: int | None = None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # held since the fork (``forking``)
     if sys.platform.startswith("linux"):
-        try:
+        # no prctl: the main process's terminate() still ends the pool
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass  # no prctl: the main process's terminate() still ends the pool
     if os.getppid() != parent:
         os._exit(1)

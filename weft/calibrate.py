@@ -160,16 +160,17 @@ def observations(
 ) -> tuple[list[Observation], list[str]]:
     """The measured (plan, size, µs) points of ``topology`` in these results files, and the files they came from.
     ``progress`` hears of each file before its plans are rebuilt (a few seconds each)."""
-    found, used = [], []
+    found: list[Observation] = []
+    used: list[str] = []
     for path in paths:
         if progress:
             progress(f"calibrate: rebuilding the plans timed in {Path(path).name}")
         doc = decode_json(
             read_bytes(path, "results", CalibrationError, MAX_RESULTS_BYTES), "results", str(path), CalibrationError
         )
-        rows = doc.get("rows") if isinstance(doc, dict) else None
-        if not isinstance(rows, list):
+        if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
             raise CalibrationError(f"results {path}: rows: missing; not a `weft bench` results file")
+        rows = doc["rows"]
         if doc.get("nranks") != topology.nranks:
             continue
         before = len(found)

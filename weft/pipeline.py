@@ -23,7 +23,7 @@ DTYPES = ("fp32", "fp16", "bf16")
 
 def check_sizes(plan: Plan) -> list[int]:
     """Sizes the reference executor runs a plan at: inside its range, whole granules per chunk, one ragged."""
-    from schedules.plan import CHUNK_GRANULE
+    from schedules.padding import CHUNK_GRANULE
 
     unit = plan.size_chunks * CHUNK_GRANULE
     sizes = []

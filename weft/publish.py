@@ -5,6 +5,7 @@ This lives in weft/ because it spans stages: schedules/ owns the registry but ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable
@@ -73,7 +74,8 @@ def _proof_path(plan: Plan) -> Path:
 def _remember(plan: Plan, record: dict) -> None:
     from topologies.jsonfile import write_text
 
-    try:
+    # an unwritable cache costs the next selection a proof, nothing else
+    with contextlib.suppress(RegistryError):
         write_text(
             _proof_path(plan),
             json.dumps(
@@ -91,8 +93,6 @@ def _remember(plan: Plan, record: dict) -> None:
             RegistryError,
             parents=True,
         )
-    except RegistryError:
-        pass  # an unwritable cache costs the next selection a proof, nothing else
 
 
 def proven(entry: Entry, progress: Progress | None = None) -> str:
@@ -141,7 +141,7 @@ def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None
         return found
     from schedules.cost import loads
 
-    return dict(zip(sizes, loads(schedule, topology).predict_many_us(sizes))), ALPHA_BETA
+    return dict(zip(sizes, loads(schedule, topology).predict_many_us(sizes), strict=True)), ALPHA_BETA
 
 
 def _priced_sizes(schedule: Schedule) -> list[int]:
@@ -201,7 +201,10 @@ def _checked(
     """Everything ``Registry.commit`` needs, each part checked (the plan proven on the reference executor);
     nothing is written, so callers can check a whole batch before committing any of it."""
     topo = resolve(topology) if isinstance(topology, str) and not topology.startswith("topo-") else topology
-    fingerprint = topo.fingerprint if isinstance(topo, Topology) else (topology or plan.weft.topology)
+    if isinstance(topo, Topology):
+        fingerprint = topo.fingerprint
+    else:  # topo is topology itself here: a fingerprint, or None
+        fingerprint = (topology if isinstance(topology, str) else None) or plan.weft.topology
     if isinstance(topo, Topology) and topo.known_as(plan.weft.topology):
         fingerprint = plan.weft.topology  # a plan recorded under the fabric's older fingerprint stays keyed by it
     if not fingerprint:

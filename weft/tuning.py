@@ -127,7 +127,7 @@ class Outcome:
     def powers_of_two(self) -> bool:
         """Whether the plan accepts any power-of-two size from 1 KB to 1 GB (an instance count with an odd factor,
         such as 24, splits messages into chunks that only odd multiples fill)."""
-        return bool(self.plan) and any(self.plan.accepts(1 << k) for k in range(10, 31))
+        return self.plan is not None and any(self.plan.accepts(1 << k) for k in range(10, 31))
 
 
 def grid(options: TuneOptions, peers: int = 1) -> list[Variant]:

@@ -23,6 +23,7 @@ from ortools.sat.python import cp_model
 
 from schedules.collectives import Collective
 from synth.milp.symmetry import Symmetry
+from synth.rank_links import rank_pair
 from topologies import Topology
 
 Key = tuple[int, int, int, int]  # (chunk, src, dst, step)
@@ -75,7 +76,7 @@ def link_cost_us(link_latency: float, capacity: float, chunk_bytes: float) -> tu
 
 def bandwidth_bound(links, chunk_bytes: float) -> bool:
     """Whether a chunk takes longer on some link than that link's latency (the bytes, not the hops, set the time)."""
-    return any(link_cost_us(l.latency, l.capacity, chunk_bytes)[1] > l.latency for l in links)
+    return any(link_cost_us(link.latency, link.capacity, chunk_bytes)[1] > link.latency for link in links)
 
 
 def hop_distances(ranks: range, links: frozenset[tuple[int, int]]) -> dict[int, dict[int, int]]:
@@ -193,12 +194,12 @@ def build_flow(spec: FlowSpec) -> FlowModel:
         if rep == key:
             canonical.add(key)
         if rep not in sends:
-            sends[rep] = model.NewBoolVar("x%d_%d_%d_%d" % rep)
+            sends[rep] = model.new_bool_var("x{}_{}_{}_{}".format(*rep))
         sends[key] = sends[rep]
     hint = shortest_path_sends(spec)
     for key, var in sends.items():
         if key in canonical:
-            model.AddHint(var, key in hint)
+            model.add_hint(var, key in hint)
 
     into: dict[tuple[int, int], list[Key]] = {}
     for key in sends:
@@ -211,20 +212,20 @@ def build_flow(spec: FlowSpec) -> FlowModel:
                 continue
             arrivals = [sends[k] for k in into.get((c, r), [])]
             if c in coll.postcondition(r):
-                model.AddExactlyOne(arrivals)
+                model.add_exactly_one(arrivals)
             elif arrivals:
-                model.AddAtMostOne(arrivals)
+                model.add_at_most_one(arrivals)
     for key, var in sends.items():
         spec.check_time()
         c, u, _, k = key
         if key not in canonical or c in coll.precondition(u):
             continue
         earlier = [sends[a] for a in into.get((c, u), []) if a[3] < k]
-        model.Add(var <= sum(earlier))
+        model.add(var <= sum(earlier))
 
     _host_entries(model, spec, sends)
     objective, units_per_us = _step_times(model, spec, sends, _link_orbits(spec))
-    model.Minimize(objective)
+    model.minimize(objective)
     return FlowModel(model, sends, objective, units_per_us, len(canonical))
 
 
@@ -244,7 +245,7 @@ def _host_entries(model: cp_model.CpModel, spec: FlowSpec, sends: dict[Key, cp_m
         held = {hosts[r] for r in spec.topology.ranks if c in coll.precondition(r)}
         wanted = {hosts[r] for r in spec.topology.ranks if c in coll.postcondition(r)}
         for host in sorted(wanted - held):
-            model.Add(sum(entering.get((c, host), [])) >= 1)
+            model.add(sum(entering.get((c, host), [])) >= 1)
 
 
 def _link_orbits(spec: FlowSpec) -> Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]]:
@@ -279,7 +280,7 @@ def _step_times(
     """
     topo, b = spec.topology, spec.chunk_bytes
     on_link: dict[tuple[tuple[int, int], int], list[cp_model.IntVar]] = {}
-    for (c, u, v, k), var in sends.items():
+    for (_, u, v, k), var in sends.items():
         on_link.setdefault(((u, v), k), []).append(var)
     terms: list[StepTerm] = []
     for (key, k), vars_ in on_link.items():
@@ -290,7 +291,7 @@ def _step_times(
         terms.append(StepTerm(k, *link_cost_us(link.latency, link.capacity, b), vars_, vars_))
     for group in topo.sharing:
         spec.check_time()
-        members = tuple(sorted(tuple(key) for key in group.links))
+        members = tuple(sorted(rank_pair(tuple(key)) for key in group.links))
         if canonical(members) != members:
             continue
         terms += group_terms(spec, group, members, on_link)
@@ -332,14 +333,14 @@ def step_objective(model: cp_model.CpModel, terms: list[StepTerm], steps: int, n
     """Step-time variables bounded below by every term; return (Σ T[k], integer units per µs)."""
     longest = max((t.alpha + len(t.load) * t.per_chunk for t in terms), default=1.0)
     scale = _STEP_UNITS / longest
-    times = [model.NewIntVar(0, _STEP_UNITS + nsends + 1, f"T{k}") for k in range(steps + 1)]
+    times = [model.new_int_var(0, _STEP_UNITS + nsends + 1, f"T{k}") for k in range(steps + 1)]
     for term in terms:
         a, per_chunk = round(term.alpha * scale), max(1, round(term.per_chunk * scale))
         load = sum(term.load)
         if a:
-            used = model.NewBoolVar("")
-            model.Add(sum(term.used) <= len(term.used) * used)
-            model.Add(times[term.step] >= a * used + per_chunk * load)
+            used = model.new_bool_var("")
+            model.add(sum(term.used) <= len(term.used) * used)
+            model.add(times[term.step] >= a * used + per_chunk * load)
         else:
-            model.Add(times[term.step] >= per_chunk * load)
+            model.add(times[term.step] >= per_chunk * load)
     return sum(times), scale

@@ -18,6 +18,7 @@ per rank and pipeline them. The split is a restriction, and an optimum within it
 from __future__ import annotations
 
 from schedules.collectives import Collective
+from synth.rank_links import rank, rank_pair
 from topologies import Topology
 
 INTER_HOST = ("rails", "trees")
@@ -44,10 +45,10 @@ def rail_offsets(topo: Topology) -> tuple[int, ...]:
     """
     if topo.nhosts < 2:
         return (0,)
-    cross = {link.key for link in topo.links if topo.hosts[link.src] != topo.hosts[link.dst]}
+    cross = {link.key for link in topo.links if topo.hosts[rank(link.src)] != topo.hosts[rank(link.dst)]}
     own_port: set[tuple[int, int]] = set()
     for group in topo.sharing:
-        keys = [tuple(key) for key in group.links if tuple(key) in cross]
+        keys = [rank_pair(tuple(key)) for key in group.links if tuple(key) in cross]
         sources, targets = {k[0] for k in keys}, {k[1] for k in keys}
         if len(sources) > 1 and len(targets) > 1:
             return (0,)  # a NIC (or port) several GPUs send through

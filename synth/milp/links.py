@@ -22,6 +22,7 @@ from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound
 from synth.milp.flow import hop_distances
 from synth.milp.hierarchy import rail_offsets
 from synth.milp.sketch import Sketch, SketchError
+from synth.rank_links import rank_pair
 from topologies import Topology
 
 LinkSet = frozenset[tuple[int, int]]
@@ -29,7 +30,7 @@ LinkSet = frozenset[tuple[int, int]]
 
 def allowed_links(topo: Topology, collective: Collective, sketch: Sketch, chunk_bytes: float) -> LinkSet:
     """The links sends may use on the switch-free ``topo`` for chunks of ``chunk_bytes``."""
-    everything = frozenset(link.key for link in topo.links)
+    everything = frozenset(rank_pair(link.key) for link in topo.links)
     bandwidth_bound = flow_bandwidth_bound(topo.links, chunk_bytes)
     if sketch.relays is not None:
         links = _relayed(topo, sketch)
@@ -52,23 +53,23 @@ def _relayed(topo: Topology, sketch: Sketch) -> LinkSet:
             raise SketchError(f"sketch {sketch.source}: relays[{i}]: rank {rank} does not exist ({topo.nranks} ranks)")
     relays = set(sketch.relays or ())
     return frozenset(
-        link.key
-        for link in topo.links
-        if topo.hosts[link.src] == topo.hosts[link.dst] or (link.src in relays and link.dst in relays)
+        (src, dst)
+        for src, dst in (rank_pair(link.key) for link in topo.links)
+        if topo.hosts[src] == topo.hosts[dst] or (src in relays and dst in relays)
     )
 
 
 def _railed(topo: Topology) -> LinkSet:
-    local, seen = [], {}
+    local: list[int] = []
+    seen: dict[int, int] = {}
     for r in topo.ranks:
         local.append(seen.get(topo.hosts[r], 0))
         seen[topo.hosts[r]] = local[-1] + 1
     offsets = rail_offsets(topo)
     return frozenset(
-        link.key
-        for link in topo.links
-        if topo.hosts[link.src] == topo.hosts[link.dst]
-        or (local[link.dst] - local[link.src]) % seen[topo.hosts[link.dst]] in offsets
+        (src, dst)
+        for src, dst in (rank_pair(link.key) for link in topo.links)
+        if topo.hosts[src] == topo.hosts[dst] or (local[dst] - local[src]) % seen[topo.hosts[dst]] in offsets
     )
 
 

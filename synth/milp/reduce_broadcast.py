@@ -32,6 +32,7 @@ from synth.milp.flow import (
     link_cost_us,
     step_objective,
 )
+from synth.rank_links import rank_pair
 from topologies import Topology
 
 Key = tuple[int, int, int, int]  # (chunk, src, dst, step)
@@ -56,36 +57,36 @@ def build(spec: ReduceBroadcastSpec) -> FlowModel:
     """The CP-SAT model; ``FlowModel.sends`` holds the copies and ``FlowModel.reduces`` the partial sums."""
     model = cp_model.CpModel()
     topo, coll, steps = spec.topology, spec.collective, spec.steps
-    links = sorted(link.key for link in topo.links)
+    links = sorted(rank_pair(link.key) for link in topo.links)
     chunks, ranks, every = range(coll.nchunks), topo.ranks, range(1, steps + 1)
-    r = {(c, u, v, k): model.NewBoolVar(f"r{c}_{u}_{v}_{k}") for c in chunks for u, v in links for k in every}
-    b = {(c, u, v, k): model.NewBoolVar(f"b{c}_{u}_{v}_{k}") for c in chunks for u, v in links for k in every}
-    root = {(c, u): model.NewBoolVar(f"root{c}_{u}") for c in chunks for u in ranks}
+    r = {(c, u, v, k): model.new_bool_var(f"r{c}_{u}_{v}_{k}") for c in chunks for u, v in links for k in every}
+    b = {(c, u, v, k): model.new_bool_var(f"b{c}_{u}_{v}_{k}") for c in chunks for u, v in links for k in every}
+    root = {(c, u): model.new_bool_var(f"root{c}_{u}") for c in chunks for u in ranks}
     out = {u: [v for s, v in links if s == u] for u in ranks}
     into = {v: [u for u, d in links if d == v] for v in ranks}
     for c in chunks:
-        model.AddExactlyOne(root[c, u] for u in ranks)
+        model.add_exactly_one(root[c, u] for u in ranks)
         for u in ranks:
-            model.Add(sum(r[c, u, v, k] for v in out[u] for k in every) + root[c, u] == 1)
-            model.Add(sum(b[c, w, u, k] for w in into[u] for k in every) + root[c, u] == 1)
-            late = {k: model.NewBoolVar("") for k in every}  # a partial of c reaches u in step k or later
+            model.add(sum(r[c, u, v, k] for v in out[u] for k in every) + root[c, u] == 1)
+            model.add(sum(b[c, w, u, k] for w in into[u] for k in every) + root[c, u] == 1)
+            late = {k: model.new_bool_var("") for k in every}  # a partial of c reaches u in step k or later
             held = root[c, u]  # u holds the sum of c at the start of step k (root: once no partial is late)
             for k in every:
                 if k < steps:
-                    model.AddImplication(late[k + 1], late[k])
+                    model.add_implication(late[k + 1], late[k])
                 for w in into[u]:
-                    model.AddImplication(r[c, w, u, k], late[k])
+                    model.add_implication(r[c, w, u, k], late[k])
                 if k > 1:
-                    now = model.NewBoolVar("")
-                    model.Add(now == held + sum(b[c, w, u, k - 1] for w in into[u]))
+                    now = model.new_bool_var("")
+                    model.add(now == held + sum(b[c, w, u, k - 1] for w in into[u]))
                     held = now
                 for v in out[u]:
-                    model.AddImplication(r[c, u, v, k], late[k].Not())
-                    model.AddImplication(b[c, u, v, k], late[k].Not())
-                    model.Add(b[c, u, v, k] <= held)
+                    model.add_implication(r[c, u, v, k], late[k].Not())
+                    model.add_implication(b[c, u, v, k], late[k].Not())
+                    model.add(b[c, u, v, k] <= held)
     _hint(model, spec, r, b, root)
     on_link: dict[tuple[tuple[int, int], int], list] = {}
-    for (c, u, v, k), var in list(r.items()) + list(b.items()):
+    for (_, u, v, k), var in list(r.items()) + list(b.items()):
         on_link.setdefault(((u, v), k), []).append(var)
     terms = [
         StepTerm(k, *link_cost_us(topo.link(*key).latency, topo.link(*key).capacity, spec.chunk_bytes), vs, vs)
@@ -93,9 +94,9 @@ def build(spec: ReduceBroadcastSpec) -> FlowModel:
     ]
     flow_spec = FlowSpec(topo, coll, steps, spec.chunk_bytes, frozenset(links))
     for group in topo.sharing:
-        terms += group_terms(flow_spec, group, tuple(sorted(tuple(key) for key in group.links)), on_link)
+        terms += group_terms(flow_spec, group, tuple(sorted(rank_pair(tuple(key)) for key in group.links)), on_link)
     objective, units_per_us = step_objective(model, terms, steps, len(r) + len(b))
-    model.Minimize(objective)
+    model.minimize(objective)
     return FlowModel(model, b, objective, units_per_us, len(r) + len(b), reduces=r)
 
 
@@ -104,17 +105,18 @@ def _hint(model: cp_model.CpModel, spec: ReduceBroadcastSpec, r: dict, b: dict, 
     its partial), where it fits in the steps."""
     if not spec.hint or len(spec.hint) > spec.steps:
         return
-    reduces, copies = set(), set()
+    reduces: set[Key] = set()
+    copies: set[Key] = set()
     for k, step in enumerate(spec.hint, start=1):
         for s in step.sends:
             (reduces if s.op == "reduce" else copies).add((s.chunk, s.src, s.dst, k))
     senders = {(c, u) for c, u, _, _ in reduces}
     for key, var in r.items():
-        model.AddHint(var, key in reduces)
+        model.add_hint(var, key in reduces)
     for key, var in b.items():
-        model.AddHint(var, key in copies)
+        model.add_hint(var, key in copies)
     for (c, u), var in root.items():
-        model.AddHint(var, (c, u) not in senders)
+        model.add_hint(var, (c, u) not in senders)
 
 
 def pipelined_trees(fabric: Topology, topo: Topology, collective: Collective) -> tuple[Step, ...]:
@@ -123,11 +125,11 @@ def pipelined_trees(fabric: Topology, topo: Topology, collective: Collective) ->
     room (``floor(chunk capacity)`` chunks a step). Roots take turns among the ranks that can take in and
     send out the most of ``fabric`` (on a line of three, the middle).
     """
-    links = frozenset(link.key for link in topo.links)
+    links = frozenset(rank_pair(link.key) for link in topo.links)
     toward = {r: d for r, d in hop_distances(topo.ranks, frozenset((v, u) for u, v in links)).items()}
     away = hop_distances(topo.ranks, links)
     score = {
-        r: min(sum(l.capacity for l in fabric.in_links[r]), sum(l.capacity for l in fabric.out_links[r]))
+        r: min(sum(link.capacity for link in fabric.in_links[r]), sum(link.capacity for link in fabric.out_links[r]))
         for r in topo.ranks
     }
     best = max(score.values())

@@ -22,6 +22,7 @@ from synth.milp.flow import bandwidth_bound as flow_bandwidth_bound
 from synth.milp.links import allowed_links, check_reachable
 from synth.milp.sketch import Sketch
 from synth.milp.symmetry import rank_symmetry
+from synth.rank_links import rank_pair
 from topologies import Topology
 from topologies.errors import WeftError
 
@@ -226,7 +227,7 @@ def _reduce_broadcast_spec(job: _Job, collective: Collective) -> reduce_broadcas
     if job.options.sketch is not None:
         return None
     topo = job.switch_free
-    links = frozenset(link.key for link in topo.links)
+    links = frozenset(rank_pair(link.key) for link in topo.links)
     depth = max(max(d.values()) for d in hop_distances(topo.ranks, links).values())
     steps = job.options.steps or 2 * depth + collective.nchunks - 1
     spec = reduce_broadcast.ReduceBroadcastSpec(topo, collective, steps, collective.chunk_bytes(job.options.size))
@@ -402,7 +403,7 @@ def _tree_hops(job: _Job, topo: Topology, collective: Collective) -> dict | None
         return None
     trees_of = {r: [t.hops for t in forest.trees_of(r)] for r in topo.ranks}
     # the trees choose their own cross-host hops (not only the rails): any link of the fabric may carry one
-    return hierarchy.tree_hops(topo, collective, trees_of, frozenset(l.key for l in topo.links))
+    return hierarchy.tree_hops(topo, collective, trees_of, frozenset(rank_pair(link.key) for link in topo.links))
 
 
 def _run(
@@ -448,8 +449,8 @@ def _run(
             solver.StopSearch()
             thread.join(timeout=0.1)
         found = (
-            f"its incumbent of {reporter.value:.3f} µs (gap {reporter.gap:.1%}) was discarded"
-            if reporter.value is not None
+            f"its incumbent of {reporter.incumbent_us:.3f} µs (gap {reporter.gap:.1%}) was discarded"
+            if reporter.incumbent_us is not None
             else "no schedule had been found"
         )
         raise Interrupted(
@@ -485,33 +486,33 @@ class _Reporter(cp_model.CpSolverSolutionCallback):
     def __init__(self, flow: FlowModel, progress: Progress | None, label: str, floor_us: float) -> None:
         super().__init__()
         self._flow, self._progress, self._label, self._floor = flow, progress, label, floor_us
-        self.value: float | None = None
+        self.incumbent_us: float | None = None
         self.bound: float = floor_us
 
     @property
     def gap(self) -> float:
-        if self.value is None or self.value <= 0:
+        if self.incumbent_us is None or self.incumbent_us <= 0:
             return 0.0
-        return max(0.0, 1.0 - min(self.bound, self.value) / self.value)
+        return max(0.0, 1.0 - min(self.bound, self.incumbent_us) / self.incumbent_us)
 
     def on_bound(self, bound: float) -> None:
         self.bound = max(self.bound, bound / self._flow.units_per_us)
 
     def line(self, seconds: float, what: str) -> str:
-        if self.value is None:
+        if self.incumbent_us is None:
             return f"milp {self._label}: {what}, no incumbent yet, bound {self.bound:.3f} µs, {seconds:.1f} s"
         return (
-            f"milp {self._label}: {what}, incumbent {self.value:.3f} µs, bound {min(self.bound, self.value):.3f} "
-            f"µs, gap {self.gap:.1%}, {seconds:.1f} s"
+            f"milp {self._label}: {what}, incumbent {self.incumbent_us:.3f} µs, "
+            f"bound {min(self.bound, self.incumbent_us):.3f} µs, gap {self.gap:.1%}, {seconds:.1f} s"
         )
 
     def on_solution_callback(self) -> None:
-        self.value = self.ObjectiveValue() / self._flow.units_per_us
+        self.incumbent_us = self.ObjectiveValue() / self._flow.units_per_us
         self.bound = max(self.bound, self.BestObjectiveBound() / self._flow.units_per_us)
         if self._progress is not None:
             self._progress(
-                f"milp {self._label}: incumbent {self.value:.3f} µs, bound "
-                f"{min(self.bound, self.value):.3f} µs, gap {self.gap:.1%}, {self.WallTime():.1f} s"
+                f"milp {self._label}: incumbent {self.incumbent_us:.3f} µs, bound "
+                f"{min(self.bound, self.incumbent_us):.3f} µs, gap {self.gap:.1%}, {self.WallTime():.1f} s"
             )
 
 
@@ -533,7 +534,9 @@ def rounds_for(topo: Topology, sends: list[Send]) -> int:
     for s in sends:
         load[(s.src, s.dst)] = load.get((s.src, s.dst), 0) + 1
     needs = [(n, topo.chunk_capacity(*key)) for key, n in load.items()]
-    needs += [(sum(load.get(tuple(key), 0) for key in g.links), topo.group_capacity(g)) for g in topo.sharing]
+    needs += [
+        (sum(load.get(rank_pair(tuple(key)), 0) for key in g.links), topo.group_capacity(g)) for g in topo.sharing
+    ]
     rounds = 1
     for n, capacity in needs:
         r = max(1, math.ceil(n / capacity - 1e-9))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from schedules.collectives import Collective
 from synth.milp.sketch import Sketch, SketchError
+from synth.rank_links import rank, rank_pair
 from topologies import Link, Topology
 
 Perm = tuple[int, ...]
@@ -127,7 +128,8 @@ def _maps(
 ) -> str:
     """ "" if the rank permutation maps fabric, allowed links and chunks onto themselves, else the reason."""
     for link in topo.links:
-        image = (perm[link.src], perm[link.dst])
+        src, dst = rank_pair(link.key)
+        image = (perm[src], perm[dst])
         if not topo.has_link(*image) or _cost(topo.link(*image)) != _cost(link):
             return f"the fabric is not symmetric: link {link.src}->{link.dst} has no equal image {image[0]}->{image[1]}"
         if (link.key in links) != (image in links):
@@ -137,8 +139,8 @@ def _maps(
             )
     groups = {(frozenset(tuple(k) for k in g.links), g.bandwidth) for g in topo.sharing}
     for g in topo.sharing:
-        image = (frozenset((perm[s], perm[d]) for s, d in g.links), g.bandwidth)
-        if image not in groups:
+        moved = (frozenset((perm[rank(s)], perm[rank(d)]) for s, d in g.links), g.bandwidth)
+        if moved not in groups:
             return (
                 f"the fabric is not symmetric: sharing group of link {g.links[0][0]}->{g.links[0][1]} "
                 "has no equal image"

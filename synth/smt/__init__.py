@@ -31,7 +31,7 @@ from schedules.schedule import Schedule
 from synth.errors import Interrupted, SynthesisError, Unknown, Unsat
 from synth.smt import dual as smt_dual
 from synth.smt.bound import rounds_per_chunk_bound, steps_bound
-from synth.smt.encoding import MAX_SENDS, UNKNOWN, Instance, possible_sends
+from synth.smt.encoding import MAX_SENDS, UNKNOWN, Instance, Outcome, possible_sends
 from synth.smt.search import Problem, decide_first, workers
 from topologies.topology import Topology
 
@@ -65,6 +65,10 @@ class SmtOptions:
     def left(self) -> float:
         """Seconds left before the deadline (the whole time limit when none is set)."""
         return self.time_limit if self.deadline is None else min(self.time_limit, self.deadline - time.monotonic())
+
+    def until(self) -> float:
+        """The deadline, or never when none is set (``left()`` then bounds each search)."""
+        return math.inf if self.deadline is None else self.deadline
 
     def check(self) -> None:
         for name in ("steps", "rounds", "max_chunks", "max_steps"):
@@ -146,11 +150,11 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
     if options.steps is not None:
         inst = Instance(options.steps, options.rounds or options.steps, collective.chunks)
         out, seen = decide_first(
-            problem, [inst], options.left(), workers(options.workers), progress, label, options.deadline
+            problem, [inst], options.left(), workers(options.workers), progress, label, options.until()
         )
         if out is None:
             raise _failure(label, inst, seen[-1].status)
-        return _finish(out.schedule, topology, collective)
+        return _finish(out, topology, collective)
     low = steps_bound(problem.fabric, problem.collective)
     ceiling = options.max_steps or options.rounds or STEP_CEILING
     n = workers(options.workers)
@@ -159,10 +163,10 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
         if options.left() <= 0:
             raise Unknown(f"smt: {label}: the time limit of {options.time_limit:g} s ran out before {first} steps")
         batch = [Instance(s, options.rounds or s, collective.chunks) for s in range(first, min(first + n, ceiling + 1))]
-        out, seen = decide_first(problem, batch, options.left(), n, progress, label, options.deadline)
+        out, seen = decide_first(problem, batch, options.left(), n, progress, label, options.until())
         unknown = [o.instance for o in seen if o.status == UNKNOWN]
         if out is not None:
-            schedule = _finish(out.schedule, topology, collective)
+            schedule = _finish(out, topology, collective)
             if unknown:
                 schedule = schedule.with_meta(notes=f"fewest steps not proven: {unknown[0]} is unknown")
             return schedule
@@ -186,7 +190,10 @@ def _problem(topology: Topology, collective: Collective, options: SmtOptions) ->
     return Problem(fabric, topology.fingerprint, collective, options.symmetry)
 
 
-def _finish(schedule: Schedule, topology: Topology, collective: Collective) -> Schedule:
+def _finish(out: Outcome, topology: Topology, collective: Collective) -> Schedule:
+    """The schedule of a sat outcome (``decide_first`` returns no other), mapped back from the dual if need be."""
+    schedule = out.schedule
+    assert schedule is not None, "a sat outcome carries its schedule"
     if collective.name in smt_dual.DUAL:
         return smt_dual.from_dual(schedule, collective, topology.fingerprint)
     return schedule
@@ -207,7 +214,8 @@ def _allreduce(topology: Topology, collective: Collective, options: SmtOptions, 
         if half == 0:
             raise SynthesisError("smt: rounds: allreduce needs at least 2 rounds (one per half)")
         first = _solve_part(topology, rs, replace(options, rounds=half), progress)
-        second = _solve_part(topology, ag, replace(options, rounds=options.rounds - half if half else None), progress)
+        rest = None if options.rounds is None or half is None else options.rounds - half
+        second = _solve_part(topology, ag, replace(options, rounds=rest), progress)
         return smt_dual.allreduce(first, second)
     if options.steps < 2:
         raise SynthesisError("smt: steps: allreduce as reducescatter + allgather needs at least 2 steps")
@@ -289,7 +297,8 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
     low = steps_bound(problem.fabric, problem.collective)
     max_chunks = options.max_chunks or max(bound.denominator, 2)
     progress(
-        f"smt: {label}: at least {low} step{'s' * (low != 1)} and {bound} rounds per chunk (LP); chunks up to {max_chunks}"
+        f"smt: {label}: at least {low} step{'s' * (low != 1)} and {bound} rounds per chunk (LP); "
+        f"chunks up to {max_chunks}"
     )
     found: list[Schedule] = []
     best: Fraction | None = None
@@ -304,7 +313,7 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
         candidates = _candidates(steps, bound, best, max_chunks, problem.with_chunks(1).collective.nchunks)
         try:
             out, _ = decide_first(
-                problem, candidates, options.left(), workers(options.workers), progress, label, options.deadline
+                problem, candidates, options.left(), workers(options.workers), progress, label, options.until()
             )
         except KeyboardInterrupt:
             kept = ", ".join(f"(S={s.nsteps}, R={s.total_rounds}, C={s.collective.chunks})" for s in found)
@@ -316,7 +325,7 @@ def _walk(topology: Topology, collective: Collective, options: SmtOptions, progr
         if out is None:
             continue
         sized = Collective(collective.name, collective.nranks, out.instance.chunks, collective.root)
-        found.append(_finish(out.schedule, topology, sized))
+        found.append(_finish(out, topology, sized))
         best = Fraction(out.instance.rounds, out.instance.chunks)
         progress(
             f"smt: {label}: frontier point {len(found)}: {out.instance}, R/C {best}"
@@ -347,7 +356,7 @@ def _frontier(
 ) -> Frontier:
     from schedules.cost import predict_us
 
-    keep = []
+    keep: list[Schedule] = []
     for s in schedules:
         q = Fraction(s.total_rounds, s.collective.chunks)
         dominated = any(

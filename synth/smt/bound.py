@@ -86,7 +86,7 @@ def _lp_bound(fabric: Topology, demands: list[tuple[int, list[int], list[int]]])
     for link in fabric.links:
         lp.Add(sum(load[link.key]) <= fabric.chunk_capacity(*link.key) * t)
     for group in fabric.sharing:
-        lp.Add(sum(v for key in group.links for v in load[tuple(key)]) <= fabric.group_capacity(group) * t)
+        lp.Add(sum(v for key in group.links for v in load[(key[0], key[1])]) <= fabric.group_capacity(group) * t)
     lp.Minimize(t)
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         raise SynthesisError(f"smt: topology {fabric.name}: the rounds-per-chunk LP has no optimum")

@@ -31,6 +31,7 @@ import z3
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
+from synth.rank_links import rank_pair
 from synth.smt.symmetry import Symmetry
 from topologies.topology import Topology
 
@@ -202,7 +203,7 @@ class Formula:
                 continue
             held = self.holders[c]
             for link in self.fabric.links:
-                u, v = link.src, link.dst
+                u, v = rank_pair(link.key)
                 if v in held:
                     continue
                 for s in range(1, steps + 1):
@@ -325,7 +326,7 @@ class Formula:
         per_link = Counter((x.src, x.dst) for x in sends)
         loads = [(n, self.fabric.chunk_capacity(*key)) for key, n in per_link.items()]
         for group in self.fabric.sharing:
-            n = sum(per_link.get(tuple(key), 0) for key in group.links)
+            n = sum(per_link.get(rank_pair(tuple(key)), 0) for key in group.links)
             if n:
                 loads.append((n, self.fabric.group_capacity(group)))
         k = 1

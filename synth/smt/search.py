@@ -21,6 +21,7 @@ import queue
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from schedules.collectives import Collective
 from synth.smt.encoding import (
@@ -110,7 +111,7 @@ def decide(
             out = running[i].run(problem.fingerprint, max(slice_, 0.001))
             if out.status == SAT or (out.status == UNSAT and level is None):
                 return replace(out, elapsed=time.monotonic() - start)
-            if out.status == UNSAT:
+            if out.status == UNSAT and level is not None:  # None returned above
                 levels.remove(level)
         budget *= 2
 
@@ -185,13 +186,18 @@ def _race(
                 pool.apply_async(
                     _decide_job,
                     ((problem, inst, time_limit, copy, copies, deadline),),
-                    callback=lambda out, i=index: results.put((i, out)),
-                    error_callback=lambda error, i=index: results.put((i, error)),
+                    callback=partial(_tagged_put, results, index),
+                    error_callback=partial(_tagged_put, results, index),
                 )
         return _collect(order, copies, results, progress, label, deadline + GRACE)
     finally:
         pool.terminate()
         pool.join()
+
+
+def _tagged_put(results: queue.Queue, index: int, out: object) -> None:
+    """Hand a job's outcome (or its error) to the collector with the index of its instance."""
+    results.put((index, out))
 
 
 def _collect(

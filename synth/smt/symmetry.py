@@ -20,6 +20,7 @@ from itertools import islice
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from schedules.collectives import Collective
+from synth.rank_links import rank
 from topologies.topology import Topology
 
 Perm = tuple[int, ...]
@@ -63,7 +64,7 @@ def _automorphisms(fabric: Topology) -> list[Perm]:
     found = []
     for mapping in islice(matcher.isomorphisms_iter(), MAX_ENUMERATED):
         sigma = tuple(mapping[r] for r in range(fabric.nranks))
-        moved = {(frozenset((sigma[s], sigma[d]) for s, d in links), bw) for links, bw in groups}
+        moved = {(frozenset((sigma[rank(s)], sigma[rank(d)]) for s, d in links), bw) for links, bw in groups}
         if moved == groups:
             found.append(sigma)
     return found

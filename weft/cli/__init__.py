@@ -74,7 +74,7 @@ class VersionAction(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
         from weft.cli.version import version
 
         print(version())

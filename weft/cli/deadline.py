@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
 
 from topologies.errors import CheckFailed
 
@@ -43,7 +45,7 @@ class Deadline:
     quiet: bool = False  # a phase that reports its own progress (a solver family) is not talked over
     after: str = "nothing written"  # what the time-limit message says was kept
     started: float = field(default_factory=time.monotonic)
-    _previous: object = None
+    _previous: Callable[[int, FrameType | None], Any] | int | None = None  # the SIGALRM handler to restore
     _ticker: threading.Event = field(default_factory=threading.Event)
 
     def left(self) -> float:
@@ -58,7 +60,7 @@ class Deadline:
 
     def _tick(self) -> None:
         while not self._ticker.wait(QUIET_S):
-            if not self.quiet:
+            if not self.quiet and self.progress is not None:  # the ticker starts only with a progress
                 self.progress(f"{self.command}: {self.phase} ({time.monotonic() - self.started:.0f} s)")
 
     def __enter__(self) -> Deadline:

@@ -330,11 +330,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"plan {plan.name}: {plan.collective} {format_bytes(nbytes)} {args.dtype} on "
                 f"{counted(world, 'GPU')}: "
                 f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
-                + (
-                    f"; check against NCCL: {'ok' if all(oks) else 'WRONG on ranks ' + str([r for r, o in enumerate(oks) if not o])}"
-                    if args.check
-                    else ""
-                )
+                + (f"; check against NCCL: {_check_word(oks)}" if args.check else "")
             )
         if not all(oks):
             raise WrongResult(f"plan {plan.name}: result differs from NCCL")
@@ -345,6 +341,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- weft bench
+
+
+def _check_word(oks: list) -> str:
+    """The check's verdict: "ok", or the ranks whose result differs from NCCL's."""
+    return "ok" if all(oks) else "WRONG on ranks " + str([r for r, o in enumerate(oks) if not o])
 
 
 def _load_plans(args: argparse.Namespace, world: int) -> list:

@@ -78,7 +78,8 @@ def synthesize(
     )
     if not frontier.points:
         raise Unknown(
-            f"smt: {collective.name} on {topology.name}: no frontier point found within the time limit of {args.time_limit:g} s and the step limit"
+            f"smt: {collective.name} on {topology.name}: no frontier point found within the time limit of "
+            f"{args.time_limit:g} s and the step limit"
         )
     schedules = [p.schedule for p in frontier.points]
     if args.output:

@@ -11,6 +11,7 @@ import importlib
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from topologies import Topology, TopologyError, load_topology, resolve, save_topology
 from topologies.catalog import entries
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": e.name,
             "aliases": list(e.aliases),
@@ -98,7 +99,7 @@ def summary(topology: Topology) -> list[str]:
     if topology.switches:
         lines.append(f"switches  {len(topology.switches)}: {_abbreviated(topology.switches)}")
     lines.append(f"links     {len(topology.links)} (unit bandwidth {topology.unit_bandwidth:g} GB/s)")
-    groups = Counter((_kind(l.src, l.dst), l.count, l.bandwidth, l.latency) for l in topology.links)
+    groups = Counter((_kind(link.src, link.dst), link.count, link.bandwidth, link.latency) for link in topology.links)
     for (kind, count, bandwidth, latency), n in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1] * kv[0][2])):
         lanes = f"{count} × {bandwidth:g} GB/s = {count * bandwidth:g} GB/s" if count > 1 else f"{bandwidth:g} GB/s"
         lines.append(f"  {n:>5} {kind:<14} {lanes:<32} {latency:g} µs")

@@ -52,12 +52,14 @@ def report(calibration) -> list[str]:
     ]
     ratios = calibration.ratios()
     by_collective: dict[str, list[float]] = {}
-    for o, ratio in zip(calibration.observations, ratios):
+    for o, ratio in zip(calibration.observations, ratios, strict=True):
         by_collective.setdefault(o.collective, []).append(max(ratio, 1 / ratio))
     for name, worst in sorted(by_collective.items()):
         lines.append(f"  {name:<14} {counted(len(worst), 'point', 'points'):>11}, worst {max(worst):.2f}x")
     outside = [
-        (o, ratio) for o, ratio in zip(calibration.observations, ratios) if not 1 / TOLERANCE <= ratio <= TOLERANCE
+        (o, ratio)
+        for o, ratio in zip(calibration.observations, ratios, strict=True)
+        if not 1 / TOLERANCE <= ratio <= TOLERANCE
     ]
     if outside:
         lines.append(f"outside {TOLERANCE}x:")

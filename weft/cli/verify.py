@@ -35,13 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from schedules.schedule import Schedule
     from weft import pipeline
     from weft.cli.values import comma_items
 
     if args.seed < 0:
         raise ArgumentError(f"weft verify: --seed must be a non-negative integer, got {args.seed}")
-    kind, document = pipeline.read_document(args.file)
-    if kind == "schedule":
+    _, document = pipeline.read_document(args.file)
+    if isinstance(document, Schedule):  # read_document's "schedule" kind
         return _schedule(args, document)
     sizes = parse_size_range(args.sizes) if args.sizes is not None else None
     dtypes = comma_items(args.dtypes, "weft verify: --dtypes") if args.dtypes is not None else None
