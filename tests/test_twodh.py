@@ -39,14 +39,17 @@ def test_across_hosts_each_gpu_sends_one_message_per_remote_host(spec):
     gpus = len(grid[0])
     schedule = twodh(topology, Collective("alltoall", topology.nranks, chunks=2))
     crossing = Counter(
-        (s.src, s.dst) for step in schedule.steps for s in step.sends if topology.hosts[s.src] != topology.hosts[s.dst]
+        (s.src, s.dst)
+        for step in schedule.explicit().steps
+        for s in step.sends
+        if topology.hosts[s.src] != topology.hosts[s.dst]
     )
     local_index = {r: j for ranks in grid for j, r in enumerate(ranks)}
     assert all(local_index[src] == local_index[dst] for src, dst in crossing)  # only GPU j to GPU j
     assert set(crossing.values()) == {gpus * 2}  # the G blocks of 2 chunks bound for that GPU, in one message
     flat = Counter(
         (s.src, s.dst)
-        for s in direct(topology, Collective("alltoall", topology.nranks)).steps[0].sends
+        for s in direct(topology, Collective("alltoall", topology.nranks)).explicit().steps[0].sends
         if topology.hosts[s.src] != topology.hosts[s.dst]
     )
     assert len(flat) == gpus * len(crossing)  # the flat schedule talks to every remote GPU

@@ -54,7 +54,7 @@ def host_messages(schedule: Schedule, topology: Topology) -> int:
     (1, 8)
     """
     sent: dict[int, set[tuple[int, int]]] = {}
-    for k, step in enumerate(schedule.steps):
+    for k, step in enumerate(schedule.explicit().steps):  # a compact schedule's images counted
         for s in step.sends:
             if topology.hosts[s.src] != topology.hosts[s.dst]:
                 sent.setdefault(s.src, set()).add((k, s.dst))
