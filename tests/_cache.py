@@ -32,6 +32,7 @@ def proven_once(prove: Callable[..., dict[str, Any]], proofs: Proofs) -> Callabl
             proofs[key] = prove(plan, *args, **kwargs)  # raises for a plan that fails: nothing kept
         return copy.deepcopy(proofs[key])
 
+    verify.__wrapped__ = prove  # type: ignore[attr-defined]  # the proof itself, for tests that count proofs
     return verify
 
 

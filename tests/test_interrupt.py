@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.alone  # signals and deadlines timed: run with the machine to themselves
+
 ROOT = Path(__file__).resolve().parents[1]
 # The answer (what was dropped) comes within a second; the exit may take longer, while the interpreter frees a
 # large CP-SAT model (measured on 2 cores shared by 8 busy processes: the line at 0.03 s, the exit at 1.0-1.6 s).

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.alone  # signals and deadlines timed: run with the machine to themselves
+
 ROOT = Path(__file__).resolve().parents[1]
 START_S = 120.0  # to be at work, from the start (a loaded 2-core machine imports z3 and OR-Tools slowly)
 END_S = 15.0  # from the signal to the last process of the tree gone
