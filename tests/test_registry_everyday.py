@@ -178,6 +178,7 @@ def test_import_and_commit_report_progress_through_a_callback(small, tmp_path):
     publish.import_directory(str(tmp_path / "out"), str(tmp_path / "imported"), lines.append)
     assert lines[0] == "file 1 of 3: " + sorted(p.name for p in (tmp_path / "out").glob("*.json"))[0]
     assert "proving plan a on the reference executor" in lines
+    assert any(line.startswith("reference: allgather ") and line.endswith(": ok") for line in lines)  # each check
 
 
 def test_a_commit_waiting_for_the_lock_says_so(small, monkeypatch):
