@@ -28,6 +28,7 @@ from topologies.errors import CheckFailed
 
 GRACE_S = 2.0
 QUIET_S = 2.0  # a command quiet for this long says what it is doing
+REFIRE_S = 0.5  # a time-limit alarm that was swallowed fires again this often, until the phase ends
 
 
 class TimeLimitReached(CheckFailed):
@@ -47,12 +48,15 @@ class Deadline:
     started: float = field(default_factory=time.monotonic)
     _previous: Callable[[int, FrameType | None], Any] | int | None = None  # the SIGALRM handler to restore
     _ticker: threading.Event = field(default_factory=threading.Event)
+    _closing: bool = False  # set first in __exit__: an alarm that lands while the context closes does nothing
 
     def left(self) -> float:
         """Seconds of the limit still unspent (at least a little, so a solver asked to stop still answers)."""
         return max(0.1, self.limit_s - (time.monotonic() - self.started))
 
     def _fire(self, signum, frame) -> None:
+        if self._closing:
+            return
         raise TimeLimitReached(
             f"{self.command}: --time-limit {self.limit_s:g} s reached while {self.phase} "
             f"(after {time.monotonic() - self.started:.1f} s); {self.after}"
@@ -71,12 +75,15 @@ class Deadline:
             and threading.current_thread() is threading.main_thread()
         ):
             self._previous = signal.signal(signal.SIGALRM, self._fire)
-            signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left() + GRACE_S))
+            # the alarm repeats: Python swallows an exception raised while it runs a finalizer (a generator that
+            # the garbage collector closes mid-max-flow: "Exception ignored in ..."), so one alarm can be lost
+            signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left() + GRACE_S), REFIRE_S)
         if self.progress is not None:
             threading.Thread(target=self._tick, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._closing = True
         self._ticker.set()
         if self._previous is not None:
             signal.setitimer(signal.ITIMER_REAL, 0)
