@@ -19,7 +19,7 @@ from typing import Any
 from codegen import compile_schedule
 from executor.reference import check_plan
 from schedules.collectives import Collective
-from schedules.plan import save_plan_file
+from schedules.plan.io import save_plan_file
 from synth import baselines
 from topologies import resolve
 from weft import pipeline

@@ -32,7 +32,7 @@ def main() -> None:
     from executor.gpu_bench import matches, nccl_result, sum_magnitude
     from executor.gpu_bootstrap import all_gather_plain
     from executor.port_engine import PortEngine
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
     from topologies.errors import WeftError
 
     out_path, files = sys.argv[1], sys.argv[2:]

@@ -98,7 +98,7 @@ def summarize(row: dict, names: dict) -> dict:
 
 def _plans(collective: str, n: int, methods: str = "ring,direct,milp,trees") -> tuple[list, dict]:
     """The collective's two_hosts_2gpu plans named PLAN+lanesN, and each one's short name (METHOD-COLLECTIVE+lanesN)."""
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     plans, names = [], {}
     for m in methods.split(","):
@@ -160,7 +160,7 @@ def _combine(phases: dict, lanes: list) -> dict:
 
 
 def _document(collective: str, comm, config, lanes: list, names: dict, rows: list, torch) -> dict:
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     return {
         "collective": collective,

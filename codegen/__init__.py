@@ -28,7 +28,7 @@ from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_r
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
-from schedules.plan import MAX_THREADS_PER_BLOCK, Plan, PlanMeta
+from schedules.plan.types import MAX_THREADS_PER_BLOCK, Plan, PlanMeta
 from schedules.schedule import Schedule
 
 MAX_INSTANCES = 256

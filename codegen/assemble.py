@@ -8,8 +8,18 @@ as ``schedules.plan`` requires.
 from __future__ import annotations
 
 from codegen.ir import Channel, Draft, Loc
-from schedules.plan import BufferRef, ChannelRef, Gpu, Op, Plan, PlanMeta, RemoteBuffer, RemoteBufferRef, Threadblock
-from schedules.plan import Channel as PlanChannel
+from schedules.plan.types import (
+    BufferRef,
+    ChannelRef,
+    Gpu,
+    Op,
+    Plan,
+    PlanMeta,
+    RemoteBuffer,
+    RemoteBufferRef,
+    Threadblock,
+)
+from schedules.plan.types import Channel as PlanChannel
 
 
 def assemble(

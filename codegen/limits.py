@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from schedules.mscclpp_format import MAX_BUFFERS_PER_OPERATION, MAX_OPERATION
-from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock
+from schedules.plan.types import BufferRef, Gpu, Op, Plan, Threadblock
 
 _FIRST = {
     "re": "re",

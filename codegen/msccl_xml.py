@@ -20,7 +20,7 @@ from xml.etree import ElementTree as ET
 from codegen.buffers import Placement, place_buffers
 from codegen.ir import Loc
 from codegen.protocol import choose_protocol, size_range
-from schedules.plan import MAX_MESSAGE_SIZE
+from schedules.plan.types import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
 
 COLL_NAMES = {"reducescatter": "reduce_scatter"}

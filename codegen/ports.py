@@ -40,7 +40,7 @@ from dataclasses import replace
 
 from codegen.protocol import CodegenError
 from schedules.ops import PORT_OPS
-from schedules.plan import (
+from schedules.plan.types import (
     BufferRef,
     Channel,
     ChannelRef,

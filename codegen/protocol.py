@@ -8,7 +8,7 @@ for large ones, so LL plans stop at ``LL_MAX_BYTES``; Simple plans take any size
 
 from __future__ import annotations
 
-from schedules.plan import MAX_MESSAGE_SIZE
+from schedules.plan.types import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
 from topologies.errors import WeftError
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from codegen.protocol import CodegenError
-from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock
+from schedules.plan.types import BufferRef, Gpu, Op, Plan, Threadblock
 
 
 def own_rows(plan: Plan, groups: int) -> Plan:

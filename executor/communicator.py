@@ -65,7 +65,8 @@ from executor.hosts import host_identity, ipc_across_hosts
 from executor.norm import RowNorm, fused_refusal, rows_refusal
 from executor.padded import buffer_parts
 from schedules.padding import Padding
-from schedules.plan import Plan, PlanError, load_plan, parse_plan
+from schedules.plan.io import load_plan, parse_plan
+from schedules.plan.types import Plan, PlanError
 
 ERROR_WORDS = 8
 ERROR_KINDS = {

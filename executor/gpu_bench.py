@@ -20,7 +20,7 @@ from typing import Any
 from executor.errors import ExecutorError
 from executor.gpu_tables import lines_possible
 from schedules.collectives import Collective
-from schedules.plan import Plan
+from schedules.plan.types import Plan
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 

@@ -33,7 +33,7 @@ import numpy as np
 from executor import reference
 from executor.errors import ExecutorError
 from schedules.ops import DEVICE_KINDS
-from schedules.plan import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, channel_pairs
+from schedules.plan.types import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, channel_pairs
 from topologies.errors import CheckFailed
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
-from schedules.plan import Plan
+from schedules.plan.types import Plan
 
 HOST_ENV = "WEFT_HOST"
 # backend -> the device type its point-to-point calls move

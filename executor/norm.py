@@ -30,7 +30,7 @@ import numpy as np
 
 from executor import reference
 from executor.gpu_tables import DTYPE_BYTES, residual_refusal
-from schedules.plan import Plan, PlanError, remote_target
+from schedules.plan.types import Plan, PlanError, remote_target
 from topologies.errors import CheckFailed
 
 

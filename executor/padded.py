@@ -19,7 +19,7 @@ import numpy as np
 
 from executor.reference import DTYPES, run_reference
 from schedules.padding import Padding
-from schedules.plan import Plan, PlanError
+from schedules.plan.types import Plan, PlanError
 
 
 def buffer_parts(plan: Plan, chunks: int) -> int:

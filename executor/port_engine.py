@@ -45,7 +45,8 @@ from executor.errors import ExecutorError, PeerLost
 from executor.gpu_bootstrap import all_gather_plain
 from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
 from executor.port_program import INPLACE, Compute, Exchange, Program, Slot, compile_programs, lane_bounds, lanes_for
-from schedules.plan import Plan, load_plan, parse_plan
+from schedules.plan.io import load_plan, parse_plan
+from schedules.plan.types import Plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 POLL_S = 0.0005

@@ -49,7 +49,7 @@ from itertools import pairwise
 from typing import Any
 
 from executor.errors import ExecutorError
-from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock, channel_pairs, remote_target
+from schedules.plan.types import BufferRef, Gpu, Op, Plan, Threadblock, channel_pairs, remote_target
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from schedules.plan import Plan
+from schedules.plan.types import Plan
 from schedules.registry import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 
 # Solvers whose plans reduce every element once, on one rank, and copy the sum to the others (or reduce along

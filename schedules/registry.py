@@ -36,7 +36,8 @@ import fsspec
 from filelock import FileLock, Timeout
 
 from schedules.collectives import NAMES as COLLECTIVES
-from schedules.plan import Plan, parse_plan
+from schedules.plan.io import parse_plan
+from schedules.plan.types import Plan
 from schedules.registry_index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
 from topologies.errors import CheckFailed, WeftError
 from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line

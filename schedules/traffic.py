@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from schedules.plan import Op, Plan, PlanError, channel_pairs, remote_target
+from schedules.plan.types import Op, Plan, PlanError, channel_pairs, remote_target
 
 Pairs = dict[tuple[int, int], tuple[int, int]]  # (rank, channel id) -> the paired (peer, channel id)
 

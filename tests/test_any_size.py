@@ -15,7 +15,7 @@ from codegen import compile_schedule
 from executor.padded import run_any_size
 from executor.reference import round_to
 from schedules.collectives import NAMES
-from schedules.plan import PlanError
+from schedules.plan.types import PlanError
 from topologies import resolve
 from weft.cli import main
 from weft.synthesis import synthesize

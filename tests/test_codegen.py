@@ -11,7 +11,7 @@ from codegen.buffers import place_buffers
 from codegen.protocol import LL_MAX_BYTES
 from executor.reference import check_plan
 from schedules.collectives import NAMES, Collective
-from schedules.plan import parse_plan
+from schedules.plan.io import parse_plan
 from synth import baselines
 from synth.errors import NotApplicable
 from topologies.catalog import build
@@ -125,7 +125,7 @@ def test_compiled_plan_round_trips_through_the_reader():
     plan = compile_schedule(schedule, topology, instances=2)
     import json
 
-    from schedules.plan import dumps_plan
+    from schedules.plan.io import dumps_plan
 
     assert parse_plan(json.loads(dumps_plan(plan)), "compiled.json") == plan
     assert plan.weft.schedule_hash == schedule.content_hash and plan.weft.topology == topology.fingerprint

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from schedules.collectives import Collective
-from schedules.plan import PlanError, load_plan
+from schedules.plan.io import load_plan
+from schedules.plan.types import PlanError
 from schedules.schedule import Schedule, Send, Step, save_schedule
 from synth import baselines
 from topologies.catalog import build

@@ -123,7 +123,7 @@ def test_weft_compile_takes_the_options(tmp_path, capsys):
         main(["compile", str(schedule), "-t", "hgx_h200:gpus=2", "--protocol", "simple", "--pull", "-o", str(pulled)])
         == 0
     )
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     assert load_plan(pulled).name.endswith("-pull")
     plan = load_plan(out)

@@ -27,7 +27,7 @@ from executor.gpu_tables import (
     vector_bytes,
 )
 from executor.reference import chunk_elems, residual_sums, round_to, run_reference
-from schedules.plan import load_plan, parse_plan
+from schedules.plan.io import load_plan, parse_plan
 
 ROOT = Path(__file__).parent
 FIXTURES = ROOT / "fixtures" / "plans"

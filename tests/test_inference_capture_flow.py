@@ -23,7 +23,7 @@ from executor import communicator as comm_module
 from executor.communicator import GRAPH_RECORDS, PlanExecutor, _Context
 from executor.errors import ExecutorError
 from executor.gpu_tables import build_tables, peer_mapping
-from schedules.plan import load_plan
+from schedules.plan.io import load_plan
 
 ROOT = Path(__file__).parent.parent
 LL_ONE_SHOT = ROOT / "tests" / "gpu" / "plans" / "allreduce-direct-ll-x4.json"  # peers see only scratch

@@ -33,7 +33,7 @@ from executor.gpu_tables import (
     tripwire_op,
     with_tripwire,
 )
-from schedules.plan import load_plan
+from schedules.plan.io import load_plan
 
 PLANS = Path(__file__).parent / "gpu" / "plans"
 

@@ -32,7 +32,8 @@ from executor.reference import (
     smallest_size,
 )
 from schedules.collectives import Collective, CollectiveError
-from schedules.plan import PlanError, parse_plan
+from schedules.plan.io import parse_plan
+from schedules.plan.types import PlanError
 from topologies.errors import CheckFailed
 
 ROOT = Path(__file__).parent

@@ -166,7 +166,7 @@ def test_tune_makes_no_multipeer_variant_where_each_rank_sends_to_one_peer(capsy
 
 
 def test_weft_compile_multipeer_writes_a_proven_one_block_plan(tmp_path, capsys):
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
     from schedules.schedule import save_schedule
     from weft.cli import main
 

@@ -27,7 +27,8 @@ from executor.norm import (
     rows_refusal,
     run_fused,
 )
-from schedules.plan import BufferRef, PlanError, load_plan
+from schedules.plan.io import load_plan
+from schedules.plan.types import BufferRef, PlanError
 from schedules.registry import Registry
 from topologies.catalog import build
 from topologies.errors import CheckFailed

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from executor import gpu_tables
-from schedules import plan as plan_module
 from schedules.ops import DEVICE_KINDS, OPS
-from schedules.plan import PlanError, channel_pairs, load_plan, parse_plan
+from schedules.plan import types as plan_module
+from schedules.plan.io import load_plan, parse_plan
+from schedules.plan.types import PlanError, channel_pairs
 
 ROOT = Path(__file__).parent
 CUDA = ROOT.parent / "executor" / "cuda"

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedules.padding import CHUNK_GRANULE
-from schedules.plan import PlanError, dumps_plan, load_plan, parse_plan
+from schedules.plan.io import dumps_plan, load_plan, parse_plan
+from schedules.plan.types import PlanError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plans"
 SIMPLE = FIXTURES / "allpairs_allreduce_2.json"

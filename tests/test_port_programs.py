@@ -12,7 +12,7 @@ import pytest
 from executor.hosts import HOST_ENV, host_identity, ipc_across_hosts, transport_refusal
 from executor.port_program import Compute, Exchange, compile_programs, lane_bounds, lanes_for, run_programs
 from executor.reference import _compare, check_plan, chunk_elems, expected_outputs, random_inputs, smallest_size
-from schedules.plan import load_plan
+from schedules.plan.io import load_plan
 
 PLANS = sorted((Path(__file__).resolve().parents[1] / "examples" / "plans").glob("two_hosts*/*.plan.json"))
 

@@ -8,7 +8,8 @@ import pytest
 from codegen import CodegenError, compile_schedule
 from executor.reference import PlanRace, check_plan, run_reference
 from schedules.collectives import Collective
-from schedules.plan import PlanError, dumps_plan, parse_plan
+from schedules.plan.io import dumps_plan, parse_plan
+from schedules.plan.types import PlanError
 from synth.baselines import ring
 from topologies import load_topology
 

@@ -19,7 +19,8 @@ from executor.reference import (
     run_reference,
 )
 from schedules.collectives import Collective
-from schedules.plan import BufferRef, PlanError, load_plan, parse_plan
+from schedules.plan.io import load_plan, parse_plan
+from schedules.plan.types import BufferRef, PlanError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plans"
 SIZES = [8, 24, 4096]  # 1 word per chunk, 3 words (ragged: 12-byte chunks), 512 words

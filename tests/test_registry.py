@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from schedules import registry as registry_module
-from schedules.plan import parse_plan
+from schedules.plan.io import parse_plan
 from schedules.registry import NotVerified, Registry, dumps
 
 TOPO = "topo-00000000000000aa"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import schedules.registry as registry_module
-from schedules.plan import parse_plan
+from schedules.plan.io import parse_plan
 from schedules.registry import Registry
 from weft.cli import main
 from weft.units import parse_bytes

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedules.plan import parse_plan
+from schedules.plan.io import parse_plan
 from schedules.registry import Registry
 from weft.cli import main
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from schedules.plan import parse_plan
+from schedules.plan.io import parse_plan
 from schedules.registry import Registry, RegistryError, entry_id
 from weft.cli import main
 

@@ -9,7 +9,7 @@ import pytest
 
 from codegen import compile_schedule
 from schedules import traffic
-from schedules.plan import PlanError
+from schedules.plan.types import PlanError
 from schedules.traffic import PortModel, link_bytes, port_bytes, predict_us
 from topologies import resolve
 from weft.synthesis import synthesize
@@ -75,7 +75,7 @@ def test_a_pipeline_counts_its_ops_whole_ranges():
     # MSCCL++'s pipelined all-to-all moves what its plain one does: half of each input over the one link each way
     from pathlib import Path
 
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     corpus = Path(__file__).parent / "fixtures" / "mscclpp" / "plans"
     piped = load_plan(corpus / "single_node-alltoall-alltoall_pipeline-numgpus-2.json")

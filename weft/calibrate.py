@@ -18,7 +18,7 @@ from pathlib import Path
 from schedules.calibration import Calibration, CalibrationError, Observation, PlanFeatures, fit, load_calibration
 from schedules.cost import loads
 from schedules.ops import OPS
-from schedules.plan import Plan
+from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
 from topologies.jsonfile import decode_json, read_bytes

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from schedules.plan import Plan, PlanError, dumps_plan, load_plan, parse_plan
+from schedules.plan.io import dumps_plan, load_plan, parse_plan
+from schedules.plan.types import Plan, PlanError
 from schedules.schedule import FORMATS as SCHEDULE_FORMATS
 from schedules.schedule import Schedule, parse_schedule
 from topologies import Topology

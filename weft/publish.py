@@ -11,7 +11,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from schedules.plan import Plan, parse_plan
+from schedules.plan.io import parse_plan
+from schedules.plan.types import Plan
 from schedules.registry import (
     BASELINES_FORMAT,
     ENTRY_FORMAT,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from codegen.protocol import LL_MAX_BYTES, CodegenError
-from schedules.plan import Plan
+from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
 from topologies.errors import WeftError

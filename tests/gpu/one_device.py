@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 
 from executor.gpu_tables import lines_possible  # noqa: E402
 from executor.reference import chunk_elems, expected_outputs, random_inputs  # noqa: E402
-from schedules.plan import Plan, load_plan  # noqa: E402
+from schedules.plan.io import load_plan  # noqa: E402
+from schedules.plan.types import Plan  # noqa: E402
 from weft.units import parse_bytes  # noqa: E402
 
 DTYPES = ("fp32", "bf16")

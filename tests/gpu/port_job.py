@@ -63,7 +63,7 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
     from executor.errors import ExecutorError, PeerLost
     from executor.gpu_bench import matches, nccl_result, sum_magnitude
     from executor.port_engine import PortEngine
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
@@ -164,7 +164,7 @@ def run_gloo(out: Path, rank: int, world: int) -> dict:
 
     from executor.gpu_bench import matches
     from executor.port_engine import PortEngine
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     dist.init_process_group("gloo")
     engine = PortEngine.from_process_group(timeout_s=30.0)

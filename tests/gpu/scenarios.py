@@ -7,7 +7,8 @@ from functools import cache
 from pathlib import Path
 
 from executor.gpu_tables import lines_possible, residual_refusal
-from schedules.plan import Plan, load_plan
+from schedules.plan.io import load_plan
+from schedules.plan.types import Plan
 from weft.units import parse_bytes
 
 HERE = Path(__file__).parent

@@ -82,7 +82,7 @@ def rank_main(scenario: str, victim: int, out: Path) -> None:
     import torch.distributed as dist
 
     from executor.communicator import PlanExecutor
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)

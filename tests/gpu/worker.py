@@ -21,7 +21,7 @@ import torch.distributed as dist
 from executor.communicator import PlanExecutor
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu_bench import within_rounding
-from schedules.plan import load_plan, parse_plan
+from schedules.plan.io import load_plan, parse_plan
 from weft.units import parse_bytes
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -279,7 +279,7 @@ def _in_place(plan, rank: int, x, message: int) -> tuple:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     plan = load_plan(args.plan)
     nbytes = parse_bytes(args.size)
@@ -349,7 +349,7 @@ def _check_word(oks: list) -> str:
 
 
 def _load_plans(args: argparse.Namespace, world: int) -> list:
-    from schedules.plan import load_plan
+    from schedules.plan.io import load_plan
 
     if args.plans == ["registry"]:
         from schedules.registry import Registry

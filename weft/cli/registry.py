@@ -86,7 +86,7 @@ def _fingerprint(spec: str) -> tuple[str, ...]:
 
 
 def _range(entry) -> str:
-    from schedules.plan import MAX_MESSAGE_SIZE
+    from schedules.plan.types import MAX_MESSAGE_SIZE
 
     hi = "∞" if entry.key.max_bytes in (0, MAX_MESSAGE_SIZE) else format_bytes(entry.key.max_bytes)
     return f"{format_bytes(entry.key.min_bytes)}..{hi}"
