@@ -41,7 +41,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from executor import communicator
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)

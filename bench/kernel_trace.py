@@ -68,7 +68,7 @@ def main() -> None:
 
     from executor import gpu_bootstrap
     from executor.communicator import PlanExecutor
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)

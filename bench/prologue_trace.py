@@ -37,7 +37,7 @@ def rank_main(out_dir: Path, registry: str) -> None:
     import cupy
 
     from executor.communicator import PlanExecutor
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cupy.cuda.Device(0).use()

@@ -13,7 +13,7 @@ import argparse
 
 from codegen.rows import own_rows
 from executor.norm import fused_refusal
-from schedules.registry import Registry
+from registry.store import Registry
 from weft import publish
 
 

@@ -59,7 +59,7 @@ from executor.norm import RowNorm
 from executor.torch_ops import DTYPES, CollectiveCalls
 from executor.torch_plans import PlanChoice, disagreement
 from executor.torch_topology import machine_topology, p2p_works
-from schedules.registry import Registry, RegistryError
+from registry.store import Registry, RegistryError
 from topologies import Topology
 
 if TYPE_CHECKING:

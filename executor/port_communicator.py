@@ -34,7 +34,7 @@ from executor.port_program import compile_programs
 from executor.torch_ops import DTYPES, CollectiveCalls
 from executor.torch_plans import PlanChoice, disagreement
 from executor.torch_topology import machine_topology
-from schedules.registry import Registry, RegistryError
+from registry.store import Registry, RegistryError
 
 log = logging.getLogger("weft.inference")
 

@@ -3,7 +3,7 @@
 Pure Python (no GPU), so selection is tested on CPU. Entries are read once when the job starts; a choice is
 cached per (collective, size, dtype), so a decode loop never touches the registry after its first step.
 
->>> from schedules.registry import Registry
+>>> from registry.store import Registry
 >>> PlanChoice(Registry("memory://doctest-choice"), "topo-0", 2).plan("allreduce", 1024, "bf16") is None
 True
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from registry.store import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 from schedules.plan.types import Plan
-from schedules.registry import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 
 # Solvers whose plans reduce every element once, on one rank, and copy the sum to the others (or reduce along
 # one fixed chain): every rank ends with the same bits. A one-shot ("direct") plan sums on every rank in that

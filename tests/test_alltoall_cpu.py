@@ -8,8 +8,8 @@ import json
 import pytest
 
 from executor.torch_plans import PlanChoice, safe_back_to_back, split_refusal
+from registry.store import Registry
 from schedules.collectives import Collective
-from schedules.registry import Registry
 from topologies.catalog import build
 from weft import publish
 from weft.cli import main

@@ -94,7 +94,7 @@ def test_select_on_the_renamed_fabric_serves_the_catalog_fabrics_plans(mine, tmp
 def test_the_committed_registry_still_serves_its_fabric(capsys):
     from pathlib import Path
 
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     registry = Registry(str(Path(__file__).parents[1] / "bench" / "registry_h200x2"))
     assert registry.select(build("hgx_h200:gpus=2").fingerprints, "allreduce", 1 << 20).entry is not None

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from executor.torch_plans import PlanChoice, disagreement, fixed_reduction_order, safe_back_to_back
 from executor.torch_topology import board_spec, machine_topology
-from schedules.registry import Registry
+from registry.store import Registry
 from topologies.catalog import build
 from topologies.detect import load_facts, topology_from_facts
 from topologies.errors import TopologyError

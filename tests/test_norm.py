@@ -27,9 +27,9 @@ from executor.norm import (
     rows_refusal,
     run_fused,
 )
+from registry.store import Registry
 from schedules.plan.io import load_plan
 from schedules.plan.types import BufferRef, PlanError
-from schedules.registry import Registry
 from topologies.catalog import build
 from topologies.errors import CheckFailed
 from weft.publish import verify

@@ -40,7 +40,7 @@ def test_the_per_plan_bench_backs_readmes_words_on_it():
     import json
 
     from executor.norm import RowNorm, row_spans
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     doc = json.loads((ROOT / "bench" / "results" / "norm_plans_2xh200.json").read_text())
     plans = {e.plan.name: e.plan for e in Registry(str(ROOT / "bench" / "registry_h200x2")).entries()}

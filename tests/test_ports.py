@@ -164,7 +164,7 @@ def test_a_port_channel_carries_puts_and_signals_only():
 
 
 def test_a_plan_with_cuda_ipc_between_the_topologys_hosts_is_not_committed(tmp_path):
-    from schedules.registry import RegistryError
+    from registry.store import RegistryError
     from weft import publish
 
     plan = parse_plan(

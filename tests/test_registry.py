@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from schedules import registry as registry_module
+from registry import store as registry_module
+from registry.store import NotVerified, Registry, dumps
 from schedules.plan.io import parse_plan
-from schedules.registry import NotVerified, Registry, dumps
 
 TOPO = "topo-00000000000000aa"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import schedules.registry as registry_module
+import registry.store as registry_module
+from registry.store import Registry
 from schedules.plan.io import parse_plan
-from schedules.registry import Registry
 from weft.cli import main
 from weft.units import parse_bytes
 

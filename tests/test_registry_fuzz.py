@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from registry.store import Registry
 from schedules.plan.io import parse_plan
-from schedules.registry import Registry
 from weft.cli import main
 
 TOPO = "topo-00000000000000aa"

@@ -9,7 +9,7 @@ import pytest
 from test_registry import TOPO, commit
 
 from executor.torch_plans import PlanChoice
-from schedules.registry import Registry, RegistryError
+from registry.store import Registry, RegistryError
 from topologies.catalog import build
 from weft import publish
 from weft.cli import main

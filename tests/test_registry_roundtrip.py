@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from schedules.registry import Entry, Registry
+from registry.store import Entry, Registry
 from weft.cli import main
 
 COMMITTED = Path(__file__).parent.parent / "bench" / "registry_h200x2"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from registry.store import Registry, RegistryError, entry_id
 from schedules.plan.io import parse_plan
-from schedules.registry import Registry, RegistryError, entry_id
 from weft.cli import main
 
 ROOT = Path(__file__).parent.parent
@@ -192,7 +192,7 @@ def test_an_unwritable_location_fails_at_once(capsys):
 # ---- a commit killed at its rename -----------------------------------------------------------------------------
 KILL_AT_RENAME = """
 import os, sys
-import schedules.registry as registry
+import registry.store as registry
 renames = []
 def killed(fs, src, dst):
     renames.append(dst)

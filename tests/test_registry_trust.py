@@ -53,7 +53,7 @@ def kept(name: str) -> bool:
 def committed_copy(tmp_path_factory, prove_once) -> Path:
     """One pristine copy of bench/registry_h200x2's entries that ``kept`` keeps, with their index and the whole
     baselines.json, per module; tests copy it again before changing it."""
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     path = tmp_path_factory.mktemp("pristine") / "registry"
     shutil.copytree(COMMITTED, path)
@@ -152,7 +152,7 @@ def test_a_plan_with_a_zero_prediction_commits_nothing(registry, tmp_path):
 
 
 def test_nan_and_negative_nccl_times_are_refused_by_the_reader(registry, committed_copy):
-    from schedules.registry import Registry, RegistryError
+    from registry.store import Registry, RegistryError
 
     reg = Registry(registry)
     for bad in (float("nan"), -1.0, 0.0, float("inf")):
@@ -312,7 +312,7 @@ def test_the_executor_asks_the_plan_too_not_only_the_key(committed_copy):
     """Entry.serves (what select and the executor's PlanChoice ask) checks the plan's own collective and ranks."""
     from dataclasses import replace
 
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     entry = next(e for e in Registry(committed_copy).entries() if e.key.collective == "allgather")
     size = 4096
@@ -326,7 +326,7 @@ def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(committed_copy,
     from dataclasses import replace
 
     from executor.torch_plans import PlanChoice
-    from schedules.registry import Entry, Registry
+    from registry.store import Entry, Registry
 
     choice = PlanChoice(Registry(committed_copy), H200X2, 2)
     entry = next(e for e in choice.entries if e.key.collective == "allgather")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from schedules.registry import Registry
+from registry.store import Registry
 from topologies import resolve
 from weft import tuning
 from weft.cli import main

@@ -32,7 +32,7 @@ _EXPORTS = {
     "lower_bound_us": ("schedules.bounds", "lower_bound_us"),
     "Plan": ("schedules.plan.types", "Plan"),
     "load_plan": ("schedules.plan.io", "load_plan"),
-    "Registry": ("schedules.registry", "Registry"),
+    "Registry": ("registry.store", "Registry"),
     "commit": ("weft.publish", "commit"),
     "select": ("weft.lookup", "select"),
     "parse_bytes": ("weft.units", "parse_bytes"),

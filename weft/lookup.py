@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schedules.registry import Registry, Selection
+from registry.store import Registry, Selection
 from topologies import Topology
 from weft.units import parse_bytes
 

@@ -11,9 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from schedules.plan.io import parse_plan
-from schedules.plan.types import Plan
-from schedules.registry import (
+from registry.store import (
     BASELINES_FORMAT,
     ENTRY_FORMAT,
     Entry,
@@ -25,6 +23,8 @@ from schedules.registry import (
     parse_entry,
     require_verified,
 )
+from schedules.plan.io import parse_plan
+from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
 from topologies.errors import WeftError
@@ -323,7 +323,7 @@ def export_directory(directory: str, location: str | None) -> tuple[int, list[st
     nothing outside it: the names come from the entries' own file names, which the registry checked.
     Returns how many entries were written, one line per entry left out as unreadable, and a warning where
     baselines.json is damaged (left out: it is advisory and never costs the entries)."""
-    from schedules.registry import ID_PATTERN, dumps
+    from registry.store import ID_PATTERN, dumps
     from topologies.jsonfile import make_directory, write_text
 
     registry = Registry(location)

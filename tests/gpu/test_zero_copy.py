@@ -206,7 +206,7 @@ def scenario_early_replay(comm, device) -> dict:
 def _peer_mapping_plan(world: int):
     """A registry all-reduce whose peers write this rank's output (so captured buffers must be exchanged)."""
     from executor.torch_plans import safe_back_to_back
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     for entry in Registry(str(registry_for(world))).entries():
         plan = entry.plan

@@ -352,7 +352,7 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
     from schedules.plan.io import load_plan
 
     if args.plans == ["registry"]:
-        from schedules.registry import Registry
+        from registry.store import Registry
 
         plans = [e.plan for e in Registry(args.registry).entries(collective=args.collective)]
     else:
@@ -419,7 +419,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
     """Every plan's measured time into its registry entry, so `select` compares measurements, not predictions,
     and NCCL's, so that selection runs NCCL where it measured faster (``publish.record_bench``)."""
-    from schedules.registry import Registry
+    from registry.store import Registry
     from weft import publish
 
     publish.record_bench(Registry(args.registry), args.collective, rows)

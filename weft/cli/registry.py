@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _registry(args: argparse.Namespace):
-    from schedules.registry import Registry
+    from registry.store import Registry
 
     return Registry(args.registry)
 
@@ -117,7 +117,7 @@ def best_time(entry) -> tuple[str, float | None, int | None]:
     """(basis, µs, bytes): the entry's fastest measured time (with or without LL128 lines), else its fastest
     predicted time, among the sizes it serves (its range's smallest size, and the recorded sizes inside the
     range); ("none", None, None) where it has neither."""
-    from schedules.registry_index import interpolate
+    from registry.index import interpolate
 
     for basis, tables in (
         ("measured", (entry.measured_us, entry.measured_ll128_us)),
@@ -243,7 +243,7 @@ def _entry_id(reg, text: str) -> str:
     """An entry's id from its id or from the name of the one plan it holds (a name several entries share is
     refused, naming them). Names come from index.json where it still describes the entries, else from the
     entries themselves (a damaged index is a warning, never a refusal)."""
-    from schedules.registry import ID_PATTERN
+    from registry.store import ID_PATTERN
 
     if ID_PATTERN.fullmatch(text) and reg.exists(reg.entry_path(text)):
         return text

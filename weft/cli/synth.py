@@ -380,7 +380,7 @@ def _check_registry(args: argparse.Namespace) -> None:
     """Before any solve: a --commit whose registry folder cannot be made fails at once, not after the proofs."""
     if not args.commit:
         return
-    from schedules.registry import RegistryError
+    from registry.store import RegistryError
     from weft.publish import registry_location
 
     location = registry_location(args.registry)

@@ -11,7 +11,7 @@ Layout (a local directory or any fsspec URL)::
 Commits are atomic (write a temporary file, then rename) and serialized by a file lock, so concurrent
 writers never lose or tear an entry. Only plans whose verification record says they passed the reference
 executor, for this very plan hash, can be committed; the record itself is made by weft's orchestration
-(``weft.publish``), since schedules/ cannot import the executor.
+(``weft.publish``), since registry/ cannot import the executor.
 
 >>> reg = Registry("memory://doctest-registry")
 >>> reg.entries()
@@ -35,10 +35,10 @@ from typing import Any, TypeGuard
 import fsspec
 from filelock import FileLock, Timeout
 
+from registry.index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
 from schedules.collectives import NAMES as COLLECTIVES
 from schedules.plan.io import parse_plan
 from schedules.plan.types import Plan
-from schedules.registry_index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
 from topologies.errors import CheckFailed, WeftError
 from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line
 from topologies.jsonfile import short_repr as short
