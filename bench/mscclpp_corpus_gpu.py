@@ -33,7 +33,7 @@ def main() -> None:
     from executor.gpu_bootstrap import all_gather_plain
     from executor.port_engine import PortEngine
     from schedules.plan.io import load_plan
-    from topologies.errors import WeftError
+    from weftcore.errors import WeftError
 
     out_path, files = sys.argv[1], sys.argv[2:]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

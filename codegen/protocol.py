@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from schedules.plan.types import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 LL_MAX_BYTES = 1 << 20
 LL_MAX_STEPS = 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topologies.errors import CheckFailed, WeftError
+from weftcore.errors import CheckFailed, WeftError
 
 
 class ExecutorError(WeftError):

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from executor.errors import ExecutorError
-from topologies.jsonfile import check_output
+from weftcore.jsonfile import check_output
 
 SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "norm.cuh", "interpreter.cu")
 FLAGS = ("-O3", "-std=c++17")

@@ -34,7 +34,7 @@ from executor import reference
 from executor.errors import ExecutorError
 from schedules.ops import DEVICE_KINDS
 from schedules.plan.types import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, channel_pairs
-from topologies.errors import CheckFailed
+from weftcore.errors import CheckFailed
 
 if TYPE_CHECKING:
     from executor.norm import RowNorm, RowSpan

@@ -31,7 +31,7 @@ import numpy as np
 from executor import reference
 from executor.gpu_tables import DTYPE_BYTES, residual_refusal
 from schedules.plan.types import Plan, PlanError, remote_target
-from topologies.errors import CheckFailed
+from weftcore.errors import CheckFailed
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ import numpy as np
 from executor.errors import WrongResult  # noqa: F401 (raised here; callers import it from either module)
 from schedules.collectives import Collective
 from schedules.plan.types import BufferRef, Op, Plan, PlanError, channel_pairs, remote_target
-from topologies.errors import CheckFailed
+from weftcore.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 BUFFER_NAMES = {"i": "input", "o": "output", "s": "scratch"}

@@ -39,9 +39,9 @@ from registry.index import EntryKey, IndexRow, Timings, describes, interpolate, 
 from schedules.collectives import NAMES as COLLECTIVES
 from schedules.plan.io import parse_plan
 from schedules.plan.types import Plan
-from topologies.errors import CheckFailed, WeftError
-from topologies.jsonfile import MAX_FILE_BYTES, decode_json, one_line
-from topologies.jsonfile import short_repr as short
+from weftcore.errors import CheckFailed, WeftError
+from weftcore.jsonfile import MAX_FILE_BYTES, decode_json, one_line
+from weftcore.jsonfile import short_repr as short
 
 ENTRY_FORMAT = "weft.registry-entry/1"
 INDEX_FORMAT = "weft.registry-index/1"
@@ -342,7 +342,7 @@ class Registry:
     def _read_bytes(self, path: str, what: str) -> bytes:
         """The file's bytes; unreadable, too large or not a regular file, one line naming it."""
         if self.local:
-            from topologies.jsonfile import read_bytes
+            from weftcore.jsonfile import read_bytes
 
             return read_bytes(path, what, RegistryError)
         try:

@@ -59,8 +59,9 @@ from networkx.algorithms.flow import build_residual_network, dinitz
 
 from schedules.collectives import Collective
 from schedules.symmetry import rank_orbit_representatives
-from topologies.errors import UnreachableError, WeftError
+from topologies.errors import UnreachableError
 from topologies.topology import Topology, Vertex
+from weftcore.errors import WeftError
 
 BYTES_PER_US_PER_GBPS = 1e3
 SOURCE = ("source",)  # the auxiliary flow source; a tuple, so no rank (int) or switch (str) can clash

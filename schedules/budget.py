@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import resource
 
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 ENV = "WEFT_MEMORY_LIMIT"
 

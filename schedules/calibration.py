@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 FORMAT = "weft.calibration/1"
 PROTOCOLS = ("LL", "Simple")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter", "alltoall")
 PLAN_ONLY = ("sendrecv",)  # collectives that plans (MSCCL++'s) compute and weft checks, but never synthesizes

@@ -43,8 +43,8 @@ from schedules.collectives import Collective
 from schedules.compact import SendTable, send_table, shape_table, shifted
 from schedules.loads import FabricIndex, Loads, count_loads, index_fabric
 from schedules.schedule import Schedule
-from topologies.errors import WeftError
 from topologies.topology import Topology
+from weftcore.errors import WeftError
 
 BYTES_PER_US_PER_GBPS = 1e3
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from schedules.collectives import Collective, CollectiveError
-from topologies.errors import WeftError
-from topologies.jsonfile import read_json, short_repr, write_text
+from weftcore.errors import WeftError
+from weftcore.jsonfile import read_json, short_repr, write_text
 
 FORMAT = "weft.schedule/1"
 COMPACT_FORMAT = "weft.schedule/2"  # /1 plus an optional symmetry (schedules.compact); readers take both

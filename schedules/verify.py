@@ -38,8 +38,8 @@ from schedules.budget import require
 from schedules.compact import SendTable, send_table
 from schedules.loads import FabricIndex, count_loads, index_fabric
 from schedules.schedule import Schedule, Send
-from topologies.errors import CheckFailed
 from topologies.topology import SharingGroup, Topology
+from weftcore.errors import CheckFailed
 
 # indexed by rank * nchunks + chunk: a list over every slot, or a dict of the simulated chunks' slots
 State = list[int] | dict[int, int]

@@ -1,6 +1,6 @@
 """Errors that solvers raise."""
 
-from topologies.errors import CheckFailed, WeftError
+from weftcore.errors import CheckFailed, WeftError
 
 
 class SynthesisError(WeftError):

@@ -34,7 +34,7 @@ from executor.reference import (
 from schedules.collectives import Collective, CollectiveError
 from schedules.plan.io import parse_plan
 from schedules.plan.types import PlanError
-from topologies.errors import CheckFailed
+from weftcore.errors import CheckFailed
 
 ROOT = Path(__file__).parent
 CORPUS = ROOT / "fixtures" / "mscclpp"

@@ -31,8 +31,8 @@ from registry.store import Registry
 from schedules.plan.io import load_plan
 from schedules.plan.types import BufferRef, PlanError
 from topologies.catalog import build
-from topologies.errors import CheckFailed
 from weft.publish import verify
+from weftcore.errors import CheckFailed
 
 ROOT = Path(__file__).parent.parent
 PLANS = ROOT / "tests" / "fixtures" / "plans"

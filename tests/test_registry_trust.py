@@ -428,7 +428,7 @@ def test_special_files_are_refused_in_one_line_without_hanging(tmp_path, special
 
 
 def test_a_file_over_the_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
-    from topologies import jsonfile
+    from weftcore import jsonfile
 
     path = tmp_path / "big.json"
     path.write_text(json.dumps({"pad": "x" * 4096}))

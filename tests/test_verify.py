@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send, Step
 from schedules.verify import CHECKS, MAX_LISTED, VerificationFailed, require_valid, verify
-from topologies.errors import CheckFailed
 from topologies.topology import Link, SharingGroup, Topology
+from weftcore.errors import CheckFailed
 
 # ---- hand-built topologies and schedules ------------------------------------------------------------
 

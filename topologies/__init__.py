@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from topologies.errors import TopologyError, UnreachableError, WeftError
+from topologies.errors import TopologyError, UnreachableError
 from topologies.io import load_topology, parse_topology, save_topology
 from topologies.topology import FORMAT, Link, SharingGroup, Topology, Vertex
+from weftcore.errors import WeftError
 
 __all__ = [
     "FORMAT",

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from topologies.errors import TopologyError
-from topologies.jsonfile import short_repr
 from topologies.topology import Link, Topology, Vertex
+from weftcore.jsonfile import short_repr
 
 # α per hop, µs (see the module docstring for the source).
 NVLINK_US = 0.3

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TopologyError
-from topologies.jsonfile import read_json
 from topologies.topology import Link, Topology
+from weftcore.jsonfile import read_json
 
 # Per-lane, per-direction NVLink bandwidth by GPU family (GB/s): NVLink 4 (Hopper) and NVLink 3 (Ampere).
 LANE_GBPS = {"H200": 25.0, "H100": 25.0, "A100": 25.0, "V100": 25.0}

@@ -1,14 +1,12 @@
-"""Error types shared by every weft package.
+"""Errors of topologies: malformed fabrics and ranks that cannot reach each other.
 
-Library code raises these; only the CLI turns them into one line on stderr and ``exit_code``.
-Bad input is exit code 2; a check that ran and failed (unsat, verification failed, wrong result) is 1.
+``WeftError`` and ``CheckFailed``, the base of every weft error, live in ``weftcore.errors``; they are re-exported
+here because ``from topologies.errors import WeftError`` is the path users have written.
 """
 
+from weftcore.errors import CheckFailed, WeftError
 
-class WeftError(Exception):
-    """A user-facing error with a one-line message naming the file and field."""
-
-    exit_code = 2
+__all__ = ["CheckFailed", "TopologyError", "UnreachableError", "WeftError"]
 
 
 class TopologyError(WeftError):
@@ -17,9 +15,3 @@ class TopologyError(WeftError):
 
 class UnreachableError(TopologyError):
     """Some rank cannot reach another rank over the topology's links."""
-
-
-class CheckFailed(WeftError):
-    """A check ran to completion and said no: unsat, verification failed, wrong result."""
-
-    exit_code = 1

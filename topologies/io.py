@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from topologies.errors import TopologyError, UnreachableError
-from topologies.jsonfile import read_json, short_repr, write_text
 from topologies.topology import FORMAT, Link, SharingGroup, Topology, _is_number
+from weftcore.jsonfile import read_json, short_repr, write_text
 
 TOP_LEVEL_FIELDS = frozenset({"format", "name", "description", "nranks", "switches", "hosts", "links", "sharing"})
 

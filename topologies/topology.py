@@ -24,7 +24,7 @@ import networkx as nx
 
 from topologies.canonical import canonical_bytes, legacy_bytes
 from topologies.errors import TopologyError, UnreachableError
-from topologies.jsonfile import short_repr
+from weftcore.jsonfile import short_repr
 
 Vertex = int | str
 FORMAT = "weft.topology/1"

@@ -17,8 +17,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "WeftError": ("topologies.errors", "WeftError"),
-    "CheckFailed": ("topologies.errors", "CheckFailed"),
+    "WeftError": ("weftcore.errors", "WeftError"),
+    "CheckFailed": ("weftcore.errors", "CheckFailed"),
     "Topology": ("topologies", "Topology"),
     "Link": ("topologies", "Link"),
     "load_topology": ("topologies", "load_topology"),

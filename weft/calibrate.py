@@ -21,8 +21,8 @@ from schedules.ops import OPS
 from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
-from topologies.jsonfile import decode_json, read_bytes
 from weft.synthesis import BASELINES
+from weftcore.jsonfile import decode_json, read_bytes
 
 RESULTS = Path(__file__).parent.parent / "bench" / "results"
 MAX_RESULTS_BYTES = 16 << 20  # a results file of every size and plan is tens of KB

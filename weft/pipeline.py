@@ -15,8 +15,8 @@ from schedules.plan.types import Plan, PlanError
 from schedules.schedule import FORMATS as SCHEDULE_FORMATS
 from schedules.schedule import Schedule, parse_schedule
 from topologies import Topology
-from topologies.jsonfile import read_json, write_text
 from weft.units import format_bytes
+from weftcore.jsonfile import read_json, write_text
 
 CHECK_SIZES_CHUNKS = (1, 3, 64)  # granules per chunk: the smallest size, a ragged one (12-byte chunks), a larger one
 DTYPES = ("fp32", "fp16", "bf16")

@@ -7,9 +7,9 @@ from fractions import Fraction
 from pathlib import Path
 
 from schedules.collectives import NAMES, PLAN_ONLY, Collective
-from topologies.jsonfile import write_text
 from weft.results import ResultsError, read_bench, read_frontier
 from weft.units import format_bytes
+from weftcore.jsonfile import write_text
 
 
 def _pyplot():

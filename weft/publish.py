@@ -27,10 +27,10 @@ from schedules.plan.io import parse_plan
 from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
-from topologies.errors import WeftError
-from topologies.jsonfile import one_line, read_json, short_repr
 from weft import __version__
 from weft.units import parse_bytes
+from weftcore.errors import WeftError
+from weftcore.jsonfile import one_line, read_json, short_repr
 
 # Sizes at which a plan's predicted time is stored: 1 KB to 1 GB in powers of 4.
 PREDICTION_SIZES = tuple(1 << k for k in range(10, 31, 2))
@@ -73,7 +73,7 @@ def _proof_path(plan: Plan) -> Path:
 
 
 def _remember(plan: Plan, record: dict) -> None:
-    from topologies.jsonfile import write_text
+    from weftcore.jsonfile import write_text
 
     # an unwritable cache costs the next selection a proof, nothing else
     with contextlib.suppress(RegistryError):
@@ -324,7 +324,7 @@ def export_directory(directory: str, location: str | None) -> tuple[int, list[st
     Returns how many entries were written, one line per entry left out as unreadable, and a warning where
     baselines.json is damaged (left out: it is advisory and never costs the entries)."""
     from registry.store import ID_PATTERN, dumps
-    from topologies.jsonfile import make_directory, write_text
+    from weftcore.jsonfile import make_directory, write_text
 
     registry = Registry(location)
     entries, bad = registry.load()

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from topologies.errors import WeftError
-from topologies.jsonfile import Fields, read_json, short_repr
+from weftcore.errors import WeftError
+from weftcore.jsonfile import Fields, read_json, short_repr
 
 FRONTIER_FORMAT = "weft.frontier/1"
 # Bounds wide enough for any real run, narrow enough that busbw (size / time) and the plot axes stay finite.

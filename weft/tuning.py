@@ -26,7 +26,7 @@ from codegen.protocol import LL_MAX_BYTES, CodegenError
 from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 PROTOCOLS = ("ll", "simple")
 # The interpreter is built with __launch_bounds__(1024), so it uses at most 64 registers a thread: an SM's 64K

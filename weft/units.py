@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from topologies.errors import WeftError
-from topologies.jsonfile import short_repr
+from weftcore.errors import WeftError
+from weftcore.jsonfile import short_repr
 
 _PREFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
 MAX_BYTES = 1 << 60  # 1 EiB: no message comes near it, and every size stays a 64-bit count

@@ -49,7 +49,7 @@ from schedules.plan.types import (
     remote_target,
     unpaired_error,
 )
-from topologies.jsonfile import Fields, read_json, short_repr, write_text
+from weftcore.jsonfile import Fields, read_json, short_repr, write_text
 
 _PLAIN_OP_FIELDS = mscclpp_format.OP_KEYS - {"iter_context", "ops"}  # an op other than a pipeline
 

@@ -86,7 +86,7 @@ from typing import Any
 from schedules.collectives import SHIFT, Collective
 from schedules.ops import OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 MAX_MESSAGE_SIZE = (1 << 64) - 1
 MAX_MIN_MESSAGE_SIZE = 1 << 60  # a plan that takes no message below 1 EiB takes none at all

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from synth.errors import SynthesisError
-from topologies.jsonfile import read_json
+from weftcore.jsonfile import read_json
 
 FORMAT = "weft.sketch/1"
 FIELDS = ("format", "symmetry", "relays", "rails", "hierarchy", "chunks", "description")

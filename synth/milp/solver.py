@@ -24,7 +24,7 @@ from synth.milp.sketch import Sketch
 from synth.milp.symmetry import rank_symmetry
 from synth.rank_links import rank_pair
 from topologies import Topology
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 Progress = Callable[[str], None]
 # The dual each combining collective is reversed from (reduction trees are broadcast trees run backwards).

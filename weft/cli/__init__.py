@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from topologies.errors import WeftError
-from topologies.jsonfile import one_line
+from weftcore.errors import WeftError
+from weftcore.jsonfile import one_line
 
 COMMANDS = ("topo", "synth", "compile", "tune", "verify", "registry", "gpu", "plot")
 

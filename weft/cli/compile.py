@@ -66,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
     from schedules.mscclpp_format import mscclpp_verdict
     from schedules.schedule import load_schedule
     from topologies import resolve
-    from topologies.jsonfile import check_output, write_text
     from weft import pipeline
     from weft.units import parse_bytes
+    from weftcore.jsonfile import check_output, write_text
 
     if args.instances < 1:
         raise ArgumentError(f"weft compile: --instances must be a positive integer, got {args.instances}")

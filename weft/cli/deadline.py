@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from topologies.errors import CheckFailed
+from weftcore.errors import CheckFailed
 
 GRACE_S = 2.0
 QUIET_S = 2.0  # a command quiet for this long says what it is doing

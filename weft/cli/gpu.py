@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 from schedules.collectives import NAMES
-from topologies.errors import WeftError
-from topologies.jsonfile import write_text
 from weft.cli import ArgumentError
 from weft.cli import progress as _progress
 from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes, parse_size_range
+from weftcore.errors import WeftError
+from weftcore.jsonfile import write_text
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 

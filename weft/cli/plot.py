@@ -30,8 +30,8 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "markdown", False):
         print(plots.bench_table(args.file), end="")
         return 0
-    from topologies.jsonfile import check_output
     from weft.results import ResultsError
+    from weftcore.jsonfile import check_output
 
     out = args.output or default_output(args.file)
     check_output(out, "plot", ResultsError)

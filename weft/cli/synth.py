@@ -13,14 +13,14 @@ from pathlib import Path
 from schedules.collectives import NAMES, Collective, collective_on
 from schedules.schedule import Schedule, save_schedule
 from topologies import Topology, resolve
-from topologies.errors import WeftError
-from topologies.jsonfile import make_directory
 from weft.cli import ArgumentError, file_in_the_way
 from weft.cli import progress as _progress
 from weft.cli.deadline import Deadline
 from weft.cli.words import counted
 from weft.synthesis import BASELINES
 from weft.units import SIZE_HELP, format_bytes, parse_bytes
+from weftcore.errors import WeftError
+from weftcore.jsonfile import make_directory
 
 FAMILIES = {
     "smt": "weft.cli.synth_smt",
@@ -286,7 +286,7 @@ def _refuse_early(args: argparse.Namespace) -> None:
     validated whole (a 100,000-rank ring takes seconds to validate)."""
     from topologies.catalog import spec_size
     from topologies.errors import TopologyError
-    from topologies.jsonfile import read_json
+    from weftcore.jsonfile import read_json
 
     path = Path(args.topology)
     if not path.is_file():
@@ -398,7 +398,7 @@ def _several(args: argparse.Namespace) -> bool:
 
 def _check_output(args: argparse.Namespace) -> None:
     """Before any solve: -o names a folder where several schedules come back; without -o, the default folder."""
-    from topologies.jsonfile import check_output
+    from weftcore.jsonfile import check_output
 
     if args.output is None:
         args.output = default_output()

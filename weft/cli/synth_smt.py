@@ -16,9 +16,9 @@ from pathlib import Path
 from schedules.collectives import Collective
 from schedules.schedule import Schedule
 from topologies import Topology
-from topologies.jsonfile import make_directory, write_text
 from weft.cli import ArgumentError
 from weft.cli.words import counted
+from weftcore.jsonfile import make_directory, write_text
 
 FRONTIER_FORMAT = "weft.frontier/1"
 

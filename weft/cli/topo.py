@@ -132,7 +132,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from topologies.jsonfile import check_output
+    from weftcore.jsonfile import check_output
 
     check_output(args.output, "output", TopologyError)
     topology = resolve(args.topology)

@@ -74,9 +74,9 @@ def report(calibration) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from schedules.calibration import calibration_path
     from topologies import resolve
-    from topologies.jsonfile import write_text
     from weft.calibrate import calibrate
     from weft.cli import progress_after
+    from weftcore.jsonfile import write_text
 
     topology = resolve(args.topology)
     calibration = calibrate(topology, list(args.results) or None, progress_after())

@@ -24,7 +24,7 @@ def _detect(args: argparse.Namespace) -> int:
     from topologies.detect import load_facts, read_facts, topology_from_facts
     from topologies.errors import TopologyError
     from topologies.io import save_topology
-    from topologies.jsonfile import check_output, write_text
+    from weftcore.jsonfile import check_output, write_text
 
     for path in (args.record, args.output):
         if path:

@@ -82,12 +82,12 @@ def run(args: argparse.Namespace) -> int:
     from schedules.schedule import load_schedule
     from schedules.verify import require_valid
     from topologies import resolve
-    from topologies.jsonfile import make_directory
     from weft import publish
     from weft.cli.values import comma_items
     from weft.synthesis import synthesize
     from weft.tuning import TuneOptions, compile_variants, default_schedules, grid
     from weft.units import parse_bytes
+    from weftcore.jsonfile import make_directory
 
     options = TuneOptions(
         instances=_ints(args.instances, "--instances"),

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from topologies.errors import WeftError
+from weftcore.errors import WeftError
 
 MAX_FILE_BYTES = 256 << 20  # no weft file comes near this (a 128-instance plan is a few MB); /dev/zero does
 

@@ -1,0 +1,6 @@
+"""weftcore: the base every weft layer may import, and which imports none of them.
+
+``weftcore.errors``: ``WeftError`` (a user-facing error with a one-line message and an exit code) and
+``CheckFailed`` (a check that ran and said no). ``weftcore.jsonfile``: reading and writing weft's files with
+one-line errors that name the file and field.
+"""
