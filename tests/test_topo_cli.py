@@ -124,7 +124,7 @@ def test_extra_topo_commands_plug_in_through_register(monkeypatch):
         p = topo_subparsers.add_parser("bound")
         p.set_defaults(func=lambda args: seen.append("bound") or 0)
 
-    monkeypatch.setitem(sys.modules, "weft.cli.topo_bound", types.SimpleNamespace(register=register))
+    monkeypatch.setitem(sys.modules, "weft.cli.topo.bound", types.SimpleNamespace(register=register))
     assert run(["topo", "bound"])[0] == 0
     assert seen == ["bound"]
 

@@ -1,6 +1,6 @@
 """``weft topo list|show|validate|export``: the topology catalog and topology files.
 
-Other modules add sub-commands under ``weft topo`` (``weft.cli.topo_bound``, ``weft.cli.topo_detect``): each
+Other modules add sub-commands under ``weft topo`` (``weft.cli.topo.bound``, ``weft.cli.topo.detect``): each
 exposes ``register(topo_subparsers)`` and is picked up here when it is importable.
 """
 
@@ -17,7 +17,7 @@ from topologies import Topology, TopologyError, load_topology, resolve, save_top
 from topologies.catalog import entries
 from weft.cli.words import counted
 
-EXTRA_COMMANDS = ("weft.cli.topo_bound", "weft.cli.topo_detect", "weft.cli.topo_calibrate")
+EXTRA_COMMANDS = ("weft.cli.topo.bound", "weft.cli.topo.detect", "weft.cli.topo.calibrate")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,10 +23,10 @@ from weftcore.errors import WeftError
 from weftcore.jsonfile import make_directory
 
 FAMILIES = {
-    "smt": "weft.cli.synth_smt",
-    "milp": "weft.cli.synth_milp",
-    "trees": "weft.cli.synth_trees",
-    "pareto": "weft.cli.synth_pareto",
+    "smt": "weft.cli.synth.smt",
+    "milp": "weft.cli.synth.milp",
+    "trees": "weft.cli.synth.trees",
+    "pareto": "weft.cli.synth.pareto",
 }
 REPORT_SIZES = (1 << 10, 1 << 20, 1 << 30)
 DEFAULT_TIME_LIMIT = 60.0
