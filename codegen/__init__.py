@@ -28,6 +28,7 @@ from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_r
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
+from schedules.compact import expand
 from schedules.plan.types import MAX_THREADS_PER_BLOCK, Plan, PlanMeta
 from schedules.schedule import Schedule
 
@@ -66,7 +67,7 @@ def compile_schedule(
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
     source_hash = schedule.content_hash  # the file the user holds, compact or not
-    schedule = schedule.explicit()  # a plan names every send; a compact schedule is written out first
+    schedule = expand(schedule)  # a plan names every send; a compact schedule is written out first
     if not isinstance(threads, int) or threads % 32 or not 32 <= threads <= MAX_THREADS:
         raise CodegenError(f"--threads: must be a multiple of 32 from 32 to {MAX_THREADS}, got {threads!r}")
     if not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_INSTANCES // instances:

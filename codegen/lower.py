@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from codegen.buffers import Placement
 from codegen.ir import ARRIVE, COPY, DONE, READY, REDUCE, SEND, UNPACK, Action, Loc
+from schedules.compact import expand
 from schedules.schedule import Schedule
 
 
@@ -25,7 +26,7 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
     sum streams as the data arrives. The sender signals READY at its start (its caller has written the input) and
     waits, at its end, for the reader's DONE (so its caller may write the next input).
     """
-    schedule = schedule.explicit()  # every send, a compact schedule's images included
+    schedule = expand(schedule)  # every send, a compact schedule's images included
     collective = placement.collective
     n = collective.nranks
     loc: list[dict[int, Loc]] = [{} for _ in range(n)]

@@ -20,6 +20,7 @@ from xml.etree import ElementTree as ET
 from codegen.buffers import Placement, place_buffers
 from codegen.ir import Loc
 from codegen.protocol import choose_protocol, size_range
+from schedules.compact import expand
 from schedules.plan.types import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
 
@@ -47,7 +48,7 @@ class _Tb:
 
 def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto", name: str | None = None) -> str:
     """MSCCL XML for ``schedule`` with every attribute MSCCL/RCCL require."""
-    schedule = schedule.explicit()
+    schedule = expand(schedule)
     collective = schedule.collective
     proto = choose_protocol(schedule, protocol)
     placement = place_buffers(collective)

@@ -123,14 +123,6 @@ class Schedule:
         """How many images of the listed steps the schedule is (1 unless compact)."""
         return math.prod(g.order for g in self.symmetries)
 
-    def explicit(self) -> Schedule:
-        """The schedule with every send written out (itself unless compact; refuses past MAX_WRITTEN_SENDS)."""
-        if not self.symmetries:
-            return self
-        from schedules.compact import expand
-
-        return expand(self)
-
     def content(self) -> dict[str, Any]:
         """The algorithm itself: what the content hash covers."""
         doc: dict[str, Any] = {

@@ -17,6 +17,7 @@ from codegen.sync import _dependencies
 from codegen.threadblocks import assign_threadblocks
 from executor.reference import PlanRace, check_plan
 from schedules.collectives import Collective
+from schedules.compact import expand
 from synth import baselines
 from topologies.catalog import build
 from weft.pipeline import check_sizes
@@ -122,7 +123,7 @@ def test_ll_broadcast_gates_the_roots_channels_only():
 def test_ring_allgather_that_puts_into_peer_outputs_is_gated_and_safe():
     schedule = baselines.ring(FC4, Collective("allgather", 4))
     assert _gated("ring", "allgather", packets=False) == {
-        (s.src, s.dst, 0) for st in schedule.explicit().steps for s in st.sends
+        (s.src, s.dst, 0) for st in expand(schedule).steps for s in st.sends
     }
     plan = _compile("ring", "allgather", "simple", instances=2)
     assert check_plan(plan, check_sizes(plan)[:1], ("fp32",)).ok

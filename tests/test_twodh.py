@@ -10,6 +10,7 @@ import pytest
 
 from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
+from schedules.compact import expand
 from schedules.cost import predict_us
 from schedules.verify import require_valid
 from synth.baselines import direct, twodh
@@ -40,7 +41,7 @@ def test_across_hosts_each_gpu_sends_one_message_per_remote_host(spec):
     schedule = twodh(topology, Collective("alltoall", topology.nranks, chunks=2))
     crossing = Counter(
         (s.src, s.dst)
-        for step in schedule.explicit().steps
+        for step in expand(schedule).steps
         for s in step.sends
         if topology.hosts[s.src] != topology.hosts[s.dst]
     )
@@ -49,7 +50,7 @@ def test_across_hosts_each_gpu_sends_one_message_per_remote_host(spec):
     assert set(crossing.values()) == {gpus * 2}  # the G blocks of 2 chunks bound for that GPU, in one message
     flat = Counter(
         (s.src, s.dst)
-        for s in direct(topology, Collective("alltoall", topology.nranks)).explicit().steps[0].sends
+        for s in expand(direct(topology, Collective("alltoall", topology.nranks))).steps[0].sends
         if topology.hosts[s.src] != topology.hosts[s.dst]
     )
     assert len(flat) == gpus * len(crossing)  # the flat schedule talks to every remote GPU

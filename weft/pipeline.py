@@ -77,7 +77,7 @@ def compile_and_verify(
     ``pipeline`` and ``double_scratch``; ``topology`` a Topology, catalog spec or file."""
     from codegen import MAX_INSTANCES, compile_schedule
     from schedules.verify import require_valid
-    from weft.publish import predictions
+    from weft.predictions import predictions
 
     if isinstance(topology, str):
         from topologies import resolve

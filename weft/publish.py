@@ -28,15 +28,12 @@ from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology, resolve
 from weft import __version__
-from weft.units import parse_bytes
+from weft.predictions import predictions
 from weftcore.errors import WeftError
 from weftcore.jsonfile import one_line, read_json, short_repr
 
-# Sizes at which a plan's predicted time is stored: 1 KB to 1 GB in powers of 4.
-PREDICTION_SIZES = tuple(1 << k for k in range(10, 31, 2))
 PREDICTION = "prediction"  # the provenance field saying what made an entry's predicted times
 Progress = Callable[[str], None]  # a line for the user on a long wait; the CLI prints it, library code never does
-ALPHA_BETA = "alpha-beta model of the links only (launch, hops and protocol not calibrated)"
 
 
 def registry_location(location: str | None) -> str:
@@ -118,41 +115,6 @@ def narrow(plan: Plan, min_bytes: int, max_bytes: int) -> Plan:
         return plan
     narrowed = replace(plan, min_message_size=lo, max_message_size=hi)
     return narrowed.with_meta(verification=verify(narrowed))
-
-
-def predictions(plan: Plan, schedule: Schedule | None, topology: Topology | None) -> tuple[dict[int, float], str]:
-    """The plan's predicted times and what made them (``PREDICTION``), at ``PREDICTION_SIZES`` and every size its
-    schedule was priced at (the sizes ``weft synth`` printed): the fabric's calibration where it was measured
-    (``weft topo calibrate``), else the α-β model of its links, which knows nothing of launches or protocols (so
-    a fabric never measured is said to be so next to each prediction). Without a schedule, the plan's own table
-    (``weft compile`` made it the same way)."""
-    from weft.calibrate import predictions as calibrated
-
-    if schedule is None or topology is None:
-        return (
-            {
-                parse_bytes(k, f"plan {plan.name}: weft.predicted_us"): float(v)
-                for k, v in plan.weft.predicted_us.items()
-            },
-            plan.weft.prediction or ALPHA_BETA,
-        )
-    sizes = tuple(sorted(set(PREDICTION_SIZES) | set(_priced_sizes(schedule))))
-    found = calibrated(plan, schedule, topology, sizes)
-    if found is not None:
-        return found
-    from schedules.cost import loads
-
-    return dict(zip(sizes, loads(schedule, topology).predict_many_us(sizes), strict=True)), ALPHA_BETA
-
-
-def _priced_sizes(schedule: Schedule) -> list[int]:
-    sizes = []
-    for text in schedule.meta.predicted_us:
-        try:
-            sizes.append(parse_bytes(str(text)))
-        except WeftError:
-            continue  # a size this weft does not read is one price fewer, never a failed commit
-    return sizes
 
 
 def commit(

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from codegen.protocol import LL_MAX_BYTES, CodegenError
+from schedules.compact import expand
 from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
@@ -151,7 +152,7 @@ def grid(options: TuneOptions, peers: int = 1) -> list[Variant]:
 def send_peers(schedule: Schedule) -> int:
     """The most peers one rank of ``schedule`` sends to (a ring: 1; a two-shot on N ranks: N - 1)."""
     peers: dict[int, set[int]] = {}
-    for step in schedule.explicit().steps:
+    for step in expand(schedule).steps:
         for send in step.sends:
             peers.setdefault(send.src, set()).add(send.dst)
     return max((len(p) for p in peers.values()), default=0)

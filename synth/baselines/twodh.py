@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 
 from schedules.collectives import Collective
+from schedules.compact import expand
 from schedules.schedule import Schedule, Send
 from synth.baselines.common import assemble, block, check_ranks
 from synth.errors import NotApplicable
@@ -54,7 +55,7 @@ def host_messages(schedule: Schedule, topology: Topology) -> int:
     (1, 8)
     """
     sent: dict[int, set[tuple[int, int]]] = {}
-    for k, step in enumerate(schedule.explicit().steps):  # a compact schedule's images counted
+    for k, step in enumerate(expand(schedule).steps):  # a compact schedule's images counted
         for s in step.sends:
             if topology.hosts[s.src] != topology.hosts[s.dst]:
                 sent.setdefault(s.src, set()).add((k, s.dst))

@@ -335,7 +335,7 @@ def _score(
     from schedules.cost import loads
     from schedules.verify import require_valid
     from weft.calibrate import schedule_predictions
-    from weft.publish import ALPHA_BETA
+    from weft.predictions import ALPHA_BETA
 
     sizes = tuple(sorted(set(REPORT_SIZES) | {asked} | set(swept))) if asked else REPORT_SIZES
     rows = []
