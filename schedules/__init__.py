@@ -1,4 +1,4 @@
-"""schedules: the formats that cross stages (Collective, Schedule, Plan), their checks, and the registry."""
+"""schedules: the formats that cross stages (Collective, Schedule, Plan), their checks, costs and bounds."""
 
 from schedules.collectives import COMBINING, NAMES, ROOTED, Collective, CollectiveError
 from schedules.schedule import (

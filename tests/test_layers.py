@@ -9,6 +9,7 @@ functions alike (a lazy import that breaks a cycle at run time is still a cycle)
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -151,3 +152,19 @@ def _known(graph: nx.DiGraph) -> set[str]:
 def test_no_module_imports_itself_round(graph):
     known = _known(graph)
     assert [part for part in _cycles(graph) if not set(part) <= known] == []
+
+
+def _folder_block() -> list[str]:
+    """The layer list of the README (or of docs/, where its text moved): the code block that starts with weftcore/."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        if not doc.is_file():
+            continue
+        for block in re.findall(r"^```\n(weftcore/.*?)^```$", doc.read_text(encoding="utf-8"), re.S | re.M):
+            return block.splitlines()
+    return []
+
+
+def test_the_readme_lists_the_layers_as_they_are():
+    """Each line of the README's folder list names one layer's folders, bottom first, as LAYERS does."""
+    listed = [tuple(re.findall(r"(\w+)/", re.match(r"(?:\w+/\s+)*", line)[0])) for line in _folder_block()]
+    assert listed == list(LAYERS)

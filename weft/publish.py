@@ -1,6 +1,6 @@
 """Registry orchestration: re-check a plan on the reference executor, then commit it with its provenance.
 
-This lives in weft/ because it spans stages: schedules/ owns the registry but cannot import the executor.
+This lives in weft/ because it spans stages: registry/ stores the plans but cannot import the executor.
 """
 
 from __future__ import annotations
