@@ -14,7 +14,8 @@ from executor.reference import check_plan
 from schedules.collectives import NAMES, Collective
 from schedules.mscclpp_format import OP_NAMES, conformance_errors, mscclpp_verdict
 from schedules.ops import OPS, SWITCH_OPS
-from schedules.plan.io import current_format, dumps_plan, load_plan, parse_plan
+from schedules.plan.io import dumps_plan, load_plan, parse_plan
+from schedules.plan.types import current_format
 from synth import baselines
 from synth.errors import NotApplicable
 from topologies.catalog import build

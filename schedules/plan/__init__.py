@@ -5,7 +5,6 @@ write) keeps working; weft's own modules import from the module that defines eac
 """
 
 from schedules.plan.io import (
-    current_format,
     dumps_plan,
     load_plan,
     parse_plan,
@@ -38,6 +37,8 @@ from schedules.plan.types import (
     RemoteBufferRef,
     Threadblock,
     channel_pairs,
+    current_format,
+    entry_target,
     op_channels,
     remote_target,
     unpaired_error,
@@ -69,7 +70,9 @@ __all__ = [
     "Gpu",
     "PlanMeta",
     "Plan",
+    "current_format",
     "remote_target",
+    "entry_target",
     "op_channels",
     "channel_pairs",
     "unpaired_error",
@@ -77,5 +80,4 @@ __all__ = [
     "save_plan_file",
     "load_plan",
     "parse_plan",
-    "current_format",
 ]

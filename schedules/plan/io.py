@@ -45,6 +45,7 @@ from schedules.plan.types import (
     RemoteBufferRef,
     Threadblock,
     channel_pairs,
+    entry_target,
     op_channels,
     remote_target,
     unpaired_error,
@@ -521,33 +522,6 @@ def _check_op_shape(rd: _Reader, op: Op, where: str) -> None:
         raise rd.fail(f"{where}.{field}" if field else where, why)
 
 
-def current_format(plan: Plan) -> Plan:
-    """A plan weft wrote before 2026-11-26 in the format MSCCL++ reads today: ops name the block's channels, and a
-    ``pws`` on memory channels (which MSCCL++'s kernel runs without its signal) becomes ``put`` then ``signal``."""
-
-    def split(op: Op) -> tuple[Op, ...]:
-        if op.name in ("pws", "pwsf") and op.channel_type == "memory":
-            return (replace(op, name="put"), Op("signal", op.channel_type, op.channel_ids))
-        return (op,)
-
-    gpus = tuple(
-        replace(
-            g,
-            threadblocks=tuple(replace(tb, ops=tuple(o for op in tb.ops for o in split(op))) for tb in g.threadblocks),
-        )
-        for g in plan.gpus
-    )
-    return replace(plan, gpus=gpus).with_meta(channel_ids="threadblock", verification=None)
-
-
-def _entry_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef, rank: int) -> tuple[int, str]:
-    """(rank, buffer type) an entry of ``op`` on ``rank`` names, remote or local."""
-    if ref.remote:
-        return remote_target(gpu, tb, op, ref)
-    assert ref.type is not None, "a local entry names its buffer type"
-    return rank, ref.type
-
-
 def _check_pairing(rd: _Reader, plan: Plan) -> None:
     """Channels pair up (``channel_pairs``); remote entries go through a channel to the rank owning the buffer."""
     pairs = {channel_type: channel_pairs(plan, channel_type) for channel_type in CHANNEL_TYPES}
@@ -569,7 +543,7 @@ def _check_pairing(rd: _Reader, plan: Plan) -> None:
                             f"channel {cid} connects to rank {peers[cid]} but the buffer is on rank {rank}",
                         )
                 for ref in op.src_buff + op.dst_buff:
-                    rank, btype = _entry_target(gpu, tb, op, ref, r)
+                    rank, btype = entry_target(gpu, tb, op, ref, r)
                     limit = plan.gpus[rank].buffer_chunks(btype)
                     if ref.index + ref.size > limit:
                         raise rd.fail(

@@ -497,6 +497,25 @@ class Plan:
         return {**self.content(), "weft": {**self.weft.to_json(), "hash": self.content_hash}}
 
 
+def current_format(plan: Plan) -> Plan:
+    """A plan weft wrote before 2026-11-26 in the format MSCCL++ reads today: ops name the block's channels, and a
+    ``pws`` on memory channels (which MSCCL++'s kernel runs without its signal) becomes ``put`` then ``signal``."""
+
+    def split(op: Op) -> tuple[Op, ...]:
+        if op.name in ("pws", "pwsf") and op.channel_type == "memory":
+            return (replace(op, name="put"), Op("signal", op.channel_type, op.channel_ids))
+        return (op,)
+
+    gpus = tuple(
+        replace(
+            g,
+            threadblocks=tuple(replace(tb, ops=tuple(o for op in tb.ops for o in split(op))) for tb in g.threadblocks),
+        )
+        for g in plan.gpus
+    )
+    return replace(plan, gpus=gpus).with_meta(channel_ids="threadblock", verification=None)
+
+
 def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[int, str]:
     """(rank, buffer type) that a remote entry of ``op`` names."""
     assert ref.buffer_id is not None, "remote_target takes a remote entry"
@@ -504,6 +523,14 @@ def remote_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef) -> tuple[in
     assert index is not None, "parse_plan resolved every remote entry's buffer_id"
     buffer = gpu.remote_buffers[index]
     return buffer.rank, buffer.type
+
+
+def entry_target(gpu: Gpu, tb: Threadblock, op: Op, ref: BufferRef, rank: int) -> tuple[int, str]:
+    """(rank, buffer type) an entry of ``op`` on ``rank`` names, remote or local."""
+    if ref.remote:
+        return remote_target(gpu, tb, op, ref)
+    assert ref.type is not None, "a local entry names its buffer type"
+    return rank, ref.type
 
 
 def op_channels(op: Op) -> list[tuple[BufferRef, int]]:
