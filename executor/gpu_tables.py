@@ -202,7 +202,7 @@ def check_launch(plan: Plan, world_size: int, nbytes: int, dtype: str) -> None:
 
 
 def pair_channels(plan: Plan) -> dict[tuple[int, int], int]:
-    """(rank, channel id) -> the peer's channel id it pairs with (``schedules.plan.channel_pairs``)."""
+    """(rank, channel id) -> the peer's channel id it pairs with (``schedules.plan.types.channel_pairs``)."""
     return {end: back for end, (_, back) in channel_pairs(plan).items()}
 
 
