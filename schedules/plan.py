@@ -19,7 +19,10 @@ at all: any size in the range that is a whole number of the collective's parts; 
 of the granule run padded, part by part, to the next one (``Plan.padding``, ``schedules.padding``).
 
 In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word travels with a
-4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
+4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data. A ``Lamport`` plan uses the same packet ops, but
+its packets are the data alone (1×), in scratch copies that rotate by launch and are reset to a sentinel: its
+top-level ``"lamport": {"buffers": 3, "reset_ahead": 2}`` says how (``schedules.lamport``); MSCCL++ runs no such
+plan.
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
@@ -93,6 +96,8 @@ from typing import Any
 
 from schedules import mscclpp_format
 from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, SHIFT, Collective, CollectiveError
+from schedules.lamport import PROTOCOL as LAMPORT
+from schedules.lamport import LamportBuffers
 from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
@@ -107,7 +112,8 @@ MAX_MIN_MESSAGE_SIZE = 1 << 60  # a plan that takes no message below 1 EiB takes
 WARP = 32
 MAX_THREADS_PER_BLOCK = 1024
 MAX_BUFFER_ALIGNMENT = 256
-PROTOCOLS = ("Simple", "LL")
+PROTOCOLS = ("Simple", "LL", LAMPORT)
+PACKET_PROTOCOLS = ("LL", LAMPORT)  # plans whose packet ops move packets (LL8, or Lamport data words)
 BUFFER_TYPES = ("i", "o", "s")
 CHANNEL_TYPES = ("memory", "port")
 REFUSED_CHANNEL_TYPES = {
@@ -366,6 +372,7 @@ class Plan:
     max_message_size: int = MAX_MESSAGE_SIZE
     weft: PlanMeta = field(default_factory=PlanMeta)
     reuse_resources: bool = False  # MSCCL++: a fixed 64 MiB scratch; weft accepts the sizes where chunks fit in it
+    lamport: LamportBuffers | None = None  # a Lamport plan's scratch rotation (None for the others)
 
     @property
     def nranks(self) -> int:
@@ -435,13 +442,21 @@ class Plan:
         return found, ""
 
     @property
+    def scratch_copies(self) -> int:
+        """Copies of the scratch buffer that launches rotate through: a Lamport plan's buffers, two halves with
+        ``use_double_scratch_buffer``, else one."""
+        if self.lamport is not None:
+            return self.lamport.buffers
+        return 2 if self.use_double_scratch_buffer else 1
+
+    @property
     def max_scratch_chunks(self) -> int:
         return max(g.scratch_chunks for g in self.gpus)
 
     @property
     def reused_scratch_chunk_bytes(self) -> int:
         """reuse_resources: the bytes a scratch chunk gets in MSCCL++'s fixed scratch (calMaxScratchChunkSize)."""
-        half = REUSED_SCRATCH_BYTES // (2 if self.use_double_scratch_buffer else 1)
+        half = REUSED_SCRATCH_BYTES // self.scratch_copies
         size = -(-half // max(self.max_scratch_chunks, 1))
         return size // self.buffer_alignment * self.buffer_alignment
 
@@ -495,6 +510,7 @@ class Plan:
             "max_message_size": self.max_message_size,
             "gpus": [g.to_json(self.weft.channel_ids) for g in self.gpus],
             **({"reuse_resources": True} if self.reuse_resources else {}),
+            **({"lamport": self.lamport.to_json()} if self.lamport is not None else {}),
         }
 
     @cached_property  # a frozen plan hashes the same every time; checks ask once per size and dtype
@@ -536,7 +552,7 @@ def load_plan(path: str | Path) -> Plan:
 
 
 _KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unread: MSCCL++'s (schedules.mscclpp_format)
-    "(top level)": mscclpp_format.TOP_KEYS | {"weft"},
+    "(top level)": mscclpp_format.TOP_KEYS | {"weft", "lamport"},
     "gpu": mscclpp_format.GPU_KEYS,
     "threadblock": mscclpp_format.THREADBLOCK_KEYS,
     "buffer entry": (mscclpp_format.BUFF_KEYS - {"switch_channel_id"}) | {"offset"},  # switch entries are refused
@@ -589,7 +605,8 @@ def parse_plan(data: object, source: str) -> Plan:
         if key not in doc:
             raise rd.fail(key, "missing")
     if doc["protocol"] not in PROTOCOLS:
-        raise rd.fail("protocol", f"must be 'Simple' or 'LL', got {doc['protocol']!r}")
+        raise rd.fail("protocol", f"must be 'Simple', 'LL' or '{LAMPORT}', got {doc['protocol']!r}")
+    rotation = _parse_lamport(rd, doc)
     reuse = rd.bool(doc.get("reuse_resources", False), "reuse_resources")
     _known(rd, doc, "(top level)", "")
     meta = _parse_meta(rd, doc.get("weft"))
@@ -633,6 +650,7 @@ def parse_plan(data: object, source: str) -> Plan:
         max_message_size=hi,
         weft=meta,
         reuse_resources=reuse,
+        lamport=rotation,
     )
     if not plan.checkable:
         _check_pairing(rd, plan)
@@ -647,6 +665,30 @@ def parse_plan(data: object, source: str) -> Plan:
             "weft.hash", f"the file says {stated} but its content hashes to {plan.content_hash} (edited by hand?)"
         )
     return plan
+
+
+def _parse_lamport(rd: _Reader, doc: dict[str, Any]) -> LamportBuffers | None:
+    """A Lamport plan's rotation (required there, refused elsewhere); whether its reset can race is the
+    verifier's question (``schedules.lamport.reset_race``), so that a racy plan is refused with its reason."""
+    is_lamport = doc["protocol"] == LAMPORT
+    if "lamport" not in doc:
+        if is_lamport:
+            raise rd.fail("lamport", f"missing: a {LAMPORT} plan says how its scratch rotates")
+        return None
+    if not is_lamport:
+        raise rd.fail("lamport", f"only a {LAMPORT} plan rotates its scratch (this one is {doc['protocol']})")
+    sub = rd.obj(doc["lamport"], "lamport")
+    extra = sorted(set(sub) - {"buffers", "reset_ahead"})
+    if extra:
+        raise rd.fail(f"lamport.{extra[0]}", "field not supported by weft (weft reads buffers, reset_ahead)")
+    for key in ("buffers", "reset_ahead"):
+        if key not in sub:
+            raise rd.fail(f"lamport.{key}", "missing")
+    if rd.bool(doc.get("use_double_scratch_buffer", False), "use_double_scratch_buffer"):
+        raise rd.fail("use_double_scratch_buffer", f"a {LAMPORT} plan rotates its scratch by lamport.buffers")
+    return LamportBuffers(
+        rd.int(sub["buffers"], "lamport.buffers", 1, 64), rd.int(sub["reset_ahead"], "lamport.reset_ahead", 0, 64)
+    )
 
 
 def _check_chunk_counts(rd: _Reader, plan: Plan) -> None:
