@@ -14,22 +14,12 @@ launch with the entry handshake (``codegen.sync``).
 from __future__ import annotations
 
 from codegen.ir import SEND, Action
-from codegen.launches import _predecessors, _slots
+from codegen.launches import _slots, launch_order
 
 
 def lamport_unsafe_channels(actions: list[Action], needs: dict[int, dict[int, Action]]) -> set[tuple[int, int, int]]:
     """(writer rank, reader rank, instance) of every channel whose writes may overtake the reader's reset."""
-    ordered = sorted(actions, key=lambda a: a.order)
-    preds = _predecessors(ordered, needs)
-    after: dict[int, int] = {}
-    for a in ordered:
-        after[a.seq] = 1 << a.rank
-        for p in preds[a.seq]:
-            after[a.seq] |= after[p]
-    reaches = {a.seq: 1 << a.rank for a in ordered}
-    for a in reversed(ordered):
-        for p in preds[a.seq]:
-            reaches[p] |= reaches[a.seq]
+    ordered, after, reaches = launch_order(actions, needs)
     ended: dict[int, int] = {}  # rank -> the ranks whose launch ends after this rank's launch starts
     for a in ordered:
         ended[a.rank] = ended.get(a.rank, 1 << a.rank) | reaches[a.seq]

@@ -19,6 +19,8 @@ the same races by running, which the tests show for a rotation that breaks the r
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from executor.reference import _PLAIN, CLOCK, PlanRace, _Buffer, _Machine, _Thread
@@ -126,19 +128,8 @@ class LamportMachine(_Machine):
                     )
         return super()._read(t, me, buf, sl, packet, rank, name, where, index)
 
-    def _write(
-        self,
-        t: _Thread,
-        me: int,
-        buf: _Buffer,
-        sl: slice,
-        value: np.ndarray,
-        flag: int,
-        rank: int,
-        name: str,
-        where: str,
-        index: int,
-    ) -> None:
+    def _write(self, t: _Thread, me: int, buf: _Buffer, sl: slice, value: np.ndarray, flag: int, *at: Any) -> None:
+        rank, name, where, index = at  # as the base's: rank, buffer name, where, first chunk index
         if flag not in (SENTINEL_FLAG, _PLAIN):  # Lamport data: lands on the sentinel only, as +0.0 where it was -0.0
             for k in range(sl.start, sl.stop):
                 if buf.flag[k] != SENTINEL_FLAG:
@@ -149,4 +140,4 @@ class LamportMachine(_Machine):
                         f"{held} (no reset came between)"
                     )
             value = to_wire(value)
-        super()._write(t, me, buf, sl, value, flag, rank, name, where, index)
+        super()._write(t, me, buf, sl, value, flag, *at)
