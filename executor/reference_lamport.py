@@ -25,7 +25,7 @@ import numpy as np
 
 from executor.reference import _PLAIN, CLOCK, PlanRace, _Buffer, _Machine, _Thread
 from schedules.lamport import LamportBuffers, is_sentinel, reset_race, to_wire
-from schedules.plan import BufferRef, Op, Plan, PlanError, remote_target
+from schedules.plan import BufferRef, Op, Plan
 
 RESET_TB = -(1 << 20)  # the thread-block id of a reset thread (hosts are -1, port proxies -2 and below)
 SENTINEL_FLAG = 1 << 40  # a slot's flag while it holds the sentinel: no launch's, and never "before" a launch
@@ -37,22 +37,6 @@ def refuse_racy_reset(plan: Plan) -> None:
     why = reset_race(plan.lamport)
     if why:
         raise PlanRace(f"plan {plan.name}: {why}")
-    plain = _plain_scratch_writes(plan)
-    if plain:
-        raise PlanError(f"plan {plan.name}: {plain} writes plain data into scratch, which a Lamport plan resets")
-
-
-def _plain_scratch_writes(plan: Plan) -> str:
-    """Where an op writes plain data into a scratch buffer (a Lamport plan's scratch holds packets only), or ''."""
-    for r, gpu in enumerate(plan.gpus):
-        for tb in gpu.threadblocks:
-            for k, op in enumerate(tb.ops):
-                for inner in op.flat():
-                    for j, ref in enumerate(inner.dst_buff):
-                        scratch = (remote_target(gpu, tb, inner, ref)[1] if ref.remote else ref.type) == "s"
-                        if scratch and not inner.spec.writes_packet(ref.remote, j):
-                            return f"rank {r} threadblock {tb.id} op {k} ({inner.name})"
-    return ""
 
 
 class LamportMachine(_Machine):
