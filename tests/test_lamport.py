@@ -269,7 +269,7 @@ def test_the_gpu_executor_refuses_a_lamport_plan_in_one_line():
         build_tables(_one_shot(), 0, 1024)
 
 
-def test_plan_choice_on_a_gpu_machine_never_picks_a_lamport_plan():
+def test_gpu_side_selection_never_picks_a_lamport_plan():
     from executor.torch_plans import PlanChoice
     from weft import publish
     from weft.pipeline import compile_and_verify
@@ -285,3 +285,6 @@ def test_plan_choice_on_a_gpu_machine_never_picks_a_lamport_plan():
     choice = PlanChoice(registry, topology.fingerprint, 2)
     assert {e.plan.protocol for e in choice.entries} == {"LL"}
     assert choice.plan("allreduce", 1024, "bf16").protocol == "LL"
+    selection = publish.select(location, topology, "allreduce", 1024, "bf16")  # `weft registry select` agrees
+    assert selection.entry.plan.protocol == "LL"
+    assert any(r.startswith(lamport_id) and "protocol Lamport" in r for r in selection.refused)
