@@ -1,9 +1,10 @@
 """Which plan protocols the GPU engines run: Simple and LL (its packets as LL16, or as LL128 lines).
 
 A Lamport plan (``schedules.lamport``) is proven by the CPU reference executor (``executor.reference_lamport``),
-but no kernel runs it yet: the interpreter and the port engine refuse it in one line, and the torch-facing plan
-choice (``executor.torch_plans.PlanChoice``) never considers it, so a registry that holds Lamport variants still
-serves every call with a plan these engines run, or with NCCL.
+but no kernel runs it yet: the interpreter and the port engine refuse it in one line, the torch-facing plan choice
+(``executor.torch_plans.PlanChoice``) never considers it, and ``weft registry select`` (``weft.publish.select``)
+passes over it, naming why; so a registry that holds Lamport variants still serves every call with a plan these
+engines run, or with NCCL. Once the kernel exists, adding the protocol to ``GPU_PROTOCOLS`` lifts all three.
 
 >>> from schedules.plan import Plan
 >>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ())).split(":")[1]
