@@ -833,7 +833,9 @@ def check_plan(
 
     The first size and dtype run ``back_to_back`` launches on the same buffers, each on fresh inputs (races
     are found per chunk, so one size proves launch safety for all); two launches suffice without a double
-    scratch buffer. Raises WrongResult, PlanDeadlock or PlanRace on the first failure.
+    scratch buffer, and a Lamport plan runs one more than its scratch copies (each reused after its reset), after
+    its rotation passed ``executor.reference_lamport.refuse_racy_reset``. Raises WrongResult, PlanDeadlock or
+    PlanRace on the first failure.
     """
     sizes, dtypes = tuple(sizes), tuple(dtypes)
     if plan.lamport is not None:  # every scratch copy reused after its reset, each reset checked against its peers
