@@ -29,7 +29,9 @@ from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
 from schedules.compact import expand
-from schedules.plan.types import MAX_THREADS_PER_BLOCK, Plan, PlanMeta
+from schedules.lamport import PROTOCOL as LAMPORT
+from schedules.lamport import LamportBuffers
+from schedules.plan.types import MAX_THREADS_PER_BLOCK, PACKET_PROTOCOLS, Plan, PlanMeta
 from schedules.schedule import Schedule
 
 MAX_INSTANCES = 256
@@ -56,6 +58,8 @@ def compile_schedule(
 
     ``threads`` is the thread-block size. ``double_scratch`` alternates scratch halves between launches (default:
     LL plans only); for a Simple plan it doubles scratch but can drop the entry handshake (``codegen.launches``).
+    ``protocol`` lamport: the packet ops move the data alone, as its own flag, in three scratch buffers that rotate
+    and are reset off the critical path (``schedules.lamport``, ``codegen.lamport``).
     ``pipeline`` cuts each instance's piece into that many sub-pieces that overlap transfer and combining.
     ``pull``: a receiver reads a chunk straight from its peer's input (``get``/``rre``) instead of the peer
     writing it into the receiver's scratch (``codegen.lower``); Simple, out-of-place plans only.
@@ -77,15 +81,16 @@ def compile_schedule(
         )
     hosts = tuple(getattr(topology, "hosts", ()) or ())
     multi_host = crosses_hosts(hosts)
-    if multi_host and (protocol.lower() == "ll" or pull):
+    if multi_host and (protocol.lower() in ("ll", "lamport") or pull):
         raise CodegenError(
-            "--protocol ll / --pull: a plan across hosts moves data over port channels, which "
+            f"--protocol {protocol.lower()} / --pull: a plan across hosts moves data over port channels, which "
             "carry plain puts only (use the Simple protocol, without --pull)"
         )
     chosen = "Simple" if multi_host else choose_protocol(schedule, protocol)
-    if pull and (chosen == "LL" or inplace):
+    packets = chosen in PACKET_PROTOCOLS
+    if pull and (packets or inplace):
         raise CodegenError(
-            "--pull: only Simple, out-of-place plans read their peers' inputs (LL packets are "
+            "--pull: only Simple, out-of-place plans read their peers' inputs (LL and Lamport packets are "
             "written by their sender; an in-place input is overwritten)"
         )
     if ll_max_bytes != LL_MAX_BYTES and (
@@ -97,9 +102,11 @@ def compile_schedule(
     double = chosen == "LL" if double_scratch is None else bool(double_scratch)
     if chosen == "LL" and not double:
         raise CodegenError("--double-scratch: LL plans always alternate scratch halves (packet flags need it)")
+    if chosen == LAMPORT and double:
+        raise CodegenError("--double-scratch: Lamport plans rotate three scratch buffers instead (schedules.lamport)")
     collective = schedule.collective
     placement = place_buffers(collective, inplace)
-    lowered = lower(schedule, placement, chosen == "LL", pull)
+    lowered = lower(schedule, placement, packets, pull)
     if multipeer or (pull and collective.nranks > 2):
         # One thread block per instance: a pull from several peers at once and the notices and sends around it
         # would otherwise put signals (or waits) of one channel in two thread blocks, out of program order.
@@ -107,7 +114,7 @@ def compile_schedule(
     actions = split_pipeline(lowered, instances, pipeline, placement)
     copies = instances * pipeline
     assign_threadblocks(actions)
-    programs = insert_sync(merge_ranges(actions), double_scratch=double)
+    programs = insert_sync(merge_ranges(actions), double_scratch=double, lamport=chosen == LAMPORT)
     gather = gather_peers if multipeer else (lambda ops: ops)
     programs = {r: {t: fuse(gather(ops)) for t, ops in tbs.items()} for r, tbs in programs.items()}
     lo, hi = size_range(chosen, ll_max_bytes)
@@ -138,6 +145,11 @@ def compile_schedule(
         meta=meta,
     )
     plan = replace(
-        plan, min_message_size=lo, max_message_size=hi, num_threads_per_block=threads, use_double_scratch_buffer=double
+        plan,
+        min_message_size=lo,
+        max_message_size=hi,
+        num_threads_per_block=threads,
+        use_double_scratch_buffer=double,
+        lamport=LamportBuffers() if chosen == LAMPORT else None,
     )
     return fit_mscclpp_limits(port_channels(plan, hosts) if multi_host else plan)

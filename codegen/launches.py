@@ -30,17 +30,7 @@ def unsafe_channels(
 
     ``needs`` holds the semaphore edges: action seq -> thread block -> the action it waits for there.
     """
-    ordered = sorted(actions, key=lambda a: a.order)
-    preds = _predecessors(ordered, needs)
-    after = {}
-    for a in ordered:
-        after[a.seq] = 1 << a.rank
-        for p in preds[a.seq]:
-            after[a.seq] |= after[p]
-    reaches = {a.seq: 1 << a.rank for a in ordered}
-    for a in reversed(ordered):
-        for p in preds[a.seq]:
-            reaches[p] |= reaches[a.seq]
+    ordered, after, reaches = launch_order(actions, needs)
     if double_scratch:  # an access reaches the ends of the launches that its reached ranks start next
         started: dict[int, int] = defaultdict(int)  # rank -> the ranks whose next launch it starts
         for a in ordered:
@@ -65,6 +55,25 @@ def unsafe_channels(
                 unsafe.add(channel)
                 break
     return unsafe
+
+
+def launch_order(
+    actions: list[Action], needs: dict[int, dict[int, Action]]
+) -> tuple[list[Action], dict[int, int], dict[int, int]]:
+    """(the actions in order, ``after``, ``reaches``): per action seq, the ranks (a bit mask) whose launch start
+    happens before it, and those whose launch end it happens before, within one launch."""
+    ordered = sorted(actions, key=lambda a: a.order)
+    preds = _predecessors(ordered, needs)
+    after: dict[int, int] = {}
+    for a in ordered:
+        after[a.seq] = 1 << a.rank
+        for p in preds[a.seq]:
+            after[a.seq] |= after[p]
+    reaches = {a.seq: 1 << a.rank for a in ordered}
+    for a in reversed(ordered):
+        for p in preds[a.seq]:
+            reaches[p] |= reaches[a.seq]
+    return ordered, after, reaches
 
 
 def _predecessors(ordered: list[Action], needs: dict[int, dict[int, Action]]) -> dict[int, list[int]]:

@@ -19,7 +19,7 @@ from xml.etree import ElementTree as ET
 
 from codegen.buffers import Placement, place_buffers
 from codegen.ir import Loc
-from codegen.protocol import choose_protocol, size_range
+from codegen.protocol import CodegenError, choose_protocol, size_range
 from schedules.compact import expand
 from schedules.plan.types import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
@@ -51,6 +51,8 @@ def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto",
     schedule = expand(schedule)
     collective = schedule.collective
     proto = choose_protocol(schedule, protocol)
+    if proto not in ("Simple", "LL"):
+        raise CodegenError(f"--protocol {protocol}: MSCCL's XML carries Simple and LL only")
     placement = place_buffers(collective)
     tbs = _thread_blocks(schedule, placement, instances)
     n = collective.nranks

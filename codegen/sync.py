@@ -22,17 +22,22 @@ from __future__ import annotations
 from collections import defaultdict
 
 from codegen.ir import ARRIVE, COPY, NOTICES, REDUCE, SEND, UNPACK, Action, Channel, Draft, direction
+from codegen.lamport import lamport_unsafe_channels
 from codegen.launches import unsafe_channels
 
 
-def insert_sync(actions: list[Action], double_scratch: bool = False) -> dict[int, dict[int, list[Draft]]]:
-    """rank -> thread block -> its ops in order (``double_scratch``: the plan alternates scratch halves)."""
+def insert_sync(
+    actions: list[Action], double_scratch: bool = False, lamport: bool = False
+) -> dict[int, dict[int, list[Draft]]]:
+    """rank -> thread block -> its ops in order (``double_scratch``: the plan alternates scratch halves;
+    ``lamport``: its scratch rotates and is reset, ``codegen.lamport``)."""
     by_rank: dict[int, list[Action]] = defaultdict(list)
     for a in sorted(actions, key=lambda a: a.order):
         by_rank[a.rank].append(a)
     signal = _signal_numbers(actions)
     needs = {rank: _dependencies(rank_actions) for rank, rank_actions in by_rank.items()}
-    gated = unsafe_channels(actions, {s: n for per in needs.values() for s, n in per.items()}, double_scratch)
+    edges = {s: n for per in needs.values() for s, n in per.items()}
+    gated = lamport_unsafe_channels(actions, edges) if lamport else unsafe_channels(actions, edges, double_scratch)
     programs = {
         rank: _rank_programs(rank_actions, needs[rank], signal, gated) for rank, rank_actions in sorted(by_rank.items())
     }

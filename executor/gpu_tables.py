@@ -32,6 +32,7 @@ import numpy as np
 
 from executor import reference
 from executor.errors import ExecutorError
+from executor.gpu_protocols import protocol_refusal
 from schedules.ops import DEVICE_KINDS
 from schedules.plan.types import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, channel_pairs
 from weftcore.errors import CheckFailed
@@ -256,6 +257,9 @@ def residual_refusal(plan: Plan) -> str:
 
 def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool, norm: RowNorm | None) -> None:
     """Raise ExecutorError where ``build_tables`` cannot lower this rank's part at this size and with these options."""
+    why = protocol_refusal(plan)
+    if why:
+        raise ExecutorError(why)
     if norm is not None and not residual:
         raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
     if not plan.accepts(nbytes):

@@ -43,6 +43,7 @@ from typing import Any
 from executor import liveness
 from executor.errors import ExecutorError, PeerLost
 from executor.gpu_bootstrap import all_gather_plain
+from executor.gpu_protocols import protocol_refusal
 from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
 from executor.port_program import INPLACE, Compute, Exchange, Program, Slot, compile_programs, lane_bounds, lanes_for
 from schedules.plan.io import load_plan, parse_plan
@@ -161,6 +162,8 @@ class PortEngine:
         )
         if lines or residual is not None:
             raise ExecutorError(f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual)")
+        if protocol_refusal(plan):
+            raise ExecutorError(protocol_refusal(plan))
         ctx = self._context(plan, input, dtype)
         if plan.inplace:
             if output is not None:

@@ -47,7 +47,15 @@ import numpy as np
 
 from executor.errors import WrongResult  # noqa: F401 (raised here; callers import it from either module)
 from schedules.collectives import Collective
-from schedules.plan.types import BufferRef, Op, Plan, PlanError, channel_pairs, remote_target
+from schedules.plan.types import (
+    PACKET_PROTOCOLS,
+    BufferRef,
+    Op,
+    Plan,
+    PlanError,
+    channel_pairs,
+    remote_target,
+)
 from weftcore.errors import CheckFailed
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -176,7 +184,7 @@ class _Machine:
             for k in range(self.launches)
             for r, g in enumerate(plan.gpus)
             for tb in g.threadblocks
-        ]
+        ] + self._side_threads()
         self.hosts = {
             (k, r): _Thread(r, -1, k, (), np.zeros(0, CLOCK))
             for k in range(self.launches + 1)
@@ -217,7 +225,7 @@ class _Machine:
     def _place_buffers(self, rank: int, ichunks: int, ochunks: int, schunks: int) -> None:
         G = self.plan.slices
         e = self.elems // G
-        halves = 2 if self.plan.use_double_scratch_buffer else 1
+        halves = self.plan.scratch_copies
         self.buffers[(rank, "s")] = _Buffer.make(schunks * halves * G, e)
         self.alias[(rank, "s")] = ("s", 0)
         if not self.plan.inplace:
@@ -241,8 +249,8 @@ class _Machine:
                 f"rank {rank}'s {type!r} buffer are out of range ({limit} chunks)"
             )
         key, offset = self.alias[(rank, type)]
-        if type == "s" and self.plan.use_double_scratch_buffer:
-            offset += (launch % 2) * limit  # the GPU picks the half by the launch's flag
+        if type == "s":  # the GPU picks the half by the launch's flag (a Lamport plan: the copy by the launch)
+            offset += (launch % self.plan.scratch_copies) * limit
         first, count = (offset + ref.index) * self.G, ref.size * self.G
         if part is not None:
             first, count = first + part[0], part[1]
@@ -270,9 +278,17 @@ class _Machine:
             return len(arrived) >= op.num_threadblocks
         for ref in _packet_sources(op):
             buf, sl = self.slots(t.rank, _local(ref), ref, self.where(t), t.launch, _window(part, ref))
-            if not (buf.flag[sl] == t.launch).all():
+            if not self._arrived(t, buf, sl):
                 return False
         return True
+
+    def _arrived(self, t: _Thread, buf: _Buffer, sl: slice) -> bool:
+        """Whether the packets a thread waits for in ``sl`` of ``buf`` came: each carries its launch's flag."""
+        return bool((buf.flag[sl] == t.launch).all())
+
+    def _side_threads(self) -> list[_Thread]:
+        """Threads of each launch beside its thread blocks (a Lamport plan's reset, ``executor.reference_lamport``)."""
+        return []
 
     def _start(self, t: _Thread) -> np.ndarray:
         """The thread's clock, begun after its rank's host work before this launch (stream order)."""
@@ -665,7 +681,7 @@ def estimate_bytes(plan: Plan, nbytes: int, dtype: str, launches: int = 1, copie
         launches * sum(len(g.threadblocks) * copies + len(g.port_peers) for g in plan.gpus)
         + (launches + 1) * plan.nranks
     )
-    halves = 2 if plan.use_double_scratch_buffer else 1
+    halves = plan.scratch_copies
     slots = (
         copies
         * G
@@ -678,7 +694,7 @@ def estimate_bytes(plan: Plan, nbytes: int, dtype: str, launches: int = 1, copie
     counts = [_executions(tb.ops) for g in plan.gpus for tb in g.threadblocks]
     stored = copies * launches * sum(s for _, s in counts)
     listed = copies * launches * sum(r for r, _ in counts)  # each thread's ops, a pipeline's once per iteration
-    packets = slots if plan.protocol == "LL" else 0
+    packets = slots if plan.protocol in PACKET_PROTOCOLS else 0
     elems = plan.chunk_bytes(nbytes) // DTYPES.get(dtype, 4) if nbytes else 0  # per chunk of the one-copy plan
     clocks = threads + stored + packets
     return (
@@ -739,7 +755,12 @@ def run_launches(
                     f"{g.input_chunks * elems} ({g.input_chunks} chunks of {elems})"
                 )
             flat[-1].append(x)
-    m = _Machine(plan, elems, dtype, flat, residuals, epilogue=epilogue)
+    machine = _Machine
+    if plan.lamport is not None:
+        from executor.reference_lamport import LamportMachine
+
+        machine = LamportMachine
+    m = machine(plan, elems, dtype, flat, residuals, epilogue=epilogue)
     m.run(deadline_ops=10 * sum(len(t.ops) for t in m.threads) + 100)
     return m.outputs
 
@@ -820,10 +841,17 @@ def check_plan(
 
     The first size and dtype run ``back_to_back`` launches on the same buffers, each on fresh inputs (races
     are found per chunk, so one size proves launch safety for all); two launches suffice without a double
-    scratch buffer. Raises WrongResult, PlanDeadlock or PlanRace on the first failure.
+    scratch buffer, and a Lamport plan runs one more than its scratch copies (each reused after its reset), after
+    its rotation passed ``executor.reference_lamport.refuse_racy_reset``. Raises WrongResult, PlanDeadlock or
+    PlanRace on the first failure.
     """
     sizes, dtypes = tuple(sizes), tuple(dtypes)
-    if not plan.use_double_scratch_buffer:  # a third launch only meets the first again in the same scratch half
+    if plan.lamport is not None:  # every scratch copy reused after its reset, each reset checked against its peers
+        from executor.reference_lamport import refuse_racy_reset
+
+        refuse_racy_reset(plan)
+        back_to_back = max(back_to_back, plan.lamport.calls_to_prove)
+    elif not plan.use_double_scratch_buffer:  # a third launch only meets the first again in the same scratch half
         back_to_back = min(back_to_back, 2)
     _require_memory(plan, sizes, dtypes, back_to_back)
     work = sum(estimate_ops(plan, back_to_back if i == 0 else 1) for i in range(len(sizes) * len(dtypes)))

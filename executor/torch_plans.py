@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from executor.gpu_protocols import protocol_refusal
 from registry.store import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 from schedules.plan.types import Plan
 
@@ -124,6 +125,7 @@ class PlanChoice:
             for e in self.registry.entries(topology=self.topology)
             if e.key.nranks == self.nranks
             and safe_back_to_back(e.plan)
+            and not protocol_refusal(e.plan)  # a protocol no GPU engine runs yet (Lamport) is never chosen
             and (not self.deterministic or fixed_reduction_order(e.plan))
         ]
         self.nccl_us = {c: self.registry.nccl_times(self.topology, c) for c in {e.key.collective for e in self.entries}}

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
+from schedules.calibration import PROTOCOLS as CALIBRATED_PROTOCOLS
 from schedules.calibration import Calibration, CalibrationError, Observation, PlanFeatures, fit, load_calibration
 from schedules.cost import loads
 from schedules.ops import OPS
@@ -234,7 +235,7 @@ def predictions(
     if schedule is None or topology is None:
         return None
     calibration = load_calibration(topology.fingerprint)
-    if calibration is None:
+    if calibration is None or plan.protocol not in CALIBRATED_PROTOCOLS:  # Lamport: no GPU time measured yet
         return None
     f = features(plan, schedule, topology)
     summary = calibration.residuals()

@@ -430,7 +430,9 @@ def select(
 ) -> Selection:
     """``Registry.select`` for a fabric (a spec, a file, a Topology or a fingerprint): only entries of its rank
     count, measured no faster than its latency allows, whose plan this machine proved on the reference executor
-    (the first time it serves one: ``proven``)."""
+    (the first time it serves one: ``proven``), in a protocol the GPU executor runs (``executor.gpu_protocols``)."""
+    from executor.gpu_protocols import protocol_refusal
+
     fabric = topology if isinstance(topology, Topology) else _fabric(topology, "")
     known = fabric.fingerprints if fabric is not None else str(topology)  # its older fingerprint too
     return Registry(location).select(
@@ -440,6 +442,6 @@ def select(
         dtype,
         fabric.nranks if fabric else None,
         ll128,
-        trust=lambda entry: proven(entry, progress),
+        trust=lambda entry: protocol_refusal(entry.plan) or proven(entry, progress),  # what a GPU job could run
         floor_us=latency_floor_us(fabric) if fabric else 0.0,
     )

@@ -29,7 +29,8 @@ from schedules.schedule import Schedule
 from topologies import Topology
 from weftcore.errors import WeftError
 
-PROTOCOLS = ("ll", "simple")
+PROTOCOLS = ("ll", "simple", "lamport")  # lamport: proven on the CPU; no GPU engine runs it yet (gpu_protocols)
+DEFAULT_PROTOCOLS = ("ll", "simple")
 # The interpreter is built with __launch_bounds__(1024), so it uses at most 64 registers a thread: an SM's 64K
 # registers hold 1024 threads, in blocks of any size.
 THREADS_PER_SM = 1024
@@ -67,7 +68,7 @@ class TuneOptions:
 
     instances: tuple[int, ...] = (1, 4, 16, 32, 64, 128)
     threads: tuple[int, ...] = (256, 1024)
-    protocols: tuple[str, ...] = PROTOCOLS
+    protocols: tuple[str, ...] = DEFAULT_PROTOCOLS
     sms: int = 132  # H100 and H200 (SXM)
     pull: bool = False  # also Simple variants that read peers' inputs (``codegen.lower``)
     ll_max_bytes: int = LL_MAX_BYTES  # the largest message LL variants accept (higher for LL128 lines)
@@ -133,9 +134,9 @@ class Outcome:
 
 def grid(options: TuneOptions, peers: int = 1) -> list[Variant]:
     """The variants to compile for a schedule in which a rank sends to at most ``peers`` peers."""
-    pulls = {"ll": (False,), "simple": (False, True) if options.pull else (False,)}
-    # LL packets already flow behind per-packet flags, so sub-pieces are for Simple transfers only
-    depths = {"ll": (1,), "simple": tuple(sorted(set(options.pipelines)))}
+    pulls = {"ll": (False,), "lamport": (False,), "simple": (False, True) if options.pull else (False,)}
+    # packets (LL's, Lamport's) already flow behind their own flags, so sub-pieces are for Simple transfers only
+    depths = {"ll": (1,), "lamport": (1,), "simple": tuple(sorted(set(options.pipelines)))}
     multi = options.multipeer if options.multipeer is not None else peers > 1
     shapes = (False, True) if multi else (False,)
     return [
@@ -233,6 +234,8 @@ def _best_scratch(
     }
     if v.protocol == "ll":
         return compile_and_verify(schedule, topology, ll_max_bytes=ll_max_bytes, **options)
+    if v.protocol == "lamport":  # three rotating scratch buffers, never halves
+        return compile_and_verify(schedule, topology, **options)
     if v.pull:  # reads peers' inputs: no scratch to alternate
         return compile_and_verify(schedule, topology, pull=True, **options)
     single = compile_and_verify(schedule, topology, double_scratch=False, **options)

@@ -19,6 +19,8 @@ from typing import Any
 
 from schedules import mscclpp_format
 from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, SHIFT, CollectiveError
+from schedules.lamport import PROTOCOL as LAMPORT
+from schedules.lamport import LamportBuffers
 from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS
 from schedules.plan.types import (
@@ -82,7 +84,7 @@ def load_plan(path: str | Path) -> Plan:
 
 
 _KNOWN = {  # the fields weft reads, where unknown ones would otherwise go unread: MSCCL++'s (schedules.mscclpp_format)
-    "(top level)": mscclpp_format.TOP_KEYS | {"weft"},
+    "(top level)": mscclpp_format.TOP_KEYS | {"weft", "lamport"},
     "gpu": mscclpp_format.GPU_KEYS,
     "threadblock": mscclpp_format.THREADBLOCK_KEYS,
     "buffer entry": (mscclpp_format.BUFF_KEYS - {"switch_channel_id"}) | {"offset"},  # switch entries are refused
@@ -135,7 +137,8 @@ def parse_plan(data: object, source: str) -> Plan:
         if key not in doc:
             raise rd.fail(key, "missing")
     if doc["protocol"] not in PROTOCOLS:
-        raise rd.fail("protocol", f"must be 'Simple' or 'LL', got {doc['protocol']!r}")
+        raise rd.fail("protocol", f"must be 'Simple', 'LL' or '{LAMPORT}', got {doc['protocol']!r}")
+    rotation = _parse_lamport(rd, doc)
     reuse = rd.bool(doc.get("reuse_resources", False), "reuse_resources")
     _known(rd, doc, "(top level)", "")
     meta = _parse_meta(rd, doc.get("weft"))
@@ -179,6 +182,7 @@ def parse_plan(data: object, source: str) -> Plan:
         max_message_size=hi,
         weft=meta,
         reuse_resources=reuse,
+        lamport=rotation,
     )
     if not plan.checkable:
         _check_pairing(rd, plan)
@@ -193,6 +197,30 @@ def parse_plan(data: object, source: str) -> Plan:
             "weft.hash", f"the file says {stated} but its content hashes to {plan.content_hash} (edited by hand?)"
         )
     return plan
+
+
+def _parse_lamport(rd: _Reader, doc: dict[str, Any]) -> LamportBuffers | None:
+    """A Lamport plan's rotation (required there, refused elsewhere); whether its reset can race is the
+    verifier's question (``schedules.lamport.reset_race``), so that a racy plan is refused with its reason."""
+    is_lamport = doc["protocol"] == LAMPORT
+    if "lamport" not in doc:
+        if is_lamport:
+            raise rd.fail("lamport", f"missing: a {LAMPORT} plan says how its scratch rotates")
+        return None
+    if not is_lamport:
+        raise rd.fail("lamport", f"only a {LAMPORT} plan rotates its scratch (this one is {doc['protocol']})")
+    sub = rd.obj(doc["lamport"], "lamport")
+    extra = sorted(set(sub) - {"buffers", "reset_ahead"})
+    if extra:
+        raise rd.fail(f"lamport.{extra[0]}", "field not supported by weft (weft reads buffers, reset_ahead)")
+    for key in ("buffers", "reset_ahead"):
+        if key not in sub:
+            raise rd.fail(f"lamport.{key}", "missing")
+    if rd.bool(doc.get("use_double_scratch_buffer", False), "use_double_scratch_buffer"):
+        raise rd.fail("use_double_scratch_buffer", f"a {LAMPORT} plan rotates its scratch by lamport.buffers")
+    return LamportBuffers(
+        rd.int(sub["buffers"], "lamport.buffers", 1, 64), rd.int(sub["reset_ahead"], "lamport.reset_ahead", 0, 64)
+    )
 
 
 def _check_chunk_counts(rd: _Reader, plan: Plan) -> None:

@@ -19,7 +19,10 @@ at all: any size in the range that is a whole number of the collective's parts; 
 of the granule run padded, part by part, to the next one (``Plan.padding``, ``schedules.padding``).
 
 In an ``LL`` plan every scratch chunk takes ``2 × chunk_bytes`` bytes, because each 4-byte word travels with a
-4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data.
+4-byte flag (LL8 packets); ``i`` and ``o`` always hold plain data. A ``Lamport`` plan uses the same packet ops, but
+its packets are the data alone (1×), in scratch copies that rotate by launch and are reset to a sentinel: its
+top-level ``"lamport": {"buffers": 3, "reset_ahead": 2}`` says how (``schedules.lamport``); MSCCL++ runs no such
+plan.
 
 A buffer entry ``{"type": "i"|"o"|"s", "index": k, "size": n}`` is the local chunk range k..k+n-1. A remote
 entry ``{"buffer_id": b, "index": k, "size": n}`` names the b-th id in the thread block's ``remote_buffer_refs``
@@ -84,6 +87,8 @@ from functools import cached_property
 from typing import Any
 
 from schedules.collectives import SHIFT, Collective
+from schedules.lamport import PROTOCOL as LAMPORT
+from schedules.lamport import LamportBuffers
 from schedules.ops import OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
 from weftcore.errors import WeftError
@@ -96,7 +101,8 @@ MAX_MIN_MESSAGE_SIZE = 1 << 60  # a plan that takes no message below 1 EiB takes
 WARP = 32
 MAX_THREADS_PER_BLOCK = 1024
 MAX_BUFFER_ALIGNMENT = 256
-PROTOCOLS = ("Simple", "LL")
+PROTOCOLS = ("Simple", "LL", LAMPORT)
+PACKET_PROTOCOLS = ("LL", LAMPORT)  # plans whose packet ops move packets (LL8, or Lamport data words)
 BUFFER_TYPES = ("i", "o", "s")
 CHANNEL_TYPES = ("memory", "port")
 REFUSED_CHANNEL_TYPES = {
@@ -354,6 +360,7 @@ class Plan:
     max_message_size: int = MAX_MESSAGE_SIZE
     weft: PlanMeta = field(default_factory=PlanMeta)
     reuse_resources: bool = False  # MSCCL++: a fixed 64 MiB scratch; weft accepts the sizes where chunks fit in it
+    lamport: LamportBuffers | None = None  # a Lamport plan's scratch rotation (None for the others)
 
     @property
     def nranks(self) -> int:
@@ -423,13 +430,21 @@ class Plan:
         return found, ""
 
     @property
+    def scratch_copies(self) -> int:
+        """Copies of the scratch buffer that launches rotate through: a Lamport plan's buffers, two halves with
+        ``use_double_scratch_buffer``, else one."""
+        if self.lamport is not None:
+            return self.lamport.buffers
+        return 2 if self.use_double_scratch_buffer else 1
+
+    @property
     def max_scratch_chunks(self) -> int:
         return max(g.scratch_chunks for g in self.gpus)
 
     @property
     def reused_scratch_chunk_bytes(self) -> int:
         """reuse_resources: the bytes a scratch chunk gets in MSCCL++'s fixed scratch (calMaxScratchChunkSize)."""
-        half = REUSED_SCRATCH_BYTES // (2 if self.use_double_scratch_buffer else 1)
+        half = REUSED_SCRATCH_BYTES // self.scratch_copies
         size = -(-half // max(self.max_scratch_chunks, 1))
         return size // self.buffer_alignment * self.buffer_alignment
 
@@ -483,6 +498,7 @@ class Plan:
             "max_message_size": self.max_message_size,
             "gpus": [g.to_json(self.weft.channel_ids) for g in self.gpus],
             **({"reuse_resources": True} if self.reuse_resources else {}),
+            **({"lamport": self.lamport.to_json()} if self.lamport is not None else {}),
         }
 
     @cached_property  # a frozen plan hashes the same every time; checks ask once per size and dtype

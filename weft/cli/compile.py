@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--protocol",
         default="auto",
-        choices=("simple", "ll", "auto"),
-        help="Simple, LL packets, or auto (LL for schedules of at most 2 steps)",
+        choices=("simple", "ll", "lamport", "auto"),
+        help="Simple, LL packets, Lamport (data as its own flag, three rotating buffers), or auto (LL for "
+        "schedules of at most 2 steps)",
     )
     p.add_argument(
         "--pipeline",

@@ -37,7 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--instances", default="1,4,16,32,64,128", help="instance counts, comma-separated")
     p.add_argument("--threads", default="256,1024", help="thread-block sizes, comma-separated")
-    p.add_argument("--protocols", default="ll,simple", help="ll, simple or both")
+    p.add_argument(
+        "--protocols",
+        default="ll,simple",
+        help="any of ll, simple and lamport, comma-separated (lamport: proven on the CPU, not yet run by the "
+        "GPU executor, so selection there skips it)",
+    )
     p.add_argument(
         "--sms",
         type=int,

@@ -99,8 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--protocol",
         default="auto",
-        choices=("simple", "ll", "auto"),
-        help="when compiling: Simple, LL packets, or auto (LL for schedules of at most 2 steps)",
+        choices=("simple", "ll", "lamport", "auto"),
+        help="when compiling: Simple, LL packets, Lamport, or auto (LL for schedules of at most 2 steps)",
     )
     for module in FAMILIES.values():
         with contextlib.suppress(ModuleNotFoundError):
