@@ -15,7 +15,7 @@ from codegen.lower import lower
 from codegen.merge import merge_ranges
 from codegen.sync import _dependencies
 from codegen.threadblocks import assign_threadblocks
-from executor.reference import PlanRace, check_plan
+from executor.reference.machine import PlanRace, check_plan
 from schedules.collectives import Collective
 from synth import baselines
 from topologies.catalog import build

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from executor.errors import ExecutorError
-from executor.gpu_tables import (
+from executor.gpu.tables import (
     OP_DTYPE,
     PACKET,
     SCRATCH,
@@ -23,10 +23,10 @@ from executor.gpu_tables import (
     check_launch,
     lines_possible,
     pair_channels,
-    residual_refusal,
     vector_bytes,
 )
-from executor.reference import chunk_elems, residual_sums, round_to, run_reference
+from executor.reference.machine import chunk_elems, residual_sums, round_to, run_reference
+from executor.reference.norm import residual_refusal
 from schedules.plan import load_plan, parse_plan
 
 ROOT = Path(__file__).parent
@@ -35,7 +35,7 @@ COMPILED = ROOT / "gpu" / "plans"
 
 
 def test_op_record_layout_matches_the_cuda_struct():
-    source = (ROOT.parent / "executor" / "cuda" / "channel.cuh").read_text()
+    source = (ROOT.parent / "executor" / "gpu" / "cuda" / "channel.cuh").read_text()
     assert int(re.search(r"sizeof\(Op\) == (\d+)", source).group(1)) == OP_DTYPE.itemsize
     assert OP_DTYPE.fields["src"][1] == 104 and OP_DTYPE.fields["dst"][1] == 360
 

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from executor.errors import ExecutorError
-from executor.gpu_tables import build_tables, tbg_window
-from executor.port_program import compile_programs, run_programs
-from executor.reference import (
+from executor.gpu.tables import build_tables, tbg_window
+from executor.port.program import compile_programs, run_programs
+from executor.reference.machine import (
     WrongResult,
     _compare,
     check_plan,

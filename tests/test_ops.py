@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from executor import gpu_tables
+from executor.gpu import tables as gpu_tables
 from schedules import plan as plan_module
 from schedules.ops import DEVICE_KINDS, OPS
 from schedules.plan import PlanError, channel_pairs, load_plan, parse_plan
 
 ROOT = Path(__file__).parent
-CUDA = ROOT.parent / "executor" / "cuda"
+CUDA = ROOT.parent / "executor" / "gpu" / "cuda"
 
 
 def test_device_kinds_match_the_kernels_op_types():

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from codegen import CodegenError, compile_schedule
-from executor.reference import PlanRace, check_plan, run_reference
+from executor.reference.machine import PlanRace, check_plan, run_reference
 from schedules.collectives import Collective
 from schedules.plan import PlanError, dumps_plan, parse_plan
 from synth.baselines import ring

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor.reference import (
+from executor.reference.machine import (
     PlanDeadlock,
     PlanRace,
     WrongResult,

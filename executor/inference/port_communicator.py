@@ -23,17 +23,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from executor import torch_ops
 from executor.errors import ExecutorError
-from executor.gpu_bootstrap import all_gather_plain
+from executor.gpu.bootstrap import all_gather_plain
 from executor.hosts import ipc_across_hosts
-from executor.inference_norm import check_norm_call
-from executor.norm import RowNorm
-from executor.port_engine import PortEngine
-from executor.port_program import compile_programs
-from executor.torch_ops import DTYPES, CollectiveCalls
-from executor.torch_plans import PlanChoice, disagreement
-from executor.torch_topology import machine_topology
+from executor.inference import ops as torch_ops
+from executor.inference.norm import check_norm_call
+from executor.inference.ops import DTYPES, CollectiveCalls
+from executor.inference.plans import PlanChoice, disagreement
+from executor.inference.topology import machine_topology
+from executor.port.engine import PortEngine
+from executor.port.program import compile_programs
+from executor.reference.norm import RowNorm
 from schedules.registry import Registry, RegistryError
 
 log = logging.getLogger("weft.inference")

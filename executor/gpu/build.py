@@ -29,7 +29,7 @@ def source_dir() -> Path:
     return Path(__file__).parent / "cuda"
 
 
-TRACE_FLAGS = ("-DWEFT_TRACE",)  # the diagnostic build that times each block's phases (executor/gpu_trace.py)
+TRACE_FLAGS = ("-DWEFT_TRACE",)  # the diagnostic build that times each block's phases (executor/gpu/trace.py)
 
 
 def source_hash(arch: str, flags: tuple[str, ...] = FLAGS) -> str:
@@ -116,7 +116,7 @@ def build_cubin(arch: str, directory: Path | None = None, trace: bool = False) -
     if done.returncode != 0:
         os.unlink(tmp)
         first = (done.stderr.strip().splitlines() or ["no output"])[0]
-        raise ExecutorError(f"executor/cuda/interpreter.cu: nvcc failed for {arch}: {first}")
+        raise ExecutorError(f"executor/gpu/cuda/interpreter.cu: nvcc failed for {arch}: {first}")
     data = Path(tmp).read_bytes()
     _write_private(directory, path.with_name(path.name + ".sha256"), _digest(data) + "\n")
     check_output(path, "executor: kernel cache", ExecutorError)

@@ -4,7 +4,7 @@
     y = comm.all_reduce(x)                           # out of place; all_reduce_(x) in place
     comm.all_to_all_single(out, x)                   # equal splits, as torch.distributed's (MoE dispatch/combine)
     h = comm.all_reduce(y, residual=h)               # h + the sum of y, in the all-reduce's own launch
-    n, h = comm.all_reduce(y, residual=h, rms_weight=w, eps=1e-5)  # and rms_norm(h) * w too (executor.inference_norm)
+    n, h = comm.all_reduce(y, residual=h, rms_weight=w, eps=1e-5)  # and rms_norm(h) * w too (executor.inference.norm)
 
 Each call takes the registry's plan for its collective, size and dtype on this machine's topology; without one
 (or without working P2P) it runs torch.distributed (NCCL), saying so once per size class in the
@@ -30,10 +30,10 @@ Any size a plan runs is weft's: a size that is not a multiple of the plan's gran
 through the staging path (``PlanExecutor.execute`` stages each part at its padded place), also inside ``capture()``.
 
 A residual (a transformer layer's ``x + all_reduce(y)``) is added inside the all-reduce's launch where the plan
-allows it (``gpu_tables.residual_refusal``): the reductions that write outputs add it after their sums, so the
-result is rounded as the sum followed by the add, and the layer saves the add kernel. It must hold the same values
-on every rank, as the residual stream does. Elsewhere (NCCL, or a plan that cannot) the sum is computed first and
-the residual added after it.
+allows it (``executor.reference.norm.residual_refusal``): the reductions that write outputs add it after their
+sums, so the result is rounded as the sum followed by the add, and the layer saves the add kernel. It must hold
+the same values on every rank, as the residual stream does. Elsewhere (NCCL, or a plan that cannot) the sum is
+computed first and the residual added after it.
 
 Reusing the staging buffers and contexts call after call is safe because calls are ordered on the caller's
 stream (one stream per communicator, as engines run their collectives) and only plans that a rank can run again
@@ -51,19 +51,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from executor import gpu_bootstrap, gpu_ipc, torch_ops
-from executor.communicator import PlanExecutor
+from executor.gpu import bootstrap, ipc
+from executor.gpu.engine import PlanExecutor
 from executor.hosts import host_identity
-from executor.inference_norm import NormCalls
-from executor.norm import RowNorm
-from executor.torch_ops import DTYPES, CollectiveCalls
-from executor.torch_plans import PlanChoice, disagreement
-from executor.torch_topology import machine_topology, p2p_works
+from executor.inference import ops as torch_ops
+from executor.inference.norm import NormCalls
+from executor.inference.ops import DTYPES, CollectiveCalls
+from executor.inference.plans import PlanChoice, disagreement
+from executor.inference.topology import machine_topology, p2p_works
+from executor.reference.norm import RowNorm
 from schedules.registry import Registry, RegistryError
 from topologies import Topology
 
 if TYPE_CHECKING:
-    from executor.port_communicator import PortCommunicator
+    from executor.inference.port_communicator import PortCommunicator
 
 log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
@@ -91,13 +92,13 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         """``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
         NVML, then torch's view of the GPUs. ``deterministic``: only plans with a fixed reduction order.
         ``staging_bytes``: the largest message (nccl-tests terms) that weft runs; larger ones go to NCCL.
-        ``ll128``: LL plans may move LL128 lines (executor.communicator.PlanExecutor), at the sizes where this
+        ``ll128``: LL plans may move LL128 lines (executor.gpu.engine.PlanExecutor), at the sizes where this
         topology's registry entries measured lines faster than packets (``weft bench --ll128`` on that fabric, so
         only where lines ran there: NVLink). False: LL16 packets only. ``trace``: the timed kernel build, for
         diagnosis (``kernel_times``)."""
         self.rank, self.world_size, self.group, self.timeout_s = rank, world_size, group, timeout_s
         self.deterministic, self.staging_bytes = deterministic, staging_bytes
-        store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
+        store = store if store is not None else bootstrap.store_from_env(rank, world_size)
         self._agreements = f"weft/inference/{store.add(f'weft/inference/{rank}', 1)}"
         self._logged: set[tuple] = set()
         # (plan, size, dtype, with a residual, or the norm's RowNorm) prepared
@@ -139,12 +140,12 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
         Where the group's ranks sit on several hosts (``executor.hosts``) it is a ``PortCommunicator``: the same API,
         with the registry's plans run through the port engine and no CUDA IPC between hosts."""
-        hosts = gpu_bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
+        hosts = bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
         if len(set(hosts)) > 1:
-            from executor.port_communicator import PortCommunicator
+            from executor.inference.port_communicator import PortCommunicator
 
             return PortCommunicator(group, timeout_s, **options)
-        store = gpu_bootstrap.process_group_store(group)
+        store = bootstrap.process_group_store(group)
         return cls(
             dist.get_rank(group),
             dist.get_world_size(group),
@@ -177,7 +178,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         return (plan.content_hash, nbytes, DTYPES[dtype], residual and self.fuses(plan)) in self._ready
 
     def fuses(self, plan) -> bool:
-        """Whether ``plan`` adds a residual in its own launch (gpu_tables.residual_refusal)."""
+        """Whether ``plan`` adds a residual in its own launch (executor.reference.norm.residual_refusal)."""
         return self._started and not self.residual_refusal(plan)
 
     def staging_input(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -412,7 +413,7 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
             # read by this rank only, so it needs no IPC: the residual an eager call adds in the launch
             self._staging_residual = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self._staging_in.device)
             for t in (self._staging_in, self._staging_out):
-                gpu_ipc.export(t.data_ptr())
+                ipc.export(t.data_ptr())
         except Exception as e:  # an allocation that cannot be shared means NCCL, never a crash
             return f"rank {self.rank}: staging buffers cannot be shared by IPC: {e}"
         return ""
@@ -436,14 +437,14 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if not why:
             assert self.topology is not None and self.choice is not None  # _read_plans set both where ``why`` is ''
             mine = (self.topology.fingerprint, sorted(e.id for e in self.choice.entries))
-        seen = gpu_bootstrap.all_gather(
+        seen = bootstrap.all_gather(
             self.store, f"{self._agreements}/plans", self.rank, self.world_size, mine, max(self.timeout_s, 60.0)
         )
         return disagreement(seen)
 
     def _agree(self, what: str, why: str) -> str:
         """Every rank's verdict on ``what``; the first rank's reason if any rank said no, else ''."""
-        verdicts = gpu_bootstrap.all_gather(
+        verdicts = bootstrap.all_gather(
             self.store, f"{self._agreements}/{what}", self.rank, self.world_size, why, max(self.timeout_s, 60.0)
         )
         return next((v for v in verdicts if v), "")

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from executor.inference import Communicator
-from executor.norm import RowNorm
+from executor.inference.communicator import Communicator
+from executor.reference.norm import RowNorm
 
 if TYPE_CHECKING:
-    from executor.port_communicator import PortCommunicator
+    from executor.inference.port_communicator import PortCommunicator
 
 
 class WeftBackend:

@@ -1,14 +1,14 @@
 // The row-owning epilogue of a fused all-reduce + residual add + RMSNorm: one thread block normalizes the whole
 // rows that its previous op (the reduction that completed their sums and added the residual) wrote, and writes
 // ``rows * rsqrt(mean(rows^2) + eps) * weight`` in the element type. The arithmetic is fp32 and follows
-// executor/norm.py's numpy definition: x * rstd, then * weight, rounded once; rstd = 1 / sqrt(mean + eps) with
-// IEEE division and square root. Only the order of the sum of squares differs (per thread, then the block).
+// executor/reference/norm.py's numpy definition: x * rstd, then * weight, rounded once; rstd = 1 / sqrt(mean + eps)
+// with IEEE division and square root. Only the order of the sum of squares differs (per thread, then the block).
 #pragma once
 #include "channel.cuh"
 
 namespace weft {
 
-// Must match executor/gpu_tables.py (NORM_ROWS): outside the op table's device kinds, which other ops extend.
+// Must match executor/gpu/tables.py (NORM_ROWS): outside the op table's device kinds, which other ops extend.
 constexpr int kNormRows = 64;
 // First in a block that runs kNormRows or kNormSlice: the weight's lines prefetched into L1 (op.src[0],
 // op.barrier_id bytes), so that its read from memory overlaps the reduction's wait for the peers' data instead of

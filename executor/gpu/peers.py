@@ -275,7 +275,7 @@ class VllmCustomAllReduce:
         """The inputs captured since the last call, registered with every rank's (collective; plain data)."""
         from flashinfer.comm import vllm_ar
 
-        from executor.gpu_bootstrap import all_gather_plain
+        from executor.gpu.bootstrap import all_gather_plain
 
         handles, offsets = vllm_ar.get_graph_buffer_ipc_meta(self.handle)
         every = all_gather_plain([list(handles), list(offsets)], self.group)

@@ -4,7 +4,7 @@ A transformer layer ends ``h = x + all_reduce(y)`` and the next one starts ``rms
 returns both: ``new_residual = residual + sum(y)`` (the all-reduce with a residual, ``gpu_tables``) and
 ``normed = new_residual * rsqrt(mean(new_residual²) + eps) * w`` row by row, a row being the last dimension
 (the hidden size). A row's norm needs the sum of squares of all of it: the epilogue runs right after each
-reduction that adds the residual (``reference.residual_sums``), over that reduction's output range, which is
+reduction that adds the residual (``machine.residual_sums``), over that reduction's output range, which is
 either whole rows (the block normalizes them alone; row-owning plans come from ``codegen.rows.own_rows``) or an
 aligned, equal slice of one row whose other slices other blocks complete; those blocks exchange their slices'
 sums of squares, then each normalizes its slice (``row_spans``, ``RowSpan``). The reference executor's
@@ -12,7 +12,7 @@ sums of squares, then each normalizes its slice (``row_spans``, ``RowSpan``). Th
 
 numpy's definition (``rms_norm``), in fp32 on the element type's values: ``mean`` of the squares, ``rstd = 1 /
 sqrt(mean + eps)``, then ``(x * rstd) * w`` rounded once to the element type. The GPU's epilogue
-(``executor/cuda/norm.cuh``) does the same operations; only its order of summing the squares differs (per
+(``executor/gpu/cuda/norm.cuh``) does the same operations; only its order of summing the squares differs (per
 thread, the block, then a split row's slices in slot order), which moves rstd by an ulp at most in practice, so
 a normalized element may differ from the definition by one bf16 ulp (the GPU tests' bound).
 
@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executor import reference
-from executor.gpu_tables import DTYPE_BYTES, residual_refusal
+from executor.reference import machine
 from schedules.plan import Plan, PlanError, remote_target
 from topologies.errors import CheckFailed
 
@@ -42,7 +41,7 @@ class RowNorm:
     eps: float
 
     def row_bytes(self, dtype: str) -> int:
-        return self.row_elems * DTYPE_BYTES[dtype]
+        return self.row_elems * machine.DTYPES[dtype]
 
 
 def rms_norm(rows: np.ndarray, weight: np.ndarray, eps: float, dtype: str) -> np.ndarray:
@@ -51,10 +50,10 @@ def rms_norm(rows: np.ndarray, weight: np.ndarray, eps: float, dtype: str) -> np
     x = np.asarray(rows, np.float32)
     mean = (np.sum(x.astype(np.float64) ** 2, axis=-1) / x.shape[-1]).astype(np.float32)
     rstd = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
-    return reference.round_to((x * rstd[..., None]) * np.asarray(weight, np.float32), dtype)
+    return machine.round_to((x * rstd[..., None]) * np.asarray(weight, np.float32), dtype)
 
 
-def output_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]] | str:
+def output_ranges(plan: Plan) -> dict[machine.OpKey, tuple[int, int]] | str:
     """(rank, thread block, op) -> (first output chunk, chunks) of each local reduction writing its rank's output,
     read from the plan's ops alone; or why the epilogue cannot follow them: on every rank they must write all the
     output chunks, once each, and no other op may write an output (a row that arrives as a copy was summed by no
@@ -79,15 +78,41 @@ def output_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]] | str:
     return out
 
 
-def norm_ranges(plan: Plan) -> dict[reference.OpKey, tuple[int, int]]:
+def norm_ranges(plan: Plan) -> dict[machine.OpKey, tuple[int, int]]:
     """(rank, thread block, op) -> (first output chunk, chunks) of each reduction after which the epilogue runs:
-    those that add the residual (``reference.residual_sums``)."""
+    those that add the residual (``machine.residual_sums``)."""
     out = {}
-    for (rank, tb, index), chunk in reference.residual_sums(plan).items():
+    for (rank, tb, index), chunk in machine.residual_sums(plan).items():
         op = plan.gpus[rank].threadblocks[tb].ops[index]
         sizes = {b.size for b in op.dst_buff if not b.remote and b.type == "o" and b.index == chunk}
         out[(rank, tb, index)] = (chunk, sizes.pop() if sizes else 0)
     return out
+
+
+def residual_refusal(plan: Plan) -> str:
+    """Why ``plan`` cannot add a residual in its launch (``executor.gpu.tables.build_tables(residual=True)``), or ''.
+
+    Each reduction that completes a sum and writes an output adds the residual of the rank it runs on, so the
+    residual must hold the same values on every rank (a transformer's residual stream does), and every output
+    element must come out of exactly one such reduction, directly or copied. The CPU reference executor checks
+    that: it runs the plan with the same rule on integer data, where every sum is exact, and every rank's output
+    must be the inputs' sum plus the residual, once."""
+    if plan.collective != "allreduce":
+        return f"plan {plan.name} runs {plan.collective}; only an all-reduce adds a residual"
+    nbytes = machine.smallest_size(plan)
+    elems = machine.chunk_elems(plan, nbytes, "fp32")
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(-64, 64, g.input_chunks * elems).astype(np.float32) for g in plan.gpus]
+    residual = rng.integers(1, 64, plan.gpus[0].output_chunks * elems).astype(np.float32)
+    try:
+        outputs = machine.run_reference(plan, inputs, nbytes, "fp32", [residual] * plan.nranks)
+    except (PlanError, CheckFailed) as e:
+        return f"plan {plan.name}: with a residual: {e}"
+    want = np.sum(inputs, axis=0) + residual
+    for rank, out in enumerate(outputs):
+        if not np.array_equal(out, want):
+            return f"plan {plan.name}: rank {rank}'s output would not hold the sum plus the residual exactly once"
+    return ""
 
 
 def plan_refusal(plan: Plan) -> str:
@@ -109,7 +134,7 @@ def plan_refusal(plan: Plan) -> str:
 class RowSpan:
     """Where one output-writing reduction's epilogue runs, in output bytes ``first``..``first + nbytes``: whole
     rows (``slices`` 1), or slice ``index`` of the ``slices`` equal slices of row ``row`` that as many thread
-    blocks sum, which then exchange their sums of squares (``executor/cuda/norm.cuh``, kNormSlice)."""
+    blocks sum, which then exchange their sums of squares (``executor/gpu/cuda/norm.cuh``, kNormSlice)."""
 
     first: int
     nbytes: int
@@ -118,7 +143,7 @@ class RowSpan:
     row: int = 0
 
 
-def row_spans(plan: Plan, nbytes: int, dtype: str, norm: RowNorm) -> dict[reference.OpKey, RowSpan] | str:
+def row_spans(plan: Plan, nbytes: int, dtype: str, norm: RowNorm) -> dict[machine.OpKey, RowSpan] | str:
     """(rank, thread block, op) -> the RowSpan of each output-writing reduction at ``nbytes`` in rows of
     ``norm.row_elems`` ``dtype``, or why the epilogue cannot run there. Each reduction's range must be whole rows,
     or one slice of a row whose equal slices (an exact fraction of it, aligned) other reductions of its rank
@@ -212,7 +237,7 @@ class Epilogue:
         self.normed = [np.zeros(n, np.float32) for n in size]
         self.writes = [np.zeros(n, np.int64) for n in size]
 
-    def __call__(self, key: reference.OpKey, chunk: int, total: np.ndarray) -> None:
+    def __call__(self, key: machine.OpKey, chunk: int, total: np.ndarray) -> None:
         rank, first, row = key[0], chunk * self.elems, self.norm.row_elems
         values = np.asarray(total, np.float32).reshape(-1)
         end = first + values.size
@@ -256,9 +281,9 @@ def run_fused(
     why = plan_refusal(plan) or rows_refusal(plan, nbytes, dtype, norm)
     if why:
         raise PlanError(why)
-    elems = reference.chunk_elems(plan, nbytes, dtype)
+    elems = machine.chunk_elems(plan, nbytes, dtype)
     epilogue = Epilogue(plan, elems, dtype, norm, weight)
-    outputs = reference.run_reference(plan, inputs, nbytes, dtype, [residual] * plan.nranks, epilogue=epilogue)
+    outputs = machine.run_reference(plan, inputs, nbytes, dtype, [residual] * plan.nranks, epilogue=epilogue)
     epilogue.check_once()
     return epilogue.normed, outputs
 
@@ -272,8 +297,8 @@ def fused_refusal(plan: Plan) -> str:
     if why:
         return why
     dtype = "bf16"
-    nbytes = reference.smallest_size(plan)
-    elems = reference.chunk_elems(plan, nbytes, dtype)
+    nbytes = machine.smallest_size(plan)
+    elems = machine.chunk_elems(plan, nbytes, dtype)
     ranges = norm_ranges(plan).values()
     whole = RowNorm(math.gcd(*[size for _, size in ranges], *[first for first, _ in ranges]) * elems, 1e-5)
     one_row = RowNorm(plan.gpus[0].output_chunks * elems, 1e-5)  # every rank's reductions split one row
@@ -290,12 +315,12 @@ def _fused_mismatch(plan: Plan, nbytes: int, dtype: str, elems: int, norm: RowNo
     rng = np.random.default_rng(0)
     inputs = [rng.integers(-8, 8, g.input_chunks * elems).astype(np.float32) for g in plan.gpus]
     residual = rng.integers(-8, 8, plan.gpus[0].output_chunks * elems).astype(np.float32)
-    weight = reference.round_to(rng.normal(1.0, 0.1, norm.row_elems), dtype)
+    weight = machine.round_to(rng.normal(1.0, 0.1, norm.row_elems), dtype)
     try:
         normed, outputs = run_fused(plan, inputs, nbytes, dtype, residual, weight, norm)
     except (PlanError, CheckFailed) as e:
         return f"plan {plan.name}: with the norm epilogue: {e}"
-    want = reference.round_to(np.sum(inputs, axis=0) + residual, dtype)
+    want = machine.round_to(np.sum(inputs, axis=0) + residual, dtype)
     want_normed = rms_norm(want.reshape(-1, norm.row_elems), weight, norm.eps, dtype).reshape(-1)
     for rank in range(plan.nranks):
         if not (np.array_equal(outputs[rank], want) and np.array_equal(normed[rank], want_normed)):

@@ -12,7 +12,7 @@ together, so the next execution works. Contexts (device tables, scratch, peer bu
 order, on buffers whose addresses recur alike: a rank that finds a context for an address its peers see as new
 skips their exchange, and the job stops with a timeout naming the exchange. Fresh tensors from the caching
 allocator recur alike in SPMD code; allocations that depend on a rank's data (``x[mask]``) can break that, so
-inference jobs use ``executor.inference.Communicator``, whose eager calls go through fixed staging buffers.
+inference jobs use ``executor.inference.communicator.Communicator``, whose eager calls go through fixed staging buffers.
 
 CUDA graphs without copies: inside ``capture()``, ``execute_captured`` runs a plan on buffers that have no
 context of their own, against the context an eager ``execute`` made for the same plan, size and dtype, through a
@@ -37,9 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from executor import gpu_bootstrap, gpu_build, gpu_ipc, gpu_launch, gpu_trace, liveness
 from executor.errors import ExecutorError, ExecutorTimeout, PeerLost
-from executor.gpu_tables import (
+from executor.gpu import bootstrap, ipc, liveness
+from executor.gpu import build as gpu_build
+from executor.gpu import launch as gpu_launch
+from executor.gpu import trace as gpu_trace
+from executor.gpu.tables import (
     DTYPE_BYTES,
     MAX_BARRIERS,
     MAX_CHANNELS,
@@ -55,15 +58,14 @@ from executor.gpu_tables import (
     lines_possible,
     peer_mapping,
     peer_slots,
-    residual_refusal,
     share_records,
     vector_bytes,
     with_kernel_args,
     with_tripwire,
 )
 from executor.hosts import host_identity, ipc_across_hosts
-from executor.norm import RowNorm, fused_refusal, rows_refusal
-from executor.padded import buffer_parts
+from executor.reference.norm import RowNorm, fused_refusal, residual_refusal, rows_refusal
+from executor.reference.padded import buffer_parts
 from schedules.padding import Padding
 from schedules.plan import Plan, PlanError, load_plan, parse_plan
 
@@ -191,7 +193,8 @@ def binding_verdict(why: str, collective: bool, all_gather: Callable[[str, Any],
 
 class PlanExecutor:
     """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes: the core of
-    ``executor.Communicator`` (executor.inference), which adds torch.distributed's API and the registry's plans."""
+    ``executor.Communicator`` (executor.inference.communicator), which adds torch.distributed's API and the
+    registry's plans."""
 
     def __init__(
         self,
@@ -216,7 +219,7 @@ class PlanExecutor:
         if not 0 <= rank < world_size:
             raise ExecutorError(f"executor: rank {rank} is not in 0..{world_size - 1}")
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-        self.store = store if store is not None else gpu_bootstrap.store_from_env(rank, world_size)
+        self.store = store if store is not None else bootstrap.store_from_env(rank, world_size)
         self.device = cupy.cuda.runtime.getDevice() if device is None else device
         self._cupy = cupy
         # a per-rank count of communicators on this store names this one's keys the same on every rank
@@ -227,7 +230,7 @@ class PlanExecutor:
         self._streams: dict[int, Any] = {}
         self._kernels: dict[str, Any] = {}  # interpreter entries by name
         self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
-        self._peers = gpu_ipc.PeerMappings()
+        self._peers = ipc.PeerMappings()
         # (plan, size, dtype, lines, with a residual) -> the first context made for them
         self._templates: dict[tuple[str, int, str, bool, bool | tuple[int, float]], _Context] = {}
         # (plan, message size, dtype, with a residual) -> padded (input, output, residual) buffers for sizes that
@@ -255,7 +258,7 @@ class PlanExecutor:
             self._error = np.ctypeslib.as_array((ctypes.c_int32 * ERROR_WORDS).from_address(self._error_host))
             self._error[:] = 0
             cupy.cuda.runtime.deviceSynchronize()
-        shared = self._all_gather("inbound", gpu_ipc.export(self._inbound.data.ptr))
+        shared = self._all_gather("inbound", ipc.export(self._inbound.data.ptr))
         self._peer_inbound = [
             self._inbound.data.ptr if r == rank else self._peers.open(s) for r, s in enumerate(shared)
         ]
@@ -268,7 +271,7 @@ class PlanExecutor:
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
 
-        store = gpu_bootstrap.process_group_store(group)
+        store = bootstrap.process_group_store(group)
         return cls(
             dist.get_rank(group),
             dist.get_world_size(group),
@@ -297,11 +300,11 @@ class PlanExecutor:
         ``dtype``: needed only for CuPy bf16 (held as uint16).
         ``lines``: move an LL plan's packets as LL128 lines where it can (default: the communicator's ``ll128``).
         ``residual``: an all-reduce's output is the sum plus this buffer (input-sized), in the same launch: the
-        reductions that write outputs add it after their sums (gpu_tables.residual_refusal), each with its own
-        rank's residual, so pass the same values on every rank, as a transformer's residual stream holds. Every
-        rank passes one, or none does.
-        ``norm``: with a residual, also the RMSNorm epilogue (``executor.norm``): ``norm.normed`` receives each
-        output row normalized and times ``norm.weight``, in the same launch (the plan's rows must fit:
+        reductions that write outputs add it after their sums (executor.reference.norm.residual_refusal), each
+        with its own rank's residual, so pass the same values on every rank, as a transformer's residual stream
+        holds. Every rank passes one, or none does.
+        ``norm``: with a residual, also the RMSNorm epilogue (``executor.reference.norm``): ``norm.normed`` receives
+        each output row normalized and times ``norm.weight``, in the same launch (the plan's rows must fit:
         ``norm_refusal``).
         For in-place plans pass the larger buffer as ``input``; the smaller lives inside it at the rank's slice.
         An output allocated here belongs to the context: later calls on the same input reuse it.
@@ -315,7 +318,7 @@ class PlanExecutor:
         if padding is not None and norm is not None:
             raise ExecutorError(
                 f"plan {plan.name}: {buf.nbytes} B runs padded, and the norm epilogue needs whole rows "
-                "in place (executor.norm.rows_refusal)"
+                "in place (executor.reference.norm.rows_refusal)"
             )
         if padding is not None:
             return self._execute_padded(plan, padding, input, buf, output, out, stream, dtype, lines, residual)
@@ -441,7 +444,7 @@ class PlanExecutor:
         shared = [c for c in captured if c.context.peers.collective]
         with cupy.cuda.Device(self.device):
             cupy.cuda.runtime.deviceSynchronize()  # no replay of a disarmed record is still running
-            gathered = self._all_gather("graph-buffers", share_records(shared, gpu_ipc.export))
+            gathered = self._all_gather("graph-buffers", share_records(shared, ipc.export))
             filled = dict(zip(map(id, shared), peer_slots(shared, gathered, self.rank, self._peers.open), strict=True))
             for c in captured:
                 records = c.context.records
@@ -519,7 +522,7 @@ class PlanExecutor:
 
     def exchange(self, what: str, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (collective: every rank calls it, in the same order). Values are
-        plain data (gpu_bootstrap.encode: JSON through the store, never a pickle, which would run code sent by
+        plain data (bootstrap.encode: JSON through the store, never a pickle, which would run code sent by
         anyone who can reach the store); ``what`` names the exchange in errors."""
         return self._all_gather(what, value)
 
@@ -671,7 +674,8 @@ class PlanExecutor:
         return plan, plan_hash, buf, _describe(output, "output") if output is not None else None, dtype
 
     def residual_refusal(self, plan: Plan | dict | str | Path) -> str:
-        """Why ``plan`` cannot add a residual in its launch, or '' (gpu_tables.residual_refusal, once per plan)."""
+        """Why ``plan`` cannot add a residual in its launch, or '' (executor.reference.norm.residual_refusal, once
+        per plan)."""
         plan, plan_hash = self._plan(plan)
         why = self._residual_refusals.get(plan_hash)
         if why is None:
@@ -694,8 +698,8 @@ class PlanExecutor:
         return res
 
     def norm_refusal(self, plan: Plan | dict | str | Path) -> str:
-        """Why ``plan`` cannot run the RMSNorm epilogue at any size, or '' (executor.norm.fused_refusal, once per
-        plan)."""
+        """Why ``plan`` cannot run the RMSNorm epilogue at any size, or '' (executor.reference.norm.fused_refusal,
+        once per plan)."""
         plan, plan_hash = self._plan(plan)
         why = self._norm_refusals.get(plan_hash)
         if why is None:
@@ -785,7 +789,7 @@ class PlanExecutor:
             state = cupy.asarray(init)
             trace = cupy.zeros(tables.nthreadblocks * gpu_trace.TRACE_SLOTS if self._trace else 1, cupy.uint64)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
-            shares = {t: gpu_ipc.export(p) for t, p in mine.items()}
+            shares = {t: ipc.export(p) for t, p in mine.items()}
             peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None, _variant(res, norm)))
             if lined is not None and all(p[3] for p in peers):
                 tables = lined

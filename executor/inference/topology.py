@@ -71,7 +71,7 @@ def p2p_works(comm: Any) -> str:
     """
     import cupy
 
-    from executor import gpu_ipc
+    from executor.gpu import ipc
 
     world = comm.world_size
     why = ""
@@ -79,7 +79,7 @@ def p2p_works(comm: Any) -> str:
         mailbox = cupy.zeros(world, cupy.int32)
         cupy.cuda.runtime.deviceSynchronize()
         try:
-            mine = gpu_ipc.export(mailbox.data.ptr)
+            mine = ipc.export(mailbox.data.ptr)
         except Exception as e:  # CUDA raises its own error types; any of them means no working P2P
             mine, why = None, f"rank {comm.rank}: cannot export memory by IPC: {e}"
         handles = comm._all_gather("p2p-handles", mine)

@@ -21,7 +21,7 @@ LL plans run as their data: a packet op moves the values its packets carry, and 
 in the global order, until every chunk it reads was written as packets (on the GPU a reader spins on the packets'
 flags; here the receive before it completes first). An in-place plan's input and output are one buffer ``io``
 (the smaller the rank's slice of the larger, as ``Collective.inplace_offsets`` places it), so the groups see
-every overlap between them. The plan must have been proven (``executor.reference.check_plan``).
+every overlap between them. The plan must have been proven (``executor.reference.machine.check_plan``).
 
 >>> from schedules.plan import parse_plan
 >>> doc = {"name": "x", "collective": "allgather", "protocol": "Simple", "gpus": [
@@ -407,7 +407,7 @@ def run_programs(plan: Plan, programs: tuple[Program, ...], inputs: list, elems:
 
     The CPU stand-in for the engine: a transfer's data moves when both sides are posted, as in NCCL's groups."""
 
-    from executor.reference import round_to
+    from executor.reference.machine import round_to
 
     bufs = [_buffers(plan, programs[r], r, inputs[r], elems, dtype) for r in range(plan.nranks)]
 
@@ -456,7 +456,7 @@ def _buffers(plan: Plan, program: Program, r: int, inputs: Any, elems: int, dtyp
     """Rank r's buffers (chunks x elems, NaN where nothing was written), its input in place."""
     import numpy as np
 
-    from executor.reference import round_to
+    from executor.reference.machine import round_to
 
     g = plan.gpus[r]
     sizes = {"s": g.scratch_chunks, "t": program.staging_chunks}

@@ -8,7 +8,7 @@ typedef long long i64;
 
 namespace weft {
 
-// Error kinds written into the host-visible error record; executor/communicator.py (ERROR_KINDS) decodes them.
+// Error kinds written into the host-visible error record; executor/gpu/engine.py (ERROR_KINDS) decodes them.
 enum ErrorKind : int {
   kOk = 0,
   kWaitTimeout = 1,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from executor.reference import DTYPES, run_reference
+from executor.reference.machine import DTYPES, run_reference
 from schedules.padding import Padding
 from schedules.plan import Plan, PlanError
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from executor.torch_plans import split_refusal
+from executor.inference.plans import split_refusal
 
 # No ``from __future__ import annotations`` here: torch.library reads the ops' schemas from real annotations.
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}  # torch's dtypes by weft's names
@@ -143,7 +143,7 @@ class CollectiveCalls:
         """The sum over ranks, as a new tensor; plus ``residual`` (same shape and dtype, the same values on every
         rank), added in the all-reduce's launch where the plan can. With ``rms_weight`` (the last dimension's
         size, the tensor's dtype): ``(rms_norm(residual + sum) * rms_weight, residual + sum)``, both from one launch
-        where a plan's rows fit (executor.inference_norm)."""
+        where a plan's rows fit (executor.inference.norm)."""
         if rms_weight is not None:
             if residual is None:
                 raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + sum)")

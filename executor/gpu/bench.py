@@ -1,6 +1,6 @@
 """Timing weft against its peers on the same buffers, alternating, with CUDA events: NCCL, PyTorch symmetric memory
 and, for the all-reduce where the ``peers`` extra is installed, FlashInfer's one-shot, two-shot and own-choice
-all-reduce and vLLM's custom all-reduce (executor.peers).
+all-reduce and vLLM's custom all-reduce (executor.gpu.peers).
 
 Runs on every rank (one process per GPU, torch.distributed initialized); returns rows in DESIGN.md's bench
 format. Each implementation is timed as CUDA-graph replays (``graph``) or eager calls of ``calls`` back-to-back
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.errors import ExecutorError
-from executor.gpu_tables import lines_possible
+from executor.gpu.tables import lines_possible
 from schedules.collectives import Collective
 from schedules.plan import Plan
 
@@ -184,7 +184,7 @@ class Peers:
 
     @classmethod
     def create(cls, max_bytes: int, names: tuple[str, ...] = ("flashinfer", "vllm")) -> Peers:
-        from executor import peers
+        from executor.gpu import peers
 
         made, absent = {}, {}
         makers = {
@@ -204,7 +204,7 @@ class Peers:
         """This size's calls (out of place, on buffers kept in ``keep``), and the variants refused, with why."""
         import torch
 
-        from executor import peers
+        from executor.gpu import peers
 
         calls, refused = {}, {}
         if self.flashinfer is not None:

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from executor.errors import ExecutorError, ExecutorTimeout
-from executor.gpu_ipc import SharedBuffer
+from executor.gpu.ipc import SharedBuffer
 
 MAX_VALUE_BYTES = 16 << 20  # a rank's share for one exchange; far above any real one (a few KB)
 MAX_DEPTH = 32

@@ -378,7 +378,7 @@ class _Machine:
                     chunk * self.G : (chunk + op.dst_buff[0].size) * self.G
                 ]
                 total = round_to(total + rows, self.dtype)
-                if self.epilogue is not None:  # executor.norm.Epilogue: rows normalized right after their sum
+                if self.epilogue is not None:  # executor.reference.norm.Epilogue: rows normalized right after their sum
                     self.epilogue((t.rank, t.tb, t.pc), chunk, total)
             results = [total] * len(op.dst_buff)
         else:
@@ -707,7 +707,7 @@ def run_reference(
     ``inputs[r]`` holds rank r's input buffer (``input_chunks × chunk elements`` values; bf16 as float32).
     ``residuals[r]``: rank r's residual (output-sized), added where ``residual_chunk`` says.
     ``epilogue``: called as ``epilogue((rank, tb, op), chunk, sum)`` with each such reduction's sum plus residual
-    (``executor.norm.Epilogue``).
+    (``executor.reference.norm.Epilogue``).
     """
     return run_launches(plan, [inputs], nbytes, dtype, residuals, epilogue)[0]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from executor.errors import ExecutorError, ExecutorTimeout, PeerLost
-from executor.gpu_bootstrap import decode, encode
+from executor.gpu.bootstrap import decode, encode
 
 State = Literal["alive", "exited", "remote", "unjoined"]
 PROBE_EVERY_S = 0.25  # how often a bootstrap exchange that is still waiting looks at its missing peers

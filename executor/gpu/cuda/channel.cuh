@@ -13,7 +13,7 @@ constexpr int kMaxRefs = 16;
 constexpr int kMaxChannels = 16;
 enum RefFlags : int { kPacket = 1, kScratch = 2 };
 
-// Must match executor/gpu_tables.py (REF_DTYPE, OP_DTYPE).
+// Must match executor/gpu/tables.py (REF_DTYPE, OP_DTYPE).
 struct Ref {
   i64 offset;  // bytes from the buffer's base (packet bytes for packet references)
   int buffer;  // slot in the context's buffer table: 0 input, 1 output, 2 scratch, 3+ peer buffers
@@ -43,8 +43,8 @@ struct Op {
   Ref dst[kMaxRefs];
 };
 
-static_assert(sizeof(Ref) == 16, "Ref layout is shared with executor/gpu_tables.py");
-static_assert(sizeof(Op) == 616, "Op layout is shared with executor/gpu_tables.py");
+static_assert(sizeof(Ref) == 16, "Ref layout is shared with executor/gpu/tables.py");
+static_assert(sizeof(Op) == 616, "Op layout is shared with executor/gpu/tables.py");
 
 struct Transfer {
   char* const* buffers;
@@ -159,7 +159,7 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
 // with the pairs side by side. Each thread walks groups of kInFlight units (blockDim apart), visiting every pair once
 // per group, and starts at pair (warp + block) mod n: at any moment the warps of a block, and the blocks of the grid,
 // move different pairs, so every peer's link carries data at once (pairs in series load one link at a time, and
-// every instance the same one). Packet pairs stay one transfer per pair (executor/gpu_tables.py). Out of line, so
+// every instance the same one). Packet pairs stay one transfer per pair (executor/gpu/tables.py). Out of line, so
 // that the 1024-thread kernels keep their registers.
 template <int V>
 __device__ __noinline__ void run_pairs(const Op& op, const Transfer& t) {

@@ -3,7 +3,7 @@ point-to-point sends and receives (NCCL on GPUs: its InfiniBand, RoCE or socket 
 gloo on CPUs).
 
 It is MSCCL++'s host proxy for port channels, driven by the static plan that every rank knows: each rank's
-``Program`` (``executor.port_program``) holds its sums and its groups of sends and receives, in the one global
+``Program`` (``executor.port.program``) holds its sums and its groups of sends and receives, in the one global
 order that makes both sides of every hop meet. Everything runs on the caller's stream, so a CUDA graph captures
 it whole. No network code lives here: the engine's transports are NCCL's own, and on a real cluster NCCL moves
 the same calls over InfiniBand with no change here. Set ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`` to force NCCL
@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor import liveness
 from executor.errors import ExecutorError, PeerLost
-from executor.gpu_bootstrap import all_gather_plain
+from executor.gpu import liveness
+from executor.gpu.bootstrap import all_gather_plain
 from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
-from executor.port_program import INPLACE, Compute, Exchange, Program, Slot, compile_programs, lane_bounds, lanes_for
+from executor.port.program import INPLACE, Compute, Exchange, Program, Slot, compile_programs, lane_bounds, lanes_for
 from schedules.plan import Plan, load_plan, parse_plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}

@@ -1,15 +1,15 @@
-"""The fused all-reduce + residual add + RMSNorm of ``executor.inference.Communicator`` (the norm's half of it).
+"""The fused all-reduce + residual add + RMSNorm of ``executor.Communicator`` (the norm's half of it).
 
     normed, h = comm.all_reduce(y, residual=h, rms_weight=w, eps=1e-5)   # one launch
     comm.all_reduce_(y, residual=h, rms_weight=w, eps=1e-5)              # y <- normed, h <- h + sum(y)
 
 ``h + all_reduce(y)`` then ``rms_norm(that) * w`` (a decoder layer's all-reduce and the next norm) in one launch of
-a plan whose thread blocks own whole rows (``executor.norm``, ``codegen.rows``): the norm reads the rows where
+a plan whose thread blocks own whole rows (``executor.reference.norm``, ``codegen.rows``): the norm reads the rows where
 the sum just left them instead of reading the hidden state back in a kernel of its own. The rows are the last
 dimension (``w`` has that many elements, of the tensor's dtype).
 
 Which plan: among the registry's all-reduce plans for this size, those that pass the norm's proof on the reference
-executor (``executor.norm.fused_refusal``) and whose rows fit this size and hidden size (``rows_refusal``); of
+executor (``executor.reference.norm.fused_refusal``) and whose rows fit this size and hidden size (``rows_refusal``); of
 those the one with the most row-owning thread blocks (parallel rows), then the fastest measured. Packets move as
 LL128 lines where the registry's plan for a plain all-reduce of this size does.
 
@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from executor.communicator import NormCall
-from executor.norm import RowNorm, best_norm_plan, row_base, rows_refusal
-from executor.torch_ops import DTYPES
+from executor.gpu.engine import NormCall
+from executor.inference.ops import DTYPES
+from executor.reference.norm import RowNorm, best_norm_plan, row_base, rows_refusal
 
 if TYPE_CHECKING:
-    from executor.communicator import PlanExecutor as _Executor  # the executor it is mixed in beside
-    from executor.torch_plans import PlanChoice
+    from executor.gpu.engine import PlanExecutor as _Executor  # the executor it is mixed in beside
+    from executor.inference.plans import PlanChoice
 else:
     _Executor = object
 
@@ -73,7 +73,7 @@ def check_norm_call(tensor: torch.Tensor, residual: torch.Tensor | None, weight:
 
 
 class NormCalls(_Executor):
-    """The fused norm's methods, mixed into ``executor.inference.Communicator`` (which provides ``choice``,
+    """The fused norm's methods, mixed into ``executor.inference.communicator.Communicator`` (which provides ``choice``,
     ``enabled``, the staging buffers, ``_fallback`` and the executor)."""
 
     if TYPE_CHECKING:  # what the host class provides; declared for the type checker only, so nothing is shadowed

@@ -1,5 +1,5 @@
 // weft's plan interpreter: one thread block per plan threadblock, walking its op list from the device tables
-// built by executor/gpu_tables.py. Every wait is bounded; a timeout fills the error record and the block exits.
+// built by executor/gpu/tables.py. Every wait is bounded; a timeout fills the error record and the block exits.
 #include "channel.cuh"
 #include "norm.cuh"
 #include "semaphore.cuh"

@@ -5,12 +5,12 @@ the pairwise packet ops) become one transfer per pair, or, for plain data where 
 multi-peer op, ``codegen.peers``), one ``PAIRS`` transfer that moves them side by side; ``pws`` becomes its puts
 and a signal, and the reductions become one transfer that sums every source into every destination. A reference
 names a buffer slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a
-byte offset, so the kernel does no chunk arithmetic. The layouts must match ``executor/cuda/channel.cuh``.
+byte offset, so the kernel does no chunk arithmetic. The layouts must match ``executor/gpu/cuda/channel.cuh``.
 
 An all-reduce with a residual (``residual=True``) returns the sum plus a residual tensor in the same launch, as
 a transformer layer's ``x + all_reduce(y)``: each reduction that completes a sum and writes an output adds its
-rank's residual after the sum (``reference.residual_sums``), so the result is rounded as the sum then the add
-would be (``residual_refusal`` proves a plan adds it exactly once everywhere).
+rank's residual after the sum (``machine.residual_sums``), so the result is rounded as the sum then the add
+would be (``executor.reference.norm.residual_refusal`` proves a plan adds it exactly once everywhere).
 
 Executions captured in CUDA graphs on buffers of their own get binding records (``BindingLayout``); what a
 record holds once peers have told each other their buffers is worked out here too (``peer_slots``).
@@ -26,30 +26,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from executor import reference
 from executor.errors import ExecutorError
+from executor.reference import machine
+from executor.reference.norm import RowNorm, RowSpan, row_spans
 from schedules.ops import DEVICE_KINDS
-from schedules.plan import BufferRef, Gpu, Op, Plan, PlanError, Threadblock, channel_pairs
-from topologies.errors import CheckFailed
-
-if TYPE_CHECKING:
-    from executor.norm import RowNorm, RowSpan
+from schedules.plan import BufferRef, Gpu, Op, Plan, Threadblock, channel_pairs
 
 MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
 MAX_CHANNELS = 1024
 MAX_BARRIERS = 64
 MAX_SLOTS = 64  # buffer slots (input, output, scratch, peers' buffers); kMaxSlots in interpreter.cu
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+DTYPE_BYTES = machine.DTYPES  # bytes per element by weft's dtype names
 
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
-NORM_ROWS = 64  # kNormRows in executor/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
+NORM_ROWS = 64  # kNormRows in executor/gpu/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
 NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
-NORM_SLICE = 66  # kNormSlice: the epilogue over one slice of a row that several blocks sum (executor.norm.RowSpan)
+NORM_SLICE = (
+    66  # kNormSlice: the epilogue over one slice of a row that several blocks sum (executor.reference.norm.RowSpan)
+)
 Record = np.ndarray  # one op-table row: a 0-d array of OP_DTYPE
 
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop.. in channel.cuh
@@ -58,7 +57,7 @@ KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: g
 PACKET, SCRATCH = 1, 2
 SLOTS = {"i": 0, "o": 1, "s": 2}
 
-# The interpreter kernel's parameters in order, with their C types: WEFT_INTERPRETER in executor/cuda/interpreter.cu
+# The interpreter kernel's parameters in order, with their C types: WEFT_INTERPRETER in executor/gpu/cuda/interpreter.cu
 # declares the same list (tests/test_executor_tables.py checks it); a -DWEFT_TRACE build takes TRACE_PARAM last.
 KERNEL_PARAMS = (
     ("ops", "const weft::Op*"),
@@ -145,7 +144,7 @@ class DeviceTables:
     threads: int
     lines: bool = False  # packets are LL128 lines (lines_possible), else LL16/LL8 packets
     residual: bool = False  # the slot after the remote buffers holds a residual that output reductions add
-    norm: bool = False  # then two more slots: the RMSNorm weight and the normalized rows (executor.norm)
+    norm: bool = False  # then two more slots: the RMSNorm weight and the normalized rows (executor.reference.norm)
     norm_slots: int = 0  # bytes at norm_at where row slices exchange sums of squares
     norm_at: int = 0  # past every rank's scratch (both halves, 16-aligned): no peer's packet can land in the slots
 
@@ -228,32 +227,6 @@ def lines_possible(plan: Plan, nbytes: int) -> bool:
     return cb % 8 == 0 and cb < 2**31 and min(plan.num_threads_per_block, 1024) % 32 == 0
 
 
-def residual_refusal(plan: Plan) -> str:
-    """Why ``plan`` cannot add a residual in its launch (``build_tables(residual=True)``), or ''.
-
-    Each reduction that completes a sum and writes an output adds the residual of the rank it runs on, so the
-    residual must hold the same values on every rank (a transformer's residual stream does), and every output
-    element must come out of exactly one such reduction, directly or copied. The CPU reference executor checks
-    that: it runs the plan with the same rule on integer data, where every sum is exact, and every rank's output
-    must be the inputs' sum plus the residual, once."""
-    if plan.collective != "allreduce":
-        return f"plan {plan.name} runs {plan.collective}; only an all-reduce adds a residual"
-    nbytes = reference.smallest_size(plan)
-    elems = reference.chunk_elems(plan, nbytes, "fp32")
-    rng = np.random.default_rng(0)
-    inputs = [rng.integers(-64, 64, g.input_chunks * elems).astype(np.float32) for g in plan.gpus]
-    residual = rng.integers(1, 64, plan.gpus[0].output_chunks * elems).astype(np.float32)
-    try:
-        outputs = reference.run_reference(plan, inputs, nbytes, "fp32", [residual] * plan.nranks)
-    except (PlanError, CheckFailed) as e:
-        return f"plan {plan.name}: with a residual: {e}"
-    want = np.sum(inputs, axis=0) + residual
-    for rank, out in enumerate(outputs):
-        if not np.array_equal(out, want):
-            return f"plan {plan.name}: rank {rank}'s output would not hold the sum plus the residual exactly once"
-    return ""
-
-
 def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool, norm: RowNorm | None) -> None:
     """Raise ExecutorError where ``build_tables`` cannot lower this rank's part at this size and with these options."""
     if norm is not None and not residual:
@@ -273,7 +246,7 @@ def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool,
         raise ExecutorError(
             f"plan {plan.name}: gpus[{rank}] has port channels (to ranks "
             f"{sorted(set(gpu.port_peers))}): the GPU interpreter runs memory channels only; "
-            "port-channel plans run through executor.port_engine"
+            "port-channel plans run through executor.port.engine"
         )
     if len(gpu.memory_peers) > MAX_CHANNELS:
         raise ExecutorError(
@@ -299,10 +272,10 @@ def build_tables(
 
     ``lines``: move an LL plan's packets as LL128 lines (needs ``lines_possible``). ``residual``: the launch
     binds a residual after the remote buffers, added by the reductions that complete a sum and write an output
-    (``residual_refusal``). ``norm``: with a residual, each of those reductions is followed by the RMSNorm
-    epilogue over its rows of ``dtype`` (``executor.norm``), the weight and the normalized rows in the two slots
-    after the residual, and such a block starts by prefetching the weight; every block is padded with nops to one op
-    count (so the kernel still loads a block's first ops beside its range)."""
+    (``executor.reference.norm.residual_refusal``). ``norm``: with a residual, each of those reductions is followed
+    by the RMSNorm epilogue over its rows of ``dtype`` (``executor.reference.norm``), the weight and the normalized
+    rows in the two slots after the residual, and such a block starts by prefetching the weight; every block is
+    padded with nops to one op count (so the kernel still loads a block's first ops beside its range)."""
     _check_fits(plan, rank, nbytes, lines, residual, norm)
     gpu = plan.gpus[rank]
     cb = plan.chunk_bytes(nbytes)
@@ -311,13 +284,11 @@ def build_tables(
     layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
     records: list[Record] = []
     starts = [0]
-    residual_at = reference.residual_sums(plan) if residual else {}
+    residual_at = machine.residual_sums(plan) if residual else {}
     row_bytes = norm.row_bytes(dtype) if norm is not None else 0
     spans: dict[tuple[int, int, int], RowSpan] = {}
     norm_at, norm_slots, widest = 0, 0, 0
     if norm is not None:
-        from executor.norm import row_spans
-
         found = row_spans(plan, nbytes, dtype, norm)
         if isinstance(found, str):
             raise ExecutorError(found)
@@ -408,7 +379,7 @@ def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_s
 
 
 def _slice_record(span: RowSpan, slots_at: int, eps: float, residual_slot: int, plan_op: int) -> Record:
-    """The epilogue over one slice of a row (``executor.norm.RowSpan``): the slice (output slot), the weight's
+    """The epilogue over one slice of a row (``executor.reference.norm.RowSpan``): the slice (output slot), the weight's
     matching slice, the row's slots for the sums of squares (scratch slot, at ``slots_at``) and the normalized
     slice; the row's slice count in barrier_count, this slice's index in barrier_id, eps's fp32 bits in channel[0]
     (norm.cuh, kNormSlice, reads them there)."""
