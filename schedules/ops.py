@@ -32,7 +32,7 @@ NO_CHANNELS, LISTED, PER_REMOTE, ANY_CHANNELS = "", "listed", "per_remote", "any
 NO_PACKETS, ALL_PACKETS, PACKETS_AFTER_FIRST, REMOTE_PACKETS = "", "all", "after_first", "remote"
 SWITCH_OPS = ("glres", "gstore", "gstorepkt")  # MSCCL++'s switch (NVLS) ops: refused with their channel type
 
-# Device op kinds: what the interpreter kernel runs (kNop.. in executor/gpu/cuda/channel.cuh, in this order).
+# Device op kinds: what the interpreter kernel runs (kNop.. in executor/gpu/cuda/contract.cuh, in order).
 DEVICE_KINDS = ("nop", "barrier", "signal", "wait", "flush", "transfer", "sem_acquire", "sem_release")
 
 

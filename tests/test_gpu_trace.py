@@ -1,4 +1,4 @@
-"""The timed interpreter build's read-back (executor/trace.py) and its layout shared with interpreter.cu."""
+"""The timed interpreter build's read-back (executor/gpu/trace.py) and its layout shared with interpreter.cu."""
 
 import re
 

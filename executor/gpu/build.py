@@ -20,7 +20,16 @@ from pathlib import Path
 from executor.errors import ExecutorError
 from topologies.jsonfile import check_output
 
-SOURCES = ("common.cuh", "semaphore.cuh", "packet.cuh", "reduce.cuh", "channel.cuh", "norm.cuh", "interpreter.cu")
+SOURCES = (
+    "contract.cuh",  # generated from the tables (executor.gpu.contract)
+    "common.cuh",
+    "semaphore.cuh",
+    "packet.cuh",
+    "reduce.cuh",
+    "channel.cuh",
+    "norm.cuh",
+    "interpreter.cu",
+)
 FLAGS = ("-O3", "-std=c++17")
 DTYPE_SUFFIX = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 

@@ -44,6 +44,7 @@ from executor.gpu import launch as gpu_launch
 from executor.gpu import trace as gpu_trace
 from executor.gpu.tables import (
     DTYPE_BYTES,
+    ERROR_KINDS,
     MAX_BARRIERS,
     MAX_CHANNELS,
     TRIPWIRE_BYTES,
@@ -70,13 +71,7 @@ from schedules.padding import Padding
 from schedules.plan import Plan, PlanError, load_plan, parse_plan
 
 ERROR_WORDS = 8
-ERROR_KINDS = {
-    1: "wait on a channel",
-    2: "packets never arrived",
-    3: "barrier never completed",
-    4: "aborted",
-    5: "the row's other slices never sent their sums of squares",
-}  # common.cuh's ErrorKind
+ERROR_MESSAGES = {kind.code: kind.message for kind in ERROR_KINDS}  # contract.cuh's ErrorKind
 HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
 IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
@@ -950,7 +945,7 @@ class PlanExecutor:
         kind, rank, tb, op, channel, barrier = words[1:7]
         peer = None
         where = f"rank {rank}: threadblock {tb}: op {op}"
-        detail = ERROR_KINDS.get(kind, f"error {kind}")
+        detail = ERROR_MESSAGES.get(kind, f"error {kind}")
         if kind == 1 and channel >= 0:
             peer = self._channel_peer(channel)
             detail += f" {channel}" + (

@@ -5,7 +5,7 @@ the pairwise packet ops) become one transfer per pair, or, for plain data where 
 multi-peer op, ``codegen.peers``), one ``PAIRS`` transfer that moves them side by side; ``pws`` becomes its puts
 and a signal, and the reductions become one transfer that sums every source into every destination. A reference
 names a buffer slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a
-byte offset, so the kernel does no chunk arithmetic. The layouts must match ``executor/gpu/cuda/channel.cuh``.
+byte offset, so the kernel does no chunk arithmetic. The kernel reads these layouts from contract.cuh (emitted).
 
 An all-reduce with a residual (``residual=True``) returns the sum plus a residual tensor in the same launch, as
 a transformer layer's ``x + all_reduce(y)``: each reduction that completes a sum and writes an output adds its
@@ -40,25 +40,46 @@ MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
 MAX_CHANNELS = 1024
 MAX_BARRIERS = 64
-MAX_SLOTS = 64  # buffer slots (input, output, scratch, peers' buffers); kMaxSlots in interpreter.cu
+MAX_SLOTS = 64  # buffer slots (input, output, scratch, peers' buffers, then the residual, weight and normed rows)
 DTYPE_BYTES = machine.DTYPES  # bytes per element by weft's dtype names
 
+# The host/device contract: every name below that the kernel reads is emitted into executor/gpu/cuda/contract.cuh
+# (executor.gpu.contract), which the CUDA sources include, so that each is written once.
 NOP, BARRIER, SIGNAL, WAIT, FLUSH, TRANSFER, SEM_ACQUIRE, SEM_RELEASE = range(8)
-NORM_ROWS = 64  # kNormRows in executor/gpu/cuda/norm.cuh: the fused RMSNorm epilogue, outside the op table's kinds
-NORM_PREFETCH = 65  # kNormPrefetch: the norm weight prefetched first in a block that runs the epilogue
-NORM_SLICE = (
-    66  # kNormSlice: the epilogue over one slice of a row that several blocks sum (executor.reference.norm.RowSpan)
-)
+NORM_ROWS = 64  # the fused RMSNorm epilogue over whole rows, outside the op table's kinds (kNormRows)
+NORM_PREFETCH = 65  # the norm weight prefetched first in a block that runs the epilogue (kNormPrefetch)
+NORM_SLICE = 66  # the epilogue over one slice of a row that several blocks sum (kNormSlice; reference.norm.RowSpan)
 Record = np.ndarray  # one op-table row: a 0-d array of OP_DTYPE
 
-DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop.. in channel.cuh
-PAIRS = 8  # kPairs in channel.cuh: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
+DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop..kSemRelease
+PAIRS = 8  # kPairs: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
 KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
-PACKET, SCRATCH = 1, 2
-SLOTS = {"i": 0, "o": 1, "s": 2}
+PACKET, SCRATCH = 1, 2  # a reference's flags (RefFlags): read or written as packets; in the scratch half in use
+SLOTS = {"i": 0, "o": 1, "s": 2}  # the local buffers' slots
+PEER_SLOTS = 3  # remote_buffers[k] is slot PEER_SLOTS + k; the residual, weight and normed rows follow the peers
 
-# The interpreter kernel's parameters in order, with their C types: WEFT_INTERPRETER in executor/gpu/cuda/interpreter.cu
-# declares the same list (tests/test_executor_tables.py checks it); a -DWEFT_TRACE build takes TRACE_PARAM last.
+
+@dataclass(frozen=True)
+class ErrorKind:
+    """A kind the kernel writes into the error record's word 1 (ErrorKind in contract.cuh) and how the host says it."""
+
+    code: int
+    name: str  # the C enumerator, after its k
+    message: str
+
+
+ERROR_KINDS = (
+    ErrorKind(0, "Ok", ""),
+    ErrorKind(1, "WaitTimeout", "wait on a channel"),
+    ErrorKind(2, "PacketTimeout", "packets never arrived"),
+    ErrorKind(3, "BarrierTimeout", "barrier never completed"),
+    ErrorKind(4, "Aborted", "aborted"),
+    # a row slice's wait for its row's other sums of squares (blocks of this GPU)
+    ErrorKind(5, "NormTimeout", "the row's other slices never sent their sums of squares"),
+)
+
+# The interpreter kernel's parameters in order, with their C types (WEFT_KERNEL_PARAMS in contract.cuh, which
+# WEFT_INTERPRETER in interpreter.cu declares); a -DWEFT_TRACE build takes TRACE_PARAM last.
 KERNEL_PARAMS = (
     ("ops", "const weft::Op*"),
     ("tb_start", "const int*"),
@@ -165,7 +186,7 @@ class DeviceTables:
     def nslots(self) -> int:
         """Buffer slots a launch binds: input, output, scratch, the remote buffers, then the residual if any (and
         the norm's weight and normalized rows)."""
-        return 3 + len(self.remote_buffers) + int(self.residual) + 2 * int(self.norm)
+        return PEER_SLOTS + len(self.remote_buffers) + int(self.residual) + 2 * int(self.norm)
 
     @property
     def uniform_ops(self) -> int:
@@ -252,10 +273,10 @@ def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool,
         raise ExecutorError(
             f"plan {plan.name}: gpus[{rank}] has {len(gpu.memory_peers)} channels (the executor holds {MAX_CHANNELS})"
         )
-    if 3 + len(gpu.remote_buffers) + int(residual) + 2 * int(norm is not None) > MAX_SLOTS:
+    if PEER_SLOTS + len(gpu.remote_buffers) + int(residual) + 2 * int(norm is not None) > MAX_SLOTS:
         raise ExecutorError(
             f"plan {plan.name}: gpus[{rank}] maps {len(gpu.remote_buffers)} peer buffers "
-            f"(the executor holds {MAX_SLOTS - 3 - int(residual)})"
+            f"(the executor holds {MAX_SLOTS - PEER_SLOTS - int(residual)})"
         )
 
 
@@ -305,10 +326,11 @@ def build_tables(
     by_block: dict[int, list] = {}
     for (_, b, _), span in sorted(spans.items()):
         by_block.setdefault(b, []).append(span)
+    residual_slot = PEER_SLOTS + len(gpu.remote_buffers)  # then the weight and the normed rows
     for t, tb in enumerate(gpu.threadblocks):
         mine = by_block.get(t, [])
         if mine:
-            records.append(_prefetch_record(mine[0], row_bytes, 3 + len(gpu.remote_buffers)))
+            records.append(_prefetch_record(mine[0], row_bytes, residual_slot))
         for i, op in enumerate(tb.ops):
             where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
             for rec in _lower(op, tb, layout, where):
@@ -318,15 +340,13 @@ def build_tables(
                 records.append(rec)
             chunk = residual_at.get((rank, t, i))
             if chunk is not None:  # a reduction lowers to one transfer, the last record
-                _add_source(records[-1], (chunk * cb, 3 + len(gpu.remote_buffers), 0), where)
+                _add_source(records[-1], (chunk * cb, residual_slot, 0), where)
                 if norm is not None:
                     span = spans[(rank, t, i)]
                     records.append(
-                        _norm_record(span.first, span.nbytes, row_bytes, norm.eps, 3 + len(gpu.remote_buffers), i)
+                        _norm_record(span.first, span.nbytes, row_bytes, norm.eps, residual_slot, i)
                         if span.slices == 1
-                        else _slice_record(
-                            span, norm_at + 8 * widest * span.row, norm.eps, 3 + len(gpu.remote_buffers), i
-                        )
+                        else _slice_record(span, norm_at + 8 * widest * span.row, norm.eps, residual_slot, i)
                     )
         starts.append(len(records))
     if norm is not None:
@@ -444,7 +464,7 @@ class _Layout:
             k = tb.remote_buffer_id(op.channel_type or "memory", ref.buffer_id)
             if k is None:  # parse_plan refuses such a plan; a Plan built in code may still hold one
                 raise ExecutorError(f"{where}: buffer_id {ref.buffer_id} names none of the block's remote buffers")
-            slot, btype = 3 + k, self.gpu.remote_buffers[k].type
+            slot, btype = PEER_SLOTS + k, self.gpu.remote_buffers[k].type
         else:
             assert ref.type is not None  # and every local entry its type
             slot, btype = SLOTS[ref.type], ref.type
@@ -542,7 +562,7 @@ def peer_mapping(plan: Plan, rank: int) -> PeerMapping:
     """The inputs and outputs ``rank`` maps from peers, and which of its own they map."""
     mine = plan.gpus[rank].remote_buffers
     return PeerMapping(
-        deferred=tuple((3 + k, b.rank, b.type) for k, b in enumerate(mine) if b.type in "io"),
+        deferred=tuple((PEER_SLOTS + k, b.rank, b.type) for k, b in enumerate(mine) if b.type in "io"),
         exported=tuple(
             sorted({b.type for g in plan.gpus for b in g.remote_buffers if b.rank == rank and b.type in "io"})
         ),

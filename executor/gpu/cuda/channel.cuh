@@ -9,43 +9,6 @@
 
 namespace weft {
 
-constexpr int kMaxRefs = 16;
-constexpr int kMaxChannels = 16;
-enum RefFlags : int { kPacket = 1, kScratch = 2 };
-
-// Must match executor/gpu/tables.py (REF_DTYPE, OP_DTYPE).
-struct Ref {
-  i64 offset;  // bytes from the buffer's base (packet bytes for packet references)
-  int buffer;  // slot in the context's buffer table: 0 input, 1 output, 2 scratch, 3+ peer buffers
-  int flags;   // RefFlags
-};
-
-// kPairs: a transfer of plain src[j] -> dst[j] for every j, the pairs side by side (PAIRS in gpu_tables.py)
-enum OpType : int {
-  kNop = 0,
-  kBarrier = 1,
-  kSignal = 2,
-  kWait = 3,
-  kFlush = 4,
-  kTransfer = 5,
-  kSemAcquire = 6,
-  kSemRelease = 7,
-  kPairs = 8
-};
-
-struct Op {
-  int type, nsrc, ndst, nchannel;
-  int barrier_id, barrier_count, plan_op;
-  int line_chunk;             // > 0: the op's packets are LL128 lines and this is the data bytes of one chunk
-  i64 bytes;                  // data bytes moved by a transfer
-  int channel[kMaxChannels];  // channel ids (signal, wait) or semaphore ids (sem_acquire, sem_release)
-  Ref src[kMaxRefs];
-  Ref dst[kMaxRefs];
-};
-
-static_assert(sizeof(Ref) == 16, "Ref layout is shared with executor/gpu/tables.py");
-static_assert(sizeof(Op) == 616, "Op layout is shared with executor/gpu/tables.py");
-
 struct Transfer {
   char* const* buffers;
   u32 flag;

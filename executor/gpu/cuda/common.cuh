@@ -1,22 +1,10 @@
-// Shared device definitions for weft's interpreter: integer types, the error record, bounded spinning.
+// Shared device definitions for weft's interpreter: the error record and bounded spinning.
 // No CUDA headers are included so that NVRTC and nvcc compile these sources identically.
 #pragma once
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef long long i64;
+#include "contract.cuh"  // the integer types, the error kinds and the records, from the Python tables
 
 namespace weft {
-
-// Error kinds written into the host-visible error record; executor/gpu/engine.py (ERROR_KINDS) decodes them.
-enum ErrorKind : int {
-  kOk = 0,
-  kWaitTimeout = 1,
-  kPacketTimeout = 2,
-  kBarrierTimeout = 3,
-  kAborted = 4,
-  kNormTimeout = 5  // a row slice's wait for its row's other sums of squares (blocks of this GPU)
-};
 
 // The error record lives in mapped pinned host memory so the host reads it without synchronizing:
 // [0] set, [1] kind, [2] rank, [3] threadblock, [4] op index in the plan, [5] channel (or -1), [6] barrier id.

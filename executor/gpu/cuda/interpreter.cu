@@ -63,7 +63,6 @@ struct Tracer {
 
 // A block copies its buffer slots and up to kWindow of its ops into shared memory with all its threads at once,
 // so that the latencies of these global loads overlap instead of adding up op after op.
-constexpr int kMaxSlots = 64;
 constexpr int kWindow = 16;
 
 // Copies ``count`` ops with the block's threads from ``first`` on (threads below it take no part).
@@ -201,23 +200,11 @@ __device__ void interpret(const Context& c) {
 
 }  // namespace weft
 
-#ifdef WEFT_TRACE
-#define WEFT_TRACE_PARAM , u64* trace
-#define WEFT_TRACE_ARG , trace
-#else
-#define WEFT_TRACE_PARAM
-#define WEFT_TRACE_ARG
-#endif
-
-#define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)                                                   \
-  extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)                                                \
-      NAME(const weft::Op* ops, const int* tb_start, char* const* buffers, u64* const* outbound, u64* inbound, \
-           u64* expected, u64* barriers, u64* semaphores, u64* epochs, int* error, u64 timeout_ns, int rank,   \
-           i64 scratch_half, int nslots, int uniform_ops WEFT_TRACE_PARAM) {                                   \
-    const weft::Context c{ops,        tb_start, buffers,      outbound, inbound,                               \
-                          expected,   barriers, semaphores,   epochs,   error,                                 \
-                          timeout_ns, rank,     scratch_half, nslots,   uniform_ops WEFT_TRACE_ARG};           \
-    weft::interpret<D, V, BATCH>(c);                                                                           \
+// The kernel's parameters and the context's fields in one order: tables.KERNEL_PARAMS (contract.cuh).
+#define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)                                                \
+  extern "C" __global__ void __launch_bounds__(THREADS, PER_SM) NAME(WEFT_KERNEL_PARAMS WEFT_TRACE_PARAM) { \
+    const weft::Context c{WEFT_KERNEL_ARGS WEFT_TRACE_ARG};                                                 \
+    weft::interpret<D, V, BATCH>(c);                                                                        \
   }
 
 WEFT_INTERPRETER(weft_interpret_f32_v16, weft::F32, 16, 1024, 1, false)

@@ -8,16 +8,12 @@
 
 namespace weft {
 
-// Must match executor/gpu/tables.py (NORM_ROWS): outside the op table's device kinds, which other ops extend.
-constexpr int kNormRows = 64;
-// First in a block that runs kNormRows or kNormSlice: the weight's lines prefetched into L1 (op.src[0],
-// op.barrier_id bytes), so that its read from memory overlaps the reduction's wait for the peers' data instead of
-// following it.
-constexpr int kNormPrefetch = 65;
-// NORM_SLICE: the epilogue over one slice of a row that several thread blocks sum together (a row split over k
-// blocks, each completing the sum of 1/k of it): each block publishes its slice's sum of squares, gathers the
-// row's k sums, and normalizes its own slice.
-constexpr int kNormSlice = 66;
+// The epilogue's op kinds (contract.cuh): kNormRows, the rows a reduction completed, outside the op table's
+// device kinds, which other ops extend. kNormPrefetch, first in a block that runs kNormRows or kNormSlice: the
+// weight's lines prefetched into L1 (op.src[0], op.barrier_id bytes), so that its read from memory overlaps the
+// reduction's wait for the peers' data instead of following it. kNormSlice: the epilogue over one slice of a row
+// that several thread blocks sum together (a row split over k blocks, each completing the sum of 1/k of it): each
+// block publishes its slice's sum of squares, gathers the row's k sums, and normalizes its own slice.
 
 template <class D>
 __device__ __forceinline__ void word_floats(u32 w, float (&f)[2]);
