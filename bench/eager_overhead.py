@@ -40,14 +40,14 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from executor import communicator
+    from executor.gpu import engine
     from registry.store import Registry
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     plan = next(e.plan for e in Registry(args.registry).entries(collective="allreduce") if e.plan.name == NAME)
-    comm = communicator.PlanExecutor.from_process_group()
+    comm = engine.PlanExecutor.from_process_group()
     x = torch.randn(512, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     comm.execute(plan, x, y)
@@ -60,7 +60,7 @@ def main() -> None:
     rows = {
         "execute": per_call(lambda: comm.execute(plan, x, y), args.calls, sync),
         "arguments": per_call(lambda: comm._arguments(plan, x, y, None), args.calls, sync),
-        "describe_one_tensor": per_call(lambda: communicator._describe(x, "input"), args.calls, sync),
+        "describe_one_tensor": per_call(lambda: engine._describe(x, "input"), args.calls, sync),
         "stream_handle": per_call(lambda: comm._stream_handle(None, "torch"), args.calls, sync),
         "driver_launch": per_call(lambda: launch(stream), args.calls, sync),
         "torch_add_": per_call(lambda: x.add_(0.0), args.calls, sync),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from codegen import compile_schedule
-from executor.reference import check_plan
+from executor.reference.prove import check_plan
 from schedules.collectives import Collective
 from schedules.plan.io import save_plan_file
 from synth import baselines

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 bench/kernel_trace.py --registry bench/registry_h200x2 [--lines] -o OUT.json
 
 Each (plan, size) runs as CUDA-graph replays of --calls back-to-back calls (PDL overlapping them, as in
-``weft bench``), then every thread block's mean phase times per launch are read back (executor/gpu_trace.py).
+``weft bench``), then every thread block's mean phase times per launch are read back (executor/gpu/trace.py).
 Blocks that run the same ops are summarized together: the median of each phase over them, and their slowest
 total. The timed build spills a few registers, so its totals run somewhat above the production kernel's.
 """
@@ -66,15 +66,15 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from executor import gpu_bootstrap
-    from executor.communicator import PlanExecutor
+    from executor.gpu import bootstrap
+    from executor.gpu.engine import PlanExecutor
     from registry.store import Registry
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
-    comm = PlanExecutor(rank, dist.get_world_size(), gpu_bootstrap.process_group_store(None), trace=True)
+    comm = PlanExecutor(rank, dist.get_world_size(), bootstrap.process_group_store(None), trace=True)
     rows = []
     for name, nbytes, lines in LINE_CASES if args.lines else CASES:
         plan = plans[name]

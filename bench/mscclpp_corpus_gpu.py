@@ -3,8 +3,8 @@
     python -m torch.distributed.run --nproc_per_node 2 bench/mscclpp_corpus_gpu.py OUT.json PLAN.json ...
 
 Every rank loads every plan, runs it at each size (bf16, random normal input) and compares with NCCL's result
-(``executor.gpu_bench.matches``; ``sendrecv``, which NCCL has no collective for, against NCCL's all-gather's slice
-of the previous rank). A plan with port channels runs on the port engine (``executor.port_engine``, NCCL
+(``executor.gpu.bench.matches``; ``sendrecv``, which NCCL has no collective for, against NCCL's all-gather's slice
+of the previous rank). A plan with port channels runs on the port engine (``executor.port.engine``, NCCL
 point-to-point; launch the ranks as several hosts with ``WEFT_HOST``), any other on the CUDA IPC interpreter. A plan
 the executor refuses is recorded with its one-line reason on every rank (tables are built from the plan alone, so
 every rank refuses alike). Rank 0 writes OUT.json: ``{machine, versions, rows: [{plan, collective, size, ok, us,
@@ -28,10 +28,10 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from executor.communicator import PlanExecutor
-    from executor.gpu_bench import matches, nccl_result, sum_magnitude
-    from executor.gpu_bootstrap import all_gather_plain
-    from executor.port_engine import PortEngine
+    from executor.gpu.bench import matches, nccl_result, sum_magnitude
+    from executor.gpu.bootstrap import all_gather_plain
+    from executor.gpu.engine import PlanExecutor
+    from executor.port.engine import PortEngine
     from schedules.plan.io import load_plan
     from weftcore.errors import WeftError
 

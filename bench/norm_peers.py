@@ -6,7 +6,7 @@
 Per token count (hidden 8192, bf16): weft's ``comm.all_reduce(y, residual=h, rms_weight=w, eps=)`` (the plan its
 Communicator picks), FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and
 its own choice; ``flashinfer_us`` is the best, named in ``flashinfer_variant``) and NCCL's in-place all-reduce
-followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times (executor/gpu_bench.py): a CUDA
+followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times (executor/gpu/bench.py): a CUDA
 graph of ``--calls`` calls per sample, the implementations alternating sample by sample, each one's median on its
 slowest rank.
 
@@ -39,7 +39,7 @@ def norm_wrong(normed, residual, ref_residual, magnitude, weight, nranks: int) -
     """Whether (normed, residual) misses NCCL's residual or the norm's definition (module docstring)."""
     import torch
 
-    from executor.gpu_bench import within_rounding
+    from executor.gpu.bench import within_rounding
 
     if not within_rounding(residual, ref_residual, magnitude, "bf16", nranks + 1):
         return True
@@ -52,7 +52,7 @@ def norm_wrong(normed, residual, ref_residual, magnitude, weight, nranks: int) -
 
 def _timers(comm: Any, calls: dict[str, Any], count: int, refused: dict[str, str]) -> dict[str, Any]:
     """A timer per call that every rank could start; the others' reasons go to ``refused``."""
-    from executor.gpu_bench import _refused_anywhere, _timer
+    from executor.gpu.bench import _refused_anywhere, _timer
 
     timers = {}
     for name, (run, _, capture) in calls.items():
@@ -96,9 +96,10 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from executor import Communicator, peers
-    from executor.gpu_bench import _every_rank, _slowest_rank, nccl_result
-    from executor.norm import RowNorm
+    from executor import Communicator
+    from executor.gpu import peers
+    from executor.gpu.bench import _every_rank, _slowest_rank, nccl_result
+    from executor.reference.norm import RowNorm
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))

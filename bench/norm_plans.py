@@ -142,7 +142,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     from executor import Communicator
-    from executor.norm import RowNorm
+    from executor.reference.norm import RowNorm
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import tp_decode  # its graph capture and replay timing, so that both measure the call alike

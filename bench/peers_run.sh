@@ -40,7 +40,7 @@ step "import flashinfer.comm, then load (or JIT-build) its comm kernels"
 timeout 480 python3 -c '
 import time
 t = time.time()
-from executor import peers
+from executor.gpu import peers
 print(peers.missing() or "import ok", peers.version(), f"{time.time() - t:.1f} s", flush=True)
 from flashinfer.comm import trtllm_ar, vllm_ar
 for load in (trtllm_ar.get_trtllm_comm_module, vllm_ar.get_vllm_comm_module):

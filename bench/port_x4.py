@@ -3,7 +3,7 @@
 One rank of the job (bench/port_x4.sh starts two torchrun "nodes" of 2 GPUs each, WEFT_HOST=host0/host1, NCCL on
 sockets or, with NCCL_HOSTID, on NVLink inside a host and sockets between). Every plan of
 examples/plans/two_hosts_2gpu for the collective runs through the port engine once per lanes value (named
-PLAN+lanesL), alternated with NCCL on the same buffers (executor.gpu_bench.run_bench, CUDA-graph replay), and
+PLAN+lanesL), alternated with NCCL on the same buffers (executor.gpu.bench.run_bench, CUDA-graph replay), and
 every plan's result is checked against NCCL at every size. The lane counts run one after the other (each whole
 before the next), sizes ascending; after every size rank 0 writes one JSON per collective holding every plan at
 every lane count so far:
@@ -227,8 +227,8 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from executor.gpu_bench import BenchConfig, _buffers, _check, run_bench
-    from executor.port_engine import PortEngine
+    from executor.gpu.bench import BenchConfig, _buffers, _check, run_bench
+    from executor.port.engine import PortEngine
 
     local = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)

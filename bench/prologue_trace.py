@@ -36,7 +36,7 @@ CALLS = 40
 def rank_main(out_dir: Path, registry: str) -> None:
     import cupy
 
-    from executor.communicator import PlanExecutor
+    from executor.gpu.engine import PlanExecutor
     from registry.store import Registry
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from codegen.rows import own_rows
-from executor.norm import fused_refusal
+from executor.reference.norm import fused_refusal
 from registry.store import Registry
 from weft import publish
 

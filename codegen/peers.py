@@ -6,7 +6,7 @@ the sum to each peer. This pass gathers them, as MSCCL++'s 8-GPU kernels do: wit
 nothing, signals move to the run's end (a signal may always come later), and neighbours of one kind become one op
 over several channels: puts (and gets, copies, packet puts) to several peers one pairwise op, signals one signal
 on every channel, waits one wait. ``codegen.fuse`` then makes ``res`` of a sum and its puts to every peer. The
-GPU runs a plain pairwise op's pairs side by side (``executor.gpu_tables``), so every peer's link carries data at
+GPU runs a plain pairwise op's pairs side by side (``executor.gpu.tables``), so every peer's link carries data at
 once.
 
 >>> from codegen.ir import Channel, Draft, Loc

@@ -1,13 +1,13 @@
 """Row-owning all-reduce plans: the final reductions regrouped so that each thread block owns whole rows.
 
-A fused all-reduce + residual add + RMSNorm (``executor.norm``) normalizes whole rows (a token's hidden state)
+A fused all-reduce + residual add + RMSNorm (``executor.reference.norm``) normalizes whole rows (a token's hidden state)
 in the launch, after their sums: the thread block that completes a row's sum must hold the whole row, since a
 row's norm needs every one of its elements. One-shot plans spread the final reductions over many thread blocks
 (two chunks each in ``direct ... -ll-x32``), so a row of 8192 bf16 is summed by several blocks. ``own_rows``
 rewrites such a plan so that ``groups`` thread blocks each complete one contiguous ``1/groups`` of the output in
 a single reduction, leaving every other op (the sends, with their spread over thread blocks) as it was. The
 rows then fit a size ``nbytes`` when ``nbytes / groups`` is a whole number of rows, or an aligned, equal fraction
-of one, whose blocks then exchange their sums of squares (``executor.norm.row_spans`` checks it per call, from
+of one, whose blocks then exchange their sums of squares (``executor.reference.norm.row_spans`` checks it per call, from
 the plan alone; plain one-shot plans, with one reduction per block, fit that way too).
 
 >>> from schedules.plan import load_plan

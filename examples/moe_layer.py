@@ -200,7 +200,7 @@ def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, 
 
 def exchange_plain(value) -> list:
     """``value`` from every rank (plain JSON through the process group's store, never a pickle)."""
-    from executor.gpu_bootstrap import all_gather_plain
+    from executor.gpu.bootstrap import all_gather_plain
 
     return all_gather_plain(value, None)
 

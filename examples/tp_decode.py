@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from executor import peers
-from executor.norm import RowNorm
+from executor.gpu import peers
+from executor.reference.norm import RowNorm
 
 HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
 EPS = 1e-5  # Llama's RMSNorm epsilon
@@ -161,7 +161,7 @@ def fused_norm(comm):
 
 
 def flashinfer_backend(fi) -> Backend:
-    """FlashInfer (executor.peers.FlashInfer): its fused all-reduce + add + RMSNorm in the step, its plain
+    """FlashInfer (executor.gpu.peers.FlashInfer): its fused all-reduce + add + RMSNorm in the step, its plain
     all-reduce (then torch's add) where a graph measures the all-reduce alone."""
 
     def all_reduce(t):

@@ -9,11 +9,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "run_reference": ("executor.reference", "run_reference"),
-    "check_plan": ("executor.reference", "check_plan"),
-    "Communicator": ("executor.inference", "Communicator"),  # the plan executor plus torch.distributed's API
-    "PlanExecutor": ("executor.communicator", "PlanExecutor"),  # its core, for tools that run plans only
-    "WeftBackend": ("executor.backend", "WeftBackend"),
+    "run_reference": ("executor.reference.prove", "run_reference"),
+    "check_plan": ("executor.reference.prove", "check_plan"),
+    "Communicator": (
+        "executor.inference.communicator",
+        "Communicator",
+    ),  # the plan executor plus torch.distributed's API
+    "PlanExecutor": ("executor.gpu.engine", "PlanExecutor"),  # its core, for tools that run plans only
+    "WeftBackend": ("executor.inference.backend", "WeftBackend"),
     "ExecutorTimeout": ("executor.errors", "ExecutorTimeout"),
 }
 

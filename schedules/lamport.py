@@ -22,7 +22,7 @@ call c clears the copy call c-1 used, which call c+2 uses next. ``reset_race`` s
 
 So 2 copies never suffice off the critical path. Whether a peer can run further ahead than one call depends on the
 plan's data dependencies: codegen opens a launch with an entry handshake where they do not order it, and the CPU
-reference executor proves each plan back to back over every copy's reuse (``executor.reference_lamport``).
+reference executor proves each plan back to back over every copy's reuse (``executor.reference.lamport``).
 
 >>> hex(int(to_wire_bits(np.array([0x8000, 0x7E01, 0xFE01], np.uint16), "bf16")[0]))
 '0x0'

@@ -4,7 +4,7 @@ Each row (an ``OpSpec``) says, for one op name as it appears in a plan file, whi
 a peer, whether its entries pair up (src[j] -> dst[j]) or are summed, which entries carry LL packets, how many
 channel ids it takes, whether it signals, waits or touches semaphores, and which device op the GPU interpreter
 runs for it. The plan parser (``schedules.plan``) checks an op's shape against its row, codegen names a channel
-type from it, the CPU reference executor and the GPU tables (``executor.reference``, ``executor.gpu_tables``)
+type from it, the CPU reference executor and the GPU tables (``executor.reference.machine``, ``executor.gpu.tables``)
 run it from it. A new op is one row here plus, where its device kind is new, kernel code.
 
 Channel-id arity (``channels``):
@@ -32,7 +32,7 @@ NO_CHANNELS, LISTED, PER_REMOTE, ANY_CHANNELS = "", "listed", "per_remote", "any
 NO_PACKETS, ALL_PACKETS, PACKETS_AFTER_FIRST, REMOTE_PACKETS = "", "all", "after_first", "remote"
 SWITCH_OPS = ("glres", "gstore", "gstorepkt")  # MSCCL++'s switch (NVLS) ops: refused with their channel type
 
-# Device op kinds: what the interpreter kernel runs (kNop.. in executor/cuda/channel.cuh, in this order).
+# Device op kinds: what the interpreter kernel runs (kNop.. in executor/gpu/cuda/contract.cuh, in order).
 DEVICE_KINDS = ("nop", "barrier", "signal", "wait", "flush", "transfer", "sem_acquire", "sem_release")
 
 

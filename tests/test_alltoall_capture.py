@@ -8,7 +8,7 @@ import pytest
 from test_inference_capture_flow import Buffer, fake_communicator, lone_gather, opened, out_of, record_of
 from test_inference_zero_copy import on_ranks, slots_of, walk
 
-from executor import communicator as comm_module
+from executor.gpu import engine as comm_module
 from topologies.catalog import build
 from weft.pipeline import compile_and_verify, save_plan
 from weft.synthesis import synthesize
@@ -40,7 +40,7 @@ def test_a_captured_ll_all_to_all_binds_the_captured_tensors_with_no_exchange(pl
 
 
 def test_a_captured_simple_all_to_all_exchanges_peers_outputs_when_capture_closes(plans, monkeypatch):
-    monkeypatch.setattr(comm_module.gpu_ipc, "export", lambda pointer: ("handle", pointer))
+    monkeypatch.setattr(comm_module.ipc, "export", lambda pointer: ("handle", pointer))
     monkeypatch.setattr(comm_module, "ipc_capable", lambda pointer: True)
 
     def body(rank, gather):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from executor.torch_plans import PlanChoice, safe_back_to_back, split_refusal
+from executor.inference.plans import PlanChoice, safe_back_to_back, split_refusal
 from registry.store import Registry
 from schedules.collectives import Collective
 from topologies.catalog import build

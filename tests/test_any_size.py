@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codegen import compile_schedule
-from executor.padded import run_any_size
-from executor.reference import round_to
+from executor.reference.machine import round_to
+from executor.reference.padded import run_any_size
 from schedules.collectives import NAMES
 from schedules.plan.types import PlanError
 from topologies import resolve

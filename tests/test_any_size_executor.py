@@ -20,9 +20,9 @@ from test_any_size import _expected, _inputs
 from test_inference_capture_flow import FakeArray
 
 from codegen import compile_schedule
-from executor.communicator import PlanExecutor
 from executor.errors import ExecutorError
-from executor.reference import run_reference
+from executor.gpu.engine import PlanExecutor
+from executor.reference.prove import run_reference
 from topologies import resolve
 from weft.synthesis import synthesize
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor import gpu_bootstrap, gpu_build
 from executor.errors import ExecutorError
-from executor.gpu_bootstrap import decode, encode
-from executor.gpu_ipc import SharedBuffer
-from executor.liveness import RankIdentity, Roster
+from executor.gpu import bootstrap as gpu_bootstrap
+from executor.gpu import build
+from executor.gpu.bootstrap import decode, encode
+from executor.gpu.ipc import SharedBuffer
+from executor.gpu.liveness import RankIdentity, Roster
 
 
 class DictStore:
@@ -122,22 +123,22 @@ def fake_nvcc(monkeypatch):
         runs.append(command)
         return type("Done", (), {"returncode": 0, "stderr": ""})()
 
-    monkeypatch.setattr(gpu_build.subprocess, "run", run)
+    monkeypatch.setattr(build.subprocess, "run", run)
     return runs
 
 
 def test_the_kernel_cache_is_private_and_each_cubin_has_its_hash(tmp_path, fake_nvcc):
     cache = tmp_path / "kernels"
-    path = gpu_build.build_cubin("sm_90", cache)
+    path = build.build_cubin("sm_90", cache)
     assert cache.stat().st_mode & 0o777 == 0o700
-    assert gpu_build.cached_cubin(path) == b"CUBIN-0"
-    assert gpu_build.build_cubin("sm_90", cache) == path and len(fake_nvcc) == 1  # cached, checked, reused
+    assert build.cached_cubin(path) == b"CUBIN-0"
+    assert build.build_cubin("sm_90", cache) == path and len(fake_nvcc) == 1  # cached, checked, reused
 
 
 @pytest.mark.parametrize("tamper", ["bytes", "hash", "no hash"])
 def test_a_tampered_cubin_is_never_loaded_but_built_again(tmp_path, fake_nvcc, tamper):
     cache = tmp_path / "kernels"
-    path = gpu_build.build_cubin("sm_90", cache)
+    path = build.build_cubin("sm_90", cache)
     digest = path.with_name(path.name + ".sha256")
     if tamper == "bytes":
         path.write_bytes(b"EVIL")
@@ -145,9 +146,9 @@ def test_a_tampered_cubin_is_never_loaded_but_built_again(tmp_path, fake_nvcc, t
         digest.write_text("0" * 64)
     else:
         digest.unlink()
-    assert gpu_build.cached_cubin(path) is None
-    assert gpu_build.build_cubin("sm_90", cache) == path and len(fake_nvcc) == 2
-    assert gpu_build.cached_cubin(path) == b"CUBIN-1"
+    assert build.cached_cubin(path) is None
+    assert build.build_cubin("sm_90", cache) == path and len(fake_nvcc) == 2
+    assert build.cached_cubin(path) == b"CUBIN-1"
 
 
 def test_a_kernel_cache_others_can_write_is_refused(tmp_path, fake_nvcc):
@@ -155,7 +156,7 @@ def test_a_kernel_cache_others_can_write_is_refused(tmp_path, fake_nvcc):
     cache.mkdir()
     os.chmod(cache, 0o777)
     with pytest.raises(ExecutorError, match="writable by other users"):
-        gpu_build.build_cubin("sm_90", cache)
+        build.build_cubin("sm_90", cache)
     assert fake_nvcc == []
 
 
@@ -193,7 +194,7 @@ class ExchangingComm:
 
 
 def test_bench_agrees_on_refusals_and_slowest_medians_through_plain_data():
-    from executor.gpu_bench import _refused_anywhere, _slowest_rank
+    from executor.gpu.bench import _refused_anywhere, _slowest_rank
 
     comm = ExchangingComm([{"nccl": 9.5, "weft:a": 3.0}])
     assert _slowest_rank(comm, {"nccl": 8.0, "weft:a": 4.0}) == {"nccl": 9.5, "weft:a": 4.0}

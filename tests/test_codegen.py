@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from codegen import CodegenError, compile_schedule
 from codegen.buffers import place_buffers
 from codegen.protocol import LL_MAX_BYTES
-from executor.reference import check_plan
+from executor.reference.prove import check_plan
 from schedules.collectives import NAMES, Collective
 from schedules.plan.io import parse_plan
 from synth import baselines

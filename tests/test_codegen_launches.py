@@ -15,7 +15,8 @@ from codegen.lower import lower
 from codegen.merge import merge_ranges
 from codegen.sync import _dependencies
 from codegen.threadblocks import assign_threadblocks
-from executor.reference import PlanRace, check_plan
+from executor.reference.machine import PlanRace
+from executor.reference.prove import check_plan
 from schedules.collectives import Collective
 from schedules.compact import expand
 from synth import baselines

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codegen import CodegenError, compile_schedule
-from executor.reference import check_plan
+from executor.reference.prove import check_plan
 from schedules.collectives import Collective
 from synth import baselines
 from topologies import resolve
@@ -173,14 +173,14 @@ def test_a_pulled_one_shot_reads_the_peer_and_sums_as_it_streams():
 def test_the_reference_executor_rejects_a_pull_without_its_notices(drop, error):
     from dataclasses import replace
 
-    from executor import reference
+    from executor.reference import machine
 
     plan = plan_for("allreduce", "direct", protocol="simple", pull=True)
     g = plan.gpus[0]
     (tb,) = g.threadblocks
     ops = tb.ops[:drop] if drop < 0 else tb.ops[:drop] + tb.ops[drop + 1 :]  # the DONE wait, or the READY wait
     cut = replace(plan, gpus=(replace(g, threadblocks=(replace(tb, ops=ops),)),) + plan.gpus[1:])
-    with pytest.raises(getattr(reference, error)):
+    with pytest.raises(getattr(machine, error)):
         check_plan(cut, [cut.size_chunks * 16], dtypes=("fp32",))
 
 

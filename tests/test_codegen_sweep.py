@@ -6,7 +6,7 @@ from functools import cache
 import pytest
 
 from codegen import compile_schedule
-from executor.reference import check_plan
+from executor.reference.prove import check_plan
 from schedules.collectives import NAMES, Collective
 from synth import baselines
 from synth.errors import NotApplicable

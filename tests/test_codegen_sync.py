@@ -12,7 +12,7 @@ from codegen.ir import ARRIVE, SEND
 from codegen.lower import lower
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
-from executor.reference import check_plan
+from executor.reference.prove import check_plan
 from schedules.collectives import NAMES, Collective
 from schedules.schedule import Schedule, Send, Step
 from synth import baselines

@@ -52,9 +52,9 @@ def test_the_inplace_slice_rule_is_written_once() -> None:
     pattern = re.compile(r'in \("allgather", "gather"\)|in \("reducescatter", "scatter"\)|"gather": \("i"')
     for path in (
         "codegen/buffers.py",
-        "executor/reference.py",
-        "executor/communicator.py",
-        "executor/gpu_bench.py",
+        "executor/reference/machine.py",
+        "executor/gpu/engine.py",
+        "executor/gpu/bench.py",
         "weft/plots.py",
     ):
         text = (ROOT / path).read_text()
@@ -65,11 +65,11 @@ def test_the_inplace_slice_rule_is_written_once() -> None:
 def test_one_public_communicator_one_wrong_result() -> None:
     import executor
     import executor.errors
-    import executor.reference
+    import executor.reference.machine
 
     assert "PlanCommunicator" not in executor.__all__ and "Communicator" in executor.__all__
-    assert executor.reference.WrongResult is executor.errors.WrongResult
-    src = (ROOT / "executor/communicator.py").read_text() + (ROOT / "executor/inference.py").read_text()
+    assert executor.reference.machine.WrongResult is executor.errors.WrongResult
+    src = (ROOT / "executor/gpu/engine.py").read_text() + (ROOT / "executor/inference/communicator.py").read_text()
     assert src.count("class Communicator") == 1
     classes = [
         p

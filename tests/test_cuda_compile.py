@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from executor import gpu_build
+from executor.gpu import build
 
 # compiling for sm_90 is part of the GPU toolchain: nvcc comes with GPU machines, not with CPU CI
 pytestmark = [
@@ -23,46 +23,46 @@ def cache(tmp_path_factory):
 
 
 def test_interpreter_builds_every_dtype_and_width_for_sm90(cache):
-    image = gpu_build.build_cubin("sm_90", cache).read_bytes()
+    image = build.build_cubin("sm_90", cache).read_bytes()
     for dtype in ("fp32", "fp16", "bf16"):
         for width in (16, 8, 4):
             for threads in (1024, 512, 256, 64):
-                assert gpu_build.kernel_name(dtype, width, threads).encode() in image
-    assert gpu_build.kernel_name("bf16", 16, 256) != gpu_build.kernel_name("bf16", 16, 512)
+                assert build.kernel_name(dtype, width, threads).encode() in image
+    assert build.kernel_name("bf16", 16, 256) != build.kernel_name("bf16", 16, 512)
 
 
 def test_the_1024_thread_kernels_keep_everything_in_registers(tmp_path):
     """Large transfers run these: a spill would put local-memory traffic in the copy loop."""
     done = subprocess.run(
-        [*gpu_build.nvcc_command("sm_90", tmp_path / "i.cubin"), "--resource-usage"], capture_output=True, text=True
+        [*build.nvcc_command("sm_90", tmp_path / "i.cubin"), "--resource-usage"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     report = done.stdout + done.stderr
     for dtype in ("fp32", "fp16", "bf16"):
-        name = gpu_build.kernel_name(dtype, 16, 1024)
+        name = build.kernel_name(dtype, 16, 1024)
         section = report.split(f"'{name}'")[1].split("Compiling entry")[0]
         assert "0 bytes spill stores" in section, section
 
 
 def test_the_interpreter_builds_for_gpus_without_programmatic_launch(cache):
     """A100 (sm_80) has no griddepcontrol: the kernel leaves it out there and launches run without PDL."""
-    image = gpu_build.build_cubin("sm_80", cache).read_bytes()
-    assert gpu_build.kernel_name("bf16", 16, 1024).encode() in image
+    image = build.build_cubin("sm_80", cache).read_bytes()
+    assert build.kernel_name("bf16", 16, 1024).encode() in image
 
 
 def test_the_timed_build_is_a_separate_cubin_with_every_entry(cache):
-    timed = gpu_build.build_cubin("sm_90", cache, trace=True)
-    assert timed != gpu_build.build_cubin("sm_90", cache)
-    assert gpu_build.kernel_name("fp16", 8, 256).encode() in timed.read_bytes()
+    timed = build.build_cubin("sm_90", cache, trace=True)
+    assert timed != build.build_cubin("sm_90", cache)
+    assert build.kernel_name("fp16", 8, 256).encode() in timed.read_bytes()
 
 
 def test_cached_cubin_is_reused(cache):
-    first = gpu_build.build_cubin("sm_90", cache)
+    first = build.build_cubin("sm_90", cache)
     stamp = first.stat().st_mtime_ns
-    assert gpu_build.build_cubin("sm_90", cache) == first and first.stat().st_mtime_ns == stamp
+    assert build.build_cubin("sm_90", cache) == first and first.stat().st_mtime_ns == stamp
 
 
-@pytest.mark.parametrize("header", [s for s in gpu_build.SOURCES if s.endswith(".cuh")])
+@pytest.mark.parametrize("header", [s for s in build.SOURCES if s.endswith(".cuh")])
 def test_each_header_compiles_on_its_own(tmp_path, header):
     unit = tmp_path / "unit.cu"
     unit.write_text(f'#include "{header}"\n')
@@ -72,7 +72,7 @@ def test_each_header_compiles_on_its_own(tmp_path, header):
             "-c",
             "-arch=sm_90",
             "-std=c++17",
-            f"-I{gpu_build.source_dir()}",
+            f"-I{build.source_dir()}",
             "-o",
             str(tmp_path / "unit.o"),
             str(unit),

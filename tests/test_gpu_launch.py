@@ -5,8 +5,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from executor import gpu_launch
 from executor.errors import ExecutorError
+from executor.gpu import launch as gpu_launch
 
 
 def test_the_launch_structs_match_cuda_h():
@@ -76,10 +76,11 @@ def test_residency_is_checked_for_the_block_size_of_each_plan(monkeypatch):
     """One interpreter entry serves 512- and 1024-thread blocks; a GPU holds twice as many of the smaller."""
     from types import SimpleNamespace
 
-    from executor import communicator, gpu_build
+    from executor.gpu import build as gpu_build
+    from executor.gpu import engine
 
     monkeypatch.setattr(gpu_build, "resident_blocks", lambda kernel, threads, device: 132 * 1024 // threads)
-    comm = object.__new__(communicator.PlanExecutor)
+    comm = object.__new__(engine.PlanExecutor)
     comm._kernels, comm._resident, comm.device = {}, {}, 0
     comm._module = SimpleNamespace(get_function=lambda name: SimpleNamespace(ptr=1))
     comm._launcher = SimpleNamespace(prepare=lambda function, grid, block, args: (grid, block))

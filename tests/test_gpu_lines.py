@@ -1,10 +1,10 @@
-"""LL128 lines in the device tables (executor/gpu_tables.py) and the data layout the kernel's line path uses."""
+"""LL128 lines in the device tables (executor/gpu/tables.py) and the data layout the kernel's line path uses."""
 
 import numpy as np
 import pytest
 
 from executor.errors import ExecutorError
-from executor.gpu_tables import LINE_BYTES, LINE_DATA, PACKET, TRANSFER, build_tables, lines_possible
+from executor.gpu.tables import LINE_BYTES, LINE_DATA, PACKET, TRANSFER, build_tables, lines_possible
 from topologies.catalog import build
 from weft.pipeline import compile_and_verify
 from weft.synthesis import synthesize

@@ -1,32 +1,33 @@
-"""The timed interpreter build's read-back (executor/gpu_trace.py) and its layout shared with interpreter.cu."""
+"""The timed interpreter build's read-back (executor/gpu/trace.py) and its layout shared with interpreter.cu."""
 
 import re
 
 import numpy as np
 import pytest
 
-from executor import gpu_build, gpu_trace
+from executor.gpu import build as gpu_build
+from executor.gpu import trace
 
 
 def test_the_slot_layout_matches_the_kernel():
     source = (gpu_build.source_dir() / "interpreter.cu").read_text()
-    assert int(re.search(r"constexpr int kTraceOps = (\d+);", source).group(1)) == gpu_trace.TRACE_OPS
+    assert int(re.search(r"constexpr int kTraceOps = (\d+);", source).group(1)) == trace.TRACE_OPS
     assert "constexpr int kTraceSlots = 3 + kTraceOps + 2;" in source
 
 
 def test_sums_become_mean_microseconds_per_launch_per_block():
-    raw = np.zeros((2, gpu_trace.TRACE_SLOTS), np.uint64)
+    raw = np.zeros((2, trace.TRACE_SLOTS), np.uint64)
     # block 0: 3 GHz, two launches; block 1: 1.5 GHz, its 20 ops fold into the last op slot
     raw[0, :5] = [600, 1200, 600, 3000, 6000]
     raw[0, -2:] = [12000, 4000]
-    raw[1, 3 + gpu_trace.TRACE_OPS - 1] = 3000
+    raw[1, 3 + trace.TRACE_OPS - 1] = 3000
     raw[1, -2:] = [3000, 2000]
-    first, second = gpu_trace.summarize(raw.ravel(), 2, [2, 20], launches=2)
+    first, second = trace.summarize(raw.ravel(), 2, [2, 20], launches=2)
     assert first.phases == {"tables": 0.1, "dependency wait": 0.2, "barrier": 0.1}
     assert first.ops == (0.5, 1.0) and first.total == 2.0
-    assert len(second.ops) == gpu_trace.TRACE_OPS and second.ops[-1] == 1.0 and second.total == 1.0
+    assert len(second.ops) == trace.TRACE_OPS and second.ops[-1] == 1.0 and second.total == 1.0
 
 
 def test_no_launch_is_an_error():
     with pytest.raises(ValueError, match="no launches"):
-        gpu_trace.summarize(np.zeros(gpu_trace.TRACE_SLOTS, np.uint64), 1, [1], launches=0)
+        trace.summarize(np.zeros(trace.TRACE_SLOTS, np.uint64), 1, [1], launches=0)

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from test_inference_zero_copy import on_ranks, slots_of, walk
 
-from executor import communicator as comm_module
-from executor.communicator import GRAPH_RECORDS, PlanExecutor, _Context
 from executor.errors import ExecutorError
-from executor.gpu_tables import build_tables, peer_mapping
+from executor.gpu import engine as comm_module
+from executor.gpu.engine import GRAPH_RECORDS, PlanExecutor, _Context
+from executor.gpu.tables import build_tables, peer_mapping
 from schedules.plan.io import load_plan
 
 ROOT = Path(__file__).parent.parent
@@ -201,7 +201,7 @@ def test_each_captured_execution_gets_its_own_record():
 
 
 def test_peers_outputs_are_exchanged_in_capture_order_when_capture_closes(monkeypatch):
-    monkeypatch.setattr(comm_module.gpu_ipc, "export", lambda pointer: ("handle", pointer))
+    monkeypatch.setattr(comm_module.ipc, "export", lambda pointer: ("handle", pointer))
     monkeypatch.setattr(comm_module, "ipc_capable", lambda pointer: True)
 
     def body(rank, gather):

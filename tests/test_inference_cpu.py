@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.torch_plans import PlanChoice, disagreement, fixed_reduction_order, safe_back_to_back
-from executor.torch_topology import board_spec, machine_topology
+from executor.inference.plans import PlanChoice, disagreement, fixed_reduction_order, safe_back_to_back
+from executor.inference.topology import board_spec, machine_topology
 from registry.store import Registry
 from topologies.catalog import build
 from topologies.detect import load_facts, topology_from_facts

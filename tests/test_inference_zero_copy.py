@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor import gpu_bootstrap
-from executor.communicator import GRAPH_RECORDS, _Records, binding_verdict
 from executor.errors import ExecutorError
-from executor.gpu_tables import (
+from executor.gpu import bootstrap
+from executor.gpu.engine import GRAPH_RECORDS, _Records, binding_verdict
+from executor.gpu.tables import (
     OP_DTYPE,
     TRANSFER,
     TRIPWIRE_BYTES,
@@ -67,7 +67,7 @@ def on_ranks(world: int, body) -> list:
         counter = iter(range(1 << 20))
 
         def all_gather(what, value):
-            return gpu_bootstrap.all_gather(store, f"t/{next(counter)}/{what}", rank, world, value, 10.0)
+            return bootstrap.all_gather(store, f"t/{next(counter)}/{what}", rank, world, value, 10.0)
 
         return body(rank, all_gather)
 

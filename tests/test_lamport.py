@@ -9,15 +9,8 @@ import pytest
 
 from codegen import CodegenError, compile_schedule
 from codegen.msccl_xml import to_msccl_xml
-from executor.reference import (
-    PlanDeadlock,
-    PlanRace,
-    check_plan,
-    expected_outputs,
-    random_inputs,
-    round_to,
-    run_launches,
-)
+from executor.reference.machine import PlanDeadlock, PlanRace, round_to
+from executor.reference.prove import check_plan, expected_outputs, random_inputs, run_launches
 from registry.store import Registry
 from schedules.collectives import Collective
 from schedules.lamport import SENTINEL_BITS, LamportBuffers, reset_race, to_wire, to_wire_bits
@@ -193,7 +186,7 @@ def test_check_plan_proves_a_lamport_plan_over_every_buffers_reuse():
 
 
 def test_a_receiver_waits_while_a_word_holds_the_sentinel(monkeypatch):
-    import executor.reference_lamport as model
+    import executor.reference.lamport as model
 
     monkeypatch.setattr(model, "to_wire", lambda values: values)  # a sender that forgot the mapping
     x = np.array([1.0, -0.0], np.float32)
@@ -202,7 +195,7 @@ def test_a_receiver_waits_while_a_word_holds_the_sentinel(monkeypatch):
 
 
 def test_data_that_no_reset_cleared_is_a_race(monkeypatch):
-    import executor.reference_lamport as model
+    import executor.reference.lamport as model
 
     monkeypatch.setattr(model.LamportMachine, "_side_threads", lambda self: [])  # no reset thread
     inputs = [[np.full(2, 1.0 + k, np.float32), np.full(2, 2.0, np.float32)] for k in range(4)]
@@ -264,14 +257,14 @@ def test_weft_tune_makes_and_proves_lamport_variants(tmp_path, capsys):
 
 def test_the_gpu_executor_refuses_a_lamport_plan_in_one_line():
     from executor.errors import ExecutorError
-    from executor.gpu_tables import build_tables
+    from executor.gpu.tables import build_tables
 
     with pytest.raises(ExecutorError, match=r"protocol Lamport: the GPU executor runs Simple and LL plans only"):
         build_tables(_one_shot(), 0, 1024)
 
 
 def test_gpu_side_selection_never_picks_a_lamport_plan():
-    from executor.torch_plans import PlanChoice
+    from executor.inference.plans import PlanChoice
     from weft import publish
     from weft.pipeline import compile_and_verify
 

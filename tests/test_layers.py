@@ -32,10 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
 
 # Cycles another change removes; each entry must still be a cycle while its modules exist (delete it when not).
-KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
-    # executor/'s split by runtime (issue 34, the engines slice) takes the row tables out of this pair
-    ("executor.gpu_tables", "executor.norm"),
-)
+KNOWN_CYCLES: tuple[tuple[str, ...], ...] = ()
 
 
 def _modules() -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""Peer liveness (executor/liveness.py) and the ``weft run --nproc`` launcher, with real processes that exit.
+"""Peer liveness (executor/gpu/liveness.py) and the ``weft run --nproc`` launcher, with real processes that exit.
 
 A rank that dies makes the others fail with a clear error naming it, not hang. The Store here is a directory
 (torch.distributed.Store's set/get/check), so that child processes can publish into it.
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from executor import liveness
-from executor.communicator import PlanExecutor
 from executor.errors import ExecutorTimeout, PeerLost
-from executor.liveness import RankIdentity, Roster, identity_of, probe
+from executor.gpu import liveness
+from executor.gpu.engine import PlanExecutor
+from executor.gpu.liveness import RankIdentity, Roster, identity_of, probe
 from weft.cli import gpu as launcher
 from weft.cli import main
 

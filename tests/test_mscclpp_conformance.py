@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from codegen import compile_schedule
-from executor.reference import check_plan
+from executor.reference.prove import check_plan
 from schedules.collectives import NAMES, Collective
 from schedules.mscclpp_format import OP_NAMES, conformance_errors, mscclpp_verdict
 from schedules.ops import OPS, SWITCH_OPS

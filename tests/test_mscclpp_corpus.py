@@ -19,18 +19,10 @@ import numpy as np
 import pytest
 
 from executor.errors import ExecutorError
-from executor.gpu_tables import build_tables, tbg_window
-from executor.port_program import compile_programs, run_programs
-from executor.reference import (
-    WrongResult,
-    _compare,
-    check_plan,
-    chunk_elems,
-    expected_outputs,
-    random_inputs,
-    run_reference,
-    smallest_size,
-)
+from executor.gpu.tables import build_tables, tbg_window
+from executor.port.program import compile_programs, run_programs
+from executor.reference.machine import WrongResult, chunk_elems, smallest_size
+from executor.reference.prove import _compare, check_plan, expected_outputs, random_inputs, run_reference
 from schedules.collectives import Collective, CollectiveError
 from schedules.plan.io import parse_plan
 from schedules.plan.types import PlanError

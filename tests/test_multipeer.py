@@ -11,7 +11,7 @@ import pytest
 from codegen import compile_schedule
 from codegen.ir import Channel, Draft, Loc
 from codegen.peers import gather_peers
-from executor.gpu_tables import PAIRS, SIGNAL, TRANSFER, build_tables
+from executor.gpu.tables import PAIRS, SIGNAL, TRANSFER, build_tables
 from topologies import resolve
 from weft import pipeline
 from weft.synthesis import synthesize

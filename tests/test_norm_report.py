@@ -39,7 +39,7 @@ def test_the_per_plan_bench_backs_readmes_words_on_it():
     slices 10.1–10.9; at batch 1 9.1–10.8; the same plan timed twice up to 1.3 µs apart)."""
     import json
 
-    from executor.norm import RowNorm, row_spans
+    from executor.reference.norm import RowNorm, row_spans
     from registry.store import Registry
 
     doc = json.loads((ROOT / "bench" / "results" / "norm_plans_2xh200.json").read_text())

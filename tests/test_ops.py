@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from executor import gpu_tables
+from executor.gpu import tables as gpu_tables
 from schedules.ops import DEVICE_KINDS, OPS
 from schedules.plan import types as plan_module
 from schedules.plan.io import load_plan, parse_plan
 from schedules.plan.types import PlanError, channel_pairs
 
 ROOT = Path(__file__).parent
-CUDA = ROOT.parent / "executor" / "cuda"
-
-
-def test_device_kinds_match_the_kernels_op_types():
-    source = (CUDA / "channel.cuh").read_text()
-    enum = re.search(r"enum OpType : int \{([^}]*)\}", source).group(1)
-    codes = {name: int(v) for name, v in re.findall(r"k(\w+) = (\d+)", enum)}
-    kinds = {**gpu_tables.DEVICE_CODES, **gpu_tables.KERNEL_ONLY_CODES}
-    want = {"".join(part.title() for part in kind.split("_")): code for kind, code in kinds.items()}
-    assert codes == want and list(gpu_tables.DEVICE_CODES) == list(DEVICE_KINDS)
-
-
-def test_kernel_parameters_match_the_interpreter_signature():
-    source = (CUDA / "interpreter.cu").read_text()
-    body = re.search(r"NAME\((.*?)WEFT_TRACE_PARAM\)", source, re.S).group(1)
-    params = [" ".join(p.replace("\\", " ").split()) for p in body.split(",") if p.strip(" \\\n")]
-    declared = [(p.rsplit(" ", 1)[1], p.rsplit(" ", 1)[0]) for p in params]
-    assert declared == list(gpu_tables.KERNEL_PARAMS)
-    trace = re.search(r"#define WEFT_TRACE_PARAM , (.*)", source).group(1).split()
-    assert (trace[1], trace[0]) == gpu_tables.TRACE_PARAM
-    context = re.search(r"const weft::Context c\{(.*?)\};", source, re.S).group(1)
-    order = [w.strip(" \\\n") for w in context.replace("WEFT_TRACE_ARG", "").split(",")]
-    assert order == [n for n, _ in gpu_tables.KERNEL_PARAMS]
 
 
 def test_kernel_args_follow_the_layout_and_types():

@@ -1,4 +1,4 @@
-"""The peers of `weft bench` (executor/peers.py) where FlashInfer is not installed, as in CI: the bench learns why
+"""The peers of `weft bench` (gpu/peers.py) where FlashInfer is not installed, as in CI: the bench learns why
 each peer is absent and goes on; the shape a flat all-reduce runs as in FlashInfer's [tokens, hidden] kernels."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import importlib.util
 
 import pytest
 
-from executor import peers
-from executor.gpu_bench import Peers
+from executor.gpu import peers
+from executor.gpu.bench import Peers
 
 NOT_INSTALLED = importlib.util.find_spec("flashinfer") is None
 
@@ -24,7 +24,7 @@ def test_a_flat_all_reduce_runs_as_rows_of_the_hidden_size_where_they_divide(num
     "max_bytes, world, tokens", [(256 << 20, 2, 16384), (256 << 20, 4, 16383), (1 << 20, 4, 64), (1024, 4, 5)]
 )
 def test_a_flashinfer_workspace_stays_below_its_int32_clear_offset(max_bytes, world, tokens):
-    # 4 ranks × 256 MB is a 1 GiB Lamport slot: FlashInfer's one-shot would clear 2 GiB before it (executor/peers.py)
+    # 4 ranks × 256 MB is a 1 GiB Lamport slot: FlashInfer's one-shot would clear 2 GiB before it (gpu/peers.py)
     assert peers.max_tokens_for(max_bytes, world) == tokens
     assert world * tokens * peers.HIDDEN * 2 < peers.LAMPORT_SLOT_LIMIT
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from executor.hosts import HOST_ENV, host_identity, ipc_across_hosts, transport_refusal
-from executor.port_program import Compute, Exchange, compile_programs, lane_bounds, lanes_for, run_programs
-from executor.reference import _compare, check_plan, chunk_elems, expected_outputs, random_inputs, smallest_size
+from executor.port.program import Compute, Exchange, compile_programs, lane_bounds, lanes_for, run_programs
+from executor.reference.machine import chunk_elems, smallest_size
+from executor.reference.prove import _compare, check_plan, expected_outputs, random_inputs
 from schedules.plan.io import load_plan
 
 PLANS = sorted((Path(__file__).resolve().parents[1] / "examples" / "plans").glob("two_hosts*/*.plan.json"))
@@ -132,7 +133,7 @@ def test_host_identity_is_the_declared_host_or_name_and_boot(monkeypatch):
 
 def test_the_cuda_ipc_interpreter_refuses_port_channels():
     from executor.errors import ExecutorError
-    from executor.gpu_tables import build_tables
+    from executor.gpu.tables import build_tables
 
     plan = load_plan(PLANS[0].parent / "ring-allreduce.plan.json")
     with pytest.raises(

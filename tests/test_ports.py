@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from codegen import CodegenError, compile_schedule
-from executor.reference import PlanRace, check_plan, run_reference
+from executor.reference.machine import PlanRace
+from executor.reference.prove import check_plan, run_reference
 from schedules.collectives import Collective
 from schedules.plan.io import dumps_plan, parse_plan
 from schedules.plan.types import PlanError

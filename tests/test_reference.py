@@ -8,16 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor.reference import (
-    PlanDeadlock,
-    PlanRace,
-    WrongResult,
-    check_plan,
-    expected_outputs,
-    round_to,
-    run_launches,
-    run_reference,
-)
+from executor.reference.machine import PlanDeadlock, PlanRace, WrongResult, round_to
+from executor.reference.prove import check_plan, expected_outputs, run_launches, run_reference
 from schedules.collectives import Collective
 from schedules.plan.io import load_plan, parse_plan
 from schedules.plan.types import BufferRef, PlanError

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_registry import TOPO, commit
 
-from executor.torch_plans import PlanChoice
+from executor.inference.plans import PlanChoice
 from registry.store import Registry, RegistryError
 from topologies.catalog import build
 from weft import publish

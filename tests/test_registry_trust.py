@@ -325,7 +325,7 @@ def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(committed_copy,
     """Even were selection to trust a key alone, the executor's last check before a call asks the plan."""
     from dataclasses import replace
 
-    from executor.torch_plans import PlanChoice
+    from executor.inference.plans import PlanChoice
     from registry.store import Entry, Registry
 
     choice = PlanChoice(Registry(committed_copy), H200X2, 2)

@@ -56,7 +56,7 @@ def check(
     hash, and the sizes that ran."""
     from dataclasses import replace
 
-    from executor.reference import check_plan
+    from executor.reference.prove import check_plan
 
     ran = plan if sizes or not plan.min_message_size else replace(plan, min_message_size=0)
     record = check_plan(ran, sizes or check_sizes(ran), dtypes or plan.weft.dtypes or DTYPES, seed, progress)
@@ -105,8 +105,9 @@ def compile_and_verify(
 
 def _require_proof_memory(one: Plan, copies: int, instances: int) -> None:
     """Refuse, from the one-instance plan ``one``, a plan of ``copies`` times its thread blocks and chunks whose
-    reference proof would pass the memory budget (``executor.reference.estimate_bytes``)."""
-    from executor.reference import BACK_TO_BACK, estimate_bytes
+    reference proof would pass the memory budget (``executor.reference.machine.estimate_bytes``)."""
+    from executor.reference.machine import estimate_bytes
+    from executor.reference.prove import BACK_TO_BACK
     from schedules.budget import require
 
     launches = BACK_TO_BACK if one.use_double_scratch_buffer else 2

@@ -430,8 +430,8 @@ def select(
 ) -> Selection:
     """``Registry.select`` for a fabric (a spec, a file, a Topology or a fingerprint): only entries of its rank
     count, measured no faster than its latency allows, whose plan this machine proved on the reference executor
-    (the first time it serves one: ``proven``), in a protocol the GPU executor runs (``executor.gpu_protocols``)."""
-    from executor.gpu_protocols import protocol_refusal
+    (the first time it serves one: ``proven``), in a protocol the GPU executor runs (``executor.gpu.protocols``)."""
+    from executor.gpu.protocols import protocol_refusal
 
     fabric = topology if isinstance(topology, Topology) else _fabric(topology, "")
     known = fabric.fingerprints if fabric is not None else str(topology)  # its older fingerprint too

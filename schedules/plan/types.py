@@ -73,7 +73,7 @@ after that peer's previous launch finished with the slot. LL plans with ``use_do
 alternate scratch halves (every scratch entry, packet or not) and use a fresh flag per launch: a writer may
 run one launch ahead of its reader, not two. weft's codegen proves this per channel and, where it does not
 hold, opens the launch with an entry handshake (the reader signals on the channel first thing; the writer
-waits for it before its first write); ``executor.reference.check_plan`` checks launches back to back (two,
+waits for it before its first write); ``executor.reference.prove.check_plan`` checks launches back to back (two,
 or three with a double scratch buffer).
 """
 

@@ -2,7 +2,7 @@
 
 A machine with a single GPU cannot run NCCL between ranks, but CUDA IPC works between processes on one device, and
 the GPU time-slices their kernels, so every wait is eventually met (slowly: this checks results, never speed).
-The inputs are the reference's small non-zero integers (``executor.reference.random_inputs``), so every sum is
+The inputs are the reference's small non-zero integers (``executor.reference.prove.random_inputs``), so every sum is
 exact in fp32, fp16 and bf16 and each rank's output must equal numpy's definition of the collective bit for bit.
 
     python tests/gpu/one_device.py RESULTS.json [--nproc 2] [--device 0] [--sizes 1KB,64KB,1MB] [PLAN.json ...]
@@ -30,8 +30,9 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 import numpy as np  # noqa: E402
 
-from executor.gpu_tables import lines_possible  # noqa: E402
-from executor.reference import chunk_elems, expected_outputs, random_inputs  # noqa: E402
+from executor.gpu.tables import lines_possible  # noqa: E402
+from executor.reference.machine import chunk_elems  # noqa: E402
+from executor.reference.prove import expected_outputs, random_inputs  # noqa: E402
 from schedules.plan.io import load_plan  # noqa: E402
 from schedules.plan.types import Plan  # noqa: E402
 from weft.units import parse_bytes  # noqa: E402
@@ -156,7 +157,7 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
 def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, timeout_s: float) -> None:
     import cupy
 
-    from executor.communicator import PlanExecutor
+    from executor.gpu.engine import PlanExecutor
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cupy.cuda.Device(device).use()

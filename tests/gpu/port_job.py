@@ -61,8 +61,8 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from executor.errors import ExecutorError, PeerLost
-    from executor.gpu_bench import matches, nccl_result, sum_magnitude
-    from executor.port_engine import PortEngine
+    from executor.gpu.bench import matches, nccl_result, sum_magnitude
+    from executor.port.engine import PortEngine
     from schedules.plan.io import load_plan
 
     torch.cuda.set_device(0)
@@ -162,8 +162,8 @@ def run_gloo(out: Path, rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from executor.gpu_bench import matches
-    from executor.port_engine import PortEngine
+    from executor.gpu.bench import matches
+    from executor.port.engine import PortEngine
     from schedules.plan.io import load_plan
 
     dist.init_process_group("gloo")
@@ -205,8 +205,8 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from executor.gpu_bench import matches, nccl_result, sum_magnitude
-    from executor.inference import Communicator
+    from executor.gpu.bench import matches, nccl_result, sum_magnitude
+    from executor.inference.communicator import Communicator
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
@@ -238,7 +238,7 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
         checks[f"allreduce {dtype} graph"] = check("allreduce", x, y)
     # WeftBackend (the engine adapter) over the PortCommunicator: the plain all-reduce on weft, the fused norm
     # unfused (all-reduce with its residual, then torch's rms_norm), eager and captured
-    from executor.backend import WeftBackend
+    from executor.inference.backend import WeftBackend
 
     backend = WeftBackend(comm)
     hidden = 512

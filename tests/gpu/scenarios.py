@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from executor.gpu_tables import lines_possible, residual_refusal
+from executor.gpu.tables import lines_possible
+from executor.reference.norm import residual_refusal
 from schedules.plan.io import load_plan
 from schedules.plan.types import Plan
 from weft.units import parse_bytes

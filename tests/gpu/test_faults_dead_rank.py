@@ -81,7 +81,7 @@ def rank_main(scenario: str, victim: int, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from executor.communicator import PlanExecutor
+    from executor.gpu.engine import PlanExecutor
     from schedules.plan.io import load_plan
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

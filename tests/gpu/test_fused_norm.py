@@ -113,7 +113,7 @@ def norm_weight(device, seed=7):
 
 def check_norm(normed, new_residual, weight) -> tuple[int, float]:
     """(elements more than one bf16 ulp from the epilogue's definition, fraction bit-equal to it): fp32 mean of
-    squares, x * rstd, then * weight, rounded once (executor.norm.rms_norm)."""
+    squares, x * rstd, then * weight, rounded once (executor.reference.norm.rms_norm)."""
     import torch
 
     x = new_residual.float()
@@ -128,7 +128,7 @@ def scenario_eager(comm, log: LogLines, device) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from executor.norm import RowNorm
+    from executor.reference.norm import RowNorm
 
     rows = {}
     w = norm_weight(device)
@@ -156,7 +156,7 @@ def scenario_eager(comm, log: LogLines, device) -> dict:
 
 def slices_per_row(plan, nbytes: int) -> int:
     """The blocks that complete each row's sum in ``plan`` at ``nbytes`` (1: whole rows per block)."""
-    from executor.norm import RowNorm, row_spans
+    from executor.reference.norm import RowNorm, row_spans
 
     spans = row_spans(plan, nbytes, "bf16", RowNorm(HIDDEN, EPS))
     assert not isinstance(spans, str), spans  # a plan the fused norm refuses has no slices
@@ -174,7 +174,7 @@ SPLIT = {  # case "batch x slices" -> (the pinned plan, the plan that owns whole
 def scenario_split(comm, device) -> dict:
     import torch
 
-    from executor.norm import RowNorm
+    from executor.reference.norm import RowNorm
 
     plans = {e.plan.name: e.plan for e in comm.choice.entries}
     rows, out = RowNorm(HIDDEN, EPS), {}
@@ -202,7 +202,7 @@ def scenario_split_graph(comm, device) -> dict:
     """A graph of the fused call on rows split over 8 blocks each (batch 16), replayed on new values."""
     import torch
 
-    from executor.norm import RowNorm
+    from executor.reference.norm import RowNorm
 
     plan = next(e.plan for e in comm.choice.entries if e.plan.name == SPLIT["16x8"][0])
     comm.pin_norm_plan(16 * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS), plan)
@@ -253,7 +253,7 @@ def scenario_inplace(comm, device) -> dict:
 def scenario_backend(comm, device) -> dict:
     import torch
 
-    from executor.backend import WeftBackend
+    from executor.inference.backend import WeftBackend
 
     backend = WeftBackend(comm)
     w = norm_weight(device, seed=8)
@@ -305,7 +305,7 @@ def scenario_no_rows(comm, log: LogLines, device) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from executor.norm import RowNorm
+    from executor.reference.norm import RowNorm
 
     hidden = HIDDEN - 1
     w = (1.0 + 0.1 * shared(device, hidden, seed=5, dtype=torch.float32)).to(torch.bfloat16)

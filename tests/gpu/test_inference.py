@@ -101,7 +101,7 @@ def test_all_reduce_with_a_residual_adds_it_in_the_launch_eager_and_in_graphs(re
         assert row["backend_graph_wrong"] == 0 and row["prepared"]
         assert row["nccl_path_wrong"] == 0 and row["bad_shape"].startswith("weft: all_reduce's residual must be")
     # every rank got the same bits, where the plan sums in one order on every rank (a one-shot plan of more than
-    # two ranks sums in each rank's own order: executor.torch_plans.fixed_reduction_order; deterministic=True)
+    # two ranks sums in each rank's own order: executor.inference.plans.fixed_reduction_order; deterministic=True)
     if all(r["fixed_order"] for r in rows):
         assert len({r["graph_hash"] for r in rows}) == 1
 
@@ -207,11 +207,11 @@ def scenario_unshareable(comm, device) -> dict:
     """The job runs with expandable segments (virtual memory): CUDA IPC refuses torch's allocations, weft stages."""
     import torch
 
-    from executor import gpu_ipc
+    from executor.gpu import ipc
 
     x = torch.randn(8, HIDDEN, device=device, dtype=torch.bfloat16)
     try:
-        gpu_ipc.export(x.data_ptr())
+        ipc.export(x.data_ptr())
         refused = False
     except Exception:
         refused = True
@@ -274,7 +274,7 @@ def scenario_deterministic(rank, world, device) -> dict:
 def scenario_backend(comm, device) -> dict:
     import torch
 
-    from executor.backend import WeftBackend
+    from executor.inference.backend import WeftBackend
 
     backend = WeftBackend(comm)
     should = {
@@ -302,8 +302,8 @@ def scenario_residual(comm, device) -> dict:
     with one line for a residual of another shape."""
     import torch
 
-    from executor.backend import WeftBackend
-    from executor.torch_plans import fixed_reduction_order
+    from executor.inference.backend import WeftBackend
+    from executor.inference.plans import fixed_reduction_order
 
     def shared(*shape, seed):  # the same values on every rank, as a residual stream
         gen = torch.Generator(device=device).manual_seed(seed)

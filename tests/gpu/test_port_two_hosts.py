@@ -178,8 +178,8 @@ import tempfile
 import torch, torch.distributed as dist
 import torch.nn.functional as F
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
-from executor import torch_ops
-from executor.port_communicator import PortCommunicator
+from executor.inference import ops as torch_ops
+from executor.inference.port_communicator import PortCommunicator
 pc = PortCommunicator.__new__(PortCommunicator)
 pc.group, pc.enabled, pc.paths, pc.world_size = None, False, {"port": 0, "nccl": 0}, 1
 pc.handle = torch_ops.register(pc)
@@ -204,7 +204,7 @@ for bad in bad_calls:  # each a one-line ValueError
         raise SystemExit("no error")
 compiled = torch.compile(lambda a, b, c: pc.all_reduce(a, residual=b, rms_weight=c, eps=1e-5))
 assert torch.allclose(compiled(x, h, w)[0], normed)
-from executor.backend import WeftBackend
+from executor.inference.backend import WeftBackend
 b = WeftBackend(pc)
 assert torch.allclose(b.fused_add_rms_norm(x, h, w, 1e-5)[0], normed)
 print("all ok")

@@ -90,10 +90,10 @@ def test_a_tensor_ipc_cannot_share_is_refused_on_every_rank_in_capture(results):
 
 
 def _exportable(tensor) -> bool:
-    from executor import gpu_ipc
+    from executor.gpu import ipc
 
     try:
-        gpu_ipc.export(tensor.data_ptr())
+        ipc.export(tensor.data_ptr())
     except Exception:  # CUDA's own error types: expandable segments refuse cudaIpcGetMemHandle
         return False
     return True
@@ -205,7 +205,7 @@ def scenario_early_replay(comm, device) -> dict:
 
 def _peer_mapping_plan(world: int):
     """A registry all-reduce whose peers write this rank's output (so captured buffers must be exchanged)."""
-    from executor.torch_plans import safe_back_to_back
+    from executor.inference.plans import safe_back_to_back
     from registry.store import Registry
 
     for entry in Registry(str(registry_for(world))).entries():
@@ -227,7 +227,7 @@ def scenario_peer_buffers(rank, world, device) -> dict:
     import torch
     import torch.distributed as dist
 
-    from executor.communicator import PlanExecutor
+    from executor.gpu.engine import PlanExecutor
 
     plan = _peer_mapping_plan(world)
     if plan is None:

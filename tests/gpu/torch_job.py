@@ -82,11 +82,11 @@ class LogLines(logging.Handler):
 
 def sums_to(out, x, residual=None, scatter: bool = False) -> bool:
     """Whether ``out`` is NCCL's all-reduce (with ``scatter``, reduce-scatter) of every rank's ``x``, plus
-    ``residual``, up to the rounding two correct sums may differ by (``executor.gpu_bench.within_rounding``)."""
+    ``residual``, up to the rounding two correct sums may differ by (``executor.gpu.bench.within_rounding``)."""
     import torch
     import torch.distributed as dist
 
-    from executor.gpu_bench import nccl_result, within_rounding
+    from executor.gpu.bench import nccl_result, within_rounding
 
     collective, world = ("reducescatter" if scatter else "allreduce"), dist.get_world_size()
     ref, magnitude = nccl_result(collective, x, world), nccl_result(collective, x.float().abs(), world)

@@ -18,9 +18,9 @@ import scenarios
 import torch
 import torch.distributed as dist
 
-from executor.communicator import PlanExecutor
 from executor.errors import ExecutorError, ExecutorTimeout
-from executor.gpu_bench import within_rounding
+from executor.gpu.bench import within_rounding
+from executor.gpu.engine import PlanExecutor
 from schedules.plan.io import load_plan, parse_plan
 from weft.units import parse_bytes
 

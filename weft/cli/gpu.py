@@ -231,10 +231,10 @@ def _init_rank(args: argparse.Namespace, port: bool = False):
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     if port:
-        from executor.port_engine import PortEngine
+        from executor.port.engine import PortEngine
 
         return PortEngine.from_process_group(timeout_s=args.timeout), rank, world
-    from executor.communicator import PlanExecutor
+    from executor.gpu.engine import PlanExecutor
 
     comm = PlanExecutor.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
     return comm, rank, world
@@ -290,8 +290,8 @@ def _run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from executor.errors import WrongResult
-    from executor.gpu_bench import TORCH_DTYPES, matches, nccl_result, sum_magnitude
-    from executor.padded import buffer_parts
+    from executor.gpu.bench import TORCH_DTYPES, matches, nccl_result, sum_magnitude
+    from executor.reference.padded import buffer_parts
 
     comm, rank, world = _init_rank(args, has_port_channels([plan]))
     try:
@@ -375,7 +375,7 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from executor.gpu_bench import BenchConfig, run_bench
+    from executor.gpu.bench import BenchConfig, run_bench
 
     plans = _load_plans(args, int(os.environ["WORLD_SIZE"]))
     port = has_port_channels(plans)
@@ -432,7 +432,7 @@ def _gpu_slug(torch) -> str:
 def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
     import cupy
 
-    from executor import peers
+    from executor.gpu import peers
 
     versions = {
         "torch": torch.__version__,

@@ -1,0 +1,1 @@
+"""The GPU interpreter runtime: device tables, the CUDA interpreter kernel (cuda/), its build, IPC and bootstrap."""

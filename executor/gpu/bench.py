@@ -1,0 +1,507 @@
+"""Timing weft against its peers on the same buffers, alternating, with CUDA events: NCCL, PyTorch symmetric memory
+and, for the all-reduce where the ``peers`` extra is installed, FlashInfer's one-shot, two-shot and own-choice
+all-reduce and vLLM's custom all-reduce (executor.gpu.peers).
+
+Runs on every rank (one process per GPU, torch.distributed initialized); returns rows in DESIGN.md's bench
+format. Each implementation is timed as CUDA-graph replays (``graph``) or eager calls of ``calls`` back-to-back
+launches; a sample is one replay's time / ``calls``; the row holds the median of ``samples`` samples. Every peer's
+output is checked against NCCL's by the bound of ``within_rounding`` (``peers_wrong``), as weft's is (``wrong``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from executor.errors import ExecutorError
+from executor.gpu.tables import lines_possible
+from schedules.collectives import Collective
+from schedules.plan.types import Plan
+
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    collective: str
+    sizes: tuple[int, ...]
+    dtype: str
+    graph: bool = True
+    calls: int = 20
+    samples: int = 30
+    warmup: int = 3
+    ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
+    symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
+    peers: tuple[str, ...] = ("flashinfer", "vllm")  # where installed (all-reduce, one host, as symm)
+    # all-to-all: "symm" adds torch symmetric memory's all_to_all_vdev (NVSHMEM), opt-in (gpu_bench.alltoall_peers)
+
+
+def _buffers(collective: str, nbytes: int, world: int, dtype, device):
+    import torch
+
+    esize = torch.tensor([], dtype=dtype).element_size()
+    facts = Collective(collective, world)
+    n_in = int(nbytes * facts.input_fraction) // esize
+    x = torch.randn(n_in, device=device, dtype=torch.float32).to(dtype)
+    n_out = int(nbytes * facts.output_fraction) // esize
+    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, device=device, dtype=dtype)
+    return x, out
+
+
+def _nccl(collective: str, x, out) -> Callable[[], None]:
+    import torch.distributed as dist
+
+    calls = {
+        "allreduce": lambda: dist.all_reduce(out),
+        "allgather": lambda: dist.all_gather_into_tensor(out, x),
+        "reducescatter": lambda: dist.reduce_scatter_tensor(out, x),
+        "alltoall": lambda: dist.all_to_all_single(out, x),
+        "broadcast": lambda: dist.broadcast(out, src=0),
+        "sendrecv": lambda: _shift(x, out),
+    }
+    return calls[collective]
+
+
+def _shift(x, out) -> None:
+    """MSCCL++'s sendrecv through NCCL's point-to-point calls: x to the next rank, the previous rank's into out."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for work in dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, out, (rank - 1) % world)]
+    ):
+        work.wait()
+
+
+@dataclass(frozen=True)
+class PeerCall:
+    """A peer's call as the bench times it (``run``), and the same call on the row's input returning its result,
+    for the check against NCCL (``result``)."""
+
+    run: Callable[[], Any]
+    result: Callable[[], Any]
+    capture: Callable[[], Any] = contextlib.nullcontext  # entered around a graph's warm-up and capture
+
+
+def _symm_mem_allreduce(x) -> tuple[dict[str, PeerCall], Any]:
+    """One-shot and two-shot all-reduce on a symmetric-memory copy of x."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD.group_name
+    buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    symm_mem.rendezvous(buf, group)
+    buf.copy_(x)
+
+    def one_shot():
+        return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)
+
+    def two_shot():
+        torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)
+        return buf
+
+    def loaded(fn):  # the timed calls sum buf in place over and over: reload x before the checked call
+        return lambda: (buf.copy_(x), fn())[1]
+
+    return {
+        "symm:one_shot": PeerCall(one_shot, loaded(one_shot)),
+        "symm:two_shot": PeerCall(two_shot, loaded(two_shot)),
+    }, buf
+
+
+def _symm_mem_alltoall(x, out) -> dict[str, PeerCall]:
+    """torch symmetric memory's all-to-all (``all_to_all_vdev``, NVSHMEM) with equal splits, on symmetric copies of
+    x and out. The op's arguments changed across torch releases (the splits as one (3, world) tensor, or the input
+    splits and a (2, world) tensor of output splits and offsets); the installed schema decides. Raises where torch
+    has no NVSHMEM or no such op: the bench records why (``peers_refused``)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if not hasattr(torch.ops.symm_mem, "all_to_all_vdev"):
+        raise RuntimeError(f"torch {torch.__version__} has no torch.ops.symm_mem.all_to_all_vdev")
+    if not symm_mem.is_nvshmem_available():
+        raise RuntimeError("all_to_all_vdev needs NVSHMEM, which this torch cannot load")
+    try:
+        current = symm_mem.get_backend(x.device)
+    except Exception:  # a torch without get_backend: set it (once per process is what it allows)
+        current = None
+    if current != "NVSHMEM":
+        symm_mem.set_backend("NVSHMEM")
+    group, world = dist.group.WORLD.group_name, dist.get_world_size()
+    symm_mem.enable_symm_mem_for_group(group)
+    inp = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    got = symm_mem.empty(out.numel(), dtype=x.dtype, device=x.device)
+    inp.copy_(x)
+    per_rank = x.numel() // world
+    splits = torch.full((world,), per_rank, dtype=torch.int64, device=x.device)
+    offsets = torch.arange(0, per_rank * world, per_rank, dtype=torch.int64, device=x.device)
+    arguments = len(torch.ops.symm_mem.all_to_all_vdev.default._schema.arguments)
+    if arguments == 4:  # (input, out, in_out_splits (3, world), group)
+        table = symm_mem.empty((3, world), dtype=torch.int64, device=x.device)
+        table[0].copy_(splits)
+
+        def run():
+            torch.ops.symm_mem.all_to_all_vdev(inp, got, table, group)
+            return got
+    else:  # (input, out, in_splits (world), out_splits_offsets (2, world), group)
+        in_splits = symm_mem.empty(world, dtype=torch.int64, device=x.device)
+        in_splits.copy_(splits)
+        table = symm_mem.empty((2, world), dtype=torch.int64, device=x.device)
+        table[0].copy_(splits)
+        table[1].copy_(offsets)
+
+        def run():
+            torch.ops.symm_mem.all_to_all_vdev(inp, got, in_splits, table, group)
+            return got
+
+    return {"symm:all_to_all_vdev": PeerCall(run, run)}
+
+
+def alltoall_peers(x, out, keep: list) -> tuple[dict[str, PeerCall], dict[str, str]]:
+    """The all-to-all peers timed beside NCCL (torch symmetric memory's), and those refused, with why."""
+    try:
+        calls = _symm_mem_alltoall(x, out)
+    except Exception as e:  # no NVSHMEM, another torch: a result, not the end of the bench
+        return {}, {"symm:all_to_all_vdev": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    keep.append(calls)
+    return calls, {}
+
+
+@dataclass
+class Peers:
+    """The peers made once per bench (their workspaces are collective and large): FlashInfer's all-reduce and
+    vLLM's custom all-reduce, or why each is absent."""
+
+    flashinfer: Any = None
+    vllm: Any = None
+    absent: dict | None = None
+
+    @classmethod
+    def create(cls, max_bytes: int, names: tuple[str, ...] = ("flashinfer", "vllm")) -> Peers:
+        from executor.gpu import peers
+
+        made, absent = {}, {}
+        makers = {
+            "flashinfer": lambda: peers.FlashInfer.create(max_bytes=max(max_bytes, 1 << 20)),
+            "vllm": lambda: peers.VllmCustomAllReduce.create(),
+        }
+        for name, make in makers.items():
+            if name not in names:
+                continue
+            try:
+                made[name] = make()
+            except Exception as e:  # a peer that cannot run here is a result, not the end of the bench
+                absent[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        return cls(made.get("flashinfer"), made.get("vllm"), absent)
+
+    def calls(self, x, keep: list) -> tuple[dict[str, PeerCall], dict[str, str]]:
+        """This size's calls (out of place, on buffers kept in ``keep``), and the variants refused, with why."""
+        import torch
+
+        from executor.gpu import peers
+
+        calls, refused = {}, {}
+        if self.flashinfer is not None:
+            tokens, hidden = peers.rows(x.numel())
+            for variant in peers.VARIANTS:
+                why = self.flashinfer.refusal(tokens, hidden, variant)
+                if why:
+                    refused[f"flashinfer:{variant}"] = why
+                    continue
+                out = torch.empty_like(x)
+                keep.append(out)
+
+                def run(v=variant, out=out):
+                    return self.flashinfer.all_reduce(x, out, v)
+
+                calls[f"flashinfer:{variant}"] = PeerCall(run, run)
+        if self.vllm is not None:
+            try:
+                xin = self.vllm.input(x.numel(), x.dtype)
+            except peers.PeerUnavailable as e:
+                refused["vllm:custom_ar"] = str(e)
+            else:
+                xin.copy_(x)
+                out = torch.empty_like(x)
+                keep.append(out)
+
+                def custom_ar(out=out):
+                    return self.vllm.all_reduce(xin, out)
+
+                calls["vllm:custom_ar"] = PeerCall(custom_ar, lambda: (xin.copy_(x), custom_ar())[1], self.vllm.capture)
+        return calls, refused
+
+
+def _timer(fn: Callable[[], Any], graph: bool, calls: int, capture: Callable[[], Any] = contextlib.nullcontext):
+    """A function returning one sample (µs per call). ``capture`` is entered around the warm-up and the capture
+    (``Communicator.capture`` for the inference communicator's calls)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with capture():
+            with torch.cuda.stream(stream):
+                fn()  # warm-up outside the capture (contexts, NCCL and symm-mem setup)
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g, stream=stream):
+                for _ in range(calls):
+                    fn()
+        run = g.replay
+    else:
+        fn()  # warm-up, and where a launch is refused it is refused here
+
+        def run() -> None:
+            for _ in range(calls):
+                fn()
+
+    def sample() -> float:
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / calls
+
+    return sample
+
+
+def nccl_result(collective: str, x, world: int):
+    """NCCL's result for this rank's input x, on fresh buffers."""
+    import torch
+
+    facts = Collective(collective, world)
+    n_out = int(x.numel() * facts.output_fraction / facts.input_fraction)
+    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, dtype=x.dtype, device=x.device)
+    _nccl(collective, x, out)()
+    return out
+
+
+SUM_TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}
+
+
+def within_rounding(got, ref, magnitude, dtype: str, terms: int) -> bool:
+    """Whether two sums of ``terms`` values per element (got, and a correct ref) agree up to rounding. Each rounds
+    terms - 1 partial sums in its own order, each by up to a unit in the last place of the partial sum, so they may
+    differ by a few units of Σ|term| (``magnitude``, fp32) however much the terms cancel."""
+    bound = SUM_TOLERANCE[dtype] * max(terms - 1, 1) * (magnitude.float() + 1.0)
+    return bool(((got.float() - ref.float()).abs() <= bound).all())
+
+
+def sum_magnitude(collective: str, x, world: int):
+    """Σ over ranks of |x| (fp32, through NCCL) for each element of a sum: what its rounding scales with."""
+    return nccl_result(collective, x.float().abs(), world)
+
+
+def matches(collective: str, got, ref, dtype: str, magnitude, nranks: int) -> bool:
+    """Bit-identical for copies; for sums, within the rounding two correct sums of ``nranks`` terms may differ by
+    (``magnitude`` from ``sum_magnitude``)."""
+    import torch
+
+    if collective not in ("allreduce", "reducescatter"):
+        return bool(torch.equal(got, ref))
+    return within_rounding(got, ref, magnitude, dtype, nranks)
+
+
+def _every_rank(comm, what: str, value: Any) -> list[Any]:
+    """``value`` from every rank, as plain data through the communicator's store (torch's all_gather_object would
+    unpickle what peers send)."""
+    return [value] if comm.world_size == 1 else comm.exchange(what, value)
+
+
+def _refused_anywhere(comm, refused: str) -> bool:
+    """Whether any rank could not run a plan (every rank then skips it, so all keep running the same plans)."""
+    return any(_every_rank(comm, "bench-refused", refused))
+
+
+def _slowest_rank(comm, medians: dict[str, float]) -> dict[str, float]:
+    """Each implementation's median on its slowest rank: a collective takes as long as its last rank, and every rank
+    must then pick the same fastest plan (a rank running another plan than its peers would wait for them)."""
+    every = _every_rank(comm, "bench-medians", medians)
+    return {k: max(m[k] for m in every) for k in medians}
+
+
+def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: bool = False) -> int:
+    """1 if weft's result differs from NCCL's on this rank's data, else 0."""
+    ref, magnitude = nccl_result(collective, x, world), sum_magnitude(collective, x, world)
+    got = comm.execute(plan, x.clone() if plan.inplace else x, lines=lines)  # in place: one buffer, in and out
+    comm.synchronize()
+    return int(not matches(collective, got, ref, dtype, magnitude, world))
+
+
+def _check_peers(
+    comm, calls: dict[str, PeerCall], x, world: int, dtype: str, collective: str = "allreduce"
+) -> dict[str, int]:
+    """Per peer, the ranks whose result differs from NCCL's on the same input (the bound of ``matches``)."""
+    if not calls:
+        return {}
+    ref, magnitude = nccl_result(collective, x, world), sum_magnitude(collective, x, world)
+    mine = {}
+    for name, call in calls.items():
+        got = call.result()
+        comm.synchronize()
+        mine[name] = int(not matches(collective, got.view(ref.shape), ref, dtype, magnitude, world))
+    every = _every_rank(comm, "bench-peers-wrong", mine)  # plain data through the store
+    return {name: sum(w[name] for w in every) for name in mine}
+
+
+LINES_SUFFIX = "+ll128"
+
+
+def _plan_timers(
+    comm: Any,
+    config: BenchConfig,
+    candidates: list[Plan],
+    nbytes: int,
+    x: Any,
+    out: Any,
+    keep: list[Any],
+    progress: Callable[[str], None] | None,
+) -> tuple[dict[str, Callable[[], float]], dict[str, tuple[Plan, bool]]]:
+    """A timer per weft plan (and per packet format, with ``config.ll128``) that runs here on every rank, and the
+    timer name -> (plan, with LL128 lines). A plan refused on any rank is skipped (and said, with ``progress``);
+    the buffers made go into ``keep``."""
+    import torch
+
+    timers: dict[str, Callable[[], float]] = {}
+    runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
+    formats = [(p, False) for p in candidates] + [
+        (p, True) for p in candidates if config.ll128 and lines_possible(p, nbytes)
+    ]
+    for plan, lines in formats:
+        y = out if config.collective != "allreduce" else torch.empty_like(x)
+        if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
+            y = x.clone()
+        keep.append(y)
+        try:
+            run = (
+                (lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines))
+                if plan.inplace
+                else (lambda p=plan, x=x, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
+            )
+            timer = _timer(run, config.graph, config.calls)
+            why = ""
+        except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
+            timer, why = None, str(e)
+        name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
+        if _refused_anywhere(comm, why):
+            if progress and why:
+                progress(f"skipping {name[5:]}: {why}")
+            continue
+        timers[name] = timer
+        runnable[name] = (plan, lines)
+    return timers, runnable
+
+
+def run_bench(
+    comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None
+) -> list[dict]:
+    """One row per size; weft's time is that of the fastest plan accepting the size (with ``config.ll128``, of the
+    fastest plan and packet format: an LL plan with LL128 lines is named PLAN+ll128)."""
+    import torch
+
+    world, device = comm.world_size, torch.device("cuda", comm.device)
+    dtype = getattr(torch, TORCH_DTYPES[config.dtype])
+    rows = []
+    with_peers = config.collective == "allreduce" and config.symm  # one host: CUDA IPC, as symm-mem
+    peers = Peers.create(max(config.sizes), config.peers) if with_peers and config.peers else Peers(absent={})
+    for nbytes in config.sizes:
+        began = time.monotonic()
+        x, out = _buffers(config.collective, nbytes, world, dtype, device)
+        # sizes off a plan's granule run padded (PlanExecutor.execute): their times include the copies
+        candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
+        timers: dict[str, Callable[[], float]] = {
+            "nccl": _timer(_nccl(config.collective, x, out), config.graph, config.calls)
+        }
+        keep: list[Any] = []
+        others: dict[str, PeerCall] = {}
+        refused_peers = dict(peers.absent or {})
+        if with_peers:
+            others, buf = _symm_mem_allreduce(x)
+            keep.append(buf)
+            calls, refused = peers.calls(x, keep)
+            others.update(calls)
+            refused_peers.update(refused)
+        if config.collective == "alltoall" and config.symm and "symm" in config.peers:
+            calls, refused = alltoall_peers(x, out, keep)
+            others.update(calls)
+            refused_peers.update(refused)
+        for name, call in others.items():
+            try:
+                timer, why = _timer(call.run, config.graph, config.calls, call.capture), ""
+            except Exception as e:  # a peer refusing a shape at launch (its own checks) is a result
+                timer, why = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            if _refused_anywhere(comm, why):
+                refused_peers[name] = why or "refused on another rank"
+                continue
+            timers[name] = timer
+        plan_timers, runnable = _plan_timers(comm, config, candidates, nbytes, x, out, keep, progress)
+        timers.update(plan_timers)
+        comm.synchronize()
+        raw: dict[str, list[float]] = {k: [] for k in timers}
+        for i in range(config.warmup + config.samples):
+            for name, sample in timers.items():  # alternate so drift hits every implementation alike
+                t = sample()
+                if i >= config.warmup:
+                    raw[name].append(t)
+        comm.synchronize()
+        med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
+        weft = {k: v for k, v in med.items() if k.startswith("weft:")}
+        best = min(weft, key=weft.__getitem__) if weft else None
+        symm = [v for k, v in med.items() if k.startswith("symm:")]
+        flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
+        rivals = {k: v for k, v in med.items() if not k.startswith("weft:")}  # every peer timed, NCCL too
+        best_peer = min(rivals, key=rivals.__getitem__)
+        wrong = 0
+        if best:
+            plan, lines = runnable[best]
+            wrong = _check(config.collective, comm, plan, x, world, config.dtype, lines)
+        peers_wrong = _check_peers(
+            comm, {k: others[k] for k in timers if k in others}, x, world, config.dtype, config.collective
+        )
+        weft_us = med[best] if best else None
+        plan_hash = runnable[best][0].content_hash if best else None
+        algbw = nbytes / (weft_us * 1e3) if weft_us else None
+        rows.append(
+            {
+                "size": nbytes,
+                "nccl_us": med["nccl"],
+                "symm_us": min(symm) if symm else None,
+                "weft_us": weft_us,
+                "algbw": algbw,
+                "busbw": algbw * Collective(config.collective, world).bus_factor if algbw else None,
+                "speedup": med["nccl"] / weft_us if weft_us else None,
+                "wrong": wrong,
+                "flashinfer_us": min(flashinfer.values()) if flashinfer else None,
+                "flashinfer_variant": min(flashinfer, key=flashinfer.__getitem__).split(":")[1] if flashinfer else None,
+                "vllm_us": med.get("vllm:custom_ar"),
+                "best_peer": best_peer,
+                "best_peer_us": rivals[best_peer],
+                "peers_wrong": peers_wrong,
+                "peers_refused": refused_peers,
+                "plan": best[5:] if best else None,
+                "plan_hash": plan_hash,
+                "lines": bool(best and runnable[best][1]),
+                "raw_us": raw,
+                "median_us": med,
+                "plans_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if not lines},
+                "plans_ll128_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if lines},
+            }
+        )
+        if progress:
+            progress(
+                f"{nbytes} B: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(med.items(), key=lambda kv: kv[1]))
+                + f" µs; wrong {wrong}, peers wrong {sum(peers_wrong.values())}; "
+                f"{time.monotonic() - began:.1f} s"
+            )
+        del keep
+    return rows  # the peers' workspaces live until the process ends (freeing vLLM's IPC buffers is collective)

@@ -1,0 +1,252 @@
+// The memory channel's data path: one plan op's bytes spread over the thread block in 16-byte (or 8/4-byte)
+// units, read from any mix of local and peer (CUDA IPC) buffers, summed, and written to every destination.
+// put, get, copy, the reductions and the packet ops are all this one loop with different references:
+// a reference in packet form is read by polling its flags and written with the execution's flag.
+#pragma once
+#include "common.cuh"
+#include "packet.cuh"
+#include "reduce.cuh"
+
+namespace weft {
+
+struct Transfer {
+  char* const* buffers;
+  u32 flag;
+  i64 scratch_shift;  // byte shift of the scratch half in use (double-buffered packet scratch)
+
+  __device__ __forceinline__ char* base(const Ref& r) const {
+    return buffers[r.buffer] + r.offset + ((r.flags & kScratch) ? scratch_shift : 0);
+  }
+
+  template <int V>
+  __device__ __forceinline__ bool load(const Ref& r, i64 unit, Unit<V>& out, Deadline& deadline) const {
+    if (r.flags & kPacket) return unit_load_packets<V>(base(r) + unit * (2 * V), out, flag, deadline);
+    unit_load<V>(base(r) + unit * V, out);
+    return true;
+  }
+
+  // The units first, first + stride, ... (N of them, those below ``units``) of one reference. Packets are all
+  // fetched before any is waited for, and only those not yet arrived are polled again.
+  template <int N, int V>
+  __device__ __forceinline__ bool load_all(const Ref& r, i64 first, i64 stride, i64 units, Unit<V> (&out)[N],
+                                           Deadline& deadline) const {
+    const char* b = base(r);
+    if (!(r.flags & kPacket)) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units) unit_load<V>(b + u * V, out[k]);
+      }
+      return true;
+    }
+    Packets<V> raw[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const i64 u = first + k * stride;
+      if (u < units) packets_fetch<V>(b + u * (2 * V), raw[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const i64 u = first + k * stride;
+      if (u < units && !packets_ready<V>(raw[k], flag, out[k]) &&
+          !unit_load_packets<V>(b + u * (2 * V), out[k], flag, deadline)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  template <int V>
+  __device__ __forceinline__ void store(const Ref& r, i64 unit, const Unit<V>& value) const {
+    if (r.flags & kPacket) {
+      unit_store_packets<V>(base(r) + unit * (2 * V), value, flag);
+    } else {
+      unit_store<V>(base(r) + unit * V, value);
+    }
+  }
+};
+
+// Each thread keeps kInFlight units in flight so that peer reads over NVLink overlap.
+constexpr int kInFlight = 4;
+
+// Returns false on a packet timeout (the caller reports it). Batch: every source's units are loaded together
+// (packets fetched before any is polled, see Transfer::load_all), which needs the registers of blocks of at
+// most 256 threads; otherwise a source's units are loaded, and packets polled, one after another.
+template <class D, int V, bool Batch>
+__device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
+  const i64 units = op.bytes / V;
+  const i64 stride = (i64)blockDim.x;
+  for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
+    Unit<V> acc[kInFlight];
+    if constexpr (Batch) {
+      if (!t.load_all(op.src[0], first, stride, units, acc, deadline)) return false;
+      for (int s = 1; s < op.nsrc; ++s) {
+        Unit<V> x[kInFlight];
+        if (!t.load_all(op.src[s], first, stride, units, x, deadline)) return false;
+#pragma unroll
+        for (int k = 0; k < kInFlight; ++k) {
+#pragma unroll
+          for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[k].w[w]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units && !t.load<V>(op.src[0], u, acc[k], deadline)) return false;
+      }
+      for (int s = 1; s < op.nsrc; ++s) {
+#pragma unroll
+        for (int k = 0; k < kInFlight; ++k) {
+          const i64 u = first + k * stride;
+          if (u >= units) continue;
+          Unit<V> x;
+          if (!t.load<V>(op.src[s], u, x, deadline)) return false;
+#pragma unroll
+          for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x.w[w]);
+        }
+      }
+    }
+    for (int d = 0; d < op.ndst; ++d) {
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units) t.store<V>(op.dst[d], u, acc[k]);
+      }
+    }
+  }
+  return true;
+}
+
+// A pairwise transfer of plain data (src[j] -> dst[j], every pair ``bytes`` long: a multi-peer put, get or copy)
+// with the pairs side by side. Each thread walks groups of kInFlight units (blockDim apart), visiting every pair once
+// per group, and starts at pair (warp + block) mod n: at any moment the warps of a block, and the blocks of the grid,
+// move different pairs, so every peer's link carries data at once (pairs in series load one link at a time, and
+// every instance the same one). Packet pairs stay one transfer per pair (executor/gpu/tables.py). Out of line, so
+// that the 1024-thread kernels keep their registers.
+template <int V>
+__device__ __noinline__ void run_pairs(const Op& op, const Transfer& t) {
+  const i64 units = op.bytes / V;
+  const i64 stride = (i64)blockDim.x;
+  const int n = op.nsrc, turn = (int)(threadIdx.x / 32 + blockIdx.x) % n;
+  for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
+    for (int j = 0; j < n; ++j) {
+      const int p = (j + turn) % n;
+      const char* src = t.base(op.src[p]);
+      char* dst = t.base(op.dst[p]);
+      Unit<V> v[kInFlight];
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units) unit_load<V>(src + u * V, v[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units) unit_store<V>(dst + u * V, v[k]);
+      }
+    }
+  }
+}
+
+// LL128 transfers: a packet reference holds 128-byte lines of 120 data bytes and an 8-byte flag. Lane j (0..7)
+// of an 8-lane group moves bytes [16j, 16j + 16) of its line's data in one 16-byte access, lane 7 only 8 bytes
+// next to the flag; a warp's four lines are written by one store instruction, which NVLink delivers whole, so a
+// reader that sees a line's flag sees its data (NCCL's LL128 relies on the same). Each chunk of ``line_chunk``
+// data bytes starts a new line. Plain references are read and written 8 bytes at a time.
+constexpr int kLineData = 120;
+
+__device__ __forceinline__ void line_store(char* p, u64 w0, u64 w1) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
+}
+
+__device__ __forceinline__ void line_load(const char* p, u64& w0, u64& w1) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(p) : "memory");
+}
+
+template <class D>
+__device__ __forceinline__ u64 add_u64(u64 a, u64 b) {
+  const u32 lo = add_words<D>((u32)a, (u32)b), hi = add_words<D>((u32)(a >> 32), (u32)(b >> 32));
+  return ((u64)hi << 32) | lo;
+}
+
+// Returns false on a packet timeout. Whole warps walk the lines together (the flag vote needs every lane), each
+// lane U lines apart so that U loads are in flight; a warp reloads its lines until every flag has arrived.
+template <class D, int U>
+__device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& deadline) {
+  const i64 chunk = op.line_chunk;
+  const i64 per_chunk = (chunk + kLineData - 1) / kLineData;
+  const i64 lines = op.bytes / chunk * per_chunk;
+  const int lane = threadIdx.x & 7;
+  const i64 step = (i64)(blockDim.x / 32) * 4;  // lines a whole block covers once
+  const u64 flag = t.flag;
+  for (i64 first = (threadIdx.x / 32) * 4 + ((threadIdx.x & 31) >> 3); first - ((threadIdx.x & 31) >> 3) < lines;
+       first += step * U) {
+    i64 data[U];
+    bool has0[U], has1[U];
+    u64 acc0[U], acc1[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const i64 g = first + k * step;
+      const i64 c = g / per_chunk;
+      data[k] = c * chunk + (g - c * per_chunk) * kLineData + 16 * lane;  // this lane's first data byte
+      has0[k] = g < lines && data[k] + 8 <= (c + 1) * chunk;
+      has1[k] = g < lines && lane < 7 && data[k] + 16 <= (c + 1) * chunk;
+      acc0[k] = acc1[k] = 0;
+    }
+    for (int s = 0; s < op.nsrc; ++s) {
+      const Ref& r = op.src[s];
+      u64 w0[U], w1[U];
+      if (r.flags & kPacket) {
+        const char* p = t.base(r) + 16 * lane;
+        bool again;
+        do {
+          bool late = false;
+#pragma unroll
+          for (int k = 0; k < U; ++k) {
+            const i64 g = first + k * step;
+            w0[k] = w1[k] = 0;
+            if (g < lines) line_load(p + g * 128, w0[k], w1[k]);
+            late = late || (g < lines && lane == 7 && w1[k] != flag);
+          }
+          again = __any_sync(0xffffffffu, late);
+          if (again && __any_sync(0xffffffffu, deadline.expired())) return false;  // every lane leaves together
+        } while (again);
+      } else {
+        const char* p = t.base(r);
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+          w0[k] = has0[k] ? *reinterpret_cast<const u64*>(p + data[k]) : 0;
+          w1[k] = has1[k] ? *reinterpret_cast<const u64*>(p + data[k] + 8) : 0;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        acc0[k] = s == 0 ? w0[k] : add_u64<D>(acc0[k], w0[k]);
+        acc1[k] = s == 0 ? w1[k] : add_u64<D>(acc1[k], w1[k]);
+      }
+    }
+    for (int d = 0; d < op.ndst; ++d) {
+      const Ref& r = op.dst[d];
+      if (r.flags & kPacket) {
+        char* p = t.base(r) + 16 * lane;
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+          const i64 g = first + k * step;
+          if (g < lines) line_store(p + g * 128, acc0[k], lane == 7 ? flag : acc1[k]);
+        }
+      } else {
+        char* p = t.base(r);
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+          if (has0[k]) *reinterpret_cast<u64*>(p + data[k]) = acc0[k];
+          if (has1[k]) *reinterpret_cast<u64*>(p + data[k] + 8) = acc1[k];
+        }
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace weft

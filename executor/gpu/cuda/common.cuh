@@ -1,0 +1,52 @@
+// Shared device definitions for weft's interpreter: the error record and bounded spinning.
+// No CUDA headers are included so that NVRTC and nvcc compile these sources identically.
+#pragma once
+
+#include "contract.cuh"  // the integer types, the error kinds and the records, from the Python tables
+
+namespace weft {
+
+// The error record lives in mapped pinned host memory so the host reads it without synchronizing:
+// [0] set, [1] kind, [2] rank, [3] threadblock, [4] op index in the plan, [5] channel (or -1), [6] barrier id.
+struct ErrorRecord {
+  volatile int* words;
+  int rank;
+};
+
+__device__ __forceinline__ u64 global_timer_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void report(ErrorRecord rec, int kind, int tb, int op, int channel, int barrier) {
+  if (atomicCAS((int*)rec.words, 0, 1) == 0) {
+    rec.words[1] = kind;
+    rec.words[2] = rec.rank;
+    rec.words[3] = tb;
+    rec.words[4] = op;
+    rec.words[5] = channel;
+    rec.words[6] = barrier;
+    __threadfence_system();
+  }
+}
+
+// A spin with a wall-clock bound: the clock and the error flag are read only every 1024 polls, so a
+// healthy wait costs one load per poll. expired() turns true on timeout or when another block failed.
+struct Deadline {
+  u64 timeout_ns;
+  volatile int* error_set;
+  u64 end = 0;
+  u32 polls = 0;
+
+  __device__ __forceinline__ Deadline(u64 timeout, volatile int* err) : timeout_ns(timeout), error_set(err) {}
+
+  __device__ __forceinline__ bool expired() {
+    if ((++polls & 1023u) != 0) return false;
+    const u64 now = global_timer_ns();
+    if (end == 0) end = now + timeout_ns;
+    return now > end || *error_set != 0;
+  }
+};
+
+}  // namespace weft

@@ -1,0 +1,1 @@
+"""The torch-facing Communicator, its engines' shared plan choice, the torch ops and the engine plugin API."""

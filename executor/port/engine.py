@@ -1,0 +1,383 @@
+"""The port engine: runs plans whose hops between hosts are port channels, through torch.distributed's
+point-to-point sends and receives (NCCL on GPUs: its InfiniBand, RoCE or socket transport, whichever NCCL picks;
+gloo on CPUs).
+
+It is MSCCL++'s host proxy for port channels, driven by the static plan that every rank knows: each rank's
+``Program`` (``executor.port.program``) holds its sums and its groups of sends and receives, in the one global
+order that makes both sides of every hop meet. Everything runs on the caller's stream, so a CUDA graph captures
+it whole. No network code lives here: the engine's transports are NCCL's own, and on a real cluster NCCL moves
+the same calls over InfiniBand with no change here. Set ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`` to force NCCL
+onto its network path between the GPUs of one machine (as the two-host proof does).
+
+    engine = PortEngine.from_process_group()     # after init_process_group; WEFT_HOST may declare hosts
+    out = engine.execute(plan, x)                # on the current stream
+    engine.synchronize()                         # bounded: PeerLost names a peer that stopped answering
+
+Lanes overlap sums with transfers. Every op maps element j of a chunk to element j of another, so the columns of
+the chunks split into lanes that each run the whole program on their own: each lane has its own process group
+(its own NCCL communicator, hence its own connections and proxy) and, on a GPU, its own stream. While one lane
+sums, the others move data, and the lanes' connections carry a hop's bytes side by side. A chunk splits into at
+most ``lanes`` lanes (``$WEFT_PORT_LANES``; default 1, no lanes) of at least ``piece_bytes`` each; small chunks
+run as one. A lane splits a slot of several chunks into one operation per chunk, so its groups are closed
+(``compile_programs(closed=True)``: each group meets one group per peer, of the same round). The lanes' NCCL
+kernels spin side by side waiting for their peers: set ``CUDA_DEVICE_MAX_CONNECTIONS=32`` so that their 2 x lanes
+streams get hardware queues of their own (with CUDA's default 8, one lane's kernel can wait behind another's).
+Measured (bench/NOTES.md, 4 GPUs as 2 hosts x 2 on sockets): 4 lanes ran 1.3-2x faster than one at 1-4 MB; with
+open groups the milp all-gather stopped at 16 MB, and closed groups have not yet run on a GPU, hence the default.
+
+Every wait is bounded: ``synchronize`` polls the stream's progress for ``timeout_s`` and a gloo wait carries the
+same bound, so a peer whose process or host died is reported as ``PeerLost`` (naming the rank and its host)
+instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executor.errors import ExecutorError, PeerLost
+from executor.gpu import liveness
+from executor.gpu.bootstrap import all_gather_plain
+from executor.gpu.protocols import protocol_refusal
+from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
+from executor.port.program import (
+    INPLACE,
+    Compute,
+    Exchange,
+    Program,
+    Slot,
+    compile_programs,
+    lane_bounds,
+    lanes_for,
+)
+from schedules.plan.io import load_plan, parse_plan
+from schedules.plan.types import Plan
+
+DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+POLL_S = 0.0005
+LANES = 1  # unless $WEFT_PORT_LANES says otherwise: lanes wait for a GPU run of closed groups at >= 16 MB
+PIECE_BYTES = 64 << 10  # the least of a chunk that a lane carries
+ALIGN_BYTES = 16  # lanes split chunks on 16-byte boundaries
+LANE_CTAS = 8  # thread blocks of one lane's NCCL kernels
+Bounds = tuple[int, int] | None  # a lane's columns of every chunk; None: the whole chunks, as one lane
+
+
+@dataclass
+class _Context:
+    """One plan at one size and dtype on this rank: its program and its own scratch and staging buffers."""
+
+    program: Program
+    scratch: dict[str, Any]  # "s" and "t", as (chunks, elements) views
+    chunk_elems: int
+    lanes: tuple[tuple[int, int], ...]  # each lane's columns [lo, hi) of every chunk
+    outputs: dict[int, Any] = field(default_factory=dict)  # input pointer -> the output allocated for it
+    pending: list = field(default_factory=list)  # (event, exchange) of the last eager execution
+
+
+class PortEngine:
+    """Runs port-channel plans on this rank with ``world_size - 1`` peers of a torch.distributed group."""
+
+    def __init__(
+        self, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None, piece_bytes: int = PIECE_BYTES
+    ):
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ExecutorError(
+                "port engine: torch.distributed has no process group (launch with torchrun and call init_process_group)"
+            )
+        self._torch, self._dist = torch, dist
+        self.group, self.timeout_s = group, timeout_s
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group)).lower()
+        self.device = torch.cuda.current_device() if self.backend == "nccl" else None
+        me = [host_identity(), liveness.identity_of(self.rank).to_json().decode()]
+        every = all_gather_plain(me, group)  # plain data, never a pickle
+        try:
+            self.hosts = tuple(str(h) for h, _ in every)
+            self._identities = [liveness.RankIdentity.from_json(i) for _, i in every]
+        except (TypeError, ValueError) as e:
+            raise ExecutorError(f"port engine: rank {self.rank}: a peer's identity is malformed: {e}") from None
+        self._contexts: dict[tuple, _Context] = {}
+        self._programs: dict[tuple[str, bool], tuple[Program, ...]] = {}  # (plan hash, closed groups)
+        self._last: _Context | None = None
+        self.lanes, self.piece_bytes = self._lane_count(lanes), piece_bytes
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
+        # every rank creates the lanes' groups here, in the same order (a collective call)
+        self._groups = [group] + [self._lane_group(ranks) for _ in range(self.lanes - 1)]
+        self._streams = (
+            [torch.cuda.Stream(self.device) for _ in range(self.lanes)]
+            if self.device is not None and self.lanes > 1
+            else []
+        )
+
+    @classmethod
+    def from_process_group(
+        cls, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None, **_: Any
+    ) -> PortEngine:
+        return cls(group, timeout_s, lanes)
+
+    def _lane_group(self, ranks: list[int]) -> Any:
+        """A lane's process group. On NCCL its kernels take at most LANE_CTAS thread blocks: the lanes' kernels
+        spin side by side waiting for their peers, and together they must fit on the GPU at once."""
+        dist, options = self._dist, None
+        if self.backend == "nccl":
+            try:
+                options = dist.ProcessGroupNCCL.Options()
+                options.config.max_ctas = LANE_CTAS
+            except (AttributeError, TypeError):  # a torch without NCCL's config: NCCL's defaults
+                options = None
+        return dist.new_group(ranks, backend=self.backend, pg_options=options)
+
+    @staticmethod
+    def _lane_count(lanes: int | None) -> int:
+        if lanes is None:
+            text = os.environ.get("WEFT_PORT_LANES", str(LANES))
+            try:
+                lanes = int(text)
+            except ValueError:
+                raise ExecutorError(f"port engine: $WEFT_PORT_LANES={text!r} is not a whole number") from None
+        if not 1 <= lanes <= 64:
+            raise ExecutorError(f"port engine: {lanes} lanes: between 1 and 64")
+        return lanes
+
+    # ------------------------------------------------------------------ running plans
+
+    def execute(
+        self,
+        plan: Plan | dict | str | Path,
+        input: Any,
+        output: Any = None,
+        stream: Any = None,
+        dtype: str | None = None,
+        lines: bool | None = None,
+        residual: Any = None,
+    ) -> Any:
+        """Run ``plan`` on ``input`` (and ``output``, allocated when None) on the current stream; the output.
+        An in-place plan runs on one buffer: pass the larger of its input and output as ``input`` and no
+        ``output`` (the smaller lives inside it at the rank's slice); the result is that buffer."""
+        plan = (
+            load_plan(plan)
+            if isinstance(plan, (str, Path))
+            else parse_plan(plan, "plan")
+            if isinstance(plan, dict)
+            else plan
+        )
+        if lines or residual is not None:
+            raise ExecutorError(f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual)")
+        if protocol_refusal(plan):
+            raise ExecutorError(protocol_refusal(plan))
+        ctx = self._context(plan, input, dtype)
+        if plan.inplace:
+            if output is not None:
+                raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
+            if not input.is_contiguous():  # a reshape would copy it, and the result land in the copy
+                raise ExecutorError(f"plan {plan.name} is in-place: its buffer must be contiguous")
+            output = input
+            buffers = {INPLACE: input.reshape(-1).view(-1, ctx.chunk_elems), **ctx.scratch}
+        else:
+            output = self._output(plan, ctx, input, output)
+            buffers = {
+                "i": input.reshape(-1).view(-1, ctx.chunk_elems),
+                "o": output.reshape(-1).view(-1, ctx.chunk_elems),
+                **ctx.scratch,
+            }
+        capturing = self.device is not None and self._torch.cuda.is_current_stream_capturing()
+        ctx.pending = []
+        record = self.device is not None and not capturing
+        if len(ctx.lanes) == 1:
+            for step in ctx.program.steps:
+                self._step(buffers, ctx, step, None, self.group, record)
+        else:
+            self._run_lanes(buffers, ctx, record)
+        self._last = ctx
+        return output
+
+    def _run_lanes(self, buffers: dict[str, Any], ctx: _Context, record: bool) -> None:
+        """Every lane's program, each on its own group and stream, forked from and joined to the caller's stream.
+        Steps are issued step by step across the lanes: each rank's calls then follow one global order (each step
+        of the one-lane order as consecutive copies), so no lane waits on a peer that waits on it."""
+        streams = self._streams[: len(ctx.lanes)]
+        main = self._torch.cuda.current_stream() if streams else None
+        for s in streams:
+            s.wait_stream(main)
+        for step in ctx.program.steps:
+            for lane, bounds in enumerate(ctx.lanes):
+                with self._torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
+                    self._step(buffers, ctx, step, bounds, self._groups[lane], record)
+        if main is not None:
+            for s in streams:
+                main.wait_stream(s)
+
+    def synchronize(self, stream: Any = None) -> None:
+        """Wait, at most ``timeout_s``, for the last execution; PeerLost names a peer that did not answer."""
+        if self.device is None:
+            return
+        ctx = self._last
+        deadline = time.monotonic() + self.timeout_s
+        for event, exchange in ctx.pending if ctx else []:
+            while not event.query():
+                if time.monotonic() > deadline:
+                    raise self._lost(exchange, f"waited {self.timeout_s:.0f} s for its data")
+                time.sleep(POLL_S)
+        self._torch.cuda.current_stream().synchronize()
+
+    def exchange(self, what: str, value: Any) -> list[Any]:
+        """Every rank's ``value`` in rank order (collective), as plain data, never a pickle
+        (``gpu_bootstrap.all_gather_plain``): the interpreter's communicator's call, so the CLI uses either engine.
+        ``what`` names the exchange (the interpreter's errors use it; NCCL's own wait is bounded by its timeout)."""
+        return all_gather_plain(value, self.group)
+
+    def close(self) -> None:
+        self._contexts.clear()
+        self._last = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _context(self, plan: Plan, input: Any, dtype: str | None) -> _Context:
+        torch = self._torch
+        name = DTYPES.get(str(input.dtype).replace("torch.", ""))
+        if name is None or (dtype is not None and dtype != name):
+            raise ExecutorError(
+                f"plan {plan.name}: dtype {dtype or input.dtype} is not supported here (fp32, fp16, "
+                "bf16, matching the input)"
+            )
+        key = (plan.content_hash, input.numel(), name, str(input.device))
+        ctx = self._contexts.get(key)
+        if ctx is not None:
+            return ctx
+        self._check(plan, input, name)
+        gpu = plan.gpus[self.rank]
+        elems = input.numel() // self._input_chunks(plan)
+        size = input.element_size()
+        lanes = lane_bounds(elems, lanes_for(elems * size, self.lanes, self.piece_bytes), max(ALIGN_BYTES // size, 1))
+        closed = len(lanes) > 1  # lanes split slots into many operations: groups of one round each
+        programs = self._programs.get((plan.content_hash, closed))
+        if programs is None:
+            programs = self._programs[(plan.content_hash, closed)] = compile_programs(plan, closed)
+        program = programs[self.rank]
+        scratch = {
+            k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)
+            for k, n in (("s", gpu.scratch_chunks), ("t", program.staging_chunks))
+            if n
+        }
+        ctx = self._contexts[key] = _Context(program, scratch, elems, lanes)
+        return ctx
+
+    def _output(self, plan: Plan, ctx: _Context, input: Any, output: Any) -> Any:
+        n = plan.gpus[self.rank].output_chunks * ctx.chunk_elems
+        if output is None:
+            output = ctx.outputs.get(input.data_ptr())
+            if output is None:
+                output = ctx.outputs[input.data_ptr()] = self._torch.empty(n, dtype=input.dtype, device=input.device)
+        elif output.numel() != n or output.dtype != input.dtype or not output.is_contiguous():
+            raise ExecutorError(
+                f"plan {plan.name}: output has {output.numel()} {output.dtype} elements, expected "
+                f"{n} {input.dtype} (contiguous)"
+            )
+        return output
+
+    def _check(self, plan: Plan, input: Any, dtype: str) -> None:
+        gpu = plan.gpus[min(self.rank, plan.nranks - 1)]
+        why = ipc_across_hosts(plan, self.hosts) if plan.nranks == self.world_size else ""
+        why = why or transport_refusal(
+            plan.nranks, self.rank, self.hosts, gpu.port_peers, self.backend, input.device.type
+        )
+        if why:
+            raise ExecutorError(why if why.startswith("plan ") else f"plan {plan.name}: {why}")
+        if plan.nranks != self.world_size:
+            raise ExecutorError(f"plan {plan.name}: {plan.nranks} ranks, the process group has {self.world_size}")
+        if dtype not in plan.weft.dtypes:
+            raise ExecutorError(
+                f"plan {plan.name}: dtype {dtype} is not among the plan's ({', '.join(plan.weft.dtypes)})"
+            )
+        chunks = self._input_chunks(plan)
+        nbytes = input.numel() * input.element_size() * plan.size_chunks // max(chunks, 1)
+        if input.numel() % max(chunks, 1) or not plan.accepts(nbytes):
+            raise ExecutorError(
+                f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
+                f"({chunks} {'buffer' if plan.inplace else 'input'} chunks of whole 4-byte words)"
+            )
+
+    def _input_chunks(self, plan: Plan) -> int:
+        """Chunks of the buffer passed as input: an in-place plan's one buffer is the larger of the two."""
+        gpu = plan.gpus[self.rank]
+        return max(gpu.input_chunks, gpu.output_chunks) if plan.inplace else gpu.input_chunks
+
+    @staticmethod
+    def _view(buffers: dict[str, Any], slot: Slot, bounds: Bounds):
+        """The slot's chunks (a lane's columns of them: a strided view, which sums read and write)."""
+        rows = buffers[slot.buffer][slot.index : slot.index + slot.size]
+        return rows.reshape(-1) if bounds is None else rows[:, bounds[0] : bounds[1]]
+
+    @staticmethod
+    def _pieces(buffers: dict[str, Any], slot: Slot, bounds: Bounds) -> list:
+        """The slot as contiguous tensors for sends and receives: whole, or a lane's columns chunk by chunk (both
+        sides of a hop cut the same slot size the same way, so the pieces meet in order)."""
+        rows = buffers[slot.buffer][slot.index : slot.index + slot.size]
+        return [rows.reshape(-1)] if bounds is None else [row[bounds[0] : bounds[1]] for row in rows]
+
+    def _step(self, buffers: dict[str, Any], ctx: _Context, step, bounds: Bounds, group: Any, record: bool) -> None:
+        if isinstance(step, Compute):
+            self._compute(buffers, step, bounds)
+        else:
+            self._exchange(buffers, ctx, step, bounds, group, record)
+
+    def _compute(self, buffers: dict[str, Any], step: Compute, bounds: Bounds) -> None:
+        srcs = [self._view(buffers, s, bounds) for s in step.srcs]
+        total = srcs[0]
+        for s in srcs[1:]:
+            total = total + s  # in the element type: fp16/bf16 round after every add, as the plan says
+        for d in step.dsts:
+            view = self._view(buffers, d, bounds)
+            if view.data_ptr() != total.data_ptr():
+                view.copy_(total)
+
+    def _exchange(
+        self, buffers: dict[str, Any], ctx: _Context, step: Exchange, bounds: Bounds, group: Any, record: bool
+    ) -> None:
+        dist = self._dist
+        ops = [
+            dist.P2POp(dist.isend if t.send else dist.irecv, piece, t.peer, group)
+            for t in step.transfers
+            for piece in self._pieces(buffers, t.slot, bounds)
+        ]
+        try:
+            works = dist.batch_isend_irecv(ops)
+            for w in works or ():
+                if self.device is None:
+                    if not w.wait(datetime.timedelta(seconds=self.timeout_s)):
+                        raise TimeoutError(f"no answer in {self.timeout_s:.0f} s")
+                else:
+                    w.wait()  # NCCL: the current stream waits for the group; the host does not
+        except (RuntimeError, TimeoutError, ConnectionError) as e:
+            if self.device is not None and "NCCL" not in str(e):
+                raise
+            raise self._lost(step, str(e).splitlines()[0][:200]) from None
+        if record:
+            event = self._torch.cuda.Event()
+            event.record()
+            ctx.pending.append((event, step))
+
+    def _lost(self, step: Exchange, why: str) -> PeerLost:
+        peers = sorted({t.peer for t in step.transfers})
+        here = self._identities[self.rank]
+        states = {p: liveness.probe(self._identities[p], here) for p in peers}
+        gone = [p for p in peers if states[p] != "alive"] or peers
+        p = gone[0]
+        state = {"exited": "its process exited", "remote": "it runs on another host and did not answer"}.get(
+            states[p], "it did not answer"
+        )
+        return PeerLost(
+            f"rank {self.rank}: peer rank {p} on host {self.hosts[p]} lost during a port-channel exchange "
+            f"({step}): {state}; {why}",
+            rank=self.rank,
+            peer=p,
+            lost=tuple(gone),
+        )
