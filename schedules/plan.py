@@ -92,7 +92,16 @@ from pathlib import Path
 from typing import Any
 
 from schedules import mscclpp_format
-from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, SHIFT, Collective, CollectiveError
+from schedules.collectives import (
+    MAX_CHUNKS,
+    NAMES,
+    PLAN_ONLY,
+    Collective,
+    CollectiveError,
+    Facts,
+    facts_of,
+    slice_chunks,
+)
 from schedules.mscclpp_format import kernel_shape_errors
 from schedules.ops import OPS, PORT_OPS, SWITCH_OPS, OpSpec
 from schedules.padding import CHUNK_GRANULE, Padding, padding_of, refusal
@@ -458,6 +467,12 @@ class Plan:
         """Whether the plan's collective defines a result to compare (MSCCL++'s unit-test plans define none)."""
         return self.collective != TEST_COLLECTIVE
 
+    @property
+    def facts(self) -> Facts | None:
+        """The facts of the plan's collective (``Collective.facts``), so that no stage reads them off its name;
+        None for MSCCL++'s unit-test plans, which define no result."""
+        return facts_of(self.collective) if self.checkable else None
+
     def inplace_offsets(self, rank: int, input_size: int, output_size: int) -> tuple[int, int]:
         """Where an in-place plan's input and output start in its one buffer (in the units of the sizes given): the
         collective's rule (``Collective.inplace_offsets``); MSCCL++'s unit-test plans define none: both at 0."""
@@ -469,16 +484,7 @@ class Plan:
         """The Collective the plan computes, at the plan's chunk granularity (instances are finer chunks)."""
         g = self.gpus[0]
         n = self.nranks
-        per_slice = {
-            "allgather": g.input_chunks,
-            "gather": g.input_chunks,
-            "reducescatter": g.output_chunks,
-            "scatter": g.output_chunks,
-            "alltoall": g.input_chunks // n,
-            "broadcast": g.output_chunks,
-            "reduce": g.input_chunks,
-            SHIFT: g.input_chunks,
-        }.get(self.collective, g.output_chunks // n)
+        per_slice = slice_chunks(self.collective, n, g.input_chunks, g.output_chunks)
         return Collective(self.collective, n, max(per_slice, 1), self.weft.root)
 
     def content(self) -> dict[str, Any]:
@@ -639,7 +645,7 @@ def parse_plan(data: object, source: str) -> Plan:
         return plan
     _check_chunk_counts(rd, plan)
     _check_pairing(rd, plan)
-    if plan.collective == SHIFT:
+    if plan.facts is not None and plan.facts.shifts:
         _check_shift(rd, plan)
     stated = (doc.get("weft") or {}).get("hash")
     if stated is not None and stated != plan.content_hash:

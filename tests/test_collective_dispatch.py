@@ -28,7 +28,9 @@ def _names_in(node: ast.AST | None) -> set[str]:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return {node.value} & NAMES
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return set().union(*(_names_in(e) for e in node.elts)) if node.elts else set()
+        # every element a collective name: ("copy", "reduce") lists a send's ops
+        each = [_names_in(e) for e in node.elts]
+        return set().union(*each) if each and all(each) else set()
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set", "tuple"):
         return _names_in(node.args[0]) if node.args else set()
     return set()
@@ -169,6 +171,8 @@ if name not in NAMES: pass
 parser.add_argument("collective", choices=("allreduce", "allgather"))
 path = "allreduce.json"
 if send.op == "reduce": pass
+OPS = ("copy", "reduce")
+if s[3] not in OPS: pass
 reductions = [x for op, x in group if op == "reduce"]
 """
     assert _offences_of(source) == []
