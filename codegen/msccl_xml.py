@@ -23,8 +23,6 @@ from codegen.protocol import choose_protocol, size_range
 from schedules.plan import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
 
-COLL_NAMES = {"reducescatter": "reduce_scatter"}
-
 
 @dataclass
 class _Step:
@@ -62,7 +60,7 @@ def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto",
             "nchannels": str(instances),
             "nchunksperloop": str(collective.size_chunks * instances),
             "ngpus": str(n),
-            "coll": COLL_NAMES.get(collective.name, collective.name),
+            "coll": collective.facts.msccl_coll,
             "inplace": "0",
             "outofplace": "1",
             "minBytes": str(lo),

@@ -114,6 +114,12 @@ class Facts:
         return self.ends is Holding.PREVIOUS
 
     @property
+    def from_dual(self) -> bool:
+        """Its schedules are its copy-only dual's, reversed on the reversed fabric with every copy made a reduction
+        (reducescatter from allgather, reduce from broadcast; allreduce is its own dual and combines)."""
+        return self.combining and self.dual is not None and not FACTS[self.dual].combining
+
+    @property
     def input_is_slice(self) -> bool:
         return self.starts is Holding.SLICE and not self.shifts
 

@@ -10,7 +10,7 @@ written. Strings that are not compared (CLI choices, JSON keys, file names) do n
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import schedules.collectives as collectives
@@ -70,9 +70,9 @@ def _constants(tree: ast.Module) -> tuple[set[str], set[str]]:
                 bound = getattr(collectives, alias.name, None)
                 if alias.name in EVERY:
                     continue
-                if isinstance(bound, str) and bound in NAMES:
-                    literals.add(alias.asname or alias.name)
-                elif isinstance(bound, (tuple, frozenset, set)) and bound and set(bound) <= NAMES:
+                one = isinstance(bound, str) and bound in NAMES
+                some = isinstance(bound, (tuple, frozenset, set)) and bool(bound) and set(bound) <= NAMES
+                if one or some:
                     literals.add(alias.asname or alias.name)
                 elif isinstance(bound, dict) and bound and set(bound) <= NAMES:
                     tables.add(alias.asname or alias.name)
@@ -84,17 +84,26 @@ def _constants(tree: ast.Module) -> tuple[set[str], set[str]]:
     return literals, tables
 
 
-def _offences(tree: ast.Module) -> Iterator[tuple[int, str]]:
+def _offences(tree: ast.Module, elsewhere: tuple[set[str], set[str]] = (set(), set())) -> Iterator[tuple[int, str]]:
+    """Each comparison with a collective name, and each look-up in a table keyed by them, as (line, code);
+    ``elsewhere``: other modules' such constants, met as ``module.NAME``."""
     literals, tables = _constants(tree)
 
+    def bound(node: ast.expr, here: set[str], there: set[str]) -> bool:
+        return (isinstance(node, ast.Name) and node.id in here) or (
+            isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr in there
+        )
+
     def named(node: ast.expr) -> bool:
-        return bool(_names_in(node)) or (isinstance(node, ast.Name) and node.id in literals)
+        return bool(_names_in(node)) or bound(node, literals, elsewhere[0])
 
     def send_op(node: ast.expr) -> bool:  # a send's op is copy or "reduce", which is no collective
-        return (isinstance(node, ast.Attribute) and node.attr == "op") or (isinstance(node, ast.Name) and node.id == "op")
+        return (isinstance(node, ast.Attribute) and node.attr == "op") or (
+            isinstance(node, ast.Name) and node.id == "op"
+        )
 
     def table(node: ast.expr) -> bool:
-        return _name_table(node) or (isinstance(node, ast.Name) and node.id in tables)
+        return _name_table(node) or bound(node, tables, elsewhere[1])
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
@@ -110,27 +119,40 @@ def _offences(tree: ast.Module) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.match_case):
             if any(isinstance(p, ast.MatchValue) and named(p.value) for p in ast.walk(node.pattern)):
                 yield node.pattern.lineno, f"case {ast.unparse(node.pattern)}"
-        elif isinstance(node, ast.Subscript) and table(node.value) and not isinstance(node.slice, ast.Constant):
+        elif isinstance(node, (ast.Subscript, ast.Call)) and _looked_up(node, table):
             yield node.lineno, ast.unparse(node)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "get"
-            and table(node.func.value)
-        ):
-            yield node.lineno, ast.unparse(node)
+
+
+def _looked_up(node: ast.Subscript | ast.Call, table: Callable[[ast.expr], bool]) -> bool:
+    """``TABLE[name]`` or ``TABLE.get(name)``: a look-up of a name that is not a literal."""
+    if isinstance(node, ast.Subscript):
+        return table(node.value) and not isinstance(node.slice, ast.Constant)
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and table(node.func.value)
+    )
 
 
 def scan(root: Path) -> list[str]:
     """Every offence under root's packages, as 'file:line: code'."""
-    found = []
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            rel = path.relative_to(root).as_posix()
-            if rel == ALLOWED:
-                continue
-            tree = ast.parse(path.read_text(), rel)
-            found += [f"{rel}:{line}: {code[:120]}" for line, code in _offences(tree)]
+    trees = {
+        path.relative_to(root).as_posix(): ast.parse(path.read_text(), str(path))
+        for package in PACKAGES
+        for path in sorted((root / package).rglob("*.py"))
+    }
+    elsewhere: tuple[set[str], set[str]] = (set(), set())
+    for tree in trees.values():
+        literals, tables = _constants(tree)
+        elsewhere[0].update(literals)
+        elsewhere[1].update(tables)
+    found = [
+        f"{rel}:{line}: {code[:120]}"
+        for rel, tree in trees.items()
+        if rel != ALLOWED
+        for line, code in _offences(tree, elsewhere)
+    ]
     return sorted(set(found))
 
 
@@ -139,8 +161,8 @@ def test_no_stage_compares_a_collective_name() -> None:
     assert not found, f"{len(found)} comparisons with a collective name outside {ALLOWED}:\n" + "\n".join(found)
 
 
-def _offences_of(source: str) -> list[str]:
-    return [code for _, code in _offences(ast.parse(source))]
+def _offences_of(source: str, elsewhere: tuple[set[str], set[str]] = (set(), set())) -> list[str]:
+    return [code for _, code in _offences(ast.parse(source), elsewhere)]
 
 
 def test_the_scan_finds_each_form() -> None:
@@ -158,6 +180,8 @@ match c.name:
     case "gather": pass
 """
     assert len(_offences_of(source)) == 7
+    elsewhere = ({"ROOTED_ONES"}, {"DUAL"})  # constants of other modules
+    assert len(_offences_of("if c.name in dual.DUAL: pass\nif c.name in other.ROOTED_ONES: pass", elsewhere)) == 2
 
 
 def test_the_scan_passes_keys_choices_and_measurements() -> None:
