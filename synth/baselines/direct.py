@@ -111,14 +111,15 @@ def twoshot_sends(collective: Collective) -> int:
     return 2 * n * (n - 1) * collective.chunks
 
 
-def _pairs(collective: Collective) -> list[tuple[int, int]]:
-    """The rank pairs a direct schedule talks over: to or from the root, or every pair."""
+def _pairs(collective: Collective, only: int | None = None) -> list[tuple[int, int]]:
+    """The rank pairs a direct schedule talks over: to or from the root, or every pair (``only``: from that rank)."""
     n, root = collective.nranks, collective.root
+    sources = range(n) if only is None else [only]
     if collective.facts.from_root:
-        return [(root, d) for d in range(n) if d != root]
+        return [(root, d) for d in range(n) if d != root and root in sources]
     if collective.facts.to_root:
-        return [(s, root) for s in range(n) if s != root]
-    return [(s, d) for s in range(n) for d in range(n) if s != d]
+        return [(s, root) for s in sources if s != root]
+    return [(s, d) for s in sources for d in range(n) if s != d]
 
 
 def _direct_sends(collective: Collective, only: int | None = None) -> list[Send]:
@@ -129,8 +130,7 @@ def _direct_sends(collective: Collective, only: int | None = None) -> list[Send]
     ends = cache(collective.postcondition)
     op = "reduce" if collective.combining else "copy"
     sends = []
-    for s, d in _pairs(collective):
-        if only is None or s == only:
-            moved = ends(d) if collective.combining else (starts(s) & ends(d)) - starts(d)
-            sends += [Send(chunk, s, d, op) for chunk in sorted(moved)]
+    for s, d in _pairs(collective, only):
+        moved = ends(d) if collective.combining else (starts(s) & ends(d)) - starts(d)
+        sends += [Send(chunk, s, d, op) for chunk in sorted(moved)]
     return sends
