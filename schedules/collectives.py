@@ -25,6 +25,15 @@ postcondition means "holds the sum of all N contributions, each counted once".
 ``input_map(rank)`` and ``output_map(rank)`` give the chunk held at each index of a rank's input and output
 buffer; the message size in nccl-tests terms spans ``size_chunks`` chunks.
 
+Each collective is written once, as ``Facts`` (msccl-tools' way: the conditions are built from predicates, so no
+stage branches on a name; ``Collective.facts``, ``facts_of(name)``, ``Plan.facts``). ``starts`` and ``ends`` say
+what rank r holds (``Holding``: its SLICE, ALL chunks, everything at the ROOT, a ROW or COLUMN of alltoall blocks,
+the PREVIOUS rank's slice); ``chunking`` how the chunks are numbered (SHARED, SLICES, BLOCKS); the rest whether it
+combines, its dual on the reversed fabric, the phases it runs as (allreduce: reducescatter then allgather), and its
+name in torch.distributed and MSCCL's XML. Derived: ``rooted``, ``from_root``, ``to_root``, ``same_to_all`` (every
+rank ends with the same data), ``spanning`` (a spanning tree carries each chunk), ``sums_everywhere``, ``shifts``,
+``from_dual`` (solved as its copy-only dual, reversed).
+
 >>> c = Collective("allgather", 4)
 >>> c.nchunks, sorted(c.precondition(1)), c.output_map(2)
 (4, [1], (0, 1, 2, 3))
