@@ -41,7 +41,7 @@ rank ends with the same data), ``spanning`` (a spanning tree carries each chunk)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
 from typing import Any
@@ -85,7 +85,7 @@ class Facts:
     dual: str | None = None  # the collective its schedules become with every send reversed (None: none is made)
     phases: tuple[str, ...] = ()  # the collectives run one after the other that make it (allreduce's two halves)
     torch_op: str | None = None  # torch.distributed's call for it, where one call computes it
-    msccl_coll: str = ""  # the MSCCL XML ``coll`` attribute
+    msccl_coll: str = ""  # the MSCCL XML ``coll`` attribute, where it is not the name
 
     @property
     def rooted(self) -> bool:
@@ -166,7 +166,6 @@ FACTS: dict[str, Facts] = {
     "alltoall": Facts(Holding.ROW, Holding.COLUMN, Chunking.BLOCKS, dual="alltoall", torch_op="all_to_all_single"),
     SHIFT: Facts(Holding.SLICE, Holding.PREVIOUS, Chunking.SLICES),
 }
-FACTS = {name: replace(f, msccl_coll=f.msccl_coll or name) for name, f in FACTS.items()}
 COMBINING = frozenset(name for name, f in FACTS.items() if f.combining)
 ROOTED = frozenset(name for name, f in FACTS.items() if f.rooted)
 

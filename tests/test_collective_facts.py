@@ -97,7 +97,7 @@ def test_each_fact_names_its_collectives() -> None:
     assert _having("phases") == {"allreduce"}
     assert {n for n in NAMES + PLAN_ONLY if facts_of(n).chunking is Chunking.SHARED} == {"broadcast", "reduce"}
     assert {n for n in NAMES + PLAN_ONLY if facts_of(n).chunking is Chunking.BLOCKS} == {"alltoall"}
-    assert facts_of("reducescatter").msccl_coll == "reduce_scatter" and facts_of("allgather").msccl_coll == "allgather"
+    assert facts_of("reducescatter").msccl_coll == "reduce_scatter" and facts_of("allgather").msccl_coll == ""
     assert facts_of("allreduce").torch_op == "all_reduce" and facts_of("gather").torch_op is None
 
 

@@ -178,13 +178,7 @@ def _alltoall(collective: Collective) -> list[list[Send]]:
     return steps
 
 
-# every program takes the collective; the slice ones (spread, combine) also take only=, one rank's sends
+# the programs in Programs' order; spread and combine also take only=, one rank's sends
 _PROGRAMS: Programs[Callable[..., list[list[Send]]]] = Programs(
-    spread=_allgather,
-    combine=_reducescatter,
-    from_root=_broadcast,
-    into_root=_reduce,
-    slices_from_root=_scatter,
-    slices_into_root=_gather,
-    exchange=_alltoall,
+    _allgather, _reducescatter, _broadcast, _reduce, _scatter, _gather, _alltoall
 )

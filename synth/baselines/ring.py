@@ -294,13 +294,7 @@ def _alltoall(order: list[int], collective: Collective, lanes: Lanes) -> list[li
     return steps
 
 
-# every program takes (order, collective, lanes); the slice ones (spread, combine) also take only=
+# the programs in Programs' order, each taking (order, collective, lanes); spread and combine also take only=
 _PROGRAMS: Programs[Callable[..., list[list[Send]]]] = Programs(
-    spread=_allgather,
-    combine=_reducescatter,
-    from_root=_broadcast,
-    into_root=_reduce,
-    slices_from_root=_scatter,
-    slices_into_root=_gather,
-    exchange=_alltoall,
+    _allgather, _reducescatter, _broadcast, _reduce, _scatter, _gather, _alltoall
 )
