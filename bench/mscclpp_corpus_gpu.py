@@ -32,6 +32,7 @@ def main() -> None:
     from executor.gpu.bootstrap import all_gather_plain
     from executor.gpu.engine import PlanExecutor
     from executor.port.engine import PortEngine
+    from schedules.collectives import facts_of
     from schedules.plan.io import load_plan
     from weftcore.errors import WeftError
 
@@ -43,7 +44,7 @@ def main() -> None:
     engines: dict[bool, PlanExecutor | PortEngine] = {}
 
     def reference(collective: str, x):
-        if collective != "sendrecv":
+        if not facts_of(collective).shifts:
             return nccl_result(collective, x, world), sum_magnitude(collective, x, world)
         every = torch.empty(world * x.numel(), device=x.device, dtype=x.dtype)
         dist.all_gather_into_tensor(every, x)

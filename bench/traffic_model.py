@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codegen import compile_schedule  # noqa: E402
+from schedules.collectives import Collective  # noqa: E402
 from schedules.traffic import PortModel, port_bytes, predict_us  # noqa: E402
 from topologies import resolve  # noqa: E402
 from weft.synthesis import synthesize  # noqa: E402
@@ -119,7 +120,7 @@ def fit(plans) -> tuple[PortModel, float]:
 
 
 def busbw(collective: str, nranks: int, mb: int, us: float) -> float:
-    factor = 2 * (nranks - 1) / nranks if collective == "allreduce" else (nranks - 1) / nranks
+    factor = Collective(collective, nranks).bus_factor
     return mb * MB / us / 1e3 * factor
 
 

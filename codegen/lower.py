@@ -74,8 +74,8 @@ def lower(schedule: Schedule, placement: Placement, packets: bool, pull: bool = 
 def _land(emit, t: int, d: int, c: int, group: list, held: dict[int, Loc], placement: Placement, packets: bool) -> None:
     """Actions on rank d that combine chunk c's arrivals of step t into its state (after their ARRIVEs)."""
     home = placement.home(d, c)
-    copies = [g for g in group if g[0] == "copy"]
-    reductions = [g for g in group if g[0] == "reduce"]
+    copies = [(op, src, landing) for op, src, landing in group if op == "copy"]
+    reductions = [(op, src, landing) for op, src, landing in group if op == "reduce"]
     for _, src, landing in copies:
         if landing != home:
             emit(d, t, 2, UNPACK if packets else COPY, src, [landing], [home])

@@ -24,8 +24,6 @@ from schedules.compact import expand
 from schedules.plan.types import MAX_MESSAGE_SIZE
 from schedules.schedule import Schedule
 
-COLL_NAMES = {"reducescatter": "reduce_scatter"}
-
 
 @dataclass
 class _Step:
@@ -65,7 +63,7 @@ def to_msccl_xml(schedule: Schedule, instances: int = 1, protocol: str = "auto",
             "nchannels": str(instances),
             "nchunksperloop": str(collective.size_chunks * instances),
             "ngpus": str(n),
-            "coll": COLL_NAMES.get(collective.name, collective.name),
+            "coll": collective.facts.msccl_coll or collective.name,
             "inplace": "0",
             "outofplace": "1",
             "minBytes": str(lo),

@@ -31,7 +31,7 @@ def own_rows(plan: Plan, groups: int) -> Plan:
     ``i[k..]`` and ``s[k..]`` into ``o[k..]``, as one-shot plans end) are regrouped; a plan with any other kind
     of output write is refused. The result is unverified: commit it through ``weft.publish`` (reference
     executor) like any plan."""
-    if plan.collective != "allreduce":
+    if plan.facts is None or not plan.facts.sums_everywhere:
         raise CodegenError(f"plan {plan.name}: only an all-reduce's rows can be owned (it runs {plan.collective})")
     gpus = tuple(_regroup(plan, g, groups) for g in plan.gpus)
     return replace(plan, name=f"{plan.name}-rows{groups}", gpus=gpus).with_meta(verification=None)

@@ -57,7 +57,7 @@ import networkx as nx
 import numpy as np
 from networkx.algorithms.flow import build_residual_network, dinitz
 
-from schedules.collectives import Collective
+from schedules.collectives import Chunking, Collective
 from schedules.symmetry import rank_orbit_representatives
 from topologies.errors import UnreachableError
 from topologies.topology import Topology, Vertex
@@ -452,22 +452,19 @@ def bandwidth_factor(topology: Topology, collective: Collective) -> Fraction:
     n = collective.nranks
     if n < 2:
         return Fraction(0)
-    name = collective.name
-    if name == "allgather":
-        return allgather_cut_bound(topology) / n
-    if name == "reducescatter":
-        return allgather_cut_bound(_reversed(topology)) / n
-    if name == "allreduce":
+    facts = collective.facts
+    if facts.phases:
         return allreduce_factor(topology)
-    if name == "broadcast":
-        return 1 / rooted_cut_capacity(topology, collective.root)
-    if name == "reduce":
-        return 1 / rooted_cut_capacity(_reversed(topology), collective.root)
-    if name == "gather":
-        return bottleneck_cut(topology, (collective.root,)).ratio / n
-    if name == "scatter":
-        return bottleneck_cut(_reversed(topology), (collective.root,)).ratio / n
-    return _alltoall_factor(topology)
+    if facts.chunking is Chunking.BLOCKS:
+        return _alltoall_factor(topology)
+    if facts.rooted and facts.chunking is Chunking.SLICES:
+        # every slice crosses the cut around the root: into it (gather), or out of it (scatter, reversed)
+        return bottleneck_cut(_reversed(topology) if facts.from_root else topology, (collective.root,)).ratio / n
+    # a combining collective's bound is its copy-only dual's on the reversed fabric
+    fabric = _reversed(topology) if facts.combining else topology
+    if facts.rooted:
+        return 1 / rooted_cut_capacity(fabric, collective.root)
+    return allgather_cut_bound(fabric) / n
 
 
 def bandwidth_bound_us(topology: Topology, collective: Collective, nbytes: float) -> float:
@@ -497,9 +494,9 @@ def latency_bound_us(topology: Topology, collective: Collective) -> float:
     leaves the root (broadcast, scatter) or only reaches it (reduce, gather).
     """
     _check(topology, collective)
-    if collective.name in ("broadcast", "scatter"):
+    if collective.facts.from_root:
         return _farthest_us(topology, (collective.root,))
-    if collective.name in ("reduce", "gather"):
+    if collective.facts.to_root:
         return _farthest_us(_reversed(topology), (collective.root,))
     # an automorphism preserves path latencies, so the farthest pair starts at some orbit's representative
     return _farthest_us(topology, rank_orbit_representatives(topology))

@@ -50,7 +50,7 @@ def candidates(
     found: dict[str, Schedule] = {}
     makers = [(m, baselines.solver(m)) for m in (*baselines.METHODS, *baselines.HIERARCHICAL)]
     makers.append(("trees", lambda t, c: trees.solve(t, c, trees.TreeOptions(time_limit=30.0))))
-    if collective.name == "allreduce":
+    if collective.facts.sums_everywhere:  # a reduce into one rank, then a broadcast from it
         makers.append(("reduce-broadcast", reduce_broadcast_trees))
     for chunks in chunk_options:
         c = Collective(collective.name, collective.nranks, chunks * collective.chunks, collective.root)

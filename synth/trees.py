@@ -218,7 +218,7 @@ def _check(topology: Topology, collective: Collective) -> None:
             f"trees: collective {collective.name} has {collective.nranks} ranks, "
             f"topology {topology.name} has {topology.nranks}"
         )
-    if collective.name in ("gather", "scatter", "alltoall"):
+    if not collective.facts.spanning:
         raise NotApplicable(
             f"trees: {collective.name} sends different data to each rank; spanning trees "
             "carry the same data to all (use direct or milp)"
@@ -238,35 +238,36 @@ def broadcast_forest(topology: Topology, root: int, options: TreeOptions) -> For
 def forests_for(topology: Topology, collective: Collective, options: TreeOptions) -> list[Forest]:
     """The forests a collective runs on, in order (allreduce: the reversed fabric's, then the fabric's)."""
     _check(topology, collective)
-    name = collective.name
-    if name == "allgather":
-        return [allgather_forest(topology, options)]
-    if name == "reducescatter":
-        return [allgather_forest(topology.reversed(), options)]
-    if name == "allreduce":
-        return [allgather_forest(topology.reversed(), options), allgather_forest(topology, options)]
-    if name == "broadcast":
-        return [broadcast_forest(topology, collective.root, options)]
-    return [broadcast_forest(topology.reversed(), collective.root, options)]
+    forests = []
+    for phase in collective.phases:
+        fabric = topology.reversed() if phase.combining else topology  # sums flow up the reversed fabric's trees
+        rooted = phase.rooted
+        forests.append(broadcast_forest(fabric, phase.root, options) if rooted else allgather_forest(fabric, options))
+    return forests
 
 
 def schedule(topology: Topology, collective: Collective, forests: list[Forest]) -> Schedule:
     """The pipelined schedule of a collective over its forests (from ``forests_for``)."""
     c = collective.chunks
-    slices = {r: list(range(r * c, (r + 1) * c)) for r in topology.ranks}
-    name = collective.name
-    if name == "allgather":
-        phases = _tree_steps(forests[0], slices, reduce=False)
-    elif name == "reducescatter":
-        phases = _tree_steps(forests[0], slices, reduce=True)
-    elif name == "allreduce":
-        phases = _tree_steps(forests[0], slices, reduce=True) + _tree_steps(forests[1], slices, reduce=False)
-    elif name == "broadcast":
-        phases = _tree_steps(forests[0], {collective.root: list(range(c))}, reduce=False)
-    else:
-        phases = _tree_steps(forests[0], {collective.root: list(range(c))}, reduce=True)
+    phases = [
+        layer
+        for phase, forest in zip(collective.phases, forests, strict=False)
+        for layer in _tree_steps(forest, _sources(phase, topology, c), reduce=phase.combining)
+    ]
     k = forests[-1].per_root
-    return Schedule(collective, topology.fingerprint, _steps(topology, phases), f"trees-{name}-k{k}-c{c}")
+    return Schedule(collective, topology.fingerprint, _steps(topology, phases), f"trees-{collective.name}-k{k}-c{c}")
+
+
+def _sources(phase: Collective, topology: Topology, c: int) -> dict[int, list[int]]:
+    """The chunks each tree root starts from, ``c`` per root: the root's, or every rank's slice."""
+    if phase.rooted:
+        return {phase.root: list(range(c))}
+    return {r: list(range(r * c, (r + 1) * c)) for r in topology.ranks}
+
+
+def _spreads_slices(collective: Collective) -> bool:
+    """Every rank's slice copied to every rank (allgather): the one collective the compact pipeline writes."""
+    return not collective.combining and not collective.rooted
 
 
 def solve(
@@ -282,7 +283,7 @@ def solve(
     for forest in forests:
         if progress:
             progress(f"trees: {forest.describe()}")
-    if options.size is not None and collective.name == "allgather":
+    if options.size is not None and _spreads_slices(collective):
         # the compact form (one wave and the shift to the next): the fastest wave count, whatever its size
         pipe = pipeline(topology, collective, forests)
         result = pipe.with_waves(pipe.best_waves(options.size)).compact()
@@ -411,7 +412,7 @@ class Pipeline:
         """The pipelined allgather in compact form (``weft.schedule/2``): the first wave listed, layer by layer,
         and the symmetry that moves it to the next chunk of every tree one step later (schedules.compact).
         It expands to ``expand()``'s schedule and prices the same, without writing out P × a wave's sends."""
-        if self.collective.name != "allgather" or len(self.phases) != 1:
+        if not _spreads_slices(self.collective) or len(self.phases) != 1:
             raise SynthesisError(f"trees: the compact pipeline is written for allgather, not {self.collective.name}")
         import numpy as np
 
@@ -458,13 +459,9 @@ def pipeline(
     forests = forests if forests is not None else forests_for(topology, collective, options)
     k = lcm(*(f.per_root for f in forests))
     one = Collective(collective.name, collective.nranks, k, collective.root)
-    slices = {r: list(range(r * k, (r + 1) * k)) for r in topology.ranks}
-    name = collective.name
-    if name == "allreduce":
-        phases = [_tree_steps(forests[0], slices, reduce=True), _tree_steps(forests[1], slices, reduce=False)]
-    elif name in ("allgather", "reducescatter"):
-        phases = [_tree_steps(forests[0], slices, reduce=name == "reducescatter")]
-    else:
-        phases = [_tree_steps(forests[0], {collective.root: list(range(k))}, reduce=name == "reduce")]
+    phases = [
+        _tree_steps(forest, _sources(phase, topology, k), reduce=phase.combining)
+        for phase, forest in zip(collective.phases, forests, strict=False)
+    ]
     layers = tuple(tuple(tuple(layer) for layer in phase if layer) for phase in phases)
     return Pipeline(topology, one, tuple(forests), layers)

@@ -324,7 +324,8 @@ def test_cli_writes_a_verified_schedule(tmp_path, capsys):
 def test_a_model_too_large_to_build_is_refused_naming_the_options(capsys):
     """--chunks 1000 makes about 2000 steps: 64 million possible sends, which ran past any time limit."""
     assert (
-        main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--chunks", "1000", "--time-limit", "60"]) == 2
+        main(["synth", "allgather", "-t", "ring:n=4", "--method", "milp", "--chunks", "1000", "--time-limit", "60"])
+        == 2
     )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "possible sends, more than the model's 2000000" in err

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from codegen.protocol import LL_MAX_BYTES, CodegenError
+from schedules.collectives import NAMES, facts_of
 from schedules.compact import expand
 from schedules.plan.types import Plan
 from schedules.schedule import Schedule
@@ -36,7 +37,7 @@ DEFAULT_PROTOCOLS = ("ll", "simple")
 THREADS_PER_SM = 1024
 
 
-DEFAULT_METHODS = {"allreduce": ("direct", "twoshot")}  # every other collective: direct
+DEFAULT_METHODS = ("direct",)  # and twoshot where the collective is reducescatter + allgather (allreduce)
 FALLBACK_METHOD = "ring"
 
 
@@ -51,7 +52,8 @@ def default_schedules(topology: Topology, collective: str) -> tuple[list[Schedul
     from weft.synthesis import synthesize
 
     schedules, notes = [], []
-    for method in DEFAULT_METHODS.get(collective, ("direct",)):
+    two_phases = collective in NAMES and bool(facts_of(collective).phases)
+    for method in DEFAULT_METHODS + (("twoshot",) if two_phases else ()):
         try:
             schedules.append(synthesize(topology, collective, method))
         except NotApplicable as e:

@@ -19,7 +19,7 @@ from typing import Any
 
 from executor.errors import ExecutorError
 from executor.gpu.tables import lines_possible
-from schedules.collectives import Collective
+from schedules.collectives import Chunking, Collective, facts_of
 from schedules.plan.types import Plan
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -48,22 +48,30 @@ def _buffers(collective: str, nbytes: int, world: int, dtype, device):
     n_in = int(nbytes * facts.input_fraction) // esize
     x = torch.randn(n_in, device=device, dtype=torch.float32).to(dtype)
     n_out = int(nbytes * facts.output_fraction) // esize
-    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, device=device, dtype=dtype)
+    out = x.clone() if _one_tensor(facts) else torch.empty(n_out, device=device, dtype=dtype)
     return x, out
+
+
+def _one_tensor(collective: Collective) -> bool:
+    """Whether torch's call works in place on one tensor: every rank ends with the whole message, in a buffer the
+    size of its input (all_reduce, broadcast)."""
+    return collective.facts.same_to_all and collective.input_fraction == collective.output_fraction
 
 
 def _nccl(collective: str, x, out) -> Callable[[], None]:
     import torch.distributed as dist
 
-    calls = {
-        "allreduce": lambda: dist.all_reduce(out),
-        "allgather": lambda: dist.all_gather_into_tensor(out, x),
-        "reducescatter": lambda: dist.reduce_scatter_tensor(out, x),
-        "alltoall": lambda: dist.all_to_all_single(out, x),
+    facts = facts_of(collective)
+    if facts.shifts:
+        return lambda: _shift(x, out)
+    calls = {  # by torch.distributed's name (Facts.torch_op)
+        "all_reduce": lambda: dist.all_reduce(out),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, x),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(out, x),
+        "all_to_all_single": lambda: dist.all_to_all_single(out, x),
         "broadcast": lambda: dist.broadcast(out, src=0),
-        "sendrecv": lambda: _shift(x, out),
     }
-    return calls[collective]
+    return calls[facts.torch_op or collective]  # a KeyError naming the collective where none fits
 
 
 def _shift(x, out) -> None:
@@ -280,7 +288,7 @@ def nccl_result(collective: str, x, world: int):
 
     facts = Collective(collective, world)
     n_out = int(x.numel() * facts.output_fraction / facts.input_fraction)
-    out = x.clone() if collective in ("allreduce", "broadcast") else torch.empty(n_out, dtype=x.dtype, device=x.device)
+    out = x.clone() if _one_tensor(facts) else torch.empty(n_out, dtype=x.dtype, device=x.device)
     _nccl(collective, x, out)()
     return out
 
@@ -306,7 +314,7 @@ def matches(collective: str, got, ref, dtype: str, magnitude, nranks: int) -> bo
     (``magnitude`` from ``sum_magnitude``)."""
     import torch
 
-    if collective not in ("allreduce", "reducescatter"):
+    if not facts_of(collective).combining:
         return bool(torch.equal(got, ref))
     return within_rounding(got, ref, magnitude, dtype, nranks)
 
@@ -377,7 +385,8 @@ def _plan_timers(
         (p, True) for p in candidates if config.ll128 and lines_possible(p, nbytes)
     ]
     for plan, lines in formats:
-        y = out if config.collective != "allreduce" else torch.empty_like(x)
+        # NCCL's all-reduce sums into ``out`` in place, call after call: weft's plans write elsewhere
+        y = torch.empty_like(x) if facts_of(config.collective).sums_everywhere else out
         if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
             y = x.clone()
         keep.append(y)
@@ -411,7 +420,8 @@ def run_bench(
     world, device = comm.world_size, torch.device("cuda", comm.device)
     dtype = getattr(torch, TORCH_DTYPES[config.dtype])
     rows = []
-    with_peers = config.collective == "allreduce" and config.symm  # one host: CUDA IPC, as symm-mem
+    facts = facts_of(config.collective)
+    with_peers = facts.sums_everywhere and config.symm  # all-reduce peers; one host: CUDA IPC, as symm-mem
     peers = Peers.create(max(config.sizes), config.peers) if with_peers and config.peers else Peers(absent={})
     for nbytes in config.sizes:
         began = time.monotonic()
@@ -430,7 +440,7 @@ def run_bench(
             calls, refused = peers.calls(x, keep)
             others.update(calls)
             refused_peers.update(refused)
-        if config.collective == "alltoall" and config.symm and "symm" in config.peers:
+        if facts.chunking is Chunking.BLOCKS and config.symm and "symm" in config.peers:
             calls, refused = alltoall_peers(x, out, keep)
             others.update(calls)
             refused_peers.update(refused)

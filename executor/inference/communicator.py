@@ -61,6 +61,7 @@ from executor.inference.plans import PlanChoice, disagreement
 from executor.inference.topology import machine_topology, p2p_works
 from executor.reference.norm import RowNorm
 from registry.store import Registry, RegistryError
+from schedules.collectives import Collective
 from topologies import Topology
 
 if TYPE_CHECKING:
@@ -238,18 +239,18 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if plan is None:
             return False
         elements = nbytes // torch.empty((), dtype=dtype).element_size()
-        inner = elements // self.world_size
-        x = torch.zeros(elements if collective != "allgather" else inner, dtype=dtype, device=self._staging_in.device)
-        out = torch.empty(elements if collective != "reducescatter" else inner, dtype=dtype, device=x.device)
+        spec = Collective(collective, self.world_size)
+        x = torch.zeros(int(elements * spec.input_fraction), dtype=dtype, device=self._staging_in.device)
+        out = torch.empty(int(elements * spec.output_fraction), dtype=dtype, device=x.device)
         if residual:
             self.all_reduce(x, residual=torch.zeros_like(x))
             return True
-        {
-            "allreduce": lambda: self.all_reduce_(x),
-            "allgather": lambda: self.all_gather_into_tensor(out, x),
-            "reducescatter": lambda: self.reduce_scatter_tensor(out, x),
-            "alltoall": lambda: self.all_to_all_single(out, x),
-        }[collective]()
+        {  # by torch.distributed's name (Facts.torch_op), which these methods follow
+            "all_reduce": lambda: self.all_reduce_(x),
+            "all_gather_into_tensor": lambda: self.all_gather_into_tensor(out, x),
+            "reduce_scatter_tensor": lambda: self.reduce_scatter_tensor(out, x),
+            "all_to_all_single": lambda: self.all_to_all_single(out, x),
+        }[spec.facts.torch_op or collective]()
         return True
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ FIXED_ORDER_SOLVERS = frozenset({"ring", "twoshot", "rhd", "tree"})
 
 def fixed_reduction_order(plan: Plan) -> bool:
     """Whether ``plan`` gives bitwise-identical sums on every rank and every run."""
-    if plan.collective != "allreduce":
+    if plan.facts is None or not plan.facts.sums_everywhere:
         return True  # every other collective's sums land on one rank each: there is nothing for ranks to disagree on
     return plan.weft.solver in FIXED_ORDER_SOLVERS or (plan.weft.solver == "direct" and plan.nranks <= 2)
 

@@ -98,7 +98,7 @@ def residual_refusal(plan: Plan) -> str:
     element must come out of exactly one such reduction, directly or copied. The CPU reference executor checks
     that: it runs the plan with the same rule on integer data, where every sum is exact, and every rank's output
     must be the inputs' sum plus the residual, once."""
-    if plan.collective != "allreduce":
+    if plan.facts is None or not plan.facts.sums_everywhere:
         return f"plan {plan.name} runs {plan.collective}; only an all-reduce adds a residual"
     nbytes = machine.smallest_size(plan)
     elems = machine.chunk_elems(plan, nbytes, "fp32")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules import mscclpp_format
-from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, SHIFT, CollectiveError
+from schedules.collectives import MAX_CHUNKS, NAMES, PLAN_ONLY, CollectiveError
 from schedules.lamport import PROTOCOL as LAMPORT
 from schedules.lamport import LamportBuffers
 from schedules.mscclpp_format import kernel_shape_errors
@@ -189,7 +189,7 @@ def parse_plan(data: object, source: str) -> Plan:
         return plan
     _check_chunk_counts(rd, plan)
     _check_pairing(rd, plan)
-    if plan.collective == SHIFT:
+    if plan.facts is not None and plan.facts.shifts:
         _check_shift(rd, plan)
     stated = (doc.get("weft") or {}).get("hash")
     if stated is not None and stated != plan.content_hash:

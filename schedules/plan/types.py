@@ -86,7 +86,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from schedules.collectives import SHIFT, Collective
+from schedules.collectives import Collective, Facts, facts_of, slice_chunks
 from schedules.lamport import PROTOCOL as LAMPORT
 from schedules.lamport import LamportBuffers
 from schedules.ops import OPS, OpSpec
@@ -461,6 +461,12 @@ class Plan:
         """Whether the plan's collective defines a result to compare (MSCCL++'s unit-test plans define none)."""
         return self.collective != TEST_COLLECTIVE
 
+    @property
+    def facts(self) -> Facts | None:
+        """The facts of the plan's collective (``Collective.facts``), so that no stage reads them off its name;
+        None for MSCCL++'s unit-test plans, which define no result."""
+        return facts_of(self.collective) if self.checkable else None
+
     def inplace_offsets(self, rank: int, input_size: int, output_size: int) -> tuple[int, int]:
         """Where an in-place plan's input and output start in its one buffer (in the units of the sizes given): the
         collective's rule (``Collective.inplace_offsets``); MSCCL++'s unit-test plans define none: both at 0."""
@@ -472,16 +478,7 @@ class Plan:
         """The Collective the plan computes, at the plan's chunk granularity (instances are finer chunks)."""
         g = self.gpus[0]
         n = self.nranks
-        per_slice = {
-            "allgather": g.input_chunks,
-            "gather": g.input_chunks,
-            "reducescatter": g.output_chunks,
-            "scatter": g.output_chunks,
-            "alltoall": g.input_chunks // n,
-            "broadcast": g.output_chunks,
-            "reduce": g.input_chunks,
-            SHIFT: g.input_chunks,
-        }.get(self.collective, g.output_chunks // n)
+        per_slice = slice_chunks(self.collective, n, g.input_chunks, g.output_chunks)
         return Collective(self.collective, n, max(per_slice, 1), self.weft.root)
 
     def content(self) -> dict[str, Any]:

@@ -11,12 +11,13 @@ send, as arrays over the fabric index, so nothing is built per rank pair.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from schedules.collectives import Collective
+from schedules.collectives import Chunking, Collective, Facts
 from schedules.compact import MAX_EXPANDED_SENDS, MAX_STATE, SendTable, TooLarge, listed_table, send_table, shape_table
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step, Symmetry
@@ -25,6 +26,7 @@ from topologies.topology import Topology
 
 # capacity × rounds is a float; 2.9999999999 chunks of room is 3 (the verifier rounds the same way).
 SLACK = 1e-9
+P = TypeVar("P")
 
 
 def own(collective: Collective, rank: int) -> range:
@@ -37,6 +39,45 @@ def block(collective: Collective, src: int, dst: int) -> range:
     """The alltoall chunks that src sends to dst."""
     n, c = collective.nranks, collective.chunks
     return range((src * n + dst) * c, (src * n + dst + 1) * c)
+
+
+@dataclass(frozen=True)
+class Programs(Generic[P]):
+    """A baseline's hand-written programs, one for each way data moves; ``of`` picks a collective's from its facts
+    (one program per phase: allreduce runs ``combine`` then ``spread``), never from its name."""
+
+    spread: P  # each rank's slice to every rank (allgather)
+    combine: P  # every rank's contributions to a slice summed into that slice's rank (reducescatter)
+    from_root: P  # the root's chunks to every rank (broadcast)
+    into_root: P  # every rank's contributions summed into the root (reduce)
+    slices_from_root: P  # the root's slice for each rank to that rank (scatter)
+    slices_into_root: P  # each rank's slice to the root (gather)
+    exchange: P  # a block from every rank to every rank (alltoall)
+
+    def of(self, collective: Collective) -> list[P]:
+        return [self._one(phase.facts) for phase in collective.phases]
+
+    def _one(self, facts: Facts) -> P:
+        shared = facts.chunking is Chunking.SHARED
+        if facts.chunking is Chunking.BLOCKS:
+            return self.exchange
+        if facts.from_root:
+            return self.from_root if shared else self.slices_from_root
+        if facts.to_root:
+            return self.into_root if shared else self.slices_into_root
+        return self.combine if facts.combining else self.spread
+
+
+def slice_symmetric(collective: Collective) -> bool:
+    """Whether every permutation of the ranks maps the collective to itself, each slice moving with its rank: one
+    slice per rank and no root (allgather, reducescatter, allreduce). Rings and hypercubes list one rank's sends
+    and the rotations or bit flips that give the others'."""
+    return not collective.rooted and collective.facts.chunking is Chunking.SLICES
+
+
+def run_programs(programs: Sequence[Callable[..., list[list[Send]]]], *args: Any, **kwargs: Any) -> list[list[Send]]:
+    """The steps of each phase's program (``Programs.of``), one phase after the other."""
+    return [step for program in programs for step in program(*args, **kwargs)]
 
 
 def host_major(topology: Topology) -> list[int]:
@@ -208,7 +249,7 @@ def slice_map(collective: Collective, ranks: np.ndarray) -> np.ndarray:
     the rank."""
     n, c = collective.nranks, collective.chunks
     lane = np.arange(c)
-    if collective.name == "alltoall":
+    if collective.facts.chunking is Chunking.BLOCKS:
         s, d = np.divmod(np.arange(n * n), n)
         return ((ranks[s] * n + ranks[d])[:, None] * c + lane).ravel()
     return (ranks[:, None] * c + lane).ravel()

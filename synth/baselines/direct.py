@@ -15,10 +15,11 @@ reduces each slice into its owner (a direct reducescatter) and then copies the s
 from __future__ import annotations
 
 import time
+from functools import cache
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send, Symmetry
-from synth.baselines.common import assemble, block, check_ranks, check_size, own, require_links, rotation
+from synth.baselines.common import assemble, check_ranks, check_size, own, require_links, rotation
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -29,7 +30,7 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
     check_ranks("direct", topology, collective)
     why = "direct sends every chunk straight from a rank that holds it to one that needs it"
     n = collective.nranks
-    if collective.name == "allreduce" and n > 1:
+    if collective.facts.sums_everywhere and n > 1:
         # rank 0's sends of chunk 0, the rotation r -> r+1 (every rank holds every chunk: no chunk moves with
         # it) and the chunk map c -> c+1, which moves no rank: verified and priced folded (schedules.compact),
         # n(n-1) rows for the n(n-1)·n sends
@@ -46,7 +47,7 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
             why,
             (Symmetry(ranks, everything, n), Symmetry(tuple(range(n)), chunks, collective.nchunks)),
         )
-    if collective.name in _ROTATING and n > 1:
+    if not collective.rooted and n > 1:
         # rank 0's sends, and the rotation r -> r+1 that gives every other rank's
         check_size("direct", topology.name, collective, direct_sends(collective))
         return assemble(
@@ -65,7 +66,7 @@ def direct(topology: Topology, collective: Collective) -> Schedule:
 def twoshot(topology: Topology, collective: Collective) -> Schedule:
     """Allreduce as a direct reducescatter then a direct allgather: two steps."""
     started = time.perf_counter()
-    if collective.name != "allreduce":
+    if not collective.facts.phases:  # the reducescatter + allgather collective
         raise NotApplicable(
             f"twoshot: exists for allreduce only (it is reducescatter + allgather); "
             f"use --method direct for {collective.name}"
@@ -90,17 +91,18 @@ def twoshot(topology: Topology, collective: Collective) -> Schedule:
 def direct_sends(collective: Collective) -> int | None:
     """How many sends direct holds as arrays, before any is built (None: a rooted collective, N sends at most per
     chunk). The one-shot all-reduce holds one per rank pair: its chunk map is folded (schedules.compact)."""
-    if collective.name == "allreduce":
+    if collective.facts.sums_everywhere:
         return collective.nranks * (collective.nranks - 1)
     return pair_sends(collective)
 
 
 def pair_sends(collective: Collective) -> int | None:
     """How many sends moving every rank's data straight to every rank makes (None: a rooted collective)."""
-    n, name = collective.nranks, collective.name
-    if name not in _ROTATING:
+    n = collective.nranks
+    if collective.rooted:
         return None
-    per_pair = {"allreduce": collective.nchunks, "alltoall": collective.chunks}.get(name, collective.chunks)
+    # every rank needs every chunk's contribution from every other (allreduce), else one slice or block of each
+    per_pair = collective.nchunks if collective.facts.sums_everywhere else collective.chunks
     return n * (n - 1) * per_pair
 
 
@@ -109,36 +111,26 @@ def twoshot_sends(collective: Collective) -> int:
     return 2 * n * (n - 1) * collective.chunks
 
 
-def _pairs(collective: Collective) -> list[tuple[int, int]]:
-    """The rank pairs a direct schedule talks over: to or from the root, or every pair."""
+def _pairs(collective: Collective, only: int | None = None) -> list[tuple[int, int]]:
+    """The rank pairs a direct schedule talks over: to or from the root, or every pair (``only``: from that rank)."""
     n, root = collective.nranks, collective.root
-    if collective.name in ("broadcast", "scatter"):
-        return [(root, d) for d in range(n) if d != root]
-    if collective.name in ("reduce", "gather"):
-        return [(s, root) for s in range(n) if s != root]
-    return [(s, d) for s in range(n) for d in range(n) if s != d]
-
-
-_ROTATING = ("allgather", "reducescatter", "allreduce", "alltoall")  # rotation r -> r+1 maps them to themselves
+    sources = range(n) if only is None else [only]
+    if collective.facts.from_root:
+        return [(root, d) for d in range(n) if d != root and root in sources]
+    if collective.facts.to_root:
+        return [(s, root) for s in sources if s != root]
+    return [(s, d) for s in sources for d in range(n) if s != d]
 
 
 def _direct_sends(collective: Collective, only: int | None = None) -> list[Send]:
-    """Every send, or with ``only`` those from that rank."""
-    n, root, name = collective.nranks, collective.root, collective.name
-    pairs = [(src, dst) for src in (range(n) if only is None else [only]) for dst in range(n) if src != dst]
-    everything = range(collective.nchunks)
-    if name == "allgather":
-        return [Send(chunk, s, d) for s, d in pairs for chunk in own(collective, s)]
-    if name == "reducescatter":
-        return [Send(chunk, s, d, "reduce") for s, d in pairs for chunk in own(collective, d)]
-    if name == "allreduce":
-        return [Send(chunk, s, d, "reduce") for s, d in pairs for chunk in everything]
-    if name == "broadcast":
-        return [Send(chunk, root, d) for d in range(n) if d != root for chunk in everything]
-    if name == "reduce":
-        return [Send(chunk, s, root, "reduce") for s in range(n) if s != root for chunk in everything]
-    if name == "gather":
-        return [Send(chunk, s, root) for s in range(n) if s != root for chunk in own(collective, s)]
-    if name == "scatter":
-        return [Send(chunk, root, d) for d in range(n) if d != root for chunk in own(collective, d)]
-    return [Send(chunk, s, d) for s, d in pairs for chunk in block(collective, s, d)]  # alltoall
+    """Every send, or with ``only`` those from that rank, read off the pre- and postconditions: each rank pair
+    moves the chunks that the source starts with and the destination must end with but lacks (in a combining
+    collective every rank contributes to every chunk: all that the destination must end with)."""
+    starts = cache(collective.precondition)
+    ends = cache(collective.postcondition)
+    op = "reduce" if collective.combining else "copy"
+    sends = []
+    for s, d in _pairs(collective, only):
+        moved = ends(d) if collective.combining else (starts(s) & ends(d)) - starts(d)
+        sends += [Send(chunk, s, d, op) for chunk in sorted(moved)]
+    return sends

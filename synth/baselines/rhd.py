@@ -22,7 +22,18 @@ import numpy as np
 
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, Send, Symmetry
-from synth.baselines.common import assemble, block, check_ranks, check_size, own, require_links, slice_map
+from synth.baselines.common import (
+    Programs,
+    assemble,
+    block,
+    check_ranks,
+    check_size,
+    own,
+    require_links,
+    run_programs,
+    slice_map,
+    slice_symmetric,
+)
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -37,21 +48,21 @@ def rhd(topology: Topology, collective: Collective) -> Schedule:
     check_size("rhd", topology.name, collective, rhd_sends(collective))
     for bit in _bits(n):
         require_links("rhd", topology, ((r, r ^ bit) for r in range(n)), f"partners at distance {bit}")
-    if collective.name in _ALGORITHMS_OF_ONE:
+    if slice_symmetric(collective):
         # rank 0's sends, and the bit flips r -> r ^ 2^b that give every other rank's
         flips = tuple(_flip(collective, bit) for bit in _bits(n))
-        steps = _ALGORITHMS_OF_ONE[collective.name](collective, 0)
+        steps = run_programs(_PROGRAMS.of(collective), collective, 0)
         return assemble("rhd", topology, collective, steps, started, "partners", flips)
-    steps = _ALGORITHMS[collective.name](collective)
+    steps = run_programs(_PROGRAMS.of(collective), collective)
     return assemble("rhd", topology, collective, steps, started, "partners")
 
 
 def rhd_sends(collective: Collective) -> int | None:
     """How many sends rhd makes, before any is built (None: the rooted and all-to-all forms, not estimated)."""
     n = collective.nranks
-    if collective.name not in ("allgather", "reducescatter", "allreduce"):
+    if not slice_symmetric(collective):
         return None
-    return (2 if collective.name == "allreduce" else 1) * n * (n - 1) * collective.chunks
+    return len(collective.phases) * n * (n - 1) * collective.chunks
 
 
 def _flip(collective: Collective, bit: int) -> Symmetry:
@@ -101,10 +112,6 @@ def _near(r: int, span: int) -> range:
     """The ranks that agree with r on every bit from span (a power of two) up."""
     base = r & ~(span - 1)
     return range(base, base + span)
-
-
-def _allreduce(collective: Collective, only: int | None = None) -> list[list[Send]]:
-    return _reducescatter(collective, only) + _allgather(collective, only)
 
 
 def _broadcast(collective: Collective) -> list[list[Send]]:
@@ -171,15 +178,7 @@ def _alltoall(collective: Collective) -> list[list[Send]]:
     return steps
 
 
-# the collectives every bit flip maps to themselves, listed as one rank's sends
-_ALGORITHMS_OF_ONE = {"allgather": _allgather, "reducescatter": _reducescatter, "allreduce": _allreduce}
-_ALGORITHMS: dict[str, Callable[[Collective], list[list[Send]]]] = {
-    "allgather": _allgather,
-    "reducescatter": _reducescatter,
-    "allreduce": _allreduce,
-    "broadcast": _broadcast,
-    "reduce": _reduce,
-    "gather": _gather,
-    "scatter": _scatter,
-    "alltoall": _alltoall,
-}
+# the programs in Programs' order; spread and combine also take only=, one rank's sends
+_PROGRAMS: Programs[Callable[..., list[list[Send]]]] = Programs(
+    _allgather, _reducescatter, _broadcast, _reduce, _scatter, _gather, _alltoall
+)

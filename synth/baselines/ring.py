@@ -24,10 +24,21 @@ from itertools import zip_longest
 
 import numpy as np
 
-from schedules.collectives import Collective
+from schedules.collectives import Chunking, Collective, Facts
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, Send
-from synth.baselines.common import assemble, check_ranks, check_size, even_hosts, host_major, host_rotations, rotation
+from synth.baselines.common import (
+    Programs,
+    assemble,
+    check_ranks,
+    check_size,
+    even_hosts,
+    host_major,
+    host_rotations,
+    rotation,
+    run_programs,
+    slice_symmetric,
+)
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
@@ -43,12 +54,12 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
     check_size("ring", topology.name, collective, ring_sends(collective))
     order = hamiltonian_cycle(topology)
     routes = _routes(topology, order)
-    algorithm = _ALGORITHMS[collective.name]
+    programs = _PROGRAMS.of(collective)
     used = min(collective.chunks, len(routes))
-    if used == 1 and collective.name in _ROTATING and collective.nranks > 1 and order == sorted(order):
+    if used == 1 and slice_symmetric(collective) and collective.nranks > 1 and order == sorted(order):
         # one chunk's trajectory, and the rotation along the ring that gives every other slice's (on a ring in
         # rank order, whose expansion lists each step's sends in ring order, as the explicit form does)
-        steps = algorithm(order, collective, range(collective.chunks), only=order[0])
+        steps = run_programs(programs, order, collective, range(collective.chunks), only=order[0])
         return assemble(
             "ring",
             topology,
@@ -61,7 +72,7 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
             rings=[list(order)],
         )
     # Route q carries chunks q, q+used, ... of every slice; all routes run side by side, step for step.
-    per_route = [algorithm(routes[q], collective, range(q, collective.chunks, used)) for q in range(used)]
+    per_route = [run_programs(programs, routes[q], collective, range(q, collective.chunks, used)) for q in range(used)]
     steps = [[send for sends in step for send in sends] for step in zip_longest(*per_route, fillvalue=[])]
     return assemble(
         "ring",
@@ -77,16 +88,18 @@ def ring(topology: Topology, collective: Collective) -> Schedule:
 
 def ring_sends(collective: Collective) -> int:
     """How many sends the ring algorithm makes, before any is built."""
-    n, c, name = collective.nranks, collective.chunks, collective.name
-    per_hop = {
-        "allgather": n,
-        "reducescatter": n,
-        "allreduce": 2 * n,
-        "gather": n // 2,
-        "scatter": n // 2,
-        "alltoall": n * n // 2,
-    }
-    return (n - 1) * per_hop[name] * c if name in per_hop else (n - 1) * collective.nchunks
+    n = collective.nranks
+    return (n - 1) * collective.chunks * sum(_per_hop(phase.facts, n) for phase in collective.phases)
+
+
+def _per_hop(facts: Facts, n: int) -> int:
+    """Slices (or blocks) each of a phase's N-1 steps sends, on average: one shared slice streams down a chain;
+    every rank's slice moves each step; a rooted slice crosses half the chain; a block half the ring."""
+    if facts.chunking is Chunking.SHARED:
+        return 1
+    if facts.chunking is Chunking.BLOCKS:
+        return n * n // 2
+    return n // 2 if facts.rooted else n
 
 
 def _routes(topology: Topology, order: list[int]) -> list[list[int]]:
@@ -208,10 +221,6 @@ def _reducescatter(order: list[int], collective: Collective, lanes: Lanes, only:
     ]
 
 
-def _allreduce(order: list[int], collective: Collective, lanes: Lanes, only: int | None = None) -> list[list[Send]]:
-    return _reducescatter(order, collective, lanes, only) + _allgather(order, collective, lanes, only)
-
-
 def _chain_from(order: list[int], root: int) -> list[int]:
     """The cycle cut open so that it starts at root."""
     at = order.index(root)
@@ -285,14 +294,7 @@ def _alltoall(order: list[int], collective: Collective, lanes: Lanes) -> list[li
     return steps
 
 
-_ROTATING = ("allgather", "reducescatter", "allreduce")  # the collectives a rotation along the ring maps to itself
-_ALGORITHMS: dict[str, Callable[..., list[list[Send]]]] = {  # the rotating ones also take only=
-    "allgather": _allgather,
-    "reducescatter": _reducescatter,
-    "allreduce": _allreduce,
-    "broadcast": _broadcast,
-    "reduce": _reduce,
-    "gather": _gather,
-    "scatter": _scatter,
-    "alltoall": _alltoall,
-}
+# the programs in Programs' order, each taking (order, collective, lanes); spread and combine also take only=
+_PROGRAMS: Programs[Callable[..., list[list[Send]]]] = Programs(
+    _allgather, _reducescatter, _broadcast, _reduce, _scatter, _gather, _alltoall
+)

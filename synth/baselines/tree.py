@@ -26,7 +26,7 @@ import networkx as nx
 import numpy as np
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from schedules.collectives import Collective
+from schedules.collectives import NAMES, Chunking, Collective, Facts, facts_of
 from schedules.loads import index_fabric
 from schedules.schedule import Schedule, Send, Symmetry
 from synth.baselines.common import assemble, check_ranks, check_size, host_major, host_rotations
@@ -34,26 +34,32 @@ from synth.baselines.ring import hamiltonian_cycle
 from synth.errors import NotApplicable
 from topologies.topology import Topology
 
-SUPPORTED = ("allreduce", "broadcast", "reduce")
+
+def _fits(facts: Facts) -> bool:
+    """Binary trees carry one shared slice down from the root or up into it, or allreduce's sums up and back down."""
+    return facts.chunking is Chunking.SHARED or facts.sums_everywhere
+
+
+SUPPORTED = tuple(name for name in NAMES if _fits(facts_of(name)))
 MATCH_BUDGET = 20_000  # candidate pairs the subgraph search may try before it gives up
 
 
 def tree(topology: Topology, collective: Collective) -> Schedule:
     """Double binary tree allreduce, or a single binary tree broadcast/reduce from the root."""
     started = time.perf_counter()
-    if collective.name not in SUPPORTED:
+    if not _fits(collective.facts):
         raise NotApplicable(f"tree: exists for {', '.join(SUPPORTED)} only, not {collective.name}")
     check_ranks("tree", topology, collective)
     n = collective.nranks
     check_size("tree", topology.name, collective, tree_sends(collective))
-    root = None if collective.name == "allreduce" else collective.root
+    root = collective.root if collective.rooted else None
     shapes = [ruler_tree(n), _second_tree(ruler_tree(n), n)] if root is None else [ruler_tree(n)]
     order = _placement(topology, shapes, root)
     trees = [_on_ranks(shape, _rotate(placed, root)) for placed in host_rotations(topology, order) for shape in shapes]
     used = min(len(trees), collective.nchunks)
     waves = collective.nchunks // used
     if (
-        collective.name == "allreduce"
+        root is None
         and collective.nchunks % used == 0
         and waves > 1
         and 2 * (n - 1) * collective.nchunks > COMPACT_FROM
@@ -71,9 +77,9 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
         )
     # Tree q carries chunks q, q+used, ...; all trees run side by side, step for step.
     parts = [range(q, collective.nchunks, used) for q in range(used)]
-    if collective.name == "allreduce":
+    if root is None:
         timelines = [t for parents, part in zip(trees, parts, strict=False) for t in _allreduce_phases(parents, part)]
-    elif collective.name == "reduce":
+    elif collective.combining:
         timelines = [_reduce_up(parents, part) for parents, part in zip(trees, parts, strict=False)]
     else:
         timelines = [_broadcast_down(parents, part, 0) for parents, part in zip(trees, parts, strict=False)]
@@ -82,7 +88,7 @@ def tree(topology: Topology, collective: Collective) -> Schedule:
 
 def tree_sends(collective: Collective) -> int:
     """Every chunk crosses each of the N-1 tree edges once (allreduce: up, then down)."""
-    return (2 if collective.name == "allreduce" else 1) * (collective.nranks - 1) * collective.nchunks
+    return len(collective.phases) * (collective.nranks - 1) * collective.nchunks
 
 
 COMPACT_FROM = 1_000_000  # sends past which the all-reduce is written as its first wave and a shift

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 
-from schedules.collectives import Collective
+from schedules.collectives import Chunking, Collective
 from schedules.compact import expand
 from schedules.schedule import Schedule, Send
 from synth.baselines.common import assemble, block, check_ranks
@@ -66,7 +66,7 @@ def twodh(topology: Topology, collective: Collective) -> Schedule:
     """Two-level all-to-all: an intra-host exchange that gathers blocks by destination GPU index, then one
     message per (remote host, local index)."""
     started = time.perf_counter()
-    if collective.name != "alltoall":
+    if collective.facts.chunking is not Chunking.BLOCKS:
         raise NotApplicable(f"2dh: is an all-to-all algorithm (Tutel's 2DH); use --method direct for {collective.name}")
     check_ranks("2dh", topology, collective)
     grid = host_grid(topology)

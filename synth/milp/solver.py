@@ -27,8 +27,6 @@ from topologies import Topology
 from weftcore.errors import WeftError
 
 Progress = Callable[[str], None]
-# The dual each combining collective is reversed from (reduction trees are broadcast trees run backwards).
-DUALS = {"reducescatter": "allgather", "reduce": "broadcast"}
 # The largest model built: chunks × links × steps possible sends (DGX-2 ×2 with 4 chunks per rank is about 1.4
 # million). Far beyond it, writing the model down outlasts any time limit before CP-SAT starts.
 MAX_SENDS = 2_000_000
@@ -116,7 +114,7 @@ def solve(
     start = time.monotonic()
     job = _Job(topology, options, sketch, progress, collective.name)
     form = None
-    if collective.name == "allreduce":
+    if collective.facts.phases:  # allreduce: reducescatter then allgather, or reduce-broadcast trees
         halves, form = _solve_allreduce(job, collective)
     else:
         halves = [_solve_one(job, collective, options.time_limit)]
@@ -238,7 +236,7 @@ def _reduce_broadcast_spec(job: _Job, collective: Collective) -> reduce_broadcas
 
 def _solve_one(job: _Job, collective: Collective, time_limit: float) -> Outcome:
     floor = lower_bound_us(job.fabric, collective, job.options.size)
-    if collective.name in DUALS:
+    if collective.facts.from_dual:  # reduction trees are broadcast trees run backwards
         dual = collective.dual
         outcome = _search(job, job.switch_free.reversed(), dual, time_limit, floor, collective.name)
         return replace(outcome, steps=_reverse(outcome.steps))
@@ -374,7 +372,7 @@ def _hierarchy(
     if choice == "none" or not hierarchy.applies(topo, collective):
         return None, depth, "none"
     cross = None
-    if choice == "trees" and collective.name == "allgather":
+    if choice == "trees" and collective.facts.same_to_all and not collective.rooted:  # every rank's slice to all
         cross = _tree_hops(job, topo, collective)
     if cross is None:
         choice, cross = "rails", hierarchy.rail_hops(topo, collective, links)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.collectives import Collective
+from schedules.collectives import Chunking, Collective
 from synth.milp.sketch import Sketch, SketchError
 from synth.rank_links import rank, rank_pair
 from topologies import Link, Topology
@@ -108,7 +108,7 @@ def _host_blocks(topo: Topology) -> list[list[int]]:
 
 def _chunk_perm(collective: Collective, perm: Perm) -> Perm:
     n, c = collective.nranks, collective.chunks
-    if collective.name == "alltoall":
+    if collective.facts.chunking is Chunking.BLOCKS:
 
         def image(x: int) -> int:
             pair, j = divmod(x, c)

@@ -125,7 +125,7 @@ def solve(
             f"smt: collective {collective.name} has {collective.nranks} ranks, topology "
             f"{topology.name} has {topology.nranks}"
         )
-    if collective.name == "allreduce":
+    if collective.facts.phases:  # reducescatter then allgather, each solved alone
         return _allreduce(topology, collective, options, progress)
     return _solve_part(topology, collective, options, progress)
 
@@ -185,7 +185,7 @@ def _solve_part(topology: Topology, collective: Collective, options: SmtOptions,
 def _problem(topology: Topology, collective: Collective, options: SmtOptions) -> Problem:
     """The non-combining problem that answers ``collective``: its dual on the reversed fabric if it combines."""
     fabric = topology.without_switches()
-    if collective.name in smt_dual.DUAL:
+    if collective.facts.from_dual:
         return Problem(fabric.reversed(), topology.fingerprint, smt_dual.dual_collective(collective), options.symmetry)
     return Problem(fabric, topology.fingerprint, collective, options.symmetry)
 
@@ -194,7 +194,7 @@ def _finish(out: Outcome, topology: Topology, collective: Collective) -> Schedul
     """The schedule of a sat outcome (``decide_first`` returns no other), mapped back from the dual if need be."""
     schedule = out.schedule
     assert schedule is not None, "a sat outcome carries its schedule"
-    if collective.name in smt_dual.DUAL:
+    if collective.facts.from_dual:
         return smt_dual.from_dual(schedule, collective, topology.fingerprint)
     return schedule
 
@@ -207,8 +207,7 @@ def _failure(label: str, inst: Instance, status: str) -> Exception:
 
 def _allreduce(topology: Topology, collective: Collective, options: SmtOptions, progress: Progress) -> Schedule:
     """Reducescatter + allgather; with steps given, the first split of (steps, rounds) that both halves meet."""
-    n, c, root = collective.nranks, collective.chunks, collective.root
-    rs, ag = Collective("reducescatter", n, c, root), Collective("allgather", n, c, root)
+    rs, ag = collective.phases
     if options.steps is None:
         half = None if options.rounds is None else options.rounds // 2
         if half == 0:
@@ -230,7 +229,7 @@ def _allreduce(topology: Topology, collective: Collective, options: SmtOptions, 
             return smt_dual.allreduce(first, second)
         except (Unsat, Unknown) as e:
             failures.append(e)
-    inst = Instance(options.steps, total_rounds, c)
+    inst = Instance(options.steps, total_rounds, collective.chunks)
     if any(isinstance(e, Unknown) for e in failures):
         raise Unknown(
             f"smt: allreduce on {topology.name}: instance {inst} is unknown: some split of it into "
@@ -260,7 +259,7 @@ def pareto(
     """
     options.check()
     options = options.started()
-    if collective.name == "allreduce":
+    if collective.facts.phases:
         n = collective.nranks
         fabric = topology.without_switches()
         if fabric.reversed().fingerprint == fabric.fingerprint:

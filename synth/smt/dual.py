@@ -15,8 +15,6 @@ from __future__ import annotations
 from schedules.collectives import Collective
 from schedules.schedule import Schedule, ScheduleMeta, Send, Step
 
-DUAL = {"reducescatter": "allgather", "reduce": "broadcast"}
-
 
 def dual_collective(collective: Collective) -> Collective:
     """The non-combining collective whose reversal solves ``collective``."""

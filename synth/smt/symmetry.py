@@ -19,7 +19,7 @@ from itertools import islice
 
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from schedules.collectives import Collective
+from schedules.collectives import Chunking, Collective
 from synth.rank_links import rank
 from topologies.topology import Topology
 
@@ -72,9 +72,9 @@ def _automorphisms(fabric: Topology) -> list[Perm]:
 
 def _chunk_map(sigma: Perm, collective: Collective) -> Perm:
     n, c = collective.nranks, collective.chunks
-    if collective.name in ("broadcast", "reduce"):
+    if collective.facts.chunking is Chunking.SHARED:
         return tuple(range(collective.nchunks))
-    if collective.name == "alltoall":
+    if collective.facts.chunking is Chunking.BLOCKS:
         return tuple((sigma[k // (n * c)] * n + sigma[(k // c) % n]) * c + k % c for k in range(collective.nchunks))
     return tuple(sigma[k // c] * c + k % c for k in range(collective.nchunks))
 

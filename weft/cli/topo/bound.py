@@ -8,7 +8,7 @@ import math
 import sys
 from fractions import Fraction
 
-from schedules.collectives import NAMES, Collective, collective_on
+from schedules.collectives import NAMES, Chunking, Collective, collective_on
 from topologies import resolve
 from weft.cli import ArgumentError
 from weft.cli.deadline import Deadline, TimeLimitReached
@@ -57,14 +57,14 @@ def bound_report(topology, collective: Collective, nbytes: int) -> dict:
         "algbw_max": nbytes / (total * 1e3) if total else None,
         "busbw_max": nbytes / (total * 1e3) * bus_factor(collective) if total else None,
     }
-    if collective.name == "allreduce" and topology.nranks > 1:
+    if collective.facts.phases and topology.nranks > 1:
         report["allreduce"] = {
             "smallest_rank_cut_gbps": str(bounds.smallest_rank_cut(topology)),
             "doc": "max(1 / smallest rank-to-rank cut, 2(N-1) / ranks' ingress, "
             "2(H-1) / hosts' ingress), per message byte",
         }
-    if collective.name in ("allgather", "reducescatter") and topology.nranks > 1:
-        fabric = topology if collective.name == "allgather" else topology.reversed()
+    if _cut_bound(collective) and topology.nranks > 1:
+        fabric = topology.reversed() if collective.combining else topology
         cut = bounds.bottleneck_cut(fabric)
         report["cut"] = {
             "ratio": str(cut.ratio),
@@ -77,13 +77,19 @@ def bound_report(topology, collective: Collective, nbytes: int) -> dict:
     return report
 
 
+def _cut_bound(collective: Collective) -> bool:
+    """Whether the bound is the allgather cut bound (allgather; reducescatter on the reversed fabric): every rank's
+    slice to every rank, in one phase."""
+    return not collective.rooted and collective.facts.chunking is Chunking.SLICES and not collective.facts.phases
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 def _refuse_past(topology, collective: Collective, deadline: Deadline) -> None:
     """TimeLimitReached at once where the cut bound's least possible cost is already past the time left."""
-    if collective.name not in ("allgather", "reducescatter"):
+    if not _cut_bound(collective):
         return
     from schedules.bounds import cut_bound_floor_s
 
