@@ -416,7 +416,7 @@ def run_bench(
     for nbytes in config.sizes:
         began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
-        # sizes off a plan's granule run padded (PlanExecutor.execute): their times include the copies
+        # sizes off a plan's granule run padded (InterpreterEngine.execute): their times include the copies
         candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
         timers: dict[str, Callable[[], float]] = {
             "nccl": _timer(_nccl(config.collective, x, out), config.graph, config.calls)
