@@ -8,14 +8,8 @@ one that runs NCCL's path (gloo's here) for every call.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from cpu_rank import run_script
 
 SCRIPT = r"""
 import contextlib, tempfile
@@ -92,12 +86,5 @@ print("all ok")
 
 def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank():
     pytest.importorskip("torch")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": path},
-    )
+    done = run_script(SCRIPT)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]

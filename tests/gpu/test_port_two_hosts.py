@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cpu_rank import run_script
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -211,12 +212,5 @@ print("all ok")
 
 def test_the_port_engines_communicator_calls_go_through_the_ops_on_one_cpu_rank():
     pytest.importorskip("torch")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-c", API_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": path},
-    )
+    done = run_script(API_SCRIPT)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
