@@ -17,7 +17,7 @@ inference jobs use ``executor.Communicator``, whose eager calls go through fixed
 
 CUDA graphs without copies: inside ``capture()``, ``execute_captured`` runs a plan on buffers that have no
 context of their own, against the context an eager ``execute`` made for the same plan, size and dtype, through a
-binding record written before the capture (``gpu_tables.BindingLayout``). Leaving ``capture()`` registers the
+binding record written before the capture (``tables.BindingLayout``). Leaving ``capture()`` registers the
 buffers (collective): peers' buffers are exchanged in capture order and every record is armed.
 
     comm.execute(plan, x0)                         # eager: the context for this plan and size
@@ -133,7 +133,7 @@ class _Context:
     scratch: Any
     state: Any  # the plan's semaphores ([2k] releases, [2k+1] acquires), then each thread block's epoch
     semaphore_init: np.ndarray
-    args: tuple  # kernel arguments (gpu_tables.KERNEL_PARAMS)
+    args: tuple  # kernel arguments (tables.KERNEL_PARAMS)
     vector_bytes: int
     output: Any
     plan_hash: str
@@ -210,7 +210,7 @@ class InterpreterEngine:
         collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
         interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``.
         ``ll128``: by default, move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8
-        per 16) where the size allows (gpu_tables.lines_possible) and every rank's buffers are 8-byte aligned; a
+        per 16) where the size allows (tables.lines_possible) and every rank's buffers are 8-byte aligned; a
         call's ``lines`` overrides it. Lines rely on NVLink delivering a warp's 128-byte store whole, as NCCL's LL128
         does, so use them on NVLink machines only."""
         import cupy

@@ -257,7 +257,7 @@ class PortEngine:
 
     def exchange(self, what: str, value: Any) -> list[Any]:
         """Every rank's ``value`` in rank order (collective), as plain data, never a pickle
-        (``gpu_bootstrap.all_gather_plain``): the interpreter's communicator's call, so the CLI uses either engine.
+        (``gpu.bootstrap.all_gather_plain``): the interpreter's communicator's call, so the CLI uses either engine.
         ``what`` names the exchange (the interpreter's errors use it; NCCL's own wait is bounded by its timeout)."""
         return all_gather_plain(value, self.group)
 
