@@ -47,7 +47,7 @@ def main() -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     plan = next(e.plan for e in Registry(args.registry).entries(collective="allreduce") if e.plan.name == NAME)
-    comm = engine.PlanExecutor.from_process_group()
+    comm = engine.InterpreterEngine.from_process_group()
     x = torch.randn(512, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     comm.execute(plan, x, y)

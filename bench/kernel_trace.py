@@ -67,14 +67,14 @@ def main() -> None:
     import torch.distributed as dist
 
     from executor.gpu import bootstrap
-    from executor.gpu.engine import PlanExecutor
+    from executor.gpu.engine import InterpreterEngine
     from registry.store import Registry
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
-    comm = PlanExecutor(rank, dist.get_world_size(), bootstrap.process_group_store(None), trace=True)
+    comm = InterpreterEngine(rank, dist.get_world_size(), bootstrap.process_group_store(None), trace=True)
     rows = []
     for name, nbytes, lines in LINE_CASES if args.lines else CASES:
         plan = plans[name]

@@ -30,7 +30,7 @@ def main() -> None:
 
     from executor.gpu.bench import matches, nccl_result, sum_magnitude
     from executor.gpu.bootstrap import all_gather_plain
-    from executor.gpu.engine import PlanExecutor
+    from executor.gpu.engine import InterpreterEngine
     from executor.port.engine import PortEngine
     from schedules.collectives import facts_of
     from schedules.plan.io import load_plan
@@ -41,7 +41,7 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))))
     # every rank runs the same plans in order, so each engine starts on all alike
-    engines: dict[bool, PlanExecutor | PortEngine] = {}
+    engines: dict[bool, InterpreterEngine | PortEngine] = {}
 
     def reference(collective: str, x):
         if not facts_of(collective).shifts:
@@ -55,7 +55,7 @@ def main() -> None:
         plan = load_plan(f)
         port = any(g.port_peers for g in plan.gpus)
         if port not in engines:
-            engines[port] = (PortEngine if port else PlanExecutor).from_process_group(timeout_s=10.0)
+            engines[port] = (PortEngine if port else InterpreterEngine).from_process_group(timeout_s=10.0)
         comm = engines[port]
         for nbytes in SIZES:
             row = {

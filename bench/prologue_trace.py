@@ -36,12 +36,12 @@ CALLS = 40
 def rank_main(out_dir: Path, registry: str) -> None:
     import cupy
 
-    from executor.gpu.engine import PlanExecutor
+    from executor.gpu.engine import InterpreterEngine
     from registry.store import Registry
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cupy.cuda.Device(0).use()
-    comm = PlanExecutor(rank, world, device=0, trace=True, timeout_s=60.0)
+    comm = InterpreterEngine(rank, world, device=0, trace=True, timeout_s=60.0)
     plans = {e.plan.name: e.plan for e in Registry(registry).entries()}
     flush = cupy.empty(256 << 20, cupy.uint8)
     results = []

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from executor import RowNorm
 from executor.gpu import peers
-from executor.reference.norm import RowNorm
 
 HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
 EPS = 1e-5  # Llama's RMSNorm epsilon
@@ -326,12 +326,12 @@ def trace_in_step(shape: Shape, batch: int, weights, device, ll128: bool, iters:
 
         graph = graph_of(step if where == "step" else alone, side, comm.capture)
         time_replay(graph)
-        comm.reset_kernel_times()  # the eager warm-ups (ranks drift apart between them) left out
+        comm.engine.reset_kernel_times()  # the eager warm-ups (ranks drift apart between them) left out
         for _ in range(iters):
             time_replay(graph)
         plan = comm.plan_for("allreduce", nbytes, torch.bfloat16)
         lines = comm.lines_for("allreduce", nbytes, torch.bfloat16)
-        out[where] = block_medians(comm.kernel_times(plan, nbytes, "bf16", lines=lines, residual=True))
+        out[where] = block_medians(comm.engine.kernel_times(plan, nbytes, "bf16", lines=lines, residual=True))
         out["plan"] = plan.name + ("+ll128" if lines else "")
         comm.close()
     return out

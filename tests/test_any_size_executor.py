@@ -1,7 +1,7 @@
-"""The GPU executor's padded path on CPU (issue 20 item 1): ``PlanExecutor.execute`` at a size off the plan's
+"""The GPU executor's padded path on CPU (issue 20 item 1): ``InterpreterEngine.execute`` at a size off the plan's
 granule copies each part to its padded place, runs the plan there and copies each output part back.
 
-No GPU: one PlanExecutor per rank, each in a thread, over a fake CuPy whose 2-D copies move real host bytes.
+No GPU: one InterpreterEngine per rank, each in a thread, over a fake CuPy whose 2-D copies move real host bytes.
 The plan's own run at the padded size (what the GPU kernel does) is the CPU reference executor's, on the padded
 buffers the executors hand it; everything around it is the executor's code.
 """
@@ -21,7 +21,7 @@ from test_inference_capture_flow import FakeArray
 
 from codegen import compile_schedule
 from executor.errors import ExecutorError
-from executor.gpu.engine import PlanExecutor
+from executor.gpu.engine import InterpreterEngine
 from executor.reference.prove import run_reference
 from topologies import resolve
 from weft.synthesis import synthesize
@@ -72,7 +72,7 @@ class FakeCupy:
         return HostArray(np.zeros(n, dtype))
 
 
-def _executors(plan) -> list[PlanExecutor]:
+def _executors(plan) -> list[InterpreterEngine]:
     """One executor per rank whose direct executions meet at a barrier, where the reference executor runs the plan
     on every rank's padded buffers."""
     barrier, seen = threading.Barrier(N), {}
@@ -92,7 +92,7 @@ def _executors(plan) -> list[PlanExecutor]:
 
     comms = []
     for rank in range(N):
-        comm: Any = object.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
+        comm: Any = object.__new__(InterpreterEngine)  # a bare executor: the test sets the fields it reads
         comm.rank, comm.world_size, comm.device, comm._ll128 = rank, N, 0, False
         comm._cupy, comm._error, comm._tripwire = FakeCupy(), np.zeros(8, np.int32), None
         comm._plans, comm._padded, comm._residual_refusals = {}, {}, {}
@@ -113,7 +113,7 @@ def test_the_executor_runs_a_size_off_the_granule_padded(name):
 
     def run(rank):
         try:
-            PlanExecutor.execute(comms[rank], plan, CallerArray(inputs[rank]), outputs[rank])
+            InterpreterEngine.execute(comms[rank], plan, CallerArray(inputs[rank]), outputs[rank])
         except Exception as e:  # noqa: BLE001 (reported below, with the rank)
             errors.append((rank, e))
 
@@ -134,4 +134,4 @@ def test_a_size_off_the_granule_outside_the_plans_range_is_refused_in_one_line()
     nbytes = plan.max_message_size + 4
     assert nbytes % plan.granule
     with pytest.raises(ExecutorError, match=f"plan {plan.name}: size {nbytes} B is outside its range"):
-        PlanExecutor.execute(_executors(plan)[0], plan, CallerArray(np.zeros(nbytes // 4)))
+        InterpreterEngine.execute(_executors(plan)[0], plan, CallerArray(np.zeros(nbytes // 4)))

@@ -70,3 +70,17 @@ def test_the_norm_tables_cycle_is_gone_without_a_lazy_import():
     graph = _import_graph()
     assert graph.has_edge("executor.gpu.tables", "executor.reference.norm")
     assert not nx.has_path(graph, "executor.reference.norm", "executor.gpu.tables")
+
+
+def test_executor_has_one_communicator_class_and_its_engines_are_engines():
+    import executor
+
+    classes = {
+        node.name: path.relative_to(EXECUTOR.parent).as_posix()
+        for path in EXECUTOR.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef) and "Communicator" in node.name
+    }
+    assert classes == {"Communicator": "executor/inference/communicator.py"}
+    assert [name for name in executor.__all__ if "Communicator" in name] == ["Communicator"]
+    assert {"InterpreterEngine", "PortEngine"} <= set(executor.__all__)

@@ -80,7 +80,7 @@ def test_residency_is_checked_for_the_block_size_of_each_plan(monkeypatch):
     from executor.gpu import engine
 
     monkeypatch.setattr(gpu_build, "resident_blocks", lambda kernel, threads, device: 132 * 1024 // threads)
-    comm = object.__new__(engine.PlanExecutor)
+    comm = object.__new__(engine.InterpreterEngine)
     comm._kernels, comm._resident, comm.device = {}, {}, 0
     comm._module = SimpleNamespace(get_function=lambda name: SimpleNamespace(ptr=1))
     comm._launcher = SimpleNamespace(prepare=lambda function, grid, block, args: (grid, block))

@@ -1,4 +1,4 @@
-"""The executor's zero-copy capture flow on CPU: a PlanExecutor over a fake CuPy, fake launches and a fake store.
+"""The executor's zero-copy capture flow on CPU: a InterpreterEngine over a fake CuPy, fake launches and a fake store.
 
 ``capture()`` writes disarmed records, ``execute_captured`` binds buffers to one and launches against it, leaving
 ``capture()`` exchanges peers' buffers in capture order and arms the records, and a replay of a disarmed record
@@ -21,7 +21,7 @@ from test_inference_zero_copy import on_ranks, slots_of, walk
 
 from executor.errors import ExecutorError
 from executor.gpu import engine as comm_module
-from executor.gpu.engine import GRAPH_RECORDS, PlanExecutor, _Context
+from executor.gpu.engine import GRAPH_RECORDS, InterpreterEngine, _Context
 from executor.gpu.tables import build_tables, peer_mapping
 from schedules.plan.io import load_plan
 
@@ -94,10 +94,10 @@ def opened(shared) -> int:
     return 0x7F00_0000_0000 + shared[1]
 
 
-def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: bool = False) -> PlanExecutor:
-    """A PlanExecutor with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan
+def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: bool = False) -> InterpreterEngine:
+    """A InterpreterEngine with no GPU: fake CuPy, launches recorded in ``launches``, and a context for the plan
     (made with a residual, at 0xE000, where ``residual``)."""
-    comm: Any = object.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
+    comm: Any = object.__new__(InterpreterEngine)  # a bare executor: the test sets the fields it reads
     comm.rank, comm.world_size, comm.device, comm.timeout_s = rank, world, 0, 5.0
     comm._cupy = FakeCupy()
     comm._error = np.zeros(8, np.int32)
@@ -146,7 +146,7 @@ def lone_gather(world: int):
     return gather, calls
 
 
-def record_of(comm: PlanExecutor, index: int) -> tuple[np.ndarray, object]:
+def record_of(comm: InterpreterEngine, index: int) -> tuple[np.ndarray, object]:
     ctx = next(iter(comm._templates.values()))
     assert ctx.records is not None  # made by capture()
     layout = ctx.records.layout

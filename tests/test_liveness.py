@@ -22,7 +22,7 @@ import pytest
 
 from executor.errors import ExecutorTimeout, PeerLost
 from executor.gpu import liveness
-from executor.gpu.engine import PlanExecutor
+from executor.gpu.engine import InterpreterEngine
 from executor.gpu.liveness import RankIdentity, Roster, identity_of, probe
 from weft.cli import gpu as launcher
 from weft.cli import main
@@ -295,9 +295,9 @@ def test_a_kernel_wait_with_every_peer_alive_leaves_the_timeout_to_recovery(stor
 # ---------------------------------------------------------------- the communicator's two hook points
 
 
-def bare_communicator(store: DirStore) -> PlanExecutor:
+def bare_communicator(store: DirStore) -> InterpreterEngine:
     """Rank 0 of 2 without a GPU: only what the exchanges and the device-error path read."""
-    comm: Any = PlanExecutor.__new__(PlanExecutor)  # a bare executor: the test sets the fields it reads
+    comm: Any = InterpreterEngine.__new__(InterpreterEngine)  # a bare executor: the test sets the fields it reads
     comm.rank, comm.world_size, comm.timeout_s, comm.store = 0, 2, 3.0, store
     comm._prefix, comm._keys = PREFIX, 0
     comm._contexts = {"ctx": SimpleNamespace(tables=SimpleNamespace(channel_peers=[1]))}

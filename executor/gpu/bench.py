@@ -34,10 +34,10 @@ class BenchConfig:
     calls: int = 20
     samples: int = 30
     warmup: int = 3
-    ll128: bool = False  # time LL plans a second time with LL128 lines (gpu_tables.lines_possible), named NAME+ll128
+    ll128: bool = False  # time LL plans a second time with LL128 lines (tables.lines_possible), named NAME+ll128
     symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
     peers: tuple[str, ...] = ("flashinfer", "vllm")  # where installed (all-reduce, one host, as symm)
-    # all-to-all: "symm" adds torch symmetric memory's all_to_all_vdev (NVSHMEM), opt-in (gpu_bench.alltoall_peers)
+    # all-to-all: "symm" adds torch symmetric memory's all_to_all_vdev (NVSHMEM), opt-in (alltoall_peers)
 
 
 def _buffers(collective: str, nbytes: int, world: int, dtype, device):
@@ -426,7 +426,7 @@ def run_bench(
     for nbytes in config.sizes:
         began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
-        # sizes off a plan's granule run padded (PlanExecutor.execute): their times include the copies
+        # sizes off a plan's granule run padded (InterpreterEngine.execute): their times include the copies
         candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
         timers: dict[str, Callable[[], float]] = {
             "nccl": _timer(_nccl(config.collective, x, out), config.graph, config.calls)

@@ -1,7 +1,8 @@
-"""The GPU executor's host side: one PlanExecutor per process and GPU (the core of executor.Communicator),
-running Plans on torch or CuPy buffers.
+"""The interpreter engine: one InterpreterEngine per process and GPU runs Plans on torch or CuPy buffers through the
+interpreter kernel over CUDA IPC (one host). It is the one-host engine of ``executor.Communicator``
+(``executor.inference.engine``), and tools that run given plans use it directly.
 
-    comm = PlanExecutor(rank, world_size)          # TCPStore from MASTER_ADDR/MASTER_PORT
+    comm = InterpreterEngine(rank, world_size)     # TCPStore from MASTER_ADDR/MASTER_PORT
     out = comm.execute(plan, x)                    # on the caller's current stream
     comm.synchronize()                             # raises ExecutorTimeout if a wait ran past its bound
 
@@ -12,11 +13,11 @@ together, so the next execution works. Contexts (device tables, scratch, peer bu
 order, on buffers whose addresses recur alike: a rank that finds a context for an address its peers see as new
 skips their exchange, and the job stops with a timeout naming the exchange. Fresh tensors from the caching
 allocator recur alike in SPMD code; allocations that depend on a rank's data (``x[mask]``) can break that, so
-inference jobs use ``executor.inference.communicator.Communicator``, whose eager calls go through fixed staging buffers.
+inference jobs use ``executor.Communicator``, whose eager calls go through fixed staging buffers.
 
 CUDA graphs without copies: inside ``capture()``, ``execute_captured`` runs a plan on buffers that have no
 context of their own, against the context an eager ``execute`` made for the same plan, size and dtype, through a
-binding record written before the capture (``gpu_tables.BindingLayout``). Leaving ``capture()`` registers the
+binding record written before the capture (``tables.BindingLayout``). Leaving ``capture()`` registers the
 buffers (collective): peers' buffers are exchanged in capture order and every record is armed.
 
     comm.execute(plan, x0)                         # eager: the context for this plan and size
@@ -133,7 +134,7 @@ class _Context:
     scratch: Any
     state: Any  # the plan's semaphores ([2k] releases, [2k+1] acquires), then each thread block's epoch
     semaphore_init: np.ndarray
-    args: tuple  # kernel arguments (gpu_tables.KERNEL_PARAMS)
+    args: tuple  # kernel arguments (tables.KERNEL_PARAMS)
     vector_bytes: int
     output: Any
     plan_hash: str
@@ -187,10 +188,13 @@ def binding_verdict(why: str, collective: bool, all_gather: Callable[[str, Any],
     return next((v for v in verdicts if v), "")
 
 
-class PlanExecutor:
-    """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes: the core of
-    ``executor.Communicator`` (executor.inference.communicator), which adds torch.distributed's API and the
-    registry's plans."""
+class InterpreterEngine:
+    """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes: the engine of
+    ``executor.Communicator`` on one host, which adds torch.distributed's API and the registry's plans."""
+
+    stages = True  # contexts are collective, per buffer: the Communicator's eager calls go through its staging
+    fuses_norm = True  # the RMSNorm epilogue (executor.reference.norm) runs in the all-reduce's launch
+    direct_path = "zero_copy"  # a call on the caller's tensors: captured inside capture()
 
     def __init__(
         self,
@@ -207,7 +211,7 @@ class PlanExecutor:
         collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
         interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``.
         ``ll128``: by default, move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8
-        per 16) where the size allows (gpu_tables.lines_possible) and every rank's buffers are 8-byte aligned; a
+        per 16) where the size allows (tables.lines_possible) and every rank's buffers are 8-byte aligned; a
         call's ``lines`` overrides it. Lines rely on NVLink delivering a warp's 128-byte store whole, as NCCL's LL128
         does, so use them on NVLink machines only."""
         import cupy
@@ -263,7 +267,7 @@ class PlanExecutor:
     @classmethod
     def from_process_group(
         cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True, ll128: bool = False
-    ) -> PlanExecutor:
+    ) -> InterpreterEngine:
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
 
@@ -343,7 +347,7 @@ class PlanExecutor:
         return ctx.output
 
     @contextmanager
-    def capture(self) -> Iterator[PlanExecutor]:
+    def capture(self) -> Iterator[InterpreterEngine]:
         """A block for CUDA graph captures with zero-copy executions; leaving it registers their buffers.
 
         Enter it before the captures and leave it before the first replay: a graph replayed earlier runs
@@ -668,6 +672,10 @@ class PlanExecutor:
                 f"executor: input is on GPU {buf.device} but rank {self.rank} runs on GPU {self.device}"
             )
         return plan, plan_hash, buf, _describe(output, "output") if output is not None else None, dtype
+
+    def plan_refusal(self, plan: Plan) -> str:
+        """Why this engine cannot run ``plan`` here (a memory channel between hosts), or ''."""
+        return ipc_across_hosts(plan, self.hosts)
 
     def residual_refusal(self, plan: Plan | dict | str | Path) -> str:
         """Why ``plan`` cannot add a residual in its launch, or '' (executor.reference.norm.residual_refusal, once

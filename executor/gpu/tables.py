@@ -54,7 +54,7 @@ Record = np.ndarray  # one op-table row: a 0-d array of OP_DTYPE
 
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop..kSemRelease
 PAIRS = 8  # kPairs: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
-KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: gpu_tables picks them
+KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: build_tables picks them
 PACKET, SCRATCH = 1, 2  # a reference's flags (RefFlags): read or written as packets; in the scratch half in use
 SLOTS = {"i": 0, "o": 1, "s": 2}  # the local buffers' slots
 PEER_SLOTS = 3  # remote_buffers[k] is slot PEER_SLOTS + k; the residual, weight and normed rows follow the peers

@@ -12,27 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from executor.inference.communicator import Communicator
 from executor.reference.norm import RowNorm
 
-if TYPE_CHECKING:
-    from executor.inference.port_communicator import PortCommunicator
-
 
 class WeftBackend:
     """weft's all-reduce behind should_use / all_reduce / capture / close."""
 
-    def __init__(self, comm: Communicator | PortCommunicator):
+    def __init__(self, comm: Communicator):
         self.comm = comm
 
     @classmethod
     def from_process_group(cls, group: Any = None, **options: Any) -> WeftBackend:
-        """``options`` go to Communicator (registry, topology, deterministic, staging_bytes); across hosts it is a
-        PortCommunicator, whose all-reduce runs the port engine and whose fused norm runs unfused."""
+        """``options`` go to Communicator (registry, topology, deterministic, staging_bytes); across hosts its engine
+        is the port engine, whose fused norm runs unfused."""
         return cls(Communicator.from_process_group(group, **options))
 
     def should_use(self, tensor: torch.Tensor, residual: bool = False) -> bool:

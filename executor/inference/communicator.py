@@ -6,125 +6,139 @@
     h = comm.all_reduce(y, residual=h)               # h + the sum of y, in the all-reduce's own launch
     n, h = comm.all_reduce(y, residual=h, rms_weight=w, eps=1e-5)  # and rms_norm(h) * w too (executor.inference.norm)
 
-Each call takes the registry's plan for its collective, size and dtype on this machine's topology; without one
-(or without working P2P) it runs torch.distributed (NCCL), saying so once per size class in the
-``weft.inference`` log.
+One facade over one engine (``executor.inference.engine``): on one host the interpreter engine
+(``executor.gpu.engine``, CUDA IPC), across hosts the port engine (``executor.port.engine``), chosen by
+``from_process_group`` from the ranks' host identities (``executor.hosts``). The facade owns plan choice, the NCCL
+fallback, staging, ``capture()``, path accounting and the torch ops. Each call takes the registry's plan for its
+collective, size and dtype on this machine's topology that the engine can run; without one (or without working P2P)
+it runs torch.distributed (NCCL), saying so once per size class in the ``weft.inference`` log. ``paths`` counts the
+calls each path took (a captured call counts once): the engine's direct path (``zero_copy`` for the interpreter,
+``port`` across hosts), ``staging`` and ``nccl``.
 
-Buffers: the executor creates a context per (plan, size, buffers) collectively, with allocations, an exchange
-of IPC handles through the store and a device synchronize, none of which may happen during CUDA-graph capture.
-So a size's context is made on its first eager call, on two staging buffers this communicator allocated once
-with cudaMalloc (always shareable by IPC, whatever the caller's allocator). An eager call copies its input in,
-runs the plan staging to staging and copies the result out; a producer that writes straight into
-``staging_input(...)`` saves the copy in. A size first seen inside a capture goes to NCCL for that graph
-(logged), or is prepared beforehand with ``capture(sizes=...)``.
+Staging (the interpreter): the executor creates a context per (plan, size, buffers) collectively, with allocations,
+an exchange of IPC handles through the store and a device synchronize, none of which may happen during CUDA-graph
+capture. So a size's context is made on its first eager call, on two staging buffers allocated once
+(``executor.inference.staging``). An eager call copies its input in, runs the plan staging to staging and copies
+the result out; a producer that writes straight into ``staging_input(...)`` saves the copy in. A size first seen
+inside a capture goes to NCCL for that graph (logged), or is prepared beforehand with ``capture(sizes=...)``. The
+port engine's contexts are local, so its calls run on the caller's tensors, captured or not, sizes seen or not.
 
 CUDA graphs, zero-copy: graphs captured inside ``with comm.capture():`` run the plan on the captured tensors
-themselves (``PlanExecutor.execute_captured``), through the size's context, and leaving the block registers
+themselves (``InterpreterEngine.execute_captured``), through the size's context, and leaving the block registers
 them on every rank before any replay (vLLM's graph buffer registration). The chosen plans write peers only in
 their scratch, so no peer maps a captured tensor and tensors from expandable segments bind too; a plan whose
 peers map the tensors would exchange their IPC handles at registration, and any tensor that cannot be shared
 (or is not aligned to the plan's vectors) keeps the staging path for that call, decided while capturing.
-Graphs captured outside ``capture()`` use the staging path. ``paths`` counts the calls each path took.
+Graphs captured outside ``capture()`` use the staging path.
 
 Any size a plan runs is weft's: a size that is not a multiple of the plan's granule (``Plan.padding``) runs padded,
-through the staging path (``PlanExecutor.execute`` stages each part at its padded place), also inside ``capture()``.
+through the staging path (``InterpreterEngine.execute`` stages each part at its padded place), also inside
+``capture()``.
 
-A residual (a transformer layer's ``x + all_reduce(y)``) is added inside the all-reduce's launch where the plan
-allows it (``executor.reference.norm.residual_refusal``): the reductions that write outputs add it after their
-sums, so the result is rounded as the sum followed by the add, and the layer saves the add kernel. It must hold
-the same values on every rank, as the residual stream does. Elsewhere (NCCL, or a plan that cannot) the sum is
-computed first and the residual added after it.
+A residual (a transformer layer's ``x + all_reduce(y)``) is added inside the all-reduce's launch where the engine
+and plan allow it (``executor.reference.norm.residual_refusal``): the reductions that write outputs add it after
+their sums, so the result is rounded as the sum followed by the add, and the layer saves the add kernel. It must
+hold the same values on every rank, as the residual stream does. Elsewhere (NCCL, the port engine, or a plan that
+cannot) the sum is computed first and the residual added after it.
 
 Reusing the staging buffers and contexts call after call is safe because calls are ordered on the caller's
 stream (one stream per communicator, as engines run their collectives) and only plans that a rank can run again
-before its peers finished the previous execution are chosen (``torch_plans.safe_back_to_back``: LL, double
+before its peers finished the previous execution are chosen (``plans.safe_back_to_back``: LL, double
 scratch, peers written only in their scratch).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from executor.gpu import bootstrap, ipc
-from executor.gpu.engine import PlanExecutor
+from executor.gpu import bootstrap
+from executor.gpu.engine import InterpreterEngine, NormCall
 from executor.hosts import host_identity
-from executor.inference import ops as torch_ops
-from executor.inference.norm import NormCalls
-from executor.inference.ops import DTYPES, CollectiveCalls
-from executor.inference.plans import PlanChoice, disagreement
+from executor.inference import ops
+from executor.inference.engine import Engine
+from executor.inference.norm import UNFUSED, check_norm_call, norm_candidates
+from executor.inference.plans import PlanChoice, disagreement, split_refusal
+from executor.inference.staging import Staging
 from executor.inference.topology import machine_topology, p2p_works
-from executor.reference.norm import RowNorm
+from executor.port.engine import PortEngine
+from executor.reference.norm import RowNorm, best_norm_plan, rows_refusal
 from registry.store import Registry, RegistryError
 from schedules.collectives import Collective
+from schedules.plan.types import Plan
 from topologies import Topology
-
-if TYPE_CHECKING:
-    from executor.inference.port_communicator import PortCommunicator
 
 log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
+DTYPES = ops.DTYPES
+
+Agree = Callable[[str, object], list]  # every rank's value for one named agreement, in rank order (collective)
 
 
-class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
-    """A plan executor with torch.distributed's collective API, falling back to NCCL where weft has no plan."""
+class Communicator:
+    """torch.distributed's collective API over one engine and the registry's plans, falling back to NCCL."""
 
     def __init__(
         self,
+        engine: Engine | None,
+        agree: Agree,
+        why: str = "",
+        *,
         rank: int,
         world_size: int,
-        store: Any = None,
-        device: int | None = None,
-        timeout_s: float = 30.0,
-        *,
         group: Any = None,
         registry: str | None = None,
         topology: str | None = None,
         deterministic: bool = False,
         staging_bytes: int = STAGING_BYTES,
         ll128: bool = True,
-        trace: bool = False,
+        **_: Any,
     ):
-        """``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
+        """Use ``from_process_group``. ``engine``: None where it did not start (``why`` says why; NCCL throughout).
+        ``registry``: default $WEFT_REGISTRY. ``topology``: a catalog spec or file, default $WEFT_TOPOLOGY, then
         NVML, then torch's view of the GPUs. ``deterministic``: only plans with a fixed reduction order.
-        ``staging_bytes``: the largest message (nccl-tests terms) that weft runs; larger ones go to NCCL.
-        ``ll128``: LL plans may move LL128 lines (executor.gpu.engine.PlanExecutor), at the sizes where this
-        topology's registry entries measured lines faster than packets (``weft bench --ll128`` on that fabric, so
-        only where lines ran there: NVLink). False: LL16 packets only. ``trace``: the timed kernel build, for
-        diagnosis (``kernel_times``)."""
-        self.rank, self.world_size, self.group, self.timeout_s = rank, world_size, group, timeout_s
+        ``staging_bytes``: the largest message (nccl-tests terms) that a staging engine runs; larger ones go to
+        NCCL. ``ll128``: LL plans may move LL128 lines, at the sizes where this topology's registry entries
+        measured lines faster than packets (``weft bench --ll128`` on that fabric, so only where lines ran there:
+        NVLink). False: LL16 packets only."""
+        self.engine, self.rank, self.world_size, self.group = engine, rank, world_size, group
         self.deterministic, self.staging_bytes = deterministic, staging_bytes
-        store = store if store is not None else bootstrap.store_from_env(rank, world_size)
-        self._agreements = f"weft/inference/{store.add(f'weft/inference/{rank}', 1)}"
-        self._logged: set[tuple] = set()
-        # (plan, size, dtype, with a residual, or the norm's RowNorm) prepared
-        self._ready: set[tuple[str, int, str, bool | RowNorm]] = set()
-        self._staged_views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._started = False
-        self.paths = {"zero_copy": 0, "staging": 0, "nccl": 0}  # calls by path; a captured call counts once
-        self.handle = torch_ops.register(self)
-        why = ""
-        try:
-            super().__init__(rank, world_size, store, device, timeout_s, ll128=ll128, trace=trace)
-            self._started = True
-        except Exception as e:  # no CuPy, no driver, IPC refused: each means NCCL for this job, not a crash
-            why = f"rank {rank}: the GPU executor did not start: {e}"
-        self.store = store  # also where the executor did not start: the ranks still have to agree on that
-        why = self._agree("started", why)
-        if not why:
-            why = self._agree("p2p", p2p_works(self) or self._allocate_staging())
+        self.staging: Staging | None = None
         self.choice: PlanChoice | None = None
         self.topology: Topology | None = None
+        self._logged: set[tuple] = set()
+        # (plan, size, dtype, with a residual, or the norm's RowNorm) prepared (staging engines)
+        self._ready: set[tuple[str, int, str, bool | RowNorm]] = set()
+        self._norm_choices: dict[tuple[int, torch.dtype, RowNorm], tuple[Plan | None, str]] = {}
+        self._capturing = False  # inside capture(), where a staging engine's calls bind the captured tensors
+        # calls by path (a captured call counts once): the engine's direct path, staging where it stages, NCCL
+        staging = engine is None or engine.stages
+        self.paths = {
+            engine.direct_path if engine else "zero_copy": 0,
+            **({"staging": 0} if staging else {}),
+            "nccl": 0,
+        }
+        self.handle = ops.register(self)
+        if not why and isinstance(engine, InterpreterEngine):  # the staging engine: its P2P is CUDA IPC
+            self.staging = Staging(staging_bytes, engine.device)
+            why = p2p_works(engine)
+            if not why:
+                staged = self.staging.allocate()
+                why = staged and f"rank {rank}: {staged}"
+            why = _first(agree("p2p", why))
         if not why:
-            why = self._agree_on_plans(self._read_plans(registry, topology))
+            why = self._read_plans(registry, topology, ll128)
+            why = disagreement(agree("plans", why or self._plans_seen()))
         self.enabled = not why
         if why:
-            log.warning("weft: using NCCL for every collective: %s", why)
+            across = " across hosts" if engine is not None and len(set(engine.hosts)) > 1 else ""
+            log.warning("weft: using NCCL for every collective%s: %s", across, why)
         elif self.choice is not None and self.topology is not None and not self.choice.entries:
             log.warning(
                 "weft: the registry %s holds no plan for %s with %d ranks; using NCCL",
@@ -134,34 +148,112 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
             )
 
     @classmethod
-    def from_process_group(  # type: ignore[override]  # across hosts it is not a PlanExecutor: issue 34's one facade
-        cls, group: Any = None, timeout_s: float = 30.0, **options: Any
-    ) -> Communicator | PortCommunicator:
-        """A communicator over ``group`` (default: the default group), bootstrapped through its store.
-
-        Where the group's ranks sit on several hosts (``executor.hosts``) it is a ``PortCommunicator``: the same API,
-        with the registry's plans run through the port engine and no CUDA IPC between hosts."""
+    def from_process_group(cls, group: Any = None, timeout_s: float = 30.0, **options: Any) -> Communicator:
+        """A communicator over ``group`` (default: the default group), bootstrapped through its store: the
+        interpreter engine where the group's ranks share a host, the port engine (no CUDA IPC between hosts)
+        where they sit on several (``executor.hosts``). ``options``: see ``__init__``; ``trace`` (one host): the
+        interpreter's timed build, read by ``comm.engine.kernel_times``."""
         hosts = bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         if len(set(hosts)) > 1:
-            from executor.inference.port_communicator import PortCommunicator
 
-            return PortCommunicator(group, timeout_s, **options)
+            def agree_across_hosts(what: str, value: object) -> list:
+                return bootstrap.all_gather_plain(value, group)  # plain data, never a pickle
+
+            engine = PortEngine(group, timeout_s)
+            return cls(engine, agree_across_hosts, rank=rank, world_size=world_size, group=group, **options)
         store = bootstrap.process_group_store(group)
-        return cls(
-            dist.get_rank(group),
-            dist.get_world_size(group),
-            store,
-            torch.cuda.current_device(),
-            timeout_s,
-            group=group,
-            **options,
+        agreements = f"weft/inference/{store.add(f'weft/inference/{rank}', 1)}"
+
+        def agree(what: str, value: object) -> list:
+            key = f"{agreements}/{what}"
+            return bootstrap.all_gather(store, key, rank, world_size, value, max(timeout_s, 60.0))
+
+        interpreter: InterpreterEngine | None = None
+        why = ""
+        try:  # every rank says whether its engine started, and one that did not means NCCL on every rank
+            interpreter = InterpreterEngine(
+                rank,
+                world_size,
+                store,
+                torch.cuda.current_device(),
+                timeout_s,
+                ll128=options.get("ll128", True),
+                trace=options.pop("trace", False),
+            )
+        except Exception as e:  # no CuPy, no driver, IPC refused: each means NCCL for this job, not a crash
+            why = f"rank {rank}: the GPU executor did not start: {e}"
+        why = _first(agree("started", why))
+        return cls(interpreter, agree, why, rank=rank, world_size=world_size, group=group, **options)
+
+    @property
+    def stages(self) -> bool:
+        """Whether eager calls run through the staging buffers (the interpreter engine)."""
+        return self.engine is not None and self.engine.stages
+
+    # ------------------------------------------------------------------ torch.distributed's API, through the ops
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        rms_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+    ):
+        """The sum over ranks, as a new tensor; plus ``residual`` (same shape and dtype, the same values on every
+        rank), added in the all-reduce's launch where the plan can. With ``rms_weight`` (the last dimension's
+        size, the tensor's dtype): ``(rms_norm(residual + sum) * rms_weight, residual + sum)``, both from one launch
+        where a plan's rows fit (executor.inference.norm)."""
+        if rms_weight is not None:
+            if residual is None:
+                raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + sum)")
+            return torch.ops.weft.all_reduce_rms_norm(tensor, self.handle, residual, rms_weight, float(eps))
+        return torch.ops.weft.all_reduce(tensor, self.handle, residual)
+
+    def all_reduce_(
+        self,
+        tensor: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        rms_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+    ) -> torch.Tensor:
+        """The sum over ranks, written into ``tensor``. With ``residual`` and ``rms_weight``: ``residual`` becomes
+        residual + sum and ``tensor`` its rms_norm times ``rms_weight``."""
+        if rms_weight is not None:
+            if residual is None:
+                raise ValueError("weft: all_reduce_ with rms_weight needs residual= (it becomes residual + sum)")
+            torch.ops.weft.all_reduce_rms_norm_inplace(tensor, residual, self.handle, rms_weight, float(eps))
+            return tensor
+        if residual is not None:
+            raise ValueError("weft: all_reduce_ takes residual= only with rms_weight= (use all_reduce(x, residual=))")
+        torch.ops.weft.all_reduce_inplace(tensor, self.handle)
+        return tensor
+
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        torch.ops.weft.all_gather_into_tensor(output, tensor, self.handle)
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        torch.ops.weft.reduce_scatter_tensor(output, tensor, self.handle)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """torch.distributed's equal-split all_to_all_single: block j of ``input`` (its first dimension cut into
+        world_size equal blocks) goes to rank j, and block i of ``output`` comes from rank i."""
+        why = split_refusal(
+            tuple(output.shape),
+            tuple(input.shape),
+            output.dtype == input.dtype,
+            output.device == input.device,
+            self.world_size,
         )
+        if why:
+            raise ValueError(f"weft: all_to_all_single: {why}")
+        torch.ops.weft.all_to_all_single(output, input, self.handle)
 
-    # ---------------------------------- torch.distributed's API (the calls: torch_ops.CollectiveCalls)
+    # ------------------------------------------------------------------ plans, preparation, capture
 
-    def plan_for(self, collective: str, nbytes: int, dtype: torch.dtype):
+    def plan_for(self, collective: str, nbytes: int, dtype: torch.dtype) -> Plan | None:
         """The plan weft runs for this call, or None where NCCL does (size, dtype, no plan, or weft disabled)."""
-        if not self.enabled or self.choice is None or dtype not in DTYPES or nbytes > self.staging_bytes:
+        if not self.enabled or self.choice is None or dtype not in DTYPES or self._too_large(nbytes):
             return None
         return self.choice.plan(collective, nbytes, DTYPES[dtype])
 
@@ -173,18 +265,21 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
             and self.choice.lines(collective, nbytes, DTYPES[dtype])
         )
 
-    def is_prepared(self, plan, nbytes: int, dtype: torch.dtype, residual: bool = False) -> bool:
-        """Whether ``plan``'s context for this size (with a residual, where ``residual`` and the plan adds one in
-        its launch) exists, so that a graph capture can run it."""
+    def is_prepared(self, plan: Plan, nbytes: int, dtype: torch.dtype, residual: bool = False) -> bool:
+        """Whether ``plan`` can run this size (with a residual, where ``residual`` and the plan adds one in its
+        launch) inside a graph capture: its context exists, or the engine needs none made beforehand."""
+        if self.engine is not None and not self.engine.stages:
+            return True
         return (plan.content_hash, nbytes, DTYPES[dtype], residual and self.fuses(plan)) in self._ready
 
-    def fuses(self, plan) -> bool:
-        """Whether ``plan`` adds a residual in its own launch (executor.reference.norm.residual_refusal)."""
-        return self._started and not self.residual_refusal(plan)
+    def fuses(self, plan: Plan) -> bool:
+        """Whether ``plan`` adds a residual in its own launch on this engine."""
+        return self.engine is not None and not self.engine.residual_refusal(plan)
 
     def staging_input(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """The registered input buffer as ``numel`` elements: a tensor written here is not copied again."""
-        return self._staging_in[: numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
+        assert self.staging is not None, "staging_input: this communicator's engine runs on the caller's tensors"
+        return self.staging.input[: numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
     @contextmanager
     def capture(
@@ -199,18 +294,21 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
 
         Prepares the all-reduce contexts of ``sizes`` (message bytes) first, also with a residual where
         ``residual``, the fused norm's contexts for rows ``rms_norm`` (hidden size and eps) where given, and the
-        all-to-all contexts of ``alltoall_sizes`` (bytes each rank sends, its whole input).
-        Leaving the block registers the
-        captured tensors on every rank (collective): replay the graphs after it, or call
+        all-to-all contexts of ``alltoall_sizes`` (bytes each rank sends, its whole input). Leaving the block
+        registers the captured tensors on every rank (collective): replay the graphs after it, or call
         ``register_graph_buffers()`` before replaying inside it. A graph replayed before its tensors are
-        registered runs none of its weft calls, and the next weft call, or leaving the block, raises.
+        registered runs none of its weft calls, and the next weft call, or leaving the block, raises. An engine
+        that does not stage (the port engine) needs nothing prepared or registered.
         """
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("weft: enter comm.capture() before capturing a graph, not inside the capture")
-        if not self._started:  # NCCL throughout: nothing to register
+        if self.engine is not None and not self.engine.stages:  # graphs captured anywhere run weft's calls
             yield self
             return
-        with PlanExecutor.capture(self):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("weft: enter comm.capture() before capturing a graph, not inside the capture")
+        if self.engine is None:  # NCCL throughout: nothing to register
+            yield self
+            return
+        with self.engine.capture(), self._capture_block():
             for nbytes in sizes:
                 self.prepare("allreduce", nbytes, dtype)
                 if residual:
@@ -221,12 +319,20 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
                 self.prepare("alltoall", nbytes, dtype)
             yield self
 
+    @contextmanager
+    def _capture_block(self) -> Iterator[None]:
+        self._capturing = True
+        try:
+            yield
+        finally:
+            self._capturing = False
+
     def register_graph_buffers(self) -> None:
         """Register the tensors of the calls captured so far inside ``capture()`` (collective), before replaying."""
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("weft: register_graph_buffers() runs after a graph capture ends, not inside it")
-        if self._started:
-            super().register_graph_buffers()
+        if self.engine is not None:
+            self.engine.register_graph_buffers()
 
     def prepare(
         self, collective: str, nbytes: int, dtype: torch.dtype = torch.bfloat16, residual: bool = False
@@ -236,11 +342,11 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("weft: prepare() must run before graph capture, not inside it")
         plan = self.plan_for(collective, nbytes, dtype)
-        if plan is None:
-            return False
+        if plan is None or self.staging is None:
+            return plan is not None
         elements = nbytes // torch.empty((), dtype=dtype).element_size()
         spec = Collective(collective, self.world_size)
-        x = torch.zeros(int(elements * spec.input_fraction), dtype=dtype, device=self._staging_in.device)
+        x = torch.zeros(int(elements * spec.input_fraction), dtype=dtype, device=self.staging.input.device)
         out = torch.empty(int(elements * spec.output_fraction), dtype=dtype, device=x.device)
         if residual:
             self.all_reduce(x, residual=torch.zeros_like(x))
@@ -253,11 +359,66 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         }[spec.facts.torch_op or collective]()
         return True
 
+    def synchronize(self) -> None:
+        if self.engine is not None:
+            self.engine.synchronize()
+
     def close(self) -> None:
-        if self._started:
-            super().close()
-            self._started = False
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
         self.enabled = False
+
+    # ------------------------------------------------------------------ the fused norm's plan
+
+    def norm_plan_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> Plan | None:
+        """The plan that runs the fused norm for this size, dtype and row shape, or None (``norm_reason`` says why)."""
+        key = (nbytes, dtype, rows)
+        if key not in self._norm_choices:
+            self._norm_choices[key] = self._choose_norm_plan(nbytes, dtype, rows)
+        return self._norm_choices[key][0]
+
+    def norm_reason(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> str:
+        self.norm_plan_for(nbytes, dtype, rows)
+        return self._norm_choices[(nbytes, dtype, rows)][1]
+
+    def is_norm_prepared(self, plan: Plan, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> bool:
+        """Whether ``plan``'s fused-norm context for this size and row shape exists, so that a capture can run it."""
+        return (plan.content_hash, nbytes, DTYPES[dtype], rows) in self._ready
+
+    def pin_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm, plan: Plan | None) -> None:
+        """Run the fused norm of this size, dtype and row shape on ``plan`` from now on (a bench comparing plans,
+        a test of one plan's shape), or on the plan ``norm_plan_for`` picks again where ``plan`` is None. The plan
+        must still pass the proof and fit the rows (ValueError, one line, otherwise)."""
+        if plan is None:
+            self._norm_choices.pop((nbytes, dtype, rows), None)
+            return
+        if dtype not in DTYPES:
+            raise ValueError(f"weft: the fused norm runs {', '.join(map(str, DTYPES))}, not {dtype}")
+        if not self.enabled or self.engine is None:
+            raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: weft is disabled on this communicator")
+        if self._too_large(nbytes):
+            raise ValueError(
+                f"weft: cannot pin {plan.name} for the fused norm: {nbytes} B exceeds staging_bytes "
+                f"{self.staging_bytes} B"
+            )
+        why = self.engine.norm_refusal(plan) or rows_refusal(plan, nbytes, DTYPES[dtype], rows)
+        if why:
+            raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
+        self._norm_choices[(nbytes, dtype, rows)] = (plan, "")
+
+    def prepare_norm(self, nbytes: int, rows: RowNorm, dtype: torch.dtype = torch.bfloat16) -> bool:
+        """Create the fused norm's context for one size now (collective, eager); whether weft will run it."""
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("weft: prepare() must run before graph capture, not inside it")
+        elements = nbytes // torch.empty((), dtype=dtype).element_size()
+        if self.norm_plan_for(nbytes, dtype, rows) is None or elements % rows.row_elems or self.staging is None:
+            return False
+        x = torch.zeros(elements // rows.row_elems, rows.row_elems, dtype=dtype, device=self.staging.input.device)
+        self.all_reduce_norm_eager(
+            x, torch.zeros_like(x), torch.ones(rows.row_elems, dtype=dtype, device=x.device), rows.eps
+        )
+        return True
 
     # ------------------------------------------------------------------ the ops' bodies (eager or captured)
 
@@ -276,8 +437,10 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if plan is None:
             out.copy_(tensor)
             dist.all_reduce(out, group=self.group)
-        elif not self._zero_copy(plan, tensor, out, fused):
-            out.copy_(self._stage(plan, tensor, tensor.numel(), fused).view(tensor.shape))
+        else:
+            result = self._run(plan, tensor, out, fused)
+            if result is not out:
+                out.copy_(result.view(tensor.shape))
         if residual is not None and fused is None:
             out.add_(residual)
         return out
@@ -287,36 +450,63 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
         if plan is None:
             dist.all_reduce(tensor, group=self.group)
             return
-        # the plans are out of place, so a captured in-place call reads the tensor and copies the sum back
-        out = torch.empty_like(tensor, memory_format=torch.contiguous_format) if self._in_graph() else None
-        if out is None or not self._zero_copy(plan, tensor, out):
-            out = self._stage(plan, tensor, tensor.numel()).view(tensor.shape)
-        tensor.copy_(out)
+        # the plans are out of place, so an in-place call runs into a buffer (the caller's tensors' own where the
+        # engine runs on them, else the staging output) and copies the sum back
+        direct = not self.stages or self._in_graph()
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format) if direct else None
+        tensor.copy_(self._run(plan, tensor, out, numel=tensor.numel()).view(tensor.shape))
 
     def all_gather_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        plan = self._weft_plan("allgather", tensor, output.numel())
-        if plan is None:
-            dist.all_gather_into_tensor(output, tensor, group=self.group)
-        elif not self._zero_copy(plan, tensor, output):
-            output.copy_(self._stage(plan, tensor, output.numel()).view(output.shape))
+        self._collective("allgather", output, tensor, dist.all_gather_into_tensor)
 
     def reduce_scatter_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        plan = self._weft_plan("reducescatter", tensor, output.numel())
-        if plan is None:
-            dist.reduce_scatter_tensor(output, tensor, group=self.group)
-        elif not self._zero_copy(plan, tensor, output):
-            output.copy_(self._stage(plan, tensor, output.numel()).view(output.shape))
+        self._collective("reducescatter", output, tensor, dist.reduce_scatter_tensor)
 
     def all_to_all_eager(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        plan = self._weft_plan("alltoall", tensor, output.numel())
+        self._collective("alltoall", output, tensor, dist.all_to_all_single)
+
+    def all_reduce_norm_eager(
+        self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = check_norm_call(tensor, residual, weight, eps)
+        assert residual is not None  # check_norm_call refuses a call without one
+        nbytes = tensor.numel() * tensor.element_size()
+        plan, why = self._fused_norm_plan(tensor, residual, weight, rows)
         if plan is None:
-            dist.all_to_all_single(output, tensor, group=self.group)
-        elif not self._zero_copy(plan, tensor, output):
-            output.copy_(self._stage(plan, tensor, output.numel()).view(output.shape))
+            if self.engine is None or self.engine.fuses_norm:  # an engine without the epilogue is not news
+                self._fallback("allreduce+rms_norm", nbytes, tensor.dtype, why, UNFUSED)
+            new_residual = self.all_reduce_eager(tensor, residual)
+            return F.rms_norm(new_residual, (rows.row_elems,), weight, rows.eps), new_residual
+        new_residual = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        normed = torch.empty_like(new_residual)
+        norm = NormCall(rows, weight, normed)
+        if not self._zero_copy(plan, tensor, new_residual, residual, norm, "allreduce+rms_norm"):
+            staged, staged_normed = self._stage_norm(plan, tensor, residual, norm)
+            new_residual.copy_(staged.view(tensor.shape))
+            normed.copy_(staged_normed.view(tensor.shape))
+        return normed, new_residual
 
-    # ------------------------------------------------------------------ internals
+    def all_reduce_norm_eager_(
+        self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> None:
+        """The in-place op's body: the out-of-place one (``all_reduce_norm_eager``), then two copies."""
+        normed, new_residual = self.all_reduce_norm_eager(tensor, residual, weight, eps)
+        residual.copy_(new_residual)
+        tensor.copy_(normed)
 
-    def _weft_plan(self, collective: str, tensor: torch.Tensor, out_numel: int, residual: bool = False):
+    # ------------------------------------------------------------------ internals: one call's path
+
+    def _collective(self, collective: str, output: torch.Tensor, tensor: torch.Tensor, nccl: Callable) -> None:
+        """An all-gather, reduce-scatter or all-to-all: the plan on the engine, else NCCL's ``nccl``."""
+        plan = self._weft_plan(collective, tensor, output.numel())
+        if plan is None:
+            nccl(output, tensor, group=self.group)
+            return
+        result = self._run(plan, tensor, output)
+        if result is not output:
+            output.copy_(result.view(output.shape))
+
+    def _weft_plan(self, collective: str, tensor: torch.Tensor, out_numel: int, residual: bool = False) -> Plan | None:
         """The plan weft runs this call with, or None (logged, counted) where NCCL must run it."""
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         plan = self.plan_for(collective, nbytes, tensor.dtype)
@@ -334,61 +524,144 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
             self.paths["nccl"] += 1
         return plan
 
+    def _run(
+        self,
+        plan: Plan,
+        tensor: torch.Tensor,
+        output: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+        numel: int | None = None,
+    ) -> torch.Tensor:
+        """Run ``plan`` on the engine: into ``output`` where the engine runs on the caller's tensors (the port
+        engine always, the interpreter inside ``capture()``), else through the staging buffers; the tensor that
+        holds the result (``output``, or the staging output of ``numel`` elements, default ``output``'s)."""
+        assert self.engine is not None  # a plan came, so the engine runs
+        if output is not None and not self.engine.stages:
+            target = (
+                output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+            )
+            lines = self._lines(plan.collective, tensor, output.numel())
+            self.engine.execute(plan, tensor.contiguous().view(-1), target.view(-1), lines=lines)
+            self.paths[self.engine.direct_path] += 1
+            if target is not output:
+                output.copy_(target)
+            return output
+        if output is not None and self._zero_copy(plan, tensor, output, residual):
+            return output
+        return self._stage(plan, tensor, output.numel() if output is not None else numel or 0, residual)
+
     def _in_graph(self) -> bool:
         """Whether a graph is capturing inside ``capture()``, where calls bind the captured tensors."""
-        return self._started and self._graph_mode and torch.cuda.is_current_stream_capturing()
+        return self._capturing and torch.cuda.is_current_stream_capturing()
 
     def _zero_copy(
-        self, plan, tensor: torch.Tensor, output: torch.Tensor, residual: torch.Tensor | None = None
+        self,
+        plan: Plan,
+        tensor: torch.Tensor,
+        output: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        norm: NormCall | None = None,
+        what: str = "",
     ) -> bool:
-        """Inside ``capture()``, capture ``plan`` on ``tensor`` and ``output`` (and ``residual``) themselves;
-        whether it did."""
+        """Inside ``capture()``, capture ``plan`` on ``tensor`` and ``output`` (and ``residual``, and the norm's
+        tensors) themselves; whether it did."""
         if not self._in_graph():
             return False
+        assert self.engine is not None  # _in_graph holds an engine
         nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
         buffers = (tensor, output, *([] if residual is None else [residual]))
-        why = "the tensor is not contiguous" if not all(t.is_contiguous() for t in buffers) else ""
-        assert self.choice is not None  # a plan came from it
-        lines = self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype])
-        why = why or self.execute_captured(plan, tensor, output, lines=lines, residual=residual)
+        why = "the tensor is not contiguous" if norm is None and not all(t.is_contiguous() for t in buffers) else ""
+        lines = self._lines(plan.collective, tensor, output.numel())
+        why = why or self.engine.execute_captured(plan, tensor, output, lines=lines, residual=residual, norm=norm)
         if why:
-            self._fallback(plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph")
+            self._fallback(
+                what or plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph"
+            )
             return False
         self.paths["zero_copy"] += 1
         return True
 
-    def _stage(self, plan, tensor: torch.Tensor, out_numel: int, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def _stage(
+        self, plan: Plan, tensor: torch.Tensor, out_numel: int, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Run ``plan`` through the staging buffers (and the staging residual); the staged output."""
+        assert self.engine is not None and self.staging is not None  # a staging engine ran the plan
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
-        source, staged = self._views(tensor.numel(), out_numel, tensor.dtype)
+        source, staged = self.staging.views(tensor.numel(), out_numel, tensor.dtype)
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
             source.view(tensor.shape).copy_(tensor)
         added = None
-        assert self.choice is not None  # a plan came from it
         if residual is not None:
-            added = self._staging_residual[:nbytes].view(tensor.dtype)
+            added = self.staging.residual[:nbytes].view(tensor.dtype)
             added.view(residual.shape).copy_(residual)
-        self.execute(
-            plan, source, staged, lines=self.choice.lines(plan.collective, nbytes, DTYPES[tensor.dtype]), residual=added
-        )
+        lines = self._lines(plan.collective, tensor, out_numel)
+        self.engine.execute(plan, source, staged, lines=lines, residual=added)
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], residual is not None))
         self.paths["staging"] += 1
         return staged
 
-    def _views(self, numel: int, out_numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The staging buffers as (input, output) tensors of these sizes; cached, since a decode loop repeats them."""
-        key = (numel, out_numel, dtype)
-        views = self._staged_views.get(key)
-        if views is None:
-            size = torch.empty((), dtype=dtype).element_size()
-            views = (self._staging_in[: numel * size].view(dtype), self._staging_out[: out_numel * size].view(dtype))
-            self._staged_views[key] = views
-        return views
+    def _stage_norm(
+        self, plan: Plan, tensor: torch.Tensor, residual: torch.Tensor, norm: NormCall
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the fused launch through staging buffers (input, residual, weight, normed); (output, normed)."""
+        assert self.engine is not None and self.staging is not None  # a staging engine ran the plan
+        nbytes = tensor.numel() * tensor.element_size()
+        weight = norm.weight
+        source, staged = self.staging.views(tensor.numel(), tensor.numel(), tensor.dtype)
+        source.view(tensor.shape).copy_(tensor)
+        added = self.staging.residual[:nbytes].view(tensor.dtype)
+        added.view(residual.shape).copy_(residual)
+        normed, staged_weight = self.staging.norm_buffers(nbytes, weight.numel() * weight.element_size(), weight.dtype)
+        staged_weight.copy_(weight)
+        lines = self._lines("allreduce", tensor, tensor.numel())
+        self.engine.execute(
+            plan, source, staged, lines=lines, residual=added, norm=NormCall(norm.rows, staged_weight, normed)
+        )
+        self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], norm.rows))
+        self.paths["staging"] += 1
+        return staged, normed
+
+    def _fused_norm_plan(
+        self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, rows: RowNorm
+    ) -> tuple[Plan | None, str]:
+        """(plan, '') for a fused launch, or (None, why the call runs unfused)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        if not all(t.is_contiguous() for t in (tensor, residual, weight)):
+            return None, "a tensor (input, residual or weight) is not contiguous"
+        plan = self.norm_plan_for(nbytes, tensor.dtype, rows)
+        if plan is None:
+            return None, self.norm_reason(nbytes, tensor.dtype, rows)
+        if torch.cuda.is_current_stream_capturing() and not self.is_norm_prepared(plan, nbytes, tensor.dtype, rows):
+            return None, "first seen inside graph capture; warm up or use capture(rms_norm=...) before capturing"
+        return plan, ""
+
+    def _choose_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> tuple[Plan | None, str]:
+        choice, engine = self.choice, self.engine
+        if engine is not None and not engine.fuses_norm:
+            return None, f"the {type(engine).__name__} runs no norm epilogue"
+        if not self.enabled or choice is None or engine is None or dtype not in DTYPES or self._too_large(nbytes):
+            return None, "weft disabled" if not self.enabled or choice is None else "no plan (dtype or size)"
+        name = DTYPES[dtype]
+        serving = [
+            e
+            for e in choice.entries
+            if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or name in e.dtypes)
+        ]
+        return best_norm_plan(norm_candidates(serving, nbytes, choice.ll128), nbytes, name, rows, engine.norm_refusal)
+
+    def _lines(self, collective: str, tensor: torch.Tensor, out_numel: int) -> bool:
+        """LL128 lines where the registry's plan for ``collective`` at this call's size runs them."""
+        nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
+        return self.choice is not None and self.choice.lines(collective, nbytes, DTYPES[tensor.dtype])
+
+    def _too_large(self, nbytes: int) -> bool:
+        """Past the staging buffers, where a staging engine's calls go to NCCL."""
+        return self.stages and nbytes > self.staging_bytes
 
     def _no_plan_reason(self, collective: str, nbytes: int, dtype: torch.dtype) -> str:
         if not self.enabled:
             return "weft disabled"
-        if self.choice is None or dtype not in DTYPES or nbytes > self.staging_bytes:
+        if self.choice is None or dtype not in DTYPES or self._too_large(nbytes):
             return "no plan"
         return self.choice.reason(collective, nbytes, DTYPES[dtype]) or "no plan"
 
@@ -399,53 +672,42 @@ class Communicator(CollectiveCalls, NormCalls, PlanExecutor):
             low, high = 1 << max(nbytes.bit_length() - 1, 0), (1 << nbytes.bit_length()) - 1
             log.warning("weft: %s of %d..%d B in %s runs %s: %s", collective, low, high, str(dtype)[6:], path, why)
 
-    def _allocate_staging(self) -> str:
-        """Allocate the staging buffers with cudaMalloc (through CuPy) and check they export; why not, or ''."""
-        import cupy
+    # ------------------------------------------------------------------ internals: start-up
 
+    def _read_plans(self, registry: str | None, topology: str | None, ll128: bool) -> str:
+        """Find the topology and the registry entries the engine can run; why weft cannot run, or ''."""
+        assert self.engine is not None  # the engine started, or the ranks agreed on NCCL before this
+        several = len(set(self.engine.hosts)) > 1
         try:
-            with cupy.cuda.Device(self.device):
-                self._staging_memory = [cupy.cuda.Memory(self.staging_bytes) for _ in range(2)]
-                arrays = [
-                    cupy.ndarray((self.staging_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(m, 0))
-                    for m in self._staging_memory
-                ]
-            self._staging_in, self._staging_out = (torch.from_dlpack(a) for a in arrays)
-            # read by this rank only, so it needs no IPC: the residual an eager call adds in the launch
-            self._staging_residual = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self._staging_in.device)
-            for t in (self._staging_in, self._staging_out):
-                ipc.export(t.data_ptr())
-        except Exception as e:  # an allocation that cannot be shared means NCCL, never a crash
-            return f"rank {self.rank}: staging buffers cannot be shared by IPC: {e}"
-        return ""
-
-    def _read_plans(self, registry: str | None, topology: str | None) -> str:
-        """Find this machine's topology and its registry entries; why weft cannot run, or ''."""
-        self.topology = found = machine_topology(self.world_size, topology)
+            self.topology = found = machine_topology(self.world_size, topology)
+        except Exception as e:  # across hosts a bad WEFT_TOPOLOGY means NCCL, said once; on one host it raises
+            if not several:
+                raise
+            return f"the topology cannot be read: {e}"
         if found is None:
-            return "this machine's topology is unknown (set WEFT_TOPOLOGY to a catalog spec or file)"
-        try:
-            self.choice = PlanChoice(
-                Registry(registry), found.fingerprints, self.world_size, self.deterministic, self._ll128
+            return (
+                "the hosts' topology is unknown (set WEFT_TOPOLOGY to a topology file that places ranks on hosts)"
+                if several
+                else "this machine's topology is unknown (set WEFT_TOPOLOGY to a catalog spec or file)"
             )
+        if several and len(set(found.hosts)) < 2:
+            return f"topology {found.name} places every rank on one host, but the ranks run on several"
+        try:
+            lines = ll128 and self.stages  # only the interpreter moves LL128 lines
+            self.choice = PlanChoice(Registry(registry), found.fingerprints, self.world_size, self.deterministic, lines)
         except (RegistryError, ImportError) as e:  # no registry location (platformdirs missing) is NCCL too
             return f"the plan registry cannot be read: {e}"
+        # only plans the engine runs as this communicator calls it, so that no call fails that NCCL would have run
+        # (across hosts: memory channels only inside a host, and what the port engine compiles)
+        self.choice.entries = [e for e in self.choice.entries if not self.engine.plan_refusal(e.plan)]
         return ""
 
-    def _agree_on_plans(self, why: str) -> str:
-        """Every rank must see the same topology and registry entries, or the ranks would pick different plans."""
-        mine: object = why
-        if not why:
-            assert self.topology is not None and self.choice is not None  # _read_plans set both where ``why`` is ''
-            mine = (self.topology.fingerprint, sorted(e.id for e in self.choice.entries))
-        seen = bootstrap.all_gather(
-            self.store, f"{self._agreements}/plans", self.rank, self.world_size, mine, max(self.timeout_s, 60.0)
-        )
-        return disagreement(seen)
+    def _plans_seen(self) -> object:
+        """What every rank must see alike, or the ranks would pick different plans: the topology and entries."""
+        assert self.topology is not None and self.choice is not None  # _read_plans set both where it said ''
+        return [self.topology.fingerprint, sorted(e.id for e in self.choice.entries)]
 
-    def _agree(self, what: str, why: str) -> str:
-        """Every rank's verdict on ``what``; the first rank's reason if any rank said no, else ''."""
-        verdicts = bootstrap.all_gather(
-            self.store, f"{self._agreements}/{what}", self.rank, self.world_size, why, max(self.timeout_s, 60.0)
-        )
-        return next((v for v in verdicts if v), "")
+
+def _first(verdicts: list) -> str:
+    """The first rank's reason where any rank said no, else ''."""
+    return next((v for v in verdicts if v), "")

@@ -16,11 +16,9 @@ carry the communicator. It holds weak references, so a closed and dropped commun
 
 import itertools
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-from executor.inference.plans import split_refusal
 
 # No ``from __future__ import annotations`` here: torch.library reads the ops' schemas from real annotations.
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}  # torch's dtypes by weft's names
@@ -116,83 +114,3 @@ def all_reduce_rms_norm_inplace(
 @all_reduce_rms_norm_inplace.register_fake
 def _(tensor: torch.Tensor, residual: torch.Tensor, handle: int, weight: torch.Tensor, eps: float) -> None:
     return None
-
-
-class CollectiveCalls:
-    """torch.distributed's collective API over these ops, for a communicator that holds ``handle`` and the ops'
-    bodies (``all_reduce_eager``, ``all_reduce_eager_``, ``all_reduce_norm_eager``, ``all_gather_eager``,
-    ``reduce_scatter_eager``, ``all_to_all_eager``): one host's ``Communicator`` and the ``PortCommunicator`` across
-    hosts share it, so both answer every call alike and torch.compile traces both."""
-
-    handle: int
-
-    if TYPE_CHECKING:  # what the communicator provides; declared for the type checker only, so nothing is shadowed
-        world_size: int
-
-        def all_reduce_norm_eager(
-            self, tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-        ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def all_reduce(
-        self,
-        tensor: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        rms_weight: torch.Tensor | None = None,
-        eps: float = 1e-6,
-    ):
-        """The sum over ranks, as a new tensor; plus ``residual`` (same shape and dtype, the same values on every
-        rank), added in the all-reduce's launch where the plan can. With ``rms_weight`` (the last dimension's
-        size, the tensor's dtype): ``(rms_norm(residual + sum) * rms_weight, residual + sum)``, both from one launch
-        where a plan's rows fit (executor.inference.norm)."""
-        if rms_weight is not None:
-            if residual is None:
-                raise ValueError("weft: all_reduce with rms_weight needs residual= (the norm is of residual + sum)")
-            return torch.ops.weft.all_reduce_rms_norm(tensor, self.handle, residual, rms_weight, float(eps))
-        return torch.ops.weft.all_reduce(tensor, self.handle, residual)
-
-    def all_reduce_(
-        self,
-        tensor: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        rms_weight: torch.Tensor | None = None,
-        eps: float = 1e-6,
-    ) -> torch.Tensor:
-        """The sum over ranks, written into ``tensor``. With ``residual`` and ``rms_weight``: ``residual`` becomes
-        residual + sum and ``tensor`` its rms_norm times ``rms_weight``."""
-        if rms_weight is not None:
-            if residual is None:
-                raise ValueError("weft: all_reduce_ with rms_weight needs residual= (it becomes residual + sum)")
-            torch.ops.weft.all_reduce_rms_norm_inplace(tensor, residual, self.handle, rms_weight, float(eps))
-            return tensor
-        if residual is not None:
-            raise ValueError("weft: all_reduce_ takes residual= only with rms_weight= (use all_reduce(x, residual=))")
-        torch.ops.weft.all_reduce_inplace(tensor, self.handle)
-        return tensor
-
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        torch.ops.weft.all_gather_into_tensor(output, tensor, self.handle)
-
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        torch.ops.weft.reduce_scatter_tensor(output, tensor, self.handle)
-
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        """torch.distributed's equal-split all_to_all_single: block j of ``input`` (its first dimension cut into
-        world_size equal blocks) goes to rank j, and block i of ``output`` comes from rank i."""
-        why = split_refusal(
-            tuple(output.shape),
-            tuple(input.shape),
-            output.dtype == input.dtype,
-            output.device == input.device,
-            self.world_size,
-        )
-        if why:
-            raise ValueError(f"weft: all_to_all_single: {why}")
-        torch.ops.weft.all_to_all_single(output, input, self.handle)
-
-    def all_reduce_norm_eager_(
-        self, tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> None:
-        """The in-place op's body: the out-of-place one (``all_reduce_norm_eager``), then two copies."""
-        normed, new_residual = self.all_reduce_norm_eager(tensor, residual, weight, eps)
-        residual.copy_(new_residual)
-        tensor.copy_(normed)

@@ -36,6 +36,7 @@ import contextlib
 import datetime
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,12 @@ class _Context:
 
 
 class PortEngine:
-    """Runs port-channel plans on this rank with ``world_size - 1`` peers of a torch.distributed group."""
+    """Runs port-channel plans on this rank with ``world_size - 1`` peers of a torch.distributed group: the engine
+    of ``executor.Communicator`` across hosts (``executor.inference.engine``)."""
+
+    stages = False  # contexts are local: calls run on the caller's tensors, inside a graph capture or not
+    fuses_norm = False  # no row-owning port plan exists: the fused norm runs unfused
+    direct_path = "port"
 
     def __init__(
         self, group: Any = None, timeout_s: float = 30.0, lanes: int | None = None, piece_bytes: int = PIECE_BYTES
@@ -158,6 +164,7 @@ class PortEngine:
         dtype: str | None = None,
         lines: bool | None = None,
         residual: Any = None,
+        norm: Any = None,
     ) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on the current stream; the output.
         An in-place plan runs on one buffer: pass the larger of its input and output as ``input`` and no
@@ -169,8 +176,10 @@ class PortEngine:
             if isinstance(plan, dict)
             else plan
         )
-        if lines or residual is not None:
-            raise ExecutorError(f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual)")
+        if lines or residual is not None or norm is not None:
+            raise ExecutorError(
+                f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual, no norm)"
+            )
         if protocol_refusal(plan):
             raise ExecutorError(protocol_refusal(plan))
         ctx = self._context(plan, input, dtype)
@@ -228,9 +237,40 @@ class PortEngine:
                 time.sleep(POLL_S)
         self._torch.cuda.current_stream().synchronize()
 
+    def plan_refusal(self, plan: Plan) -> str:
+        """Why this engine cannot run ``plan`` as the Communicator calls it, or '': a memory channel between hosts
+        (CUDA IPC cannot reach another host), an in-place plan (its calls pass an input and an output), or one
+        that ``compile_programs`` refuses (its ops, no pipelines)."""
+        why = ipc_across_hosts(plan, self.hosts)
+        if why or plan.inplace:
+            return why or f"plan {plan.name} is in place; the Communicator's calls pass an input and an output"
+        try:
+            compile_programs(plan)
+        except ExecutorError as e:
+            return str(e)
+        return ""
+
+    def residual_refusal(self, plan: Plan) -> str:
+        return f"plan {plan.name}: the port engine adds no residual in its launch"
+
+    def norm_refusal(self, plan: Plan) -> str:
+        return f"plan {plan.name}: the port engine runs no norm epilogue"
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[PortEngine]:
+        """Nothing to prepare or register: every call runs on the caller's stream, so a graph captures it whole."""
+        yield self
+
+    def execute_captured(self, plan: Plan, input: Any, output: Any = None, **options: Any) -> str:
+        self.execute(plan, input, output, **options)
+        return ""
+
+    def register_graph_buffers(self) -> None:
+        """Nothing to register (``capture``)."""
+
     def exchange(self, what: str, value: Any) -> list[Any]:
         """Every rank's ``value`` in rank order (collective), as plain data, never a pickle
-        (``gpu_bootstrap.all_gather_plain``): the interpreter's communicator's call, so the CLI uses either engine.
+        (``gpu.bootstrap.all_gather_plain``): the interpreter's communicator's call, so the CLI uses either engine.
         ``what`` names the exchange (the interpreter's errors use it; NCCL's own wait is bounded by its timeout)."""
         return all_gather_plain(value, self.group)
 

@@ -1,7 +1,7 @@
 """The fused all-reduce + residual add + RMSNorm: its numpy definition, which plans can run it, and its proof.
 
 A transformer layer ends ``h = x + all_reduce(y)`` and the next one starts ``rms_norm(h) * w``. Fused, one launch
-returns both: ``new_residual = residual + sum(y)`` (the all-reduce with a residual, ``gpu_tables``) and
+returns both: ``new_residual = residual + sum(y)`` (the all-reduce with a residual, ``gpu.tables``) and
 ``normed = new_residual * rsqrt(mean(new_residual²) + eps) * w`` row by row, a row being the last dimension
 (the hidden size). A row's norm needs the sum of squares of all of it: the epilogue runs right after each
 reduction that adds the residual (``machine.residual_sums``), over that reduction's output range, which is

@@ -157,11 +157,11 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
 def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, timeout_s: float) -> None:
     import cupy
 
-    from executor.gpu.engine import PlanExecutor
+    from executor.gpu.engine import InterpreterEngine
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cupy.cuda.Device(device).use()
-    comm = PlanExecutor(rank, world, device=device, timeout_s=timeout_s)
+    comm = InterpreterEngine(rank, world, device=device, timeout_s=timeout_s)
     results = {}
     for k, (path, nbytes, dtype, lines) in enumerate(cases(plans, sizes)):
         plan = load_plan(path)

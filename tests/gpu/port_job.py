@@ -200,7 +200,7 @@ def run_gloo(out: Path, rank: int, world: int) -> dict:
 
 
 def run_comm(out: Path, rank: int, world: int) -> dict:
-    """Communicator.from_process_group() on ranks of two hosts: a PortCommunicator running the registry's two-host
+    """Communicator.from_process_group() on ranks of two hosts: a Communicator whose port engine runs the two-host
     plans (WEFT_REGISTRY, WEFT_TOPOLOGY), checked against NCCL, eager and captured."""
     import torch
     import torch.distributed as dist
@@ -212,7 +212,7 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     comm = Communicator.from_process_group()
     checks: dict[str, bool] = {}
-    doc = {"rank": rank, "type": type(comm).__name__, "enabled": comm.enabled, "checks": checks}
+    doc = {"rank": rank, "type": type(comm.engine).__name__, "enabled": comm.enabled, "checks": checks}
     n = 1 << 16
     for dtype in DTYPES:
 
@@ -236,7 +236,7 @@ def run_comm(out: Path, rank: int, world: int) -> dict:
         graph.replay()
         torch.cuda.synchronize()
         checks[f"allreduce {dtype} graph"] = check("allreduce", x, y)
-    # WeftBackend (the engine adapter) over the PortCommunicator: the plain all-reduce on weft, the fused norm
+    # WeftBackend (the engine adapter) over the port engine's Communicator: the plain all-reduce on weft, the fused norm
     # unfused (all-reduce with its residual, then torch's rms_norm), eager and captured
     from executor.inference.backend import WeftBackend
 

@@ -2,7 +2,7 @@
 
 Each test starts its own two rank processes, running this file as a script (a TCPStore on rank 0, no NCCL):
     python tests/gpu/test_faults_dead_rank.py SCENARIO VICTIM RESULTS_DIR
-Both ranks build a PlanExecutor with a 3 s timeout. In "kernel" both run allreduce-direct-simple-x1 correctly,
+Both ranks build a InterpreterEngine with a 3 s timeout. In "kernel" both run allreduce-direct-simple-x1 correctly,
 then the victim (rank 1, or rank 0, which hosts the TCPStore) exits with os._exit(3) and the survivor runs the
 plan again on the same buffers: its kernel's wait times out and the error names the victim. In "bootstrap" rank 1
 exits before the first execution, so rank 0's context creation (the IPC handle exchange) fails. Every rank
@@ -81,13 +81,13 @@ def rank_main(scenario: str, victim: int, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from executor.gpu.engine import PlanExecutor
+    from executor.gpu.engine import InterpreterEngine
     from schedules.plan.io import load_plan
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, rank == 0, timedelta(seconds=120))
-    comm = PlanExecutor(rank, world, store, timeout_s=TIMEOUT_S)
+    comm = InterpreterEngine(rank, world, store, timeout_s=TIMEOUT_S)
     plan = load_plan(PLAN)
     x = _input(rank, "cuda")
     result: dict = {"pid": os.getpid(), "host": socket.gethostname()}

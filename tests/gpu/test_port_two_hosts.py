@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cpu_rank import run_script
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -151,7 +152,7 @@ def test_communicator_from_process_group_across_hosts_runs_the_registrys_port_pl
     out.mkdir(parents=True)
     docs = _launch("comm", 2, out, env, 200)
     for doc in docs:
-        assert (doc["type"], doc["enabled"]) == ("PortCommunicator", True)
+        assert (doc["type"], doc["enabled"]) == ("PortEngine", True)
         assert doc["checks"] and all(doc["checks"].values()), doc["checks"]
         assert doc["paths"]["port"] >= 12 and doc["paths"]["nccl"] == 0, doc["paths"]
 
@@ -171,18 +172,16 @@ def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
         assert not bad, bad[:3]
 
 
-# the PortCommunicator's calls on one CPU rank over gloo, with no plan (NCCL's path is gloo's here): the shared
-# torch.distributed API (torch_ops.CollectiveCalls) through the ops, the fused norm unfused, torch.compile, WeftBackend
+# the Communicator's calls over the port engine on one CPU rank over gloo, with no plan (NCCL's path is gloo's here):
+# torch.distributed's API through the ops, the fused norm unfused, torch.compile, WeftBackend
 API_SCRIPT = r"""
 import tempfile
 import torch, torch.distributed as dist
 import torch.nn.functional as F
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
-from executor.inference import ops as torch_ops
-from executor.inference.port_communicator import PortCommunicator
-pc = PortCommunicator.__new__(PortCommunicator)
-pc.group, pc.enabled, pc.paths, pc.world_size = None, False, {"port": 0, "nccl": 0}, 1
-pc.handle = torch_ops.register(pc)
+from executor import Communicator, PortEngine
+pc = Communicator(PortEngine(), lambda what, value: [value], "no plan in this test", rank=0, world_size=1)
+assert not pc.enabled and pc.paths == {"port": 0, "nccl": 0}
 x = torch.randn(4, 64); h = torch.randn(4, 64); w = torch.randn(64)
 exchanged = torch.empty_like(x)
 pc.all_to_all_single(exchanged, x)
@@ -211,14 +210,7 @@ print("all ok")
 """
 
 
-def test_the_port_communicators_calls_go_through_the_ops_on_one_cpu_rank():
+def test_the_port_engines_communicator_calls_go_through_the_ops_on_one_cpu_rank():
     pytest.importorskip("torch")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-c", API_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": path},
-    )
+    done = run_script(API_SCRIPT)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]

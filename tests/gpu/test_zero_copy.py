@@ -115,7 +115,7 @@ def scenario_ten_calls(comm, device) -> dict:
     y = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
     comm.all_reduce(xs[0])  # eager warm-up: the size's context, on the staging buffers
     sentinel_in = comm.staging_input(n, torch.bfloat16)
-    sentinel_out = comm._staging_out[: 2 * n].view(torch.bfloat16)
+    sentinel_out = comm.staging.output[: 2 * n].view(torch.bfloat16)
     for t in (sentinel_in, sentinel_out):
         t.fill_(-7.0)
     torch.cuda.synchronize()
@@ -227,12 +227,12 @@ def scenario_peer_buffers(rank, world, device) -> dict:
     import torch
     import torch.distributed as dist
 
-    from executor.gpu.engine import PlanExecutor
+    from executor.gpu.engine import InterpreterEngine
 
     plan = _peer_mapping_plan(world)
     if plan is None:
         return {"skipped": f"no all-reduce in {registry_for(world)} whose peers map buffers"}
-    comm = PlanExecutor(rank, world, dist.distributed_c10d._get_default_store())
+    comm = InterpreterEngine(rank, world, dist.distributed_c10d._get_default_store())
     n = 16 << 10  # 64 KB of fp32
     with cupy.cuda.Device(device.index):
         xs = [cupy.random.standard_normal(n, dtype=cupy.float32) for _ in range(10)]

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu.bench import within_rounding
-from executor.gpu.engine import PlanExecutor
+from executor.gpu.engine import InterpreterEngine
 from schedules.plan.io import load_plan, parse_plan
 from weft.units import parse_bytes
 
@@ -153,7 +153,7 @@ def never_signalled_plan(world: int) -> dict:
 
 
 def run_timeout(store, rank, world, device) -> dict:
-    comm = PlanExecutor(rank, world, store, timeout_s=3.0)
+    comm = InterpreterEngine(rank, world, store, timeout_s=3.0)
     bad = parse_plan(never_signalled_plan(world), "never-signalled")
     x = random_input(256, "fp32", device)
     start = time.monotonic()
@@ -224,7 +224,7 @@ def main() -> None:
     device = torch.device("cuda", local)
     dist.init_process_group("nccl", device_id=device)
     torch.manual_seed(1234 + rank)
-    comm = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
+    comm = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
     store = dist.distributed_c10d._get_default_store()
     results: dict = {"cases": {}, "graph": {}}
     began = time.monotonic()
@@ -251,7 +251,7 @@ def main() -> None:
         results["cases"][case.id] = r = attempt(case.id, partial(run_case, comm, case, rank, world, device))
         if not r["ok"]:
             print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
-    lines = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
+    lines = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
     for case in scenarios.line_cases(world):
@@ -267,9 +267,9 @@ def main() -> None:
     section("graph")
     # A communicator of its own, with no contexts yet: contexts are cached by buffer address, and an input here
     # that reused, on one rank only, the address of an earlier case's input of the same plan and size would find
-    # that old context there and skip its peers' exchange (PlanExecutor's contract). Seen at 4 ranks: rank 0 one
+    # that old context there and skip its peers' exchange (InterpreterEngine's contract). Seen at 4 ranks: rank 0 one
     # exchange behind its peers in the 10-context warm-up of allreduce-twoshot-simple-x8, its kernel then timed out.
-    graphs = PlanExecutor.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
+    graphs = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
     for name in scenarios.GRAPH_PLANS:
         results["graph"][name] = attempt(name, partial(run_graph, graphs, name, rank, world, device))
     graphs.close()

@@ -234,9 +234,9 @@ def _init_rank(args: argparse.Namespace, port: bool = False):
         from executor.port.engine import PortEngine
 
         return PortEngine.from_process_group(timeout_s=args.timeout), rank, world
-    from executor.gpu.engine import PlanExecutor
+    from executor.gpu.engine import InterpreterEngine
 
-    comm = PlanExecutor.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
+    comm = InterpreterEngine.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
     return comm, rank, world
 
 

@@ -1,0 +1,90 @@
+"""One Communicator over pluggable engines, on one CPU rank over gloo (needs torch, so it lives with the GPU tests).
+
+A fake staging engine stands in for the interpreter (its kernel needs a GPU): the facade stages eager calls, adds a
+residual in the engine's launch where the engine fuses it, runs the fused norm as one launch where a plan is
+pinned, and counts each call's path; ``from_process_group`` on a machine without CuPy still gives a Communicator,
+one that runs NCCL's path (gloo's here) for every call.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cpu_rank import run_script
+
+SCRIPT = r"""
+import contextlib, tempfile
+from types import SimpleNamespace
+import torch, torch.distributed as dist
+import torch.nn.functional as F
+torch.cuda.is_current_stream_capturing = lambda: False  # a CPU build cannot ask; nothing captures here
+dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+from executor import Communicator, RowNorm
+from executor.inference.staging import Staging
+
+class StagingEngine:
+    '''One rank: a plan's sum is its input, plus the residual and the norm as the kernel applies them.'''
+    stages, fuses_norm, direct_path, hosts, rank, world_size = True, True, "zero_copy", ("h",), 0, 1
+    def __init__(self):
+        self.calls = []
+    def plan_refusal(self, plan): return ""
+    def residual_refusal(self, plan): return ""
+    def norm_refusal(self, plan): return ""
+    def execute(self, plan, input, output=None, *, lines=None, residual=None, norm=None):
+        self.calls.append((input.data_ptr(), lines, residual is not None, norm is not None))
+        output.copy_(input + (0 if residual is None else residual))
+        if norm is not None:
+            rows = output.view(-1, norm.rows.row_elems)
+            norm.normed.copy_(F.rms_norm(rows, (norm.rows.row_elems,), norm.weight, norm.rows.eps).view(-1))
+        return output
+    def capture(self): return contextlib.nullcontext(self)
+    def register_graph_buffers(self): pass
+    def synchronize(self): pass
+    def close(self): pass
+
+plans = {c: SimpleNamespace(name=c, collective=c, content_hash=c) for c in ("allreduce", "allgather")}
+plan = plans["allreduce"]
+choice = SimpleNamespace(plan=lambda c, n, d: plans.get(c), lines=lambda c, n, d: c == "allreduce",
+                         reason=lambda c, n, d: "no plan in this test", entries=[])
+engine = StagingEngine()
+comm = Communicator(engine, lambda what, value: [value], "plans set by hand below", rank=0, world_size=1)
+comm.enabled, comm.choice, comm.staging = True, choice, Staging(1 << 16, 0)
+staging = comm.staging
+staging.input, staging.output, staging.residual = (torch.empty(1 << 16, dtype=torch.uint8) for _ in range(3))
+x, h, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+
+assert torch.equal(comm.all_reduce(x), x) and engine.calls[-1] == (comm.staging.input.data_ptr(), True, False, False)
+assert torch.allclose(comm.all_reduce(x, residual=h), x + h) and engine.calls[-1][2]  # added in the launch
+y = x.clone(); comm.all_reduce_(y)
+assert torch.equal(y, x)
+out = torch.empty(4, 64); comm.all_gather_into_tensor(out, x)
+assert torch.equal(out, x) and engine.calls[-1][1] is False
+out = torch.empty(4, 64); comm.reduce_scatter_tensor(out, x)  # no plan: NCCL's path
+assert torch.equal(out, x)
+assert comm.paths == {"zero_copy": 0, "staging": 4, "nccl": 1}, comm.paths
+assert comm.is_prepared(plan, x.numel() * 4, torch.float32, residual=True)
+assert not comm.is_prepared(plan, 8 * 4, torch.float32)
+rows = RowNorm(64, 1e-5)
+comm._norm_choices[(x.numel() * 4, torch.float32, rows)] = (plan, "")  # as pin_norm_plan, past its proof
+normed, new_h = comm.all_reduce(x, residual=h, rms_weight=w, eps=1e-5)
+assert torch.allclose(new_h, x + h) and torch.allclose(normed, F.rms_norm(x + h, (64,), w, 1e-5))
+assert engine.calls[-1][3] and comm.is_norm_prepared(plan, x.numel() * 4, torch.float32, rows)
+
+engine.fuses_norm = False  # an engine without the epilogue: the same call, unfused, with no plan asked for
+comm._norm_choices.clear()
+normed2, new_h2 = comm.all_reduce(x, residual=h, rms_weight=w, eps=1e-5)
+assert torch.allclose(normed2, normed) and not engine.calls[-1][3]
+assert "runs no norm epilogue" in comm.norm_reason(x.numel() * 4, torch.float32, rows)
+
+alone = Communicator.from_process_group()  # no CuPy here: the interpreter does not start, NCCL serves every call
+assert type(alone) is Communicator and alone.engine is None and not alone.enabled
+assert torch.equal(alone.all_reduce(x), x) and alone.paths == {"zero_copy": 0, "staging": 0, "nccl": 1}
+with alone.capture(sizes=[1024]):
+    pass
+print("all ok")
+"""
+
+
+def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank():
+    pytest.importorskip("torch")
+    done = run_script(SCRIPT)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
