@@ -76,6 +76,9 @@ class Stop:
         """The top level has acted: no more deliveries, and the handlers as they were (may be called again)."""
         self._closed.set()
         if self._forwarder is not None:
+            assert self._pipe is not None  # closed below, after the forwarder
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._pipe[1], b"\0")  # wakes the forwarder's select at once
             self._forwarder.join()
             self._forwarder = None
         for signum, handler in self._previous.items():
