@@ -13,11 +13,35 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1
 
 
 HELD = {signal.SIGINT, signal.SIGTERM}
+MAIN_THREAD_ONLY = HELD | {signal.SIGALRM}  # the signals whose Python handlers raise in the main thread
+
+
+@contextlib.contextmanager
+def held(signals: set[signal.Signals]) -> Iterator[None]:
+    """``signals`` blocked in this thread for the block's duration, then the mask as it was."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def start_thread(target: Callable[[], object], name: str) -> threading.Thread:
+    """A daemon thread that never takes SIGINT, SIGTERM or SIGALRM (it inherits the mask it is started with).
+    The kernel hands a process's signal to any thread that does not block it; Python then runs the handler in
+    the main thread, but only once that thread runs bytecode, so a main thread waiting on a lock (a pool's
+    results, for the whole sweep) slept through a signal that a helper thread took."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    with held(MAIN_THREAD_ONLY):
+        thread.start()
+    return thread
 
 
 @contextlib.contextmanager
@@ -28,11 +52,8 @@ def forking():
     after the fork is dropped, so the pool's terminate() then waited for a worker that never died. Held, the
     main process gets them as soon as the pool exists, and a worker only once they are harmless or fatal
     (``worker_init``)."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
-    try:
+    with held(HELD):
         yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def worker_init(parent: int | None = None) -> None:
@@ -42,6 +63,7 @@ def worker_init(parent: int | None = None) -> None:
     parent = os.getppid() if parent is None else parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)  # the main process's (``weft.cli.stop``): a worker's signals are its own
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # held since the fork (``forking``)
     if sys.platform.startswith("linux"):
         # no prctl: the main process's terminate() still ends the pool

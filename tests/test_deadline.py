@@ -35,3 +35,16 @@ def test_no_alarm_outlives_the_phase(monkeypatch):
     with Deadline("weft test", 0.05):
         pass
     time.sleep(0.7)  # past the first alarm and one repeat
+
+
+def test_a_quiet_phase_says_what_it_is_doing(monkeypatch):
+    """Issue 39.3: `weft synth allgather -t ring:n=5000 --method ring` ran past 30 s without a word. A phase quiet
+    for QUIET_S now names itself on the progress callback (the CLI prints it on stderr), every QUIET_S."""
+    monkeypatch.setattr(deadline_module, "QUIET_S", 0.01)
+    lines: list[str] = []
+    with Deadline("weft synth", 60.0, progress=lines.append) as deadline:
+        deadline.phase = "synthesizing allgather on ring:n=5000 (ring)"
+        ends = time.monotonic() + 30
+        while len(lines) < 2 and time.monotonic() < ends:
+            time.sleep(0.01)
+    assert len(lines) >= 2 and lines[-1].startswith("weft synth: synthesizing allgather on ring:n=5000 (ring) (")

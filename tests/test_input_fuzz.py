@@ -17,10 +17,10 @@ import copy
 import io
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
+from bounded import no_hang
 from fabrics import ring_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,21 +51,11 @@ def one_parser():
         yield
 
 
-def _hang(signum, frame):
-    raise AssertionError(f"a case ran past {HANG_S} s")
-
-
 def weft(argv: list[str]) -> tuple[int, str]:
     """(exit code, stderr) of one command, checked against the oracle's first two rules."""
     err = io.StringIO()
-    previous = signal.signal(signal.SIGALRM, _hang)
-    signal.alarm(HANG_S)
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main(argv)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    with no_hang(HANG_S, "a case"), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
     text = err.getvalue()
     assert code in (0, 1, 2), (argv, code, text)
     if code == 2:

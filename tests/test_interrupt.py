@@ -14,26 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
+from slowdown import slowdown
 
 pytestmark = pytest.mark.alone  # signals and deadlines timed: run with the machine to themselves
 
 ROOT = Path(__file__).resolve().parents[1]
 # The answer (what was dropped) comes within a second; the exit may take longer, while the interpreter frees a
 # large CP-SAT model (measured on 2 cores shared by 8 busy processes: the line at 0.03 s, the exit at 1.0-1.6 s).
-# These are seconds of an idle machine: each bound is scaled by the slowdown measured around the run (_slowdown).
+# These are seconds of an idle machine: each bound is scaled by the slowdown measured around the run (slowdown).
 ANSWER_S, EXIT_S = 1.0, 3.0
 # Only a hang may take this long (every wait is bounded); a slow machine is not a hang.
 HANG_S = 180
-
-
-def _slowdown(cpu_s: float = 0.2) -> float:
-    """How many wall seconds a CPU second of one thread takes on this machine right now (1 when idle): spins for
-    ``cpu_s`` of CPU time and divides the wall time it took by it. Other processes on the cores stretch the wall
-    time of the child's work by about this much, so the tests' bounds are in idle seconds times this."""
-    wall, cpu = time.monotonic(), time.process_time()
-    while time.process_time() - cpu < cpu_s:
-        pass
-    return max(1.0, (time.monotonic() - wall) / (time.process_time() - cpu))
 
 
 def _weft(argv: list[str], tmp_path: Path) -> subprocess.Popen:
@@ -70,15 +61,15 @@ def _interrupt(argv: list[str], tmp_path: Path, after: float, group: bool) -> tu
         time.sleep(0.05)
     time.sleep(after)
     assert proc.poll() is None, "".join(line for _, line in lines)
-    before = _slowdown()
+    before = slowdown()
     sent = time.monotonic()
     (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
     proc.wait(timeout=HANG_S)
     took = time.monotonic() - sent
     reader.join(timeout=HANG_S)
-    slowdown = max(before, _slowdown())
+    load = max(before, slowdown())
     answered = next((t - sent for t, line in lines if line.startswith("weft: interrupted")), math.inf)
-    return proc.returncode, answered / slowdown, took / slowdown, "".join(line for _, line in lines)
+    return proc.returncode, answered / load, took / load, "".join(line for _, line in lines)
 
 
 @pytest.mark.parametrize("group", [True, False])
@@ -166,4 +157,4 @@ def test_time_limit_is_the_commands_deadline(tmp_path):
     # The solvers' deadline is wall-clock time, which load does not stretch; the work around it (stopping z3,
     # the report, the exit) is CPU work, which it does: two idle seconds of grace, times the slowdown now.
     # The bug this guards against took the limit once per sub-instance: 64 s.
-    assert took < 5 + 2.0 * _slowdown(), took
+    assert took < 5 + 2.0 * slowdown(), took

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from registry.store import Registry, RegistryError, entry_id
+from schedules.collectives import Collective
 from schedules.plan.io import parse_plan
 from weft.cli import main
 
@@ -90,14 +91,13 @@ def test_a_four_rank_plan_keyed_for_two_gpus_is_not_selected_nor_imported(tmp_pa
 
 
 # ---- what was proven --------------------------------------------------------------------------------------------
-def forge(registry: Path, id: str) -> str:
-    """Drop rank 0's reduction from the entry's plan (a wrong all-reduce that still parses) and recompute every
-    hash, the id and the index, as someone with write access to a shared registry could."""
+def forge(registry: Path, id: str, op: str = "re") -> str:
+    """Drop rank 0's first ``op`` from the entry's plan (its reduction: a wrong all-reduce that still parses) and
+    recompute every hash, the id and the index, as someone with write access to a shared registry could."""
     path = registry / "entries" / f"{id}.json"
     doc = json.loads(path.read_text())
-    ops = doc["plan"]["gpus"][0]["threadblocks"][0]["ops"]
-    assert ops[3]["name"] == "re"
-    del ops[3]
+    ops = next(b["ops"] for b in doc["plan"]["gpus"][0]["threadblocks"] if any(o["name"] == op for o in b["ops"]))
+    del ops[next(i for i, o in enumerate(ops) if o["name"] == op)]
     del doc["plan"]["weft"]["hash"]
     plan = parse_plan(doc["plan"], "forged")
     doc["plan"]["weft"]["hash"] = plan.content_hash
@@ -121,6 +121,55 @@ def test_a_forged_entry_is_refused_at_select_before_it_runs(tmp_path, capsys):
     assert f"refused {forged}: its plan failed on the reference executor" in err
     sel = Registry(registry).select(Registry(registry).get(forged).key.topology, "allreduce", 1 << 20)
     assert sel.entry is not None and sel.entry.id == forged  # without the proof, the forgery would have served
+
+
+def committed_for_inference(tmp_path: Path) -> tuple[Path, str]:
+    """A registry holding a one-shot LL all-reduce for 2×H200, which the torch communicators may serve (it runs
+    back to back on the same buffers: ``safe_back_to_back``)."""
+    from synth import baselines
+    from topologies import resolve
+    from weft import publish
+    from weft.pipeline import compile_and_verify
+
+    topology, registry = resolve(H200X2), tmp_path / "registry"
+    schedule = baselines.direct(topology, Collective("allreduce", 2))
+    entry = publish.commit(compile_and_verify(schedule, topology, protocol="ll"), topology, str(registry), schedule)
+    return registry, entry.id
+
+
+def plan_choice(registry: Path, **options):
+    """What the torch communicators ask on a 2×H200 machine."""
+    from executor.inference.plans import PlanChoice
+    from topologies import resolve
+
+    return PlanChoice(Registry(registry), resolve(H200X2).fingerprints, 2, **options)
+
+
+def test_a_forged_entry_is_refused_by_the_torch_plan_choice_before_it_runs(tmp_path):
+    registry, id = committed_for_inference(tmp_path)
+    forged = forge(registry, id, "repkt")
+    choice = plan_choice(registry)
+    assert [e.id for e in choice.entries] == [forged]  # the forgery reads as a good entry, back to back included
+    assert choice.plan("allreduce", 4096, "bf16") is None
+    assert choice.reason("allreduce", 4096, "bf16").startswith(
+        f"refused: {forged}: its plan failed on the reference executor"
+    )
+
+
+def test_the_torch_plan_choice_serves_a_proven_plan_and_proves_it_once_per_machine(tmp_path, monkeypatch):
+    from executor.reference import proofs
+
+    registry, id = committed_for_inference(tmp_path)
+    monkeypatch.setenv("WEFT_PROOFS", str(tmp_path / "another-machine"))
+    calls = []
+
+    def trust(plan):
+        return proofs.proven(plan, prove=lambda p, _: calls.append(p.name) or proofs.prove(p))
+
+    for _ in range(2):  # two jobs on this machine, each asking at two sizes
+        choice = plan_choice(registry, trust=trust)
+        assert [choice.plan("allreduce", n, "bf16") is not None for n in (4096, 64 << 10)] == [True, True]
+    assert calls == [Registry(registry).get(id).plan.name]
 
 
 def test_a_plan_is_proven_once_per_machine_then_costs_nothing(tmp_path, capsys, monkeypatch):

@@ -160,6 +160,16 @@ def test_a_baseline_on_hypercube_d14_refuses_in_one_line_before_the_fabric_is_bu
         assert code == 2 and f"{method}: {name} on hypercube:d=14 is" in line and "MAX_EXPANDED_SENDS" in line
 
 
+def test_a_5000_rank_ring_synthesis_refuses_at_once_in_one_line(tmp_path):
+    """Issue 39.3: `weft synth allgather -t ring:n=5000 --method ring` ran past 30 s without a word; its sends are
+    past what this machine expands, which it says from the spec, before building the fabric."""
+    out = tmp_path / "r.json"
+    code, _, err = run(["synth", "allgather", "-t", "ring:n=5000", "--method", "ring", "-o", str(out)])
+    line = _one_error_line(err)
+    assert code == 2 and "ring: allgather on ring:n=5000 is 24,995,000 sends" in line and "MAX_EXPANDED_SENDS" in line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "spec,name,nranks",
     [("hypercube:d=14", "hypercube:d=14", 16384), ("torus2d:y=3", "torus2d:y=3", 12), ("ring", "ring", 8)],

@@ -4,8 +4,8 @@ command is gone soon after, the exit code is 143 or 130, and nothing is written 
 
 Robust to load: the six commands run at once; each is signalled only once it is at work (its solver's first
 progress line and its worker processes seen, or a second of CPU time for trees, which prints nothing before it
-ends), and the deadlines are measured from the signal, generous against the 2 s the issue asks for (the times
-measured here are in the note of issue 39)."""
+ends). Each tree must be gone within the issue's 2 s from its signal, in idle-machine seconds: the bound is scaled
+by the slowdown sampled while the commands run (tests/slowdown.py), so a loaded machine does not fail it."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from slowdown import Sampled
 
 pytestmark = pytest.mark.alone  # signals and deadlines timed: run with the machine to themselves
 
 ROOT = Path(__file__).resolve().parents[1]
 START_S = 120.0  # to be at work, from the start (a loaded 2-core machine imports z3 and OR-Tools slowly)
-END_S = 15.0  # from the signal to the last process of the tree gone
+STOP_S = 2.0  # idle seconds from the signal to the last process of the tree gone (issue 39)
 COMMANDS = {
     "smt": [
         "synth",
@@ -116,7 +117,7 @@ class Run:
 
 def signal_when_at_work(runs: list[Run]) -> dict[str, dict]:
     """Signal each run once it is at work, and time its exit and its tree's end from its own signal."""
-    started = time.monotonic()
+    started, load = time.monotonic(), Sampled()
     results: dict[str, dict] = {}
     pending, watched = list(runs), list[Run]()
     exits: dict[int, float] = {}  # pid -> seconds from its signal to its own exit
@@ -141,6 +142,7 @@ def signal_when_at_work(runs: list[Run]) -> dict[str, dict]:
             if run.proc.pid in exits and run.proc.pid not in ends and not session(run.proc.pid):
                 ends[run.proc.pid] = time.monotonic() - run.sent
         time.sleep(0.02)
+    slowdown = load.stop()
     for run in watched:
         left = session(run.proc.pid)
         for pid in left:
@@ -150,6 +152,7 @@ def signal_when_at_work(runs: list[Run]) -> dict[str, dict]:
             "exit_s": exits.get(run.proc.pid, float("inf")),
             "gone_s": ends.get(run.proc.pid, float("inf")),
             "tree": len(run.tree),
+            "slowdown": slowdown,
             "left": left,
             "lines": run.lines,
             "written": sorted(str(p.relative_to(run.folder)) for p in run.folder.rglob("*")),
@@ -179,7 +182,7 @@ def test_a_signal_to_the_main_process_ends_the_whole_tree(outcomes, path, sig):
     assert "error" not in got, got
     assert got["tree"] >= 1 + WORKERS[path], got  # the workers were there when the signal came
     assert got["code"] == 128 + sig, got
-    assert not got["left"] and got["exit_s"] <= got["gone_s"] < END_S, got
+    assert not got["left"] and got["exit_s"] <= got["gone_s"] < STOP_S * got["slowdown"], got
     assert got["written"] == [], got  # no schedule, temp file, registry or lock
     last = "".join(got["lines"]).strip().splitlines()[-1]
     assert "weft: " + ("terminated" if sig == signal.SIGTERM else "interrupted") in last, got  # a killed worker's

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from executor.reference.proofs import DTYPES, check
+from executor.reference.proofs import check_sizes as check_sizes  # where tests and callers have found it
 from schedules.plan.io import dumps_plan, load_plan, parse_plan
 from schedules.plan.types import Plan, PlanError
 from schedules.schedule import FORMATS as SCHEDULE_FORMATS
@@ -17,50 +19,6 @@ from schedules.schedule import Schedule, parse_schedule
 from topologies import Topology
 from weft.units import format_bytes
 from weftcore.jsonfile import read_json, write_text
-
-CHECK_SIZES_CHUNKS = (1, 3, 64)  # granules per chunk: the smallest size, a ragged one (12-byte chunks), a larger one
-DTYPES = ("fp32", "fp16", "bf16")
-
-
-def check_sizes(plan: Plan) -> list[int]:
-    """Sizes the reference executor runs a plan at: inside its range, whole granules per chunk, one ragged."""
-    from schedules.padding import CHUNK_GRANULE
-
-    unit = plan.size_chunks * CHUNK_GRANULE
-    sizes = []
-    for k in CHECK_SIZES_CHUNKS:
-        n = unit * max(k, -(-plan.min_message_size // unit) + k - 1)
-        if plan.accepts(n):
-            sizes.append(n)
-    if not sizes:
-        raise PlanError(
-            f"plan {plan.name}: no size in its range {plan.min_message_size}..{plan.max_message_size} B "
-            f"is a multiple of {unit} B, so it cannot be checked"
-        )
-    return sorted(set(sizes))
-
-
-def check(
-    plan: Plan,
-    sizes: list[int] | None = None,
-    dtypes: tuple[str, ...] | None = None,
-    seed: int = 0,
-    progress: Callable[[str], None] | None = None,
-) -> dict:
-    """Run ``plan`` on the reference executor; the verification record as JSON (raises on failure).
-
-    Without ``sizes``, a plan whose range starts above the smallest sizes of its ops is run at those sizes: the
-    range decides which messages the plan takes, never what its ops do, so a plan narrowed to large messages
-    (a pareto point from 32 MB) is proven on the same ops at a few KB instead of at 32 MB (`synth allreduce -t
-    hgx_h100:nodes=2 --method pareto --commit`: 125 s of CPU before, 16.5 s after). The record is this plan's: its
-    hash, and the sizes that ran."""
-    from dataclasses import replace
-
-    from executor.reference.prove import check_plan
-
-    ran = plan if sizes or not plan.min_message_size else replace(plan, min_message_size=0)
-    record = check_plan(ran, sizes or check_sizes(ran), dtypes or plan.weft.dtypes or DTYPES, seed, progress)
-    return {**record.to_json(), "plan_hash": plan.content_hash}
 
 
 def compile_and_verify(

@@ -5,12 +5,10 @@ This lives in weft/ because it spans stages: registry/ stores the plans but cann
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from executor.reference import proofs
 from registry.store import (
     BASELINES_FORMAT,
     ENTRY_FORMAT,
@@ -30,7 +28,7 @@ from topologies import Topology, resolve
 from weft import __version__
 from weft.predictions import predictions
 from weftcore.errors import WeftError
-from weftcore.jsonfile import one_line, read_json, short_repr
+from weftcore.jsonfile import read_json, short_repr
 
 PREDICTION = "prediction"  # the provenance field saying what made an entry's predicted times
 Progress = Callable[[str], None]  # a line for the user on a long wait; the CLI prints it, library code never does
@@ -43,66 +41,17 @@ def registry_location(location: str | None) -> str:
 def verify(plan: Plan, progress: Progress | None = None) -> dict:
     """Run the plan on the reference executor (random data, its dtypes, several sizes); the record as JSON, and
     this machine remembers that it proved the plan (``proven``)."""
-    from weft.pipeline import check
-
     if progress:
         progress(f"proving plan {plan.name} on the reference executor")
-    record = check(plan, progress=progress)
-    _remember(plan, record)
+    record = proofs.check(plan, progress=progress)
+    proofs.remember(plan, record, weft_version=__version__)
     return record
-
-
-def proof_dir() -> Path:
-    """Where this machine keeps the plans it proved: ``$WEFT_PROOFS``, otherwise the user cache dir's weft/proofs
-    (a local folder: a registry on a shared URL is exactly what a proof must not take on trust)."""
-    import os
-
-    import platformdirs
-
-    return Path(os.environ.get("WEFT_PROOFS") or Path(platformdirs.user_cache_dir("weft")) / "proofs")
-
-
-def _proof_path(plan: Plan) -> Path:
-    """The proof's file, named by the full sha256 of the plan's content (the 16-digit content hash in entries is
-    for people; a proof is keyed by all of it)."""
-    content = json.dumps(plan.content(), sort_keys=True, separators=(",", ":")).encode()
-    return proof_dir() / f"{hashlib.sha256(content).hexdigest()}.json"
-
-
-def _remember(plan: Plan, record: dict) -> None:
-    from weftcore.jsonfile import write_text
-
-    # an unwritable cache costs the next selection a proof, nothing else
-    with contextlib.suppress(RegistryError):
-        write_text(
-            _proof_path(plan),
-            json.dumps(
-                {
-                    "plan": plan.name,
-                    "plan_hash": plan.content_hash,
-                    "ok": True,
-                    "checks": len(record.get("checks", [])),
-                    "weft_version": __version__,
-                },
-                sort_keys=True,
-            )
-            + "\n",
-            "proof",
-            RegistryError,
-            parents=True,
-        )
 
 
 def proven(entry: Entry, progress: Progress | None = None) -> str:
     """'' where this machine proved the entry's plan on the reference executor (now, or before: a plan is proven
     the first time this machine serves it, then remembered by its content), else why it must not run."""
-    if _proof_path(entry.plan).is_file():
-        return ""
-    try:
-        verify(entry.plan, progress)
-    except Exception as e:  # noqa: BLE001 (a wrong result, a deadlock, a plan too large: each refuses the entry)
-        return f"its plan failed on the reference executor: {one_line(str(e)) or type(e).__name__}"
-    return ""
+    return proofs.proven(entry.plan, progress, prove=verify)
 
 
 def narrow(plan: Plan, min_bytes: int, max_bytes: int) -> Plan:

@@ -11,9 +11,11 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from executor.gpu.protocols import protocol_refusal
+from executor.reference.proofs import proven
 from registry.store import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 from schedules.plan.types import Plan
 
@@ -106,17 +108,23 @@ def disagreement(seen: list) -> str:
 
 @dataclass
 class PlanChoice:
-    """The best registry plan for a (collective, size, dtype) on one topology, or None (use NCCL)."""
+    """The best registry plan for a (collective, size, dtype) on one topology, or None (use NCCL).
+
+    A plan is served only once this machine has proven it on the reference executor (``trust``, default
+    ``executor.reference.proofs.proven``: the first time this machine serves it, then remembered by its content), so a
+    forged entry is refused before it runs and the next best is tried."""
 
     registry: Registry
     topology: str | tuple[str, ...]  # the fabric's fingerprint(s): entries keyed by any other are never considered
     nranks: int
     deterministic: bool = False
     ll128: bool = False  # the executor can move LL packets as LL128 lines: their measured times count too
+    trust: Callable[[Plan], str] = proven  # plan -> '' or why it must not run
     entries: list[Entry] = field(init=False)
     nccl_us: dict[str, dict[int, float]] = field(init=False)  # NCCL's measured times here, per collective
     _chosen: dict[tuple[str, int, str], tuple[Plan, bool] | None] = field(init=False, default_factory=dict)
     _reasons: dict[tuple[str, int, str], str] = field(init=False, default_factory=dict)
+    _trusted: dict[str, str] = field(init=False, default_factory=dict)  # entry id -> '' or why ``trust`` refused it
 
     def __post_init__(self) -> None:
         self.topology = fingerprints(self.topology)
@@ -164,16 +172,30 @@ class PlanChoice:
         if not fits:
             self._reasons[(collective, nbytes, dtype)] = "no plan"
             return None
-        # As in Registry.select, measurements beat predictions: where any candidate was measured, only measured
-        # ones compete. The cost model does not price the protocol, so among equal predictions LL (no flag round
-        # trip per step) goes first.
-        fits = [e for e in fits if e.measured(self.ll128)] or fits
-        best = min(
-            fits, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL", e.id)
-        )
+        refused: list[str] = []
+        while True:
+            best = self._fastest(fits, nbytes)
+            if best.id not in self._trusted:
+                self._trusted[best.id] = self.trust(best.plan)
+            if not self._trusted[best.id]:
+                break
+            refused.append(f"{best.id}: {self._trusted[best.id]}")
+            fits.remove(best)
+            if not fits:
+                self._reasons[(collective, nbytes, dtype)] = "refused: " + "; ".join(refused)
+                return None
         basis, time_us, lines = best.estimate(nbytes, self.ll128)
         nccl = nccl_faster(self.nccl_us.get(collective, {}), nbytes, basis, time_us)
         if nccl is not None and time_us is not None:  # nccl_faster says None without a time
             self._reasons[(collective, nbytes, dtype)] = nccl_reason(collective, nbytes, nccl, best.plan.name, time_us)
             return None
         return best.plan, lines
+
+    def _fastest(self, fits: list[Entry], nbytes: int) -> Entry:
+        # As in Registry.select, measurements beat predictions: where any candidate was measured, only measured
+        # ones compete. The cost model does not price the protocol, so among equal predictions LL (no flag round
+        # trip per step) goes first.
+        ranked = [e for e in fits if e.measured(self.ll128)] or fits
+        return min(
+            ranked, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL", e.id)
+        )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,6 +22,7 @@ from synth.milp.links import allowed_links, check_reachable
 from synth.milp.sketch import Sketch
 from synth.milp.symmetry import rank_symmetry
 from synth.rank_links import rank_pair
+from synth.workers import start_thread
 from topologies import Topology
 from weftcore.errors import WeftError
 
@@ -429,8 +429,7 @@ def _run(
             solver.best_bound_callback = None  # a callback left set aborts the interpreter at exit
 
     solver.best_bound_callback = reporter.on_bound
-    thread = threading.Thread(target=work, name="cp-sat", daemon=True)
-    thread.start()
+    thread = start_thread(work, "cp-sat")  # it and CP-SAT's own threads leave Ctrl-C and SIGTERM to this one
     next_line = time.monotonic() + PROGRESS_EVERY
     try:
         while thread.is_alive():

@@ -13,7 +13,6 @@ import importlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,8 +121,22 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    received: list[int] = []
-    previous = _on_sigterm(received)
+    from weft.cli.stop import Stop
+
+    stop = Stop()
+    try:
+        with stop:
+            return _command(argv)
+    except KeyboardInterrupt as e:
+        stop.close()  # acted on: no more deliveries (a stop raised inside the context's own exit lands here)
+        word = "terminated" if stop.received[:1] == [signal.SIGTERM] else "interrupted"
+        print(f"weft: {word}{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        return 128 + stop.received[0] if stop.received else 130
+
+
+def _command(argv: list[str] | None) -> int:
+    """The command's exit code; a library error is one line on stderr. SIGTERM takes Ctrl-C's path (every solver
+    stops, pools are terminated, nothing is written: ``main``) with the exit code 143."""
     try:
         args = build_parser().parse_args(argv)
         with _memory_limit(args.memory_limit):
@@ -132,28 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         text = one_line(str(e))  # names read from a file cannot split it
         print(f"weft: error: {text.removeprefix('weft: ')}", file=sys.stderr)  # never "weft: error: weft: ..."
         return e.exit_code
-    except KeyboardInterrupt as e:
-        print(f"weft: {'terminated' if received else 'interrupted'}{': ' + str(e) if str(e) else ''}", file=sys.stderr)
-        return 128 + received[-1] if received else 130
     except BrokenPipeError:
         return 0
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _on_sigterm(received: list[int]):
-    """SIGTERM takes Ctrl-C's path (every solver stops, pools are terminated, nothing is written) and the exit
-    code 143; ``received`` records it. Returns the handler it replaces (None off the main thread, where Python
-    cannot set one)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def stop(signum: int, frame) -> None:
-        received.append(signum)
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, stop)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from synth.workers import start_thread
 from weftcore.errors import CheckFailed
 
 GRACE_S = 2.0
@@ -79,7 +80,7 @@ class Deadline:
             # the garbage collector closes mid-max-flow: "Exception ignored in ..."), so one alarm can be lost
             signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left() + GRACE_S), REFIRE_S)
         if self.progress is not None:
-            threading.Thread(target=self._tick, daemon=True).start()
+            start_thread(self._tick, "deadline-progress")  # never the thread that takes a signal
         return self
 
     def __exit__(self, *exc) -> None:
