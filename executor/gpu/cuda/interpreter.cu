@@ -80,7 +80,7 @@ __device__ __forceinline__ void load_ops(const Op* src, Op* dst, int count, int 
 template <bool Lamport>
 __device__ __forceinline__ i64 scratch_shift(const Op& op, const Context& c, const volatile u64& epoch, u32 flag) {
   if constexpr (Lamport) {
-    return lamport_shift(epoch, 0, op.barrier_count, c.scratch_half);
+    return op.barrier_count > 0 ? lamport_shift(epoch, 0, op.barrier_count, c.scratch_half) : 0;  // 0: tripwire
   } else {
     return (flag & 1u) ? c.scratch_half : 0;
   }
