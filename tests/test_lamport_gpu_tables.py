@@ -123,3 +123,172 @@ def test_a_lamport_plan_launches_the_lamport_twin_of_its_kernel():
 def test_a_residual_on_a_lamport_plan_is_refused_in_one_line(opted_in):
     with pytest.raises(ExecutorError, match="protocol Lamport: the interpreter adds no residual or norm"):
         build_tables(_plan(direct, 2), 0, 1024, residual=True)
+
+
+# --- the tables run as the kernel would run them ------------------------------------------------------------------
+
+
+def _without_resets(ops: np.ndarray) -> np.ndarray:
+    out = ops.copy()
+    out["type"][out["type"] == LAMPORT_RESET] = 0
+    return out
+
+
+class _Kernel:
+    """Every rank's fp32 tables run as the Lamport kernel runs them (executor/gpu/cuda/lamport.cuh): scratch filled
+    with the sentinel, a transfer's Lamport sources polled until no word holds it, -0.0 mapped on a Lamport store,
+    copy ``epoch % buffers``, each block's reset of its share of copy ``(epoch + reset_ahead) % buffers`` after its
+    ops; signals, waits, semaphores and barriers as the kernel's counters (semaphore.cuh). A block is a generator
+    that yields False while it waits and True after each op."""
+
+    def __init__(self, plan, nbytes: int, drop_resets: bool = False) -> None:
+        self.sentinel = np.uint32(lamport.sentinel_word("fp32"))
+        self.tables = [build_tables(plan, r, nbytes, dtype="fp32") for r in range(plan.nranks)]
+        if drop_resets:  # every reset op a nop
+            self.tables = [replace(t, ops=_without_resets(t.ops)) for t in self.tables]
+        self.mem = [
+            {
+                "i": np.zeros(t.input_bytes // 4, np.uint32),
+                "o": np.zeros(t.output_bytes // 4, np.uint32),
+                "s": np.full(t.scratch_alloc // 4, self.sentinel, np.uint32),
+            }
+            for t in self.tables
+        ]
+        self.inbound = [np.zeros(max(len(t.channel_peers), 1), np.int64) for t in self.tables]
+        self.expected = [np.zeros(max(len(t.channel_peers), 1), np.int64) for t in self.tables]
+        self.sems = [np.array([v for i in t.semaphore_init for v in (i, 0)] or [0], np.int64) for t in self.tables]
+        self.barriers: list[dict[int, list[int]]] = [{} for _ in self.tables]
+
+    def words(self, r: int, ref, shift: int, count: int) -> np.ndarray:
+        slot = int(ref["buffer"])
+        peer, btype = (r, "ios"[slot]) if slot < 3 else self.tables[r].remote_buffers[slot - 3]
+        first = (int(ref["offset"]) + (shift if ref["flags"] & SCRATCH else 0)) // 4
+        return self.mem[peer][btype][first : first + count]
+
+    def block(self, r: int, b: int, epoch: int):
+        t = self.tables[r]
+        for op in t.ops[t.tb_start[b] : t.tb_start[b + 1]]:
+            kind = int(op["type"])
+            if kind in (TRANSFER, PAIRS):
+                yield from self.transfer(r, op, epoch % int(op["barrier_count"]) * t.scratch_stride)
+            elif kind == LAMPORT_RESET:
+                shift = (epoch + int(op["barrier_id"])) % int(op["barrier_count"]) * t.scratch_stride
+                self.words(r, op["dst"][0], shift, int(op["bytes"]) // 4)[:] = self.sentinel
+            else:
+                yield from self.control(r, op)
+            yield True
+
+    def transfer(self, r: int, op, shift: int):
+        count = int(op["bytes"]) // 4
+        srcs = [self.words(r, op["src"][k], shift, count) for k in range(op["nsrc"])]
+        polled = [s for k, s in enumerate(srcs) if op["src"][k]["flags"] & LAMPORT]
+        while any((s == self.sentinel).any() for s in polled):
+            yield False
+        if op["type"] == PAIRS:
+            moves = [(srcs[j].copy(), [j]) for j in range(op["ndst"])]
+        else:
+            total = srcs[0].view(np.float32).copy()
+            for s in srcs[1:]:
+                total = total + s.view(np.float32)
+            moves = [(total.view(np.uint32), list(range(op["ndst"])))]
+        for value, dsts in moves:
+            for d in dsts:
+                mapped = op["dst"][d]["flags"] & LAMPORT
+                self.words(r, op["dst"][d], shift, count)[:] = (
+                    np.where(value == self.sentinel, 0, value) if mapped else value
+                )
+
+    def control(self, r: int, op):
+        kind, ids = int(op["type"]), [int(k) for k in op["channel"][: op["nchannel"]]]
+        t = self.tables[r]
+        if kind == 2:  # signal
+            for ch in ids:
+                self.inbound[t.channel_peers[ch]][t.paired_channel[ch]] += 1
+        elif kind in (3, 6):  # wait, sem_acquire: the next ticket, until its signal or release
+            if kind == 3:
+                counters = [(self.inbound[r], ch, self.expected[r], ch) for ch in ids]
+            else:
+                counters = [(self.sems[r], 2 * s, self.sems[r], 2 * s + 1) for s in ids]
+            for have, h, want, w in counters:
+                want[w] += 1
+                while have[h] < want[w]:
+                    yield False
+        elif kind == 7:  # sem_release
+            for sem in ids:
+                self.sems[r][2 * sem] += 1
+        elif kind == 1:  # barrier over barrier_count blocks (a monotonic counter)
+            counter, blocks = self.barriers[r].setdefault(int(op["barrier_id"]), [0]), int(op["barrier_count"])
+            arrival, counter[0] = counter[0], counter[0] + 1
+            while counter[0] < (arrival // blocks + 1) * blocks:
+                yield False
+        else:
+            assert kind == 0, f"the emulator runs no op kind {kind}"
+
+
+def _inputs(kernel: _Kernel, calls: int, rng) -> list[list[np.ndarray]]:
+    """Each call's inputs: small integers (exact sums) and -0.0, about a fifth of them, and element 0 everywhere."""
+    out = []
+    for _ in range(calls):
+        per_rank = [rng.integers(-8, 9, t.input_bytes // 4).astype(np.float32) for t in kernel.tables]
+        for x in per_rank:
+            x[(x == 0) | (rng.random(len(x)) < 0.2)] = -0.0
+            x[0] = -0.0
+        out.append(per_rank)
+    return out
+
+
+def _emulate(plan, nbytes: int, calls: int, seed: int, drop_resets: bool = False) -> list[str]:
+    """``calls`` calls of ``plan`` back to back on every rank (``_Kernel``), each rank starting its next call once its
+    own blocks are done, blocks stepped in a random order; what differed from the exact sum, or why nothing ran."""
+    rng = np.random.default_rng(seed)
+    kernel = _Kernel(plan, nbytes, drop_resets)
+    inputs = _inputs(kernel, calls, rng)
+    call = [0] * plan.nranks
+    running: dict[int, list] = {}
+    problems: list[str] = []
+
+    def start(r: int) -> None:
+        kernel.mem[r]["i"][:] = inputs[call[r]][r].view(np.uint32)
+        running[r] = [kernel.block(r, b, call[r]) for b in range(kernel.tables[r].nthreadblocks)]
+
+    def finish(r: int) -> None:
+        want = np.sum([x for x in inputs[call[r]]], axis=0, dtype=np.float32)
+        got = kernel.mem[r]["o"].view(np.float32)
+        if not np.array_equal(got, want[: len(got)]):
+            problems.append(f"rank {r} call {call[r]}: {int((got != want[: len(got)]).sum())} wrong")
+        call[r] += 1
+        del running[r]
+        if call[r] < calls:
+            start(r)
+
+    for r in range(plan.nranks):
+        start(r)
+    while running:
+        live = [(r, g) for r, gens in running.items() for g in gens]
+        progressed = False
+        for k in rng.permutation(len(live)):
+            r, g = live[k]
+            try:
+                progressed = next(g) or progressed
+            except StopIteration:
+                running[r].remove(g)
+                progressed = True
+                if not running[r]:
+                    finish(r)
+                break
+        if not progressed:
+            return problems + [f"no block can run: ranks at calls {call}"]
+    return problems
+
+
+@pytest.mark.parametrize("baseline", [direct, twoshot])
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_tables_sum_exactly_over_seven_calls_back_to_back_as_the_kernel_runs_them(opted_in, baseline, n):
+    plan = _plan(baseline, n)
+    for seed in range(3):
+        assert _emulate(plan, 4096 * n, calls=7, seed=seed) == []
+
+
+def test_without_the_resets_a_later_call_reads_stale_data_or_waits_forever(opted_in):
+    found = _emulate(_plan(direct, 4), 4096 * 4, calls=7, seed=0, drop_resets=True)
+    assert found and ("wrong" in found[0] or "no block can run" in found[-1])
