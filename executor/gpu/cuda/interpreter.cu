@@ -185,7 +185,7 @@ __device__ void interpret(const Context& c) {
         const Transfer tr{slots, flag, scratch_shift<Lamport>(op, c, epoch, flag)};
         bool moved;
         if constexpr (Lamport) {
-          moved = run_transfer_lamport<D, V, Batch>(op, tr, deadline);
+          moved = run_transfer<D, V, Batch, true>(op, tr, deadline);
         } else {
           moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline)
                                     : run_transfer<D, V, Batch>(op, tr, deadline);

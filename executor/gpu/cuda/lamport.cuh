@@ -4,7 +4,8 @@
 // scratch holds several copies that rotate by execution, and each execution writes the sentinel back over the copy
 // that is free (kLamportReset, after the block's own ops).
 #pragma once
-#include "channel.cuh"
+#include "packet.cuh"
+#include "reduce.cuh"
 
 namespace weft {
 
@@ -79,98 +80,6 @@ __device__ __forceinline__ void lamport_store(char* p, const Unit<V>& u) {
   } else {
     asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(w[0]) : "memory");
   }
-}
-
-// One unit of a reference: a Lamport reference's polled until no element holds the sentinel, a plain one's loaded.
-template <class D, int V>
-__device__ __forceinline__ bool lamport_load_unit(const Transfer& t, const Ref& r, i64 unit, Unit<V>& out,
-                                                  Deadline& deadline) {
-  const char* p = t.base(r) + unit * V;
-  if (r.flags & kLamport) return lamport_load<D, V>(p, out, deadline);
-  unit_load<V>(p, out);
-  return true;
-}
-
-// Units first, first + stride, ... (those below ``units``) of one reference into ``out``: a Lamport reference's
-// units all fetched before any still holding the sentinel is polled again, a plain reference's loaded.
-template <class D, int V>
-__device__ __forceinline__ bool lamport_load_all(const Transfer& t, const Ref& r, i64 first, i64 stride, i64 units,
-                                                 Unit<V> (&out)[kInFlight], Deadline& deadline) {
-  const char* b = t.base(r);
-  const bool polled = (r.flags & kLamport) != 0;
-#pragma unroll
-  for (int k = 0; k < kInFlight; ++k) {
-    const i64 u = first + k * stride;
-    if (u >= units) continue;
-    if (polled) {
-      lamport_fetch<V>(b + u * V, out[k]);
-    } else {
-      unit_load<V>(b + u * V, out[k]);
-    }
-  }
-  if (!polled) return true;
-#pragma unroll
-  for (int k = 0; k < kInFlight; ++k) {
-    const i64 u = first + k * stride;
-    if (u < units && !lamport_arrived<D, V>(out[k]) && !lamport_load<D, V>(b + u * V, out[k], deadline)) return false;
-  }
-  return true;
-}
-
-// A transfer of a Lamport plan: run_transfer's loop, with Lamport references polled for the sentinel and written
-// mapped. Batch: every source's units are loaded together (needs the registers of blocks of at most 256 threads);
-// otherwise one unit after another. Returns false on a timeout (the caller reports it).
-template <class D, int V, bool Batch>
-__device__ __forceinline__ bool run_transfer_lamport(const Op& op, const Transfer& t, Deadline& deadline) {
-  const i64 units = op.bytes / V;
-  const i64 stride = (i64)blockDim.x;
-  for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
-    Unit<V> acc[kInFlight];
-    if constexpr (Batch) {
-      if (!lamport_load_all<D, V>(t, op.src[0], first, stride, units, acc, deadline)) return false;
-      for (int s = 1; s < op.nsrc; ++s) {
-        Unit<V> x[kInFlight];
-        if (!lamport_load_all<D, V>(t, op.src[s], first, stride, units, x, deadline)) return false;
-#pragma unroll
-        for (int k = 0; k < kInFlight; ++k) {
-#pragma unroll
-          for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[k].w[w]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kInFlight; ++k) {
-        const i64 u = first + k * stride;
-        if (u < units && !lamport_load_unit<D, V>(t, op.src[0], u, acc[k], deadline)) return false;
-      }
-      for (int s = 1; s < op.nsrc; ++s) {
-#pragma unroll
-        for (int k = 0; k < kInFlight; ++k) {
-          const i64 u = first + k * stride;
-          if (u >= units) continue;
-          Unit<V> x;
-          if (!lamport_load_unit<D, V>(t, op.src[s], u, x, deadline)) return false;
-#pragma unroll
-          for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x.w[w]);
-        }
-      }
-    }
-    for (int d = 0; d < op.ndst; ++d) {
-      char* b = t.base(op.dst[d]);
-      const bool mapped = (op.dst[d].flags & kLamport) != 0;
-#pragma unroll
-      for (int k = 0; k < kInFlight; ++k) {
-        const i64 u = first + k * stride;
-        if (u >= units) continue;
-        if (mapped) {
-          lamport_store<D, V>(b + u * V, acc[k]);
-        } else {
-          unit_store<V>(b + u * V, acc[k]);
-        }
-      }
-    }
-  }
-  return true;
 }
 
 // The sentinel over ``bytes`` (a multiple of V) from ``p``, by the block's threads: this rank's share of the copy
