@@ -252,7 +252,7 @@ def _emulate(plan, nbytes: int, calls: int, seed: int, drop_resets: bool = False
         running[r] = [kernel.block(r, b, call[r]) for b in range(kernel.tables[r].nthreadblocks)]
 
     def finish(r: int) -> None:
-        want = np.sum([x for x in inputs[call[r]]], axis=0, dtype=np.float32)
+        want = np.asarray(np.sum(inputs[call[r]], axis=0, dtype=np.float32))
         got = kernel.mem[r]["o"].view(np.float32)
         if not np.array_equal(got, want[: len(got)]):
             problems.append(f"rank {r} call {call[r]}: {int((got != want[: len(got)]).sum())} wrong")
