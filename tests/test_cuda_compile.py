@@ -1,4 +1,5 @@
-"""Every CUDA source of the GPU executor compiles for sm_90 (compile only; skipped where nvcc is absent)."""
+"""Every CUDA source of the GPU executor compiles for sm_90, the Lamport kernels with the rest (compile only; skipped
+where nvcc is absent)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def test_interpreter_builds_every_dtype_and_width_for_sm90(cache):
         for width in (16, 8, 4):
             for threads in (1024, 512, 256, 64):
                 assert build.kernel_name(dtype, width, threads).encode() in image
+                assert build.kernel_name(dtype, width, threads, lamport=True).encode() in image  # the Lamport twins
     assert build.kernel_name("bf16", 16, 256) != build.kernel_name("bf16", 16, 512)
 
 

@@ -255,10 +255,11 @@ def test_weft_tune_makes_and_proves_lamport_variants(tmp_path, capsys):
     assert entry.plan.weft.verification["back_to_back"] == 4
 
 
-def test_the_gpu_executor_refuses_a_lamport_plan_in_one_line():
+def test_the_gpu_executor_refuses_a_lamport_plan_in_one_line(monkeypatch):
     from executor.errors import ExecutorError
     from executor.gpu.tables import build_tables
 
+    monkeypatch.delenv("WEFT_GPU_LAMPORT", raising=False)  # the experimental kernel's opt-in (executor.gpu.lamport)
     with pytest.raises(ExecutorError, match=r"protocol Lamport: the GPU executor runs Simple and LL plans only"):
         build_tables(_one_shot(), 0, 1024)
 

@@ -26,6 +26,7 @@ SOURCES = (
     "semaphore.cuh",
     "packet.cuh",
     "reduce.cuh",
+    "lamport.cuh",
     "channel.cuh",
     "norm.cuh",
     "interpreter.cu",
@@ -51,10 +52,11 @@ def source_hash(arch: str, flags: tuple[str, ...] = FLAGS) -> str:
 BATCHED_THREADS = 256  # blocks of at most this many threads run the kernel that batches packet polls
 
 
-def kernel_name(dtype: str, vector_bytes: int, threads: int = 1024) -> str:
-    """The interpreter entry for a dtype, vector width and block size (interpreter.cu's WEFT_INTERPRETER list)."""
+def kernel_name(dtype: str, vector_bytes: int, threads: int = 1024, lamport: bool = False) -> str:
+    """The interpreter entry for a dtype, vector width and block size (interpreter.cu's WEFT_INTERPRETER list);
+    ``lamport``: its twin that runs Lamport plans (executor.gpu.lamport)."""
     batched = "_b256" if threads <= BATCHED_THREADS else ""
-    return f"weft_interpret_{DTYPE_SUFFIX[dtype]}_v{vector_bytes}{batched}"
+    return f"weft_interpret_{DTYPE_SUFFIX[dtype]}_v{vector_bytes}{batched}{'_lamport' if lamport else ''}"
 
 
 def cache_dir() -> Path:

@@ -34,8 +34,8 @@ FIELD_NOTES = {
     ("Op", "nsrc"): "entries of src in use",
     ("Op", "ndst"): "entries of dst in use",
     ("Op", "nchannel"): "entries of channel in use",
-    ("Op", "barrier_id"): "a barrier's id; a norm op's row or weight bytes, or its slice's index",
-    ("Op", "barrier_count"): "a barrier's thread blocks; a norm slice's row's slice count",
+    ("Op", "barrier_id"): "a barrier's id; a norm's row or weight bytes, or slice index; a reset's reset_ahead",
+    ("Op", "barrier_count"): "a barrier's thread blocks; a norm row's slice count; Lamport scratch copies",
     ("Op", "plan_op"): "the op's index in its plan threadblock, for error reports",
     ("Op", "line_chunk"): "> 0: the op's packets are LL128 lines and this is the data bytes of one chunk",
     ("Op", "bytes"): "data bytes moved by a transfer",
@@ -134,7 +134,8 @@ def emit() -> str:
             [f"constexpr int {name} = {value};" for name, value in LENGTHS.items()],
             ["entries of an op's src and of its dst", "entries of an op's channel", "buffer slots a launch binds"],
         ),
-        f"enum RefFlags : int {{ kPacket = {tables.PACKET}, kScratch = {tables.SCRATCH} }};",
+        f"enum RefFlags : int {{ kPacket = {tables.PACKET}, kScratch = {tables.SCRATCH}, "
+        f"kLamport = {tables.LAMPORT} }};",
         "",
         *_enum(
             "Slot",
@@ -146,7 +147,8 @@ def emit() -> str:
             "OpType",
             kinds,
             "The device op kinds: the op table's (schedules.ops.DEVICE_KINDS), then kPairs, a transfer of plain "
-            "src[j] -> dst[j] for every j, side by side.",
+            "src[j] -> dst[j] for every j, side by side, and kLamportReset, the sentinel over a block's share of the "
+            "Lamport scratch copy that is free.",
         ),
         *_comment(
             "The fused RMSNorm epilogue's kinds, outside the op table's, which other ops extend: the rows a "

@@ -43,6 +43,7 @@ from executor.gpu import bootstrap, ipc, liveness
 from executor.gpu import build as gpu_build
 from executor.gpu import launch as gpu_launch
 from executor.gpu import trace as gpu_trace
+from executor.gpu.lamport import fill_scratch
 from executor.gpu.tables import (
     DTYPE_BYTES,
     ERROR_KINDS,
@@ -787,6 +788,7 @@ class InterpreterEngine:
         )
         with cupy.cuda.Device(self.device):
             scratch = cupy.zeros(max(tables.scratch_alloc, lined.scratch_alloc if lined else 0, 16), cupy.uint8)
+            fill_scratch(cupy, scratch, tables)  # a Lamport plan's copies start as its sentinel
             nsem = max(len(tables.semaphore_init), 1)
             init = np.zeros(2 * nsem + tables.nthreadblocks, np.uint64)
             init[0 : 2 * len(tables.semaphore_init) : 2] = tables.semaphore_init
@@ -853,7 +855,7 @@ class InterpreterEngine:
                 error=self._error_device,
                 timeout_ns=int(self.timeout_s * 1e9),
                 rank=self.rank,
-                scratch_half=tables.scratch_bytes if tables.double_scratch else 0,
+                scratch_half=tables.scratch_stride,
                 nslots=len(slots),
                 uniform_ops=tables.uniform_ops,
                 **({"trace": trace} if self._trace else {}),
@@ -923,7 +925,7 @@ class InterpreterEngine:
 
     def _prepare(self, ctx: _Context, dtype: str, args: tuple) -> gpu_launch.Launch:
         t = ctx.tables
-        name = gpu_build.kernel_name(dtype, ctx.vector_bytes, t.threads)
+        name = gpu_build.kernel_name(dtype, ctx.vector_bytes, t.threads, lamport=t.lamport_buffers > 0)
         kernel = self._kernels.get(name)
         if kernel is None:
             kernel = self._kernels[name] = self._module.get_function(name)
@@ -995,7 +997,7 @@ class InterpreterEngine:
             for arr in (self._inbound, self._expected, self._barriers):
                 arr.fill(0)
             for ctx in self._contexts.values():
-                ctx.scratch.fill(0)
+                fill_scratch(cupy, ctx.scratch, ctx.tables)
                 ctx.state.set(ctx.semaphore_init)
             cupy.cuda.runtime.deviceSynchronize()
         self._error[:] = 0

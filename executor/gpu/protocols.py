@@ -1,28 +1,40 @@
 """Which plan protocols the GPU engines run: Simple and LL (its packets as LL16, or as LL128 lines).
 
-A Lamport plan (``schedules.lamport``) is proven by the CPU reference executor (``executor.reference.lamport``),
-but no kernel runs it yet: the interpreter and the port engine refuse it in one line, the torch-facing plan choice
-(``executor.inference.plans.PlanChoice``) never considers it, and ``weft registry select`` (``weft.publish.select``)
-passes over it, naming why; so a registry that holds Lamport variants still serves every call with a plan these
-engines run, or with NCCL. Once the kernel exists, adding the protocol to ``GPU_PROTOCOLS`` lifts all three.
+A Lamport plan (``schedules.lamport``) is proven by the CPU reference executor (``executor.reference.lamport``).
+The interpreter has an experimental kernel for it (``executor.gpu.lamport``) that has not yet run on a GPU: it
+takes Lamport plans only where the caller passes ``experimental`` (``executor.gpu.tables`` does when the environment
+sets ``WEFT_GPU_LAMPORT=1``). Everywhere else they are refused in one line: the port engine refuses them, the
+torch-facing plan choice (``executor.inference.plans.PlanChoice``) never considers them, and ``weft registry select``
+(``weft.publish.select``) passes over them, naming why; so a registry that holds Lamport variants still serves every
+call with a plan these engines run, or with NCCL. Once ``pytest -m gpu`` has run the kernel, adding the protocol to
+``GPU_PROTOCOLS`` lifts all of them.
 
 >>> from schedules.plan import Plan
 >>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ())).split(":")[1]
 ' protocol Lamport'
+>>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ()), experimental=True)
+''
 """
 
 from __future__ import annotations
 
+from executor.gpu.lamport import ENV, EXPERIMENTAL_PROTOCOLS
 from schedules.plan.types import Plan
 
 GPU_PROTOCOLS = ("Simple", "LL")
 
 
-def protocol_refusal(plan: Plan) -> str:
-    """Why no GPU engine runs ``plan``'s protocol, in one line; '' where one does."""
-    if plan.protocol in GPU_PROTOCOLS:
+def protocol_refusal(plan: Plan, experimental: bool = False) -> str:
+    """Why no GPU engine runs ``plan``'s protocol, in one line; '' where one does (``experimental``: the
+    interpreter's experimental kernels count too)."""
+    if plan.protocol in GPU_PROTOCOLS or (experimental and plan.protocol in EXPERIMENTAL_PROTOCOLS):
         return ""
+    hint = (
+        f"its kernel is experimental until `pytest -m gpu` has run it: set {ENV}=1 to try it"
+        if plan.protocol in EXPERIMENTAL_PROTOCOLS
+        else "no kernel for it"
+    )
     return (
         f"plan {plan.name}: protocol {plan.protocol}: the GPU executor runs {' and '.join(GPU_PROTOCOLS)} plans "
-        "only (no kernel for it yet; the CPU reference executor proves it)"
+        f"only ({hint}; the CPU reference executor proves it)"
     )

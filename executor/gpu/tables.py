@@ -31,11 +31,12 @@ from typing import Any
 import numpy as np
 
 from executor.errors import ExecutorError
+from executor.gpu import lamport
 from executor.gpu.protocols import protocol_refusal
 from executor.reference import machine
 from executor.reference.norm import RowNorm, RowSpan, row_spans
 from schedules.ops import DEVICE_KINDS
-from schedules.plan.types import BufferRef, Gpu, Op, Plan, Threadblock, channel_pairs
+from schedules.plan.types import PACKET_PROTOCOLS, BufferRef, Gpu, Op, Plan, Threadblock, channel_pairs
 
 MAX_REFS = 16
 MAX_CHANNELS_PER_OP = 16
@@ -54,8 +55,11 @@ Record = np.ndarray  # one op-table row: a 0-d array of OP_DTYPE
 
 DEVICE_CODES = dict(zip(DEVICE_KINDS, range(len(DEVICE_KINDS)), strict=True))  # kNop..kSemRelease
 PAIRS = 8  # kPairs: a plain pairwise op's pairs (src[j] -> dst[j], all one length) side by side
-KERNEL_ONLY_CODES = {"pairs": PAIRS}  # device op types no op-table row names: build_tables picks them
-PACKET, SCRATCH = 1, 2  # a reference's flags (RefFlags): read or written as packets; in the scratch half in use
+LAMPORT_RESET = 9  # kLamportReset: the sentinel over this block's share of the Lamport scratch copy that is free
+KERNEL_ONLY_CODES = {"pairs": PAIRS, "lamport_reset": LAMPORT_RESET}  # device op types no op-table row names
+# a reference's flags (RefFlags): read or written as LL packets; in the scratch half (or Lamport copy) in use; read
+# or written as Lamport data (polled for the sentinel, written mapped: executor/gpu/cuda/lamport.cuh)
+PACKET, SCRATCH, LAMPORT = 1, 2, 4
 SLOTS = {"i": 0, "o": 1, "s": 2}  # the local buffers' slots
 PEER_SLOTS = 3  # remote_buffers[k] is slot PEER_SLOTS + k; the residual, weight and normed rows follow the peers
 
@@ -169,15 +173,22 @@ class DeviceTables:
     norm: bool = False  # then two more slots: the RMSNorm weight and the normalized rows (executor.reference.norm)
     norm_slots: int = 0  # bytes at norm_at where row slices exchange sums of squares
     norm_at: int = 0  # past every rank's scratch (both halves, 16-aligned): no peer's packet can land in the slots
+    lamport_buffers: int = 0  # a Lamport plan's scratch copies (scratch_bytes each), else 0 (executor.gpu.lamport)
+    scratch_fill: int = 0  # the u32 word the scratch copies start as: 0, or a Lamport plan's sentinel in its dtype
+
+    @property
+    def scratch_copies(self) -> int:
+        return self.lamport_buffers or (2 if self.double_scratch else 1)
+
+    @property
+    def scratch_stride(self) -> int:
+        """The interpreter's scratch_half: bytes between scratch copies (halves or Lamport copies), 0 for one."""
+        return self.scratch_bytes if self.scratch_copies > 1 else 0
 
     @property
     def scratch_alloc(self) -> int:
-        """Bytes of the scratch allocation: the halves, then the norm's slots (a context zeroes it all at reset)."""
-        return (
-            self.norm_at + self.norm_slots
-            if self.norm_slots
-            else self.scratch_bytes * (2 if self.double_scratch else 1)
-        )
+        """Bytes of the scratch allocation: the copies, then the norm's slots (a context zeroes it all at reset)."""
+        return self.norm_at + self.norm_slots if self.norm_slots else self.scratch_bytes * self.scratch_copies
 
     @property
     def nthreadblocks(self) -> int:
@@ -251,9 +262,11 @@ def lines_possible(plan: Plan, nbytes: int) -> bool:
 
 def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool, norm: RowNorm | None) -> None:
     """Raise ExecutorError where ``build_tables`` cannot lower this rank's part at this size and with these options."""
-    why = protocol_refusal(plan)
+    why = protocol_refusal(plan, experimental=lamport.enabled())
     if why:
         raise ExecutorError(why)
+    if plan.lamport is not None and (residual or norm is not None):
+        raise ExecutorError(f"plan {plan.name}: protocol Lamport: the interpreter adds no residual or norm to it yet")
     if norm is not None and not residual:
         raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
     if not plan.accepts(nbytes):
@@ -304,7 +317,7 @@ def build_tables(
     _check_fits(plan, rank, nbytes, lines, residual, norm)
     gpu = plan.gpus[rank]
     cb = plan.chunk_bytes(nbytes)
-    packets = plan.protocol == "LL"
+    packets = plan.protocol == "LL"  # a Lamport plan's scratch holds the data alone (1x)
     per_chunk = (cb + LINE_DATA - 1) // LINE_DATA * LINE_BYTES
     layout = _Layout(plan, gpu, cb, (per_chunk if lines else 2 * cb) if packets else cb)
     records: list[Record] = []
@@ -327,6 +340,8 @@ def build_tables(
             * (2 if plan.use_double_scratch_buffer else 1)
         )
         norm_at, norm_slots = (halves + 15) // 16 * 16, 8 * widest * (gpu.output_chunks * cb // row_bytes)
+    stride = max(g.scratch_chunks for g in plan.gpus) * layout.scratch_chunk  # one copy, alike on every rank
+    resets = _reset_records(plan, len(gpu.threadblocks), gpu.scratch_chunks * layout.scratch_chunk)
     by_block: dict[int, list] = {}
     for (_, b, _), span in sorted(spans.items()):
         by_block.setdefault(b, []).append(span)
@@ -339,6 +354,8 @@ def build_tables(
             where = f"plan {plan.name}: gpus[{rank}].threadblocks[{t}].ops[{i}]"
             for rec in _lower(op, tb, layout, where):
                 rec["plan_op"] = i
+                if plan.lamport is not None and rec["type"] in (TRANSFER, PAIRS):
+                    rec["barrier_count"] = plan.lamport.buffers  # the kernel shifts its scratch to the epoch's copy
                 if lines and rec["type"] == TRANSFER and _moves_packets(rec):
                     rec["line_chunk"] = cb
                 records.append(rec)
@@ -352,6 +369,8 @@ def build_tables(
                         if span.slices == 1
                         else _slice_record(span, norm_at + 8 * widest * span.row, norm.eps, residual_slot, i)
                     )
+        if plan.lamport is not None:
+            records.append(resets[t])
         starts.append(len(records))
     if norm is not None:
         records, starts = _padded(records, starts)
@@ -362,7 +381,7 @@ def build_tables(
     quantities = [cb, layout.scratch_chunk] + [
         int(q)
         for rec in records
-        if rec["type"] == TRANSFER
+        if rec["type"] in (TRANSFER, LAMPORT_RESET)
         for q in (rec["bytes"], *rec["src"]["offset"][: rec["nsrc"]], *rec["dst"]["offset"][: rec["ndst"]])
     ]
     quantities += [row_bytes, *(q for span in spans.values() for q in (span.first, span.nbytes))]
@@ -373,7 +392,7 @@ def build_tables(
         vector_bytes=vector_bytes(*quantities),
         input_bytes=gpu.input_chunks * cb,
         output_bytes=gpu.output_chunks * cb,
-        scratch_bytes=gpu.scratch_chunks * layout.scratch_chunk,
+        scratch_bytes=stride if plan.lamport is not None else gpu.scratch_chunks * layout.scratch_chunk,
         double_scratch=plan.use_double_scratch_buffer,
         channel_peers=gpu.memory_peers,
         paired_channel=tuple(pairs.get((rank, c), -1) for c in range(len(gpu.memory_peers))),  # -1: never signalled
@@ -385,7 +404,25 @@ def build_tables(
         norm=norm is not None,
         norm_slots=norm_slots,
         norm_at=norm_at,
+        lamport_buffers=plan.lamport.buffers if plan.lamport is not None else 0,
+        scratch_fill=lamport.sentinel_word(dtype) if plan.lamport is not None else 0,
     )
+
+
+def _reset_records(plan: Plan, blocks: int, copy_bytes: int) -> list[Record]:
+    """Each thread block's last op in a Lamport plan: the sentinel over its share of this rank's ``copy_bytes`` of
+    the copy ``(epoch + reset_ahead) % buffers`` (``executor.gpu.lamport.reset_shares``); none for other plans."""
+    if plan.lamport is None:
+        return []
+    recs = []
+    for first, nbytes in lamport.reset_shares(copy_bytes, blocks):
+        rec = _record(LAMPORT_RESET)
+        rec["ndst"], rec["bytes"] = 1, nbytes
+        rec["barrier_id"], rec["barrier_count"] = plan.lamport.reset_ahead, plan.lamport.buffers
+        rec["plan_op"] = -1
+        rec["dst"][0] = (first, SLOTS["s"], SCRATCH)
+        recs.append(rec)
+    return recs
 
 
 def _norm_record(first: int, nbytes: int, row_bytes: int, eps: float, residual_slot: int, plan_op: int) -> Record:
@@ -472,12 +509,14 @@ class _Layout:
         else:
             assert ref.type is not None  # and every local entry its type
             slot, btype = SLOTS[ref.type], ref.type
-        if packet and (btype != "s" or self.plan.protocol != "LL"):
+        if packet and (btype != "s" or self.plan.protocol not in PACKET_PROTOCOLS):
             raise ExecutorError(
                 f"{where}: op {op.name!r} moves packets, which live in the scratch buffer of an "
-                f"LL plan (this entry is a {btype!r} buffer of a {self.plan.protocol} plan)"
+                f"LL plan or a Lamport plan (this entry is a {btype!r} buffer of a {self.plan.protocol} plan)"
             )
-        flags = (PACKET if packet else 0) | (SCRATCH if btype == "s" and self.plan.use_double_scratch_buffer else 0)
+        lamport_plan = self.plan.lamport is not None  # its scratch rotates; its packets are the data (LAMPORT)
+        flags = (LAMPORT if lamport_plan else PACKET) if packet else 0
+        flags |= SCRATCH if btype == "s" and (self.plan.use_double_scratch_buffer or lamport_plan) else 0
         unit = self.scratch_chunk if btype == "s" else self.chunk
         return ref.index * unit, slot, flags
 

@@ -1,9 +1,12 @@
 // The memory channel's data path: one plan op's bytes spread over the thread block in 16-byte (or 8/4-byte)
 // units, read from any mix of local and peer (CUDA IPC) buffers, summed, and written to every destination.
 // put, get, copy, the reductions and the packet ops are all this one loop with different references:
-// a reference in packet form is read by polling its flags and written with the execution's flag.
+// a reference in packet form is read by polling its flags and written with the execution's flag, and, in the
+// kernels that run Lamport plans, a Lamport reference (kLamport) by polling its data for the sentinel and written
+// mapped (lamport.cuh).
 #pragma once
 #include "common.cuh"
+#include "lamport.cuh"
 #include "packet.cuh"
 #include "reduce.cuh"
 
@@ -69,20 +72,91 @@ struct Transfer {
 // Each thread keeps kInFlight units in flight so that peer reads over NVLink overlap.
 constexpr int kInFlight = 4;
 
+// One unit of a reference: a Lamport reference's polled until no element holds the sentinel, a plain one's loaded.
+template <class D, int V>
+__device__ __forceinline__ bool lamport_load_unit(const Transfer& t, const Ref& r, i64 unit, Unit<V>& out,
+                                                  Deadline& deadline) {
+  const char* p = t.base(r) + unit * V;
+  if (r.flags & kLamport) return lamport_load<D, V>(p, out, deadline);
+  unit_load<V>(p, out);
+  return true;
+}
+
+// Units first, first + stride, ... (those below ``units``) of one reference into ``out``: a Lamport reference's
+// units all fetched before any still holding the sentinel is polled again, a plain reference's loaded.
+template <class D, int V>
+__device__ __forceinline__ bool lamport_load_all(const Transfer& t, const Ref& r, i64 first, i64 stride, i64 units,
+                                                 Unit<V> (&out)[kInFlight], Deadline& deadline) {
+  const char* b = t.base(r);
+  const bool polled = (r.flags & kLamport) != 0;
+#pragma unroll
+  for (int k = 0; k < kInFlight; ++k) {
+    const i64 u = first + k * stride;
+    if (u >= units) continue;
+    if (polled) {
+      lamport_fetch<V>(b + u * V, out[k]);
+    } else {
+      unit_load<V>(b + u * V, out[k]);
+    }
+  }
+  if (!polled) return true;
+#pragma unroll
+  for (int k = 0; k < kInFlight; ++k) {
+    const i64 u = first + k * stride;
+    if (u < units && !lamport_arrived<D, V>(out[k]) && !lamport_load<D, V>(b + u * V, out[k], deadline)) return false;
+  }
+  return true;
+}
+
+// The loads and stores of run_transfer: Transfer's, or, in a Lamport kernel, the Lamport forms.
+template <class D, bool Lamport, int V>
+__device__ __forceinline__ bool source_unit(const Transfer& t, const Ref& r, i64 unit, Unit<V>& out,
+                                            Deadline& deadline) {
+  if constexpr (Lamport) {
+    return lamport_load_unit<D, V>(t, r, unit, out, deadline);
+  } else {
+    return t.load<V>(r, unit, out, deadline);
+  }
+}
+
+template <class D, bool Lamport, int V>
+__device__ __forceinline__ bool source_all(const Transfer& t, const Ref& r, i64 first, i64 stride, i64 units,
+                                           Unit<V> (&out)[kInFlight], Deadline& deadline) {
+  if constexpr (Lamport) {
+    return lamport_load_all<D, V>(t, r, first, stride, units, out, deadline);
+  } else {
+    return t.load_all(r, first, stride, units, out, deadline);
+  }
+}
+
+template <class D, bool Lamport, int V>
+__device__ __forceinline__ void sink_unit(const Transfer& t, const Ref& r, i64 unit, const Unit<V>& value) {
+  if constexpr (Lamport) {
+    if (r.flags & kLamport) {
+      lamport_store<D, V>(t.base(r) + unit * V, value);
+    } else {
+      unit_store<V>(t.base(r) + unit * V, value);
+    }
+  } else {
+    t.store<V>(r, unit, value);
+  }
+}
+
 // Returns false on a packet timeout (the caller reports it). Batch: every source's units are loaded together
 // (packets fetched before any is polled, see Transfer::load_all), which needs the registers of blocks of at
-// most 256 threads; otherwise a source's units are loaded, and packets polled, one after another.
-template <class D, int V, bool Batch>
+// most 256 threads; otherwise a source's units are loaded, and packets polled, one after another. Lamport: the
+// transfer of a Lamport plan (its packets are Lamport data, lamport.cuh).
+template <class D, int V, bool Batch, bool Lamport = false>
 __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 units = op.bytes / V;
   const i64 stride = (i64)blockDim.x;
   for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
     Unit<V> acc[kInFlight];
     if constexpr (Batch) {
-      if (!t.load_all(op.src[0], first, stride, units, acc, deadline)) return false;
+      if (!source_all<D, Lamport>(t, op.src[0], first, stride, units, acc, deadline)) return false;
       for (int s = 1; s < op.nsrc; ++s) {
         Unit<V> x[kInFlight];
-        if (!t.load_all(op.src[s], first, stride, units, x, deadline)) return false;
+        if (!source_all<D, Lamport>(t, op.src[s], first, stride, units, x, deadline)) return false;
 #pragma unroll
         for (int k = 0; k < kInFlight; ++k) {
 #pragma unroll
@@ -93,7 +167,7 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
 #pragma unroll
       for (int k = 0; k < kInFlight; ++k) {
         const i64 u = first + k * stride;
-        if (u < units && !t.load<V>(op.src[0], u, acc[k], deadline)) return false;
+        if (u < units && !source_unit<D, Lamport>(t, op.src[0], u, acc[k], deadline)) return false;
       }
       for (int s = 1; s < op.nsrc; ++s) {
 #pragma unroll
@@ -101,7 +175,7 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
           const i64 u = first + k * stride;
           if (u >= units) continue;
           Unit<V> x;
-          if (!t.load<V>(op.src[s], u, x, deadline)) return false;
+          if (!source_unit<D, Lamport>(t, op.src[s], u, x, deadline)) return false;
 #pragma unroll
           for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x.w[w]);
         }
@@ -111,7 +185,7 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
 #pragma unroll
       for (int k = 0; k < kInFlight; ++k) {
         const i64 u = first + k * stride;
-        if (u < units) t.store<V>(op.dst[d], u, acc[k]);
+        if (u < units) sink_unit<D, Lamport>(t, op.dst[d], u, acc[k]);
       }
     }
   }

@@ -22,14 +22,15 @@ enum ErrorKind : int {
 constexpr int kMaxRefs = 16;      // entries of an op's src and of its dst
 constexpr int kMaxChannels = 16;  // entries of an op's channel
 constexpr int kMaxSlots = 64;     // buffer slots a launch binds
-enum RefFlags : int { kPacket = 1, kScratch = 2 };
+enum RefFlags : int { kPacket = 1, kScratch = 2, kLamport = 4 };
 
 // The buffer slots: the local buffers, then remote_buffers[k] at kPeerSlots + k, then the residual, weight, normed
 // rows.
 enum Slot : int { kInputSlot = 0, kOutputSlot = 1, kScratchSlot = 2, kPeerSlots = 3 };
 
 // The device op kinds: the op table's (schedules.ops.DEVICE_KINDS), then kPairs, a transfer of plain src[j] -> dst[j]
-// for every j, side by side.
+// for every j, side by side, and kLamportReset, the sentinel over a block's share of the Lamport scratch copy that is
+// free.
 enum OpType : int {
   kNop = 0,
   kBarrier = 1,
@@ -39,7 +40,8 @@ enum OpType : int {
   kTransfer = 5,
   kSemAcquire = 6,
   kSemRelease = 7,
-  kPairs = 8
+  kPairs = 8,
+  kLamportReset = 9
 };
 
 // The fused RMSNorm epilogue's kinds, outside the op table's, which other ops extend: the rows a reduction completed;
@@ -59,8 +61,8 @@ struct Op {
   int nsrc;                   // entries of src in use
   int ndst;                   // entries of dst in use
   int nchannel;               // entries of channel in use
-  int barrier_id;             // a barrier's id; a norm op's row or weight bytes, or its slice's index
-  int barrier_count;          // a barrier's thread blocks; a norm slice's row's slice count
+  int barrier_id;             // a barrier's id; a norm's row or weight bytes, or slice index; a reset's reset_ahead
+  int barrier_count;          // a barrier's thread blocks; a norm row's slice count; Lamport scratch copies
   int plan_op;                // the op's index in its plan threadblock, for error reports
   int line_chunk;             // > 0: the op's packets are LL128 lines and this is the data bytes of one chunk
   i64 bytes;                  // data bytes moved by a transfer

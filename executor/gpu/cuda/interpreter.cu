@@ -1,6 +1,7 @@
 // weft's plan interpreter: one thread block per plan threadblock, walking its op list from the device tables
 // built by executor/gpu/tables.py. Every wait is bounded; a timeout fills the error record and the block exits.
 #include "channel.cuh"
+#include "lamport.cuh"
 #include "norm.cuh"
 #include "semaphore.cuh"
 
@@ -19,9 +20,9 @@ struct Context {
   volatile int* error;   // host-mapped error record
   u64 timeout_ns;
   int rank;
-  i64 scratch_half;
-  int nslots;       // entries of the buffer slot table (at most kMaxSlots)
-  int uniform_ops;  // ops per block where every block has as many (block b's start at b times it), else 0
+  i64 scratch_half;  // one scratch half's bytes (double-buffered packet scratch), or one Lamport copy's
+  int nslots;        // entries of the buffer slot table (at most kMaxSlots)
+  int uniform_ops;   // ops per block where every block has as many (block b's start at b times it), else 0
 #ifdef WEFT_TRACE
   u64* trace;  // per block kTraceSlots sums over launches (see Tracer)
 #endif
@@ -73,6 +74,18 @@ __device__ __forceinline__ void load_ops(const Op* src, Op* dst, int count, int 
   for (int i = (int)threadIdx.x - first; i >= 0 && i < words; i += (int)blockDim.x - first) d[i] = s[i];
 }
 
+// The byte shift of the scratch an op reads and writes: with double-buffered packet scratch the half of the
+// execution's flag (c.scratch_half is 0 for a single scratch); in a Lamport kernel the copy of the execution's epoch
+// (a transfer's barrier_count: the plan's scratch copies; c.scratch_half: one copy's bytes).
+template <bool Lamport>
+__device__ __forceinline__ i64 scratch_shift(const Op& op, const Context& c, const volatile u64& epoch, u32 flag) {
+  if constexpr (Lamport) {
+    return op.barrier_count > 0 ? lamport_shift(epoch, 0, op.barrier_count, c.scratch_half) : 0;  // 0: tripwire
+  } else {
+    return (flag & 1u) ? c.scratch_half : 0;
+  }
+}
+
 // Runs one control op on thread 0; returns false on timeout after reporting it.
 __device__ bool run_control(const Op& op, const Context& c, ErrorRecord rec, Deadline& deadline) {
   if (op.type == kSignal) {
@@ -106,7 +119,8 @@ __device__ bool run_control(const Op& op, const Context& c, ErrorRecord rec, Dea
   return true;
 }
 
-template <class D, int V, bool Batch>
+// Lamport: the kernels that run Lamport plans (executor/gpu/lamport.py); the others compile as if it did not exist.
+template <class D, int V, bool Batch, bool Lamport>
 __device__ void interpret(const Context& c) {
   __shared__ Op ops[kWindow];
   __shared__ char* slots[kMaxSlots];
@@ -165,12 +179,17 @@ __device__ void interpret(const Context& c) {
       Deadline deadline(c.timeout_ns, c.error);
       if (op.type == kPairs) {
         const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);
-        run_pairs<V>(op, Transfer{slots, flag, (flag & 1u) ? c.scratch_half : 0});
+        run_pairs<V>(op, Transfer{slots, flag, scratch_shift<Lamport>(op, c, epoch, flag)});
       } else if (op.type == kTransfer) {
         const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);  // re-read: fewer live registers in the loop
-        const Transfer tr{slots, flag, (flag & 1u) ? c.scratch_half : 0};
-        const bool moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline)
-                                             : run_transfer<D, V, Batch>(op, tr, deadline);
+        const Transfer tr{slots, flag, scratch_shift<Lamport>(op, c, epoch, flag)};
+        bool moved;
+        if constexpr (Lamport) {
+          moved = run_transfer<D, V, Batch, true>(op, tr, deadline);
+        } else {
+          moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline)
+                                    : run_transfer<D, V, Batch>(op, tr, deadline);
+        }
         if (!moved) {
           report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
           failed = 1;
@@ -187,6 +206,9 @@ __device__ void interpret(const Context& c) {
         run_norm_prefetch(op, Transfer{slots, 0u, 0});
       } else if (op.type == kFlush) {
         __threadfence_system();
+      } else if (Lamport && op.type == kLamportReset) {
+        const i64 shift = lamport_shift(*(volatile u64*)&epoch, op.barrier_id, op.barrier_count, c.scratch_half);
+        lamport_reset<D, V>(Transfer{slots, 0u, shift}.base(op.dst[0]), op.bytes);
       } else if (t == 0 && !run_control(op, c, rec, deadline)) {
         failed = 1;
       }
@@ -201,11 +223,14 @@ __device__ void interpret(const Context& c) {
 }  // namespace weft
 
 // The kernel's parameters and the context's fields in one order: tables.KERNEL_PARAMS (contract.cuh).
-#define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)                                                \
+#define WEFT_INTERPRETER_OF(NAME, D, V, THREADS, PER_SM, BATCH, LAMPORT)                                    \
   extern "C" __global__ void __launch_bounds__(THREADS, PER_SM) NAME(WEFT_KERNEL_PARAMS WEFT_TRACE_PARAM) { \
     const weft::Context c{WEFT_KERNEL_ARGS WEFT_TRACE_ARG};                                                 \
-    weft::interpret<D, V, BATCH>(c);                                                                        \
+    weft::interpret<D, V, BATCH, LAMPORT>(c);                                                               \
   }
+#define WEFT_INTERPRETER(NAME, D, V, THREADS, PER_SM, BATCH)     \
+  WEFT_INTERPRETER_OF(NAME, D, V, THREADS, PER_SM, BATCH, false) \
+  WEFT_INTERPRETER_OF(NAME##_lamport, D, V, THREADS, PER_SM, BATCH, true)
 
 WEFT_INTERPRETER(weft_interpret_f32_v16, weft::F32, 16, 1024, 1, false)
 WEFT_INTERPRETER(weft_interpret_f32_v16_b256, weft::F32, 16, 256, 2, true)

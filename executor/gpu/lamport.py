@@ -1,0 +1,86 @@
+"""The GPU interpreter's side of the Lamport protocol (``schedules.lamport``): scratch copies, sentinel, reset shares.
+
+**Experimental.** The kernel code (``executor/gpu/cuda/lamport.cuh``) compiles for sm_90 but has not run on a GPU:
+the interpreter refuses Lamport plans (``executor.gpu.protocols``) unless the environment sets ``WEFT_GPU_LAMPORT=1``
+(tests/gpu/test_lamport.py sets it), until ``pytest -m gpu`` has run it. Other engines and plan selection refuse
+Lamport plans either way.
+
+How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables`` lowers it):
+
+- Its scratch holds ``buffers`` copies of ``stride`` bytes each (the widest rank's scratch at 1x the data, so that
+  every rank shifts a peer's scratch by the same bytes), filled once with the dtype's sentinel (``fill_scratch``)
+  when the context is made, and again when it recovers from a timeout.
+- A packet reference carries the ``LAMPORT`` flag (polled for the sentinel, written mapped, with no flag word) and,
+  as every scratch reference of the plan, ``SCRATCH``: transfers carry the copy count, and the kernel shifts them
+  to copy ``epoch % buffers``, where the epoch is the thread block's execution count on the device (a CUDA graph's
+  replays rotate too).
+- Each thread block ends with a reset op over its share of this rank's copy ``(epoch + reset_ahead) % buffers``
+  (``reset_shares``): the rule ``schedules.lamport.LamportBuffers.reset_by`` states and the reference proves.
+
+>>> hex(sentinel_word("bf16")), hex(sentinel_word("fp32"))
+('0x80008000', '0x80000000')
+>>> reset_shares(160, 3)
+[(0, 64), (64, 48), (112, 48)]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from schedules.lamport import PROTOCOL, SENTINEL_BITS
+
+ENV = "WEFT_GPU_LAMPORT"  # "1": the interpreter runs Lamport plans (experimental until pytest -m gpu has run it)
+EXPERIMENTAL_PROTOCOLS = (PROTOCOL,)
+RESET_UNIT = 16  # reset shares start at multiples of this many bytes (the widest vector the kernel stores)
+
+
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment opts in to the interpreter's experimental Lamport kernel."""
+    return environ.get(ENV, "") == "1"
+
+
+def sentinel_word(dtype: str) -> int:
+    """A 32-bit word of the dtype's elements that all hold the sentinel (-0.0): what the scratch copies start as."""
+    bits = SENTINEL_BITS[dtype]
+    return bits if dtype == "fp32" else bits << 16 | bits
+
+
+def reset_shares(nbytes: int, blocks: int) -> list[tuple[int, int]]:
+    """(first byte, bytes) of each thread block's share of a copy's ``nbytes``: whole RESET_UNITs, the first blocks
+    one unit more, the last share taking any remainder below a unit; every block gets a share (maybe empty)."""
+    units, tail = divmod(nbytes, RESET_UNIT)
+    base, extra = divmod(units, blocks)
+    shares, first = [], 0
+    for b in range(blocks):
+        size = (base + (b < extra)) * RESET_UNIT + (tail if b == blocks - 1 else 0)
+        shares.append((first, size))
+        first += size
+    return shares
+
+
+class ScratchLayout(Protocol):
+    """What ``fill_scratch`` reads of a plan's device tables (``executor.gpu.tables.DeviceTables``), named here so
+    that this module, which the tables import, never imports them back."""
+
+    @property
+    def scratch_bytes(self) -> int: ...
+
+    @property
+    def lamport_buffers(self) -> int: ...
+
+    @property
+    def scratch_fill(self) -> int: ...
+
+
+def fill_scratch(cupy: Any, scratch: Any, tables: ScratchLayout) -> None:
+    """Zero ``scratch`` (a context's device uint8 array), then, for a Lamport plan, write its sentinel over every
+    scratch copy and wait for that: no peer's write may land before the sentinel does."""
+    scratch.fill(0)
+    copies = tables.scratch_bytes * tables.lamport_buffers // 4 * 4
+    if tables.scratch_fill and copies:
+        scratch[:copies].view(cupy.uint32).fill(np.uint32(tables.scratch_fill))
+        cupy.cuda.runtime.deviceSynchronize()

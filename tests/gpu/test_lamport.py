@@ -1,0 +1,215 @@
+"""The interpreter's experimental Lamport kernel (executor.gpu.lamport) on real GPUs, against NCCL: one-shot and
+two-shot all-reduce plans compiled with ``--protocol lamport``, in fp32, fp16 and bf16, on random never-zero data
+that holds -0.0 inputs (the sentinel a sender must map), over back-to-back calls and CUDA-graph replays, so that
+every one of the three scratch copies is reset and reused at least twice.
+
+One job (a process per GPU, ``WEFT_GPU_NPROC`` of them: run it at 2 and at 4) runs every scenario; the job runs this
+file as a script with ``WEFT_GPU_LAMPORT=1`` (the opt-in the interpreter needs for Lamport plans). Its plans are
+compiled and proven by the CPU reference here, before the job starts, for ``hgx_h200:gpus=N``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from torch_job import each, run_job, run_scenarios, start_rank, sums_to
+
+METHODS = ("direct", "twoshot")  # one-shot and two-shot all-reduce
+DTYPES = ("fp32", "fp16", "bf16")
+SIZES = ("1KB", "64KB", "1MB", "3MB+48")
+CALLS = 7  # back to back on one context: each of the 3 copies is used, reset and used again twice over
+REPLAYS = 8  # graph replays of GRAPH_CALLS captured calls each
+GRAPH_CALLS = 3
+NEGATIVE_ZEROS = 0.1  # the share of each input's elements set to -0.0 (and one element -0.0 on every rank)
+PLANS_ENV = "WEFT_TEST_LAMPORT_PLANS"
+
+
+def case_ids() -> list[str]:
+    return [f"{m}-{d}-{s}" for m in METHODS for d in DTYPES for s in SIZES]
+
+
+def _plans(folder: Path, nranks: int) -> None:
+    """The Lamport one-shot and two-shot plans for this many ranks, each proven by the CPU reference over every
+    copy's reuse (``compile_and_verify``), written as ``<method>.json``."""
+    from schedules.plan.io import dumps_plan
+    from topologies.catalog import build
+    from weft.pipeline import compile_and_verify
+    from weft.synthesis import synthesize
+
+    topology = build(f"hgx_h200:gpus={nranks}")
+    for method in METHODS:
+        plan = compile_and_verify(synthesize(topology, "allreduce", method), topology, protocol="lamport")
+        (folder / f"{method}.json").write_text(dumps_plan(plan))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    from conftest import gpu_count, nproc
+
+    if gpu_count() < nproc():
+        pytest.skip(f"needs {nproc()} CUDA GPUs with torch and CuPy")
+    folder = tmp_path_factory.mktemp("lamport-plans")
+    _plans(folder, nproc())
+    # no registry: the job runs its own plans through InterpreterEngine
+    env = {"WEFT_GPU_LAMPORT": "1", PLANS_ENV: str(folder), "WEFT_REGISTRY": str(folder)}
+    return run_job(__file__, "lamport", tmp_path_factory, env)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", case_ids())
+def test_lamport_all_reduce_matches_nccl_over_back_to_back_calls(results, case):
+    for row in each(results, "eager"):
+        r = row[case]
+        assert r["calls"] == CALLS and r["wrong"] == [], r  # the calls (0-based) whose output was not NCCL's
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", case_ids())
+def test_lamport_all_reduce_matches_nccl_with_each_call_checked_before_the_next(results, case):
+    for row in each(results, "checked"):
+        r = row[case]
+        assert r["calls"] == CALLS and r["wrong"] == [], r
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_lamport_graph_replays_rotate_the_copies_on_the_device(results, method):
+    for row in each(results, "graph"):
+        r = row[method]
+        assert r["replays"] == REPLAYS and r["calls"] == GRAPH_CALLS and r["wrong"] == 0, r
+
+
+# ------------------------------------------------------------------------------------------ the job (each rank)
+
+
+def _input(n: int, dtype: str, device, rank: int, call: int):
+    """Random non-zero data with about NEGATIVE_ZEROS of it -0.0, and element 0 -0.0 on every rank (its sum is a
+    zero whose every contribution is the sentinel). Every rank allocates alike (contexts are cached by address)."""
+    import torch
+
+    types = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    gen = torch.Generator(device=device).manual_seed(1000 * call + rank)
+    x = torch.randn(n, generator=gen, device=device, dtype=torch.float32)
+    x = torch.where(x == 0, 1.0, x)
+    negative = torch.rand(n, generator=gen, device=device) < NEGATIVE_ZEROS
+    negative[0] = True
+    x = torch.where(negative, torch.full_like(x, -0.0), x).to(types[dtype])
+    return x
+
+
+def _elements(plan, nbytes: int, dtype: str, rank: int) -> int:
+    return plan.gpus[rank].input_chunks * plan.chunk_bytes(nbytes) // (4 if dtype == "fp32" else 2)
+
+
+def _cases(folder: Path):
+    from schedules.plan.io import load_plan
+    from weft.units import parse_bytes
+
+    for method in METHODS:
+        plan = load_plan(folder / f"{method}.json")
+        for dtype in DTYPES:
+            for size in SIZES:
+                nbytes = parse_bytes(size)
+                assert plan.accepts(nbytes) and plan.chunk_bytes(nbytes) % (4 if dtype == "fp32" else 2) == 0
+                yield f"{method}-{dtype}-{size}", plan, nbytes, dtype
+
+
+def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
+    """CALLS calls on one input buffer with no host synchronization between them: each call's input is copied in
+    and its output copied out on the stream, so peers run as far ahead as the plan lets them."""
+    rows = {}
+    for case, plan, nbytes, dtype in _cases(folder):
+        n = _elements(plan, nbytes, dtype, rank)
+        inputs = [_input(n, dtype, device, rank, call) for call in range(CALLS)]
+        x = inputs[0].clone()
+        comm.execute(plan, x)  # the context (scratch filled with the sentinel) and its first call
+        comm.synchronize()
+        outs = []
+        for call in range(CALLS):
+            x.copy_(inputs[call])
+            outs.append(comm.execute(plan, x).clone())
+        comm.synchronize()
+        wrong = [call for call in range(CALLS) if not sums_to(outs[call], inputs[call])]
+        rows[case] = {"calls": CALLS, "wrong": wrong}
+    return rows
+
+
+def scenario_checked(comm, folder: Path, rank: int, device) -> dict:
+    """CALLS calls on one input buffer, each output checked against NCCL before the next call."""
+    rows = {}
+    for case, plan, nbytes, dtype in _cases(folder):
+        n = _elements(plan, nbytes, dtype, rank)
+        x = _input(n, dtype, device, rank, 0)
+        wrong = []
+        for call in range(CALLS):
+            x.copy_(_input(n, dtype, device, rank, 100 + call))
+            out = comm.execute(plan, x)
+            comm.synchronize()
+            if not sums_to(out, x):
+                wrong.append(call)
+        rows[case] = {"calls": CALLS, "wrong": wrong}
+    return rows
+
+
+def scenario_graph(comm, folder: Path, rank: int, device) -> dict:
+    """GRAPH_CALLS calls captured in one CUDA graph (sharing one context's scratch and device epochs), replayed
+    REPLAYS times on fresh inputs: the copy each call uses comes from the epoch on the device, not the frozen
+    kernel arguments."""
+    import torch
+
+    from schedules.plan.io import load_plan
+    from weft.units import parse_bytes
+
+    rows = {}
+    for method in METHODS:
+        plan = load_plan(folder / f"{method}.json")
+        n = _elements(plan, parse_bytes("64KB"), "bf16", rank)
+        inputs = [_input(n, "bf16", device, rank, call) for call in range(GRAPH_CALLS)]
+        for x in inputs:  # the contexts, outside the capture
+            comm.execute(plan, x)
+        comm.synchronize()
+        stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            outs = [comm.execute(plan, x) for x in inputs]
+        wrong = 0
+        for replay in range(REPLAYS):
+            for k, x in enumerate(inputs):
+                x.copy_(_input(n, "bf16", device, rank, 200 + GRAPH_CALLS * replay + k))
+            torch.cuda.synchronize()
+            graph.replay()
+            comm.synchronize()
+            wrong += sum(not sums_to(out, x) for out, x in zip(outs, inputs, strict=True))
+        rows[method] = {"replays": REPLAYS, "calls": GRAPH_CALLS, "wrong": wrong}
+    return rows
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    from executor.gpu.engine import InterpreterEngine
+
+    rank, _, device, _, out_dir = start_rank(seed=33)
+    folder = Path(os.environ[PLANS_ENV])
+    timeout = float(os.environ.get("WEFT_TEST_TIMEOUT", "30"))
+    comm = InterpreterEngine.from_process_group(timeout_s=timeout)
+    checked = InterpreterEngine.from_process_group(timeout_s=timeout)  # contexts of its own (cached by address)
+    graphs = InterpreterEngine.from_process_group(timeout_s=timeout)
+    run_scenarios(
+        rank,
+        out_dir,
+        {
+            "eager": lambda: scenario_eager(comm, folder, rank, device),
+            "checked": lambda: scenario_checked(checked, folder, rank, device),
+            "graph": lambda: scenario_graph(graphs, folder, rank, device),
+        },
+    )
+    for c in (comm, checked, graphs):
+        c.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
