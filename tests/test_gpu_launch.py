@@ -86,7 +86,9 @@ def test_residency_is_checked_for_the_block_size_of_each_plan(monkeypatch):
     comm._launcher = SimpleNamespace(prepare=lambda function, grid, block, args: (grid, block))
 
     def ctx(blocks: int, threads: int):
-        return SimpleNamespace(tables=SimpleNamespace(nthreadblocks=blocks, threads=threads), vector_bytes=16)
+        return SimpleNamespace(
+            tables=SimpleNamespace(nthreadblocks=blocks, threads=threads, lamport_buffers=0), vector_bytes=16
+        )
 
     assert comm._prepare(ctx(64, 1024), "bf16", (np.int32(0),)) == (64, 1024)
     assert comm._prepare(ctx(256, 512), "bf16", (np.int32(0),)) == (256, 512)

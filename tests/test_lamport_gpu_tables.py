@@ -1,6 +1,6 @@
 """The GPU interpreter's Lamport tables (executor.gpu.lamport, executor.gpu.tables): the opt-in, the rotating scratch,
 the reset shares, the sentinel fill word, and that other protocols' tables are as they were. The kernel itself runs
-only in tests/gpu/test_lamport.py; tests/test_cuda_compile.py builds it."""
+only in tests/gpu/test_lamport_gpu.py; tests/test_cuda_compile.py builds it."""
 
 from dataclasses import replace
 

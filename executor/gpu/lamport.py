@@ -2,7 +2,7 @@
 
 **Experimental.** The kernel code (``executor/gpu/cuda/lamport.cuh``) compiles for sm_90 but has not run on a GPU:
 the interpreter refuses Lamport plans (``executor.gpu.protocols``) unless the environment sets ``WEFT_GPU_LAMPORT=1``
-(tests/gpu/test_lamport.py sets it), until ``pytest -m gpu`` has run it. Other engines and plan selection refuse
+(tests/gpu/test_lamport_gpu.py sets it), until ``pytest -m gpu`` has run it. Other engines and plan selection refuse
 Lamport plans either way.
 
 How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables`` lowers it):
