@@ -18,6 +18,7 @@ import pytest
 
 from schedules.plan import parse_plan
 from schedules.registry import Registry, RegistryError, entry_id
+from schedules.registry_pack import unpack
 from weft.cli import main
 
 ROOT = Path(__file__).parent.parent
@@ -94,7 +95,7 @@ def forge(registry: Path, id: str) -> str:
     """Drop rank 0's reduction from the entry's plan (a wrong all-reduce that still parses) and recompute every
     hash, the id and the index, as someone with write access to a shared registry could."""
     path = registry / "entries" / f"{id}.json"
-    doc = json.loads(path.read_text())
+    doc = unpack(json.loads(path.read_text()), str(path))  # the whole plan (a /1 document, which weft reads too)
     ops = doc["plan"]["gpus"][0]["threadblocks"][0]["ops"]
     assert ops[3]["name"] == "re"
     del ops[3]
