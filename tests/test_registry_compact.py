@@ -7,8 +7,6 @@ before /2 (commit 45e591e), byte for byte."""
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
 import shutil
 import zlib
@@ -26,11 +24,16 @@ OLD = ROOT / "tests" / "fixtures" / "registry_v1"
 H200X2 = "topo-57fe5eed9a547d8b"
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
+@pytest.fixture
+def weft(capsys):
+    """``weft ARGS`` through the CLI's main: (exit code, stdout, stderr)."""
+
+    def call(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        said = capsys.readouterr()
+        return code, said.out, said.err
+
+    return call
 
 
 @pytest.fixture
@@ -66,19 +69,19 @@ def test_the_fixture_is_the_plain_form_of_before():
         assert doc["format"] == PLAIN_FORMAT and doc["plan"]["gpus"] and PACKED_FIELD not in doc
 
 
-def test_a_registry_from_before_still_selects_and_verifies(old):
+def test_a_registry_from_before_still_selects_and_verifies(old, weft):
     reg = Registry(old)
     assert reg.index_problems() == []  # its index rows still describe its plain files
     chosen = reg.select(H200X2, "allreduce", 4096, "bf16")
     assert chosen.entry is not None and chosen.entry.id == "allreduce-2r-e63c895b2030"
-    code, out, _ = run(["registry", "verify", "--registry", str(old)])
+    code, out, _ = weft("registry", "verify", "--registry", str(old))
     assert code == 0 and "2 ok, 0 bad" in out
 
 
-def test_compact_keeps_every_entry_plan_hash_time_and_selection(old):
+def test_compact_keeps_every_entry_plan_hash_time_and_selection(old, weft):
     facts, selections = _facts(old), _selections(old)
     before = sum(p.stat().st_size for p in (old / "entries").glob("*.json"))
-    code, out, err = run(["registry", "compact", "--registry", str(old)])
+    code, out, err = weft("registry", "compact", "--registry", str(old))
     assert code == 0 and err == "" and out.startswith("compacted 2 of 2 entries: entry files ")
     for path in (old / "entries").glob("*.json"):
         doc = json.loads(path.read_text())
@@ -86,7 +89,7 @@ def test_compact_keeps_every_entry_plan_hash_time_and_selection(old):
     assert _facts(old) == facts and _selections(old) == selections
     assert Registry(old).index_problems() == []
     assert sum(p.stat().st_size for p in (old / "entries").glob("*.json")) < 0.7 * before
-    assert run(["registry", "compact", "--registry", str(old)])[1].startswith("compacted 0 of 2 entries")
+    assert weft("registry", "compact", "--registry", str(old))[1].startswith("compacted 0 of 2 entries")
 
 
 def test_any_change_writes_compact_entries(old):
@@ -115,9 +118,9 @@ def test_a_compact_entry_shows_everything_but_the_ops_in_plain_json(old):
         (7, "must be a string"),
     ],
 )
-def test_a_damaged_packed_plan_is_one_line_and_the_other_entries_serve(old, monkeypatch, packed, why):
+def test_a_damaged_packed_plan_is_one_line_and_the_other_entries_serve(old, weft, monkeypatch, packed, why):
     monkeypatch.setattr(registry_pack, "MAX_FILE_BYTES", 4096)  # a zlib bomb, small enough for a test
-    assert run(["registry", "compact", "--registry", str(old)])[0] == 0
+    assert weft("registry", "compact", "--registry", str(old))[0] == 0
     victim = old / "entries" / "reducescatter-2r-713f314aa879.json"
     victim.write_text(json.dumps(json.loads(victim.read_text()) | {PACKED_FIELD: packed}))
     entries, bad = Registry(old).load()
@@ -125,9 +128,9 @@ def test_a_damaged_packed_plan_is_one_line_and_the_other_entries_serve(old, monk
     assert len(bad) == 1 and PACKED_FIELD in bad[0] and why in bad[0] and "\n" not in bad[0]
 
 
-def test_export_writes_compact_entries_that_import_reads(old, tmp_path):
-    assert run(["registry", "export", str(tmp_path / "out"), "--registry", str(old)])[0] == 0
+def test_export_writes_compact_entries_that_import_reads(old, weft, tmp_path):
+    assert weft("registry", "export", str(tmp_path / "out"), "--registry", str(old))[0] == 0
     exported = sorted((tmp_path / "out").glob("*-2r-*.json"))
     assert len(exported) == 2 and all(json.loads(p.read_text())["format"] == PACKED_FORMAT for p in exported)
-    code, out, _ = run(["registry", "import", str(tmp_path / "out"), "--registry", str(tmp_path / "again")])
+    code, out, _ = weft("registry", "import", str(tmp_path / "out"), "--registry", str(tmp_path / "again"))
     assert code == 0 and _facts(tmp_path / "again").keys() == _facts(old).keys()
