@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _load import slowdown as _slowdown
 
 pytestmark = pytest.mark.alone  # signals and deadlines timed: run with the machine to themselves
 
@@ -24,16 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ANSWER_S, EXIT_S = 1.0, 3.0
 # Only a hang may take this long (every wait is bounded); a slow machine is not a hang.
 HANG_S = 180
-
-
-def _slowdown(cpu_s: float = 0.2) -> float:
-    """How many wall seconds a CPU second of one thread takes on this machine right now (1 when idle): spins for
-    ``cpu_s`` of CPU time and divides the wall time it took by it. Other processes on the cores stretch the wall
-    time of the child's work by about this much, so the tests' bounds are in idle seconds times this."""
-    wall, cpu = time.monotonic(), time.process_time()
-    while time.process_time() - cpu < cpu_s:
-        pass
-    return max(1.0, (time.monotonic() - wall) / (time.process_time() - cpu))
 
 
 def _weft(argv: list[str], tmp_path: Path) -> subprocess.Popen:
