@@ -13,3 +13,9 @@ def slowdown(cpu_s: float = 0.2) -> float:
     while time.process_time() - cpu < cpu_s:
         pass
     return max(1.0, (time.monotonic() - wall) / (time.process_time() - cpu))
+
+
+def idle_s(seconds: float) -> float:
+    """``seconds`` of an idle machine as wall seconds here and now: a solver's time limit that an idle machine
+    needs (to find an incumbent, or one good enough to assert on) grows with the load instead of failing under it."""
+    return seconds * slowdown()

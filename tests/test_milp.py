@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _load import slowdown
+from _load import idle_s
 from fabrics import shared_hub_fabric, shared_nic_fabric
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -55,7 +55,7 @@ def test_allgather_at_least_as_fast_as_every_baseline(spec, nbytes):
 
 def test_ndv2_two_nodes_allgather_beats_the_baselines_at_a_coarse_chunking():
     topology = build("ndv2:nodes=2")
-    schedule = milp(topology, "allgather", MB, chunks=1, time_limit=6.0, sketch=Sketch(rank_offset=8))
+    schedule = milp(topology, "allgather", MB, chunks=1, time_limit=idle_s(6.0), sketch=Sketch(rank_offset=8))
     ours = predict_us(schedule, topology, MB)
     assert ours <= best_baseline_us(topology, schedule.collective, MB)
     assert ours >= lower_bound_us(topology, schedule.collective, MB)
@@ -136,7 +136,7 @@ def test_hgx_two_nodes_allreduce_passes_97_percent_of_the_bound(tmp_path, capsys
 def test_reduce_broadcast_objective_is_the_cost_models_price_on_shared_links():
     topology = shared_hub_fabric()
     assert topology.without_switches().sharing
-    schedule = milp(topology, "allreduce", MB, time_limit=4.0)
+    schedule = milp(topology, "allreduce", MB, time_limit=idle_s(4.0))
     assert schedule.meta.options["allreduce_form"] == "reduce-broadcast"
     assert schedule.meta.options["objective_us"] == pytest.approx(predict_us(schedule, topology, MB), rel=1e-5)
 
@@ -211,7 +211,7 @@ def test_no_incumbent_within_the_time_limit_is_unknown():
 
 def test_symmetric_sketch_gives_every_node_the_same_schedule_shifted():
     topology = build("ndv2:nodes=2")
-    schedule = milp(topology, "allgather", MB, time_limit=3.0, sketch=Sketch(rank_offset=8))
+    schedule = milp(topology, "allgather", MB, time_limit=idle_s(3.0), sketch=Sketch(rank_offset=8))
     for step in schedule.steps:
         sends = {(s.chunk, s.src, s.dst) for s in step.sends}
         assert {((c + 8) % 16, (u + 8) % 16, (v + 8) % 16) for c, u, v in sends} == sends
@@ -221,8 +221,7 @@ def test_relays_confine_cross_host_sends():
     topology = build("ndv2:nodes=2")
     # 3 s of an idle machine finds a schedule; under load the solver's share of the cores shrinks, so the limit grows
     # by the slowdown measured now (a whole CI run on 2 cores kept busy found none in 3 s)
-    limit = 3.0 * slowdown()
-    schedule = milp(topology, "allgather", MB, time_limit=limit, sketch=Sketch(relays=(0, 3, 8, 11)))
+    schedule = milp(topology, "allgather", MB, time_limit=idle_s(3.0), sketch=Sketch(relays=(0, 3, 8, 11)))
     cross = {(s.src, s.dst) for step in schedule.steps for s in step.sends if (s.src < 8) != (s.dst < 8)}
     assert cross and all(src in (0, 3, 8, 11) and dst in (0, 3, 8, 11) for src, dst in cross)
 
