@@ -340,4 +340,4 @@ def test_a_model_not_built_by_the_deadline_is_unknown_naming_the_time_limit():
     start = time.monotonic()
     with pytest.raises(Unknown, match="was not built within the time limit of 1 s"):
         solve(build("ring:n=8"), Collective("allgather", 8, 60), MilpOptions(size=1 << 20, time_limit=1, steps=40))
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 1 + idle_s(14)
