@@ -1,7 +1,7 @@
 """Allgather with the MILP synthesizer on multi-node fabrics: predicted time, algbw, % of the cut bound.
 
     python bench/milp_bench.py [--time-limit 120] [--out bench/results/milp_allgather.json]
-    python bench/milp_bench.py --markdown bench/results/milp_allgather.json   # the README table
+    python bench/milp_bench.py --markdown bench/results/milp_allgather.json   # the table in docs/synthesis.md
 
 Each case solves once (CP-SAT, wall-clock time limit) with the solver's defaults, as ``weft synth --method
 milp`` does (the inter-/intra-host split along rails at bandwidth-bound sizes, the symmetry found across

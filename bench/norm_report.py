@@ -1,5 +1,5 @@
-"""The fused all-reduce + residual add + RMSNorm's results (issue 23) as the markdown that README.md and
-bench/NOTES.md carry, generated from the committed tp_decode runs (tests/test_norm_report.py checks README holds
+"""The fused all-reduce + residual add + RMSNorm's results (issue 23) as the markdown that docs/inference.md and
+bench/NOTES.md carry, generated from the committed tp_decode runs (tests/test_norm_report.py checks the docs hold
 exactly this text).
 
     PYTHONPATH=. python bench/norm_report.py bench/results/tp_decode_2xh200_norm_[123].json

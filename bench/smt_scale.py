@@ -1,7 +1,7 @@
 """SMT on 16-GPU fabrics (dgx2, hgx_h100:nodes=2): the Pareto walk within a 300 s deadline, and what it found.
 
     python bench/smt_scale.py [--time-limit 300] [--topologies 'dgx2;hgx_h100:nodes=2'] [-o OUT.json]
-    python bench/smt_scale.py --markdown bench/results/smt_scale.json   # the README table
+    python bench/smt_scale.py --markdown bench/results/smt_scale.json   # the table in docs/synthesis.md
 
 ``wall_s`` also holds what comes before the first instance: the LP bound and the automorphism search
 (dgx2's NVSwitch makes the latter most of its minute). The limit is the walk's deadline (``SmtOptions.time_limit``),

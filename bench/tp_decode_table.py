@@ -1,4 +1,5 @@
-"""The README's tables of examples/tp_decode.py runs, from their JSON (torch is not needed to print them).
+"""The tables of examples/tp_decode.py runs (docs/performance.md, docs/inference.md), from their JSON (torch is
+not needed to print them).
 
 python bench/tp_decode_table.py --markdown bench/results/tp_decode_2xh200.json
 """

@@ -1,7 +1,7 @@
 """Scale benchmark: the exact cut bound and ForestColl-class trees on hgx_h100 from 2 to 128 nodes, and dgx2:nodes=2.
 
     python bench/trees_scale.py [--nodes 2,8,32,128] [--verify-up-to 128] [-o bench/results/trees_scale.json]
-    python bench/trees_scale.py --markdown bench/results/trees_scale.json   # the README table
+    python bench/trees_scale.py --markdown bench/results/trees_scale.json   # the table in docs/synthesis.md
     python bench/trees_scale.py --pipeline 'dgx1;hgx_h100:nodes=2' -o bench/results/trees_scale_pipeline.json
 
 Times each stage (bound, tree packing, the compact pipeline of one wave, pricing its step shapes,

@@ -2,8 +2,9 @@
 
 Layout (a local directory or any fsspec URL)::
 
-    <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself (pretty to one op per line,
-                               sorted keys)
+    <root>/entries/<id>.json   one entry: key, provenance, timings and the plan itself, sorted keys; written as
+                               ``weft.registry-entry/2`` (the plan's ops zlib-compressed, registry/pack.py),
+                               read in that form and as ``/1`` (the plan pretty, one op per line)
     <root>/index.json          a summary of every entry, rebuildable from entries/ at any time
     <root>/baselines.json      NCCL's measured times per topology, collective and size (``weft bench --record``):
                                where NCCL measured faster than the best measured plan, selection picks NCCL
@@ -36,6 +37,7 @@ import fsspec
 from filelock import FileLock, Timeout
 
 from registry.index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
+from registry.pack import PACKED_FORMAT, pack, unpack
 from schedules.collectives import NAMES as COLLECTIVES
 from schedules.plan.io import parse_plan
 from schedules.plan.types import Plan
@@ -43,7 +45,7 @@ from weftcore.errors import CheckFailed, WeftError
 from weftcore.jsonfile import MAX_FILE_BYTES, decode_json, one_line
 from weftcore.jsonfile import short_repr as short
 
-ENTRY_FORMAT = "weft.registry-entry/1"
+ENTRY_FORMAT = "weft.registry-entry/1"  # an entry document whole (``Entry.to_json``); files hold it packed (/2)
 INDEX_FORMAT = "weft.registry-index/1"
 BASELINES_FORMAT = "weft.registry-baselines/1"
 TMP_MARK = ".tmp-"  # a file being written: <name>.tmp-<pid>-<random>, renamed over <name> when whole
@@ -236,6 +238,11 @@ def _pretty(value: object, depth: int) -> str:
         return f"{{\n{items}\n{end}}}"
     items = ",\n".join(pad + _pretty(v, depth + 1) for v in value)
     return f"[\n{items}\n{end}]"
+
+
+def entry_text(entry: Entry) -> str:
+    """An entry's file as weft writes it: ``weft.registry-entry/2``, the plan's ops packed (registry_pack)."""
+    return dumps(pack(entry.to_json()))
 
 
 LOCK_WAIT_S = 120  # another writer's commit (proofs run before the lock, so a holder only writes files)
@@ -531,7 +538,7 @@ class Registry:
     # ---- writing: every file is checked by the reader that reads it back, all before the first is written --------
     def _entry_text(self, entry: Entry) -> tuple[str, str]:
         path = self.entry_path(entry.id)
-        text = dumps(entry.to_json())
+        text = entry_text(entry)
         parse_entry(decode_json(text, "registry entry", path, RegistryError), path, entry.id)
         return path, text
 
@@ -660,6 +667,21 @@ class Registry:
             self.fs.rm(path)
             self._write_all([index])
 
+    def compact(self) -> Compaction:
+        """Rewrite every readable entry file not already as weft writes it (``entry_text``: /1 files become /2),
+        and their index rows, all checked by the reader before the first file is written. An entry keeps its id,
+        plan, provenance and timings: only its file's form changes. Unreadable entries are left as they are."""
+        with self._locked():
+            found, bad = self._load_with_text()
+            stale = [(e, data) for e, data in found if data != entry_text(e).encode()]
+            files = [self._entry_text(e) for e, _ in stale]
+            if files:
+                files.append(self._index_text(add=[(e, text) for (e, _), (_, text) in zip(stale, files, strict=True)]))
+                self._write_all(files)
+        before = sum(len(data) for _, data in found)
+        after = before + sum(len(text.encode()) - len(data) for (_, data), (_, text) in zip(stale, files, strict=False))
+        return Compaction(len(found), len(stale), before, after, bad)
+
     def rebuild_index(self) -> tuple[dict[str, Any], list[str]]:
         """index.json made afresh from the entry files, and the orphaned temporary files removed (under the lock,
         no writer is between its write and its rename); the lines name the entries left out as unreadable."""
@@ -779,6 +801,18 @@ def _replaceable(registry: Registry, path: str) -> None:
             f"registry {registry.location}: {_stem(path)}.json: not a regular file; move it away "
             "(`weft registry rebuild-index` then makes it afresh)"
         )
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What ``Registry.compact`` did: readable entries, how many it rewrote, their files' bytes before and after,
+    and one line per entry file left out as unreadable."""
+
+    entries: int
+    rewritten: int
+    bytes_before: int
+    bytes_after: int
+    bad: list[str]
 
 
 @dataclass
@@ -1006,8 +1040,10 @@ def _check_key(key: EntryKey, plan: Plan, source: str) -> None:
 
 def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Entry:
     """An entry document, checked in full; ``expected_id``: the id its file name gives (they must agree)."""
+    if isinstance(doc, dict):
+        doc = unpack(doc, source)  # a /2 file's plan, whole again (a /1 document as it is)
     if not isinstance(doc, dict) or doc.get("format") != ENTRY_FORMAT:
-        raise _fail(source, "format", f"must be {ENTRY_FORMAT!r}")
+        raise _fail(source, "format", f"must be {PACKED_FORMAT!r} or {ENTRY_FORMAT!r}")
     entry_id_ = doc.get("id")
     if not isinstance(entry_id_, str) or not ID_PATTERN.fullmatch(entry_id_):
         raise _fail(source, "id", f"must be an entry id (letters, digits, '.', '_', '-'), got {short(entry_id_)}")

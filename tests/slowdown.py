@@ -41,3 +41,9 @@ class Sampled:
         self._stop.set()
         self._thread.join()
         return self.factor()
+
+
+def idle_s(seconds: float) -> float:
+    """``seconds`` of an idle machine as wall seconds here and now: a solver's time limit that an idle machine
+    needs (to find an incumbent, or one good enough to assert on) grows with the load instead of failing under it."""
+    return seconds * slowdown()

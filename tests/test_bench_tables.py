@@ -1,4 +1,4 @@
-"""The README's performance tables are generated from the committed results, never typed by hand."""
+"""The performance tables of the README and docs/ are generated from the committed results, never typed by hand."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _docs import docs_text
 
 from weft.cli import main
 from weft.plots import bench_table
@@ -15,7 +16,7 @@ from weft.results import ResultsError
 
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "bench" / "results"
-IN_README = [
+IN_DOCS = [
     "gpu_allreduce_bf16_graph_2xh200.json",
     "gpu_reducescatter_bf16_graph_2xh200.json",
     "gpu_allgather_bf16_graph_2xh200.json",
@@ -27,9 +28,9 @@ IN_README = [
 ]
 
 
-@pytest.mark.parametrize("name", IN_README)
-def test_the_readme_holds_the_generated_table(name):
-    assert bench_table(RESULTS / name) in (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("name", IN_DOCS)
+def test_the_docs_hold_the_generated_table(name):
+    assert bench_table(RESULTS / name) in docs_text()
 
 
 def test_a_row_shows_every_implementation_and_marks_the_fastest(tmp_path):
@@ -85,8 +86,8 @@ def test_a_row_names_the_best_peer_timed_and_counts_every_peers_wrong_results(tm
 
 
 def test_weft_plot_bench_markdown_prints_it(capsys):
-    assert main(["plot", "bench", str(RESULTS / IN_README[0]), "--markdown"]) == 0
-    assert capsys.readouterr().out == bench_table(RESULTS / IN_README[0])
+    assert main(["plot", "bench", str(RESULTS / IN_DOCS[0]), "--markdown"]) == 0
+    assert capsys.readouterr().out == bench_table(RESULTS / IN_DOCS[0])
 
 
 def test_a_file_without_rows_is_refused_naming_the_field(tmp_path):

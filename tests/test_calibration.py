@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _docs import docs_text
 
 from schedules.calibration import CALIBRATIONS, TOLERANCE, Calibration, fit, load_calibration
 from topologies import resolve
@@ -54,7 +55,7 @@ def test_predictions_on_a_measured_fabric_stay_within_tolerance_at_every_size(sp
 
 
 def test_the_readme_states_the_committed_fits_residuals():
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = docs_text()
     for spec, machine in zip(MEASURED, ("2×H200", "4×H200"), strict=True):
         r = _committed(spec).residuals()
         assert f"{machine}, {r['within_tolerance']} of {r['points']}" in readme, spec
@@ -156,9 +157,9 @@ def test_after_tune_on_a_measured_fabric_4kb_is_no_longer_predicted_impossibly_f
     fastest_measured = 3.75  # bench/results/gpu_allreduce_bf16_graph_2xh200.json at 4 KB
     assert chosen["basis"] == "predicted" and chosen["time_us"] >= fastest_measured / TOLERANCE
     assert chosen["prediction"].startswith("calibrated")
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = docs_text()
     said = re.search(r"`select --size 4KB`\s+predicts ([\d.]+) µs for `simple-x128-t256-2s`", readme)
-    assert said and f"{chosen['time_us']:.1f}" == said[1]  # the README says what select says
+    assert said and f"{chosen['time_us']:.1f}" == said[1]  # docs/synthesis.md says what select says
 
 
 def test_a_prediction_on_a_fabric_never_measured_says_so(registry, capsys):

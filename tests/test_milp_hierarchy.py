@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from slowdown import idle_s
 
 from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
@@ -74,7 +75,8 @@ def test_only_gpus_with_a_nic_of_their_own_get_a_second_rail(spec, offsets):
 def test_hgx_two_nodes_allgather_crosses_hosts_along_both_rails_past_the_one_rail_optimum():
     # one rail per GPU: the NVSwitch port takes 14 of 15 slices, 96.4% of the bound at best
     topology = build("hgx_h100:nodes=2")
-    schedule = solve(topology, Collective("allgather", 16, 4), MilpOptions(size=GB, time_limit=4, workers=2))
+    options = MilpOptions(size=GB, time_limit=idle_s(4.0), workers=2)  # the 97% needs 4 s of an idle machine
+    schedule = solve(topology, Collective("allgather", 16, 4), options)
     require_valid(schedule, topology)
     cross = {
         (local(topology, s.dst) - local(topology, s.src)) % 8

@@ -4,7 +4,7 @@ Every plan parses or is refused in one line: for switch (NVLS) channels, or for 
 with its two offsets swapped. Every collective plan (``sendrecv`` included: each rank's input to the next rank) is
 correct on the CPU reference executor, or fails its check for a named reason; MSCCL++'s unit-test plans (collective
 "test": one op each, no result defined) run clean or fail for a named reason. The port engine's programs of the
-multi-node plans compute their collectives. The README's counts are this file's numbers, the GPU counts those of
+multi-node plans compute their collectives. docs/formats.md's counts are this file's numbers, the GPU counts those of
 the committed results."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _docs import docs_text
 
 from executor.errors import ExecutorError
 from executor.gpu.tables import build_tables, tbg_window
@@ -30,7 +31,6 @@ from weftcore.errors import CheckFailed
 
 ROOT = Path(__file__).parent
 CORPUS = ROOT / "fixtures" / "mscclpp"
-README = ROOT.parent / "README.md"
 RESULTS = ROOT.parent / "bench" / "results"
 
 # the unit-test plans that fail the CPU check, each for its reason (MSCCL++ says they may not run on its executor)
@@ -153,7 +153,7 @@ def test_counts_are_the_readmes():
         "unit-test plans failing the CPU check": unit,
     }
     assert counts == COUNTS
-    text = README.read_text()
+    text = docs_text()
     for what, n in counts.items():
         assert f"| {what} | {n} |" in text
 
@@ -173,7 +173,7 @@ def test_gpu_counts_are_the_committed_results():
     for n in ("4", "8"):
         assert one[n]["failed"] == [] and set(one[n]["exit_codes"]) == {0} and one[n]["cases"] >= len(one[n]["plans"])
         assert set(one[n]["plans"]) == {p for p in verified if p.startswith("single_node") and _gpus(p) == int(n)}
-    text = README.read_text()
+    text = docs_text()
     assert f"| 2-rank plans correct against NCCL on 2×H200 | {len(plans)} |" in text
     assert (
         f"| 4- and 8-rank plans correct on the one-GPU path | {len(one['4']['plans']) + len(one['8']['plans'])} |"
@@ -203,7 +203,7 @@ def test_multi_node_gpu_counts_are_the_committed_results():
     }
     run = doc["weft_run_check"]["lines"]  # `weft run --check`: the CLI's path, NCCL's sendrecv by send and receive
     assert len(run) == 2 and all(line.endswith("check against NCCL: ok") for line in run)
-    text = README.read_text()
+    text = docs_text()
     assert f"| 4-rank multi-node plans correct against NCCL on 4×H200 as 2 hosts × 2 GPUs | {len(ran)} |" in text
     assert "| 2-rank sendrecv plan correct against NCCL on 2×H200 | 1 |" in text
 

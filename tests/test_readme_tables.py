@@ -1,5 +1,6 @@
-"""The README's result tables are generated from bench/results and stay so: each sits between markers naming
-the command that prints it (bench/readme_tables.py rewrites them), and here each must equal that command's output."""
+"""The result tables of the README and docs/*.md are generated from bench/results and stay so: each sits between
+markers naming the command that prints it (bench/readme_tables.py rewrites them), and here each must equal that
+command's output."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _tool():
@@ -21,37 +21,40 @@ def _tool():
 
 
 TABLES = _tool()
-BLOCKS = TABLES.blocks(README)
+PAGES = {page.relative_to(ROOT).as_posix(): page.read_text(encoding="utf-8") for page in TABLES.DOCS}
+BLOCKS = [(name, command, table) for name, text in PAGES.items() for command, table in TABLES.blocks(text)]
 
 
 def test_every_results_table_is_generated():
-    assert len(BLOCKS) >= 11
-    generated = "".join(table for _, table in BLOCKS)
-    for header in (
-        "| size | NCCL µs |",
-        "| topology | collective | wall (s) of limit |",
-        "| topology | size | milp",
-        "| topology | GPUs | bound + trees",
-        "| batch | step, NCCL → weft /",
-    ):
-        assert README.count(header) == generated.count(header) > 0, header  # none typed outside the markers
+    assert len(BLOCKS) >= 19  # the 17 tables of the README before docs/ (2026-11-27), and the README's 2 copies
+    assert "README.md" in {name for name, _, _ in BLOCKS} and "docs/performance.md" in {name for name, _, _ in BLOCKS}
+    for name, text in PAGES.items():
+        generated = "".join(table for page, _, table in BLOCKS if page == name)
+        for header in (
+            "| size | NCCL µs |",
+            "| topology | collective | wall (s) of limit |",
+            "| topology | size | milp",
+            "| topology | GPUs | bound + trees",
+            "| batch | step, NCCL → weft /",
+        ):
+            assert text.count(header) == generated.count(header), (name, header)  # none typed outside the markers
 
 
-@pytest.mark.parametrize("command,table", BLOCKS, ids=[command for command, _ in BLOCKS])
-def test_the_readme_table_is_its_commands_output(command, table):
-    assert TABLES.run(command) == table, f"README.md is stale: run `python bench/readme_tables.py` ({command})"
+@pytest.mark.parametrize("page,command,table", BLOCKS, ids=[f"{page}: {command}" for page, command, _ in BLOCKS])
+def test_the_table_is_its_commands_output(page, command, table):
+    assert TABLES.run(command) == table, f"{page} is stale: run `python bench/readme_tables.py` ({command})"
 
 
 def test_every_table_names_a_committed_results_file():
-    for command, _ in BLOCKS:
+    for _, command, _ in BLOCKS:
         files = [w for w in command.split() if w.startswith("bench/results/")]
         assert files and all((ROOT / f).is_file() for f in files), command
 
 
 def test_regenerating_restores_a_table_edited_by_hand():
-    command, table = BLOCKS[0]
-    text = TABLES.regenerate(README.replace(table, "| stale |\n", 1))
-    assert text == README
+    page, _, table = BLOCKS[-1]
+    text = TABLES.regenerate(PAGES[page].replace(table, "| stale |\n", 1))
+    assert text == PAGES[page]
 
 
 RESULTS = ROOT / "bench" / "results"
@@ -66,7 +69,7 @@ def test_every_results_file_is_named_where_it_is_used_and_every_link_resolves():
     named = "".join(
         p.read_text(encoding="utf-8")
         for p in [
-            ROOT / "README.md",
+            *TABLES.DOCS,
             ROOT / "bench" / "NOTES.md",
             *ROOT.glob("bench/*.py"),
             *ROOT.glob("tests/*.py"),
@@ -79,5 +82,6 @@ def test_every_results_file_is_named_where_it_is_used_and_every_link_resolves():
         if p.name not in named and not (p.suffix == ".png" and p.with_suffix(".json").exists())
     ]
     assert orphans == []
-    for link in re.findall(r"\]\((bench/results/[^)#]+)\)", README):
-        assert (ROOT / link).exists(), link
+    for name, text in PAGES.items():
+        for link in re.findall(r"\]\(((?:\.\./)?bench/results/[^)#]+)\)", text):
+            assert ((ROOT / name).parent / link).exists(), (name, link)

@@ -1,4 +1,5 @@
-"""The README's CLI tour runs as written: every line of its code block, in order, in an empty folder.
+"""The README's CLI tour runs as written: every line of its code block, in order, in an empty folder (and so would
+a '## CLI tour' section of a page under docs/, after the README's).
 
 Each line is one test (its id is the line), so a README line that stops working fails by name. The tour runs
 once per session through ``weft.cli.main`` in this process (an interpreter per line would cost half a second
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _docs import DOCS
 
 from weft.cli import main
 
@@ -32,9 +34,10 @@ def gpus_needed(line: str) -> int:
     return 0 if mark is None else 2 if mark.group(1) == "GPUs" else 1
 
 
-def tour_lines(readme: str) -> list[str]:
-    """The command lines of the code blocks under '## CLI tour' (comment-only and blank lines left out)."""
-    section = readme.split("\n## CLI tour\n", 1)[1].split("\n## ", 1)[0]
+def tour_lines(page: str) -> list[str]:
+    """The command lines of the code blocks under '## CLI tour' (comment-only and blank lines left out); none where
+    the page has no such section."""
+    section = page.split("\n## CLI tour\n", 1)[1].split("\n## ", 1)[0] if "\n## CLI tour\n" in page else ""
     blocks = re.findall(r"^```sh\n(.*?)^```$", section, re.S | re.M)
     return [
         line.strip()
@@ -44,7 +47,7 @@ def tour_lines(readme: str) -> list[str]:
     ]
 
 
-LINES = tour_lines((ROOT / "README.md").read_text(encoding="utf-8"))
+LINES = [line for page in DOCS for line in tour_lines(page.read_text(encoding="utf-8"))]
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,10 @@ def test_missing_final_wait_leaves_an_output_unordered():
 
 def test_wait_without_signal_deadlocks_quickly_and_names_the_waiter():
     plan = parse_plan(_edit("allpairs_allreduce_2.json", lambda d: _ops(d, 1).pop(1)), "nosignal.json")
-    started = time.perf_counter()
+    started = time.process_time()  # the executor's own work: other processes on the cores do not count
     with pytest.raises(PlanDeadlock) as e:
         check_plan(plan, [8], ("fp32",))
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     # counting semaphores: the first wait consumes the second signal, so the last wait is the one left
     assert "rank 0 threadblock 0 op 6 (wait) waits on channel 0 from rank 1" in str(e.value)
 

@@ -107,9 +107,10 @@ def tampered_plan(tmp_path) -> dict:
         (
             '{"format": 7}',
             2,
-            "registry import {}: format: must be 'weft.registry-entry/1' (an exported entry) or absent",
+            "registry import {}: format: must be 'weft.registry-entry/2' or 'weft.registry-entry/1' "
+            "(an exported entry) or absent",
         ),
-        ('{"format": ["weft.registry-entry/1"]}', 2, "registry import {}: format: must be 'weft.registry-entry/1'"),
+        ('{"format": ["weft.registry-entry/1"]}', 2, "registry import {}: format: must be 'weft.registry-entry/2'"),
         ("[1]", 2, "plan {}: (top level): must be an object"),
         ("{", 2, "registry import {}: not valid JSON"),
     ],

@@ -178,6 +178,7 @@ LEAF = st.one_of(
             "topo-00000000000000ab",
             TOPO,
             "weft.registry-entry/1",
+            "weft.registry-entry/2",
             "weft.registry-index/1",
             "weft.registry-baselines/1",
         ]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from registry.pack import unpack
 from registry.store import Registry, RegistryError, entry_id
 from schedules.collectives import Collective
 from schedules.plan.io import parse_plan
@@ -95,7 +96,7 @@ def forge(registry: Path, id: str, op: str = "re") -> str:
     """Drop rank 0's first ``op`` from the entry's plan (its reduction: a wrong all-reduce that still parses) and
     recompute every hash, the id and the index, as someone with write access to a shared registry could."""
     path = registry / "entries" / f"{id}.json"
-    doc = json.loads(path.read_text())
+    doc = unpack(json.loads(path.read_text()), str(path))  # the whole plan (a /1 document, which weft reads too)
     ops = next(b["ops"] for b in doc["plan"]["gpus"][0]["threadblocks"] if any(o["name"] == op for o in b["ops"]))
     del ops[next(i for i, o in enumerate(ops) if o["name"] == op)]
     del doc["plan"]["weft"]["hash"]

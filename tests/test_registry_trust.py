@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from registry.pack import unpack
 from weft.cli import main
 
 ROOT = Path(__file__).parent.parent
@@ -86,6 +87,11 @@ def entry_file(registry: Path, collective: str) -> Path:
     return next(p for p in sorted((registry / "entries").glob(f"{collective}-*.json")))
 
 
+def plan_of(entry: Path) -> dict:
+    """The whole plan an entry file holds (a compact /2 entry packs its ops)."""
+    return unpack(json.loads(entry.read_text()), str(entry))["plan"]
+
+
 # ---- 1. record checks every write with the reader, and a failing record writes nothing ------------------------
 def results_with(tmp_path: Path, change) -> Path:
     doc = json.loads(RESULTS.read_text())
@@ -138,7 +144,7 @@ def test_a_good_record_keeps_every_entry_readable(tmp_path):
 
 
 def test_a_plan_with_a_zero_prediction_commits_nothing(registry, tmp_path):
-    doc = json.loads(entry_file(registry, "allgather").read_text())["plan"]
+    doc = plan_of(entry_file(registry, "allgather"))
     doc["weft"]["predicted_us"] = {"1KB": 0}
     doc["name"] = "renamed"  # a plan not yet in the registry
     doc["weft"].pop("verification", None)
@@ -268,7 +274,7 @@ def test_a_damaged_index_never_crashes_commit_after_it_wrote_the_entry(registry,
     """commit writes the entry and a fresh index, or nothing: the index is never left stale beside a new entry."""
     victim = entry_file(registry, "allgather")
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(json.loads(victim.read_text())["plan"]))
+    plan.write_text(json.dumps(plan_of(victim)))
     victim.unlink()
     (registry / "index.json").write_text(damage)
     code, out, err = run(["registry", "commit", str(plan), "--registry", str(registry)])
@@ -372,7 +378,7 @@ def test_the_executor_asks_the_plan_itself_before_it_runs_a_call(committed_copy,
 )
 @pytest.mark.parametrize("command", [["verify"], ["registry", "commit"]])
 def test_a_plan_field_compile_never_makes_is_refused_in_one_line(registry, tmp_path, field, value, message, command):
-    doc = json.loads(entry_file(registry, "allgather").read_text())["plan"]
+    doc = plan_of(entry_file(registry, "allgather"))
     doc[field] = value
     doc["name"] = "edited"
     doc["weft"].pop("hash", None)  # an editor who knows to drop the stated hash

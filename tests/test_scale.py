@@ -228,10 +228,11 @@ def test_a_ring_with_one_slower_link_takes_the_max_flow_path():
 
 def test_a_100000_rank_ring_file_through_synthesis_refuses_in_one_line(ring100k, tmp_path):
     """The ring refuses at once: (N-1)N sends are past what this machine expands; trees and the MILP refuse
-    from the memory they would need, before the file is solved."""
+    from the memory they would need, before the file is solved (the limit only guards: reading the 100,000-rank
+    file took 7.2 s of a 5 s limit on 2 cores kept busy)."""
     for argv, code, needle in (
         (
-            ["synth", "allgather", "-t", str(ring100k), "--method", "trees", "--time-limit", "5"],
+            ["synth", "allgather", "-t", str(ring100k), "--method", "trees", "--time-limit", "60"],
             2,
             "more than the budget",
         ),

@@ -8,6 +8,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slowdown import idle_s
 
 from schedules.collectives import NAMES, Collective
 from schedules.verify import require_valid, verify
@@ -271,7 +272,8 @@ def _solver_limit(err: str) -> float:
 def test_an_encoding_too_large_to_write_down_in_time_is_refused_naming_the_options(argv, capsys):
     """Writing the formula down takes about 0.3 ms a send variable before z3 starts, so these would outlast any
     time limit (they ran for minutes): refused at once, in one line."""
-    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", *argv, "--time-limit", "3"]) == 2
+    # the limit only guards: the refusal comes before any writing (a 3 s limit can run out first on a loaded machine)
+    assert main(["synth", "allgather", "-t", "ring:n=4", "--method", "smt", *argv, "--time-limit", "60"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "possible sends, more than the SMT encoding's 500000" in err
     assert "use fewer --chunks or --steps" in err
@@ -284,4 +286,4 @@ def test_a_formula_not_written_by_its_deadline_is_unknown_within_the_time_limit(
     start = time.monotonic()
     with pytest.raises(Unknown, match="no answer within the time limit"):
         smt.solve(build("ring:n=4"), Collective("allgather", 4), smt.SmtOptions(steps=10000, time_limit=2, workers=1))
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 2 + idle_s(8)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from executor.reference import proofs
+from registry.pack import PACKED_FORMAT
 from registry.store import (
     BASELINES_FORMAT,
     ENTRY_FORMAT,
@@ -234,7 +235,7 @@ def export_directory(directory: str, location: str | None) -> tuple[int, list[st
     nothing outside it: the names come from the entries' own file names, which the registry checked.
     Returns how many entries were written, one line per entry left out as unreadable, and a warning where
     baselines.json is damaged (left out: it is advisory and never costs the entries)."""
-    from registry.store import ID_PATTERN, dumps
+    from registry.store import ID_PATTERN, dumps, entry_text
     from weftcore.jsonfile import make_directory, write_text
 
     registry = Registry(location)
@@ -246,7 +247,7 @@ def export_directory(directory: str, location: str | None) -> tuple[int, list[st
         target = out / f"{e.id}.json"
         if not ID_PATTERN.fullmatch(e.id) or target.parent != out:
             raise RegistryError(f"registry export {out}: entry id {e.id!r}: not a file name in the folder")
-        files.append((target, dumps(e.to_json())))
+        files.append((target, entry_text(e)))
     if baselines["nccl_us"]:
         files.append((out / "baselines.json", dumps(baselines)))
     for target, text in files:
@@ -258,9 +259,9 @@ def _import_doc(doc: object, path: Path) -> tuple[Plan, str | None, Entry | None
     """The plan in an exported registry entry (with its topology and the entry) or in a plan file (naming its own)."""
     if not isinstance(doc, dict) or "format" not in doc:  # plan files (MSCCL++'s layout) carry no format
         return parse_plan(doc, str(path)), None, None
-    if doc["format"] != ENTRY_FORMAT:
+    if doc["format"] not in (ENTRY_FORMAT, PACKED_FORMAT):
         raise RegistryError(
-            f"registry import {path}: format: must be {ENTRY_FORMAT!r} (an exported entry) or "
+            f"registry import {path}: format: must be {PACKED_FORMAT!r} or {ENTRY_FORMAT!r} (an exported entry) or "
             f"absent (a plan file), got {short_repr(doc['format'])}"
         )
     old = parse_entry(doc, str(path), path.stem)

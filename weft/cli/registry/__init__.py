@@ -1,4 +1,4 @@
-"""``weft registry commit|list|show|select|remove|verify|export|import|rebuild-index``."""
+"""``weft registry commit|list|show|select|remove|verify|export|import|record|rebuild-index|compact``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     q.add_argument("results", nargs="+", help="JSON written by `weft bench` (bench/results/...)")
     cmd("rebuild-index", "rebuild index.json from the entry files (exit 1 naming any left out as unreadable)", _rebuild)
+    cmd(
+        "compact",
+        "rewrite entry files of the older, plain form (weft.registry-entry/1) in the compact form weft writes "
+        "(/2: the plan's ops compressed); ids, plans and timings stay (exit 1 naming any entry left as unreadable)",
+        _compact,
+    )
 
 
 def _registry(args: argparse.Namespace):
@@ -437,3 +443,15 @@ def _rebuild(args: argparse.Namespace) -> int:
         + (f", {len(bad)} unreadable left out" if bad else "")
     )
     return 1 if bad else 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    done = _registry(args).compact()
+    for line in done.bad:
+        print(f"weft: warning: left as it is: {line}", file=sys.stderr)
+    print(
+        f"compacted {done.rewritten} of {counted(done.entries, 'entry', 'entries')}: entry files "
+        f"{done.bytes_before / 1e6:.2f} MB -> {done.bytes_after / 1e6:.2f} MB"
+        + (f", {len(done.bad)} unreadable left as they are" if done.bad else "")
+    )
+    return 1 if done.bad else 0

@@ -142,7 +142,7 @@ def sweep(
     """Every size's schedules, ``--jobs`` instances at a time in a process pool (one size: in this process).
 
     The instances share nothing but their inputs, so the same jobs could go to a cluster scheduler unchanged
-    (README: "Sweeps on a cluster").
+    (docs/synthesis.md: "Sweeps on a cluster").
     """
     jobs = [(args, topology, collective, size) for size in sizes]
     if args.jobs <= 1 or len(jobs) == 1:
