@@ -153,6 +153,7 @@ def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode
     assert all(safe_back_to_back(e.plan) for e in choice.entries)
 
 
+@pytest.mark.slow  # re-proves every committed plan on the reference executor: the slow tier (issue 35)
 @pytest.mark.parametrize("name", ["registry_h200x2", "registry_h200x4"])
 @pytest.mark.usefixtures("prove_once")  # the run proves each committed plan once (test_registry_roundtrip too)
 def test_every_entry_of_the_committed_registries_verifies(name):

@@ -25,6 +25,9 @@ from registry.store import Registry
 from schedules.plan.io import parse_plan
 from weft.cli import main
 
+# the registry fuzz (about 40 s of CPU) runs in the slow tier, after the fast one (issue 35)
+pytestmark = pytest.mark.slow
+
 TOPO = "topo-00000000000000aa"
 HANG_S = 30  # the oracle's bound on one command (issue 39: 0 hangs over 30 s)
 RANGES = {"a": (4, 4096, 1024), "b": (8192, 1 << 20, 65536), "c": (2 << 20, (1 << 64) - 1, 4 << 20)}

@@ -70,6 +70,7 @@ def test_the_inference_choice_falls_back_to_nccl_with_the_reason(tmp_path):
     )
 
 
+@pytest.mark.slow  # reads and selects over every committed entry: the slow tier (issue 35)
 def test_the_committed_registries_run_nccl_only_where_it_measured_faster():
     """4×H200 (bench/results/*_4xh200.json, 2026-11-26): NCCL's ring measured faster than every plan at 16 MB only
     (99.3 µs against 100.0), so the job runs NCCL there; from 64 MB the ring x128 plan wins. On 2×H200 weft

@@ -12,6 +12,8 @@ import pytest
 from registry.store import Entry, Registry
 from weft.cli import main
 
+pytestmark = pytest.mark.slow  # every committed entry round-tripped: the slow tier, after the fast one (issue 35)
+
 COMMITTED = Path(__file__).parent.parent / "bench" / "registry_h200x2"
 H200X2 = "hgx_h200:gpus=2"
 SIZES = ("1KB", "4KB", "64KB", "1MB", "4MB", "64MB", "1GB")
