@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 34's "no behaviour or speed change" A/B, in one device call, from the repository root with $OUT set:
+#
+#   here:    mkdir -p .carry_base && git archive --format=tar.gz BASE -o .carry_base/base.tgz   (carry .carry_base)
+#   device:  GPUS=0,1 bash bench/house_ab.sh
+#
+# On the 2 GPUs named by GPUS, the all-reduce bench (1 KB-256 MB, bf16, graph replay, the committed 2-GPU registry's
+# plans, nothing recorded) runs base, this tree, this tree, base (ABBA, so a drift over the call lands on both sides
+# alike), then examples/tp_decode.py base then this tree. Each side runs from its own tree with its own registry and
+# kernel cache. bench/ab_compare.py prints the ratio this tree / base at every size and batch.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export CUDA_VISIBLE_DEVICES=${GPUS:-0,1}
+HERE=$PWD
+BASE=/tmp/weft-base
+rm -rf "$BASE" && mkdir -p "$BASE" && tar -xzf .carry_base/base.tgz -C "$BASE" || exit 2
+LOG="$OUT/log_ab.txt"
+S=${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB}
+step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+tree() { [ "$1" = base ] && echo "$BASE" || echo "$HERE"; }
+bench() {  # side, index
+  local t
+  t=$(tree "$1")
+  step "bench allreduce, side $1 ($2)"
+  (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 PYTHONPATH="$t" timeout -k 5 "${BENCH_S:-110}" \
+    python3 -c 'from weft.cli import run; run()' bench allreduce --nproc 2 --plans registry \
+    --registry bench/registry_h200x2 --sizes "$S" --samples 6 --calls 10 --timeout 5 --peers none \
+    -o "$OUT/ab_allreduce_$2_$1.json" >>"$LOG" 2>&1)
+  echo "rc=$?" | tee -a "$LOG"
+}
+decode() {  # side, index
+  local t
+  t=$(tree "$1")
+  step "tp_decode, side $1 ($2)"
+  (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 WEFT_REGISTRY=bench/registry_h200x2 PYTHONPATH="$t" \
+    timeout -k 5 "${DECODE_S:-150}" python3 -m torch.distributed.run --nproc-per-node 2 examples/tp_decode.py \
+    --batch 1,4,16,64 --iters "${ITERS:-50}" --json "$OUT/ab_decode_$2_$1.json" >>"$LOG" 2>&1)
+  echo "rc=$?" | tee -a "$LOG"
+}
+bench base 1
+bench new 2
+bench new 3
+bench base 4
+decode base 5
+decode new 6
+step "compare"
+python3 bench/ab_compare.py "$OUT" | tee -a "$LOG"
