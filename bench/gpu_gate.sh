@@ -8,25 +8,21 @@
 #
 # gpu:   `python -m pytest -m gpu` over the whole suite at NPROC ranks (WEFT_GPU_NPROC) on the GPUs named by GPUS;
 #        the log is $OUT/gpu_tests_x<NPROC>.txt
+# a2a:   tests/gpu/test_alltoall.py alone, with its ranks' output, and their stacks if it outlives A2A_S
 # tour:  tests/test_readme_tour.py, the README's CLI tour from an empty folder, GPU lines included (it needs 2 GPUs);
 #        the log is $OUT/tour_gpu.txt
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export CUDA_VISIBLE_DEVICES=${GPUS:-0,1} WEFT_GPU_NPROC=${NPROC:-2}
-SITE=/tmp/weft-solvers
-if [ ! -d "$SITE/z3" ]; then
-  mkdir -p "$SITE" && tar -xJf .carry_solvers/solvers.tar.xz -C "$SITE" || exit 2
-  python3 -m zipfile -e .carry_solvers/platformdirs-*.whl "$SITE" || exit 2
-fi
-export PYTHONPATH="$PWD:$SITE"
+. bench/device_env.sh
+export CUDA_VISIBLE_DEVICES=${GPUS:-0,1} WEFT_GPU_NPROC=${NPROC:-2} PYTHONPATH="$PWD:$WEFT_SITE"
 LOG="$OUT/log_gate_${NPROC:-2}.txt"
 step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 for s in ${STEPS:-gpu tour}; do
   case $s in
     gpu)
       step "pytest -m gpu (whole suite) at $WEFT_GPU_NPROC ranks on GPUs $CUDA_VISIBLE_DEVICES"
-      timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
-        >"$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" 2>&1
+      # -v: a line a test as it ends; pytest-timeout (in the image) ends a test that outlives TEST_S
+      timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
+        --timeout "${TEST_S:-200}" --timeout-method signal ${PYTEST_ARGS:-} >"$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" 2>&1
       echo "rc=$?" | tee -a "$LOG"
       tail -n 4 "$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG" ;;
     tour)
@@ -36,6 +32,14 @@ for s in ${STEPS:-gpu tour}; do
         tests/test_readme_tour.py >>"$OUT/tour_gpu.txt" 2>&1
       echo "rc=$?" | tee -a "$LOG"
       tail -n 3 "$OUT/tour_gpu.txt" | tee -a "$LOG" ;;
+    a2a)  # tests/gpu/test_alltoall.py alone, its ranks' output shown; past A2A_S their stacks are dumped (SIGABRT)
+      step "tests/gpu/test_alltoall.py alone at $WEFT_GPU_NPROC ranks on GPUs $CUDA_VISIBLE_DEVICES"
+      PYTHONFAULTHANDLER=1 timeout -k 5 "${A2A_S:-100}" python3 -m pytest -m gpu -v -s -rfE --tb=short \
+        -p no:cacheprovider tests/gpu/test_alltoall.py >"$OUT/a2a_x$WEFT_GPU_NPROC.txt" 2>&1
+      rc=$?
+      echo "rc=$rc" | tee -a "$LOG"
+      if [ $rc = 124 ]; then pkill -ABRT -f "gpu/test_alltoall.py"; sleep 3; fi
+      tail -n 5 "$OUT/a2a_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG" ;;
   esac
 done
 step "done"

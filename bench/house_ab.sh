@@ -9,7 +9,7 @@
 # alike), then examples/tp_decode.py base then this tree. Each side runs from its own tree with its own registry and
 # kernel cache. bench/ab_compare.py prints the ratio this tree / base at every size and batch.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. bench/device_env.sh
 export CUDA_VISIBLE_DEVICES=${GPUS:-0,1}
 HERE=$PWD
 BASE=/tmp/weft-base
@@ -22,7 +22,7 @@ bench() {  # side, index
   local t
   t=$(tree "$1")
   step "bench allreduce, side $1 ($2)"
-  (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 PYTHONPATH="$t" timeout -k 5 "${BENCH_S:-110}" \
+  (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 PYTHONPATH="$t:$WEFT_SITE" timeout -k 5 "${BENCH_S:-110}" \
     python3 -c 'from weft.cli import run; run()' bench allreduce --nproc 2 --plans registry \
     --registry bench/registry_h200x2 --sizes "$S" --samples 6 --calls 10 --timeout 5 --peers none \
     -o "$OUT/ab_allreduce_$2_$1.json" >>"$LOG" 2>&1)
@@ -32,16 +32,16 @@ decode() {  # side, index
   local t
   t=$(tree "$1")
   step "tp_decode, side $1 ($2)"
-  (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 WEFT_REGISTRY=bench/registry_h200x2 PYTHONPATH="$t" \
+  (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 WEFT_REGISTRY=bench/registry_h200x2 PYTHONPATH="$t:$WEFT_SITE" \
     timeout -k 5 "${DECODE_S:-150}" python3 -m torch.distributed.run --nproc-per-node 2 examples/tp_decode.py \
     --batch 1,4,16,64 --iters "${ITERS:-50}" --json "$OUT/ab_decode_$2_$1.json" >>"$LOG" 2>&1)
   echo "rc=$?" | tee -a "$LOG"
 }
-bench base 1
-bench new 2
-bench new 3
-bench base 4
-decode base 5
-decode new 6
+for s in ${STEPS:-bench decode}; do
+  case $s in
+    bench) bench base 1; bench new 2; bench new 3; bench base 4 ;;
+    decode) decode base 5; decode new 6 ;;
+  esac
+done
 step "compare"
 python3 bench/ab_compare.py "$OUT" | tee -a "$LOG"
