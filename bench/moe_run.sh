@@ -10,13 +10,14 @@
 #   4. 2DH on 4 GPUs declared as 2 hosts x 2 GPUs (bench/mscclpp_x4.sh's setup: two torchrun "nodes" as WEFT_HOST
 #      host0/host1, NCCL forced onto its network path): the 2DH and flat direct plans through the port engine, in
 #      one bench against NCCL's all-to-all over the same transport.
-# Stages can be skipped (SKIP_TESTS=1 SKIP_BENCH=1 SKIP_MOE=1 SKIP_2DH=1) and their time limits changed (TESTS_S,
+# NS="2" runs the 2-GPU half only (default "4 2"). Stages can be skipped (SKIP_TESTS=1 SKIP_BENCH=1 SKIP_MOE=1 SKIP_2DH=1) and their time limits changed (TESTS_S,
 # TUNE_S, BENCH_S, MOE_S, TWODH_S). Everything lands in $OUT: logs, results JSON, registries. Never run yet: if one
 # 600 s call is too short, split it (SKIP_MOE=1 SKIP_2DH=1, then SKIP_TESTS=1 SKIP_BENCH=1) with REGS naming a
 # git-ignored folder of the tree (kept between calls on a warm machine), so the second call's MoE layer selects
 # by the first call's recorded times.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+. bench/device_env.sh
+export PYTHONPATH="$PWD:$WEFT_SITE"
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-2G}  # symmetric memory's all-to-all: 2 x 256 MB + splits
 LOG="$OUT/log_moe.txt"
 step() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
@@ -24,7 +25,7 @@ weft() { python3 -c 'from weft.cli import run; run()' "$@"; }
 nvidia-smi -L > "$OUT/gpus.txt"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -oE 'H[0-9]+' | tr H h)  # h100, h200
 spec() { echo "hgx_h200:gpus=$1"; }  # the registries' topology: the catalog board (WEFT_TOPOLOGY), on H100 too
-visible() { [ "$1" = 2 ] && echo 0,1 || echo 0,1,2,3; }
+visible() { [ "$1" = 2 ] && echo "${GPUS2:-0,1}" || echo 0,1,2,3; }  # GPUS2=2,3: the 2-GPU runs on the other pair
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for n in 2 4; do
@@ -35,7 +36,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   done
 fi
 
-for n in 4 2; do
+for n in ${NS:-4 2}; do
   REG="${REGS:-$OUT}/registry_a2a_x$n"
   if [ ! -d "$REG" ]; then
     step "tune the direct all-to-all for $(spec $n) into $REG"

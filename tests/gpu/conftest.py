@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+JOB_S = 600  # one job's whole time: past it every rank is killed
+
+
+def wait_all(procs: list[subprocess.Popen], limit_s: float) -> list[int | None]:
+    """Every rank's exit code. A rank that fails ends the job: the others would wait for it in a collective until
+    NCCL's own timeout, so they are killed (their code is then the signal's, negative). Past ``limit_s`` all are."""
+    deadline = time.monotonic() + limit_s
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline or any(p.returncode not in (None, 0) for p in procs):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
+    return [p.wait() for p in procs]
+
+
 @pytest.fixture(scope="session")
 def gpu_results(tmp_path_factory) -> list[dict]:
     """Every rank's results from one run of tests/gpu/worker.py."""
@@ -61,6 +79,6 @@ def gpu_results(tmp_path_factory) -> list[dict]:
             "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
         }
         procs.append(subprocess.Popen([sys.executable, str(HERE / "worker.py"), str(out)], env=env))
-    codes = [p.wait(timeout=900) for p in procs]
+    codes = wait_all(procs, 900)
     assert codes == [0] * n, f"GPU worker exit codes {codes}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]

@@ -29,7 +29,7 @@ def registry_for(nranks: int) -> Path:
 def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | None = None) -> list[dict]:
     """Every rank's results from one run of ``script`` (skips without the GPUs or the registry). ``env`` adds to
     or overrides the ranks' environment (a job's own WEFT_REGISTRY and WEFT_TOPOLOGY)."""
-    from conftest import _free_port, gpu_count, nproc
+    from conftest import JOB_S, _free_port, gpu_count, nproc, wait_all
 
     n = nproc()
     if gpu_count() < n:
@@ -40,7 +40,7 @@ def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | Non
     port = str(_free_port())
     procs = []
     for rank in range(n):
-        env = {
+        rank_env = {
             **os.environ,
             "RANK": str(rank),
             "WORLD_SIZE": str(n),
@@ -55,8 +55,8 @@ def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | Non
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             **(env or {}),
         }
-        procs.append(subprocess.Popen([sys.executable, script, str(out)], env=env))
-    codes = [p.wait(timeout=600) for p in procs]
+        procs.append(subprocess.Popen([sys.executable, script, str(out)], env=rank_env))
+    codes = wait_all(procs, JOB_S)
     assert codes == [0] * n, f"{label} worker exit codes {codes}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
 
