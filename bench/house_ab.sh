@@ -41,6 +41,7 @@ for s in ${STEPS:-bench decode}; do
   case $s in
     bench) bench base 1; bench new 2; bench new 3; bench base 4 ;;
     decode) decode base 5; decode new 6 ;;
+    bench2) bench new 7; bench base 8 ;;  # two more bench runs (BA), for a later call on the same pair
   esac
 done
 step "compare"

@@ -8,11 +8,11 @@
 #          with NCCL_HOSTID;
 # pytest:  tests/gpu/test_port_two_hosts.py (-m gpu).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. bench/device_env.sh
 # lanes run on 2 x L streams (theirs and their NCCL groups'): with CUDA's default 8 hardware queues, streams share
 # queues and a lane's kernel can wait behind another lane's, which spins for a peer: a false dependency
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
-export PYTHONPATH="$PWD"
+export PYTHONPATH="$PWD:$WEFT_SITE"
 LOG="$OUT/log.txt"
 step() { echo "== $* ($(date -u +%T))" | tee -a "$LOG"; }
 x4() {  # LIMIT FABRIC(sockets|nvlink) ARGS...: two torchrun nodes of 2 GPUs each

@@ -53,7 +53,14 @@ def results(tmp_path_factory) -> list[dict]:
     folder = tmp_path_factory.mktemp("lamport-plans")
     _plans(folder, nproc())
     # no registry: the job runs its own plans through InterpreterEngine
-    env = {"WEFT_GPU_LAMPORT": "1", PLANS_ENV: str(folder), "WEFT_REGISTRY": str(folder)}
+    env = {
+        "WEFT_GPU_LAMPORT": "1",
+        PLANS_ENV: str(folder),
+        "WEFT_REGISTRY": str(folder),
+        # the scenarios hand torch tensors to the engine itself, which shares them by CUDA IPC: memory from
+        # expandable segments cannot be (only the Communicator stages such tensors)
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+    }
     return run_job(__file__, "lamport", tmp_path_factory, env)
 
 
