@@ -392,7 +392,7 @@ class InterpreterEngine:
         """
         if not self._graph_mode:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
-        plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype)
+        plan, plan_hash, buf, out, dtype = self._arguments(plan, input, output, dtype, capturing=True)
         if self._padding(plan, buf, dtype) is not None:
             return (
                 f"plan {plan.name}: {buf.nbytes} B of input is not a multiple of the plan's granule "
@@ -657,11 +657,12 @@ class InterpreterEngine:
         return self._cupy.empty(nbytes // input.dtype.itemsize, dtype=input.dtype)
 
     def _arguments(
-        self, plan: Plan | dict | str | Path, input: Any, output: Any, dtype: str | None
+        self, plan: Plan | dict | str | Path, input: Any, output: Any, dtype: str | None, capturing: bool = False
     ) -> tuple[Plan, str, _Buffer, _Buffer | None, str]:
-        """Check for a pending error, and read one execution's arguments: (plan, hash, input, output, dtype)."""
+        """Check for a pending error, and read one execution's arguments: (plan, hash, input, output, dtype).
+        ``capturing``: a stream captures, where the recovery (which synchronizes the device) cannot run."""
         if self._error[0]:
-            self._raise_device_error()
+            self._raise_device_error(recover=not capturing)
         self._check_tripwire()
         plan, plan_hash = self._plan(plan)
         buf = _describe(input, "input")
@@ -951,7 +952,9 @@ class InterpreterEngine:
             launch = self._prepare(ctx, dtype, args)
         launch(self._stream_handle(stream, framework))
 
-    def _raise_device_error(self) -> None:
+    def _raise_device_error(self, recover: bool = True) -> None:
+        """Raise what the device's error record says. With ``recover``, every rank first recovers together; without
+        (inside a capture, where the device cannot synchronize), the record stays for the next call outside one."""
         words = [int(w) for w in self._error]
         kind, rank, tb, op, channel, barrier = words[1:7]
         peer = None
@@ -970,6 +973,14 @@ class InterpreterEngine:
             detail += f" (a row in {barrier} slices, summed by thread blocks of this GPU)"
         self._roster.raise_if_lost(f"threadblock {tb}, op {op}: {detail}", tb, op, peer)  # a dead peer cannot recover
         message = f"executor: {where}: timed out after {self.timeout_s:g} s: {detail}"
+        if not recover:
+            raise ExecutorTimeout(
+                f"{message} (found while a graph captured: the ranks recover at the next call outside the capture)",
+                rank,
+                tb,
+                op,
+                peer,
+            )
         try:
             self._recover()
         except PeerLost:
