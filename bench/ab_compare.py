@@ -5,8 +5,9 @@
 
 DIR holds ab_allreduce_<i>_<side>.json and ab_decode_<i>_<side>.json (side: base or new). For the bench, each side's
 time at a size is the median over that side's runs of the fastest plan's median (weft_us), with the plans each side
-chose; for tp_decode, every per-step and per-call time that both sides report (the table shows each backend's step
-and isolated call; --json keeps them all). A ratio outside 1 +- TOLERANCE is marked.
+chose, and that ratio over NCCL's ("norm": NCCL runs the same code on both sides, so its ratio is the drift between
+the runs: clocks, load). For tp_decode, every per-step and per-call time that both sides report (the table shows each
+backend's step and isolated call; --json keeps them all). A ratio outside 1 +- TOLERANCE is marked.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def bench_ratios(base: list[dict], new: list[dict]) -> list[dict]:
                 "ratio": nu / bu,
                 "nccl_ratio": statistics.median(r["nccl_us"] for r in n[size])
                 / statistics.median(r["nccl_us"] for r in b[size]),
+                # NCCL runs the same code on both sides: its ratio is the drift between the runs (clocks, load)
+                "normalized": (nu / bu)
+                / (statistics.median(r["nccl_us"] for r in n[size]) / statistics.median(r["nccl_us"] for r in b[size])),
                 "base_plans": sorted({r["plan"] for r in b[size]}),
                 "new_plans": sorted({r["plan"] for r in n[size]}),
                 "wrong": sum(r["wrong"] for r in b[size] + n[size]),
@@ -79,12 +83,13 @@ def main() -> None:
     args = p.parse_args()
     bench = bench_ratios(_runs(args.folder, "allreduce", "base"), _runs(args.folder, "allreduce", "new"))
     decode = decode_ratios(_runs(args.folder, "decode", "base"), _runs(args.folder, "decode", "new"))
-    print(f"{'size':>10} {'base_us':>9} {'new_us':>9} {'ratio':>7} {'nccl':>7}  plan (base | new)")
+    print(f"{'size':>10} {'base_us':>9} {'new_us':>9} {'ratio':>7} {'nccl':>7} {'norm':>7}  plan (base | new)")
     for r in bench:
         mark = "" if abs(r["ratio"] - 1) <= TOLERANCE else "  <-- outside +-2%"
         plans = " ".join(r["base_plans"]) + " | " + " ".join(r["new_plans"])
         print(
             f"{r['size']:>10} {r['base_us']:>9.2f} {r['new_us']:>9.2f} {r['ratio']:>7.3f} {r['nccl_ratio']:>7.3f}"
+            f" {r['normalized']:>7.3f}"
             f"  {plans}{mark}"
         )
     print(f"{'batch':>5} {'time':<44} {'base':>9} {'new':>9} {'ratio':>7}")
