@@ -1,9 +1,10 @@
 """The GPU interpreter's side of the Lamport protocol (``schedules.lamport``): scratch copies, sentinel, reset shares.
 
-**Experimental.** The kernel code (``executor/gpu/cuda/lamport.cuh``) compiles for sm_90 but has not run on a GPU:
-the interpreter refuses Lamport plans (``executor.gpu.protocols``) unless the environment sets ``WEFT_GPU_LAMPORT=1``
-(tests/gpu/test_lamport_gpu.py sets it), until ``pytest -m gpu`` has run it. Other engines and plan selection refuse
-Lamport plans either way.
+**Experimental.** The kernel (``executor/gpu/cuda/lamport.cuh``) passed tests/gpu/test_lamport_gpu.py whole at 2 and
+4 ranks on 4xH200 (2026-11-27: one-shot and two-shot, fp32/fp16/bf16, back-to-back calls and graph replays, against
+NCCL), called on the engine itself. The interpreter still refuses Lamport plans (``executor.gpu.protocols``) unless
+the environment sets ``WEFT_GPU_LAMPORT=1`` (that test sets it) until the Communicator's paths and the bench have run
+it. Other engines and plan selection refuse Lamport plans either way.
 
 How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables`` lowers it):
 
@@ -33,7 +34,7 @@ import numpy as np
 
 from schedules.lamport import PROTOCOL, SENTINEL_BITS
 
-ENV = "WEFT_GPU_LAMPORT"  # "1": the interpreter runs Lamport plans (experimental until pytest -m gpu has run it)
+ENV = "WEFT_GPU_LAMPORT"  # "1": the interpreter runs Lamport plans (experimental: see the module's docstring)
 EXPERIMENTAL_PROTOCOLS = (PROTOCOL,)
 RESET_UNIT = 16  # reset shares start at multiples of this many bytes (the widest vector the kernel stores)
 

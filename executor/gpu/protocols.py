@@ -1,13 +1,15 @@
 """Which plan protocols the GPU engines run: Simple and LL (its packets as LL16, or as LL128 lines).
 
-A Lamport plan (``schedules.lamport``) is proven by the CPU reference executor (``executor.reference.lamport``).
-The interpreter has an experimental kernel for it (``executor.gpu.lamport``) that has not yet run on a GPU: it
-takes Lamport plans only where the caller passes ``experimental`` (``executor.gpu.tables`` does when the environment
-sets ``WEFT_GPU_LAMPORT=1``). Everywhere else they are refused in one line: the port engine refuses them, the
-torch-facing plan choice (``executor.inference.plans.PlanChoice``) never considers them, and ``weft registry select``
-(``weft.publish.select``) passes over them, naming why; so a registry that holds Lamport variants still serves every
-call with a plan these engines run, or with NCCL. Once ``pytest -m gpu`` has run the kernel, adding the protocol to
-``GPU_PROTOCOLS`` lifts all of them.
+A Lamport plan (``schedules.lamport``) is proven by the CPU reference executor (``executor.reference.lamport``). The
+interpreter has an experimental kernel for it (``executor.gpu.lamport``), run on GPUs at the engine's level only
+(tests/gpu/test_lamport_gpu.py passed whole at 2 and 4 ranks on 4xH200, 2026-11-27; the Communicator's staging, zero-
+copy capture and fused paths have not run it, nor has the bench): it takes Lamport plans only where the caller passes
+``experimental`` (``executor.gpu.tables`` does when the environment sets ``WEFT_GPU_LAMPORT=1``). Everywhere else they
+are refused in one line: the port engine refuses them, the torch-facing plan choice
+(``executor.inference.plans.PlanChoice``) never considers them, and ``weft registry select`` (``weft.publish.select``)
+passes over them, naming why; so a registry that holds Lamport variants still serves every call with a plan these
+engines run, or with NCCL. Once the Communicator's paths and the bench have run the kernel, adding the protocol to
+``GPU_PROTOCOLS`` (and keeping the port engine's refusal) lifts the rest.
 
 >>> from schedules.plan import Plan
 >>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ())).split(":")[1]
@@ -30,7 +32,7 @@ def protocol_refusal(plan: Plan, experimental: bool = False) -> str:
     if plan.protocol in GPU_PROTOCOLS or (experimental and plan.protocol in EXPERIMENTAL_PROTOCOLS):
         return ""
     hint = (
-        f"its kernel is experimental until `pytest -m gpu` has run it: set {ENV}=1 to try it"
+        f"its kernel is experimental until the Communicator and the bench have run it: set {ENV}=1 to try it"
         if plan.protocol in EXPERIMENTAL_PROTOCOLS
         else "no kernel for it"
     )
