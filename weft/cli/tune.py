@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--protocols",
         default="ll,simple",
-        help="any of ll, simple and lamport, comma-separated (lamport: proven on the CPU, not yet run by the "
-        "GPU executor, so selection there skips it)",
+        help="any of ll, simple and lamport, comma-separated (lamport: proven on the CPU; the GPU interpreter runs it "
+        "only with WEFT_GPU_LAMPORT=1 (experimental), so selection skips it)",
     )
     p.add_argument(
         "--sms",
