@@ -11,6 +11,10 @@
 #   bash bench/peers_run.sh 2 all     # the canonical all-reduce bench, the fused call alone, tp_decode (~4 min)
 #   bash bench/peers_run.sh 4 all
 #   bash bench/peers_run.sh 4 bench   # the all-reduce bench alone
+#   bash bench/peers_run.sh 4 lamport # issue 33: Lamport variants tuned into a copy of the registry, then the
+#                                     # all-reduce bench 1 KB-16 MB with WEFT_GPU_LAMPORT=1, recorded into that copy
+#                                     # ($OUT/registry_lamport_x<N>), against the peers (~3 min)
+# .carry_peers also holds platformdirs' wheel (weft's proof cache needs it; the device image lacks it).
 # N=2 runs on GPUs 0 and 1 of a larger machine. Files land in $OUT.
 set -u
 N=${1:-2}
@@ -34,7 +38,7 @@ fi
 export PYTHONPATH="$PWD:$SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a \
   FLASHINFER_EXTRA_CUDAFLAGS="--split-compile=0"
 [ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
-REG=bench/registry_h200x$N
+REG=${REG:-bench/registry_h200x$N}
 G="${N}x$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -oE 'H[0-9]+' | tr H h)"  # 2xh100, 4xh200
 step "import flashinfer.comm, then load (or JIT-build) its comm kernels"
 timeout 480 python3 -c '
@@ -72,6 +76,16 @@ if [ "$STAGE" = probe ]; then
     name=$(basename "$d")
     [ -f "$d/$name.so" ] && gzip -c "$d/$name.so" > "$OUT/$name.so.gz"
   done
+elif [ "$STAGE" = lamport ]; then
+  L="$OUT/registry_lamport_x$N"
+  rm -rf "$L" && cp -r "$REG" "$L" && REG=$L
+  step "tune Lamport all-reduce variants for hgx_h200:gpus=$N into $L"
+  timeout 180 python3 -c 'from weft.cli import run; run()' tune allreduce -t "hgx_h200:gpus=$N" --protocols lamport \
+    --instances 1,4,16,32,64 --threads 512,1024 --registry "$L" >> "$LOG" 2>&1
+  echo "rc=$?" | tee -a "$LOG"
+  WEFT_GPU_LAMPORT=1 bench 300 --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB --record \
+    -o "$OUT/gpu_allreduce_bf16_graph_${G}_lamport.json"
+  tar -czf "$OUT/registry_lamport_x$N.tgz" -C "$OUT" "registry_lamport_x$N" && rm -rf "$L"
 else
   S=1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB
   # rc 1 is a wrong result (weft's or a peer's, in the file): only a crash (another code, no file) reruns without vLLM
