@@ -154,7 +154,7 @@ def test_the_committed_2xh200_registry_runs_its_fastest_measured_plan_per_decode
 
 
 @pytest.mark.slow  # re-proves every committed plan on the reference executor: the slow tier (issue 35)
-@pytest.mark.parametrize("name", ["registry_h200x2", "registry_h200x4"])
+@pytest.mark.parametrize("name", ["registry_h200x2", "registry_h200x4", "registry_a2a_h200x2", "registry_a2a_h200x4"])
 @pytest.mark.usefixtures("prove_once")  # the run proves each committed plan once (test_registry_roundtrip too)
 def test_every_entry_of_the_committed_registries_verifies(name):
     """What the GPU jobs select from is proven: the plan, its launch safety back to back, its verification record."""
@@ -177,6 +177,27 @@ def test_with_ll128_the_committed_2xh200_registry_runs_lines_only_where_they_mea
             if e.key.collective == "allreduce" and nbytes in {**e.measured_us, **e.measured_ll128_us}
         )
         assert table[nbytes] == best
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_the_committed_all_to_all_registries_serve_each_benched_size_with_its_fastest_measured_plan(nranks):
+    """bench/registry_a2a_h200x<N> holds the times `weft bench alltoall --record` measured on N H200s
+    (bench/results/gpu_alltoall_bf16_graph_<N>xh200.json): at every size of that run, with and without LL128 lines,
+    the torch-facing choice is the entry measured fastest there, as for all-reduce."""
+    import json
+
+    rows = json.loads((COMMITTED / "results" / f"gpu_alltoall_bf16_graph_{nranks}xh200.json").read_text())["rows"]
+    registry = Registry(str(COMMITTED / f"registry_a2a_h200x{nranks}"))
+    for ll128 in (False, True):
+        choice = PlanChoice(registry, build(f"hgx_h200:gpus={nranks}").fingerprints, nranks, ll128=ll128)
+        for nbytes in [r["size"] for r in rows]:
+            plan, lines = choice.choose("alltoall", nbytes, "bf16")
+            entry = next(e for e in choice.entries if e.plan.content_hash == plan.content_hash)
+            tables = [(e, e.measured_us) for e in choice.entries] + (
+                [(e, e.measured_ll128_us) for e in choice.entries] if ll128 else []
+            )
+            best = min(t[nbytes] for _, t in tables if nbytes in t)
+            assert (entry.measured_ll128_us if lines else entry.measured_us)[nbytes] == best, nbytes
 
 
 def test_the_committed_4xh200_registry_has_fixed_order_plans_for_deterministic_mode():
