@@ -28,7 +28,8 @@ themselves (``InterpreterEngine.execute_captured``), through the size's context,
 them on every rank before any replay (vLLM's graph buffer registration). The chosen plans write peers only in
 their scratch, so no peer maps a captured tensor and tensors from expandable segments bind too; a plan whose
 peers map the tensors would exchange their IPC handles at registration, and any tensor that cannot be shared
-(or is not aligned to the plan's vectors) keeps the staging path for that call, decided while capturing.
+(or is not aligned to the plan's vectors) on any rank keeps the staging path for that call on every rank, decided
+together while capturing (a rank that staged alone would run another context than its peers and hang them).
 Graphs captured outside ``capture()`` use the staging path.
 
 Any size a plan runs is weft's: a size that is not a multiple of the plan's granule (``Plan.padding``) runs padded,
