@@ -42,10 +42,11 @@ their sums, so the result is rounded as the sum followed by the add, and the lay
 hold the same values on every rank, as the residual stream does. Elsewhere (NCCL, the port engine, or a plan that
 cannot) the sum is computed first and the residual added after it.
 
-Reusing the staging buffers and contexts call after call is safe because calls are ordered on the caller's
-stream (one stream per communicator, as engines run their collectives) and only plans that a rank can run again
-before its peers finished the previous execution are chosen (``plans.safe_back_to_back``: LL, double
-scratch, peers written only in their scratch).
+Reusing the staging buffers and contexts call after call is safe because eager calls run on the GPU in the order
+they are made, whatever streams they are made on (``executor.inference.streams``: a call on another stream than
+the one before waits for it, as NCCL orders a communicator's operations), and only plans that a rank can run again
+before its peers finished the previous execution are chosen (``plans.safe_back_to_back``: LL, double scratch,
+peers written only in their scratch). Replay graphs on the stream of the eager calls around them.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from executor.inference.engine import Engine
 from executor.inference.norm import UNFUSED, check_norm_call, norm_candidates
 from executor.inference.plans import PlanChoice, disagreement, split_refusal
 from executor.inference.staging import Staging
+from executor.inference.streams import torch_order
 from executor.inference.topology import machine_topology, p2p_works
 from executor.port.engine import PortEngine
 from executor.reference.norm import RowNorm, best_norm_plan, rows_refusal
@@ -118,6 +120,7 @@ class Communicator:
         self._ready: set[tuple[str, int, str, bool | RowNorm]] = set()
         self._norm_choices: dict[tuple[int, torch.dtype, RowNorm], tuple[Plan | None, str]] = {}
         self._capturing = False  # inside capture(), where a staging engine's calls bind the captured tensors
+        self.streams = torch_order()  # eager calls in one order across the caller's streams (inference.streams)
         # calls by path (a captured call counts once): the engine's direct path, staging where it stages, NCCL
         staging = engine is None or engine.stages
         self.paths = {
@@ -538,6 +541,7 @@ class Communicator:
         holds the result (``output``, or the staging output of ``numel`` elements, default ``output``'s)."""
         assert self.engine is not None  # a plan came, so the engine runs
         if output is not None and not self.engine.stages:
+            self.streams.follow()
             target = (
                 output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
             )
@@ -587,6 +591,7 @@ class Communicator:
     ) -> torch.Tensor:
         """Run ``plan`` through the staging buffers (and the staging residual); the staged output."""
         assert self.engine is not None and self.staging is not None  # a staging engine ran the plan
+        self.streams.follow()
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         source, staged = self.staging.views(tensor.numel(), out_numel, tensor.dtype)
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
@@ -606,6 +611,7 @@ class Communicator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the fused launch through staging buffers (input, residual, weight, normed); (output, normed)."""
         assert self.engine is not None and self.staging is not None  # a staging engine ran the plan
+        self.streams.follow()
         nbytes = tensor.numel() * tensor.element_size()
         weight = norm.weight
         source, staged = self.staging.views(tensor.numel(), tensor.numel(), tensor.dtype)

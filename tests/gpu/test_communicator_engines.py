@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from cpu_rank import run_script
 
-SCRIPT = r"""
+ENGINE = r"""
 import contextlib, tempfile
 from types import SimpleNamespace
 import torch, torch.distributed as dist
@@ -20,6 +20,7 @@ torch.cuda.is_current_stream_capturing = lambda: False  # a CPU build cannot ask
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
 from executor import Communicator, RowNorm
 from executor.inference.staging import Staging
+from executor.inference.streams import StreamOrder
 
 class StagingEngine:
     '''One rank: a plan's sum is its input, plus the residual and the norm as the kernel applies them.'''
@@ -41,16 +42,30 @@ class StagingEngine:
     def synchronize(self): pass
     def close(self): pass
 
-plans = {c: SimpleNamespace(name=c, collective=c, content_hash=c) for c in ("allreduce", "allgather")}
+class Stream:
+    # a CUDA stream as the communicator sees it: which streams it was made to wait for
+    def __init__(self, name):
+        self.name, self.waited = name, []
+    def wait_stream(self, other):
+        self.waited.append(other.name)
+
+plans = {c: SimpleNamespace(name=c, collective=c, content_hash=c) for c in ("allreduce", "allgather", "alltoall")}
 plan = plans["allreduce"]
 choice = SimpleNamespace(plan=lambda c, n, d: plans.get(c), lines=lambda c, n, d: c == "allreduce",
                          reason=lambda c, n, d: "no plan in this test", entries=[])
 engine = StagingEngine()
 comm = Communicator(engine, lambda what, value: [value], "plans set by hand below", rank=0, world_size=1)
 comm.enabled, comm.choice, comm.staging = True, choice, Staging(1 << 16, 0)
+stream = [Stream("default")]  # the caller's current stream
+comm.streams = StreamOrder(lambda: stream[0], lambda: False)
 staging = comm.staging
 staging.input, staging.output, staging.residual = (torch.empty(1 << 16, dtype=torch.uint8) for _ in range(3))
 x, h, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+"""
+
+SCRIPT = (
+    ENGINE
+    + r"""
 
 assert torch.equal(comm.all_reduce(x), x) and engine.calls[-1] == (comm.staging.input.data_ptr(), True, False, False)
 assert torch.allclose(comm.all_reduce(x, residual=h), x + h) and engine.calls[-1][2]  # added in the launch
@@ -82,9 +97,36 @@ with alone.capture(sizes=[1024]):
     pass
 print("all ok")
 """
+)
+
+# examples/moe_layer.py's all-to-all graph (issue 36): capture(alltoall_sizes=...) prepares the size on the current
+# stream, then the warm-up runs on a side stream at once. Unordered, the two executions of one staging context run
+# together on the GPU, and an LL peer waits for packets the later one overwrote, until the 30 s timeout.
+STREAMS = (
+    ENGINE
+    + r"""
+default, side = stream[0], Stream("side")
+x, out = torch.randn(8, 64), torch.empty(8, 64)
+comm.prepare("alltoall", x.numel() * 4, torch.float32)  # on the default stream
+stream[0] = side
+for _ in range(3):
+    comm.all_to_all_single(out, x)  # the warm-up
+assert side.waited == ["default"], side.waited  # once: its first call waited for the prepared execution
+stream[0] = default
+comm.all_to_all_single(out, x)
+assert default.waited == ["side"] and comm.streams.waits == 2 and comm.paths["staging"] == 5, comm.paths
+print("all ok")
+"""
+)
 
 
 def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank():
     pytest.importorskip("torch")
     done = run_script(SCRIPT)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+
+
+def test_eager_calls_on_another_stream_wait_for_the_calls_before_them():
+    pytest.importorskip("torch")
+    done = run_script(STREAMS)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
