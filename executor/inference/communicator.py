@@ -710,9 +710,10 @@ class Communicator:
         return ""
 
     def _plans_seen(self) -> object:
-        """What every rank must see alike, or the ranks would pick different plans: the topology and entries."""
+        """What every rank must see alike, or the ranks would pick different plans or lines for one call: the
+        topology, and the entries with their recorded times and the options (``PlanChoice.basis``)."""
         assert self.topology is not None and self.choice is not None  # _read_plans set both where it said ''
-        return [self.topology.fingerprint, sorted(e.id for e in self.choice.entries)]
+        return [self.topology.fingerprint, self.choice.basis()]
 
 
 def _first(verdicts: list) -> str:
