@@ -79,6 +79,7 @@ HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
 IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
 MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
+BIND_VERDICT = "graph-bind"  # the exchange in which the ranks decide whether a captured call binds its tensors
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def binding_verdict(why: str, all_gather: Callable[[str, Any], list]) -> str:
     together even where no peer maps the buffers: a rank that refused alone would run the call on another path
     (the communicator's staging context, not the template's) and its launch counters would part from its peers',
     so their packets never arrive."""
-    verdicts = all_gather("graph-bind", why)
+    verdicts = all_gather(BIND_VERDICT, why)
     return next((v for v in verdicts if v), "")
 
 

@@ -61,7 +61,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from executor.gpu import bootstrap
-from executor.gpu.engine import InterpreterEngine, NormCall
+from executor.gpu.engine import BIND_VERDICT, InterpreterEngine, NormCall
 from executor.hosts import host_identity
 from executor.inference import ops
 from executor.inference.engine import Engine
@@ -79,6 +79,7 @@ from topologies import Topology
 
 log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
+FIRST_SEEN = "first seen inside graph capture"
 DTYPES = ops.DTYPES
 
 Agree = Callable[[str, object], list]  # every rank's value for one named agreement, in rank order (collective)
@@ -516,14 +517,17 @@ class Communicator:
         plan = self.plan_for(collective, nbytes, tensor.dtype)
         if plan is None:
             self._fallback(collective, nbytes, tensor.dtype, self._no_plan_reason(collective, nbytes, tensor.dtype))
-        elif torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype, residual):
-            self._fallback(
-                collective,
-                nbytes,
-                tensor.dtype,
-                "first seen inside graph capture; warm up or use capture(sizes=...) before capturing",
+        elif torch.cuda.is_current_stream_capturing() and self.stages:
+            prepared = self.is_prepared(plan, nbytes, tensor.dtype, residual)
+            why = (
+                ""
+                if prepared
+                else "first seen inside graph capture; warm up or use capture(sizes=...) before capturing"
             )
-            plan = None
+            why = self._together("graph-prepared", why)
+            if why:
+                self._fallback(collective, nbytes, tensor.dtype, why)
+                plan = None
         if plan is None:
             self.paths["nccl"] += 1
         return plan
@@ -555,6 +559,13 @@ class Communicator:
             return output
         return self._stage(plan, tensor, output.numel() if output is not None else numel or 0, residual)
 
+    def _together(self, what: str, why: str) -> str:
+        """Every rank's say on one captured call (collective: a staging engine's decisions inside a capture depend
+        on each rank's own state and tensors): the first refusal, or '' where every rank said ''. A rank that
+        decided alone would take another path than its peers (NCCL, or another context) and hang them."""
+        assert self.engine is not None  # only a staging engine's captured calls ask
+        return _first(self.engine.exchange(what, f"rank {self.rank}: {why}" if why else ""))
+
     def _in_graph(self) -> bool:
         """Whether a graph is capturing inside ``capture()``, where calls bind the captured tensors."""
         return self._capturing and torch.cuda.is_current_stream_capturing()
@@ -575,9 +586,11 @@ class Communicator:
         assert self.engine is not None  # _in_graph holds an engine
         nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
         buffers = (tensor, output, *([] if residual is None else [residual]))
-        why = "the tensor is not contiguous" if norm is None and not all(t.is_contiguous() for t in buffers) else ""
-        lines = self._lines(plan.collective, tensor, output.numel())
-        why = why or self.engine.execute_captured(plan, tensor, output, lines=lines, residual=residual, norm=norm)
+        if norm is None and not all(t.is_contiguous() for t in buffers):  # joins the peers' verdict on the call
+            why = self._together(BIND_VERDICT, "the tensor is not contiguous")
+        else:
+            lines = self._lines(plan.collective, tensor, output.numel())
+            why = self.engine.execute_captured(plan, tensor, output, lines=lines, residual=residual, norm=norm)
         if why:
             self._fallback(
                 what or plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph"
@@ -638,8 +651,16 @@ class Communicator:
         plan = self.norm_plan_for(nbytes, tensor.dtype, rows)
         if plan is None:
             return None, self.norm_reason(nbytes, tensor.dtype, rows)
-        if torch.cuda.is_current_stream_capturing() and not self.is_norm_prepared(plan, nbytes, tensor.dtype, rows):
-            return None, "first seen inside graph capture; warm up or use capture(rms_norm=...) before capturing"
+        if torch.cuda.is_current_stream_capturing() and self.stages:
+            prepared = self.is_norm_prepared(plan, nbytes, tensor.dtype, rows)
+            why = (
+                ""
+                if prepared
+                else "first seen inside graph capture; warm up or use capture(rms_norm=...) before capturing"
+            )
+            why = self._together("graph-prepared", why)
+            if why:
+                return None, why
         return plan, ""
 
     def _choose_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> tuple[Plan | None, str]:

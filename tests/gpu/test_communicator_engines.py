@@ -120,6 +120,37 @@ print("all ok")
 )
 
 
+# Inside a capture each rank's decisions depend on its own state (which sizes it prepared) and tensors (contiguous,
+# aligned): a rank that decided alone would run NCCL or the staging context while its peers ran the plan, and they
+# would wait for each other until a timeout. So every rank says, and the first refusal decides for all. Here the one
+# CPU rank's peer (rank 1, through the fake exchange) refuses; this rank, which could run the plan, follows it.
+CAPTURE = (
+    ENGINE
+    + r"""
+from executor.gpu.engine import BIND_VERDICT
+said, refusals = [], ["rank 1: first seen inside graph capture; warm up"]  # the peer's say, once
+def exchange(what, value):
+    said.append((what, value))
+    return [value, refusals.pop() if refusals else ""]
+engine.exchange = exchange
+out = torch.empty(8, 64)
+comm.all_reduce(x)  # eager: this rank's contexts for the sizes exist
+comm.all_to_all_single(out, torch.randn(8, 64))
+assert comm.is_prepared(plan, x.numel() * 4, torch.float32)
+torch.cuda.is_current_stream_capturing = lambda: True
+nccl = comm.paths["nccl"]
+assert torch.equal(comm.all_reduce(x), x) and comm.paths["nccl"] == nccl + 1  # the peer's refusal sent it to NCCL
+assert said == [("graph-prepared", "")], said
+comm._capturing = True  # inside capture(): a call binds the captured tensors, or every rank stages it
+staged = comm.paths["staging"]
+comm.all_to_all_single(out, torch.randn(64, 8).t())  # not contiguous on this rank
+assert said[-1] == (BIND_VERDICT, "rank 0: the tensor is not contiguous"), said
+assert comm.paths["staging"] == staged + 1 and comm.paths["zero_copy"] == 0
+print("all ok")
+"""
+)
+
+
 def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank():
     pytest.importorskip("torch")
     done = run_script(SCRIPT)
@@ -129,4 +160,10 @@ def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank
 def test_eager_calls_on_another_stream_wait_for_the_calls_before_them():
     pytest.importorskip("torch")
     done = run_script(STREAMS)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+
+
+def test_a_peers_refusal_inside_a_capture_decides_for_every_rank():
+    pytest.importorskip("torch")
+    done = run_script(CAPTURE)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
