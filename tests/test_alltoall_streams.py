@@ -7,9 +7,14 @@ before it read them and it waited for them until the timeout. ``executor.inferen
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 import pytest
 
+from executor.errors import ExecutorTimeout
+from executor.gpu.engine import InterpreterEngine
 from executor.reference.machine import PlanRace, _Machine
 from executor.reference.prove import chunk_elems, random_inputs
 from topologies.catalog import build
@@ -49,3 +54,13 @@ def test_launches_ordered_by_one_stream_run_back_to_back(run):
 def test_a_launch_on_a_second_stream_races_with_the_one_before_it(run):
     with pytest.raises(PlanRace, match="rank 0"):
         run(SecondStream)
+
+
+def test_a_packet_timeout_names_unequal_launches_as_a_cause():
+    engine: Any = InterpreterEngine.__new__(InterpreterEngine)  # a bare engine: only what the error path reads
+    engine.rank, engine.timeout_s, engine._contexts = 2, 30.0, {}
+    engine._roster = SimpleNamespace(raise_if_lost=lambda *args: None)  # no peer exited
+    engine._error = np.array([1, 2, 2, 8, 0, -1, 0, 0], np.int32)  # packets never arrived: rank 2, block 8, op 0
+    with pytest.raises(ExecutorTimeout, match="two launches of it on one rank that no stream orders") as info:
+        engine._raise_device_error(recover=False)  # as inside a capture, where the MoE layer found it
+    assert str(info.value).startswith("executor: rank 2: threadblock 8: op 0: timed out after 30 s: packets never")

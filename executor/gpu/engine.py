@@ -970,6 +970,11 @@ class InterpreterEngine:
             )
         elif kind == 1:
             detail = f"sem_acquire on semaphore {-2 - channel}"
+        elif kind == 2:  # the peer's packets of this launch: a peer ran this plan another number of times
+            detail += (
+                " (or the ranks launched this plan unequally often: a graph replayed on some ranks only, or two "
+                "launches of it on one rank that no stream orders)"
+            )
         elif kind == 3:
             detail += f" (barrier {barrier})"
         elif kind == 5:
