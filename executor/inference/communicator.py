@@ -121,7 +121,8 @@ class Communicator:
         self._ready: set[tuple[str, int, str, bool | RowNorm]] = set()
         self._norm_choices: dict[tuple[int, torch.dtype, RowNorm], tuple[Plan | None, str]] = {}
         self._capturing = False  # inside capture(), where a staging engine's calls bind the captured tensors
-        self.streams = torch_order()  # eager calls in one order across the caller's streams (inference.streams)
+        # eager calls in one order across the caller's streams (executor.inference.streams)
+        self.streams = torch_order(getattr(engine, "device", None))
         # calls by path (a captured call counts once): the engine's direct path, staging where it stages, NCCL
         staging = engine is None or engine.stages
         self.paths = {

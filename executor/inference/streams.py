@@ -17,33 +17,39 @@ the stream of the eager calls around it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass
 class StreamOrder:
     """The stream of the last eager call; ``follow()`` orders the current stream after it where they differ."""
 
-    current: Callable[[], Any]  # the caller's current stream: an object with ``wait_stream`` and ``==``
+    current: Callable[[], Hashable]  # the caller's current stream, as a key (torch: its raw handle)
+    wait: Callable[[Hashable, Hashable], None]  # wait(stream, earlier): stream waits for the work issued on earlier
     capturing: Callable[[], bool]  # whether the current stream is capturing a CUDA graph
-    last: Any = None
+    last: Hashable = None
     waits: int = 0  # how many calls waited for another stream
 
     def follow(self) -> None:
         """Before an eager call's first GPU work: wait for the previous call's stream if it was another one."""
-        if self.capturing():
-            return
         stream = self.current()
-        last, self.last = self.last, stream
-        if last is not None and stream != last:
-            stream.wait_stream(last)
+        if stream == self.last or self.capturing():  # the common case costs one handle lookup
+            return
+        if self.last is not None:
+            self.wait(stream, self.last)
             self.waits += 1
+        self.last = stream
 
 
-def torch_order() -> StreamOrder:
-    """Ordering over torch's current CUDA stream."""
+def torch_order(device: int | None = None) -> StreamOrder:
+    """Ordering over torch's current CUDA stream on ``device`` (default: the current device at each call)."""
     import torch
 
-    return StreamOrder(torch.cuda.current_stream, torch.cuda.is_current_stream_capturing)
+    def current() -> Hashable:
+        return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if device is None else device)
+
+    def wait(stream: Hashable, earlier: Hashable) -> None:
+        torch.cuda.ExternalStream(stream, device).wait_stream(torch.cuda.ExternalStream(earlier, device))
+
+    return StreamOrder(current, wait, torch.cuda.is_current_stream_capturing)

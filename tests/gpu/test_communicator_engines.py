@@ -42,12 +42,7 @@ class StagingEngine:
     def synchronize(self): pass
     def close(self): pass
 
-class Stream:
-    # a CUDA stream as the communicator sees it: which streams it was made to wait for
-    def __init__(self, name):
-        self.name, self.waited = name, []
-    def wait_stream(self, other):
-        self.waited.append(other.name)
+waited = []  # (stream, the stream it waited for), as the communicator ordered them
 
 plans = {c: SimpleNamespace(name=c, collective=c, content_hash=c) for c in ("allreduce", "allgather", "alltoall")}
 plan = plans["allreduce"]
@@ -56,8 +51,8 @@ choice = SimpleNamespace(plan=lambda c, n, d: plans.get(c), lines=lambda c, n, d
 engine = StagingEngine()
 comm = Communicator(engine, lambda what, value: [value], "plans set by hand below", rank=0, world_size=1)
 comm.enabled, comm.choice, comm.staging = True, choice, Staging(1 << 16, 0)
-stream = [Stream("default")]  # the caller's current stream
-comm.streams = StreamOrder(lambda: stream[0], lambda: False)
+stream = ["default"]  # the caller's current stream
+comm.streams = StreamOrder(lambda: stream[0], lambda s, earlier: waited.append((s, earlier)), lambda: False)
 staging = comm.staging
 staging.input, staging.output, staging.residual = (torch.empty(1 << 16, dtype=torch.uint8) for _ in range(3))
 x, h, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
@@ -105,16 +100,15 @@ print("all ok")
 STREAMS = (
     ENGINE
     + r"""
-default, side = stream[0], Stream("side")
 x, out = torch.randn(8, 64), torch.empty(8, 64)
 comm.prepare("alltoall", x.numel() * 4, torch.float32)  # on the default stream
-stream[0] = side
+stream[0] = "side"
 for _ in range(3):
     comm.all_to_all_single(out, x)  # the warm-up
-assert side.waited == ["default"], side.waited  # once: its first call waited for the prepared execution
-stream[0] = default
+assert waited == [("side", "default")], waited  # once: its first call waited for the prepared execution
+stream[0] = "default"
 comm.all_to_all_single(out, x)
-assert default.waited == ["side"] and comm.streams.waits == 2 and comm.paths["staging"] == 5, comm.paths
+assert waited[1:] == [("default", "side")] and comm.streams.waits == 2 and comm.paths["staging"] == 5, comm.paths
 print("all ok")
 """
 )
