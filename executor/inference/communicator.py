@@ -79,7 +79,6 @@ from topologies import Topology
 
 log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
-FIRST_SEEN = "first seen inside graph capture"
 DTYPES = ops.DTYPES
 
 Agree = Callable[[str, object], list]  # every rank's value for one named agreement, in rank order (collective)
@@ -519,13 +518,7 @@ class Communicator:
         if plan is None:
             self._fallback(collective, nbytes, tensor.dtype, self._no_plan_reason(collective, nbytes, tensor.dtype))
         elif torch.cuda.is_current_stream_capturing() and self.stages:
-            prepared = self.is_prepared(plan, nbytes, tensor.dtype, residual)
-            why = (
-                ""
-                if prepared
-                else "first seen inside graph capture; warm up or use capture(sizes=...) before capturing"
-            )
-            why = self._together("graph-prepared", why)
+            why = self._unprepared(self.is_prepared(plan, nbytes, tensor.dtype, residual), "sizes")
             if why:
                 self._fallback(collective, nbytes, tensor.dtype, why)
                 plan = None
@@ -559,6 +552,16 @@ class Communicator:
         if output is not None and self._zero_copy(plan, tensor, output, residual):
             return output
         return self._stage(plan, tensor, output.numel() if output is not None else numel or 0, residual)
+
+    def _unprepared(self, prepared: bool, option: str) -> str:
+        """Inside a capture on a staging engine: why a call runs unprepared on some rank, or '' where every rank
+        prepared its context (collective)."""
+        why = (
+            ""
+            if prepared
+            else f"first seen inside graph capture; warm up or use capture({option}=...) before capturing"
+        )
+        return self._together("graph-prepared", why)
 
     def _together(self, what: str, why: str) -> str:
         """Every rank's say on one captured call (collective: a staging engine's decisions inside a capture depend
@@ -653,13 +656,7 @@ class Communicator:
         if plan is None:
             return None, self.norm_reason(nbytes, tensor.dtype, rows)
         if torch.cuda.is_current_stream_capturing() and self.stages:
-            prepared = self.is_norm_prepared(plan, nbytes, tensor.dtype, rows)
-            why = (
-                ""
-                if prepared
-                else "first seen inside graph capture; warm up or use capture(rms_norm=...) before capturing"
-            )
-            why = self._together("graph-prepared", why)
+            why = self._unprepared(self.is_norm_prepared(plan, nbytes, tensor.dtype, rows), "rms_norm")
             if why:
                 return None, why
         return plan, ""
