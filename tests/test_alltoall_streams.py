@@ -2,7 +2,8 @@
 no stream orders (``comm.capture(alltoall_sizes=...)`` prepared the size on the current stream, then the graph's
 warm-up ran on a side stream at once) race on the buffers that the communicator's staging shares between calls.
 On the GPU the same pair also breaks LL's "one execution ahead" bound, so a peer's packets were overwritten
-before it read them and it waited for them until the timeout. ``executor.inference.streams`` orders such calls.
+before it read them and it waited for them until the timeout. ``executor.inference.streams`` orders such calls,
+and the timeout's message now names unequal launches as a cause.
 """
 
 from __future__ import annotations
