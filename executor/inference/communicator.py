@@ -79,6 +79,7 @@ from topologies import Topology
 
 log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
+NOT_CONTIGUOUS = "a tensor (input, residual or weight) is not contiguous"
 DTYPES = ops.DTYPES
 
 Agree = Callable[[str, object], list]  # every rank's value for one named agreement, in rank order (collective)
@@ -553,14 +554,11 @@ class Communicator:
             return output
         return self._stage(plan, tensor, output.numel() if output is not None else numel or 0, residual)
 
-    def _unprepared(self, prepared: bool, option: str) -> str:
-        """Inside a capture on a staging engine: why a call runs unprepared on some rank, or '' where every rank
-        prepared its context (collective)."""
-        why = (
-            ""
-            if prepared
-            else f"first seen inside graph capture; warm up or use capture({option}=...) before capturing"
-        )
+    def _unprepared(self, prepared: bool, option: str, why: str = "") -> str:
+        """Inside a capture on a staging engine: why a call cannot run its plan on some rank (``why`` here, or its
+        context not prepared), or '' where every rank can (collective)."""
+        if not why and not prepared:
+            why = f"first seen inside graph capture; warm up or use capture({option}=...) before capturing"
         return self._together("graph-prepared", why)
 
     def _together(self, what: str, why: str) -> str:
@@ -650,16 +648,13 @@ class Communicator:
     ) -> tuple[Plan | None, str]:
         """(plan, '') for a fused launch, or (None, why the call runs unfused)."""
         nbytes = tensor.numel() * tensor.element_size()
-        if not all(t.is_contiguous() for t in (tensor, residual, weight)):
-            return None, "a tensor (input, residual or weight) is not contiguous"
+        scattered = "" if all(t.is_contiguous() for t in (tensor, residual, weight)) else NOT_CONTIGUOUS
         plan = self.norm_plan_for(nbytes, tensor.dtype, rows)
         if plan is None:
             return None, self.norm_reason(nbytes, tensor.dtype, rows)
-        if torch.cuda.is_current_stream_capturing() and self.stages:
-            why = self._unprepared(self.is_norm_prepared(plan, nbytes, tensor.dtype, rows), "rms_norm")
-            if why:
-                return None, why
-        return plan, ""
+        if torch.cuda.is_current_stream_capturing() and self.stages:  # fused or not: every rank's say
+            scattered = self._unprepared(self.is_norm_prepared(plan, nbytes, tensor.dtype, rows), "rms_norm", scattered)
+        return (None, scattered) if scattered else (plan, "")
 
     def _choose_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> tuple[Plan | None, str]:
         choice, engine = self.choice, self.engine

@@ -140,6 +140,10 @@ staged = comm.paths["staging"]
 comm.all_to_all_single(out, torch.randn(64, 8).t())  # not contiguous on this rank
 assert said[-1] == (BIND_VERDICT, "rank 0: the tensor is not contiguous"), said
 assert comm.paths["staging"] == staged + 1 and comm.paths["zero_copy"] == 0
+rows = RowNorm(64, 1e-5)
+comm._norm_choices[(x.numel() * 4, torch.float32, rows)] = (plan, "")  # as pin_norm_plan, past its proof
+comm.all_reduce(torch.randn(64, 4).t(), residual=h, rms_weight=w, eps=1e-5)  # not contiguous: unfused, on every rank
+assert ("graph-prepared", "rank 0: a tensor (input, residual or weight) is not contiguous") in said, said
 print("all ok")
 """
 )
