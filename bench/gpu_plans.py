@@ -7,6 +7,7 @@ reference-executor check), for one topology.
     for f in /tmp/tuned/*.json; do weft registry commit "$f" --registry bench/registry_h200x2; done
     python bench/gpu_plans.py tests/gpu/plans8 --topology hgx_h200:gpus=8 --set multipeer   # one-GPU-path tests
     python bench/gpu_plans.py /tmp/ab --set multipeer-ab  # 2 ranks: today's winners and their multi-peer forms
+    python bench/gpu_plans.py tests/gpu/plans4 --topology hgx_h200:gpus=4 --set duplex   # duplex all-to-all tests
 """
 
 from __future__ import annotations
@@ -127,6 +128,22 @@ AB = [
 ]
 
 
+# (protocol, instances, threads) of the direct all-to-all with duplex thread blocks (codegen.threadblocks), per rank
+# count: the shape the traffic model favours at 128-256 MB on 4 GPUs, and LL ones for the packet path
+DUPLEX = {2: [("simple", 16, 1024), ("ll", 4, 512)], 4: [("simple", 32, 1024), ("ll", 4, 512)]}
+
+
+def duplex_set(out: Path, topology) -> None:
+    schedule = baselines.direct(topology, Collective("alltoall", topology.nranks))
+    for protocol, instances, threads in DUPLEX[topology.nranks]:
+        plan = pipeline.compile_and_verify(
+            schedule, topology, instances=instances, protocol=protocol, threads=threads, duplex=True
+        )
+        label = f"-t{threads}" if threads != 1024 else ""
+        pipeline.save_plan(plan, out / f"alltoall-direct-{protocol}-x{instances}{label}-dx.json")
+        print(plan.name, max(len(g.threadblocks) for g in plan.gpus), "thread blocks")
+
+
 def multipeer_sets(out: Path, topology, which: str) -> None:
     if which == "multipeer":
         for name, method, protocol, instances, double, depth, pull in MULTIPEER:
@@ -172,7 +189,7 @@ def main() -> None:
     parser.add_argument("--topology", default="hgx_h200:gpus=2")
     parser.add_argument(
         "--set",
-        choices=("tests", "sweep", "tuned", "multipeer", "multipeer-ab"),
+        choices=("tests", "sweep", "tuned", "multipeer", "multipeer-ab", "duplex"),
         default="tests",
         help="which plan set to write",
     )
@@ -182,6 +199,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.set.startswith("multipeer"):
         multipeer_sets(out, topology, args.set)
+        return
+    if args.set == "duplex":
+        duplex_set(out, topology)
         return
     if args.set == "tuned":
         for name, method, protocol, instances, threads, double, depth in TUNED:

@@ -40,12 +40,18 @@ for n in ${NS:-4 2}; do
   REG="${REGS:-$OUT}/registry_a2a_x$n"
   if [ ! -d "$REG" ]; then
     step "tune the direct all-to-all for $(spec $n) into $REG"
-    # as the all-reduce registries' winners: LL of 512 threads up to 8 MB (the staging size), Simple of 1024
+    # as the all-reduce registries' winners: LL of 512 threads up to 8 MB (the staging size), Simple of 1024.
+    # --duplex: one block per peer both writes it and waits for it (the per-peer shape spins half its blocks), so
+    # twice the instances fit: the traffic model (bench/NOTES.md, all-to-all) predicts simple-x32-dx at 1.15-1.2x
+    # NCCL at 128-256 MB on 4 GPUs, where simple-x16 measured 1.02-1.05x; Simple multi-peer shapes measured slower
+    # everywhere (2026-11-27), so they are left out
     timeout -k 5 ${TUNE_S:-120} python3 -c 'from weft.cli import run; run()' tune alltoall -t "$(spec $n)" \
-      --registry "$REG" --protocols ll --instances 1,4,16,32 --threads 512 --ll-max-bytes 8MB >> "$LOG" 2>&1
+      --registry "$REG" --protocols ll --instances 1,4,16,32,64 --threads 512 --ll-max-bytes 8MB --duplex \
+      >> "$LOG" 2>&1
     echo "rc=$?" | tee -a "$LOG"
     timeout -k 5 ${TUNE_S:-120} python3 -c 'from weft.cli import run; run()' tune alltoall -t "$(spec $n)" \
-      --registry "$REG" --protocols simple --instances 4,16,32 --threads 1024 >> "$LOG" 2>&1
+      --registry "$REG" --protocols simple --instances 4,16,32,64 --threads 512,1024 --duplex --no-multipeer \
+      >> "$LOG" 2>&1
     echo "rc=$?" | tee -a "$LOG"
   fi
   if [ "${SKIP_BENCH:-0}" != 1 ]; then

@@ -50,6 +50,7 @@ NCCL_4 = {
     "allreduce": {16: 105.14, 64: 328.27, 256: 1191.31},
     "reducescatter": {16: 68.19, 64: 197.84, 256: 675.67},
     "allgather": {16: 69.40, 64: 193.69, 256: 663.99},
+    "alltoall": {16: 68.9, 64: 193.3, 256: 662.7},  # 2026-11-27's bench/moe_run.sh (issue 36)
 }  # gpu_*_bf16_graph_4xh200.json
 # (label, method, collective, options) predicted at 4 and 8 ranks: today's widest that fits (a dict: by ranks), and
 # the new shapes
@@ -97,6 +98,10 @@ PREDICTED: list[tuple[str, str, str, dict[Any, Any]]] = [
         {4: dict(protocol="simple", instances=16), 8: dict(protocol="simple", instances=8)},
     ),
     ("all-gather x128-mp", "direct", "allgather", dict(protocol="simple", instances=128, multipeer=True)),
+    # issue 36: simple-x16 measured 53.8, 173.2, 651.1 µs at 16, 64, 256 MB on 4×H200 (its receive blocks only wait)
+    ("all-to-all x16 (today's best)", "direct", "alltoall", dict(protocol="simple", instances=16)),
+    ("all-to-all x32-dx", "direct", "alltoall", dict(protocol="simple", instances=32, duplex=True)),
+    ("all-to-all x64-t512-dx", "direct", "alltoall", dict(protocol="simple", instances=64, threads=512, duplex=True)),
 ]
 
 

@@ -52,6 +52,7 @@ def compile_schedule(
     pull: bool = False,
     ll_max_bytes: int = LL_MAX_BYTES,
     multipeer: bool = False,
+    duplex: bool = False,
 ) -> Plan:
     """The execution Plan for ``schedule`` (``topology``: its fingerprint is recorded, and on a topology of several
     hosts every hop between hosts goes on a port channel, ``codegen.ports``; such plans are Simple).
@@ -67,6 +68,8 @@ def compile_schedule(
     otherwise the plan's name ends in ``-max`` and the size).
     ``multipeer``: one thread block per instance serves every peer, each phase one op over all its channels
     (``codegen.peers``); the plan's name ends in ``-mp``.
+    ``duplex``: a receive role that forwards nothing shares the send role's thread block for the same peer
+    (``codegen.threadblocks``); the plan's name ends in ``-dx``.
     """
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
@@ -113,7 +116,7 @@ def compile_schedule(
         lowered = [replace(a, via=("all", -1)) for a in lowered]
     actions = split_pipeline(lowered, instances, pipeline, placement)
     copies = instances * pipeline
-    assign_threadblocks(actions)
+    assign_threadblocks(actions, duplex)
     programs = insert_sync(merge_ranges(actions), double_scratch=double, lamport=chosen == LAMPORT)
     gather = gather_peers if multipeer else (lambda ops: ops)
     programs = {r: {t: fuse(gather(ops)) for t, ops in tbs.items()} for r, tbs in programs.items()}
@@ -131,6 +134,7 @@ def compile_schedule(
     name = f"{schedule.name or collective.name}-{chosen.lower()}-x{instances}"
     name += (f"-p{pipeline}" if pipeline > 1 else "") + (f"-t{threads}" if threads != MAX_THREADS else "")
     name += ("-2s" if double and chosen != "LL" else "") + ("-pull" if pull else "") + ("-mp" if multipeer else "")
+    name += "-dx" if duplex else ""
     name += f"-max{ll_max_bytes >> 20}MB" if ll_max_bytes != LL_MAX_BYTES else ""
     plan = assemble(
         programs,

@@ -7,6 +7,13 @@ their channel pair match in order. Receive and send roles are paired where chunk
 and fuse into one op; the other roles get thread blocks of their own, which run in parallel. Local copies
 get one more thread block. Channels are named by ``(peer, direction, instance)``; ``codegen.assemble``
 numbers them.
+
+``duplex``: a receive role whose chunks flow nowhere shares the thread block of the send role to the same peer
+(and instance), so one block per peer both writes the peer and waits for it. In a direct all-to-all every
+receive role only waits (the peer writes the data), so per-peer blocks spin on half the SMs they hold; duplex
+blocks keep them all writing, and twice the instances fit the GPU (``weft tune --duplex``). The plan's proof on
+the reference executor decides whether a schedule's order allows it (a block waiting before its own put would
+deadlock there).
 """
 
 from __future__ import annotations
@@ -16,19 +23,20 @@ from collections import Counter, defaultdict
 from codegen.ir import SEND, Action
 
 
-def assign_threadblocks(actions: list[Action]) -> None:
+def assign_threadblocks(actions: list[Action], duplex: bool = False) -> None:
     """Set ``action.tb`` for every action, numbering each rank's thread blocks from 0."""
     by_rank: dict[int, list[Action]] = defaultdict(list)
     for a in actions:
         by_rank[a.rank].append(a)
     for rank_actions in by_rank.values():
-        tb_of_role = _pair_roles(rank_actions)
+        tb_of_role = _pair_roles(rank_actions, duplex)
         for a in rank_actions:
             a.tb = tb_of_role[a.role]
 
 
-def _pair_roles(actions: list[Action]) -> dict[tuple, int]:
-    """Role -> thread block: receive roles matched to the send role their chunks flow into, greedily."""
+def _pair_roles(actions: list[Action], duplex: bool = False) -> dict[tuple, int]:
+    """Role -> thread block: receive roles matched to the send role their chunks flow into, greedily; with
+    ``duplex``, each receive role left over with the send role to its peer."""
     writer: dict = {}
     flows: Counter = Counter()
     for a in sorted(actions, key=lambda a: a.order):
@@ -44,6 +52,11 @@ def _pair_roles(actions: list[Action]) -> dict[tuple, int]:
     for (recv, send), _ in sorted(flows.items(), key=lambda kv: (-kv[1], kv[0])):
         if recv not in partner and send not in partner:
             partner[recv], partner[send] = send, recv
+    if duplex:
+        for recv in (r for r in roles if r[0] == "recv" and r not in partner):
+            send = ("send", recv[1], recv[2])
+            if send in roles and send not in partner:
+                partner[recv], partner[send] = send, recv
     tb_of_role: dict[tuple, int] = {}
     for role in roles:
         if role in tb_of_role:

@@ -174,6 +174,7 @@ def graph_of(
     fn, warmup_stream: torch.cuda.Stream, capture: Callable[[], contextlib.AbstractContextManager]
 ) -> torch.cuda.CUDAGraph:
     with capture():
+        warmup_stream.wait_stream(torch.cuda.current_stream())  # after what capture() prepared on this stream
         with torch.cuda.stream(warmup_stream):
             for _ in range(3):
                 fn()

@@ -1,6 +1,7 @@
 """All-to-all plans in the zero-copy capture flow, without GPUs (the fakes of tests/test_inference_capture_flow.py):
 the LL all-to-all writes peers only in their scratch, so a captured call binds the captured tensors with no
-exchange; the Simple one writes peers' outputs, so their captured outputs are exchanged when the capture closes."""
+exchange of buffers (the ranks only agree that every one binds); the Simple one writes peers' outputs, so their
+captured outputs are exchanged when the capture closes."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_a_captured_ll_all_to_all_binds_the_captured_tensors_with_no_exchange(pl
         assert comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000)) == ""
         record, ctx = record_of(comm, 0)
         assert not any(walk(record, ctx.records.layout)[1:])  # disarmed while capturing
-    assert calls == ["graph-buffers"]  # registration only: no peer maps the captured tensors
+    assert calls == ["graph-bind", "graph-buffers"]  # the ranks agree to bind; no peer maps the captured tensors
     assert slots_of(record, ctx.records.layout)[:2] == [0x10000, 0x20000]
     assert len(comm.launches) == 1
 

@@ -164,7 +164,7 @@ def test_a_captured_execution_launches_against_a_disarmed_record_then_leaving_ca
         assert walk(record, layout)[0] == [len(ctx.tables.ops)] and not any(walk(record, layout)[1:])
     address = ctx.records.address(0)
     assert comm.launches == [("ops", np.uint64(address), np.uint64(address + layout.tb_bytes), *ctx.args[3:])]
-    assert calls == ["graph-buffers"]  # no peer maps an LL one-shot's buffers: no exchange while capturing
+    assert calls == ["graph-bind", "graph-buffers"]  # the ranks agree to bind, then register
     assert slots_of(record, layout) == [0x10000, 0x20000, *ctx.slots[2:]]
     assert walk(record, layout) == [
         list(range(ctx.tables.tb_start[b], ctx.tables.tb_start[b + 1])) for b in range(ctx.tables.nthreadblocks)
@@ -176,7 +176,7 @@ def test_a_captured_execution_with_a_residual_binds_the_captured_residual_in_the
     with comm.capture():
         assert comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000), residual=Buffer(0x30000)) == ""
         why = comm.execute_captured(comm.plan, Buffer(0x40000), Buffer(0x50000))
-    assert why.startswith("no context for plan") and "residual" not in why  # only the residual's context exists
+    assert why.startswith("rank 0: no context for plan") and "residual" not in why  # only the residual's context exists
     record, ctx = record_of(comm, 0)
     assert ctx.tables.residual and len(ctx.slots) == ctx.tables.nslots
     assert slots_of(record, ctx.records.layout) == [0x10000, 0x20000, *ctx.slots[2:-1], 0x30000]
@@ -253,7 +253,7 @@ def test_a_size_without_an_eager_context_is_not_bound():
     comm = fake_communicator(0, 2, lone_gather(2)[0], LL_ONE_SHOT)
     with comm.capture():
         why = comm.execute_captured(comm.plan, Buffer(0x10000, N // 2), Buffer(0x20000, N // 2))
-    assert why.startswith("no context for plan") and "execute it once before capturing" in why
+    assert why.startswith("rank 0: no context for plan") and "execute it once before capturing" in why
 
 
 def test_a_capture_that_takes_every_record_stages_the_rest():
@@ -300,7 +300,8 @@ def test_an_error_inside_capture_registers_nothing_and_leaves_the_records_disarm
         comm.execute_captured(comm.plan, Buffer(0x10000), Buffer(0x20000))
         raise RuntimeError("model failed")
     record, ctx = record_of(comm, 0)
-    assert calls == [] and comm._captured == [] and walk(record, ctx.records.layout)[0] == [len(ctx.tables.ops)]
+    assert calls == ["graph-bind"] and comm._captured == []  # the ranks agreed to bind; no registration followed
+    assert walk(record, ctx.records.layout)[0] == [len(ctx.tables.ops)]
 
 
 def test_captured_executions_belong_inside_one_capture_block():

@@ -230,11 +230,25 @@ def test_an_executor_with_ll128_lines_chooses_by_the_times_measured_with_them():
 
 
 def test_ranks_agree_on_plans_only_when_every_view_is_the_same():
-    # both communicators (one host, several hosts) ask this of every rank's [topology, entry ids] or its reason
+    # both communicators (one host, several hosts) ask this of every rank's [topology, PlanChoice.basis] or its reason
     same = [["hgx", ["a", "b"]], ["hgx", ["a", "b"]]]
     assert disagreement(same) == ""
-    assert "different topologies or registry entries" in disagreement([["hgx", ["a", "b"]], ["hgx", ["a"]]])
+    assert "different topologies, registry entries" in disagreement([["hgx", ["a", "b"]], ["hgx", ["a"]]])
     assert "different topologies" in disagreement([["hgx", ["a"]], ["dgx", ["a"]]])
     assert (
         disagreement([["hgx", ["a"]], "the plan registry cannot be read: x"]) == "the plan registry cannot be read: x"
     )
+
+
+def test_ranks_whose_registries_differ_only_in_recorded_times_disagree():
+    # the same entries with another measured time pick another plan (or LL128 lines) at some size on one rank only,
+    # and the ranks' launches then wait for each other's packets until the timeout: weft must not start at all
+    fingerprint = build(MINE).fingerprint
+    locations = ["memory://inference-cpu-times-a", "memory://inference-cpu-times-b"]
+    for location in locations:
+        entry = _commit(location, MINE, "direct")
+    Registry(locations[1]).record_timing(entry.id, 64 << 10, 9.5)
+    a, b = (PlanChoice(Registry(loc), fingerprint, 2).basis() for loc in locations)
+    assert a != b and a == PlanChoice(Registry(locations[0]), fingerprint, 2).basis()
+    assert "recorded times" in disagreement([[fingerprint, a], [fingerprint, b]])
+    assert disagreement([[fingerprint, a], [fingerprint, a]]) == ""

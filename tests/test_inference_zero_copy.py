@@ -175,22 +175,22 @@ def test_records_are_addressed_across_chunks_and_written_in_place():
 # ---------------------------------------------------------------------------------------------- agreement
 
 
-def test_a_rank_decides_alone_where_no_peer_maps_the_buffers():
-    def never(what, value):
-        raise AssertionError("no exchange was needed")
-
-    assert binding_verdict("rank 1: a buffer is not aligned", False, never) == "rank 1: a buffer is not aligned"
-    assert binding_verdict("", False, never) == ""
+def test_one_ranks_misaligned_buffer_sends_every_rank_to_the_fallback():
+    # no peer maps the buffers of an LL plan, yet a rank that fell back alone would run another context than its
+    # peers (the staging one): its launch counters would part from theirs and their packets would never arrive
+    why = {1: "rank 1: a buffer is not aligned to the plan's 16-byte vectors"}
+    verdicts = on_ranks(2, lambda rank, gather: binding_verdict(why.get(rank, ""), gather))
+    assert verdicts == [why[1]] * 2
 
 
 def test_one_ranks_unshareable_buffer_sends_every_rank_to_the_fallback():
     why = {2: "rank 2: a buffer cannot be shared by CUDA IPC (expandable segments or virtual memory)"}
-    verdicts = on_ranks(4, lambda rank, gather: binding_verdict(why.get(rank, ""), True, gather))
+    verdicts = on_ranks(4, lambda rank, gather: binding_verdict(why.get(rank, ""), gather))
     assert verdicts == [why[2]] * 4
 
 
 def test_every_rank_binds_when_every_buffer_can_be_shared():
-    assert on_ranks(3, lambda rank, gather: binding_verdict("", True, gather)) == ["", "", ""]
+    assert on_ranks(3, lambda rank, gather: binding_verdict("", gather)) == ["", "", ""]
 
 
 # ---------------------------------------------------------------------------------------------- exchange

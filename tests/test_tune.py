@@ -360,3 +360,19 @@ def test_weft_tune_prints_each_variant_once_under_a_heading_per_schedule(capsys)
     assert not any(label in captured.err for label in labels)
     assert "(1 thread block)" in captured.out and "(1 thread blocks)" not in captured.out
     assert lines[-1].startswith("14 of 16 variants proven")
+
+
+def test_duplex_all_to_all_blocks_both_write_and_wait_so_twice_the_instances_fit():
+    # a direct all-to-all's receive roles only wait (the peer writes the data): per-peer blocks spin on half their
+    # SMs, so x32 of 1024 threads (224 blocks) does not fit 132 SMs; duplex blocks (128) do, every one writing
+    topology = resolve("hgx_h200:gpus=4")
+    schedule = synthesize(topology, "alltoall", "direct")
+    options = TuneOptions(instances=(32,), threads=(1024,), protocols=("simple",), multipeer=False, duplex=True)
+    outcomes = {o.variant.label: o for o in compile_variants(schedule, topology, options)}
+    assert outcomes["simple-x32"].plan is None and "hold 132 at once" in outcomes["simple-x32"].skipped
+    duplex = outcomes["simple-x32-dx"].plan
+    assert duplex is not None and duplex.weft.verification["ok"] and duplex.name.endswith("-dx")
+    blocks = duplex.gpus[0].threadblocks
+    assert len(blocks) == 4 * 32
+    peers = [tb for tb in blocks if any(op.name == "put" for op in tb.ops)]
+    assert len(peers) == 3 * 32 and all(any(op.name == "wait" for op in tb.ops) for tb in peers)

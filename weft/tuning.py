@@ -28,7 +28,7 @@ from schedules.compact import expand
 from schedules.plan.types import Plan
 from schedules.schedule import Schedule
 from topologies import Topology
-from weftcore.errors import WeftError
+from weftcore.errors import CheckFailed, WeftError
 
 PROTOCOLS = ("ll", "simple", "lamport")  # lamport: proven on the CPU; no GPU engine runs it yet (gpu_protocols)
 DEFAULT_PROTOCOLS = ("ll", "simple")
@@ -78,6 +78,9 @@ class TuneOptions:
     # also multi-peer variants (one thread block per instance serves every peer, ``codegen.peers``): None makes them
     # for schedules in which a rank sends to several peers, where per-peer thread blocks multiply
     multipeer: bool | None = None
+    # also duplex variants (one thread block per peer both writes it and waits for it, ``codegen.threadblocks``):
+    # per-peer Simple and LL shapes of schedules whose receive roles forward nothing (a direct all-to-all)
+    duplex: bool = False
 
     def __post_init__(self) -> None:
         if not self.instances or any(not isinstance(i, int) or i < 1 for i in self.instances):
@@ -103,6 +106,7 @@ class Variant:
     pull: bool = False
     pipeline: int = 1
     multipeer: bool = False
+    duplex: bool = False
 
     @property
     def label(self) -> str:
@@ -112,6 +116,7 @@ class Variant:
             + (f"-t{self.threads}" if self.threads != 1024 else "")
             + ("-pull" if self.pull else "")
             + ("-mp" if self.multipeer else "")
+            + ("-dx" if self.duplex else "")
         )
 
 
@@ -141,14 +146,21 @@ def grid(options: TuneOptions, peers: int = 1) -> list[Variant]:
     depths = {"ll": (1,), "lamport": (1,), "simple": tuple(sorted(set(options.pipelines)))}
     multi = options.multipeer if options.multipeer is not None else peers > 1
     shapes = (False, True) if multi else (False,)
+    # a multi-peer block already serves every peer in both directions; pulls are lowered to one block per instance
+    duplexes = {
+        (mp, pull): (False, True) if options.duplex and not mp and not pull else (False,)
+        for mp in shapes
+        for pull in (False, True)
+    }
     return [
-        Variant(p, i, t, pull, d, mp)
+        Variant(p, i, t, pull, d, mp, dx)
         for p in options.protocols
         for pull in pulls[p]
         for d in depths[p]
         for i in sorted(set(options.instances))
         for t in sorted(set(options.threads))
         for mp in shapes
+        for dx in duplexes[(mp, pull)]
     ]
 
 
@@ -186,8 +198,10 @@ def compile_variants(
                 if blocks > capacity
                 else _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options.ll_max_bytes)
             )
-        except CodegenError as e:
-            outcomes.append(Outcome(v, None, str(e)))
+        except (CodegenError, CheckFailed) as e:
+            if isinstance(e, CheckFailed) and not v.duplex:
+                raise  # a grid shape of every schedule must prove; a duplex one only where the order allows it
+            outcomes.append(Outcome(v, None, f"not proven: {e}" if isinstance(e, CheckFailed) else str(e)))
             if each:
                 each(outcomes[-1])
             continue
@@ -218,6 +232,7 @@ def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, ll_max_byt
         threads=v.threads,
         pipeline=v.pipeline,
         multipeer=v.multipeer,
+        duplex=v.duplex,
         **extra,
     )
     return max(len(g.threadblocks) for g in plan.gpus)
@@ -233,6 +248,7 @@ def _best_scratch(
         "threads": v.threads,
         "pipeline": v.pipeline,
         "multipeer": v.multipeer,
+        "duplex": v.duplex,
     }
     if v.protocol == "ll":
         return compile_and_verify(schedule, topology, ll_max_bytes=ll_max_bytes, **options)

@@ -79,6 +79,7 @@ HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 GRAPH_RECORDS = 1024  # binding records a context has free when capture() opens (or it is made inside)
 IPC_CAPABLE = 10  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
 MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
+BIND_VERDICT = "graph-bind"  # the exchange in which the ranks decide whether a captured call binds its tensors
 
 
 @dataclass(frozen=True)
@@ -180,12 +181,12 @@ def ipc_capable(pointer: int) -> bool:
     return fn(ctypes.byref(value), IPC_CAPABLE, ctypes.c_uint64(pointer)) == 0 and value.value == 1
 
 
-def binding_verdict(why: str, collective: bool, all_gather: Callable[[str, Any], list]) -> str:
-    """'' where an execution binds its buffers, else why not: this rank's say alone where no peer maps them,
-    every rank's where peers do (any rank's refusal sends every rank to the fallback)."""
-    if not collective:
-        return why
-    verdicts = all_gather("graph-bind", why)
+def binding_verdict(why: str, all_gather: Callable[[str, Any], list]) -> str:
+    """'' where every rank binds its buffers, else the first refusal of any rank (collective). Every rank decides
+    together even where no peer maps the buffers: a rank that refused alone would run the call on another path
+    (the communicator's staging context, not the template's) and its launch counters would part from its peers',
+    so their packets never arrive."""
+    verdicts = all_gather(BIND_VERDICT, why)
     return next((v for v in verdicts if v), "")
 
 
@@ -387,8 +388,8 @@ class InterpreterEngine:
         of its own, armed at registration. Returns
         '' when it launched, else why it did not (nothing launched): no such context, a buffer not aligned to the
         context's vectors, no free record, or, for plans whose peers map this rank's input or output, a buffer
-        that CUDA IPC cannot share on some rank. Where peers map the buffers every rank decides together
-        (collective); elsewhere no peer sees them and the decision is this rank's.
+        that CUDA IPC cannot share on some rank. Every rank decides together (collective: one exchange through the
+        store per captured call), so that no rank runs the call on a path its peers do not.
         """
         if not self._graph_mode:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
@@ -402,18 +403,20 @@ class InterpreterEngine:
         res = self._residual(plan, buf, residual, dtype)
         normed = self._norm_buffers(plan, buf, res, norm, dtype)
         ctx = self._templates.get((plan_hash, self._message_bytes(plan, buf), dtype, lines, _variant(res, norm)))
+        in_ptr = out_ptr = 0
         if ctx is None:
-            return (
+            why = (
                 f"no context for plan {plan.name} at {buf.nbytes} B of input{' with a residual' if res else ''}: "
                 "execute it once before capturing"
             )
-        self._check_output(plan, ctx.tables, out, dtype)
-        in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
-        why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None, *(b.pointer for b in normed))
-        why = binding_verdict(f"rank {self.rank}: {why}" if why else "", ctx.peers.collective, self._all_gather)
+        else:
+            self._check_output(plan, ctx.tables, out, dtype)
+            in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
+            why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None, *(b.pointer for b in normed))
+        why = binding_verdict(f"rank {self.rank}: {why}" if why else "", self._all_gather)
         if why:
             return why
-        assert ctx.records is not None  # every template made in capture() got its records (_add_records)
+        assert ctx is not None and ctx.records is not None  # every rank bound; templates made in capture() got records
         mine = {"i": in_ptr, "o": out_ptr}
         deferred = {slot for slot, _, _ in ctx.peers.deferred}
         slots = (in_ptr, out_ptr, *(0 if k in deferred else p for k, p in enumerate(ctx.slots) if k >= 2))
@@ -967,6 +970,11 @@ class InterpreterEngine:
             )
         elif kind == 1:
             detail = f"sem_acquire on semaphore {-2 - channel}"
+        elif kind == 2:  # the peer's packets of this launch: a peer ran this plan another number of times
+            detail += (
+                " (or the ranks launched this plan unequally often: a graph replayed on some ranks only, or two "
+                "launches of it on one rank that no stream orders)"
+            )
         elif kind == 3:
             detail += f" (barrier {barrier})"
         elif kind == 5:

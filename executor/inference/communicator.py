@@ -28,7 +28,8 @@ themselves (``InterpreterEngine.execute_captured``), through the size's context,
 them on every rank before any replay (vLLM's graph buffer registration). The chosen plans write peers only in
 their scratch, so no peer maps a captured tensor and tensors from expandable segments bind too; a plan whose
 peers map the tensors would exchange their IPC handles at registration, and any tensor that cannot be shared
-(or is not aligned to the plan's vectors) keeps the staging path for that call, decided while capturing.
+(or is not aligned to the plan's vectors) on any rank keeps the staging path for that call on every rank, decided
+together while capturing (a rank that staged alone would run another context than its peers and hang them).
 Graphs captured outside ``capture()`` use the staging path.
 
 Any size a plan runs is weft's: a size that is not a multiple of the plan's granule (``Plan.padding``) runs padded,
@@ -41,10 +42,11 @@ their sums, so the result is rounded as the sum followed by the add, and the lay
 hold the same values on every rank, as the residual stream does. Elsewhere (NCCL, the port engine, or a plan that
 cannot) the sum is computed first and the residual added after it.
 
-Reusing the staging buffers and contexts call after call is safe because calls are ordered on the caller's
-stream (one stream per communicator, as engines run their collectives) and only plans that a rank can run again
-before its peers finished the previous execution are chosen (``plans.safe_back_to_back``: LL, double
-scratch, peers written only in their scratch).
+Reusing the staging buffers and contexts call after call is safe because eager calls run on the GPU in the order
+they are made, whatever streams they are made on (``executor.inference.streams``: a call on another stream than
+the one before waits for it, as NCCL orders a communicator's operations), and only plans that a rank can run again
+before its peers finished the previous execution are chosen (``plans.safe_back_to_back``: LL, double scratch,
+peers written only in their scratch). Replay graphs on the stream of the eager calls around them.
 """
 
 from __future__ import annotations
@@ -59,13 +61,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from executor.gpu import bootstrap
-from executor.gpu.engine import InterpreterEngine, NormCall
+from executor.gpu.engine import BIND_VERDICT, InterpreterEngine, NormCall
 from executor.hosts import host_identity
 from executor.inference import ops
 from executor.inference.engine import Engine
 from executor.inference.norm import UNFUSED, check_norm_call, norm_candidates
 from executor.inference.plans import PlanChoice, disagreement, split_refusal
 from executor.inference.staging import Staging
+from executor.inference.streams import torch_order
 from executor.inference.topology import machine_topology, p2p_works
 from executor.port.engine import PortEngine
 from executor.reference.norm import RowNorm, best_norm_plan, rows_refusal
@@ -76,6 +79,7 @@ from topologies import Topology
 
 log = logging.getLogger("weft.inference")
 STAGING_BYTES = 8 << 20
+NOT_CONTIGUOUS = "a tensor (input, residual or weight) is not contiguous"
 DTYPES = ops.DTYPES
 
 Agree = Callable[[str, object], list]  # every rank's value for one named agreement, in rank order (collective)
@@ -117,6 +121,8 @@ class Communicator:
         self._ready: set[tuple[str, int, str, bool | RowNorm]] = set()
         self._norm_choices: dict[tuple[int, torch.dtype, RowNorm], tuple[Plan | None, str]] = {}
         self._capturing = False  # inside capture(), where a staging engine's calls bind the captured tensors
+        # eager calls in one order across the caller's streams (executor.inference.streams)
+        self.streams = torch_order(getattr(engine, "device", None))
         # calls by path (a captured call counts once): the engine's direct path, staging where it stages, NCCL
         staging = engine is None or engine.stages
         self.paths = {
@@ -512,14 +518,11 @@ class Communicator:
         plan = self.plan_for(collective, nbytes, tensor.dtype)
         if plan is None:
             self._fallback(collective, nbytes, tensor.dtype, self._no_plan_reason(collective, nbytes, tensor.dtype))
-        elif torch.cuda.is_current_stream_capturing() and not self.is_prepared(plan, nbytes, tensor.dtype, residual):
-            self._fallback(
-                collective,
-                nbytes,
-                tensor.dtype,
-                "first seen inside graph capture; warm up or use capture(sizes=...) before capturing",
-            )
-            plan = None
+        elif torch.cuda.is_current_stream_capturing() and self.stages:
+            why = self._unprepared(self.is_prepared(plan, nbytes, tensor.dtype, residual), "sizes")
+            if why:
+                self._fallback(collective, nbytes, tensor.dtype, why)
+                plan = None
         if plan is None:
             self.paths["nccl"] += 1
         return plan
@@ -537,6 +540,7 @@ class Communicator:
         holds the result (``output``, or the staging output of ``numel`` elements, default ``output``'s)."""
         assert self.engine is not None  # a plan came, so the engine runs
         if output is not None and not self.engine.stages:
+            self.streams.follow()
             target = (
                 output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
             )
@@ -549,6 +553,20 @@ class Communicator:
         if output is not None and self._zero_copy(plan, tensor, output, residual):
             return output
         return self._stage(plan, tensor, output.numel() if output is not None else numel or 0, residual)
+
+    def _unprepared(self, prepared: bool, option: str, why: str = "") -> str:
+        """Inside a capture on a staging engine: why a call cannot run its plan on some rank (``why`` here, or its
+        context not prepared), or '' where every rank can (collective)."""
+        if not why and not prepared:
+            why = f"first seen inside graph capture; warm up or use capture({option}=...) before capturing"
+        return self._together("graph-prepared", why)
+
+    def _together(self, what: str, why: str) -> str:
+        """Every rank's say on one captured call (collective: a staging engine's decisions inside a capture depend
+        on each rank's own state and tensors): the first refusal, or '' where every rank said ''. A rank that
+        decided alone would take another path than its peers (NCCL, or another context) and hang them."""
+        assert self.engine is not None  # only a staging engine's captured calls ask
+        return _first(self.engine.exchange(what, f"rank {self.rank}: {why}" if why else ""))
 
     def _in_graph(self) -> bool:
         """Whether a graph is capturing inside ``capture()``, where calls bind the captured tensors."""
@@ -570,9 +588,11 @@ class Communicator:
         assert self.engine is not None  # _in_graph holds an engine
         nbytes = max(tensor.numel(), output.numel()) * tensor.element_size()
         buffers = (tensor, output, *([] if residual is None else [residual]))
-        why = "the tensor is not contiguous" if norm is None and not all(t.is_contiguous() for t in buffers) else ""
-        lines = self._lines(plan.collective, tensor, output.numel())
-        why = why or self.engine.execute_captured(plan, tensor, output, lines=lines, residual=residual, norm=norm)
+        if norm is None and not all(t.is_contiguous() for t in buffers):  # joins the peers' verdict on the call
+            why = self._together(BIND_VERDICT, "the tensor is not contiguous")
+        else:
+            lines = self._lines(plan.collective, tensor, output.numel())
+            why = self.engine.execute_captured(plan, tensor, output, lines=lines, residual=residual, norm=norm)
         if why:
             self._fallback(
                 what or plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph"
@@ -586,6 +606,7 @@ class Communicator:
     ) -> torch.Tensor:
         """Run ``plan`` through the staging buffers (and the staging residual); the staged output."""
         assert self.engine is not None and self.staging is not None  # a staging engine ran the plan
+        self.streams.follow()
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
         source, staged = self.staging.views(tensor.numel(), out_numel, tensor.dtype)
         if tensor.data_ptr() != source.data_ptr() or not tensor.is_contiguous():
@@ -605,6 +626,7 @@ class Communicator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the fused launch through staging buffers (input, residual, weight, normed); (output, normed)."""
         assert self.engine is not None and self.staging is not None  # a staging engine ran the plan
+        self.streams.follow()
         nbytes = tensor.numel() * tensor.element_size()
         weight = norm.weight
         source, staged = self.staging.views(tensor.numel(), tensor.numel(), tensor.dtype)
@@ -626,14 +648,13 @@ class Communicator:
     ) -> tuple[Plan | None, str]:
         """(plan, '') for a fused launch, or (None, why the call runs unfused)."""
         nbytes = tensor.numel() * tensor.element_size()
-        if not all(t.is_contiguous() for t in (tensor, residual, weight)):
-            return None, "a tensor (input, residual or weight) is not contiguous"
+        scattered = "" if all(t.is_contiguous() for t in (tensor, residual, weight)) else NOT_CONTIGUOUS
         plan = self.norm_plan_for(nbytes, tensor.dtype, rows)
         if plan is None:
             return None, self.norm_reason(nbytes, tensor.dtype, rows)
-        if torch.cuda.is_current_stream_capturing() and not self.is_norm_prepared(plan, nbytes, tensor.dtype, rows):
-            return None, "first seen inside graph capture; warm up or use capture(rms_norm=...) before capturing"
-        return plan, ""
+        if torch.cuda.is_current_stream_capturing() and self.stages:  # fused or not: every rank's say
+            scattered = self._unprepared(self.is_norm_prepared(plan, nbytes, tensor.dtype, rows), "rms_norm", scattered)
+        return (None, scattered) if scattered else (plan, "")
 
     def _choose_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> tuple[Plan | None, str]:
         choice, engine = self.choice, self.engine
@@ -703,9 +724,10 @@ class Communicator:
         return ""
 
     def _plans_seen(self) -> object:
-        """What every rank must see alike, or the ranks would pick different plans: the topology and entries."""
+        """What every rank must see alike, or the ranks would pick different plans or lines for one call: the
+        topology, and the entries with their recorded times and the options (``PlanChoice.basis``)."""
         assert self.topology is not None and self.choice is not None  # _read_plans set both where it said ''
-        return [self.topology.fingerprint, sorted(e.id for e in self.choice.entries)]
+        return [self.topology.fingerprint, self.choice.basis()]
 
 
 def _first(verdicts: list) -> str:

@@ -10,6 +10,8 @@ True
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,7 +104,10 @@ def disagreement(seen: list) -> str:
     if reasons:
         return reasons[0]
     if any(v != seen[0] for v in seen):
-        return "ranks see different topologies or registry entries (is $WEFT_REGISTRY the same everywhere?)"
+        return (
+            "ranks see different topologies, registry entries or recorded times, or pass different options "
+            "(is $WEFT_REGISTRY the same everywhere, and not being written?)"
+        )
     return ""
 
 
@@ -137,6 +142,16 @@ class PlanChoice:
             and (not self.deterministic or fixed_reduction_order(e.plan))
         ]
         self.nccl_us = {c: self.registry.nccl_times(self.topology, c) for c in {e.key.collective for e in self.entries}}
+
+    def basis(self) -> str:
+        """A digest of everything that decides a choice here (the entries, their recorded times, NCCL's, and the
+        options): ranks whose bases differ could pick different plans or lines for one call, and hang each other."""
+        seen = {
+            "entries": sorted((e.id, e.predicted_us, e.measured_us, e.measured_ll128_us) for e in self.entries),
+            "nccl_us": self.nccl_us,
+            "options": [self.nranks, self.deterministic, self.ll128],
+        }
+        return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def plan(self, collective: str, nbytes: int, dtype: str) -> Plan | None:
         chosen = self.choose(collective, nbytes, dtype)

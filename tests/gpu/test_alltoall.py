@@ -17,6 +17,7 @@ from torch_job import each, run_job, run_scenarios, start_rank
 HIDDEN = 4096
 EAGER_BYTES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)  # each rank's whole input; 32 MB is past the staging buffers
 GRAPH_BYTES = (64 << 10, 2 << 20)
+STREAM_BYTES, STREAM_ROUNDS = 512 << 10, 20  # the MoE layer's all-to-all at EP=4, 32 tokens per rank
 
 
 def _registry(folder: Path, nranks: int) -> str:
@@ -72,6 +73,12 @@ def test_captured_all_to_all_runs_zero_copy_and_matches_nccl_on_every_replay(res
 def test_a_size_first_seen_in_a_capture_runs_on_nccl_and_is_correct(results):
     for row in each(results, "unprepared"):
         assert row["nccl"] == 1 and row["wrong"] == 0
+
+
+@pytest.mark.gpu
+def test_calls_on_a_side_stream_right_after_prepare_are_ordered_and_correct(results):
+    for row in each(results, "streams"):
+        assert row["wrong"] == 0 and row["waits"] >= 2 * STREAM_ROUNDS - 1  # side after current, current after side
 
 
 @pytest.mark.gpu
@@ -144,6 +151,33 @@ def scenario_unprepared(comm, device) -> dict:
     return {"nccl": nccl, "wrong": int(not torch.equal(out, _nccl(x)))}
 
 
+def scenario_streams(comm, device) -> dict:
+    """examples/moe_layer.py's all-to-all graph warm-up (issue 36), eagerly: ``prepare`` on the current stream,
+    then at once three calls on a side stream, rank 0 a few milliseconds late each round (as a store exchange's
+    polling leaves it). Unordered, two executions of one staging context ran at once on a GPU and a peer waited
+    30 s for packets the later one overwrote; the communicator orders the side stream after the current one."""
+    import time
+
+    import torch
+
+    side = torch.cuda.Stream()
+    x = torch.randn(STREAM_BYTES // (2 * HIDDEN), HIDDEN, device=device).to(torch.bfloat16)
+    outs = [torch.empty_like(x) for _ in range(3)]
+    waits, wrong = comm.streams.waits, 0
+    for _ in range(STREAM_ROUNDS):
+        x.copy_(torch.randn_like(x, dtype=torch.float32))
+        if comm.rank == 0:
+            time.sleep(0.003)
+        comm.prepare("alltoall", x.numel() * x.element_size(), x.dtype)
+        with torch.cuda.stream(side):
+            for out in outs:
+                comm.all_to_all_single(out, x)
+        torch.cuda.current_stream().wait_stream(side)
+        ref = _nccl(x)
+        wrong += sum(not torch.equal(out, ref) for out in outs)
+    return {"wrong": wrong, "waits": comm.streams.waits - waits}
+
+
 def scenario_bad_split(comm, device) -> dict:
     import torch
 
@@ -169,6 +203,7 @@ def main() -> None:
             "eager": lambda: scenario_eager(comm, device),
             "graph": lambda: scenario_graph(comm, device),
             "unprepared": lambda: scenario_unprepared(comm, device),
+            "streams": lambda: scenario_streams(comm, device),
             "bad_split": lambda: scenario_bad_split(comm, device),
         },
     )

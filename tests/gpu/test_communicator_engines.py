@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from cpu_rank import run_script
 
-SCRIPT = r"""
+ENGINE = r"""
 import contextlib, tempfile
 from types import SimpleNamespace
 import torch, torch.distributed as dist
@@ -20,6 +20,7 @@ torch.cuda.is_current_stream_capturing = lambda: False  # a CPU build cannot ask
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
 from executor import Communicator, RowNorm
 from executor.inference.staging import Staging
+from executor.inference.streams import StreamOrder
 
 class StagingEngine:
     '''One rank: a plan's sum is its input, plus the residual and the norm as the kernel applies them.'''
@@ -41,16 +42,25 @@ class StagingEngine:
     def synchronize(self): pass
     def close(self): pass
 
-plans = {c: SimpleNamespace(name=c, collective=c, content_hash=c) for c in ("allreduce", "allgather")}
+waited = []  # (stream, the stream it waited for), as the communicator ordered them
+
+plans = {c: SimpleNamespace(name=c, collective=c, content_hash=c) for c in ("allreduce", "allgather", "alltoall")}
 plan = plans["allreduce"]
 choice = SimpleNamespace(plan=lambda c, n, d: plans.get(c), lines=lambda c, n, d: c == "allreduce",
                          reason=lambda c, n, d: "no plan in this test", entries=[])
 engine = StagingEngine()
 comm = Communicator(engine, lambda what, value: [value], "plans set by hand below", rank=0, world_size=1)
 comm.enabled, comm.choice, comm.staging = True, choice, Staging(1 << 16, 0)
+stream = ["default"]  # the caller's current stream
+comm.streams = StreamOrder(lambda: stream[0], lambda s, earlier: waited.append((s, earlier)), lambda: False)
 staging = comm.staging
 staging.input, staging.output, staging.residual = (torch.empty(1 << 16, dtype=torch.uint8) for _ in range(3))
 x, h, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+"""
+
+SCRIPT = (
+    ENGINE
+    + r"""
 
 assert torch.equal(comm.all_reduce(x), x) and engine.calls[-1] == (comm.staging.input.data_ptr(), True, False, False)
 assert torch.allclose(comm.all_reduce(x, residual=h), x + h) and engine.calls[-1][2]  # added in the launch
@@ -82,9 +92,76 @@ with alone.capture(sizes=[1024]):
     pass
 print("all ok")
 """
+)
+
+# examples/moe_layer.py's all-to-all graph (issue 36): capture(alltoall_sizes=...) prepares the size on the current
+# stream, then the warm-up runs on a side stream at once. Unordered, the two executions of one staging context run
+# together on the GPU, and an LL peer waits for packets the later one overwrote, until the 30 s timeout.
+STREAMS = (
+    ENGINE
+    + r"""
+x, out = torch.randn(8, 64), torch.empty(8, 64)
+comm.prepare("alltoall", x.numel() * 4, torch.float32)  # on the default stream
+stream[0] = "side"
+for _ in range(3):
+    comm.all_to_all_single(out, x)  # the warm-up
+assert waited == [("side", "default")], waited  # once: its first call waited for the prepared execution
+stream[0] = "default"
+comm.all_to_all_single(out, x)
+assert waited[1:] == [("default", "side")] and comm.streams.waits == 2 and comm.paths["staging"] == 5, comm.paths
+print("all ok")
+"""
+)
+
+
+# Inside a capture each rank's decisions depend on its own state (which sizes it prepared) and tensors (contiguous,
+# aligned): a rank that decided alone would run NCCL or the staging context while its peers ran the plan, and they
+# would wait for each other until a timeout. So every rank says, and the first refusal decides for all. Here the one
+# CPU rank's peer (rank 1, through the fake exchange) refuses; this rank, which could run the plan, follows it.
+CAPTURE = (
+    ENGINE
+    + r"""
+from executor.gpu.engine import BIND_VERDICT
+said, refusals = [], ["rank 1: first seen inside graph capture; warm up"]  # the peer's say, once
+def exchange(what, value):
+    said.append((what, value))
+    return [value, refusals.pop() if refusals else ""]
+engine.exchange = exchange
+out = torch.empty(8, 64)
+comm.all_reduce(x)  # eager: this rank's contexts for the sizes exist
+comm.all_to_all_single(out, torch.randn(8, 64))
+assert comm.is_prepared(plan, x.numel() * 4, torch.float32)
+torch.cuda.is_current_stream_capturing = lambda: True
+nccl = comm.paths["nccl"]
+assert torch.equal(comm.all_reduce(x), x) and comm.paths["nccl"] == nccl + 1  # the peer's refusal sent it to NCCL
+assert said == [("graph-prepared", "")], said
+comm._capturing = True  # inside capture(): a call binds the captured tensors, or every rank stages it
+staged = comm.paths["staging"]
+comm.all_to_all_single(out, torch.randn(64, 8).t())  # not contiguous on this rank
+assert said[-1] == (BIND_VERDICT, "rank 0: the tensor is not contiguous"), said
+assert comm.paths["staging"] == staged + 1 and comm.paths["zero_copy"] == 0
+rows = RowNorm(64, 1e-5)
+comm._norm_choices[(x.numel() * 4, torch.float32, rows)] = (plan, "")  # as pin_norm_plan, past its proof
+comm.all_reduce(torch.randn(64, 4).t(), residual=h, rms_weight=w, eps=1e-5)  # not contiguous: unfused, on every rank
+assert ("graph-prepared", "rank 0: a tensor (input, residual or weight) is not contiguous") in said, said
+print("all ok")
+"""
+)
 
 
 def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank():
     pytest.importorskip("torch")
     done = run_script(SCRIPT)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+
+
+def test_eager_calls_on_another_stream_wait_for_the_calls_before_them():
+    pytest.importorskip("torch")
+    done = run_script(STREAMS)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+
+
+def test_a_peers_refusal_inside_a_capture_decides_for_every_rank():
+    pytest.importorskip("torch")
+    done = run_script(CAPTURE)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]

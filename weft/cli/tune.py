@@ -66,6 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "more than 2 ranks); --no-multipeer leaves them out",
     )
     p.add_argument(
+        "--duplex",
+        action="store_true",
+        help="also variants in which one thread block per peer both writes it and waits for it (where the "
+        "proof allows: receive roles that forward nothing, as in a direct all-to-all)",
+    )
+    p.add_argument(
         "--ll-max-bytes",
         default="1MB",
         help="the largest message LL variants accept (whole MB; higher pays with --ll128 executors)",
@@ -103,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         pipelines=_ints(args.pipeline, "--pipeline"),
         ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"),
         multipeer=args.multipeer,
+        duplex=args.duplex,
     )
     topology = resolve(args.topology)
     if args.output and not args.dry_run:
