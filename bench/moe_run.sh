@@ -9,7 +9,11 @@
 #   3. examples/moe_layer.py at EP=4 and EP=2 on those registries (NCCL and weft in one job);
 #   4. 2DH on 4 GPUs declared as 2 hosts x 2 GPUs (bench/mscclpp_x4.sh's setup: two torchrun "nodes" as WEFT_HOST
 #      host0/host1, NCCL forced onto its network path): the 2DH and flat direct plans through the port engine, in
-#      one bench against NCCL's all-to-all over the same transport.
+#      one bench against NCCL's all-to-all over the same transport. TWODH_FABRIC=sockets (default; everything on
+#      sockets, as run on 2026-11-27: 2DH 0.45-0.55x NCCL, one lane) or nvlink (NCCL_HOSTID per host: NVLink inside a
+#      host, sockets between, the asymmetric fabric 2DH is for, as bench/port_x4.sh's final_nvlink); TWODH_LANES
+#      (default 4) sets the port engine's lanes (WEFT_PORT_LANES), which ran 1.4-1.9x NCCL for all-gather and
+#      all-reduce at 16-256 MB where one lane ran 0.6-0.9x.
 # NS="2" runs the 2-GPU half only (default "4 2"). Stages can be skipped (SKIP_TESTS=1 SKIP_BENCH=1 SKIP_MOE=1 SKIP_2DH=1) and their time limits changed (TESTS_S,
 # TUNE_S, BENCH_S, MOE_S, TWODH_S). Everything lands in $OUT: logs, results JSON, registries. Never run yet: if one
 # 600 s call is too short, split it (SKIP_MOE=1 SKIP_2DH=1, then SKIP_TESTS=1 SKIP_BENCH=1) with REGS naming a
@@ -90,12 +94,13 @@ if [ "${SKIP_2DH:-0}" != 1 ]; then
   port=$((20000 + RANDOM % 20000))
   step "weft bench alltoall on 4 GPUs as 2 hosts x 2 GPUs (port engine; NCCL on its network path): $PLANS"
   for h in 0 1; do
-    CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) WEFT_HOST=host$h NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
-      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout -k 5 ${TWODH_S:-150} \
+    if [ "${TWODH_FABRIC:-sockets}" = sockets ]; then net="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; else net="NCCL_HOSTID=host$h"; fi
+    env CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) WEFT_HOST=host$h $net WEFT_PORT_LANES=${TWODH_LANES:-4} \
+      CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout -k 5 ${TWODH_S:-150} \
       python3 -m torch.distributed.run --nnodes 2 --node-rank $h --nproc-per-node 2 --master-addr 127.0.0.1 \
       --master-port $port --no-python python3 -c 'from weft.cli import run; run()' bench alltoall \
       --plans $PLANS --sizes ${TWODH_SIZES:-64KB:64MB} --samples ${TWODH_SAMPLES:-6} --calls ${TWODH_CALLS:-5} \
-      --timeout 20 -o "$OUT/gpu_alltoall_bf16_graph_2dh_2x2${GPU}.json" > "$OUT/twodh$h.log" 2>&1 &
+      --timeout 20 -o "$OUT/gpu_alltoall_bf16_graph_2dh_2x2${GPU}_${TWODH_FABRIC:-sockets}.json" > "$OUT/twodh$h.log" 2>&1 &
   done
   wait
   grep -h -o "via NET/[A-Za-z]*" "$OUT"/twodh*.log | sort | uniq -c > "$OUT/twodh_nccl_transport.txt"
@@ -103,7 +108,7 @@ if [ "${SKIP_2DH:-0}" != 1 ]; then
   for h in 0 1; do grep -v "NCCL INFO" "$OUT/twodh$h.log" | tail -n 40 > "$OUT/twodh$h.tail"; rm "$OUT/twodh$h.log"; done
   tail -n 25 "$OUT/twodh0.tail" | tee -a "$LOG"
   # which plan won each size, and each plan's time (plans_us by hash)
-  python3 - "$OUT/gpu_alltoall_bf16_graph_2dh_2x2${GPU}.json" "$P" <<'EOF' | tee -a "$LOG"
+  python3 - "$OUT/gpu_alltoall_bf16_graph_2dh_2x2${GPU}_${TWODH_FABRIC:-sockets}.json" "$P" <<'EOF' | tee -a "$LOG"
 import json, sys
 from pathlib import Path
 from schedules.plan import load_plan

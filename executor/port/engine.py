@@ -62,7 +62,7 @@ from schedules.plan.types import Plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 POLL_S = 0.0005
-LANES = 1  # unless $WEFT_PORT_LANES says otherwise: lanes wait for a GPU run of closed groups at >= 16 MB
+LANES = 1  # unless $WEFT_PORT_LANES says otherwise: closed groups ran at 16-256 MB; 1-4 MB and NVLink hosts next
 PIECE_BYTES = 64 << 10  # the least of a chunk that a lane carries
 ALIGN_BYTES = 16  # lanes split chunks on 16-byte boundaries
 LANE_CTAS = 8  # thread blocks of one lane's NCCL kernels
