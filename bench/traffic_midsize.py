@@ -133,9 +133,25 @@ def fit_points(points: list[tuple[Plan, int, bool, float]]) -> list[tuple[Plan, 
     return [x for x in points if x[1] in sizes and x[3] <= 1.5 * best[x[1]]]
 
 
-# (label, method, compile options, LL128 lines, what tune lacks to make it; '' when it can)
+# (label, method, compile options, LL128 lines, how `weft tune` makes it, or why it cannot)
 Candidate = tuple[str, str, dict[str, Any], bool, str]
-LAMPORT_BEYOND = "Lamport plans stop at 4 MB (codegen.protocol.LAMPORT_MAX_BYTES); tune has no option to raise it"
+WIDE = 16 * MB  # packet variants' limit for these predictions (tune: --ll-max-bytes / --lamport-max-bytes 16MB)
+
+
+def tune_flags(method: str, options: dict[str, Any]) -> str:
+    """The `weft tune allreduce -t hgx_h200:gpus=4` flags that make this shape (and `weft bench --ll128` for lines)."""
+    flags = [
+        f"--method {method}",
+        f"--protocols {options['protocol']}",
+        f"--instances {options['instances']}",
+        f"--threads {options['threads']}",
+    ]
+    flags += [f"--pipeline {options['pipeline']}"] if options.get("pipeline", 1) > 1 else []
+    flags += ["--pull"] if options.get("pull") else []
+    flags += [] if options.get("multipeer") else ["--no-multipeer"]
+    flags += ["--ll-max-bytes 16MB"] if options.get("ll_max_bytes") else []
+    flags += ["--lamport-max-bytes 16MB"] if options.get("lamport_max_bytes") else []
+    return " ".join(flags)
 
 
 def candidates() -> list[Candidate]:
@@ -143,58 +159,44 @@ def candidates() -> list[Candidate]:
     multi-peer blocks; LL with and without lines; Lamport), and vLLM's own two-shot shape (36 blocks of 512
     threads that pull), which no power-of-two size fills."""
     out: list[Candidate] = []
-    counts = (4, 8, 16, 32, 64, 128)
-    for i in counts:
+    for i in (4, 8, 16, 32, 64, 128):
         for t in (512, 1024):
             suffix = f"x{i}" + ("-t512" if t == 512 else "")
             for mp in (False, True):
                 mps = "-mp" if mp else ""
                 base = dict(instances=i, threads=t, multipeer=mp)
-                for d in (1, 2, 4):
-                    p = f"-p{d}" if d > 1 else ""
-                    out.append(
-                        (
-                            f"two-shot simple {suffix}{p}{mps}",
-                            "twoshot",
-                            dict(base, protocol="simple", pipeline=d),
-                            False,
-                            "",
-                        )
-                    )
-                out.append(
+                shapes: list[tuple[str, str, dict[str, Any], bool]] = [
                     (
-                        f"two-shot simple {suffix}-pull{mps}",
+                        f"two-shot simple {suffix}{f'-p{d}' if d > 1 else ''}{mps}",
                         "twoshot",
-                        dict(base, protocol="simple", pull=True),
+                        dict(base, protocol="simple", pipeline=d),
                         False,
-                        "",
                     )
+                    for d in (1, 2, 4)
+                ]
+                shapes.append(
+                    (f"two-shot simple {suffix}-pull{mps}", "twoshot", dict(base, protocol="simple", pull=True), False)
                 )
-                out.append(
+                shapes.append(
                     (
                         f"one-shot simple {suffix}-2s{mps}",
                         "direct",
                         dict(base, protocol="simple", double_scratch=True),
                         False,
-                        "",
                     )
                 )
                 for method, what in (("twoshot", "two-shot"), ("direct", "one-shot")):
-                    ll = dict(base, protocol="ll", ll_max_bytes=16 * MB)
-                    out.append((f"{what} LL16 {suffix}{mps}", method, ll, False, ""))
-                    out.append((f"{what} LL128 {suffix}{mps}", method, ll, True, ""))
-                    out.append((f"{what} Lamport {suffix}{mps}", method, dict(base, protocol="lamport"), False, ""))
-            out.append((f"ring simple {suffix}", "ring", dict(instances=i, threads=t, protocol="simple"), False, ""))
+                    ll = dict(base, protocol="ll", ll_max_bytes=WIDE)
+                    shapes.append((f"{what} LL16 {suffix}{mps}", method, ll, False))
+                    shapes.append((f"{what} LL128 {suffix}{mps}", method, ll, True))
+                    lamport = dict(base, protocol="lamport", lamport_max_bytes=WIDE)
+                    shapes.append((f"{what} Lamport {suffix}{mps}", method, lamport, False))
+                out += [(label, m, o, lines, tune_flags(m, o)) for label, m, o, lines in shapes]
+            ring = dict(instances=i, threads=t, protocol="simple")
+            out.append((f"ring simple {suffix}", "ring", ring, False, tune_flags("ring", ring)))
     vllm = dict(instances=36, threads=512, multipeer=True, protocol="simple", pull=True)
-    out.append(
-        (
-            "vLLM's shape: two-shot simple x36-t512-pull-mp",
-            "twoshot",
-            vllm,
-            False,
-            "36 instances fill no power-of-two size",
-        )
-    )
+    why = "cannot: 36 instances fill no power-of-two size (the bench skips it)"
+    out.append(("vLLM's shape: two-shot simple x36-t512-pull", "twoshot", vllm, False, why))
     return out
 
 
@@ -203,7 +205,7 @@ def predictions(model: PortModel, measured: dict[tuple[str, bool, int], float]) 
     from weft.tuning import resident_capacity
 
     rows = []
-    for label, method, options, lines, lacks in candidates():
+    for label, method, options, lines, _ in candidates():
         try:
             plan = compiled(method, options)
         except CodegenError:
@@ -212,7 +214,6 @@ def predictions(model: PortModel, measured: dict[tuple[str, bool, int], float]) 
         if blocks > resident_capacity(options["threads"], 132):
             continue
         for size in SIZES:
-            why = lacks or (LAMPORT_BEYOND if options["protocol"] == "lamport" and size > 4 * MB else "")
             rows.append(
                 {
                     "shape": label,
@@ -221,8 +222,11 @@ def predictions(model: PortModel, measured: dict[tuple[str, bool, int], float]) 
                     "threads": options["threads"],
                     "size": size,
                     "predicted_us": round(predict_us(plan, size, model, lines), 2),
+                    # what-if: a plan compiled to its own kernel, without the interpreter's ~1 µs prologue (v10)
+                    "predicted_us_no_prologue": round(
+                        predict_us(plan, size, replace(model, launch_us=model.launch_us - 1.0), lines), 2
+                    ),
                     "measured_us": measured.get((_unbounded(plan.name), lines, size)),
-                    "tune_lacks": why,
                 }
             )
     return rows
@@ -290,6 +294,7 @@ def main() -> int:
     )
     measured = {(_unbounded(p.name), lines, s): round(us, 2) for p, s, lines, us in points if MB <= s <= 16 * MB}
     rows = predictions(model, measured)
+    flags = {label: how for label, _, _, _, how in candidates()}
     doc = {
         "model": "schedules.traffic.predict_us, traffic/2 (packets' wire bytes, packet arrival, op issue)",
         "parameters": asdict(model),
@@ -309,23 +314,36 @@ def main() -> int:
         "peers_4xh100_us": {k: {str(s): v for s, v in d.items()} for k, d in peers_h100().items()},
         "checked": [dict(r, fitted=(r["plan"], r["size"]) in fitted) for r in checked],
         "predictions": rows,
+        "tune": flags,
         "winners": {str(s): [r["plan"] for r in w] for s, w in winners(rows).items()},
     }
-    args.output.write_text(json.dumps(doc, indent=1) + "\n")
+    args.output.write_text(dump(doc))
     if args.markdown:
         print(f"parameters {doc['parameters']}\nRMS log error {doc['rms_log_error']}")
         print(f"by size {doc['rms_log_error_by_size']}")
         print(f"16 MB up: {doc['rms_log_error_16mb_up']}")
-        print("| size | shape (blocks x threads) | predicted µs | measured µs | vLLM / symm (4xH200) | tune lacks |")
+        print("| size | shape (blocks x threads) | predicted µs | measured µs | vLLM / symm (4xH200) | tune |")
         print("|---|---|---|---|---|---|")
         for size, ranked in winners(rows).items():
             peers = " / ".join(str(PEERS_H200[k].get(size, "-")) for k in ("vllm", "symm"))
             for r in ranked:
                 print(
                     f"| {size >> 20} MB | {r['shape']} ({r['threadblocks']}x{r['threads']}) | {r['predicted_us']} | "
-                    f"{r['measured_us'] or '-'} | {peers} | {r['tune_lacks'] or '-'} |"
+                    f"{r['measured_us'] or '-'} | {peers} | {flags[r['shape']]} |"
                 )
     return 0
+
+
+def dump(doc: dict[str, Any]) -> str:
+    """The document as JSON, one line per row of its lists (a file that reviews well in git)."""
+    parts = []
+    for key, value in doc.items():
+        if isinstance(value, list):
+            rows = ",\n  ".join(json.dumps(v) for v in value)
+            parts.append(f"{json.dumps(key)}: [\n  {rows}\n ]")
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
+    return "{\n " + ",\n ".join(parts) + "\n}\n"
 
 
 def _unbounded(name: str) -> str:
