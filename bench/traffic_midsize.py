@@ -75,7 +75,7 @@ def options_of(name: str) -> tuple[str, dict[str, Any]]:
     if m["protocol"] == "simple":
         options.update(pull=bool(m["pull"]), double_scratch=bool(m["double"]))
     if m["max"]:
-        options["ll_max_bytes"] = int(m["max"]) * MB
+        options["lamport_max_bytes" if m["protocol"] == "lamport" else "ll_max_bytes"] = int(m["max"]) * MB
     return m["method"], options
 
 
