@@ -326,7 +326,7 @@ def _signal(
             arrivals[(peer, back)].append(now + model.signal_us)
 
 
-# fitted by bench/traffic_midsize.py to 4×H200 all-reduce at 256 KB–256 MB (bench/NOTES.md, issue 33)
+# fitted by bench/traffic_midsize.py to 4×H200 all-reduce at 64 KB–256 MB (bench/NOTES.md, issue 33)
 MIDSIZE_H200X4 = PortModel(
     port_gbps=321.0,
     block_gbps=160.0,
