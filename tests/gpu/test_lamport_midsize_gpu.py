@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
-from test_lamport_gpu import CALLS, _elements, _input
-from torch_job import each, run_job, run_scenarios, start_rank, sums_to
+from test_lamport_gpu import CALLS, back_to_back
+from torch_job import each, run_job, run_scenarios, start_rank
 
 SHAPES = {"x16": (16, False), "x128-mp": (128, True)}  # (instances, multipeer): per-peer blocks; one block, all peers
 SIZES = {"8MB": 8 << 20, "16MB": 16 << 20}
@@ -56,9 +56,9 @@ def results(tmp_path_factory) -> list[dict]:
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", case_ids())
 def test_a_lamport_two_shot_past_4mb_matches_nccl_over_back_to_back_calls(results, case):
-    for row in each(results, "eager"):
-        r = row[case]
-        assert r["calls"] == CALLS and r["wrong"] == [], r  # the calls (0-based) whose output was not NCCL's
+    # every rank ran every call; "wrong" lists the calls (0-based) whose output was not NCCL's
+    ranks = [row[case] for row in each(results, "eager")]
+    assert ranks and all(r == {"calls": CALLS, "wrong": []} for r in ranks), ranks
 
 
 # ------------------------------------------------------------------------------------------ the job (each rank)
@@ -72,20 +72,7 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
     for shape in SHAPES:
         plan = load_plan(folder / f"{shape}.json")
         for size, nbytes in SIZES.items():
-            n = _elements(plan, nbytes, "bf16", rank)
-            inputs = [_input(n, "bf16", device, rank, call) for call in range(CALLS)]
-            x = inputs[0].clone()
-            comm.execute(plan, x)  # the context (scratch filled with the sentinel) and its first call
-            comm.synchronize()
-            outs = []
-            for call in range(CALLS):
-                x.copy_(inputs[call])
-                outs.append(comm.execute(plan, x).clone())
-            comm.synchronize()
-            rows[f"{shape}-{size}"] = {
-                "calls": CALLS,
-                "wrong": [call for call in range(CALLS) if not sums_to(outs[call], inputs[call])],
-            }
+            rows[f"{shape}-{size}"] = {"calls": CALLS, "wrong": back_to_back(comm, plan, nbytes, "bf16", rank, device)}
     return rows
 
 
