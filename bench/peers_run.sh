@@ -14,6 +14,10 @@
 #   bash bench/peers_run.sh 4 lamport # issue 33: Lamport variants tuned into a copy of the registry, then the
 #                                     # all-reduce bench 1 KB-16 MB with WEFT_GPU_LAMPORT=1, recorded into that copy
 #                                     # ($OUT/registry_lamport_x<N>), against the peers (~3 min)
+#   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
+#                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
+#                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
+#                                     # into that copy ($OUT/registry_midsize_x<N>), against the peers (~6 min)
 # .carry_peers also holds platformdirs' wheel (weft's proof cache needs it; the device image lacks it).
 # N=2 runs on GPUs 0 and 1 of a larger machine. Files land in $OUT.
 set -u
@@ -86,6 +90,32 @@ elif [ "$STAGE" = lamport ]; then
   WEFT_GPU_LAMPORT=1 bench 300 --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB --record \
     -o "$OUT/gpu_allreduce_bf16_graph_${G}_lamport.json"
   tar -czf "$OUT/registry_lamport_x$N.tgz" -C "$OUT" "registry_lamport_x$N" && rm -rf "$L"
+elif [ "$STAGE" = midsize ]; then
+  L="$OUT/registry_midsize_x$N"
+  rm -rf "$L" && cp -r "$REG" "$L" && REG=$L
+  tune() {  # seconds, then weft tune's arguments (every one a predicted contender at 1-16 MB)
+    local t=$1; shift
+    step "weft tune allreduce -t hgx_h200:gpus=$N $*"
+    timeout "$t" python3 -c 'from weft.cli import run; run()' tune allreduce -t "hgx_h200:gpus=$N" --registry "$L" \
+      --method twoshot "$@" >> "$LOG" 2>&1
+    echo "rc=$?" | tee -a "$LOG"
+  }
+  # predicted fastest at every size from 1 to 16 MB: the Lamport two-shot, per-peer x16 / x32-t512, multi-peer x64-x128
+  tune 90 --protocols lamport --instances 16,32,64,128 --threads 512,1024 --lamport-max-bytes 16MB
+  # next: LL128 lines to 16 MB, and the Simple two-shot that pulls (vLLM's way), x32-x128. The plain and pipelined
+  # multi-peer two-shots are in the registry already, measured: the pull grid's plain variants (same names, made
+  # again by today's codegen) are tuned aside and left out, so that each name in the bench is one plan
+  tune 60 --protocols ll --instances 16,32,128 --threads 512,1024 --ll-max-bytes 16MB
+  P="$OUT/registry_pull_x$N"
+  rm -rf "$P" && cp -r "$L" "$P"
+  L=$P tune 120 --protocols simple --instances 32,64,128 --threads 512,1024 --pull
+  L=$REG
+  grep -l '"name": "twoshot-allreduce-hgx_h200:gpus=[0-9]*-simple-x[-a-z0-9]*-pull' "$P"/entries/*.json |
+    xargs -r cp -t "$L/entries/" && rm -rf "$P"
+  python3 -c 'from weft.cli import run; run()' registry rebuild-index --registry "$L" >> "$LOG" 2>&1
+  echo "pull entries: $(grep -l -- '-pull' "$L"/entries/*.json | wc -l); rc=$?" | tee -a "$LOG"
+  WEFT_GPU_LAMPORT=1 bench 330 --sizes 1MB,2MB,4MB,8MB,16MB --record -o "$OUT/gpu_allreduce_bf16_graph_${G}_midsize.json"
+  tar -czf "$OUT/registry_midsize_x$N.tgz" -C "$OUT" "registry_midsize_x$N" && rm -rf "$L"
 else
   S=1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB
   # rc 1 is a wrong result (weft's or a peer's, in the file): only a crash (another code, no file) reruns without vLLM

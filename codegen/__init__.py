@@ -24,7 +24,7 @@ from codegen.lower import lower
 from codegen.merge import merge_ranges
 from codegen.peers import gather_peers
 from codegen.ports import crosses_hosts, port_channels
-from codegen.protocol import LL_MAX_BYTES, CodegenError, choose_protocol, size_range
+from codegen.protocol import LAMPORT_MAX_BYTES, LL_MAX_BYTES, CodegenError, choose_protocol, size_range
 from codegen.replicate import pipeline as split_pipeline
 from codegen.sync import insert_sync
 from codegen.threadblocks import assign_threadblocks
@@ -53,6 +53,7 @@ def compile_schedule(
     ll_max_bytes: int = LL_MAX_BYTES,
     multipeer: bool = False,
     duplex: bool = False,
+    lamport_max_bytes: int = LAMPORT_MAX_BYTES,
 ) -> Plan:
     """The execution Plan for ``schedule`` (``topology``: its fingerprint is recorded, and on a topology of several
     hosts every hop between hosts goes on a port channel, ``codegen.ports``; such plans are Simple).
@@ -70,6 +71,8 @@ def compile_schedule(
     (``codegen.peers``); the plan's name ends in ``-mp``.
     ``duplex``: a receive role that forwards nothing shares the send role's thread block for the same peer
     (``codegen.threadblocks``); the plan's name ends in ``-dx``.
+    ``lamport_max_bytes``: the largest message a Lamport plan accepts, a whole number of MB (default
+    ``LAMPORT_MAX_BYTES``; otherwise the plan's name ends in ``-max`` and the size).
     """
     if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
         raise CodegenError(f"--instances: must be an integer from 1 to {MAX_INSTANCES}, got {instances!r}")
@@ -102,6 +105,16 @@ def compile_schedule(
         raise CodegenError(
             f"--ll-max-bytes: a whole number of MB, for LL plans only; got {ll_max_bytes!r} B for a {chosen} plan"
         )
+    if lamport_max_bytes != LAMPORT_MAX_BYTES and (
+        chosen != LAMPORT
+        or not isinstance(lamport_max_bytes, int)
+        or lamport_max_bytes <= 0
+        or lamport_max_bytes % (1 << 20)
+    ):
+        raise CodegenError(
+            f"--lamport-max-bytes: a whole number of MB, for Lamport plans only; got {lamport_max_bytes!r} B for a "
+            f"{chosen} plan"
+        )
     double = chosen == "LL" if double_scratch is None else bool(double_scratch)
     if chosen == "LL" and not double:
         raise CodegenError("--double-scratch: LL plans always alternate scratch halves (packet flags need it)")
@@ -120,7 +133,7 @@ def compile_schedule(
     programs = insert_sync(merge_ranges(actions), double_scratch=double, lamport=chosen == LAMPORT)
     gather = gather_peers if multipeer else (lambda ops: ops)
     programs = {r: {t: fuse(gather(ops)) for t, ops in tbs.items()} for r, tbs in programs.items()}
-    lo, hi = size_range(chosen, ll_max_bytes)
+    lo, hi = size_range(chosen, ll_max_bytes, lamport_max_bytes)
     fingerprint = getattr(topology, "fingerprint", schedule.topology)
     meta = PlanMeta(
         topology=fingerprint,
@@ -136,6 +149,7 @@ def compile_schedule(
     name += ("-2s" if double and chosen != "LL" else "") + ("-pull" if pull else "") + ("-mp" if multipeer else "")
     name += "-dx" if duplex else ""
     name += f"-max{ll_max_bytes >> 20}MB" if ll_max_bytes != LL_MAX_BYTES else ""
+    name += f"-max{lamport_max_bytes >> 20}MB" if lamport_max_bytes != LAMPORT_MAX_BYTES else ""
     plan = assemble(
         programs,
         name=name,

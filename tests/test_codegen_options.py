@@ -190,6 +190,15 @@ def test_pull_is_refused_where_peers_inputs_cannot_be_read(options):
         plan_for("allreduce", "direct", pull=True, **options)
 
 
+def test_lamport_plans_accept_up_to_lamport_max_bytes_and_other_plans_refuse_the_option():
+    wide = plan_for("allreduce", "direct", protocol="lamport", lamport_max_bytes=16 << 20)
+    assert wide.max_message_size == 16 << 20 and wide.name.endswith("-lamport-x1-max16MB")
+    assert plan_for("allreduce", "direct", protocol="lamport").max_message_size == 4 << 20
+    for bad in (dict(protocol="ll", lamport_max_bytes=16 << 20), dict(protocol="lamport", lamport_max_bytes=1000)):
+        with pytest.raises(CodegenError, match="--lamport-max-bytes"):
+            plan_for("allreduce", "direct", **bad)
+
+
 def test_ll_plans_accept_up_to_ll_max_bytes_and_other_plans_refuse_the_option():
     wide = plan_for("allreduce", "direct", protocol="ll", ll_max_bytes=16 << 20)
     assert wide.max_message_size == 16 << 20 and wide.name.endswith("-max16MB")

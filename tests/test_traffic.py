@@ -82,3 +82,55 @@ def test_a_pipeline_counts_its_ops_whole_ranges():
     plain = load_plan(corpus / "single_node-alltoall-alltoall-numgpus-2.json")
     assert link_bytes(piped, 1 << 20) == link_bytes(plain, 1 << 20) == {(0, 1): 1 << 19, (1, 0): 1 << 19}
     assert predict_us(piped, 1 << 20) > PortModel().launch_us
+
+
+# the mid-size terms (issue 33): packets' wire bytes, a packet reader waiting for its writer, each op's issue
+
+
+def packet_plan(nranks: int, method: str, protocol: str, **options):
+    topology = resolve(f"hgx_h200:gpus={nranks}")
+    return compile_schedule(synthesize(topology, "allreduce", method), topology, protocol=protocol, **options)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "lines", "factor"), [("ll", False, 2.0), ("ll", True, 128 / 120), ("lamport", False, 1.0)]
+)
+def test_packets_cross_the_wire_at_their_protocols_factor(protocol, lines, factor):
+    p = packet_plan(2, "direct", protocol)
+    assert link_bytes(p, MB) == {(0, 1): MB, (1, 0): MB}
+    assert traffic.wire_bytes(p, MB, lines=lines) == {
+        (0, 1): pytest.approx(factor * MB),
+        (1, 0): pytest.approx(factor * MB),
+    }
+
+
+def test_a_simple_plan_crosses_the_wire_with_its_data_bytes():
+    p = plan(4, "twoshot", multipeer=True)
+    assert traffic.wire_bytes(p, 64 * MB) == pytest.approx({k: float(v) for k, v in link_bytes(p, 64 * MB).items()})
+
+
+def test_a_packet_reader_waits_for_its_writer_and_the_crossing():
+    p = packet_plan(2, "direct", "lamport")
+    model = PortModel(launch_us=0.0)
+    assert predict_us(p, 1 << 10, replace(model, packet_us=7.0)) >= 7.0
+    assert predict_us(p, 1 << 10, replace(model, packet_us=7.0)) == pytest.approx(predict_us(p, 1 << 10, model) + 7.0)
+
+
+def test_an_ll_plan_moves_twice_the_bytes_of_its_lamport_twin():
+    model = PortModel(port_gbps=1e6, launch_us=0.0, local_factor=1e6)  # the blocks' own rate is the limit
+    ll = predict_us(packet_plan(2, "direct", "ll"), 16 * MB, model)
+    assert ll == pytest.approx(2 * predict_us(packet_plan(2, "direct", "lamport"), 16 * MB, model), rel=0.01)
+    assert predict_us(packet_plan(2, "direct", "ll"), 16 * MB, model, lines=True) == pytest.approx(
+        ll * 64 / 120, rel=0.01
+    )
+
+
+def test_each_data_op_costs_its_issue_time_before_its_bytes():
+    # the 2-rank two-shot's longest block runs put, signal, wait, res, signal, wait: two data ops in series
+    p = plan(2, "twoshot")
+    assert predict_us(p, MB, PortModel(op_us=5.0)) == pytest.approx(predict_us(p, MB) + 2 * 5.0, rel=0.02)
+
+
+def test_the_packet_terms_leave_simple_plans_alone():
+    p = plan(4, "twoshot", instances=32, multipeer=True)
+    assert predict_us(p, 16 * MB, PortModel(packet_us=9.0, packet_rate=0.3)) == predict_us(p, 16 * MB)

@@ -68,6 +68,7 @@ def test_simple_plans_alternate_scratch_only_where_that_spares_a_handshake():
         dict(sms=0),
         dict(ll_max_bytes=3 << 10),
         dict(ll_max_bytes=0),
+        dict(lamport_max_bytes=3 << 10),
     ],
 )
 def test_bad_grids_are_refused(options):
@@ -219,6 +220,7 @@ def test_simple_variants_can_be_pipelined(tmp_path, capsys):
         (["--instances", "a,b"], "--instances"),
         (["--protocols", "xl"], "--protocols"),
         (["--method", "nope"], "method"),
+        (["--lamport-max-bytes", "3KB"], "--lamport-max-bytes"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, field):
@@ -280,6 +282,26 @@ def test_ll_variants_can_accept_larger_messages_for_executors_with_ll128_lines(c
     assert simple.plan.max_message_size > 8 << 20 and "max" not in simple.plan.name  # Simple plans: any size
     assert main(["tune", "allreduce", "-t", TOPO, "--ll-max-bytes", "3KB", "--dry-run"]) == 2
     assert "--ll-max-bytes: a whole number of MB" in capsys.readouterr().err
+
+
+def test_lamport_variants_can_accept_the_mid_sizes_the_traffic_model_puts_them_ahead_at():
+    # the 4-rank multi-peer Lamport two-shot, predicted fastest of weft's shapes at 8 and 16 MB (issue 33;
+    # bench/results/traffic_predictions_midsize_4xh200.json), and its per-peer twin, both proven
+    topology = resolve("hgx_h200:gpus=4")
+    options = TuneOptions(instances=(1,), threads=(1024,), protocols=("lamport",), lamport_max_bytes=16 << 20)
+    outcomes = compile_variants(synthesize(topology, "allreduce", "twoshot"), topology, options)
+    assert [o.plan.name for o in outcomes if o.plan] == [
+        "twoshot-allreduce-hgx_h200:gpus=4-lamport-x1-max16MB",
+        "twoshot-allreduce-hgx_h200:gpus=4-lamport-x1-mp-max16MB",
+    ]
+    assert all(o.plan.accepts(16 << 20) and o.plan.weft.verification["ok"] for o in outcomes if o.plan)
+
+
+def test_the_lamport_limit_leaves_other_protocols_alone():
+    topology = resolve(TOPO)
+    options = TuneOptions(instances=(4,), threads=(256,), protocols=("ll", "simple"), lamport_max_bytes=16 << 20)
+    ll, simple = compile_variants(synthesize(topology, "allreduce", "direct"), topology, options)
+    assert ll.plan.max_message_size == 1 << 20 and "max" not in ll.plan.name + simple.plan.name
 
 
 def test_an_unwritable_output_folder_is_refused_before_anything_is_committed(tmp_path, capsys):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from codegen.protocol import LL_MAX_BYTES, CodegenError
+from codegen.protocol import LAMPORT_MAX_BYTES, LL_MAX_BYTES, CodegenError
 from schedules.collectives import NAMES, facts_of
 from schedules.compact import expand
 from schedules.plan.types import Plan
@@ -74,6 +74,8 @@ class TuneOptions:
     sms: int = 132  # H100 and H200 (SXM)
     pull: bool = False  # also Simple variants that read peers' inputs (``codegen.lower``)
     ll_max_bytes: int = LL_MAX_BYTES  # the largest message LL variants accept (higher for LL128 lines)
+    # the largest message Lamport variants accept (the traffic model puts a Lamport two-shot ahead to 16 MB on 4 GPUs)
+    lamport_max_bytes: int = LAMPORT_MAX_BYTES
     pipelines: tuple[int, ...] = (1,)  # Simple variants' pipeline depths (``codegen.replicate.pipeline``)
     # also multi-peer variants (one thread block per instance serves every peer, ``codegen.peers``): None makes them
     # for schedules in which a rank sends to several peers, where per-peer thread blocks multiply
@@ -96,6 +98,12 @@ class TuneOptions:
             raise TuneError(f"--sms: a positive integer, got {self.sms!r}")
         if not isinstance(self.ll_max_bytes, int) or self.ll_max_bytes <= 0 or self.ll_max_bytes % (1 << 20):
             raise TuneError(f"--ll-max-bytes: a whole number of MB, got {self.ll_max_bytes!r} B")
+        if (
+            not isinstance(self.lamport_max_bytes, int)
+            or self.lamport_max_bytes <= 0
+            or self.lamport_max_bytes % (1 << 20)
+        ):
+            raise TuneError(f"--lamport-max-bytes: a whole number of MB, got {self.lamport_max_bytes!r} B")
 
 
 @dataclass(frozen=True)
@@ -191,12 +199,12 @@ def compile_variants(
     for v in grid(options, send_peers(schedule)):
         try:
             # thread blocks first (compiling is cheap, proving is not): a plan the GPU cannot hold is not proven
-            blocks = _threadblocks(schedule, topology, v, options.ll_max_bytes)
+            blocks = _threadblocks(schedule, topology, v, options)
             capacity = resident_capacity(v.threads, options.sms)
             plan = (
                 None
                 if blocks > capacity
-                else _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options.ll_max_bytes)
+                else _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options)
             )
         except (CodegenError, CheckFailed) as e:
             if isinstance(e, CheckFailed) and not v.duplex:
@@ -220,10 +228,19 @@ def compile_variants(
     return outcomes
 
 
-def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, ll_max_bytes: int) -> int:
+def _packet_limit(v: Variant, options: TuneOptions) -> dict[str, int]:
+    """The codegen option that bounds a packet variant's message size (none for Simple ones)."""
+    if v.protocol == "ll":
+        return {"ll_max_bytes": options.ll_max_bytes}
+    if v.protocol == "lamport" and options.lamport_max_bytes != LAMPORT_MAX_BYTES:
+        return {"lamport_max_bytes": options.lamport_max_bytes}
+    return {}
+
+
+def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, options: TuneOptions) -> int:
     from codegen import compile_schedule
 
-    extra = {"ll_max_bytes": ll_max_bytes} if v.protocol == "ll" else {"pull": v.pull}
+    extra = _packet_limit(v, options) if v.protocol != "simple" else {"pull": v.pull}
     plan = compile_schedule(
         schedule,
         topology,
@@ -239,7 +256,7 @@ def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, ll_max_byt
 
 
 def _best_scratch(
-    schedule: Schedule, topology: Topology, v: Variant, compile_and_verify, ll_max_bytes: int = LL_MAX_BYTES
+    schedule: Schedule, topology: Topology, v: Variant, compile_and_verify, tune: TuneOptions | None = None
 ) -> Plan:
     """The variant's plan; a Simple plan alternates scratch halves where that spares waits (an entry handshake)."""
     options = {
@@ -250,10 +267,8 @@ def _best_scratch(
         "multipeer": v.multipeer,
         "duplex": v.duplex,
     }
-    if v.protocol == "ll":
-        return compile_and_verify(schedule, topology, ll_max_bytes=ll_max_bytes, **options)
-    if v.protocol == "lamport":  # three rotating scratch buffers, never halves
-        return compile_and_verify(schedule, topology, **options)
+    if v.protocol in ("ll", "lamport"):  # LL: halves always; Lamport: three rotating scratch buffers, never halves
+        return compile_and_verify(schedule, topology, **_packet_limit(v, tune or TuneOptions()), **options)
     if v.pull:  # reads peers' inputs: no scratch to alternate
         return compile_and_verify(schedule, topology, pull=True, **options)
     single = compile_and_verify(schedule, topology, double_scratch=False, **options)

@@ -128,19 +128,23 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
     and its output copied out on the stream, so peers run as far ahead as the plan lets them."""
     rows = {}
     for case, plan, nbytes, dtype in _cases(folder):
-        n = _elements(plan, nbytes, dtype, rank)
-        inputs = [_input(n, dtype, device, rank, call) for call in range(CALLS)]
-        x = inputs[0].clone()
-        comm.execute(plan, x)  # the context (scratch filled with the sentinel) and its first call
-        comm.synchronize()
-        outs = []
-        for call in range(CALLS):
-            x.copy_(inputs[call])
-            outs.append(comm.execute(plan, x).clone())
-        comm.synchronize()
-        wrong = [call for call in range(CALLS) if not sums_to(outs[call], inputs[call])]
-        rows[case] = {"calls": CALLS, "wrong": wrong}
+        rows[case] = {"calls": CALLS, "wrong": back_to_back(comm, plan, nbytes, dtype, rank, device)}
     return rows
+
+
+def back_to_back(comm, plan, nbytes: int, dtype: str, rank: int, device) -> list[int]:
+    """The calls (0-based) of CALLS back to back on one input buffer whose output was not the sum."""
+    n = _elements(plan, nbytes, dtype, rank)
+    inputs = [_input(n, dtype, device, rank, call) for call in range(CALLS)]
+    x = inputs[0].clone()
+    comm.execute(plan, x)  # the context (scratch filled with the sentinel) and its first call
+    comm.synchronize()
+    outs = []
+    for call in range(CALLS):
+        x.copy_(inputs[call])
+        outs.append(comm.execute(plan, x).clone())
+    comm.synchronize()
+    return [call for call in range(CALLS) if not sums_to(outs[call], inputs[call])]
 
 
 def scenario_checked(comm, folder: Path, rank: int, device) -> dict:

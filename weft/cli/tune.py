@@ -76,6 +76,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="1MB",
         help="the largest message LL variants accept (whole MB; higher pays with --ll128 executors)",
     )
+    p.add_argument(
+        "--lamport-max-bytes",
+        default="4MB",
+        help="the largest message Lamport variants accept (whole MB; the traffic model puts a Lamport two-shot "
+        "ahead to 16 MB on 4 GPUs: bench/results/traffic_predictions_midsize_4xh200.json)",
+    )
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("-o", "--output", help="also write each plan file into this directory")
     p.add_argument("--dry-run", action="store_true", help="compile and prove, but commit and write nothing")
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         pull=args.pull,
         pipelines=_ints(args.pipeline, "--pipeline"),
         ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"),
+        lamport_max_bytes=parse_bytes(args.lamport_max_bytes, "--lamport-max-bytes"),
         multipeer=args.multipeer,
         duplex=args.duplex,
     )
