@@ -29,6 +29,7 @@ SOURCES = (
     "lamport.cuh",
     "channel.cuh",
     "norm.cuh",
+    "ops.cuh",
     "interpreter.cu",
 )
 FLAGS = ("-O3", "-std=c++17")

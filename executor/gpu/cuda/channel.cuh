@@ -147,7 +147,7 @@ __device__ __forceinline__ void sink_unit(const Transfer& t, const Ref& r, i64 u
 // most 256 threads; otherwise a source's units are loaded, and packets polled, one after another. Lamport: the
 // transfer of a Lamport plan (its packets are Lamport data, lamport.cuh).
 template <class D, int V, bool Batch, bool Lamport = false>
-__device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
+WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 units = op.bytes / V;
   const i64 stride = (i64)blockDim.x;
   for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
@@ -199,7 +199,7 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
 // every instance the same one). Packet pairs stay one transfer per pair (executor/gpu/tables.py). Out of line, so
 // that the 1024-thread kernels keep their registers.
 template <int V>
-__device__ __noinline__ void run_pairs(const Op& op, const Transfer& t) {
+WEFT_PAIRS_RUNNER void run_pairs(const Op& op, const Transfer& t) {
   const i64 units = op.bytes / V;
   const i64 stride = (i64)blockDim.x;
   const int n = op.nsrc, turn = (int)(threadIdx.x / 32 + blockIdx.x) % n;
@@ -247,7 +247,7 @@ __device__ __forceinline__ u64 add_u64(u64 a, u64 b) {
 // Returns false on a packet timeout. Whole warps walk the lines together (the flag vote needs every lane), each
 // lane U lines apart so that U loads are in flight; a warp reloads its lines until every flag has arrived.
 template <class D, int U>
-__device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& deadline) {
+WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 chunk = op.line_chunk;
   const i64 per_chunk = (chunk + kLineData - 1) / kLineData;
   const i64 lines = op.bytes / chunk * per_chunk;

@@ -4,6 +4,17 @@
 
 #include "contract.cuh"  // the integer types, the error kinds and the records, from the Python tables
 
+// How the runners of one op (channel.cuh, ops.cuh) are linked: the interpreter leaves their inlining to the compiler
+// (one call site each; run_pairs stays out of line so that the 1024-thread kernels keep their registers); a plan
+// compiled to a kernel of its own (executor/gpu/compiled) inlines every one, so that its constant ops fold into the
+// code instead of being stored to local memory for a call.
+#ifndef WEFT_RUNNER
+#define WEFT_RUNNER __device__
+#endif
+#ifndef WEFT_PAIRS_RUNNER
+#define WEFT_PAIRS_RUNNER __device__ __noinline__
+#endif
+
 namespace weft {
 
 // The error record lives in mapped pinned host memory so the host reads it without synchronizing:
