@@ -1,0 +1,141 @@
+"""Plans compiled to kernels (executor.gpu.compiled): the generated ops are the tables' ops, block for block; what the
+generator refuses; the cache key; and (slow, nvcc) the generated source compiles for sm_90."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from executor.errors import ExecutorError
+from executor.gpu.compiled import build, source
+from executor.gpu.tables import build_tables
+from schedules.plan import load_plan
+
+PLANS = sorted(Path("tests/gpu/plans").glob("*.json")) + sorted(Path("tests/gpu/plans4").glob("*.json"))
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def _tables(path: Path, rank: int = 0, dtype: str = "bf16"):
+    plan = load_plan(path)
+    return build_tables(plan, rank, plan.granule * 4, dtype=dtype)
+
+
+def test_every_block_runs_the_tables_ops_on_every_rank_of_every_gpu_plan():
+    for path in PLANS:
+        plan = load_plan(path)
+        for rank in range(plan.nranks):
+            t = build_tables(plan, rank, plan.granule * 4)
+            classes = source.block_classes(t)
+            assert sorted(b for c in classes for b in c.blocks) == list(range(t.nthreadblocks)), path
+            for c in classes:
+                for b in c.blocks:
+                    want = t.ops[t.tb_start[b] : t.tb_start[b + 1]]
+                    assert c.records(b).tobytes() == want.tobytes(), (path.name, rank, b)
+                    assert c.start + c.start_step * ((b - c.first) // c.stride) == t.tb_start[b]
+
+
+def test_instances_share_one_class_with_offsets_moving_along_it():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x8.json"))
+    classes = source.block_classes(t)
+    assert [(c.first, c.stride, c.count) for c in classes] == [(0, 2, 8), (1, 2, 8)]  # senders, receivers
+    structural = classes[0].delta[:, source.STRUCTURAL]
+    assert not structural.any()  # kinds, counts, slots and flags are the same code for every block of a class
+    assert classes[0].delta.any()  # the offsets move
+
+
+def test_the_source_names_each_op_as_a_constant_and_no_table():
+    t = _tables(Path("tests/gpu/plans/allreduce-twoshot-simple-x8.json"))
+    code = source.generate(t, "bf16", t.vector_bytes, "test", "h").code
+    assert code.count("step(weft::Op{") == sum(len(c.base) for c in source.block_classes(t)) + 1  # + the tripwire
+    assert "c.ops" not in code and "tb_start" not in code
+
+
+def test_too_many_distinct_ops_are_refused_with_a_reason(monkeypatch):
+    t = _tables(Path("tests/gpu/plans4/allreduce-ring-simple-x1.json"))
+    monkeypatch.setattr(source, "MAX_EMITTED_OPS", 4)
+    why = source.refusal(t, "bf16", t.vector_bytes)
+    assert "distinct ops" in why and "holds 4" in why
+    with pytest.raises(ExecutorError, match="not compiled: its blocks hold"):
+        source.generate(t, "bf16", t.vector_bytes, "plan x", "h")
+
+
+def test_an_unknown_dtype_or_width_is_refused():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    assert "dtype" in source.refusal(t, "fp8", 16)
+    assert "vector width" in source.refusal(t, "bf16", 2)
+    assert source.refusal(t, "bf16", t.vector_bytes) == ""
+
+
+def test_the_cache_key_follows_the_ops_the_headers_and_the_dtype():
+    path = Path("tests/gpu/plans/allreduce-direct-ll-x8.json")
+    plan = load_plan(path)
+    small, large = (build_tables(plan, 0, plan.granule * k) for k in (4, 8))
+    key = source.generate(small, "bf16", 16, "a", "h1").key
+    assert source.generate(small, "bf16", 16, "another label", "h1").key == key  # the label is a comment only
+    assert source.generate(large, "bf16", 16, "a", "h1").key != key  # other offsets: other constants
+    assert source.generate(small, "bf16", 16, "a", "h2").key != key  # a header changed
+    assert source.generate(small, "fp16", 16, "a", "h1").key != key
+    # rank 1 of this symmetric plan runs the same ops with the same slots: one kernel serves both ranks
+    assert source.generate(build_tables(plan, 1, plan.granule * 4), "bf16", 16, "a", "h1").key == key
+
+
+def test_the_headers_hash_covers_the_compiled_kernels_header():
+    assert "compiled.cuh" in build.HEADERS and "ops.cuh" in build.HEADERS
+    assert len(build.headers_hash()) == 16
+
+
+def test_the_flattened_record_round_trips():
+    t = _tables(Path("tests/gpu/plans/allreduce-twoshot-ll-x8.json"))
+    flat = source._flatten(t.ops)
+    assert flat.shape == (len(t.ops), len(source.LEAVES))
+    assert np.array_equal(source._unflatten(flat), t.ops)
+
+
+def _compile_together(sources: list[source.CompiledSource], tmp_path: Path) -> str:
+    unit = tmp_path / "plans.cu"
+    unit.write_text("\n".join(s.code for s in sources))
+    done = subprocess.run(
+        [*build.nvcc_command(unit, "sm_90", tmp_path / "plans.cubin"), "--resource-usage"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    image = (tmp_path / "plans.cubin").read_bytes()
+    for s in sources:
+        assert s.entry.encode() in image
+    return done.stdout + done.stderr
+
+
+def _sources(paths: list[Path], dtypes: tuple[str, ...]) -> list[source.CompiledSource]:
+    out = []
+    for path in paths:
+        for dtype in dtypes:
+            t = _tables(path, dtype=dtype)
+            out.append(source.generate(t, dtype, t.vector_bytes, path.name, build.headers_hash()))
+    return out
+
+
+nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+@pytest.mark.slow
+@nvcc
+def test_a_handful_of_compiled_plans_build_for_sm90_in_one_nvcc_call(tmp_path):
+    picks = [
+        Path("tests/gpu/plans/allreduce-direct-ll-x8.json"),
+        Path("tests/gpu/plans/allreduce-twoshot-simple-x8.json"),
+        Path("tests/gpu/plans4/allreduce-twoshot-ll-x1-mp.json"),
+    ]
+    _compile_together(_sources(picks, ("bf16",)) + _sources(picks[:1], ("fp32", "fp16")), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@nvcc
+def test_every_gpu_test_plan_compiles_for_sm90_in_every_dtype(tmp_path):
+    report = _compile_together(_sources(PLANS, DTYPES), tmp_path)
+    assert "spill stores" in report
