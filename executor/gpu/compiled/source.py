@@ -218,6 +218,11 @@ def _initializer(base: np.ndarray, delta: np.ndarray) -> str:
     return "weft::Op{" + ", ".join(parts) + "}"
 
 
+def _step(base: np.ndarray, delta: np.ndarray) -> str:
+    """One op handed to the kernel's step with its type as a type, so that only that type's branch is compiled."""
+    return f"step(weft::KindOf<{int(base[0])}>{{}}, {_initializer(base, delta)})"
+
+
 def _plan_struct(classes: list[BlockClass]) -> str:
     lines = ["struct Plan {", "  __device__ __forceinline__ static bool expects(int b, int first, int end) {"]
     for c in classes:
@@ -232,8 +237,8 @@ def _plan_struct(classes: list[BlockClass]) -> str:
         lines.append(f"      const int k = {_position(c)};")
         lines.append("      const i64 q = k;")
         lines.append("      (void)q;")
-        ops = [_initializer(c.base[i], c.delta[i]) for i in range(len(c.base))]
-        lines.append("      return " + " &&\n             ".join(f"step({op})" for op in ops) + ";")
+        ops = [_step(c.base[i], c.delta[i]) for i in range(len(c.base))]
+        lines.append("      return " + " &&\n             ".join(ops) + ";")
         lines.append("    }")
     lines += ["    return true;", "  }", ""]
     tw = _flatten(np.asarray([tripwire_op()], OP_DTYPE))[0]
@@ -244,7 +249,7 @@ def _plan_struct(classes: list[BlockClass]) -> str:
         "    const i64 q = 0;",
         "    (void)k;",
         "    (void)q;",
-        f"    return step({_initializer(tw, np.zeros_like(tw))});",
+        f"    return {_step(tw, np.zeros_like(tw))};",
         "  }",
         "};",
     ]

@@ -154,7 +154,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
     Unit<V> acc[kInFlight];
     if constexpr (Batch) {
       if (!source_all<D, Lamport>(t, op.src[0], first, stride, units, acc, deadline)) return false;
-      for (int s = 1; s < op.nsrc; ++s) {
+      WEFT_FOR_EACH(s, 1, op.nsrc, kMaxRefs) {
         Unit<V> x[kInFlight];
         if (!source_all<D, Lamport>(t, op.src[s], first, stride, units, x, deadline)) return false;
 #pragma unroll
@@ -169,7 +169,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
         const i64 u = first + k * stride;
         if (u < units && !source_unit<D, Lamport>(t, op.src[0], u, acc[k], deadline)) return false;
       }
-      for (int s = 1; s < op.nsrc; ++s) {
+      WEFT_FOR_EACH(s, 1, op.nsrc, kMaxRefs) {
 #pragma unroll
         for (int k = 0; k < kInFlight; ++k) {
           const i64 u = first + k * stride;
@@ -181,7 +181,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
         }
       }
     }
-    for (int d = 0; d < op.ndst; ++d) {
+    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
 #pragma unroll
       for (int k = 0; k < kInFlight; ++k) {
         const i64 u = first + k * stride;
@@ -268,7 +268,7 @@ WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& d
       has1[k] = g < lines && lane < 7 && data[k] + 16 <= (c + 1) * chunk;
       acc0[k] = acc1[k] = 0;
     }
-    for (int s = 0; s < op.nsrc; ++s) {
+    WEFT_FOR_EACH(s, 0, op.nsrc, kMaxRefs) {
       const Ref& r = op.src[s];
       u64 w0[U], w1[U];
       if (r.flags & kPacket) {
@@ -300,7 +300,7 @@ WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& d
         acc1[k] = s == 0 ? w1[k] : add_u64<D>(acc1[k], w1[k]);
       }
     }
-    for (int d = 0; d < op.ndst; ++d) {
+    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
       const Ref& r = op.dst[d];
       if (r.flags & kPacket) {
         char* p = t.base(r) + 16 * lane;

@@ -11,6 +11,12 @@
 #ifndef WEFT_RUNNER
 #define WEFT_RUNNER __device__
 #endif
+// A loop over an op's references or channels, ``var`` from ``from`` while below ``count`` (at most ``most``): the
+// interpreter's counts are data; a compiled plan unrolls the loop to ``most`` so that each reference's index is a
+// constant before its counts are known to be, and its op folds into registers instead of local memory.
+#ifndef WEFT_FOR_EACH
+#define WEFT_FOR_EACH(var, from, count, most) for (int var = from; var < count; ++var)
+#endif
 #ifndef WEFT_PAIRS_RUNNER
 #define WEFT_PAIRS_RUNNER __device__ __noinline__
 #endif

@@ -7,6 +7,9 @@
 // Every op runner inlined: the constant ops then fold into the code (common.cuh).
 #define WEFT_RUNNER __device__ __forceinline__
 #define WEFT_PAIRS_RUNNER __device__ __forceinline__
+#define WEFT_FOR_EACH(var, from, count, most)                                          \
+  _Pragma("unroll") for (int var = from; var < most; ++var) if (var >= (count)) break; \
+  else
 #include "ops.cuh"
 
 namespace weft {
@@ -14,7 +17,8 @@ namespace weft {
 // Plan: ``static bool expects(int block, int first, int end)``: whether the range the tables give the block is the
 // compiled one (a disarmed graph record's is not: its block 0 runs only the tripwire op, the others nothing);
 // ``template <class Step> static void run(int block, Step& step)``: the block's ops in order, each handed to
-// ``step``, which returns false to stop; ``template <class Step> static void tripwire(Step& step)``.
+// ``step`` with its type as a type (KindOf), which returns false to stop; ``template <class Step> static void
+// tripwire(Step& step)``.
 template <class D, int V, bool Batch, bool Lamport, class Plan>
 __device__ __forceinline__ void run_compiled(const Context& c) {
   __shared__ char* slots[kMaxSlots];
@@ -34,8 +38,8 @@ __device__ __forceinline__ void run_compiled(const Context& c) {
   WEFT_TRACE_MARK(1);
   WEFT_TRACE_MARK(2);  // no op window to wait for: the phases keep the interpreter's numbering
   int done = 0;
-  auto step = [&](const Op& op) {
-    run_op<D, V, Batch, Lamport>(op, c, slots, epoch, failed, rec);
+  auto step = [&](auto kind, const Op& op) {
+    run_op<D, V, Batch, Lamport, decltype(kind)::value>(op, c, slots, epoch, failed, rec);
     __syncthreads();
     WEFT_TRACE_MARK(3 + done);
     ++done;

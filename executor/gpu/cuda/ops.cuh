@@ -80,9 +80,9 @@ __device__ __forceinline__ i64 scratch_shift(const Op& op, const Context& c, con
 WEFT_RUNNER bool run_control(const Op& op, const Context& c, ErrorRecord rec, Deadline& deadline) {
   if (op.type == kSignal) {
     __threadfence_system();
-    for (int i = 0; i < op.nchannel; ++i) semaphore_signal(c.outbound[op.channel[i]]);
+    WEFT_FOR_EACH(i, 0, op.nchannel, kMaxChannels) semaphore_signal(c.outbound[op.channel[i]]);
   } else if (op.type == kWait) {
-    for (int i = 0; i < op.nchannel; ++i) {
+    WEFT_FOR_EACH(i, 0, op.nchannel, kMaxChannels) {
       const int ch = op.channel[i];
       if (!semaphore_wait(c.inbound + ch, c.expected + ch, deadline)) {
         report(rec, kWaitTimeout, blockIdx.x, op.plan_op, ch, -1);
@@ -91,9 +91,9 @@ WEFT_RUNNER bool run_control(const Op& op, const Context& c, ErrorRecord rec, De
     }
   } else if (op.type == kSemRelease) {
     __threadfence();
-    for (int i = 0; i < op.nchannel; ++i) atomicAdd(c.semaphores + 2 * op.channel[i], 1ULL);
+    WEFT_FOR_EACH(i, 0, op.nchannel, kMaxChannels) atomicAdd(c.semaphores + 2 * op.channel[i], 1ULL);
   } else if (op.type == kSemAcquire) {
-    for (int i = 0; i < op.nchannel; ++i) {
+    WEFT_FOR_EACH(i, 0, op.nchannel, kMaxChannels) {
       const int s = op.channel[i];
       if (!semaphore_wait(c.semaphores + 2 * s, c.semaphores + 2 * s + 1, deadline)) {
         report(rec, kWaitTimeout, blockIdx.x, op.plan_op, -2 - s, -1);
@@ -125,16 +125,33 @@ __device__ __forceinline__ void block_start(const Context& c, char** slots, int*
   }
 }
 
+// Whether ``op`` is of ``kind``: the compile-time ``Kind`` where there is one (>= 0), else the op's type.
+template <int Kind>
+__device__ __forceinline__ bool is_kind(const Op& op, int kind) {
+  if constexpr (Kind >= 0) {
+    return Kind == kind;
+  } else {
+    return op.type == kind;
+  }
+}
+
+// An op type as a type (a compiled plan hands its ops to run_op with it).
+template <int K>
+struct KindOf {
+  static constexpr int value = K;
+};
+
 // Runs one device op with the block's threads (the caller synchronizes them after it). A failure is reported in the
-// error record and sets ``failed``, which the block reads after that barrier.
-template <class D, int V, bool Batch, bool Lamport>
+// error record and sets ``failed``, which the block reads after that barrier. ``Kind``: the op's type where the caller
+// knows it at compile time (a compiled plan), so that only its branch is compiled; -1: the op's ``type`` decides.
+template <class D, int V, bool Batch, bool Lamport, int Kind = -1>
 __device__ __forceinline__ void run_op(const Op& op, const Context& c, char* const* slots, u64& epoch, int& failed,
                                        ErrorRecord rec) {
   Deadline deadline(c.timeout_ns, c.error);
-  if (op.type == kPairs) {
+  if (is_kind<Kind>(op, kPairs)) {
     const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);
     run_pairs<V>(op, Transfer{slots, flag, scratch_shift<Lamport>(op, c, epoch, flag)});
-  } else if (op.type == kTransfer) {
+  } else if (is_kind<Kind>(op, kTransfer)) {
     const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);  // re-read: fewer live registers in the loop
     const Transfer tr{slots, flag, scratch_shift<Lamport>(op, c, epoch, flag)};
     bool moved;
@@ -148,19 +165,19 @@ __device__ __forceinline__ void run_op(const Op& op, const Context& c, char* con
       report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
       failed = 1;
     }
-  } else if (op.type == kNormRows) {
+  } else if (is_kind<Kind>(op, kNormRows)) {
     run_norm_rows<D, V>(op, Transfer{slots, 0u, 0});
-  } else if (op.type == kNormSlice) {
+  } else if (is_kind<Kind>(op, kNormSlice)) {
     const u32 flag = (u32)(*(volatile u64*)&epoch + 1ULL);
     if (!run_norm_slice<D, V>(op, Transfer{slots, flag, 0}, deadline)) {
       report(rec, kNormTimeout, blockIdx.x, op.plan_op, -1, op.barrier_count);
       failed = 1;
     }
-  } else if (op.type == kNormPrefetch) {
+  } else if (is_kind<Kind>(op, kNormPrefetch)) {
     run_norm_prefetch(op, Transfer{slots, 0u, 0});
-  } else if (op.type == kFlush) {
+  } else if (is_kind<Kind>(op, kFlush)) {
     __threadfence_system();
-  } else if (Lamport && op.type == kLamportReset) {
+  } else if (Lamport && is_kind<Kind>(op, kLamportReset)) {
     const i64 shift = lamport_shift(*(volatile u64*)&epoch, op.barrier_id, op.barrier_count, c.scratch_half);
     lamport_reset<D, V>(Transfer{slots, 0u, shift}.base(op.dst[0]), op.bytes);
   } else if (threadIdx.x == 0 && !run_control(op, c, rec, deadline)) {
