@@ -151,3 +151,84 @@ def test_a_handful_of_compiled_plans_build_for_sm90_in_one_nvcc_call(tmp_path):
 def test_every_gpu_test_plan_compiles_for_sm90_in_every_dtype(tmp_path):
     report = _compile_together(_sources(PLANS, DTYPES), tmp_path)
     assert "spill stores" in report
+
+
+HOST = next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+HOST_PLANS = (
+    Path("tests/gpu/plans/allreduce-direct-ll-x8.json"),
+    Path("tests/gpu/plans4/allreduce-twoshot-simple-x8.json"),
+    Path("tests/gpu/plans4/allgather-direct-simple-x4-mp.json"),
+)
+HARNESS = """
+#include <cstdio>
+#include <cstdlib>
+#define __device__
+#define __forceinline__
+#include "contract.cuh"
+namespace weft {
+template <int K>
+struct KindOf {
+  static constexpr int value = K;
+};
+}  // namespace weft
+%(structs)s
+// Writes every block's ops as the struct emits them (the bytes of each weft::Op), then whether each block takes its
+// own range and refuses a disarmed record's.
+template <class Plan>
+void dump(int blocks, const int* starts, int tripwire_index) {
+  auto step = [](auto kind, const weft::Op& op) {
+    if (decltype(kind)::value != op.type) std::abort();
+    std::fwrite(&op, sizeof op, 1, stdout);
+    return true;
+  };
+  for (int b = 0; b < blocks; ++b) {
+    if (!Plan::run(b, step)) std::abort();
+  }
+  for (int b = 0; b < blocks; ++b) {
+    const int own = Plan::expects(b, starts[b], starts[b + 1]) ? 1 : 0;
+    const int disarmed = b == 0 ? tripwire_index : tripwire_index + 1;
+    const int refused = Plan::expects(b, disarmed, b == 0 ? disarmed + 1 : disarmed) ? 0 : 1;
+    std::fwrite(&own, sizeof own, 1, stdout);
+    std::fwrite(&refused, sizeof refused, 1, stdout);
+  }
+}
+int main(int argc, char** argv) {
+  const int which = std::atoi(argv[1]);
+%(calls)s
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(HOST is None, reason="no host C++ compiler (c++, g++ or clang++) on PATH")
+def test_the_emitted_source_holds_the_tables_ops_byte_for_byte(tmp_path):
+    """The generated ``Plan`` types, compiled by the host's C++ compiler against contract.cuh: each block's ops as
+    constructed from the emitted text are the tables' records, byte for byte, and each block takes its own range
+    and refuses a disarmed graph record's."""
+    from executor.gpu.build import source_dir
+
+    tables = [_tables(p, rank=1) for p in HOST_PLANS]
+    generated = [source.generate(t, "bf16", t.vector_bytes, "test", "h") for t in tables]
+    structs, calls = [], []
+    for k, (t, g) in enumerate(zip(tables, generated, strict=True)):
+        structs.append(f"namespace p{k} {{\n{g.plan_struct}}}  // namespace p{k}")
+        starts = ", ".join(map(str, t.tb_start.tolist()))
+        calls.append(
+            f"  if (which == {k}) {{\n    static const int s[] = {{{starts}}};\n"
+            f"    dump<p{k}::Plan>({t.nthreadblocks}, s, {len(t.ops)});\n  }}"
+        )
+    unit = tmp_path / "plans.cpp"
+    unit.write_text(HARNESS % {"structs": "\n".join(structs), "calls": "\n".join(calls)})
+    binary = tmp_path / "plans"
+    done = subprocess.run(
+        [str(HOST), "-std=c++17", "-O0", f"-I{source_dir()}", "-o", str(binary), str(unit)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for k, t in enumerate(tables):
+        out = subprocess.run([str(binary), str(k)], capture_output=True, check=True).stdout
+        ops = t.ops.tobytes()
+        assert out[: len(ops)] == ops, HOST_PLANS[k].name
+        checks = np.frombuffer(out[len(ops) :], np.int32).reshape(t.nthreadblocks, 2)
+        assert checks.all(), (HOST_PLANS[k].name, checks.tolist())
