@@ -954,20 +954,26 @@ class InterpreterEngine:
         return stream.cuda_stream if hasattr(stream, "cuda_stream") else getattr(stream, "ptr", stream)
 
     def _compile(self, ctx: _Context, dtype: str, plan: Plan) -> None:
-        """Give ``ctx`` its compiled kernel (built once, cached on disk), or the reason it runs the interpreter."""
+        """Give ``ctx`` its compiled kernel (built once, cached on disk), or the reason it runs the interpreter.
+
+        Collective, once per context: every rank builds its kernel before any launches one (a build takes seconds,
+        longer than a peer should spin for it), and a refusal on any rank sends every rank to the interpreter."""
         if ctx.compiled is not None or ctx.compiled_why:
             return
         from executor.gpu.compiled import kernel_for
 
         label = f"plan {plan.name}: rank {self.rank}: {ctx.nbytes} B {dtype}"
+        why = ""
         try:
             with self._cupy.cuda.Device(self.device):
                 ctx.compiled = kernel_for(ctx.tables, dtype, ctx.vector_bytes, label, self._cc, self._trace)
         except ExecutorError as e:
-            ctx.compiled_why = str(e)
+            why = str(e)
         except ImportError as e:  # a CuPy without NVRTC's binding
-            ctx.compiled_why = f"executor: {label}: not compiled: NVRTC is not available ({e})"
+            why = f"executor: {label}: not compiled: NVRTC is not available ({e})"
+        ctx.compiled_why = next((w for w in self._all_gather("compiled", why) if w), "")
         if ctx.compiled_why:
+            ctx.compiled = None
             self.compiled_refused[ctx.plan_hash] = ctx.compiled_why
         else:
             self.compiled_refused.pop(ctx.plan_hash, None)
