@@ -21,21 +21,18 @@ namespace weft {
 // tripwire(Step& step)``.
 template <class D, int V, bool Batch, bool Lamport, class Plan>
 __device__ __forceinline__ void run_compiled(const Context& c) {
+  WEFT_TRACE_START;
+  // The interpreter's start without its op window: the slot table, the range and the epoch, by threads of their own.
   __shared__ char* slots[kMaxSlots];
   __shared__ int range[2];
   __shared__ u64 epoch;
   __shared__ int failed;
-  const ErrorRecord rec{c.error, c.rank};
-  WEFT_TRACE_START;
-  const int t = threadIdx.x, nt = blockDim.x;
-  block_start(c, slots, range, epoch, failed, t, nt, 64 % nt, 96 % nt);
+  block_start(c, slots, range, epoch, failed, threadIdx.x, blockDim.x, 64 % blockDim.x, 96 % blockDim.x);
   __syncthreads();
   WEFT_TRACE_MARK(0);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  follow_previous_grid();
   WEFT_TRACE_MARK(1);
+  const ErrorRecord rec{c.error, c.rank};
   WEFT_TRACE_MARK(2);  // no op window to wait for: the phases keep the interpreter's numbering
   int done = 0;
   auto step = [&](auto kind, const Op& op) {

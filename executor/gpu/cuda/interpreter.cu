@@ -47,12 +47,7 @@ __device__ void interpret(const Context& c) {
   // A record of a graph-captured execution may hold other ranges (a disarmed one runs only the tripwire op).
   if (range[0] != guess || range[1] - range[0] != c.uniform_ops)
     load_ops(c.ops + range[0], ops, min(kWindow, range[1] - range[0]));
-  // Let the next launch start its own table loads, then wait until the previous kernel has ended and its writes
-  // are visible (both are no-ops for a launch without the programmatic attribute). Only then is any buffer read.
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  follow_previous_grid();  // only then is any buffer read
   WEFT_TRACE_MARK(1);
   __syncthreads();  // the op window in shared memory
   WEFT_TRACE_MARK(2);

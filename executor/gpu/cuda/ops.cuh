@@ -109,6 +109,15 @@ WEFT_RUNNER bool run_control(const Op& op, const Context& c, ErrorRecord rec, De
   return true;
 }
 
+// Lets the next launch start its own table loads, then waits until the previous kernel has ended and its writes are
+// visible (both are no-ops for a launch without the programmatic attribute, and absent before Hopper).
+__device__ __forceinline__ void follow_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // A block's start: its buffer slots into shared memory by all its threads, its op range by one thread and its epoch,
 // taken and advanced in one atomic add (see interpret), by another, so that the three trips to memory overlap.
 __device__ __forceinline__ void block_start(const Context& c, char** slots, int* range, u64& epoch, int& failed, int t,
