@@ -232,3 +232,30 @@ def test_the_emitted_source_holds_the_tables_ops_byte_for_byte(tmp_path):
         assert out[: len(ops)] == ops, HOST_PLANS[k].name
         checks = np.frombuffer(out[len(ops) :], np.int32).reshape(t.nthreadblocks, 2)
         assert checks.all(), (HOST_PLANS[k].name, checks.tolist())
+
+
+@pytest.mark.slow
+@nvcc
+def test_the_launch_variants_compile_with_their_ops_in_registers(tmp_path, monkeypatch):
+    """LL128 lines, a residual, the RMSNorm epilogue and a Lamport plan: each compiled kernel keeps no op in local
+    memory."""
+    from codegen.rows import own_rows
+    from executor.gpu.lamport import ENV
+    from executor.reference.norm import RowNorm
+    from topologies.catalog import build as topology
+    from weft.pipeline import compile_and_verify
+    from weft.synthesis import synthesize
+
+    monkeypatch.setenv(ENV, "1")
+    ll = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x8.json"))
+    h200 = topology("hgx_h200:gpus=2")
+    lamport = compile_and_verify(synthesize(h200, "allreduce", "direct"), h200, protocol="lamport")
+    variants = [
+        build_tables(ll, 0, ll.granule * 64, lines=True),
+        build_tables(ll, 0, ll.granule * 64, residual=True),
+        build_tables(own_rows(ll, 2), 0, 8192, residual=True, norm=RowNorm(2048, 1e-6)),
+        build_tables(lamport, 0, 65536),
+    ]
+    sources = [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]
+    frames = _stack_frames(_compile_together(sources, tmp_path))
+    assert [frames[s.entry] for s in sources] == [0, 0, 0, 0]
