@@ -259,3 +259,19 @@ def test_the_launch_variants_compile_with_their_ops_in_registers(tmp_path, monke
     sources = [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]
     frames = _stack_frames(_compile_together(sources, tmp_path))
     assert [frames[s.entry] for s in sources] == [0, 0, 0, 0]
+
+
+def test_a_built_kernel_is_cached_by_its_key_and_rebuilt_where_its_hash_fails(tmp_path, monkeypatch):
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    generated = source.generate(t, "bf16", t.vector_bytes, "test", build.headers_hash())
+    builds = []
+    monkeypatch.setattr(build, "nvrtc_cubin", lambda s, arch, trace=False: builds.append(s.entry) or b"cubin-bytes")
+    cache = tmp_path / "kernels"
+    path = build.cached_cubin_path(generated, "sm_90", directory=cache)
+    assert path.read_bytes() == b"cubin-bytes" and generated.key in path.name
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert build.cached_cubin_path(generated, "sm_90", directory=cache) == path and len(builds) == 1
+    path.write_bytes(b"tampered")  # its stored hash no longer matches: built again, never loaded
+    build.cached_cubin_path(generated, "sm_90", directory=cache)
+    assert len(builds) == 2 and path.read_bytes() == b"cubin-bytes"
+    assert build.cached_cubin_path(generated, "sm_90", trace=True, directory=cache) != path  # the timed build

@@ -43,11 +43,13 @@ def nvrtc_cubin(source: CompiledSource, arch: str, trace: bool = False) -> bytes
     """The cubin NVRTC (CuPy's binding) builds from ``source`` for ``arch`` (e.g. sm_90)."""
     from cupy.cuda import nvrtc
 
+    if not hasattr(nvrtc, "getCUBIN"):  # CuPy's binding before CUDA 11.1's cubin output
+        raise ExecutorError(f"executor: compiled kernel {source.entry}: this CuPy's NVRTC binding returns no cubin")
     program = nvrtc.createProgram(source.code, f"{source.entry}.cu", (), ())
     try:
         try:
             nvrtc.compileProgram(program, list(nvrtc_options(arch, trace)))
-        except nvrtc.NVRTCError as e:
+        except getattr(nvrtc, "NVRTCError", RuntimeError) as e:
             log = nvrtc.getProgramLog(program).strip().splitlines()
             first = next((line for line in log if "error" in line), log[0] if log else str(e))
             raise ExecutorError(f"executor: compiled kernel {source.entry}: NVRTC failed for {arch}: {first}") from None
