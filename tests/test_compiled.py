@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,14 @@ def test_the_source_names_each_op_as_a_constant_and_no_table():
     code = source.generate(t, "bf16", t.vector_bytes, "test", "h").code
     assert code.count("step(weft::KindOf<") == sum(len(c.base) for c in source.block_classes(t)) + 1  # + the tripwire
     assert "c.ops" not in code and "tb_start" not in code
+
+
+def test_a_block_without_ops_compiles_to_an_empty_run():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    empty_first = replace(t, tb_start=np.concatenate([[0], t.tb_start]).astype(np.int32))
+    classes = source.block_classes(empty_first)
+    assert classes[0].first == 0 and len(classes[0].base) == 0
+    assert "return true;" in source.generate(empty_first, "bf16", 16, "test", "h").plan_struct
 
 
 def test_too_many_distinct_ops_are_refused_with_a_reason(monkeypatch):

@@ -238,7 +238,7 @@ def _plan_struct(classes: list[BlockClass]) -> str:
         lines.append("      const i64 q = k;")
         lines.append("      (void)q;")
         ops = [_step(c.base[i], c.delta[i]) for i in range(len(c.base))]
-        lines.append("      return " + " &&\n             ".join(ops) + ";")
+        lines.append("      return " + (" &&\n             ".join(ops) or "true") + ";")  # a block may hold no op
         lines.append("    }")
     lines += ["    return true;", "  }", ""]
     tw = _flatten(np.asarray([tripwire_op()], OP_DTYPE))[0]
