@@ -277,3 +277,15 @@ def test_a_built_kernel_is_cached_by_its_key_and_rebuilt_where_its_hash_fails(tm
     build.cached_cubin_path(generated, "sm_90", directory=cache)
     assert len(builds) == 2 and path.read_bytes() == b"cubin-bytes"
     assert build.cached_cubin_path(generated, "sm_90", trace=True, directory=cache) != path  # the timed build
+
+
+def test_weft_run_says_which_kernel_ran():
+    from types import SimpleNamespace
+
+    from weft.cli.gpu import _kernel_words
+
+    plan = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    assert _kernel_words(SimpleNamespace(compiled_refused={}), plan) == "; compiled kernel"
+    refused = SimpleNamespace(compiled_refused={plan.content_hash: "too many ops"})
+    assert _kernel_words(refused, plan) == "; interpreted (too many ops)"
+    assert "port engine" in _kernel_words(SimpleNamespace(), plan)

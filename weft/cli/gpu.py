@@ -340,6 +340,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"{counted(world, 'GPU')}: "
                 f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
                 + (f"; check against NCCL: {_check_word(oks)}" if args.check else "")
+                + (_kernel_words(comm, plan) if args.compiled else "")
             )
         if not all(oks):
             raise WrongResult(f"plan {plan.name}: result differs from NCCL")
@@ -350,6 +351,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- weft bench
+
+
+def _kernel_words(comm, plan) -> str:
+    """What ``weft run --compiled`` ran: the compiled kernel, or the interpreter and why."""
+    why = getattr(comm, "compiled_refused", {}).get(plan.content_hash, "")
+    if not hasattr(comm, "compiled_refused"):
+        why = "the port engine has no compiled kernels"
+    return f"; interpreted ({why})" if why else "; compiled kernel"
 
 
 def _check_word(oks: list) -> str:
