@@ -3,7 +3,9 @@
 turn: the compiled kernel's output must equal the interpreter's bit for bit (both sum in the plan's order), and
 all-reduce's must match NCCL's; then zero-copy CUDA graphs of compiled all-reduces, replayed on fresh inputs.
 
-One job (a process per GPU) runs every scenario; it needs CuPy with NVRTC (the kernels are built at run time).
+Last, the torch-facing ``Communicator`` made with ``compiled=True`` over the committed registry serves all-reduce,
+all-gather and reduce-scatter through compiled kernels. One job (a process per GPU) runs every scenario; it needs
+CuPy with NVRTC (the kernels are built at run time).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from torch_job import each, run_job, run_scenarios, start_rank, sums_to
+from torch_job import each, registry_for, run_job, run_scenarios, start_rank, sums_to
 
 HERE = Path(__file__).parent
 DTYPES = ("fp32", "fp16", "bf16")
@@ -50,6 +52,13 @@ def test_compiled_all_reduce_matches_nccl(results):
 def test_compiled_kernels_replay_in_zero_copy_graphs(results):
     for row in each(results, "graph"):
         assert row["replays"] > 0 and row["wrong"] == [], row
+
+
+@pytest.mark.gpu
+def test_the_communicator_serves_calls_through_compiled_kernels(results):
+    for row in each(results, "communicator"):
+        assert row["wrong"] == {"all_reduce": 0, "all_gather_into_tensor": 0, "reduce_scatter_tensor": 0}, row
+        assert row["weft_calls"] > 0 and row["refused"] == {}, row
 
 
 # ------------------------------------------------------------------------------------------ the job (each rank)
@@ -143,6 +152,34 @@ def scenario_graph(comm, folder: Path, rank: int, device) -> dict:
     return {"replays": replays, "wrong": wrong}
 
 
+def scenario_communicator(world: int, device) -> dict:
+    """``Communicator.from_process_group(compiled=True)`` on the committed registry and its topology: the calls it
+    serves with plans run compiled (none refused), with NCCL's results."""
+    import torch
+    import torch.distributed as dist
+
+    from executor import Communicator
+
+    comm = Communicator.from_process_group(
+        registry=str(registry_for(world)), topology=f"hgx_h200:gpus={world}", compiled=True
+    )
+    try:
+        x = torch.randn(32 * 1024, device=device, dtype=torch.bfloat16)
+        wrong = {"all_reduce": int(not sums_to(comm.all_reduce(x), x))}
+        gathered, ref = (torch.empty(world * x.numel(), device=device, dtype=x.dtype) for _ in range(2))
+        comm.all_gather_into_tensor(gathered, x)
+        dist.all_gather_into_tensor(ref, x)
+        wrong["all_gather_into_tensor"] = int(not torch.equal(gathered, ref))
+        scattered = torch.empty(x.numel() // world, device=device, dtype=x.dtype)
+        comm.reduce_scatter_tensor(scattered, x)
+        wrong["reduce_scatter_tensor"] = int(not sums_to(scattered, x, scatter=True))
+        refused = dict(comm.engine.compiled_refused) if comm.engine is not None else {"engine": "did not start"}
+        weft_calls = sum(n for path, n in comm.paths.items() if path != "nccl")
+        return {"wrong": wrong, "refused": refused, "weft_calls": weft_calls}
+    finally:
+        comm.close()
+
+
 def main() -> None:
     import torch.distributed as dist
 
@@ -159,6 +196,7 @@ def main() -> None:
         {
             "eager": lambda: scenario_eager(comm, folder, rank, device),
             "graph": lambda: scenario_graph(graphs, folder, rank, device),
+            "communicator": lambda: scenario_communicator(world, device),
         },
     )
     for c in (comm, graphs):
