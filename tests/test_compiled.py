@@ -14,7 +14,7 @@ import pytest
 
 from executor.errors import ExecutorError
 from executor.gpu.compiled import build, source
-from executor.gpu.tables import build_tables
+from executor.gpu.tables import NOP, build_tables
 from schedules.plan import load_plan
 
 PLANS = sorted(Path("tests/gpu/plans").glob("*.json")) + sorted(Path("tests/gpu/plans4").glob("*.json"))
@@ -62,6 +62,21 @@ def test_a_block_without_ops_compiles_to_an_empty_run():
     classes = source.block_classes(empty_first)
     assert classes[0].first == 0 and len(classes[0].base) == 0
     assert "return true;" in source.generate(empty_first, "bf16", 16, "test", "h").plan_struct
+
+
+def test_padding_nops_compile_to_nothing():
+    from codegen.rows import own_rows
+    from executor.reference.norm import RowNorm
+
+    ll = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x8.json"))
+    t = build_tables(own_rows(ll, 2), 0, 8192, residual=True, norm=RowNorm(2048, 1e-6))
+    nops = int((t.ops["type"] == NOP).sum())
+    assert nops > 0  # the norm pads every block to one op count
+    code = source.generate(t, "bf16", t.vector_bytes, "test", "h").plan_struct
+    classes = source.block_classes(t)
+    kept = sum(int((c.base[:, 0] != NOP).sum()) for c in classes)
+    assert kept < sum(len(c.base) for c in classes)  # some class holds padding
+    assert code.count("step(") == kept + 1 and "KindOf<0>" not in code  # + the tripwire
 
 
 def test_too_many_distinct_ops_are_refused_with_a_reason(monkeypatch):
@@ -257,7 +272,7 @@ def test_the_emitted_source_holds_the_tables_ops_byte_for_byte(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for k, t in enumerate(tables):
         out = subprocess.run([str(binary), str(k)], capture_output=True, check=True).stdout
-        ops = t.ops.tobytes()
+        ops = t.ops[t.ops["type"] != NOP].tobytes()  # nops (padding) compile to nothing
         assert out[: len(ops)] == ops, HOST_PLANS[k].name
         checks = np.frombuffer(out[len(ops) :], np.int32).reshape(t.nthreadblocks, 2)
         assert checks.all(), (HOST_PLANS[k].name, checks.tolist())

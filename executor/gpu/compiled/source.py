@@ -25,7 +25,7 @@ import numpy as np
 
 from executor.errors import ExecutorError
 from executor.gpu.build import BATCHED_THREADS, DTYPE_SUFFIX
-from executor.gpu.tables import OP_DTYPE, DeviceTables, tripwire_op
+from executor.gpu.tables import NOP, OP_DTYPE, DeviceTables, tripwire_op
 
 MAX_EMITTED_OPS = 1024  # constant ops one kernel holds (past it the source, and its build, grow too large to pay)
 D_TYPES = {"fp32": "weft::F32", "fp16": "weft::F16", "bf16": "weft::BF16"}
@@ -237,7 +237,8 @@ def _plan_struct(classes: list[BlockClass]) -> str:
         lines.append(f"      const int k = {_position(c)};")
         lines.append("      const i64 q = k;")
         lines.append("      (void)q;")
-        ops = [_step(c.base[i], c.delta[i]) for i in range(len(c.base))]
+        # nops (the padding that gives the interpreter blocks of one op count) compile to nothing
+        ops = [_step(c.base[i], c.delta[i]) for i in range(len(c.base)) if c.base[i][0] != NOP]
         lines.append("      return " + (" &&\n             ".join(ops) or "true") + ";")  # a block may hold no op
         lines.append("    }")
     lines += ["    return true;", "  }", ""]
