@@ -157,9 +157,9 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.slow
 @nvcc
 def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path, monkeypatch):
-    """A handful of plans in every dtype, and the launch variants (LL128 lines, a residual, the RMSNorm epilogue, a
-    Lamport plan), in one nvcc call: each builds, and keeps no op in local memory (a multi-peer op's pairs, walked
-    from a per-warp turn, are the exception: the last plan's)."""
+    """A handful of plans in every dtype (one with multi-peer pairs, walked from a per-warp turn), and the launch
+    variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan), in one nvcc call: each builds, and
+    keeps no op in local memory."""
     from codegen.rows import own_rows
     from executor.gpu.lamport import ENV
     from executor.reference.norm import RowNorm
@@ -183,8 +183,8 @@ def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path, m
     ]
     plain = _sources(picks[1:], ("bf16",)) + _sources(picks[:1], DTYPES)
     plain += [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]
-    pairs = _sources([Path("tests/gpu/plans4/allreduce-twoshot-ll-x1-mp.json")], ("bf16",))
-    frames = _stack_frames(_compile_together(plain + pairs, tmp_path))
+    plain += _sources([Path("tests/gpu/plans4/allreduce-twoshot-simple-x8-2s-mp.json")], ("bf16",))
+    frames = _stack_frames(_compile_together(plain, tmp_path))
     assert {s.entry: frames[s.entry] for s in plain} == {s.entry: 0 for s in plain}
 
 

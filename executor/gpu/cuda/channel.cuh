@@ -206,8 +206,8 @@ WEFT_PAIRS_RUNNER void run_pairs(const Op& op, const Transfer& t) {
   for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
     for (int j = 0; j < n; ++j) {
       const int p = (j + turn) % n;
-      const char* src = t.base(op.src[p]);
-      char* dst = t.base(op.dst[p]);
+      const char* src = t.base(WEFT_REF_AT(op.src, p));
+      char* dst = t.base(WEFT_REF_AT(op.dst, p));
       Unit<V> v[kInFlight];
 #pragma unroll
       for (int k = 0; k < kInFlight; ++k) {

@@ -7,12 +7,38 @@
 // Every op runner inlined: the constant ops then fold into the code (common.cuh).
 #define WEFT_RUNNER __device__ __forceinline__
 #define WEFT_PAIRS_RUNNER __device__ __forceinline__
+#define WEFT_REF_AT(refs, i) weft::ref_at(refs, i)
 #define WEFT_FOR_EACH(var, from, count, most)                                          \
   _Pragma("unroll") for (int var = from; var < most; ++var) if (var >= (count)) break; \
   else
 #include "ops.cuh"
 
 namespace weft {
+
+// Runs one op of a compiled plan with its type as a compile-time kind, then the block's barrier; false where the
+// block failed. A functor, not a lambda, so that it is inlined at every op (a lambda called at many ops was not,
+// and its op went to local memory).
+template <class D, int V, bool Batch, bool Lamport>
+struct Step {
+  const Context& c;
+  char* const* slots;
+  u64& epoch;
+  int& failed;
+  const ErrorRecord rec;
+#ifdef WEFT_TRACE
+  Tracer& tracer;
+#endif
+  int done = 0;
+
+  template <class Kind>
+  __device__ __forceinline__ bool operator()(Kind, const Op& op) {
+    run_op<D, V, Batch, Lamport, Kind::value>(op, c, slots, epoch, failed, rec);
+    __syncthreads();
+    WEFT_TRACE_MARK(3 + done);
+    ++done;
+    return failed == 0;
+  }
+};
 
 // Plan: ``static bool expects(int block, int first, int end)``: whether the range the tables give the block is the
 // compiled one (a disarmed graph record's is not: its block 0 runs only the tripwire op, the others nothing);
@@ -34,14 +60,11 @@ __device__ __forceinline__ void run_compiled(const Context& c) {
   WEFT_TRACE_MARK(1);
   const ErrorRecord rec{c.error, c.rank};
   WEFT_TRACE_MARK(2);  // no op window to wait for: the phases keep the interpreter's numbering
-  int done = 0;
-  auto step = [&](auto kind, const Op& op) {
-    run_op<D, V, Batch, Lamport, decltype(kind)::value>(op, c, slots, epoch, failed, rec);
-    __syncthreads();
-    WEFT_TRACE_MARK(3 + done);
-    ++done;
-    return failed == 0;
-  };
+#ifdef WEFT_TRACE
+  Step<D, V, Batch, Lamport> step{c, slots, epoch, failed, rec, tracer};
+#else
+  Step<D, V, Batch, Lamport> step{c, slots, epoch, failed, rec};
+#endif
   bool ran = true;
   if (Plan::expects(blockIdx.x, range[0], range[1])) {
     ran = Plan::run(blockIdx.x, step);
