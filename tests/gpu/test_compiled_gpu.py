@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from torch_job import each, registry_for, run_job, run_scenarios, start_rank, sums_to
+from torch_job import each, registry_for, run_job, run_scenarios, start_rank, sums_to, three_collectives_wrong
 
 HERE = Path(__file__).parent
 DTYPES = ("fp32", "fp16", "bf16")
@@ -156,7 +156,6 @@ def scenario_communicator(world: int, device) -> dict:
     """``Communicator.from_process_group(compiled=True)`` on the committed registry and its topology: the calls it
     serves with plans run compiled (none refused), with NCCL's results."""
     import torch
-    import torch.distributed as dist
 
     from executor import Communicator
 
@@ -164,15 +163,7 @@ def scenario_communicator(world: int, device) -> dict:
         registry=str(registry_for(world)), topology=f"hgx_h200:gpus={world}", compiled=True
     )
     try:
-        x = torch.randn(32 * 1024, device=device, dtype=torch.bfloat16)
-        wrong = {"all_reduce": int(not sums_to(comm.all_reduce(x), x))}
-        gathered, ref = (torch.empty(world * x.numel(), device=device, dtype=x.dtype) for _ in range(2))
-        comm.all_gather_into_tensor(gathered, x)
-        dist.all_gather_into_tensor(ref, x)
-        wrong["all_gather_into_tensor"] = int(not torch.equal(gathered, ref))
-        scattered = torch.empty(x.numel() // world, device=device, dtype=x.dtype)
-        comm.reduce_scatter_tensor(scattered, x)
-        wrong["reduce_scatter_tensor"] = int(not sums_to(scattered, x, scatter=True))
+        wrong = three_collectives_wrong(comm, torch.randn(32 * 1024, device=device, dtype=torch.bfloat16), world)
         refused = dict(comm.engine.compiled_refused) if comm.engine is not None else {"engine": "did not start"}
         weft_calls = sum(n for path, n in comm.paths.items() if path != "nccl")
         return {"wrong": wrong, "refused": refused, "weft_calls": weft_calls}
