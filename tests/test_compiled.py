@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -304,3 +305,51 @@ def test_weft_run_says_which_kernel_ran():
     refused = SimpleNamespace(compiled_refused={plan.content_hash: "too many ops"})
     assert _kernel_words(refused, plan) == "; interpreted (too many ops)"
     assert "port engine" in _kernel_words(SimpleNamespace(), plan)
+
+
+def _bare_engine(gathered: list[str]):
+    """An InterpreterEngine with only what ``_compile`` reads; ``gathered``: every rank's say in the agreement."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from executor.gpu.engine import InterpreterEngine
+
+    engine: Any = object.__new__(InterpreterEngine)
+    engine.rank, engine.device, engine._cc, engine._trace, engine.compiled_refused = 0, 0, "90", False, {}
+    engine._cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda device: contextlib.nullcontext()))
+    engine._all_gather = lambda what, value: [value, *gathered]
+    return engine
+
+
+def _context(plan_hash: str):
+    from types import SimpleNamespace
+
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    return SimpleNamespace(tables=t, vector_bytes=16, nbytes=1024, plan_hash=plan_hash, compiled=None, compiled_why="")
+
+
+def test_a_kernel_refused_on_any_rank_runs_the_interpreter_on_every_rank(monkeypatch):
+    from executor.gpu import compiled
+
+    plan = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    monkeypatch.setattr(compiled, "kernel_for", lambda *args: "kernel")
+    ctx = _context("h")
+    _bare_engine(["rank 1: NVRTC failed"])._compile(ctx, "bf16", plan)  # built here, refused on rank 1
+    assert ctx.compiled is None and ctx.compiled_why == "rank 1: NVRTC failed"
+    ctx = _context("h")
+    engine = _bare_engine([""])
+    engine._compile(ctx, "bf16", plan)
+    assert ctx.compiled == "kernel" and engine.compiled_refused == {}
+
+
+def test_a_build_error_is_a_reason_not_a_crash(monkeypatch):
+    from executor.gpu import compiled
+
+    def broken(*args):
+        raise RuntimeError("CUDA_ERROR_INVALID_IMAGE\nmore")
+
+    plan = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    monkeypatch.setattr(compiled, "kernel_for", broken)
+    ctx, engine = _context("h"), _bare_engine([""])
+    engine._compile(ctx, "bf16", plan)
+    assert ctx.compiled is None and engine.compiled_refused["h"].endswith("RuntimeError: CUDA_ERROR_INVALID_IMAGE")

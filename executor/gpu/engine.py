@@ -971,6 +971,8 @@ class InterpreterEngine:
             why = str(e)
         except ImportError as e:  # a CuPy without NVRTC's binding
             why = f"executor: {label}: not compiled: NVRTC is not available ({e})"
+        except Exception as e:  # the driver refusing the module (CuPy's own errors): the peers must still hear
+            why = f"executor: {label}: not compiled: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ctx.compiled_why = next((w for w in self._all_gather("compiled", why) if w), "")
         if ctx.compiled_why:
             ctx.compiled = None
