@@ -34,7 +34,7 @@ GENERATOR_VERSION = "1"  # bump when the emitted form changes (it is part of eve
 
 @dataclass(frozen=True)
 class BlockClass:
-    """Blocks ``first + stride * k`` (k < count) whose op k-th records are ``base + k * delta`` (flattened)."""
+    """Blocks ``first + stride * k`` (k < count) whose records are ``base + k * delta`` (flattened, op by op)."""
 
     first: int
     stride: int
@@ -62,7 +62,6 @@ class CompiledSource:
     code: str  # the whole translation unit (includes compiled.cuh from executor/gpu/cuda)
     plan_struct: str  # the ``Plan`` type alone (contract.cuh's types), which a host compiler can check
     key: str
-    threads: int
 
 
 NAMES: tuple[str, ...] = OP_DTYPE.names or ()
@@ -302,4 +301,4 @@ def generate(
             "",
         ]
     )
-    return CompiledSource(entry, code, struct, digest, tables.threads)
+    return CompiledSource(entry, code, struct, digest)
