@@ -1,6 +1,6 @@
 """A kernel's start, from its launch to its first op, with the L2 cold (as after a matmul) and warm, on ONE GPU.
 
-    PYTHONPATH=. python bench/prologue_trace.py OUT.json [--registry bench/registry_h200x2] [--nproc 2]
+    PYTHONPATH=. python bench/prologue_trace.py OUT.json [--registry bench/registry_h200x2] [--nproc 2] [--compiled]
 
 Every rank runs as a process on one GPU (as tests/gpu/one_device.py does), on the timed interpreter build. The
 phases before the first op (the tables, the op window and the dependency wait, the barrier) are each block's own
@@ -8,6 +8,9 @@ work and do not wait for a peer, so they time correctly on a shared GPU, while t
 kernels are time-sliced) and are left out. "cold": a 256 MB memset runs before each call, so the tables come from
 memory, as they do after the weights of a decode step's matmul; "warm": calls back to back. Each call is
 synchronized before the next one, so the programmatic launch overlaps nothing and the start is all on the path.
+``--compiled``: every case also runs as the plan compiled to a kernel of its own (executor.gpu.compiled, the timed
+build of it), on the same context, in the same job: its rows carry ``"kernel": "compiled"`` beside the
+interpreter's, so the two starts compare within one call.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ CASES = (
 CALLS = 40
 
 
-def rank_main(out_dir: Path, registry: str) -> None:
+def rank_main(out_dir: Path, registry: str, compiled: bool = False) -> None:
     import cupy
 
     from executor.gpu.engine import InterpreterEngine
@@ -48,15 +51,15 @@ def rank_main(out_dir: Path, registry: str) -> None:
     for name, nbytes in CASES:
         plan = plans[name]
         x = cupy.ascontiguousarray(cupy.random.standard_normal(nbytes // 2, cupy.float32).view(cupy.uint16)[1::2])
-        for cold in (False, True):
+        for kernel, cold in [(k, c) for k in ((False, True) if compiled else (False,)) for c in (False, True)]:
             for _ in range(3):
-                comm.execute(plan, x, dtype="bf16")
+                comm.execute(plan, x, dtype="bf16", compiled=kernel)
             comm.synchronize()
             comm.reset_kernel_times()
             for k in range(CALLS):
                 if cold:
                     flush.fill(k & 0xFF)
-                comm.execute(plan, x, dtype="bf16")
+                comm.execute(plan, x, dtype="bf16", compiled=kernel)
                 comm.synchronize()
             times = comm.kernel_times(plan, nbytes, "bf16")
             phases = {p: statistics.median(t.phases[p] for t in times) for p in times[0].phases}
@@ -65,6 +68,8 @@ def rank_main(out_dir: Path, registry: str) -> None:
                     "plan": name,
                     "bytes": nbytes,
                     "cold": cold,
+                    "kernel": "compiled" if kernel else "interpreter",
+                    "compiled_refused": comm.compiled_refused.get(plan.content_hash, "") if kernel else "",
                     "blocks": len(times),
                     "phases_us": phases,
                     "start_us": round(sum(phases.values()), 3),
@@ -80,10 +85,11 @@ def main() -> int:
     parser.add_argument("output", type=Path)
     parser.add_argument("--registry", default="bench/registry_h200x2")
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--compiled", action="store_true", help="also time each plan compiled to its own kernel")
     parser.add_argument("--rank-of", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_of:
-        rank_main(args.rank_of, args.registry)
+        rank_main(args.rank_of, args.registry, args.compiled)
         return 0
     work = args.output.parent / (args.output.stem + ".ranks")
     work.mkdir(parents=True, exist_ok=True)
@@ -93,7 +99,8 @@ def main() -> int:
     env = {**os.environ, "WORLD_SIZE": str(args.nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, str(args.output), "--registry", args.registry, "--rank-of", str(work)],
+            [sys.executable, __file__, str(args.output), "--registry", args.registry, "--rank-of", str(work)]
+            + (["--compiled"] if args.compiled else []),
             env={**env, "RANK": str(r)},
         )
         for r in range(args.nproc)
@@ -129,7 +136,8 @@ def main() -> int:
     args.output.write_text(json.dumps(doc, indent=1))
     for row in ranks[0] if ranks else []:
         print(
-            f"{row['plan'][-24:]:>24} {row['bytes']:>9} {'cold' if row['cold'] else 'warm'}  start "
+            f"{row['plan'][-24:]:>24} {row['bytes']:>9} {row['kernel'][:8]:>8} "
+            f"{'cold' if row['cold'] else 'warm'}  start "
             f"{row['start_us']:.2f} µs (max {row['start_us_max']:.2f})  {row['phases_us']}"
         )
     return 0 if codes == [0] * args.nproc else 1

@@ -78,7 +78,7 @@ def _executors(plan) -> list[InterpreterEngine]:
     barrier, seen = threading.Barrier(N), {}
 
     def direct(rank):
-        def execute(p, input, output=None, stream=None, dtype=None, lines=None, residual=None):
+        def execute(p, input, output=None, stream=None, dtype=None, lines=None, residual=None, compiled=None):
             seen[rank] = (input, output)
             if barrier.wait() == 0:
                 nbytes = max(len(seen[0][0].host), len(seen[0][1].host))
@@ -93,7 +93,7 @@ def _executors(plan) -> list[InterpreterEngine]:
     comms = []
     for rank in range(N):
         comm: Any = object.__new__(InterpreterEngine)  # a bare executor: the test sets the fields it reads
-        comm.rank, comm.world_size, comm.device, comm._ll128 = rank, N, 0, False
+        comm.rank, comm.world_size, comm.device, comm._ll128, comm._compiled = rank, N, 0, False, False
         comm._cupy, comm._error, comm._tripwire = FakeCupy(), np.zeros(8, np.int32), None
         comm._plans, comm._padded, comm._residual_refusals = {}, {}, {}
         comm.execute = direct(rank)  # the plan's run at the padded size; the padded path around it is real

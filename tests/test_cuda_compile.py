@@ -64,7 +64,7 @@ def test_cached_cubin_is_reused(cache):
     assert build.build_cubin("sm_90", cache) == first and first.stat().st_mtime_ns == stamp
 
 
-@pytest.mark.parametrize("header", [s for s in build.SOURCES if s.endswith(".cuh")])
+@pytest.mark.parametrize("header", [*(s for s in build.SOURCES if s.endswith(".cuh")), "compiled.cuh"])
 def test_each_header_compiles_on_its_own(tmp_path, header):
     unit = tmp_path / "unit.cu"
     unit.write_text(f'#include "{header}"\n')

@@ -103,11 +103,11 @@ def fake_communicator(rank: int, world: int, gather, plan_path: Path, residual: 
     comm._error = np.zeros(8, np.int32)
     comm._plans, comm._contexts, comm._templates, comm._captured = {}, {}, {}, []
     comm._residual_refusals = {}
-    comm._graph_mode, comm._marker, comm._tripwire, comm._ll128 = False, None, None, False
+    comm._graph_mode, comm._marker, comm._tripwire, comm._ll128, comm._compiled = False, None, None, False, False
     comm._all_gather = gather
     comm._peers = SimpleNamespace(open=opened)
     comm.launches = []
-    comm._launch = lambda ctx, dtype, framework, stream, args=None: comm.launches.append(args)
+    comm._launch = lambda ctx, dtype, framework, stream, args=None, compiled=False: comm.launches.append(args)
     plan = load_plan(plan_path)
     tables = build_tables(plan, rank, 4 * N, residual=residual)
     slots = (

@@ -113,5 +113,5 @@ def test_the_kernel_cache_never_replaces_a_node_planted_in_it(tmp_path):
 
     fifo = _fifo(tmp_path / "interpreter-sm_90-x.cubin.sha256")
     with pytest.raises(ExecutorError, match="will not write: it is a FIFO"):
-        build._write_private(tmp_path, fifo, "digest\n")
+        build.write_private(tmp_path, fifo, "digest\n")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == [fifo.name]

@@ -35,6 +35,7 @@ class BenchConfig:
     samples: int = 30
     warmup: int = 3
     ll128: bool = False  # time LL plans a second time with LL128 lines (tables.lines_possible), named NAME+ll128
+    compiled: bool = False  # time every plan (and format) a second time compiled to a kernel of its own: NAME+compiled
     symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
     peers: tuple[str, ...] = ("flashinfer", "vllm")  # where installed (all-reduce, one host, as symm)
     # all-to-all: "symm" adds torch symmetric memory's all_to_all_vdev (NVSHMEM), opt-in (alltoall_peers)
@@ -337,10 +338,13 @@ def _slowest_rank(comm, medians: dict[str, float]) -> dict[str, float]:
     return {k: max(m[k] for m in every) for k in medians}
 
 
-def _check(collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: bool = False) -> int:
-    """1 if weft's result differs from NCCL's on this rank's data, else 0."""
+def _check(
+    collective: str, comm, plan: Plan, x, world: int, dtype: str, lines: bool = False, compiled: bool = False
+) -> int:
+    """1 if weft's result differs from NCCL's on this rank's data, else 0 (``compiled``: the compiled kernel's)."""
     ref, magnitude = nccl_result(collective, x, world), sum_magnitude(collective, x, world)
-    got = comm.execute(plan, x.clone() if plan.inplace else x, lines=lines)  # in place: one buffer, in and out
+    kernel = {"compiled": True} if compiled else {}
+    got = comm.execute(plan, x.clone() if plan.inplace else x, lines=lines, **kernel)  # in place: one buffer
     comm.synchronize()
     return int(not matches(collective, got, ref, dtype, magnitude, world))
 
@@ -362,6 +366,7 @@ def _check_peers(
 
 
 LINES_SUFFIX = "+ll128"
+COMPILED_SUFFIX = "+compiled"
 
 
 def _plan_timers(
@@ -373,41 +378,70 @@ def _plan_timers(
     out: Any,
     keep: list[Any],
     progress: Callable[[str], None] | None,
-) -> tuple[dict[str, Callable[[], float]], dict[str, tuple[Plan, bool]]]:
-    """A timer per weft plan (and per packet format, with ``config.ll128``) that runs here on every rank, and the
-    timer name -> (plan, with LL128 lines). A plan refused on any rank is skipped (and said, with ``progress``);
+) -> tuple[dict[str, Callable[[], float]], dict[str, tuple[Plan, bool]], dict[str, tuple[Plan, bool]], dict[str, str]]:
+    """A timer per weft plan (and per packet format, with ``config.ll128``; and per kernel, with
+    ``config.compiled``: NAME+compiled, the plan compiled to a kernel of its own) that runs here on every rank, the
+    timer name -> (plan, with LL128 lines) of the interpreter's and of the compiled kernels', and why a plan was
+    not compiled (plan hash -> the reason). A plan refused on any rank is skipped (and said, with ``progress``);
     the buffers made go into ``keep``."""
     import torch
 
     timers: dict[str, Callable[[], float]] = {}
     runnable: dict[str, tuple[Plan, bool]] = {}  # timer name -> (plan, with LL128 lines)
+    compiled: dict[str, tuple[Plan, bool]] = {}  # the same for the compiled kernels' timers
+    not_compiled: dict[str, str] = {}
     formats = [(p, False) for p in candidates] + [
         (p, True) for p in candidates if config.ll128 and lines_possible(p, nbytes)
     ]
-    for plan, lines in formats:
+    kernels = (False, True) if config.compiled and hasattr(comm, "compiled_refused") else (False,)
+    for (plan, lines), kernel in ((f, k) for f in formats for k in kernels):
         # NCCL's all-reduce sums into ``out`` in place, call after call: weft's plans write elsewhere
         y = torch.empty_like(x) if facts_of(config.collective).sums_everywhere else out
         if plan.inplace and x.numel() == out.numel():  # MSCCL++'s plans run in place: one buffer, in and out
             y = x.clone()
         keep.append(y)
+        options = {"lines": lines, **({"compiled": True} if kernel else {})}
         try:
             run = (
-                (lambda p=plan, y=y, lines=lines: comm.execute(p, y, lines=lines))
+                (lambda p=plan, y=y, o=options: comm.execute(p, y, **o))
                 if plan.inplace
-                else (lambda p=plan, x=x, y=y, lines=lines: comm.execute(p, x, y, lines=lines))
+                else (lambda p=plan, x=x, y=y, o=options: comm.execute(p, x, y, **o))
             )
             timer = _timer(run, config.graph, config.calls)
-            why = ""
+            why = comm.compiled_refused.get(plan.content_hash, "") if kernel else ""  # else the interpreter ran
         except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
             timer, why = None, str(e)
-        name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}"
+        name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}{COMPILED_SUFFIX if kernel else ''}"
         if _refused_anywhere(comm, why):
+            if kernel:
+                not_compiled[plan.content_hash + (LINES_SUFFIX if lines else "")] = why or "refused on another rank"
             if progress and why:
                 progress(f"skipping {name[5:]}: {why}")
             continue
         timers[name] = timer
-        runnable[name] = (plan, lines)
-    return timers, runnable
+        (compiled if kernel else runnable)[name] = (plan, lines)
+    return timers, runnable, compiled, not_compiled
+
+
+def _compiled_columns(
+    med: dict[str, float],
+    compiled: dict[str, tuple[Plan, bool]],
+    fastest: str | None,
+    wrong: int,
+    not_compiled: dict[str, str],
+) -> dict[str, Any]:
+    """A row's compiled-kernel columns (``BenchConfig.compiled``), beside the interpreter's: the fastest compiled
+    plan's time and name, whether its result differed from NCCL's, each plan's time compiled (by plan hash, +ll128
+    for lines) and why a plan was not compiled."""
+    return {
+        "compiled_us": med[fastest] if fastest else None,
+        "compiled_plan": fastest[5 : -len(COMPILED_SUFFIX)] if fastest else None,
+        "compiled_wrong": wrong,
+        "plans_compiled_us": {
+            p.content_hash + (LINES_SUFFIX if lines else ""): med[k] for k, (p, lines) in compiled.items()
+        },
+        "compiled_refused": not_compiled,
+    }
 
 
 def run_bench(
@@ -453,7 +487,9 @@ def run_bench(
                 refused_peers[name] = why or "refused on another rank"
                 continue
             timers[name] = timer
-        plan_timers, runnable = _plan_timers(comm, config, candidates, nbytes, x, out, keep, progress)
+        plan_timers, runnable, compiled, not_compiled = _plan_timers(
+            comm, config, candidates, nbytes, x, out, keep, progress
+        )
         timers.update(plan_timers)
         comm.synchronize()
         raw: dict[str, list[float]] = {k: [] for k in timers}
@@ -464,11 +500,16 @@ def run_bench(
                     raw[name].append(t)
         comm.synchronize()
         med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
-        weft = {k: v for k, v in med.items() if k.startswith("weft:")}
+        weft = {k: v for k, v in med.items() if k in runnable}
+        fastest_compiled = min(compiled, key=med.__getitem__) if compiled else None
         best = min(weft, key=weft.__getitem__) if weft else None
         symm = [v for k, v in med.items() if k.startswith("symm:")]
         flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
         rivals = {k: v for k, v in med.items() if not k.startswith("weft:")}  # every peer timed, NCCL too
+        compiled_wrong = 0
+        if fastest_compiled:
+            plan, lines = compiled[fastest_compiled]
+            compiled_wrong = _check(config.collective, comm, plan, x, world, config.dtype, lines, compiled=True)
         best_peer = min(rivals, key=rivals.__getitem__)
         wrong = 0
         if best:
@@ -504,6 +545,11 @@ def run_bench(
                 "median_us": med,
                 "plans_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if not lines},
                 "plans_ll128_us": {p.content_hash: med[k] for k, (p, lines) in runnable.items() if lines},
+                **(
+                    _compiled_columns(med, compiled, fastest_compiled, compiled_wrong, not_compiled)
+                    if config.compiled
+                    else {}
+                ),
             }
         )
         if progress:

@@ -29,6 +29,7 @@ SOURCES = (
     "lamport.cuh",
     "channel.cuh",
     "norm.cuh",
+    "ops.cuh",
     "interpreter.cu",
 )
 FLAGS = ("-O3", "-std=c++17")
@@ -105,7 +106,7 @@ def cached_cubin(path: Path) -> bytes | None:
     return data if _digest(data) == expected else None
 
 
-def _write_private(directory: Path, path: Path, data: bytes | str) -> None:
+def write_private(directory: Path, path: Path, data: bytes | str) -> None:
     check_output(path, "executor: kernel cache", ExecutorError)  # a node planted in the cache is never replaced
     fd, tmp = tempfile.mkstemp(dir=directory)
     with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
@@ -129,7 +130,7 @@ def build_cubin(arch: str, directory: Path | None = None, trace: bool = False) -
         first = (done.stderr.strip().splitlines() or ["no output"])[0]
         raise ExecutorError(f"executor/gpu/cuda/interpreter.cu: nvcc failed for {arch}: {first}")
     data = Path(tmp).read_bytes()
-    _write_private(directory, path.with_name(path.name + ".sha256"), _digest(data) + "\n")
+    write_private(directory, path.with_name(path.name + ".sha256"), _digest(data) + "\n")
     check_output(path, "executor: kernel cache", ExecutorError)
     os.replace(tmp, path)
     return path
@@ -145,7 +146,7 @@ def load_module(compute_capability: str, trace: bool = False):
         image = cached_cubin(path)  # checked again as it is read: what is loaded is exactly what was hashed
         if image is None:
             raise ExecutorError(f"executor: kernel cache {path}: the cubin does not match its stored hash")
-        return _module_from_image(cupy, image, path)
+        return module_from_image(image, path, kernel_name("fp32", 16))
     code = (source_dir() / "interpreter.cu").read_text()
     return cupy.RawModule(
         code=code,
@@ -154,13 +155,16 @@ def load_module(compute_capability: str, trace: bool = False):
     )
 
 
-def _module_from_image(cupy, image: bytes, path: Path):
-    """A RawModule from the checked bytes (written to a private temporary file: CuPy loads cubins by path)."""
+def module_from_image(image: bytes, path: Path, entry: str):
+    """A RawModule from the checked bytes (written to a private temporary file: CuPy loads cubins by path), loaded
+    now through one of its entries, while the checked copy exists."""
+    import cupy
+
     with tempfile.TemporaryDirectory(prefix="weft-cubin-") as tmp:
         copy = Path(tmp) / path.name
         copy.write_bytes(image)
         module = cupy.RawModule(path=str(copy))
-        module.get_function(kernel_name("fp32", 16))  # load it now, while the checked copy exists
+        module.get_function(entry)
     return module
 
 

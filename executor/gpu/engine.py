@@ -145,6 +145,9 @@ class _Context:
     peers: PeerMapping  # the inputs and outputs ranks map across (then bindings are collective)
     records: _Records | None = None
     launch: gpu_launch.Launch | None = None  # the launch with ``args``, prepared on first use
+    compiled: Any = None  # the plan compiled to a kernel of its own for these tables (executor.gpu.compiled)
+    compiled_why: str = ""  # why not, once it was refused
+    compiled_launch: gpu_launch.Launch | None = None  # the compiled kernel's launch with ``args``
     trace: Any = None  # per-block phase sums of the timed build (Communicator(trace=True))
     traced_before: int = 0  # launches before the trace sums were last zeroed (reset_kernel_times)
 
@@ -208,6 +211,7 @@ class InterpreterEngine:
         programmatic: bool = True,
         trace: bool = False,
         ll128: bool = False,
+        compiled: bool = False,
     ):
         """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
         collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
@@ -215,7 +219,9 @@ class InterpreterEngine:
         ``ll128``: by default, move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8
         per 16) where the size allows (tables.lines_possible) and every rank's buffers are 8-byte aligned; a
         call's ``lines`` overrides it. Lines rely on NVLink delivering a warp's 128-byte store whole, as NCCL's LL128
-        does, so use them on NVLink machines only."""
+        does, so use them on NVLink machines only. ``compiled``: by default, run each context's plan as a kernel of
+        its own (``executor.gpu.compiled``: its ops compile-time constants, built through NVRTC and cached) where
+        the generator takes it, the interpreter elsewhere; a call's ``compiled`` overrides it."""
         import cupy
 
         if not 0 <= rank < world_size:
@@ -231,6 +237,8 @@ class InterpreterEngine:
         self._plans: dict[int, tuple[Plan, str]] = {}
         self._streams: dict[int, Any] = {}
         self._kernels: dict[str, Any] = {}  # interpreter entries by name
+        # plan hash -> why a context of it runs the interpreter where its compiled kernel was asked for (the latest)
+        self.compiled_refused: dict[str, str] = {}
         self._resident: dict[tuple[str, int], int] = {}  # (entry, threads) -> blocks the GPU holds at once
         self._peers = ipc.PeerMappings()
         # (plan, size, dtype, lines, with a residual) -> the first context made for them
@@ -250,7 +258,8 @@ class InterpreterEngine:
             cc = cupy.cuda.Device(self.device).compute_capability
             self._launcher = gpu_launch.Launcher(programmatic and int(cc) >= 90)  # PDL needs Hopper or newer
             self._module = gpu_build.load_module(cc, trace)
-            self._trace, self._ll128 = trace, ll128
+            self._trace, self._ll128, self._compiled = trace, ll128, compiled
+            self._cc = cc
             # inbound counters are written by peers, so they get their own shared allocation
             self._inbound = cupy.zeros(MAX_CHANNELS, cupy.uint64)
             self._expected = cupy.zeros(MAX_CHANNELS, cupy.uint64)
@@ -268,7 +277,12 @@ class InterpreterEngine:
 
     @classmethod
     def from_process_group(
-        cls, group: Any = None, timeout_s: float = 30.0, programmatic: bool = True, ll128: bool = False
+        cls,
+        group: Any = None,
+        timeout_s: float = 30.0,
+        programmatic: bool = True,
+        ll128: bool = False,
+        compiled: bool = False,
     ) -> InterpreterEngine:
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
@@ -281,6 +295,7 @@ class InterpreterEngine:
             timeout_s=timeout_s,
             programmatic=programmatic,
             ll128=ll128,
+            compiled=compiled,
         )
 
     # ------------------------------------------------------------------ running plans
@@ -295,12 +310,15 @@ class InterpreterEngine:
         lines: bool | None = None,
         residual: Any = None,
         norm: NormCall | None = None,
+        compiled: bool | None = None,
     ) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on ``stream``; returns the output.
 
         ``stream``: a torch or CuPy stream or a raw handle; default the current stream of input's framework.
         ``dtype``: needed only for CuPy bf16 (held as uint16).
         ``lines``: move an LL plan's packets as LL128 lines where it can (default: the communicator's ``ll128``).
+        ``compiled``: run the plan compiled to a kernel of its own where the generator takes it (default: the
+        engine's ``compiled``); the context is the same, so calls may alternate (``compiled_refused`` says why not).
         ``residual``: an all-reduce's output is the sum plus this buffer (input-sized), in the same launch: the
         reductions that write outputs add it after their sums (executor.reference.norm.residual_refusal), each
         with its own rank's residual, so pass the same values on every rank, as a transformer's residual stream
@@ -323,7 +341,9 @@ class InterpreterEngine:
                 "in place (executor.reference.norm.rows_refusal)"
             )
         if padding is not None:
-            return self._execute_padded(plan, padding, input, buf, output, out, stream, dtype, lines, residual)
+            return self._execute_padded(
+                plan, padding, input, buf, output, out, stream, dtype, lines, residual, compiled
+            )
         lines = self._ll128 if lines is None else lines
         res = self._residual(plan, buf, residual, dtype)
         normed = self._norm_buffers(plan, buf, res, norm, dtype)
@@ -345,7 +365,10 @@ class InterpreterEngine:
             template = (plan_hash, ctx.nbytes, dtype, lines, _variant(res, norm))
             if self._templates.setdefault(template, ctx) is ctx and self._graph_mode:
                 self._add_records(ctx)  # made inside capture() by an eager call (a warm-up), so outside a graph
-        self._launch(ctx, dtype, buf.framework, stream)
+        use = self._compiled if compiled is None else compiled
+        if use:
+            self._compile(ctx, dtype, plan)
+        self._launch(ctx, dtype, buf.framework, stream, compiled=use)
         return ctx.output
 
     @contextmanager
@@ -380,6 +403,7 @@ class InterpreterEngine:
         lines: bool | None = None,
         residual: Any = None,
         norm: NormCall | None = None,
+        compiled: bool | None = None,
     ) -> str:
         """Inside ``capture()``, while a graph captures: run ``plan`` on ``input`` and ``output`` with no copy.
 
@@ -389,7 +413,9 @@ class InterpreterEngine:
         '' when it launched, else why it did not (nothing launched): no such context, a buffer not aligned to the
         context's vectors, no free record, or, for plans whose peers map this rank's input or output, a buffer
         that CUDA IPC cannot share on some rank. Every rank decides together (collective: one exchange through the
-        store per captured call), so that no rank runs the call on a path its peers do not.
+        store per captured call), so that no rank runs the call on a path its peers do not. ``compiled``: the graph
+        launches the context's compiled kernel where an eager call built it (none is built inside a capture), else the
+        interpreter.
         """
         if not self._graph_mode:
             raise ExecutorError("executor: execute_captured runs inside comm.capture() only")
@@ -436,7 +462,8 @@ class InterpreterEngine:
         self._captured.append(captured)
         address = ctx.records.address(captured.record)
         args = with_kernel_args(ctx.args, tb_start=address, buffers=address + ctx.records.layout.tb_bytes)
-        self._launch(ctx, dtype, buf.framework, stream, args)
+        use = self._compiled if compiled is None else compiled
+        self._launch(ctx, dtype, buf.framework, stream, args, compiled=use)
         return ""
 
     def register_graph_buffers(self) -> None:
@@ -583,6 +610,7 @@ class InterpreterEngine:
         dtype: str,
         lines: bool | None,
         residual: Any,
+        compiled: bool | None = None,
     ) -> Any:
         """``execute`` at a size that is not a multiple of the plan's granule: parts copied to their padded places,
         the plan run there, output parts copied back, all on the caller's stream."""
@@ -628,6 +656,7 @@ class InterpreterEngine:
             dtype=dtype,
             lines=lines,
             residual=None if res is None else padded_res[: in_parts * stride],
+            compiled=compiled,
         )
         result = (padded_in if plan.inplace else padded_out).data.ptr
         target = buf if plan.inplace else out
@@ -927,12 +956,42 @@ class InterpreterEngine:
             return self._cupy.cuda.get_current_stream().ptr
         return stream.cuda_stream if hasattr(stream, "cuda_stream") else getattr(stream, "ptr", stream)
 
-    def _prepare(self, ctx: _Context, dtype: str, args: tuple) -> gpu_launch.Launch:
+    def _compile(self, ctx: _Context, dtype: str, plan: Plan) -> None:
+        """Give ``ctx`` its compiled kernel (built once, cached on disk), or the reason it runs the interpreter.
+
+        Collective, once per context: every rank builds its kernel before any launches one (a build takes seconds,
+        longer than a peer should spin for it), and a refusal on any rank sends every rank to the interpreter."""
+        if ctx.compiled is not None or ctx.compiled_why:
+            return
+        from executor.gpu.compiled import kernel_for
+
+        label = f"plan {plan.name}: rank {self.rank}: {ctx.nbytes} B {dtype}"
+        why = ""
+        try:
+            with self._cupy.cuda.Device(self.device):
+                ctx.compiled = kernel_for(ctx.tables, dtype, ctx.vector_bytes, label, self._cc, self._trace)
+        except ExecutorError as e:
+            why = str(e)
+        except ImportError as e:  # a CuPy without NVRTC's binding
+            why = f"executor: {label}: not compiled: NVRTC is not available ({e})"
+        except Exception as e:  # the driver refusing the module (CuPy's own errors): the peers must still hear
+            why = f"executor: {label}: not compiled: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ctx.compiled_why = next((w for w in self._all_gather("compiled", why) if w), "")
+        if ctx.compiled_why:
+            ctx.compiled = None
+            self.compiled_refused[ctx.plan_hash] = ctx.compiled_why
+        else:
+            self.compiled_refused.pop(ctx.plan_hash, None)
+
+    def _prepare(self, ctx: _Context, dtype: str, args: tuple, compiled: bool = False) -> gpu_launch.Launch:
         t = ctx.tables
-        name = gpu_build.kernel_name(dtype, ctx.vector_bytes, t.threads, lamport=t.lamport_buffers > 0)
-        kernel = self._kernels.get(name)
-        if kernel is None:
-            kernel = self._kernels[name] = self._module.get_function(name)
+        if compiled:
+            name, kernel = f"compiled:{getattr(ctx.compiled, 'name', id(ctx))}", ctx.compiled
+        else:
+            name = gpu_build.kernel_name(dtype, ctx.vector_bytes, t.threads, lamport=t.lamport_buffers > 0)
+            kernel = self._kernels.get(name)
+            if kernel is None:
+                kernel = self._kernels[name] = self._module.get_function(name)
         fits = self._resident.get((name, t.threads))
         if fits is None:
             fits = self._resident[(name, t.threads)] = gpu_build.resident_blocks(kernel, t.threads, self.device)
@@ -945,14 +1004,26 @@ class InterpreterEngine:
         function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel wraps the driver function
         return self._launcher.prepare(function, t.nthreadblocks, t.threads, gpu_launch.Arguments.pack(args))
 
-    def _launch(self, ctx: _Context, dtype: str, framework: str, stream: Any, args: tuple | None = None) -> None:
-        """Launch ``ctx``'s plan (with its own arguments, prepared once, or a captured execution's ``args``)."""
+    def _launch(
+        self,
+        ctx: _Context,
+        dtype: str,
+        framework: str,
+        stream: Any,
+        args: tuple | None = None,
+        compiled: bool = False,
+    ) -> None:
+        """Launch ``ctx``'s plan (with its own arguments, prepared once, or a captured execution's ``args``); with
+        ``compiled``, its compiled kernel where it has one, else the interpreter."""
         if ctx.tables.nthreadblocks == 0:
             return
-        if args is None:
+        compiled = compiled and ctx.compiled is not None
+        if args is None and compiled:
+            launch = ctx.compiled_launch = ctx.compiled_launch or self._prepare(ctx, dtype, ctx.args, True)
+        elif args is None:
             launch = ctx.launch = ctx.launch or self._prepare(ctx, dtype, ctx.args)
         else:
-            launch = self._prepare(ctx, dtype, args)
+            launch = self._prepare(ctx, dtype, args, compiled)
         launch(self._stream_handle(stream, framework))
 
     def _raise_device_error(self, recover: bool = True) -> None:

@@ -158,7 +158,8 @@ class Communicator:
         """A communicator over ``group`` (default: the default group), bootstrapped through its store: the
         interpreter engine where the group's ranks share a host, the port engine (no CUDA IPC between hosts)
         where they sit on several (``executor.hosts``). ``options``: see ``__init__``; ``trace`` (one host): the
-        interpreter's timed build, read by ``comm.engine.kernel_times``."""
+        interpreter's timed build, read by ``comm.engine.kernel_times``; ``compiled`` (one host): each plan runs
+        compiled to a kernel of its own where the generator takes it (``executor.gpu.compiled``), else interpreted."""
         hosts = bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
         rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         if len(set(hosts)) > 1:
@@ -186,6 +187,7 @@ class Communicator:
                 timeout_s,
                 ll128=options.get("ll128", True),
                 trace=options.pop("trace", False),
+                compiled=options.pop("compiled", False),
             )
         except Exception as e:  # no CuPy, no driver, IPC refused: each means NCCL for this job, not a crash
             why = f"rank {rank}: the GPU executor did not start: {e}"

@@ -20,6 +20,7 @@ from torch_job import (
     run_scenarios,
     start_rank,
     sums_to,
+    three_collectives_wrong,
 )
 
 HIDDEN = 8192
@@ -117,22 +118,14 @@ def test_backend_should_use_only_what_weft_runs(results):
 
 def scenario_process_group(comm, world, device) -> dict:
     import torch
-    import torch.distributed as dist
 
     from topologies.catalog import build
 
     x = torch.randn(32 * HIDDEN, device=device, dtype=torch.bfloat16)
-    wrong = {"all_reduce": int(not sums_to(comm.all_reduce(x), x))}
+    wrong = three_collectives_wrong(comm, x, world)
     y = x.clone()
     comm.all_reduce_(y)
     wrong["all_reduce_"] = int(not sums_to(y, x))
-    gathered, ref = (torch.empty(world * x.numel(), device=device, dtype=x.dtype) for _ in range(2))
-    comm.all_gather_into_tensor(gathered, x)
-    dist.all_gather_into_tensor(ref, x)
-    wrong["all_gather_into_tensor"] = int(not torch.equal(gathered, ref))
-    scattered = torch.empty(x.numel() // world, device=device, dtype=x.dtype)
-    comm.reduce_scatter_tensor(scattered, x)
-    wrong["reduce_scatter_tensor"] = int(not sums_to(scattered, x, scatter=True))
     nbytes = x.numel() * x.element_size()
     plans = {
         c: getattr(comm.plan_for(c, nbytes if c != "allgather" else world * nbytes, x.dtype), "name", None)

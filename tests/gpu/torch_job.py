@@ -96,6 +96,22 @@ def sums_to(out, x, residual=None, scatter: bool = False) -> bool:
     return within_rounding(out, ref, magnitude, dtype, world + (residual is not None))
 
 
+def three_collectives_wrong(comm, x, world: int) -> dict[str, int]:
+    """Run ``comm``'s all-reduce, all-gather and reduce-scatter on ``x``; 1 for each whose result is not NCCL's."""
+    import torch
+    import torch.distributed as dist
+
+    wrong = {"all_reduce": int(not sums_to(comm.all_reduce(x), x))}
+    gathered, ref = (torch.empty(world * x.numel(), device=x.device, dtype=x.dtype) for _ in range(2))
+    comm.all_gather_into_tensor(gathered, x)
+    dist.all_gather_into_tensor(ref, x)
+    wrong["all_gather_into_tensor"] = int(not torch.equal(gathered, ref))
+    scattered = torch.empty(x.numel() // world, device=x.device, dtype=x.dtype)
+    comm.reduce_scatter_tensor(scattered, x)
+    wrong["reduce_scatter_tensor"] = int(not sums_to(scattered, x, scatter=True))
+    return wrong
+
+
 def start_rank(seed: int):
     """This process as one rank of the job: (rank, world, device, the weft.inference log, results directory)."""
     import torch

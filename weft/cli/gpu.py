@@ -95,6 +95,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="LL plans may move their packets as LL128 lines (NVLink machines only): run uses them, bench "
         "times each LL plan with and without them and records the two apart",
     )
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="plans compiled to kernels of their own (NVRTC, cached; the interpreter where refused): run uses "
+        "them, bench times each plan compiled beside the interpreter in the same job and records both",
+    )
 
 
 # ---------------------------------------------------------------- launching
@@ -219,9 +225,10 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def _init_rank(args: argparse.Namespace, port: bool = False):
-    """This rank's process group and executor: the GPU interpreter, or for plans with port channels (hops between
-    hosts) the port engine over NCCL's point-to-point calls."""
+def _init_rank(args: argparse.Namespace, port: bool = False, compiled: bool = False):
+    """This rank's process group and executor: the GPU interpreter (``compiled``: running plans compiled to kernels
+    of their own where it can), or for plans with port channels (hops between hosts) the port engine over NCCL's
+    point-to-point calls."""
     os.environ.update({k: os.environ.get(k, v) for k, v in SAFE_ENV.items()})
     import torch
     import torch.distributed as dist
@@ -236,7 +243,9 @@ def _init_rank(args: argparse.Namespace, port: bool = False):
         return PortEngine.from_process_group(timeout_s=args.timeout), rank, world
     from executor.gpu.engine import InterpreterEngine
 
-    comm = InterpreterEngine.from_process_group(timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128)
+    comm = InterpreterEngine.from_process_group(
+        timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128, compiled=compiled
+    )
     return comm, rank, world
 
 
@@ -293,7 +302,7 @@ def _run(args: argparse.Namespace) -> int:
     from executor.gpu.bench import TORCH_DTYPES, matches, nccl_result, sum_magnitude
     from executor.reference.padded import buffer_parts
 
-    comm, rank, world = _init_rank(args, has_port_channels([plan]))
+    comm, rank, world = _init_rank(args, has_port_channels([plan]), compiled=args.compiled)
     try:
         dtype = getattr(torch, TORCH_DTYPES[args.dtype])
         gpu = plan.gpus[rank] if rank < plan.nranks else plan.gpus[0]
@@ -331,6 +340,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"{counted(world, 'GPU')}: "
                 f"{us:.2f} µs per execution (eager, {counted(args.iters, 'execution')})"
                 + (f"; check against NCCL: {_check_word(oks)}" if args.check else "")
+                + (_kernel_words(comm, plan) if args.compiled else "")
             )
         if not all(oks):
             raise WrongResult(f"plan {plan.name}: result differs from NCCL")
@@ -341,6 +351,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- weft bench
+
+
+def _kernel_words(comm, plan) -> str:
+    """What ``weft run --compiled`` ran: the compiled kernel, or the interpreter and why."""
+    why = getattr(comm, "compiled_refused", {}).get(plan.content_hash, "")
+    if not hasattr(comm, "compiled_refused"):
+        why = "the port engine has no compiled kernels"
+    return f"; interpreted ({why})" if why else "; compiled kernel"
 
 
 def _check_word(oks: list) -> str:
@@ -389,6 +407,7 @@ def _bench(args: argparse.Namespace) -> int:
             args.calls,
             args.samples,
             ll128=args.ll128,
+            compiled=args.compiled,
             symm=not port,
             peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm", "symm")),
         )
@@ -396,6 +415,10 @@ def _bench(args: argparse.Namespace) -> int:
         wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
         for i, row in enumerate(rows):
             row["wrong"] = sum(w[i] for w in wrong)
+        if config.compiled:
+            miscompiled = comm.exchange("bench-compiled-wrong", [r.get("compiled_wrong", 0) for r in rows])
+            for i, row in enumerate(rows):
+                row["compiled_wrong"] = sum(w[i] for w in miscompiled)
         if rank == 0:
             doc = _bench_document(args, config, rows, world, torch, comm)
             path = Path(
@@ -413,7 +436,7 @@ def _bench(args: argparse.Namespace) -> int:
     except BaseException as e:
         _abandon(rank, e)
     dist.destroy_process_group()
-    return 1 if any(r["wrong"] for r in rows) else 0
+    return 1 if any(r["wrong"] or r.get("compiled_wrong") for r in rows) else 0
 
 
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -459,6 +482,7 @@ def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
             "timer": "CUDA events",
             "programmatic_launch": args.pdl,
             "ll128": args.ll128,
+            "compiled": args.compiled,
         },
         "rows": rows,
         **({"transport": _transport(comm)} if hasattr(comm, "hosts") and len(set(comm.hosts)) > 1 else {}),

@@ -147,14 +147,14 @@ __device__ __forceinline__ void sink_unit(const Transfer& t, const Ref& r, i64 u
 // most 256 threads; otherwise a source's units are loaded, and packets polled, one after another. Lamport: the
 // transfer of a Lamport plan (its packets are Lamport data, lamport.cuh).
 template <class D, int V, bool Batch, bool Lamport = false>
-__device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
+WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 units = op.bytes / V;
   const i64 stride = (i64)blockDim.x;
   for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
     Unit<V> acc[kInFlight];
     if constexpr (Batch) {
       if (!source_all<D, Lamport>(t, op.src[0], first, stride, units, acc, deadline)) return false;
-      for (int s = 1; s < op.nsrc; ++s) {
+      WEFT_FOR_EACH(s, 1, op.nsrc, kMaxRefs) {
         Unit<V> x[kInFlight];
         if (!source_all<D, Lamport>(t, op.src[s], first, stride, units, x, deadline)) return false;
 #pragma unroll
@@ -169,7 +169,7 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
         const i64 u = first + k * stride;
         if (u < units && !source_unit<D, Lamport>(t, op.src[0], u, acc[k], deadline)) return false;
       }
-      for (int s = 1; s < op.nsrc; ++s) {
+      WEFT_FOR_EACH(s, 1, op.nsrc, kMaxRefs) {
 #pragma unroll
         for (int k = 0; k < kInFlight; ++k) {
           const i64 u = first + k * stride;
@@ -181,7 +181,7 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
         }
       }
     }
-    for (int d = 0; d < op.ndst; ++d) {
+    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
 #pragma unroll
       for (int k = 0; k < kInFlight; ++k) {
         const i64 u = first + k * stride;
@@ -199,15 +199,15 @@ __device__ bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline
 // every instance the same one). Packet pairs stay one transfer per pair (executor/gpu/tables.py). Out of line, so
 // that the 1024-thread kernels keep their registers.
 template <int V>
-__device__ __noinline__ void run_pairs(const Op& op, const Transfer& t) {
+WEFT_PAIRS_RUNNER void run_pairs(const Op& op, const Transfer& t) {
   const i64 units = op.bytes / V;
   const i64 stride = (i64)blockDim.x;
   const int n = op.nsrc, turn = (int)(threadIdx.x / 32 + blockIdx.x) % n;
   for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
     for (int j = 0; j < n; ++j) {
       const int p = (j + turn) % n;
-      const char* src = t.base(op.src[p]);
-      char* dst = t.base(op.dst[p]);
+      const char* src = t.base(WEFT_REF_AT(op.src, p));
+      char* dst = t.base(WEFT_REF_AT(op.dst, p));
       Unit<V> v[kInFlight];
 #pragma unroll
       for (int k = 0; k < kInFlight; ++k) {
@@ -247,7 +247,7 @@ __device__ __forceinline__ u64 add_u64(u64 a, u64 b) {
 // Returns false on a packet timeout. Whole warps walk the lines together (the flag vote needs every lane), each
 // lane U lines apart so that U loads are in flight; a warp reloads its lines until every flag has arrived.
 template <class D, int U>
-__device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& deadline) {
+WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 chunk = op.line_chunk;
   const i64 per_chunk = (chunk + kLineData - 1) / kLineData;
   const i64 lines = op.bytes / chunk * per_chunk;
@@ -268,7 +268,7 @@ __device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& de
       has1[k] = g < lines && lane < 7 && data[k] + 16 <= (c + 1) * chunk;
       acc0[k] = acc1[k] = 0;
     }
-    for (int s = 0; s < op.nsrc; ++s) {
+    WEFT_FOR_EACH(s, 0, op.nsrc, kMaxRefs) {
       const Ref& r = op.src[s];
       u64 w0[U], w1[U];
       if (r.flags & kPacket) {
@@ -300,7 +300,7 @@ __device__ bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& de
         acc1[k] = s == 0 ? w1[k] : add_u64<D>(acc1[k], w1[k]);
       }
     }
-    for (int d = 0; d < op.ndst; ++d) {
+    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
       const Ref& r = op.dst[d];
       if (r.flags & kPacket) {
         char* p = t.base(r) + 16 * lane;

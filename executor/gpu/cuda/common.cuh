@@ -4,7 +4,41 @@
 
 #include "contract.cuh"  // the integer types, the error kinds and the records, from the Python tables
 
+// How the runners of one op (channel.cuh, ops.cuh) are linked: the interpreter leaves their inlining to the compiler
+// (one call site each; run_pairs stays out of line so that the 1024-thread kernels keep their registers); a plan
+// compiled to a kernel of its own (executor/gpu/compiled) inlines every one, so that its constant ops fold into the
+// code instead of being stored to local memory for a call.
+#ifndef WEFT_RUNNER
+#define WEFT_RUNNER __device__
+#endif
+// A loop over an op's references or channels, ``var`` from ``from`` while below ``count`` (at most ``most``): the
+// interpreter's counts are data; a compiled plan unrolls the loop to ``most`` so that each reference's index is a
+// constant before its counts are known to be, and its op folds into registers instead of local memory.
+#ifndef WEFT_FOR_EACH
+#define WEFT_FOR_EACH(var, from, count, most) for (int var = from; var < count; ++var)
+#endif
+// An op's reference at a run-time index (run_pairs' turn): the interpreter indexes its op in shared memory; a compiled
+// plan selects among its constant references (weft::ref_at), so that its op stays in registers.
+#ifndef WEFT_REF_AT
+#define WEFT_REF_AT(refs, i) refs[i]
+#endif
+#ifndef WEFT_PAIRS_RUNNER
+#define WEFT_PAIRS_RUNNER __device__ __noinline__
+#endif
+
 namespace weft {
+
+// ``refs[i]`` as a chain of selects over every entry (a compiled plan's WEFT_REF_AT): with constant entries the
+// compiler keeps them in registers, where an index into the array would copy it to local memory first.
+template <int N>
+__device__ __forceinline__ Ref ref_at(const Ref (&refs)[N], int i) {
+  Ref r = refs[0];
+#pragma unroll
+  for (int q = 1; q < N; ++q) {
+    if (q == i) r = refs[q];
+  }
+  return r;
+}
 
 // The error record lives in mapped pinned host memory so the host reads it without synchronizing:
 // [0] set, [1] kind, [2] rank, [3] threadblock, [4] op index in the plan, [5] channel (or -1), [6] barrier id.

@@ -1,0 +1,19 @@
+"""Plans compiled to kernels of their own: one rank's device tables (``executor.gpu.tables``) at one size, dtype and
+variant become a CUDA kernel whose ops are compile-time constants (``source``), built through NVRTC and cached by
+a key that hashes the generated code and the headers (``build``). ``InterpreterEngine(compiled=True)`` (or a call's
+``compiled=True``) launches it on the interpreter's context, and runs the interpreter wherever it is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from executor.gpu.tables import DeviceTables
+
+
+def kernel_for(tables: DeviceTables, dtype: str, vector: int, label: str, compute_capability: str, trace: bool) -> Any:
+    """The compiled kernel for ``tables`` (a CuPy RawKernel); raises ExecutorError with the reason it is refused."""
+    from executor.gpu.compiled import build, source
+
+    generated = source.generate(tables, dtype, vector, label, build.headers_hash(), trace)
+    return build.load_kernel(generated, compute_capability, trace)

@@ -1,0 +1,199 @@
+"""Plans compiled to kernels (executor.gpu.compiled) on real GPUs: every plan of tests/gpu/plans (2 ranks) or plans4
+(``WEFT_GPU_NPROC=4``), in fp32, fp16 and bf16, on random non-zero data, compiled and interpreted on one context in
+turn: the compiled kernel's output must equal the interpreter's bit for bit (both sum in the plan's order), and
+all-reduce's must match NCCL's; then zero-copy CUDA graphs of compiled all-reduces, replayed on fresh inputs.
+
+Last, the torch-facing ``Communicator`` made with ``compiled=True`` over the committed registry serves all-reduce,
+all-gather and reduce-scatter through compiled kernels. One job (a process per GPU) runs every scenario; it needs
+CuPy with NVRTC (the kernels are built at run time).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from torch_job import each, registry_for, run_job, run_scenarios, start_rank, sums_to, three_collectives_wrong
+
+HERE = Path(__file__).parent
+DTYPES = ("fp32", "fp16", "bf16")
+GRAPH_PLANS = ("allreduce-direct-ll-x8", "allreduce-twoshot-simple-x8", "allreduce-direct-ll-x4-mp")
+REPLAYS = 4
+
+
+def plan_folder(nranks: int) -> Path:
+    return HERE / ("plans" if nranks == 2 else f"plans{nranks}")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    from conftest import nproc
+
+    env = {"WEFT_REGISTRY": str(plan_folder(nproc())), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    return run_job(__file__, "compiled", tmp_path_factory, env)
+
+
+@pytest.mark.gpu
+def test_compiled_kernels_equal_the_interpreter_bit_for_bit(results):
+    for row in each(results, "eager"):
+        assert row["cases"] > 0
+        assert row["differ"] == [], row["differ"]  # (plan, dtype) whose compiled output was not the interpreter's
+        assert row["refused"] == {}, row["refused"]  # every test plan is compiled (none falls back)
+
+
+@pytest.mark.gpu
+def test_compiled_all_reduce_matches_nccl(results):
+    for row in each(results, "eager"):
+        assert row["not_nccl"] == [], row["not_nccl"]
+
+
+@pytest.mark.gpu
+def test_compiled_kernels_replay_in_zero_copy_graphs(results):
+    for row in each(results, "graph"):
+        assert row["replays"] > 0 and row["wrong"] == [], row
+
+
+@pytest.mark.gpu
+def test_the_communicator_serves_calls_through_compiled_kernels(results):
+    for row in each(results, "communicator"):
+        assert row["wrong"] == {"all_reduce": 0, "all_gather_into_tensor": 0, "reduce_scatter_tensor": 0}, row
+        assert row["weft_calls"] > 0 and row["refused"] == {}, row
+
+
+# ------------------------------------------------------------------------------------------ the job (each rank)
+
+
+def _types():
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _input(n: int, dtype: str, device, rank: int, seed: int):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(1000 * seed + rank)
+    x = torch.randn(n, generator=gen, device=device, dtype=torch.float32)
+    return torch.where(x == 0, 1.0, x).to(_types()[dtype])
+
+
+def _elements(plan, nbytes: int, dtype: str, rank: int) -> int:
+    return plan.gpus[rank].input_chunks * plan.chunk_bytes(nbytes) // (4 if dtype == "fp32" else 2)
+
+
+def _bits(t):
+    import torch
+
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
+    import torch
+
+    from schedules.plan.io import load_plan
+
+    differ, not_nccl, refused, cases = [], [], {}, 0
+    for path in sorted(folder.glob("*.json")):
+        plan = load_plan(path)
+        if plan.inplace:
+            continue
+        for k, dtype in enumerate(DTYPES):
+            if dtype not in plan.weft.dtypes:
+                continue
+            nbytes = plan.granule * 4
+            x = _input(_elements(plan, nbytes, dtype, rank), dtype, device, rank, k)
+            interpreted = comm.execute(plan, x, compiled=False).clone()
+            compiled = comm.execute(plan, x, compiled=True).clone()
+            comm.synchronize()
+            cases += 1
+            why = comm.compiled_refused.get(plan.content_hash)
+            if why:
+                refused[f"{path.stem}-{dtype}"] = why
+            if not torch.equal(_bits(interpreted), _bits(compiled)):
+                differ.append(f"{path.stem}-{dtype}")
+            if plan.collective == "allreduce" and not sums_to(compiled, x):
+                not_nccl.append(f"{path.stem}-{dtype}")
+    return {"cases": cases, "differ": differ, "not_nccl": not_nccl, "refused": refused}
+
+
+def scenario_graph(comm, folder: Path, rank: int, device) -> dict:
+    """Each plan compiled, captured zero-copy on buffers of the graph's own and replayed on fresh inputs."""
+    import torch
+
+    from schedules.plan.io import load_plan
+
+    wrong, replays = [], 0
+    for name in GRAPH_PLANS:
+        path = folder / f"{name}.json"
+        if not path.exists():
+            continue
+        plan = load_plan(path)
+        n = _elements(plan, plan.granule * 4, "bf16", rank)
+        comm.execute(plan, _input(n, "bf16", device, rank, 7), compiled=True)  # the context and its kernel
+        comm.synchronize()
+        x = _input(n, "bf16", device, rank, 8)
+        out = torch.empty_like(x)
+        stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with comm.capture(), torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            why = comm.execute_captured(plan, x, out, compiled=True)
+        if why:
+            wrong.append(f"{name}: not captured: {why}")
+            continue
+        for replay in range(REPLAYS):
+            x.copy_(_input(n, "bf16", device, rank, 20 + replay))
+            torch.cuda.synchronize()
+            graph.replay()
+            comm.synchronize()
+            replays += 1
+            if not sums_to(out, x):
+                wrong.append(f"{name}: replay {replay}")
+    return {"replays": replays, "wrong": wrong}
+
+
+def scenario_communicator(world: int, device) -> dict:
+    """``Communicator.from_process_group(compiled=True)`` on the committed registry and its topology: the calls it
+    serves with plans run compiled (none refused), with NCCL's results."""
+    import torch
+
+    from executor import Communicator
+
+    comm = Communicator.from_process_group(
+        registry=str(registry_for(world)), topology=f"hgx_h200:gpus={world}", compiled=True
+    )
+    try:
+        wrong = three_collectives_wrong(comm, torch.randn(32 * 1024, device=device, dtype=torch.bfloat16), world)
+        refused = dict(comm.engine.compiled_refused) if comm.engine is not None else {"engine": "did not start"}
+        weft_calls = sum(n for path, n in comm.paths.items() if path != "nccl")
+        return {"wrong": wrong, "refused": refused, "weft_calls": weft_calls}
+    finally:
+        comm.close()
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    from executor.gpu.engine import InterpreterEngine
+
+    rank, world, device, _, out_dir = start_rank(seed=34)
+    folder = plan_folder(world)
+    timeout = float(os.environ.get("WEFT_TEST_TIMEOUT", "30"))
+    comm = InterpreterEngine.from_process_group(timeout_s=timeout)
+    graphs = InterpreterEngine.from_process_group(timeout_s=timeout)
+    run_scenarios(
+        rank,
+        out_dir,
+        {
+            "eager": lambda: scenario_eager(comm, folder, rank, device),
+            "graph": lambda: scenario_graph(graphs, folder, rank, device),
+            "communicator": lambda: scenario_communicator(world, device),
+        },
+    )
+    for c in (comm, graphs):
+        c.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

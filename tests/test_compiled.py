@@ -1,0 +1,355 @@
+"""Plans compiled to kernels (executor.gpu.compiled): the generated ops are the tables' ops, block for block; what the
+generator refuses; the cache key; and (slow, nvcc) the generated source compiles for sm_90."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from executor.errors import ExecutorError
+from executor.gpu.compiled import build, source
+from executor.gpu.tables import NOP, build_tables
+from schedules.plan import load_plan
+
+PLANS = sorted(Path("tests/gpu/plans").glob("*.json")) + sorted(Path("tests/gpu/plans4").glob("*.json"))
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def _tables(path: Path, rank: int = 0, dtype: str = "bf16"):
+    plan = load_plan(path)
+    return build_tables(plan, rank, plan.granule * 4, dtype=dtype)
+
+
+def test_every_block_runs_the_tables_ops_on_every_rank_of_every_gpu_plan():
+    for path in PLANS:
+        plan = load_plan(path)
+        for rank in range(plan.nranks):
+            t = build_tables(plan, rank, plan.granule * 4)
+            classes = source.block_classes(t)
+            assert sorted(b for c in classes for b in c.blocks) == list(range(t.nthreadblocks)), path
+            for c in classes:
+                for b in c.blocks:
+                    want = t.ops[t.tb_start[b] : t.tb_start[b + 1]]
+                    assert c.records(b).tobytes() == want.tobytes(), (path.name, rank, b)
+                    assert c.start + c.start_step * ((b - c.first) // c.stride) == t.tb_start[b]
+
+
+def test_instances_share_one_class_with_offsets_moving_along_it():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x8.json"))
+    classes = source.block_classes(t)
+    assert [(c.first, c.stride, c.count) for c in classes] == [(0, 2, 8), (1, 2, 8)]  # senders, receivers
+    structural = classes[0].delta[:, source.STRUCTURAL]
+    assert not structural.any()  # kinds, counts, slots and flags are the same code for every block of a class
+    assert classes[0].delta.any()  # the offsets move
+
+
+def test_the_source_names_each_op_as_a_constant_and_no_table():
+    t = _tables(Path("tests/gpu/plans/allreduce-twoshot-simple-x8.json"))
+    code = source.generate(t, "bf16", t.vector_bytes, "test", "h").code
+    assert code.count("step(weft::KindOf<") == sum(len(c.base) for c in source.block_classes(t)) + 1  # + the tripwire
+    assert "c.ops" not in code and "tb_start" not in code
+
+
+def test_a_block_without_ops_compiles_to_an_empty_run():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    empty_first = replace(t, tb_start=np.concatenate([[0], t.tb_start]).astype(np.int32))
+    classes = source.block_classes(empty_first)
+    assert classes[0].first == 0 and len(classes[0].base) == 0
+    assert "return true;" in source.generate(empty_first, "bf16", 16, "test", "h").plan_struct
+
+
+def test_padding_nops_compile_to_nothing():
+    from codegen.rows import own_rows
+    from executor.reference.norm import RowNorm
+
+    ll = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x8.json"))
+    t = build_tables(own_rows(ll, 2), 0, 8192, residual=True, norm=RowNorm(2048, 1e-6))
+    nops = int((t.ops["type"] == NOP).sum())
+    assert nops > 0  # the norm pads every block to one op count
+    code = source.generate(t, "bf16", t.vector_bytes, "test", "h").plan_struct
+    classes = source.block_classes(t)
+    kept = sum(int((c.base[:, 0] != NOP).sum()) for c in classes)
+    assert kept < sum(len(c.base) for c in classes)  # some class holds padding
+    assert code.count("step(") == kept + 1 and "KindOf<0>" not in code  # + the tripwire
+
+
+def test_too_many_distinct_ops_are_refused_with_a_reason(monkeypatch):
+    t = _tables(Path("tests/gpu/plans4/allreduce-ring-simple-x1.json"))
+    monkeypatch.setattr(source, "MAX_EMITTED_OPS", 4)
+    why = source.refusal(t, "bf16", t.vector_bytes)
+    assert "distinct ops" in why and "holds 4" in why
+    with pytest.raises(ExecutorError, match="not compiled: its blocks hold"):
+        source.generate(t, "bf16", t.vector_bytes, "plan x", "h")
+
+
+def test_an_unknown_dtype_or_width_is_refused():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    assert "dtype" in source.refusal(t, "fp8", 16)
+    assert "vector width" in source.refusal(t, "bf16", 2)
+    assert source.refusal(t, "bf16", t.vector_bytes) == ""
+
+
+def test_the_cache_key_follows_the_ops_the_headers_and_the_dtype():
+    path = Path("tests/gpu/plans/allreduce-direct-ll-x8.json")
+    plan = load_plan(path)
+    small, large = (build_tables(plan, 0, plan.granule * k) for k in (4, 8))
+    key = source.generate(small, "bf16", 16, "a", "h1").key
+    assert source.generate(small, "bf16", 16, "another label", "h1").key == key  # the label is a comment only
+    assert source.generate(large, "bf16", 16, "a", "h1").key != key  # other offsets: other constants
+    assert source.generate(small, "bf16", 16, "a", "h2").key != key  # a header changed
+    assert source.generate(small, "fp16", 16, "a", "h1").key != key
+    # rank 1 of this symmetric plan runs the same ops with the same slots: one kernel serves both ranks
+    assert source.generate(build_tables(plan, 1, plan.granule * 4), "bf16", 16, "a", "h1").key == key
+
+
+def test_the_headers_hash_covers_the_compiled_kernels_header():
+    assert "compiled.cuh" in build.HEADERS and "ops.cuh" in build.HEADERS
+    assert len(build.headers_hash()) == 16
+
+
+def test_the_flattened_record_round_trips():
+    t = _tables(Path("tests/gpu/plans/allreduce-twoshot-ll-x8.json"))
+    flat = source._flatten(t.ops)
+    assert flat.shape == (len(t.ops), len(source.LEAVES))
+    assert np.array_equal(source._unflatten(flat), t.ops)
+
+
+def _stack_frames(report: str) -> dict[str, int]:
+    """Each entry's stack frame bytes from ptxas's --resource-usage report."""
+    found = re.findall(r"Function properties for (\w+)\s+(\d+) bytes stack frame", report)
+    return {name: int(nbytes) for name, nbytes in found}
+
+
+def _compile_together(sources: list[source.CompiledSource], tmp_path: Path) -> str:
+    unit = tmp_path / "plans.cu"
+    unique = {s.entry: s.code for s in sources}  # plans with the same ops share one kernel (one cache entry)
+    unit.write_text("\n".join(unique.values()))
+    done = subprocess.run(
+        [*build.nvcc_command(unit, "sm_90", tmp_path / "plans.cubin"), "--resource-usage"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    image = (tmp_path / "plans.cubin").read_bytes()
+    for s in sources:
+        assert s.entry.encode() in image
+    return done.stdout + done.stderr
+
+
+def _sources(paths: list[Path], dtypes: tuple[str, ...]) -> list[source.CompiledSource]:
+    out = []
+    for path in paths:
+        for dtype in dtypes:
+            t = _tables(path, dtype=dtype)
+            out.append(source.generate(t, dtype, t.vector_bytes, path.name, build.headers_hash()))
+    return out
+
+
+nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+@pytest.mark.slow
+@nvcc
+def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path, monkeypatch):
+    """A handful of plans in every dtype (one with multi-peer pairs, walked from a per-warp turn), and the launch
+    variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan), in one nvcc call: each builds, and
+    keeps no op in local memory."""
+    from codegen.rows import own_rows
+    from executor.gpu.lamport import ENV
+    from executor.reference.norm import RowNorm
+    from topologies.catalog import build as topology
+    from weft.pipeline import compile_and_verify
+    from weft.synthesis import synthesize
+
+    monkeypatch.setenv(ENV, "1")
+    picks = [
+        Path("tests/gpu/plans/allreduce-direct-ll-x8.json"),
+        Path("tests/gpu/plans/allreduce-twoshot-simple-x8.json"),
+    ]
+    ll = load_plan(picks[0])
+    h200 = topology("hgx_h200:gpus=2")
+    lamport = compile_and_verify(synthesize(h200, "allreduce", "direct"), h200, protocol="lamport")
+    variants = [
+        build_tables(ll, 0, ll.granule * 64, lines=True),
+        build_tables(ll, 0, ll.granule * 64, residual=True),
+        build_tables(own_rows(ll, 2), 0, 8192, residual=True, norm=RowNorm(2048, 1e-6)),
+        build_tables(lamport, 0, 65536),
+    ]
+    plain = _sources(picks[1:], ("bf16",)) + _sources(picks[:1], DTYPES)
+    plain += [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]
+    plain += _sources([Path("tests/gpu/plans4/allreduce-twoshot-simple-x8-2s-mp.json")], ("bf16",))
+    frames = _stack_frames(_compile_together(plain, tmp_path))
+    assert {s.entry: frames[s.entry] for s in plain} == {s.entry: 0 for s in plain}
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@nvcc
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="the whole set (minutes of nvcc) builds on GPU machines")
+def test_every_gpu_test_plan_compiles_for_sm90_in_every_dtype(tmp_path):
+    report = _compile_together(_sources(PLANS, DTYPES), tmp_path)
+    assert "spill stores" in report
+
+
+HOST = next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+HOST_PLANS = (
+    Path("tests/gpu/plans/allreduce-direct-ll-x8.json"),
+    Path("tests/gpu/plans4/allreduce-twoshot-simple-x8.json"),
+    Path("tests/gpu/plans4/allgather-direct-simple-x4-mp.json"),
+)
+HARNESS = """
+#include <cstdio>
+#include <cstdlib>
+#define __device__
+#define __forceinline__
+#include "contract.cuh"
+namespace weft {
+template <int K>
+struct KindOf {
+  static constexpr int value = K;
+};
+}  // namespace weft
+%(structs)s
+// Writes every block's ops as the struct emits them (the bytes of each weft::Op), then whether each block takes its
+// own range and refuses a disarmed record's.
+template <class Plan>
+void dump(int blocks, const int* starts, int tripwire_index) {
+  auto step = [](auto kind, const weft::Op& op) {
+    if (decltype(kind)::value != op.type) std::abort();
+    std::fwrite(&op, sizeof op, 1, stdout);
+    return true;
+  };
+  for (int b = 0; b < blocks; ++b) {
+    if (!Plan::run(b, step)) std::abort();
+  }
+  for (int b = 0; b < blocks; ++b) {
+    const int own = Plan::expects(b, starts[b], starts[b + 1]) ? 1 : 0;
+    const int disarmed = b == 0 ? tripwire_index : tripwire_index + 1;
+    const int refused = Plan::expects(b, disarmed, b == 0 ? disarmed + 1 : disarmed) ? 0 : 1;
+    std::fwrite(&own, sizeof own, 1, stdout);
+    std::fwrite(&refused, sizeof refused, 1, stdout);
+  }
+}
+int main(int argc, char** argv) {
+  const int which = std::atoi(argv[1]);
+%(calls)s
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(HOST is None, reason="no host C++ compiler (c++, g++ or clang++) on PATH")
+def test_the_emitted_source_holds_the_tables_ops_byte_for_byte(tmp_path):
+    """The generated ``Plan`` types, compiled by the host's C++ compiler against contract.cuh: each block's ops as
+    constructed from the emitted text are the tables' records, byte for byte, and each block takes its own range
+    and refuses a disarmed graph record's."""
+    from executor.gpu.build import source_dir
+
+    tables = [_tables(p, rank=1) for p in HOST_PLANS]
+    generated = [source.generate(t, "bf16", t.vector_bytes, "test", "h") for t in tables]
+    structs, calls = [], []
+    for k, (t, g) in enumerate(zip(tables, generated, strict=True)):
+        structs.append(f"namespace p{k} {{\n{g.plan_struct}}}  // namespace p{k}")
+        starts = ", ".join(map(str, t.tb_start.tolist()))
+        calls.append(
+            f"  if (which == {k}) {{\n    static const int s[] = {{{starts}}};\n"
+            f"    dump<p{k}::Plan>({t.nthreadblocks}, s, {len(t.ops)});\n  }}"
+        )
+    unit = tmp_path / "plans.cpp"
+    unit.write_text(HARNESS % {"structs": "\n".join(structs), "calls": "\n".join(calls)})
+    binary = tmp_path / "plans"
+    done = subprocess.run(
+        [str(HOST), "-std=c++17", "-O0", f"-I{source_dir()}", "-o", str(binary), str(unit)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for k, t in enumerate(tables):
+        out = subprocess.run([str(binary), str(k)], capture_output=True, check=True).stdout
+        ops = t.ops[t.ops["type"] != NOP].tobytes()  # nops (padding) compile to nothing
+        assert out[: len(ops)] == ops, HOST_PLANS[k].name
+        checks = np.frombuffer(out[len(ops) :], np.int32).reshape(t.nthreadblocks, 2)
+        assert checks.all(), (HOST_PLANS[k].name, checks.tolist())
+
+
+def test_a_built_kernel_is_cached_by_its_key_and_rebuilt_where_its_hash_fails(tmp_path, monkeypatch):
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    generated = source.generate(t, "bf16", t.vector_bytes, "test", build.headers_hash())
+    builds = []
+    monkeypatch.setattr(build, "nvrtc_cubin", lambda s, arch, trace=False: builds.append(s.entry) or b"cubin-bytes")
+    cache = tmp_path / "kernels"
+    path = build.cached_cubin_path(generated, "sm_90", directory=cache)
+    assert path.read_bytes() == b"cubin-bytes" and generated.key in path.name
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert build.cached_cubin_path(generated, "sm_90", directory=cache) == path and len(builds) == 1
+    path.write_bytes(b"tampered")  # its stored hash no longer matches: built again, never loaded
+    build.cached_cubin_path(generated, "sm_90", directory=cache)
+    assert len(builds) == 2 and path.read_bytes() == b"cubin-bytes"
+    assert build.cached_cubin_path(generated, "sm_90", trace=True, directory=cache) != path  # the timed build
+
+
+def test_weft_run_says_which_kernel_ran():
+    from types import SimpleNamespace
+
+    from weft.cli.gpu import _kernel_words
+
+    plan = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    assert _kernel_words(SimpleNamespace(compiled_refused={}), plan) == "; compiled kernel"
+    refused = SimpleNamespace(compiled_refused={plan.content_hash: "too many ops"})
+    assert _kernel_words(refused, plan) == "; interpreted (too many ops)"
+    assert "port engine" in _kernel_words(SimpleNamespace(), plan)
+
+
+def _bare_engine(gathered: list[str]):
+    """An InterpreterEngine with only what ``_compile`` reads; ``gathered``: every rank's say in the agreement."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from executor.gpu.engine import InterpreterEngine
+
+    engine: Any = object.__new__(InterpreterEngine)
+    engine.rank, engine.device, engine._cc, engine._trace, engine.compiled_refused = 0, 0, "90", False, {}
+    engine._cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda device: contextlib.nullcontext()))
+    engine._all_gather = lambda what, value: [value, *gathered]
+    return engine
+
+
+def _context(plan_hash: str):
+    from types import SimpleNamespace
+
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    return SimpleNamespace(tables=t, vector_bytes=16, nbytes=1024, plan_hash=plan_hash, compiled=None, compiled_why="")
+
+
+def test_a_kernel_refused_on_any_rank_runs_the_interpreter_on_every_rank(monkeypatch):
+    from executor.gpu import compiled
+
+    plan = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    monkeypatch.setattr(compiled, "kernel_for", lambda *args: "kernel")
+    ctx = _context("h")
+    _bare_engine(["rank 1: NVRTC failed"])._compile(ctx, "bf16", plan)  # built here, refused on rank 1
+    assert ctx.compiled is None and ctx.compiled_why == "rank 1: NVRTC failed"
+    ctx = _context("h")
+    engine = _bare_engine([""])
+    engine._compile(ctx, "bf16", plan)
+    assert ctx.compiled == "kernel" and engine.compiled_refused == {}
+
+
+def test_a_build_error_is_a_reason_not_a_crash(monkeypatch):
+    from executor.gpu import compiled
+
+    def broken(*args):
+        raise RuntimeError("CUDA_ERROR_INVALID_IMAGE\nmore")
+
+    plan = load_plan(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    monkeypatch.setattr(compiled, "kernel_for", broken)
+    ctx, engine = _context("h"), _bare_engine([""])
+    engine._compile(ctx, "bf16", plan)
+    assert ctx.compiled is None and engine.compiled_refused["h"].endswith("RuntimeError: CUDA_ERROR_INVALID_IMAGE")
