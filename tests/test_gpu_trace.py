@@ -10,7 +10,8 @@ from executor.gpu import trace
 
 
 def test_the_slot_layout_matches_the_kernel():
-    source = (gpu_build.source_dir() / "interpreter.cu").read_text()
+    # the tracer lives with the context both kernels share (ops.cuh: the interpreter's and the compiled plans')
+    source = (gpu_build.source_dir() / "ops.cuh").read_text()
     assert int(re.search(r"constexpr int kTraceOps = (\d+);", source).group(1)) == trace.TRACE_OPS
     assert "constexpr int kTraceSlots = 3 + kTraceOps + 2;" in source
 
