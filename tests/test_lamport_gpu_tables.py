@@ -120,11 +120,6 @@ def test_a_lamport_plan_launches_the_lamport_twin_of_its_kernel():
     assert build.kernel_name("fp32", 4) == "weft_interpret_f32_v4"
 
 
-def test_a_residual_on_a_lamport_plan_is_refused_in_one_line(opted_in):
-    with pytest.raises(ExecutorError, match="protocol Lamport: the interpreter adds no residual or norm"):
-        build_tables(_plan(direct, 2), 0, 1024, residual=True)
-
-
 # --- the tables run as the kernel would run them ------------------------------------------------------------------
 
 

@@ -17,6 +17,12 @@ How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables``
   replays rotate too).
 - Each thread block ends with a reset op over its share of this rank's copy ``(epoch + reset_ahead) % buffers``
   (``reset_shares``): the rule ``schedules.lamport.LamportBuffers.reset_by`` states and the reference proves.
+- The fused call (a residual, then the RMSNorm epilogue: ``executor.reference.norm``) lowers as in other plans: the
+  reduction that completes a sum adds the plain residual after its polled sources, the epilogue reads the output it
+  wrote (never a scratch copy), the block's reset stays its last op, and a split row's sums of squares live past all
+  the copies, which the fill and the resets stop short of. A two-shot's rows arrive as copies, so it takes the
+  residual but not the norm (``executor.reference.norm.output_ranges`` says why), as an LL two-shot does. Not yet run
+  on a GPU: tests/gpu/test_lamport_gpu.py has the cases.
 
 >>> hex(sentinel_word("bf16")), hex(sentinel_word("fp32"))
 ('0x80008000', '0x80000000')

@@ -265,8 +265,6 @@ def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool,
     why = protocol_refusal(plan, experimental=lamport.enabled())
     if why:
         raise ExecutorError(why)
-    if plan.lamport is not None and (residual or norm is not None):
-        raise ExecutorError(f"plan {plan.name}: protocol Lamport: the interpreter adds no residual or norm to it yet")
     if norm is not None and not residual:
         raise ExecutorError(f"plan {plan.name}: the norm epilogue needs the residual")
     if not plan.accepts(nbytes):
@@ -326,6 +324,7 @@ def build_tables(
     row_bytes = norm.row_bytes(dtype) if norm is not None else 0
     spans: dict[tuple[int, int, int], RowSpan] = {}
     norm_at, norm_slots, widest = 0, 0, 0
+    stride = max(g.scratch_chunks for g in plan.gpus) * layout.scratch_chunk  # one copy, alike on every rank
     if norm is not None:
         found = row_spans(plan, nbytes, dtype, norm)
         if isinstance(found, str):
@@ -333,14 +332,12 @@ def build_tables(
         spans = found
         spans = {(r, t, i): span for (r, t, i), span in spans.items() if r == rank}
         widest = max((span.slices for span in spans.values() if span.slices > 1), default=0)
-        # past the widest rank's halves: a peer writes this rank's scratch at offsets of its own half size
-        halves = (
-            max(g.scratch_chunks for g in plan.gpus)
-            * layout.scratch_chunk
-            * (2 if plan.use_double_scratch_buffer else 1)
+        # past the widest rank's halves or Lamport copies (a peer writes this rank's scratch at offsets of its own
+        # half size; every Lamport copy, which the resets and fill_scratch keep to, is ``stride`` apart)
+        norm_at, norm_slots = (
+            (stride * _copies(plan) + 15) // 16 * 16,
+            8 * widest * (gpu.output_chunks * cb // row_bytes),
         )
-        norm_at, norm_slots = (halves + 15) // 16 * 16, 8 * widest * (gpu.output_chunks * cb // row_bytes)
-    stride = max(g.scratch_chunks for g in plan.gpus) * layout.scratch_chunk  # one copy, alike on every rank
     resets = _reset_records(plan, len(gpu.threadblocks), gpu.scratch_chunks * layout.scratch_chunk)
     by_block: dict[int, list] = {}
     for (_, b, _), span in sorted(spans.items()):
@@ -407,6 +404,13 @@ def build_tables(
         lamport_buffers=plan.lamport.buffers if plan.lamport is not None else 0,
         scratch_fill=lamport.sentinel_word(dtype) if plan.lamport is not None else 0,
     )
+
+
+def _copies(plan: Plan) -> int:
+    """The scratch copies every rank of ``plan`` holds: its Lamport copies, else its halves (2) or 1."""
+    if plan.lamport is not None:
+        return plan.lamport.buffers
+    return 2 if plan.use_double_scratch_buffer else 1
 
 
 def _reset_records(plan: Plan, blocks: int, copy_bytes: int) -> list[Record]:

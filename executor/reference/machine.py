@@ -393,7 +393,7 @@ class _Machine:
                 ]
                 total = round_to(total + rows, self.dtype)
                 if self.epilogue is not None:  # executor.reference.norm.Epilogue: rows normalized right after their sum
-                    self.epilogue((t.rank, t.tb, t.pc), chunk, total)
+                    self.epilogue((t.rank, t.tb, t.pc), chunk, total, t.launch)
             results = [total] * len(op.dst_buff)
         else:
             results = values * len(op.dst_buff) if len(values) == 1 else values  # rppkt: one src to every dst

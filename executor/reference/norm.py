@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor.reference import machine
-from executor.reference.prove import run_reference
+from executor.reference.prove import run_launches, run_reference
 from schedules.plan.types import Plan, PlanError, remote_target
 from weftcore.errors import CheckFailed
 
@@ -238,7 +238,9 @@ class Epilogue:
         self.normed = [np.zeros(n, np.float32) for n in size]
         self.writes = [np.zeros(n, np.int64) for n in size]
 
-    def __call__(self, key: machine.OpKey, chunk: int, total: np.ndarray) -> None:
+    def __call__(self, key: machine.OpKey, chunk: int, total: np.ndarray, launch: int = 0) -> None:
+        """``launch``: which launch of a back-to-back run summed it (one Epilogue holds one launch; ``Epilogues``
+        keeps one per launch)."""
         rank, first, row = key[0], chunk * self.elems, self.norm.row_elems
         values = np.asarray(total, np.float32).reshape(-1)
         end = first + values.size
@@ -268,6 +270,17 @@ class Epilogue:
                     )
 
 
+class Epilogues:
+    """The epilogues of a back-to-back run (``run_launches(..., epilogue=)``): one ``Epilogue`` per launch, each
+    called with its own launch's sums."""
+
+    def __init__(self, launches: list[Epilogue]):
+        self.launches = launches
+
+    def __call__(self, key: machine.OpKey, chunk: int, total: np.ndarray, launch: int = 0) -> None:
+        self.launches[launch](key, chunk, total)
+
+
 def run_fused(
     plan: Plan,
     inputs: list[np.ndarray],
@@ -279,14 +292,30 @@ def run_fused(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The fused all-reduce on the reference executor: every rank's (normed, new residual), the epilogue proven
     to run once per element (``Epilogue.check_once``)."""
+    return run_fused_launches(plan, [inputs], nbytes, dtype, residual, weight, norm)[0]
+
+
+def run_fused_launches(
+    plan: Plan,
+    inputs: list[list[np.ndarray]],
+    nbytes: int,
+    dtype: str,
+    residual: np.ndarray,
+    weight: np.ndarray,
+    norm: RowNorm,
+) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+    """``run_fused`` once per entry of ``inputs``, back to back on the same buffers (``run_launches``; a Lamport
+    plan's scratch copies rotate and are reset between them): each launch's (normed, new residual), each launch's
+    epilogue proven to run once per element."""
     why = plan_refusal(plan) or rows_refusal(plan, nbytes, dtype, norm)
     if why:
         raise PlanError(why)
     elems = machine.chunk_elems(plan, nbytes, dtype)
-    epilogue = Epilogue(plan, elems, dtype, norm, weight)
-    outputs = run_reference(plan, inputs, nbytes, dtype, [residual] * plan.nranks, epilogue=epilogue)
-    epilogue.check_once()
-    return epilogue.normed, outputs
+    epilogues = [Epilogue(plan, elems, dtype, norm, weight) for _ in inputs]
+    outputs = run_launches(plan, inputs, nbytes, dtype, [residual] * plan.nranks, Epilogues(epilogues))
+    for epilogue in epilogues:
+        epilogue.check_once()
+    return [(epilogue.normed, out) for epilogue, out in zip(epilogues, outputs, strict=True)]
 
 
 def fused_refusal(plan: Plan) -> str:

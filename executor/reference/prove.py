@@ -40,8 +40,8 @@ def run_reference(
 
     ``inputs[r]`` holds rank r's input buffer (``input_chunks × chunk elements`` values; bf16 as float32).
     ``residuals[r]``: rank r's residual (output-sized), added where ``residual_chunk`` says.
-    ``epilogue``: called as ``epilogue((rank, tb, op), chunk, sum)`` with each such reduction's sum plus residual
-    (``executor.reference.norm.Epilogue``).
+    ``epilogue``: called as ``epilogue((rank, tb, op), chunk, sum, launch)`` with each such reduction's sum plus
+    residual (``executor.reference.norm.Epilogue``).
     """
     return run_launches(plan, [inputs], nbytes, dtype, residuals, epilogue)[0]
 
