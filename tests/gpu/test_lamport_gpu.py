@@ -1,7 +1,9 @@
 """The interpreter's experimental Lamport kernel (executor.gpu.lamport) on real GPUs, against NCCL: one-shot and
 two-shot all-reduce plans compiled with ``--protocol lamport``, in fp32, fp16 and bf16, on random never-zero data
 that holds -0.0 inputs (the sentinel a sender must map), over back-to-back calls and CUDA-graph replays, so that
-every one of the three scratch copies is reset and reused at least twice.
+every one of the three scratch copies is reset and reused at least twice; and the fused call (the residual add and
+the RMSNorm epilogue in the same launch) on the one-shot, rows whole and split over blocks, against NCCL's sum and
+the epilogue's definition, with the two-shot's residual and its refusal of the norm.
 
 One job (a process per GPU, ``WEFT_GPU_NPROC`` of them: run it at 2 and at 4) runs every scenario; the job runs this
 file as a script with ``WEFT_GPU_LAMPORT=1`` (the opt-in the interpreter needs for Lamport plans). Its plans are
@@ -24,6 +26,13 @@ REPLAYS = 8  # graph replays of GRAPH_CALLS captured calls each
 GRAPH_CALLS = 3
 NEGATIVE_ZEROS = 0.1  # the share of each input's elements set to -0.0 (and one element -0.0 on every rank)
 PLANS_ENV = "WEFT_TEST_LAMPORT_PLANS"
+# the fused call (residual add + RMSNorm in the all-reduce's launch): rows of HIDDEN, tokens per call, the one-shot
+# plans it runs (SPLIT: a one-shot of 2 instances, whose rows of one token are split over 2 blocks: kNormSlice)
+HIDDEN, EPS = 1024, 1e-5
+TOKENS = (1, 16)
+SPLIT = "direct-x2"
+FUSED_PLANS = ("direct", SPLIT)
+ULPS = {"fp32": 2.0**-21, "fp16": 2.0**-10, "bf16": 2.0**-7}  # the epilogue's bound: an ulp (fp32: 4, see below)
 
 
 def case_ids() -> list[str]:
@@ -42,6 +51,8 @@ def _plans(folder: Path, nranks: int) -> None:
     for method in METHODS:
         plan = compile_and_verify(synthesize(topology, "allreduce", method), topology, protocol="lamport")
         (folder / f"{method}.json").write_text(dumps_plan(plan))
+    split = compile_and_verify(synthesize(topology, "allreduce", "direct"), topology, instances=2, protocol="lamport")
+    (folder / f"{SPLIT}.json").write_text(dumps_plan(split))  # its rows of one token split over 2 blocks
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +97,34 @@ def test_lamport_graph_replays_rotate_the_copies_on_the_device(results, method):
     for row in each(results, "graph"):
         r = row[method]
         assert r["replays"] == REPLAYS and r["calls"] == GRAPH_CALLS and r["wrong"] == 0, r
+
+
+def fused_ids() -> list[str]:
+    return [f"{p}-{d}-{t}" for p in FUSED_PLANS for d in DTYPES for t in TOKENS]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", fused_ids())
+def test_the_fused_lamport_call_returns_the_residual_sum_and_its_norm_over_back_to_back_calls(results, case):
+    """CALLS fused calls on one context (every copy reset and reused): each call's new residual is NCCL's sum plus
+    the residual, and its normalized rows within an ulp of the epilogue's definition (fp32: 4, its rstd's order)."""
+    for row in each(results, "fused"):
+        r = row[case]
+        assert r["calls"] == CALLS and r["residual_wrong"] == [] and r["normed_off"] == [], r
+
+
+@pytest.mark.gpu
+def test_a_graph_of_fused_lamport_calls_replays_on_new_values(results):
+    for row in each(results, "fused_graph"):
+        assert row["replays"] == REPLAYS and row["calls"] == GRAPH_CALLS and row["wrong"] == 0, row
+
+
+@pytest.mark.gpu
+def test_the_lamport_two_shot_adds_the_residual_and_refuses_the_norm_in_one_line(results):
+    for row in each(results, "twoshot_residual"):
+        assert row["calls"] == CALLS and row["residual_wrong"] == [], row
+        assert "writes an output other than by its rank's own sum" in row["norm_refused"], row
+        assert "\n" not in row["norm_refused"]
 
 
 # ------------------------------------------------------------------------------------------ the job (each rank)
@@ -197,6 +236,118 @@ def scenario_graph(comm, folder: Path, rank: int, device) -> dict:
     return rows
 
 
+def _shared(n: int, dtype: str, device, seed: int):
+    """The same values on every rank (a residual stream, a norm weight)."""
+    import torch
+
+    types = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(n, generator=gen, device=device, dtype=torch.float32).to(types[dtype])
+
+
+def normed_off(normed, new_residual, weight, dtype: str) -> int:
+    """Elements of ``normed`` further from the epilogue's definition (``executor.reference.norm.rms_norm``: fp32
+    mean of squares, x * rstd, then * weight, rounded once) than the dtype's bound (``ULPS``, relative)."""
+    import torch
+
+    x = new_residual.float().view(-1, HIDDEN)
+    rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
+    want = ((x * rstd) * weight.float()).to(normed.dtype).float().view(-1)
+    bound = torch.clamp(want.abs(), min=2.0**-14) * ULPS[dtype] * (4 if dtype == "fp32" else 1)
+    return int(((normed.float() - want).abs() > bound).sum())
+
+
+def fused_calls(comm, plan, tokens: int, dtype: str, rank: int, device, norm: bool = True) -> dict:
+    """CALLS fused calls back to back on one input buffer (no host synchronization between them), each with its
+    own input, one residual and weight; the calls (0-based) whose new residual or normalized rows were wrong."""
+    import torch
+
+    from executor.gpu.engine import NormCall
+    from executor.reference.norm import RowNorm
+
+    n = tokens * HIDDEN
+    h = _shared(n, dtype, device, seed=3)
+    weight = (1.0 + 0.1 * _shared(HIDDEN, "fp32", device, seed=7)).to(h.dtype)
+    call = NormCall(RowNorm(HIDDEN, EPS), weight, torch.empty_like(h)) if norm else None
+    inputs = [_input(n, dtype, device, rank, 300 + k) for k in range(CALLS)]
+    x = inputs[0].clone()
+    comm.execute(plan, x, residual=h, norm=call)  # the context (scratch filled with the sentinel) and its first call
+    comm.synchronize()
+    outs, normed = [], []
+    for k in range(CALLS):
+        x.copy_(inputs[k])
+        outs.append(comm.execute(plan, x, residual=h, norm=call).clone())
+        if call is not None:
+            normed.append(call.normed.clone())
+    comm.synchronize()
+    return {
+        "calls": CALLS,
+        "residual_wrong": [k for k in range(CALLS) if not sums_to(outs[k], inputs[k], residual=h)],
+        "normed_off": [k for k in range(len(normed)) if normed_off(normed[k], outs[k], weight, dtype)],
+    }
+
+
+def scenario_fused(comm, folder: Path, rank: int, device) -> dict:
+    from schedules.plan.io import load_plan
+
+    rows = {}
+    for name in FUSED_PLANS:
+        plan = load_plan(folder / f"{name}.json")
+        for dtype in DTYPES:
+            for tokens in TOKENS:
+                rows[f"{name}-{dtype}-{tokens}"] = fused_calls(comm, plan, tokens, dtype, rank, device)
+    return rows
+
+
+def scenario_fused_graph(comm, folder: Path, rank: int, device) -> dict:
+    """GRAPH_CALLS fused calls (bf16, 4 tokens) captured in one graph, replayed REPLAYS times on new inputs."""
+    import torch
+
+    from executor.gpu.engine import NormCall
+    from executor.reference.norm import RowNorm
+    from schedules.plan.io import load_plan
+
+    plan = load_plan(folder / "direct.json")
+    n = 4 * HIDDEN
+    h = _shared(n, "bf16", device, seed=5)
+    weight = (1.0 + 0.1 * _shared(HIDDEN, "fp32", device, seed=9)).to(h.dtype)
+    inputs = [_input(n, "bf16", device, rank, call) for call in range(GRAPH_CALLS)]
+    calls = [NormCall(RowNorm(HIDDEN, EPS), weight, torch.empty_like(h)) for _ in inputs]
+    for x, c in zip(inputs, calls, strict=True):  # the contexts, outside the capture
+        comm.execute(plan, x, residual=h, norm=c)
+    comm.synchronize()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        outs = [comm.execute(plan, x, residual=h, norm=c) for x, c in zip(inputs, calls, strict=True)]
+    wrong = 0
+    for replay in range(REPLAYS):
+        for k, x in enumerate(inputs):
+            x.copy_(_input(n, "bf16", device, rank, 400 + GRAPH_CALLS * replay + k))
+        torch.cuda.synchronize()
+        graph.replay()
+        comm.synchronize()
+        for out, x, c in zip(outs, inputs, calls, strict=True):
+            wrong += int(not sums_to(out, x, residual=h) or normed_off(c.normed, out, weight, "bf16") > 0)
+    return {"replays": REPLAYS, "calls": GRAPH_CALLS, "wrong": wrong}
+
+
+def scenario_twoshot_residual(comm, folder: Path, rank: int, device) -> dict:
+    """The two-shot with the residual alone, back to back; and its refusal of the norm (its rows arrive as
+    copies), as the engine words it."""
+    from executor.errors import ExecutorError
+    from schedules.plan.io import load_plan
+
+    plan = load_plan(folder / "twoshot.json")
+    row = fused_calls(comm, plan, 16, "bf16", rank, device, norm=False)
+    try:
+        fused_calls(comm, plan, 16, "bf16", rank, device)
+        row["norm_refused"] = ""
+    except ExecutorError as e:
+        row["norm_refused"] = str(e)
+    return row
+
+
 def main() -> None:
     import torch.distributed as dist
 
@@ -208,6 +359,7 @@ def main() -> None:
     comm = InterpreterEngine.from_process_group(timeout_s=timeout)
     checked = InterpreterEngine.from_process_group(timeout_s=timeout)  # contexts of its own (cached by address)
     graphs = InterpreterEngine.from_process_group(timeout_s=timeout)
+    fused = InterpreterEngine.from_process_group(timeout_s=timeout)
     run_scenarios(
         rank,
         out_dir,
@@ -215,9 +367,12 @@ def main() -> None:
             "eager": lambda: scenario_eager(comm, folder, rank, device),
             "checked": lambda: scenario_checked(checked, folder, rank, device),
             "graph": lambda: scenario_graph(graphs, folder, rank, device),
+            "fused": lambda: scenario_fused(fused, folder, rank, device),
+            "fused_graph": lambda: scenario_fused_graph(fused, folder, rank, device),
+            "twoshot_residual": lambda: scenario_twoshot_residual(fused, folder, rank, device),
         },
     )
-    for c in (comm, checked, graphs):
+    for c in (comm, checked, graphs, fused):
         c.close()
     dist.destroy_process_group()
 
