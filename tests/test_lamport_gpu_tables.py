@@ -1,8 +1,9 @@
 """The GPU interpreter's Lamport tables (executor.gpu.lamport, executor.gpu.tables): the opt-in, the rotating scratch,
-the reset shares, the sentinel fill word, and that other protocols' tables are as they were. The kernel itself runs
-only in tests/gpu/test_lamport_gpu.py; tests/test_cuda_compile.py builds it."""
+the reset shares, the sentinel fill word, the fused call (the residual and the norm epilogue) run as the kernel runs
+it, and that other protocols' tables are as they were. The kernel itself runs only in tests/gpu/test_lamport_gpu.py;
+tests/test_cuda_compile.py builds it."""
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -10,7 +11,20 @@ import pytest
 from codegen import compile_schedule
 from executor.errors import ExecutorError
 from executor.gpu import build, lamport
-from executor.gpu.tables import LAMPORT, LAMPORT_RESET, PACKET, PAIRS, SCRATCH, SLOTS, TRANSFER, build_tables
+from executor.gpu.tables import (
+    LAMPORT,
+    LAMPORT_RESET,
+    NORM_PREFETCH,
+    NORM_ROWS,
+    NORM_SLICE,
+    PACKET,
+    PAIRS,
+    SCRATCH,
+    SLOTS,
+    TRANSFER,
+    build_tables,
+)
+from executor.reference.norm import RowNorm, rms_norm
 from schedules.collectives import Collective
 from schedules.lamport import SENTINEL_BITS, LamportBuffers
 from synth.baselines import direct, twoshot
@@ -129,6 +143,15 @@ def _without_resets(ops: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class Fused:
+    """The fused call's operands, alike on every rank: the residual (output-sized), the weight (one row), the rows."""
+
+    residual: np.ndarray  # float32
+    weight: np.ndarray  # float32
+    norm: RowNorm
+
+
 class _Kernel:
     """Every rank's fp32 tables run as the Lamport kernel runs them (executor/gpu/cuda/lamport.cuh): scratch filled
     with the sentinel, a transfer's Lamport sources polled until no word holds it, -0.0 mapped on a Lamport store,
@@ -136,27 +159,41 @@ class _Kernel:
     ops; signals, waits, semaphores and barriers as the kernel's counters (semaphore.cuh). A block is a generator
     that yields False while it waits and True after each op."""
 
-    def __init__(self, plan, nbytes: int, drop_resets: bool = False) -> None:
+    def __init__(self, plan, nbytes: int, drop_resets: bool = False, fused: Fused | None = None) -> None:
         self.sentinel = np.uint32(lamport.sentinel_word("fp32"))
-        self.tables = [build_tables(plan, r, nbytes, dtype="fp32") for r in range(plan.nranks)]
+        self.fused = fused
+        norm = fused.norm if fused else None
+        self.tables = [
+            build_tables(plan, r, nbytes, dtype="fp32", residual=fused is not None, norm=norm)
+            for r in range(plan.nranks)
+        ]
         if drop_resets:  # every reset op a nop
             self.tables = [replace(t, ops=_without_resets(t.ops)) for t in self.tables]
         self.mem = [
             {
                 "i": np.zeros(t.input_bytes // 4, np.uint32),
                 "o": np.zeros(t.output_bytes // 4, np.uint32),
-                "s": np.full(t.scratch_alloc // 4, self.sentinel, np.uint32),
+                "s": np.zeros(t.scratch_alloc // 4, np.uint32),  # as fill_scratch: zeros, then the copies' sentinel
             }
             for t in self.tables
         ]
+        for t, mem in zip(self.tables, self.mem, strict=True):
+            mem["s"][: t.scratch_bytes * t.lamport_buffers // 4] = self.sentinel
+            if fused is not None:  # the residual, the weight and the normalized rows: the slots after the peers'
+                mem["r"] = fused.residual.view(np.uint32).copy()
+                mem["w"] = fused.weight.view(np.uint32).copy()
+                mem["n"] = np.zeros(t.output_bytes // 4, np.uint32)
         self.inbound = [np.zeros(max(len(t.channel_peers), 1), np.int64) for t in self.tables]
         self.expected = [np.zeros(max(len(t.channel_peers), 1), np.int64) for t in self.tables]
         self.sems = [np.array([v for i in t.semaphore_init for v in (i, 0)] or [0], np.int64) for t in self.tables]
         self.barriers: list[dict[int, list[int]]] = [{} for _ in self.tables]
 
     def words(self, r: int, ref, shift: int, count: int) -> np.ndarray:
-        slot = int(ref["buffer"])
-        peer, btype = (r, "ios"[slot]) if slot < 3 else self.tables[r].remote_buffers[slot - 3]
+        slot, remote = int(ref["buffer"]), self.tables[r].remote_buffers
+        if slot < 3 or slot >= 3 + len(remote):
+            peer, btype = r, "ios"[slot] if slot < 3 else "rwn"[slot - 3 - len(remote)]
+        else:
+            peer, btype = remote[slot - 3]
         first = (int(ref["offset"]) + (shift if ref["flags"] & SCRATCH else 0)) // 4
         return self.mem[peer][btype][first : first + count]
 
@@ -169,6 +206,12 @@ class _Kernel:
             elif kind == LAMPORT_RESET:
                 shift = (epoch + int(op["barrier_id"])) % int(op["barrier_count"]) * t.scratch_stride
                 self.words(r, op["dst"][0], shift, int(op["bytes"]) // 4)[:] = self.sentinel
+            elif kind == NORM_ROWS:
+                self.norm(r, op, int(op["barrier_id"]) // 4)
+            elif kind == NORM_SLICE:
+                yield from self.norm_slice(r, op, epoch)
+            elif kind == NORM_PREFETCH:
+                pass  # a cache hint
             else:
                 yield from self.control(r, op)
             yield True
@@ -192,6 +235,32 @@ class _Kernel:
                 self.words(r, op["dst"][d], shift, count)[:] = (
                     np.where(value == self.sentinel, 0, value) if mapped else value
                 )
+
+    def norm(self, r: int, op, row: int, rstd: np.ndarray | None = None) -> None:
+        """norm.cuh's epilogue over the op's rows (or its slice, with the row's ``rstd``): x * rstd * weight."""
+        count = int(op["bytes"]) // 4
+        x = self.words(r, op["src"][0], 0, count).view(np.float32).reshape(-1, min(row, count))
+        if rstd is None:
+            mean = np.float32(np.sum(x.astype(np.float64) ** 2, axis=-1) / row)
+            rstd = np.float32(1.0) / np.sqrt(mean + np.int32(op["channel"][0]).view(np.float32))
+        weight = self.words(r, op["src"][1], 0, min(row, count)).view(np.float32)
+        normed = (x * np.asarray(rstd, np.float32).reshape(-1, 1)) * weight
+        self.words(r, op["dst"][0], 0, count)[:] = normed.astype(np.float32).reshape(-1).view(np.uint32)
+
+    def norm_slice(self, r: int, op, epoch: int):
+        """kNormSlice: the slice's sum of squares into its LL8 slot with the execution's flag, a wait for the row's
+        every slot to hold this execution's, then the slice normalized with the row's rstd."""
+        count, slices, index = int(op["bytes"]) // 4, int(op["barrier_count"]), int(op["barrier_id"])
+        x = self.words(r, op["src"][0], 0, count).view(np.float32)
+        slots = self.words(r, op["src"][2], 0, 2 * slices)
+        slots[2 * index : 2 * index + 2] = (np.float32(np.sum(x.astype(np.float64) ** 2)).view(np.uint32), epoch + 1)
+        while (slots[1::2] != epoch + 1).any():
+            yield False
+        total = np.sum(slots[0::2].view(np.float32), dtype=np.float32)
+        rstd = np.float32(1.0) / np.sqrt(
+            total / np.float32(count * slices) + np.int32(op["channel"][0]).view(np.float32)
+        )
+        self.norm(r, op, count * slices, rstd)
 
     def control(self, r: int, op):
         kind, ids = int(op["type"]), [int(k) for k in op["channel"][: op["nchannel"]]]
@@ -232,11 +301,13 @@ def _inputs(kernel: _Kernel, calls: int, rng) -> list[list[np.ndarray]]:
     return out
 
 
-def _emulate(plan, nbytes: int, calls: int, seed: int, drop_resets: bool = False) -> list[str]:
+def _emulate(
+    plan, nbytes: int, calls: int, seed: int, drop_resets: bool = False, fused: Fused | None = None
+) -> list[str]:
     """``calls`` calls of ``plan`` back to back on every rank (``_Kernel``), each rank starting its next call once its
     own blocks are done, blocks stepped in a random order; what differed from the exact sum, or why nothing ran."""
     rng = np.random.default_rng(seed)
-    kernel = _Kernel(plan, nbytes, drop_resets)
+    kernel = _Kernel(plan, nbytes, drop_resets, fused)
     inputs = _inputs(kernel, calls, rng)
     call = [0] * plan.nranks
     running: dict[int, list] = {}
@@ -248,9 +319,17 @@ def _emulate(plan, nbytes: int, calls: int, seed: int, drop_resets: bool = False
 
     def finish(r: int) -> None:
         want = np.asarray(np.sum(inputs[call[r]], axis=0, dtype=np.float32))
+        if fused is not None:
+            want = want + fused.residual
         got = kernel.mem[r]["o"].view(np.float32)
         if not np.array_equal(got, want[: len(got)]):
             problems.append(f"rank {r} call {call[r]}: {int((got != want[: len(got)]).sum())} wrong")
+        if fused is not None:
+            rows = want.reshape(-1, fused.norm.row_elems)
+            normed = rms_norm(rows, fused.weight, fused.norm.eps, "fp32").reshape(-1)
+            wrong = int((kernel.mem[r]["n"].view(np.float32) != normed).sum())
+            if wrong:
+                problems.append(f"rank {r} call {call[r]}: {wrong} normalized elements wrong")
         call[r] += 1
         del running[r]
         if call[r] < calls:
@@ -287,3 +366,24 @@ def test_the_tables_sum_exactly_over_seven_calls_back_to_back_as_the_kernel_runs
 def test_without_the_resets_a_later_call_reads_stale_data_or_waits_forever(opted_in):
     found = _emulate(_plan(direct, 4), 4096 * 4, calls=7, seed=0, drop_resets=True)
     assert found and ("wrong" in found[0] or "no block can run" in found[-1])
+
+
+@pytest.mark.parametrize("n,instances,rows", [(2, 1, 4), (2, 2, 1), (4, 1, 4), (4, 2, 1)])
+def test_the_fused_tables_add_the_residual_and_normalize_over_seven_calls_as_the_kernel_runs_them(
+    opted_in, n, instances, rows
+):
+    """The residual and the epilogue (rows whole, or split over 2 blocks that exchange their sums of squares in
+    slots past the three copies) on the Lamport one-shot's tables, back to back, blocks in random orders: every
+    call's output is the sum plus the residual, and its rows normalized, bit for bit (small integers: exact sums)."""
+    plan = compile_schedule(
+        direct(build_topology(f"fully_connected:n={n}"), Collective("allreduce", n)),
+        protocol="lamport",
+        instances=instances,
+    )
+    hidden = 256
+    rng = np.random.default_rng(n)
+    residual = rng.integers(-8, 9, rows * hidden).astype(np.float32)
+    weight = rng.normal(1, 0.2, hidden).astype(np.float32)
+    fused = Fused(residual, weight, RowNorm(hidden, 1e-5))
+    for seed in range(2):
+        assert _emulate(plan, rows * hidden * 4, calls=7, seed=seed, fused=fused) == []
