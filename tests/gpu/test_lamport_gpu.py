@@ -207,7 +207,6 @@ def scenario_graph(comm, folder: Path, rank: int, device) -> dict:
     """GRAPH_CALLS calls captured in one CUDA graph (sharing one context's scratch and device epochs), replayed
     REPLAYS times on fresh inputs: the copy each call uses comes from the epoch on the device, not the frozen
     kernel arguments."""
-    import torch
 
     from schedules.plan.io import load_plan
     from weft.units import parse_bytes
@@ -216,24 +215,35 @@ def scenario_graph(comm, folder: Path, rank: int, device) -> dict:
     for method in METHODS:
         plan = load_plan(folder / f"{method}.json")
         n = _elements(plan, parse_bytes("64KB"), "bf16", rank)
-        inputs = [_input(n, "bf16", device, rank, call) for call in range(GRAPH_CALLS)]
-        for x in inputs:  # the contexts, outside the capture
-            comm.execute(plan, x)
-        comm.synchronize()
-        stream = torch.cuda.Stream()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            outs = [comm.execute(plan, x) for x in inputs]
-        wrong = 0
-        for replay in range(REPLAYS):
-            for k, x in enumerate(inputs):
-                x.copy_(_input(n, "bf16", device, rank, 200 + GRAPH_CALLS * replay + k))
-            torch.cuda.synchronize()
-            graph.replay()
-            comm.synchronize()
-            wrong += sum(not sums_to(out, x) for out, x in zip(outs, inputs, strict=True))
+        options: list[dict] = [{} for _ in range(GRAPH_CALLS)]
+        wrong = replayed(comm, plan, n, rank, device, 200, options, lambda out, x, k: sums_to(out, x))
         rows[method] = {"replays": REPLAYS, "calls": GRAPH_CALLS, "wrong": wrong}
     return rows
+
+
+def replayed(comm, plan, n: int, rank: int, device, seed: int, options: list[dict], right) -> int:
+    """GRAPH_CALLS bf16 calls of ``plan`` (call k with ``options[k]``: a residual, a norm) captured in one CUDA graph
+    after a call each outside it (their contexts), replayed REPLAYS times on fresh inputs (from ``seed``); the calls
+    whose output ``right(out, x, k)`` refused, over every replay."""
+    import torch
+
+    inputs = [_input(n, "bf16", device, rank, call) for call in range(GRAPH_CALLS)]
+    for x, o in zip(inputs, options, strict=True):  # the contexts, outside the capture
+        comm.execute(plan, x, **o)
+    comm.synchronize()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        outs = [comm.execute(plan, x, **o) for x, o in zip(inputs, options, strict=True)]
+    wrong = 0
+    for replay in range(REPLAYS):
+        for k, x in enumerate(inputs):
+            x.copy_(_input(n, "bf16", device, rank, seed + GRAPH_CALLS * replay + k))
+        torch.cuda.synchronize()
+        graph.replay()
+        comm.synchronize()
+        wrong += sum(not right(out, x, k) for k, (out, x) in enumerate(zip(outs, inputs, strict=True)))
+    return wrong
 
 
 def _shared(n: int, dtype: str, device, seed: int):
@@ -311,25 +321,17 @@ def scenario_fused_graph(comm, folder: Path, rank: int, device) -> dict:
     n = 4 * HIDDEN
     h = _shared(n, "bf16", device, seed=5)
     weight = (1.0 + 0.1 * _shared(HIDDEN, "fp32", device, seed=9)).to(h.dtype)
-    inputs = [_input(n, "bf16", device, rank, call) for call in range(GRAPH_CALLS)]
-    calls = [NormCall(RowNorm(HIDDEN, EPS), weight, torch.empty_like(h)) for _ in inputs]
-    for x, c in zip(inputs, calls, strict=True):  # the contexts, outside the capture
-        comm.execute(plan, x, residual=h, norm=c)
-    comm.synchronize()
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        outs = [comm.execute(plan, x, residual=h, norm=c) for x, c in zip(inputs, calls, strict=True)]
-    wrong = 0
-    for replay in range(REPLAYS):
-        for k, x in enumerate(inputs):
-            x.copy_(_input(n, "bf16", device, rank, 400 + GRAPH_CALLS * replay + k))
-        torch.cuda.synchronize()
-        graph.replay()
-        comm.synchronize()
-        for out, x, c in zip(outs, inputs, calls, strict=True):
-            wrong += int(not sums_to(out, x, residual=h) or normed_off(c.normed, out, weight, "bf16") > 0)
-    return {"replays": REPLAYS, "calls": GRAPH_CALLS, "wrong": wrong}
+    calls = [NormCall(RowNorm(HIDDEN, EPS), weight, torch.empty_like(h)) for _ in range(GRAPH_CALLS)]
+
+    def right(out, x, k: int) -> bool:
+        return sums_to(out, x, residual=h) and normed_off(calls[k].normed, out, weight, "bf16") == 0
+
+    options = [{"residual": h, "norm": c} for c in calls]
+    return {
+        "replays": REPLAYS,
+        "calls": GRAPH_CALLS,
+        "wrong": replayed(comm, plan, n, rank, device, 400, options, right),
+    }
 
 
 def scenario_twoshot_residual(comm, folder: Path, rank: int, device) -> dict:
