@@ -32,7 +32,9 @@ HIDDEN, EPS = 1024, 1e-5
 TOKENS = (1, 16)
 SPLIT = "direct-x2"
 FUSED_PLANS = ("direct", SPLIT)
-ULPS = {"fp32": 2.0**-21, "fp16": 2.0**-10, "bf16": 2.0**-7}  # the epilogue's bound: an ulp (fp32: 4, see below)
+# the epilogue's bound, relative: an ulp of fp16 and bf16 (as tests/gpu/test_fused_norm.py), and for fp32 the few
+# dozen ulps by which the GPU's sum of squares in another order can move rstd (a wrong row is off by far more)
+BOUNDS = {"fp32": 2.0**-18, "fp16": 2.0**-10, "bf16": 2.0**-7}
 
 
 def case_ids() -> list[str]:
@@ -107,7 +109,7 @@ def fused_ids() -> list[str]:
 @pytest.mark.parametrize("case", fused_ids())
 def test_the_fused_lamport_call_returns_the_residual_sum_and_its_norm_over_back_to_back_calls(results, case):
     """CALLS fused calls on one context (every copy reset and reused): each call's new residual is NCCL's sum plus
-    the residual, and its normalized rows within an ulp of the epilogue's definition (fp32: 4, its rstd's order)."""
+    the residual, and its normalized rows within BOUNDS of the epilogue's definition."""
     for row in each(results, "fused"):
         r = row[case]
         assert r["calls"] == CALLS and r["residual_wrong"] == [] and r["normed_off"] == [], r
@@ -257,13 +259,13 @@ def _shared(n: int, dtype: str, device, seed: int):
 
 def normed_off(normed, new_residual, weight, dtype: str) -> int:
     """Elements of ``normed`` further from the epilogue's definition (``executor.reference.norm.rms_norm``: fp32
-    mean of squares, x * rstd, then * weight, rounded once) than the dtype's bound (``ULPS``, relative)."""
+    mean of squares, x * rstd, then * weight, rounded once) than the dtype's bound (``BOUNDS``, relative)."""
     import torch
 
     x = new_residual.float().view(-1, HIDDEN)
     rstd = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True).float() + EPS)
     want = ((x * rstd) * weight.float()).to(normed.dtype).float().view(-1)
-    bound = torch.clamp(want.abs(), min=2.0**-14) * ULPS[dtype] * (4 if dtype == "fp32" else 1)
+    bound = torch.clamp(want.abs(), min=2.0**-14) * BOUNDS[dtype]
     return int(((normed.float() - want).abs() > bound).sum())
 
 
