@@ -159,8 +159,8 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @nvcc
 def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path, monkeypatch):
     """A handful of plans in every dtype (one with multi-peer pairs, walked from a per-warp turn), and the launch
-    variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan), in one nvcc call: each builds, and
-    keeps no op in local memory."""
+    variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan, a Lamport plan with both), in one nvcc
+    call: each builds, and keeps no op in local memory."""
     from codegen.rows import own_rows
     from executor.gpu.lamport import ENV
     from executor.reference.norm import RowNorm
@@ -181,6 +181,7 @@ def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path, m
         build_tables(ll, 0, ll.granule * 64, residual=True),
         build_tables(own_rows(ll, 2), 0, 8192, residual=True, norm=RowNorm(2048, 1e-6)),
         build_tables(lamport, 0, 65536),
+        build_tables(lamport, 0, 65536, residual=True, norm=RowNorm(2048, 1e-6)),  # the fused call on Lamport
     ]
     plain = _sources(picks[1:], ("bf16",)) + _sources(picks[:1], DTYPES)
     plain += [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]
