@@ -13,7 +13,7 @@ from executor.errors import ExecutorError
 from executor.gpu import lamport
 from executor.gpu import tables as gpu_tables
 from executor.reference import machine as reference
-from executor.reference.norm import RowNorm, rms_norm, run_fused, run_fused_launches
+from executor.reference.norm import RowNorm, fused_refusal, rms_norm, run_fused, run_fused_launches
 from executor.reference.prove import run_launches
 from schedules.collectives import Collective
 from schedules.lamport import LamportBuffers
@@ -80,6 +80,23 @@ def test_each_launch_of_a_back_to_back_run_has_its_own_epilogue():
     (first, _), (second, _) = run_fused_launches(plan, inputs, nbytes, "fp32", residual, weight, RowNorm(HIDDEN, 1e-5))
     assert np.array_equal(second[0], _definition(inputs[1], residual, weight, "fp32")[1])
     assert not np.array_equal(first[0], second[0])
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_the_engines_proof_of_a_lamport_plan_runs_it_back_to_back_over_every_copys_reuse(monkeypatch, instances):
+    """fused_refusal (the engine's norm_refusal) passes the one-shot after runs of calls_to_prove launches."""
+    from executor.reference import norm
+
+    counts = []
+    real = norm.run_fused_launches
+
+    def counted(plan, inputs, *rest):
+        counts.append(len(inputs))
+        return real(plan, inputs, *rest)
+
+    monkeypatch.setattr(norm, "run_fused_launches", counted)
+    assert fused_refusal(_plan(direct, 2, instances)) == ""
+    assert counts and set(counts) == {LamportBuffers().calls_to_prove}
 
 
 def test_a_lamport_two_shot_adds_the_residual_back_to_back():

@@ -322,7 +322,8 @@ def fused_refusal(plan: Plan) -> str:
     """Why ``plan`` cannot run the fused all-reduce, or '': ``plan_refusal``, then runs on the reference executor
     (bf16, small integers, so every sum is exact) whose outputs must equal numpy's definition bit for bit: in rows
     that each reduction owns whole, and, where the plan's reductions can split it, in one row split over all of
-    them (so the epilogue is proven to follow the last slice's sum, once)."""
+    them (so the epilogue is proven to follow the last slice's sum, once); a Lamport plan's back to back, over
+    every scratch copy's reuse."""
     why = plan_refusal(plan)
     if why:
         return why
@@ -341,18 +342,24 @@ def fused_refusal(plan: Plan) -> str:
 
 
 def _fused_mismatch(plan: Plan, nbytes: int, dtype: str, elems: int, norm: RowNorm) -> str:
-    """'' where the reference executor's fused run in rows of ``norm`` equals numpy's definition bit for bit."""
+    """'' where the reference executor's fused run in rows of ``norm`` equals numpy's definition bit for bit; a
+    Lamport plan's over launches back to back that reuse every scratch copy after its reset."""
     rng = np.random.default_rng(0)
-    inputs = [rng.integers(-8, 8, g.input_chunks * elems).astype(np.float32) for g in plan.gpus]
+    launches = plan.lamport.calls_to_prove if plan.lamport is not None else 1
+    inputs = [
+        [rng.integers(-8, 8, g.input_chunks * elems).astype(np.float32) for g in plan.gpus] for _ in range(launches)
+    ]
     residual = rng.integers(-8, 8, plan.gpus[0].output_chunks * elems).astype(np.float32)
     weight = machine.round_to(rng.normal(1.0, 0.1, norm.row_elems), dtype)
     try:
-        normed, outputs = run_fused(plan, inputs, nbytes, dtype, residual, weight, norm)
+        runs = run_fused_launches(plan, inputs, nbytes, dtype, residual, weight, norm)
     except (PlanError, CheckFailed) as e:
         return f"plan {plan.name}: with the norm epilogue: {e}"
-    want = machine.round_to(np.sum(inputs, axis=0) + residual, dtype)
-    want_normed = rms_norm(want.reshape(-1, norm.row_elems), weight, norm.eps, dtype).reshape(-1)
-    for rank in range(plan.nranks):
-        if not (np.array_equal(outputs[rank], want) and np.array_equal(normed[rank], want_normed)):
-            return f"plan {plan.name}: rank {rank}'s normalized rows differ from numpy's definition"
+    for k, (launch, (normed, outputs)) in enumerate(zip(inputs, runs, strict=True)):
+        want = machine.round_to(np.sum(launch, axis=0) + residual, dtype)
+        want_normed = rms_norm(want.reshape(-1, norm.row_elems), weight, norm.eps, dtype).reshape(-1)
+        for rank in range(plan.nranks):
+            if not (np.array_equal(outputs[rank], want) and np.array_equal(normed[rank], want_normed)):
+                at = f"launch {k}: " if launches > 1 else ""
+                return f"plan {plan.name}: {at}rank {rank}'s normalized rows differ from numpy's definition"
     return ""
