@@ -1,12 +1,18 @@
-# Sourced by the device scripts (bench/gpu_gate.sh, bench/house_ab.sh), from the repository root: the environment
-# every GPU job here runs in. NVLink multicast stays off (the machines' rule), and what the device image lacks
-# comes from .carry_solvers (carried): z3-solver, ortools and immutabledict unpacked as solvers.tar.xz, and
-# platformdirs' wheel (weft's proof cache names its folder with it). They land in one folder on PYTHONPATH, after
-# the tree itself.
+# Sourced by every device script (bench/*.sh), from the repository root: the environment every GPU job here runs in.
+# NVLink multicast stays off (the machines' rule). What the device image lacks comes from the carried folders, into
+# one folder, $WEFT_SITE, that the scripts put on PYTHONPATH after the tree:
+#   .carry_solvers/solvers.tar.xz       z3-solver, ortools and immutabledict, unpacked and tarred with xz
+#   .carry_*/platformdirs-*.whl         platformdirs (weft's proof cache names its folder with it), from
+#                                       .carry_solvers or .carry_peers, whichever travelled
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 WEFT_SITE=/tmp/weft-solvers
-if [ -d .carry_solvers ] && [ ! -f "$WEFT_SITE/.done" ]; then
-  mkdir -p "$WEFT_SITE" && tar -xJf .carry_solvers/solvers.tar.xz -C "$WEFT_SITE" &&
-    python3 -m zipfile -e .carry_solvers/platformdirs-*.whl "$WEFT_SITE" && touch "$WEFT_SITE/.done"
+mkdir -p "$WEFT_SITE"
+if [ -f .carry_solvers/solvers.tar.xz ] && [ ! -f "$WEFT_SITE/.solvers" ]; then
+  tar -xJf .carry_solvers/solvers.tar.xz -C "$WEFT_SITE" && touch "$WEFT_SITE/.solvers"
 fi
+for wheel in .carry_solvers/platformdirs-*.whl .carry_peers/platformdirs-*.whl; do
+  if [ -f "$wheel" ] && [ ! -d "$WEFT_SITE/platformdirs" ]; then
+    python3 -m zipfile -e "$wheel" "$WEFT_SITE"
+  fi
+done
 export WEFT_SITE

@@ -27,14 +27,14 @@
 set -u
 N=${1:-2}
 STAGE=${2:-tests}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. bench/device_env.sh
 SNAP=${SNAP:-devsnap.tgz}  # SNAP=other.tgz runs another snapshot (an A/B of two commits in one call)
 W=/tmp/weft-snap-${SNAP%.tgz}
 if [ ! -d "$W" ] || [ "$SNAP" -nt "$W" ]; then
   rm -rf "$W" && mkdir -p "$W" && tar -xzf "$SNAP" -C "$W" || exit 2
 fi
 cd "$W" || exit 2
-export PYTHONPATH="$W" WEFT_GPU_NPROC="$N"
+export PYTHONPATH="$W:$WEFT_SITE" WEFT_GPU_NPROC="$N"
 REG=bench/registry_h200x$N
 LOG="$OUT/log_${LOGAS:-$STAGE}.txt"  # LOGAS=name: stages of one call share a log (8 files come back)
 S=1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB

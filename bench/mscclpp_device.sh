@@ -3,7 +3,8 @@
 #   2-rank plans on 2 GPUs against NCCL (bench/mscclpp_corpus_gpu.py), MSCCL++'s all-reduce plans against weft's
 #   own in one bench job, and the 4- and 8-rank plans (in place included) on the one-GPU path.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=.
+. bench/device_env.sh
+export PYTHONPATH="$PWD:$WEFT_SITE"
 P=tests/fixtures/mscclpp/plans
 nvidia-smi -L > "$OUT/gpus.txt"
 TWO="$P/single_node-allgather.json $P/single_node-allgather_tbg.json"

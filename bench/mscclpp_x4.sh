@@ -6,7 +6,8 @@
 #      as hosts host0/host1 (WEFT_HOST), NCCL forced onto its network path, each plan against NCCL;
 #   3. the 2-rank sendrecv plan (port channels inside one host) on GPUs 0 and 1 against NCCL.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+. bench/device_env.sh
+export PYTHONPATH="$PWD:$WEFT_SITE"
 P=tests/fixtures/mscclpp/plans
 nvidia-smi -L > "$OUT/gpus.txt"
 if [ "${SKIP_ONE:-0}" != 1 ]; then

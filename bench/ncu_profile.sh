@@ -9,10 +9,10 @@
 # latency. The bench's per-call time minus this duration is the launch gap plus the NVLink crossing.
 # Single-pass metrics only: a replayed kernel would wait for a peer that does not replay.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. bench/device_env.sh
 W=/tmp/weft-snap
 cd "$W" || exit 2
-export PYTHONPATH="$W"
+export PYTHONPATH="$W:$WEFT_SITE"
 weft() { python -c 'from weft.cli import run; run()' "$@"; }
 rm -rf /tmp/plans /tmp/entries && weft registry export /tmp/entries --registry bench/registry_h200x2 > /dev/null || exit 2
 python - <<'EOF' || exit 2

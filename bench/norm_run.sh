@@ -5,8 +5,8 @@
 #                                 # examples/tp_decode.py --batch 1,4,16 RUNS times (default 3), 50 replays each
 # TESTS=0 / PLANS=0 leave a stage out. Files land in $OUT: the results JSON and tp_decode_2xh200_norm_log.txt.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD"
+. bench/device_env.sh
+export PYTHONPATH="$PWD:$WEFT_SITE"
 REG=bench/registry_h200x2
 LOG="$OUT/tp_decode_2xh200_norm_log.txt"
 step() { echo "== $*" | tee -a "$LOG"; }

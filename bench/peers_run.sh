@@ -23,7 +23,7 @@
 set -u
 N=${1:-2}
 STAGE=${2:-all}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. bench/device_env.sh
 C=${PEERS_CARRY:-.carry_peers}
 SITE=/tmp/peers-site
 LOG="$OUT/log_peers_${N}.txt"
@@ -39,7 +39,7 @@ if [ ! -d "$SITE/flashinfer" ]; then
   done
 fi
 # sm_90a only; a JIT build spreads each source over every core (nvcc --split-compile)
-export PYTHONPATH="$PWD:$SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a \
+export PYTHONPATH="$PWD:$SITE:$WEFT_SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a \
   FLASHINFER_EXTRA_CUDAFLAGS="--split-compile=0"
 [ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
 REG=${REG:-bench/registry_h200x$N}

@@ -7,8 +7,8 @@
 #    onto its network path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1);
 # 3. with HOP=1, bench/port_hop.py: one hop of the engine (NCCL send/recv) at 1 KB and 64 MB, same transport.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD"
+. bench/device_env.sh
+export PYTHONPATH="$PWD:$WEFT_SITE"
 LOG="$OUT/log.txt"
 mkdir -p "$OUT/port"
 step() { echo "== $* ($(date -u +%T))" | tee -a "$LOG"; }
