@@ -40,17 +40,16 @@ def bench_ratios(base: list[dict], new: list[dict]) -> list[dict]:
     for size in sorted(set(b) & set(n)):
         bu = statistics.median(r["weft_us"] for r in b[size])
         nu = statistics.median(r["weft_us"] for r in n[size])
+        # NCCL runs the same code on both sides: its ratio is the drift between the runs (clocks, load)
+        drift = statistics.median(r["nccl_us"] for r in n[size]) / statistics.median(r["nccl_us"] for r in b[size])
         rows.append(
             {
                 "size": size,
                 "base_us": bu,
                 "new_us": nu,
                 "ratio": nu / bu,
-                "nccl_ratio": statistics.median(r["nccl_us"] for r in n[size])
-                / statistics.median(r["nccl_us"] for r in b[size]),
-                # NCCL runs the same code on both sides: its ratio is the drift between the runs (clocks, load)
-                "normalized": (nu / bu)
-                / (statistics.median(r["nccl_us"] for r in n[size]) / statistics.median(r["nccl_us"] for r in b[size])),
+                "nccl_ratio": drift,
+                "normalized": nu / bu / drift,
                 "base_plans": sorted({r["plan"] for r in b[size]}),
                 "new_plans": sorted({r["plan"] for r in n[size]}),
                 "wrong": sum(r["wrong"] for r in b[size] + n[size]),

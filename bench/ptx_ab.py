@@ -38,19 +38,23 @@ def interpreter_source(tree: Path) -> Path:
     raise SystemExit(f"{tree}: no interpreter.cu under executor/gpu/cuda/ or executor/cuda/")
 
 
-def entries(source: Path, arch: str = "sm_90") -> dict[str, str]:
-    """Each kernel entry's PTX, renamed."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "k.ptx"
-        subprocess.run(["nvcc", "-ptx", f"-arch={arch}", *build.FLAGS, "-o", str(out), str(source)], check=True)
-        text = out.read_text()
+def renamed_entries(ptx: str) -> dict[str, str]:
+    """Each kernel entry of ``ptx``, with what compilation numbers or mangles renamed."""
     found = {}
-    for match in ENTRY.finditer(text):
+    for match in ENTRY.finditer(ptx):
         body = match.group(0)
         for pattern, name in RENAMES:
             body = pattern.sub(name, body)
         found[match.group(1)] = body
     return found
+
+
+def entries(source: Path, arch: str = "sm_90") -> dict[str, str]:
+    """Each kernel entry's PTX of ``source``, renamed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "k.ptx"
+        subprocess.run(["nvcc", "-ptx", f"-arch={arch}", *build.FLAGS, "-o", str(out), str(source)], check=True)
+        return renamed_entries(out.read_text())
 
 
 def compare(base: dict[str, str], new: dict[str, str]) -> dict:

@@ -46,15 +46,6 @@ def test_ptx_entries_compare_after_renaming_what_compilation_numbers():
     body = ".visible .entry k(\n{{\n\t.local .align 8 .b8 \t__local_depot{d}[24];\n\t@%p1 bra \t$L__BB{d}_4;\n}}\n"
     base, same, changed = body.format(d=1), body.format(d=7), body.format(d=1).replace("bra", "brx")
 
-    def entries(text: str) -> dict[str, str]:
-        found = {}
-        for match in ptx.ENTRY.finditer(text):
-            renamed = match.group(0)
-            for pattern, name in ptx.RENAMES:
-                renamed = pattern.sub(name, renamed)
-            found[match.group(1)] = renamed
-        return found
-
-    assert ptx.compare(entries(base), entries(same))["identical"] == 1
-    result = ptx.compare(entries(base), entries(changed))
+    assert ptx.compare(ptx.renamed_entries(base), ptx.renamed_entries(same))["identical"] == 1
+    result = ptx.compare(ptx.renamed_entries(base), ptx.renamed_entries(changed))
     assert result["identical"] == 0 and result["entries"][0]["changed_lines"] == 2
