@@ -3,17 +3,19 @@
 
     python bench/ab_compare.py DIR [--json OUT.json]
 
-DIR holds ab_allreduce_<i>_<side>.json and ab_decode_<i>_<side>.json (side: base or new). For the bench, each side's
-time at a size is the median over that side's runs of the fastest plan's median (weft_us), with the plans each side
-chose, and that ratio over NCCL's ("norm": NCCL runs the same code on both sides, so its ratio is the drift between
-the runs: clocks, load). For tp_decode, every per-step and per-call time that both sides report (the table shows each
-backend's step and isolated call; --json keeps them all). A ratio outside 1 +- TOLERANCE is marked.
+DIR holds ab_allreduce_<i>_<side>.json and ab_decode_<i>_<side>.json (side: base or new). For the bench, at each
+size, every plan both sides ran (matched by plan hash) gives its ratio this tree / base, each side's time being the
+median over its runs; the size's ratio is the median over those plans, and "norm" divides it by the drift between
+the runs (the peers' ratio: NCCL and symmetric memory run the same code on both sides). For tp_decode, every
+per-step and per-call time that both sides report (the table shows each backend's step and isolated call; --json
+keeps them all). A ratio outside 1 +- TOLERANCE is marked.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -25,34 +27,52 @@ def _runs(folder: Path, kind: str, side: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob(f"ab_{kind}_*_{side}.json"))]
 
 
+def _medians(runs: list[dict], size: int) -> dict[str, float]:
+    """Every time a side's runs report at a size, each the median over the runs: weft's plans by plan hash
+    (plans_us), the peers by name (median_us entries that are not weft's)."""
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        for row in run["rows"]:
+            if row["size"] != size:
+                continue
+            times = {h: u for h, u in row.get("plans_us", {}).items()}
+            times.update({k: u for k, u in row.get("median_us", {}).items() if not k.startswith("weft:")})
+            times.setdefault("nccl", row["nccl_us"])
+            times.setdefault("fastest", row["weft_us"])
+            for key, us in times.items():
+                if us:
+                    values.setdefault(key, []).append(us)
+    return {key: statistics.median(v) for key, v in values.items()}
+
+
 def bench_ratios(base: list[dict], new: list[dict]) -> list[dict]:
-    """One row per size: weft_us of each side (median over runs), their ratio, and the plan each side chose."""
-
-    def by_size(runs: list[dict]) -> dict[int, list[dict]]:
-        out: dict[int, list[dict]] = {}
-        for run in runs:
-            for row in run["rows"]:
-                out.setdefault(row["size"], []).append(row)
-        return out
-
-    b, n = by_size(base), by_size(new)
+    """One row per size. Every plan that both sides ran (the same plan hash: the same plan, lowered by each tree)
+    gives a ratio this tree / base; "ratio" is their median (one plan's noise, or the choice of the fastest among
+    plans a few ns apart, moves it little). The peers run the same code on both sides, so their ratio (geometric
+    mean over NCCL and any other peer both sides timed) is the drift between the runs (clocks, load): "normalized"
+    is the ratio over it. The fastest plan's time on each side is shown beside, as the bench reports it."""
     rows = []
-    for size in sorted(set(b) & set(n)):
-        bu = statistics.median(r["weft_us"] for r in b[size])
-        nu = statistics.median(r["weft_us"] for r in n[size])
-        # NCCL runs the same code on both sides: its ratio is the drift between the runs (clocks, load)
-        drift = statistics.median(r["nccl_us"] for r in n[size]) / statistics.median(r["nccl_us"] for r in b[size])
+    sizes = sorted({r["size"] for run in base for r in run["rows"]} & {r["size"] for run in new for r in run["rows"]})
+    for size in sizes:
+        b, n = _medians(base, size), _medians(new, size)
+        peers = sorted(k for k in set(b) & set(n) if k == "nccl" or ":" in k)
+        plans = sorted(k for k in set(b) & set(n) if k not in peers and k != "fastest")
+        ratio = statistics.median(n[k] / b[k] for k in plans) if plans else n["fastest"] / b["fastest"]
+        drift = math.exp(statistics.fmean(math.log(n[k] / b[k]) for k in peers))
+        side_rows = [[r for run in runs for r in run["rows"] if r["size"] == size] for runs in (base, new)]
         rows.append(
             {
                 "size": size,
-                "base_us": bu,
-                "new_us": nu,
-                "ratio": nu / bu,
-                "nccl_ratio": drift,
-                "normalized": nu / bu / drift,
-                "base_plans": sorted({r["plan"] for r in b[size]}),
-                "new_plans": sorted({r["plan"] for r in n[size]}),
-                "wrong": sum(r["wrong"] for r in b[size] + n[size]),
+                "base_us": b["fastest"],
+                "new_us": n["fastest"],
+                "plans": len(plans),
+                "ratio": ratio,
+                "peers": peers,
+                "drift": drift,
+                "normalized": ratio / drift,
+                "base_plans": sorted({r["plan"] for r in side_rows[0]}),
+                "new_plans": sorted({r["plan"] for r in side_rows[1]}),
+                "wrong": sum(r["wrong"] for r in side_rows[0] + side_rows[1]),
             }
         )
     return rows
@@ -82,14 +102,14 @@ def main() -> None:
     args = p.parse_args()
     bench = bench_ratios(_runs(args.folder, "allreduce", "base"), _runs(args.folder, "allreduce", "new"))
     decode = decode_ratios(_runs(args.folder, "decode", "base"), _runs(args.folder, "decode", "new"))
-    print(f"{'size':>10} {'base_us':>9} {'new_us':>9} {'ratio':>7} {'nccl':>7} {'norm':>7}  plan (base | new)")
+    head = f"{'size':>10} {'base_us':>9} {'new_us':>9} {'plans':>5} {'ratio':>7} {'drift':>7} {'norm':>7}"
+    print(f"{head}  fastest (base | new)")
     for r in bench:
-        mark = "" if abs(r["ratio"] - 1) <= TOLERANCE else "  <-- outside +-2%"
+        mark = "" if abs(r["normalized"] - 1) <= TOLERANCE else "  <-- outside +-2%"
         plans = " ".join(r["base_plans"]) + " | " + " ".join(r["new_plans"])
         print(
-            f"{r['size']:>10} {r['base_us']:>9.2f} {r['new_us']:>9.2f} {r['ratio']:>7.3f} {r['nccl_ratio']:>7.3f}"
-            f" {r['normalized']:>7.3f}"
-            f"  {plans}{mark}"
+            f"{r['size']:>10} {r['base_us']:>9.2f} {r['new_us']:>9.2f} {r['plans']:>5} {r['ratio']:>7.3f}"
+            f" {r['drift']:>7.3f} {r['normalized']:>7.3f}  {plans}{mark}"
         )
     print(f"{'batch':>5} {'time':<44} {'base':>9} {'new':>9} {'ratio':>7}")
     for r in decode:

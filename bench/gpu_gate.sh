@@ -7,7 +7,8 @@
 #   device:  GPUS=2,3 NPROC=2 STEPS="gpu tour" bash bench/gpu_gate.sh
 #
 # gpu:   `python -m pytest -m gpu` over the whole suite at NPROC ranks (WEFT_GPU_NPROC) on the GPUs named by GPUS;
-#        the log is $OUT/gpu_tests_x<NPROC>.txt
+#        the log is $OUT/gpu_tests_x<NPROC>.txt; NVCC_APART=1 runs the nvcc-only -m gpu tests (no GPU) in a second
+#        pytest beside it, logged to $OUT/gpu_tests_nvcc_x<NPROC>.txt
 # a2a:   tests/gpu/test_alltoall.py alone, with its ranks' output, and their stacks if it outlives A2A_S
 # tour:  tests/test_readme_tour.py, the README's CLI tour from an empty folder, GPU lines included (it needs 2 GPUs);
 #        the log is $OUT/tour_gpu.txt
@@ -20,11 +21,25 @@ for s in ${STEPS:-gpu tour}; do
   case $s in
     gpu)
       step "pytest -m gpu (whole suite) at $WEFT_GPU_NPROC ranks on GPUs $CUDA_VISIBLE_DEVICES"
+      apart=()
+      if [ "${NVCC_APART:-0}" = 1 ]; then
+        # the -m gpu tests that only run nvcc (no GPU, minutes of CPU) in a second pytest beside the GPU tests:
+        # the two together are the whole -m gpu selection
+        apart=(--ignore=tests/test_cuda_compile.py --ignore=tests/test_compiled.py)
+        timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
+          tests/test_cuda_compile.py tests/test_compiled.py >"$OUT/gpu_tests_nvcc_x$WEFT_GPU_NPROC.txt" 2>&1 &
+      fi
       # -v: a line a test as it ends; pytest-timeout (in the image) ends a test that outlives TEST_S
       timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
-        --timeout "${TEST_S:-200}" --timeout-method signal ${PYTEST_ARGS:-} >"$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" 2>&1
+        --timeout "${TEST_S:-200}" --timeout-method signal "${apart[@]}" ${PYTEST_ARGS:-} \
+        >"$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" 2>&1
       echo "rc=$?" | tee -a "$LOG"
-      tail -n 4 "$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG" ;;
+      tail -n 4 "$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG"
+      if [ "${NVCC_APART:-0}" = 1 ]; then
+        wait
+        echo "nvcc tests:" | tee -a "$LOG"
+        tail -n 2 "$OUT/gpu_tests_nvcc_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG"
+      fi ;;
     tour)
       step "the README tour, GPU lines included, on GPUs $CUDA_VISIBLE_DEVICES"
       nvidia-smi -L >"$OUT/tour_gpu.txt"

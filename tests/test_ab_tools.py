@@ -20,17 +20,37 @@ def _load(name: str):
     return module
 
 
-def _bench(path: Path, weft_us: float, nccl_us: float) -> None:
-    row = {"size": 1024, "weft_us": weft_us, "nccl_us": nccl_us, "plan": "p", "wrong": 0}
+def _bench(path: Path, plans: dict[str, float], nccl_us: float, symm_us: float) -> None:
+    row = {
+        "size": 1024,
+        "weft_us": min(plans.values()),
+        "nccl_us": nccl_us,
+        "plan": "p",
+        "wrong": 0,
+        "plans_us": plans,
+        "median_us": {"nccl": nccl_us, "symm:two_shot": symm_us, "weft:p": min(plans.values())},
+    }
     path.write_text(json.dumps({"rows": [row]}))
 
 
-def test_the_bench_ratio_is_normalized_by_nccls_drift_between_the_runs(tmp_path):
+def test_the_bench_ratio_is_every_plans_median_over_the_peers_drift(tmp_path):
     ab = _load("ab_compare")
-    _bench(tmp_path / "ab_allreduce_1_base.json", 4.0, 10.0)
-    _bench(tmp_path / "ab_allreduce_2_new.json", 4.4, 11.0)  # both 10% slower: the machine drifted, not the code
+    _bench(tmp_path / "ab_allreduce_1_base.json", {"a": 4.0, "b": 5.0, "c": 6.0}, 10.0, 8.0)
+    # the machine drifted 10% (both peers), and plan c also took 50% longer: one plan's outlier moves the median not
+    new = {"a": 4.4, "b": 5.5, "c": 9.0}
+    _bench(tmp_path / "ab_allreduce_2_new.json", new, 11.0, 8.8)
     (row,) = ab.bench_ratios(ab._runs(tmp_path, "allreduce", "base"), ab._runs(tmp_path, "allreduce", "new"))
-    assert round(row["ratio"], 6) == 1.1 and round(row["nccl_ratio"], 6) == 1.1 and round(row["normalized"], 6) == 1.0
+    assert row["plans"] == 3 and row["peers"] == ["nccl", "symm:two_shot"]
+    assert round(row["ratio"], 6) == 1.1 and round(row["drift"], 6) == 1.1 and round(row["normalized"], 6) == 1.0
+    assert (row["base_us"], row["new_us"]) == (4.0, 4.4)
+
+
+def test_a_plan_only_one_side_ran_is_left_out_of_the_ratio(tmp_path):
+    ab = _load("ab_compare")
+    _bench(tmp_path / "ab_allreduce_1_base.json", {"a": 4.0, "gone": 1.0}, 10.0, 8.0)
+    _bench(tmp_path / "ab_allreduce_2_new.json", {"a": 4.2, "added": 9.0}, 10.0, 8.0)
+    (row,) = ab.bench_ratios(ab._runs(tmp_path, "allreduce", "base"), ab._runs(tmp_path, "allreduce", "new"))
+    assert row["plans"] == 1 and round(row["normalized"], 6) == 1.05
 
 
 def test_decode_rows_pair_each_batch_and_time_and_skip_raw_lists():

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from executor.hosts import HOST_ENV, host_identity, ipc_across_hosts, transport_refusal
-from executor.port.program import Compute, Exchange, compile_programs, lane_bounds, lanes_for, run_programs
+from executor.port.program import (
+    Compute,
+    Exchange,
+    call_lanes,
+    compile_programs,
+    lane_bounds,
+    lanes_for,
+    run_programs,
+)
 from executor.reference.machine import chunk_elems, smallest_size
 from executor.reference.prove import _compare, check_plan, expected_outputs, random_inputs
 from schedules.plan.io import load_plan
@@ -170,6 +178,13 @@ def test_small_chunks_run_as_one_lane_and_large_ones_split_up_to_the_most():
     assert lanes_for(64 << 20, 4, 64 << 10) == 4
 
 
+def test_a_call_under_the_floor_runs_as_one_lane_whatever_its_chunks():
+    # 4 GPUs as 2 hosts x 2: one lane ran as fast or faster at 1 MB, four faster from 4 MB (bench/NOTES.md)
+    assert call_lanes(1 << 20, 256 << 10, 4, 64 << 10, 2 << 20) == 1
+    assert call_lanes(4 << 20, 1 << 20, 4, 64 << 10, 2 << 20) == 4
+    assert call_lanes(4 << 20, 64 << 10, 4, 64 << 10, 2 << 20) == 1  # over the floor, but chunks too small to split
+
+
 def test_lanes_each_running_the_program_on_their_columns_compute_the_collective():
     plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allreduce.plan.json")
     programs = compile_programs(plan)
@@ -185,3 +200,20 @@ def test_lanes_each_running_the_program_on_their_columns_compute_the_collective(
         for r in range(plan.nranks)
     ]
     _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")
+
+
+@pytest.mark.parametrize(
+    "backend,env,lanes",
+    [
+        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, 4),  # bench/port_x4.sh's setting: lanes on
+        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "16"}, 4),
+        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, 1),  # CUDA's default: lanes' kernels would share queues
+        ("nccl", {}, 1),
+        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "many"}, 1),
+        ("gloo", {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, 1),
+    ],
+)
+def test_lanes_are_on_by_default_only_where_each_lane_gets_hardware_queues(backend, env, lanes):
+    from executor.port.engine import default_lanes
+
+    assert default_lanes(backend, env) == lanes

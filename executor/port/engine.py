@@ -17,14 +17,18 @@ Lanes overlap sums with transfers. Every op maps element j of a chunk to element
 the chunks split into lanes that each run the whole program on their own: each lane has its own process group
 (its own NCCL communicator, hence its own connections and proxy) and, on a GPU, its own stream. While one lane
 sums, the others move data, and the lanes' connections carry a hop's bytes side by side. A chunk splits into at
-most ``lanes`` lanes (``$WEFT_PORT_LANES``; default 1, no lanes) of at least ``piece_bytes`` each; small chunks
-run as one. A lane splits a slot of several chunks into one operation per chunk, so its groups are closed
-(``compile_programs(closed=True)``: each group meets one group per peer, of the same round). The lanes' NCCL
-kernels spin side by side waiting for their peers: set ``CUDA_DEVICE_MAX_CONNECTIONS=32`` so that their 2 x lanes
-streams get hardware queues of their own (with CUDA's default 8, one lane's kernel can wait behind another's).
-Measured (bench/NOTES.md, 4 GPUs as 2 hosts x 2 on sockets): 4 lanes ran 1.3-2x faster than one at 1-4 MB; with
-open groups the milp all-gather stopped at 16 MB. Closed groups ran whole from 16 to 256 MB on 4xH200 (4 lanes:
-1.43-1.88x NCCL, 0 wrong); they have not run at 1-4 MB or on the asymmetric fabric yet, hence the default.
+most ``lanes`` lanes (``$WEFT_PORT_LANES``, or ``default_lanes``) of at least ``piece_bytes`` each; small chunks
+run as one, and so does a call of less than ``MIN_LANE_BYTES`` (the larger buffer). A lane splits a slot of several
+chunks into one operation per chunk, so its groups are closed (``compile_programs(closed=True)``: each group meets
+one group per peer, of the same round). The lanes' NCCL kernels spin side by side waiting for their peers, so they
+need hardware queues of their own: with CUDA's default of 8 (``CUDA_DEVICE_MAX_CONNECTIONS``), one lane's kernel
+can wait behind another's, a false dependency. Lanes are therefore on by default (``LANES``) only on the NCCL backend
+with ``CUDA_DEVICE_MAX_CONNECTIONS`` set to at least ``4 x LANES`` (bench/port_x4.sh sets 32); elsewhere one lane,
+unless ``$WEFT_PORT_LANES`` or ``lanes=`` asks. Measured on 4 GPUs as 2 hosts x 2, closed groups, every plan at 1
+and 4 lanes from 1 to 256 MB, on sockets and with NVLink inside hosts (4xH100, bench/results/
+gpu_{allgather,allreduce}_bf16_graph_4xh100_2hosts{,_nvlink}.json, 0 wrong): 4 lanes ran faster than one at 4 MB
+and up (the best plan at 4 lanes over the best at one: 1.05-3.75x), and one lane was faster at 1 MB in 3 of the
+4 cases (4 lanes 0.81-0.97x; 1.06x in the fourth), hence the 2 MB floor.
 
 Every wait is bounded: ``synchronize`` polls the stream's progress for ``timeout_s`` and a gloo wait carries the
 same bound, so a peer whose process or host died is reported as ``PeerLost`` (naming the rank and its host)
@@ -37,7 +41,7 @@ import contextlib
 import datetime
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,20 +57,36 @@ from executor.port.program import (
     Exchange,
     Program,
     Slot,
+    call_lanes,
     compile_programs,
     lane_bounds,
-    lanes_for,
 )
 from schedules.plan.io import load_plan, parse_plan
 from schedules.plan.types import Plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 POLL_S = 0.0005
-LANES = 1  # unless $WEFT_PORT_LANES says otherwise: closed groups ran at 16-256 MB; 1-4 MB and NVLink hosts next
+LANES = 4  # where default_lanes allows them, unless $WEFT_PORT_LANES says otherwise
+MIN_LANE_BYTES = 2 << 20  # a call whose larger buffer is smaller runs as one lane (measured: 1 MB ran best on one)
 PIECE_BYTES = 64 << 10  # the least of a chunk that a lane carries
 ALIGN_BYTES = 16  # lanes split chunks on 16-byte boundaries
 LANE_CTAS = 8  # thread blocks of one lane's NCCL kernels
 Bounds = tuple[int, int] | None  # a lane's columns of every chunk; None: the whole chunks, as one lane
+
+
+def default_lanes(backend: str, env: Mapping[str, str]) -> int:
+    """Lanes when neither ``lanes=`` nor ``$WEFT_PORT_LANES`` says: ``LANES`` on the NCCL backend where
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` gives each lane's streams hardware queues of their own (at least 4 x ``LANES``),
+    else one (with CUDA's default of 8 queues, a lane's kernel can wait behind another lane's that spins for a peer).
+
+    >>> default_lanes("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}), default_lanes("nccl", {})
+    (4, 1)
+    """
+    try:
+        queues = int(env.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"))
+    except ValueError:
+        return 1
+    return LANES if backend == "nccl" and queues >= 4 * LANES else 1
 
 
 @dataclass
@@ -114,7 +134,7 @@ class PortEngine:
         self._contexts: dict[tuple, _Context] = {}
         self._programs: dict[tuple[str, bool], tuple[Program, ...]] = {}  # (plan hash, closed groups)
         self._last: _Context | None = None
-        self.lanes, self.piece_bytes = self._lane_count(lanes), piece_bytes
+        self.lanes, self.piece_bytes = self._lane_count(lanes, self.backend), piece_bytes
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
         # every rank creates the lanes' groups here, in the same order (a collective call)
         self._groups = [group] + [self._lane_group(ranks) for _ in range(self.lanes - 1)]
@@ -143,9 +163,11 @@ class PortEngine:
         return dist.new_group(ranks, backend=self.backend, pg_options=options)
 
     @staticmethod
-    def _lane_count(lanes: int | None) -> int:
+    def _lane_count(lanes: int | None, backend: str) -> int:
         if lanes is None:
-            text = os.environ.get("WEFT_PORT_LANES", str(LANES))
+            text = os.environ.get("WEFT_PORT_LANES")
+            if text is None:
+                return default_lanes(backend, os.environ)
             try:
                 lanes = int(text)
             except ValueError:
@@ -297,7 +319,8 @@ class PortEngine:
         gpu = plan.gpus[self.rank]
         elems = input.numel() // self._input_chunks(plan)
         size = input.element_size()
-        lanes = lane_bounds(elems, lanes_for(elems * size, self.lanes, self.piece_bytes), max(ALIGN_BYTES // size, 1))
+        count = call_lanes(elems * size * plan.size_chunks, elems * size, self.lanes, self.piece_bytes, MIN_LANE_BYTES)
+        lanes = lane_bounds(elems, count, max(ALIGN_BYTES // size, 1))
         closed = len(lanes) > 1  # lanes split slots into many operations: groups of one round each
         programs = self._programs.get((plan.content_hash, closed))
         if programs is None:

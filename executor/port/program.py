@@ -515,3 +515,9 @@ def lanes_for(chunk_bytes: int, max_lanes: int, piece_bytes: int) -> int:
     """Lanes for a chunk of ``chunk_bytes``: as many as ``max_lanes`` while each lane's piece of a chunk holds at
     least ``piece_bytes`` (below that, a lane's extra calls cost more than its overlap gains)."""
     return max(1, min(max_lanes, chunk_bytes // max(piece_bytes, 1)))
+
+
+def call_lanes(call_bytes: int, chunk_bytes: int, max_lanes: int, piece_bytes: int, min_call_bytes: int) -> int:
+    """Lanes for a call whose larger buffer holds ``call_bytes`` in chunks of ``chunk_bytes``: one below
+    ``min_call_bytes`` (a small call's lanes add calls, and measured, gained nothing), else ``lanes_for``."""
+    return lanes_for(chunk_bytes, max_lanes if call_bytes >= min_call_bytes else 1, piece_bytes)
