@@ -363,3 +363,58 @@ def test_a_build_error_is_a_reason_not_a_crash(monkeypatch):
     ctx, engine = _context("h"), _bare_engine([""])
     engine._compile(ctx, "bf16", plan)
     assert ctx.compiled is None and engine.compiled_refused["h"].endswith("RuntimeError: CUDA_ERROR_INVALID_IMAGE")
+
+
+def _nvrtc_missing() -> str:
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as e:  # no CuPy, or CuPy without the NVRTC library
+        return f"needs CuPy's NVRTC: {type(e).__name__}"
+    return ""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "NVRTC")
+def test_prebuild_builds_each_missing_kernel_once_side_by_side_and_names_the_refused(tmp_path, monkeypatch):
+    good = _sources(PLANS[:2], ("bf16",))
+    broken = replace(good[0], entry="weft_compiled_broken", code=good[0].code + "\nthis is not CUDA;\n")
+    refused = build.prebuild([*good, good[0], broken], "sm_90", threads=2, directory=tmp_path)
+    assert list(refused) == ["weft_compiled_broken"] and "NVRTC failed for sm_90" in refused["weft_compiled_broken"]
+    cubins = sorted(p.name for p in tmp_path.rglob("*.cubin"))
+    assert cubins == sorted(f"{s.entry}-sm_90.cubin" for s in good)
+
+    def no_build(source, arch, trace=False):
+        raise AssertionError(f"{source.entry} was built again")
+
+    monkeypatch.setattr(build, "nvrtc_cubin", no_build)  # a second prebuild finds every kernel in the cache
+    assert build.prebuild(good, "sm_90", threads=2, directory=tmp_path) == {}
+
+
+def test_precompile_builds_the_sources_a_compiled_call_would_launch_and_names_what_it_cannot(monkeypatch):
+    from executor.gpu.engine import InterpreterEngine
+
+    engine = object.__new__(InterpreterEngine)  # the fields precompile reads; no GPU
+    engine.rank, engine.world_size, engine._cc, engine._trace = 1, 2, "90", False
+    built: list[tuple[list[str], str]] = []
+
+    def prebuild(sources, arch, threads=None, trace=False, directory=None):
+        built.append(([s.entry for s in sources], arch))
+        return {sources[-1].entry: "NVRTC said no"}
+
+    monkeypatch.setattr(build, "prebuild", prebuild)
+    plans = [load_plan(p) for p in PLANS[:2]]
+    four = load_plan(Path("tests/gpu/plans4/allreduce-twoshot-simple-x8.json"))  # 4 ranks: not this job's
+    calls = [(plans[0], plans[0].granule * 4, "bf16"), (plans[1], plans[1].granule * 8, "fp32"), (four, 4096, "bf16")]
+    refused = engine.precompile(calls)
+
+    headers = build.headers_hash()
+    expected = []
+    for p, n, d in calls[:2]:
+        t = build_tables(p, 1, n, dtype=d)
+        expected.append(source.generate(t, d, t.vector_bytes, "", headers).entry)
+    assert built == [(expected, "sm_90")]  # the cache keys of the lazy path (kernel_for on the same tables)
+    assert refused[f"plan {plans[1].name}: rank 1: {plans[1].granule * 8} B fp32"] == "NVRTC said no"
+    (why,) = [w for k, w in refused.items() if k.startswith(f"plan {four.name}:")]
+    assert why.endswith("written for 4 ranks, but the communicator has 2") and len(refused) == 2

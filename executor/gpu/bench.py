@@ -394,6 +394,10 @@ def _plan_timers(
         (p, True) for p in candidates if config.ll128 and lines_possible(p, nbytes)
     ]
     kernels = (False, True) if config.compiled and hasattr(comm, "compiled_refused") else (False,)
+    if True in kernels and hasattr(comm, "precompile"):  # every plan's kernel built side by side, not one by one
+        for call, why in comm.precompile([(p, nbytes, config.dtype) for p in candidates]).items():
+            if progress:
+                progress(f"not precompiled: {call}: {why}")
     for (plan, lines), kernel in ((f, k) for f in formats for k in kernels):
         # NCCL's all-reduce sums into ``out`` in place, call after call: weft's plans write elsewhere
         y = torch.empty_like(x) if facts_of(config.collective).sums_everywhere else out

@@ -956,6 +956,33 @@ class InterpreterEngine:
             return self._cupy.cuda.get_current_stream().ptr
         return stream.cuda_stream if hasattr(stream, "cuda_stream") else getattr(stream, "ptr", stream)
 
+    def precompile(self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None) -> dict[str, str]:
+        """Builds the compiled kernels of ``calls`` (plan, message bytes, dtype: what ``execute(..., compiled=True)``
+        launches for an aligned buffer, without lines or a residual) into the kernel cache, ``threads`` NVRTC builds
+        side by side, so that the first compiled call of each finds its kernel built instead of building it while
+        its peers wait. This rank's kernels only (no peer takes part). Returns {call: why} for the calls that will
+        run the interpreter: the generator or NVRTC refused them, or the plan does not run that call here."""
+        from executor.gpu.compiled import build, source
+
+        sources: list[source.CompiledSource] = []
+        refused: dict[str, str] = {}
+        labels: dict[str, list[str]] = {}  # entry: the calls that launch it
+        headers = build.headers_hash()
+        for plan, nbytes, dtype in calls:
+            label = f"plan {plan.name}: rank {self.rank}: {nbytes} B {dtype}"
+            try:
+                check_launch(plan, self.world_size, nbytes, dtype)
+                tables = build_tables(plan, self.rank, nbytes, dtype=dtype)
+                generated = source.generate(tables, dtype, tables.vector_bytes, label, headers, self._trace)
+            except (ExecutorError, PlanError) as e:
+                refused[label] = str(e)
+                continue
+            sources.append(generated)
+            labels.setdefault(generated.entry, []).append(label)
+        for entry, why in build.prebuild(sources, f"sm_{self._cc}", threads, self._trace).items():
+            refused.update({label: why for label in labels[entry]})
+        return refused
+
     def _compile(self, ctx: _Context, dtype: str, plan: Plan) -> None:
         """Give ``ctx`` its compiled kernel (built once, cached on disk), or the reason it runs the interpreter.
 

@@ -52,7 +52,7 @@ peers written only in their scratch). Replay graphs on the stream of the eager c
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -366,6 +366,26 @@ class Communicator:
             "all_to_all_single": lambda: self.all_to_all_single(out, x),
         }[spec.facts.torch_op or collective]()
         return True
+
+    def precompile(
+        self, calls: Iterable[tuple[str, int]], dtype: torch.dtype = torch.bfloat16, threads: int | None = None
+    ) -> dict[str, str]:
+        """Build now the compiled kernels of the plans this communicator runs for ``calls`` (collective, message
+        bytes: the larger buffer's), NVRTC builds side by side (``threads``, default one a CPU), so that a server's
+        first calls find them built (a build takes about a second each). For a communicator made with
+        ``compiled=True``; this rank's kernels only, no peer takes part. Returns {call: why} for the calls that will
+        not launch a compiled kernel (NCCL runs them, or the generator refuses the plan)."""
+        refused: dict[str, str] = {}
+        wanted = []
+        for collective, nbytes in calls:
+            plan = self.plan_for(collective, nbytes, dtype)
+            if plan is None:
+                refused[f"{collective} {nbytes} B"] = f"NCCL runs it: {self._no_plan_reason(collective, nbytes, dtype)}"
+            else:
+                wanted.append((plan, nbytes, DTYPES[dtype]))
+        if self.engine is None:
+            return {**refused, **{f"plan {p.name}: {n} B": "no engine started" for p, n, _ in wanted}}
+        return {**refused, **self.engine.precompile(wanted, threads)}
 
     def synchronize(self) -> None:
         if self.engine is not None:

@@ -14,6 +14,7 @@ a graph's own tensors; ``close`` frees what the engine holds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -77,6 +78,11 @@ class Engine(Protocol):
         ...
 
     def register_graph_buffers(self) -> None: ...
+
+    def precompile(self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None) -> dict[str, str]:
+        """Build the kernels of ``calls`` (plan, message bytes, dtype) that a compiled call would launch, before the
+        first such call (this rank's only; no peer takes part); {call: why} for those that run otherwise."""
+        ...
 
     def synchronize(self) -> None: ...
 

@@ -41,7 +41,7 @@ import contextlib
 import datetime
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,13 @@ class PortEngine:
         if not 1 <= lanes <= 64:
             raise ExecutorError(f"port engine: {lanes} lanes: between 1 and 64")
         return lanes
+
+    def precompile(self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None) -> dict[str, str]:
+        """Nothing to build: the port engine runs its plans as NCCL operations and sums, no compiled kernel."""
+        return {
+            f"plan {plan.name}: rank {self.rank}: {nbytes} B {dtype}": "port engine: runs no compiled kernels"
+            for plan, nbytes, dtype in calls
+        }
 
     # ------------------------------------------------------------------ running plans
 

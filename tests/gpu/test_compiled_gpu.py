@@ -1,7 +1,8 @@
 """Plans compiled to kernels (executor.gpu.compiled) on real GPUs: every plan of tests/gpu/plans (2 ranks) or plans4
 (``WEFT_GPU_NPROC=4``), in fp32, fp16 and bf16, on random non-zero data, compiled and interpreted on one context in
 turn: the compiled kernel's output must equal the interpreter's bit for bit (both sum in the plan's order), and
-all-reduce's must match NCCL's; then zero-copy CUDA graphs of compiled all-reduces, replayed on fresh inputs.
+all-reduce's must match NCCL's. The engine's ``precompile`` builds every one of those kernels first, NVRTC builds side
+by side, and the calls then build none; then zero-copy CUDA graphs of compiled all-reduces, replayed on fresh inputs.
 
 Last, the torch-facing ``Communicator`` made with ``compiled=True`` over the committed registry serves all-reduce,
 all-gather and reduce-scatter through compiled kernels. One job (a process per GPU) runs every scenario; it needs
@@ -11,6 +12,7 @@ CuPy with NVRTC (the kernels are built at run time).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,13 @@ def test_compiled_kernels_equal_the_interpreter_bit_for_bit(results):
         assert row["cases"] > 0
         assert row["differ"] == [], row["differ"]  # (plan, dtype) whose compiled output was not the interpreter's
         assert row["refused"] == {}, row["refused"]  # every test plan is compiled (none falls back)
+
+
+@pytest.mark.gpu
+def test_precompile_builds_every_kernel_before_the_first_call(results):
+    for row in each(results, "eager"):
+        assert row["precompile_refused"] == {}, row["precompile_refused"]
+        assert row["built_after"] == [], row["built_after"]  # the calls found every kernel built
 
 
 @pytest.mark.gpu
@@ -89,15 +98,34 @@ def _bits(t):
 
 
 def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
-    import torch
-
+    from executor.gpu.compiled import build
     from schedules.plan.io import load_plan
 
+    plans = [p for p in (load_plan(path) for path in sorted(folder.glob("*.json"))) if not p.inplace]
+    calls = [(plan, plan.granule * 4, dtype) for plan in plans for dtype in DTYPES if dtype in plan.weft.dtypes]
+    start = time.perf_counter()
+    precompile_refused = comm.precompile(calls)  # every kernel below, NVRTC builds side by side
+    precompile_s = time.perf_counter() - start
+    built_after: list[str] = []  # kernels the calls below had to build: none, once precompile built them
+    nvrtc = build.nvrtc_cubin
+
+    def counted(source, *args, **kwargs):
+        built_after.append(source.entry)
+        return nvrtc(source, *args, **kwargs)
+
+    build.nvrtc_cubin = counted
+    try:
+        row = _eager_cases(comm, plans, rank, device)
+    finally:
+        build.nvrtc_cubin = nvrtc
+    return {**row, "precompile_refused": precompile_refused, "precompile_s": precompile_s, "built_after": built_after}
+
+
+def _eager_cases(comm, plans: list, rank: int, device) -> dict:
+    import torch
+
     differ, not_nccl, refused, cases = [], [], {}, 0
-    for path in sorted(folder.glob("*.json")):
-        plan = load_plan(path)
-        if plan.inplace:
-            continue
+    for plan in plans:
         for k, dtype in enumerate(DTYPES):
             if dtype not in plan.weft.dtypes:
                 continue
@@ -109,11 +137,11 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
             cases += 1
             why = comm.compiled_refused.get(plan.content_hash)
             if why:
-                refused[f"{path.stem}-{dtype}"] = why
+                refused[f"{plan.name}-{dtype}"] = why
             if not torch.equal(_bits(interpreted), _bits(compiled)):
-                differ.append(f"{path.stem}-{dtype}")
+                differ.append(f"{plan.name}-{dtype}")
             if plan.collective == "allreduce" and not sums_to(compiled, x):
-                not_nccl.append(f"{path.stem}-{dtype}")
+                not_nccl.append(f"{plan.name}-{dtype}")
     return {"cases": cases, "differ": differ, "not_nccl": not_nccl, "refused": refused}
 
 
