@@ -1,11 +1,15 @@
 """Where a collective's kernel time goes: the timed interpreter build on the bench's plans (2 GPUs, torchrun).
 
     torchrun --nproc-per-node 2 bench/kernel_trace.py --registry bench/registry_h200x2 [--lines] -o OUT.json
+    WEFT_GPU_LAMPORT=1 torchrun --nproc-per-node 2 bench/kernel_trace.py --lamport -o OUT.json
 
 Each (plan, size) runs as CUDA-graph replays of --calls back-to-back calls (PDL overlapping them, as in
 ``weft bench``), then every thread block's mean phase times per launch are read back (executor/gpu/trace.py).
 Blocks that run the same ops are summarized together: the median of each phase over them, and their slowest
 total. The timed build spills a few registers, so its totals run somewhat above the production kernel's.
+``--lamport``: LAMPORT_CASES, each an LL plan and the Lamport plan of the same schedule, instances and threads, built
+here (no registry), side by side at one size: where the Lamport kernel's time goes that LL's does not (its reset op,
+its polls).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import argparse
 import json
 import os
 import statistics
+
+from schedules.plan.types import Plan
 
 P = "direct-allreduce-hgx_h200:gpus=2-"
 CASES = (
@@ -32,6 +38,24 @@ LINE_CASES = (
     (P + "ll-x128-t512-max64MB", 16 << 20, True),
     (P + "ll-x128-t256-max8MB", 4 << 20, True),
 )
+
+# --lamport: (algorithm, instances, size); each runs as LL and as Lamport
+LAMPORT_CASES = (("direct", 1, 1 << 10), ("direct", 4, 64 << 10), ("twoshot", 4, 64 << 10), ("twoshot", 64, 4 << 20))
+
+
+def lamport_pairs(nranks: int) -> list[tuple[Plan, int, bool]]:
+    """(plan, size, lines) for LAMPORT_CASES: the LL plan, then the Lamport plan of the same schedule."""
+    from topologies.catalog import build
+    from weft.pipeline import compile_and_verify
+    from weft.synthesis import synthesize
+
+    topology = build(f"hgx_h200:gpus={nranks}")
+    out = []
+    for algorithm, instances, nbytes in LAMPORT_CASES:
+        schedule = synthesize(topology, "allreduce", algorithm)
+        for protocol in ("ll", "lamport"):
+            out.append((compile_and_verify(schedule, topology, instances, protocol=protocol), nbytes, False))
+    return out
 
 
 def groups(times, ops_of) -> list[dict]:
@@ -57,10 +81,11 @@ def groups(times, ops_of) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--registry", required=True)
+    parser.add_argument("--registry", help="the plans of CASES (not with --lamport)")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--lines", action="store_true", help="the LL128 cases (LINE_CASES) instead")
+    parser.add_argument("--lamport", action="store_true", help="LL against Lamport (LAMPORT_CASES), plans built here")
     parser.add_argument("-o", "--output")
     args = parser.parse_args()
     import torch
@@ -73,11 +98,17 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
+    if args.lamport:
+        cases = lamport_pairs(dist.get_world_size())
+    elif args.registry:
+        plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
+        cases = [(plans[name], nbytes, lines) for name, nbytes, lines in (LINE_CASES if args.lines else CASES)]
+    else:
+        parser.error("--registry is needed, but with --lamport")
     comm = InterpreterEngine(rank, dist.get_world_size(), bootstrap.process_group_store(None), trace=True)
     rows = []
-    for name, nbytes, lines in LINE_CASES if args.lines else CASES:
-        plan = plans[name]
+    for plan, nbytes, lines in cases:
+        name = plan.name
         x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
         stream = torch.cuda.Stream()

@@ -1,5 +1,5 @@
-"""The A/B tools of issue 34's evidence: bench/ab_compare.py (two trees' bench and tp_decode results) and
-bench/ptx_ab.py (two trees' interpreter PTX, entry by entry)."""
+"""The A/B tools: bench/ab_compare.py (two trees' bench and tp_decode results), bench/ptx_ab.py (two trees'
+interpreter PTX, entry by entry), and bench/kernel_trace.py's LL against Lamport pairs."""
 
 from __future__ import annotations
 
@@ -69,3 +69,15 @@ def test_ptx_entries_compare_after_renaming_what_compilation_numbers():
     assert ptx.compare(ptx.renamed_entries(base), ptx.renamed_entries(same))["identical"] == 1
     result = ptx.compare(ptx.renamed_entries(base), ptx.renamed_entries(changed))
     assert result["identical"] == 0 and result["entries"][0]["changed_lines"] == 2
+
+
+def test_kernel_trace_pairs_each_lamport_plan_with_the_ll_plan_of_its_schedule(monkeypatch):
+    from executor.gpu.lamport import ENV
+
+    monkeypatch.setenv(ENV, "1")
+    trace = _load("kernel_trace")
+    pairs = trace.lamport_pairs(2)
+    assert len(pairs) == 2 * len(trace.LAMPORT_CASES)
+    for (ll, size, _), (lamport, same_size, _) in zip(pairs[::2], pairs[1::2], strict=True):
+        assert (ll.protocol, lamport.protocol, size) == ("LL", "Lamport", same_size)
+        assert ll.name.replace("-ll-", "-lamport-") == lamport.name  # same algorithm, instances and threads
