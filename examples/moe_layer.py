@@ -17,7 +17,10 @@ experts then run the same kernels on the same rows, so they must be bit-identica
 past max |weft - nccl| > 1e-2 · max |nccl| (``BOUND``), and ``bitwise`` says whether they were identical.
 
     WEFT_REGISTRY=REG WEFT_TOPOLOGY=hgx_h200:gpus=4 torchrun --nproc-per-node 4 examples/moe_layer.py \
-        --tokens 1,2,4,8,16,32,64,128,256 --json bench/results/moe_layer_4xh200.json
+        --tokens 1,2,4,8,16,32,64,128,256 [--layers 8] --json bench/results/moe_layer_4xh200.json
+
+``--layers N`` captures N layers in a row in each graph and reports times per layer: the ranks' launch skew, which
+the first all-to-all of a replay absorbs, then weighs once per N layers, as in a model.
 """
 
 from __future__ import annotations
@@ -132,26 +135,38 @@ def weft_backend(comm) -> Backend:
     return Backend(comm.all_to_all_single, lambda shape: comm.capture(alltoall_sizes=[shape.alltoall_bytes]))
 
 
-def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, device) -> dict:
-    """One row: every backend's layer and exchanges as graphs, timed taking turns, and the outputs compared."""
+def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, device, layers: int = 1) -> dict:
+    """One row: every backend's layer and exchanges as graphs, timed taking turns, and the outputs compared.
+
+    ``layers``: each graph runs the layer that many times in a row (each layer's output the next one's input, on the
+    same weights and buffers), and times are per layer. With one, each replay's time holds the ranks' launch skew,
+    which the first all-to-all absorbs; with several, the later layers run as a model's do, the ranks already in
+    step (tp_decode's graphs hold a step's 2 x layers calls for the same reason)."""
     x = torch.randn(
         shape.tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(7 + dist.get_rank()), device=device
     ).to(torch.bfloat16)
-    graphs, results, layers = {}, {}, {}
+    graphs, results, made = {}, {}, {}
     side = torch.cuda.Stream()
     for name, impl in backends.items():
-        layer = layers[name] = Layer(shape, weights, device)
+        layer = made[name] = Layer(shape, weights, device)
         out: dict[str, Any] = {}
 
         def forward(layer=layer, out=out, impl=impl):
-            out["y"] = layer.forward(x, impl.exchange)
+            y = x
+            for _ in range(layers):
+                y = layer.forward(y, impl.exchange)
+            out["y"] = y
+
+        def exchanges(layer=layer, impl=impl):
+            for _ in range(layers):
+                layer.exchanges(impl.exchange)
 
         def capture(impl=impl):
             return impl.capture(shape)
 
         graphs[name] = {
             "layer": graph_of(forward, side, capture),
-            "alltoall": graph_of(lambda layer=layer, impl=impl: layer.exchanges(impl.exchange), side, capture),
+            "alltoall": graph_of(exchanges, side, capture),
         }
         results[name] = out
     times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in g} for name, g in graphs.items()}
@@ -168,10 +183,11 @@ def run_tokens(shape: Shape, weights, backends: dict[str, Backend], iters: int, 
         "experts": shape.experts,
         "capacity": shape.capacity,
         "alltoall_bytes": shape.alltoall_bytes,
+        "layers": layers,
     }
     for name in graphs:
-        layer_ms = statistics.median(times[name]["layer"])
-        a2a_ms = statistics.median(times[name]["alltoall"])
+        layer_ms = statistics.median(times[name]["layer"]) / layers
+        a2a_ms = statistics.median(times[name]["alltoall"]) / layers
         row.update(
             {
                 f"{name}_ms": layer_ms,
@@ -213,6 +229,7 @@ def main() -> None:
     p.add_argument("--capacity-factor", type=float, default=1.0, help="places per expert: ceil(2·tokens·f / E)")
     p.add_argument("--iters", type=int, default=50, help="timed replays per graph and backend")
     p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both")
+    p.add_argument("--layers", type=int, default=1, help="layers in a row in each graph; times are per layer")
     p.add_argument("--json", help="results file (rank 0; default bench/results/moe_layer_<EP>x<gpu>.json)")
     args = p.parse_args()
 
@@ -223,6 +240,8 @@ def main() -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
+    if args.layers < 1:
+        raise SystemExit(f"moe_layer: --layers {args.layers}: at least 1")
     if args.experts % world:
         raise SystemExit(f"moe_layer: --experts {args.experts} must be a multiple of the {world} EP ranks")
     weights = make_weights(args.experts, args.ffn, rank, args.experts // world, device)
@@ -237,7 +256,7 @@ def main() -> None:
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         shape = Shape(world, args.experts, args.ffn, tokens, args.capacity_factor)
-        row = run_tokens(shape, weights, backends, args.iters, device)
+        row = run_tokens(shape, weights, backends, args.iters, device, args.layers)
         if comm is not None:
             plan = comm.plan_for("alltoall", shape.alltoall_bytes, torch.bfloat16)
             row["weft_plan"] = plan.name if plan is not None else "nccl (no plan)"
@@ -269,6 +288,7 @@ def main() -> None:
             },
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "iters": args.iters,
+            "layers": args.layers,  # per graph; *_ms are per layer, *_raw_ms per replay (of all of them)
             "rows": rows,
         }
         path.write_text(json.dumps(doc, indent=1) + "\n")
