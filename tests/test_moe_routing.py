@@ -114,3 +114,61 @@ def test_the_dispatch_buffer_is_exactly_the_all_to_all_input():
     ids, cap, ranks = np.arange(8), 3, 4
     rows = moe.assign(np.array([[7, 0], [2, 5]]), ids, cap)
     assert [r // (cap * 8 // ranks) for r in rows.reshape(-1)] == [3, 0, 1, 2]
+
+
+# The lean routing (torch only) against the shared code. They need torch, not a GPU: marked gpu so that the GPU
+# machines (where torch is) run them with the rest of `pytest -m gpu`.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, count, cap", [(1, 8, 1), (13, 8, 2), (64, 8, 16), (256, 16, 20)])
+def test_the_lean_routing_claims_the_same_rows_and_outputs_as_the_shared_code(tokens, count, cap):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(tokens + count)
+    logits, ids = torch.randn(tokens, count, generator=gen), torch.arange(count)
+    experts, gates = moe.route(logits, ids, torch)
+    lean_experts, lean_gates = moe.route_topk(logits)
+    assert torch.equal(lean_experts, experts)
+    torch.testing.assert_close(lean_gates, gates, rtol=1e-6, atol=1e-6)
+    rows = moe.assign(experts, ids, cap)
+    assert torch.equal(moe.assign_onehot(experts, count, cap), rows)  # drops included (cap < claims at 13 and 256)
+    x = torch.randn(tokens, HIDDEN, generator=gen)
+    shared, lean = (torch.full((count * cap + 1, HIDDEN), float("nan")) for _ in range(2))
+    moe.dispatch(shared, x, rows)
+    moe.dispatch_once(lean, x, rows)
+    assert torch.equal(lean[:-1], shared[:-1])  # the trash row aside: whichever dropped claim landed last
+    returned = torch.randn(count * cap + 1, HIDDEN, generator=gen)
+    returned[-1] = 0  # as the layer keeps it
+    torch.testing.assert_close(
+        moe.combine_gather(returned, rows, gates, count, cap), moe.combine(returned, rows, gates, count, cap)
+    )
+
+
+@pytest.mark.gpu
+def test_the_layer_runs_lean_without_a_host_sync_and_as_the_shared_code_does():
+    torch = pytest.importorskip("torch")
+    import moe_layer
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):  # every op the layer runs: none may read a value back to the host
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    cpu = torch.device("cpu")
+    shape = moe_layer.Shape(ranks=1, experts=8, ffn=64, tokens=37, factor=1.0)  # capacity 10: some claims drop
+    weights = moe_layer.make_weights(8, 64, 0, 8, cpu)
+    x = torch.randn(37, moe_layer.HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+
+    def exchange(out, inp):  # one rank: the all-to-all is a copy
+        out.copy_(inp)
+
+    shared = moe_layer.Layer(shape, weights, cpu).forward(x, exchange)
+    with Ops() as ops:
+        lean = moe_layer.Layer(shape, weights, cpu, lean=True).forward(x, exchange)
+    assert not {"_local_scalar_dense", "item", "nonzero"} & set(ops.names), ops.names
+    torch.testing.assert_close(lean.float(), shared.float(), rtol=0, atol=2e-2)
