@@ -158,21 +158,27 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
     os._exit(0)  # NCCL's teardown would wait for the dead peer
 
 
-def run_gloo(out: Path, rank: int, world: int) -> dict:
+def run_gloo(out: Path, rank: int, world: int, lanes: int | None = None) -> dict:
+    """Every two_hosts_2gpu plan at its smallest size in every dtype; with ``lanes``, the all-gather and all-reduce
+    plans instead, in bf16, at the smallest size of at least MIN_LANE_BYTES, on that many lanes (closed groups),
+    each record saying how many lanes the call split into."""
     import torch
     import torch.distributed as dist
 
     from executor.gpu.bench import matches
-    from executor.port.engine import PortEngine
+    from executor.port.engine import MIN_LANE_BYTES, PortEngine
     from schedules.plan.io import load_plan
 
     dist.init_process_group("gloo")
-    engine = PortEngine.from_process_group(timeout_s=30.0)
+    engine = PortEngine.from_process_group(timeout_s=60.0, lanes=lanes)
     records = []
     for path in sorted((ROOT / "examples" / "plans" / "two_hosts_2gpu").glob("*.plan.json")):
         plan = load_plan(path)
-        for dtype in DTYPES:
-            nbytes = _sizes(plan, plan.gpus[rank])[0]
+        if lanes and plan.collective not in ("allgather", "allreduce"):
+            continue
+        for dtype in ("bf16",) if lanes else DTYPES:
+            unit = plan.size_chunks * 4
+            nbytes = -(-MIN_LANE_BYTES // unit) * unit if lanes else _sizes(plan, plan.gpus[rank])[0]
             esize = 4 if dtype == "fp32" else 2
             rec = {"plan": path.stem, "dtype": dtype, "size": nbytes}
             try:
@@ -181,6 +187,8 @@ def run_gloo(out: Path, rank: int, world: int) -> dict:
                     for r in range(world)
                 ]
                 got = engine.execute(plan, inputs[rank].clone())
+                if lanes:
+                    rec["lanes"] = len(engine._last.lanes) if engine._last is not None else 0
                 rec["eager"] = matches(
                     plan.collective,
                     got,
@@ -276,7 +284,12 @@ def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
-        {"nccl": run_nccl, "gloo": run_gloo, "comm": run_comm}[mode](out, rank, world)
+        {
+            "nccl": run_nccl,
+            "gloo": run_gloo,
+            "gloo_lanes": lambda out, rank, world: run_gloo(out, rank, world, lanes=4),
+            "comm": run_comm,
+        }[mode](out, rank, world)
     except BaseException:
         (out / f"rank{rank}.error.txt").write_text(traceback.format_exc())
         sys.stderr.write(traceback.format_exc())

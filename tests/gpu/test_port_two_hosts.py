@@ -172,6 +172,23 @@ def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
         assert not bad, bad[:3]
 
 
+@pytest.mark.gpu  # no GPU used (gloo, CPU tensors): marked so that the GPU machines, where torch is, run it
+def test_lanes_over_gloo_split_calls_past_the_floor_and_stay_correct(tmp_path):
+    """4 ranks as 2 hosts x 2 over gloo, each all-gather and all-reduce plan at the smallest size past
+    MIN_LANE_BYTES on 4 lanes (closed groups): every result as the collective's, every call split into lanes (as
+    many as its chunks hold pieces of PIECE_BYTES: 2 for the trees plans' small chunks, 4 for the others)."""
+    pytest.importorskip("torch")
+
+    def env(rank: int) -> dict:
+        return {"WEFT_HOST": f"host{rank // 2}", "GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""}
+
+    docs = _launch("gloo_lanes", 4, tmp_path, env, 300)
+    for doc in docs:
+        assert doc["records"] and all(r.get("eager") for r in doc["records"]), doc["records"][:3]
+        lanes = [r["lanes"] for r in doc["records"]]
+        assert min(lanes) > 1 and max(lanes) == 4, doc["records"]
+
+
 # the Communicator's calls over the port engine on one CPU rank over gloo, with no plan (NCCL's path is gloo's here):
 # torch.distributed's API through the ops, the fused norm unfused, torch.compile, WeftBackend
 API_SCRIPT = r"""
