@@ -18,7 +18,8 @@ the chunks split into lanes that each run the whole program on their own: each l
 (its own NCCL communicator, hence its own connections and proxy) and, on a GPU, its own stream. While one lane
 sums, the others move data, and the lanes' connections carry a hop's bytes side by side. A chunk splits into at
 most ``lanes`` lanes (``$WEFT_PORT_LANES``, or ``default_lanes``) of at least ``piece_bytes`` each; small chunks
-run as one, and so does a call of less than ``MIN_LANE_BYTES`` (the larger buffer). A lane splits a slot of several
+run as one, and with the default lane count so does a call of less than ``MIN_LANE_BYTES`` (the larger buffer;
+lanes asked for by ``lanes=`` or ``$WEFT_PORT_LANES`` apply at every size). A lane splits a slot of several
 chunks into one operation per chunk, so its groups are closed (``compile_programs(closed=True)``: each group meets
 one group per peer, of the same round). The lanes' NCCL kernels spin side by side waiting for their peers, so they
 need hardware queues of their own: with CUDA's default of 8 (``CUDA_DEVICE_MAX_CONNECTIONS``), one lane's kernel
@@ -89,6 +90,17 @@ def default_lanes(backend: str, env: Mapping[str, str]) -> int:
     return LANES if backend == "nccl" and queues >= 4 * LANES else 1
 
 
+def lane_floor(lanes: int | None, env: Mapping[str, str]) -> int:
+    """The least call (its larger buffer, bytes) that splits into lanes: ``MIN_LANE_BYTES`` for the default lane
+    count, 0 where ``lanes=`` or ``$WEFT_PORT_LANES`` asked for lanes (they apply at every size, as
+    bench/port_x4.py measures them).
+
+    >>> lane_floor(None, {}), lane_floor(4, {}), lane_floor(None, {"WEFT_PORT_LANES": "2"})
+    (2097152, 0, 0)
+    """
+    return 0 if lanes is not None or "WEFT_PORT_LANES" in env else MIN_LANE_BYTES
+
+
 @dataclass
 class _Context:
     """One plan at one size and dtype on this rank: its program and its own scratch and staging buffers."""
@@ -135,6 +147,7 @@ class PortEngine:
         self._programs: dict[tuple[str, bool], tuple[Program, ...]] = {}  # (plan hash, closed groups)
         self._last: _Context | None = None
         self.lanes, self.piece_bytes = self._lane_count(lanes, self.backend), piece_bytes
+        self.min_lane_bytes = lane_floor(lanes, os.environ)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
         # every rank creates the lanes' groups here, in the same order (a collective call)
         self._groups = [group] + [self._lane_group(ranks) for _ in range(self.lanes - 1)]
@@ -326,7 +339,9 @@ class PortEngine:
         gpu = plan.gpus[self.rank]
         elems = input.numel() // self._input_chunks(plan)
         size = input.element_size()
-        count = call_lanes(elems * size * plan.size_chunks, elems * size, self.lanes, self.piece_bytes, MIN_LANE_BYTES)
+        count = call_lanes(
+            elems * size * plan.size_chunks, elems * size, self.lanes, self.piece_bytes, self.min_lane_bytes
+        )
         lanes = lane_bounds(elems, count, max(ALIGN_BYTES // size, 1))
         closed = len(lanes) > 1  # lanes split slots into many operations: groups of one round each
         programs = self._programs.get((plan.content_hash, closed))
