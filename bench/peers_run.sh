@@ -13,7 +13,8 @@
 #   bash bench/peers_run.sh 4 bench   # the all-reduce bench alone
 #   bash bench/peers_run.sh 4 lamport # issue 33: Lamport variants tuned into a copy of the registry, then the
 #                                     # all-reduce bench 1 KB-16 MB with WEFT_GPU_LAMPORT=1, recorded into that copy
-#                                     # ($OUT/registry_lamport_x<N>), against the peers (~3 min)
+#                                     # ($OUT/registry_lamport_x<N>), against the peers (~3 min); NORM_LAMPORT=1
+#                                     # also times the fused call alone on that registry (Lamport one-shot in it)
 #   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
 #                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
 #                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
@@ -89,6 +90,8 @@ elif [ "$STAGE" = lamport ]; then
   echo "rc=$?" | tee -a "$LOG"
   WEFT_GPU_LAMPORT=1 bench 300 --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB --record \
     -o "$OUT/gpu_allreduce_bf16_graph_${G}_lamport.json"
+  # the fused all-reduce + add + RMSNorm on the same registry, the Lamport one-shot among its plans (NORM_LAMPORT=1)
+  [ "${NORM_LAMPORT:-0}" = 1 ] && WEFT_GPU_LAMPORT=1 norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_${G}_lamport.json"
   tar -czf "$OUT/registry_lamport_x$N.tgz" -C "$OUT" "registry_lamport_x$N" && rm -rf "$L"
 elif [ "$STAGE" = midsize ]; then
   L="$OUT/registry_midsize_x$N"
