@@ -6,7 +6,8 @@
 #
 # On the 2 GPUs named by GPUS, the all-reduce bench (1 KB-256 MB, bf16, graph replay, the committed 2-GPU registry's
 # plans, nothing recorded) runs base, this tree, this tree, base (ABBA, so a drift over the call lands on both sides
-# alike), then examples/tp_decode.py base then this tree. Each side runs from its own tree with its own registry and
+# alike), then examples/tp_decode.py base then this tree (STEPS="bench decode decode2": tp_decode ABBA too). Each
+# side runs from its own tree with its own registry and
 # kernel cache. bench/ab_compare.py prints the ratio this tree / base at every size and batch.
 set -u
 . bench/device_env.sh
@@ -41,6 +42,7 @@ for s in ${STEPS:-bench decode}; do
   case $s in
     bench) bench base 1; bench new 2; bench new 3; bench base 4 ;;
     decode) decode base 5; decode new 6 ;;
+    decode2) decode new 9; decode base 10 ;;  # tp_decode again (BA): with decode, ABBA
     bench2) bench new 7; bench base 8 ;;  # two more bench runs (BA), for a later call on the same pair
   esac
 done

@@ -58,7 +58,23 @@ def test_decode_rows_pair_each_batch_and_time_and_skip_raw_lists():
     base = [{"rows": [{"batch": 1, "weft_ms": 2.0, "weft_raw_step_ms": [2.0], "weft_plan": "p"}]}]
     new = [{"rows": [{"batch": 1, "weft_ms": 2.1, "weft_raw_step_ms": [2.1], "weft_plan": "p"}]}]
     (row,) = ab.decode_ratios(base, new)
-    assert row["time"] == "weft_ms" and round(row["ratio"], 6) == 1.05
+    assert row["time"] == "weft_ms" and round(row["ratio"], 6) == 1.05 and row["drift"] == 1.0
+
+
+def test_decode_times_are_each_sides_median_over_its_runs_over_nccls_drift():
+    ab = _load("ab_compare")
+
+    def run(weft: float, nccl: float) -> dict:
+        return {"rows": [{"batch": 4, "weft-fused_ms": weft, "nccl_ms": nccl, "weft-fused_isolated_us_per_call": 4.0}]}
+
+    base = [run(2.0, 3.0), run(2.2, 3.3), run(9.0, 3.0)]  # one slow outlier run: the median leaves it out
+    new = [run(2.2, 3.3), run(2.2, 3.3)]  # 10% slower, and so is NCCL: the machine drifted
+    rows = {r["time"]: r for r in ab.decode_ratios(base, new)}
+    fused = rows["weft-fused_ms"]
+    assert (fused["base"], fused["new"], fused["runs"]) == (2.2, 2.2, [3, 2])
+    assert round(rows["nccl_ms"]["ratio"], 6) == 1.1 and rows["nccl_ms"]["drift"] == 1.0
+    assert round(fused["drift"], 6) == 1.1 and round(fused["normalized"], 6) == round(1 / 1.1, 6)
+    assert rows["weft-fused_isolated_us_per_call"]["drift"] == 1.0  # no NCCL time of that kind in these runs
 
 
 def test_ptx_entries_compare_after_renaming_what_compilation_numbers():
