@@ -956,6 +956,10 @@ class InterpreterEngine:
             return self._cupy.cuda.get_current_stream().ptr
         return stream.cuda_stream if hasattr(stream, "cuda_stream") else getattr(stream, "ptr", stream)
 
+    def _call_label(self, plan: Plan, nbytes: int, dtype: str) -> str:
+        """How a compiled kernel's call is named (its source's first line, refusals, ``precompile``'s keys)."""
+        return f"plan {plan.name}: rank {self.rank}: {nbytes} B {dtype}"
+
     def precompile(self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None) -> dict[str, str]:
         """Builds the compiled kernels of ``calls`` (plan, message bytes, dtype: what ``execute(..., compiled=True)``
         launches for an aligned buffer, without lines or a residual) into the kernel cache, ``threads`` NVRTC builds
@@ -969,7 +973,7 @@ class InterpreterEngine:
         labels: dict[str, list[str]] = {}  # entry: the calls that launch it
         headers = build.headers_hash()
         for plan, nbytes, dtype in calls:
-            label = f"plan {plan.name}: rank {self.rank}: {nbytes} B {dtype}"
+            label = self._call_label(plan, nbytes, dtype)
             try:
                 check_launch(plan, self.world_size, nbytes, dtype)
                 tables = build_tables(plan, self.rank, nbytes, dtype=dtype)
@@ -992,7 +996,7 @@ class InterpreterEngine:
             return
         from executor.gpu.compiled import kernel_for
 
-        label = f"plan {plan.name}: rank {self.rank}: {ctx.nbytes} B {dtype}"
+        label = self._call_label(plan, ctx.nbytes, dtype)
         why = ""
         try:
             with self._cupy.cuda.Device(self.device):
