@@ -11,7 +11,7 @@ every lane count so far:
     python bench/port_x4.py OUT_DIR --collectives allgather,allreduce --sizes 1MB,64MB --lanes 1,4 --tag 2hosts
 
 Each row adds to the bench format: ``plans_us`` (every plan's time), ``wrong_by_plan``, and the best synthesized
-plan (milp, trees) against the best baseline plan (ring, direct) of weft's own: ``synth_us``, ``baseline_us``,
+plan (milp, trees) against the best baseline plan (ring, direct, two-shot) of weft's own: ``synth_us``, ``baseline_us``,
 ``synth_speedup`` (baseline / synthesized) and their names.
 """
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from weft.units import parse_size_range  # noqa: E402
 
 PLANS = ROOT / "examples" / "plans" / "two_hosts_2gpu"
-BASELINES = ("ring", "direct")
+BASELINES = ("ring", "direct", "twoshot")
 SYNTHESIZED = ("milp", "trees")
 SUFFIX = "+lanes"
 ENV = (
@@ -96,7 +96,7 @@ def summarize(row: dict, names: dict) -> dict:
     }
 
 
-def _plans(collective: str, n: int, methods: str = "ring,direct,milp,trees") -> tuple[list, dict]:
+def _plans(collective: str, n: int, methods: str = "ring,direct,twoshot,milp,trees") -> tuple[list, dict]:
     """The collective's two_hosts_2gpu plans named PLAN+lanesN, and each one's short name (METHOD-COLLECTIVE+lanesN)."""
     from schedules.plan.io import load_plan
 
@@ -217,7 +217,7 @@ def main() -> None:
     parser.add_argument("--collectives", default="allgather,allreduce")
     parser.add_argument("--sizes", default="1MB,16MB,64MB")
     parser.add_argument("--lanes", default="1,4")
-    parser.add_argument("--methods", default="ring,direct,milp,trees")
+    parser.add_argument("--methods", default="ring,direct,twoshot,milp,trees")
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)

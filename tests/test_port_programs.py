@@ -36,6 +36,7 @@ def test_the_two_host_plans_cover_every_method_and_collective():
     } | {
         ("two_hosts", "direct-allreduce.plan.json"),
         ("two_hosts_2gpu", "direct-allgather.plan.json"),
+        ("two_hosts_2gpu", "twoshot-allreduce.plan.json"),  # direct reduce-scatter, then direct all-gather
     } | {  # one hop each
         ("two_hosts_2gpu", f"{m}-alltoall.plan.json") for m in ("2dh", "direct")
     }  # Tutel's 2DH and the flat one

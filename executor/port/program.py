@@ -170,7 +170,10 @@ def compile_programs(plan: Plan, closed: bool = False) -> tuple[Program, ...]:
 
 def _sums_last(actions: list) -> list:
     """One round of a rank's actions with the sums that touch none of the round's transfers, nor a later sum that
-    keeps its place, moved after them: they then do not split the round's group."""
+    keeps its place, moved after them, and each sum that must stay (a later send reads what it writes) moved ahead
+    of the earlier transfers it touches nothing of: the round's transfers then form one group, not one before the
+    sum and one after (a peer's matching transfers sit in one group of its own round: a reduce-send's receive from
+    a peer and send to it, ordered [receive, sum, send] on one rank and [sum, send, receive] on the other)."""
 
     def writes(a) -> tuple:
         return a.dsts if isinstance(a, Compute) else () if a.send else (a.slot,)
@@ -194,7 +197,15 @@ def _sums_last(actions: list) -> list:
             moved.append(a)
         else:
             kept.append(a)
-    return kept[::-1] + moved[::-1]
+    kept.reverse()
+    for i in range(len(kept)):  # each staying sum ahead of the transfers before it that it touches nothing of
+        j = i
+        while j > 0 and isinstance(kept[j], Compute) and not isinstance(kept[j - 1], Compute):
+            if clash(kept[j], kept[j - 1]):
+                break
+            kept[j - 1], kept[j] = kept[j], kept[j - 1]
+            j -= 1
+    return kept + moved[::-1]
 
 
 def placed(plan: Plan, rank: int, buffer: str, index: int) -> tuple[str, int]:

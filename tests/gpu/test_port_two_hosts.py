@@ -166,8 +166,9 @@ def test_four_ranks_as_two_hosts_of_two_gpus_over_gloo(tmp_path):
     docs = _launch("gloo", 4, tmp_path, env, 300)
     for doc in docs:
         assert doc["hosts"] == ["host0", "host0", "host1", "host1"]
-        # 3 methods x 3 collectives, the direct all-gather, 2DH's and the direct all-to-all; 3 dtypes each
-        assert len(doc["records"]) == 12 * 3
+        # 3 methods x 3 collectives, the direct all-gather, the two-shot all-reduce, 2DH's and the direct
+        # all-to-all; 3 dtypes each
+        assert len(doc["records"]) == 13 * 3
         bad = [r for r in doc["records"] if not r.get("eager")]
         assert not bad, bad[:3]
 
