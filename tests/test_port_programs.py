@@ -3,6 +3,7 @@ per-rank programs (sums and groups of point-to-point transfers) compute the coll
 each group blocks until its peers' groups meet it; host identity refuses CUDA IPC across hosts and names the
 channel and transport that cannot run."""
 
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from executor.port.program import (
     compile_programs,
     lane_bounds,
     lanes_for,
+    partner_groups,
     run_programs,
+    split_peer,
 )
 from executor.reference.machine import chunk_elems, smallest_size
 from executor.reference.prove import _compare, check_plan, expected_outputs, random_inputs
@@ -61,30 +64,11 @@ def test_port_programs_compute_the_collective(path):
         _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, dtype), outputs, elems, dtype)
 
 
-def _partner_groups(programs) -> dict:
-    """For each (rank, step index) of an exchange: the (peer, step index) of every exchange holding the other side
-    of one of its hops (sends and receives between two ranks meet in order, as NCCL matches them)."""
-    posted: dict[tuple[tuple[int, int], bool], list[tuple[int, int]]] = {}
-    for r, program in enumerate(programs):
-        for i, step in enumerate(program.steps):
-            for t in step.transfers if isinstance(step, Exchange) else ():
-                posted.setdefault(((r, t.peer) if t.send else (t.peer, r), t.send), []).append((r, i))
-    partners: dict[tuple[int, int], set[tuple[int, int]]] = {}
-    for (pair, send), sides in posted.items():
-        if send:
-            for a, b in zip(sides, posted[(pair, False)], strict=True):
-                partners.setdefault(a, set()).add(b)
-                partners.setdefault(b, set()).add(a)
-    return partners
-
-
 @pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_closed_programs_compute_the_collective_and_each_group_meets_one_group_per_peer(path):
     plan = load_plan(path)
     programs = compile_programs(plan, closed=True)
-    for (r, i), sides in _partner_groups(programs).items():
-        peers = [peer for peer, _ in sides]
-        assert len(peers) == len(set(peers)), f"rank {r} step {i} meets a peer in two of its groups: {sides}"
+    assert split_peer(programs) == ""
     elems = chunk_elems(plan, 2 * smallest_size(plan), "fp32")
     inputs = random_inputs(plan, elems, np.random.default_rng(5))
     outputs = run_programs(plan, programs, inputs, elems, "fp32")
@@ -95,7 +79,7 @@ def test_open_groups_wait_on_a_peers_later_group_where_closed_ones_do_not():
     plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allgather.plan.json")
 
     def spans(programs) -> int:
-        return sum(len({p for p, _ in s}) < len(s) for s in _partner_groups(programs).values())
+        return sum(len({p for p, _ in s}) < len(s) for s in partner_groups(programs).values())
 
     assert spans(compile_programs(plan)) > 0 and spans(compile_programs(plan, closed=True)) == 0
 
@@ -225,3 +209,20 @@ def test_the_floor_holds_for_the_default_lanes_only():
 
     assert lane_floor(None, {}) == MIN_LANE_BYTES  # the default: a 1 MB call runs as one lane
     assert lane_floor(4, {}) == 0 and lane_floor(None, {"WEFT_PORT_LANES": "2"}) == 0  # asked for: every size
+
+
+def test_a_group_that_meets_one_peer_in_two_groups_is_named():
+    # the two-shot all-reduce's reduce-send as ordered before the fix: rank 1's receive from rank 0 and send to it
+    # in two groups, where rank 0 holds its send and receive in one
+    plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "twoshot-allreduce.plan.json")
+    programs = list(compile_programs(plan, closed=True))
+    steps = list(programs[1].steps)
+    at = next(i for i, st in enumerate(steps) if i > 0 and isinstance(st, Exchange))
+    grouped = steps[at]
+    assert isinstance(grouped, Exchange) and {(t.peer, t.send) for t in grouped.transfers} == {(0, True), (0, False)}
+    steps[at : at + 1] = [
+        replace(grouped, transfers=tuple(t for t in grouped.transfers if not t.send)),
+        replace(grouped, transfers=tuple(t for t in grouped.transfers if t.send)),
+    ]
+    programs[1] = replace(programs[1], steps=tuple(steps))
+    assert split_peer(programs).startswith("rank 0 step ")

@@ -61,6 +61,7 @@ from executor.port.program import (
     call_lanes,
     compile_programs,
     lane_bounds,
+    split_peer,
 )
 from schedules.plan.io import load_plan, parse_plan
 from schedules.plan.types import Plan
@@ -146,6 +147,7 @@ class PortEngine:
         self._contexts: dict[tuple, _Context] = {}
         self._programs: dict[tuple[str, bool], tuple[Program, ...]] = {}  # (plan hash, closed groups)
         self._last: _Context | None = None
+        self.lanes_refused: dict[str, str] = {}  # plan hash -> why its calls ran as one lane
         self.lanes, self.piece_bytes = self._lane_count(lanes, self.backend), piece_bytes
         self.min_lane_bytes = lane_floor(lanes, os.environ)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
@@ -347,6 +349,12 @@ class PortEngine:
         programs = self._programs.get((plan.content_hash, closed))
         if programs is None:
             programs = self._programs[(plan.content_hash, closed)] = compile_programs(plan, closed)
+        why = split_peer(programs) if closed else ""
+        if why:  # lanes could deadlock on it: the plan runs as one lane (every rank decides alike, from the plan)
+            self.lanes_refused[plan.content_hash] = f"plan {plan.name}: one lane: {why}"
+            lanes, programs = lane_bounds(elems, 1), self._programs.get((plan.content_hash, False))
+            if programs is None:
+                programs = self._programs[(plan.content_hash, False)] = compile_programs(plan, False)
         program = programs[self.rank]
         scratch = {
             k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)

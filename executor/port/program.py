@@ -43,7 +43,7 @@ every overlap between them. The plan must have been proven (``executor.reference
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -532,3 +532,30 @@ def call_lanes(call_bytes: int, chunk_bytes: int, max_lanes: int, piece_bytes: i
     """Lanes for a call whose larger buffer holds ``call_bytes`` in chunks of ``chunk_bytes``: one below
     ``min_call_bytes`` (a small call's lanes add calls, and measured, gained nothing), else ``lanes_for``."""
     return lanes_for(chunk_bytes, max_lanes if call_bytes >= min_call_bytes else 1, piece_bytes)
+
+
+def partner_groups(programs: Sequence[Program]) -> dict[tuple[int, int], set[tuple[int, int]]]:
+    """For each (rank, step index) of an exchange: the (peer, step index) of every exchange holding the other side
+    of one of its hops (sends and receives between two ranks meet in order, as NCCL matches them)."""
+    posted: dict[tuple[tuple[int, int], bool], list[tuple[int, int]]] = {}
+    for r, program in enumerate(programs):
+        for i, step in enumerate(program.steps):
+            for t in step.transfers if isinstance(step, Exchange) else ():
+                posted.setdefault(((r, t.peer) if t.send else (t.peer, r), t.send), []).append((r, i))
+    partners: dict[tuple[int, int], set[tuple[int, int]]] = {}
+    for (pair, send), sides in posted.items():
+        if send:
+            for a, b in zip(sides, posted.get((pair, False), []), strict=False):
+                partners.setdefault(a, set()).add(b)
+                partners.setdefault(b, set()).add(a)
+    return partners
+
+
+def split_peer(programs: Sequence[Program]) -> str:
+    """Where a rank's group meets one peer in two of the peer's groups (which lanes' many operations can deadlock
+    on: each group must meet one group per peer), or ''."""
+    for (r, i), sides in sorted(partner_groups(programs).items()):
+        peers = [peer for peer, _ in sides]
+        if len(peers) != len(set(peers)):
+            return f"rank {r} step {i} meets a peer in two of its groups: {sorted(sides)}"
+    return ""

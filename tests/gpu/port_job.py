@@ -158,7 +158,16 @@ def run_nccl(out: Path, rank: int, world: int) -> dict:
     os._exit(0)  # NCCL's teardown would wait for the dead peer
 
 
-def run_gloo(out: Path, rank: int, world: int, lanes: int | None = None) -> dict:
+def run_gloo_split(out: Path, rank: int, world: int) -> dict:
+    """The engine's guard: where a plan's closed programs would meet a peer in two groups (forced here), its calls
+    run as one lane, say why, and stay correct."""
+    import executor.port.engine as port
+
+    port.split_peer = lambda programs: "forced for the test"
+    return run_gloo(out, rank, world, lanes=4, only="ring-allreduce")
+
+
+def run_gloo(out: Path, rank: int, world: int, lanes: int | None = None, only: str = "") -> dict:
     """Every two_hosts_2gpu plan at its smallest size in every dtype; with ``lanes``, the all-gather and all-reduce
     plans instead, in bf16, at the smallest size of at least MIN_LANE_BYTES, on that many lanes (closed groups),
     each record saying how many lanes the call split into."""
@@ -174,7 +183,7 @@ def run_gloo(out: Path, rank: int, world: int, lanes: int | None = None) -> dict
     records = []
     for path in sorted((ROOT / "examples" / "plans" / "two_hosts_2gpu").glob("*.plan.json")):
         plan = load_plan(path)
-        if lanes and plan.collective not in ("allgather", "allreduce"):
+        if (lanes and plan.collective not in ("allgather", "allreduce")) or (only and not path.name.startswith(only)):
             continue
         for dtype in ("bf16",) if lanes else DTYPES:
             unit = plan.size_chunks * 4
@@ -200,7 +209,7 @@ def run_gloo(out: Path, rank: int, world: int, lanes: int | None = None) -> dict
             except Exception as e:
                 rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             records.append(rec)
-    doc = {"rank": rank, "hosts": list(engine.hosts), "records": records}
+    doc = {"rank": rank, "hosts": list(engine.hosts), "records": records, "lanes_refused": engine.lanes_refused}
     (out / f"rank{rank}.json").write_text(json.dumps(doc, indent=1))
     dist.barrier()
     dist.destroy_process_group()
@@ -288,6 +297,7 @@ def main() -> None:
             "nccl": run_nccl,
             "gloo": run_gloo,
             "gloo_lanes": lambda out, rank, world: run_gloo(out, rank, world, lanes=4),
+            "gloo_split": run_gloo_split,
             "comm": run_comm,
         }[mode](out, rank, world)
     except BaseException:

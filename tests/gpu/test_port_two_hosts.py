@@ -190,6 +190,20 @@ def test_lanes_over_gloo_split_calls_past_the_floor_and_stay_correct(tmp_path):
         assert min(lanes) > 1 and max(lanes) == 4, doc["records"]
 
 
+@pytest.mark.gpu  # no GPU used (gloo, CPU tensors): marked so that the GPU machines, where torch is, run it
+def test_a_plan_whose_closed_groups_split_a_peer_runs_as_one_lane_and_says_why(tmp_path):
+    pytest.importorskip("torch")
+
+    def env(rank: int) -> dict:
+        return {"WEFT_HOST": f"host{rank // 2}", "GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""}
+
+    for doc in _launch("gloo_split", 4, tmp_path, env, 300):
+        ((record),) = doc["records"]
+        assert record["eager"] and record["lanes"] == 1, record
+        (why,) = doc["lanes_refused"].values()
+        assert why.endswith("one lane: forced for the test"), why
+
+
 # the Communicator's calls over the port engine on one CPU rank over gloo, with no plan (NCCL's path is gloo's here):
 # torch.distributed's API through the ops, the fused norm unfused, torch.compile, WeftBackend
 API_SCRIPT = r"""
