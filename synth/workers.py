@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
+from multiprocessing import connection as mp_connection
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -71,3 +76,78 @@ def worker_init(parent: int | None = None) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
+
+
+def _job_main(fn: Callable[..., object], args: tuple, send: Any, init: Callable[..., None], initargs: tuple) -> None:
+    """A job's process: ``init``, then ``fn(*args)`` (or what it raised) sent back through its own pipe."""
+    init(*initargs)
+    try:
+        value: object = fn(*args)
+    except BaseException as e:  # the caller decides what an error means
+        value = e
+    try:
+        send.send(value)
+    except Exception as e:  # a value that does not pickle
+        send.send(RuntimeError(f"a worker's result could not be sent back: {type(e).__name__}: {e}"))
+    finally:
+        send.close()
+        os._exit(0)  # no interpreter teardown in a forked child
+
+
+def start_jobs(
+    fn: Callable[..., object],
+    jobs: list[tuple[int, tuple]],
+    width: int,
+    results: queue.Queue,
+    init: Callable[..., None] = worker_init,
+    initargs: tuple = (),
+) -> Callable[[], None]:
+    """Runs ``fn(*args)`` for every ``(tag, args)`` of ``jobs`` in forked processes, at most ``width`` at a time,
+    and puts ``(tag, value)`` on ``results`` as each ends: what ``fn`` returned or raised, or None where its
+    process died without a word. Returns ``stop``: it ends the runner and kills every process still running.
+
+    Each job has a process and a pipe of its own, so a process killed mid-answer holds no lock that another
+    process or the runner could wait on (a ``multiprocessing.Pool``'s terminate() could: its task thread writing
+    the shared task pipe that no killed worker reads any more), and every wait here is bounded."""
+    ctx = multiprocessing.get_context("fork")
+    stopping = threading.Event()
+
+    def run() -> None:
+        pending = deque(jobs)
+        live: dict[Any, tuple[Any, int]] = {}
+        try:
+            while not stopping.is_set() and (pending or live):
+                while pending and len(live) < max(width, 1):
+                    tag, args = pending.popleft()
+                    recv, send = ctx.Pipe(duplex=False)
+                    proc = ctx.Process(target=_job_main, args=(fn, args, send, init, initargs), daemon=True)
+                    with forking():
+                        proc.start()
+                    send.close()
+                    live[recv] = (proc, tag)
+                for ready in mp_connection.wait(list(live), timeout=0.05):
+                    conn = ready if isinstance(ready, mp_connection.Connection) else None
+                    proc, tag = live.pop(ready)
+                    if conn is None:  # wait() hands back what it was given: the pipes' read ends
+                        continue
+                    try:
+                        value = conn.recv()
+                    except (EOFError, OSError):
+                        value = None
+                    conn.close()
+                    proc.join(timeout=1.0)
+                    results.put((tag, value))
+        finally:
+            for conn, (proc, _) in live.items():
+                with contextlib.suppress(Exception):
+                    proc.kill()
+                    proc.join(timeout=2.0)
+                conn.close()
+
+    thread = start_thread(run, "weft-jobs")
+
+    def stop() -> None:
+        stopping.set()
+        thread.join(timeout=10.0)
+
+    return stop

@@ -8,20 +8,18 @@ workers, each instance runs as racing copies (symmetric formulas in one, the ful
 each searching without interruption) and the first decisive copy answers. The search's lead instance
 (the one at the bound, which ends the search when sat) always runs alone on every worker first.
 
-Independent instances run in a ``multiprocessing`` pool; a pool (unlike concurrent.futures) can be
-terminated, so copies and instances that no longer matter are stopped rather than left to run out their
-time limit.
+Independent instances run in forked processes, one a job with a pipe of its own (``synth.workers.start_jobs``),
+so copies and instances that no longer matter are killed rather than left to run out their time limit, and
+killing one never leaves a lock held that the search could wait on.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from functools import partial
 
 from schedules.collectives import Collective
 from synth.smt.encoding import (
@@ -37,7 +35,7 @@ from synth.smt.encoding import (
     possible_sends,
 )
 from synth.smt.symmetry import Symmetry, symmetry_levels
-from synth.workers import forking, worker_init
+from synth.workers import start_jobs, worker_init
 from topologies.topology import Topology
 
 FIRST_SLICE = 1.0  # seconds for each formula's first try; each round doubles it
@@ -175,29 +173,17 @@ def _race(
     if nworkers <= 1:
         return _sequential([(problem, inst, time_limit, 0, 1, deadline) for inst in order], progress, label)
     copies = max(1, nworkers // len(order))
-    results: queue.Queue = queue.Queue()  # filled by the pool's result thread, in this process
-    with forking():
-        pool = multiprocessing.get_context("fork").Pool(
-            min(nworkers, len(order) * copies), initializer=_worker_init, initargs=(os.getpid(),)
-        )
+    results: queue.Queue = queue.Queue()  # filled by the runner's thread, in this process
+    jobs = [
+        (index, (problem, inst, time_limit, copy, copies, deadline))
+        for index, inst in enumerate(order)
+        for copy in range(copies)
+    ]
+    stop = start_jobs(decide, jobs, min(nworkers, len(jobs)), results, _worker_init, (os.getpid(),))
     try:
-        for index, inst in enumerate(order):
-            for copy in range(copies):
-                pool.apply_async(
-                    _decide_job,
-                    ((problem, inst, time_limit, copy, copies, deadline),),
-                    callback=partial(_tagged_put, results, index),
-                    error_callback=partial(_tagged_put, results, index),
-                )
         return _collect(order, copies, results, progress, label, deadline + GRACE)
     finally:
-        pool.terminate()
-        pool.join()
-
-
-def _tagged_put(results: queue.Queue, index: int, out: object) -> None:
-    """Hand a job's outcome (or its error) to the collector with the index of its instance."""
-    results.put((index, out))
+        stop()
 
 
 def _collect(
@@ -217,6 +203,8 @@ def _collect(
             out = Outcome(order[i], UNKNOWN, time.monotonic() - started)
         if isinstance(out, BaseException):
             raise out
+        if out is None:  # its process died without an answer (killed, out of memory): unknown
+            out = Outcome(order[i], UNKNOWN, time.monotonic() - started)
         if i in decided:
             continue
         if out.status == UNKNOWN:
