@@ -147,20 +147,28 @@ def sweep(
     jobs = [(args, topology, collective, size) for size in sizes]
     if args.jobs <= 1 or len(jobs) == 1:
         return [(size, _one_size(job)) for size, job in zip(sizes, jobs, strict=False)]
-    import multiprocessing
+    import queue
+    import time
 
-    from synth.workers import forking, worker_init
+    from synth.workers import start_jobs, worker_init
 
-    # a multiprocessing pool, not concurrent.futures: it can be terminated, so Ctrl-C or SIGTERM ends every worker
-    with forking():
-        pool = multiprocessing.get_context("fork").Pool(
-            min(args.jobs, len(jobs)), initializer=worker_init, initargs=(os.getpid(),)
-        )
+    # a process a size, each killed on the way out (Ctrl-C, SIGTERM, an error), none holding a lock another waits on
+    results: queue.Queue = queue.Queue()
+    tagged = [(i, (job,)) for i, job in enumerate(jobs)]
+    stop = start_jobs(_one_size, tagged, min(args.jobs, len(jobs)), results, worker_init, (os.getpid(),))
     try:
-        return list(zip(sizes, pool.map_async(_one_size, jobs, chunksize=1).get(timeout=WAIT_CAP_S), strict=False))
+        done: dict[int, list[Schedule]] = {}
+        give_up = time.monotonic() + WAIT_CAP_S
+        while len(done) < len(jobs):
+            i, value = results.get(timeout=max(0.01, give_up - time.monotonic()))
+            if isinstance(value, BaseException):
+                raise value
+            if value is None:
+                raise WeftError(f"weft synth: the worker for --size {sizes[i]} died without an answer")
+            done[i] = value
+        return [(size, done[i]) for i, size in enumerate(sizes)]
     finally:
-        pool.terminate()
-        pool.join()
+        stop()
 
 
 def run(args: argparse.Namespace) -> int:
