@@ -1,7 +1,7 @@
 """Worker processes that end with the command: a signal to the main process ends the whole process tree.
 
-The main process handles Ctrl-C and SIGTERM (``weft.cli``) and then terminates its pools. A forked worker
-must therefore ignore SIGINT (a Ctrl-C reaches the whole process group, and the main process decides), die on
+The main process handles Ctrl-C and SIGTERM (``weft.cli``) and then kills its workers (``start_jobs``). A forked
+worker must therefore ignore SIGINT (a Ctrl-C reaches the whole process group, and the main process decides), die on
 SIGTERM at once even inside a solver's C code (where a Python handler inherited from the main process would never
 run), and die with the main process if that one is killed outright (Linux's parent-death signal).
 """
