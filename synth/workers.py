@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing import connection as mp_connection
-from typing import Any
+from typing import Any, cast
 
 PR_SET_PDEATHSIG = 1
 
@@ -126,10 +126,8 @@ def start_jobs(
                     send.close()
                     live[recv] = (proc, tag)
                 for ready in mp_connection.wait(list(live), timeout=0.05):
-                    conn = ready if isinstance(ready, mp_connection.Connection) else None
-                    proc, tag = live.pop(ready)
-                    if conn is None:  # wait() hands back what it was given: the pipes' read ends
-                        continue
+                    conn = cast(mp_connection.Connection, ready)  # what it was given: the pipes' read ends
+                    proc, tag = live.pop(conn)
                     try:
                         value = conn.recv()
                     except (EOFError, OSError):

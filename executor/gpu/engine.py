@@ -966,18 +966,18 @@ class InterpreterEngine:
         side by side, so that the first compiled call of each finds its kernel built instead of building it while
         its peers wait. This rank's kernels only (no peer takes part). Returns {call: why} for the calls that will
         run the interpreter: the generator or NVRTC refused them, or the plan does not run that call here."""
-        from executor.gpu.compiled import build, source
+        from executor.gpu.compiled import build, source_for
+        from executor.gpu.compiled.source import CompiledSource
 
-        sources: list[source.CompiledSource] = []
+        sources: list[CompiledSource] = []
         refused: dict[str, str] = {}
         labels: dict[str, list[str]] = {}  # entry: the calls that launch it
-        headers = build.headers_hash()
         for plan, nbytes, dtype in calls:
             label = self._call_label(plan, nbytes, dtype)
             try:
                 check_launch(plan, self.world_size, nbytes, dtype)
                 tables = build_tables(plan, self.rank, nbytes, dtype=dtype)
-                generated = source.generate(tables, dtype, tables.vector_bytes, label, headers, self._trace)
+                generated = source_for(tables, dtype, tables.vector_bytes, label, self._trace)
             except (ExecutorError, PlanError) as e:
                 refused[label] = str(e)
                 continue

@@ -290,7 +290,7 @@ class PortEngine:
         if why or plan.inplace:
             return why or f"plan {plan.name} is in place; the Communicator's calls pass an input and an output"
         try:
-            compile_programs(plan)
+            self._programs_for(plan, closed=False)  # kept for the plan's calls
         except ExecutorError as e:
             return str(e)
         return ""
@@ -345,16 +345,9 @@ class PortEngine:
             elems * size * plan.size_chunks, elems * size, self.lanes, self.piece_bytes, self.min_lane_bytes
         )
         lanes = lane_bounds(elems, count, max(ALIGN_BYTES // size, 1))
-        closed = len(lanes) > 1  # lanes split slots into many operations: groups of one round each
-        programs = self._programs.get((plan.content_hash, closed))
-        if programs is None:
-            programs = self._programs[(plan.content_hash, closed)] = compile_programs(plan, closed)
-        why = split_peer(programs) if closed else ""
-        if why:  # lanes could deadlock on it: the plan runs as one lane (every rank decides alike, from the plan)
-            self.lanes_refused[plan.content_hash] = f"plan {plan.name}: one lane: {why}"
-            lanes, programs = lane_bounds(elems, 1), self._programs.get((plan.content_hash, False))
-            if programs is None:
-                programs = self._programs[(plan.content_hash, False)] = compile_programs(plan, False)
+        programs = self._programs_for(plan, closed=len(lanes) > 1)
+        if plan.content_hash in self.lanes_refused:
+            lanes = lane_bounds(elems, 1)
         program = programs[self.rank]
         scratch = {
             k: torch.empty(n * elems, dtype=input.dtype, device=input.device).view(-1, elems)
@@ -398,6 +391,21 @@ class PortEngine:
                 f"plan {plan.name}: an input of {input.numel()} elements is not a size the plan accepts "
                 f"({chunks} {'buffer' if plan.inplace else 'input'} chunks of whole 4-byte words)"
             )
+
+    def _programs_for(self, plan: Plan, closed: bool) -> tuple[Program, ...]:
+        """Every rank's programs for ``plan``, compiled once; ``closed`` for lanes (a lane splits slots into many
+        operations: groups of one round each). Closed programs that meet a peer in two groups of a round, which
+        lanes could deadlock on, are refused once, in ``lanes_refused``: the plan's calls then run as one lane
+        (every rank decides alike, from the plan)."""
+        key = (plan.content_hash, closed)
+        if key not in self._programs:
+            programs = compile_programs(plan, closed)
+            why = split_peer(programs) if closed else ""
+            if why:
+                self.lanes_refused[plan.content_hash] = f"plan {plan.name}: one lane: {why}"
+                programs = self._programs_for(plan, closed=False)
+            self._programs[key] = programs
+        return self._programs[key]
 
     def _input_chunks(self, plan: Plan) -> int:
         """Chunks of the buffer passed as input: an in-place plan's one buffer is the larger of the two."""

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from executor.gpu.compiled import source
+from executor.gpu.compiled.source import CompiledSource
 from executor.gpu.tables import DeviceTables
+
+
+def source_for(tables: DeviceTables, dtype: str, vector: int, label: str, trace: bool) -> CompiledSource:
+    """The kernel source for ``tables`` under the headers of this tree (its cache key); raises ExecutorError with
+    the reason the generator refuses it."""
+    from executor.gpu.compiled import build
+
+    return source.generate(tables, dtype, vector, label, build.headers_hash(), trace)
 
 
 def kernel_for(tables: DeviceTables, dtype: str, vector: int, label: str, compute_capability: str, trace: bool) -> Any:
     """The compiled kernel for ``tables`` (a CuPy RawKernel); raises ExecutorError with the reason it is refused."""
-    from executor.gpu.compiled import build, source
+    from executor.gpu.compiled import build
 
-    generated = source.generate(tables, dtype, vector, label, build.headers_hash(), trace)
-    return build.load_kernel(generated, compute_capability, trace)
+    return build.load_kernel(source_for(tables, dtype, vector, label, trace), compute_capability, trace)
