@@ -8,7 +8,8 @@
 # plans, nothing recorded) runs base, this tree, this tree, base (ABBA, so a drift over the call lands on both sides
 # alike), then examples/tp_decode.py base then this tree (STEPS="bench decode decode2": tp_decode ABBA too). Each
 # side runs from its own tree with its own registry and
-# kernel cache. bench/ab_compare.py prints the ratio this tree / base at every size and batch.
+# kernel cache (SIZES, SAMPLES and CALLS set the bench's sizes, samples and calls a sample). bench/ab_compare.py
+# prints the ratio this tree / base at every size and batch.
 set -u
 . bench/device_env.sh
 export CUDA_VISIBLE_DEVICES=${GPUS:-0,1}
@@ -25,7 +26,7 @@ bench() {  # side, index
   step "bench allreduce, side $1 ($2)"
   (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 PYTHONPATH="$t:$WEFT_SITE" timeout -k 5 "${BENCH_S:-110}" \
     python3 -c 'from weft.cli import run; run()' bench allreduce --nproc 2 --plans registry \
-    --registry bench/registry_h200x2 --sizes "$S" --samples 6 --calls 10 --timeout 5 --peers none \
+    --registry bench/registry_h200x2 --sizes "$S" --samples "${SAMPLES:-6}" --calls "${CALLS:-10}" --timeout 5 --peers none \
     -o "$OUT/ab_allreduce_$2_$1.json" >>"$LOG" 2>&1)
   echo "rc=$?" | tee -a "$LOG"
 }
@@ -44,6 +45,8 @@ for s in ${STEPS:-bench decode}; do
     decode) decode base 5; decode new 6 ;;
     decode2) decode new 9; decode base 10 ;;  # tp_decode again (BA): with decode, ABBA
     bench2) bench new 7; bench base 8 ;;  # two more bench runs (BA), for a later call on the same pair
+    bench3) bench base 11; bench new 12 ;;  # and two more (AB): "bench bench2 bench3 bench4" runs 5 a side,
+    bench4) bench new 13; bench base 14 ;;  # alternated, for the sizes where a few ns are 2%
   esac
 done
 step "compare"

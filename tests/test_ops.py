@@ -24,6 +24,8 @@ def test_kernel_args_follow_the_layout_and_types():
     assert int(swapped[1]) == 99 and swapped[0] == args[0]
     with pytest.raises(Exception, match="missing or unknown"):
         gpu_tables.kernel_args(**{k: v for k, v in values.items() if k != "rank"})
+    traced = gpu_tables.kernel_args(**values, trace=1234)  # a -DWEFT_TRACE build's extra parameter comes last
+    assert traced[:-1] == args and int(traced[-1]) == 1234 and type(traced[-1]).__name__ == "uint64"
 
 
 def test_derived_op_sets():

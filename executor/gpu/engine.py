@@ -875,7 +875,6 @@ class InterpreterEngine:
             peers=peer_mapping(plan, self.rank),
             trace=trace,
             args=kernel_args(
-                self._trace,
                 ops=ops,
                 tb_start=tb_start,
                 buffers=slot_table,

@@ -106,10 +106,11 @@ TRACE_PARAM = ("trace", "u64*")
 _SCALARS = {"u64": np.uint64, "i64": np.int64, "int": np.int32}
 
 
-def kernel_args(trace: bool = False, **values: Any) -> tuple:
+def kernel_args(**values: Any) -> tuple:
     """The interpreter's arguments in KERNEL_PARAMS order: device arrays as given, scalars as their C type, and a
-    pointer given as an integer address as a u64."""
-    params = KERNEL_PARAMS + ((TRACE_PARAM,) if trace else ())
+    pointer given as an integer address as a u64. A traced build's (-DWEFT_TRACE) takes TRACE_PARAM last: given
+    by its name, it is appended."""
+    params = KERNEL_PARAMS + ((TRACE_PARAM,) if TRACE_PARAM[0] in values else ())
     names = [n for n, _ in params]
     if set(values) != set(names):
         raise ExecutorError(f"executor: interpreter arguments {sorted(set(values) ^ set(names))} missing or unknown")
