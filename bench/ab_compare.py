@@ -10,6 +10,11 @@ the runs (the peers' ratio: NCCL and symmetric memory run the same code on both 
 per-step and per-call time that both sides report, the median over each side's runs, and that ratio over NCCL's
 for the same time (the table shows each backend's step and isolated call; --json keeps them all). A normalized
 ratio outside 1 +- TOLERANCE is marked.
+
+Where each side has two runs or more, the bench rows also carry an A/A reading, the measurement's own noise: each
+side's runs split in two (alternate runs, in order) and compared with the same estimator ("aa_base", "aa_new": the
+normalized ratio between two halves of the same code). A size whose A/A readings leave 1 +- TOLERANCE is one where
+the call cannot resolve TOLERANCE.
 """
 
 from __future__ import annotations
@@ -121,16 +126,25 @@ def main() -> None:
     p.add_argument("folder", type=Path)
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args()
-    bench = bench_ratios(_runs(args.folder, "allreduce", "base"), _runs(args.folder, "allreduce", "new"))
+    base_runs, new_runs = _runs(args.folder, "allreduce", "base"), _runs(args.folder, "allreduce", "new")
+    bench = bench_ratios(base_runs, new_runs)
+    if len(base_runs) >= 2 and len(new_runs) >= 2:
+        for key, runs in (("aa_base", base_runs), ("aa_new", new_runs)):
+            for row, aa in zip(bench, bench_ratios(runs[0::2], runs[1::2]), strict=True):
+                row[key] = aa["normalized"]
     decode = decode_ratios(_runs(args.folder, "decode", "base"), _runs(args.folder, "decode", "new"))
+    aa = bool(bench) and "aa_base" in bench[0]
     head = f"{'size':>10} {'base_us':>9} {'new_us':>9} {'plans':>5} {'ratio':>7} {'drift':>7} {'norm':>7}"
+    head += f" {'aa_base':>7} {'aa_new':>7}" if aa else ""
     print(f"{head}  fastest (base | new)")
     for r in bench:
         mark = "" if abs(r["normalized"] - 1) <= TOLERANCE else "  <-- outside +-2%"
         plans = " ".join(r["base_plans"]) + " | " + " ".join(r["new_plans"])
         print(
             f"{r['size']:>10} {r['base_us']:>9.2f} {r['new_us']:>9.2f} {r['plans']:>5} {r['ratio']:>7.3f}"
-            f" {r['drift']:>7.3f} {r['normalized']:>7.3f}  {plans}{mark}"
+            f" {r['drift']:>7.3f} {r['normalized']:>7.3f}"
+            + (f" {r['aa_base']:>7.3f} {r['aa_new']:>7.3f}" if aa else "")
+            + f"  {plans}{mark}"
         )
     print(f"{'batch':>5} {'time':<44} {'base':>9} {'new':>9} {'ratio':>7} {'drift':>7} {'norm':>7}")
     for r in decode:

@@ -40,11 +40,13 @@ LINE_CASES = (
 )
 
 # --lamport: (algorithm, instances, size); each runs as LL and as Lamport
-LAMPORT_CASES = (("direct", 1, 1 << 10), ("direct", 4, 64 << 10), ("twoshot", 4, 64 << 10), ("twoshot", 64, 4 << 20))
+# (sizes that both protocols accept: an LL plan takes up to 1 MB, its scratch holding flags beside the data)
+LAMPORT_CASES = (("direct", 1, 1 << 10), ("direct", 4, 64 << 10), ("twoshot", 4, 64 << 10), ("twoshot", 64, 1 << 20))
 
 
 def lamport_pairs(nranks: int) -> list[tuple[Plan, int, bool]]:
-    """(plan, size, lines) for LAMPORT_CASES: the LL plan, then the Lamport plan of the same schedule."""
+    """(plan, size, lines) for LAMPORT_CASES: the LL plan, then the Lamport plan of the same schedule. A case that
+    either plan would refuse is an error here, before any GPU work."""
     from topologies.catalog import build
     from weft.pipeline import compile_and_verify
     from weft.synthesis import synthesize
@@ -54,7 +56,10 @@ def lamport_pairs(nranks: int) -> list[tuple[Plan, int, bool]]:
     for algorithm, instances, nbytes in LAMPORT_CASES:
         schedule = synthesize(topology, "allreduce", algorithm)
         for protocol in ("ll", "lamport"):
-            out.append((compile_and_verify(schedule, topology, instances, protocol=protocol), nbytes, False))
+            plan = compile_and_verify(schedule, topology, instances, protocol=protocol)
+            if not plan.accepts(nbytes):
+                raise ValueError(f"kernel_trace: {plan.name} does not accept {nbytes} B (LAMPORT_CASES)")
+            out.append((plan, nbytes, False))
     return out
 
 

@@ -32,3 +32,19 @@ def test_sums_become_mean_microseconds_per_launch_per_block():
 def test_no_launch_is_an_error():
     with pytest.raises(ValueError, match="no launches"):
         trace.summarize(np.zeros(trace.TRACE_SLOTS, np.uint64), 1, [1], launches=0)
+
+
+def test_the_lamport_trace_cases_build_and_fit_both_protocols():
+    # bench/kernel_trace.py --lamport builds its plans here: each case's LL and Lamport plans accept its size (a 4 MB
+    # case once stopped the GPU run halfway: LL plans take up to 1 MB)
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "bench" / "kernel_trace.py"
+    spec = importlib.util.spec_from_file_location("kernel_trace", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pairs = module.lamport_pairs(2)
+    assert len(pairs) == 2 * len(module.LAMPORT_CASES)
+    assert [p.lamport is not None for p, _, _ in pairs[:2]] == [False, True]
+    assert all(plan.accepts(nbytes) for plan, nbytes, _ in pairs)

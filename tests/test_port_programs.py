@@ -207,7 +207,7 @@ def test_lanes_are_on_by_default_only_where_each_lane_gets_hardware_queues(backe
 def test_the_floor_holds_for_the_default_lanes_only():
     from executor.port.engine import MIN_LANE_BYTES, lane_floor
 
-    assert lane_floor(None, {}) == MIN_LANE_BYTES  # the default: a 1 MB call runs as one lane
+    assert lane_floor(None, {}) == MIN_LANE_BYTES == 1 << 20  # the default: a call under 1 MB runs as one lane
     assert lane_floor(4, {}) == 0 and lane_floor(None, {"WEFT_PORT_LANES": "2"}) == 0  # asked for: every size
 
 

@@ -26,10 +26,13 @@ need hardware queues of their own: with CUDA's default of 8 (``CUDA_DEVICE_MAX_C
 can wait behind another's, a false dependency. Lanes are therefore on by default (``LANES``) only on the NCCL backend
 with ``CUDA_DEVICE_MAX_CONNECTIONS`` set to at least ``4 x LANES`` (bench/port_x4.sh sets 32); elsewhere one lane,
 unless ``$WEFT_PORT_LANES`` or ``lanes=`` asks. Measured on 4 GPUs as 2 hosts x 2, closed groups, every plan at 1
-and 4 lanes from 1 to 256 MB, on sockets and with NVLink inside hosts (4xH100, bench/results/
-gpu_{allgather,allreduce}_bf16_graph_4xh100_2hosts{,_nvlink}.json, 0 wrong): 4 lanes ran faster than one at 4 MB
-and up (the best plan at 4 lanes over the best at one: 1.05-3.75x), and one lane was faster at 1 MB in 3 of the
-4 cases (4 lanes 0.81-0.97x; 1.06x in the fourth), hence the 2 MB floor.
+and 4 lanes from 1 to 256 MB, on sockets and with NVLink inside hosts (0 wrong). On 4xH200 (bench/results/
+gpu_{allgather,allreduce}_bf16_graph_4xh200_2hosts{,_nvlink}.json, 7 samples a plan; port_lanes_1mb_4xh200/, 9)
+the best plan at 4 lanes beat the best at one at every size over sockets (1.16-3.13x, 1.32-1.88x at 1-2 MB in
+the second call) and for all-reduce with NVLink inside (1.12-2.27x); all-gather with NVLink inside was the
+exception at 1-2 MB (4 lanes 0.83-0.90x in one call, 1.00-1.03x in the other; 1.00-2.42x from 4 MB), and still
+beat NCCL there (1.38-1.39x). Hence the 1 MB floor; below it lanes are not measured. On 4xH100 (3 samples) 4 lanes
+won from 4 MB up (1.05-3.75x) and lost at 1 MB in 3 of 4 cases (0.81-0.97x).
 
 Every wait is bounded: ``synchronize`` polls the stream's progress for ``timeout_s`` and a gloo wait carries the
 same bound, so a peer whose process or host died is reported as ``PeerLost`` (naming the rank and its host)
@@ -69,7 +72,7 @@ from schedules.plan.types import Plan
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 POLL_S = 0.0005
 LANES = 4  # where default_lanes allows them, unless $WEFT_PORT_LANES says otherwise
-MIN_LANE_BYTES = 2 << 20  # a call whose larger buffer is smaller runs as one lane (measured: 1 MB ran best on one)
+MIN_LANE_BYTES = 1 << 20  # a call whose larger buffer is smaller runs as one lane (lanes measured from 1 MB up)
 PIECE_BYTES = 64 << 10  # the least of a chunk that a lane carries
 ALIGN_BYTES = 16  # lanes split chunks on 16-byte boundaries
 LANE_CTAS = 8  # thread blocks of one lane's NCCL kernels
@@ -97,7 +100,7 @@ def lane_floor(lanes: int | None, env: Mapping[str, str]) -> int:
     bench/port_x4.py measures them).
 
     >>> lane_floor(None, {}), lane_floor(4, {}), lane_floor(None, {"WEFT_PORT_LANES": "2"})
-    (2097152, 0, 0)
+    (1048576, 0, 0)
     """
     return 0 if lanes is not None or "WEFT_PORT_LANES" in env else MIN_LANE_BYTES
 
