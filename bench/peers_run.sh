@@ -15,6 +15,8 @@
 #                                     # all-reduce bench 1 KB-16 MB with WEFT_GPU_LAMPORT=1, recorded into that copy
 #                                     # ($OUT/registry_lamport_x<N>), against the peers (~3 min); NORM_LAMPORT=1
 #                                     # also times the fused call alone on that registry (Lamport one-shot in it)
+#   bash bench/peers_run.sh 2 compiled # issue 33: the bench 1 KB-4 MB (SIZES) with --compiled: each plan interpreted and
+#                                     # as its own kernel, in one job with the peers (~3 min)
 #   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
 #                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
 #                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
@@ -93,6 +95,8 @@ elif [ "$STAGE" = lamport ]; then
   # the fused all-reduce + add + RMSNorm on the same registry, the Lamport one-shot among its plans (NORM_LAMPORT=1)
   [ "${NORM_LAMPORT:-0}" = 1 ] && WEFT_GPU_LAMPORT=1 norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_${G}_lamport.json"
   tar -czf "$OUT/registry_lamport_x$N.tgz" -C "$OUT" "registry_lamport_x$N" && rm -rf "$L"
+elif [ "$STAGE" = compiled ]; then  # issue 33: every plan interpreted and compiled to its own kernel, beside the peers
+  bench 300 --sizes ${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB} --compiled -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled.json"
 elif [ "$STAGE" = midsize ]; then
   L="$OUT/registry_midsize_x$N"
   rm -rf "$L" && cp -r "$REG" "$L" && REG=$L
