@@ -130,8 +130,8 @@ def main() -> None:
     bench = bench_ratios(base_runs, new_runs)
     if len(base_runs) >= 2 and len(new_runs) >= 2:
         for key, runs in (("aa_base", base_runs), ("aa_new", new_runs)):
-            for row, aa in zip(bench, bench_ratios(runs[0::2], runs[1::2]), strict=True):
-                row[key] = aa["normalized"]
+            for row, half in zip(bench, bench_ratios(runs[0::2], runs[1::2]), strict=True):
+                row[key] = half["normalized"]
     decode = decode_ratios(_runs(args.folder, "decode", "base"), _runs(args.folder, "decode", "new"))
     aa = bool(bench) and "aa_base" in bench[0]
     head = f"{'size':>10} {'base_us':>9} {'new_us':>9} {'plans':>5} {'ratio':>7} {'drift':>7} {'norm':>7}"

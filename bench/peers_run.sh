@@ -16,7 +16,9 @@
 #                                     # ($OUT/registry_lamport_x<N>), against the peers (~3 min); NORM_LAMPORT=1
 #                                     # also times the fused call alone on that registry (Lamport one-shot in it)
 #   bash bench/peers_run.sh 2 compiled # issue 33: the bench 1 KB-4 MB (SIZES) with --compiled: each plan interpreted and
-#                                     # as its own kernel, in one job with the peers (~3 min)
+#                                     # as its own kernel, in one job with the peers, recorded into a copy of the
+#                                     # registry ($OUT/registry_compiled_x<N>.tgz); about a minute a size with LL128
+#                                     # lines (16 KB in 3.5 min on 2xH200), less with NO_LL128=1
 #   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
 #                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
 #                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
@@ -64,8 +66,10 @@ tail -4 "$LOG"
 bench() {  # seconds, then weft bench's arguments
   local t=$1; shift
   step "weft bench allreduce $*"
+  local lines=--ll128  # NO_LL128=1: each LL plan timed with its packets only (half the timers)
+  [ "${NO_LL128:-0}" = 1 ] && lines=
   timeout "$t" python3 -c 'from weft.cli import run; run()' bench allreduce --nproc "$N" --plans registry \
-    --registry "$REG" --samples 6 --calls 10 --timeout 5 --ll128 "$@" >> "$LOG" 2>&1
+    --registry "$REG" --samples 6 --calls 10 --timeout 5 $lines "$@" >> "$LOG" 2>&1
   local rc=$?
   echo "rc=$rc" | tee -a "$LOG"
   return $rc
@@ -95,8 +99,12 @@ elif [ "$STAGE" = lamport ]; then
   # the fused all-reduce + add + RMSNorm on the same registry, the Lamport one-shot among its plans (NORM_LAMPORT=1)
   [ "${NORM_LAMPORT:-0}" = 1 ] && WEFT_GPU_LAMPORT=1 norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_${G}_lamport.json"
   tar -czf "$OUT/registry_lamport_x$N.tgz" -C "$OUT" "registry_lamport_x$N" && rm -rf "$L"
-elif [ "$STAGE" = compiled ]; then  # issue 33: every plan interpreted and compiled to its own kernel, beside the peers
-  bench 300 --sizes ${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB} --compiled -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled.json"
+elif [ "$STAGE" = compiled ]; then  # issue 33: every plan interpreted and compiled to its own kernel, beside the peers,
+  L="$OUT/registry_compiled_x$N"    # the times recorded into a copy of the registry (measured_compiled_us)
+  rm -rf "$L" && cp -r "$REG" "$L" && REG=$L
+  bench "${BENCH_S:-300}" --sizes ${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB} --compiled --record \
+    -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled.json"
+  tar -czf "$OUT/registry_compiled_x$N.tgz" -C "$OUT" "registry_compiled_x$N" && rm -rf "$L"
 elif [ "$STAGE" = midsize ]; then
   L="$OUT/registry_midsize_x$N"
   rm -rf "$L" && cp -r "$REG" "$L" && REG=$L

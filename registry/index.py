@@ -23,7 +23,33 @@ from itertools import pairwise
 from typing import Any, TypeGuard
 
 UNBOUNDED = 0  # max_bytes of 0: no upper limit (MSCCL++'s convention for max_message_size)
-TIMING_TABLES = ("predicted_us", "measured_us", "measured_ll128_us")
+
+
+@dataclass(frozen=True, order=True)
+class Mode:
+    """How a plan was measured, and so how it runs: an LL plan's packets moved as LL128 lines (``lines``), and the
+    plan compiled to a kernel of its own instead of interpreted (``compiled``). The bench names a plan timed so
+    PLAN+ll128, PLAN+compiled or PLAN+ll128+compiled (``suffix``); an entry keeps each mode's times in its own table
+    (``table``).
+
+    >>> Mode(lines=True, compiled=True).suffix, Mode(compiled=True).table
+    ('+ll128+compiled', 'measured_compiled_us')
+    """
+
+    lines: bool = False
+    compiled: bool = False
+
+    @property
+    def suffix(self) -> str:
+        return ("+ll128" if self.lines else "") + ("+compiled" if self.compiled else "")
+
+    @property
+    def table(self) -> str:
+        return "measured" + self.suffix.replace("+", "_") + "_us"
+
+
+MODES = (Mode(), Mode(lines=True), Mode(compiled=True), Mode(lines=True, compiled=True))
+TIMING_TABLES = ("predicted_us", *(mode.table for mode in MODES))  # an entry's timings, in Entry's field order
 
 
 @dataclass(frozen=True)
@@ -66,31 +92,39 @@ def interpolate(table: dict[int, float], nbytes: int) -> float:
 
 @dataclass(frozen=True)
 class Timings:
-    """An entry's recorded times (bytes -> µs) and the plan's protocol (only LL plans have LL128-line times)."""
+    """An entry's recorded times (bytes -> µs) and the plan's protocol: predicted, and measured in each ``Mode``
+    (only LL plans have times with LL128 lines)."""
 
     protocol: str
     predicted_us: dict[int, float] = field(default_factory=dict)
     measured_us: dict[int, float] = field(default_factory=dict)
     measured_ll128_us: dict[int, float] = field(default_factory=dict)
+    measured_compiled_us: dict[int, float] = field(default_factory=dict)
+    measured_ll128_compiled_us: dict[int, float] = field(default_factory=dict)
 
-    def measured(self, ll128: bool = False) -> bool:
-        """Whether any time was measured (with LL128 lines too when ``ll128``, for an LL plan)."""
-        return bool(self.measured_us or (ll128 and self.protocol == "LL" and self.measured_ll128_us))
+    def tables(self, ll128: bool = False, compiled: bool = False) -> list[tuple[Mode, dict[int, float]]]:
+        """The measured tables an executor may use: LL128 lines where ``ll128`` (an LL plan), compiled kernels
+        where ``compiled``; empty tables left out."""
+        lined = ll128 and self.protocol == "LL"
+        return [
+            (mode, table)
+            for mode in MODES
+            if (table := getattr(self, mode.table)) and (lined or not mode.lines) and (compiled or not mode.compiled)
+        ]
 
-    def estimate(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None, bool]:
-        """('measured'|'predicted'|'none', time at nbytes, whether that time was measured with LL128 lines)."""
-        if self.measured(ll128):
-            lined = ll128 and self.protocol == "LL"
-            options = [
-                (interpolate(table, nbytes), lines)
-                for table, lines in ((self.measured_us, False), (self.measured_ll128_us, True))
-                if table and (lined or not lines)
-            ]
-            time_us, lines = min(options)
-            return "measured", time_us, lines
+    def measured(self, ll128: bool = False, compiled: bool = False) -> bool:
+        """Whether any time was measured that such an executor may use."""
+        return bool(self.tables(ll128, compiled))
+
+    def estimate(self, nbytes: int, ll128: bool = False, compiled: bool = False) -> tuple[str, float | None, Mode]:
+        """('measured'|'predicted'|'none', time at nbytes, the mode that time was measured in: how to run it)."""
+        options = [(interpolate(table, nbytes), mode) for mode, table in self.tables(ll128, compiled)]
+        if options:
+            time_us, mode = min(options)
+            return "measured", time_us, mode
         if self.predicted_us:
-            return "predicted", interpolate(self.predicted_us, nbytes), False
-        return "none", None, False
+            return "predicted", interpolate(self.predicted_us, nbytes), Mode()
+        return "none", None, Mode()
 
 
 @dataclass(frozen=True)
@@ -118,11 +152,7 @@ class IndexRow:
             str(row["protocol"]),
             *({int(k): float(v) for k, v in tables.get(name, {}).items()} for name in TIMING_TABLES),
         )
-        if not all(
-            0 < t < math.inf
-            for table in (timings.predicted_us, timings.measured_us, timings.measured_ll128_us)
-            for t in table.values()
-        ):
+        if not all(0 < t < math.inf for name in TIMING_TABLES for t in getattr(timings, name).values()):
             raise ValueError("times are positive and finite")
         dtypes = tuple(row["dtypes"])
         if not all(isinstance(d, str) for d in dtypes):
@@ -138,8 +168,8 @@ class IndexRow:
             timings,
         )
 
-    def estimate(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None, bool]:
-        return self.timings.estimate(nbytes, ll128)
+    def estimate(self, nbytes: int, ll128: bool = False, compiled: bool = False) -> tuple[str, float | None, Mode]:
+        return self.timings.estimate(nbytes, ll128, compiled)
 
     def may_serve(
         self, topology: str | tuple[str, ...], collective: str, nranks: int | None, nbytes: int, dtype: str | None

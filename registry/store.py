@@ -36,7 +36,7 @@ from typing import Any, TypeGuard
 import fsspec
 from filelock import FileLock, Timeout
 
-from registry.index import EntryKey, IndexRow, Timings, describes, interpolate, row_hash
+from registry.index import MODES, TIMING_TABLES, EntryKey, IndexRow, Mode, Timings, describes, interpolate, row_hash
 from registry.pack import PACKED_FORMAT, pack, unpack
 from schedules.collectives import NAMES as COLLECTIVES
 from schedules.plan.io import parse_plan
@@ -72,6 +72,8 @@ class Entry:
     predicted_us: dict[int, float] = field(default_factory=dict)
     measured_us: dict[int, float] = field(default_factory=dict)
     measured_ll128_us: dict[int, float] = field(default_factory=dict)  # an LL plan run with LL128 lines
+    measured_compiled_us: dict[int, float] = field(default_factory=dict)  # the plan compiled to its own kernel
+    measured_ll128_compiled_us: dict[int, float] = field(default_factory=dict)  # both
 
     def __repr__(self) -> str:
         return f"Entry({self.id!r}, {self.plan!r})"
@@ -82,21 +84,32 @@ class Entry:
 
     @property
     def timings(self) -> Timings:
-        return Timings(self.plan.protocol, self.predicted_us, self.measured_us, self.measured_ll128_us)
+        return Timings(self.plan.protocol, self.predicted_us, **self.measured_tables())
 
-    def measured(self, ll128: bool = False) -> bool:
-        """Whether any time was measured (with LL128 lines too when ``ll128``, for an LL plan)."""
-        return self.timings.measured(ll128)
+    def measured_tables(self) -> dict[str, dict[int, float]]:
+        """Every measured table by its name (``Mode.table``), copied."""
+        return {mode.table: dict(getattr(self, mode.table)) for mode in MODES}
 
-    def estimate_us(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None]:
+    def with_measured(self, tables: dict[str, dict[int, float]]) -> Entry:
+        """This entry with its measured tables replaced (``measured_tables``' names)."""
+        changes: dict[str, Any] = {name: dict(tables[name]) for name in (mode.table for mode in MODES)}
+        return replace(self, **changes)
+
+    def measured(self, ll128: bool = False, compiled: bool = False) -> bool:
+        """Whether any time was measured (with LL128 lines too when ``ll128``, for an LL plan; as a compiled
+        kernel too when ``compiled``)."""
+        return self.timings.measured(ll128, compiled)
+
+    def estimate_us(self, nbytes: int, ll128: bool = False, compiled: bool = False) -> tuple[str, float | None]:
         """('measured'|'predicted', time at nbytes) interpolated log-log between recorded sizes; with ``ll128`` (an
-        executor that can move LL packets as LL128 lines) the faster of the times measured with and without them."""
-        basis, time_us, _ = self.estimate(nbytes, ll128)
+        executor that can move LL packets as LL128 lines) and ``compiled`` (one that can run a plan as its own
+        kernel) the fastest of the times measured in the modes it may run."""
+        basis, time_us, _ = self.estimate(nbytes, ll128, compiled)
         return basis, time_us
 
-    def estimate(self, nbytes: int, ll128: bool = False) -> tuple[str, float | None, bool]:
-        """``estimate_us`` and whether that time is the one measured with LL128 lines (run the plan with them)."""
-        return self.timings.estimate(nbytes, ll128)
+    def estimate(self, nbytes: int, ll128: bool = False, compiled: bool = False) -> tuple[str, float | None, Mode]:
+        """``estimate_us`` and the mode that time was measured in (run the plan so)."""
+        return self.timings.estimate(nbytes, ll128, compiled)
 
     def serves(self, topology: str | tuple[str, ...], collective: str, nranks: int, nbytes: int) -> bool:
         """Whether this entry may run ``collective`` on ``nranks`` ranks of ``topology`` at ``nbytes``: its key and
@@ -134,11 +147,11 @@ class Entry:
         return {
             "predicted_us": {str(k): v for k, v in sorted(self.predicted_us.items())},
             "measured_us": {str(k): v for k, v in sorted(self.measured_us.items())},
-            **(
-                {"measured_ll128_us": {str(k): v for k, v in sorted(self.measured_ll128_us.items())}}
-                if self.measured_ll128_us
-                else {}
-            ),
+            **{
+                mode.table: {str(k): v for k, v in sorted(getattr(self, mode.table).items())}
+                for mode in MODES[1:]
+                if getattr(self, mode.table)
+            },
         }
 
     def summary(self) -> dict[str, Any]:
@@ -181,6 +194,7 @@ class Selection:
     refused: tuple[str, ...] = ()  # entries that would have won but their plan failed ``trust`` (id: why)
     nearest: tuple[tuple[str, str, int], ...] = ()  # no plan: (topology, its name, nranks) holding this collective
     detail: str = ""  # no plan: why the entries keyed for this call do not run its size (their plan's refusal)
+    compiled: bool = False  # run the plan as its own compiled kernel (select(..., compiled=True) measured it faster)
 
     def __repr__(self) -> str:
         if self.entry is None:
@@ -593,9 +607,7 @@ class Registry:
                 _times(dict(predicted_us or {}), "timings.predicted_us", f"plan {plan.name}"),
             )
             if measured is not None:
-                entry = replace(
-                    entry, measured_us=dict(measured.measured_us), measured_ll128_us=dict(measured.measured_ll128_us)
-                )
+                entry = entry.with_measured(measured.measured_tables())
             entries.append(entry)
         with self._locked(progress):
             files = []
@@ -604,9 +616,7 @@ class Registry:
                 if items[i][4] is None and self.exists(path):  # the same plan again: its measured times still hold
                     try:
                         old = self.read_entry_file(path)
-                        entries[i] = entry = replace(
-                            entry, measured_us=dict(old.measured_us), measured_ll128_us=dict(old.measured_ll128_us)
-                        )
+                        entries[i] = entry = entry.with_measured(old.measured_tables())
                     except WeftError:
                         pass  # an unreadable old entry is simply replaced
                 files.append(self._entry_text(entry))
@@ -614,27 +624,27 @@ class Registry:
             self._write_all(files)
         return entries
 
-    def record_timing(self, id: str, nbytes: int, time_us: float, ll128: bool = False) -> Entry:
+    def record_timing(self, id: str, nbytes: int, time_us: float, ll128: bool = False, compiled: bool = False) -> Entry:
         """Store a measured time, so that ``select`` prefers it over the prediction (``ll128``: measured with LL128
-        lines, which only selections for an executor running them use)."""
-        return self.record_timings({id: [(nbytes, time_us, ll128)]})[0]
+        lines, ``compiled``: as the plan's own kernel; only selections for an executor running those use them)."""
+        return self.record_timings({id: [(nbytes, time_us, Mode(ll128, compiled))]})[0]
 
     def record_timings(
         self,
-        times: dict[str, list[tuple[int, float, bool]]],
+        times: dict[str, list[tuple[int, float, Mode]]],
         nccl: dict[str, dict[str, dict[int, float]]] | None = None,
     ) -> list[Entry]:
-        """Store measured times per entry id, each (bytes, µs, with LL128 lines), and NCCL's measured times
+        """Store measured times per entry id, each (bytes, µs, the mode measured), and NCCL's measured times
         ({topology: {collective: {bytes: µs}}}), all checked before anything is written. A damaged baselines.json
         is replaced by NCCL's new times (it was advisory, and ignored)."""
         with self._locked():
             entries, files = [], []
             for id, rows in sorted(times.items()):
                 entry = self.get(id)
-                plain, lined = dict(entry.measured_us), dict(entry.measured_ll128_us)
-                for nbytes, time_us, ll128 in rows:
-                    (lined if ll128 else plain)[nbytes] = time_us
-                entry = replace(entry, measured_us=plain, measured_ll128_us=lined)
+                tables = entry.measured_tables()
+                for nbytes, time_us, mode in rows:
+                    tables[mode.table][nbytes] = time_us
+                entry = entry.with_measured(tables)
                 entries.append(entry)
                 files.append(self._entry_text(entry))
             if nccl:
@@ -707,10 +717,12 @@ class Registry:
         ll128: bool = False,
         trust: Callable[[Entry], str] | None = None,
         floor_us: float = 0.0,
+        compiled: bool = False,
     ) -> Selection:
         """The best entry for this size: the lowest measured time, else the lowest predicted time (``ll128``: for an
         executor that can move LL packets as LL128 lines, whose measured times then count too; ``lines`` says
-        whether the chosen time is one of them).
+        whether the chosen time is one of them; ``compiled`` likewise for an executor that can run a plan as its own
+        kernel, and the Selection's ``compiled``).
 
         Ranked from index rows; only the winner's entry is parsed, then asked again whether its plan serves the
         call, and ``trust`` (entry -> '' or why not: weft proves the plan on the reference executor) may refuse
@@ -721,8 +733,8 @@ class Registry:
         refused, size_why, warnings = [], "", list(scan.warnings)
         while candidates:
             pool = list(candidates.values())
-            measured = [r for r in pool if r.timings.measured(ll128)]
-            row = min(measured or pool, key=lambda r: (r.estimate(nbytes, ll128)[1] or math.inf, r.id))
+            measured = [r for r in pool if r.timings.measured(ll128, compiled)]
+            row = min(measured or pool, key=lambda r: (r.estimate(nbytes, ll128, compiled)[1] or math.inf, r.id))
             del candidates[row.id]
             try:
                 entry = self.entry_of(scan, row)
@@ -739,7 +751,7 @@ class Registry:
             if not entry.serves(topology, collective, nranks or entry.plan.nranks, nbytes):
                 size_why = size_why or _padding_refusal(entry, nbytes)
                 continue
-            basis, t, lines = entry.estimate(nbytes, ll128)
+            basis, t, mode = entry.estimate(nbytes, ll128, compiled)
             if basis == "measured" and t is not None and t < floor_us:
                 refused.append(f"{entry.id}: measured {t:.3g} µs, below the fabric's latency ({floor_us:g} µs)")
                 continue
@@ -763,7 +775,17 @@ class Registry:
                     tuple(warnings),
                     tuple(refused),
                 )
-            return Selection(entry, basis, t, "", tuple(scan.bad), lines, tuple(warnings), tuple(refused))
+            return Selection(
+                entry,
+                basis,
+                t,
+                "",
+                tuple(scan.bad),
+                mode.lines,
+                tuple(warnings),
+                tuple(refused),
+                compiled=mode.compiled,
+            )
         reason = (
             f"no plan for {collective} on {known[0]} at {nbytes} bytes"
             + (f" in {dtype}" if dtype else "")
@@ -1053,9 +1075,9 @@ def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Ent
     timings = doc.get("timings", {})
     if not isinstance(timings, dict):
         raise _fail(source, "timings", "must be an object")
-    predicted, measured, measured_ll128 = (
+    predicted, *measured = (
         _times(timings.get(name, {}), f"timings.{name}", source, measured=name != "predicted_us")
-        for name in ("predicted_us", "measured_us", "measured_ll128_us")
+        for name in TIMING_TABLES
     )
     provenance = doc.get("provenance", {})
     if not isinstance(provenance, dict) or not isinstance(provenance.get("verification") or {}, dict):
@@ -1085,4 +1107,4 @@ def parse_entry(doc: object, source: str, expected_id: str | None = None) -> Ent
             f"{entry_id_!r} is not this plan's id on {key.topology} "
             f"({entry_id(plan, key.topology)!r}); edited by hand?",
         )
-    return Entry(entry_id_, key, plan, provenance, predicted, measured, measured_ll128)
+    return Entry(entry_id_, key, plan, provenance, predicted, *measured)

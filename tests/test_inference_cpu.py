@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from executor.inference.plans import PlanChoice, disagreement, fixed_reduction_order, safe_back_to_back
 from executor.inference.topology import board_spec, machine_topology
+from registry.index import Mode
 from registry.store import Registry
 from topologies.catalog import build
 from topologies.detect import load_facts, topology_from_facts
@@ -167,7 +168,8 @@ def test_with_ll128_the_committed_2xh200_registry_runs_lines_only_where_they_mea
     choice = PlanChoice(registry, build("hgx_h200:gpus=2").fingerprints, 2, ll128=True)
     for batch in (1, 4, 16, 64):
         nbytes = batch * 8192 * 2
-        plan, lines = choice.choose("allreduce", nbytes, "bf16")
+        plan, mode = choice.choose("allreduce", nbytes, "bf16")
+        lines = mode.lines
         entry = next(e for e in choice.entries if e.plan.content_hash == plan.content_hash)
         table = entry.measured_ll128_us if lines else entry.measured_us
         assert nbytes in table and not (lines and plan.protocol != "LL")
@@ -191,7 +193,8 @@ def test_the_committed_all_to_all_registries_serve_each_benched_size_with_its_fa
     for ll128 in (False, True):
         choice = PlanChoice(registry, build(f"hgx_h200:gpus={nranks}").fingerprints, nranks, ll128=ll128)
         for nbytes in [r["size"] for r in rows]:
-            plan, lines = choice.choose("alltoall", nbytes, "bf16")
+            plan, mode = choice.choose("alltoall", nbytes, "bf16")
+            lines = mode.lines
             entry = next(e for e in choice.entries if e.plan.content_hash == plan.content_hash)
             tables = [(e, e.measured_us) for e in choice.entries] + (
                 [(e, e.measured_ll128_us) for e in choice.entries] if ll128 else []
@@ -226,7 +229,34 @@ def test_an_executor_with_ll128_lines_chooses_by_the_times_measured_with_them():
     registry.record_timing(ll.id, 1024, 4.0, ll128=True)
     registry.record_timing(simple.id, 1024, 8.0)
     small = PlanChoice(registry, fingerprint, 2, ll128=True)
-    assert small.choose("allreduce", 1024, "bf16") == (ll.plan, False)
+    assert small.choose("allreduce", 1024, "bf16") == (ll.plan, Mode())
+
+
+def test_an_executor_that_compiles_plans_chooses_by_the_times_measured_compiled():
+    location = "memory://inference-cpu-compiled"
+    ll = _commit(location, MINE, "direct")
+    simple = _commit(location, MINE, "direct", protocol="simple")
+    registry, size = Registry(location), 4096
+    registry.record_timing(ll.id, size, 4.6)  # interpreted
+    registry.record_timing(simple.id, size, 4.2)
+    registry.record_timing(ll.id, size, 3.8, ll128=True, compiled=True)  # its own kernel, with lines
+    registry.record_timing(simple.id, size, 3.9, compiled=True)
+    fingerprint = build(MINE).fingerprint
+    # an executor that compiles nothing never counts compiled times; one that moves no lines, none with lines
+    assert PlanChoice(registry, fingerprint, 2, ll128=True).choose("allreduce", size, "bf16") == (simple.plan, Mode())
+    assert PlanChoice(registry, fingerprint, 2, compiled=True).choose("allreduce", size, "bf16") == (
+        simple.plan,
+        Mode(compiled=True),
+    )
+    both = PlanChoice(registry, fingerprint, 2, ll128=True, compiled=True)
+    assert both.choose("allreduce", size, "bf16") == (ll.plan, Mode(lines=True, compiled=True))
+    assert both.lines("allreduce", size, "bf16") and both.mode("allreduce", size, "bf16").compiled
+    # ranks that disagree on whether they compile must not agree on a basis
+    assert both.basis() != PlanChoice(registry, fingerprint, 2, ll128=True).basis()
+    # Registry.select says the same to `weft registry select`
+    picked = registry.select(fingerprint, "allreduce", size, "bf16", 2, ll128=True, compiled=True)
+    assert picked.entry.id == ll.id and picked.lines and picked.compiled and picked.time_us == 3.8
+    assert not registry.select(fingerprint, "allreduce", size, "bf16", 2, ll128=True).compiled
 
 
 def test_ranks_agree_on_plans_only_when_every_view_is_the_same():

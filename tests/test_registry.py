@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from registry import store as registry_module
+from registry.index import Mode
 from registry.store import NotVerified, Registry, dumps, entry_text
 from schedules.plan.io import parse_plan
 
@@ -250,6 +251,24 @@ def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
     plain, lined = reg.select(TOPO, "allgather", 1024), reg.select(TOPO, "allgather", 1024, ll128=True)
     assert (plain.entry.id, plain.lines, plain.time_us) == (a.id, False, 5.0)
     assert (lined.entry.id, lined.lines, lined.time_us) == (b.id, True, 3.0)
+    # and its compiled kernels (`weft bench --compiled`: plan hash, +ll128 with lines), apart again; a size whose
+    # fastest compiled kernel gave a wrong result records no compiled time
+    rows[0]["plans_compiled_us"] = {a.plan.content_hash: 2.5, b.plan.content_hash + "+ll128": 2.0}
+    rows[1]["plans_compiled_us"] = {a.plan.content_hash: 1.0}
+    rows[1]["wrong"], rows[0]["compiled_wrong"] = 0, 0
+    rows.append({**rows[0], "size": 16384, "compiled_wrong": 3, "plans_compiled_us": {a.plan.content_hash: 0.5}})
+    _record(Namespace(registry=str(tmp_path), collective="allgather"), rows)
+    assert reg.get(a.id).measured_compiled_us == {1024: 2.5, 4096: 1.0}
+    assert reg.get(b.id).measured_ll128_compiled_us == {1024: 2.0} and not reg.get(b.id).measured_compiled_us
+    assert reg.get(a.id).to_json()["timings"]["measured_compiled_us"] == {"1024": 2.5, "4096": 1.0}
+    interpreted = reg.select(TOPO, "allgather", 1024, ll128=True)
+    kernel = reg.select(TOPO, "allgather", 1024, ll128=True, compiled=True)
+    assert (interpreted.entry.id, interpreted.compiled, interpreted.time_us) == (b.id, False, 3.0)
+    assert (kernel.entry.id, kernel.lines, kernel.compiled, kernel.time_us) == (b.id, True, True, 2.0)
+    # a commit of the same plan again keeps every table (the index row carries them to selection too)
+    again = commit(reg, "a", protocol="LL")
+    assert reg.get(again.id).measured_compiled_us == {1024: 2.5, 4096: 1.0}
+    assert reg.select(TOPO, "allgather", 4096, compiled=True).time_us == 1.0
 
 
 def test_ll128_times_are_kept_apart_and_survive_a_commit(tmp_path):
@@ -267,16 +286,16 @@ def test_ll128_times_are_kept_apart_and_survive_a_commit(tmp_path):
     reg.record_timing(entry.id, 1024, 4.0)
     reg.record_timing(entry.id, 1024, 6.0, ll128=True)
     got = reg.get(entry.id)
-    assert got.estimate(1024, ll128=True) == ("measured", 4.0, False)
-    assert got.estimate(1 << 20, ll128=True) == ("measured", 9.0, True)
-    assert got.estimate(1 << 20) == ("measured", 14.0, False)
+    assert got.estimate(1024, ll128=True) == ("measured", 4.0, Mode())
+    assert got.estimate(1 << 20, ll128=True) == ("measured", 9.0, Mode(lines=True))
+    assert got.estimate(1 << 20) == ("measured", 14.0, Mode())
     only_lines = commit(reg, "only-lines", protocol="LL")
     reg.record_timing(only_lines.id, 1 << 20, 8.0, ll128=True)
     assert not reg.get(only_lines.id).measured() and reg.get(only_lines.id).measured(ll128=True)
     # a Simple plan has no packets to move as lines: times filed under lines do not count for it
     simple = commit(reg, "simple")
     reg.record_timing(simple.id, 1 << 20, 1.0, ll128=True)
-    assert not reg.get(simple.id).measured(ll128=True) and reg.get(simple.id).estimate(1 << 20, True)[2] is False
+    assert not reg.get(simple.id).measured(ll128=True) and reg.get(simple.id).estimate(1 << 20, True)[2] == Mode()
 
 
 def test_committing_a_plan_again_keeps_its_measured_times(tmp_path):

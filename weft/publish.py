@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from executor.reference import proofs
+from registry.index import Mode
 from registry.pack import PACKED_FORMAT
 from registry.store import (
     BASELINES_FORMAT,
@@ -271,32 +272,48 @@ def _import_doc(doc: object, path: Path) -> tuple[Plan, str | None, Entry | None
 def record_bench(
     registry: Registry, collective: str, rows: list[dict], source: str = "bench rows"
 ) -> tuple[int, list[str]]:
-    """A bench job's times into ``registry``: each plan's into its entry (times with LL128 lines apart), and
-    NCCL's, measured in the same job, per topology of the plans timed. A size whose fastest plan gave a wrong
-    result records nothing. Every row is checked first, and nothing is written unless all of it can be.
+    """A bench job's times into ``registry``: each plan's into its entry (times with LL128 lines, and as a compiled
+    kernel, apart: ``Mode``), and NCCL's, measured in the same job, per topology of the plans timed. A size whose
+    fastest plan gave a wrong result records nothing; one whose fastest compiled kernel did records no compiled
+    time. Every row is checked first, and nothing is written unless all of it can be.
     Returns how many plan times were stored, and the plans skipped as not in the registry (hash, and name where
     the file gives it)."""
     _check_rows(rows, source)
     entries = {e.plan.content_hash: e for e in registry.entries(collective=collective)}
-    times: dict[str, list[tuple[int, float, bool]]] = {}
+    times: dict[str, list[tuple[int, float, Mode]]] = {}
     nccl: dict[str, dict[int, float]] = {}
     skipped: dict[str, str] = {}
     for row in rows:
         if row["wrong"]:
             continue
         plain = row["plans_us"] if "plans_us" in row else {} if row.get("lines") else {row["plan_hash"]: row["weft_us"]}
-        lined = row.get("plans_ll128_us", {})
-        for table, ll128 in ((plain, False), (lined, True)):
+        tables = [(plain, Mode()), (row.get("plans_ll128_us", {}), Mode(lines=True))]
+        if not row.get("compiled_wrong"):
+            kernels = row.get("plans_compiled_us", {})
+            for lines in (False, True):
+                tables.append(
+                    ({_unsuffixed(k): us for k, us in kernels.items() if _lined(k) == lines}, Mode(lines, True))
+                )
+        for table, mode in tables:
             for plan_hash, us in table.items():
                 if plan_hash not in entries:
                     named = row.get("plan") if row.get("plan_hash") == plan_hash else None
                     skipped[plan_hash] = skipped.get(plan_hash) or (f"{plan_hash} ({named})" if named else plan_hash)
                 if plan_hash in entries:
-                    times.setdefault(entries[plan_hash].id, []).append((row["size"], float(us), ll128))
+                    times.setdefault(entries[plan_hash].id, []).append((row["size"], float(us), mode))
                     if row.get("nccl_us") is not None:
                         nccl.setdefault(entries[plan_hash].key.topology, {})[row["size"]] = float(row["nccl_us"])
     registry.record_timings(times, {topology: {collective: table} for topology, table in nccl.items()})
     return sum(len(v) for v in times.values()), [skipped[k] for k in sorted(skipped)]
+
+
+def _lined(key: str) -> bool:
+    """Whether a ``plans_compiled_us`` key (a plan hash, +ll128 for a time with LL128 lines) is one with lines."""
+    return key.endswith(Mode(lines=True).suffix)
+
+
+def _unsuffixed(key: str) -> str:
+    return key.removesuffix(Mode(lines=True).suffix)
 
 
 def _check_rows(rows: object, source: str) -> None:
@@ -319,7 +336,10 @@ def _check_rows(rows: object, source: str) -> None:
             )
         if wrong:
             continue
-        tables = [("plans_ll128_us", row.get("plans_ll128_us", {}))]
+        tables = [
+            ("plans_ll128_us", row.get("plans_ll128_us", {})),
+            ("plans_compiled_us", row.get("plans_compiled_us", {})),
+        ]
         if "plans_us" in row or row.get("lines"):
             tables.append(("plans_us", row.get("plans_us", {})))
         else:
@@ -377,6 +397,7 @@ def select(
     dtype: str | None = None,
     ll128: bool = False,
     progress: Progress | None = None,
+    compiled: bool = False,
 ) -> Selection:
     """``Registry.select`` for a fabric (a spec, a file, a Topology or a fingerprint): only entries of its rank
     count, measured no faster than its latency allows, whose plan this machine proved on the reference executor
@@ -394,4 +415,5 @@ def select(
         ll128,
         trust=lambda entry: protocol_refusal(entry.plan) or proven(entry, progress),  # what a GPU job could run
         floor_us=latency_floor_us(fabric) if fabric else 0.0,
+        compiled=compiled,
     )

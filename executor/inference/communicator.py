@@ -72,6 +72,7 @@ from executor.inference.streams import torch_order
 from executor.inference.topology import machine_topology, p2p_works
 from executor.port.engine import PortEngine
 from executor.reference.norm import RowNorm, best_norm_plan, rows_refusal
+from registry.index import Mode
 from registry.store import Registry, RegistryError
 from schedules.collectives import Collective
 from schedules.plan.types import Plan
@@ -83,6 +84,12 @@ NOT_CONTIGUOUS = "a tensor (input, residual or weight) is not contiguous"
 DTYPES = ops.DTYPES
 
 Agree = Callable[[str, object], list]  # every rank's value for one named agreement, in rank order (collective)
+
+
+def _kernel(mode: Mode) -> dict[str, bool]:
+    """An engine call's ``compiled`` option for ``mode``: given only when the plan runs compiled (an engine without
+    compiled kernels is never asked)."""
+    return {"compiled": True} if mode.compiled else {}
 
 
 class Communicator:
@@ -267,11 +274,14 @@ class Communicator:
 
     def lines_for(self, collective: str, nbytes: int, dtype: torch.dtype) -> bool:
         """Whether ``plan_for``'s plan moves LL128 lines (``ll128`` set, and measured faster so at this size)."""
-        return (
-            self.plan_for(collective, nbytes, dtype) is not None
-            and self.choice is not None
-            and self.choice.lines(collective, nbytes, DTYPES[dtype])
-        )
+        return self.mode_for(collective, nbytes, dtype).lines
+
+    def mode_for(self, collective: str, nbytes: int, dtype: torch.dtype) -> Mode:
+        """How ``plan_for``'s plan runs: with LL128 lines, as its own compiled kernel (each where the registry
+        measured it faster so at this size, and this engine can), or ``Mode()``."""
+        if self.plan_for(collective, nbytes, dtype) is None or self.choice is None:
+            return Mode()
+        return self.choice.mode(collective, nbytes, DTYPES[dtype])
 
     def is_prepared(self, plan: Plan, nbytes: int, dtype: torch.dtype, residual: bool = False) -> bool:
         """Whether ``plan`` can run this size (with a residual, where ``residual`` and the plan adds one in its
@@ -566,8 +576,8 @@ class Communicator:
             target = (
                 output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
             )
-            lines = self._lines(plan.collective, tensor, output.numel())
-            self.engine.execute(plan, tensor.contiguous().view(-1), target.view(-1), lines=lines)
+            mode = self._mode(plan.collective, tensor, output.numel())
+            self.engine.execute(plan, tensor.contiguous().view(-1), target.view(-1), lines=mode.lines, **_kernel(mode))
             self.paths[self.engine.direct_path] += 1
             if target is not output:
                 output.copy_(target)
@@ -613,8 +623,10 @@ class Communicator:
         if norm is None and not all(t.is_contiguous() for t in buffers):  # joins the peers' verdict on the call
             why = self._together(BIND_VERDICT, "the tensor is not contiguous")
         else:
-            lines = self._lines(plan.collective, tensor, output.numel())
-            why = self.engine.execute_captured(plan, tensor, output, lines=lines, residual=residual, norm=norm)
+            mode = self._mode(plan.collective, tensor, output.numel())
+            why = self.engine.execute_captured(
+                plan, tensor, output, lines=mode.lines, residual=residual, norm=norm, **_kernel(mode)
+            )
         if why:
             self._fallback(
                 what or plan.collective, nbytes, tensor.dtype, why, "through the staging buffer in this graph"
@@ -637,8 +649,8 @@ class Communicator:
         if residual is not None:
             added = self.staging.residual[:nbytes].view(tensor.dtype)
             added.view(residual.shape).copy_(residual)
-        lines = self._lines(plan.collective, tensor, out_numel)
-        self.engine.execute(plan, source, staged, lines=lines, residual=added)
+        mode = self._mode(plan.collective, tensor, out_numel)
+        self.engine.execute(plan, source, staged, lines=mode.lines, residual=added, **_kernel(mode))
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], residual is not None))
         self.paths["staging"] += 1
         return staged
@@ -657,7 +669,7 @@ class Communicator:
         added.view(residual.shape).copy_(residual)
         normed, staged_weight = self.staging.norm_buffers(nbytes, weight.numel() * weight.element_size(), weight.dtype)
         staged_weight.copy_(weight)
-        lines = self._lines("allreduce", tensor, tensor.numel())
+        lines = self._mode("allreduce", tensor, tensor.numel()).lines  # (the fused call's plans run interpreted)
         self.engine.execute(
             plan, source, staged, lines=lines, residual=added, norm=NormCall(norm.rows, staged_weight, normed)
         )
@@ -692,10 +704,10 @@ class Communicator:
         ]
         return best_norm_plan(norm_candidates(serving, nbytes, choice.ll128), nbytes, name, rows, engine.norm_refusal)
 
-    def _lines(self, collective: str, tensor: torch.Tensor, out_numel: int) -> bool:
-        """LL128 lines where the registry's plan for ``collective`` at this call's size runs them."""
+    def _mode(self, collective: str, tensor: torch.Tensor, out_numel: int) -> Mode:
+        """How the registry's plan for ``collective`` at this call's size runs (LL128 lines, its compiled kernel)."""
         nbytes = max(tensor.numel(), out_numel) * tensor.element_size()
-        return self.choice is not None and self.choice.lines(collective, nbytes, DTYPES[tensor.dtype])
+        return Mode() if self.choice is None else self.choice.mode(collective, nbytes, DTYPES[tensor.dtype])
 
     def _too_large(self, nbytes: int) -> bool:
         """Past the staging buffers, where a staging engine's calls go to NCCL."""
@@ -737,7 +749,14 @@ class Communicator:
             return f"topology {found.name} places every rank on one host, but the ranks run on several"
         try:
             lines = ll128 and self.stages  # only the interpreter moves LL128 lines
-            self.choice = PlanChoice(Registry(registry), found.fingerprints, self.world_size, self.deterministic, lines)
+            self.choice = PlanChoice(
+                Registry(registry),
+                found.fingerprints,
+                self.world_size,
+                self.deterministic,
+                lines,
+                compiled=self.stages,  # and only it compiles plans to kernels: their measured times count where it runs
+            )
         except (RegistryError, ImportError) as e:  # no registry location (platformdirs missing) is NCCL too
             return f"the plan registry cannot be read: {e}"
         # only plans the engine runs as this communicator calls it, so that no call fails that NCCL would have run

@@ -52,8 +52,10 @@ class Engine(Protocol):
         lines: bool | None = None,
         residual: Any = None,
         norm: Any = None,
+        compiled: bool | None = None,
     ) -> Any:
-        """Run ``plan`` eagerly on the caller's current stream; the output."""
+        """Run ``plan`` eagerly on the caller's current stream; the output. ``compiled``: as the plan's own kernel
+        (an engine without compiled kernels refuses True)."""
         ...
 
     def capture(self) -> AbstractContextManager[Any]:
@@ -69,6 +71,7 @@ class Engine(Protocol):
         lines: bool | None = None,
         residual: Any = None,
         norm: Any = None,
+        compiled: bool | None = None,
     ) -> str:
         """Inside ``capture()``: run ``plan`` on these tensors with no copy; '' when it did, else why not."""
         ...

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from executor.gpu.protocols import protocol_refusal
 from executor.reference.proofs import proven
+from registry.index import Mode
 from registry.store import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 from schedules.plan.types import Plan
 
@@ -124,10 +125,11 @@ class PlanChoice:
     nranks: int
     deterministic: bool = False
     ll128: bool = False  # the executor can move LL packets as LL128 lines: their measured times count too
+    compiled: bool = False  # the executor can run a plan as its own compiled kernel: those measured times count too
     trust: Callable[[Plan], str] = proven  # plan -> '' or why it must not run
     entries: list[Entry] = field(init=False)
     nccl_us: dict[str, dict[int, float]] = field(init=False)  # NCCL's measured times here, per collective
-    _chosen: dict[tuple[str, int, str], tuple[Plan, bool] | None] = field(init=False, default_factory=dict)
+    _chosen: dict[tuple[str, int, str], tuple[Plan, Mode] | None] = field(init=False, default_factory=dict)
     _reasons: dict[tuple[str, int, str], str] = field(init=False, default_factory=dict)
     _trusted: dict[str, str] = field(init=False, default_factory=dict)  # entry id -> '' or why ``trust`` refused it
 
@@ -147,9 +149,9 @@ class PlanChoice:
         """A digest of everything that decides a choice here (the entries, their recorded times, NCCL's, and the
         options): ranks whose bases differ could pick different plans or lines for one call, and hang each other."""
         seen = {
-            "entries": sorted((e.id, e.predicted_us, e.measured_us, e.measured_ll128_us) for e in self.entries),
+            "entries": sorted((e.id, e.predicted_us, e.measured_tables()) for e in self.entries),
             "nccl_us": self.nccl_us,
-            "options": [self.nranks, self.deterministic, self.ll128],
+            "options": [self.nranks, self.deterministic, self.ll128, self.compiled],
         }
         return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -159,11 +161,16 @@ class PlanChoice:
 
     def lines(self, collective: str, nbytes: int, dtype: str) -> bool:
         """Whether the chosen plan runs with LL128 lines (measured faster so at this size), else with its packets."""
-        chosen = self.choose(collective, nbytes, dtype)
-        return bool(chosen and chosen[1])
+        return self.mode(collective, nbytes, dtype).lines
 
-    def choose(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, bool] | None:
-        """(plan, with LL128 lines) for this call, or None (NCCL)."""
+    def mode(self, collective: str, nbytes: int, dtype: str) -> Mode:
+        """How the chosen plan runs (``Mode``: LL128 lines, its own compiled kernel), as measured fastest at this
+        size; ``Mode()`` where no plan is chosen."""
+        chosen = self.choose(collective, nbytes, dtype)
+        return chosen[1] if chosen else Mode()
+
+    def choose(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, Mode] | None:
+        """(plan, how it runs) for this call, or None (NCCL)."""
         key = (collective, nbytes, dtype)
         if key not in self._chosen:
             chosen = self._best(collective, nbytes, dtype)
@@ -177,7 +184,7 @@ class PlanChoice:
         """Why ``choose`` gives None for this call (no plan fits, or NCCL measured faster), else ''."""
         return "" if self.choose(collective, nbytes, dtype) else self._reasons[(collective, nbytes, dtype)]
 
-    def _best(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, bool] | None:
+    def _best(self, collective: str, nbytes: int, dtype: str) -> tuple[Plan, Mode] | None:
         fits = [
             e
             for e in self.entries
@@ -199,18 +206,23 @@ class PlanChoice:
             if not fits:
                 self._reasons[(collective, nbytes, dtype)] = "refused: " + "; ".join(refused)
                 return None
-        basis, time_us, lines = best.estimate(nbytes, self.ll128)
+        basis, time_us, mode = best.estimate(nbytes, self.ll128, self.compiled)
         nccl = nccl_faster(self.nccl_us.get(collective, {}), nbytes, basis, time_us)
         if nccl is not None and time_us is not None:  # nccl_faster says None without a time
             self._reasons[(collective, nbytes, dtype)] = nccl_reason(collective, nbytes, nccl, best.plan.name, time_us)
             return None
-        return best.plan, lines
+        return best.plan, mode
 
     def _fastest(self, fits: list[Entry], nbytes: int) -> Entry:
         # As in Registry.select, measurements beat predictions: where any candidate was measured, only measured
         # ones compete. The cost model does not price the protocol, so among equal predictions LL (no flag round
         # trip per step) goes first.
-        ranked = [e for e in fits if e.measured(self.ll128)] or fits
+        ranked = [e for e in fits if e.measured(self.ll128, self.compiled)] or fits
         return min(
-            ranked, key=lambda e: (e.estimate_us(nbytes, self.ll128)[1] or math.inf, e.plan.protocol != "LL", e.id)
+            ranked,
+            key=lambda e: (
+                e.estimate_us(nbytes, self.ll128, self.compiled)[1] or math.inf,
+                e.plan.protocol != "LL",
+                e.id,
+            ),
         )

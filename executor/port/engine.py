@@ -213,10 +213,12 @@ class PortEngine:
         lines: bool | None = None,
         residual: Any = None,
         norm: Any = None,
+        compiled: bool | None = None,
     ) -> Any:
         """Run ``plan`` on ``input`` (and ``output``, allocated when None) on the current stream; the output.
         An in-place plan runs on one buffer: pass the larger of its input and output as ``input`` and no
-        ``output`` (the smaller lives inside it at the rank's slice); the result is that buffer."""
+        ``output`` (the smaller lives inside it at the rank's slice); the result is that buffer. The engine runs
+        programs of NCCL calls and compiles no kernels: ``compiled=True`` is refused."""
         plan = (
             load_plan(plan)
             if isinstance(plan, (str, Path))
@@ -224,9 +226,10 @@ class PortEngine:
             if isinstance(plan, dict)
             else plan
         )
-        if lines or residual is not None or norm is not None:
+        if lines or compiled or residual is not None or norm is not None:
             raise ExecutorError(
-                f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no residual, no norm)"
+                f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no compiled kernel, no residual,"
+                " no norm)"
             )
         if protocol_refusal(plan):
             raise ExecutorError(protocol_refusal(plan))

@@ -46,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="for an executor that can move LL packets as LL128 lines: their measured times count too",
     )
+    q.add_argument(
+        "--compiled",
+        action="store_true",
+        help="for an executor that can run a plan as its own compiled kernel (the GPU interpreter's Communicator): "
+        "the times measured so count too",
+    )
     q.add_argument("--json", action="store_true")
     q = cmd("remove", "remove an entry", _remove)
     q.add_argument("id", help="the entry's id, or the name of the plan it holds")
@@ -120,13 +126,13 @@ def sizes_sentence(entry) -> str:
 
 
 def best_time(entry) -> tuple[str, float | None, int | None]:
-    """(basis, µs, bytes): the entry's fastest measured time (with or without LL128 lines), else its fastest
+    """(basis, µs, bytes): the entry's fastest measured time (in any mode: LL128 lines, compiled), else its fastest
     predicted time, among the sizes it serves (its range's smallest size, and the recorded sizes inside the
     range); ("none", None, None) where it has neither."""
     from registry.index import interpolate
 
     for basis, tables in (
-        ("measured", (entry.measured_us, entry.measured_ll128_us)),
+        ("measured", tuple(entry.measured_tables().values())),
         ("predicted", (entry.predicted_us,)),
     ):
         points = [(us, size) for table in tables for size, us in table.items() if entry.key.covers(size)]
@@ -283,11 +289,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _select(args: argparse.Namespace) -> int:
+    from registry.index import Mode
     from weft import publish
 
     nbytes = parse_bytes(args.size)
     sel = publish.select(
-        args.registry, args.topology, args.collective, nbytes, args.dtype, args.ll128, progress_after()
+        args.registry, args.topology, args.collective, nbytes, args.dtype, args.ll128, progress_after(), args.compiled
     )
     for line in sel.skipped:
         print(f"weft: warning: skipped {line}", file=sys.stderr)
@@ -304,6 +311,7 @@ def _select(args: argparse.Namespace) -> int:
                     "basis": sel.basis,
                     "time_us": sel.time_us,
                     "lines": sel.lines,
+                    "compiled": sel.compiled,
                     "reason": sel.reason,
                     "prediction": note,
                 },
@@ -325,9 +333,9 @@ def _select(args: argparse.Namespace) -> int:
         if sel.basis == "predicted":
             note = f" ({prediction_note(sel.entry, args.topology)}{where})"
         else:
-            note = f" ({where[2:]})" if where and not sel.lines else ""
+            note = f" ({where[2:]})" if where and not (sel.lines or sel.compiled) else ""
         print(
-            f"{sel.entry.id}  {sel.entry.plan.name}{'+ll128' if sel.lines else ''}  {sel.basis} "
+            f"{sel.entry.id}  {sel.entry.plan.name}{Mode(sel.lines, sel.compiled).suffix}  {sel.basis} "
             f"{time} at {format_bytes(nbytes)}{note}"
         )
     return 0 if sel.entry else 1
