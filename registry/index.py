@@ -117,8 +117,14 @@ class Timings:
         return bool(self.tables(ll128, compiled))
 
     def estimate(self, nbytes: int, ll128: bool = False, compiled: bool = False) -> tuple[str, float | None, Mode]:
-        """('measured'|'predicted'|'none', time at nbytes, the mode that time was measured in: how to run it)."""
-        options = [(interpolate(table, nbytes), mode) for mode, table in self.tables(ll128, compiled)]
+        """('measured'|'predicted'|'none', time at nbytes, the mode that time was measured in: how to run it).
+
+        A mode's own table (lines, compiled) counts only inside the sizes it was measured at, so that a kernel timed
+        at 64 KB is not taken to run 1 MB in that time; the plain table extrapolates as before, and where nothing
+        else was measured, so does a mode's."""
+        tables = self.tables(ll128, compiled)
+        inside = [(m, t) for m, t in tables if m == Mode() or min(t) <= nbytes <= max(t)]
+        options = [(interpolate(table, nbytes), mode) for mode, table in inside or tables]
         if options:
             time_us, mode = min(options)
             return "measured", time_us, mode

@@ -271,6 +271,22 @@ def test_bench_record_stores_every_plans_time_and_skips_wrong_sizes(tmp_path):
     assert reg.select(TOPO, "allgather", 4096, compiled=True).time_us == 1.0
 
 
+def test_a_modes_times_count_only_inside_the_sizes_they_were_measured_at(tmp_path):
+    reg = Registry(tmp_path)
+    entry = commit(reg, "modes", protocol="LL")
+    for nbytes, us in ((64 << 10, 4.0), (1 << 20, 11.0)):
+        reg.record_timing(entry.id, nbytes, us)
+    reg.record_timing(entry.id, 64 << 10, 2.0, compiled=True)  # a kernel timed at 64 KB only
+    got = reg.get(entry.id)
+    assert got.estimate(64 << 10, compiled=True) == ("measured", 2.0, Mode(compiled=True))
+    assert got.estimate(1 << 20, compiled=True) == ("measured", 11.0, Mode())  # not 2 µs at 1 MB
+    reg.record_timing(entry.id, 1 << 20, 9.0, compiled=True)  # now measured at both ends: between them, interpolated
+    assert reg.get(entry.id).estimate(256 << 10, compiled=True)[2] == Mode(compiled=True)
+    alone = commit(reg, "only-compiled")
+    reg.record_timing(alone.id, 64 << 10, 3.0, compiled=True)  # nothing else measured: its one table extrapolates
+    assert reg.get(alone.id).estimate(1 << 20, compiled=True)[0::2] == ("measured", Mode(compiled=True))
+
+
 def test_ll128_times_are_kept_apart_and_survive_a_commit(tmp_path):
     reg = Registry(tmp_path)
     entry = commit(reg, "lines", protocol="LL")

@@ -302,3 +302,31 @@ def test_show_and_remove_take_a_plan_name_where_it_names_one_entry(tmp_path, cap
     assert capsys.readouterr().out == f"removed {entry_id} ({name})\n"
     assert main(["registry", "show", name, "--registry", reg]) == 2
     assert f"no entry {name!r}" in capsys.readouterr().err
+
+
+def test_compiled_times_from_a_bench_file_are_recorded_apart_and_selected_only_for_a_compiling_executor(
+    tmp_path, capsys
+):
+    """`weft bench --compiled` on 2xH200 (bench/results/compiled_ab_2xh200/ar_compiled.json) timed every registry plan
+    interpreted and as its own kernel in one job; recorded into a copy of the registry it ran from, a compiling
+    executor's selection runs the fastest kernel and says so, and a plain one keeps the interpreter's times."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    results = root / "bench" / "results" / "compiled_ab_2xh200" / "ar_compiled.json"
+    registry = tmp_path / "registry"
+    shutil.copytree(root / "bench" / "registry_h200x2", registry)
+    assert main(["registry", "record", str(results), "--registry", str(registry)]) == 0
+    capsys.readouterr()
+    row = next(r for r in json.loads(results.read_text())["rows"] if r["size"] == 1024)
+    base = ["registry", "select", "-t", "hgx_h200:gpus=2", "allreduce", "--size", "1KB", "--registry", str(registry)]
+    picks = {}
+    for compiled in (False, True):
+        assert main([*base, "--ll128", "--json", *(["--compiled"] if compiled else [])]) == 0
+        picks[compiled] = json.loads(capsys.readouterr().out)
+    assert picks[True]["compiled"] and not picks[False]["compiled"]
+    assert picks[True]["time_us"] == pytest.approx(min(row["plans_compiled_us"].values()))
+    assert picks[True]["time_us"] < picks[False]["time_us"]
+    assert main([*base, "--compiled"]) == 0
+    assert "+compiled  measured" in capsys.readouterr().out

@@ -5,8 +5,10 @@ all-reduce's must match NCCL's. The engine's ``precompile`` builds every one of 
 by side, and the calls then build none; then zero-copy CUDA graphs of compiled all-reduces, replayed on fresh inputs.
 
 Last, the torch-facing ``Communicator`` made with ``compiled=True`` over the committed registry serves all-reduce,
-all-gather and reduce-scatter through compiled kernels. One job (a process per GPU) runs every scenario; it needs
-CuPy with NVRTC (the kernels are built at run time).
+all-gather and reduce-scatter through compiled kernels; and one made without it, on a copy of that registry where
+one size was measured faster compiled (``measured_compiled_us``), runs that size's plan compiled (selection, not a
+switch), eager and in a zero-copy graph, and the other sizes interpreted. One job (a process per GPU) runs every
+scenario; it needs CuPy with NVRTC (the kernels are built at run time).
 """
 
 from __future__ import annotations
@@ -68,6 +70,14 @@ def test_the_communicator_serves_calls_through_compiled_kernels(results):
     for row in each(results, "communicator"):
         assert row["wrong"] == {"all_reduce": 0, "all_gather_into_tensor": 0, "reduce_scatter_tensor": 0}, row
         assert row["weft_calls"] > 0 and row["refused"] == {}, row
+
+
+@pytest.mark.gpu
+def test_selection_runs_a_plan_compiled_only_where_it_was_measured_faster_so(results):
+    for row in each(results, "selected"):
+        assert row["compiled_at"] == {"selected": True, "other": False}, row
+        assert row["kernels"] > 0 and row["refused"] == {}, row  # the selected size built (or loaded) its kernel
+        assert row["wrong"] == {"eager": 0, "graph": 0} and row["zero_copy"] == 1, row
 
 
 # ------------------------------------------------------------------------------------------ the job (each rank)
@@ -199,6 +209,65 @@ def scenario_communicator(world: int, device) -> dict:
         comm.close()
 
 
+SELECTED_BYTES = 64 << 10  # the size recorded faster compiled in scenario_selected's registry
+
+
+def scenario_selected(world: int, device, rank: int, out_dir: Path) -> dict:
+    """A Communicator on the interpreter (no ``compiled`` switch) over a copy of the committed registry where every
+    all-reduce plan measured at SELECTED_BYTES was also measured compiled, at half its time: that size runs compiled
+    (``mode_for``; the engine gets its kernel), eager and captured zero-copy, with NCCL's sums; 1 MB, with no
+    compiled time, stays interpreted."""
+    import shutil
+
+    import torch
+
+    from executor import Communicator
+    from executor.gpu import compiled
+    from registry.store import Registry
+
+    copy = out_dir / f"registry-selected-{rank}"  # each rank its own copy, the same times: the same choice
+    shutil.copytree(registry_for(world), copy)
+    registry = Registry(str(copy))
+    for entry in registry.entries(collective="allreduce"):
+        if SELECTED_BYTES in entry.measured_us:
+            registry.record_timing(entry.id, SELECTED_BYTES, entry.measured_us[SELECTED_BYTES] / 2, compiled=True)
+    kernels = []
+    kernel_for = compiled.kernel_for
+
+    def counted(*args, **kwargs):
+        kernels.append(1)
+        return kernel_for(*args, **kwargs)
+
+    compiled.kernel_for = counted
+    comm = Communicator.from_process_group(registry=str(copy), topology=f"hgx_h200:gpus={world}")
+    try:
+        compiled_at = {
+            name: comm.mode_for("allreduce", nbytes, torch.bfloat16).compiled
+            for name, nbytes in (("selected", SELECTED_BYTES), ("other", 1 << 20))
+        }
+        x = torch.randn(SELECTED_BYTES // 2, device=device, dtype=torch.bfloat16)
+        wrong = {"eager": int(not sums_to(comm.all_reduce(x.clone()), x))}
+        before = comm.paths["zero_copy"]
+        with comm.capture():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = comm.all_reduce(x)
+        zero_copy = comm.paths["zero_copy"] - before
+        bad = 0
+        for k in range(4):
+            x.copy_(torch.randn(x.numel(), generator=torch.Generator(device=device).manual_seed(50 + k), device=device))
+            graph.replay()
+            bad += not sums_to(out, x)
+        torch.cuda.synchronize()
+        wrong["graph"] = bad
+        refused = dict(comm.engine.compiled_refused) if comm.engine is not None else {"engine": "did not start"}
+        row = {"compiled_at": compiled_at, "kernels": len(kernels), "refused": refused, "wrong": wrong}
+        return {**row, "zero_copy": zero_copy}
+    finally:
+        compiled.kernel_for = kernel_for
+        comm.close()
+
+
 def main() -> None:
     import torch.distributed as dist
 
@@ -216,6 +285,7 @@ def main() -> None:
             "eager": lambda: scenario_eager(comm, folder, rank, device),
             "graph": lambda: scenario_graph(graphs, folder, rank, device),
             "communicator": lambda: scenario_communicator(world, device),
+            "selected": lambda: scenario_selected(world, device, rank, out_dir),
         },
     )
     for c in (comm, graphs):
