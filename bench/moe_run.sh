@@ -76,8 +76,9 @@ for n in ${NS:-4 2}; do
   if [ "${SKIP_MOE:-0}" != 1 ]; then
     step "examples/moe_layer.py at EP=$n"
     CUDA_VISIBLE_DEVICES=$(visible $n) WEFT_REGISTRY="$REG" WEFT_TOPOLOGY="$(spec $n)" timeout -k 5 ${MOE_S:-150} \
-      python3 -m torch.distributed.run --nproc-per-node $n examples/moe_layer.py --iters ${MOE_ITERS:-30} --layers ${MOE_LAYERS:-1} --routing ${MOE_ROUTING:-shared} --tokens ${MOE_TOKENS:-1,2,4,8,16,32,64,128,256} \
-      --json "$OUT/moe_layer_${n}x$GPU.json" > "$OUT/moe_layer_x$n.log" 2>&1
+      python3 -m torch.distributed.run --nproc-per-node $n examples/moe_layer.py --iters ${MOE_ITERS:-30} \
+      --layers ${MOE_LAYERS:-1} --routing ${MOE_ROUTING:-shared} --tokens ${MOE_TOKENS:-1,2,4,8,16,32,64,128,256} \
+      $([ "${MOE_LOCAL:-0}" = 1 ] && echo --local) --json "$OUT/moe_layer_${n}x$GPU.json" > "$OUT/moe_layer_x$n.log" 2>&1
     echo "rc=$?" | tee -a "$LOG"; grep -v "NCCL INFO" "$OUT/moe_layer_x$n.log" | tail -n 12 | cut -c1-400 | tee -a "$LOG"
   fi
 done

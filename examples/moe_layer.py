@@ -142,6 +142,12 @@ def nccl_backend() -> Backend:
     return Backend(lambda out, inp: dist.all_to_all_single(out, inp), lambda shape: contextlib.nullcontext())
 
 
+def local_backend() -> Backend:
+    """The exchanges as local copies of the same bytes: the layer's time without communication (``--local``), so
+    that each backend's layer time less this one is what its exchanges cost inside the layer."""
+    return Backend(lambda out, inp: out.copy_(inp), lambda shape: contextlib.nullcontext())
+
+
 def weft_backend(comm) -> Backend:
     return Backend(comm.all_to_all_single, lambda shape: comm.capture(alltoall_sizes=[shape.alltoall_bytes]))
 
@@ -244,6 +250,11 @@ def main() -> None:
     p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both")
     p.add_argument("--layers", type=int, default=1, help="layers in a row in each graph; times are per layer")
     p.add_argument(
+        "--local",
+        action="store_true",
+        help="also time the layer with its exchanges as local copies (local_ms: the layer without communication)",
+    )
+    p.add_argument(
         "--routing", choices=("shared", "lean"), default="shared", help="lean: the routing in fewer kernels (torch)"
     )
     p.add_argument("--json", help="results file (rank 0; default bench/results/moe_layer_<EP>x<gpu>.json)")
@@ -269,6 +280,8 @@ def main() -> None:
 
         comm = Communicator.from_process_group()
         backends["weft"] = weft_backend(comm)
+    if args.local:
+        backends["local"] = local_backend()
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         shape = Shape(world, args.experts, args.ffn, tokens, args.capacity_factor)
