@@ -1,7 +1,9 @@
 """``weft bench`` end to end on GPUs: NCCL, symmetric memory and weft timed in one job, every result checked.
 
 With ``--ll128`` each LL plan is timed twice, with its LL16 packets and with LL128 lines (named PLAN+ll128), and
-the row keeps both sets of times apart, as ``--record`` stores them.
+the row keeps both sets of times apart, as ``--record`` stores them. With ``--compiled`` each plan is timed
+interpreted and as its own kernel (PLAN+compiled): weft's time is the faster that gave NCCL's result, and the row
+keeps the interpreter's fastest apart.
 """
 
 from __future__ import annotations
@@ -19,6 +21,39 @@ from conftest import gpu_count, nproc
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).parent.parent.parent
+
+
+def _bench(tmp_path, plans: list[Path], *options: str) -> tuple[dict, str]:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RANK", None)
+    argv = ["bench", "allreduce", "--nproc", str(nproc()), "--plans", *map(str, plans), *options, "-o", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-c", "from weft.cli import run; run()", *argv],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_bench_with_compiled_kernels_counts_the_faster_way_to_run_each_plan(tmp_path):
+    n = nproc()
+    if gpu_count() < n:
+        pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
+    names = ("allreduce-direct-ll-x1", "allreduce-twoshot-simple-x8")
+    plans = [scenarios.plans_dir(n) / f"{name}.json" for name in names]
+    options = ("--sizes", "64KB,1MB", "--compiled", "--samples", "3", "--calls", "5", "--timeout", "10")
+    doc, _ = _bench(tmp_path, plans, *options)
+    for row in doc["rows"]:
+        assert row["wrong"] == row["interpreted_wrong"] == row["compiled_wrong"] == 0, row
+        assert row["compiled_refused"] == {} and len(row["plans_compiled_us"]) == 2
+        assert row["weft_us"] == min(row["interpreted_us"], row["compiled_us"])
+        assert row["compiled"] == row["plan"].endswith("+compiled") == (row["compiled_us"] < row["interpreted_us"])
+        assert not row["interpreted_plan"].endswith("+compiled")
 
 
 def test_bench_times_ll_plans_with_and_without_lines(tmp_path):
