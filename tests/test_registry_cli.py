@@ -330,3 +330,10 @@ def test_compiled_times_from_a_bench_file_are_recorded_apart_and_selected_only_f
     assert picks[True]["time_us"] < picks[False]["time_us"]
     assert main([*base, "--compiled"]) == 0
     assert "+compiled  measured" in capsys.readouterr().out
+    # an export carries the compiled times to another registry, whose selection is the same
+    assert main(["registry", "export", str(tmp_path / "out"), "--registry", str(registry)]) == 0
+    assert main(["registry", "import", str(tmp_path / "out"), "--registry", str(tmp_path / "other")]) == 0
+    capsys.readouterr()
+    other = [*base[:-1], str(tmp_path / "other")]
+    assert main([*other, "--ll128", "--json", "--compiled"]) == 0
+    assert json.loads(capsys.readouterr().out) == picks[True]
