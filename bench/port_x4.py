@@ -96,17 +96,25 @@ def summarize(row: dict, names: dict) -> dict:
     }
 
 
-def _plans(collective: str, n: int, methods: str = "ring,direct,twoshot,milp,trees") -> tuple[list, dict]:
-    """The collective's two_hosts_2gpu plans named PLAN+lanesN, and each one's short name (METHOD-COLLECTIVE+lanesN)."""
+def _plans(
+    collective: str, n: int, methods: str = "ring,direct,twoshot,milp,trees", fabric_plans: tuple[Path, ...] = ()
+) -> tuple[list, dict]:
+    """The collective's two_hosts_2gpu plans named PLAN+lanesN, and each one's short name (METHOD-COLLECTIVE+lanesN);
+    then those of each ``fabric_plans`` folder (plans synthesized for the fabric this run uses, e.g.
+    two_hosts_2gpu_sockets), short-named METHOD-COLLECTIVE@FABRIC+lanesN (FABRIC: the folder's name past
+    two_hosts_2gpu_)."""
     from schedules.plan.io import load_plan
 
     plans, names = [], {}
-    for m in methods.split(","):
-        path = PLANS / f"{m}-{collective}.plan.json"
-        if path.exists():
-            named = dataclasses.replace(load_plan(path), name=f"{load_plan(path).name}{SUFFIX}{n}")
-            plans.append(named)
-            names[named.name] = f"{m}-{collective}{SUFFIX}{n}"
+    for folder in (PLANS, *fabric_plans):
+        tag = "" if folder == PLANS else "@" + folder.name.removeprefix(PLANS.name + "_")
+        for m in methods.split(","):
+            path = folder / f"{m}-{collective}.plan.json"
+            if path.exists():
+                plan = load_plan(path)
+                named = dataclasses.replace(plan, name=f"{plan.name}{tag}{SUFFIX}{n}")
+                plans.append(named)
+                names[named.name] = f"{m}-{collective}{tag}{SUFFIX}{n}"
     return plans, names
 
 
@@ -218,6 +226,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="1MB,16MB,64MB")
     parser.add_argument("--lanes", default="1,4")
     parser.add_argument("--methods", default="ring,direct,twoshot,milp,trees")
+    parser.add_argument(
+        "--fabric-plans",
+        action="append",
+        default=[],
+        type=Path,
+        help="a folder of plans synthesized for the fabric this run uses (examples/plans/two_hosts_2gpu_sockets), "
+        "timed beside the two_hosts_2gpu plans; repeatable",
+    )
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
@@ -243,7 +259,7 @@ def main() -> None:
     for n in lanes:  # one phase per lane count, each whole before the next: a stop loses only the later phases
         for size in parse_size_range(args.sizes):
             for collective in args.collectives.split(","):
-                plans, names = _plans(collective, n, args.methods)
+                plans, names = _plans(collective, n, args.methods, tuple(args.fabric_plans))
                 config = BenchConfig(
                     collective, (size,), "bf16", True, args.calls, args.samples, args.warmup, symm=False
                 )

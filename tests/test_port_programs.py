@@ -3,6 +3,7 @@ per-rank programs (sums and groups of point-to-point transfers) compute the coll
 each group blocks until its peers' groups meet it; host identity refuses CUDA IPC across hosts and names the
 channel and transport that cannot run."""
 
+import json
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
@@ -42,7 +43,33 @@ def test_the_two_host_plans_cover_every_method_and_collective():
         ("two_hosts_2gpu", "twoshot-allreduce.plan.json"),  # direct reduce-scatter, then direct all-gather
     } | {  # one hop each
         ("two_hosts_2gpu", f"{m}-alltoall.plan.json") for m in ("2dh", "direct")
-    }  # Tutel's 2DH and the flat one
+    } | {  # Tutel's 2DH and the flat one; then synthesized for the sockets fabric bench/port_x4.sh's final step uses
+        ("two_hosts_2gpu_sockets", f"{m}-{c}.plan.json") for m in ("milp", "trees") for c in ("allgather", "allreduce")
+    }
+
+
+def test_bench_port_x4_times_the_plans_synthesized_for_its_fabric_beside_the_others():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("port_x4", root / "bench" / "port_x4.py")
+    port_x4 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(port_x4)
+    sockets = root / "examples" / "plans" / "two_hosts_2gpu_sockets"
+    plans, names = port_x4._plans("allreduce", 4, fabric_plans=(sockets,))
+    assert sorted(names.values()) == [
+        "milp-allreduce+lanes4",
+        "milp-allreduce@sockets+lanes4",
+        "ring-allreduce+lanes4",
+        "trees-allreduce+lanes4",
+        "trees-allreduce@sockets+lanes4",
+        "twoshot-allreduce+lanes4",
+    ]
+    assert len({p.name for p in plans}) == len(plans)  # each timer its own name
+    assert {port_x4.method(n) for n in names.values() if "@" in n} <= set(port_x4.SYNTHESIZED)
+    # the sockets plans were synthesized for a fabric of the same ranks and hosts, without NVLink
+    topology = json.loads((root / "examples" / "topologies" / "two_hosts_2gpu_sockets.json").read_text())
+    assert topology["hosts"] == [0, 0, 1, 1] and all("net" in (link["src"], link["dst"]) for link in topology["links"])
 
 
 def test_a_one_shot_plan_is_one_group_of_transfers():
