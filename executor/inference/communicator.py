@@ -383,8 +383,9 @@ class Communicator:
         """Build now the compiled kernels of the plans this communicator runs for ``calls`` (collective, message
         bytes: the larger buffer's), NVRTC builds side by side (``threads``, default one a CPU), so that a server's
         first calls find them built (a build takes about a second each). For a communicator made with
-        ``compiled=True``; this rank's kernels only, no peer takes part. Returns {call: why} for the calls that will
-        not launch a compiled kernel (NCCL runs them, or the generator refuses the plan)."""
+        ``compiled=True``, or one whose registry measured sizes faster compiled (``mode_for``; the chosen plan's
+        kernel is built either way); this rank's kernels only, no peer takes part. Returns {call: why} for the calls
+        that will not launch a compiled kernel (NCCL runs them, or the generator refuses the plan)."""
         refused: dict[str, str] = {}
         wanted = []
         for collective, nbytes in calls:
