@@ -85,3 +85,21 @@ def test_every_results_file_is_named_where_it_is_used_and_every_link_resolves():
     for name, text in PAGES.items():
         for link in re.findall(r"\]\(((?:\.\./)?bench/results/[^)#]+)\)", text):
             assert ((ROOT / name).parent / link).exists(), (name, link)
+
+
+def test_the_compiled_kernel_figures_are_those_of_their_results_file():
+    """README and docs/codegen-executor.md give compiled kernels as 0.79–0.90× the interpreter's time per plan: at each
+    size of bench/results/compiled_ab_2xh200/ar_compiled.json, the median over plans of compiled / interpreted."""
+    import json
+    import statistics
+
+    doc = json.loads((ROOT / "bench" / "results" / "compiled_ab_2xh200" / "ar_compiled.json").read_text())
+    medians = []
+    for row in doc["rows"]:
+        times = row["median_us"]
+        kernels = [k for k in times if k.startswith("weft:") and k + "+compiled" in times]
+        pairs = [(times[k], times[k + "+compiled"]) for k in kernels]
+        medians.append(statistics.median(c / i for i, c in pairs))
+    low, high = f"{min(medians):.2f}", f"{max(medians):.2f}"
+    assert (low, high) == ("0.79", "0.90")
+    assert f"{low}–{high}× the interpreter's time per plan" in PAGES["README.md"].replace("\n  ", " ")
