@@ -63,41 +63,8 @@ def test_bench_times_ll_plans_with_and_without_lines(tmp_path):
     ll, simple = (
         scenarios.plans_dir(n) / name for name in ("allreduce-direct-ll-x1.json", "allreduce-twoshot-simple-x8.json")
     )
-    out = tmp_path / "bench.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("RANK", None)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from weft.cli import run; run()",
-            "bench",
-            "allreduce",
-            "--nproc",
-            str(n),
-            "--plans",
-            str(ll),
-            str(simple),
-            "--sizes",
-            "64KB,1MB",
-            "--ll128",
-            "--samples",
-            "3",
-            "--calls",
-            "5",
-            "--timeout",
-            "10",
-            "-o",
-            str(out),
-        ],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    options = ("--sizes", "64KB,1MB", "--ll128", "--samples", "3", "--calls", "5", "--timeout", "10")
+    doc, stdout = _bench(tmp_path, [ll, simple], *options)
     assert doc["method"]["ll128"] is True and len(doc["rows"]) == 2
     ll_name = json.loads(ll.read_text())["name"]
     for row in doc["rows"]:
@@ -107,4 +74,4 @@ def test_bench_times_ll_plans_with_and_without_lines(tmp_path):
         assert len(row["plans_us"]) == 2 and len(row["plans_ll128_us"]) == 1  # Simple has no lines
         assert row["lines"] == row["plan"].endswith("+ll128")
         assert row["weft_us"] == min(v for k, v in row["median_us"].items() if k.startswith("weft:"))
-    assert "# weft bench allreduce" in done.stdout
+    assert "# weft bench allreduce" in stdout
