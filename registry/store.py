@@ -165,7 +165,7 @@ class Entry:
             "plan": self.plan.name,
             "plan_hash": self.plan.content_hash,
             "solver": self.provenance.get("solver", ""),
-            "measured": bool(self.measured_us),
+            "measured": any(getattr(self, mode.table) for mode in MODES),  # in any mode
         }
 
     def index_row(self, text: bytes | str) -> dict[str, Any]:

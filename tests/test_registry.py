@@ -285,6 +285,7 @@ def test_a_modes_times_count_only_inside_the_sizes_they_were_measured_at(tmp_pat
     alone = commit(reg, "only-compiled")
     reg.record_timing(alone.id, 64 << 10, 3.0, compiled=True)  # nothing else measured: its one table extrapolates
     assert reg.get(alone.id).estimate(1 << 20, compiled=True)[0::2] == ("measured", Mode(compiled=True))
+    assert reg.get(alone.id).summary()["measured"]  # `registry list` says so too
 
 
 def test_ll128_times_are_kept_apart_and_survive_a_commit(tmp_path):
