@@ -12,8 +12,9 @@
 #      one bench against NCCL's all-to-all over the same transport. TWODH_FABRIC=sockets (default; everything on
 #      sockets, as run on 2026-11-27: 2DH 0.45-0.55x NCCL, one lane) or nvlink (NCCL_HOSTID per host: NVLink inside a
 #      host, sockets between, the asymmetric fabric 2DH is for, as bench/port_x4.sh's final_nvlink); TWODH_LANES
-#      (default 4) sets the port engine's lanes (WEFT_PORT_LANES), which ran 1.4-1.9x NCCL for all-gather and
-#      all-reduce at 16-256 MB where one lane ran 0.6-0.9x.
+#      sets the port engine's lanes at every size (WEFT_PORT_LANES); unset (the default since 2026-11-27), the
+#      engine's own default: 4 lanes from 1 MB (CUDA_DEVICE_MAX_CONNECTIONS=32 here), one below. The runs of
+#      2026-11-27 forced 4 (TWODH_LANES=4 repeats them).
 # NS="2" runs the 2-GPU half only (default "4 2"). Stages can be skipped (SKIP_TESTS=1 SKIP_BENCH=1 SKIP_MOE=1 SKIP_2DH=1) and their time limits changed (TESTS_S,
 # TUNE_S, BENCH_S, MOE_S, TWODH_S). Everything lands in $OUT: logs, results JSON, registries. Never run yet: if one
 # 600 s call is too short, split it (SKIP_MOE=1 SKIP_2DH=1, then SKIP_TESTS=1 SKIP_BENCH=1) with REGS naming a
@@ -96,7 +97,7 @@ if [ "${SKIP_2DH:-0}" != 1 ]; then
   step "weft bench alltoall on 4 GPUs as 2 hosts x 2 GPUs (port engine; NCCL on its network path): $PLANS"
   for h in 0 1; do
     if [ "${TWODH_FABRIC:-sockets}" = sockets ]; then net="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; else net="NCCL_HOSTID=host$h"; fi
-    env CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) WEFT_HOST=host$h $net WEFT_PORT_LANES=${TWODH_LANES:-4} \
+    env CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) WEFT_HOST=host$h $net ${TWODH_LANES:+WEFT_PORT_LANES=$TWODH_LANES} \
       CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout -k 5 ${TWODH_S:-150} \
       python3 -m torch.distributed.run --nnodes 2 --node-rank $h --nproc-per-node 2 --master-addr 127.0.0.1 \
       --master-port $port --no-python python3 -c 'from weft.cli import run; run()' bench alltoall \
