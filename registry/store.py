@@ -92,7 +92,7 @@ class Entry:
 
     def with_measured(self, tables: dict[str, dict[int, float]]) -> Entry:
         """This entry with its measured tables replaced (``measured_tables``' names)."""
-        changes: dict[str, Any] = {name: dict(tables[name]) for name in (mode.table for mode in MODES)}
+        changes: dict[str, Any] = {mode.table: dict(tables[mode.table]) for mode in MODES}
         return replace(self, **changes)
 
     def measured(self, ll128: bool = False, compiled: bool = False) -> bool:
@@ -165,7 +165,7 @@ class Entry:
             "plan": self.plan.name,
             "plan_hash": self.plan.content_hash,
             "solver": self.provenance.get("solver", ""),
-            "measured": any(getattr(self, mode.table) for mode in MODES),  # in any mode
+            "measured": any(self.measured_tables().values()),  # in any mode
         }
 
     def index_row(self, text: bytes | str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from executor.errors import ExecutorError
 from executor.gpu.tables import lines_possible
+from registry.index import Mode
 from schedules.collectives import Chunking, Collective, facts_of
 from schedules.plan.types import Plan
 
@@ -365,8 +366,8 @@ def _check_peers(
     return {name: sum(w[name] for w in every) for name in mine}
 
 
-LINES_SUFFIX = "+ll128"
-COMPILED_SUFFIX = "+compiled"
+LINES_SUFFIX = Mode(lines=True).suffix  # a timer's name past the plan's: how it ran (registry.index.Mode)
+COMPILED_SUFFIX = Mode(compiled=True).suffix
 
 
 def _plan_timers(
@@ -415,7 +416,7 @@ def _plan_timers(
             why = comm.compiled_refused.get(plan.content_hash, "") if kernel else ""  # else the interpreter ran
         except ExecutorError as e:  # e.g. more thread blocks than the GPU holds at once
             timer, why = None, str(e)
-        name = f"weft:{plan.name}{LINES_SUFFIX if lines else ''}{COMPILED_SUFFIX if kernel else ''}"
+        name = f"weft:{plan.name}{Mode(lines, kernel).suffix}"
         if _refused_anywhere(comm, why):
             if kernel:
                 not_compiled[plan.content_hash + (LINES_SUFFIX if lines else "")] = why or "refused on another rank"
@@ -524,7 +525,7 @@ def run_bench(
         peers_wrong = _check_peers(
             comm, {k: others[k] for k in timers if k in others}, x, world, config.dtype, config.collective
         )
-        interpreted = (best, wrong)
+        interpreted, interpreted_wrong = best, wrong
         # weft's time is that of the fastest way selection could run it: a compiled kernel counts where it was faster
         # and right (the registry records both, and a compiling Communicator runs the faster)
         if fastest_compiled and not compiled_wrong and (best is None or med[fastest_compiled] < med[best]):
@@ -561,9 +562,9 @@ def run_bench(
                 **(
                     {
                         **_compiled_columns(med, compiled, fastest_compiled, compiled_wrong, not_compiled),
-                        "interpreted_us": med[interpreted[0]] if interpreted[0] else None,
-                        "interpreted_plan": interpreted[0][5:] if interpreted[0] else None,
-                        "interpreted_wrong": interpreted[1],
+                        "interpreted_us": med[interpreted] if interpreted else None,
+                        "interpreted_plan": interpreted[5:] if interpreted else None,
+                        "interpreted_wrong": interpreted_wrong,
                     }
                     if config.compiled
                     else {}
