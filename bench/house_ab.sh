@@ -2,7 +2,8 @@
 # Issue 34's "no behaviour or speed change" A/B, in one device call, from the repository root with $OUT set:
 #
 #   here:    mkdir -p .carry_base && git archive --format=tar.gz BASE -o .carry_base/base.tgz   (carry .carry_base)
-#   device:  GPUS=0,1 bash bench/house_ab.sh
+#   device:  GPUS=0,1 bash bench/house_ab.sh   (STEPS="small bench decode decode2" SIZES=1MB,...: the small sizes
+#            in $OUT/small, 8 runs alternated at 200 calls a sample, the rest as below)
 #
 # On the 2 GPUs named by GPUS, the all-reduce bench (1 KB-256 MB, bf16, graph replay, the committed 2-GPU registry's
 # plans, nothing recorded) runs base, this tree, this tree, base (ABBA, so a drift over the call lands on both sides
@@ -20,15 +21,23 @@ LOG="$OUT/log_ab.txt"
 S=${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB}
 step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 tree() { [ "$1" = base ] && echo "$BASE" || echo "$HERE"; }
-bench() {  # side, index
-  local t
+bench() {  # side, index[, folder, sizes, samples, calls]
+  local t dir=${3:-$OUT}
   t=$(tree "$1")
-  step "bench allreduce, side $1 ($2)"
+  mkdir -p "$dir"
+  step "bench allreduce, side $1 ($2) ${4:-$S}"
   (cd "$t" && WEFT_KERNEL_CACHE=/tmp/kc-$1 PYTHONPATH="$t:$WEFT_SITE" timeout -k 5 "${BENCH_S:-110}" \
     python3 -c 'from weft.cli import run; run()' bench allreduce --nproc 2 --plans registry \
-    --registry bench/registry_h200x2 --sizes "$S" --samples "${SAMPLES:-6}" --calls "${CALLS:-10}" --timeout 5 --peers none \
-    -o "$OUT/ab_allreduce_$2_$1.json" >>"$LOG" 2>&1)
+    --registry bench/registry_h200x2 --sizes "${4:-$S}" --samples "${5:-${SAMPLES:-6}}" --calls "${6:-${CALLS:-10}}" \
+    --timeout 5 --peers none -o "$dir/ab_allreduce_$2_$1.json" >>"$LOG" 2>&1)
   echo "rc=$?" | tee -a "$LOG"
+}
+# The small sizes again, in $OUT/small, with many calls a sample: a sample is one graph replay of CALLS calls on each
+# rank, and the ranks start each replay a few µs apart (each launches its own), so the rank that waits pays that skew
+# once per replay. At 3 µs a call and 10-20 calls a sample it moved a run's times by up to 15%; over 200 calls it is
+# under 2% of a call.
+small() {  # side, index
+  bench "$1" "$2" "$OUT/small" "${SMALL_SIZES:-1KB,4KB,16KB,64KB}" "${SMALL_SAMPLES:-15}" "${SMALL_CALLS:-200}"
 }
 decode() {  # side, index
   local t
@@ -51,3 +60,4 @@ for s in ${STEPS:-bench decode}; do
 done
 step "compare"
 python3 bench/ab_compare.py "$OUT" | tee -a "$LOG"
+[ -d "$OUT/small" ] && python3 bench/ab_compare.py "$OUT/small" | tee -a "$LOG"
