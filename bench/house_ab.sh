@@ -56,6 +56,8 @@ for s in ${STEPS:-bench decode}; do
     bench2) bench new 7; bench base 8 ;;  # two more bench runs (BA), for a later call on the same pair
     bench3) bench base 11; bench new 12 ;;  # and two more (AB): "bench bench2 bench3 bench4" runs 5 a side,
     bench4) bench new 13; bench base 14 ;;  # alternated, for the sizes where a few ns are 2%
+    small) small base 21; small new 22; small new 23; small base 24; small new 25; small base 26; small base 27
+      small new 28 ;;  # the small sizes, ABBA twice over, in $OUT/small
   esac
 done
 step "compare"
