@@ -45,6 +45,18 @@ def test_the_bench_ratio_is_every_plans_median_over_the_peers_drift(tmp_path):
     assert (row["base_us"], row["new_us"]) == (4.0, 4.4)
 
 
+def test_the_drift_is_the_median_peer_so_one_erratic_peer_moves_no_ratio(tmp_path):
+    ab = _load("ab_compare")
+    base, new = {"a": 4.0, "b": 5.0}, {"a": 4.0, "b": 5.0}  # the same code, the same times
+    for name, plans, nccl in (("ab_allreduce_1_base.json", base, 20.0), ("ab_allreduce_2_new.json", new, 16.0)):
+        row = {"size": 1024, "weft_us": 4.0, "nccl_us": nccl, "plan": "a", "wrong": 0, "plans_us": plans}
+        row["median_us"] = {"nccl": nccl, "symm:one_shot": 6.0, "symm:two_shot": 7.0}
+        (tmp_path / name).write_text(json.dumps({"rows": [row]}))
+    (row,) = ab.bench_ratios(ab._runs(tmp_path, "allreduce", "base"), ab._runs(tmp_path, "allreduce", "new"))
+    # NCCL read 20% faster on one side; the symmetric-memory peers held: no drift, and the plans' ratio stands
+    assert row["drift"] == 1.0 and row["normalized"] == 1.0
+
+
 def test_a_plan_only_one_side_ran_is_left_out_of_the_ratio(tmp_path):
     ab = _load("ab_compare")
     _bench(tmp_path / "ab_allreduce_1_base.json", {"a": 4.0, "gone": 1.0}, 10.0, 8.0)
