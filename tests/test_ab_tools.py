@@ -57,6 +57,34 @@ def test_the_drift_is_the_median_peer_so_one_erratic_peer_moves_no_ratio(tmp_pat
     assert row["drift"] == 1.0 and row["normalized"] == 1.0
 
 
+def _runs_of(plan_us: list[float], nccl_us: list[float]) -> list[dict]:
+    rows = [
+        {"size": 1024, "weft_us": p, "nccl_us": n, "plan": "a", "wrong": 0, "plans_us": {"a": p, "b": 2 * p}}
+        for p, n in zip(plan_us, nccl_us, strict=True)
+    ]
+    for row in rows:
+        row["median_us"] = {"nccl": row["nccl_us"]}
+    return [{"rows": [row]} for row in rows]
+
+
+def test_the_verdict_reads_the_estimator_whose_a_a_is_tighter():
+    ab = _load("ab_compare")
+    # the plans hold within 0.5% from run to run while NCCL swings 20%: the raw ratio is the call's tighter reading
+    base, new = _runs_of([4.0, 4.02, 4.0, 4.01], [10, 12, 9.5, 11.8]), _runs_of([4.01, 4.0, 4.02, 4.0], [12, 10, 11, 9])
+    rows = ab.bench_ratios(base, new)
+    assert ab.with_verdict(rows, base, new) == "ratio"
+    assert rows[0]["verdict"] == rows[0]["ratio"] and abs(rows[0]["verdict"] - 1) < 0.01
+    assert abs(rows[0]["aa_base_normalized"] - 1) > 0.1  # what the normalized estimator would have read
+    # the machine drifts 10% between alternate runs, plans and NCCL alike: the normalized ratio is the tighter one
+    base, new = _runs_of([4.0, 4.4, 4.0, 4.4], [10, 11, 10, 11]), _runs_of([4.4, 4.0, 4.4, 4.0], [11, 10, 11, 10])
+    rows = ab.bench_ratios(base, new)
+    assert ab.with_verdict(rows, base, new) == "normalized" and rows[0]["verdict"] == rows[0]["normalized"]
+    # one run a side: no A/A, the normalized ratio
+    base, new = _runs_of([4.0], [10]), _runs_of([4.4], [11])
+    rows = ab.bench_ratios(base, new)
+    assert ab.with_verdict(rows, base, new) == "normalized" and round(rows[0]["verdict"], 6) == 1.0
+
+
 def test_a_plan_only_one_side_ran_is_left_out_of_the_ratio(tmp_path):
     ab = _load("ab_compare")
     _bench(tmp_path / "ab_allreduce_1_base.json", {"a": 4.0, "gone": 1.0}, 10.0, 8.0)

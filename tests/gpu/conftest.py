@@ -19,6 +19,20 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing GPU test's error, written as the test ends: a device job cut off by its time limit never reaches
+    pytest's summary, and its log had kept only the word FAILED."""
+    outcome = yield
+    report = outcome.get_result()
+    terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+    if report.failed and terminal is not None:
+        lines = report.longreprtext.splitlines()
+        terminal.write_line(f"\n--- {item.nodeid} failed ({report.when}):")
+        for line in lines[-25:]:
+            terminal.write_line(f"    {line[:400]}")
+
+
 def gpu_count() -> int:
     try:
         import cupy  # noqa: F401

@@ -87,9 +87,10 @@ def run_case(comm, case, rank, world, device) -> dict:
     return {"ok": ok, "max_err": err}
 
 
-def run_residual(comm, case, rank, world, device, lines: bool) -> dict:
+def run_residual(comm, case, rank, world, device, lines: bool, keep: list) -> dict:
     """A launch that adds a residual (the same on every rank) must give exactly the plan's sum followed by torch's
-    add of the residual, and the NCCL sum plus the residual within tolerance."""
+    add of the residual, and the NCCL sum plus the residual within tolerance. ``keep`` holds the case's tensors to
+    the end of the section, so no later case's buffer takes one of their addresses (below, "residual")."""
     plan = load_plan(Path(__file__).parent.parent / case.plan)
     nbytes = parse_bytes(case.size)
     n = input_elements(plan, nbytes, case.dtype, rank)
@@ -99,6 +100,7 @@ def run_residual(comm, case, rank, world, device, lines: bool) -> dict:
     fused = comm.execute(plan, x, lines=lines, residual=h).clone()
     joined = comm.execute(plan, x, lines=lines) + h
     comm.synchronize()
+    keep += [x, h, fused, joined]
     ok, err = compare(fused, x, "allreduce", case.dtype, world, residual=h)
     return {"ok": ok and bool(torch.equal(fused, joined)), "bitwise": bool(torch.equal(fused, joined)), "max_err": err}
 
@@ -242,15 +244,15 @@ def main() -> None:
         if out_of_step:
             return {"ok": False, "error": f"not run: the ranks fell out of step earlier, at {out_of_step}"}
         result = recorded(run, label)
+        if not result.get("ok", True) or result.get("wrong"):  # as it happens: a job cut off keeps its failures
+            print(f"rank {rank}: {label} FAILED: {result.get('trace', result)}", flush=True)
         if OUT_OF_STEP in result.get("error", ""):
             out_of_step = f"{label} ({result['error'][:300]})"
         return result
 
     section("cases")
     for case in scenarios.correctness_cases(world):
-        results["cases"][case.id] = r = attempt(case.id, partial(run_case, comm, case, rank, world, device))
-        if not r["ok"]:
-            print(f"rank {rank}: {case.id}: {r.get('trace', r)}", flush=True)
+        results["cases"][case.id] = attempt(case.id, partial(run_case, comm, case, rank, world, device))
     lines = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
@@ -258,12 +260,25 @@ def main() -> None:
         results["lines"][case.id] = attempt(case.id + "+ll128", partial(run_case, lines, case, rank, world, device))
     for name in scenarios.LINE_GRAPH_PLANS:
         results["lines_graph"][name] = attempt(name + "+ll128", partial(run_graph, lines, name, rank, world, device))
+    lines.close()
     results["residual"] = {}
     section("residual")
+    # Engines of their own, with no contexts yet, and every case's tensors kept to the end of the section: contexts
+    # are cached by buffer address, so an input that took, on one rank only, the address of an earlier input of the
+    # same plan and size would find that old context there and skip its peers' exchange (see "graph" below). The
+    # ranks then fall out of step, and every later case fails without running.
+    plain = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
+    lined_engine = InterpreterEngine.from_process_group(
+        timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True
+    )
+    keep: list = []
     for run_id, case, lined in scenarios.residual_cases(world):
-        executor = lines if lined else comm
-        results["residual"][run_id] = attempt(run_id, partial(run_residual, executor, case, rank, world, device, lined))
-    lines.close()
+        executor = lined_engine if lined else plain
+        run = partial(run_residual, executor, case, rank, world, device, lined, keep)
+        results["residual"][run_id] = attempt(run_id, run)
+    keep.clear()
+    plain.close()
+    lined_engine.close()
     section("graph")
     # A communicator of its own, with no contexts yet: contexts are cached by buffer address, and an input here
     # that reused, on one rank only, the address of an earlier case's input of the same plan and size would find
