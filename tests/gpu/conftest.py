@@ -19,13 +19,19 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 
+SLOW_S = 5.0
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing GPU test's error, written as the test ends: a device job cut off by its time limit never reaches
-    pytest's summary, and its log had kept only the word FAILED."""
+    """A failing GPU test's error, and any phase of a test that took over SLOW_S, written as the test ends: a device
+    job cut off by its time limit never reaches pytest's summary (nor --durations), and its log had kept only the
+    word FAILED."""
     outcome = yield
     report = outcome.get_result()
     terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None and report.duration > SLOW_S:
+        terminal.write_line(f"\n--- {item.nodeid}: {report.when} took {report.duration:.1f} s")
     if report.failed and terminal is not None:
         lines = report.longreprtext.splitlines()
         terminal.write_line(f"\n--- {item.nodeid} failed ({report.when}):")
