@@ -169,13 +169,15 @@ def run_gloo_split(out: Path, rank: int, world: int) -> dict:
 
 def run_gloo(out: Path, rank: int, world: int, lanes: int | None = None, only: str = "") -> dict:
     """Every two_hosts_2gpu plan at its smallest size in every dtype; with ``lanes``, the all-gather and all-reduce
-    plans instead, in bf16, at the smallest size of at least MIN_LANE_BYTES, on that many lanes (closed groups),
-    each record saying how many lanes the call split into."""
+    plans instead, in bf16, on that many lanes (closed groups), each at the smallest size of at least
+    MIN_LANE_BYTES whose chunks hold two pieces of PIECE_BYTES (below that a call runs as one lane whatever the
+    lanes asked: 1 MB for plans of 4 chunks, 2 MB for those of 16), each record saying how many lanes the call split
+    into."""
     import torch
     import torch.distributed as dist
 
     from executor.gpu.bench import matches
-    from executor.port.engine import MIN_LANE_BYTES, PortEngine
+    from executor.port.engine import MIN_LANE_BYTES, PIECE_BYTES, PortEngine
     from schedules.plan.io import load_plan
 
     dist.init_process_group("gloo")
@@ -187,7 +189,8 @@ def run_gloo(out: Path, rank: int, world: int, lanes: int | None = None, only: s
             continue
         for dtype in ("bf16",) if lanes else DTYPES:
             unit = plan.size_chunks * 4
-            nbytes = -(-MIN_LANE_BYTES // unit) * unit if lanes else _sizes(plan, plan.gpus[rank])[0]
+            least = max(MIN_LANE_BYTES, 2 * PIECE_BYTES * plan.size_chunks)
+            nbytes = -(-least // unit) * unit if lanes else _sizes(plan, plan.gpus[rank])[0]
             esize = 4 if dtype == "fp32" else 2
             rec = {"plan": path.stem, "dtype": dtype, "size": nbytes}
             try:
