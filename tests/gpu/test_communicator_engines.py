@@ -21,6 +21,7 @@ dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=
 from executor import Communicator, RowNorm
 from executor.inference.staging import Staging
 from executor.inference.streams import StreamOrder
+from registry.index import Mode
 
 class StagingEngine:
     '''One rank: a plan's sum is its input, plus the residual and the norm as the kernel applies them.'''
@@ -46,7 +47,7 @@ waited = []  # (stream, the stream it waited for), as the communicator ordered t
 
 plans = {c: SimpleNamespace(name=c, collective=c, content_hash=c) for c in ("allreduce", "allgather", "alltoall")}
 plan = plans["allreduce"]
-choice = SimpleNamespace(plan=lambda c, n, d: plans.get(c), lines=lambda c, n, d: c == "allreduce",
+choice = SimpleNamespace(plan=lambda c, n, d: plans.get(c), mode=lambda c, n, d: Mode(lines=c == "allreduce"),
                          reason=lambda c, n, d: "no plan in this test", entries=[])
 engine = StagingEngine()
 comm = Communicator(engine, lambda what, value: [value], "plans set by hand below", rank=0, world_size=1)
