@@ -2,8 +2,12 @@
 # Issue 34's "no behaviour or speed change" A/B, in one device call, from the repository root with $OUT set:
 #
 #   here:    mkdir -p .carry_base && git archive --format=tar.gz BASE -o .carry_base/base.tgz   (carry .carry_base)
-#   device:  GPUS=0,1 bash bench/house_ab.sh   (STEPS="small bench decode decode2" SIZES=1MB,...: the small sizes
-#            in $OUT/small, 8 runs alternated at 200 calls a sample, the rest as below)
+#   device:  GPUS=0,1 bash bench/house_ab.sh
+#
+# The eighth session's call (bench/NOTES.md): GPUS=0,1 SIZES=1MB,4MB,16MB,64MB,256MB SMALL_SIZES=1KB,4KB,16KB,64KB,256KB
+# SMALL_CALLS=500 SMALL_SAMPLES=9 STEPS="small bench decode decode2" BENCH_S=100 DECODE_S=100 ITERS=30: the small
+# sizes in $OUT/small, 8 runs alternated (SMALL_SIZES, SMALL_SAMPLES, SMALL_CALLS; 15 samples of 200 calls unless
+# set), the rest as below, about 500 s.
 #
 # On the 2 GPUs named by GPUS, the all-reduce bench (1 KB-256 MB, bf16, graph replay, the committed 2-GPU registry's
 # plans, nothing recorded) runs base, this tree, this tree, base (ABBA, so a drift over the call lands on both sides
