@@ -253,24 +253,32 @@ def main() -> None:
     section("cases")
     for case in scenarios.correctness_cases(world):
         results["cases"][case.id] = attempt(case.id, partial(run_case, comm, case, rank, world, device))
-    lines = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True)
+
+    # Each section below runs on engines of its own, with no contexts yet: contexts are cached by buffer address, so
+    # an input that took, on one rank only, the address of an earlier section's input of the same plan and size
+    # would find that old context there and skip its peers' exchange (InterpreterEngine's contract). The ranks then
+    # fall out of step, and every later case fails without running. Seen at 4 ranks in the graph section (rank 0 one
+    # exchange behind its peers in the 10-context warm-up of allreduce-twoshot-simple-x8), and likely at 2 in the
+    # residual section (eighth session: two 64 KB bf16 cases, the size and dtype of line cases on the same engine).
+    def engine(ll128: bool = False) -> InterpreterEngine:
+        return InterpreterEngine.from_process_group(
+            timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=ll128
+        )
+
+    lines = engine(ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
     for case in scenarios.line_cases(world):
         results["lines"][case.id] = attempt(case.id + "+ll128", partial(run_case, lines, case, rank, world, device))
+    lines.close()
+    lines = engine(ll128=True)
     for name in scenarios.LINE_GRAPH_PLANS:
         results["lines_graph"][name] = attempt(name + "+ll128", partial(run_graph, lines, name, rank, world, device))
     lines.close()
     results["residual"] = {}
     section("residual")
-    # Engines of their own, with no contexts yet, and every case's tensors kept to the end of the section: contexts
-    # are cached by buffer address, so an input that took, on one rank only, the address of an earlier input of the
-    # same plan and size would find that old context there and skip its peers' exchange (see "graph" below). The
-    # ranks then fall out of step, and every later case fails without running.
-    plain = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
-    lined_engine = InterpreterEngine.from_process_group(
-        timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=True
-    )
+    # within the section, every case's tensors are kept to its end, so no address recurs at all
+    plain, lined_engine = engine(), engine(ll128=True)
     keep: list = []
     for run_id, case, lined in scenarios.residual_cases(world):
         executor = lined_engine if lined else plain
@@ -280,11 +288,7 @@ def main() -> None:
     plain.close()
     lined_engine.close()
     section("graph")
-    # A communicator of its own, with no contexts yet: contexts are cached by buffer address, and an input here
-    # that reused, on one rank only, the address of an earlier case's input of the same plan and size would find
-    # that old context there and skip its peers' exchange (InterpreterEngine's contract). Seen at 4 ranks: rank 0 one
-    # exchange behind its peers in the 10-context warm-up of allreduce-twoshot-simple-x8, its kernel then timed out.
-    graphs = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
+    graphs = engine()
     for name in scenarios.GRAPH_PLANS:
         results["graph"][name] = attempt(name, partial(run_graph, graphs, name, rank, world, device))
     graphs.close()
