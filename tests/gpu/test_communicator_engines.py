@@ -27,12 +27,13 @@ class StagingEngine:
     '''One rank: a plan's sum is its input, plus the residual and the norm as the kernel applies them.'''
     stages, fuses_norm, direct_path, hosts, rank, world_size = True, True, "zero_copy", ("h",), 0, 1
     def __init__(self):
-        self.calls = []
+        self.calls, self.kernels = [], []  # kernels: each call's compiled option, as it came (None: not given)
     def plan_refusal(self, plan): return ""
     def residual_refusal(self, plan): return ""
     def norm_refusal(self, plan): return ""
-    def execute(self, plan, input, output=None, *, lines=None, residual=None, norm=None):
+    def execute(self, plan, input, output=None, *, lines=None, residual=None, norm=None, compiled=None):
         self.calls.append((input.data_ptr(), lines, residual is not None, norm is not None))
+        self.kernels.append(compiled)
         output.copy_(input + (0 if residual is None else residual))
         if norm is not None:
             rows = output.view(-1, norm.rows.row_elems)
@@ -94,6 +95,30 @@ with alone.capture(sizes=[1024]):
 print("all ok")
 """
 )
+
+# Selection's mode decides how each call runs: the engine is asked for the plan's compiled kernel exactly where the
+# registry measured it faster compiled at that size (PlanChoice.mode), and never told anything otherwise (an engine
+# without compiled kernels, the port engine, refuses compiled=True).
+COMPILED = (
+    ENGINE
+    + r"""
+def mode(c, n, d):
+    return Mode(lines=c == "allreduce", compiled=c == "allgather" or (c == "allreduce" and n >= 8192))
+comm.choice = SimpleNamespace(plan=lambda c, n, d: plans.get(c), mode=mode, reason=lambda c, n, d: "", entries=[])
+out = torch.empty(4, 64)
+comm.all_gather_into_tensor(out, x)
+assert torch.equal(out, x) and engine.kernels[-1] is True and engine.calls[-1][1] is False, engine.kernels
+assert comm.mode_for("allgather", x.numel() * 4, torch.float32) == Mode(compiled=True)
+assert torch.equal(comm.all_reduce(x), x) and engine.kernels[-1] is None  # 1 KB: interpreted, with lines
+assert engine.calls[-1][1] is True
+big = torch.randn(32, 64)  # 8 KB: the registry measured the compiled kernel faster
+assert torch.equal(comm.all_reduce(big), big) and engine.kernels[-1] is True and engine.calls[-1][1] is True
+assert comm.mode_for("allreduce", big.numel() * 4, torch.float32) == Mode(lines=True, compiled=True)
+assert comm.mode_for("reducescatter", big.numel() * 4, torch.float32) == Mode()  # no plan: NCCL, no mode
+print("all ok")
+"""
+)
+
 
 # examples/moe_layer.py's all-to-all graph (issue 36): capture(alltoall_sizes=...) prepares the size on the current
 # stream, then the warm-up runs on a side stream at once. Unordered, the two executions of one staging context run
@@ -165,4 +190,9 @@ def test_eager_calls_on_another_stream_wait_for_the_calls_before_them():
 def test_a_peers_refusal_inside_a_capture_decides_for_every_rank():
     pytest.importorskip("torch")
     done = run_script(CAPTURE)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+
+
+def test_the_communicator_asks_its_engine_for_compiled_kernels_where_selection_says():
+    done = run_script(COMPILED)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
