@@ -238,6 +238,21 @@ assert torch.allclose(compiled(x, h, w)[0], normed)
 from executor.inference.backend import WeftBackend
 b = WeftBackend(pc)
 assert torch.allclose(b.fused_add_rms_norm(x, h, w, 1e-5)[0], normed)
+# the engine compiles no kernels: asked for one, it refuses in one line before it runs anything, and precompile names
+# every call it will not build
+from executor.errors import ExecutorError
+import pathlib, schedules
+from schedules.plan.io import load_plan
+plans = pathlib.Path(schedules.__file__).parents[1] / "examples" / "plans" / "two_hosts_2gpu"
+plan = load_plan(plans / "direct-allgather.plan.json")
+try:
+    pc.engine.execute(plan, torch.randn(1024), compiled=True)
+except ExecutorError as e:
+    assert "no compiled kernel" in str(e) and "\n" not in str(e), e
+else:
+    raise SystemExit("compiled=True ran")
+(why,) = pc.engine.precompile([(plan, 4096, "bf16")]).values()
+assert why == "port engine: runs no compiled kernels", why
 print("all ok")
 """
 
