@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from executor.errors import ExecutorError
 from executor.gpu import bootstrap
-from executor.gpu.engine import GRAPH_RECORDS, _Records, binding_verdict
+from executor.gpu.engine import GRAPH_RECORDS, _Records, binding_verdict, context_refusal
 from executor.gpu.tables import (
     OP_DTYPE,
     TRANSFER,
@@ -301,3 +301,20 @@ def exchange_errors(world: int, executions_of) -> list[str]:
         return ""
 
     return on_ranks(world, body)
+
+
+def test_a_context_is_refused_where_a_peer_runs_another_plan_size_dtype_or_variant():
+    mine = ("h", 65536, "bf16", False)
+    assert context_refusal("p", 0, mine, [mine, mine]) == ""
+    cases = {
+        ("g", 65536, "bf16", False): "rank 1 runs another plan or size (65536 B) than rank 0 (65536 B)",
+        ("h", 32768, "bf16", False): "rank 1 runs another plan or size (32768 B) than rank 0 (65536 B)",
+        # the same bytes on another dtype: the call a rank with a cached context says next may be one (64 KB of
+        # fp32 after 64 KB of bf16), and the peers would read its buffers as theirs
+        ("h", 65536, "fp32", False): "rank 1 runs it on fp32 data and rank 0 on bf16",
+        ("h", 65536, "bf16", True): "rank 1 passes residual and norm True and rank 0 False",
+        ("h", 65536, "bf16", (4096, 1e-5)): "rank 1 passes residual and norm (4096, 1e-05) and rank 0 False",
+    }
+    for peer, words in cases.items():
+        why = context_refusal("p", 0, mine, [mine, peer])
+        assert words in why and why.startswith("plan p: ") and "\n" not in why, why

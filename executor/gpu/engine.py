@@ -193,6 +193,35 @@ def binding_verdict(why: str, all_gather: Callable[[str, Any], list]) -> str:
     return next((v for v in verdicts if v), "")
 
 
+def context_refusal(name: str, rank: int, mine: tuple, peers: list[tuple]) -> str:
+    """Why the ranks' calls cannot share one context, or ''. Each rank says (plan hash, bytes, dtype, variant) of the
+    call it creates a context for (``_variant``: residual, norm); every rank must run the same plan at the same size
+    and dtype, adding the same. A rank that found a cached context (its buffer at an address it had seen) says
+    nothing, and its peers then read the next call it says: refused here where that call differs.
+
+    >>> context_refusal("p", 0, ("h", 8, "bf16", False), [("h", 8, "bf16", False), ("h", 8, "fp16", False)])
+    'plan p: rank 1 runs it on fp16 data and rank 0 on bf16; every rank must execute the same plan on the same dtype'
+    """
+    plan_hash, nbytes, dtype, variant = mine
+    for r, (h, n, d, v) in enumerate(peers):
+        if (h, n) != (plan_hash, nbytes):
+            return (
+                f"plan {name}: rank {r} runs another plan or size ({n} B) than rank {rank} ({nbytes} B); every "
+                "rank must execute the same plan"
+            )
+        if d != dtype:
+            return (
+                f"plan {name}: rank {r} runs it on {d} data and rank {rank} on {dtype}; every rank must execute "
+                "the same plan on the same dtype"
+            )
+        if v != variant:
+            return (
+                f"plan {name}: rank {r} passes residual and norm {v} and rank {rank} {variant}; every rank must "
+                "pass the same"
+            )
+    return ""
+
+
 class InterpreterEngine:
     """Runs Plans on this process's GPU together with ``world_size - 1`` peer processes: the engine of
     ``executor.Communicator`` on one host, which adds torch.distributed's API and the registry's plans."""
@@ -829,21 +858,14 @@ class InterpreterEngine:
             trace = cupy.zeros(tables.nthreadblocks * gpu_trace.TRACE_SLOTS if self._trace else 1, cupy.uint64)
             mine = {"i": in_ptr, "o": out_ptr, "s": scratch.data.ptr}
             shares = {t: ipc.export(p) for t, p in mine.items()}
-            peers = self._all_gather("context", (plan_hash, nbytes, shares, lined is not None, _variant(res, norm)))
-            if lined is not None and all(p[3] for p in peers):
+            call = (plan_hash, nbytes, dtype, _variant(res, norm))
+            peers = self._all_gather("context", (*call, shares, lined is not None))
+            if lined is not None and all(p[5] for p in peers):
                 tables = lined
-            for r, (h, n, _, _, f) in enumerate(peers):
-                if (h, n) != (plan_hash, nbytes):
-                    raise ExecutorError(
-                        f"plan {plan.name}: rank {r} runs another plan or size ({n} B) than rank "
-                        f"{self.rank} ({nbytes} B); every rank must execute the same plan"
-                    )
-                if f != _variant(res, norm):
-                    raise ExecutorError(
-                        f"plan {plan.name}: rank {r} passes residual and norm {f} and rank "
-                        f"{self.rank} {_variant(res, norm)}; every rank must pass the same"
-                    )
-            remote = [self._peers.open(peers[r][2][t]) for r, t in tables.remote_buffers]
+            why = context_refusal(plan.name, self.rank, call, [p[:4] for p in peers])
+            if why:
+                raise ExecutorError(why)
+            remote = [self._peers.open(peers[r][4][t]) for r, t in tables.remote_buffers]
             slots = [
                 in_ptr,
                 out_ptr,
