@@ -87,7 +87,7 @@ normed2, new_h2 = comm.all_reduce(x, residual=h, rms_weight=w, eps=1e-5)
 assert torch.allclose(normed2, normed) and not engine.calls[-1][3]
 assert "runs no norm epilogue" in comm.norm_reason(x.numel() * 4, torch.float32, rows)
 
-alone = Communicator.from_process_group()  # no CuPy here: the interpreter does not start, NCCL serves every call
+alone = Communicator.from_process_group()  # no GPU here: the interpreter does not start, NCCL serves every call
 assert type(alone) is Communicator and alone.engine is None and not alone.enabled
 assert torch.equal(alone.all_reduce(x), x) and alone.paths == {"zero_copy": 0, "staging": 0, "nccl": 1}
 with alone.capture(sizes=[1024]):
