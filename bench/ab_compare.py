@@ -61,8 +61,8 @@ def bench_ratios(base: list[dict], new: list[dict]) -> list[dict]:
     plans a few ns apart, moves it little). The peers run the same code on both sides, so their ratio (the median
     over NCCL and any other peer both sides timed) is the drift between the runs (clocks, load): "normalized" is the
     ratio over it. A median, not a mean: one erratic peer must not carry its noise into every ratio (NCCL in a graph
-    of 200 calls took 16-25 µs a call at 1 KB from run to run, where symmetric memory held within 3%). The fastest
-    plan's time on each side is shown beside, as the bench reports it."""
+    of 200 calls took 16-25 µs a call at 1 KB from run to run, where symmetric memory's two-shot held within 3%).
+    The fastest plan's time on each side is shown beside, as the bench reports it."""
     rows = []
     sizes = sorted({r["size"] for run in base for r in run["rows"]} & {r["size"] for run in new for r in run["rows"]})
     for size in sizes:
