@@ -5,9 +5,8 @@
 #   device:  GPUS=0,1 bash bench/house_ab.sh
 #
 # The eighth session's call (bench/NOTES.md): GPUS=0,1 SIZES=1MB,4MB,16MB,64MB,256MB SMALL_SIZES=1KB,4KB,16KB,64KB,256KB
-# SMALL_CALLS=500 SMALL_SAMPLES=9 STEPS="small bench decode decode2" BENCH_S=100 DECODE_S=100 ITERS=30: the small
-# sizes in $OUT/small, 8 runs alternated (SMALL_SIZES, SMALL_SAMPLES, SMALL_CALLS; 15 samples of 200 calls unless
-# set), the rest as below, about 500 s.
+# STEPS="small bench decode decode2" BENCH_S=100 DECODE_S=100 ITERS=30: the small sizes in $OUT/small, 8 runs
+# alternated (SMALL_SIZES, SMALL_SAMPLES, SMALL_CALLS; 9 samples of 500 calls unless set), the rest as below, ~500 s.
 #
 # On the 2 GPUs named by GPUS, the all-reduce bench (1 KB-256 MB, bf16, graph replay, the committed 2-GPU registry's
 # plans, nothing recorded) runs base, this tree, this tree, base (ABBA, so a drift over the call lands on both sides
@@ -38,10 +37,10 @@ bench() {  # side, index[, folder, sizes, samples, calls]
 }
 # The small sizes again, in $OUT/small, with many calls a sample: a sample is one graph replay of CALLS calls on each
 # rank, and the ranks start each replay a few µs apart (each launches its own), so the rank that waits pays that skew
-# once per replay. At 3 µs a call and 10-20 calls a sample it moved a run's times by up to 15%; over 200 calls it is
-# under 2% of a call.
+# once per replay. At 3 µs a call and 10-20 calls a sample it moved a run's times by up to 9%, at 200 calls by 1-3%,
+# at 500 by under 2%.
 small() {  # side, index
-  bench "$1" "$2" "$OUT/small" "${SMALL_SIZES:-1KB,4KB,16KB,64KB}" "${SMALL_SAMPLES:-15}" "${SMALL_CALLS:-200}"
+  bench "$1" "$2" "$OUT/small" "${SMALL_SIZES:-1KB,4KB,16KB,64KB}" "${SMALL_SAMPLES:-9}" "${SMALL_CALLS:-500}"
 }
 decode() {  # side, index
   local t

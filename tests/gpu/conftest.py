@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
     torch but no GPU (gloo on the CPU, one CPU rank): CI has no torch and skips them, and unmarked, the GPU
     machines' ``-m gpu`` left them out too, so they ran nowhere (three failed unseen for a session)."""
     for item in items:
-        if HERE in Path(str(item.fspath)).parents:
+        if HERE in item.path.parents:
             item.add_marker(pytest.mark.gpu)
 
 

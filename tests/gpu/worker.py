@@ -215,6 +215,11 @@ def recorded(run, label: str = "") -> dict:
     return result
 
 
+def engine(ll128: bool = False) -> InterpreterEngine:
+    """A new engine over the default group, with no contexts yet (collective: every rank makes it in turn)."""
+    return InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=ll128)
+
+
 OUT_OF_STEP = "bootstrap exchange"  # in a rank's error once the ranks no longer meet at the same exchange
 
 
@@ -226,7 +231,7 @@ def main() -> None:
     device = torch.device("cuda", local)
     dist.init_process_group("nccl", device_id=device)
     torch.manual_seed(1234 + rank)
-    comm = InterpreterEngine.from_process_group(timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")))
+    comm = engine()
     store = dist.distributed_c10d._get_default_store()
     results: dict = {"cases": {}, "graph": {}}
     began = time.monotonic()
@@ -260,11 +265,6 @@ def main() -> None:
     # fall out of step, and every later case fails without running. Seen at 4 ranks in the graph section (rank 0 one
     # exchange behind its peers in the 10-context warm-up of allreduce-twoshot-simple-x8), and likely at 2 in the
     # residual section (eighth session: two 64 KB bf16 cases, the size and dtype of line cases on the same engine).
-    def engine(ll128: bool = False) -> InterpreterEngine:
-        return InterpreterEngine.from_process_group(
-            timeout_s=float(os.environ.get("WEFT_TEST_TIMEOUT", "30")), ll128=ll128
-        )
-
     lines = engine(ll128=True)
     results["lines"], results["lines_graph"] = {}, {}
     section("lines")
