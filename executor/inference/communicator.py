@@ -119,6 +119,7 @@ class Communicator:
         measured lines faster than packets (``weft bench --ll128`` on that fabric, so only where lines ran there:
         NVLink). False: LL16 packets only."""
         self.engine, self.rank, self.world_size, self.group = engine, rank, world_size, group
+        self._agree, self._exchanges = agree, 0
         self.deterministic, self.staging_bytes = deterministic, staging_bytes
         self.staging: Staging | None = None
         self.choice: PlanChoice | None = None
@@ -586,6 +587,13 @@ class Communicator:
         if output is not None and self._zero_copy(plan, tensor, output, residual):
             return output
         return self._stage(plan, tensor, output.numel() if output is not None else numel or 0, residual)
+
+    def exchange(self, what: str, value: Any) -> list[Any]:
+        """Every rank's ``value`` (plain data), in rank order, through the agreement the ranks started on
+        (collective: every rank calls it, in the same order; NCCL-only communicators too). ``what`` names it in
+        errors; each call is an exchange of its own, so one name may repeat."""
+        self._exchanges += 1
+        return self._agree(f"exchange/{self._exchanges}/{what}", value)
 
     def _unprepared(self, prepared: bool, option: str, why: str = "") -> str:
         """Inside a capture on a staging engine: why a call cannot run its plan on some rank (``why`` here, or its

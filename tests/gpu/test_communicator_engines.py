@@ -92,6 +92,14 @@ assert type(alone) is Communicator and alone.engine is None and not alone.enable
 assert torch.equal(alone.all_reduce(x), x) and alone.paths == {"zero_copy": 0, "staging": 0, "nccl": 1}
 with alone.capture(sizes=[1024]):
     pass
+
+# the bench's agreements over the communicator (bench/norm_peers.py), NCCL-only ones too: each exchange its own key
+from executor.gpu.bench import _refused_anywhere
+keys = []
+said = Communicator(None, lambda what, value: keys.append(what) or [value, "rank 1: refused"], "NCCL", rank=0,
+                    world_size=2)
+assert said.exchange("medians", 1) == [1, "rank 1: refused"] and _refused_anywhere(said, "")
+assert len(set(keys)) == 2 and all(k.endswith(w) for k, w in zip(keys, ("medians", "bench-refused"))), keys
 print("all ok")
 """
 )
