@@ -67,6 +67,36 @@ def _timers(comm: Any, calls: dict[str, Any], count: int, refused: dict[str, str
     return timers
 
 
+def _weft_calls(comm: Any, y: Any, h: Any, weight: Any, shape: Any) -> dict[str, tuple]:
+    """weft's fused call as the Communicator runs it ("weft"), and where selection runs its plan compiled, the same
+    plan interpreted ("weft:interpreted", pinned around each call: the graph keeps how it was captured)."""
+    import torch
+
+    from registry.index import Mode
+
+    nbytes = y.numel() * y.element_size()
+    chosen, mode = comm.norm_plan_for(nbytes, y.dtype, shape), comm.norm_mode_for(nbytes, y.dtype, shape)
+
+    def capture():
+        return comm.capture(sizes=[nbytes], residual=True, rms_norm=shape)
+
+    def weft():
+        return comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)
+
+    calls = {"weft": (weft, weft, capture)}
+    if chosen is not None and mode.compiled:
+
+        def interpreted():
+            comm.pin_norm_plan(nbytes, torch.bfloat16, shape, chosen, Mode(lines=mode.lines))
+            try:
+                return weft()
+            finally:
+                comm.pin_norm_plan(nbytes, torch.bfloat16, shape, None)
+
+        calls["weft:interpreted"] = (interpreted, interpreted, capture)
+    return calls
+
+
 def _samples(timers: dict[str, Any], warmup: int, samples: int) -> dict[str, list[float]]:
     """``samples`` samples of each timer after ``warmup`` discarded ones, the timers interleaved."""
     raw: dict[str, list[float]] = {k: [] for k in timers}
@@ -132,10 +162,11 @@ def main() -> None:
             s = nccl_result("allreduce", y, world)
             return F.rms_norm(h + s, (HIDDEN,), weight, EPS), h + s
 
+        shape = RowNorm(HIDDEN, EPS)
+        mode = comm.norm_mode_for(nbytes, y.dtype, shape)
         calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
             "nccl": (nccl, nccl_checked, None),
-            "weft": ((lambda y=y, h=h: comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)),) * 2
-            + ((lambda nbytes=nbytes: comm.capture(sizes=[nbytes], residual=True, rms_norm=RowNorm(HIDDEN, EPS))),),
+            **_weft_calls(comm, y, h, weight, shape),
         }
         refused = {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
@@ -165,9 +196,9 @@ def main() -> None:
         every = _every_rank(comm, "norm-peers-wrong", mine)
         wrong = {name: sum(w[name] for w in every) for name in mine}
         flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
-        rivals = {k: v for k, v in med.items() if k != "weft"}
+        rivals = {k: v for k, v in med.items() if not k.startswith("weft")}
         best_peer = min(rivals, key=rivals.__getitem__)
-        plan = comm.norm_plan_for(nbytes, torch.bfloat16, RowNorm(HIDDEN, EPS))
+        plan = comm.norm_plan_for(nbytes, torch.bfloat16, shape)
         rows.append(
             {
                 "size": nbytes,
@@ -181,8 +212,11 @@ def main() -> None:
                 "best_peer": best_peer,
                 "best_peer_us": rivals[best_peer],
                 "speedup": med["nccl"] / med["weft"] if "weft" in med and "nccl" in med else None,
+                "weft_mode": "compiled" if mode.compiled else "interpreted",
+                "interpreted_us": med.get("weft:interpreted", med.get("weft") if not mode.compiled else None),
                 "wrong": wrong.get("weft"),
-                "peers_wrong": {k: v for k, v in wrong.items() if k != "weft"},
+                "interpreted_wrong": wrong.get("weft:interpreted"),
+                "peers_wrong": {k: v for k, v in wrong.items() if not k.startswith("weft")},
                 "peers_refused": refused,
                 "plan": plan.name if plan is not None else None,
                 "median_us": med,

@@ -19,6 +19,8 @@
 #                                     # as its own kernel, in one job with the peers, recorded into a copy of the
 #                                     # registry ($OUT/registry_compiled_x<N>.tgz); about a minute a size with LL128
 #                                     # lines (16 KB in 3.5 min on 2xH200), less with NO_LL128=1
+#   bash bench/peers_run.sh 2 decode  # the fused call alone (bench/norm_peers.py: weft as selected, and interpreted
+#                                     # where it selects compiled), then tp_decode RUNS times (default 3; ~2 min)
 #   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
 #                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
 #                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
@@ -105,6 +107,16 @@ elif [ "$STAGE" = compiled ]; then  # issue 33: every plan interpreted and compi
   bench "${BENCH_S:-300}" --sizes ${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB} --compiled --record \
     -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled.json"
   tar -czf "$OUT/registry_compiled_x$N.tgz" -C "$OUT" "registry_compiled_x$N" && rm -rf "$L"
+elif [ "$STAGE" = decode ]; then  # the fused call alone, then tp_decode RUNS times (its goal reads three runs)
+  norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_$G.json"
+  for run in $(seq 1 "${RUNS:-3}"); do
+    step "tp_decode run $run (five backends)"
+    WEFT_REGISTRY="$REG" timeout 200 torchrun --nproc-per-node "$N" examples/tp_decode.py --batch 1,4,16,64 \
+      --iters "${ITERS:-20}" --json "$OUT/tp_decode_${G}_$run.json" >> "$LOG" 2>&1
+    echo "rc=$?" | tee -a "$LOG"
+  done
+  grep -E "^tokens|^tp=" "$LOG"
+  exit 0
 elif [ "$STAGE" = midsize ]; then
   L="$OUT/registry_midsize_x$N"
   rm -rf "$L" && cp -r "$REG" "$L" && REG=$L

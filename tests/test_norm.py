@@ -3,8 +3,8 @@ executor against numpy's definition, the device tables, the plan choice, and the
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +18,8 @@ from executor.reference.norm import (
     RowNorm,
     best_norm_plan,
     fused_refusal,
+    norm_candidates,
+    norm_mode,
     norm_ranges,
     output_ranges,
     plan_refusal,
@@ -27,6 +29,7 @@ from executor.reference.norm import (
     rows_refusal,
     run_fused,
 )
+from registry.index import Mode
 from registry.store import Registry
 from schedules.plan.io import load_plan
 from schedules.plan.types import BufferRef, PlanError
@@ -234,24 +237,46 @@ def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
 
 
 @pytest.mark.parametrize(
-    "batch,base,slices", [(1, "x32-t512-max8MB", 32), (4, "x64-t512-max8MB", 16), (16, "x128-t512-max64MB", 8)]
+    "batch,base,mode,slices",
+    [
+        (1, "x32-t512-max8MB", Mode(compiled=True), 32),
+        (4, "x32-t512-max8MB", Mode(compiled=True), 8),
+        (16, "x128-t512-max8MB", Mode(lines=True, compiled=True), 8),
+    ],
 )
-def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, base, slices):
-    """The fastest measured plan (a row-owning plan estimated by the plan it was regrouped from), then the most
-    blocks completing sums: the plain one-shot plan, each row split over ``slices`` of its reducing blocks."""
+def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, base, mode, slices):
+    """As the interpreter's Communicator ranks them (LL128 lines and compiled kernels counted): the fastest measured
+    plan (a row-owning plan estimated by the plan it was regrouped from), then the most blocks completing sums: the
+    plain one-shot plan, each row split over ``slices`` of its reducing blocks, run the way it measured fastest
+    (2xH200, ninth session: compiled at every decode batch)."""
     fp, entries = committed
     nbytes = batch * 8192 * 2
     serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
-    by_name = {e.plan.name: e for e in serving}
-    candidates = [
-        (e.plan, by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, True)[1] or math.inf) for e in serving
-    ]
-    plan, why = best_norm_plan(candidates, nbytes, "bf16", RowNorm(8192, 1e-5))
+    plan, why = best_norm_plan(norm_candidates(serving, nbytes, True, True), nbytes, "bf16", RowNorm(8192, 1e-5))
     assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}"
+    assert norm_mode(serving, plan, nbytes, True, True) == mode
     spans = row_spans(plan, nbytes, "bf16", RowNorm(8192, 1e-5))
     assert {span.slices for span in spans.values()} == {slices} and len(spans) == 2 * batch * slices
-    record = by_name[plan.name].provenance["verification"]  # the chosen plan carries its own proof
+    record = next(e for e in serving if e.plan.name == plan.name).provenance["verification"]  # its own proof
     assert record["ok"] and record["plan_hash"] == plan.content_hash
+
+
+def test_a_row_owning_plan_runs_the_way_its_base_plan_measured_fastest(committed):
+    """norm_candidates and norm_mode read a regrouped plan (``BASE-rowsG``, never benched alone) by its base plan's
+    times; an engine that compiles nothing (compiled=False) never gets a compiled mode; a plan of no entry runs
+    plainly."""
+    fp, entries = committed
+    nbytes = 8192 * 2
+    serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
+    base = next(e for e in serving if e.plan.name == "direct-allreduce-hgx_h200:gpus=2-ll-x32-t512-max8MB")
+    regrouped = own_rows(base.plan, 4)
+    unmeasured = ("none", None, Mode())
+    twin = SimpleNamespace(plan=regrouped, estimate_us=lambda *a: unmeasured[:2], estimate=lambda *a: unmeasured)
+    (_, base_us), (plan, twin_us) = norm_candidates([base, twin], nbytes, True, True)
+    assert plan is regrouped and twin_us == base_us == base.estimate_us(nbytes, True, True)[1]
+    assert norm_mode([base, twin], regrouped, nbytes, True, True) == Mode(compiled=True)
+    assert norm_mode([base, twin], regrouped, nbytes, True, False) == Mode()
+    assert norm_mode([twin], base.plan, nbytes, True, True) == Mode()
 
 
 # ---------------------------------------------------------------------------------------------- device tables

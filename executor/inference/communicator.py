@@ -65,13 +65,13 @@ from executor.gpu.engine import BIND_VERDICT, InterpreterEngine, NormCall
 from executor.hosts import host_identity
 from executor.inference import ops
 from executor.inference.engine import Engine
-from executor.inference.norm import UNFUSED, check_norm_call, norm_candidates
+from executor.inference.norm import UNFUSED, check_norm_call
 from executor.inference.plans import PlanChoice, disagreement, split_refusal
 from executor.inference.staging import Staging
 from executor.inference.streams import torch_order
 from executor.inference.topology import machine_topology, p2p_works
 from executor.port.engine import PortEngine
-from executor.reference.norm import RowNorm, best_norm_plan, rows_refusal
+from executor.reference.norm import RowNorm, best_norm_plan, norm_candidates, norm_mode, rows_refusal
 from registry.index import Mode
 from registry.store import Registry, RegistryError
 from schedules.collectives import Collective
@@ -128,6 +128,7 @@ class Communicator:
         # (plan, size, dtype, with a residual, or the norm's RowNorm) prepared (staging engines)
         self._ready: set[tuple[str, int, str, bool | RowNorm]] = set()
         self._norm_choices: dict[tuple[int, torch.dtype, RowNorm], tuple[Plan | None, str]] = {}
+        self._norm_modes: dict[tuple[int, torch.dtype, RowNorm], Mode] = {}  # how each choice runs (default Mode())
         self._capturing = False  # inside capture(), where a staging engine's calls bind the captured tensors
         # eager calls in one order across the caller's streams (executor.inference.streams)
         self.streams = torch_order(getattr(engine, "device", None))
@@ -416,7 +417,16 @@ class Communicator:
         key = (nbytes, dtype, rows)
         if key not in self._norm_choices:
             self._norm_choices[key] = self._choose_norm_plan(nbytes, dtype, rows)
+            plan = self._norm_choices[key][0]
+            self._norm_modes[key] = Mode() if plan is None else self._measured_norm_mode(plan, nbytes)
         return self._norm_choices[key][0]
+
+    def norm_mode_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> Mode:
+        """How the fused call of this size, dtype and row shape runs its plan (LL128 lines, its compiled kernel):
+        as the registry measured that plan fastest at this size (``executor.inference.norm.norm_mode``), or as
+        pinned; ``Mode()`` where no plan runs it."""
+        self.norm_plan_for(nbytes, dtype, rows)
+        return self._norm_modes.get((nbytes, dtype, rows), Mode())
 
     def norm_reason(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> str:
         self.norm_plan_for(nbytes, dtype, rows)
@@ -426,12 +436,16 @@ class Communicator:
         """Whether ``plan``'s fused-norm context for this size and row shape exists, so that a capture can run it."""
         return (plan.content_hash, nbytes, DTYPES[dtype], rows) in self._ready
 
-    def pin_norm_plan(self, nbytes: int, dtype: torch.dtype, rows: RowNorm, plan: Plan | None) -> None:
+    def pin_norm_plan(
+        self, nbytes: int, dtype: torch.dtype, rows: RowNorm, plan: Plan | None, mode: Mode | None = None
+    ) -> None:
         """Run the fused norm of this size, dtype and row shape on ``plan`` from now on (a bench comparing plans,
         a test of one plan's shape), or on the plan ``norm_plan_for`` picks again where ``plan`` is None. The plan
-        must still pass the proof and fit the rows (ValueError, one line, otherwise)."""
+        must still pass the proof and fit the rows (ValueError, one line, otherwise). ``mode``: how it runs (LL128
+        lines, its compiled kernel); default, as the registry measured that plan fastest at this size."""
         if plan is None:
             self._norm_choices.pop((nbytes, dtype, rows), None)
+            self._norm_modes.pop((nbytes, dtype, rows), None)
             return
         if dtype not in DTYPES:
             raise ValueError(f"weft: the fused norm runs {', '.join(map(str, DTYPES))}, not {dtype}")
@@ -446,6 +460,7 @@ class Communicator:
         if why:
             raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
         self._norm_choices[(nbytes, dtype, rows)] = (plan, "")
+        self._norm_modes[(nbytes, dtype, rows)] = self._measured_norm_mode(plan, nbytes) if mode is None else mode
 
     def prepare_norm(self, nbytes: int, rows: RowNorm, dtype: torch.dtype = torch.bfloat16) -> bool:
         """Create the fused norm's context for one size now (collective, eager); whether weft will run it."""
@@ -632,7 +647,10 @@ class Communicator:
         if norm is None and not all(t.is_contiguous() for t in buffers):  # joins the peers' verdict on the call
             why = self._together(BIND_VERDICT, "the tensor is not contiguous")
         else:
-            mode = self._mode(plan.collective, tensor, output.numel())
+            if norm is None:
+                mode = self._mode(plan.collective, tensor, output.numel())
+            else:
+                mode = self.norm_mode_for(nbytes, tensor.dtype, norm.rows)
             why = self.engine.execute_captured(
                 plan, tensor, output, lines=mode.lines, residual=residual, norm=norm, **_kernel(mode)
             )
@@ -678,9 +696,15 @@ class Communicator:
         added.view(residual.shape).copy_(residual)
         normed, staged_weight = self.staging.norm_buffers(nbytes, weight.numel() * weight.element_size(), weight.dtype)
         staged_weight.copy_(weight)
-        lines = self._mode("allreduce", tensor, tensor.numel()).lines  # (the fused call's plans run interpreted)
+        mode = self.norm_mode_for(nbytes, tensor.dtype, norm.rows)
         self.engine.execute(
-            plan, source, staged, lines=lines, residual=added, norm=NormCall(norm.rows, staged_weight, normed)
+            plan,
+            source,
+            staged,
+            lines=mode.lines,
+            residual=added,
+            norm=NormCall(norm.rows, staged_weight, normed),
+            **_kernel(mode),
         )
         self._ready.add((plan.content_hash, nbytes, DTYPES[tensor.dtype], norm.rows))
         self.paths["staging"] += 1
@@ -711,7 +735,12 @@ class Communicator:
             for e in choice.entries
             if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or name in e.dtypes)
         ]
-        return best_norm_plan(norm_candidates(serving, nbytes, choice.ll128), nbytes, name, rows, engine.norm_refusal)
+        candidates = norm_candidates(serving, nbytes, choice.ll128, choice.compiled)
+        return best_norm_plan(candidates, nbytes, name, rows, engine.norm_refusal)
+
+    def _measured_norm_mode(self, plan: Plan, nbytes: int) -> Mode:
+        choice = self.choice
+        return Mode() if choice is None else norm_mode(choice.entries, plan, nbytes, choice.ll128, choice.compiled)
 
     def _mode(self, collective: str, tensor: torch.Tensor, out_numel: int) -> Mode:
         """How the registry's plan for ``collective`` at this call's size runs (LL128 lines, its compiled kernel)."""

@@ -10,8 +10,10 @@ dimension (``w`` has that many elements, of the tensor's dtype).
 
 Which plan: among the registry's all-reduce plans for this size, those that pass the norm's proof on the reference
 executor (``executor.reference.norm.fused_refusal``) and whose rows fit this size and hidden size (``rows_refusal``); of
-those the one with the most row-owning thread blocks (parallel rows), then the fastest measured. Packets move as
-LL128 lines where the registry's plan for a plain all-reduce of this size does.
+those the fastest measured (compiled kernels' times counting where the engine compiles), then the one with the most
+row-owning thread blocks. The call runs its plan the way the registry measured that plan fastest at this size
+(``executor.reference.norm.norm_mode``: LL128 lines, its compiled kernel); a row-owning plan, never benched alone,
+the way its base plan ran.
 
 Norm fusion is an engine's capability (``Engine.fuses_norm``, ``norm_refusal``): the interpreter has it, the port
 engine has not. Where no plan's rows fit (or a size is first seen inside a capture, or a tensor is not contiguous, or
@@ -28,18 +30,9 @@ import math
 
 import torch
 
-from executor.reference.norm import RowNorm, row_base
+from executor.reference.norm import RowNorm
 
 UNFUSED = "unfused (the all-reduce with its residual, then torch's rms_norm)"
-
-
-def norm_candidates(entries: list, nbytes: int, ll128: bool) -> list[tuple]:
-    """(plan, estimated µs) of registry entries serving a size: a row-owning plan (never benched alone) takes the
-    time measured for the plan it was regrouped from, whose sends it keeps; any other its own estimate."""
-    by_name = {e.plan.name: e for e in entries}
-    return [
-        (e.plan, (by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, ll128)[1] or math.inf)) for e in entries
-    ]
 
 
 def check_norm_call(tensor: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> RowNorm:

@@ -30,6 +30,7 @@ import numpy as np
 
 from executor.reference import machine
 from executor.reference.prove import run_launches, run_reference
+from registry.index import Mode
 from schedules.plan.types import Plan, PlanError, remote_target
 from weftcore.errors import CheckFailed
 
@@ -221,6 +222,26 @@ def row_base(name: str) -> str:
     ``name`` itself."""
     head, sep, groups = name.rpartition("-rows")
     return head if sep and groups.isdigit() else name
+
+
+def norm_candidates(entries: list, nbytes: int, ll128: bool, compiled: bool = False) -> list[tuple]:
+    """(plan, estimated µs) of registry entries serving a size: a row-owning plan (never benched alone) takes the
+    time measured for the plan it was regrouped from, whose sends it keeps; any other its own estimate (with LL128
+    lines where ``ll128``, compiled kernels where ``compiled``: the ways the engine can run it)."""
+    by_name = {e.plan.name: e for e in entries}
+    return [
+        (e.plan, (by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, ll128, compiled)[1] or math.inf))
+        for e in entries
+    ]
+
+
+def norm_mode(entries: list, plan: Plan, nbytes: int, ll128: bool, compiled: bool = False) -> Mode:
+    """How the fused call runs ``plan`` at ``nbytes``: the mode its registry entry (a row-owning plan's: its base
+    plan's) measured fastest at that size among those the engine can run (``ll128``, ``compiled``); ``Mode()``
+    where no entry of it serves the size."""
+    by_name = {e.plan.name: e for e in entries}
+    entry = by_name.get(row_base(plan.name)) or by_name.get(plan.name)
+    return entry.estimate(nbytes, ll128, compiled)[2] if entry is not None else Mode()
 
 
 class Epilogue:

@@ -57,6 +57,18 @@ def test_captured_graphs_run_the_fused_launch_on_the_captured_tensors(results):
 
 
 @pytest.mark.gpu
+def test_the_fused_call_runs_compiled_where_the_registry_measured_its_plan_faster_so(results):
+    """Each decode batch's fused call, its plan pinned in turn interpreted and compiled (Mode), gives the same bits
+    both ways, on the GPU (none refused); and on 2 ranks selection runs it compiled, as the committed registry
+    measured every decode batch's plan faster compiled (2xH200, ninth session)."""
+    for row in each(results, "compiled"):
+        for batch, r in row.items():
+            assert r["refused"] == "" and r["residual_differ"] == 0 and r["normed_differ"] == 0, (batch, r)
+            assert r["residual_wrong"] == 0 and r["off_by_more_than_one_ulp"] == 0, (batch, r)
+            assert r["selected_compiled"] or nproc() != 2, (batch, r)
+
+
+@pytest.mark.gpu
 def test_the_in_place_form_writes_the_norm_and_the_new_residual(results):
     for row in each(results, "inplace"):
         assert row["normed_equal"] and row["residual_equal"]
@@ -240,6 +252,39 @@ def replayed_graph(comm, device, batch: int, replays: int, seeds: tuple) -> dict
     return {"zero_copy": zero_copy, "replays": replays, "wrong": wrong}
 
 
+def scenario_compiled(comm, device) -> dict:
+    """Per decode batch: the plan selection picks for the fused call, pinned interpreted then compiled (the same
+    lines), on the same inputs; whether the two agree bit for bit, and whether selection runs it compiled."""
+    import torch
+
+    from executor.reference.norm import RowNorm
+    from registry.index import Mode
+
+    rows, out = RowNorm(HIDDEN, EPS), {}
+    w = norm_weight(device, seed=21)
+    for batch in (1, 4, 16):
+        nbytes = batch * HIDDEN * 2
+        x, h = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16), shared(device, batch, HIDDEN, seed=22)
+        plan, mode = comm.norm_plan_for(nbytes, x.dtype, rows), comm.norm_mode_for(nbytes, x.dtype, rows)
+        got = {}
+        for compiled in (False, True):
+            comm.pin_norm_plan(nbytes, x.dtype, rows, plan, Mode(lines=mode.lines, compiled=compiled))
+            got[compiled] = [t.clone() for t in comm.all_reduce(x, residual=h, rms_weight=w, eps=EPS)]
+        comm.pin_norm_plan(nbytes, x.dtype, rows, None)
+        torch.cuda.synchronize()
+        (normed, new_h), (interpreted, interpreted_h) = got[True], got[False]
+        out[str(batch)] = {
+            "plan": plan.name,
+            "selected_compiled": mode.compiled,
+            "refused": comm.engine.compiled_refused.get(plan.content_hash, ""),
+            "normed_differ": int((normed.view(torch.int16) != interpreted.view(torch.int16)).sum()),
+            "residual_differ": int((new_h.view(torch.int16) != interpreted_h.view(torch.int16)).sum()),
+            "residual_wrong": int(not sums_to(new_h, x, residual=h)),
+            "off_by_more_than_one_ulp": check_norm(normed, new_h, w)[0],
+        }
+    return out
+
+
 def scenario_inplace(comm, device) -> dict:
     import torch
 
@@ -367,6 +412,7 @@ def main() -> None:
         "graph": lambda: scenario_graph(comm, device),
         "split": lambda: scenario_split(comm, device),
         "split_graph": lambda: scenario_split_graph(comm, device),
+        "compiled": lambda: scenario_compiled(comm, device),
         "inplace": lambda: scenario_inplace(comm, device),
         "backend": lambda: scenario_backend(comm, device),
         "compile": lambda: scenario_compile(comm, device),
