@@ -4,7 +4,8 @@
         -o bench/results/gpu_allreduce_norm_bf16_graph_2xh200.json
 
 Per token count (hidden 8192, bf16): weft's ``comm.all_reduce(y, residual=h, rms_weight=w, eps=)`` (the plan its
-Communicator picks), FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and
+Communicator picks, run the way the registry measured it fastest: ``plan`` carries the bench's +ll128/+compiled
+suffix, and where that is compiled the same plan interpreted is timed beside it as ``interpreted_us``), FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and
 its own choice; ``flashinfer_us`` is the best, named in ``flashinfer_variant``) and NCCL's in-place all-reduce
 followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times (executor/gpu/bench.py): a CUDA
 graph of ``--calls`` calls per sample, the implementations alternating sample by sample, each one's median on its
@@ -212,13 +213,12 @@ def main() -> None:
                 "best_peer": best_peer,
                 "best_peer_us": rivals[best_peer],
                 "speedup": med["nccl"] / med["weft"] if "weft" in med and "nccl" in med else None,
-                "weft_mode": "compiled" if mode.compiled else "interpreted",
                 "interpreted_us": med.get("weft:interpreted", med.get("weft") if not mode.compiled else None),
                 "wrong": wrong.get("weft"),
                 "interpreted_wrong": wrong.get("weft:interpreted"),
                 "peers_wrong": {k: v for k, v in wrong.items() if not k.startswith("weft")},
                 "peers_refused": refused,
-                "plan": plan.name if plan is not None else None,
+                "plan": plan.name + mode.suffix if plan is not None else None,  # as weft bench names it
                 "median_us": med,
                 "raw_us": raw,
             }

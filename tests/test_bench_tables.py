@@ -90,6 +90,48 @@ def test_weft_plot_bench_markdown_prints_it(capsys):
     assert capsys.readouterr().out == bench_table(RESULTS / IN_DOCS[0])
 
 
+COMPILED = RESULTS / "compiled_2xh200_s9"
+MERGED = [COMPILED / f"gpu_allreduce_bf16_graph_2xh200_compiled_{part}.json" for part in ("small", "large", "huge")]
+
+
+def test_the_docs_hold_the_table_merged_from_the_jobs_of_one_benchmark():
+    table = bench_table(MERGED)
+    assert table in docs_text() and len(table.splitlines()) == 2 + 10  # 1 KB to 256 MB, one row a size
+
+
+def _bench_file(path: Path, sizes: list[int], machine: str = "NVIDIA H200") -> str:
+    rows = [{"size": s, "nccl_us": 10.0 + s / 1e4, "weft_us": 5.0 + s / 1e4, "wrong": 0} for s in sizes]
+    doc = {"collective": "allreduce", "dtype": "bf16", "mode": "graph", "nranks": 2, "machine": machine, "rows": rows}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_weft_plot_bench_merges_the_files_of_one_benchmark_in_size_order(tmp_path, capsys):
+    large = _bench_file(tmp_path / "large.json", [1 << 20, 4 << 20])
+    small = _bench_file(tmp_path / "small.json", [1024, 1 << 16])
+    assert main(["plot", "bench", large, small, "--markdown"]) == 0
+    sizes = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert sizes == ["| 1KB", "| 64KB", "| 1MB", "| 4MB"]
+    png = tmp_path / "merged.png"
+    assert main(["plot", "bench", small, large, "-o", str(png)]) == 0 and png.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "second,message",
+    [
+        (dict(sizes=[1 << 16, 1 << 20]), "rows: size 65536 is also in"),
+        (dict(sizes=[1 << 20], machine="NVIDIA H100 80GB HBM3"), "machine: 'NVIDIA H100 80GB HBM3', where"),
+    ],
+)
+def test_files_of_two_benchmarks_or_a_size_twice_are_refused_in_one_line(second, message, tmp_path, capsys):
+    small = _bench_file(tmp_path / "small.json", [1024, 1 << 16])
+    other = _bench_file(tmp_path / "other.json", **second)
+    png = tmp_path / "merged.png"
+    assert main(["plot", "bench", small, other, "-o", str(png)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"other.json: {message}" in err and not png.exists()
+
+
 def test_a_file_without_rows_is_refused_naming_the_field(tmp_path):
     path = tmp_path / "empty.json"
     path.write_text("{}")

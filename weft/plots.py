@@ -7,7 +7,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from schedules.collectives import NAMES, PLAN_ONLY, Collective
-from weft.results import ResultsError, read_bench, read_frontier
+from weft.results import BenchResults, ResultsError, read_bench, read_benches, read_frontier
 from weft.units import format_bytes
 from weftcore.jsonfile import write_text
 
@@ -86,11 +86,11 @@ def _integer_ticks():
     return MaxNLocator(integer=True)
 
 
-def plot_bench(path: str | Path, out: str | Path) -> Path:
+def plot_bench(paths: str | Path | list, out: str | Path) -> Path:
     """busbw and latency against size for NCCL, symmetric memory, FlashInfer, the best peer of each size and weft
-    (one benchmark file)."""
+    (one benchmark: a file, or files of its sizes timed in separate jobs)."""
     out = _png(out)
-    bench = read_bench(path)
+    bench = _bench(paths)
     plt = _pyplot()
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4))
     sizes = [int(r.size) for r in bench.rows]
@@ -142,9 +142,15 @@ def _cell(t: float | None, best: float | None) -> str:
     return f"**{text}**" if t == best else text
 
 
-def bench_table(path: str | Path) -> str:
-    """The README's performance table for one benchmark file (markdown): every row, no number retyped by hand."""
-    bench = read_bench(path)
+def _bench(paths: str | Path | list) -> BenchResults:
+    """One benchmark file, or several of one benchmark merged (``weft.results.read_benches``)."""
+    return read_benches(list(paths)) if isinstance(paths, list) else read_bench(paths)
+
+
+def bench_table(paths: str | Path | list) -> str:
+    """The README's performance table for one benchmark (markdown): every row, no number retyped by hand; several
+    files of one benchmark (sizes timed in separate jobs) make one table."""
+    bench = _bench(paths)
     factor = _bus_factor(bench.collective, bench.nranks)
     lines = [
         "| size | NCCL µs | symm-mem µs | FlashInfer µs | best peer µs | weft µs | weft / NCCL "

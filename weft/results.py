@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from weftcore.errors import WeftError
@@ -156,6 +157,29 @@ def read_bench(path: str | Path) -> BenchResults:
         machine=machine or "",
         rows=tuple(rows),
     )
+
+
+def read_benches(paths: Sequence[str | Path]) -> BenchResults:
+    """Several GPU benchmark files of one benchmark (sizes timed in separate jobs: ``weft bench --sizes``), their
+    rows merged in size order. The files must agree on collective, dtype, ranks, mode and machine, and no size may
+    come twice (a ResultsError naming the file and field otherwise)."""
+    first, *rest = [read_bench(p) for p in paths]
+    rows = {r.size: (r, paths[0]) for r in first.rows}
+    for path, bench in zip(paths[1:], rest, strict=True):
+        for field in ("collective", "dtype", "nranks", "mode", "machine"):
+            mine, theirs = getattr(bench, field), getattr(first, field)
+            if mine != theirs:
+                raise ResultsError(
+                    f"bench results {path}: {field}: {short_repr(mine)}, where {paths[0]} has {short_repr(theirs)} "
+                    "(files merged into one table must be of one benchmark)"
+                )
+        for r in bench.rows:
+            if r.size in rows:
+                raise ResultsError(
+                    f"bench results {path}: rows: size {r.size} is also in {rows[r.size][1]} (each size once)"
+                )
+            rows[r.size] = (r, path)
+    return replace(first, rows=tuple(rows[size][0] for size in sorted(rows)))
 
 
 def read_frontier(path: str | Path) -> Frontier:

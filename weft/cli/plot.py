@@ -15,8 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "-o", "--output", help="PNG file (default: NAME.png in the current directory, never replacing a file there)"
     )
     q.set_defaults(func=_run, kind="frontier")
-    q = ps.add_parser("bench", help="a GPU benchmark (bench/results/*.json from `weft bench`)")
-    q.add_argument("file")
+    q = ps.add_parser(
+        "bench",
+        help="a GPU benchmark (bench/results/*.json from `weft bench`; several files of one benchmark, its sizes "
+        "timed in separate jobs, make one plot or table)",
+    )
+    q.add_argument("file", nargs="+")
     q.add_argument(
         "-o", "--output", help="PNG file (default: NAME.png in the current directory, never replacing a file there)"
     )
@@ -27,16 +31,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from weft import plots
 
+    files = args.file[0] if args.kind == "bench" and len(args.file) == 1 else args.file
     if getattr(args, "markdown", False):
-        print(plots.bench_table(args.file), end="")
+        print(plots.bench_table(files), end="")
         return 0
     from weft.results import ResultsError
     from weftcore.jsonfile import check_output
 
-    out = args.output or default_output(args.file)
+    out = args.output or default_output(files if isinstance(files, str) else files[0])
     check_output(out, "plot", ResultsError)
-    draw = plots.plot_frontier if args.kind == "frontier" else plots.plot_bench
-    print(f"wrote {draw(args.file, out)}")
+    if args.kind == "frontier":
+        print(f"wrote {plots.plot_frontier(files, out)}")
+    else:
+        print(f"wrote {plots.plot_bench(files, out)}")
     return 0
 
 
