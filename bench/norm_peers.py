@@ -5,11 +5,12 @@
 
 Per token count (hidden 8192, bf16): weft's ``comm.all_reduce(y, residual=h, rms_weight=w, eps=)`` (the plan its
 Communicator picks, run the way the registry measured it fastest: ``plan`` carries the bench's +ll128/+compiled
-suffix, and where that is compiled the same plan interpreted is timed beside it as ``interpreted_us``), FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and
-its own choice; ``flashinfer_us`` is the best, named in ``flashinfer_variant``) and NCCL's in-place all-reduce
-followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times (executor/gpu/bench.py): a CUDA
-graph of ``--calls`` calls per sample, the implementations alternating sample by sample, each one's median on its
-slowest rank.
+suffix, and where that is compiled the same plan interpreted is timed beside it as ``interpreted_us``),
+FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and its own choice;
+``flashinfer_us`` is the best, named in ``flashinfer_variant``) and NCCL's in-place all-reduce followed by torch's
+add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times (executor/gpu/bench.py): a CUDA graph of
+``--calls`` calls per sample, the implementations alternating sample by sample, each one's median on its slowest
+rank.
 
 Checked, every implementation on the same inputs: the new residual against NCCL's all-reduce plus the residual,
 within ``within_rounding`` for nranks + 1 terms; the normed rows against the definition applied to that
