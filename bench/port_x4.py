@@ -98,14 +98,14 @@ def summarize(row: dict, names: dict) -> dict:
 
 def _plans(
     collective: str, n: int, methods: str = "ring,direct,twoshot,milp,trees", fabric_plans: tuple[Path, ...] = ()
-) -> tuple[list, dict]:
-    """The collective's two_hosts_2gpu plans named PLAN+lanesN, and each one's short name (METHOD-COLLECTIVE+lanesN);
-    then those of each ``fabric_plans`` folder (plans synthesized for the fabric this run uses, e.g.
-    two_hosts_2gpu_sockets), short-named METHOD-COLLECTIVE@FABRIC+lanesN (FABRIC: the folder's name past
-    two_hosts_2gpu_)."""
+) -> tuple[list, dict, dict]:
+    """The collective's two_hosts_2gpu plans named PLAN+lanesN, each one's short name (METHOD-COLLECTIVE+lanesN) and
+    each short name's plan file and content hash; then those of each ``fabric_plans`` folder (plans synthesized for
+    the fabric this run uses, e.g. two_hosts_2gpu_sockets), short-named METHOD-COLLECTIVE@FABRIC+lanesN (FABRIC: the
+    folder's name past two_hosts_2gpu_)."""
     from schedules.plan.io import load_plan
 
-    plans, names = [], {}
+    plans, names, files = [], {}, {}
     for folder in (PLANS, *fabric_plans):
         tag = "" if folder == PLANS else "@" + folder.name.removeprefix(PLANS.name + "_")
         for m in methods.split(","):
@@ -115,7 +115,8 @@ def _plans(
                 named = dataclasses.replace(plan, name=f"{plan.name}{tag}{SUFFIX}{n}")
                 plans.append(named)
                 names[named.name] = f"{m}-{collective}{tag}{SUFFIX}{n}"
-    return plans, names
+                files[names[named.name]] = {"file": str(path.resolve().relative_to(ROOT)), "hash": plan.content_hash}
+    return plans, names, files
 
 
 def _finish(row: dict, collective: str, comm, plans: list, names: dict, torch, buffers, check, local: int) -> None:
@@ -167,9 +168,8 @@ def _combine(phases: dict, lanes: list) -> dict:
     return row
 
 
-def _document(collective: str, comm, config, lanes: list, names: dict, rows: list, torch) -> dict:
-    from schedules.plan.io import load_plan
-
+def _document(collective: str, comm, config, lanes: list, names: dict, files: dict, rows: list, torch) -> dict:
+    """The results file; ``files``: each short name's plan file and content hash (``_plans``)."""
     return {
         "collective": collective,
         "dtype": "bf16",
@@ -195,15 +195,10 @@ def _document(collective: str, comm, config, lanes: list, names: dict, rows: lis
             "engine": "PortEngine",
             "hosts": list(comm.hosts),
             "lanes": lanes,
+            "piece_bytes": comm.engines[lanes[0]].piece_bytes,
             "env": {k: os.environ[k] for k in ENV if k in os.environ},
         },
-        "plans": {
-            short: {
-                "name": name.rsplit(SUFFIX, 1)[0],
-                "hash": load_plan(PLANS / f"{method(short)}-{collective}.plan.json").content_hash,
-            }
-            for name, short in names.items()
-        },
+        "plans": {short: {"name": name.rsplit(SUFFIX, 1)[0], **files[short]} for name, short in names.items()},
         "rows": rows,
     }
 
@@ -234,6 +229,9 @@ def main() -> None:
         help="a folder of plans synthesized for the fabric this run uses (examples/plans/two_hosts_2gpu_sockets), "
         "timed beside the two_hosts_2gpu plans; repeatable",
     )
+    parser.add_argument(
+        "--piece-bytes", type=int, default=None, help="the least of a chunk a lane carries (default: the engine's)"
+    )
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
@@ -250,16 +248,18 @@ def main() -> None:
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     lanes = [int(x) for x in args.lanes.split(",")]
-    comm = Engines({n: PortEngine.from_process_group(timeout_s=60.0, lanes=n) for n in lanes})
+    piece = {} if args.piece_bytes is None else {"piece_bytes": args.piece_bytes}
+    comm = Engines({n: PortEngine(None, 60.0, n, **piece) for n in lanes})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     faulthandler.dump_traceback_later(args.dump_s)  # a stuck job shows every rank's stack before it is stopped
     done: dict = {}  # collective -> size -> lanes -> row
     every_name: dict = {}
+    every_file: dict = {}  # collective -> short name -> the plan's file and content hash
     for n in lanes:  # one phase per lane count, each whole before the next: a stop loses only the later phases
         for size in parse_size_range(args.sizes):
             for collective in args.collectives.split(","):
-                plans, names = _plans(collective, n, args.methods, tuple(args.fabric_plans))
+                plans, names, files = _plans(collective, n, args.methods, tuple(args.fabric_plans))
                 config = BenchConfig(
                     collective, (size,), "bf16", True, args.calls, args.samples, args.warmup, symm=False
                 )
@@ -273,6 +273,7 @@ def main() -> None:
                 for row in rows:
                     done.setdefault(collective, {}).setdefault(size, {})[n] = row
                 every_name.setdefault(collective, {}).update(names)
+                every_file.setdefault(collective, {}).update(files)
                 if comm.rank == 0:
                     doc = _document(
                         collective,
@@ -280,6 +281,7 @@ def main() -> None:
                         config,
                         lanes,
                         every_name[collective],
+                        every_file[collective],
                         [_combine(phases, lanes) for _, phases in sorted(done[collective].items())],
                         torch,
                     )

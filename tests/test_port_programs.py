@@ -56,7 +56,7 @@ def test_bench_port_x4_times_the_plans_synthesized_for_its_fabric_beside_the_oth
     port_x4 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(port_x4)
     sockets = root / "examples" / "plans" / "two_hosts_2gpu_sockets"
-    plans, names = port_x4._plans("allreduce", 4, fabric_plans=(sockets,))
+    plans, names, files = port_x4._plans("allreduce", 4, fabric_plans=(sockets,))
     assert sorted(names.values()) == [
         "milp-allreduce+lanes4",
         "milp-allreduce@sockets+lanes4",
@@ -66,6 +66,11 @@ def test_bench_port_x4_times_the_plans_synthesized_for_its_fabric_beside_the_oth
         "twoshot-allreduce+lanes4",
     ]
     assert len({p.name for p in plans}) == len(plans)  # each timer its own name
+    # the results file names each timer's own plan file and hash (the sockets plans are not the NVLink ones)
+    milp = files["milp-allreduce@sockets+lanes4"]
+    assert milp["file"] == "examples/plans/two_hosts_2gpu_sockets/milp-allreduce.plan.json"
+    assert milp["hash"] == load_plan(sockets / "milp-allreduce.plan.json").content_hash
+    assert len({f["hash"] for f in files.values()}) == len(files)
     assert {port_x4.method(n) for n in names.values() if "@" in n} <= set(port_x4.SYNTHESIZED)
     # the sockets plans were synthesized for a fabric of the same ranks and hosts, without NVLink
     topology = json.loads((root / "examples" / "topologies" / "two_hosts_2gpu_sockets.json").read_text())
