@@ -423,7 +423,8 @@ def _nccl_columns(row: dict, results: dict[str, dict]) -> None:
         )
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, set[str]]:
+    """The script's arguments, and the backends whose kernels launch without PDL (``--no-pdl``)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", default="1,4,16,64")
     p.add_argument("--layers", type=int, default=8)
@@ -450,7 +451,21 @@ def main() -> None:
         action="store_false",
         help="weft's LL plans move LL16 packets only (by default LL128 lines where the registry measured them faster)",
     )
+    p.add_argument(
+        "--no-pdl",
+        default="",
+        help="comma-separated: weft, flashinfer: launch that backend's kernels without programmatic dependent "
+        "launch (an A/B of what PDL does to the step)",
+    )
     args = p.parse_args()
+    no_pdl = {x for x in args.no_pdl.split(",") if x}
+    if no_pdl - {"weft", "flashinfer"}:
+        p.error(f"--no-pdl: {', '.join(sorted(no_pdl - {'weft', 'flashinfer'}))}: only weft and flashinfer")
+    return args, no_pdl
+
+
+def main() -> None:
+    args, no_pdl = parse_args()
 
     for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
         os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
@@ -472,7 +487,7 @@ def main() -> None:
     if args.backend in ("weft", "both", "norm"):
         from executor import Communicator
 
-        comm = Communicator.from_process_group(ll128=args.ll128)
+        comm = Communicator.from_process_group(ll128=args.ll128, programmatic="weft" not in no_pdl)
         if args.backend != "norm":
             backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
             backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
@@ -480,7 +495,9 @@ def main() -> None:
     fi = None
     if args.backend in ("both", "norm"):
         try:
-            fi = peers.FlashInfer.create(max_bytes=max(int(b) for b in args.batch.split(",")) * HIDDEN * 2)
+            fi = peers.FlashInfer.create(
+                max_bytes=max(int(b) for b in args.batch.split(",")) * HIDDEN * 2, pdl="flashinfer" not in no_pdl
+            )
             backends["flashinfer-fused"] = flashinfer_backend(fi)
         except Exception as e:  # not installed, or its workspace refused: the other backends still run
             if rank == 0:
@@ -519,6 +536,7 @@ def main() -> None:
             "timing": "backends alternate replay by replay",
             "dtype": "bf16",
             "trace": args.trace,
+            "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)
             "eps": EPS,
             "logits_bound": LOGITS_BOUND,
             "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},

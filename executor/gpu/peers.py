@@ -89,10 +89,12 @@ class FlashInfer:
     handles: Any
     workspace: Any
     metadata: dict
+    pdl: bool = True  # launch with programmatic dependent launch (as vLLM does); False for an A/B
 
     @classmethod
-    def create(cls, group: Any = None, max_bytes: int = 16 << 20, hidden: int = HIDDEN) -> FlashInfer:
-        """Collective over ``group`` (default: the default group)."""
+    def create(cls, group: Any = None, max_bytes: int = 16 << 20, hidden: int = HIDDEN, pdl: bool = True) -> FlashInfer:
+        """Collective over ``group`` (default: the default group). ``pdl``: its kernels launch with programmatic
+        dependent launch."""
         why = missing()
         if why:
             raise PeerUnavailable(why)
@@ -112,7 +114,7 @@ class FlashInfer:
             create_metadata=True,
             use_symm_dev_mem=False,
         )
-        return cls(rank, world, max_tokens, hidden, handles, workspace, metadata)
+        return cls(rank, world, max_tokens, hidden, handles, workspace, metadata, pdl)
 
     def refusal(self, tokens: int, hidden: int, variant: str) -> str:
         """Why ``variant`` cannot run this shape, or ''. The two-shot kernel splits tokens over ranks (it needs
@@ -150,7 +152,7 @@ class FlashInfer:
             token_num=tokens,
             hidden_dim=hidden,
             workspace_ptrs=self.workspace,
-            launch_with_pdl=True,
+            launch_with_pdl=self.pdl,
             trigger_completion_at_end=True,
             fp32_acc=True,
             pattern_code=pattern,

@@ -87,6 +87,18 @@ normed2, new_h2 = comm.all_reduce(x, residual=h, rms_weight=w, eps=1e-5)
 assert torch.allclose(normed2, normed) and not engine.calls[-1][3]
 assert "runs no norm epilogue" in comm.norm_reason(x.numel() * 4, torch.float32, rows)
 
+import executor.inference.communicator as communicator_module
+asked = []
+class Refusing:  # records the interpreter's options, then does not start (as without a GPU)
+    def __init__(self, *args, **options):
+        asked.append(options)
+        raise RuntimeError("no GPU in this test")
+real, communicator_module.InterpreterEngine = communicator_module.InterpreterEngine, Refusing
+current, torch.cuda.current_device = torch.cuda.current_device, lambda: 0  # a CPU torch has no current device
+assert Communicator.from_process_group(programmatic=False, compiled=True).engine is None
+communicator_module.InterpreterEngine, torch.cuda.current_device = real, current
+assert asked[-1]["programmatic"] is False and asked[-1]["compiled"] is True, asked
+
 alone = Communicator.from_process_group()  # no GPU here: the interpreter does not start, NCCL serves every call
 assert type(alone) is Communicator and alone.engine is None and not alone.enabled
 assert torch.equal(alone.all_reduce(x), x) and alone.paths == {"zero_copy": 0, "staging": 0, "nccl": 1}
