@@ -185,6 +185,56 @@ def graph_of(
     return graph
 
 
+# Kernel families of the step, by name (lower case, first match): the collective's own kernels, then the model's
+KERNEL_CLASSES = (
+    ("weft", ("weft_",)),
+    ("flashinfer", ("allreduce_fusion", "lamport", "trtllm", "flashinfer")),
+    ("nccl", ("nccl",)),
+    ("gemm", ("gemm", "xmma", "cutlass", "cublas", "nvjet", "sm90_")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),
+    ("norm", ("rms", "norm")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The family of a kernel of the step (``KERNEL_CLASSES``), else 'other'."""
+    low = name.lower()
+    return next((cls for cls, keys in KERNEL_CLASSES if any(k in low for k in keys)), "other")
+
+
+def step_kernels(events, replays: int, top: int = 12) -> dict:
+    """Device time per step of the (kernel name, µs) ``events`` of ``replays`` replays of one step graph: by family
+    (``kernel_class``) and the ``top`` kernels by time, each as [name (100 characters), µs, launches per step]."""
+    per_kernel: dict[str, list[float]] = {}
+    for name, us in events:
+        entry = per_kernel.setdefault(name, [0.0, 0])
+        entry[0] += us
+        entry[1] += 1
+    classes: dict[str, float] = {}
+    for name, (us, _) in per_kernel.items():
+        classes[kernel_class(name)] = classes.get(kernel_class(name), 0.0) + us / replays
+    ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]
+    return {
+        "classes_us": {k: round(v, 2) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+        "top": [[name[:100], round(us / replays, 2), count / replays] for name, (us, count) in ranked],
+    }
+
+
+def profile_step(graph: torch.cuda.CUDAGraph, replays: int) -> dict:
+    """``step_kernels`` of ``replays`` replays of ``graph`` under torch's profiler (CUPTI traces the graph's kernel
+    nodes). Collective: every rank profiles the same graphs in the same order, so their collectives meet."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return step_kernels(events, replays)
+
+
 def time_replay(graph: torch.cuda.CUDAGraph) -> float:
     """Milliseconds of one replay, timed with CUDA events after a barrier so that ranks start together."""
     dist.barrier()
@@ -452,6 +502,14 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         help="weft's LL plans move LL16 packets only (by default LL128 lines where the registry measured them faster)",
     )
     p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timing, N replays of each backend's step under torch's profiler: device time per step by "
+        "kernel family and the top kernels (step_kernels in the JSON)",
+    )
+    p.add_argument(
         "--no-pdl",
         default="",
         help="comma-separated: weft, flashinfer: launch that backend's kernels without programmatic dependent "
@@ -516,8 +574,9 @@ def main() -> None:
         built, failed = _build_all(backends, shape, batch, weights, norms, device, rank)
         times = time_alternating(built, args.iters)
         results = {name: summarize(name, g, times[name], shape, batch, lm_head) for name, g in built.items()}
+        kernels = {name: profile_step(g.graphs["step"], args.profile) for name, g in built.items() if args.profile}
         del built
-        row = {"batch": batch, "tp": world, "failed": failed}
+        row = {"batch": batch, "tp": world, "failed": failed, **({"step_kernels": kernels} if kernels else {})}
         if len(backends) > 1:
             _weft_columns(row, comm, batch)
         _result_columns(row, results)

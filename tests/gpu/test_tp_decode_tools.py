@@ -1,4 +1,4 @@
-"""examples/tp_decode.py's arguments (torch on the CPU is enough): ``--no-pdl`` names the backends launched without
+"""examples/tp_decode.py's tools (torch on the CPU is enough): ``--no-pdl`` names the backends launched without
 programmatic dependent launch, and anything else is refused by argparse (exit 2, one line)."""
 
 from __future__ import annotations
@@ -36,3 +36,32 @@ def test_an_unknown_backend_for_no_pdl_is_refused_in_one_line(monkeypatch, capsy
     with pytest.raises(SystemExit) as e:
         tp_decode.parse_args()
     assert e.value.code == 2 and "--no-pdl: nccl: only weft and flashinfer" in capsys.readouterr().err
+
+
+def test_step_kernels_sums_each_family_per_step_and_ranks_the_kernels(monkeypatch):
+    """``--profile``'s table from (kernel name, µs) events of 2 replays: per step, by family, the top kernels."""
+    tp_decode = _tp_decode(monkeypatch)
+    events = [
+        ("weft_compiled_bf16_v16_ab12", 7.0),
+        ("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 20.0),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 30.0),
+        ("void flash_fwd_splitkv_kernel<...>", 11.0),
+        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 9.0),
+        ("allreduce_fusion_kernel_oneshot_lamport<...>", 6.0),
+        ("void at::native::vectorized_elementwise_kernel<4, ...>", 1.0),
+    ] * 2
+    table = tp_decode.step_kernels(events, replays=2, top=2)
+    assert table["classes_us"] == {
+        "gemm": 50.0,
+        "attention": 11.0,
+        "nccl": 9.0,
+        "weft": 7.0,
+        "flashinfer": 6.0,
+        "other": 1.0,
+    }
+    assert list(table["classes_us"]) == ["gemm", "attention", "nccl", "weft", "flashinfer", "other"]
+    assert table["top"] == [
+        ["sm90_xmma_gemm_bf16bf16_bf16f32", 30.0, 1.0],
+        ["nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 20.0, 1.0],
+    ]
+    assert tp_decode.kernel_class("void rms_norm_kernel<c10::BFloat16>") == "norm"
