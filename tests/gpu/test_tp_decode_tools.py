@@ -1,5 +1,6 @@
 """examples/tp_decode.py's tools (torch on the CPU is enough): ``--no-pdl`` names the backends launched without
-programmatic dependent launch, and anything else is refused by argparse (exit 2, one line)."""
+programmatic dependent launch, and anything else is refused by argparse (exit 2, one line); ``--profile``'s table
+of the step's kernels by family."""
 
 from __future__ import annotations
 
