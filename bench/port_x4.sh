@@ -6,7 +6,8 @@
 #          (NVLink inside a host, sockets between: the asymmetric fabric, for NCCL and the engine alike);
 # final:   the result files (sockets), every plan at 1 lane then at 4 (LANES), SIZES ascending, SAMPLES (3) samples a
 #          plan, with the plans synthesized for sockets everywhere beside them (examples/plans/two_hosts_2gpu_sockets,
-#          named METHOD-COLLECTIVE@sockets); final_nvlink: the same with NCCL_HOSTID, the two_hosts_2gpu plans only;
+#          named METHOD-COLLECTIVE@sockets, and the MILP's at one chunk a rank, @sockets_c1); final_nvlink: the same
+#          with NCCL_HOSTID, the two_hosts_2gpu plans only;
 #          FINAL_OUT: its folder (default $OUT); PIECE: the least of a chunk a lane carries, in bytes (default the
 #          engine's PIECE_BYTES, 64 KB)
 # pytest:  tests/gpu/test_port_two_hosts.py (-m gpu).
@@ -45,7 +46,8 @@ for s in ${STEPS:-ab}; do
       step "final sockets: lanes ${LANES:-1,4}"
       x4 ${FINAL_S:-150} sockets "${FINAL_OUT:-$OUT}" --sizes ${SIZES:-1MB,4MB,16MB,64MB,256MB} --lanes ${LANES:-1,4} \
         --samples ${SAMPLES:-3} --calls 1 --warmup 1 --tag 2hosts --dump-s $(( ${FINAL_S:-150} - 25 )) \
-        --fabric-plans examples/plans/two_hosts_2gpu_sockets ${PIECE:+--piece-bytes $PIECE} ;;
+        --fabric-plans examples/plans/two_hosts_2gpu_sockets --fabric-plans examples/plans/two_hosts_2gpu_sockets_c1 \
+        ${PIECE:+--piece-bytes $PIECE} ;;
     final_nvlink)
       step "final nvlink inside hosts (NCCL_HOSTID): lanes ${LANES:-1,4}"
       x4 ${FINAL_S:-150} nvlink "$OUT" --sizes ${SIZES:-1MB,4MB,16MB,64MB,256MB} --lanes ${LANES:-1,4} \

@@ -45,6 +45,8 @@ def test_the_two_host_plans_cover_every_method_and_collective():
         ("two_hosts_2gpu", f"{m}-alltoall.plan.json") for m in ("2dh", "direct")
     } | {  # Tutel's 2DH and the flat one; then synthesized for the sockets fabric bench/port_x4.sh's final step uses
         ("two_hosts_2gpu_sockets", f"{m}-{c}.plan.json") for m in ("milp", "trees") for c in ("allgather", "allreduce")
+    } | {  # the MILP at one chunk a rank there (`--chunks 1`: priced as the default 4 at 1 MB; lanes split its chunks)
+        ("two_hosts_2gpu_sockets_c1", f"milp-{c}.plan.json") for c in ("allgather", "allreduce")
     }
 
 
