@@ -19,6 +19,8 @@
 #                                     # as its own kernel, in one job with the peers, recorded into a copy of the
 #                                     # registry ($OUT/registry_compiled_x<N>.tgz); about a minute a size with LL128
 #                                     # lines (16 KB in 3.5 min on 2xH200), less with NO_LL128=1
+#   bash bench/peers_run.sh 4 compiled3 # the compiled stage's three jobs in one call (1-64 KB without lines,
+#                                     # 256 KB-4 MB, 16-256 MB; SMALL_S, LARGE_S, HUGE_S), then their merged table
 #   bash bench/peers_run.sh 2 decode  # the fused call alone (bench/norm_peers.py: weft as selected, and interpreted
 #                                     # where it selects compiled), then tp_decode RUNS times (default 3; ~2 min)
 #   bash bench/peers_run.sh 2 pdl     # tp_decode --backend norm at BATCH (1,4): the step's kernels profiled
@@ -109,6 +111,16 @@ elif [ "$STAGE" = compiled ]; then  # issue 33: every plan interpreted and compi
   bench "${BENCH_S:-300}" --sizes ${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB} --compiled --record \
     -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled.json"
   tar -czf "$OUT/registry_compiled_x$N.tgz" -C "$OUT" "registry_compiled_x$N" && rm -rf "$L"
+elif [ "$STAGE" = compiled3 ]; then  # the compiled stage's three jobs in one call: 1-64 KB packets only (LL16 wins
+  L="$OUT/registry_compiled_x$N"      # there), 256 KB-4 MB, 16-256 MB; a file each (_small, _large, _huge), recorded
+  rm -rf "$L" && cp -r "$REG" "$L" && REG=$L  # into one copy of the registry
+  NO_LL128=1 bench "${SMALL_S:-150}" --sizes 1KB,4KB,16KB,64KB --compiled --record \
+    -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled_small.json"
+  bench "${LARGE_S:-260}" --sizes 256KB,1MB,4MB --compiled --record -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled_large.json"
+  bench "${HUGE_S:-160}" --sizes 16MB,64MB,256MB --compiled --record -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled_huge.json"
+  tar -czf "$OUT/registry_compiled_x$N.tgz" -C "$OUT" "registry_compiled_x$N" && rm -rf "$L"
+  weft_plot=(python3 -c 'from weft.cli import run; run()' plot bench)
+  "${weft_plot[@]}" "$OUT"/gpu_allreduce_bf16_graph_"${G}"_compiled_{small,large,huge}.json --markdown | tee -a "$LOG"
 elif [ "$STAGE" = decode ]; then  # the fused call alone, then tp_decode RUNS times (its goal reads three runs)
   norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_$G.json"
   for run in $(seq 1 "${RUNS:-3}"); do
