@@ -24,7 +24,8 @@
 #   bash bench/peers_run.sh 2 decode  # the fused call alone (bench/norm_peers.py: weft as selected, and interpreted
 #                                     # where it selects compiled), then tp_decode RUNS times (default 3; ~2 min)
 #   bash bench/peers_run.sh 2 pdl     # tp_decode --backend norm at BATCH (1,4): the step's kernels profiled
-#                                     # (--profile 5), then weft's and then FlashInfer's PDL off (~2 min)
+#                                     # (--profile 5), then weft's and then FlashInfer's PDL off, then weft's
+#                                     # compiled kernels triggering their dependents at their end (~3 min)
 #   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
 #                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
 #                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
@@ -132,7 +133,7 @@ elif [ "$STAGE" = decode ]; then  # the fused call alone, then tp_decode RUNS ti
   grep -E "^tokens|^tp=" "$LOG"
   exit 0
 elif [ "$STAGE" = pdl ]; then  # issue 33's batch-1 step gap: the step's kernels profiled, then PDL off on each side
-  for variant in "--profile 5" "--no-pdl weft" "--no-pdl flashinfer"; do
+  for variant in "--profile 5" "--no-pdl weft" "--no-pdl flashinfer" "--weft-late-trigger"; do
     tag=$(echo "$variant" | tr -d '-' | tr ' ' '_')
     step "tp_decode --backend norm $variant"
     WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --backend norm \

@@ -515,6 +515,11 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         help="comma-separated: weft, flashinfer: launch that backend's kernels without programmatic dependent "
         "launch (an A/B of what PDL does to the step)",
     )
+    p.add_argument(
+        "--weft-late-trigger",
+        action="store_true",
+        help="weft's compiled kernels let the next programmatic launch start at their end, not their start",
+    )
     args = p.parse_args()
     no_pdl = {x for x in args.no_pdl.split(",") if x}
     if no_pdl - {"weft", "flashinfer"}:
@@ -545,7 +550,9 @@ def main() -> None:
     if args.backend in ("weft", "both", "norm"):
         from executor import Communicator
 
-        comm = Communicator.from_process_group(ll128=args.ll128, programmatic="weft" not in no_pdl)
+        comm = Communicator.from_process_group(
+            ll128=args.ll128, programmatic="weft" not in no_pdl, late_trigger=args.weft_late_trigger
+        )
         if args.backend != "norm":
             backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
             backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
@@ -596,6 +603,7 @@ def main() -> None:
             "dtype": "bf16",
             "trace": args.trace,
             "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)
+            "weft_late_trigger": args.weft_late_trigger,
             "eps": EPS,
             "logits_bound": LOGITS_BOUND,
             "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},

@@ -111,6 +111,18 @@ def test_the_cache_key_follows_the_ops_the_headers_and_the_dtype():
     assert source.generate(build_tables(plan, 1, plan.granule * 4), "bf16", 16, "a", "h1").key == key
 
 
+def test_a_late_trigger_kernel_defines_it_and_is_cached_apart():
+    """``late_trigger`` (the next programmatic launch starts at the kernel's end): the source defines
+    WEFT_LATE_TRIGGER before the header, and its key and entry differ from the default kernel's, whose source is
+    unchanged."""
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x8.json"))
+    plain, late = (source.generate(t, "bf16", 16, "a", "h1", late_trigger=flag) for flag in (False, True))
+    assert "WEFT_LATE_TRIGGER" not in plain.code and late.key != plain.key and late.entry != plain.entry
+    lines = late.code.splitlines()
+    assert lines.index("#define WEFT_LATE_TRIGGER 1") < lines.index('#include "compiled.cuh"')
+    assert late.code.replace("#define WEFT_LATE_TRIGGER 1\n", "").replace(late.key, plain.key) == plain.code
+
+
 def test_the_headers_hash_covers_the_compiled_kernels_header():
     assert "compiled.cuh" in build.HEADERS and "ops.cuh" in build.HEADERS
     assert len(build.headers_hash()) == 16
@@ -194,6 +206,7 @@ def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path, m
     ]
     plain = _sources(picks[1:], ("bf16",)) + _sources(picks[:1], DTYPES)
     plain += [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]
+    plain.append(source.generate(variants[2], "bf16", 16, "late trigger", build.headers_hash(), late_trigger=True))
     plain += _sources([Path("tests/gpu/plans4/allreduce-twoshot-simple-x8-2s-mp.json")], ("bf16",))
     frames = _stack_frames(_compile_together(plain, tmp_path))
     assert {s.entry: frames[s.entry] for s in plain} == {s.entry: 0 for s in plain}
@@ -326,6 +339,7 @@ def _bare_engine(gathered: list[str]):
 
     engine: Any = object.__new__(InterpreterEngine)
     engine.rank, engine.device, engine._cc, engine._trace, engine.compiled_refused = 0, 0, "90", False, {}
+    engine._late_trigger = False
     engine._cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda device: contextlib.nullcontext()))
     engine._all_gather = lambda what, value: [value, *gathered]
     return engine
@@ -396,7 +410,7 @@ def test_precompile_builds_the_sources_a_compiled_call_would_launch_and_names_wh
     from executor.gpu.engine import InterpreterEngine
 
     engine = object.__new__(InterpreterEngine)  # the fields precompile reads; no GPU
-    engine.rank, engine.world_size, engine._cc, engine._trace = 1, 2, "90", False
+    engine.rank, engine.world_size, engine._cc, engine._trace, engine._late_trigger = 1, 2, "90", False, False
     built: list[tuple[list[str], str]] = []
 
     def prebuild(sources, arch, threads=None, trace=False, directory=None):

@@ -241,10 +241,13 @@ class InterpreterEngine:
         trace: bool = False,
         ll128: bool = False,
         compiled: bool = False,
+        late_trigger: bool = False,
     ):
         """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
-        collectives overlap one kernel's start with the previous one's end. ``trace``: run the timed build of the
-        interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by ``kernel_times``.
+        collectives overlap one kernel's start with the previous one's end; ``late_trigger``: compiled kernels let
+        the next programmatic launch start only at their end (by default at their start). ``trace``: run the timed
+        build of the interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by
+        ``kernel_times``.
         ``ll128``: by default, move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8
         per 16) where the size allows (tables.lines_possible) and every rank's buffers are 8-byte aligned; a
         call's ``lines`` overrides it. Lines rely on NVLink delivering a warp's 128-byte store whole, as NCCL's LL128
@@ -288,6 +291,7 @@ class InterpreterEngine:
             self._launcher = gpu_launch.Launcher(programmatic and int(cc) >= 90)  # PDL needs Hopper or newer
             self._module = gpu_build.load_module(cc, trace)
             self._trace, self._ll128, self._compiled = trace, ll128, compiled
+            self._late_trigger = late_trigger
             self._cc = cc
             # inbound counters are written by peers, so they get their own shared allocation
             self._inbound = cupy.zeros(MAX_CHANNELS, cupy.uint64)
@@ -998,7 +1002,7 @@ class InterpreterEngine:
             try:
                 check_launch(plan, self.world_size, nbytes, dtype)
                 tables = build_tables(plan, self.rank, nbytes, dtype=dtype)
-                generated = source_for(tables, dtype, tables.vector_bytes, label, self._trace)
+                generated = source_for(tables, dtype, tables.vector_bytes, label, self._trace, self._late_trigger)
             except (ExecutorError, PlanError) as e:
                 refused[label] = str(e)
                 continue
@@ -1021,7 +1025,9 @@ class InterpreterEngine:
         why = ""
         try:
             with self._cupy.cuda.Device(self.device):
-                ctx.compiled = kernel_for(ctx.tables, dtype, ctx.vector_bytes, label, self._cc, self._trace)
+                ctx.compiled = kernel_for(
+                    ctx.tables, dtype, ctx.vector_bytes, label, self._cc, self._trace, self._late_trigger
+                )
         except ExecutorError as e:
             why = str(e)
         except ImportError as e:  # a CuPy without NVRTC's binding

@@ -169,7 +169,9 @@ class Communicator:
         where they sit on several (``executor.hosts``). ``options``: see ``__init__``; ``trace`` (one host): the
         interpreter's timed build, read by ``comm.engine.kernel_times``; ``compiled`` (one host): each plan runs
         compiled to a kernel of its own where the generator takes it (``executor.gpu.compiled``), else interpreted;
-        ``programmatic`` (one host, default True): launch with programmatic dependent launch (Hopper and newer)."""
+        ``programmatic`` (one host, default True): launch with programmatic dependent launch (Hopper and newer);
+        ``late_trigger`` (one host): compiled kernels let the next programmatic launch start at their end, not their
+        start."""
         hosts = bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
         rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         if len(set(hosts)) > 1:
@@ -199,6 +201,7 @@ class Communicator:
                 trace=options.pop("trace", False),
                 compiled=options.pop("compiled", False),
                 programmatic=options.pop("programmatic", True),
+                late_trigger=options.pop("late_trigger", False),
             )
         except Exception as e:  # no CuPy, no driver, IPC refused: each means NCCL for this job, not a crash
             why = f"rank {rank}: the GPU executor did not start: {e}"

@@ -95,9 +95,9 @@ class Refusing:  # records the interpreter's options, then does not start (as wi
         raise RuntimeError("no GPU in this test")
 real, communicator_module.InterpreterEngine = communicator_module.InterpreterEngine, Refusing
 current, torch.cuda.current_device = torch.cuda.current_device, lambda: 0  # a CPU torch has no current device
-assert Communicator.from_process_group(programmatic=False, compiled=True).engine is None
+assert Communicator.from_process_group(programmatic=False, compiled=True, late_trigger=True).engine is None
 communicator_module.InterpreterEngine, torch.cuda.current_device = real, current
-assert asked[-1]["programmatic"] is False and asked[-1]["compiled"] is True, asked
+assert asked[-1]["programmatic"] is False and asked[-1]["compiled"] is True and asked[-1]["late_trigger"], asked
 
 alone = Communicator.from_process_group()  # no GPU here: the interpreter does not start, NCCL serves every call
 assert type(alone) is Communicator and alone.engine is None and not alone.enabled

@@ -13,16 +13,27 @@ from executor.gpu.compiled.source import CompiledSource
 from executor.gpu.tables import DeviceTables
 
 
-def source_for(tables: DeviceTables, dtype: str, vector: int, label: str, trace: bool) -> CompiledSource:
+def source_for(
+    tables: DeviceTables, dtype: str, vector: int, label: str, trace: bool, late_trigger: bool = False
+) -> CompiledSource:
     """The kernel source for ``tables`` under the headers of this tree (its cache key); raises ExecutorError with
-    the reason the generator refuses it."""
+    the reason the generator refuses it. ``late_trigger``: see ``source.generate``."""
     from executor.gpu.compiled import build
 
-    return source.generate(tables, dtype, vector, label, build.headers_hash(), trace)
+    return source.generate(tables, dtype, vector, label, build.headers_hash(), trace, late_trigger)
 
 
-def kernel_for(tables: DeviceTables, dtype: str, vector: int, label: str, compute_capability: str, trace: bool) -> Any:
+def kernel_for(
+    tables: DeviceTables,
+    dtype: str,
+    vector: int,
+    label: str,
+    compute_capability: str,
+    trace: bool,
+    late_trigger: bool = False,
+) -> Any:
     """The compiled kernel for ``tables`` (a CuPy RawKernel); raises ExecutorError with the reason it is refused."""
     from executor.gpu.compiled import build
 
-    return build.load_kernel(source_for(tables, dtype, vector, label, trace), compute_capability, trace)
+    generated = source_for(tables, dtype, vector, label, trace, late_trigger)
+    return build.load_kernel(generated, compute_capability, trace)

@@ -71,6 +71,7 @@ __device__ __forceinline__ void run_compiled(const Context& c) {
   } else if (range[1] > range[0]) {
     ran = Plan::tripwire(step);
   }
+  trigger_at_end();
   if (!ran) return;
   WEFT_TRACE_FINISH;
 }

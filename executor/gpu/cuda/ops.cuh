@@ -110,11 +110,22 @@ WEFT_RUNNER bool run_control(const Op& op, const Context& c, ErrorRecord rec, De
 }
 
 // Lets the next launch start its own table loads, then waits until the previous kernel has ended and its writes are
-// visible (both are no-ops for a launch without the programmatic attribute, and absent before Hopper).
+// visible (both are no-ops for a launch without the programmatic attribute, and absent before Hopper). A compiled
+// kernel built with WEFT_LATE_TRIGGER lets the next launch start only at its own end (``trigger_at_end``), as
+// FlashInfer's fused all-reduce does: an A/B of what the early start does to the kernels after it.
 __device__ __forceinline__ void follow_previous_grid() {
 #if __CUDA_ARCH__ >= 900
+#ifndef WEFT_LATE_TRIGGER
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Under WEFT_LATE_TRIGGER, a block's last word: the next launch may start once every block has said it.
+__device__ __forceinline__ void trigger_at_end() {
+#if __CUDA_ARCH__ >= 900 && defined(WEFT_LATE_TRIGGER)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
