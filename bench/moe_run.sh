@@ -16,7 +16,8 @@
 #      engine's own default: 4 lanes from 1 MB (CUDA_DEVICE_MAX_CONNECTIONS=32 here), one below. The runs of
 #      2026-11-27 forced 4 (TWODH_LANES=4 repeats them).
 # NS="2" runs the 2-GPU half only (default "4 2"). Stages can be skipped (SKIP_TESTS=1 SKIP_BENCH=1 SKIP_MOE=1 SKIP_2DH=1) and their time limits changed (TESTS_S,
-# TUNE_S, BENCH_S, MOE_S, TWODH_S). Everything lands in $OUT: logs, results JSON, registries. Never run yet: if one
+# TUNE_S, BENCH_S, MOE_S, TWODH_S). MOE_ARGS adds to moe_layer.py's arguments (--no-weft-pdl, --weft-late-trigger)
+# and MOE_TAG to its files' names. Everything lands in $OUT: logs, results JSON, registries. Never run yet: if one
 # 600 s call is too short, split it (SKIP_MOE=1 SKIP_2DH=1, then SKIP_TESTS=1 SKIP_BENCH=1) with REGS naming a
 # git-ignored folder of the tree (kept between calls on a warm machine), so the second call's MoE layer selects
 # by the first call's recorded times.
@@ -79,8 +80,10 @@ for n in ${NS:-4 2}; do
     CUDA_VISIBLE_DEVICES=$(visible $n) WEFT_REGISTRY="$REG" WEFT_TOPOLOGY="$(spec $n)" timeout -k 5 ${MOE_S:-150} \
       python3 -m torch.distributed.run --nproc-per-node $n examples/moe_layer.py --iters ${MOE_ITERS:-30} \
       --layers ${MOE_LAYERS:-1} --routing ${MOE_ROUTING:-shared} --tokens ${MOE_TOKENS:-1,2,4,8,16,32,64,128,256} \
-      $([ "${MOE_LOCAL:-0}" = 1 ] && echo --local) --json "$OUT/moe_layer_${n}x$GPU.json" > "$OUT/moe_layer_x$n.log" 2>&1
-    echo "rc=$?" | tee -a "$LOG"; grep -v "NCCL INFO" "$OUT/moe_layer_x$n.log" | tail -n 12 | cut -c1-400 | tee -a "$LOG"
+      $([ "${MOE_LOCAL:-0}" = 1 ] && echo --local) ${MOE_ARGS:-} --json "$OUT/moe_layer_${n}x$GPU${MOE_TAG:-}.json" \
+      > "$OUT/moe_layer_x$n${MOE_TAG:-}.log" 2>&1
+    echo "rc=$?" | tee -a "$LOG"; grep -v "NCCL INFO" "$OUT/moe_layer_x$n${MOE_TAG:-}.log" | tail -n 12 | cut -c1-400 |
+      tee -a "$LOG"
   fi
 done
 

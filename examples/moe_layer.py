@@ -257,6 +257,14 @@ def main() -> None:
     p.add_argument(
         "--routing", choices=("shared", "lean"), default="shared", help="lean: the routing in fewer kernels (torch)"
     )
+    p.add_argument(
+        "--no-weft-pdl", action="store_true", help="weft's kernels launch without programmatic dependent launch"
+    )
+    p.add_argument(
+        "--weft-late-trigger",
+        action="store_true",
+        help="weft's compiled kernels let the next programmatic launch start at their end, not their start",
+    )
     p.add_argument("--json", help="results file (rank 0; default bench/results/moe_layer_<EP>x<gpu>.json)")
     args = p.parse_args()
 
@@ -278,7 +286,7 @@ def main() -> None:
     if args.backend in ("weft", "both"):
         from executor import Communicator
 
-        comm = Communicator.from_process_group()
+        comm = Communicator.from_process_group(programmatic=not args.no_weft_pdl, late_trigger=args.weft_late_trigger)
         backends["weft"] = weft_backend(comm)
     if args.local:
         backends["local"] = local_backend()
@@ -319,6 +327,8 @@ def main() -> None:
             "iters": args.iters,
             "layers": args.layers,  # per graph; *_ms are per layer, *_raw_ms per replay (of all of them)
             "routing": args.routing,
+            "weft_pdl": not args.no_weft_pdl,
+            "weft_late_trigger": args.weft_late_trigger,
             "rows": rows,
         }
         path.write_text(json.dumps(doc, indent=1) + "\n")
