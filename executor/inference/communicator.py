@@ -428,7 +428,7 @@ class Communicator:
 
     def norm_mode_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> Mode:
         """How the fused call of this size, dtype and row shape runs its plan (LL128 lines, its compiled kernel):
-        as the registry measured that plan fastest at this size (``executor.inference.norm.norm_mode``), or as
+        as the registry measured that plan fastest at this size (``executor.reference.norm.norm_mode``), or as
         pinned; ``Mode()`` where no plan runs it."""
         self.norm_plan_for(nbytes, dtype, rows)
         return self._norm_modes.get((nbytes, dtype, rows), Mode())
