@@ -16,7 +16,7 @@
 #      engine's own default: 4 lanes from 1 MB (CUDA_DEVICE_MAX_CONNECTIONS=32 here), one below. The runs of
 #      2026-11-27 forced 4 (TWODH_LANES=4 repeats them).
 # NS="2" runs the 2-GPU half only (default "4 2"). Stages can be skipped (SKIP_TESTS=1 SKIP_BENCH=1 SKIP_MOE=1 SKIP_2DH=1) and their time limits changed (TESTS_S,
-# TUNE_S, BENCH_S, MOE_S, TWODH_S). MOE_ARGS adds to moe_layer.py's arguments (--no-weft-pdl, --weft-late-trigger)
+# TUNE_S, BENCH_S, MOE_S, TWODH_S). MOE_ARGS adds to moe_layer.py's arguments (--no-pdl weft, --weft-late-trigger)
 # and MOE_TAG to its files' names. Everything lands in $OUT: logs, results JSON, registries. Never run yet: if one
 # 600 s call is too short, split it (SKIP_MOE=1 SKIP_2DH=1, then SKIP_TESTS=1 SKIP_BENCH=1) with REGS naming a
 # git-ignored folder of the tree (kept between calls on a warm machine), so the second call's MoE layer selects

@@ -69,15 +69,14 @@ def _timers(comm: Any, calls: dict[str, Any], count: int, refused: dict[str, str
     return timers
 
 
-def _weft_calls(comm: Any, y: Any, h: Any, weight: Any, shape: Any) -> dict[str, tuple]:
-    """weft's fused call as the Communicator runs it ("weft"), and where selection runs its plan compiled, the same
-    plan interpreted ("weft:interpreted", pinned around each call: the graph keeps how it was captured)."""
+def _weft_calls(comm: Any, y: Any, h: Any, weight: Any, shape: Any, chosen: Any, mode: Any) -> dict[str, tuple]:
+    """weft's fused call as the Communicator runs it ("weft": ``chosen`` in ``mode``), and where that is compiled,
+    the same plan interpreted ("weft:interpreted", pinned around each call: the graph keeps how it was captured)."""
     import torch
 
     from registry.index import Mode
 
     nbytes = y.numel() * y.element_size()
-    chosen, mode = comm.norm_plan_for(nbytes, y.dtype, shape), comm.norm_mode_for(nbytes, y.dtype, shape)
 
     def capture():
         return comm.capture(sizes=[nbytes], residual=True, rms_norm=shape)
@@ -165,10 +164,10 @@ def main() -> None:
             return F.rms_norm(h + s, (HIDDEN,), weight, EPS), h + s
 
         shape = RowNorm(HIDDEN, EPS)
-        mode = comm.norm_mode_for(nbytes, y.dtype, shape)
+        plan, mode = comm.norm_plan_for(nbytes, y.dtype, shape), comm.norm_mode_for(nbytes, y.dtype, shape)
         calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
             "nccl": (nccl, nccl_checked, None),
-            **_weft_calls(comm, y, h, weight, shape),
+            **_weft_calls(comm, y, h, weight, shape, plan, mode),
         }
         refused = {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
@@ -200,7 +199,6 @@ def main() -> None:
         flashinfer = {k: v for k, v in med.items() if k.startswith("flashinfer:")}
         rivals = {k: v for k, v in med.items() if not k.startswith("weft")}
         best_peer = min(rivals, key=rivals.__getitem__)
-        plan = comm.norm_plan_for(nbytes, torch.bfloat16, shape)
         rows.append(
             {
                 "size": nbytes,

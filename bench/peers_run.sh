@@ -106,22 +106,23 @@ elif [ "$STAGE" = lamport ]; then
   # the fused all-reduce + add + RMSNorm on the same registry, the Lamport one-shot among its plans (NORM_LAMPORT=1)
   [ "${NORM_LAMPORT:-0}" = 1 ] && WEFT_GPU_LAMPORT=1 norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_${G}_lamport.json"
   tar -czf "$OUT/registry_lamport_x$N.tgz" -C "$OUT" "registry_lamport_x$N" && rm -rf "$L"
-elif [ "$STAGE" = compiled ]; then  # issue 33: every plan interpreted and compiled to its own kernel, beside the peers,
-  L="$OUT/registry_compiled_x$N"    # the times recorded into a copy of the registry (measured_compiled_us)
+elif [ "$STAGE" = compiled ] || [ "$STAGE" = compiled3 ]; then  # issue 33: every plan interpreted and compiled to
+  L="$OUT/registry_compiled_x$N"  # its own kernel, beside the peers, the times recorded into one copy of the registry
   rm -rf "$L" && cp -r "$REG" "$L" && REG=$L
-  bench "${BENCH_S:-300}" --sizes ${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB} --compiled --record \
-    -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled.json"
+  if [ "$STAGE" = compiled ]; then
+    bench "${BENCH_S:-300}" --sizes ${SIZES:-1KB,4KB,16KB,64KB,256KB,1MB,4MB} --compiled --record \
+      -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled.json"
+  else  # three jobs: 1-64 KB with packets only (LL16 wins there), 256 KB-4 MB, 16-256 MB; a file each
+    for group in "small ${SMALL_S:-150} 1KB,4KB,16KB,64KB" "large ${LARGE_S:-260} 256KB,1MB,4MB" \
+      "huge ${HUGE_S:-160} 16MB,64MB,256MB"; do
+      set -- $group
+      NO_LL128=$([ "$1" = small ] && echo 1 || echo 0) bench "$2" --sizes "$3" --compiled --record \
+        -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled_$1.json"
+    done
+    python3 -c 'from weft.cli import run; run()' plot bench \
+      "$OUT"/gpu_allreduce_bf16_graph_"${G}"_compiled_{small,large,huge}.json --markdown | tee -a "$LOG"
+  fi
   tar -czf "$OUT/registry_compiled_x$N.tgz" -C "$OUT" "registry_compiled_x$N" && rm -rf "$L"
-elif [ "$STAGE" = compiled3 ]; then  # the compiled stage's three jobs in one call: 1-64 KB packets only (LL16 wins
-  L="$OUT/registry_compiled_x$N"      # there), 256 KB-4 MB, 16-256 MB; a file each (_small, _large, _huge), recorded
-  rm -rf "$L" && cp -r "$REG" "$L" && REG=$L  # into one copy of the registry
-  NO_LL128=1 bench "${SMALL_S:-150}" --sizes 1KB,4KB,16KB,64KB --compiled --record \
-    -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled_small.json"
-  bench "${LARGE_S:-260}" --sizes 256KB,1MB,4MB --compiled --record -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled_large.json"
-  bench "${HUGE_S:-160}" --sizes 16MB,64MB,256MB --compiled --record -o "$OUT/gpu_allreduce_bf16_graph_${G}_compiled_huge.json"
-  tar -czf "$OUT/registry_compiled_x$N.tgz" -C "$OUT" "registry_compiled_x$N" && rm -rf "$L"
-  weft_plot=(python3 -c 'from weft.cli import run; run()' plot bench)
-  "${weft_plot[@]}" "$OUT"/gpu_allreduce_bf16_graph_"${G}"_compiled_{small,large,huge}.json --markdown | tee -a "$LOG"
 elif [ "$STAGE" = decode ]; then  # the fused call alone, then tp_decode RUNS times (its goal reads three runs)
   norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_$G.json"
   for run in $(seq 1 "${RUNS:-3}"); do

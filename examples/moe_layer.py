@@ -258,7 +258,10 @@ def main() -> None:
         "--routing", choices=("shared", "lean"), default="shared", help="lean: the routing in fewer kernels (torch)"
     )
     p.add_argument(
-        "--no-weft-pdl", action="store_true", help="weft's kernels launch without programmatic dependent launch"
+        "--no-pdl",
+        choices=("weft",),
+        default="",
+        help="weft: its kernels launch without programmatic dependent launch (as tp_decode.py's --no-pdl)",
     )
     p.add_argument(
         "--weft-late-trigger",
@@ -286,7 +289,7 @@ def main() -> None:
     if args.backend in ("weft", "both"):
         from executor import Communicator
 
-        comm = Communicator.from_process_group(programmatic=not args.no_weft_pdl, late_trigger=args.weft_late_trigger)
+        comm = Communicator.from_process_group(programmatic=args.no_pdl != "weft", late_trigger=args.weft_late_trigger)
         backends["weft"] = weft_backend(comm)
     if args.local:
         backends["local"] = local_backend()
@@ -327,7 +330,7 @@ def main() -> None:
             "iters": args.iters,
             "layers": args.layers,  # per graph; *_ms are per layer, *_raw_ms per replay (of all of them)
             "routing": args.routing,
-            "weft_pdl": not args.no_weft_pdl,
+            "no_pdl": [args.no_pdl] if args.no_pdl else [],  # as tp_decode's JSON names it
             "weft_late_trigger": args.weft_late_trigger,
             "rows": rows,
         }

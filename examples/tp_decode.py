@@ -212,7 +212,8 @@ def step_kernels(events, replays: int, top: int = 12) -> dict:
         entry[1] += 1
     classes: dict[str, float] = {}
     for name, (us, _) in per_kernel.items():
-        classes[kernel_class(name)] = classes.get(kernel_class(name), 0.0) + us / replays
+        family = kernel_class(name)
+        classes[family] = classes.get(family, 0.0) + us / replays
     ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]
     return {
         "classes_us": {k: round(v, 2) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},

@@ -7,7 +7,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from schedules.collectives import NAMES, PLAN_ONLY, Collective
-from weft.results import BenchResults, ResultsError, read_bench, read_benches, read_frontier
+from weft.results import BenchResults, ResultsError, read_benches, read_frontier
 from weft.units import format_bytes
 from weftcore.jsonfile import write_text
 
@@ -144,7 +144,7 @@ def _cell(t: float | None, best: float | None) -> str:
 
 def _bench(paths: str | Path | list) -> BenchResults:
     """One benchmark file, or several of one benchmark merged (``weft.results.read_benches``)."""
-    return read_benches(list(paths)) if isinstance(paths, list) else read_bench(paths)
+    return read_benches(paths if isinstance(paths, list) else [paths])
 
 
 def bench_table(paths: str | Path | list) -> str:

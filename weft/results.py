@@ -164,6 +164,8 @@ def read_benches(paths: Sequence[str | Path]) -> BenchResults:
     rows merged in size order. The files must agree on collective, dtype, ranks, mode and machine, and no size may
     come twice (a ResultsError naming the file and field otherwise)."""
     first, *rest = [read_bench(p) for p in paths]
+    if not rest:
+        return first  # one file: its rows as they are
     rows = {r.size: (r, paths[0]) for r in first.rows}
     for path, bench in zip(paths[1:], rest, strict=True):
         for field in ("collective", "dtype", "nranks", "mode", "machine"):

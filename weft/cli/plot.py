@@ -31,19 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from weft import plots
 
-    files = args.file[0] if args.kind == "bench" and len(args.file) == 1 else args.file
     if getattr(args, "markdown", False):
-        print(plots.bench_table(files), end="")
+        print(plots.bench_table(args.file), end="")
         return 0
     from weft.results import ResultsError
     from weftcore.jsonfile import check_output
 
-    out = args.output or default_output(files if isinstance(files, str) else files[0])
+    out = args.output or default_output(args.file[0] if args.kind == "bench" else args.file)
     check_output(out, "plot", ResultsError)
-    if args.kind == "frontier":
-        print(f"wrote {plots.plot_frontier(files, out)}")
-    else:
-        print(f"wrote {plots.plot_bench(files, out)}")
+    draw = plots.plot_frontier if args.kind == "frontier" else plots.plot_bench
+    print(f"wrote {draw(args.file, out)}")
     return 0
 
 
