@@ -80,7 +80,7 @@ for n in ${NS:-4 2}; do
     CUDA_VISIBLE_DEVICES=$(visible $n) WEFT_REGISTRY="$REG" WEFT_TOPOLOGY="$(spec $n)" timeout -k 5 ${MOE_S:-150} \
       python3 -m torch.distributed.run --nproc-per-node $n examples/moe_layer.py --iters ${MOE_ITERS:-30} \
       --layers ${MOE_LAYERS:-1} --routing ${MOE_ROUTING:-shared} --tokens ${MOE_TOKENS:-1,2,4,8,16,32,64,128,256} \
-      $([ "${MOE_LOCAL:-0}" = 1 ] && echo --local) ${MOE_ARGS:-} --json "$OUT/moe_layer_${n}x$GPU${MOE_TAG:-}.json" \
+      $([ "${MOE_LOCAL:-0}" = 1 ] && echo --exchange-copies) ${MOE_ARGS:-} --json "$OUT/moe_layer_${n}x$GPU${MOE_TAG:-}.json" \
       > "$OUT/moe_layer_x$n${MOE_TAG:-}.log" 2>&1
     echo "rc=$?" | tee -a "$LOG"; grep -v "NCCL INFO" "$OUT/moe_layer_x$n${MOE_TAG:-}.log" | tail -n 12 | cut -c1-400 |
       tee -a "$LOG"

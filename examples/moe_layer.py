@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_routing as moe  # noqa: E402
-from tp_decode import graph_of, time_replay  # noqa: E402  (the same graphs and timing as the decode step)
+from tp_decode import graph_of, profile_step, time_replay  # noqa: E402  (the same graphs and timing as the decode step)
 
 HIDDEN = 4096
 BOUND = 1e-2  # max |weft - nccl| / max |nccl| over the layer's output; the expected difference is 0
@@ -153,14 +153,24 @@ def weft_backend(comm) -> Backend:
 
 
 def run_tokens(
-    shape: Shape, weights, backends: dict[str, Backend], iters: int, device, layers: int = 1, lean: bool = False
+    shape: Shape,
+    weights,
+    backends: dict[str, Backend],
+    iters: int,
+    device,
+    layers: int = 1,
+    lean: bool = False,
+    profile: int = 0,
 ) -> dict:
     """One row: every backend's layer and exchanges as graphs, timed taking turns, and the outputs compared.
 
     ``layers``: each graph runs the layer that many times in a row (each layer's output the next one's input, on the
     same weights and buffers), and times are per layer. With one, each replay's time holds the ranks' launch skew,
     which the first all-to-all absorbs; with several, the later layers run as a model's do, the ranks already in
-    step (tp_decode's graphs hold a step's 2 x layers calls for the same reason)."""
+    step (tp_decode's graphs hold a step's 2 x layers calls for the same reason).
+
+    ``profile``: after the timing, that many replays of each backend's layer graph under torch's profiler
+    (``layer_kernels``: device µs per replay by kernel family, and the top kernels; divide by ``layers``)."""
     x = torch.randn(
         shape.tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(7 + dist.get_rank()), device=device
     ).to(torch.bfloat16)
@@ -193,6 +203,7 @@ def run_tokens(
         for kind in ("layer", "alltoall"):
             for name, g in graphs.items():
                 times[name][kind].append(time_replay(g[kind]))
+    kernels = {name: profile_step(g["layer"], profile) for name, g in graphs.items()} if profile else {}
     for g in graphs.values():
         g["layer"].replay()
     torch.cuda.synchronize()
@@ -203,6 +214,7 @@ def run_tokens(
         "capacity": shape.capacity,
         "alltoall_bytes": shape.alltoall_bytes,
         "layers": layers,
+        **({"layer_kernels": kernels} if kernels else {}),
     }
     for name in graphs:
         layer_ms = statistics.median(times[name]["layer"]) / layers
@@ -250,9 +262,18 @@ def main() -> None:
     p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both")
     p.add_argument("--layers", type=int, default=1, help="layers in a row in each graph; times are per layer")
     p.add_argument(
-        "--local",
+        "--exchange-copies",
         action="store_true",
-        help="also time the layer with its exchanges as local copies (local_ms: the layer without communication)",
+        help="also time the layer with its exchanges as local copies (local_ms: the layer without communication); "
+        "not --local, which torchrun takes for its own --local-* options",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timing, N replays of each backend's layer graph under torch's profiler: device time per "
+        "layer by kernel family and the top kernels (layer_kernels in the JSON; as tp_decode.py's --profile)",
     )
     p.add_argument(
         "--routing", choices=("shared", "lean"), default="shared", help="lean: the routing in fewer kernels (torch)"
@@ -291,12 +312,14 @@ def main() -> None:
 
         comm = Communicator.from_process_group(programmatic=args.no_pdl != "weft", late_trigger=args.weft_late_trigger)
         backends["weft"] = weft_backend(comm)
-    if args.local:
+    if args.exchange_copies:
         backends["local"] = local_backend()
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         shape = Shape(world, args.experts, args.ffn, tokens, args.capacity_factor)
-        row = run_tokens(shape, weights, backends, args.iters, device, args.layers, args.routing == "lean")
+        row = run_tokens(
+            shape, weights, backends, args.iters, device, args.layers, args.routing == "lean", args.profile
+        )
         if comm is not None:
             plan = comm.plan_for("alltoall", shape.alltoall_bytes, torch.bfloat16)
             row["weft_plan"] = plan.name if plan is not None else "nccl (no plan)"

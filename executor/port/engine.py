@@ -28,8 +28,8 @@ with ``CUDA_DEVICE_MAX_CONNECTIONS`` set to at least ``4 x LANES`` (bench/port_x
 unless ``$WEFT_PORT_LANES`` or ``lanes=`` asks. Measured on 4 GPUs as 2 hosts x 2, closed groups, every plan at 1
 and 4 lanes from 1 to 256 MB, on sockets and with NVLink inside hosts (0 wrong). On 4xH200 (bench/results/
 gpu_{allgather,allreduce}_bf16_graph_4xh200_2hosts{,_nvlink}.json, 7 samples a plan; port_lanes_1mb_4xh200/, 9)
-the best plan at 4 lanes beat the best at one at every size over sockets (1.16-3.13x, 1.32-1.88x at 1-2 MB in
-the second call) and for all-reduce with NVLink inside (1.12-2.27x); all-gather with NVLink inside was the
+the best plan at 4 lanes beat the best at one at every size over sockets (1.36-3.18x; 1.32-1.88x at 1-2 MB in
+port_lanes_1mb_4xh200) and for all-reduce with NVLink inside (1.12-2.27x); all-gather with NVLink inside was the
 exception at 1-2 MB (4 lanes 0.83-0.90x in one call, 1.00-1.03x in the other; 1.00-2.42x from 4 MB), and still
 beat NCCL there (1.38-1.39x). Hence the 1 MB floor; below it lanes are not measured. On 4xH100 (3 samples) 4 lanes
 won from 4 MB up (1.05-3.75x) and lost at 1 MB in 3 of 4 cases (0.81-0.97x).
