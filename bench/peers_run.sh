@@ -25,7 +25,8 @@
 #                                     # where it selects compiled), then tp_decode RUNS times (default 3; ~2 min)
 #   bash bench/peers_run.sh 2 pdl     # tp_decode --backend norm at BATCH (1,4): the step's kernels profiled
 #                                     # (--profile 5), then weft's and then FlashInfer's PDL off, then weft's
-#                                     # compiled kernels triggering their dependents at their end (~3 min)
+#                                     # compiled kernels triggering their dependents at their end (~3 min);
+#                                     # PDL_VARIANTS: other tp_decode flag sets, ';'-separated
 #   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
 #                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
 #                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
@@ -134,8 +135,9 @@ elif [ "$STAGE" = decode ]; then  # the fused call alone, then tp_decode RUNS ti
   grep -E "^tokens|^tp=" "$LOG"
   exit 0
 elif [ "$STAGE" = pdl ]; then  # issue 33's batch-1 step gap: the step's kernels profiled, then PDL off on each side
-  for variant in "--profile 5" "--no-pdl weft" "--no-pdl flashinfer" "--weft-late-trigger"; do
-    tag=$(echo "$variant" | tr -d '-' | tr ' ' '_')
+  IFS=';' read -r -a variants <<< "${PDL_VARIANTS:---profile 5;--no-pdl weft;--no-pdl flashinfer;--weft-late-trigger}"
+  for variant in "${variants[@]}"; do
+    tag=$(echo "$variant" | tr -d '-' | tr ' ,' '__')
     step "tp_decode --backend norm $variant"
     WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --backend norm \
       --batch ${BATCH:-1,4} --iters "${ITERS:-20}" $variant --json "$OUT/tp_decode_${G}_$tag.json" >> "$LOG" 2>&1

@@ -202,11 +202,13 @@ def kernel_class(name: str) -> str:
     return next((cls for cls, keys in KERNEL_CLASSES if any(k in low for k in keys)), "other")
 
 
-def step_kernels(events, replays: int, top: int = 12) -> dict:
-    """Device time per step of the (kernel name, µs) ``events`` of ``replays`` replays of one step graph: by family
-    (``kernel_class``) and the ``top`` kernels by time, each as [name (100 characters), µs, launches per step]."""
+def step_kernels(events, replays: int, top: int = 12, sequence: int = 64) -> dict:
+    """Device time per step of the (kernel name, start µs, µs) ``events`` of ``replays`` replays of one step graph:
+    by family (``kernel_class``), the ``top`` kernels by time, each as [name (100 characters), µs, launches per
+    step], and the last replay's first ``sequence`` kernels in launch order, each as [name (60 characters), start µs
+    from that replay's first kernel, µs], which shows the gaps between kernels and which kernel follows which."""
     per_kernel: dict[str, list[float]] = {}
-    for name, us in events:
+    for name, _, us in events:
         entry = per_kernel.setdefault(name, [0.0, 0])
         entry[0] += us
         entry[1] += 1
@@ -215,9 +217,13 @@ def step_kernels(events, replays: int, top: int = 12) -> dict:
         family = kernel_class(name)
         classes[family] = classes.get(family, 0.0) + us / replays
     ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]
+    ordered = sorted(events, key=lambda e: e[1])
+    last = ordered[len(ordered) - len(ordered) // max(replays, 1) :]
+    start = last[0][1] if last else 0.0
     return {
         "classes_us": {k: round(v, 2) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
         "top": [[name[:100], round(us / replays, 2), count / replays] for name, (us, count) in ranked],
+        "sequence": [[name[:60], round(at - start, 2), round(us, 2)] for name, at, us in last[:sequence]],
     }
 
 
@@ -232,7 +238,11 @@ def profile_step(graph: torch.cuda.CUDAGraph, replays: int) -> dict:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    events = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    events = [
+        (e.name, e.time_range.start, e.time_range.elapsed_us())
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    ]
     return step_kernels(events, replays)
 
 
