@@ -137,7 +137,7 @@ elif [ "$STAGE" = decode ]; then  # the fused call alone, then tp_decode RUNS ti
 elif [ "$STAGE" = pdl ]; then  # issue 33's batch-1 step gap: the step's kernels profiled, then PDL off on each side
   IFS=';' read -r -a variants <<< "${PDL_VARIANTS:---profile 5;--no-pdl weft;--no-pdl flashinfer;--weft-late-trigger}"
   for variant in "${variants[@]}"; do
-    tag=$(echo "$variant" | tr -d '-' | tr ' ,' '__')
+    tag=$(echo "$variant" | tr -d '-' | tr ' ,/.' '____')
     step "tp_decode --backend norm $variant"
     WEFT_REGISTRY="$REG" timeout 150 torchrun --nproc-per-node "$N" examples/tp_decode.py --backend norm \
       --batch ${BATCH:-1,4} --iters "${ITERS:-20}" $variant --json "$OUT/tp_decode_${G}_$tag.json" >> "$LOG" 2>&1

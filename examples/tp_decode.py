@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 
 from executor import RowNorm
 from executor.gpu import peers
+from schedules.plan import load_plan
 
 HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
 EPS = 1e-5  # Llama's RMSNorm epsilon
@@ -202,7 +204,7 @@ def kernel_class(name: str) -> str:
     return next((cls for cls, keys in KERNEL_CLASSES if any(k in low for k in keys)), "other")
 
 
-def step_kernels(events, replays: int, top: int = 12, sequence: int = 64) -> dict:
+def step_kernels(events, replays: int, top: int = 12, sequence: int = 400) -> dict:
     """Device time per step of the (kernel name, start µs, µs) ``events`` of ``replays`` replays of one step graph:
     by family (``kernel_class``), the ``top`` kernels by time, each as [name (100 characters), µs, launches per
     step], and the last replay's first ``sequence`` kernels in launch order, each as [name (60 characters), start µs
@@ -244,6 +246,17 @@ def profile_step(graph: torch.cuda.CUDAGraph, replays: int) -> dict:
         if e.device_type == DeviceType.CUDA
     ]
     return step_kernels(events, replays)
+
+
+def profile_columns(kernels: dict) -> dict:
+    """The row's profile columns (collective; empty without ``--profile``): ``step_kernels``, this rank's (rank
+    0 writes the row), and ``step_kernels_by_rank``, every rank's: the step's pace is its slowest rank's, and a rank
+    that waits longer inside a collective shows a peer that ran behind."""
+    if not kernels:
+        return {}
+    from executor.gpu.bootstrap import all_gather_plain
+
+    return {"step_kernels": kernels, "step_kernels_by_rank": all_gather_plain(kernels, None)}
 
 
 def time_replay(graph: torch.cuda.CUDAGraph) -> float:
@@ -531,11 +544,48 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         action="store_true",
         help="weft's compiled kernels let the next programmatic launch start at their end, not their start",
     )
+    p.add_argument(
+        "--weft-norm-plan",
+        metavar="PLAN",
+        help="a plan file: weft-fused-norm runs its fused call on this plan at every batch (Communicator."
+        "pin_norm_plan, as the registry measured that plan, else interpreted), not the one selection picks; a "
+        "Lamport plan needs WEFT_GPU_LAMPORT=1",
+    )
     args = p.parse_args()
     no_pdl = {x for x in args.no_pdl.split(",") if x}
     if no_pdl - {"weft", "flashinfer"}:
         p.error(f"--no-pdl: {', '.join(sorted(no_pdl - {'weft', 'flashinfer'}))}: only weft and flashinfer")
     return args, no_pdl
+
+
+def make_backends(args: argparse.Namespace, no_pdl: set[str], rank: int) -> tuple[dict[str, Backend], Any, Any]:
+    """The backends ``--backend`` names (each a Backend), the weft Communicator (or None) and FlashInfer's peer
+    (or None, where it is not installed or refused its workspace)."""
+    comm: Any = None
+    fi: Any = None
+    backends = {"nccl": Backend(reducing(nccl_all_reduce), nccl_all_reduce)}
+    if args.backend in ("weft", "both", "norm"):
+        from executor import Communicator
+
+        comm = Communicator.from_process_group(
+            ll128=args.ll128, programmatic="weft" not in no_pdl, late_trigger=args.weft_late_trigger
+        )
+        if args.backend != "norm":
+            backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
+            backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
+        backends["weft-fused-norm"] = Backend(fused(comm), comm.all_reduce, comm.capture, fused_norm(comm))
+    if args.backend in ("both", "norm"):
+        try:
+            fi = peers.FlashInfer.create(
+                max_bytes=max(int(b) for b in args.batch.split(",")) * HIDDEN * 2, pdl="flashinfer" not in no_pdl
+            )
+            backends["flashinfer-fused"] = flashinfer_backend(fi)
+        except Exception as e:  # not installed, or its workspace refused: the other backends still run
+            if rank == 0:
+                print(f"flashinfer-fused not run: {type(e).__name__}: {e}", flush=True)
+    if args.backend == "weft":
+        backends.pop("nccl")
+    return backends, comm, fi
 
 
 def main() -> None:
@@ -557,29 +607,7 @@ def main() -> None:
         )
         * HIDDEN**-0.5
     )
-    backends = {"nccl": Backend(reducing(nccl_all_reduce), nccl_all_reduce)}
-    if args.backend in ("weft", "both", "norm"):
-        from executor import Communicator
-
-        comm = Communicator.from_process_group(
-            ll128=args.ll128, programmatic="weft" not in no_pdl, late_trigger=args.weft_late_trigger
-        )
-        if args.backend != "norm":
-            backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
-            backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
-        backends["weft-fused-norm"] = Backend(fused(comm), comm.all_reduce, comm.capture, fused_norm(comm))
-    fi = None
-    if args.backend in ("both", "norm"):
-        try:
-            fi = peers.FlashInfer.create(
-                max_bytes=max(int(b) for b in args.batch.split(",")) * HIDDEN * 2, pdl="flashinfer" not in no_pdl
-            )
-            backends["flashinfer-fused"] = flashinfer_backend(fi)
-        except Exception as e:  # not installed, or its workspace refused: the other backends still run
-            if rank == 0:
-                print(f"flashinfer-fused not run: {type(e).__name__}: {e}", flush=True)
-    if args.backend == "weft":
-        backends.pop("nccl")
+    backends, comm, fi = make_backends(args, no_pdl, rank)
 
     rows = []
     if args.trace:
@@ -588,13 +616,16 @@ def main() -> None:
             if rank == 0:
                 print(f"trace batch={batch}: {json.dumps(rows[-1])}", flush=True)
         backends = {}
+    pinned = load_plan(args.weft_norm_plan) if args.weft_norm_plan and "weft-fused-norm" in backends else None
     for batch in (int(b) for b in args.batch.split(",")) if backends else ():
+        if pinned is not None:
+            comm.pin_norm_plan(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS), pinned)
         built, failed = _build_all(backends, shape, batch, weights, norms, device, rank)
         times = time_alternating(built, args.iters)
         results = {name: summarize(name, g, times[name], shape, batch, lm_head) for name, g in built.items()}
         kernels = {name: profile_step(g.graphs["step"], args.profile) for name, g in built.items() if args.profile}
         del built
-        row = {"batch": batch, "tp": world, "failed": failed, **({"step_kernels": kernels} if kernels else {})}
+        row = {"batch": batch, "tp": world, "failed": failed, **profile_columns(kernels)}
         if len(backends) > 1:
             _weft_columns(row, comm, batch)
         _result_columns(row, results)
@@ -615,6 +646,7 @@ def main() -> None:
             "trace": args.trace,
             "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)
             "weft_late_trigger": args.weft_late_trigger,
+            "weft_norm_plan": pinned.name if pinned is not None else None,  # --weft-norm-plan
             "eps": EPS,
             "logits_bound": LOGITS_BOUND,
             "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
