@@ -20,7 +20,9 @@
 #                                     # registry ($OUT/registry_compiled_x<N>.tgz); about a minute a size with LL128
 #                                     # lines (16 KB in 3.5 min on 2xH200), less with NO_LL128=1
 #   bash bench/peers_run.sh 4 compiled3 # the compiled stage's three jobs in one call (1-64 KB without lines,
-#                                     # 256 KB-4 MB, 16-256 MB; SMALL_S, LARGE_S, HUGE_S), then their merged table
+#                                     # 256 KB-4 MB, 16-256 MB; SMALL_S, LARGE_S, HUGE_S), then their merged table;
+#                                     # TOP=K: every bench times only the registry's K fastest plans a size
+#                                     # (weft bench --top; at 4 GPUs all ~80 plans take ~120 s a size compiled)
 #   bash bench/peers_run.sh 2 decode  # the fused call alone (bench/norm_peers.py: weft as selected, and interpreted
 #                                     # where it selects compiled), then tp_decode RUNS times (default 3; ~2 min)
 #   bash bench/peers_run.sh 2 pdl     # tp_decode --backend norm at BATCH (1,4): the step's kernels profiled
@@ -77,7 +79,7 @@ bench() {  # seconds, then weft bench's arguments
   local lines=--ll128  # NO_LL128=1: each LL plan timed with its packets only (half the timers)
   [ "${NO_LL128:-0}" = 1 ] && lines=
   timeout "$t" python3 -c 'from weft.cli import run; run()' bench allreduce --nproc "$N" --plans registry \
-    --registry "$REG" --samples 6 --calls 10 --timeout 5 $lines "$@" >> "$LOG" 2>&1
+    --registry "$REG" --samples 6 --calls 10 --timeout 5 $lines ${TOP:+--top $TOP} "$@" >> "$LOG" 2>&1
   local rc=$?
   echo "rc=$rc" | tee -a "$LOG"
   return $rc

@@ -218,6 +218,26 @@ def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: flo
     return nccl if nccl < time_us else None
 
 
+def contenders(
+    entries: Sequence[Entry], sizes: Sequence[int], top: int, ll128: bool = False, compiled: bool = False
+) -> list[Entry]:
+    """The entries that rank among the ``top`` fastest at any of ``sizes`` (the union, in ``entries``' order), by
+    the registry's own estimate as selection makes it: measured times first (in the modes a run may use: ``ll128``,
+    ``compiled``), then predicted ones; an entry whose plan does not run a size is not ranked at it. ``weft bench
+    --top`` times only these, so that a registry of many variants is measured again where it matters."""
+    kept: set[str] = set()
+    for nbytes in sizes:
+        ranked = []
+        for e in entries:
+            if not (e.key.covers(nbytes) and e.plan.runs(nbytes)):
+                continue
+            basis, time_us = e.estimate_us(nbytes, ll128, compiled)
+            if time_us is not None:
+                ranked.append((basis != "measured", time_us, e.id))
+        kept.update(entry_id for _, _, entry_id in sorted(ranked)[:top])
+    return [e for e in entries if e.id in kept]
+
+
 def default_location() -> str:
     """``$WEFT_REGISTRY``, otherwise the user data directory."""
     env = os.environ.get("WEFT_REGISTRY")

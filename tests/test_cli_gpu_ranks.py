@@ -1,4 +1,4 @@
-"""A failed rank ends at once with one line (user errors) or a traceback (bugs), without NCCL's teardown."""
+"""A failed rank ends at once with one line (user errors, stops) or a traceback (bugs), without NCCL's teardown."""
 
 from __future__ import annotations
 
@@ -24,3 +24,11 @@ def test_a_user_error_ends_the_rank_with_one_line_and_its_exit_code():
 def test_a_bug_ends_the_rank_with_its_traceback():
     done = abandon("ValueError('boom')")
     assert done.returncode == 1 and "ValueError: boom" in done.stderr and "not reached" not in done.stdout
+
+
+def test_a_stopped_rank_ends_with_one_line_not_a_traceback():
+    # a timeout's SIGTERM reaches each rank as KeyboardInterrupt (weft.cli.stop); the bench's ranks printed
+    # tracebacks for it (bench/results/compiled_4xh200_s10/log_peers_4.txt)
+    done = abandon("KeyboardInterrupt()")
+    assert done.returncode == 130
+    assert done.stderr.strip() == "weft: stopped: rank 1" and "not reached" not in done.stdout

@@ -52,6 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--plans", nargs="+", default=["registry"], help="plan files, or 'registry'")
     bench.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     bench.add_argument(
+        "--top",
+        type=int,
+        metavar="K",
+        help="with --plans registry: time only the K plans the registry ranks fastest at each size (its measured "
+        "times, in the modes this run may use, --ll128 and --compiled; else its predictions), the union over "
+        "--sizes (default: every plan)",
+    )
+    bench.add_argument(
         "--sizes", default="1KB:1GB", help="sizes: 1KB:1GB (powers of two) or 1KB,4MB (binary: 1KB = 1024 B)"
     )
     bench.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="element type")
@@ -261,12 +269,15 @@ def _abandon(rank: int, error: BaseException) -> None:
     if isinstance(error, WeftError):
         print(f"weft: error: rank {rank}: {error}", file=sys.stderr, flush=True)
         code = error.exit_code
+    elif isinstance(error, KeyboardInterrupt):  # a stop (Ctrl-C, or the launcher's or a timeout's SIGTERM): one line
+        print(f"weft: stopped: rank {rank}", file=sys.stderr, flush=True)
+        code = 130
     else:
         import traceback
 
         traceback.print_exception(error, file=sys.stderr)
         sys.stderr.flush()
-        code = 130 if isinstance(error, KeyboardInterrupt) else 1
+        code = 1
     sys.stdout.flush()
     os._exit(code)
 
@@ -370,9 +381,13 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
     from schedules.plan.io import load_plan
 
     if args.plans == ["registry"]:
-        from registry.store import Registry
+        from registry.store import Registry, contenders
 
-        plans = [e.plan for e in Registry(args.registry).entries(collective=args.collective)]
+        entries = Registry(args.registry).entries(collective=args.collective)
+        entries = [e for e in entries if e.plan.nranks == world]
+        if args.top is not None:
+            entries = contenders(entries, parse_size_range(args.sizes), args.top, args.ll128, args.compiled)
+        plans = [e.plan for e in entries]
     else:
         plans = [load_plan(p) for p in args.plans]
     plans = [p for p in plans if p.collective == args.collective and p.nranks == world]
@@ -387,6 +402,8 @@ def _bench(args: argparse.Namespace) -> int:
     sizes = parse_size_range(args.sizes)
     if args.record and args.plans != ["registry"]:
         raise ArgumentError("weft bench: --record needs --plans registry (times are stored in registry entries)")
+    if args.top is not None and (args.plans != ["registry"] or args.top < 1):
+        raise ArgumentError(f"weft bench: --top {args.top}: a count of 1 or more, with --plans registry")
     code = _spawn(args)
     if code is not None:
         return code

@@ -1,0 +1,78 @@
+"""`weft bench --top K`: the registry's contenders (registry.store.contenders), ranked as selection ranks them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from registry.store import Registry, contenders
+from weft.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+KB, MB = 1 << 10, 1 << 20
+
+
+@pytest.fixture(scope="module")
+def entries():
+    """The committed 2xH200 all-reduce registry: many variants, times measured interpreted, with LL128 lines and
+    compiled."""
+    return Registry(str(ROOT / "bench" / "registry_h200x2")).entries(collective="allreduce")
+
+
+def _ranked(entries, nbytes: int, ll128: bool, compiled: bool) -> list[tuple[float, str]]:
+    """Every entry that runs ``nbytes``, by its measured estimate (the committed registry measured them all)."""
+    out = []
+    for e in entries:
+        if e.key.covers(nbytes) and e.plan.runs(nbytes):
+            basis, us = e.estimate_us(nbytes, ll128, compiled)
+            assert basis == "measured"
+            out.append((us, e.id))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("ll128, compiled", [(False, False), (True, False), (True, True)])
+def test_the_top_k_at_one_size_are_the_k_fastest_by_the_registrys_times(entries, ll128, compiled):
+    ranked = _ranked(entries, 64 * KB, ll128, compiled)
+    assert len(ranked) > 10  # the registry holds many contenders at 64 KB
+    kept = contenders(entries, [64 * KB], 3, ll128, compiled)
+    assert sorted(e.id for e in kept) == sorted(i for _, i in ranked[:3])
+    slowest_kept = max(e.estimate_us(64 * KB, ll128, compiled)[1] for e in kept)
+    assert all(us >= slowest_kept for us, i in ranked[3:])
+
+
+def test_the_modes_a_run_may_use_change_who_contends(entries):
+    # compiled kernels were measured faster at 1 KB: counting them changes the winner's time
+    plain = contenders(entries, [KB], 1)
+    compiled = contenders(entries, [KB], 1, ll128=True, compiled=True)
+    assert plain[0].estimate_us(KB)[1] > compiled[0].estimate_us(KB, True, True)[1]
+
+
+def test_several_sizes_keep_the_union_of_each_sizes_top_in_registry_order(entries):
+    small, huge = contenders(entries, [KB], 2), contenders(entries, [256 * MB], 2)
+    both = contenders(entries, [KB, 256 * MB], 2)
+    assert {e.id for e in both} == {e.id for e in small} | {e.id for e in huge}
+    assert [e.id for e in both] == [e.id for e in entries if e.id in {x.id for x in both}]
+
+
+def test_a_k_past_the_contenders_keeps_every_plan_that_runs_the_size(entries):
+    ranked = _ranked(entries, MB, False, False)
+    assert {e.id for e in contenders(entries, [MB], 10_000)} == {i for _, i in ranked}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "allreduce", "--top", "0"],
+        ["bench", "allreduce", "--top", "2", "--plans", "examples/plans/two_hosts_2gpu/ring-allreduce.plan.json"],
+    ],
+)
+def test_bench_refuses_a_top_without_a_registry_or_below_one_in_one_line(argv):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    assert code == 2
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("weft: error:") and "--top" in lines[0]
