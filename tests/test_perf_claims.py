@@ -51,3 +51,18 @@ def test_the_docs_sockets_ranges_are_what_the_4xh200_two_host_results_hold():
     assert f"all-gather {synth['allgather']}, all-reduce {synth['allreduce']}" in docs
     assert f"all-gather {best['allgather']} and all-reduce {best['allreduce']} from 1 MB to 256 MB" in docs
     assert f"every size over sockets ({_span(lanes)})" in docs
+
+
+def test_the_docs_4xh200_compiled_figures_are_those_of_their_results_file():
+    doc = json.loads(
+        (ROOT / "bench/results/compiled_4xh200_s10/gpu_allreduce_bf16_graph_4xh200_compiled_huge.json").read_text()
+    )
+    rows = doc["rows"]
+    assert [r["size"] for r in rows] == [16 << 20, 64 << 20, 256 << 20] and all(r["wrong"] == 0 for r in rows)
+    weft = ", ".join(f"{r['weft_us']:.1f}" for r in rows[:2]) + f" and {rows[2]['weft_us']:.1f}"
+    ratios = ", ".join(f"{r['weft_us'] / r['best_peer_us']:.2f}×" for r in rows[:2])
+    ratios += f" and {rows[2]['weft_us'] / rows[2]['best_peer_us']:.2f}×"
+    docs = " ".join((ROOT / "docs/performance.md").read_text(encoding="utf-8").split())
+    assert f"{weft} µs at 16, 64 and 256 MB" in docs
+    assert ratios in docs
+    assert all(r["compiled"] and r["best_peer_us"] > r["weft_us"] for r in rows)
