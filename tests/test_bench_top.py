@@ -76,3 +76,35 @@ def test_bench_refuses_a_top_without_a_registry_or_below_one_in_one_line(argv):
     assert code == 2
     lines = err.getvalue().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("weft: error:") and "--top" in lines[0]
+
+
+def test_each_size_is_judged_by_every_rank_and_written_as_it_finishes():
+    """The bench's on_row (weft.cli.gpu.row_verdicts): wrong counts summed over ranks per size; rank 0 writes the
+    file after each size but the last with ``complete`` false (a job cut by its limit keeps what it finished)."""
+    from weft.cli.gpu import row_verdicts
+
+    ranks = {"bench-wrong": [[0, 1], [0, 0], [2, 0]], "bench-compiled-wrong": [[0, 0], [1, 0], [0, 0]]}
+    calls: list[str] = []
+
+    def exchange(what: str, value):
+        calls.append(what)
+        size = sum(1 for c in calls if c == what) - 1
+        assert value == ranks[what][size][0]  # this rank's own count goes in; every rank's comes back
+        return ranks[what][size]
+
+    writes: list[tuple[list[int], bool]] = []
+    on_row = row_verdicts(
+        exchange, True, 3, lambda rows, complete: writes.append(([r["size"] for r in rows], complete))
+    )
+    rows = [
+        {"size": n, "wrong": ranks["bench-wrong"][i][0], "compiled_wrong": ranks["bench-compiled-wrong"][i][0]}
+        for i, n in enumerate((KB, MB, 64 * MB))
+    ]
+    for row in rows:
+        on_row(row)
+    assert [r["wrong"] for r in rows] == [1, 0, 2] and [r["compiled_wrong"] for r in rows] == [0, 1, 0]
+    assert writes == [([KB], False), ([KB, MB], False)]  # the last size: the caller writes the whole file
+    quiet = row_verdicts(lambda what, value: [value, value], False, 2, None)  # another rank: exchanges, no file
+    row = {"size": KB, "wrong": 1}
+    quiet(row)
+    assert row == {"size": KB, "wrong": 2}

@@ -450,12 +450,17 @@ def _compiled_columns(
 
 
 def run_bench(
-    comm, config: BenchConfig, plans: list[Plan], progress: Callable[[str], None] | None = None
+    comm,
+    config: BenchConfig,
+    plans: list[Plan],
+    progress: Callable[[str], None] | None = None,
+    on_row: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """One row per size; weft's time is that of the fastest plan accepting the size (with ``config.ll128``, of the
     fastest plan and packet format: an LL plan with LL128 lines is named PLAN+ll128; with ``config.compiled``, of
     every plan interpreted and as its own kernel, PLAN+compiled, a kernel counting only where its result was right:
-    the row's ``interpreted_*`` columns keep the interpreter's fastest)."""
+    the row's ``interpreted_*`` columns keep the interpreter's fastest). ``on_row`` sees each row as soon as its
+    size is done (on every rank: it may be collective), before the next size starts."""
     import torch
 
     world, device = comm.world_size, torch.device("cuda", comm.device)
@@ -578,5 +583,7 @@ def run_bench(
                 + f" µs; wrong {wrong}, peers wrong {sum(peers_wrong.values())}; "
                 f"{time.monotonic() - began:.1f} s"
             )
+        if on_row:
+            on_row(rows[-1])
         del keep
     return rows  # the peers' workspaces live until the process ends (freeing vLLM's IPC buffers is collective)

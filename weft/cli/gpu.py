@@ -16,7 +16,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from schedules.collectives import NAMES
 from weft.cli import ArgumentError
@@ -428,22 +430,24 @@ def _bench(args: argparse.Namespace) -> int:
             symm=not port,
             peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm", "symm")),
         )
-        rows = run_bench(comm, config, plans, _progress if rank == 0 else None)
-        wrong = comm.exchange("bench-wrong", [r["wrong"] for r in rows])  # plain data, never a pickle
-        for i, row in enumerate(rows):
-            row["wrong"] = sum(w[i] for w in wrong)
-        if config.compiled:
-            miscompiled = comm.exchange("bench-compiled-wrong", [r.get("compiled_wrong", 0) for r in rows])
-            for i, row in enumerate(rows):
-                row["compiled_wrong"] = sum(w[i] for w in miscompiled)
-        if rank == 0:
-            doc = _bench_document(args, config, rows, world, torch, comm)
-            path = Path(
-                args.output
-                or f"bench/results/gpu_{args.collective}_{args.dtype}_"
-                f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json"
-            )
+        path = Path(
+            args.output
+            or f"bench/results/gpu_{args.collective}_{args.dtype}_"
+            f"{'graph' if args.graph else 'eager'}_{world}x{_gpu_slug(torch)}.json"
+        )
+
+        def write(rows: list[dict], complete: bool) -> dict:
+            doc = _bench_document(args, config, rows, world, torch, comm) | {
+                "complete": complete,
+                "sizes_planned": sizes,
+            }
             write_text(path, json.dumps(doc, indent=1) + "\n", "bench results", ArgumentError, parents=True)
+            return doc
+
+        on_row = row_verdicts(comm.exchange, config.compiled, len(sizes), write if rank == 0 else None)
+        rows = run_bench(comm, config, plans, _progress if rank == 0 else None, on_row)
+        if rank == 0:
+            doc = write(rows, True)
             if args.record:
                 _record(args, rows)
             if args.json:
@@ -454,6 +458,29 @@ def _bench(args: argparse.Namespace) -> int:
         _abandon(rank, e)
     dist.destroy_process_group()
     return 1 if any(r["wrong"] or r.get("compiled_wrong") for r in rows) else 0
+
+
+def row_verdicts(
+    exchange: Callable[[str, Any], list[Any]],
+    compiled: bool,
+    total: int,
+    write: Callable[[list[dict], bool], object] | None,
+) -> Callable[[dict], None]:
+    """The bench's ``on_row``: each size's wrong counts summed over every rank (``exchange``, collective), then,
+    where ``write`` is given (rank 0), the results file with the sizes done so far, ``complete`` false until the
+    last. A job stopped by its time limit so keeps its finished sizes, which ``weft registry record`` takes as any
+    results file."""
+    done: list[dict] = []
+
+    def on_row(row: dict) -> None:
+        row["wrong"] = sum(exchange("bench-wrong", row["wrong"]))  # plain data, never a pickle
+        if compiled:
+            row["compiled_wrong"] = sum(exchange("bench-compiled-wrong", row.get("compiled_wrong", 0)))
+        done.append(row)
+        if write is not None and len(done) < total:
+            write(list(done), False)
+
+    return on_row
 
 
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
