@@ -56,7 +56,7 @@ fi
 # sm_90a only; a JIT build spreads each source over every core (nvcc --split-compile)
 export PYTHONPATH="$PWD:$SITE:$WEFT_SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a \
   FLASHINFER_EXTRA_CUDAFLAGS="--split-compile=0"
-[ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
+[ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=${GPUS2:-0,1}  # GPUS2=1,0: the same GPUs, ranks swapped
 REG=${REG:-bench/registry_h200x$N}
 G="${N}x$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -oE 'H[0-9]+' | tr H h)"  # 2xh100, 4xh200
 step "import flashinfer.comm, then load (or JIT-build) its comm kernels"
