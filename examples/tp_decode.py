@@ -545,6 +545,13 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         help="weft's compiled kernels let the next programmatic launch start at their end, not their start",
     )
     p.add_argument(
+        "--only",
+        default="",
+        metavar="NAMES",
+        help="keep only these of --backend's backends, comma-separated (e.g. flashinfer-fused): one backend a job, "
+        "so that a step's kernels can be profiled without another backend's graphs between its replays",
+    )
+    p.add_argument(
         "--weft-norm-plan",
         metavar="PLAN",
         help="a plan file: weft-fused-norm runs its fused call on this plan at every batch (Communicator."
@@ -585,7 +592,11 @@ def make_backends(args: argparse.Namespace, no_pdl: set[str], rank: int) -> tupl
                 print(f"flashinfer-fused not run: {type(e).__name__}: {e}", flush=True)
     if args.backend == "weft":
         backends.pop("nccl")
-    return backends, comm, fi
+    only = [name for name in args.only.split(",") if name]
+    unknown = [name for name in only if name not in backends]
+    if unknown:
+        raise SystemExit(f"tp_decode: --only {','.join(unknown)}: not among this run's backends {', '.join(backends)}")
+    return ({k: v for k, v in backends.items() if k in only} if only else backends), comm, fi
 
 
 def main() -> None:
@@ -626,7 +637,7 @@ def main() -> None:
         kernels = {name: profile_step(g.graphs["step"], args.profile) for name, g in built.items() if args.profile}
         del built
         row = {"batch": batch, "tp": world, "failed": failed, **profile_columns(kernels)}
-        if len(backends) > 1:
+        if comm is not None and any(name.startswith("weft") for name in backends):
             _weft_columns(row, comm, batch)
         _result_columns(row, results)
         _nccl_columns(row, results)
@@ -647,6 +658,7 @@ def main() -> None:
             "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)
             "weft_late_trigger": args.weft_late_trigger,
             "weft_norm_plan": pinned.name if pinned is not None else None,  # --weft-norm-plan
+            "backends_run": sorted(backends),  # the backends this run kept (--backend, --only)
             "eps": EPS,
             "logits_bound": LOGITS_BOUND,
             "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
