@@ -40,9 +40,10 @@ def test_an_unknown_backend_for_no_pdl_is_refused_in_one_line(monkeypatch, capsy
 
 
 def test_step_kernels_sums_each_family_per_step_and_ranks_the_kernels(monkeypatch):
-    """``--profile``'s table from (kernel name, µs) events of 2 replays: per step, by family, the top kernels."""
+    """``--profile``'s table from (kernel name, start µs, µs) events of 2 replays: per step, by family, the top
+    kernels, and the last replay's kernels in launch order with their starts from its first."""
     tp_decode = _tp_decode(monkeypatch)
-    events = [
+    step = [
         ("weft_compiled_bf16_v16_ab12", 7.0),
         ("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 20.0),
         ("sm90_xmma_gemm_bf16bf16_bf16f32", 30.0),
@@ -50,8 +51,13 @@ def test_step_kernels_sums_each_family_per_step_and_ranks_the_kernels(monkeypatc
         ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 9.0),
         ("allreduce_fusion_kernel_oneshot_lamport<...>", 6.0),
         ("void at::native::vectorized_elementwise_kernel<4, ...>", 1.0),
-    ] * 2
-    table = tp_decode.step_kernels(events, replays=2, top=2)
+    ]
+    events, at = [], 1000.0
+    for _ in range(2):  # two replays, each kernel 0.5 µs after the one before it ends
+        for name, us in step:
+            events.append((name, at, us))
+            at += us + 0.5
+    table = tp_decode.step_kernels(list(reversed(events)), replays=2, top=2)  # the profiler's order is not launch's
     assert table["classes_us"] == {
         "gemm": 50.0,
         "attention": 11.0,
@@ -65,4 +71,20 @@ def test_step_kernels_sums_each_family_per_step_and_ranks_the_kernels(monkeypatc
         ["sm90_xmma_gemm_bf16bf16_bf16f32", 30.0, 1.0],
         ["nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 20.0, 1.0],
     ]
+    sequence = table["sequence"]
+    assert [name for name, _, _ in sequence] == [name[:60] for name, _ in step]
+    assert sequence[0][1] == 0 and sequence[1][1] == 7.5 and sequence[-1][2] == 1.0
     assert tp_decode.kernel_class("void rms_norm_kernel<c10::BFloat16>") == "norm"
+
+
+def test_only_keeps_the_named_backends_and_refuses_others_in_one_line(monkeypatch, capsys):
+    tp_decode = _tp_decode(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py", "--backend", "nccl", "--only", "nccl"])
+    args, no_pdl = tp_decode.parse_args()
+    backends, comm, fi = tp_decode.make_backends(args, no_pdl, 0)
+    assert list(backends) == ["nccl"] and comm is None and fi is None
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py", "--backend", "nccl", "--only", "flashinfer-fused"])
+    args, no_pdl = tp_decode.parse_args()
+    with pytest.raises(SystemExit) as e:
+        tp_decode.make_backends(args, no_pdl, 0)
+    assert str(e.value) == "tp_decode: --only flashinfer-fused: not among this run's backends nccl"
