@@ -499,3 +499,19 @@ def test_a_current_row_for_an_entry_this_weft_no_longer_reads_costs_only_that_en
         ["registry", "select", "allgather", "-t", TOPO, "--size", "64KB", "--registry", str(path)], capsys
     )
     assert code == 1 and out.startswith("no plan:") and err.count("\n") == 1 and "timings.measured_us.65536" in err
+
+
+def test_record_says_when_the_bench_job_stopped_short_and_stores_what_it_finished(small, tmp_path, capsys):
+    """A results file that `weft bench` wrote before its job was cut (complete false, sizes_planned) records as any
+    other; the line says how far the job got."""
+    path, ids = small
+    known = Registry(path).get(ids[0]).plan.content_hash
+    rows = [{"size": 1024, "nccl_us": 9.0, "wrong": 0, "plan_hash": known, "plans_us": {known: 3.0}}]
+    doc = {"collective": "allgather", "rows": rows, "complete": False, "sizes_planned": [1024, 4096, 16384]}
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    code, out, _ = run(["registry", "record", str(tmp_path / "results.json"), "--registry", str(path)], capsys)
+    assert code == 0 and out.splitlines()[0].endswith("(its job stopped after 1 of the 3 sizes it planned)")
+    assert Registry(path).get(ids[0]).measured_us == {1024: 3.0}
+    (tmp_path / "results.json").write_text(json.dumps(doc | {"complete": True}))
+    code, out, _ = run(["registry", "record", str(tmp_path / "results.json"), "--registry", str(path)], capsys)
+    assert code == 0 and "stopped" not in out

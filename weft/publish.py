@@ -355,9 +355,10 @@ def _check_rows(rows: object, source: str) -> None:
                     )
 
 
-def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
+def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[str], int | None]:
     """``record_bench`` from a results file that ``weft bench`` wrote: (plan times stored, sizes in the file, the
-    plans skipped as not in the registry)."""
+    plans skipped as not in the registry, and the sizes its job planned where the file says it stopped short:
+    ``complete`` false, as a job cut by its time limit leaves it; else None)."""
     doc = read_json(Path(path), "registry record", RegistryError)
     if not isinstance(doc, dict):
         raise RegistryError(f"registry record {path}: must be an object, as `weft bench` writes its results")
@@ -371,7 +372,9 @@ def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[s
             if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
                 raise RegistryError(f"registry record {path}: rows[{i}].{field}: missing or malformed")
     stored, skipped = record_bench(Registry(location), collective, rows, path)
-    return stored, len(rows), skipped
+    planned = doc.get("sizes_planned")
+    short = doc.get("complete") is False and isinstance(planned, list)
+    return stored, len(rows), skipped, len(planned) if short and isinstance(planned, list) else None
 
 
 def latency_floor_us(topology: Topology) -> float:

@@ -429,10 +429,11 @@ def _record(args: argparse.Namespace) -> int:
     from weft import publish
 
     for path in args.results:
-        stored, sizes, skipped = publish.record_bench_file(path, args.registry)
+        stored, sizes, skipped, planned = publish.record_bench_file(path, args.registry)
         print(
             f"{path}: {counted(stored, 'plan time')} and NCCL's at {counted(sizes, 'size')} recorded into "
             f"{publish.registry_location(args.registry)}"
+            + (f" (its job stopped after {sizes} of the {planned} sizes it planned)" if planned is not None else "")
         )
         if skipped:
             print(f"{path}: skipped {counted(len(skipped), 'plan')} not in the registry: {', '.join(skipped)}")
