@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "bench/results/pdl_2xh200_s10/tp_decode_2xh200_profile_3_by_rank.json"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("step_profile", ROOT / "bench" / "step_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _module() -> SimpleNamespace:
+    """The script's functions (run as a file: bench/ is not a package)."""
+    return SimpleNamespace(**runpy.run_path(str(ROOT / "bench" / "step_profile.py")))
 
 
 def test_a_step_splits_into_its_parts_and_the_gaps_between_kernels():
