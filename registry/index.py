@@ -116,6 +116,12 @@ class Timings:
         """Whether any time was measured that such an executor may use."""
         return bool(self.tables(ll128, compiled))
 
+    def rank(self, nbytes: int, ll128: bool = False, compiled: bool = False) -> tuple[bool, float]:
+        """Selection's order at ``nbytes`` (the lower, the better): any measured time before a prediction, then the
+        time (``estimate``'s; none ranks last)."""
+        basis, time_us, _ = self.estimate(nbytes, ll128, compiled)
+        return basis != "measured", time_us or math.inf
+
     def estimate(self, nbytes: int, ll128: bool = False, compiled: bool = False) -> tuple[str, float | None, Mode]:
         """('measured'|'predicted'|'none', time at nbytes, the mode that time was measured in: how to run it).
 

@@ -221,20 +221,19 @@ def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: flo
 def contenders(
     entries: Sequence[Entry], sizes: Sequence[int], top: int, ll128: bool = False, compiled: bool = False
 ) -> list[Entry]:
-    """The entries that rank among the ``top`` fastest at any of ``sizes`` (the union, in ``entries``' order), by
-    the registry's own estimate as selection makes it: measured times first (in the modes a run may use: ``ll128``,
-    ``compiled``), then predicted ones; an entry whose plan does not run a size is not ranked at it. ``weft bench
-    --top`` times only these, so that a registry of many variants is measured again where it matters."""
+    """The entries that rank among the ``top`` fastest at any of ``sizes`` (the union, in ``entries``' order), in
+    selection's order (``Timings.rank``: measured times first, in the modes a run may use, ``ll128`` and
+    ``compiled``, then predicted ones); an entry whose plan does not run a size, or has no time, is not kept for
+    it. ``weft bench --top`` times only these, so that a registry of many variants is measured again where it
+    matters."""
     kept: set[str] = set()
     for nbytes in sizes:
-        ranked = []
-        for e in entries:
-            if not (e.key.covers(nbytes) and e.plan.runs(nbytes)):
-                continue
-            basis, time_us = e.estimate_us(nbytes, ll128, compiled)
-            if time_us is not None:
-                ranked.append((basis != "measured", time_us, e.id))
-        kept.update(entry_id for _, _, entry_id in sorted(ranked)[:top])
+        ranked = sorted(
+            (*e.timings.rank(nbytes, ll128, compiled), e.id)
+            for e in entries
+            if e.key.covers(nbytes) and e.plan.runs(nbytes)
+        )
+        kept.update(entry_id for _, time_us, entry_id in ranked[:top] if time_us < math.inf)
     return [e for e in entries if e.id in kept]
 
 
@@ -752,9 +751,7 @@ class Registry:
         candidates = {r.id: r for r in scan.rows if r.may_serve(known, collective, nranks, nbytes, dtype)}
         refused, size_why, warnings = [], "", list(scan.warnings)
         while candidates:
-            pool = list(candidates.values())
-            measured = [r for r in pool if r.timings.measured(ll128, compiled)]
-            row = min(measured or pool, key=lambda r: (r.estimate(nbytes, ll128, compiled)[1] or math.inf, r.id))
+            row = min(candidates.values(), key=lambda r: (*r.timings.rank(nbytes, ll128, compiled), r.id))
             del candidates[row.id]
             try:
                 entry = self.entry_of(scan, row)

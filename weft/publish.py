@@ -372,9 +372,8 @@ def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[s
             if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
                 raise RegistryError(f"registry record {path}: rows[{i}].{field}: missing or malformed")
     stored, skipped = record_bench(Registry(location), collective, rows, path)
-    planned = doc.get("sizes_planned")
-    short = doc.get("complete") is False and isinstance(planned, list)
-    return stored, len(rows), skipped, len(planned) if short and isinstance(planned, list) else None
+    planned = doc.get("sizes_planned") if doc.get("complete") is False else None
+    return stored, len(rows), skipped, len(planned) if isinstance(planned, list) else None
 
 
 def latency_floor_us(topology: Topology) -> float:

@@ -379,7 +379,7 @@ def _check_word(oks: list) -> str:
     return "ok" if all(oks) else "WRONG on ranks " + str([r for r, o in enumerate(oks) if not o])
 
 
-def _load_plans(args: argparse.Namespace, world: int) -> list:
+def _load_plans(args: argparse.Namespace, world: int, sizes: list[int]) -> list:
     from schedules.plan.io import load_plan
 
     if args.plans == ["registry"]:
@@ -388,7 +388,7 @@ def _load_plans(args: argparse.Namespace, world: int) -> list:
         entries = Registry(args.registry).entries(collective=args.collective)
         entries = [e for e in entries if e.plan.nranks == world]
         if args.top is not None:
-            entries = contenders(entries, parse_size_range(args.sizes), args.top, args.ll128, args.compiled)
+            entries = contenders(entries, sizes, args.top, args.ll128, args.compiled)
         plans = [e.plan for e in entries]
     else:
         plans = [load_plan(p) for p in args.plans]
@@ -414,7 +414,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     from executor.gpu.bench import BenchConfig, run_bench
 
-    plans = _load_plans(args, int(os.environ["WORLD_SIZE"]))
+    plans = _load_plans(args, int(os.environ["WORLD_SIZE"]), sizes)
     port = has_port_channels(plans)
     comm, rank, world = _init_rank(args, port)
     try:
