@@ -1,12 +1,14 @@
 #!/bin/bash
 # Issue 36's evidence in one device call on a 4-GPU machine (from the repository root, $OUT set):
-#   1. the all-to-all GPU tests (tests/gpu/test_alltoall.py) on 2 and 4 GPUs;
+#   1. the all-to-all and expert-exchange GPU tests (tests/gpu/test_alltoall.py, test_experts_gpu.py) on 2 and 4
+#      GPUs;
 #   2. for 2 and 4 GPUs: the direct all-to-all tuned into a registry of its own (registry_a2a_x<N>: LL up to
 #      8 MB, with LL128 lines timed too, and Simple, at several instance counts, one thread block per peer or one
 #      for every peer), then `weft bench alltoall` 1 KB-256 MB in
 #      graph replay against NCCL (and torch symmetric memory's all_to_all_vdev where NVSHMEM loads; the bench runs
 #      again without it if that fails), the times recorded into that registry;
-#   3. examples/moe_layer.py at EP=4 and EP=2 on those registries (NCCL and weft in one job);
+#   3. examples/moe_layer.py at EP=4 and EP=2 on those registries (NCCL, weft's expert exchange and the layer
+#      around weft's all-to-all, in one job);
 #   4. 2DH on 4 GPUs declared as 2 hosts x 2 GPUs (bench/mscclpp_x4.sh's setup: two torchrun "nodes" as WEFT_HOST
 #      host0/host1, NCCL forced onto its network path): the 2DH and flat direct plans through the port engine, in
 #      one bench against NCCL's all-to-all over the same transport. TWODH_FABRIC=sockets (default; everything on
@@ -37,8 +39,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for n in 2 4; do
     step "gpu tests: all-to-all on $n GPUs"
     CUDA_VISIBLE_DEVICES=$(visible $n) WEFT_GPU_NPROC=$n timeout -k 5 ${TESTS_S:-120} \
-      python3 -m pytest -q -m gpu tests/gpu/test_alltoall.py -p no:cacheprovider > "$OUT/tests_alltoall_x$n.txt" 2>&1
-    echo "rc=$?" | tee -a "$LOG"; tail -n 3 "$OUT/tests_alltoall_x$n.txt" | tee -a "$LOG"
+      python3 -m pytest -q -m gpu tests/gpu/test_alltoall.py tests/gpu/test_experts_gpu.py -p no:cacheprovider > "$OUT/tests_alltoall_x$n.txt" 2>&1
+    echo "rc=$?" | tee -a "$LOG"; tail -n 12 "$OUT/tests_alltoall_x$n.txt" | tee -a "$LOG"
   done
 fi
 

@@ -1,28 +1,34 @@
-"""An expert-parallel mixture-of-experts decode layer, with NCCL's or weft's all-to-all, under CUDA graphs.
+"""An expert-parallel mixture-of-experts decode layer over NCCL's or weft's exchange, under CUDA graphs.
 
 Each rank holds ``--tokens`` tokens of hidden 4096 (bf16) and E / EP of the E experts (a SwiGLU MLP each,
 hidden -> ``--ffn`` -> hidden). The layer, as Tutel and GShard run it: a router (replicated, fp32) picks each token's
 top-2 experts with softmax gates over the two; each expert takes at most ``capacity`` tokens per rank
-(ceil(2 · tokens · factor / E), first choices before second); the claims fill a fixed-shape dispatch buffer; one
-all-to-all sends each rank its experts' rows (dispatch); the experts run as one batched matmul per weight; a second
-all-to-all brings the outputs back (combine); each token sums its two outputs by their gates. The index math is
-examples/moe_routing.py (tested on the CPU against a dense layer: tests/test_moe_routing.py).
+(ceil(2 · tokens · factor / E), first choices before second); dispatch sends each rank its experts' rows; the experts
+run as one batched matmul per weight; combine brings the outputs back and sums each token's two by their gates. The
+index math is examples/moe_routing.py (tested on the CPU against a dense layer: tests/test_moe_routing.py); dispatch
+and combine are an expert exchange (``executor.inference.experts``).
 
-The backends run in the same job, on the same weights and tokens, and take turns replay by replay: NCCL
-(``dist.all_to_all_single``) and weft (``comm.all_to_all_single``, captured inside ``comm.capture``, so its plans
-read and write the captured tensors). For each token count the script reports the layer's latency, tokens/s (all
-ranks' tokens over the layer time), and the all-to-all share (a graph of the two exchanges alone, on the same
-buffers, over the layer's time), and checks that the outputs agree: both backends move the same bytes and the
-experts then run the same kernels on the same rows, so they must be bit-identical; a row fails (``agree`` false)
-past max |weft - nccl| > 1e-2 · max |nccl| (``BOUND``), and ``bitwise`` says whether they were identical.
+The backends (``--backend``) run in the same job, on the same weights and tokens, and take turns replay by replay:
+- ``nccl``: the claims fill a fixed-shape dispatch buffer, ``dist.all_to_all_single`` exchanges it, the rows are
+  reordered expert-major; on the way back reordered rank-major, exchanged, and summed by torch (``PlainExperts``);
+- ``weft``: ``comm.expert_exchange``, on one host one kernel each way that reads and writes the layer's own rows
+  (no dispatch buffer, no reordering copies, the weighted sum inside combine; DeepEP's shape);
+- ``weft_a2a``: the ``nccl`` backend's layer around weft's ``comm.all_to_all_single`` (captured inside
+  ``comm.capture``, so its plans read and write the captured tensors).
+For each token count the script reports the layer's latency, tokens/s (all ranks' tokens over the layer time), and
+the exchange share (a graph of the exchanges alone over the layer's time: the two all-to-alls for ``nccl`` and
+``weft_a2a``, dispatch and combine for ``weft``, which do the reordering and the sum too), and checks that the
+outputs agree with NCCL's: the backends move the same rows and the experts then run the same kernels on them, so
+they must be bit-identical; a row fails (``agree`` false) past max |weft - nccl| > 1e-2 · max |nccl| (``BOUND``),
+and ``bitwise`` says whether they were identical (``a2a_*`` for ``weft_a2a``).
 
     WEFT_REGISTRY=REG WEFT_TOPOLOGY=hgx_h200:gpus=4 torchrun --nproc-per-node 4 examples/moe_layer.py \
         --tokens 1,2,4,8,16,32,64,128,256 [--layers 8] --json bench/results/moe_layer_4xh200.json
 
 ``--layers N`` captures N layers in a row in each graph and reports times per layer: the ranks' launch skew, which
-the first all-to-all of a replay absorbs, then weighs once per N layers, as in a model. ``--routing lean`` runs the
-layer in 28 kernels instead of 54 (moe_routing's torch-only functions: top-k, a one-hot running count, one indexed
-copy, one gather), nearer a production layer's fused routing; the same claims and rows.
+the first exchange of a replay absorbs, then weighs once per N layers, as in a model. ``--routing lean`` routes in
+fewer kernels (moe_routing's torch-only functions: top-k, a one-hot running count), nearer a production layer's
+fused routing; the same claims and rows.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from executor.gpu.experts import ExpertLayout
+from executor.inference.experts import Experts, PlainExperts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_routing as moe  # noqa: E402
@@ -94,7 +103,8 @@ Exchange = Callable[[torch.Tensor, torch.Tensor], None]  # all_to_all_single(out
 
 
 class Layer:
-    """One MoE layer at one token count: its weights, its fixed buffers, and ``forward(x, exchange)``."""
+    """One MoE layer at one token count: its weights and ``forward(x, experts)`` over an expert exchange
+    (``executor.inference.experts``: dispatch, then the experts, then combine)."""
 
     def __init__(self, shape: Shape, weights: tuple[torch.Tensor, ...], device, lean: bool = False):
         """``lean``: the routing in fewer kernels (moe_routing's torch-only functions), as a production layer runs
@@ -102,54 +112,72 @@ class Layer:
         self.shape, self.lean = shape, lean
         self.router, self.gate_up, self.down = weights
         self.ids = torch.arange(shape.experts, device=device)
-        self.send = torch.zeros(shape.rows + 1, HIDDEN, device=device, dtype=torch.bfloat16)  # + the trash row
-        self.received = torch.zeros(shape.rows, HIDDEN, device=device, dtype=torch.bfloat16)
-        self.returned = torch.zeros(shape.rows + 1, HIDDEN, device=device, dtype=torch.bfloat16)  # trash row: 0
-        self.outputs = torch.zeros(shape.rows, HIDDEN, device=device, dtype=torch.bfloat16)  # the exchanges alone
 
-    def forward(self, x: torch.Tensor, exchange: Exchange) -> torch.Tensor:
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, gates): each claim's dispatch row (int64) and gate (fp32), (tokens, 2)."""
         s = self.shape
         logits = x.float() @ self.router
         if self.lean:
             experts, gates = moe.route_topk(logits)
-            rows = moe.assign_onehot(experts, s.experts, s.capacity)
-            moe.dispatch_once(self.send, x, rows)
-        else:
-            experts, gates = moe.route(logits, self.ids, torch)
-            rows = moe.assign(experts, self.ids, s.capacity)
-            moe.dispatch(self.send, x, rows)
-        exchange(self.received, self.send[: s.rows])
-        batch = moe.expert_major(self.received, s.ranks, s.local, s.capacity)
+            return moe.assign_onehot(experts, s.experts, s.capacity), gates
+        experts, gates = moe.route(logits, self.ids, torch)
+        return moe.assign(experts, self.ids, s.capacity), gates
+
+    def forward(self, x: torch.Tensor, experts: Experts) -> torch.Tensor:
+        rows, gates = self.route(x)
+        batch = experts.dispatch(x, rows)  # (local experts, ranks * capacity, hidden)
         gate, up = torch.bmm(batch, self.gate_up).chunk(2, dim=-1)
         done = torch.bmm(F.silu(gate) * up, self.down)
-        exchange(self.returned[: s.rows], moe.token_major(done, s.ranks, s.capacity))
-        combine = moe.combine_gather if self.lean else moe.combine
-        return combine(self.returned, rows, gates, s.experts, s.capacity).to(x.dtype)
-
-    def exchanges(self, exchange: Exchange) -> None:
-        """The layer's two all-to-alls alone, on buffers of the same sizes."""
-        exchange(self.received, self.send[: self.shape.rows])
-        exchange(self.outputs, self.received)
+        return experts.combine(done, rows, gates)
 
 
 @dataclass(frozen=True)
 class Backend:
-    exchange: Exchange
-    capture: Callable[[Shape], contextlib.AbstractContextManager]  # around each graph's warm-up and capture
+    """How one backend makes a token count's expert exchange, what its graphs' capture needs, and its all-to-all
+    alone (None where the exchange is fused: its exchanges alone are dispatch and combine)."""
+
+    experts: Callable[[Shape], Experts]
+    capture: Callable[[Shape], contextlib.AbstractContextManager]
+    all_to_all: Exchange | None = None
+
+
+def layout(shape: Shape) -> ExpertLayout:
+    return ExpertLayout(shape.ranks, shape.experts, shape.capacity, shape.tokens, HIDDEN, "bf16", moe.TOP_K)
+
+
+def plain_backend(all_to_all: Exchange, capture=lambda shape: contextlib.nullcontext()) -> Backend:
+    """The layer around an all-to-all (``PlainExperts``: a dispatch buffer, the exchange, the reordering copies and
+    torch's weighted sum), as GShard and Tutel run it."""
+
+    def experts(shape: Shape) -> Experts:
+        return PlainExperts(layout(shape), all_to_all, torch.device("cuda", torch.cuda.current_device()))
+
+    return Backend(experts, capture, all_to_all)
 
 
 def nccl_backend() -> Backend:
-    return Backend(lambda out, inp: dist.all_to_all_single(out, inp), lambda shape: contextlib.nullcontext())
+    return plain_backend(lambda out, inp: dist.all_to_all_single(out, inp))
 
 
 def local_backend() -> Backend:
-    """The exchanges as local copies of the same bytes: the layer's time without communication (``--local``), so
-    that each backend's layer time less this one is what its exchanges cost inside the layer."""
-    return Backend(lambda out, inp: out.copy_(inp), lambda shape: contextlib.nullcontext())
+    """The exchanges as local copies of the same bytes: the layer's time without communication
+    (``--exchange-copies``), so that each backend's layer time less this one is what its exchanges cost inside the
+    layer."""
+    return plain_backend(lambda out, inp: out.copy_(inp))
+
+
+def weft_a2a_backend(comm) -> Backend:
+    """The layer around weft's ``all_to_all_single`` (the registry's plans; zero-copy inside ``comm.capture``)."""
+    return plain_backend(comm.all_to_all_single, lambda shape: comm.capture(alltoall_sizes=[shape.alltoall_bytes]))
 
 
 def weft_backend(comm) -> Backend:
-    return Backend(comm.all_to_all_single, lambda shape: comm.capture(alltoall_sizes=[shape.alltoall_bytes]))
+    """weft's expert exchange (``comm.expert_exchange``): one kernel each way on one host."""
+
+    def experts(shape: Shape) -> Experts:
+        return comm.expert_exchange(shape.tokens, shape.experts, shape.capacity, HIDDEN, torch.bfloat16, moe.TOP_K)
+
+    return Backend(experts, lambda shape: contextlib.nullcontext())
 
 
 def run_tokens(
@@ -174,30 +202,15 @@ def run_tokens(
     x = torch.randn(
         shape.tokens, HIDDEN, generator=torch.Generator(device=device).manual_seed(7 + dist.get_rank()), device=device
     ).to(torch.bfloat16)
-    graphs, results, made = {}, {}, {}
+    layer = Layer(shape, weights, device, lean)
+    claims = layer.route(x)  # the exchanges alone run on the first layer's claims
+    graphs, results, paths = {}, {}, {}
     side = torch.cuda.Stream()
     for name, impl in backends.items():
-        layer = made[name] = Layer(shape, weights, device, lean)
-        out: dict[str, Any] = {}
-
-        def forward(layer=layer, out=out, impl=impl):
-            y = x
-            for _ in range(layers):
-                y = layer.forward(y, impl.exchange)
-            out["y"] = y
-
-        def exchanges(layer=layer, impl=impl):
-            for _ in range(layers):
-                layer.exchanges(impl.exchange)
-
-        def capture(impl=impl):
-            return impl.capture(shape)
-
-        graphs[name] = {
-            "layer": graph_of(forward, side, capture),
-            "alltoall": graph_of(exchanges, side, capture),
-        }
-        results[name] = out
+        experts = impl.experts(shape)  # collective: every rank makes each backend's in the same order
+        paths[name] = getattr(experts, "path", "")
+        graphs[name], out = backend_graphs(impl, experts, shape, layer, x, claims, layers, side)
+        results[name] = (out, experts)
     times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in g} for name, g in graphs.items()}
     for _ in range(iters):
         for kind in ("layer", "alltoall"):
@@ -207,6 +220,8 @@ def run_tokens(
     for g in graphs.values():
         g["layer"].replay()
     torch.cuda.synchronize()
+    for _, experts in results.values():
+        experts.check()  # a fused exchange's wait that timed out raises here
     row: dict[str, Any] = {
         "tokens": shape.tokens,
         "ep": shape.ranks,
@@ -214,6 +229,7 @@ def run_tokens(
         "capacity": shape.capacity,
         "alltoall_bytes": shape.alltoall_bytes,
         "layers": layers,
+        "paths": paths,
         **({"layer_kernels": kernels} if kernels else {}),
     }
     for name in graphs:
@@ -229,20 +245,55 @@ def run_tokens(
                 f"{name}_raw_alltoall_ms": times[name]["alltoall"],
             }
         )
-    if "nccl" in results and "weft" in results:
-        ref, got = results["nccl"]["y"].float(), results["weft"]["y"].float()
-        diff = (got - ref).abs().max().item()
-        scale = max(ref.abs().max().item(), 1e-30)
-        verdicts = exchange_plain([diff <= BOUND * scale, bool(torch.equal(got, ref)), diff])
-        row.update(
-            {
-                "speedup": row["nccl_ms"] / row["weft_ms"],
-                "agree": all(v[0] for v in verdicts),
-                "bitwise": all(v[1] for v in verdicts),
-                "max_abs_diff": max(v[2] for v in verdicts),
-            }
-        )
+    for name, prefix in (("weft", ""), ("weft_a2a", "a2a_")):  # weft's layer (and around its all-to-all) vs NCCL's
+        if "nccl" in results and name in results:
+            row.update(agreement(results["nccl"][0]["y"], results[name][0]["y"], prefix))
+            row[f"{prefix}speedup"] = row["nccl_ms"] / row[f"{name}_ms"]
     return row
+
+
+def backend_graphs(
+    impl: Backend, experts: Experts, shape: Shape, layer: Layer, x: torch.Tensor, claims, layers: int, side
+) -> tuple[dict[str, torch.cuda.CUDAGraph], dict[str, Any]]:
+    """One backend's graphs (``layer``: ``layers`` layers in a row; ``alltoall``: its exchanges alone, on the first
+    layer's ``claims``) and where the layer graph leaves its output (``["y"]``)."""
+    out: dict[str, Any] = {}
+    sent = torch.randn(shape.rows, HIDDEN, device=x.device).to(torch.bfloat16)
+    received = torch.empty_like(sent)
+
+    def forward():
+        y = x
+        for _ in range(layers):
+            y = layer.forward(y, experts)
+        out["y"] = y
+
+    def exchanges():
+        rows, gates = claims
+        for _ in range(layers):
+            if impl.all_to_all is None:  # fused: dispatch and combine alone
+                experts.combine(experts.dispatch(x, rows), rows, gates)
+            else:  # the two all-to-alls alone, on buffers of the layer's size
+                impl.all_to_all(received, sent)
+                impl.all_to_all(sent, received)
+
+    def capture():
+        return impl.capture(shape)
+
+    return {"layer": graph_of(forward, side, capture), "alltoall": graph_of(exchanges, side, capture)}, out
+
+
+def agreement(reference: torch.Tensor, output: torch.Tensor, prefix: str = "") -> dict:
+    """Whether ``output`` agrees with ``reference`` on every rank (``BOUND``), bit for bit, and the largest
+    difference (collective)."""
+    ref, got = reference.float(), output.float()
+    diff = (got - ref).abs().max().item()
+    scale = max(ref.abs().max().item(), 1e-30)
+    verdicts = exchange_plain([diff <= BOUND * scale, bool(torch.equal(got, ref)), diff])
+    return {
+        f"{prefix}agree": all(v[0] for v in verdicts),
+        f"{prefix}bitwise": all(v[1] for v in verdicts),
+        f"{prefix}max_abs_diff": max(v[2] for v in verdicts),
+    }
 
 
 def exchange_plain(value) -> list:
@@ -259,7 +310,12 @@ def main() -> None:
     p.add_argument("--ffn", type=int, default=1408, help="each expert's intermediate size")
     p.add_argument("--capacity-factor", type=float, default=1.0, help="places per expert: ceil(2·tokens·f / E)")
     p.add_argument("--iters", type=int, default=50, help="timed replays per graph and backend")
-    p.add_argument("--backend", choices=("nccl", "weft", "both"), default="both")
+    p.add_argument(
+        "--backend",
+        default="nccl,weft,weft_a2a",
+        help="comma-separated, taking turns in one job: nccl (around dist.all_to_all_single), weft "
+        "(comm.expert_exchange: fused dispatch and combine on one host), weft_a2a (around comm.all_to_all_single)",
+    )
     p.add_argument("--layers", type=int, default=1, help="layers in a row in each graph; times are per layer")
     p.add_argument(
         "--exchange-copies",
@@ -304,14 +360,21 @@ def main() -> None:
     if args.experts % world:
         raise SystemExit(f"moe_layer: --experts {args.experts} must be a multiple of the {world} EP ranks")
     weights = make_weights(args.experts, args.ffn, rank, args.experts // world, device)
+    names = args.backend.split(",")
+    unknown = sorted(set(names) - {"nccl", "weft", "weft_a2a"})
+    if unknown:
+        raise SystemExit(f"moe_layer: --backend {args.backend}: unknown {', '.join(unknown)}")
     backends, comm = {}, None
-    if args.backend in ("nccl", "both"):
+    if "nccl" in names:
         backends["nccl"] = nccl_backend()
-    if args.backend in ("weft", "both"):
+    if {"weft", "weft_a2a"} & set(names):
         from executor import Communicator
 
         comm = Communicator.from_process_group(programmatic=args.no_pdl != "weft", late_trigger=args.weft_late_trigger)
-        backends["weft"] = weft_backend(comm)
+        if "weft" in names:
+            backends["weft"] = weft_backend(comm)
+        if "weft_a2a" in names:
+            backends["weft_a2a"] = weft_a2a_backend(comm)
     if args.exchange_copies:
         backends["local"] = local_backend()
     rows = []
@@ -322,7 +385,7 @@ def main() -> None:
         )
         if comm is not None:
             plan = comm.plan_for("alltoall", shape.alltoall_bytes, torch.bfloat16)
-            row["weft_plan"] = plan.name if plan is not None else "nccl (no plan)"
+            row["weft_a2a_plan"] = plan.name if plan is not None else "nccl (no plan)"
             row["weft_paths"] = dict(comm.paths)
         rows.append(row)
         if rank == 0:

@@ -129,6 +129,11 @@ class Facts:
         return self.combining and self.dual is not None and not FACTS[self.dual].combining
 
     @property
+    def personalized(self) -> bool:
+        """Every rank sends each peer a block of its own, none shared or summed (alltoall)."""
+        return self.chunking is Chunking.BLOCKS
+
+    @property
     def input_is_slice(self) -> bool:
         return self.starts is Holding.SLICE and not self.shifts
 

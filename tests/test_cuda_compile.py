@@ -83,3 +83,17 @@ def test_each_header_compiles_on_its_own(tmp_path, header):
         text=True,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_expert_exchange_builds_every_entry_without_cuda_headers(tmp_path):
+    """executor/gpu/cuda/experts.cu: NVRTC builds it at run time with no include path; nvcc checks the same text."""
+    from executor.gpu.experts import SOURCE
+
+    source = build.source_dir() / SOURCE
+    assert "#include" not in source.read_text()
+    cubin = tmp_path / "experts.cubin"
+    done = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", *build.FLAGS, "-o", str(cubin), str(source)], text=True)
+    assert done.returncode == 0
+    image = cubin.read_bytes()
+    for entry in ("weft_experts_dispatch", *(f"weft_experts_combine_{d}" for d in ("bf16", "fp16", "fp32"))):
+        assert entry.encode() in image

@@ -70,3 +70,42 @@ def test_the_docs_4xh200_compiled_figures_are_those_of_their_results_file():
     assert f"{weft} µs at 16, 64 and 256 MB" in docs
     assert ratios in docs
     assert all(r["compiled"] and r["best_peer_us"] > r["weft_us"] for r in rows)
+
+
+def _docs(name: str) -> str:
+    return " ".join((ROOT / name).read_text(encoding="utf-8").split())
+
+
+def test_the_docs_moe_layer_ranges_are_the_4xh100_runs_and_clear_the_goal():
+    """docs/performance.md's MoE paragraph: weft's layer (the fused expert exchange) over NCCL's in each of the three
+    lean-routing runs at EP=4, 1-64 tokens: every row bit-identical, and each run's least speedup at least 1.15."""
+    folder = ROOT / "bench/results/moe_layer_4xh100_s11"
+    spans = []
+    for run in ("run1", "run2", "run3"):
+        doc = json.loads((folder / f"{run}.json").read_text())
+        assert doc["ep"] == 4 and doc["routing"] == "lean" and doc["layers"] == 8
+        rows = [r for r in doc["rows"] if r["tokens"] <= 64]
+        assert [r["tokens"] for r in rows] == [1, 2, 4, 8, 16, 32, 64]
+        assert all(r["bitwise"] and r["paths"]["weft"] == "fused" for r in doc["rows"])
+        assert min(r["speedup"] for r in rows) >= 1.15
+        spans.append(f"{min(r['speedup'] for r in rows):.2f}–{max(r['speedup'] for r in rows):.2f}×")
+    assert (ROOT / "bench/results/moe_layer_4xh100.json").read_bytes() == (folder / "run1.json").read_bytes()
+    assert f"EP=4 on 4×H100: {spans[0]} NCCL's layer speed at 1–64 tokens" in _docs("README.md")
+    assert f"ran {spans[0]}, {spans[1]} and {spans[2]} NCCL's speed at 1–64 tokens" in _docs("docs/performance.md")
+
+
+def test_the_docs_2dh_figures_are_the_nvlink_fabric_results_and_clear_the_goal_from_1mb():
+    """docs/performance.md's 2DH sentence: 2DH's busbw over NCCL's at every size from 1 MB (the same bytes, so the
+    time ratio), NCCL on sockets between the hosts; the 2DH plan is the one whose hash is not the flat plan's."""
+    doc = json.loads((ROOT / "bench/results/gpu_alltoall_bf16_graph_2dh_2x2h100_nvlink.json").read_text())
+    assert doc["transport"]["hosts"] == ["host0", "host0", "host1", "host1"]
+    flat = "4a63cd2b2683d09d"  # direct-alltoall-hgx_h200:nodes=2,gpus=2-simple-x1
+    ratios = []
+    for row in doc["rows"]:
+        assert row["wrong"] == 0 and len(row["plans_us"]) == 2
+        (twodh,) = [us for h, us in row["plans_us"].items() if h != flat]
+        ratios.append(row["nccl_us"] / twodh)
+    assert [row["size"] for row in doc["rows"]] == [s << 20 for s in (1, 2, 4, 16, 64)]
+    assert min(ratios) >= 1.3
+    said = ", ".join(f"{r:.2f}×" for r in ratios[:-1]) + f" and {ratios[-1]:.2f}×"
+    assert f"2DH ran {said} NCCL's busbw at 1, 2, 4, 16 and 64 MB" in _docs("docs/performance.md")

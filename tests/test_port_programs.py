@@ -109,6 +109,29 @@ def test_closed_programs_compute_the_collective_and_each_group_meets_one_group_p
     _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")
 
 
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_closed_programs_run_no_more_groups_than_open_ones(path):
+    # a closed group spans every round it can: cut at each round of the global order, the MILP all-reduce ran 15
+    # groups on rank 0 where the open programs run at most 7, each a launch and, between hosts, a round trip
+    plan = load_plan(path)
+    most = [max(map(_exchanges, compile_programs(plan, closed))) for closed in (False, True)]
+    assert most[1] <= most[0]
+
+
+def test_a_closed_group_spans_rounds_until_the_data_cuts_it():
+    # the direct all-to-all's sends and receives are rounds apart in the global order and go as one group; the
+    # two-shot all-reduce's sum cuts its reduce-scatter from its all-gather
+    alltoall = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "direct-alltoall.plan.json")
+    assert [_exchanges(p) for p in compile_programs(alltoall, closed=True)] == [1, 1, 1, 1]
+    twoshot = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "twoshot-allreduce.plan.json")
+    for program in compile_programs(twoshot, closed=True):
+        assert [type(s).__name__ for s in program.steps] == ["Exchange", "Compute", "Exchange"]
+
+
+def _exchanges(program) -> int:
+    return sum(isinstance(s, Exchange) for s in program.steps)
+
+
 def test_open_groups_wait_on_a_peers_later_group_where_closed_ones_do_not():
     plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "milp-allgather.plan.json")
 
@@ -224,8 +247,8 @@ def test_lanes_each_running_the_program_on_their_columns_compute_the_collective(
 @pytest.mark.parametrize(
     "backend,env,lanes",
     [
-        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, 4),  # bench/port_x4.sh's setting: lanes on
-        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "16"}, 4),
+        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, 8),  # bench/port_x4.sh's setting: all-to-all's 8 lanes
+        ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "16"}, 4),  # queues for 4 lanes only
         ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, 1),  # CUDA's default: lanes' kernels would share queues
         ("nccl", {}, 1),
         ("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "many"}, 1),
@@ -238,6 +261,15 @@ def test_lanes_are_on_by_default_only_where_each_lane_gets_hardware_queues(backe
     assert default_lanes(backend, env) == lanes
 
 
+def test_only_all_to_all_takes_more_than_four_lanes_unless_the_user_asks():
+    from executor.port.engine import LANES, call_limit
+    from schedules.collectives import facts_of
+
+    names = ("alltoall", "allreduce", "allgather", "reducescatter")
+    assert [call_limit(facts_of(c).personalized, 8, False) for c in names] == [8, LANES, LANES, LANES]
+    assert call_limit(False, 8, True) == 8 and call_limit(True, 2, False) == 2
+
+
 def test_the_floor_holds_for_the_default_lanes_only():
     from executor.port.engine import MIN_LANE_BYTES, lane_floor
 
@@ -246,17 +278,17 @@ def test_the_floor_holds_for_the_default_lanes_only():
 
 
 def test_a_group_that_meets_one_peer_in_two_groups_is_named():
-    # the two-shot all-reduce's reduce-send as ordered before the fix: rank 1's receive from rank 0 and send to it
-    # in two groups, where rank 0 holds its send and receive in one
+    # the two-shot all-reduce's all-gather as ordered before the fix: rank 1's receive from rank 0 in one group and
+    # its send to it in the next, where rank 0 holds its send and receive in one
     plan = load_plan(PLANS[0].parent.parent / "two_hosts_2gpu" / "twoshot-allreduce.plan.json")
     programs = list(compile_programs(plan, closed=True))
     steps = list(programs[1].steps)
     at = next(i for i, st in enumerate(steps) if i > 0 and isinstance(st, Exchange))
     grouped = steps[at]
-    assert isinstance(grouped, Exchange) and {(t.peer, t.send) for t in grouped.transfers} == {(0, True), (0, False)}
+    assert isinstance(grouped, Exchange) and {(0, True), (0, False)} <= {(t.peer, t.send) for t in grouped.transfers}
     steps[at : at + 1] = [
-        replace(grouped, transfers=tuple(t for t in grouped.transfers if not t.send)),
-        replace(grouped, transfers=tuple(t for t in grouped.transfers if t.send)),
+        replace(grouped, transfers=tuple(t for t in grouped.transfers if (t.peer, t.send) == (0, False))),
+        replace(grouped, transfers=tuple(t for t in grouped.transfers if (t.peer, t.send) != (0, False))),
     ]
     programs[1] = replace(programs[1], steps=tuple(steps))
     assert split_peer(programs).startswith("rank 0 step ")

@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 
+from executor.port.program import Exchange, compile_programs, run_programs
+from executor.reference.machine import chunk_elems, smallest_size
+from executor.reference.prove import _compare, expected_outputs, random_inputs
 from schedules.bounds import lower_bound_us
 from schedules.collectives import Collective
 from schedules.compact import expand
@@ -63,6 +67,24 @@ def test_2dh_plan_is_proven_on_the_reference_executor(spec, chunks):
     plan = compile_and_verify(schedule, topology)
     assert plan.weft.verification["ok"]
     assert any(ch.channel_type == "port" for g in plan.gpus for ch in g.channels)  # hops between hosts: ports
+
+
+@pytest.mark.parametrize("spec", [TWO_BY_TWO, "hgx_h100:nodes=3,gpus=2"])
+def test_on_the_port_engines_lanes_2dh_gathers_in_one_group_then_crosses_in_one(spec):
+    # every group is a launch, and one between hosts a network round trip (a port hop: about 40 µs, bench/NOTES.md):
+    # each GPU's own blocks for the other hosts wait for the gather and cross with the blocks it forwards
+    topology = build(spec)
+    grid = host_grid(topology)
+    plan = compile_and_verify(twodh(topology, Collective("alltoall", topology.nranks)), topology, protocol="simple")
+    programs = compile_programs(plan, closed=True)  # the programs of the calls that split into lanes
+    for program in programs:
+        exchanges = [s for s in program.steps if isinstance(s, Exchange)]
+        assert [{t.channel_type for t in s.transfers} for s in exchanges] == [{"memory"}, {"port"}]
+        assert sum(t.send for t in exchanges[1].transfers) == (len(grid) - 1) * len(grid[0])
+    elems = chunk_elems(plan, 2 * smallest_size(plan), "fp32")
+    inputs = random_inputs(plan, elems, np.random.default_rng(11))
+    outputs = run_programs(plan, programs, inputs, elems, "fp32")
+    _compare(plan, expected_outputs(plan.collective_spec(), inputs, elems, "fp32"), outputs, elems, "fp32")
 
 
 @pytest.mark.parametrize("spec", [TWO_BY_TWO, TWO_HGX])

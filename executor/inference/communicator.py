@@ -60,11 +60,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from executor.errors import ExecutorError
 from executor.gpu import bootstrap
 from executor.gpu.engine import BIND_VERDICT, InterpreterEngine, NormCall
+from executor.gpu.experts import ExpertExchange
 from executor.hosts import host_identity
 from executor.inference import ops
 from executor.inference.engine import Engine
+from executor.inference.experts import Experts, FusedExperts, PlainExperts, layout_of
 from executor.inference.norm import UNFUSED, check_norm_call
 from executor.inference.plans import PlanChoice, disagreement, split_refusal
 from executor.inference.staging import Staging
@@ -147,6 +150,8 @@ class Communicator:
                 staged = self.staging.allocate()
                 why = staged and f"rank {rank}: {staged}"
             why = _first(agree("p2p", why))
+        # why the engine's own kernels cannot run (the expert exchange needs the interpreter engine, not plans)
+        self._engine_refusal = why or ("" if isinstance(engine, InterpreterEngine) else "no engine on one host")
         if not why:
             why = self._read_plans(registry, topology, ll128)
             why = disagreement(agree("plans", why or self._plans_seen()))
@@ -270,6 +275,44 @@ class Communicator:
         if why:
             raise ValueError(f"weft: all_to_all_single: {why}")
         torch.ops.weft.all_to_all_single(output, input, self.handle)
+
+    def expert_exchange(
+        self,
+        tokens: int,
+        experts: int,
+        capacity: int,
+        hidden: int,
+        dtype: torch.dtype = torch.bfloat16,
+        top_k: int = 2,
+        timeout_s: float | None = None,
+    ) -> Experts:
+        """An MoE layer's expert-parallel dispatch and combine for ``tokens`` tokens a rank of ``hidden`` elements,
+        ``experts`` experts (rank-major over the ranks), ``capacity`` places per expert and rank, and ``top_k`` claims
+        a token (executor.inference.experts says the calls). Collective, outside graph capture. One kernel each way
+        on one host where the engine runs (``path`` "fused"); elsewhere the same calls around ``all_to_all_single``
+        (``path`` "all_to_all", said once in the log), with the same output. ``timeout_s``: how long a fused call
+        waits for a peer's rows before giving up (``check()`` then raises); default the engine's."""
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("weft: make the expert exchange before capturing a graph, not inside the capture")
+        layout = layout_of(self.world_size, tokens, experts, capacity, hidden, dtype, top_k)
+        why = layout.refusal()
+        if why:
+            raise ValueError(f"weft: expert_exchange: {why}")
+        why = self._engine_refusal
+        if not why:
+            assert isinstance(self.engine, InterpreterEngine)  # no refusal: the one-host engine runs
+            try:
+                engine = self.engine
+                wait_s = engine.timeout_s if timeout_s is None else timeout_s
+                exchange = ExpertExchange(layout, self.rank, engine.device, engine.exchange, wait_s)
+                return FusedExperts(exchange, self.streams.follow)
+            except ExecutorError as e:  # every rank raised the same (the exchange agrees first)
+                why = str(e)
+        self._fallback("expert exchange", layout.trash * layout.row_bytes, dtype, why, "around all_to_all_single")
+        gpu = getattr(self.engine, "device", None)  # None: the port engine on gloo (CPU tensors)
+        if gpu is None and self.engine is None and torch.cuda.is_available():
+            gpu = torch.cuda.current_device()
+        return PlainExperts(layout, self.all_to_all_single, torch.device("cpu" if gpu is None else f"cuda:{gpu}"))
 
     # ------------------------------------------------------------------ plans, preparation, capture
 

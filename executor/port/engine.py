@@ -21,18 +21,23 @@ most ``lanes`` lanes (``$WEFT_PORT_LANES``, or ``default_lanes``) of at least ``
 run as one, and with the default lane count so does a call of less than ``MIN_LANE_BYTES`` (the larger buffer;
 lanes asked for by ``lanes=`` or ``$WEFT_PORT_LANES`` apply at every size). A lane splits a slot of several
 chunks into one operation per chunk, so its groups are closed (``compile_programs(closed=True)``: each group meets
-one group per peer, of the same round). The lanes' NCCL kernels spin side by side waiting for their peers, so they
+one group per peer, of the same span). The lanes' NCCL kernels spin side by side waiting for their peers, so they
 need hardware queues of their own: with CUDA's default of 8 (``CUDA_DEVICE_MAX_CONNECTIONS``), one lane's kernel
-can wait behind another's, a false dependency. Lanes are therefore on by default (``LANES``) only on the NCCL backend
-with ``CUDA_DEVICE_MAX_CONNECTIONS`` set to at least ``4 x LANES`` (bench/port_x4.sh sets 32); elsewhere one lane,
-unless ``$WEFT_PORT_LANES`` or ``lanes=`` asks. Measured on 4 GPUs as 2 hosts x 2, closed groups, every plan at 1
+can wait behind another's, a false dependency. Lanes are therefore on by default only on the NCCL backend with
+``CUDA_DEVICE_MAX_CONNECTIONS`` set to at least 4 a lane (bench/port_x4.sh sets 32: ``LANES`` for every collective,
+``ALLTOALL_LANES`` for all-to-all, ``call_limit``); elsewhere one lane, unless ``$WEFT_PORT_LANES`` or ``lanes=``
+asks. Measured on 4 GPUs as 2 hosts x 2, closed groups, every plan at 1
 and 4 lanes from 1 to 256 MB, on sockets and with NVLink inside hosts (0 wrong). On 4xH200 (bench/results/
 gpu_{allgather,allreduce}_bf16_graph_4xh200_2hosts{,_nvlink}.json, 7 samples a plan; port_lanes_1mb_4xh200/, 9)
 the best plan at 4 lanes beat the best at one at every size over sockets (1.36-3.18x; 1.32-1.88x at 1-2 MB in
 port_lanes_1mb_4xh200) and for all-reduce with NVLink inside (1.12-2.27x); all-gather with NVLink inside was the
 exception at 1-2 MB (4 lanes 0.83-0.90x in one call, 1.00-1.03x in the other; 1.00-2.42x from 4 MB), and still
 beat NCCL there (1.38-1.39x). Hence the 1 MB floor; below it lanes are not measured. On 4xH100 (3 samples) 4 lanes
-won from 4 MB up (1.05-3.75x) and lost at 1 MB in 3 of 4 cases (0.81-0.97x).
+won from 4 MB up (1.05-3.75x) and lost at 1 MB in 3 of 4 cases (0.81-0.97x). Eight lanes against four, on 4xH100
+(bench/results/twodh_4xh100_s11/ab_lanes{4,8}_nvlink.json, a job each): all-to-all's 2DH plan faster at every size
+from 1 to 64 MB with NVLink inside hosts (1.06-1.82x), the flat direct plan at every size but 2 MB (0.99-1.95x);
+all-gather and all-reduce mixed (bench/results/port_lanes8_4xh100/, one job a fabric: the best plan 0.67-1.46x), so
+they keep four.
 
 Every wait is bounded: ``synchronize`` polls the stream's progress for ``timeout_s`` and a gloo wait carries the
 same bound, so a peer whose process or host died is reported as ``PeerLost`` (naming the rank and its host)
@@ -66,12 +71,14 @@ from executor.port.program import (
     lane_bounds,
     split_peer,
 )
+from schedules.collectives import facts_of
 from schedules.plan.io import load_plan, parse_plan
 from schedules.plan.types import Plan
 
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 POLL_S = 0.0005
-LANES = 4  # where default_lanes allows them, unless $WEFT_PORT_LANES says otherwise
+LANES = 4  # a call's lanes by default (where default_lanes allows them), unless $WEFT_PORT_LANES says otherwise
+ALLTOALL_LANES = 8  # an all-to-all's: measured faster than 4 from 1 to 64 MB (bench/NOTES.md, eleventh session)
 MIN_LANE_BYTES = 1 << 20  # a call whose larger buffer is smaller runs as one lane (lanes measured from 1 MB up)
 PIECE_BYTES = 64 << 10  # the least of a chunk that a lane carries
 ALIGN_BYTES = 16  # lanes split chunks on 16-byte boundaries
@@ -80,18 +87,32 @@ Bounds = tuple[int, int] | None  # a lane's columns of every chunk; None: the wh
 
 
 def default_lanes(backend: str, env: Mapping[str, str]) -> int:
-    """Lanes when neither ``lanes=`` nor ``$WEFT_PORT_LANES`` says: ``LANES`` on the NCCL backend where
-    ``CUDA_DEVICE_MAX_CONNECTIONS`` gives each lane's streams hardware queues of their own (at least 4 x ``LANES``),
-    else one (with CUDA's default of 8 queues, a lane's kernel can wait behind another lane's that spins for a peer).
+    """The lanes the engine makes when neither ``lanes=`` nor ``$WEFT_PORT_LANES`` says: on the NCCL backend, the
+    most a call takes by default (``ALLTOALL_LANES``) where ``CUDA_DEVICE_MAX_CONNECTIONS`` gives each lane's streams
+    hardware queues of their own (at least 4 a lane), else ``LANES`` where it gives them those, else one (with
+    CUDA's default of 8 queues, a lane's kernel can wait behind another lane's that spins for a peer).
 
-    >>> default_lanes("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}), default_lanes("nccl", {})
-    (4, 1)
+    >>> [default_lanes("nccl", {"CUDA_DEVICE_MAX_CONNECTIONS": q}) for q in ("32", "16", "8")]
+    [8, 4, 1]
     """
     try:
         queues = int(env.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"))
     except ValueError:
         return 1
-    return LANES if backend == "nccl" and queues >= 4 * LANES else 1
+    fits = [n for n in (ALLTOALL_LANES, LANES) if backend == "nccl" and queues >= 4 * n]
+    return fits[0] if fits else 1
+
+
+def call_limit(personalized: bool, lanes: int, asked: bool) -> int:
+    """The most lanes one call takes on an engine of ``lanes`` lanes: all of them where the user asked for them
+    (``lanes=`` or ``$WEFT_PORT_LANES``) and for a personalized exchange (all-to-all: ``Facts.personalized``), else
+    at most ``LANES`` (more measured slower for all-reduce and all-gather at some sizes: bench/NOTES.md, eleventh
+    session).
+
+    >>> call_limit(True, 8, False), call_limit(False, 8, False), call_limit(False, 8, True)
+    (8, 4, 8)
+    """
+    return lanes if asked or personalized else min(lanes, LANES)
 
 
 def lane_floor(lanes: int | None, env: Mapping[str, str]) -> int:
@@ -152,6 +173,7 @@ class PortEngine:
         self._last: _Context | None = None
         self.lanes_refused: dict[str, str] = {}  # plan hash -> why its calls ran as one lane
         self.lanes, self.piece_bytes = self._lane_count(lanes, self.backend), piece_bytes
+        self._asked = lanes is not None or "WEFT_PORT_LANES" in os.environ  # the user's lanes: every call takes them
         self.min_lane_bytes = lane_floor(lanes, os.environ)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
         # every rank creates the lanes' groups here, in the same order (a collective call)
@@ -347,9 +369,8 @@ class PortEngine:
         gpu = plan.gpus[self.rank]
         elems = input.numel() // self._input_chunks(plan)
         size = input.element_size()
-        count = call_lanes(
-            elems * size * plan.size_chunks, elems * size, self.lanes, self.piece_bytes, self.min_lane_bytes
-        )
+        limit = call_limit(facts_of(plan.collective).personalized, self.lanes, self._asked)
+        count = call_lanes(elems * size * plan.size_chunks, elems * size, limit, self.piece_bytes, self.min_lane_bytes)
         lanes = lane_bounds(elems, count, max(ALIGN_BYTES // size, 1))
         programs = self._programs_for(plan, closed=len(lanes) > 1)
         if plan.content_hash in self.lanes_refused:

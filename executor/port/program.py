@@ -133,7 +133,7 @@ LOWERED = frozenset(
     }
 )
 INPLACE = "io"  # an in-place plan's one buffer
-ROUND_END = None  # in a rank's actions: the global order's round ended (compile_programs(closed=True))
+ROUND_END = None  # in a rank's actions: a span of the global order's rounds ended (compile_programs(closed=True))
 
 
 @dataclass(frozen=True)
@@ -152,27 +152,56 @@ class Program:
 def compile_programs(plan: Plan, closed: bool = False) -> tuple[Program, ...]:
     """Every rank's Program for ``plan`` (proven beforehand).
 
-    ``closed``: a group holds the hops of one round of the global order only, so the other side of each of its hops
-    sits in a group of the same round on the peer. Otherwise a group may hold a receive whose send comes in the
-    peer's next group; that completes only if NCCL runs every operation of the group at once, which it does for a
-    few operations and not for many (lanes split a slot of several chunks into one operation per chunk)."""
-    actions: dict[int, list] = defaultdict(list)
+    ``closed``: a group holds the hops of one span of consecutive rounds of the global order only, so the other side
+    of each of its hops sits in a group of the same span on the peer. Otherwise a group may hold a receive whose send
+    comes in the peer's next group; that completes only if NCCL runs every operation of the group at once, which it
+    does for a few operations and not for many (lanes split a slot of several chunks into one operation per chunk).
+    A span is as many rounds as leave every rank one group (``_spans``): each group costs a launch and, between
+    hosts, a network round trip, and the rounds cut hops that could go together apart (a thread block's puts to one
+    peer, a pair's two directions)."""
+    rounds: list[list[list]] = []
     staging = 0
     for ops in global_rounds(plan):
-        mark = {r: len(actions[r]) for r in range(plan.nranks)}
+        actions: dict[int, list] = defaultdict(list)
         for rank, tb, index in ops:
             staging = max(staging, _lower(plan, rank, tb, index, actions))
-        if closed:
-            for r in range(plan.nranks):
-                actions[r][mark[r] :] = _sums_last(actions[r][mark[r] :]) + [ROUND_END]
-    return tuple(Program(r, _group(actions[r]), staging) for r in range(plan.nranks))
+        rounds.append([actions[r] for r in range(plan.nranks)])
+    if closed:
+        spans = _spans(rounds)
+        every = [[a for span in spans for a in _sums_last(span[r]) + [ROUND_END]] for r in range(plan.nranks)]
+    else:
+        every = [[a for one in rounds for a in one[r]] for r in range(plan.nranks)]
+    return tuple(Program(r, _group(every[r]), staging) for r in range(plan.nranks))
+
+
+def _spans(rounds: list[list[list]]) -> list[list[list]]:
+    """The rounds (each: every rank's actions) merged into spans of consecutive rounds, each as long as every rank's
+    actions in it still form one group of transfers once its sums are placed (``_sums_last``): a send of what the
+    span receives, or a sum between a receive and a send, ends the span before the round that needs it. A round
+    that needs two groups on its own stays a span of its own. All ranks cut at the same rounds, so each hop's two
+    sides stay in one span."""
+    spans: list[list[list]] = []
+    extendable = False  # the last span is one group on every rank
+    for one in rounds:  # a rank with nothing in a round keeps its span's one group
+        if extendable and all(_groups(span + new) <= 1 for span, new in zip(spans[-1], one, strict=True) if new):
+            for span, new in zip(spans[-1], one, strict=True):
+                span.extend(new)
+        else:
+            spans.append([list(new) for new in one])
+            extendable = all(_groups(new) <= 1 for new in one if new)
+    return spans
+
+
+def _groups(actions: list) -> int:
+    """How many groups of transfers a span's actions of one rank form."""
+    return sum(isinstance(s, Exchange) for s in _group(_sums_last(actions)))
 
 
 def _sums_last(actions: list) -> list:
-    """One round of a rank's actions with the sums that touch none of the round's transfers, nor a later sum that
+    """One span of a rank's actions with the sums that touch none of the span's transfers, nor a later sum that
     keeps its place, moved after them, and each sum that must stay (a later send reads what it writes) moved ahead
-    of the earlier transfers it touches nothing of: the round's transfers then form one group, not one before the
-    sum and one after (a peer's matching transfers sit in one group of its own round: a reduce-send's receive from
+    of the earlier transfers it touches nothing of: the span's transfers then form one group, not one before the
+    sum and one after (a peer's matching transfers sit in one group of its own span: a reduce-send's receive from
     a peer and send to it, ordered [receive, sum, send] on one rank and [sum, send, receive] on the other)."""
 
     def writes(a) -> tuple:

@@ -90,10 +90,15 @@ def twodh(topology: Topology, collective: Collective) -> Schedule:
 
 
 def _steps(collective: Collective, grid: list[list[int]]) -> tuple[list[Send], list[Send]]:
-    """(the intra-host step, the inter-host step) as send lists."""
+    """(the intra-host step, the inter-host step) as send lists. In the inter-host step each relay sends what it
+    forwards before its own blocks, an order codegen keeps on each channel: the port engine's closed groups
+    (``executor.port.program``) then cut where the first send across hosts needs the intra-host step, and a GPU's
+    own blocks cross with the ones it forwards, one network round trip. Own blocks first, they joined the
+    intra-host group on the ranks whose first send was its own, and crossing took two."""
     where = {rank: (h, j) for h, ranks in enumerate(grid) for j, rank in enumerate(ranks)}
     gather: list[Send] = []
-    cross: list[Send] = []
+    forwarded: list[Send] = []
+    own: list[Send] = []
     for src, (h, _) in where.items():
         for dst, (h2, j) in where.items():
             if src == dst:
@@ -103,5 +108,5 @@ def _steps(collective: Collective, grid: list[list[int]]) -> tuple[list[Send], l
             if relay != src:
                 gather += [Send(c, src, relay) for c in chunks]
             if h2 != h:
-                cross += [Send(c, relay, dst) for c in chunks]
-    return gather, cross
+                (own if relay == src else forwarded).extend(Send(c, relay, dst) for c in chunks)
+    return gather, forwarded + own

@@ -233,6 +233,15 @@ for bad in bad_calls:  # each a one-line ValueError
         assert "\n" not in str(e)
     else:
         raise SystemExit("no error")
+# an MoE layer's expert exchange runs around all_to_all_single here (the fused kernels are one host's): claims of
+# 3 tokens on 4 experts of 2 places, token 1's second dropped (row 8, the trash row)
+ex = pc.expert_exchange(tokens=3, experts=4, capacity=2, hidden=64, dtype=torch.float32)
+assert ex.path == "all_to_all"
+x3, rows, gates = torch.randn(3, 64), torch.tensor([[0, 2], [4, 8], [1, 5]]), torch.rand(3, 2)
+received = ex.dispatch(x3, rows)
+assert received.shape == (4, 2, 64) and torch.equal(received[2, 0], x3[1]) and torch.equal(received[0, 1], x3[2])
+kept = gates * (rows < 8)
+assert torch.allclose(ex.combine(received * 2, rows, gates), 2 * x3 * kept.sum(1, keepdim=True))
 compiled = torch.compile(lambda a, b, c: pc.all_reduce(a, residual=b, rms_weight=c, eps=1e-5))
 assert torch.allclose(compiled(x, h, w)[0], normed)
 from executor.inference.backend import WeftBackend
