@@ -156,6 +156,11 @@ class Claims:
     gates: int = 0
     gates_strides: tuple[int, int] = (0, 0)
 
+    def arguments(self, gates: bool = False) -> tuple:
+        """The kernels' (rows, its two strides), then with ``gates`` (gates, its two strides)."""
+        pairs = ((self.rows, self.rows_strides), *(((self.gates, self.gates_strides),) if gates else ()))
+        return tuple(v for address, (t, c) in pairs for v in (np.uint64(address), np.int64(t), np.int64(c)))
+
 
 class ExpertExchange:
     """The fused dispatch and combine of one ``ExpertLayout`` on this rank (collective to create: every rank of the
@@ -265,9 +270,7 @@ class ExpertExchange:
         lay = self.layout
         args = (
             np.uint64(x),
-            np.uint64(claims.rows),
-            np.int64(claims.rows_strides[0]),
-            np.int64(claims.rows_strides[1]),
+            *claims.arguments(),
             np.int32(lay.tokens),
             np.int32(lay.top_k),
             self._peer_received,
@@ -282,12 +285,7 @@ class ExpertExchange:
         lay = self.layout
         args = (
             np.uint64(done),
-            np.uint64(claims.rows),
-            np.int64(claims.rows_strides[0]),
-            np.int64(claims.rows_strides[1]),
-            np.uint64(claims.gates),
-            np.int64(claims.gates_strides[0]),
-            np.int64(claims.gates_strides[1]),
+            *claims.arguments(gates=True),
             np.uint64(out),
             self._returned,
             np.int32(lay.tokens),

@@ -69,6 +69,8 @@ def check_call(
         )
     if cuda and not (x.is_contiguous() and x.is_cuda):
         raise ValueError(f"weft: expert_exchange.{what}: {name} must be a contiguous CUDA tensor")
+    if cuda and any(t is not None and t.device != x.device for t in (rows, gates)):
+        raise ValueError(f"weft: expert_exchange.{what}: rows and gates must be on {name}'s device, {x.device}")
     if tuple(rows.shape) != (lay.tokens, lay.top_k) or rows.dtype != torch.int64:
         raise ValueError(
             f"weft: expert_exchange.{what}: rows is {tuple(rows.shape)} {rows.dtype}; this exchange takes "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from torch_job import each, run_job, run_scenarios, start_rank
+from torch_job import communicator_job, each, run_job
 
 HIDDEN = 4096
 EAGER_BYTES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)  # each rank's whole input; 32 MB is past the staging buffers
@@ -190,16 +190,9 @@ def scenario_bad_split(comm, device) -> dict:
 
 
 def main() -> None:
-    import torch.distributed as dist
-
-    from executor import Communicator
-
-    rank, world, device, log, out_dir = start_rank(seed=36)
-    comm = Communicator.from_process_group()
-    run_scenarios(
-        rank,
-        out_dir,
-        {
+    communicator_job(
+        36,
+        lambda comm, device, rank: {
             "eager": lambda: scenario_eager(comm, device),
             "graph": lambda: scenario_graph(comm, device),
             "unprepared": lambda: scenario_unprepared(comm, device),
@@ -207,8 +200,6 @@ def main() -> None:
             "bad_split": lambda: scenario_bad_split(comm, device),
         },
     )
-    comm.close()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from torch_job import each, run_job, run_scenarios, start_rank
+from torch_job import communicator_job, each, run_job
 
 HIDDEN = 4096
 EXPERTS = 8
@@ -188,24 +188,15 @@ def scenario_absent(comm, device, rank: int) -> dict:
 
 
 def main() -> None:
-    import torch.distributed as dist
-
-    from executor import Communicator
-
-    rank, world, device, log, out_dir = start_rank(seed=33)
-    comm = Communicator.from_process_group()
-    run_scenarios(
-        rank,
-        out_dir,
-        {
+    communicator_job(
+        33,
+        lambda comm, device, rank: {
             "path": lambda: scenario_path(comm, device, rank),
             "eager": lambda: scenario_eager(comm, device, rank),
             "graph": lambda: scenario_graph(comm, device, rank),
             "absent": lambda: scenario_absent(comm, device, rank),
         },
     )
-    comm.close()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,17 @@ def run_scenarios(rank: int, out_dir: Path, scenarios: dict[str, Callable[[], di
             results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
         print(f"rank {rank}: {name}: {json.dumps(results[name])[:600]}", flush=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+
+
+def communicator_job(seed: int, scenarios: Callable[[Any, Any, int], dict[str, Callable[[], dict]]]) -> None:
+    """This process as one rank of a job over ``Communicator.from_process_group()``: run every scenario of
+    ``scenarios(comm, device, rank)`` (``run_scenarios``), then close the communicator and the process group."""
+    import torch.distributed as dist
+
+    from executor import Communicator
+
+    rank, _, device, _, out_dir = start_rank(seed)
+    comm = Communicator.from_process_group()
+    run_scenarios(rank, out_dir, scenarios(comm, device, rank))
+    comm.close()
+    dist.destroy_process_group()

@@ -79,31 +79,28 @@ __device__ __forceinline__ void await_flags(const u64* flags, int phase, int ran
 }
 
 // The element types by their bits: bf16 and fp16 as 16-bit words, 8 to a vector; fp32, 4.
-struct Bf16 {
-  typedef u16 Word;
-  static constexpr int kPerVector = 8;
-  static __device__ __forceinline__ float get(Word w) { return __uint_as_float(static_cast<unsigned>(w) << 16); }
-  static __device__ __forceinline__ Word put(float f) {
-    Word w;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(w) : "f"(f));
-    return w;
-  }
-};
-
-struct Fp16 {
+template <bool kBrain>
+struct Half {
   typedef u16 Word;
   static constexpr int kPerVector = 8;
   static __device__ __forceinline__ float get(Word w) {
+    if constexpr (kBrain) return __uint_as_float(static_cast<unsigned>(w) << 16);  // bf16 widens by a shift
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(w));
     return f;
   }
   static __device__ __forceinline__ Word put(float f) {
     Word w;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(w) : "f"(f));
+    if constexpr (kBrain) {
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(w) : "f"(f));
+    } else {
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(w) : "f"(f));
+    }
     return w;
   }
 };
+typedef Half<true> Bf16;
+typedef Half<false> Fp16;
 
 struct Fp32 {
   typedef float Word;
