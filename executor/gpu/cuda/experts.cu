@@ -59,8 +59,8 @@ __device__ __forceinline__ void count_out(u64* counter, const u64* peer_flags, i
 
 // Threads 0 .. ranks-1 each wait until their source rank's flag of ``phase`` reaches ``epoch``; then the block's
 // barrier. A wait past timeout_ns records (1, phase + 1, rank, source) in ``error`` and stops waiting.
-__device__ __forceinline__ void await_flags(const u64* flags, int phase, int rank, int ranks, u64 epoch,
-                                            u64 timeout_ns, int* error) {
+__device__ __forceinline__ void await_flags(const u64* flags, int phase, int rank, int ranks, u64 epoch, u64 timeout_ns,
+                                            int* error) {
   if (threadIdx.x < ranks) {
     const u64* flag = flags + phase * ranks + threadIdx.x;
     const u64 start = now_ns();
@@ -118,7 +118,7 @@ __device__ __forceinline__ void combine(const uint4* __restrict__ done, const lo
                                         int rank, int ranks, int local, int capacity, int vecs) {
   typedef typename E::Word T;
   const u64 epoch = state[kCombineEpoch] + 1;  // every block reads it before the last one moves it on
-  const int held = local * ranks * capacity;    // this rank's expert rows: (local expert, source rank, place)
+  const int held = local * ranks * capacity;   // this rank's expert rows: (local expert, source rank, place)
   for (int i = blockIdx.x; i < held; i += gridDim.x) {
     const int le = i / (ranks * capacity), s = (i / capacity) % ranks, p = i % capacity;
     const long long at = (static_cast<long long>(rank * local + le) * capacity + p) * vecs;
@@ -156,9 +156,9 @@ __device__ __forceinline__ void combine(const uint4* __restrict__ done, const lo
 
 extern "C" __global__ void __launch_bounds__(1024)
     weft_experts_dispatch(const uint4* __restrict__ x, const long long* __restrict__ rows, long long rows_token,
-                          long long rows_choice, int tokens, int top_k, const u64* peer_received,
-                          const u64* peer_flags, u64* flags, u64* state, int* error, u64 timeout_ns, int rank,
-                          int ranks, int local, int capacity, int vecs) {
+                          long long rows_choice, int tokens, int top_k, const u64* peer_received, const u64* peer_flags,
+                          u64* flags, u64* state, int* error, u64 timeout_ns, int rank, int ranks, int local,
+                          int capacity, int vecs) {
   const u64 epoch = state[kDispatchEpoch] + 1;
   const long long trash = static_cast<long long>(ranks) * local * capacity;
   for (int c = blockIdx.x; c < tokens * top_k; c += gridDim.x) {
@@ -167,8 +167,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (r < 0 || r >= trash) continue;  // dropped: the trash row stays on this rank
     const int e = static_cast<int>(r / capacity), p = static_cast<int>(r % capacity);
     const int d = e / local, le = e % local;
-    const long long at = (static_cast<long long>(le) * ranks * capacity + static_cast<long long>(rank) * capacity + p) *
-                         vecs;
+    const long long at =
+        (static_cast<long long>(le) * ranks * capacity + static_cast<long long>(rank) * capacity + p) * vecs;
     copy_row(reinterpret_cast<uint4*>(peer_received[d]) + at, x + static_cast<long long>(t) * vecs, vecs);
   }
   __shared__ int last;
@@ -189,15 +189,14 @@ extern "C" __global__ void __launch_bounds__(1024)
   if (threadIdx.x == 0) state[kDispatchEpoch] = epoch;
 }
 
-#define WEFT_EXPERTS_COMBINE(NAME, T)                                                                              \
-  extern "C" __global__ void __launch_bounds__(1024)                                                               \
-      NAME(const uint4* __restrict__ done, const long long* __restrict__ rows, long long rows_token,              \
-           long long rows_choice, const float* __restrict__ gates, long long gates_token, long long gates_choice,  \
-           uint4* __restrict__ out, const uint4* returned, int tokens, int top_k, const u64* peer_returned,        \
-           const u64* peer_flags, u64* flags, u64* state, int* error, u64 timeout_ns, int rank, int ranks,         \
-           int local, int capacity, int vecs) {                                                                    \
-    combine<T>(done, rows, rows_token, rows_choice, gates, gates_token, gates_choice, out, returned, tokens, top_k, \
-               peer_returned, peer_flags, flags, state, error, timeout_ns, rank, ranks, local, capacity, vecs);     \
+#define WEFT_EXPERTS_COMBINE(NAME, T)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(1024) NAME(                                                             \
+      const uint4* __restrict__ done, const long long* __restrict__ rows, long long rows_token, long long rows_choice, \
+      const float* __restrict__ gates, long long gates_token, long long gates_choice, uint4* __restrict__ out,         \
+      const uint4* returned, int tokens, int top_k, const u64* peer_returned, const u64* peer_flags, u64* flags,       \
+      u64* state, int* error, u64 timeout_ns, int rank, int ranks, int local, int capacity, int vecs) {                \
+    combine<T>(done, rows, rows_token, rows_choice, gates, gates_token, gates_choice, out, returned, tokens, top_k,    \
+               peer_returned, peer_flags, flags, state, error, timeout_ns, rank, ranks, local, capacity, vecs);        \
   }
 
 WEFT_EXPERTS_COMBINE(weft_experts_combine_bf16, Bf16)
