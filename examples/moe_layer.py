@@ -258,8 +258,9 @@ def backend_graphs(
     """One backend's graphs (``layer``: ``layers`` layers in a row; ``alltoall``: its exchanges alone, on the first
     layer's ``claims``) and where the layer graph leaves its output (``["y"]``)."""
     out: dict[str, Any] = {}
-    sent = torch.randn(shape.rows, HIDDEN, device=x.device).to(torch.bfloat16)
-    received = torch.empty_like(sent)
+    if impl.all_to_all is not None:  # the two all-to-alls alone run on buffers of the layer's size
+        sent = torch.randn(shape.rows, HIDDEN, device=x.device).to(torch.bfloat16)
+        received = torch.empty_like(sent)
 
     def forward():
         y = x

@@ -106,20 +106,20 @@ def test_a_layout_the_kernels_cannot_run_is_refused_in_one_line(layout, words):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_the_all_to_all_path_rounds_as_the_fused_combine_does_bit_for_bit(dtype):
     torch = pytest.importorskip("torch")
-    from executor.inference.experts import DTYPES, PlainExperts
+    from executor.inference.experts import PlainExperts, torch_dtype
 
-    torch_dtype = next(t for t, name in DTYPES.items() if name == dtype)
     layout = ExpertLayout(1, 8, 5, 23, 64, dtype)  # one rank: the all-to-all is a copy; capacity 5 drops claims
+    element = torch_dtype(layout)
     xs, rows, gates = _routed(ExpertLayout(1, 8, 5, 23, HIDDEN, "fp32"), 3)
-    x = torch.randn(layout.tokens, layout.hidden, generator=torch.Generator().manual_seed(1)).to(torch_dtype)
+    x = torch.randn(layout.tokens, layout.hidden, generator=torch.Generator().manual_seed(1)).to(element)
     rows_t = torch.from_numpy(rows[0]).T.contiguous().T  # a transposed view, as assign_onehot returns
     gates_t = torch.from_numpy(gates[0])
     plain = PlainExperts(layout, lambda out, inp: out.copy_(inp), torch.device("cpu"))
     received = plain.dispatch(x, rows_t)
-    done = (received.float() * 1.5 - 0.25).to(torch_dtype)
+    done = (received.float() * 1.5 - 0.25).to(element)
     got = plain.combine(done, rows_t, gates_t)
     ref = reference_combine(layout, [done.float().numpy()], [rows[0]], [gates[0]])[0]
-    assert torch.equal(got, torch.from_numpy(ref).to(torch_dtype))
+    assert torch.equal(got, torch.from_numpy(ref).to(element))
     expected = reference_dispatch(layout, [x.float().numpy()], [rows[0]])[0]
     assert torch.equal(received.float(), torch.from_numpy(expected))
 

@@ -43,15 +43,15 @@ from executor.errors import ExecutorError, ExecutorTimeout
 from executor.gpu import ipc
 from executor.gpu import launch as gpu_launch
 from executor.gpu.build import resident_blocks, source_dir
+from executor.gpu.engine import HOST_ALLOC_PORTABLE_MAPPED
+from executor.gpu.tables import DTYPE_BYTES
 
 SOURCE = "experts.cu"
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 VECTOR = 16  # bytes each thread moves at once; a row must be a whole number of them
 THREADS = 512
 STATE_WORDS = 8  # experts.cu's state words, padded
 ERROR_WORDS = 4  # (set, phase + 1, rank, source rank)
 PHASES = ("dispatch", "combine")
-HOST_ALLOC_PORTABLE_MAPPED = 1 | 2
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,8 @@ class Claims:
 
 class ExpertExchange:
     """The fused dispatch and combine of one ``ExpertLayout`` on this rank (collective to create: every rank of the
-    layer makes one, in the same order). It owns the receive buffer that dispatch fills (``received``, a device
-    address) and the return buffer combine reads; the caller passes device addresses and a stream handle."""
+    layer makes one, in the same order). It owns the receive buffer that dispatch fills (``received``) and the return
+    buffer combine reads; the caller passes device addresses and a stream handle."""
 
     def __init__(
         self,
@@ -193,9 +193,9 @@ class ExpertExchange:
         if why:
             self.close()
             raise ExecutorError(f"executor: expert exchange: {why}")
-        with cupy.cuda.Device(device):
+        with cupy.cuda.Device(device):  # each buffer's address on every rank, in rank order
             mine = {"received": self._received, "returned": self._returned, "flags": self._flags}
-            tables = {
+            self._tables = {
                 k: cupy.asarray(
                     np.asarray(
                         [v.data.ptr if r == rank else self._peers.open(s["shares"][k]) for r, s in enumerate(shared)],
@@ -204,11 +204,6 @@ class ExpertExchange:
                 )
                 for k, v in mine.items()
             }
-            self._peer_received, self._peer_returned, self._peer_flags = (
-                tables["received"],
-                tables["returned"],
-                tables["flags"],
-            )
             cupy.cuda.runtime.deviceSynchronize()
         self._launcher = gpu_launch.Launcher(programmatic=False)
         exchange("experts-ready", None)  # no peer writes here before every rank mapped every buffer
@@ -273,8 +268,8 @@ class ExpertExchange:
             *claims.arguments(),
             np.int32(lay.tokens),
             np.int32(lay.top_k),
-            self._peer_received,
-            self._peer_flags,
+            self._tables["received"],
+            self._tables["flags"],
             *self._common(),
         )
         self._launch(self._dispatch, self._dispatch_grid, args, stream)
@@ -290,8 +285,8 @@ class ExpertExchange:
             self._returned,
             np.int32(lay.tokens),
             np.int32(lay.top_k),
-            self._peer_returned,
-            self._peer_flags,
+            self._tables["returned"],
+            self._tables["flags"],
             *self._common(),
         )
         self._launch(self._combine, self._combine_grid, args, stream)

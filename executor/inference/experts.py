@@ -28,8 +28,8 @@ from typing import Protocol
 import torch
 
 from executor.gpu.experts import Claims, ExpertExchange, ExpertLayout
+from executor.inference.ops import DTYPES
 
-DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 AllToAll = Callable[[torch.Tensor, torch.Tensor], None]  # all_to_all_single(output, input), equal splits
 
 
@@ -51,6 +51,10 @@ def layout_of(
     if dtype not in DTYPES:
         raise ValueError(f"weft: expert_exchange: dtype {dtype} is not one of float32, float16, bfloat16")
     return ExpertLayout(ranks, experts, capacity, tokens, hidden, DTYPES[dtype], top_k)
+
+
+def torch_dtype(layout: ExpertLayout) -> torch.dtype:
+    return next(t for t, name in DTYPES.items() if name == layout.dtype)
 
 
 def check_call(
@@ -93,7 +97,7 @@ class FusedExperts:
         self._ex, self._follow = exchange, follow
         self.layout = lay = exchange.layout
         device = torch.device("cuda", exchange.device)
-        dtype = next(t for t, name in DTYPES.items() if name == lay.dtype)
+        dtype = torch_dtype(lay)
         # the receive buffer as a tensor (a view of the exchange's own allocation, which it keeps alive)
         raw = torch.as_tensor(exchange.received, device=device)
         self.received = raw.view(dtype).view(lay.local, lay.ranks * lay.capacity, lay.hidden)
@@ -133,7 +137,7 @@ class PlainExperts:
 
     def __init__(self, layout: ExpertLayout, all_to_all: AllToAll, device: torch.device):
         self.layout, self._all_to_all = layout, all_to_all
-        dtype = next(t for t, name in DTYPES.items() if name == layout.dtype)
+        dtype = torch_dtype(layout)
         rows = layout.trash
         self._send = torch.zeros(rows + 1, layout.hidden, dtype=dtype, device=device)  # + the trash row
         self._received = torch.zeros(rows, layout.hidden, dtype=dtype, device=device)

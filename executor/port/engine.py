@@ -123,7 +123,13 @@ def lane_floor(lanes: int | None, env: Mapping[str, str]) -> int:
     >>> lane_floor(None, {}), lane_floor(4, {}), lane_floor(None, {"WEFT_PORT_LANES": "2"})
     (1048576, 0, 0)
     """
-    return 0 if lanes is not None or "WEFT_PORT_LANES" in env else MIN_LANE_BYTES
+    return 0 if asked(lanes, env) else MIN_LANE_BYTES
+
+
+def asked(lanes: int | None, env: Mapping[str, str]) -> bool:
+    """Whether the user chose the lanes (``lanes=`` or ``$WEFT_PORT_LANES``): every call then takes them, at every
+    size and for every collective."""
+    return lanes is not None or "WEFT_PORT_LANES" in env
 
 
 @dataclass
@@ -173,7 +179,7 @@ class PortEngine:
         self._last: _Context | None = None
         self.lanes_refused: dict[str, str] = {}  # plan hash -> why its calls ran as one lane
         self.lanes, self.piece_bytes = self._lane_count(lanes, self.backend), piece_bytes
-        self._asked = lanes is not None or "WEFT_PORT_LANES" in os.environ  # the user's lanes: every call takes them
+        self._asked = asked(lanes, os.environ)
         self.min_lane_bytes = lane_floor(lanes, os.environ)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
         # every rank creates the lanes' groups here, in the same order (a collective call)
