@@ -73,10 +73,22 @@ def test_a_multipeer_put_runs_its_pairs_side_by_side_on_the_gpu():
     assert t.ops[2]["nchannel"] == 3  # one wait on every peer
 
 
-def test_packet_pairs_stay_one_transfer_per_pair():
-    plan = plan_for(4, "allgather", "direct", protocol="ll")
-    types = build_tables(plan, 0, plan.size_chunks * 1024).ops["type"]
-    assert PAIRS not in types and list(types[:3]) == [TRANSFER] * 3
+def test_packet_pairs_of_different_sources_stay_one_transfer_per_pair():
+    plan = plan_for(4, "reducescatter", "direct", protocol="ll")
+    assert len(set(plan.gpus[0].threadblocks[0].ops[0].src_buff)) == 3
+    ops = build_tables(plan, 0, plan.size_chunks * 1024).ops
+    assert PAIRS not in ops["type"] and list(ops["type"][:3]) == [TRANSFER] * 3
+    assert [(int(op["nsrc"]), int(op["ndst"])) for op in ops[:3]] == [(1, 1)] * 3
+
+
+@pytest.mark.parametrize("collective", ["allgather", "allreduce"])
+def test_packets_of_one_source_to_every_peer_are_one_transfer(collective):
+    plan = plan_for(4, collective, "direct", protocol="ll")
+    t = build_tables(plan, 0, plan.size_chunks * 1024)
+    put = t.ops[0]
+    assert (int(put["type"]), int(put["nsrc"]), int(put["ndst"])) == (TRANSFER, 1, 3)  # the input read once
+    peers = [t.remote_buffers[int(b) - 3] for b in put["dst"]["buffer"][:3]]
+    assert sorted(rank for rank, _ in peers) == [1, 2, 3]
 
 
 def test_signals_move_behind_puts_and_gather_with_them():

@@ -1,8 +1,10 @@
 """Plan -> device tables: the flattened op array the interpreter kernel walks, for one rank and one size.
 
 Pure Python and numpy (no GPU). Every plan op becomes one or more device ops: pairwise ops (put, get, copy and
-the pairwise packet ops) become one transfer per pair, or, for plain data where every pair is as long (a
-multi-peer op, ``codegen.peers``), one ``PAIRS`` transfer that moves them side by side; ``pws`` becomes its puts
+the pairwise packet ops) become one transfer per pair, or, for packets of one source to every destination (a
+one-shot's put to each peer), one transfer that reads the source once and writes each destination, or, for plain
+data where every pair is as long (a multi-peer op, ``codegen.peers``), one ``PAIRS`` transfer that moves them side
+by side; ``pws`` becomes its puts
 and a signal, and the reductions become one transfer that sums every source into every destination. A reference
 names a buffer slot (0 input, 1 output, 2 scratch, 3+k the GPU's ``remote_buffers[k]``, then the residual) and a
 byte offset, so the kernel does no chunk arithmetic. The kernel reads these layouts from contract.cuh (emitted).
@@ -758,7 +760,11 @@ def _lower(op: Op, tb: Threadblock, layout: _Layout, where: str, window: tuple[i
     if spec.broadcast and len(srcs) == 1:
         srcs = srcs * len(dsts)
     plain = not any(packet for _, packet in srcs + dsts)  # packets: one transfer per pair
-    if spec.pairwise and len(srcs) > 1 and plain and len({s.size for s, _ in srcs}) == 1:
+    if spec.pairwise and len(srcs) > 1 and not plain and len(set(srcs)) == 1:
+        # packets of one source to every destination (a one-shot's put to each peer): one transfer that reads it
+        # once and stores it to each, so that the block neither reloads it nor waits at a barrier between peers
+        recs = [_transfer(layout, tb, op, srcs[:1], dsts, where, window)]
+    elif spec.pairwise and len(srcs) > 1 and plain and len({s.size for s, _ in srcs}) == 1:
         recs = [_transfer(layout, tb, op, srcs, dsts, where, window)]
         recs[0]["type"] = PAIRS
     elif spec.pairwise:
