@@ -1,7 +1,7 @@
 """Where a collective's kernel time goes: the timed interpreter build on the bench's plans (2 GPUs, torchrun).
 
     torchrun --nproc-per-node 2 bench/kernel_trace.py --registry bench/registry_h200x2 [--lines] -o OUT.json
-    WEFT_GPU_LAMPORT=1 torchrun --nproc-per-node 2 bench/kernel_trace.py --lamport -o OUT.json
+    torchrun --nproc-per-node 2 bench/kernel_trace.py --lamport -o OUT.json
 
 Each (plan, size) runs as CUDA-graph replays of --calls back-to-back calls (PDL overlapping them, as in
 ``weft bench``), then every thread block's mean phase times per launch are read back (executor/gpu/trace.py).

@@ -12,7 +12,7 @@
 #   bash bench/peers_run.sh 4 all
 #   bash bench/peers_run.sh 4 bench   # the all-reduce bench alone
 #   bash bench/peers_run.sh 4 lamport # issue 33: Lamport variants tuned into a copy of the registry, then the
-#                                     # all-reduce bench 1 KB-16 MB with WEFT_GPU_LAMPORT=1, recorded into that copy
+#                                     # all-reduce bench 1 KB-16 MB, recorded into that copy
 #                                     # ($OUT/registry_lamport_x<N>), against the peers (~3 min); NORM_LAMPORT=1
 #                                     # also times the fused call alone on that registry (Lamport one-shot in it)
 #   bash bench/peers_run.sh 2 compiled # issue 33: the bench 1 KB-4 MB (SIZES) with --compiled: each plan interpreted and
@@ -31,7 +31,7 @@
 #                                     # PDL_VARIANTS: other tp_decode flag sets, ';'-separated
 #   bash bench/peers_run.sh 4 midsize # issue 33: the traffic model's mid-size candidates (bench/NOTES.md, "Mid sizes
 #                                     # on 4 GPUs"; results/traffic_predictions_midsize_4xh200.json) tuned into a copy
-#                                     # of the registry, then the bench 1-16 MB with WEFT_GPU_LAMPORT=1, recorded
+#                                     # of the registry, then the bench 1-16 MB, recorded
 #                                     # into that copy ($OUT/registry_midsize_x<N>), against the peers (~6 min)
 # .carry_peers also holds platformdirs' wheel (weft's proof cache needs it; the device image lacks it).
 # N=2 runs on GPUs 0 and 1 of a larger machine. Files land in $OUT.
@@ -104,10 +104,10 @@ elif [ "$STAGE" = lamport ]; then
   timeout 180 python3 -c 'from weft.cli import run; run()' tune allreduce -t "hgx_h200:gpus=$N" --protocols lamport \
     --instances 1,4,16,32,64 --threads 512,1024 --registry "$L" >> "$LOG" 2>&1
   echo "rc=$?" | tee -a "$LOG"
-  WEFT_GPU_LAMPORT=1 bench 300 --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB --record \
+  bench 300 --sizes 1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB --record \
     -o "$OUT/gpu_allreduce_bf16_graph_${G}_lamport.json"
   # the fused all-reduce + add + RMSNorm on the same registry, the Lamport one-shot among its plans (NORM_LAMPORT=1)
-  [ "${NORM_LAMPORT:-0}" = 1 ] && WEFT_GPU_LAMPORT=1 norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_${G}_lamport.json"
+  [ "${NORM_LAMPORT:-0}" = 1 ] && norm 120 -o "$OUT/gpu_allreduce_norm_bf16_graph_${G}_lamport.json"
   tar -czf "$OUT/registry_lamport_x$N.tgz" -C "$OUT" "registry_lamport_x$N" && rm -rf "$L"
 elif [ "$STAGE" = compiled ] || [ "$STAGE" = compiled3 ]; then  # issue 33: every plan interpreted and compiled to
   L="$OUT/registry_compiled_x$N"  # its own kernel, beside the peers, the times recorded into one copy of the registry
@@ -171,7 +171,7 @@ elif [ "$STAGE" = midsize ]; then
     xargs -r cp -t "$L/entries/" && rm -rf "$P"
   python3 -c 'from weft.cli import run; run()' registry rebuild-index --registry "$L" >> "$LOG" 2>&1
   echo "pull entries: $(grep -l -- '-pull' "$L"/entries/*.json | wc -l); rc=$?" | tee -a "$LOG"
-  WEFT_GPU_LAMPORT=1 bench 330 --sizes 1MB,2MB,4MB,8MB,16MB --record -o "$OUT/gpu_allreduce_bf16_graph_${G}_midsize.json"
+  bench 330 --sizes 1MB,2MB,4MB,8MB,16MB --record -o "$OUT/gpu_allreduce_bf16_graph_${G}_midsize.json"
   tar -czf "$OUT/registry_midsize_x$N.tgz" -C "$OUT" "registry_midsize_x$N" && rm -rf "$L"
 else
   S=1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB,256MB

@@ -555,8 +555,7 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         "--weft-norm-plan",
         metavar="PLAN",
         help="a plan file: weft-fused-norm runs its fused call on this plan at every batch (Communicator."
-        "pin_norm_plan, as the registry measured that plan, else interpreted), not the one selection picks; a "
-        "Lamport plan needs WEFT_GPU_LAMPORT=1",
+        "pin_norm_plan, as the registry measured that plan, else interpreted), not the one selection picks",
     )
     args = p.parse_args()
     no_pdl = {x for x in args.no_pdl.split(",") if x}

@@ -127,10 +127,7 @@ def test_ptx_entries_compare_after_renaming_what_compilation_numbers():
     assert result["identical"] == 0 and result["entries"][0]["changed_lines"] == 2
 
 
-def test_kernel_trace_pairs_each_lamport_plan_with_the_ll_plan_of_its_schedule(monkeypatch):
-    from executor.gpu.lamport import ENV
-
-    monkeypatch.setenv(ENV, "1")
+def test_kernel_trace_pairs_each_lamport_plan_with_the_ll_plan_of_its_schedule():
     trace = _load("kernel_trace")
     pairs = trace.lamport_pairs(2)
     assert len(pairs) == 2 * len(trace.LAMPORT_CASES)

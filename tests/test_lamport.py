@@ -255,16 +255,16 @@ def test_weft_tune_makes_and_proves_lamport_variants(tmp_path, capsys):
     assert entry.plan.weft.verification["back_to_back"] == 4
 
 
-def test_the_gpu_executor_refuses_a_lamport_plan_in_one_line(monkeypatch):
-    from executor.errors import ExecutorError
+def test_the_interpreter_takes_a_lamport_plan_and_the_port_engine_refuses_it_in_one_line():
+    from executor.gpu.protocols import PORT_PROTOCOLS, protocol_refusal
     from executor.gpu.tables import build_tables
 
-    monkeypatch.delenv("WEFT_GPU_LAMPORT", raising=False)  # the experimental kernel's opt-in (executor.gpu.lamport)
-    with pytest.raises(ExecutorError, match=r"protocol Lamport: the GPU executor runs Simple and LL plans only"):
-        build_tables(_one_shot(), 0, 1024)
+    assert build_tables(_one_shot(), 0, 1024).lamport_buffers == 3
+    why = protocol_refusal(_one_shot(), PORT_PROTOCOLS, "the port engine")
+    assert "protocol Lamport: the port engine runs Simple and LL plans only" in why and "\n" not in why
 
 
-def test_gpu_side_selection_never_picks_a_lamport_plan():
+def test_gpu_side_selection_weighs_a_lamport_plan_by_its_measured_time():
     from executor.inference.plans import PlanChoice
     from weft import publish
     from weft.pipeline import compile_and_verify
@@ -275,11 +275,14 @@ def test_gpu_side_selection_never_picks_a_lamport_plan():
     for protocol in ("lamport", "ll"):
         publish.commit(compile_and_verify(schedule, topology, protocol=protocol), topology, location, schedule)
     registry = Registry(location)
-    lamport_id = next(e.id for e in registry.entries() if e.plan.protocol == "Lamport")
-    registry.record_timing(lamport_id, 1024, 0.5)  # even measured fastest, it is not a candidate here
+    ids = {e.plan.protocol: e.id for e in registry.entries()}
+    registry.record_timing(ids["Lamport"], 1024, 0.5)
+    registry.record_timing(ids["LL"], 1024, 0.7)
+    registry.record_timing(ids["Lamport"], 4096, 0.9)
+    registry.record_timing(ids["LL"], 4096, 0.6)
     choice = PlanChoice(registry, topology.fingerprint, 2)
-    assert {e.plan.protocol for e in choice.entries} == {"LL"}
-    assert choice.plan("allreduce", 1024, "bf16").protocol == "LL"
-    selection = publish.select(location, topology, "allreduce", 1024, "bf16")  # `weft registry select` agrees
-    assert selection.entry.plan.protocol == "LL"
-    assert any(r.startswith(lamport_id) and "protocol Lamport" in r for r in selection.refused)
+    assert {e.plan.protocol for e in choice.entries} == {"LL", "Lamport"}
+    assert choice.plan("allreduce", 1024, "bf16").protocol == "Lamport"  # measured fastest there
+    assert choice.plan("allreduce", 4096, "bf16").protocol == "LL"
+    for nbytes, protocol in ((1024, "Lamport"), (4096, "LL")):  # `weft registry select` agrees
+        assert publish.select(location, topology, "allreduce", nbytes, "bf16").entry.plan.protocol == protocol

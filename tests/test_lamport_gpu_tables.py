@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from codegen import compile_schedule
-from executor.errors import ExecutorError
 from executor.gpu import build, lamport
 from executor.gpu.tables import (
     LAMPORT,
@@ -41,23 +40,13 @@ def _refs(tables, field: str):
     return [op[field][k] for op in tables.ops for k in range(op["n" + field])]
 
 
-@pytest.fixture
-def opted_in(monkeypatch):
-    monkeypatch.setenv(lamport.ENV, "1")
-
-
-def test_the_interpreter_takes_a_lamport_plan_only_when_the_environment_opts_in(monkeypatch):
-    plan = _plan(direct, 2)
-    monkeypatch.delenv(lamport.ENV, raising=False)
-    with pytest.raises(ExecutorError, match=f"set {lamport.ENV}=1 to try it"):
-        build_tables(plan, 0, 1024)
-    monkeypatch.setenv(lamport.ENV, "1")
-    assert build_tables(plan, 0, 1024).lamport_buffers == 3
+def test_the_interpreter_takes_a_lamport_plan_with_no_opt_in():
+    assert build_tables(_plan(direct, 2), 0, 1024).lamport_buffers == 3
 
 
 @pytest.mark.parametrize("baseline", [direct, twoshot])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
-def test_lamport_tables_rotate_the_scratch_and_move_the_data_alone(opted_in, baseline, dtype):
+def test_lamport_tables_rotate_the_scratch_and_move_the_data_alone(baseline, dtype):
     plan = _plan(baseline, 4)
     nbytes = 64 << 10
     t = build_tables(plan, 1, nbytes, dtype=dtype)
@@ -74,7 +63,7 @@ def test_lamport_tables_rotate_the_scratch_and_move_the_data_alone(opted_in, bas
     assert any(r["flags"] & LAMPORT for r in refs) and all(r["flags"] & SCRATCH for r in scratch)
 
 
-def test_every_block_ends_with_its_share_of_the_reset_and_the_shares_tile_its_copy(opted_in):
+def test_every_block_ends_with_its_share_of_the_reset_and_the_shares_tile_its_copy():
     plan = _plan(direct, 4)
     nbytes = (1 << 20) + 48 * 4
     t = build_tables(plan, 2, nbytes, dtype="bf16")
@@ -114,14 +103,9 @@ def test_the_fill_word_is_every_element_negative_zero(dtype):
 
 
 @pytest.mark.parametrize("protocol", ["ll", "simple"])
-def test_other_protocols_tables_are_unchanged_by_the_opt_in(monkeypatch, protocol):
+def test_other_protocols_tables_hold_nothing_of_lamport(protocol):
     plan = _plan(twoshot, 2, protocol)
-    monkeypatch.delenv(lamport.ENV, raising=False)
-    before = build_tables(plan, 0, 64 << 10, dtype="bf16")
-    monkeypatch.setenv(lamport.ENV, "1")
     t = build_tables(plan, 0, 64 << 10, dtype="bf16")
-    assert np.array_equal(t.ops.view(np.uint8), before.ops.view(np.uint8))
-    assert replace(t, ops=None, tb_start=None) == replace(before, ops=None, tb_start=None)
     assert (t.lamport_buffers, t.scratch_fill) == (0, 0)
     assert t.scratch_stride == (t.scratch_bytes if t.double_scratch else 0)  # the kernel's scratch_half, as before
     assert not any(op["type"] == LAMPORT_RESET for op in t.ops)
@@ -357,21 +341,19 @@ def _emulate(
 
 @pytest.mark.parametrize("baseline", [direct, twoshot])
 @pytest.mark.parametrize("n", [2, 4])
-def test_the_tables_sum_exactly_over_seven_calls_back_to_back_as_the_kernel_runs_them(opted_in, baseline, n):
+def test_the_tables_sum_exactly_over_seven_calls_back_to_back_as_the_kernel_runs_them(baseline, n):
     plan = _plan(baseline, n)
     for seed in range(3):
         assert _emulate(plan, 4096 * n, calls=7, seed=seed) == []
 
 
-def test_without_the_resets_a_later_call_reads_stale_data_or_waits_forever(opted_in):
+def test_without_the_resets_a_later_call_reads_stale_data_or_waits_forever():
     found = _emulate(_plan(direct, 4), 4096 * 4, calls=7, seed=0, drop_resets=True)
     assert found and ("wrong" in found[0] or "no block can run" in found[-1])
 
 
 @pytest.mark.parametrize("n,instances,rows", [(2, 1, 4), (2, 2, 1), (4, 1, 4), (4, 2, 1)])
-def test_the_fused_tables_add_the_residual_and_normalize_over_seven_calls_as_the_kernel_runs_them(
-    opted_in, n, instances, rows
-):
+def test_the_fused_tables_add_the_residual_and_normalize_over_seven_calls_as_the_kernel_runs_them(n, instances, rows):
     """The residual and the epilogue (rows whole, or split over 2 blocks that exchange their sums of squares in
     slots past the three copies) on the Lamport one-shot's tables, back to back, blocks in random orders: every
     call's output is the sum plus the residual, and its rows normalized, bit for bit (small integers: exact sums)."""

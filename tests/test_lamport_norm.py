@@ -10,7 +10,6 @@ import pytest
 
 from codegen import compile_schedule
 from executor.errors import ExecutorError
-from executor.gpu import lamport
 from executor.gpu import tables as gpu_tables
 from executor.reference import machine as reference
 from executor.reference.norm import RowNorm, fused_refusal, rms_norm, run_fused, run_fused_launches
@@ -122,17 +121,12 @@ def test_a_lamport_two_shot_refuses_the_norm_because_its_rows_arrive_as_copies(n
 # ---------------------------------------------------------------------------------------------- device tables
 
 
-@pytest.fixture
-def opted_in(monkeypatch):
-    monkeypatch.setenv(lamport.ENV, "1")
-
-
 def _blocks(t):
     return [t.ops[t.tb_start[b] : t.tb_start[b + 1]] for b in range(t.nthreadblocks)]
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_lamport_tables_add_the_residual_then_the_epilogue_then_the_reset(opted_in, n):
+def test_lamport_tables_add_the_residual_then_the_epilogue_then_the_reset(n):
     """The reducing block: its reduction polls the peers' Lamport data and adds the plain residual last, the
     epilogue reads the output it wrote (never a scratch copy), and the reset stays its last op, after the epilogue."""
     plan = _plan(direct, n)
@@ -157,7 +151,7 @@ def test_lamport_tables_add_the_residual_then_the_epilogue_then_the_reset(opted_
     assert norm["dst"][0]["buffer"] == residual_slot + 2
 
 
-def test_lamport_tables_put_a_split_rows_slots_past_all_three_copies(opted_in):
+def test_lamport_tables_put_a_split_rows_slots_past_all_three_copies():
     """One row over two blocks (kNormSlice): the sums of squares live past the three copies, which the fill and
     the resets stop short of, so no copy's sentinel or peer data lands on them."""
     plan = _plan(direct, 2, instances=2)
@@ -174,7 +168,7 @@ def test_lamport_tables_put_a_split_rows_slots_past_all_three_copies(opted_in):
     assert t.scratch_bytes * t.lamport_buffers <= t.norm_at  # fill_scratch's sentinel ends before the slots
 
 
-def test_lamport_tables_refuse_a_two_shots_norm_with_the_reason_and_take_its_residual(opted_in):
+def test_lamport_tables_refuse_a_two_shots_norm_with_the_reason_and_take_its_residual():
     plan = _plan(twoshot, 4)
     with pytest.raises(ExecutorError, match=TWO_SHOT_NORM):
         gpu_tables.build_tables(plan, 0, 4 * HIDDEN * 2, residual=True, norm=RowNorm(HIDDEN, 1e-5))

@@ -1,10 +1,9 @@
 """The GPU interpreter's side of the Lamport protocol (``schedules.lamport``): scratch copies, sentinel, reset shares.
 
-**Experimental.** The kernel (``executor/gpu/cuda/lamport.cuh``) passed tests/gpu/test_lamport_gpu.py whole at 2 and
-4 ranks on 4xH200 (2026-11-27: one-shot and two-shot, fp32/fp16/bf16, back-to-back calls and graph replays, against
-NCCL), called on the engine itself. The interpreter still refuses Lamport plans (``executor.gpu.protocols``) unless
-the environment sets ``WEFT_GPU_LAMPORT=1`` (that test sets it) until the Communicator's paths and the bench have run
-it. Other engines and plan selection refuse Lamport plans either way.
+The kernel (``executor/gpu/cuda/lamport.cuh``) passed tests/gpu/test_lamport_gpu.py at 2 and 4 ranks (one-shot and
+two-shot, fp32/fp16/bf16, back-to-back calls and graph replays, the fused norm, against NCCL), called on the engine
+and through the Communicator (staging, padded sizes, zero-copy capture). Plan selection weighs Lamport plans by their
+measured times like any other; the port engine refuses them (``executor.gpu.protocols``).
 
 How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables`` lowers it):
 
@@ -21,8 +20,7 @@ How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables``
   reduction that completes a sum adds the plain residual after its polled sources, the epilogue reads the output it
   wrote (never a scratch copy), the block's reset stays its last op, and a split row's sums of squares live past all
   the copies, which the fill and the resets stop short of. A two-shot's rows arrive as copies, so it takes the
-  residual but not the norm (``executor.reference.norm.output_ranges`` says why), as an LL two-shot does. Not yet run
-  on a GPU: tests/gpu/test_lamport_gpu.py has the cases.
+  residual but not the norm (``executor.reference.norm.output_ranges`` says why), as an LL two-shot does.
 
 >>> hex(sentinel_word("bf16")), hex(sentinel_word("fp32"))
 ('0x80008000', '0x80000000')
@@ -32,22 +30,13 @@ How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables``
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
-from schedules.lamport import PROTOCOL, SENTINEL_BITS
+from schedules.lamport import SENTINEL_BITS
 
-ENV = "WEFT_GPU_LAMPORT"  # "1": the interpreter runs Lamport plans (experimental: see the module's docstring)
-EXPERIMENTAL_PROTOCOLS = (PROTOCOL,)
 RESET_UNIT = 16  # reset shares start at multiples of this many bytes (the widest vector the kernel stores)
-
-
-def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the environment opts in to the interpreter's experimental Lamport kernel."""
-    return environ.get(ENV, "") == "1"
 
 
 def sentinel_word(dtype: str) -> int:

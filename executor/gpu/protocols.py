@@ -1,42 +1,33 @@
-"""Which plan protocols the GPU engines run: Simple and LL (its packets as LL16, or as LL128 lines).
+"""Which plan protocols the engines run: the interpreter engine runs Simple, LL (its packets as LL16, or as LL128
+lines) and Lamport (``executor.gpu.lamport``); the port engine, which moves plain data between hosts, runs Simple and
+LL plans only. A plan of any other protocol is refused in one line, before it runs.
 
-A Lamport plan (``schedules.lamport``) is proven by the CPU reference executor (``executor.reference.lamport``). The
-interpreter has an experimental kernel for it (``executor.gpu.lamport``), run on GPUs at the engine's level only
-(tests/gpu/test_lamport_gpu.py passed whole at 2 and 4 ranks on 4xH200, 2026-11-27; the Communicator's staging, zero-
-copy capture and fused paths have not run it, nor has the bench): it takes Lamport plans only where the caller passes
-``experimental`` (``executor.gpu.tables`` does when the environment sets ``WEFT_GPU_LAMPORT=1``). Everywhere else they
-are refused in one line: the port engine refuses them, the torch-facing plan choice
-(``executor.inference.plans.PlanChoice``) never considers them, and ``weft registry select`` (``weft.publish.select``)
-passes over them, naming why; so a registry that holds Lamport variants still serves every call with a plan these
-engines run, or with NCCL. Once the Communicator's paths and the bench have run the kernel, adding the protocol to
-``GPU_PROTOCOLS`` (and keeping the port engine's refusal) lifts the rest.
+Lamport plans are proven by the CPU reference executor (``executor.reference.lamport``) and ran on GPUs through the
+engine and the Communicator's paths (tests/gpu/test_lamport_gpu.py: eager calls on the staging buffers, padded
+sizes, zero-copy graph capture, the fused norm), so selection (``executor.inference.plans.PlanChoice``, ``weft
+registry select``) weighs them by their measured times like any other.
 
 >>> from schedules.plan import Plan
->>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ())).split(":")[1]
-' protocol Lamport'
->>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ()), experimental=True)
+>>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ()))
 ''
+>>> protocol_refusal(Plan("x", "allreduce", "Lamport", False, ()), PORT_PROTOCOLS, "the port engine").split(":")[1]
+' protocol Lamport'
 """
 
 from __future__ import annotations
 
-from executor.gpu.lamport import ENV, EXPERIMENTAL_PROTOCOLS
 from schedules.plan.types import Plan
 
-GPU_PROTOCOLS = ("Simple", "LL")
+GPU_PROTOCOLS = ("Simple", "LL", "Lamport")
+PORT_PROTOCOLS = ("Simple", "LL")
 
 
-def protocol_refusal(plan: Plan, experimental: bool = False) -> str:
-    """Why no GPU engine runs ``plan``'s protocol, in one line; '' where one does (``experimental``: the
-    interpreter's experimental kernels count too)."""
-    if plan.protocol in GPU_PROTOCOLS or (experimental and plan.protocol in EXPERIMENTAL_PROTOCOLS):
+def protocol_refusal(plan: Plan, protocols: tuple[str, ...] = GPU_PROTOCOLS, engine: str = "the GPU executor") -> str:
+    """Why ``engine``, which runs plans of ``protocols``, does not run ``plan``'s protocol, in one line; '' where it
+    does."""
+    if plan.protocol in protocols:
         return ""
-    hint = (
-        f"its kernel is experimental until the Communicator and the bench have run it: set {ENV}=1 to try it"
-        if plan.protocol in EXPERIMENTAL_PROTOCOLS
-        else "no kernel for it"
-    )
     return (
-        f"plan {plan.name}: protocol {plan.protocol}: the GPU executor runs {' and '.join(GPU_PROTOCOLS)} plans "
-        f"only ({hint}; the CPU reference executor proves it)"
+        f"plan {plan.name}: protocol {plan.protocol}: {engine} runs {', '.join(protocols[:-1])} and {protocols[-1]} "
+        "plans only (the CPU reference executor proves any)"
     )

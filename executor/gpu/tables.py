@@ -265,7 +265,7 @@ def lines_possible(plan: Plan, nbytes: int) -> bool:
 
 def _check_fits(plan: Plan, rank: int, nbytes: int, lines: bool, residual: bool, norm: RowNorm | None) -> None:
     """Raise ExecutorError where ``build_tables`` cannot lower this rank's part at this size and with these options."""
-    why = protocol_refusal(plan, experimental=lamport.enabled())
+    why = protocol_refusal(plan)
     if why:
         raise ExecutorError(why)
     if norm is not None and not residual:

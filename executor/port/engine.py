@@ -58,7 +58,7 @@ from typing import Any
 from executor.errors import ExecutorError, PeerLost
 from executor.gpu import liveness
 from executor.gpu.bootstrap import all_gather_plain
-from executor.gpu.protocols import protocol_refusal
+from executor.gpu.protocols import PORT_PROTOCOLS, protocol_refusal
 from executor.hosts import host_identity, ipc_across_hosts, transport_refusal
 from executor.port.program import (
     INPLACE,
@@ -259,8 +259,8 @@ class PortEngine:
                 f"plan {plan.name}: the port engine moves plain data (no LL128 lines, no compiled kernel, no residual,"
                 " no norm)"
             )
-        if protocol_refusal(plan):
-            raise ExecutorError(protocol_refusal(plan))
+        if protocol_refusal(plan, PORT_PROTOCOLS, "the port engine"):
+            raise ExecutorError(protocol_refusal(plan, PORT_PROTOCOLS, "the port engine"))
         ctx = self._context(plan, input, dtype)
         if plan.inplace:
             if output is not None:

@@ -1,13 +1,15 @@
-"""The interpreter's experimental Lamport kernel (executor.gpu.lamport) on real GPUs, against NCCL: one-shot and
-two-shot all-reduce plans compiled with ``--protocol lamport``, in fp32, fp16 and bf16, on random never-zero data
-that holds -0.0 inputs (the sentinel a sender must map), over back-to-back calls and CUDA-graph replays, so that
-every one of the three scratch copies is reset and reused at least twice; and the fused call (the residual add and
-the RMSNorm epilogue in the same launch) on the one-shot, rows whole and split over blocks, against NCCL's sum and
-the epilogue's definition, with the two-shot's residual and its refusal of the norm.
+"""The interpreter's Lamport kernel (executor.gpu.lamport) on real GPUs, against NCCL: one-shot and two-shot
+all-reduce plans compiled with ``--protocol lamport``, in fp32, fp16 and bf16, on random never-zero data that holds
+-0.0 inputs (the sentinel a sender must map), over back-to-back calls and CUDA-graph replays, so that every one of
+the three scratch copies is reset and reused at least twice; the fused call (the residual add and the RMSNorm
+epilogue in the same launch) on the one-shot, rows whole and split over blocks, against NCCL's sum and the
+epilogue's definition, with the two-shot's residual and its refusal of the norm; and the same plans chosen by the
+Communicator from a registry that holds them alone: eager calls on its staging buffers (a padded size too), a
+zero-copy CUDA graph captured in ``comm.capture()``, and the fused norm.
 
-One job (a process per GPU, ``WEFT_GPU_NPROC`` of them: run it at 2 and at 4) runs every scenario; the job runs this
-file as a script with ``WEFT_GPU_LAMPORT=1`` (the opt-in the interpreter needs for Lamport plans). Its plans are
-compiled and proven by the CPU reference here, before the job starts, for ``hgx_h200:gpus=N``.
+One job (a process per GPU, ``WEFT_GPU_NPROC`` of them: run it at 2 and at 4) runs every scenario. Its plans are
+compiled and proven by the CPU reference here, before the job starts, for ``hgx_h200:gpus=N``, and committed to a
+registry of their own with times that make the one-shot the choice up to 64 KB and the two-shot above.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ REPLAYS = 8  # graph replays of GRAPH_CALLS captured calls each
 GRAPH_CALLS = 3
 NEGATIVE_ZEROS = 0.1  # the share of each input's elements set to -0.0 (and one element -0.0 on every rank)
 PLANS_ENV = "WEFT_TEST_LAMPORT_PLANS"
+# the Communicator's scenario: bf16 elements a call (1026 B is no multiple of the plans' granule: it runs padded),
+# and the largest size at which the registry's times make it choose the one-shot
+COMM_SIZES = {"1KB": 512, "64KB": 32768, "1MB": 1 << 19, "padded": 513}
+COMM_ONE_SHOT_MAX = 64 << 10
 # the fused call (residual add + RMSNorm in the all-reduce's launch): rows of HIDDEN, tokens per call, the one-shot
 # plans it runs (SPLIT: a one-shot of 2 instances, whose rows of one token are split over 2 blocks: kNormSlice)
 HIDDEN, EPS = 1024, 1e-5
@@ -55,6 +61,27 @@ def _plans(folder: Path, nranks: int) -> None:
         (folder / f"{method}.json").write_text(dumps_plan(plan))
     split = compile_and_verify(synthesize(topology, "allreduce", "direct"), topology, instances=2, protocol="lamport")
     (folder / f"{SPLIT}.json").write_text(dumps_plan(split))  # its rows of one token split over 2 blocks
+    _registry(folder, topology)
+
+
+def _registry(folder: Path, topology) -> None:
+    """The one-shot and two-shot committed to ``folder/registry``, the one-shot measured faster up to 64 KB and the
+    two-shot above (made-up times: they only steer the Communicator's choice)."""
+    from registry.store import Registry
+    from schedules.plan.io import load_plan
+    from weft import publish
+    from weft.synthesis import synthesize
+
+    location = str(folder / "registry")
+    for method in METHODS:
+        schedule = synthesize(topology, "allreduce", method)
+        publish.commit(load_plan(folder / f"{method}.json"), topology, location, schedule)
+    registry = Registry(location)
+    ids = {e.plan.weft.solver: e.id for e in registry.entries()}
+    for nbytes in (1 << 10, 64 << 10, 1 << 20, 4 << 20):
+        small = nbytes <= COMM_ONE_SHOT_MAX
+        registry.record_timing(ids["direct"], nbytes, 1.0 if small else 2.0)
+        registry.record_timing(ids["twoshot"], nbytes, 2.0 if small else 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +94,9 @@ def results(tmp_path_factory) -> list[dict]:
     _plans(folder, nproc())
     # no registry: the job runs its own plans through InterpreterEngine
     env = {
-        "WEFT_GPU_LAMPORT": "1",
         PLANS_ENV: str(folder),
-        "WEFT_REGISTRY": str(folder),
+        "WEFT_REGISTRY": str(folder / "registry"),
+        "WEFT_TOPOLOGY": f"hgx_h200:gpus={nproc()}",
         # the scenarios hand torch tensors to the engine itself, which shares them by CUDA IPC: memory from
         # expandable segments cannot be (only the Communicator stages such tensors)
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
@@ -127,6 +154,32 @@ def test_the_lamport_two_shot_adds_the_residual_and_refuses_the_norm_in_one_line
         assert row["calls"] == CALLS and row["residual_wrong"] == [], row
         assert "writes an output other than by its rank's own sum" in row["norm_refused"], row
         assert "\n" not in row["norm_refused"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", list(COMM_SIZES))
+def test_the_communicator_chooses_the_lamport_plans_and_its_back_to_back_calls_match_nccl(results, size):
+    for row in each(results, "communicator"):
+        r = row[size]
+        want = "direct" if 2 * COMM_SIZES[size] <= COMM_ONE_SHOT_MAX else "twoshot"
+        assert r["protocol"] == "Lamport" and r["plan"].startswith(want), r
+        assert r["calls"] == CALLS and r["wrong"] == [], r
+
+
+@pytest.mark.gpu
+def test_a_zero_copy_graph_of_lamport_calls_replays_on_new_values(results):
+    for row in each(results, "communicator"):
+        r = row["capture"]
+        assert r["paths"] == {"zero_copy": GRAPH_CALLS, "staging": 0, "nccl": 0}, r
+        assert r["replays"] == REPLAYS and r["wrong"] == 0, r
+
+
+@pytest.mark.gpu
+def test_the_communicators_fused_norm_runs_on_the_lamport_one_shot(results):
+    for row in each(results, "communicator"):
+        r = row["fused"]
+        assert r["protocol"] == "Lamport" and r["calls"] == CALLS, r
+        assert r["residual_wrong"] == [] and r["normed_off"] == [], r
 
 
 # ------------------------------------------------------------------------------------------ the job (each rank)
@@ -352,6 +405,68 @@ def scenario_twoshot_residual(comm, folder: Path, rank: int, device) -> dict:
     return row
 
 
+def scenario_communicator(comm, rank: int, device) -> dict:
+    """The Communicator over the job's registry (the Lamport plans alone): CALLS eager calls back to back at each of
+    COMM_SIZES (staging; the padded size staged at its padded place), GRAPH_CALLS calls captured zero-copy and
+    replayed REPLAYS times on new values, and CALLS fused calls (residual add and RMSNorm, 4 tokens)."""
+    import torch
+
+    rows: dict = {}
+    for label, numel in COMM_SIZES.items():
+        plan = comm.plan_for("allreduce", 2 * numel, torch.bfloat16)
+        inputs = [_input(numel, "bf16", device, rank, 500 + k) for k in range(CALLS)]
+        outs = [comm.all_reduce(x) for x in inputs]  # no host synchronization between them
+        torch.cuda.synchronize()
+        rows[label] = {
+            "plan": getattr(plan, "name", None),
+            "protocol": getattr(plan, "protocol", None),
+            "calls": CALLS,
+            "wrong": [k for k in range(CALLS) if not sums_to(outs[k], inputs[k])],
+        }
+    numel = COMM_SIZES["64KB"]
+    xs = [_input(numel, "bf16", device, rank, 600 + k) for k in range(GRAPH_CALLS)]
+    comm.all_reduce(xs[0])  # the size's context, on the staging buffers
+    torch.cuda.synchronize()
+    before = dict(comm.paths)
+    graph = torch.cuda.CUDAGraph()
+    with comm.capture(), torch.cuda.graph(graph):
+        outs = [comm.all_reduce(x) for x in xs]
+    paths = {k: comm.paths[k] - before[k] for k in comm.paths}
+    wrong = 0
+    for replay in range(REPLAYS):
+        for k, x in enumerate(xs):
+            x.copy_(_input(numel, "bf16", device, rank, 700 + GRAPH_CALLS * replay + k))
+        graph.replay()
+        wrong += sum(not sums_to(o, x) for o, x in zip(outs, xs, strict=True))
+    rows["capture"] = {"paths": paths, "replays": REPLAYS, "wrong": wrong}
+    rows["fused"] = communicator_fused(comm, 4, rank, device)
+    return rows
+
+
+def communicator_fused(comm, tokens: int, rank: int, device) -> dict:
+    """CALLS calls of ``comm.all_reduce(x, residual=h, rms_weight=w)`` back to back: the new residual against NCCL's
+    sum plus ``h``, the normalized rows against the epilogue's definition."""
+    import torch
+
+    from executor.reference.norm import RowNorm
+
+    n = tokens * HIDDEN
+    h = _shared(n, "bf16", device, seed=11).view(tokens, HIDDEN)
+    weight = (1.0 + 0.1 * _shared(HIDDEN, "fp32", device, seed=13)).to(torch.bfloat16)
+    plan = comm.norm_plan_for(2 * n, torch.bfloat16, RowNorm(HIDDEN, EPS))
+    inputs = [_input(n, "bf16", device, rank, 800 + k).view(tokens, HIDDEN) for k in range(CALLS)]
+    results = [comm.all_reduce(x, residual=h, rms_weight=weight, eps=EPS) for x in inputs]
+    torch.cuda.synchronize()
+    return {
+        "protocol": getattr(plan, "protocol", None),
+        "calls": CALLS,
+        "residual_wrong": [k for k in range(CALLS) if not sums_to(results[k][1], inputs[k], residual=h)],
+        "normed_off": [
+            k for k in range(CALLS) if normed_off(results[k][0].view(-1), results[k][1].view(-1), weight, "bf16")
+        ],
+    }
+
+
 def main() -> None:
     import torch.distributed as dist
 
@@ -360,6 +475,9 @@ def main() -> None:
     rank, _, device, _, out_dir = start_rank(seed=33)
     folder = Path(os.environ[PLANS_ENV])
     timeout = float(os.environ.get("WEFT_TEST_TIMEOUT", "30"))
+    from executor import Communicator
+
+    communicator = Communicator.from_process_group(timeout_s=timeout)  # the job's registry: the Lamport plans alone
     comm = InterpreterEngine.from_process_group(timeout_s=timeout)
     checked = InterpreterEngine.from_process_group(timeout_s=timeout)  # contexts of its own (cached by address)
     graphs = InterpreterEngine.from_process_group(timeout_s=timeout)
@@ -374,8 +492,10 @@ def main() -> None:
             "fused": lambda: scenario_fused(fused, folder, rank, device),
             "fused_graph": lambda: scenario_fused_graph(fused, folder, rank, device),
             "twoshot_residual": lambda: scenario_twoshot_residual(fused, folder, rank, device),
+            "communicator": lambda: scenario_communicator(communicator, rank, device),
         },
     )
+    communicator.close()
     for c in (comm, checked, graphs, fused):
         c.close()
     dist.destroy_process_group()

@@ -3,7 +3,7 @@ fastest of weft's at 1-16 MB (bench/results/traffic_predictions_midsize_4xh200.j
 --lamport-max-bytes 16MB` and benched by `bench/peers_run.sh 4 midsize`, checked against NCCL at 8 and 16 MB in
 bf16 over back-to-back calls (each of the three scratch copies used, reset and used again twice over).
 
-One job (a process per GPU, ``WEFT_GPU_NPROC`` of them) runs this file as a script with ``WEFT_GPU_LAMPORT=1``;
+One job (a process per GPU, ``WEFT_GPU_NPROC`` of them) runs this file as a script;
 its plans are compiled and proven by the CPU reference here first. Written without a GPU: not run yet.
 """
 
@@ -45,7 +45,6 @@ def results(tmp_path_factory) -> list[dict]:
         )
         (folder / f"{shape}.json").write_text(dumps_plan(plan))
     env = {
-        "WEFT_GPU_LAMPORT": "1",
         PLANS_ENV: str(folder),
         "WEFT_REGISTRY": str(folder),
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",  # the engine shares these tensors by CUDA IPC

@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--protocols",
         default="ll,simple",
-        help="any of ll, simple and lamport, comma-separated (lamport: proven on the CPU; the GPU interpreter runs it "
-        "only with WEFT_GPU_LAMPORT=1 (experimental), so selection skips it)",
+        help="any of ll, simple and lamport, comma-separated (lamport: data that is its own flag, 1x the bytes on the "
+        "wire; the interpreter engine runs it, the port engine does not)",
     )
     p.add_argument(
         "--sms",

@@ -71,6 +71,12 @@ struct Transfer {
 
 // Each thread keeps kInFlight units in flight so that peer reads over NVLink overlap.
 constexpr int kInFlight = 4;
+// A Lamport transfer outside batch mode fetches this many sources' units before it polls any again: 1 (the
+// interpreter, whose registers are spent) polls one source's unit at a time; a compiled plan sets more (compiled.cuh).
+#ifndef WEFT_POLL_GROUP
+#define WEFT_POLL_GROUP 1
+#endif
+constexpr int kPollGroup = WEFT_POLL_GROUP;
 
 // One unit of a reference: a Lamport reference's polled until no element holds the sentinel, a plain one's loaded.
 template <class D, int V>
@@ -106,6 +112,25 @@ __device__ __forceinline__ bool lamport_load_all(const Transfer& t, const Ref& r
     if (u < units && !lamport_arrived<D, V>(out[k]) && !lamport_load<D, V>(b + u * V, out[k], deadline)) return false;
   }
   return true;
+}
+
+// One unit of a reference fetched once, without waiting (a Lamport reference's words as they are now), and then
+// settled: polled again until it has arrived where the fetch found the sentinel. Between the two the caller fetches
+// other references' units, so that their trips to memory overlap (run_transfer's WEFT_POLL_GROUP).
+template <int V>
+__device__ __forceinline__ void lamport_fetch_unit(const Transfer& t, const Ref& r, i64 unit, Unit<V>& out) {
+  const char* p = t.base(r) + unit * V;
+  if (r.flags & kLamport) {
+    lamport_fetch<V>(p, out);
+  } else {
+    unit_load<V>(p, out);
+  }
+}
+
+template <class D, int V>
+__device__ __forceinline__ bool lamport_settle_unit(const Transfer& t, const Ref& r, i64 unit, Unit<V>& out,
+                                                    Deadline& deadline) {
+  return !(r.flags & kLamport) || lamport_arrived<D, V>(out) || lamport_load<D, V>(t.base(r) + unit * V, out, deadline);
 }
 
 // The loads and stores of run_transfer: Transfer's, or, in a Lamport kernel, the Lamport forms.
@@ -161,6 +186,35 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
         for (int k = 0; k < kInFlight; ++k) {
 #pragma unroll
           for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[k].w[w]);
+        }
+      }
+    } else if constexpr (Lamport && kPollGroup > 1) {
+      // a unit's sources fetched kPollGroup at a time before any is polled again: a one-shot's peers' copies of a
+      // unit arrive at about the same time, and one trip to memory then serves them all
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u < units && !source_unit<D, Lamport>(t, op.src[0], u, acc[k], deadline)) return false;
+      }
+#pragma unroll
+      for (int s0 = 1; s0 < kMaxRefs; s0 += kPollGroup) {
+        if (s0 >= op.nsrc) break;
+#pragma unroll
+        for (int k = 0; k < kInFlight; ++k) {
+          const i64 u = first + k * stride;
+          if (u >= units) continue;
+          Unit<V> x[kPollGroup];
+#pragma unroll
+          for (int g = 0; g < kPollGroup; ++g) {
+            if (s0 + g < op.nsrc) lamport_fetch_unit<V>(t, op.src[s0 + g], u, x[g]);
+          }
+#pragma unroll
+          for (int g = 0; g < kPollGroup; ++g) {
+            if (s0 + g >= op.nsrc) continue;
+            if (!lamport_settle_unit<D, V>(t, op.src[s0 + g], u, x[g], deadline)) return false;
+#pragma unroll
+            for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[g].w[w]);
+          }
         }
       }
     } else {

@@ -8,6 +8,10 @@
 #define WEFT_RUNNER __device__ __forceinline__
 #define WEFT_PAIRS_RUNNER __device__ __forceinline__
 #define WEFT_REF_AT(refs, i) weft::ref_at(refs, i)
+// A unit's sources fetched this many at a time before a Lamport poll (channel.cuh): constant ops leave the registers.
+#ifndef WEFT_POLL_GROUP
+#define WEFT_POLL_GROUP 4
+#endif
 #define WEFT_FOR_EACH(var, from, count, most)                                          \
   _Pragma("unroll") for (int var = from; var < most; ++var) if (var >= (count)) break; \
   else
