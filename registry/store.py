@@ -447,11 +447,12 @@ class Registry:
             return {"format": BASELINES_FORMAT, "nccl_us": {}}, f"{one_line(str(e))}; NCCL's times ignored"
 
     def nccl_times(self, topology: str | tuple[str, ...], collective: str) -> dict[int, float]:
-        """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them."""
+        """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them: every
+        fingerprint the fabric answers to together, its own fingerprint's time winning at a size both recorded."""
         tables = self.baselines()["nccl_us"]
-        table: dict[str, Any] = next(
-            (tables[f][collective] for f in fingerprints(topology) if collective in tables.get(f, {})), {}
-        )
+        table: dict[str, Any] = {}
+        for f in reversed(fingerprints(topology)):  # a legacy fingerprint's times first, the fabric's own over them
+            table.update(tables.get(f, {}).get(collective, {}))
         return {int(k): float(v) for k, v in table.items()}
 
     def get(self, id: str) -> Entry:

@@ -70,6 +70,17 @@ def test_the_inference_choice_falls_back_to_nccl_with_the_reason(tmp_path):
     )
 
 
+def test_nccl_times_under_a_fabrics_two_fingerprints_are_read_together(tmp_path):
+    """A switched fabric answers to its own fingerprint and a legacy one (``Topology.fingerprints``); NCCL's times
+    recorded under each, by benches of entries keyed either way, are one table, the fabric's own winning."""
+    topology = build("hgx_h200:gpus=4")
+    own, legacy = topology.fingerprints
+    reg = Registry(tmp_path)
+    reg.record_nccl(legacy, "allreduce", {1 << 10: 12.0, 16 << 20: 100.0})
+    reg.record_nccl(own, "allreduce", {1 << 10: 13.0, 1 << 20: 22.0})
+    assert reg.nccl_times(topology.fingerprints, "allreduce") == {1 << 10: 13.0, 1 << 20: 22.0, 16 << 20: 100.0}
+
+
 @pytest.mark.slow  # reads and selects over every committed entry: the slow tier (issue 35)
 def test_the_committed_registries_run_nccl_only_where_it_measured_faster():
     """4×H200 (bench/results/*_4xh200.json, 2026-11-26): NCCL's ring measured faster than every plan at 16 MB only
