@@ -175,6 +175,14 @@ def test_a_zero_copy_graph_of_lamport_calls_replays_on_new_values(results):
 
 
 @pytest.mark.gpu
+def test_a_lamport_graph_replayed_before_registration_leaves_the_copies_in_step(results):
+    for row in each(results, "communicator"):
+        r = row["early_replay"]
+        assert "before their buffers were registered" in r["raised"], r
+        assert r["replays"] == REPLAYS and r["wrong_after"] == 0, r
+
+
+@pytest.mark.gpu
 def test_the_communicators_fused_norm_runs_on_the_lamport_one_shot(results):
     for row in each(results, "communicator"):
         r = row["fused"]
@@ -439,8 +447,40 @@ def scenario_communicator(comm, rank: int, device) -> dict:
         graph.replay()
         wrong += sum(not sums_to(o, x) for o, x in zip(outs, xs, strict=True))
     rows["capture"] = {"paths": paths, "replays": REPLAYS, "wrong": wrong}
+    rows["early_replay"] = early_replay(comm, rank, device)
     rows["fused"] = communicator_fused(comm, 4, rank, device)
     return rows
+
+
+def early_replay(comm, rank: int, device) -> dict:
+    """A graph of one Lamport call replayed inside ``capture()`` before its buffers are registered (its record
+    disarmed: no plan op runs, and leaving the block raises), then replayed armed REPLAYS times on new values. The
+    disarmed launch must leave the plan's epochs where they were: a Lamport call resets a scratch copy by epoch, and
+    an epoch taken with no reset run would leave a copy that a later call reads as arrived."""
+    import torch
+
+    from executor.errors import ExecutorError
+
+    numel = COMM_SIZES["64KB"]
+    x = _input(numel, "bf16", device, rank, 900)
+    comm.all_reduce(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    raised = ""
+    try:
+        with comm.capture():
+            with torch.cuda.graph(graph):
+                out = comm.all_reduce(x)
+            graph.replay()
+            torch.cuda.synchronize()
+    except ExecutorError as e:
+        raised = str(e)
+    wrong = 0
+    for replay in range(REPLAYS):
+        x.copy_(_input(numel, "bf16", device, rank, 910 + replay))
+        graph.replay()
+        wrong += not sums_to(out, x)
+    return {"raised": raised, "replays": REPLAYS, "wrong_after": wrong}
 
 
 def communicator_fused(comm, tokens: int, rank: int, device) -> dict:

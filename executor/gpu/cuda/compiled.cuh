@@ -54,11 +54,12 @@ __device__ __forceinline__ void run_compiled(const Context& c) {
   WEFT_TRACE_START;
   // The interpreter's start without its op window: the slot table, the range and the epoch, by threads of their own.
   __shared__ char* slots[kMaxSlots];
-  __shared__ int range[2];
+  __shared__ int range[3];
   __shared__ u64 epoch;
   __shared__ int failed;
   block_start(c, slots, range, epoch, failed, threadIdx.x, blockDim.x, 64 % blockDim.x, 96 % blockDim.x);
   __syncthreads();
+  give_back_epoch_if_disarmed(c, range);
   WEFT_TRACE_MARK(0);
   follow_previous_grid();
   WEFT_TRACE_MARK(1);

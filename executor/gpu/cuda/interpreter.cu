@@ -21,7 +21,7 @@ template <class D, int V, bool Batch, bool Lamport>
 __device__ void interpret(const Context& c) {
   __shared__ Op ops[kWindow];
   __shared__ char* slots[kMaxSlots];
-  __shared__ int range[2];
+  __shared__ int range[3];
   __shared__ u64 epoch;
   __shared__ int failed;
   const ErrorRecord rec{c.error, c.rank};
@@ -43,6 +43,7 @@ __device__ void interpret(const Context& c) {
   if (guess >= 0) load_ops(c.ops + guess, ops, min(kWindow, c.uniform_ops), guess_from);
   block_start(c, slots, range, epoch, failed, t, nt, range_thread, epoch_thread);
   __syncthreads();
+  give_back_epoch_if_disarmed(c, range);
   WEFT_TRACE_MARK(0);
   // A record of a graph-captured execution may hold other ranges (a disarmed one runs only the tripwire op).
   if (range[0] != guess || range[1] - range[0] != c.uniform_ops)

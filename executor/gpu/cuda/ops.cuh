@@ -129,20 +129,36 @@ __device__ __forceinline__ void trigger_at_end() {
 #endif
 }
 
-// A block's start: its buffer slots into shared memory by all its threads, its op range by one thread and its epoch,
-// taken and advanced in one atomic add (see interpret), by another, so that the three trips to memory overlap.
+// A block's start: its buffer slots into shared memory by all its threads, its op range (range[0..1]) and whether
+// the launch runs a disarmed graph record (range[2]: tables.BindingLayout, whose block 0 starts past op 0 where every
+// armed table starts at 0) by one thread, and its epoch, taken and advanced in one atomic add (see interpret), by
+// another, so that the trips to memory overlap.
 __device__ __forceinline__ void block_start(const Context& c, char** slots, int* range, u64& epoch, int& failed, int t,
                                             int nt, int range_thread, int epoch_thread) {
   for (int i = t; i < c.nslots; i += nt) slots[i] = c.buffers[i];
   if (t == range_thread) {
-    const int first = c.tb_start[blockIdx.x], end = c.tb_start[blockIdx.x + 1];
+    const int first = c.tb_start[blockIdx.x], end = c.tb_start[blockIdx.x + 1], zero = c.tb_start[0];
     range[0] = first;
     range[1] = end;
+    range[2] = zero != 0;
   }
   if (t == epoch_thread) {
     failed = 0;
     epoch = atomicAdd(c.epochs + blockIdx.x, 1ULL);
   }
+}
+
+// After block_start's barrier: a launch of a disarmed graph record runs no plan op (only block 0's tripwire), so it
+// gives back the epoch each block took, before it lets the next launch take one (the fence orders the add before
+// launch_dependents, which follows the barrier). A Lamport plan resets by epoch: a launch that advanced it and ran
+// no reset would leave a scratch copy holding old data that a later call reads as arrived.
+__device__ __forceinline__ void give_back_epoch_if_disarmed(const Context& c, const int* range) {
+  if (!range[2]) return;
+  if (threadIdx.x == 0) {
+    atomicAdd(c.epochs + blockIdx.x, ~0ULL);  // minus one
+    __threadfence();
+  }
+  __syncthreads();
 }
 
 // Whether ``op`` is of ``kind``: the compile-time ``Kind`` where there is one (>= 0), else the op's type.
