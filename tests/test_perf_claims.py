@@ -109,3 +109,27 @@ def test_the_docs_2dh_figures_are_the_nvlink_fabric_results_and_clear_the_goal_f
     assert min(ratios) >= 1.3
     said = ", ".join(f"{r:.2f}×" for r in ratios[:-1]) + f" and {ratios[-1]:.2f}×"
     assert f"2DH ran {said} NCCL's busbw at 1, 2, 4, 16 and 64 MB" in _docs("docs/performance.md")
+
+
+def test_the_readmes_lamport_ranges_are_what_the_s12_results_hold():
+    """The README's prose under the 4×H200 Lamport table: where weft leads, trails and is level on 4 GPUs, and its
+    range against FlashInfer on 2 GPUs, recomputed from the files it links."""
+    folder = ROOT / "bench/results/lamport_mp_4xh200_s12"
+    four = {
+        row["size"]: row["weft_us"] / row["best_peer_us"]
+        for name in ("small", "midsize")
+        for row in json.loads((folder / f"gpu_allreduce_bf16_graph_4xh200_{name}_compiled.json").read_text())["rows"]
+    }
+    two = {
+        row["size"]: row["weft_us"] / row["flashinfer_us"]
+        for row in json.loads((folder / "gpu_allreduce_bf16_graph_2xh200_small_compiled.json").read_text())["rows"]
+    }
+    kb, mb = 1 << 10, 1 << 20
+    lead = [four[4 * kb], four[mb], four[2 * mb]]
+    trail = [four[16 * kb], four[64 * kb], four[256 * kb]]
+    assert max(lead) < 1 and min(trail) > 1 and four[4 * mb] > 1 and abs(four[kb] - 1) < 0.005
+    ahead = [two[s] for s in sorted(two) if s <= 256 * kb]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"at 4 KB and at 1–2 MB ({_span(lead)} the best peer's time)" in readme
+    assert f"at 16–256 KB ({_span(trail)}) and symmetric memory at 4 MB ({four[4 * mb]:.2f}×)" in readme
+    assert f"from 1 KB to 256 KB ({_span(ahead)}) and {round(100 * (two[mb] - 1))}% behind at 1 MB" in readme

@@ -189,11 +189,11 @@ def best_peer(row) -> tuple[str | None, float | None]:
 
 
 def _short_plan(name: str | None) -> str:
-    """'direct-allreduce-hgx_h200:gpus=2-ll-x1-t256' -> 'direct ll-x1-t256'."""
+    """'direct-allreduce-hgx_h200:gpus=2-ll-x1-t256' -> 'direct ll-x1-t256' (Simple and Lamport plans alike)."""
     if not name:
         return "–"
     parts = name.split("-")
-    protocol = next((i for i, p in enumerate(parts) if p in ("ll", "simple")), None)
+    protocol = next((i for i, p in enumerate(parts) if p in ("ll", "simple", "lamport")), None)
     return name if protocol is None else f"{parts[0]} {'-'.join(parts[protocol:])}"
 
 
