@@ -63,15 +63,33 @@ def test_lamport_tables_rotate_the_scratch_and_move_the_data_alone(baseline, dty
     assert any(r["flags"] & LAMPORT for r in refs) and all(r["flags"] & SCRATCH for r in scratch)
 
 
-def test_every_block_ends_with_its_share_of_the_reset_and_the_shares_tile_its_copy():
+def _polls(op) -> bool:
+    return any(op["src"][k]["flags"] & LAMPORT for k in range(op["nsrc"]))
+
+
+@pytest.mark.parametrize("baseline", [direct, twoshot])
+def test_each_block_resets_right_before_its_first_poll_or_last(baseline):
+    """The reset's stores issue while the block's puts fly and before it waits for its peers' data (the launch's
+    end would otherwise wait for them); a block that polls nothing resets last."""
+    t = build_tables(_plan(baseline, 4), 1, 1 << 16, dtype="bf16")
+    for ops in [t.ops[t.tb_start[b] : t.tb_start[b + 1]] for b in range(t.nthreadblocks)]:
+        kinds = [int(op["type"]) for op in ops]
+        assert kinds.count(LAMPORT_RESET) == 1
+        at = kinds.index(LAMPORT_RESET)
+        polls = [k for k, op in enumerate(ops) if op["type"] != LAMPORT_RESET and _polls(op)]
+        assert at == (polls[0] - 1 if polls else len(ops) - 1), kinds
+        assert not any(_polls(op) for op in ops[:at])
+
+
+def test_every_block_has_its_share_of_the_reset_and_the_shares_tile_its_copy():
     plan = _plan(direct, 4)
     nbytes = (1 << 20) + 48 * 4
     t = build_tables(plan, 2, nbytes, dtype="bf16")
     rotation = LamportBuffers()
     resets = []
     for b in range(t.nthreadblocks):
-        last = t.ops[t.tb_start[b + 1] - 1]
-        assert last["type"] == LAMPORT_RESET
+        ops = t.ops[t.tb_start[b] : t.tb_start[b + 1]]
+        (last,) = [op for op in ops if op["type"] == LAMPORT_RESET]
         assert (last["barrier_id"], last["barrier_count"]) == (rotation.reset_ahead, rotation.buffers)
         assert last["dst"][0]["buffer"] == SLOTS["s"] and last["dst"][0]["flags"] == SCRATCH
         resets.append((int(last["dst"][0]["offset"]), int(last["bytes"])))

@@ -239,21 +239,23 @@ def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
 @pytest.mark.parametrize(
     "batch,base,mode,slices",
     [
-        (1, "x32-t512-max8MB", Mode(compiled=True), 32),
-        (4, "x32-t512-max8MB", Mode(compiled=True), 8),
-        (16, "x128-t512-max8MB", Mode(lines=True, compiled=True), 8),
+        (1, "ll-x32-t512-max8MB", Mode(compiled=True), 32),
+        (4, "lamport-x64-t512", Mode(compiled=True), 16),
+        (16, "lamport-x64-t512", Mode(compiled=True), 4),
+        (64, "ll-x128-t512-max64MB", Mode(lines=True, compiled=True), 2),
     ],
 )
 def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, base, mode, slices):
     """As the interpreter's Communicator ranks them (LL128 lines and compiled kernels counted): the fastest measured
     plan (a row-owning plan estimated by the plan it was regrouped from), then the most blocks completing sums: the
     plain one-shot plan, each row split over ``slices`` of its reducing blocks, run the way it measured fastest
-    (2xH200, ninth session: compiled at every decode batch)."""
+    (2xH200, ninth session: compiled at every decode batch; twelfth: the Lamport one-shot at 64 and 256 KB, where
+    it measured fastest)."""
     fp, entries = committed
     nbytes = batch * 8192 * 2
     serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
     plan, why = best_norm_plan(norm_candidates(serving, nbytes, True, True), nbytes, "bf16", RowNorm(8192, 1e-5))
-    assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-ll-{base}"
+    assert why == "" and plan.name == f"direct-allreduce-hgx_h200:gpus=2-{base}"
     assert norm_mode(serving, plan, nbytes, True, True) == mode
     spans = row_spans(plan, nbytes, "bf16", RowNorm(8192, 1e-5))
     assert {span.slices for span in spans.values()} == {slices} and len(spans) == 2 * batch * slices

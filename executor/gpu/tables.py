@@ -347,6 +347,7 @@ def build_tables(
         by_block.setdefault(b, []).append(span)
     residual_slot = PEER_SLOTS + len(gpu.remote_buffers)  # then the weight and the normed rows
     for t, tb in enumerate(gpu.threadblocks):
+        block_first = len(records)
         mine = by_block.get(t, [])
         if mine:
             records.append(_prefetch_record(mine[0], row_bytes, residual_slot))
@@ -370,7 +371,7 @@ def build_tables(
                         else _slice_record(span, norm_at + 8 * widest * span.row, norm.eps, residual_slot, i)
                     )
         if plan.lamport is not None:
-            records.append(resets[t])
+            records.insert(_reset_at(records, block_first), resets[t])
         starts.append(len(records))
     if norm is not None:
         records, starts = _padded(records, starts)
@@ -416,9 +417,22 @@ def _copies(plan: Plan) -> int:
     return 2 if plan.use_double_scratch_buffer else 1
 
 
+def _reset_at(records: list[Record], first: int) -> int:
+    """Where a Lamport block's reset goes among its records ``records[first:]``: before its first op that polls
+    Lamport data, so that its stores issue while the block's puts fly and its peers' data is on the way, not after
+    the last wait, where the launch's end would wait for them; at the end for a block that polls nothing. The
+    reference executor proves a reset at any time during its launch (``executor.reference.lamport``)."""
+    for k in range(first, len(records)):
+        rec = records[k]
+        if rec["type"] in (TRANSFER, PAIRS) and any(rec["src"][i]["flags"] & LAMPORT for i in range(rec["nsrc"])):
+            return k
+    return len(records)
+
+
 def _reset_records(plan: Plan, blocks: int, copy_bytes: int) -> list[Record]:
-    """Each thread block's last op in a Lamport plan: the sentinel over its share of this rank's ``copy_bytes`` of
-    the copy ``(epoch + reset_ahead) % buffers`` (``executor.gpu.lamport.reset_shares``); none for other plans."""
+    """Each thread block's reset op in a Lamport plan (``_reset_at`` places it): the sentinel over its share of this
+    rank's ``copy_bytes`` of the copy ``(epoch + reset_ahead) % buffers`` (``executor.gpu.lamport.reset_shares``);
+    none for other plans."""
     if plan.lamport is None:
         return []
     recs = []
