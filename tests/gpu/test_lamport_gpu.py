@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
-from torch_job import each, run_job, run_scenarios, start_rank, sums_to
+from torch_job import each, replayed_before_registration, run_job, run_scenarios, start_rank, sums_to
 
 METHODS = ("direct", "twoshot")  # one-shot and two-shot all-reduce
 DTYPES = ("fp32", "fp16", "bf16")
@@ -457,24 +457,9 @@ def early_replay(comm, rank: int, device) -> dict:
     disarmed: no plan op runs, and leaving the block raises), then replayed armed REPLAYS times on new values. The
     disarmed launch must leave the plan's epochs where they were: a Lamport call resets a scratch copy by epoch, and
     an epoch taken with no reset run would leave a copy that a later call reads as arrived."""
-    import torch
-
-    from executor.errors import ExecutorError
-
     numel = COMM_SIZES["64KB"]
     x = _input(numel, "bf16", device, rank, 900)
-    comm.all_reduce(x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    raised = ""
-    try:
-        with comm.capture():
-            with torch.cuda.graph(graph):
-                out = comm.all_reduce(x)
-            graph.replay()
-            torch.cuda.synchronize()
-    except ExecutorError as e:
-        raised = str(e)
+    graph, out, raised = replayed_before_registration(comm, x)
     wrong = 0
     for replay in range(REPLAYS):
         x.copy_(_input(numel, "bf16", device, rank, 910 + replay))

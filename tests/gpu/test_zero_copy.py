@@ -13,6 +13,7 @@ from torch_job import (
     LogLines,
     each,
     registry_for,
+    replayed_before_registration,
     run_job,
     run_scenarios,
     start_rank,
@@ -180,21 +181,8 @@ def scenario_early_replay(comm, device) -> dict:
     """A graph replayed inside capture(), before registration: leaving the block raises; then the graph works."""
     import torch
 
-    from executor.errors import ExecutorError
-
     x = torch.randn(2, HIDDEN, device=device, dtype=torch.bfloat16)
-    comm.all_reduce(x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    raised = None
-    try:
-        with comm.capture():
-            with torch.cuda.graph(graph):
-                out = comm.all_reduce(x)
-            graph.replay()
-            torch.cuda.synchronize()
-    except ExecutorError as e:
-        raised = str(e)
+    graph, out, raised = replayed_before_registration(comm, x)
     wrong = 0
     for _ in range(10):
         x.normal_()

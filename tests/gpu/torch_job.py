@@ -113,6 +113,29 @@ def three_collectives_wrong(comm, x, world: int) -> dict[str, int]:
     return wrong
 
 
+def replayed_before_registration(comm, x) -> tuple[Any, Any, str]:
+    """One ``comm.all_reduce(x)`` captured in a CUDA graph inside ``comm.capture()`` and replayed there, before its
+    buffers are registered (a disarmed record: no plan op runs, and leaving the block raises): the graph, its output
+    tensor and the error's text ('' where nothing was raised). The size's context is made first, outside."""
+    import torch
+
+    from executor.errors import ExecutorError
+
+    comm.all_reduce(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    raised = ""
+    try:
+        with comm.capture():
+            with torch.cuda.graph(graph):
+                out = comm.all_reduce(x)
+            graph.replay()
+            torch.cuda.synchronize()
+    except ExecutorError as e:
+        raised = str(e)
+    return graph, out, raised
+
+
 def start_rank(seed: int):
     """This process as one rank of the job: (rank, world, device, the weft.inference log, results directory)."""
     import torch
