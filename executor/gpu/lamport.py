@@ -14,13 +14,15 @@ How a Lamport plan runs in the interpreter (``executor.gpu.tables.build_tables``
   as every scratch reference of the plan, ``SCRATCH``: transfers carry the copy count, and the kernel shifts them
   to copy ``epoch % buffers``, where the epoch is the thread block's execution count on the device (a CUDA graph's
   replays rotate too).
-- Each thread block ends with a reset op over its share of this rank's copy ``(epoch + reset_ahead) % buffers``
-  (``reset_shares``): the rule ``schedules.lamport.LamportBuffers.reset_by`` states and the reference proves.
+- Each thread block runs a reset op over its share of this rank's copy ``(epoch + reset_ahead) % buffers``
+  (``reset_shares``): the rule ``schedules.lamport.LamportBuffers.reset_by`` states and the reference proves, at any
+  time of the launch. The tables place it before the block's first op that polls Lamport data (its stores issue
+  while the block's puts fly), or last in a block that polls nothing.
 - The fused call (a residual, then the RMSNorm epilogue: ``executor.reference.norm``) lowers as in other plans: the
   reduction that completes a sum adds the plain residual after its polled sources, the epilogue reads the output it
-  wrote (never a scratch copy), the block's reset stays its last op, and a split row's sums of squares live past all
-  the copies, which the fill and the resets stop short of. A two-shot's rows arrive as copies, so it takes the
-  residual but not the norm (``executor.reference.norm.output_ranges`` says why), as an LL two-shot does.
+  wrote (never a scratch copy), the block's reset comes before its reduction, and a split row's sums of squares
+  live past all the copies, which the fill and the resets stop short of. A two-shot's rows arrive as copies, so it
+  takes the residual but not the norm (``executor.reference.norm.output_ranges`` says why), as an LL two-shot does.
 
 >>> hex(sentinel_word("bf16")), hex(sentinel_word("fp32"))
 ('0x80008000', '0x80000000')

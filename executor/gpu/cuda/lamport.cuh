@@ -2,7 +2,7 @@
 // negative zero (fp32 0x80000000, fp16 and bf16 0x8000); a sender maps -0.0 to +0.0 and writes the data alone (1x
 // its bytes, no flag word); a reader polls the data words until no element holds the sentinel. A Lamport plan's
 // scratch holds several copies that rotate by execution, and each execution writes the sentinel back over the copy
-// that is free (kLamportReset, after the block's own ops).
+// that is free (kLamportReset, before the block's first poll: executor/gpu/tables.py).
 #pragma once
 #include "packet.cuh"
 #include "reduce.cuh"
