@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Compiled all-reduce benches against the peers, each recorded into a copy of a registry, in one device call, from
+# the repository root with $OUT set (carry .carry_peers: FlashInfer, as bench/peers_run.sh installs it):
+#
+#   JOBS="4:r4:bench/exp_r4:1KB,4KB,16KB,64KB,256KB:200 2:r2:bench/exp_r2:1KB,1MB:150:0,1" bash bench/compiled_record.sh
+#
+# Each job is NPROC:LABEL:REGISTRY:SIZES:SECONDS[:GPUS] (GPUS default 0,1,2,3): `weft bench allreduce --compiled
+# --record` over every plan of a copy of REGISTRY at SIZES, the peers timed beside it, written to
+# $OUT/gpu_allreduce_bf16_graph_<NPROC>x<gpu>_<LABEL>.json, the copy tarred as $OUT/reg_<LABEL>.tgz (a call returns
+# eight files: tar $OUT before it ends if jobs are many). `weft registry record --registry bench/registry_h200x<N>
+# FILE` then stores the file's times in a committed registry whose entries hold the same plans.
+#
+# The twelfth session's registries (bench/NOTES.md) were made here with `weft tune allreduce -t hgx_h200:gpus=N
+# --method direct --protocols lamport --instances 16,32,64,128 --threads 256,512 --multipeer --registry DIR` (4 and
+# 2 GPUs; `--method twoshot ... --instances 16,32,64,128 --threads 512,1024 --lamport-max-bytes 16MB` for 1-4 MB),
+# plus the committed registry's fastest LL entries at those sizes, copied in.
+set -u
+. bench/device_env.sh
+HERE=$PWD
+C=${PEERS_CARRY:-.carry_peers}
+SITE=/tmp/peers-site
+if [ ! -d "$SITE/flashinfer" ]; then
+  mkdir -p "$SITE" && tar -xJf "$C/fi.tar.xz" -C "$SITE" || exit 2
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$C"/*.whl >/dev/null 2>&1 || exit 2
+  for so in "$C"/aot/*.so.gz; do
+    [ -e "$so" ] || continue
+    name=$(basename "$so" .so.gz)
+    mkdir -p "$SITE/flashinfer/data/aot/$name" && gunzip -c "$so" >"$SITE/flashinfer/data/aot/$name/$name.so"
+  done
+fi
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a PYTHONPATH="$HERE:$SITE:$WEFT_SITE"
+G="x$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -oE 'H[0-9]+' | tr H h)"  # xh100, xh200
+job() {  # nproc label registry sizes seconds [gpus]
+  local reg="$OUT/reg_$2"
+  rm -rf "$reg" && cp -r "$3" "$reg"
+  echo "== bench $2 ($1 ranks, $4) $(date -u +%T)"
+  CUDA_VISIBLE_DEVICES=${6:-0,1,2,3} timeout -k 5 "$5" python3 -c 'from weft.cli import run; run()' bench allreduce \
+    --nproc "$1" --plans registry --registry "$reg" --sizes "$4" --samples 6 --calls 10 --timeout 5 --compiled \
+    --record -o "$OUT/gpu_allreduce_bf16_graph_${1}${G}_$2.json" >"$OUT/log_$2.txt" 2>&1
+  echo "rc=$?"
+  grep -A9 "^# weft bench" "$OUT/log_$2.txt" | head -10
+  tar -czf "$OUT/reg_$2.tgz" -C "$OUT" "reg_$2" && rm -rf "$reg"
+}
+for spec in ${JOBS:-}; do
+  IFS=: read -r n label reg sizes secs gpus <<<"$spec"
+  job "$n" "$label" "$reg" "$sizes" "$secs" "$gpus"
+done
