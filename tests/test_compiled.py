@@ -178,18 +178,16 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 
 @pytest.mark.slow
 @nvcc
-def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path, monkeypatch):
+def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path):
     """A handful of plans in every dtype (one with multi-peer pairs, walked from a per-warp turn), and the launch
     variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan, a Lamport plan with both), in one nvcc
     call: each builds, and keeps no op in local memory."""
     from codegen.rows import own_rows
-    from executor.gpu.lamport import ENV
     from executor.reference.norm import RowNorm
     from topologies.catalog import build as topology
     from weft.pipeline import compile_and_verify
     from weft.synthesis import synthesize
 
-    monkeypatch.setenv(ENV, "1")
     picks = [
         Path("tests/gpu/plans/allreduce-direct-ll-x8.json"),
         Path("tests/gpu/plans/allreduce-twoshot-simple-x8.json"),
