@@ -7,10 +7,11 @@ Per token count (hidden 8192, bf16): weft's ``comm.all_reduce(y, residual=h, rms
 Communicator picks, run the way the registry measured it fastest: ``plan`` carries the bench's +ll128/+compiled
 suffix, and where that is compiled the same plan interpreted is timed beside it as ``interpreted_us``),
 FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and its own choice;
-``flashinfer_us`` is the best, named in ``flashinfer_variant``) and NCCL's in-place all-reduce followed by torch's
-add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times (executor/gpu/bench.py): a CUDA graph of
-``--calls`` calls per sample, the implementations alternating sample by sample, each one's median on its slowest
-rank.
+``flashinfer_us`` is the best, named in ``flashinfer_variant``), with ``--candidates K`` the K plans selection
+ranks next for the fused call, each pinned (``candidates_us``, by plan name and mode suffix), and NCCL's in-place
+all-reduce followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times
+(executor/gpu/bench.py): a CUDA graph of ``--calls`` calls per sample, the implementations alternating sample by
+sample, each one's median on its slowest rank.
 
 Checked, every implementation on the same inputs: the new residual against NCCL's all-reduce plus the residual,
 within ``within_rounding`` for nranks + 1 terms; the normed rows against the definition applied to that
@@ -69,9 +70,13 @@ def _timers(comm: Any, calls: dict[str, Any], count: int, refused: dict[str, str
     return timers
 
 
-def _weft_calls(comm: Any, y: Any, h: Any, weight: Any, shape: Any, chosen: Any, mode: Any) -> dict[str, tuple]:
-    """weft's fused call as the Communicator runs it ("weft": ``chosen`` in ``mode``), and where that is compiled,
-    the same plan interpreted ("weft:interpreted", pinned around each call: the graph keeps how it was captured)."""
+def _weft_calls(
+    comm: Any, y: Any, h: Any, weight: Any, shape: Any, chosen: Any, mode: Any, others: list[tuple[Any, Any]]
+) -> dict[str, tuple]:
+    """weft's fused call as the Communicator runs it ("weft": ``chosen`` in ``mode``); where that is compiled, the
+    same plan interpreted ("weft:interpreted"); and each of ``others`` ((plan, mode): the runners-up of
+    ``Communicator.norm_plans``) as "weft:<plan><mode suffix>". Each is pinned around its calls (the graph keeps
+    how it was captured)."""
     import torch
 
     from registry.index import Mode
@@ -84,17 +89,23 @@ def _weft_calls(comm: Any, y: Any, h: Any, weight: Any, shape: Any, chosen: Any,
     def weft():
         return comm.all_reduce(y, residual=h, rms_weight=weight, eps=EPS)
 
-    calls = {"weft": (weft, weft, capture)}
-    if chosen is not None and mode.compiled:
-
-        def interpreted():
-            comm.pin_norm_plan(nbytes, torch.bfloat16, shape, chosen, Mode(lines=mode.lines))
+    def pinned(plan: Any, how: Any) -> Callable[[], Any]:
+        def call():
+            comm.pin_norm_plan(nbytes, torch.bfloat16, shape, plan, how)
             try:
                 return weft()
             finally:
                 comm.pin_norm_plan(nbytes, torch.bfloat16, shape, None)
 
+        return call
+
+    calls = {"weft": (weft, weft, capture)}
+    if chosen is not None and mode.compiled:
+        interpreted = pinned(chosen, Mode(lines=mode.lines))
         calls["weft:interpreted"] = (interpreted, interpreted, capture)
+    for plan, how in others:
+        call = pinned(plan, how)
+        calls[f"weft:{plan.name}{how.suffix}"] = (call, call, capture)
     return calls
 
 
@@ -109,12 +120,30 @@ def _samples(timers: dict[str, Any], warmup: int, samples: int) -> dict[str, lis
     return raw
 
 
+def _runners_up(comm: Any, nbytes: int, shape: Any, chosen: Any, args: argparse.Namespace) -> list[tuple]:
+    """The ``--candidates`` plans after ``chosen`` that the fused call of this size could run, with their modes."""
+    import torch
+
+    if args.candidates <= 0:
+        return []
+    ranked = comm.norm_plans(nbytes, torch.bfloat16, shape, args.candidates + 1)
+    return [(plan, how) for plan, how in ranked if chosen is None or plan.name != chosen.name][: args.candidates]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1,4,16,64")
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--samples", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument(
+        "--candidates",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also time the K plans selection ranks next for the fused call (Communicator.norm_plans), each pinned "
+        "and run the way the registry measured it fastest, as weft:<plan> (default 0)",
+    )
     p.add_argument("-o", "--output", required=True)
     args = p.parse_args()
     for var, value in (
@@ -167,7 +196,7 @@ def main() -> None:
         plan, mode = comm.norm_plan_for(nbytes, y.dtype, shape), comm.norm_mode_for(nbytes, y.dtype, shape)
         calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
             "nccl": (nccl, nccl_checked, None),
-            **_weft_calls(comm, y, h, weight, shape, plan, mode),
+            **_weft_calls(comm, y, h, weight, shape, plan, mode, _runners_up(comm, nbytes, shape, plan, args)),
         }
         refused = {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
@@ -213,6 +242,9 @@ def main() -> None:
                 "best_peer_us": rivals[best_peer],
                 "speedup": med["nccl"] / med["weft"] if "weft" in med and "nccl" in med else None,
                 "interpreted_us": med.get("weft:interpreted", med.get("weft") if not mode.compiled else None),
+                "candidates_us": {
+                    k[5:]: v for k, v in med.items() if k.startswith("weft:") and k != "weft:interpreted"
+                },
                 "wrong": wrong.get("weft"),
                 "interpreted_wrong": wrong.get("weft:interpreted"),
                 "peers_wrong": {k: v for k, v in wrong.items() if not k.startswith("weft")},

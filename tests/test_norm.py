@@ -23,6 +23,7 @@ from executor.reference.norm import (
     norm_ranges,
     output_ranges,
     plan_refusal,
+    ranked_norm_plans,
     rms_norm,
     row_base,
     row_spans,
@@ -261,6 +262,16 @@ def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, ba
     assert {span.slices for span in spans.values()} == {slices} and len(spans) == 2 * batch * slices
     record = next(e for e in serving if e.plan.name == plan.name).provenance["verification"]  # its own proof
     assert record["ok"] and record["plan_hash"] == plan.content_hash
+
+
+def test_ranked_norm_plans_keep_best_norm_plans_order_among_those_whose_rows_fit(committed):
+    fp, entries = committed
+    nbytes, shape = 16 * 8192 * 2, RowNorm(8192, 1e-5)
+    candidates = norm_candidates([e for e in entries if e.serves(fp, "allreduce", 2, nbytes)], nbytes, True, True)
+    ranked = ranked_norm_plans(candidates, nbytes, "bf16", shape)
+    assert ranked[0][0] == best_norm_plan(candidates, nbytes, "bf16", shape)[0]
+    assert [t for _, t in ranked] == sorted(t for _, t in ranked)
+    assert all(not rows_refusal(p, nbytes, "bf16", shape) for p, _ in ranked) and len(ranked) < len(candidates)
 
 
 def test_a_row_owning_plan_runs_the_way_its_base_plan_measured_fastest(committed):

@@ -74,7 +74,14 @@ from executor.inference.staging import Staging
 from executor.inference.streams import torch_order
 from executor.inference.topology import machine_topology, p2p_works
 from executor.port.engine import PortEngine
-from executor.reference.norm import RowNorm, best_norm_plan, norm_candidates, norm_mode, rows_refusal
+from executor.reference.norm import (
+    RowNorm,
+    best_norm_plan,
+    norm_candidates,
+    norm_mode,
+    ranked_norm_plans,
+    rows_refusal,
+)
 from registry.index import Mode
 from registry.store import Registry, RegistryError
 from schedules.collectives import Collective
@@ -777,14 +784,35 @@ class Communicator:
             return None, f"the {type(engine).__name__} runs no norm epilogue"
         if not self.enabled or choice is None or engine is None or dtype not in DTYPES or self._too_large(nbytes):
             return None, "weft disabled" if not self.enabled or choice is None else "no plan (dtype or size)"
-        name = DTYPES[dtype]
+        return best_norm_plan(
+            self._norm_candidates(nbytes, DTYPES[dtype]), nbytes, DTYPES[dtype], rows, engine.norm_refusal
+        )
+
+    def _norm_candidates(self, nbytes: int, dtype: str) -> list[tuple[Plan, float]]:
+        """(plan, estimated µs) of the registry's all-reduce entries serving this size and dtype (``choice`` set)."""
+        choice = self.choice
+        assert choice is not None
         serving = [
             e
             for e in choice.entries
-            if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or name in e.dtypes)
+            if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or dtype in e.dtypes)
         ]
-        candidates = norm_candidates(serving, nbytes, choice.ll128, choice.compiled)
-        return best_norm_plan(candidates, nbytes, name, rows, engine.norm_refusal)
+        return norm_candidates(serving, nbytes, choice.ll128, choice.compiled)
+
+    def norm_plans(self, nbytes: int, dtype: torch.dtype, rows: RowNorm, count: int) -> list[tuple[Plan, Mode]]:
+        """Up to ``count`` plans the fused call of this size, dtype and row shape can run, each with the way the
+        registry measured it fastest, in the order selection weighs them (the first is ``norm_plan_for``'s where
+        nothing is pinned): a bench timing the runners-up beside the choice pins each (``pin_norm_plan``)."""
+        choice, engine = self.choice, self.engine
+        if not self.enabled or choice is None or engine is None or not engine.fuses_norm or dtype not in DTYPES:
+            return []
+        plans: list[tuple[Plan, Mode]] = []
+        for plan, _ in ranked_norm_plans(self._norm_candidates(nbytes, DTYPES[dtype]), nbytes, DTYPES[dtype], rows):
+            if len(plans) == count:
+                break
+            if not engine.norm_refusal(plan):  # a proof: run only for the plans kept, in order
+                plans.append((plan, self._measured_norm_mode(plan, nbytes)))
+        return plans
 
     def _measured_norm_mode(self, plan: Plan, nbytes: int) -> Mode:
         choice = self.choice

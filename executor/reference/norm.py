@@ -206,15 +206,22 @@ def best_norm_plan(
     most thread blocks completing sums (so a plan's own reduction spread, rows split over its blocks, before any
     regrouping of it into fewer blocks)."""
     refusal = refusal or fused_refusal
-    fit = [(p, t) for p, t in candidates if not rows_refusal(p, nbytes, dtype, norm)]
-    fit.sort(key=lambda pt: (pt[1], -len(output_ranges(pt[0])) // pt[0].nranks, pt[0].name))
-    for plan, _ in fit:  # the proof (a reference run) only for the best candidates, in order
+    for plan, _ in ranked_norm_plans(candidates, nbytes, dtype, norm):  # the proof only for the best, in order
         if not refusal(plan):
             return plan, ""
     return None, (
         f"no plan's rows fit {nbytes} B in rows of {norm.row_elems} {dtype} ({len(candidates)} plans "
         "for this size, none with whole rows or equal slices of rows in each thread block)"
     )
+
+
+def ranked_norm_plans(
+    candidates: list[tuple[Plan, float]], nbytes: int, dtype: str, norm: RowNorm
+) -> list[tuple[Plan, float]]:
+    """``candidates`` whose rows fit ``nbytes`` in rows of ``norm``, in ``best_norm_plan``'s order: the fastest
+    first, then the most thread blocks completing sums, then by name (the refusal, a proof, is not run here)."""
+    fit = [(p, t) for p, t in candidates if not rows_refusal(p, nbytes, dtype, norm)]
+    return sorted(fit, key=lambda pt: (pt[1], -len(output_ranges(pt[0])) // pt[0].nranks, pt[0].name))
 
 
 def row_base(name: str) -> str:

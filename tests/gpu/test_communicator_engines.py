@@ -194,6 +194,30 @@ print("all ok")
 """
 )
 
+# The fused call's runners-up (bench/norm_peers.py --candidates): the committed 2-GPU registry's plans for a 4-token
+# call, in selection's order, the first norm_plan_for's choice, each with the mode the registry measured fastest.
+NORM_PLANS = (
+    ENGINE
+    + r"""
+from pathlib import Path
+from executor.inference.plans import PlanChoice
+from registry.store import Registry
+from topologies.catalog import build
+two = Communicator(engine, lambda what, value: [value, value], "plans from the committed registry", rank=0,
+                   world_size=2)
+two.enabled = True
+two.choice = PlanChoice(Registry(str(Path("bench/registry_h200x2").resolve())), build("hgx_h200:gpus=2").fingerprints,
+                        2, ll128=True, compiled=True)
+rows, nbytes = RowNorm(8192, 1e-5), 4 * 8192 * 2
+ranked = two.norm_plans(nbytes, torch.bfloat16, rows, 3)
+assert len(ranked) == 3 and len({p.name for p, _ in ranked}) == 3, [p.name for p, _ in ranked]
+assert ranked[0][0].name == two.norm_plan_for(nbytes, torch.bfloat16, rows).name, ranked[0][0].name
+assert ranked[0][1] == two.norm_mode_for(nbytes, torch.bfloat16, rows) == Mode(compiled=True)
+assert two.norm_plans(nbytes, torch.float64, rows, 3) == []  # a dtype the fused call does not run
+print("all ok")
+"""
+)
+
 
 def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank():
     pytest.importorskip("torch")
@@ -216,4 +240,10 @@ def test_a_peers_refusal_inside_a_capture_decides_for_every_rank():
 def test_the_communicator_asks_its_engine_for_compiled_kernels_where_selection_says():
     pytest.importorskip("torch")
     done = run_script(COMPILED)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+
+
+def test_the_fused_calls_runners_up_come_in_selections_order_with_their_modes():
+    pytest.importorskip("torch")
+    done = run_script(NORM_PLANS)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
