@@ -116,6 +116,17 @@ def test_an_armed_record_runs_the_plans_ranges_on_the_execution_buffers():
     assert slots_of(record, layout) == list(slots)
 
 
+@pytest.mark.parametrize("path", sorted(PLANS.glob("*.json")), ids=lambda p: p.stem)
+def test_the_kernel_tells_a_disarmed_record_by_block_zeros_start(path):
+    """ops.cuh (give_back_epoch_if_disarmed) hands back a launch's epochs where tb_start[0] is not 0: every armed
+    table starts block 0 at op 0, and a disarmed record starts it at the tripwire, past every op."""
+    plan = load_plan(path)
+    tables = build_tables(plan, 0, plan.granule * 4)
+    layout = BindingLayout(tables.nthreadblocks, 4)
+    assert tables.tb_start[0] == 0 and walk(layout.armed(tables.tb_start, (1, 2, 3, 4)), layout)[0][:1] == [0]
+    assert walk(layout.disarmed(len(with_tripwire(tables.ops)) - 1, 1, 2), layout)[0][0] > 0
+
+
 def test_an_armed_record_of_another_shape_is_refused():
     with pytest.raises(ExecutorError, match="holds 2 thread blocks and 4 slots, not 3 and 4"):
         BindingLayout(2, 4).armed(np.arange(4, dtype=np.int32), (1, 2, 3, 4))
