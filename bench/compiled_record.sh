@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compiled all-reduce benches against the peers, each recorded into a copy of a registry, in one device call, from
-# the repository root with $OUT set (carry .carry_peers: FlashInfer, as bench/peers_run.sh installs it):
+# the repository root with $OUT set (carry .carry_peers: FlashInfer, installed by bench/peers_env.sh):
 #
 #   JOBS="4:r4:bench/exp_r4:1KB,4KB,16KB,64KB,256KB:200 2:r2:bench/exp_r2:1KB,1MB:150:0,1" bash bench/compiled_record.sh
 #
@@ -16,19 +16,7 @@
 # plus the committed registry's fastest LL entries at those sizes, copied in.
 set -u
 . bench/device_env.sh
-HERE=$PWD
-C=${PEERS_CARRY:-.carry_peers}
-SITE=/tmp/peers-site
-if [ ! -d "$SITE/flashinfer" ]; then
-  mkdir -p "$SITE" && tar -xJf "$C/fi.tar.xz" -C "$SITE" || exit 2
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$C"/*.whl >/dev/null 2>&1 || exit 2
-  for so in "$C"/aot/*.so.gz; do
-    [ -e "$so" ] || continue
-    name=$(basename "$so" .so.gz)
-    mkdir -p "$SITE/flashinfer/data/aot/$name" && gunzip -c "$so" >"$SITE/flashinfer/data/aot/$name/$name.so"
-  done
-fi
-export FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a PYTHONPATH="$HERE:$SITE:$WEFT_SITE"
+. bench/peers_env.sh
 G="x$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -oE 'H[0-9]+' | tr H h)"  # xh100, xh200
 job() {  # nproc label registry sizes seconds [gpus]
   local reg="$OUT/reg_$2"

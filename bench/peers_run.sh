@@ -39,23 +39,9 @@ set -u
 N=${1:-2}
 STAGE=${2:-all}
 . bench/device_env.sh
-C=${PEERS_CARRY:-.carry_peers}
-SITE=/tmp/peers-site
 LOG="$OUT/log_peers_${N}.txt"
 step() { echo "== $*" | tee -a "$LOG"; }
-if [ ! -d "$SITE/flashinfer" ]; then
-  step "install FlashInfer from $C"
-  mkdir -p "$SITE" && tar -xJf "$C/fi.tar.xz" -C "$SITE" || exit 2
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$C"/*.whl >> "$LOG" 2>&1 || exit 2
-  for so in "$C"/aot/*.so.gz; do
-    [ -e "$so" ] || continue
-    name=$(basename "$so" .so.gz)
-    mkdir -p "$SITE/flashinfer/data/aot/$name" && gunzip -c "$so" > "$SITE/flashinfer/data/aot/$name/$name.so"
-  done
-fi
-# sm_90a only; a JIT build spreads each source over every core (nvcc --split-compile)
-export PYTHONPATH="$PWD:$SITE:$WEFT_SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws FLASHINFER_CUDA_ARCH_LIST=9.0a \
-  FLASHINFER_EXTRA_CUDAFLAGS="--split-compile=0"
+PEERS_LOG=$LOG . bench/peers_env.sh
 [ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=${GPUS2:-0,1}  # GPUS2=1,0: the same GPUs, ranks swapped
 REG=${REG:-bench/registry_h200x$N}
 G="${N}x$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -oE 'H[0-9]+' | tr H h)"  # 2xh100, 4xh200

@@ -6,6 +6,7 @@ import io
 from fractions import Fraction
 from pathlib import Path
 
+from codegen.protocol import PROTOCOLS
 from schedules.collectives import NAMES, PLAN_ONLY, Collective
 from weft.results import BenchResults, ResultsError, read_benches, read_frontier
 from weft.units import format_bytes
@@ -193,7 +194,7 @@ def _short_plan(name: str | None) -> str:
     if not name:
         return "–"
     parts = name.split("-")
-    protocol = next((i for i, p in enumerate(parts) if p in ("ll", "simple", "lamport")), None)
+    protocol = next((i for i, p in enumerate(parts) if p in PROTOCOLS), None)
     return name if protocol is None else f"{parts[0]} {'-'.join(parts[protocol:])}"
 
 

@@ -30,7 +30,7 @@ from schedules.schedule import Schedule
 from topologies import Topology
 from weftcore.errors import CheckFailed, WeftError
 
-PROTOCOLS = ("ll", "simple", "lamport")  # lamport: proven on the CPU; no GPU engine runs it yet (gpu_protocols)
+PROTOCOLS = ("ll", "simple", "lamport")  # codegen.protocol.PROTOCOLS' names; the port engine runs no Lamport plan
 DEFAULT_PROTOCOLS = ("ll", "simple")
 # The interpreter is built with __launch_bounds__(1024), so it uses at most 64 registers a thread: an SM's 64K
 # registers hold 1024 threads, in blocks of any size.
