@@ -100,10 +100,10 @@ def test_weft_tune_commits_every_proven_variant_and_bench_can_then_measure_them(
     )
     doc = json.loads(capsys.readouterr().out)
     plans = [v for v in doc["variants"] if v["plan"]]
-    assert len(plans) == len(doc["variants"]) == 8  # direct and twoshot x ll, simple x 1, 4 instances
+    assert len(plans) == len(doc["variants"]) == 12  # direct and twoshot x ll, simple, lamport x 1, 4 instances
     entries = Registry(str(reg)).entries(collective="allreduce")
     assert {e.plan.name for e in entries} == {v["plan"] for v in plans}
-    assert len(list((tmp_path / "plans").glob("*.plan.json"))) == 8
+    assert len(list((tmp_path / "plans").glob("*.plan.json"))) == 12
     sel = Registry(str(reg)).select(resolve(TOPO).fingerprint, "allreduce", 1 << 20, "bf16")
     assert sel.entry is not None
 
@@ -208,7 +208,7 @@ def test_simple_variants_can_be_pipelined(tmp_path, capsys):
         == 0
     )
     rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
-    assert set(rows) == {"ll-x4-t512", "simple-x4-t512", "simple-x4-p2-t512"}
+    assert set(rows) == {"ll-x4-t512", "simple-x4-t512", "simple-x4-p2-t512", "lamport-x4-t512"}
     assert "-p2" in rows["simple-x4-p2-t512"]["plan"] and "-p2" not in rows["simple-x4-t512"]["plan"]
 
 
@@ -263,7 +263,7 @@ def test_a_schedule_file_for_another_topology_is_named_in_the_error(tmp_path, ca
 
 def test_pull_variants_join_the_simple_ones():
     labels = [v.label for v in tuning.grid(TuneOptions(instances=(8,), threads=(1024,), pull=True))]
-    assert labels == ["ll-x8", "simple-x8", "simple-x8-pull"]
+    assert labels == ["ll-x8", "simple-x8", "simple-x8-pull", "lamport-x8"]
     topology = resolve(TOPO)
     (plain, pulled) = compile_variants(
         synthesize(topology, "allreduce", "direct"),
@@ -342,7 +342,7 @@ def test_on_a_topology_without_all_pairs_linked_the_defaults_fall_back_to_a_ring
     assert "weft tune: left out direct: topology dgx1 has no link" in err
     assert "weft tune: left out twoshot: topology dgx1 has no link" in err and "weft tune: tuning ring instead" in err
     names = {e.plan.name for e in Registry(tmp_path).entries()}
-    assert names == {"ring-allreduce-dgx1-ll-x1", "ring-allreduce-dgx1-simple-x1"}
+    assert names == {"ring-allreduce-dgx1-ll-x1", "ring-allreduce-dgx1-simple-x1", "ring-allreduce-dgx1-lamport-x1"}
 
 
 def test_a_method_asked_for_by_name_is_not_replaced(tmp_path, capsys):
@@ -376,12 +376,16 @@ def test_weft_tune_prints_each_variant_once_under_a_heading_per_schedule(capsys)
         "simple-x1",
         "simple-x128-t256",
         "simple-x128",
+        "lamport-x1-t256",
+        "lamport-x1",
+        "lamport-x128-t256",
+        "lamport-x128",
     ]
     assert variants == labels + labels  # once per schedule, in grid order, nowhere else
     assert headings[1] == headings[0] + 1 + len(labels)
     assert not any(label in captured.err for label in labels)
     assert "(1 thread block)" in captured.out and "(1 thread blocks)" not in captured.out
-    assert lines[-1].startswith("14 of 16 variants proven")
+    assert lines[-1].startswith("21 of 24 variants proven")
 
 
 def test_duplex_all_to_all_blocks_both_write_and_wait_so_twice_the_instances_fit():
@@ -398,3 +402,20 @@ def test_duplex_all_to_all_blocks_both_write_and_wait_so_twice_the_instances_fit
     assert len(blocks) == 4 * 32
     peers = [tb for tb in blocks if any(op.name == "put" for op in tb.ops)]
     assert len(peers) == 3 * 32 and all(any(op.name == "wait" for op in tb.ops) for tb in peers)
+
+
+def test_by_default_one_host_gets_every_protocol_and_several_hosts_simple_alone(capsys):
+    # across hosts a plan moves data over port channels, which carry plain puts: codegen refuses LL and Lamport there,
+    # so tuning them by default would only list refusals
+    argv = ["--instances", "4", "--threads", "512", "--method", "direct", "--dry-run", "--json"]
+    protocols = {}
+    for topo in (TOPO, "hgx_h200:nodes=2,gpus=2"):
+        assert main(["tune", "allreduce", "-t", topo, *argv]) == 0
+        variants = json.loads(capsys.readouterr().out)["variants"]
+        assert all(v["plan"] for v in variants)
+        protocols[topo] = {v["variant"].split("-")[0] for v in variants}
+    assert protocols == {TOPO: {"ll", "simple", "lamport"}, "hgx_h200:nodes=2,gpus=2": {"simple"}}
+    # protocols named are tried as named: Lamport across hosts is refused, variant by variant, and nothing is made
+    assert main(["tune", "allreduce", "-t", "hgx_h200:nodes=2,gpus=2", *argv, "--protocols", "lamport"]) == 1
+    variants = json.loads(capsys.readouterr().out)["variants"]
+    assert variants and all(not v["plan"] and "port channels" in v["skipped"] for v in variants)

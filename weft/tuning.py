@@ -31,7 +31,7 @@ from topologies import Topology
 from weftcore.errors import CheckFailed, WeftError
 
 PROTOCOLS = ("ll", "simple", "lamport")  # codegen.protocol.PROTOCOLS' names; the port engine runs no Lamport plan
-DEFAULT_PROTOCOLS = ("ll", "simple")
+DEFAULT_PROTOCOLS = PROTOCOLS
 # The interpreter is built with __launch_bounds__(1024), so it uses at most 64 registers a thread: an SM's 64K
 # registers hold 1024 threads, in blocks of any size.
 THREADS_PER_SM = 1024
@@ -43,6 +43,13 @@ FALLBACK_METHOD = "ring"
 
 class TuneError(WeftError):
     """A tuning request that cannot be carried out."""
+
+
+def default_protocols(topology: Topology) -> tuple[str, ...]:
+    """The protocols ``weft tune`` compiles when none are named: all of them on one host; Simple alone for a topology
+    of several hosts, where a plan moves data over port channels, which carry plain puts (codegen refuses the
+    packet protocols there)."""
+    return DEFAULT_PROTOCOLS if topology.nhosts <= 1 else ("simple",)
 
 
 def default_schedules(topology: Topology, collective: str) -> tuple[list[Schedule], list[str]]:

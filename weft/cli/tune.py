@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -39,9 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", default="256,1024", help="thread-block sizes, comma-separated")
     p.add_argument(
         "--protocols",
-        default="ll,simple",
         help="any of ll, simple and lamport, comma-separated (lamport: data that is its own flag, 1x the bytes on the "
-        "wire; the interpreter engine runs it, the port engine does not)",
+        "wire; the interpreter engine runs it, the port engine does not) (default: all three on one host, simple alone "
+        "for a topology of several hosts, whose port channels carry plain puts)",
     )
     p.add_argument(
         "--sms",
@@ -102,14 +103,16 @@ def run(args: argparse.Namespace) -> int:
     from weft import publish
     from weft.cli.values import comma_items
     from weft.synthesis import synthesize
-    from weft.tuning import TuneOptions, compile_variants, default_schedules, grid
+    from weft.tuning import TuneOptions, compile_variants, default_protocols, default_schedules, grid
     from weft.units import parse_bytes
     from weftcore.jsonfile import make_directory
 
     options = TuneOptions(
         instances=_ints(args.instances, "--instances"),
         threads=_ints(args.threads, "--threads"),
-        protocols=tuple(p.lower() for p in comma_items(args.protocols, "weft tune: --protocols")),
+        protocols=tuple(p.lower() for p in comma_items(args.protocols, "weft tune: --protocols"))
+        if args.protocols is not None
+        else TuneOptions.protocols,
         sms=args.sms,
         pull=args.pull,
         pipelines=_ints(args.pipeline, "--pipeline"),
@@ -119,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         duplex=args.duplex,
     )
     topology = resolve(args.topology)
+    if args.protocols is None:
+        options = dataclasses.replace(options, protocols=default_protocols(topology))
     if args.output and not args.dry_run:
         make_directory(args.output, "output", ArgumentError)  # before any commit, so a bad -o commits nothing
     # the user's files first, so a bad one is the error they see (not a default baseline's, built after)
