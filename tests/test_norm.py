@@ -242,7 +242,7 @@ def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
     [
         (1, "ll-x32-t512-max8MB", Mode(compiled=True), 32),
         (4, "lamport-x64-t512", Mode(compiled=True), 16),
-        (16, "lamport-x64-t512", Mode(compiled=True), 4),
+        (16, "ll-x128-t512-max64MB", Mode(lines=True, compiled=True), 8),
         (64, "ll-x128-t512-max64MB", Mode(lines=True, compiled=True), 2),
     ],
 )
@@ -251,7 +251,7 @@ def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, ba
     plan (a row-owning plan estimated by the plan it was regrouped from), then the most blocks completing sums: the
     plain one-shot plan, each row split over ``slices`` of its reducing blocks, run the way it measured fastest
     (2xH200, ninth session: compiled at every decode batch; twelfth: the Lamport one-shot at 64 and 256 KB, where
-    it measured fastest)."""
+    it measured fastest; thirteenth: LL128 lines again at 256 KB, where that session's job measured them fastest)."""
     fp, entries = committed
     nbytes = batch * 8192 * 2
     serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]

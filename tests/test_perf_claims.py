@@ -133,3 +133,17 @@ def test_the_readmes_lamport_ranges_are_what_the_s12_results_hold():
     assert f"at 4 KB and at 1–2 MB ({_span(lead)} the best peer's time)" in readme
     assert f"at 16–256 KB ({_span(trail)}) and symmetric memory at 4 MB ({four[4 * mb]:.2f}×)" in readme
     assert f"from 1 KB to 256 KB ({_span(ahead)}) and {round(100 * (two[mb] - 1))}% behind at 1 MB" in readme
+
+
+def test_the_readmes_two_gpu_lamport_two_shot_range_is_what_the_s13_file_holds():
+    """The README's 2×H200 sentence on the Lamport two-shot job: weft ahead of the best peer at every size it timed,
+    256 KB to 8 MB, in the range it states, every result checked."""
+    doc = json.loads((ROOT / "bench/results/lamport_s13_2xh200/gpu_allreduce_bf16_graph_2xh200_twoshot2.json").read_text())
+    rows = doc["rows"]
+    assert [row["size"] for row in rows] == [s << 10 for s in (256, 512, 1024, 2048, 4096, 8192)]
+    assert all(row["wrong"] == 0 and not any(row["peers_wrong"].values()) for row in rows)
+    ratios = [row["weft_us"] / row["best_peer_us"] for row in rows]
+    assert max(ratios) < 1
+    assert any("twoshot" in row["plan"] and "lamport" in row["plan"] for row in rows)
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"ahead of the best peer at every size from 256 KB to 8 MB ({_span(ratios)} its time;" in readme
