@@ -342,7 +342,8 @@ def test_on_a_topology_without_all_pairs_linked_the_defaults_fall_back_to_a_ring
     assert "weft tune: left out direct: topology dgx1 has no link" in err
     assert "weft tune: left out twoshot: topology dgx1 has no link" in err and "weft tune: tuning ring instead" in err
     names = {e.plan.name for e in Registry(tmp_path).entries()}
-    assert names == {"ring-allreduce-dgx1-ll-x1", "ring-allreduce-dgx1-simple-x1", "ring-allreduce-dgx1-lamport-x1"}
+    ring = "ring-allreduce-dgx1"
+    assert names == {f"{ring}-ll-x1", f"{ring}-simple-x1", f"{ring}-lamport-x1-max16MB"}  # a ring's scratch: < 2x
 
 
 def test_a_method_asked_for_by_name_is_not_replaced(tmp_path, capsys):
@@ -419,3 +420,32 @@ def test_by_default_one_host_gets_every_protocol_and_several_hosts_simple_alone(
     assert main(["tune", "allreduce", "-t", "hgx_h200:nodes=2,gpus=2", *argv, "--protocols", "lamport"]) == 1
     variants = json.loads(capsys.readouterr().out)["variants"]
     assert variants and all(not v["plan"] and "port channels" in v["skipped"] for v in variants)
+
+
+@pytest.mark.parametrize(
+    "spec,method,limit_mb",
+    [
+        ("hgx_h200:gpus=4", "direct", 4),  # a 4-rank one-shot's scratch holds 3x the message a copy
+        ("hgx_h200:gpus=4", "twoshot", 16),  # 1.5x
+        ("hgx_h200:gpus=2", "twoshot", 16),  # 1x
+        ("hgx_h200:gpus=2", "direct", 16),  # 1x
+    ],
+)
+def test_lamport_variants_accept_more_by_default_where_their_scratch_is_small(spec, method, limit_mb, capsys):
+    argv = ["tune", "allreduce", "-t", spec, "--method", method, "--protocols", "lamport", "--instances", "4"]
+    argv += ["--threads", "512", "--no-multipeer", "--dry-run", "--json"]
+    assert main(argv) == 0
+    (variant,) = json.loads(capsys.readouterr().out)["variants"]
+    assert variant["plan"].endswith("-max16MB") == (limit_mb == 16)
+    topology = resolve(spec)
+    (outcome,) = compile_variants(
+        synthesize(topology, "allreduce", method),
+        topology,
+        TuneOptions(instances=(4,), threads=(512,), protocols=("lamport",), multipeer=False),
+    )
+    assert outcome.plan.max_message_size == limit_mb << 20 and outcome.plan.accepts(limit_mb << 20)
+    assert outcome.plan.weft.verification["ok"]
+    # --lamport-max-bytes, where given, is every variant's limit
+    assert main([*argv, "--lamport-max-bytes", "8MB"]) == 0
+    (variant,) = json.loads(capsys.readouterr().out)["variants"]
+    assert variant["plan"].endswith("-max8MB")

@@ -19,8 +19,9 @@ fastest measured plan for each size.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from codegen.protocol import LAMPORT_MAX_BYTES, LL_MAX_BYTES, CodegenError
 from schedules.collectives import NAMES, facts_of
@@ -36,6 +37,14 @@ DEFAULT_PROTOCOLS = PROTOCOLS
 # registers hold 1024 threads, in blocks of any size.
 THREADS_PER_SM = 1024
 
+
+# Lamport variants whose scratch holds at most LAMPORT_WIDE_SCRATCH times the message per copy (each rank receives at
+# most twice its message: a two-shot, a ring, a one-shot on 2 ranks) accept messages to LAMPORT_WIDE_MAX_BYTES by
+# default; the others (a one-shot on N > 3 ranks receives N - 1 times it) to codegen's LAMPORT_MAX_BYTES. The Lamport
+# two-shot measured ahead of every peer to 8 MB on 2xH200 (bench/results/lamport_s13_2xh200/), and the traffic
+# model puts it ahead to 16 MB on 4 GPUs (bench/results/traffic_predictions_midsize_4xh200.json).
+LAMPORT_WIDE_SCRATCH = 2
+LAMPORT_WIDE_MAX_BYTES = 16 << 20
 
 DEFAULT_METHODS = ("direct",)  # and twoshot where the collective is reducescatter + allgather (allreduce)
 FALLBACK_METHOD = "ring"
@@ -81,8 +90,8 @@ class TuneOptions:
     sms: int = 132  # H100 and H200 (SXM)
     pull: bool = False  # also Simple variants that read peers' inputs (``codegen.lower``)
     ll_max_bytes: int = LL_MAX_BYTES  # the largest message LL variants accept (higher for LL128 lines)
-    # the largest message Lamport variants accept (the traffic model puts a Lamport two-shot ahead to 16 MB on 4 GPUs)
-    lamport_max_bytes: int = LAMPORT_MAX_BYTES
+    # the largest message Lamport variants accept; None: by the variant's scratch (``lamport_limit``)
+    lamport_max_bytes: int | None = None
     pipelines: tuple[int, ...] = (1,)  # Simple variants' pipeline depths (``codegen.replicate.pipeline``)
     # also multi-peer variants (one thread block per instance serves every peer, ``codegen.peers``): None makes them
     # for schedules in which a rank sends to several peers, where per-peer thread blocks multiply
@@ -105,7 +114,7 @@ class TuneOptions:
             raise TuneError(f"--sms: a positive integer, got {self.sms!r}")
         if not isinstance(self.ll_max_bytes, int) or self.ll_max_bytes <= 0 or self.ll_max_bytes % (1 << 20):
             raise TuneError(f"--ll-max-bytes: a whole number of MB, got {self.ll_max_bytes!r} B")
-        if (
+        if self.lamport_max_bytes is not None and (
             not isinstance(self.lamport_max_bytes, int)
             or self.lamport_max_bytes <= 0
             or self.lamport_max_bytes % (1 << 20)
@@ -206,12 +215,14 @@ def compile_variants(
     for v in grid(options, send_peers(schedule)):
         try:
             # thread blocks first (compiling is cheap, proving is not): a plan the GPU cannot hold is not proven
-            blocks = _threadblocks(schedule, topology, v, options)
+            compiled = _compiled(schedule, topology, v, options)
+            blocks = max(len(g.threadblocks) for g in compiled.gpus)
             capacity = resident_capacity(v.threads, options.sms)
+            chosen = options
+            if v.protocol == "lamport" and options.lamport_max_bytes is None:
+                chosen = replace(options, lamport_max_bytes=lamport_limit(compiled))
             plan = (
-                None
-                if blocks > capacity
-                else _best_scratch(schedule, topology, v, pipeline.compile_and_verify, options)
+                None if blocks > capacity else _best_scratch(schedule, topology, v, pipeline.compile_and_verify, chosen)
             )
         except (CodegenError, CheckFailed) as e:
             if isinstance(e, CheckFailed) and not v.duplex:
@@ -236,19 +247,29 @@ def compile_variants(
 
 
 def _packet_limit(v: Variant, options: TuneOptions) -> dict[str, int]:
-    """The codegen option that bounds a packet variant's message size (none for Simple ones)."""
+    """The codegen option that bounds a packet variant's message size (none for Simple ones, nor for a Lamport one
+    at codegen's default)."""
     if v.protocol == "ll":
         return {"ll_max_bytes": options.ll_max_bytes}
-    if v.protocol == "lamport" and options.lamport_max_bytes != LAMPORT_MAX_BYTES:
+    if v.protocol == "lamport" and options.lamport_max_bytes not in (None, LAMPORT_MAX_BYTES):
         return {"lamport_max_bytes": options.lamport_max_bytes}
     return {}
 
 
-def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, options: TuneOptions) -> int:
+def lamport_limit(plan: Plan) -> int:
+    """The largest message a Lamport variant accepts where ``--lamport-max-bytes`` is not given, read from its plan
+    compiled at codegen's default: wide where each copy of its scratch holds at most ``LAMPORT_WIDE_SCRATCH`` times
+    the message (the memory a rank gives the rotation grows with it), else codegen's ``LAMPORT_MAX_BYTES``."""
+    per_message = max((g.scratch_chunks / g.input_chunks for g in plan.gpus if g.input_chunks), default=math.inf)
+    return LAMPORT_WIDE_MAX_BYTES if per_message <= LAMPORT_WIDE_SCRATCH else LAMPORT_MAX_BYTES
+
+
+def _compiled(schedule: Schedule, topology: Topology, v: Variant, options: TuneOptions) -> Plan:
+    """The variant compiled, unproven (its thread blocks and scratch are read before it is proven)."""
     from codegen import compile_schedule
 
     extra = _packet_limit(v, options) if v.protocol != "simple" else {"pull": v.pull}
-    plan = compile_schedule(
+    return compile_schedule(
         schedule,
         topology,
         instances=v.instances,
@@ -259,7 +280,6 @@ def _threadblocks(schedule: Schedule, topology: Topology, v: Variant, options: T
         duplex=v.duplex,
         **extra,
     )
-    return max(len(g.threadblocks) for g in plan.gpus)
 
 
 def _best_scratch(

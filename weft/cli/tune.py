@@ -79,9 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--lamport-max-bytes",
-        default="4MB",
-        help="the largest message Lamport variants accept (whole MB; the traffic model puts a Lamport two-shot "
-        "ahead to 16 MB on 4 GPUs: bench/results/traffic_predictions_midsize_4xh200.json)",
+        help="the largest message Lamport variants accept (whole MB; default: 16MB for variants whose scratch "
+        "holds at most twice the message per copy, such as two-shots, 4MB for the others)",
     )
     p.add_argument("--registry", help="registry location (default: $WEFT_REGISTRY or the user data dir)")
     p.add_argument("-o", "--output", help="also write each plan file into this directory")
@@ -117,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         pull=args.pull,
         pipelines=_ints(args.pipeline, "--pipeline"),
         ll_max_bytes=parse_bytes(args.ll_max_bytes, "--ll-max-bytes"),
-        lamport_max_bytes=parse_bytes(args.lamport_max_bytes, "--lamport-max-bytes"),
+        lamport_max_bytes=None
+        if args.lamport_max_bytes is None
+        else parse_bytes(args.lamport_max_bytes, "--lamport-max-bytes"),
         multipeer=args.multipeer,
         duplex=args.duplex,
     )
