@@ -138,7 +138,9 @@ def test_the_readmes_lamport_ranges_are_what_the_s12_results_hold():
 def test_the_readmes_two_gpu_lamport_two_shot_range_is_what_the_s13_file_holds():
     """The README's 2×H200 sentence on the Lamport two-shot job: weft ahead of the best peer at every size it timed,
     256 KB to 8 MB, in the range it states, every result checked."""
-    doc = json.loads((ROOT / "bench/results/lamport_s13_2xh200/gpu_allreduce_bf16_graph_2xh200_twoshot2.json").read_text())
+    doc = json.loads(
+        (ROOT / "bench/results/lamport_s13_2xh200/gpu_allreduce_bf16_graph_2xh200_twoshot2.json").read_text()
+    )
     rows = doc["rows"]
     assert [row["size"] for row in rows] == [s << 10 for s in (256, 512, 1024, 2048, 4096, 8192)]
     assert all(row["wrong"] == 0 and not any(row["peers_wrong"].values()) for row in rows)
