@@ -102,7 +102,14 @@ def run(args: argparse.Namespace) -> int:
     from weft import publish
     from weft.cli.values import comma_items
     from weft.synthesis import synthesize
-    from weft.tuning import TuneOptions, compile_variants, default_protocols, default_schedules, grid
+    from weft.tuning import (
+        DEFAULT_PROTOCOLS,
+        TuneOptions,
+        compile_variants,
+        default_protocols,
+        default_schedules,
+        grid,
+    )
     from weft.units import parse_bytes
     from weftcore.jsonfile import make_directory
 
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         threads=_ints(args.threads, "--threads"),
         protocols=tuple(p.lower() for p in comma_items(args.protocols, "weft tune: --protocols"))
         if args.protocols is not None
-        else TuneOptions.protocols,
+        else DEFAULT_PROTOCOLS,  # narrowed to the topology's below
         sms=args.sms,
         pull=args.pull,
         pipelines=_ints(args.pipeline, "--pipeline"),
