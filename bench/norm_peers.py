@@ -175,6 +175,41 @@ def main() -> None:
     weight = (
         1.0 + 0.1 * torch.randn(HIDDEN, generator=torch.Generator(device=device).manual_seed(4321), device=device)
     ).to(torch.bfloat16)  # the same on every rank
+
+    def write(rows: list[dict]) -> None:
+        """The results file with the token counts done so far (rank 0), ``complete`` false until the last: a job
+        stopped by its time limit keeps what it measured."""
+        doc = {
+            "collective": "allreduce",
+            "op": "all-reduce + residual add + RMSNorm (the call alone)",
+            "dtype": "bf16",
+            "nranks": world,
+            "mode": "graph",
+            "hidden": HIDDEN,
+            "eps": EPS,
+            "machine": {"gpu": torch.cuda.get_device_name(device), "gpus": world, "host": platform.node()},
+            "versions": {
+                "torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "cuda": torch.version.cuda,
+                "flashinfer": peers.version(),
+            },
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "method": {
+                "calls_per_sample": args.calls,
+                "samples": args.samples,
+                "warmup": args.warmup,
+                "statistic": "median of the slowest rank",
+                "timer": "CUDA events",
+                "check": f"residual within within_rounding(nranks + 1 terms); normed within {NORM_ULPS} "
+                "bf16 ulps of the definition on the call's own residual",
+            },
+            "rows": rows,
+            "complete": len(rows) == len(tokens_list),
+            "tokens_planned": tokens_list,
+        }
+        Path(args.output).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
     rows = []
     for tokens in tokens_list:
         nbytes = tokens * HIDDEN * 2
@@ -261,35 +296,7 @@ def main() -> None:
                 + f" µs; wrong {wrong}",
                 flush=True,
             )
-    if rank == 0:
-        doc = {
-            "collective": "allreduce",
-            "op": "all-reduce + residual add + RMSNorm (the call alone)",
-            "dtype": "bf16",
-            "nranks": world,
-            "mode": "graph",
-            "hidden": HIDDEN,
-            "eps": EPS,
-            "machine": {"gpu": torch.cuda.get_device_name(device), "gpus": world, "host": platform.node()},
-            "versions": {
-                "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                "cuda": torch.version.cuda,
-                "flashinfer": peers.version(),
-            },
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "method": {
-                "calls_per_sample": args.calls,
-                "samples": args.samples,
-                "warmup": args.warmup,
-                "statistic": "median of the slowest rank",
-                "timer": "CUDA events",
-                "check": f"residual within within_rounding(nranks + 1 terms); normed within {NORM_ULPS} "
-                "bf16 ulps of the definition on the call's own residual",
-            },
-            "rows": rows,
-        }
-        Path(args.output).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            write(rows)
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # no teardown: it outlived the device call once (FlashInfer's and weft's IPC buffers, NCCL)

@@ -114,6 +114,7 @@ elif [ "$STAGE" = compiled ] || [ "$STAGE" = compiled3 ]; then  # issue 33: ever
   tar -czf "$OUT/registry_compiled_x$N.tgz" -C "$OUT" "registry_compiled_x$N" && rm -rf "$L"
 elif [ "$STAGE" = decode ]; then  # the fused call alone, then tp_decode RUNS times (its goal reads three runs)
   # NORM_ARGS="--candidates 3"; NORM_S: 120 s ended the thirteenth session's 2-GPU runs before 64 tokens
+  # (norm_peers.py now writes its file after each token count, complete: false until the last)
   norm "${NORM_S:-240}" ${NORM_ARGS:-} -o "$OUT/gpu_allreduce_norm_bf16_graph_$G.json"
   for run in $(seq 1 "${RUNS:-3}"); do
     step "tp_decode run $run (five backends)"
