@@ -13,7 +13,8 @@ more). A plan's time on a fabric whose plans were measured is priced instead as
 
 - ``launch_us`` and ``warps_us``: the launch, and what each warp of the plan's thread blocks adds to it;
 - ``hops``: the waits on the longest thread block (``wait`` ops and packet reads), each a round trip between GPUs,
-  priced per protocol (an LL packet carries its own flag; a Simple transfer waits for a signal);
+  priced per protocol (an LL packet carries its own flag, a Lamport packet is its own flag; a Simple transfer
+  waits for a signal);
 - ``arrivals``: the waits of the longest thread block, one per op that waits (for a peer's signal or packets, or
   another block's semaphore); waits after the first of a hop wait for what is already on its way (a multi-peer
   block's packets from 3 peers, read one peer after another), each costing ``arrival_us`` rather than a round
@@ -56,7 +57,7 @@ import numpy as np
 from weftcore.errors import WeftError
 
 FORMAT = "weft.calibration/1"
-PROTOCOLS = ("LL", "Simple")
+PROTOCOLS = ("LL", "Simple", "Lamport")
 # The terms and where a fit starts from (µs, or factors); every term is positive.
 DEFAULTS = {
     "launch_us": 2.0,
@@ -75,8 +76,14 @@ DEFAULTS = {
     "threadblock_us_per_byte.Simple": 1e-4,
     "threads_power.LL": 0.5,
     "threads_power.Simple": 0.5,
+    "hop_us.Lamport": 1.0,
+    "arrival_us.Lamport": 0.3,
+    "source_us.Lamport": 0.1,
+    "efficiency.Lamport": 0.8,
+    "threadblock_us_per_byte.Lamport": 1e-4,
+    "threads_power.Lamport": 0.5,
 }
-CEILINGS = {"efficiency.LL": 1.0, "efficiency.Simple": 1.0}
+CEILINGS = {f"efficiency.{p}": 1.0 for p in PROTOCOLS}
 CALIBRATIONS = Path(__file__).parent / "calibrations"
 TOLERANCE = 1.5  # the factor between prediction and measurement that a calibration is held to
 ALIGNMENT = 16  # bytes: a thread block's vector loads and stores
@@ -184,6 +191,12 @@ class Calibration:
 
     def predict_us(self, features: PlanFeatures, nbytes: float) -> float:
         return _model(self.terms, features, nbytes)
+
+    @property
+    def protocols(self) -> frozenset[str]:
+        """The protocols whose terms were fitted: those of its measured plans (the others keep the defaults, and a
+        plan of theirs is not priced by this calibration)."""
+        return frozenset(o.features.protocol for o in self.observations)
 
     def ratios(self) -> list[float]:
         """predicted / measured for every observation."""
@@ -342,7 +355,7 @@ def _columns(observations: list[Observation]) -> dict[str, np.ndarray]:
     """The observations' features and sizes as arrays, for the model over all of them at once."""
     fs = [o.features for o in observations]
     return {
-        "ll": np.array([f.protocol == "LL" for f in fs]),
+        "protocol": np.array([PROTOCOLS.index(f.protocol) for f in fs]),
         "nbytes": np.array([float(o.nbytes) for o in observations]),
         **{
             name: np.array([float(getattr(f, name)) for f in fs])
@@ -365,7 +378,7 @@ def _model_columns(terms: dict[str, float], c: dict[str, np.ndarray]) -> np.ndar
     """``_model`` over arrays of features (``_columns``)."""
 
     def per(name: str) -> np.ndarray:
-        return np.where(c["ll"], terms[f"{name}.LL"], terms[f"{name}.Simple"])
+        return np.choose(c["protocol"], [terms[f"{name}.{p}"] for p in PROTOCOLS])
 
     links = c["bytes_us_per_byte"] * c["nbytes"] / per("efficiency")
     feed = (

@@ -13,7 +13,7 @@ from _docs import docs_text
 
 from schedules.calibration import CALIBRATIONS, TOLERANCE, Calibration, fit, load_calibration
 from topologies import resolve
-from weft.calibrate import default_results, features, named_plan
+from weft.calibrate import default_results, features, lamport_results, named_plan
 from weft.cli import main
 
 RESULTS = Path(__file__).parent.parent / "bench" / "results"
@@ -36,7 +36,10 @@ def test_a_committed_calibration_is_the_fit_of_its_measurements(spec):
     refit = fit(c.topology, c.topology_name, list(c.observations), c.sources)
     assert refit.terms == pytest.approx(c.terms, rel=1e-6)
     assert stored["residuals"] == pytest.approx(c.residuals())
-    assert c.sources and set(c.sources) <= {p.name for p in default_results(resolve(spec))}
+    topology = resolve(spec)
+    lamport = {p.relative_to(RESULTS).as_posix() for p in lamport_results(topology)}
+    assert c.sources and set(c.sources) <= {p.name for p in default_results(topology)} | lamport
+    assert "Lamport" in c.protocols and any(s in lamport for s in c.sources)  # the Lamport jobs' plans priced too
 
 
 @pytest.mark.parametrize("spec", MEASURED)
@@ -178,3 +181,57 @@ def test_a_malformed_results_file_is_one_line_naming_the_field(tmp_path, capsys,
     assert main(["topo", "calibrate", "hgx_h200:gpus=2", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"results {bad}: {field}:" in err
+
+
+def test_after_a_lamport_tune_no_variant_is_predicted_faster_than_any_plan_measured(registry, capsys):
+    # the thirteenth session: `weft tune` makes Lamport variants by default, and before Lamport plans were calibrated
+    # a one-block one-shot was selected at every size to 16 MB on an α-β prediction (0.30 µs at 1 KB)
+    argv = ["tune", "allreduce", "-t", "hgx_h200:gpus=2", "--instances", "1,32", "--threads", "512"]
+    assert main([*argv, "--protocols", "lamport"]) == 0
+    capsys.readouterr()
+    results = json.loads((RESULTS / "gpu_allreduce_bf16_graph_2xh200.json").read_text())
+    for row in results["rows"]:
+        if row["size"] > 16 << 20:
+            continue
+        select = ["registry", "select", "-t", "hgx_h200:gpus=2", "allreduce", "--size", str(row["size"]), "--json"]
+        assert main(select) == 0
+        chosen = json.loads(capsys.readouterr().out)
+        assert chosen["basis"] == "predicted" and chosen["prediction"].startswith("calibrated"), row["size"]
+        fastest = min(us for key, us in row["median_us"].items() if key.startswith("weft:"))
+        assert chosen["time_us"] >= fastest / TOLERANCE, (row["size"], chosen)
+
+
+def test_a_protocol_its_fabric_never_measured_keeps_the_alpha_beta_model(monkeypatch):
+    import weft.calibrate as calibrate_module
+    from codegen import compile_schedule
+    from weft.synthesis import synthesize
+
+    spec = "hgx_h200:gpus=2"
+    topology, c = resolve(spec), _committed(spec)
+    schedule = synthesize(topology, "allreduce", "direct")
+    plan = compile_schedule(schedule, topology, instances=32, protocol="Lamport", threads=512)
+    assert calibrate_module.predictions(plan, schedule, topology, (4096,)) is not None
+    without = Calibration(
+        c.topology, c.topology_name, c.terms, tuple(o for o in c.observations if o.features.protocol != "Lamport")
+    )
+    monkeypatch.setattr(calibrate_module, "load_calibration", lambda fingerprint: without)
+    assert "Lamport" not in without.protocols
+    assert calibrate_module.predictions(plan, schedule, topology, (4096,)) is None  # the α-β model prices it
+
+
+def test_select_says_when_a_fabric_was_calibrated_without_the_plans_protocol(registry, monkeypatch, capsys):
+    import schedules.calibration as calibration_module
+    import weft.calibrate as calibrate_module
+
+    c = _committed("hgx_h200:gpus=2")
+    without = Calibration(
+        c.topology, c.topology_name, c.terms, tuple(o for o in c.observations if o.features.protocol != "Lamport")
+    )
+    for module in (calibrate_module, calibration_module):
+        monkeypatch.setattr(module, "load_calibration", lambda fingerprint, *rest: without)
+    argv = ["tune", "allreduce", "-t", "hgx_h200:gpus=2", "--method", "direct", "--instances", "32"]
+    assert main([*argv, "--threads", "512", "--protocols", "lamport"]) == 0
+    capsys.readouterr()
+    assert main(["registry", "select", "-t", "hgx_h200:gpus=2", "allreduce", "--size", "64KB"]) == 0
+    out = capsys.readouterr().out
+    assert "α-β model of the links only: hgx_h200:gpus=2 was calibrated without Lamport plans" in out

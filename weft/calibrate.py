@@ -5,7 +5,11 @@ A bench results file (``bench/results/gpu_*.json``) names each plan it timed (``
 ll-x64-t256``: schedule, protocol, instances, threads, ...). The plan is rebuilt from its name (the baseline
 schedule synthesized again, compiled with the same options), its ``PlanFeatures`` read, and each of its median
 times becomes an ``Observation``. Times measured with LL128 lines are left out: they are another packet format,
-priced by their own measurements.
+priced by their own measurements; so are compiled kernels' (``+compiled``): the model prices the interpreter.
+
+The Lamport plans were timed in jobs of their own (``LAMPORT_RESULTS``), beside LL and Simple plans timed again on
+other days: from those files only the Lamport plans' times are taken, so that each protocol's terms rest on the
+jobs that were run to measure it.
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ MAX_NAME = 200
 # rebuild (synthesis and compile) grows with ranks^2 x instances x pipeline, and a 121-byte file must not name a
 # plan that takes minutes (a trees plan, or a ring on thousands of ranks).
 MAX_REBUILD_WORK = 1 << 21
+# The Lamport jobs' results (module docstring), by GPU count: globs under RESULTS
+LAMPORT_RESULTS = "lamport_*/gpu_allreduce_bf16_graph_{n}x*.json"
+PROTOCOL_NAMES = {"ll": "LL", "simple": "Simple", "lamport": "Lamport"}  # a plan name's protocol, as plans spell it
 PLAN_NAME = re.compile(
-    r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple)"
+    r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple|lamport)"
     r"-x(?P<instances>\d+)(?:-p(?P<pipeline>\d+))?(?:-t(?P<threads>\d+))?(?P<double>-2s)?"
     r"(?P<pull>-pull)?(?P<multipeer>-mp)?(?:-max(?P<max_mb>\d+)MB)?"
 )
@@ -48,7 +55,8 @@ def features(plan: Plan, schedule: Schedule, topology: Topology) -> PlanFeatures
     hops = max((_hops(tb.ops) for g in plan.gpus for tb in g.threadblocks), default=0)
     arrivals = max((sum(map(_op_arrivals, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
     sources = max((sum(map(_op_sources, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
-    work = [[sum(_op_chunks(op) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
+    flagged = 2 if plan.protocol == "LL" else 1  # an LL packet moves its flags beside its data; Lamport's, none
+    work = [[sum(_op_chunks(op, flagged) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
     n = plan.size_chunks
     return PlanFeatures(
         plan.protocol,
@@ -97,11 +105,11 @@ def _op_sources(op) -> int:
     return sum(spec.reads_packet(k) for k in range(len(op.src_buff)))
 
 
-def _op_chunks(op) -> int:
-    """Chunks an op reads and writes (an LL packet twice: its data and its flags)."""
+def _op_chunks(op, packet: int) -> int:
+    """Chunks an op reads and writes, a packet ``packet`` times (an LL packet twice: its data and its flags)."""
     spec = OPS[op.name]
-    reads = sum(ref.size * (2 if spec.reads_packet(k) else 1) for k, ref in enumerate(op.src_buff))
-    writes = sum(ref.size * (2 if spec.writes_packet(ref.remote) else 1) for ref in op.dst_buff)
+    reads = sum(ref.size * (packet if spec.reads_packet(k) else 1) for k, ref in enumerate(op.src_buff))
+    writes = sum(ref.size * (packet if spec.writes_packet(ref.remote) else 1) for ref in op.dst_buff)
     return reads + writes
 
 
@@ -111,7 +119,7 @@ def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedul
     another fabric than ``fingerprint``'s, or is larger than a measured plan: a results file is data, and the
     plans it names are rebuilt only within the bounds of ``rebuildable``)."""
     from codegen import compile_schedule
-    from codegen.protocol import LL_MAX_BYTES
+    from codegen.protocol import LAMPORT_MAX_BYTES, LL_MAX_BYTES
     from topologies import resolve
     from weft.synthesis import synthesize
 
@@ -123,7 +131,8 @@ def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedul
         if (fingerprint is not None and topology.fingerprint != fingerprint) or not rebuildable(topology, m):
             return None
         schedule = synthesize(topology, m["collective"], m["method"])
-        protocol = "LL" if m["protocol"] == "ll" else "Simple"
+        protocol = PROTOCOL_NAMES[m["protocol"]]
+        limit = int(m["max_mb"]) << 20 if m["max_mb"] else None  # the packet protocol's, where its name says
         plan = compile_schedule(
             schedule,
             topology,
@@ -133,8 +142,9 @@ def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedul
             pipeline=int(m["pipeline"] or 1),
             pull=bool(m["pull"]),
             multipeer=bool(m["multipeer"]),
-            double_scratch=None if protocol == "LL" else bool(m["double"]),
-            ll_max_bytes=int(m["max_mb"]) << 20 if m["max_mb"] else LL_MAX_BYTES,
+            double_scratch=bool(m["double"]) if protocol == "Simple" else None,
+            ll_max_bytes=limit if protocol == "LL" and limit else LL_MAX_BYTES,
+            lamport_max_bytes=limit if protocol == "Lamport" and limit else LAMPORT_MAX_BYTES,
         )
     except Exception:  # noqa: BLE001 (a name weft no longer compiles the same way is left out, never a crash)
         return None
@@ -158,9 +168,11 @@ def observations(
     topology: Topology,
     paths: list[Path],
     progress: Callable[[str], None] | None = None,
+    protocols: tuple[str, ...] = CALIBRATED_PROTOCOLS,
 ) -> tuple[list[Observation], list[str]]:
-    """The measured (plan, size, µs) points of ``topology`` in these results files, and the files they came from.
-    ``progress`` hears of each file before its plans are rebuilt (a few seconds each)."""
+    """The measured (plan, size, µs) points of ``topology`` in these results files, its plans of ``protocols`` only,
+    and the files they came from (named from ``RESULTS`` where they lie under it). ``progress`` hears of each file
+    before its plans are rebuilt (a few seconds each)."""
     found: list[Observation] = []
     used: list[str] = []
     for path in paths:
@@ -193,7 +205,11 @@ def observations(
                 ):
                     continue
                 rebuilt = named_plan(key[5:], topology.fingerprint)
-                if rebuilt is None or rebuilt[2].fingerprint != topology.fingerprint:
+                if (
+                    rebuilt is None
+                    or rebuilt[2].fingerprint != topology.fingerprint
+                    or rebuilt[0].protocol not in protocols
+                ):
                     continue
                 plan, schedule, _ = rebuilt
                 found.append(
@@ -202,8 +218,16 @@ def observations(
                     )
                 )
         if len(found) > before:
-            used.append(Path(path).name)
+            used.append(_source_name(Path(path)))
     return found, used
+
+
+def _source_name(path: Path) -> str:
+    """A results file as a calibration names it: its path under ``RESULTS``, else its file name."""
+    try:
+        return path.resolve().relative_to(RESULTS.resolve()).as_posix()
+    except ValueError:
+        return path.name
 
 
 def default_results(topology: Topology) -> list[Path]:
@@ -212,11 +236,22 @@ def default_results(topology: Topology) -> list[Path]:
     return sorted(p for p in RESULTS.glob("gpu_*.json") if pattern.fullmatch(p.name))
 
 
+def lamport_results(topology: Topology) -> list[Path]:
+    """The committed results of the Lamport jobs for this many GPUs (``LAMPORT_RESULTS``)."""
+    return sorted(RESULTS.glob(LAMPORT_RESULTS.format(n=topology.nranks)))
+
+
 def calibrate(
     topology: Topology, paths: list[Path] | None = None, progress: Callable[[str], None] | None = None
 ) -> Calibration:
-    """Fit the cost model's terms to ``topology``'s measured plans (default: the committed results)."""
-    found, used = observations(topology, paths if paths is not None else default_results(topology), progress)
+    """Fit the cost model's terms to ``topology``'s measured plans (default: the committed results, and the Lamport
+    plans of the Lamport jobs' results)."""
+    if paths is not None:
+        found, used = observations(topology, paths, progress)
+    else:
+        found, used = observations(topology, default_results(topology), progress, ("LL", "Simple"))
+        lamport, lamport_used = observations(topology, lamport_results(topology), progress, ("Lamport",))
+        found, used = found + lamport, used + lamport_used
     if not found:
         raise CalibrationError(
             f"topology {topology.name}: no measured plan of this fabric in the results files "
@@ -235,7 +270,7 @@ def predictions(
     if schedule is None or topology is None:
         return None
     calibration = load_calibration(topology.fingerprint)
-    if calibration is None or plan.protocol not in CALIBRATED_PROTOCOLS:  # Lamport: no GPU time measured yet
+    if calibration is None or plan.protocol not in calibration.protocols:  # a protocol this fabric never measured
         return None
     f = features(plan, schedule, topology)
     summary = calibration.residuals()

@@ -155,8 +155,11 @@ def prediction_note(entry, name: str | None = None) -> str:
     if str(entry.provenance.get("prediction", "")).startswith("calibrated"):
         return "calibrated to measurements on this fabric"
     name = entry.provenance.get("topology_name") or name or entry.key.topology
-    if load_calibration(entry.key.topology) is None:
+    calibration = load_calibration(entry.key.topology)
+    if calibration is None:
         return f"fabric {name} never measured: α-β model of its links only"
+    if entry.plan.protocol not in calibration.protocols:
+        return f"α-β model of the links only: {name} was calibrated without {entry.plan.protocol} plans"
     return f"α-β model of the links only, predicted before {name} was calibrated (commit again to calibrate)"
 
 
