@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--protocols",
         help="any of ll, simple and lamport, comma-separated (lamport: data that is its own flag, 1x the bytes on the "
-        "wire; the interpreter engine runs it, the port engine does not) (default: all three on one host, simple alone "
-        "for a topology of several hosts, whose port channels carry plain puts)",
+        "wire; the interpreter engine runs it, the port engine does not). Default: all three on one host, simple alone "
+        "for a topology of several hosts, whose port channels carry plain puts",
     )
     p.add_argument(
         "--sms",
