@@ -38,7 +38,6 @@ MAX_NAME = 200
 MAX_REBUILD_WORK = 1 << 21
 # The Lamport jobs' results (module docstring), by GPU count: globs under RESULTS
 LAMPORT_RESULTS = "lamport_*/gpu_allreduce_bf16_graph_{n}x*.json"
-PROTOCOL_NAMES = {"ll": "LL", "simple": "Simple", "lamport": "Lamport"}  # a plan name's protocol, as plans spell it
 PLAN_NAME = re.compile(
     r"(?P<method>[a-z]+)-(?P<collective>[a-z]+)-(?P<spec>\S+?)-(?P<protocol>ll|simple|lamport)"
     r"-x(?P<instances>\d+)(?:-p(?P<pipeline>\d+))?(?:-t(?P<threads>\d+))?(?P<double>-2s)?"
@@ -55,8 +54,8 @@ def features(plan: Plan, schedule: Schedule, topology: Topology) -> PlanFeatures
     hops = max((_hops(tb.ops) for g in plan.gpus for tb in g.threadblocks), default=0)
     arrivals = max((sum(map(_op_arrivals, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
     sources = max((sum(map(_op_sources, tb.ops)) for g in plan.gpus for tb in g.threadblocks), default=0)
-    flagged = 2 if plan.protocol == "LL" else 1  # an LL packet moves its flags beside its data; Lamport's, none
-    work = [[sum(_op_chunks(op, flagged) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
+    packet = 2 if plan.protocol == "LL" else 1  # an LL packet moves its flags beside its data; Lamport's, none
+    work = [[sum(_op_chunks(op, packet) for op in tb.ops) for tb in g.threadblocks] for g in plan.gpus]
     n = plan.size_chunks
     return PlanFeatures(
         plan.protocol,
@@ -119,7 +118,7 @@ def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedul
     another fabric than ``fingerprint``'s, or is larger than a measured plan: a results file is data, and the
     plans it names are rebuilt only within the bounds of ``rebuildable``)."""
     from codegen import compile_schedule
-    from codegen.protocol import LAMPORT_MAX_BYTES, LL_MAX_BYTES
+    from codegen.protocol import LAMPORT_MAX_BYTES, LL_MAX_BYTES, PROTOCOLS
     from topologies import resolve
     from weft.synthesis import synthesize
 
@@ -131,7 +130,7 @@ def named_plan(name: str, fingerprint: str | None = None) -> tuple[Plan, Schedul
         if (fingerprint is not None and topology.fingerprint != fingerprint) or not rebuildable(topology, m):
             return None
         schedule = synthesize(topology, m["collective"], m["method"])
-        protocol = PROTOCOL_NAMES[m["protocol"]]
+        protocol = PROTOCOLS[m["protocol"]]  # as plans spell it
         limit = int(m["max_mb"]) << 20 if m["max_mb"] else None  # the packet protocol's, where its name says
         plan = compile_schedule(
             schedule,

@@ -36,28 +36,25 @@ def report(calibration) -> list[str]:
     t = calibration.terms
     fitted = [p for p in PROTOCOLS if p in calibration.protocols]  # the others keep their defaults: not shown
 
-    def each(term: str, show, of: str = " ") -> str:
-        """A per-protocol term for every fitted protocol: 'LL 1.06 µs, Simple 4.52 µs' (``of``: ' of ' puts
-        the value first: '44.3 GB/s of LL')."""
-        if of == " ":
-            return ", ".join(f"{p} {show(t[f'{term}.{p}'])}" for p in fitted)
-        return ", ".join(f"{show(t[f'{term}.{p}'])}{of}{p}" for p in fitted)
+    def each(term: str, show) -> str:
+        """A per-protocol term of every fitted protocol, each ``show(protocol, value)``: 'LL 1.06 µs, Simple 4.5 µs'."""
+        return ", ".join(show(p, t[f"{term}.{p}"]) for p in fitted)
 
     lines = [
         f"calibration of {calibration.topology_name} ({calibration.topology}) from "
         f"{counted(r['points'], 'measurement', 'measurements')} in "
         f"{', '.join(calibration.sources) or 'the given observations'}",
         f"  launch {t['launch_us']:.2f} µs + {t['warps_us'] * 1e3:.3f} ns per warp; hop "
-        + each("hop_us", lambda v: f"{v:.2f} µs")
+        + each("hop_us", lambda p, v: f"{p} {v:.2f} µs")
         + "; link efficiency "
-        + each("efficiency", lambda v: f"{v:.2f}"),
+        + each("efficiency", lambda p, v: f"{p} {v:.2f}"),
         "  a 1024-thread block moves "
-        + each("threadblock_us_per_byte", lambda v: f"{1e-3 / v:.1f} GB/s", " of ")
+        + each("threadblock_us_per_byte", lambda p, v: f"{1e-3 / v:.1f} GB/s of {p}")
         + f"; GPU memory {1e-3 / t['memory_us_per_byte']:.0f} GB/s",
         "  a further wait in a hop "
-        + each("arrival_us", lambda v: f"{v:.2f} µs")
+        + each("arrival_us", lambda p, v: f"{p} {v:.2f} µs")
         + "; a further source of one wait "
-        + each("source_us", lambda v: f"{v:.2f} µs")
+        + each("source_us", lambda p, v: f"{p} {v:.2f} µs")
         + f"; chunks off 16-byte boundaries {1 + t['misaligned_slowdown']:.2f}x slower",
         f"residuals (predicted / measured): {r['within_tolerance']} of {r['points']} within {TOLERANCE}x, worst "
         f"{r['worst_ratio']:.2f}x, rms of log ratio {r['rms_log_ratio']:.3f}",
