@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 bench/kernel_trace.py --registry bench/registry_h200x2 [--lines] -o OUT.json
     torchrun --nproc-per-node 2 bench/kernel_trace.py --lamport -o OUT.json
+    torchrun --nproc-per-node 4 bench/kernel_trace.py --registry DIR --case PLAN:BYTES ... [--compiled] -o OUT.json
 
 Each (plan, size) runs as CUDA-graph replays of --calls back-to-back calls (PDL overlapping them, as in
 ``weft bench``), then every thread block's mean phase times per launch are read back (executor/gpu/trace.py).
@@ -9,7 +10,9 @@ Blocks that run the same ops are summarized together: the median of each phase o
 total. The timed build spills a few registers, so its totals run somewhat above the production kernel's.
 ``--lamport``: LAMPORT_CASES, each an LL plan and the Lamport plan of the same schedule, instances and threads, built
 here (no registry), side by side at one size: where the Lamport kernel's time goes that LL's does not (its reset op,
-its polls).
+its polls). ``--case PLAN:BYTES`` (repeatable, with --registry): those plans and sizes instead of CASES.
+``--compiled``: each case runs as its plan compiled to a kernel of its own (the timed build of it), whose blocks
+keep the interpreter's phase numbering (no op window: its slot is the dependency wait alone).
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ def lamport_pairs(nranks: int) -> list[tuple[Plan, int, bool]]:
     return out
 
 
+def _case(text: str) -> tuple[str, int, bool]:
+    """``PLAN:BYTES`` (the plan name holds colons: the size is after the last) as a case on packets."""
+    name, _, nbytes = text.rpartition(":")
+    return name, int(nbytes), False
+
+
 def groups(times, ops_of) -> list[dict]:
     """Blocks running the same ops summarized: the median of each phase and op, the slowest total."""
     by: dict[tuple, list] = {}
@@ -91,6 +100,8 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--lines", action="store_true", help="the LL128 cases (LINE_CASES) instead")
     parser.add_argument("--lamport", action="store_true", help="LL against Lamport (LAMPORT_CASES), plans built here")
+    parser.add_argument("--case", action="append", default=[], help="PLAN:BYTES from --registry, instead of CASES")
+    parser.add_argument("--compiled", action="store_true", help="run each case compiled to a kernel of its own")
     parser.add_argument("-o", "--output")
     args = parser.parse_args()
     import torch
@@ -107,7 +118,8 @@ def main() -> None:
         cases = lamport_pairs(dist.get_world_size())
     elif args.registry:
         plans = {e.plan.name: e.plan for e in Registry(args.registry).entries(collective="allreduce")}
-        cases = [(plans[name], nbytes, lines) for name, nbytes, lines in (LINE_CASES if args.lines else CASES)]
+        chosen = [_case(c) for c in args.case] or (LINE_CASES if args.lines else CASES)
+        cases = [(plans[name], nbytes, lines) for name, nbytes, lines in chosen]
     else:
         parser.error("--registry is needed, but with --lamport")
     comm = InterpreterEngine(rank, dist.get_world_size(), bootstrap.process_group_store(None), trace=True)
@@ -119,13 +131,13 @@ def main() -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            comm.execute(plan, x, y, lines=lines)
+            comm.execute(plan, x, y, lines=lines, compiled=args.compiled)
         torch.cuda.synchronize()
         comm.reset_kernel_times()  # graph replays only: the eager warm-up may wait for a peer still starting
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             for _ in range(args.calls):
-                comm.execute(plan, x, y, lines=lines)
+                comm.execute(plan, x, y, lines=lines, compiled=args.compiled)
         for _ in range(args.replays):
             graph.replay()
         torch.cuda.synchronize()
@@ -135,6 +147,8 @@ def main() -> None:
                 "plan": name,
                 "size": nbytes,
                 "lines": lines,
+                "compiled": args.compiled,
+                "compiled_refused": comm.compiled_refused.get(plan.content_hash, "") if args.compiled else "",
                 "groups": groups(comm.kernel_times(plan, nbytes, "bf16", lines=lines), ops_of),
             }
         )
