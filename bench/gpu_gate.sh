@@ -8,7 +8,11 @@
 #
 # gpu:   `python -m pytest -m gpu` over the whole suite at NPROC ranks (WEFT_GPU_NPROC) on the GPUs named by GPUS;
 #        the log is $OUT/gpu_tests_x<NPROC>.txt; NVCC_APART=1 runs the nvcc-only -m gpu tests (no GPU) in a second
-#        pytest beside it, logged to $OUT/gpu_tests_nvcc_x<NPROC>.txt
+#        pytest beside it, logged to $OUT/gpu_tests_nvcc_x<NPROC>.txt. SHARDS="0,1 2,3" (GPU groups) or PART=K/N
+#        runs it file by file instead (bench/gpu_shards.py): one queue of files, a worker a group, so that two pairs
+#        of a 4-GPU machine share the 2-rank suite, and PART keeps every Nth file, so that N calls run it whole;
+#        the summary is $OUT/gpu_shards_x<NPROC>[_p<K>of<N>].json, a log a group. Without z3 (.carry_ort),
+#        tests/test_smt.py, which imports it as it is collected and holds no GPU test, is left out
 # a2a:   tests/gpu/test_alltoall.py alone, with its ranks' output, and their stacks if it outlives A2A_S
 # tour:  tests/test_readme_tour.py, the README's CLI tour from an empty folder, GPU lines included (it needs 2 GPUs);
 #        the log is $OUT/tour_gpu.txt
@@ -22,19 +26,28 @@ for s in ${STEPS:-gpu tour}; do
     gpu)
       step "pytest -m gpu (whole suite) at $WEFT_GPU_NPROC ranks on GPUs $CUDA_VISIBLE_DEVICES"
       apart=()
+      python3 -c "import z3" 2>/dev/null || apart+=(--ignore=tests/test_smt.py)
       if [ "${NVCC_APART:-0}" = 1 ]; then
         # the -m gpu tests that only run nvcc (no GPU, minutes of CPU) in a second pytest beside the GPU tests:
         # the two together are the whole -m gpu selection
-        apart=(--ignore=tests/test_cuda_compile.py --ignore=tests/test_compiled.py)
+        apart+=(--ignore=tests/test_cuda_compile.py --ignore=tests/test_compiled.py)
         timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
           tests/test_cuda_compile.py tests/test_compiled.py >"$OUT/gpu_tests_nvcc_x$WEFT_GPU_NPROC.txt" 2>&1 &
       fi
-      # -v: a line a test as it ends; pytest-timeout (in the image) ends a test that outlives TEST_S
-      timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
-        --timeout "${TEST_S:-200}" --timeout-method signal "${apart[@]}" ${PYTEST_ARGS:-} \
-        >"$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" 2>&1
-      echo "rc=$?" | tee -a "$LOG"
-      tail -n 4 "$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG"
+      if [ -n "${SHARDS:-}${PART:-}" ]; then
+        # file by file from one queue, a worker a GPU group; no file starts past GPU_S
+        python3 bench/gpu_shards.py --groups ${SHARDS:-$CUDA_VISIBLE_DEVICES} --nproc "$WEFT_GPU_NPROC" \
+          --limit-s "${GPU_S:-330}" --test-s "${TEST_S:-200}" ${PART:+--part "$PART"} --out "$OUT" \
+          "${apart[@]}" 2>&1 | tee -a "$LOG" | tail -n 40
+        echo "rc=${PIPESTATUS[0]}" | tee -a "$LOG"
+      else
+        # -v: a line a test as it ends; pytest-timeout (in the image) ends a test that outlives TEST_S
+        timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
+          --timeout "${TEST_S:-200}" --timeout-method signal "${apart[@]}" ${PYTEST_ARGS:-} \
+          >"$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" 2>&1
+        echo "rc=$?" | tee -a "$LOG"
+        tail -n 4 "$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG"
+      fi
       if [ "${NVCC_APART:-0}" = 1 ]; then
         wait
         echo "nvcc tests:" | tee -a "$LOG"

@@ -1,0 +1,65 @@
+"""bench/gpu_shards.py, the GPU gate's file-by-file run (SHARDS, PART): its queue, its parts and its reading of
+pytest's summary line, and a whole run on a suite of three files, one of them failing, on two "groups"."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+SCRIPT = ROOT / "bench" / "gpu_shards.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_shards", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_doctests_hold():
+    assert doctest.testmod(_module()).failed == 0
+
+
+def test_the_parts_together_are_every_file_once_and_the_heavy_files_lead():
+    shards = _module()
+    files = [f"tests/gpu/test_{i}.py" for i in range(7)] + ["tests/gpu/test_fused_norm.py"]
+    queue = shards.ordered(files, {})
+    assert queue[0] == "tests/gpu/test_fused_norm.py"
+    parts = [shards.part(queue, f"{k}/3") for k in (1, 2, 3)]
+    assert sorted(f for p in parts for f in p) == sorted(files)
+
+
+def test_a_run_over_two_groups_reports_each_file_and_is_not_whole_when_one_fails(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text("")
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: a GPU test\n")
+    body = (
+        "import os, pytest\n\n@pytest.mark.gpu\ndef test_sees_its_group():\n"
+        "    assert os.environ['CUDA_VISIBLE_DEVICES'] in ('0,1', '2,3')\n"
+    )
+    (suite / "test_a.py").write_text(body)
+    (suite / "test_b.py").write_text(body + "\n@pytest.mark.gpu\ndef test_fails():\n    assert False\n")
+    (suite / "test_c.py").write_text(body + "\ndef test_not_gpu():\n    pass\n")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--groups", "0,1", "2,3", "--nproc", "2", "--test-s", "0", "--out", str(out)],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads((out / "gpu_shards_x2.json").read_text())
+    by_file = {row["file"]: row for row in doc["files"]}
+    assert sorted(by_file) == ["test_a.py", "test_b.py", "test_c.py"]
+    assert by_file["test_b.py"]["rc"] == 1 and by_file["test_b.py"]["counts"] == {"passed": 1, "failed": 1}
+    assert by_file["test_c.py"]["counts"] == {"passed": 1, "deselected": 1}
+    assert doc["total"]["passed"] == 3 and doc["total"]["failed"] == 1 and doc["whole"] is False
+    assert {row["group"] for row in doc["files"]} <= {"0,1", "2,3"}
+    assert "NOT whole" in done.stdout
