@@ -180,8 +180,8 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @nvcc
 def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path):
     """A handful of plans in every dtype (one with multi-peer pairs, walked from a per-warp turn), and the launch
-    variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan, a Lamport plan with both), in one nvcc
-    call: each builds, and keeps no op in local memory."""
+    variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan, a Lamport plan with both, a 4-rank
+    Lamport one-shot in batch mode), in one nvcc call: each builds, and keeps no op in local memory."""
     from codegen.rows import own_rows
     from executor.reference.norm import RowNorm
     from topologies.catalog import build as topology
@@ -195,12 +195,19 @@ def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path):
     ll = load_plan(picks[0])
     h200 = topology("hgx_h200:gpus=2")
     lamport = compile_and_verify(synthesize(h200, "allreduce", "direct"), h200, protocol="lamport")
+    four = topology("hgx_h200:gpus=4")
+    # a 4-rank multi-peer one-shot in blocks of 256 threads: the batch kernel, its three peers' units fetched
+    # together before any is polled again (channel.cuh), which must still fit the batch kernel's registers
+    batch = compile_and_verify(
+        synthesize(four, "allreduce", "direct"), four, 8, protocol="lamport", threads=256, multipeer=True
+    )
     variants = [
         build_tables(ll, 0, ll.granule * 64, lines=True),
         build_tables(ll, 0, ll.granule * 64, residual=True),
         build_tables(own_rows(ll, 2), 0, 8192, residual=True, norm=RowNorm(2048, 1e-6)),
         build_tables(lamport, 0, 65536),
         build_tables(lamport, 0, 65536, residual=True, norm=RowNorm(2048, 1e-6)),  # the fused call on Lamport
+        build_tables(batch, 0, 65536),
     ]
     plain = _sources(picks[1:], ("bf16",)) + _sources(picks[:1], DTYPES)
     plain += [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]

@@ -177,7 +177,36 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
   const i64 stride = (i64)blockDim.x;
   for (i64 first = threadIdx.x; first < units; first += kInFlight * stride) {
     Unit<V> acc[kInFlight];
-    if constexpr (Batch) {
+    if constexpr (Batch && Lamport && kPollGroup > 1) {
+      // every unit of kPollGroup sources fetched before any is polled again: a one-shot's peers' copies then cost
+      // one trip to memory, not one a peer (the sums keep their order: src[0], src[1], ... for every unit)
+      if (!source_all<D, Lamport>(t, op.src[0], first, stride, units, acc, deadline)) return false;
+#pragma unroll
+      for (int s0 = 1; s0 < kMaxRefs; s0 += kPollGroup) {
+        if (s0 >= op.nsrc) break;
+        Unit<V> x[kPollGroup][kInFlight];
+#pragma unroll
+        for (int g = 0; g < kPollGroup; ++g) {
+#pragma unroll
+          for (int k = 0; k < kInFlight; ++k) {
+            const i64 u = first + k * stride;
+            if (s0 + g < op.nsrc && u < units) lamport_fetch_unit<V>(t, op.src[s0 + g], u, x[g][k]);
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < kPollGroup; ++g) {
+          if (s0 + g >= op.nsrc) break;
+#pragma unroll
+          for (int k = 0; k < kInFlight; ++k) {
+            const i64 u = first + k * stride;
+            if (u >= units) continue;
+            if (!lamport_settle_unit<D, V>(t, op.src[s0 + g], u, x[g][k], deadline)) return false;
+#pragma unroll
+            for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[g][k].w[w]);
+          }
+        }
+      }
+    } else if constexpr (Batch) {
       if (!source_all<D, Lamport>(t, op.src[0], first, stride, units, acc, deadline)) return false;
       WEFT_FOR_EACH(s, 1, op.nsrc, kMaxRefs) {
         Unit<V> x[kInFlight];
