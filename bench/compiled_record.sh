@@ -4,7 +4,8 @@
 #
 #   JOBS="4:r4:bench/exp_r4:1KB,4KB,16KB,64KB,256KB:200 2:r2:bench/exp_r2:1KB,1MB:150:0,1" bash bench/compiled_record.sh
 #
-# Each job is NPROC:LABEL:REGISTRY:SIZES:SECONDS[:GPUS] (GPUS default 0,1,2,3; LL128=1 adds --ll128): `weft bench allreduce --compiled
+# Each job is NPROC:LABEL:REGISTRY:SIZES:SECONDS[:GPUS] (GPUS default 0,1,2,3; LL128=1 adds --ll128; SAMPLES and
+# CALLS, default 6 and 10: the bench's own 30 and 20 time ten times the calls): `weft bench allreduce --compiled
 # --record` over every plan of a copy of REGISTRY at SIZES, the peers timed beside it, written to
 # $OUT/gpu_allreduce_bf16_graph_<NPROC>x<gpu>_<LABEL>.json, the copy tarred as $OUT/reg_<LABEL>.tgz (a call returns
 # eight files: tar $OUT before it ends if jobs are many). `weft registry record --registry bench/registry_h200x<N>
@@ -23,7 +24,7 @@ job() {  # nproc label registry sizes seconds [gpus]
   rm -rf "$reg" && cp -r "$3" "$reg"
   echo "== bench $2 ($1 ranks, $4) $(date -u +%T)"
   CUDA_VISIBLE_DEVICES=${6:-0,1,2,3} timeout -k 5 "$5" python3 -c 'from weft.cli import run; run()' bench allreduce \
-    --nproc "$1" --plans registry --registry "$reg" --sizes "$4" --samples 6 --calls 10 --timeout 5 --compiled \
+    --nproc "$1" --plans registry --registry "$reg" --sizes "$4" --samples "${SAMPLES:-6}" --calls "${CALLS:-10}" --timeout 5 --compiled \
     ${LL128:+--ll128} --record -o "$OUT/gpu_allreduce_bf16_graph_${1}${G}_$2.json" >"$OUT/log_$2.txt" 2>&1
   echo "rc=$?"
   grep -A9 "^# weft bench" "$OUT/log_$2.txt" | head -10
