@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -131,12 +132,17 @@ def run_file(path: str, gpus: str, env: dict[str, str], left: float, test_s: int
     cmd += ["--timeout", str(test_s), "--timeout-method", "signal"] if test_s > 0 else []
     cmd.append(path)
     start = time.monotonic()
+    # a session of its own, so that a cut run's rank processes (the test's children) are stopped with it
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left)
-        text, row["rc"] = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as e:
-        part = e.stdout or ""
-        text, row["rc"] = part.decode(errors="replace") if isinstance(part, bytes) else part, "cut"
+        text, _ = proc.communicate(timeout=left)
+        row["rc"] = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+        row["rc"] = "cut"
     row["seconds"] = round(time.monotonic() - start, 1)
     row["counts"] = counts(text)
     return row, text

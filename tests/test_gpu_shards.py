@@ -63,3 +63,28 @@ def test_a_run_over_two_groups_reports_each_file_and_is_not_whole_when_one_fails
     assert doc["total"]["passed"] == 3 and doc["total"]["failed"] == 1 and doc["whole"] is False
     assert {row["group"] for row in doc["files"]} <= {"0,1", "2,3"}
     assert "NOT whole" in done.stdout
+
+
+def test_a_file_past_the_limit_is_cut_with_the_processes_it_started(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: a GPU test\n")
+    pid_file = tmp_path / "child.pid"
+    (suite / "test_slow.py").write_text(
+        "import subprocess, time, pytest\n\n@pytest.mark.gpu\ndef test_waits_on_a_rank():\n"
+        f"    child = subprocess.Popen(['sleep', '120'])\n    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "    time.sleep(120)\n"
+    )
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--groups", "0", "--limit-s", "12", "--test-s", "0", "--out", str(out)],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    (row,) = json.loads((out / "gpu_shards_x2.json").read_text())["files"]
+    assert row["rc"] == "cut" and row["counts"] == {} and row["seconds"] < 30
+    child = int(pid_file.read_text())
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
