@@ -3,21 +3,12 @@ interpreter PTX, entry by entry), and bench/kernel_trace.py's LL against Lamport
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+from _bench import bench_script
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bench(path: Path, plans: dict[str, float], nccl_us: float, symm_us: float) -> None:
@@ -34,7 +25,7 @@ def _bench(path: Path, plans: dict[str, float], nccl_us: float, symm_us: float) 
 
 
 def test_the_bench_ratio_is_every_plans_median_over_the_peers_drift(tmp_path):
-    ab = _load("ab_compare")
+    ab = bench_script("ab_compare")
     _bench(tmp_path / "ab_allreduce_1_base.json", {"a": 4.0, "b": 5.0, "c": 6.0}, 10.0, 8.0)
     # the machine drifted 10% (both peers), and plan c also took 50% longer: one plan's outlier moves the median not
     new = {"a": 4.4, "b": 5.5, "c": 9.0}
@@ -46,7 +37,7 @@ def test_the_bench_ratio_is_every_plans_median_over_the_peers_drift(tmp_path):
 
 
 def test_the_drift_is_the_median_peer_so_one_erratic_peer_moves_no_ratio(tmp_path):
-    ab = _load("ab_compare")
+    ab = bench_script("ab_compare")
     base, new = {"a": 4.0, "b": 5.0}, {"a": 4.0, "b": 5.0}  # the same code, the same times
     for name, plans, nccl in (("ab_allreduce_1_base.json", base, 20.0), ("ab_allreduce_2_new.json", new, 16.0)):
         row = {"size": 1024, "weft_us": 4.0, "nccl_us": nccl, "plan": "a", "wrong": 0, "plans_us": plans}
@@ -68,7 +59,7 @@ def _runs_of(plan_us: list[float], nccl_us: list[float]) -> list[dict]:
 
 
 def test_the_verdict_reads_the_estimator_whose_a_a_is_tighter():
-    ab = _load("ab_compare")
+    ab = bench_script("ab_compare")
     # the plans hold within 0.5% from run to run while NCCL swings 20%: the raw ratio is the call's tighter reading
     base, new = _runs_of([4.0, 4.02, 4.0, 4.01], [10, 12, 9.5, 11.8]), _runs_of([4.01, 4.0, 4.02, 4.0], [12, 10, 11, 9])
     rows = ab.bench_ratios(base, new)
@@ -86,7 +77,7 @@ def test_the_verdict_reads_the_estimator_whose_a_a_is_tighter():
 
 
 def test_a_plan_only_one_side_ran_is_left_out_of_the_ratio(tmp_path):
-    ab = _load("ab_compare")
+    ab = bench_script("ab_compare")
     _bench(tmp_path / "ab_allreduce_1_base.json", {"a": 4.0, "gone": 1.0}, 10.0, 8.0)
     _bench(tmp_path / "ab_allreduce_2_new.json", {"a": 4.2, "added": 9.0}, 10.0, 8.0)
     (row,) = ab.bench_ratios(ab._runs(tmp_path, "allreduce", "base"), ab._runs(tmp_path, "allreduce", "new"))
@@ -94,7 +85,7 @@ def test_a_plan_only_one_side_ran_is_left_out_of_the_ratio(tmp_path):
 
 
 def test_decode_rows_pair_each_batch_and_time_and_skip_raw_lists():
-    ab = _load("ab_compare")
+    ab = bench_script("ab_compare")
     base = [{"rows": [{"batch": 1, "weft_ms": 2.0, "weft_raw_step_ms": [2.0], "weft_plan": "p"}]}]
     new = [{"rows": [{"batch": 1, "weft_ms": 2.1, "weft_raw_step_ms": [2.1], "weft_plan": "p"}]}]
     (row,) = ab.decode_ratios(base, new)
@@ -102,7 +93,7 @@ def test_decode_rows_pair_each_batch_and_time_and_skip_raw_lists():
 
 
 def test_decode_times_are_each_sides_median_over_its_runs_over_nccls_drift():
-    ab = _load("ab_compare")
+    ab = bench_script("ab_compare")
 
     def run(weft: float, nccl: float) -> dict:
         return {"rows": [{"batch": 4, "weft-fused_ms": weft, "nccl_ms": nccl, "weft-fused_isolated_us_per_call": 4.0}]}
@@ -118,7 +109,7 @@ def test_decode_times_are_each_sides_median_over_its_runs_over_nccls_drift():
 
 
 def test_ptx_entries_compare_after_renaming_what_compilation_numbers():
-    ptx = _load("ptx_ab")
+    ptx = bench_script("ptx_ab")
     body = ".visible .entry k(\n{{\n\t.local .align 8 .b8 \t__local_depot{d}[24];\n\t@%p1 bra \t$L__BB{d}_4;\n}}\n"
     base, same, changed = body.format(d=1), body.format(d=7), body.format(d=1).replace("bra", "brx")
 
@@ -128,7 +119,7 @@ def test_ptx_entries_compare_after_renaming_what_compilation_numbers():
 
 
 def test_kernel_trace_pairs_each_lamport_plan_with_the_ll_plan_of_its_schedule():
-    trace = _load("kernel_trace")
+    trace = bench_script("kernel_trace")
     pairs = trace.lamport_pairs(2)
     assert len(pairs) == 2 * len(trace.LAMPORT_CASES)
     for (ll, size, _), (lamport, same_size, _) in zip(pairs[::2], pairs[1::2], strict=True):

@@ -4,29 +4,23 @@ pytest's summary line, and a whole run on a suite of three files, one of them fa
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from _bench import bench_script
+
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "bench" / "gpu_shards.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_shards", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_doctests_hold():
-    assert doctest.testmod(_module()).failed == 0
+    assert doctest.testmod(bench_script("gpu_shards")).failed == 0
 
 
 def test_the_parts_together_are_every_file_once_and_the_heavy_files_lead():
-    shards = _module()
+    shards = bench_script("gpu_shards")
     files = [f"tests/gpu/test_{i}.py" for i in range(7)] + ["tests/gpu/test_fused_norm.py"]
     queue = shards.ordered(files, {})
     assert queue[0] == "tests/gpu/test_fused_norm.py"

@@ -37,13 +37,9 @@ def test_no_launch_is_an_error():
 def test_the_lamport_trace_cases_build_and_fit_both_protocols():
     # bench/kernel_trace.py --lamport builds its plans here: each case's LL and Lamport plans accept its size (a 4 MB
     # case once stopped the GPU run halfway: LL plans take up to 1 MB)
-    import importlib.util
-    from pathlib import Path
+    from _bench import bench_script
 
-    path = Path(__file__).parent.parent / "bench" / "kernel_trace.py"
-    spec = importlib.util.spec_from_file_location("kernel_trace", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = bench_script("kernel_trace")
     pairs = module.lamport_pairs(2)
     assert len(pairs) == 2 * len(module.LAMPORT_CASES)
     assert [p.lamport is not None for p, _, _ in pairs[:2]] == [False, True]

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from _bench import bench_script
 
 from schedules.traffic import MIDSIZE_H200X4, predict_us
 
 ROOT = Path(__file__).parent.parent
 PREDICTIONS = ROOT / "bench" / "results" / "traffic_predictions_midsize_4xh200.json"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("traffic_midsize", ROOT / "bench" / "traffic_midsize.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -33,14 +25,14 @@ def _script():
     ],
 )
 def test_a_measured_plan_is_compiled_again_from_its_name(name):
-    script = _script()
+    script = bench_script("traffic_midsize")
     assert script.compiled(*script.options_of(name)).name == name
 
 
 def test_the_committed_predictions_are_the_models_own():
     doc = json.loads(PREDICTIONS.read_text())
     assert doc["parameters"] == asdict(MIDSIZE_H200X4)
-    script = _script()
+    script = bench_script("traffic_midsize")
     row = next(r for r in doc["predictions"] if r["plan"] == doc["winners"][str(16 << 20)][0])
     plan = script.compiled(*script.options_of(row["plan"]))
     assert predict_us(plan, row["size"], MIDSIZE_H200X4) == pytest.approx(row["predicted_us"], abs=0.01)
