@@ -181,7 +181,8 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path):
     """A handful of plans in every dtype (one with multi-peer pairs, walked from a per-warp turn), and the launch
     variants (LL128 lines, a residual, the RMSNorm epilogue, a Lamport plan, a Lamport plan with both, a 4-rank
-    Lamport one-shot in batch mode), in one nvcc call: each builds, and keeps no op in local memory."""
+    Lamport one-shot in batch mode, a 4-rank Lamport two-shot of 512 threads), in one nvcc call: each builds, and
+    keeps no op in local memory."""
     from codegen.rows import own_rows
     from executor.reference.norm import RowNorm
     from topologies.catalog import build as topology
@@ -201,6 +202,8 @@ def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path):
     batch = compile_and_verify(
         synthesize(four, "allreduce", "direct"), four, 8, protocol="lamport", threads=256, multipeer=True
     )
+    # a 4-rank Lamport two-shot in blocks of 512 threads: the 1024-thread bounds' 64 registers, three polled peers
+    twoshot = compile_and_verify(synthesize(four, "allreduce", "twoshot"), four, 16, protocol="lamport", threads=512)
     variants = [
         build_tables(ll, 0, ll.granule * 64, lines=True),
         build_tables(ll, 0, ll.granule * 64, residual=True),
@@ -208,6 +211,7 @@ def test_compiled_kernels_build_for_sm90_with_their_ops_in_registers(tmp_path):
         build_tables(lamport, 0, 65536),
         build_tables(lamport, 0, 65536, residual=True, norm=RowNorm(2048, 1e-6)),  # the fused call on Lamport
         build_tables(batch, 0, 65536),
+        build_tables(twoshot, 0, 1 << 20),
     ]
     plain = _sources(picks[1:], ("bf16",)) + _sources(picks[:1], DTYPES)
     plain += [source.generate(t, "bf16", t.vector_bytes, "variant", build.headers_hash()) for t in variants]
