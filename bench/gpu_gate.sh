@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The GPU gate in one device call, from the repository root with $OUT set:
 #
-#   here:    z3-solver, ortools, immutabledict (cp312 manylinux wheels, unpacked, tarred with xz) as
-#            .carry_solvers/solvers.tar.xz and platformdirs' wheel beside it (carry .carry_solvers): the device image
-#            has none of them, and the whole suite imports them when it collects
+#   here:    platformdirs' wheel in a carried folder (.carry_peers, .carry_solvers or .carry_ort; bench/device_env.sh);
+#            the solvers (z3-solver, ortools, immutabledict: .carry_solvers/solvers.tar.xz) are optional
 #   device:  GPUS=2,3 NPROC=2 STEPS="gpu tour" bash bench/gpu_gate.sh
 #
 # gpu:   `python -m pytest -m gpu` over the whole suite at NPROC ranks (WEFT_GPU_NPROC) on the GPUs named by GPUS;
@@ -11,8 +10,9 @@
 #        pytest beside it, logged to $OUT/gpu_tests_nvcc_x<NPROC>.txt. SHARDS="0,1 2,3" (GPU groups) or PART=K/N
 #        runs it file by file instead (bench/gpu_shards.py): one queue of files, a worker a group, so that two pairs
 #        of a 4-GPU machine share the 2-rank suite, and PART keeps every Nth file, so that N calls run it whole;
-#        the summary is $OUT/gpu_shards_x<NPROC>[_p<K>of<N>].json, a log a group. Without z3 (.carry_ort),
-#        tests/test_smt.py, which imports it as it is collected and holds no GPU test, is left out
+#        the summary is $OUT/gpu_shards_x<NPROC>[_p<K>of<N>].json, a log a group. Without z3 or ortools (the
+#        device image has neither), the test files that import them as they are collected, none of which holds a
+#        GPU test (tests/test_gpu_shards.py checks), are left out: the call then needs no solver carried
 # a2a:   tests/gpu/test_alltoall.py alone, with its ranks' output, and their stacks if it outlives A2A_S
 # tour:  tests/test_readme_tour.py, the README's CLI tour from an empty folder, GPU lines included (it needs 2 GPUs);
 #        the log is $OUT/tour_gpu.txt
@@ -26,7 +26,9 @@ for s in ${STEPS:-gpu tour}; do
     gpu)
       step "pytest -m gpu (whole suite) at $WEFT_GPU_NPROC ranks on GPUs $CUDA_VISIBLE_DEVICES"
       apart=()
-      python3 -c "import z3" 2>/dev/null || apart+=(--ignore=tests/test_smt.py)
+      python3 -c "import z3" 2>/dev/null || apart+=(--ignore=tests/test_smt.py --ignore=tests/test_bound_validity.py)
+      python3 -c "import ortools" 2>/dev/null ||
+        apart+=(--ignore=tests/test_milp.py --ignore=tests/test_milp_hierarchy.py --ignore=tests/test_bound_validity.py)
       if [ "${NVCC_APART:-0}" = 1 ]; then
         # the -m gpu tests that only run nvcc (no GPU, minutes of CPU) in a second pytest beside the GPU tests:
         # the two together are the whole -m gpu selection
