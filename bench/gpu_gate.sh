@@ -10,7 +10,8 @@
 #        pytest beside it, logged to $OUT/gpu_tests_nvcc_x<NPROC>.txt. SHARDS="0,1 2,3" (GPU groups) or PART=K/N
 #        runs it file by file instead (bench/gpu_shards.py): one queue of files, a worker a group, so that two pairs
 #        of a 4-GPU machine share the 2-rank suite, and PART keeps every Nth file, so that N calls run it whole;
-#        the summary is $OUT/gpu_shards_x<NPROC>[_p<K>of<N>].json, a log a group. Without z3 or ortools (the
+#        the summary is $OUT/gpu_shards_x<NPROC>[_p<K>of<N>].json, a log a group; RESUME=an earlier call's summary
+#        runs only the files that did not pass there. Without z3 or ortools (the
 #        device image has neither), the test files that import them as they are collected, none of which holds a
 #        GPU test (tests/test_gpu_shards.py checks), are left out: the call then needs no solver carried
 # a2a:   tests/gpu/test_alltoall.py alone, with its ranks' output, and their stacks if it outlives A2A_S
@@ -39,7 +40,7 @@ for s in ${STEPS:-gpu tour}; do
       if [ -n "${SHARDS:-}${PART:-}" ]; then
         # file by file from one queue, a worker a GPU group; no file starts past GPU_S
         python3 bench/gpu_shards.py --groups ${SHARDS:-$CUDA_VISIBLE_DEVICES} --nproc "$WEFT_GPU_NPROC" \
-          --limit-s "${GPU_S:-330}" --test-s "${TEST_S:-200}" ${PART:+--part "$PART"} --out "$OUT" \
+          --limit-s "${GPU_S:-330}" --test-s "${TEST_S:-200}" ${PART:+--part "$PART"} ${RESUME:+--resume "$RESUME"} --out "$OUT" \
           "${apart[@]}" 2>&1 | tee -a "$LOG" | tail -n 40
         echo "rc=${PIPESTATUS[0]}" | tee -a "$LOG"
       else

@@ -1,14 +1,16 @@
 """``pytest -m gpu`` split by file over groups of GPUs, or over device calls (bench/gpu_gate.sh's SHARDS and PART).
 
     python3 bench/gpu_shards.py --groups 0,1 2,3 --nproc 2 --limit-s 540 --out DIR [--part 1/2] [--costs FILE]
-        [--ignore PATH ...]
+        [--ignore PATH ...] [--resume FILE]
 
 The whole suite at 2 ranks took ~470 s on one pair of H200s in the fourteenth session and 4 ranks ~570 s, near a
 device call's 600 s. Here each file of the ``-m gpu`` selection runs as a pytest of its own (its module fixtures
 stay whole), taken from one queue by as many workers as there are GPU groups, each with CUDA_VISIBLE_DEVICES set to
 its group: two pairs of a 4-GPU machine run the 2-rank suite in about half the time. ``--part K/N`` keeps files K,
 K+N, ... of the queue, so that N calls together run it whole. The queue puts the costliest files first (``--costs``:
-a previous run's summary, else HEAVY's order), so that no long file starts last.
+a previous run's summary, else HEAVY's order), so that no long file starts last. ``--resume``: a previous run's
+summary whose passed files are not run again (their rows are carried over, marked ``resumed``), so that a run cut by
+a call's limit goes on in the next call and its summary still covers the whole selection.
 
 Writes DIR/gpu_shards_x<NPROC>[_p<K>of<N>].json (per file: group, exit code, seconds, the counts of its summary
 line) and a log a group (DIR/gpu_tests_x<NPROC>_g<I>.txt); prints a line a file and the totals; exits 1 unless
@@ -148,6 +150,12 @@ def run_file(path: str, gpus: str, env: dict[str, str], left: float, test_s: int
     return row, text
 
 
+def resumed(summary: str, queue: list[str]) -> list[dict]:
+    """The rows of ``summary`` (an earlier run's JSON) for files of ``queue`` that passed there, marked resumed."""
+    rows = json.loads(Path(summary).read_text())["files"]
+    return [{**r, "resumed": True} for r in rows if r["rc"] == 0 and r["file"] in queue]
+
+
 def run(args: argparse.Namespace) -> int:
     costs: dict[str, float] = {}
     if args.costs:
@@ -155,9 +163,10 @@ def run(args: argparse.Namespace) -> int:
     queue = ordered(collect(args.ignore), costs)
     if args.part:
         queue = part(queue, args.part)
-    todo: deque[str] = deque(queue)
+    rows: list[dict] = resumed(args.resume, queue) if args.resume else []
+    done = {r["file"] for r in rows}
+    todo: deque[str] = deque(f for f in queue if f not in done)
     lock = threading.Lock()
-    rows: list[dict] = []
     end = time.monotonic() + args.limit_s
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     total = {c: sum(r["counts"].get(c, 0) for r in rows) for c in COUNTS}
     whole = all(r["rc"] == 0 for r in rows) and len(rows) == len(queue)
     name = f"gpu_shards_x{args.nproc}" + (f"_p{args.part.replace('/', 'of')}" if args.part else "")
-    doc = {"nproc": args.nproc, "groups": args.groups, "part": args.part, "ignore": args.ignore, "files": rows}
+    doc = {"nproc": args.nproc, "groups": args.groups, "part": args.part, "ignore": args.ignore}
+    doc |= {"resume": args.resume, "files": rows}
     (out / f"{name}.json").write_text(json.dumps({**doc, "total": total, "whole": whole}, indent=1))
     print(f"total {total}; {'every file ran and passed' if whole else 'NOT whole'}")
     return 0 if whole else 1
@@ -202,6 +212,7 @@ def main() -> int:
     p.add_argument("--test-s", type=int, default=200, help="one test's limit (pytest-timeout; 0: none)")
     p.add_argument("--part", help="K/N: files K, K+N, ... of the queue")
     p.add_argument("--costs", help="a previous run's summary JSON: its seconds order the queue")
+    p.add_argument("--resume", help="a previous run's summary JSON: its passed files are not run again")
     p.add_argument("--ignore", action="append", default=[], help="a path pytest leaves out (repeatable)")
     p.add_argument("--out", required=True)
     return run(p.parse_args())

@@ -58,6 +58,23 @@ def test_a_run_over_two_groups_reports_each_file_and_is_not_whole_when_one_fails
     assert {row["group"] for row in doc["files"]} <= {"0,1", "2,3"}
     assert "NOT whole" in done.stdout
 
+    # the next call: test_b mended, --resume runs it alone and the summary covers all three files
+    (suite / "test_b.py").write_text(body)
+    (suite / "test_a.py").write_text(body + "\n@pytest.mark.gpu\ndef test_ran_again():\n    assert False\n")
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), "--groups", "0,1", "--nproc", "2", "--test-s", "0", "--out", str(out / "2")]
+        + ["--resume", str(out / "gpu_shards_x2.json")],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    doc = json.loads((out / "2" / "gpu_shards_x2.json").read_text())
+    by_file = {row["file"]: row for row in doc["files"]}
+    assert sorted(by_file) == ["test_a.py", "test_b.py", "test_c.py"] and doc["whole"] is True
+    assert [f for f, row in by_file.items() if not row.get("resumed")] == ["test_b.py"]
+
 
 def test_a_file_past_the_limit_is_cut_with_the_processes_it_started(tmp_path):
     suite = tmp_path / "suite"
