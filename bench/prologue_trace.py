@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -93,9 +92,9 @@ def main() -> int:
         return 0
     work = args.output.parent / (args.output.stem + ".ranks")
     work.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    from weftcore.rendezvous import rendezvous_port  # the tree is on PYTHONPATH, as for the ranks
+
+    port = str(rendezvous_port())
     env = {**os.environ, "WORLD_SIZE": str(args.nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     procs = [
         subprocess.Popen(

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from weftcore.rendezvous import rendezvous_port
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -62,12 +63,6 @@ def nproc() -> int:
     return int(os.environ.get("WEFT_GPU_NPROC", "2"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 JOB_S = 600  # one job's whole time: past it every rank is killed
 
 
@@ -92,7 +87,7 @@ def gpu_results(tmp_path_factory) -> list[dict]:
     if gpu_count() < n:
         pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
     out = tmp_path_factory.mktemp("gpu")
-    port = str(_free_port())
+    port = str(rendezvous_port())
     root = HERE.parent.parent
     procs = []
     for rank in range(n):

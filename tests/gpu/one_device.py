@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from executor.reference.prove import expected_outputs, random_inputs  # noqa: E4
 from schedules.plan.io import load_plan  # noqa: E402
 from schedules.plan.types import Plan  # noqa: E402
 from weft.units import parse_bytes  # noqa: E402
+from weftcore.rendezvous import rendezvous_port  # noqa: E402
 
 DTYPES = ("fp32", "bf16")
 GRAPH_PLANS = (
@@ -187,17 +187,11 @@ def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, t
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
     """Start ``nproc`` ranks of this script on one device; every case's result by rank."""
     work = out.parent / (out.stem + ".ranks")
     work.mkdir(parents=True, exist_ok=True)
-    port = str(_free_port())
+    port = str(rendezvous_port())
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--rank-of", str(work), *argv],

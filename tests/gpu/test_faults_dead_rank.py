@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from weftcore.rendezvous import rendezvous_port
+
 pytestmark = pytest.mark.gpu
 
 HERE = Path(__file__).parent
@@ -108,18 +110,12 @@ def rank_main(scenario: str, victim: int, out: Path) -> None:
 # ---------------------------------------------------------------- the tests
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(scenario: str, victim: int, out: Path) -> tuple[list[int], list[dict]]:
     from conftest import gpu_count
 
     if gpu_count() < 2:
         pytest.skip("needs 2 CUDA GPUs with torch and CuPy")
-    port = str(_free_port())
+    port = str(rendezvous_port())
     procs = []
     for rank in range(2):
         env = {

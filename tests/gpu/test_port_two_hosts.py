@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,19 +14,15 @@ from pathlib import Path
 import pytest
 from cpu_rank import run_script
 
+from weftcore.rendezvous import rendezvous_port
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 NCCL_NETWORK_PATH = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(mode: str, n: int, out: Path, extra, timeout_s: float) -> list[dict]:
-    port = str(_free_port())
+    port = str(rendezvous_port())
     procs = []
     for rank in range(n):
         env = {

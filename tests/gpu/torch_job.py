@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from weftcore.rendezvous import rendezvous_port
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
@@ -30,7 +32,7 @@ def registry_for(nranks: int) -> Path:
 def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | None = None) -> list[dict]:
     """Every rank's results from one run of ``script`` (skips without the GPUs or the registry). ``env`` adds to
     or overrides the ranks' environment (a job's own WEFT_REGISTRY and WEFT_TOPOLOGY)."""
-    from conftest import JOB_S, _free_port, gpu_count, nproc, wait_all
+    from conftest import JOB_S, gpu_count, nproc, wait_all
 
     n = nproc()
     if gpu_count() < n:
@@ -38,7 +40,7 @@ def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | Non
     if not registry_for(n).is_dir() and "WEFT_REGISTRY" not in (env or {}):
         pytest.skip(f"no committed registry {registry_for(n)}")
     out = tmp_path_factory.mktemp(label)
-    port = str(_free_port())
+    port = str(rendezvous_port())
     procs = []
     for rank in range(n):
         rank_env = {

@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes, parse_size_range
 from weftcore.errors import WeftError
 from weftcore.jsonfile import write_text
+from weftcore.rendezvous import rendezvous_port
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -148,9 +148,7 @@ def launch_ranks(command: list[str], n: int, grace_s: float = 10.0, poll_s: floa
     and RankFailed names the first rank that failed. A launcher that is interrupted or terminated takes its
     ranks with it.
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = rendezvous_port()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     procs: list[subprocess.Popen] = []
     try:
