@@ -20,6 +20,7 @@
 set -u
 . bench/device_env.sh
 export CUDA_VISIBLE_DEVICES=${GPUS:-0,1} WEFT_GPU_NPROC=${NPROC:-2} PYTHONPATH="$PWD:$WEFT_SITE"
+export WEFT_TEST_TIMINGS="$OUT/scenario_seconds_x${NPROC:-2}.jsonl"  # each torch job's scenarios, timed (rank 0)
 LOG="$OUT/log_gate_${NPROC:-2}.txt"
 step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 for s in ${STEPS:-gpu tour}; do

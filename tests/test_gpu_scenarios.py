@@ -30,3 +30,28 @@ def test_residual_and_line_cases_exist():
     assert len(scenarios.residual_cases(2)) >= 10
     assert any(lined for _, _, lined in scenarios.residual_cases(2))
     assert len(scenarios.line_cases(2)) >= 10
+
+
+def test_torch_jobs_time_each_scenario_and_record_a_failure_as_its_result(tmp_path, monkeypatch):
+    """tests/gpu/torch_job.run_scenarios: every scenario runs though one raises, and rank 0 appends each one's
+    seconds to WEFT_TEST_TIMINGS (bench/gpu_gate.sh's scenario_seconds file)."""
+    import json
+
+    import torch_job
+
+    timings = tmp_path / "seconds.jsonl"
+    monkeypatch.setenv("WEFT_TEST_TIMINGS", str(timings))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def fails() -> dict:
+        raise ValueError("no such plan")
+
+    torch_job.run_scenarios(0, tmp_path, {"first": lambda: {"ok": 1}, "second": fails, "third": lambda: {}})
+    results = json.loads((tmp_path / "rank0.json").read_text())
+    assert results["first"] == {"ok": 1} and results["third"] == {}
+    assert results["second"]["error"] == "ValueError: no such plan"
+    rows = [json.loads(line) for line in timings.read_text().splitlines()]
+    assert [r["scenario"] for r in rows] == ["first", "second", "third"]
+    assert all(r["seconds"] >= 0 and r["world"] == "2" for r in rows)
+    torch_job.run_scenarios(1, tmp_path, {"first": lambda: {}})  # other ranks time nothing
+    assert len(timings.read_text().splitlines()) == 3

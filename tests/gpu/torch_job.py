@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -154,14 +155,23 @@ def start_rank(seed: int):
 
 
 def run_scenarios(rank: int, out_dir: Path, scenarios: dict[str, Callable[[], dict]]) -> None:
-    """Run each scenario, recording an exception as its result so that one failure does not hide the others."""
+    """Run each scenario, recording an exception as its result so that one failure does not hide the others.
+    Where WEFT_TEST_TIMINGS names a file (bench/gpu_gate.sh sets it), rank 0 appends each scenario's seconds to it as
+    a JSON line: a passing job's log shows no times, and these jobs are most of the GPU suite's minutes."""
     results = {}
+    timings = os.environ.get("WEFT_TEST_TIMINGS") if rank == 0 else None
     for name, run in scenarios.items():
+        start = time.monotonic()
         try:
             results[name] = run()
         except Exception as e:
             results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
-        print(f"rank {rank}: {name}: {json.dumps(results[name])[:600]}", flush=True)
+        seconds = round(time.monotonic() - start, 2)
+        print(f"rank {rank}: {name} ({seconds} s): {json.dumps(results[name])[:600]}", flush=True)
+        if timings:
+            row = {"job": Path(sys.argv[0]).name, "scenario": name, "world": os.environ.get("WORLD_SIZE")}
+            with open(timings, "a") as f:
+                f.write(json.dumps({**row, "seconds": seconds}) + "\n")
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
 
 
