@@ -92,15 +92,14 @@ def main() -> int:
         return 0
     work = args.output.parent / (args.output.stem + ".ranks")
     work.mkdir(parents=True, exist_ok=True)
-    from weftcore.rendezvous import rendezvous_port  # the tree is on PYTHONPATH, as for the ranks
+    from weftcore.rendezvous import rank_env, rendezvous_port  # the tree is on PYTHONPATH, as for the ranks
 
-    port = str(rendezvous_port())
-    env = {**os.environ, "WORLD_SIZE": str(args.nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    port = rendezvous_port()
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(args.output), "--registry", args.registry, "--rank-of", str(work)]
             + (["--compiled"] if args.compiled else []),
-            env={**env, "RANK": str(r)},
+            env={**os.environ, **rank_env(r, args.nproc, port, local_rank=0)},  # every rank on one GPU
         )
         for r in range(args.nproc)
     ]

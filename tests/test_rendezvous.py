@@ -34,3 +34,23 @@ def test_an_unreadable_range_reads_as_linux_default(tmp_path):
     assert ephemeral_range(tmp_path / "missing") == (32768, 60999)
     (tmp_path / "bad").write_text("x")
     assert ephemeral_range(tmp_path / "bad") == (32768, 60999)
+
+
+def test_a_ranks_environment_names_its_rendezvous_and_turns_multicast_off():
+    import doctest
+
+    import weftcore.rendezvous as rendezvous
+
+    assert doctest.testmod(rendezvous).failed == 0
+    env = rendezvous.rank_env(3, 4, 12345)
+    assert env == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "12345",
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+    assert rendezvous.rank_env(3, 4, "12345", local_rank=0)["LOCAL_RANK"] == "0"

@@ -1,4 +1,5 @@
-"""A TCP port for a job's rendezvous (MASTER_PORT) that nothing else on this host will take first.
+"""A job's rendezvous on one host: the TCP port its ranks meet on (MASTER_PORT), which nothing else on this host will
+take first, and each rank's environment (``rank_env``).
 
 Binding port 0 hands back a port of the kernel's ephemeral range, and closing it frees that port for every outgoing
 connection too: between the choice and rank 0's listen, the other ranks' own sockets (NCCL's, gloo's, a previous
@@ -15,6 +16,8 @@ from pathlib import Path
 
 EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FLOOR = 10000  # below: well-known and registered services
+# NVLink multicast off for every rank weft starts (the GPU machines' rule; NCCL, torch symmetric memory, NVSHMEM)
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def ephemeral_range(path: Path = EPHEMERAL) -> tuple[int, int]:
@@ -42,3 +45,20 @@ def rendezvous_port(host: str = "127.0.0.1", path: Path = EPHEMERAL, tries: int 
                 continue
             return port
     raise OSError(f"no free port outside the ephemeral range {low}-{high} after {tries} tries")
+
+
+def rank_env(rank: int, world: int, port: int | str, local_rank: int | None = None) -> dict[str, str]:
+    """The variables a rank of a one-host job reads (torch.distributed's env:// and weft's launchers): its rank, the
+    world size, its GPU (``local_rank``, default the rank), the rendezvous at 127.0.0.1:``port``, and multicast off.
+
+    >>> rank_env(1, 2, 29500)["LOCAL_RANK"], rank_env(1, 2, 29500, local_rank=0)["LOCAL_RANK"]
+    ('1', '0')
+    """
+    return {
+        **MULTICAST_OFF,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }

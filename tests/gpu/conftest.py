@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from weftcore.rendezvous import rendezvous_port
+from weftcore.rendezvous import rank_env, rendezvous_port
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -64,6 +64,14 @@ def nproc() -> int:
 
 
 JOB_S = 600  # one job's whole time: past it every rank is killed
+ROOT = HERE.parent.parent
+
+
+def job_env(rank: int, n: int, port: str, local_rank: int | None = None) -> dict[str, str]:
+    """A test job's rank environment: this process's, the rank's rendezvous (``weftcore.rendezvous.rank_env``,
+    multicast off) and the tree first on PYTHONPATH."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, **rank_env(rank, n, port, local_rank), "PYTHONPATH": path}
 
 
 def wait_all(procs: list[subprocess.Popen], limit_s: float) -> list[int | None]:
@@ -88,22 +96,10 @@ def gpu_results(tmp_path_factory) -> list[dict]:
         pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
     out = tmp_path_factory.mktemp("gpu")
     port = str(rendezvous_port())
-    root = HERE.parent.parent
-    procs = []
-    for rank in range(n):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(n),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
-            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-        }
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "worker.py"), str(out)], env=env))
+    procs = [
+        subprocess.Popen([sys.executable, str(HERE / "worker.py"), str(out)], env=job_env(rank, n, port))
+        for rank in range(n)
+    ]
     codes = wait_all(procs, 900)
     assert codes == [0] * n, f"GPU worker exit codes {codes}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]

@@ -35,7 +35,7 @@ from executor.reference.prove import expected_outputs, random_inputs  # noqa: E4
 from schedules.plan.io import load_plan  # noqa: E402
 from schedules.plan.types import Plan  # noqa: E402
 from weft.units import parse_bytes  # noqa: E402
-from weftcore.rendezvous import rendezvous_port  # noqa: E402
+from weftcore.rendezvous import rank_env, rendezvous_port  # noqa: E402
 
 DTYPES = ("fp32", "bf16")
 GRAPH_PLANS = (
@@ -195,13 +195,7 @@ def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--rank-of", str(work), *argv],
-            env={
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": str(nproc),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-            },
+            env={**os.environ, **rank_env(r, nproc, port, local_rank=0)},  # every rank on this one device
         )
         for r in range(nproc)
     ]

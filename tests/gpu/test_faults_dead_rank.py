@@ -26,7 +26,6 @@ from weftcore.rendezvous import rendezvous_port
 pytestmark = pytest.mark.gpu
 
 HERE = Path(__file__).parent
-ROOT = HERE.parent.parent
 PLAN = HERE / "plans" / "allreduce-direct-simple-x1.json"
 TIMEOUT_S = 3.0
 ELEMENTS = 1 << 16
@@ -111,25 +110,14 @@ def rank_main(scenario: str, victim: int, out: Path) -> None:
 
 
 def _run_ranks(scenario: str, victim: int, out: Path) -> tuple[list[int], list[dict]]:
-    from conftest import gpu_count
+    from conftest import gpu_count, job_env
 
     if gpu_count() < 2:
         pytest.skip("needs 2 CUDA GPUs with torch and CuPy")
     port = str(rendezvous_port())
     procs = []
     for rank in range(2):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
+        env = job_env(rank, 2, port)
         procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(victim), str(out)], env=env))
     try:
         codes = [p.wait(timeout=240) for p in procs]

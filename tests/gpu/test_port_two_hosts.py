@@ -22,22 +22,12 @@ NCCL_NETWORK_PATH = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 
 
 def _launch(mode: str, n: int, out: Path, extra, timeout_s: float) -> list[dict]:
+    from conftest import job_env
+
     port = str(rendezvous_port())
     procs = []
     for rank in range(n):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(n),
-            "LOCAL_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            **extra(rank),
-        }
+        env = {**job_env(rank, n, port, local_rank=0), **extra(rank)}
         procs.append(subprocess.Popen([sys.executable, str(HERE / "port_job.py"), mode, str(out)], env=env))
     try:
         codes = [p.wait(timeout=timeout_s) for p in procs]

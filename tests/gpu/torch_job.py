@@ -33,7 +33,7 @@ def registry_for(nranks: int) -> Path:
 def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | None = None) -> list[dict]:
     """Every rank's results from one run of ``script`` (skips without the GPUs or the registry). ``env`` adds to
     or overrides the ranks' environment (a job's own WEFT_REGISTRY and WEFT_TOPOLOGY)."""
-    from conftest import JOB_S, gpu_count, nproc, wait_all
+    from conftest import JOB_S, gpu_count, job_env, nproc, wait_all
 
     n = nproc()
     if gpu_count() < n:
@@ -45,18 +45,9 @@ def run_job(script: str, label: str, tmp_path_factory, env: dict[str, str] | Non
     procs = []
     for rank in range(n):
         rank_env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(n),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
+            **job_env(rank, n, port),
             "WEFT_REGISTRY": str(registry_for(n)),
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             **(env or {}),
         }
         procs.append(subprocess.Popen([sys.executable, script, str(out)], env=rank_env))

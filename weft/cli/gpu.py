@@ -26,9 +26,7 @@ from weft.cli.words import counted
 from weft.units import format_bytes, parse_bytes, parse_size_range
 from weftcore.errors import WeftError
 from weftcore.jsonfile import write_text
-from weftcore.rendezvous import rendezvous_port
-
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from weftcore.rendezvous import MULTICAST_OFF, rank_env, rendezvous_port
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -153,16 +151,7 @@ def launch_ranks(command: list[str], n: int, grace_s: float = 10.0, poll_s: floa
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(n):
-            env = {
-                **os.environ,
-                **SAFE_ENV,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(n),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            }
-            procs.append(subprocess.Popen(command, env=env))
+            procs.append(subprocess.Popen(command, env={**os.environ, **rank_env(rank, n, port)}))
         failed = _first_failure(procs, poll_s)
         if failed is None:
             return 0
@@ -237,7 +226,7 @@ def _init_rank(args: argparse.Namespace, port: bool = False, compiled: bool = Fa
     """This rank's process group and executor: the GPU interpreter (``compiled``: running plans compiled to kernels
     of their own where it can), or for plans with port channels (hops between hosts) the port engine over NCCL's
     point-to-point calls."""
-    os.environ.update({k: os.environ.get(k, v) for k, v in SAFE_ENV.items()})
+    os.environ.update({k: os.environ.get(k, v) for k, v in MULTICAST_OFF.items()})
     import torch
     import torch.distributed as dist
 
