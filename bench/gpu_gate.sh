@@ -38,7 +38,7 @@ for s in ${STEPS:-gpu tour}; do
         timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
           tests/test_cuda_compile.py tests/test_compiled.py >"$OUT/gpu_tests_nvcc_x$WEFT_GPU_NPROC.txt" 2>&1 &
       fi
-      if [ -n "${SHARDS:-}${PART:-}" ]; then
+      if [ -n "${SHARDS:-}${PART:-}${RESUME:-}" ]; then
         # file by file from one queue, a worker a GPU group; no file starts past GPU_S
         python3 bench/gpu_shards.py --groups ${SHARDS:-$CUDA_VISIBLE_DEVICES} --nproc "$WEFT_GPU_NPROC" \
           --limit-s "${GPU_S:-330}" --test-s "${TEST_S:-200}" ${PART:+--part "$PART"} ${RESUME:+--resume "$RESUME"} --out "$OUT" \
