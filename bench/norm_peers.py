@@ -8,7 +8,8 @@ Communicator picks, run the way the registry measured it fastest: ``plan`` carri
 suffix, and where that is compiled the same plan interpreted is timed beside it as ``interpreted_us``),
 FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, two-shot and its own choice;
 ``flashinfer_us`` is the best, named in ``flashinfer_variant``), with ``--candidates K`` the K plans selection
-ranks next for the fused call, each pinned (``candidates_us``, by plan name and mode suffix), and NCCL's in-place
+ranks next for the fused call, and with ``--plans NAMES`` those registry plans, each pinned (``candidates_us``, by
+plan name and mode suffix; a plan that cannot run the call is in ``peers_refused``), and NCCL's in-place
 all-reduce followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times
 (executor/gpu/bench.py): a CUDA graph of ``--calls`` calls per sample, the implementations alternating sample by
 sample, each one's median on its slowest rank.
@@ -130,6 +131,29 @@ def _runners_up(comm: Any, nbytes: int, shape: Any, chosen: Any, args: argparse.
     return [(plan, how) for plan, how in ranked if chosen is None or plan.name != chosen.name][: args.candidates]
 
 
+def _named(comm: Any, names: list[str], nbytes: int, dtype: Any, shape: Any, skip: set[str]) -> tuple[list, dict]:
+    """The ``--plans`` plans (registry plan names) that the fused call of this size can run, each with the mode the
+    registry measured it fastest (``Communicator.pin_norm_plan``'s default), and why each other one cannot
+    ("weft:<name>": one line). Names in ``skip`` (the choice and the runners-up, timed already) are left out."""
+    plans = {e.plan.name: e.plan for e in comm.choice.entries} if comm.choice is not None else {}
+    found, refused = [], {}
+    for name in names:
+        if name in skip:
+            continue
+        plan = plans.get(name)
+        if plan is None:
+            refused[f"weft:{name}"] = "no such plan among the registry's for this fabric"
+            continue
+        try:
+            comm.pin_norm_plan(nbytes, dtype, shape, plan)
+            found.append((plan, comm.norm_mode_for(nbytes, dtype, shape)))
+        except ValueError as e:  # its proof, its rows at this size, or the staging size refuse it
+            refused[f"weft:{name}"] = str(e).splitlines()[0][:300]
+        finally:
+            comm.pin_norm_plan(nbytes, dtype, shape, None)
+    return found, refused
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1,4,16,64")
@@ -143,6 +167,13 @@ def main() -> None:
         metavar="K",
         help="also time the K plans selection ranks next for the fused call (Communicator.norm_plans), each pinned "
         "and run the way the registry measured it fastest, as weft:<plan> (default 0)",
+    )
+    p.add_argument(
+        "--plans",
+        default="",
+        metavar="NAMES",
+        help="also time these registry plans (comma-separated plan names) for the fused call, each pinned where it "
+        "can run it and run the way the registry measured it fastest, as weft:<plan> (refusals in peers_refused)",
     )
     p.add_argument("-o", "--output", required=True)
     args = p.parse_args()
@@ -229,11 +260,14 @@ def main() -> None:
 
         shape = RowNorm(HIDDEN, EPS)
         plan, mode = comm.norm_plan_for(nbytes, y.dtype, shape), comm.norm_mode_for(nbytes, y.dtype, shape)
+        others = _runners_up(comm, nbytes, shape, plan, args)
+        skip = {p.name for p, _ in others} | ({plan.name} if plan is not None else set())
+        named, refused = _named(comm, [n for n in args.plans.split(",") if n], nbytes, y.dtype, shape, skip)
         calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
             "nccl": (nccl, nccl_checked, None),
-            **_weft_calls(comm, y, h, weight, shape, plan, mode, _runners_up(comm, nbytes, shape, plan, args)),
+            **_weft_calls(comm, y, h, weight, shape, plan, mode, others + named),
         }
-        refused = {} if fi is not None else {"flashinfer": fi_absent}
+        refused |= {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
             assert fi is not None
             why = fi.refusal(tokens, HIDDEN, variant)
