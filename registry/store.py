@@ -8,6 +8,8 @@ Layout (a local directory or any fsspec URL)::
     <root>/index.json          a summary of every entry, rebuildable from entries/ at any time
     <root>/baselines.json      NCCL's measured times per topology, collective and size (``weft bench --record``):
                                where NCCL measured faster than the best measured plan, selection picks NCCL
+    <root>/norm.json           the fused all-reduce + add + RMSNorm call's measured times per topology, row length,
+                               size and plan (``bench/norm_peers.py``, ``weft registry record``; registry/norms.py)
 
 Commits are atomic (write a temporary file, then rename) and serialized by a file lock, so concurrent
 writers never lose or tear an entry. Only plans whose verification record says they passed the reference
@@ -36,6 +38,7 @@ from typing import Any, TypeGuard
 import fsspec
 from filelock import FileLock, Timeout
 
+from registry import norms
 from registry.index import MODES, TIMING_TABLES, EntryKey, IndexRow, Mode, Timings, describes, interpolate, row_hash
 from registry.pack import PACKED_FORMAT, pack, unpack
 from schedules.collectives import NAMES as COLLECTIVES
@@ -445,6 +448,42 @@ class Registry:
             return self.baselines(), ""
         except RegistryError as e:
             return {"format": BASELINES_FORMAT, "nccl_us": {}}, f"{one_line(str(e))}; NCCL's times ignored"
+
+    def norms(self) -> dict[str, Any]:
+        """norm.json (registry/norms.py; empty if none yet), checked: RegistryError naming the field otherwise."""
+        path = self._path("norm.json")
+        if not self.exists(path):
+            return norms.empty()
+        try:
+            return norms.parse_norms(self._read_json(path, "registry"), _size, measured_us)
+        except ValueError as e:
+            raise RegistryError(f"registry {path}: {e}") from None
+
+    def norms_or_none(self) -> tuple[dict[str, Any], str]:
+        """``norms`` and '', or no fused-call times and the one-line warning where norm.json is damaged (advisory,
+        as baselines.json: selection then ranks the fused call's plans by their all-reduce times)."""
+        try:
+            return self.norms(), ""
+        except RegistryError as e:
+            return norms.empty(), f"{one_line(str(e))}; the fused call's times ignored"
+
+    def norm_times(self, topology: str | tuple[str, ...], row_elems: int) -> dict[str, dict[int, float]]:
+        """The fused call's measured times on ``topology`` for rows of ``row_elems``: plan hash + mode suffix ->
+        {bytes: µs} (registry/norms.py)."""
+        return norms.times_for(self.norms(), fingerprints(topology), row_elems)
+
+    def record_norm_timings(self, times: dict[str, dict[int, dict[int, dict[str, float]]]]) -> None:
+        """Store the fused call's measured times ({topology: {row_elems: {bytes: {plan hash + mode suffix: µs}}}})
+        over those norm.json holds, checked before it is written; a damaged norm.json is replaced."""
+        with self._locked():
+            path = self._path("norm.json")
+            _replaceable(self, path)
+            text = dumps(norms.with_times(self.norms_or_none()[0], times))
+            try:
+                norms.parse_norms(decode_json(text, "registry", path, RegistryError), _size, measured_us)
+            except ValueError as e:
+                raise RegistryError(f"registry record: {e}") from None
+            self._write_atomic(path, text)
 
     def nccl_times(self, topology: str | tuple[str, ...], collective: str) -> dict[int, float]:
         """NCCL's measured times on ``topology`` (bytes -> µs), as ``weft bench --record`` stored them: every

@@ -77,7 +77,8 @@ from executor.port.engine import PortEngine
 from executor.reference.norm import (
     RowNorm,
     best_norm_plan,
-    norm_candidates,
+    fused_estimates,
+    fused_time,
     norm_mode,
     ranked_norm_plans,
     rows_refusal,
@@ -473,7 +474,7 @@ class Communicator:
         if key not in self._norm_choices:
             self._norm_choices[key] = self._choose_norm_plan(nbytes, dtype, rows)
             plan = self._norm_choices[key][0]
-            self._norm_modes[key] = Mode() if plan is None else self._measured_norm_mode(plan, nbytes)
+            self._norm_modes[key] = Mode() if plan is None else self._measured_norm_mode(plan, nbytes, rows)
         return self._norm_choices[key][0]
 
     def norm_mode_for(self, nbytes: int, dtype: torch.dtype, rows: RowNorm) -> Mode:
@@ -515,7 +516,8 @@ class Communicator:
         if why:
             raise ValueError(f"weft: cannot pin {plan.name} for the fused norm: {why}")
         self._norm_choices[(nbytes, dtype, rows)] = (plan, "")
-        self._norm_modes[(nbytes, dtype, rows)] = self._measured_norm_mode(plan, nbytes) if mode is None else mode
+        measured = self._measured_norm_mode(plan, nbytes, rows)
+        self._norm_modes[(nbytes, dtype, rows)] = measured if mode is None else mode
 
     def prepare_norm(self, nbytes: int, rows: RowNorm, dtype: torch.dtype = torch.bfloat16) -> bool:
         """Create the fused norm's context for one size now (collective, eager); whether weft will run it."""
@@ -784,12 +786,13 @@ class Communicator:
             return None, f"the {type(engine).__name__} runs no norm epilogue"
         if not self.enabled or choice is None or engine is None or dtype not in DTYPES or self._too_large(nbytes):
             return None, "weft disabled" if not self.enabled or choice is None else "no plan (dtype or size)"
-        return best_norm_plan(
-            self._norm_candidates(nbytes, DTYPES[dtype]), nbytes, DTYPES[dtype], rows, engine.norm_refusal
-        )
+        estimates = self._norm_estimates(nbytes, DTYPES[dtype], rows)
+        return best_norm_plan([(p, t) for p, t, _ in estimates], nbytes, DTYPES[dtype], rows, engine.norm_refusal)
 
-    def _norm_candidates(self, nbytes: int, dtype: str) -> list[tuple[Plan, float]]:
-        """(plan, estimated µs) of the registry's all-reduce entries serving this size and dtype (``choice`` set)."""
+    def _norm_estimates(self, nbytes: int, dtype: str, rows: RowNorm) -> list[tuple[Plan, float, Mode]]:
+        """(plan, estimated µs, mode) of the registry's all-reduce entries serving this size and dtype, for the
+        fused call: by its own measured times where the registry has them (norm.json), else by the all-reduce's
+        (``executor.reference.norm.fused_estimates``; ``choice`` set)."""
         choice = self.choice
         assert choice is not None
         serving = [
@@ -797,7 +800,8 @@ class Communicator:
             for e in choice.entries
             if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or dtype in e.dtypes)
         ]
-        return norm_candidates(serving, nbytes, choice.ll128, choice.compiled)
+        fused = choice.norm_us.get(rows.row_elems, {})
+        return fused_estimates(serving, fused, nbytes, choice.ll128, choice.compiled)
 
     def norm_plans(self, nbytes: int, dtype: torch.dtype, rows: RowNorm, count: int) -> list[tuple[Plan, Mode]]:
         """Up to ``count`` plans the fused call of this size, dtype and row shape can run, each with the way the
@@ -806,17 +810,24 @@ class Communicator:
         choice, engine = self.choice, self.engine
         if not self.enabled or choice is None or engine is None or not engine.fuses_norm or dtype not in DTYPES:
             return []
+        estimates = self._norm_estimates(nbytes, DTYPES[dtype], rows)
+        modes = {p.content_hash: m for p, _, m in estimates}
         plans: list[tuple[Plan, Mode]] = []
-        for plan, _ in ranked_norm_plans(self._norm_candidates(nbytes, DTYPES[dtype]), nbytes, DTYPES[dtype], rows):
+        for plan, _ in ranked_norm_plans([(p, t) for p, t, _ in estimates], nbytes, DTYPES[dtype], rows):
             if len(plans) == count:
                 break
             if not engine.norm_refusal(plan):  # a proof: run only for the plans kept, in order
-                plans.append((plan, self._measured_norm_mode(plan, nbytes)))
+                plans.append((plan, modes[plan.content_hash]))
         return plans
 
-    def _measured_norm_mode(self, plan: Plan, nbytes: int) -> Mode:
+    def _measured_norm_mode(self, plan: Plan, nbytes: int, rows: RowNorm) -> Mode:
+        """How the fused call runs ``plan`` at this size: the mode it was measured fastest in for the fused call
+        (norm.json) where its times cover the size, else for the all-reduce (``norm_mode``)."""
         choice = self.choice
-        return Mode() if choice is None else norm_mode(choice.entries, plan, nbytes, choice.ll128, choice.compiled)
+        if choice is None:
+            return Mode()
+        fused = fused_time(plan, choice.norm_us.get(rows.row_elems, {}), nbytes, choice.ll128, choice.compiled)
+        return fused[1] if fused else norm_mode(choice.entries, plan, nbytes, choice.ll128, choice.compiled)
 
     def _mode(self, collective: str, tensor: torch.Tensor, out_numel: int) -> Mode:
         """How the registry's plan for ``collective`` at this call's size runs (LL128 lines, its compiled kernel)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from executor.gpu.protocols import protocol_refusal
 from executor.reference.proofs import proven
+from registry import norms
 from registry.index import Mode
 from registry.store import Entry, Registry, fingerprints, nccl_faster, nccl_reason
 from schedules.plan.types import Plan
@@ -129,6 +130,8 @@ class PlanChoice:
     trust: Callable[[Plan], str] = proven  # plan -> '' or why it must not run
     entries: list[Entry] = field(init=False)
     nccl_us: dict[str, dict[int, float]] = field(init=False)  # NCCL's measured times here, per collective
+    # the fused call's measured times here (norm.json): row length -> plan hash + mode suffix -> {bytes: µs}
+    norm_us: dict[int, dict[str, dict[int, float]]] = field(init=False)
     _chosen: dict[tuple[str, int, str], tuple[Plan, Mode] | None] = field(init=False, default_factory=dict)
     _reasons: dict[tuple[str, int, str], str] = field(init=False, default_factory=dict)
     _trusted: dict[str, str] = field(init=False, default_factory=dict)  # entry id -> '' or why ``trust`` refused it
@@ -144,6 +147,9 @@ class PlanChoice:
             and (not self.deterministic or fixed_reduction_order(e.plan))
         ]
         self.nccl_us = {c: self.registry.nccl_times(self.topology, c) for c in {e.key.collective for e in self.entries}}
+        doc = self.registry.norms_or_none()[0]  # advisory: a damaged norm.json leaves all-reduce times to rank
+        lengths = {int(r) for f in self.topology for r in doc["norm_us"].get(f, {})}
+        self.norm_us = {r: norms.times_for(doc, self.topology, r) for r in sorted(lengths)}
 
     def basis(self) -> str:
         """A digest of everything that decides a choice here (the entries, their recorded times, NCCL's, and the
@@ -151,6 +157,7 @@ class PlanChoice:
         seen = {
             "entries": sorted((e.id, e.predicted_us, e.measured_tables()) for e in self.entries),
             "nccl_us": self.nccl_us,
+            "norm_us": self.norm_us,
             "options": [self.nranks, self.deterministic, self.ll128, self.compiled],
         }
         return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -30,7 +30,8 @@ import numpy as np
 
 from executor.reference import machine
 from executor.reference.prove import run_launches, run_reference
-from registry.index import Mode
+from registry.index import MODES, Mode, interpolate
+from registry.norms import norm_key
 from schedules.plan.types import Plan, PlanError, remote_target
 from weftcore.errors import CheckFailed
 
@@ -240,6 +241,34 @@ def norm_candidates(entries: list, nbytes: int, ll128: bool, compiled: bool = Fa
         (e.plan, (by_name.get(row_base(e.plan.name), e).estimate_us(nbytes, ll128, compiled)[1] or math.inf))
         for e in entries
     ]
+
+
+def fused_time(
+    plan: Plan, fused: dict[str, dict[int, float]], nbytes: int, ll128: bool, compiled: bool = False
+) -> tuple[float, Mode] | None:
+    """``plan``'s fastest fused-call time at ``nbytes`` and its mode, among its times in ``fused`` (registry norm.json
+    for one row length: plan hash + mode suffix -> {bytes: µs}) that cover the size (recorded at it, or on both sides
+    of it: log-log between them) in a mode the engine may run (``ll128``, ``compiled``); None where none does."""
+    times = []
+    for mode in (m for m in MODES if (ll128 or not m.lines) and (compiled or not m.compiled)):
+        table = fused.get(norm_key(plan.content_hash, mode), {})
+        if table and min(table) <= nbytes <= max(table):
+            times.append((interpolate(table, nbytes), mode))
+    return min(times) if times else None
+
+
+def fused_estimates(
+    entries: list, fused: dict[str, dict[int, float]], nbytes: int, ll128: bool, compiled: bool = False
+) -> list[tuple[Plan, float, Mode]]:
+    """(plan, estimated µs, the mode to run it in) of registry entries serving a size, for the fused call to rank:
+    where any entry has fused-call times covering ``nbytes`` (``fused_time``), those entries alone, each by its
+    fastest (the call was timed with them; the others' all-reduce times leave out its epilogue), else every entry
+    by its all-reduce time (``norm_candidates``, ``norm_mode``)."""
+    measured = [(e.plan, *t) for e in entries if (t := fused_time(e.plan, fused, nbytes, ll128, compiled))]
+    if measured:
+        return measured
+    ranked = norm_candidates(entries, nbytes, ll128, compiled)
+    return [(plan, us, norm_mode(entries, plan, nbytes, ll128, compiled)) for plan, us in ranked]
 
 
 def norm_mode(entries: list, plan: Plan, nbytes: int, ll128: bool, compiled: bool = False) -> Mode:

@@ -1,0 +1,113 @@
+"""The fused call's own measured times (registry norm.json, registry/norms.py): stored and read back per fabric, row
+length, size and plan; a damaged file ignored with a warning; and selection for the fused call ranking the plans by
+them where they cover the size, by the all-reduce's times elsewhere (``executor.reference.norm.fused_estimates``)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+from pathlib import Path
+
+import pytest
+
+import registry.norms as norms
+from executor.inference.plans import PlanChoice
+from executor.reference.norm import RowNorm, best_norm_plan, fused_estimates, fused_time, norm_candidates
+from registry.index import Mode
+from registry.store import Registry, RegistryError
+from topologies.catalog import build
+
+ROOT = Path(__file__).parent.parent
+P = "direct-allreduce-hgx_h200:gpus=2-"
+ROWS = RowNorm(8192, 1e-5)
+
+
+@pytest.fixture(scope="module")
+def committed():
+    fp = build("hgx_h200:gpus=2").fingerprints
+    return fp, [e for e in Registry(str(ROOT / "bench" / "registry_h200x2")).entries(topology=fp) if e.key.nranks == 2]
+
+
+def _entry(entries, name):
+    return next(e for e in entries if e.plan.name == P + name)
+
+
+def test_the_doctests_hold():
+    assert doctest.testmod(norms).failed == 0
+
+
+def test_times_are_stored_per_fabric_row_length_size_and_plan_and_read_back(tmp_path):
+    reg = Registry(str(tmp_path / "r"))
+    assert reg.norm_times("topo-a", 8192) == {}
+    key, other = "0123456789abcdef+compiled", "fedcba9876543210"
+    reg.record_norm_timings({"topo-a": {8192: {16384: {key: 5.5}, 65536: {key: 7.0, other: 6.0}}}})
+    reg.record_norm_timings({"topo-a": {8192: {16384: {key: 5.25}}, 4096: {16384: {other: 4.0}}}})
+    assert reg.norm_times("topo-a", 8192) == {key: {16384: 5.25, 65536: 7.0}, other: {65536: 6.0}}
+    assert reg.norm_times("topo-a", 4096) == {other: {16384: 4.0}}
+    assert reg.norm_times(("topo-b", "topo-a"), 8192)[key] == {16384: 5.25, 65536: 7.0}  # a legacy fingerprint's
+    assert reg.norm_times("topo-b", 8192) == {}
+
+
+@pytest.mark.parametrize(
+    "doc,field",
+    [
+        ({"format": "weft.registry-norm/0", "norm_us": {}}, "format"),
+        ({"format": norms.NORM_FORMAT, "norm_us": {"t": {"8192": {"1024": {"not-a-hash": 5.0}}}}}, "not a plan hash"),
+        ({"format": norms.NORM_FORMAT, "norm_us": {"t": {"8192": {"1024": {"0123456789abcdef": -1}}}}}, "µs"),
+        ({"format": norms.NORM_FORMAT, "norm_us": {"t": {"rows": {}}}}, "row length"),
+        ({"format": norms.NORM_FORMAT, "norm_us": {"t": {"8192": {"01": {}}}}}, "size in bytes"),
+    ],
+)
+def test_a_damaged_norm_json_is_named_in_one_line_and_ignored_by_selection(tmp_path, doc, field):
+    reg = Registry(str(tmp_path / "r"))
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "norm.json").write_text(json.dumps(doc))
+    with pytest.raises(RegistryError, match=field) as raised:
+        reg.norms()
+    assert "norm.json" in str(raised.value) and "\n" not in str(raised.value)
+    doc, warning = reg.norms_or_none()
+    assert doc == norms.empty() and "the fused call's times ignored" in warning
+    reg.record_norm_timings({"t": {8192: {1024: {"0123456789abcdef": 5.0}}}})  # replaced whole, as baselines.json
+    assert reg.norm_times("t", 8192) == {"0123456789abcdef": {1024: 5.0}}
+
+
+def test_measured_fused_times_rank_the_plans_that_have_them_in_their_fastest_allowed_mode(committed):
+    """At 4 tokens the all-reduce's times pick the Lamport one-shot; fused-call times that put an LL plan ahead make
+    it the choice, in the mode it was timed fastest among those the engine runs; sizes past the times fall back."""
+    fp, entries = committed
+    nbytes = 4 * 8192 * 2
+    serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
+    by_allreduce, _ = best_norm_plan(norm_candidates(serving, nbytes, True, True), nbytes, "bf16", ROWS)
+    assert by_allreduce.name == P + "lamport-x64-t512"
+    ll = _entry(entries, "ll-x32-t512-max8MB").plan
+    lamport = by_allreduce
+    fused = {
+        norms.norm_key(ll.content_hash, Mode(compiled=True)): {16384: 5.0, 262144: 6.0},
+        norms.norm_key(ll.content_hash, Mode(lines=True, compiled=True)): {16384: 4.5, 262144: 5.5},
+        norms.norm_key(lamport.content_hash, Mode(compiled=True)): {16384: 5.4, 262144: 6.4},
+    }
+    estimates = fused_estimates(serving, fused, nbytes, True, True)
+    modes = {p.name: m for p, _, m in estimates}
+    assert modes == {ll.name: Mode(lines=True, compiled=True), lamport.name: Mode(compiled=True)}
+    plan, why = best_norm_plan([(p, t) for p, t, _ in estimates], nbytes, "bf16", ROWS)
+    assert why == "" and plan.name == ll.name
+    # an engine without LL128 lines runs the LL plan compiled, still ahead (5.0 .. 6.0 against 5.4 .. 6.4)
+    assert fused_time(ll, fused, nbytes, False, True) == (pytest.approx(5.0 * (6.0 / 5.0) ** 0.5), Mode(compiled=True))
+    assert fused_time(ll, fused, nbytes, False, False) is None  # only compiled times recorded
+    # past the recorded sizes no plan's fused times cover the call: all-reduce times rank every plan again
+    beyond = 64 * 8192 * 2
+    assert fused_time(ll, fused, beyond, True, True) is None
+    assert len(fused_estimates(serving, fused, beyond, True, True)) > 2
+
+
+def test_plan_choice_reads_the_fabrics_fused_times_and_its_basis_moves_with_them(committed, tmp_path):
+    """Every rank's choice digest covers the fused call's times, so ranks that read different ones refuse together."""
+    fp, entries = committed
+    reg = Registry(str(tmp_path / "r"))
+    entry = entries[0]
+    before = PlanChoice(reg, fp, 2)
+    assert before.norm_us == {}
+    reg.record_norm_timings({fp[0]: {8192: {16384: {entry.plan.content_hash: 5.0}}}, "other": {8192: {1: {}}}})
+    after = PlanChoice(reg, fp, 2)
+    assert after.norm_us == {8192: {entry.plan.content_hash: {16384: 5.0}}}
+    assert after.basis() != before.basis()
