@@ -10,7 +10,9 @@ FlashInfer's ``trtllm_allreduce_fusion`` with ``kARResidualRMSNorm`` (one-shot, 
 ``flashinfer_us`` is the best, named in ``flashinfer_variant``), with ``--candidates K`` the K plans selection
 ranks next for the fused call, and with ``--plans NAMES`` those registry plans, each pinned (``candidates_us``, by
 plan name and mode suffix; a plan that cannot run the call is in ``peers_refused``), and NCCL's in-place
-all-reduce followed by torch's add and ``rms_norm`` (``nccl_us``). Timed as ``weft bench`` times
+all-reduce followed by torch's add and ``rms_norm`` (``nccl_us``). ``plans_us`` (and ``plans_wrong``) key every weft
+call by its plan's hash and mode suffix: `weft registry record FILE` stores them as the fused call's times, which
+selection for the fused call then ranks its plans by (registry/norms.py). Timed as ``weft bench`` times
 (executor/gpu/bench.py): a CUDA graph of ``--calls`` calls per sample, the implementations alternating sample by
 sample, each one's median on its slowest rank.
 
@@ -191,6 +193,8 @@ def main() -> None:
     from executor.gpu import peers
     from executor.gpu.bench import _every_rank, _slowest_rank, nccl_result
     from executor.reference.norm import RowNorm
+    from registry.index import Mode
+    from registry.norms import norm_key
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
@@ -211,6 +215,7 @@ def main() -> None:
         """The results file with the token counts done so far (rank 0), ``complete`` false until the last: a job
         stopped by its time limit keeps what it measured."""
         doc = {
+            "benchmark": "allreduce_norm",  # `weft registry record` stores plans_us in the registry's norm.json
             "collective": "allreduce",
             "op": "all-reduce + residual add + RMSNorm (the call alone)",
             "dtype": "bf16",
@@ -261,12 +266,17 @@ def main() -> None:
         shape = RowNorm(HIDDEN, EPS)
         plan, mode = comm.norm_plan_for(nbytes, y.dtype, shape), comm.norm_mode_for(nbytes, y.dtype, shape)
         others = _runners_up(comm, nbytes, shape, plan, args)
+        # every weft call's plan and mode, by its label: what plans_us records
+        keyed = {"weft": (plan, mode)} if plan is not None else {}
         skip = {p.name for p, _ in others} | ({plan.name} if plan is not None else set())
         named, refused = _named(comm, [n for n in args.plans.split(",") if n], nbytes, y.dtype, shape, skip)
         calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
             "nccl": (nccl, nccl_checked, None),
             **_weft_calls(comm, y, h, weight, shape, plan, mode, others + named),
         }
+        if plan is not None and mode.compiled:
+            keyed["weft:interpreted"] = (plan, Mode(lines=mode.lines))
+        keyed |= {f"weft:{p.name}{how.suffix}": (p, how) for p, how in others + named}
         refused |= {} if fi is not None else {"flashinfer": fi_absent}
         for variant in peers.VARIANTS if fi is not None else ():
             assert fi is not None
@@ -314,6 +324,9 @@ def main() -> None:
                 "candidates_us": {
                     k[5:]: v for k, v in med.items() if k.startswith("weft:") and k != "weft:interpreted"
                 },
+                # by plan hash + mode suffix (registry/norms.py), for `weft registry record`
+                "plans_us": {norm_key(p.content_hash, m): med[k] for k, (p, m) in keyed.items() if k in med},
+                "plans_wrong": {norm_key(p.content_hash, m): wrong[k] for k, (p, m) in keyed.items() if k in wrong},
                 "wrong": wrong.get("weft"),
                 "interpreted_wrong": wrong.get("weft:interpreted"),
                 "peers_wrong": {k: v for k, v in wrong.items() if not k.startswith("weft")},

@@ -111,3 +111,65 @@ def test_plan_choice_reads_the_fabrics_fused_times_and_its_basis_moves_with_them
     after = PlanChoice(reg, fp, 2)
     assert after.norm_us == {8192: {entry.plan.content_hash: {16384: 5.0}}}
     assert after.basis() != before.basis()
+
+
+# ------------------------------------------------------------------------------- weft registry record (norm.json)
+
+
+def _norm_results(tmp_path, rows, hidden=8192):
+    path = tmp_path / "norm.json"
+    doc = {"benchmark": "allreduce_norm", "collective": "allreduce", "hidden": hidden, "rows": rows}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _registry_copy(tmp_path):
+    import shutil
+
+    shutil.copytree(ROOT / "bench" / "registry_h200x2", tmp_path / "reg")
+    return str(tmp_path / "reg")
+
+
+def test_record_stores_the_fused_calls_times_but_not_a_wrong_ones_nor_an_unknown_plans(committed, tmp_path, capsys):
+    from weft.cli import main
+
+    fp, entries = committed
+    ll, lamport = _entry(entries, "ll-x32-t512-max8MB").plan, _entry(entries, "lamport-x64-t512").plan
+    good = norms.norm_key(ll.content_hash, Mode(compiled=True))
+    bad = norms.norm_key(lamport.content_hash, Mode(compiled=True))
+    stranger = norms.norm_key("0123456789abcdef", Mode())
+    rows = [
+        {"size": 16384, "plans_us": {good: 4.7, bad: 4.1, stranger: 3.0}, "plans_wrong": {good: 0, bad: 2}},
+        {"size": 65536, "plans_us": {good: 5.9}},
+    ]
+    reg = _registry_copy(tmp_path)
+    assert main(["registry", "record", _norm_results(tmp_path, rows), "--registry", reg]) == 0
+    out = capsys.readouterr().out
+    assert "2 fused-call times at 2 sizes" in out and "skipped 1 plan not in the registry: 0123456789abcdef" in out
+    topology = _entry(entries, "ll-x32-t512-max8MB").key.topology
+    assert Registry(reg).norm_times(topology, 8192) == {good: {16384: 4.7, 65536: 5.9}}
+    # the choice at 4 tokens now comes from the fused call's times: the LL plan, compiled, the one timed there
+    choice = PlanChoice(Registry(reg), fp, 2, ll128=True, compiled=True)
+    nbytes = 4 * 8192 * 2
+    serving = [e for e in choice.entries if e.serves(fp, "allreduce", 2, nbytes)]
+    estimates = fused_estimates(serving, choice.norm_us[8192], nbytes, True, True)
+    assert [(p.name, m) for p, _, m in estimates] == [(ll.name, Mode(compiled=True))]
+
+
+@pytest.mark.parametrize(
+    "row,field",
+    [
+        ({"size": 16384}, "rows[0].plans_us: missing or malformed"),
+        ({"size": 0, "plans_us": {}}, "rows[0].size"),
+        ({"size": 16384, "plans_us": {"xyz": 4.0}}, "not a plan hash"),
+        ({"size": 16384, "plans_us": {"0123456789abcdef": 0}}, "plans_us.0123456789abcdef: must be a measured time"),
+    ],
+)
+def test_a_malformed_norm_file_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, row, field):
+    from weft.cli import main
+
+    reg = _registry_copy(tmp_path)
+    code = main(["registry", "record", _norm_results(tmp_path, [row]), "--registry", reg])
+    err = capsys.readouterr().err
+    assert code == 2 and field in err and err.count("\n") == 1
+    assert not (tmp_path / "reg" / "norm.json").exists()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from executor.reference import proofs
+from registry import norms
 from registry.index import Mode
 from registry.pack import PACKED_FORMAT
 from registry.store import (
@@ -374,6 +375,65 @@ def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[s
     stored, skipped = record_bench(Registry(location), collective, rows, path)
     planned = doc.get("sizes_planned") if doc.get("complete") is False else None
     return stored, len(rows), skipped, len(planned) if isinstance(planned, list) else None
+
+
+NORM_BENCHMARK = "allreduce_norm"  # the "benchmark" of bench/norm_peers.py's results: the fused call alone
+
+
+def is_norm_results(path: str) -> bool:
+    """Whether ``path`` holds the fused call's times (bench/norm_peers.py) rather than `weft bench`'s."""
+    doc = read_json(Path(path), "registry record", RegistryError)
+    return isinstance(doc, dict) and doc.get("benchmark") == NORM_BENCHMARK
+
+
+def record_norm_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
+    """The fused call's times from bench/norm_peers.py's results into the registry's norm.json (registry/norms.py):
+    each row's ``plans_us`` (plan hash + mode suffix -> µs) for rows of the file's ``hidden`` elements, under the
+    fabric of the registry entry holding each plan; a time whose call gave a wrong result (``plans_wrong``) is left
+    out. Every row is checked first, and nothing is written unless all of it can be. Returns (times stored, sizes
+    in the file, the plans skipped as not in the registry)."""
+    source = f"registry record {path}"
+    doc = read_json(Path(path), "registry record", RegistryError)
+    if not isinstance(doc, dict) or doc.get("benchmark") != NORM_BENCHMARK:
+        raise RegistryError(f"{source}: benchmark: must be {NORM_BENCHMARK!r}, as bench/norm_peers.py writes it")
+    hidden, rows = doc.get("hidden"), doc.get("rows")
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or not 0 < hidden < 1 << 31:
+        raise RegistryError(f"{source}: hidden: must be the row length in elements, got {short_repr(hidden)}")
+    if not isinstance(rows, list):
+        raise RegistryError(f"{source}: rows: must be a list of sizes")
+    registry = Registry(location)
+    entries = {e.plan.content_hash: e for e in registry.entries(collective="allreduce")}
+    times: dict[str, dict[int, dict[int, dict[str, float]]]] = {}
+    skipped: set[str] = set()
+    for i, row in enumerate(rows):
+        where = f"{source}: rows[{i}]"
+        if not isinstance(row, dict):
+            raise RegistryError(f"{where}: must be an object")
+        size, plans, wrong = row.get("size"), row.get("plans_us"), row.get("plans_wrong", {})
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size < 1 << 64:
+            raise RegistryError(f"{where}.size: must be a size in bytes (a positive integer), got {short_repr(size)}")
+        if not isinstance(plans, dict) or not isinstance(wrong, dict):
+            raise RegistryError(
+                f"{where}.plans_us: missing or malformed (files bench/norm_peers.py wrote before 2026-11-28 hold "
+                "no plans_us and cannot be recorded)"
+            )
+        for key, us in plans.items():
+            try:
+                plan_hash, _ = norms.split_key(key)
+            except ValueError as e:
+                raise RegistryError(f"{where}.plans_us: {e}") from None
+            if not measured_us(us):
+                raise RegistryError(f"{where}.plans_us.{key}: must be a measured time in µs, got {short_repr(us)}")
+            if wrong.get(key):
+                continue
+            if plan_hash not in entries:
+                skipped.add(plan_hash)
+                continue
+            topology = entries[plan_hash].key.topology
+            times.setdefault(topology, {}).setdefault(hidden, {}).setdefault(size, {})[key] = float(us)
+    registry.record_norm_timings(times)
+    stored = sum(len(p) for rows_ in times.values() for sizes in rows_.values() for p in sizes.values())
+    return stored, len(rows), sorted(skipped)
 
 
 def latency_floor_us(topology: Topology) -> float:

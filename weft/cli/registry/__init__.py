@@ -69,10 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = cmd(
         "record",
         "store the times of `weft bench` results files: each plan's, and NCCL's (selection then runs "
-        "NCCL where it measured faster than every plan)",
+        "NCCL where it measured faster than every plan); of bench/norm_peers.py's, the fused all-reduce + "
+        "RMSNorm call's per plan (norm.json: selection for that call then ranks by them)",
         _record,
     )
-    q.add_argument("results", nargs="+", help="JSON written by `weft bench` (bench/results/...)")
+    q.add_argument("results", nargs="+", help="JSON written by `weft bench` or bench/norm_peers.py (bench/results/...)")
     cmd("rebuild-index", "rebuild index.json from the entry files (exit 1 naming any left out as unreadable)", _rebuild)
     cmd(
         "compact",
@@ -432,6 +433,15 @@ def _record(args: argparse.Namespace) -> int:
     from weft import publish
 
     for path in args.results:
+        if publish.is_norm_results(path):  # bench/norm_peers.py: the fused call's times, into norm.json
+            stored, sizes, skipped = publish.record_norm_file(path, args.registry)
+            print(
+                f"{path}: {counted(stored, 'fused-call time')} at {counted(sizes, 'size')} recorded into "
+                f"{publish.registry_location(args.registry)} (norm.json)"
+            )
+            if skipped:
+                print(f"{path}: skipped {counted(len(skipped), 'plan')} not in the registry: {', '.join(skipped)}")
+            continue
         stored, sizes, skipped, planned = publish.record_bench_file(path, args.registry)
         print(
             f"{path}: {counted(stored, 'plan time')} and NCCL's at {counted(sizes, 'size')} recorded into "
