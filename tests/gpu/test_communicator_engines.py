@@ -219,6 +219,50 @@ print("all ok")
 )
 
 
+# The fused call's own times (registry norm.json) decide its plan and mode where they cover the size: a copy of the
+# committed 2-GPU registry whose norm.json times the LL x32 one-shot, compiled, faster than the Lamport one-shot that
+# the all-reduce's times put first at 4 tokens.
+NORM_TIMES = (
+    ENGINE
+    + r"""
+import shutil
+from pathlib import Path
+from executor.inference.plans import PlanChoice
+from registry.norms import norm_key
+from registry.store import Registry
+from topologies.catalog import build
+copy = Path(tempfile.mkdtemp()) / "reg"
+shutil.copytree(Path("bench/registry_h200x2").resolve(), copy)
+fp = build("hgx_h200:gpus=2").fingerprints
+rows, nbytes = RowNorm(8192, 1e-5), 4 * 8192 * 2
+def communicator(path=copy):
+    two = Communicator(engine, lambda what, value: [value, value], "plans from a registry", rank=0, world_size=2)
+    two.enabled = True
+    two.choice = PlanChoice(Registry(str(path)), fp, 2, ll128=True, compiled=True)
+    return two
+committed = communicator(Path("bench/registry_h200x2").resolve())  # no norm.json: the all-reduce's times rank
+before = communicator().norm_plan_for(nbytes, torch.bfloat16, rows)
+assert before.name.endswith("lamport-x64-t512"), before.name
+names = {e.plan.name: e for e in Registry(str(copy)).entries(topology=fp)}
+ll = names["direct-allreduce-hgx_h200:gpus=2-ll-x32-t512-max8MB"]
+times = {norm_key(ll.plan.content_hash, Mode(compiled=True)): {16384: 4.0, 262144: 6.0},
+         norm_key(before.content_hash, Mode(compiled=True)): {16384: 4.5, 262144: 6.5}}
+Registry(str(copy)).record_norm_timings({ll.key.topology: {8192: {s: {k: t[s] for k, t in times.items()}
+                                                                   for s in (16384, 262144)}}})
+two = communicator()
+chosen = two.norm_plan_for(nbytes, torch.bfloat16, rows)
+assert chosen.name == ll.plan.name, chosen.name
+assert two.norm_mode_for(nbytes, torch.bfloat16, rows) == Mode(compiled=True)
+ranked = two.norm_plans(nbytes, torch.bfloat16, rows, 5)
+assert [(p.name, m) for p, m in ranked] == [(ll.plan.name, Mode(compiled=True)), (before.name, Mode(compiled=True))]
+past = 64 * 8192 * 2  # past the recorded sizes: the all-reduce's times again, as without norm.json
+assert two.norm_plan_for(past, torch.bfloat16, rows).name == committed.norm_plan_for(past, torch.bfloat16, rows).name
+assert committed.norm_plan_for(nbytes, torch.bfloat16, rows).name == before.name
+print("all ok")
+"""
+)
+
+
 def test_the_communicator_runs_its_engine_and_falls_back_to_nccl_on_one_cpu_rank():
     pytest.importorskip("torch")
     done = run_script(SCRIPT)
@@ -246,4 +290,10 @@ def test_the_communicator_asks_its_engine_for_compiled_kernels_where_selection_s
 def test_the_fused_calls_runners_up_come_in_selections_order_with_their_modes():
     pytest.importorskip("torch")
     done = run_script(NORM_PLANS)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+
+
+def test_the_fused_calls_own_times_choose_its_plan_and_mode_where_they_cover_the_size():
+    pytest.importorskip("torch")
+    done = run_script(NORM_TIMES)
     assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
