@@ -67,6 +67,8 @@ def test_a_damaged_norm_json_is_named_in_one_line_and_ignored_by_selection(tmp_p
     assert "norm.json" in str(raised.value) and "\n" not in str(raised.value)
     doc, warning = reg.norms_or_none()
     assert doc == norms.empty() and "the fused call's times ignored" in warning
+    choice = PlanChoice(reg, "t", 2)
+    assert choice.norm_us == {} and choice.norm_warning == warning  # the Communicator logs it once
     reg.record_norm_timings({"t": {8192: {1024: {"0123456789abcdef": 5.0}}}})  # replaced whole, as baselines.json
     assert reg.norm_times("t", 8192) == {"0123456789abcdef": {1024: 5.0}}
 

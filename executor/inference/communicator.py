@@ -167,7 +167,9 @@ class Communicator:
         if why:
             across = " across hosts" if engine is not None and len(set(engine.hosts)) > 1 else ""
             log.warning("weft: using NCCL for every collective%s: %s", across, why)
-        elif self.choice is not None and self.topology is not None and not self.choice.entries:
+        elif self.choice is not None and self.choice.norm_warning:
+            log.warning("weft: %s", self.choice.norm_warning)  # the fused call then ranks plans by all-reduce times
+        if not why and self.choice is not None and self.topology is not None and not self.choice.entries:
             log.warning(
                 "weft: the registry %s holds no plan for %s with %d ranks; using NCCL",
                 self.choice.registry.location,

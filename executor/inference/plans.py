@@ -132,6 +132,7 @@ class PlanChoice:
     nccl_us: dict[str, dict[int, float]] = field(init=False)  # NCCL's measured times here, per collective
     # the fused call's measured times here (norm.json): row length -> plan hash + mode suffix -> {bytes: µs}
     norm_us: dict[int, dict[str, dict[int, float]]] = field(init=False)
+    norm_warning: str = field(init=False, default="")  # why norm.json was ignored ('' where it was read or absent)
     _chosen: dict[tuple[str, int, str], tuple[Plan, Mode] | None] = field(init=False, default_factory=dict)
     _reasons: dict[tuple[str, int, str], str] = field(init=False, default_factory=dict)
     _trusted: dict[str, str] = field(init=False, default_factory=dict)  # entry id -> '' or why ``trust`` refused it
@@ -147,7 +148,7 @@ class PlanChoice:
             and (not self.deterministic or fixed_reduction_order(e.plan))
         ]
         self.nccl_us = {c: self.registry.nccl_times(self.topology, c) for c in {e.key.collective for e in self.entries}}
-        doc = self.registry.norms_or_none()[0]  # advisory: a damaged norm.json leaves all-reduce times to rank
+        doc, self.norm_warning = self.registry.norms_or_none()  # advisory: damaged, all-reduce times rank the call
         lengths = {int(r) for f in self.topology for r in doc["norm_us"].get(f, {})}
         self.norm_us = {r: norms.times_for(doc, self.topology, r) for r in sorted(lengths)}
 
