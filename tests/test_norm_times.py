@@ -175,3 +175,13 @@ def test_a_malformed_norm_file_is_refused_in_one_line_and_nothing_is_written(tmp
     err = capsys.readouterr().err
     assert code == 2 and field in err and err.count("\n") == 1
     assert not (tmp_path / "reg" / "norm.json").exists()
+
+
+def test_a_norm_file_from_before_plans_us_is_named_as_such(tmp_path, capsys):
+    """bench/norm_peers.py's files before 2026-11-28 (no tag, no plans_us) are told apart from `weft bench`'s."""
+    from weft.cli import main
+
+    old = ROOT / "bench" / "results" / "lamport_mp_4xh200_s12" / "gpu_allreduce_norm_bf16_graph_4xh200_lamport.json"
+    code = main(["registry", "record", str(old), "--registry", _registry_copy(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "before 2026-11-28 hold no plans_us" in err and err.count("\n") == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeGuard
 
 from executor.reference import proofs
 from registry import norms
@@ -380,10 +381,14 @@ def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[s
 NORM_BENCHMARK = "allreduce_norm"  # the "benchmark" of bench/norm_peers.py's results: the fused call alone
 
 
+def _is_norm_doc(doc: object) -> TypeGuard[dict]:
+    """bench/norm_peers.py's results: tagged, or (files from before the tag) its "op" naming the fused call."""
+    return isinstance(doc, dict) and (doc.get("benchmark") == NORM_BENCHMARK or "RMSNorm" in str(doc.get("op")))
+
+
 def is_norm_results(path: str) -> bool:
     """Whether ``path`` holds the fused call's times (bench/norm_peers.py) rather than `weft bench`'s."""
-    doc = read_json(Path(path), "registry record", RegistryError)
-    return isinstance(doc, dict) and doc.get("benchmark") == NORM_BENCHMARK
+    return _is_norm_doc(read_json(Path(path), "registry record", RegistryError))
 
 
 def record_norm_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
@@ -394,7 +399,7 @@ def record_norm_file(path: str, location: str | None) -> tuple[int, int, list[st
     in the file, the plans skipped as not in the registry)."""
     source = f"registry record {path}"
     doc = read_json(Path(path), "registry record", RegistryError)
-    if not isinstance(doc, dict) or doc.get("benchmark") != NORM_BENCHMARK:
+    if not _is_norm_doc(doc):
         raise RegistryError(f"{source}: benchmark: must be {NORM_BENCHMARK!r}, as bench/norm_peers.py writes it")
     hidden, rows = doc.get("hidden"), doc.get("rows")
     if isinstance(hidden, bool) or not isinstance(hidden, int) or not 0 < hidden < 1 << 31:
