@@ -12,7 +12,14 @@ import pytest
 
 import registry.norms as norms
 from executor.inference.plans import PlanChoice
-from executor.reference.norm import RowNorm, best_norm_plan, fused_estimates, fused_time, norm_candidates
+from executor.reference.norm import (
+    RowNorm,
+    best_fused_plan,
+    best_norm_plan,
+    fused_tiers,
+    fused_time,
+    norm_candidates,
+)
 from registry.index import Mode
 from registry.store import Registry, RegistryError
 from topologies.catalog import build
@@ -88,18 +95,31 @@ def test_measured_fused_times_rank_the_plans_that_have_them_in_their_fastest_all
         norms.norm_key(ll.content_hash, Mode(lines=True, compiled=True)): {16384: 4.5, 262144: 5.5},
         norms.norm_key(lamport.content_hash, Mode(compiled=True)): {16384: 5.4, 262144: 6.4},
     }
-    estimates = fused_estimates(serving, fused, nbytes, True, True)
-    modes = {p.name: m for p, _, m in estimates}
+    timed, rest = fused_tiers(serving, fused, nbytes, True, True)
+    modes = {p.name: m for p, _, m in timed}
     assert modes == {ll.name: Mode(lines=True, compiled=True), lamport.name: Mode(compiled=True)}
-    plan, why = best_norm_plan([(p, t) for p, t, _ in estimates], nbytes, "bf16", ROWS)
+    assert len(rest) == len(serving) - 2
+    assert [t for _, t, _ in rest] == [t for _, t in by_all(serving, rest)]  # the all-reduce's estimates
+    plan, why = best_fused_plan((timed, rest), nbytes, "bf16", ROWS)
     assert why == "" and plan.name == ll.name
+    # where no timed plan can run the call (a refusal: its proof, say), the all-reduce's times pick among the rest
+    plan, why = best_fused_plan((timed, rest), nbytes, "bf16", ROWS, lambda p: "no" if p in (ll, lamport) else "")
+    assert why == "" and plan is not None and plan not in (ll, lamport)
     # an engine without LL128 lines runs the LL plan compiled, still ahead (5.0 .. 6.0 against 5.4 .. 6.4)
     assert fused_time(ll, fused, nbytes, False, True) == (pytest.approx(5.0 * (6.0 / 5.0) ** 0.5), Mode(compiled=True))
     assert fused_time(ll, fused, nbytes, False, False) is None  # only compiled times recorded
     # past the recorded sizes no plan's fused times cover the call: all-reduce times rank every plan again
     beyond = 64 * 8192 * 2
     assert fused_time(ll, fused, beyond, True, True) is None
-    assert len(fused_estimates(serving, fused, beyond, True, True)) > 2
+    wide = [e for e in entries if e.serves(fp, "allreduce", 2, beyond)]
+    timed, rest = fused_tiers(wide, fused, beyond, True, True)
+    assert timed == [] and len(rest) == len(wide)
+
+
+def by_all(serving, rest, nbytes=4 * 8192 * 2):
+    """The all-reduce's estimates of ``rest``'s plans, as norm_candidates gives them over every serving entry."""
+    times = {p.content_hash: t for p, t in norm_candidates(serving, nbytes, True, True)}
+    return [(p, times[p.content_hash]) for p, _, _ in rest]
 
 
 def test_plan_choice_reads_the_fabrics_fused_times_and_its_basis_moves_with_them(committed, tmp_path):
@@ -154,8 +174,8 @@ def test_record_stores_the_fused_calls_times_but_not_a_wrong_ones_nor_an_unknown
     choice = PlanChoice(Registry(reg), fp, 2, ll128=True, compiled=True)
     nbytes = 4 * 8192 * 2
     serving = [e for e in choice.entries if e.serves(fp, "allreduce", 2, nbytes)]
-    estimates = fused_estimates(serving, choice.norm_us[8192], nbytes, True, True)
-    assert [(p.name, m) for p, _, m in estimates] == [(ll.name, Mode(compiled=True))]
+    timed, _ = fused_tiers(serving, choice.norm_us[8192], nbytes, True, True)
+    assert [(p.name, m) for p, _, m in timed] == [(ll.name, Mode(compiled=True))]
 
 
 @pytest.mark.parametrize(

@@ -76,8 +76,8 @@ from executor.inference.topology import machine_topology, p2p_works
 from executor.port.engine import PortEngine
 from executor.reference.norm import (
     RowNorm,
-    best_norm_plan,
-    fused_estimates,
+    best_fused_plan,
+    fused_tiers,
     fused_time,
     norm_mode,
     ranked_norm_plans,
@@ -788,13 +788,13 @@ class Communicator:
             return None, f"the {type(engine).__name__} runs no norm epilogue"
         if not self.enabled or choice is None or engine is None or dtype not in DTYPES or self._too_large(nbytes):
             return None, "weft disabled" if not self.enabled or choice is None else "no plan (dtype or size)"
-        estimates = self._norm_estimates(nbytes, DTYPES[dtype], rows)
-        return best_norm_plan([(p, t) for p, t, _ in estimates], nbytes, DTYPES[dtype], rows, engine.norm_refusal)
+        tiers = self._norm_tiers(nbytes, DTYPES[dtype], rows)  # the plans timed for the call first
+        return best_fused_plan(tiers, nbytes, DTYPES[dtype], rows, engine.norm_refusal)
 
-    def _norm_estimates(self, nbytes: int, dtype: str, rows: RowNorm) -> list[tuple[Plan, float, Mode]]:
+    def _norm_tiers(self, nbytes: int, dtype: str, rows: RowNorm) -> tuple[list, list]:
         """(plan, estimated µs, mode) of the registry's all-reduce entries serving this size and dtype, for the
-        fused call: by its own measured times where the registry has them (norm.json), else by the all-reduce's
-        (``executor.reference.norm.fused_estimates``; ``choice`` set)."""
+        fused call: those with its own measured times here (norm.json), then the others by the all-reduce's
+        (``executor.reference.norm.fused_tiers``; ``choice`` set)."""
         choice = self.choice
         assert choice is not None
         serving = [
@@ -803,7 +803,7 @@ class Communicator:
             if e.serves(choice.topology, "allreduce", self.world_size, nbytes) and (not e.dtypes or dtype in e.dtypes)
         ]
         fused = choice.norm_us.get(rows.row_elems, {})
-        return fused_estimates(serving, fused, nbytes, choice.ll128, choice.compiled)
+        return fused_tiers(serving, fused, nbytes, choice.ll128, choice.compiled)
 
     def norm_plans(self, nbytes: int, dtype: torch.dtype, rows: RowNorm, count: int) -> list[tuple[Plan, Mode]]:
         """Up to ``count`` plans the fused call of this size, dtype and row shape can run, each with the way the
@@ -812,14 +812,14 @@ class Communicator:
         choice, engine = self.choice, self.engine
         if not self.enabled or choice is None or engine is None or not engine.fuses_norm or dtype not in DTYPES:
             return []
-        estimates = self._norm_estimates(nbytes, DTYPES[dtype], rows)
-        modes = {p.content_hash: m for p, _, m in estimates}
         plans: list[tuple[Plan, Mode]] = []
-        for plan, _ in ranked_norm_plans([(p, t) for p, t, _ in estimates], nbytes, DTYPES[dtype], rows):
-            if len(plans) == count:
-                break
-            if not engine.norm_refusal(plan):  # a proof: run only for the plans kept, in order
-                plans.append((plan, modes[plan.content_hash]))
+        for tier in self._norm_tiers(nbytes, DTYPES[dtype], rows):  # the plans timed for the call first
+            modes = {p.content_hash: m for p, _, m in tier}
+            for plan, _ in ranked_norm_plans([(p, t) for p, t, _ in tier], nbytes, DTYPES[dtype], rows):
+                if len(plans) == count:
+                    return plans
+                if not engine.norm_refusal(plan):  # a proof: run only for the plans kept, in order
+                    plans.append((plan, modes[plan.content_hash]))
         return plans
 
     def _measured_norm_mode(self, plan: Plan, nbytes: int, rows: RowNorm) -> Mode:

@@ -257,18 +257,35 @@ def fused_time(
     return min(times) if times else None
 
 
-def fused_estimates(
+def fused_tiers(
     entries: list, fused: dict[str, dict[int, float]], nbytes: int, ll128: bool, compiled: bool = False
-) -> list[tuple[Plan, float, Mode]]:
-    """(plan, estimated µs, the mode to run it in) of registry entries serving a size, for the fused call to rank:
-    where any entry has fused-call times covering ``nbytes`` (``fused_time``), those entries alone, each by its
-    fastest (the call was timed with them; the others' all-reduce times leave out its epilogue), else every entry
-    by its all-reduce time (``norm_candidates``, ``norm_mode``)."""
-    measured = [(e.plan, *t) for e in entries if (t := fused_time(e.plan, fused, nbytes, ll128, compiled))]
-    if measured:
-        return measured
-    ranked = norm_candidates(entries, nbytes, ll128, compiled)
-    return [(plan, us, norm_mode(entries, plan, nbytes, ll128, compiled)) for plan, us in ranked]
+) -> tuple[list[tuple[Plan, float, Mode]], list[tuple[Plan, float, Mode]]]:
+    """(plan, estimated µs, the mode to run it in) of registry entries serving a size, for the fused call to rank,
+    in two tiers: the entries with fused-call times covering ``nbytes`` (``fused_time``), each by its fastest (the
+    call was timed with them), then the others by their all-reduce times (``norm_candidates``, ``norm_mode``), which
+    leave out the epilogue and so are weighed only where no timed plan can run the call."""
+    first, second = [], []
+    allreduce = {p.content_hash: us for p, us in norm_candidates(entries, nbytes, ll128, compiled)}
+    for e in entries:
+        t = fused_time(e.plan, fused, nbytes, ll128, compiled)
+        if t:
+            first.append((e.plan, *t))
+        else:
+            second.append((e.plan, allreduce[e.plan.content_hash], norm_mode(entries, e.plan, nbytes, ll128, compiled)))
+    return first, second
+
+
+def best_fused_plan(
+    tiers: tuple[list, list], nbytes: int, dtype: str, norm: RowNorm, refusal=None
+) -> tuple[Plan | None, str]:
+    """``best_norm_plan`` over ``fused_tiers``' tiers in turn: the fastest plan timed for the fused call that can run
+    it, else the fastest by all-reduce times; (None, why) where none can."""
+    why = ""
+    for tier in tiers:
+        plan, why = best_norm_plan([(p, t) for p, t, _ in tier], nbytes, dtype, norm, refusal)
+        if plan is not None:
+            return plan, ""
+    return None, why
 
 
 def norm_mode(entries: list, plan: Plan, nbytes: int, ll128: bool, compiled: bool = False) -> Mode:

@@ -253,8 +253,9 @@ two = communicator()
 chosen = two.norm_plan_for(nbytes, torch.bfloat16, rows)
 assert chosen.name == ll.plan.name, chosen.name
 assert two.norm_mode_for(nbytes, torch.bfloat16, rows) == Mode(compiled=True)
-ranked = two.norm_plans(nbytes, torch.bfloat16, rows, 5)
-assert [(p.name, m) for p, m in ranked] == [(ll.plan.name, Mode(compiled=True)), (before.name, Mode(compiled=True))]
+ranked = two.norm_plans(nbytes, torch.bfloat16, rows, 5)  # the timed plans first, then by the all-reduce's times
+assert [(p.name, m) for p, m in ranked[:2]] == [(ll.plan.name, Mode(compiled=True)), (before.name, Mode(compiled=True))]
+assert len(ranked) == 5 and not {p.name for p, _ in ranked[2:]} & {ll.plan.name, before.name}
 past = 64 * 8192 * 2  # past the recorded sizes: the all-reduce's times again, as without norm.json
 assert two.norm_plan_for(past, torch.bfloat16, rows).name == committed.norm_plan_for(past, torch.bfloat16, rows).name
 assert committed.norm_plan_for(nbytes, torch.bfloat16, rows).name == before.name
