@@ -16,6 +16,11 @@ WHL=${WHL:-/tmp/carry-wheels}
 PLAT=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 fetch() { python3 -m pip download -q --no-deps --only-binary=:all: "${PLAT[@]}" -d "$WHL" "$@"; }
+case ${1:-} in
+  peers | ort | solvers) ;;
+  base) [ -n "${2:-}" ] || { echo "carry_make.sh: base REV: the commit to A/B against" >&2; exit 2; } ;;
+  *) echo "carry_make.sh: unknown folder '${1:-}' (peers, ort, solvers, base REV)" >&2; exit 2 ;;
+esac
 grep -qx '/.carry_\*/' .git/info/exclude 2>/dev/null || echo '/.carry_*/' >>.git/info/exclude
 mkdir -p "$WHL"
 fetch platformdirs
@@ -26,7 +31,7 @@ unpacked() {  # folder, wheels: the wheels' files in one tar.xz
   tar -cf - -C "$site" . | xz -6 -T0 >"$1/solvers.tar.xz"
   rm -rf "$site"
 }
-case ${1:?peers, ort, solvers or base REV} in
+case $1 in
   peers)
     fetch flashinfer-python==0.7.2.post1 'apache-tvm-ffi>=0.1.11,<0.2'
     mkdir -p .carry_peers
@@ -53,8 +58,7 @@ case ${1:?peers, ort, solvers or base REV} in
     cp "$WHL"/platformdirs-*.whl "$out/" ;;
   base)
     mkdir -p .carry_base
-    git archive --format=tar.gz "${2:?base REV: the commit to A/B against}" -o .carry_base/base.tgz
+    git archive --format=tar.gz "$2" -o .carry_base/base.tgz
     cp "$WHL"/platformdirs-*.whl .carry_base/ ;;
-  *) echo "carry_make.sh: unknown folder $1 (peers, ort, solvers, base REV)" >&2; exit 2 ;;
 esac
 du -sh .carry_* | sed 's/^/carry_make.sh: /'
