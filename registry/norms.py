@@ -10,9 +10,9 @@ LL128 lines, its compiled kernel)::
     {"format": "weft.registry-norm/1",
      "norm_us": {TOPOLOGY: {ROW_ELEMS: {BYTES: {PLAN_HASH + MODE SUFFIX: µs}}}}}
 
-Selection for the fused call ranks the plans with times here at a size by them, and the others by their all-reduce
-times only where none has one (``executor.reference.norm.fused_estimates``). Like baselines.json the file is
-advisory: a damaged one is ignored with a warning, never costing the plans.
+Selection for the fused call ranks the plans with times here at a size first, by them, and the others after them
+by their all-reduce times (``executor.reference.norm.fused_tiers``). Like baselines.json the file is advisory: a
+damaged one is ignored with a warning, never costing the plans.
 
 >>> norm_key("0123456789abcdef", Mode(compiled=True))
 '0123456789abcdef+compiled'
