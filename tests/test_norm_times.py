@@ -1,6 +1,7 @@
 """The fused call's own measured times (registry norm.json, registry/norms.py): stored and read back per fabric, row
-length, size and plan; a damaged file ignored with a warning; and selection for the fused call ranking the plans by
-them where they cover the size, by the all-reduce's times elsewhere (``executor.reference.norm.fused_estimates``)."""
+length, size and plan; a damaged file ignored with a warning; and selection for the fused call ranking the plans
+timed at a size first, by those times, and the others after them by the all-reduce's
+(``executor.reference.norm.fused_tiers``)."""
 
 from __future__ import annotations
 
