@@ -31,6 +31,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -197,15 +198,25 @@ def main() -> None:
     from registry.norms import norm_key
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    started = time.monotonic()
+
+    def progress(what: str) -> None:
+        """Rank 0's stage with the seconds since the start, on stderr: a run cut by its time limit shows where its
+        time went (the sixteenth session's 4-GPU run, four plans pinned, wrote nothing in 136 s)."""
+        if rank == 0:
+            print(f"[{time.monotonic() - started:6.1f} s] {what}", file=sys.stderr, flush=True)
+
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     comm = Communicator.from_process_group(ll128=True)
+    progress("communicator ready")
     tokens_list = [int(t) for t in args.tokens.split(",")]
     try:
         fi, fi_absent = peers.FlashInfer.create(max_bytes=max(tokens_list) * HIDDEN * 2, hidden=HIDDEN), ""
     except Exception as e:  # the fused call is then weft against NCCL alone
         fi, fi_absent = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    progress(f"flashinfer {'ready' if fi is not None else 'absent: ' + fi_absent}")
     gen = torch.Generator(device=device).manual_seed(99 + rank)
     weight = (
         1.0 + 0.1 * torch.randn(HIDDEN, generator=torch.Generator(device=device).manual_seed(4321), device=device)
@@ -270,6 +281,10 @@ def main() -> None:
         keyed = {"weft": (plan, mode)} if plan is not None else {}
         skip = {p.name for p, _ in others} | ({plan.name} if plan is not None else set())
         named, refused = _named(comm, [n for n in args.plans.split(",") if n], nbytes, y.dtype, shape, skip)
+        progress(
+            f"tokens {tokens}: choice {plan.name + mode.suffix if plan is not None else None}, "
+            f"{len(others)} runners-up, {len(named)} named plans pinned, {len(refused)} refused"
+        )
         calls: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]] = {
             "nccl": (nccl, nccl_checked, None),
             **_weft_calls(comm, y, h, weight, shape, plan, mode, others + named),
@@ -292,8 +307,10 @@ def main() -> None:
             calls[f"flashinfer:{variant}"] = (fused, fused, None)
         timers = _timers(comm, calls, args.calls, refused)
         torch.cuda.synchronize()
+        progress(f"tokens {tokens}: {len(timers)} timers captured")
         raw = _samples(timers, args.warmup, args.samples)
         torch.cuda.synchronize()
+        progress(f"tokens {tokens}: sampled")
         med = _slowest_rank(comm, {k: statistics.median(v) for k, v in raw.items()})
         ref_residual = nccl_result("allreduce", y, world).float() + h.float()  # NCCL's sum plus the residual
         magnitude = nccl_result("allreduce", y.float().abs(), world) + h.float().abs()
