@@ -116,21 +116,23 @@ __device__ __forceinline__ bool lamport_load_all(const Transfer& t, const Ref& r
 
 // One unit of a reference fetched once, without waiting (a Lamport reference's words as they are now), and then
 // settled: polled again until it has arrived where the fetch found the sentinel. Between the two the caller fetches
-// other references' units, so that their trips to memory overlap (run_transfer's WEFT_POLL_GROUP).
+// other references' units, so that their trips to memory overlap (run_transfer's WEFT_POLL_GROUP). Each takes the
+// reference's address (Transfer::base) and whether it is polled (``watched``), worked out by the caller.
+__device__ __forceinline__ bool polled(const Ref& r) { return (r.flags & kLamport) != 0; }
+
 template <int V>
-__device__ __forceinline__ void lamport_fetch_unit(const Transfer& t, const Ref& r, i64 unit, Unit<V>& out) {
-  const char* p = t.base(r) + unit * V;
-  if (r.flags & kLamport) {
-    lamport_fetch<V>(p, out);
+__device__ __forceinline__ void lamport_fetch_at(const char* b, bool watched, i64 unit, Unit<V>& out) {
+  if (watched) {
+    lamport_fetch<V>(b + unit * V, out);
   } else {
-    unit_load<V>(p, out);
+    unit_load<V>(b + unit * V, out);
   }
 }
 
 template <class D, int V>
-__device__ __forceinline__ bool lamport_settle_unit(const Transfer& t, const Ref& r, i64 unit, Unit<V>& out,
-                                                    Deadline& deadline) {
-  return !(r.flags & kLamport) || lamport_arrived<D, V>(out) || lamport_load<D, V>(t.base(r) + unit * V, out, deadline);
+__device__ __forceinline__ bool lamport_settle_at(const char* b, bool watched, i64 unit, Unit<V>& out,
+                                                  Deadline& deadline) {
+  return !watched || lamport_arrived<D, V>(out) || lamport_load<D, V>(b + unit * V, out, deadline);
 }
 
 // The loads and stores of run_transfer: Transfer's, or, in a Lamport kernel, the Lamport forms.
@@ -167,6 +169,57 @@ __device__ __forceinline__ void sink_unit(const Transfer& t, const Ref& r, i64 u
   }
 }
 
+// A Lamport kernel's stores of one group of units to every destination, each unit mapped to its wire form once (not
+// once a peer). Batch kernels (128 registers) also take each reference's address once and then store every unit to
+// one destination after another; in the others (64) the held addresses and wire forms spill, so there a unit is
+// mapped and stored to every destination before the next, its address taken again each time (its slot is read
+// from shared memory, which every volatile store's clobber makes the compiler read again).
+template <class D, int V, bool Batch>
+__device__ __forceinline__ void lamport_sink(const Op& op, const Transfer& t, i64 first, i64 stride, i64 units,
+                                             const Unit<V> (&acc)[kInFlight]) {
+  bool mapped = false;
+  WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) { mapped = mapped || polled(op.dst[d]); }
+  if constexpr (Batch) {
+    Unit<V> wire[kInFlight];
+    if (mapped) {
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        if (first + k * stride < units) wire[k] = lamport_wire<D, V>(acc[k]);
+      }
+    }
+    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
+      char* const b = t.base(op.dst[d]);
+      const bool to_poll = polled(op.dst[d]);
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i64 u = first + k * stride;
+        if (u >= units) continue;
+        if (to_poll) {
+          lamport_store_wire<V>(b + u * V, wire[k]);
+        } else {
+          unit_store<V>(b + u * V, acc[k]);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const i64 u = first + k * stride;
+      if (u >= units) continue;
+      Unit<V> wire;
+      if (mapped) wire = lamport_wire<D, V>(acc[k]);
+      WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
+        const Ref& r = op.dst[d];
+        if (polled(r)) {
+          lamport_store_wire<V>(t.base(r) + u * V, wire);
+        } else {
+          unit_store<V>(t.base(r) + u * V, acc[k]);
+        }
+      }
+    }
+  }
+}
+
 // Returns false on a packet timeout (the caller reports it). Batch: every source's units are loaded together
 // (packets fetched before any is polled, see Transfer::load_all), which needs the registers of blocks of at
 // most 256 threads; otherwise a source's units are loaded, and packets polled, one after another. Lamport: the
@@ -185,12 +238,19 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
       for (int s0 = 1; s0 < kMaxRefs; s0 += kPollGroup) {
         if (s0 >= op.nsrc) break;
         Unit<V> x[kPollGroup][kInFlight];
+        const char* b[kPollGroup];
+        bool watched[kPollGroup];
+#pragma unroll
+        for (int g = 0; g < kPollGroup; ++g) {
+          b[g] = s0 + g < op.nsrc ? t.base(op.src[s0 + g]) : nullptr;
+          watched[g] = s0 + g < op.nsrc && polled(op.src[s0 + g]);
+        }
 #pragma unroll
         for (int g = 0; g < kPollGroup; ++g) {
 #pragma unroll
           for (int k = 0; k < kInFlight; ++k) {
             const i64 u = first + k * stride;
-            if (s0 + g < op.nsrc && u < units) lamport_fetch_unit<V>(t, op.src[s0 + g], u, x[g][k]);
+            if (s0 + g < op.nsrc && u < units) lamport_fetch_at<V>(b[g], watched[g], u, x[g][k]);
           }
         }
 #pragma unroll
@@ -200,7 +260,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
           for (int k = 0; k < kInFlight; ++k) {
             const i64 u = first + k * stride;
             if (u >= units) continue;
-            if (!lamport_settle_unit<D, V>(t, op.src[s0 + g], u, x[g][k], deadline)) return false;
+            if (!lamport_settle_at<D, V>(b[g], watched[g], u, x[g][k], deadline)) return false;
 #pragma unroll
             for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[g][k].w[w]);
           }
@@ -233,14 +293,16 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
           const i64 u = first + k * stride;
           if (u >= units) continue;
           Unit<V> x[kPollGroup];
+          // each source's address taken again per unit: held across the units, they spill at 64 registers
 #pragma unroll
           for (int g = 0; g < kPollGroup; ++g) {
-            if (s0 + g < op.nsrc) lamport_fetch_unit<V>(t, op.src[s0 + g], u, x[g]);
+            if (s0 + g < op.nsrc) lamport_fetch_at<V>(t.base(op.src[s0 + g]), polled(op.src[s0 + g]), u, x[g]);
           }
 #pragma unroll
           for (int g = 0; g < kPollGroup; ++g) {
             if (s0 + g >= op.nsrc) continue;
-            if (!lamport_settle_unit<D, V>(t, op.src[s0 + g], u, x[g], deadline)) return false;
+            const Ref& r = op.src[s0 + g];
+            if (!lamport_settle_at<D, V>(t.base(r), polled(r), u, x[g], deadline)) return false;
 #pragma unroll
             for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[g].w[w]);
           }
@@ -264,11 +326,15 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
         }
       }
     }
-    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
+    if constexpr (Lamport) {
+      lamport_sink<D, V, Batch>(op, t, first, stride, units, acc);
+    } else {
+      WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
 #pragma unroll
-      for (int k = 0; k < kInFlight; ++k) {
-        const i64 u = first + k * stride;
-        if (u < units) sink_unit<D, Lamport>(t, op.dst[d], u, acc[k]);
+        for (int k = 0; k < kInFlight; ++k) {
+          const i64 u = first + k * stride;
+          if (u < units) sink_unit<D, Lamport>(t, op.dst[d], u, acc[k]);
+        }
       }
     }
   }

@@ -66,20 +66,32 @@ __device__ __forceinline__ bool lamport_load(const char* p, Unit<V>& u, Deadline
   return false;
 }
 
+// One unit as a sender writes it: each element's -0.0 turned into +0.0 (LamportWords::to_wire).
 template <class D, int V>
-__device__ __forceinline__ void lamport_store(char* p, const Unit<V>& u) {
-  u32 w[V / 4];
+__device__ __forceinline__ Unit<V> lamport_wire(const Unit<V>& u) {
+  Unit<V> w;
 #pragma unroll
-  for (int k = 0; k < V / 4; ++k) w[k] = LamportWords<D>::to_wire(u.w[k]);
+  for (int k = 0; k < V / 4; ++k) w.w[k] = LamportWords<D>::to_wire(u.w[k]);
+  return w;
+}
+
+// A unit already in its wire form (lamport_wire) to p: mapped once, it may go to every peer.
+template <int V>
+__device__ __forceinline__ void lamport_store_wire(char* p, const Unit<V>& w) {
   if constexpr (V == 16) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                 "r"(w[3])
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w.w[0]), "r"(w.w[1]), "r"(w.w[2]),
+                 "r"(w.w[3])
                  : "memory");
   } else if constexpr (V == 8) {
-    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(w[0]), "r"(w[1]) : "memory");
+    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(w.w[0]), "r"(w.w[1]) : "memory");
   } else {
-    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(w[0]) : "memory");
+    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(w.w[0]) : "memory");
   }
+}
+
+template <class D, int V>
+__device__ __forceinline__ void lamport_store(char* p, const Unit<V>& u) {
+  lamport_store_wire<V>(p, lamport_wire<D, V>(u));
 }
 
 // The sentinel over ``bytes`` (a multiple of V) from ``p``, by the block's threads: this rank's share of the copy
