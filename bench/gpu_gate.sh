@@ -11,7 +11,8 @@
 #        runs it file by file instead (bench/gpu_shards.py): one queue of files, a worker a group, so that two pairs
 #        of a 4-GPU machine share the 2-rank suite, and PART keeps every Nth file, so that N calls run it whole;
 #        the summary is $OUT/gpu_shards_x<NPROC>[_p<K>of<N>].json, a log a group; RESUME=an earlier call's summary
-#        runs only the files that did not pass there. Without z3 or ortools (the
+#        runs only the files that did not pass there (file by file, NVCC_APART=1 runs the nvcc tests beside the
+#        groups inside gpu_shards.py, in its summary, logged to gpu_tests_x<NPROC>_apart.txt). Without z3 or ortools (the
 #        device image has neither), the test files that import them as they are collected, none of which holds a
 #        GPU test (tests/test_gpu_shards.py checks), are left out: the call then needs no solver carried
 # a2a:   tests/gpu/test_alltoall.py alone, with its ranks' output, and their stacks if it outlives A2A_S
@@ -31,15 +32,19 @@ for s in ${STEPS:-gpu tour}; do
       python3 -c "import z3" 2>/dev/null || apart+=(--ignore=tests/test_smt.py --ignore=tests/test_bound_validity.py)
       python3 -c "import ortools" 2>/dev/null ||
         apart+=(--ignore=tests/test_milp.py --ignore=tests/test_milp_hierarchy.py --ignore=tests/test_bound_validity.py)
-      if [ "${NVCC_APART:-0}" = 1 ]; then
-        # the -m gpu tests that only run nvcc (no GPU, minutes of CPU) in a second pytest beside the GPU tests:
-        # the two together are the whole -m gpu selection
+      nvcc=(tests/test_cuda_compile.py tests/test_compiled.py)  # the -m gpu tests that only run nvcc (no GPU)
+      sharded=${SHARDS:-}${PART:-}${RESUME:-}
+      if [ "${NVCC_APART:-0}" = 1 ] && [ -z "$sharded" ]; then
+        # in a second pytest beside the GPU tests: the two together are the whole -m gpu selection (file by file,
+        # gpu_shards.py runs them itself, beside its GPU groups: --apart, below)
         apart+=(--ignore=tests/test_cuda_compile.py --ignore=tests/test_compiled.py)
         timeout -k 10 "${GPU_S:-330}" python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
           tests/test_cuda_compile.py tests/test_compiled.py >"$OUT/gpu_tests_nvcc_x$WEFT_GPU_NPROC.txt" 2>&1 &
       fi
-      if [ -n "${SHARDS:-}${PART:-}${RESUME:-}" ]; then
-        # file by file from one queue, a worker a GPU group; no file starts past GPU_S
+      if [ -n "$sharded" ]; then
+        # file by file from one queue, a worker a GPU group; no file starts past GPU_S; NVCC_APART=1: the nvcc
+        # tests by a worker of their own beside the groups, in the same summary (so that RESUME knows them)
+        [ "${NVCC_APART:-0}" = 1 ] && apart+=("${nvcc[@]/#/--apart=}")
         python3 bench/gpu_shards.py --groups ${SHARDS:-$CUDA_VISIBLE_DEVICES} --nproc "$WEFT_GPU_NPROC" \
           --limit-s "${GPU_S:-330}" --test-s "${TEST_S:-200}" ${PART:+--part "$PART"} ${RESUME:+--resume "$RESUME"} --out "$OUT" \
           "${apart[@]}" 2>&1 | tee -a "$LOG" | tail -n 40
@@ -52,7 +57,7 @@ for s in ${STEPS:-gpu tour}; do
         echo "rc=$?" | tee -a "$LOG"
         tail -n 4 "$OUT/gpu_tests_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG"
       fi
-      if [ "${NVCC_APART:-0}" = 1 ]; then
+      if [ "${NVCC_APART:-0}" = 1 ] && [ -z "$sharded" ]; then
         wait
         echo "nvcc tests:" | tee -a "$LOG"
         tail -n 2 "$OUT/gpu_tests_nvcc_x$WEFT_GPU_NPROC.txt" | tee -a "$LOG"

@@ -1,7 +1,7 @@
 """``pytest -m gpu`` split by file over groups of GPUs, or over device calls (bench/gpu_gate.sh's SHARDS and PART).
 
     python3 bench/gpu_shards.py --groups 0,1 2,3 --nproc 2 --limit-s 540 --out DIR [--part 1/2] [--costs FILE]
-        [--ignore PATH ...] [--resume FILE]
+        [--ignore PATH ...] [--resume FILE] [--apart PATH ...]
 
 The whole suite at 2 ranks took ~470 s on one pair of H200s in the fourteenth session and 4 ranks ~570 s, near a
 device call's 600 s. Here each file of the ``-m gpu`` selection runs as a pytest of its own (its module fixtures
@@ -10,7 +10,11 @@ its group: two pairs of a 4-GPU machine run the 2-rank suite in about half the t
 K+N, ... of the queue, so that N calls together run it whole. The queue puts the costliest files first (``--costs``:
 a previous run's summary, else HEAVY's order), so that no long file starts last. ``--resume``: a previous run's
 summary whose passed files are not run again (their rows are carried over, marked ``resumed``), so that a run cut by
-a call's limit goes on in the next call and its summary still covers the whole selection.
+a call's limit goes on in the next call and its summary still covers the whole selection. ``--apart``: files of the
+selection that need no GPU (the nvcc-only tests), run one after another by a worker of their own beside the GPU
+groups (CUDA_VISIBLE_DEVICES empty, group "apart"); their rows are in the same summary, so that ``--resume`` knows
+them (the sixteenth session's second call ran test_cuda_compile again, 131 s, because the gate's separate nvcc
+pytest had passed it outside the summary).
 
 Writes DIR/gpu_shards_x<NPROC>[_p<K>of<N>].json (per file: group, exit code, seconds, the counts of its summary
 line) and a log a group (DIR/gpu_tests_x<NPROC>_g<I>.txt); prints a line a file and the totals; exits 1 unless
@@ -34,7 +38,7 @@ from pathlib import Path
 # The slowest files of the fourteenth session's 2-rank run (its setup and call lines), slowest first.
 HEAVY = (
     "tests/gpu/test_fused_norm.py",
-    "tests/test_cuda_compile.py",  # nvcc alone, minutes of CPU (NVCC_APART=1 runs it beside instead)
+    "tests/test_cuda_compile.py",  # nvcc alone, minutes of CPU (NVCC_APART=1: --apart, beside the GPU groups)
     "tests/gpu/test_compiled_gpu.py",
     "tests/gpu/test_alltoall.py",
     "tests/gpu/test_inference.py",
@@ -165,20 +169,23 @@ def run(args: argparse.Namespace) -> int:
         queue = part(queue, args.part)
     rows: list[dict] = resumed(args.resume, queue) if args.resume else []
     done = {r["file"] for r in rows}
-    todo: deque[str] = deque(f for f in queue if f not in done)
+    apart = [f for f in queue if f in set(args.apart) and f not in done]
+    todo: deque[str] = deque(f for f in queue if f not in done and f not in apart)
     lock = threading.Lock()
     end = time.monotonic() + args.limit_s
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def worker(index: int, gpus: str) -> None:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "WEFT_GPU_NPROC": str(args.nproc)}
-        log = out / f"gpu_tests_x{args.nproc}_g{index}.txt"
+    def worker(name: str, gpus: str, queue: deque[str]) -> None:
+        """Runs ``queue``'s files on ``gpus`` ("apart": on none), logging to gpu_tests_x<NPROC>_<name>.txt."""
+        visible = "" if gpus == "apart" else gpus
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "WEFT_GPU_NPROC": str(args.nproc)}
+        log = out / f"gpu_tests_x{args.nproc}_{name}.txt"
         while True:
             with lock:
-                if not todo:
+                if not queue:
                     return
-                path = todo.popleft()
+                path = queue.popleft()
             row, text = run_file(path, gpus, env, end - time.monotonic(), args.test_s)
             if text:
                 with log.open("a") as f:
@@ -189,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
                     f"{path:<48} GPUs {gpus:<8} rc {row['rc']!s:<4} {row['seconds']:>6} s  {row['counts']}", flush=True
                 )
 
-    threads = [threading.Thread(target=worker, args=(i, g)) for i, g in enumerate(args.groups)]
+    threads = [threading.Thread(target=worker, args=(f"g{i}", g, todo)) for i, g in enumerate(args.groups)]
+    if apart:
+        threads.append(threading.Thread(target=worker, args=("apart", "apart", deque(apart))))
     for t in threads:
         t.start()
     for t in threads:
@@ -214,6 +223,9 @@ def main() -> int:
     p.add_argument("--costs", help="a previous run's summary JSON: its seconds order the queue")
     p.add_argument("--resume", help="a previous run's summary JSON: its passed files are not run again")
     p.add_argument("--ignore", action="append", default=[], help="a path pytest leaves out (repeatable)")
+    p.add_argument(
+        "--apart", action="append", default=[], help="a file that needs no GPU, run beside the groups (repeatable)"
+    )
     p.add_argument("--out", required=True)
     return run(p.parse_args())
 

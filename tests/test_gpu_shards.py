@@ -76,6 +76,41 @@ def test_a_run_over_two_groups_reports_each_file_and_is_not_whole_when_one_fails
     assert [f for f, row in by_file.items() if not row.get("resumed")] == ["test_b.py"]
 
 
+def test_apart_files_run_beside_the_groups_without_a_gpu_and_a_resume_knows_them(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: a GPU test\n")
+    (suite / "test_gpu.py").write_text(
+        "import os, pytest\n\n@pytest.mark.gpu\ndef test_on_its_group():\n"
+        "    assert os.environ['CUDA_VISIBLE_DEVICES'] == '0,1'\n"
+    )
+    (suite / "test_nvcc.py").write_text(
+        "import os, pytest\n\n@pytest.mark.gpu\ndef test_sees_no_gpu():\n"
+        "    assert os.environ['CUDA_VISIBLE_DEVICES'] == ''\n"
+    )
+    command = [sys.executable, str(SCRIPT), "--groups", "0,1", "--test-s", "0", "--apart", "test_nvcc.py"]
+    out = ["--out", str(tmp_path / "1")]
+    done = subprocess.run(command + out, cwd=suite, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads((tmp_path / "1" / "gpu_shards_x2.json").read_text())
+    assert {r["file"]: r["group"] for r in doc["files"]} == {"test_gpu.py": "0,1", "test_nvcc.py": "apart"}
+    assert doc["whole"] is True and (tmp_path / "1" / "gpu_tests_x2_apart.txt").is_file()
+
+    # resumed without --apart (a call with no nvcc beside it): the apart file passed, so it is not run again
+    (suite / "test_nvcc.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_not_again():\n    assert False\n")
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), "--groups", "0,1", "--test-s", "0", "--out", str(tmp_path / "2")]
+        + ["--resume", str(tmp_path / "1" / "gpu_shards_x2.json")],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    rows = json.loads((tmp_path / "2" / "gpu_shards_x2.json").read_text())["files"]
+    assert all(r.get("resumed") for r in rows) and len(rows) == 2
+
+
 def test_a_file_past_the_limit_is_cut_with_the_processes_it_started(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
