@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -342,8 +342,9 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
     for buffer in ("input_chunks", "output_chunks", "scratch_chunks"):
         if getattr(gpu, buffer) > MAX_CHUNKS:
             raise rd.fail(f"{where}.{buffer}", f"at most {MAX_CHUNKS} chunks, got {getattr(gpu, buffer)}")
+    counts = {ctype: len(gpu.peers(ctype)) for ctype in CHANNEL_TYPES}  # once a GPU, not once a block
     tbs = tuple(
-        _parse_threadblock(rd, tb, f"{where}.threadblocks[{i}]", gpu)
+        _parse_threadblock(rd, tb, f"{where}.threadblocks[{i}]", gpu, counts)
         for i, tb in enumerate(rd.list(doc.get("threadblocks"), f"{where}.threadblocks"))
     )
     for i, tb in enumerate(tbs):
@@ -352,7 +353,23 @@ def _parse_gpu(rd: _Reader, data: object, where: str, nranks: int) -> Gpu:
     return replace(gpu, threadblocks=tbs)
 
 
-def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threadblock:
+@dataclass(frozen=True)
+class _BlockLists:
+    """What a block's ops are checked against, worked out once a block (not once an op or entry): the GPU channel
+    ids it lists per channel type, and how many remote-buffer ids it lists per channel type."""
+
+    channels: dict[str, tuple[int, ...]]
+    remote: dict[str, int]
+
+    @staticmethod
+    def of(tb: Threadblock) -> _BlockLists:
+        remote = {ctype: 0 for ctype in CHANNEL_TYPES}
+        for ref in tb.remote_buffer_refs:
+            remote[ref.access_channel_type] = remote.get(ref.access_channel_type, 0) + len(ref.remote_buffer_ids)
+        return _BlockLists({ctype: tb.channel_list(ctype) for ctype in CHANNEL_TYPES}, remote)
+
+
+def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu, counts: dict[str, int]) -> Threadblock:
     doc = rd.obj(data, where)
     _known(rd, doc, "threadblock", where)
     channels = []
@@ -360,7 +377,7 @@ def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threa
         c = rd.obj(c, f"{where}.channels[{k}]")
         ctype = rd.channel_type(c.get("channel_type"), f"{where}.channels[{k}].channel_type")
         ids = rd.list(c.get("channel_ids"), f"{where}.channels[{k}].channel_ids")
-        nchannels = len(gpu.peers(ctype))
+        nchannels = counts[ctype]
         for j, cid in enumerate(ids):
             if rd.int(cid, f"{where}.channels[{k}].channel_ids[{j}]") >= nchannels:
                 raise rd.fail(
@@ -381,13 +398,15 @@ def _parse_threadblock(rd: _Reader, data: object, where: str, gpu: Gpu) -> Threa
                 )
         refs.append(RemoteBufferRef(ctype, tuple(ids)))
     tb = Threadblock(rd.int(doc.get("id"), f"{where}.id"), (), tuple(channels), tuple(refs))
+    lists = _BlockLists.of(tb)
     ops = tuple(
-        _parse_op(rd, op, f"{where}.ops[{i}]", gpu, tb) for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops"))
+        _parse_op(rd, op, f"{where}.ops[{i}]", gpu, lists)
+        for i, op in enumerate(rd.list(doc.get("ops"), f"{where}.ops"))
     )
     return replace(tb, ops=ops)
 
 
-def _parse_pipeline(rd: _Reader, doc: dict[str, Any], where: str, gpu: Gpu, tb: Threadblock) -> Op:
+def _parse_pipeline(rd: _Reader, doc: dict[str, Any], where: str, gpu: Gpu, tb: _BlockLists) -> Op:
     """A pipeline: its ops run once per unit_size bytes of num_chunks chunks (MSCCL++ handlePipeline)."""
     extra = sorted(set(doc) - {"name", "iter_context", "ops"})
     if extra:
@@ -418,7 +437,7 @@ def _parse_pipeline(rd: _Reader, doc: dict[str, Any], where: str, gpu: Gpu, tb: 
     return Op("pipeline", unit_size=unit, num_chunks=nchunks, ops=ops)
 
 
-def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) -> Op:
+def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: _BlockLists) -> Op:
     doc = rd.obj(data, where)
     name = doc.get("name")
     if isinstance(name, str) and name in SWITCH_OPS:
@@ -479,7 +498,7 @@ def _parse_op(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock) 
 
 
 def _parse_channels(
-    rd: _Reader, doc: dict[str, Any], where: str, name: str, tb: Threadblock
+    rd: _Reader, doc: dict[str, Any], where: str, name: str, tb: _BlockLists
 ) -> tuple[str | None, tuple[int, ...]]:
     """An op's channel type and the GPU channel ids it names (None and () for an op without channels)."""
     if "channel_type" not in doc and name not in CHANNEL_OPS:
@@ -494,7 +513,7 @@ def _parse_channels(
         rd.int(c, f"{where}.channel_ids[{j}]")
         for j, c in enumerate(rd.list(doc.get("channel_ids", []), f"{where}.channel_ids"))
     )
-    listed = tb.channel_list(channel_type)
+    listed = tb.channels[channel_type]
     for j, cid in enumerate(channel_ids):
         if rd.channel_ids == "threadblock" and cid >= len(listed):
             raise rd.fail(
@@ -519,14 +538,14 @@ def _parse_channels(
     return channel_type, channel_ids
 
 
-def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: Threadblock, channel_type: str | None) -> BufferRef:
+def _parse_ref(rd: _Reader, data: object, where: str, gpu: Gpu, tb: _BlockLists, channel_type: str | None) -> BufferRef:
     doc = rd.obj(data, where)
     _known(rd, doc, "buffer entry", where)
     index = rd.int(doc.get("index", doc.get("offset")), f"{where}.index")
     size = rd.int(doc.get("size"), f"{where}.size", 1)
     if "buffer_id" in doc:
         buffer_id = rd.int(doc["buffer_id"], f"{where}.buffer_id")
-        if channel_type is None or tb.remote_buffer_id(channel_type, buffer_id) is None:
+        if channel_type is None or not 0 <= buffer_id < tb.remote.get(channel_type, 0):  # Threadblock.remote_buffer_id
             raise rd.fail(
                 f"{where}.buffer_id",
                 f"remote buffer {buffer_id} is not among the thread block's "
