@@ -34,7 +34,7 @@ def test_residual_and_line_cases_exist():
 
 def test_torch_jobs_time_each_scenario_and_record_a_failure_as_its_result(tmp_path, monkeypatch):
     """tests/gpu/torch_job.run_scenarios: every scenario runs though one raises, and rank 0 appends each one's
-    seconds to WEFT_TEST_TIMINGS (bench/gpu_gate.sh's scenario_seconds file)."""
+    seconds to WEFT_TEST_TIMINGS (bench/gpu_gate.sh's scenario_seconds file), with the phases a scenario timed."""
     import json
 
     import torch_job
@@ -46,12 +46,14 @@ def test_torch_jobs_time_each_scenario_and_record_a_failure_as_its_result(tmp_pa
     def fails() -> dict:
         raise ValueError("no such plan")
 
-    torch_job.run_scenarios(0, tmp_path, {"first": lambda: {"ok": 1}, "second": fails, "third": lambda: {}})
+    phased = {"ok": 1, "phases_s": {"communicator": 1.5}}
+    torch_job.run_scenarios(0, tmp_path, {"first": lambda: phased, "second": fails, "third": lambda: {}})
     results = json.loads((tmp_path / "rank0.json").read_text())
-    assert results["first"] == {"ok": 1} and results["third"] == {}
+    assert results["first"] == phased and results["third"] == {}
     assert results["second"]["error"] == "ValueError: no such plan"
     rows = [json.loads(line) for line in timings.read_text().splitlines()]
     assert [r["scenario"] for r in rows] == ["first", "second", "third"]
     assert all(r["seconds"] >= 0 and r["world"] == "2" for r in rows)
+    assert rows[0]["phases_s"] == {"communicator": 1.5} and "phases_s" not in rows[2]  # a scenario's own phases
     torch_job.run_scenarios(1, tmp_path, {"first": lambda: {}})  # other ranks time nothing
     assert len(timings.read_text().splitlines()) == 3

@@ -148,7 +148,8 @@ def start_rank(seed: int):
 def run_scenarios(rank: int, out_dir: Path, scenarios: dict[str, Callable[[], dict]]) -> None:
     """Run each scenario, recording an exception as its result so that one failure does not hide the others.
     Where WEFT_TEST_TIMINGS names a file (bench/gpu_gate.sh sets it), rank 0 appends each scenario's seconds to it as
-    a JSON line: a passing job's log shows no times, and these jobs are most of the GPU suite's minutes."""
+    a JSON line: a passing job's log shows no times, and these jobs are most of the GPU suite's minutes. A scenario
+    whose result holds ``phases_s`` (phase: seconds) has them in its line too."""
     results = {}
     timings = os.environ.get("WEFT_TEST_TIMINGS") if rank == 0 else None
     for name, run in scenarios.items():
@@ -162,7 +163,8 @@ def run_scenarios(rank: int, out_dir: Path, scenarios: dict[str, Callable[[], di
         if timings:
             row = {"job": Path(sys.argv[0]).name, "scenario": name, "world": os.environ.get("WORLD_SIZE")}
             with open(timings, "a") as f:
-                f.write(json.dumps({**row, "seconds": seconds}) + "\n")
+                phases = results[name].get("phases_s") if isinstance(results[name], dict) else None
+                f.write(json.dumps({**row, "seconds": seconds, **({"phases_s": phases} if phases else {})}) + "\n")
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
 
 
