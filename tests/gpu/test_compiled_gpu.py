@@ -4,6 +4,11 @@ turn: the compiled kernel's output must equal the interpreter's bit for bit (bot
 all-reduce's must match NCCL's. The engine's ``precompile`` builds every one of those kernels first, NVRTC builds side
 by side, and the calls then build none; then zero-copy CUDA graphs of compiled all-reduces, replayed on fresh inputs.
 
+The Lamport plans (the protocol whose data is its own flag) are made here before the job starts, in the shapes
+whose kernels differ: a multi-peer one-shot of 128 threads (the batch kernel, its peers' units fetched together), one
+of 512 (the 1024-thread bounds), a two-shot of 512, and a per-peer one-shot of 1024; each runs at its granule x 4
+and at a size where every thread moves several groups of units.
+
 Last, the torch-facing ``Communicator`` made with ``compiled=True`` over the committed registry serves all-reduce,
 all-gather and reduce-scatter through compiled kernels; and one made without it, on a copy of that registry where
 one size was measured faster compiled (``measured_compiled_us``), runs that size's plan compiled (selection, not a
@@ -17,6 +22,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch_job import each, registry_for, run_job, run_scenarios, start_rank, sums_to, three_collectives_wrong
@@ -25,6 +31,15 @@ HERE = Path(__file__).parent
 DTYPES = ("fp32", "fp16", "bf16")
 GRAPH_PLANS = ("allreduce-direct-ll-x8", "allreduce-twoshot-simple-x8", "allreduce-direct-ll-x4-mp")
 REPLAYS = 4
+LAMPORT_ENV = "WEFT_TEST_COMPILED_LAMPORT"  # the folder of the Lamport plans made for the job (``results``)
+# (method, instances, options) of those plans, and the sizes each runs at, in granules
+LAMPORT_SHAPES: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("direct", 8, {"threads": 128, "multipeer": True}),
+    ("direct", 8, {"threads": 512, "multipeer": True}),
+    ("twoshot", 8, {"threads": 512}),
+    ("direct", 4, {}),
+)
+LAMPORT_GRANULES = (4, 2048)
 
 
 def plan_folder(nranks: int) -> Path:
@@ -36,7 +51,24 @@ def results(tmp_path_factory) -> list[dict]:
     from conftest import nproc
 
     env = {"WEFT_REGISTRY": str(plan_folder(nproc())), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    env[LAMPORT_ENV] = str(_lamport_plans(tmp_path_factory.mktemp("compiled-lamport"), nproc()))
     return run_job(__file__, "compiled", tmp_path_factory, env)
+
+
+def _lamport_plans(folder: Path, nranks: int) -> Path:
+    """LAMPORT_SHAPES for ``hgx_h200:gpus=<nranks>``, each proven by the CPU reference, written as plan files."""
+    from schedules.plan.io import save_plan_file
+    from topologies.catalog import build
+    from weft.pipeline import compile_and_verify
+    from weft.synthesis import synthesize
+
+    topology = build(f"hgx_h200:gpus={nranks}")
+    for method, instances, options in LAMPORT_SHAPES:
+        plan = compile_and_verify(
+            synthesize(topology, "allreduce", method), topology, instances, protocol="lamport", **options
+        )
+        save_plan_file(plan, folder / f"{plan.name.replace(':', '_')}.json")
+    return folder
 
 
 @pytest.mark.gpu
@@ -45,6 +77,12 @@ def test_compiled_kernels_equal_the_interpreter_bit_for_bit(results):
         assert row["cases"] > 0
         assert row["differ"] == [], row["differ"]  # (plan, dtype) whose compiled output was not the interpreter's
         assert row["refused"] == {}, row["refused"]  # every test plan is compiled (none falls back)
+
+
+@pytest.mark.gpu
+def test_the_lamport_plans_ran_compiled_in_every_shape(results):
+    for row in each(results, "eager"):
+        assert row["lamport_cases"] == len(LAMPORT_SHAPES) * len(DTYPES) * len(LAMPORT_GRANULES), row
 
 
 @pytest.mark.gpu
@@ -113,7 +151,10 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
     from schedules.plan.io import load_plan
 
     plans = [p for p in (load_plan(path) for path in sorted(folder.glob("*.json"))) if not p.inplace]
-    calls = [(plan, plan.granule * 4, dtype) for plan in plans for dtype in DTYPES if dtype in plan.weft.dtypes]
+    sized = [(plan, plan.granule * 4) for plan in plans]
+    lamport = sorted(Path(os.environ[LAMPORT_ENV]).glob("*.json")) if LAMPORT_ENV in os.environ else []
+    sized += [(plan, plan.granule * g) for plan in map(load_plan, lamport) for g in LAMPORT_GRANULES]
+    calls = [(plan, nbytes, dtype) for plan, nbytes in sized for dtype in DTYPES if dtype in plan.weft.dtypes]
     start = time.perf_counter()
     precompile_refused = comm.precompile(calls)  # every kernel below, NVRTC builds side by side
     precompile_s = time.perf_counter() - start
@@ -126,34 +167,36 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
 
     build.nvrtc_cubin = counted
     try:
-        row = _eager_cases(comm, plans, rank, device)
+        row = _eager_cases(comm, sized, rank, device)
     finally:
         build.nvrtc_cubin = nvrtc
     return {**row, "precompile_refused": precompile_refused, "precompile_s": precompile_s, "built_after": built_after}
 
 
-def _eager_cases(comm, plans: list, rank: int, device) -> dict:
+def _eager_cases(comm, sized: list, rank: int, device) -> dict:
+    """Each (plan, bytes) of ``sized`` in every dtype it runs: interpreted, then compiled, on one context."""
     import torch
 
-    differ, not_nccl, refused, cases = [], [], {}, 0
-    for plan in plans:
+    differ, not_nccl, refused, cases, lamport = [], [], {}, 0, 0
+    for plan, nbytes in sized:
         for k, dtype in enumerate(DTYPES):
             if dtype not in plan.weft.dtypes:
                 continue
-            nbytes = plan.granule * 4
             x = _input(_elements(plan, nbytes, dtype, rank), dtype, device, rank, k)
             interpreted = comm.execute(plan, x, compiled=False).clone()
             compiled = comm.execute(plan, x, compiled=True).clone()
             comm.synchronize()
             cases += 1
+            lamport += plan.protocol == "Lamport"
+            label = f"{plan.name}-{nbytes}B-{dtype}"
             why = comm.compiled_refused.get(plan.content_hash)
             if why:
-                refused[f"{plan.name}-{dtype}"] = why
+                refused[label] = why
             if not torch.equal(_bits(interpreted), _bits(compiled)):
-                differ.append(f"{plan.name}-{dtype}")
+                differ.append(label)
             if plan.collective == "allreduce" and not sums_to(compiled, x):
-                not_nccl.append(f"{plan.name}-{dtype}")
-    return {"cases": cases, "differ": differ, "not_nccl": not_nccl, "refused": refused}
+                not_nccl.append(label)
+    return {"cases": cases, "differ": differ, "not_nccl": not_nccl, "refused": refused, "lamport_cases": lamport}
 
 
 def scenario_graph(comm, folder: Path, rank: int, device) -> dict:
