@@ -153,7 +153,10 @@ def _registry_copy(tmp_path):
     return str(tmp_path / "reg")
 
 
-def test_record_stores_the_fused_calls_times_but_not_a_wrong_ones_nor_an_unknown_plans(committed, tmp_path, capsys):
+def test_record_stores_the_fused_calls_times_but_not_a_wrong_ones_nor_an_unknown_plans(
+    committed, tmp_path, capsys, monkeypatch
+):
+    from weft import publish
     from weft.cli import main
 
     fp, entries = committed
@@ -166,7 +169,11 @@ def test_record_stores_the_fused_calls_times_but_not_a_wrong_ones_nor_an_unknown
         {"size": 65536, "plans_us": {good: 5.9}},
     ]
     reg = _registry_copy(tmp_path)
+    reads = []
+    read_json = publish.read_json
+    monkeypatch.setattr(publish, "read_json", lambda *a, **k: reads.append(a[0]) or read_json(*a, **k))
     assert main(["registry", "record", _norm_results(tmp_path, rows), "--registry", reg]) == 0
+    assert reads == [tmp_path / "norm.json"]  # the file read once: what is recorded is what was told apart
     out = capsys.readouterr().out
     assert "2 fused-call times at 2 sizes" in out and "skipped 1 plan not in the registry: 0123456789abcdef" in out
     topology = _entry(entries, "ll-x32-t512-max8MB").key.topology

@@ -6,6 +6,7 @@ This lives in weft/ because it spans stages: registry/ stores the plans but cann
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
@@ -357,11 +358,34 @@ def _check_rows(rows: object, source: str) -> None:
                     )
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What ``record_results_file`` stored from one results file."""
+
+    fused: bool  # bench/norm_peers.py's fused-call times (into norm.json), else `weft bench`'s plan times
+    stored: int  # times stored
+    sizes: int  # sizes in the file
+    skipped: list[str]  # plans not in the registry
+    planned: int | None = None  # the sizes a `weft bench` job planned, where its file says it stopped short
+
+
+def record_results_file(path: str, location: str | None) -> Recorded:
+    """A results file into the registry, read once: bench/norm_peers.py's (``record_norm_file``) or `weft bench`'s
+    (``record_bench_file``), as the file says."""
+    doc = read_json(Path(path), "registry record", RegistryError)
+    if _is_norm_doc(doc):
+        return Recorded(True, *_record_norm_doc(doc, path, location))
+    return Recorded(False, *_record_bench_doc(doc, path, location))
+
+
 def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[str], int | None]:
     """``record_bench`` from a results file that ``weft bench`` wrote: (plan times stored, sizes in the file, the
     plans skipped as not in the registry, and the sizes its job planned where the file says it stopped short:
     ``complete`` false, as a job cut by its time limit leaves it; else None)."""
-    doc = read_json(Path(path), "registry record", RegistryError)
+    return _record_bench_doc(read_json(Path(path), "registry record", RegistryError), path, location)
+
+
+def _record_bench_doc(doc: object, path: str, location: str | None) -> tuple[int, int, list[str], int | None]:
     if not isinstance(doc, dict):
         raise RegistryError(f"registry record {path}: must be an object, as `weft bench` writes its results")
     collective, rows = doc.get("collective"), doc.get("rows")
@@ -386,19 +410,17 @@ def _is_norm_doc(doc: object) -> TypeGuard[dict]:
     return isinstance(doc, dict) and (doc.get("benchmark") == NORM_BENCHMARK or "RMSNorm" in str(doc.get("op")))
 
 
-def is_norm_results(path: str) -> bool:
-    """Whether ``path`` holds the fused call's times (bench/norm_peers.py) rather than `weft bench`'s."""
-    return _is_norm_doc(read_json(Path(path), "registry record", RegistryError))
-
-
 def record_norm_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
     """The fused call's times from bench/norm_peers.py's results into the registry's norm.json (registry/norms.py):
     each row's ``plans_us`` (plan hash + mode suffix -> µs) for rows of the file's ``hidden`` elements, under the
     fabric of the registry entry holding each plan; a time whose call gave a wrong result (``plans_wrong``) is left
     out. Every row is checked first, and nothing is written unless all of it can be. Returns (times stored, sizes
     in the file, the plans skipped as not in the registry)."""
+    return _record_norm_doc(read_json(Path(path), "registry record", RegistryError), path, location)
+
+
+def _record_norm_doc(doc: object, path: str, location: str | None) -> tuple[int, int, list[str]]:
     source = f"registry record {path}"
-    doc = read_json(Path(path), "registry record", RegistryError)
     if not _is_norm_doc(doc):
         raise RegistryError(f"{source}: benchmark: must be {NORM_BENCHMARK!r}, as bench/norm_peers.py writes it")
     hidden, rows = doc.get("hidden"), doc.get("rows")

@@ -433,23 +433,20 @@ def _record(args: argparse.Namespace) -> int:
     from weft import publish
 
     for path in args.results:
-        if publish.is_norm_results(path):  # bench/norm_peers.py: the fused call's times, into norm.json
-            stored, sizes, skipped = publish.record_norm_file(path, args.registry)
+        done = publish.record_results_file(path, args.registry)  # norm_peers.py's fused-call times: norm.json
+        into = f"at {counted(done.sizes, 'size')} recorded into {publish.registry_location(args.registry)}"
+        if done.fused:
+            print(f"{path}: {counted(done.stored, 'fused-call time')} {into} (norm.json)")
+        else:
+            cut = done.planned is not None
             print(
-                f"{path}: {counted(stored, 'fused-call time')} at {counted(sizes, 'size')} recorded into "
-                f"{publish.registry_location(args.registry)} (norm.json)"
+                f"{path}: {counted(done.stored, 'plan time')} and NCCL's {into}"
+                + (f" (its job stopped after {done.sizes} of the {done.planned} sizes it planned)" if cut else "")
             )
-            if skipped:
-                print(f"{path}: skipped {counted(len(skipped), 'plan')} not in the registry: {', '.join(skipped)}")
-            continue
-        stored, sizes, skipped, planned = publish.record_bench_file(path, args.registry)
-        print(
-            f"{path}: {counted(stored, 'plan time')} and NCCL's at {counted(sizes, 'size')} recorded into "
-            f"{publish.registry_location(args.registry)}"
-            + (f" (its job stopped after {sizes} of the {planned} sizes it planned)" if planned is not None else "")
-        )
-        if skipped:
-            print(f"{path}: skipped {counted(len(skipped), 'plan')} not in the registry: {', '.join(skipped)}")
+        if done.skipped:
+            print(
+                f"{path}: skipped {counted(len(done.skipped), 'plan')} not in the registry: {', '.join(done.skipped)}"
+            )
     return 0
 
 
