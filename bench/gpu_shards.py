@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         queue = part(queue, args.part)
     rows: list[dict] = resumed(args.resume, queue) if args.resume else []
     done = {r["file"] for r in rows}
-    apart = [f for f in queue if f in set(args.apart) and f not in done]
+    apart = [f for f in queue if f in args.apart and f not in done]
     todo: deque[str] = deque(f for f in queue if f not in done and f not in apart)
     lock = threading.Lock()
     end = time.monotonic() + args.limit_s

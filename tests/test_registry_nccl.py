@@ -173,4 +173,4 @@ def test_a_bad_results_file_is_one_line_and_exit_2_recording_nothing(tmp_path, c
     assert re.search(field, err)
     assert not (tmp_path / "reg" / "baselines.json").exists()
     with pytest.raises(RegistryError):
-        publish.record_bench_file(str(tmp_path / "missing.json"), str(tmp_path / "reg"))
+        publish.record_results_file(str(tmp_path / "missing.json"), str(tmp_path / "reg"))

@@ -370,22 +370,18 @@ class Recorded:
 
 
 def record_results_file(path: str, location: str | None) -> Recorded:
-    """A results file into the registry, read once: bench/norm_peers.py's (``record_norm_file``) or `weft bench`'s
-    (``record_bench_file``), as the file says."""
+    """A results file into the registry, read once: bench/norm_peers.py's (``_record_norm_doc``) or `weft bench`'s
+    (``_record_bench_doc``), as the file says."""
     doc = read_json(Path(path), "registry record", RegistryError)
     if _is_norm_doc(doc):
         return Recorded(True, *_record_norm_doc(doc, path, location))
     return Recorded(False, *_record_bench_doc(doc, path, location))
 
 
-def record_bench_file(path: str, location: str | None) -> tuple[int, int, list[str], int | None]:
-    """``record_bench`` from a results file that ``weft bench`` wrote: (plan times stored, sizes in the file, the
-    plans skipped as not in the registry, and the sizes its job planned where the file says it stopped short:
-    ``complete`` false, as a job cut by its time limit leaves it; else None)."""
-    return _record_bench_doc(read_json(Path(path), "registry record", RegistryError), path, location)
-
-
 def _record_bench_doc(doc: object, path: str, location: str | None) -> tuple[int, int, list[str], int | None]:
+    """``record_bench`` from the results ``weft bench`` wrote to ``path`` (``doc``, decoded): (plan times stored,
+    sizes in the file, the plans skipped as not in the registry, and the sizes its job planned where the file says
+    it stopped short: ``complete`` false, as a job cut by its time limit leaves it; else None)."""
     if not isinstance(doc, dict):
         raise RegistryError(f"registry record {path}: must be an object, as `weft bench` writes its results")
     collective, rows = doc.get("collective"), doc.get("rows")
@@ -410,16 +406,12 @@ def _is_norm_doc(doc: object) -> TypeGuard[dict]:
     return isinstance(doc, dict) and (doc.get("benchmark") == NORM_BENCHMARK or "RMSNorm" in str(doc.get("op")))
 
 
-def record_norm_file(path: str, location: str | None) -> tuple[int, int, list[str]]:
-    """The fused call's times from bench/norm_peers.py's results into the registry's norm.json (registry/norms.py):
-    each row's ``plans_us`` (plan hash + mode suffix -> µs) for rows of the file's ``hidden`` elements, under the
-    fabric of the registry entry holding each plan; a time whose call gave a wrong result (``plans_wrong``) is left
-    out. Every row is checked first, and nothing is written unless all of it can be. Returns (times stored, sizes
-    in the file, the plans skipped as not in the registry)."""
-    return _record_norm_doc(read_json(Path(path), "registry record", RegistryError), path, location)
-
-
 def _record_norm_doc(doc: object, path: str, location: str | None) -> tuple[int, int, list[str]]:
+    """The fused call's times from bench/norm_peers.py's results (``doc``, decoded from ``path``) into the registry's
+    norm.json (registry/norms.py): each row's ``plans_us`` (plan hash + mode suffix -> µs) for rows of the file's
+    ``hidden`` elements, under the fabric of the registry entry holding each plan; a time whose call gave a wrong
+    result (``plans_wrong``) is left out. Every row is checked first, and nothing is written unless all of it can be.
+    Returns (times stored, sizes in the file, the plans skipped as not in the registry)."""
     source = f"registry record {path}"
     if not _is_norm_doc(doc):
         raise RegistryError(f"{source}: benchmark: must be {NORM_BENCHMARK!r}, as bench/norm_peers.py writes it")
