@@ -4,7 +4,8 @@
 #
 #   JOBS="4:r4:bench/exp_r4:1KB,4KB,16KB,64KB,256KB:200 2:r2:bench/exp_r2:1KB,1MB:150:0,1" bash bench/compiled_record.sh
 #
-# Each job is NPROC:LABEL:REGISTRY:SIZES:SECONDS[:GPUS] (GPUS default 0,1,2,3; LL128=1 adds --ll128; SAMPLES and
+# Each job is NPROC:LABEL:REGISTRY:SIZES:SECONDS[:GPUS] (GPUS default 0,1,2,3; LL128=1 adds --ll128; TOP=K times
+# only the registry's K fastest plans a size, so that a sweep from 1 KB to 256 MB ends in one job; SAMPLES and
 # CALLS, default 6 and 10: the bench's own 30 and 20 time ten times the calls): `weft bench allreduce --compiled
 # --record` over every plan of a copy of REGISTRY at SIZES, the peers timed beside it, written to
 # $OUT/gpu_allreduce_bf16_graph_<NPROC>x<gpu>_<LABEL>.json, the copy tarred as $OUT/reg_<LABEL>.tgz (a call returns
@@ -25,7 +26,7 @@ job() {  # nproc label registry sizes seconds [gpus]
   echo "== bench $2 ($1 ranks, $4) $(date -u +%T)"
   CUDA_VISIBLE_DEVICES=${6:-0,1,2,3} timeout -k 5 "$5" python3 -c 'from weft.cli import run; run()' bench allreduce \
     --nproc "$1" --plans registry --registry "$reg" --sizes "$4" --samples "${SAMPLES:-6}" --calls "${CALLS:-10}" --timeout 5 --compiled \
-    ${LL128:+--ll128} --record -o "$OUT/gpu_allreduce_bf16_graph_${1}${G}_$2.json" >"$OUT/log_$2.txt" 2>&1
+    ${LL128:+--ll128} ${TOP:+--top "$TOP"} --record -o "$OUT/gpu_allreduce_bf16_graph_${1}${G}_$2.json" >"$OUT/log_$2.txt" 2>&1
   echo "rc=$?"
   grep -A9 "^# weft bench" "$OUT/log_$2.txt" | head -10
   tar -czf "$OUT/reg_$2.tgz" -C "$OUT" "reg_$2" && rm -rf "$reg"

@@ -240,9 +240,9 @@ def test_a_hidden_size_no_plan_fits_is_refused_with_the_reason(committed):
 @pytest.mark.parametrize(
     "batch,base,mode,slices",
     [
-        (1, "ll-x32-t512-max8MB", Mode(compiled=True), 32),
-        (4, "lamport-x64-t512", Mode(compiled=True), 16),
-        (16, "ll-x128-t512-max64MB", Mode(lines=True, compiled=True), 8),
+        (1, "ll-x32-t512-max8MB", Mode(lines=True, compiled=True), 32),
+        (4, "lamport-x128-t256", Mode(compiled=True), 32),
+        (16, "ll-x128-t512-max8MB", Mode(lines=True, compiled=True), 8),
         (64, "ll-x128-t512-max64MB", Mode(lines=True, compiled=True), 2),
     ],
 )
@@ -251,7 +251,9 @@ def test_the_committed_registry_has_a_plan_per_decode_batch(committed, batch, ba
     plan (a row-owning plan estimated by the plan it was regrouped from), then the most blocks completing sums: the
     plain one-shot plan, each row split over ``slices`` of its reducing blocks, run the way it measured fastest
     (2xH200, ninth session: compiled at every decode batch; twelfth: the Lamport one-shot at 64 and 256 KB, where
-    it measured fastest; thirteenth: LL128 lines again at 256 KB, where that session's job measured them fastest)."""
+    it measured fastest; thirteenth: LL128 lines again at 256 KB, where that session's job measured them fastest;
+    seventeenth, every plan of the registry at 1 KB-16 MB in one job: LL128 lines at 16 KB, the 256-thread Lamport
+    one-shot at 64 KB, the 8 MB-capped LL one-shot at 256 KB)."""
     fp, entries = committed
     nbytes = batch * 8192 * 2
     serving = [e for e in entries if e.serves(fp, "allreduce", 2, nbytes)]
@@ -287,8 +289,10 @@ def test_a_row_owning_plan_runs_the_way_its_base_plan_measured_fastest(committed
     twin = SimpleNamespace(plan=regrouped, estimate_us=lambda *a: unmeasured[:2], estimate=lambda *a: unmeasured)
     (_, base_us), (plan, twin_us) = norm_candidates([base, twin], nbytes, True, True)
     assert plan is regrouped and twin_us == base_us == base.estimate_us(nbytes, True, True)[1]
-    assert norm_mode([base, twin], regrouped, nbytes, True, True) == Mode(compiled=True)
-    assert norm_mode([base, twin], regrouped, nbytes, True, False) == Mode()
+    fastest = base.estimate(nbytes, True, True)[2]
+    assert fastest.compiled and norm_mode([base, twin], regrouped, nbytes, True, True) == fastest
+    uncompiled = base.estimate(nbytes, True, False)[2]
+    assert not uncompiled.compiled and norm_mode([base, twin], regrouped, nbytes, True, False) == uncompiled
     assert norm_mode([twin], base.plan, nbytes, True, True) == Mode()
 
 
