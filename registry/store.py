@@ -45,6 +45,7 @@ from schedules.collectives import NAMES as COLLECTIVES
 from schedules.plan.io import parse_plan
 from schedules.plan.types import Plan
 from weftcore.errors import CheckFailed, WeftError
+from weftcore.gcpause import collector_paused
 from weftcore.jsonfile import MAX_FILE_BYTES, decode_json, one_line
 from weftcore.jsonfile import short_repr as short
 
@@ -410,12 +411,13 @@ class Registry:
 
     def _load_with_text(self) -> tuple[list[tuple[Entry, bytes]], list[str]]:
         entries, bad = [], []
-        for path in self._entry_files():
-            try:
-                data = self._read_bytes(path, "registry entry")
-                entries.append((self._parse(path, data), data))
-            except WeftError as e:
-                bad.append(one_line(str(e)))
+        with collector_paused():  # every entry's plan, decoded and parsed: no cycles to collect (weftcore.gcpause)
+            for path in self._entry_files():
+                try:
+                    data = self._read_bytes(path, "registry entry")
+                    entries.append((self._parse(path, data), data))
+                except WeftError as e:
+                    bad.append(one_line(str(e)))
         return entries, bad
 
     def load(self) -> tuple[list[Entry], list[str]]:

@@ -52,6 +52,7 @@ from schedules.plan.types import (
     remote_target,
     unpaired_error,
 )
+from weftcore.gcpause import collector_paused
 from weftcore.jsonfile import Fields, read_json, short_repr, write_text
 
 _PLAIN_OP_FIELDS = mscclpp_format.OP_KEYS - {"iter_context", "ops"}  # an op other than a pipeline
@@ -131,6 +132,11 @@ class _Reader(Fields):
 
 def parse_plan(data: object, source: str) -> Plan:
     """Build a Plan from decoded JSON: every field checked, every reference resolved; ``check_plan`` proves it."""
+    with collector_paused():  # a tree of small objects and no cycles (weftcore.gcpause)
+        return _parse_plan(data, source)
+
+
+def _parse_plan(data: object, source: str) -> Plan:
     rd = _Reader(source)
     doc = rd.obj(data, "(top level)")
     for key in ("name", "collective", "protocol", "gpus"):
