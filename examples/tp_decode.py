@@ -282,19 +282,41 @@ class Graphs:
     inputs: tuple  # the tensors the graphs read: a graph does not keep them alive
 
 
-def build(impl: Backend, shape: Shape, batch: int, weights, norms, device) -> Graphs:
-    """The decode step, the projections alone, with their all-reduce, with all-reduce and residual add, with
-    all-reduce, add and norm, and the all-reduce alone: each ``2 × layers`` calls in one graph."""
-    cache = make_cache(shape, batch, device)
+@dataclass(frozen=True)
+class Inputs:
+    """What every backend's graphs read at one batch, made once and shared, so that no backend's tensors sit at
+    addresses of their own (the seventeenth session's files: the projections alone, the same work for every
+    backend, took up to 5% longer for some backends than for others, as much as the gaps being measured). Only
+    read: the step's input and KV cache, the projections' activations, weights and residual."""
+
+    x: torch.Tensor
+    cache: list[tuple[torch.Tensor, torch.Tensor]]
+    probe_a: torch.Tensor
+    probe_w: torch.Tensor
+    probe_x: torch.Tensor
+
+
+def make_inputs(shape: Shape, batch: int, device: torch.device) -> Inputs:
     gen = torch.Generator(device=device).manual_seed(7)
     x = torch.randn(batch, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16)
+    return Inputs(
+        x,
+        make_cache(shape, batch, device),
+        torch.randn(batch, HIDDEN // shape.tp, device=device, dtype=torch.bfloat16),
+        torch.randn(HIDDEN // shape.tp, HIDDEN, device=device, dtype=torch.bfloat16),
+        torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16),
+    )
+
+
+def build(impl: Backend, shape: Shape, batch: int, weights, norms, inputs: Inputs, device) -> Graphs:
+    """The decode step, the projections alone, with their all-reduce, with all-reduce and residual add, with
+    all-reduce, add and norm, and the all-reduce alone: each ``2 × layers`` calls in one graph, on ``inputs``."""
+    x, cache = inputs.x, inputs.cache
     out = {}
     side = torch.cuda.Stream()
     calls = 2 * shape.layers
-    probe_a = torch.randn(batch, HIDDEN // shape.tp, device=device, dtype=torch.bfloat16)
-    probe_w = torch.randn(HIDDEN // shape.tp, HIDDEN, device=device, dtype=torch.bfloat16)
-    probe_x = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
-    probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)
+    probe_a, probe_w, probe_x = inputs.probe_a, inputs.probe_w, inputs.probe_x
+    probe = torch.randn(batch, HIDDEN, device=device, dtype=torch.bfloat16)  # its own: NCCL sums into it in place
 
     def step():
         out["hidden"] = decode_step(x, weights, norms, cache, shape, impl.project)
@@ -323,17 +345,38 @@ def build(impl: Backend, shape: Shape, batch: int, weights, norms, device) -> Gr
         ),
         "alone": graph_of(isolated, side, impl.capture),
     }
-    return Graphs(graphs, out, (x, cache, probe_a, probe_w, probe_x, probe))
+    return Graphs(graphs, out, (inputs, probe))
+
+
+def turns(names: list[str], iteration: int) -> list[str]:
+    """The backends' order in one iteration, from a Williams design: over every ``len(names)`` iterations (twice
+    that for an odd count) each backend takes every place equally often and follows every other backend equally
+    often, so that neither the place nor the graph before a replay (what it left in the L2, the clocks) favours
+    one backend. Every rank computes the same order.
+
+    >>> [turns(["a", "b", "c"], i) for i in range(6)]
+    [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['c', 'b', 'a'], ['a', 'c', 'b'], ['b', 'a', 'c']]
+    """
+    n = len(names)
+    if n < 2:
+        return list(names)
+    base = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
+    rows = [[(b + r) % n for b in base] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [names[k] for k in rows[iteration % len(rows)]]
 
 
 def time_alternating(built: dict[str, Graphs], iters: int) -> dict[str, dict[str, list[float]]]:
     """Each graph's replay times, the backends taking turns replay by replay, so that a drift of the machine
-    (clocks, temperature, a neighbour) falls on every backend alike."""
+    (clocks, temperature, a neighbour) falls on every backend alike, in an order that changes (``turns``): with one
+    fixed order the first backend always followed another kind's graph and each other one the same backend."""
     times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in KINDS} for name in built}
-    for _ in range(iters):
+    for i in range(iters):
+        order = turns(list(built), i)
         for kind in KINDS:
-            for name, g in built.items():
-                times[name][kind].append(time_replay(g.graphs[kind]))
+            for name in order:
+                times[name][kind].append(time_replay(built[name].graphs[kind]))
     return times
 
 
@@ -429,9 +472,10 @@ def _weft_columns(row: dict, comm, batch: int) -> None:
 def _build_all(backends: dict, shape, batch: int, weights, norms, device, rank: int) -> tuple[dict, dict[str, str]]:
     """Each backend's captured step at this batch, and why each that could not be built failed."""
     built, failed = {}, {}
+    inputs = make_inputs(shape, batch, device)  # one set for every backend
     for name, impl in backends.items():
         try:
-            built[name] = build(impl, shape, batch, weights, norms, device)
+            built[name] = build(impl, shape, batch, weights, norms, inputs, device)
         except Exception as e:  # one backend's failure is a result, not the end of the comparison
             failed[name] = f"{type(e).__name__}: {e}"
             print(f"rank {rank}: {name} failed at batch {batch}: {failed[name]}", flush=True)
@@ -651,7 +695,7 @@ def main() -> None:
             "context": args.context,
             "nranks": world,
             "mode": "graph",
-            "timing": "backends alternate replay by replay",
+            "timing": "backends alternate replay by replay, in orders of a Williams design, on shared inputs",
             "dtype": "bf16",
             "trace": args.trace,
             "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)

@@ -186,3 +186,25 @@ def test_the_seventeenth_sessions_fused_call_and_decode_claims_are_those_of_thei
     assert spans(2) == {1: "1.036–1.039", 4: "0.998–1.004", 16: "1.004–1.015", 64: "0.999"}
     assert "TP=4 at batch 1 1.004–1.017, at 4 1.029–1.053, at 16 0.999–1.002, at 64 0.994–0.995" in text
     assert "TP=2 at batch 1 1.036–1.039, at 4 0.998–1.004, at 16 1.004–1.015, at 64 0.999." in text
+
+
+def test_the_harness_bias_the_performance_page_names_is_that_of_the_decode_files():
+    """docs/performance.md: tp_decode's projections alone (the same GEMMs for every backend) spread 1.1-6.0% between
+    the fastest and slowest backend in the seventeenth session's runs, and flashinfer-fused's were the fastest in all
+    three TP=4 runs at batch 4, 3.4-5.3% ahead of the slowest."""
+    import statistics
+
+    backends = ("flashinfer-fused", "nccl", "weft", "weft-fused", "weft-fused-norm")
+    spreads, batch4 = [], []
+    for tp in (2, 4):
+        for run in (1, 2, 3):
+            for r in _rows(f"s17_h200/tp_decode_{tp}xh200_{run}.json"):
+                times = {b: statistics.median(r[f"{b}_raw_matmul_ms"]) for b in backends}
+                spreads.append(max(times.values()) / min(times.values()) - 1)
+                if tp == 4 and r["batch"] == 4:
+                    batch4.append((min(times, key=times.__getitem__), spreads[-1]))
+    assert f"{min(spreads):.1%}–{max(spreads):.1%}".replace("%–", "–") == "1.1–6.0%"
+    assert {b for b, _ in batch4} == {"flashinfer-fused"} and len(batch4) == 3
+    assert f"{min(s for _, s in batch4):.1%}–{max(s for _, s in batch4):.1%}".replace("%–", "–") == "3.4–5.3%"
+    text = _performance_text()
+    assert "differed by 1.1–6.0% at every batch of every run" in text and "(3.4–5.3% ahead of the slowest)" in text
