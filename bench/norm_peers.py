@@ -114,11 +114,14 @@ def _weft_calls(
 
 
 def _samples(timers: dict[str, Any], warmup: int, samples: int) -> dict[str, list[float]]:
-    """``samples`` samples of each timer after ``warmup`` discarded ones, the timers interleaved."""
+    """``samples`` samples of each timer after ``warmup`` discarded ones, the timers interleaved, their order
+    changing from round to round."""
+    from executor.gpu.bench import turns
+
     raw: dict[str, list[float]] = {k: [] for k in timers}
     for i in range(warmup + samples):
-        for name, sample in timers.items():
-            value = sample()
+        for name in turns(list(timers), i):  # each in every place equally often (executor.gpu.bench.turns)
+            value = timers[name]()
             if i >= warmup:
                 raw[name].append(value)
     return raw

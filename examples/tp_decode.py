@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from executor import RowNorm
 from executor.gpu import peers
+from executor.gpu.bench import turns
 from schedules.plan import load_plan
 
 HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
@@ -346,25 +347,6 @@ def build(impl: Backend, shape: Shape, batch: int, weights, norms, inputs: Input
         "alone": graph_of(isolated, side, impl.capture),
     }
     return Graphs(graphs, out, (inputs, probe))
-
-
-def turns(names: list[str], iteration: int) -> list[str]:
-    """The backends' order in one iteration, from a Williams design: over every ``len(names)`` iterations (twice
-    that for an odd count) each backend takes every place equally often and follows every other backend equally
-    often, so that neither the place nor the graph before a replay (what it left in the L2, the clocks) favours
-    one backend. Every rank computes the same order.
-
-    >>> [turns(["a", "b", "c"], i) for i in range(6)]
-    [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['c', 'b', 'a'], ['a', 'c', 'b'], ['b', 'a', 'c']]
-    """
-    n = len(names)
-    if n < 2:
-        return list(names)
-    base = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
-    rows = [[(b + r) % n for b in base] for r in range(n)]
-    if n % 2:
-        rows += [row[::-1] for row in rows]
-    return [names[k] for k in rows[iteration % len(rows)]]
 
 
 def time_alternating(built: dict[str, Graphs], iters: int) -> dict[str, dict[str, list[float]]]:

@@ -26,6 +26,25 @@ from schedules.plan.types import Plan
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
+def turns(names: list[str], iteration: int) -> list[str]:
+    """The order in which implementations take turns in one round of timing, from a Williams design: over every
+    ``len(names)`` rounds (twice that for an odd count) each takes every place equally often and follows every
+    other equally often, so that neither its place nor the replay before it (what that left in the L2, the clocks)
+    favours one. Every rank computes the same order (the timed replays are collective).
+
+    >>> [turns(["a", "b", "c"], i) for i in range(6)]
+    [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['c', 'b', 'a'], ['a', 'c', 'b'], ['b', 'a', 'c']]
+    """
+    n = len(names)
+    if n < 2:
+        return list(names)
+    base = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
+    rows = [[(b + r) % n for b in base] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [names[k] for k in rows[iteration % len(rows)]]
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     collective: str
@@ -506,8 +525,8 @@ def run_bench(
         comm.synchronize()
         raw: dict[str, list[float]] = {k: [] for k in timers}
         for i in range(config.warmup + config.samples):
-            for name, sample in timers.items():  # alternate so drift hits every implementation alike
-                t = sample()
+            for name in turns(list(timers), i):  # alternate so drift hits every implementation alike
+                t = timers[name]()
                 if i >= config.warmup:
                     raw[name].append(t)
         comm.synchronize()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -89,21 +88,3 @@ def test_only_keeps_the_named_backends_and_refuses_others_in_one_line(monkeypatc
     with pytest.raises(SystemExit) as e:
         tp_decode.make_backends(args, no_pdl, 0)
     assert str(e.value) == "tp_decode: --only flashinfer-fused: not among this run's backends nccl"
-
-
-def test_the_backends_take_every_place_and_follow_every_other_equally_often(monkeypatch):
-    """``time_alternating``'s orders (a Williams design): over 20 iterations of 5 backends each is first, second,
-    ... four times and follows each other backend four times (one fixed order made one backend always the first,
-    and each other one always follow the same backend); 4 backends balance over 4 iterations."""
-    tp_decode = _tp_decode(monkeypatch)
-    for names, iterations, times in (
-        (["flashinfer-fused", "nccl", "weft", "weft-fused", "weft-fused-norm"], 20, 4),
-        (["nccl", "weft", "weft-fused", "weft-fused-norm"], 4, 1),
-    ):
-        orders = [tp_decode.turns(names, i) for i in range(iterations)]
-        assert all(sorted(o) == sorted(names) for o in orders)
-        places = Counter((name, o.index(name)) for o in orders for name in o)
-        pairs = Counter((o[k - 1], o[k]) for o in orders for k in range(1, len(o)))
-        assert set(places.values()) == {times} and len(places) == len(names) ** 2
-        assert set(pairs.values()) == {times} and len(pairs) == len(names) * (len(names) - 1)
-    assert tp_decode.turns([], 3) == [] and tp_decode.turns(["nccl"], 3) == ["nccl"]
