@@ -195,7 +195,7 @@ def main() -> None:
 
     from executor import Communicator
     from executor.gpu import peers
-    from executor.gpu.bench import _every_rank, _slowest_rank, nccl_result
+    from executor.gpu.bench import TURNS_ORDER, _every_rank, _slowest_rank, nccl_result
     from executor.reference.norm import RowNorm
     from registry.index import Mode
     from registry.norms import norm_key
@@ -251,6 +251,7 @@ def main() -> None:
                 "warmup": args.warmup,
                 "statistic": "median of the slowest rank",
                 "timer": "CUDA events",
+                "order": TURNS_ORDER,
                 "check": f"residual within within_rounding(nranks + 1 terms); normed within {NORM_ULPS} "
                 "bf16 ulps of the definition on the call's own residual",
             },

@@ -26,6 +26,9 @@ from schedules.plan.types import Plan
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
+TURNS_ORDER = "implementations take turns, each round in the next order of a Williams design (executor.gpu.bench.turns)"
+
+
 def turns(names: list[str], iteration: int) -> list[str]:
     """The order in which implementations take turns in one round of timing, from a Williams design: over every
     ``len(names)`` rounds (twice that for an odd count) each takes every place equally often and follows every

@@ -487,6 +487,7 @@ def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
     import cupy
 
     from executor.gpu import peers
+    from executor.gpu.bench import TURNS_ORDER
 
     versions = {
         "torch": torch.__version__,
@@ -511,6 +512,7 @@ def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
             "warmup": config.warmup,
             "statistic": "median",
             "timer": "CUDA events",
+            "order": TURNS_ORDER,
             "programmatic_launch": args.pdl,
             "ll128": args.ll128,
             "compiled": args.compiled,
