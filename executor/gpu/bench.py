@@ -41,11 +41,10 @@ def turns(names: list[str], iteration: int) -> list[str]:
     n = len(names)
     if n < 2:
         return list(names)
+    r = iteration % (2 * n if n % 2 else n)  # an odd count needs each row reversed too: rows n .. 2n-1
     base = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
-    rows = [[(b + r) % n for b in base] for r in range(n)]
-    if n % 2:
-        rows += [row[::-1] for row in rows]
-    return [names[k] for k in rows[iteration % len(rows)]]
+    row = [names[(b + r) % n] for b in base]
+    return row[::-1] if r >= n else row
 
 
 @dataclass(frozen=True)
