@@ -1,4 +1,4 @@
-"""weftcore.gcpause: the cyclic collector paused while plans are parsed and proven, and given back as it was."""
+"""weftcore.gcpause: the cyclic collector paused while plans are parsed, and given back as it was."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from executor.reference import prove
 from registry.store import Registry
 from schedules.plan import io as plan_io
 from schedules.plan.io import load_plan
@@ -62,10 +61,3 @@ def test_parsing_a_plan_and_loading_a_registry_run_paused_and_end_enabled(collec
     read = _seen_paused(monkeypatch, Registry, "_parse")  # the entry files' JSON is decoded there too
     entries = Registry(str(ROOT / "bench" / "registry_h200x2")).entries()
     assert len(entries) > 10 and len(read) == len(entries) and not any(read) and gc.isenabled()
-
-
-def test_a_proof_runs_paused_and_ends_enabled(collector, monkeypatch):
-    seen = _seen_paused(monkeypatch, prove, "run_launches")
-    plan = load_plan(PLAN)
-    record = prove.check_plan(plan, [plan.granule * 2], ("fp32",))
-    assert record.ok and seen and not any(seen) and gc.isenabled()

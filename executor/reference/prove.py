@@ -26,7 +26,6 @@ from schedules.plan.types import (
     Plan,
     PlanError,
 )
-from weftcore.gcpause import collector_paused
 
 
 def run_reference(
@@ -177,22 +176,20 @@ def check_plan(
     collective = plan.collective_spec() if plan.checkable else None
     rng = np.random.default_rng(seed)
     checks: list[str] = []
-    with collector_paused():  # the simulation's objects form no cycles (weftcore.gcpause): 24% of a proof
-        for nbytes in sizes:
-            for dtype in dtypes:
-                launches = back_to_back if not checks else 1
-                elems = chunk_elems(plan, nbytes, dtype)
-                inputs = [random_inputs(plan, elems, rng) for _ in range(launches)]
-                for k, outputs in enumerate(run_launches(plan, inputs, nbytes, dtype)):
-                    at = f"{nbytes} B {dtype}" + (f" launch {k} of {launches}" if launches > 1 else "")
-                    if collective is not None:
-                        _compare(plan, expected_outputs(collective, inputs[k], elems, dtype), outputs, elems, at)
-                after = f" ({launches} launches back to back)" if launches > 1 else ""
-                clean = "ran clean (no race, deadlock or range error; no result defined)"
-                what = "ok" if collective is not None else clean
-                checks.append(f"{plan.collective} {nbytes}B {dtype}: {what}{after}")
-                if progress:
-                    progress(f"reference: {checks[-1]}")
+    for nbytes in sizes:
+        for dtype in dtypes:
+            launches = back_to_back if not checks else 1
+            elems = chunk_elems(plan, nbytes, dtype)
+            inputs = [random_inputs(plan, elems, rng) for _ in range(launches)]
+            for k, outputs in enumerate(run_launches(plan, inputs, nbytes, dtype)):
+                at = f"{nbytes} B {dtype}" + (f" launch {k} of {launches}" if launches > 1 else "")
+                if collective is not None:
+                    _compare(plan, expected_outputs(collective, inputs[k], elems, dtype), outputs, elems, at)
+            after = f" ({launches} launches back to back)" if launches > 1 else ""
+            what = "ok" if collective is not None else "ran clean (no race, deadlock or range error; no result defined)"
+            checks.append(f"{plan.collective} {nbytes}B {dtype}: {what}{after}")
+            if progress:
+                progress(f"reference: {checks[-1]}")
     return VerificationRecord(
         plan.content_hash, True, sizes, dtypes, seed, tuple(checks), back_to_back=max(1, back_to_back)
     )
