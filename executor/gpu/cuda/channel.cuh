@@ -88,36 +88,59 @@ __device__ __forceinline__ bool lamport_load_unit(const Transfer& t, const Ref& 
   return true;
 }
 
+// The fetched units x[g][k] (unit first + k * stride of source g, for g < ``live`` and below ``units``) of the
+// watched sources polled again together until none holds the sentinel: each round fetches again every unit that
+// still held it, all before any is checked, so that a round costs one trip to memory however many are late (settled
+// one after another, each late unit after the first would cost a trip of its own).
+template <class D, int V, int G, int K>
+__device__ __forceinline__ bool lamport_settle_group(const char* const* b, const bool* watched, int live, i64 first,
+                                                     i64 stride, i64 units, Unit<V> (&x)[G][K], Deadline& deadline) {
+  while (true) {
+    bool late = false;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const i64 u = first + k * stride;
+        if (g < live && watched[g] && u < units && !lamport_arrived<D, V>(x[g][k])) {
+          late = true;
+          lamport_fetch<V>(b[g] + u * V, x[g][k]);
+        }
+      }
+    }
+    if (!late) return true;
+    if (deadline.expired()) return false;
+  }
+}
+
 // Units first, first + stride, ... (those below ``units``) of one reference into ``out``: a Lamport reference's
-// units all fetched before any still holding the sentinel is polled again, a plain reference's loaded.
+// units all fetched, then polled again together (lamport_settle_group), a plain reference's loaded.
 template <class D, int V>
 __device__ __forceinline__ bool lamport_load_all(const Transfer& t, const Ref& r, i64 first, i64 stride, i64 units,
                                                  Unit<V> (&out)[kInFlight], Deadline& deadline) {
-  const char* b = t.base(r);
-  const bool polled = (r.flags & kLamport) != 0;
+  const char* b[1] = {t.base(r)};
+  const bool watched[1] = {(r.flags & kLamport) != 0};
+  Unit<V> x[1][kInFlight];
 #pragma unroll
   for (int k = 0; k < kInFlight; ++k) {
     const i64 u = first + k * stride;
     if (u >= units) continue;
-    if (polled) {
-      lamport_fetch<V>(b + u * V, out[k]);
+    if (watched[0]) {
+      lamport_fetch<V>(b[0] + u * V, x[0][k]);
     } else {
-      unit_load<V>(b + u * V, out[k]);
+      unit_load<V>(b[0] + u * V, x[0][k]);
     }
   }
-  if (!polled) return true;
+  const bool settled = lamport_settle_group<D, V, 1, kInFlight>(b, watched, 1, first, stride, units, x, deadline);
 #pragma unroll
-  for (int k = 0; k < kInFlight; ++k) {
-    const i64 u = first + k * stride;
-    if (u < units && !lamport_arrived<D, V>(out[k]) && !lamport_load<D, V>(b + u * V, out[k], deadline)) return false;
-  }
-  return true;
+  for (int k = 0; k < kInFlight; ++k) out[k] = x[0][k];
+  return settled;
 }
 
-// One unit of a reference fetched once, without waiting (a Lamport reference's words as they are now), and then
-// settled: polled again until it has arrived where the fetch found the sentinel. Between the two the caller fetches
-// other references' units, so that their trips to memory overlap (run_transfer's WEFT_POLL_GROUP). Each takes the
-// reference's address (Transfer::base) and whether it is polled (``watched``), worked out by the caller.
+// One unit of a reference fetched once, without waiting (a Lamport reference's words as they are now); the caller
+// fetches other references' units beside it, so that their trips to memory overlap (run_transfer's
+// WEFT_POLL_GROUP), and then settles them all together (lamport_settle_group). It takes the reference's address
+// (Transfer::base) and whether it is polled (``watched``), worked out by the caller.
 __device__ __forceinline__ bool polled(const Ref& r) { return (r.flags & kLamport) != 0; }
 
 template <int V>
@@ -127,12 +150,6 @@ __device__ __forceinline__ void lamport_fetch_at(const char* b, bool watched, i6
   } else {
     unit_load<V>(b + unit * V, out);
   }
-}
-
-template <class D, int V>
-__device__ __forceinline__ bool lamport_settle_at(const char* b, bool watched, i64 unit, Unit<V>& out,
-                                                  Deadline& deadline) {
-  return !watched || lamport_arrived<D, V>(out) || lamport_load<D, V>(b + unit * V, out, deadline);
 }
 
 // The loads and stores of run_transfer: Transfer's, or, in a Lamport kernel, the Lamport forms.
@@ -253,14 +270,16 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
             if (s0 + g < op.nsrc && u < units) lamport_fetch_at<V>(b[g], watched[g], u, x[g][k]);
           }
         }
+        if (!lamport_settle_group<D, V, kPollGroup, kInFlight>(b, watched, op.nsrc - s0, first, stride, units, x,
+                                                               deadline)) {
+          return false;
+        }
 #pragma unroll
         for (int g = 0; g < kPollGroup; ++g) {
           if (s0 + g >= op.nsrc) break;
 #pragma unroll
           for (int k = 0; k < kInFlight; ++k) {
-            const i64 u = first + k * stride;
-            if (u >= units) continue;
-            if (!lamport_settle_at<D, V>(b[g], watched[g], u, x[g][k], deadline)) return false;
+            if (first + k * stride >= units) continue;
 #pragma unroll
             for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[g][k].w[w]);
           }
@@ -292,19 +311,24 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
         for (int k = 0; k < kInFlight; ++k) {
           const i64 u = first + k * stride;
           if (u >= units) continue;
-          Unit<V> x[kPollGroup];
+          Unit<V> x[kPollGroup][1];
           // each source's address taken again per unit: held across the units, they spill at 64 registers
+          const char* b[kPollGroup];
+          bool watched[kPollGroup];
 #pragma unroll
           for (int g = 0; g < kPollGroup; ++g) {
-            if (s0 + g < op.nsrc) lamport_fetch_at<V>(t.base(op.src[s0 + g]), polled(op.src[s0 + g]), u, x[g]);
+            b[g] = s0 + g < op.nsrc ? t.base(op.src[s0 + g]) : nullptr;
+            watched[g] = s0 + g < op.nsrc && polled(op.src[s0 + g]);
+            if (s0 + g < op.nsrc) lamport_fetch_at<V>(b[g], watched[g], u, x[g][0]);
+          }
+          if (!lamport_settle_group<D, V, kPollGroup, 1>(b, watched, op.nsrc - s0, u, 0, units, x, deadline)) {
+            return false;
           }
 #pragma unroll
           for (int g = 0; g < kPollGroup; ++g) {
             if (s0 + g >= op.nsrc) continue;
-            const Ref& r = op.src[s0 + g];
-            if (!lamport_settle_at<D, V>(t.base(r), polled(r), u, x[g], deadline)) return false;
 #pragma unroll
-            for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[g].w[w]);
+            for (int w = 0; w < V / 4; ++w) acc[k].w[w] = add_words<D>(acc[k].w[w], x[g][0].w[w]);
           }
         }
       }
