@@ -222,22 +222,31 @@ def nccl_faster(nccl_us: dict[int, float], nbytes: int, basis: str, time_us: flo
     return nccl if nccl < time_us else None
 
 
-def contenders(
+def contenders_at(
     entries: Sequence[Entry], sizes: Sequence[int], top: int, ll128: bool = False, compiled: bool = False
-) -> list[Entry]:
-    """The entries that rank among the ``top`` fastest at any of ``sizes`` (the union, in ``entries``' order), in
-    selection's order (``Timings.rank``: measured times first, in the modes a run may use, ``ll128`` and
-    ``compiled``, then predicted ones); an entry whose plan does not run a size, or has no time, is not kept for
-    it. ``weft bench --top`` times only these, so that a registry of many variants is measured again where it
-    matters."""
-    kept: set[str] = set()
+) -> dict[int, list[Entry]]:
+    """Each of ``sizes``' ``top`` fastest entries, in selection's order (``Timings.rank``: measured times first, in
+    the modes a run may use, ``ll128`` and ``compiled``, then predicted ones); an entry whose plan does not run a
+    size, or has no time, is not kept for it."""
+    by_id = {e.id: e for e in entries}
+    kept: dict[int, list[Entry]] = {}
     for nbytes in sizes:
         ranked = sorted(
             (*e.timings.rank(nbytes, ll128, compiled), e.id)
             for e in entries
             if e.key.covers(nbytes) and e.plan.runs(nbytes)
         )
-        kept.update(entry_id for _, time_us, entry_id in ranked[:top] if time_us < math.inf)
+        kept[nbytes] = [by_id[entry_id] for _, time_us, entry_id in ranked[:top] if time_us < math.inf]
+    return kept
+
+
+def contenders(
+    entries: Sequence[Entry], sizes: Sequence[int], top: int, ll128: bool = False, compiled: bool = False
+) -> list[Entry]:
+    """The entries that rank among the ``top`` fastest at any of ``sizes`` (``contenders_at``; the union, in
+    ``entries``' order). ``weft bench --top`` loads only these, and times each at the sizes where it ranks, so that
+    a registry of many variants is measured again where it matters."""
+    kept = {e.id for ranked in contenders_at(entries, sizes, top, ll128, compiled).values() for e in ranked}
     return [e for e in entries if e.id in kept]
 
 

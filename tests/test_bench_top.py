@@ -108,3 +108,37 @@ def test_each_size_is_judged_by_every_rank_and_written_as_it_finishes():
     row = {"size": KB, "wrong": 1}
     quiet(row)
     assert row == {"size": KB, "wrong": 2}
+
+
+def test_each_size_times_only_its_own_contenders(entries):
+    """`weft bench --top 2` over 1 KB and 256 MB loads the union of both sizes' two fastest plans, but times at each
+    size only that size's two (a sweep of ten sizes then times about twenty plan variants a size, not every plan
+    of the union that runs it)."""
+    import argparse
+
+    from executor.gpu.bench import BenchConfig, size_candidates
+    from registry.store import contenders_at
+    from weft.cli.gpu import _load_plans
+
+    args = argparse.Namespace(
+        plans=["registry"],
+        registry=str(ROOT / "bench" / "registry_h200x2"),
+        collective="allreduce",
+        top=2,
+        ll128=True,
+        compiled=True,
+    )
+    sizes = [KB, 64 * KB, 256 * MB]
+    plans, at = _load_plans(args, 2, sizes)
+    ranked = contenders_at(entries, sizes, 2, True, True)
+    assert dict(at) == {n: frozenset(e.plan.content_hash for e in ranked[n]) for n in sizes}
+    assert all(len(hashes) == 2 for _, hashes in at)
+    assert {p.content_hash for p in plans} == set().union(*(hashes for _, hashes in at))
+    config = BenchConfig("allreduce", tuple(sizes), "bf16", ll128=True, compiled=True, contenders=at)
+    for n in sizes:
+        timed = size_candidates(config, plans, n)
+        assert {p.content_hash for p in timed} == dict(at)[n]
+        assert all(p.runs(n) for p in timed)
+    # without the map every loaded plan that runs 1 KB would be timed there, the other sizes' contenders too
+    every = size_candidates(BenchConfig("allreduce", tuple(sizes), "bf16"), plans, KB)
+    assert len(every) > len(size_candidates(config, plans, KB))

@@ -60,6 +60,9 @@ class BenchConfig:
     compiled: bool = False  # time every plan (and format) a second time compiled to a kernel of its own: NAME+compiled
     symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
     peers: tuple[str, ...] = ("flashinfer", "vllm")  # where installed (all-reduce, one host, as symm)
+    # (size, plan hashes): the only plans timed at that size (weft bench --top: registry.store.contenders_at); a size
+    # not named times every plan that runs it
+    contenders: tuple[tuple[int, frozenset[str]], ...] = ()
     # all-to-all: "symm" adds torch symmetric memory's all_to_all_vdev (NVSHMEM), opt-in (alltoall_peers)
 
 
@@ -470,6 +473,14 @@ def _compiled_columns(
     }
 
 
+def size_candidates(config: BenchConfig, plans: list[Plan], nbytes: int) -> list[Plan]:
+    """The plans timed at ``nbytes``: those that run it in the config's dtype, and where ``config.contenders`` names
+    the size, only those it names there."""
+    candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
+    named = dict(config.contenders).get(nbytes)
+    return candidates if named is None else [p for p in candidates if p.content_hash in named]
+
+
 def run_bench(
     comm,
     config: BenchConfig,
@@ -494,7 +505,7 @@ def run_bench(
         began = time.monotonic()
         x, out = _buffers(config.collective, nbytes, world, dtype, device)
         # sizes off a plan's granule run padded (InterpreterEngine.execute): their times include the copies
-        candidates = [p for p in plans if p.runs(nbytes) and config.dtype in p.weft.dtypes]
+        candidates = size_candidates(config, plans, nbytes)
         timers: dict[str, Callable[[], float]] = {
             "nccl": _timer(_nccl(config.collective, x, out), config.graph, config.calls)
         }

@@ -55,9 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--top",
         type=int,
         metavar="K",
-        help="with --plans registry: time only the K plans the registry ranks fastest at each size (its measured "
-        "times, in the modes this run may use, --ll128 and --compiled; else its predictions), the union over "
-        "--sizes (default: every plan)",
+        help="with --plans registry: time at each size only the K plans the registry ranks fastest there (its "
+        "measured times, in the modes this run may use, --ll128 and --compiled; else its predictions) (default: "
+        "every plan at every size it runs)",
     )
     bench.add_argument(
         "--sizes", default="1KB:1GB", help="sizes: 1KB:1GB (powers of two) or 1KB,4MB (binary: 1KB = 1024 B)"
@@ -366,16 +366,23 @@ def _check_word(oks: list) -> str:
     return "ok" if all(oks) else "WRONG on ranks " + str([r for r, o in enumerate(oks) if not o])
 
 
-def _load_plans(args: argparse.Namespace, world: int, sizes: list[int]) -> list:
+def _load_plans(
+    args: argparse.Namespace, world: int, sizes: list[int]
+) -> tuple[list, tuple[tuple[int, frozenset[str]], ...]]:
+    """The plans to time, and with ``--top`` the plan hashes timed at each size (BenchConfig.contenders)."""
     from schedules.plan.io import load_plan
 
+    at: tuple[tuple[int, frozenset[str]], ...] = ()
     if args.plans == ["registry"]:
-        from registry.store import Registry, contenders
+        from registry.store import Registry, contenders_at
 
         entries = Registry(args.registry).entries(collective=args.collective)
         entries = [e for e in entries if e.plan.nranks == world]
         if args.top is not None:
-            entries = contenders(entries, sizes, args.top, args.ll128, args.compiled)
+            ranked = contenders_at(entries, sizes, args.top, args.ll128, args.compiled)
+            at = tuple((n, frozenset(e.plan.content_hash for e in kept)) for n, kept in ranked.items())
+            keep = {e.id for kept in ranked.values() for e in kept}
+            entries = [e for e in entries if e.id in keep]
         plans = [e.plan for e in entries]
     else:
         plans = [load_plan(p) for p in args.plans]
@@ -384,7 +391,7 @@ def _load_plans(args: argparse.Namespace, world: int, sizes: list[int]) -> list:
         raise ArgumentError(
             f"weft bench: no {args.collective} plan for {counted(world, 'rank')} in {' '.join(args.plans)}"
         )
-    return plans
+    return plans, at
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -401,7 +408,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     from executor.gpu.bench import BenchConfig, run_bench
 
-    plans = _load_plans(args, int(os.environ["WORLD_SIZE"]), sizes)
+    plans, contenders = _load_plans(args, int(os.environ["WORLD_SIZE"]), sizes)
     port = has_port_channels(plans)
     comm, rank, world = _init_rank(args, port)
     try:
@@ -416,6 +423,7 @@ def _bench(args: argparse.Namespace) -> int:
             compiled=args.compiled,
             symm=not port,
             peers=tuple(p for p in args.peers.split(",") if p in ("flashinfer", "vllm", "symm")),
+            contenders=contenders,
         )
         path = Path(
             args.output
