@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -326,7 +327,17 @@ def test_compiled_times_from_a_bench_file_are_recorded_apart_and_selected_only_f
         assert main([*base, "--ll128", "--json", *(["--compiled"] if compiled else [])]) == 0
         picks[compiled] = json.loads(capsys.readouterr().out)
     assert picks[True]["compiled"] and not picks[False]["compiled"]
-    assert picks[True]["time_us"] == pytest.approx(min(row["plans_compiled_us"].values()))
+    # each of the file's kernel times is stored apart, as the entry's compiled table at 1 KB
+    from registry.store import Registry
+
+    kept = {e.plan.content_hash: e for e in Registry(str(registry)).entries(collective="allreduce")}
+    for plan_hash, us in row["plans_compiled_us"].items():
+        if plan_hash in kept and "+" not in plan_hash:
+            assert kept[plan_hash].timings.measured_compiled_us[1024] == pytest.approx(us)
+    # and the pick is the fastest time any serving entry holds there, whichever job measured it (the registry's
+    # later jobs, the eighteenth session's sweep with LL128 lines, hold faster kernels than this file's)
+    best = min(e.timings.estimate(1024, True, True)[1] or math.inf for e in kept.values() if e.key.covers(1024))
+    assert picks[True]["time_us"] == pytest.approx(best) and best <= min(row["plans_compiled_us"].values())
     assert picks[True]["time_us"] < picks[False]["time_us"]
     assert main([*base, "--compiled"]) == 0
     assert "+compiled  measured" in capsys.readouterr().out
