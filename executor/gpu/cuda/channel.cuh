@@ -77,6 +77,8 @@ constexpr int kInFlight = 4;
 #define WEFT_POLL_GROUP 1
 #endif
 constexpr int kPollGroup = WEFT_POLL_GROUP;
+// An LL128 transfer of more than two sources polls them this many at a time, line by line (run_transfer_lines).
+constexpr int kLinePollGroup = kPollGroup;
 
 // One unit of a reference: a Lamport reference's polled until no element holds the sentinel, a plain one's loaded.
 template <class D, int V>
@@ -417,6 +419,52 @@ __device__ __forceinline__ u64 add_u64(u64 a, u64 b) {
   return ((u64)hi << 32) | lo;
 }
 
+// The lines of sources s0 .. s0 + G - 1 (those below op.nsrc) that this lane moves (run_transfer_lines' U lines
+// ``step`` apart from ``first``): a plain source's loaded once, the packet sources' all loaded again each round
+// until every flag of the group has arrived, so that a round costs one trip to memory however many sources are
+// late (one source polled to arrival before the next cost a trip for each late source after the first). False on a
+// timeout, which every lane of the warp sees together.
+template <int G, int U>
+__device__ __forceinline__ bool load_line_group(const Op& op, int s0, const Transfer& t, int lane, i64 first, i64 step,
+                                                i64 lines, const i64 (&data)[U], const bool (&has0)[U],
+                                                const bool (&has1)[U], u64 (&w0)[G][U], u64 (&w1)[G][U],
+                                                Deadline& deadline) {
+  const u64 flag = t.flag;
+  const char* p[G];
+  bool packet[G];
+  bool polling = false;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const bool live = s0 + j < op.nsrc;
+    packet[j] = live && (op.src[s0 + j].flags & kPacket);
+    p[j] = live ? t.base(op.src[s0 + j]) + (packet[j] ? 16 * lane : 0) : nullptr;
+    polling = polling || packet[j];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      w0[j][k] = live && !packet[j] && has0[k] ? *reinterpret_cast<const u64*>(p[j] + data[k]) : 0;
+      w1[j][k] = live && !packet[j] && has1[k] ? *reinterpret_cast<const u64*>(p[j] + data[k] + 8) : 0;
+    }
+  }
+  bool again = polling;  // alike on every lane: it depends on the op alone
+  while (again) {
+    bool late = false;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (!packet[j]) continue;
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const i64 g = first + k * step;
+        w0[j][k] = w1[j][k] = 0;
+        if (g < lines) line_load(p[j] + g * 128, w0[j][k], w1[j][k]);
+        late = late || (g < lines && lane == 7 && w1[j][k] != flag);
+      }
+    }
+    again = __any_sync(0xffffffffu, late);
+    if (again && __any_sync(0xffffffffu, deadline.expired())) return false;  // every lane leaves together
+  }
+  return true;
+}
+
 // Returns false on a packet timeout. Whole warps walk the lines together (the flag vote needs every lane), each
 // lane U lines apart so that U loads are in flight; a warp reloads its lines until every flag has arrived.
 template <class D, int U>
@@ -441,36 +489,41 @@ WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& d
       has1[k] = g < lines && lane < 7 && data[k] + 16 <= (c + 1) * chunk;
       acc0[k] = acc1[k] = 0;
     }
-    WEFT_FOR_EACH(s, 0, op.nsrc, kMaxRefs) {
-      const Ref& r = op.src[s];
-      u64 w0[U], w1[U];
-      if (r.flags & kPacket) {
-        const char* p = t.base(r) + 16 * lane;
-        bool again;
-        do {
-          bool late = false;
-#pragma unroll
-          for (int k = 0; k < U; ++k) {
-            const i64 g = first + k * step;
-            w0[k] = w1[k] = 0;
-            if (g < lines) line_load(p + g * 128, w0[k], w1[k]);
-            late = late || (g < lines && lane == 7 && w1[k] != flag);
-          }
-          again = __any_sync(0xffffffffu, late);
-          if (again && __any_sync(0xffffffffu, deadline.expired())) return false;  // every lane leaves together
-        } while (again);
-      } else {
-        const char* p = t.base(r);
-#pragma unroll
-        for (int k = 0; k < U; ++k) {
-          w0[k] = has0[k] ? *reinterpret_cast<const u64*>(p + data[k]) : 0;
-          w1[k] = has1[k] ? *reinterpret_cast<const u64*>(p + data[k] + 8) : 0;
-        }
-      }
+    bool grouped = false;
+    if constexpr (kLinePollGroup > 1) grouped = op.nsrc > 2;  // a compiled op's count: one branch is compiled
+    if (grouped) {
+      // line by line, every source of the line kLinePollGroup at a time: a 4-rank one-shot's three peers share
+      // their rounds (one line held a source, so that the 64-register kernels keep them in registers)
 #pragma unroll
       for (int k = 0; k < U; ++k) {
-        acc0[k] = s == 0 ? w0[k] : add_u64<D>(acc0[k], w0[k]);
-        acc1[k] = s == 0 ? w1[k] : add_u64<D>(acc1[k], w1[k]);
+        const i64 at[1] = {data[k]};
+        const bool lo[1] = {has0[k]}, hi[1] = {has1[k]};
+        WEFT_FOR_EACH_STEP(s0, 0, op.nsrc, kMaxRefs, kLinePollGroup) {
+          u64 w0[kLinePollGroup][1], w1[kLinePollGroup][1];
+          if (!load_line_group<kLinePollGroup, 1>(op, s0, t, lane, first + k * step, step, lines, at, lo, hi, w0, w1,
+                                                  deadline)) {
+            return false;
+          }
+#pragma unroll
+          for (int j = 0; j < kLinePollGroup; ++j) {
+            if (s0 + j >= op.nsrc) break;
+            acc0[k] = s0 + j == 0 ? w0[j][0] : add_u64<D>(acc0[k], w0[j][0]);
+            acc1[k] = s0 + j == 0 ? w1[j][0] : add_u64<D>(acc1[k], w1[j][0]);
+          }
+        }
+      }
+    } else {
+      // source by source, U lines of each in flight
+      WEFT_FOR_EACH(s, 0, op.nsrc, kMaxRefs) {
+        u64 w0[1][U], w1[1][U];
+        if (!load_line_group<1, U>(op, s, t, lane, first, step, lines, data, has0, has1, w0, w1, deadline)) {
+          return false;
+        }
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+          acc0[k] = s == 0 ? w0[0][k] : add_u64<D>(acc0[k], w0[0][k]);
+          acc1[k] = s == 0 ? w1[0][k] : add_u64<D>(acc1[k], w1[0][k]);
+        }
       }
     }
     WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {

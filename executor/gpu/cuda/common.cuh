@@ -17,6 +17,10 @@
 #ifndef WEFT_FOR_EACH
 #define WEFT_FOR_EACH(var, from, count, most) for (int var = from; var < count; ++var)
 #endif
+// The same loop ``step`` at a time (a group of references per turn).
+#ifndef WEFT_FOR_EACH_STEP
+#define WEFT_FOR_EACH_STEP(var, from, count, most, step) for (int var = from; var < count; var += step)
+#endif
 // An op's reference at a run-time index (run_pairs' turn): the interpreter indexes its op in shared memory; a compiled
 // plan selects among its constant references (weft::ref_at), so that its op stays in registers.
 #ifndef WEFT_REF_AT

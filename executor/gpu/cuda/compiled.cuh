@@ -15,6 +15,9 @@
 #define WEFT_FOR_EACH(var, from, count, most)                                          \
   _Pragma("unroll") for (int var = from; var < most; ++var) if (var >= (count)) break; \
   else
+#define WEFT_FOR_EACH_STEP(var, from, count, most, step)                                     \
+  _Pragma("unroll") for (int var = from; var < most; var += step) if (var >= (count)) break; \
+  else
 #include "ops.cuh"
 
 namespace weft {
