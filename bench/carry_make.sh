@@ -6,7 +6,7 @@
 #                                       # apache-tvm-ffi's and platformdirs' wheels (~14 MB; bench/NOTES.md, "Peers")
 #   bash bench/carry_make.sh ort        # .carry_ort: ortools and immutabledict, unpacked and xz'd, with platformdirs
 #   bash bench/carry_make.sh solvers    # .carry_solvers: the same with z3-solver
-#   bash bench/carry_make.sh base REV   # .carry_base: REV's tree (base.tgz, bench/variants_ab.sh) and platformdirs
+#   bash bench/carry_make.sh base REV   # .carry_base: REV's code (base.tgz, bench/variants_ab.sh) and platformdirs
 #
 # FlashInfer's comm kernels are not made here: a call without .carry_peers/aot/*.so.gz JIT-builds them (about two
 # minutes on the device), and `bench/peers_run.sh N probe` returns them for .carry_peers/aot/.
@@ -58,7 +58,10 @@ case $1 in
     cp "$WHL"/platformdirs-*.whl "$out/" ;;
   base)
     mkdir -p .carry_base
-    git archive --format=tar.gz "$2" -o .carry_base/base.tgz
+    # the code alone: variants_ab.sh reads the registry from this tree, and the results, registries, tests and docs
+    # would push the call past its 64 MiB beside .carry_peers (the eighteenth session: 9.6 MB whole, 0.7 MB so)
+    git archive --format=tar.gz "$2" -o .carry_base/base.tgz -- . ':(exclude)bench/results' \
+      ':(exclude)bench/registry_*' ':(exclude)tests' ':(exclude)docs'
     cp "$WHL"/platformdirs-*.whl .carry_base/ ;;
 esac
 du -sh .carry_* | sed 's/^/carry_make.sh: /'

@@ -80,6 +80,16 @@ def test_compiled_kernels_equal_the_interpreter_bit_for_bit(results):
 
 
 @pytest.mark.gpu
+def test_compiled_ll128_lines_equal_the_interpreters_and_nccl(results):
+    from conftest import nproc
+
+    for row in each(results, "eager"):
+        assert row["lines_cases"] > 0 and row["lines_differ"] == [] and row["lines_not_nccl"] == [], row
+        if nproc() > 2:  # a one-shot's sum of four sources: the grouped polls ran
+            assert row["lines_grouped_plans"] > 0, row
+
+
+@pytest.mark.gpu
 def test_the_lamport_plans_ran_compiled_in_every_shape(results):
     for row in each(results, "eager"):
         assert row["lamport_cases"] == len(LAMPORT_SHAPES) * len(DTYPES) * len(LAMPORT_GRANULES), row
@@ -170,7 +180,37 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
         row = _eager_cases(comm, sized, rank, device)
     finally:
         build.nvrtc_cubin = nvrtc
+    row |= _lines_cases(comm, sized, rank, device)  # kernels of their own, built here (precompile takes no lines)
     return {**row, "precompile_refused": precompile_refused, "precompile_s": precompile_s, "built_after": built_after}
+
+
+def _lines_cases(comm, sized: list, rank: int, device) -> dict:
+    """Each LL plan of ``sized`` with its packets as LL128 lines, in every dtype it runs: interpreted, then compiled
+    (a compiled op of more than two sources polls them together, line by line: channel.cuh's load_line_group)."""
+    import torch
+
+    from executor.gpu.tables import build_tables, lines_possible
+
+    differ, not_nccl, cases, grouped = [], [], 0, 0
+    for plan, nbytes in sized:
+        if not lines_possible(plan, nbytes):
+            continue
+        tables = build_tables(plan, rank, nbytes, lines=True)
+        grouped += bool(((tables.ops["nsrc"] > 2) & (tables.ops["line_chunk"] > 0)).any())
+        for k, dtype in enumerate(DTYPES):
+            if dtype not in plan.weft.dtypes:
+                continue
+            x = _input(_elements(plan, nbytes, dtype, rank), dtype, device, rank, 20 + k)
+            interpreted = comm.execute(plan, x, lines=True, compiled=False).clone()
+            compiled = comm.execute(plan, x, lines=True, compiled=True).clone()
+            comm.synchronize()
+            cases += 1
+            label = f"{plan.name}+ll128-{nbytes}B-{dtype}"
+            if not torch.equal(_bits(interpreted), _bits(compiled)):
+                differ.append(label)
+            if plan.collective == "allreduce" and not sums_to(compiled, x):
+                not_nccl.append(label)
+    return {"lines_cases": cases, "lines_differ": differ, "lines_not_nccl": not_nccl, "lines_grouped_plans": grouped}
 
 
 def _eager_cases(comm, sized: list, rank: int, device) -> dict:
