@@ -9,7 +9,7 @@
 #   device:  mkdir -p .carry_peers && cp .carry_base/platformdirs*.whl .carry_peers/ && REG=DIR bash bench/variants_ab.sh
 #
 # REG (a registry folder, required), NPROC (4), GPUS (0,1,2,3), SIZES, SAMPLES (6), CALLS (30), RUN_S (a run's limit,
-# 150). bench/ab_compare.py then prints this tree / base ($OUT/reset) and var / this tree ($OUT/store): the raw
+# 150), LL128=1 (LL plans timed with LL128 lines too, as PLAN+ll128). bench/ab_compare.py then prints this tree / base ($OUT/reset) and var / this tree ($OUT/store): the raw
 # files stay in $OUT/ab.tgz. The thirteenth session's call (bench/NOTES.md) ran CALLS=100 RUN_S=90, too little for
 # eight plans compiled and interpreted: 2-3 sizes a run.
 set -u
@@ -30,7 +30,8 @@ run() {  # side index
   (cd "$t" && WEFT_KERNEL_CACHE="/tmp/kc-$1" PYTHONPATH="$t:$WEFT_SITE" timeout -k 5 "${RUN_S:-150}" \
     python3 -c 'from weft.cli import run; run()' bench allreduce --nproc "${NPROC:-4}" --plans registry \
     --registry "$REG" --sizes "${SIZES:-4KB,16KB,64KB,256KB,1MB,4MB}" --samples "${SAMPLES:-6}" \
-    --calls "${CALLS:-30}" --timeout 5 --compiled --peers none -o "$OUT/ab/ab_allreduce_$2_$1.json" >>"$LOG" 2>&1)
+    --calls "${CALLS:-30}" --timeout 5 --compiled ${LL128:+--ll128} --peers none -o "$OUT/ab/ab_allreduce_$2_$1.json" \
+    >>"$LOG" 2>&1)
   echo "rc=$?" | tee -a "$LOG"
 }
 mkdir -p "$OUT/ab"
