@@ -85,6 +85,7 @@ def test_compiled_ll128_lines_equal_the_interpreters_and_nccl(results):
 
     for row in each(results, "eager"):
         assert row["lines_cases"] > 0 and row["lines_differ"] == [] and row["lines_not_nccl"] == [], row
+        assert row["lines_refused"] == {}, row  # every case ran its own kernel, none fell back to the interpreter
         if nproc() > 2:  # a one-shot's sum of four sources: the grouped polls ran
             assert row["lines_grouped_plans"] > 0, row
 
@@ -191,7 +192,7 @@ def _lines_cases(comm, sized: list, rank: int, device) -> dict:
 
     from executor.gpu.tables import build_tables, lines_possible
 
-    differ, not_nccl, cases, grouped = [], [], 0, 0
+    differ, not_nccl, refused, cases, grouped = [], [], {}, 0, 0
     for plan, nbytes in sized:
         if not lines_possible(plan, nbytes):
             continue
@@ -206,11 +207,20 @@ def _lines_cases(comm, sized: list, rank: int, device) -> dict:
             comm.synchronize()
             cases += 1
             label = f"{plan.name}+ll128-{nbytes}B-{dtype}"
+            why = comm.compiled_refused.get(plan.content_hash)
+            if why:
+                refused[label] = why
             if not torch.equal(_bits(interpreted), _bits(compiled)):
                 differ.append(label)
             if plan.collective == "allreduce" and not sums_to(compiled, x):
                 not_nccl.append(label)
-    return {"lines_cases": cases, "lines_differ": differ, "lines_not_nccl": not_nccl, "lines_grouped_plans": grouped}
+    return {
+        "lines_cases": cases,
+        "lines_differ": differ,
+        "lines_not_nccl": not_nccl,
+        "lines_refused": refused,
+        "lines_grouped_plans": grouped,
+    }
 
 
 def _eager_cases(comm, sized: list, rank: int, device) -> dict:
