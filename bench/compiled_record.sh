@@ -9,7 +9,7 @@
 # CALLS, default 6 and 10: the bench's own 30 and 20 time ten times the calls): `weft bench allreduce --compiled
 # --record` over every plan of a copy of REGISTRY at SIZES, the peers timed beside it, written to
 # $OUT/gpu_allreduce_bf16_graph_<NPROC>x<gpu>_<LABEL>.json, the copy tarred as $OUT/reg_<LABEL>.tgz (a call returns
-# eight files: tar $OUT before it ends if jobs are many). `weft registry record --registry bench/registry_h200x<N>
+# eight files: past eight, the logs go into $OUT/logs_compiled_record.tgz). `weft registry record --registry bench/registry_h200x<N>
 # FILE` then stores the file's times in a committed registry whose entries hold the same plans.
 #
 # The twelfth session's registries (bench/NOTES.md) were made here with `weft tune allreduce -t hgx_h200:gpus=N
@@ -35,3 +35,7 @@ for spec in ${JOBS:-}; do
   IFS=: read -r n label reg sizes secs gpus <<<"$spec"
   job "$n" "$label" "$reg" "$sizes" "$secs" "$gpus"
 done
+# a call brings back eight files: past that, the logs travel in one tarball (the results files stay as they are)
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && tar -czf logs_compiled_record.tgz log_*.txt && rm -f log_*.txt)
+fi
