@@ -188,43 +188,22 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
 def _lines_cases(comm, sized: list, rank: int, device) -> dict:
     """Each LL plan of ``sized`` with its packets as LL128 lines, in every dtype it runs: interpreted, then compiled
     (a compiled op of more than two sources polls them together, line by line: channel.cuh's load_line_group)."""
-    import torch
-
     from executor.gpu.tables import build_tables, lines_possible
 
-    differ, not_nccl, refused, cases, grouped = [], [], {}, 0, 0
-    for plan, nbytes in sized:
-        if not lines_possible(plan, nbytes):
-            continue
+    lined = [(plan, nbytes) for plan, nbytes in sized if lines_possible(plan, nbytes)]
+    grouped = 0
+    for plan, nbytes in lined:
         tables = build_tables(plan, rank, nbytes, lines=True)
         grouped += bool(((tables.ops["nsrc"] > 2) & (tables.ops["line_chunk"] > 0)).any())
-        for k, dtype in enumerate(DTYPES):
-            if dtype not in plan.weft.dtypes:
-                continue
-            x = _input(_elements(plan, nbytes, dtype, rank), dtype, device, rank, 20 + k)
-            interpreted = comm.execute(plan, x, lines=True, compiled=False).clone()
-            compiled = comm.execute(plan, x, lines=True, compiled=True).clone()
-            comm.synchronize()
-            cases += 1
-            label = f"{plan.name}+ll128-{nbytes}B-{dtype}"
-            why = comm.compiled_refused.get(plan.content_hash)
-            if why:
-                refused[label] = why
-            if not torch.equal(_bits(interpreted), _bits(compiled)):
-                differ.append(label)
-            if plan.collective == "allreduce" and not sums_to(compiled, x):
-                not_nccl.append(label)
-    return {
-        "lines_cases": cases,
-        "lines_differ": differ,
-        "lines_not_nccl": not_nccl,
-        "lines_refused": refused,
-        "lines_grouped_plans": grouped,
+    row = _eager_cases(comm, lined, rank, device, lines=True)
+    return {f"lines_{key}": row[key] for key in ("cases", "differ", "not_nccl", "refused")} | {
+        "lines_grouped_plans": grouped
     }
 
 
-def _eager_cases(comm, sized: list, rank: int, device) -> dict:
-    """Each (plan, bytes) of ``sized`` in every dtype it runs: interpreted, then compiled, on one context."""
+def _eager_cases(comm, sized: list, rank: int, device, lines: bool = False) -> dict:
+    """Each (plan, bytes) of ``sized`` in every dtype it runs: interpreted, then compiled, on one context (with
+    ``lines``, an LL plan's packets as LL128 lines both times)."""
     import torch
 
     differ, not_nccl, refused, cases, lamport = [], [], {}, 0, 0
@@ -232,13 +211,14 @@ def _eager_cases(comm, sized: list, rank: int, device) -> dict:
         for k, dtype in enumerate(DTYPES):
             if dtype not in plan.weft.dtypes:
                 continue
-            x = _input(_elements(plan, nbytes, dtype, rank), dtype, device, rank, k)
-            interpreted = comm.execute(plan, x, compiled=False).clone()
-            compiled = comm.execute(plan, x, compiled=True).clone()
+            x = _input(_elements(plan, nbytes, dtype, rank), dtype, device, rank, k + (20 if lines else 0))
+            mode = {"lines": True} if lines else {}  # without: the engine's own default, as before
+            interpreted = comm.execute(plan, x, compiled=False, **mode).clone()
+            compiled = comm.execute(plan, x, compiled=True, **mode).clone()
             comm.synchronize()
             cases += 1
             lamport += plan.protocol == "Lamport"
-            label = f"{plan.name}-{nbytes}B-{dtype}"
+            label = f"{plan.name}{'+ll128' if lines else ''}-{nbytes}B-{dtype}"
             why = comm.compiled_refused.get(plan.content_hash)
             if why:
                 refused[label] = why
