@@ -374,15 +374,14 @@ def _load_plans(
 
     at: tuple[tuple[int, frozenset[str]], ...] = ()
     if args.plans == ["registry"]:
-        from registry.store import Registry, contenders_at
+        from registry.store import Registry, contenders_at, ranked_anywhere
 
         entries = Registry(args.registry).entries(collective=args.collective)
         entries = [e for e in entries if e.plan.nranks == world]
         if args.top is not None:
             ranked = contenders_at(entries, sizes, args.top, args.ll128, args.compiled)
             at = tuple((n, frozenset(e.plan.content_hash for e in kept)) for n, kept in ranked.items())
-            keep = {e.id for kept in ranked.values() for e in kept}
-            entries = [e for e in entries if e.id in keep]
+            entries = ranked_anywhere(entries, ranked)
         plans = [e.plan for e in entries]
     else:
         plans = [load_plan(p) for p in args.plans]

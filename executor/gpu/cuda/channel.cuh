@@ -76,9 +76,8 @@ constexpr int kInFlight = 4;
 #ifndef WEFT_POLL_GROUP
 #define WEFT_POLL_GROUP 1
 #endif
+// An LL128 transfer of more than two sources polls them as many at a time, line by line (run_transfer_lines).
 constexpr int kPollGroup = WEFT_POLL_GROUP;
-// An LL128 transfer of more than two sources polls them this many at a time, line by line (run_transfer_lines).
-constexpr int kLinePollGroup = kPollGroup;
 
 // One unit of a reference: a Lamport reference's polled until no element holds the sentinel, a plain one's loaded.
 template <class D, int V>
@@ -490,22 +489,22 @@ WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& d
       acc0[k] = acc1[k] = 0;
     }
     bool grouped = false;
-    if constexpr (kLinePollGroup > 1) grouped = op.nsrc > 2;  // a compiled op's count: one branch is compiled
+    if constexpr (kPollGroup > 1) grouped = op.nsrc > 2;  // a compiled op's count: one branch is compiled
     if (grouped) {
-      // line by line, every source of the line kLinePollGroup at a time: a 4-rank one-shot's three peers share
+      // line by line, every source of the line kPollGroup at a time: a 4-rank one-shot's three peers share
       // their rounds (one line held a source, so that the 64-register kernels keep them in registers)
 #pragma unroll
       for (int k = 0; k < U; ++k) {
         const i64 at[1] = {data[k]};
         const bool lo[1] = {has0[k]}, hi[1] = {has1[k]};
-        WEFT_FOR_EACH_STEP(s0, 0, op.nsrc, kMaxRefs, kLinePollGroup) {
-          u64 w0[kLinePollGroup][1], w1[kLinePollGroup][1];
-          if (!load_line_group<kLinePollGroup, 1>(op, s0, t, lane, first + k * step, step, lines, at, lo, hi, w0, w1,
-                                                  deadline)) {
+        WEFT_FOR_EACH_STEP(s0, 0, op.nsrc, kMaxRefs, kPollGroup) {
+          u64 w0[kPollGroup][1], w1[kPollGroup][1];
+          if (!load_line_group<kPollGroup, 1>(op, s0, t, lane, first + k * step, step, lines, at, lo, hi, w0, w1,
+                                              deadline)) {
             return false;
           }
 #pragma unroll
-          for (int j = 0; j < kLinePollGroup; ++j) {
+          for (int j = 0; j < kPollGroup; ++j) {
             if (s0 + j >= op.nsrc) break;
             acc0[k] = s0 + j == 0 ? w0[j][0] : add_u64<D>(acc0[k], w0[j][0]);
             acc1[k] = s0 + j == 0 ? w1[j][0] : add_u64<D>(acc1[k], w1[j][0]);
