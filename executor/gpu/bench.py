@@ -58,7 +58,7 @@ class BenchConfig:
     warmup: int = 3
     ll128: bool = False  # time LL plans a second time with LL128 lines (tables.lines_possible), named NAME+ll128
     compiled: bool = False  # time every plan (and format) a second time compiled to a kernel of its own: NAME+compiled
-    symm: bool = True  # time PyTorch symmetric memory too (all-reduce; not across hosts: it is CUDA IPC)
+    symm: bool = True  # time PyTorch symmetric memory too (all-reduce, reduce-scatter, all-gather; one host: CUDA IPC)
     peers: tuple[str, ...] = ("flashinfer", "vllm")  # where installed (all-reduce, one host, as symm)
     # (size, plan hashes): the only plans timed at that size (weft bench --top: registry.store.contenders_at); a size
     # not named times every plan that runs it
@@ -195,6 +195,52 @@ def _symm_mem_alltoall(x, out) -> dict[str, PeerCall]:
             return got
 
     return {"symm:all_to_all_vdev": PeerCall(run, run)}
+
+
+SCATTER_GATHER_OPS = {"reduce_scatter_tensor", "all_gather_into_tensor"}  # torch ops with symmetric-memory peers
+
+
+def _symm_mem_scatter_gather(collective: str, x) -> tuple[dict[str, Callable[[], Any]], Any]:
+    """torch symmetric memory's reduce-scatter or all-gather on a symmetric copy of x, by name: its reduce-scatter
+    kernel (``reduce_scatter_out``) and the low-contention copy-engine forms (``_low_contention_*``, joined back
+    to the caller's stream by ``wait_tensor``). Only the ops this torch has; each returns its result. Also the
+    symmetric input."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group, world = dist.group.WORLD.group_name, dist.get_world_size()
+    buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    symm_mem.rendezvous(buf, group)
+    buf.copy_(x)
+    ops, wait = torch.ops.symm_mem, torch.ops._c10d_functional.wait_tensor
+    calls: dict[str, Callable[[], Any]] = {}
+    if facts_of(collective).torch_op == "reduce_scatter_tensor":
+        out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
+        if hasattr(ops, "reduce_scatter_out"):
+            calls["symm:reduce_scatter"] = lambda: ops.reduce_scatter_out(buf, group, False, out)
+        if hasattr(ops, "_low_contention_reduce_scatter"):
+            calls["symm:low_contention"] = lambda: wait(ops._low_contention_reduce_scatter(buf, "sum", group))
+    elif hasattr(ops, "_low_contention_all_gather"):
+        calls["symm:low_contention"] = lambda: wait(ops._low_contention_all_gather(buf, group))
+    if not calls:
+        raise RuntimeError(f"torch {torch.__version__} has no symmetric-memory {collective}")
+    return calls, buf
+
+
+def scatter_gather_peers(collective: str, x, keep: list) -> tuple[dict[str, PeerCall], dict[str, str]]:
+    """The reduce-scatter and all-gather peers timed beside NCCL (torch symmetric memory's), and those refused, with
+    why. A call that may leave its symmetric input changed reloads it from x before the checked run."""
+    try:
+        calls, buf = _symm_mem_scatter_gather(collective, x)
+    except Exception as e:  # no symmetric memory here, another torch: a result, not the end of the bench
+        return {}, {"symm": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    keep.append(calls)
+
+    def loaded(run):  # reduce_scatter_out's schema lets it write its input: the checked call starts from x
+        return lambda: (buf.copy_(x), run())[1]
+
+    return {name: PeerCall(run, loaded(run)) for name, run in calls.items()}, {}
 
 
 def alltoall_peers(x, out, keep: list) -> tuple[dict[str, PeerCall], dict[str, str]]:
@@ -473,6 +519,28 @@ def _compiled_columns(
     }
 
 
+def _size_peers(config: BenchConfig, peers: Peers, x, out, keep: list) -> tuple[dict[str, PeerCall], dict[str, str]]:
+    """The peers timed at one size beside NCCL, on buffers kept in ``keep``, and those refused, with why: for the
+    all-reduce torch symmetric memory and the installed peers, for reduce-scatter and all-gather symmetric memory's,
+    for all-to-all symmetric memory's where ``config.peers`` names it."""
+    facts = facts_of(config.collective)
+    others: dict[str, PeerCall] = {}
+    refused_peers = dict(peers.absent or {})
+    found: list[tuple[dict[str, PeerCall], dict[str, str]]] = []
+    if facts.sums_everywhere and config.symm:
+        symm, buf = _symm_mem_allreduce(x)
+        keep.append(buf)
+        found += [(symm, {}), peers.calls(x, keep)]
+    if facts.torch_op in SCATTER_GATHER_OPS and config.symm:
+        found.append(scatter_gather_peers(config.collective, x, keep))
+    if facts.chunking is Chunking.BLOCKS and config.symm and "symm" in config.peers:
+        found.append(alltoall_peers(x, out, keep))
+    for calls, refused in found:
+        others.update(calls)
+        refused_peers.update(refused)
+    return others, refused_peers
+
+
 def size_candidates(config: BenchConfig, plans: list[Plan], nbytes: int) -> list[Plan]:
     """The plans timed at ``nbytes``: those that run it in the config's dtype, and where ``config.contenders`` names
     the size, only those it names there."""
@@ -510,18 +578,7 @@ def run_bench(
             "nccl": _timer(_nccl(config.collective, x, out), config.graph, config.calls)
         }
         keep: list[Any] = []
-        others: dict[str, PeerCall] = {}
-        refused_peers = dict(peers.absent or {})
-        if with_peers:
-            others, buf = _symm_mem_allreduce(x)
-            keep.append(buf)
-            calls, refused = peers.calls(x, keep)
-            others.update(calls)
-            refused_peers.update(refused)
-        if facts.chunking is Chunking.BLOCKS and config.symm and "symm" in config.peers:
-            calls, refused = alltoall_peers(x, out, keep)
-            others.update(calls)
-            refused_peers.update(refused)
+        others, refused_peers = _size_peers(config, peers, x, out, keep)
         for name, call in others.items():
             try:
                 timer, why = _timer(call.run, config.graph, config.calls, call.capture), ""

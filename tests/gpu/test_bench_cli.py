@@ -23,11 +23,11 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).parent.parent.parent
 
 
-def _bench(tmp_path, plans: list[Path], *options: str) -> tuple[dict, str]:
-    out = tmp_path / "bench.json"
+def _bench(tmp_path, plans: list[Path], *options: str, collective: str = "allreduce") -> tuple[dict, str]:
+    out = tmp_path / f"bench_{collective}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("RANK", None)
-    argv = ["bench", "allreduce", "--nproc", str(nproc()), "--plans", *map(str, plans), *options, "-o", str(out)]
+    argv = ["bench", collective, "--nproc", str(nproc()), "--plans", *map(str, plans), *options, "-o", str(out)]
     done = subprocess.run(
         [sys.executable, "-c", "from weft.cli import run; run()", *argv],
         env=env,
@@ -76,3 +76,22 @@ def test_bench_times_ll_plans_with_and_without_lines(tmp_path):
         assert row["lines"] == row["plan"].endswith("+ll128")
         assert row["weft_us"] == min(v for k, v in row["median_us"].items() if k.startswith("weft:"))
     assert "# weft bench allreduce" in stdout
+
+
+@pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
+def test_bench_times_symmetric_memory_beside_reduce_scatter_and_all_gather(tmp_path, collective):
+    """torch symmetric memory's own reduce-scatter and all-gather run beside NCCL and weft, each result checked
+    against NCCL's (an op a torch lacks, or that will not run in a graph, is named in ``peers_refused``)."""
+    n = nproc()
+    if gpu_count() < n:
+        pytest.skip(f"needs {n} CUDA GPUs with torch and CuPy")
+    plans = [scenarios.plans_dir(n) / f"{collective}-direct-simple-x1.json"]
+    options = ("--sizes", "64KB,1MB", "--samples", "3", "--calls", "5", "--timeout", "10")
+    doc, _ = _bench(tmp_path, plans, *options, collective=collective)
+    for row in doc["rows"]:
+        assert row["wrong"] == 0 and row["weft_us"] > 0, row
+        symm = {k: v for k, v in row["median_us"].items() if k.startswith("symm:")}
+        assert symm, row["peers_refused"]
+        assert row["symm_us"] == (min(symm.values()) if symm else None)
+        assert all(row["peers_wrong"][k] == 0 for k in symm), row["peers_wrong"]
+        assert row["best_peer_us"] == min(v for k, v in row["median_us"].items() if not k.startswith("weft:"))

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser(
         "bench",
         help="benchmark weft against NCCL and symmetric memory",
-        description="Time NCCL, PyTorch symmetric memory (all-reduce) and weft, alternating.",
+        description="Time NCCL, PyTorch symmetric memory (all-reduce, reduce-scatter, all-gather) and weft, in turns.",
     )
     bench.add_argument("collective", choices=NAMES)
     _common(bench)
