@@ -5,10 +5,13 @@ the GPU time-slices their kernels, so every wait is eventually met (slowly: this
 The inputs are the reference's small non-zero integers (``executor.reference.prove.random_inputs``), so every sum is
 exact in fp32, fp16 and bf16 and each rank's output must equal numpy's definition of the collective bit for bit.
 
-    python tests/gpu/one_device.py RESULTS.json [--nproc 2] [--device 0] [--sizes 1KB,64KB,1MB] [PLAN.json ...]
+    python tests/gpu/one_device.py RESULTS.json [--nproc 2] [--device 0] [--sizes 1KB,64KB,1MB] [--dtypes fp32,bf16]
+                                  [--compiled] [PLAN.json ...]
 
 Without plan files it runs the 2-rank (or ``plans4``) test plans, then CUDA graphs of zero-copy executions
-(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them. Exit
+(``capture()``, a replay before registration, then replays on fresh inputs) for the graph plans among them.
+``--compiled``: every case runs as the plan's own kernel (NVRTC) instead of the interpreter, named CASE+compiled, and
+no graphs. Exit
 code 0 when every case matched, 1 when one did not, 2 on bad arguments. A rank runs its cases in the same order as
 every other rank (contexts are collective).
 """
@@ -51,7 +54,7 @@ GRAPH_PLANS = (
 )
 
 
-def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, bool]]:
+def cases(plans: list[Path], sizes: list[int], dtypes: tuple[str, ...] = DTYPES) -> list[tuple[Path, int, str, bool]]:
     """(plan, bytes, dtype, lines) for every size and dtype each plan accepts, LL plans also with lines."""
     out = []
     for path in plans:
@@ -59,7 +62,7 @@ def cases(plans: list[Path], sizes: list[int]) -> list[tuple[Path, int, str, boo
         for nbytes in sizes:
             if not plan.accepts(nbytes):
                 continue
-            for dtype in DTYPES:
+            for dtype in dtypes:
                 if plan.chunk_bytes(nbytes) % (4 if dtype == "fp32" else 2):
                     continue
                 out.append((path, nbytes, dtype, False))
@@ -82,7 +85,7 @@ def host_values(array, dtype: str) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32) if dtype == "bf16" else bits.astype(np.float32)
 
 
-def run_one(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, seed: int) -> dict:
+def run_one(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, seed: int, compiled: bool) -> dict:
     """One execution; its output's required chunks against numpy's collective over every rank's input."""
     elems = chunk_elems(plan, nbytes, dtype)
     inputs = random_inputs(plan, elems, np.random.default_rng(seed))  # every rank draws every rank's input
@@ -93,7 +96,7 @@ def run_one(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool, s
         x = np.zeros(max(gpu.input_chunks, gpu.output_chunks) * elems, np.float32)
         x[at_in * elems : (at_in + gpu.input_chunks) * elems] = inputs[rank]
     start = time.monotonic()
-    out = comm.execute(plan, device_array(x, dtype), dtype=dtype, lines=lines)
+    out = comm.execute(plan, device_array(x, dtype), dtype=dtype, lines=lines, compiled=compiled)
     comm.synchronize()
     seconds = time.monotonic() - start
     got = host_values(out, dtype).reshape(-1, elems)[at_out : at_out + gpu.output_chunks]
@@ -154,7 +157,15 @@ def run_graph(comm, plan: Plan, rank: int, nbytes: int, dtype: str, lines: bool,
     return {"ok": ok, "wrong": wrong, "untouched_before_registration": kept, "early_replay": early}
 
 
-def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, timeout_s: float) -> None:
+def rank_main(
+    out_dir: Path,
+    plans: list[Path],
+    sizes: list[int],
+    device: int,
+    timeout_s: float,
+    dtypes: tuple[str, ...] = DTYPES,
+    compiled: bool = False,
+) -> None:
     import cupy
 
     from executor.gpu.engine import InterpreterEngine
@@ -163,14 +174,14 @@ def rank_main(out_dir: Path, plans: list[Path], sizes: list[int], device: int, t
     cupy.cuda.Device(device).use()
     comm = InterpreterEngine(rank, world, device=device, timeout_s=timeout_s)
     results = {}
-    for k, (path, nbytes, dtype, lines) in enumerate(cases(plans, sizes)):
+    for k, (path, nbytes, dtype, lines) in enumerate(cases(plans, sizes, dtypes)):
         plan = load_plan(path)
-        name = f"{path.stem}-{nbytes}B-{dtype}{'+ll128' if lines else ''}"
+        name = f"{path.stem}-{nbytes}B-{dtype}{'+ll128' if lines else ''}{'+compiled' if compiled else ''}"
         try:
-            results[name] = run_one(comm, plan, rank, nbytes, dtype, lines, seed=k)
+            results[name] = run_one(comm, plan, rank, nbytes, dtype, lines, seed=k, compiled=compiled)
         except Exception as e:  # one failed case is a result; a timeout leaves the ranks in step (reset together)
             results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    for k, name in enumerate(GRAPH_PLANS):
+    for k, name in enumerate(() if compiled else GRAPH_PLANS):
         found = next((p for p in plans if p.name == name), None)
         if found is None:
             continue
@@ -220,6 +231,8 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--sizes", default="1KB,64KB,1MB")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of fp32, bf16")
+    parser.add_argument("--compiled", action="store_true", help="each plan as its own kernel, not interpreted")
     parser.add_argument("--timeout", type=float, default=60.0, help="each GPU wait's bound (s)")
     parser.add_argument("--wait", type=float, default=500.0, help="the whole job's bound (s)")
     parser.add_argument("--rank-of", type=Path, help=argparse.SUPPRESS)
@@ -229,9 +242,13 @@ def main() -> int:
     except ValueError as e:
         print(f"one_device: --sizes: {e}", file=sys.stderr)
         return 2
+    dtypes = tuple(args.dtypes.split(","))
+    if not set(dtypes) <= set(DTYPES):
+        print(f"one_device: --dtypes: {args.dtypes!r} is not a list of {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
     plans = args.plans or sorted((HERE / ("plans" if args.nproc == 2 else f"plans{args.nproc}")).glob("*.json"))
     if args.rank_of:
-        rank_main(args.rank_of, plans, sizes, args.device, args.timeout)
+        rank_main(args.rank_of, plans, sizes, args.device, args.timeout, dtypes, args.compiled)
         return 0
     forwarded = [
         str(args.results),
@@ -244,6 +261,9 @@ def main() -> int:
         args.sizes,
         "--timeout",
         str(args.timeout),
+        "--dtypes",
+        args.dtypes,
+        *(["--compiled"] if args.compiled else []),
     ]
     job = launch(args.results, forwarded, args.nproc, args.wait)
     names = sorted({n for r in job["ranks"].values() for n in r})

@@ -10,36 +10,41 @@ import sys
 from pathlib import Path
 
 import pytest
+import scenarios
 from conftest import gpu_count, nproc
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory) -> dict:
+def _one_device(tmp_path_factory, *options: str, wait_s: int = 180) -> dict:
     if gpu_count() < 1:
         pytest.skip("needs a CUDA GPU with torch and CuPy")
     out = tmp_path_factory.mktemp("one_device") / "one.json"
-    # it took 42 s at 2 ranks and 22 s at 4 on an H100: tight bounds, so that a stall cannot eat a GPU job's time
     subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "one_device.py"),
-            str(out),
-            "--nproc",
-            str(nproc()),
-            "--sizes",
-            "1KB,64KB,1MB",
-            "--wait",
-            "180",
-            "--timeout",
-            "20",
-        ],
-        timeout=210,
+        [sys.executable, str(HERE / "one_device.py"), str(out), "--nproc", str(nproc()), *options]
+        + ["--wait", str(wait_s), "--timeout", "20"],
+        timeout=wait_s + 30,
         check=False,
     )
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> dict:
+    # it took 42 s at 2 ranks and 22 s at 4 on an H100: tight bounds, so that a stall cannot eat a GPU job's time
+    return _one_device(tmp_path_factory, "--sizes", "1KB,64KB,1MB")
+
+
+# the summing LL plans: at 4 ranks their reductions take more than two sources, which compiled LL128 lines poll
+# together, line by line (channel.cuh, load_line_group)
+SUMMING_LL = ("allreduce-direct-ll-", "allreduce-twoshot-ll-", "reducescatter-direct-ll-")
+
+
+@pytest.fixture(scope="module")
+def compiled_job(tmp_path_factory) -> dict:
+    plans = [p for p in sorted(scenarios.plans_dir(nproc()).glob("*.json")) if p.name.startswith(SUMMING_LL)]
+    return _one_device(tmp_path_factory, "--sizes", "64KB", "--compiled", *map(str, plans), wait_s=240)
 
 
 def test_every_rank_ran_to_the_end(job):
@@ -54,3 +59,11 @@ def test_every_output_equals_numpy_bit_for_bit(job):
 def test_lines_were_among_the_cases(job):
     """LL plans ran with their packets as LL128 lines too, not only as LL16 packets."""
     assert any(name.endswith("+ll128") for name in job["ranks"]["0"])
+
+
+def test_compiled_kernels_equal_numpy_bit_for_bit_in_packets_and_lines(compiled_job):
+    """The summing LL plans as kernels of their own, in LL16 packets and in LL128 lines, fp32 and bf16."""
+    assert compiled_job["exit_codes"] == [0] * nproc() and compiled_job["failed"] == []
+    names = set(compiled_job["ranks"]["0"])
+    assert all(name.endswith("+compiled") for name in names)
+    assert any(name.endswith("+ll128+compiled") for name in names) and len(names) >= 8
