@@ -17,12 +17,12 @@ HERE = Path(__file__).parent
 pytestmark = pytest.mark.gpu
 
 
-def _one_device(tmp_path_factory, *options: str, wait_s: int = 180) -> dict:
+def _one_device(tmp_path_factory, *options: str, plans: tuple[Path, ...] = (), wait_s: int = 180) -> dict:
     if gpu_count() < 1:
         pytest.skip("needs a CUDA GPU with torch and CuPy")
     out = tmp_path_factory.mktemp("one_device") / "one.json"
     subprocess.run(
-        [sys.executable, str(HERE / "one_device.py"), str(out), "--nproc", str(nproc()), *options]
+        [sys.executable, str(HERE / "one_device.py"), str(out), *map(str, plans), "--nproc", str(nproc()), *options]
         + ["--wait", str(wait_s), "--timeout", "20"],
         timeout=wait_s + 30,
         check=False,
@@ -43,8 +43,8 @@ SUMMING_LL = ("allreduce-direct-ll-", "allreduce-twoshot-ll-", "reducescatter-di
 
 @pytest.fixture(scope="module")
 def compiled_job(tmp_path_factory) -> dict:
-    plans = [p for p in sorted(scenarios.plans_dir(nproc()).glob("*.json")) if p.name.startswith(SUMMING_LL)]
-    return _one_device(tmp_path_factory, "--sizes", "64KB", "--compiled", *map(str, plans), wait_s=240)
+    plans = tuple(p for p in sorted(scenarios.plans_dir(nproc()).glob("*.json")) if p.name.startswith(SUMMING_LL))
+    return _one_device(tmp_path_factory, "--sizes", "64KB", "--compiled", plans=plans, wait_s=240)
 
 
 def test_every_rank_ran_to_the_end(job):
