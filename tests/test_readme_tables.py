@@ -287,3 +287,59 @@ def test_the_eighteenth_sessions_decode_claims_are_those_of_their_results_files(
     text = _performance_text()
     assert "now differ by 0.4–0.7% between the fastest and slowest backend" in text
     assert "batch 1 1.002 in both, 4 0.991–0.993, 16 0.997–1.001, 64 0.995–1.000" in text
+
+
+def test_the_nineteenth_sessions_scatter_gather_claims_are_those_of_their_results_files():
+    """docs/performance.md: on 2×H200, reduce-scatter and all-gather ahead of NCCL and of torch symmetric memory at
+    every size from 1 KB to 256 MB, each in one job, with the ranges the page gives."""
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}–{max(values):.2f}"
+
+    text = _performance_text()
+    rs = _rows("gpu_reducescatter_bf16_graph_2xh200.json")
+    ag = _rows("gpu_allgather_bf16_graph_2xh200.json")
+    for rows in (rs, ag):
+        assert [r["size"] for r in rows] == [1024 << (2 * k) for k in range(10)]  # 1 KB .. 256 MB
+        assert all(r["wrong"] == 0 and not any(r["peers_wrong"].values()) for r in rows)
+        assert all(r["weft_us"] < r["best_peer_us"] and r["symm_us"] for r in rows)
+    assert f"weft takes {span([r['weft_us'] / r['nccl_us'] for r in rs])}× NCCL's time" in text
+    assert f"and {span([r['weft_us'] / r['symm_us'] for r in rs])}× symmetric memory's (the best peer" in text
+    assert all(r["best_peer"].startswith("symm:") for r in rs)
+    at16 = next(r for r in rs if r["size"] == 16 << 20)
+    assert f"16 MB, {at16['weft_us']:.2f} against {at16['best_peer_us']:.2f} µs" in text
+    assert f"weft takes {span([r['weft_us'] / r['nccl_us'] for r in ag])}× NCCL's time" in text
+    assert f"and {span([r['weft_us'] / r['best_peer_us'] for r in ag])}× the best peer's at every size" in text
+    readme = PAGES["README.md"].replace("\n", " ")
+    assert "(on 2, ahead of NCCL and torch symmetric memory from 1 KB to 256 MB:" in readme
+
+
+def test_the_nineteenth_sessions_gate_one_device_and_decode_claims_are_those_of_their_files():
+    """docs/performance.md: the 2-rank suite whole (824 passed over two calls), the compiled summing LL plans on one
+    GPU (24 of 24 at 4 ranks, 32 of 32 at 2), and tp_decode's batch-1 to 64 ratios from the three runs' logs."""
+    import json
+
+    text = _performance_text()
+    gate = json.loads((RESULTS / "gate_s19_h200" / "gpu_shards_x2_call2.json").read_text())
+    assert gate["whole"] and gate["total"]["failed"] == gate["total"]["errors"] == 0
+    assert f"{gate['total']['passed']} passed, 0 failed, every file" in text
+    for n, cases in ((4, 24), (2, 32)):
+        job = json.loads((RESULTS / "s19_h200" / f"one_device_compiled_x{n}.json").read_text())
+        assert job["cases"] == cases and job["failed"] == [] and job["exit_codes"] == [0] * n
+        assert f"{n} ranks {cases} of {cases}" in text
+    ratios: dict[int, list[str]] = {}
+    for log in ("1_cut", "2_cut", "3"):
+        lines = (RESULTS / "s19_h200" / f"log_tp_decode_2xh200_{log}.txt").read_text().splitlines()
+        for line in (x for x in lines if x.startswith("tp=2 batch=")):
+            batch = int(re.search(r"batch=\s*(\d+)", line).group(1))
+            norm, fi = (
+                float(re.search(rf"{b}: ([\d.]+) ms", line).group(1)) for b in ("weft-fused-norm", "flashinfer-fused")
+            )
+            ratios.setdefault(batch, []).append(f"{norm / fi:.3f}")
+    assert ratios == {
+        1: ["1.016", "1.017", "1.022"],
+        4: ["1.003", "1.003", "0.996"],
+        16: ["0.997", "0.991", "1.001"],
+        64: ["0.999"],
+    }
+    assert "batch 1 1.016 / 1.017 / 1.022, batch 4 1.003 / 1.003 / 0.996, batch 16 0.997 / 0.991 / 1.001" in text
