@@ -48,7 +48,9 @@ def test_a_captured_simple_all_to_all_exchanges_peers_outputs_when_capture_close
         comm = fake_communicator(rank, 2, gather, plans["simple"])
         with comm.capture():
             for k in range(2):
-                assert comm.execute_captured(comm.plan, Buffer(out_of(rank, k) - 0x8000), Buffer(out_of(rank, k))) == ""
+                assert (
+                    comm.execute_captured(comm.plan, Buffer(out_of(rank, k) - 0x80000), Buffer(out_of(rank, k))) == ""
+                )
         ctx = next(iter(comm._templates.values()))
         return ctx.peers, [slots_of(record_of(comm, k)[0], ctx.records.layout) for k in range(2)]
 

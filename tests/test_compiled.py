@@ -17,7 +17,19 @@ import pytest
 
 from executor.errors import ExecutorError
 from executor.gpu.compiled import build, source
-from executor.gpu.tables import NOP, build_tables
+from executor.gpu.tables import (
+    FLUSH,
+    LAMPORT,
+    LAMPORT_RESET,
+    NOP,
+    NORM_ROWS,
+    OP_DTYPE,
+    PACKET,
+    SCRATCH,
+    SIGNAL,
+    TRANSFER,
+    build_tables,
+)
 from schedules.plan import load_plan
 
 PLANS = sorted(Path("tests/gpu/plans").glob("*.json")) + sorted(Path("tests/gpu/plans4").glob("*.json"))
@@ -55,7 +67,8 @@ def test_instances_share_one_class_with_offsets_moving_along_it():
 def test_the_source_names_each_op_as_a_constant_and_no_table():
     t = _tables(Path("tests/gpu/plans/allreduce-twoshot-simple-x8.json"))
     code = source.generate(t, "bf16", t.vector_bytes, "test", "h").code
-    assert code.count("step(weft::KindOf<") == sum(len(c.base) for c in source.block_classes(t)) + 1  # + the tripwire
+    ops = code.count("step(weft::KindOf<") + code.count("step.unsynced(weft::KindOf<")
+    assert ops == sum(len(c.base) for c in source.block_classes(t)) + 1  # + the tripwire
     assert "c.ops" not in code and "tb_start" not in code
 
 
@@ -79,7 +92,84 @@ def test_padding_nops_compile_to_nothing():
     classes = source.block_classes(t)
     kept = sum(int((c.base[:, 0] != NOP).sum()) for c in classes)
     assert kept < sum(len(c.base) for c in classes)  # some class holds padding
-    assert code.count("step(") == kept + 1 and "KindOf<0>" not in code  # + the tripwire
+    assert code.count("step(") + code.count("step.unsynced(") == kept + 1  # + the tripwire
+    assert "KindOf<0>" not in code
+
+
+def _op(kind: int, src=(), dst=(), nbytes: int = 64, **fields) -> np.ndarray:
+    """One op record: ``src`` and ``dst`` as (slot, offset, flags)."""
+    rec = np.zeros((), OP_DTYPE)
+    rec["type"], rec["bytes"], rec["nsrc"], rec["ndst"] = kind, nbytes, len(src), len(dst)
+    for field, refs in (("src", src), ("dst", dst)):
+        for k, (slot, offset, flags) in enumerate(refs):
+            rec[field][k] = (offset, slot, flags)
+    for name, value in fields.items():
+        rec[name] = value
+    return rec
+
+
+def _after(tables, *ops: np.ndarray, moved: tuple[np.ndarray, ...] | None = None) -> list[bool]:
+    records = np.stack(ops)
+    return source.barriers(records, records if moved is None else np.stack(moved), tables)
+
+
+def test_a_barrier_follows_an_op_only_where_the_next_may_touch_what_it_touched():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))  # out of place: input and output never overlap
+    put = _op(TRANSFER, src=[(0, 0, 0)], dst=[(3, 0, PACKET)])
+    reduce = _op(TRANSFER, src=[(0, 0, 0), (2, 0, PACKET)], dst=[(1, 0, 0)])
+    forward = _op(TRANSFER, src=[(1, 0, 0)], dst=[(3, 128, PACKET)])  # reads what the reduction wrote
+    elsewhere = _op(TRANSFER, src=[(1, 64, 0)], dst=[(1, 128, 0)])  # output bytes the reduction did not write
+    assert _after(t, put, reduce) == [False, False]  # the put reads the input; no one writes it
+    assert _after(t, reduce, forward) == [True, False]  # read after write, by other threads
+    assert _after(t, reduce, elsewhere) == [False, False]
+    assert _after(t, put, put) == [True, False]  # two packet writes to one peer's buffer: taken as one place
+    # in place, the input is the output: the put's reads meet the reduction's writes
+    assert _after(replace(t, inplace=True), put, reduce) == [True, False]
+    # ranges that move apart along a class (another step a block) are taken as overlapping
+    shifted = _op(TRANSFER, src=[(1, 64, 0)], dst=[(1, 192, 0)])
+    assert _after(t, reduce, elsewhere, moved=(reduce, shifted)) == [True, False]
+
+
+def test_control_ops_and_the_norm_keep_a_barrier_on_both_sides():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    put = _op(TRANSFER, src=[(0, 0, 0)], dst=[(3, 0, PACKET)])
+    flush, signal = _op(FLUSH), _op(SIGNAL, nchannel=1)
+    assert _after(t, put, flush, signal, put) == [False, True, True, False]
+    assert _after(t, put, _op(NOP), _op(NORM_ROWS), put) == [True, False, True, False]  # a nop is no op
+
+
+def test_a_lamport_reset_of_a_later_copy_needs_no_barrier():
+    t = _tables(Path("tests/gpu/plans/allreduce-direct-ll-x1.json"))
+    reset = _op(LAMPORT_RESET, dst=[(2, 0, SCRATCH)], barrier_id=2, barrier_count=3)
+    poll = _op(TRANSFER, src=[(0, 0, 0), (2, 0, LAMPORT | SCRATCH)], dst=[(1, 0, 0)])
+    assert _after(t, reset, poll) == [False, False]
+    same_copy = _op(LAMPORT_RESET, dst=[(2, 0, SCRATCH)], barrier_id=3, barrier_count=3)  # 3 ahead of 3 copies
+    assert _after(t, same_copy, poll) == [True, False]
+
+
+def test_the_lamport_one_shots_run_without_a_barrier_and_the_two_shots_keep_theirs_around_semaphores():
+    """The kernels the 4-GPU registry runs fastest at 16-256 KB: their ops share no memory, so no thread waits for
+    another between them; a two-shot's semaphores still have the block's barrier before and after."""
+    from topologies.catalog import build as topology
+    from weft.pipeline import compile_and_verify
+    from weft.synthesis import synthesize
+
+    four = topology("hgx_h200:gpus=4")
+    oneshot = compile_and_verify(
+        synthesize(four, "allreduce", "direct"), four, 8, protocol="lamport", threads=512, multipeer=True
+    )
+    code = source.generate(build_tables(oneshot, 0, 65536), "bf16", 16, "one-shot", "h").plan_struct
+    run = code.split("static bool tripwire")[0]
+    assert "step(weft" not in run and run.count("step.unsynced(") == 3  # put, reset, reduce
+    twoshot = compile_and_verify(synthesize(four, "allreduce", "twoshot"), four, 16, protocol="lamport", threads=512)
+    t = build_tables(twoshot, 0, 1 << 20)
+    for c in source.block_classes(t):
+        records = c.records(c.first)
+        kept = [r for r in records if int(r["type"]) != NOP]
+        after = [a for a, r in zip(source.barriers(records, records, t), records, strict=True) if int(r["type"]) != NOP]
+        for k, r in enumerate(kept):
+            if int(r["type"]) not in source.DATA_OPS:
+                assert (k == 0 or after[k - 1]) and (k == len(kept) - 1 or after[k]), (c.first, k)
 
 
 def test_too_many_distinct_ops_are_refused_with_a_reason(monkeypatch):
@@ -251,13 +341,21 @@ struct KindOf {
 %(structs)s
 // Writes every block's ops as the struct emits them (the bytes of each weft::Op), then whether each block takes its
 // own range and refuses a disarmed record's.
-template <class Plan>
-void dump(int blocks, const int* starts, int tripwire_index) {
-  auto step = [](auto kind, const weft::Op& op) {
-    if (decltype(kind)::value != op.type) std::abort();
+struct Dump {  // the kernel's Step, writing each op where the kernel runs it (with or without the barrier after)
+  template <class Kind>
+  bool operator()(Kind, const weft::Op& op) {
+    if (Kind::value != op.type) std::abort();
     std::fwrite(&op, sizeof op, 1, stdout);
     return true;
-  };
+  }
+  template <class Kind>
+  bool unsynced(Kind kind, const weft::Op& op) {
+    return (*this)(kind, op);
+  }
+};
+template <class Plan>
+void dump(int blocks, const int* starts, int tripwire_index) {
+  Dump step;
   for (int b = 0; b < blocks; ++b) {
     if (!Plan::run(b, step)) std::abort();
   }

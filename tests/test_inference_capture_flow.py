@@ -193,10 +193,10 @@ def test_each_captured_execution_gets_its_own_record():
     comm = fake_communicator(1, 2, lone_gather(2)[0], LL_ONE_SHOT)
     with comm.capture():
         for k in range(3):
-            assert comm.execute_captured(comm.plan, Buffer(out_of(1, k) - 0x8000), Buffer(out_of(1, k))) == ""
+            assert comm.execute_captured(comm.plan, Buffer(out_of(1, k) - 0x80000), Buffer(out_of(1, k))) == ""
     for k in range(3):
         record, ctx = record_of(comm, k)
-        assert slots_of(record, ctx.records.layout)[:2] == [out_of(1, k) - 0x8000, out_of(1, k)]
+        assert slots_of(record, ctx.records.layout)[:2] == [out_of(1, k) - 0x80000, out_of(1, k)]
     assert len({args[1] for args in comm.launches}) == 3
 
 
@@ -208,7 +208,9 @@ def test_peers_outputs_are_exchanged_in_capture_order_when_capture_closes(monkey
         comm = fake_communicator(rank, 2, gather, WRITES_PEER_OUTPUTS)
         with comm.capture():
             for k in range(3):
-                assert comm.execute_captured(comm.plan, Buffer(out_of(rank, k) - 0x8000), Buffer(out_of(rank, k))) == ""
+                assert (
+                    comm.execute_captured(comm.plan, Buffer(out_of(rank, k) - 0x80000), Buffer(out_of(rank, k))) == ""
+                )
         ctx = next(iter(comm._templates.values()))
         return ctx.peers, [slots_of(record_of(comm, k)[0], ctx.records.layout) for k in range(3)]
 
@@ -217,7 +219,7 @@ def test_peers_outputs_are_exchanged_in_capture_order_when_capture_closes(monkey
         ((slot, peer, _),) = peers.deferred
         for k in range(3):
             assert slots[k][slot] == opened(("handle", out_of(peer, k)))
-            assert slots[k][:2] == [out_of(rank, k) - 0x8000, out_of(rank, k)]
+            assert slots[k][:2] == [out_of(rank, k) - 0x80000, out_of(rank, k)]
 
 
 def out_of(rank: int, k: int) -> int:
@@ -231,7 +233,7 @@ def test_a_buffer_one_rank_cannot_share_sends_every_rank_to_the_fallback(monkeyp
     def body(rank, gather):
         comm = fake_communicator(rank, 2, gather, WRITES_PEER_OUTPUTS)
         with comm.capture():
-            why = comm.execute_captured(comm.plan, Buffer(out_of(rank, 0) - 0x8000), Buffer(out_of(rank, 0)))
+            why = comm.execute_captured(comm.plan, Buffer(out_of(rank, 0) - 0x80000), Buffer(out_of(rank, 0)))
             pending = len(comm._captured)
         return why, pending, comm.launches
 
@@ -245,7 +247,7 @@ def test_a_buffer_one_rank_cannot_share_sends_every_rank_to_the_fallback(monkeyp
 def test_a_buffer_misaligned_for_the_plans_vectors_is_not_bound():
     comm = fake_communicator(0, 2, lone_gather(2)[0], LL_ONE_SHOT)
     with comm.capture():
-        why = comm.execute_captured(comm.plan, Buffer(0x10002), Buffer(0x20000))
+        why = comm.execute_captured(comm.plan, Buffer(0x8002), Buffer(0x20000))
     assert why == "rank 0: a buffer is not aligned to the plan's 16-byte vectors" and comm.launches == []
 
 

@@ -469,7 +469,7 @@ class InterpreterEngine:
                 "execute it once before capturing"
             )
         else:
-            self._check_output(plan, ctx.tables, out, dtype)
+            self._check_output(plan, ctx.tables, buf, out, dtype)
             in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
             why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None, *(b.pointer for b in normed))
         why = binding_verdict(f"rank {self.rank}: {why}" if why else "", self._all_gather)
@@ -803,7 +803,7 @@ class InterpreterEngine:
                 )
         return [weight, normed]
 
-    def _check_output(self, plan: Plan, tables: DeviceTables, out: _Buffer | None, dtype: str) -> None:
+    def _check_output(self, plan: Plan, tables: DeviceTables, buf: _Buffer, out: _Buffer | None, dtype: str) -> None:
         if plan.inplace:
             if out is not None:
                 raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
@@ -816,6 +816,10 @@ class InterpreterEngine:
             )
         if out.dtype not in (None, dtype) or out.device != self.device:
             raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
+        if out.pointer < buf.pointer + buf.nbytes and buf.pointer < out.pointer + out.nbytes:
+            # its ops read the input after others wrote the output (a compiled kernel's threads need not wait for
+            # each other between ops that share no buffer: executor/gpu/compiled/source.py)
+            raise ExecutorError(f"plan {plan.name} is out of place: its output must not overlap its input")
 
     def _create_context(
         self,
@@ -842,7 +846,7 @@ class InterpreterEngine:
         if not plan.inplace and output is None:
             output = self._allocate_output(input, buf, tables.output_bytes)
             out = _describe(output, "output")
-        self._check_output(plan, tables, out, dtype)
+        self._check_output(plan, tables, buf, out, dtype)
         if plan.inplace:
             output = input
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)

@@ -188,6 +188,12 @@ def run_refusals(comm, rank, world, device) -> dict:
         results["size"] = None
     except ExecutorError as e:
         results["size"] = str(e)
+    x = random_input(1024, "fp32", device)
+    try:  # an out-of-place plan's output over its input (a compiled kernel's ops would race on it)
+        comm.execute(ll, x, output=x)
+        results["overlap"] = None
+    except ExecutorError as e:
+        results["overlap"] = str(e)
     doc = load_plan(scenarios.plans_dir(world) / "allreduce-direct-simple-x1.json").content()
     doc["weft"] = {"dtypes": ["fp32"]}
     try:

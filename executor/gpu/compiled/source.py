@@ -25,11 +25,29 @@ import numpy as np
 
 from executor.errors import ExecutorError
 from executor.gpu.build import BATCHED_THREADS, DTYPE_SUFFIX
-from executor.gpu.tables import NOP, OP_DTYPE, DeviceTables, tripwire_op
+from executor.gpu.tables import (
+    FLUSH,
+    LAMPORT,
+    LAMPORT_RESET,
+    NOP,
+    NORM_PREFETCH,
+    OP_DTYPE,
+    PAIRS,
+    PEER_SLOTS,
+    SCRATCH,
+    SLOTS,
+    TRANSFER,
+    DeviceTables,
+    tripwire_op,
+)
 
 MAX_EMITTED_OPS = 1024  # constant ops one kernel holds (past it the source, and its build, grow too large to pay)
 D_TYPES = {"fp32": "weft::F32", "fp16": "weft::F16", "bf16": "weft::BF16"}
-GENERATOR_VERSION = "1"  # bump when the emitted form changes (it is part of every cache key)
+GENERATOR_VERSION = "2"  # bump when the emitted form changes (it is part of every cache key)
+# Ops whose threads each work on their own units and wait for no other thread of the block: between two of them that
+# share no memory the block's barrier can go (``barriers``). Control ops run on thread 0 while the block waits, and
+# the norm epilogue sums over the block: a barrier stays on both sides of those.
+DATA_OPS = frozenset({TRANSFER, PAIRS, LAMPORT_RESET, NORM_PREFETCH, FLUSH})
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,101 @@ def _run(members: list[int], blocks: list[np.ndarray], starts: list[int]) -> Blo
     return BlockClass(b0, stride, count, starts[b0], step, blocks[b0], delta)
 
 
+@dataclass(frozen=True)
+class Touch:
+    """Memory one op reference reads or writes: which memory (``_memory``), and where in it: ``lo``..``hi`` bytes
+    in this execution's layout, moving by ``step`` bytes a block along its class; ``exact`` False where the reference
+    is packets, whose footprint is not its bytes (the whole memory counts)."""
+
+    memory: str
+    lo: int
+    hi: int
+    step: int
+    exact: bool
+    copy: bool  # in the scratch copy of this execution (a Lamport reference), else at its offset alone
+
+
+def _memory(slot: int, tables: DeviceTables) -> str:
+    """Which memory a buffer slot names, as far as a block's ops can tell: one name may be several slots that
+    could be one buffer. The input and output are one buffer in an in-place plan (and never overlap otherwise: the
+    engine refuses it); the residual, the norm weight and the normalized rows are the caller's and could be either;
+    a peer's buffer is named by its rank and type (two slots may name one)."""
+    if slot == SLOTS["s"]:
+        return "scratch"
+    if PEER_SLOTS <= slot < PEER_SLOTS + len(tables.remote_buffers):
+        rank, kind = tables.remote_buffers[slot - PEER_SLOTS]
+        return f"peer {rank} {kind}"
+    if slot in (SLOTS["i"], SLOTS["o"]) and not tables.inplace:
+        return "input" if slot == SLOTS["i"] else "output"
+    return "caller"
+
+
+def _touches(
+    record: np.ndarray, moved: np.ndarray, tables: DeviceTables, reset_apart: bool
+) -> tuple[list[Touch], list[Touch]]:
+    """What one op record reads and writes (``moved``: the same op one block further along its class). A Lamport
+    reset writes the scratch copy a later execution uses (``barrier_id`` copies ahead of this one's, out of
+    ``barrier_count``), which no op of this execution touches: with ``reset_apart`` it touches nothing here."""
+    if int(record["type"]) == LAMPORT_RESET and reset_apart:
+        ahead, copies = int(record["barrier_id"]), int(record["barrier_count"])
+        if copies > 1 and ahead % copies:
+            return [], []
+    length = int(record["bytes"])
+
+    def touch(field: str, k: int) -> Touch:
+        ref, flags = record[field][k], int(record[field][k]["flags"])
+        at, step = int(ref["offset"]), int(moved[field][k]["offset"]) - int(ref["offset"])
+        exact = flags in (0, LAMPORT | SCRATCH)  # plain data, or Lamport data in this execution's copy
+        return Touch(_memory(int(ref["buffer"]), tables), at, at + length, step, exact, bool(flags & SCRATCH))
+
+    return (
+        [touch("src", k) for k in range(int(record["nsrc"]))],
+        [touch("dst", k) for k in range(int(record["ndst"]))],
+    )
+
+
+def _overlap(a: Touch, b: Touch) -> bool:
+    """Whether two touches may reach the same bytes in some block of the class."""
+    if not (a.memory == b.memory or ("caller" in (a.memory, b.memory) and {a.memory, b.memory} <= CALLER)):
+        return False
+    if not (a.exact and b.exact and a.memory == b.memory and a.copy == b.copy and a.step == b.step):
+        return True  # packets, another layout, or ranges that move apart along the class: take them as one
+    return a.lo < b.hi and b.lo < a.hi
+
+
+CALLER = {"caller", "input", "output"}
+
+
+def _conflict(a: tuple[list[Touch], list[Touch]], b: tuple[list[Touch], list[Touch]]) -> bool:
+    """Whether two ops may touch the same bytes, one of them writing."""
+    (ra, wa), (rb, wb) = a, b
+    return any(_overlap(x, y) for x in wa for y in rb + wb) or any(_overlap(x, y) for x in ra for y in wb)
+
+
+def barriers(records: np.ndarray, moved: np.ndarray, tables: DeviceTables, reset_apart: bool = True) -> list[bool]:
+    """For each op record of a block (nops included, never followed by one), whether the block's barrier follows
+    it (``moved``: the records of the block one step further along its class, or the same records for a class of
+    one): where this op or the next is not a data op, or the next may touch bytes that an op since the last barrier
+    writes (or write bytes one reads). Between data ops with nothing in common each thread goes on as soon as its
+    own units are done, as the peers' straight-line kernels do; after a block's last op none is needed (the
+    kernel's end orders it).
+
+    A failure needs no barrier either: the thread that timed out stops, and the others' waits end as soon as the
+    error record is set (``Deadline``)."""
+    ops = [i for i in range(len(records)) if int(records[i]["type"]) != NOP]
+    after = [False] * len(records)
+    since: list[tuple[list[Touch], list[Touch]]] = []
+    for i, j in zip(ops, ops[1:], strict=False):
+        here, nxt = int(records[i]["type"]), int(records[j]["type"])
+        since.append(_touches(records[i], moved[i], tables, reset_apart))
+        step = _touches(records[j], moved[j], tables, reset_apart)
+        if here in DATA_OPS and nxt in DATA_OPS and not any(_conflict(f, step) for f in since):
+            continue
+        after[i] = True
+        since = []
+    return after
+
+
 def refusal(tables: DeviceTables, dtype: str, vector: int) -> str:
     """Why these tables are not compiled (the engine then runs the interpreter), or ''."""
     if dtype not in D_TYPES:
@@ -217,12 +330,14 @@ def _initializer(base: np.ndarray, delta: np.ndarray) -> str:
     return "weft::Op{" + ", ".join(parts) + "}"
 
 
-def _step(base: np.ndarray, delta: np.ndarray) -> str:
-    """One op handed to the kernel's step with its type as a type, so that only that type's branch is compiled."""
-    return f"step(weft::KindOf<{int(base[0])}>{{}}, {_initializer(base, delta)})"
+def _step(base: np.ndarray, delta: np.ndarray, barrier: bool = True) -> str:
+    """One op handed to the kernel's step with its type as a type, so that only that type's branch is compiled;
+    ``barrier``: the block's barrier after it (``step``), else none (``step.unsynced``)."""
+    call = "step" if barrier else "step.unsynced"
+    return f"{call}(weft::KindOf<{int(base[0])}>{{}}, {_initializer(base, delta)})"
 
 
-def _plan_struct(classes: list[BlockClass]) -> str:
+def _plan_struct(classes: list[BlockClass], tables: DeviceTables) -> str:
     lines = ["struct Plan {", "  __device__ __forceinline__ static bool expects(int b, int first, int end) {"]
     for c in classes:
         lines.append(f"    if ({_member(c)}) {{")
@@ -236,8 +351,11 @@ def _plan_struct(classes: list[BlockClass]) -> str:
         lines.append(f"      const int k = {_position(c)};")
         lines.append("      const i64 q = k;")
         lines.append("      (void)q;")
-        # nops (the padding that gives the interpreter blocks of one op count) compile to nothing
-        ops = [_step(c.base[i], c.delta[i]) for i in range(len(c.base)) if c.base[i][0] != NOP]
+        # nops (the padding that gives the interpreter blocks of one op count) compile to nothing; the barriers
+        # are the class's (the memories its ops touch are its structure, alike in every block of it)
+        moves = c.delta[:, [i for i, (name, _) in enumerate(LEAVES) if name in ("barrier_id", "barrier_count")]]
+        after = barriers(_unflatten(c.base), _unflatten(c.base + c.delta), tables, reset_apart=not moves.any())
+        ops = [_step(c.base[i], c.delta[i], after[i]) for i in range(len(c.base)) if c.base[i][0] != NOP]
         lines.append("      return " + (" &&\n             ".join(ops) or "true") + ";")  # a block may hold no op
         lines.append("    }")
     lines += ["    return true;", "  }", ""]
@@ -285,7 +403,7 @@ def generate(
     if why:
         raise ExecutorError(f"executor: {label}: not compiled: {why}")
     classes = block_classes(tables)
-    struct = _plan_struct(classes)
+    struct = _plan_struct(classes, tables)
     batch = tables.threads <= BATCHED_THREADS
     threads, per_sm = (BATCHED_THREADS, 2) if batch else (1024, 1)  # the interpreter's bounds: the same residency
     lamport = "true" if tables.lamport_buffers else "false"

@@ -45,6 +45,18 @@ struct Step {
     ++done;
     return failed == 0;
   }
+
+  // The same without the barrier: the generator found that the next op touches no memory this one (or any op since
+  // the last barrier) writes or reads where it writes (source.py, ``barriers``), so each thread goes on when its own
+  // units are done. Even a thread that failed goes on, so that every thread reaches the next barrier (where the block
+  // stops together): once the error record is set, every wait ends at once (Deadline).
+  template <class Kind>
+  __device__ __forceinline__ bool unsynced(Kind, const Op& op) {
+    run_op<D, V, Batch, Lamport, Kind::value>(op, c, slots, epoch, failed, rec);
+    WEFT_TRACE_MARK(3 + done);
+    ++done;
+    return true;
+  }
 };
 
 // Plan: ``static bool expects(int block, int first, int end)``: whether the range the tables give the block is the
