@@ -238,6 +238,9 @@ def _touches(
     )
 
 
+CALLER = {"caller", "input", "output"}  # the memories a caller's buffer (the residual, the norm's) may be
+
+
 def _overlap(a: Touch, b: Touch) -> bool:
     """Whether two touches may reach the same bytes in some block of the class."""
     if not (a.memory == b.memory or ("caller" in (a.memory, b.memory) and {a.memory, b.memory} <= CALLER)):
@@ -245,9 +248,6 @@ def _overlap(a: Touch, b: Touch) -> bool:
     if not (a.exact and b.exact and a.memory == b.memory and a.copy == b.copy and a.step == b.step):
         return True  # packets, another layout, or ranges that move apart along the class: take them as one
     return a.lo < b.hi and b.lo < a.hi
-
-
-CALLER = {"caller", "input", "output"}
 
 
 def _conflict(a: tuple[list[Touch], list[Touch]], b: tuple[list[Touch], list[Touch]]) -> bool:
@@ -264,8 +264,8 @@ def barriers(records: np.ndarray, moved: np.ndarray, tables: DeviceTables, reset
     own units are done, as the peers' straight-line kernels do; after a block's last op none is needed (the
     kernel's end orders it).
 
-    A failure needs no barrier either: the thread that timed out stops, and the others' waits end as soon as the
-    error record is set (``Deadline``)."""
+    A failure needs no barrier either: the thread that timed out goes on to the next barrier, where the block stops
+    together, and every wait on the way ends as soon as the error record is set (``Deadline``)."""
     ops = [i for i in range(len(records)) if int(records[i]["type"]) != NOP]
     after = [False] * len(records)
     since: list[tuple[list[Touch], list[Touch]]] = []
