@@ -16,6 +16,9 @@ their all-reduces read and write the captured tensors (no staging copies).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 examples/tp_decode.py \
         --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
+
+The JSON is written after every batch (``complete`` false until the last), so a run cut by a time limit keeps the
+batches it measured.
 """
 
 from __future__ import annotations
@@ -624,6 +627,50 @@ def make_backends(args: argparse.Namespace, no_pdl: set[str], rank: int) -> tupl
     return ({k: v for k, v in backends.items() if k in only} if only else backends), comm, fi
 
 
+def _results_writer(args, no_pdl, world, device, backends, fi, pinned, batches):
+    """A function that writes the rows so far to ``args.json`` (rank 0), whole each time and atomically, with
+    ``complete`` False until every batch of ``batches`` is in: a run cut by its time limit keeps the batches it
+    measured. None without ``--json``."""
+    if not args.json:
+        return None
+    doc = {
+        "name": "tp_decode",
+        "model": "llama-70b-shaped",
+        "layers": args.layers,
+        "context": args.context,
+        "nranks": world,
+        "mode": "graph",
+        "timing": "backends alternate replay by replay, in orders of a Williams design, on shared inputs",
+        "dtype": "bf16",
+        "trace": args.trace,
+        "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)
+        "weft_late_trigger": args.weft_late_trigger,
+        "weft_norm_plan": pinned.name if pinned is not None else None,  # --weft-norm-plan
+        "backends_run": sorted(backends),  # the backends this run kept (--backend, --only)
+        "eps": EPS,
+        "logits_bound": LOGITS_BOUND,
+        "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
+        "versions": {
+            "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "cuda": torch.version.cuda,
+            "flashinfer": fi and peers.version(),
+        },
+        "date": time.strftime("%Y-%m-%d"),
+        "batches_planned": batches,
+    }
+
+    def write(rows: list[dict]) -> None:
+        done = {r["batch"] for r in rows if "tp" in r}  # the timed rows (a trace row has no "tp")
+        whole = {**doc, "complete": set(batches) <= done, "rows": rows}
+        partial = f"{args.json}.partial"
+        with open(partial, "w") as f:
+            json.dump(whole, f, indent=2)
+        os.replace(partial, args.json)
+
+    return write
+
+
 def main() -> None:
     args, no_pdl = parse_args()
 
@@ -653,7 +700,11 @@ def main() -> None:
                 print(f"trace batch={batch}: {json.dumps(rows[-1])}", flush=True)
         backends = {}
     pinned = load_plan(args.weft_norm_plan) if args.weft_norm_plan and "weft-fused-norm" in backends else None
-    for batch in (int(b) for b in args.batch.split(",")) if backends else ():
+    batches = [int(b) for b in args.batch.split(",")] if backends else []
+    write = _results_writer(args, no_pdl, world, device, backends, fi, pinned, batches) if rank == 0 else None
+    if write:
+        write(rows)  # the trace's rows, or none yet: a run cut later still leaves what it measured
+    for batch in batches:
         if pinned is not None:
             comm.pin_norm_plan(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS), pinned)
         built, failed = _build_all(backends, shape, batch, weights, norms, device, rank)
@@ -669,35 +720,8 @@ def main() -> None:
         rows.append(row)
         if rank == 0:
             _print_row(world, batch, row, results)
-    if rank == 0 and args.json:
-        doc = {
-            "name": "tp_decode",
-            "model": "llama-70b-shaped",
-            "layers": args.layers,
-            "context": args.context,
-            "nranks": world,
-            "mode": "graph",
-            "timing": "backends alternate replay by replay, in orders of a Williams design, on shared inputs",
-            "dtype": "bf16",
-            "trace": args.trace,
-            "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)
-            "weft_late_trigger": args.weft_late_trigger,
-            "weft_norm_plan": pinned.name if pinned is not None else None,  # --weft-norm-plan
-            "backends_run": sorted(backends),  # the backends this run kept (--backend, --only)
-            "eps": EPS,
-            "logits_bound": LOGITS_BOUND,
-            "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
-            "versions": {
-                "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                "cuda": torch.version.cuda,
-                "flashinfer": fi and peers.version(),
-            },
-            "date": time.strftime("%Y-%m-%d"),
-            "rows": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        if write:
+            write(rows)
     dist.destroy_process_group()
 
 

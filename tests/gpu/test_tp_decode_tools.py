@@ -88,3 +88,26 @@ def test_only_keeps_the_named_backends_and_refuses_others_in_one_line(monkeypatc
     with pytest.raises(SystemExit) as e:
         tp_decode.make_backends(args, no_pdl, 0)
     assert str(e.value) == "tp_decode: --only flashinfer-fused: not among this run's backends nccl"
+
+
+def test_the_results_file_is_written_after_every_batch_and_says_when_it_is_complete(monkeypatch, tmp_path):
+    """A run cut by its time limit (a cold machine building kernels) keeps the batches it measured."""
+    import json
+
+    tp_decode = _tp_decode(monkeypatch)
+    monkeypatch.setattr(tp_decode.torch.cuda, "get_device_name", lambda device: "GPU")
+    monkeypatch.setattr(tp_decode.torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    out = tmp_path / "tp.json"
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py", "--batch", "1,4", "--json", str(out)])
+    args, no_pdl = tp_decode.parse_args()
+    write = tp_decode._results_writer(args, no_pdl, 2, "cpu", {"nccl": None}, None, None, [1, 4])
+    write([])
+    assert json.loads(out.read_text())["complete"] is False
+    write([{"batch": 1, "tp": 2}])
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["batches_planned"] == [1, 4] and [r["batch"] for r in doc["rows"]] == [1]
+    write([{"batch": 1, "tp": 2}, {"batch": 4, "tp": 2}])
+    assert json.loads(out.read_text())["complete"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tp.json"]  # written whole, then moved over the old
+    args.json = None
+    assert tp_decode._results_writer(args, no_pdl, 2, "cpu", {}, None, None, []) is None
