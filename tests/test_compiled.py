@@ -539,3 +539,20 @@ def test_precompile_builds_the_sources_a_compiled_call_would_launch_and_names_wh
     assert refused[f"plan {plans[1].name}: rank 1: {plans[1].granule * 8} B fp32"] == "NVRTC said no"
     (why,) = [w for k, w in refused.items() if k.startswith(f"plan {four.name}:")]
     assert why.endswith("written for 4 ranks, but the communicator has 2") and len(refused) == 2
+
+
+def test_a_call_whose_output_overlaps_its_input_runs_the_interpreter():
+    """A compiled kernel takes an out-of-place plan's input and output as apart (``source.barriers``): a call that
+    passes them overlapping (torch's in-place all-gather, a view of the output as the input) runs the interpreter."""
+    from executor.gpu.engine import _Buffer, overlapping
+
+    plan = load_plan(Path("tests/gpu/plans/allgather-direct-ll-x1.json"))
+    assert not plan.inplace
+
+    def at(pointer: int, nbytes: int) -> _Buffer:
+        return _Buffer(pointer, nbytes, "fp32", 0, "torch")
+
+    assert overlapping(plan, at(0x1000, 256), at(0x1000, 512))  # the input is the output's first half
+    assert overlapping(plan, at(0x10FF, 1), at(0x1000, 256))
+    assert not overlapping(plan, at(0x1100, 256), at(0x1000, 256))  # adjacent
+    assert not overlapping(plan, at(0x1000, 256), None)

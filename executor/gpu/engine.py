@@ -93,6 +93,16 @@ class _Buffer:
     framework: str  # "torch" or "cupy"
 
 
+def overlapping(plan: Plan, buf: _Buffer, out: _Buffer | None) -> bool:
+    """Whether an out-of-place plan's call has its output over its input (torch's in-place all-gather passes a view
+    of the output as the input). Such a call runs the interpreter, whose block's threads meet after every op: a
+    compiled kernel's meet only where its ops may touch the same bytes, and it takes the two buffers as apart
+    (``executor.gpu.compiled.source.barriers``). The kernels are wire-compatible, so a rank may run either."""
+    if plan.inplace or out is None:
+        return False
+    return out.pointer < buf.pointer + buf.nbytes and buf.pointer < out.pointer + out.nbytes
+
+
 def _describe(x: Any, name: str) -> _Buffer:
     if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
         if not x.is_cuda:
@@ -400,8 +410,8 @@ class InterpreterEngine:
                 self._add_records(ctx)  # made inside capture() by an eager call (a warm-up), so outside a graph
         use = self._compiled if compiled is None else compiled
         if use:
-            self._compile(ctx, dtype, plan)
-        self._launch(ctx, dtype, buf.framework, stream, compiled=use)
+            self._compile(ctx, dtype, plan)  # collective: every rank asks, whatever its buffers
+        self._launch(ctx, dtype, buf.framework, stream, compiled=use and not overlapping(plan, buf, out))
         return ctx.output
 
     @contextmanager
@@ -469,7 +479,7 @@ class InterpreterEngine:
                 "execute it once before capturing"
             )
         else:
-            self._check_output(plan, ctx.tables, buf, out, dtype)
+            self._check_output(plan, ctx.tables, out, dtype)
             in_ptr, out_ptr = self._pointers(plan, ctx.tables, buf, out)
             why = self._bind_refusal(ctx, in_ptr, out_ptr, res.pointer if res else None, *(b.pointer for b in normed))
         why = binding_verdict(f"rank {self.rank}: {why}" if why else "", self._all_gather)
@@ -496,7 +506,7 @@ class InterpreterEngine:
         address = ctx.records.address(captured.record)
         args = with_kernel_args(ctx.args, tb_start=address, buffers=address + ctx.records.layout.tb_bytes)
         use = self._compiled if compiled is None else compiled
-        self._launch(ctx, dtype, buf.framework, stream, args, compiled=use)
+        self._launch(ctx, dtype, buf.framework, stream, args, compiled=use and not overlapping(plan, buf, out))
         return ""
 
     def register_graph_buffers(self) -> None:
@@ -803,7 +813,7 @@ class InterpreterEngine:
                 )
         return [weight, normed]
 
-    def _check_output(self, plan: Plan, tables: DeviceTables, buf: _Buffer, out: _Buffer | None, dtype: str) -> None:
+    def _check_output(self, plan: Plan, tables: DeviceTables, out: _Buffer | None, dtype: str) -> None:
         if plan.inplace:
             if out is not None:
                 raise ExecutorError(f"plan {plan.name} is in-place: pass one buffer as input and no output")
@@ -816,10 +826,6 @@ class InterpreterEngine:
             )
         if out.dtype not in (None, dtype) or out.device != self.device:
             raise ExecutorError(f"plan {plan.name}: output must be {dtype} on GPU {self.device}")
-        if out.pointer < buf.pointer + buf.nbytes and buf.pointer < out.pointer + out.nbytes:
-            # its ops read the input after others wrote the output (a compiled kernel's threads need not wait for
-            # each other between ops that share no buffer: executor/gpu/compiled/source.py)
-            raise ExecutorError(f"plan {plan.name} is out of place: its output must not overlap its input")
 
     def _create_context(
         self,
@@ -846,7 +852,7 @@ class InterpreterEngine:
         if not plan.inplace and output is None:
             output = self._allocate_output(input, buf, tables.output_bytes)
             out = _describe(output, "output")
-        self._check_output(plan, tables, buf, out, dtype)
+        self._check_output(plan, tables, out, dtype)
         if plan.inplace:
             output = input
         in_ptr, out_ptr = self._pointers(plan, tables, buf, out)

@@ -178,7 +178,7 @@ class DeviceTables:
     norm_at: int = 0  # past every rank's scratch (both halves, 16-aligned): no peer's packet can land in the slots
     lamport_buffers: int = 0  # a Lamport plan's scratch copies (scratch_bytes each), else 0 (executor.gpu.lamport)
     scratch_fill: int = 0  # the u32 word the scratch copies start as: 0, or a Lamport plan's sentinel in its dtype
-    inplace: bool = False  # the input and output slots are one buffer (an in-place plan); else they never overlap
+    inplace: bool = False  # the input and output slots are one buffer (an in-place plan); else apart in compiled calls
 
     @property
     def scratch_copies(self) -> int:

@@ -77,9 +77,9 @@ def test_size_outside_the_plans_range_is_refused(gpu_results):
         assert "is not accepted" in results["refusals"]["size"]
 
 
-def test_an_output_over_the_input_of_an_out_of_place_plan_is_refused(gpu_results):
-    for results in gpu_results:
-        assert "is out of place: its output must not overlap its input" in results["refusals"]["overlap"]
+def test_an_out_of_place_plan_whose_output_is_its_input_runs_right_even_when_asked_compiled(gpu_results):
+    for rank, results in enumerate(gpu_results):
+        assert results["overlap"].get("ok"), f"rank {rank}: {results['overlap']}"
 
 
 def test_dtype_the_plan_lacks_is_refused(gpu_results):
