@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -459,11 +460,14 @@ def _build_all(backends: dict, shape, batch: int, weights, norms, device, rank: 
     built, failed = {}, {}
     inputs = make_inputs(shape, batch, device)  # one set for every backend
     for name, impl in backends.items():
+        began = time.monotonic()
         try:
             built[name] = build(impl, shape, batch, weights, norms, inputs, device)
         except Exception as e:  # one backend's failure is a result, not the end of the comparison
             failed[name] = f"{type(e).__name__}: {e}"
             print(f"rank {rank}: {name} failed at batch {batch}: {failed[name]}", flush=True)
+        if rank == 0:  # where a cold machine's time goes (its kernels, proofs and captures): stderr, not the results
+            print(f"tp_decode: batch {batch}: {name} built in {time.monotonic() - began:.1f} s", file=sys.stderr)
     return built, failed
 
 
@@ -708,7 +712,10 @@ def main() -> None:
         if pinned is not None:
             comm.pin_norm_plan(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS), pinned)
         built, failed = _build_all(backends, shape, batch, weights, norms, device, rank)
+        began = time.monotonic()
         times = time_alternating(built, args.iters)
+        if rank == 0:
+            print(f"tp_decode: batch {batch}: timed in {time.monotonic() - began:.1f} s", file=sys.stderr)
         results = {name: summarize(name, g, times[name], shape, batch, lm_head) for name, g in built.items()}
         kernels = {name: profile_step(g.graphs["step"], args.profile) for name, g in built.items() if args.profile}
         del built
