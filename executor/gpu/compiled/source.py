@@ -202,8 +202,9 @@ class Touch:
 def _memory(slot: int, tables: DeviceTables) -> str:
     """Which memory a buffer slot names, as far as a block's ops can tell: one name may be several slots that
     could be one buffer. The input and output are one buffer in an in-place plan, and apart otherwise (a call whose
-    output overlaps its input runs the interpreter: ``executor.gpu.engine.overlapping``); the residual, the norm weight and the normalized rows are the caller's and could be either;
-    a peer's buffer is named by its rank and type (two slots may name one)."""
+    output overlaps its input runs the interpreter: ``executor.gpu.engine.overlapping``); the residual, the norm
+    weight and the normalized rows are the caller's and could be either; a peer's buffer is named by its rank and
+    type (two slots may name one)."""
     if slot == SLOTS["s"]:
         return "scratch"
     if PEER_SLOTS <= slot < PEER_SLOTS + len(tables.remote_buffers):
