@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from executor.errors import ExecutorError
 from executor.gpu.compiled import build, source
@@ -556,3 +558,77 @@ def test_a_call_whose_output_overlaps_its_input_runs_the_interpreter():
     assert overlapping(plan, at(0x10FF, 1), at(0x1000, 256))
     assert not overlapping(plan, at(0x1100, 256), at(0x1000, 256))  # adjacent
     assert not overlapping(plan, at(0x1000, 256), None)
+
+
+_SLOTS = (0, 1, 2, 3, 4)  # input, output, scratch, two peers' buffers (tests/gpu/plans4 have three peers)
+_FLAGS = (0, PACKET, LAMPORT | SCRATCH)
+_REF = st.tuples(st.sampled_from(_SLOTS), st.sampled_from((0, 32, 64)), st.sampled_from(_FLAGS))  # slot, offset, flags
+
+
+def _byte_sets(rec: np.ndarray, t) -> tuple[set, set]:
+    """What one op reads and writes, byte by byte (a reference's memory as ``source`` names it; packets and other
+    layouts as their whole memory)."""
+    if int(rec["type"]) == LAMPORT_RESET and int(rec["barrier_id"]) % int(rec["barrier_count"]):
+        return set(), set()
+
+    def cells(field: str) -> set:
+        out = set()
+        for k in range(int(rec[f"n{field}"])):
+            ref = rec[field][k]
+            memory = source._memory(int(ref["buffer"]), t)
+            flags, lo = int(ref["flags"]), int(ref["offset"])
+            if flags in (0, LAMPORT | SCRATCH):
+                out |= {(memory, flags != 0, b) for b in range(lo, lo + int(rec["bytes"]))}
+            else:
+                out.add((memory, "whole"))
+        return out
+
+    return cells("src"), cells("dst")
+
+
+def _meet(a: set, b: set) -> bool:
+    """Whether two byte sets may share a byte: one byte in both; a whole memory and anything of that memory; or two
+    bytes of one memory in its two layouts (at their offsets alone, and in this execution's Lamport copy, which lies
+    anywhere in it)."""
+    if a & b:
+        return True
+    return any(x[0] == y[0] and ("whole" in (x[1], y[1]) or x[1] != y[1]) for x in a for y in b)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from((TRANSFER, TRANSFER, TRANSFER, LAMPORT_RESET, SIGNAL, FLUSH)),
+            st.lists(_REF, max_size=3),
+            st.lists(_REF, max_size=2),
+            st.sampled_from((0, 1, 2)),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_no_two_ops_between_barriers_share_a_byte_one_of_them_writes(ops, inplace):
+    """Against a byte-by-byte reference: between two barriers no op writes a byte another op there reads or writes
+    (the input and output apart in an out-of-place plan, one buffer in an in-place one), and a control op has a
+    barrier on both sides."""
+    t = replace(_tables(Path("tests/gpu/plans4/allreduce-direct-ll-x1.json")), inplace=inplace)
+    records = np.stack(
+        [
+            _op(kind, src, dst, nbytes=32, barrier_id=ahead, barrier_count=3)
+            if kind == LAMPORT_RESET
+            else _op(kind, src if kind == TRANSFER else (), dst if kind == TRANSFER else (), nbytes=32)
+            for kind, src, dst, ahead in ops
+        ]
+    )
+    after = source.barriers(records, records, t)
+    group: list[int] = []
+    for i in range(len(records)):
+        kind = int(records[i]["type"])
+        if kind not in source.DATA_OPS:
+            assert (i == 0 or after[i - 1]) and (i == len(records) - 1 or after[i])
+        for j in group:
+            (ri, wi), (rj, wj) = _byte_sets(records[i], t), _byte_sets(records[j], t)
+            assert not (_meet(wi, rj | wj) or _meet(ri, wj)), (j, i)
+        group = [] if after[i] else [*group, i]
