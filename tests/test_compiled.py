@@ -572,7 +572,7 @@ def _byte_sets(rec: np.ndarray, t) -> tuple[set, set]:
         return set(), set()
 
     def cells(field: str) -> set:
-        out = set()
+        out: set[tuple] = set()  # (memory, layout, byte), or (memory, "whole")
         for k in range(int(rec[f"n{field}"])):
             ref = rec[field][k]
             memory = source._memory(int(ref["buffer"]), t)
