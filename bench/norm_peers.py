@@ -238,12 +238,7 @@ def main() -> None:
             "hidden": HIDDEN,
             "eps": EPS,
             "machine": {"gpu": torch.cuda.get_device_name(device), "gpus": world, "host": platform.node()},
-            "versions": {
-                "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                "cuda": torch.version.cuda,
-                "flashinfer": peers.version(),
-            },
+            "versions": peers.run_versions(torch),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "method": {
                 "calls_per_sample": args.calls,

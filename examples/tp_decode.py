@@ -654,12 +654,7 @@ def _results_writer(args, no_pdl, world, device, backends, fi, pinned, batches):
         "eps": EPS,
         "logits_bound": LOGITS_BOUND,
         "machine": {"gpu": torch.cuda.get_device_name(device), "count": world, "host": platform.node()},
-        "versions": {
-            "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-            "cuda": torch.version.cuda,
-            "flashinfer": fi and peers.version(),
-        },
+        "versions": peers.run_versions(torch, flashinfer=bool(fi)),
         "date": time.strftime("%Y-%m-%d"),
         "batches_planned": batches,
     }

@@ -240,17 +240,10 @@ def contenders_at(
     return kept
 
 
-def contenders(
-    entries: Sequence[Entry], sizes: Sequence[int], top: int, ll128: bool = False, compiled: bool = False
-) -> list[Entry]:
-    """The entries that rank among the ``top`` fastest at any of ``sizes`` (``contenders_at``; the union, in
-    ``entries``' order). ``weft bench --top`` loads only these, and times each at the sizes where it ranks, so that
-    a registry of many variants is measured again where it matters."""
-    return ranked_anywhere(entries, contenders_at(entries, sizes, top, ll128, compiled))
-
-
 def ranked_anywhere(entries: Sequence[Entry], ranked: dict[int, list[Entry]]) -> list[Entry]:
-    """The entries that ``ranked`` (``contenders_at``'s) keeps at any size, in ``entries``' order."""
+    """The entries that ``ranked`` (``contenders_at``'s) keeps at any size, in ``entries``' order: ``weft bench
+    --top`` loads only these, and times each at the sizes where it ranks, so that a registry of many variants is
+    measured again where it matters."""
     kept = {e.id for at_size in ranked.values() for e in at_size}
     return [e for e in entries if e.id in kept]
 

@@ -1,4 +1,4 @@
-"""`weft bench --top K`: the registry's contenders (registry.store.contenders), ranked as selection ranks them."""
+"""`weft bench --top K`: the registry's contenders (registry.store.contenders_at), ranked as selection ranks them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.store import Registry, contenders
+from registry.store import Registry, contenders_at, ranked_anywhere
 from weft.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +20,11 @@ def entries():
     """The committed 2xH200 all-reduce registry: many variants, times measured interpreted, with LL128 lines and
     compiled."""
     return Registry(str(ROOT / "bench" / "registry_h200x2")).entries(collective="allreduce")
+
+
+def contenders(entries, sizes: list[int], top: int, ll128: bool = False, compiled: bool = False) -> list:
+    """The entries ``weft bench --top`` loads: those among ``top`` fastest at any of ``sizes``, in registry order."""
+    return ranked_anywhere(entries, contenders_at(entries, sizes, top, ll128, compiled))
 
 
 def _ranked(entries, nbytes: int, ll128: bool, compiled: bool) -> list[tuple[float, str]]:

@@ -15,6 +15,7 @@ Its kernels are built at first use (FlashInfer's JIT, nvcc) or loaded from its A
 from __future__ import annotations
 
 import ctypes
+import platform
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +57,18 @@ def version() -> str | None:
         return flashinfer.__version__
     except Exception:
         return None
+
+
+def run_versions(torch: Any, flashinfer: bool = True) -> dict[str, Any]:
+    """The versions a GPU results file records: torch, NCCL, CUDA and Python, and FlashInfer's (None where it is not
+    installed, or with ``flashinfer`` False, where the run used no FlashInfer)."""
+    return {
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "flashinfer": version() if flashinfer else None,
+    }
 
 
 def max_tokens_for(max_bytes: int, world: int, hidden: int = HIDDEN) -> int:

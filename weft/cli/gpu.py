@@ -497,13 +497,9 @@ def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
     from executor.gpu.bench import TURNS_ORDER
 
     versions = {
-        "torch": torch.__version__,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        **peers.run_versions(torch),
         "cupy": cupy.__version__,
-        "cuda": torch.version.cuda,
         "driver": cupy.cuda.runtime.driverGetVersion(),
-        "python": platform.python_version(),
-        "flashinfer": peers.version(),
     }
     return {
         "collective": args.collective,

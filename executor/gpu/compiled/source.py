@@ -117,6 +117,9 @@ STRUCTURAL = np.asarray(
 )
 
 
+RESET_LEAVES = [i for i, (name, _) in enumerate(LEAVES) if name in ("barrier_id", "barrier_count")]  # a reset's copy
+
+
 def _flatten(records: np.ndarray) -> np.ndarray:
     """(ops, leaves) int64 from OP_DTYPE records, leaves in LEAVES order."""
     cols = []
@@ -354,8 +357,8 @@ def _plan_struct(classes: list[BlockClass], tables: DeviceTables) -> str:
         lines.append("      (void)q;")
         # nops (the padding that gives the interpreter blocks of one op count) compile to nothing; the barriers
         # are the class's (the memories its ops touch are its structure, alike in every block of it)
-        moves = c.delta[:, [i for i, (name, _) in enumerate(LEAVES) if name in ("barrier_id", "barrier_count")]]
-        after = barriers(_unflatten(c.base), _unflatten(c.base + c.delta), tables, reset_apart=not moves.any())
+        moves = c.delta[:, RESET_LEAVES].any()  # a reset whose copy ahead moves along the class is taken as touching
+        after = barriers(_unflatten(c.base), _unflatten(c.base + c.delta), tables, reset_apart=not moves)
         ops = [_step(c.base[i], c.delta[i], after[i]) for i in range(len(c.base)) if c.base[i][0] != NOP]
         lines.append("      return " + (" &&\n             ".join(ops) or "true") + ";")  # a block may hold no op
         lines.append("    }")
