@@ -343,3 +343,56 @@ def test_the_nineteenth_sessions_gate_one_device_and_decode_claims_are_those_of_
         64: ["0.999"],
     }
     assert "batch 1 1.016 / 1.017 / 1.022, batch 4 1.003 / 1.003 / 0.996, batch 16 0.997 / 0.991 / 1.001" in text
+
+
+def test_the_twentieth_sessions_gate_barrier_ab_and_decode_claims_are_those_of_their_files():
+    """docs/performance.md: the 2-rank suite whole on e8963b2 (829 passed over three calls), the barriers' A/B
+    medians (compiled and interpreted, new over base), and tp_decode's ratios and in-step call costs."""
+    import json
+    import statistics
+
+    text = _performance_text()
+    gate = json.loads((RESULTS / "gate_s20_h200" / "gpu_shards_x2_call3.json").read_text())
+    assert gate["whole"] and gate["total"]["failed"] == gate["total"]["errors"] == 0
+    assert all(f["rc"] == 0 for f in gate["files"])
+    assert f"{gate['total']['passed']} passed, 0 failed, every file" in text
+    assert "e8963b2" in (RESULTS / "gate_s20_h200" / "gpus_call1.txt").read_text()
+
+    runs = {
+        side: json.loads((RESULTS / "s20_h200" / f"barriers_allreduce_2xh200_{side}.json").read_text())
+        for side in ("1_new", "2_base", "3_base", "4_new")
+    }
+
+    def median(side: str, size: int, key: str) -> float:
+        row = next(r for r in runs[side]["rows"] if r["size"] == size)
+        return statistics.median(row["raw_us"][key])
+
+    keys = [k for k in runs["1_new"]["rows"][0]["raw_us"] if k.startswith("weft:")]
+    compiled, interpreted = [], []
+    for size in (16 << 10, 256 << 10, 1 << 20):
+        ratios = {
+            k: sum(median(s, size, k) for s in ("1_new", "4_new")) / sum(median(s, size, k) for s in ("2_base", "3_base"))
+            for k in keys
+        }
+        compiled.append(f"{statistics.median(v for k, v in ratios.items() if k.endswith('+compiled')):.3f}")
+        interpreted.append(f"{statistics.median(v for k, v in ratios.items() if not k.endswith('+compiled')):.3f}")
+    flat = text.replace("\n", " ")
+    assert f"16 KB {compiled[0]}, 256 KB {compiled[1]}, 1 MB {compiled[2]}" in flat
+    assert f"does not touch, {interpreted[0]}, {interpreted[1]} and {interpreted[2]}" in flat
+
+    rows = [json.loads((RESULTS / "s20_h200" / f"tp_decode_2xh200_{n}.json").read_text())["rows"] for n in (1, 2, 3)]
+    norm, fi = "weft-fused-norm", "flashinfer-fused"
+    for batch, name in ((1, "batch 1"), (4, "batch 4"), (16, "batch 16"), (64, "batch 64")):
+        got = [next(r for r in run if r["batch"] == batch) for run in rows]
+        assert all(r[f"{norm}_logits_agree"] and r[f"{fi}_logits_agree"] for r in got)
+        ratios = " / ".join(f"{r[f'{norm}_ms'] / r[f'{fi}_ms']:.3f}" for r in got)
+        assert f"{name} {ratios}" in flat
+    first = [run[0] for run in rows]
+    for r in first:
+        mm = statistics.median(r[f"{norm}_raw_matmul_ms"]) / statistics.median(r[f"{fi}_raw_matmul_ms"])
+        assert abs(mm - 1) < 0.006  # "agree within 0.6%"
+    calls = " / ".join(f"{r[f'{norm}_all_reduce_add_norm_us_per_call']:.2f}" for r in first)
+    theirs = " / ".join(f"{r[f'{fi}_all_reduce_add_norm_us_per_call']:.2f}" for r in first)
+    gaps = " / ".join(f"{(r[f'{norm}_ms'] - r[f'{fi}_ms']) * 1000:.0f}" for r in first)
+    assert f"costs {calls} µs a call in the step against FlashInfer's {theirs}" in flat
+    assert f"the steps differ by {gaps} µs" in flat
