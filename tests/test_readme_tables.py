@@ -370,10 +370,8 @@ def test_the_twentieth_sessions_gate_barrier_ab_and_decode_claims_are_those_of_t
     keys = [k for k in runs["1_new"]["rows"][0]["raw_us"] if k.startswith("weft:")]
     compiled, interpreted = [], []
     for size in (16 << 10, 256 << 10, 1 << 20):
-        ratios = {
-            k: sum(median(s, size, k) for s in ("1_new", "4_new")) / sum(median(s, size, k) for s in ("2_base", "3_base"))
-            for k in keys
-        }
+        new = {k: sum(median(s, size, k) for s in ("1_new", "4_new")) for k in keys}
+        ratios = {k: new[k] / sum(median(s, size, k) for s in ("2_base", "3_base")) for k in keys}
         compiled.append(f"{statistics.median(v for k, v in ratios.items() if k.endswith('+compiled')):.3f}")
         interpreted.append(f"{statistics.median(v for k, v in ratios.items() if not k.endswith('+compiled')):.3f}")
     flat = text.replace("\n", " ")
@@ -396,3 +394,29 @@ def test_the_twentieth_sessions_gate_barrier_ab_and_decode_claims_are_those_of_t
     gaps = " / ".join(f"{(r[f'{norm}_ms'] - r[f'{fi}_ms']) * 1000:.0f}" for r in first)
     assert f"costs {calls} µs a call in the step against FlashInfer's {theirs}" in flat
     assert f"the steps differ by {gaps} µs" in flat
+
+
+def test_the_twentieth_sessions_gemm_figures_are_those_of_their_files():
+    """docs/performance.md, "Where batch 1's gap is not": the gate-up GEMM alone and beside its pair
+    (gemm_pair_2xh200.json) and after each backend's fused call (gemm_after_2xh200.json), as the files hold them."""
+    flat = _performance_text().replace("\n", " ")
+    pair = {(r["rank"], r["mode"]): r["median_us"] for r in _s20("gemm_pair_2xh200.json")["rows"]}
+    assert f"{pair[0, 'alone_0']:.2f} µs on GPU 0 alone and {pair[0, 'together']:.2f} while GPU 1" in flat
+    assert f"{pair[1, 'alone_1']:.2f} and {pair[1, 'together']:.2f} on GPU 1" in flat
+    assert max(pair.values()) / min(pair.values()) < 1.001
+    after = _s20("gemm_after_2xh200.json")
+    assert after["weft_paths"]["zero_copy"] == 8 and after["weft_paths"]["nccl"] == 0  # weft's call ran in the graph
+    ranks = after["by_rank"]
+    assert all(ranks[r][b]["agrees_with_nccl"] for r in (0, 1) for b in ("weft", "flashinfer"))
+    gemm = {b: f"{ranks[0][b]['gemm_us']:.2f} / {ranks[1][b]['gemm_us']:.2f}" for b in ranks[0]}
+    assert f"{gemm['weft']} µs (ranks 0 / 1) after weft's call, {gemm['flashinfer']} after FlashInfer's" in flat
+    assert f"{gemm['nccl']} after NCCL's and {gemm['none']} after torch's add and norm" in flat
+    replays = [f"{ranks[0][b]['replay_us']:.1f} / {ranks[1][b]['replay_us']:.1f}" for b in ("weft", "flashinfer")]
+    assert f"replays in {replays[0]} µs with weft's call against {replays[1]} with FlashInfer's" in flat
+    assert all(ranks[r]["weft"]["gemm_us"] < ranks[r]["flashinfer"]["gemm_us"] for r in (0, 1))
+
+
+def _s20(name: str) -> dict:
+    import json
+
+    return json.loads((RESULTS / "s20_h200" / name).read_text())
