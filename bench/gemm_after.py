@@ -1,45 +1,79 @@
-"""The gate-up GEMM right after each backend's fused all-reduce + add + RMSNorm, alone in a graph: does what a
-collective leaves behind slow the HBM-bound GEMM after it? (tp_decode's batch-1 gap, bench/NOTES.md: the gate-up GEMM
-ran 106 µs a launch on the rank that ran ahead beside FlashInfer and 115–122 µs beside weft and NCCL; bench/gemm_pair.py
-found it at 107 µs alone and with the pair GPU running it at the same moment.)
+"""tp_decode's batch-1 step taken apart: the gate-up GEMM after each backend's fused call, with more of the step
+around it config by config, so that the configuration where that GEMM slows (107 µs alone, 115–122 µs in the step
+beside weft and NCCL: bench/NOTES.md, the tenth and twentieth sessions) shows where the step's gap comes from.
 
-Each backend's graph is eight layers of [its fused call on a batch-1 row of 8192 bf16, then the normed row times that
-layer's gate-up weights (8192 × 28672 bf16, TP=2's, 470 MB)]: weft (Communicator, inside ``capture()``),
-FlashInfer's fused kernel, NCCL (all-reduce, then torch's add and norm) and ``none`` (torch's add and norm, no
-collective). The graphs replay in turns, then each under torch's profiler: every rank's median µs of the GEMM
-kernels and of the collective kernels, and the replay time. JSON to --json (rank 0).
+Each config is a CUDA graph of eight layers of tp_decode's Llama-70B shape at TP=2, batch 1, built per backend:
+  gemm  [the fused call on a fixed 1×8192 row; the gate-up GEMM on its normed output]  (this script's first job,
+        bench/results/s20_h200/gemm_after_2xh200.json, in the first version's format)
+  o     [the o-projection of a fixed attention output; the fused call; the gate-up GEMM]
+  mlp   [o; the call; gate-up; silu(gate)·up; the down projection; the second call]  (the layer without attention)
+  step  tp_decode's decode_step itself (qkv, the KV cat, attention, then as mlp)
+The backends: weft (Communicator, captured inside ``capture()``), FlashInfer's fused kernel, NCCL (all-reduce, then
+torch's add and norm) and ``none`` (torch's add and norm, no collective). A config's graphs replay in turns, then each
+under torch's profiler: every rank's replay time and each kernel's median µs and count, gate-up's apart. JSON to
+--json (rank 0).
 
-    WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 bench/gemm_after.py --json $OUT/gemm_after.json
+    WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 bench/gemm_after.py --configs gemm,o,mlp,step \
+        --json $OUT/gemm_after_2xh200.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "bench")]
+
+import tp_decode  # noqa: E402  (its shapes, weights, KV cache, step, graph capture and replay timing)
+from step_profile import GATE_UP  # noqa: E402
 
 from executor.gpu import peers  # noqa: E402
 
-HIDDEN = 8192  # Llama-70B
-GATE_UP = 28672  # 2 × 28672 columns over TP=2
-LAYERS = 8
-EPS = 1e-5
-GEMM_NAMES = ("nvjet", "gemm", "cutlass", "sm90_")
+CONFIGS = ("gemm", "o", "mlp", "step")
+HIDDEN, EPS = tp_decode.HIDDEN, tp_decode.EPS
+Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (y, x, n) -> (h, x)
 
 
-def kernel_times(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, list[float]]:
-    """µs of each GEMM kernel and each other kernel over ``replays`` profiled replays (collective: every rank
-    profiles the same graphs in the same order)."""
+def layers_of(config: str, call: Call, shape: tp_decode.Shape, weights, norms, cache, fixed) -> Callable[[], list]:
+    """The graph's body for ``config`` with the fused call ``call``: a function that runs the eight layers and
+    returns the tensors it ends with."""
+    rows, attention = fixed
+
+    def project(a, w, x, n):
+        return call(a @ w, x, n)
+
+    def run() -> list:
+        if config == "step":
+            return [tp_decode.decode_step(rows[0], weights, norms, cache, shape, project)]
+        x, out = rows[0], []
+        for i, layer in enumerate(weights):
+            y = rows[i] if config == "gemm" else attention[i] @ layer["o"]
+            h, x = call(y, x, norms[2 * i + 1])
+            up = h @ layer["gate_up"]
+            if config == "mlp":
+                gate, up = up.chunk(2, dim=-1)
+                h, x = project(F.silu(gate) * up, layer["down"], x, norms[2 * i + 2])
+            out.append(up if config != "mlp" else h)
+        return out
+
+    return run
+
+
+def kernels_of(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, list[float]]:
+    """Each kernel name's µs over ``replays`` profiled replays (collective: every rank profiles the same graphs in
+    the same order)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -49,121 +83,117 @@ def kernel_times(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, list[fl
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    out: dict[str, list[float]] = {"gemm": [], "other": []}
+    out: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
-            kind = "gemm" if e.name.lower().startswith(GEMM_NAMES) else "other"
-            out[kind].append(e.time_range.elapsed_us())
+            out.setdefault(e.name, []).append(e.time_range.elapsed_us())
     return out
 
 
-def replay_us(graph: torch.cuda.CUDAGraph) -> float:
-    dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000
+def backends_of(comm, fi) -> dict[str, tuple[Call, Callable[[], contextlib.AbstractContextManager]]]:
+    """Each backend's fused call and the context its graphs are captured in."""
+
+    def nccl(y, x, n):
+        t = y.clone()
+        dist.all_reduce(t)
+        x = x + t
+        return F.rms_norm(x, (HIDDEN,), n, EPS), x
+
+    def none(y, x, n):
+        x = x + y
+        return F.rms_norm(x, (HIDDEN,), n, EPS), x
+
+    return {
+        "none": (none, contextlib.nullcontext),
+        "nccl": (nccl, contextlib.nullcontext),
+        "weft": (lambda y, x, n: comm.all_reduce(y, residual=x, rms_weight=n, eps=EPS), comm.capture),
+        "flashinfer": (lambda y, x, n: fi.fused_norm(y, x, n, EPS, "auto"), contextlib.nullcontext),
+    }
+
+
+def measure(config: str, backends, shape, weights, norms, cache, fixed, iters: int, replays: int) -> dict:
+    """This rank's figures for one config: per backend the replay µs (raw too), each kernel's median µs and count,
+    gate-up's median µs, and whether its last tensor agrees with NCCL's."""
+    graphs, outs = {}, {}
+    side = torch.cuda.Stream()
+    for name, (call, capture) in backends.items():
+        holder: list = []
+        run = layers_of(config, call, shape, weights, norms, cache, fixed)
+
+        def body(run=run, holder=holder) -> None:
+            holder[:] = run()  # the tensors of the captured replay, read after it
+
+        graphs[name], outs[name] = tp_decode.graph_of(body, side, capture), holder
+    for g in graphs.values():
+        g.replay()
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    order = list(graphs)
+    for i in range(iters):
+        for name in order[i % len(order) :] + order[: i % len(order)]:
+            times[name].append(tp_decode.time_replay(graphs[name]) * 1000)
+    result = {}
+    for name, graph in graphs.items():
+        kernels = kernels_of(graph, replays)
+        gate_up = [us for k, v in kernels.items() if k.startswith(GATE_UP) for us in v]
+        result[name] = {
+            "replay_us": statistics.median(times[name]),
+            "raw_replay_us": times[name],
+            "gate_up_us": statistics.median(gate_up) if gate_up else None,
+            "kernels": {k: [statistics.median(v), len(v) // replays] for k, v in sorted(kernels.items())},
+            "agrees_with_nccl": bool(torch.allclose(outs[name][-1], outs["nccl"][-1], rtol=0.05, atol=0.5)),
+        }
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--profile", type=int, default=5)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
+    configs = [c for c in args.configs.split(",") if c]
+    if set(configs) - set(CONFIGS):
+        parser.error(f"--configs: {', '.join(sorted(set(configs) - set(CONFIGS)))}: not among {', '.join(CONFIGS)}")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
-    gen = torch.Generator(device=device).manual_seed(rank)
-    weights = [
-        torch.randn(HIDDEN, GATE_UP, generator=gen, device=device, dtype=torch.bfloat16) / 64 for _ in range(LAYERS)
+    shape = tp_decode.Shape(world, 8, 1024)
+    weights = tp_decode.make_weights(shape, rank, device)
+    norms = tp_decode.make_norms(shape, device)
+    cache = tp_decode.make_cache(shape, 1, device)
+    gen = torch.Generator(device=device).manual_seed(9)  # the same rows on every rank: the residual stream's input
+    rows = [torch.randn(1, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16) for _ in range(shape.layers)]
+    attention = [
+        torch.randn(1, shape.q_heads * tp_decode.HEAD_DIM, device=device, dtype=torch.bfloat16)
+        for _ in range(shape.layers)
     ]
-    ys = [torch.randn(1, HIDDEN, generator=gen, device=device, dtype=torch.bfloat16) for _ in range(LAYERS)]
-    norm = torch.rand(HIDDEN, generator=gen, device=device, dtype=torch.bfloat16) + 0.5
-    x0 = torch.randn(1, HIDDEN, generator=torch.Generator(device=device).manual_seed(9), device=device)
-    x0 = x0.to(torch.bfloat16)
 
     from executor import Communicator
 
     comm = Communicator.from_process_group()
     fi = peers.FlashInfer.create(max_bytes=HIDDEN * 2)
-
-    def weft_norm(y, x):
-        return comm.all_reduce(y, residual=x, rms_weight=norm, eps=EPS)
-
-    def fi_norm(y, x):
-        return fi.fused_norm(y, x, norm, EPS, "auto")
-
-    def nccl_norm(y, x):
-        t = y.clone()
-        dist.all_reduce(t)
-        x = x + t
-        return F.rms_norm(x, (HIDDEN,), norm, EPS), x
-
-    def torch_norm(y, x):
-        x = x + y
-        return F.rms_norm(x, (HIDDEN,), norm, EPS), x
-
-    backends = {"none": (torch_norm, None), "nccl": (nccl_norm, None), "weft": (weft_norm, comm.capture)}
-    backends["flashinfer"] = (fi_norm, None)
-    outs: dict[str, list[torch.Tensor]] = {}
-    graphs: dict[str, torch.cuda.CUDAGraph] = {}
-    for name, (call, capture) in backends.items():
-        holder: list[torch.Tensor] = []
-
-        def layers(call=call, holder=holder) -> None:
-            holder.clear()
-            x = x0
-            for y, w in zip(ys, weights, strict=True):
-                h, x = call(y, x)
-                holder.append(h @ w)
-
-        side = torch.cuda.Stream()
-        with capture() if capture else torch.cuda.device(device):
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    layers()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                layers()
-        graphs[name], outs[name] = graph, holder
-    for g in graphs.values():
-        g.replay()
-    torch.cuda.synchronize()
-    agree = {name: bool(torch.allclose(outs[name][-1], outs["nccl"][-1], rtol=0.05, atol=0.5)) for name in graphs}
-    times: dict[str, list[float]] = {name: [] for name in graphs}
-    order = list(graphs)
-    for i in range(args.iters):
-        for name in order[i % len(order) :] + order[: i % len(order)]:
-            times[name].append(replay_us(graphs[name]))
-    kernels = {name: kernel_times(g, args.profile) for name, g in graphs.items()}
+    backends = backends_of(comm, fi)
     mine = {
-        name: {
-            "replay_us": statistics.median(times[name]),
-            "raw_replay_us": times[name],
-            "gemm_us": statistics.median(kernels[name]["gemm"]),
-            "raw_gemm_us": kernels[name]["gemm"],
-            "other_us_per_layer": sum(kernels[name]["other"]) / args.profile / LAYERS,
-            "agrees_with_nccl": agree[name],
-        }
-        for name in graphs
+        c: measure(c, backends, shape, weights, norms, cache, (rows, attention), args.iters, args.profile)
+        for c in configs
     }
     everyone: list[dict] = [{} for _ in range(world)]
     dist.all_gather_object(everyone, mine)
     if rank == 0:
-        for r, rows in enumerate(everyone):
-            for name, row in rows.items():
-                print(
-                    f"rank {r} {name:10s} replay {row['replay_us']:8.1f} µs  gemm {row['gemm_us']:7.2f} µs  "
-                    f"other {row['other_us_per_layer']:6.2f} µs/layer  agrees {row['agrees_with_nccl']}"
+        for c in configs:
+            for name in backends:
+                line = "  ".join(
+                    f"r{r} {by[c][name]['replay_us']:8.1f} µs, gate-up {by[c][name]['gate_up_us'] or 0:7.2f}"
+                    for r, by in enumerate(everyone)
                 )
+                print(f"{c:5s} {name:10s} {line}  agrees {all(by[c][name]['agrees_with_nccl'] for by in everyone)}")
         doc = {
-            "what": "8 × [fused all-reduce + add + RMSNorm of a 1×8192 bf16 row; that row @ 8192×28672 bf16]",
+            "what": "tp_decode's batch-1 layers at TP=2 taken apart (bench/gemm_after.py's docstring): per config, "
+            "backend and rank the replay µs and each kernel's median µs and count a replay",
+            "configs": configs,
             "machine": torch.cuda.get_device_name(device),
             "versions": peers.run_versions(torch, flashinfer=True),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -171,8 +201,8 @@ def main() -> None:
             "by_rank": everyone,
         }
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    # no barrier here: its first run (twentieth session) wrote the JSON, then stalled until its limit in a
-    # dist.barrier() that followed; tp_decode.py ends with destroy_process_group() alone
+    # no barrier here: the first version's run wrote its JSON, then stalled until its limit in a dist.barrier()
+    # that followed; tp_decode.py ends with destroy_process_group() alone
     dist.destroy_process_group()
 
 
