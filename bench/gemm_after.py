@@ -40,6 +40,7 @@ import tp_decode  # noqa: E402  (its shapes, weights, KV cache, step, graph capt
 from step_profile import GATE_UP  # noqa: E402
 
 from executor.gpu import peers  # noqa: E402
+from executor.gpu.bootstrap import all_gather_plain  # noqa: E402
 
 CONFIGS = ("gemm", "o", "mlp", "step")
 HIDDEN, EPS = tp_decode.HIDDEN, tp_decode.EPS
@@ -180,8 +181,7 @@ def main() -> None:
         c: measure(c, backends, shape, weights, norms, cache, (rows, attention), args.iters, args.profile)
         for c in configs
     }
-    everyone: list[dict] = [{} for _ in range(world)]
-    dist.all_gather_object(everyone, mine)
+    everyone: list[dict] = all_gather_plain(mine)  # JSON, not pickles: nothing unpickles what a peer sent
     if rank == 0:
         for c in configs:
             for name in backends:

@@ -14,11 +14,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from executor.gpu.bootstrap import all_gather_plain  # noqa: E402
 
 HIDDEN = 8192  # Llama-70B
 GATE_UP = 28672  # 2 × 28672 columns over TP=2
@@ -78,8 +83,7 @@ def main() -> None:
                 raw[mode] += timed(graph, args.replays)
             dist.barrier()
             time.sleep(0.05)  # the idle rank idles; the clocks settle alike before each mode
-    gathered: list[dict[str, list[float]]] = [{} for _ in range(world)]
-    dist.all_gather_object(gathered, raw)
+    gathered: list[dict[str, list[float]]] = all_gather_plain(raw)  # JSON, not pickles (tests/test_bootstrap_trust.py)
     if rank == 0:
         rows = []
         for r, times in enumerate(gathered):
