@@ -10,8 +10,8 @@ Each config is a CUDA graph of eight layers of tp_decode's Llama-70B shape at TP
   step  tp_decode's decode_step itself (qkv, the KV cat, attention, then as mlp)
 The backends: weft (Communicator, captured inside ``capture()``), FlashInfer's fused kernel, NCCL (all-reduce, then
 torch's add and norm) and ``none`` (torch's add and norm, no collective). A config's graphs replay in turns, then each
-under torch's profiler: every rank's replay time and each kernel's median µs and count, gate-up's apart. JSON to
---json (rank 0).
+under torch's profiler: every rank's replay time and each kernel's median µs and count, gate-up's apart, and how
+long NVML counted its clocks held down while the config replayed (executor.gpu.clocks). JSON to --json (rank 0).
 
     WEFT_REGISTRY=bench/registry_h200x2 torchrun --nproc-per-node 2 bench/gemm_after.py --configs gemm,o,mlp,step \
         --json $OUT/gemm_after_2xh200.json
@@ -41,6 +41,7 @@ from step_profile import GATE_UP  # noqa: E402
 
 from executor.gpu import peers  # noqa: E402
 from executor.gpu.bootstrap import all_gather_plain  # noqa: E402
+from executor.gpu.clocks import grown, violation_reader  # noqa: E402
 
 CONFIGS = ("gemm", "o", "mlp", "step")
 HIDDEN, EPS = tp_decode.HIDDEN, tp_decode.EPS
@@ -112,9 +113,11 @@ def backends_of(comm, fi) -> dict[str, tuple[Call, Callable[[], contextlib.Abstr
     }
 
 
-def measure(config: str, backends, shape, weights, norms, cache, fixed, iters: int, replays: int) -> dict:
+def measure(config: str, backends, shape, weights, norms, cache, fixed, iters: int, replays: int, read) -> dict:
     """This rank's figures for one config: per backend the replay µs (raw too), each kernel's median µs and count,
-    gate-up's median µs, and whether its last tensor agrees with NCCL's."""
+    gate-up's median µs, and whether its last tensor agrees with NCCL's; and, under ``clock_violations_ns``, how long
+    NVML counted the clocks held down while the config's graphs replayed in turns (``read``: executor.gpu.clocks'
+    reader, or None)."""
     graphs, outs = {}, {}
     side = torch.cuda.Stream()
     for name, (call, capture) in backends.items():
@@ -130,10 +133,11 @@ def measure(config: str, backends, shape, weights, norms, cache, fixed, iters: i
     torch.cuda.synchronize()
     times: dict[str, list[float]] = {name: [] for name in graphs}
     order = list(graphs)
+    before = read() if read else {}
     for i in range(iters):
         for name in order[i % len(order) :] + order[: i % len(order)]:
             times[name].append(tp_decode.time_replay(graphs[name]) * 1000)
-    result = {}
+    result: dict = {"clock_violations_ns": grown(before, read()) if read else {}}
     for name, graph in graphs.items():
         kernels = kernels_of(graph, replays)
         gate_up = [us for k, v in kernels.items() if k.startswith(GATE_UP) for us in v]
@@ -177,13 +181,15 @@ def main() -> None:
     comm = Communicator.from_process_group()
     fi = peers.FlashInfer.create(max_bytes=HIDDEN * 2)
     backends = backends_of(comm, fi)
+    read = violation_reader(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
     mine = {
-        c: measure(c, backends, shape, weights, norms, cache, (rows, attention), args.iters, args.profile)
+        c: measure(c, backends, shape, weights, norms, cache, (rows, attention), args.iters, args.profile, read)
         for c in configs
     }
     everyone: list[dict] = all_gather_plain(mine)  # JSON, not pickles: nothing unpickles what a peer sent
     if rank == 0:
         for c in configs:
+            print(f"{c:5s} clocks held down (ns, by rank): {[by[c]['clock_violations_ns'] for by in everyone]}")
             for name in backends:
                 line = "  ".join(
                     f"r{r} {by[c][name]['replay_us']:8.1f} µs, gate-up {by[c][name]['gate_up_us'] or 0:7.2f}"

@@ -18,7 +18,8 @@ their all-reduces read and write the captured tensors (no staging copies).
         --batch 1,4,16,64 --json bench/results/tp_decode_2xh200.json
 
 The JSON is written after every batch (``complete`` false until the last), so a run cut by a time limit keeps the
-batches it measured.
+batches it measured. Each row carries ``clock_violations_ns_by_rank``: how long NVML counted each GPU's clocks held
+down (power, thermal, ...) while that batch was timed (executor.gpu.clocks).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 from executor import RowNorm
 from executor.gpu import peers
 from executor.gpu.bench import turns
+from executor.gpu.clocks import grown, violation_reader
 from schedules.plan import load_plan
 
 HIDDEN, MLP, Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 64, 8, 128, 32000
@@ -262,6 +264,24 @@ def profile_columns(kernels: dict) -> dict:
     from executor.gpu.bootstrap import all_gather_plain
 
     return {"step_kernels": kernels, "step_kernels_by_rank": all_gather_plain(kernels, None)}
+
+
+def clock_limits(spent: dict[str, int]) -> dict:
+    """The row's ``clock_violations_ns_by_rank`` (collective): each rank's ns of clocks held down while the batch
+    was timed, by NVML's reason (executor.gpu.clocks; {} on a rank where NVML cannot answer), and a line on stderr
+    (rank 0) where a power, thermal or board limit counted any."""
+    from executor.gpu.bootstrap import all_gather_plain
+
+    by_rank = all_gather_plain(spent, None)
+    held = [
+        f"rank {r} {name} {ns / 1000:.0f} µs"
+        for r, counts in enumerate(by_rank)
+        for name, ns in counts.items()
+        if ns and name in ("power", "thermal", "board_limit", "reliability")
+    ]
+    if held and dist.get_rank() == 0:
+        print(f"tp_decode: clocks held down while timing: {', '.join(held)}", file=sys.stderr)
+    return {"clock_violations_ns_by_rank": by_rank}
 
 
 def time_replay(graph: torch.cuda.CUDAGraph) -> float:
@@ -703,18 +723,21 @@ def main() -> None:
     write = _results_writer(args, no_pdl, world, device, backends, fi, pinned, batches) if rank == 0 else None
     if write:
         write(rows)  # the trace's rows, or none yet: a run cut later still leaves what it measured
+    read_limits = violation_reader(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
     for batch in batches:
         if pinned is not None:
             comm.pin_norm_plan(batch * HIDDEN * 2, torch.bfloat16, RowNorm(HIDDEN, EPS), pinned)
         built, failed = _build_all(backends, shape, batch, weights, norms, device, rank)
         began = time.monotonic()
+        before = read_limits() if read_limits else {}
         times = time_alternating(built, args.iters)
+        limited = clock_limits(grown(before, read_limits()) if read_limits else {})
         if rank == 0:
             print(f"tp_decode: batch {batch}: timed in {time.monotonic() - began:.1f} s", file=sys.stderr)
         results = {name: summarize(name, g, times[name], shape, batch, lm_head) for name, g in built.items()}
         kernels = {name: profile_step(g.graphs["step"], args.profile) for name, g in built.items() if args.profile}
         del built
-        row = {"batch": batch, "tp": world, "failed": failed, **profile_columns(kernels)}
+        row = {"batch": batch, "tp": world, "failed": failed, **limited, **profile_columns(kernels)}
         if comm is not None and any(name.startswith("weft") for name in backends):
             _weft_columns(row, comm, batch)
         _result_columns(row, results)

@@ -1,6 +1,6 @@
 """examples/tp_decode.py's tools (torch on the CPU is enough): ``--no-pdl`` names the backends launched without
 programmatic dependent launch, and anything else is refused by argparse (exit 2, one line); ``--profile``'s table
-of the step's kernels by family."""
+of the step's kernels by family; and (on a GPU) NVML's clock counters for the GPU torch names."""
 
 from __future__ import annotations
 
@@ -111,3 +111,18 @@ def test_the_results_file_is_written_after_every_batch_and_says_when_it_is_compl
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tp.json"]  # written whole, then moved over the old
     args.json = None
     assert tp_decode._results_writer(args, no_pdl, 2, "cpu", {}, None, None, []) is None
+
+
+def test_nvml_counts_this_gpus_clocks_held_down_by_torchs_uuid():
+    """tp_decode's ``clock_violations_ns_by_rank``: NVML answers for the GPU torch names (a GPU and nvidia-ml-py
+    needed), with the power policy among the counted ones."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("pynvml")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from executor.gpu.clocks import violation_reader
+
+    read = violation_reader(str(torch.cuda.get_device_properties(0).uuid))
+    assert read is not None
+    counts = read()
+    assert "power" in counts and all(ns >= 0 for ns in counts.values())
