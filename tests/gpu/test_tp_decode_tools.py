@@ -126,3 +126,31 @@ def test_nvml_counts_this_gpus_clocks_held_down_by_torchs_uuid():
     assert read is not None
     counts = read()
     assert "power" in counts and all(ns >= 0 for ns in counts.values())
+
+
+CLOCK_LIMITS = r"""
+import importlib.util, sys, tempfile
+import torch.distributed as dist
+from pathlib import Path
+dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+spec = importlib.util.spec_from_file_location("tp_decode", Path(ROOT) / "examples" / "tp_decode.py")
+tp_decode = importlib.util.module_from_spec(spec)
+sys.modules["tp_decode"] = tp_decode  # its dataclasses look their module up
+spec.loader.exec_module(tp_decode)
+row = tp_decode.clock_limits({"power": 5_000, "low_utilization": 9_000_000, "thermal": 0})
+assert row == {"clock_violations_ns_by_rank": [{"power": 5_000, "low_utilization": 9_000_000, "thermal": 0}]}, row
+assert tp_decode.clock_limits({}) == {"clock_violations_ns_by_rank": [{}]}
+print("all ok")
+"""
+
+
+def test_each_ranks_clock_limits_go_into_the_row_and_a_limit_that_counted_is_said():
+    """``clock_limits`` on one CPU rank (gloo): the row holds every rank's counters as read; stderr names a power
+    limit that counted (5 µs) and not the low-utilization time NVML also counts."""
+    pytest.importorskip("torch")
+    from cpu_rank import run_script
+
+    done = run_script(f"ROOT = {str(ROOT)!r}\n" + CLOCK_LIMITS)
+    assert done.returncode == 0 and done.stdout.strip().endswith("all ok"), done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "clocks held down" in line]
+    assert said == ["tp_decode: clocks held down while timing: rank 0 power 5 µs"], done.stderr[-2000:]
