@@ -74,21 +74,12 @@ def layers_of(config: str, call: Call, shape: tp_decode.Shape, weights, norms, c
 
 
 def kernels_of(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, list[float]]:
-    """Each kernel name's µs over ``replays`` profiled replays (collective: every rank profiles the same graphs in
-    the same order)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
+    """Each kernel name's µs over ``replays`` profiled replays (tp_decode's ``profiled_events``; collective: every
+    rank profiles the same graphs in the same order, from a barrier)."""
     dist.barrier()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
     out: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            out.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    for name, _, us in tp_decode.profiled_events(graph, replays):
+        out.setdefault(name, []).append(us)
     return out
 
 

@@ -236,9 +236,10 @@ def step_kernels(events, replays: int, top: int = 12, sequence: int = 400) -> di
     }
 
 
-def profile_step(graph: torch.cuda.CUDAGraph, replays: int) -> dict:
-    """``step_kernels`` of ``replays`` replays of ``graph`` under torch's profiler (CUPTI traces the graph's kernel
-    nodes). Collective: every rank profiles the same graphs in the same order, so their collectives meet."""
+def profiled_events(graph: torch.cuda.CUDAGraph, replays: int) -> list[tuple[str, float, float]]:
+    """(kernel name, start µs, µs) of every device event in ``replays`` replays of ``graph`` under torch's profiler
+    (CUPTI traces the graph's kernel nodes). Collective where the graph holds collectives: every rank profiles the
+    same graphs in the same order, so their collectives meet."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -247,12 +248,16 @@ def profile_step(graph: torch.cuda.CUDAGraph, replays: int) -> dict:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    events = [
+    return [
         (e.name, e.time_range.start, e.time_range.elapsed_us())
         for e in prof.events()
         if e.device_type == DeviceType.CUDA
     ]
-    return step_kernels(events, replays)
+
+
+def profile_step(graph: torch.cuda.CUDAGraph, replays: int) -> dict:
+    """``step_kernels`` of ``replays`` profiled replays of ``graph`` (``profiled_events``; collective)."""
+    return step_kernels(profiled_events(graph, replays), replays)
 
 
 def profile_columns(kernels: dict) -> dict:

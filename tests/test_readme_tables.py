@@ -358,10 +358,7 @@ def test_the_twentieth_sessions_gate_barrier_ab_and_decode_claims_are_those_of_t
     assert f"{gate['total']['passed']} passed, 0 failed, every file" in text
     assert "e8963b2" in (RESULTS / "gate_s20_h200" / "gpus_call1.txt").read_text()
 
-    runs = {
-        side: json.loads((RESULTS / "s20_h200" / f"barriers_allreduce_2xh200_{side}.json").read_text())
-        for side in ("1_new", "2_base", "3_base", "4_new")
-    }
+    runs = {side: _s20(f"barriers_allreduce_2xh200_{side}.json") for side in ("1_new", "2_base", "3_base", "4_new")}
 
     def median(side: str, size: int, key: str) -> float:
         row = next(r for r in runs[side]["rows"] if r["size"] == size)
@@ -378,7 +375,7 @@ def test_the_twentieth_sessions_gate_barrier_ab_and_decode_claims_are_those_of_t
     assert f"16 KB {compiled[0]}, 256 KB {compiled[1]}, 1 MB {compiled[2]}" in flat
     assert f"does not touch, {interpreted[0]}, {interpreted[1]} and {interpreted[2]}" in flat
 
-    rows = [json.loads((RESULTS / "s20_h200" / f"tp_decode_2xh200_{n}.json").read_text())["rows"] for n in (1, 2, 3)]
+    rows = [_s20(f"tp_decode_2xh200_{n}.json")["rows"] for n in (1, 2, 3)]
     norm, fi = "weft-fused-norm", "flashinfer-fused"
     for batch, name in ((1, "batch 1"), (4, "batch 4"), (16, "batch 16"), (64, "batch 64")):
         got = [next(r for r in run if r["batch"] == batch) for run in rows]
