@@ -603,6 +603,19 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         help="weft's compiled kernels let the next programmatic launch start at their end, not their start",
     )
     p.add_argument(
+        "--weft-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="blocks a thread-block cluster in weft's launches (default 1: none, the Communicator's)",
+    )
+    p.add_argument(
+        "--weft-gemm-tail",
+        action="store_true",
+        help="an empty clustered launch after each of weft's calls (the Communicator's gemm_tail): the gate-up GEMM "
+        "after the call then runs as after FlashInfer's (bench/gemm_after.py)",
+    )
+    p.add_argument(
         "--only",
         default="",
         metavar="NAMES",
@@ -619,6 +632,8 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
     no_pdl = {x for x in args.no_pdl.split(",") if x}
     if no_pdl - {"weft", "flashinfer"}:
         p.error(f"--no-pdl: {', '.join(sorted(no_pdl - {'weft', 'flashinfer'}))}: only weft and flashinfer")
+    if args.weft_cluster < 1:
+        p.error(f"--weft-cluster {args.weft_cluster}: a cluster holds 1 block or more")
     return args, no_pdl
 
 
@@ -632,7 +647,11 @@ def make_backends(args: argparse.Namespace, no_pdl: set[str], rank: int) -> tupl
         from executor import Communicator
 
         comm = Communicator.from_process_group(
-            ll128=args.ll128, programmatic="weft" not in no_pdl, late_trigger=args.weft_late_trigger
+            ll128=args.ll128,
+            programmatic="weft" not in no_pdl,
+            late_trigger=args.weft_late_trigger,
+            cluster=args.weft_cluster,
+            gemm_tail=args.weft_gemm_tail,
         )
         if args.backend != "norm":
             backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
@@ -674,6 +693,8 @@ def _results_writer(args, no_pdl, world, device, backends, fi, pinned, batches):
         "trace": args.trace,
         "no_pdl": sorted(no_pdl),  # backends launched without programmatic dependent launch (--no-pdl)
         "weft_late_trigger": args.weft_late_trigger,
+        "weft_cluster": args.weft_cluster,  # blocks a cluster in weft's launches (--weft-cluster)
+        "weft_gemm_tail": args.weft_gemm_tail,  # an empty clustered launch after each weft call (--weft-gemm-tail)
         "weft_norm_plan": pinned.name if pinned is not None else None,  # --weft-norm-plan
         "backends_run": sorted(backends),  # the backends this run kept (--backend, --only)
         "eps": EPS,

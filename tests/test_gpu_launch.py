@@ -83,7 +83,8 @@ def test_residency_is_checked_for_the_block_size_of_each_plan(monkeypatch):
     comm = object.__new__(engine.InterpreterEngine)
     comm._kernels, comm._resident, comm.device = {}, {}, 0
     comm._module = SimpleNamespace(get_function=lambda name: SimpleNamespace(ptr=1))
-    comm._launcher = SimpleNamespace(prepare=lambda function, grid, block, args: (grid, block))
+    comm._launcher = SimpleNamespace(prepare=lambda function, grid, block, args, cluster: (grid, block))
+    comm._cluster, comm._cc, comm._resident_clusters, comm.launch_clusters = 1, "90", {}, {}
 
     def ctx(blocks: int, threads: int):
         return SimpleNamespace(
@@ -94,3 +95,4 @@ def test_residency_is_checked_for_the_block_size_of_each_plan(monkeypatch):
     assert comm._prepare(ctx(256, 512), "bf16", (np.int32(0),)) == (256, 512)
     with pytest.raises(ExecutorError, match="needs 256 thread blocks of 1024 threads at once but GPU 0 holds 132"):
         comm._prepare(ctx(256, 1024), "bf16", (np.int32(0),))
+    assert comm.launch_clusters == {1: 2}  # the two launches prepared, neither in a cluster

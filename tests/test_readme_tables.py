@@ -417,3 +417,77 @@ def _s20(name: str) -> dict:
     import json
 
     return json.loads((RESULTS / "s20_h200" / name).read_text())
+
+
+def _s21(name: str) -> dict:
+    import json
+
+    return json.loads((RESULTS / "s21_h200" / name).read_text())
+
+
+def _gate_up(name: str, config: str, backend: str) -> str:
+    ranks = _s21(name)["by_rank"]
+    return " / ".join(f"{ranks[r][config][backend]['gate_up_us']:.2f}" for r in (0, 1))
+
+
+def test_the_twenty_first_sessions_gemm_figures_are_those_of_their_files():
+    """docs/performance.md, the twenty-first session: the gate-up GEMM after each backend, config by config, after
+    mixed backends, after empty kernels in clusters and not, after weft's own kernel in clusters, and with
+    gemm_tail, as bench/gemm_after.py's files hold them."""
+    flat = _performance_text().replace("\n", " ")
+    bisect = "gemm_after_bisect_2xh200.json"
+    words_of = {"none": "no collective: ", "weft": "after weft's call ", "flashinfer": "FlashInfer's "}
+    for backend, words in words_of.items():
+        figures = ", ".join(_gate_up(bisect, c, backend) for c in ("gemm", "o", "mlp", "step"))
+        assert f"{words}{figures}" in flat
+    mix = "gemm_after_mix_2xh200.json"
+    assert f"({_gate_up(mix, 'step', 'weft+flashinfer')} and {_gate_up(mix, 'step', 'flashinfer>weft')})" in flat
+    assert f"({_gate_up(mix, 'step', 'weft/flashinfer')}; weft alone {_gate_up(mix, 'step', 'weft')}" in flat
+    probe = "gemm_after_probe_2xh200.json"
+    p = {b: _gate_up(probe, "step", b) for b in _s21(probe)["by_rank"][0]["step"] if b != "clock_violations_ns"}
+    assert f"one cluster of 8 blocks, {p['none+cluster8']}; of 66 clusters of 2, {p['none+cluster2']}" in flat
+    assert f"8 blocks in no cluster, {p['none+blocks8']} (none: {p['none']})" in flat
+    assert f"{p['weft+cluster8']} and {p['weft+cluster2']}, against {p['weft+blocks8']}" in flat
+    cluster, variants = "gemm_after_cluster_2xh200.json", "gemm_after_variants_2xh200.json"
+    for name in (cluster, variants):
+        assert _s21(name)["weft_launch_clusters"] == [{"2": 65}, {"2": 65}]  # weft's kernel in clusters of 2
+    pairs = {
+        b: f"{_gate_up(cluster, 'step', b)} and {_gate_up(variants, 'step', b)}"
+        for b in ("weft", "weft-c1", "weft+cluster2")
+    }
+    assert f"clusters of 2, {pairs['weft']}; in no cluster (`weft-c1`), {pairs['weft-c1']}" in flat
+    assert f"without PDL (`weft-nopdl`), {_gate_up(variants, 'step', 'weft-nopdl')}" in flat
+    assert f"empty clustered kernel, {pairs['weft+cluster2']}" in flat
+    tail = "gemm_after_tail_2xh200.json"
+    t = {b: _gate_up(tail, "step", b) for b in ("weft-tail", "weft", "flashinfer")}
+    assert f"takes {t['weft-tail']} with the tail against {t['weft']} without and {t['flashinfer']} after" in flat
+    ranks = _s21(tail)["by_rank"]
+    replay = {b: " / ".join(f"{ranks[r]['step'][b]['replay_us']:.1f}" for r in (0, 1)) for b in t}
+    assert f"replays in {replay['weft-tail']} µs against {replay['weft']} without and {replay['flashinfer']}" in flat
+    for name in (bisect, mix, probe, cluster, variants, tail):
+        by_rank = _s21(name)["by_rank"]
+        assert all(
+            by_rank[r][c][b]["agrees_with_nccl"]
+            for r in (0, 1)
+            for c in by_rank[r]
+            for b in by_rank[r][c]
+            if b != "clock_violations_ns" and not b.startswith("none")
+        )
+
+
+def test_the_twenty_first_sessions_tp_decode_ratios_are_those_of_their_files():
+    """docs/performance.md: weft-fused-norm's step over flashinfer-fused's, four runs with --weft-gemm-tail and five
+    without, every batch's logits within bound."""
+    flat = _performance_text().replace("\n", " ")
+    tail = [_s21(f"tp_decode_2xh200_tail_{n}.json") for n in (1, 2, 3, 4)]
+    plain = [_s21(f"tp_decode_2xh200_{n}.json") for n in ("notail_1", "c2_1", "c1_1", "notail_3", "notail_4")]
+    assert all(run["weft_gemm_tail"] for run in tail) and not any(run.get("weft_gemm_tail") for run in plain)
+    assert plain[1]["weft_cluster"] == 2
+    norm, fi = "weft-fused-norm", "flashinfer-fused"
+    for runs, words in ((tail, "with the tail: "), (plain, "without: ")):
+        parts = []
+        for batch in (1, 4, 16, 64):
+            rows = [r for run in runs for r in run["rows"] if r["batch"] == batch]
+            assert all(r[f"{norm}_logits_agree"] and r[f"{fi}_logits_agree"] for r in rows)
+            parts.append(f"batch {batch} " + " / ".join(f"{r[f'{norm}_ms'] / r[f'{fi}_ms']:.3f}" for r in rows))
+        assert words + ", ".join(parts) in flat

@@ -266,4 +266,7 @@ def test_trees_and_the_bound_stop_at_the_time_limit_on_1024_rank_switch_free_fab
     ):
         code, _, err = run(argv)
         line = _one_error_line(err)  # the command's deadline, or the solver's share of it, whichever ends first
-        assert code == 1 and ("--time-limit 1 s reached while" in line or "time limit reached while" in line), err
+        reached = code == 1 and ("--time-limit 1 s reached while" in line or "time limit reached while" in line)
+        # or, on a loaded machine, refused before it starts: its measured pace says it cannot finish in time
+        foreseen = code == 2 and "past --time-limit 1 s; nothing computed" in line
+        assert reached or foreseen, err

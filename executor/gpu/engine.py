@@ -252,23 +252,39 @@ class InterpreterEngine:
         ll128: bool = False,
         compiled: bool = False,
         late_trigger: bool = False,
+        cluster: int = 1,
+        gemm_tail: bool = False,
     ):
         """``programmatic``: launch with programmatic dependent launch (gpu_launch), so that back-to-back
         collectives overlap one kernel's start with the previous one's end; ``late_trigger``: compiled kernels let
-        the next programmatic launch start only at their end (by default at their start). ``trace``: run the timed
-        build of the interpreter (gpu_trace; slower, for diagnosis) and keep per-block phase times, read by
-        ``kernel_times``.
+        the next programmatic launch start only at their end (by default at their start). ``cluster``: launch each
+        kernel in thread-block clusters of this many blocks (Hopper and newer; 1, the default: none) where they
+        divide its grid and the GPU holds them all at once; the kernels do not use their clusters. ``gemm_tail``
+        (Hopper and newer): after each kernel, launch an empty one in one cluster of 8 blocks. A memory-bound
+        clustered cuBLAS GEMM after weft's call (tp_decode's gate-up projection, 470 MB of weights at TP=2) ran
+        113-120 µs on one GPU of two, and 107-108 µs on both after such an empty clustered launch; weft's own
+        kernel launched in clusters, with PDL or without, did not do it (bench/gemm_after.py; bench/NOTES.md,
+        the twenty-first session). It costs one launch a call.
+        ``trace``: run the timed build of the interpreter (gpu_trace; slower, for diagnosis) and keep per-block
+        phase times, read by ``kernel_times``.
         ``ll128``: by default, move LL plans' packets as LL128 lines (120 data bytes per 128-byte line instead of 8
         per 16) where the size allows (tables.lines_possible) and every rank's buffers are 8-byte aligned; a
         call's ``lines`` overrides it. Lines rely on NVLink delivering a warp's 128-byte store whole, as NCCL's LL128
         does, so use them on NVLink machines only. ``compiled``: by default, run each context's plan as a kernel of
         its own (``executor.gpu.compiled``: its ops compile-time constants, built through NVRTC and cached) where
         the generator takes it, the interpreter elsewhere; a call's ``compiled`` overrides it."""
+        if cluster < 1:
+            raise ExecutorError(f"executor: cluster {cluster}: a cluster holds one block or more")
         import cupy
 
         if not 0 <= rank < world_size:
             raise ExecutorError(f"executor: rank {rank} is not in 0..{world_size - 1}")
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self._cluster = cluster
+        self._gemm_tail = gemm_tail
+        self._tail: gpu_launch.Launch | None = None  # made at the first launch, on this engine's device
+        self._resident_clusters: dict[tuple[str, int], int] = {}  # (entry, threads) -> clusters the GPU holds
+        self.launch_clusters: dict[int, int] = {}  # blocks a cluster -> launches prepared with it (1: no cluster)
         self.store = store if store is not None else bootstrap.store_from_env(rank, world_size)
         self.device = cupy.cuda.runtime.getDevice() if device is None else device
         self._cupy = cupy
@@ -326,6 +342,8 @@ class InterpreterEngine:
         programmatic: bool = True,
         ll128: bool = False,
         compiled: bool = False,
+        cluster: int = 1,
+        gemm_tail: bool = False,
     ) -> InterpreterEngine:
         """A communicator over torch.distributed's default group, bootstrapped through its store."""
         import torch.distributed as dist
@@ -339,6 +357,8 @@ class InterpreterEngine:
             programmatic=programmatic,
             ll128=ll128,
             compiled=compiled,
+            cluster=cluster,
+            gemm_tail=gemm_tail,
         )
 
     # ------------------------------------------------------------------ running plans
@@ -1070,7 +1090,21 @@ class InterpreterEngine:
                 "or --threads"
             )
         function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel wraps the driver function
-        return self._launcher.prepare(function, t.nthreadblocks, t.threads, gpu_launch.Arguments.pack(args))
+        cluster = self._cluster_of(name, function, t.nthreadblocks, t.threads)
+        self.launch_clusters[cluster] = self.launch_clusters.get(cluster, 0) + 1
+        return self._launcher.prepare(function, t.nthreadblocks, t.threads, gpu_launch.Arguments.pack(args), cluster)
+
+    def _cluster_of(self, name: str, function: int, blocks: int, threads: int) -> int:
+        """The cluster this launch takes (``cluster`` in __init__): 1 before Hopper, where it does not divide the
+        grid, or where the GPU cannot hold the grid's clusters all at once (the blocks wait on each other)."""
+        cluster = self._cluster
+        if cluster == 1 or int(self._cc) < 90 or blocks % cluster:
+            return 1
+        fits = self._resident_clusters.get((name, threads))
+        if fits is None:
+            fits = self._launcher.resident_clusters(function, threads, cluster)
+            self._resident_clusters[(name, threads)] = fits
+        return cluster if fits * cluster >= blocks else 1
 
     def _launch(
         self,
@@ -1092,7 +1126,11 @@ class InterpreterEngine:
             launch = ctx.launch = ctx.launch or self._prepare(ctx, dtype, ctx.args)
         else:
             launch = self._prepare(ctx, dtype, args, compiled)
-        launch(self._stream_handle(stream, framework))
+        handle = self._stream_handle(stream, framework)
+        launch(handle)
+        if self._gemm_tail and int(self._cc) >= 90:
+            self._tail = self._tail or gpu_launch.cluster_tail(gpu_launch.Launcher(programmatic=False), self._cupy)
+            self._tail(handle)
 
     def _raise_device_error(self, recover: bool = True) -> None:
         """Raise what the device's error record says. With ``recover``, every rank first recovers together; without

@@ -19,6 +19,7 @@ import numpy as np
 from executor.errors import ExecutorError
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: (x, y, z) blocks a cluster
 
 
 class _Attribute(ctypes.Structure):
@@ -79,6 +80,11 @@ class Launch:
     args: Arguments
     attribute: Any  # kept alive: config points at it
 
+    @property
+    def cluster(self) -> int:
+        """Blocks a thread-block cluster in this launch (1: no cluster attribute)."""
+        return cluster_of(self.config)
+
     def __call__(self, stream: int) -> None:
         self.config.hStream = stream
         code = self.driver.cuLaunchKernelEx(ctypes.byref(self.config), self.function, self.args.pointers, None)
@@ -96,20 +102,61 @@ class Launcher:
         except OSError as e:
             raise ExecutorError(f"executor: cannot load the CUDA driver (libcuda.so.1): {e}") from e
         self._driver.cuLaunchKernelEx.restype = ctypes.c_int
+        self._driver.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
 
-    def prepare(self, function: int, grid: int, block: int, args: Arguments) -> Launch:
-        attribute = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
-        attribute.value[0] = 1  # programmaticStreamSerializationAllowed
-        config = _Config(
-            grid,
-            1,
-            1,
-            block,
-            1,
-            1,
-            0,
-            None,
-            ctypes.pointer(attribute) if self.programmatic else None,
-            1 if self.programmatic else 0,
+    def resident_clusters(self, function: int, block: int, cluster: int) -> int:
+        """How many clusters of ``cluster`` blocks of ``block`` threads of ``function`` the device holds at once
+        (the driver's cuOccupancyMaxActiveClusters; a cluster's blocks must share one GPC, so this can be fewer
+        than the resident blocks over ``cluster``); 0 where the driver refuses the question."""
+        config, _attributes = launch_config(cluster, block, False, cluster)
+        count = ctypes.c_int(0)
+        code = self._driver.cuOccupancyMaxActiveClusters(
+            ctypes.byref(count), ctypes.c_void_p(function), ctypes.byref(config)
         )
-        return Launch(self._driver, ctypes.c_void_p(function), config, args, attribute)
+        return count.value if code == 0 else 0
+
+    def prepare(self, function: int, grid: int, block: int, args: Arguments, cluster: int = 1) -> Launch:
+        """``cluster``: blocks a thread-block cluster (1: no cluster attribute; else it must divide ``grid``)."""
+        config, attributes = launch_config(grid, block, self.programmatic, cluster)
+        return Launch(self._driver, ctypes.c_void_p(function), config, args, attributes)
+
+
+def launch_config(grid: int, block: int, programmatic: bool, cluster: int = 1) -> tuple[_Config, Any]:
+    """cuLaunchKernelEx's config for a 1-D launch and the attributes it points at (keep both alive): PDL where
+    ``programmatic``, clusters of ``cluster`` blocks where above 1."""
+    if cluster < 1 or grid % cluster:
+        raise ExecutorError(f"executor: a cluster of {cluster} blocks does not divide a grid of {grid}")
+    attributes = (_Attribute * 2)()
+    count = 0
+    if programmatic:
+        attributes[count].id = PROGRAMMATIC_STREAM_SERIALIZATION
+        attributes[count].value[0] = 1  # programmaticStreamSerializationAllowed
+        count += 1
+    if cluster > 1:
+        attributes[count].id = CLUSTER_DIMENSION
+        ctypes.memmove(attributes[count].value, (ctypes.c_uint * 3)(cluster, 1, 1), 12)
+        count += 1
+    return _Config(grid, 1, 1, block, 1, 1, 0, None, attributes if count else None, count), attributes
+
+
+def cluster_of(config: _Config) -> int:
+    """Blocks a thread-block cluster in a launch of ``config`` (1: no cluster attribute)."""
+    for i in range(config.numAttrs):
+        if config.attrs[i].id == CLUSTER_DIMENSION:
+            return int.from_bytes(bytes(config.attrs[i].value[:4]), "little")
+    return 1
+
+
+TAIL_SOURCE = r"""
+extern "C" __global__ void weft_cluster_tail() {}
+"""
+TAIL_CLUSTER = 8  # one cluster of 8 blocks (the portable largest)
+
+
+def cluster_tail(driver_launcher: Launcher, cupy: Any) -> Launch:
+    """An empty kernel in one thread-block cluster, launched without PDL: the engine's ``gemm_tail``, launched
+    after each collective so that a clustered GEMM after it runs as fast as after an empty clustered launch."""
+    kernel = cupy.RawModule(code=TAIL_SOURCE).get_function("weft_cluster_tail")
+    function = getattr(kernel, "kernel", kernel).ptr
+    config, attributes = launch_config(TAIL_CLUSTER, 32, programmatic=False, cluster=TAIL_CLUSTER)
+    return Launch(driver_launcher._driver, ctypes.c_void_p(function), config, Arguments.pack([]), attributes)

@@ -186,7 +186,9 @@ class Communicator:
         compiled to a kernel of its own where the generator takes it (``executor.gpu.compiled``), else interpreted;
         ``programmatic`` (one host, default True): launch with programmatic dependent launch (Hopper and newer);
         ``late_trigger`` (one host): compiled kernels let the next programmatic launch start at their end, not their
-        start."""
+        start; ``cluster`` (one host, default 1: none): blocks a thread-block cluster in each launch;
+        ``gemm_tail`` (one host): an empty clustered launch after each call, for the clustered GEMM after it (the
+        interpreter engine's ``cluster`` and ``gemm_tail``)."""
         hosts = bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
         rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         if len(set(hosts)) > 1:
@@ -217,6 +219,8 @@ class Communicator:
                 compiled=options.pop("compiled", False),
                 programmatic=options.pop("programmatic", True),
                 late_trigger=options.pop("late_trigger", False),
+                cluster=options.pop("cluster", 1),
+                gemm_tail=options.pop("gemm_tail", False),
             )
         except Exception as e:  # no CuPy, no driver, IPC refused: each means NCCL for this job, not a crash
             why = f"rank {rank}: the GPU executor did not start: {e}"

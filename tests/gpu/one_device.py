@@ -165,6 +165,8 @@ def rank_main(
     timeout_s: float,
     dtypes: tuple[str, ...] = DTYPES,
     compiled: bool = False,
+    cluster: int = 1,
+    gemm_tail: bool = False,
 ) -> None:
     import cupy
 
@@ -172,7 +174,7 @@ def rank_main(
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cupy.cuda.Device(device).use()
-    comm = InterpreterEngine(rank, world, device=device, timeout_s=timeout_s)
+    comm = InterpreterEngine(rank, world, device=device, timeout_s=timeout_s, cluster=cluster, gemm_tail=gemm_tail)
     results = {}
     for k, (path, nbytes, dtype, lines) in enumerate(cases(plans, sizes, dtypes)):
         plan = load_plan(path)
@@ -195,6 +197,7 @@ def rank_main(
             except Exception as e:
                 results[label] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     comm.close()
+    (out_dir / f"rank{rank}.launches.json").write_text(json.dumps({str(k): v for k, v in comm.launch_clusters.items()}))
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
 
 
@@ -221,7 +224,12 @@ def launch(out: Path, argv: list[str], nproc: int, wait_s: float) -> dict:
     ranks = {
         r: json.loads((work / f"rank{r}.json").read_text()) for r in range(nproc) if (work / f"rank{r}.json").exists()
     }
-    return {"nproc": nproc, "exit_codes": codes, "ranks": ranks}
+    clusters = {  # rank -> {blocks a cluster: launches prepared with it}
+        r: json.loads((work / f"rank{r}.launches.json").read_text())
+        for r in range(nproc)
+        if (work / f"rank{r}.launches.json").exists()
+    }
+    return {"nproc": nproc, "exit_codes": codes, "ranks": ranks, "launch_clusters": clusters}
 
 
 def main() -> int:
@@ -234,6 +242,8 @@ def main() -> int:
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of fp32, bf16")
     parser.add_argument("--compiled", action="store_true", help="each plan as its own kernel, not interpreted")
     parser.add_argument("--timeout", type=float, default=60.0, help="each GPU wait's bound (s)")
+    parser.add_argument("--cluster", type=int, default=1, help="blocks a thread-block cluster (the engine's cluster)")
+    parser.add_argument("--gemm-tail", action="store_true", help="an empty clustered launch after each (gemm_tail)")
     parser.add_argument("--wait", type=float, default=500.0, help="the whole job's bound (s)")
     parser.add_argument("--rank-of", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -248,7 +258,8 @@ def main() -> int:
         return 2
     plans = args.plans or sorted((HERE / ("plans" if args.nproc == 2 else f"plans{args.nproc}")).glob("*.json"))
     if args.rank_of:
-        rank_main(args.rank_of, plans, sizes, args.device, args.timeout, dtypes, args.compiled)
+        options = (args.compiled, args.cluster, args.gemm_tail)
+        rank_main(args.rank_of, plans, sizes, args.device, args.timeout, dtypes, *options)
         return 0
     forwarded = [
         str(args.results),
@@ -264,6 +275,9 @@ def main() -> int:
         "--dtypes",
         args.dtypes,
         *(["--compiled"] if args.compiled else []),
+        "--cluster",
+        str(args.cluster),
+        *(["--gemm-tail"] if args.gemm_tail else []),
     ]
     job = launch(args.results, forwarded, args.nproc, args.wait)
     names = sorted({n for r in job["ranks"].values() for n in r})

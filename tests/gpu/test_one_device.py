@@ -47,6 +47,30 @@ def compiled_job(tmp_path_factory) -> dict:
     return _one_device(tmp_path_factory, "--sizes", "64KB", "--compiled", plans=plans, wait_s=240)
 
 
+@pytest.fixture(scope="module")
+def clustered_job(tmp_path_factory) -> dict:
+    return _one_device(tmp_path_factory, "--sizes", "64KB", "--cluster", "2", "--gemm-tail", wait_s=120)
+
+
+def _hopper() -> bool:
+    import torch
+
+    return torch.cuda.get_device_capability(0)[0] >= 9
+
+
+def test_launches_take_clusters_only_when_asked_and_the_outputs_stay_numpys(job, clustered_job):
+    """The engine's ``cluster``: by default (1) no launch takes a cluster; with 2, on Hopper, launches of an even
+    grid take clusters of 2 blocks, and every output is still numpy's, bit for bit, with an empty clustered launch
+    after each (``gemm_tail``) too."""
+    assert clustered_job["failed"] == [] and clustered_job["cases"] > 20
+    assert all(set(c) == {"1"} for c in job["launch_clusters"].values())
+    assert len(clustered_job["launch_clusters"]) == nproc()
+    for clusters in clustered_job["launch_clusters"].values():
+        assert set(clusters) <= {"1", "2"}
+        if _hopper():
+            assert clusters.get("2", 0) > 0
+
+
 def test_every_rank_ran_to_the_end(job):
     assert job["exit_codes"] == [0] * nproc()
     assert len(job["ranks"]) == nproc() and job["cases"] > 50

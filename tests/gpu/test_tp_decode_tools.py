@@ -39,6 +39,19 @@ def test_an_unknown_backend_for_no_pdl_is_refused_in_one_line(monkeypatch, capsy
     assert e.value.code == 2 and "--no-pdl: nccl: only weft and flashinfer" in capsys.readouterr().err
 
 
+def test_weft_cluster_and_gemm_tail_default_as_the_communicator_and_a_cluster_below_one_is_refused(monkeypatch, capsys):
+    tp_decode = _tp_decode(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py"])
+    assert tp_decode.parse_args()[0].weft_cluster == 1 and not tp_decode.parse_args()[0].weft_gemm_tail
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py", "--weft-cluster", "2", "--weft-gemm-tail"])
+    assert tp_decode.parse_args()[0].weft_cluster == 2 and tp_decode.parse_args()[0].weft_gemm_tail
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py", "--weft-cluster", "0"])
+    with pytest.raises(SystemExit) as e:
+        tp_decode.parse_args()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "--weft-cluster 0: a cluster holds 1 block or more" in err[-1]
+
+
 def test_step_kernels_sums_each_family_per_step_and_ranks_the_kernels(monkeypatch):
     """``--profile``'s table from (kernel name, start µs, µs) events of 2 replays: per step, by family, the top
     kernels, and the last replay's kernels in launch order with their starts from its first."""

@@ -98,6 +98,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="ordinary launches instead of programmatic dependent launches",
     )
     p.add_argument(
+        "--cluster",
+        type=int,
+        default=1,
+        help="blocks a thread-block cluster in each kernel launch (Hopper and newer; default 1: none)",
+    )
+    p.add_argument(
         "--ll128",
         action="store_true",
         help="LL plans may move their packets as LL128 lines (NVLink machines only): run uses them, bench "
@@ -126,6 +132,8 @@ class RankFailed(WeftError):
 
 def _spawn(args: argparse.Namespace) -> int | None:
     """Start one process per GPU running this same command; None when this process is already a rank."""
+    if args.cluster < 1:
+        raise ArgumentError(f"weft: --cluster {args.cluster}: a cluster holds 1 block or more")
     _require_gpu_stack()
     if "RANK" in os.environ:
         return None
@@ -241,7 +249,7 @@ def _init_rank(args: argparse.Namespace, port: bool = False, compiled: bool = Fa
     from executor.gpu.engine import InterpreterEngine
 
     comm = InterpreterEngine.from_process_group(
-        timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128, compiled=compiled
+        timeout_s=args.timeout, programmatic=args.pdl, ll128=args.ll128, compiled=compiled, cluster=args.cluster
     )
     return comm, rank, world
 
@@ -517,6 +525,7 @@ def _bench_document(args, config, rows, world: int, torch, comm=None) -> dict:
             "timer": "CUDA events",
             "order": TURNS_ORDER,
             "programmatic_launch": args.pdl,
+            "cluster": args.cluster,
             "ll128": args.ll128,
             "compiled": args.compiled,
         },
