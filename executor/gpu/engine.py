@@ -1129,7 +1129,7 @@ class InterpreterEngine:
         handle = self._stream_handle(stream, framework)
         launch(handle)
         if self._gemm_tail and int(self._cc) >= 90:
-            self._tail = self._tail or gpu_launch.cluster_tail(gpu_launch.Launcher(programmatic=False), self._cupy)
+            self._tail = self._tail or gpu_launch.cluster_tail(self._cupy)
             self._tail(handle)
 
     def _raise_device_error(self, recover: bool = True) -> None:

@@ -153,10 +153,9 @@ extern "C" __global__ void weft_cluster_tail() {}
 TAIL_CLUSTER = 8  # one cluster of 8 blocks (the portable largest)
 
 
-def cluster_tail(driver_launcher: Launcher, cupy: Any) -> Launch:
+def cluster_tail(cupy: Any) -> Launch:
     """An empty kernel in one thread-block cluster, launched without PDL: the engine's ``gemm_tail``, launched
     after each collective so that a clustered GEMM after it runs as fast as after an empty clustered launch."""
     kernel = cupy.RawModule(code=TAIL_SOURCE).get_function("weft_cluster_tail")
     function = getattr(kernel, "kernel", kernel).ptr
-    config, attributes = launch_config(TAIL_CLUSTER, 32, programmatic=False, cluster=TAIL_CLUSTER)
-    return Launch(driver_launcher._driver, ctypes.c_void_p(function), config, Arguments.pack([]), attributes)
+    return Launcher(programmatic=False).prepare(function, TAIL_CLUSTER, 32, Arguments.pack([]), TAIL_CLUSTER)

@@ -189,6 +189,8 @@ class Communicator:
         start; ``cluster`` (one host, default 1: none): blocks a thread-block cluster in each launch;
         ``gemm_tail`` (one host): an empty clustered launch after each call, for the clustered GEMM after it (the
         interpreter engine's ``cluster`` and ``gemm_tail``)."""
+        if options.get("cluster", 1) < 1:  # a wrong option is the caller's error, not a reason to fall back to NCCL
+            raise ValueError(f"weft: Communicator: cluster {options['cluster']}: a cluster holds 1 block or more")
         hosts = bootstrap.all_gather_plain(host_identity(), group)  # plain data, never a pickle
         rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         if len(set(hosts)) > 1:
