@@ -7,6 +7,9 @@
 #                                       then leaves out tests/test_smt.py, which imports z3 as it is collected
 #   .carry_*/platformdirs-*.whl         platformdirs (weft's proof cache names its folder with it), from
 #                                       .carry_solvers, .carry_ort or .carry_peers, whichever travelled
+#   .carry_kernels/kernel_cache.tgz     a kernel cache (folder wk/) brought back from an earlier call's $OUT
+#                                       (`tar -czf $OUT/kernel_cache.tgz -C /tmp wk`): unpacked into /tmp/wk and
+#                                       made WEFT_KERNEL_CACHE, so tp_decode's compiled kernels are not built again
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 WEFT_SITE=/tmp/weft-solvers
 mkdir -p "$WEFT_SITE"
@@ -21,3 +24,9 @@ for wheel in .carry_solvers/platformdirs-*.whl .carry_ort/platformdirs-*.whl .ca
   fi
 done
 export WEFT_SITE
+if [ -f .carry_kernels/kernel_cache.tgz ] && [ ! -d /tmp/wk ]; then
+  tar -xzf .carry_kernels/kernel_cache.tgz -C /tmp && chmod 700 /tmp/wk
+fi
+if [ -d /tmp/wk ]; then
+  export WEFT_KERNEL_CACHE=/tmp/wk
+fi

@@ -179,6 +179,7 @@ WEFT_VARIANTS: dict[str, dict[str, object]] = {  # --weft-variants: the Communic
     "nopdl": {"programmatic": False},
     "nopdl-c1": {"programmatic": False, "cluster": 1},
     "c2": {"cluster": 2},
+    "c8": {"cluster": 8},
     "tail": {"gemm_tail": True},
 }
 
@@ -242,8 +243,8 @@ def main() -> None:
         "--weft-variants",
         default="",
         help=f"more weft backends, comma-separated, each on a Communicator of its own: {', '.join(WEFT_VARIANTS)} "
-        "(c1/c2: launches in no thread-block cluster / clusters of 2; nopdl: without programmatic dependent launch; "
-        "tail: an empty clustered launch after each call)",
+        "(c1/c2/c8: launches in no thread-block cluster / clusters of 2 / of 8; nopdl: without programmatic "
+        "dependent launch; tail: an empty clustered launch after each call)",
     )
     parser.add_argument(
         "--mix",
