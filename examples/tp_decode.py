@@ -616,6 +616,12 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         "after the call then runs as after FlashInfer's (bench/gemm_after.py)",
     )
     p.add_argument(
+        "--weft-tail-ab",
+        action="store_true",
+        help="one more backend, weft-fused-norm-tail: weft-fused-norm on a Communicator of its own with gemm_tail, "
+        "timed in the same job (an A/B of the tail; --weft-norm-plan pins weft-fused-norm's plan only)",
+    )
+    p.add_argument(
         "--only",
         default="",
         metavar="NAMES",
@@ -634,6 +640,8 @@ def parse_args() -> tuple[argparse.Namespace, set[str]]:
         p.error(f"--no-pdl: {', '.join(sorted(no_pdl - {'weft', 'flashinfer'}))}: only weft and flashinfer")
     if args.weft_cluster < 1:
         p.error(f"--weft-cluster {args.weft_cluster}: a cluster holds 1 block or more")
+    if args.weft_tail_ab and args.weft_gemm_tail:
+        p.error("--weft-tail-ab: weft-fused-norm-tail is the tail's side of the A/B; leave out --weft-gemm-tail")
     return args, no_pdl
 
 
@@ -657,6 +665,15 @@ def make_backends(args: argparse.Namespace, no_pdl: set[str], rank: int) -> tupl
             backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
             backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
         backends["weft-fused-norm"] = Backend(fused(comm), comm.all_reduce, comm.capture, fused_norm(comm))
+        if args.weft_tail_ab:  # the same on a Communicator of its own that launches the cluster tail
+            tail = Communicator.from_process_group(
+                ll128=args.ll128,
+                programmatic="weft" not in no_pdl,
+                late_trigger=args.weft_late_trigger,
+                cluster=args.weft_cluster,
+                gemm_tail=True,
+            )
+            backends["weft-fused-norm-tail"] = Backend(fused(tail), tail.all_reduce, tail.capture, fused_norm(tail))
     if args.backend in ("both", "norm"):
         try:
             fi = peers.FlashInfer.create(
@@ -695,6 +712,7 @@ def _results_writer(args, no_pdl, world, device, backends, fi, pinned, batches):
         "weft_late_trigger": args.weft_late_trigger,
         "weft_cluster": args.weft_cluster,  # blocks a cluster in weft's launches (--weft-cluster)
         "weft_gemm_tail": args.weft_gemm_tail,  # an empty clustered launch after each weft call (--weft-gemm-tail)
+        "weft_tail_ab": args.weft_tail_ab,  # weft-fused-norm-tail beside weft-fused-norm (--weft-tail-ab)
         "weft_norm_plan": pinned.name if pinned is not None else None,  # --weft-norm-plan
         "backends_run": sorted(backends),  # the backends this run kept (--backend, --only)
         "eps": EPS,

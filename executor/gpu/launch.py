@@ -80,11 +80,6 @@ class Launch:
     args: Arguments
     attribute: Any  # kept alive: config points at it
 
-    @property
-    def cluster(self) -> int:
-        """Blocks a thread-block cluster in this launch (1: no cluster attribute)."""
-        return cluster_of(self.config)
-
     def __call__(self, stream: int) -> None:
         self.config.hStream = stream
         code = self.driver.cuLaunchKernelEx(ctypes.byref(self.config), self.function, self.args.pointers, None)

@@ -52,6 +52,16 @@ def test_weft_cluster_and_gemm_tail_default_as_the_communicator_and_a_cluster_be
     assert e.value.code == 2 and "--weft-cluster 0: a cluster holds 1 block or more" in err[-1]
 
 
+def test_the_tail_ab_is_refused_beside_the_tail_itself_in_one_line(monkeypatch, capsys):
+    tp_decode = _tp_decode(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py", "--weft-tail-ab"])
+    assert tp_decode.parse_args()[0].weft_tail_ab
+    monkeypatch.setattr(sys, "argv", ["tp_decode.py", "--weft-tail-ab", "--weft-gemm-tail"])
+    with pytest.raises(SystemExit) as e:
+        tp_decode.parse_args()
+    assert e.value.code == 2 and "--weft-tail-ab: weft-fused-norm-tail is the tail's side" in capsys.readouterr().err
+
+
 def test_step_kernels_sums_each_family_per_step_and_ranks_the_kernels(monkeypatch):
     """``--profile``'s table from (kernel name, start µs, µs) events of 2 replays: per step, by family, the top
     kernels, and the last replay's kernels in launch order with their starts from its first."""
