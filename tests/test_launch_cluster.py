@@ -100,11 +100,3 @@ def test_the_cli_refuses_a_cluster_below_one_in_one_line(argv):
     assert code == 2
     lines = err.getvalue().strip().splitlines()
     assert len(lines) == 1 and "--cluster" in lines[0], lines
-
-
-def test_a_communicator_refuses_a_cluster_below_one_instead_of_falling_back_to_nccl():
-    pytest.importorskip("torch")
-    from executor import Communicator
-
-    with pytest.raises(ValueError, match="cluster 0: a cluster holds 1 block or more"):
-        Communicator.from_process_group(cluster=0)  # before any process group is asked
