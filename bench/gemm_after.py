@@ -132,14 +132,13 @@ def backends_of(
         return call
 
     for mix in mixes:
-        sep = next(c for c in "/+>" if c in mix)
-        a, b = mix.split(sep)
-        if sep == "/":
-            pair = (calls[a], calls[b])
-        else:  # a+b: a's call, then b's; b>a: b's first (here a names b's spare, as written)
-            one = spare(a, b, False) if sep == "+" else spare(b, a, True)
+        kind, main, other = parse_mix(mix) or ("", "", "")  # checked by mix_ok before
+        if kind == "/":
+            pair = (calls[main], calls[other])
+        else:
+            one = spare(main, other, other_first=kind == ">")
             pair = (one, one)
-        out[mix] = (pair, comm.capture if "weft" in (a, b) else contextlib.nullcontext)
+        out[mix] = (pair, comm.capture if "weft" in (main, other) else contextlib.nullcontext)
     return out
 
 
@@ -184,15 +183,24 @@ WEFT_VARIANTS: dict[str, dict[str, object]] = {  # --weft-variants: the Communic
 }
 
 
-def mix_ok(mix: str) -> bool:
-    """Whether ``mix`` is a/b, a+b or b>a of BACKENDS, with a probe (PROBES) allowed as b's spare alone."""
+def parse_mix(mix: str) -> tuple[str, str, str] | None:
+    """``mix`` as (kind, main, other): for a/b ("/") a's call before the MLP and b's after it; for a+b ("+") a's call
+    then b's on a spare row; for b>a (">") b's on the spare row first, then a's. None where it has not one of the
+    three separators, once."""
     seps = [c for c in "/+>" if c in mix]
     if len(seps) != 1 or mix.count(seps[0]) != 1:
-        return False
+        return None
     left, right = mix.split(seps[0])
-    main, spare = {"/": (left, right), "+": (left, right), ">": (right, left)}[seps[0]]
-    allowed = set(BACKENDS) if seps[0] == "/" else set(BACKENDS) | set(PROBES)
-    return main in BACKENDS and spare in allowed
+    return (seps[0], right, left) if seps[0] == ">" else (seps[0], left, right)
+
+
+def mix_ok(mix: str) -> bool:
+    """Whether ``mix`` is a/b, a+b or b>a of BACKENDS, with a probe (PROBES) allowed as b's spare alone."""
+    parsed = parse_mix(mix)
+    if parsed is None:
+        return False
+    kind, main, other = parsed
+    return main in BACKENDS and other in (set(BACKENDS) if kind == "/" else set(BACKENDS) | set(PROBES))
 
 
 def measure(config: str, backends, shape, weights, norms, cache, fixed, iters: int, replays: int, read) -> dict:

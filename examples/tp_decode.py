@@ -654,25 +654,19 @@ def make_backends(args: argparse.Namespace, no_pdl: set[str], rank: int) -> tupl
     if args.backend in ("weft", "both", "norm"):
         from executor import Communicator
 
-        comm = Communicator.from_process_group(
-            ll128=args.ll128,
-            programmatic="weft" not in no_pdl,
-            late_trigger=args.weft_late_trigger,
-            cluster=args.weft_cluster,
-            gemm_tail=args.weft_gemm_tail,
-        )
+        options = {
+            "ll128": args.ll128,
+            "programmatic": "weft" not in no_pdl,
+            "late_trigger": args.weft_late_trigger,
+            "cluster": args.weft_cluster,
+        }
+        comm = Communicator.from_process_group(**options, gemm_tail=args.weft_gemm_tail)
         if args.backend != "norm":
             backends["weft"] = Backend(reducing(comm.all_reduce), comm.all_reduce, comm.capture)
             backends["weft-fused"] = Backend(fused(comm), comm.all_reduce, comm.capture)
         backends["weft-fused-norm"] = Backend(fused(comm), comm.all_reduce, comm.capture, fused_norm(comm))
         if args.weft_tail_ab:  # the same on a Communicator of its own that launches the cluster tail
-            tail = Communicator.from_process_group(
-                ll128=args.ll128,
-                programmatic="weft" not in no_pdl,
-                late_trigger=args.weft_late_trigger,
-                cluster=args.weft_cluster,
-                gemm_tail=True,
-            )
+            tail = Communicator.from_process_group(**options, gemm_tail=True)
             backends["weft-fused-norm-tail"] = Backend(fused(tail), tail.all_reduce, tail.capture, fused_norm(tail))
     if args.backend in ("both", "norm"):
         try:

@@ -281,7 +281,6 @@ class InterpreterEngine:
             raise ExecutorError(f"executor: rank {rank} is not in 0..{world_size - 1}")
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self._cluster = cluster
-        self._gemm_tail = gemm_tail
         self._tail: gpu_launch.Launch | None = None  # made at the first launch, on this engine's device
         self._resident_clusters: dict[tuple[str, int], int] = {}  # (entry, threads) -> clusters the GPU holds
         self.launch_clusters: dict[int, int] = {}  # blocks a cluster -> launches prepared with it (1: no cluster)
@@ -319,6 +318,7 @@ class InterpreterEngine:
             self._trace, self._ll128, self._compiled = trace, ll128, compiled
             self._late_trigger = late_trigger
             self._cc = cc
+            self._gemm_tail = gemm_tail and int(cc) >= 90  # clusters need Hopper or newer
             # inbound counters are written by peers, so they get their own shared allocation
             self._inbound = cupy.zeros(MAX_CHANNELS, cupy.uint64)
             self._expected = cupy.zeros(MAX_CHANNELS, cupy.uint64)
@@ -1128,7 +1128,7 @@ class InterpreterEngine:
             launch = self._prepare(ctx, dtype, args, compiled)
         handle = self._stream_handle(stream, framework)
         launch(handle)
-        if self._gemm_tail and int(self._cc) >= 90:
+        if self._gemm_tail:
             self._tail = self._tail or gpu_launch.cluster_tail(self._cupy)
             self._tail(handle)
 

@@ -258,8 +258,17 @@ def main() -> int:
         return 2
     plans = args.plans or sorted((HERE / ("plans" if args.nproc == 2 else f"plans{args.nproc}")).glob("*.json"))
     if args.rank_of:
-        options = (args.compiled, args.cluster, args.gemm_tail)
-        rank_main(args.rank_of, plans, sizes, args.device, args.timeout, dtypes, *options)
+        rank_main(
+            args.rank_of,
+            plans,
+            sizes,
+            args.device,
+            args.timeout,
+            dtypes,
+            args.compiled,
+            cluster=args.cluster,
+            gemm_tail=args.gemm_tail,
+        )
         return 0
     forwarded = [
         str(args.results),
