@@ -31,6 +31,7 @@ from executor.gpu.tables import (
     SIGNAL,
     TRANSFER,
     build_tables,
+    lines_possible,
 )
 from schedules.plan import load_plan
 
@@ -520,6 +521,7 @@ def test_precompile_builds_the_sources_a_compiled_call_would_launch_and_names_wh
 
     engine = object.__new__(InterpreterEngine)  # the fields precompile reads; no GPU
     engine.rank, engine.world_size, engine._cc, engine._trace, engine._late_trigger = 1, 2, "90", False, False
+    engine._ll128 = False
     built: list[tuple[list[str], str]] = []
 
     def prebuild(sources, arch, threads=None, trace=False, directory=None):
@@ -541,6 +543,41 @@ def test_precompile_builds_the_sources_a_compiled_call_would_launch_and_names_wh
     assert refused[f"plan {plans[1].name}: rank 1: {plans[1].granule * 8} B fp32"] == "NVRTC said no"
     (why,) = [w for k, w in refused.items() if k.startswith(f"plan {four.name}:")]
     assert why.endswith("written for 4 ranks, but the communicator has 2") and len(refused) == 2
+
+
+def test_precompile_with_lines_builds_an_ll_plans_lines_kernel_beside_the_plain_one(monkeypatch):
+    """With LL128 lines (the engine's ``ll128``, or ``lines=True``), an LL call's kernel with its packets as lines is
+    what the call launches: precompile builds it too (the plain one stays, the fallback of an unaligned buffer), and
+    nothing more for a plan whose size takes no lines or that moves no packets."""
+    from executor.gpu.engine import InterpreterEngine
+
+    engine = object.__new__(InterpreterEngine)
+    engine.rank, engine.world_size, engine._cc, engine._trace, engine._late_trigger = 0, 2, "90", False, False
+    engine._ll128 = True
+    built: list[list[str]] = []
+
+    def prebuild(sources, arch, threads=None, trace=False, directory=None):
+        built.append([s.entry for s in sources])
+        return {sources[1].entry: "NVRTC said no"}
+
+    monkeypatch.setattr(build, "prebuild", prebuild)
+    ll = load_plan(Path("tests/gpu/plans/allgather-direct-ll-x8.json"))
+    simple = load_plan(Path("tests/gpu/plans/allgather-direct-simple-x16.json"))
+    nbytes = 1 << 20
+    assert lines_possible(ll, nbytes) and not lines_possible(simple, nbytes)
+    calls = [(ll, nbytes, "bf16"), (simple, nbytes, "bf16")]
+    headers = build.headers_hash()
+
+    def entry(plan, lines: bool) -> str:
+        t = build_tables(plan, 0, nbytes, lines=lines, dtype="bf16")
+        return source.generate(t, "bf16", t.vector_bytes, "", headers).entry
+
+    refused = engine.precompile(calls)
+    assert built[-1] == [entry(ll, False), entry(ll, True), entry(simple, False)]
+    assert entry(ll, True) != entry(ll, False)
+    assert refused == {f"plan {ll.name}: rank 0: {nbytes} B bf16 (LL128 lines)": "NVRTC said no"}
+    engine.precompile(calls, lines=False)  # a call's choice over the engine's
+    assert built[-1] == [entry(ll, False), entry(simple, False)]
 
 
 def test_a_call_whose_output_overlaps_its_input_runs_the_interpreter():

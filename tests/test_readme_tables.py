@@ -491,3 +491,99 @@ def test_the_twenty_first_sessions_tp_decode_ratios_are_those_of_their_files():
             assert all(r[f"{norm}_logits_agree"] and r[f"{fi}_logits_agree"] for r in rows)
             parts.append(f"batch {batch} " + " / ".join(f"{r[f'{norm}_ms'] / r[f'{fi}_ms']:.3f}" for r in rows))
         assert words + ", ".join(parts) in flat
+
+
+def _s22(name: str) -> dict:
+    import json
+
+    return json.loads((RESULTS / "s22_h200" / name).read_text())
+
+
+def _ratios(name: str) -> dict[int, float]:
+    rows = _s22(name)["rows"]
+    assert all(r["wrong"] == 0 and not any(r["peers_wrong"].values()) for r in rows), name
+    return {r["size"]: r["weft_us"] / r["best_peer_us"] for r in rows}
+
+
+def _rows(name: str) -> dict[int, dict]:
+    return {r["size"]: r for r in _s22(name)["rows"]}
+
+
+def test_the_twenty_second_sessions_sweep_and_cluster_figures_are_those_of_their_files():
+    """docs/performance.md, the twenty-second session: the 4-GPU all-reduce sweep's ratios and the clusters-of-8
+    A/B, as the files hold them."""
+    flat = _performance_text().replace("\n", " ")
+    kb, mb = 1 << 10, 1 << 20
+    sweep = "gpu_allreduce_bf16_graph_4xh200_sweep4.json"
+    r, rows = _ratios(sweep), _rows(sweep)
+    assert _s22(sweep)["complete"]
+
+    def us(size: int) -> str:
+        return f"{rows[size]['weft_us']:.2f} / {rows[size]['best_peer_us']:.2f}"
+
+    assert (
+        f"{r[kb]:.2f}, {r[4 * kb]:.2f} and {r[16 * kb]:.2f} at 1, 4 and 16 KB, {r[64 * kb]:.2f} at 64 KB "
+        f"({us(64 * kb)} µs), {r[256 * kb]:.2f} at 256 KB ({us(256 * kb)}), {r[mb]:.2f} and {r[4 * mb]:.2f} at 1 and "
+        f"4 MB, {r[16 * mb]:.2f} at 16 MB ({us(16 * mb)}, symmetric memory's two-shot), {r[64 * mb]:.2f} and "
+        f"{r[256 * mb]:.2f} at 64 and 256 MB"
+    ) in flat
+    assert rows[16 * mb]["best_peer"] == "symm:two_shot" and rows[16 * mb]["nccl_us"] > rows[16 * mb]["weft_us"]
+    jobs = ("c1a", "c8a", "c8b", "c1b")
+    files = [f"gpu_allreduce_bf16_graph_4xh200_cluster_{j}.json" for j in jobs]
+    assert [_s22(f)["method"]["cluster"] for f in files] == [1, 8, 8, 1]
+    for size, words in ((256 * kb, "at 256 KB "), (64 * kb, "at 64 KB "), (16 * mb, "at 16 MB ")):
+        assert words + ", ".join(f"{_ratios(f)[size]:.3f}" for f in files) in flat
+
+
+def test_the_twenty_second_sessions_reduce_scatter_and_all_gather_figures_are_those_of_their_files():
+    """docs/performance.md: reduce-scatter and all-gather on 4 GPUs, ahead of NCCL everywhere and of symmetric
+    memory but at the one size each names."""
+    flat = _performance_text().replace("\n", " ")
+    kb, mb = 1 << 10, 1 << 20
+    rs = "gpu_reducescatter_bf16_graph_4xh200_reducescatter4.json"
+    r, rows = _ratios(rs), _rows(rs)
+    assert all(row["weft_us"] < row["nccl_us"] for row in rows.values())
+    assert [s for s in r if r[s] > 1] == [16 * mb]
+    assert f"({rows[16 * mb]['weft_us']:.2f} against {rows[16 * mb]['best_peer_us']:.2f} µs, {r[16 * mb]:.2f}×)" in flat
+    small = [r[s] for s in (kb, 4 * kb, 16 * kb, 64 * kb, 256 * kb)]
+    assert (
+        f"{min(small):.2f}–{max(small):.2f}× the best peer's time up to 256 KB, {r[mb]:.2f} at 1 MB, "
+        f"{r[4 * mb]:.2f} at 4 MB, {r[64 * mb]:.2f} and {r[256 * mb]:.2f} at 64 and 256 MB"
+    ) in flat
+    small_ag, big_ag = (
+        "gpu_allgather_bf16_graph_4xh200_allgather4.json",
+        "gpu_allgather_bf16_graph_4xh200_allgather4big.json",
+    )
+    assert not _s22(small_ag)["complete"] and _s22(big_ag)["complete"]
+    r = _ratios(small_ag) | _ratios(big_ag)
+    rows = _rows(small_ag) | _rows(big_ag)
+    assert sorted(r) == [kb << (2 * k) for k in range(10)]
+    assert all(row["weft_us"] < row["nccl_us"] for row in rows.values())
+    assert [s for s in r if r[s] > 1] == [256 * mb]
+    assert (
+        f"({rows[256 * mb]['weft_us']:.2f} against {rows[256 * mb]['best_peer_us']:.2f} µs, {r[256 * mb]:.2f}×)" in flat
+    )
+    small = [r[s] for s in (kb, 4 * kb, 16 * kb, 64 * kb, 256 * kb)]
+    assert (
+        f"{min(small):.2f}–{max(small):.2f}× the best peer's time up to 256 KB, {r[mb]:.2f}, {r[4 * mb]:.2f} and "
+        f"{r[16 * mb]:.2f} at 1, 4 and 16 MB, {r[64 * mb]:.2f} at 64 MB"
+    ) in flat
+
+
+def test_the_twenty_second_sessions_tp_decode_ratios_are_those_of_their_files():
+    """docs/performance.md: weft-fused-norm's and weft-fused-norm-tail's steps over flashinfer-fused's at TP=4, three
+    runs, every batch's logits within bound."""
+    flat = _performance_text().replace("\n", " ")
+    runs = [_s22(f"tp_decode_4xh200_{n}.json") for n in (1, 2, 3)]
+    assert all(run["complete"] and run["nranks"] == 4 and run["weft_tail_ab"] for run in runs)
+    fi = "flashinfer-fused"
+    for backend, words in (
+        ("weft-fused-norm", "over flashinfer-fused's, "),
+        ("weft-fused-norm-tail", "`gemm_tail`), "),
+    ):
+        parts = []
+        for batch in (1, 4, 16, 64):
+            rows = [r for run in runs for r in run["rows"] if r["batch"] == batch]
+            assert all(r[f"{backend}_logits_agree"] and r[f"{fi}_logits_agree"] for r in rows)
+            parts.append(f"batch {batch} " + " / ".join(f"{r[f'{backend}_ms'] / r[f'{fi}_ms']:.3f}" for r in rows))
+        assert words + ", ".join(parts) in flat

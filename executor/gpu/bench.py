@@ -466,7 +466,8 @@ def _plan_timers(
     ]
     kernels = (False, True) if config.compiled and hasattr(comm, "compiled_refused") else (False,)
     if True in kernels and hasattr(comm, "precompile"):  # every plan's kernel built side by side, not one by one
-        for call, why in comm.precompile([(p, nbytes, config.dtype) for p in candidates]).items():
+        calls = [(p, nbytes, config.dtype) for p in candidates]
+        for call, why in comm.precompile(calls, lines=config.ll128).items():  # with lines: both kernels an LL plan has
             if progress:
                 progress(f"not precompiled: {call}: {why}")
     for (plan, lines), kernel in ((f, k) for f in formats for k in kernels):

@@ -1015,29 +1015,39 @@ class InterpreterEngine:
         """How a compiled kernel's call is named (its source's first line, refusals, ``precompile``'s keys)."""
         return f"plan {plan.name}: rank {self.rank}: {nbytes} B {dtype}"
 
-    def precompile(self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None) -> dict[str, str]:
+    def precompile(
+        self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None, lines: bool | None = None
+    ) -> dict[str, str]:
         """Builds the compiled kernels of ``calls`` (plan, message bytes, dtype: what ``execute(..., compiled=True)``
-        launches for an aligned buffer, without lines or a residual) into the kernel cache, ``threads`` NVRTC builds
-        side by side, so that the first compiled call of each finds its kernel built instead of building it while
-        its peers wait. This rank's kernels only (no peer takes part). Returns {call: why} for the calls that will
-        run the interpreter: the generator or NVRTC refused them, or the plan does not run that call here."""
+        launches for an aligned buffer, without a residual) into the kernel cache, ``threads`` NVRTC builds side by
+        side, so that the first compiled call of each finds its kernel built instead of building it while its peers
+        wait. ``lines`` (default: the engine's ``ll128``): an LL plan's kernel with its packets as LL128 lines too,
+        where the size allows (what a call with lines launches; the kernel without them stays the fallback of a
+        buffer that is not 8-byte aligned). This rank's kernels only (no peer takes part). Returns {call: why} for
+        the calls that will run the interpreter: the generator or NVRTC refused them, or the plan does not run that
+        call here; a refused lines kernel is named with " (LL128 lines)" after its call."""
         from executor.gpu.compiled import build, source_for
         from executor.gpu.compiled.source import CompiledSource
 
         sources: list[CompiledSource] = []
         refused: dict[str, str] = {}
         labels: dict[str, list[str]] = {}  # entry: the calls that launch it
+        lines = self._ll128 if lines is None else lines
         for plan, nbytes, dtype in calls:
             label = self._call_label(plan, nbytes, dtype)
-            try:
-                check_launch(plan, self.world_size, nbytes, dtype)
-                tables = build_tables(plan, self.rank, nbytes, dtype=dtype)
-                generated = source_for(tables, dtype, tables.vector_bytes, label, self._trace, self._late_trigger)
-            except (ExecutorError, PlanError) as e:
-                refused[label] = str(e)
-                continue
-            sources.append(generated)
-            labels.setdefault(generated.entry, []).append(label)
+            kinds = [(label, False)]
+            if lines and lines_possible(plan, nbytes):
+                kinds.append((f"{label} (LL128 lines)", True))
+            for name, lined in kinds:
+                try:
+                    check_launch(plan, self.world_size, nbytes, dtype)
+                    tables = build_tables(plan, self.rank, nbytes, lines=lined, dtype=dtype)
+                    generated = source_for(tables, dtype, tables.vector_bytes, label, self._trace, self._late_trigger)
+                except (ExecutorError, PlanError) as e:
+                    refused[name] = str(e)
+                    break  # a call the plan cannot run here has no lines kernel either
+                sources.append(generated)
+                labels.setdefault(generated.entry, []).append(name)
         for entry, why in build.prebuild(sources, f"sm_{self._cc}", threads, self._trace).items():
             refused.update({label: why for label in labels[entry]})
         return refused

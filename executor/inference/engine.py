@@ -82,9 +82,12 @@ class Engine(Protocol):
 
     def register_graph_buffers(self) -> None: ...
 
-    def precompile(self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None) -> dict[str, str]:
+    def precompile(
+        self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None, lines: bool | None = None
+    ) -> dict[str, str]:
         """Build the kernels of ``calls`` (plan, message bytes, dtype) that a compiled call would launch, before the
-        first such call (this rank's only; no peer takes part); {call: why} for those that run otherwise."""
+        first such call (this rank's only; no peer takes part), an LL plan's with LL128 lines too where ``lines``
+        (default: the engine's own); {call: why} for those that run otherwise."""
         ...
 
     def synchronize(self) -> None: ...

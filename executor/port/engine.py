@@ -222,7 +222,9 @@ class PortEngine:
             raise ExecutorError(f"port engine: {lanes} lanes: between 1 and 64")
         return lanes
 
-    def precompile(self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None) -> dict[str, str]:
+    def precompile(
+        self, calls: Sequence[tuple[Plan, int, str]], threads: int | None = None, lines: bool | None = None
+    ) -> dict[str, str]:
         """Nothing to build: the port engine runs its plans as NCCL operations and sums, no compiled kernel."""
         return {
             f"plan {plan.name}: rank {self.rank}: {nbytes} B {dtype}": "port engine: runs no compiled kernels"

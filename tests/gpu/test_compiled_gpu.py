@@ -167,7 +167,7 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
     sized += [(plan, plan.granule * g) for plan in map(load_plan, lamport) for g in LAMPORT_GRANULES]
     calls = [(plan, nbytes, dtype) for plan, nbytes in sized for dtype in DTYPES if dtype in plan.weft.dtypes]
     start = time.perf_counter()
-    precompile_refused = comm.precompile(calls)  # every kernel below, NVRTC builds side by side
+    precompile_refused = comm.precompile(calls, lines=True)  # every kernel below, lines too, side by side
     precompile_s = time.perf_counter() - start
     built_after: list[str] = []  # kernels the calls below had to build: none, once precompile built them
     nvrtc = build.nvrtc_cubin
@@ -179,9 +179,9 @@ def scenario_eager(comm, folder: Path, rank: int, device) -> dict:
     build.nvrtc_cubin = counted
     try:
         row = _eager_cases(comm, sized, rank, device)
+        row |= _lines_cases(comm, sized, rank, device)  # kernels of their own, which precompile built as well
     finally:
         build.nvrtc_cubin = nvrtc
-    row |= _lines_cases(comm, sized, rank, device)  # kernels of their own, built here (precompile takes no lines)
     return {**row, "precompile_refused": precompile_refused, "precompile_s": precompile_s, "built_after": built_after}
 
 
