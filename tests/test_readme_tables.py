@@ -483,14 +483,19 @@ def test_the_twenty_first_sessions_tp_decode_ratios_are_those_of_their_files():
     plain = [_s21(f"tp_decode_2xh200_{n}.json") for n in ("notail_1", "c2_1", "c1_1", "notail_3", "notail_4")]
     assert all(run["weft_gemm_tail"] for run in tail) and not any(run.get("weft_gemm_tail") for run in plain)
     assert plain[1]["weft_cluster"] == 2
-    norm, fi = "weft-fused-norm", "flashinfer-fused"
     for runs, words in ((tail, "with the tail: "), (plain, "without: ")):
-        parts = []
-        for batch in (1, 4, 16, 64):
-            rows = [r for run in runs for r in run["rows"] if r["batch"] == batch]
-            assert all(r[f"{norm}_logits_agree"] and r[f"{fi}_logits_agree"] for r in rows)
-            parts.append(f"batch {batch} " + " / ".join(f"{r[f'{norm}_ms'] / r[f'{fi}_ms']:.3f}" for r in rows))
-        assert words + ", ".join(parts) in flat
+        assert words + _step_ratios(runs, "weft-fused-norm") in flat
+
+
+def _step_ratios(runs: list[dict], backend: str, peer: str = "flashinfer-fused") -> str:
+    """``backend``'s step over ``peer``'s, batch by batch over ``runs`` (tp_decode files), as the docs write them:
+    "batch 1 a / b / c, batch 4 ..."; every row's logits within bound for both."""
+    parts = []
+    for batch in (1, 4, 16, 64):
+        rows = [r for run in runs for r in run["rows"] if r["batch"] == batch]
+        assert all(r[f"{backend}_logits_agree"] and r[f"{peer}_logits_agree"] for r in rows)
+        parts.append(f"batch {batch} " + " / ".join(f"{r[f'{backend}_ms'] / r[f'{peer}_ms']:.3f}" for r in rows))
+    return ", ".join(parts)
 
 
 def _s22(name: str) -> dict:
@@ -499,13 +504,13 @@ def _s22(name: str) -> dict:
     return json.loads((RESULTS / "s22_h200" / name).read_text())
 
 
-def _ratios(name: str) -> dict[int, float]:
+def _s22_ratios(name: str) -> dict[int, float]:
     rows = _s22(name)["rows"]
     assert all(r["wrong"] == 0 and not any(r["peers_wrong"].values()) for r in rows), name
     return {r["size"]: r["weft_us"] / r["best_peer_us"] for r in rows}
 
 
-def _rows(name: str) -> dict[int, dict]:
+def _s22_rows(name: str) -> dict[int, dict]:
     return {r["size"]: r for r in _s22(name)["rows"]}
 
 
@@ -515,7 +520,7 @@ def test_the_twenty_second_sessions_sweep_and_cluster_figures_are_those_of_their
     flat = _performance_text().replace("\n", " ")
     kb, mb = 1 << 10, 1 << 20
     sweep = "gpu_allreduce_bf16_graph_4xh200_sweep4.json"
-    r, rows = _ratios(sweep), _rows(sweep)
+    r, rows = _s22_ratios(sweep), _s22_rows(sweep)
     assert _s22(sweep)["complete"]
 
     def us(size: int) -> str:
@@ -532,7 +537,7 @@ def test_the_twenty_second_sessions_sweep_and_cluster_figures_are_those_of_their
     files = [f"gpu_allreduce_bf16_graph_4xh200_cluster_{j}.json" for j in jobs]
     assert [_s22(f)["method"]["cluster"] for f in files] == [1, 8, 8, 1]
     for size, words in ((256 * kb, "at 256 KB "), (64 * kb, "at 64 KB "), (16 * mb, "at 16 MB ")):
-        assert words + ", ".join(f"{_ratios(f)[size]:.3f}" for f in files) in flat
+        assert words + ", ".join(f"{_s22_ratios(f)[size]:.3f}" for f in files) in flat
 
 
 def test_the_twenty_second_sessions_reduce_scatter_and_all_gather_figures_are_those_of_their_files():
@@ -541,7 +546,7 @@ def test_the_twenty_second_sessions_reduce_scatter_and_all_gather_figures_are_th
     flat = _performance_text().replace("\n", " ")
     kb, mb = 1 << 10, 1 << 20
     rs = "gpu_reducescatter_bf16_graph_4xh200_reducescatter4.json"
-    r, rows = _ratios(rs), _rows(rs)
+    r, rows = _s22_ratios(rs), _s22_rows(rs)
     assert all(row["weft_us"] < row["nccl_us"] for row in rows.values())
     assert [s for s in r if r[s] > 1] == [16 * mb]
     assert f"({rows[16 * mb]['weft_us']:.2f} against {rows[16 * mb]['best_peer_us']:.2f} µs, {r[16 * mb]:.2f}×)" in flat
@@ -555,8 +560,8 @@ def test_the_twenty_second_sessions_reduce_scatter_and_all_gather_figures_are_th
         "gpu_allgather_bf16_graph_4xh200_allgather4big.json",
     )
     assert not _s22(small_ag)["complete"] and _s22(big_ag)["complete"]
-    r = _ratios(small_ag) | _ratios(big_ag)
-    rows = _rows(small_ag) | _rows(big_ag)
+    r = _s22_ratios(small_ag) | _s22_ratios(big_ag)
+    rows = _s22_rows(small_ag) | _s22_rows(big_ag)
     assert sorted(r) == [kb << (2 * k) for k in range(10)]
     assert all(row["weft_us"] < row["nccl_us"] for row in rows.values())
     assert [s for s in r if r[s] > 1] == [256 * mb]
@@ -576,14 +581,5 @@ def test_the_twenty_second_sessions_tp_decode_ratios_are_those_of_their_files():
     flat = _performance_text().replace("\n", " ")
     runs = [_s22(f"tp_decode_4xh200_{n}.json") for n in (1, 2, 3)]
     assert all(run["complete"] and run["nranks"] == 4 and run["weft_tail_ab"] for run in runs)
-    fi = "flashinfer-fused"
-    for backend, words in (
-        ("weft-fused-norm", "over flashinfer-fused's, "),
-        ("weft-fused-norm-tail", "`gemm_tail`), "),
-    ):
-        parts = []
-        for batch in (1, 4, 16, 64):
-            rows = [r for run in runs for r in run["rows"] if r["batch"] == batch]
-            assert all(r[f"{backend}_logits_agree"] and r[f"{fi}_logits_agree"] for r in rows)
-            parts.append(f"batch {batch} " + " / ".join(f"{r[f'{backend}_ms'] / r[f'{fi}_ms']:.3f}" for r in rows))
-        assert words + ", ".join(parts) in flat
+    assert "over flashinfer-fused's, " + _step_ratios(runs, "weft-fused-norm") in flat
+    assert "`gemm_tail`), " + _step_ratios(runs, "weft-fused-norm-tail") in flat
