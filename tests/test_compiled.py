@@ -96,7 +96,7 @@ def test_padding_nops_compile_to_nothing():
     kept = sum(int((c.base[:, 0] != NOP).sum()) for c in classes)
     assert kept < sum(len(c.base) for c in classes)  # some class holds padding
     assert code.count("step(") + code.count("step.unsynced(") == kept + 1  # + the tripwire
-    assert "KindOf<0>" not in code
+    assert "KindOf<0," not in code  # no nop
 
 
 def _op(kind: int, src=(), dst=(), nbytes: int = 64, **fields) -> np.ndarray:
@@ -323,6 +323,60 @@ def test_every_gpu_test_plan_compiles_for_sm90_in_every_dtype(tmp_path):
     assert "spill stores" in report
 
 
+def test_every_op_of_a_compiled_plan_carries_the_plans_bound_on_its_references():
+    """``refs_bound``: the most sources, destinations or channels of any op (the tripwire's included), handed to every
+    op as KindOf's second argument, so that the kernel's loops over references unroll no further than a plan needs."""
+    for path in PLANS:
+        t = _tables(path)
+        bound = source.refs_bound(t)
+        assert bound == max(1, int(t.ops["nsrc"].max()), int(t.ops["ndst"].max()), int(t.ops["nchannel"].max()))
+        assert 1 <= bound <= 16
+        kinds = re.findall(r"KindOf<(\d+), (\d+)>", source.generate(t, "bf16", t.vector_bytes, path.name, "h").code)
+        assert kinds and {int(refs) for _, refs in kinds} == {bound}, path
+    four = _tables(Path("tests/gpu/plans4/allreduce-twoshot-simple-x8.json"))
+    assert source.refs_bound(four) < 16  # a 4-rank plan's loops unroll a few times, not 16
+
+
+MEMORY_OPS = re.compile(r"^\s*(?:@%p\d+\s+)?((?:ld|st|atom|red|fence|membar|bar|cp)\.[\w.]+)", re.M)
+
+
+def _ptx(code: str, path: Path) -> str:
+    path.write_text(code)
+    ptx = path.with_suffix(".ptx")
+    command = build.nvcc_command(path, "sm_90", ptx)
+    command[command.index("-cubin")] = "-ptx"
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return ptx.read_text()
+
+
+@pytest.mark.slow
+@nvcc
+def test_unrolling_to_the_plans_bound_builds_the_memory_traffic_of_unrolling_to_16(tmp_path):
+    """The bound changes how far the loops over an op's references unroll, not what the kernel does: with it and
+    with every Op's 16 (the form before it), the kernel issues the same loads, stores, atomics and fences, none in
+    local memory. A bound below some op's count would drop that op's last references (a test of refs_bound)."""
+    from topologies.catalog import build as topology
+    from weft.pipeline import compile_and_verify
+    from weft.synthesis import synthesize
+
+    four = topology("hgx_h200:gpus=4")
+    twoshot = compile_and_verify(synthesize(four, "allreduce", "twoshot"), four, 16, protocol="lamport", threads=512)
+    ll = load_plan(Path("tests/gpu/plans4/allgather-direct-ll-x1.json"))
+    cases = {
+        "ll-lines": build_tables(ll, 3, ll.granule * 16, lines=True),
+        "lamport-twoshot": build_tables(twoshot, 0, 1 << 20),
+        "semaphores": _tables(Path("tests/gpu/plans4/allreduce-twoshot-simple-x8-2s-mp.json")),
+    }
+    for name, t in cases.items():
+        code = source.generate(t, "bf16", t.vector_bytes, name, "h").code
+        sixteen = re.sub(r"KindOf<(\d+), \d+>", r"KindOf<\1, 16>", code)
+        assert sixteen != code
+        bounded, unbounded = _ptx(code, tmp_path / f"{name}.cu"), _ptx(sixteen, tmp_path / f"{name}-16.cu")
+        assert sorted(MEMORY_OPS.findall(bounded)) == sorted(MEMORY_OPS.findall(unbounded)), name
+        assert ".local" not in bounded, name
+
+
 HOST = next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
 HOST_PLANS = (
     Path("tests/gpu/plans/allreduce-direct-ll-x8.json"),
@@ -336,9 +390,10 @@ HARNESS = """
 #define __forceinline__
 #include "contract.cuh"
 namespace weft {
-template <int K>
+template <int K, int R>
 struct KindOf {
   static constexpr int value = K;
+  static constexpr int refs = R;
 };
 }  // namespace weft
 %(structs)s

@@ -43,7 +43,7 @@ from executor.gpu.tables import (
 
 MAX_EMITTED_OPS = 1024  # constant ops one kernel holds (past it the source, and its build, grow too large to pay)
 D_TYPES = {"fp32": "weft::F32", "fp16": "weft::F16", "bf16": "weft::BF16"}
-GENERATOR_VERSION = "2"  # bump when the emitted form changes (it is part of every cache key)
+GENERATOR_VERSION = "3"  # bump when the emitted form changes (it is part of every cache key)
 # Ops whose threads each work on their own units and wait for no other thread of the block: between two of them that
 # share no memory the block's barrier can go (``barriers``). Control ops run on thread 0 while the block waits, and
 # the norm epilogue sums over the block: a barrier stays on both sides of those.
@@ -334,14 +334,24 @@ def _initializer(base: np.ndarray, delta: np.ndarray) -> str:
     return "weft::Op{" + ", ".join(parts) + "}"
 
 
-def _step(base: np.ndarray, delta: np.ndarray, barrier: bool = True) -> str:
-    """One op handed to the kernel's step with its type as a type, so that only that type's branch is compiled;
-    ``barrier``: the block's barrier after it (``step``), else none (``step.unsynced``)."""
+def refs_bound(tables: DeviceTables) -> int:
+    """The most references (sources, destinations) or channels any op of ``tables`` has, the tripwire's included:
+    how far the kernel's loops over an op's references unroll (ops.cuh's ``KindOf``; past it every turn would break
+    at once). Every op's arrays hold 16: unrolled that far, a 4-rank LL all-gather took nvcc 33 s instead of 8."""
+    ops = np.concatenate([tables.ops, np.asarray([tripwire_op()], OP_DTYPE)])
+    return max(1, *(int(ops[field].max()) for field in ("nsrc", "ndst", "nchannel")))
+
+
+def _step(base: np.ndarray, delta: np.ndarray, refs: int, barrier: bool = True) -> str:
+    """One op handed to the kernel's step with its type as a type, so that only that type's branch is compiled, and
+    the plan's ``refs_bound``, as far as its loops over references unroll; ``barrier``: the block's barrier after it
+    (``step``), else none (``step.unsynced``)."""
     call = "step" if barrier else "step.unsynced"
-    return f"{call}(weft::KindOf<{int(base[0])}>{{}}, {_initializer(base, delta)})"
+    return f"{call}(weft::KindOf<{int(base[0])}, {refs}>{{}}, {_initializer(base, delta)})"
 
 
 def _plan_struct(classes: list[BlockClass], tables: DeviceTables) -> str:
+    refs = refs_bound(tables)
     lines = ["struct Plan {", "  __device__ __forceinline__ static bool expects(int b, int first, int end) {"]
     for c in classes:
         lines.append(f"    if ({_member(c)}) {{")
@@ -359,7 +369,7 @@ def _plan_struct(classes: list[BlockClass], tables: DeviceTables) -> str:
         # are the class's (the memories its ops touch are its structure, alike in every block of it)
         moves = c.delta[:, RESET_LEAVES].any()  # a reset whose copy ahead moves along the class is taken as touching
         after = barriers(_unflatten(c.base), _unflatten(c.base + c.delta), tables, reset_apart=not moves)
-        ops = [_step(c.base[i], c.delta[i], after[i]) for i in range(len(c.base)) if c.base[i][0] != NOP]
+        ops = [_step(c.base[i], c.delta[i], refs, after[i]) for i in range(len(c.base)) if c.base[i][0] != NOP]
         lines.append("      return " + (" &&\n             ".join(ops) or "true") + ";")  # a block may hold no op
         lines.append("    }")
     lines += ["    return true;", "  }", ""]
@@ -371,7 +381,7 @@ def _plan_struct(classes: list[BlockClass], tables: DeviceTables) -> str:
         "    const i64 q = 0;",
         "    (void)k;",
         "    (void)q;",
-        f"    return {_step(tw, np.zeros_like(tw))};",
+        f"    return {_step(tw, np.zeros_like(tw), refs)};",
         "  }",
         "};",
     ]

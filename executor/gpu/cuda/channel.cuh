@@ -192,11 +192,11 @@ __device__ __forceinline__ void sink_unit(const Transfer& t, const Ref& r, i64 u
 // one destination after another; in the others (64) the held addresses and wire forms spill, so there a unit is
 // mapped and stored to every destination before the next, its address taken again each time (its slot is read
 // from shared memory, which every volatile store's clobber makes the compiler read again).
-template <class D, int V, bool Batch>
+template <class D, int V, bool Batch, int Refs = kMaxRefs>
 __device__ __forceinline__ void lamport_sink(const Op& op, const Transfer& t, i64 first, i64 stride, i64 units,
                                              const Unit<V> (&acc)[kInFlight]) {
   bool mapped = false;
-  WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) { mapped = mapped || polled(op.dst[d]); }
+  WEFT_FOR_EACH(d, 0, op.ndst, Refs) { mapped = mapped || polled(op.dst[d]); }
   if constexpr (Batch) {
     Unit<V> wire[kInFlight];
     if (mapped) {
@@ -205,7 +205,7 @@ __device__ __forceinline__ void lamport_sink(const Op& op, const Transfer& t, i6
         if (first + k * stride < units) wire[k] = lamport_wire<D, V>(acc[k]);
       }
     }
-    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
+    WEFT_FOR_EACH(d, 0, op.ndst, Refs) {
       char* const b = t.base(op.dst[d]);
       const bool to_poll = polled(op.dst[d]);
 #pragma unroll
@@ -226,7 +226,7 @@ __device__ __forceinline__ void lamport_sink(const Op& op, const Transfer& t, i6
       if (u >= units) continue;
       Unit<V> wire;
       if (mapped) wire = lamport_wire<D, V>(acc[k]);
-      WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
+      WEFT_FOR_EACH(d, 0, op.ndst, Refs) {
         const Ref& r = op.dst[d];
         if (polled(r)) {
           lamport_store_wire<V>(t.base(r) + u * V, wire);
@@ -242,7 +242,7 @@ __device__ __forceinline__ void lamport_sink(const Op& op, const Transfer& t, i6
 // (packets fetched before any is polled, see Transfer::load_all), which needs the registers of blocks of at
 // most 256 threads; otherwise a source's units are loaded, and packets polled, one after another. Lamport: the
 // transfer of a Lamport plan (its packets are Lamport data, lamport.cuh).
-template <class D, int V, bool Batch, bool Lamport = false>
+template <class D, int V, bool Batch, bool Lamport = false, int Refs = kMaxRefs>
 WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 units = op.bytes / V;
   const i64 stride = (i64)blockDim.x;
@@ -253,7 +253,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
       // one trip to memory, not one a peer (the sums keep their order: src[0], src[1], ... for every unit)
       if (!source_all<D, Lamport>(t, op.src[0], first, stride, units, acc, deadline)) return false;
 #pragma unroll
-      for (int s0 = 1; s0 < kMaxRefs; s0 += kPollGroup) {
+      for (int s0 = 1; s0 < Refs; s0 += kPollGroup) {
         if (s0 >= op.nsrc) break;
         Unit<V> x[kPollGroup][kInFlight];
         const char* b[kPollGroup];
@@ -288,7 +288,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
       }
     } else if constexpr (Batch) {
       if (!source_all<D, Lamport>(t, op.src[0], first, stride, units, acc, deadline)) return false;
-      WEFT_FOR_EACH(s, 1, op.nsrc, kMaxRefs) {
+      WEFT_FOR_EACH(s, 1, op.nsrc, Refs) {
         Unit<V> x[kInFlight];
         if (!source_all<D, Lamport>(t, op.src[s], first, stride, units, x, deadline)) return false;
 #pragma unroll
@@ -306,7 +306,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
         if (u < units && !source_unit<D, Lamport>(t, op.src[0], u, acc[k], deadline)) return false;
       }
 #pragma unroll
-      for (int s0 = 1; s0 < kMaxRefs; s0 += kPollGroup) {
+      for (int s0 = 1; s0 < Refs; s0 += kPollGroup) {
         if (s0 >= op.nsrc) break;
 #pragma unroll
         for (int k = 0; k < kInFlight; ++k) {
@@ -339,7 +339,7 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
         const i64 u = first + k * stride;
         if (u < units && !source_unit<D, Lamport>(t, op.src[0], u, acc[k], deadline)) return false;
       }
-      WEFT_FOR_EACH(s, 1, op.nsrc, kMaxRefs) {
+      WEFT_FOR_EACH(s, 1, op.nsrc, Refs) {
 #pragma unroll
         for (int k = 0; k < kInFlight; ++k) {
           const i64 u = first + k * stride;
@@ -352,9 +352,9 @@ WEFT_RUNNER bool run_transfer(const Op& op, const Transfer& t, Deadline& deadlin
       }
     }
     if constexpr (Lamport) {
-      lamport_sink<D, V, Batch>(op, t, first, stride, units, acc);
+      lamport_sink<D, V, Batch, Refs>(op, t, first, stride, units, acc);
     } else {
-      WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
+      WEFT_FOR_EACH(d, 0, op.ndst, Refs) {
 #pragma unroll
         for (int k = 0; k < kInFlight; ++k) {
           const i64 u = first + k * stride;
@@ -466,7 +466,7 @@ __device__ __forceinline__ bool load_line_group(const Op& op, int s0, const Tran
 
 // Returns false on a packet timeout. Whole warps walk the lines together (the flag vote needs every lane), each
 // lane U lines apart so that U loads are in flight; a warp reloads its lines until every flag has arrived.
-template <class D, int U>
+template <class D, int U, int Refs = kMaxRefs>
 WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& deadline) {
   const i64 chunk = op.line_chunk;
   const i64 per_chunk = (chunk + kLineData - 1) / kLineData;
@@ -497,7 +497,7 @@ WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& d
       for (int k = 0; k < U; ++k) {
         const i64 at[1] = {data[k]};
         const bool lo[1] = {has0[k]}, hi[1] = {has1[k]};
-        WEFT_FOR_EACH_STEP(s0, 0, op.nsrc, kMaxRefs, kPollGroup) {
+        WEFT_FOR_EACH_STEP(s0, 0, op.nsrc, Refs, kPollGroup) {
           u64 w0[kPollGroup][1], w1[kPollGroup][1];
           if (!load_line_group<kPollGroup, 1>(op, s0, t, lane, first + k * step, step, lines, at, lo, hi, w0, w1,
                                               deadline)) {
@@ -513,7 +513,7 @@ WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& d
       }
     } else {
       // source by source, U lines of each in flight
-      WEFT_FOR_EACH(s, 0, op.nsrc, kMaxRefs) {
+      WEFT_FOR_EACH(s, 0, op.nsrc, Refs) {
         u64 w0[1][U], w1[1][U];
         if (!load_line_group<1, U>(op, s, t, lane, first, step, lines, data, has0, has1, w0, w1, deadline)) {
           return false;
@@ -525,7 +525,7 @@ WEFT_RUNNER bool run_transfer_lines(const Op& op, const Transfer& t, Deadline& d
         }
       }
     }
-    WEFT_FOR_EACH(d, 0, op.ndst, kMaxRefs) {
+    WEFT_FOR_EACH(d, 0, op.ndst, Refs) {
       const Ref& r = op.dst[d];
       if (r.flags & kPacket) {
         char* p = t.base(r) + 16 * lane;

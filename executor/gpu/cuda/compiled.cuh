@@ -39,7 +39,7 @@ struct Step {
 
   template <class Kind>
   __device__ __forceinline__ bool operator()(Kind, const Op& op) {
-    run_op<D, V, Batch, Lamport, Kind::value>(op, c, slots, epoch, failed, rec);
+    run_op<D, V, Batch, Lamport, Kind::value, Kind::refs>(op, c, slots, epoch, failed, rec);
     __syncthreads();
     WEFT_TRACE_MARK(3 + done);
     ++done;
@@ -52,7 +52,7 @@ struct Step {
   // stops together): once the error record is set, every wait ends at once (Deadline).
   template <class Kind>
   __device__ __forceinline__ bool unsynced(Kind, const Op& op) {
-    run_op<D, V, Batch, Lamport, Kind::value>(op, c, slots, epoch, failed, rec);
+    run_op<D, V, Batch, Lamport, Kind::value, Kind::refs>(op, c, slots, epoch, failed, rec);
     WEFT_TRACE_MARK(3 + done);
     ++done;
     return true;

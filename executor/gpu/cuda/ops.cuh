@@ -76,7 +76,8 @@ __device__ __forceinline__ i64 scratch_shift(const Op& op, const Context& c, con
   }
 }
 
-// Runs one control op on thread 0; returns false on timeout after reporting it.
+// Runs one control op on thread 0; returns false on timeout after reporting it. Its channel loops unroll to 16 in a
+// compiled plan, not to the plan's bound (KindOf): a template on the bound put a two-shot's ops in local memory.
 WEFT_RUNNER bool run_control(const Op& op, const Context& c, ErrorRecord rec, Deadline& deadline) {
   if (op.type == kSignal) {
     __threadfence_system();
@@ -171,16 +172,19 @@ __device__ __forceinline__ bool is_kind(const Op& op, int kind) {
   }
 }
 
-// An op type as a type (a compiled plan hands its ops to run_op with it).
-template <int K>
+// An op type as a type (a compiled plan hands its ops to run_op with it), with the most references or channels any
+// op of the plan has (source.py's refs_bound): a transfer's loops over its references unroll that far and no further
+// (unrolled to every Op's 16, they built all but the same code, 2-4x slower).
+template <int K, int R = kMaxRefs>
 struct KindOf {
   static constexpr int value = K;
+  static constexpr int refs = R;
 };
 
 // Runs one device op with the block's threads (the caller synchronizes them after it). A failure is reported in the
 // error record and sets ``failed``, which the block reads after that barrier. ``Kind``: the op's type where the caller
 // knows it at compile time (a compiled plan), so that only its branch is compiled; -1: the op's ``type`` decides.
-template <class D, int V, bool Batch, bool Lamport, int Kind = -1>
+template <class D, int V, bool Batch, bool Lamport, int Kind = -1, int Refs = kMaxRefs>
 __device__ __forceinline__ void run_op(const Op& op, const Context& c, char* const* slots, u64& epoch, int& failed,
                                        ErrorRecord rec) {
   Deadline deadline(c.timeout_ns, c.error);
@@ -192,10 +196,10 @@ __device__ __forceinline__ void run_op(const Op& op, const Context& c, char* con
     const Transfer tr{slots, flag, scratch_shift<Lamport>(op, c, epoch, flag)};
     bool moved;
     if constexpr (Lamport) {
-      moved = run_transfer<D, V, Batch, true>(op, tr, deadline);
+      moved = run_transfer<D, V, Batch, true, Refs>(op, tr, deadline);
     } else {
-      moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2>(op, tr, deadline)
-                                : run_transfer<D, V, Batch>(op, tr, deadline);
+      moved = op.line_chunk > 0 ? run_transfer_lines<D, Batch ? 4 : 2, Refs>(op, tr, deadline)
+                                : run_transfer<D, V, Batch, false, Refs>(op, tr, deadline);
     }
     if (!moved) {
       report(rec, kPacketTimeout, blockIdx.x, op.plan_op, -1, -1);
