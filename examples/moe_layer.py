@@ -99,7 +99,7 @@ def make_weights(experts: int, ffn: int, rank: int, local: int, device) -> tuple
     return (router * HIDDEN**-0.5, torch.stack(gate_up).to(torch.bfloat16), torch.stack(down).to(torch.bfloat16))
 
 
-Exchange = Callable[[torch.Tensor, torch.Tensor], None]  # all_to_all_single(output, input)
+Exchange = Callable[[torch.Tensor, torch.Tensor], object]  # all_to_all_single(output, input); its result unused
 
 
 class Layer:

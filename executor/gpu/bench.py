@@ -15,13 +15,16 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from executor.errors import ExecutorError
 from executor.gpu.tables import lines_possible
 from registry.index import Mode
 from schedules.collectives import Chunking, Collective, facts_of
 from schedules.plan.types import Plan
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -84,7 +87,17 @@ def _one_tensor(collective: Collective) -> bool:
     return collective.facts.same_to_all and collective.input_fraction == collective.output_fraction
 
 
-def _nccl(collective: str, x, out) -> Callable[[], None]:
+def _world_group() -> ProcessGroup:
+    """The default process group, whose name symmetric memory's rendezvous takes (the bench runs after init)."""
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    if world is None:
+        raise ExecutorError("bench: torch.distributed has no default process group")
+    return world
+
+
+def _nccl(collective: str, x, out) -> Callable[[], object]:
     import torch.distributed as dist
 
     facts = facts_of(collective)
@@ -124,10 +137,9 @@ class PeerCall:
 def _symm_mem_allreduce(x) -> tuple[dict[str, PeerCall], Any]:
     """One-shot and two-shot all-reduce on a symmetric-memory copy of x."""
     import torch
-    import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    group = dist.group.WORLD.group_name
+    group = _world_group().group_name
     buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
     symm_mem.rendezvous(buf, group)
     buf.copy_(x)
@@ -167,7 +179,7 @@ def _symm_mem_alltoall(x, out) -> dict[str, PeerCall]:
         current = None
     if current != "NVSHMEM":
         symm_mem.set_backend("NVSHMEM")
-    group, world = dist.group.WORLD.group_name, dist.get_world_size()
+    group, world = _world_group().group_name, dist.get_world_size()
     symm_mem.enable_symm_mem_for_group(group)
     inp = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
     got = symm_mem.empty(out.numel(), dtype=x.dtype, device=x.device)
@@ -209,7 +221,7 @@ def _symm_mem_scatter_gather(collective: str, x) -> tuple[dict[str, Callable[[],
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    group, world = dist.group.WORLD.group_name, dist.get_world_size()
+    group, world = _world_group().group_name, dist.get_world_size()
     buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
     symm_mem.rendezvous(buf, group)
     buf.copy_(x)

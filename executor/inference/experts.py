@@ -30,7 +30,7 @@ import torch
 from executor.gpu.experts import Claims, ExpertExchange, ExpertLayout
 from executor.inference.ops import DTYPES
 
-AllToAll = Callable[[torch.Tensor, torch.Tensor], None]  # all_to_all_single(output, input), equal splits
+AllToAll = Callable[[torch.Tensor, torch.Tensor], object]  # all_to_all_single(output, input), equal splits
 
 
 class Experts(Protocol):

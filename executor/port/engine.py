@@ -295,8 +295,9 @@ class PortEngine:
         of the one-lane order as consecutive copies), so no lane waits on a peer that waits on it."""
         streams = self._streams[: len(ctx.lanes)]
         main = self._torch.cuda.current_stream() if streams else None
-        for s in streams:
-            s.wait_stream(main)
+        if main is not None:
+            for s in streams:
+                s.wait_stream(main)
         for step in ctx.program.steps:
             for lane, bounds in enumerate(ctx.lanes):
                 with self._torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
