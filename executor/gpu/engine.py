@@ -1035,17 +1035,21 @@ class InterpreterEngine:
         lines = self._ll128 if lines is None else lines
         for plan, nbytes, dtype in calls:
             label = self._call_label(plan, nbytes, dtype)
+            try:
+                check_launch(plan, self.world_size, nbytes, dtype)
+            except (ExecutorError, PlanError) as e:
+                refused[label] = str(e)
+                continue
             kinds = [(label, False)]
             if lines and lines_possible(plan, nbytes):
                 kinds.append((f"{label} (LL128 lines)", True))
             for name, lined in kinds:
                 try:
-                    check_launch(plan, self.world_size, nbytes, dtype)
                     tables = build_tables(plan, self.rank, nbytes, lines=lined, dtype=dtype)
                     generated = source_for(tables, dtype, tables.vector_bytes, label, self._trace, self._late_trigger)
                 except (ExecutorError, PlanError) as e:
                     refused[name] = str(e)
-                    break  # a call the plan cannot run here has no lines kernel either
+                    break  # the plain kernel refused: its lines form is not tried
                 sources.append(generated)
                 labels.setdefault(generated.entry, []).append(name)
         for entry, why in build.prebuild(sources, f"sm_{self._cc}", threads, self._trace).items():
